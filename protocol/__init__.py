@@ -1,0 +1,5 @@
+"""slotserve wire contract: message types, codec, version, validation, codes."""
+
+from protocol.enums import ErrorCode, FinishReason
+
+__all__ = ["ErrorCode", "FinishReason"]

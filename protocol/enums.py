@@ -1,0 +1,54 @@
+"""Enumerations shared by every process: finish reasons and error codes.
+
+Both are ``str`` enums so they travel over msgpack as their plain string
+value and compare equal to it (``FinishReason.STOP == "stop"``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended (the ``finish_reason`` of vLLM / OpenAI).
+
+    - ``STOP``: a stop token or a stop sequence was generated (it is included
+      in the output, as in vLLM's ``token_ids``).
+    - ``LENGTH``: ``max_tokens`` tokens were generated.
+    - ``CANCELLED``: the caller (or the broker, for a vanished client)
+      cancelled it.
+    - ``DEADLINE``: its ``timeout_s`` passed, queued or running.
+    - ``ERROR``: it failed; the handle's ``error`` / the wire ``code`` says why.
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    ERROR = "error"
+
+    def __str__(self) -> str:  # so f-strings print "stop", not "FinishReason.STOP"
+        return self.value
+
+
+class ErrorCode(str, enum.Enum):
+    """Error codes carried by error replies and failed requests on the wire."""
+
+    BAD_REQUEST = "bad_request"          # failed validation (the message says which field)
+    MALFORMED = "malformed"              # not decodable msgpack / not a map / missing fields
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_OP = "unknown_op"
+    TOO_LARGE = "too_large"              # message over the size limit
+    QUEUE_FULL = "queue_full"            # admission refused: the model's queue is at its bound
+    DUPLICATE_REQUEST = "duplicate_request"
+    UNKNOWN_MODEL = "unknown_model"      # no worker has ever registered this model
+    UNSUPPORTED = "unsupported"          # e.g. a text prompt for a model without a tokenizer
+    WORKER_FAILED = "worker_failed"      # the request failed on too many workers in a row
+    MODEL_ERROR = "model_error"          # the model raised while running the request
+    SLOW_CONSUMER = "slow_consumer"      # the client stopped reading; its requests were failed
+    UNAUTHORIZED = "unauthorized"
+    BROKER_UNAVAILABLE = "broker_unavailable"
+    INTERNAL = "internal"
+
+    def __str__(self) -> str:
+        return self.value

@@ -1,0 +1,114 @@
+"""The model interface the engine drives.
+
+Two kinds of model plug into :class:`worker.BatchInferenceEngine`:
+
+**Stateless** -- any object with::
+
+    next_tokens(sequences: list[list[int]]) -> list[int]
+
+one next token per sequence, same order. ``sequences`` are the engine's own
+token lists (prompt followed by the tokens generated so far); they are passed
+by reference, never copied, and the model must not mutate them.
+:class:`worker.SimulatedLLM` is one.
+
+**Slot-aware** -- a :class:`SlotModel`, for models that keep per-slot state
+such as a KV cache. The engine calls ``bind_slots(num_slots)`` once, then per
+iteration ``step(batch)`` with one :class:`SlotInput` per occupied slot, and
+``release_slot(slot)`` when a slot is freed (finished, cancelled, deadline),
+always before the slot is given to another request. A slot that was just
+assigned shows up in ``step`` with tokens the model has not seen (the model
+prefills them); afterwards each call carries exactly one new token per slot
+(the one the model returned last time), which the model decodes.
+
+Optional attributes on either kind, read once by the engine:
+
+- ``vocab_size: int`` -- token ids must lie in ``[0, vocab_size)``.
+- ``max_seq_len: int`` -- prompt + ``max_tokens`` must not exceed it.
+- ``eos_token_ids: tuple[int, ...]`` -- the default stop tokens when the
+  engine is built with ``stop_token="model"`` (real models).
+- ``tokenizer: TextCodec`` -- present when the model can take text prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling parameters (OpenAI / vLLM names).
+
+    - ``temperature``: 0 means greedy (argmax); > 0 samples from
+      softmax(logits / temperature).
+    - ``top_p``: nucleus sampling mass in (0, 1]; 1 disables it.
+    - ``top_k``: keep the k most likely tokens; 0 disables it.
+    - ``seed``: when set, the random stream is derived from (seed, token
+      position), so the same request gives the same tokens in any batch and
+      after a migration to another worker.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(slots=True)
+class SlotInput:
+    """One occupied slot in one iteration, as the engine hands it to a SlotModel.
+
+    - ``slot``: slot index in ``[0, num_slots)``.
+    - ``tokens``: the request's full sequence so far (prompt + generated),
+      the engine's own list -- read it, never mutate or keep it.
+    - ``sampling``: how to pick the next token.
+    """
+
+    slot: int
+    tokens: list[int]
+    sampling: SamplingParams = GREEDY
+
+
+@runtime_checkable
+class StatelessModel(Protocol):
+    def next_tokens(self, sequences: list[list[int]]) -> list[int]: ...
+
+
+@runtime_checkable
+class SlotModel(Protocol):
+    """A model with per-slot state; see the module docstring for the call order."""
+
+    def bind_slots(self, num_slots: int) -> None: ...
+
+    def step(self, batch: Sequence[SlotInput]) -> list[int]:
+        """Return the next token for every entry of ``batch``, same order."""
+        ...
+
+    def release_slot(self, slot: int) -> None: ...
+
+
+class IncrementalDecoder(Protocol):
+    """Streams text from token ids without splitting multi-byte characters."""
+
+    def step(self, token_id: int) -> str:
+        """Feed one token; return the newly completed text (maybe '')."""
+        ...
+
+
+class TextCodec(Protocol):
+    """Text in and out for models with a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def decoder(self, prompt_ids: Sequence[int]) -> IncrementalDecoder: ...
