@@ -1,0 +1,35 @@
+"""Errors raised or recorded by the in-process engine.
+
+Each carries the wire :class:`~protocol.enums.ErrorCode` it maps to, so the
+worker process can forward it without a lookup table. Bad input is a plain
+``ValueError`` (code ``bad_request``) from :mod:`protocol.validation`.
+"""
+
+from __future__ import annotations
+
+from protocol.enums import ErrorCode
+
+
+class QueueFullError(RuntimeError):
+    """``submit_request`` found the queue at ``max_queue``; nothing was queued.
+
+    Retry later, or raise the engine's ``max_queue``.
+    """
+
+    code = ErrorCode.QUEUE_FULL
+
+
+class DuplicateRequestError(ValueError):
+    """A request with this ``request_id`` is already queued or running in this engine."""
+
+    code = ErrorCode.DUPLICATE_REQUEST
+
+
+class ModelError(RuntimeError):
+    """The model raised, or returned the wrong number of tokens, during an iteration.
+
+    Recorded on the handle of every request in that iteration's batch (their
+    ``finish_reason`` is ``"error"``); the original exception is ``__cause__``.
+    """
+
+    code = ErrorCode.MODEL_ERROR
