@@ -1,0 +1,67 @@
+"""The broker process's configuration: one frozen dataclass, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.queue import DEFAULT_AGING_WINDOW
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+
+DEFAULT_FRONTEND = "tcp://127.0.0.1:5555"
+DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything :func:`broker.run_broker` needs.
+
+    - ``frontend`` / ``backend``: ZeroMQ endpoints to bind for clients / workers
+      (``tcp://HOST:*`` picks a free port; the chosen ones are reported to
+      ``run_broker``'s ``on_ready``).
+    - ``max_queue``: queued requests per model before ``queue_full`` (requests).
+    - ``heartbeat_interval_s``: seconds between the broker's heartbeats; also
+      the interval peers are told to use.
+    - ``worker_liveness_s``: a worker silent this long (seconds) is dead and
+      its requests migrate.
+    - ``client_liveness_s``: a client silent this long (seconds) is gone and
+      its requests are cancelled.
+    - ``aging_window``: submissions per priority level of aging (see :mod:`broker.queue`).
+    - ``max_attempts``: workers a request may be lost on before it ends with
+      ``worker_failed`` instead of migrating again.
+    - ``max_message_bytes``: larger incoming frames get ``too_large``.
+    - ``send_hwm``: ZeroMQ send high-water mark per peer (messages).
+    - ``max_pending_per_peer``: messages buffered per peer beyond the
+      high-water mark before that peer is failed (a client: ``slow_consumer``;
+      a worker: treated as dead).
+    - ``tick_s``: seconds between housekeeping passes (queued deadlines, liveness).
+    """
+
+    frontend: str = DEFAULT_FRONTEND
+    backend: str = DEFAULT_BACKEND
+    max_queue: int = 100_000
+    heartbeat_interval_s: float = 1.0
+    worker_liveness_s: float = 5.0
+    client_liveness_s: float = 10.0
+    aging_window: int = DEFAULT_AGING_WINDOW
+    max_attempts: int = 3
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    send_hwm: int = 10_000
+    max_pending_per_peer: int = 100_000
+    tick_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("frontend", "backend"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or "://" not in v:
+                raise ValueError(f"{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {v!r}")
+        for name in ("max_queue", "aging_window", "max_attempts", "max_message_bytes", "send_hwm", "max_pending_per_peer"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in ("heartbeat_interval_s", "worker_liveness_s", "client_liveness_s", "tick_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        if self.worker_liveness_s <= self.heartbeat_interval_s or self.client_liveness_s <= self.heartbeat_interval_s:
+            raise ValueError("worker_liveness_s and client_liveness_s must exceed heartbeat_interval_s "
+                             "(a peer is dead only after missing several heartbeats)")

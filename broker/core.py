@@ -1,0 +1,477 @@
+"""The broker's decisions, without sockets: events in, messages to send out.
+
+:class:`BrokerCore` is fed decoded messages (with the sender's identity and
+the current monotonic time) and housekeeping ticks; every method returns the
+list of :class:`Send` actions to perform. :mod:`broker.server` owns the
+sockets and performs them; tests drive the core directly.
+
+Request identity: clients choose request ids, scoped per client. The core
+keys each request by ``(client identity, request id)`` and gives it a broker
+``int`` key, which is the only id a worker ever sees. A resubmission of an
+id still in flight for the same client is recognised and ignored (it is
+already running; its results keep flowing), so nothing runs twice.
+
+Invariants (kept here, relied on by the tests):
+
+- every accepted request ends in exactly one ``finished`` entry to its
+  client (unless the client is gone);
+- a worker never holds more requests than its ``max_inflight`` credits;
+- a request lost with a worker goes back to the head of its queue with the
+  tokens the client already has (``resume_tokens``), so the next worker
+  continues from there: no gap, no duplicate.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig
+from broker.queue import RequestQueue
+from broker.registry import WorkerRegistry, WorkerState
+from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, Message, ModelInfo,
+    ModelStatus, Register, RequestId, RequestSpec, Results, Status, StatusQuery, Submit, Welcome,
+)
+
+
+class Side(enum.Enum):
+    """Which broker socket a message goes out on."""
+
+    FRONTEND = "frontend"  # clients
+    BACKEND = "backend"    # workers
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """An action: send ``message`` to the peer ``identity`` on socket ``side``."""
+
+    side: Side
+    identity: bytes
+    message: Message
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"    # in its model's queue
+    RUNNING = "running"  # assigned to a worker (holding one of its credits)
+
+
+class Job:
+    """One accepted request inside the broker.
+
+    ``client`` is the owner's identity, or None once the client is gone (its
+    results are then dropped). ``tokens`` are those streamed to the client so
+    far: a migrated request resumes from them. ``deadline_s`` is monotonic.
+    """
+
+    __slots__ = ("key", "client", "rid", "model", "spec", "tokens", "state", "worker",
+                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq")
+
+    def __init__(self, key: int, client: bytes, spec: RequestSpec, model: str, now: float) -> None:
+        self.key = key
+        self.client: bytes | None = client
+        self.rid: RequestId = spec.request_id
+        self.model = model
+        self.spec = spec
+        self.tokens: list[int] = list(spec.resume_tokens)
+        self.state = JobState.QUEUED
+        self.worker: bytes | None = None
+        self.deadline_s = None if spec.timeout_s is None else now + spec.timeout_s
+        self.arrival_s = now
+        self.attempts = 0
+        self.cancel_requested = False
+        self.queue_seq: int | None = None
+
+
+class ClientState:
+    """A client seen within the liveness window: ``keys`` are its requests in flight."""
+
+    __slots__ = ("identity", "name", "last_seen_s", "keys")
+
+    def __init__(self, identity: bytes, now: float) -> None:
+        self.identity = identity
+        self.name = ""
+        self.last_seen_s = now
+        self.keys: set[int] = set()
+
+
+class _Outbox:
+    """Collects one event's sends; results are grouped into one message per client."""
+
+    __slots__ = ("sends", "results")
+
+    def __init__(self) -> None:
+        self.sends: list[Send] = []
+        self.results: dict[bytes, Results] = {}
+
+    def result(self, client: bytes) -> Results:
+        r = self.results.get(client)
+        if r is None:
+            r = self.results[client] = Results()
+        return r
+
+    def send(self, side: Side, identity: bytes, message: Message) -> None:
+        self.sends.append(Send(side, identity, message))
+
+    def done(self) -> list[Send]:
+        for client, r in self.results.items():
+            self.sends.append(Send(Side.FRONTEND, client, r))
+        return self.sends
+
+
+COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
+            "queue_full", "requeued", "duplicates", "workers_lost", "clients_lost",
+            "tokens_out", "bad_messages")
+"""Names of the totals reported in ``status`` (all since broker start)."""
+
+
+class BrokerCore:
+    """All broker state and decisions. Not thread-safe: one loop drives it."""
+
+    def __init__(self, config: BrokerConfig, broker_id: str, now: float) -> None:
+        self.config = config
+        self.broker_id = broker_id
+        self.started_s = now
+        self.workers = WorkerRegistry()
+        self.models: dict[str, ModelInfo] = {}       # every model ever registered
+        self.queues: dict[str, RequestQueue[Job]] = {}
+        self.jobs: dict[int, Job] = {}
+        self.clients: dict[bytes, ClientState] = {}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._by_client: dict[tuple[bytes, RequestId], int] = {}
+        self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
+        self._next_key = 0
+        self._next_heartbeat_s = now
+
+    # ------------------------------------------------------------------ clients
+
+    def on_frontend(self, identity: bytes, msg: Message, now: float) -> list[Send]:
+        """Handle one decoded client message."""
+        out = _Outbox()
+        cs = self._client(identity, now)
+        if isinstance(msg, Submit):
+            self._submit(cs, msg, now, out)
+        elif isinstance(msg, Cancel):
+            self._cancel(cs, msg.request_ids, out)
+        elif isinstance(msg, Hello):
+            cs.name = msg.client_name
+            out.send(Side.FRONTEND, identity, self._welcome())
+        elif isinstance(msg, StatusQuery):
+            out.send(Side.FRONTEND, identity, self.status(now))
+        elif isinstance(msg, Bye):
+            self._client_lost(cs, None, out)
+        # Heartbeat: _client() already noted that the client is alive.
+        return out.done()
+
+    def on_frontend_error(self, identity: bytes, err: ProtocolError, request_ids: list[RequestId],
+                          now: float) -> list[Send]:
+        """A client sent an undecodable message: answer with its code, naming any
+        request ids it carried (the client ends those requests with the error)."""
+        self.counters["bad_messages"] += 1
+        self._client(identity, now)
+        ids = [r for r in request_ids if (identity, r) not in self._by_client]
+        return [Send(Side.FRONTEND, identity, Error(err.code, err.message, ids))]
+
+    def _client(self, identity: bytes, now: float) -> ClientState:
+        cs = self.clients.get(identity)
+        if cs is None:
+            cs = self.clients[identity] = ClientState(identity, now)
+        cs.last_seen_s = now
+        return cs
+
+    def _submit(self, cs: ClientState, msg: Submit, now: float, out: _Outbox) -> None:
+        model = msg.model
+        if model not in self.models:
+            text = (f"no worker serves model {model!r}; start one "
+                    f"(slotserve worker --model {model}) or check the name")
+            r = out.result(cs.identity)
+            for spec in msg.requests:
+                r.finished.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, text))
+            self.counters["errors"] += len(msg.requests)
+            return
+        q = self._queue(model)
+        for spec in msg.requests:
+            ck = (cs.identity, spec.request_id)
+            if ck in self._by_client:
+                self.counters["duplicates"] += 1  # a resubmission: already running, run once
+                continue
+            key = self._next_key
+            self._next_key = key + 1
+            job = Job(key, cs.identity, spec, model, now)
+            if not q.push(job, spec.priority):
+                self.counters["queue_full"] += 1
+                out.result(cs.identity).finished.append(Finished(
+                    spec.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
+                    f"model {model!r} has {q.max_size} requests queued; retry later"))
+                continue
+            self.jobs[key] = job
+            self._by_client[ck] = key
+            cs.keys.add(key)
+            if job.deadline_s is not None:
+                heapq.heappush(self._deadlines, (job.deadline_s, key))
+        self.counters["submitted"] += len(msg.requests)
+        self._dispatch(model, now, out)
+
+    def _cancel(self, cs: ClientState, rids: list[RequestId], out: _Outbox) -> None:
+        to_workers: dict[bytes, list[int]] = {}
+        for rid in rids:
+            key = self._by_client.get((cs.identity, rid))
+            if key is not None:
+                self._cancel_job(self.jobs[key], to_workers, out)
+        for w, keys in to_workers.items():
+            out.send(Side.BACKEND, w, Cancel(keys))
+
+    def _cancel_job(self, job: Job, to_workers: dict[bytes, list[int]], out: _Outbox) -> None:
+        if job.state is JobState.QUEUED:
+            self.queues[job.model].remove(job)
+            self._finish(job, FinishReason.CANCELLED, None, None, out)
+        elif not job.cancel_requested:
+            # The worker frees the slot on its next iteration and reports the
+            # ending; until then the job keeps its credit.
+            job.cancel_requested = True
+            to_workers.setdefault(job.worker, []).append(job.key)
+
+    def _client_lost(self, cs: ClientState, code: ErrorCode | None, out: _Outbox) -> None:
+        """Forget a client: cancel its queued and running requests.
+
+        With ``code`` (e.g. ``slow_consumer``) the client is told which of its
+        requests were ended, in case it is still there to read it.
+        """
+        del self.clients[cs.identity]
+        if cs.keys:
+            self.counters["clients_lost"] += 1
+        rids = []
+        to_workers: dict[bytes, list[int]] = {}
+        for key in list(cs.keys):
+            job = self.jobs[key]
+            rids.append(job.rid)
+            del self._by_client[(cs.identity, job.rid)]
+            job.client = None  # results of a running job are dropped from now on
+            self._cancel_job(job, to_workers, out)
+        cs.keys.clear()
+        out.results.pop(cs.identity, None)
+        for w, keys in to_workers.items():
+            out.send(Side.BACKEND, w, Cancel(keys))
+        if code is not None:
+            out.send(Side.FRONTEND, cs.identity, Error(
+                code, "the client stopped reading its results; its requests were cancelled", rids))
+
+    def client_unreachable(self, identity: bytes, code: ErrorCode | None) -> list[Send]:
+        """The socket loop could not deliver to a client (gone, or its buffer
+        bound was hit: ``code`` says which error to leave for it)."""
+        out = _Outbox()
+        cs = self.clients.get(identity)
+        if cs is not None:
+            self._client_lost(cs, code, out)
+        return out.done()
+
+    # ------------------------------------------------------------------ workers
+
+    def on_backend(self, identity: bytes, msg: Message, now: float) -> list[Send]:
+        """Handle one decoded worker message."""
+        out = _Outbox()
+        if isinstance(msg, Register):
+            self._register(identity, msg, now, out)
+            return out.done()
+        w = self.workers.get(identity)
+        if w is None:
+            if not isinstance(msg, Bye):
+                out.send(Side.BACKEND, identity, Error(
+                    ErrorCode.NOT_REGISTERED, "this broker does not know you (restarted?): register again"))
+            return out.done()
+        w.last_seen_s = now
+        if isinstance(msg, Iteration):
+            self._iteration(w, msg, now, out)
+        elif isinstance(msg, Heartbeat):
+            if msg.progress is not None:
+                w.progress = msg.progress
+        elif isinstance(msg, Bye):
+            self._worker_lost(w, now, out)
+        return out.done()
+
+    def on_backend_error(self, identity: bytes, err: ProtocolError) -> list[Send]:
+        """A worker sent an undecodable message: answer with its code."""
+        self.counters["bad_messages"] += 1
+        return [Send(Side.BACKEND, identity, Error(err.code, err.message))]
+
+    def worker_unreachable(self, identity: bytes, now: float) -> list[Send]:
+        """The socket loop could not deliver to a worker: treat it as dead."""
+        out = _Outbox()
+        w = self.workers.get(identity)
+        if w is not None:
+            self._worker_lost(w, now, out)
+        return out.done()
+
+    def _register(self, identity: bytes, msg: Register, now: float, out: _Outbox) -> None:
+        old = self.workers.get(identity)
+        if old is not None:
+            # The worker re-registered: it dropped whatever it held.
+            self._worker_lost(old, now, out)
+        self.workers.add(WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight,
+                                     msg.info, msg.worker_name, now))
+        self.models[msg.model] = msg.info
+        self._queue(msg.model)
+        out.send(Side.BACKEND, identity, self._welcome())
+        self._dispatch(msg.model, now, out)
+
+    def _iteration(self, w: WorkerState, msg: Iteration, now: float, out: _Outbox) -> None:
+        jobs = self.jobs
+        me = w.identity
+        n = 0
+        for key, toks in msg.streams:
+            job = jobs.get(key)
+            if job is None or job.worker != me:
+                continue  # stale: the job migrated or ended meanwhile
+            job.tokens.extend(toks)
+            n += len(toks)
+            if job.client is not None:
+                out.result(job.client).streams.append([job.rid, toks])
+        self.counters["tokens_out"] += n
+        for key, text in msg.texts:
+            job = jobs.get(key)
+            if job is not None and job.worker == me and job.client is not None:
+                out.result(job.client).texts.append([job.rid, text])
+        for f in msg.finished:
+            job = jobs.get(f.request_id)
+            if job is None or job.worker != me:
+                continue
+            w.inflight.discard(job.key)  # the credit comes back
+            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens)
+        if msg.finished:
+            self._dispatch(w.model, now, out)
+
+    def _worker_lost(self, w: WorkerState, now: float, out: _Outbox) -> None:
+        """Remove a worker; migrate its requests to the head of their queue."""
+        self.workers.remove(w.identity)
+        self.counters["workers_lost"] += 1
+        q = self._queue(w.model)
+        for key in sorted(w.inflight):  # keys grow with arrival: keep arrival order
+            job = self.jobs[key]
+            job.state = JobState.QUEUED
+            job.worker = None
+            job.attempts += 1
+            if job.cancel_requested or job.client is None:
+                self._finish(job, FinishReason.CANCELLED, None, None, out)
+            elif job.attempts >= self.config.max_attempts:
+                self._finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
+                             f"the request was lost with {job.attempts} workers in a row; "
+                             "check the workers' logs", out)
+            else:
+                self.counters["requeued"] += 1
+                q.push_head(job)
+        w.inflight.clear()
+        self._dispatch(w.model, now, out)
+
+    # ------------------------------------------------------------------ shared
+
+    def _queue(self, model: str) -> RequestQueue[Job]:
+        q = self.queues.get(model)
+        if q is None:
+            q = self.queues[model] = RequestQueue(self.config.max_queue, self.config.aging_window)
+        return q
+
+    def _dispatch(self, model: str, now: float, out: _Outbox) -> None:
+        """Assign queued requests of ``model`` to workers with credits, one
+        ``assign`` message per worker."""
+        q = self.queues.get(model)
+        if not q:
+            return
+        assigns: dict[bytes, list[RequestSpec]] = {}
+        pick = self.workers.pick
+        while len(q):
+            w = pick(model)
+            if w is None:
+                break
+            job = q.pop()
+            timeout_s = None
+            if job.deadline_s is not None:
+                timeout_s = job.deadline_s - now
+                if timeout_s <= 0:
+                    self._finish(job, FinishReason.DEADLINE, None, None, out)
+                    continue
+            job.state = JobState.RUNNING
+            job.worker = w.identity
+            w.inflight.add(job.key)
+            s = job.spec
+            spec = RequestSpec(job.key, s.prompt, s.max_tokens, s.messages, s.stop_tokens,
+                               s.stop_sequences, s.priority, timeout_s, s.temperature, s.top_p,
+                               s.top_k, s.seed, job.tokens[:] if job.tokens else [])
+            specs = assigns.get(w.identity)
+            if specs is None:
+                specs = assigns[w.identity] = []
+            specs.append(spec)
+        for identity, specs in assigns.items():
+            self.counters["dispatched"] += len(specs)
+            out.send(Side.BACKEND, identity, Assign(specs))
+
+    def _finish(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
+                out: _Outbox, prompt_tokens: int | None = None) -> None:
+        """End a job: forget it and tell its client (if still there)."""
+        del self.jobs[job.key]
+        c = self.counters
+        if reason is FinishReason.ERROR:
+            c["errors"] += 1
+        elif reason is FinishReason.CANCELLED:
+            c["cancelled"] += 1
+        elif reason is FinishReason.DEADLINE:
+            c["deadline"] += 1
+        else:
+            c["completed"] += 1
+        if job.client is not None:
+            del self._by_client[(job.client, job.rid)]
+            cs = self.clients.get(job.client)
+            if cs is not None:
+                cs.keys.discard(job.key)
+            out.result(job.client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens))
+
+    def _welcome(self) -> Welcome:
+        return Welcome(self.broker_id, self.config.heartbeat_interval_s, dict(self.models))
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def tick(self, now: float) -> list[Send]:
+        """Periodic work: end queued requests past their deadline, drop silent
+        workers (migrating their requests) and clients (cancelling theirs), and
+        send heartbeats once per interval."""
+        out = _Outbox()
+        dl = self._deadlines
+        while dl and dl[0][0] <= now:
+            _, key = heapq.heappop(dl)
+            job = self.jobs.get(key)
+            if job is not None and job.state is JobState.QUEUED:
+                self.queues[job.model].remove(job)
+                self._finish(job, FinishReason.DEADLINE, None, None, out)
+        for w in self.workers.silent_since(now - self.config.worker_liveness_s):
+            self._worker_lost(w, now, out)
+        cutoff = now - self.config.client_liveness_s
+        for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
+            self._client_lost(cs, None, out)
+        if now >= self._next_heartbeat_s:
+            self._next_heartbeat_s = now + self.config.heartbeat_interval_s
+            hb = Heartbeat(broker_id=self.broker_id)
+            for w in self.workers:
+                out.send(Side.BACKEND, w.identity, hb)
+            for identity in self.clients:
+                out.send(Side.FRONTEND, identity, hb)
+        return out.done()
+
+    def status(self, now: float) -> Status:
+        """A snapshot for ``slotserve status``."""
+        models = {}
+        for name in sorted(set(self.queues) | set(self.models)):
+            ws = self.workers.for_model(name)
+            q = self.queues.get(name)
+            models[name] = ModelStatus(
+                queued=len(q) if q is not None else 0,
+                running=sum(len(w.inflight) for w in ws),
+                workers=len(ws),
+                slots_busy=sum(min(len(w.inflight), w.num_slots) for w in ws),
+                slots_total=sum(w.num_slots for w in ws),
+            )
+        workers = [{"name": w.name, "model": w.model, "num_slots": w.num_slots, "inflight": len(w.inflight)}
+                   for w in self.workers]
+        return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
+                      dict(self.counters))

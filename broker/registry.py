@@ -1,0 +1,101 @@
+"""The broker's worker registry: who serves which model, with how many credits,
+holding which requests, last heard from when.
+
+Credits: a worker registers ``max_inflight`` (its slots plus a small
+prefetch). The broker keeps the set of request keys assigned to it and never
+lets that set grow past ``max_inflight``; every ``finished`` entry the worker
+reports removes its key and so returns one credit. Counting on the broker's
+side (instead of trusting a "free slots" number from the worker) cannot
+over-assign when a freed-slot report crosses an assignment on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.messages import ModelInfo
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """One registered worker.
+
+    - ``identity``: ``bytes`` its ZeroMQ routing id on the backend socket.
+    - ``model``: ``str``; ``num_slots``, ``max_inflight``: ``int`` (see module doc).
+    - ``inflight``: ``set[int]`` broker keys assigned and not yet finished.
+    - ``last_seen_s``: ``float`` monotonic time of its last message.
+    - ``progress``: ``int`` iterations it reported completed (heartbeats).
+    """
+
+    identity: bytes
+    model: str
+    num_slots: int
+    max_inflight: int
+    info: ModelInfo
+    name: str
+    last_seen_s: float
+    inflight: set[int] = field(default_factory=set)
+    progress: int = 0
+
+    @property
+    def credits(self) -> int:
+        """Requests the broker may still assign (``max_inflight - len(inflight)``)."""
+        return self.max_inflight - len(self.inflight)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not yet holding an assigned request (negative: prefetch in use)."""
+        return self.num_slots - len(self.inflight)
+
+
+class WorkerRegistry:
+    """Registered workers by identity, and per model, in registration order."""
+
+    def __init__(self) -> None:
+        self._workers: dict[bytes, WorkerState] = {}
+        self._by_model: dict[str, list[WorkerState]] = {}
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __iter__(self):
+        return iter(list(self._workers.values()))
+
+    def get(self, identity: bytes) -> WorkerState | None:
+        return self._workers.get(identity)
+
+    def add(self, worker: WorkerState) -> None:
+        """Add a worker; its identity must not be registered (remove the old one first)."""
+        assert worker.identity not in self._workers
+        self._workers[worker.identity] = worker
+        self._by_model.setdefault(worker.model, []).append(worker)
+
+    def remove(self, identity: bytes) -> WorkerState | None:
+        """Forget a worker; returns it (with its ``inflight`` keys) or None."""
+        w = self._workers.pop(identity, None)
+        if w is not None:
+            peers = self._by_model[w.model]
+            peers.remove(w)
+            if not peers:
+                del self._by_model[w.model]
+        return w
+
+    def for_model(self, model: str) -> list[WorkerState]:
+        """Workers serving ``model`` (the registry's own list: do not mutate)."""
+        return self._by_model.get(model, [])
+
+    def pick(self, model: str) -> WorkerState | None:
+        """The worker to assign the next ``model`` request to, or None if none has a credit.
+
+        Most free slots first, so load spreads over idle workers before any
+        worker's prefetch is used; ties go to the earliest registered.
+        """
+        best = None
+        for w in self._by_model.get(model, ()):
+            if w.credits > 0 and (best is None or w.free_slots > best.free_slots):
+                best = w
+        return best
+
+    def silent_since(self, cutoff_s: float) -> list[WorkerState]:
+        """Workers whose last message is older than ``cutoff_s`` (monotonic)."""
+        return [w for w in self._workers.values() if w.last_seen_s < cutoff_s]

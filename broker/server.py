@@ -1,0 +1,217 @@
+"""The broker's socket loop: two ROUTER sockets around a :class:`BrokerCore`.
+
+The loop receives frames, decodes them (a bad frame gets an error reply with
+its code), hands messages to the core, and performs the :class:`Send`
+actions the core returns. One thread owns both sockets.
+
+No silent drops: both ROUTERs set ``ROUTER_MANDATORY``, so sending to a peer
+that is gone raises ``EHOSTUNREACH`` (the core then forgets the client, or
+migrates the worker's requests), and a send that would block at the
+high-water mark raises ``EAGAIN`` instead of being discarded. Such messages
+wait in a per-peer buffer, flushed in order on later passes; a peer whose
+buffer reaches ``max_pending_per_peer`` is failed (a client's requests end
+with ``slow_consumer``, a worker is treated as dead). Memory stays bounded
+by ``send_hwm + max_pending_per_peer`` messages per peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Callable
+
+import zmq
+
+from broker.config import BrokerConfig
+from broker.core import BrokerCore, Send, Side
+from protocol.codec import decode, encode, peek_request_ids
+from protocol.enums import ErrorCode
+from protocol.errors import ProtocolError
+from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error
+
+log = logging.getLogger(__name__)
+
+_RECV_BATCH = 512  # messages drained per socket per pass (keeps both sockets served)
+
+
+class BrokerServer:
+    """Owns the broker's sockets; use as a context manager, then :meth:`serve`.
+
+    Binding happens in the constructor, so :attr:`frontend` and :attr:`backend`
+    hold the actual endpoints (a ``*`` port resolved) before serving starts.
+    Raises ``zmq.ZMQError`` when an endpoint cannot be bound (port in use).
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker_id = uuid.uuid4().hex
+        self._ctx = zmq.Context()
+        self._sockets: dict[Side, zmq.Socket] = {}
+        try:
+            for side, endpoint in ((Side.FRONTEND, config.frontend), (Side.BACKEND, config.backend)):
+                s = self._ctx.socket(zmq.ROUTER)
+                self._sockets[side] = s
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                s.setsockopt(zmq.SNDHWM, config.send_hwm)
+                s.setsockopt(zmq.RCVHWM, config.send_hwm)
+                # Hard cap well above the polite limit: between the two a peer
+                # gets a too_large reply; past this zmq drops the connection.
+                s.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
+                s.bind(endpoint)
+        except Exception:
+            self.close()
+            raise
+        self.frontend = self._sockets[Side.FRONTEND].getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.backend = self._sockets[Side.BACKEND].getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.core = BrokerCore(config, self.broker_id, time.monotonic())
+        self._pending: dict[tuple[Side, bytes], deque[bytes]] = {}
+        self._work: deque[Send] = deque()
+
+    def __enter__(self) -> "BrokerServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in self._sockets.values():
+            s.close(linger=0)
+        self._sockets.clear()
+        self._ctx.term()
+
+    # ------------------------------------------------------------------ loop
+
+    def serve(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set (checked at least every ``tick_s``)."""
+        front = self._sockets[Side.FRONTEND]
+        back = self._sockets[Side.BACKEND]
+        poller = zmq.Poller()
+        poller.register(front, zmq.POLLIN)
+        poller.register(back, zmq.POLLIN)
+        tick_s = self.config.tick_s
+        next_tick = time.monotonic()
+        log.info("broker %s serving clients on %s, workers on %s", self.broker_id[:8], self.frontend, self.backend)
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_tick:
+                self._perform(self.core.tick(now))
+                next_tick = now + tick_s
+            wait_s = 0.001 if self._pending else max(0.0, next_tick - now)
+            events = dict(poller.poll(wait_s * 1000))
+            if back in events:
+                self._drain(back, Side.BACKEND)
+            if front in events:
+                self._drain(front, Side.FRONTEND)
+            if self._pending:
+                self._flush()
+
+    def _drain(self, sock: zmq.Socket, side: Side) -> None:
+        core = self.core
+        for _ in range(_RECV_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            now = time.monotonic()
+            identity = frames[0]
+            if len(frames) != 2:
+                err = ProtocolError(ErrorCode.MALFORMED, f"expected one frame per message, got {len(frames) - 1}")
+                self._perform([Send(side, identity, Error(err.code, err.message))])
+                continue
+            data = frames[1]
+            if side is Side.FRONTEND:
+                try:
+                    msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
+                except ProtocolError as e:
+                    log.warning("bad message from client %s: %s", identity.hex()[:8], e)
+                    self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
+                    continue
+                self._perform(core.on_frontend(identity, msg, now))
+            else:
+                try:
+                    msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
+                except ProtocolError as e:
+                    log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
+                    self._perform(core.on_backend_error(identity, e))
+                    continue
+                self._perform(core.on_backend(identity, msg, now))
+
+    # ------------------------------------------------------------------ sending
+
+    def _perform(self, sends: list[Send]) -> None:
+        """Send each message; failures feed the core, whose answers are sent too."""
+        work = self._work
+        work.extend(sends)
+        while work:
+            s = work.popleft()
+            self._send(s.side, s.identity, encode(s.message))
+
+    def _send(self, side: Side, identity: bytes, data: bytes) -> None:
+        key = (side, identity)
+        buf = self._pending.get(key)
+        if buf is not None:  # keep order behind what is already waiting
+            if len(buf) >= self.config.max_pending_per_peer:
+                self._overflow(side, identity)
+            else:
+                buf.append(data)
+            return
+        try:
+            self._sockets[side].send_multipart((identity, data), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._pending[key] = deque((data,))
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self._unreachable(side, identity, None)
+
+    def _flush(self) -> None:
+        for key in list(self._pending):
+            side, identity = key
+            buf = self._pending[key]
+            sock = self._sockets[side]
+            try:
+                while buf:
+                    sock.send_multipart((identity, buf[0]), zmq.NOBLOCK, copy=False)
+                    buf.popleft()
+            except zmq.Again:
+                continue
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                del self._pending[key]
+                self._unreachable(side, identity, None)
+                continue
+            del self._pending[key]
+        if self._work:
+            self._perform([])
+
+    def _overflow(self, side: Side, identity: bytes) -> None:
+        log.warning("%s %s stopped reading (%d messages buffered): failing it", side.value,
+                    identity.hex()[:8], self.config.max_pending_per_peer)
+        self._pending.pop((side, identity), None)
+        self._unreachable(side, identity, ErrorCode.SLOW_CONSUMER)
+
+    def _unreachable(self, side: Side, identity: bytes, code: ErrorCode | None) -> None:
+        now = time.monotonic()
+        if side is Side.FRONTEND:
+            self._work.extend(self.core.client_unreachable(identity, code))
+        else:
+            self._work.extend(self.core.worker_unreachable(identity, now))
+
+
+def run_broker(config: BrokerConfig, *, stop: threading.Event | None = None,
+               on_ready: Callable[[str, str], None] | None = None) -> None:
+    """Run a broker until ``stop`` is set (forever when None).
+
+    ``on_ready(frontend, backend)`` is called once both sockets are bound,
+    with the actual endpoints. Raises ``zmq.ZMQError`` if binding fails.
+    """
+    stop = stop or threading.Event()
+    with BrokerServer(config) as server:
+        if on_ready is not None:
+            on_ready(server.frontend, server.backend)
+        server.serve(stop)

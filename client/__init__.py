@@ -1,0 +1,13 @@
+"""The slotserve client SDK: the engine's API, served by a cluster.
+
+    from client import Client
+    with Client("tcp://127.0.0.1:5555") as c:
+        c.submit_request([1, 2, 3], max_tokens=5, callback=print)
+        c.run()
+"""
+
+from client.client import DEFAULT, DEFAULT_ADDRESS, Client
+from client.errors import BrokerUnavailable, RemoteError
+from client.handle import RequestHandle
+
+__all__ = ["BrokerUnavailable", "Client", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError", "RequestHandle"]

@@ -1,0 +1,398 @@
+"""The synchronous client: the engine's API, served by a slotserve cluster.
+
+Threads: the caller's threads submit; the I/O thread (:mod:`client.connection`)
+owns the socket; a dispatcher thread applies incoming results to handles and
+runs ``on_token`` and ``callback`` -- never on the socket thread, so a slow
+callback cannot stall the connection, and a callback may call
+``submit_request`` or ``cancel``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from client.connection import Connection
+from client.errors import BrokerUnavailable, RemoteError
+from client.handle import RequestHandle
+from protocol.enums import ErrorCode, FinishReason
+from protocol.messages import (
+    Error, Heartbeat, Hello, ModelInfo, RequestSpec, Results, Status, StatusQuery, Welcome,
+)
+from protocol.validation import (
+    validate_max_tokens, validate_priority, validate_request, validate_request_id,
+    validate_sampling, validate_stop_sequences, validate_stop_token, validate_timeout,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()
+"""``stop_token`` not given: a request inherits the client's, and the client's
+default is the model's own (its EOS tokens, or the worker's ``--stop-token``).
+``None`` means *no* stop token; ``0`` is a real token."""
+
+_SHUTDOWN = object()
+
+
+class Client:
+    """Submit generation requests to a slotserve broker; results come back on handles.
+
+    - ``address``: the broker's client endpoint (default ``tcp://127.0.0.1:5555``).
+    - ``model``: the model name workers registered (default ``"simulated"``).
+    - ``stop_token``: default stop token(s) for this client's requests: an
+      int, a list of ints, None (none) or :data:`DEFAULT` (the model's).
+    - ``connect_timeout_s``: seconds to wait for the broker's welcome;
+      :class:`BrokerUnavailable` after that.
+    - ``heartbeat_interval_s``: seconds between heartbeats while idle (the
+      broker cancels the requests of a client silent for its liveness window).
+    - ``name``: shown in broker logs and thread names.
+
+    Use as a context manager (``close()`` on exit). Raises ValueError on bad
+    arguments.
+    """
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str = "simulated",
+                 stop_token=DEFAULT, connect_timeout_s: float = 10.0,
+                 heartbeat_interval_s: float = 1.0, name: str = "client") -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        for n, v in (("connect_timeout_s", connect_timeout_s), ("heartbeat_interval_s", heartbeat_interval_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+        if stop_token is not DEFAULT:
+            validate_stop_token(stop_token)
+        self.model = model
+        self.stop_token = stop_token
+        self.broker_id: str | None = None
+        self.models: dict[str, ModelInfo] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._handles: dict[object, RequestHandle] = {}
+        self._specs: dict[object, RequestSpec] = {}
+        self._outstanding = 0
+        self._ids = itertools.count()
+        self._closed = False
+        self._delivering: RequestHandle | None = None
+        self._welcomed = threading.Event()
+        self._status_lock = threading.Lock()
+        self._status_reply: Status | None = None
+        self._status_event = threading.Event()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"slotserve-{name}-callbacks",
+                                            daemon=True)
+        self._dispatcher.start()
+        self._conn = Connection(address, model, self._inbox.put, heartbeat_interval_s=heartbeat_interval_s,
+                                name=name)
+        self._conn.send(Hello(name))
+        if not self._welcomed.wait(connect_timeout_s):
+            self.close()
+            raise BrokerUnavailable(f"no slotserve broker answered at {address} within {connect_timeout_s} s; "
+                                    "start one with `slotserve broker` or `slotserve up`")
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ public API
+
+    def submit_request(self, prompt, max_tokens, callback: Callable[[list], object] | None = None, *,
+                       stop_token=DEFAULT, stop_sequences=(), on_token: Callable[[int], object] | None = None,
+                       priority=0, timeout_s=None, request_id=None, temperature=0.0, top_p=1.0, top_k=0,
+                       seed=None) -> RequestHandle:
+        """Send one request; return its :class:`RequestHandle` at once.
+
+        Same arguments and rules as the engine's ``submit_request``
+        (:func:`protocol.validation.validate_request`); ``prompt`` may also be
+        a ``str`` for models with a tokenizer. ``stop_token`` omitted = the
+        client's default. ``timeout_s`` counts from now. ``callback(seq)``
+        (prompt + generated tokens) runs exactly once at the end, whatever
+        the ``finish_reason``; ``on_token(token)`` runs per token, in order.
+        Both run on the client's callback thread.
+
+        Raises ValueError on bad input or a ``request_id`` already in flight
+        on this client (nothing is sent), RuntimeError after ``close()``.
+        """
+        spec = self._validate(prompt, max_tokens, stop_token, stop_sequences, priority, timeout_s,
+                              request_id, temperature, top_p, top_k, seed)
+        for n, fn in (("callback", callback), ("on_token", on_token)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{n} must be callable or None, got {type(fn).__name__}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this client is closed")
+            rid = spec.request_id
+            if rid is None:
+                rid = next(self._ids)
+                while rid in self._handles:
+                    rid = next(self._ids)
+                spec.request_id = rid
+            elif rid in self._handles:
+                raise ValueError(f"request_id {rid!r} is already in flight on this client; "
+                                 "use a new id, or cancel the old request first")
+            h = RequestHandle(rid, spec.prompt, callback, on_token, time.monotonic(), self)
+            self._handles[rid] = h
+            self._specs[rid] = spec
+            self._outstanding += 1
+        self._conn.submit([spec])
+        return h
+
+    def cancel(self, request_id) -> bool:
+        """Ask the cluster to end a request as ``"cancelled"``.
+
+        Returns True when it is in flight (its callback then fires once,
+        with the tokens so far, unless it finished anyway meanwhile), False
+        when unknown or already ended.
+        """
+        with self._lock:
+            h = self._handles.get(request_id)
+            if h is None or h.finish_reason is not None:
+                return False
+        self._conn.cancel([request_id])
+        return True
+
+    def run(self, timeout: float | None = None) -> None:
+        """Block until every request submitted through this client has ended
+        and its callback has returned.
+
+        ``timeout`` in seconds (None: no limit); raises ``TimeoutError`` when it
+        passes first, RuntimeError when called from a callback (it would wait
+        on itself).
+        """
+        self._not_on_dispatcher("run()")
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._outstanding == 0, timeout):
+                raise TimeoutError(f"{self._outstanding} requests still running after {timeout} s")
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not yet ended."""
+        return self._outstanding
+
+    def status(self, timeout_s: float = 5.0) -> Status:
+        """The broker's :class:`~protocol.messages.Status` (queues, workers, slots,
+        counters). Raises :class:`BrokerUnavailable` after ``timeout_s`` seconds."""
+        self._not_on_dispatcher("status()")
+        with self._status_lock:
+            self._status_event.clear()
+            self._conn.send(StatusQuery())
+            if not self._status_event.wait(timeout_s):
+                raise BrokerUnavailable(f"the broker did not answer a status query within {timeout_s} s")
+            return self._status_reply
+
+    def wait_for_model(self, timeout_s: float = 30.0) -> ModelInfo:
+        """Block until some worker serving this client's model has registered;
+        return its :class:`~protocol.messages.ModelInfo`. Raises ``TimeoutError``."""
+        self._not_on_dispatcher("wait_for_model()")
+        deadline = time.monotonic() + timeout_s
+        while self.model not in self.models:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no worker for model {self.model!r} registered within {timeout_s} s")
+            self._welcomed.clear()
+            self._conn.send(Hello())
+            self._welcomed.wait(min(left, 0.2))
+        return self.models[self.model]
+
+    def close(self) -> None:
+        """Leave: the broker cancels what is still running; those handles end
+        as ``"cancelled"`` (callbacks fire once). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
+        self._inbox.put(_SHUTDOWN)
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(10.0)
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate(self, prompt, max_tokens, stop_token, stop_sequences, priority, timeout_s, request_id,
+                  temperature, top_p, top_k, seed) -> RequestSpec:
+        info = self.models.get(self.model)
+        vocab = info.vocab_size if info is not None else None
+        max_len = info.max_seq_len if info is not None else None
+        if stop_token is DEFAULT:
+            stop_token = self.stop_token
+        use_default = stop_token is DEFAULT
+        if isinstance(prompt, str):
+            # Text: the worker tokenizes it; every other field is checked here.
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            stops = None if use_default else validate_stop_token(stop_token, vocab_size=vocab)
+            t, p, k, s = validate_sampling(temperature, top_p, top_k, seed)
+            return RequestSpec(
+                validate_request_id(request_id), prompt, validate_max_tokens(max_tokens), None,
+                None if stops is None else sorted(stops),
+                [list(x) for x in validate_stop_sequences(stop_sequences, vocab_size=vocab)],
+                validate_priority(priority), validate_timeout(timeout_s), t, p, k, s)
+        v = validate_request(prompt, max_tokens, stop_token=None if use_default else stop_token,
+                             use_default_stop=use_default, stop_sequences=stop_sequences, priority=priority,
+                             timeout_s=timeout_s, request_id=request_id, temperature=temperature, top_p=top_p,
+                             top_k=top_k, seed=seed, vocab_size=vocab, max_seq_len=max_len)
+        return RequestSpec(v.request_id, list(v.prompt), v.max_tokens, None,
+                           None if v.stop_tokens is None else sorted(v.stop_tokens),
+                           [list(x) for x in v.stop_sequences], v.priority, v.timeout_s,
+                           v.temperature, v.top_p, v.top_k, v.seed)
+
+    # ------------------------------------------------------------------ dispatcher thread
+
+    def _dispatch_loop(self) -> None:
+        get = self._inbox.get
+        while True:
+            msg = get()
+            try:
+                if isinstance(msg, Results):
+                    self._on_results(msg)
+                elif msg is _SHUTDOWN:
+                    self._abandon_all()
+                    return
+                elif isinstance(msg, Heartbeat):
+                    if msg.broker_id is not None:
+                        self._check_broker(msg.broker_id)
+                elif isinstance(msg, Welcome):
+                    self.models = msg.models
+                    self._check_broker(msg.broker_id)
+                    self._welcomed.set()
+                elif isinstance(msg, Error):
+                    self._on_error(msg)
+                elif isinstance(msg, Status):
+                    self._status_reply = msg
+                    self._status_event.set()
+            except Exception:  # noqa: BLE001 -- one bad message must not stop the client
+                log.exception("client failed to handle %s", type(msg).__name__)
+
+    def _on_results(self, msg: Results) -> None:
+        handles = self._handles
+        now = time.monotonic()
+        for rid, toks in msg.streams:
+            h = handles.get(rid)
+            if h is None:
+                continue
+            if h.first_token_s is None:
+                h.first_token_s = now
+            h._tokens.extend(toks)
+            if h.on_token is not None and h._stream_error is None:
+                for t in toks:
+                    try:
+                        h.on_token(t)
+                    except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+                        log.warning("on_token of request %r raised", rid, exc_info=e)
+                        h._stream_error = e
+                        self._conn.cancel([rid])
+                        break
+        for rid, text in msg.texts:
+            h = handles.get(rid)
+            if h is not None:
+                if h._text is None:
+                    h._text = []
+                h._text.append(text)
+        for f in msg.finished:
+            h = handles.get(f.request_id)
+            if h is not None:
+                if f.prompt_tokens is not None:
+                    h.prompt_tokens = f.prompt_tokens
+                error = None if f.code is None else RemoteError(f.code, f.message or f.code.value)
+                self._complete(h, f.finish_reason, error)
+
+    def _on_error(self, msg: Error) -> None:
+        if not msg.request_ids:
+            log.warning("the broker reported an error: %s: %s", msg.code.value, msg.message)
+            return
+        for rid in msg.request_ids:
+            h = self._handles.get(rid)
+            if h is not None:
+                self._complete(h, FinishReason.ERROR, RemoteError(msg.code, msg.message))
+
+    def _complete(self, h: RequestHandle, reason: FinishReason, error: BaseException | None) -> None:
+        """Finish ``h`` exactly once: fields, callback, done, then the run() count."""
+        if h._stream_error is not None:
+            reason, error = FinishReason.ERROR, h._stream_error
+        h._reason = reason
+        h._error = error
+        h.finished_s = time.monotonic()
+        with self._lock:
+            del self._handles[h.request_id]
+            self._specs.pop(h.request_id, None)
+        cb = h.callback
+        if cb is not None:
+            self._delivering = h
+            try:
+                cb(h.result())
+            except Exception as e:  # noqa: BLE001 -- recorded on the handle, as in the engine
+                log.warning("callback of request %r raised", h.request_id, exc_info=e)
+                if h._error is None:
+                    h._error = e
+            finally:
+                self._delivering = None
+            h.callback = None
+        h._done = True
+        h._event.set()
+        with self._idle:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._idle.notify_all()
+
+    def _check_broker(self, broker_id: str) -> None:
+        """A new broker id means the broker restarted and lost what was in
+        flight: resubmit every unfinished request with the tokens already
+        received (``resume_tokens``), so generation continues where it stopped."""
+        old, self.broker_id = self.broker_id, broker_id
+        if old is None or old == broker_id:
+            return
+        with self._lock:
+            pending = [(self._handles[rid], spec) for rid, spec in self._specs.items()]
+        log.warning("broker restarted (%s -> %s): resubmitting %d requests", old[:8], broker_id[:8], len(pending))
+        now = time.monotonic()
+        specs = []
+        for h, spec in pending:
+            if len(h._tokens) >= spec.max_tokens:
+                self._complete(h, FinishReason.LENGTH, None)
+                continue
+            timeout_s = spec.timeout_s
+            if timeout_s is not None:
+                timeout_s -= now - h.submitted_s
+                if timeout_s <= 0:
+                    self._complete(h, FinishReason.DEADLINE, None)
+                    continue
+            s = RequestSpec(spec.request_id, spec.prompt, spec.max_tokens, spec.messages, spec.stop_tokens,
+                            spec.stop_sequences, spec.priority, timeout_s, spec.temperature, spec.top_p,
+                            spec.top_k, spec.seed, list(h._tokens))
+            specs.append(s)
+        if specs:
+            self._conn.submit(specs)
+
+    def _abandon_all(self) -> None:
+        for h in list(self._handles.values()):
+            self._complete(h, FinishReason.CANCELLED, None)
+
+    def _delivering_now(self, h: RequestHandle) -> bool:
+        """For ``handle.result()``: True when called from ``h``'s own callback;
+        RuntimeError when called for another unfinished request from the
+        callback thread (which is the thread that would finish it)."""
+        if threading.current_thread() is self._dispatcher:
+            if self._delivering is h:
+                return True
+            raise RuntimeError(f"result() of unfinished request {h.request_id!r} called from a callback "
+                               "would deadlock; use its own callback instead")
+        return False
+
+    def _not_on_dispatcher(self, what: str) -> None:
+        if threading.current_thread() is self._dispatcher:
+            raise RuntimeError(f"{what} called from a callback would deadlock")

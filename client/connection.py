@@ -1,0 +1,182 @@
+"""The client's I/O thread: it alone owns the DEALER socket to the broker.
+
+Other threads hand it work through a lock-protected outbox and wake it with
+a byte on a pipe (``os.pipe``, polled together with the socket), so no socket
+is ever touched by two threads. Requests submitted in a burst leave in
+batched ``submit`` messages; every received message is decoded here and
+passed to ``on_message`` (the client's dispatcher queue), never run here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Callable
+
+import zmq
+
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Heartbeat, Message, RequestSpec, Submit
+
+log = logging.getLogger(__name__)
+
+MAX_REQUESTS_PER_SUBMIT = 2048
+"""Requests per ``submit`` message: large enough to amortise per-message cost,
+small enough that the broker starts dispatching early in a long burst."""
+
+
+class Connection:
+    """A DEALER connection to the broker's frontend, run on a daemon I/O thread.
+
+    - ``address``: the broker's client endpoint (``tcp://host:port``).
+    - ``on_message(msg)``: called on the I/O thread for every decoded message;
+      must only enqueue.
+    - ``heartbeat_interval_s``: a heartbeat goes out when nothing else was
+      sent for this long (seconds).
+
+    Thread-safe: :meth:`submit`, :meth:`cancel`, :meth:`send`, :meth:`close`.
+    """
+
+    def __init__(self, address: str, model: str, on_message: Callable[[Message], None], *,
+                 heartbeat_interval_s: float, name: str = "client") -> None:
+        self.address = address
+        self.model = model
+        self.identity = uuid.uuid4().bytes  # stable across reconnects: the broker's key for us
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.last_recv_s = time.monotonic()
+        self._on_message = on_message
+        self._lock = threading.Lock()
+        self._specs: list[RequestSpec] = []
+        self._cancels: list = []
+        self._other: list[Message] = []
+        self._woken = False
+        self._closing = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name=f"slotserve-{name}-io", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    # ------------------------------------------------------------------ any thread
+
+    def submit(self, specs: list[RequestSpec]) -> None:
+        with self._lock:
+            self._specs.extend(specs)
+            self._wake()
+
+    def cancel(self, request_ids: list) -> None:
+        with self._lock:
+            self._cancels.extend(request_ids)
+            self._wake()
+
+    def send(self, msg: Message) -> None:
+        with self._lock:
+            self._other.append(msg)
+            self._wake()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send ``bye``, stop the I/O thread, close the socket (waits up to ``timeout_s``)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._wake()
+        self._thread.join(timeout_s)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _wake(self) -> None:  # under self._lock
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass  # the pipe is full of wake-ups already
+
+    # ------------------------------------------------------------------ I/O thread
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.ROUTING_ID, self.identity)
+            sock.setsockopt(zmq.LINGER, 0)
+            # Outgoing: bounded by what the caller submitted (the caller's own
+            # memory). Incoming: read as fast as it comes; the broker bounds it.
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, 4 * DEFAULT_MAX_MESSAGE_BYTES)
+            sock.connect(self.address)
+        except Exception as e:  # noqa: BLE001 -- reported to the constructor's caller
+            self._error = ValueError(f"cannot connect to {self.address!r}: {e}")
+            sock.close(0)
+            ctx.term()
+            self._ready.set()
+            return
+        self._ready.set()
+        linger_ms = 0
+        try:
+            self._loop(sock)
+            linger_ms = 200  # let the goodbye leave; never hang on a dead broker
+        except Exception:  # noqa: BLE001 -- keep the process alive; waiters time out
+            log.exception("client I/O thread failed")
+        finally:
+            sock.close(linger_ms)
+            ctx.term()
+
+    def _loop(self, sock: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        last_sent = 0.0
+        while True:
+            wait_ms = max(0.0, (last_sent + self.heartbeat_interval_s - time.monotonic()) * 1000)
+            events = dict(poller.poll(wait_ms))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+            with self._lock:
+                specs, self._specs = self._specs, []
+                cancels, self._cancels = self._cancels, []
+                other, self._other = self._other, []
+                self._woken = False
+                closing = self._closing
+            out = [encode(m) for m in other]
+            for i in range(0, len(specs), MAX_REQUESTS_PER_SUBMIT):
+                out.append(encode(Submit(self.model, specs[i:i + MAX_REQUESTS_PER_SUBMIT])))
+            if cancels:
+                out.append(encode(Cancel(cancels)))
+            if closing:
+                out.append(encode(Bye("client closed")))
+            now = time.monotonic()
+            if not out and now - last_sent >= self.heartbeat_interval_s:
+                out.append(encode(Heartbeat()))
+            for data in out:
+                sock.send(data, copy=False)
+            if out:
+                last_sent = now
+            if closing:
+                return
+            if sock in events:
+                self._receive(sock)
+
+    def _receive(self, sock: zmq.Socket) -> None:
+        for _ in range(1024):
+            try:
+                data = sock.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self.last_recv_s = time.monotonic()
+            try:
+                msg = decode(data, BROKER_TO_CLIENT)
+            except ProtocolError as e:
+                log.warning("dropping a bad message from the broker: %s", e)
+                continue
+            self._on_message(msg)

@@ -1,0 +1,21 @@
+"""The protocol's exception: what decoding a bad message raises."""
+
+from __future__ import annotations
+
+from protocol.enums import ErrorCode
+
+
+class ProtocolError(Exception):
+    """A message could not be decoded or broke the wire contract.
+
+    ``code`` is the :class:`~protocol.enums.ErrorCode` to answer with
+    (``malformed``, ``too_large``, ``unsupported_version``, ``unknown_op``);
+    ``message`` says what was wrong, for the peer and the log. Raised by
+    :func:`protocol.codec.decode` and the ``from_wire`` constructors; the
+    caller answers with an error reply and keeps going.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,441 @@
+"""The worker process: one :class:`~worker.BatchInferenceEngine` linked to a broker.
+
+Two threads, each owning its sockets:
+
+- the **I/O thread** owns the DEALER socket to the broker's backend. It
+  registers (model, slots, credits), submits assigned requests straight into
+  the engine (``submit_request`` is thread-safe), forwards cancellations,
+  sends heartbeats, and forwards each iteration's message. A long model step
+  never blocks it, so heartbeats keep flowing.
+- the **main thread** runs the engine: ``wait_for_work`` -> ``step`` -> one
+  ``iteration`` message with the new tokens of every slot, the requests that
+  ended and so the credits returned -> handed to the I/O thread over an
+  inproc PAIR socket.
+
+Engine request ids are the broker's keys tagged with a registration epoch:
+after a re-registration (broker restart or lost contact) everything of the
+old epoch is cancelled and its output dropped, so stale work never reaches
+the new broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import zmq
+
+from protocol.codec import decode, encode
+from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    BROKER_TO_WORKER, Assign, Bye, Cancel, Error, Finished, Heartbeat, Iteration, ModelInfo,
+    Register, RequestSpec, Welcome,
+)
+from worker.engine import BatchInferenceEngine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BROKER = "tcp://127.0.0.1:5556"
+_EPOCH_SHIFT = 48  # engine id = key + (epoch << 48): broker keys stay far below 2**48
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything :func:`run_worker` needs.
+
+    - ``broker``: the broker's worker endpoint (default ``tcp://127.0.0.1:5556``).
+    - ``model``: model name, passed to :func:`worker.models.load_model`
+      (``"simulated"`` = ``SimulatedLLM()`` with its defaults); also the name
+      clients ask for.
+    - ``num_slots``: the engine's batch size (slots).
+    - ``prefetch``: requests the broker may assign beyond the free slots, so a
+      freed slot is refilled on the next iteration without waiting a round
+      trip (default: ``max(1, num_slots // 4)``).
+    - ``step_delay_ms``: extra cost per iteration in milliseconds (simulates
+      a slower model; 0 = none).
+    - ``stop_token``: the default stop token for requests that give none:
+      ``"model"`` (the model's EOS tokens, if it has them), an int, or None.
+    - ``heartbeat_interval_s``: seconds between heartbeats when idle.
+    - ``broker_liveness_s``: no word from the broker for this long (seconds)
+      -> drop all work and register again.
+    - ``name``: shown in ``slotserve status`` (default ``host:pid``).
+    """
+
+    broker: str = DEFAULT_BROKER
+    model: str = "simulated"
+    num_slots: int = 8
+    prefetch: int | None = None
+    step_delay_ms: float = 0.0
+    stop_token: int | str | None = "model"
+    heartbeat_interval_s: float = 1.0
+    broker_liveness_s: float = 5.0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.broker, str) or "://" not in self.broker:
+            raise ValueError(f"broker must be a ZeroMQ endpoint like tcp://127.0.0.1:5556, got {self.broker!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a non-empty name, got {self.model!r}")
+        if type(self.num_slots) is not int or self.num_slots < 1:
+            raise ValueError(f"num_slots must be an int >= 1, got {self.num_slots!r}")
+        if self.prefetch is not None and (type(self.prefetch) is not int or self.prefetch < 0):
+            raise ValueError(f"prefetch must be None or an int >= 0, got {self.prefetch!r}")
+        if isinstance(self.step_delay_ms, bool) or not isinstance(self.step_delay_ms, (int, float)) \
+                or not self.step_delay_ms >= 0:
+            raise ValueError(f"step_delay_ms must be a number of milliseconds >= 0, got {self.step_delay_ms!r}")
+        if not (self.stop_token is None or self.stop_token == "model"
+                or (type(self.stop_token) is int and self.stop_token >= 0)):
+            raise ValueError(f"stop_token must be 'model', None or a token id >= 0, got {self.stop_token!r}")
+        for n in ("heartbeat_interval_s", "broker_liveness_s"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+        if self.broker_liveness_s <= self.heartbeat_interval_s:
+            raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
+
+    @property
+    def max_inflight(self) -> int:
+        """Credits announced to the broker: slots plus prefetch."""
+        prefetch = max(1, self.num_slots // 4) if self.prefetch is None else self.prefetch
+        return self.num_slots + prefetch
+
+
+class _Live:
+    """One assigned request inside the worker.
+
+    ``tokens`` collects this iteration's tokens (its ``append`` is the
+    engine's ``on_token``: no Python frame per token); ``handle`` is set by
+    the I/O thread under the submit lock.
+    """
+
+    __slots__ = ("key", "eid", "handle", "tokens", "decoder", "text", "stale")
+
+    def __init__(self, key: int, eid: int) -> None:
+        self.key = key
+        self.eid = eid
+        self.handle = None
+        self.tokens: list[int] = []
+        self.decoder = None
+        self.text: list[str] | None = None
+        self.stale = False
+
+    def on_token_text(self, token: int) -> None:
+        self.tokens.append(token)
+        piece = self.decoder.step(token)
+        if piece:
+            self.text.append(piece)
+
+
+class WorkerProcess:
+    """A worker: engine + I/O thread. Use :func:`run_worker` unless embedding.
+
+    ``model`` overrides loading ``config.model`` (tests pass their own).
+    Raises ValueError when the model cannot be loaded or configured.
+    """
+
+    def __init__(self, config: WorkerConfig, model=None) -> None:
+        self.config = config
+        if model is None:
+            from worker.models import load_model
+
+            model = load_model(config.model)
+        self.model = model
+        stop = config.stop_token
+        if stop == "model" and getattr(model, "eos_token_ids", None) is None:
+            stop = None
+        self.engine = BatchInferenceEngine(model, config.num_slots, stop)
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.info = ModelInfo(
+            vocab_size=getattr(model, "vocab_size", None),
+            max_seq_len=getattr(model, "max_seq_len", None),
+            eos_token_ids=tuple(sorted(self.engine.stop_tokens)),
+            has_tokenizer=self.tokenizer is not None,
+        )
+        self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
+        self.identity = uuid.uuid4().bytes
+        self.iterations = 0
+        self._live: dict[int, _Live] = {}       # by engine id; guarded by _submit_lock
+        self._done: list[int] = []              # engine ids ended this iteration (main thread)
+        self._submit_lock = threading.Lock()
+        self._epoch = 0
+        self._ctx = zmq.Context()
+        self._pipe_addr = f"inproc://worker-{uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ main thread
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set; then say goodbye (the broker migrates
+        whatever this worker still held) and close."""
+        io_end = self._ctx.socket(zmq.PAIR)
+        io_end.bind(self._pipe_addr)
+        main_end = self._ctx.socket(zmq.PAIR)
+        main_end.connect(self._pipe_addr)
+        io = threading.Thread(target=self._io_thread, args=(io_end, stop), name="slotserve-worker-io", daemon=True)
+        io.start()
+        delay_s = self.config.step_delay_ms / 1000.0
+        engine = self.engine
+        try:
+            while not stop.is_set():
+                if not engine.wait_for_work(0.1):
+                    continue
+                engine.step()
+                if delay_s:
+                    time.sleep(delay_s)  # the simulated extra model cost, not synchronisation
+                self.iterations += 1
+                data = self._collect()
+                if data is not None:
+                    main_end.send(data, copy=False)
+        finally:
+            try:
+                main_end.send(b"", zmq.NOBLOCK)  # tells the I/O thread to say goodbye and stop
+            except zmq.Again:
+                pass  # the I/O thread is gone already
+            io.join(10.0)
+            main_end.close(0)
+            self._ctx.term()
+
+    def _collect(self) -> bytes | None:
+        """This iteration's ``iteration`` message (None when there is nothing to say)."""
+        streams, texts, finished = [], [], []
+        with self._submit_lock:
+            for live in self._live.values():
+                if live.tokens:
+                    if not live.stale:
+                        streams.append([live.key, live.tokens[:]])
+                    live.tokens.clear()
+                if live.text:
+                    if not live.stale:
+                        texts.append([live.key, "".join(live.text)])
+                    live.text.clear()
+            for eid in self._done:
+                live = self._live.pop(eid)
+                if not live.stale:
+                    finished.append(_finished(live.key, live.handle))
+            self._done.clear()
+        if not (streams or finished or texts):
+            return None
+        return encode(Iteration(streams, texts, finished))
+
+    # ------------------------------------------------------------------ I/O thread
+
+    def _io_thread(self, pipe: zmq.Socket, stop: threading.Event) -> None:
+        io = None
+        try:
+            io = _WorkerIO(self, pipe)
+            io.loop()
+        except Exception:  # noqa: BLE001 -- a dead I/O thread must stop the worker, loudly
+            log.exception("worker I/O thread failed; stopping the worker")
+            stop.set()
+        finally:
+            pipe.close(0)
+            if io is not None and not io.sock.closed:
+                io.sock.close(0)
+
+    def assign(self, specs: list[RequestSpec]) -> list[Finished]:
+        """Submit assigned requests into the engine (I/O thread); return the
+        immediate endings of those the engine refused."""
+        refused = []
+        with self._submit_lock:
+            epoch_base = self._epoch << _EPOCH_SHIFT
+            for spec in specs:
+                eid = spec.request_id + epoch_base
+                live = _Live(spec.request_id, eid)
+                try:
+                    prompt = self._prompt_ids(spec, live)
+                    kwargs = {}
+                    if spec.stop_tokens is not None:
+                        kwargs["stop_token"] = spec.stop_tokens
+                    live.handle = self.engine.submit_request(
+                        prompt, spec.max_tokens, lambda seq, e=eid: self._done.append(e),
+                        stop_sequences=spec.stop_sequences,
+                        on_token=live.tokens.append if live.decoder is None else live.on_token_text,
+                        priority=spec.priority, timeout_s=spec.timeout_s, request_id=eid,
+                        temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed,
+                        resume_tokens=spec.resume_tokens, **kwargs)
+                except _Unsupported as e:
+                    refused.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNSUPPORTED, str(e)))
+                    continue
+                except ValueError as e:
+                    code = getattr(e, "code", ErrorCode.BAD_REQUEST)
+                    refused.append(Finished(spec.request_id, FinishReason.ERROR, code, str(e)))
+                    continue
+                except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, tokenizer failure
+                    code = getattr(e, "code", ErrorCode.INTERNAL)
+                    refused.append(Finished(spec.request_id, FinishReason.ERROR, code, f"{type(e).__name__}: {e}"))
+                    continue
+                self._live[eid] = live
+        return refused
+
+    def _prompt_ids(self, spec: RequestSpec, live: _Live) -> list[int]:
+        if spec.messages is None and type(spec.prompt) is list:
+            return spec.prompt
+        if self.tokenizer is None:
+            raise _Unsupported(f"model {self.config.model!r} has no tokenizer: send token ids, not text")
+        if spec.messages is not None:
+            ids = self.tokenizer.apply_chat_template(spec.messages)
+        else:
+            ids = self.tokenizer.encode(spec.prompt)
+        live.decoder = self.tokenizer.decoder(ids)
+        live.text = []
+        return ids
+
+    def cancel(self, keys: list[int]) -> None:
+        base = self._epoch << _EPOCH_SHIFT
+        for key in keys:
+            if type(key) is int:
+                self.engine.cancel(key + base)
+
+    def drop_all(self) -> None:
+        """Forget every request (the broker that assigned them is gone): cancel
+        them in the engine and mark their output stale; new keys get a new epoch."""
+        with self._submit_lock:
+            self._epoch += 1
+            lives = list(self._live.values())
+            for live in lives:
+                live.stale = True
+        for live in lives:
+            self.engine.cancel(live.eid)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _finished(key: int, handle) -> Finished:
+    reason = handle.finish_reason
+    code = message = None
+    if reason is FinishReason.ERROR:
+        err = handle.error
+        code = getattr(err, "code", None)
+        if not isinstance(code, ErrorCode):
+            code = ErrorCode.INTERNAL
+        message = f"{type(err).__name__}: {err}" if err is not None else "failed"
+    return Finished(key, reason, code, message, len(handle.prompt))
+
+
+class _WorkerIO:
+    """The I/O thread's state and loop (owns the DEALER and its PAIR end)."""
+
+    def __init__(self, wp: WorkerProcess, pipe: zmq.Socket) -> None:
+        self.wp = wp
+        self.cfg = wp.config
+        self.pipe = pipe
+        self.sock = wp._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, wp.identity)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(self.cfg.broker)
+        self.broker_id: str | None = None
+        self.registered = False
+        self.last_sent = 0.0
+        self.last_recv = time.monotonic()
+
+    def send(self, msg_or_bytes) -> None:
+        data = msg_or_bytes if isinstance(msg_or_bytes, (bytes, zmq.Frame)) else encode(msg_or_bytes)
+        try:
+            self.sock.send(data, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            # 100k messages unsent: the broker is not reading us. Losing this
+            # message would lose tokens, so start over with a fresh registration.
+            log.error("broker not reading (send buffer full): dropping all work and registering again")
+            self.reregister()
+            return
+        self.last_sent = time.monotonic()
+
+    def register(self) -> None:
+        wp = self.wp
+        self.send(Register(self.cfg.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name))
+
+    def reregister(self) -> None:
+        self.wp.drop_all()
+        self.registered = False
+        self.register()
+
+    def loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.pipe, zmq.POLLIN)
+        hb = self.cfg.heartbeat_interval_s
+        self.register()
+        while True:
+            events = dict(poller.poll(max(0.0, self.last_sent + hb - time.monotonic()) * 1000))
+            if self.pipe in events:
+                while True:
+                    try:
+                        data = self.pipe.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    if len(data) == 0:
+                        try:
+                            self.sock.send(encode(Bye("worker stopping")), zmq.NOBLOCK)
+                        except zmq.Again:
+                            pass  # the broker is not reading; it will notice the silence
+                        self.sock.close(linger=500)  # let the goodbye leave
+                        return
+                    if self.registered:
+                        self.send(data)
+            if self.sock in events:
+                self._receive()
+            now = time.monotonic()
+            if now - self.last_recv > self.cfg.broker_liveness_s:
+                log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
+                self.last_recv = now
+                self.reregister()
+            elif now - self.last_sent >= hb:
+                if self.registered:
+                    self.send(Heartbeat(progress=self.wp.iterations))
+                else:
+                    self.register()  # the broker may not be up yet
+
+    def _receive(self) -> None:
+        wp = self.wp
+        for _ in range(1024):
+            try:
+                data = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.last_recv = time.monotonic()
+            try:
+                msg = decode(data, BROKER_TO_WORKER)
+            except ProtocolError as e:
+                log.warning("dropping a bad message from the broker: %s", e)
+                continue
+            if isinstance(msg, Assign):
+                if self.registered:
+                    refused = wp.assign(msg.requests)
+                    if refused:
+                        self.send(Iteration(finished=refused))
+            elif isinstance(msg, Cancel):
+                wp.cancel(msg.request_ids)
+            elif isinstance(msg, Heartbeat):
+                if msg.broker_id is not None and self.broker_id is not None and msg.broker_id != self.broker_id:
+                    log.warning("the broker restarted: registering again")
+                    self.reregister()
+            elif isinstance(msg, Welcome):
+                if self.broker_id is not None and msg.broker_id != self.broker_id:
+                    wp.drop_all()  # a new broker: whatever we held belongs to the old one
+                self.broker_id = msg.broker_id
+                self.registered = True
+                log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], wp.name,
+                         self.cfg.num_slots)
+            elif isinstance(msg, Error):
+                if msg.code is ErrorCode.NOT_REGISTERED:
+                    self.reregister()
+                else:
+                    log.warning("broker error: %s: %s", msg.code.value, msg.message)
+
+
+def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, model=None) -> None:
+    """Run a worker until ``stop`` is set (forever when None).
+
+    Loads ``config.model`` unless ``model`` is given. Raises ValueError when
+    the model cannot be loaded.
+    """
+    WorkerProcess(config, model).run(stop or threading.Event())
