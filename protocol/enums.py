@@ -47,6 +47,7 @@ class ErrorCode(str, enum.Enum):
     MODEL_ERROR = "model_error"          # the model raised while running the request
     SLOW_CONSUMER = "slow_consumer"      # the client stopped reading; its requests were failed
     UNAUTHORIZED = "unauthorized"
+    NOT_REGISTERED = "not_registered"    # a worker the broker does not know (it restarted): register again
     BROKER_UNAVAILABLE = "broker_unavailable"
     INTERNAL = "internal"
 
