@@ -76,6 +76,7 @@ def load_hf_model(
     num_threads: int | None = None,
     max_cache_len: int | None = None,
     max_prefill_tokens: int = 2048,
+    kv_capacity_step: int = 256,
     attn_implementation: str = "sdpa",
 ) -> HFSlotModel:
     """Load a causal LM and wrap it for the engine.
@@ -88,6 +89,8 @@ def load_hf_model(
       bound: the model's context length from its config); also the engine's
       ``max_seq_len``.
     - ``max_prefill_tokens``: most prompt tokens packed into one prefill forward.
+    - ``kv_capacity_step``: KV cache growth step in tokens (see :mod:`worker.models.kv_cache`).
+    - ``attn_implementation``: transformers attention backend (``"sdpa"`` or ``"eager"``).
 
     Raises ``ValueError`` for an unknown dtype, bad sizes, or a model that
     cannot be found or loaded (the message names the cause).
@@ -98,8 +101,9 @@ def load_hf_model(
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
         torch.set_num_threads(num_threads)
-    if not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1:
-        raise ValueError(f"max_prefill_tokens must be an int >= 1, got {max_prefill_tokens!r}")
+    for key, value in (("max_prefill_tokens", max_prefill_tokens), ("kv_capacity_step", kv_capacity_step)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {value!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, gguf_file = resolve_model_path(name)
@@ -115,7 +119,10 @@ def load_hf_model(
     except (OSError, ValueError, TypeError):
         tokenizer = None  # e.g. a weights-only directory: token ids only
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
-    return HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens)
+    return HFSlotModel(
+        model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
+        kv_capacity_step=kv_capacity_step,
+    )
 
 
 def _context_length(config) -> int:
@@ -151,7 +158,10 @@ class HFSlotModel:
     the cache instead of a gathered copy.
     """
 
-    def __init__(self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048):
+    def __init__(
+        self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048,
+        kv_capacity_step=256,
+    ):
         self.model = model.eval()
         cfg = model.config
         context = _context_length(cfg)
@@ -162,6 +172,7 @@ class HFSlotModel:
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.max_prefill_tokens = max_prefill_tokens
+        self.kv_capacity_step = kv_capacity_step
         self._base = model.base_model
         self._lm_head = model.get_output_embeddings()
         params = inspect.signature(self._base.forward).parameters
@@ -170,6 +181,11 @@ class HFSlotModel:
         self._cache: SlotKVCache | None = None
         self._row_of: dict[int, int] = {}
         self._free_rows: list[int] = []
+
+    @property
+    def kv_cache(self) -> SlotKVCache | None:
+        """The KV cache (None until :meth:`bind_slots`)."""
+        return self._cache
 
     # -- SlotModel ---------------------------------------------------------
 
@@ -184,6 +200,7 @@ class HFSlotModel:
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
             max_len=self.max_seq_len,
             dtype=next(self.model.parameters()).dtype,
+            capacity_step=self.kv_capacity_step,
         )
         self._row_of = {}
         self._free_rows = list(range(num_slots))
