@@ -1,0 +1,271 @@
+"""The ``slotserve`` command line: thin click commands over the programmatic API.
+
+Every option can also be set with an environment variable
+``SLOTSERVE_<COMMAND>_<OPTION>`` (e.g. ``SLOTSERVE_WORKER_SLOTS=16``), shown
+in each command's ``--help``. Only this module reads the environment or
+calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
+
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
+
+
+class StopTokenType(click.ParamType):
+    """``model`` (the model's EOS tokens), ``none`` (no stop token) or a token id."""
+
+    name = "model|none|ID"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value is None:
+            return value
+        v = str(value).strip().lower()
+        if v == "model":
+            return "model"
+        if v == "none":
+            return None
+        try:
+            n = int(v)
+        except ValueError:
+            self.fail(f"{value!r} is not 'model', 'none' or a token id", param, ctx)
+        if n < 0:
+            self.fail(f"token ids are >= 0, got {n}", param, ctx)
+        return n
+
+
+STOP_TOKEN = StopTokenType()
+
+
+def _signal_flag() -> threading.Event:
+    """SIGINT/SIGTERM set the returned flag (and nothing else)."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
+def _config(cls, **kwargs):
+    """Build a config dataclass, turning its ValueError into a usage error."""
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+@click.group(context_settings={"auto_envvar_prefix": "SLOTSERVE", "show_default": True,
+                               "help_option_names": ["-h", "--help"]})
+@click.option("--log-level", type=LOG_LEVELS, default="WARNING", show_envvar=True,
+              help="Logging level (to stderr).")
+def main(log_level: str) -> None:
+    """slotserve: continuous-batching LLM inference over a ZeroMQ worker pool.
+
+    Start a broker and workers (`slotserve up`), or run a JSONL batch job on an
+    embedded cluster (`slotserve run`).
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+_frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=True,
+                         help="ZeroMQ endpoint the broker binds for clients.")
+_backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
+                        help="ZeroMQ endpoint the broker binds for workers.")
+_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=100_000, show_envvar=True,
+                          help="Queued requests per model before new ones get queue_full (requests).")
+_model = click.option("--model", default="simulated", show_envvar=True,
+                      help="Model to serve: 'simulated' (SimulatedLLM defaults) or a Hugging Face model name.")
+_slots = click.option("--slots", type=click.IntRange(min=1), default=8, show_envvar=True,
+                      help="Slots (batch size) per worker.")
+_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0), default=0.0, show_envvar=True,
+                           help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
+_stop_token = click.option("--stop-token", type=STOP_TOKEN, default="model", show_envvar=True,
+                           help="Default stop token: 'model' (its EOS tokens), 'none', or a token id.")
+_workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
+                        help="Number of worker processes.")
+
+
+@main.command()
+@_frontend
+@_backend
+@_max_queue
+@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_envvar=True, help="Seconds between heartbeats.")
+@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
+              help="Seconds of silence after which a worker is dead and its requests migrate.")
+def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
+           worker_liveness_s: float) -> None:
+    """Run a broker in the foreground (Ctrl-C stops it)."""
+    from broker import run_broker
+
+    cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
+                  heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s)
+    stop = _signal_flag()
+    click.echo(f"broker: clients on {frontend}, workers on {backend}", err=True)
+    run_broker(cfg, stop=stop)
+
+
+@main.command()
+@click.option("--broker", "broker_addr", default=DEFAULT_BACKEND, show_envvar=True,
+              help="The broker's worker endpoint.")
+@_model
+@_slots
+@_step_delay
+@_stop_token
+@click.option("--name", default="", show_envvar=True, help="Name shown in `slotserve status` (default host:pid).")
+def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str) -> None:
+    """Run one model worker in the foreground (Ctrl-C stops it)."""
+    from worker.process import WorkerConfig, run_worker
+
+    cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
+                  stop_token=stop_token, name=name)
+    stop = _signal_flag()
+    try:
+        run_worker(cfg, stop=stop)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level):
+    from slotserve.launcher import ClusterConfig
+    from worker.process import WorkerConfig
+
+    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue)
+    wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
+                   stop_token=stop_token)
+    return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level)
+
+
+@main.command()
+@_workers
+@_slots
+@_model
+@_step_delay
+@_stop_token
+@_frontend
+@_backend
+@_max_queue
+@click.pass_context
+def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
+       max_queue: int) -> None:
+    """Run a broker and WORKERS workers as supervised child processes.
+
+    Crashed children are restarted. Ctrl-C or SIGTERM stops all of them cleanly.
+    """
+    from slotserve.launcher import LocalCluster
+
+    log_level = ctx.find_root().params["log_level"].upper()
+    cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level)
+    stop = _signal_flag()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # a signal wakes the supervisor loop at once
+    try:
+        with LocalCluster(cfg) as cluster:
+            click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
+                       f"{workers} x {model} worker(s) with {slots} slots. Ctrl-C stops.", err=True)
+            cluster.supervise(stop.is_set, wakeup_fd=wake_r)
+            click.echo("stopping...", err=True)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+@main.command()
+@click.argument("input_path", metavar="IN.jsonl", type=click.File("r"))
+@click.option("-o", "--output", "output", type=click.File("w"), required=True, show_envvar=True,
+              help="Where to write the result rows (JSONL).")
+@click.option("--broker", "broker_addr", default=None, show_envvar=True,
+              help="Use a running broker at this client endpoint instead of an embedded cluster.")
+@_model
+@_workers
+@_slots
+@_step_delay
+@_stop_token
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=10_000, show_envvar=True,
+              help="Requests submitted and not yet finished, at most.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=None, show_envvar=True,
+              help="Give up after this many seconds (default: no limit).")
+@click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
+@click.pass_context
+def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
+        timeout_s, progress) -> None:
+    """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
+
+    Rows: {"id", "prompt": [token ids], "max_tokens", optional "stop_token",
+    "stop" (list of token-id lists), "priority", "timeout_s"}. Results:
+    {"id", "tokens", "finish_reason", "usage", "error"?}, in completion order.
+    Without --broker an embedded broker and workers are started and stopped.
+    """
+    from client import BrokerUnavailable, Client
+    from slotserve.job import run_job
+    from slotserve.launcher import LocalCluster
+
+    log_level = ctx.find_root().params["log_level"].upper()
+    total = None
+    if input_path is not sys.stdin and hasattr(input_path, "name") and os.path.isfile(input_path.name):
+        with open(input_path.name) as f:
+            total = sum(1 for line in f if line.strip())
+    cluster = None
+    try:
+        if broker_addr is None:
+            cfg = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
+                                  model, slots, step_delay_ms, stop_token, log_level)
+            cluster = LocalCluster(cfg)
+            cluster.start()
+            broker_addr = cluster.frontend
+        with Client(broker_addr, model=model, name="slotserve-run") as client:
+            client.wait_for_model(60.0)
+            summary = run_job(client, input_path, output, max_in_flight=max_in_flight, total=total,
+                              progress=progress, timeout_s=timeout_s)
+    except (BrokerUnavailable, RuntimeError, TimeoutError) as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    output.flush()
+    click.echo(summary.format(), err=True)
+
+
+@main.command()
+@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, show_envvar=True,
+              help="The broker's client endpoint.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
+              help="Seconds to wait for the broker.")
+@click.option("--json", "as_json", is_flag=True, default=False, show_envvar=True, help="Print raw JSON.")
+def status(broker_addr: str, timeout_s: float, as_json: bool) -> None:
+    """Show the broker's queues, workers and slots busy / total."""
+    import json
+
+    from client import BrokerUnavailable, Client
+
+    try:
+        with Client(broker_addr, connect_timeout_s=timeout_s, name="slotserve-status") as c:
+            st = c.status(timeout_s)
+    except BrokerUnavailable as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(st.to_wire(), indent=2))
+        return
+    click.echo(f"broker {st.broker_id[:8]}  up {st.uptime_s:.0f} s  clients {st.clients}")
+    click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18}")
+    for name, m in st.models.items():
+        click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total}")
+    for w in st.workers:
+        click.echo(f"  worker {w['name']:<22} {w['model']:<16} {w['inflight']}/{w['num_slots']} in flight/slots")
+    click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))

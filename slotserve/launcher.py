@@ -1,0 +1,246 @@
+"""The local launcher: a broker and workers as supervised child processes.
+
+Children are started with multiprocessing's ``spawn`` (a clean interpreter:
+no inherited sockets, threads or locks), each installs SIGINT/SIGTERM
+handlers that only set its stop flag, and is stopped with terminate ->
+join(timeout) -> kill. :meth:`LocalCluster.supervise` restarts children that
+die, from a loop, until told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+from multiprocessing.connection import wait as wait_for_sentinels
+from typing import Callable, Sequence
+
+from broker import BrokerConfig, run_broker
+from client import BrokerUnavailable, Client
+from worker.process import WorkerConfig, run_worker
+
+log = logging.getLogger(__name__)
+
+_ctx = mp.get_context("spawn")
+
+
+# ---------------------------------------------------------------------- child entry points
+
+
+def _child_setup(log_level: str) -> threading.Event:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # only sets the flag; the loops notice within one tick
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING") -> None:
+    """Child process body: run a broker; put ``(frontend, backend)`` on ``ready`` once bound."""
+    stop = _child_setup(log_level)
+    run_broker(config, stop=stop, on_ready=lambda f, b: ready.put((f, b)))
+
+
+def worker_main(config: WorkerConfig, log_level: str = "WARNING") -> None:
+    """Child process body: run a worker."""
+    stop = _child_setup(log_level)
+    run_worker(config, stop=stop)
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """A broker and its workers, as one process tree.
+
+    - ``broker``: the broker's config (``tcp://127.0.0.1:*`` endpoints pick free ports).
+    - ``workers``: one config per worker; their ``broker`` field is replaced
+      by the broker's actual backend endpoint.
+    - ``start_timeout_s``: seconds for the broker to bind and every worker to register.
+    - ``stop_timeout_s``: seconds each child gets to exit after SIGTERM before SIGKILL.
+    - ``log_level``: children's logging level (``WARNING``, ``INFO``, ...).
+    """
+
+    broker: BrokerConfig
+    workers: tuple[WorkerConfig, ...]
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 5.0
+    log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("a cluster needs at least one worker")
+        for n in ("start_timeout_s", "stop_timeout_s"):
+            v = getattr(self, n)
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+
+
+class LocalCluster:
+    """Start, supervise and stop a :class:`ClusterConfig`; a context manager.
+
+    After :meth:`start`, :attr:`frontend` is the clients' endpoint. Raises
+    RuntimeError when the broker or a worker fails to come up in time.
+    """
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.frontend: str | None = None
+        self.backend: str | None = None
+        self._broker_cfg = config.broker
+        self._broker: mp.Process | None = None
+        self._workers: list[mp.Process | None] = [None] * len(config.workers)
+        self._restarts: list[float] = []
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def worker_processes(self) -> list[mp.Process]:
+        return [p for p in self._workers if p is not None]
+
+    @property
+    def broker_process(self) -> mp.Process | None:
+        return self._broker
+
+    def start(self) -> None:
+        """Start the broker, then the workers; return once all workers registered."""
+        try:
+            self._start_broker()
+            for i in range(len(self._workers)):
+                self._start_worker(i)
+            self.wait_ready(self.config.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_broker(self) -> None:
+        ready = _ctx.Queue()
+        p = _ctx.Process(target=broker_main, args=(self._broker_cfg, ready, self.config.log_level),
+                         name="slotserve-broker", daemon=True)
+        p.start()
+        self._broker = p
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            try:
+                self.frontend, self.backend = ready.get(timeout=0.2)
+                break
+            except Exception:  # queue.Empty: check the child is still alive, then wait on
+                if not p.is_alive():
+                    raise RuntimeError(f"the broker exited with code {p.exitcode} while starting "
+                                       "(port in use? see its log above)") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the broker did not bind within the start timeout") from None
+        ready.close()
+        # A restarted broker must come back on the same endpoints.
+        self._broker_cfg = replace(self._broker_cfg, frontend=self.frontend, backend=self.backend)
+
+    def _start_worker(self, i: int) -> None:
+        cfg = replace(self.config.workers[i], broker=self.backend)
+        p = _ctx.Process(target=worker_main, args=(cfg, self.config.log_level), name=f"slotserve-worker-{i}",
+                         daemon=True)
+        p.start()
+        self._workers[i] = p
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every worker is registered with the broker (RuntimeError after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        expected: dict[str, int] = {}
+        for w in self.config.workers:
+            expected[w.model] = expected.get(w.model, 0) + 1
+        with Client(self.frontend, connect_timeout_s=timeout_s, name="launcher") as c:
+            while True:
+                st = c.status()
+                if all(m in st.models and st.models[m].workers >= n for m, n in expected.items()):
+                    return
+                for i, p in enumerate(self._workers):
+                    if p is not None and not p.is_alive():
+                        raise RuntimeError(f"worker {i} exited with code {p.exitcode} while starting "
+                                           "(see its log above)")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workers did not register within {timeout_s} s")
+                wait_for_sentinels([p.sentinel for p in self.worker_processes], timeout=0.05)
+
+    def supervise(self, should_stop: Callable[[], bool], *, max_restarts_per_min: int = 10,
+                  wakeup_fd: int | None = None) -> None:
+        """Restart children that exit until ``should_stop()`` is true.
+
+        Waits on the children's sentinels (and ``wakeup_fd``, e.g. a signal
+        wakeup pipe) rather than sleeping. Raises RuntimeError when children
+        die more than ``max_restarts_per_min`` times in a minute (a crash loop).
+        """
+        while not should_stop():
+            handles = [p.sentinel for p in self.worker_processes]
+            if self._broker is not None:
+                handles.append(self._broker.sentinel)
+            if wakeup_fd is not None:
+                handles.append(wakeup_fd)
+            wait_for_sentinels(handles, timeout=1.0)
+            if should_stop():
+                return
+            if self._broker is not None and not self._broker.is_alive():
+                self._note_restart(max_restarts_per_min, f"broker (exit code {self._broker.exitcode})")
+                self._broker.join()
+                self._start_broker()
+            for i, p in enumerate(self._workers):
+                if p is not None and not p.is_alive():
+                    self._note_restart(max_restarts_per_min, f"worker {i} (exit code {p.exitcode})")
+                    p.join()
+                    self._start_worker(i)
+
+    def _note_restart(self, limit: int, what: str) -> None:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 60.0] + [now]
+        if len(self._restarts) > limit:
+            raise RuntimeError(f"{what} died; more than {limit} restarts in a minute: giving up")
+        log.warning("%s died: restarting it", what)
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker ``i`` again (after a test killed it)."""
+        p = self._workers[i]
+        if p is not None:
+            p.join(self.config.stop_timeout_s)
+        self._start_worker(i)
+
+    def stop(self) -> None:
+        """Stop workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent."""
+        procs: Sequence[mp.Process] = [p for p in self._workers if p is not None]
+        _terminate(procs, self.config.stop_timeout_s)
+        if self._broker is not None:
+            _terminate([self._broker], self.config.stop_timeout_s)
+        self._workers = [None] * len(self._workers)
+        self._broker = None
+
+
+def _terminate(procs: Sequence[mp.Process], timeout_s: float) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            log.warning("%s did not stop within %.1f s: killing it", p.name, timeout_s)
+            p.kill()
+            p.join()
+
+
+def is_broker_reachable(address: str, timeout_s: float = 2.0) -> bool:
+    """True when a broker answers at ``address`` within ``timeout_s``."""
+    try:
+        with Client(address, connect_timeout_s=timeout_s, name="probe"):
+            return True
+    except BrokerUnavailable:
+        return False
