@@ -201,6 +201,8 @@ class BrokerCore:
             key = self._next_key
             self._next_key = key + 1
             job = Job(key, cs.identity, spec, model, now)
+            if q.full():
+                self._dispatch(model, now, out)  # free credits may make room
             if not q.push(job, spec.priority):
                 self.counters["queue_full"] += 1
                 out.result(cs.identity).finished.append(Finished(

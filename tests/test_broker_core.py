@@ -1,0 +1,304 @@
+"""The broker's decisions without sockets: queue order, credits, routing,
+migration, cancellation, deadlines, admission, liveness."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.core import BrokerCore, Send, Side
+from broker.queue import RequestQueue
+from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, RequestSpec,
+    Results, StatusQuery, Status, Submit, Welcome,
+)
+
+C1, C2 = b"client-1", b"client-2"
+W1, W2 = b"worker-1", b"worker-2"
+INFO = ModelInfo(1000, None, (0,), False)
+
+
+class Item:
+    def __init__(self, name):
+        self.name = name
+        self.queue_seq = None
+
+
+# ---------------------------------------------------------------------- queue
+
+
+def test_queue_fifo_within_priority_and_priority_first():
+    q = RequestQueue(100)
+    items = [Item(n) for n in "abcde"]
+    for it, prio in zip(items, [0, 0, -1, 1, 0]):
+        assert q.push(it, prio)
+    assert [q.pop().name for _ in range(5)] == ["c", "a", "b", "e", "d"]
+    assert q.pop() is None and len(q) == 0
+
+
+def test_queue_aging_bounds_overtaking():
+    q = RequestQueue(100, aging_window=3)
+    low = Item("low")
+    q.push(low, 1)                       # rank 0 + 3
+    urgent = [Item(f"u{i}") for i in range(5)]
+    for it in urgent:
+        q.push(it, 0)                    # ranks 1..5
+    order = [q.pop().name for _ in range(6)]
+    # Only requests submitted fewer than 3 submissions after it overtake it.
+    assert order == ["u0", "u1", "low", "u2", "u3", "u4"]
+
+
+def test_queue_head_lane_bound_and_lazy_removal():
+    q = RequestQueue(2)
+    a, b, c, d = (Item(n) for n in "abcd")
+    assert q.push(a, 0) and q.push(b, 0)
+    assert not q.push(c, 0) and c.queue_seq is None  # full: refused, nothing queued
+    q.push_head(d)                                    # migration ignores the bound
+    assert len(q) == 3
+    assert q.remove(a) and not q.remove(a)
+    assert [q.pop().name, q.pop().name] == ["d", "b"]
+    assert q.pop() is None
+
+
+def test_queue_compacts_after_mass_removal():
+    q = RequestQueue(10_000)
+    items = [Item(i) for i in range(1000)]
+    for it in items:
+        q.push(it, 0)
+    for it in items[:990]:
+        q.remove(it)
+    assert len(q) == 10 and len(q._heap) < 100
+    assert [q.pop().name for _ in range(10)] == list(range(990, 1000))
+
+
+def test_queue_rejects_bad_config():
+    with pytest.raises(ValueError):
+        RequestQueue(0)
+    with pytest.raises(ValueError):
+        RequestQueue(10, aging_window=0)
+
+
+# ---------------------------------------------------------------------- core helpers
+
+
+def make_core(**cfg) -> BrokerCore:
+    return BrokerCore(BrokerConfig(**cfg), "broker-A", now=0.0)
+
+
+def sent(sends: list[Send], side: Side | None = None, identity: bytes | None = None, kind=None):
+    return [s.message for s in sends
+            if (side is None or s.side is side) and (identity is None or s.identity == identity)
+            and (kind is None or isinstance(s.message, kind))]
+
+
+def register(core, w=W1, slots=2, inflight=None, now=0.0, model="simulated"):
+    return core.on_backend(w, Register(model, slots, inflight or slots, INFO, w.decode()), now)
+
+
+def submit(core, client, ids, now=0.0, model="simulated", **kw):
+    return core.on_frontend(client, Submit(model, [RequestSpec(i, [1, 2], 4, **kw) for i in ids]), now)
+
+
+def assigned(sends, w=W1) -> list[RequestSpec]:
+    return [r for m in sent(sends, Side.BACKEND, w, Assign) for r in m.requests]
+
+
+def results(sends, client) -> list[Results]:
+    return sent(sends, Side.FRONTEND, client, Results)
+
+
+def finished_of(sends, client) -> dict:
+    return {f.request_id: f for r in results(sends, client) for f in r.finished}
+
+
+# ---------------------------------------------------------------------- core
+
+
+def test_register_welcomes_and_submit_respects_credits():
+    core = make_core()
+    out = register(core, slots=2, inflight=3)
+    (w,) = sent(out, Side.BACKEND, W1, Welcome)
+    assert w.broker_id == "broker-A" and w.models == {"simulated": INFO}
+    out = submit(core, C1, range(5))
+    specs = assigned(out)
+    assert len(sent(out, Side.BACKEND, W1, Assign)) == 1  # one message for the batch
+    assert len(specs) == 3                                  # never more than its credits
+    assert len(core.queues["simulated"]) == 2
+    keys = [s.request_id for s in specs]
+    assert all(type(k) is int for k in keys)                # workers see broker keys, not client ids
+    # A finished request returns a credit: exactly one more is assigned.
+    out = core.on_backend(W1, Iteration(streams=[[keys[0], [5, 0]]],
+                                        finished=[Finished(keys[0], FinishReason.STOP, prompt_tokens=2)]), 1.0)
+    assert len(assigned(out)) == 1
+    fin = finished_of(out, C1)
+    assert fin[0].finish_reason is FinishReason.STOP and fin[0].prompt_tokens == 2
+    assert results(out, C1)[0].streams == [[0, [5, 0]]]
+
+
+def test_results_grouped_one_message_per_client_per_iteration():
+    core = make_core()
+    register(core, slots=4)
+    k1 = [s.request_id for s in assigned(submit(core, C1, ["a", "b"]))]
+    k2 = [s.request_id for s in assigned(submit(core, C2, ["a"]))]  # same id, other client: fine
+    out = core.on_backend(W1, Iteration(streams=[[k1[0], [7]], [k2[0], [8]], [k1[1], [9]]]), 0.5)
+    r1, r2 = results(out, C1), results(out, C2)
+    assert len(r1) == 1 and len(r2) == 1
+    assert r1[0].streams == [["a", [7]], ["b", [9]]]
+    assert r2[0].streams == [["a", [8]]]
+
+
+def test_load_spreads_to_the_idle_worker_first():
+    core = make_core()
+    register(core, W1, slots=2, inflight=3)
+    register(core, W2, slots=2, inflight=3)
+    out = submit(core, C1, range(4))
+    assert len(assigned(out, W1)) == 2 and len(assigned(out, W2)) == 2
+
+
+def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
+    core = make_core(heartbeat_interval_s=0.1, worker_liveness_s=1.0)
+    register(core, W1, slots=2)
+    out = submit(core, C1, ["x", "y", "z"])
+    kx, ky = [s.request_id for s in assigned(out)]
+    core.on_backend(W1, Iteration(streams=[[kx, [11, 12]], [ky, [21]]]), 0.5)
+    # W1 falls silent: after the liveness window it is dead.
+    core.tick(1.2)
+    assert core.workers.get(W1) is not None
+    core.tick(1.6)
+    assert core.workers.get(W1) is None
+    out = register(core, W2, slots=1, now=1.65)
+    specs = assigned(out, W2)
+    assert [s.request_id for s in specs] == [kx]        # head of the queue, ahead of z
+    assert specs[0].resume_tokens == [11, 12]
+    assert core.counters["requeued"] == 2 and core.counters["workers_lost"] == 1
+    # Tokens from the dead worker arriving late are stale and dropped.
+    assert not results(core.on_backend(W1, Iteration(streams=[[kx, [99]]]), 1.7), C1)
+    # The new worker continues; the client sees only the new tokens.
+    out = core.on_backend(W2, Iteration(streams=[[kx, [13]]], finished=[Finished(kx, FinishReason.LENGTH)]), 1.8)
+    assert results(out, C1)[0].streams == [["x", [13]]]
+    assert [s.request_id for s in assigned(out, W2)] == [ky]   # then y (with its token), then z
+    assert assigned(out, W2)[0].resume_tokens == [21]
+
+
+def test_bye_migrates_at_once_and_max_attempts_ends_with_worker_failed():
+    core = make_core(max_attempts=2)
+    register(core, W1, slots=1)
+    (spec,) = assigned(submit(core, C1, ["x"]))
+    register(core, W2, slots=1)
+    out = core.on_backend(W1, Bye("stopping"), 1.0)
+    assert [s.request_id for s in assigned(out, W2)] == [spec.request_id]
+    out = core.on_backend(W2, Bye("stopping"), 2.0)
+    f = finished_of(out, C1)["x"]
+    assert f.finish_reason is FinishReason.ERROR and f.code is ErrorCode.WORKER_FAILED
+    assert not core.jobs
+
+
+def test_cancel_queued_and_running():
+    core = make_core()
+    register(core, W1, slots=1)
+    out = submit(core, C1, ["run", "wait"])
+    (spec,) = assigned(out)
+    out = core.on_frontend(C1, Cancel(["wait", "run", "unknown"]), 1.0)
+    assert finished_of(out, C1)["wait"].finish_reason is FinishReason.CANCELLED
+    (c,) = sent(out, Side.BACKEND, W1, Cancel)
+    assert c.request_ids == [spec.request_id]
+    assert "run" not in finished_of(out, C1)            # ends when the worker says so
+    out = core.on_backend(W1, Iteration(finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
+    assert finished_of(out, C1)["run"].finish_reason is FinishReason.CANCELLED
+    assert not core.jobs
+
+
+def test_queue_full_unknown_model_and_duplicates():
+    core = make_core(max_queue=2)
+    out = submit(core, C1, ["a"], model="nope")
+    assert finished_of(out, C1)["a"].code is ErrorCode.UNKNOWN_MODEL
+    register(core, W1, slots=1)
+    out = submit(core, C1, ["a", "b", "c", "d"])
+    fin = finished_of(out, C1)
+    assert set(fin) == {"d"} and fin["d"].code is ErrorCode.QUEUE_FULL
+    # A resubmission of an id in flight is recognised and run once.
+    out = submit(core, C1, ["b"])
+    assert not finished_of(out, C1) and core.counters["duplicates"] == 1
+    assert len(core.jobs) == 3
+
+
+def test_queued_deadline_and_remaining_timeout_on_dispatch():
+    core = make_core()
+    register(core, W1, slots=1)
+    submit(core, C1, ["first"])
+    submit(core, C1, ["late"], now=0.0, timeout_s=0.5)
+    submit(core, C1, ["ok"], now=0.0, timeout_s=5.0)
+    out = core.tick(0.6)
+    assert finished_of(out, C1)["late"].finish_reason is FinishReason.DEADLINE
+    key = next(iter(core.workers.get(W1).inflight))
+    out = core.on_backend(W1, Iteration(finished=[Finished(key, FinishReason.STOP)]), 2.0)
+    (spec,) = assigned(out)
+    assert spec.timeout_s == pytest.approx(3.0)          # time left, not the original
+
+
+def test_silent_client_is_forgotten_and_its_requests_cancelled():
+    core = make_core(heartbeat_interval_s=0.1, client_liveness_s=1.0)
+    register(core, W1, slots=1)
+    (spec,) = assigned(submit(core, C1, ["a", "b"]))
+    register(core, W1, slots=1, now=0.5)  # re-registration: keeps the worker alive
+    core.on_backend(W1, Heartbeat(), 1.5)
+    out = core.tick(1.5)
+    assert C1 not in core.clients
+    cancels = sent(out, Side.BACKEND, W1, Cancel)
+    assert sum(len(c.request_ids) for c in cancels) <= 1
+    assert not results(out, C1)
+
+
+def test_client_lost_running_job_results_dropped_and_credit_returned():
+    core = make_core()
+    register(core, W1, slots=1)
+    (spec,) = assigned(submit(core, C1, ["a"]))
+    out = core.on_frontend(C1, Bye(), 1.0)
+    assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == [spec.request_id]
+    out = core.on_backend(W1, Iteration(streams=[[spec.request_id, [3]]],
+                                        finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
+    assert not sent(out, Side.FRONTEND)
+    assert core.workers.get(W1).credits == 1
+
+
+def test_slow_consumer_gets_error_naming_its_requests():
+    core = make_core()
+    register(core, W1, slots=1)
+    submit(core, C1, ["a", "b"])
+    out = core.client_unreachable(C1, ErrorCode.SLOW_CONSUMER)
+    (err,) = sent(out, Side.FRONTEND, C1, Error)
+    assert err.code is ErrorCode.SLOW_CONSUMER and sorted(err.request_ids) == ["a", "b"]
+
+
+def test_unknown_worker_told_to_register_and_reregistration_requeues():
+    core = make_core()
+    (err,) = sent(core.on_backend(W1, Heartbeat(progress=1), 0.0), Side.BACKEND, W1, Error)
+    assert err.code is ErrorCode.NOT_REGISTERED
+    register(core, W1, slots=1)
+    (spec,) = assigned(submit(core, C1, ["a"]))
+    out = register(core, W1, slots=1, now=1.0)  # the worker dropped its work and came back
+    assert [s.request_id for s in assigned(out)] == [spec.request_id]
+
+
+def test_hello_status_heartbeats_and_bad_messages():
+    core = make_core(heartbeat_interval_s=1.0)
+    register(core, W1, slots=3)
+    submit(core, C1, range(5))
+    (w,) = sent(core.on_frontend(C2, Hello("x"), 0.1), Side.FRONTEND, C2, Welcome)
+    assert "simulated" in w.models
+    (st,) = sent(core.on_frontend(C2, StatusQuery(), 0.2), Side.FRONTEND, C2, Status)
+    m = st.models["simulated"]
+    assert (m.queued, m.running, m.workers, m.slots_busy, m.slots_total) == (2, 3, 1, 3, 3)
+    assert st.counters["submitted"] == 5 and st.clients == 2
+    out = core.tick(0.3)
+    hbs = sent(out, kind=Heartbeat)
+    assert len(hbs) == 3 and all(h.broker_id == "broker-A" for h in hbs)
+    assert not sent(core.tick(0.4), kind=Heartbeat)    # once per interval
+    err = ProtocolError(ErrorCode.MALFORMED, "bad")
+    (e,) = sent(core.on_frontend_error(C2, err, ["z"], 0.5), Side.FRONTEND, C2, Error)
+    assert e.code is ErrorCode.MALFORMED and e.request_ids == ["z"]
+    # Ids of requests already in flight are not ended by someone else's bad frame.
+    (e,) = sent(core.on_frontend_error(C1, err, [0], 0.5), Side.FRONTEND, C1, Error)
+    assert e.request_ids == []
