@@ -67,13 +67,16 @@ class BatchInferenceEngine:
     - ``max_queue``: bound on queued (not yet running) requests, or None.
     - ``aging_window``: priority aging, in submissions per priority level; see
       :mod:`worker.scheduler` for the starvation bound.
+    - ``clock``: seconds, monotonic; deadlines (``timeout_s``) are measured on
+      it. Tests pass a fake one; leave the default otherwise.
 
     Raises ValueError for bad arguments.
     """
 
     def __init__(self, model, batch_size: int, stop_token=None, *,
                  policy: str | Policy = "continuous", max_queue: int | None = None,
-                 aging_window: int = DEFAULT_AGING_WINDOW) -> None:
+                 aging_window: int = DEFAULT_AGING_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if type(batch_size) is not int or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if max_queue is not None and (type(max_queue) is not int or max_queue < 1):
@@ -103,6 +106,7 @@ class BatchInferenceEngine:
         self._pending: list[tuple[Request, FinishReason, BaseException | None]] = []
         self._deadlines: list[tuple[float, int, Request]] = []  # heap, lazily cleaned
         self._ids = itertools.count()
+        self._clock = clock
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
         self._slots = SlotTable(batch_size, self._slot_aware)
@@ -139,6 +143,8 @@ class BatchInferenceEngine:
             resume_tokens=resume_tokens, vocab_size=self._vocab_size,
             max_seq_len=self._max_seq_len)
         req = Request(v, self.stop_tokens, callback, on_token)
+        if v.timeout_s is not None:
+            req.deadline = self._clock() + v.timeout_s
         with self._lock:
             self._enqueue(req)
         return RequestHandle(req, self._completion)
@@ -298,7 +304,7 @@ class BatchInferenceEngine:
         """Carry out cancels, deadlines and failed streams: callbacks, then free slots."""
         ended = []
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             dl = self._deadlines
             while dl and dl[0][0] <= now:
                 req = heapq.heappop(dl)[2]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from typing import Callable, Sequence
 
 from protocol.enums import FinishReason
@@ -48,9 +47,9 @@ class StopMatcher:
         self._failure = tuple(_failure_table(p) for p in self._patterns)
         self._state = [0] * len(self._patterns)
 
-    def feed(self, token: int) -> bool:
-        """Advance by one generated token; True when some pattern ends at it."""
-        hit = False
+    def feed(self, token: int) -> tuple[int, ...] | None:
+        """Advance by one generated token; return the first pattern that ends at it, else None."""
+        hit = None
         state = self._state
         for k, pattern in enumerate(self._patterns):
             j = state[k]
@@ -60,7 +59,8 @@ class StopMatcher:
             if pattern[j] == token:
                 j += 1
             if j == len(pattern):
-                hit = True
+                if hit is None:
+                    hit = pattern
                 j = failure[j - 1]
             state[k] = j
         return hit
@@ -90,12 +90,12 @@ class Request:
 
     __slots__ = ("request_id", "seq", "prompt_len", "limit", "stop_tokens", "matcher",
                  "on_token", "callback", "priority", "deadline", "sampling", "state",
-                 "reason", "error", "slot", "pos", "done")
+                 "reason", "stop_reason", "error", "slot", "pos", "done")
 
     def __init__(self, v: ValidRequest, default_stop_tokens: frozenset[int],
                  callback: Callable[[list[int]], object] | None,
                  on_token: Callable[[int], object] | None) -> None:
-        """Engine state of a validated request; its deadline counts from now.
+        """Engine state of a validated request.
 
         Raises ValueError when ``callback`` or ``on_token`` is not callable.
         """
@@ -116,12 +116,13 @@ class Request:
         self.on_token = on_token
         self.callback = callback
         self.priority = v.priority
-        self.deadline = None if v.timeout_s is None else time.monotonic() + v.timeout_s
+        self.deadline: float | None = None  # on the engine's clock; the engine sets it
         self.sampling = GREEDY
         if v.temperature or v.top_p != 1.0 or v.top_k or v.seed is not None:
             self.sampling = SamplingParams(v.temperature, v.top_p, v.top_k, v.seed)
         self.state = RequestState.QUEUED
         self.reason: FinishReason | None = None
+        self.stop_reason: int | tuple[int, ...] | None = None
         self.error: BaseException | None = None
         self.slot: int | None = None
         self.pos: int | None = None
@@ -160,6 +161,7 @@ class RequestHandle:
     - ``tokens``: tokens generated so far, including ``resume_tokens`` (a copy).
     - ``finish_reason``: None until the request ends, then a
       :class:`~protocol.enums.FinishReason`.
+    - ``stop_reason``: for ``"stop"``, the stop token or stop sequence that matched.
     - ``error``: None, or the exception that ended the request (model error,
       raising ``on_token``) or that its completion callback raised.
     """
@@ -185,6 +187,14 @@ class RequestHandle:
     @property
     def finish_reason(self) -> FinishReason | None:
         return self._req.reason if self._req.state is RequestState.FINISHED else None
+
+    @property
+    def stop_reason(self) -> int | tuple[int, ...] | None:
+        """What stopped a ``"stop"`` request: the stop token (int) or the stop
+        sequence (tuple) that matched, as vLLM's ``stop_reason``; else None."""
+        req = self._req
+        return req.stop_reason if req.state is RequestState.FINISHED and req.reason is \
+            FinishReason.STOP else None
 
     @property
     def error(self) -> BaseException | None:

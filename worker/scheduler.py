@@ -13,9 +13,9 @@ after it. The bound this gives:
     A request of priority ``p`` can be overtaken only by requests submitted
     fewer than ``(p - q) * aging_window`` submissions after it, where ``q`` is
     the overtaker's priority. So it is overtaken by at most
-    ``(p - q_min) * aging_window`` later requests in total (``q_min`` the most
-    urgent priority among them), and waits for at most that many admissions
-    plus the requests already ahead of it when it arrived.
+    ``(p - q_min) * aging_window - 1`` later requests in total (``q_min`` the
+    most urgent priority among them), and waits for at most that many
+    admissions plus the requests already ahead of it when it arrived.
 
 With the default window (1000) a burst of fewer than 1000 requests is
 always served in strict priority order; aging only matters for sustained

@@ -138,11 +138,12 @@ class SlotTable:
             for i in [i for i, t in enumerate(tokens) if t in stop]:
                 req = reqs[i]
                 if tokens[i] in req.stop_tokens and req.state is _RUNNING:
-                    req.reason = _STOP
+                    req.reason, req.stop_reason = _STOP, tokens[i]
                     finished.append(req)
         for req in self._matching:
-            if req.matcher.feed(req.seq[-1]) and req.reason is None and req.state is _RUNNING:
-                req.reason = _STOP
+            matched = req.matcher.feed(req.seq[-1])
+            if matched is not None and req.reason is None and req.state is _RUNNING:
+                req.reason, req.stop_reason = _STOP, matched
                 finished.append(req)
         for req in self._due.pop(it, ()):
             if req.pos is not None and req.reason is None and req.state is _RUNNING:
