@@ -1,0 +1,5 @@
+"""``python -m slotserve`` = the ``slotserve`` command."""
+
+from slotserve.cli import main
+
+main()

@@ -1,0 +1,162 @@
+"""The ``slotserve`` CLI: help and env vars, the embedded ``run`` job, ``up``
+and ``status`` -- through real subprocesses where processes are involved."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from client import Client
+from slotserve.cli import main
+from worker import BatchInferenceEngine, SimulatedLLM
+
+SLOTSERVE = [sys.executable, "-m", "slotserve"]
+
+
+def test_help_lists_every_command_and_env_vars():
+    r = CliRunner().invoke(main, ["--help"])
+    assert r.exit_code == 0
+    for cmd in ("broker", "worker", "up", "run", "status"):
+        assert cmd in r.output
+    for cmd, needles in {
+        "broker": ["SLOTSERVE_BROKER_FRONTEND", "SLOTSERVE_BROKER_MAX_QUEUE", "tcp://127.0.0.1:5555"],
+        "worker": ["SLOTSERVE_WORKER_SLOTS", "SLOTSERVE_WORKER_STEP_DELAY_MS", "milliseconds", "--stop-token"],
+        "up": ["SLOTSERVE_UP_WORKERS", "SLOTSERVE_UP_MODEL"],
+        "run": ["SLOTSERVE_RUN_BROKER", "SLOTSERVE_RUN_SLOTS", "IN.jsonl"],
+        "status": ["SLOTSERVE_STATUS_BROKER"],
+    }.items():
+        r = CliRunner().invoke(main, [cmd, "--help"])
+        assert r.exit_code == 0, r.output
+        for n in needles:
+            assert n in r.output, (cmd, n)
+
+
+def test_bad_option_values_are_usage_errors():
+    r = CliRunner().invoke(main, ["worker", "--slots", "0"])
+    assert r.exit_code == 2 and "--slots" in r.output
+    r = CliRunner().invoke(main, ["worker", "--stop-token", "abc"])
+    assert r.exit_code == 2 and "stop" in r.output.lower()
+    r = CliRunner().invoke(main, ["broker", "--frontend", "nonsense"])
+    assert r.exit_code == 2 and "endpoint" in r.output
+
+
+def write_rows(path, rows, extra_lines=()):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+
+
+def expected_rows(rows):
+    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=4, stop_token=0)
+    out = {}
+    for r in rows:
+        kw = {}
+        if "stop_token" in r:
+            kw["stop_token"] = r["stop_token"]
+        h = engine.submit_request(r["prompt"], r["max_tokens"], stop_sequences=r.get("stop", ()), **kw)
+        out[r["id"]] = h
+    engine.run()
+    return {k: (h.tokens, h.finish_reason.value) for k, h in out.items()}
+
+
+def test_run_embedded_job(tmp_path):
+    rows = [{"id": f"r{i}", "prompt": [i % 97 + 1, 5, 6], "max_tokens": 1 + i % 25} for i in range(300)]
+    rows[3]["stop_token"] = None
+    rows[4]["stop"] = [[17, 18]]
+    rows[5]["priority"] = -1
+    rows[6]["timeout_s"] = 30
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(inp, rows, ['{"id": "badjson', json.dumps({"id": "empty", "prompt": [], "max_tokens": 3}),
+                           json.dumps({"id": "typo", "prompt": [1], "max_token": 3}), ""])
+    proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in outp.read_text().splitlines()]
+    assert len(got) == 303
+    by_id = {r["id"]: r for r in got}
+    expected = expected_rows(rows)
+    for rid, (tokens, reason) in expected.items():
+        r = by_id[rid]
+        assert (r["tokens"], r["finish_reason"]) == (tokens, reason), rid
+        assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": len(tokens)}
+        assert "error" not in r
+    errors = [r for r in got if "error" in r]
+    assert len(errors) == 3 and all(r["error"]["code"] == "bad_request" for r in errors)
+    assert {r["id"] for r in errors} == {None, "empty", "typo"}
+    # Progress bar and summary on stderr.
+    for needle in ("requests", "303 (3 errors)", "output tokens/s", "p50", "TTFT", "slotserve run"):
+        assert needle in proc.stderr
+
+
+def _reap(proc):
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_broker(address, proc, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "slotserve up exited early"
+        try:
+            with Client(address, connect_timeout_s=0.5) as c:
+                st = c.status()
+                if st.models.get("simulated") and st.models["simulated"].workers >= 2:
+                    return
+        except Exception:  # noqa: BLE001 -- not up yet
+            pass
+    raise AssertionError("slotserve up did not become ready")
+
+
+def test_up_status_run_against_it_and_clean_stop(tmp_path):
+    front, back = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
+    env = dict(os.environ, SLOTSERVE_UP_FRONTEND=front, SLOTSERVE_UP_BACKEND=back)  # env vars are honoured
+    log = open(tmp_path / "up.log", "w")
+    proc = subprocess.Popen(SLOTSERVE + ["up", "--workers", "2", "--slots", "3"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_broker(front, proc)
+        r = CliRunner().invoke(main, ["status", "--broker", front])
+        assert r.exit_code == 0, r.output
+        assert "simulated" in r.output and "0/6" in r.output
+        rows = [{"id": i, "prompt": [i + 1], "max_tokens": 4} for i in range(20)]
+        inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        write_rows(inp, rows)
+        run = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--broker", front, "--no-progress"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        got = {json.loads(line)["id"]: json.loads(line) for line in outp.read_text().splitlines()}
+        exp = expected_rows(rows)
+        assert {k: (v["tokens"], v["finish_reason"]) for k, v in got.items()} == exp
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        _reap(proc)
+        log.close()
+    # Every child is gone: the broker's port is free again.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(front.rsplit(":", 1)[1])))
+
+
+def test_status_without_broker_fails_cleanly():
+    r = CliRunner().invoke(main, ["status", "--broker", f"tcp://127.0.0.1:{_free_port()}", "--timeout-s", "0.3"])
+    assert r.exit_code == 1 and "no slotserve broker" in r.output
