@@ -21,7 +21,6 @@ time; callbacks run on that thread, outside the engine lock.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -30,10 +29,11 @@ from typing import Callable
 
 from protocol.enums import FinishReason
 from protocol.validation import validate_request, validate_stop_token
+from worker.callbacks import complete, stream_tokens
 from worker.errors import DuplicateRequestError, ModelError, QueueFullError
 from worker.models.base import SlotModel
 from worker.request import Completion, Request, RequestHandle, RequestState
-from worker.scheduler import DEFAULT_AGING_WINDOW, Policy, RequestQueue
+from worker.scheduler import DEFAULT_AGING_WINDOW, Deadlines, Policy, RequestQueue
 from worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class BatchInferenceEngine:
         self._queue = RequestQueue(aging_window)  # guarded by _lock
         self._in_flight: dict[object, Request] = {}  # queued, running or ending; by id
         self._pending: list[tuple[Request, FinishReason, BaseException | None]] = []
-        self._deadlines: list[tuple[float, int, Request]] = []  # heap, lazily cleaned
+        self._deadlines = Deadlines()
         self._ids = itertools.count()
         self._clock = clock
         self._active = False  # step() or run() in progress
@@ -234,7 +234,10 @@ class BatchInferenceEngine:
         finished = self._slots.append(tokens)
         if finished:
             finished = self._commit(finished)
-        self._notify(finished)
+        if self._slots.streaming:
+            for req, exc in stream_tokens(self._slots.streaming):
+                self._stream_failed(req, exc)
+        complete(finished, self._completion)
         for req in finished:
             self._vacate(req)
         return len(tokens)
@@ -267,7 +270,7 @@ class BatchInferenceEngine:
         self._in_flight[rid] = req
         self._queue.push(req)
         if req.deadline is not None:
-            heapq.heappush(self._deadlines, (req.deadline, next(self._ids), req))
+            self._deadlines.add(req)
         if self._waiting:
             self._work.notify_all()
 
@@ -304,11 +307,8 @@ class BatchInferenceEngine:
         """Carry out cancels, deadlines and failed streams: callbacks, then free slots."""
         ended = []
         with self._lock:
-            now = self._clock()
-            dl = self._deadlines
-            while dl and dl[0][0] <= now:
-                req = heapq.heappop(dl)[2]
-                if req.state is QUEUED or req.state is RUNNING:
+            if self._deadlines:
+                for req in self._deadlines.expired(self._clock(), len(self._in_flight)):
                     if req.state is QUEUED:
                         self._queue.discard(req)
                     self._pending.append((req, FinishReason.DEADLINE, None))
@@ -320,10 +320,7 @@ class BatchInferenceEngine:
                     del self._in_flight[req.request_id]
                     ended.append(req)
             self._pending.clear()
-            if len(dl) > 64 and len(dl) > 2 * len(self._in_flight):
-                dl[:] = [e for e in dl if e[2].state is not FINISHED]
-                heapq.heapify(dl)
-        self._notify(ended, stream=False)
+        complete(ended, self._completion)
         for req in ended:
             if req.slot is not None:
                 self._vacate(req)
@@ -341,34 +338,8 @@ class BatchInferenceEngine:
                     self._pending.append((req, FinishReason.ERROR, exc))
         self._end_early()
 
-    def _notify(self, finished: list[Request], stream: bool = True) -> None:
-        """Run ``on_token`` for every streaming request, then the completion callbacks."""
-        if stream:
-            for req in self._slots.streaming:
-                try:
-                    req.on_token(req.seq[-1])
-                except Exception as exc:
-                    self._stream_failed(req, exc)
-        c = self._completion
-        for req in finished:
-            cb = req.callback
-            if cb is not None:
-                c.delivering, c.delivering_thread = req, threading.get_ident()
-                try:
-                    cb(list(req.seq))
-                except Exception as exc:
-                    log.warning("callback of request %r raised", req.request_id, exc_info=exc)
-                    if req.error is None:
-                        req.error = exc
-                finally:
-                    c.delivering = None
-            req.callback = None
-            req.done = True
-            c.notify()
-
     def _stream_failed(self, req: Request, exc: Exception) -> None:
         """``on_token`` raised: the request ends with ``"error"`` (at once if it just finished)."""
-        log.warning("on_token of request %r raised", req.request_id, exc_info=exc)
         with self._lock:
             if req.state is RUNNING:
                 req.state = ENDING

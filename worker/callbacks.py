@@ -1,0 +1,53 @@
+"""Running the caller's code: ``on_token`` streaming and completion callbacks.
+
+Both run on the thread that calls ``step()``/``run()``, outside the engine
+lock, so they may call ``submit_request`` and ``cancel``. An exception in one
+is caught here and reported back; it never reaches the engine loop or
+another request (DESIGN.md: "a callback that raises does not stop the engine
+or touch other requests").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from worker.request import Completion, Request
+
+log = logging.getLogger(__name__)
+
+
+def stream_tokens(streaming: list[Request]) -> list[tuple[Request, Exception]]:
+    """Call ``on_token`` with each request's newest token; return the calls that raised."""
+    failed = []
+    for req in streaming:
+        try:
+            req.on_token(req.seq[-1])
+        except Exception as exc:
+            log.warning("on_token of request %r raised", req.request_id, exc_info=exc)
+            failed.append((req, exc))
+    return failed
+
+
+def complete(finished: list[Request], completion: Completion) -> None:
+    """Call each finished request's callback once with its final sequence (a copy).
+
+    A raising callback is recorded as the request's ``error`` (its
+    ``finish_reason`` stays). Afterwards the request is ``done`` and any
+    thread blocked in ``RequestHandle.result`` wakes.
+    """
+    for req in finished:
+        cb = req.callback
+        if cb is not None:
+            completion.delivering, completion.delivering_thread = req, threading.get_ident()
+            try:
+                cb(list(req.seq))
+            except Exception as exc:
+                log.warning("callback of request %r raised", req.request_id, exc_info=exc)
+                if req.error is None:
+                    req.error = exc
+            finally:
+                completion.delivering = None
+        req.callback = None
+        req.done = True
+        completion.notify()
