@@ -322,15 +322,21 @@ class BrokerCore:
     def _iteration(self, w: WorkerState, msg: Iteration, now: float, out: _Outbox) -> None:
         jobs = self.jobs
         me = w.identity
+        results = out.results
         n = 0
-        for key, toks in msg.streams:
+        for key, tok in zip(msg.ids, msg.tokens):
             job = jobs.get(key)
             if job is None or job.worker != me:
                 continue  # stale: the job migrated or ended meanwhile
-            job.tokens.extend(toks)
-            n += len(toks)
-            if job.client is not None:
-                out.result(job.client).streams.append([job.rid, toks])
+            job.tokens.append(tok)
+            n += 1
+            client = job.client
+            if client is not None:
+                r = results.get(client)
+                if r is None:
+                    r = results[client] = Results()
+                r.ids.append(job.rid)
+                r.tokens.append(tok)
         self.counters["tokens_out"] += n
         for key, text in msg.texts:
             job = jobs.get(key)

@@ -160,7 +160,7 @@ class BrokerServer:
                 buf.append(data)
             return
         try:
-            self._sockets[side].send_multipart((identity, data), zmq.NOBLOCK, copy=False)
+            self._sockets[side].send_multipart((identity, data), zmq.NOBLOCK)
         except zmq.Again:
             self._pending[key] = deque((data,))
         except zmq.ZMQError as e:
@@ -175,7 +175,7 @@ class BrokerServer:
             sock = self._sockets[side]
             try:
                 while buf:
-                    sock.send_multipart((identity, buf[0]), zmq.NOBLOCK, copy=False)
+                    sock.send_multipart((identity, buf[0]), zmq.NOBLOCK)
                     buf.popleft()
             except zmq.Again:
                 continue

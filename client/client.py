@@ -82,6 +82,7 @@ class Client:
         self._handles: dict[object, RequestHandle] = {}
         self._specs: dict[object, RequestSpec] = {}
         self._outstanding = 0
+        self._waiters = 0  # threads in handle.result(): completions notify only then
         self._ids = itertools.count()
         self._closed = False
         self._delivering: RequestHandle | None = None
@@ -281,22 +282,20 @@ class Client:
     def _on_results(self, msg: Results) -> None:
         handles = self._handles
         now = time.monotonic()
-        for rid, toks in msg.streams:
+        for rid, t in zip(msg.ids, msg.tokens):
             h = handles.get(rid)
             if h is None:
                 continue
             if h.first_token_s is None:
                 h.first_token_s = now
-            h._tokens.extend(toks)
+            h._tokens.append(t)
             if h.on_token is not None and h._stream_error is None:
-                for t in toks:
-                    try:
-                        h.on_token(t)
-                    except Exception as e:  # noqa: BLE001 -- the request ends with it as error
-                        log.warning("on_token of request %r raised", rid, exc_info=e)
-                        h._stream_error = e
-                        self._conn.cancel([rid])
-                        break
+                try:
+                    h.on_token(t)
+                except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+                    log.warning("on_token of request %r raised", rid, exc_info=e)
+                    h._stream_error = e
+                    self._conn.cancel([rid])
         for rid, text in msg.texts:
             h = handles.get(rid)
             if h is not None:
@@ -329,7 +328,7 @@ class Client:
         h.finished_s = time.monotonic()
         with self._lock:
             del self._handles[h.request_id]
-            self._specs.pop(h.request_id, None)
+            del self._specs[h.request_id]
         cb = h.callback
         if cb is not None:
             self._delivering = h
@@ -343,11 +342,20 @@ class Client:
                 self._delivering = None
             h.callback = None
         h._done = True
-        h._event.set()
-        with self._idle:
+        with self._lock:
             self._outstanding -= 1
-            if self._outstanding == 0:
+            if self._waiters or not self._outstanding:
                 self._idle.notify_all()
+
+    def _wait_done(self, h: RequestHandle, timeout: float | None) -> None:
+        """For ``handle.result()``: block until ``h`` is done (TimeoutError)."""
+        with self._idle:
+            self._waiters += 1
+            try:
+                if not self._idle.wait_for(lambda: h._done, timeout):
+                    raise TimeoutError(f"request {h.request_id!r} not done after {timeout} s")
+            finally:
+                self._waiters -= 1
 
     def _check_broker(self, broker_id: str) -> None:
         """A new broker id means the broker restarted and lost what was in

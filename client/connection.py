@@ -159,7 +159,7 @@ class Connection:
             if not out and now - last_sent >= self.heartbeat_interval_s:
                 out.append(encode(Heartbeat()))
             for data in out:
-                sock.send(data, copy=False)
+                sock.send(data)
             if out:
                 last_sent = now
             if closing:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 from protocol.enums import FinishReason
@@ -26,7 +25,7 @@ class RequestHandle:
     Safe to read from any thread.
     """
 
-    __slots__ = ("request_id", "prompt", "_tokens", "_text", "_reason", "_error", "_done", "_event",
+    __slots__ = ("request_id", "prompt", "_tokens", "_text", "_reason", "_error", "_done",
                  "callback", "on_token", "prompt_tokens", "submitted_s", "first_token_s",
                  "finished_s", "_stream_error", "_owner")
 
@@ -39,7 +38,6 @@ class RequestHandle:
         self._reason: FinishReason | None = None
         self._error: BaseException | None = None
         self._done = False
-        self._event = threading.Event()
         self.callback = callback
         self.on_token = on_token
         self.prompt_tokens: int | None = len(prompt) if isinstance(prompt, list) else None
@@ -88,8 +86,7 @@ class RequestHandle:
         ``RuntimeError`` instead of deadlocking.
         """
         if not self._done and not self._owner._delivering_now(self):
-            if not self._event.wait(timeout):
-                raise TimeoutError(f"request {self.request_id!r} not done after {timeout} s")
+            self._owner._wait_done(self, timeout)
         prompt = self.prompt if isinstance(self.prompt, list) else []
         return prompt + self._tokens
 

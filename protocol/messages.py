@@ -229,36 +229,52 @@ class RequestSpec:
 
     @classmethod
     def from_wire(cls, d: Any) -> "RequestSpec":
-        d = _dict(d, "request")
+        # Hot path (every request crosses it twice): inline checks for the
+        # fields every request has; optional ones only when present.
+        if type(d) is not dict:
+            raise _bad("request", "map", d)
+        rid = d.get("id")
+        t = type(rid)
+        if not (t is int or (t is str and len(rid) <= MAX_REQUEST_ID_CHARS)):
+            raise _bad("id", f"int or str (at most {MAX_REQUEST_ID_CHARS} chars)", rid)
+        max_tokens = d.get("max_tokens")
+        if type(max_tokens) is not int:
+            raise _bad("max_tokens", "int", max_tokens)
+        prompt = d.get("prompt")
+        if type(prompt) is list:
+            if not _INT_ONLY.issuperset(map(type, prompt)):
+                raise _bad("prompt", "list of int", prompt)
+        elif prompt is not None and type(prompt) is not str:
+            raise _bad("prompt", "list of int or str", prompt)
+        spec = cls(rid, prompt, max_tokens)
+        if len(d) > 3 or prompt is None:
+            spec._optional(d)
+        return spec
+
+    def _optional(self, d: dict) -> None:
         g = d.get
-        prompt = g("prompt")
-        if prompt is not None and type(prompt) is not str:
-            prompt = _tokens(prompt, "prompt")
         messages = g("messages")
         if messages is not None:
             for m in _list(messages, "messages"):
                 m = _dict(m, "messages[]")
                 _str(_get(m, "role"), "role")
                 _str(_get(m, "content"), "content")
-        elif prompt is None:
+            self.messages = messages
+        elif self.prompt is None:
             raise ProtocolError(ErrorCode.MALFORMED, "a request needs 'prompt' or 'messages'")
         stop_tokens = g("stop_tokens")
+        if stop_tokens is not None:
+            self.stop_tokens = _tokens(stop_tokens, "stop_tokens")
         seqs = g("stop_sequences")
-        return cls(
-            request_id=_rid(_get(d, "id"), "id"),
-            prompt=prompt,
-            max_tokens=_int(_get(d, "max_tokens"), "max_tokens"),
-            messages=messages,
-            stop_tokens=None if stop_tokens is None else _tokens(stop_tokens, "stop_tokens"),
-            stop_sequences=[] if seqs is None else [_tokens(s, "stop_sequences[]") for s in _list(seqs, "stop_sequences")],
-            priority=_int(g("priority", 0), "priority"),
-            timeout_s=_opt_num(g("timeout_s"), "timeout_s"),
-            temperature=_num(g("temperature", 0.0), "temperature"),
-            top_p=_num(g("top_p", 1.0), "top_p"),
-            top_k=_int(g("top_k", 0), "top_k"),
-            seed=_opt_int(g("seed"), "seed"),
-            resume_tokens=_tokens(g("resume_tokens", []), "resume_tokens"),
-        )
+        if seqs is not None:
+            self.stop_sequences = [_tokens(x, "stop_sequences[]") for x in _list(seqs, "stop_sequences")]
+        self.priority = _int(g("priority", 0), "priority")
+        self.timeout_s = _opt_num(g("timeout_s"), "timeout_s")
+        self.temperature = _num(g("temperature", 0.0), "temperature")
+        self.top_p = _num(g("top_p", 1.0), "top_p")
+        self.top_k = _int(g("top_k", 0), "top_k")
+        self.seed = _opt_int(g("seed"), "seed")
+        self.resume_tokens = _tokens(g("resume_tokens", []), "resume_tokens")
 
 
 @dataclass(slots=True)
@@ -281,28 +297,37 @@ class Finished:
     message: str | None = None
     prompt_tokens: int | None = None
 
-    def to_wire(self) -> dict:
-        d: dict[str, Any] = {"id": self.request_id, "reason": self.finish_reason.value}
-        if self.code is not None:
-            d["code"] = self.code.value
-        if self.message is not None:
-            d["message"] = self.message
-        if self.prompt_tokens is not None:
-            d["prompt_tokens"] = self.prompt_tokens
-        return d
+    def to_wire(self) -> list:
+        # Compact positional form: [id, reason, prompt_tokens, code, message],
+        # trailing nulls dropped (most entries are [id, reason, prompt_tokens]).
+        if self.code is None and self.message is None:
+            if self.prompt_tokens is None:
+                return [self.request_id, self.finish_reason.value]
+            return [self.request_id, self.finish_reason.value, self.prompt_tokens]
+        return [self.request_id, self.finish_reason.value, self.prompt_tokens,
+                None if self.code is None else self.code.value, self.message]
 
     @classmethod
-    def from_wire(cls, d: Any) -> "Finished":
-        d = _dict(d, "finished[]")
-        code = d.get("code")
-        message = d.get("message")
-        return cls(
-            request_id=_rid(_get(d, "id"), "id"),
-            finish_reason=_enum(FinishReason, _get(d, "reason"), "reason"),
-            code=None if code is None else _enum(ErrorCode, code, "code"),
-            message=None if message is None else _str(message, "message"),
-            prompt_tokens=_opt_int(d.get("prompt_tokens"), "prompt_tokens"),
-        )
+    def from_wire(cls, e: Any) -> "Finished":
+        if type(e) is not list or not 2 <= len(e) <= 5:
+            raise _bad("finished[]", "[id, reason, prompt_tokens?, code?, message?]", e)
+        reason = _REASONS.get(e[1]) if type(e[1]) is str else None
+        if reason is None:
+            raise ProtocolError(ErrorCode.MALFORMED, f"field 'reason': unknown value {e[1]!r:.40}")
+        f = cls(_rid(e[0], "id"), reason)
+        n = len(e)
+        if n > 2:
+            f.prompt_tokens = _opt_int(e[2], "prompt_tokens")
+        if n > 3 and e[3] is not None:
+            f.code = _enum(ErrorCode, e[3], "code")
+        if n > 4 and e[4] is not None:
+            f.message = _str(e[4], "message")
+        return f
+
+
+_REASONS = {r.value: r for r in FinishReason}
+_INT_ONLY = frozenset({int})
+_ID_TYPES = frozenset({int, str})
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,13 +386,15 @@ class ModelStatus:
         return cls(**{k: _int(_get(d, k), k) for k in ("queued", "running", "workers", "slots_busy", "slots_total")})
 
 
-def _streams(v: Any, name: str) -> list[list]:
-    """``[[request_id, [token, ...]], ...]``, checked."""
-    for e in _list(v, name):
-        if type(e) is not list or len(e) != 2:
-            raise _bad(name, "[request_id, [tokens]] pairs", e)
-        _rid(e[0], name)
-        _tokens(e[1], name)
+def _id_list(v: Any, name: str) -> list:
+    """A list of request ids, checked at C speed for the common all-int case."""
+    if type(v) is not list:
+        raise _bad(name, "list of request ids", v)
+    types = set(map(type, v))
+    if not _ID_TYPES.issuperset(types):
+        raise _bad(name, "list of int or str request ids", v)
+    if str in types and max(len(x) for x in v if type(x) is str) > MAX_REQUEST_ID_CHARS:
+        raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: an id is longer than {MAX_REQUEST_ID_CHARS} chars")
     return v
 
 
@@ -497,20 +524,23 @@ class Cancel:
 class _TokenBatch:
     """Shared shape of ``iteration`` and ``results``.
 
-    - ``streams``: ``[[request_id, [token, ...]], ...]`` new tokens per request,
-      in generation order.
+    - ``ids``, ``tokens``: parallel lists: ``tokens[i]`` (``int``) is the next
+      generated token of request ``ids[i]``. A request appears once per
+      iteration (more often only if it generated several tokens, in order).
+      Flat lists keep decoding at C speed.
     - ``texts``: ``[[request_id, str], ...]`` newly completed text per request
       (text prompts only).
     - ``finished``: ``list[Finished]``; a request's final tokens are in the
-      same message's ``streams``.
+      same message's ``ids``/``tokens``.
     """
 
-    streams: list[list] = field(default_factory=list)
+    ids: list = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
     texts: list[list] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)
 
     def to_wire(self) -> dict:
-        d: dict[str, Any] = {"streams": self.streams}
+        d: dict[str, Any] = {"ids": self.ids, "tokens": self.tokens}
         if self.texts:
             d["texts"] = self.texts
         if self.finished:
@@ -519,11 +549,14 @@ class _TokenBatch:
 
     @classmethod
     def from_wire(cls, d: dict):
-        return cls(
-            streams=_streams(d.get("streams", []), "streams"),
-            texts=_texts(d.get("texts", []), "texts"),
-            finished=[Finished.from_wire(f) for f in _list(d.get("finished", []), "finished")],
-        )
+        ids = _id_list(d.get("ids", []), "ids")
+        tokens = d.get("tokens", [])
+        if type(tokens) is not list or len(tokens) != len(ids) or not _INT_ONLY.issuperset(map(type, tokens)):
+            raise _bad("tokens", "a list of int as long as 'ids'", tokens)
+        texts = d.get("texts")
+        finished = d.get("finished")
+        return cls(ids, tokens, [] if texts is None else _texts(texts, "texts"),
+                   [] if finished is None else [Finished.from_wire(f) for f in _list(finished, "finished")])
 
 
 @dataclass(slots=True)

@@ -129,12 +129,13 @@ def test_register_welcomes_and_submit_respects_credits():
     keys = [s.request_id for s in specs]
     assert all(type(k) is int for k in keys)                # workers see broker keys, not client ids
     # A finished request returns a credit: exactly one more is assigned.
-    out = core.on_backend(W1, Iteration(streams=[[keys[0], [5, 0]]],
+    out = core.on_backend(W1, Iteration(ids=[keys[0], keys[0]], tokens=[5, 0],
                                         finished=[Finished(keys[0], FinishReason.STOP, prompt_tokens=2)]), 1.0)
     assert len(assigned(out)) == 1
     fin = finished_of(out, C1)
     assert fin[0].finish_reason is FinishReason.STOP and fin[0].prompt_tokens == 2
-    assert results(out, C1)[0].streams == [[0, [5, 0]]]
+    r = results(out, C1)[0]
+    assert (r.ids, r.tokens) == ([0, 0], [5, 0])
 
 
 def test_results_grouped_one_message_per_client_per_iteration():
@@ -142,11 +143,11 @@ def test_results_grouped_one_message_per_client_per_iteration():
     register(core, slots=4)
     k1 = [s.request_id for s in assigned(submit(core, C1, ["a", "b"]))]
     k2 = [s.request_id for s in assigned(submit(core, C2, ["a"]))]  # same id, other client: fine
-    out = core.on_backend(W1, Iteration(streams=[[k1[0], [7]], [k2[0], [8]], [k1[1], [9]]]), 0.5)
+    out = core.on_backend(W1, Iteration(ids=[k1[0], k2[0], k1[1]], tokens=[7, 8, 9]), 0.5)
     r1, r2 = results(out, C1), results(out, C2)
     assert len(r1) == 1 and len(r2) == 1
-    assert r1[0].streams == [["a", [7]], ["b", [9]]]
-    assert r2[0].streams == [["a", [8]]]
+    assert (r1[0].ids, r1[0].tokens) == (["a", "b"], [7, 9])
+    assert (r2[0].ids, r2[0].tokens) == (["a"], [8])
 
 
 def test_load_spreads_to_the_idle_worker_first():
@@ -162,7 +163,7 @@ def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
     register(core, W1, slots=2)
     out = submit(core, C1, ["x", "y", "z"])
     kx, ky = [s.request_id for s in assigned(out)]
-    core.on_backend(W1, Iteration(streams=[[kx, [11, 12]], [ky, [21]]]), 0.5)
+    core.on_backend(W1, Iteration(ids=[kx, ky, kx], tokens=[11, 21, 12]), 0.5)
     # W1 falls silent: after the liveness window it is dead.
     core.tick(1.2)
     assert core.workers.get(W1) is not None
@@ -174,10 +175,10 @@ def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
     assert specs[0].resume_tokens == [11, 12]
     assert core.counters["requeued"] == 2 and core.counters["workers_lost"] == 1
     # Tokens from the dead worker arriving late are stale and dropped.
-    assert not results(core.on_backend(W1, Iteration(streams=[[kx, [99]]]), 1.7), C1)
+    assert not results(core.on_backend(W1, Iteration(ids=[kx], tokens=[99]), 1.7), C1)
     # The new worker continues; the client sees only the new tokens.
-    out = core.on_backend(W2, Iteration(streams=[[kx, [13]]], finished=[Finished(kx, FinishReason.LENGTH)]), 1.8)
-    assert results(out, C1)[0].streams == [["x", [13]]]
+    out = core.on_backend(W2, Iteration(ids=[kx], tokens=[13], finished=[Finished(kx, FinishReason.LENGTH)]), 1.8)
+    assert (results(out, C1)[0].ids, results(out, C1)[0].tokens) == (["x"], [13])
     assert [s.request_id for s in assigned(out, W2)] == [ky]   # then y (with its token), then z
     assert assigned(out, W2)[0].resume_tokens == [21]
 
@@ -257,7 +258,7 @@ def test_client_lost_running_job_results_dropped_and_credit_returned():
     (spec,) = assigned(submit(core, C1, ["a"]))
     out = core.on_frontend(C1, Bye(), 1.0)
     assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == [spec.request_id]
-    out = core.on_backend(W1, Iteration(streams=[[spec.request_id, [3]]],
+    out = core.on_backend(W1, Iteration(ids=[spec.request_id], tokens=[3],
                                         finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
     assert not sent(out, Side.FRONTEND)
     assert core.workers.get(W1).credits == 1

@@ -26,10 +26,10 @@ SAMPLES = [
                          RequestSpec(2, None, 4, messages=[{"role": "user", "content": "hi"}], stop_tokens=[0, 5])]),
     Assign([RequestSpec(7, [4], 9, resume_tokens=[5, 6], timeout_s=0.25)]),
     Cancel([1, "a"]),
-    Iteration(streams=[[1, [3, 4]], [2, [5]]], texts=[[1, "ab"]],
+    Iteration(ids=[1, 2, 1], tokens=[3, 5, 4], texts=[[1, "ab"]],
               finished=[Finished(1, FinishReason.STOP, prompt_tokens=3),
                         Finished(2, FinishReason.ERROR, ErrorCode.MODEL_ERROR, "boom")]),
-    Results(streams=[["x", [1]]], finished=[Finished("x", FinishReason.LENGTH)]),
+    Results(ids=["x"], tokens=[1], finished=[Finished("x", FinishReason.LENGTH)]),
     Error(ErrorCode.QUEUE_FULL, "full", ["a", 2]),
     Heartbeat(), Heartbeat(broker_id="b"), Heartbeat(progress=12),
     StatusQuery(),
@@ -105,8 +105,13 @@ def _frame(**fields) -> bytes:
     (_frame(op="submit", model="m", requests=[{"id": 1, "prompt": [1], "max_tokens": 2,
                                                "temperature": float("nan")}]), ErrorCode.MALFORMED),
     (_frame(op="submit", model="m", requests="nope"), ErrorCode.MALFORMED),
-    (_frame(op="iteration", streams=[[1]]), ErrorCode.MALFORMED),
-    (_frame(op="iteration", finished=[{"id": 1, "reason": "exploded"}]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", ids=[1], tokens=[]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", ids=[1], tokens=[True]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", ids=[1.5], tokens=[1]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", ids=["x" * 300], tokens=[1]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", finished=[[1]]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", finished=[{"id": 1, "reason": "stop"}]), ErrorCode.MALFORMED),
+    (_frame(op="iteration", finished=[[1, "exploded"]]), ErrorCode.MALFORMED),
     (_frame(op="register", model="m", num_slots=0), ErrorCode.MALFORMED),
     (_frame(op="register", model="m", num_slots=4, max_inflight=2), ErrorCode.MALFORMED),
     (_frame(op="error", code="no_such_code", message="x"), ErrorCode.MALFORMED),
@@ -163,7 +168,7 @@ json_like = st.recursive(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([op.value for op in Op]), st.dictionaries(
-    st.sampled_from(["model", "requests", "ids", "streams", "finished", "texts", "broker_id", "code", "message",
+    st.sampled_from(["model", "requests", "ids", "tokens", "finished", "texts", "broker_id", "code", "message",
                      "num_slots", "max_inflight", "info", "models", "heartbeat_interval_s", "workers", "counters",
                      "uptime_s", "clients", "progress", "client_name", "reason", "worker_name"]),
     json_like, max_size=6))

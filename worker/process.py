@@ -190,7 +190,7 @@ class WorkerProcess:
                 self.iterations += 1
                 data = self._collect()
                 if data is not None:
-                    main_end.send(data, copy=False)
+                    main_end.send(data)
         finally:
             try:
                 main_end.send(b"", zmq.NOBLOCK)  # tells the I/O thread to say goodbye and stop
@@ -202,13 +202,18 @@ class WorkerProcess:
 
     def _collect(self) -> bytes | None:
         """This iteration's ``iteration`` message (None when there is nothing to say)."""
-        streams, texts, finished = [], [], []
+        ids, tokens, texts, finished = [], [], [], []
         with self._submit_lock:
             for live in self._live.values():
-                if live.tokens:
+                toks = live.tokens
+                if toks:
                     if not live.stale:
-                        streams.append([live.key, live.tokens[:]])
-                    live.tokens.clear()
+                        if len(toks) == 1:
+                            ids.append(live.key)
+                        else:
+                            ids.extend([live.key] * len(toks))
+                        tokens.extend(toks)
+                    toks.clear()
                 if live.text:
                     if not live.stale:
                         texts.append([live.key, "".join(live.text)])
@@ -218,9 +223,9 @@ class WorkerProcess:
                 if not live.stale:
                     finished.append(_finished(live.key, live.handle))
             self._done.clear()
-        if not (streams or finished or texts):
+        if not (ids or finished or texts):
             return None
-        return encode(Iteration(streams, texts, finished))
+        return encode(Iteration(ids, tokens, texts, finished))
 
     # ------------------------------------------------------------------ I/O thread
 
@@ -340,7 +345,7 @@ class _WorkerIO:
     def send(self, msg_or_bytes) -> None:
         data = msg_or_bytes if isinstance(msg_or_bytes, (bytes, zmq.Frame)) else encode(msg_or_bytes)
         try:
-            self.sock.send(data, zmq.NOBLOCK, copy=False)
+            self.sock.send(data, zmq.NOBLOCK)
         except zmq.Again:
             # 100k messages unsent: the broker is not reading us. Losing this
             # message would lose tokens, so start over with a fresh registration.
@@ -369,7 +374,7 @@ class _WorkerIO:
             if self.pipe in events:
                 while True:
                     try:
-                        data = self.pipe.recv(zmq.NOBLOCK, copy=False)
+                        data = self.pipe.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if len(data) == 0:
