@@ -130,6 +130,8 @@ class BatchInferenceEngine:
         generated for this request elsewhere -- they count toward
         ``max_tokens`` and stop-sequence matching, appear in ``seq``, and are
         not passed to ``on_token`` again. ``timeout_s`` counts from now.
+        Sampling parameters reach slot-aware models (``SlotInput.sampling``);
+        a stateless model picks its tokens itself.
 
         Raises ValueError on bad input, DuplicateRequestError (a ValueError)
         when ``request_id`` is in flight, QueueFullError at ``max_queue``; in

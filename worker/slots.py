@@ -76,7 +76,11 @@ class SlotTable:
             self._inputs.append(si)
         # Its k-th new token is appended in iteration (now + k - 1).
         due = self.iteration + req.limit - len(req.seq) - 1
-        self._due.setdefault(due, []).append(req)
+        bucket = self._due.get(due)
+        if bucket is None:
+            self._due[due] = [req]
+        else:
+            bucket.append(req)
         for t in req.stop_tokens:
             self._stop_counts[t] = self._stop_counts.get(t, 0) + 1
         if req.matcher is not None:
