@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_engine_support import ScriptedModel, reference
 
 from protocol.enums import FinishReason
 from worker import BatchInferenceEngine, SimulatedLLM
+from worker.request import StopMatcher
 
 # ---- the spec's examples, verbatim API ---------------------------------------
 
@@ -223,3 +226,16 @@ def test_resume_tokens_take_part_in_stop_sequence_matching():
     h = engine.submit_request([1], 10, resume_tokens=[9, 9, 9, 5], stop_sequences=[[5, 6]])
     engine.run()
     assert h.tokens == [9, 9, 9, 5, 6] and h.stop_reason == (5, 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple), min_size=1,
+                max_size=3, unique=True),
+       st.lists(st.integers(0, 2), max_size=40))
+def test_stop_matcher_equals_a_suffix_check_after_every_token(patterns, stream):
+    matcher = StopMatcher(patterns)
+    seen = []
+    for token in stream:
+        seen.append(token)
+        suffixes = [p for p in patterns if tuple(seen[-len(p):]) == p and len(seen) >= len(p)]
+        assert matcher.feed(token) == (suffixes[0] if suffixes else None)
