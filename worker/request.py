@@ -103,23 +103,25 @@ class Request:
             raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
         if on_token is not None and not callable(on_token):
             raise ValueError(f"on_token must be callable or None, got {type(on_token).__name__}")
-        self.request_id = v.request_id
-        self.seq = v.prompt + v.resume_tokens  # the request's own list from here on
-        self.prompt_len = n = len(v.prompt)
-        self.limit = n + v.max_tokens  # len(seq) at which max_tokens is reached
-        self.stop_tokens = default_stop_tokens if v.stop_tokens is None else v.stop_tokens
+        (prompt, max_tokens, stop_tokens, stop_sequences, priority, _, request_id,
+         temperature, top_p, top_k, seed, resume) = v  # one unpack: this runs per request
+        self.request_id = request_id
+        self.seq = prompt + resume  # the request's own list from here on
+        self.prompt_len = n = len(prompt)
+        self.limit = n + max_tokens  # len(seq) at which max_tokens is reached
+        self.stop_tokens = default_stop_tokens if stop_tokens is None else stop_tokens
         self.matcher = None
-        if v.stop_sequences:
-            self.matcher = StopMatcher(v.stop_sequences)
-            for t in v.resume_tokens:  # resumed tokens take part in matching
+        if stop_sequences:
+            self.matcher = StopMatcher(stop_sequences)
+            for t in resume:  # resumed tokens take part in matching
                 self.matcher.feed(t)
         self.on_token = on_token
         self.callback = callback
-        self.priority = v.priority
+        self.priority = priority
         self.deadline: float | None = None  # on the engine's clock; the engine sets it
         self.sampling = GREEDY
-        if v.temperature or v.top_p != 1.0 or v.top_k or v.seed is not None:
-            self.sampling = SamplingParams(v.temperature, v.top_p, v.top_k, v.seed)
+        if temperature or top_p != 1.0 or top_k or seed is not None:
+            self.sampling = SamplingParams(temperature, top_p, top_k, seed)
         self.state = RequestState.QUEUED
         self.reason: FinishReason | None = None
         self.stop_reason: int | tuple[int, ...] | None = None
