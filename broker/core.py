@@ -347,7 +347,7 @@ class BrokerCore:
             if job is None or job.worker != me:
                 continue
             w.inflight.discard(job.key)  # the credit comes back
-            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens)
+            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f)
         if msg.finished:
             self._dispatch(w.model, now, out)
 
@@ -403,10 +403,12 @@ class BrokerCore:
             job.state = JobState.RUNNING
             job.worker = w.identity
             w.inflight.add(job.key)
-            s = job.spec
-            spec = RequestSpec(job.key, s.prompt, s.max_tokens, s.messages, s.stop_tokens,
-                               s.stop_sequences, s.priority, timeout_s, s.temperature, s.top_p,
-                               s.top_k, s.seed, job.tokens[:] if job.tokens else [])
+            # The job's spec becomes the worker's view of it (the client's id
+            # lives on in job.rid, the deadline in job.deadline_s).
+            spec = job.spec
+            spec.request_id = job.key
+            spec.timeout_s = timeout_s
+            spec.resume_tokens = job.tokens[:] if job.tokens else []
             specs = assigns.get(w.identity)
             if specs is None:
                 specs = assigns[w.identity] = []
@@ -416,7 +418,7 @@ class BrokerCore:
             out.send(Side.BACKEND, identity, Assign(specs))
 
     def _finish(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
-                out: _Outbox, prompt_tokens: int | None = None) -> None:
+                out: _Outbox, prompt_tokens: int | None = None, reuse: Finished | None = None) -> None:
         """End a job: forget it and tell its client (if still there)."""
         del self.jobs[job.key]
         c = self.counters
@@ -433,7 +435,11 @@ class BrokerCore:
             cs = self.clients.get(job.client)
             if cs is not None:
                 cs.keys.discard(job.key)
-            out.result(job.client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens))
+            if reuse is None:
+                reuse = Finished(job.rid, reason, code, message, prompt_tokens)
+            else:  # the worker's entry, readdressed to the client's id
+                reuse.request_id = job.rid
+            out.result(job.client).finished.append(reuse)
 
     def _welcome(self) -> Welcome:
         return Welcome(self.broker_id, self.config.heartbeat_interval_s, dict(self.models))

@@ -252,29 +252,35 @@ class RequestSpec:
         return spec
 
     def _optional(self, d: dict) -> None:
-        g = d.get
-        messages = g("messages")
-        if messages is not None:
-            for m in _list(messages, "messages"):
-                m = _dict(m, "messages[]")
-                _str(_get(m, "role"), "role")
-                _str(_get(m, "content"), "content")
-            self.messages = messages
-        elif self.prompt is None:
+        """Check and set the optional fields present in ``d`` (unknown keys are
+        ignored, so a newer peer may add fields)."""
+        for k, v in d.items():
+            if k == "stop_tokens":
+                self.stop_tokens = None if v is None else _tokens(v, k)
+            elif k == "stop_sequences":
+                self.stop_sequences = [_tokens(x, "stop_sequences[]") for x in _list(v, k)]
+            elif k == "priority":
+                self.priority = _int(v, k)
+            elif k == "timeout_s":
+                self.timeout_s = _opt_num(v, k)
+            elif k == "resume_tokens":
+                self.resume_tokens = _tokens(v, k)
+            elif k == "temperature":
+                self.temperature = _num(v, k)
+            elif k == "top_p":
+                self.top_p = _num(v, k)
+            elif k == "top_k":
+                self.top_k = _int(v, k)
+            elif k == "seed":
+                self.seed = _opt_int(v, k)
+            elif k == "messages" and v is not None:
+                for m in _list(v, k):
+                    m = _dict(m, "messages[]")
+                    _str(_get(m, "role"), "role")
+                    _str(_get(m, "content"), "content")
+                self.messages = v
+        if self.prompt is None and self.messages is None:
             raise ProtocolError(ErrorCode.MALFORMED, "a request needs 'prompt' or 'messages'")
-        stop_tokens = g("stop_tokens")
-        if stop_tokens is not None:
-            self.stop_tokens = _tokens(stop_tokens, "stop_tokens")
-        seqs = g("stop_sequences")
-        if seqs is not None:
-            self.stop_sequences = [_tokens(x, "stop_sequences[]") for x in _list(seqs, "stop_sequences")]
-        self.priority = _int(g("priority", 0), "priority")
-        self.timeout_s = _opt_num(g("timeout_s"), "timeout_s")
-        self.temperature = _num(g("temperature", 0.0), "temperature")
-        self.top_p = _num(g("top_p", 1.0), "top_p")
-        self.top_k = _int(g("top_k", 0), "top_k")
-        self.seed = _opt_int(g("seed"), "seed")
-        self.resume_tokens = _tokens(g("resume_tokens", []), "resume_tokens")
 
 
 @dataclass(slots=True)

@@ -114,16 +114,21 @@ class _Live:
     the I/O thread under the submit lock.
     """
 
-    __slots__ = ("key", "eid", "handle", "tokens", "decoder", "text", "stale")
+    __slots__ = ("key", "eid", "handle", "tokens", "decoder", "text", "stale", "_done")
 
-    def __init__(self, key: int, eid: int) -> None:
+    def __init__(self, key: int, eid: int, done: list[int]) -> None:
         self.key = key
         self.eid = eid
+        self._done = done
         self.handle = None
         self.tokens: list[int] = []
         self.decoder = None
         self.text: list[str] | None = None
         self.stale = False
+
+    def on_end(self, seq: list[int]) -> None:
+        """The engine's completion callback: note the end; ``_collect`` reports it."""
+        self._done.append(self.eid)
 
     def on_token_text(self, token: int) -> None:
         self.tokens.append(token)
@@ -248,21 +253,21 @@ class WorkerProcess:
         refused = []
         with self._submit_lock:
             epoch_base = self._epoch << _EPOCH_SHIFT
+            done = self._done
+            submit = self.engine.submit_request
+            no_stop = {}
             for spec in specs:
                 eid = spec.request_id + epoch_base
-                live = _Live(spec.request_id, eid)
+                live = _Live(spec.request_id, eid, done)
                 try:
                     prompt = self._prompt_ids(spec, live)
-                    kwargs = {}
-                    if spec.stop_tokens is not None:
-                        kwargs["stop_token"] = spec.stop_tokens
-                    live.handle = self.engine.submit_request(
-                        prompt, spec.max_tokens, lambda seq, e=eid: self._done.append(e),
-                        stop_sequences=spec.stop_sequences,
+                    live.handle = submit(
+                        prompt, spec.max_tokens, live.on_end, stop_sequences=spec.stop_sequences,
                         on_token=live.tokens.append if live.decoder is None else live.on_token_text,
                         priority=spec.priority, timeout_s=spec.timeout_s, request_id=eid,
                         temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed,
-                        resume_tokens=spec.resume_tokens, **kwargs)
+                        resume_tokens=spec.resume_tokens,
+                        **(no_stop if spec.stop_tokens is None else {"stop_token": spec.stop_tokens}))
                 except _Unsupported as e:
                     refused.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNSUPPORTED, str(e)))
                     continue
