@@ -118,7 +118,7 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
 
 
 @main.command()
-@click.option("--broker", "broker_addr", default=DEFAULT_BACKEND, show_envvar=True,
+@click.option("--broker", "broker_addr", default=DEFAULT_BACKEND, envvar="SLOTSERVE_WORKER_BROKER", show_envvar=True,
               help="The broker's worker endpoint.")
 @_model
 @_slots
@@ -190,7 +190,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 @click.argument("input_path", metavar="IN.jsonl", type=click.File("r"))
 @click.option("-o", "--output", "output", type=click.File("w"), required=True, show_envvar=True,
               help="Where to write the result rows (JSONL).")
-@click.option("--broker", "broker_addr", default=None, show_envvar=True,
+@click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @_model
 @_workers
@@ -243,11 +243,12 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
 
 
 @main.command()
-@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, show_envvar=True,
-              help="The broker's client endpoint.")
+@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_STATUS_BROKER",
+              show_envvar=True, help="The broker's client endpoint.")
 @click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
               help="Seconds to wait for the broker.")
-@click.option("--json", "as_json", is_flag=True, default=False, show_envvar=True, help="Print raw JSON.")
+@click.option("--json", "as_json", is_flag=True, default=False, envvar="SLOTSERVE_STATUS_JSON", show_envvar=True,
+              help="Print raw JSON.")
 def status(broker_addr: str, timeout_s: float, as_json: bool) -> None:
     """Show the broker's queues, workers and slots busy / total."""
     import json

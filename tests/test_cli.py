@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,15 +28,24 @@ def test_help_lists_every_command_and_env_vars():
         assert cmd in r.output
     for cmd, needles in {
         "broker": ["SLOTSERVE_BROKER_FRONTEND", "SLOTSERVE_BROKER_MAX_QUEUE", "tcp://127.0.0.1:5555"],
-        "worker": ["SLOTSERVE_WORKER_SLOTS", "SLOTSERVE_WORKER_STEP_DELAY_MS", "milliseconds", "--stop-token"],
+        "worker": ["SLOTSERVE_WORKER_BROKER", "SLOTSERVE_WORKER_SLOTS", "SLOTSERVE_WORKER_STEP_DELAY_MS", "milliseconds", "--stop-token"],
         "up": ["SLOTSERVE_UP_WORKERS", "SLOTSERVE_UP_MODEL"],
-        "run": ["SLOTSERVE_RUN_BROKER", "SLOTSERVE_RUN_SLOTS", "IN.jsonl"],
+        "run": ["SLOTSERVE_RUN_BROKER", "SLOTSERVE_RUN_SLOTS", "SLOTSERVE_RUN_OUTPUT", "IN.jsonl"],
         "status": ["SLOTSERVE_STATUS_BROKER"],
     }.items():
         r = CliRunner().invoke(main, [cmd, "--help"])
         assert r.exit_code == 0, r.output
         for n in needles:
-            assert n in r.output, (cmd, n)
+            assert re.search(re.escape(n) + r"(?![A-Z_])", r.output), (cmd, n)
+
+
+def test_every_option_has_an_env_var_and_a_default_or_unit():
+    import click
+
+    for name, cmd in main.commands.items():
+        r = CliRunner().invoke(main, [name, "--help"], terminal_width=200)
+        opts = [p for p in cmd.params if isinstance(p, click.Option)]
+        assert r.output.count("env var: SLOTSERVE_") == len(opts), name
 
 
 def test_bad_option_values_are_usage_errors():
