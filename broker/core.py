@@ -338,6 +338,8 @@ class BrokerCore:
                 r.ids.append(job.rid)
                 r.tokens.append(tok)
         self.counters["tokens_out"] += n
+        if n:
+            w.iterations += 1
         for key, text in msg.texts:
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
@@ -485,7 +487,7 @@ class BrokerCore:
                 slots_busy=sum(min(len(w.inflight), w.num_slots) for w in ws),
                 slots_total=sum(w.num_slots for w in ws),
             )
-        workers = [{"name": w.name, "model": w.model, "num_slots": w.num_slots, "inflight": len(w.inflight)}
-                   for w in self.workers]
+        workers = [{"name": w.name, "model": w.model, "num_slots": w.num_slots, "inflight": len(w.inflight),
+                    "iterations": w.iterations} for w in self.workers]
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters))

@@ -25,6 +25,8 @@ class WorkerState:
     - ``inflight``: ``set[int]`` broker keys assigned and not yet finished.
     - ``last_seen_s``: ``float`` monotonic time of its last message.
     - ``progress``: ``int`` iterations it reported completed (heartbeats).
+    - ``iterations``: ``int`` iteration messages with tokens received from it
+      (one per engine iteration that generated tokens).
     """
 
     identity: bytes
@@ -36,6 +38,7 @@ class WorkerState:
     last_seen_s: float
     inflight: set[int] = field(default_factory=set)
     progress: int = 0
+    iterations: int = 0
 
     @property
     def credits(self) -> int:

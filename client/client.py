@@ -94,7 +94,7 @@ class Client:
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"slotserve-{name}-callbacks",
                                             daemon=True)
         self._dispatcher.start()
-        self._conn = Connection(address, model, self._inbox.put, heartbeat_interval_s=heartbeat_interval_s,
+        self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
                                 name=name)
         self._conn.send(Hello(name))
         if not self._welcomed.wait(connect_timeout_s):
@@ -252,6 +252,54 @@ class Client:
                            [list(x) for x in v.stop_sequences], v.priority, v.timeout_s,
                            v.temperature, v.top_p, v.top_k, v.seed)
 
+    # ------------------------------------------------------------------ I/O thread
+
+    def _on_io_message(self, msg) -> None:
+        """Called on the I/O thread for each message. Requests without
+        callbacks are finished right here (one thread hop less on the way to
+        a waiting ``result()``/``run()``); everything else goes, in order, to
+        the callback thread."""
+        if isinstance(msg, Results):
+            msg = self._apply_plain(msg)
+            if msg is None:
+                return
+        self._inbox.put(msg)
+
+    def _apply_plain(self, msg: Results) -> Results | None:
+        """Apply ``msg`` to handles with no callback and no ``on_token``;
+        return the rest (None when nothing is left)."""
+        handles = self._handles
+        now = time.monotonic()
+        rest = None
+        for rid, t in zip(msg.ids, msg.tokens):
+            h = handles.get(rid)
+            if h is None:
+                continue
+            if h.callback is None and h.on_token is None:
+                if h.first_token_s is None:
+                    h.first_token_s = now
+                h._tokens.append(t)
+            else:
+                if rest is None:
+                    rest = Results()
+                rest.ids.append(rid)
+                rest.tokens.append(t)
+        if msg.texts:
+            if rest is None:
+                rest = Results()
+            rest.texts = msg.texts  # rare (text prompts): always on the callback thread
+        for f in msg.finished:
+            h = handles.get(f.request_id)
+            if h is None:
+                continue
+            if h.callback is None and h.on_token is None and not msg.texts:
+                self._finish_entry(h, f)
+            else:
+                if rest is None:
+                    rest = Results()
+                rest.finished.append(f)
+        return rest
+
     # ------------------------------------------------------------------ dispatcher thread
 
     def _dispatch_loop(self) -> None:
@@ -305,10 +353,13 @@ class Client:
         for f in msg.finished:
             h = handles.get(f.request_id)
             if h is not None:
-                if f.prompt_tokens is not None:
-                    h.prompt_tokens = f.prompt_tokens
-                error = None if f.code is None else RemoteError(f.code, f.message or f.code.value)
-                self._complete(h, f.finish_reason, error)
+                self._finish_entry(h, f)
+
+    def _finish_entry(self, h: RequestHandle, f) -> None:
+        if f.prompt_tokens is not None:
+            h.prompt_tokens = f.prompt_tokens
+        error = None if f.code is None else RemoteError(f.code, f.message or f.code.value)
+        self._complete(h, f.finish_reason, error)
 
     def _on_error(self, msg: Error) -> None:
         if not msg.request_ids:
@@ -320,15 +371,20 @@ class Client:
                 self._complete(h, FinishReason.ERROR, RemoteError(msg.code, msg.message))
 
     def _complete(self, h: RequestHandle, reason: FinishReason, error: BaseException | None) -> None:
-        """Finish ``h`` exactly once: fields, callback, done, then the run() count."""
+        """Finish ``h`` exactly once: fields, callback, done, then the run() count.
+
+        Runs on the callback thread, or on the I/O thread for a request with
+        no callbacks; whichever removes the handle first finishes it."""
+        with self._lock:
+            if self._handles.get(h.request_id) is not h:
+                return  # finished already (e.g. an error crossed its ending)
+            del self._handles[h.request_id]
+            del self._specs[h.request_id]
         if h._stream_error is not None:
             reason, error = FinishReason.ERROR, h._stream_error
         h._reason = reason
         h._error = error
         h.finished_s = time.monotonic()
-        with self._lock:
-            del self._handles[h.request_id]
-            del self._specs[h.request_id]
         cb = h.callback
         if cb is not None:
             self._delivering = h

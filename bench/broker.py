@@ -1,0 +1,253 @@
+"""Benchmark the distributed path: client -> broker -> workers -> client.
+
+Four measurements, each on a fresh local cluster (``slotserve.launcher``):
+
+1. **Throughput**: short requests (3-token prompt, ``max_tokens=4``, no stop
+   token) with zero-cost ``SimulatedLLM`` workers; requests/s and output
+   tokens/s end to end (first submit to last callback), plus CPU seconds per
+   request in each process (from ``/proc``), which shows where the time goes.
+2. **Added latency**: one request at a time through an idle cluster vs the
+   same request in an in-process engine (submit + ``run()``); the difference
+   of the p50s and of the p99s.
+3. **Slot occupancy** with ``--step-delay-ms``: generated tokens / (slots x
+   iterations), sampled from ``slotserve status`` while requests wait in the
+   broker's queue (DESIGN.md's definition).
+4. **Scaling**: the same job on 1, 2 and 4 workers with a fixed step cost;
+   output tokens/s and the speed-up over one worker.
+
+Targets (issue 3): >= 10,000 requests/s, <= 1 ms added p50 latency,
+occupancy >= 97 %, 4 workers >= 3.8x one. Prints a table; writes
+``bench/results/broker.json`` and ``bench/results/broker.png``.
+
+    python bench/broker.py            # full run (about two minutes)
+    python bench/broker.py --quick    # smaller sizes, for a smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+# This script is named like the ``broker`` package; run as a script, its own
+# directory would come first on sys.path and shadow the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+from broker import BrokerConfig  # noqa: E402
+from client import Client  # noqa: E402
+from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
+from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
+from worker.process import WorkerConfig  # noqa: E402
+
+ANY = "tcp://127.0.0.1:*"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cluster(workers: int, slots: int, step_delay_ms: float = 0.0) -> LocalCluster:
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY),
+                        tuple(WorkerConfig(num_slots=slots, step_delay_ms=step_delay_ms) for _ in range(workers)))
+    return LocalCluster(cfg)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v) + 0.5)) - 1))]
+
+
+# ---------------------------------------------------------------------- 1. throughput
+
+
+def bench_throughput(n: int, workers: int, slots: int = 64) -> dict:
+    with cluster(workers, slots) as cl, Client(cl.frontend) as c:
+        pids = {"broker": cl.broker_process.pid, "client": os.getpid()}
+        pids.update({f"worker{i}": p.pid for i, p in enumerate(cl.worker_processes)})
+        for i in range(min(5000, n)):  # warm-up
+            c.submit_request([i % 100 + 1, 2, 3], 4, stop_token=None)
+        c.run(timeout=120)
+        cpu0 = {k: cpu_s(p) for k, p in pids.items()}
+        t0 = time.perf_counter()
+        for i in range(n):
+            c.submit_request([i % 100 + 1, 2, 3], 4, stop_token=None)
+        c.run(timeout=600)
+        wall = time.perf_counter() - t0
+        cpu = {k: (cpu_s(p) - cpu0[k]) / n * 1e6 for k, p in pids.items()}
+        st = c.status()
+    assert st.counters["completed"] == n + min(5000, n)
+    return {"workers": workers, "slots": slots, "requests": n, "wall_s": wall, "requests_per_s": n / wall,
+            "output_tokens_per_s": 4 * n / wall, "cpu_us_per_request": cpu}
+
+
+# ---------------------------------------------------------------------- 2. added latency
+
+
+def bench_latency(n: int) -> dict:
+    prompt, max_tokens = [5, 6, 7], 4
+    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=8, stop_token=None)
+    local = []
+    for _ in range(n):
+        t = time.perf_counter()
+        engine.submit_request(prompt, max_tokens)
+        engine.run()
+        local.append(time.perf_counter() - t)
+    remote = []
+    with cluster(1, 8) as cl, Client(cl.frontend) as c:
+        for _ in range(200):  # warm-up
+            c.submit_request(prompt, max_tokens, stop_token=None).result(10)
+        for _ in range(n):
+            t = time.perf_counter()
+            c.submit_request(prompt, max_tokens, stop_token=None).result(10)
+            remote.append(time.perf_counter() - t)
+    ms = 1000.0
+    return {"requests": n,
+            "engine_p50_ms": percentile(local, 50) * ms, "engine_p99_ms": percentile(local, 99) * ms,
+            "cluster_p50_ms": percentile(remote, 50) * ms, "cluster_p99_ms": percentile(remote, 99) * ms,
+            "added_p50_ms": (percentile(remote, 50) - percentile(local, 50)) * ms,
+            "added_p99_ms": (percentile(remote, 99) - percentile(local, 99)) * ms,
+            "cluster_ms": [x * ms for x in remote]}
+
+
+# ---------------------------------------------------------------------- 3. occupancy
+
+
+def bench_occupancy(n: int, workers: int = 2, slots: int = 8, step_delay_ms: float = 5.0) -> dict:
+    rng = random.Random(0)
+    samples = []
+    with cluster(workers, slots, step_delay_ms) as cl, Client(cl.frontend) as c:
+        mon = Client(cl.frontend, name="monitor")
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                st = mon.status()
+                samples.append((st.models["simulated"].queued, st.counters["tokens_out"],
+                                sum(w["iterations"] * w["num_slots"] for w in st.workers)))
+                stop.wait(0.05)
+
+        for i in range(n):
+            c.submit_request([rng.randrange(1, 1000) for _ in range(4)], rng.randrange(8, 33), stop_token=None)
+        th = threading.Thread(target=sample)
+        th.start()
+        c.run(timeout=600)
+        stop.set()
+        th.join()
+        mon.close()
+    waiting = [s for s in samples if s[0] > 0]
+    if len(waiting) < 2:
+        raise RuntimeError("the queue emptied before two samples: raise the request count")
+    (_, tok0, slot_it0), (_, tok1, slot_it1) = waiting[0], waiting[-1]
+    return {"workers": workers, "slots": slots, "step_delay_ms": step_delay_ms, "requests": n,
+            "samples": len(waiting), "occupancy": (tok1 - tok0) / (slot_it1 - slot_it0)}
+
+
+# ---------------------------------------------------------------------- 4. scaling
+
+
+def bench_scaling(n: int, slots: int = 8, step_delay_ms: float = 10.0, counts=(1, 2, 4)) -> list[dict]:
+    rows = []
+    for w in counts:
+        with cluster(w, slots, step_delay_ms) as cl, Client(cl.frontend) as c:
+            t0 = time.perf_counter()
+            for i in range(n):
+                c.submit_request([i % 100 + 1, 2, 3], 16, stop_token=None)
+            c.run(timeout=600)
+            wall = time.perf_counter() - t0
+        rows.append({"workers": w, "requests": n, "wall_s": wall, "output_tokens_per_s": 16 * n / wall})
+    for r in rows:
+        r["speedup"] = r["output_tokens_per_s"] / rows[0]["output_tokens_per_s"]
+    return rows
+
+
+# ---------------------------------------------------------------------- report
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    tp = res["throughput"]
+    axes[0].bar([f"{r['workers']} worker(s)" for r in tp], [r["requests_per_s"] for r in tp], color="tab:blue")
+    axes[0].axhline(10_000, color="red", ls="--", label="target 10,000/s")
+    axes[0].set_ylabel("requests/s (max_tokens=4, zero-cost model)")
+    axes[0].set_title("End-to-end throughput")
+    axes[0].legend()
+    lat = res["latency"]
+    axes[1].hist(lat["cluster_ms"], bins=60, color="tab:green")
+    axes[1].axvline(lat["cluster_p50_ms"], color="k", ls="--", label=f"p50 {lat['cluster_p50_ms']:.2f} ms")
+    axes[1].axvline(lat["engine_p50_ms"], color="tab:orange", ls=":", label=f"engine p50 {lat['engine_p50_ms']:.2f} ms")
+    axes[1].set_xlabel("latency of one request through the cluster (ms)")
+    axes[1].set_title("Added latency")
+    axes[1].legend()
+    sc = res["scaling"]
+    xs = [r["workers"] for r in sc]
+    axes[2].plot(xs, [r["speedup"] for r in sc], "o-", label="measured")
+    axes[2].plot(xs, xs, "k:", label="ideal")
+    axes[2].set_xlabel("workers")
+    axes[2].set_ylabel("speed-up over 1 worker")
+    axes[2].set_title(f"Scaling ({sc[0]['requests']} requests, step cost fixed)")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke check)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for broker.json / broker.png")
+    args = ap.parse_args(argv)
+    q = args.quick
+    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                       "loadavg_at_start": os.getloadavg()}}
+    res["throughput"] = [bench_throughput(10_000 if q else 100_000, w) for w in (1, 2)]
+    res["latency"] = bench_latency(300 if q else 2000)
+    res["occupancy"] = bench_occupancy(300 if q else 1500)
+    res["scaling"] = bench_scaling(128 if q else 640)
+    res["machine"]["loadavg_at_end"] = os.getloadavg()
+
+    best = max(res["throughput"], key=lambda r: r["requests_per_s"])
+    lat, occ, sc = res["latency"], res["occupancy"], res["scaling"]
+    rows = [
+        ("requests/s end to end (best)", f"{best['requests_per_s']:,.0f}  ({best['workers']} worker(s))", ">= 10,000",
+         best["requests_per_s"] >= 10_000),
+        ("output tokens/s end to end", f"{best['output_tokens_per_s']:,.0f}", "", None),
+        ("added latency p50", f"{lat['added_p50_ms']:.3f} ms", "<= 1 ms", lat["added_p50_ms"] <= 1.0),
+        ("added latency p99", f"{lat['added_p99_ms']:.3f} ms", "", None),
+        ("slot occupancy (step 5 ms)", f"{occ['occupancy'] * 100:.1f} %", ">= 97 %", occ["occupancy"] >= 0.97),
+        ("4 workers vs 1 (step 10 ms)", f"{sc[-1]['speedup']:.2f}x", ">= 3.8x", sc[-1]["speedup"] >= 3.8),
+    ]
+    print(f"\nbench/broker.py on {os.cpu_count()} CPUs (load average at start "
+          f"{res['machine']['loadavg_at_start'][0]:.1f}, at end {res['machine']['loadavg_at_end'][0]:.1f})")
+    print(f"{'metric':<32} {'measured':<34} {'target':<10} ok")
+    for name, val, target, ok in rows:
+        print(f"{name:<32} {val:<34} {target:<10} {'' if ok is None else ('yes' if ok else 'NO')}")
+    for r in res["throughput"]:
+        cpu = ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_request"].items())
+        print(f"  throughput {r['workers']} worker(s): {r['requests_per_s']:,.0f} req/s; CPU us/request: {cpu}")
+    for r in sc:
+        print(f"  scaling {r['workers']} worker(s): {r['output_tokens_per_s']:,.0f} tokens/s, {r['speedup']:.2f}x")
+    print(f"  latency: engine p50 {lat['engine_p50_ms']:.3f} ms, cluster p50 {lat['cluster_p50_ms']:.3f} ms, "
+          f"p99 {lat['cluster_p99_ms']:.3f} ms")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "broker.json").write_text(json.dumps(res, indent=2))
+    plot(res, args.out / "broker.png")
+    print(f"wrote {args.out / 'broker.json'} and {args.out / 'broker.png'}")
+
+
+if __name__ == "__main__":
+    main()
