@@ -291,7 +291,7 @@ class BrokerCore:
             if msg.progress is not None:
                 w.progress = msg.progress
         elif isinstance(msg, Bye):
-            self._worker_lost(w, now, out)
+            self._worker_lost(w, now, out, failed=False)
         return out.done()
 
     def on_backend_error(self, identity: bytes, err: ProtocolError) -> list[Send]:
@@ -304,14 +304,14 @@ class BrokerCore:
         out = _Outbox()
         w = self.workers.get(identity)
         if w is not None:
-            self._worker_lost(w, now, out)
+            self._worker_lost(w, now, out, failed=True)
         return out.done()
 
     def _register(self, identity: bytes, msg: Register, now: float, out: _Outbox) -> None:
         old = self.workers.get(identity)
         if old is not None:
             # The worker re-registered: it dropped whatever it held.
-            self._worker_lost(old, now, out)
+            self._worker_lost(old, now, out, failed=False)
         self.workers.add(WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight,
                                      msg.info, msg.worker_name, now))
         self.models[msg.model] = msg.info
@@ -353,8 +353,11 @@ class BrokerCore:
         if msg.finished:
             self._dispatch(w.model, now, out)
 
-    def _worker_lost(self, w: WorkerState, now: float, out: _Outbox) -> None:
-        """Remove a worker; migrate its requests to the head of their queue."""
+    def _worker_lost(self, w: WorkerState, now: float, out: _Outbox, *, failed: bool) -> None:
+        """Remove a worker; migrate its requests to the head of their queue.
+
+        ``failed``: it died or hung (counts toward each request's
+        ``max_attempts``), rather than leaving or re-registering cleanly."""
         self.workers.remove(w.identity)
         self.counters["workers_lost"] += 1
         q = self._queue(w.model)
@@ -362,12 +365,13 @@ class BrokerCore:
             job = self.jobs[key]
             job.state = JobState.QUEUED
             job.worker = None
-            job.attempts += 1
+            if failed:
+                job.attempts += 1
             if job.cancel_requested or job.client is None:
                 self._finish(job, FinishReason.CANCELLED, None, None, out)
             elif job.attempts >= self.config.max_attempts:
                 self._finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
-                             f"the request was lost with {job.attempts} workers in a row; "
+                             f"the request was lost with {job.attempts} failed workers; "
                              "check the workers' logs", out)
             else:
                 self.counters["requeued"] += 1
@@ -461,7 +465,7 @@ class BrokerCore:
                 self.queues[job.model].remove(job)
                 self._finish(job, FinishReason.DEADLINE, None, None, out)
         for w in self.workers.silent_since(now - self.config.worker_liveness_s):
-            self._worker_lost(w, now, out)
+            self._worker_lost(w, now, out, failed=True)
         cutoff = now - self.config.client_liveness_s
         for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
             self._client_lost(cs, None, out)

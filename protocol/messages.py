@@ -294,7 +294,7 @@ class Finished:
     - ``prompt_tokens``: ``int`` prompt length in tokens when the worker knows
       it (text prompts are tokenized there), else ``None``.
 
-    The request's last tokens travel in the same message's ``streams``.
+    The request's last tokens travel in the same message's ``ids``/``tokens``.
     """
 
     request_id: RequestId

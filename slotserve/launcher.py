@@ -207,6 +207,12 @@ class LocalCluster:
             raise RuntimeError(f"{what} died; more than {limit} restarts in a minute: giving up")
         log.warning("%s died: restarting it", what)
 
+    def restart_broker(self) -> None:
+        """Start the broker again on the same endpoints (after a test killed it)."""
+        if self._broker is not None:
+            self._broker.join(self.config.stop_timeout_s)
+        self._start_broker()
+
     def restart_worker(self, i: int) -> None:
         """Start worker ``i`` again (after a test killed it)."""
         p = self._workers[i]

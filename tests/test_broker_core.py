@@ -184,13 +184,16 @@ def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
 
 
 def test_bye_migrates_at_once_and_max_attempts_ends_with_worker_failed():
-    core = make_core(max_attempts=2)
+    core = make_core(max_attempts=2, heartbeat_interval_s=0.1, worker_liveness_s=1.0)
     register(core, W1, slots=1)
     (spec,) = assigned(submit(core, C1, ["x"]))
     register(core, W2, slots=1)
-    out = core.on_backend(W1, Bye("stopping"), 1.0)
+    out = core.on_backend(W1, Bye("stopping"), 1.0)      # a clean exit is not a failure
     assert [s.request_id for s in assigned(out, W2)] == [spec.request_id]
-    out = core.on_backend(W2, Bye("stopping"), 2.0)
+    register(core, W1, slots=1, now=1.1)
+    core.tick(2.05)                                      # W2 silent: failure 1, x goes to W1
+    core.on_backend(W1, Heartbeat(), 2.5)
+    out = core.tick(3.6)                                 # W1 silent too: failure 2
     f = finished_of(out, C1)["x"]
     assert f.finish_reason is FinishReason.ERROR and f.code is ErrorCode.WORKER_FAILED
     assert not core.jobs

@@ -243,3 +243,22 @@ def test_sigkilled_worker_loses_nothing_and_doubles_nothing(slow_cluster):
     for i, h in enumerate(hs):
         assert streamed[i] == h.tokens        # each token delivered exactly once, in order
     assert st.counters["workers_lost"] >= 1 and st.counters["requeued"] >= 4
+
+
+def test_broker_restart_resumes_every_request_without_gap_or_duplicate(slow_cluster):
+    reqs = [([i + 1, 3, 5], 50, {"stop_token": None}) for i in range(16)]
+    expected = engine_results(reqs)
+    streamed: dict[int, list[int]] = {i: [] for i in range(len(reqs))}
+    with Client(slow_cluster.frontend, heartbeat_interval_s=0.1) as c:
+        hs = [c.submit_request(p, m, on_token=streamed[i].append, **kw) for i, (p, m, kw) in enumerate(reqs)]
+        wait_until(lambda: sum(len(s) for s in streamed.values()) >= 40, 20, "tokens to stream")
+        old_id = c.broker_id
+        os.kill(slow_cluster.broker_process.pid, signal.SIGKILL)
+        slow_cluster.restart_broker()
+        c.run(timeout=60)
+        assert c.broker_id != old_id
+        st = c.status()
+    assert [(h.result(), h.finish_reason) for h in hs] == expected
+    for i, h in enumerate(hs):
+        assert streamed[i] == h.tokens
+    assert st.models["simulated"].workers == 2   # both workers registered with the new broker

@@ -193,9 +193,9 @@ class WorkerProcess:
                 if delay_s:
                     time.sleep(delay_s)  # the simulated extra model cost, not synchronisation
                 self.iterations += 1
-                data = self._collect()
-                if data is not None:
-                    main_end.send(data)
+                out = self._collect()
+                if out is not None:
+                    main_end.send_multipart(out)
         finally:
             try:
                 main_end.send(b"", zmq.NOBLOCK)  # tells the I/O thread to say goodbye and stop
@@ -205,8 +205,9 @@ class WorkerProcess:
             main_end.close(0)
             self._ctx.term()
 
-    def _collect(self) -> bytes | None:
-        """This iteration's ``iteration`` message (None when there is nothing to say)."""
+    def _collect(self) -> tuple[bytes, bytes] | None:
+        """This iteration's ``iteration`` message, tagged with the registration
+        epoch it belongs to (None when there is nothing to say)."""
         ids, tokens, texts, finished = [], [], [], []
         with self._submit_lock:
             for live in self._live.values():
@@ -228,9 +229,10 @@ class WorkerProcess:
                 if not live.stale:
                     finished.append(_finished(live.key, live.handle))
             self._done.clear()
+            epoch = self._epoch
         if not (ids or finished or texts):
             return None
-        return encode(Iteration(ids, tokens, texts, finished))
+        return epoch.to_bytes(8, "little"), encode(Iteration(ids, tokens, texts, finished))
 
     # ------------------------------------------------------------------ I/O thread
 
@@ -379,18 +381,20 @@ class _WorkerIO:
             if self.pipe in events:
                 while True:
                     try:
-                        data = self.pipe.recv(zmq.NOBLOCK)
+                        frames = self.pipe.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    if len(data) == 0:
+                    if len(frames) == 1:  # the main thread is stopping
                         try:
                             self.sock.send(encode(Bye("worker stopping")), zmq.NOBLOCK)
                         except zmq.Again:
                             pass  # the broker is not reading; it will notice the silence
                         self.sock.close(linger=500)  # let the goodbye leave
                         return
-                    if self.registered:
-                        self.send(data)
+                    # Output of an older registration must never reach the
+                    # broker: its keys may now name other requests.
+                    if self.registered and int.from_bytes(frames[0], "little") == self.wp._epoch:
+                        self.send(frames[1])
             if self.sock in events:
                 self._receive()
             now = time.monotonic()
@@ -398,11 +402,11 @@ class _WorkerIO:
                 log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
                 self.last_recv = now
                 self.reregister()
-            elif now - self.last_sent >= hb:
-                if self.registered:
-                    self.send(Heartbeat(progress=self.wp.iterations))
-                else:
-                    self.register()  # the broker may not be up yet
+            elif now - self.last_sent >= hb and self.registered:
+                self.send(Heartbeat(progress=self.wp.iterations))
+            # Not registered yet: the Register waits in the DEALER's queue and
+            # leaves when the broker is reachable; it is re-sent only after
+            # broker_liveness_s without an answer (above).
 
     def _receive(self) -> None:
         wp = self.wp
@@ -429,15 +433,19 @@ class _WorkerIO:
                     log.warning("the broker restarted: registering again")
                     self.reregister()
             elif isinstance(msg, Welcome):
-                if self.broker_id is not None and msg.broker_id != self.broker_id:
-                    wp.drop_all()  # a new broker: whatever we held belongs to the old one
+                # Every welcome starts a fresh registration on the broker's
+                # side (anything it assigned before is requeued there), so
+                # whatever this worker still holds is void.
+                wp.drop_all()
                 self.broker_id = msg.broker_id
                 self.registered = True
                 log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], wp.name,
                          self.cfg.num_slots)
             elif isinstance(msg, Error):
                 if msg.code is ErrorCode.NOT_REGISTERED:
-                    self.reregister()
+                    if self.registered:  # later ones answer messages sent before our Register
+                        log.warning("the broker does not know this worker (restarted?): registering again")
+                        self.reregister()
                 else:
                     log.warning("broker error: %s: %s", msg.code.value, msg.message)
 
