@@ -9,8 +9,10 @@ Two threads, each owning its sockets:
   never blocks it, so heartbeats keep flowing.
 - the **main thread** runs the engine: ``wait_for_work`` -> ``step`` -> one
   ``iteration`` message with the new tokens of every slot, the requests that
-  ended and so the credits returned -> handed to the I/O thread over an
-  inproc PAIR socket.
+  ended and so the credits returned -> appended to an outbox, and the I/O
+  thread woken over an inproc PAIR socket (one wake-up per empty -> non-empty
+  transition). The I/O thread encodes and sends; iterations that piled up
+  while it was busy (fast steps) leave merged as one message, in order.
 
 Engine request ids are the broker's keys tagged with a registration epoch:
 after a re-registration (broker restart or lost contact) everything of the
@@ -42,6 +44,7 @@ from worker.engine import BatchInferenceEngine
 log = logging.getLogger(__name__)
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5556"
+_WAKE, _STOP = b"w", b"s"  # main thread -> I/O thread signals on the inproc PAIR
 _EPOCH_SHIFT = 48  # engine id = key + (epoch << 48): broker keys stay far below 2**48
 
 
@@ -169,6 +172,9 @@ class WorkerProcess:
         self._done: list[int] = []              # engine ids ended this iteration (main thread)
         self._submit_lock = threading.Lock()
         self._epoch = 0
+        self._out_lock = threading.Lock()
+        self._outbox: list[tuple[int, Iteration]] = []   # guarded by _out_lock
+        self._wake_pending = False                        # guarded by _out_lock
         self._ctx = zmq.Context()
         self._pipe_addr = f"inproc://worker-{uuid.uuid4().hex}"
 
@@ -195,17 +201,22 @@ class WorkerProcess:
                 self.iterations += 1
                 out = self._collect()
                 if out is not None:
-                    main_end.send_multipart(out)
+                    with self._out_lock:
+                        self._outbox.append(out)
+                        wake = not self._wake_pending
+                        self._wake_pending = True
+                    if wake:
+                        main_end.send(_WAKE)
         finally:
             try:
-                main_end.send(b"", zmq.NOBLOCK)  # tells the I/O thread to say goodbye and stop
+                main_end.send(_STOP, zmq.NOBLOCK)  # tells the I/O thread to say goodbye and stop
             except zmq.Again:
                 pass  # the I/O thread is gone already
             io.join(10.0)
             main_end.close(0)
             self._ctx.term()
 
-    def _collect(self) -> tuple[bytes, bytes] | None:
+    def _collect(self) -> tuple[int, Iteration] | None:
         """This iteration's ``iteration`` message, tagged with the registration
         epoch it belongs to (None when there is nothing to say)."""
         ids, tokens, texts, finished = [], [], [], []
@@ -232,7 +243,14 @@ class WorkerProcess:
             epoch = self._epoch
         if not (ids or finished or texts):
             return None
-        return epoch.to_bytes(8, "little"), encode(Iteration(ids, tokens, texts, finished))
+        return epoch, Iteration(ids, tokens, texts, finished)
+
+    def take_outbox(self) -> list[tuple[int, Iteration]]:
+        """(I/O thread) everything the main thread produced since the last call."""
+        with self._out_lock:
+            items, self._outbox = self._outbox, []
+            self._wake_pending = False
+        return items
 
     # ------------------------------------------------------------------ I/O thread
 
@@ -379,22 +397,20 @@ class _WorkerIO:
         while True:
             events = dict(poller.poll(max(0.0, self.last_sent + hb - time.monotonic()) * 1000))
             if self.pipe in events:
+                stopping = False
                 while True:
                     try:
-                        frames = self.pipe.recv_multipart(zmq.NOBLOCK)
+                        stopping |= self.pipe.recv(zmq.NOBLOCK) == _STOP
                     except zmq.Again:
                         break
-                    if len(frames) == 1:  # the main thread is stopping
-                        try:
-                            self.sock.send(encode(Bye("worker stopping")), zmq.NOBLOCK)
-                        except zmq.Again:
-                            pass  # the broker is not reading; it will notice the silence
-                        self.sock.close(linger=500)  # let the goodbye leave
-                        return
-                    # Output of an older registration must never reach the
-                    # broker: its keys may now name other requests.
-                    if self.registered and int.from_bytes(frames[0], "little") == self.wp._epoch:
-                        self.send(frames[1])
+                self._forward(self.wp.take_outbox())
+                if stopping:
+                    try:
+                        self.sock.send(encode(Bye("worker stopping")), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # the broker is not reading; it will notice the silence
+                    self.sock.close(linger=500)  # let the goodbye leave
+                    return
             if self.sock in events:
                 self._receive()
             now = time.monotonic()
@@ -407,6 +423,25 @@ class _WorkerIO:
             # Not registered yet: the Register waits in the DEALER's queue and
             # leaves when the broker is reachable; it is re-sent only after
             # broker_liveness_s without an answer (above).
+
+    def _forward(self, items: list[tuple[int, Iteration]]) -> None:
+        """Send the main thread's iterations as one message (concatenated in
+        order). Output of an older registration epoch is dropped: its keys may
+        now name other requests."""
+        merged = None
+        epoch = self.wp._epoch
+        for e, it in items:
+            if e != epoch or not self.registered:
+                continue
+            if merged is None:
+                merged = it
+            else:
+                merged.ids += it.ids
+                merged.tokens += it.tokens
+                merged.texts += it.texts
+                merged.finished += it.finished
+        if merged is not None:
+            self.send(merged)
 
     def _receive(self) -> None:
         wp = self.wp
