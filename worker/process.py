@@ -175,7 +175,7 @@ class WorkerProcess:
         self._out_lock = threading.Lock()
         self._outbox: list[tuple[int, Iteration]] = []   # guarded by _out_lock
         self._wake_pending = False                        # guarded by _out_lock
-        self._ctx = zmq.Context()
+        self._ctx: zmq.Context | None = None  # created by run(): an unused worker holds no sockets
         self._pipe_addr = f"inproc://worker-{uuid.uuid4().hex}"
 
     # ------------------------------------------------------------------ main thread
@@ -183,6 +183,7 @@ class WorkerProcess:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then say goodbye (the broker migrates
         whatever this worker still held) and close."""
+        self._ctx = zmq.Context()
         io_end = self._ctx.socket(zmq.PAIR)
         io_end.bind(self._pipe_addr)
         main_end = self._ctx.socket(zmq.PAIR)
