@@ -34,6 +34,8 @@ class BrokerConfig:
       high-water mark before that peer is failed (a client: ``slow_consumer``;
       a worker: treated as dead).
     - ``tick_s``: seconds between housekeeping passes (queued deadlines, liveness).
+    - ``metrics_port``: serve Prometheus metrics on this TCP port (0 picks a
+      free one), or None for no metrics; ``metrics_host`` is the address to bind.
     """
 
     frontend: str = DEFAULT_FRONTEND
@@ -48,6 +50,8 @@ class BrokerConfig:
     send_hwm: int = 10_000
     max_pending_per_peer: int = 100_000
     tick_s: float = 0.02
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for name in ("frontend", "backend"):
@@ -62,6 +66,8 @@ class BrokerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        if self.metrics_port is not None and (type(self.metrics_port) is not int or not 0 <= self.metrics_port < 65536):
+            raise ValueError(f"metrics_port must be None or a TCP port 0..65535, got {self.metrics_port!r}")
         if self.worker_liveness_s <= self.heartbeat_interval_s or self.client_liveness_s <= self.heartbeat_interval_s:
             raise ValueError("worker_liveness_s and client_liveness_s must exceed heartbeat_interval_s "
                              "(a peer is dead only after missing several heartbeats)")

@@ -68,7 +68,7 @@ class Job:
     """
 
     __slots__ = ("key", "client", "rid", "model", "spec", "tokens", "state", "worker",
-                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq")
+                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s")
 
     def __init__(self, key: int, client: bytes, spec: RequestSpec, model: str, now: float) -> None:
         self.key = key
@@ -84,6 +84,7 @@ class Job:
         self.attempts = 0
         self.cancel_requested = False
         self.queue_seq: int | None = None
+        self.first_token_s: float | None = None
 
 
 class ClientState:
@@ -145,6 +146,10 @@ class BrokerCore:
         self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
         self._next_key = 0
         self._next_heartbeat_s = now
+        # Broker-side TTFT / latency samples (seconds), kept only while
+        # someone collects them (metrics on): see take_timings().
+        self.record_timings = False
+        self._timings: dict[str, list[float]] = {"ttft": [], "latency": []}
 
     # ------------------------------------------------------------------ clients
 
@@ -328,6 +333,10 @@ class BrokerCore:
             job = jobs.get(key)
             if job is None or job.worker != me:
                 continue  # stale: the job migrated or ended meanwhile
+            if job.first_token_s is None:
+                job.first_token_s = now
+                if self.record_timings:
+                    self._timings["ttft"].append(now - job.arrival_s)
             job.tokens.append(tok)
             n += 1
             client = job.client
@@ -349,6 +358,8 @@ class BrokerCore:
             if job is None or job.worker != me:
                 continue
             w.inflight.discard(job.key)  # the credit comes back
+            if self.record_timings:
+                self._timings["latency"].append(now - job.arrival_s)
             self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f)
         if msg.finished:
             self._dispatch(w.model, now, out)
@@ -446,6 +457,11 @@ class BrokerCore:
             else:  # the worker's entry, readdressed to the client's id
                 reuse.request_id = job.rid
             out.result(job.client).finished.append(reuse)
+
+    def take_timings(self, kind: str) -> list[float]:
+        """Samples of ``"ttft"`` or ``"latency"`` (seconds) since the last call."""
+        out, self._timings[kind] = self._timings[kind], []
+        return out
 
     def _welcome(self) -> Welcome:
         return Welcome(self.broker_id, self.config.heartbeat_interval_s, dict(self.models))

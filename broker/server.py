@@ -68,6 +68,16 @@ class BrokerServer:
         self.frontend = self._sockets[Side.FRONTEND].getsockopt(zmq.LAST_ENDPOINT).decode()
         self.backend = self._sockets[Side.BACKEND].getsockopt(zmq.LAST_ENDPOINT).decode()
         self.core = BrokerCore(config, self.broker_id, time.monotonic())
+        self.metrics = None
+        if config.metrics_port is not None:
+            from broker.metrics import BrokerMetrics
+
+            try:
+                self.metrics = BrokerMetrics(config.metrics_port, config.metrics_host)
+            except Exception:
+                self.close()
+                raise
+            self.core.record_timings = True
         self._pending: dict[tuple[Side, bytes], deque[bytes]] = {}
         self._work: deque[Send] = deque()
 
@@ -78,6 +88,10 @@ class BrokerServer:
         self.close()
 
     def close(self) -> None:
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
+            self.metrics = None
         for s in self._sockets.values():
             s.close(linger=0)
         self._sockets.clear()
@@ -99,6 +113,8 @@ class BrokerServer:
             now = time.monotonic()
             if now >= next_tick:
                 self._perform(self.core.tick(now))
+                if self.metrics is not None:
+                    self.metrics.update(self.core, now)
                 next_tick = now + tick_s
             wait_s = 0.001 if self._pending else max(0.0, next_tick - now)
             events = dict(poller.poll(wait_s * 1000))

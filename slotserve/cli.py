@@ -105,13 +105,17 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
               show_envvar=True, help="Seconds between heartbeats.")
 @click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
               help="Seconds of silence after which a worker is dead and its requests migrate.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
+@click.option("--metrics-host", default="127.0.0.1", show_envvar=True, help="Address the metrics endpoint binds.")
 def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
-           worker_liveness_s: float) -> None:
+           worker_liveness_s: float, metrics_port: int | None, metrics_host: str) -> None:
     """Run a broker in the foreground (Ctrl-C stops it)."""
     from broker import run_broker
 
     cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
-                  heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s)
+                  heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s,
+                  metrics_port=metrics_port, metrics_host=metrics_host)
     stop = _signal_flag()
     click.echo(f"broker: clients on {frontend}, workers on {backend}", err=True)
     run_broker(cfg, stop=stop)

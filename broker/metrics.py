@@ -1,0 +1,73 @@
+"""Prometheus metrics for the broker (prometheus-client, its own registry).
+
+Exported on ``http://<metrics_host>:<metrics_port>/metrics`` when
+``BrokerConfig.metrics_port`` is set. The broker loop updates the metrics on
+each housekeeping tick from :class:`~broker.core.BrokerCore`'s state; the
+HTTP thread only reads them (prometheus-client's metrics are thread-safe).
+
+- ``slotserve_queue_depth{model}``: requests waiting in the broker.
+- ``slotserve_slots_busy{model}`` / ``slotserve_slots_total{model}``: slots
+  holding a request / registered, over that model's workers.
+- ``slotserve_workers{model}``: registered workers.
+- ``slotserve_requests_total{event}``: submitted, completed, cancelled,
+  deadline, errors, queue_full, requeued, duplicates (monotonic).
+- ``slotserve_tokens_total``: generated tokens routed to clients.
+- ``slotserve_workers_lost_total``: workers that died, hung or left.
+- ``slotserve_ttft_seconds`` / ``slotserve_request_latency_seconds``: time to
+  first token and end-to-end latency as the broker sees them (arrival of the
+  submit to the routing of the first token / the ending).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from broker.core import BrokerCore
+
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_EVENTS = ("submitted", "completed", "cancelled", "deadline", "errors", "queue_full", "requeued", "duplicates")
+
+
+class BrokerMetrics:
+    """The broker's metrics and their HTTP endpoint. Call :meth:`update` from the
+    broker loop; :meth:`close` stops the endpoint."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge("slotserve_queue_depth", "Requests waiting in the broker", ["model"], registry=r)
+        self.slots_busy = Gauge("slotserve_slots_busy", "Slots holding a request", ["model"], registry=r)
+        self.slots_total = Gauge("slotserve_slots_total", "Slots registered", ["model"], registry=r)
+        self.workers = Gauge("slotserve_workers", "Registered workers", ["model"], registry=r)
+        self.requests = Counter("slotserve_requests", "Request events since broker start", ["event"], registry=r)
+        self.tokens = Counter("slotserve_tokens", "Generated tokens routed to clients", registry=r)
+        self.workers_lost = Counter("slotserve_workers_lost", "Workers that died, hung or left", registry=r)
+        self.ttft = Histogram("slotserve_ttft_seconds", "Time to first token seen by the broker",
+                              buckets=_BUCKETS_S, registry=r)
+        self.latency = Histogram("slotserve_request_latency_seconds", "Submit to ending, seen by the broker",
+                                 buckets=_BUCKETS_S, registry=r)
+        self._last = {}
+        self._server, self._thread = start_http_server(port, addr=host, registry=r)
+        self.port = self._server.server_port
+
+    def update(self, core: BrokerCore, now: float) -> None:
+        st = core.status(now)
+        for name, m in st.models.items():
+            self.queue_depth.labels(name).set(m.queued)
+            self.slots_busy.labels(name).set(m.slots_busy)
+            self.slots_total.labels(name).set(m.slots_total)
+            self.workers.labels(name).set(m.workers)
+        c = st.counters
+        for event in _EVENTS:
+            self.requests.labels(event).inc(c[event] - self._last.get(event, 0))
+        self.tokens.inc(c["tokens_out"] - self._last.get("tokens_out", 0))
+        self.workers_lost.inc(c["workers_lost"] - self._last.get("workers_lost", 0))
+        self._last = dict(c)
+        for v in core.take_timings("ttft"):
+            self.ttft.observe(v)
+        for v in core.take_timings("latency"):
+            self.latency.observe(v)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
