@@ -6,8 +6,9 @@
         c.run()
 """
 
+from client.aio import AsyncClient
 from client.client import DEFAULT, DEFAULT_ADDRESS, Client
 from client.errors import BrokerUnavailable, RemoteError
 from client.handle import RequestHandle
 
-__all__ = ["BrokerUnavailable", "Client", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError", "RequestHandle"]
+__all__ = ["AsyncClient", "BrokerUnavailable", "Client", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError", "RequestHandle"]

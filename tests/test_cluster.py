@@ -262,3 +262,39 @@ def test_broker_restart_resumes_every_request_without_gap_or_duplicate(slow_clus
     for i, h in enumerate(hs):
         assert streamed[i] == h.tokens
     assert st.models["simulated"].workers == 2   # both workers registered with the new broker
+
+
+def test_async_client_generate_stream_and_early_exit(cluster):
+    import asyncio
+
+    from client import AsyncClient
+
+    reqs = random_requests(30, seed=5)
+    expected = engine_results(reqs)
+
+    async def main():
+        async with await AsyncClient.connect(cluster.frontend) as c:
+            handles = await asyncio.gather(*(c.generate(p, m, **kw) for p, m, kw in reqs))
+            streamed = [t async for t in c.stream([1, 2, 3], 20, stop_token=None)]
+            gen = c.stream([4, 5], 1_000_000, stop_token=None)
+            first = [t async for t, _ in zip_n(gen, 3)]
+            await gen.aclose()                 # leaving early cancels the request
+            await c.run(timeout=20)
+            return handles, streamed, first
+
+    async def zip_n(agen, n):
+        i = 0
+        async for t in agen:
+            yield t, i
+            i += 1
+            if i == n:
+                return
+
+    handles, streamed, first = asyncio.run(main())
+    assert [(h.result(), h.finish_reason) for h in handles] == expected
+    ref = BatchInferenceEngine(SimulatedLLM(), 2, stop_token=None)
+    a, b = ref.submit_request([1, 2, 3], 20), ref.submit_request([4, 5], 1_000_000)
+    for _ in range(20):
+        ref.step()
+    assert streamed == a.tokens and len(streamed) == 20
+    assert first == b.tokens[:3]

@@ -1,0 +1,115 @@
+"""asyncio access to a slotserve cluster: a thin layer over :class:`~client.Client`.
+
+One core, two faces: :class:`AsyncClient` drives the same connection, I/O
+thread, callback thread and handles as the synchronous client; completions
+and tokens are handed to the event loop with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import AsyncIterator
+
+from client.client import DEFAULT_ADDRESS, Client
+from client.handle import RequestHandle
+from protocol.messages import Status
+
+_END = object()
+
+
+class AsyncClient:
+    """Use ``await AsyncClient.connect(address, **Client options)`` (or
+    ``async with await AsyncClient.connect(...) as c``).
+
+    - :meth:`generate` awaits one request and returns its handle (final
+      ``tokens``, ``finish_reason``, ``error``).
+    - :meth:`stream` yields tokens as they arrive; leaving the loop early
+      cancels the request.
+    - :meth:`submit_request` is the synchronous client's (callbacks run on the
+      client's callback thread, not in the event loop).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @classmethod
+    async def connect(cls, address: str = DEFAULT_ADDRESS, **options) -> "AsyncClient":
+        """Connect without blocking the loop; raises what :class:`Client` raises."""
+        loop = asyncio.get_running_loop()
+        return cls(await loop.run_in_executor(None, functools.partial(Client, address, **options)))
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def submit_request(self, prompt, max_tokens, callback=None, **kw) -> RequestHandle:
+        """Exactly :meth:`Client.submit_request` (does not block)."""
+        return self.client.submit_request(prompt, max_tokens, callback, **kw)
+
+    async def generate(self, prompt, max_tokens, **kw) -> RequestHandle:
+        """Submit one request and wait for its end; returns its handle.
+
+        Arguments as :meth:`Client.submit_request` (no ``callback``); raises
+        ValueError on bad input. Cancelling the awaiting task cancels the request.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def done(seq) -> None:  # the client's callback thread
+            _threadsafe(loop, _resolve, fut)
+
+        h = self.client.submit_request(prompt, max_tokens, done, **kw)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.client.cancel(h.request_id)
+            raise
+        return h
+
+    async def stream(self, prompt, max_tokens, **kw) -> AsyncIterator[int]:
+        """Yield each generated token as it arrives (then the handle holds the
+        ``finish_reason``). Arguments as :meth:`Client.submit_request`
+        (no ``callback``/``on_token``)."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        h = self.client.submit_request(prompt, max_tokens, lambda seq: _threadsafe(loop, q.put_nowait, _END),
+                                       on_token=lambda t: _threadsafe(loop, q.put_nowait, t), **kw)
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if item is _END:
+                    finished = True
+                    return
+                yield item
+        finally:
+            if not finished:
+                self.client.cancel(h.request_id)
+
+    def cancel(self, request_id) -> bool:
+        return self.client.cancel(request_id)
+
+    async def run(self, timeout: float | None = None) -> None:
+        """Wait (in a thread) until every request of this client has ended."""
+        await asyncio.get_running_loop().run_in_executor(None, self.client.run, timeout)
+
+    async def status(self, timeout_s: float = 5.0) -> Status:
+        return await asyncio.get_running_loop().run_in_executor(None, self.client.status, timeout_s)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.client.close)
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _threadsafe(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass  # the event loop is closed: nobody is waiting any more
