@@ -298,3 +298,38 @@ def test_async_client_generate_stream_and_early_exit(cluster):
         ref.step()
     assert streamed == a.tokens and len(streamed) == 20
     assert first == b.tokens[:3]
+
+
+def test_client_that_stops_reading_is_failed_with_slow_consumer_and_others_unaffected():
+    cfg = cluster_config((8,), max_queue=100_000)
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, send_hwm=5, max_pending_per_peer=20),
+                        cfg.workers)
+    with LocalCluster(cfg) as cl:
+        ctx = zmq.Context.instance()
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.RCVHWM, 1)
+        raw.setsockopt(zmq.RCVBUF, 2048)
+        raw.connect(cl.frontend)
+        try:
+            raw.send(encode(Submit("simulated", [RequestSpec(i, [i + 1], 200, stop_tokens=[]) for i in range(3000)])))
+            with Client(cl.frontend) as good:
+                wait_until(lambda: good.status().counters["clients_lost"] >= 1, 60, "the slow client to be failed")
+                hs = [good.submit_request([i + 1, 2], 5) for i in range(50)]
+                good.run(timeout=30)
+                st = good.status()
+            assert all(h.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for h in hs)
+            assert st.models["simulated"].queued == 0 and st.models["simulated"].running == 0
+            # Reading now: after the buffered results, the client finds an error naming its requests.
+            errors = []
+            poller = zmq.Poller()
+            poller.register(raw, zmq.POLLIN)
+            deadline = time.monotonic() + 20
+            while not errors and time.monotonic() < deadline:
+                if poller.poll(100):
+                    m = decode(raw.recv())
+                    if isinstance(m, Error):
+                        errors.append(m)
+        finally:
+            raw.close(0)
+    assert errors and errors[0].code is ErrorCode.SLOW_CONSUMER and len(errors[0].request_ids) > 0
