@@ -37,11 +37,15 @@ import os
 import random
 import resource
 import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Run as a script, bench/ is sys.path[0] and bench/broker.py would shadow the
+# broker package: put the repository root first.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
