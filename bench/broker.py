@@ -188,10 +188,12 @@ def plot(res: dict, path: Path) -> None:
     axes[0].set_title("End-to-end throughput")
     axes[0].legend()
     lat = res["latency"]
-    axes[1].hist(lat["cluster_ms"], bins=60, color="tab:green")
+    xmax = 1.5 * lat["cluster_p99_ms"]
+    axes[1].hist([x for x in lat["cluster_ms"] if x <= xmax], bins=60, color="tab:green")
+    axes[1].set_xlim(0, xmax)
     axes[1].axvline(lat["cluster_p50_ms"], color="k", ls="--", label=f"p50 {lat['cluster_p50_ms']:.2f} ms")
     axes[1].axvline(lat["engine_p50_ms"], color="tab:orange", ls=":", label=f"engine p50 {lat['engine_p50_ms']:.2f} ms")
-    axes[1].set_xlabel("latency of one request through the cluster (ms)")
+    axes[1].set_xlabel("latency of one request through the cluster (ms, up to 1.5 x p99)")
     axes[1].set_title("Added latency")
     axes[1].legend()
     sc = res["scaling"]
