@@ -68,6 +68,7 @@ class Run:
     first_s: list[float] = field(default_factory=list)  # first-token time per request
     last_s: list[float] = field(default_factory=list)  # last useful token time per request
     rss_mb: float | None = None
+    load_avg: tuple[float, float] = (0.0, 0.0)  # 1-min load average before / after (2 cores here)
     note: str = ""
 
     def summary(self, reference: list[list[int]] | None) -> dict:
@@ -84,6 +85,7 @@ class Run:
             "identical_to_hf_greedy": None if reference is None else sum(
                 a == b for a, b in zip(self.outputs, reference)),
             "rss_mb": None if self.rss_mb is None else round(self.rss_mb),
+            "load_avg_before_after": [round(x, 2) for x in self.load_avg],
             "note": self.note,
         }
 
@@ -360,26 +362,31 @@ def main() -> None:
     pad_id = hf.generation_config.pad_token_id if hf.generation_config.pad_token_id is not None else min(eos)
     print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}")
 
-    runs = [run_slotserve(model, prompts, max_tokens, args.slots)]
-    print(f"slotserve: {runs[-1].wall_s:.1f} s")
-    limits = forward_limits(model, prompts, args.slots)
-    print(f"limits: {limits}")
-    if "slotserve-broker" not in skip:
-        runs.append(run_slotserve_broker(prompts, max_tokens, args.slots))
-        print(f"slotserve-broker: {runs[-1].wall_s:.1f} s")
-    if "hf-static" not in skip:
-        runs.append(run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots))
-        print(f"hf-static: {runs[-1].wall_s:.1f} s")
-    if "hf-cb" not in skip:
-        runs.append(run_hf_cb(hf, prompts, max_tokens, eos, args.slots))
-        print(f"hf-cb: {runs[-1].wall_s:.1f} s")
-    reference = None
-    if "hf-alone" not in skip:
-        alone = run_hf_alone(hf, prompts, max_tokens, eos, pad_id)
-        runs.append(alone)
-        reference = alone.outputs
-        print(f"hf-alone: {alone.wall_s:.1f} s")
-    useful = sum(len(o) for o in runs[0].outputs)
+    systems = {
+        "slotserve": lambda: run_slotserve(model, prompts, max_tokens, args.slots),
+        "slotserve-broker": lambda: run_slotserve_broker(prompts, max_tokens, args.slots),
+        "hf-static": lambda: run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots),
+        "hf-cb": lambda: run_hf_cb(hf, prompts, max_tokens, eos, args.slots),
+        "hf-alone": lambda: run_hf_alone(hf, prompts, max_tokens, eos, pad_id),
+    }
+    runs = []
+    limits = None
+    for name, fn in systems.items():
+        if name in skip:
+            continue
+        before = os.getloadavg()[0]
+        run = fn()
+        run.load_avg = (before, os.getloadavg()[0])
+        runs.append(run)
+        print(f"{name}: {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> {run.load_avg[1]:.2f})")
+        if name == "slotserve":
+            limits = forward_limits(model, prompts, args.slots)
+            print(f"limits: {limits}")
+    if limits is None:
+        limits = forward_limits(model, prompts, args.slots)
+    alone = [r for r in runs if r.name == "hf-alone"]
+    reference = alone[0].outputs if alone else None
+    useful = sum(len(o) for o in (alone[0] if alone else runs[0]).outputs)
     ideal_s = sum(map(len, prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
     rows = [r.summary(reference) for r in runs]
     for r, run in zip(rows, runs):
