@@ -337,3 +337,28 @@ def test_client_that_stops_reading_is_failed_with_slow_consumer_and_others_unaff
         finally:
             raw.close(0)
     assert errors and errors[0].code is ErrorCode.SLOW_CONSUMER and len(errors[0].request_ids) > 0
+
+
+def test_stop_token_rule_client_default_request_override_and_zero(cluster):
+    prompt = [11, 12, 13]
+    ref = BatchInferenceEngine(SimulatedLLM(), 1, stop_token=None)
+    full = ref.submit_request(prompt, 200)
+    ref.run()
+    toks = full.tokens
+    assert 0 in toks                                   # the model's default stop token occurs
+    first_zero = toks.index(0)
+    other = next(t for t in toks[:first_zero] if t != 0)
+    with Client(cluster.frontend) as default_c, Client(cluster.frontend, stop_token=None) as none_c, \
+            Client(cluster.frontend, stop_token=other) as other_c:
+        a = default_c.submit_request(prompt, 200)                 # model default: 0
+        b = none_c.submit_request(prompt, 200)                    # client says: no stop token
+        c = other_c.submit_request(prompt, 200)                   # client default: `other`
+        d = other_c.submit_request(prompt, 200, stop_token=0)     # request override; 0 is a token
+        e = none_c.submit_request(prompt, 200, stop_token=[other, 0])
+        for cl in (default_c, none_c, other_c):
+            cl.run(timeout=20)
+    assert a.tokens == toks[:first_zero + 1] and a.finish_reason is FinishReason.STOP
+    assert b.tokens == toks and b.finish_reason is FinishReason.LENGTH
+    assert c.tokens == toks[:toks.index(other) + 1] and c.finish_reason is FinishReason.STOP
+    assert d.tokens == a.tokens
+    assert e.tokens == toks[:min(toks.index(other), first_zero) + 1]
