@@ -67,13 +67,16 @@ class ClusterConfig:
     - ``start_timeout_s``: seconds for the broker to bind and every worker to register.
     - ``stop_timeout_s``: seconds each child gets to exit after SIGTERM before SIGKILL.
     - ``log_level``: children's logging level (``WARNING``, ``INFO``, ...).
+    - ``client_curve``: CURVE keys for the launcher's own client (readiness
+      checks) when the broker requires CURVE: as ``Client(curve=...)``.
     """
 
     broker: BrokerConfig
     workers: tuple[WorkerConfig, ...]
-    start_timeout_s: float = 60.0
+    start_timeout_s: float = 600.0  # real models load in 10-60 s on 2 cores; a dead worker fails fast anyway
     stop_timeout_s: float = 5.0
     log_level: str = "WARNING"
+    client_curve: object = None
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -160,7 +163,8 @@ class LocalCluster:
         expected: dict[str, int] = {}
         for w in self.config.workers:
             expected[w.model] = expected.get(w.model, 0) + 1
-        with Client(self.frontend, connect_timeout_s=timeout_s, name="launcher") as c:
+        with Client(self.frontend, connect_timeout_s=timeout_s, name="launcher",
+                    curve=self.config.client_curve) as c:
             while True:
                 st = c.status()
                 if all(m in st.models and st.models[m].workers >= n for m, n in expected.items()):
@@ -230,6 +234,45 @@ class LocalCluster:
         self._broker = None
 
 
+def make_curve_keys(curve_dir: str, *, clients: int = 1, workers: int = 1) -> list[str]:
+    """Write a CURVE key layout (:mod:`protocol.curve`) into ``curve_dir``:
+    the broker's pair, ``client``/``worker`` pairs (more as ``client2``...
+    when ``clients``/``workers`` > 1), and their public keys in the
+    ``clients/`` and ``workers/`` allow-lists. Existing key files are kept.
+    Returns the files written. Raises ValueError for counts < 0."""
+    import os
+    import shutil
+
+    from zmq.auth import create_certificates
+
+    from protocol.curve import BROKER_NAME, CLIENTS_DIR, WORKERS_DIR
+
+    if clients < 0 or workers < 0:
+        raise ValueError("key counts must be >= 0")
+    os.makedirs(curve_dir, exist_ok=True)
+    written = []
+
+    def pair(name: str) -> str:
+        public = os.path.join(curve_dir, f"{name}.key")
+        if not os.path.exists(public):
+            pub, sec = create_certificates(curve_dir, name)
+            os.chmod(sec, 0o600)
+            written.extend([pub, sec])
+        return public
+
+    pair(BROKER_NAME)
+    for role, sub, n in (("client", CLIENTS_DIR, clients), ("worker", WORKERS_DIR, workers)):
+        allow = os.path.join(curve_dir, sub)
+        os.makedirs(allow, exist_ok=True)
+        for i in range(n):
+            public = pair(role if i == 0 else f"{role}{i + 1}")
+            dest = os.path.join(allow, os.path.basename(public))
+            if not os.path.exists(dest):
+                shutil.copyfile(public, dest)
+                written.append(dest)
+    return written
+
+
 def _terminate(procs: Sequence[mp.Process], timeout_s: float) -> None:
     for p in procs:
         if p.is_alive():
@@ -243,10 +286,11 @@ def _terminate(procs: Sequence[mp.Process], timeout_s: float) -> None:
             p.join()
 
 
-def is_broker_reachable(address: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker answers at ``address`` within ``timeout_s``."""
+def is_broker_reachable(address: str, timeout_s: float = 2.0, curve=None) -> bool:
+    """True when a broker answers at ``address`` within ``timeout_s`` (``curve``
+    as for ``Client``)."""
     try:
-        with Client(address, connect_timeout_s=timeout_s, name="probe"):
+        with Client(address, connect_timeout_s=timeout_s, name="probe", curve=curve):
             return True
     except BrokerUnavailable:
         return False
