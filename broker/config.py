@@ -25,6 +25,12 @@ class BrokerConfig:
       its requests migrate.
     - ``client_liveness_s``: a client silent this long (seconds) is gone and
       its requests are cancelled.
+    - ``worker_hung_s``: a worker that holds requests but completes no
+      iteration for this long (seconds) is hung: its requests migrate as if
+      it had died, although it still heartbeats. It must exceed the longest
+      legitimate model step (a slow step is never "hung" before this bound;
+      heartbeats come from the worker's I/O thread, so a long step never
+      looks dead). None disables the check.
     - ``aging_window``: submissions per priority level of aging (see :mod:`broker.queue`).
     - ``max_attempts``: workers a request may be lost on before it ends with
       ``worker_failed`` instead of migrating again.
@@ -34,6 +40,12 @@ class BrokerConfig:
       high-water mark before that peer is failed (a client: ``slow_consumer``;
       a worker: treated as dead).
     - ``tick_s``: seconds between housekeeping passes (queued deadlines, liveness).
+    - ``curve_secret_file``: the broker's CURVE secret key file (from
+      ``slotserve keygen``); when set, both sockets require CURVE
+      encryption and authentication. ``curve_clients_dir`` /
+      ``curve_workers_dir``: directories of allowed public keys for the
+      frontend (clients) and the backend (workers), kept apart so a client
+      key can never register as a worker.
     - ``metrics_port``: serve Prometheus metrics on this TCP port (0 picks a
       free one), or None for no metrics; ``metrics_host`` is the address to bind.
     """
@@ -44,6 +56,7 @@ class BrokerConfig:
     heartbeat_interval_s: float = 1.0
     worker_liveness_s: float = 5.0
     client_liveness_s: float = 10.0
+    worker_hung_s: float | None = 300.0
     aging_window: int = DEFAULT_AGING_WINDOW
     max_attempts: int = 3
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -52,6 +65,9 @@ class BrokerConfig:
     tick_s: float = 0.02
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    curve_secret_file: str | None = None
+    curve_clients_dir: str | None = None
+    curve_workers_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("frontend", "backend"):
@@ -66,6 +82,14 @@ class BrokerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        if self.worker_hung_s is not None and (isinstance(self.worker_hung_s, bool)
+                                               or not isinstance(self.worker_hung_s, (int, float))
+                                               or not self.worker_hung_s > 0):
+            raise ValueError(f"worker_hung_s must be None or a number of seconds > 0, got {self.worker_hung_s!r}")
+        curve = (self.curve_secret_file, self.curve_clients_dir, self.curve_workers_dir)
+        if any(v is not None for v in curve) and not all(isinstance(v, str) and v for v in curve):
+            raise ValueError("CURVE needs all of curve_secret_file, curve_clients_dir and curve_workers_dir "
+                             "(paths; `slotserve keygen DIR` makes them), or none")
         if self.metrics_port is not None and (type(self.metrics_port) is not int or not 0 <= self.metrics_port < 65536):
             raise ValueError(f"metrics_port must be None or a TCP port 0..65535, got {self.metrics_port!r}")
         if self.worker_liveness_s <= self.heartbeat_interval_s or self.client_liveness_s <= self.heartbeat_interval_s:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import logging
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig
@@ -36,6 +37,8 @@ from protocol.messages import (
     Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, Message, ModelInfo,
     ModelStatus, Register, RequestId, RequestSpec, Results, Status, StatusQuery, Submit, Welcome,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Side(enum.Enum):
@@ -124,8 +127,8 @@ class _Outbox:
 
 
 COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
-            "queue_full", "requeued", "duplicates", "workers_lost", "clients_lost",
-            "tokens_out", "bad_messages")
+            "queue_full", "requeued", "duplicates", "workers_lost", "workers_hung", "clients_lost",
+            "tokens_out", "bad_messages", "internal_errors")
 """Names of the totals reported in ``status`` (all since broker start)."""
 
 
@@ -291,10 +294,14 @@ class BrokerCore:
             return out.done()
         w.last_seen_s = now
         if isinstance(msg, Iteration):
+            w.progress_s = now
             self._iteration(w, msg, now, out)
         elif isinstance(msg, Heartbeat):
-            if msg.progress is not None:
-                w.progress = msg.progress
+            p = msg.progress
+            if p is not None:
+                if w.progress is not None and p != w.progress:
+                    w.progress_s = now
+                w.progress = p
         elif isinstance(msg, Bye):
             self._worker_lost(w, now, out, failed=False)
         return out.done()
@@ -419,6 +426,8 @@ class BrokerCore:
                     continue
             job.state = JobState.RUNNING
             job.worker = w.identity
+            if not w.inflight:
+                w.progress_s = now  # the hung clock starts when it gets work
             w.inflight.add(job.key)
             # The job's spec becomes the worker's view of it (the client's id
             # lives on in job.rid, the deadline in job.deadline_s).
@@ -482,6 +491,16 @@ class BrokerCore:
                 self._finish(job, FinishReason.DEADLINE, None, None, out)
         for w in self.workers.silent_since(now - self.config.worker_liveness_s):
             self._worker_lost(w, now, out, failed=True)
+        hung_s = self.config.worker_hung_s
+        if hung_s is not None:
+            for w in self.workers.hung_since(now - hung_s):
+                # Alive (it heartbeats) but stuck: its requests move on. If it
+                # recovers, its next message finds it unknown and it registers
+                # afresh, dropping the stale work.
+                log.warning("worker %s holds %d requests but completed no iteration for %.1f s: "
+                            "treating it as hung", w.name, len(w.inflight), now - w.progress_s)
+                self.counters["workers_hung"] += 1
+                self._worker_lost(w, now, out, failed=True)
         cutoff = now - self.config.client_liveness_s
         for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
             self._client_lost(cs, None, out)

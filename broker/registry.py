@@ -24,7 +24,12 @@ class WorkerState:
     - ``model``: ``str``; ``num_slots``, ``max_inflight``: ``int`` (see module doc).
     - ``inflight``: ``set[int]`` broker keys assigned and not yet finished.
     - ``last_seen_s``: ``float`` monotonic time of its last message.
-    - ``progress``: ``int`` iterations it reported completed (heartbeats).
+    - ``progress``: ``int`` iterations it reported completed (heartbeats), or
+      None before its first heartbeat (the baseline).
+    - ``progress_s``: ``float`` monotonic time it was last seen making
+      progress: an iteration arrived, its heartbeat's ``progress`` grew, or
+      it went from holding nothing to holding requests. A worker holding
+      requests with no progress for ``worker_hung_s`` is hung.
     - ``iterations``: ``int`` iteration messages with tokens received from it
       (one per engine iteration that generated tokens).
     """
@@ -37,7 +42,8 @@ class WorkerState:
     name: str
     last_seen_s: float
     inflight: set[int] = field(default_factory=set)
-    progress: int = 0
+    progress: int | None = None
+    progress_s: float = 0.0
     iterations: int = 0
 
     @property
@@ -98,6 +104,10 @@ class WorkerRegistry:
             if w.credits > 0 and (best is None or w.free_slots > best.free_slots):
                 best = w
         return best
+
+    def hung_since(self, cutoff_s: float) -> list[WorkerState]:
+        """Workers holding requests whose last progress is older than ``cutoff_s``."""
+        return [w for w in self._workers.values() if w.inflight and w.progress_s < cutoff_s]
 
     def silent_since(self, cutoff_s: float) -> list[WorkerState]:
         """Workers whose last message is older than ``cutoff_s`` (monotonic)."""

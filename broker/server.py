@@ -17,6 +17,7 @@ by ``send_hwm + max_pending_per_peer`` messages per peer.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error
 log = logging.getLogger(__name__)
 
 _RECV_BATCH = 512  # messages drained per socket per pass (keeps both sockets served)
+_ZAP_DOMAIN = {Side.FRONTEND: "slotserve-clients", Side.BACKEND: "slotserve-workers"}
 
 
 class BrokerServer:
@@ -50,10 +52,19 @@ class BrokerServer:
         self.broker_id = uuid.uuid4().hex
         self._ctx = zmq.Context()
         self._sockets: dict[Side, zmq.Socket] = {}
+        self._auth = None
         try:
+            curve = self._start_auth() if config.curve_secret_file is not None else None
             for side, endpoint in ((Side.FRONTEND, config.frontend), (Side.BACKEND, config.backend)):
                 s = self._ctx.socket(zmq.ROUTER)
                 self._sockets[side] = s
+                if curve is not None:
+                    # Each socket authenticates against its own ZAP domain, so
+                    # the frontend admits client keys only and the backend
+                    # worker keys only (zmq.auth keeps one allow-list per domain).
+                    s.curve_server = True
+                    s.curve_publickey, s.curve_secretkey = curve
+                    s.zap_domain = _ZAP_DOMAIN[side].encode()
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 s.setsockopt(zmq.SNDHWM, config.send_hwm)
@@ -87,6 +98,28 @@ class BrokerServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _start_auth(self) -> tuple[bytes, bytes]:
+        """Start the ZAP authenticator (a thread owning its own socket) with one
+        allow-list per side; return the broker's (public, secret) key pair.
+        Raises ValueError when a key file or directory is missing or unreadable."""
+        from zmq.auth import load_certificate
+        from zmq.auth.thread import ThreadAuthenticator
+
+        cfg = self.config
+        try:
+            public, secret = load_certificate(cfg.curve_secret_file)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read the broker's CURVE key {cfg.curve_secret_file!r}: {e}") from None
+        if secret is None:
+            raise ValueError(f"{cfg.curve_secret_file!r} holds no secret key (use the *.key_secret file)")
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        for side, d in ((Side.FRONTEND, cfg.curve_clients_dir), (Side.BACKEND, cfg.curve_workers_dir)):
+            if not os.path.isdir(d):
+                raise ValueError(f"CURVE allow-list directory {d!r} does not exist")
+            self._auth.configure_curve(domain=_ZAP_DOMAIN[side], location=d)
+        return public, secret
+
     def close(self) -> None:
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
@@ -95,6 +128,9 @@ class BrokerServer:
         for s in self._sockets.values():
             s.close(linger=0)
         self._sockets.clear()
+        if getattr(self, "_auth", None) is not None:
+            self._auth.stop()
+            self._auth = None
         self._ctx.term()
 
     # ------------------------------------------------------------------ loop
@@ -138,23 +174,30 @@ class BrokerServer:
                 err = ProtocolError(ErrorCode.MALFORMED, f"expected one frame per message, got {len(frames) - 1}")
                 self._perform([Send(side, identity, Error(err.code, err.message))])
                 continue
-            data = frames[1]
-            if side is Side.FRONTEND:
-                try:
-                    msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
-                except ProtocolError as e:
-                    log.warning("bad message from client %s: %s", identity.hex()[:8], e)
-                    self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
-                    continue
-                self._perform(core.on_frontend(identity, msg, now))
-            else:
-                try:
-                    msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
-                except ProtocolError as e:
-                    log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
-                    self._perform(core.on_backend_error(identity, e))
-                    continue
-                self._perform(core.on_backend(identity, msg, now))
+            try:
+                self._handle(side, identity, frames[1], now)
+            except Exception:  # noqa: BLE001 -- a bug must not take every client's requests down
+                core.counters["internal_errors"] += 1
+                log.exception("broker failed to handle a %s message; continuing", side.value)
+
+    def _handle(self, side: Side, identity: bytes, data: bytes, now: float) -> None:
+        core = self.core
+        if side is Side.FRONTEND:
+            try:
+                msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
+            except ProtocolError as e:
+                log.warning("bad message from client %s: %s", identity.hex()[:8], e)
+                self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
+                return
+            self._perform(core.on_frontend(identity, msg, now))
+        else:
+            try:
+                msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
+            except ProtocolError as e:
+                log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
+                self._perform(core.on_backend_error(identity, e))
+                return
+            self._perform(core.on_backend(identity, msg, now))
 
     # ------------------------------------------------------------------ sending
 

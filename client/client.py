@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Callable
 from client.connection import Connection
 from client.errors import BrokerUnavailable, RemoteError
 from client.handle import RequestHandle
+from protocol.curve import peer_paths
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
     Error, Heartbeat, Hello, ModelInfo, RequestSpec, Results, Status, StatusQuery, Welcome,
@@ -46,6 +48,29 @@ default is the model's own (its EOS tokens, or the worker's ``--stop-token``).
 _SHUTDOWN = object()
 
 
+def _load_curve(curve) -> tuple[bytes, bytes, bytes]:
+    """``curve`` (a keygen directory or a (secret file, broker public file)
+    pair) -> (public, secret, broker public) keys. ValueError when unreadable."""
+    from zmq.auth import load_certificate
+
+    if isinstance(curve, (str, os.PathLike)):
+        paths = peer_paths(curve, "client")
+        secret_file, broker_file = paths.secret_file, paths.broker_public_file
+    elif isinstance(curve, tuple) and len(curve) == 2:
+        secret_file, broker_file = curve
+    else:
+        raise ValueError("curve must be a `slotserve keygen` directory or a "
+                         f"(secret_key_file, broker_public_key_file) pair, got {curve!r}")
+    try:
+        public, secret = load_certificate(secret_file)
+        broker_public, _ = load_certificate(broker_file)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the client's CURVE keys: {e}") from None
+    if secret is None:
+        raise ValueError(f"{secret_file!r} holds no secret key (use the *.key_secret file)")
+    return public, secret, broker_public
+
+
 class Client:
     """Submit generation requests to a slotserve broker; results come back on handles.
 
@@ -58,6 +83,10 @@ class Client:
     - ``heartbeat_interval_s``: seconds between heartbeats while idle (the
       broker cancels the requests of a client silent for its liveness window).
     - ``name``: shown in broker logs and thread names.
+    - ``curve``: talk CURVE (encrypted, authenticated) to a broker that
+      requires it: a ``slotserve keygen`` directory (its ``client.key_secret``
+      and ``broker.key`` are used), or a ``(secret_key_file,
+      broker_public_key_file)`` pair; None (default) for a plain connection.
 
     Use as a context manager (``close()`` on exit). Raises ValueError on bad
     arguments.
@@ -65,7 +94,7 @@ class Client:
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str = "simulated",
                  stop_token=DEFAULT, connect_timeout_s: float = 10.0,
-                 heartbeat_interval_s: float = 1.0, name: str = "client") -> None:
+                 heartbeat_interval_s: float = 1.0, name: str = "client", curve=None) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty str, got {model!r}")
         for n, v in (("connect_timeout_s", connect_timeout_s), ("heartbeat_interval_s", heartbeat_interval_s)):
@@ -73,6 +102,7 @@ class Client:
                 raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
         if stop_token is not DEFAULT:
             validate_stop_token(stop_token)
+        curve_keys = None if curve is None else _load_curve(curve)
         self.model = model
         self.stop_token = stop_token
         self.broker_id: str | None = None
@@ -82,6 +112,9 @@ class Client:
         self._handles: dict[object, RequestHandle] = {}
         self._specs: dict[object, RequestSpec] = {}
         self._outstanding = 0
+        self._cancelling: set = set()  # ids with a cancel sent: re-sent after a broker restart
+        self.resubmitted = 0
+        """Requests resubmitted after broker restarts (a counter, for tests and benchmarks)."""
         self._waiters = 0  # threads in handle.result(): completions notify only then
         self._ids = itertools.count()
         self._closed = False
@@ -95,7 +128,7 @@ class Client:
                                             daemon=True)
         self._dispatcher.start()
         self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
-                                name=name)
+                                name=name, curve=curve_keys)
         self._conn.send(Hello(name))
         if not self._welcomed.wait(connect_timeout_s):
             self.close()
@@ -162,6 +195,7 @@ class Client:
             h = self._handles.get(request_id)
             if h is None or h.finish_reason is not None:
                 return False
+            self._cancelling.add(request_id)
         self._conn.cancel([request_id])
         return True
 
@@ -380,6 +414,7 @@ class Client:
                 return  # finished already (e.g. an error crossed its ending)
             del self._handles[h.request_id]
             del self._specs[h.request_id]
+            self._cancelling.discard(h.request_id)
         if h._stream_error is not None:
             reason, error = FinishReason.ERROR, h._stream_error
         h._reason = reason
@@ -440,7 +475,12 @@ class Client:
                             spec.top_k, spec.seed, list(h._tokens))
             specs.append(s)
         if specs:
+            self.resubmitted += len(specs)
             self._conn.submit(specs)
+            with self._lock:
+                cancels = [s.request_id for s in specs if s.request_id in self._cancelling]
+            if cancels:  # a cancel the old broker took with it
+                self._conn.cancel(cancels)
 
     def _abandon_all(self) -> None:
         for h in list(self._handles.values()):

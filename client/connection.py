@@ -37,16 +37,20 @@ class Connection:
       must only enqueue.
     - ``heartbeat_interval_s``: a heartbeat goes out when nothing else was
       sent for this long (seconds).
+    - ``curve``: ``(public, secret, broker_public)`` CURVE keys (z85 bytes),
+      or None for a plain connection.
 
     Thread-safe: :meth:`submit`, :meth:`cancel`, :meth:`send`, :meth:`close`.
     """
 
     def __init__(self, address: str, model: str, on_message: Callable[[Message], None], *,
-                 heartbeat_interval_s: float, name: str = "client") -> None:
+                 heartbeat_interval_s: float, name: str = "client",
+                 curve: tuple[bytes, bytes, bytes] | None = None) -> None:
         self.address = address
         self.model = model
         self.identity = uuid.uuid4().bytes  # stable across reconnects: the broker's key for us
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._curve = curve
         self.last_recv_s = time.monotonic()
         self._on_message = on_message
         self._lock = threading.Lock()
@@ -114,6 +118,8 @@ class Connection:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, 4 * DEFAULT_MAX_MESSAGE_BYTES)
+            if self._curve is not None:
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
             sock.connect(self.address)
         except Exception as e:  # noqa: BLE001 -- reported to the constructor's caller
             self._error = ValueError(f"cannot connect to {self.address!r}: {e}")

@@ -58,6 +58,26 @@ def _signal_flag() -> threading.Event:
     return stop
 
 
+def _broker_curve(curve_dir: str | None) -> dict:
+    if curve_dir is None:
+        return {}
+    from protocol.curve import broker_paths
+
+    p = broker_paths(curve_dir)
+    return {"curve_secret_file": p.secret_file, "curve_clients_dir": p.clients_dir,
+            "curve_workers_dir": p.workers_dir}
+
+
+def _worker_curve(curve_dir: str | None, secret_key: str | None = None, broker_key: str | None = None) -> dict:
+    if curve_dir is not None:
+        from protocol.curve import peer_paths
+
+        p = peer_paths(curve_dir, "worker")
+        secret_key = secret_key or p.secret_file
+        broker_key = broker_key or p.broker_public_file
+    return {"curve_secret_file": secret_key, "curve_broker_key_file": broker_key}
+
+
 def _config(cls, **kwargs):
     """Build a config dataclass, turning its ValueError into a usage error."""
     try:
@@ -93,6 +113,10 @@ _step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0), defa
                            help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
 _stop_token = click.option("--stop-token", type=STOP_TOKEN, default="model", show_envvar=True,
                            help="Default stop token: 'model' (its EOS tokens), 'none', or a token id.")
+_curve_dir = click.option(
+    "--curve-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
+    help="Require / use CURVE encryption and authentication with the keys in this directory "
+         "(made by `slotserve keygen DIR`). Default: off (plain TCP).")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
                         help="Number of worker processes.")
 
@@ -108,17 +132,31 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
 @click.option("--metrics-host", default="127.0.0.1", show_envvar=True, help="Address the metrics endpoint binds.")
+@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_envvar=True,
+              help="Seconds of silence after which a client is gone and its requests are cancelled.")
+@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=300.0, show_envvar=True,
+              help="Seconds a worker may hold requests without completing an iteration before it counts as "
+                   "hung and its requests migrate (must exceed the longest model step; 0 = never).")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_envvar=True,
+              help="Failed workers a request may be lost on before it ends with worker_failed.")
+@_curve_dir
 def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
-           worker_liveness_s: float, metrics_port: int | None, metrics_host: str) -> None:
+           worker_liveness_s: float, metrics_port: int | None, metrics_host: str, client_liveness_s: float,
+           worker_hung_s: float, max_attempts: int, curve_dir: str | None) -> None:
     """Run a broker in the foreground (Ctrl-C stops it)."""
     from broker import run_broker
 
     cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
                   heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s,
-                  metrics_port=metrics_port, metrics_host=metrics_host)
+                  metrics_port=metrics_port, metrics_host=metrics_host, client_liveness_s=client_liveness_s,
+                  worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, **_broker_curve(curve_dir))
     stop = _signal_flag()
-    click.echo(f"broker: clients on {frontend}, workers on {backend}", err=True)
-    run_broker(cfg, stop=stop)
+    click.echo(f"broker: clients on {frontend}, workers on {backend}"
+               + (f" (CURVE, keys in {curve_dir})" if curve_dir else ""), err=True)
+    try:
+        run_broker(cfg, stop=stop)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command()
@@ -129,12 +167,18 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
 @_step_delay
 @_stop_token
 @click.option("--name", default="", show_envvar=True, help="Name shown in `slotserve status` (default host:pid).")
-def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str) -> None:
+@_curve_dir
+@click.option("--curve-secret-key", type=click.Path(dir_okay=False), default=None, show_envvar=True,
+              help="This worker's CURVE secret key file (default with --curve-dir: DIR/worker.key_secret).")
+@click.option("--curve-broker-key", type=click.Path(dir_okay=False), default=None, show_envvar=True,
+              help="The broker's CURVE public key file (default with --curve-dir: DIR/broker.key).")
+def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
+           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None) -> None:
     """Run one model worker in the foreground (Ctrl-C stops it)."""
     from worker.process import WorkerConfig, run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                  stop_token=stop_token, name=name)
+                  stop_token=stop_token, name=name, **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
     stop = _signal_flag()
     try:
         run_worker(cfg, stop=stop)
@@ -142,14 +186,16 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
         raise click.ClickException(str(e)) from None
 
 
-def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level):
+def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
+                    curve_dir=None):
     from slotserve.launcher import ClusterConfig
     from worker.process import WorkerConfig
 
-    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue)
+    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                   stop_token=stop_token)
-    return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level)
+                   stop_token=stop_token, **_worker_curve(curve_dir))
+    return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
+                   client_curve=curve_dir)
 
 
 @main.command()
@@ -161,9 +207,10 @@ def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_de
 @_frontend
 @_backend
 @_max_queue
+@_curve_dir
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int) -> None:
+       max_queue: int, curve_dir: str | None) -> None:
     """Run a broker and WORKERS workers as supervised child processes.
 
     Crashed children are restarted. Ctrl-C or SIGTERM stops all of them cleanly.
@@ -171,7 +218,8 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     from slotserve.launcher import LocalCluster
 
     log_level = ctx.find_root().params["log_level"].upper()
-    cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level)
+    cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
+                          curve_dir)
     stop = _signal_flag()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -182,7 +230,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
                        f"{workers} x {model} worker(s) with {slots} slots. Ctrl-C stops.", err=True)
             cluster.supervise(stop.is_set, wakeup_fd=wake_r)
             click.echo("stopping...", err=True)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         signal.set_wakeup_fd(-1)
@@ -206,9 +254,10 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 @click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=None, show_envvar=True,
               help="Give up after this many seconds (default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
+@_curve_dir
 @click.pass_context
 def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
-        timeout_s, progress) -> None:
+        timeout_s, progress, curve_dir) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids], "max_tokens", optional "stop_token",
@@ -229,15 +278,15 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     try:
         if broker_addr is None:
             cfg = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
-                                  model, slots, step_delay_ms, stop_token, log_level)
+                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir)
             cluster = LocalCluster(cfg)
             cluster.start()
             broker_addr = cluster.frontend
-        with Client(broker_addr, model=model, name="slotserve-run") as client:
+        with Client(broker_addr, model=model, name="slotserve-run", curve=curve_dir) as client:
             client.wait_for_model(60.0)
             summary = run_job(client, input_path, output, max_in_flight=max_in_flight, total=total,
                               progress=progress, timeout_s=timeout_s)
-    except (BrokerUnavailable, RuntimeError, TimeoutError) as e:
+    except (BrokerUnavailable, RuntimeError, TimeoutError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         if cluster is not None:
@@ -253,16 +302,17 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
               help="Seconds to wait for the broker.")
 @click.option("--json", "as_json", is_flag=True, default=False, envvar="SLOTSERVE_STATUS_JSON", show_envvar=True,
               help="Print raw JSON.")
-def status(broker_addr: str, timeout_s: float, as_json: bool) -> None:
+@_curve_dir
+def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | None) -> None:
     """Show the broker's queues, workers and slots busy / total."""
     import json
 
     from client import BrokerUnavailable, Client
 
     try:
-        with Client(broker_addr, connect_timeout_s=timeout_s, name="slotserve-status") as c:
+        with Client(broker_addr, connect_timeout_s=timeout_s, name="slotserve-status", curve=curve_dir) as c:
             st = c.status(timeout_s)
-    except BrokerUnavailable as e:
+    except (BrokerUnavailable, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(st.to_wire(), indent=2))
@@ -298,3 +348,26 @@ def humaneval(limit: int, max_tokens: int, output) -> None:
             output.write(json.dumps(row) + "\n")
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@click.argument("curve_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--clients", type=click.IntRange(min=0), default=1, show_envvar=True,
+              help="Client key pairs to make (client, client2, ...), each admitted on the frontend.")
+@click.option("--workers", type=click.IntRange(min=0), default=1, show_envvar=True,
+              help="Worker key pairs to make (worker, worker2, ...), each admitted on the backend.")
+def keygen(curve_dir: str, clients: int, workers: int) -> None:
+    """Make CURVE keys in DIR: the broker's pair, client and worker pairs, and
+    the allow-lists DIR/clients/ and DIR/workers/ (existing keys are kept).
+
+    Then pass --curve-dir DIR to broker, worker, up, run and status. To admit a
+    peer made elsewhere, copy its public NAME.key into DIR/clients/ or
+    DIR/workers/ (a client key in workers/ would let that client serve as a
+    worker: keep the lists apart). Keep *.key_secret files private.
+    """
+    from slotserve.launcher import make_curve_keys
+
+    written = make_curve_keys(curve_dir, clients=clients, workers=workers)
+    for path in written:
+        click.echo(path)
+    click.echo(f"{len(written)} files written to {curve_dir}", err=True)

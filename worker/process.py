@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from protocol.codec import decode, encode
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -68,6 +68,11 @@ class WorkerConfig:
     - ``broker_liveness_s``: no word from the broker for this long (seconds)
       -> drop all work and register again.
     - ``name``: shown in ``slotserve status`` (default ``host:pid``).
+    - ``curve_secret_file`` / ``curve_broker_key_file``: this worker's CURVE
+      secret key file and the broker's public key file (``slotserve keygen``
+      makes both; see :mod:`protocol.curve`); set both to talk CURVE, or neither.
+    - ``max_message_bytes``: larger frames from the broker are refused
+      (ZeroMQ drops the connection past 4x this; the decoder refuses above it).
     """
 
     broker: str = DEFAULT_BROKER
@@ -79,6 +84,9 @@ class WorkerConfig:
     heartbeat_interval_s: float = 1.0
     broker_liveness_s: float = 5.0
     name: str = ""
+    curve_secret_file: str | None = None
+    curve_broker_key_file: str | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -99,6 +107,10 @@ class WorkerConfig:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+        if (self.curve_secret_file is None) != (self.curve_broker_key_file is None):
+            raise ValueError("CURVE needs both curve_secret_file and curve_broker_key_file, or neither")
+        if type(self.max_message_bytes) is not int or self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be an int >= 1, got {self.max_message_bytes!r}")
         if self.broker_liveness_s <= self.heartbeat_interval_s:
             raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
 
@@ -166,6 +178,7 @@ class WorkerProcess:
             has_tokenizer=self.tokenizer is not None,
         )
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
+        self.curve_keys = None if config.curve_secret_file is None else _load_curve(config)
         self.identity = uuid.uuid4().bytes
         self.iterations = 0
         self._live: dict[int, _Live] = {}       # by engine id; guarded by _submit_lock
@@ -338,6 +351,20 @@ class _Unsupported(Exception):
     pass
 
 
+def _load_curve(config: WorkerConfig) -> tuple[bytes, bytes, bytes]:
+    """(public, secret, broker public) CURVE keys; ValueError when unreadable."""
+    from zmq.auth import load_certificate
+
+    try:
+        public, secret = load_certificate(config.curve_secret_file)
+        broker_public, _ = load_certificate(config.curve_broker_key_file)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the worker's CURVE keys: {e}") from None
+    if secret is None:
+        raise ValueError(f"{config.curve_secret_file!r} holds no secret key (use the *.key_secret file)")
+    return public, secret, broker_public
+
+
 def _finished(key: int, handle) -> Finished:
     reason = handle.finish_reason
     code = message = None
@@ -362,6 +389,9 @@ class _WorkerIO:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
+        if wp.curve_keys is not None:
+            self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = wp.curve_keys
         self.sock.connect(self.cfg.broker)
         self.broker_id: str | None = None
         self.registered = False
@@ -453,7 +483,7 @@ class _WorkerIO:
                 return
             self.last_recv = time.monotonic()
             try:
-                msg = decode(data, BROKER_TO_WORKER)
+                msg = decode(data, BROKER_TO_WORKER, self.cfg.max_message_bytes)
             except ProtocolError as e:
                 log.warning("dropping a bad message from the broker: %s", e)
                 continue
