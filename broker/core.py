@@ -40,6 +40,8 @@ from protocol.messages import (
 
 log = logging.getLogger(__name__)
 
+_MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
+
 
 class Side(enum.Enum):
     """Which broker socket a message goes out on."""
@@ -148,6 +150,7 @@ class BrokerCore:
         self._by_client: dict[tuple[bytes, RequestId], int] = {}
         self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
         self._next_key = 0
+        self._hung: dict[bytes, int | None] = {}  # identity -> progress when found hung
         self._next_heartbeat_s = now
         # Broker-side TTFT / latency samples (seconds), kept only while
         # someone collects them (metrics on): see take_timings().
@@ -244,11 +247,14 @@ class BrokerCore:
             job.cancel_requested = True
             to_workers.setdefault(job.worker, []).append(job.key)
 
-    def _client_lost(self, cs: ClientState, code: ErrorCode | None, out: _Outbox) -> None:
+    def _client_lost(self, cs: ClientState, code: ErrorCode | None, out: _Outbox, *, silent: bool = False) -> None:
         """Forget a client: cancel its queued and running requests.
 
         With ``code`` (e.g. ``slow_consumer``) the client is told which of its
-        requests were ended, in case it is still there to read it.
+        requests were ended, in case it is still there to read it. With
+        ``silent`` (it missed its heartbeats) each request gets a
+        ``cancelled`` ending, so a client that was only stalled, not gone,
+        still sees exactly one ending per request.
         """
         del self.clients[cs.identity]
         if cs.keys:
@@ -268,6 +274,11 @@ class BrokerCore:
         if code is not None:
             out.send(Side.FRONTEND, cs.identity, Error(
                 code, "the client stopped reading its results; its requests were cancelled", rids))
+        elif silent and rids:
+            text = (f"no heartbeat from this client for {self.config.client_liveness_s} s: "
+                    "its requests were cancelled")
+            out.send(Side.FRONTEND, cs.identity, Results(finished=[
+                Finished(rid, FinishReason.CANCELLED, None, text) for rid in rids]))
 
     def client_unreachable(self, identity: bytes, code: ErrorCode | None) -> list[Send]:
         """The socket loop could not deliver to a client (gone, or its buffer
@@ -295,12 +306,16 @@ class BrokerCore:
         w.last_seen_s = now
         if isinstance(msg, Iteration):
             w.progress_s = now
+            if w.suspect:
+                self._recovered(w, now, out)
             self._iteration(w, msg, now, out)
         elif isinstance(msg, Heartbeat):
             p = msg.progress
             if p is not None:
                 if w.progress is not None and p != w.progress:
                     w.progress_s = now
+                    if w.suspect:
+                        self._recovered(w, now, out)
                 w.progress = p
         elif isinstance(msg, Bye):
             self._worker_lost(w, now, out, failed=False)
@@ -324,8 +339,13 @@ class BrokerCore:
         if old is not None:
             # The worker re-registered: it dropped whatever it held.
             self._worker_lost(old, now, out, failed=False)
-        self.workers.add(WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight,
-                                     msg.info, msg.worker_name, now))
+        w = WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight, msg.info, msg.worker_name, now)
+        if identity in self._hung:
+            # Found hung before: on probation until its progress moves past
+            # the value it was stuck at.
+            w.suspect = True
+            w.progress = self._hung[identity]
+        self.workers.add(w)
         self.models[msg.model] = msg.info
         self._queue(msg.model)
         out.send(Side.BACKEND, identity, self._welcome())
@@ -370,6 +390,13 @@ class BrokerCore:
             self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f)
         if msg.finished:
             self._dispatch(w.model, now, out)
+
+    def _recovered(self, w: WorkerState, now: float, out: _Outbox) -> None:
+        """A suspect worker made progress again: it may take requests."""
+        log.warning("worker %s, found hung before, is making progress again", w.name)
+        w.suspect = False
+        self._hung.pop(w.identity, None)
+        self._dispatch(w.model, now, out)
 
     def _worker_lost(self, w: WorkerState, now: float, out: _Outbox, *, failed: bool) -> None:
         """Remove a worker; migrate its requests to the head of their queue.
@@ -500,10 +527,12 @@ class BrokerCore:
                 log.warning("worker %s holds %d requests but completed no iteration for %.1f s: "
                             "treating it as hung", w.name, len(w.inflight), now - w.progress_s)
                 self.counters["workers_hung"] += 1
+                if len(self._hung) < _MAX_HUNG_REMEMBERED:
+                    self._hung[w.identity] = w.progress
                 self._worker_lost(w, now, out, failed=True)
         cutoff = now - self.config.client_liveness_s
         for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
-            self._client_lost(cs, None, out)
+            self._client_lost(cs, None, out, silent=True)
         if now >= self._next_heartbeat_s:
             self._next_heartbeat_s = now + self.config.heartbeat_interval_s
             hb = Heartbeat(broker_id=self.broker_id)
@@ -527,6 +556,6 @@ class BrokerCore:
                 slots_total=sum(w.num_slots for w in ws),
             )
         workers = [{"name": w.name, "model": w.model, "num_slots": w.num_slots, "inflight": len(w.inflight),
-                    "iterations": w.iterations} for w in self.workers]
+                    "iterations": w.iterations, "suspect": w.suspect} for w in self.workers]
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters))

@@ -30,6 +30,9 @@ class WorkerState:
       progress: an iteration arrived, its heartbeat's ``progress`` grew, or
       it went from holding nothing to holding requests. A worker holding
       requests with no progress for ``worker_hung_s`` is hung.
+    - ``suspect``: ``bool`` it was hung and registered again without having
+      made progress since: it gets no requests until its ``progress`` moves
+      (a stuck model must not eat every request, one hang after another).
     - ``iterations``: ``int`` iteration messages with tokens received from it
       (one per engine iteration that generated tokens).
     """
@@ -44,6 +47,7 @@ class WorkerState:
     inflight: set[int] = field(default_factory=set)
     progress: int | None = None
     progress_s: float = 0.0
+    suspect: bool = False
     iterations: int = 0
 
     @property
@@ -101,7 +105,7 @@ class WorkerRegistry:
         """
         best = None
         for w in self._by_model.get(model, ()):
-            if w.credits > 0 and (best is None or w.free_slots > best.free_slots):
+            if w.credits > 0 and not w.suspect and (best is None or w.free_slots > best.free_slots):
                 best = w
         return best
 

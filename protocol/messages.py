@@ -664,7 +664,8 @@ class Status:
     - ``broker_id``: ``str``; ``uptime_s``: ``float`` seconds since start.
     - ``models``: ``{name: ModelStatus}``.
     - ``workers``: ``list[{"name": str, "model": str, "num_slots": int, "inflight": int,
-      "iterations": int}]`` (``iterations``: engine iterations that produced tokens).
+      "iterations": int, "suspect": bool}]`` (``iterations``: engine iterations that
+      produced tokens; ``suspect``: found hung, gets no requests until it progresses).
     - ``clients``: ``int`` clients seen within the liveness window.
     - ``counters``: ``{name: int}`` totals since start (submitted, finished,
       errors, requeued, ...).
