@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Callable
 
 import zmq
@@ -23,6 +24,8 @@ from protocol.errors import ProtocolError
 from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Heartbeat, Message, RequestSpec, Submit
 
 log = logging.getLogger(__name__)
+
+_RETRY_MS = 20  # retry interval for frames the socket could not take yet (no peer connected)
 
 MAX_REQUESTS_PER_SUBMIT = 2048
 """Requests per ``submit`` message: large enough to amortise per-message cost,
@@ -143,8 +146,14 @@ class Connection:
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         last_sent = 0.0
+        # Frames not yet taken by the socket: a DEALER blocks a send while it
+        # has no connected peer (broker down, or a refused CURVE handshake);
+        # they wait here, in order, and the loop stays responsive (close()).
+        backlog: deque[bytes] = deque()
         while True:
             wait_ms = max(0.0, (last_sent + self.heartbeat_interval_s - time.monotonic()) * 1000)
+            if backlog:
+                wait_ms = min(wait_ms, _RETRY_MS)
             events = dict(poller.poll(wait_ms))
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
@@ -162,11 +171,15 @@ class Connection:
             if closing:
                 out.append(encode(Bye("client closed")))
             now = time.monotonic()
-            if not out and now - last_sent >= self.heartbeat_interval_s:
+            if not out and not backlog and now - last_sent >= self.heartbeat_interval_s:
                 out.append(encode(Heartbeat()))
-            for data in out:
-                sock.send(data)
-            if out:
+            backlog.extend(out)
+            while backlog:
+                try:
+                    sock.send(backlog[0], zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                backlog.popleft()
                 last_sent = now
             if closing:
                 return
