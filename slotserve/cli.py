@@ -115,8 +115,8 @@ _stop_token = click.option("--stop-token", type=STOP_TOKEN, default="model", sho
                            help="Default stop token: 'model' (its EOS tokens), 'none', or a token id.")
 _curve_dir = click.option(
     "--curve-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
-    help="Require / use CURVE encryption and authentication with the keys in this directory "
-         "(made by `slotserve keygen DIR`). Default: off (plain TCP).")
+    help="CURVE encryption + authentication with the keys in this directory (`slotserve keygen DIR`); "
+         "default: plain TCP.")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
                         help="Number of worker processes.")
 

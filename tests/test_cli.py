@@ -170,3 +170,22 @@ def test_up_status_run_against_it_and_clean_stop(tmp_path):
 def test_status_without_broker_fails_cleanly():
     r = CliRunner().invoke(main, ["status", "--broker", f"tcp://127.0.0.1:{_free_port()}", "--timeout-s", "0.3"])
     assert r.exit_code == 1 and "no slotserve broker" in r.output
+
+
+def test_keygen_then_encrypted_embedded_run(tmp_path):
+    keys = tmp_path / "keys"
+    proc = subprocess.run(SLOTSERVE + ["keygen", str(keys), "--clients", "1", "--workers", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (keys / "broker.key_secret").exists() and (keys / "clients" / "client.key").exists()
+    assert (keys / "workers" / "worker.key").exists() and not (keys / "workers" / "client.key").exists()
+    rows = [{"id": i, "prompt": [i + 1, 2], "max_tokens": 6} for i in range(20)]
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(inp, rows)
+    env = dict(os.environ, SLOTSERVE_RUN_CURVE_DIR=str(keys))  # the env var form of --curve-dir
+    proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--workers", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = {r["id"]: r for r in map(json.loads, outp.read_text().splitlines())}
+    expected = expected_rows(rows)
+    assert {i: (got[i]["tokens"], got[i]["finish_reason"]) for i in got} == expected
