@@ -89,7 +89,10 @@ class Client:
       broker_public_key_file)`` pair; None (default) for a plain connection.
 
     Use as a context manager (``close()`` on exit). Raises ValueError on bad
-    arguments.
+    arguments, :class:`BrokerUnavailable` when no broker answers within
+    ``connect_timeout_s``, and :class:`RemoteError` (code
+    ``unsupported_version``) at once when the broker speaks another
+    protocol version.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str = "simulated",
@@ -120,6 +123,7 @@ class Client:
         self._closed = False
         self._delivering: RequestHandle | None = None
         self._welcomed = threading.Event()
+        self._refused: RemoteError | None = None  # the broker refused us (e.g. another protocol version)
         self._status_lock = threading.Lock()
         self._status_reply: Status | None = None
         self._status_event = threading.Event()
@@ -130,7 +134,11 @@ class Client:
         self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
                                 name=name, curve=curve_keys)
         self._conn.send(Hello(name))
-        if not self._welcomed.wait(connect_timeout_s):
+        welcomed = self._welcomed.wait(connect_timeout_s)
+        if self._refused is not None:
+            self.close()
+            raise self._refused
+        if not welcomed:
             self.close()
             raise BrokerUnavailable(f"no slotserve broker answered at {address} within {connect_timeout_s} s; "
                                     "start one with `slotserve broker` or `slotserve up`")
@@ -396,6 +404,10 @@ class Client:
         self._complete(h, f.finish_reason, error)
 
     def _on_error(self, msg: Error) -> None:
+        if msg.code in (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED) and not self._welcomed.is_set():
+            self._refused = RemoteError(msg.code, f"the broker refused this client: {msg.message}")
+            self._welcomed.set()  # wakes the constructor, which raises it
+            return
         if not msg.request_ids:
             log.warning("the broker reported an error: %s: %s", msg.code.value, msg.message)
             return

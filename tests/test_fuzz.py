@@ -187,3 +187,35 @@ def test_frame_past_the_hard_limit_drops_only_that_connection(cluster):
         h = c.submit_request([1, 2, 3], 5)
         c.run(timeout=20)
     assert h.finish_reason is not None and h.error is None
+
+
+def test_client_facing_a_broker_of_another_version_gets_a_clear_error_at_once():
+    from client import RemoteError
+
+    # A stand-in for a broker of another protocol version: it answers every
+    # message with the error a real one sends (owned by this thread only).
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if router.poll(20):
+                ident, _ = router.recv_multipart()
+                router.send_multipart([ident, encode(Error(
+                    ErrorCode.UNSUPPORTED_VERSION, "protocol version 1 is not supported; this peer speaks v2"))])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match="speaks v2") as e:
+            Client(f"tcp://127.0.0.1:{port}", connect_timeout_s=30)
+        assert e.value.code is ErrorCode.UNSUPPORTED_VERSION
+        assert time.monotonic() - started < 30   # refused at once, not after the connect timeout
+    finally:
+        stop.set()
+        t.join(5)
+        router.close(0)
