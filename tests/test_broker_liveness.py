@@ -128,3 +128,25 @@ def test_silent_client_is_cancelled_in_the_tick_that_notices():
                                         finished=[Finished(k, FinishReason.CANCELLED) for k in cancel.request_ids]), 0.61)
     assert core.workers.get(W1).inflight == set() and not core.jobs
     assert finished(out) == {}                              # nothing more reaches the client
+
+
+def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():
+    core = make_core()
+    core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("a", [1], 50), RequestSpec("b", [2], 50)]), 0.0)
+    ka, kb = (s.request_id for s in assigned(out, W1))
+    core.on_backend(W1, Iteration(ids=[ka, kb], tokens=[3, 4]), 0.1)
+    # Cancel both; the cancel for "b" crosses its natural end on the worker.
+    out = core.on_frontend(C1, Cancel(["a", "b"]), 0.2)
+    assert finished(out) == {}                    # running: the worker reports the ending
+    out = core.on_backend(W1, Iteration(ids=[kb], tokens=[0], finished=[Finished(kb, FinishReason.STOP)]), 0.25)
+    assert {k: f.finish_reason for k, f in finished(out).items()} == {"b": FinishReason.STOP}
+    # The worker dies before "a"'s cancel lands: it ends cancelled, not requeued.
+    core.on_backend(W2, Register("simulated", 2, 2, INFO, "w2"), 0.3)
+    out = core.on_backend(W1, Heartbeat(progress=1), 0.3) + core.tick(1.0)
+    assert {k: f.finish_reason for k, f in finished(out).items()} == {"a": FinishReason.CANCELLED}
+    assert assigned(out, W2) == [] and core.counters["requeued"] == 0 and not core.jobs
+    # Late output for either is dropped; a repeated cancel changes nothing.
+    out = core.on_backend(W2, Iteration(ids=[ka], tokens=[9], finished=[Finished(ka, FinishReason.CANCELLED)]), 1.1)
+    out += core.on_frontend(C1, Cancel(["a", "b"]), 1.2)
+    assert finished(out) == {}
