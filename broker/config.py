@@ -31,6 +31,11 @@ class BrokerConfig:
       legitimate model step (a slow step is never "hung" before this bound;
       heartbeats come from the worker's I/O thread, so a long step never
       looks dead). None disables the check.
+    - ``register_grace_s``: for this long after the broker starts (seconds),
+      requests for a model no worker has registered yet wait in its queue
+      instead of failing with ``unknown_model``: after a broker restart,
+      clients resubmit at once but workers re-register only on their next
+      heartbeat. Past it, such requests end with ``unknown_model``.
     - ``aging_window``: submissions per priority level of aging (see :mod:`broker.queue`).
     - ``max_attempts``: workers a request may be lost on before it ends with
       ``worker_failed`` instead of migrating again.
@@ -57,6 +62,7 @@ class BrokerConfig:
     worker_liveness_s: float = 5.0
     client_liveness_s: float = 10.0
     worker_hung_s: float | None = 300.0
+    register_grace_s: float = 10.0
     aging_window: int = DEFAULT_AGING_WINDOW
     max_attempts: int = 3
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -78,6 +84,9 @@ class BrokerConfig:
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.register_grace_s, bool) or not isinstance(self.register_grace_s, (int, float)) \
+                or not self.register_grace_s >= 0:
+            raise ValueError(f"register_grace_s must be a number of seconds >= 0, got {self.register_grace_s!r}")
         for name in ("heartbeat_interval_s", "worker_liveness_s", "client_liveness_s", "tick_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 _MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
 
 
+def _unknown_model(model: str) -> str:
+    return f"no worker serves model {model!r}; start one (slotserve worker --model {model}) or check the name"
+
+
 class Side(enum.Enum):
     """Which broker socket a message goes out on."""
 
@@ -151,6 +155,7 @@ class BrokerCore:
         self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
         self._next_key = 0
         self._hung: dict[bytes, int | None] = {}  # identity -> progress when found hung
+        self._grace_over = config.register_grace_s == 0
         self._next_heartbeat_s = now
         # Broker-side TTFT / latency samples (seconds), kept only while
         # someone collects them (metrics on): see take_timings().
@@ -195,14 +200,15 @@ class BrokerCore:
 
     def _submit(self, cs: ClientState, msg: Submit, now: float, out: _Outbox) -> None:
         model = msg.model
-        if model not in self.models:
-            text = (f"no worker serves model {model!r}; start one "
-                    f"(slotserve worker --model {model}) or check the name")
+        if model not in self.models and self._grace_over:
             r = out.result(cs.identity)
             for spec in msg.requests:
-                r.finished.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, text))
+                r.finished.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL,
+                                           _unknown_model(model)))
             self.counters["errors"] += len(msg.requests)
             return
+        # Within the start-up grace an unknown model's requests wait for a
+        # worker (after a broker restart, workers re-register shortly).
         q = self._queue(model)
         for spec in msg.requests:
             ck = (cs.identity, spec.request_id)
@@ -509,6 +515,9 @@ class BrokerCore:
         workers (migrating their requests) and clients (cancelling theirs), and
         send heartbeats once per interval."""
         out = _Outbox()
+        if not self._grace_over and now - self.started_s >= self.config.register_grace_s:
+            self._grace_over = True
+            self._fail_unknown_models(out)
         dl = self._deadlines
         while dl and dl[0][0] <= now:
             _, key = heapq.heappop(dl)
@@ -541,6 +550,14 @@ class BrokerCore:
             for identity in self.clients:
                 out.send(Side.FRONTEND, identity, hb)
         return out.done()
+
+    def _fail_unknown_models(self, out: _Outbox) -> None:
+        """The start-up grace is over: end requests still waiting for a model
+        that no worker registered (``unknown_model``)."""
+        for model in [m for m in self.queues if m not in self.models]:
+            q = self.queues.pop(model)
+            while (job := q.pop()) is not None:
+                self._finish(job, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, _unknown_model(model), out)
 
     def status(self, now: float) -> Status:
         """A snapshot for ``slotserve status``."""

@@ -139,17 +139,21 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
                    "hung and its requests migrate (must exceed the longest model step; 0 = never).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_envvar=True,
               help="Failed workers a request may be lost on before it ends with worker_failed.")
+@click.option("--register-grace-s", type=click.FloatRange(min=0), default=10.0, show_envvar=True,
+              help="Seconds after start during which requests for a model with no worker yet wait "
+                   "(workers re-register after a restart) instead of failing with unknown_model.")
 @_curve_dir
 def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
            worker_liveness_s: float, metrics_port: int | None, metrics_host: str, client_liveness_s: float,
-           worker_hung_s: float, max_attempts: int, curve_dir: str | None) -> None:
+           worker_hung_s: float, max_attempts: int, register_grace_s: float, curve_dir: str | None) -> None:
     """Run a broker in the foreground (Ctrl-C stops it)."""
     from broker import run_broker
 
     cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
                   heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s,
                   metrics_port=metrics_port, metrics_host=metrics_host, client_liveness_s=client_liveness_s,
-                  worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, **_broker_curve(curve_dir))
+                  worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, register_grace_s=register_grace_s,
+                  **_broker_curve(curve_dir))
     stop = _signal_flag()
     click.echo(f"broker: clients on {frontend}, workers on {backend}"
                + (f" (CURVE, keys in {curve_dir})" if curve_dir else ""), err=True)

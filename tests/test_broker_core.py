@@ -215,7 +215,7 @@ def test_cancel_queued_and_running():
 
 
 def test_queue_full_unknown_model_and_duplicates():
-    core = make_core(max_queue=2)
+    core = make_core(max_queue=2, register_grace_s=0)  # no start-up grace: unknown at once
     out = submit(core, C1, ["a"], model="nope")
     assert finished_of(out, C1)["a"].code is ErrorCode.UNKNOWN_MODEL
     register(core, W1, slots=1)

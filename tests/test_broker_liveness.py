@@ -150,3 +150,20 @@ def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():
     out = core.on_backend(W2, Iteration(ids=[ka], tokens=[9], finished=[Finished(ka, FinishReason.CANCELLED)]), 1.1)
     out += core.on_frontend(C1, Cancel(["a", "b"]), 1.2)
     assert finished(out) == {}
+
+
+def test_after_a_restart_requests_wait_for_workers_to_register_within_the_grace():
+    core = make_core(register_grace_s=3.0)
+    # A client resubmits before any worker has re-registered with this new broker.
+    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("r", [1], 5, resume_tokens=[7, 8])]), 0.1)
+    out += core.on_frontend(C1, Submit("other", [RequestSpec("o", [1], 5)]), 0.2)
+    assert finished(out) == {} and core.status(0.2).models["simulated"].queued == 1
+    out = core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.5)
+    (spec,) = assigned(out, W1)
+    assert spec.resume_tokens == [7, 8]               # continues where the old broker stopped
+    # Past the grace a model nobody registered is an error, queued or new.
+    out = core.tick(3.1)
+    assert finished(out)["o"].code is ErrorCode.UNKNOWN_MODEL
+    out = core.on_frontend(C1, Submit("other", [RequestSpec("o2", [1], 5)]), 3.2)
+    assert finished(out)["o2"].code is ErrorCode.UNKNOWN_MODEL
+    assert list(core.jobs) == [spec.request_id]
