@@ -140,8 +140,8 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_envvar=True,
               help="Failed workers a request may be lost on before it ends with worker_failed.")
 @click.option("--register-grace-s", type=click.FloatRange(min=0), default=10.0, show_envvar=True,
-              help="Seconds after start during which requests for a model with no worker yet wait "
-                   "(workers re-register after a restart) instead of failing with unknown_model.")
+              help="Seconds after start in which requests for a model with no worker yet wait for one "
+                   "(not unknown_model).")
 @_curve_dir
 def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
            worker_liveness_s: float, metrics_port: int | None, metrics_host: str, client_liveness_s: float,
