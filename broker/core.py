@@ -511,9 +511,9 @@ class BrokerCore:
     # ------------------------------------------------------------------ housekeeping
 
     def tick(self, now: float) -> list[Send]:
-        """Periodic work: end queued requests past their deadline, drop silent
-        workers (migrating their requests) and clients (cancelling theirs), and
-        send heartbeats once per interval."""
+        """Periodic work: end the start-up grace, end queued requests past their
+        deadline, drop dead or hung workers (migrating their requests) and
+        silent clients (cancelling theirs), and send heartbeats once per interval."""
         out = _Outbox()
         if not self._grace_over and now - self.started_s >= self.config.register_grace_s:
             self._grace_over = True
@@ -525,20 +525,7 @@ class BrokerCore:
             if job is not None and job.state is JobState.QUEUED:
                 self.queues[job.model].remove(job)
                 self._finish(job, FinishReason.DEADLINE, None, None, out)
-        for w in self.workers.silent_since(now - self.config.worker_liveness_s):
-            self._worker_lost(w, now, out, failed=True)
-        hung_s = self.config.worker_hung_s
-        if hung_s is not None:
-            for w in self.workers.hung_since(now - hung_s):
-                # Alive (it heartbeats) but stuck: its requests move on. If it
-                # recovers, its next message finds it unknown and it registers
-                # afresh, dropping the stale work.
-                log.warning("worker %s holds %d requests but completed no iteration for %.1f s: "
-                            "treating it as hung", w.name, len(w.inflight), now - w.progress_s)
-                self.counters["workers_hung"] += 1
-                if len(self._hung) < _MAX_HUNG_REMEMBERED:
-                    self._hung[w.identity] = w.progress
-                self._worker_lost(w, now, out, failed=True)
+        self._check_workers(now, out)
         cutoff = now - self.config.client_liveness_s
         for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
             self._client_lost(cs, None, out, silent=True)
@@ -550,6 +537,25 @@ class BrokerCore:
             for identity in self.clients:
                 out.send(Side.FRONTEND, identity, hb)
         return out.done()
+
+    def _check_workers(self, now: float, out: _Outbox) -> None:
+        """Migrate the requests of dead workers (silent past ``worker_liveness_s``)
+        and hung ones (heartbeating, but no progress past ``worker_hung_s``)."""
+        for w in self.workers.silent_since(now - self.config.worker_liveness_s):
+            self._worker_lost(w, now, out, failed=True)
+        hung_s = self.config.worker_hung_s
+        if hung_s is None:
+            return
+        for w in self.workers.hung_since(now - hung_s):
+            # Alive but stuck: its requests move on. Its next message finds it
+            # unknown; it registers afresh (dropping the stale work) and stays
+            # on probation until its progress moves.
+            log.warning("worker %s holds %d requests but completed no iteration for %.1f s: "
+                        "treating it as hung", w.name, len(w.inflight), now - w.progress_s)
+            self.counters["workers_hung"] += 1
+            if len(self._hung) < _MAX_HUNG_REMEMBERED:
+                self._hung[w.identity] = w.progress
+            self._worker_lost(w, now, out, failed=True)
 
     def _fail_unknown_models(self, out: _Outbox) -> None:
         """The start-up grace is over: end requests still waiting for a model
