@@ -23,7 +23,11 @@ per request (what a user asked for). Also measured: the forward-pass limit
 (one batched decode step at 8 slots with a warm cache, and packed-prefill
 tokens/s) and the time HE32 would take at that limit.
 
-Usage: ``python bench/model.py [--prompts 32] [--skip hf-alone,slotserve-broker]``.
+The machine this was written on is a 2-core VM shared with other jobs: each
+system's 1-minute load average before/after is recorded, and ``--repeats N``
+keeps the fastest of N runs (the least disturbed), listing all of them.
+
+Usage: ``python bench/model.py [--prompts 32] [--repeats 2] [--skip hf-alone,slotserve-broker]``.
 Writes ``bench/results/model.json`` and ``model.png``.
 """
 
@@ -69,6 +73,7 @@ class Run:
     last_s: list[float] = field(default_factory=list)  # last useful token time per request
     rss_mb: float | None = None
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-min load average before / after (2 cores here)
+    all_wall_s: list[float] = field(default_factory=list)  # every repeat; the fastest is reported
     note: str = ""
 
     def summary(self, reference: list[list[int]] | None) -> dict:
@@ -86,6 +91,7 @@ class Run:
                 a == b for a, b in zip(self.outputs, reference)),
             "rss_mb": None if self.rss_mb is None else round(self.rss_mb),
             "load_avg_before_after": [round(x, 2) for x in self.load_avg],
+            "all_wall_s": self.all_wall_s,
             "note": self.note,
         }
 
@@ -348,6 +354,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated systems to skip")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per system, fastest reported (hf-alone and the broker path run once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -374,11 +382,16 @@ def main() -> None:
     for name, fn in systems.items():
         if name in skip:
             continue
-        before = os.getloadavg()[0]
-        run = fn()
-        run.load_avg = (before, os.getloadavg()[0])
+        tries = []
+        for _ in range(1 if name in ("hf-alone", "slotserve-broker") else args.repeats):
+            before = os.getloadavg()[0]
+            run = fn()
+            run.load_avg = (before, os.getloadavg()[0])
+            tries.append(run)
+            print(f"{name}: {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> {run.load_avg[1]:.2f})")
+        run = min(tries, key=lambda r: r.wall_s)  # best of N: the run least disturbed by other jobs
+        run.all_wall_s = [round(t.wall_s, 2) for t in tries]
         runs.append(run)
-        print(f"{name}: {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> {run.load_avg[1]:.2f})")
         if name == "slotserve":
             limits = forward_limits(model, prompts, args.slots)
             print(f"limits: {limits}")
