@@ -20,9 +20,14 @@ from collections.abc import Iterable, Mapping, Set
 from typing import NamedTuple
 
 __all__ = [
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_P",
     "MAX_REQUEST_ID_LEN",
+    "MAX_TOKEN_ID_SET",
     "ValidRequest",
+    "token_id_set",
     "validate_max_tokens",
+    "validate_plain_request",
     "validate_priority",
     "validate_prompt",
     "validate_request",
@@ -34,7 +39,15 @@ __all__ = [
     "validate_tokens",
 ]
 
-_INT_ONLY = frozenset([int])
+_count_of = operator.countOf
+_tuple_new = tuple.__new__
+_EMPTY: tuple = ()
+
+DEFAULT_TEMPERATURE = 0.0
+"""A request's default ``temperature`` (greedy)."""
+
+DEFAULT_TOP_P = 1.0
+"""A request's default ``top_p`` (nucleus sampling off)."""
 
 MAX_REQUEST_ID_LEN = 256
 """Longest accepted string request id, in characters (ids travel in every message)."""
@@ -76,9 +89,25 @@ def _as_token_list(value: object, field: str) -> list[int]:
         raise ValueError(f"{field} must be a list of int token ids, got {type(value).__name__}")
     else:
         tokens = list(value)  # type: ignore[call-overload]
-    if not set(map(type, tokens)) <= _INT_ONLY:  # C-speed check; slow path for numpy ints
+    if _count_of(map(type, tokens), int) != len(tokens):  # C-speed; slow path for numpy ints
         return [_as_int(t, f"{field} element") for t in tokens]
     return tokens
+
+
+MAX_TOKEN_ID_SET = 1 << 18
+"""Largest ``vocab_size`` for which :func:`token_id_set` builds a set (about 17 MB at this size)."""
+
+
+def token_id_set(vocab_size: int | None) -> frozenset[int] | None:
+    """``frozenset(range(vocab_size))`` for :func:`validate_request`'s ``token_ids``.
+
+    None when there is no vocabulary bound or it exceeds
+    :data:`MAX_TOKEN_ID_SET` (a set that large costs more memory than the
+    faster check is worth; validation then uses ``min``/``max``).
+    """
+    if vocab_size is None or vocab_size > MAX_TOKEN_ID_SET:
+        return None
+    return frozenset(range(vocab_size))
 
 
 def validate_tokens(tokens: object, *, field: str = "tokens", vocab_size: int | None = None,
@@ -238,6 +267,36 @@ def validate_request_id(request_id: object) -> str | int | None:
     return _as_int(request_id, "request_id")
 
 
+def validate_plain_request(prompt: object, max_tokens: object, vocab_size: int | None = None,
+                           max_seq_len: int | None = None,
+                           token_ids: frozenset[int] | None = None) -> tuple[list[int], int]:
+    """Validate a request's prompt and ``max_tokens``; return them normalised.
+
+    All of :func:`validate_request` for a request whose options are at their
+    defaults, and its first step otherwise. Raises ValueError like it.
+    """
+    # Each field: a fast path for the common shape, else the per-field function,
+    # which holds the rules and words the error. The prompt's fast path is C-level
+    # passes: count the elements of type exactly int (bool and numpy ints take
+    # the slow path), then the range [0, vocab_size).
+    if (type(prompt) is list and prompt and _count_of(map(type, prompt), int) == len(prompt)
+            and (token_ids.issuperset(prompt) if token_ids is not None else
+                 min(prompt) >= 0 and (vocab_size is None or max(prompt) < vocab_size))):
+        p = prompt
+    else:
+        p = validate_prompt(prompt, vocab_size=vocab_size)
+    if type(max_tokens) is int and max_tokens >= 1:
+        n = max_tokens
+    else:
+        n = validate_max_tokens(max_tokens)
+    if max_seq_len is not None and len(p) + n > max_seq_len:
+        raise ValueError(
+            f"prompt ({len(p)} tokens) + max_tokens ({n}) = {len(p) + n} exceeds the model's "
+            f"context of {max_seq_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    return p, n
+
+
 class ValidRequest(NamedTuple):
     """A request that passed :func:`validate_request`, every field normalised.
 
@@ -263,40 +322,29 @@ class ValidRequest(NamedTuple):
     resume_tokens: list[int]
 
 
-def validate_request(prompt: object, max_tokens: object, *, stop_token: object = None,
+def validate_request(prompt: object, max_tokens: object, stop_token: object = None,
                      use_default_stop: bool = False, stop_sequences: object = (),
                      priority: object = 0, timeout_s: object = None, request_id: object = None,
-                     temperature: object = 0.0, top_p: object = 1.0, top_k: object = 0,
-                     seed: object = None, resume_tokens: object = (),
-                     vocab_size: int | None = None,
-                     max_seq_len: int | None = None) -> ValidRequest:
+                     temperature: object = DEFAULT_TEMPERATURE, top_p: object = DEFAULT_TOP_P,
+                     top_k: object = 0, seed: object = None, resume_tokens: object = (),
+                     vocab_size: int | None = None, max_seq_len: int | None = None,
+                     token_ids: frozenset[int] | None = None) -> ValidRequest:
     """Validate a whole generation request; see the per-field functions for the rules.
 
     ``use_default_stop=True`` means the caller omitted ``stop_token`` (the
     result's ``stop_tokens`` is then None). ``resume_tokens`` are tokens
     already generated elsewhere: valid token ids, fewer than ``max_tokens``.
     ``prompt + max_tokens`` must fit ``max_seq_len`` when the model has one.
+    ``token_ids``: optionally :func:`token_id_set` of ``vocab_size``, kept by
+    a caller that validates many requests: the prompt's range check is then
+    one set lookup per token instead of a ``min`` and a ``max`` pass (same rules).
 
     Raises ValueError with a message naming the first bad field.
     """
-    # Each field: a fast path for the common shape (plain ints, defaults), else
-    # the per-field function, which holds the rules. This runs once per request.
-    if (type(prompt) is list and prompt and set(map(type, prompt)) <= _INT_ONLY
-            and min(prompt) >= 0 and (vocab_size is None or max(prompt) < vocab_size)):
-        p = prompt
-    else:
-        p = validate_prompt(prompt, vocab_size=vocab_size)
-    if type(max_tokens) is int and max_tokens >= 1:
-        n = max_tokens
-    else:
-        n = validate_max_tokens(max_tokens)
-    if max_seq_len is not None and len(p) + n > max_seq_len:
-        raise ValueError(
-            f"prompt ({len(p)} tokens) + max_tokens ({n}) = {len(p) + n} exceeds the model's "
-            f"context of {max_seq_len} tokens; shorten the prompt or lower max_tokens"
-        )
-    if type(resume_tokens) is tuple and not resume_tokens:
-        resume = []
+    p, n = validate_plain_request(prompt, max_tokens, vocab_size, max_seq_len, token_ids)
+    # `is _EMPTY`: the default () (CPython has one empty tuple).
+    if resume_tokens is _EMPTY or type(resume_tokens) is list and not resume_tokens:
+        resume: list[int] = []
     else:
         resume = validate_tokens(resume_tokens, field="resume_tokens", vocab_size=vocab_size)
         if len(resume) >= n:
@@ -305,15 +353,20 @@ def validate_request(prompt: object, max_tokens: object, *, stop_token: object =
                 "the request is already complete"
             )
     stops = None if use_default_stop else validate_stop_token(stop_token, vocab_size=vocab_size)
-    if type(stop_sequences) is tuple and not stop_sequences:
-        stop_seqs: tuple[tuple[int, ...], ...] = ()
+    if stop_sequences is _EMPTY or type(stop_sequences) is list and not stop_sequences:
+        stop_seqs: tuple[tuple[int, ...], ...] = _EMPTY
     else:
         stop_seqs = validate_stop_sequences(stop_sequences, vocab_size=vocab_size)
-    t, tp, k, s = validate_sampling(temperature, top_p, top_k, seed)
-    return ValidRequest(
+    if (seed is None and type(temperature) is float and type(top_p) is float
+            and type(top_k) is int and temperature == 0.0 and top_p == 1.0 and top_k == 0):
+        t, tp, k, s = 0.0, 1.0, 0, None  # the defaults, the common case
+    else:
+        t, tp, k, s = validate_sampling(temperature, top_p, top_k, seed)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, built in C).
+    return _tuple_new(ValidRequest, (
         p, n, stops, stop_seqs,
         priority if type(priority) is int else validate_priority(priority),
         None if timeout_s is None else validate_timeout(timeout_s),
         None if request_id is None else validate_request_id(request_id),
         t, tp, k, s, resume,
-    )
+    ))

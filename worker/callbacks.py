@@ -36,18 +36,21 @@ def complete(finished: list[Request], completion: Completion) -> None:
     ``finish_reason`` stays). Afterwards the request is ``done`` and any
     thread blocked in ``RequestHandle.result`` wakes.
     """
-    for req in finished:
-        cb = req.callback
-        if cb is not None:
-            completion.delivering, completion.delivering_thread = req, threading.get_ident()
-            try:
-                cb(list(req.seq))
-            except Exception as exc:
-                log.warning("callback of request %r raised", req.request_id, exc_info=exc)
-                if req.error is None:
-                    req.error = exc
-            finally:
-                completion.delivering = None
-        req.callback = None
-        req.done = True
-        completion.notify()
+    completion.delivering_thread = threading.get_ident()
+    try:
+        for req in finished:
+            cb = req.callback
+            if cb is not None:
+                completion.delivering = req  # (the previous one is delivered: result() returns)
+                try:
+                    cb(list(req.seq))
+                except Exception as exc:
+                    log.warning("callback of request %r raised", req.request_id, exc_info=exc)
+                    if req.error is None:
+                        req.error = exc
+                req.callback = None
+            req.delivered = True
+            if completion.waiters:  # read without the lock: see Completion
+                completion.notify()
+    finally:
+        completion.delivering = None

@@ -8,11 +8,12 @@ run callbacks, free slots. See DESIGN.md, "The in-process engine".
 
 Cost per token is kept near the floor of CPython: the batch lists are
 persistent (:class:`~worker.slots.SlotTable`), one ``map`` appends every
-token, stop tokens are checked for the whole batch with one set
-operation, ``max_tokens`` is found by bucketing requests by the iteration in
-which they reach it, and only requests that stream (``on_token``) or have
-stop sequences are visited one by one. The lock is taken a constant number
-of times per iteration, never per token.
+token, one C-level scan checks the stop tokens, ``max_tokens`` is found by
+bucketing requests by the iteration in which they reach it, and only
+requests that stream or have stop sequences are visited one by one. The
+lock is taken a constant number of times per iteration, never per token,
+and once per submission; a plain ``submit_request(prompt, n, callback)``
+takes a short path (see there).
 
 Threads: ``submit_request``, ``cancel`` and ``wait_for_work`` may be called
 from any thread, and from callbacks. ``step``/``run`` run on one thread at a
@@ -21,35 +22,22 @@ time; callbacks run on that thread, outside the engine lock.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from typing import Callable
 
-from protocol.enums import FinishReason
-from protocol.validation import validate_request, validate_stop_token
+from protocol.validation import (token_id_set, validate_plain_request, validate_request,
+                                 validate_stop_token)
 from worker.callbacks import complete, stream_tokens
-from worker.errors import DuplicateRequestError, ModelError, QueueFullError
+from worker.errors import ModelError
 from worker.models.base import SlotModel
-from worker.request import Completion, Request, RequestHandle, RequestState
-from worker.scheduler import DEFAULT_AGING_WINDOW, Deadlines, Policy, RequestQueue
+from worker.request import (ENGINE_DEFAULT, Completion, Request, RequestHandle, submit_options,
+                            submit_signature)
+from worker.scheduler import DEFAULT_AGING_WINDOW, InFlight, Policy
 from worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
-
-QUEUED, RUNNING, ENDING, FINISHED = (RequestState.QUEUED, RequestState.RUNNING,
-                                     RequestState.ENDING, RequestState.FINISHED)
-
-
-class _EngineDefault:
-    """Marker for "stop_token not given": use the engine's default (None means *no* stop token)."""
-
-    def __repr__(self) -> str:
-        return "<engine default>"
-
-
-ENGINE_DEFAULT = _EngineDefault()
 
 
 class BatchInferenceEngine:
@@ -91,6 +79,7 @@ class BatchInferenceEngine:
         self.model = model
         self._vocab_size = _optional_positive_int(model, "vocab_size")
         self._max_seq_len = _optional_positive_int(model, "max_seq_len")
+        self._token_ids = token_id_set(self._vocab_size)  # faster prompt checks
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
@@ -99,17 +88,17 @@ class BatchInferenceEngine:
         self.batch_size = batch_size
         self.max_queue = max_queue
         self._lock = threading.Lock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._work = threading.Condition(self._lock)  # signalled on submit and cancel
         self._waiting = 0  # threads in wait_for_work (skip notify when none)
-        self._queue = RequestQueue(aging_window)  # guarded by _lock
-        self._in_flight: dict[object, Request] = {}  # queued, running or ending; by id
-        self._pending: list[tuple[Request, FinishReason, BaseException | None]] = []
-        self._deadlines = Deadlines()
-        self._ids = itertools.count()
+        self._book = InFlight(aging_window, max_queue)  # guarded by _lock
+        # Aliases of the ledger's parts, read racily by the loop (a miss is seen next iteration).
+        self._queue, self._pending, self._deadline_heap = (
+            self._book.queue, self._book.pending, self._book.deadlines.heap)
         self._clock = clock
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
-        self._slots = SlotTable(batch_size, self._slot_aware)
+        self._slots = SlotTable(batch_size, self._slot_aware, self.stop_tokens)
         self._completion = Completion()
         if self._slot_aware:
             model.bind_slots(batch_size)
@@ -117,13 +106,14 @@ class BatchInferenceEngine:
     # ---- public, any thread -------------------------------------------------
 
     def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None,
-                       *, stop_token=ENGINE_DEFAULT, stop_sequences=(),
-                       on_token: Callable[[int], object] | None = None, priority=0,
-                       timeout_s=None, request_id=None, temperature=0.0, top_p=1.0,
-                       top_k=0, seed=None, resume_tokens=()) -> RequestHandle:
+                       **options) -> RequestHandle:
         """Queue one request; return its :class:`~worker.request.RequestHandle`.
 
-        Fields and their rules: :func:`protocol.validation.validate_request`.
+        Keyword options (defaults): ``stop_token`` (the engine's),
+        ``stop_sequences=()``, ``on_token=None``, ``priority=0``,
+        ``timeout_s=None``, ``request_id=None``, ``temperature=0.0``,
+        ``top_p=1.0``, ``top_k=0``, ``seed=None``, ``resume_tokens=()``; their
+        rules: :func:`protocol.validation.validate_request`.
         ``callback(seq)`` runs exactly once at the end (``seq`` = prompt +
         generated tokens, whatever the ``finish_reason``); ``on_token(token)``
         runs for each new token, in order, before it. ``resume_tokens``: tokens
@@ -137,19 +127,31 @@ class BatchInferenceEngine:
         when ``request_id`` is in flight, QueueFullError at ``max_queue``; in
         every case nothing is queued.
         """
-        v = validate_request(
-            prompt, max_tokens, stop_token=stop_token,
-            use_default_stop=stop_token is ENGINE_DEFAULT, stop_sequences=stop_sequences,
-            priority=priority, timeout_s=timeout_s, request_id=request_id,
-            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-            resume_tokens=resume_tokens, vocab_size=self._vocab_size,
-            max_seq_len=self._max_seq_len)
-        req = Request(v, self.stop_tokens, callback, on_token)
-        if v.timeout_s is not None:
-            req.deadline = self._clock() + v.timeout_s
-        with self._lock:
-            self._enqueue(req)
-        return RequestHandle(req, self._completion)
+        # Options come as **options: CPython fills each omitted keyword-only parameter
+        # with a dict lookup, and the plain submit_request(prompt, n, callback) is the
+        # per-request hot path (the else branch). submit_options() checks the names.
+        if options:
+            (stop_token, stop_sequences, on_token, priority, timeout_s, request_id, temperature,
+             top_p, top_k, seed, resume_tokens) = submit_options(**options)
+            v = validate_request(  # by position: keywords cost a name match each
+                prompt, max_tokens, stop_token, stop_token is ENGINE_DEFAULT, stop_sequences,
+                priority, timeout_s, request_id, temperature, top_p, top_k, seed,
+                resume_tokens, self._vocab_size, self._max_seq_len, self._token_ids)
+            req = Request(v, self.stop_tokens, callback, on_token, self._completion)
+            if v.timeout_s is not None:
+                req.deadline = self._clock() + v.timeout_s
+        else:
+            p, n = validate_plain_request(prompt, max_tokens, self._vocab_size,
+                                          self._max_seq_len, self._token_ids)
+            req = Request.plain(p, n, self.stop_tokens, callback, self._completion)
+        self._acquire()  # (acquire/release: half the cost of `with` on this per-request path)
+        try:
+            self._book.add(req)
+            if self._waiting:
+                self._work.notify_all()
+        finally:
+            self._release()
+        return req  # a Request is its own RequestHandle
 
     def cancel(self, request_id) -> bool:
         """End a queued or running request as ``"cancelled"``; thread-safe.
@@ -160,13 +162,8 @@ class BatchInferenceEngine:
         when it finished in the iteration that is delivering its callbacks.
         """
         with self._lock:
-            req = self._in_flight.get(request_id)
-            if req is None or req.state is not QUEUED and req.state is not RUNNING:
+            if not self._book.cancel(request_id):
                 return False
-            if req.state is QUEUED:
-                self._queue.discard(req)
-            req.state = ENDING
-            self._pending.append((req, FinishReason.CANCELLED, None))
             if self._waiting:
                 self._work.notify_all()
         return True
@@ -203,8 +200,8 @@ class BatchInferenceEngine:
         """
         self._begin()
         try:
-            while self._has_work():
-                self._iterate()
+            while self._iterate() or self._has_work():
+                pass
         finally:
             self._active = False
 
@@ -220,10 +217,12 @@ class BatchInferenceEngine:
             self._active = False
 
     def _iterate(self) -> int:
-        if self._pending or self._deadlines:  # racy reads: a miss is seen next iteration
+        slots = self._slots
+        if self._pending or self._deadline_heap:  # racy reads: a miss is seen next iteration
             self._end_early()
-        self._admit()
-        batch = self._slots.batch
+        if slots.free and len(self._queue):
+            self._admit()
+        batch = slots.batch
         if not batch:
             return 0
         try:
@@ -233,15 +232,19 @@ class BatchInferenceEngine:
         except Exception as exc:  # the model failing ends this batch, not the engine
             self._fail_batch(exc)
             return 0
-        finished = self._slots.append(tokens)
+        finished = slots.append(tokens)
         if finished:
-            finished = self._commit(finished)
-        if self._slots.streaming:
-            for req, exc in stream_tokens(self._slots.streaming):
-                self._stream_failed(req, exc)
-        complete(finished, self._completion)
-        for req in finished:
-            self._vacate(req)
+            self._acquire()
+            try:  # final from here: a later cancel returns False
+                finished = self._book.commit(finished)
+            finally:
+                self._release()
+        if slots.streaming:
+            for req, exc in stream_tokens(slots.streaming):
+                with self._lock:
+                    self._book.stream_failed(req, exc)
+        if finished:
+            self._finish(finished)
         return len(tokens)
 
     # ---- helpers -----------------------------------------------------------
@@ -256,109 +259,42 @@ class BatchInferenceEngine:
     def _has_work(self) -> bool:
         return bool(len(self._queue) or self._slots.reqs or self._pending)
 
-    def _enqueue(self, req: Request) -> None:
-        """Under the lock: give ``req`` an id, check admission, queue it."""
-        rid = req.request_id
-        if rid is None:
-            rid = f"req-{next(self._ids)}"
-            while rid in self._in_flight:
-                rid = f"req-{next(self._ids)}"
-            req.request_id = rid
-        elif rid in self._in_flight:
-            raise DuplicateRequestError(f"request_id {rid!r} is already queued or running; "
-                                        "use a new id, or cancel the old request first")
-        if self.max_queue is not None and len(self._queue) >= self.max_queue:
-            raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
-        self._in_flight[rid] = req
-        self._queue.push(req)
-        if req.deadline is not None:
-            self._deadlines.add(req)
-        if self._waiting:
-            self._work.notify_all()
-
     def _admit(self) -> None:
         slots = self._slots
         n = self.policy.admissible(len(slots.free), len(slots.reqs))
-        if not n or not len(self._queue):
-            return
-        with self._lock:
-            new = self._queue.pop(n)
-            for req in new:
-                req.state = RUNNING
-        for req in new:
-            slots.occupy(req)
-
-    def _commit(self, finished: list[Request]) -> list[Request]:
-        """Under the lock, make this iteration's finishes final (a later cancel returns False).
-
-        A request cancelled while the model ran ends as cancelled instead
-        (its cancel already returned True); drop it here.
-        """
-        with self._lock:
-            out = []
-            for req in finished:
-                if req.state is RUNNING:
-                    req.state = FINISHED
-                    del self._in_flight[req.request_id]
-                    out.append(req)
-                else:
-                    req.reason = None
-        return out
+        if n:
+            with self._lock:
+                new = self._book.admit(n)
+            slots.occupy(new)
 
     def _end_early(self) -> None:
         """Carry out cancels, deadlines and failed streams: callbacks, then free slots."""
-        ended = []
         with self._lock:
-            if self._deadlines:
-                for req in self._deadlines.expired(self._clock(), len(self._in_flight)):
-                    if req.state is QUEUED:
-                        self._queue.discard(req)
-                    self._pending.append((req, FinishReason.DEADLINE, None))
-            for req, reason, error in self._pending:
-                if req.state is not FINISHED:
-                    req.state, req.reason = FINISHED, reason
-                    if req.error is None:
-                        req.error = error
-                    del self._in_flight[req.request_id]
-                    ended.append(req)
-            self._pending.clear()
+            ended = self._book.take_ended(self._clock)
+        self._finish(ended)
+
+    def _finish(self, ended: list[Request]) -> None:
+        """Run the callbacks of FINISHED requests, then free the slots of those that had one."""
         complete(ended, self._completion)
-        for req in ended:
-            if req.slot is not None:
-                self._vacate(req)
-
-    def _fail_batch(self, exc: Exception) -> None:
-        """The model raised: every running request ends with ``"error"``."""
-        if not isinstance(exc, ModelError):
-            err = ModelError(f"model failed: {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            exc = err
-        log.error("model call failed; ending %d requests", len(self._slots.reqs), exc_info=exc)
-        with self._lock:
-            for req in self._slots.reqs:
-                if req.state is RUNNING:  # a cancelled one stays cancelled (cancel said so)
-                    self._pending.append((req, FinishReason.ERROR, exc))
-        self._end_early()
-
-    def _stream_failed(self, req: Request, exc: Exception) -> None:
-        """``on_token`` raised: the request ends with ``"error"`` (at once if it just finished)."""
-        with self._lock:
-            if req.state is RUNNING:
-                req.state = ENDING
-                self._pending.append((req, FinishReason.ERROR, exc))
-            elif req.state is FINISHED:
-                req.reason = FinishReason.ERROR
-            if req.error is None:
-                req.error = exc
-
-    def _vacate(self, req: Request) -> None:
-        """Free ``req``'s slot and forget its per-iteration bookkeeping."""
-        slot = self._slots.vacate(req)
-        if self._slot_aware:
+        freed = [req.slot for req in ended if req.slot is not None] if self._slot_aware else ()
+        self._slots.vacate(ended)
+        for slot in freed:
             try:
                 self.model.release_slot(slot)
             except Exception:
                 log.exception("model.release_slot(%d) raised", slot)
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """The model raised: every running request ends with ``"error"``."""
+        with self._lock:
+            err = self._book.fail(self._slots.reqs, exc)
+        log.error("model call failed; ending %d requests", len(self._slots.reqs), exc_info=err)
+        self._end_early()
+
+
+# submit_request takes **options (see there); help() and inspect show the documented signature.
+BatchInferenceEngine.submit_request.__signature__ = submit_signature(  # type: ignore[attr-defined]
+    BatchInferenceEngine.submit_request)
 
 
 def _optional_positive_int(model, name: str) -> int | None:

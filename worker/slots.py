@@ -5,11 +5,13 @@ per-slot KV cache). :class:`SlotTable` keeps the occupied slots as parallel
 lists in *batch order* -- ``reqs[i]`` owns ``seqs[i]`` -- so one model call
 reads them as they are and one ``map`` appends a token to every sequence. A
 freed entry is swap-removed (the last entry moves into its place), so
-admitting and freeing cost O(1) and nothing is rebuilt per iteration.
+admitting and freeing cost O(1) per request and nothing is rebuilt per
+iteration (when half the batch or more ends at once, the lists are rebuilt
+from those that stay instead: cheaper per request).
 
 Termination is checked per batch, not per token, wherever it can be:
 
-- stop tokens: one ``isdisjoint`` of the new tokens against the multiset of
+- stop tokens: one ``in`` or ``isdisjoint`` of the new tokens against the
   stop tokens in use; only on a hit are the slots visited;
 - ``max_tokens``: requests are bucketed by the iteration in which they
   reach it, so an iteration looks at its own bucket only;
@@ -43,14 +45,22 @@ class SlotTable:
     - ``streaming``: running requests with an ``on_token`` callback.
     - ``iteration``: number of token-appending iterations so far.
 
+    Stop tokens: most requests share the engine's ``default_stop`` set, so
+    only the other sets are counted; ``_stop_any`` is their union with the
+    default, a superset of the stop tokens in use (a token of it that no
+    running request stops on only costs a look at its slot).
+
     Invariants: ``len(reqs) + len(free) == num_slots``; ``reqs[i].pos == i``;
-    ``stop_counts[t]`` = number of running requests with stop token ``t``.
+    ``_custom_stops[s]`` = number of running requests whose stop set ``s`` is
+    not ``default_stop``.
     """
 
     __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "iteration",
-                 "_inputs", "_slot_inputs", "_due", "_stop_counts", "_matching")
+                 "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
+                 "_stop_any", "_stop_one", "_matching")
 
-    def __init__(self, num_slots: int, slot_aware: bool) -> None:
+    def __init__(self, num_slots: int, slot_aware: bool,
+                 default_stop: frozenset[int] = frozenset()) -> None:
         self.num_slots = num_slots
         self.reqs: list[Request] = []
         self.seqs: list[list[int]] = []
@@ -61,67 +71,109 @@ class SlotTable:
         self.streaming: list[Request] = []
         self.iteration = 0
         self._due: dict[int, list[Request]] = {}  # iteration -> requests reaching max_tokens
-        self._stop_counts: dict[int, int] = {}
+        self._default_stop = default_stop
+        self._custom_stops: dict[frozenset[int], int] = {}
+        self._stop_any = default_stop
+        self._stop_one: int | None = None  # the token, when _stop_any has exactly one
         self._matching: list[Request] = []  # running requests with stop sequences
+        self._update_stops()
 
-    def occupy(self, req: Request) -> int:
-        """Give ``req`` a free slot (the caller checked there is one); return the slot."""
-        slot = self.free.pop()
-        req.slot, req.pos = slot, len(self.reqs)
-        self.reqs.append(req)
-        self.seqs.append(req.seq)
-        if self._inputs is not None:
-            si = self._slot_inputs[slot]
-            si.tokens, si.sampling = req.seq, req.sampling
-            self._inputs.append(si)
-        # Its k-th new token is appended in iteration (now + k - 1).
-        due = self.iteration + req.limit - len(req.seq) - 1
-        bucket = self._due.get(due)
-        if bucket is None:
-            self._due[due] = [req]
-        else:
-            bucket.append(req)
-        for t in req.stop_tokens:
-            self._stop_counts[t] = self._stop_counts.get(t, 0) + 1
-        if req.matcher is not None:
-            self._matching.append(req)
-        if req.on_token is not None:
-            self.streaming.append(req)
-        return slot
-
-    def vacate(self, req: Request) -> int:
-        """Free ``req``'s slot (swap-remove from the batch lists); return the slot."""
-        pos, slot = req.pos, req.slot
-        assert pos is not None and slot is not None and self.reqs[pos] is req
-        last = len(self.reqs) - 1
-        if pos != last:
-            moved = self.reqs[last]
-            self.reqs[pos] = moved
-            self.seqs[pos] = self.seqs[last]
-            if self._inputs is not None:
-                self._inputs[pos] = self._inputs[last]
-            moved.pos = pos
-        self.reqs.pop()
-        self.seqs.pop()
-        if self._inputs is not None:
-            self._inputs.pop()
-            si = self._slot_inputs[slot]
-            si.tokens, si.sampling = _NO_TOKENS, GREEDY
-        req.pos = req.slot = None
-        self.free.append(slot)
-        for t in req.stop_tokens:
-            n = self._stop_counts[t] - 1
-            if n:
-                self._stop_counts[t] = n
+    def occupy(self, new: list[Request]) -> None:
+        """Give each request in ``new`` a free slot (the caller checked there are enough)."""
+        free, reqs, seqs, inputs = self.free, self.reqs, self.seqs, self._inputs
+        due, default_stop, it = self._due, self._default_stop, self.iteration - 1
+        for pos, req in enumerate(new, len(reqs)):
+            slot = free.pop()
+            req.slot, req.pos = slot, pos
+            req.seq = seq = list(req.seq)  # the list that grows (a tuple while queued)
+            seqs.append(seq)
+            if inputs is not None:
+                si = self._slot_inputs[slot]
+                si.tokens, si.sampling = seq, req.sampling
+                inputs.append(si)
+            # Its k-th new token is appended in iteration (now + k - 1).
+            at = it + req.to_generate
+            bucket = due.get(at)
+            if bucket is None:
+                due[at] = [req]
             else:
-                del self._stop_counts[t]
-        if req.matcher is not None:
-            self._matching.remove(req)
-            req.matcher = None
-        if req.on_token is not None:
-            self.streaming.remove(req)
-            req.on_token = None
-        return slot
+                bucket.append(req)
+            if req.stop_tokens is not default_stop:
+                self._count_stops(req.stop_tokens, 1)
+            if req.matcher is not None:
+                self._matching.append(req)
+            if req.on_token is not None:
+                self.streaming.append(req)
+        reqs.extend(new)
+
+    def vacate(self, gone: list[Request]) -> None:
+        """Free the slots of those in ``gone`` that have one (ended requests).
+
+        Few leaving: each is swap-removed from the batch lists (the last entry
+        moves into its place). Half the batch or more: the lists are rebuilt
+        once from those that stay, which is cheaper per request.
+        """
+        reqs = self.reqs
+        if 2 * len(gone) >= len(reqs):
+            self._release(gone)
+            reqs[:] = [req for req in reqs if req.slot is not None]  # same list objects:
+            self.seqs[:] = [req.seq for req in reqs]                 # `batch` is one of them
+            if self._inputs is not None:
+                self._inputs[:] = [self._slot_inputs[req.slot] for req in reqs]
+            for pos, req in enumerate(reqs):
+                req.pos = pos
+            return
+        seqs, inputs = self.seqs, self._inputs
+        for req in gone:
+            pos = req.pos
+            if pos is None:  # ended while queued
+                continue
+            moved = reqs.pop()
+            seq = seqs.pop()
+            if moved is not req:
+                reqs[pos] = moved
+                seqs[pos] = seq
+                moved.pos = pos
+            if inputs is not None:
+                si = inputs.pop()
+                if moved is not req:
+                    inputs[pos] = si
+        self._release(gone)
+
+    def _release(self, gone: list[Request]) -> None:
+        """Give back the slots of those in ``gone`` that have one (the caller fixes the lists)."""
+        free, inputs, default_stop = self.free, self._inputs, self._default_stop
+        for req in gone:
+            slot = req.slot
+            if slot is None:  # ended while queued
+                continue
+            free.append(slot)
+            req.pos = req.slot = None
+            if inputs is not None:
+                si = self._slot_inputs[slot]
+                si.tokens, si.sampling = _NO_TOKENS, GREEDY
+            if req.stop_tokens is not default_stop:
+                self._count_stops(req.stop_tokens, -1)
+            if req.matcher is not None:
+                self._matching.remove(req)
+                req.matcher = None
+            if req.on_token is not None:
+                self.streaming.remove(req)
+                req.on_token = None
+
+    def _count_stops(self, stops: frozenset[int], delta: int) -> None:
+        counts = self._custom_stops
+        n = counts.get(stops, 0) + delta
+        if n:
+            counts[stops] = n
+        else:
+            del counts[stops]
+        if n == 0 or n == delta:  # a set entered or left: the union changes
+            self._update_stops()
+
+    def _update_stops(self) -> None:
+        self._stop_any = self._default_stop.union(*self._custom_stops)
+        self._stop_one = next(iter(self._stop_any)) if len(self._stop_any) == 1 else None
 
     def append(self, tokens: list[int]) -> list[Request]:
         """Append ``tokens[i]`` to ``seqs[i]``; return the requests this finishes.
@@ -135,22 +187,21 @@ class SlotTable:
         it = self.iteration
         self.iteration = it + 1
         finished: list[Request] = []
-        stop = self._stop_counts
+        stop, one = self._stop_any, self._stop_one
         # One C-level scan of the new tokens; `in` on a list beats isdisjoint for one token.
-        if stop and (next(iter(stop)) in tokens if len(stop) == 1
-                     else not stop.keys().isdisjoint(tokens)):
+        if stop and (one in tokens if one is not None else not stop.isdisjoint(tokens)):
             for i in [i for i, t in enumerate(tokens) if t in stop]:
                 req = reqs[i]
                 if tokens[i] in req.stop_tokens and req.state is _RUNNING:
-                    req.reason, req.stop_reason = _STOP, tokens[i]
+                    req.reason, req.stop_match = _STOP, tokens[i]
                     finished.append(req)
         for req in self._matching:
             matched = req.matcher.feed(req.seq[-1])
             if matched is not None and req.reason is None and req.state is _RUNNING:
-                req.reason, req.stop_reason = _STOP, matched
+                req.reason, req.stop_match = _STOP, matched
                 finished.append(req)
-        for req in self._due.pop(it, ()):
-            if req.pos is not None and req.reason is None and req.state is _RUNNING:
+        for req in self._due.pop(it, ()):  # (RUNNING: still in its slot; FINISHED ones left)
+            if req.reason is None and req.state is _RUNNING:
                 req.reason = _LENGTH
                 finished.append(req)
         return finished
