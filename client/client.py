@@ -158,8 +158,10 @@ class Client:
         """Send one request; return its :class:`RequestHandle` at once.
 
         Same arguments and rules as the engine's ``submit_request``
-        (:func:`protocol.validation.validate_request`); ``prompt`` may also be
-        a ``str`` for models with a tokenizer. ``stop_token`` omitted = the
+        (:func:`protocol.validation.validate_request`); for models with a
+        tokenizer ``prompt`` may also be a ``str`` or chat messages
+        (``[{"role": str, "content": str}, ...]``, rendered with the model's
+        chat template by the worker). ``stop_token`` omitted = the
         client's default. ``timeout_s`` counts from now. ``callback(seq)``
         (prompt + generated tokens) runs exactly once at the end, whatever
         the ``finish_reason``; ``on_token(token)`` runs per token, in order.
@@ -274,14 +276,16 @@ class Client:
         if stop_token is DEFAULT:
             stop_token = self.stop_token
         use_default = stop_token is DEFAULT
-        if isinstance(prompt, str):
-            # Text: the worker tokenizes it; every other field is checked here.
+        messages = _chat_messages(prompt)
+        if isinstance(prompt, str) or messages is not None:
+            # Text or chat: the worker tokenizes it; every other field is checked here.
             if not prompt:
                 raise ValueError("prompt must not be empty")
             stops = None if use_default else validate_stop_token(stop_token, vocab_size=vocab)
             t, p, k, s = validate_sampling(temperature, top_p, top_k, seed)
             return RequestSpec(
-                validate_request_id(request_id), prompt, validate_max_tokens(max_tokens), None,
+                validate_request_id(request_id), None if messages is not None else prompt,
+                validate_max_tokens(max_tokens), messages,
                 None if stops is None else sorted(stops),
                 [list(x) for x in validate_stop_sequences(stop_sequences, vocab_size=vocab)],
                 validate_priority(priority), validate_timeout(timeout_s), t, p, k, s)
@@ -512,3 +516,17 @@ class Client:
     def _not_on_dispatcher(self, what: str) -> None:
         if threading.current_thread() is self._dispatcher:
             raise RuntimeError(f"{what} called from a callback would deadlock")
+
+
+def _chat_messages(prompt) -> list[dict] | None:
+    """``prompt`` as chat messages when it is a list of ``{"role", "content"}``
+    maps (``None`` when it is not a list of maps at all); ``ValueError`` when
+    a message is malformed."""
+    if not isinstance(prompt, (list, tuple)) or not prompt or not isinstance(prompt[0], dict):
+        return None
+    out = []
+    for i, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"chat message {i} must be a map with string 'role' and 'content', got {m!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out

