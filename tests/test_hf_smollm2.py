@@ -65,6 +65,7 @@ def test_text_round_trip_and_chat_template(smol):
     pieces = [decoder.step(i) for i in ids]
     assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
     chat = codec.apply_chat_template([{"role": "user", "content": "Hi"}])
-    rendered = codec.decode(chat)
+    rendered = codec.decode(chat, skip_special_tokens=False)
     assert "<|im_start|>user\nHi<|im_end|>" in rendered
+    assert "<|im_start|>" not in codec.decode(chat)  # special tokens left out by default, as in vLLM
     assert rendered.endswith("<|im_start|>assistant\n")

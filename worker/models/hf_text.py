@@ -22,9 +22,9 @@ class StreamDecoder:
     completed text, ``''`` while a character is still incomplete.
     """
 
-    def __init__(self, backend, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, backend, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
         self._backend = backend
-        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=False)
+        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=skip_special_tokens)
 
     def step(self, token_id: int) -> str:
         chunk = self._stream.step(self._backend, int(token_id))
@@ -39,8 +39,10 @@ class HFTextCodec:
     - ``apply_chat_template(messages) -> list[int]``: the model's chat
       template with the generation prompt appended; ``messages`` is a list of
       ``{"role": str, "content": str}``.
-    - ``decode(ids) -> str``: special tokens kept, so the text matches the ids.
-    - ``decoder(prompt_ids) -> StreamDecoder``.
+    - ``decode(ids, skip_special_tokens=True) -> str``: special tokens such as
+      EOS are left out of the text by default, as in vLLM's
+      ``skip_special_tokens=True`` (the token ids still carry them).
+    - ``decoder(prompt_ids, skip_special_tokens=True) -> StreamDecoder``, likewise.
 
     Raises ``ValueError`` for a non-string text, malformed messages, or a
     tokenizer without a chat template.
@@ -73,8 +75,8 @@ class HFTextCodec:
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
         return list(enc["input_ids"])
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=False)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def decoder(self, prompt_ids: Sequence[int]) -> StreamDecoder:
-        return StreamDecoder(self._backend, prompt_ids)
+    def decoder(self, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> StreamDecoder:
+        return StreamDecoder(self._backend, prompt_ids, skip_special_tokens)
