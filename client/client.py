@@ -141,7 +141,8 @@ class Client:
         if not welcomed:
             self.close()
             raise BrokerUnavailable(f"no slotserve broker answered at {address} within {connect_timeout_s} s; "
-                                    "start one with `slotserve broker` or `slotserve up`")
+                                    "start one with `slotserve broker` or `slotserve up` (a broker that requires CURVE "
+                                    "also stays silent to clients without keys: pass curve= / --curve-dir)")
 
     def __enter__(self) -> "Client":
         return self

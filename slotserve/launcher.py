@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
 from client import BrokerUnavailable, Client
+from worker.errors import ModelLoadError
 from worker.process import WorkerConfig, run_worker
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,11 @@ def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING") -> None
 def worker_main(config: WorkerConfig, log_level: str = "WARNING") -> None:
     """Child process body: run a worker."""
     stop = _child_setup(log_level)
-    run_worker(config, stop=stop)
+    try:
+        run_worker(config, stop=stop)
+    except ModelLoadError as e:  # one clear line, not a page of loader traceback; the parent reports the exit
+        logging.getLogger("slotserve.worker").error("%s", e)
+        raise SystemExit(1) from None
 
 
 # ---------------------------------------------------------------------- the cluster

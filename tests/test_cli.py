@@ -225,3 +225,14 @@ def test_humaneval_rows_come_from_the_installed_package():
     r = CliRunner().invoke(main, ["humaneval", "-n", "1", "--format", "completion"])
     (row,) = [json.loads(line) for line in r.output.splitlines()]
     assert row["prompt"].startswith("from typing import List") and "messages" not in row
+
+
+def test_run_with_a_model_that_cannot_load_fails_in_one_clear_line(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_rows(inp, [{"id": 1, "prompt": [1], "max_tokens": 2}])
+    proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(tmp_path / "out.jsonl"), "--workers", "1",
+                                       "--no-progress", "--model", str(tmp_path / "no-such-model.gguf")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1
+    assert "no-such-model.gguf" in proc.stderr and "exited with code 1 while starting" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

@@ -33,3 +33,8 @@ class ModelError(RuntimeError):
     """
 
     code = ErrorCode.MODEL_ERROR
+
+
+class ModelLoadError(ValueError):
+    """The worker's model could not be loaded (unknown name, missing file,
+    no hub access); the message names the model and the cause."""

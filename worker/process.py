@@ -162,9 +162,15 @@ class WorkerProcess:
     def __init__(self, config: WorkerConfig, model=None) -> None:
         self.config = config
         if model is None:
+            from worker.errors import ModelLoadError
             from worker.models import load_model
 
-            model = load_model(config.model)
+            try:
+                model = load_model(config.model)
+            except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ModelLoadError(first if config.model in first else
+                                     f"cannot load model {config.model!r}: {first}") from e
         self.model = model
         stop = config.stop_token
         if stop == "model" and getattr(model, "eos_token_ids", None) is None:
