@@ -26,7 +26,7 @@ from protocol.messages import (
     Error, Heartbeat, Hello, ModelInfo, RequestSpec, Results, Status, StatusQuery, Welcome,
 )
 from protocol.validation import (
-    validate_max_tokens, validate_priority, validate_request, validate_request_id,
+    validate_max_tokens, validate_messages, validate_priority, validate_request, validate_request_id,
     validate_sampling, validate_stop_sequences, validate_stop_token, validate_timeout,
 )
 
@@ -520,14 +520,8 @@ class Client:
 
 
 def _chat_messages(prompt) -> list[dict] | None:
-    """``prompt`` as chat messages when it is a list of ``{"role", "content"}``
-    maps (``None`` when it is not a list of maps at all); ``ValueError`` when
-    a message is malformed."""
-    if not isinstance(prompt, (list, tuple)) or not prompt or not isinstance(prompt[0], dict):
-        return None
-    out = []
-    for i, m in enumerate(prompt):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"chat message {i} must be a map with string 'role' and 'content', got {m!r}")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
+    """``prompt`` as checked chat messages when it is a list of maps, else
+    ``None`` (token ids or text); ``ValueError`` when a message is malformed."""
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        return validate_messages(prompt)
+    return None

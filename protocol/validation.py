@@ -27,6 +27,7 @@ __all__ = [
     "ValidRequest",
     "token_id_set",
     "validate_max_tokens",
+    "validate_messages",
     "validate_plain_request",
     "validate_priority",
     "validate_prompt",
@@ -191,6 +192,22 @@ def validate_stop_sequences(stop_sequences: object, *,
 def validate_priority(priority: object) -> int:
     """``priority``: any int; lower runs first (as in vLLM)."""
     return _as_int(priority, "priority")
+
+
+def validate_messages(messages: object) -> list[dict]:
+    """Chat messages: a non-empty list of ``{"role": str, "content": str}``.
+
+    Returns plain copies holding only ``role`` and ``content``; they are
+    rendered with the model's chat template by the worker.
+    """
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"messages must be a non-empty list of chat messages, got {messages!r}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"chat message {i} must be a map with string 'role' and 'content', got {m!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
 
 
 def validate_timeout(timeout_s: object) -> float | None:

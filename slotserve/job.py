@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from client import DEFAULT, Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
+from protocol.validation import validate_messages
 
 ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
                         "temperature", "top_p", "top_k", "seed"})
@@ -127,15 +128,13 @@ class _Job:
         if ("prompt" in row) == ("messages" in row) or "max_tokens" not in row:
             self.bad_row(row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
             return
-        if "messages" in row and not (isinstance(row["messages"], list) and row["messages"]
-                                      and all(isinstance(m, dict) for m in row["messages"])):
-            self.bad_row(row_id, f"line {n}: 'messages' must be a non-empty list of chat messages")
-            return
         self.window.acquire()
         try:
+            # A "messages" value is checked here: passed as a prompt, a bare string would read as text.
+            prompt = validate_messages(row["messages"]) if "messages" in row else row["prompt"]
             with self.lock:
                 h = self.client.submit_request(
-                    row["messages"] if "messages" in row else row["prompt"], row["max_tokens"], lambda seq, rid=n: self.done(rid),
+                    prompt, row["max_tokens"], lambda seq, rid=n: self.done(rid),
                     stop_token=row.get("stop_token", DEFAULT), stop_sequences=row.get("stop") or (),
                     priority=row.get("priority", 0), timeout_s=row.get("timeout_s"), request_id=n,
                     temperature=row.get("temperature", 0.0), top_p=row.get("top_p", 1.0),
