@@ -7,7 +7,6 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
-from broker.queue import RequestQueue
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -18,66 +17,6 @@ from protocol.messages import (
 C1, C2 = b"client-1", b"client-2"
 W1, W2 = b"worker-1", b"worker-2"
 INFO = ModelInfo(1000, None, (0,), False)
-
-
-class Item:
-    def __init__(self, name):
-        self.name = name
-        self.queue_seq = None
-
-
-# ---------------------------------------------------------------------- queue
-
-
-def test_queue_fifo_within_priority_and_priority_first():
-    q = RequestQueue(100)
-    items = [Item(n) for n in "abcde"]
-    for it, prio in zip(items, [0, 0, -1, 1, 0]):
-        assert q.push(it, prio)
-    assert [q.pop().name for _ in range(5)] == ["c", "a", "b", "e", "d"]
-    assert q.pop() is None and len(q) == 0
-
-
-def test_queue_aging_bounds_overtaking():
-    q = RequestQueue(100, aging_window=3)
-    low = Item("low")
-    q.push(low, 1)                       # rank 0 + 3
-    urgent = [Item(f"u{i}") for i in range(5)]
-    for it in urgent:
-        q.push(it, 0)                    # ranks 1..5
-    order = [q.pop().name for _ in range(6)]
-    # Only requests submitted fewer than 3 submissions after it overtake it.
-    assert order == ["u0", "u1", "low", "u2", "u3", "u4"]
-
-
-def test_queue_head_lane_bound_and_lazy_removal():
-    q = RequestQueue(2)
-    a, b, c, d = (Item(n) for n in "abcd")
-    assert q.push(a, 0) and q.push(b, 0)
-    assert not q.push(c, 0) and c.queue_seq is None  # full: refused, nothing queued
-    q.push_head(d)                                    # migration ignores the bound
-    assert len(q) == 3
-    assert q.remove(a) and not q.remove(a)
-    assert [q.pop().name, q.pop().name] == ["d", "b"]
-    assert q.pop() is None
-
-
-def test_queue_compacts_after_mass_removal():
-    q = RequestQueue(10_000)
-    items = [Item(i) for i in range(1000)]
-    for it in items:
-        q.push(it, 0)
-    for it in items[:990]:
-        q.remove(it)
-    assert len(q) == 10 and len(q._heap) < 100
-    assert [q.pop().name for _ in range(10)] == list(range(990, 1000))
-
-
-def test_queue_rejects_bad_config():
-    with pytest.raises(ValueError):
-        RequestQueue(0)
-    with pytest.raises(ValueError):
-        RequestQueue(10, aging_window=0)
 
 
 # ---------------------------------------------------------------------- core helpers

@@ -12,6 +12,7 @@ import time
 import msgpack
 import pytest
 import zmq
+from conftest import wait_until
 
 from broker import BrokerConfig
 from client import Client, RemoteError
@@ -37,15 +38,6 @@ def cluster_config(slots, *, step_delay_ms=0.0, heartbeat_s=0.2, worker_liveness
 def cluster():
     with LocalCluster(cluster_config((3, 5, 8))) as c:
         yield c
-
-
-def wait_until(cond, timeout_s=10.0, what="condition"):
-    """Poll ``cond`` until true; fail after ``timeout_s`` (never a bare sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.01)
 
 
 def random_requests(n, seed=0):

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import zmq
+from conftest import wait_until
 
 from broker import BrokerConfig
 from client import Client
@@ -38,14 +39,6 @@ def cluster():
     healthy = WorkerConfig(num_slots=8, step_delay_ms=1.0, heartbeat_interval_s=0.1, broker_liveness_s=2.0)
     with LocalCluster(ClusterConfig(broker, (healthy,), start_timeout_s=60.0)) as c:
         yield c
-
-
-def wait_until(cond, timeout_s=20.0, what="condition", show=None):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}" + ("" if show is None else f": {show()}"))
-        threading.Event().wait(0.01)
 
 
 def engine_results(reqs):

@@ -29,27 +29,31 @@ def stream_tokens(streaming: list[Request]) -> list[tuple[Request, Exception]]:
     return failed
 
 
-def complete(finished: list[Request], completion: Completion) -> None:
-    """Call each finished request's callback once with its final sequence (a copy).
+def complete(finished: list[Request], completion: Completion, now: float) -> None:
+    """Record each finished request's ending on its handle (``now``: the engine's
+    clock), then call its callback once with its final sequence (a copy).
 
     A raising callback is recorded as the request's ``error`` (its
-    ``finish_reason`` stays). Afterwards the request is ``done`` and any
-    thread blocked in ``RequestHandle.result`` wakes.
+    ``finish_reason`` stays). Afterwards the handle is ``done`` and any
+    thread blocked in its ``result`` wakes.
     """
     completion.delivering_thread = threading.get_ident()
     try:
         for req in finished:
+            h = req.handle
+            h._end(req.reason, req.stop_match, req.error, now)
             cb = req.callback
             if cb is not None:
-                completion.delivering = req  # (the previous one is delivered: result() returns)
+                completion.delivering = h  # (the previous one is done: its result() returns)
                 try:
                     cb(list(req.seq))
                 except Exception as exc:
                     log.warning("callback of request %r raised", req.request_id, exc_info=exc)
-                    if req.error is None:
-                        req.error = exc
+                    if h._error is None:
+                        h._error = exc
                 req.callback = None
-            req.delivered = True
+            h._done = True
+            req.handle = None  # the handle keeps the request, not the other way round
             if completion.waiters:  # read without the lock: see Completion
                 completion.notify()
     finally:

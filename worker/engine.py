@@ -12,12 +12,11 @@ token, one C-level scan checks the stop tokens, ``max_tokens`` is found by
 bucketing requests by the iteration in which they reach it, and only
 requests that stream or have stop sequences are visited one by one. The
 lock is taken a constant number of times per iteration, never per token,
-and once per submission; a plain ``submit_request(prompt, n, callback)``
-takes a short path (see there).
+and once per submission.
 
-Threads: ``submit_request``, ``cancel`` and ``wait_for_work`` may be called
-from any thread, and from callbacks. ``step``/``run`` run on one thread at a
-time; callbacks run on that thread, outside the engine lock.
+Threads: ``submit_request``, ``submit``, ``cancel`` and ``wait_for_work`` may
+be called from any thread, and from callbacks. ``step``/``run`` run on one
+thread at a time; callbacks run on that thread, outside the engine lock.
 """
 
 from __future__ import annotations
@@ -27,14 +26,14 @@ import threading
 import time
 from typing import Callable
 
-from protocol.validation import (token_id_set, validate_plain_request, validate_request,
-                                 validate_stop_token)
+from protocol.defaults import AGING_WINDOW
+from protocol.request import DEFAULT, RequestParams, check_request_id, check_stop_token
+from protocol.validation import as_tokens, check_vocab
 from worker.callbacks import complete, stream_tokens
-from worker.errors import ModelError
+from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
-from worker.request import (ENGINE_DEFAULT, Completion, Request, RequestHandle, submit_options,
-                            submit_signature)
-from worker.scheduler import DEFAULT_AGING_WINDOW, InFlight, Policy
+from worker.request import Completion, EngineHandle, Request
+from worker.scheduler import InFlight, Policy
 from worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,8 @@ class BatchInferenceEngine:
     - ``model``: a stateless model (``next_tokens(sequences) -> tokens``) or a
       slot-aware :class:`~worker.models.base.SlotModel`; see
       :mod:`worker.models.base`. Its optional ``vocab_size``/``max_seq_len``
-      bound what requests may ask for.
+      bound what requests may ask for; with a ``tokenizer`` it takes text and
+      chat prompts too.
     - ``batch_size``: number of slots (int >= 1).
     - ``stop_token``: the requests' default stop token(s): an int, a sequence
       of ints, None (no stop token) or ``"model"`` (the model's ``eos_token_ids``).
@@ -54,16 +54,16 @@ class BatchInferenceEngine:
       ``"static"`` (admit only when all slots are free); see :class:`~worker.scheduler.Policy`.
     - ``max_queue``: bound on queued (not yet running) requests, or None.
     - ``aging_window``: priority aging, in submissions per priority level; see
-      :mod:`worker.scheduler` for the starvation bound.
-    - ``clock``: seconds, monotonic; deadlines (``timeout_s``) are measured on
-      it. Tests pass a fake one; leave the default otherwise.
+      :mod:`protocol.queue` for the starvation bound.
+    - ``clock``: seconds, monotonic; deadlines (``timeout_s``) and the handles'
+      timings are measured on it. Tests pass a fake one; leave the default otherwise.
 
     Raises ValueError for bad arguments.
     """
 
     def __init__(self, model, batch_size: int, stop_token=None, *,
                  policy: str | Policy = "continuous", max_queue: int | None = None,
-                 aging_window: int = DEFAULT_AGING_WINDOW,
+                 aging_window: int = AGING_WINDOW,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if type(batch_size) is not int or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -79,22 +79,22 @@ class BatchInferenceEngine:
         self.model = model
         self._vocab_size = _optional_positive_int(model, "vocab_size")
         self._max_seq_len = _optional_positive_int(model, "max_seq_len")
-        self._token_ids = token_id_set(self._vocab_size)  # faster prompt checks
+        self._tokenizer = getattr(model, "tokenizer", None)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
                 raise ValueError('stop_token="model" needs a model with eos_token_ids')
-        self.stop_tokens = validate_stop_token(stop_token, vocab_size=self._vocab_size)
+        stops = check_stop_token(stop_token)
+        if stops == DEFAULT:
+            raise ValueError(f'stop_token must be an int, a list of ints, None or "model", got {stop_token!r}')
+        check_vocab(stops, "stop_token", self._vocab_size)
+        self.stop_tokens = frozenset(stops)
         self.batch_size = batch_size
         self.max_queue = max_queue
         self._lock = threading.Lock()
-        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._work = threading.Condition(self._lock)  # signalled on submit and cancel
         self._waiting = 0  # threads in wait_for_work (skip notify when none)
         self._book = InFlight(aging_window, max_queue)  # guarded by _lock
-        # Aliases of the ledger's parts, read racily by the loop (a miss is seen next iteration).
-        self._queue, self._pending, self._deadline_heap = (
-            self._book.queue, self._book.pending, self._book.deadlines.heap)
         self._clock = clock
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
@@ -105,53 +105,71 @@ class BatchInferenceEngine:
 
     # ---- public, any thread -------------------------------------------------
 
-    def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None,
-                       **options) -> RequestHandle:
-        """Queue one request; return its :class:`~worker.request.RequestHandle`.
+    def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None, *,
+                       on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
+                       **options) -> EngineHandle:
+        """Queue one request; return its :class:`~worker.request.EngineHandle`.
 
-        Keyword options (defaults): ``stop_token`` (the engine's),
-        ``stop_sequences=()``, ``on_token=None``, ``priority=0``,
-        ``timeout_s=None``, ``request_id=None``, ``temperature=0.0``,
-        ``top_p=1.0``, ``top_k=0``, ``seed=None``, ``resume_tokens=()``; their
-        rules: :func:`protocol.validation.validate_request`.
-        ``callback(seq)`` runs exactly once at the end (``seq`` = prompt +
-        generated tokens, whatever the ``finish_reason``); ``on_token(token)``
-        runs for each new token, in order, before it. ``resume_tokens``: tokens
-        generated for this request elsewhere -- they count toward
-        ``max_tokens`` and stop-sequence matching, appear in ``seq``, and are
-        not passed to ``on_token`` again. ``timeout_s`` counts from now.
+        ``prompt``, ``max_tokens`` and the keyword ``options`` are the request's
+        parameters: any field of :class:`protocol.request.RequestParams`
+        (``stop_token``, ``stop_sequences``, ``priority``, ``timeout_s``,
+        ``temperature``, ``top_p``, ``top_k``, ``seed``, ...; their rules,
+        defaults and units are declared there). ``stop_token`` omitted: the
+        engine's. Then, for this engine: ``callback(seq)`` runs exactly once
+        at the end (``seq`` = prompt + generated tokens, whatever the
+        ``finish_reason``); ``on_token(token)`` runs for each new token, in
+        order, before it; ``request_id`` names it (default: one is picked);
+        ``resume_tokens``: tokens generated for it elsewhere -- they count
+        toward ``max_tokens`` and stop-sequence matching, appear in ``seq``, and
+        are not passed to ``on_token`` again. ``timeout_s`` counts from now.
         Sampling parameters reach slot-aware models (``SlotInput.sampling``);
         a stateless model picks its tokens itself.
 
-        Raises ValueError on bad input, DuplicateRequestError (a ValueError)
-        when ``request_id`` is in flight, QueueFullError at ``max_queue``; in
-        every case nothing is queued.
+        Raises ValueError on bad input, TypeError for an unknown option,
+        DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
+        QueueFullError at ``max_queue``; in every case nothing is queued.
         """
-        # Options come as **options: CPython fills each omitted keyword-only parameter
-        # with a dict lookup, and the plain submit_request(prompt, n, callback) is the
-        # per-request hot path (the else branch). submit_options() checks the names.
-        if options:
-            (stop_token, stop_sequences, on_token, priority, timeout_s, request_id, temperature,
-             top_p, top_k, seed, resume_tokens) = submit_options(**options)
-            v = validate_request(  # by position: keywords cost a name match each
-                prompt, max_tokens, stop_token, stop_token is ENGINE_DEFAULT, stop_sequences,
-                priority, timeout_s, request_id, temperature, top_p, top_k, seed,
-                resume_tokens, self._vocab_size, self._max_seq_len, self._token_ids)
-            req = Request(v, self.stop_tokens, callback, on_token, self._completion)
-            if v.timeout_s is not None:
-                req.deadline = self._clock() + v.timeout_s
-        else:
-            p, n = validate_plain_request(prompt, max_tokens, self._vocab_size,
-                                          self._max_seq_len, self._token_ids)
-            req = Request.plain(p, n, self.stop_tokens, callback, self._completion)
-        self._acquire()  # (acquire/release: half the cost of `with` on this per-request path)
-        try:
-            self._book.add(req)
+        return self.submit(RequestParams(prompt, max_tokens, **options), callback, on_token=on_token,
+                           request_id=request_id, resume_tokens=resume_tokens)
+
+    def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
+               on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
+               time_left_s: float | None = None) -> EngineHandle:
+        """Queue a request built already (:class:`~protocol.request.RequestParams`);
+        ``time_left_s`` replaces ``params.timeout_s`` when it waited elsewhere
+        before (seconds from now). Otherwise, and for errors, as :meth:`submit_request`.
+        """
+        if callback is not None and not callable(callback):
+            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
+        if on_token is not None and not callable(on_token):
+            raise ValueError(f"on_token must be callable or None, got {type(on_token).__name__}")
+        prompt = params.prompt if params.is_token_prompt else self._tokenize(params)
+        params.check_model(self._vocab_size, self._max_seq_len, len(prompt))
+        resume = params.check_resume(resume_tokens, self._vocab_size) if resume_tokens else ()
+        stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
+        timeout_s = params.timeout_s if time_left_s is None else time_left_s
+        now = self._clock()
+        req = Request(params, None if request_id is None else check_request_id(request_id), prompt, resume,
+                      stops, callback, on_token, None if timeout_s is None else now + timeout_s)
+        detokenize = None if params.is_token_prompt else self._tokenizer.decode
+        req.handle = handle = EngineHandle(req, now, self._completion, detokenize)
+        with self._lock:
+            self._book.add(req)  # picks an id when it has none
+            handle.request_id = req.request_id
             if self._waiting:
                 self._work.notify_all()
-        finally:
-            self._release()
-        return req  # a Request is its own RequestHandle
+        return handle
+
+    def _tokenize(self, params: RequestParams) -> tuple[int, ...]:
+        """A text or chat prompt as token ids, by the model's tokenizer."""
+        tok = self._tokenizer
+        if tok is None:
+            raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        if type(params.prompt) is str:
+            ids = tok.encode(params.prompt)
+        else:
+            ids = tok.apply_chat_template([m._asdict() for m in params.prompt])
+        return as_tokens(ids, "the tokenised prompt", allow_empty=False)
 
     def cancel(self, request_id) -> bool:
         """End a queued or running request as ``"cancelled"``; thread-safe.
@@ -180,7 +198,7 @@ class BatchInferenceEngine:
 
     @property
     def num_queued(self) -> int:
-        return len(self._queue)
+        return len(self._book.queue)
 
     @property
     def num_running(self) -> int:
@@ -217,10 +235,10 @@ class BatchInferenceEngine:
             self._active = False
 
     def _iterate(self) -> int:
-        slots = self._slots
-        if self._pending or self._deadline_heap:  # racy reads: a miss is seen next iteration
+        slots, book = self._slots, self._book
+        if book.pending or book.deadlines.heap:  # racy reads: a miss is seen next iteration
             self._end_early()
-        if slots.free and len(self._queue):
+        if slots.free and len(book.queue):
             self._admit()
         batch = slots.batch
         if not batch:
@@ -233,12 +251,14 @@ class BatchInferenceEngine:
             self._fail_batch(exc)
             return 0
         finished = slots.append(tokens)
+        if slots.admitted:  # their first token: time to first token
+            now = self._clock()
+            for req in slots.admitted:
+                req.handle.first_token_s = now
+            slots.admitted.clear()
         if finished:
-            self._acquire()
-            try:  # final from here: a later cancel returns False
-                finished = self._book.commit(finished)
-            finally:
-                self._release()
+            with self._lock:  # final from here: a later cancel returns False
+                finished = book.commit(finished)
         if slots.streaming:
             for req, exc in stream_tokens(slots.streaming):
                 with self._lock:
@@ -257,7 +277,7 @@ class BatchInferenceEngine:
             self._active = True
 
     def _has_work(self) -> bool:
-        return bool(len(self._queue) or self._slots.reqs or self._pending)
+        return bool(len(self._book.queue) or self._slots.reqs or self._book.pending)
 
     def _admit(self) -> None:
         slots = self._slots
@@ -275,7 +295,7 @@ class BatchInferenceEngine:
 
     def _finish(self, ended: list[Request]) -> None:
         """Run the callbacks of FINISHED requests, then free the slots of those that had one."""
-        complete(ended, self._completion)
+        complete(ended, self._completion, self._clock())
         freed = [req.slot for req in ended if req.slot is not None] if self._slot_aware else ()
         self._slots.vacate(ended)
         for slot in freed:
@@ -286,15 +306,11 @@ class BatchInferenceEngine:
 
     def _fail_batch(self, exc: Exception) -> None:
         """The model raised: every running request ends with ``"error"``."""
+        self._slots.admitted.clear()  # (no first token after all)
         with self._lock:
             err = self._book.fail(self._slots.reqs, exc)
         log.error("model call failed; ending %d requests", len(self._slots.reqs), exc_info=err)
         self._end_early()
-
-
-# submit_request takes **options (see there); help() and inspect show the documented signature.
-BatchInferenceEngine.submit_request.__signature__ = submit_signature(  # type: ignore[attr-defined]
-    BatchInferenceEngine.submit_request)
 
 
 def _optional_positive_int(model, name: str) -> int | None:

@@ -38,3 +38,10 @@ class ModelError(RuntimeError):
 class ModelLoadError(ValueError):
     """The worker's model could not be loaded (unknown name, missing file,
     no hub access); the message names the model and the cause."""
+
+
+class UnsupportedError(ValueError):
+    """The request asks for something this model cannot do (a text prompt for a
+    model without a tokenizer); nothing was queued."""
+
+    code = ErrorCode.UNSUPPORTED

@@ -43,6 +43,8 @@ class SlotTable:
       so an iteration allocates nothing).
     - ``free``: free slot indices, a stack (slot 0 first, then the latest freed).
     - ``streaming``: running requests with an ``on_token`` callback.
+    - ``admitted``: requests admitted since the last ``append`` (the engine
+      stamps their first token's time, then clears it).
     - ``iteration``: number of token-appending iterations so far.
 
     Stop tokens: most requests share the engine's ``default_stop`` set, so
@@ -55,7 +57,7 @@ class SlotTable:
     not ``default_stop``.
     """
 
-    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "iteration",
+    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
                  "_stop_any", "_stop_one", "_matching")
 
@@ -69,6 +71,7 @@ class SlotTable:
         self._inputs: list[SlotInput] | None = [] if slot_aware else None
         self.batch: list = self.seqs if self._inputs is None else self._inputs
         self.streaming: list[Request] = []
+        self.admitted: list[Request] = []
         self.iteration = 0
         self._due: dict[int, list[Request]] = {}  # iteration -> requests reaching max_tokens
         self._default_stop = default_stop
@@ -105,6 +108,7 @@ class SlotTable:
             if req.on_token is not None:
                 self.streaming.append(req)
         reqs.extend(new)
+        self.admitted.extend(new)
 
     def vacate(self, gone: list[Request]) -> None:
         """Free the slots of those in ``gone`` that have one (ended requests).
