@@ -8,7 +8,8 @@ its declared fields; nothing in this module spells a field twice.
 Two kinds of class, both immutable:
 
 - **messages** (one per ``op``): frozen dataclasses, built once per batch of
-  requests. ``__post_init__`` holds the rules a field's type cannot say.
+  requests; a list given for a tuple field is stored as a tuple.
+  ``__post_init__`` holds the rules a field's type cannot say.
 - **records**, the per-request parts inside messages (:class:`Envelope`,
   :class:`Finished`, :class:`Text`, ...): NamedTuples, built several times
   per request, where a tuple costs a fraction of a frozen dataclass; they
@@ -35,7 +36,10 @@ same grouped for one client, so message rate follows iterations, not tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
+import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Union
 
@@ -170,8 +174,27 @@ class WorkerStatus(NamedTuple):
 # --------------------------------------------------------------------------- messages
 
 
+class _Message:
+    """Base of the message classes: sequences given for ``tuple`` fields are
+    stored as tuples (a list passed in could be changed later; a tuple cannot)."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        for name in _tuple_fields(type(self)):
+            value = getattr(self, name)
+            if type(value) is not tuple:
+                object.__setattr__(self, name, tuple(value))
+
+
+@functools.cache
+def _tuple_fields(cls: type) -> tuple[str, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(f.name for f in dataclasses.fields(cls) if typing.get_origin(hints[f.name]) is tuple)
+
+
 @dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(_Message):
     """C->B: a client introduces itself; the broker answers ``welcome``.
     ``client_name``: free text for logs and ``status``."""
 
@@ -180,7 +203,7 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
-class Welcome:
+class Welcome(_Message):
     """B->C answer to ``hello``, B->W answer to ``register``.
 
     - ``broker_id``: a fresh id per broker start (a change means the broker
@@ -197,7 +220,7 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Submit:
+class Submit(_Message):
     """C->B: new requests (client ids), all for one ``model`` (as workers register it).
 
     Each request ends in exactly one ``finished`` entry of a ``results``
@@ -211,7 +234,7 @@ class Submit:
 
 
 @dataclass(frozen=True, slots=True)
-class Assign:
+class Assign(_Message):
     """B->W: requests (broker keys) for the worker's slots; never more than its
     credits. A decoded ``requests`` may hold :class:`Rejected` entries."""
 
@@ -220,7 +243,7 @@ class Assign:
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(_Message):
     """C->B (client ids) or B->W (broker keys): cancel these requests. Unknown or
     finished ids are ignored (a cancel may cross the request's end)."""
 
@@ -229,7 +252,7 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
-class _TokenBatch:
+class _TokenBatch(_Message):
     """Shared shape of ``iteration`` and ``results``.
 
     - ``ids``, ``tokens``: parallel: ``tokens[i]`` is the next generated token
@@ -246,6 +269,7 @@ class _TokenBatch:
     finished: tuple[Finished, ...] = ()
 
     def __post_init__(self) -> None:
+        _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
         if len(self.ids) != len(self.tokens):
             raise ValueError(f"ids ({len(self.ids)}) and tokens ({len(self.tokens)}) must be as long")
 
@@ -268,7 +292,7 @@ class Results(_TokenBatch):
 
 
 @dataclass(frozen=True, slots=True)
-class Error:
+class Error(_Message):
     """B->C or B->W: a per-call error (the message sent could not be honoured).
 
     - ``code``: :class:`ErrorCode`; ``message``: what went wrong and what to do next.
@@ -283,7 +307,7 @@ class Error:
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(_Message):
     """Any direction: "I am alive" when a peer has sent nothing else for an interval.
 
     - ``broker_id``: set by the broker, so a peer notices a restart.
@@ -297,14 +321,14 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class StatusQuery:
+class StatusQuery(_Message):
     """C->B: ask for a :class:`Status` snapshot (``slotserve status``)."""
 
     op: ClassVar[Op] = Op.STATUS_QUERY
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class Status(_Message):
     """B->C: the broker's state.
 
     - ``broker_id``; ``uptime_s``: seconds since start.
@@ -323,7 +347,7 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
-class Bye:
+class Bye(_Message):
     """C->B or W->B: leaving now. The broker cancels a client's requests, and
     requeues a worker's in-flight requests (with their tokens) at once instead
     of waiting for missed heartbeats. ``reason``: free text for the log."""
@@ -333,7 +357,7 @@ class Bye:
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
+class Register(_Message):
     """W->B: a worker offers its slots for one model; the broker answers ``welcome``.
 
     - ``model``: the model name clients ask for.
@@ -352,6 +376,7 @@ class Register:
     worker_name: str = ""
 
     def __post_init__(self) -> None:
+        _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
         if self.num_slots < 1 or self.max_inflight < self.num_slots:
             raise ValueError(f"need num_slots >= 1 and max_inflight >= num_slots, got {self.num_slots}, "
                              f"{self.max_inflight}")

@@ -265,8 +265,9 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
-    messages), "max_tokens", optional "stop_token", "stop" (list of token-id
-    lists), "priority", "timeout_s", "temperature", "top_p", "top_k", "seed"}.
+    messages), "max_tokens", and optionally any other request parameter:
+    "stop_token", "stop" (list of token-id lists), "priority", "timeout_s",
+    the sampling parameters (the README lists them all)}.
     Results: {"id", "tokens", "finish_reason", "usage", "text"?, "error"?},
     in completion order.
     Without --broker an embedded broker and workers are started and stopped.

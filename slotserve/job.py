@@ -3,9 +3,7 @@
 Input rows (one JSON object per line; blank lines skipped)::
 
     {"id": any, "prompt": [token ids] | "text" (or "messages": [chat messages]), "max_tokens": int,
-     optional "stop_token": int | [int] | null, "stop": [[token ids], ...],
-     "priority": int, "timeout_s": number,
-     "temperature", "top_p", "top_k", "seed"}
+     optional: any other field of protocol.request.RequestParams ("stop" for "stop_sequences")}
 
 Output rows, written as requests finish (completion order; match on ``id``)::
 
@@ -25,13 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from client import DEFAULT, Client, RemoteError
+from client import Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
-from protocol.validation import validate_messages
-
-ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
-                        "temperature", "top_p", "top_k", "seed"})
-"""Keys an input row may have (others are refused, so a typo cannot pass silently)."""
+from protocol.request import RequestParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,25 +115,15 @@ class _Job:
             self.bad_row(None, f"line {n}: a row must be a JSON object")
             return
         row_id = row.get("id")
-        unknown = set(row) - ROW_FIELDS
-        if unknown:
-            self.bad_row(row_id, f"line {n}: unknown field(s) {sorted(unknown)}; allowed: {sorted(ROW_FIELDS)}")
-            return
-        if ("prompt" in row) == ("messages" in row) or "max_tokens" not in row:
-            self.bad_row(row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
+        try:  # every other key is a request parameter (unknown ones are refused: a typo cannot pass)
+            params = RequestParams.from_mapping({k: v for k, v in row.items() if k != "id"})
+        except ValueError as e:
+            self.bad_row(row_id, f"line {n}: {e}")
             return
         self.window.acquire()
         try:
-            # A "messages" value is checked here: passed as a prompt, a bare string would read as text.
-            prompt = validate_messages(row["messages"]) if "messages" in row else row["prompt"]
             with self.lock:
-                h = self.client.submit_request(
-                    prompt, row["max_tokens"], lambda seq, rid=n: self.done(rid),
-                    stop_token=row.get("stop_token", DEFAULT), stop_sequences=row.get("stop") or (),
-                    priority=row.get("priority", 0), timeout_s=row.get("timeout_s"), request_id=n,
-                    temperature=row.get("temperature", 0.0), top_p=row.get("top_p", 1.0),
-                    top_k=row.get("top_k", 0), seed=row.get("seed"))
-                self.handles[n] = h
+                self.handles[n] = self.client.submit(params, lambda seq, rid=n: self.done(rid), request_id=n)
                 self.rows[n] = row_id
         except ValueError as e:
             self.window.release()
@@ -152,7 +136,7 @@ class _Job:
             row_id = self.rows.pop(rid)
             tokens = h.tokens
             out = {"id": row_id, "tokens": tokens, "finish_reason": h.finish_reason.value,
-                   "usage": {"prompt_tokens": h.prompt_tokens or 0, "completion_tokens": len(tokens)}}
+                   "usage": {"prompt_tokens": h.usage.prompt_tokens or 0, "completion_tokens": len(tokens)}}
             if h.text is not None:
                 out["text"] = h.text
             err = h.error

@@ -19,3 +19,12 @@ def wait_until(condition: Callable[[], object], timeout_s: float = 10.0, what: s
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
                                  + ("" if show is None else f": {show()}"))
         pause.wait(0.002)
+
+
+def envelope(request_id, prompt, max_tokens, *, resume_tokens=(), time_left_s=None, **options):
+    """An :class:`~protocol.messages.Envelope` for ``submit``/``assign`` in tests:
+    ``RequestParams(prompt, max_tokens, **options)`` and its routing data."""
+    from protocol.messages import Envelope
+    from protocol.request import RequestParams
+
+    return Envelope(request_id, RequestParams(prompt, max_tokens, **options), tuple(resume_tokens), time_left_s)

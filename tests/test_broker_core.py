@@ -7,10 +7,11 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
+from conftest import envelope
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, RequestSpec,
+    Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register,
     Results, StatusQuery, Status, Submit, Welcome,
 )
 
@@ -37,10 +38,10 @@ def register(core, w=W1, slots=2, inflight=None, now=0.0, model="simulated"):
 
 
 def submit(core, client, ids, now=0.0, model="simulated", **kw):
-    return core.on_frontend(client, Submit(model, [RequestSpec(i, [1, 2], 4, **kw) for i in ids]), now)
+    return core.on_frontend(client, Submit(model, [envelope(i, [1, 2], 4, **kw) for i in ids]), now)
 
 
-def assigned(sends, w=W1) -> list[RequestSpec]:
+def assigned(sends, w=W1) -> list[Envelope]:
     return [r for m in sent(sends, Side.BACKEND, w, Assign) for r in m.requests]
 
 
@@ -74,7 +75,7 @@ def test_register_welcomes_and_submit_respects_credits():
     fin = finished_of(out, C1)
     assert fin[0].finish_reason is FinishReason.STOP and fin[0].prompt_tokens == 2
     r = results(out, C1)[0]
-    assert (r.ids, r.tokens) == ([0, 0], [5, 0])
+    assert (r.ids, r.tokens) == ((0, 0), (5, 0))
 
 
 def test_results_grouped_one_message_per_client_per_iteration():
@@ -85,8 +86,8 @@ def test_results_grouped_one_message_per_client_per_iteration():
     out = core.on_backend(W1, Iteration(ids=[k1[0], k2[0], k1[1]], tokens=[7, 8, 9]), 0.5)
     r1, r2 = results(out, C1), results(out, C2)
     assert len(r1) == 1 and len(r2) == 1
-    assert (r1[0].ids, r1[0].tokens) == (["a", "b"], [7, 9])
-    assert (r2[0].ids, r2[0].tokens) == (["a"], [8])
+    assert (r1[0].ids, r1[0].tokens) == (("a", "b"), (7, 9))
+    assert (r2[0].ids, r2[0].tokens) == (("a",), (8,))
 
 
 def test_load_spreads_to_the_idle_worker_first():
@@ -111,15 +112,15 @@ def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
     out = register(core, W2, slots=1, now=1.65)
     specs = assigned(out, W2)
     assert [s.request_id for s in specs] == [kx]        # head of the queue, ahead of z
-    assert specs[0].resume_tokens == [11, 12]
+    assert specs[0].resume_tokens == (11, 12)
     assert core.counters["requeued"] == 2 and core.counters["workers_lost"] == 1
     # Tokens from the dead worker arriving late are stale and dropped.
     assert not results(core.on_backend(W1, Iteration(ids=[kx], tokens=[99]), 1.7), C1)
     # The new worker continues; the client sees only the new tokens.
     out = core.on_backend(W2, Iteration(ids=[kx], tokens=[13], finished=[Finished(kx, FinishReason.LENGTH)]), 1.8)
-    assert (results(out, C1)[0].ids, results(out, C1)[0].tokens) == (["x"], [13])
+    assert (results(out, C1)[0].ids, results(out, C1)[0].tokens) == (("x",), (13,))
     assert [s.request_id for s in assigned(out, W2)] == [ky]   # then y (with its token), then z
-    assert assigned(out, W2)[0].resume_tokens == [21]
+    assert assigned(out, W2)[0].resume_tokens == (21,)
 
 
 def test_bye_migrates_at_once_and_max_attempts_ends_with_worker_failed():
@@ -146,7 +147,7 @@ def test_cancel_queued_and_running():
     out = core.on_frontend(C1, Cancel(["wait", "run", "unknown"]), 1.0)
     assert finished_of(out, C1)["wait"].finish_reason is FinishReason.CANCELLED
     (c,) = sent(out, Side.BACKEND, W1, Cancel)
-    assert c.request_ids == [spec.request_id]
+    assert c.request_ids == (spec.request_id,)
     assert "run" not in finished_of(out, C1)            # ends when the worker says so
     out = core.on_backend(W1, Iteration(finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
     assert finished_of(out, C1)["run"].finish_reason is FinishReason.CANCELLED
@@ -178,7 +179,7 @@ def test_queued_deadline_and_remaining_timeout_on_dispatch():
     key = next(iter(core.workers.get(W1).inflight))
     out = core.on_backend(W1, Iteration(finished=[Finished(key, FinishReason.STOP)]), 2.0)
     (spec,) = assigned(out)
-    assert spec.timeout_s == pytest.approx(3.0)          # time left, not the original
+    assert spec.time_left_s == pytest.approx(3.0) and spec.params.timeout_s == 5.0  # time left beside the original
 
 
 def test_silent_client_is_forgotten_and_its_requests_cancelled():
@@ -201,7 +202,7 @@ def test_client_lost_running_job_results_dropped_and_credit_returned():
     register(core, W1, slots=1)
     (spec,) = assigned(submit(core, C1, ["a"]))
     out = core.on_frontend(C1, Bye(), 1.0)
-    assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == [spec.request_id]
+    assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == (spec.request_id,)
     out = core.on_backend(W1, Iteration(ids=[spec.request_id], tokens=[3],
                                         finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
     assert not sent(out, Side.FRONTEND)
@@ -243,7 +244,7 @@ def test_hello_status_heartbeats_and_bad_messages():
     assert not sent(core.tick(0.4), kind=Heartbeat)    # once per interval
     err = ProtocolError(ErrorCode.MALFORMED, "bad")
     (e,) = sent(core.on_frontend_error(C2, err, ["z"], 0.5), Side.FRONTEND, C2, Error)
-    assert e.code is ErrorCode.MALFORMED and e.request_ids == ["z"]
+    assert e.code is ErrorCode.MALFORMED and e.request_ids == ("z",)
     # Ids of requests already in flight are not ended by someone else's bad frame.
     (e,) = sent(core.on_frontend_error(C1, err, [0], 0.5), Side.FRONTEND, C1, Error)
-    assert e.request_ids == []
+    assert e.request_ids == ()

@@ -12,13 +12,13 @@ import time
 import msgpack
 import pytest
 import zmq
-from conftest import wait_until
+from conftest import envelope, wait_until
 
 from broker import BrokerConfig
 from client import Client, RemoteError
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Error, Results, RequestSpec, Submit
+from protocol.messages import Error, Results, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
@@ -148,8 +148,8 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
             raw.send(b"\x93garbage")
             raw.send(msgpack.packb({"v": 99, "op": "submit"}))
             raw.send(encode(Submit("simulated", [
-                RequestSpec("neg", [-1, 2], 4), RequestSpec("zero", [1], 0),
-                RequestSpec("resume", [1], 2, resume_tokens=[3, 4]), RequestSpec("fine", [5, 6], 3)])))
+                envelope("neg", [-1, 2], 4), envelope("zero", [1], 0),
+                envelope("resume", [1], 2, resume_tokens=[3, 4]), envelope("fine", [5, 6], 3)])))
             raw.send(msgpack.packb({"v": 1, "op": "submit", "model": "simulated",
                                     "requests": [{"id": "typed", "prompt": [1, "a"], "max_tokens": 2}]}))
             replies = []
@@ -307,7 +307,7 @@ def test_client_that_stops_reading_is_failed_with_slow_consumer_and_others_unaff
         raw.setsockopt(zmq.RCVBUF, 2048)
         raw.connect(cl.frontend)
         try:
-            raw.send(encode(Submit("simulated", [RequestSpec(i, [i % 999 + 1], 2000, stop_tokens=[])
+            raw.send(encode(Submit("simulated", [envelope(i, [i % 999 + 1], 2000, stop_token=None)
                                                  for i in range(4000)])))
             with Client(cl.frontend) as good:
                 wait_until(lambda: good.status().counters["clients_lost"] >= 1, 90, "the slow client to be failed")

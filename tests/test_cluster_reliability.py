@@ -17,13 +17,13 @@ import time
 
 import pytest
 import zmq
-from conftest import wait_until
+from conftest import envelope, wait_until
 
 from broker import BrokerConfig
 from client import Client
 from protocol.codec import encode
 from protocol.enums import FinishReason
-from protocol.messages import Heartbeat, RequestSpec, Submit
+from protocol.messages import Heartbeat, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig, WorkerProcess
@@ -179,7 +179,7 @@ def test_silent_client_has_queued_and_running_requests_cancelled(cluster):
         with Client(cluster.frontend, heartbeat_interval_s=0.2) as c:
             before = c.status().counters["clients_lost"]
             # 20 endless requests: 10 run (8 slots + 2 prefetch), 10 wait in the queue.
-            raw.send(encode(Submit("simulated", [RequestSpec(i, [i + 1], 1_000_000, stop_tokens=[])
+            raw.send(encode(Submit("simulated", [envelope(i, [i + 1], 1_000_000, stop_token=None)
                                                  for i in range(20)])))
 
             def running_while_heartbeating():
