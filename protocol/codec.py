@@ -93,6 +93,23 @@ def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = 
     return _DECODERS[MESSAGE_TYPES[op]](d, op.value)
 
 
+def as_plain(value: Any) -> Any:
+    """``value`` (a message, a record, or anything inside one) as plain JSON-like
+    data: messages and records become maps of their fields by name, tuples
+    lists, enums their values. For humans and JSON output, not the wire."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if _is_record(type(value)):
+        return {name: as_plain(v) for name, v in zip(value._fields, value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [as_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_plain(v) for k, v in value.items()}
+    return value
+
+
 def peek_request_ids(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> list:
     """Best effort: the request ids named in a ``submit`` frame that failed to decode.
 

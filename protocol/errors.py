@@ -11,8 +11,8 @@ class ProtocolError(Exception):
     ``code`` is the :class:`~protocol.enums.ErrorCode` to answer with
     (``malformed``, ``too_large``, ``unsupported_version``, ``unknown_op``);
     ``message`` says what was wrong, for the peer and the log. Raised by
-    :func:`protocol.codec.decode` and the ``from_wire`` constructors; the
-    caller answers with an error reply and keeps going.
+    :func:`protocol.codec.decode`; the caller answers with an error reply
+    and keeps going.
     """
 
     def __init__(self, code: ErrorCode, message: str) -> None:

@@ -315,6 +315,7 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     import json
 
     from client import BrokerUnavailable, Client
+    from protocol.codec import as_plain
 
     try:
         with Client(broker_addr, connect_timeout_s=timeout_s, name="slotserve-status", curve=curve_dir) as c:
@@ -322,14 +323,14 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     except (BrokerUnavailable, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps(st.to_wire(), indent=2))
+        click.echo(json.dumps(as_plain(st), indent=2))
         return
     click.echo(f"broker {st.broker_id[:8]}  up {st.uptime_s:.0f} s  clients {st.clients}")
     click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18}")
     for name, m in st.models.items():
         click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total}")
     for w in st.workers:
-        click.echo(f"  worker {w['name']:<22} {w['model']:<16} {w['inflight']}/{w['num_slots']} in flight/slots")
+        click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
 
 

@@ -18,7 +18,7 @@ from broker import BrokerConfig
 from client import Client, RemoteError
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Error, Results, Submit
+from protocol.messages import PROTOCOL_VERSION, Error, Results, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
@@ -147,17 +147,19 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
         try:
             raw.send(b"\x93garbage")
             raw.send(msgpack.packb({"v": 99, "op": "submit"}))
-            raw.send(encode(Submit("simulated", [
-                envelope("neg", [-1, 2], 4), envelope("zero", [1], 0),
-                envelope("resume", [1], 2, resume_tokens=[3, 4]), envelope("fine", [5, 6], 3)])))
-            raw.send(msgpack.packb({"v": 1, "op": "submit", "model": "simulated",
-                                    "requests": [{"id": "typed", "prompt": [1, "a"], "max_tokens": 2}]}))
+            # One frame: three requests a client could not build (the broker rejects each
+            # alone), one the worker refuses (outside the vocabulary), one fine.
+            raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated", "requests": [
+                ["neg", [[-1, 2], 4]], ["zero", [[1], 0]], ["resume", [[1], 2], [3, 4]],
+                ["vocab", [[1, 5000], 2]], ["fine", [[5, 6], 3]]]}))
+            raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated",
+                                    "requests": [["typed", "not params", [], None, "extra"]]}))
             replies = []
             finished = {}
             poller = zmq.Poller()
             poller.register(raw, zmq.POLLIN)
             deadline = time.monotonic() + 20
-            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 4) \
+            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 5) \
                     and time.monotonic() < deadline:
                 if poller.poll(100):
                     msg = decode(raw.recv())
@@ -169,8 +171,8 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
         c.run(timeout=60)
     errors = [r for r in replies if isinstance(r, Error)]
     assert {e.code for e in errors} >= {ErrorCode.MALFORMED, ErrorCode.UNSUPPORTED_VERSION}
-    assert any(e.request_ids == ["typed"] for e in errors)
-    for rid in ("neg", "zero", "resume"):
+    assert any(e.request_ids == ("typed",) for e in errors)
+    for rid in ("neg", "zero", "resume", "vocab"):
         assert finished[rid].finish_reason is FinishReason.ERROR and finished[rid].code is ErrorCode.BAD_REQUEST
         assert finished[rid].message
     assert finished["fine"].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
@@ -224,8 +226,8 @@ def test_sigkilled_worker_loses_nothing_and_doubles_nothing(slow_cluster):
         name_suffix = f":{victim.pid}"
 
         def victim_holds_streaming_requests():
-            w = [w for w in c.status().workers if w["name"].endswith(name_suffix)]
-            return w and w[0]["inflight"] >= 4 and sum(len(s) for s in streamed.values()) >= 20
+            w = [w for w in c.status().workers if w.name.endswith(name_suffix)]
+            return w and w[0].inflight >= 4 and sum(len(s) for s in streamed.values()) >= 20
 
         wait_until(victim_holds_streaming_requests, 20, "the victim to hold requests mid-stream")
         os.kill(victim.pid, signal.SIGKILL)

@@ -104,7 +104,7 @@ class ThreadWorker:
 
 
 def registered(c: Client, name: str) -> bool:
-    return any(w["name"] == name for w in c.status().workers)
+    return any(w.name == name for w in c.status().workers)
 
 
 def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
@@ -117,11 +117,11 @@ def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
         hs = [c.submit_request(p, m, **kw) for p, m, kw in reqs]
         c.run(timeout=30)
         after = c.status().counters
-        busy = [x for x in c.status().workers if x["name"] == w.name][0]
+        busy = [x for x in c.status().workers if x.name == w.name][0]
     assert [(h.tokens, h.finish_reason) for h in hs] == expected
     # Steps of 0.8 s, longer than the 0.5 s liveness window: never dead, never hung.
     assert after["workers_lost"] == before["workers_lost"] and after["requeued"] == before["requeued"]
-    assert busy["iterations"] >= 3
+    assert busy.iterations >= 3
 
 
 def test_hung_worker_loses_its_requests_to_a_healthy_one_with_tokens_so_far(cluster):
@@ -136,14 +136,14 @@ def test_hung_worker_loses_its_requests_to_a_healthy_one_with_tokens_so_far(clus
         assert model.hanging.wait(20)
         c.run(timeout=30)
         st = c.status()
-        suspect = [x for x in st.workers if x["name"] == w.name]
+        suspect = [x for x in st.workers if x.name == w.name]
     assert [(h.tokens, h.finish_reason) for h in hs] == expected
     for i, h in enumerate(hs):
         assert streamed[i] == h.tokens           # the migration: no gap, no duplicate
     assert st.counters["workers_hung"] >= before["workers_hung"] + 1
     assert st.counters["requeued"] >= before["requeued"] + 4
     # It heartbeat, was told it is unknown and registered again: on probation, idle.
-    assert all(x["suspect"] and x["inflight"] == 0 for x in suspect)
+    assert all(x.suspect and x.inflight == 0 for x in suspect)
 
 
 def test_request_hung_on_max_attempts_workers_ends_with_worker_failed(cluster):

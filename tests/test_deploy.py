@@ -61,7 +61,7 @@ def test_supervisord_runs_broker_and_two_workers(tmp_path):
             except Exception:  # noqa: BLE001 -- not up yet
                 pass
             assert time.monotonic() < deadline, "supervisord cluster did not come up"
-        names = sorted(w["name"] for w in st.workers)
+        names = sorted(w.name for w in st.workers)
         assert names == ["worker-0", "worker-1"] and st.models["simulated"].slots_total == 6
 
         rows = [{"id": i, "prompt": [i + 1, 2], "max_tokens": 1 + i % 9} for i in range(50)]

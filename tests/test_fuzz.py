@@ -21,7 +21,7 @@ from conftest import envelope
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode
 from protocol.messages import (
-    Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
+    PROTOCOL_VERSION, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
 )
 from protocol.enums import FinishReason
 from slotserve.launcher import ClusterConfig, LocalCluster
@@ -160,8 +160,8 @@ def ask(endpoint, parts, timeout_s=10.0):
 @pytest.mark.parametrize("side", ["frontend", "backend"])
 def test_wrong_version_too_large_and_multipart_get_clear_error_codes(cluster, side):
     ep = getattr(cluster, side)
-    e = ask(ep, [msgpack.packb({"v": 2, "op": "hello" if side == "frontend" else "register"})])
-    assert isinstance(e, Error) and e.code is ErrorCode.UNSUPPORTED_VERSION and "v1" in e.message
+    e = ask(ep, [msgpack.packb({"v": PROTOCOL_VERSION + 1, "op": "hello" if side == "frontend" else "register"})])
+    assert isinstance(e, Error) and e.code is ErrorCode.UNSUPPORTED_VERSION and f"v{PROTOCOL_VERSION}" in e.message
     e = ask(ep, [msgpack.packb({"op": "hello"})])
     assert e.code is ErrorCode.UNSUPPORTED_VERSION
     e = ask(ep, [b"\x00" * (LIMIT + 1)])
