@@ -23,7 +23,7 @@ from protocol import defaults
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Welcome
-from protocol.request import DEFAULT, RequestParams, check_request_id, check_stop_token
+from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_float, as_text
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class Client:
         self.stop_token = check_stop_token(stop_token)
         self.broker_id: str | None = None
         self.models: dict[str, ModelInfo] = {}
+        self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._handles: dict[object, ClientHandle] = {}
@@ -147,9 +148,9 @@ class Client:
         for n, fn in (("callback", callback), ("on_token", on_token)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{n} must be callable or None, got {type(fn).__name__}")
-        info = self.models.get(self.model)
-        if info is not None:
-            params.check_model(info.vocab_size, info.max_seq_len)
+        limits = self._limits
+        if limits is not None:
+            limits.check(params)
         rid = None if request_id is None else check_request_id(request_id)
         with self._lock:
             if self._closed:
@@ -298,6 +299,8 @@ class Client:
                         self._check_broker(msg.broker_id)
                 elif isinstance(msg, Welcome):
                     self.models = msg.models
+                    info = msg.models.get(self.model)
+                    self._limits = None if info is None else ModelLimits(info.vocab_size, info.max_seq_len)
                     self._check_broker(msg.broker_id)
                     self._welcomed.set()
                 elif isinstance(msg, Error):

@@ -22,7 +22,7 @@ class ClientHandle(RequestHandle):
 
     def __init__(self, request_id: RequestId, params: RequestParams, callback: Callable | None,
                  on_token: Callable | None, submitted_s: float, owner) -> None:
-        super().__init__(request_id, params, submitted_s)
+        super().__init__(request_id, params, submitted_s, len(params.prompt) if params.is_token_prompt else None)
         self.callback = callback
         self.on_token = on_token
         self._tokens: list[int] = []

@@ -48,13 +48,14 @@ class RequestHandle:
     __slots__ = ("request_id", "params", "submitted_s", "first_token_s", "finished_s", "_prompt_tokens",
                  "_finish_reason", "_stop_reason", "_error", "_done")
 
-    def __init__(self, request_id: RequestId, params: RequestParams, submitted_s: float) -> None:
+    def __init__(self, request_id: RequestId, params: RequestParams, submitted_s: float,
+                 prompt_tokens: int | None) -> None:
         self.request_id = request_id
         self.params = params
         self.submitted_s = submitted_s
         self.first_token_s: float | None = None
         self.finished_s: float | None = None
-        self._prompt_tokens: int | None = len(params.prompt) if params.is_token_prompt else None
+        self._prompt_tokens = prompt_tokens
         self._finish_reason: FinishReason | None = None
         self._stop_reason: int | tuple[int, ...] | None = None
         self._error: BaseException | None = None

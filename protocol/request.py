@@ -30,9 +30,11 @@ import operator
 from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
-from protocol.validation import WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence
+from protocol.validation import (
+    WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
+)
 
-__all__ = ["DEFAULT", "GREEDY", "MAX_REQUEST_ID_CHARS", "ROW_ALIASES", "ChatMessage", "RequestId",
+__all__ = ["DEFAULT", "GREEDY", "MAX_REQUEST_ID_CHARS", "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId",
            "RequestParams", "SamplingParams", "check_request_id", "check_stop_token"]
 
 DEFAULT = "default"
@@ -252,7 +254,7 @@ class RequestParams(_Fields):
     :data:`DEFAULT`, chat messages :class:`ChatMessage` tuples.
 
     Immutable (a tuple); ``_replace`` and ``_make`` validate like the constructor.
-    Checks that need a model (vocabulary, context length) are :meth:`check_model`.
+    Checks that need a model (vocabulary, context length) are :class:`ModelLimits`'.
     """
 
     __slots__ = ()
@@ -262,8 +264,8 @@ class RequestParams(_Fields):
             # submit_request(prompt, max_tokens): every option at its default -- the hot path.
             prompt, max_tokens = args
             if (type(prompt) is list or type(prompt) is tuple) and prompt \
-                    and _count_of(map(type, prompt), int) == len(prompt) and min(prompt) >= 0 \
-                    and max(prompt) <= WIRE_INT_MAX and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
+                    and _count_of(map(type, prompt), int) == len(prompt) and is_unsigned_64(prompt) \
+                    and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
                 return tuple.__new__(cls, (tuple(prompt), max_tokens, *_OPTION_DEFAULTS))
         elif not _NAMES.issuperset(options):
             unknown = sorted(set(options) - _NAMES)
@@ -313,24 +315,6 @@ class RequestParams(_Fields):
             return GREEDY
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
 
-    def check_model(self, vocab_size: int | None, max_seq_len: int | None, prompt_len: int | None = None) -> None:
-        """ValueError when this request cannot run on a model whose token ids lie in
-        ``[0, vocab_size)`` and whose context holds ``max_seq_len`` tokens (None:
-        unbounded). ``prompt_len``: the prompt's length in tokens when it is text
-        (known once tokenised; None skips the context check for text)."""
-        if self.is_token_prompt:
-            check_vocab(self.prompt, "prompt", vocab_size)
-            prompt_len = len(self.prompt)
-        if vocab_size is not None:
-            if type(self.stop_token) is tuple:
-                check_vocab(self.stop_token, "stop_token", vocab_size)
-            for i, seq in enumerate(self.stop_sequences):
-                check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
-        if max_seq_len is not None and prompt_len is not None and prompt_len + self.max_tokens > max_seq_len:
-            raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({self.max_tokens}) = {prompt_len + self.max_tokens} "
-                f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
-
     def check_resume(self, tokens: object, vocab_size: int | None = None) -> tuple[int, ...]:
         """``tokens`` already generated for this request elsewhere (migration,
         resubmission), checked: token ids, fewer than ``max_tokens``. Returns a tuple."""
@@ -340,6 +324,60 @@ class RequestParams(_Fields):
                              "the request is already complete")
         check_vocab(out, "resume_tokens", vocab_size)
         return out
+
+
+class ModelLimits:
+    """What a model accepts: token ids in ``[0, vocab_size)`` and prompt +
+    ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded). Built once
+    per model (an engine, a client that knows the model); immutable."""
+
+    __slots__ = ("vocab_size", "max_seq_len", "_token_ids")
+
+    def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
+        # faster than max() (measured); none past 2**18 ids (the set's memory).
+        self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
+
+    def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
+        """ValueError when ``params`` cannot run on this model. ``prompt_len``: the
+        prompt's length in tokens when it is text (known once tokenised; None
+        skips the context check for text)."""
+        vocab_size = self.vocab_size
+        prompt = params.prompt
+        if type(prompt[0]) is int:
+            prompt_len = len(prompt)
+            if vocab_size is not None and not (self._token_ids is not None and self._token_ids.issuperset(prompt)):
+                check_vocab(prompt, "prompt", vocab_size)
+        if vocab_size is not None and (params.stop_sequences or type(params.stop_token) is tuple):
+            if type(params.stop_token) is tuple:
+                check_vocab(params.stop_token, "stop_token", vocab_size)
+            for i, seq in enumerate(params.stop_sequences):
+                check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
+        if self.max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
+                f"exceeds the model's context of {self.max_seq_len} tokens; shorten the prompt or lower max_tokens")
+
+    def build(self, prompt: object, max_tokens: object, **options: Any) -> RequestParams:
+        """``RequestParams(prompt, max_tokens, **options)``, checked against this model
+        too (:meth:`check`): ValueError / TypeError as they raise.
+
+        The common case -- token ids, no options -- is one membership test per
+        token instead of a type pass, a wire-range pass and a vocabulary pass:
+        ids of the vocabulary lie in the wire's range. (An engine submits every
+        request through here; bench/engine.py's end-to-end target needs it.)
+        """
+        ids = self._token_ids
+        if not options and ids is not None and (type(prompt) is list or type(prompt) is tuple) and prompt \
+                and _count_of(map(type, prompt), int) == len(prompt) and ids.issuperset(prompt) \
+                and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX \
+                and (self.max_seq_len is None or len(prompt) + max_tokens <= self.max_seq_len):
+            return tuple.__new__(RequestParams, (tuple(prompt), max_tokens, *_OPTION_DEFAULTS))
+        params = RequestParams(prompt, max_tokens, **options)
+        self.check(params)
+        return params
 
 
 def check_stop_token(value: object) -> tuple[int, ...] | str:

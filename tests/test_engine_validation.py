@@ -7,7 +7,7 @@ import math
 import pytest
 
 from protocol import validation as V
-from protocol.request import DEFAULT, RequestParams
+from protocol.request import DEFAULT, ModelLimits, RequestParams
 from worker import BatchInferenceEngine, SimulatedLLM
 
 np = pytest.importorskip("numpy")
@@ -126,7 +126,7 @@ def test_request_params_normalise():
     assert RequestParams([1], 1, stop_token={3, 1}).stop_token == (1, 3)
     assert RequestParams([1], 1) == RequestParams(prompt=[1], max_tokens=1, stop_token=DEFAULT)
     with pytest.raises(ValueError, match="context of 4 tokens"):
-        p.check_model(vocab_size=10, max_seq_len=4)
+        ModelLimits(vocab_size=10, max_seq_len=4).check(p)
     with pytest.raises(TypeError, match="unknown request option"):
         RequestParams([1], 1, stop_tokens=[1])
 

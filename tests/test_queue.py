@@ -75,7 +75,7 @@ def test_matches_a_sorted_list_oracle(ops, window):
     q = PriorityQueue(aging_window=window)
     ranked = []  # (rank, push number, item) of queued ranked items
     head = []    # queued head-lane items, in order
-    n = 0
+    n = 0        # pushes so far, head-lane ones included
     for op, prio, k in ops:
         if op == "push":
             it = Item(n)
@@ -83,9 +83,10 @@ def test_matches_a_sorted_list_oracle(ops, window):
             ranked.append((n + prio * window, n, it))
             n += 1
         elif op == "head":
-            it = Item(f"h{len(head)}")
+            it = Item(f"h{n}")
             q.push_head(it)
             head.append(it)
+            n += 1
         elif op == "pop":
             got = q.pop_many(k)
             ranked.sort(key=lambda e: e[:2])

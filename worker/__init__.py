@@ -13,7 +13,6 @@ from protocol.request import DEFAULT, RequestParams
 from worker.engine import BatchInferenceEngine
 from worker.errors import DuplicateRequestError, ModelError, QueueFullError, UnsupportedError
 from worker.models.simulated import SimulatedLLM
-from worker.request import EngineHandle
 from worker.scheduler import Policy
 
 ENGINE_DEFAULT = DEFAULT
@@ -25,7 +24,6 @@ __all__ = [
     "ENGINE_DEFAULT",
     "BatchInferenceEngine",
     "DuplicateRequestError",
-    "EngineHandle",
     "FinishReason",
     "ModelError",
     "Policy",

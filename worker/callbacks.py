@@ -30,8 +30,8 @@ def stream_tokens(streaming: list[Request]) -> list[tuple[Request, Exception]]:
 
 
 def complete(finished: list[Request], completion: Completion, now: float) -> None:
-    """Record each finished request's ending on its handle (``now``: the engine's
-    clock), then call its callback once with its final sequence (a copy).
+    """Record each finished request's ending (``now``: the engine's clock), then
+    call its callback once with its final sequence (a copy).
 
     A raising callback is recorded as the request's ``error`` (its
     ``finish_reason`` stays). Afterwards the handle is ``done`` and any
@@ -40,20 +40,18 @@ def complete(finished: list[Request], completion: Completion, now: float) -> Non
     completion.delivering_thread = threading.get_ident()
     try:
         for req in finished:
-            h = req.handle
-            h._end(req.reason, req.stop_match, req.error, now)
+            req._end(req.reason, req.stop_match, req._error, now)
             cb = req.callback
             if cb is not None:
-                completion.delivering = h  # (the previous one is done: its result() returns)
+                completion.delivering = req  # (the previous one is done: its result() returns)
                 try:
                     cb(list(req.seq))
                 except Exception as exc:
                     log.warning("callback of request %r raised", req.request_id, exc_info=exc)
-                    if h._error is None:
-                        h._error = exc
+                    if req._error is None:
+                        req._error = exc
                 req.callback = None
-            h._done = True
-            req.handle = None  # the handle keeps the request, not the other way round
+            req._done = True
             if completion.waiters:  # read without the lock: see Completion
                 completion.notify()
     finally:

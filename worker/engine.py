@@ -27,12 +27,12 @@ import time
 from typing import Callable
 
 from protocol.defaults import AGING_WINDOW
-from protocol.request import DEFAULT, RequestParams, check_request_id, check_stop_token
+from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_vocab
 from worker.callbacks import complete, stream_tokens
 from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
-from worker.request import Completion, EngineHandle, Request
+from worker.request import Completion, Request
 from worker.scheduler import InFlight, Policy
 from worker.slots import SlotTable
 
@@ -77,8 +77,8 @@ class BatchInferenceEngine:
         except ValueError:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}") from None
         self.model = model
-        self._vocab_size = _optional_positive_int(model, "vocab_size")
-        self._max_seq_len = _optional_positive_int(model, "max_seq_len")
+        self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
+                                   _optional_positive_int(model, "max_seq_len"))
         self._tokenizer = getattr(model, "tokenizer", None)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
@@ -87,7 +87,7 @@ class BatchInferenceEngine:
         stops = check_stop_token(stop_token)
         if stops == DEFAULT:
             raise ValueError(f'stop_token must be an int, a list of ints, None or "model", got {stop_token!r}')
-        check_vocab(stops, "stop_token", self._vocab_size)
+        check_vocab(stops, "stop_token", self._limits.vocab_size)
         self.stop_tokens = frozenset(stops)
         self.batch_size = batch_size
         self.max_queue = max_queue
@@ -99,7 +99,7 @@ class BatchInferenceEngine:
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
         self._slots = SlotTable(batch_size, self._slot_aware, self.stop_tokens)
-        self._completion = Completion()
+        self._completion = Completion(None if self._tokenizer is None else self._tokenizer.decode)
         if self._slot_aware:
             model.bind_slots(batch_size)
 
@@ -107,8 +107,9 @@ class BatchInferenceEngine:
 
     def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None, *,
                        on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
-                       **options) -> EngineHandle:
-        """Queue one request; return its :class:`~worker.request.EngineHandle`.
+                       **options) -> Request:
+        """Queue one request; return its handle (a :class:`~worker.request.Request`,
+        whose public surface is :class:`protocol.handle.RequestHandle`).
 
         ``prompt``, ``max_tokens`` and the keyword ``options`` are the request's
         parameters: any field of :class:`protocol.request.RequestParams`
@@ -129,36 +130,46 @@ class BatchInferenceEngine:
         DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
         QueueFullError at ``max_queue``; in every case nothing is queued.
         """
-        return self.submit(RequestParams(prompt, max_tokens, **options), callback, on_token=on_token,
-                           request_id=request_id, resume_tokens=resume_tokens)
+        params = self._limits.build(prompt, max_tokens, **options)  # checked against the model too
+        return self._submit(params, callback, on_token, request_id, resume_tokens, None, True)
 
     def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
                on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
-               time_left_s: float | None = None) -> EngineHandle:
+               time_left_s: float | None = None) -> Request:
         """Queue a request built already (:class:`~protocol.request.RequestParams`);
         ``time_left_s`` replaces ``params.timeout_s`` when it waited elsewhere
         before (seconds from now). Otherwise, and for errors, as :meth:`submit_request`.
         """
+        if not isinstance(params, RequestParams):
+            raise TypeError(f"params must be a RequestParams, got {type(params).__name__}")
+        return self._submit(params, callback, on_token, request_id, resume_tokens, time_left_s, False)
+
+    def _submit(self, params: RequestParams, callback, on_token, request_id, resume_tokens,
+                time_left_s: float | None, checked: bool) -> Request:
+        """``checked``: ``params`` of token ids were checked against the model already."""
         if callback is not None and not callable(callback):
             raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
         if on_token is not None and not callable(on_token):
             raise ValueError(f"on_token must be callable or None, got {type(on_token).__name__}")
-        prompt = params.prompt if params.is_token_prompt else self._tokenize(params)
-        params.check_model(self._vocab_size, self._max_seq_len, len(prompt))
-        resume = params.check_resume(resume_tokens, self._vocab_size) if resume_tokens else ()
+        prompt = params.prompt
+        if type(prompt[0]) is int:  # token ids
+            if not checked:
+                self._limits.check(params)
+        else:  # text or chat
+            prompt = self._tokenize(params)
+            self._limits.check(params, len(prompt))
+        resume = params.check_resume(resume_tokens, self._limits.vocab_size) if resume_tokens else ()
         stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
         timeout_s = params.timeout_s if time_left_s is None else time_left_s
         now = self._clock()
         req = Request(params, None if request_id is None else check_request_id(request_id), prompt, resume,
-                      stops, callback, on_token, None if timeout_s is None else now + timeout_s)
-        detokenize = None if params.is_token_prompt else self._tokenizer.decode
-        req.handle = handle = EngineHandle(req, now, self._completion, detokenize)
+                      stops, callback, on_token, now, None if timeout_s is None else now + timeout_s,
+                      self._completion)
         with self._lock:
             self._book.add(req)  # picks an id when it has none
-            handle.request_id = req.request_id
             if self._waiting:
                 self._work.notify_all()
-        return handle
+        return req  # the request is its own handle
 
     def _tokenize(self, params: RequestParams) -> tuple[int, ...]:
         """A text or chat prompt as token ids, by the model's tokenizer."""
@@ -254,7 +265,7 @@ class BatchInferenceEngine:
         if slots.admitted:  # their first token: time to first token
             now = self._clock()
             for req in slots.admitted:
-                req.handle.first_token_s = now
+                req.first_token_s = now
             slots.admitted.clear()
         if finished:
             with self._lock:  # final from here: a later cancel returns False

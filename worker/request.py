@@ -1,10 +1,5 @@
-"""One request inside the engine: its state, its public handle, stop-sequence matching.
-
-:class:`Request` is the engine's per-request state, touched in the
-per-iteration loop (``__slots__``, plain attributes). :class:`EngineHandle` is
-what ``submit_request`` returns: the public surface shared with the client
-SDK's handles (:class:`protocol.handle.RequestHandle`), read from the request.
-"""
+"""One request inside the engine (its state, which is also its public handle), and
+stop-sequence matching."""
 
 from __future__ import annotations
 
@@ -80,10 +75,18 @@ def _failure_table(pattern: tuple[int, ...]) -> list[int]:
     return f
 
 
-class Request:
-    """Engine-side state of one accepted request.
+class Request(RequestHandle):
+    """One accepted request: the engine's state of it, and the handle
+    ``submit_request`` returns.
 
-    - ``seq``: the request's tokens: prompt, then resume tokens, then generated
+    To callers it is a :class:`protocol.handle.RequestHandle` (the surface the
+    client SDK's handles share); ``prompt`` is always token ids here (a text
+    prompt as the engine tokenised it), and ``text`` is the decode of
+    ``tokens`` (special tokens left out) for text and chat prompts, else None.
+    Its other attributes are the engine's, touched in the per-iteration loop
+    (``__slots__``, plain attributes):
+
+    - ``seq``: the request's tokens: prompt (``usage.prompt_tokens`` of them), then resume tokens, then generated
       ones. While it waits it is a tuple (the prompt's own, when nothing was
       resumed); :meth:`SlotTable.occupy <worker.slots.SlotTable.occupy>` turns
       it into the list the model reads and the engine appends to.
@@ -93,22 +96,22 @@ class Request:
     - ``slot``/``pos``: its slot and its index in the batch lists while running, else None.
     - ``queue_seq``: its ticket while queued (:class:`protocol.queue.PriorityQueue`).
     - ``deadline``: on the engine's clock, or None.
-    - ``handle``: its :class:`EngineHandle` until it has been delivered.
+
+    One object per request, not a state object behind a handle: submission is
+    per request, and bench/engine.py's end-to-end target (>= 5x the naive
+    engine) needs it lean; a second object cost about 10 % of a plain
+    request's submit + run (measured in instructions; see the r9 notes).
     """
 
-    __slots__ = ("params", "request_id", "handle", "seq", "prompt_len", "to_generate", "stop_tokens", "matcher",
-                 "on_token", "callback", "sampling", "deadline", "state", "reason", "stop_match", "error",
-                 "slot", "pos", "queue_seq")
+    __slots__ = ("seq", "to_generate", "stop_tokens", "matcher", "on_token", "callback", "deadline", "state",
+                 "reason", "stop_match", "slot", "pos", "queue_seq", "_completion")
 
     def __init__(self, params: RequestParams, request_id: RequestId | None, prompt: tuple[int, ...],
                  resume: tuple[int, ...], stop_tokens: frozenset[int],
-                 callback: Callable[[list[int]], object] | None,
-                 on_token: Callable[[int], object] | None, deadline: float | None) -> None:
-        self.params = params
-        self.request_id = request_id
-        self.handle: EngineHandle | None = None
+                 callback: Callable[[list[int]], object] | None, on_token: Callable[[int], object] | None,
+                 submitted_s: float, deadline: float | None, completion: Completion) -> None:
+        RequestHandle.__init__(self, request_id, params, submitted_s, len(prompt))
         self.seq = prompt + resume if resume else prompt
-        self.prompt_len = len(prompt)
         self.to_generate = params.max_tokens - len(resume)
         self.stop_tokens = stop_tokens
         self.matcher = None
@@ -118,49 +121,27 @@ class Request:
                 self.matcher.feed(t)
         self.on_token = on_token
         self.callback = callback
-        self.sampling = params.sampling
         self.deadline = deadline
         self.state = RequestState.QUEUED
         self.reason: FinishReason | None = None
         self.stop_match: int | tuple[int, ...] | None = None  # what stopped it (stop_reason)
-        self.error: BaseException | None = None
         self.slot: int | None = None
         self.pos: int | None = None
         self.queue_seq: int | None = None
-
-
-class EngineHandle(RequestHandle):
-    """The handle ``BatchInferenceEngine.submit_request`` returns; see
-    :class:`protocol.handle.RequestHandle` for its attributes.
-
-    ``prompt`` is always token ids here (a text prompt as the engine tokenised
-    it); ``text`` is the decode of ``tokens`` (special tokens left out) for
-    text and chat prompts, else None.
-    """
-
-    __slots__ = ("_request", "_completion", "_detokenize")
-
-    def __init__(self, request: Request, submitted_s: float, completion: Completion,
-                 detokenize: Callable[[list[int]], str] | None) -> None:
-        super().__init__(request.request_id, request.params, submitted_s)
-        self._request = request
         self._completion = completion
-        self._detokenize = detokenize
-        self._prompt_tokens = request.prompt_len
 
     @property
     def prompt(self) -> list[int]:
-        r = self._request
-        return list(r.seq[:r.prompt_len])
+        return list(self.seq[:self._prompt_tokens])
 
     @property
     def tokens(self) -> list[int]:
-        r = self._request
-        return list(r.seq[r.prompt_len:])
+        return list(self.seq[self._prompt_tokens:])
 
     @property
     def text(self) -> str | None:
-        return None if self._detokenize is None else self._detokenize(self.tokens)
+        detokenize = self._completion.detokenize
+        return None if detokenize is None or self.params.is_token_prompt else detokenize(self.tokens)
 
     def _wait(self, timeout: float | None) -> None:
         c = self._completion
@@ -176,7 +157,9 @@ class EngineHandle(RequestHandle):
 
 
 class Completion:
-    """Lets ``EngineHandle.result`` block until a request is done, without polling.
+    """Lets ``Request.result`` block until a request is done, without polling;
+    ``detokenize`` is the model's tokenizer's ``decode`` (None without one),
+    for the requests' ``text``.
 
     One per engine. After every terminal callback the engine reads
     ``waiters`` without the lock and calls :meth:`notify` when it is nonzero,
@@ -186,14 +169,15 @@ class Completion:
     reads ``waiters``.
     """
 
-    __slots__ = ("cond", "waiters", "delivering", "delivering_thread")
+    __slots__ = ("cond", "waiters", "delivering", "delivering_thread", "detokenize")
 
-    def __init__(self) -> None:
+    def __init__(self, detokenize: Callable[[list[int]], str] | None = None) -> None:
+        self.detokenize = detokenize
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
-        # The handle whose completion callback is running, and on which thread:
+        # The request whose completion callback is running, and on which thread:
         # result() called from inside that callback must return, not wait on itself.
-        self.delivering: EngineHandle | None = None
+        self.delivering: Request | None = None
         self.delivering_thread = 0
 
     def notify(self) -> None:

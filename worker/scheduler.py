@@ -172,8 +172,8 @@ class InFlight:
             self.pending.append((req, FinishReason.ERROR, error))
         elif req.state is FINISHED:
             req.reason = FinishReason.ERROR
-        if req.error is None:
-            req.error = error
+        if req._error is None:
+            req._error = error
 
     def take_ended(self, clock: Callable[[], float]) -> list[Request]:
         """Carry out the pending ends and the deadlines passed on ``clock``; return those requests.
@@ -190,8 +190,8 @@ class InFlight:
         for req, reason, error in pending:
             if req.state is not FINISHED:
                 req.state, req.reason = FINISHED, reason
-                if req.error is None:
-                    req.error = error
+                if req._error is None:
+                    req._error = error
                 del self.by_id[req.request_id]
                 ended.append(req)
         pending.clear()

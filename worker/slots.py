@@ -92,7 +92,7 @@ class SlotTable:
             seqs.append(seq)
             if inputs is not None:
                 si = self._slot_inputs[slot]
-                si.tokens, si.sampling = seq, req.sampling
+                si.tokens, si.sampling = seq, req.params.sampling
                 inputs.append(si)
             # Its k-th new token is appended in iteration (now + k - 1).
             at = it + req.to_generate
