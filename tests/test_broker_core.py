@@ -3,15 +3,18 @@ migration, cancellation, deadlines, admission, liveness."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
 from conftest import envelope
+from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register,
+    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register,
     Results, StatusQuery, Status, Submit, Welcome,
 )
 
@@ -248,3 +251,28 @@ def test_hello_status_heartbeats_and_bad_messages():
     # Ids of requests already in flight are not ended by someone else's bad frame.
     (e,) = sent(core.on_frontend_error(C1, err, [0], 0.5), Side.FRONTEND, C1, Error)
     assert e.request_ids == ()
+
+
+def test_the_broker_never_changes_a_message_it_received():
+    """Decoded messages go through the core untouched: the same bytes encode
+    again afterwards, and the parameters a worker gets are the very objects
+    the client sent (routing travels beside them)."""
+    core = make_core()
+    register(core, W1, slots=3)
+    data = encode(Submit("simulated", [envelope("a", [1, 2], 4, stop_token=None, timeout_s=5.0, priority=2),
+                                       envelope("b", "text", 3, resume_tokens=[7]),
+                                       envelope("c", [3], 9, temperature=0.5, seed=1)]))
+    msg = decode(data, CLIENT_TO_BROKER)
+    before = copy.deepcopy(msg)
+    out = core.on_frontend(C1, msg, 0.0)
+    assert msg == before and encode(msg) == data
+    by_params = {id(e.params): e for e in assigned(out)}  # (priority 2 sends "a" last)
+    a, b, c = (by_params[id(e.params)] for e in msg.requests)  # the very objects the client sent
+    assert b.resume_tokens == (7,) and a.time_left_s == 5.0 and c.time_left_s is None
+    key = a.request_id
+    it_data = encode(Iteration(ids=[key], tokens=[5], finished=[Finished(key, FinishReason.STOP, stop_reason=5)]))
+    it = decode(it_data, WORKER_TO_BROKER)
+    out = core.on_backend(W1, it, 1.0)
+    assert encode(it) == it_data
+    (f,) = finished_of(out, C1).values()
+    assert (f.request_id, f.stop_reason) == ("a", 5)
