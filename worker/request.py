@@ -139,6 +139,11 @@ class Request(RequestHandle):
         return list(self.seq[self._prompt_tokens:])
 
     @property
+    def num_generated(self) -> int:
+        """Tokens generated so far, resumed ones included (the engine's count for stop rules)."""
+        return len(self.seq) - self._prompt_tokens
+
+    @property
     def text(self) -> str | None:
         detokenize = self._completion.detokenize
         return None if detokenize is None or self.params.is_token_prompt else detokenize(self.tokens)
