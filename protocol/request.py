@@ -118,7 +118,8 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
             raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {m!r:.80}")
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"chat message {i} must have string 'role' and 'content', got {m!r:.80}")
-        out.append(ChatMessage(as_text(role, f"chat message {i} role"), as_text(content, f"chat message {i} content")))
+        out.append(ChatMessage(as_text(role, f"chat message {i} role"),
+                               as_text(content, f"chat message {i} content")))
     return tuple(out)
 
 
@@ -290,7 +291,8 @@ class RequestParams(_Fields):
             if name not in _NAMES:
                 raise ValueError(f"unknown field {key!r}; allowed: {sorted(_NAMES | set(ROW_ALIASES))}")
             if name in kwargs:
-                raise ValueError(f"give one of {sorted(k for k in fields if ROW_ALIASES.get(k, k) == name)}, not both")
+                both = sorted(k for k in fields if ROW_ALIASES.get(k, k) == name)
+                raise ValueError(f"give one of {both}, not both")
             if key == "messages" and not (isinstance(value, (list, tuple)) and value
                                           and isinstance(value[0], Mapping)):
                 raise ValueError(f"messages must be a non-empty list of chat messages, got {value!r:.80}")
@@ -355,10 +357,11 @@ class ModelLimits:
                 check_vocab(params.stop_token, "stop_token", vocab_size)
             for i, seq in enumerate(params.stop_sequences):
                 check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
-        if self.max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > self.max_seq_len:
+        max_seq_len = self.max_seq_len
+        if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
             raise ValueError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
-                f"exceeds the model's context of {self.max_seq_len} tokens; shorten the prompt or lower max_tokens")
+                f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
 
     def build(self, prompt: object, max_tokens: object, **options: Any) -> RequestParams:
         """``RequestParams(prompt, max_tokens, **options)``, checked against this model

@@ -8,6 +8,7 @@ calls ``sys.exit``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import threading
 import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
+from worker.process import WorkerConfig
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
 
@@ -78,6 +80,11 @@ def _worker_curve(curve_dir: str | None, secret_key: str | None = None, broker_k
     return {"curve_secret_file": secret_key, "curve_broker_key_file": broker_key}
 
 
+def _default(config: type, field: str):
+    """A config dataclass's default for ``field``: an option's default is the programmatic API's."""
+    return next(f.default for f in dataclasses.fields(config) if f.name == field)
+
+
 def _config(cls, **kwargs):
     """Build a config dataclass, turning its ValueError into a usage error."""
     try:
@@ -103,15 +110,19 @@ _frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=Tru
                          help="ZeroMQ endpoint the broker binds for clients.")
 _backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
-_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=100_000, show_envvar=True,
+_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_queue"),
+                          show_envvar=True,
                           help="Queued requests per model before new ones get queue_full (requests).")
-_model = click.option("--model", default="simulated", show_envvar=True,
+_model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
                       help="Model to serve: 'simulated' (SimulatedLLM defaults) or a Hugging Face model name.")
-_slots = click.option("--slots", type=click.IntRange(min=1), default=8, show_envvar=True,
+_slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
+                      show_envvar=True,
                       help="Slots (batch size) per worker.")
-_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0), default=0.0, show_envvar=True,
+_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0),
+                           default=_default(WorkerConfig, "step_delay_ms"), show_envvar=True,
                            help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
-_stop_token = click.option("--stop-token", type=STOP_TOKEN, default="model", show_envvar=True,
+_stop_token = click.option("--stop-token", type=STOP_TOKEN, default=_default(WorkerConfig, "stop_token"),
+                           show_envvar=True,
                            help="Default stop token: 'model' (its EOS tokens), 'none', or a token id.")
 _curve_dir = click.option(
     "--curve-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
@@ -125,21 +136,28 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 @_frontend
 @_backend
 @_max_queue
-@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "heartbeat_interval_s"),
               show_envvar=True, help="Seconds between heartbeats.")
-@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
+@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
               help="Seconds of silence after which a worker is dead and its requests migrate.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
-@click.option("--metrics-host", default="127.0.0.1", show_envvar=True, help="Address the metrics endpoint binds.")
-@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_envvar=True,
+@click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True, help="Address the metrics endpoint binds.")
+@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
               help="Seconds of silence after which a client is gone and its requests are cancelled.")
-@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=300.0, show_envvar=True,
+@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
+              show_envvar=True,
               help="Seconds a worker may hold requests without completing an iteration before it counts as "
                    "hung and its requests migrate (must exceed the longest model step; 0 = never).")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_envvar=True,
+@click.option("--max-attempts", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_attempts"),
+              show_envvar=True,
               help="Failed workers a request may be lost on before it ends with worker_failed.")
-@click.option("--register-grace-s", type=click.FloatRange(min=0), default=10.0, show_envvar=True,
+@click.option("--register-grace-s", type=click.FloatRange(min=0),
+              default=_default(BrokerConfig, "register_grace_s"),
+              show_envvar=True,
               help="Seconds after start in which requests for a model with no worker yet wait for one "
                    "(not unknown_model).")
 @_curve_dir
@@ -179,7 +197,7 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
 def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
            curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None) -> None:
     """Run one model worker in the foreground (Ctrl-C stops it)."""
-    from worker.process import WorkerConfig, run_worker
+    from worker.process import run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                   stop_token=stop_token, name=name, **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
@@ -193,7 +211,6 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
                     curve_dir=None):
     from slotserve.launcher import ClusterConfig
-    from worker.process import WorkerConfig
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,

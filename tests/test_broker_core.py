@@ -14,7 +14,8 @@ from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register,
+    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello,
+    Iteration, ModelInfo, Register,
     Results, StatusQuery, Status, Submit, Welcome,
 )
 

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from protocol import validation as V
 from protocol.request import DEFAULT, ModelLimits, RequestParams
 from worker import BatchInferenceEngine, SimulatedLLM
 
