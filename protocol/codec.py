@@ -247,13 +247,17 @@ def _record(cls: type) -> Decoder:
 
 
 def _request_params(v: Any, name: str) -> RequestParams:
-    """Built by its constructor: the one place that knows a valid request (ValueError: invalid)."""
+    """Built by its constructor: the one place that knows a valid request (ValueError: invalid).
+
+    Fields travel by position, new ones appended at the end: a shorter array
+    (an older peer's) gets the defaults of the fields it lacks; a longer one
+    (a newer peer's) is refused, never misread."""
     if type(v) is not tuple:
         raise _bad(name, "an array of request parameters", v)
-    try:
-        return RequestParams(*v)
-    except TypeError as e:  # too many fields
-        raise ValueError(str(e)) from None
+    if len(v) > len(RequestParams._fields):
+        raise ValueError(f"request parameters with {len(v)} fields, this peer knows {len(RequestParams._fields)} "
+                         f"({', '.join(RequestParams._fields)}): upgrade it to use the others")
+    return RequestParams(*v)
 
 
 def _envelope(v: Any, name: str) -> Envelope | Rejected:

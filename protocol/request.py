@@ -14,9 +14,12 @@ What is not a parameter of the request -- its id, the broker's key, the
 tokens it already has after a migration, the time left of its deadline --
 travels beside it in an :class:`~protocol.messages.Envelope`.
 
-Adding an option: add a field to ``_Fields`` (type, check, default, a
-comment with the unit), give it meaning where it acts (the engine, the
-sampler), and document it in the README. Nothing else spells it out.
+Adding an option: add a field at the end of ``_Fields`` (type, check,
+default, a comment with the unit), give it meaning where it acts (the
+engine, the sampler), and document it in the README. Nothing else spells it
+out. (At the end: the wire carries the fields by position, so a peer that
+does not know the new field refuses it -- never misreads it -- and an older
+peer's requests get its default.)
 
 Why a NamedTuple and not a frozen dataclass: it is as immutable and as
 typed, and it is built several times per request (caller, broker, worker),

@@ -204,7 +204,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "default", [], 0, None, float("nan")], "temperature must be finite"),
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
-    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, "extra"], "positional argument"),
+    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, "extra", "more", "still more"], "upgrade it"),
     ("not an array", "expected an array"),
 ])
 def test_one_bad_request_in_a_batch_is_rejected_alone(bad_params, message):
@@ -212,6 +212,12 @@ def test_one_bad_request_in_a_batch_is_rejected_alone(bad_params, message):
     good1, bad, good2 = msg.requests
     assert type(good1) is type(good2) is Envelope and (good1.request_id, good2.request_id) == (1, 2)
     assert type(bad) is Rejected and bad.request_id == "bad" and message in bad.message
+
+
+def test_request_fields_travel_by_position_new_ones_last():
+    """An older peer's shorter array gets the defaults of the fields it lacks."""
+    (entry,) = decode(_frame(op="submit", model="m", requests=[[1, [[1, 2], 5, None]]])).requests
+    assert entry.params == P([1, 2], 5, stop_token=None)
 
 
 def test_resume_tokens_that_complete_the_request_are_rejected():
