@@ -254,9 +254,10 @@ def _request_params(v: Any, name: str) -> RequestParams:
     (a newer peer's) is refused, never misread."""
     if type(v) is not tuple:
         raise _bad(name, "an array of request parameters", v)
-    if len(v) > len(RequestParams._fields):
+    if not 2 <= len(v) <= len(RequestParams._fields):
         raise ValueError(f"request parameters with {len(v)} fields, this peer knows {len(RequestParams._fields)} "
-                         f"({', '.join(RequestParams._fields)}): upgrade it to use the others")
+                         f"({', '.join(RequestParams._fields)}; the first two required): "
+                         "a newer peer's? upgrade this one")
     return RequestParams(*v)
 
 

@@ -204,7 +204,8 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "default", [], 0, None, float("nan")], "temperature must be finite"),
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
-    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, "extra", "more", "still more"], "upgrade it"),
+    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, "extra", "more", "still more"], "upgrade this one"),
+    ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])
 def test_one_bad_request_in_a_batch_is_rejected_alone(bad_params, message):
