@@ -231,6 +231,15 @@ class _Fields(NamedTuple):
     # >= 0; 0 = off.
     seed: Annotated[int | None, _seed] = GREEDY.seed
     # >= 0, or None (unseeded).
+    min_tokens: Annotated[int, _count(0)] = 0
+    # generated tokens (resumed ones included) before a stop token or stop sequence may end the
+    # request, as vLLM's min_tokens; <= max_tokens.
+
+
+def _check_together(p: _Fields) -> None:
+    """The rules between fields (each field's own are its check above)."""
+    if p.min_tokens > p.max_tokens:
+        raise ValueError(f"min_tokens ({p.min_tokens}) must be <= max_tokens ({p.max_tokens})")
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -276,8 +285,10 @@ class RequestParams(_Fields):
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
         # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
         given = args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options)
-        return tuple.__new__(cls, [value if value is default else check(value, name)
-                                   for (name, check, default), value in zip(_CHECKS, given)])
+        params = tuple.__new__(cls, [value if value is default else check(value, name)
+                                     for (name, check, default), value in zip(_CHECKS, given)])
+        _check_together(params)
+        return params
 
     @classmethod
     def _make(cls, iterable) -> RequestParams:  # (namedtuple's skips __new__, hence the check)

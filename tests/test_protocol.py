@@ -65,7 +65,7 @@ def test_round_trip(msg):
 def test_wire_format_maps_of_fields_with_records_as_arrays():
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2))])), raw=False)
     assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",
-                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None], [], None]]}
+                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0], [], None]]}
 
 
 # ---------------------------------------------------------------------- every message type, built by hypothesis
@@ -74,22 +74,27 @@ token = st.integers(0, 2**31)
 wire_int = st.integers(WIRE_INT_MIN, WIRE_INT_MAX)
 request_id = st.one_of(wire_int, st.text(min_size=1, max_size=MAX_REQUEST_ID_CHARS))
 finite = st.floats(allow_nan=False, allow_infinity=False)
-params = st.builds(
-    RequestParams,
-    prompt=st.one_of(st.lists(token, min_size=1, max_size=8), st.text(min_size=1, max_size=20),
-                     st.lists(st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=20)}),
-                              min_size=1, max_size=3)),
-    max_tokens=st.integers(1, 10**6), stop_token=st.one_of(st.just("default"), st.none(), token,
-                                                           st.lists(token, max_size=3)),
-    stop_sequences=st.lists(st.lists(token, min_size=1, max_size=3), max_size=3),
-    priority=wire_int, timeout_s=st.one_of(st.none(), st.floats(0.001, 1e6)),
-    temperature=st.floats(0, 5), top_p=st.floats(0.01, 1), top_k=st.integers(0, 100),
-    seed=st.one_of(st.none(), st.integers(0, WIRE_INT_MAX)))
+
+
+@st.composite
+def params(draw):
+    max_tokens = draw(st.integers(1, 10**6))
+    return RequestParams(
+        draw(st.one_of(st.lists(token, min_size=1, max_size=8), st.text(min_size=1, max_size=20),
+                       st.lists(st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=20)}),
+                                min_size=1, max_size=3))),
+        max_tokens,
+        stop_token=draw(st.one_of(st.just("default"), st.none(), token, st.lists(token, max_size=3))),
+        stop_sequences=draw(st.lists(st.lists(token, min_size=1, max_size=3), max_size=3)),
+        priority=draw(wire_int), timeout_s=draw(st.one_of(st.none(), st.floats(0.001, 1e6))),
+        temperature=draw(st.floats(0, 5)), top_p=draw(st.floats(0.01, 1)), top_k=draw(st.integers(0, 100)),
+        seed=draw(st.one_of(st.none(), st.integers(0, WIRE_INT_MAX))),
+        min_tokens=draw(st.integers(0, max_tokens)))
 
 
 @st.composite
 def envelopes(draw):
-    p = draw(params)
+    p = draw(params())
     resume = draw(st.lists(token, max_size=min(4, p.max_tokens - 1)))
     return Envelope(draw(request_id), p, tuple(resume), draw(st.one_of(st.none(), finite)))
 
@@ -108,7 +113,7 @@ def registers(draw):
                     draw(strategy(ModelInfo)), draw(st.text(max_size=8)))
 
 
-SPECIAL = {RequestParams: params, Envelope: envelopes(), Iteration: token_batches(Iteration),
+SPECIAL = {RequestParams: params(), Envelope: envelopes(), Iteration: token_batches(Iteration),
            Results: token_batches(Results), Register: registers()}
 
 

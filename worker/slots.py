@@ -183,8 +183,10 @@ class SlotTable:
         """Append ``tokens[i]`` to ``seqs[i]``; return the requests this finishes.
 
         Checks in the order stop token, stop sequences, ``max_tokens``; the
-        first that fires sets ``req.reason``. Only RUNNING requests with no
-        reason yet can finish; states are left for the engine to commit.
+        first that fires sets ``req.reason``. Stop tokens and stop sequences
+        count only once the request generated its ``min_tokens``. Only RUNNING
+        requests with no reason yet can finish; states are left for the
+        engine to commit.
         """
         reqs = self.reqs
         _exhaust(map(list.append, self.seqs, tokens))
@@ -196,12 +198,14 @@ class SlotTable:
         if stop and (one in tokens if one is not None else not stop.isdisjoint(tokens)):
             for i in [i for i, t in enumerate(tokens) if t in stop]:
                 req = reqs[i]
-                if tokens[i] in req.stop_tokens and req.state is _RUNNING:
+                if tokens[i] in req.stop_tokens and req.state is _RUNNING \
+                        and req.num_generated >= req.params.min_tokens:
                     req.reason, req.stop_match = _STOP, tokens[i]
                     finished.append(req)
         for req in self._matching:
             matched = req.matcher.feed(req.seq[-1])
-            if matched is not None and req.reason is None and req.state is _RUNNING:
+            if matched is not None and req.reason is None and req.state is _RUNNING \
+                    and req.num_generated >= req.params.min_tokens:
                 req.reason, req.stop_match = _STOP, matched
                 finished.append(req)
         for req in self._due.pop(it, ()):  # (RUNNING: still in its slot; FINISHED ones left)
