@@ -53,8 +53,8 @@ RequestId = Union[int, str]
 """A request id: an ``int`` in the wire's range, or a non-empty ``str`` of at
 most :data:`MAX_REQUEST_ID_CHARS` characters."""
 
-_is = operator.is_
 _count_of = operator.countOf
+_tuple_new = tuple.__new__
 
 
 class ChatMessage(NamedTuple):
@@ -248,7 +248,6 @@ _CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _
                 for name, hint in get_type_hints(_Fields, include_extras=True).items())
 """(name, check, default) per field; a value that *is* the default needs no check."""
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
-_OPTION_DEFAULT_TYPES = tuple(map(type, _OPTION_DEFAULTS))
 
 ROW_ALIASES = {"messages": "prompt", "stop": "stop_sequences"}
 """Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
@@ -279,7 +278,7 @@ class RequestParams(_Fields):
             if (type(prompt) is list or type(prompt) is tuple) and prompt \
                     and _count_of(map(type, prompt), int) == len(prompt) and is_unsigned_64(prompt) \
                     and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
-                return tuple.__new__(cls, (tuple(prompt), max_tokens, *_OPTION_DEFAULTS))
+                return _tuple_new(cls, (tuple(prompt), max_tokens) + _OPTION_DEFAULTS)
         elif not _NAMES.issuperset(options):
             unknown = sorted(set(options) - _NAMES)
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
@@ -391,7 +390,7 @@ class ModelLimits:
                 and _count_of(map(type, prompt), int) == len(prompt) and ids.issuperset(prompt) \
                 and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX \
                 and (self.max_seq_len is None or len(prompt) + max_tokens <= self.max_seq_len):
-            return tuple.__new__(RequestParams, (tuple(prompt), max_tokens, *_OPTION_DEFAULTS))
+            return _tuple_new(RequestParams, (tuple(prompt), max_tokens) + _OPTION_DEFAULTS)
         params = RequestParams(prompt, max_tokens, **options)
         self.check(params)
         return params
