@@ -58,11 +58,11 @@ import socket
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,30 +332,15 @@ def run_workload(server: LlamaServer, prompts: Sequence[list[int]], lengths: Seq
     """
     import psutil
 
-    warm = [threading.Thread(target=complete, args=(server.url, p, 4, time.monotonic())) for p in prompts[:warmup]]
-    for t in warm:
-        t.start()
-    for t in warm:
-        t.join()
-    results: list[Completion | BaseException | None] = [None] * len(prompts)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = complete(server.url, list(prompts[i]), int(lengths[i]), t0)
-        except BaseException as exc:  # noqa: BLE001 - reported below, after every thread is joined
-            results[i] = exc
-
-    load_before = os.getloadavg()[0]
-    t0 = time.monotonic()
-    pool = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    wall = time.monotonic() - t0
-    errors = [r for r in results if not isinstance(r, Completion)]
-    if errors:
-        raise RuntimeError(f"{len(errors)} of {len(prompts)} llama-server requests failed; first: {errors[0]!r}")
+    with ThreadPoolExecutor(max_workers=max(len(prompts), warmup)) as pool:
+        t_warm = time.monotonic()
+        for done in [pool.submit(complete, server.url, list(p), 4, t_warm) for p in prompts[:warmup]]:
+            done.result()
+        load_before = os.getloadavg()[0]
+        t0 = time.monotonic()
+        futures = [pool.submit(complete, server.url, list(p), int(n), t0) for p, n in zip(prompts, lengths)]
+        results = [f.result() for f in futures]  # the first failure raises here; the pool joins the rest
+        wall = time.monotonic() - t0
     rss = psutil.Process(server.pid).memory_info().rss / 2**20
     return LlamaCppRun(threads, wall, [r.tokens for r in results], [r.first_s for r in results],
                        [r.last_s for r in results], rss, (load_before, os.getloadavg()[0]))

@@ -58,3 +58,39 @@ def test_tiny_and_device_need_random_weights():
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--random-weights only" in done.stderr
+
+
+def _gpu_module():
+    import importlib.util
+
+    # Loaded from its file: bench/ on sys.path would let bench/broker.py shadow the broker package.
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_limit_skips_what_would_start_after_it(tmp_path, monkeypatch):
+    import tempfile
+
+    gpu = _gpu_module()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    payload = gpu.run_cases(device="cpu", tiny=True, he_prompts=[], he_lengths=[20] * 8, cases=gpu.CASES[:1],
+                            time_limit_s=0.0, log=lambda _msg: None)
+    [row] = payload["cases"]
+    assert [s["system"] for s in row["systems"]] == SYSTEMS
+    assert all(s["skipped"].startswith("time limit") for s in row["systems"])
+    assert "slotserve_vs" not in row
+
+
+def test_a_failing_system_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    import tempfile
+
+    gpu = _gpu_module()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bad = gpu.Case("zero-slots", "smollm2-135m", "float32", "he32", 0)  # batch_size 0 -> ValueError
+    payload = gpu.run_cases(device="cpu", tiny=True, he_prompts=[], he_lengths=[20] * 8, cases=(bad,),
+                            systems=["slotserve"], log=lambda _msg: None)
+    [row] = payload["cases"]
+    assert "ValueError" in row["systems"][0]["error"]
