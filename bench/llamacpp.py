@@ -403,6 +403,28 @@ def measure(prompts: Sequence[list[int]], lengths: Sequence[int], *, threads: Se
     return LlamaCppResult(best, runs, chosen, binary_version(chosen), gguf, gguf_quantization(gguf), skipped)
 
 
+def reference_lengths(runs: Sequence, references: Sequence[str], max_tokens: Sequence[int],
+                      lengths_from: str | os.PathLike | None = None):
+    """``(lengths, source, run)``: the exact length of each request for llama.cpp.
+
+    The useful lengths (``len(run.outputs[i])``) of the first run named in
+    ``references`` (greedy systems of this bench run); else those a previous
+    bench/model.py JSON recorded under ``reference_useful_lengths``
+    (``lengths_from``); else ``max_tokens``. ``source`` says which; ``run`` is
+    the reference run, or None. Raises ``ValueError`` when ``lengths_from``
+    holds no lengths for this many requests.
+    """
+    ref = next((r for name in references for r in runs if r.name == name), None)
+    if ref is not None:
+        return [max(1, len(o)) for o in ref.outputs], ref.name, ref
+    if lengths_from is not None:
+        saved = json.loads(Path(lengths_from).read_text()).get("reference_useful_lengths")
+        if not saved or len(saved["lengths"]) != len(max_tokens):
+            raise ValueError(f"{lengths_from} has no reference_useful_lengths for {len(max_tokens)} requests")
+        return list(saved["lengths"]), f"{saved['from']} in {lengths_from}", None
+    return list(max_tokens), "max_tokens (no greedy reference in this run)", None
+
+
 def agreement(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> dict:
     """Identical count and first divergence position (token index) of each differing request."""
     first = {}

@@ -289,6 +289,9 @@ def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
     return run
 
 
+REFERENCES = ("hf-alone", "slotserve", "slotserve-broker")  # greedy runs whose useful lengths llamacpp may use
+
+
 def run_llamacpp(prompts, lengths, threads, binary) -> tuple[Run, dict]:
     """llama.cpp's server on the same GGUF (bench/llamacpp.py): the best run and its details."""
     import llamacpp
@@ -410,6 +413,9 @@ def main() -> None:
                     help=f"comma-separated systems to run, in this order (default: {','.join(ALL_SYSTEMS)})")
     ap.add_argument("--llama-server", default=None,
                     help="llama-server binary to try first (default: the installed packages', see bench/llamacpp.py)")
+    ap.add_argument("--llamacpp-lengths-from", type=Path, default=None,
+                    help="a previous model.json whose greedy useful lengths llamacpp generates when no greedy "
+                         "system runs now (e.g. --systems llamacpp)")
     ap.add_argument("--llamacpp-threads", default="1,2",
                     help="llama-server --threads values, one fresh server each, fastest kept (default 1,2)")
     ap.add_argument("--random-weights", action="store_true",
@@ -470,14 +476,17 @@ def main() -> None:
         if name == "slotserve":
             limits = forward_limits(model, prompts, args.slots)
             print(f"limits: {limits}")
-    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of this run's greedy reference
-        ref = next((r for name in ("hf-alone", "slotserve", "slotserve-broker") for r in runs if r.name == name), None)
-        lengths = [max(1, len(o)) for o in ref.outputs] if ref else max_tokens
-        extra["llamacpp_lengths_from"] = ref.name if ref else "max_tokens (no greedy reference in this run)"
+    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
+        import llamacpp
+
+        lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, max_tokens, args.llamacpp_lengths_from)
+        extra["llamacpp_lengths_from"] = source
         try:
             run, extra["llamacpp"] = run_llamacpp(prompts, lengths, [int(t) for t in args.llamacpp_threads.split(",")],
                                                   args.llama_server)
             runs.append(run)
+            if ref is not None:  # Q4_1 on llama.cpp vs fp32 HF greedy: for information
+                extra["llamacpp"]["agreement"] = {"with": ref.name, **llamacpp.agreement(run.outputs, ref.outputs)}
         except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
             extra["llamacpp_error"] = str(exc)
             print(f"llamacpp: not measured: {exc}")
@@ -491,11 +500,9 @@ def main() -> None:
     for r, run in zip(rows, runs):
         r["differs_from_reference"] = [] if reference is None else [
             i for i, (a, b) in enumerate(zip(run.outputs, reference)) if a != b]
-    if "llamacpp" in extra and reference is not None:
-        import llamacpp
-
-        extra["llamacpp"]["agreement_with_hf_greedy"] = llamacpp.agreement(
-            next(r for r in runs if r.name == "llamacpp").outputs, reference)
+    greedy = next((r for name in REFERENCES for r in runs if r.name == name), None)
+    if greedy is not None:  # what --llamacpp-lengths-from reads back
+        extra["reference_useful_lengths"] = {"from": greedy.name, "lengths": [len(o) for o in greedy.outputs]}
     report(rows, limits, ideal_s, args.out, extra)
 
 

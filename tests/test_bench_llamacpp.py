@@ -123,3 +123,19 @@ def test_workload_generates_exactly_each_length_and_stops_the_server():
     # greedy is deterministic: the same request again gives the same tokens
     again = llamacpp.measure(prompts[:1], lengths[:1], threads=(1,), binary=binary.path, log=lambda _msg: None)
     assert again.best.outputs[0] == result.best.outputs[0]
+
+
+def test_reference_lengths_prefer_this_runs_greedy_reference_then_a_saved_file(tmp_path):
+    from types import SimpleNamespace as Run
+
+    runs = [Run(name="hf-static", outputs=[[9]] * 3), Run(name="slotserve", outputs=[[1, 2], [3], [4, 5, 6]])]
+    lengths, source, ref = llamacpp.reference_lengths(runs, ("hf-alone", "slotserve"), [8, 8, 8])
+    assert (lengths, source, ref) == ([2, 1, 3], "slotserve", runs[1])
+    saved = tmp_path / "model.json"
+    saved.write_text('{"reference_useful_lengths": {"from": "hf-alone", "lengths": [5, 6, 7]}}')
+    lengths, source, ref = llamacpp.reference_lengths(runs[:1], ("slotserve",), [8, 8, 8], saved)
+    assert lengths == [5, 6, 7] and source.startswith("hf-alone in") and ref is None
+    assert llamacpp.reference_lengths([], ("slotserve",), [8, 9, 10])[:2] == ([8, 9, 10], "max_tokens (no greedy "
+                                                                                          "reference in this run)")
+    with pytest.raises(ValueError, match="no reference_useful_lengths for 2 requests"):
+        llamacpp.reference_lengths([], ("slotserve",), [8, 9], saved)
