@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
-import time
 
 import click
 
@@ -235,9 +232,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
 
 @main.command()
-# utf-8-sig: a byte-order mark is not part of the first row; surrogateescape: a line that is not
-# UTF-8 becomes one error row instead of ending the job.
-@click.argument("input_path", metavar="IN.jsonl", type=click.File("r", encoding="utf-8-sig", errors="surrogateescape"))
+@click.argument("input_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output", type=click.File("w"), required=True, show_envvar=True,
               help="Where to write the result rows (JSONL).")
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
@@ -280,88 +275,34 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
       124  --timeout-s passed
       128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
     """
-    from client import BrokerUnavailable, Client
-    from slotserve.job import Job
-    from slotserve.launcher import LocalCluster
+    from slotserve.batch import run_batch
+    from slotserve.job import open_input
     from slotserve.signals import StopSignals
 
     log_level = ctx.find_root().params["log_level"].upper()
     total = None
-    if input_path is not sys.stdin and hasattr(input_path, "name") and os.path.isfile(input_path.name):
-        with open(input_path.name, "rb") as f:
+    if input_path != "-" and os.path.isfile(input_path):
+        with open(input_path, "rb") as f:
             total = sum(1 for line in f if line.strip())
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    cluster = job = failure = None
+    cluster = None
+    if broker_addr is None:
+        cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
+                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir)
+    try:
+        inp = open_input(input_path)
+    except OSError as e:
+        raise click.ClickException(f"cannot read {input_path}: {e}") from None
     with StopSignals() as sig:
-        def stop_reason() -> str | None:
-            if sig.flag.signum is not None:
-                return signal.Signals(sig.flag.signum).name
-            if deadline is not None and time.monotonic() >= deadline:
-                return f"timeout after {timeout_s:g} s"
-            return None
-
-        try:
-            if broker_addr is None:
-                cfg = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight),
-                                      workers, model, slots, step_delay_ms, stop_token, log_level, curve_dir)
-                cluster = LocalCluster(cfg)
-                cluster.start(should_stop=lambda: stop_reason() is not None)
-                broker_addr = cluster.frontend
-            with Client(broker_addr, model=model, name="slotserve-run", curve=curve_dir) as client:
-                _wait_for_model(client, 60.0, lambda: stop_reason() is not None)
-                job = Job(client, input_path, output, max_in_flight=max_in_flight, total=total, progress=progress,
-                          on_finish=sig.wake).start()
-                try:
-                    def should_stop() -> bool:
-                        return job.finished or stop_reason() is not None
-
-                    if cluster is not None:  # restarts a child that dies; RuntimeError on a crash loop
-                        cluster.supervise(should_stop, wakeup_fd=sig.fileno(), poll_s=0.25)
-                    while not should_stop():
-                        sig.wait(0.25)
-                except RuntimeError as e:
-                    job.stop(f"the cluster failed ({e})")
-                    raise
-                finally:
-                    job.stop(stop_reason() or "stopped")  # a no-op when the job finished
-                    job.close()
-        except (BrokerUnavailable, RuntimeError, TimeoutError, ValueError) as e:
-            failure = str(e)
-        finally:
-            if cluster is not None:
-                cluster.stop()
-    summary = None if job is None else job.summary()
-    if summary is not None:
-        click.echo(summary.format(), err=True)
-    signum = sig.flag.signum
-    if signum is not None and (summary is None or summary.stopped is not None):
-        click.echo(f"stopped by {signal.Signals(signum).name}", err=True)
-        ctx.exit(128 + signum)
-    if failure is not None:
-        raise click.ClickException(failure)
-    if job.failure is not None:
-        raise click.ClickException(f"cannot read {getattr(input_path, 'name', 'the input')}: {job.failure}")
-    if summary.stopped is not None:
-        click.echo(f"stopped: {summary.stopped}", err=True)
-        ctx.exit(124)
-    if summary.errors:
-        click.echo(f"{summary.errors} row(s) ended with finish_reason 'error' (see their \"error\")", err=True)
-        ctx.exit(3)
-
-
-def _wait_for_model(client, timeout_s: float, should_stop) -> None:
-    """``client.wait_for_model`` that gives up when ``should_stop()`` turns true (RuntimeError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.wait_for_model(min(0.5, max(0.01, deadline - time.monotonic())))
-            return
-        except TimeoutError:
-            if should_stop():
-                raise RuntimeError("stopped while waiting for a worker") from None
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"no worker for model {client.model!r} registered within {timeout_s:g} s") \
-                    from None
+        outcome = run_batch(inp, output, signals=sig, model=model, broker=broker_addr, cluster=cluster,
+                            curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
+                            timeout_s=timeout_s, close_input=True)
+    if outcome.summary is not None:
+        click.echo(outcome.summary.format(), err=True)
+    if outcome.exit_status == 1:
+        raise click.ClickException(outcome.message)
+    if outcome.message:
+        click.echo(outcome.message, err=True)
+    ctx.exit(outcome.exit_status)
 
 
 @main.command()

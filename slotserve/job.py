@@ -29,8 +29,10 @@ submitted; rows after the last line read get none.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -111,6 +113,8 @@ class Job:
       ``progress``).
     - ``on_finish``: called (from any thread) once :attr:`finished` turns
       true, e.g. to wake a supervising loop.
+    - ``close_input``: close ``inp`` once it is read to the end (or the job
+      stopped reading it).
 
     Use :meth:`start`, then :meth:`wait` or :attr:`finished`; :meth:`stop`
     ends it early; :meth:`summary` at the end.
@@ -118,7 +122,7 @@ class Job:
 
     def __init__(self, client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,
                  total: int | None = None, progress: bool = True,
-                 on_finish: Callable[[], None] | None = None) -> None:
+                 on_finish: Callable[[], None] | None = None, close_input: bool = False) -> None:
         if type(max_in_flight) is not int or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.client = client
@@ -126,6 +130,7 @@ class Job:
         self.out = out
         self.max_in_flight = max_in_flight
         self.on_finish = on_finish
+        self.close_input = close_input
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -222,6 +227,8 @@ class Job:
             with self.cond:
                 self.failure = e  # what is in flight still ends and gets its row
         finally:
+            if self.close_input:
+                self.inp.close()
             with self.cond:
                 self.read_all = True
                 self._check_finished()
@@ -351,6 +358,21 @@ class Job:
             out["error"] = {"code": code, "message": str(err)}
         self.write(out)
         self.cond.notify_all()  # room in the window
+
+
+def open_input(path: str) -> io.TextIOWrapper:
+    """Open a job's input file (``"-"``: standard input) as text lines.
+
+    UTF-8, a leading byte-order mark skipped (``utf-8-sig``); bytes that are
+    not UTF-8 are kept as lone surrogates (``surrogateescape``), so such a
+    line becomes one error row and the job goes on. The text layer sits on
+    an unbuffered file: a reader blocked on a stalled pipe then holds no
+    buffer lock, which would abort the interpreter's shutdown ("could not
+    acquire lock for <stdin> at interpreter shutdown") when the job is
+    stopped meanwhile. Raises OSError when the file cannot be opened.
+    """
+    raw = io.FileIO(sys.stdin.fileno() if path == "-" else path, "rb", closefd=path != "-")
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape")
 
 
 def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,

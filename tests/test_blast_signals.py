@@ -53,7 +53,10 @@ def start(args, *, sigint_ignored: bool = False, **kw) -> subprocess.Popen:
 def reap(proc: subprocess.Popen, kids) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    proc.wait(10)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
     for k in kids:
         try:
             k.kill()
@@ -206,6 +209,47 @@ def test_with_sigint_ignored_nothing_hangs_and_dead_children_come_back(tmp_path)
         check_rows(read_rows(outp), rows, complete=True)
     finally:
         reap(proc, kids)
+
+
+def test_run_against_a_broker_with_a_stalled_stdin_stops_and_leaves_the_cluster_alone(tmp_path):
+    """`slotserve run - --broker ADDR` reading a pipe that stays open (a
+    producer that stalled): SIGTERM still ends it at once, with its rows and
+    summary, and the cluster it used keeps serving others."""
+    up = start(["up", "--workers", "1", "--slots", "2", "--step-delay-ms", "30",
+                "--frontend", "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*"])
+    kids, run = [], None
+    try:
+        kids = cluster_children(up, 1)
+        front = wait_until(lambda: next((t.split("frontend=")[1].split()[0] for t in map(title, kids)
+                                         if t.startswith("slotserve broker ")), None), 10, "the frontend")
+        outp = tmp_path / "out.jsonl"
+        rows = [{"id": i, "prompt": [i + 1, 2], "max_tokens": 100, "stop_token": None} for i in range(6)]
+        run = start(["run", "-", "-o", str(outp), "--broker", front, "--no-progress"], stdin=subprocess.PIPE)
+        run.stdin.write("".join(json.dumps(r) + "\n" for r in rows))
+        run.stdin.flush()  # and the pipe stays open: the reader blocks
+        wait_until(lambda: any(len(r.get("tokens", ())) for r in read_rows(outp)) or
+                   _has_tokens(front), 60, "tokens flowing")
+        run.send_signal(signal.SIGTERM)
+        run.wait(30)  # stdin still open: the reader is still blocked
+        err = run.stderr.read()
+        assert run.returncode == 128 + signal.SIGTERM, err
+        got = read_rows(outp)
+        assert sorted(r["id"] for r in got) == list(range(6)) and "stopped by SIGTERM" in err
+        assert all(r["finish_reason"] in ("cancelled", "length") for r in got)
+        assert up.poll() is None
+        with Client(front, connect_timeout_s=10) as c:  # the cluster still serves
+            h = c.submit_request([5, 6], 3, stop_token=None)
+            assert len(h.result(timeout=30)) == 5
+            assert c.status().models["simulated"].running == 0  # nothing of the stopped job left behind
+    finally:
+        if run is not None:
+            reap(run, [])
+        reap(up, kids)
+
+
+def _has_tokens(front) -> bool:
+    with Client(front, connect_timeout_s=5) as c:
+        return c.status().models["simulated"].running > 0
 
 
 def test_timeout_stops_like_a_signal(tmp_path):
