@@ -20,7 +20,8 @@ from multiprocessing.connection import wait as wait_for_handles
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _SIGHUP) if s is not None)
 """The signals that ask a slotserve command to stop: Ctrl-C, ``kill PID``, a
 closed terminal (or a process manager's reload/stop)."""
 
@@ -124,7 +125,8 @@ def child_signals(stop: StopFlag) -> None:
     is left while the children still serve, and stops them in order)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if _SIGHUP is not None:
+        signal.signal(_SIGHUP, signal.SIG_IGN)
 
 
 def watch_parent(stop: StopFlag, grace_s: float) -> threading.Thread | None:
