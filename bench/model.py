@@ -410,7 +410,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated systems to skip")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
-                    help=f"comma-separated systems to run, in this order (default: {','.join(ALL_SYSTEMS)})")
+                    help=f"comma-separated systems to run (default: {','.join(ALL_SYSTEMS)}; llamacpp runs last)")
     ap.add_argument("--llama-server", default=None,
                     help="llama-server binary to try first (default: the installed packages', see bench/llamacpp.py)")
     ap.add_argument("--llamacpp-lengths-from", type=Path, default=None,
