@@ -423,8 +423,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
                     help="device for --random-weights (default cpu; auto = cuda when available)")
     ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
-    ap.add_argument("--time-limit-s", type=float, default=180.0,
-                    help="with --random-weights: start nothing after this many seconds (default 180)")
+    ap.add_argument("--time-limit-s", type=float, default=170.0,
+                    help="with --random-weights: start nothing after this many seconds (default 170)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone and the broker path run once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
