@@ -36,6 +36,7 @@ import zmq
 from protocol import defaults
 from protocol.codec import decode, encode
 from protocol.curve import load_peer_keys
+from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -365,6 +366,7 @@ class _WorkerIO:
         self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         if wp.curve_keys is not None:
             self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = wp.curve_keys
+        set_ipv6(self.sock, self.cfg.broker, bind=False)
         self.sock.connect(self.cfg.broker)
         self.broker_id: str | None = None
         self.registered = False
