@@ -240,16 +240,3 @@ def test_stop_matcher_equals_a_suffix_check_after_every_token(patterns, stream):
         suffixes = [p for p in patterns if tuple(seen[-len(p):]) == p and len(seen) >= len(p)]
         assert matcher.feed(token) == (suffixes[0] if suffixes else None)
 
-
-def test_the_plain_request_constructor_sets_every_field_as_init_does():
-    """Request.plain (the engine's short path) is Request.__init__ for a plain request."""
-    from protocol.request import RequestParams
-    from worker.request import Completion, Request
-
-    def fields(req):
-        names = [n for cls in type(req).__mro__ for n in getattr(cls, "__slots__", ())]
-        return {n: getattr(req, n) for n in names}  # AttributeError if a slot was left unset
-
-    params, stops, completion, cb = RequestParams([5, 6], 4), frozenset([0]), Completion(), print
-    assert fields(Request.plain(params, stops, cb, 1.5, completion)) == \
-        fields(Request(params, None, params.prompt, (), stops, cb, None, 1.5, None, completion))

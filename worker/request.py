@@ -12,9 +12,6 @@ from protocol.handle import RequestHandle
 from protocol.request import RequestId, RequestParams
 
 
-_new = object.__new__
-
-
 class RequestState(enum.Enum):
     """Lifecycle: QUEUED -> RUNNING -> FINISHED, or QUEUED/RUNNING -> ENDING -> FINISHED.
 
@@ -102,8 +99,8 @@ class Request(RequestHandle):
 
     One object per request, not a state object behind a handle: submission is
     per request, and bench/engine.py's end-to-end target (>= 5x the naive
-    engine) needs it lean; a second object cost about 10 % of a plain
-    request's submit + run (measured in instructions; see the r9 notes).
+    engine) needs it lean; a handle object of its own cost about 7 % of a
+    plain request's submit + run (instructions, measured with callgrind).
     """
 
     __slots__ = ("seq", "to_generate", "stop_tokens", "matcher", "on_token", "callback", "deadline", "state",
@@ -132,38 +129,6 @@ class Request(RequestHandle):
         self.pos: int | None = None
         self.queue_seq: int | None = None
         self._completion = completion
-
-    @staticmethod  # (not a classmethod: that builds a bound method per call)
-    def plain(params: RequestParams, stop_tokens: frozenset[int], callback: Callable[[list[int]], object] | None,
-              submitted_s: float, completion: Completion) -> Request:
-        """What ``Request(params, None, params.prompt, (), stop_tokens, callback, None,
-        submitted_s, None, completion)`` builds -- a request of token ids, no
-        options, no id, nothing resumed -- set field by field.
-
-        The per-request path of a plain ``submit_request(prompt, n, callback)``:
-        skipping ``__init__``'s calls and branches saves about 5 % of a plain
-        request's submit + run (instructions, bench/engine.py's workload); with
-        the engine's short path in ``submit_request`` it keeps the >= 5x-naive
-        target. Keep it in step with ``__init__`` (tests/test_engine.py checks
-        both set every field alike).
-        """
-        self = _new(Request)
-        self.request_id = None
-        self.params = params
-        self.submitted_s = submitted_s
-        self.first_token_s = self.finished_s = None
-        self._prompt_tokens = len(params.prompt)
-        self._finish_reason = self._stop_reason = self._error = None
-        self._done = False
-        self.seq = params.prompt
-        self.to_generate = params.max_tokens
-        self.stop_tokens = stop_tokens
-        self.matcher = self.on_token = self.deadline = None
-        self.callback = callback
-        self.state = RequestState.QUEUED
-        self.reason = self.stop_match = self.slot = self.pos = self.queue_seq = None
-        self._completion = completion
-        return self
 
     @property
     def prompt(self) -> list[int]:
