@@ -22,11 +22,12 @@ class ClientHandle(RequestHandle):
 
     def __init__(self, request_id: RequestId, params: RequestParams, callback: Callable | None,
                  on_token: Callable | None, submitted_s: float, owner) -> None:
-        super().__init__(request_id, params, submitted_s, len(params.prompt) if params.is_token_prompt else None)
+        token_prompt = params.is_token_prompt
+        super().__init__(request_id, params, submitted_s, len(params.prompt) if token_prompt else None)
         self.callback = callback
         self.on_token = on_token
         self._tokens: list[int] = []
-        self._text: list[str] | None = None if params.is_token_prompt else []
+        self._text: list[str] | None = None if token_prompt else []
         self._stream_error: BaseException | None = None
         self._owner = owner
 

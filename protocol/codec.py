@@ -46,6 +46,7 @@ DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 """Largest frame :func:`decode` accepts by default (bytes)."""
 
 _count_of = operator.countOf
+_tuple_new = tuple.__new__
 _ID_TYPES = frozenset({int, str})
 
 Decoder = Callable[[Any, str], Any]
@@ -234,16 +235,35 @@ def _is_record(tp: Any) -> bool:
 
 
 def _record(cls: type) -> Decoder:
-    """A NamedTuple from an array of its fields (trailing defaults may be left out)."""
+    """A NamedTuple from an array of its fields (trailing defaults may be left out).
+
+    A value whose type the field takes as it is (an int for ``int``, None for an
+    optional field, ...) skips its field's check: records are decoded per
+    request, several per message."""
     hints = typing.get_type_hints(cls)
-    fields = [(name, _decoder(hints[name])) for name in cls._fields]
+    fields = [(name, _decoder(hints[name]), _as_is_types(hints[name])) for name in cls._fields]
     required = len(fields) - len(cls._field_defaults)
+    full = len(fields)
 
     def check(v: Any, name: str) -> Any:
-        if type(v) is not tuple or not required <= len(v) <= len(fields):
-            raise _bad(name, f"an array of {required}..{len(fields)} {cls.__name__} fields", v)
-        return cls(*[dec(x, f) for (f, dec), x in zip(fields, v)])
+        if type(v) is not tuple or not required <= len(v) <= full:
+            raise _bad(name, f"an array of {required}..{full} {cls.__name__} fields", v)
+        values = [x if type(x) in as_is else dec(x, f) for (f, dec, as_is), x in zip(fields, v)]
+        return _tuple_new(cls, values) if len(v) == full else cls(*values)
     return check
+
+
+def _as_is_types(tp: Any) -> frozenset[type]:
+    """The types whose values a field of type ``tp`` takes unchecked (msgpack already
+    bounds ints, and decodes valid UTF-8 only; floats are checked for being finite,
+    and request ids that are strings for their length)."""
+    if tp == RequestId:
+        return frozenset({int})
+    if tp in (int, str, bool, type(None)):
+        return frozenset({tp})
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return frozenset().union(*(_as_is_types(arm) for arm in typing.get_args(tp)))
+    return frozenset()
 
 
 def _request_params(v: Any, name: str) -> RequestParams:
@@ -262,17 +282,24 @@ def _request_params(v: Any, name: str) -> RequestParams:
 
 
 def _envelope(v: Any, name: str) -> Envelope | Rejected:
-    """An envelope, or a :class:`Rejected` entry when only its request is invalid."""
+    """An envelope, or a :class:`Rejected` entry when only its request is invalid.
+    (Once per request on every hop: the common case calls as little as it can.)"""
     if type(v) is not tuple or not 2 <= len(v) <= len(Envelope._fields):
         raise _bad(name, "an array [request_id, params, resume_tokens?, time_left_s?]", v)
-    rid = _request_id(v[0], "request_id")
+    rid = v[0]
+    if type(rid) is not int:
+        rid = _request_id(rid, "request_id")
     try:
         params = _request_params(v[1], "params")
-        resume = params.check_resume(_int_tuple(v[2], "resume_tokens")) if len(v) > 2 else ()
-        time_left = _optional_float(v[3], "time_left_s") if len(v) > 3 else None
+        resume = v[2] if len(v) > 2 else ()
+        if resume != () or type(resume) is not tuple:  # (the empty tuple is one object)
+            resume = params.check_resume(_int_tuple(resume, "resume_tokens"))
+        time_left = v[3] if len(v) > 3 else None
+        if time_left is not None:
+            time_left = _float(time_left, "time_left_s")
     except (ValueError, ProtocolError) as e:
         return Rejected(rid, getattr(e, "message", None) or str(e))
-    return Envelope(rid, params, resume, time_left)
+    return _tuple_new(Envelope, (rid, params, resume, time_left))
 
 
 def _message(cls: type) -> Callable[[dict, str], Message]:
@@ -328,6 +355,5 @@ def _decoder(tp: Any) -> Decoder:
     raise TypeError(f"no wire decoder for {tp!r}")
 
 
-_optional_float = _union((float, type(None)))
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()}
 _DECODERS = {cls: _message(cls) for cls in MESSAGE_TYPES.values()}

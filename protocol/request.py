@@ -30,6 +30,7 @@ tuple well under 1 us; msgpack also packs a tuple natively, field by field.
 from __future__ import annotations
 
 import operator
+from array import array as _array
 from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
@@ -98,6 +99,12 @@ GREEDY = SamplingParams()
 
 def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMessage, ...]:
     if (type(value) is tuple or type(value) is list) and value and type(value[0]) is int:
+        if _count_of(map(type, value), int) == len(value):  # token ids, the common case (once per hop):
+            try:                                           # is_unsigned_64, inline
+                _array("Q", value)
+                return value if type(value) is tuple else tuple(value)
+            except OverflowError:
+                pass
         return as_tokens(value, field)
     if isinstance(value, str):
         return as_text(value, field, allow_empty=False)
@@ -139,12 +146,12 @@ def _any_int(value: object, field: str) -> int:
 
 
 def _stop_token(value: object, field: str) -> tuple[int, ...] | str:
+    if value is None or type(value) is tuple and not value:  # no stop token
+        return ()
     if isinstance(value, str):
         if value == DEFAULT:
             return DEFAULT
         raise ValueError(f"{field} must be an int, a list of ints, None or {DEFAULT!r}, got {value!r:.50}")
-    if value is None:
-        return ()
     if is_sequence(value) or isinstance(value, (set, frozenset)):
         if type(value) is tuple and len(value) < 2:  # () or one id: already sorted and unique
             return as_tokens(value, field)
@@ -236,12 +243,6 @@ class _Fields(NamedTuple):
     # request, as vLLM's min_tokens; <= max_tokens.
 
 
-def _check_together(p: _Fields) -> None:
-    """The rules between fields (each field's own are its check above)."""
-    if p.min_tokens > p.max_tokens:
-        raise ValueError(f"min_tokens ({p.min_tokens}) must be <= max_tokens ({p.max_tokens})")
-
-
 _NAMES = frozenset(_Fields._fields)
 _REQUIRED = object()  # "no default": never identical to a value
 _CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _REQUIRED))
@@ -286,7 +287,9 @@ class RequestParams(_Fields):
         given = args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options)
         params = tuple.__new__(cls, [value if value is default else check(value, name)
                                      for (name, check, default), value in zip(_CHECKS, given)])
-        _check_together(params)
+        # The rules between fields (each field's own are its check, declared with it):
+        if params.min_tokens > params.max_tokens:
+            raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
         return params
 
     @classmethod
