@@ -1,9 +1,10 @@
 """What a caller holds for a submitted request: one public surface for the
 in-process engine's handles and the client SDK's.
 
-:class:`RequestHandle` declares the surface once; ``worker.request.EngineHandle``
-and ``client.handle.ClientHandle`` fill it in, each from its own state (the
-engine's running sequence; the tokens a client received). Code written
+:class:`RequestHandle` declares the surface once; ``worker.request.Request`` (the
+engine's request, its own handle) and ``client.handle.ClientHandle`` fill it
+in, each from its own state (the engine's running sequence; the tokens a
+client received). Code written
 against one works against the other.
 """
 
