@@ -4,8 +4,7 @@ in-process engine's handles and the client SDK's.
 :class:`RequestHandle` declares the surface once; ``worker.request.Request`` (the
 engine's request, its own handle) and ``client.handle.ClientHandle`` fill it
 in, each from its own state (the engine's running sequence; the tokens a
-client received). Code written
-against one works against the other.
+client received). Code written against one works against the other.
 """
 
 from __future__ import annotations
