@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -51,7 +51,7 @@ class ClientGone(Exception):
 
 
 def json_response(body: dict | bytes, status: int = 200, headers: dict | None = None) -> Response:
-    content = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    content = body if isinstance(body, bytes) else to_json(body)
     return Response(content, status, headers, media_type="application/json")
 
 
@@ -59,13 +59,23 @@ def error_response(e: APIError) -> Response:
     return json_response(e.to_json(), e.status, e.headers)
 
 
-class _Watch:
-    """Watches one HTTP request for ``http.disconnect`` and wakes ``signal`` when it comes."""
+WATCH_AFTER_S = 0.005
+"""A pending answer's disconnect watcher starts this late (seconds): most short
+requests are answered before, and a timer costs far less than a task."""
 
-    __slots__ = ("gone", "_task")
+
+class _Watch:
+    """Watches one HTTP request for ``http.disconnect`` (from ``WATCH_AFTER_S``
+    on) and wakes ``signal`` when it comes; ``gone`` is then True."""
+
+    __slots__ = ("gone", "_timer", "_task")
 
     def __init__(self, request: Request, signal: Signal) -> None:
         self.gone = False
+        self._task: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start, request, signal)
+
+    def _start(self, request: Request, signal: Signal) -> None:
         self._task = asyncio.ensure_future(self._run(request, signal))
 
     async def _run(self, request: Request, signal: Signal) -> None:
@@ -75,7 +85,9 @@ class _Watch:
         signal.set()
 
     def stop(self) -> None:
-        self._task.cancel()
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 class _Call:
@@ -150,7 +162,7 @@ class Api:
         return await self._generate(request, ChatCompletionRequest)
 
     async def _generate(self, request: Request, schema: type[_Sampling]) -> Response:
-        call = _Call(request.url.path, Signal(asyncio.get_running_loop()))
+        call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
         status = 200
         self.metrics.in_flight.inc()
         try:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import re
 
+from pydantic_core import to_json
+
 from protocol.enums import ErrorCode
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
@@ -60,7 +62,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def to_json(self) -> bytes:
-        return json.dumps(self.body()).encode()
+        return to_json(self.body())
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:

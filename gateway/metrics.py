@@ -38,17 +38,27 @@ class GatewayMetrics:
         self.completion_tokens = Counter("slotserve_http_completion_tokens",
                                          "Completion tokens reported in usage", ["model"], registry=r)
 
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels):
+        """``metric.labels(*labels)``, cached (labels() takes a lock and builds a key each call)."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
     def observe(self, endpoint: str, status: int, ttft_s: float | None = None, latency_s: float | None = None,
                 model: str | None = None, usage: dict | None = None) -> None:
         """Record one answered HTTP request."""
-        self.requests.labels(endpoint, str(status)).inc()
+        self._child(self.requests, endpoint, str(status)).inc()
         if ttft_s is not None:
-            self.ttft.labels(endpoint).observe(ttft_s)
+            self._child(self.ttft, endpoint).observe(ttft_s)
         if latency_s is not None:
-            self.latency.labels(endpoint).observe(latency_s)
+            self._child(self.latency, endpoint).observe(latency_s)
         if usage is not None and model is not None:
-            self.prompt_tokens.labels(model).inc(usage["prompt_tokens"])
-            self.completion_tokens.labels(model).inc(usage["completion_tokens"])
+            self._child(self.prompt_tokens, model).inc(usage["prompt_tokens"])
+            self._child(self.completion_tokens, model).inc(usage["completion_tokens"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,9 +27,11 @@ slotserve       HTTP
 
 from __future__ import annotations
 
-import json
+import itertools
+import os
 import time
-import uuid
+
+from pydantic_core import to_json
 
 from gateway.generation import Generation
 from protocol.enums import FinishReason
@@ -42,9 +44,14 @@ def finish_reason(reason: FinishReason | None) -> str | None:
     return None if reason is None else _FINISH[reason]
 
 
+_ID_PREFIX = os.urandom(6).hex()  # per process: ids from two gateways never collide
+_ID_COUNTER = itertools.count()
+
+
 def new_id(prefix: str) -> str:
-    """``cmpl-...`` / ``chatcmpl-...``: a fresh response id."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """``cmpl-...`` / ``chatcmpl-...``: a fresh response id (a per-process
+    random part and a counter: unique, and cheaper than a uuid4 per request)."""
+    return f"{prefix}-{_ID_PREFIX}{next(_ID_COUNTER):010x}"
 
 
 def usage(gens: list[Generation], prompts: int) -> dict:
@@ -101,7 +108,7 @@ class Envelope:
 
 def sse(body: dict) -> bytes:
     """A server-sent event carrying ``body`` as JSON."""
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + to_json(body) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

@@ -87,14 +87,18 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> str | None:
         """The first field set to a value slotserve cannot honour, else None."""
+        given = self.model_fields_set
         for name, neutral in _NEUTRAL.items():
-            if not _neutral(getattr(self, name), neutral):
+            if name in given and not _neutral(getattr(self, name), neutral):
                 return name
         return None
 
     @property
     def choices_per_prompt(self) -> int:
         return 1 if self.n is None else self.n
+
+
+_COMPLETION_ONLY = frozenset({"echo", "suffix", "best_of"})
 
 
 class CompletionRequest(_Sampling):
@@ -108,6 +112,8 @@ class CompletionRequest(_Sampling):
     best_of: Any = None
 
     def unsupported(self) -> str | None:
+        if not _COMPLETION_ONLY & self.model_fields_set:
+            return super().unsupported()
         if not _neutral(self.echo, (None, False)):
             return "echo"
         if not _neutral(self.suffix, (None, "")):
