@@ -93,17 +93,18 @@ class _Watch:
 class _Call:
     """One generation HTTP request being served (its generations, clocks and metrics labels)."""
 
-    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "owned")
+    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed")
 
     def __init__(self, endpoint: str, signal: Signal) -> None:
         self.endpoint = endpoint
         self.client = None
+        self.streaming = False  # True once an event stream owns the call (it cancels and observes at its end)
+        self.observed = False
         self.t0 = time.monotonic()
         self.model: str | None = None
         self.gens: list[Generation] = []
         self.signal = signal
         self.prompts = 0
-        self.owned = True  # False once a stream generator took over the generations
 
     def ttft_s(self) -> float | None:
         firsts = [g.handle.first_token_s for g in self.gens if g.handle.first_token_s is not None]
@@ -163,7 +164,6 @@ class Api:
 
     async def _generate(self, request: Request, schema: type[_Sampling]) -> Response:
         call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
-        status = 200
         self.metrics.in_flight.inc()
         try:
             body = await self._parse(request, schema)
@@ -182,22 +182,34 @@ class Api:
             self._raise_failure(call, body)
             env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
             out = env.completion(call.gens, call.prompts)
-            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model,
-                                 out["usage"])
-            status = None  # observed
+            self._observe(call, 200, out["usage"])
             return json_response(out)
         except APIError as e:
-            status = e.status
+            self._observe(call, e.status)
             return error_response(e)
         except (ClientGone, ClientDisconnect):
-            status = 499
+            self._observe(call, 499)
             return Response(status_code=499)
         finally:
-            self.metrics.in_flight.dec()
-            if call.owned:
-                call.cancel()
-                if status is not None:
-                    self.metrics.observe(call.endpoint, status)
+            if not call.streaming:
+                self._end(call)
+
+    def _observe(self, call: _Call, status: int, usage_: dict | None = None) -> None:
+        """Record the call's answer in the metrics (once)."""
+        if call.observed:
+            return
+        call.observed = True
+        if status == 200:
+            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model, usage_)
+        else:
+            self.metrics.observe(call.endpoint, status)
+
+    def _end(self, call: _Call) -> None:
+        """The call is over, however it ended: cancel what still runs (a no-op for
+        finished requests), count an unanswered call as 499."""
+        self.metrics.in_flight.dec()
+        call.cancel()
+        self._observe(call, 499)
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
         limit = self.config.max_body_bytes
@@ -298,56 +310,56 @@ class Api:
         self._raise_failure(call, body)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
-        call.owned = False
-        return StreamingResponse(self._events(call, env, include_usage, body), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        call.streaming = True
+        return _EventStream(self._events(call, env, include_usage, body), lambda: self._end(call))
 
     async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling):
         """The SSE body: one chunk per choice with news, the usage chunk when
-        asked, then ``[DONE]``. Leaving early (a disconnect cancels this
-        generator) cancels the requests."""
-        status = 499
+        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``)."""
         first = {g.index for g in call.gens}
         pending = len(call.gens)
-        ttft = None
-        self.metrics.in_flight.inc()
+        while pending:
+            for g in call.gens:
+                d = g.take()
+                if d is None:
+                    continue
+                if d.finished:
+                    pending -= 1
+                    if g.finish_reason in _FAILED:
+                        try:
+                            self._raise_failure(call, body)
+                        except APIError as e:
+                            self._observe(call, e.status)
+                            yield sse(e.body())
+                            yield DONE
+                            return
+                reason = finish_reason(g.finish_reason) if d.finished else None
+                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first)],
+                                with_usage=include_usage)
+                first.discard(g.index)
+            if pending:
+                await call.signal.wait()
+        use = usage(call.gens, call.prompts)
+        if include_usage:
+            yield env.chunk([], use, with_usage=True)
+        yield DONE
+        self._observe(call, 200, use)
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that calls ``on_end`` however it ends: the last event
+    sent, the client gone (Starlette cancels the stream on ``http.disconnect``),
+    or the server stopping -- even before the body's generator first ran."""
+
+    def __init__(self, content, on_end) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
         try:
-            while pending:
-                for g in call.gens:
-                    d = g.take()
-                    if d is None:
-                        continue
-                    if d.finished:
-                        pending -= 1
-                        if g.finish_reason in _FAILED:
-                            try:
-                                self._raise_failure(call, body)
-                            except APIError as e:
-                                status = e.status
-                                yield sse(e.body())
-                                yield DONE
-                                return
-                    if ttft is None and d.tokens:
-                        ttft = time.monotonic() - call.t0
-                    reason = finish_reason(g.finish_reason) if d.finished else None
-                    yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first)],
-                                    with_usage=include_usage)
-                    first.discard(g.index)
-                if pending:
-                    await call.signal.wait()
-            use = usage(call.gens, call.prompts)
-            if include_usage:
-                yield env.chunk([], use, with_usage=True)
-            yield DONE
-            status = 200
-            self.metrics.observe(call.endpoint, 200, ttft if ttft is not None else call.ttft_s(),
-                                 time.monotonic() - call.t0, call.model, use)
-            status = None
+            await super().__call__(scope, receive, send)
         finally:
-            self.metrics.in_flight.dec()
-            call.cancel()
-            if status is not None:
-                self.metrics.observe(call.endpoint, status)
+            self._on_end()
 
 
 _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -59,3 +60,11 @@ def simulated_reference(prompt: list[int], max_tokens: int, **kw) -> tuple[list[
     h = engine.submit_request(prompt, max_tokens, **kw)
     engine.run()
     return h.tokens, h.finish_reason.value
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """One sample of the gateway's /metrics (0.0 when absent)."""
+    text = httpx.get(url + "/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    m = re.search(rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0

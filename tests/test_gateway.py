@@ -10,7 +10,6 @@ started by the launcher, as ``slotserve up --http-port`` does.
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 import pytest
@@ -20,6 +19,7 @@ pytest.importorskip("transformers")
 
 from client import Client  # noqa: E402
 from gateway import GatewayConfig  # noqa: E402
+import gateway_util  # noqa: E402
 from gateway_util import simulated_reference, start_cluster  # noqa: E402
 from tiny_text_model import make_tiny_text_model  # noqa: E402
 from worker.process import WorkerConfig  # noqa: E402
@@ -195,10 +195,7 @@ def test_text_for_a_model_without_tokenizer_is_400(oai):
 
 
 def metric(cluster, name, **labels) -> float:
-    text = httpx.get(cluster.http_url + "/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    m = re.search(rf"^{name}\{{{want}\}} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return gateway_util.metric(cluster.http_url, name, **labels)
 
 
 @pytest.mark.parametrize("kw, param", [

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from gateway import GatewayConfig, run
-from gateway_util import broker_status, simulated_reference, start_cluster, wait_until
+from gateway_util import broker_status, metric, simulated_reference, start_cluster, wait_until
 from worker.process import WorkerConfig
 
 BODY_LIMIT = 64 * 1024
@@ -172,12 +172,14 @@ def test_full_queue_is_429_and_disconnects_cancel_queued_and_running_requests(cl
             s.close()
     wait_until(lambda: idle(cluster), 30, "the disconnected clients' requests to be cancelled")
     assert broker_status(cluster).counters["cancelled"] - cancelled == held
+    wait_until(lambda: metric(cluster.http_url, "slotserve_http_requests_in_flight") == 0, 10, "no HTTP request in flight")
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_client_leaving_a_stream_cancels_its_requests(cluster, http, n):
     wait_until(lambda: idle(cluster), 30, "an idle cluster")
     cancelled = broker_status(cluster).counters.get("cancelled", 0)
+    gone = metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="499")
     with http.stream("POST", "/v1/completions", json={**LONG, "stream": True, "n": n}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         first = json.loads(next(line for line in r.iter_lines() if line.startswith("data: "))[6:])
@@ -186,6 +188,9 @@ def test_a_client_leaving_a_stream_cancels_its_requests(cluster, http, n):
     # leaving the block closed the connection mid-stream
     wait_until(lambda: idle(cluster), 30, "the abandoned stream's requests to be cancelled")
     assert broker_status(cluster).counters["cancelled"] - cancelled == n
+    assert metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="499") == \
+        gone + 1
+    assert metric(cluster.http_url, "slotserve_http_requests_in_flight") == 0
 
 
 # ---------------------------------------------------------------------- no broker, the command
