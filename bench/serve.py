@@ -40,7 +40,6 @@ import os
 import platform
 import random
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -4,7 +4,8 @@
     run(GatewayConfig(broker="tcp://127.0.0.1:5555", port=8000))
 
 :func:`create_app` gives the ASGI app alone (Starlette), for another server.
-Layout: :mod:`gateway.app` (endpoints), :mod:`gateway.schemas` (request
+Layout: :mod:`gateway.app` (the app, plain endpoints), :mod:`gateway.generate`
+(completions and chat), :mod:`gateway.schemas` (request
 bodies), :mod:`gateway.options` (body fields -> request options, the one
 mapping), :mod:`gateway.responses` (bodies, chunks, finish_reason mapping),
 :mod:`gateway.errors` (OpenAI's error shape, status codes),

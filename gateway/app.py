@@ -1,130 +1,40 @@
-"""The ASGI app: OpenAI's endpoints over one shared broker link (Starlette).
+"""The ASGI app (Starlette): OpenAI's endpoints over one shared broker link.
 
-- ``POST /v1/completions``, ``POST /v1/chat/completions``: generation, plain
-  or streamed as server-sent events ending with ``data: [DONE]``.
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
+  (:mod:`gateway.generate`), plain or streamed as server-sent events.
 - ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
-
-A client that disconnects cancels its requests: while the answer is pending
-a watcher task waits for the ASGI ``http.disconnect``; once a stream is
-under way, Starlette's ``StreamingResponse`` cancels the stream on it. Either
-way the slotserve requests are cancelled, which frees their slots on the
-worker's next iteration.
+- Anything else: 404 / 405 in OpenAI's error shape.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
 
-from pydantic import ValidationError
-from pydantic_core import to_json
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
-from client import RemoteError
 from gateway.config import GatewayConfig
-from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, unavailable, \
-    unsupported
-from gateway.generation import Generation, Signal
+from gateway.errors import APIError
+from gateway.generate import Generate
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
-from gateway.options import request_options
-from gateway.responses import DONE, Envelope, finish_reason, sse, usage
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from protocol.enums import FinishReason
+from gateway.responses import error_response, json_response
 
 log = logging.getLogger(__name__)
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-"""OpenAI's documented default ``max_tokens`` for ``/v1/completions``."""
 
+class ServiceEndpoints:
+    """The endpoints that generate nothing: models, health, metrics."""
 
-class ClientGone(Exception):
-    """The HTTP client disconnected before its answer was ready."""
-
-
-def json_response(body: dict | bytes, status: int = 200, headers: dict | None = None) -> Response:
-    content = body if isinstance(body, bytes) else to_json(body)
-    return Response(content, status, headers, media_type="application/json")
-
-
-def error_response(e: APIError) -> Response:
-    return json_response(e.to_json(), e.status, e.headers)
-
-
-WATCH_AFTER_S = 0.005
-"""A pending answer's disconnect watcher starts this late (seconds): most short
-requests are answered before, and a timer costs far less than a task."""
-
-
-class _Watch:
-    """Watches one HTTP request for ``http.disconnect`` (from ``WATCH_AFTER_S``
-    on) and wakes ``signal`` when it comes; ``gone`` is then True."""
-
-    __slots__ = ("gone", "_timer", "_task")
-
-    def __init__(self, request: Request, signal: Signal) -> None:
-        self.gone = False
-        self._task: asyncio.Task | None = None
-        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start, request, signal)
-
-    def _start(self, request: Request, signal: Signal) -> None:
-        self._task = asyncio.ensure_future(self._run(request, signal))
-
-    async def _run(self, request: Request, signal: Signal) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        self.gone = True
-        signal.set()
-
-    def stop(self) -> None:
-        self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
-
-
-class _Call:
-    """One generation HTTP request being served (its generations, clocks and metrics labels)."""
-
-    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed")
-
-    def __init__(self, endpoint: str, signal: Signal) -> None:
-        self.endpoint = endpoint
-        self.client = None
-        self.streaming = False  # True once an event stream owns the call (it cancels and observes at its end)
-        self.observed = False
-        self.t0 = time.monotonic()
-        self.model: str | None = None
-        self.gens: list[Generation] = []
-        self.signal = signal
-        self.prompts = 0
-
-    def ttft_s(self) -> float | None:
-        firsts = [g.handle.first_token_s for g in self.gens if g.handle.first_token_s is not None]
-        return min(firsts) - self.t0 if firsts else None
-
-    def cancel(self) -> None:
-        for g in self.gens:
-            if not g.finished:
-                self.client.cancel(g.handle.request_id)
-
-
-class Api:
-    """The endpoint handlers (bound to one :class:`BrokerLink` and its metrics)."""
-
-    def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics) -> None:
-        self.config = config
+    def __init__(self, link: BrokerLink, metrics: GatewayMetrics) -> None:
         self.link = link
         self.metrics = metrics
-
-    # ------------------------------------------------------------------ plain endpoints
 
     async def models(self, request: Request) -> Response:
         try:
@@ -154,234 +64,8 @@ class Api:
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
-    # ------------------------------------------------------------------ generation
 
-    async def completions(self, request: Request) -> Response:
-        return await self._generate(request, CompletionRequest)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, ChatCompletionRequest)
-
-    async def _generate(self, request: Request, schema: type[_Sampling]) -> Response:
-        call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
-        self.metrics.in_flight.inc()
-        try:
-            body = await self._parse(request, schema)
-            call.model = body.model
-            if body.stream:
-                return await self._start_stream(request, body, call)
-            await self._submit(request, body, call, stream=False)
-            watch = _Watch(request, call.signal)
-            try:
-                while not all(g.finished for g in call.gens):
-                    await call.signal.wait()
-                    if watch.gone:
-                        raise ClientGone
-            finally:
-                watch.stop()
-            self._raise_failure(call, body)
-            env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
-            out = env.completion(call.gens, call.prompts)
-            self._observe(call, 200, out["usage"])
-            return json_response(out)
-        except APIError as e:
-            self._observe(call, e.status)
-            return error_response(e)
-        except (ClientGone, ClientDisconnect):
-            self._observe(call, 499)
-            return Response(status_code=499)
-        finally:
-            if not call.streaming:
-                self._end(call)
-
-    def _observe(self, call: _Call, status: int, usage_: dict | None = None) -> None:
-        """Record the call's answer in the metrics (once)."""
-        if call.observed:
-            return
-        call.observed = True
-        if status == 200:
-            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model, usage_)
-        else:
-            self.metrics.observe(call.endpoint, status)
-
-    def _end(self, call: _Call) -> None:
-        """The call is over, however it ended: cancel what still runs (a no-op for
-        finished requests), count an unanswered call as 499."""
-        self.metrics.in_flight.dec()
-        call.cancel()
-        self._observe(call, 499)
-
-    async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
-        limit = self.config.max_body_bytes
-        too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
-                                  "(slotserve serve --max-body-bytes)", code="request_too_large")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        try:
-            body = schema.model_validate_json(b"".join(chunks))
-        except ValidationError as e:
-            raise from_validation(e.errors(include_url=False, include_context=False)) from None
-        name = body.unsupported()
-        if name is not None:
-            raise unsupported(name, f"'{name}' is not supported by slotserve; leave it out")
-        if body.stream_options is not None and not body.stream:
-            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        return body
-
-    async def _submit(self, request: Request, body: _Sampling, call: _Call, stream: bool) -> None:
-        """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
-        chat = isinstance(body, ChatCompletionRequest)
-        prompt_param = "messages" if chat else "prompt"
-        prompts = [_chat_messages(body)] if chat else body.prompts()
-        n = body.choices_per_prompt
-        if len(prompts) * n > self.config.max_choices:
-            raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
-                              f"{self.config.max_choices} per HTTP request", "n")
-        client = call.client = await self.link.client_for(body.model)
-        info = self.link.model_info(body.model)
-        options = request_options(body, info)
-        max_tokens = self._max_tokens(body, info)
-        on_token = call.signal.poke if stream else None
-        call.prompts = len(prompts)
-        try:
-            for i, prompt in enumerate(prompts):
-                for c in range(n):
-                    g = Generation(i * n + c, call.signal)
-                    call.gens.append(g)
-                    g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
-                                                     **options.for_choice(c))
-        except ValueError as e:
-            call.gens.pop()  # the one that was refused (nothing was sent for it)
-            raise from_value_error(e, prompt_param) from None
-        except RuntimeError as e:  # the client was closed: the gateway is stopping
-            call.gens.pop()
-            raise unavailable(f"the gateway is stopping ({e})") from None
-
-    def _max_tokens(self, body: _Sampling, info) -> object:
-        if not isinstance(body, ChatCompletionRequest):
-            return COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        a, b = body.max_tokens, body.max_completion_tokens
-        if a is not None and b is not None and a != b:
-            raise bad_request(f"max_tokens ({a}) and max_completion_tokens ({b}) disagree; give one",
-                              "max_completion_tokens")
-        if a is not None or b is not None:
-            return a if a is not None else b
-        default = self.config.default_chat_max_tokens
-        if info is not None and info.max_seq_len is not None:
-            default = max(1, min(default, info.max_seq_len // 2))
-        return default
-
-    def _raise_failure(self, call: _Call, body: _Sampling) -> None:
-        """Raise the HTTP error of the first choice that ended in error or was cancelled."""
-        prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        for g in call.gens:
-            reason = g.finish_reason
-            if reason is FinishReason.ERROR:
-                err = g.error
-                if isinstance(err, RemoteError):
-                    raise from_remote(err.code, err.message, prompt_param)
-                raise APIError(500, f"the request failed: {err}", code="internal")
-            if reason is FinishReason.CANCELLED:
-                raise unavailable("the request was cancelled by slotserve (the gateway is stopping or lost "
-                                  "its broker connection); retry")
-
-    # ------------------------------------------------------------------ streaming
-
-    async def _start_stream(self, request: Request, body: _Sampling, call: _Call) -> Response:
-        """Submit, wait until every choice has its first token or has ended, then
-        answer: an HTTP error if one failed already, else a stream from there."""
-        await self._submit(request, body, call, stream=True)
-        watch = _Watch(request, call.signal)
-        try:
-            while not all(g.finished or g.handle.first_token_s is not None for g in call.gens) \
-                    and not any(g.finished and g.finish_reason in _FAILED for g in call.gens):
-                await call.signal.wait()
-                if watch.gone:
-                    raise ClientGone
-        finally:
-            watch.stop()
-        self._raise_failure(call, body)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
-        call.streaming = True
-        return _EventStream(self._events(call, env, include_usage, body), lambda: self._end(call))
-
-    async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling):
-        """The SSE body: one chunk per choice with news, the usage chunk when
-        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``)."""
-        first = {g.index for g in call.gens}
-        pending = len(call.gens)
-        while pending:
-            for g in call.gens:
-                d = g.take()
-                if d is None:
-                    continue
-                if d.finished:
-                    pending -= 1
-                    if g.finish_reason in _FAILED:
-                        try:
-                            self._raise_failure(call, body)
-                        except APIError as e:
-                            self._observe(call, e.status)
-                            yield sse(e.body())
-                            yield DONE
-                            return
-                reason = finish_reason(g.finish_reason) if d.finished else None
-                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first)],
-                                with_usage=include_usage)
-                first.discard(g.index)
-            if pending:
-                await call.signal.wait()
-        use = usage(call.gens, call.prompts)
-        if include_usage:
-            yield env.chunk([], use, with_usage=True)
-        yield DONE
-        self._observe(call, 200, use)
-
-
-class _EventStream(StreamingResponse):
-    """An SSE response that calls ``on_end`` however it ends: the last event
-    sent, the client gone (Starlette cancels the stream on ``http.disconnect``),
-    or the server stopping -- even before the body's generator first ran."""
-
-    def __init__(self, content, on_end) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self._on_end = on_end
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_end()
-
-
-_FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
-
-
-def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the client SDK takes them: ``{"role", "content"}`` with text parts joined."""
-    out = []
-    for i, m in enumerate(body.messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = [p.get("text") for p in content]
-            if not all(isinstance(t, str) for t in texts):
-                raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")
-            content = "".join(texts)
-        out.append({"role": m.role, "content": "" if content is None else content})
-    if not out:
-        raise bad_request("messages must not be empty", "messages")
-    return out
-
-
-async def _not_found(request: Request, exc: HTTPException) -> Response:
+async def _http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                                    code="not_found" if exc.status_code == 404 else "method_not_allowed"))
 
@@ -396,7 +80,8 @@ def create_app(config: GatewayConfig) -> Starlette:
     (retrying in the background) and closes the connections at shutdown."""
     link = BrokerLink(config)
     metrics = GatewayMetrics()
-    api = Api(config, link, metrics)
+    generate = Generate(config, link, metrics)
+    service = ServiceEndpoints(link, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -407,13 +92,13 @@ def create_app(config: GatewayConfig) -> Starlette:
             await link.close()
 
     routes = [
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
-        Route("/metrics", api.metrics_endpoint, methods=["GET"]),
+        Route("/v1/completions", generate.completions, methods=["POST"]),
+        Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
+        Route("/v1/models", service.models, methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+        Route("/metrics", service.metrics_endpoint, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _not_found, Exception: _server_error})
-    app.state.api = api
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.link = link
     return app

@@ -32,7 +32,9 @@ import os
 import time
 
 from pydantic_core import to_json
+from starlette.responses import Response
 
+from gateway.errors import APIError
 from gateway.generation import Generation
 from protocol.enums import FinishReason
 
@@ -112,3 +114,14 @@ def sse(body: dict) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+
+
+def json_response(body: dict | bytes, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response (``body`` a dict, or bytes already encoded)."""
+    return Response(body if isinstance(body, bytes) else to_json(body), status, headers,
+                    media_type="application/json")
+
+
+def error_response(e: APIError) -> Response:
+    """``e`` in OpenAI's error shape, with its status and headers."""
+    return json_response(e.to_json(), e.status, e.headers)
