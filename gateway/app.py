@@ -51,6 +51,8 @@ class ServiceEndpoints:
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
+        if not self.link.broker_ok:  # the last poll (each status_interval_s) got no answer: say so at once
+            return json_response({"status": "unavailable", "reason": self.link.no_broker().message}, 503)
         try:
             st = await self.link.refresh()
         except APIError as e:

@@ -122,13 +122,13 @@ class Generate:
             await self._submit(body, call, stream=False)
             watch = _Watch(request, call.signal)
             try:
-                while not all(g.finished for g in call.gens):
+                while not all(g.finished for g in call.gens) and not _any_failed(call):
                     await call.signal.wait()
                     if watch.gone:
                         raise ClientGone
             finally:
                 watch.stop()
-            self._raise_failure(call, body)
+            self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
             out = env.completion(call.gens, call.prompts)
             self._observe(call, 200, out["usage"])
@@ -250,7 +250,7 @@ class Generate:
         watch = _Watch(request, call.signal)
         try:
             while not all(g.finished or g.handle.first_token_s is not None for g in call.gens) \
-                    and not any(g.finished and g.finish_reason in _FAILED for g in call.gens):
+                    and not _any_failed(call):
                 await call.signal.wait()
                 if watch.gone:
                     raise ClientGone
@@ -312,6 +312,10 @@ class _EventStream(StreamingResponse):
 
 
 _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
+
+
+def _any_failed(call: _Call) -> bool:
+    return any(g.finished and g.finish_reason in _FAILED for g in call.gens)
 
 
 def _chat_messages(body: ChatCompletionRequest) -> list[dict]:

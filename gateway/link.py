@@ -24,6 +24,10 @@ from protocol.messages import ModelInfo, Status
 
 log = logging.getLogger(__name__)
 
+CONTROL_MODEL = "simulated"
+"""The model name of the control connection (a ``Client`` needs one); it also
+serves requests for that model, so a simulated cluster needs one connection."""
+
 
 class BrokerLink:
     """Connections, the last broker status, and per-model clients (event loop only)."""
@@ -68,11 +72,15 @@ class BrokerLink:
         while not self._closed:
             if self._control is None:
                 try:
-                    self._control = await loop.run_in_executor(None, self._new_client, "simulated", "gateway")
+                    self._control = await loop.run_in_executor(None, self._new_client, CONTROL_MODEL, "gateway")
                     log.info("gateway connected to the broker at %s", self.config.broker)
                 except BrokerUnavailable as e:
                     log.warning("%s (retrying)", e)
                     continue  # the connect timeout paces the retries
+                except Exception:  # noqa: BLE001 -- e.g. unreadable CURVE keys: say so, keep trying
+                    log.exception("gateway cannot connect to the broker at %s (retrying)", self.config.broker)
+                    await asyncio.sleep(self.config.status_interval_s)
+                    continue
             try:
                 await self.refresh()
             except APIError:
@@ -96,17 +104,18 @@ class BrokerLink:
 
     async def _query_status(self) -> Status:
         if self._control is None:
-            raise self._no_broker()
+            raise self.no_broker()
         try:
             st = await asyncio.get_running_loop().run_in_executor(None, self._control.status,
                                                                   self.config.connect_timeout_s)
         except BrokerUnavailable:
             self.broker_ok = False
-            raise self._no_broker() from None
+            raise self.no_broker() from None
         self.status, self.broker_ok = st, True
         return st
 
-    def _no_broker(self) -> APIError:
+    def no_broker(self) -> APIError:
+        """The 503 for "no broker answers"."""
         return unavailable(f"no slotserve broker answers at {self.config.broker}; start one (`slotserve up`) "
                            "or check the gateway's --broker")
 
@@ -117,7 +126,7 @@ class BrokerLink:
 
     def model_info(self, model: str) -> ModelInfo | None:
         """What the model's workers registered (vocabulary, context, EOS tokens), if known."""
-        c = self._clients.get(model)
+        c = self._clients.get(model) or (self._control if model == CONTROL_MODEL else None)
         return None if c is None else c.models.get(model)
 
     # ------------------------------------------------------------------ per-model clients
@@ -127,7 +136,7 @@ class BrokerLink:
         broker answers or no worker serves ``model`` right now, 404 when the
         broker has never had a worker for it."""
         if not self.broker_ok:
-            raise self._no_broker()
+            raise self.no_broker()
         c = self._clients.get(model)
         st = self.status
         known = st is not None and model in st.models
@@ -141,6 +150,14 @@ class BrokerLink:
                 raise unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
         if c is not None:
             return c
+        if model == CONTROL_MODEL and self._control is not None:
+            if model not in self._control.models:  # registered after the control connected: fetch its info
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self._control.wait_for_model,
+                                                                     self.config.connect_timeout_s)
+                except TimeoutError:
+                    raise unavailable(f"no worker serves model `{model}` right now; retry") from None
+            return self._control
         fut = self._connecting.get(model)
         if fut is None:
             loop = asyncio.get_running_loop()
@@ -148,7 +165,7 @@ class BrokerLink:
         try:
             c = await asyncio.shield(fut)
         except BrokerUnavailable:
-            raise self._no_broker() from None
+            raise self.no_broker() from None
         finally:
             if fut.done():
                 self._connecting.pop(model, None)
