@@ -255,3 +255,50 @@ def test_slotserve_serve_command(cluster):
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+
+
+@pytest.mark.skipif(shutil.which("slotserve", path=str(BIN)) is None, reason="needs the slotserve command")
+def test_slotserve_up_http_port_supervises_the_gateway():
+    psutil = pytest.importorskip("psutil")
+    port = free_port()
+    front, back = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([str(BIN / "slotserve"), "up", "--workers", "1", "--slots", "2", "--http-port", str(port),
+                             "--frontend", front, "--backend", back],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy():
+        assert proc.poll() is None, "slotserve up exited"
+        try:
+            return httpx.get(url + "/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def gateway_pid():
+        for child in psutil.Process(proc.pid).children():
+            try:
+                if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in child.net_connections("tcp")):
+                    return child.pid
+            except psutil.Error:  # a child that just died
+                continue
+        return None
+
+    try:
+        wait_until(healthy, 60, "slotserve up's gateway")
+        first = gateway_pid()
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: gateway_pid() not in (None, first) and healthy(), 60, "the gateway to be restarted")
+        r = httpx.post(url + "/v1/completions", json={"model": "simulated", "prompt": [8, 9], "max_tokens": 4,
+                                                      "ignore_eos": True}, timeout=30)
+        assert r.json()["choices"][0]["token_ids"] == simulated_reference([8, 9], 4, stop_token=None)[0]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert f"HTTP on {url}/v1" in err and "restarting" in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its children (a new session of their own)
+        proc.communicate(timeout=30)
+    with socket.socket() as s:  # every child is gone: the HTTP port is free again
+        s.bind(("127.0.0.1", port))
