@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,9 +82,7 @@ def start(model: str, workers: int, slots: int, step_delay_ms: float = 0.0) -> L
                         gateway=GatewayConfig(port=0))
     cl = LocalCluster(cfg)
     cl.start()
-    deadline = time.monotonic() + 60
-    with Client(cl.frontend, name="bench-probe") as c:  # the gateway's status poll must see the workers too
-        c.wait_for_model(60)
+    deadline = time.monotonic() + 60  # start() returned once the workers registered; the gateway polls status
 
     async def healthy():
         async with aiohttp.ClientSession() as s:
@@ -93,7 +92,11 @@ def start(model: str, workers: int, slots: int, step_delay_ms: float = 0.0) -> L
                         return
                 await asyncio.sleep(0.05)
         raise RuntimeError("the gateway did not become healthy")
-    asyncio.run(healthy())
+    try:
+        asyncio.run(healthy())
+    except BaseException:
+        cl.stop()
+        raise
     return cl
 
 
@@ -427,6 +430,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke check)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the cluster
     sim = args.model == "simulated"
     rates = [float(x) for x in (args.rates or ("25,50,100,200" if sim else "0.5,1,2")).split(",")]
     burst = args.burst if args.burst is not None else (256 if sim else 0)
@@ -457,8 +461,9 @@ def main(argv=None) -> None:
                                                bodies, rate, seed=100 + i))
             row = {"via": "http", "rate": rate, "loadavg": os.getloadavg(), **summarize(recs, wall, slo_ttft, slo_tpot)}
             res["sweep"].append(row)
-            print(f"  http   rate {rate}: {row['requests_per_s']:.1f} req/s, TTFT p50 {fmt(row['ttft_p50_ms'])} ms",
-                  flush=True)
+            print(f"  http   rate {rate}: {row['requests']} requests, {row['errors']} errors, "
+                  f"{row['requests_per_s']:.2f} req/s, TTFT p50 {fmt(row['ttft_p50_ms'])} ms "
+                  f"(load average {os.getloadavg()[0]:.1f})", flush=True)
             if sim:
                 recs, wall = client_rate(cl.frontend, "simulated", work, rate, seed=100 + i)
                 row = {"via": "client", "rate": rate, "loadavg": os.getloadavg(),
