@@ -1,11 +1,15 @@
-"""Run the gateway: :func:`run` binds the HTTP socket and serves the app on uvicorn."""
+"""Run the gateway: :func:`run` binds the HTTP socket and serves the app on uvicorn.
+
+Imported on first use of ``gateway.run`` (it loads the HTTP stack)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-import threading
-from typing import Callable
+from typing import Callable, Protocol
+
+import uvicorn
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
@@ -21,10 +25,17 @@ def bind(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
 
 
-def run(config: GatewayConfig, *, stop: threading.Event | None = None,
+class StopFlag(Protocol):
+    """Anything with ``is_set()``: a ``threading.Event``, :class:`slotserve.signals.StopFlag`."""
+
+    def is_set(self) -> bool: ...
+
+
+def run(config: GatewayConfig, *, stop: StopFlag | None = None,
         on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve ``config`` until ``stop`` is set (or SIGINT/SIGTERM when called
-    from the main thread: uvicorn handles them).
+    """Serve ``config`` until ``stop`` is set. With ``stop`` the caller owns the
+    signals (its handlers set ``stop``); without it, uvicorn handles SIGINT and
+    SIGTERM when called from the main thread.
 
     ``on_ready(url)`` is called once the socket listens, with the bound
     ``http://host:port``; connections made from then on are queued until the
@@ -32,20 +43,34 @@ def run(config: GatewayConfig, *, stop: threading.Event | None = None,
     at shutdown; then the broker connections close (the broker cancels what
     they still run). Raises OSError when the address cannot be bound.
     """
-    import uvicorn
-
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     if on_ready is not None:
         on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}")
     ucfg = uvicorn.Config(create_app(config), lifespan="on", log_config=None, log_level="warning",
                           access_log=config.access_log, timeout_graceful_shutdown=config.stop_timeout_s)
-    server = uvicorn.Server(ucfg)
+    server = _Server(ucfg, capture_signals=stop is None)
     with asyncio.Runner(loop_factory=ucfg.get_loop_factory()) as runner:
         runner.run(_serve(server, sock, stop))
 
 
-async def _serve(server, sock: socket.socket, stop: threading.Event | None) -> None:
+class _Server(uvicorn.Server):
+    """uvicorn's server, leaving the signal handlers alone when the caller owns them."""
+
+    def __init__(self, config: uvicorn.Config, *, capture_signals: bool) -> None:
+        super().__init__(config)
+        self._capture = capture_signals
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if self._capture:
+            with super().capture_signals():
+                yield
+        else:
+            yield
+
+
+async def _serve(server, sock: socket.socket, stop: StopFlag | None) -> None:
     async def watch() -> None:
         while not stop.is_set():
             await asyncio.sleep(0.1)  # uvicorn's own main loop ticks at this rate too
