@@ -199,14 +199,48 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None):
+                    curve_dir=None, gateway=None):
     from slotserve.launcher import ClusterConfig
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                    stop_token=stop_token, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
-                   client_curve=curve_dir)
+                   client_curve=curve_dir, gateway=gateway)
+
+
+@main.command()
+@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_SERVE_BROKER", show_envvar=True,
+              help="The broker's client endpoint.")
+@click.option("--host", default="127.0.0.1", show_envvar=True,
+              help="Address the HTTP server binds (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_envvar=True,
+              help="TCP port of the HTTP server (0 picks a free one).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024, show_envvar=True,
+              help="Larger HTTP request bodies get 413 (bytes).")
+@click.option("--access-log/--no-access-log", default=False, show_envvar=True,
+              help="Log every HTTP request (costs CPU at high request rates).")
+@_curve_dir
+def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool,
+          curve_dir: str | None) -> None:
+    """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
+
+    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+    GET /health, GET /metrics. One shared connection to the broker per model;
+    while no broker answers, requests get 503 and the server keeps retrying.
+    """
+    from gateway import GatewayConfig, run as run_gateway
+
+    from slotserve.signals import StopSignals
+
+    cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
+                  max_body_bytes=max_body_bytes, access_log=access_log)
+    try:
+        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
+            run_gateway(cfg, stop=sig.flag, on_ready=lambda url: click.echo(
+                f"slotserve serve: {url}/v1 (OpenAI API) -> broker {broker_addr}. Ctrl-C stops.", err=True))
+    except OSError as e:
+        raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
 
 
 @main.command()
@@ -219,10 +253,14 @@ def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_de
 @_backend
 @_max_queue
 @_curve_dir
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
+              help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
+@click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int, curve_dir: str | None) -> None:
-    """Run a broker and WORKERS workers as supervised child processes.
+       max_queue: int, curve_dir: str | None, http_port: int | None, http_host: str) -> None:
+    """Run a broker and WORKERS workers (and with --http-port the HTTP
+    server) as supervised child processes.
 
     Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
     them cleanly (exit status 0); the children also stop by themselves when
@@ -232,14 +270,21 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     from slotserve.signals import StopSignals
 
     log_level = ctx.find_root().params["log_level"].upper()
+    gateway = None
+    if http_port is not None:
+        from gateway.config import GatewayConfig
+
+        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir)
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir)
+                          curve_dir, gateway)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
             cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
-                       f"{workers} x {model} worker(s) with {slots} slots. Ctrl-C stops.", err=True)
+                       f"{workers} x {model} worker(s) with {slots} slots"
+                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
+                       err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping...", err=True)
         except (RuntimeError, ValueError) as e:
