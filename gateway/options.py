@@ -15,7 +15,7 @@ HTTP field                 slotserve request option
 ``stop`` strings           refused with 501 until text stops exist (see below)
 ``stop_token_ids``         ``stop_token`` = the model's EOS tokens + these
 ``ignore_eos``             ``stop_token`` = ``stop_token_ids`` only
-``min_tokens``             refused with 501 when > 0 (no such option yet)
+``min_tokens``             ``min_tokens`` (default 0)
 ``priority``               ``priority`` (lower first)
 ``timeout_s``              ``timeout_s``
 =========================  ==============================================================
@@ -49,12 +49,14 @@ class RequestOptions:
     top_p: float
     top_k: int
     seed: int | None
+    min_tokens: int
 
     def for_choice(self, index: int) -> dict:
         """``submit_request`` keyword arguments for choice ``index`` (``seed + index``)."""
         return {"stop_token": self.stop_token, "stop_sequences": self.stop_sequences, "priority": self.priority,
                 "timeout_s": self.timeout_s, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": self.top_k, "seed": None if self.seed is None else self.seed + index}
+                "top_k": self.top_k, "seed": None if self.seed is None else self.seed + index,
+                "min_tokens": self.min_tokens}
 
 
 def request_options(body: _Sampling, info: ModelInfo | None) -> RequestOptions:
@@ -63,14 +65,12 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> RequestOptions:
     ``info``: the model's :class:`ModelInfo` (its EOS tokens, for
     ``stop_token_ids``), or None when unknown. Raises :class:`APIError`: 400
     for a ``stop`` list too long or holding an empty entry, 501 for text stop
-    strings and ``min_tokens > 0``.
+    strings.
     """
     texts, sequences = _split_stop(body.stop)
     if texts:  # TEXT STOPS: becomes `stop_strings=tuple(texts)` in the options once the worker matches text
         raise unsupported("stop", "text stop strings are not supported yet; pass stop sequences as token-id "
                                   "lists (\"stop\": [[id, ...]]) or single stop tokens in \"stop_token_ids\"")
-    if body.min_tokens:
-        raise unsupported("min_tokens", "min_tokens is not supported yet; leave it out or set it to 0")
     stop_token = DEFAULT  # the model's EOS tokens (the worker's default)
     if body.stop_token_ids or body.ignore_eos:
         base = () if body.ignore_eos or info is None else info.eos_token_ids
@@ -84,6 +84,7 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> RequestOptions:
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
         seed=body.seed,
+        min_tokens=body.min_tokens or 0,
     )
 
 

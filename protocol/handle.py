@@ -39,7 +39,7 @@ class RequestHandle:
       (tuple) that matched, as vLLM's ``stop_reason``; else None.
     - ``error``: None, or the exception that ended the request (or that its
       completion callback raised).
-    - ``usage``: :class:`Usage`.
+    - ``usage``: :class:`Usage`; ``prompt_tokens`` is its first half.
     - ``ttft_s`` / ``latency_s``: seconds from submission to the first token /
       to the end (None until then), on the owner's monotonic clock.
     - ``done()``, ``result(timeout)``: see there.
@@ -96,6 +96,11 @@ class RequestHandle:
     @property
     def usage(self) -> Usage:
         return Usage(self._prompt_tokens, len(self.tokens))
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """``usage.prompt_tokens``: the prompt's length in tokens, or None while unknown."""
+        return self._prompt_tokens
 
     @property
     def ttft_s(self) -> float | None:

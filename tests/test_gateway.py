@@ -203,7 +203,6 @@ def metric(cluster, name, **labels) -> float:
     ({"stop": ["a", "b"]}, "stop"),
     ({"logprobs": 2}, "logprobs"),
     ({"echo": True}, "echo"),
-    ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
 ])
 def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, param):
