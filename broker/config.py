@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from protocol import defaults
 
+MIN_HEARTBEATS_PER_WINDOW = 3
+"""A liveness window spans at least this many heartbeat intervals (a peer is
+declared dead or gone only after missing several heartbeats in a row)."""
+
 DEFAULT_FRONTEND = defaults.CLIENT_ENDPOINT
 DEFAULT_BACKEND = defaults.WORKER_ENDPOINT
 
@@ -19,11 +23,16 @@ class BrokerConfig:
       ``run_broker``'s ``on_ready``).
     - ``max_queue``: queued requests per model before ``queue_full`` (requests).
     - ``heartbeat_interval_s``: seconds between the broker's heartbeats; also
-      the interval peers are told to use.
+      the period every worker and client heartbeats at (the broker announces
+      it in its ``welcome``, and peers follow it), so the liveness windows
+      below are counted in the peers' own heartbeat periods.
     - ``worker_liveness_s``: a worker silent this long (seconds) is dead and
-      its requests migrate.
+      its requests migrate. At least :data:`MIN_HEARTBEATS_PER_WINDOW`
+      heartbeat intervals (ValueError otherwise): one late heartbeat must not
+      look like a death.
     - ``client_liveness_s``: a client silent this long (seconds) is gone and
-      its requests are cancelled.
+      its requests end with ``client_silent``; at least
+      :data:`MIN_HEARTBEATS_PER_WINDOW` heartbeat intervals too.
     - ``worker_hung_s``: a worker that holds requests but completes no
       iteration for this long (seconds) is hung: its requests migrate as if
       it had died, although it still heartbeats. It must exceed the longest
@@ -38,11 +47,17 @@ class BrokerConfig:
     - ``aging_window``: submissions per priority level of aging (see :mod:`protocol.queue`).
     - ``max_attempts``: workers a request may be lost on before it ends with
       ``worker_failed`` instead of migrating again.
-    - ``max_message_bytes``: larger incoming frames get ``too_large``.
+    - ``max_message_bytes``: larger incoming frames get ``too_large`` (bytes),
+      naming the requests in them; announced in ``welcome``, so clients
+      refuse a larger request at submit and split their batches to fit, and
+      workers split their iterations.
     - ``send_hwm``: ZeroMQ send high-water mark per peer (messages).
     - ``max_pending_per_peer``: messages buffered per peer beyond the
-      high-water mark before that peer is failed (a client: ``slow_consumer``;
-      a worker: treated as dead).
+      high-water mark before that peer is failed (a client: each of its
+      requests not yet ended -- those whose endings were in the discarded
+      messages included -- ends with ``slow_consumer``; a worker: treated as
+      dead). A peer thus holds at most ``send_hwm + max_pending_per_peer``
+      messages of the broker's memory.
     - ``tick_s``: seconds between housekeeping passes (queued deadlines, liveness).
     - ``curve_secret_file``: the broker's CURVE secret key file (from
       ``slotserve keygen``); when set, both sockets require CURVE
@@ -100,6 +115,12 @@ class BrokerConfig:
                              "(paths; `slotserve keygen DIR` makes them), or none")
         if self.metrics_port is not None and (type(self.metrics_port) is not int or not 0 <= self.metrics_port < 65536):
             raise ValueError(f"metrics_port must be None or a TCP port 0..65535, got {self.metrics_port!r}")
-        if self.worker_liveness_s <= self.heartbeat_interval_s or self.client_liveness_s <= self.heartbeat_interval_s:
-            raise ValueError("worker_liveness_s and client_liveness_s must exceed heartbeat_interval_s "
-                             "(a peer is dead only after missing several heartbeats)")
+        least = MIN_HEARTBEATS_PER_WINDOW * self.heartbeat_interval_s
+        for name in ("worker_liveness_s", "client_liveness_s"):
+            v = getattr(self, name)
+            if v < least * (1 - 1e-9):  # (3 x 0.1 is 0.30000000000000004)
+                raise ValueError(
+                    f"{name} ({v:g} s) must be at least {MIN_HEARTBEATS_PER_WINDOW} heartbeat intervals "
+                    f"({MIN_HEARTBEATS_PER_WINDOW} x {self.heartbeat_interval_s:g} s = {least:g} s): peers heartbeat "
+                    "at the broker's interval, and a peer is declared dead only after missing several in a row; "
+                    "raise it or lower heartbeat_interval_s")

@@ -29,11 +29,12 @@ import logging
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig
-from broker.registry import WorkerRegistry, WorkerState
+from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
+from protocol.framing import Refused, request_ids
 from protocol.messages import (
-    Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Message, ModelInfo,
+    Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, Message, ModelInfo,
     ModelStatus, Register, Rejected, Results, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
 )
 from protocol.queue import PriorityQueue
@@ -43,9 +44,9 @@ log = logging.getLogger(__name__)
 
 _MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
 
-
-def _unknown_model(model: str) -> str:
-    return f"no worker serves model {model!r}; start one (slotserve worker --model {model}) or check the name"
+_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "completed", FinishReason.CANCELLED: "cancelled",
+            FinishReason.DEADLINE: "deadline", FinishReason.ERROR: "errors"}
+"""The counter each ending counts toward."""
 
 
 class Side(enum.Enum):
@@ -75,11 +76,15 @@ class Job:
     ``client`` is the owner's identity, or None once the client is gone (its
     results are then dropped). ``params`` are the request's, as the client
     sent them. ``tokens`` are those streamed to the client so far: a migrated
-    request resumes from them. ``deadline_s`` is monotonic.
+    request resumes from them. ``deadline_s`` is monotonic. ``verdict``: the
+    ``(code, message)`` of an error ending the broker decided while the
+    request was running (its worker is told to cancel it; when the worker
+    reports the end, it ends with this error, whatever the worker says).
     """
 
     __slots__ = ("key", "client", "rid", "model", "params", "tokens", "state", "worker",
-                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s")
+                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s",
+                 "verdict")
 
     def __init__(self, key: int, client: bytes, entry: Envelope, model: str, now: float) -> None:
         self.key = key
@@ -97,6 +102,7 @@ class Job:
         self.cancel_requested = False
         self.queue_seq: int | None = None
         self.first_token_s: float | None = None
+        self.verdict: tuple[ErrorCode, str] | None = None
 
 
 class ClientState:
@@ -151,7 +157,11 @@ class _Outbox:
 COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
             "queue_full", "requeued", "duplicates", "workers_lost", "workers_hung", "clients_lost",
             "tokens_out", "bad_messages", "internal_errors")
-"""Names of the totals reported in ``status`` (all since broker start)."""
+"""Names of the totals reported in ``status`` (all since broker start). An
+ending counts (``completed``, ``cancelled``, ``deadline``, ``errors``) once
+it is handed to its client's socket: one the socket loop has to hold back
+(the client is not reading) is taken out again until it leaves
+(:meth:`BrokerCore.count_endings`), and one it discards counts as an error."""
 
 
 class BrokerCore:
@@ -173,6 +183,7 @@ class BrokerCore:
         self._hung: dict[bytes, int | None] = {}  # identity -> progress when found hung
         self._grace_over = config.register_grace_s == 0
         self._next_heartbeat_s = now
+        self._models_view = self._models_now()  # what clients were last told (welcome)
         # Broker-side TTFT / latency samples (seconds), kept only while
         # someone collects them (metrics on): see take_timings().
         self.record_timings = False
@@ -190,7 +201,7 @@ class BrokerCore:
             self._cancel(cs, msg.request_ids, out)
         elif isinstance(msg, Hello):
             cs.name = msg.client_name
-            out.send(Side.FRONTEND, identity, self._welcome())
+            out.send(Side.FRONTEND, identity, self._welcome(now))
         elif isinstance(msg, StatusQuery):
             out.send(Side.FRONTEND, identity, self.status(now))
         elif isinstance(msg, Bye):
@@ -216,15 +227,16 @@ class BrokerCore:
 
     def _submit(self, cs: ClientState, msg: Submit, now: float, out: _Outbox) -> None:
         model = msg.model
-        if model not in self.models and self._grace_over:
+        if not self._known(model) and self._grace_over:
             r = out.result(cs.identity)
+            text = self._unknown_model(model)
             for entry in msg.requests:
-                r.finished.append(Finished(entry.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL,
-                                           _unknown_model(model)))
+                r.finished.append(Finished(entry.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, text))
             self.counters["errors"] += len(msg.requests)
             return
-        # Within the start-up grace an unknown model's requests wait for a
-        # worker (after a broker restart, workers re-register shortly).
+        # A model being loaded, or (within the start-up grace) one nobody
+        # serves yet: its requests wait in its queue for a worker, bounded by
+        # their own deadlines and the queue's bound.
         q = self._queue(model)
         for entry in msg.requests:
             ck = (cs.identity, entry.request_id)
@@ -274,47 +286,186 @@ class BrokerCore:
             job.cancel_requested = True
             to_workers.setdefault(job.worker, []).append(job.key)
 
-    def _client_lost(self, cs: ClientState, code: ErrorCode | None, out: _Outbox, *, silent: bool = False) -> None:
-        """Forget a client: cancel its queued and running requests.
+    def _end_job(self, job: Job, code: ErrorCode, message: str, to_workers: dict[bytes, list[int]],
+                 out: _Outbox) -> None:
+        """End ``job`` with an error the broker decided: at once when queued;
+        when running, its worker is told to cancel it and it ends with this
+        error when the worker reports the end (it keeps its credit till then)."""
+        if job.state is JobState.QUEUED:
+            self.queues[job.model].remove(job)
+            self._finish(job, FinishReason.ERROR, code, message, out)
+            return
+        job.verdict = (code, message)
+        if not job.cancel_requested:
+            job.cancel_requested = True
+            to_workers.setdefault(job.worker, []).append(job.key)
 
-        With ``code`` (e.g. ``slow_consumer``) the client is told which of its
-        requests were ended, in case it is still there to read it. With
-        ``silent`` (it missed its heartbeats) each request gets a
-        ``cancelled`` ending, so a client that was only stalled, not gone,
-        still sees exactly one ending per request.
+    def _detach(self, job: Job) -> None:
+        """Stop routing ``job``'s output to its client (it was told the ending)."""
+        if job.client is not None:
+            del self._by_client[(job.client, job.rid)]
+            cs = self.clients.get(job.client)
+            if cs is not None:
+                cs.keys.discard(job.key)
+            job.client = None
+
+    def _client_lost(self, cs: ClientState, code: ErrorCode | None, out: _Outbox,
+                     also: tuple[RequestId, ...] = ()) -> None:
+        """Forget a client: end its queued and running requests.
+
+        ``code`` None: the client left (``bye``): its requests are
+        cancelled, nothing is sent. Otherwise the broker decided -- the
+        client stopped reading (``slow_consumer``: one ``error`` names every
+        request ended, ``also`` included: those whose endings were in frames
+        discarded unsent), or it missed its heartbeats (``client_silent``:
+        one ``error`` ending per request, in case it was only stalled) --
+        and each request ends with that error code.
         """
         del self.clients[cs.identity]
         if cs.keys:
             self.counters["clients_lost"] += 1
+        if code is ErrorCode.SLOW_CONSUMER:
+            text = "the client stopped reading its results (the broker's buffer for it is full): request ended"
+        elif code is not None:
+            text = (f"no heartbeat from this client for {self.config.client_liveness_s:g} s (the broker's "
+                    f"liveness window; it heartbeats every {self.config.heartbeat_interval_s:g} s): request ended")
         rids = []
         to_workers: dict[bytes, list[int]] = {}
-        for key in list(cs.keys):
+        for key in sorted(cs.keys):  # keys grow with arrival
             job = self.jobs[key]
             rids.append(job.rid)
-            del self._by_client[(cs.identity, job.rid)]
-            job.client = None  # results of a running job are dropped from now on
-            self._cancel_job(job, to_workers, out)
+            self._detach(job)  # results of a running job are dropped from now on
+            if code is None:
+                self._cancel_job(job, to_workers, out)
+            else:
+                self._end_job(job, code, text, to_workers, out)
         cs.keys.clear()
         out.results.pop(cs.identity, None)
         for w, keys in to_workers.items():
             out.send(Side.BACKEND, w, Cancel(tuple(keys)))
-        if code is not None:
-            out.send(Side.FRONTEND, cs.identity, Error(
-                code, "the client stopped reading its results; its requests were cancelled", tuple(rids)))
-        elif silent and rids:
-            text = (f"no heartbeat from this client for {self.config.client_liveness_s} s: "
-                    "its requests were cancelled")
+        if code is ErrorCode.SLOW_CONSUMER:
+            ids = tuple(dict.fromkeys(rids + list(also)))
+            if ids:
+                out.send(Side.FRONTEND, cs.identity, Error(code, text, ids))
+        elif code is not None and rids:
             out.send(Side.FRONTEND, cs.identity, Results(finished=tuple(
-                Finished(rid, FinishReason.CANCELLED, None, text) for rid in rids)))
+                Finished(rid, FinishReason.ERROR, code, text) for rid in rids)))
 
-    def client_unreachable(self, identity: bytes, code: ErrorCode | None) -> list[Send]:
-        """The socket loop could not deliver to a client (gone, or its buffer
-        bound was hit: ``code`` says which error to leave for it)."""
+    def client_unreachable(self, identity: bytes, code: ErrorCode | None,
+                           discarded: list[Message] = ()) -> list[Send]:
+        """The socket loop could not deliver to a client: it is gone (``code``
+        None), or it stopped reading and its buffer bound was hit
+        (``slow_consumer``). ``discarded``: the messages for it the loop threw
+        away unsent (their endings already taken out of the counters, see
+        :meth:`count_endings`): their endings count as errors, and with a
+        ``code`` the client is told that each request they name ended with it."""
         out = _Outbox()
+        also: list[RequestId] = []
+        for m in discarded:
+            if type(m) is Results:
+                self.counters["errors"] += len(m.finished)
+            also.extend(request_ids(m))
         cs = self.clients.get(identity)
         if cs is not None:
-            self._client_lost(cs, code, out)
+            self._client_lost(cs, code, out, tuple(also))
+        elif code is not None and also:
+            out.send(Side.FRONTEND, identity, Error(
+                code, "the client stopped reading its results: request ended", tuple(dict.fromkeys(also))))
         return out.done()
+
+    def count_endings(self, finished: tuple[Finished, ...], sign: int) -> None:
+        """Take endings out of the counters (``sign`` -1: the socket loop holds
+        their message back) or put them back (+1: it left). The loop calls
+        both within one pass, so nobody reading the counters between passes
+        ever sees one ending counted twice or a counter go down."""
+        c = self.counters
+        for f in finished:
+            c[_COUNTER[f.finish_reason]] += sign
+
+    def undeliverable(self, side: Side, identity: bytes, refused: list[Refused], now: float) -> list[Send]:
+        """Parts of messages the socket loop could not send (one request each:
+        too large for the receiver even alone, or not encodable; see
+        :func:`protocol.framing.fit`): each request named ends with the part's
+        error code, and nothing else is touched. A part naming no request
+        (a status, a welcome) is only logged."""
+        out = _Outbox()
+        to_workers: dict[bytes, list[int]] = {}
+        for part, code, reason in refused:
+            ids = request_ids(part)
+            if not ids:
+                self.counters["internal_errors"] += 1
+                log.error("cannot send a %s to %s %s: %s", type(part).__name__, side.value, identity.hex()[:8], reason)
+                continue
+            text = f"the broker could not send this request's {type(part).__name__.lower()} message: {reason}"
+            if side is Side.FRONTEND:
+                self._fail_for_client(identity, ids, code, text, part, to_workers, out)
+            elif type(part) is Assign:
+                self._fail_on_worker(identity, ids, code, text, to_workers, out, cancel=False)
+            else:
+                log.error("cannot send a %s to worker %s: %s", type(part).__name__, identity.hex()[:8], reason)
+        for w, keys in to_workers.items():
+            out.send(Side.BACKEND, w, Cancel(tuple(keys)))
+        for model in {w.model for w in (self.workers.get(identity),) if w is not None}:
+            self._dispatch(model, now, out)
+        return out.done()
+
+    def handling_failed(self, side: Side, identity: bytes, msg: Message | None, error: BaseException,
+                        now: float) -> list[Send]:
+        """Handling ``msg`` raised ``error`` (a bug): every request it names ends
+        with ``internal``, so that none waits forever; the rest of the broker
+        carries on. ``msg`` None: nothing to attribute."""
+        self.counters["internal_errors"] += 1
+        out = _Outbox()
+        ids = [] if msg is None else request_ids(msg)
+        if not ids:
+            return []
+        text = f"the broker failed handling this request ({type(error).__name__}: {error}); please report it"
+        to_workers: dict[bytes, list[int]] = {}
+        if side is Side.FRONTEND:
+            self._client(identity, now)
+            self._fail_for_client(identity, ids, ErrorCode.INTERNAL, text, None, to_workers, out)
+        else:
+            self._fail_on_worker(identity, ids, ErrorCode.INTERNAL, text, to_workers, out, cancel=True)
+        for w, keys in to_workers.items():
+            out.send(Side.BACKEND, w, Cancel(tuple(keys)))
+        w = self.workers.get(identity) if side is Side.BACKEND else None
+        if w is not None:
+            self._dispatch(w.model, now, out)
+        return out.done()
+
+    def _fail_for_client(self, identity: bytes, rids: list[RequestId], code: ErrorCode, text: str,
+                         part: Message | None, to_workers: dict[bytes, list[int]], out: _Outbox) -> None:
+        """End the client's requests ``rids`` with ``code``, telling it now. A
+        request the broker no longer holds ended in ``part`` (a message that was
+        not delivered): its ending is recounted as this error."""
+        finished = {f.request_id: f for f in getattr(part, "finished", ())}
+        r = out.result(identity)
+        for rid in rids:
+            key = self._by_client.get((identity, rid))
+            if key is not None:
+                job = self.jobs[key]
+                self._detach(job)
+                self._end_job(job, code, text, to_workers, out)
+            else:
+                f = finished.get(rid)
+                if f is not None:
+                    self.counters[_COUNTER[f.finish_reason]] -= 1
+                self.counters["errors"] += 1
+            r.finished.append(Finished(rid, FinishReason.ERROR, code, text))
+
+    def _fail_on_worker(self, identity: bytes, keys: list, code: ErrorCode, text: str,
+                        to_workers: dict[bytes, list[int]], out: _Outbox, *, cancel: bool) -> None:
+        """End the requests ``keys`` held by worker ``identity`` with ``code`` now
+        (their credits come back); ``cancel``: the worker may still run them."""
+        w = self.workers.get(identity)
+        for key in keys:
+            job = self.jobs.get(key) if type(key) is int else None
+            if w is None or job is None or job.worker != identity:
+                continue
+            w.inflight.discard(key)
+            if cancel:
+                to_workers.setdefault(identity, []).append(key)
+            self._finish(job, FinishReason.ERROR, code, text, out)
 
     # ------------------------------------------------------------------ workers
 
@@ -324,9 +475,18 @@ class BrokerCore:
         if isinstance(msg, Register):
             self._register(identity, msg, now, out)
             return out.done()
+        if isinstance(msg, Loading):
+            self._loading(identity, msg, now, out)
+            return out.done()
         w = self.workers.get(identity)
         if w is None:
-            if not isinstance(msg, Bye):
+            lw = self.workers.loading.get(identity)
+            if lw is not None:  # heartbeats while loading; or it gave up (bye)
+                lw.last_seen_s = now
+                if isinstance(msg, Bye):
+                    log.warning("worker %s stopped while loading model %r: %s", lw.name, lw.model, msg.reason)
+                    self._loader_gone(lw, out)
+            elif not isinstance(msg, Bye):
                 out.send(Side.BACKEND, identity, Error(
                     ErrorCode.NOT_REGISTERED, "this broker does not know you (restarted?): register again"))
             return out.done()
@@ -348,10 +508,24 @@ class BrokerCore:
             self._worker_lost(w, now, out, failed=False)
         return out.done()
 
-    def on_backend_error(self, identity: bytes, err: ProtocolError) -> list[Send]:
-        """A worker sent an undecodable message: answer with its code."""
+    def on_backend_error(self, identity: bytes, err: ProtocolError, keys: list = (), now: float = 0.0) -> list[Send]:
+        """A worker sent an undecodable message: answer with its code. The
+        requests it named (``keys``, as far as they could be read) that this
+        worker holds end with that code (and are cancelled there): their
+        tokens or endings were in the lost message."""
         self.counters["bad_messages"] += 1
-        return [Send(Side.BACKEND, identity, Error(err.code, err.message))]
+        out = _Outbox()
+        out.send(Side.BACKEND, identity, Error(err.code, err.message))
+        to_workers: dict[bytes, list[int]] = {}
+        self._fail_on_worker(identity, list(keys), err.code,
+                             f"the worker's message about this request was refused: {err.message}",
+                             to_workers, out, cancel=True)
+        for w, ks in to_workers.items():
+            out.send(Side.BACKEND, w, Cancel(tuple(ks)))
+        w = self.workers.get(identity)
+        if to_workers and w is not None:
+            self._dispatch(w.model, now, out)
+        return out.done()
 
     def worker_unreachable(self, identity: bytes, now: float) -> list[Send]:
         """The socket loop could not deliver to a worker: treat it as dead."""
@@ -366,7 +540,9 @@ class BrokerCore:
         if old is not None:
             # The worker re-registered: it dropped whatever it held.
             self._worker_lost(old, now, out, failed=False)
-        w = WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight, msg.info, msg.worker_name, now)
+        self.workers.loading.pop(identity, None)  # loaded
+        w = WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight, msg.info, msg.worker_name, now,
+                        max_message_bytes=msg.max_message_bytes)
         if identity in self._hung:
             # Found hung before: on probation until its progress moves past
             # the value it was stuck at.
@@ -375,8 +551,30 @@ class BrokerCore:
         self.workers.add(w)
         self.models[msg.model] = msg.info
         self._queue(msg.model)
-        out.send(Side.BACKEND, identity, self._welcome())
+        out.send(Side.BACKEND, identity, self._welcome(now))
         self._dispatch(msg.model, now, out)
+        self._tell_clients(now, out)
+
+    def _loading(self, identity: bytes, msg: Loading, now: float, out: _Outbox) -> None:
+        """A worker starts loading ``msg.model``: until it registers (or stops,
+        or falls silent), requests for that model wait in its queue."""
+        old = self.workers.get(identity)
+        if old is not None:  # it restarted its model: whatever it held is void
+            self._worker_lost(old, now, out, failed=False)
+        self.workers.loading[identity] = LoadingWorker(identity, msg.model, msg.worker_name, now)
+        self._queue(msg.model)
+        log.info("worker %s is loading model %r", msg.worker_name, msg.model)
+        out.send(Side.BACKEND, identity, self._welcome(now))
+        self._tell_clients(now, out)
+
+    def _loader_gone(self, lw: LoadingWorker, out: _Outbox) -> None:
+        """A worker stopped loading without registering (it left or fell
+        silent). If nobody serves or loads its model now and the start-up
+        grace is over, the requests waiting for it end ``unknown_model``."""
+        del self.workers.loading[lw.identity]
+        if self._grace_over:
+            self._fail_unknown_models(out, f"the worker loading it ({lw.name}) stopped")
+        self._tell_clients(lw.last_seen_s, out)
 
     def _iteration(self, w: WorkerState, msg: Iteration, now: float, out: _Outbox) -> None:
         jobs = self.jobs
@@ -414,7 +612,10 @@ class BrokerCore:
             w.inflight.discard(job.key)  # the credit comes back
             if self.record_timings:
                 self._timings["latency"].append(now - job.arrival_s)
-            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason)
+            if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
+                self._finish(job, FinishReason.ERROR, *job.verdict, out)
+            else:
+                self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason)
         if msg.finished:
             self._dispatch(w.model, now, out)
 
@@ -439,7 +640,9 @@ class BrokerCore:
             job.worker = None
             if failed:
                 job.attempts += 1
-            if job.cancel_requested or job.client is None:
+            if job.verdict is not None:
+                self._finish(job, FinishReason.ERROR, *job.verdict, out)
+            elif job.cancel_requested or job.client is None:
                 self._finish(job, FinishReason.CANCELLED, None, None, out)
             elif job.attempts >= self.config.max_attempts:
                 self._finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
@@ -498,15 +701,7 @@ class BrokerCore:
                 out: _Outbox, prompt_tokens: int | None = None, stop_reason=None) -> None:
         """End a job: forget it and tell its client (if still there)."""
         del self.jobs[job.key]
-        c = self.counters
-        if reason is FinishReason.ERROR:
-            c["errors"] += 1
-        elif reason is FinishReason.CANCELLED:
-            c["cancelled"] += 1
-        elif reason is FinishReason.DEADLINE:
-            c["deadline"] += 1
-        else:
-            c["completed"] += 1
+        self.counters[_COUNTER[reason]] += 1
         if job.client is not None:
             del self._by_client[(job.client, job.rid)]
             cs = self.clients.get(job.client)
@@ -520,8 +715,45 @@ class BrokerCore:
         out, self._timings[kind] = self._timings[kind], []
         return out
 
-    def _welcome(self) -> Welcome:
-        return Welcome(self.broker_id, self.config.heartbeat_interval_s, dict(self.models))
+    def peer_limit(self, side: Side, identity: bytes) -> int:
+        """The largest frame ``identity`` decodes (bytes): clients, this broker's
+        own limit; a worker, what it registered."""
+        if side is Side.BACKEND:
+            w = self.workers.get(identity)
+            if w is not None:
+                return w.max_message_bytes
+        return self.config.max_message_bytes
+
+    def _known(self, model: str) -> bool:
+        """Requests for ``model`` wait for a worker: one registered it once, or one is loading it."""
+        return model in self.models or any(lw.model == model for lw in self.workers.loading.values())
+
+    def _models_now(self) -> tuple[dict[str, ModelInfo], tuple[str, ...]]:
+        loading = tuple(sorted(set(self.workers.loading_models()) - set(self.models)))
+        return dict(self.models), loading
+
+    def _unknown_model(self, model: str) -> str:
+        served, loading = self._models_now()
+        return (f"no worker serves or loads model {model!r} (served: {', '.join(sorted(served)) or 'none'}; "
+                f"loading: {', '.join(loading) or 'none'}); start one (slotserve worker --model {model}) "
+                "or check the name")
+
+    def _welcome(self, now: float) -> Welcome:
+        models, loading = self._models_now()
+        grace_left = 0.0 if self._grace_over else max(0.0, self.config.register_grace_s - (now - self.started_s))
+        return Welcome(self.broker_id, self.config.heartbeat_interval_s, models, self.config.max_message_bytes,
+                       loading, grace_left)
+
+    def _tell_clients(self, now: float, out: _Outbox) -> None:
+        """The models served or loading changed: send every client a fresh
+        ``welcome`` (so ``Client.wait_for_model`` waits without asking)."""
+        view = self._models_now()
+        if view == self._models_view:
+            return
+        self._models_view = view
+        welcome = self._welcome(now)
+        for identity in self.clients:
+            out.send(Side.FRONTEND, identity, welcome)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -532,7 +764,7 @@ class BrokerCore:
         out = _Outbox()
         if not self._grace_over and now - self.started_s >= self.config.register_grace_s:
             self._grace_over = True
-            self._fail_unknown_models(out)
+            self._fail_unknown_models(out, "the broker's start-up grace is over")
         dl = self._deadlines
         while dl and dl[0][0] <= now:
             _, key = heapq.heappop(dl)
@@ -543,7 +775,7 @@ class BrokerCore:
         self._check_workers(now, out)
         cutoff = now - self.config.client_liveness_s
         for cs in [c for c in self.clients.values() if c.last_seen_s < cutoff]:
-            self._client_lost(cs, None, out, silent=True)
+            self._client_lost(cs, ErrorCode.CLIENT_SILENT, out)
         if now >= self._next_heartbeat_s:
             self._next_heartbeat_s = now + self.config.heartbeat_interval_s
             hb = Heartbeat(broker_id=self.broker_id)
@@ -556,8 +788,12 @@ class BrokerCore:
     def _check_workers(self, now: float, out: _Outbox) -> None:
         """Migrate the requests of dead workers (silent past ``worker_liveness_s``)
         and hung ones (heartbeating, but no progress past ``worker_hung_s``)."""
-        for w in self.workers.silent_since(now - self.config.worker_liveness_s):
+        cutoff = now - self.config.worker_liveness_s
+        for w in self.workers.silent_since(cutoff):
             self._worker_lost(w, now, out, failed=True)
+        for lw in [x for x in self.workers.loading.values() if x.last_seen_s < cutoff]:
+            log.warning("worker %s fell silent while loading model %r", lw.name, lw.model)
+            self._loader_gone(lw, out)
         hung_s = self.config.worker_hung_s
         if hung_s is None:
             return
@@ -572,18 +808,20 @@ class BrokerCore:
                 self._hung[w.identity] = w.progress
             self._worker_lost(w, now, out, failed=True)
 
-    def _fail_unknown_models(self, out: _Outbox) -> None:
-        """The start-up grace is over: end requests still waiting for a model
-        that no worker registered (``unknown_model``)."""
-        for model in [m for m in self.queues if m not in self.models]:
+    def _fail_unknown_models(self, out: _Outbox, why: str) -> None:
+        """End requests still waiting for a model that no worker registered or
+        loads (``unknown_model``; ``why``: what changed, for the message)."""
+        for model in [m for m in self.queues if not self._known(m)]:
             q = self.queues.pop(model)
+            text = f"{why}: {self._unknown_model(model)}"
             while (job := q.pop()) is not None:
-                self._finish(job, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, _unknown_model(model), out)
+                self._finish(job, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL, text, out)
 
     def status(self, now: float) -> Status:
         """A snapshot for ``slotserve status``."""
         models = {}
-        for name in sorted(set(self.queues) | set(self.models)):
+        loading = self.workers.loading_models()
+        for name in sorted(set(self.queues) | set(self.models) | set(loading)):
             ws = self.workers.for_model(name)
             q = self.queues.get(name)
             models[name] = ModelStatus(
@@ -592,6 +830,7 @@ class BrokerCore:
                 workers=len(ws),
                 slots_busy=sum(min(len(w.inflight), w.num_slots) for w in ws),
                 slots_total=sum(w.num_slots for w in ws),
+                loading=loading.get(name, 0),
             )
         workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect)
                         for w in self.workers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.messages import ModelInfo
 
 
@@ -35,6 +36,8 @@ class WorkerState:
       (a stuck model must not eat every request, one hang after another).
     - ``iterations``: ``int`` iteration messages with tokens received from it
       (one per engine iteration that generated tokens).
+    - ``max_message_bytes``: ``int`` the largest frame it decodes (from its
+      ``register``); every ``assign`` to it is kept within it.
     """
 
     identity: bytes
@@ -49,6 +52,7 @@ class WorkerState:
     progress_s: float = 0.0
     suspect: bool = False
     iterations: int = 0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
     @property
     def credits(self) -> int:
@@ -61,12 +65,33 @@ class WorkerState:
         return self.num_slots - len(self.inflight)
 
 
+@dataclass(slots=True)
+class LoadingWorker:
+    """A worker that announced ``model`` (``loading``) and has not registered yet:
+    ``identity``, ``name`` as in :class:`WorkerState`; ``last_seen_s``: monotonic
+    time of its last message (it heartbeats while loading)."""
+
+    identity: bytes
+    model: str
+    name: str
+    last_seen_s: float
+
+
 class WorkerRegistry:
-    """Registered workers by identity, and per model, in registration order."""
+    """Registered workers by identity, and per model, in registration order;
+    workers still loading their model (:attr:`loading`, by identity)."""
 
     def __init__(self) -> None:
         self._workers: dict[bytes, WorkerState] = {}
         self._by_model: dict[str, list[WorkerState]] = {}
+        self.loading: dict[bytes, LoadingWorker] = {}
+
+    def loading_models(self) -> dict[str, int]:
+        """Models being loaded -> number of workers loading each."""
+        counts: dict[str, int] = {}
+        for lw in self.loading.values():
+            counts[lw.model] = counts.get(lw.model, 0) + 1
+        return counts
 
     def __len__(self) -> int:
         return len(self._workers)

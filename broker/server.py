@@ -9,9 +9,19 @@ that is gone raises ``EHOSTUNREACH`` (the core then forgets the client, or
 migrates the worker's requests), and a send that would block at the
 high-water mark raises ``EAGAIN`` instead of being discarded. Such messages
 wait in a per-peer buffer, flushed in order on later passes; a peer whose
-buffer reaches ``max_pending_per_peer`` is failed (a client's requests end
+buffer passes ``max_pending_per_peer`` is failed (a client's requests end
 with ``slow_consumer``, a worker is treated as dead). Memory stays bounded
 by ``send_hwm + max_pending_per_peer`` messages per peer.
+
+Whatever discards frames accounts for every request they name: the core
+ends each one exactly once (a ``slow_consumer`` error naming them all,
+those whose endings were in the discarded frames included), and an ending
+counts in ``status`` only once its frame left (see
+:meth:`BrokerCore.count_endings`), so a discarded one is never counted
+``completed``.
+
+Every frame is kept within its receiver's limit (:func:`protocol.framing.fit`
+splits a message per request); a request too large alone ends ``too_large``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,8 @@ from protocol.curve import load_key_pair
 from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error
+from protocol.framing import fit
+from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error, Message, Results
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +103,9 @@ class BrokerServer:
                 self.close()
                 raise
             self.core.record_timings = True
-        self._pending: dict[tuple[Side, bytes], deque[bytes]] = {}
+        # Frames a peer's socket would not take yet, in order, each with its
+        # message (so what a discarded frame carried can be accounted for).
+        self._pending: dict[tuple[Side, bytes], deque[tuple[bytes, Message]]] = {}
         self._work: deque[Send] = deque()
 
     def __enter__(self) -> "BrokerServer":
@@ -133,7 +146,12 @@ class BrokerServer:
     # ------------------------------------------------------------------ loop
 
     def serve(self, stop: threading.Event) -> None:
-        """Run until ``stop`` is set (checked at least every ``tick_s``)."""
+        """Run until ``stop`` is set (checked at least every ``tick_s``).
+
+        One message's failure never ends the loop: a message whose handling
+        raises ends the requests it names with ``internal``
+        (:meth:`BrokerCore.handling_failed`); a failed housekeeping pass is
+        logged, counted and tried again on the next tick."""
         front = self._sockets[Side.FRONTEND]
         back = self._sockets[Side.BACKEND]
         poller = zmq.Poller()
@@ -145,10 +163,14 @@ class BrokerServer:
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
-                self._perform(self.core.tick(now))
-                if self.metrics is not None:
-                    self.metrics.update(self.core, now)
                 next_tick = now + tick_s
+                try:
+                    self._perform(self.core.tick(now))
+                    if self.metrics is not None:
+                        self.metrics.update(self.core, now)
+                except Exception:  # noqa: BLE001 -- a bug must not stop the broker
+                    self.core.counters["internal_errors"] += 1
+                    log.exception("broker housekeeping failed; continuing")
             wait_s = 0.001 if self._pending else max(0.0, next_tick - now)
             events = dict(poller.poll(wait_s * 1000))
             if back in events:
@@ -159,7 +181,6 @@ class BrokerServer:
                 self._flush()
 
     def _drain(self, sock: zmq.Socket, side: Side) -> None:
-        core = self.core
         for _ in range(_RECV_BATCH):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -171,75 +192,103 @@ class BrokerServer:
                 err = ProtocolError(ErrorCode.MALFORMED, f"expected one frame per message, got {len(frames) - 1}")
                 self._perform([Send(side, identity, Error(err.code, err.message))])
                 continue
-            try:
-                self._handle(side, identity, frames[1], now)
-            except Exception:  # noqa: BLE001 -- a bug must not take every client's requests down
-                core.counters["internal_errors"] += 1
-                log.exception("broker failed to handle a %s message; continuing", side.value)
+            self._handle(side, identity, frames[1], now)
 
     def _handle(self, side: Side, identity: bytes, data: bytes, now: float) -> None:
         core = self.core
-        if side is Side.FRONTEND:
+        msg = None
+        try:
+            if side is Side.FRONTEND:
+                try:
+                    msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
+                except ProtocolError as e:
+                    log.warning("bad message from client %s: %s", identity.hex()[:8], e)
+                    self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
+                    return
+                self._perform(core.on_frontend(identity, msg, now))
+            else:
+                try:
+                    msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
+                except ProtocolError as e:
+                    log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
+                    self._perform(core.on_backend_error(identity, e, peek_request_ids(data), now))
+                    return
+                self._perform(core.on_backend(identity, msg, now))
+        except Exception as e:  # noqa: BLE001 -- a bug must not take every client's requests down
+            log.exception("broker failed to handle a %s message; ending the requests it names", side.value)
             try:
-                msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
-            except ProtocolError as e:
-                log.warning("bad message from client %s: %s", identity.hex()[:8], e)
-                self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
-                return
-            self._perform(core.on_frontend(identity, msg, now))
-        else:
-            try:
-                msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
-            except ProtocolError as e:
-                log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
-                self._perform(core.on_backend_error(identity, e))
-                return
-            self._perform(core.on_backend(identity, msg, now))
+                self._perform(core.handling_failed(side, identity, msg, e, now))
+            except Exception:  # noqa: BLE001 -- the loop goes on whatever happens
+                log.exception("broker failed to end the requests of a message it could not handle")
 
     # ------------------------------------------------------------------ sending
 
     def _perform(self, sends: list[Send]) -> None:
-        """Send each message; failures feed the core, whose answers are sent too."""
+        """Send each message, split to fit its receiver's frame limit; failures
+        feed the core, whose answers are sent too."""
         work = self._work
         work.extend(sends)
+        core = self.core
         while work:
             s = work.popleft()
-            self._send(s.side, s.identity, encode(s.message))
+            side, identity, msg = s.side, s.identity, s.message
+            limit = core.peer_limit(side, identity)
+            try:
+                data = encode(msg)
+            except Exception:  # noqa: BLE001 -- fit() below finds the request that cannot be encoded
+                data = None
+            if data is not None and len(data) <= limit:
+                self._send(side, identity, data, msg)
+                continue
+            framed = fit(msg, limit)  # the rare path: split per request
+            for data, part in framed.frames:
+                self._send(side, identity, data, part)
+            if framed.refused:
+                work.extend(core.undeliverable(side, identity, framed.refused, time.monotonic()))
 
-    def _send(self, side: Side, identity: bytes, data: bytes) -> None:
+    def _send(self, side: Side, identity: bytes, data: bytes, msg: Message) -> None:
         key = (side, identity)
         buf = self._pending.get(key)
         if buf is not None:  # keep order behind what is already waiting
-            if len(buf) >= self.config.max_pending_per_peer:
+            self._hold(msg)
+            buf.append((data, msg))
+            if len(buf) > self.config.max_pending_per_peer:
                 self._overflow(side, identity)
-            else:
-                buf.append(data)
             return
         try:
             self._sockets[side].send_multipart((identity, data), zmq.NOBLOCK)
         except zmq.Again:
-            self._pending[key] = deque((data,))
+            self._hold(msg)
+            self._pending[key] = deque(((data, msg),))
         except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise
-            self._unreachable(side, identity, None)
+            self._hold(msg)
+            self._unreachable(side, identity, None, [msg], e)
+
+    def _hold(self, msg: Message) -> None:
+        """``msg`` waits (or is lost): its endings stop counting until it leaves."""
+        if type(msg) is Results and msg.finished:
+            self.core.count_endings(msg.finished, -1)
 
     def _flush(self) -> None:
+        core = self.core
         for key in list(self._pending):
             side, identity = key
-            buf = self._pending[key]
+            buf = self._pending.get(key)
+            if buf is None:
+                continue  # failed meanwhile
             sock = self._sockets[side]
             try:
                 while buf:
-                    sock.send_multipart((identity, buf[0]), zmq.NOBLOCK)
+                    data, msg = buf[0]
+                    sock.send_multipart((identity, data), zmq.NOBLOCK)
                     buf.popleft()
+                    if type(msg) is Results and msg.finished:
+                        core.count_endings(msg.finished, +1)  # it left: its endings count
             except zmq.Again:
                 continue
             except zmq.ZMQError as e:
-                if e.errno != zmq.EHOSTUNREACH:
-                    raise
                 del self._pending[key]
-                self._unreachable(side, identity, None)
+                self._unreachable(side, identity, None, [m for _, m in buf], e)
                 continue
             del self._pending[key]
         if self._work:
@@ -248,15 +297,21 @@ class BrokerServer:
     def _overflow(self, side: Side, identity: bytes) -> None:
         log.warning("%s %s stopped reading (%d messages buffered): failing it", side.value,
                     identity.hex()[:8], self.config.max_pending_per_peer)
-        self._pending.pop((side, identity), None)
-        self._unreachable(side, identity, ErrorCode.SLOW_CONSUMER)
+        buf = self._pending.pop((side, identity))
+        self._unreachable(side, identity, ErrorCode.SLOW_CONSUMER, [m for _, m in buf])
 
-    def _unreachable(self, side: Side, identity: bytes, code: ErrorCode | None) -> None:
-        now = time.monotonic()
+    def _unreachable(self, side: Side, identity: bytes, code: ErrorCode | None, discarded: list[Message],
+                     error: zmq.ZMQError | None = None) -> None:
+        """Messages for ``identity`` were discarded unsent (``discarded``, their
+        endings already out of the counters): the core accounts for every
+        request they name and fails the peer (a client: its requests end;
+        a worker: its requests migrate)."""
+        if error is not None and error.errno != zmq.EHOSTUNREACH:
+            log.error("cannot send to %s %s (%s): treating it as gone", side.value, identity.hex()[:8], error)
         if side is Side.FRONTEND:
-            self._work.extend(self.core.client_unreachable(identity, code))
+            self._work.extend(self.core.client_unreachable(identity, code, discarded))
         else:
-            self._work.extend(self.core.worker_unreachable(identity, now))
+            self._work.extend(self.core.worker_unreachable(identity, time.monotonic()))
 
 
 def run_broker(config: BrokerConfig, *, stop: threading.Event | None = None,

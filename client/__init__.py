@@ -8,10 +8,10 @@
 
 from client.aio import AsyncClient
 from client.client import DEFAULT_ADDRESS, Client
-from client.errors import BrokerUnavailable, RemoteError
+from client.errors import BrokerUnavailable, RemoteError, UnknownModelError
 from client.handle import ClientHandle
 from protocol.handle import RequestHandle
 from protocol.request import DEFAULT, RequestParams
 
 __all__ = ["AsyncClient", "BrokerUnavailable", "Client", "ClientHandle", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError",
-           "RequestHandle", "RequestParams"]
+           "RequestHandle", "RequestParams", "UnknownModelError"]

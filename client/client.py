@@ -5,6 +5,12 @@ owns the socket; a dispatcher thread applies incoming results to handles and
 runs ``on_token`` and ``callback`` -- never on the socket thread, so a slow
 callback cannot stall the connection, and a callback may call
 ``submit_request`` or ``cancel``.
+
+Failures stay with the requests they concern: a message that cannot be
+sent or read, or whose handling raises, ends the requests it names with an
+error (a code and a message on each handle) and nothing else; if the
+connection itself fails, every request ends with an error and the client
+refuses new ones. No request is left waiting.
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ import time
 from typing import Callable
 
 from client.connection import Connection
-from client.errors import BrokerUnavailable, RemoteError
+from client.errors import BrokerUnavailable, RemoteError, UnknownModelError
 from client.handle import ClientHandle
 from protocol import defaults
+from protocol.codec import encode
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Welcome
+from protocol.framing import request_ids
+from protocol.messages import (
+    Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
+)
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_float, as_text
 
@@ -31,20 +41,41 @@ log = logging.getLogger(__name__)
 DEFAULT_ADDRESS = defaults.CLIENT_ENDPOINT
 
 _SHUTDOWN = object()
+_SIZE_SLACK = 4096  # bytes: a request's fields other than its prompt and stop sequences take less
+_LONGEST_ID = 2**64 - 1  # the request id that takes the most bytes as an int (a str id is checked apart)
+
+
+class _Failed:
+    """Inbox item: handling ``message`` on the I/O thread raised ``error``."""
+
+    __slots__ = ("message", "error")
+
+    def __init__(self, message, error: BaseException) -> None:
+        self.message = message
+        self.error = error
+
+
+class _Broken(_Failed):
+    """Inbox item: the connection itself failed (``error``); ``message`` is None."""
 
 
 class Client:
     """Submit generation requests to a slotserve broker; results come back on handles.
 
     - ``address``: the broker's client endpoint (default ``tcp://127.0.0.1:5555``).
-    - ``model``: the model name workers registered (default ``"simulated"``).
+    - ``model``: the model name workers registered. None (default): the
+      broker's only model, when exactly one is served or loading; with
+      several, submitting raises ValueError listing them (``status()``
+      works either way).
     - ``stop_token``: default stop token(s) for this client's requests: an
       int, a list of ints, None (none) or :data:`~protocol.request.DEFAULT`
       (the worker's: the model's EOS tokens or its ``--stop-token``).
     - ``connect_timeout_s``: seconds to wait for the broker's welcome;
       :class:`BrokerUnavailable` after that.
-    - ``heartbeat_interval_s``: seconds between heartbeats while idle (the
-      broker cancels the requests of a client silent for its liveness window).
+    - ``heartbeat_interval_s``: seconds between heartbeats while idle until the
+      broker's welcome announces its interval; then the broker's (or this,
+      if shorter): the broker ends the requests of a client silent for its
+      liveness window, counted in its interval.
     - ``name``: shown in broker logs and thread names.
     - ``curve``: talk CURVE (encrypted, authenticated) to a broker that
       requires it: a ``slotserve keygen`` directory (its ``client.key_secret``
@@ -58,20 +89,29 @@ class Client:
     protocol version.
     """
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str = "simulated",
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str | None = None,
                  stop_token=DEFAULT, connect_timeout_s: float = 10.0,
                  heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S, name: str = "client",
                  curve=None) -> None:
-        model = as_text(model, "model", allow_empty=False)  # (these travel on the wire too)
+        if model is not None:
+            model = as_text(model, "model", allow_empty=False)  # (these travel on the wire too)
         name = as_text(name, "name")
         for n, v in (("connect_timeout_s", connect_timeout_s), ("heartbeat_interval_s", heartbeat_interval_s)):
             if as_float(v, n) <= 0:
                 raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
         curve_keys = None if curve is None else load_peer_keys(curve, "client")
-        self.model = model
+        self.address = address
+        self.model: str | None = model
+        """This client's model (None until resolved: see ``model=``)."""
         self.stop_token = check_stop_token(stop_token)
         self.broker_id: str | None = None
         self.models: dict[str, ModelInfo] = {}
+        """Models served (workers registered them), from the broker's last welcome."""
+        self.loading: tuple[str, ...] = ()
+        """Models being loaded by a worker, from the broker's last welcome."""
+        self._grace_end_s = 0.0  # monotonic end of the broker's start-up grace (unknown models wait till then)
+        self._models_changed = threading.Condition()
+        self._broken: BaseException | None = None  # the connection failed: no new requests
         self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -94,7 +134,7 @@ class Client:
                                             daemon=True)
         self._dispatcher.start()
         self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
-                                name=name, curve=curve_keys)
+                                name=name, curve=curve_keys, on_failure=self._on_connection_failed)
         self._conn.send(Hello(name))
         welcomed = self._welcomed.wait(connect_timeout_s)
         if self._refused is not None:
@@ -148,13 +188,18 @@ class Client:
         for n, fn in (("callback", callback), ("on_token", on_token)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{n} must be callable or None, got {type(fn).__name__}")
+        if self.model is None:
+            self._resolve_model(wait=False)
         limits = self._limits
         if limits is not None:
             limits.check(params)
+        self._check_size(params)
         rid = None if request_id is None else check_request_id(request_id)
         with self._lock:
             if self._closed:
                 raise RuntimeError("this client is closed")
+            if self._broken is not None:
+                raise RuntimeError(f"this client's connection failed ({self._broken}); make a new Client")
             if rid is None:
                 rid = next(self._ids)
                 while rid in self._handles:
@@ -213,18 +258,84 @@ class Client:
             return self._status_reply
 
     def wait_for_model(self, timeout_s: float = 30.0) -> ModelInfo:
-        """Block until some worker serving this client's model has registered;
-        return its :class:`~protocol.messages.ModelInfo`. Raises ``TimeoutError``."""
+        """Block until a worker serving this client's model has registered
+        (one that is loading it is waited for); return its
+        :class:`~protocol.messages.ModelInfo`.
+
+        Waits on the broker's welcomes (it sends a fresh one to every client
+        when the models served or loading change), asking again only with a
+        backoff (1, 2, 4, 8 s): it never spins. Without ``model=``: waits for
+        the broker's only model. Raises :class:`UnknownModelError` (a
+        ValueError) at once when no worker serves or loads the model and the
+        broker's start-up grace is over (the message lists the models served
+        and loading), ValueError when no ``model=`` was given and several are
+        served, ``TimeoutError`` after ``timeout_s`` seconds.
+        """
         self._not_on_dispatcher("wait_for_model()")
         deadline = time.monotonic() + timeout_s
-        while self.model not in self.models:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no worker for model {self.model!r} registered within {timeout_s} s")
-            self._welcomed.clear()
-            self._conn.send(Hello())
-            self._welcomed.wait(min(left, 0.2))
-        return self.models[self.model]
+        backoff_s = 1.0
+        ask_s = time.monotonic() + backoff_s
+        with self._models_changed:
+            while True:
+                model = self.model if self.model is not None else self._resolve_model(wait=True)
+                if model is not None and model in self.models:
+                    return self.models[model]
+                now = time.monotonic()
+                if model is not None and model not in self.loading and now >= self._grace_end_s:
+                    raise UnknownModelError(model, self.address, self.models, self.loading)
+                if now >= deadline:
+                    state = "is still loading" if model in self.loading else "has no worker yet"
+                    raise TimeoutError(f"model {model or '(any)'!r} {state} after {timeout_s:g} s")
+                if now >= ask_s:  # in case a change was missed (a broker restart): ask, less and less often
+                    self._conn.send(Hello())
+                    backoff_s = min(2 * backoff_s, 8.0)
+                    ask_s = now + backoff_s
+                wake = min(deadline, ask_s)
+                if self._grace_end_s > now:
+                    wake = min(wake, self._grace_end_s)
+                self._models_changed.wait(wake - now)
+
+    def _resolve_model(self, *, wait: bool) -> str | None:
+        """This client's model when none was given: the broker's only one (served
+        or loading). None when there is none yet and ``wait``; ValueError when
+        there are several, or none and not ``wait``."""
+        names = sorted(set(self.models) | set(self.loading))
+        if len(names) == 1:
+            self.model = self._conn.model = names[0]
+            info = self.models.get(names[0])
+            if info is not None:
+                self._limits = ModelLimits(info.vocab_size, info.max_seq_len)
+            return names[0]
+        if names:
+            raise ValueError(f"the broker at {self.address} serves several models ({', '.join(names)}): "
+                             "pass model= to Client")
+        if not wait:
+            raise ValueError(f"no worker serves or loads a model at {self.address} yet: pass model= to Client, "
+                             "or call wait_for_model() first")
+        return None
+
+    def _check_size(self, params: RequestParams) -> None:
+        """ValueError when the request alone would exceed the broker's frame
+        limit (its ``max_message_bytes``, from the welcome). A cheap upper
+        bound first (bytes per token, per character); encoding only when the
+        bound comes near the limit."""
+        p = params.prompt
+        if type(p) is str:
+            n = 4 * len(p)
+        elif type(p[0]) is int:
+            n = 9 * len(p)
+        else:  # chat messages
+            n = sum(4 * (len(m.role) + len(m.content)) + 16 for m in p)
+        for stop in params.stop_sequences:
+            n += 9 * len(stop) + 5
+        limit = self._conn.max_send_bytes
+        if n + _SIZE_SLACK <= limit:
+            return
+        size = len(encode(Submit(self.model or "", (Envelope(_LONGEST_ID, params),))))
+        if size > limit:
+            raise ValueError(f"this request takes {size:,} bytes on the wire, more than the broker accepts in one "
+                             f"message ({limit:,} bytes, its max_message_bytes): shorten the prompt, or raise the "
+                             "broker's --max-message-bytes")
 
     def close(self) -> None:
         """Leave: the broker cancels what is still running; those handles end
@@ -247,11 +358,19 @@ class Client:
         callbacks are finished right here (one thread hop less on the way to
         a waiting ``result()``/``run()``); everything else goes, in order, to
         the callback thread."""
-        if isinstance(msg, Results):
-            msg = self._apply_plain(msg)
-            if msg is None:
-                return
-        self._inbox.put(msg)
+        try:
+            if isinstance(msg, Results):
+                msg = self._apply_plain(msg)
+                if msg is None:
+                    return
+            self._inbox.put(msg)
+        except Exception as e:  # noqa: BLE001 -- the callback thread ends the requests it names
+            log.exception("client failed to handle a %s message", type(msg).__name__)
+            self._inbox.put(_Failed(msg, e))
+
+    def _on_connection_failed(self, error: BaseException) -> None:
+        """(I/O thread, its last act) the connection is dead: end everything."""
+        self._inbox.put(_Broken(None, error))
 
     def _apply_plain(self, msg: Results) -> Results | None:
         """Apply ``msg`` to handles with no callback and no ``on_token``;
@@ -298,18 +417,62 @@ class Client:
                     if msg.broker_id is not None:
                         self._check_broker(msg.broker_id)
                 elif isinstance(msg, Welcome):
-                    self.models = msg.models
-                    info = msg.models.get(self.model)
-                    self._limits = None if info is None else ModelLimits(info.vocab_size, info.max_seq_len)
-                    self._check_broker(msg.broker_id)
-                    self._welcomed.set()
+                    self._on_welcome(msg)
                 elif isinstance(msg, Error):
                     self._on_error(msg)
                 elif isinstance(msg, Status):
                     self._status_reply = msg
                     self._status_event.set()
-            except Exception:  # noqa: BLE001 -- one bad message must not stop the client
+                elif isinstance(msg, _Broken):
+                    self._on_broken(msg.error)
+                elif isinstance(msg, _Failed):
+                    self._fail_named(msg.message, msg.error)
+            except Exception as e:  # noqa: BLE001 -- one bad message must not stop the client
                 log.exception("client failed to handle %s", type(msg).__name__)
+                self._fail_named(msg, e)
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        with self._models_changed:
+            self.models = msg.models
+            self.loading = msg.loading
+            self._grace_end_s = time.monotonic() + msg.register_grace_s
+            info = msg.models.get(self.model) if self.model is not None else None
+            self._limits = None if info is None else ModelLimits(info.vocab_size, info.max_seq_len)
+            if self.model is None and len(set(msg.models) | set(msg.loading)) == 1:
+                self._resolve_model(wait=True)
+            self._models_changed.notify_all()
+        self._check_broker(msg.broker_id)
+        self._welcomed.set()
+
+    def _fail_named(self, msg, error: BaseException) -> None:
+        """Handling ``msg`` raised ``error``: end the requests it names with
+        ``internal`` (and stop them at the broker); nothing else is touched."""
+        try:
+            ids = request_ids(msg)
+        except Exception:  # noqa: BLE001 -- not a message at all
+            return
+        text = f"the client failed handling a message about this request ({type(error).__name__}: {error}); " \
+               "please report it"
+        ended = []
+        for rid in ids:
+            h = self._handles.get(rid)
+            if h is None:
+                continue
+            ended.append(rid)
+            try:
+                self._complete(h, FinishReason.ERROR, RemoteError(ErrorCode.INTERNAL, text))
+            except Exception:  # noqa: BLE001
+                log.exception("client failed to end request %r", rid)
+        if ended:
+            self._conn.cancel(ended)
+
+    def _on_broken(self, error: BaseException) -> None:
+        """The connection failed: every request ends with an error; no new ones."""
+        self._broken = error
+        err = RemoteError(ErrorCode.BROKER_UNAVAILABLE, f"the client's connection failed ({type(error).__name__}: "
+                                                        f"{error}); make a new Client")
+        for h in list(self._handles.values()):
+            self._complete(h, FinishReason.ERROR, err)
 
     def _on_results(self, msg: Results) -> None:
         handles = self._handles
@@ -408,6 +571,7 @@ class Client:
         with self._lock:
             pending = list(self._handles.values())
         log.warning("broker restarted (%s -> %s): resubmitting %d requests", old[:8], broker_id[:8], len(pending))
+        self._conn.send(Hello())  # the new broker's models (its welcome)
         endings, entries = resubmission(pending, time.monotonic())
         for h, reason in endings:
             self._complete(h, reason, None)

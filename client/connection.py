@@ -5,6 +5,16 @@ a byte on a pipe (``os.pipe``, polled together with the socket), so no socket
 is ever touched by two threads. Requests submitted in a burst leave in
 batched ``submit`` messages; every received message is decoded here and
 passed to ``on_message`` (the client's dispatcher queue), never run here.
+
+One message never takes the connection down. A message that cannot be sent
+-- over the broker's frame limit (announced in its ``welcome``) even when
+split per request, or refused by the encoder -- ends just the requests it
+carries: ``on_message`` receives an :class:`~protocol.messages.Error`
+naming them, as if the broker had refused them. A frame from the broker
+that cannot be decoded ends the requests it names the same way (and they
+are cancelled at the broker). Only a failure of the loop itself (the
+socket) ends the connection, and then ``on_failure`` is told, so the client
+can end every request instead of leaving them waiting.
 """
 
 from __future__ import annotations
@@ -19,11 +29,12 @@ from typing import Callable
 
 import zmq
 
-from protocol.codec import decode, encode
+from protocol.codec import decode, peek_request_ids
 from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.endpoints import set_ipv6
 from protocol.errors import ProtocolError
-from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Heartbeat, Message, Submit
+from protocol.framing import fit, request_ids
+from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Error, Heartbeat, Message, Submit, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +49,38 @@ class Connection:
     """A DEALER connection to the broker's frontend, run on a daemon I/O thread.
 
     - ``address``: the broker's client endpoint (``tcp://host:port``).
-    - ``on_message(msg)``: called on the I/O thread for every decoded message;
-      must only enqueue.
+    - ``model``: the model of ``submit`` messages (may be set later, before
+      the first :meth:`submit`).
+    - ``on_message(msg)``: called on the I/O thread for every decoded message
+      (and for the errors above); must only enqueue.
     - ``heartbeat_interval_s``: a heartbeat goes out when nothing else was
-      sent for this long (seconds).
+      sent for this long (seconds); once the broker's ``welcome`` announces
+      its interval, that one (or this, if shorter): the broker's liveness
+      window is counted in its own interval.
     - ``curve``: ``(public, secret, broker_public)`` CURVE keys (z85 bytes),
       or None for a plain connection.
+    - ``on_failure(exc)``: called once if the I/O loop itself fails (the
+      connection is then dead).
 
     Thread-safe: :meth:`submit`, :meth:`cancel`, :meth:`send`, :meth:`close`.
     """
 
-    def __init__(self, address: str, model: str, on_message: Callable[[Message], None], *,
+    def __init__(self, address: str, model: str | None, on_message: Callable[[Message], None], *,
                  heartbeat_interval_s: float, name: str = "client",
-                 curve: tuple[bytes, bytes, bytes] | None = None) -> None:
+                 curve: tuple[bytes, bytes, bytes] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         self.address = address
         self.model = model
         self.identity = uuid.uuid4().bytes  # stable across reconnects: the broker's key for us
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._own_heartbeat_s = heartbeat_interval_s
+        self.max_send_bytes = MAX_MESSAGE_BYTES
+        """The largest frame the broker decodes (bytes), from its welcome."""
+        self._max_recv_bytes = MAX_MESSAGE_BYTES
         self._curve = curve
         self.last_recv_s = time.monotonic()
         self._on_message = on_message
+        self._on_failure = on_failure
         self._lock = threading.Lock()
         self._entries: list[Envelope] = []
         self._cancels: list = []
@@ -138,8 +161,13 @@ class Connection:
         try:
             self._loop(sock)
             linger_ms = 200  # let the goodbye leave; never hang on a dead broker
-        except Exception:  # noqa: BLE001 -- keep the process alive; waiters time out
+        except Exception as e:  # noqa: BLE001 -- the loop itself failed: tell the client, which ends every request
             log.exception("client I/O thread failed")
+            if self._on_failure is not None:
+                try:
+                    self._on_failure(e)
+                except Exception:  # noqa: BLE001
+                    log.exception("client failed to handle the end of its connection")
         finally:
             sock.close(linger_ms)
             ctx.term()
@@ -166,16 +194,18 @@ class Connection:
                 other, self._other = self._other, []
                 self._woken = False
                 closing = self._closing
-            out = [encode(m) for m in other]
+            out: list[bytes] = []
+            for m in other:
+                self._frame(m, out)
             for i in range(0, len(entries), MAX_REQUESTS_PER_SUBMIT):
-                out.append(encode(Submit(self.model, tuple(entries[i:i + MAX_REQUESTS_PER_SUBMIT]))))
+                self._frame(Submit(self.model, tuple(entries[i:i + MAX_REQUESTS_PER_SUBMIT])), out)
             if cancels:
-                out.append(encode(Cancel(tuple(cancels))))
+                self._frame(Cancel(tuple(cancels)), out)
             if closing:
-                out.append(encode(Bye("client closed")))
+                self._frame(Bye("client closed"), out)
             now = time.monotonic()
             if not out and not backlog and now - last_sent >= self.heartbeat_interval_s:
-                out.append(encode(Heartbeat()))
+                self._frame(Heartbeat(), out)
             backlog.extend(out)
             while backlog:
                 try:
@@ -189,6 +219,19 @@ class Connection:
             if sock in events:
                 self._receive(sock)
 
+    def _frame(self, msg: Message, out: list[bytes]) -> None:
+        """Append ``msg``'s frames to ``out``, split to fit the broker's limit;
+        a request that cannot be sent even alone ends with an error."""
+        framed = fit(msg, self.max_send_bytes)
+        for data, _ in framed.frames:
+            out.append(data)
+        for part, code, reason in framed.refused:
+            ids = request_ids(part)
+            if not ids:
+                log.error("cannot send a %s message: %s", type(part).__name__, reason)
+                continue
+            self._deliver(Error(code, f"the client could not send this request: {reason}", tuple(ids)))
+
     def _receive(self, sock: zmq.Socket) -> None:
         for _ in range(1024):
             try:
@@ -197,8 +240,29 @@ class Connection:
                 return
             self.last_recv_s = time.monotonic()
             try:
-                msg = decode(data, BROKER_TO_CLIENT)
+                msg = decode(data, BROKER_TO_CLIENT, self._max_recv_bytes)
             except ProtocolError as e:
-                log.warning("dropping a bad message from the broker: %s", e)
+                ids = peek_request_ids(data)
+                log.warning("dropping a bad message from the broker (%s); it named %d requests", e, len(ids))
+                if ids:  # their tokens or endings were in it: end them here, stop them there
+                    self._deliver(Error(e.code, f"a message from the broker about this request could not be "
+                                                f"read: {e.message}", tuple(ids)))
+                    with self._lock:
+                        self._cancels.extend(ids)
+                        self._wake()
                 continue
+            if type(msg) is Welcome:
+                self._welcomed(msg)
+            self._deliver(msg)
+
+    def _welcomed(self, msg: Welcome) -> None:
+        """Adopt the broker's frame limit and heartbeat period."""
+        self.max_send_bytes = msg.max_message_bytes
+        self._max_recv_bytes = max(MAX_MESSAGE_BYTES, msg.max_message_bytes)
+        self.heartbeat_interval_s = min(self._own_heartbeat_s, msg.heartbeat_interval_s)
+
+    def _deliver(self, msg: Message) -> None:
+        try:
             self._on_message(msg)
+        except Exception:  # noqa: BLE001 -- the client's own guard failed too: keep serving the others
+            log.exception("client failed to take a %s message", type(msg).__name__)

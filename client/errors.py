@@ -24,3 +24,19 @@ class BrokerUnavailable(ConnectionError):
 
     Check that ``slotserve broker`` (or ``slotserve up``) runs there.
     """
+
+
+class UnknownModelError(RemoteError, ValueError):
+    """No worker serves or loads ``model`` at the broker (code ``unknown_model``):
+    raised by :meth:`Client.wait_for_model <client.Client.wait_for_model>` at
+    once, not after a timeout. The message lists the models the broker
+    serves and the ones being loaded; ``served`` and ``loading`` hold them."""
+
+    def __init__(self, model: str, address: str, served, loading) -> None:
+        self.model = model
+        self.served = tuple(sorted(served))
+        self.loading = tuple(sorted(loading))
+        super().__init__(ErrorCode.UNKNOWN_MODEL,
+                         f"no worker serves or loads model {model!r} at {address} (served: "
+                         f"{', '.join(self.served) or 'none'}; loading: {', '.join(self.loading) or 'none'}); "
+                         f"start one (slotserve worker --model {model}) or pick a served model")

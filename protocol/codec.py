@@ -111,24 +111,49 @@ def as_plain(value: Any) -> Any:
     return value
 
 
-def peek_request_ids(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> list:
-    """Best effort: the request ids named in a ``submit`` frame that failed to decode.
+def peek_request_ids(data: bytes) -> list:
+    """Best effort: the request ids named in a frame that failed to decode
+    (too large, malformed, an invalid field): the ``requests`` of a
+    ``submit`` / ``assign``, the ``ids``, ``texts`` and ``finished`` of an
+    ``iteration`` / ``results``, the ``request_ids`` of a ``cancel`` / ``error``.
 
-    Lets the broker end those requests with an error instead of leaving the
-    client waiting. Returns ``[]`` when nothing usable is found; never raises.
+    Lets the receiver end exactly those requests with the decoding error
+    instead of leaving them waiting. Reads the frame as a stream, keeping
+    only the ids (an oversized frame costs no more memory than its bytes).
+    Returns the ids found before anything unreadable, each once, in order;
+    never raises.
     """
+    ids: dict = {}
     try:
-        if len(data) > max_bytes:
-            return []
-        d = msgpack.unpackb(data, raw=False)
-        ids = []
-        for entry in d.get("requests", ()):
-            rid = entry[0] if type(entry) is list and entry else None
-            if type(rid) in _ID_TYPES:
-                ids.append(rid)
-        return ids
-    except Exception:  # noqa: BLE001 -- hostile bytes: anything may be raised
-        return []
+        u = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+        u.feed(data)
+        for _ in range(u.read_map_header()):
+            key = u.unpack()
+            if key in _RECORD_LISTS:  # arrays of records, the request id first
+                for _ in range(u.read_array_header()):
+                    n = u.read_array_header()
+                    if n:
+                        _note_id(u.unpack(), ids)
+                        for _ in range(n - 1):
+                            u.skip()
+            elif key in _ID_LISTS:
+                for _ in range(u.read_array_header()):
+                    _note_id(u.unpack(), ids)
+            else:
+                u.skip()
+    except Exception:  # noqa: BLE001 -- hostile bytes: anything may be raised; keep what was found
+        pass
+    return list(ids)
+
+
+_RECORD_LISTS = frozenset({"requests", "texts", "finished"})
+_ID_LISTS = frozenset({"ids", "request_ids"})
+
+
+def _note_id(rid: Any, ids: dict) -> None:
+    t = type(rid)
+    if t is int or (t is str and 0 < len(rid) <= MAX_REQUEST_ID_CHARS):
+        ids[rid] = None
 
 
 # --------------------------------------------------------------------------- decoders by type

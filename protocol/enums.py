@@ -46,6 +46,7 @@ class ErrorCode(str, enum.Enum):
     WORKER_FAILED = "worker_failed"      # the request failed on too many workers in a row
     MODEL_ERROR = "model_error"          # the model raised while running the request
     SLOW_CONSUMER = "slow_consumer"      # the client stopped reading; its requests were failed
+    CLIENT_SILENT = "client_silent"      # no heartbeat from the client for the broker's liveness window
     UNAUTHORIZED = "unauthorized"
     NOT_REGISTERED = "not_registered"    # a worker the broker does not know (it restarted): register again
     BROKER_UNAVAILABLE = "broker_unavailable"

@@ -19,7 +19,7 @@ Who sends what (``C`` client, ``B`` broker, ``W`` worker)::
 
     C->B  hello, submit, cancel, heartbeat, status_query, bye
     B->C  welcome, results, error, heartbeat, status
-    W->B  register, iteration, heartbeat, bye
+    W->B  loading, register, iteration, heartbeat, bye
     B->W  welcome, assign, cancel, heartbeat, error
 
 Request ids: a client chooses its own (``int`` or ``str``), scoped to that
@@ -43,12 +43,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Union
 
+from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
-(2: one request definition, generic codec, records as arrays.)"""
+(2: one request definition, generic codec, records as arrays. 3: ``loading``;
+frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.)"""
 
 
 class Op(str, enum.Enum):
@@ -65,6 +67,7 @@ class Op(str, enum.Enum):
     STATUS = "status"
     BYE = "bye"
     REGISTER = "register"
+    LOADING = "loading"
     ASSIGN = "assign"
     ITERATION = "iteration"
 
@@ -149,13 +152,15 @@ class ModelInfo(NamedTuple):
 
 class ModelStatus(NamedTuple):
     """One model's line in ``status``: requests ``queued`` in the broker and
-    ``running`` on workers, ``workers`` registered, ``slots_busy`` / ``slots_total``."""
+    ``running`` on workers, ``workers`` registered, ``slots_busy`` / ``slots_total``,
+    and workers still ``loading`` it (announced, not yet registered)."""
 
     queued: int
     running: int
     workers: int
     slots_busy: int
     slots_total: int
+    loading: int = 0
 
 
 class WorkerStatus(NamedTuple):
@@ -204,19 +209,38 @@ class Hello(_Message):
 
 @dataclass(frozen=True, slots=True)
 class Welcome(_Message):
-    """B->C answer to ``hello``, B->W answer to ``register``.
+    """B->C answer to ``hello`` (and sent again to every client when the
+    models served or loading change); B->W answer to ``register`` and ``loading``.
 
     - ``broker_id``: a fresh id per broker start (a change means the broker
       restarted and forgot everything in flight).
-    - ``heartbeat_interval_s``: seconds between heartbeats the broker expects;
-      a peer silent for several intervals counts as gone.
+    - ``heartbeat_interval_s``: seconds between heartbeats: the broker's, and
+      the period every peer heartbeats at from now on (the broker's liveness
+      windows are several of these periods).
     - ``models``: ``{name: ModelInfo}`` models that have workers registered.
+    - ``max_message_bytes``: the largest frame the broker decodes (bytes);
+      peers keep every frame they send it within this.
+    - ``loading``: models a worker is loading (announced, not yet
+      registered); their requests wait in the queue.
+    - ``register_grace_s``: seconds left of the broker's start-up grace, in
+      which requests for a model nobody serves or loads yet wait (after a
+      broker restart, workers re-register shortly); 0 once it is over, when
+      such requests end ``unknown_model`` at once.
     """
 
     op: ClassVar[Op] = Op.WELCOME
     broker_id: str
     heartbeat_interval_s: float
     models: dict[str, ModelInfo] = field(default_factory=dict)
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    loading: tuple[str, ...] = ()
+    register_grace_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
+        if not self.heartbeat_interval_s > 0 or self.max_message_bytes < 1 or self.register_grace_s < 0:
+            raise ValueError(f"need heartbeat_interval_s > 0, max_message_bytes >= 1 and register_grace_s >= 0, "
+                             f"got {self.heartbeat_interval_s}, {self.max_message_bytes}, {self.register_grace_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +390,8 @@ class Register(_Message):
       assigned to this worker at once (slots plus a small prefetch so a freed
       slot is refilled in the next iteration without a round trip).
     - ``info``: :class:`ModelInfo`; ``worker_name``: for logs and ``status``.
+    - ``max_message_bytes``: the largest frame the worker decodes (bytes);
+      the broker keeps every ``assign`` within it.
     """
 
     op: ClassVar[Op] = Op.REGISTER
@@ -374,26 +400,39 @@ class Register(_Message):
     max_inflight: int
     info: ModelInfo = ModelInfo()
     worker_name: str = ""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
-        if self.num_slots < 1 or self.max_inflight < self.num_slots:
-            raise ValueError(f"need num_slots >= 1 and max_inflight >= num_slots, got {self.num_slots}, "
-                             f"{self.max_inflight}")
+        if self.num_slots < 1 or self.max_inflight < self.num_slots or self.max_message_bytes < 1:
+            raise ValueError(f"need num_slots >= 1, max_inflight >= num_slots and max_message_bytes >= 1, got "
+                             f"{self.num_slots}, {self.max_inflight}, {self.max_message_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class Loading(_Message):
+    """W->B: a worker starts loading ``model`` (sent before the slow load; it
+    sends ``register`` once loaded, and heartbeats meanwhile). Requests for a
+    model being loaded wait in its queue instead of failing ``unknown_model``.
+    The broker answers ``welcome``. ``worker_name``: for logs and ``status``."""
+
+    op: ClassVar[Op] = Op.LOADING
+    model: str
+    worker_name: str = ""
 
 
 Message = Union[Hello, Welcome, Submit, Assign, Cancel, Iteration, Results, Error, Heartbeat,
-                StatusQuery, Status, Bye, Register]
+                StatusQuery, Status, Bye, Register, Loading]
 
 MESSAGE_TYPES: dict[Op, type] = {
     cls.op: cls
     for cls in (Hello, Welcome, Submit, Assign, Cancel, Iteration, Results, Error, Heartbeat,
-                StatusQuery, Status, Bye, Register)
+                StatusQuery, Status, Bye, Register, Loading)
 }
 
 CLIENT_TO_BROKER = frozenset({Op.HELLO, Op.SUBMIT, Op.CANCEL, Op.HEARTBEAT, Op.STATUS_QUERY, Op.BYE})
 """Ops the broker accepts on its frontend (from clients)."""
-WORKER_TO_BROKER = frozenset({Op.REGISTER, Op.ITERATION, Op.HEARTBEAT, Op.BYE})
+WORKER_TO_BROKER = frozenset({Op.LOADING, Op.REGISTER, Op.ITERATION, Op.HEARTBEAT, Op.BYE})
 """Ops the broker accepts on its backend (from workers)."""
 BROKER_TO_CLIENT = frozenset({Op.WELCOME, Op.RESULTS, Op.ERROR, Op.HEARTBEAT, Op.STATUS})
 """Ops a client accepts."""

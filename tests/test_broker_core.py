@@ -186,7 +186,7 @@ def test_queued_deadline_and_remaining_timeout_on_dispatch():
     assert spec.time_left_s == pytest.approx(3.0) and spec.params.timeout_s == 5.0  # time left beside the original
 
 
-def test_silent_client_is_forgotten_and_its_requests_cancelled():
+def test_silent_client_is_forgotten_and_its_requests_ended_client_silent():
     core = make_core(heartbeat_interval_s=0.1, client_liveness_s=1.0)
     register(core, W1, slots=1)
     (spec,) = assigned(submit(core, C1, ["a", "b"]))
@@ -196,9 +196,10 @@ def test_silent_client_is_forgotten_and_its_requests_cancelled():
     assert C1 not in core.clients
     cancels = sent(out, Side.BACKEND, W1, Cancel)
     assert sum(len(c.request_ids) for c in cancels) <= 1
-    # One cancelled ending per request, in case the client was only stalled.
+    # One ending per request, in case the client was only stalled, saying why.
     fin = finished_of(out, C1)
-    assert sorted(fin) == ["a", "b"] and all(f.finish_reason is FinishReason.CANCELLED for f in fin.values())
+    assert sorted(fin) == ["a", "b"]
+    assert all(f.finish_reason is FinishReason.ERROR and f.code is ErrorCode.CLIENT_SILENT for f in fin.values())
 
 
 def test_client_lost_running_job_results_dropped_and_credit_returned():

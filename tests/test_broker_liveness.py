@@ -110,7 +110,7 @@ def test_request_failing_on_max_attempts_workers_ends_with_worker_failed():
     assert core.counters["requeued"] == 2 and not core.jobs
 
 
-def test_silent_client_is_cancelled_in_the_tick_that_notices():
+def test_silent_client_is_ended_in_the_tick_that_notices():
     core = make_core(client_liveness_s=0.5)
     core.on_backend(W1, Register("simulated", 2, 3, INFO, "w1"), 0.0)
     core.on_frontend(C1, Submit("simulated", [envelope(i, [1], 50) for i in range(5)]), 0.0)
@@ -120,15 +120,17 @@ def test_silent_client_is_cancelled_in_the_tick_that_notices():
     (cancel,) = [s.message for s in out if s.side is Side.BACKEND and isinstance(s.message, Cancel)]
     assert len(cancel.request_ids) == 3                      # the running ones: cancelled at once
     assert len(core.queues["simulated"]) == 0                # the queued ones: removed
-    assert core.counters["clients_lost"] == 1 and core.counters["cancelled"] == 2
-    # In case it was only stalled: each request gets one cancelled ending.
+    assert core.counters["clients_lost"] == 1 and core.counters["errors"] == 2
+    # In case it was only stalled: each request gets one ending, saying why.
     fin = finished(out)
-    assert sorted(fin) == list(range(5)) and all(f.finish_reason is FinishReason.CANCELLED for f in fin.values())
+    assert sorted(fin) == list(range(5))
+    assert all(f.finish_reason is FinishReason.ERROR and f.code is ErrorCode.CLIENT_SILENT for f in fin.values())
     # The worker frees the slots on its next iteration; the credits come back.
     out = core.on_backend(W1, Iteration(ids=[cancel.request_ids[0]], tokens=[5],
                                         finished=[Finished(k, FinishReason.CANCELLED) for k in cancel.request_ids]), 0.61)
     assert core.workers.get(W1).inflight == set() and not core.jobs
     assert finished(out) == {}                              # nothing more reaches the client
+    assert core.counters["errors"] == 5 and core.counters["cancelled"] == 0  # the broker's decision, counted so
 
 
 def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():

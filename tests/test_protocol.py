@@ -18,7 +18,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
     BROKER_TO_CLIENT, CLIENT_TO_BROKER, MESSAGE_TYPES, PROTOCOL_VERSION, WORKER_TO_BROKER, Assign, Bye,
-    Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, ModelStatus, Op, Register,
+    Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, ModelInfo, ModelStatus, Op, Register,
     Rejected, Results, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
 )
 from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
@@ -29,6 +29,7 @@ P = RequestParams
 SAMPLES = [
     Hello("me"),
     Welcome("b1", 0.5, {"simulated": ModelInfo(1000, None, (0,), False)}),
+    Welcome("b1", 0.5, {}, 1 << 20, ("smollm2-135m",), 3.5),
     Submit("simulated", [Envelope(1, P([1, 2, 3], 5)),
                          Envelope("a", P("text prompt", 3, stop_token=None, stop_sequences=[[1, 2], [3]],
                                          priority=-2, timeout_s=1.5, temperature=0.7, top_p=0.9, top_k=5, seed=7)),
@@ -42,10 +43,13 @@ SAMPLES = [
     Error(ErrorCode.QUEUE_FULL, "full", ["a", 2]),
     Heartbeat(), Heartbeat(broker_id="b"), Heartbeat(progress=12),
     StatusQuery(),
-    Status("b", 1.5, {"m": ModelStatus(1, 2, 3, 4, 5)}, [WorkerStatus("w", "m", 4, 2, 10, False)], 2,
+    Status("b", 1.5, {"m": ModelStatus(1, 2, 3, 4, 5), "n": ModelStatus(0, 0, 0, 0, 0, 2)},
+           [WorkerStatus("w", "m", 4, 2, 10, False)], 2,
            {"submitted": 3}),
     Bye("done"),
     Register("simulated", 4, 5, ModelInfo(100, 64, (0, 1), True), "w1"),
+    Register("simulated", 4, 5, ModelInfo(), "w1", 1 << 20),
+    Loading("smollm2-135m", "w2"),
 ]
 
 
@@ -110,11 +114,19 @@ def token_batches(draw, cls):
 def registers(draw):
     slots = draw(st.integers(1, 2**16))
     return Register(draw(st.text(max_size=8)), slots, draw(st.integers(slots, 2**17)),
-                    draw(strategy(ModelInfo)), draw(st.text(max_size=8)))
+                    draw(strategy(ModelInfo)), draw(st.text(max_size=8)), draw(st.integers(1, WIRE_INT_MAX)))
+
+
+@st.composite
+def welcomes(draw):
+    positive = st.floats(min_value=1e-6, max_value=1e6)
+    return Welcome(draw(st.text(max_size=12)), draw(positive), draw(strategy(dict[str, ModelInfo])),
+                   draw(st.integers(1, WIRE_INT_MAX)), draw(strategy(tuple[str, ...])),
+                   draw(st.one_of(st.just(0.0), positive)))
 
 
 SPECIAL = {RequestParams: params(), Envelope: envelopes(), Iteration: token_batches(Iteration),
-           Results: token_batches(Results), Register: registers()}
+           Results: token_batches(Results), Register: registers(), Welcome: welcomes()}
 
 
 def strategy(tp) -> st.SearchStrategy:

@@ -3,10 +3,14 @@
 Two threads, each owning its sockets:
 
 - the **I/O thread** owns the DEALER socket to the broker's backend. It
-  registers (model, slots, credits), submits assigned requests straight into
-  the engine (``submit_request`` is thread-safe), forwards cancellations,
-  sends heartbeats, and forwards each iteration's message. A long model step
-  never blocks it, so heartbeats keep flowing.
+  announces the model when loading starts (``loading``: requests for it
+  wait in the broker's queue meanwhile), registers once loaded (model,
+  slots, credits), submits assigned requests straight into the engine
+  (``submit_request`` is thread-safe), forwards cancellations, sends
+  heartbeats at the broker's interval (announced in its ``welcome``), and
+  forwards each iteration's message, split to fit the broker's frame limit.
+  A long model step (or the model's load) never blocks it, so heartbeats
+  keep flowing.
 - the **main thread** runs the engine: ``wait_for_work`` -> ``step`` -> one
   ``iteration`` message with the new tokens of every slot, the requests that
   ended and so the credits returned -> appended to an outbox, and the I/O
@@ -18,6 +22,11 @@ Engine request ids are the broker's keys tagged with a registration epoch:
 after a re-registration (broker restart or lost contact) everything of the
 old epoch is cancelled and its output dropped, so stale work never reaches
 the new broker.
+
+One message never stops the worker: a frame from the broker that cannot be
+decoded, or whose handling raises, refuses just the requests it assigned
+(an error ending each); an iteration part that cannot be sent (too large
+for the broker even alone) ends just its request.
 """
 
 from __future__ import annotations
@@ -34,21 +43,23 @@ from dataclasses import dataclass
 import zmq
 
 from protocol import defaults
-from protocol.codec import decode, encode
+from protocol.codec import decode, encode, peek_request_ids
 from protocol.curve import load_peer_keys
 from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
+from protocol.framing import fit, request_ids
 from protocol.messages import (
-    BROKER_TO_WORKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Iteration, ModelInfo,
-    Register, Rejected, Text, Welcome,
+    BROKER_TO_WORKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message,
+    ModelInfo, Register, Rejected, Text, Welcome,
 )
 from worker.engine import BatchInferenceEngine
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BROKER = defaults.WORKER_ENDPOINT
-_WAKE, _STOP = b"w", b"s"  # main thread -> I/O thread signals on the inproc PAIR
+_WAKE, _STOP, _LOADED = b"w", b"s", b"l"  # main thread -> I/O thread signals on the inproc PAIR
+_BROKER_BEATS_PER_WINDOW = 3  # the broker counts as lost after this many of its heartbeat intervals, at least
 _EPOCH_SHIFT = 48  # engine id = key + (epoch << 48): broker keys stay far below 2**48
 
 
@@ -68,9 +79,12 @@ class WorkerConfig:
       a slower model; 0 = none).
     - ``stop_token``: the default stop token for requests that give none:
       ``"model"`` (the model's EOS tokens, if it has them), an int, or None.
-    - ``heartbeat_interval_s``: seconds between heartbeats when idle.
-    - ``broker_liveness_s``: no word from the broker for this long (seconds)
-      -> drop all work and register again.
+    - ``heartbeat_interval_s``: seconds between heartbeats when idle, until
+      the broker's welcome announces its interval; then the broker's (or
+      this, if shorter): the broker's liveness window counts in its interval.
+    - ``broker_liveness_s``: no word from the broker for this long (seconds;
+      at least 3 of the broker's heartbeat intervals) -> drop all work and
+      register again.
     - ``name``: shown in ``slotserve status`` (default ``host:pid``).
     - ``curve_secret_file`` / ``curve_broker_key_file``: this worker's CURVE
       secret key file and the broker's public key file (``slotserve keygen``
@@ -154,34 +168,19 @@ class _Live:
 class WorkerProcess:
     """A worker: engine + I/O thread. Use :func:`run_worker` unless embedding.
 
-    ``model`` overrides loading ``config.model`` (tests pass their own).
-    Raises ValueError when the model cannot be loaded or configured.
+    ``model`` (a loaded model object; tests pass their own) is set up at
+    once; without it :meth:`run` loads ``config.model`` after announcing it
+    to the broker, so requests for it wait instead of failing while it
+    loads. Raises ValueError when the model cannot be configured
+    (:class:`~worker.errors.ModelLoadError`, from :meth:`run`, when it
+    cannot be loaded).
     """
 
     def __init__(self, config: WorkerConfig, model=None) -> None:
         self.config = config
-        if model is None:
-            from worker.errors import ModelLoadError
-            from worker.models import load_model
-
-            try:
-                model = load_model(config.model)
-            except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise ModelLoadError(first if config.model in first else
-                                     f"cannot load model {config.model!r}: {first}") from e
-        self.model = model
-        stop = config.stop_token
-        if stop == "model" and getattr(model, "eos_token_ids", None) is None:
-            stop = None
-        self.engine = BatchInferenceEngine(model, config.num_slots, stop)
-        self.tokenizer = getattr(model, "tokenizer", None)
-        self.info = ModelInfo(
-            vocab_size=getattr(model, "vocab_size", None),
-            max_seq_len=getattr(model, "max_seq_len", None),
-            eos_token_ids=tuple(sorted(self.engine.stop_tokens)),
-            has_tokenizer=self.tokenizer is not None,
-        )
+        self.model = self.engine = self.tokenizer = self.info = None
+        if model is not None:
+            self._setup(model)
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
         self.curve_keys = None if config.curve_secret_file is None else load_peer_keys(
             (config.curve_secret_file, config.curve_broker_key_file), "worker")
@@ -196,6 +195,36 @@ class WorkerProcess:
         self._wake_pending = False                        # guarded by _out_lock
         self._ctx: zmq.Context | None = None  # created by run(): an unused worker holds no sockets
         self._pipe_addr = f"inproc://worker-{uuid.uuid4().hex}"
+        self._bye = "worker stopping"  # what the goodbye says (a failed load says why)
+
+    def _load(self) -> None:
+        """Load ``config.model`` (main thread, slow: 10-60 s for a real model on
+        2 cores). Raises :class:`~worker.errors.ModelLoadError`."""
+        from worker.errors import ModelLoadError
+        from worker.models import load_model
+
+        name = self.config.model
+        try:
+            model = load_model(name)
+        except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e
+        self._setup(model)
+
+    def _setup(self, model) -> None:
+        """The engine and what the broker is told about the model."""
+        self.model = model
+        stop = self.config.stop_token
+        if stop == "model" and getattr(model, "eos_token_ids", None) is None:
+            stop = None
+        self.engine = BatchInferenceEngine(model, self.config.num_slots, stop)
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.info = ModelInfo(
+            vocab_size=getattr(model, "vocab_size", None),
+            max_seq_len=getattr(model, "max_seq_len", None),
+            eos_token_ids=tuple(sorted(self.engine.stop_tokens)),
+            has_tokenizer=self.tokenizer is not None,
+        )
 
     # ------------------------------------------------------------------ main thread
 
@@ -210,8 +239,15 @@ class WorkerProcess:
         io = threading.Thread(target=self._io_thread, args=(io_end, stop), name="slotserve-worker-io", daemon=True)
         io.start()
         delay_s = self.config.step_delay_ms / 1000.0
-        engine = self.engine
         try:
+            if self.engine is None:  # the I/O thread announced the model; heartbeats flow while it loads
+                try:
+                    self._load()
+                except BaseException as e:
+                    self._bye = f"cannot load model {self.config.model!r}: {e}"
+                    raise
+                main_end.send(_LOADED)
+            engine = self.engine
             while not stop.is_set():
                 if not engine.wait_for_work(0.1):
                     continue
@@ -327,6 +363,23 @@ class WorkerProcess:
             if type(key) is int:
                 self.engine.cancel(key + base)
 
+    def holds(self, key) -> bool:
+        """Whether broker key ``key`` names a request in the engine now."""
+        return type(key) is int and (key + (self._epoch << _EPOCH_SHIFT)) in self._live
+
+    def abandon(self, keys: list) -> None:
+        """End these requests here without reporting their end (the broker was
+        told already): cancel them, drop their output."""
+        base = self._epoch << _EPOCH_SHIFT
+        with self._submit_lock:
+            lives = [self._live.get(k + base) for k in keys if type(k) is int]
+            for live in lives:
+                if live is not None:
+                    live.stale = True
+        for live in lives:
+            if live is not None:
+                self.engine.cancel(live.eid)
+
     def drop_all(self) -> None:
         """Forget every request (the broker that assigned them is gone): cancel
         them in the engine and mark their output stale; new keys get a new epoch."""
@@ -352,7 +405,12 @@ def _finished(key: int, handle) -> Finished:
 
 
 class _WorkerIO:
-    """The I/O thread's state and loop (owns the DEALER and its PAIR end)."""
+    """The I/O thread's state and loop (owns the DEALER and its PAIR end).
+
+    Phases: *loading* (the model is loading: ``loading`` sent, heartbeats
+    once the broker answered), then *registering* / *registered*
+    (``register`` sent / welcomed). Heartbeats and the broker's liveness
+    window follow the broker's interval from its welcome."""
 
     def __init__(self, wp: WorkerProcess, pipe: zmq.Socket) -> None:
         self.wp = wp
@@ -369,27 +427,54 @@ class _WorkerIO:
         set_ipv6(self.sock, self.cfg.broker, bind=False)
         self.sock.connect(self.cfg.broker)
         self.broker_id: str | None = None
-        self.registered = False
+        self.loaded = wp.engine is not None
+        self.welcomed = False    # the broker answered our latest loading / register
+        self.registered = False  # ... and it was a register: requests may come
+        self.heartbeat_s = self.cfg.heartbeat_interval_s
+        self.broker_liveness_s = self.cfg.broker_liveness_s
+        self.max_send_bytes = self.cfg.max_message_bytes  # until the broker's welcome says its own
         self.last_sent = 0.0
         self.last_recv = time.monotonic()
 
-    def send(self, msg_or_bytes) -> None:
-        data = msg_or_bytes if isinstance(msg_or_bytes, (bytes, zmq.Frame)) else encode(msg_or_bytes)
-        try:
-            self.sock.send(data, zmq.NOBLOCK)
-        except zmq.Again:
-            # 100k messages unsent: the broker is not reading us. Losing this
-            # message would lose tokens, so start over with a fresh registration.
-            log.error("broker not reading (send buffer full): dropping all work and registering again")
-            self.reregister()
-            return
-        self.last_sent = time.monotonic()
+    def send(self, msg: Message) -> None:
+        """Send ``msg``, split to fit the broker's frame limit; an iteration
+        part that cannot be sent even alone ends its request with an error."""
+        framed = fit(msg, self.max_send_bytes)
+        for data, _ in framed.frames:
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                # 100k messages unsent: the broker is not reading us. Losing this
+                # message would lose tokens, so start over with a fresh registration.
+                log.error("broker not reading (send buffer full): dropping all work and registering again")
+                self.reregister()
+                return
+            self.last_sent = time.monotonic()
+        for part, code, reason in framed.refused:
+            keys = request_ids(part)
+            log.error("cannot send a %s message (%s)%s", type(part).__name__, reason,
+                      f": ending request {keys}" if keys else "")
+            if keys and type(part) is Iteration:
+                self.wp.abandon(keys)
+                self.send(Iteration(finished=tuple(Finished(k, FinishReason.ERROR, code,
+                                                            f"the worker could not send its output: {reason}")
+                                                   for k in keys)))
+
+    def announce(self) -> None:
+        """Tell the broker the model is loading (requests for it wait meanwhile)."""
+        self.welcomed = False
+        self.send(Loading(self.cfg.model, self.wp.name))
 
     def register(self) -> None:
         wp = self.wp
-        self.send(Register(self.cfg.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name))
+        self.welcomed = False
+        self.send(Register(self.cfg.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name,
+                           self.cfg.max_message_bytes))
 
     def reregister(self) -> None:
+        if not self.loaded:
+            self.announce()
+            return
         self.wp.drop_all()
         self.registered = False
         self.register()
@@ -398,21 +483,27 @@ class _WorkerIO:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.pipe, zmq.POLLIN)
-        hb = self.cfg.heartbeat_interval_s
-        self.register()
+        if self.loaded:
+            self.register()
+        else:
+            self.announce()
         while True:
-            events = dict(poller.poll(max(0.0, self.last_sent + hb - time.monotonic()) * 1000))
+            events = dict(poller.poll(max(0.0, self.last_sent + self.heartbeat_s - time.monotonic()) * 1000))
             if self.pipe in events:
                 stopping = False
                 while True:
                     try:
-                        stopping |= self.pipe.recv(zmq.NOBLOCK) == _STOP
+                        signal = self.pipe.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
+                    stopping |= signal == _STOP
+                    if signal == _LOADED:
+                        self.loaded = True
+                        self.register()
                 self._forward(self.wp.take_outbox())
                 if stopping:
                     try:
-                        self.sock.send(encode(Bye("worker stopping")), zmq.NOBLOCK)
+                        self.sock.send(encode(Bye(self.wp._bye)), zmq.NOBLOCK)
                     except zmq.Again:
                         pass  # the broker is not reading; it will notice the silence
                     self.sock.close(linger=500)  # let the goodbye leave
@@ -420,20 +511,20 @@ class _WorkerIO:
             if self.sock in events:
                 self._receive()
             now = time.monotonic()
-            if now - self.last_recv > self.cfg.broker_liveness_s:
+            if now - self.last_recv > self.broker_liveness_s:
                 log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
                 self.last_recv = now
                 self.reregister()
-            elif now - self.last_sent >= hb and self.registered:
+            elif now - self.last_sent >= self.heartbeat_s and self.welcomed:
                 self.send(Heartbeat(progress=self.wp.iterations))
-            # Not registered yet: the Register waits in the DEALER's queue and
-            # leaves when the broker is reachable; it is re-sent only after
-            # broker_liveness_s without an answer (above).
+            # Not answered yet: the Register (or Loading) waits in the DEALER's
+            # queue and leaves when the broker is reachable; it is re-sent only
+            # after broker_liveness_s without an answer (above).
 
     def _forward(self, items: list[tuple[int, Iteration]]) -> None:
         """Send the main thread's iterations as one message (concatenated in
-        order). Output of an older registration epoch is dropped: its keys may
-        now name other requests."""
+        order; split again only if the broker's limit requires). Output of an
+        older registration epoch is dropped: its keys may now name other requests."""
         epoch = self.wp._epoch
         its = [it for e, it in items if e == epoch and self.registered]
         if len(its) == 1:
@@ -444,7 +535,6 @@ class _WorkerIO:
             self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished")))
 
     def _receive(self) -> None:
-        wp = self.wp
         for _ in range(1024):
             try:
                 data = self.sock.recv(zmq.NOBLOCK)
@@ -455,34 +545,66 @@ class _WorkerIO:
                 msg = decode(data, BROKER_TO_WORKER, self.cfg.max_message_bytes)
             except ProtocolError as e:
                 log.warning("dropping a bad message from the broker: %s", e)
+                self._refuse(peek_request_ids(data), e.code, f"the broker's message could not be read: {e.message}")
                 continue
-            if isinstance(msg, Assign):
-                if self.registered:
-                    refused = wp.assign(msg.requests)
-                    if refused:
-                        self.send(Iteration(finished=tuple(refused)))
-            elif isinstance(msg, Cancel):
-                wp.cancel(msg.request_ids)
-            elif isinstance(msg, Heartbeat):
-                if msg.broker_id is not None and self.broker_id is not None and msg.broker_id != self.broker_id:
-                    log.warning("the broker restarted: registering again")
+            try:
+                self._handle(msg)
+            except Exception as e:  # noqa: BLE001 -- one message must not stop the worker
+                log.exception("worker failed to handle a %s message", type(msg).__name__)
+                if type(msg) is Assign:
+                    self._refuse(request_ids(msg), ErrorCode.INTERNAL,
+                                 f"the worker failed to take this request ({type(e).__name__}: {e})")
+
+    def _refuse(self, keys: list, code: ErrorCode, message: str) -> None:
+        """End the assigned requests ``keys`` that the engine does not hold
+        (those the lost or failed message brought) with ``code``."""
+        if not self.registered:
+            return
+        refused = [Finished(k, FinishReason.ERROR, code, message) for k in keys
+                   if type(k) is int and not self.wp.holds(k)]
+        if refused:
+            self.send(Iteration(finished=tuple(refused)))
+
+    def _welcome(self, msg: Welcome) -> None:
+        """Adopt the broker's identity, frame limit and heartbeat period."""
+        self.broker_id = msg.broker_id
+        self.max_send_bytes = msg.max_message_bytes
+        self.heartbeat_s = min(self.cfg.heartbeat_interval_s, msg.heartbeat_interval_s)
+        self.broker_liveness_s = max(self.cfg.broker_liveness_s, _BROKER_BEATS_PER_WINDOW * msg.heartbeat_interval_s)
+        self.welcomed = True
+
+    def _handle(self, msg: Message) -> None:
+        wp = self.wp
+        if isinstance(msg, Assign):
+            if self.registered:
+                refused = wp.assign(msg.requests)
+                if refused:
+                    self.send(Iteration(finished=tuple(refused)))
+        elif isinstance(msg, Cancel):
+            wp.cancel(msg.request_ids)
+        elif isinstance(msg, Heartbeat):
+            if msg.broker_id is not None and self.broker_id is not None and msg.broker_id != self.broker_id:
+                log.warning("the broker restarted: registering again")
+                self.reregister()
+        elif isinstance(msg, Welcome):
+            self._welcome(msg)
+            if not self.loaded:
+                log.info("broker %s knows this worker is loading model %r", msg.broker_id[:8], self.cfg.model)
+                return
+            # Every welcome starts a fresh registration on the broker's
+            # side (anything it assigned before is requeued there), so
+            # whatever this worker still holds is void.
+            wp.drop_all()
+            self.registered = True
+            log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], wp.name, self.cfg.num_slots)
+        elif isinstance(msg, Error):
+            if msg.code is ErrorCode.NOT_REGISTERED:
+                if self.welcomed:  # later ones answer messages sent before our Register / Loading
+                    log.warning("the broker does not know this worker (restarted?): registering again")
+                    self.registered = False
                     self.reregister()
-            elif isinstance(msg, Welcome):
-                # Every welcome starts a fresh registration on the broker's
-                # side (anything it assigned before is requeued there), so
-                # whatever this worker still holds is void.
-                wp.drop_all()
-                self.broker_id = msg.broker_id
-                self.registered = True
-                log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], wp.name,
-                         self.cfg.num_slots)
-            elif isinstance(msg, Error):
-                if msg.code is ErrorCode.NOT_REGISTERED:
-                    if self.registered:  # later ones answer messages sent before our Register
-                        log.warning("the broker does not know this worker (restarted?): registering again")
-                        self.reregister()
-                else:
-                    log.warning("broker error: %s: %s", msg.code.value, msg.message)
+            else:
+                log.warning("broker error: %s: %s", msg.code.value, msg.message)
 
 
 def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, model=None) -> None:
