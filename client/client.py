@@ -321,9 +321,9 @@ class Client:
         bound comes near the limit."""
         p = params.prompt
         if type(p) is str:
-            n = 4 * len(p)
+            n = 4 * len(p)  # UTF-8: 1 to 4 bytes a character
         elif type(p[0]) is int:
-            n = 9 * len(p)
+            n = 9 * len(p)  # msgpack: 1 to 9 bytes a token id
         else:  # chat messages
             n = sum(4 * (len(m.role) + len(m.content)) + 16 for m in p)
         for stop in params.stop_sequences:
@@ -331,9 +331,11 @@ class Client:
         limit = self._conn.max_send_bytes
         if n + _SIZE_SLACK <= limit:
             return
-        size = len(encode(Submit(self.model or "", (Envelope(_LONGEST_ID, params),))))
+        # Near the limit: the exact size, unless the prompt alone is surely over (1 byte a character or token).
+        size = len(p) if type(p) is str and len(p) > limit else \
+            len(encode(Submit(self.model or "", (Envelope(_LONGEST_ID, params),))))
         if size > limit:
-            raise ValueError(f"this request takes {size:,} bytes on the wire, more than the broker accepts in one "
+            raise ValueError(f"this request takes at least {size:,} bytes on the wire, more than the broker accepts in one "
                              f"message ({limit:,} bytes, its max_message_bytes): shorten the prompt, or raise the "
                              "broker's --max-message-bytes")
 

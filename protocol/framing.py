@@ -50,11 +50,12 @@ class Framed(NamedTuple):
 def fit(msg: Message, max_bytes: int) -> Framed:
     """Encode ``msg`` into frames of at most ``max_bytes`` bytes each.
 
-    A message over the limit (or that fails to encode) is split per request
-    (:func:`split`) and each part fitted again; the requests of a part keep
-    their relative order, and all the entries of one request (its tokens,
-    text and ending) stay in one part, in order. Parts that cannot be split
-    further are returned as :class:`Refused`. Raises nothing.
+    A message over the limit (or that fails to encode) is split
+    (:func:`split`) and each part fitted again: per request first (the
+    requests of a part keep their relative order), then one request's output
+    into consecutive parts (its ending in the last). Parts that cannot be
+    split further (one request's envelope, one ending) are returned as
+    :class:`Refused`. Raises nothing.
     """
     try:
         data = encode(msg)
@@ -93,10 +94,11 @@ def _fit_parts(msg: Message, max_bytes: int, framed: Framed, error: Exception | 
 
 
 def split(msg: Message) -> tuple[Message, Message] | None:
-    """Two messages that together say what ``msg`` says, each about part of
-    its requests (``submit``, ``assign``, ``cancel``, ``error``, ``iteration``,
-    ``results``); None when ``msg`` names fewer than two requests or is of
-    another kind."""
+    """Two messages that, sent in order, say what ``msg`` says: each about part
+    of its requests (``submit``, ``assign``, ``cancel``, ``error``,
+    ``iteration``, ``results``), or, for one request's ``iteration`` /
+    ``results``, each with part of its output. None when ``msg`` cannot be
+    split (one request's envelope or ending; another kind of message)."""
     t = type(msg)
     if t is Submit or t is Assign:
         reqs = msg.requests
@@ -117,7 +119,7 @@ def split(msg: Message) -> tuple[Message, Message] | None:
     if t is Iteration or t is Results:
         ids = request_ids(msg)
         if len(ids) < 2:
-            return None
+            return _split_one(msg) if ids else None
         first = set(ids[:len(ids) // 2])
         parts = []
         for keep in (first.__contains__, lambda r: r not in first):
@@ -126,6 +128,24 @@ def split(msg: Message) -> tuple[Message, Message] | None:
                            tuple(x for x in msg.texts if keep(x.request_id)),
                            tuple(f for f in msg.finished if keep(f.request_id))))
         return parts[0], parts[1]
+    return None
+
+
+def _split_one(msg: Iteration | Results) -> tuple[Message, Message] | None:
+    """Split one request's output in two consecutive parts, sent in order: the
+    first tokens and text pieces, then the rest with its ending (a client or
+    broker appends tokens and text as they come, so two parts say what one
+    did). A single text piece is split in two pieces of its characters."""
+    t = type(msg)
+    ids, tokens, texts, finished = msg.ids, msg.tokens, msg.texts, msg.finished
+    if len(ids) > 1 or len(texts) > 1:
+        h, k = len(ids) // 2, len(texts) // 2
+        return t(ids[:h], tokens[:h], texts[:k]), t(ids[h:], tokens[h:], texts[k:], finished)
+    if texts and len(texts[0].text) > 1:
+        (piece,) = texts
+        h = len(piece.text) // 2
+        return (t(ids, tokens, (piece._replace(text=piece.text[:h]),)),
+                t(texts=(piece._replace(text=piece.text[h:]),), finished=finished))
     return None
 
 

@@ -1,0 +1,141 @@
+"""Helpers for the blast-radius tests: a broker and workers on threads of the
+test process (so a test can inject a failure with monkeypatch), and a fake
+broker (a raw ROUTER socket the test drives) for the client's side."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import zmq
+
+from broker import BrokerConfig
+from broker.server import BrokerServer
+from protocol.codec import decode, encode
+from protocol.messages import CLIENT_TO_BROKER, Message, Welcome
+from worker import SimulatedLLM
+from worker.process import WorkerConfig, WorkerProcess
+
+ANY = "tcp://127.0.0.1:*"
+
+
+class ThreadWorker:
+    """A real worker (engine, I/O thread, sockets) on threads of this process."""
+
+    def __init__(self, backend: str, model=None, *, process_cls=WorkerProcess, **config) -> None:
+        config.setdefault("num_slots", 4)
+        self.config = WorkerConfig(broker=backend, **config)
+        self.stop = threading.Event()
+        self.wp = process_cls(self.config, SimulatedLLM() if model is None and "model" not in config else model)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"test-worker-{self.config.model}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.wp.run(self.stop)
+        except BaseException as e:  # noqa: BLE001 -- the test looks at it
+            self.error = e
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "worker thread did not stop"
+
+
+class ThreadCluster:
+    """A broker on a thread (``broker_options``: BrokerConfig fields) plus
+    workers added with :meth:`add_worker`. Use as a context manager."""
+
+    def __init__(self, **broker_options) -> None:
+        self.config = BrokerConfig(frontend=ANY, backend=ANY, **broker_options)
+        self.server = BrokerServer(self.config)
+        self.frontend, self.backend = self.server.frontend, self.server.backend
+        self.core = self.server.core
+        self.stop = threading.Event()
+        self.workers: list[ThreadWorker] = []
+        self.thread = threading.Thread(target=self.server.serve, args=(self.stop,), name="test-broker", daemon=True)
+        self.thread.start()
+
+    def add_worker(self, model=None, **config) -> ThreadWorker:
+        w = ThreadWorker(self.backend, model, **config)
+        self.workers.append(w)
+        return w
+
+    def __enter__(self) -> "ThreadCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for w in self.workers:
+            w.close()
+        self.stop.set()
+        self.thread.join(15)
+        self.server.close()
+
+
+class FakeBroker:
+    """A ROUTER socket the test drives as if it were the broker's frontend."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.client: bytes | None = None
+        self._welcome: Welcome | None = None
+        self._serving = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def serve_welcome(self, welcome: Welcome) -> None:
+        """Answer hellos with ``welcome`` on a thread until :meth:`take` is used."""
+        self._welcome = welcome
+        self._serving.set()
+        self._thread = threading.Thread(target=self._answer, daemon=True)
+        self._thread.start()
+
+    def _answer(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while self._serving.is_set():
+            if poller.poll(20):
+                identity, data = self.sock.recv_multipart()
+                self.client = identity
+                if decode(data, CLIENT_TO_BROKER).op.value == "hello":
+                    self.sock.send_multipart((identity, encode(self._welcome)))
+                    self._serving.clear()  # one welcome: the test takes over
+
+    def take(self, kind: type, timeout_s: float = 10.0) -> Message:
+        """The next message of type ``kind`` from the client (others skipped)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {kind.__name__} from the client"
+            if self.sock.poll(int(left * 1000)):
+                identity, data = self.sock.recv_multipart()
+                self.client = identity
+                msg = decode(data, CLIENT_TO_BROKER)
+                if isinstance(msg, kind):
+                    return msg
+
+    def send(self, data: bytes | Message) -> None:
+        self.sock.send_multipart((self.client, data if isinstance(data, bytes) else encode(data)))
+
+    def close(self) -> None:
+        self._serving.clear()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.sock.close(0)
+
+
+@contextmanager
+def fake_broker(welcome: Welcome):
+    fb = FakeBroker()
+    fb.serve_welcome(welcome)
+    try:
+        yield fb
+    finally:
+        fb.close()
