@@ -21,13 +21,17 @@ ANY = "tcp://127.0.0.1:*"
 
 
 class ThreadWorker:
-    """A real worker (engine, I/O thread, sockets) on threads of this process."""
+    """A real worker (engine, I/O thread, sockets) on threads of this process:
+    ``llm`` (a model object, default a SimulatedLLM) served under
+    ``config``'s model name, or with ``load`` the worker loads
+    ``config.model`` itself in ``run``."""
 
-    def __init__(self, backend: str, model=None, *, process_cls=WorkerProcess, **config) -> None:
+    def __init__(self, backend: str, llm=None, *, process_cls=WorkerProcess, load: bool = False,
+                 **config) -> None:
         config.setdefault("num_slots", 4)
         self.config = WorkerConfig(broker=backend, **config)
         self.stop = threading.Event()
-        self.wp = process_cls(self.config, SimulatedLLM() if model is None and "model" not in config else model)
+        self.wp = process_cls(self.config, None if load else SimulatedLLM() if llm is None else llm)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"test-worker-{self.config.model}", daemon=True)
         self.thread.start()
@@ -58,8 +62,8 @@ class ThreadCluster:
         self.thread = threading.Thread(target=self.server.serve, args=(self.stop,), name="test-broker", daemon=True)
         self.thread.start()
 
-    def add_worker(self, model=None, **config) -> ThreadWorker:
-        w = ThreadWorker(self.backend, model, **config)
+    def add_worker(self, llm=None, **config) -> ThreadWorker:
+        w = ThreadWorker(self.backend, llm, **config)
         self.workers.append(w)
         return w
 
