@@ -439,7 +439,6 @@ class BrokerCore:
         request the broker no longer holds ended in ``part`` (a message that was
         not delivered): its ending is recounted as this error."""
         finished = {f.request_id: f for f in getattr(part, "finished", ())}
-        r = out.result(identity)
         for rid in rids:
             key = self._by_client.get((identity, rid))
             if key is not None:
@@ -449,9 +448,15 @@ class BrokerCore:
             else:
                 f = finished.get(rid)
                 if f is not None:
+                    if f.finish_reason is FinishReason.ERROR:
+                        # Its error ending itself could not be sent: give up
+                        # rather than try forever (the client keeps waiting).
+                        log.error("cannot send the ending of request %r to client %s: %s", rid,
+                                  identity.hex()[:8], text)
+                        continue
                     self.counters[_COUNTER[f.finish_reason]] -= 1
-                self.counters["errors"] += 1
-            r.finished.append(Finished(rid, FinishReason.ERROR, code, text))
+                    self.counters["errors"] += 1
+            out.result(identity).finished.append(Finished(rid, FinishReason.ERROR, code, text))
 
     def _fail_on_worker(self, identity: bytes, keys: list, code: ErrorCode, text: str,
                         to_workers: dict[bytes, list[int]], out: _Outbox, *, cancel: bool) -> None:
@@ -781,6 +786,8 @@ class BrokerCore:
             hb = Heartbeat(broker_id=self.broker_id)
             for w in self.workers:
                 out.send(Side.BACKEND, w.identity, hb)
+            for identity in self.workers.loading:
+                out.send(Side.BACKEND, identity, hb)
             for identity in self.clients:
                 out.send(Side.FRONTEND, identity, hb)
         return out.done()

@@ -171,3 +171,37 @@ def test_every_ending_the_broker_decides_carries_a_code():
     seen.update(found)
     assert_says_why(seen)
     assert core.counters["cancelled"] == 0
+
+
+def test_the_broker_heartbeats_workers_still_loading_their_model():
+    """A loading worker hears the broker's heartbeat like a registered one
+    (else it would take the broker for lost and announce itself again every
+    broker liveness window while a long load runs)."""
+    core = make_core()
+    core.on_backend(b"loader", Loading("big", "l"), 0.0)
+    core.on_backend(W, Register("simulated", 1, 1, INFO, "w"), 0.0)
+    beats = {s.identity for s in core.tick(0.2) if s.side is Side.BACKEND and isinstance(s.message, Heartbeat)}
+    assert beats == {b"loader", W}
+
+
+def test_an_error_ending_that_cannot_be_sent_is_given_up_not_retried():
+    """An undeliverable part holding an ending that is itself an error (the
+    broker's refusal of a request it no longer holds): nothing more is sent
+    for it (another error ending could fail the same way, forever) and the
+    counters stay as they were; a non-error ending in such a part becomes an
+    error ending, counted once."""
+    core = make_core()
+    core.on_backend(W, Register("simulated", 2, 2, INFO, "w"), 0.0)
+    core.on_frontend(C, Submit("simulated", [envelope("a", [1], 9), envelope("b", [2], 9)]), 0.0)
+    keys = sorted(core.workers.get(W).inflight)
+    core.on_backend(W, Iteration(finished=[Finished(keys[0], FinishReason.ERROR, ErrorCode.INTERNAL, "x"),
+                                           Finished(keys[1], FinishReason.LENGTH)]), 0.1)
+    before = dict(core.counters)
+    assert before["errors"] == 1 and before["completed"] == 1
+    bad = Results(finished=[Finished("a", FinishReason.ERROR, ErrorCode.INTERNAL, "x")])
+    assert core.undeliverable(Side.FRONTEND, C, [Refused(bad, ErrorCode.TOO_LARGE, "too large")], 0.2) == []
+    assert dict(core.counters) == before
+    ok = Results(finished=[Finished("b", FinishReason.LENGTH)])
+    found = endings(core.undeliverable(Side.FRONTEND, C, [Refused(ok, ErrorCode.TOO_LARGE, "too large")], 0.2))
+    assert found == {"b": (FinishReason.ERROR, ErrorCode.TOO_LARGE)}
+    assert core.counters["completed"] == 0 and core.counters["errors"] == 2
