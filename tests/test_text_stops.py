@@ -113,8 +113,9 @@ def test_stream_is_decode_cut_at_first_match_and_holds_back_just_enough(codec, c
     assert (k, ts.text, hit) == (k_want, text_want, stop_want)
     assert "".join(pieces) == ts.text  # streamed pieces add up to the final text (so no streamed stop prefix)
 
-    # Resumed after any token (a migration, a resubmission): the same text, no gap, no duplicate.
-    r = len(tokens[:k]) * resume_pct // 100
+    # Resumed after any token before the last (a migration, a resubmission; a request that has its
+    # last token has ended): the same text, no gap, no duplicate, the same match.
+    r = (k - 1) * resume_pct // 100
     again = TextStream(codec, stops, include, resumed=tokens[:r])
     rest, hit2 = [], None
     for j, t in enumerate(tokens[r:k], r + 1):
