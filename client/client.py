@@ -2,7 +2,7 @@
 
 Threads: the caller's threads submit; the I/O thread (:mod:`client.connection`)
 owns the socket; a dispatcher thread applies incoming results to handles and
-runs ``on_token`` and ``callback`` -- never on the socket thread, so a slow
+runs ``on_token``, ``on_text`` and ``callback`` -- never on the socket thread, so a slow
 callback cannot stall the connection, and a callback may call
 ``submit_request`` or ``cancel``.
 
@@ -43,6 +43,11 @@ DEFAULT_ADDRESS = defaults.CLIENT_ENDPOINT
 _SHUTDOWN = object()
 _SIZE_SLACK = 4096  # bytes: a request's fields other than its prompt and stop sequences take less
 _LONGEST_ID = 2**64 - 1  # the request id that takes the most bytes as an int (a str id is checked apart)
+
+
+def _limits(info: ModelInfo | None) -> ModelLimits | None:
+    """The submit-time checks for a model the broker described (None: not served yet)."""
+    return None if info is None else ModelLimits(info.vocab_size, info.max_seq_len, info.has_tokenizer)
 
 
 class _Failed:
@@ -155,7 +160,8 @@ class Client:
     # ------------------------------------------------------------------ public API
 
     def submit_request(self, prompt, max_tokens, callback: Callable[[list], object] | None = None, *,
-                       on_token: Callable[[int], object] | None = None, request_id=None,
+                       on_token: Callable[[int], object] | None = None,
+                       on_text: Callable[[str], object] | None = None, request_id=None,
                        **options) -> ClientHandle:
         """Send one request; return its :class:`~client.handle.ClientHandle` at once.
 
@@ -168,24 +174,30 @@ class Client:
         chat template by the worker). ``stop_token`` omitted: the client's
         default. ``timeout_s`` counts from now. ``callback(seq)`` (prompt +
         generated tokens) runs exactly once at the end, whatever the
-        ``finish_reason``; ``on_token(token)`` runs per token, in order. Both
-        run on the client's callback thread.
+        ``finish_reason``; ``on_token(token)`` runs per token, in order;
+        ``on_text(piece)`` (models with a tokenizer) with each piece of text
+        the worker released, after the tokens that came with it -- the pieces
+        add up to ``handle.text`` and never show a prefix of a stop string
+        (``stop``) that may still match. All run on the client's callback thread.
 
         Raises ValueError on bad input (anything the wire could not carry
-        included) or a ``request_id`` already in flight on this client,
+        included; :class:`~protocol.errors.UnsupportedError` for text -- a
+        text prompt, ``stop`` strings -- when the model is known to have no
+        tokenizer) or a ``request_id`` already in flight on this client,
         TypeError for an unknown option, RuntimeError after ``close()``; in
         every case nothing is sent.
         """
         return self.submit(RequestParams(prompt, max_tokens, **options), callback, on_token=on_token,
-                           request_id=request_id)
+                           on_text=on_text, request_id=request_id)
 
     def submit(self, params: RequestParams, callback: Callable[[list], object] | None = None, *,
-               on_token: Callable[[int], object] | None = None, request_id=None) -> ClientHandle:
+               on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,
+               request_id=None) -> ClientHandle:
         """Send a request built already (:class:`~protocol.request.RequestParams`);
         otherwise as :meth:`submit_request`."""
         if params.stop_token == DEFAULT and self.stop_token != DEFAULT:
             params = params._replace(stop_token=self.stop_token)  # the client's default (a new object)
-        for n, fn in (("callback", callback), ("on_token", on_token)):
+        for n, fn in (("callback", callback), ("on_token", on_token), ("on_text", on_text)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{n} must be callable or None, got {type(fn).__name__}")
         if self.model is None:
@@ -207,7 +219,7 @@ class Client:
             elif rid in self._handles:
                 raise ValueError(f"request_id {rid!r} is already in flight on this client; "
                                  "use a new id, or cancel the old request first")
-            h = ClientHandle(rid, params, callback, on_token, time.monotonic(), self)
+            h = ClientHandle(rid, params, callback, on_token, time.monotonic(), self, on_text)
             self._handles[rid] = h
             self._outstanding += 1
         self._conn.submit([Envelope(rid, params)])
@@ -302,9 +314,7 @@ class Client:
         names = sorted(set(self.models) | set(self.loading))
         if len(names) == 1:
             self.model = self._conn.model = names[0]
-            info = self.models.get(names[0])
-            if info is not None:
-                self._limits = ModelLimits(info.vocab_size, info.max_seq_len)
+            self._limits = _limits(self.models.get(names[0]))
             return names[0]
         if names:
             raise ValueError(f"the broker at {self.address} serves several models ({', '.join(names)}): "
@@ -375,33 +385,41 @@ class Client:
         self._inbox.put(_Broken(None, error))
 
     def _apply_plain(self, msg: Results) -> Results | None:
-        """Apply ``msg`` to handles with no callback and no ``on_token``;
-        return the rest (None when nothing is left)."""
+        """Apply ``msg`` to handles with no callback, ``on_token`` or ``on_text``
+        (tokens, then text, then the ending); return the rest (None when nothing is left)."""
         handles = self._handles
         now = time.monotonic()
-        ids, tokens, finished = [], [], []
+        ids, tokens, texts, finished = [], [], [], []
         for rid, t in zip(msg.ids, msg.tokens):
             h = handles.get(rid)
             if h is None:
                 continue
-            if h.callback is None and h.on_token is None:
+            if h.callback is None and h.on_token is None and h.on_text is None:
                 if h.first_token_s is None:
                     h.first_token_s = now
                 h._tokens.append(t)
             else:
                 ids.append(rid)
                 tokens.append(t)
+        for entry in msg.texts:
+            h = handles.get(entry.request_id)
+            if h is None:
+                continue
+            if h.callback is None and h.on_token is None and h.on_text is None:
+                h._text.append(entry.text)
+            else:
+                texts.append(entry)
         for f in msg.finished:
             h = handles.get(f.request_id)
             if h is None:
                 continue
-            if h.callback is None and h.on_token is None and not msg.texts:
+            if h.callback is None and h.on_token is None and h.on_text is None:
                 self._finish_entry(h, f)
             else:
                 finished.append(f)
-        if not (ids or finished or msg.texts):  # (texts are rare: text prompts; the callback thread's)
+        if not (ids or finished or texts):
             return None
-        return Results(tuple(ids), tuple(tokens), msg.texts, tuple(finished))
+        return Results(tuple(ids), tuple(tokens), tuple(texts), tuple(finished))
 
     # ------------------------------------------------------------------ dispatcher thread
 
@@ -438,8 +456,7 @@ class Client:
             self.models = msg.models
             self.loading = msg.loading
             self._grace_end_s = time.monotonic() + msg.register_grace_s
-            info = msg.models.get(self.model) if self.model is not None else None
-            self._limits = None if info is None else ModelLimits(info.vocab_size, info.max_seq_len)
+            self._limits = _limits(msg.models.get(self.model) if self.model is not None else None)
             if self.model is None and len(set(msg.models) | set(msg.loading)) == 1:
                 self._resolve_model(wait=True)
             self._models_changed.notify_all()
@@ -495,8 +512,16 @@ class Client:
                     self._conn.cancel([rid])
         for rid, text in msg.texts:
             h = handles.get(rid)
-            if h is not None and h._text is not None:
-                h._text.append(text)
+            if h is None:
+                continue
+            h._text.append(text)
+            if h.on_text is not None and h._stream_error is None:
+                try:
+                    h.on_text(text)
+                except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+                    log.warning("on_text of request %r raised", rid, exc_info=e)
+                    h._stream_error = e
+                    self._conn.cancel([rid])
         for f in msg.finished:
             h = handles.get(f.request_id)
             if h is not None:
@@ -552,6 +577,11 @@ class Client:
             self._outstanding -= 1
             if self._waiters or not self._outstanding:
                 self._idle.notify_all()
+
+    def _has_tokenizer(self) -> bool:
+        """For handles: whether this client's model is known to have a tokenizer."""
+        info = self.models.get(self.model)
+        return info is not None and info.has_tokenizer
 
     def _wait_done(self, h: ClientHandle, timeout: float | None) -> None:
         """For ``handle.result()``: block until ``h`` is done (TimeoutError)."""

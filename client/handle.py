@@ -15,19 +15,22 @@ class ClientHandle(RequestHandle):
     Here ``error`` is a :class:`~client.RemoteError` with a ``code`` when the
     cluster ended the request with an error; ``prompt`` is None for text and
     chat prompts (the worker tokenises them; ``usage.prompt_tokens`` arrives
-    with the end); timings are on the client's monotonic clock, queueing included.
+    with the end); ``text`` is the pieces the worker released, joined (None
+    while the model is not known to have a tokenizer and no text came);
+    timings are on the client's monotonic clock, queueing included.
     """
 
-    __slots__ = ("callback", "on_token", "_tokens", "_text", "_stream_error", "_owner")
+    __slots__ = ("callback", "on_token", "on_text", "_tokens", "_text", "_stream_error", "_owner")
 
     def __init__(self, request_id: RequestId, params: RequestParams, callback: Callable | None,
-                 on_token: Callable | None, submitted_s: float, owner) -> None:
+                 on_token: Callable | None, submitted_s: float, owner, on_text: Callable | None = None) -> None:
         token_prompt = params.is_token_prompt
         super().__init__(request_id, params, submitted_s, len(params.prompt) if token_prompt else None)
         self.callback = callback
         self.on_token = on_token
+        self.on_text = on_text
         self._tokens: list[int] = []
-        self._text: list[str] | None = None if token_prompt else []
+        self._text: list[str] = []
         self._stream_error: BaseException | None = None
         self._owner = owner
 
@@ -37,7 +40,12 @@ class ClientHandle(RequestHandle):
 
     @property
     def text(self) -> str | None:
-        return None if self._text is None else "".join(self._text)
+        if self._text:
+            return "".join(self._text)
+        # None only for a model without a tokenizer (text prompts and stop strings need one)
+        text = not self.params.is_token_prompt or self.params.stop or (
+            self._owner is not None and self._owner._has_tokenizer())
+        return "" if text else None
 
     def _wait(self, timeout: float | None) -> None:
         if not self._owner._delivering_now(self):

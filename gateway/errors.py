@@ -95,6 +95,7 @@ _PARAMS = {
     "prompt": "prompt", "max_tokens": "max_tokens", "stop_token": "stop_token_ids",
     "stop_sequences": "stop", "priority": "priority", "timeout_s": "timeout_s", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "seed": "seed", "chat": "messages", "messages": "messages",
+    "stop": "stop", "min_tokens": "min_tokens", "include_stop_str_in_output": "include_stop_str_in_output",
 }
 _FIRST_WORD = re.compile(r"[A-Za-z_]+")
 
@@ -106,9 +107,11 @@ def param_of(message: str, default: str | None = None) -> str | None:
 
 
 def from_value_error(e: ValueError, default_param: str | None = None) -> APIError:
-    """A request the client SDK refused at submission (400, the SDK's message)."""
+    """A request the client SDK refused at submission (400, the SDK's message; the
+    code is the error's own when it has one, e.g. ``unsupported``, as a worker's refusal would say)."""
     msg = str(e)
-    return bad_request(msg, param_of(msg, default_param))
+    code = getattr(e, "code", None)
+    return bad_request(msg, param_of(msg, default_param), code.value if isinstance(code, ErrorCode) else "invalid_value")
 
 
 def from_remote(code: ErrorCode, message: str, prompt_param: str = "prompt") -> APIError:

@@ -27,7 +27,7 @@ from gateway.errors import APIError, bad_request, from_remote, from_validation, 
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
-from gateway.options import request_options
+from gateway.options import for_choice, request_options
 from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from protocol.enums import FinishReason
@@ -205,7 +205,7 @@ class Generate:
                     g = Generation(i * n + c, call.signal)
                     call.gens.append(g)
                     g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
-                                                     **options.for_choice(c))
+                                                     **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
             raise from_value_error(e, prompt_param) from None
@@ -283,7 +283,8 @@ class Generate:
                             yield DONE
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
-                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first)],
+                stop_reason = g.handle.stop_reason if d.finished else None
+                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first, stop_reason)],
                                 with_usage=include_usage)
                 first.discard(g.index)
             if pending:

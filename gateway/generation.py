@@ -56,8 +56,8 @@ class Signal:
 @dataclass(slots=True)
 class Delta:
     """What a :class:`Generation` produced since the last :meth:`Generation.take`:
-    ``tokens`` (new token ids), ``text`` (new text, ``""`` for token-id
-    prompts), and ``finished`` (True once, with the last delta)."""
+    ``tokens`` (new token ids), ``text`` (new text, ``""`` for a model
+    without a tokenizer), and ``finished`` (True once, with the last delta)."""
 
     tokens: list[int]
     text: str

@@ -5,16 +5,18 @@ completion object", "The chat completion chunk object"): ``id``,
 ``object``, ``created`` (Unix seconds), ``model``, ``choices``, ``usage``.
 Each choice also carries ``token_ids`` (vLLM's name): the generated token
 ids of that choice (of the delta, in a stream chunk) -- the only output of a
-model without a tokenizer, and of a token-id prompt (the worker decodes
-text only for text and chat prompts today).
+model without a tokenizer -- and, as vLLM, ``stop_reason``: the stop string
+(str) or stop token (int) that ended it, else null (a token-id stop sequence
+appears as its list of ids).
 
 finish_reason: slotserve ends a request in five ways; OpenAI has two that apply.
 
 ==============  ====================================================================
 slotserve       HTTP
 ==============  ====================================================================
-``stop``        ``"stop"``: a stop token or stop sequence (in ``token_ids``; special
-                tokens such as EOS are left out of the text, as vLLM does)
+``stop``        ``"stop"``: a stop string (the text ends before it, unless
+                ``include_stop_str_in_output``), a stop token or a stop sequence (in
+                ``token_ids``; special tokens such as EOS are left out of the text, as vLLM does)
 ``length``      ``"length"`` (``max_tokens`` reached)
 ``deadline``    ``"length"``: ``timeout_s`` passed; like ``max_tokens``, a limit the
                 caller set cut the output short (the tokens so far are returned)
@@ -82,10 +84,11 @@ class Envelope:
             choices = [{"index": g.index, "message": {"role": "assistant", "content": g.handle.text or "",
                                                       "refusal": None},
                         "logprobs": None, "finish_reason": finish_reason(g.finish_reason),
-                        "token_ids": g.handle.tokens} for g in gens]
+                        "stop_reason": g.handle.stop_reason, "token_ids": g.handle.tokens} for g in gens]
         else:
             choices = [{"index": g.index, "text": g.handle.text or "", "logprobs": None,
-                        "finish_reason": finish_reason(g.finish_reason), "token_ids": g.handle.tokens}
+                        "finish_reason": finish_reason(g.finish_reason), "stop_reason": g.handle.stop_reason,
+                        "token_ids": g.handle.tokens}
                        for g in gens]
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": usage(gens, prompts)}
@@ -100,12 +103,15 @@ class Envelope:
         return sse(body)
 
     def delta_choice(self, index: int, tokens: list[int], text: str, reason: str | None,
-                     first: bool) -> dict:
-        """One choice of a stream chunk (``first``: a chat choice's first chunk carries the role)."""
+                     first: bool, stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
+        """One choice of a stream chunk (``first``: a chat choice's first chunk carries the role;
+        ``stop_reason``: what stopped it, on its last chunk)."""
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": reason, "token_ids": tokens}
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": reason,
+                    "stop_reason": stop_reason, "token_ids": tokens}
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason, "token_ids": tokens}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason,
+                "stop_reason": stop_reason, "token_ids": tokens}
 
 
 def sse(body: dict) -> bytes:

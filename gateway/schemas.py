@@ -71,6 +71,7 @@ class _Sampling(BaseModel):
     top_k: int | None = None                  # 0 or -1: off
     min_tokens: int | None = Field(default=None, ge=0)
     priority: int | None = None               # lower runs first
+    include_stop_str_in_output: bool | None = None  # the text ends after a matched stop string
     stop_token_ids: list[int] | None = None   # added to the model's EOS tokens
     ignore_eos: bool | None = None            # True: the model's EOS tokens do not stop
     timeout_s: float | None = None            # deadline, seconds from arrival

@@ -1,4 +1,4 @@
-"""The protocol's exception: what decoding a bad message raises."""
+"""The protocol's exceptions: what decoding a bad message raises, and a request a model cannot serve."""
 
 from __future__ import annotations
 
@@ -19,3 +19,14 @@ class ProtocolError(Exception):
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+
+
+class UnsupportedError(ValueError):
+    """The request asks for something this model cannot do -- a text prompt or
+    text stop strings for a model without a tokenizer; nothing was queued.
+
+    Raised at submission by the engine, and by a client that knows the model;
+    on the wire it is the error code ``unsupported``.
+    """
+
+    code = ErrorCode.UNSUPPORTED

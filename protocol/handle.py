@@ -32,11 +32,15 @@ class RequestHandle:
     - ``prompt``: the prompt's token ids (a list) when known, else None
       (a text prompt seen from a client).
     - ``tokens``: tokens generated so far, resumed ones included (a list copy).
-    - ``text``: generated text so far for text and chat prompts (special
-      tokens left out), else None.
+    - ``text``: when the model has a tokenizer, the generated text: the
+      decode of ``tokens`` (special tokens left out), cut before a matched
+      stop string (after it with ``include_stop_str_in_output``). While the
+      request runs, the text released so far (never a prefix of a stop
+      string that may still match; see :mod:`worker.text`). None for models
+      without a tokenizer.
     - ``finish_reason``: None until the request ends, then a :class:`FinishReason`.
-    - ``stop_reason``: for ``"stop"``, the stop token (int) or stop sequence
-      (tuple) that matched, as vLLM's ``stop_reason``; else None.
+    - ``stop_reason``: for ``"stop"``, the stop token (int), stop sequence
+      (tuple) or stop string (str) that matched, as vLLM's ``stop_reason``; else None.
     - ``error``: None, or the exception that ended the request (or that its
       completion callback raised).
     - ``usage``: :class:`Usage`; ``prompt_tokens`` is its first half.
@@ -57,7 +61,7 @@ class RequestHandle:
         self.finished_s: float | None = None
         self._prompt_tokens = prompt_tokens
         self._finish_reason: FinishReason | None = None
-        self._stop_reason: int | tuple[int, ...] | None = None
+        self._stop_reason: int | tuple[int, ...] | str | None = None
         self._error: BaseException | None = None
         self._done = False
 
@@ -86,7 +90,7 @@ class RequestHandle:
         return self._finish_reason
 
     @property
-    def stop_reason(self) -> int | tuple[int, ...] | None:
+    def stop_reason(self) -> int | tuple[int, ...] | str | None:
         return self._stop_reason
 
     @property

@@ -115,7 +115,8 @@ class Finished(NamedTuple):
     - ``message``: human-readable detail for an error, else ``None``.
     - ``prompt_tokens``: prompt length in tokens when the worker knows it
       (text prompts are tokenised there), else ``None``.
-    - ``stop_reason``: for ``stop``, the stop token (int) or stop sequence (ids) that matched.
+    - ``stop_reason``: for ``stop``, the stop token (int), stop sequence (ids) or text stop
+      string (str) that matched, as vLLM's ``stop_reason``.
 
     The request's last tokens travel in the same message's ``ids``/``tokens``.
     """
@@ -125,11 +126,15 @@ class Finished(NamedTuple):
     code: ErrorCode | None = None
     message: str | None = None
     prompt_tokens: int | None = None
-    stop_reason: int | tuple[int, ...] | None = None
+    stop_reason: int | tuple[int, ...] | str | None = None
 
 
 class Text(NamedTuple):
-    """Newly completed text of one request (text and chat prompts only)."""
+    """Newly released text of one request (models with a tokenizer), sent in the
+    same message as the tokens it belongs to. The pieces of a request add up to
+    its ``text`` (see :mod:`worker.text`): after any number of tokens they are
+    the same function of those tokens, whichever worker produced them, so a
+    request that moves to another worker continues its text without a gap."""
 
     request_id: RequestId
     text: str
@@ -283,7 +288,7 @@ class _TokenBatch(_Message):
       of request ``ids[i]``; a request appears once per iteration (more often
       only if it generated several tokens, in order). Flat sequences keep
       decoding at C speed.
-    - ``texts``: newly completed text per request (text prompts only).
+    - ``texts``: newly released text per request (models with a tokenizer).
     - ``finished``: requests that ended; their final tokens are in this message.
     """
 

@@ -34,12 +34,14 @@ from array import array as _array
 from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
+from protocol.errors import UnsupportedError
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
 )
 
-__all__ = ["DEFAULT", "GREEDY", "MAX_REQUEST_ID_CHARS", "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId",
-           "RequestParams", "SamplingParams", "check_request_id", "check_stop_token"]
+__all__ = ["DEFAULT", "GREEDY", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "ROW_ALIASES",
+           "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id",
+           "check_stop_token"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -49,6 +51,16 @@ means *no* stop token, and ``0`` is a real token."""
 
 MAX_REQUEST_ID_CHARS = 256
 """Longest ``str`` request id, in characters (ids travel in every message)."""
+
+MAX_STOP_STRINGS = 16
+"""Most text stop strings per request. Matching costs every generated character
+one step per stop string, in the batch's loop, so the bound keeps one
+request from slowing its neighbours (OpenAI allows 4, as does TGI by default;
+vLLM sets no bound)."""
+
+MAX_STOP_CHARS = 1024
+"""Longest text stop string, in characters (streamed text holds back up to one
+less than this while it may be the start of a stop string)."""
 
 RequestId = Union[int, str]
 """A request id: an ``int`` in the wire's range, or a non-empty ``str`` of at
@@ -175,6 +187,36 @@ def _stop_sequences(value: object, field: str) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
+def _stop_strings(value: object, field: str) -> tuple[str, ...]:
+    if isinstance(value, str):  # one stop string (OpenAI's "stop": "\n")
+        value = (value,)
+    elif value is None:
+        return ()
+    elif not is_sequence(value):
+        raise ValueError(f"{field} must be a str or a list of str, got {type(value).__name__}")
+    out: list[str] = []
+    for i, text in enumerate(value):  # type: ignore[arg-type]
+        if not isinstance(text, str):
+            hint = " (token-id sequences go in stop_sequences)" if is_sequence(text) else ""
+            raise ValueError(f"{field}[{i}] must be a str, got {type(text).__name__}{hint}")
+        text = as_text(text, f"{field}[{i}]", allow_empty=False)
+        if len(text) > MAX_STOP_CHARS:
+            raise ValueError(f"{field}[{i}] has {len(text)} characters; at most {MAX_STOP_CHARS} are allowed")
+        if text not in out:
+            out.append(text)
+    if len(out) > MAX_STOP_STRINGS:
+        raise ValueError(f"{field} holds {len(out)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    return tuple(out)
+
+
+def _flag(value: object, field: str) -> bool:
+    if type(value) is bool:
+        return value
+    if type(value).__name__ == "bool_":  # numpy's
+        return bool(value)
+    raise ValueError(f"{field} must be true or false, got {type(value).__name__} {value!r:.50}")
+
+
 def _timeout(value: object, field: str) -> float | None:
     if value is None:
         return None
@@ -239,8 +281,15 @@ class _Fields(NamedTuple):
     seed: Annotated[int | None, _seed] = GREEDY.seed
     # >= 0, or None (unseeded).
     min_tokens: Annotated[int, _count(0)] = 0
-    # generated tokens (resumed ones included) before a stop token or stop sequence may end the
-    # request, as vLLM's min_tokens; <= max_tokens.
+    # generated tokens (resumed ones included) before a stop token, stop sequence or stop string may
+    # end the request, as vLLM's min_tokens; <= max_tokens.
+    stop: Annotated[tuple[str, ...], _stop_strings] = ()
+    # text stop strings (a str or a list; at most MAX_STOP_STRINGS, each 1..MAX_STOP_CHARS characters),
+    # matched on the generated text -- the decode of the generated tokens -- wherever a match starts and
+    # however many tokens it spans: the request ends "stop" (stop_reason = the string) and its text
+    # ends before the string. Needs a model with a tokenizer. Matched in the worker (worker/text.py).
+    include_stop_str_in_output: Annotated[bool, _flag] = False
+    # True: the text ends after the matched stop string instead (vLLM's option of this name).
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -250,9 +299,10 @@ _CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _
 """(name, check, default) per field; a value that *is* the default needs no check."""
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
 
-ROW_ALIASES = {"messages": "prompt", "stop": "stop_sequences"}
+ROW_ALIASES = {"messages": "prompt"}
 """Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
-as in OpenAI's API) for ``prompt``, ``"stop"`` for ``stop_sequences``."""
+as in OpenAI's API) for ``prompt``. (A row's ``"stop"`` is shared out by
+entry, see :meth:`RequestParams.from_mapping`.)"""
 
 
 class RequestParams(_Fields):
@@ -300,8 +350,16 @@ class RequestParams(_Fields):
     def from_mapping(cls, fields: Mapping[str, Any]) -> RequestParams:
         """Build from a JSON-like mapping such as a ``slotserve run`` row (without its
         ``id``): keys are field names or their :data:`ROW_ALIASES`; ``"messages"``
-        must hold chat messages. ValueError for unknown, duplicate or missing keys."""
+        must hold chat messages. ValueError for unknown, duplicate or missing keys.
+
+        ``"stop"`` takes what OpenAI's (and slotserve's HTTP) ``stop`` takes:
+        a string, or a list whose entries are strings (text stop strings, the
+        ``stop`` field) or lists of token ids (``stop_sequences``, what a row's
+        ``"stop"`` has always meant), in any mix: ``"stop": ["\\n\\n", [13, 13]]``.
+        """
         kwargs: dict[str, Any] = {}
+        if "stop" in fields:
+            fields = {**fields, **_split_stop(fields["stop"], "stop_sequences" in fields)}
         for key, value in fields.items():
             name = ROW_ALIASES.get(key, key)
             if name not in _NAMES:
@@ -344,22 +402,45 @@ class RequestParams(_Fields):
         return out
 
 
+def _split_stop(value: object, has_sequences: bool) -> dict[str, Any]:
+    """A row's ``"stop"``: strings -> ``stop``, lists of token ids -> ``stop_sequences``."""
+    if isinstance(value, str) or not is_sequence(value):
+        return {"stop": value}  # (the field's check says what is wrong with a non-list)
+    texts, sequences = [], []
+    for i, entry in enumerate(value):  # type: ignore[arg-type]
+        if isinstance(entry, str):
+            texts.append(entry)
+        elif is_sequence(entry):
+            sequences.append(entry)
+        else:
+            raise ValueError(f"stop[{i}] must be a str (a text stop string) or a list of token ids (a stop "
+                             f"sequence), got {type(entry).__name__} (for one sequence of ids pass [[...]])")
+    if sequences and has_sequences:
+        raise ValueError("give token-id stop sequences in one of ['stop', 'stop_sequences'], not both")
+    return {"stop": texts, **({"stop_sequences": sequences} if sequences else {})}
+
+
 class ModelLimits:
-    """What a model accepts: token ids in ``[0, vocab_size)`` and prompt +
-    ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded). Built once
-    per model (an engine, a client that knows the model); immutable."""
+    """What a model accepts: token ids in ``[0, vocab_size)``, prompt +
+    ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded), and text
+    (text or chat prompts, text stop strings) only when ``has_tokenizer``
+    (None: unknown, not checked). Built once per model (an engine, a client
+    that knows the model); immutable."""
 
-    __slots__ = ("vocab_size", "max_seq_len", "_token_ids")
+    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "_token_ids")
 
-    def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None) -> None:
+    def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None,
+                 has_tokenizer: bool | None = None) -> None:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
+        self.has_tokenizer = has_tokenizer
         # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
         # faster than max() (measured); none past 2**18 ids (the set's memory).
         self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
 
     def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
-        """ValueError when ``params`` cannot run on this model. ``prompt_len``: the
+        """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
+        a ValueError, when it needs a tokenizer the model lacks). ``prompt_len``: the
         prompt's length in tokens when it is text (known once tokenised; None
         skips the context check for text)."""
         vocab_size = self.vocab_size
@@ -368,6 +449,11 @@ class ModelLimits:
             prompt_len = len(prompt)
             if vocab_size is not None and not (self._token_ids is not None and self._token_ids.issuperset(prompt)):
                 check_vocab(prompt, "prompt", vocab_size)
+        elif self.has_tokenizer is False:
+            raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        if params.stop and self.has_tokenizer is False:
+            raise UnsupportedError("stop strings need a model with a tokenizer, and this one has none: give "
+                                   "token-id stop sequences (stop_sequences) instead")
         if vocab_size is not None and (params.stop_sequences or type(params.stop_token) is tuple):
             if type(params.stop_token) is tuple:
                 check_vocab(params.stop_token, "stop_token", vocab_size)

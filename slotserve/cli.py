@@ -355,11 +355,13 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
     messages), "max_tokens", and optionally any other request parameter:
-    "stop_token", "stop" (list of token-id lists), "priority", "timeout_s",
+    "stop_token", "stop" (a string, or a list of text stop strings and/or
+    token-id lists: ["\\n\\n", [13, 13]]), "priority", "timeout_s",
     the sampling parameters (the README lists them all).
     A row without "id" gets its line number (from 1) as id; ids must be
     unique (a later row reusing one gets an error row).
-    Results: {"id", "tokens", "finish_reason", "usage", "text"?, "error"?},
+    Results: {"id", "tokens", "finish_reason", "usage", "text"?,
+    "stop_reason"?, "error"?},
     each written and flushed as its request ends (completion order).
     Without --broker an embedded broker and workers are started and stopped.
 

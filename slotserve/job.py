@@ -4,7 +4,11 @@ Input rows (one JSON object per line, UTF-8; a byte-order mark, CRLF line
 ends and blank lines are fine)::
 
     {"id": any, "prompt": [token ids] | "text" (or "messages": [chat messages]), "max_tokens": int,
-     optional: any other field of protocol.request.RequestParams ("stop" for "stop_sequences")}
+     optional: any other field of protocol.request.RequestParams}
+
+``"stop"`` is OpenAI's: a string, or a list of text stop strings and/or
+token-id lists (``"stop": ["\n\n", [13, 13]]``): strings are text stop strings
+(the ``stop`` field), id lists are stop sequences (``stop_sequences``).
 
 A row without an ``id`` (or with ``"id": null``) gets its line number (an
 int, counting from 1, blank lines included) as its id. Ids are unique within
@@ -16,7 +20,8 @@ match on ``id``)::
 
     {"id", "tokens": generated ids only, "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens"},
-     "error": {"code", "message"} when there is one, "text" for text prompts}
+     "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"),
+     "error": {"code", "message"} when there is one, "text" when the model has a tokenizer}
 
 A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
 an error row (code ``bad_request``, with the line number as id when the row
@@ -250,14 +255,14 @@ class Job:
         if self.bar is not None:
             self.bar.update(1)
 
-    def bad_row(self, n: int, row_id: Any, message: str) -> None:
+    def bad_row(self, n: int, row_id: Any, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
         """Write the error row of input line ``n`` (not once the job is stopped)."""
         with self.cond:
             if self._refused_when_stopped(n):
                 return
             self.write({"id": row_id, "tokens": [], "finish_reason": FinishReason.ERROR.value,
                         "usage": {"prompt_tokens": 0, "completion_tokens": 0},
-                        "error": {"code": ErrorCode.BAD_REQUEST.value, "message": message}})
+                        "error": {"code": code.value, "message": message}})
 
     def _refused_when_stopped(self, n: int) -> bool:  # under self.cond
         if self.stopped is None:
@@ -312,8 +317,8 @@ class Job:
                     return
                 self.handles[n] = self.client.submit(params, lambda seq, rid=n: self.done(rid), request_id=n)
                 self.rows[n] = row_id
-        except ValueError as e:
-            self.bad_row(n, row_id, f"line {n}: {e}")
+        except ValueError as e:  # (e.g. UnsupportedError: text for a model without a tokenizer)
+            self.bad_row(n, row_id, f"line {n}: {e}", getattr(e, "code", ErrorCode.BAD_REQUEST))
 
     def done(self, rid: int) -> None:
         """The request's callback (client callback thread)."""
@@ -337,6 +342,8 @@ class Job:
                "usage": {"prompt_tokens": h.usage.prompt_tokens or 0, "completion_tokens": len(tokens)}}
         if h.text is not None:
             out["text"] = h.text
+        if h.stop_reason is not None:
+            out["stop_reason"] = h.stop_reason
         if err is not None:
             code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
             out["error"] = {"code": code, "message": str(err)}

@@ -15,8 +15,9 @@ import zmq
 from conftest import envelope, wait_until
 
 from broker import BrokerConfig
-from client import Client, RemoteError
+from client import Client
 from protocol.codec import decode, encode
+from protocol.errors import UnsupportedError
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import PROTOCOL_VERSION, Error, Results, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
@@ -137,8 +138,12 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
                     c.submit_request([1, 2], 0)
                 with pytest.raises(ValueError):
                     c.submit_request([1, 2], 5, stop_sequences=[[]])
-        # Text prompt: the simulated model has no tokenizer -> answered with a code.
-        text = c.submit_request("hello", 5)
+        # Text (a prompt, stop strings): the simulated model has no tokenizer. The client knows it
+        # from the welcome and refuses at once; a peer that sends it anyway is answered with a code.
+        for kw in ({"prompt": "hello"}, {"prompt": [1, 2], "stop": ["x"]}):
+            with pytest.raises(UnsupportedError) as refused:
+                c.submit_request(max_tokens=5, **kw)
+            assert refused.value.code is ErrorCode.UNSUPPORTED and "tokenizer" in str(refused.value)
         # Raw frames from a second peer: garbage and semantically bad requests.
         ctx = zmq.Context.instance()
         raw = ctx.socket(zmq.DEALER)
@@ -151,7 +156,8 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
             # alone), one the worker refuses (outside the vocabulary), one fine.
             raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated", "requests": [
                 ["neg", [[-1, 2], 4]], ["zero", [[1], 0]], ["resume", [[1], 2], [3, 4]],
-                ["vocab", [[1, 5000], 2]], ["fine", [[5, 6], 3]]]}))
+                ["vocab", [[1, 5000], 2]], ["fine", [[5, 6], 3]], ["text", ["hello", 5]],
+                ["stops", [[1, 2], 5, "default", [], 0, None, 0.0, 1.0, 0, None, 0, ["x"]]]]}))
             raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated",
                                     "requests": [["typed", "not params", [], None, "extra"]]}))
             replies = []
@@ -159,7 +165,7 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
             poller = zmq.Poller()
             poller.register(raw, zmq.POLLIN)
             deadline = time.monotonic() + 20
-            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 5) \
+            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 7) \
                     and time.monotonic() < deadline:
                 if poller.poll(100):
                     msg = decode(raw.recv())
@@ -176,8 +182,8 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
         assert finished[rid].finish_reason is FinishReason.ERROR and finished[rid].code is ErrorCode.BAD_REQUEST
         assert finished[rid].message
     assert finished["fine"].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    assert text.finish_reason is FinishReason.ERROR
-    assert isinstance(text.error, RemoteError) and text.error.code is ErrorCode.UNSUPPORTED
+    for rid in ("text", "stops"):
+        assert finished[rid].finish_reason is FinishReason.ERROR and finished[rid].code is ErrorCode.UNSUPPORTED
     assert [(h.result(), h.finish_reason) for h in handles] == expected
 
 

@@ -113,6 +113,71 @@ def test_text_completion_equals_the_python_client(oai, cluster, text_model):
     assert r.usage.prompt_tokens == prompt_tokens > 0 and r.usage.completion_tokens == len(tokens)
 
 
+def test_text_of_a_token_id_prompt(oai, cluster, text_model):
+    r = oai.completions.create(model=text_model, prompt=[5, 6, 7], max_tokens=12, temperature=0)
+    tokens, text, _, _ = python_client_result(cluster, text_model, [5, 6, 7], 12)
+    assert r.choices[0].token_ids == tokens and r.choices[0].text == text == tokenizer(text_model).decode(tokens)
+
+
+# ---------------------------------------------------------------------- text stop strings
+
+
+def tokenizer(model_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+
+
+def stop_spanning_tokens(tok, tokens, text) -> str:
+    """A stop string from the middle of ``text`` that lies in no single token (so it spans
+    several), away from broken characters."""
+    singles = [tok.decode([t]) for t in tokens]
+    for at in range(len(text) // 4, len(text) - 6):
+        stop = text[at:at + 5]
+        if "\ufffd" not in text[at - 1:at + 6] and not any(stop in s for s in singles):
+            return stop
+    raise AssertionError(f"no stop string to pick from {text!r}")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_strings_across_token_boundaries(oai, cluster, text_model, include):
+    free_tokens, free_text, _, _ = python_client_result(cluster, text_model, "hello world", 40, stop_token=None)
+    stop = stop_spanning_tokens(tokenizer(text_model), free_tokens, free_text)
+    kw = dict(model=text_model, prompt="hello world", max_tokens=40, temperature=0, stop=["never in it", stop],
+              extra_body={"ignore_eos": True, "include_stop_str_in_output": include})
+    r = oai.completions.create(**kw)
+    (c,) = r.choices
+    at = free_text.index(stop)
+    assert c.text == free_text[:at + len(stop) if include else at]
+    assert c.finish_reason == "stop" and c.model_extra["stop_reason"] == stop
+    assert c.token_ids == free_tokens[:len(c.token_ids)] and stop in tokenizer(text_model).decode(c.token_ids)
+    assert (c.token_ids, c.text) == python_client_result(
+        cluster, text_model, "hello world", 40, stop_token=None, stop=["never in it", stop],
+        include_stop_str_in_output=include)[:2]
+    chunks = list(oai.completions.create(stream=True, **kw))
+    assert "".join(ch.choices[0].text for ch in chunks) == c.text  # no stop string shown, not even its start
+    assert [t for ch in chunks for t in ch.choices[0].token_ids] == c.token_ids
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].model_extra["stop_reason"] == stop
+
+
+def test_chat_stop_string_streamed_and_not(oai, cluster, text_model):
+    free_tokens, free_text, _, _ = python_client_result(cluster, text_model, MESSAGES, 40, stop_token=None)
+    stop = stop_spanning_tokens(tokenizer(text_model), free_tokens, free_text)
+    kw = dict(model=text_model, messages=MESSAGES, max_tokens=40, temperature=0, stop=stop,
+              extra_body={"ignore_eos": True})
+    plain = oai.chat.completions.create(**kw).choices[0]
+    assert plain.message.content == free_text[:free_text.index(stop)] and plain.finish_reason == "stop"
+    chunks = list(oai.chat.completions.create(stream=True, **kw))
+    assert "".join(c.delta.content or "" for ch in chunks for c in ch.choices) == plain.message.content
+
+
+def test_stop_strings_for_a_model_without_tokenizer_are_400(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model="simulated", prompt=[1, 2], max_tokens=4, stop=["x"])
+    assert "tokenizer" in e.value.message and e.value.body["param"] == "stop"
+    assert e.value.body["code"] == "unsupported"
+
+
 # ---------------------------------------------------------------------- chat
 
 
@@ -199,8 +264,6 @@ def metric(cluster, name, **labels) -> float:
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"stop": "\n"}, "stop"),
-    ({"stop": ["a", "b"]}, "stop"),
     ({"logprobs": 2}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"presence_penalty": 0.5}, "presence_penalty"),

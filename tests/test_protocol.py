@@ -32,14 +32,16 @@ SAMPLES = [
     Welcome("b1", 0.5, {}, 1 << 20, ("smollm2-135m",), 3.5),
     Submit("simulated", [Envelope(1, P([1, 2, 3], 5)),
                          Envelope("a", P("text prompt", 3, stop_token=None, stop_sequences=[[1, 2], [3]],
-                                         priority=-2, timeout_s=1.5, temperature=0.7, top_p=0.9, top_k=5, seed=7)),
+                                         priority=-2, timeout_s=1.5, temperature=0.7, top_p=0.9, top_k=5, seed=7,
+                                         stop=["\n\n", "é"], include_stop_str_in_output=True)),
                          Envelope(2, P([{"role": "user", "content": "hi"}], 4, stop_token=[5, 0]), (9,), 0.5)]),
     Assign([Envelope(7, P([4], 9), resume_tokens=(5, 6), time_left_s=0.25)]),
     Cancel([1, "a"]),
     Iteration(ids=[1, 2, 1], tokens=[3, 5, 4], texts=[Text(1, "ab")],
               finished=[Finished(1, FinishReason.STOP, prompt_tokens=3, stop_reason=4),
                         Finished(2, FinishReason.ERROR, ErrorCode.MODEL_ERROR, "boom")]),
-    Results(ids=["x"], tokens=[1], finished=[Finished("x", FinishReason.STOP, stop_reason=(1, 2))]),
+    Results(ids=["x"], tokens=[1], finished=[Finished("x", FinishReason.STOP, stop_reason=(1, 2)),
+                                             Finished("y", FinishReason.STOP, stop_reason="\n\n")]),
     Error(ErrorCode.QUEUE_FULL, "full", ["a", 2]),
     Heartbeat(), Heartbeat(broker_id="b"), Heartbeat(progress=12),
     StatusQuery(),
@@ -69,7 +71,7 @@ def test_round_trip(msg):
 def test_wire_format_maps_of_fields_with_records_as_arrays():
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2))])), raw=False)
     assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",
-                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0], [], None]]}
+                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False], [], None]]}
 
 
 # ---------------------------------------------------------------------- every message type, built by hypothesis
@@ -93,7 +95,9 @@ def params(draw):
         priority=draw(wire_int), timeout_s=draw(st.one_of(st.none(), st.floats(0.001, 1e6))),
         temperature=draw(st.floats(0, 5)), top_p=draw(st.floats(0.01, 1)), top_k=draw(st.integers(0, 100)),
         seed=draw(st.one_of(st.none(), st.integers(0, WIRE_INT_MAX))),
-        min_tokens=draw(st.integers(0, max_tokens)))
+        min_tokens=draw(st.integers(0, max_tokens)),
+        stop=draw(st.lists(st.text(min_size=1, max_size=5), max_size=3)),
+        include_stop_str_in_output=draw(st.booleans()))
 
 
 @st.composite
@@ -221,7 +225,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "default", [], 0, None, float("nan")], "temperature must be finite"),
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
-    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, "extra", "more", "still more"], "upgrade this one"),
+    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, "extra"], "upgrade this one"),
     ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])

@@ -29,12 +29,13 @@ from typing import Callable
 from protocol.defaults import AGING_WINDOW
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_vocab
-from worker.callbacks import complete, stream_tokens
+from worker.callbacks import complete, stream_text, stream_tokens
 from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
 from worker.request import Completion, Request
 from worker.scheduler import InFlight, Policy
 from worker.slots import SlotTable
+from worker.text import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,9 @@ class BatchInferenceEngine:
         except ValueError:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}") from None
         self.model = model
-        self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
-                                   _optional_positive_int(model, "max_seq_len"))
         self._tokenizer = getattr(model, "tokenizer", None)
+        self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
+                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
@@ -106,7 +107,8 @@ class BatchInferenceEngine:
     # ---- public, any thread -------------------------------------------------
 
     def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None, *,
-                       on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
+                       on_token: Callable[[int], object] | None = None,
+                       on_text: Callable[[str], object] | None = None, request_id=None, resume_tokens=(),
                        **options) -> Request:
         """Queue one request; return its handle (a :class:`~worker.request.Request`,
         whose public surface is :class:`protocol.handle.RequestHandle`).
@@ -114,28 +116,35 @@ class BatchInferenceEngine:
         ``prompt``, ``max_tokens`` and the keyword ``options`` are the request's
         parameters: any field of :class:`protocol.request.RequestParams`
         (``stop_token``, ``stop_sequences``, ``priority``, ``timeout_s``,
-        ``temperature``, ``top_p``, ``top_k``, ``seed``, ...; their rules,
-        defaults and units are declared there). ``stop_token`` omitted: the
-        engine's. Then, for this engine: ``callback(seq)`` runs exactly once
-        at the end (``seq`` = prompt + generated tokens, whatever the
-        ``finish_reason``); ``on_token(token)`` runs for each new token, in
-        order, before it; ``request_id`` names it (default: one is picked);
-        ``resume_tokens``: tokens generated for it elsewhere -- they count
-        toward ``max_tokens`` and stop-sequence matching, appear in ``seq``, and
-        are not passed to ``on_token`` again. ``timeout_s`` counts from now.
+        ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (text stop
+        strings), ...; their rules, defaults and units are declared there).
+        ``stop_token`` omitted: the engine's. Then, for this engine:
+        ``callback(seq)`` runs exactly once at the end (``seq`` = prompt +
+        generated tokens, whatever the ``finish_reason``); ``on_token(token)``
+        runs for each new token, in order, before it; ``on_text(piece)``
+        (models with a tokenizer) runs with each piece of newly released text
+        (see :mod:`worker.text`: the pieces add up to ``handle.text``; never a
+        prefix of a stop string that may still match), after that iteration's
+        ``on_token`` and, for the last piece, before ``callback``;
+        ``request_id`` names it (default: one is picked); ``resume_tokens``:
+        tokens generated for it elsewhere -- they count toward ``max_tokens``
+        and stop matching, appear in ``seq`` and ``text``, and are not passed
+        to ``on_token``/``on_text`` again. ``timeout_s`` counts from now.
         Sampling parameters reach slot-aware models (``SlotInput.sampling``);
         a stateless model picks its tokens itself.
 
-        Raises ValueError on bad input, TypeError for an unknown option,
+        Raises ValueError on bad input (:class:`~worker.errors.UnsupportedError`
+        for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
+        without a tokenizer), TypeError for an unknown option,
         DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
         QueueFullError at ``max_queue``; in every case nothing is queued.
         """
         # Checked against the model too (and no **{} when there are no options: a dict less per request).
         limits = self._limits
         params = limits.build(prompt, max_tokens, **options) if options else limits.build(prompt, max_tokens)
-        if options or on_token is not None or request_id is not None or resume_tokens \
+        if options or on_token is not None or on_text is not None or request_id is not None or resume_tokens \
                 or type(params.prompt[0]) is not int:
-            return self._submit(params, callback, on_token, request_id, resume_tokens, None, True)
+            return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, None, True)
         # The plain submit_request(prompt, max_tokens, callback) -- a batch job's, once per request --
         # skips the checks it has no use for (about 2 % of bench/engine.py's end-to-end time).
         if callback is not None and not callable(callback):
@@ -150,23 +159,24 @@ class BatchInferenceEngine:
         return req
 
     def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
-               on_token: Callable[[int], object] | None = None, request_id=None, resume_tokens=(),
-               time_left_s: float | None = None) -> Request:
+               on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,
+               request_id=None, resume_tokens=(), time_left_s: float | None = None) -> Request:
         """Queue a request built already (:class:`~protocol.request.RequestParams`);
         ``time_left_s`` replaces ``params.timeout_s`` when it waited elsewhere
         before (seconds from now). Otherwise, and for errors, as :meth:`submit_request`.
         """
         if not isinstance(params, RequestParams):
             raise TypeError(f"params must be a RequestParams, got {type(params).__name__}")
-        return self._submit(params, callback, on_token, request_id, resume_tokens, time_left_s, False)
+        return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, time_left_s, False)
 
-    def _submit(self, params: RequestParams, callback, on_token, request_id, resume_tokens,
+    def _submit(self, params: RequestParams, callback, on_token, on_text, request_id, resume_tokens,
                 time_left_s: float | None, checked: bool) -> Request:
         """``checked``: ``params`` of token ids were checked against the model already."""
-        if callback is not None and not callable(callback):
-            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
-        if on_token is not None and not callable(on_token):
-            raise ValueError(f"on_token must be callable or None, got {type(on_token).__name__}")
+        for name, fn in (("callback", callback), ("on_token", on_token), ("on_text", on_text)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+        if on_text is not None and self._tokenizer is None:
+            raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
         prompt = params.prompt
         if type(prompt[0]) is int:  # token ids
             if not checked:
@@ -177,10 +187,14 @@ class BatchInferenceEngine:
         resume = params.check_resume(resume_tokens, self._limits.vocab_size) if resume_tokens else ()
         stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
         timeout_s = params.timeout_s if time_left_s is None else time_left_s
+        # Followed token by token only when asked (stop strings, on_text): others pay nothing for text.
+        detok = None if not params.stop and on_text is None else \
+            TextStream(self._tokenizer, params.stop, params.include_stop_str_in_output, resume)
         now = self._clock()
         req = Request(params, None if request_id is None else check_request_id(request_id), prompt, resume,
                       stops, callback, on_token, now, None if timeout_s is None else now + timeout_s,
                       self._completion)
+        req.detok, req.on_text = detok, on_text
         with self._lock:
             self._book.add(req)  # picks an id when it has none
             if self._waiting:
@@ -290,6 +304,8 @@ class BatchInferenceEngine:
             for req, exc in stream_tokens(slots.streaming):
                 with self._lock:
                     self._book.stream_failed(req, exc)
+        if slots.text_streaming or slots.text_failed:
+            self._stream_text(slots)
         if finished:
             self._finish(finished)
         return len(tokens)
@@ -313,6 +329,16 @@ class BatchInferenceEngine:
             with self._lock:
                 new = self._book.admit(n)
             slots.occupy(new)
+
+    def _stream_text(self, slots: SlotTable) -> None:
+        """``on_text`` with this iteration's released text; end the requests whose
+        text failed to decode, or whose ``on_text`` raised, with ``"error"``."""
+        failed = slots.text_failed + stream_text(slots.text_streaming)
+        slots.text_failed.clear()
+        for req, exc in failed:
+            log.warning("text of request %r failed", req.request_id, exc_info=exc)
+            with self._lock:
+                self._book.stream_failed(req, exc)
 
     def _end_early(self) -> None:
         """Carry out cancels, deadlines and failed streams: callbacks, then free slots."""

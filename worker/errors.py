@@ -8,6 +8,9 @@ worker process can forward it without a lookup table. Bad input is a plain
 from __future__ import annotations
 
 from protocol.enums import ErrorCode
+from protocol.errors import UnsupportedError  # (shared with the client: a request a model cannot serve)
+
+__all__ = ["DuplicateRequestError", "ModelError", "ModelLoadError", "QueueFullError", "UnsupportedError"]
 
 
 class QueueFullError(RuntimeError):
@@ -38,10 +41,3 @@ class ModelError(RuntimeError):
 class ModelLoadError(ValueError):
     """The worker's model could not be loaded (unknown name, missing file,
     no hub access); the message names the model and the cause."""
-
-
-class UnsupportedError(ValueError):
-    """The request asks for something this model cannot do (a text prompt for a
-    model without a tokenizer); nothing was queued."""
-
-    code = ErrorCode.UNSUPPORTED

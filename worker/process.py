@@ -143,21 +143,21 @@ class _Live:
     """One assigned request inside the worker.
 
     ``tokens`` collects this iteration's tokens (its ``append`` is the
-    engine's ``on_token``: no Python frame per token); ``handle`` is set by
-    the I/O thread under the submit lock. Text prompts stream text too:
-    ``decoder`` turns the tokens into text pieces in :meth:`WorkerProcess._collect`.
+    engine's ``on_token``: no Python frame per token), and on a model with a
+    tokenizer ``texts`` the text the engine released meanwhile (its
+    ``on_text``; :mod:`worker.text`); ``handle`` is set by the I/O thread under
+    the submit lock.
     """
 
-    __slots__ = ("key", "eid", "handle", "tokens", "resumed", "decoder", "stale", "_done")
+    __slots__ = ("key", "eid", "handle", "tokens", "texts", "stale", "_done")
 
-    def __init__(self, key: int, eid: int, resumed: tuple[int, ...], done: list[int]) -> None:
+    def __init__(self, key: int, eid: int, done: list[int]) -> None:
         self.key = key
         self.eid = eid
-        self.resumed = resumed
         self._done = done
         self.handle = None
         self.tokens: list[int] = []
-        self.decoder = None
+        self.texts: list[str] = []
         self.stale = False
 
     def on_end(self, seq: list[int]) -> None:
@@ -279,16 +279,15 @@ class WorkerProcess:
         with self._submit_lock:
             for live in self._live.values():
                 toks = live.tokens
-                if not toks:
-                    continue
-                if not live.stale:
-                    ids.extend([live.key] * len(toks))
-                    tokens.extend(toks)
-                    if not live.handle.params.is_token_prompt:
-                        piece = self._text(live, toks)
-                        if piece:
-                            texts.append(Text(live.key, piece))
-                toks.clear()
+                if toks:
+                    if not live.stale:
+                        ids.extend([live.key] * len(toks))
+                        tokens.extend(toks)
+                    toks.clear()
+                if live.texts:  # (with its tokens: the pieces are a function of the tokens sent so far)
+                    if not live.stale:
+                        texts.append(Text(live.key, "".join(live.texts)))
+                    live.texts.clear()
             for eid in self._done:
                 live = self._live.pop(eid)
                 if not live.stale:
@@ -298,14 +297,6 @@ class WorkerProcess:
         if not (ids or finished or texts):
             return None
         return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished))
-
-    def _text(self, live: _Live, tokens: list[int]) -> str:
-        """The text ``tokens`` complete, streamed by a decoder that has seen the
-        prompt and every token before them (resumed ones too)."""
-        if live.decoder is None:
-            live.decoder = self.tokenizer.decoder(live.handle.prompt + list(live.resumed))
-        step = live.decoder.step
-        return "".join([step(t) for t in tokens])
 
     def take_outbox(self) -> list[tuple[int, Iteration]]:
         """(I/O thread) everything the main thread produced since the last call."""
@@ -333,6 +324,7 @@ class WorkerProcess:
         """Submit assigned requests into the engine (I/O thread); return the
         immediate endings of those it refused."""
         refused = []
+        text = self.tokenizer is not None  # then every request streams its text (token-id prompts too)
         with self._submit_lock:
             epoch_base = self._epoch << _EPOCH_SHIFT
             for entry in entries:
@@ -341,10 +333,12 @@ class WorkerProcess:
                     message = entry.message if type(entry) is Rejected else "a broker key must be an int"
                     refused.append(Finished(key, FinishReason.ERROR, ErrorCode.BAD_REQUEST, message))
                     continue
-                live = _Live(key, key + epoch_base, entry.resume_tokens, self._done)
+                live = _Live(key, key + epoch_base, self._done)
                 try:
                     live.handle = self.engine.submit(entry.params, live.on_end, on_token=live.tokens.append,
-                                                     request_id=live.eid, resume_tokens=entry.resume_tokens,
+                                                     on_text=live.texts.append if text else None,
+                                                     request_id=live.eid,
+                                                     resume_tokens=entry.resume_tokens,
                                                      time_left_s=entry.time_left_s)
                 except ValueError as e:  # bad_request, or the error's own code (unsupported, duplicate)
                     refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.BAD_REQUEST),

@@ -1,5 +1,5 @@
 """One request inside the engine (its state, which is also its public handle), and
-stop-sequence matching."""
+stop-sequence matching (text stop strings: :mod:`worker.text`)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class StopMatcher:
 
     def __init__(self, patterns: Sequence[tuple[int, ...]]) -> None:
         self._patterns = tuple(patterns)
-        self._failure = tuple(_failure_table(p) for p in self._patterns)
+        self._failure = tuple(failure_table(p) for p in self._patterns)
         self._state = [0] * len(self._patterns)
 
     def feed(self, token: int) -> tuple[int, ...] | None:
@@ -62,8 +62,9 @@ class StopMatcher:
         return hit
 
 
-def _failure_table(pattern: tuple[int, ...]) -> list[int]:
-    """``f[i]`` = length of the longest proper prefix of ``pattern[:i+1]`` that is also its suffix."""
+def failure_table(pattern: Sequence) -> list[int]:
+    """KMP's failure function of ``pattern`` (token ids, or a str's characters):
+    ``f[i]`` = length of the longest proper prefix of ``pattern[:i+1]`` that is also its suffix."""
     f = [0] * len(pattern)
     j = 0
     for i in range(1, len(pattern)):
@@ -81,8 +82,10 @@ class Request(RequestHandle):
 
     To callers it is a :class:`protocol.handle.RequestHandle` (the surface the
     client SDK's handles share); ``prompt`` is always token ids here (a text
-    prompt as the engine tokenised it), and ``text`` is the decode of
-    ``tokens`` (special tokens left out) for text and chat prompts, else None.
+    prompt as the engine tokenised it), and ``text``, when the model has a
+    tokenizer, is the decode of ``tokens`` (special tokens left out), cut at a
+    matched stop string; while the request runs, only its released part when
+    the engine follows its text (``detok``), else None without a tokenizer.
     Its other attributes are the engine's, touched in the per-iteration loop
     (``__slots__``, plain attributes):
 
@@ -96,6 +99,9 @@ class Request(RequestHandle):
     - ``slot``/``pos``: its slot and its index in the batch lists while running, else None.
     - ``queue_seq``: its ticket while queued (:class:`protocol.queue.PriorityQueue`).
     - ``deadline``: on the engine's clock, or None.
+    - ``detok``: its :class:`~worker.text.TextStream` when the engine follows its
+      text token by token (stop strings, ``on_text``), else None; ``on_text``: the
+      caller's text callback, or None.
 
     One object per request, not a state object behind a handle: submission is
     per request, and bench/engine.py's end-to-end target (>= 5x the naive
@@ -104,7 +110,7 @@ class Request(RequestHandle):
     """
 
     __slots__ = ("seq", "to_generate", "stop_tokens", "matcher", "on_token", "callback", "deadline", "state",
-                 "reason", "stop_match", "slot", "pos", "queue_seq", "_completion")
+                 "reason", "stop_match", "slot", "pos", "queue_seq", "detok", "on_text", "_completion")
 
     def __init__(self, params: RequestParams, request_id: RequestId | None, prompt: tuple[int, ...],
                  resume: tuple[int, ...], stop_tokens: frozenset[int],
@@ -124,10 +130,12 @@ class Request(RequestHandle):
         self.deadline = deadline
         self.state = RequestState.QUEUED
         self.reason: FinishReason | None = None
-        self.stop_match: int | tuple[int, ...] | None = None  # what stopped it (stop_reason)
+        self.stop_match: int | tuple[int, ...] | str | None = None  # what stopped it (stop_reason)
         self.slot: int | None = None
         self.pos: int | None = None
         self.queue_seq: int | None = None
+        self.detok = None
+        self.on_text: Callable[[str], object] | None = None
         self._completion = completion
 
     @property
@@ -145,8 +153,11 @@ class Request(RequestHandle):
 
     @property
     def text(self) -> str | None:
+        detok = self.detok
+        if detok is not None:
+            return detok.text
         detokenize = self._completion.detokenize
-        return None if detokenize is None or self.params.is_token_prompt else detokenize(self.tokens)
+        return None if detokenize is None else detokenize(self.tokens)
 
     def _wait(self, timeout: float | None) -> None:
         c = self._completion
