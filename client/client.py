@@ -50,6 +50,12 @@ def _limits(info: ModelInfo | None) -> ModelLimits | None:
     return None if info is None else ModelLimits(info.vocab_size, info.max_seq_len, info.has_tokenizer)
 
 
+def _internal(error: BaseException) -> RemoteError:
+    """The error a request ends with when the client failed handling a message about it."""
+    return RemoteError(ErrorCode.INTERNAL, f"the client failed handling a message about this request "
+                                           f"({type(error).__name__}: {error}); please report it")
+
+
 class _Failed:
     """Inbox item: handling ``message`` on the I/O thread raised ``error``."""
 
@@ -375,10 +381,24 @@ class Client:
                 msg = self._apply_plain(msg)
                 if msg is None:
                     return
+            elif type(msg) is Error and msg.request_ids:
+                self._mark_failed(msg.request_ids, RemoteError(msg.code, msg.message))
             self._inbox.put(msg)
         except Exception as e:  # noqa: BLE001 -- the callback thread ends the requests it names
             log.exception("client failed to handle a %s message", type(msg).__name__)
+            self._mark_failed(request_ids(msg), _internal(e))
             self._inbox.put(_Failed(msg, e))
+
+    def _mark_failed(self, rids, error: RemoteError) -> None:
+        """(I/O thread) Requests ``rids`` end with ``error`` whatever arrives
+        for them next: a later frame applied here before the callback thread
+        ends them (their tokens in the failed message are lost) must not end
+        them normally."""
+        handles = self._handles
+        for rid in rids:
+            h = handles.get(rid)
+            if h is not None and h._stream_error is None:
+                h._stream_error = error
 
     def _on_connection_failed(self, error: BaseException) -> None:
         """(I/O thread, its last act) the connection is dead: end everything."""
@@ -470,8 +490,7 @@ class Client:
             ids = request_ids(msg)
         except Exception:  # noqa: BLE001 -- not a message at all
             return
-        text = f"the client failed handling a message about this request ({type(error).__name__}: {error}); " \
-               "please report it"
+        err = _internal(error)
         ended = []
         for rid in ids:
             h = self._handles.get(rid)
@@ -479,7 +498,7 @@ class Client:
                 continue
             ended.append(rid)
             try:
-                self._complete(h, FinishReason.ERROR, RemoteError(ErrorCode.INTERNAL, text))
+                self._complete(h, FinishReason.ERROR, err)
             except Exception:  # noqa: BLE001
                 log.exception("client failed to end request %r", rid)
         if ended:

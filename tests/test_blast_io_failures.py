@@ -150,6 +150,44 @@ def test_client_undecodable_frame_ends_the_requests_it_names_and_cancels_them():
         assert fb.take(Cancel).request_ids == ("a",)  # the broker is told to stop it
 
 
+@pytest.mark.parametrize("failure", ["handling raises", "undecodable frame"])
+def test_client_a_failed_message_is_not_overtaken_by_a_later_ending(monkeypatch, failure):
+    """A request whose message failed on the I/O thread ends with that
+    failure even when a later frame brings its normal ending before the
+    callback thread got to it (that frame is applied on the I/O thread; the
+    tokens of the failed one are lost, so ending ``length`` would hide a gap).
+    The callback thread is held busy (a blocking ``on_token``) meanwhile."""
+    import threading
+
+    gate = threading.Event()
+    real = ClientClass._apply_plain
+
+    def apply_plain(self, msg):
+        if names(msg, "a") and not msg.finished:
+            raise KeyError("a bug")
+        return real(self, msg)
+
+    if failure == "handling raises":
+        monkeypatch.setattr(ClientClass, "_apply_plain", apply_plain)
+    with fake_broker(WELCOME) as fb, Client(fb.address) as c:
+        busy = c.submit_request([1], 3, on_token=lambda t: gate.wait(10), request_id="busy")
+        a = c.submit_request([2], 3, request_id="a")
+        fb.take(Submit)
+        fb.send(Results(ids=["busy"], tokens=[7]))  # the callback thread blocks on it
+        if failure == "handling raises":
+            fb.send(Results(ids=["a"], tokens=[8]))
+        else:
+            fb.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "results", "ids": ["a"], "tokens": ["x"]}))
+        fb.send(Results(ids=["a"], tokens=[9], finished=[Finished("a", FinishReason.LENGTH)]))
+        wait_until(a.done, 10, "the later ending to be applied on the I/O thread")
+        gate.set()
+        fb.send(Results(finished=[Finished("busy", FinishReason.LENGTH)]))
+        busy.result(10)
+        code = ErrorCode.INTERNAL if failure == "handling raises" else ErrorCode.MALFORMED
+        assert a.finish_reason is FinishReason.ERROR and a.error.code is code, (a.finish_reason, a.error)
+        assert busy.finish_reason is FinishReason.LENGTH and busy.tokens == [7]
+
+
 def test_client_ignores_replies_nobody_expected_and_keeps_working():
     with fake_broker(WELCOME) as fb, Client(fb.address) as c:
         h = c.submit_request([1], 2, request_id=1)
