@@ -34,11 +34,16 @@ OK = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 class WideCodec:
-    """A toy tokenizer: one token per character; every generated token
-    decodes to ``width`` characters, ``width`` chosen by the prompt's first
-    character (so a test picks how much text each request streams)."""
+    """A toy tokenizer: one token per character (its code point mod 1000);
+    token ``t`` decodes to ``width(t)`` copies of one letter, the width chosen
+    by the character ``t`` stands for (so a test picks how much text each
+    request streams; text is the decode of the generated tokens)."""
 
-    WIDTH = {"a": 1, "q": 1, "m": 1200, "w": 3900, "h": 9000}
+    WIDTH = {"m": 1200, "w": 3900, "h": 9000}
+
+    @classmethod
+    def piece(cls, token_id: int) -> str:
+        return chr(0x41 + token_id % 26) * cls.WIDTH.get(chr(token_id), 1)
 
     def encode(self, text):
         return [ord(c) % 1000 for c in text]
@@ -46,27 +51,32 @@ class WideCodec:
     def apply_chat_template(self, messages):
         return self.encode("".join(m["content"] for m in messages))
 
-    def decode(self, ids):
-        return "".join(chr(0x41 + i % 26) for i in ids)
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(self.piece, ids))
 
     def decoder(self, prompt_ids):
-        width = self.WIDTH[chr(prompt_ids[0])]
-
         class Step:
             def step(self, token_id):
-                return chr(0x41 + token_id % 26) * width
+                return WideCodec.piece(token_id)
 
         return Step()
 
 
 class WideText(SimulatedLLM):
+    """Generates the prompt's first token over and over: a prompt starting
+    "m" streams 1,200 characters a token, "h" 9,000, most others one."""
+
     def __init__(self):
         super().__init__(vocab_size=1000)
         self.tokenizer = WideCodec()
 
+    def next_token(self, sequence):
+        return sequence[0]
+
 
 def expected_text(prompt: str, tokens) -> str:
-    return "".join(chr(0x41 + t % 26) * WideCodec.WIDTH[prompt[0]] for t in tokens)
+    assert set(tokens) == {ord(prompt[0])}
+    return WideCodec().decode(tokens)
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +97,11 @@ def client(cluster):
 
 
 def test_the_issues_oversized_text_is_refused_at_submit_and_the_next_request_runs():
-    """The issue's input, against a broker with the default limit (64 MiB):
-    a ValueError at submit, nothing queued; the small request after it runs."""
+    """The issue's input, against a broker with the default limit (64 MiB)
+    and a model with a tokenizer (text prompts are accepted): a ValueError
+    at submit, nothing queued; the small request after it runs."""
     with ThreadCluster() as cl:
-        cl.add_worker()
+        cl.add_worker(WideText())
         with Client(cl.frontend) as c:
             c.wait_for_model(10)
             with pytest.raises(ValueError, match="max-message-bytes"):

@@ -134,7 +134,7 @@ def test_after_fuzzing_valid_traffic_flows_and_the_broker_lives(cluster, fuzzer)
     engine = BatchInferenceEngine(SimulatedLLM(), 4, stop_token=0)
     expected = [engine.submit_request(p, m) for p, m in reqs]
     engine.run()
-    with Client(cluster.frontend) as c:
+    with Client(cluster.frontend, model="simulated") as c:  # fuzzed registrations may have added models
         hs = [c.submit_request(p, m) for p, m in reqs]
         c.run(timeout=30)
         st_ = c.status()
@@ -184,7 +184,7 @@ def test_frame_past_the_hard_limit_drops_only_that_connection(cluster):
         s.disable_monitor()
         mon.close(0)
         s.close(0)
-    with Client(cluster.frontend) as c:
+    with Client(cluster.frontend, model="simulated") as c:
         h = c.submit_request([1, 2, 3], 5)
         c.run(timeout=20)
     assert h.finish_reason is not None and h.error is None

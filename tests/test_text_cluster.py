@@ -117,7 +117,7 @@ def test_client_text_stops_and_streamed_text(cluster, scripted):
 
 
 def test_client_refuses_text_stops_for_a_model_without_tokenizer(cluster):
-    with Client(cluster.frontend) as c:  # "simulated": no tokenizer
+    with Client(cluster.frontend, model="simulated") as c:  # no tokenizer (the cluster serves two models)
         with pytest.raises(ValueError, match="tokenizer"):
             c.submit_request([1, 2], 4, stop=["x"])
         h = c.submit_request([1, 2], 4)
