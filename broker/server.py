@@ -196,24 +196,17 @@ class BrokerServer:
 
     def _handle(self, side: Side, identity: bytes, data: bytes, now: float) -> None:
         core = self.core
+        front = side is Side.FRONTEND
         msg = None
         try:
-            if side is Side.FRONTEND:
-                try:
-                    msg = decode(data, CLIENT_TO_BROKER, self.config.max_message_bytes)
-                except ProtocolError as e:
-                    log.warning("bad message from client %s: %s", identity.hex()[:8], e)
-                    self._perform(core.on_frontend_error(identity, e, peek_request_ids(data), now))
-                    return
-                self._perform(core.on_frontend(identity, msg, now))
-            else:
-                try:
-                    msg = decode(data, WORKER_TO_BROKER, self.config.max_message_bytes)
-                except ProtocolError as e:
-                    log.warning("bad message from worker %s: %s", identity.hex()[:8], e)
-                    self._perform(core.on_backend_error(identity, e, peek_request_ids(data), now))
-                    return
-                self._perform(core.on_backend(identity, msg, now))
+            try:
+                msg = decode(data, CLIENT_TO_BROKER if front else WORKER_TO_BROKER, self.config.max_message_bytes)
+            except ProtocolError as e:
+                log.warning("bad message from %s %s: %s", "client" if front else "worker", identity.hex()[:8], e)
+                on_error = core.on_frontend_error if front else core.on_backend_error
+                self._perform(on_error(identity, e, peek_request_ids(data), now))
+                return
+            self._perform((core.on_frontend if front else core.on_backend)(identity, msg, now))
         except Exception as e:  # noqa: BLE001 -- a bug must not take every client's requests down
             log.exception("broker failed to handle a %s message; ending the requests it names", side.value)
             try:
