@@ -208,7 +208,7 @@ def test_sampling_filters(model_dir, reference):
 
 
 def test_sampler_positions_give_distinct_streams():
-    from worker.models.hf_sampling import Sampler, mix_seed
+    from worker.models.sampling import Sampler, mix_seed
 
     assert len({mix_seed(s, p) for s in range(20) for p in range(50)}) == 1000
     logits = torch.zeros(2, 1000)

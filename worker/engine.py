@@ -38,6 +38,7 @@ from worker.scheduler import DEFAULT_AGING_WINDOW, InFlight, Policy
 from worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
+_ints_only = frozenset((int,)).issuperset  # every item of the iterable is an int (the usual step)
 
 
 class BatchInferenceEngine:
@@ -232,7 +233,15 @@ class BatchInferenceEngine:
         except Exception as exc:  # the model failing ends this batch, not the engine
             self._fail_batch(exc)
             return 0
-        finished = slots.append(tokens)
+        skipped = None
+        if self._slot_aware and not _ints_only(map(type, tokens)):  # (a C-level scan)
+            finished, skipped, failed = slots.append_some(tokens)
+            if failed:
+                with self._lock:
+                    for req, exc in failed:
+                        self._book.row_failed(req, exc)
+        else:
+            finished = slots.append(tokens)
         if finished:
             self._acquire()
             try:  # final from here: a later cancel returns False
@@ -240,12 +249,13 @@ class BatchInferenceEngine:
             finally:
                 self._release()
         if slots.streaming:
-            for req, exc in stream_tokens(slots.streaming):
+            streaming = slots.streaming if not skipped else [r for r in slots.streaming if r not in skipped]
+            for req, exc in stream_tokens(streaming):
                 with self._lock:
                     self._book.stream_failed(req, exc)
         if finished:
             self._finish(finished)
-        return len(tokens)
+        return len(tokens) if skipped is None else len(tokens) - len(skipped)
 
     # ---- helpers -----------------------------------------------------------
 
