@@ -81,16 +81,20 @@ class Sampler:
     def __init__(self) -> None:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
 
-    def pick(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-             positions: Sequence[int]) -> list[int | ModelError]:
+    def pick(self, logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
+             failed: torch.Tensor | None = None) -> list[int | ModelError]:
         """Return one entry per row: a token id, or a :class:`NonFiniteLogits` for a failed row.
 
         - ``logits``: float tensor ``[B, vocab]`` on any device.
         - ``params[b]``: how to pick for row ``b``.
         - ``positions[b]``: sequence position of the token being generated.
+        - ``failed``: optional bool ``[B]``, rows the model already knows went
+          non-finite (e.g. an earlier token of the sequence).
         """
         tokens = logits.argmax(dim=-1)
         bad = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN
+        if failed is not None:
+            bad |= failed
         rows = [b for b, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
         if rows:
             index = torch.tensor(rows, device=logits.device)
@@ -102,7 +106,7 @@ class Sampler:
             for b, t in enumerate(out):
                 if t == -1:
                     out[b] = NonFiniteLogits(
-                        "the model produced NaN or infinite logits for this request; "
+                        "the model produced non-finite values (NaN or inf) for this request; "
                         "the other requests in the batch are not affected")
         return out
 

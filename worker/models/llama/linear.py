@@ -69,9 +69,10 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        self.qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        self.scales = scale.to(torch.bfloat16)
+        # the kernel takes bf16 scales: round up to bf16 first, then quantise against that scale
+        scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0 * (1 + 2 ** -7)).to(torch.bfloat16)
+        self.qweight = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scales = scale
         self.bias = bias
         self.out_features = weight.shape[0]
 
@@ -116,9 +117,10 @@ class Int4Linear:
             padded[:n] = weight
         groups = (weight.float() if padded is None else padded).reshape(rows, k // group_size, group_size)
         lo, hi = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
-        scale = (hi - lo).clamp(min=1e-6) / 15.0
-        q = torch.round((groups - lo) / scale).clamp_(0, 15).to(torch.int32).reshape(rows, k)
-        zero = lo + 8.0 * scale
+        # the kernel takes bf16 scales and zeros: round them first, then quantise against them
+        scale = ((hi - lo).clamp(min=1e-6) / 15.0 * (1 + 2 ** -7)).to(torch.bfloat16).float()
+        zero = (lo + 8.0 * scale).to(torch.bfloat16).float()
+        q = torch.round((groups - zero) / scale + 8.0).clamp_(0, 15).to(torch.int32).reshape(rows, k)
         # [K / group, N, 2]: (scale, zero) per group and output row, the kernel's layout
         self.scales_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)

@@ -136,7 +136,7 @@ class LlamaWeights:
     def nbytes(self) -> int:
         """Bytes of weights (tables included)."""
         linears = [w for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)]
-        head = 0 if self.head.weight is self.embed.table else self.head.nbytes
+        head = 0 if getattr(self.head, "weight", None) is self.embed.table else self.head.nbytes
         return sum(x.nbytes for x in linears) + self.embed.nbytes + head
 
 
@@ -166,8 +166,14 @@ class StepPlan:
     logits_at: torch.Tensor
 
 
-def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    """Run one iteration; return fp32 logits ``[n_out, vocab]`` for ``plan.logits_at``.
+def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
+            plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run one iteration; return ``(logits, failed)``.
+
+    - ``logits``: fp32 ``[n_out, vocab]`` for ``plan.logits_at``;
+    - ``failed``: bool ``[N]``, True where a token's final hidden state is not
+      finite (its key/value went into the cache as 0, so only its own
+      sequence is affected; the runner fails that request).
 
     ``keys``/``values``: the cache, ``[layers, rows, kv_heads, capacity, head_dim]``,
     updated in place. Runs under CUDA graph capture as is (decode plans on
@@ -205,8 +211,9 @@ def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor, plan: Ste
         h = F.rms_norm(x, (s.hidden,), lw.ln2, s.eps)
         gu = lw.gate_up(h)
         x = lw.down.add(x, F.silu(gu[:, : s.ffn]) * gu[:, s.ffn:])
+    failed = ~torch.isfinite(x).all(dim=-1)
     x = F.rms_norm(x[plan.logits_at], (s.hidden,), w.norm, s.eps)
-    return w.head(x).float()
+    return w.head(x).float(), failed
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,8 @@ class LlamaRunner:
             capacity_step=None if self.device != "cpu" else self._capacity_step)
         self._row_of = {}
         self._free_rows = list(range(num_slots))
+        # per cache row: a token of its request went non-finite (see model.forward)
+        self._failed = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
         if self.device == "cuda":
             from worker.models.llama.cuda_graphs import DecodeGraphs
 
@@ -80,6 +82,7 @@ class LlamaRunner:
         row = self._row_of.pop(slot, None)
         if row is not None:
             self.kv_cache.clear(row)
+            self._failed[row] = False
             self._free_rows.append(row)
             self._free_rows.sort()
 
@@ -88,6 +91,24 @@ class LlamaRunner:
 
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
+        """
+        with torch.inference_mode():
+            logits, out_index = self.forward_batch(batch)
+            out: list = [None] * len(batch)
+            if out_index:
+                params = [batch[i].sampling for i in out_index]
+                positions = [len(batch[i].tokens) for i in out_index]
+                rows = torch.tensor([self._row_of[batch[i].slot] for i in out_index], device=self.device)
+                failed = self._failed.index_select(0, rows)
+                for i, tok in zip(out_index, self._sampler.pick(logits, params, positions, failed)):
+                    out[i] = tok
+        return out
+
+    def forward_batch(self, batch: Sequence[SlotInput]) -> tuple[torch.Tensor | None, list[int]]:
+        """The model part of :meth:`step`: ``(logits [n, vocab] fp32, batch index of each row)``.
+
+        Rows come for the entries that get a token this iteration; None when
+        none does. Advances the cache like :meth:`step` (for tests and benchmarks).
         """
         cache = self.kv_cache
         if cache is None:
@@ -99,6 +120,7 @@ class LlamaRunner:
             new = len(item.tokens) - cached
             if cached == 0 or new < 1:  # a new occupant (or tokens the cache does not match)
                 cache.clear(row)
+                self._failed[row] = False
                 cached, new = 0, len(item.tokens)
             if new == 1:
                 decode[row] = i
@@ -106,14 +128,7 @@ class LlamaRunner:
                 candidates.append((cached == 0, i, row, cached))
         chunks = self._schedule(batch, sorted(candidates))
         with torch.inference_mode():
-            logits, out_index = self._run(batch, decode, chunks)
-            out: list = [None] * len(batch)
-            if out_index:
-                params = [batch[i].sampling for i in out_index]
-                positions = [len(batch[i].tokens) for i in out_index]
-                for i, tok in zip(out_index, self._sampler.pick(logits, params, positions)):
-                    out[i] = tok
-        return out
+            return self._run(batch, decode, chunks)
 
     # -- internals ---------------------------------------------------------
 
@@ -193,4 +208,10 @@ class LlamaRunner:
             window=max(lengths, default=0), prefill=prefill,
             logits_at=torch.tensor(out_rows, dtype=torch.long, device=device),
         )
-        return forward(self.weights, cache.keys, cache.values, plan), out_index
+        logits, failed = forward(self.weights, cache.keys, cache.values, plan)
+        self._note_failed(plan.write_rows, failed)
+        return logits, out_index
+
+    def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
+        """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
+        self._failed.index_put_((rows,), failed, accumulate=True)
