@@ -188,7 +188,7 @@ def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
     if plan.n_decode:
         visible = torch.arange(plan.window, device=plan.ids.device)[None, :] < plan.lengths[:, None]
         bias = torch.zeros(visible.shape, dtype=keys.dtype, device=visible.device).masked_fill_(
-            ~visible, float("-inf"))[:, None, None]  # [n_decode, 1, 1, window]
+            ~visible, float("-inf"))[:, None, None]  # [n_decode, 1, 1, window]: added to the scores
     masks = [_chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
     x = w.embed(plan.ids)
     for layer, lw in enumerate(w.layers):
@@ -224,11 +224,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _decode_attention(q, k_cache, v_cache, plan: StepPlan, bias, scaling) -> torch.Tensor:
-    """``[n_decode, heads, D]``: each query over its own cache row's window."""
+    """``[n_decode, heads, D]``: each query over its own cache row's window.
+
+    Plain batched matrix products (grouped-query heads as a ``[kv_heads, group]``
+    view, no key/value copies): one fixed kernel sequence for every shape, so
+    nothing is re-planned per batch size or window, and it captures in a CUDA graph.
+    """
     b, w = plan.n_decode, plan.window
-    out = F.scaled_dot_product_attention(
-        q[:, :, None], k_cache[:b, :, :w], v_cache[:b, :, :w], attn_mask=bias, scale=scaling, enable_gqa=True)
-    return out[:, :, 0]
+    _, heads, d = q.shape
+    kv = k_cache.shape[1]
+    qg = (q * scaling).view(b, kv, heads // kv, d)
+    scores = torch.matmul(qg, k_cache[:b, :, :w].transpose(-1, -2)).add_(bias)  # [b, kv, group, w]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v_cache[:b, :, :w]).view(b, heads, d)
 
 
 def _prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, scaling) -> torch.Tensor:

@@ -24,6 +24,7 @@ at the bottom of the cache and the decode attention reads a view of rows
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -163,7 +164,9 @@ class LlamaRunner:
             if chunks:
                 parts.append(self._forward(batch, {}, chunks))
             if decode:
-                parts.append(self._graphs.run(batch, decode, cache))
+                logits, index, failed, rows = self._graphs.run(batch, decode, cache)
+                self._note_failed(rows, failed)
+                parts.append((logits, index))
             logits = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0] if parts else None
             return logits, [i for p in parts for i in p[1]]
         if not decode and not chunks:
@@ -172,21 +175,9 @@ class LlamaRunner:
 
     def _forward(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor, list[int]]:
         cache = self.kv_cache
-        n_decode = max(decode) + 1 if decode else 0
-        ids, positions, rows, write_pos, lengths = [], [], [], [], []
-        out_rows, out_index = [], []
-        scratch = cache.scratch
-        for row in range(n_decode):
-            i = decode.get(row)
-            if i is None:  # padding: a row that is free or still prefilling
-                ids.append(0), positions.append(0), write_pos.append(scratch), lengths.append(1)
-            else:
-                pos = cache.lengths[row]
-                ids.append(batch[i].tokens[pos]), positions.append(pos), write_pos.append(pos)
-                lengths.append(pos + 1)
-                cache.lengths[row] = pos + 1
-                out_rows.append(row), out_index.append(i)
-            rows.append(row)
+        ids, positions, write_pos, lengths, out_rows, out_index = decode_inputs(batch, decode, cache)
+        n_decode = len(ids)
+        rows = list(range(n_decode))
         prefill = []
         for i, row, start, count in chunks:
             offset = len(ids)
@@ -199,19 +190,54 @@ class LlamaRunner:
             if start + count == len(batch[i].tokens):  # prompt done: its last token gives the first output
                 out_rows.append(offset + count - 1), out_index.append(i)
         device = self.device
-        positions_t = torch.tensor(positions, dtype=torch.long, device=device)
         plan = StepPlan(
-            ids=torch.tensor(ids, dtype=torch.long, device=device), positions=positions_t,
+            ids=torch.tensor(ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
             write_rows=torch.tensor(rows, dtype=torch.long, device=device),
             write_pos=torch.tensor(write_pos, dtype=torch.long, device=device), n_decode=n_decode,
             lengths=torch.tensor(lengths, dtype=torch.long, device=device) if n_decode else None,
             window=max(lengths, default=0), prefill=prefill,
             logits_at=torch.tensor(out_rows, dtype=torch.long, device=device),
         )
-        logits, failed = forward(self.weights, cache.keys, cache.values, plan)
+        with _attention_kernels(device):
+            logits, failed = forward(self.weights, cache.keys, cache.values, plan)
         self._note_failed(plan.write_rows, failed)
         return logits, out_index
 
     def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
         """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
         self._failed.index_put_((rows,), failed, accumulate=True)
+
+
+def decode_inputs(batch, decode: dict[int, int], cache: SlotCache):
+    """Host lists for the decode rows ``0..max(decode)``; advances ``cache.lengths``.
+
+    Returns ``(ids, positions, write_pos, lengths, out_rows, out_index)``: per
+    cache row its token, position, where its key/value goes and how many keys
+    it sees; rows not in ``decode`` (free or prefilling) are padding (token 0,
+    the scratch position, one key). ``out_rows[j]`` is the row giving batch
+    entry ``out_index[j]`` its token.
+    """
+    ids, positions, write_pos, lengths, out_rows, out_index = [], [], [], [], [], []
+    scratch = cache.scratch
+    for row in range(max(decode) + 1 if decode else 0):
+        i = decode.get(row)
+        if i is None:
+            ids.append(0), positions.append(0), write_pos.append(scratch), lengths.append(1)
+        else:
+            pos = cache.lengths[row]
+            ids.append(batch[i].tokens[pos]), positions.append(pos), write_pos.append(pos)
+            lengths.append(pos + 1)
+            cache.lengths[row] = pos + 1
+            out_rows.append(row), out_index.append(i)
+    return ids, positions, write_pos, lengths, out_rows, out_index
+
+
+def _attention_kernels(device: str):
+    """On CUDA, SDPA may use flash or memory-efficient attention (or math), never cuDNN,
+    whose plans are rebuilt for every new shape (issue 8: 2.1 ms of CPU per call)."""
+    if device == "cpu":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
