@@ -72,7 +72,7 @@ class LlamaRunner:
         self._row_of = {}
         self._free_rows = list(range(num_slots))
         # per cache row: a token of its request went non-finite (see model.forward)
-        self._failed = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         if self.device == "cuda":
             from worker.models.llama.cuda_graphs import DecodeGraphs
 
@@ -83,7 +83,7 @@ class LlamaRunner:
         row = self._row_of.pop(slot, None)
         if row is not None:
             self.kv_cache.clear(row)
-            self._failed[row] = False
+            self._failed[row] = 0
             self._free_rows.append(row)
             self._free_rows.sort()
 
@@ -100,7 +100,7 @@ class LlamaRunner:
                 params = [batch[i].sampling for i in out_index]
                 positions = [len(batch[i].tokens) for i in out_index]
                 rows = torch.tensor([self._row_of[batch[i].slot] for i in out_index], device=self.device)
-                failed = self._failed.index_select(0, rows)
+                failed = self._failed.index_select(0, rows) > 0
                 for i, tok in zip(out_index, self._sampler.pick(logits, params, positions, failed)):
                     out[i] = tok
         return out
@@ -121,7 +121,7 @@ class LlamaRunner:
             new = len(item.tokens) - cached
             if cached == 0 or new < 1:  # a new occupant (or tokens the cache does not match)
                 cache.clear(row)
-                self._failed[row] = False
+                self._failed[row] = 0
                 cached, new = 0, len(item.tokens)
             if new == 1:
                 decode[row] = i
@@ -206,7 +206,7 @@ class LlamaRunner:
 
     def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
         """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
-        self._failed.index_put_((rows,), failed, accumulate=True)
+        self._failed.index_add_(0, rows, failed.to(torch.int32))
 
 
 def decode_inputs(batch, decode: dict[int, int], cache: SlotCache):
