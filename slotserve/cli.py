@@ -8,6 +8,7 @@ calls ``sys.exit``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -121,6 +122,35 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
                         help="Number of worker processes.")
 
 
+def _model_options(command):
+    """--device/--precision/--runner/--max-prefill-tokens/--threads, passed on as one ``model_options``."""
+    from worker.models.options import DEFAULT_MAX_PREFILL_TOKENS, DEVICES, PRECISIONS, RUNNERS, ModelOptions
+
+    @functools.wraps(command)
+    def with_options(*args, device, precision, runner, max_prefill_tokens, threads, **kwargs):
+        options = _config(ModelOptions, device=device, precision=precision, runner=runner,
+                          max_prefill_tokens=max_prefill_tokens, num_threads=threads)
+        return command(*args, model_options=options, **kwargs)
+
+    for option in reversed([
+        click.option("--device", type=click.Choice(DEVICES), default="auto", show_envvar=True,
+                     help="Where a real model runs: cpu, cuda, or auto (cuda when torch sees a GPU)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_envvar=True,
+                     help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU); auto: fp32 on CPU, "
+                          "bf16 on CUDA. Speed and accuracy of each: README."),
+        click.option("--runner", type=click.Choice(RUNNERS), default="auto", show_envvar=True,
+                     help="slotserve (own Llama-family runner), hf (transformers forward, any "
+                          "architecture), or auto (slotserve for Llama-family models)."),
+        click.option("--max-prefill-tokens", type=click.IntRange(min=16), default=DEFAULT_MAX_PREFILL_TOKENS,
+                     show_envvar=True, help="Prompt tokens per iteration; longer prompts are prefilled "
+                                            "in chunks, so decoding waits at most one chunk."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, show_envvar=True,
+                     help="CPU threads for the model (default: torch's, one per core)."),
+    ]):
+        with_options = option(with_options)
+    return with_options
+
+
 @main.command()
 @_frontend
 @_backend
@@ -176,13 +206,15 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
               help="This worker's CURVE secret key file (default with --curve-dir: DIR/worker.key_secret).")
 @click.option("--curve-broker-key", type=click.Path(dir_okay=False), default=None, show_envvar=True,
               help="The broker's CURVE public key file (default with --curve-dir: DIR/broker.key).")
+@_model_options
 def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
-           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None) -> None:
+           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None, model_options) -> None:
     """Run one model worker in the foreground (Ctrl-C stops it)."""
     from worker.process import WorkerConfig, run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                  stop_token=stop_token, name=name, **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
+                  stop_token=stop_token, name=name, model_options=model_options,
+                  **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
     stop = _signal_flag()
     try:
         run_worker(cfg, stop=stop)
@@ -191,13 +223,14 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None):
+                    curve_dir=None, model_options=None):
     from slotserve.launcher import ClusterConfig
     from worker.process import WorkerConfig
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
+    extra = {} if model_options is None else {"model_options": model_options}
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                   stop_token=stop_token, **_worker_curve(curve_dir))
+                   stop_token=stop_token, **extra, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
                    client_curve=curve_dir)
 
@@ -212,9 +245,10 @@ def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_de
 @_backend
 @_max_queue
 @_curve_dir
+@_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int, curve_dir: str | None) -> None:
+       max_queue: int, curve_dir: str | None, model_options) -> None:
     """Run a broker and WORKERS workers as supervised child processes.
 
     Crashed children are restarted. Ctrl-C or SIGTERM stops all of them cleanly.
@@ -223,7 +257,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
     log_level = ctx.find_root().params["log_level"].upper()
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir)
+                          curve_dir, model_options)
     stop = _signal_flag()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -259,9 +293,10 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
               help="Give up after this many seconds (default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
 @_curve_dir
+@_model_options
 @click.pass_context
 def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
-        timeout_s, progress, curve_dir) -> None:
+        timeout_s, progress, curve_dir, model_options) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
@@ -284,7 +319,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     try:
         if broker_addr is None:
             cfg = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
-                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir)
+                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir, model_options)
             cluster = LocalCluster(cfg)
             cluster.start()
             broker_addr = cluster.frontend

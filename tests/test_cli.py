@@ -55,6 +55,18 @@ def test_bad_option_values_are_usage_errors():
     assert r.exit_code == 2 and "stop" in r.output.lower()
     r = CliRunner().invoke(main, ["broker", "--frontend", "nonsense"])
     assert r.exit_code == 2 and "endpoint" in r.output
+    for cmd in ("worker", "up", "run"):
+        r = CliRunner().invoke(main, [cmd, "--precision", "int3"])
+        assert r.exit_code == 2 and "--precision" in r.output
+    r = CliRunner().invoke(main, ["worker", "--max-prefill-tokens", "4"])
+    assert r.exit_code == 2 and "--max-prefill-tokens" in r.output
+    r = CliRunner().invoke(main, ["worker", "--runner", "hf", "--precision", "int4"])
+    assert r.exit_code == 2 and "slotserve runner" in r.output
+
+
+def test_model_options_reach_the_model_loader():
+    r = CliRunner().invoke(main, ["worker", "--model", "simulated", "--precision", "int8"])
+    assert r.exit_code == 1 and "real models" in r.output
 
 
 def write_rows(path, rows, extra_lines=()):
