@@ -171,11 +171,16 @@ def test_quantised_linears_match_their_dequantised_weight(kind):
         g = w.reshape(40, -1, INT4_GROUP)
         step = ((g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15).expand_as(g).reshape(40, 128)
     assert bool(((dq - w).abs() <= 0.5 * step + 2 ** -7 * (w.abs() + step)).all())  # (+ bf16 scales)
-    for rows in (3, 100):  # the decode kernel and the dequantised (prefill) path
-        x = torch.randn(rows, 128)
-        want = x @ dq.t() + bias
-        err = float((lin(x) - want).norm() / want.norm())
-        assert err < 0.01, f"{kind}, {rows} rows: relative error {err:.4f}"
+    x = torch.randn(3, 128)  # few rows: the weight-only kernel, bf16 activations
+    want = x @ dq.t() + bias
+    err = float((lin(x) - want).norm() / want.norm())
+    assert err < 0.01, f"{kind}, few rows: relative error {err:.4f}"
+    x = torch.randn(100, 128)  # many rows: int8 weights (int4's int8 twin), int8 activations per row
+    int8 = lin if kind == "int8" else lin.prefill
+    want = x @ int8.dequantize().t() + bias
+    err = float((lin(x) - want).norm() / want.norm())
+    assert err < 0.02, f"{kind}, many rows: relative error {err:.4f}"
+    assert torch.equal(lin(x)[:7], lin(x[:7].repeat(15, 1))[:7])  # per-row scales: batch invariant
 
 
 @pytest.mark.parametrize("runner", ["slotserve", "hf"])

@@ -120,7 +120,8 @@ class LlamaWeights:
         self.embed = Embedding(table, precision, device, act)
         head = hf_model.get_output_embeddings()
         tied = head.weight is base.embed_tokens.weight
-        if tied and precision in ("fp32", "bf16") and self.embed.table.dtype == self.layers[0].qkv.weight.dtype:
+        qkv = self.layers[0].qkv
+        if tied and isinstance(qkv, DenseLinear) and self.embed.table.dtype == qkv.weight.dtype:
             self.head = DenseLinear(self.embed.table)  # one tensor for both, as in the HF model
         else:
             self.head = make_linear(head.weight.detach(), None, precision, device)
