@@ -16,7 +16,15 @@ queueing. Systems, in one run on the same loaded weights:
 - ``hf-cb``: transformers' continuous batching (``generate_batch``'s
   manager, per-request ``max_new_tokens``, explicit small cache sizes);
 - ``hf-alone``: ``model.generate`` per prompt (batch 1) -- the greedy
-  reference for the identical-output count.
+  reference for the identical-output count;
+- ``llamacpp``: llama.cpp's ``llama-server`` on the same GGUF, 8 slots,
+  token-id prompts, greedy, ``ignore_eos`` with each request's length =
+  the useful length of this run's greedy reference (hf-alone, else
+  slotserve), best of ``--llamacpp-threads`` (bench/llamacpp.py).
+
+``--random-weights [--device cuda] [--tiny]`` runs bench/gpu.py instead:
+random-weight SmolLM2-135M and Llama-3.2-1B shapes, stop tokens off,
+slotserve vs HF static vs transformers CB (see bench/gpu.py).
 
 Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
 per request (what a user asked for). Also measured: the forward-pass limit
@@ -27,8 +35,10 @@ The machine this was written on is a 2-core VM shared with other jobs: each
 system's 1-minute load average before/after is recorded, and ``--repeats N``
 keeps the fastest of N runs (the least disturbed), listing all of them.
 
-Usage: ``python bench/model.py [--prompts 32] [--repeats 2] [--skip hf-alone,slotserve-broker]``.
-Writes ``bench/results/model.json`` and ``model.png``.
+Usage: ``python bench/model.py [--prompts 32] [--repeats 2] [--systems slotserve,llamacpp]
+[--skip hf-alone,slotserve-broker]``; ``python bench/model.py --random-weights --device cuda``.
+Writes ``bench/results/model.json`` and ``model.png`` (random weights:
+``model_random_<device>[_tiny].json`` and ``.png``).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Run as a script, bench/ is sys.path[0] and bench/broker.py would shadow the
 # broker package: put the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling modules: llamacpp, gpu
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -59,6 +70,7 @@ from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 
 MODEL = "smollm2-135m"
+ALL_SYSTEMS = ("slotserve", "slotserve-broker", "hf-static", "hf-cb", "hf-alone", "llamacpp")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -277,6 +289,50 @@ def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
     return run
 
 
+REFERENCES = ("hf-alone", "slotserve", "slotserve-broker")  # greedy runs whose useful lengths llamacpp may use
+
+
+def run_llamacpp(prompts, lengths, threads, binary) -> tuple[Run, dict]:
+    """llama.cpp's server on the same GGUF (bench/llamacpp.py): the best run and its details."""
+    import llamacpp
+
+    result = llamacpp.measure(prompts, lengths, threads=threads, slots=8, binary=binary, model=MODEL)
+    best = result.best
+    run = Run("llamacpp", wall_s=best.wall_s, outputs=best.outputs, first_s=best.first_s, last_s=best.last_s,
+              rss_mb=best.rss_mb, load_avg=best.load_avg, all_wall_s=[round(r.wall_s, 2) for r in result.runs],
+              note=result.note())
+    details = {"binary": str(result.binary.path), "origin": result.binary.origin, "version": result.version,
+               "gguf": result.gguf.name, "quantization": result.quantization, "best_threads": best.threads,
+               "by_threads": {r.threads: {"wall_s": round(r.wall_s, 2),
+                                          "tokens_per_s": round(sum(map(len, r.outputs)) / r.wall_s, 2),
+                                          "load_avg_before_after": [round(x, 2) for x in r.load_avg]}
+                              for r in result.runs},
+               "skipped_binaries": result.skipped_binaries}
+    return run, details
+
+
+def run_random_weights(args) -> None:
+    """``--random-weights``: bench/gpu.py's cases on ``args.device`` (see its docstring)."""
+    import gpu
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.tiny:  # synthetic prompts: no tokenizer to load
+        he_prompts = []
+        rng = random.Random(0)
+        he_lengths = [rng.randint(16, 128) for _ in range(args.prompts)]
+    else:
+        from transformers import AutoTokenizer
+
+        from worker.models.hf import resolve_model_path
+
+        folder, gguf = resolve_model_path(MODEL)
+        he_prompts, he_lengths = load_workload(args.prompts, AutoTokenizer.from_pretrained(folder, gguf_file=gguf))
+    systems = [s for s in gpu.SYSTEMS if s in args.systems.split(",") and s not in args.skip.split(",")]
+    payload = gpu.run_cases(device=device, tiny=args.tiny, he_prompts=he_prompts, he_lengths=he_lengths,
+                            systems=systems, time_limit_s=args.time_limit_s)
+    gpu.report(payload, args.out)
+
+
 # ---------------------------------------------------------------- limits
 
 
@@ -308,7 +364,7 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
 # ---------------------------------------------------------------- report
 
 
-def report(rows: list[dict], limits: dict, ideal_s: float, out: Path) -> None:
+def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dict | None = None) -> None:
     base = {r["system"]: r["tokens_per_s"] for r in rows}
     cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
             "identical_to_hf_greedy", "rss_mb"]
@@ -322,7 +378,7 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path) -> None:
     payload = {"workload": "HE32", "model": MODEL, "threads": torch.get_num_threads(),
                "limits": limits, "ideal_wall_s": round(ideal_s, 2), "systems": rows,
                "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in ("hf-static", "hf-cb")
-                                        if b in base} for r in rows}}
+                                        if b in base} for r in rows}, **(extra or {})}
     (out / "model.json").write_text(json.dumps(payload, indent=2) + "\n")
     import matplotlib
 
@@ -353,12 +409,37 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated systems to skip")
+    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
+                    help=f"comma-separated systems to run (default: {','.join(ALL_SYSTEMS)}; llamacpp runs last)")
+    ap.add_argument("--llama-server", default=None,
+                    help="llama-server binary to try first (default: the installed packages', see bench/llamacpp.py)")
+    ap.add_argument("--llamacpp-lengths-from", type=Path, default=None,
+                    help="a previous model.json whose greedy useful lengths llamacpp generates when no greedy "
+                         "system runs now (e.g. --systems llamacpp)")
+    ap.add_argument("--llamacpp-threads", default="1,2",
+                    help="llama-server --threads values, one fresh server each, fastest kept (default 1,2)")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="run bench/gpu.py's random-weight cases instead of HE32 on SmolLM2 (see --device)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                    help="device for --random-weights (default cpu; auto = cuda when available)")
+    ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
+    ap.add_argument("--time-limit-s", type=float, default=170.0,
+                    help="with --random-weights: start nothing after this many seconds (default 170)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone and the broker path run once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.set_num_threads(args.threads)
+    if args.random_weights:
+        return run_random_weights(args)
+    if args.device != "cpu" or args.tiny:
+        ap.error("--device and --tiny apply to --random-weights only")
+    chosen = [s for s in args.systems.split(",") if s]
+    unknown = set(chosen) - set(ALL_SYSTEMS)
+    if unknown:
+        ap.error(f"unknown systems {sorted(unknown)}; choose from {','.join(ALL_SYSTEMS)}")
+    skip |= set(ALL_SYSTEMS) - set(chosen)
 
     t = time.monotonic()
     model = load_model(MODEL, num_threads=args.threads)
@@ -378,6 +459,7 @@ def main() -> None:
     }
     runs = []
     limits = None
+    extra = {}
     for name, fn in systems.items():
         if name in skip:
             continue
@@ -394,6 +476,20 @@ def main() -> None:
         if name == "slotserve":
             limits = forward_limits(model, prompts, args.slots)
             print(f"limits: {limits}")
+    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
+        import llamacpp
+
+        lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, max_tokens, args.llamacpp_lengths_from)
+        extra["llamacpp_lengths_from"] = source
+        try:
+            run, extra["llamacpp"] = run_llamacpp(prompts, lengths, [int(t) for t in args.llamacpp_threads.split(",")],
+                                                  args.llama_server)
+            runs.append(run)
+            if ref is not None:  # Q4_1 on llama.cpp vs fp32 HF greedy: for information
+                extra["llamacpp"]["agreement"] = {"with": ref.name, **llamacpp.agreement(run.outputs, ref.outputs)}
+        except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
+            extra["llamacpp_error"] = str(exc)
+            print(f"llamacpp: not measured: {exc}")
     if limits is None:
         limits = forward_limits(model, prompts, args.slots)
     alone = [r for r in runs if r.name == "hf-alone"]
@@ -404,7 +500,10 @@ def main() -> None:
     for r, run in zip(rows, runs):
         r["differs_from_reference"] = [] if reference is None else [
             i for i, (a, b) in enumerate(zip(run.outputs, reference)) if a != b]
-    report(rows, limits, ideal_s, args.out)
+    greedy = next((r for name in REFERENCES for r in runs if r.name == name), None)
+    if greedy is not None:  # what --llamacpp-lengths-from reads back
+        extra["reference_useful_lengths"] = {"from": greedy.name, "lengths": [len(o) for o in greedy.outputs]}
+    report(rows, limits, ideal_s, args.out, extra)
 
 
 if __name__ == "__main__":

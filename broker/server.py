@@ -29,6 +29,7 @@ import zmq
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
 from protocol.codec import decode, encode, peek_request_ids
+from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error
@@ -72,6 +73,7 @@ class BrokerServer:
                 # Hard cap well above the polite limit: between the two a peer
                 # gets a too_large reply; past this zmq drops the connection.
                 s.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
+                set_ipv6(s, endpoint, bind=True)
                 s.bind(endpoint)
         except Exception:
             self.close()

@@ -20,6 +20,7 @@ from typing import Callable
 import zmq
 
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+from protocol.endpoints import set_ipv6
 from protocol.errors import ProtocolError
 from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Heartbeat, Message, RequestSpec, Submit
 
@@ -123,6 +124,7 @@ class Connection:
             sock.setsockopt(zmq.MAXMSGSIZE, 4 * DEFAULT_MAX_MESSAGE_BYTES)
             if self._curve is not None:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
+            set_ipv6(sock, self.address, bind=False)
             sock.connect(self.address)
         except Exception as e:  # noqa: BLE001 -- reported to the constructor's caller
             self._error = ValueError(f"cannot connect to {self.address!r}: {e}")

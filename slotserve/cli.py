@@ -11,9 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
-import sys
-import threading
 
 import click
 
@@ -45,18 +42,6 @@ class StopTokenType(click.ParamType):
 
 
 STOP_TOKEN = StopTokenType()
-
-
-def _signal_flag() -> threading.Event:
-    """SIGINT/SIGTERM set the returned flag (and nothing else)."""
-    stop = threading.Event()
-
-    def on_signal(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return stop
 
 
 def _broker_curve(curve_dir: str | None) -> dict:
@@ -184,11 +169,13 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
                   metrics_port=metrics_port, metrics_host=metrics_host, client_liveness_s=client_liveness_s,
                   worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, register_grace_s=register_grace_s,
                   **_broker_curve(curve_dir))
-    stop = _signal_flag()
+    from slotserve.signals import StopSignals
+
     click.echo(f"broker: clients on {frontend}, workers on {backend}"
                + (f" (CURVE, keys in {curve_dir})" if curve_dir else ""), err=True)
     try:
-        run_broker(cfg, stop=stop)
+        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
+            run_broker(cfg, stop=sig.flag)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
 
@@ -215,9 +202,11 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                   stop_token=stop_token, name=name, model_options=model_options,
                   **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
-    stop = _signal_flag()
+    from slotserve.signals import StopSignals
+
     try:
-        run_worker(cfg, stop=stop)
+        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
+            run_worker(cfg, stop=sig.flag)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
 
@@ -251,33 +240,33 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
        max_queue: int, curve_dir: str | None, model_options) -> None:
     """Run a broker and WORKERS workers as supervised child processes.
 
-    Crashed children are restarted. Ctrl-C or SIGTERM stops all of them cleanly.
+    Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
+    them cleanly (exit status 0); the children also stop by themselves when
+    this process is gone, however it ended (kill -9 included).
     """
     from slotserve.launcher import LocalCluster
+    from slotserve.signals import StopSignals
 
     log_level = ctx.find_root().params["log_level"].upper()
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
                           curve_dir, model_options)
-    stop = _signal_flag()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)  # a signal wakes the supervisor loop at once
-    try:
-        with LocalCluster(cfg) as cluster:
+    with StopSignals() as sig:
+        cluster = LocalCluster(cfg)
+        try:
+            cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
                        f"{workers} x {model} worker(s) with {slots} slots. Ctrl-C stops.", err=True)
-            cluster.supervise(stop.is_set, wakeup_fd=wake_r)
+            cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping...", err=True)
-    except (RuntimeError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        signal.set_wakeup_fd(-1)
-        os.close(wake_r)
-        os.close(wake_w)
+        except (RuntimeError, ValueError) as e:
+            if not sig.is_set():
+                raise click.ClickException(str(e)) from None
+        finally:
+            cluster.stop()
 
 
 @main.command()
-@click.argument("input_path", metavar="IN.jsonl", type=click.File("r"))
+@click.argument("input_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output", type=click.File("w"), required=True, show_envvar=True,
               help="Where to write the result rows (JSONL).")
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
@@ -290,7 +279,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=10_000, show_envvar=True,
               help="Requests submitted and not yet finished, at most.")
 @click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=None, show_envvar=True,
-              help="Give up after this many seconds (default: no limit).")
+              help="Stop the job after this many seconds, as a signal would (exit status 124; default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
 @_curve_dir
 @_model_options
@@ -302,38 +291,53 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
     messages), "max_tokens", optional "stop_token", "stop" (list of token-id
     lists), "priority", "timeout_s", "temperature", "top_p", "top_k", "seed"}.
+    A row without "id" gets its line number (from 1) as id; ids must be
+    unique (a later row reusing one gets an error row).
     Results: {"id", "tokens", "finish_reason", "usage", "text"?, "error"?},
-    in completion order.
+    each written and flushed as its request ends (completion order).
     Without --broker an embedded broker and workers are started and stopped.
+
+    Ctrl-C, SIGTERM, SIGHUP or --timeout-s stop the job: requests in flight
+    are cancelled, every submitted row still gets its result row, the
+    summary is printed, the embedded cluster stops; later lines are not read.
+
+    \b
+    Exit status:
+      0    every row ran, none ended with finish_reason "error"
+      1    the job could not run (no broker, the cluster failed, unreadable input)
+      2    bad usage
+      3    some rows ended with "error" (bad rows included; see their "error")
+      124  --timeout-s passed
+      128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
     """
-    from client import BrokerUnavailable, Client
-    from slotserve.job import run_job
-    from slotserve.launcher import LocalCluster
+    from slotserve.batch import run_batch
+    from slotserve.job import open_input
+    from slotserve.signals import StopSignals
 
     log_level = ctx.find_root().params["log_level"].upper()
     total = None
-    if input_path is not sys.stdin and hasattr(input_path, "name") and os.path.isfile(input_path.name):
-        with open(input_path.name) as f:
+    if input_path != "-" and os.path.isfile(input_path):
+        with open(input_path, "rb") as f:
             total = sum(1 for line in f if line.strip())
     cluster = None
-    try:
-        if broker_addr is None:
-            cfg = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
+    if broker_addr is None:
+        cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
                                   model, slots, step_delay_ms, stop_token, log_level, curve_dir, model_options)
-            cluster = LocalCluster(cfg)
-            cluster.start()
-            broker_addr = cluster.frontend
-        with Client(broker_addr, model=model, name="slotserve-run", curve=curve_dir) as client:
-            client.wait_for_model(60.0)
-            summary = run_job(client, input_path, output, max_in_flight=max_in_flight, total=total,
-                              progress=progress, timeout_s=timeout_s)
-    except (BrokerUnavailable, RuntimeError, TimeoutError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        if cluster is not None:
-            cluster.stop()
-    output.flush()
-    click.echo(summary.format(), err=True)
+    try:
+        inp = open_input(input_path)
+    except OSError as e:
+        raise click.ClickException(f"cannot read {input_path}: {e}") from None
+    with StopSignals() as sig:
+        outcome = run_batch(inp, output, signals=sig, model=model, broker=broker_addr, cluster=cluster,
+                            curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
+                            timeout_s=timeout_s, close_input=True)
+    if outcome.summary is not None:
+        click.echo(outcome.summary.format(), err=True)
+    if outcome.exit_status == 1:
+        raise click.ClickException(outcome.message)
+    if outcome.message:
+        click.echo(outcome.message, err=True)
+    ctx.exit(outcome.exit_status)
 
 
 @main.command()

@@ -1,33 +1,48 @@
 """The batch job behind ``slotserve run``: JSONL requests in, JSONL results out.
 
-Input rows (one JSON object per line; blank lines skipped)::
+Input rows (one JSON object per line, UTF-8; a byte-order mark, CRLF line
+ends and blank lines are fine)::
 
     {"id": any, "prompt": [token ids] | "text" (or "messages": [chat messages]), "max_tokens": int,
      optional "stop_token": int | [int] | null, "stop": [[token ids], ...],
      "priority": int, "timeout_s": number,
      "temperature", "top_p", "top_k", "seed"}
 
-Output rows, written as requests finish (completion order; match on ``id``)::
+A row without an ``id`` (or with ``"id": null``) gets its line number (an
+int, counting from 1, blank lines included) as its id. Ids are unique within
+a job: a later row reusing an id gets an error row (``bad_request``) and is
+not run.
+
+Output rows, each written and flushed as its request ends (completion order;
+match on ``id``)::
 
     {"id", "tokens": generated ids only, "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens"},
      "error": {"code", "message"} when there is one, "text" for text prompts}
 
-A row that cannot be parsed or fails validation gets an error row (code
-``bad_request``) and the job goes on.
+A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
+an error row (code ``bad_request``, with the line number as id when the row
+gives none) and the job goes on. A job that is stopped (a signal, a timeout)
+cancels what is in flight and still writes one row for every row it
+submitted; rows after the last line read get none.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Callable, Iterable, TextIO
 
 from client import DEFAULT, Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
 from protocol.validation import validate_messages
+
+log = logging.getLogger(__name__)
 
 ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
                         "temperature", "top_p", "top_k", "seed"})
@@ -37,7 +52,10 @@ ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", 
 @dataclass(frozen=True, slots=True)
 class JobSummary:
     """What a job did. Latencies in milliseconds, measured by the client from
-    submission; ``output_tokens_per_s`` = completion tokens / wall time."""
+    submission; ``output_tokens_per_s`` = completion tokens / wall time.
+    ``stopped``: why the job ended before its input did (``"SIGTERM"``,
+    ``"timeout after 30 s"``, ...), None when it ran to the end;
+    ``lines_read``: input lines read (the last one when stopped early)."""
 
     requests: int
     errors: int
@@ -48,6 +66,8 @@ class JobSummary:
     p99_latency_ms: float | None
     p50_ttft_ms: float | None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    stopped: str | None = None
+    lines_read: int = 0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -67,6 +87,9 @@ class JobSummary:
             ("latency p50 / p99", f"{ms(self.p50_latency_ms)} / {ms(self.p99_latency_ms)}"),
             ("TTFT p50", ms(self.p50_ttft_ms)),
         ]
+        if self.stopped is not None:
+            rows.append(("stopped", f"{self.stopped}, after input line {self.lines_read}: unfinished requests "
+                                    "were cancelled; later lines were not read"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -79,22 +102,150 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[k]
 
 
-class _Job:
-    def __init__(self, client: Client, out: TextIO, max_in_flight: int, bar) -> None:
+class Job:
+    """A batch job over one :class:`~client.Client`: rows are read and submitted
+    on a feeder thread (at most ``max_in_flight`` unfinished at a time) and
+    each result row is written to ``out`` and flushed as its request ends.
+
+    - ``inp``: an iterable of text lines (an open file); read on the feeder
+      thread, so a stalled pipe never blocks :meth:`stop`.
+    - ``total``: rows expected, for the progress bar (tqdm on stderr when
+      ``progress``).
+    - ``on_finish``: called (from any thread) once :attr:`finished` turns
+      true, e.g. to wake a supervising loop.
+    - ``close_input``: close ``inp`` once it is read to the end (or the job
+      stopped reading it).
+
+    Use :meth:`start`, then :meth:`wait` or :attr:`finished`; :meth:`stop`
+    ends it early; :meth:`summary` at the end.
+    """
+
+    def __init__(self, client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,
+                 total: int | None = None, progress: bool = True,
+                 on_finish: Callable[[], None] | None = None, close_input: bool = False) -> None:
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.client = client
+        self.inp = inp
         self.out = out
-        self.bar = bar
-        self.window = threading.Semaphore(max_in_flight)
-        self.lock = threading.Lock()          # guards rows, out, the counters
-        self.rows: dict[int, tuple[Any, int]] = {}  # request id -> (row id, prompt tokens)
+        self.max_in_flight = max_in_flight
+        self.on_finish = on_finish
+        self.close_input = close_input
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", desc="slotserve run", mininterval=0.25)
+        self.cond = threading.Condition()  # guards everything below, and out
+        self.rows: dict[int, Any] = {}     # request id (= line number) -> row id
         self.handles: dict[int, Any] = {}
+        self.ids_seen: dict[str, int] = {}  # row id as canonical JSON -> its line
         self.latencies: list[float] = []
         self.ttfts: list[float] = []
         self.reasons: dict[str, int] = {}
         self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
+        self.lines_read = 0
+        self.read_all = False
+        self.stopped: str | None = None
+        self.failure: BaseException | None = None
+        self._finished = False
+        self._t0 = self._t1 = None
+        self._feeder = threading.Thread(target=self._feed, name="slotserve-run-feeder", daemon=True)
 
-    def write(self, row: dict) -> None:  # under self.lock
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> "Job":
+        self._t0 = time.monotonic()
+        self._feeder.start()
+        return self
+
+    @property
+    def finished(self) -> bool:
+        """True once every row read has its result row, and reading ended
+        (end of input, :meth:`stop`, or a failure recorded in :attr:`failure`)."""
+        return self._finished
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until :attr:`finished` or ``timeout_s`` seconds; return :attr:`finished`."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self._finished, timeout_s)
+
+    def stop(self, reason: str, drain_timeout_s: float = 5.0) -> None:
+        """End the job early: read no further, cancel every request in flight,
+        and wait up to ``drain_timeout_s`` seconds for their endings; a request
+        whose ending has not come by then (a broker that is gone) gets its row
+        now, as ``cancelled`` with the tokens received so far. Idempotent."""
+        with self.cond:
+            if self.stopped is None and not self._finished:
+                self.stopped = reason
+            rids = list(self.handles)
+            self.cond.notify_all()
+        for rid in rids:
+            try:
+                self.client.cancel(rid)
+            except Exception:  # noqa: BLE001 -- a closed client: the rows are written below
+                break
+        with self.cond:
+            self.cond.wait_for(lambda: not self.handles, drain_timeout_s)
+            for rid in list(self.handles):
+                self._write_result(rid, FinishReason.CANCELLED, None)
+            self._check_finished()
+
+    def summary(self) -> JobSummary:
+        with self.cond:
+            wall = (self._t1 or time.monotonic()) - (self._t0 or time.monotonic())
+            lat = sorted(self.latencies)
+            ttft = sorted(self.ttfts)
+            return JobSummary(
+                requests=self.requests, errors=self.errors, prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens, wall_s=wall,
+                p50_latency_ms=None if not lat else _percentile(lat, 50) * 1000,
+                p99_latency_ms=None if not lat else _percentile(lat, 99) * 1000,
+                p50_ttft_ms=None if not ttft else _percentile(ttft, 50) * 1000,
+                finish_reasons=dict(self.reasons), stopped=self.stopped, lines_read=self.lines_read)
+
+    def close(self) -> None:
+        """Close the progress bar."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    # ------------------------------------------------------------------ feeder thread
+
+    def _feed(self) -> None:
+        try:
+            for n, line in enumerate(self.inp, start=1):
+                with self.cond:
+                    self.cond.wait_for(lambda: len(self.handles) < self.max_in_flight or self.stopped)
+                    if self.stopped:
+                        return
+                    self.lines_read = n
+                if line.strip():
+                    self.submit(n, line)
+        except BaseException as e:  # noqa: BLE001 -- reported by the caller (e.g. the client closed)
+            log.error("the job stopped reading its input: %s: %s", type(e).__name__, e)
+            with self.cond:
+                self.failure = e  # what is in flight still ends and gets its row
+        finally:
+            if self.close_input:
+                self.inp.close()
+            with self.cond:
+                self.read_all = True
+                self._check_finished()
+
+    def _check_finished(self) -> None:  # under self.cond
+        if not self._finished and (self.read_all or self.stopped is not None) and not self.handles:
+            self._finished = True
+            self._t1 = time.monotonic()
+            self.cond.notify_all()
+            if self.on_finish is not None:
+                self.on_finish()
+
+    # ------------------------------------------------------------------ rows
+
+    def write(self, row: dict) -> None:  # under self.cond
         self.out.write(json.dumps(row) + "\n")
+        self.out.flush()  # a row is on disk when its request ends, whatever happens to this process later
         self.requests += 1
         reason = row["finish_reason"]
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
@@ -105,34 +256,70 @@ class _Job:
         if self.bar is not None:
             self.bar.update(1)
 
-    def bad_row(self, row_id: Any, message: str) -> None:
-        with self.lock:
+    def bad_row(self, n: int, row_id: Any, message: str) -> None:
+        """Write the error row of input line ``n`` (not once the job is stopped)."""
+        with self.cond:
+            if self._refused_when_stopped(n):
+                return
             self.write({"id": row_id, "tokens": [], "finish_reason": FinishReason.ERROR.value,
                         "usage": {"prompt_tokens": 0, "completion_tokens": 0},
                         "error": {"code": ErrorCode.BAD_REQUEST.value, "message": message}})
 
+    def _refused_when_stopped(self, n: int) -> bool:  # under self.cond
+        if self.stopped is None:
+            return False
+        self.lines_read = min(self.lines_read, n - 1)  # line n got no row
+        return True
+
+    def _claim_id(self, n: int, row_id: Any) -> str | None:
+        """Record ``row_id`` as used by line ``n``; return why not when an
+        earlier line used it."""
+        key = json.dumps(row_id, sort_keys=True)
+        with self.cond:
+            first = self.ids_seen.setdefault(key, n)
+        if first != n:
+            return f"line {n}: duplicate id {key} (line {first} has it); ids must be unique within a job"
+        return None
+
     def submit(self, n: int, line: str) -> None:
+        if line.startswith("\ufeff"):  # a byte-order mark (e.g. files concatenated after the first)
+            line = line[1:]
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:  # undecodable bytes, kept as surrogates by the reader
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: not valid UTF-8 (at character {e.start})")
+            return
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            self.bad_row(None, f"line {n}: not valid JSON ({e.msg})")
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
             return
         if not isinstance(row, dict):
-            self.bad_row(None, f"line {n}: a row must be a JSON object")
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: a row must be a JSON object")
             return
         row_id = row.get("id")
+        if row_id is None:
+            row_id = n
+        duplicate = self._claim_id(n, row_id)
+        if duplicate is not None:
+            self.bad_row(n, row_id, duplicate)
+            return
         unknown = set(row) - ROW_FIELDS
         if unknown:
-            self.bad_row(row_id, f"line {n}: unknown field(s) {sorted(unknown)}; allowed: {sorted(ROW_FIELDS)}")
+            self.bad_row(n, row_id, f"line {n}: unknown field(s) {sorted(unknown)}; allowed: {sorted(ROW_FIELDS)}")
             return
         if ("prompt" in row) == ("messages" in row) or "max_tokens" not in row:
-            self.bad_row(row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
+            self.bad_row(n, row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
             return
-        self.window.acquire()
         try:
             # A "messages" value is checked here: passed as a prompt, a bare string would read as text.
             prompt = validate_messages(row["messages"]) if "messages" in row else row["prompt"]
-            with self.lock:
+            with self.cond:
+                if self._refused_when_stopped(n):
+                    return
                 h = self.client.submit_request(
                     prompt, row["max_tokens"], lambda seq, rid=n: self.done(rid),
                     stop_token=row.get("stop_token", DEFAULT), stop_sequences=row.get("stop") or (),
@@ -142,68 +329,74 @@ class _Job:
                 self.handles[n] = h
                 self.rows[n] = row_id
         except ValueError as e:
-            self.window.release()
-            self.bad_row(row_id, f"line {n}: {e}")
+            self.bad_row(n, row_id, f"line {n}: {e}")
 
     def done(self, rid: int) -> None:
         """The request's callback (client callback thread)."""
-        with self.lock:
-            h = self.handles.pop(rid)
-            row_id = self.rows.pop(rid)
-            tokens = h.tokens
-            out = {"id": row_id, "tokens": tokens, "finish_reason": h.finish_reason.value,
-                   "usage": {"prompt_tokens": h.prompt_tokens or 0, "completion_tokens": len(tokens)}}
-            if h.text is not None:
-                out["text"] = h.text
+        with self.cond:
+            h = self.handles.get(rid)
+            if h is None:
+                return  # its row was written already (stop() gave up waiting for it)
             err = h.error
-            if err is not None:
-                code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
-                out["error"] = {"code": code, "message": str(err)}
             if h.latency_s is not None:
                 self.latencies.append(h.latency_s)
             if h.ttft_s is not None:
                 self.ttfts.append(h.ttft_s)
-            self.write(out)
-        self.window.release()
+            self._write_result(rid, h.finish_reason, err)
+            self._check_finished()
+
+    def _write_result(self, rid: int, reason: FinishReason, err: BaseException | None) -> None:  # under self.cond
+        h = self.handles.pop(rid)
+        row_id = self.rows.pop(rid)
+        tokens = h.tokens
+        out = {"id": row_id, "tokens": tokens, "finish_reason": reason.value,
+               "usage": {"prompt_tokens": h.prompt_tokens or 0, "completion_tokens": len(tokens)}}
+        if h.text is not None:
+            out["text"] = h.text
+        if err is not None:
+            code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
+            out["error"] = {"code": code, "message": str(err)}
+        self.write(out)
+        self.cond.notify_all()  # room in the window
 
 
-def run_job(client: Client, inp: TextIO, out: TextIO, *, max_in_flight: int = 10_000, total: int | None = None,
-            progress: bool = True, timeout_s: float | None = None) -> JobSummary:
+def open_input(path: str) -> io.TextIOWrapper:
+    """Open a job's input file (``"-"``: standard input) as text lines.
+
+    UTF-8, a leading byte-order mark skipped (``utf-8-sig``); bytes that are
+    not UTF-8 are kept as lone surrogates (``surrogateescape``), so such a
+    line becomes one error row and the job goes on. The text layer sits on
+    an unbuffered file: a reader blocked on a stalled pipe then holds no
+    buffer lock, which would abort the interpreter's shutdown ("could not
+    acquire lock for <stdin> at interpreter shutdown") when the job is
+    stopped meanwhile. Raises OSError when the file cannot be opened.
+    """
+    raw = io.FileIO(sys.stdin.fileno() if path == "-" else path, "rb", closefd=path != "-")
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape")
+
+
+def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,
+            total: int | None = None, progress: bool = True, timeout_s: float | None = None) -> JobSummary:
     """Run every row of ``inp`` through ``client``; write result rows to ``out``.
 
     - ``max_in_flight``: requests submitted and not yet finished, at most
       (keeps the broker's queue bounded on a large file).
     - ``total``: rows expected (for the progress bar), if known.
     - ``progress``: show a tqdm progress bar on stderr.
-    - ``timeout_s``: give up waiting after this many seconds (``TimeoutError``).
+    - ``timeout_s``: stop the job after this many seconds: what is in flight
+      is cancelled and the summary's ``stopped`` says so.
 
-    Returns a :class:`JobSummary`. Bad rows become error rows; only a broken
-    connection or the timeout raises.
+    Returns a :class:`JobSummary`. Bad rows become error rows. Raises
+    ValueError for a bad ``max_in_flight``; a failure to read ``inp`` or to
+    submit (a closed client) is re-raised after the rows in flight ended.
     """
-    if type(max_in_flight) is not int or max_in_flight < 1:
-        raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="req", desc="slotserve run", mininterval=0.25)
-    job = _Job(client, out, max_in_flight, bar)
-    t0 = time.monotonic()
+    job = Job(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress)
     try:
-        for n, line in enumerate(inp, start=1):
-            if line.strip():
-                job.submit(n, line)
-        client.run(timeout=timeout_s)
+        job.start()
+        if not job.wait(timeout_s):
+            job.stop(f"timeout after {timeout_s:g} s")
     finally:
-        if bar is not None:
-            bar.close()
-    wall = time.monotonic() - t0
-    lat = sorted(job.latencies)
-    ttft = sorted(job.ttfts)
-    return JobSummary(
-        requests=job.requests, errors=job.errors, prompt_tokens=job.prompt_tokens,
-        completion_tokens=job.completion_tokens, wall_s=wall,
-        p50_latency_ms=None if not lat else _percentile(lat, 50) * 1000,
-        p99_latency_ms=None if not lat else _percentile(lat, 99) * 1000,
-        p50_ttft_ms=None if not ttft else _percentile(ttft, 50) * 1000,
-        finish_reasons=dict(job.reasons))
+        job.close()
+    if job.failure is not None:
+        raise job.failure
+    return job.summary()

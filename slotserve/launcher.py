@@ -1,18 +1,22 @@
 """The local launcher: a broker and workers as supervised child processes.
 
 Children are started with multiprocessing's ``spawn`` (a clean interpreter:
-no inherited sockets, threads or locks), each installs SIGINT/SIGTERM
-handlers that only set its stop flag, and is stopped with terminate ->
-join(timeout) -> kill. :meth:`LocalCluster.supervise` restarts children that
-die, from a loop, until told to stop.
+no inherited sockets, threads or locks) and stopped with terminate ->
+join(timeout) -> kill. In each child SIGTERM only sets its stop flag, SIGINT
+and SIGHUP are ignored (the parent, which gets them too from a terminal,
+decides), a thread watches the parent and stops the child when the parent is
+gone however it ended (SIGKILL included; :func:`slotserve.signals.watch_parent`),
+and the process title says what the child is (``slotserve broker ...``,
+``slotserve worker 0 model=... slots=...`` in ``ps``).
+:meth:`LocalCluster.supervise` restarts children that die, from a loop, until
+told to stop.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import signal
-import threading
+import os
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -20,6 +24,7 @@ from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
 from client import BrokerUnavailable, Client
+from slotserve.signals import StopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.process import WorkerConfig, run_worker
 
@@ -31,27 +36,37 @@ _ctx = mp.get_context("spawn")
 # ---------------------------------------------------------------------- child entry points
 
 
-def _child_setup(log_level: str) -> threading.Event:
+def _child_setup(title: str, log_level: str, stop_timeout_s: float) -> StopFlag:
+    from setproctitle import setproctitle
+
+    setproctitle(title)
     logging.basicConfig(level=log_level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
-    stop = threading.Event()
-
-    def on_signal(signum, frame):  # only sets the flag; the loops notice within one tick
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopFlag()  # the loops check it every tick
+    child_signals(stop)
+    watch_parent(stop, grace_s=stop_timeout_s)
     return stop
 
 
-def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING") -> None:
-    """Child process body: run a broker; put ``(frontend, backend)`` on ``ready`` once bound."""
-    stop = _child_setup(log_level)
-    run_broker(config, stop=stop, on_ready=lambda f, b: ready.put((f, b)))
+def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0) -> None:
+    """Child process body: run a broker; put ``(frontend, backend)`` on ``ready`` once bound.
+    ``stop_timeout_s``: seconds it may take to stop once its parent is gone."""
+    stop = _child_setup(f"slotserve broker frontend={config.frontend} backend={config.backend}", log_level,
+                        stop_timeout_s)
+
+    def on_ready(frontend: str, backend: str) -> None:
+        from setproctitle import setproctitle
+
+        setproctitle(f"slotserve broker frontend={frontend} backend={backend}")  # '*' ports resolved
+        ready.put((frontend, backend))
+
+    run_broker(config, stop=stop, on_ready=on_ready)
 
 
-def worker_main(config: WorkerConfig, log_level: str = "WARNING") -> None:
-    """Child process body: run a worker."""
-    stop = _child_setup(log_level)
+def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0, stop_timeout_s: float = 5.0) -> None:
+    """Child process body: run a worker (``index``: its place in the cluster, for
+    its process title; ``stop_timeout_s`` as for :func:`broker_main`)."""
+    stop = _child_setup(f"slotserve worker {index} model={config.model} slots={config.num_slots} "
+                        f"broker={config.broker}", log_level, stop_timeout_s)
     try:
         run_worker(config, stop=stop)
     except ModelLoadError as e:  # one clear line, not a page of loader traceback; the parent reports the exit
@@ -107,6 +122,7 @@ class LocalCluster:
         self._broker: mp.Process | None = None
         self._workers: list[mp.Process | None] = [None] * len(config.workers)
         self._restarts: list[float] = []
+        self._should_stop: Callable[[], bool] = _never
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -123,8 +139,13 @@ class LocalCluster:
     def broker_process(self) -> mp.Process | None:
         return self._broker
 
-    def start(self) -> None:
-        """Start the broker, then the workers; return once all workers registered."""
+    def start(self, should_stop: Callable[[], bool] | None = None) -> None:
+        """Start the broker, then the workers; return once all workers registered.
+
+        ``should_stop``: checked while waiting (e.g. a signal flag); when it
+        turns true the children are stopped and RuntimeError is raised.
+        """
+        self._should_stop = should_stop or (lambda: False)
         try:
             self._start_broker()
             for i in range(len(self._workers)):
@@ -133,10 +154,17 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        finally:
+            self._should_stop = _never
+
+    def _check_stop(self) -> None:
+        if self._should_stop():
+            raise RuntimeError("stopped while starting")
 
     def _start_broker(self) -> None:
         ready = _ctx.Queue()
-        p = _ctx.Process(target=broker_main, args=(self._broker_cfg, ready, self.config.log_level),
+        p = _ctx.Process(target=broker_main,
+                         args=(self._broker_cfg, ready, self.config.log_level, self.config.stop_timeout_s),
                          name="slotserve-broker", daemon=True)
         p.start()
         self._broker = p
@@ -146,6 +174,7 @@ class LocalCluster:
                 self.frontend, self.backend = ready.get(timeout=0.2)
                 break
             except Exception:  # queue.Empty: check the child is still alive, then wait on
+                self._check_stop()
                 if not p.is_alive():
                     raise RuntimeError(f"the broker exited with code {p.exitcode} while starting "
                                        "(port in use? see its log above)") from None
@@ -157,8 +186,8 @@ class LocalCluster:
 
     def _start_worker(self, i: int) -> None:
         cfg = replace(self.config.workers[i], broker=self.backend)
-        p = _ctx.Process(target=worker_main, args=(cfg, self.config.log_level), name=f"slotserve-worker-{i}",
-                         daemon=True)
+        p = _ctx.Process(target=worker_main, args=(cfg, self.config.log_level, i, self.config.stop_timeout_s),
+                         name=f"slotserve-worker-{i}", daemon=True)
         p.start()
         self._workers[i] = p
 
@@ -171,6 +200,7 @@ class LocalCluster:
         with Client(self.frontend, connect_timeout_s=timeout_s, name="launcher",
                     curve=self.config.client_curve) as c:
             while True:
+                self._check_stop()
                 st = c.status()
                 if all(m in st.models and st.models[m].workers >= n for m, n in expected.items()):
                     return
@@ -183,12 +213,14 @@ class LocalCluster:
                 wait_for_sentinels([p.sentinel for p in self.worker_processes], timeout=0.05)
 
     def supervise(self, should_stop: Callable[[], bool], *, max_restarts_per_min: int = 10,
-                  wakeup_fd: int | None = None) -> None:
+                  wakeup_fd: int | None = None, poll_s: float = 1.0) -> None:
         """Restart children that exit until ``should_stop()`` is true.
 
         Waits on the children's sentinels (and ``wakeup_fd``, e.g. a signal
-        wakeup pipe) rather than sleeping. Raises RuntimeError when children
-        die more than ``max_restarts_per_min`` times in a minute (a crash loop).
+        wakeup pipe, non-blocking; drained when it wakes the loop) rather
+        than sleeping; ``should_stop`` is also checked every ``poll_s``
+        seconds. Raises RuntimeError when children die more than
+        ``max_restarts_per_min`` times in a minute (a crash loop).
         """
         while not should_stop():
             handles = [p.sentinel for p in self.worker_processes]
@@ -196,7 +228,8 @@ class LocalCluster:
                 handles.append(self._broker.sentinel)
             if wakeup_fd is not None:
                 handles.append(wakeup_fd)
-            wait_for_sentinels(handles, timeout=1.0)
+            if wakeup_fd in wait_for_sentinels(handles, timeout=poll_s):
+                _drain(wakeup_fd)
             if should_stop():
                 return
             if self._broker is not None and not self._broker.is_alive():
@@ -276,6 +309,18 @@ def make_curve_keys(curve_dir: str, *, clients: int = 1, workers: int = 1) -> li
                 shutil.copyfile(public, dest)
                 written.append(dest)
     return written
+
+
+def _never() -> bool:
+    return False
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass
 
 
 def _terminate(procs: Sequence[mp.Process], timeout_s: float) -> None:

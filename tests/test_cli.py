@@ -101,7 +101,7 @@ def test_run_embedded_job(tmp_path):
                            json.dumps({"id": "typo", "prompt": [1], "max_token": 3}), ""])
     proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "4"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # rows ended with "error"
     got = [json.loads(line) for line in outp.read_text().splitlines()]
     assert len(got) == 303
     by_id = {r["id"]: r for r in got}
@@ -113,7 +113,7 @@ def test_run_embedded_job(tmp_path):
         assert "error" not in r
     errors = [r for r in got if "error" in r]
     assert len(errors) == 3 and all(r["error"]["code"] == "bad_request" for r in errors)
-    assert {r["id"] for r in errors} == {None, "empty", "typo"}
+    assert {r["id"] for r in errors} == {301, "empty", "typo"}  # an unparseable row: its line number
     # Progress bar and summary on stderr.
     for needle in ("requests", "303 (3 errors)", "output tokens/s", "p50", "TTFT", "slotserve run"):
         assert needle in proc.stderr
@@ -217,7 +217,7 @@ def test_run_chat_rows_need_a_tokenizer_and_well_formed_messages(tmp_path):
     write_rows(inp, rows)
     proc = subprocess.run(SLOTSERVE + ["run", str(inp), "-o", str(outp), "--workers", "1", "--slots", "2",
                                        "--no-progress"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # rows ended with "error"
     by_id = {r["id"]: r for r in map(json.loads, outp.read_text().splitlines())}
     assert set(by_id) == {r["id"] for r in rows}
     assert "error" not in by_id["ok"] and len(by_id["ok"]["tokens"]) >= 1

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import zmq
 
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -404,6 +405,7 @@ class _WorkerIO:
         self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         if wp.curve_keys is not None:
             self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = wp.curve_keys
+        set_ipv6(self.sock, self.cfg.broker, bind=False)
         self.sock.connect(self.cfg.broker)
         self.broker_id: str | None = None
         self.registered = False

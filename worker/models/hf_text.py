@@ -9,6 +9,7 @@ tokens is never emitted in pieces.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
@@ -38,19 +39,26 @@ class HFTextCodec:
       model's special tokens, if its tokenizer is configured to).
     - ``apply_chat_template(messages) -> list[int]``: the model's chat
       template with the generation prompt appended; ``messages`` is a list of
-      ``{"role": str, "content": str}``.
+      ``{"role": str, "content": str}``. Only the template's own markers
+      become control tokens: a control-token spelling inside a message (a
+      user typing ``<|im_end|>``) is tokenised as plain text, so content can
+      neither end its turn nor forge another (transformers'
+      ``sanitize_control_tokens=True``, transformers >= 5.20).
     - ``decode(ids, skip_special_tokens=True) -> str``: special tokens such as
       EOS are left out of the text by default, as in vLLM's
       ``skip_special_tokens=True`` (the token ids still carry them).
     - ``decoder(prompt_ids, skip_special_tokens=True) -> StreamDecoder``, likewise.
 
-    Raises ``ValueError`` for a non-string text, malformed messages, or a
-    tokenizer without a chat template.
+    Raises ``ValueError`` for a non-string text, malformed messages, a
+    tokenizer without a chat template, or (for chat) a transformers release
+    without ``sanitize_control_tokens``.
     """
 
     def __init__(self, tokenizer) -> None:
         self._tok = tokenizer
         self._backend = tokenizer.backend_tokenizer
+        # Older releases would pass the flag on to the template as a variable and sanitize nothing.
+        self._sanitizes = "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -67,9 +75,13 @@ class HFTextCodec:
                 raise ValueError(f"each message needs a str 'role' and a str 'content', got {m!r}")
         if not self._tok.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a text prompt instead")
+        if not self._sanitizes:
+            raise ValueError("chat needs transformers >= 5.20 (apply_chat_template(sanitize_control_tokens=True)), "
+                             "else message content could forge control tokens; upgrade it or send token ids")
         try:
             enc = self._tok.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                sanitize_control_tokens=True,
             )
         except Exception as exc:  # jinja errors, raise_exception() in templates
             raise ValueError(f"chat template rejected the messages: {exc}") from exc

@@ -1,0 +1,366 @@
+"""bench/gpu.py -- random-weight serving bench on a device: ``bench/model.py --random-weights``.
+
+The method of the GPU measurement in issue 8 (shared/bench/gpu_serving.py),
+made a part of bench/model.py. Weights are random with the shapes of real
+models, because a GPU machine may not reach a model hub and throughput does
+not depend on weight values; stop tokens are off, so every request generates
+exactly its length and every system does the same work. Three systems on the
+same device, weights and workload, one at a time:
+
+- ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` on the
+  model :func:`slotserve_model` loads (``--slots`` slots), after a warm-up
+  that fills every slot once;
+- ``hf-static``: ``model.generate`` on left-padded batches of ``slots``
+  requests in order, each batch running to its longest request (what a user
+  gets from static batching: a request's extra tokens are wasted);
+- ``hf-cb``: transformers' continuous batching manager
+  (``init_continuous_batching``), ``slots`` requests per batch; on CUDA its
+  paged cache is sized by transformers from free memory.
+
+Cases (the issue's table): SmolLM2-135M shape, HE32 at 8 slots in fp32 and
+bf16; 256 requests with lengths U[16, 256] (``random.Random(1)``, prompts the
+HE32 prompts cycled) at 64 slots in bf16, for the SmolLM2-135M and
+Llama-3.2-1B shapes (the 1B's llama3 RoPE scaling is left out: it changes
+no shape or cost). HE32 is bench/model.py's: the first 32 HumanEval prompts
+as SmolLM2 token ids, each generating its bench/model.py ``max_tokens``
+(U[16, 128], ``random.Random(0)``); the issue's table used the greedy answer
+lengths instead (1,958 tokens instead of 2,348), so its HE32 rows compare
+in tokens/s, not in wall time.
+
+``--tiny`` (for CPU, and tests): 2-layer 64-wide models with a 1,024-token
+vocabulary, and scaled workloads -- 8 synthetic prompts (8-24 tokens,
+``random.Random(2)``) for HE32, 32 for the 256-request mix, lengths a
+tenth (at least 2). It checks the plumbing, not speed.
+
+A budget (``--time-limit-s``, default 170 s, counted from the first case)
+skips whatever would start after it, marked ``skipped``; what runs when it
+expires finishes, so the whole run stays within 4 minutes as long as no
+single system takes over a minute (the issue's slowest, slotserve on the
+SmolLM2 256-request case at 652 tokens/s, took ~53 s). The cases run in
+the order of :data:`CASES`: the issue's targets first.
+Writes ``model_random_<device>[_tiny].json`` and ``.png`` in ``--out``.
+GPU numbers from this file were not verified on a GPU by its author (no GPU
+machine was at hand); the tiny CPU mode is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import random
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # config.json of HuggingFaceTB/SmolLM2-135M-Instruct
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
+    # config.json of meta-llama/Llama-3.2-1B (head_dim 64), without its llama3 rope_scaling
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+}
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1024)
+MAX_CONTEXT = 2048  # prompts are <= ~500 tokens, lengths <= 256
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the issue's table."""
+
+    name: str
+    shape: str  # key of SHAPES
+    dtype: str  # "float32" or "bfloat16"
+    workload: str  # "he32" or "mix256"
+    slots: int
+
+
+CASES = (  # the issue's targets first (bf16, 256 requests, 64 slots): a time limit skips the HE32 rows first
+    Case("smol-bf16-mix256-64", "smollm2-135m", "bfloat16", "mix256", 64),
+    Case("1b-bf16-mix256-64", "llama-3.2-1b", "bfloat16", "mix256", 64),
+    Case("smol-fp32-he32-8", "smollm2-135m", "float32", "he32", 8),
+    Case("smol-bf16-he32-8", "smollm2-135m", "bfloat16", "he32", 8),
+)
+SYSTEMS = ("slotserve", "hf-static", "hf-cb")
+
+
+@dataclass
+class Result:
+    """One system's pass over one case (times in seconds from t0)."""
+
+    system: str
+    wall_s: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+    first_s: list[float] = field(default_factory=list)  # first-token time per request (empty: not measured)
+    note: str = ""
+
+    def summary(self) -> dict:
+        useful = sum(len(o) for o in self.outputs)
+        return {"system": self.system, "wall_s": round(self.wall_s, 3), "useful_tokens": useful,
+                "tokens_per_s": round(useful / self.wall_s, 1),
+                "ttft_mean_ms": round(1000 * sum(self.first_s) / len(self.first_s), 1) if self.first_s else None,
+                "note": self.note}
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- weights and workloads
+
+
+def model_dir(shape: str, dtype: str, tiny: bool, device: str) -> str:
+    """A ``save_pretrained`` directory of a random-weight Llama with ``shape`` (seed 0), cached in the temp dir."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    path = Path(tempfile.gettempdir()) / "slotserve-bench-random" / f"{shape}-{dtype}{'-tiny' if tiny else ''}"
+    if not (path / "config.json").exists():
+        cfg = LlamaConfig(**{**SHAPES[shape], **(TINY if tiny else {})}, max_position_embeddings=MAX_CONTEXT,
+                          rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+        torch.manual_seed(0)
+        with torch.device(device):  # random init is the slow part for 1B; do it where the work is
+            model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+        model.save_pretrained(path)
+        del model
+        free(device)
+    return str(path)
+
+
+def workload(kind: str, tiny: bool, he_prompts, he_lengths) -> tuple[list[list[int]], list[int]]:
+    """``(prompts, lengths)`` of a case's workload (see the module docstring)."""
+    if tiny:
+        rng = random.Random(2)
+        base = [[rng.randrange(3, 1000) for _ in range(rng.randint(8, 24))] for _ in range(8)]
+        n = 8 if kind == "he32" else 32
+        prompts = [base[i % len(base)] for i in range(n)]
+        if kind == "he32":
+            return prompts, [max(2, m // 10) for m in he_lengths[:n]]
+        rng = random.Random(1)
+        return prompts, [rng.randint(2, 25) for _ in range(n)]
+    if kind == "he32":
+        return [list(p) for p in he_prompts], list(he_lengths)
+    rng = random.Random(1)
+    return [list(he_prompts[i % len(he_prompts)]) for i in range(256)], [rng.randint(16, 256) for _ in range(256)]
+
+
+# ---------------------------------------------------------------- systems
+
+
+@contextlib.contextmanager
+def slotserve_model(path: str, *, device: str, dtype: str):
+    """slotserve's model backend on ``device``, for the duration of the ``with`` block.
+
+    The one place that says how slotserve is put on a device. Until the
+    model runner has ``device=``/``precision=`` options, the HF backend is
+    built and run under ``torch.device(device)`` as the default device (the
+    method of shared/bench/gpu_serving.py); once it has them, replace the
+    ``with``/``yield`` below by
+    ``yield load_model(path, device=device, precision=dtype, max_cache_len=MAX_CONTEXT)``.
+    """
+    from worker.models import load_model
+
+    with torch.device(device):
+        yield load_model(path, dtype=dtype, max_cache_len=MAX_CONTEXT)
+
+
+def run_slotserve(path, dtype, device, prompts, lengths, slots) -> Result:
+    from worker import BatchInferenceEngine
+
+    with slotserve_model(path, device=device, dtype=dtype) as model:
+        engine = BatchInferenceEngine(model, batch_size=slots, stop_token=None)
+        for p in prompts[:slots]:  # warm-up: fills every slot once
+            engine.submit_request(p, 4)
+        engine.run()
+        sync(device)
+        first: list[float | None] = [None] * len(prompts)
+
+        def on_token(i):
+            def record(_tok):
+                if first[i] is None:
+                    first[i] = time.monotonic() - t0
+            return record
+
+        t0 = time.monotonic()
+        handles = [engine.submit_request(p, n, on_token=on_token(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
+        engine.run()
+        sync(device)
+        wall = time.monotonic() - t0
+        outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
+    return Result("slotserve", wall, outputs, first, f"in-process engine, {slots} slots, stop tokens off")
+
+
+def _hf_model(path, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                attn_implementation="sdpa").to(device).eval()
+
+
+def run_hf_static(path, dtype, device, prompts, lengths, slots) -> Result:
+    model = _hf_model(path, dtype, device)
+
+    def batch(idx, limit=None):
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.tensor([[0] * (width - len(prompts[i])) + prompts[i] for i in idx], device=device)
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in idx], device=device)
+        n = limit or max(lengths[i] for i in idx)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0, eos_token_id=None)
+        return [out[r, width:width + lengths[i]].tolist() for r, i in enumerate(idx)]
+
+    batch(list(range(min(slots, len(prompts)))), limit=4)  # warm-up: one full batch, 4 tokens
+    sync(device)
+    outputs: list[list[int]] = []
+    t0 = time.monotonic()
+    for start in range(0, len(prompts), slots):
+        outputs += batch(list(range(start, min(start + slots, len(prompts)))))
+    sync(device)
+    wall = time.monotonic() - t0
+    del model
+    return Result("hf-static", wall, outputs, [], f"generate, left-padded batches of {slots}, each to its longest")
+
+
+def run_hf_cb(path, dtype, device, prompts, lengths, slots) -> Result:
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = _hf_model(path, dtype, device)
+    gen = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    if torch.device(device).type == "cuda":  # transformers sizes its paged cache from free GPU memory
+        cb = ContinuousBatchingConfig(max_batch_tokens=2048, max_requests_per_batch=slots)
+    else:
+        page = 64
+        per_request = math.ceil((max(map(len, prompts)) + max(lengths)) / page)
+        cb = ContinuousBatchingConfig(page_size=page, num_blocks=slots * per_request + 4, max_batch_tokens=512,
+                                      max_requests_per_batch=slots, allow_block_sharing=False)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    manager.start()
+    try:
+        manager.add_request(prompts[0][:8], request_id="warm-up", max_new_tokens=4)
+        _collect(manager, {"warm-up"})
+        t0 = time.monotonic()
+        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
+               for i, (p, n) in enumerate(zip(prompts, lengths))]
+        done = _collect(manager, set(ids))
+        wall = time.monotonic() - t0
+    finally:
+        manager.stop(block=True)
+    del model, manager
+    return Result("hf-cb", wall, [list(done[i].generated_tokens) for i in ids], [],
+                  f"init_continuous_batching, {slots} requests per batch")
+
+
+def _collect(manager, ids: set[str], timeout_s: float = 300.0) -> dict:
+    done: dict = {}
+    while len(done) < len(ids):
+        res = manager.get_result(timeout=timeout_s)
+        if res is None:
+            raise RuntimeError(f"transformers' continuous batching gave no result in {timeout_s:.0f} s")
+        if res.is_finished() and res.request_id in ids:
+            done[res.request_id] = res
+    return done
+
+
+RUNNERS = {"slotserve": run_slotserve, "hf-static": run_hf_static, "hf-cb": run_hf_cb}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEMS, cases=CASES,
+              time_limit_s: float = 170.0, log=print) -> dict:
+    """Every case x system; returns the JSON payload (see :func:`main`). A system that raises
+    is recorded with its error and the run goes on."""
+    t_start = time.monotonic()
+    payload = {"mode": "random-weights", "device": device, "tiny": tiny, "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "time_limit_s": time_limit_s, "cases": []}
+    import transformers
+
+    payload["transformers"] = transformers.__version__
+    transformers.utils.logging.disable_progress_bar()  # one bar per model load drowns the log
+    if torch.device(device).type == "cuda":
+        payload["gpu"] = torch.cuda.get_device_name(0)
+    payload["load_avg_before"] = [round(x, 2) for x in os.getloadavg()]
+    for case in cases:
+        path = model_dir(case.shape, case.dtype, tiny, device)
+        prompts, lengths = workload(case.workload, tiny, he_prompts, he_lengths)
+        row = {"case": case.name, "shape": case.shape, "dtype": case.dtype, "workload": case.workload,
+               "slots": case.slots, "requests": len(prompts), "tokens_asked": sum(lengths), "systems": []}
+        outputs = {}
+        for name in systems:
+            if time.monotonic() - t_start > time_limit_s:
+                row["systems"].append({"system": name, "skipped": f"time limit {time_limit_s:.0f} s reached"})
+                continue
+            try:
+                result = RUNNERS[name](path, case.dtype, device, prompts, lengths, case.slots)
+            except Exception:  # noqa: BLE001 - one system's failure is a result, the bench goes on
+                row["systems"].append({"system": name, "error": traceback.format_exc()[-2000:]})
+                log(f"{case.name} {name}: ERROR\n{row['systems'][-1]['error']}")
+                continue
+            finally:
+                free(device)
+            summary = result.summary()
+            summary["exact_lengths"] = [len(o) for o in result.outputs] == lengths
+            row["systems"].append(summary)
+            outputs[name] = result.outputs
+            log(f"{case.name} {name}: {result.wall_s:.2f} s, {summary['tokens_per_s']} tokens/s")
+        speed = {s["system"]: s["tokens_per_s"] for s in row["systems"] if "tokens_per_s" in s}
+        if "slotserve" in speed:
+            row["slotserve_vs"] = {b: round(speed["slotserve"] / speed[b], 3) for b in speed if b != "slotserve"}
+            row["identical_to_slotserve"] = {b: sum(a == c for a, c in zip(outputs["slotserve"], outputs[b]))
+                                             for b in outputs if b != "slotserve"}
+        payload["cases"].append(row)
+    payload["total_s"] = round(time.monotonic() - t_start, 1)
+    payload["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return payload
+
+
+def report(payload: dict, out: Path) -> Path:
+    """Print the table; write ``model_random_<device>[_tiny].json`` and ``.png`` in ``out``; return the JSON path."""
+    print(f"\n{'case':>22} | {'system':>10} | {'wall_s':>8} | {'tokens/s':>9} | {'ttft ms':>8} | vs")
+    for row in payload["cases"]:
+        for s in row["systems"]:
+            ratio = row.get("slotserve_vs", {}).get(s["system"])
+            cells = [s.get("wall_s", s.get("skipped", "error")), s.get("tokens_per_s", "-"), s.get("ttft_mean_ms")]
+            print(f"{row['case']:>22} | {s['system']:>10} | " + " | ".join(f"{str(c):>8}" for c in cells)
+                  + (f" | slotserve {ratio:.2f}x" if ratio else ""))
+    print(f"total {payload['total_s']} s")
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"model_random_{torch.device(payload['device']).type}{'_tiny' if payload['tiny'] else ''}"
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(SYSTEMS)
+    for k, name in enumerate(SYSTEMS):
+        ys = [next((s.get("tokens_per_s", 0) for s in row["systems"] if s["system"] == name), 0)
+              for row in payload["cases"]]
+        ax.bar([i + k * width for i in range(len(ys))], ys, width, label=name)
+    ax.set_xticks([i + width for i in range(len(payload["cases"]))], [r["case"] for r in payload["cases"]])
+    ax.set_ylabel("useful output tokens/s")
+    ax.set_title(f"random weights on {payload.get('gpu', payload['device'])}{' (tiny)' if payload['tiny'] else ''}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {path} and {stem}.png")
+    return path

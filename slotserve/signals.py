@@ -1,0 +1,161 @@
+"""Stop flags that signal handlers may set, and the parent watch of child processes.
+
+A signal handler here only records that a stop was asked for (STYLE rule 9):
+it assigns one attribute and takes no lock. (``threading.Event.set`` takes
+the Event's lock, and a handler runs on the main thread between two
+bytecodes, possibly while that same thread holds the lock inside
+``Event.wait``: a deadlock.) Loops notice the flag at their next tick, or at
+once through the wakeup pipe that :func:`signal.set_wakeup_fd` writes to.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import wait as wait_for_handles
+
+log = logging.getLogger(__name__)
+
+_SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _SIGHUP) if s is not None)
+"""The signals that ask a slotserve command to stop: Ctrl-C, ``kill PID``, a
+closed terminal (or a process manager's reload/stop)."""
+
+
+class StopFlag:
+    """``is_set()`` / ``set(reason)``, like ``threading.Event`` but safe to set
+    from a signal handler (no lock) and remembering the first reason given
+    (a signal number or a short text)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: int | str | None = None
+
+    def set(self, reason: int | str = "stop") -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+    @property
+    def signum(self) -> int | None:
+        """The signal that set the flag, or None (not set, or set for another reason)."""
+        return self.reason if isinstance(self.reason, int) else None
+
+
+class StopSignals:
+    """A context manager for a command's main thread: SIGINT, SIGTERM and
+    SIGHUP set :attr:`flag` (with the signal number) and write to a wakeup
+    pipe (:meth:`fileno`) so a waiting loop wakes at once.
+
+    A signal that was ignored when the command started stays ignored, as
+    shells and tools expect (``nohup`` ignores SIGHUP; a background job of a
+    non-interactive shell, and some job runners, ignore SIGINT). Outside the
+    main thread (where Python allows no handlers) nothing is installed. The
+    previous handlers and wakeup fd are restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.flag = StopFlag()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._previous: dict[int, object] = {}
+        self._previous_fd: int | None = None
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous_fd is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        os.close(self._r)
+        os.close(self._w)
+
+    def _on_signal(self, signum, frame) -> None:  # only sets the flag
+        self.flag.set(signum)
+
+    def is_set(self) -> bool:
+        return self.flag.is_set()
+
+    def fileno(self) -> int:
+        """The read end of the wakeup pipe: readable after a signal or :meth:`wake`."""
+        return self._r
+
+    def wake(self) -> None:
+        """Wake whoever waits on :meth:`fileno` (from any thread)."""
+        try:
+            os.write(self._w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # full of wake-ups already, or closed at exit
+
+    def drain(self) -> None:
+        """Empty the wakeup pipe (after a wait returned because of it)."""
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until a signal, a :meth:`wake` or ``timeout_s`` seconds."""
+        if wait_for_handles([self._r], timeout_s):
+            self.drain()
+
+
+def child_signals(stop: StopFlag) -> None:
+    """In a launched child: SIGTERM sets ``stop``; SIGINT and SIGHUP are
+    ignored, because the parent decides when its children stop (a Ctrl-C or
+    a hang-up reaches the whole process group; the parent then cancels what
+    is left while the children still serve, and stops them in order)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _SIGHUP is not None:
+        signal.signal(_SIGHUP, signal.SIG_IGN)
+
+
+def watch_parent(stop: StopFlag, grace_s: float) -> threading.Thread | None:
+    """In a child started by :mod:`multiprocessing`: when the parent process
+    is gone, however it ended (SIGKILL included), set ``stop``, and if the
+    process is still alive ``grace_s`` seconds later, end it with
+    ``os._exit(1)``. Returns the watching (daemon) thread, or None when this
+    process has no multiprocessing parent.
+
+    Why the parent sentinel and not ``prctl(PR_SET_PDEATHSIG)``: the sentinel
+    is the read end of a pipe whose write end only the parent holds, so it
+    turns readable exactly when the parent *process* is gone; PDEATHSIG fires
+    when the parent *thread* that forked the child exits (a cluster started
+    from a short-lived thread would lose its children), is Linux-only, and
+    needs a native helper. A thread cannot be killed by a busy main thread
+    either: it only needs the GIL, which model code releases in its kernels.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return None
+
+    def watch() -> None:
+        wait_for_handles([parent.sentinel])
+        log.warning("the parent process %s is gone: stopping", parent.pid)
+        stop.set("parent gone")
+        time.sleep(grace_s)  # a deadline, not synchronisation: the main thread exits first when it can
+        log.error("did not stop within %.1f s of the parent's end: exiting", grace_s)
+        os._exit(1)
+
+    t = threading.Thread(target=watch, name="slotserve-parent-watch", daemon=True)
+    t.start()
+    return t
