@@ -61,26 +61,19 @@ class LayerWeights:
 
 
 class Embedding:
-    """Token embedding rows in the activation dtype; int8 rows with per-row scales for int8/int4."""
+    """Token embedding rows (fp32, or bf16 at bf16), returned in the activation dtype."""
 
-    def __init__(self, table: torch.Tensor, precision: str, device: str, act_dtype: torch.dtype) -> None:
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype, device: str, act_dtype: torch.dtype) -> None:
         self.act_dtype = act_dtype
-        self.scales = None
-        if precision in ("int8", "int4"):
-            scale = table.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-            self.table = torch.round(table / scale[:, None]).clamp_(-127, 127).to(torch.int8).to(device)
-            self.scales = scale.to(device=device, dtype=act_dtype)[:, None]
-        else:
-            self.table = table.to(device=device, dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
-                                  copy=True)  # own memory: the HF tensor may map the whole weights file
+        # own memory (copy=True): the HF tensor may map the whole weights file
+        self.table = table.to(device=device, dtype=dtype, copy=True)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(ids, self.table).to(self.act_dtype)
-        return rows if self.scales is None else rows * F.embedding(ids, self.scales)
+        return F.embedding(ids, self.table).to(self.act_dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.table.numel() * self.table.element_size() + (0 if self.scales is None else self.scales.numel() * 4)
+        return self.table.numel() * self.table.element_size()
 
 
 class LlamaWeights:
@@ -116,15 +109,19 @@ class LlamaWeights:
                 norm(layer.post_attention_layernorm), fused([mlp.gate_proj, mlp.up_proj]), fused([mlp.down_proj]),
             ))
         self.norm = norm(base.norm)
-        table = base.embed_tokens.weight.detach()
-        self.embed = Embedding(table, precision, device, act)
+        # The embedding and the LM head stay fp32 at int8/int4: quantising them too cost most of
+        # the greedy agreement with fp32 on HumanEval prompts (measured: 1 of 8 identical against
+        # 6 of 8 with int4 layers), for a small share of the bytes read per step.
+        outer = "bf16" if precision == "bf16" else "fp32"
+        self.embed = Embedding(base.embed_tokens.weight.detach(), torch.bfloat16 if outer == "bf16" else act,
+                               device, act)
         head = hf_model.get_output_embeddings()
         tied = head.weight is base.embed_tokens.weight
         qkv = self.layers[0].qkv
         if tied and isinstance(qkv, DenseLinear) and self.embed.table.dtype == qkv.weight.dtype:
             self.head = DenseLinear(self.embed.table)  # one tensor for both, as in the HF model
         else:
-            self.head = make_linear(head.weight.detach(), None, precision, device)
+            self.head = make_linear(head.weight.detach(), None, outer, device)
         self.scaling = head_dim ** -0.5
         rotary = base.rotary_emb
         positions = torch.arange(max_len, dtype=torch.float32)
