@@ -30,7 +30,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return load_model("smollm2-135m")
+    """The HF runner (the reference: its ``.model`` is the transformers module)."""
+    return load_model("smollm2-135m", runner="hf")
 
 
 def test_config_attributes(smol):
@@ -69,3 +70,28 @@ def test_text_round_trip_and_chat_template(smol):
     assert "<|im_start|>user\nHi<|im_end|>" in rendered
     assert "<|im_start|>" not in codec.decode(chat)  # special tokens left out by default, as in vLLM
     assert rendered.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_slotserve_runner_against_generate(smol, precision):
+    """slotserve's runner on the same weights (copied from the HF module): fp32 gives HF's greedy
+    tokens; int4 gets the GGUF's own Q4_1 codes back, so it stays close (most tokens equal)."""
+    from worker.models import llama
+
+    runner = llama.from_hf(smol.model, smol.tokenizer, precision=precision, eos_token_ids=smol.eos_token_ids,
+                           max_prefill_tokens=16)  # the prompts are prefilled in chunks too
+    codec = smol.tokenizer
+    prompts = [codec.encode(p) for p in PROMPTS]
+    engine = BatchInferenceEngine(runner, batch_size=2, stop_token="model")
+    handles = [engine.submit_request(p, 8) for p in prompts]
+    engine.run()
+    same = 0
+    for p, h in zip(prompts, handles):
+        with torch.inference_mode():
+            ref = smol.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                      max_new_tokens=8, do_sample=False)[0, len(p):].tolist()
+        got = h.result(timeout=0)[len(p):]
+        same += sum(a == b for a, b in zip(got, ref))
+        if precision == "fp32":
+            assert got == ref
+    assert same >= 12  # of 24 tokens (int4: measured 24)

@@ -190,10 +190,29 @@ def test_int4_gets_4_bit_weights_back_exactly():
     low = torch.randn(32, 4, 1).bfloat16().float() / 10
     w = (codes * scale + low).reshape(32, 128)
     lin = Int4Linear(w)
-    assert torch.equal(lin.codes.float(), codes)
+    assert torch.equal(lin.unpacked_codes().float(), codes)
     zero = low + 8 * scale
     bound = 2 ** -8 * (zero.abs() + 15 * scale) * 1.01  # bf16 rounding (2^-8) of the zero and the scale
     assert bool(((lin.dequantize() - w).reshape(32, 4, 32).abs() <= bound).all())
+
+
+def test_int8_embedding_gets_8_bit_blocks_back_exactly():
+    """At int8/int4 the embedding is int8 with a scale per 32 columns: exact for a table that was
+    8-bit in 32-column blocks (a Q8_0 GGUF's), within half a step otherwise."""
+    from worker.models.llama.model import Embedding
+
+    torch.manual_seed(2)
+    codes = torch.randint(-127, 128, (50, 3, 32)).float()
+    codes[..., 0] = 127  # Q8_0's quantiser maps each block's largest magnitude to +-127
+    scale = torch.rand(50, 3, 1).half().float()
+    table = (codes * scale).reshape(50, 96)
+    emb = Embedding(table, torch.int8, "cpu", torch.float32)
+    ids = torch.tensor([0, 49, 7, 7])
+    assert torch.equal(emb(ids), table[ids])
+    other = torch.randn(50, 96)
+    got = Embedding(other, torch.int8, "cpu", torch.float32)(ids)
+    step = other[ids].reshape(4, 3, 32).abs().amax(-1, keepdim=True) / 127
+    assert bool(((got - other[ids]).reshape(4, 3, 32).abs() <= step * 0.501).all())
 
 
 @pytest.mark.parametrize("runner", ["slotserve", "hf"])

@@ -154,8 +154,8 @@ class Int4Linear(_Quantised):
     ``_weight_int4pack_mm`` kernels). Needs ``K % 32 == 0``. The scale is
     ``(max - min) / 15`` of the group, so weights that came from a 4-bit
     format with 32-column blocks (llama.cpp's Q4_1, as in the SmolLM2 GGUF)
-    get their own codes back. The codes are also kept unpacked (one byte
-    each), to dequantise exactly these weights for many-row products.
+    get their own codes back. The codes are also kept in a plain layout (two
+    per byte), to dequantise exactly these weights for many-row products.
     """
 
     __slots__ = ("packed", "scales_zeros", "codes", "scale", "offset", "bias", "out_features", "in_features")
@@ -177,7 +177,8 @@ class Int4Linear(_Quantised):
         self.scales_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).reshape(rows, k).contiguous(), 1)
-        self.codes = q[:n].to(torch.uint8)  # [N, K / group, group]
+        codes = q[:n].to(torch.uint8).reshape(n, k)
+        self.codes = codes[:, 0::2] | (codes[:, 1::2] << 4)  # two codes per byte, [N, K / 2]
         self.scale, self.offset = scale[:n], (zero - 8.0 * scale)[:n]
         self.bias = bias
         self.out_features, self.in_features = n, k
@@ -185,10 +186,15 @@ class Int4Linear(_Quantised):
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scales_zeros)
 
+    def unpacked_codes(self) -> torch.Tensor:
+        """The 4-bit codes, one per byte, ``[N, K // 32, 32]``."""
+        c = self.codes
+        return torch.stack((c & 15, c >> 4), dim=-1).reshape(self.out_features, -1, INT4_GROUP)
+
     def dequantize(self) -> torch.Tensor:
         """The weight the kernel multiplies by, as fp32 ``[N, K]``."""
-        return torch.addcmul(self.offset, self.codes.float(), self.scale).reshape(self.out_features,
-                                                                                  self.in_features)
+        return torch.addcmul(self.offset, self.unpacked_codes().float(), self.scale).reshape(
+            self.out_features, self.in_features)
 
     @property
     def nbytes(self) -> int:
