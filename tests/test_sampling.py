@@ -31,6 +31,7 @@ def test_failed_rows_reported_by_the_model_fail():
 
 @pytest.mark.parametrize("temperature", [1e-40, 1e-30, GREEDY_BELOW / 2])
 def test_tiny_temperatures_are_greedy(temperature):
+    assert SamplingParams(temperature=temperature).greedy and not SamplingParams(temperature=GREEDY_BELOW).greedy
     logits = torch.randn(4, 500) * 30
     params = [SamplingParams(temperature=temperature, seed=s) for s in range(4)]
     assert Sampler().pick(logits, params, [9] * 4) == logits.argmax(-1).tolist()

@@ -73,7 +73,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < 1e-5  # worker.models.sampling.GREEDY_BELOW
 
 
 GREEDY = SamplingParams()
