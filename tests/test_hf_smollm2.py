@@ -41,19 +41,25 @@ def test_config_attributes(smol):
     assert smol.tokenizer is not None
 
 
-def test_greedy_equals_generate(smol):
-    codec = smol.tokenizer
-    prompts = [codec.encode(p) for p in PROMPTS]
-    engine = BatchInferenceEngine(smol, batch_size=2, stop_token="model")  # 3 prompts: a slot is reused
-    handles = [engine.submit_request(p, 8) for p in prompts]
-    engine.run()
-    for p, h in zip(prompts, handles):
+@pytest.fixture(scope="module")
+def references(smol):
+    """``(prompt ids, HF generate's 8 greedy tokens)`` per prompt."""
+    out = []
+    for text in PROMPTS:
+        p = smol.tokenizer.encode(text)
         with torch.inference_mode():
-            ref = smol.model.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=8, do_sample=False,
-            )
-        assert h.result(timeout=0)[len(p):] == ref[0, len(p):].tolist()
+            ref = smol.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                      max_new_tokens=8, do_sample=False)
+        out.append((p, ref[0, len(p):].tolist()))
+    return out
+
+
+def test_greedy_equals_generate(smol, references):
+    engine = BatchInferenceEngine(smol, batch_size=2, stop_token="model")  # 3 prompts: a slot is reused
+    handles = [engine.submit_request(p, 8) for p, _ in references]
+    engine.run()
+    for (p, ref), h in zip(references, handles):
+        assert h.result(timeout=0)[len(p):] == ref
         assert h.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
 
 
@@ -73,25 +79,21 @@ def test_text_round_trip_and_chat_template(smol):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_slotserve_runner_against_generate(smol, precision):
-    """slotserve's runner on the same weights (copied from the HF module): fp32 gives HF's greedy
-    tokens; int4 gets the GGUF's own Q4_1 codes back, so it stays close (most tokens equal)."""
+def test_slotserve_runner_against_generate(smol, references, precision):
+    """slotserve's runner on the same weights (copied from the HF module), prompts prefilled in
+    16-token chunks: fp32 gives HF's greedy tokens; int4 gets the GGUF's own Q4_1 codes back, so
+    it stays close (measured: 24 of 24 tokens equal)."""
     from worker.models import llama
 
     runner = llama.from_hf(smol.model, smol.tokenizer, precision=precision, eos_token_ids=smol.eos_token_ids,
-                           max_prefill_tokens=16)  # the prompts are prefilled in chunks too
-    codec = smol.tokenizer
-    prompts = [codec.encode(p) for p in PROMPTS]
+                           max_prefill_tokens=16)
     engine = BatchInferenceEngine(runner, batch_size=2, stop_token="model")
-    handles = [engine.submit_request(p, 8) for p in prompts]
+    handles = [engine.submit_request(p, 8) for p, _ in references]
     engine.run()
     same = 0
-    for p, h in zip(prompts, handles):
-        with torch.inference_mode():
-            ref = smol.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                      max_new_tokens=8, do_sample=False)[0, len(p):].tolist()
+    for (p, ref), h in zip(references, handles):
         got = h.result(timeout=0)[len(p):]
         same += sum(a == b for a, b in zip(got, ref))
         if precision == "fp32":
             assert got == ref
-    assert same >= 12  # of 24 tokens (int4: measured 24)
+    assert same >= 18, same  # of 24
