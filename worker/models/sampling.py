@@ -71,6 +71,19 @@ def uniform(seed: int, position: int) -> float:
     return (mix_seed(seed, position) >> 10) / float(1 << 53)
 
 
+def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor of the Python ``values`` on ``device`` without a host synchronisation.
+
+    ``torch.tensor(values, device="cuda")`` copies from pageable memory and
+    waits for the GPU; here the values go through pinned memory with a
+    non-blocking copy, ordered on the current stream like any kernel.
+    """
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class NonFiniteLogits(ModelError):
     """The model produced NaN or infinite logits for this request (and only this one)."""
 
@@ -97,7 +110,7 @@ class Sampler:
             bad |= failed
         rows = [b for b, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
         if rows:
-            index = torch.tensor(rows, device=logits.device)
+            index = to_device(rows, torch.long, logits.device)
             drawn = self._sample(logits.index_select(0, index), [params[b] for b in rows],
                                  [positions[b] for b in rows])
             tokens = tokens.index_copy(0, index, drawn)
@@ -112,23 +125,23 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+        temperature = to_device([p.temperature for p in params], torch.float32, device)[:, None]
         scores = logits.float()
         scores = (scores - scores.amax(dim=-1, keepdim=True)) / temperature  # <= 0: never overflows
         top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
         top_p = [p.top_p if p.top_p < 1.0 else _NO_TOP_P for p in params]
         if any(top_k) or any(p != _NO_TOP_P for p in top_p):
             ordered, order = torch.sort(scores, dim=-1, descending=True)
-            k = torch.tensor([k or vocab for k in top_k], device=device)[:, None]
+            k = to_device([k or vocab for k in top_k], torch.long, device)[:, None]
             kth = ordered.gather(1, k - 1)
             ordered = ordered.masked_fill(ordered < kth, float("-inf"))
             probs = torch.softmax(ordered, dim=-1)
             # drop a token when the mass before it already reaches top_p
-            drop = (probs.cumsum(dim=-1) - probs) >= torch.tensor(top_p, device=device)[:, None]
+            drop = (probs.cumsum(dim=-1) - probs) >= to_device(top_p, torch.float32, device)[:, None]
             drop |= ordered == float("-inf")
             scores = scores.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
         cdf = torch.softmax(scores, dim=-1).double().cumsum(dim=-1)
         u = [self._rng.random() if p.seed is None else uniform(p.seed, pos)
              for p, pos in zip(params, positions)]
-        target = torch.tensor(u, dtype=torch.float64, device=device)[:, None] * cdf[:, -1:]
+        target = to_device(u, torch.float64, device)[:, None] * cdf[:, -1:]
         return torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)[:, 0]

@@ -29,6 +29,7 @@ import torch
 
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.model import LlamaWeights, StepPlan, forward
+from worker.models.sampling import to_device
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WINDOW = 256
@@ -74,7 +75,7 @@ class DecodeGraphs:
             self.graphs[key] = self._capture(b, w)
         graph, logits, failed = self.graphs[key]
         graph.replay()
-        rows = torch.tensor(out_rows, dtype=torch.long).pin_memory().to(cache.device, non_blocking=True)
+        rows = to_device(out_rows, torch.long, cache.device)
         return logits.index_select(0, rows), out_index, failed, self.arange[:b]
 
     def _plan(self, b: int, w: int) -> StepPlan:

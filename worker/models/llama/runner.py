@@ -32,7 +32,7 @@ import torch
 from worker.models.base import SlotInput
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.model import LlamaWeights, StepPlan, forward
-from worker.models.sampling import Sampler
+from worker.models.sampling import Sampler, to_device
 
 
 class LlamaRunner:
@@ -99,7 +99,7 @@ class LlamaRunner:
             if out_index:
                 params = [batch[i].sampling for i in out_index]
                 positions = [len(batch[i].tokens) for i in out_index]
-                rows = torch.tensor([self._row_of[batch[i].slot] for i in out_index], device=self.device)
+                rows = to_device([self._row_of[batch[i].slot] for i in out_index], torch.long, self.device)
                 failed = self._failed.index_select(0, rows) > 0
                 for i, tok in zip(out_index, self._sampler.pick(logits, params, positions, failed)):
                     out[i] = tok
@@ -191,13 +191,13 @@ class LlamaRunner:
                 out_rows.append(offset + count - 1), out_index.append(i)
         device = self.device
         plan = StepPlan(
-            ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            write_rows=torch.tensor(rows, dtype=torch.long, device=device),
-            write_pos=torch.tensor(write_pos, dtype=torch.long, device=device), n_decode=n_decode,
-            lengths=torch.tensor(lengths, dtype=torch.long, device=device) if n_decode else None,
+            ids=to_device(ids, torch.long, device),
+            positions=to_device(positions, torch.long, device),
+            write_rows=to_device(rows, torch.long, device),
+            write_pos=to_device(write_pos, torch.long, device), n_decode=n_decode,
+            lengths=to_device(lengths, torch.long, device) if n_decode else None,
             window=max(lengths, default=0), prefill=prefill,
-            logits_at=torch.tensor(out_rows, dtype=torch.long, device=device),
+            logits_at=to_device(out_rows, torch.long, device),
         )
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.keys, cache.values, plan)
