@@ -427,7 +427,7 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dic
         print(f"decode step [{name}]: " + ", ".join(f"{n} slots {ms} ms" for n, ms in steps.items()))
     print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"workload": "HE32", "model": MODEL, "threads": torch.get_num_threads(),
+    payload = {"workload": "HE32", "model": MODEL, "limits_threads": torch.get_num_threads(),
                "limits": limits, "ideal_wall_s": round(ideal_s, 2), "systems": rows,
                "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in versus
                                         if b in base} for r in rows}, **(extra or {})}
@@ -459,7 +459,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--threads", default="2",
+                    help="torch threads; a list (e.g. 1,2) runs every slotserve and HF system once per value "
+                         "and keeps the fastest, as --llamacpp-threads does (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated systems to skip")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
                     help=f"comma-separated systems to run (default: {','.join(ALL_SYSTEMS)}; llamacpp runs last)")
@@ -485,7 +487,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    torch.set_num_threads(args.threads)
+    thread_counts = [int(t) for t in str(args.threads).split(",") if t]
+    torch.set_num_threads(thread_counts[0])
     if args.random_weights:
         return run_random_weights(args)
     if args.device != "cpu" or args.tiny:
@@ -498,7 +501,7 @@ def main() -> None:
 
     precisions = [p for p in args.precisions.split(",") if p]
     t = time.monotonic()
-    model = load_model(MODEL, num_threads=args.threads, runner="hf")  # the HF runner: baselines + "before"
+    model = load_model(MODEL, num_threads=thread_counts[0], runner="hf")  # the HF runner: baselines + "before"
     print(f"loaded {MODEL} in {time.monotonic() - t:.1f} s")
     prompts, max_tokens = load_workload(args.prompts, model.tokenizer)
     eos = set(model.eos_token_ids)
@@ -514,8 +517,8 @@ def main() -> None:
 
     systems = {
         "slotserve": slotserve_fp32,
-        **{f"slotserve-broker[{p}]": (lambda p=p: run_slotserve_broker(prompts, max_tokens, args.slots, p,
-                                                                       args.threads)) for p in precisions},
+        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(prompts, max_tokens, args.slots,
+                                                                                p, threads)) for p in precisions},
         "hf-static": lambda: run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots),
         "hf-cb": lambda: run_hf_cb(hf, prompts, max_tokens, eos, args.slots),
         "hf-alone": lambda: run_hf_alone(hf, prompts, max_tokens, eos, pad_id),
@@ -527,15 +530,20 @@ def main() -> None:
         if name.split("[")[0] in skip:
             continue
         tries = []
-        for _ in range(1 if name == "hf-alone" or name.startswith("slotserve-broker") else args.repeats):
-            before = os.getloadavg()[0]
-            run = fn()
-            run.load_avg = (before, os.getloadavg()[0])
-            tries.append(run)
-            print(f"{name}: {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> {run.load_avg[1]:.2f})")
+        for threads in thread_counts:
+            for _ in range(1 if name == "hf-alone" or name.startswith("slotserve-broker") else args.repeats):
+                torch.set_num_threads(threads)
+                before = os.getloadavg()[0]
+                run = fn(threads) if name.startswith("slotserve-broker") else fn()
+                run.load_avg = (before, os.getloadavg()[0])
+                run.note += f"; {threads} thread(s)"
+                tries.append(run)
+                print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
+                      f"{run.load_avg[1]:.2f})", flush=True)
         run = min(tries, key=lambda r: r.wall_s)  # best of N: the run least disturbed by other jobs
         run.all_wall_s = [round(t.wall_s, 2) for t in tries]
         runs.append(run)
+    torch.set_num_threads(thread_counts[0])
 
     if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
         import llamacpp
