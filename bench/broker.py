@@ -134,7 +134,7 @@ def bench_occupancy(n: int, workers: int = 2, slots: int = 8, step_delay_ms: flo
             while not stop.is_set():
                 st = mon.status()
                 samples.append((st.models["simulated"].queued, st.counters["tokens_out"],
-                                sum(w["iterations"] * w["num_slots"] for w in st.workers)))
+                                sum(w.iterations * w.num_slots for w in st.workers)))
                 stop.wait(0.05)
 
         for i in range(n):

@@ -34,8 +34,9 @@ from client import BrokerUnavailable, Client  # noqa: E402
 from protocol.codec import encode  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.messages import (  # noqa: E402
-    Bye, Cancel, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, RequestSpec, StatusQuery, Submit,
+    Bye, Cancel, Envelope, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
 )
+from protocol.request import RequestParams  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
 from worker.process import WorkerConfig  # noqa: E402
@@ -46,8 +47,9 @@ LIMIT = 64 * 1024
 CORPUS = {
     "frontend": [encode(m) for m in (
         Hello("fuzz"), Heartbeat(), StatusQuery(), Bye("x"), Cancel([1, "a"]),
-        Submit("simulated", [RequestSpec(1, [1, 2], 3), RequestSpec("b", [5], 2, stop_tokens=[0], priority=2,
-                                                                     timeout_s=0.5, stop_sequences=[[1, 2]])]))],
+        Submit("simulated", [Envelope(1, RequestParams([1, 2], 3)),
+                             Envelope("b", RequestParams([5], 2, stop_token=[0], priority=2, timeout_s=0.5,
+                                                         stop_sequences=[[1, 2]]))]))],
     "backend": [encode(m) for m in (
         Register("simulated", 2, 3, ModelInfo(1000, 64, (0,), False), "fuzz"), Heartbeat(progress=3), Bye(),
         Iteration(ids=[0, 1], tokens=[4, 5], finished=[Finished(0, FinishReason.STOP, prompt_tokens=2)]))],

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.queue import DEFAULT_AGING_WINDOW
-from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+from protocol import defaults
 
-DEFAULT_FRONTEND = "tcp://127.0.0.1:5555"
-DEFAULT_BACKEND = "tcp://127.0.0.1:5556"
+DEFAULT_FRONTEND = defaults.CLIENT_ENDPOINT
+DEFAULT_BACKEND = defaults.WORKER_ENDPOINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +35,7 @@ class BrokerConfig:
       instead of failing with ``unknown_model``: after a broker restart,
       clients resubmit at once but workers re-register only on their next
       heartbeat. Past it, such requests end with ``unknown_model``.
-    - ``aging_window``: submissions per priority level of aging (see :mod:`broker.queue`).
+    - ``aging_window``: submissions per priority level of aging (see :mod:`protocol.queue`).
     - ``max_attempts``: workers a request may be lost on before it ends with
       ``worker_failed`` instead of migrating again.
     - ``max_message_bytes``: larger incoming frames get ``too_large``.
@@ -58,14 +57,14 @@ class BrokerConfig:
     frontend: str = DEFAULT_FRONTEND
     backend: str = DEFAULT_BACKEND
     max_queue: int = 100_000
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     worker_liveness_s: float = 5.0
     client_liveness_s: float = 10.0
     worker_hung_s: float | None = 300.0
     register_grace_s: float = 10.0
-    aging_window: int = DEFAULT_AGING_WINDOW
+    aging_window: int = defaults.AGING_WINDOW
     max_attempts: int = 3
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = defaults.MAX_MESSAGE_BYTES
     send_hwm: int = 10_000
     max_pending_per_peer: int = 100_000
     tick_s: float = 0.02

@@ -29,14 +29,15 @@ import logging
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig
-from broker.queue import RequestQueue
 from broker.registry import WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, Message, ModelInfo,
-    ModelStatus, Register, RequestId, RequestSpec, Results, Status, StatusQuery, Submit, Welcome,
+    Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Message, ModelInfo,
+    ModelStatus, Register, Rejected, Results, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
 )
+from protocol.queue import PriorityQueue
+from protocol.request import RequestId, RequestParams
 
 log = logging.getLogger(__name__)
 
@@ -72,23 +73,25 @@ class Job:
     """One accepted request inside the broker.
 
     ``client`` is the owner's identity, or None once the client is gone (its
-    results are then dropped). ``tokens`` are those streamed to the client so
-    far: a migrated request resumes from them. ``deadline_s`` is monotonic.
+    results are then dropped). ``params`` are the request's, as the client
+    sent them. ``tokens`` are those streamed to the client so far: a migrated
+    request resumes from them. ``deadline_s`` is monotonic.
     """
 
-    __slots__ = ("key", "client", "rid", "model", "spec", "tokens", "state", "worker",
+    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "state", "worker",
                  "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s")
 
-    def __init__(self, key: int, client: bytes, spec: RequestSpec, model: str, now: float) -> None:
+    def __init__(self, key: int, client: bytes, entry: Envelope, model: str, now: float) -> None:
         self.key = key
         self.client: bytes | None = client
-        self.rid: RequestId = spec.request_id
+        self.rid: RequestId = entry.request_id
         self.model = model
-        self.spec = spec
-        self.tokens: list[int] = list(spec.resume_tokens)
+        self.params: RequestParams = entry.params
+        self.tokens: list[int] = list(entry.resume_tokens)
         self.state = JobState.QUEUED
         self.worker: bytes | None = None
-        self.deadline_s = None if spec.timeout_s is None else now + spec.timeout_s
+        timeout_s = entry.params.timeout_s if entry.time_left_s is None else entry.time_left_s
+        self.deadline_s = None if timeout_s is None else now + timeout_s
         self.arrival_s = now
         self.attempts = 0
         self.cancel_requested = False
@@ -108,6 +111,18 @@ class ClientState:
         self.keys: set[int] = set()
 
 
+class _ResultsDraft:
+    """The parts of one client's ``results`` message while an event is handled."""
+
+    __slots__ = ("ids", "tokens", "texts", "finished")
+
+    def __init__(self) -> None:
+        self.ids: list[RequestId] = []
+        self.tokens: list[int] = []
+        self.texts: list[Text] = []
+        self.finished: list[Finished] = []
+
+
 class _Outbox:
     """Collects one event's sends; results are grouped into one message per client."""
 
@@ -115,12 +130,12 @@ class _Outbox:
 
     def __init__(self) -> None:
         self.sends: list[Send] = []
-        self.results: dict[bytes, Results] = {}
+        self.results: dict[bytes, _ResultsDraft] = {}
 
-    def result(self, client: bytes) -> Results:
+    def result(self, client: bytes) -> _ResultsDraft:
         r = self.results.get(client)
         if r is None:
-            r = self.results[client] = Results()
+            r = self.results[client] = _ResultsDraft()
         return r
 
     def send(self, side: Side, identity: bytes, message: Message) -> None:
@@ -128,7 +143,8 @@ class _Outbox:
 
     def done(self) -> list[Send]:
         for client, r in self.results.items():
-            self.sends.append(Send(Side.FRONTEND, client, r))
+            self.sends.append(Send(Side.FRONTEND, client, Results(
+                tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished))))
         return self.sends
 
 
@@ -147,7 +163,7 @@ class BrokerCore:
         self.started_s = now
         self.workers = WorkerRegistry()
         self.models: dict[str, ModelInfo] = {}       # every model ever registered
-        self.queues: dict[str, RequestQueue[Job]] = {}
+        self.queues: dict[str, PriorityQueue[Job]] = {}
         self.jobs: dict[int, Job] = {}
         self.clients: dict[bytes, ClientState] = {}
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -188,7 +204,7 @@ class BrokerCore:
         request ids it carried (the client ends those requests with the error)."""
         self.counters["bad_messages"] += 1
         self._client(identity, now)
-        ids = [r for r in request_ids if (identity, r) not in self._by_client]
+        ids = tuple(r for r in request_ids if (identity, r) not in self._by_client)
         return [Send(Side.FRONTEND, identity, Error(err.code, err.message, ids))]
 
     def _client(self, identity: bytes, now: float) -> ClientState:
@@ -202,28 +218,33 @@ class BrokerCore:
         model = msg.model
         if model not in self.models and self._grace_over:
             r = out.result(cs.identity)
-            for spec in msg.requests:
-                r.finished.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL,
+            for entry in msg.requests:
+                r.finished.append(Finished(entry.request_id, FinishReason.ERROR, ErrorCode.UNKNOWN_MODEL,
                                            _unknown_model(model)))
             self.counters["errors"] += len(msg.requests)
             return
         # Within the start-up grace an unknown model's requests wait for a
         # worker (after a broker restart, workers re-register shortly).
         q = self._queue(model)
-        for spec in msg.requests:
-            ck = (cs.identity, spec.request_id)
+        for entry in msg.requests:
+            ck = (cs.identity, entry.request_id)
             if ck in self._by_client:
                 self.counters["duplicates"] += 1  # a resubmission: already running, run once
                 continue
+            if type(entry) is Rejected:  # its parameters are invalid: it alone fails
+                self.counters["errors"] += 1
+                out.result(cs.identity).finished.append(Finished(
+                    entry.request_id, FinishReason.ERROR, ErrorCode.BAD_REQUEST, entry.message))
+                continue
             key = self._next_key
             self._next_key = key + 1
-            job = Job(key, cs.identity, spec, model, now)
+            job = Job(key, cs.identity, entry, model, now)
             if q.full():
                 self._dispatch(model, now, out)  # free credits may make room
-            if not q.push(job, spec.priority):
+            if not q.push(job, job.params.priority):
                 self.counters["queue_full"] += 1
                 out.result(cs.identity).finished.append(Finished(
-                    spec.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
+                    entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
                     f"model {model!r} has {q.max_size} requests queued; retry later"))
                 continue
             self.jobs[key] = job
@@ -241,7 +262,7 @@ class BrokerCore:
             if key is not None:
                 self._cancel_job(self.jobs[key], to_workers, out)
         for w, keys in to_workers.items():
-            out.send(Side.BACKEND, w, Cancel(keys))
+            out.send(Side.BACKEND, w, Cancel(tuple(keys)))
 
     def _cancel_job(self, job: Job, to_workers: dict[bytes, list[int]], out: _Outbox) -> None:
         if job.state is JobState.QUEUED:
@@ -276,15 +297,15 @@ class BrokerCore:
         cs.keys.clear()
         out.results.pop(cs.identity, None)
         for w, keys in to_workers.items():
-            out.send(Side.BACKEND, w, Cancel(keys))
+            out.send(Side.BACKEND, w, Cancel(tuple(keys)))
         if code is not None:
             out.send(Side.FRONTEND, cs.identity, Error(
-                code, "the client stopped reading its results; its requests were cancelled", rids))
+                code, "the client stopped reading its results; its requests were cancelled", tuple(rids)))
         elif silent and rids:
             text = (f"no heartbeat from this client for {self.config.client_liveness_s} s: "
                     "its requests were cancelled")
-            out.send(Side.FRONTEND, cs.identity, Results(finished=[
-                Finished(rid, FinishReason.CANCELLED, None, text) for rid in rids]))
+            out.send(Side.FRONTEND, cs.identity, Results(finished=tuple(
+                Finished(rid, FinishReason.CANCELLED, None, text) for rid in rids)))
 
     def client_unreachable(self, identity: bytes, code: ErrorCode | None) -> list[Send]:
         """The socket loop could not deliver to a client (gone, or its buffer
@@ -376,7 +397,7 @@ class BrokerCore:
             if client is not None:
                 r = results.get(client)
                 if r is None:
-                    r = results[client] = Results()
+                    r = results[client] = _ResultsDraft()
                 r.ids.append(job.rid)
                 r.tokens.append(tok)
         self.counters["tokens_out"] += n
@@ -385,7 +406,7 @@ class BrokerCore:
         for key, text in msg.texts:
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
-                out.result(job.client).texts.append([job.rid, text])
+                out.result(job.client).texts.append(Text(job.rid, text))
         for f in msg.finished:
             job = jobs.get(f.request_id)
             if job is None or job.worker != me:
@@ -393,7 +414,7 @@ class BrokerCore:
             w.inflight.discard(job.key)  # the credit comes back
             if self.record_timings:
                 self._timings["latency"].append(now - job.arrival_s)
-            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f)
+            self._finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason)
         if msg.finished:
             self._dispatch(w.model, now, out)
 
@@ -432,10 +453,10 @@ class BrokerCore:
 
     # ------------------------------------------------------------------ shared
 
-    def _queue(self, model: str) -> RequestQueue[Job]:
+    def _queue(self, model: str) -> PriorityQueue[Job]:
         q = self.queues.get(model)
         if q is None:
-            q = self.queues[model] = RequestQueue(self.config.max_queue, self.config.aging_window)
+            q = self.queues[model] = PriorityQueue(self.config.aging_window, self.config.max_queue)
         return q
 
     def _dispatch(self, model: str, now: float, out: _Outbox) -> None:
@@ -444,7 +465,7 @@ class BrokerCore:
         q = self.queues.get(model)
         if not q:
             return
-        assigns: dict[bytes, list[RequestSpec]] = {}
+        assigns: dict[bytes, list[Envelope]] = {}
         pick = self.workers.pick
         while len(q):
             w = pick(model)
@@ -462,22 +483,19 @@ class BrokerCore:
             if not w.inflight:
                 w.progress_s = now  # the hung clock starts when it gets work
             w.inflight.add(job.key)
-            # The job's spec becomes the worker's view of it (the client's id
-            # lives on in job.rid, the deadline in job.deadline_s).
-            spec = job.spec
-            spec.request_id = job.key
-            spec.timeout_s = timeout_s
-            spec.resume_tokens = job.tokens[:] if job.tokens else []
-            specs = assigns.get(w.identity)
-            if specs is None:
-                specs = assigns[w.identity] = []
-            specs.append(spec)
-        for identity, specs in assigns.items():
-            self.counters["dispatched"] += len(specs)
-            out.send(Side.BACKEND, identity, Assign(specs))
+            # The worker knows the request by its broker key, with the time
+            # left and the tokens the client already has beside its parameters.
+            entry = Envelope(job.key, job.params, tuple(job.tokens), timeout_s)
+            entries = assigns.get(w.identity)
+            if entries is None:
+                entries = assigns[w.identity] = []
+            entries.append(entry)
+        for identity, entries in assigns.items():
+            self.counters["dispatched"] += len(entries)
+            out.send(Side.BACKEND, identity, Assign(tuple(entries)))
 
     def _finish(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
-                out: _Outbox, prompt_tokens: int | None = None, reuse: Finished | None = None) -> None:
+                out: _Outbox, prompt_tokens: int | None = None, stop_reason=None) -> None:
         """End a job: forget it and tell its client (if still there)."""
         del self.jobs[job.key]
         c = self.counters
@@ -494,11 +512,8 @@ class BrokerCore:
             cs = self.clients.get(job.client)
             if cs is not None:
                 cs.keys.discard(job.key)
-            if reuse is None:
-                reuse = Finished(job.rid, reason, code, message, prompt_tokens)
-            else:  # the worker's entry, readdressed to the client's id
-                reuse.request_id = job.rid
-            out.result(job.client).finished.append(reuse)
+            out.result(job.client).finished.append(
+                Finished(job.rid, reason, code, message, prompt_tokens, stop_reason))
 
     def take_timings(self, kind: str) -> list[float]:
         """Samples of ``"ttft"`` or ``"latency"`` (seconds) since the last call."""
@@ -578,7 +593,7 @@ class BrokerCore:
                 slots_busy=sum(min(len(w.inflight), w.num_slots) for w in ws),
                 slots_total=sum(w.num_slots for w in ws),
             )
-        workers = [{"name": w.name, "model": w.model, "num_slots": w.num_slots, "inflight": len(w.inflight),
-                    "iterations": w.iterations, "suspect": w.suspect} for w in self.workers]
+        workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect)
+                        for w in self.workers)
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters))

@@ -29,6 +29,7 @@ import zmq
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
 from protocol.codec import decode, encode, peek_request_ids
+from protocol.curve import load_key_pair
 from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
@@ -104,16 +105,10 @@ class BrokerServer:
         """Start the ZAP authenticator (a thread owning its own socket) with one
         allow-list per side; return the broker's (public, secret) key pair.
         Raises ValueError when a key file or directory is missing or unreadable."""
-        from zmq.auth import load_certificate
         from zmq.auth.thread import ThreadAuthenticator
 
         cfg = self.config
-        try:
-            public, secret = load_certificate(cfg.curve_secret_file)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read the broker's CURVE key {cfg.curve_secret_file!r}: {e}") from None
-        if secret is None:
-            raise ValueError(f"{cfg.curve_secret_file!r} holds no secret key (use the *.key_secret file)")
+        public, secret = load_key_pair(cfg.curve_secret_file, "the broker")
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
         for side, d in ((Side.FRONTEND, cfg.curve_clients_dir), (Side.BACKEND, cfg.curve_workers_dir)):

@@ -7,8 +7,11 @@
 """
 
 from client.aio import AsyncClient
-from client.client import DEFAULT, DEFAULT_ADDRESS, Client
+from client.client import DEFAULT_ADDRESS, Client
 from client.errors import BrokerUnavailable, RemoteError
-from client.handle import RequestHandle
+from client.handle import ClientHandle
+from protocol.handle import RequestHandle
+from protocol.request import DEFAULT, RequestParams
 
-__all__ = ["AsyncClient", "BrokerUnavailable", "Client", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError", "RequestHandle"]
+__all__ = ["AsyncClient", "BrokerUnavailable", "Client", "ClientHandle", "DEFAULT", "DEFAULT_ADDRESS", "RemoteError",
+           "RequestHandle", "RequestParams"]

@@ -12,7 +12,7 @@ import functools
 from typing import AsyncIterator
 
 from client.client import DEFAULT_ADDRESS, Client
-from client.handle import RequestHandle
+from client.handle import ClientHandle
 from protocol.messages import Status
 
 _END = object()
@@ -45,11 +45,11 @@ class AsyncClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def submit_request(self, prompt, max_tokens, callback=None, **kw) -> RequestHandle:
+    def submit_request(self, prompt, max_tokens, callback=None, **kw) -> ClientHandle:
         """Exactly :meth:`Client.submit_request` (does not block)."""
         return self.client.submit_request(prompt, max_tokens, callback, **kw)
 
-    async def generate(self, prompt, max_tokens, **kw) -> RequestHandle:
+    async def generate(self, prompt, max_tokens, **kw) -> ClientHandle:
         """Submit one request and wait for its end; returns its handle.
 
         Arguments as :meth:`Client.submit_request` (no ``callback``); raises

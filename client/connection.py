@@ -19,10 +19,11 @@ from typing import Callable
 
 import zmq
 
-from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+from protocol.codec import decode, encode
+from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.endpoints import set_ipv6
 from protocol.errors import ProtocolError
-from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Heartbeat, Message, RequestSpec, Submit
+from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Heartbeat, Message, Submit
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Connection:
         self.last_recv_s = time.monotonic()
         self._on_message = on_message
         self._lock = threading.Lock()
-        self._specs: list[RequestSpec] = []
+        self._entries: list[Envelope] = []
         self._cancels: list = []
         self._other: list[Message] = []
         self._woken = False
@@ -75,9 +76,9 @@ class Connection:
 
     # ------------------------------------------------------------------ any thread
 
-    def submit(self, specs: list[RequestSpec]) -> None:
+    def submit(self, entries: list[Envelope]) -> None:
         with self._lock:
-            self._specs.extend(specs)
+            self._entries.extend(entries)
             self._wake()
 
     def cancel(self, request_ids: list) -> None:
@@ -121,7 +122,7 @@ class Connection:
             # memory). Incoming: read as fast as it comes; the broker bounds it.
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, 4 * DEFAULT_MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.MAXMSGSIZE, 4 * MAX_MESSAGE_BYTES)
             if self._curve is not None:
                 sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
             set_ipv6(sock, self.address, bind=False)
@@ -160,16 +161,16 @@ class Connection:
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
             with self._lock:
-                specs, self._specs = self._specs, []
+                entries, self._entries = self._entries, []
                 cancels, self._cancels = self._cancels, []
                 other, self._other = self._other, []
                 self._woken = False
                 closing = self._closing
             out = [encode(m) for m in other]
-            for i in range(0, len(specs), MAX_REQUESTS_PER_SUBMIT):
-                out.append(encode(Submit(self.model, specs[i:i + MAX_REQUESTS_PER_SUBMIT])))
+            for i in range(0, len(entries), MAX_REQUESTS_PER_SUBMIT):
+                out.append(encode(Submit(self.model, tuple(entries[i:i + MAX_REQUESTS_PER_SUBMIT]))))
             if cancels:
-                out.append(encode(Cancel(cancels)))
+                out.append(encode(Cancel(tuple(cancels))))
             if closing:
                 out.append(encode(Bye("client closed")))
             now = time.monotonic()

@@ -1,61 +1,67 @@
 """The msgpack codec: :func:`encode` a message to bytes, :func:`decode` bytes to a message.
 
 Wire format: one ZeroMQ frame per message holding one msgpack map
-(``use_bin_type=True``; strings as UTF-8 ``str``) with ``v`` (the
+(``use_bin_type=True``; strings as UTF-8) with ``v`` (the
 :data:`~protocol.messages.PROTOCOL_VERSION`), ``op`` and the message's
-fields. :func:`decode` never lets a peer's bytes crash the caller: anything
+fields by name. Records inside messages (NamedTuples: envelopes, request
+parameters, finished entries, ...) are msgpack arrays of their fields in
+declaration order; enums travel as their string values.
+
+Both directions are generic, derived once from each class's type
+annotations (:func:`typing.get_type_hints`): encoding lets msgpack pack the
+fields as they are (tuples and NamedTuples are arrays to it); decoding checks
+every value against its field's declared type. Two types decode their own
+way: :class:`~protocol.request.RequestParams` is built by its constructor,
+which validates every field (the one definition of a valid request), and an
+:class:`~protocol.messages.Envelope` whose parameters are invalid decodes as
+a :class:`~protocol.messages.Rejected` entry naming its request, so one bad
+request in a batch fails alone.
+
+:func:`decode` never lets a peer's bytes crash the caller: anything
 oversized, undecodable, of another version, of an unknown or unexpected
-``op``, or with a wrongly typed field raises :class:`ProtocolError` with
-the code to answer with.
+``op``, or with a value of the wrong type raises :class:`ProtocolError` with
+the code to answer with. It raises nothing else (a bug in a check would;
+tests/test_protocol.py looks for one).
 """
 
 from __future__ import annotations
 
-from typing import Any, Collection
+import dataclasses
+import enum
+import math
+import operator
+import types
+import typing
+from typing import Any, Callable, Collection, Union
 
 import msgpack
 
+from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
-from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message, Op
+from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
+from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
 
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""Largest frame :func:`decode` accepts by default (bytes): room for a
-``submit`` of many thousands of long prompts, small enough to bound memory."""
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
+"""Largest frame :func:`decode` accepts by default (bytes)."""
 
-_packer_opts = {"use_bin_type": True}
+_count_of = operator.countOf
+_tuple_new = tuple.__new__
+_ID_TYPES = frozenset({int, str})
+
+Decoder = Callable[[Any, str], Any]
+"""Checks one decoded value against a field's type: ``(value, field name) -> value``."""
 
 
 def encode(msg: Message) -> bytes:
     """Serialize ``msg`` to one msgpack frame (bytes), adding ``v`` and ``op``."""
-    d = msg.to_wire()
-    d["v"] = PROTOCOL_VERSION
-    d["op"] = msg.op.value
+    d = {"v": PROTOCOL_VERSION, "op": msg.op.value}
+    for name in _FIELDS[type(msg)]:
+        d[name] = getattr(msg, name)
     return msgpack.packb(d, use_bin_type=True)
 
 
-def peek_request_ids(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list:
-    """Best effort: the request ids named in a ``submit`` frame that failed to decode.
-
-    Lets the broker end those requests with an error instead of leaving the
-    client waiting. Returns ``[]`` when nothing usable is found; never raises.
-    """
-    try:
-        if len(data) > max_bytes:
-            return []
-        d = msgpack.unpackb(data, raw=False)
-        ids = []
-        for r in d.get("requests", []):
-            rid = r.get("id") if type(r) is dict else None
-            if type(rid) in (int, str):
-                ids.append(rid)
-        return ids
-    except Exception:  # noqa: BLE001 -- hostile bytes: anything may be raised
-        return []
-
-
-def decode(data: bytes, allowed: Collection[Op] | None = None,
-           max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
+def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     """Parse one frame into its message class.
 
     - ``data``: the frame's bytes.
@@ -69,25 +75,285 @@ def decode(data: bytes, allowed: Collection[Op] | None = None,
     if len(data) > max_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        d: Any = msgpack.unpackb(data, raw=False)
-    except Exception as e:  # noqa: BLE001 -- msgpack raises several types on garbage
+        d: Any = msgpack.unpackb(data, raw=False, use_list=False)
+    except (ValueError, TypeError) as e:  # msgpack's errors: ExtraData, FormatError, StackError, ...
         raise ProtocolError(ErrorCode.MALFORMED, f"not a msgpack message ({type(e).__name__})") from None
     if type(d) is not dict:
         raise ProtocolError(ErrorCode.MALFORMED, "a message must be a msgpack map")
-    v = d.get("v")
+    v = d.pop("v", None)
     if v != PROTOCOL_VERSION or type(v) is not int:
         raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
                             f"protocol version {v!r:.20} is not supported; this peer speaks v{PROTOCOL_VERSION}")
-    op = d.get("op")
+    op = d.pop("op", None)
     try:
         op = Op(op)
     except (ValueError, TypeError):
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r:.40}") from None
     if allowed is not None and op not in allowed:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"op {op.value!r} is not accepted on this socket")
+    return _DECODERS[MESSAGE_TYPES[op]](d, op.value)
+
+
+def as_plain(value: Any) -> Any:
+    """``value`` (a message, a record, or anything inside one) as plain JSON-like
+    data: messages and records become maps of their fields by name, tuples
+    lists, enums their values. For humans and JSON output, not the wire."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if _is_record(type(value)):
+        return {name: as_plain(v) for name, v in zip(value._fields, value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [as_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_plain(v) for k, v in value.items()}
+    return value
+
+
+def peek_request_ids(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> list:
+    """Best effort: the request ids named in a ``submit`` frame that failed to decode.
+
+    Lets the broker end those requests with an error instead of leaving the
+    client waiting. Returns ``[]`` when nothing usable is found; never raises.
+    """
     try:
-        return MESSAGE_TYPES[op].from_wire(d)
-    except ProtocolError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- defensive: a checker missed a shape
-        raise ProtocolError(ErrorCode.MALFORMED, f"bad {op.value!r} message ({type(e).__name__}: {e})"[:300]) from None
+        if len(data) > max_bytes:
+            return []
+        d = msgpack.unpackb(data, raw=False)
+        ids = []
+        for entry in d.get("requests", ()):
+            rid = entry[0] if type(entry) is list and entry else None
+            if type(rid) in _ID_TYPES:
+                ids.append(rid)
+        return ids
+    except Exception:  # noqa: BLE001 -- hostile bytes: anything may be raised
+        return []
+
+
+# --------------------------------------------------------------------------- decoders by type
+
+
+def _bad(name: str, expected: str, value: Any) -> ProtocolError:
+    return ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: expected {expected}, got {type(value).__name__}")
+
+
+def _exact(tp: type) -> Decoder:
+    def check(v: Any, name: str) -> Any:
+        if type(v) is not tp:
+            raise _bad(name, tp.__name__, v)
+        return v
+    return check
+
+
+def _float(v: Any, name: str) -> float:
+    if (type(v) is float or type(v) is int) and math.isfinite(v):
+        return float(v)
+    raise _bad(name, "a finite number", v)
+
+
+def _none(v: Any, name: str) -> None:
+    if v is not None:
+        raise _bad(name, "nil", v)
+
+
+def _request_id(v: Any, name: str) -> RequestId:
+    t = type(v)
+    if t is int or (t is str and 0 < len(v) <= MAX_REQUEST_ID_CHARS):
+        return v
+    raise _bad(name, f"an int or a str of 1..{MAX_REQUEST_ID_CHARS} chars (request id)", v)
+
+
+def _int_tuple(v: Any, name: str) -> tuple[int, ...]:
+    if type(v) is not tuple or _count_of(map(type, v), int) != len(v):  # C speed: these can be long
+        raise _bad(name, "an array of ints", v)
+    return v
+
+
+def _id_tuple(v: Any, name: str) -> tuple[RequestId, ...]:
+    if type(v) is not tuple:
+        raise _bad(name, "an array of request ids", v)
+    types_ = set(map(type, v))
+    if not _ID_TYPES.issuperset(types_) or (
+            str in types_ and not all(0 < len(x) <= MAX_REQUEST_ID_CHARS for x in v if type(x) is str)):
+        raise _bad(name, "an array of request ids", v)
+    return v
+
+
+def _enum(cls: type[enum.Enum]) -> Decoder:
+    members = cls._value2member_map_
+
+    def check(v: Any, name: str) -> Any:
+        member = members.get(v) if type(v) is str else None
+        if member is None:
+            raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: unknown value {v!r:.40}")
+        return member
+    return check
+
+
+def _tuple_of(item: Decoder) -> Decoder:
+    def check(v: Any, name: str) -> tuple:
+        if type(v) is not tuple:
+            raise _bad(name, "an array", v)
+        return tuple([item(x, name) for x in v])
+    return check
+
+
+def _dict_of(item: Decoder) -> Decoder:
+    def check(v: Any, name: str) -> dict:
+        if type(v) is not dict:
+            raise _bad(name, "a map", v)
+        for k in v:
+            if type(k) is not str:
+                raise _bad(name, "string keys", k)
+        return {k: item(x, name) for k, x in v.items()}
+    return check
+
+
+def _union(arms: tuple) -> Decoder:
+    by_type: dict[type, Decoder] = {}
+    for arm in arms:
+        dec = _decoder(arm)
+        kinds = ((int, float) if arm is float else (type(None),) if arm is type(None)
+                 else (str,) if isinstance(arm, type) and issubclass(arm, (str, enum.Enum)) else
+                 (tuple,) if arm is tuple or typing.get_origin(arm) is tuple or _is_record(arm) else (arm,))
+        for kind in kinds:
+            if kind in by_type:
+                raise TypeError(f"ambiguous union {arms}: two arms take {kind.__name__}")
+            by_type[kind] = dec
+
+    def check(v: Any, name: str) -> Any:
+        dec = by_type.get(type(v))
+        if dec is None:
+            raise _bad(name, " or ".join(sorted(t.__name__ for t in by_type)), v)
+        return dec(v, name)
+    return check
+
+
+def _is_record(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields")
+
+
+def _record(cls: type) -> Decoder:
+    """A NamedTuple from an array of its fields (trailing defaults may be left out).
+
+    A value whose type the field takes as it is (an int for ``int``, None for an
+    optional field, ...) skips its field's check: records are decoded per
+    request, several per message."""
+    hints = typing.get_type_hints(cls)
+    fields = [(name, _decoder(hints[name]), _as_is_types(hints[name])) for name in cls._fields]
+    required = len(fields) - len(cls._field_defaults)
+    full = len(fields)
+
+    def check(v: Any, name: str) -> Any:
+        if type(v) is not tuple or not required <= len(v) <= full:
+            raise _bad(name, f"an array of {required}..{full} {cls.__name__} fields", v)
+        values = [x if type(x) in as_is else dec(x, f) for (f, dec, as_is), x in zip(fields, v)]
+        return _tuple_new(cls, values) if len(v) == full else cls(*values)
+    return check
+
+
+def _as_is_types(tp: Any) -> frozenset[type]:
+    """The types whose values a field of type ``tp`` takes unchecked (msgpack already
+    bounds ints, and decodes valid UTF-8 only; floats are checked for being finite,
+    and request ids that are strings for their length)."""
+    if tp == RequestId:
+        return frozenset({int})
+    if tp in (int, str, bool, type(None)):
+        return frozenset({tp})
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return frozenset().union(*(_as_is_types(arm) for arm in typing.get_args(tp)))
+    return frozenset()
+
+
+def _request_params(v: Any, name: str) -> RequestParams:
+    """Built by its constructor: the one place that knows a valid request (ValueError: invalid).
+
+    Fields travel by position, new ones appended at the end: a shorter array
+    (an older peer's) gets the defaults of the fields it lacks; a longer one
+    (a newer peer's) is refused, never misread."""
+    if type(v) is not tuple:
+        raise _bad(name, "an array of request parameters", v)
+    if not 2 <= len(v) <= len(RequestParams._fields):
+        raise ValueError(f"request parameters with {len(v)} fields, this peer knows {len(RequestParams._fields)} "
+                         f"({', '.join(RequestParams._fields)}; the first two required): "
+                         "a newer peer's? upgrade this one")
+    return RequestParams(*v)
+
+
+def _envelope(v: Any, name: str) -> Envelope | Rejected:
+    """An envelope, or a :class:`Rejected` entry when only its request is invalid.
+    (Once per request on every hop: the common case calls as little as it can.)"""
+    if type(v) is not tuple or not 2 <= len(v) <= len(Envelope._fields):
+        raise _bad(name, "an array [request_id, params, resume_tokens?, time_left_s?]", v)
+    rid = v[0]
+    if type(rid) is not int:
+        rid = _request_id(rid, "request_id")
+    try:
+        params = _request_params(v[1], "params")
+        resume = v[2] if len(v) > 2 else ()
+        if resume != () or type(resume) is not tuple:  # (the empty tuple is one object)
+            resume = params.check_resume(_int_tuple(resume, "resume_tokens"))
+        time_left = v[3] if len(v) > 3 else None
+        if time_left is not None:
+            time_left = _float(time_left, "time_left_s")
+    except (ValueError, ProtocolError) as e:
+        return Rejected(rid, getattr(e, "message", None) or str(e))
+    return _tuple_new(Envelope, (rid, params, resume, time_left))
+
+
+def _message(cls: type) -> Callable[[dict, str], Message]:
+    """A message from its map of fields (minus ``v`` and ``op``)."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: _decoder(hints[f.name]) for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+    def check(d: dict, op: str) -> Message:
+        unknown = [k for k in d if k not in fields]
+        if unknown:
+            raise ProtocolError(ErrorCode.MALFORMED, f"{op!r} has no field {unknown[0]!r:.40}")
+        missing = required.difference(d)
+        if missing:
+            raise ProtocolError(ErrorCode.MALFORMED, f"{op!r} is missing field {sorted(missing)[0]!r}")
+        try:
+            return cls(**{k: fields[k](x, k) for k, x in d.items()})
+        except ValueError as e:  # a rule of __post_init__
+            raise ProtocolError(ErrorCode.MALFORMED, f"bad {op!r} message: {e}") from None
+    return check
+
+
+def _decoder(tp: Any) -> Decoder:
+    """The check for values of the declared type ``tp`` (built once per type)."""
+    if tp == RequestId:
+        return _request_id
+    if tp is RequestParams:
+        return _request_params
+    if tp is Envelope:
+        return _envelope
+    if tp in (int, str, bool):
+        return _exact(tp)
+    if tp is float:
+        return _float
+    if tp is type(None):
+        return _none
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(tp)
+    if _is_record(tp):
+        return _record(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return _union(args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if args[0] is int:
+            return _int_tuple
+        if args[0] == RequestId:
+            return _id_tuple
+        return _tuple_of(_decoder(args[0]))
+    if origin is dict and args[0] is str:
+        return _dict_of(_decoder(args[1]))
+    raise TypeError(f"no wire decoder for {tp!r}")
+
+
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()}
+_DECODERS = {cls: _message(cls) for cls in MESSAGE_TYPES.values()}

@@ -1,4 +1,4 @@
-"""The protocol's exception: what decoding a bad message raises."""
+"""The protocol's exceptions: what decoding a bad message raises, and a request a model cannot serve."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ class ProtocolError(Exception):
     ``code`` is the :class:`~protocol.enums.ErrorCode` to answer with
     (``malformed``, ``too_large``, ``unsupported_version``, ``unknown_op``);
     ``message`` says what was wrong, for the peer and the log. Raised by
-    :func:`protocol.codec.decode` and the ``from_wire`` constructors; the
-    caller answers with an error reply and keeps going.
+    :func:`protocol.codec.decode`; the caller answers with an error reply
+    and keeps going.
     """
 
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+
+
+class UnsupportedError(ValueError):
+    """The request asks for something this model cannot do -- a text prompt or
+    text stop strings for a model without a tokenizer; nothing was queued.
+
+    Raised at submission by the engine, and by a client that knows the model;
+    on the wire it is the error code ``unsupported``.
+    """
+
+    code = ErrorCode.UNSUPPORTED

@@ -8,6 +8,7 @@ calls ``sys.exit``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -15,6 +16,7 @@ import os
 import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
+from worker.process import WorkerConfig
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
 
@@ -64,6 +66,11 @@ def _worker_curve(curve_dir: str | None, secret_key: str | None = None, broker_k
     return {"curve_secret_file": secret_key, "curve_broker_key_file": broker_key}
 
 
+def _default(config: type, field: str):
+    """A config dataclass's default for ``field``: an option's default is the programmatic API's."""
+    return next(f.default for f in dataclasses.fields(config) if f.name == field)
+
+
 def _config(cls, **kwargs):
     """Build a config dataclass, turning its ValueError into a usage error."""
     try:
@@ -89,15 +96,19 @@ _frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=Tru
                          help="ZeroMQ endpoint the broker binds for clients.")
 _backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
-_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=100_000, show_envvar=True,
+_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_queue"),
+                          show_envvar=True,
                           help="Queued requests per model before new ones get queue_full (requests).")
-_model = click.option("--model", default="simulated", show_envvar=True,
+_model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
                       help="Model to serve: 'simulated' (SimulatedLLM defaults) or a Hugging Face model name.")
-_slots = click.option("--slots", type=click.IntRange(min=1), default=8, show_envvar=True,
+_slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
+                      show_envvar=True,
                       help="Slots (batch size) per worker.")
-_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0), default=0.0, show_envvar=True,
+_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0),
+                           default=_default(WorkerConfig, "step_delay_ms"), show_envvar=True,
                            help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
-_stop_token = click.option("--stop-token", type=STOP_TOKEN, default="model", show_envvar=True,
+_stop_token = click.option("--stop-token", type=STOP_TOKEN, default=_default(WorkerConfig, "stop_token"),
+                           show_envvar=True,
                            help="Default stop token: 'model' (its EOS tokens), 'none', or a token id.")
 _curve_dir = click.option(
     "--curve-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
@@ -109,7 +120,7 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--threads, passed on as one ``model_options``."""
-    from worker.models.options import DEFAULT_MAX_PREFILL_TOKENS, DEVICES, PRECISIONS, RUNNERS, ModelOptions
+    from worker.models.options import DEVICES, PRECISIONS, RUNNERS, ModelOptions
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, threads, **kwargs):
@@ -118,18 +129,23 @@ def _model_options(command):
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
-        click.option("--device", type=click.Choice(DEVICES), default="auto", show_envvar=True,
+        click.option("--device", type=click.Choice(DEVICES), default=_default(ModelOptions, "device"),
+                     show_envvar=True,
                      help="Where a real model runs: cpu, cuda, or auto (cuda when torch sees a GPU)."),
-        click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_envvar=True,
+        click.option("--precision", type=click.Choice(PRECISIONS), default=_default(ModelOptions, "precision"),
+                     show_envvar=True,
                      help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU); auto: fp32 on CPU, "
                           "bf16 on CUDA. Speed and accuracy of each: README."),
-        click.option("--runner", type=click.Choice(RUNNERS), default="auto", show_envvar=True,
+        click.option("--runner", type=click.Choice(RUNNERS), default=_default(ModelOptions, "runner"),
+                     show_envvar=True,
                      help="slotserve (own Llama-family runner), hf (transformers forward, any "
                           "architecture), or auto (slotserve for Llama-family models)."),
-        click.option("--max-prefill-tokens", type=click.IntRange(min=16), default=DEFAULT_MAX_PREFILL_TOKENS,
+        click.option("--max-prefill-tokens", type=click.IntRange(min=16),
+                     default=_default(ModelOptions, "max_prefill_tokens"),
                      show_envvar=True, help="Prompt tokens per iteration; longer prompts are prefilled "
                                             "in chunks, so decoding waits at most one chunk."),
-        click.option("--threads", type=click.IntRange(min=1), default=None, show_envvar=True,
+        click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
+                     show_envvar=True,
                      help="CPU threads for the model (default: torch's, one per core)."),
     ]):
         with_options = option(with_options)
@@ -140,21 +156,29 @@ def _model_options(command):
 @_frontend
 @_backend
 @_max_queue
-@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "heartbeat_interval_s"),
               show_envvar=True, help="Seconds between heartbeats.")
-@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
+@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
               help="Seconds of silence after which a worker is dead and its requests migrate.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
-@click.option("--metrics-host", default="127.0.0.1", show_envvar=True, help="Address the metrics endpoint binds.")
-@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True), default=10.0, show_envvar=True,
+@click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True,
+              help="Address the metrics endpoint binds.")
+@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
+              default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
               help="Seconds of silence after which a client is gone and its requests are cancelled.")
-@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=300.0, show_envvar=True,
+@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
+              show_envvar=True,
               help="Seconds a worker may hold requests without completing an iteration before it counts as "
                    "hung and its requests migrate (must exceed the longest model step; 0 = never).")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_envvar=True,
+@click.option("--max-attempts", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_attempts"),
+              show_envvar=True,
               help="Failed workers a request may be lost on before it ends with worker_failed.")
-@click.option("--register-grace-s", type=click.FloatRange(min=0), default=10.0, show_envvar=True,
+@click.option("--register-grace-s", type=click.FloatRange(min=0),
+              default=_default(BrokerConfig, "register_grace_s"),
+              show_envvar=True,
               help="Seconds after start in which requests for a model with no worker yet wait for one "
                    "(not unknown_model).")
 @_curve_dir
@@ -197,7 +221,7 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
 def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
            curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None, model_options) -> None:
     """Run one model worker in the foreground (Ctrl-C stops it)."""
-    from worker.process import WorkerConfig, run_worker
+    from worker.process import run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                   stop_token=stop_token, name=name, model_options=model_options,
@@ -212,16 +236,49 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None, model_options=None):
+                    curve_dir=None, gateway=None, model_options=None):
     from slotserve.launcher import ClusterConfig
-    from worker.process import WorkerConfig
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **_broker_curve(curve_dir))
     extra = {} if model_options is None else {"model_options": model_options}
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                    stop_token=stop_token, **extra, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
-                   client_curve=curve_dir)
+                   client_curve=curve_dir, gateway=gateway)
+
+
+@main.command()
+@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_SERVE_BROKER", show_envvar=True,
+              help="The broker's client endpoint.")
+@click.option("--host", default="127.0.0.1", show_envvar=True,
+              help="Address the HTTP server binds (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_envvar=True,
+              help="TCP port of the HTTP server (0 picks a free one).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024, show_envvar=True,
+              help="Larger HTTP request bodies get 413 (bytes).")
+@click.option("--access-log/--no-access-log", default=False, show_envvar=True,
+              help="Log every HTTP request (costs CPU at high request rates).")
+@_curve_dir
+def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool,
+          curve_dir: str | None) -> None:
+    """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
+
+    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+    GET /health, GET /metrics. One shared connection to the broker per model;
+    while no broker answers, requests get 503 and the server keeps retrying.
+    """
+    from gateway import GatewayConfig, run as run_gateway
+
+    from slotserve.signals import StopSignals
+
+    cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
+                  max_body_bytes=max_body_bytes, access_log=access_log)
+    try:
+        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
+            run_gateway(cfg, stop=sig.flag, on_ready=lambda url: click.echo(
+                f"slotserve serve: {url}/v1 (OpenAI API) -> broker {broker_addr}. Ctrl-C stops.", err=True))
+    except OSError as e:
+        raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
 
 
 @main.command()
@@ -234,11 +291,15 @@ def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_de
 @_backend
 @_max_queue
 @_curve_dir
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
+              help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
+@click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
 @_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int, curve_dir: str | None, model_options) -> None:
-    """Run a broker and WORKERS workers as supervised child processes.
+       max_queue: int, curve_dir: str | None, http_port: int | None, http_host: str, model_options) -> None:
+    """Run a broker and WORKERS workers (and with --http-port the HTTP
+    server) as supervised child processes.
 
     Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
     them cleanly (exit status 0); the children also stop by themselves when
@@ -248,14 +309,21 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     from slotserve.signals import StopSignals
 
     log_level = ctx.find_root().params["log_level"].upper()
+    gateway = None
+    if http_port is not None:
+        from gateway.config import GatewayConfig
+
+        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir)
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir, model_options)
+                          curve_dir, gateway, model_options)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
             cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
-                       f"{workers} x {model} worker(s) with {slots} slots. Ctrl-C stops.", err=True)
+                       f"{workers} x {model} worker(s) with {slots} slots"
+                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
+                       err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping...", err=True)
         except (RuntimeError, ValueError) as e:
@@ -289,11 +357,14 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
-    messages), "max_tokens", optional "stop_token", "stop" (list of token-id
-    lists), "priority", "timeout_s", "temperature", "top_p", "top_k", "seed"}.
+    messages), "max_tokens", and optionally any other request parameter:
+    "stop_token", "stop" (a string, or a list of text stop strings and/or
+    token-id lists: ["\\n\\n", [13, 13]]), "priority", "timeout_s",
+    the sampling parameters (the README lists them all).
     A row without "id" gets its line number (from 1) as id; ids must be
     unique (a later row reusing one gets an error row).
-    Results: {"id", "tokens", "finish_reason", "usage", "text"?, "error"?},
+    Results: {"id", "tokens", "finish_reason", "usage", "text"?,
+    "stop_reason"?, "error"?},
     each written and flushed as its request ends (completion order).
     Without --broker an embedded broker and workers are started and stopped.
 
@@ -322,7 +393,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     cluster = None
     if broker_addr is None:
         cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
-                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir, model_options)
+                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir,
+                                  model_options=model_options)
     try:
         inp = open_input(input_path)
     except OSError as e:
@@ -353,6 +425,7 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     import json
 
     from client import BrokerUnavailable, Client
+    from protocol.codec import as_plain
 
     try:
         with Client(broker_addr, connect_timeout_s=timeout_s, name="slotserve-status", curve=curve_dir) as c:
@@ -360,14 +433,14 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     except (BrokerUnavailable, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps(st.to_wire(), indent=2))
+        click.echo(json.dumps(as_plain(st), indent=2))
         return
     click.echo(f"broker {st.broker_id[:8]}  up {st.uptime_s:.0f} s  clients {st.clients}")
     click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18}")
     for name, m in st.models.items():
         click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total}")
     for w in st.workers:
-        click.echo(f"  worker {w['name']:<22} {w['model']:<16} {w['inflight']}/{w['num_slots']} in flight/slots")
+        click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
 
 

@@ -4,9 +4,11 @@ Input rows (one JSON object per line, UTF-8; a byte-order mark, CRLF line
 ends and blank lines are fine)::
 
     {"id": any, "prompt": [token ids] | "text" (or "messages": [chat messages]), "max_tokens": int,
-     optional "stop_token": int | [int] | null, "stop": [[token ids], ...],
-     "priority": int, "timeout_s": number,
-     "temperature", "top_p", "top_k", "seed"}
+     optional: any other field of protocol.request.RequestParams}
+
+``"stop"`` is OpenAI's: a string, or a list of text stop strings and/or
+token-id lists (``"stop": ["\n\n", [13, 13]]``): strings are text stop strings
+(the ``stop`` field), id lists are stop sequences (``stop_sequences``).
 
 A row without an ``id`` (or with ``"id": null``) gets its line number (an
 int, counting from 1, blank lines included) as its id. Ids are unique within
@@ -18,7 +20,8 @@ match on ``id``)::
 
     {"id", "tokens": generated ids only, "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens"},
-     "error": {"code", "message"} when there is one, "text" for text prompts}
+     "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"),
+     "error": {"code", "message"} when there is one, "text" when the model has a tokenizer}
 
 A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
 an error row (code ``bad_request``, with the line number as id when the row
@@ -38,15 +41,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
-from client import DEFAULT, Client, RemoteError
+from client import Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
-from protocol.validation import validate_messages
+from protocol.request import RequestParams
 
 log = logging.getLogger(__name__)
-
-ROW_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "stop_token", "stop", "priority", "timeout_s",
-                        "temperature", "top_p", "top_k", "seed"})
-"""Keys an input row may have (others are refused, so a typo cannot pass silently)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,14 +255,14 @@ class Job:
         if self.bar is not None:
             self.bar.update(1)
 
-    def bad_row(self, n: int, row_id: Any, message: str) -> None:
+    def bad_row(self, n: int, row_id: Any, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
         """Write the error row of input line ``n`` (not once the job is stopped)."""
         with self.cond:
             if self._refused_when_stopped(n):
                 return
             self.write({"id": row_id, "tokens": [], "finish_reason": FinishReason.ERROR.value,
                         "usage": {"prompt_tokens": 0, "completion_tokens": 0},
-                        "error": {"code": ErrorCode.BAD_REQUEST.value, "message": message}})
+                        "error": {"code": code.value, "message": message}})
 
     def _refused_when_stopped(self, n: int) -> bool:  # under self.cond
         if self.stopped is None:
@@ -307,29 +306,19 @@ class Job:
         if duplicate is not None:
             self.bad_row(n, row_id, duplicate)
             return
-        unknown = set(row) - ROW_FIELDS
-        if unknown:
-            self.bad_row(n, row_id, f"line {n}: unknown field(s) {sorted(unknown)}; allowed: {sorted(ROW_FIELDS)}")
-            return
-        if ("prompt" in row) == ("messages" in row) or "max_tokens" not in row:
-            self.bad_row(n, row_id, f"line {n}: 'max_tokens' and exactly one of 'prompt' or 'messages' are required")
+        try:  # every other key is a request parameter (unknown ones are refused: a typo cannot pass)
+            params = RequestParams.from_mapping({k: v for k, v in row.items() if k != "id"})
+        except ValueError as e:
+            self.bad_row(n, row_id, f"line {n}: {e}")
             return
         try:
-            # A "messages" value is checked here: passed as a prompt, a bare string would read as text.
-            prompt = validate_messages(row["messages"]) if "messages" in row else row["prompt"]
             with self.cond:
                 if self._refused_when_stopped(n):
                     return
-                h = self.client.submit_request(
-                    prompt, row["max_tokens"], lambda seq, rid=n: self.done(rid),
-                    stop_token=row.get("stop_token", DEFAULT), stop_sequences=row.get("stop") or (),
-                    priority=row.get("priority", 0), timeout_s=row.get("timeout_s"), request_id=n,
-                    temperature=row.get("temperature", 0.0), top_p=row.get("top_p", 1.0),
-                    top_k=row.get("top_k", 0), seed=row.get("seed"))
-                self.handles[n] = h
+                self.handles[n] = self.client.submit(params, lambda seq, rid=n: self.done(rid), request_id=n)
                 self.rows[n] = row_id
-        except ValueError as e:
-            self.bad_row(n, row_id, f"line {n}: {e}")
+        except ValueError as e:  # (e.g. UnsupportedError: text for a model without a tokenizer)
+            self.bad_row(n, row_id, f"line {n}: {e}", getattr(e, "code", ErrorCode.BAD_REQUEST))
 
     def done(self, rid: int) -> None:
         """The request's callback (client callback thread)."""
@@ -350,9 +339,11 @@ class Job:
         row_id = self.rows.pop(rid)
         tokens = h.tokens
         out = {"id": row_id, "tokens": tokens, "finish_reason": reason.value,
-               "usage": {"prompt_tokens": h.prompt_tokens or 0, "completion_tokens": len(tokens)}}
+               "usage": {"prompt_tokens": h.usage.prompt_tokens or 0, "completion_tokens": len(tokens)}}
         if h.text is not None:
             out["text"] = h.text
+        if h.stop_reason is not None:
+            out["stop_reason"] = h.stop_reason
         if err is not None:
             code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
             out["error"] = {"code": code, "message": str(err)}

@@ -1,4 +1,4 @@
-"""The local launcher: a broker and workers as supervised child processes.
+"""The local launcher: a broker, workers and optionally the HTTP gateway as supervised child processes.
 
 Children are started with multiprocessing's ``spawn`` (a clean interpreter:
 no inherited sockets, threads or locks) and stopped with terminate ->
@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
 from client import BrokerUnavailable, Client
+from gateway.config import GatewayConfig
 from slotserve.signals import StopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.process import WorkerConfig, run_worker
@@ -74,6 +75,22 @@ def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0
         raise SystemExit(1) from None
 
 
+def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0) -> None:
+    """Child process body: run the HTTP gateway; put its ``http://host:port`` on
+    ``ready`` once bound (``stop_timeout_s`` as for :func:`broker_main`)."""
+    stop = _child_setup(f"slotserve gateway host={config.host} port={config.port} broker={config.broker}",
+                        log_level, stop_timeout_s)
+    from gateway import run
+
+    def on_ready(url: str) -> None:
+        from setproctitle import setproctitle
+
+        setproctitle(f"slotserve gateway {url} broker={config.broker}")  # port 0 resolved
+        ready.put(url)
+
+    run(config, stop=stop, on_ready=on_ready)
+
+
 # ---------------------------------------------------------------------- the cluster
 
 
@@ -89,6 +106,8 @@ class ClusterConfig:
     - ``log_level``: children's logging level (``WARNING``, ``INFO``, ...).
     - ``client_curve``: CURVE keys for the launcher's own client (readiness
       checks) when the broker requires CURVE: as ``Client(curve=...)``.
+    - ``gateway``: an HTTP gateway to start once the workers registered (its
+      ``broker`` field is replaced by the broker's client endpoint), or None.
     """
 
     broker: BrokerConfig
@@ -97,6 +116,7 @@ class ClusterConfig:
     stop_timeout_s: float = 5.0
     log_level: str = "WARNING"
     client_curve: object = None
+    gateway: GatewayConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -110,8 +130,9 @@ class ClusterConfig:
 class LocalCluster:
     """Start, supervise and stop a :class:`ClusterConfig`; a context manager.
 
-    After :meth:`start`, :attr:`frontend` is the clients' endpoint. Raises
-    RuntimeError when the broker or a worker fails to come up in time.
+    After :meth:`start`, :attr:`frontend` is the clients' endpoint and
+    :attr:`http_url` the gateway's (None without one). Raises RuntimeError
+    when the broker, a worker or the gateway fails to come up in time.
     """
 
     def __init__(self, config: ClusterConfig) -> None:
@@ -122,6 +143,9 @@ class LocalCluster:
         self._broker: mp.Process | None = None
         self._workers: list[mp.Process | None] = [None] * len(config.workers)
         self._restarts: list[float] = []
+        self.http_url: str | None = None
+        self._gateway_cfg = config.gateway
+        self._gateway: mp.Process | None = None
         self._should_stop: Callable[[], bool] = _never
 
     def __enter__(self) -> "LocalCluster":
@@ -139,6 +163,10 @@ class LocalCluster:
     def broker_process(self) -> mp.Process | None:
         return self._broker
 
+    @property
+    def gateway_process(self) -> mp.Process | None:
+        return self._gateway
+
     def start(self, should_stop: Callable[[], bool] | None = None) -> None:
         """Start the broker, then the workers; return once all workers registered.
 
@@ -151,6 +179,8 @@ class LocalCluster:
             for i in range(len(self._workers)):
                 self._start_worker(i)
             self.wait_ready(self.config.start_timeout_s)
+            if self._gateway_cfg is not None:
+                self._start_gateway()
         except BaseException:
             self.stop()
             raise
@@ -183,6 +213,29 @@ class LocalCluster:
         ready.close()
         # A restarted broker must come back on the same endpoints.
         self._broker_cfg = replace(self._broker_cfg, frontend=self.frontend, backend=self.backend)
+
+    def _start_gateway(self) -> None:
+        ready = _ctx.Queue()
+        cfg = replace(self._gateway_cfg, broker=self.frontend)
+        p = _ctx.Process(target=gateway_main, args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s),
+                         name="slotserve-gateway", daemon=True)
+        p.start()
+        self._gateway = p
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            try:
+                self.http_url = ready.get(timeout=0.2)
+                break
+            except Exception:  # queue.Empty: check the child is still alive, then wait on
+                self._check_stop()
+                if not p.is_alive():
+                    raise RuntimeError(f"the HTTP gateway exited with code {p.exitcode} while starting "
+                                       "(port in use? see its log above)") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the HTTP gateway did not bind within the start timeout") from None
+        ready.close()
+        # A restarted gateway must come back on the same port.
+        self._gateway_cfg = replace(cfg, port=int(self.http_url.rsplit(":", 1)[1]))
 
     def _start_worker(self, i: int) -> None:
         cfg = replace(self.config.workers[i], broker=self.backend)
@@ -226,6 +279,8 @@ class LocalCluster:
             handles = [p.sentinel for p in self.worker_processes]
             if self._broker is not None:
                 handles.append(self._broker.sentinel)
+            if self._gateway is not None:
+                handles.append(self._gateway.sentinel)
             if wakeup_fd is not None:
                 handles.append(wakeup_fd)
             if wakeup_fd in wait_for_sentinels(handles, timeout=poll_s):
@@ -241,6 +296,10 @@ class LocalCluster:
                     self._note_restart(max_restarts_per_min, f"worker {i} (exit code {p.exitcode})")
                     p.join()
                     self._start_worker(i)
+            if self._gateway is not None and not self._gateway.is_alive():
+                self._note_restart(max_restarts_per_min, f"HTTP gateway (exit code {self._gateway.exitcode})")
+                self._gateway.join()
+                self._start_gateway()
 
     def _note_restart(self, limit: int, what: str) -> None:
         now = time.monotonic()
@@ -263,7 +322,10 @@ class LocalCluster:
         self._start_worker(i)
 
     def stop(self) -> None:
-        """Stop workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent."""
+        """Stop the gateway, the workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent."""
+        if self._gateway is not None:
+            _terminate([self._gateway], self.config.stop_timeout_s + self._gateway_cfg.stop_timeout_s)
+            self._gateway = None
         procs: Sequence[mp.Process] = [p for p in self._workers if p is not None]
         _terminate(procs, self.config.stop_timeout_s)
         if self._broker is not None:

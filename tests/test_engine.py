@@ -239,3 +239,4 @@ def test_stop_matcher_equals_a_suffix_check_after_every_token(patterns, stream):
         seen.append(token)
         suffixes = [p for p in patterns if tuple(seen[-len(p):]) == p and len(seen) >= len(p)]
         assert matcher.feed(token) == (suffixes[0] if suffixes else None)
+

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_engine_support import FakeClock, GatedModel, ScriptedModel, reference, wait_until
+from conftest import wait_until
+from test_engine_support import FakeClock, GatedModel, ScriptedModel, reference
 
 from worker import BatchInferenceEngine, ModelError, SimulatedLLM
 
@@ -165,7 +166,7 @@ def test_real_clock_deadline():
     engine = BatchInferenceEngine(_sim(), batch_size=1)
     engine.submit_request([1], 1)
     h = engine.submit_request([2], 1, timeout_s=1e-6)
-    assert wait_until(lambda: engine._clock() > h._req.deadline)
+    wait_until(lambda: engine._clock() > h.submitted_s + 1e-6, what="the deadline to pass")
     engine.run()
     assert h.finish_reason == "deadline"
 
@@ -355,7 +356,7 @@ def test_wait_for_work_blocks_until_a_submit_and_times_out_when_idle():
     woke = []
     waiter = threading.Thread(target=lambda: woke.append(engine.wait_for_work(30)))
     waiter.start()
-    assert wait_until(lambda: engine._waiting == 1)
+    wait_until(lambda: engine._waiting == 1, what="a thread in wait_for_work")
     engine.submit_request([1], 1)
     waiter.join(10)
     assert woke == [True]
@@ -370,7 +371,7 @@ def test_result_blocks_until_done_from_another_thread():
     got = []
     reader = threading.Thread(target=lambda: got.append(h.result(timeout=30)))
     reader.start()
-    assert wait_until(lambda: engine._completion.waiters == 1)
+    wait_until(lambda: engine._completion.waiters == 1, what="a thread in result()")
     engine.run()
     reader.join(10)
     assert got == [h.result()] and len(got[0]) == 4

@@ -7,11 +7,15 @@ Two members of one kind, both in :mod:`worker.models.base`'s contract:
   and its ``max_tokens`` still counts generated tokens exactly.
 - an exception: that slot's computation failed. Only that request ends with
   ``finish_reason="error"``; the others go on.
+
+Text (stop strings, streamed text) and time to first token follow real tokens only.
 """
 
 from __future__ import annotations
 
 import math
+
+import pytest
 
 from worker import BatchInferenceEngine, FinishReason, SimulatedLLM
 from worker.errors import ModelError
@@ -22,10 +26,12 @@ class ChunkingModel:
     None until then; tokens come from a SimulatedLLM, so results must equal the stateless path.
     ``fail_when(tokens)`` True: that slot returns an exception instead of a token."""
 
-    def __init__(self, chunk: int, stop_rate: float = 0.0, fail_when=None) -> None:
-        self.inner = SimulatedLLM(vocab_size=500, stop_rate=stop_rate, seed=4)
+    def __init__(self, chunk: int, stop_rate: float = 0.0, fail_when=None, inner=None) -> None:
+        self.inner = inner or SimulatedLLM(vocab_size=500, stop_rate=stop_rate, seed=4)
         self.vocab_size = self.inner.vocab_size
         self.eos_token_ids = self.inner.eos_token_ids
+        if hasattr(self.inner, "tokenizer"):
+            self.tokenizer = self.inner.tokenizer
         self.chunk = chunk
         self.fail_when = fail_when
         self.log: list[dict[int, int | None]] = []  # per iteration: slot -> token (None = no token)
@@ -46,7 +52,7 @@ class ChunkingModel:
             elif self.fail_when is not None and self.fail_when(si.tokens):
                 out.append(FloatingPointError("NaN in this row"))
             else:
-                out.append(self.inner.next_token(si.tokens))
+                out.append(self.inner.next_tokens([si.tokens])[0])
         self.log.append({si.slot: t if isinstance(t, int) else None for si, t in zip(batch, out)})
         return out
 
@@ -141,3 +147,27 @@ def test_none_after_tokens_is_a_model_error_for_that_slot_alone():
     engine.run()
     assert bad.finish_reason == FinishReason.ERROR and "no token" in str(bad.error)
     assert good.finish_reason == FinishReason.LENGTH and len(good.tokens) == 6
+
+
+def test_text_stops_streamed_text_and_ttft_follow_real_tokens_only(tmp_path):
+    pytest.importorskip("transformers")
+    from tiny_text_model import ScriptedTextModel, make_tiny_text_model
+
+    prompt = list(range(5, 17))  # 12 tokens: 3 iterations of prefill in chunks of 4
+    scripted = ScriptedTextModel(make_tiny_text_model(tmp_path), "Hello world, the quick brown fox 😀 jumps", 12)
+    model = ChunkingModel(chunk=4, inner=scripted)
+    engine = BatchInferenceEngine(model, batch_size=3, clock=lambda: len(model.log))  # time = iterations
+    plain = BatchInferenceEngine(scripted, batch_size=3)
+    options = [{"stop": ["quick bro"]}, {"stop": ["fox 😀 j"]}, {}, {"stop": ["never"]}]
+    pieces = [[] for _ in options]
+    got = [engine.submit_request(prompt, 40, on_text=pieces[i].append, **o) for i, o in enumerate(options)]
+    want = [plain.submit_request(prompt, 40, **o) for o in options]
+    engine.run()
+    plain.run()
+    for g, w, p in zip(got, want, pieces):
+        assert (g.tokens, g.text, g.finish_reason, g.stop_reason) == (w.tokens, w.text, w.finish_reason,
+                                                                      w.stop_reason)
+        assert "".join(p) == g.text
+    assert got[0].stop_reason == "quick bro" and got[1].text == "Hello world, the quick brown "
+    assert [g.ttft_s for g in got[:3]] == [3, 3, 3]  # admitted at 0, first token in the 3rd iteration
+    assert got[3].ttft_s == got[0].finished_s + 3 - got[3].submitted_s  # admitted when the first one ended

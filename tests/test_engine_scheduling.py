@@ -5,12 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from worker import BatchInferenceEngine, DuplicateRequestError, QueueFullError, SimulatedLLM
-from worker.request import Request, RequestState
-from worker.scheduler import DEFAULT_AGING_WINDOW, Policy, RequestQueue
+from worker import DEFAULT_AGING_WINDOW
+from worker.scheduler import Policy
 
 
 def _engine(batch_size, policy="continuous", **kw):
@@ -169,37 +167,3 @@ def test_batch_size_and_max_queue_validated():
         _engine(1, max_queue=0)
     with pytest.raises(ValueError, match="next_tokens"):
         BatchInferenceEngine(object(), 1)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["push", "pop", "discard"]), st.integers(-3, 3),
-                          st.integers(1, 4)), max_size=120),
-       st.integers(1, 5))
-def test_request_queue_matches_a_sorted_list_oracle(ops, window):
-    q = RequestQueue(window)
-    oracle = []  # (key, seq, req) for every QUEUED request
-    n = 0
-    for op, prio, k in ops:
-        if op == "push":
-            req = _queued(prio)
-            q.push(req)
-            oracle.append((n + prio * window, n, req))
-            n += 1
-        elif op == "pop":
-            got = q.pop(k)
-            oracle.sort(key=lambda e: e[:2])
-            want, oracle = [e[2] for e in oracle[:k]], oracle[k:]
-            assert got == want
-            for r in got:
-                r.state = RequestState.RUNNING
-        elif oracle:
-            victim = oracle.pop(k % len(oracle))[2]
-            q.discard(victim)
-            victim.state = RequestState.ENDING
-        assert len(q) == len(oracle)
-
-
-def _queued(priority):
-    from protocol.validation import validate_request
-
-    return Request(validate_request([1], 1, priority=priority), frozenset(), None, None)

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 
 class FakeClock:
@@ -97,13 +96,3 @@ def reference(model, prompt, max_tokens, stop_tokens=frozenset(), stop_sequences
                 return seq, "stop"
         if len(generated) >= max_tokens:
             return seq, "length"
-
-
-def wait_until(predicate, timeout_s: float = 10.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes (for states with no event)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True

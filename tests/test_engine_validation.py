@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from protocol import validation as V
+from protocol.request import DEFAULT, ModelLimits, RequestParams
 from worker import BatchInferenceEngine, SimulatedLLM
 
 np = pytest.importorskip("numpy")
@@ -17,7 +17,7 @@ BAD_REQUESTS = [
     # (args, kwargs, message fragment)
     (([], 5), {}, "prompt must not be empty"),
     ((None, 5), {}, "prompt must be a list"),
-    (("hello", 5), {}, "prompt must be a list"),
+    (("hello", 5), {}, "no tokenizer"),
     (({1: 2}, 5), {}, "prompt must be a list"),
     (({1, 2}, 5), {}, "prompt must be a list"),
     (([1, "2"], 5), {}, "must be an int"),
@@ -36,7 +36,7 @@ BAD_REQUESTS = [
     (([1], 5), {"stop_sequences": "ab"}, "stop_sequences must be a list"),
     (([1], 5), {"stop_sequences": [[1, VOCAB]]}, "outside the model's vocabulary"),
     (([1], 5), {"stop_token": VOCAB}, "outside the model's vocabulary"),
-    (([1], 5), {"stop_token": -1}, "negative"),
+    (([1], 5), {"stop_token": -1}, "stop_token must be >= 0"),
     (([1], 5), {"stop_token": 1.5}, "stop_token must be an int"),
     (([1], 5), {"stop_token": True}, "got bool"),
     (([1], 5), {"priority": 1.5}, "priority must be an int"),
@@ -106,23 +106,28 @@ def test_numpy_integers_accepted_everywhere_as_plain_ints():
 
 def test_numpy_bools_and_floats_rejected():
     with pytest.raises(ValueError, match="bool"):
-        V.validate_prompt([np.True_])
+        RequestParams([np.True_], 1)
     with pytest.raises(ValueError, match="max_tokens must be an int"):
-        V.validate_max_tokens(np.float64(3.0))
+        RequestParams([1], np.float64(3.0))
     with pytest.raises(ValueError, match="bool"):
-        V.validate_max_tokens(np.bool_(True))
+        RequestParams([1], np.bool_(True))
 
 
-def test_validate_request_normalises():
-    v = V.validate_request((1, 2), 3, stop_token=[4, 4, 5], stop_sequences=[(1, 2), [1, 2], [3]],
-                           priority=2, timeout_s=1, request_id="a", resume_tokens=(7,),
-                           vocab_size=10, max_seq_len=5)
-    assert v.prompt == [1, 2] and v.max_tokens == 3 and v.stop_tokens == frozenset([4, 5])
-    assert v.stop_sequences == ((1, 2), (3,)) and v.timeout_s == 1.0 and type(v.timeout_s) is float
-    assert v.resume_tokens == [7] and v.request_id == "a" and v.priority == 2
-    assert V.validate_request([1], 1, use_default_stop=True).stop_tokens is None
-    assert V.validate_request([1], 1, stop_token=None).stop_tokens == frozenset()
-    assert V.validate_request([1], 1, stop_token=0).stop_tokens == frozenset([0])
+def test_request_params_normalise():
+    p = RequestParams((1, 2), 3, stop_token=[4, 4, 5], stop_sequences=[(1, 2), [1, 2], [3]], priority=2,
+                      timeout_s=1)
+    assert p.prompt == (1, 2) and p.max_tokens == 3 and p.stop_token == (4, 5)
+    assert p.stop_sequences == ((1, 2), (3,)) and p.timeout_s == 1.0 and type(p.timeout_s) is float
+    assert p.priority == 2 and p.check_resume([7]) == (7,)
+    assert RequestParams([1], 1).stop_token == DEFAULT
+    assert RequestParams([1], 1, stop_token=None).stop_token == ()
+    assert RequestParams([1], 1, stop_token=0).stop_token == (0,)
+    assert RequestParams([1], 1, stop_token={3, 1}).stop_token == (1, 3)
+    assert RequestParams([1], 1) == RequestParams(prompt=[1], max_tokens=1, stop_token=DEFAULT)
+    with pytest.raises(ValueError, match="context of 4 tokens"):
+        ModelLimits(vocab_size=10, max_seq_len=4).check(p)
+    with pytest.raises(TypeError, match="unknown request option"):
+        RequestParams([1], 1, stop_tokens=[1])
 
 
 def test_prompt_plus_max_tokens_may_fill_the_context_exactly():
@@ -133,17 +138,19 @@ def test_prompt_plus_max_tokens_may_fill_the_context_exactly():
     assert len(h.result()) == 10
 
 
-def test_validation_module_imports_only_stdlib():
+@pytest.mark.parametrize("module", ["validation", "request"])
+def test_validation_modules_import_only_stdlib(module):
     import ast
+    import importlib
     import pathlib
     import sys
 
-    tree = ast.parse(pathlib.Path(V.__file__).read_text())
+    tree = ast.parse(pathlib.Path(importlib.import_module(f"protocol.{module}").__file__).read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
              for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom) and n.module}
-    assert names <= set(sys.stdlib_module_names) | {"__future__"}
+    assert names <= set(sys.stdlib_module_names) | {"__future__", "protocol"}
 
 
 def test_bad_model_attributes_rejected():

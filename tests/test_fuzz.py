@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from broker import BrokerConfig
 from client import Client
+from conftest import envelope
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode
 from protocol.messages import (
-    Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, RequestSpec, StatusQuery, Submit,
+    PROTOCOL_VERSION, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
 )
 from protocol.enums import FinishReason
 from slotserve.launcher import ClusterConfig, LocalCluster
@@ -32,7 +33,7 @@ LIMIT = 64 * 1024
 
 FRONT_CORPUS = [encode(m) for m in (
     Hello("fuzz"), Heartbeat(), StatusQuery(), Bye("x"), Cancel([1, "a"]),
-    Submit("simulated", [RequestSpec(1, [1, 2], 3), RequestSpec("b", [5], 2, stop_tokens=[0], priority=2,
+    Submit("simulated", [envelope(1, [1, 2], 3), envelope("b", [5], 2, stop_token=[0], priority=2,
                                                                  timeout_s=0.5, stop_sequences=[[1, 2]])]),
 )]
 BACK_CORPUS = [encode(m) for m in (
@@ -159,8 +160,8 @@ def ask(endpoint, parts, timeout_s=10.0):
 @pytest.mark.parametrize("side", ["frontend", "backend"])
 def test_wrong_version_too_large_and_multipart_get_clear_error_codes(cluster, side):
     ep = getattr(cluster, side)
-    e = ask(ep, [msgpack.packb({"v": 2, "op": "hello" if side == "frontend" else "register"})])
-    assert isinstance(e, Error) and e.code is ErrorCode.UNSUPPORTED_VERSION and "v1" in e.message
+    e = ask(ep, [msgpack.packb({"v": PROTOCOL_VERSION + 1, "op": "hello" if side == "frontend" else "register"})])
+    assert isinstance(e, Error) and e.code is ErrorCode.UNSUPPORTED_VERSION and f"v{PROTOCOL_VERSION}" in e.message
     e = ask(ep, [msgpack.packb({"op": "hello"})])
     assert e.code is ErrorCode.UNSUPPORTED_VERSION
     e = ask(ep, [b"\x00" * (LIMIT + 1)])

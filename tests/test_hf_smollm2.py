@@ -78,15 +78,24 @@ def test_text_round_trip_and_chat_template(smol):
     assert rendered.endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_slotserve_runner_against_generate(smol, references, precision):
-    """slotserve's runner on the same weights (copied from the HF module), prompts prefilled in
-    16-token chunks: fp32 gives HF's greedy tokens; int4 gets the GGUF's own Q4_1 codes back, so
-    it stays close (measured: 24 of 24 tokens equal)."""
+def slotserve_runner(smol, precision):
+    """slotserve's runner on the same weights (copied from the HF module), prompts prefilled in 16-token chunks."""
     from worker.models import llama
 
-    runner = llama.from_hf(smol.model, smol.tokenizer, precision=precision, eos_token_ids=smol.eos_token_ids,
-                           max_prefill_tokens=16)
+    return llama.from_hf(smol.model, smol.tokenizer, precision=precision, eos_token_ids=smol.eos_token_ids,
+                         max_prefill_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def runner_fp32(smol):
+    return slotserve_runner(smol, "fp32")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_slotserve_runner_against_generate(smol, runner_fp32, references, precision):
+    """fp32 gives HF's greedy tokens; int4 gets the GGUF's own Q4_1 codes back, so
+    it stays close (measured: 24 of 24 tokens equal)."""
+    runner = runner_fp32 if precision == "fp32" else slotserve_runner(smol, precision)
     engine = BatchInferenceEngine(runner, batch_size=2, stop_token="model")
     handles = [engine.submit_request(p, 8) for p, _ in references]
     engine.run()
@@ -97,3 +106,49 @@ def test_slotserve_runner_against_generate(smol, references, precision):
         if precision == "fp32":
             assert got == ref
     assert same >= 18, same  # of 24
+
+
+@pytest.mark.parametrize("runner", ["hf", "slotserve"])
+def test_a_tiny_temperature_beside_greedy_is_greedy(smol, runner_fp32, references, runner):
+    """Issue 10 item 2 as filed: SmolLM2, 2 slots, no stop token, a greedy request beside one
+    with temperature=1e-40, seed=1 (dividing by it made the whole batch's probabilities NaN):
+    both get HF's greedy tokens."""
+    prompt, ref = references[1]
+    engine = BatchInferenceEngine(smol if runner == "hf" else runner_fp32, batch_size=2, stop_token=None)
+    handles = [engine.submit_request(prompt, 8), engine.submit_request(prompt, 8, temperature=1e-40, seed=1)]
+    engine.run()
+    for h in handles:
+        assert h.finish_reason == FinishReason.LENGTH and h.tokens[:len(ref)] == ref and len(h.tokens) == 8
+
+
+@pytest.mark.parametrize("runner", ["hf", "slotserve"])
+def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references, runner):
+    """A request whose activations turn NaN (its last prompt token's embedding row is NaN, on a
+    copy of the table so the tied LM head stays finite) ends with error and no tokens; its
+    neighbour in the same 2-slot batch gets HF's greedy tokens."""
+    poisoned = 100
+    (bad_prompt, _), (prompt, ref) = references[0], references[1]
+    assert poisoned not in prompt
+    if runner == "hf":
+        module = smol.model.get_input_embeddings()
+        saved = module.weight
+        module.weight = torch.nn.Parameter(saved.detach().clone(), requires_grad=False)
+        table, model = module.weight, smol
+    else:
+        module = runner_fp32.weights.embed
+        saved = module.table
+        module.table = table = saved.clone()
+        model = runner_fp32
+    try:
+        with torch.no_grad():
+            table[poisoned] = float("nan")
+        engine = BatchInferenceEngine(model, batch_size=2, stop_token=None)
+        bad, good = engine.submit_request(bad_prompt + [poisoned], 8), engine.submit_request(prompt, 8)
+        engine.run()
+    finally:
+        if runner == "hf":
+            module.weight = saved
+        else:
+            module.table = saved
+    assert bad.finish_reason == FinishReason.ERROR and bad.tokens == [] and "non-finite" in str(bad.error)
+    assert good.finish_reason == FinishReason.LENGTH and good.tokens[:len(ref)] == ref

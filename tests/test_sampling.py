@@ -6,9 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from protocol.request import GREEDY_BELOW  # noqa: E402
 from worker.errors import ModelError  # noqa: E402
 from worker.models.base import SamplingParams  # noqa: E402
-from worker.models.sampling import GREEDY_BELOW, Sampler, mix_seed, uniform  # noqa: E402
+from worker.models.sampling import Sampler, mix_seed, uniform  # noqa: E402
 
 GREEDY = SamplingParams()
 NAN, INF = float("nan"), float("inf")

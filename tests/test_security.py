@@ -117,7 +117,7 @@ def test_plain_client_gets_no_service(cluster):
 def test_bad_curve_arguments_are_value_errors(keys, tmp_path):
     with pytest.raises(ValueError, match="curve"):
         Client("tcp://127.0.0.1:1", curve=42)
-    with pytest.raises(ValueError, match="CURVE keys"):
+    with pytest.raises(ValueError, match="CURVE key"):
         Client("tcp://127.0.0.1:1", curve=str(tmp_path))          # no keys there
     with pytest.raises(ValueError, match="CURVE"):
         BrokerConfig(curve_secret_file=os.path.join(keys, "broker.key_secret"))

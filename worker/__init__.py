@@ -6,14 +6,20 @@
     engine.run()
 """
 
+from protocol.defaults import AGING_WINDOW as DEFAULT_AGING_WINDOW
 from protocol.enums import FinishReason
-from worker.engine import ENGINE_DEFAULT, BatchInferenceEngine
-from worker.errors import DuplicateRequestError, ModelError, QueueFullError
+from protocol.handle import RequestHandle
+from protocol.request import DEFAULT, RequestParams
+from worker.engine import BatchInferenceEngine
+from worker.errors import DuplicateRequestError, ModelError, QueueFullError, UnsupportedError
 from worker.models.simulated import SimulatedLLM
-from worker.request import RequestHandle
-from worker.scheduler import DEFAULT_AGING_WINDOW, Policy
+from worker.scheduler import Policy
+
+ENGINE_DEFAULT = DEFAULT
+"""``stop_token`` not given (the engine's default applies): :data:`protocol.request.DEFAULT`."""
 
 __all__ = [
+    "DEFAULT",
     "DEFAULT_AGING_WINDOW",
     "ENGINE_DEFAULT",
     "BatchInferenceEngine",
@@ -23,5 +29,7 @@ __all__ = [
     "Policy",
     "QueueFullError",
     "RequestHandle",
+    "RequestParams",
     "SimulatedLLM",
+    "UnsupportedError",
 ]

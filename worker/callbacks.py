@@ -29,28 +29,61 @@ def stream_tokens(streaming: list[Request]) -> list[tuple[Request, Exception]]:
     return failed
 
 
-def complete(finished: list[Request], completion: Completion) -> None:
-    """Call each finished request's callback once with its final sequence (a copy).
+def stream_text(streaming: list[Request]) -> list[tuple[Request, Exception]]:
+    """Call ``on_text`` with each request's newly released text, if any; return the calls that raised."""
+    failed = []
+    for req in streaming:
+        piece = req.detok.take()
+        if piece:
+            try:
+                req.on_text(piece)
+            except Exception as exc:
+                failed.append((req, exc))
+    return failed
 
-    A raising callback is recorded as the request's ``error`` (its
-    ``finish_reason`` stays). Afterwards the request is ``done`` and any
-    thread blocked in ``RequestHandle.result`` wakes.
+
+def complete(finished: list[Request], completion: Completion, now: float) -> None:
+    """Record each finished request's ending (``now``: the engine's clock),
+    release the rest of its text (the last ``on_text``), then call its
+    callback once with its final sequence (a copy).
+
+    A raising callback (or last ``on_text``, or a failing final decode) is
+    recorded as the request's ``error`` (its ``finish_reason`` stays).
+    Afterwards the handle is ``done`` and any thread blocked in its
+    ``result`` wakes.
     """
     completion.delivering_thread = threading.get_ident()
     try:
         for req in finished:
+            req._end(req.reason, req.stop_match, req._error, now)
+            if req.detok is not None:
+                _finish_text(req)
             cb = req.callback
             if cb is not None:
-                completion.delivering = req  # (the previous one is delivered: result() returns)
+                completion.delivering = req  # (the previous one is done: its result() returns)
                 try:
                     cb(list(req.seq))
                 except Exception as exc:
                     log.warning("callback of request %r raised", req.request_id, exc_info=exc)
-                    if req.error is None:
-                        req.error = exc
+                    if req._error is None:
+                        req._error = exc
                 req.callback = None
-            req.delivered = True
+            req._done = True
             if completion.waiters:  # read without the lock: see Completion
                 completion.notify()
     finally:
         completion.delivering = None
+
+
+def _finish_text(req: Request) -> None:
+    """Release all of a finished request's text; hand the last piece to ``on_text``."""
+    try:
+        req.detok.finish(req.seq[req._prompt_tokens:])
+        if req.on_text is not None:
+            piece = req.detok.take()
+            if piece:
+                req.on_text(piece)
+    except Exception as exc:
+        log.warning("text of request %r failed at its end", req.request_id, exc_info=exc)
+        if req._error is None:
+            req._error = exc

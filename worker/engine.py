@@ -12,12 +12,11 @@ token, one C-level scan checks the stop tokens, ``max_tokens`` is found by
 bucketing requests by the iteration in which they reach it, and only
 requests that stream or have stop sequences are visited one by one. The
 lock is taken a constant number of times per iteration, never per token,
-and once per submission; a plain ``submit_request(prompt, n, callback)``
-takes a short path (see there).
+and once per submission.
 
-Threads: ``submit_request``, ``cancel`` and ``wait_for_work`` may be called
-from any thread, and from callbacks. ``step``/``run`` run on one thread at a
-time; callbacks run on that thread, outside the engine lock.
+Threads: ``submit_request``, ``submit``, ``cancel`` and ``wait_for_work`` may
+be called from any thread, and from callbacks. ``step``/``run`` run on one
+thread at a time; callbacks run on that thread, outside the engine lock.
 """
 
 from __future__ import annotations
@@ -27,15 +26,16 @@ import threading
 import time
 from typing import Callable
 
-from protocol.validation import (token_id_set, validate_plain_request, validate_request,
-                                 validate_stop_token)
-from worker.callbacks import complete, stream_tokens
-from worker.errors import ModelError
+from protocol.defaults import AGING_WINDOW
+from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
+from protocol.validation import as_tokens, check_vocab
+from worker.callbacks import complete, stream_text, stream_tokens
+from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
-from worker.request import (ENGINE_DEFAULT, Completion, Request, RequestHandle, submit_options,
-                            submit_signature)
-from worker.scheduler import DEFAULT_AGING_WINDOW, InFlight, Policy
+from worker.request import Completion, Request
+from worker.scheduler import InFlight, Policy
 from worker.slots import SlotTable
+from worker.text import TextStream
 
 log = logging.getLogger(__name__)
 _ints_only = frozenset((int,)).issuperset  # every item of the iterable is an int (the usual step)
@@ -47,7 +47,8 @@ class BatchInferenceEngine:
     - ``model``: a stateless model (``next_tokens(sequences) -> tokens``) or a
       slot-aware :class:`~worker.models.base.SlotModel`; see
       :mod:`worker.models.base`. Its optional ``vocab_size``/``max_seq_len``
-      bound what requests may ask for.
+      bound what requests may ask for; with a ``tokenizer`` it takes text and
+      chat prompts too.
     - ``batch_size``: number of slots (int >= 1).
     - ``stop_token``: the requests' default stop token(s): an int, a sequence
       of ints, None (no stop token) or ``"model"`` (the model's ``eos_token_ids``).
@@ -55,16 +56,16 @@ class BatchInferenceEngine:
       ``"static"`` (admit only when all slots are free); see :class:`~worker.scheduler.Policy`.
     - ``max_queue``: bound on queued (not yet running) requests, or None.
     - ``aging_window``: priority aging, in submissions per priority level; see
-      :mod:`worker.scheduler` for the starvation bound.
-    - ``clock``: seconds, monotonic; deadlines (``timeout_s``) are measured on
-      it. Tests pass a fake one; leave the default otherwise.
+      :mod:`protocol.queue` for the starvation bound.
+    - ``clock``: seconds, monotonic; deadlines (``timeout_s``) and the handles'
+      timings are measured on it. Tests pass a fake one; leave the default otherwise.
 
     Raises ValueError for bad arguments.
     """
 
     def __init__(self, model, batch_size: int, stop_token=None, *,
                  policy: str | Policy = "continuous", max_queue: int | None = None,
-                 aging_window: int = DEFAULT_AGING_WINDOW,
+                 aging_window: int = AGING_WINDOW,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if type(batch_size) is not int or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -78,81 +79,139 @@ class BatchInferenceEngine:
         except ValueError:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}") from None
         self.model = model
-        self._vocab_size = _optional_positive_int(model, "vocab_size")
-        self._max_seq_len = _optional_positive_int(model, "max_seq_len")
-        self._token_ids = token_id_set(self._vocab_size)  # faster prompt checks
+        self._tokenizer = getattr(model, "tokenizer", None)
+        self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
+                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
                 raise ValueError('stop_token="model" needs a model with eos_token_ids')
-        self.stop_tokens = validate_stop_token(stop_token, vocab_size=self._vocab_size)
+        stops = check_stop_token(stop_token)
+        if stops == DEFAULT:
+            raise ValueError(f'stop_token must be an int, a list of ints, None or "model", got {stop_token!r}')
+        check_vocab(stops, "stop_token", self._limits.vocab_size)
+        self.stop_tokens = frozenset(stops)
         self.batch_size = batch_size
         self.max_queue = max_queue
         self._lock = threading.Lock()
-        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._work = threading.Condition(self._lock)  # signalled on submit and cancel
         self._waiting = 0  # threads in wait_for_work (skip notify when none)
         self._book = InFlight(aging_window, max_queue)  # guarded by _lock
-        # Aliases of the ledger's parts, read racily by the loop (a miss is seen next iteration).
-        self._queue, self._pending, self._deadline_heap = (
-            self._book.queue, self._book.pending, self._book.deadlines.heap)
         self._clock = clock
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
         self._slots = SlotTable(batch_size, self._slot_aware, self.stop_tokens)
-        self._completion = Completion()
+        self._completion = Completion(None if self._tokenizer is None else self._tokenizer.decode)
         if self._slot_aware:
             model.bind_slots(batch_size)
 
     # ---- public, any thread -------------------------------------------------
 
-    def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None,
-                       **options) -> RequestHandle:
-        """Queue one request; return its :class:`~worker.request.RequestHandle`.
+    def submit_request(self, prompt, max_tokens, callback: Callable[[list[int]], object] | None = None, *,
+                       on_token: Callable[[int], object] | None = None,
+                       on_text: Callable[[str], object] | None = None, request_id=None, resume_tokens=(),
+                       **options) -> Request:
+        """Queue one request; return its handle (a :class:`~worker.request.Request`,
+        whose public surface is :class:`protocol.handle.RequestHandle`).
 
-        Keyword options (defaults): ``stop_token`` (the engine's),
-        ``stop_sequences=()``, ``on_token=None``, ``priority=0``,
-        ``timeout_s=None``, ``request_id=None``, ``temperature=0.0``,
-        ``top_p=1.0``, ``top_k=0``, ``seed=None``, ``resume_tokens=()``; their
-        rules: :func:`protocol.validation.validate_request`.
+        ``prompt``, ``max_tokens`` and the keyword ``options`` are the request's
+        parameters: any field of :class:`protocol.request.RequestParams`
+        (``stop_token``, ``stop_sequences``, ``priority``, ``timeout_s``,
+        ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (text stop
+        strings), ...; their rules, defaults and units are declared there).
+        ``stop_token`` omitted: the engine's. Then, for this engine:
         ``callback(seq)`` runs exactly once at the end (``seq`` = prompt +
         generated tokens, whatever the ``finish_reason``); ``on_token(token)``
-        runs for each new token, in order, before it. ``resume_tokens``: tokens
-        generated for this request elsewhere -- they count toward
-        ``max_tokens`` and stop-sequence matching, appear in ``seq``, and are
-        not passed to ``on_token`` again. ``timeout_s`` counts from now.
+        runs for each new token, in order, before it; ``on_text(piece)``
+        (models with a tokenizer) runs with each piece of newly released text
+        (see :mod:`worker.text`: the pieces add up to ``handle.text``; never a
+        prefix of a stop string that may still match), after that iteration's
+        ``on_token`` and, for the last piece, before ``callback``;
+        ``request_id`` names it (default: one is picked); ``resume_tokens``:
+        tokens generated for it elsewhere -- they count toward ``max_tokens``
+        and stop matching, appear in ``seq`` and ``text``, and are not passed
+        to ``on_token``/``on_text`` again. ``timeout_s`` counts from now.
         Sampling parameters reach slot-aware models (``SlotInput.sampling``);
         a stateless model picks its tokens itself.
 
-        Raises ValueError on bad input, DuplicateRequestError (a ValueError)
-        when ``request_id`` is in flight, QueueFullError at ``max_queue``; in
-        every case nothing is queued.
+        Raises ValueError on bad input (:class:`~worker.errors.UnsupportedError`
+        for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
+        without a tokenizer), TypeError for an unknown option,
+        DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
+        QueueFullError at ``max_queue``; in every case nothing is queued.
         """
-        # Options come as **options: CPython fills each omitted keyword-only parameter
-        # with a dict lookup, and the plain submit_request(prompt, n, callback) is the
-        # per-request hot path (the else branch). submit_options() checks the names.
-        if options:
-            (stop_token, stop_sequences, on_token, priority, timeout_s, request_id, temperature,
-             top_p, top_k, seed, resume_tokens) = submit_options(**options)
-            v = validate_request(  # by position: keywords cost a name match each
-                prompt, max_tokens, stop_token, stop_token is ENGINE_DEFAULT, stop_sequences,
-                priority, timeout_s, request_id, temperature, top_p, top_k, seed,
-                resume_tokens, self._vocab_size, self._max_seq_len, self._token_ids)
-            req = Request(v, self.stop_tokens, callback, on_token, self._completion)
-            if v.timeout_s is not None:
-                req.deadline = self._clock() + v.timeout_s
-        else:
-            p, n = validate_plain_request(prompt, max_tokens, self._vocab_size,
-                                          self._max_seq_len, self._token_ids)
-            req = Request.plain(p, n, self.stop_tokens, callback, self._completion)
-        self._acquire()  # (acquire/release: half the cost of `with` on this per-request path)
-        try:
+        # Checked against the model too (and no **{} when there are no options: a dict less per request).
+        limits = self._limits
+        params = limits.build(prompt, max_tokens, **options) if options else limits.build(prompt, max_tokens)
+        if options or on_token is not None or on_text is not None or request_id is not None or resume_tokens \
+                or type(params.prompt[0]) is not int:
+            return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, None, True)
+        # The plain submit_request(prompt, max_tokens, callback) -- a batch job's, once per request --
+        # skips the checks it has no use for (about 2 % of bench/engine.py's end-to-end time).
+        if callback is not None and not callable(callback):
+            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
+        now = self._clock()
+        req = Request(params, None, params.prompt, (), self.stop_tokens, callback, None, now, None,
+                      self._completion)
+        with self._lock:
             self._book.add(req)
             if self._waiting:
                 self._work.notify_all()
-        finally:
-            self._release()
-        return req  # a Request is its own RequestHandle
+        return req
+
+    def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
+               on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,
+               request_id=None, resume_tokens=(), time_left_s: float | None = None) -> Request:
+        """Queue a request built already (:class:`~protocol.request.RequestParams`);
+        ``time_left_s`` replaces ``params.timeout_s`` when it waited elsewhere
+        before (seconds from now). Otherwise, and for errors, as :meth:`submit_request`.
+        """
+        if not isinstance(params, RequestParams):
+            raise TypeError(f"params must be a RequestParams, got {type(params).__name__}")
+        return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, time_left_s, False)
+
+    def _submit(self, params: RequestParams, callback, on_token, on_text, request_id, resume_tokens,
+                time_left_s: float | None, checked: bool) -> Request:
+        """``checked``: ``params`` of token ids were checked against the model already."""
+        for name, fn in (("callback", callback), ("on_token", on_token), ("on_text", on_text)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+        if on_text is not None and self._tokenizer is None:
+            raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
+        prompt = params.prompt
+        if type(prompt[0]) is int:  # token ids
+            if not checked:
+                self._limits.check(params)
+        else:  # text or chat
+            prompt = self._tokenize(params)
+            self._limits.check(params, len(prompt))
+        resume = params.check_resume(resume_tokens, self._limits.vocab_size) if resume_tokens else ()
+        stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
+        timeout_s = params.timeout_s if time_left_s is None else time_left_s
+        # Followed token by token only when asked (stop strings, on_text): others pay nothing for text.
+        detok = None if not params.stop and on_text is None else \
+            TextStream(self._tokenizer, params.stop, params.include_stop_str_in_output, resume)
+        now = self._clock()
+        req = Request(params, None if request_id is None else check_request_id(request_id), prompt, resume,
+                      stops, callback, on_token, now, None if timeout_s is None else now + timeout_s,
+                      self._completion)
+        req.detok, req.on_text = detok, on_text
+        with self._lock:
+            self._book.add(req)  # picks an id when it has none
+            if self._waiting:
+                self._work.notify_all()
+        return req  # the request is its own handle
+
+    def _tokenize(self, params: RequestParams) -> tuple[int, ...]:
+        """A text or chat prompt as token ids, by the model's tokenizer."""
+        tok = self._tokenizer
+        if tok is None:
+            raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        if type(params.prompt) is str:
+            ids = tok.encode(params.prompt)
+        else:
+            ids = tok.apply_chat_template([m._asdict() for m in params.prompt])
+        return as_tokens(ids, "the tokenised prompt", allow_empty=False)
 
     def cancel(self, request_id) -> bool:
         """End a queued or running request as ``"cancelled"``; thread-safe.
@@ -181,7 +240,7 @@ class BatchInferenceEngine:
 
     @property
     def num_queued(self) -> int:
-        return len(self._queue)
+        return len(self._book.queue)
 
     @property
     def num_running(self) -> int:
@@ -218,10 +277,10 @@ class BatchInferenceEngine:
             self._active = False
 
     def _iterate(self) -> int:
-        slots = self._slots
-        if self._pending or self._deadline_heap:  # racy reads: a miss is seen next iteration
+        slots, book = self._slots, self._book
+        if book.pending or book.deadlines.heap:  # racy reads: a miss is seen next iteration
             self._end_early()
-        if slots.free and len(self._queue):
+        if slots.free and len(book.queue):
             self._admit()
         batch = slots.batch
         if not batch:
@@ -239,20 +298,30 @@ class BatchInferenceEngine:
             if failed:
                 with self._lock:
                     for req, exc in failed:
-                        self._book.row_failed(req, exc)
+                        book.row_failed(req, exc)
         else:
             finished = slots.append(tokens)
+        if slots.admitted:  # their first token: time to first token
+            now = self._clock()
+            if skipped:  # no token yet (prefill goes on): stamped at their first one
+                for req in slots.admitted:
+                    if req not in skipped:
+                        req.first_token_s = now
+                slots.admitted[:] = [req for req in slots.admitted if req in skipped and req.slot is not None]
+            else:
+                for req in slots.admitted:
+                    req.first_token_s = now
+                slots.admitted.clear()
         if finished:
-            self._acquire()
-            try:  # final from here: a later cancel returns False
-                finished = self._book.commit(finished)
-            finally:
-                self._release()
+            with self._lock:  # final from here: a later cancel returns False
+                finished = book.commit(finished)
         if slots.streaming:
             streaming = slots.streaming if not skipped else [r for r in slots.streaming if r not in skipped]
             for req, exc in stream_tokens(streaming):
                 with self._lock:
-                    self._book.stream_failed(req, exc)
+                    book.stream_failed(req, exc)
+        if slots.text_streaming or slots.text_failed:
+            self._stream_text(slots)
         if finished:
             self._finish(finished)
         return len(tokens) if skipped is None else len(tokens) - len(skipped)
@@ -267,7 +336,7 @@ class BatchInferenceEngine:
             self._active = True
 
     def _has_work(self) -> bool:
-        return bool(len(self._queue) or self._slots.reqs or self._pending)
+        return bool(len(self._book.queue) or self._slots.reqs or self._book.pending)
 
     def _admit(self) -> None:
         slots = self._slots
@@ -277,6 +346,16 @@ class BatchInferenceEngine:
                 new = self._book.admit(n)
             slots.occupy(new)
 
+    def _stream_text(self, slots: SlotTable) -> None:
+        """``on_text`` with this iteration's released text; end the requests whose
+        text failed to decode, or whose ``on_text`` raised, with ``"error"``."""
+        failed = slots.text_failed + stream_text(slots.text_streaming)
+        slots.text_failed.clear()
+        for req, exc in failed:
+            log.warning("text of request %r failed", req.request_id, exc_info=exc)
+            with self._lock:
+                self._book.stream_failed(req, exc)
+
     def _end_early(self) -> None:
         """Carry out cancels, deadlines and failed streams: callbacks, then free slots."""
         with self._lock:
@@ -285,7 +364,7 @@ class BatchInferenceEngine:
 
     def _finish(self, ended: list[Request]) -> None:
         """Run the callbacks of FINISHED requests, then free the slots of those that had one."""
-        complete(ended, self._completion)
+        complete(ended, self._completion, self._clock())
         freed = [req.slot for req in ended if req.slot is not None] if self._slot_aware else ()
         self._slots.vacate(ended)
         for slot in freed:
@@ -296,15 +375,11 @@ class BatchInferenceEngine:
 
     def _fail_batch(self, exc: Exception) -> None:
         """The model raised: every running request ends with ``"error"``."""
+        self._slots.admitted.clear()  # (no first token after all)
         with self._lock:
             err = self._book.fail(self._slots.reqs, exc)
         log.error("model call failed; ending %d requests", len(self._slots.reqs), exc_info=err)
         self._end_early()
-
-
-# submit_request takes **options (see there); help() and inspect show the documented signature.
-BatchInferenceEngine.submit_request.__signature__ = submit_signature(  # type: ignore[attr-defined]
-    BatchInferenceEngine.submit_request)
 
 
 def _optional_positive_int(model, name: str) -> int | None:

@@ -22,6 +22,7 @@ the new broker.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -32,20 +33,22 @@ from dataclasses import dataclass
 
 import zmq
 
-from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+from protocol import defaults
+from protocol.codec import decode, encode
+from protocol.curve import load_peer_keys
 from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    BROKER_TO_WORKER, Assign, Bye, Cancel, Error, Finished, Heartbeat, Iteration, ModelInfo,
-    Register, RequestSpec, Welcome,
+    BROKER_TO_WORKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Iteration, ModelInfo,
+    Register, Rejected, Text, Welcome,
 )
 from worker.engine import BatchInferenceEngine
 from worker.models.options import ModelOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BROKER = "tcp://127.0.0.1:5556"
+DEFAULT_BROKER = defaults.WORKER_ENDPOINT
 _WAKE, _STOP = b"w", b"s"  # main thread -> I/O thread signals on the inproc PAIR
 _EPOCH_SHIFT = 48  # engine id = key + (epoch << 48): broker keys stay far below 2**48
 
@@ -85,12 +88,12 @@ class WorkerConfig:
     prefetch: int | None = None
     step_delay_ms: float = 0.0
     stop_token: int | str | None = "model"
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     broker_liveness_s: float = 5.0
     name: str = ""
     curve_secret_file: str | None = None
     curve_broker_key_file: str | None = None
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = defaults.MAX_MESSAGE_BYTES
     model_options: ModelOptions = ModelOptions()
 
     def __post_init__(self) -> None:
@@ -132,11 +135,13 @@ class _Live:
     """One assigned request inside the worker.
 
     ``tokens`` collects this iteration's tokens (its ``append`` is the
-    engine's ``on_token``: no Python frame per token); ``handle`` is set by
-    the I/O thread under the submit lock.
+    engine's ``on_token``: no Python frame per token), and on a model with a
+    tokenizer ``texts`` the text the engine released meanwhile (its
+    ``on_text``; :mod:`worker.text`); ``handle`` is set by the I/O thread under
+    the submit lock.
     """
 
-    __slots__ = ("key", "eid", "handle", "tokens", "decoder", "text", "stale", "_done")
+    __slots__ = ("key", "eid", "handle", "tokens", "texts", "stale", "_done")
 
     def __init__(self, key: int, eid: int, done: list[int]) -> None:
         self.key = key
@@ -144,19 +149,12 @@ class _Live:
         self._done = done
         self.handle = None
         self.tokens: list[int] = []
-        self.decoder = None
-        self.text: list[str] | None = None
+        self.texts: list[str] = []
         self.stale = False
 
     def on_end(self, seq: list[int]) -> None:
         """The engine's completion callback: note the end; ``_collect`` reports it."""
         self._done.append(self.eid)
-
-    def on_token_text(self, token: int) -> None:
-        self.tokens.append(token)
-        piece = self.decoder.step(token)
-        if piece:
-            self.text.append(piece)
 
 
 class WorkerProcess:
@@ -191,7 +189,8 @@ class WorkerProcess:
             has_tokenizer=self.tokenizer is not None,
         )
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
-        self.curve_keys = None if config.curve_secret_file is None else _load_curve(config)
+        self.curve_keys = None if config.curve_secret_file is None else load_peer_keys(
+            (config.curve_secret_file, config.curve_broker_key_file), "worker")
         self.identity = uuid.uuid4().bytes
         self.iterations = 0
         self._live: dict[int, _Live] = {}       # by engine id; guarded by _submit_lock
@@ -252,16 +251,13 @@ class WorkerProcess:
                 toks = live.tokens
                 if toks:
                     if not live.stale:
-                        if len(toks) == 1:
-                            ids.append(live.key)
-                        else:
-                            ids.extend([live.key] * len(toks))
+                        ids.extend([live.key] * len(toks))
                         tokens.extend(toks)
                     toks.clear()
-                if live.text:
+                if live.texts:  # (with its tokens: the pieces are a function of the tokens sent so far)
                     if not live.stale:
-                        texts.append([live.key, "".join(live.text)])
-                    live.text.clear()
+                        texts.append(Text(live.key, "".join(live.texts)))
+                    live.texts.clear()
             for eid in self._done:
                 live = self._live.pop(eid)
                 if not live.stale:
@@ -270,7 +266,7 @@ class WorkerProcess:
             epoch = self._epoch
         if not (ids or finished or texts):
             return None
-        return epoch, Iteration(ids, tokens, texts, finished)
+        return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished))
 
     def take_outbox(self) -> list[tuple[int, Iteration]]:
         """(I/O thread) everything the main thread produced since the last call."""
@@ -294,53 +290,36 @@ class WorkerProcess:
             if io is not None and not io.sock.closed:
                 io.sock.close(0)
 
-    def assign(self, specs: list[RequestSpec]) -> list[Finished]:
+    def assign(self, entries: tuple[Envelope | Rejected, ...]) -> list[Finished]:
         """Submit assigned requests into the engine (I/O thread); return the
-        immediate endings of those the engine refused."""
+        immediate endings of those it refused."""
         refused = []
+        text = self.tokenizer is not None  # then every request streams its text (token-id prompts too)
         with self._submit_lock:
             epoch_base = self._epoch << _EPOCH_SHIFT
-            done = self._done
-            submit = self.engine.submit_request
-            no_stop = {}
-            for spec in specs:
-                eid = spec.request_id + epoch_base
-                live = _Live(spec.request_id, eid, done)
+            for entry in entries:
+                key = entry.request_id
+                if type(entry) is Rejected or type(key) is not int:
+                    message = entry.message if type(entry) is Rejected else "a broker key must be an int"
+                    refused.append(Finished(key, FinishReason.ERROR, ErrorCode.BAD_REQUEST, message))
+                    continue
+                live = _Live(key, key + epoch_base, self._done)
                 try:
-                    prompt = self._prompt_ids(spec, live)
-                    live.handle = submit(
-                        prompt, spec.max_tokens, live.on_end, stop_sequences=spec.stop_sequences,
-                        on_token=live.tokens.append if live.decoder is None else live.on_token_text,
-                        priority=spec.priority, timeout_s=spec.timeout_s, request_id=eid,
-                        temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed,
-                        resume_tokens=spec.resume_tokens,
-                        **(no_stop if spec.stop_tokens is None else {"stop_token": spec.stop_tokens}))
-                except _Unsupported as e:
-                    refused.append(Finished(spec.request_id, FinishReason.ERROR, ErrorCode.UNSUPPORTED, str(e)))
+                    live.handle = self.engine.submit(entry.params, live.on_end, on_token=live.tokens.append,
+                                                     on_text=live.texts.append if text else None,
+                                                     request_id=live.eid,
+                                                     resume_tokens=entry.resume_tokens,
+                                                     time_left_s=entry.time_left_s)
+                except ValueError as e:  # bad_request, or the error's own code (unsupported, duplicate)
+                    refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.BAD_REQUEST),
+                                            str(e)))
                     continue
-                except ValueError as e:
-                    code = getattr(e, "code", ErrorCode.BAD_REQUEST)
-                    refused.append(Finished(spec.request_id, FinishReason.ERROR, code, str(e)))
+                except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, a tokenizer failure
+                    refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.INTERNAL),
+                                            f"{type(e).__name__}: {e}"))
                     continue
-                except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, tokenizer failure
-                    code = getattr(e, "code", ErrorCode.INTERNAL)
-                    refused.append(Finished(spec.request_id, FinishReason.ERROR, code, f"{type(e).__name__}: {e}"))
-                    continue
-                self._live[eid] = live
+                self._live[live.eid] = live
         return refused
-
-    def _prompt_ids(self, spec: RequestSpec, live: _Live) -> list[int]:
-        if spec.messages is None and type(spec.prompt) is list:
-            return spec.prompt
-        if self.tokenizer is None:
-            raise _Unsupported(f"model {self.config.model!r} has no tokenizer: send token ids, not text")
-        if spec.messages is not None:
-            ids = self.tokenizer.apply_chat_template(spec.messages)
-        else:
-            ids = self.tokenizer.encode(spec.prompt)
-        live.decoder = self.tokenizer.decoder(ids)
-        live.text = []
-        return ids
 
     def cancel(self, keys: list[int]) -> None:
         base = self._epoch << _EPOCH_SHIFT
@@ -360,24 +339,6 @@ class WorkerProcess:
             self.engine.cancel(live.eid)
 
 
-class _Unsupported(Exception):
-    pass
-
-
-def _load_curve(config: WorkerConfig) -> tuple[bytes, bytes, bytes]:
-    """(public, secret, broker public) CURVE keys; ValueError when unreadable."""
-    from zmq.auth import load_certificate
-
-    try:
-        public, secret = load_certificate(config.curve_secret_file)
-        broker_public, _ = load_certificate(config.curve_broker_key_file)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read the worker's CURVE keys: {e}") from None
-    if secret is None:
-        raise ValueError(f"{config.curve_secret_file!r} holds no secret key (use the *.key_secret file)")
-    return public, secret, broker_public
-
-
 def _finished(key: int, handle) -> Finished:
     reason = handle.finish_reason
     code = message = None
@@ -387,7 +348,7 @@ def _finished(key: int, handle) -> Finished:
         if not isinstance(code, ErrorCode):
             code = ErrorCode.INTERNAL
         message = f"{type(err).__name__}: {err}" if err is not None else "failed"
-    return Finished(key, reason, code, message, len(handle.prompt))
+    return Finished(key, reason, code, message, handle.usage.prompt_tokens, handle.stop_reason)
 
 
 class _WorkerIO:
@@ -473,20 +434,14 @@ class _WorkerIO:
         """Send the main thread's iterations as one message (concatenated in
         order). Output of an older registration epoch is dropped: its keys may
         now name other requests."""
-        merged = None
         epoch = self.wp._epoch
-        for e, it in items:
-            if e != epoch or not self.registered:
-                continue
-            if merged is None:
-                merged = it
-            else:
-                merged.ids += it.ids
-                merged.tokens += it.tokens
-                merged.texts += it.texts
-                merged.finished += it.finished
-        if merged is not None:
-            self.send(merged)
+        its = [it for e, it in items if e == epoch and self.registered]
+        if len(its) == 1:
+            self.send(its[0])
+        elif its:  # piled up while this thread was busy: one message, in order
+            def joined(field: str) -> tuple:
+                return tuple(itertools.chain.from_iterable(getattr(it, field) for it in its))
+            self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished")))
 
     def _receive(self) -> None:
         wp = self.wp
@@ -505,7 +460,7 @@ class _WorkerIO:
                 if self.registered:
                     refused = wp.assign(msg.requests)
                     if refused:
-                        self.send(Iteration(finished=refused))
+                        self.send(Iteration(finished=tuple(refused)))
             elif isinstance(msg, Cancel):
                 wp.cancel(msg.request_ids)
             elif isinstance(msg, Heartbeat):

@@ -1,56 +1,15 @@
-"""One request's state inside the engine, its public handle, and stop-sequence matching.
-
-:class:`RequestHandle` is the public API of what ``submit_request``
-returns; the object itself is a :class:`Request`, the engine's per-request
-state (a subclass: one object per request rather than a state object plus a
-wrapper, as submission cost is per request). :class:`Request` is
-deliberately plain (``__slots__``, no properties): the engine touches it in
-its per-iteration loop. ``submit_options`` holds ``submit_request``'s
-keyword options and their defaults.
-"""
+"""One request inside the engine (its state, which is also its public handle), and
+stop-sequence matching (text stop strings: :mod:`worker.text`)."""
 
 from __future__ import annotations
 
 import enum
-import inspect
 import threading
 from typing import Callable, Sequence
 
 from protocol.enums import FinishReason
-from protocol.validation import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ValidRequest
-from worker.models.base import GREEDY, SamplingParams
-
-
-class _EngineDefault:
-    """Marker for "stop_token not given": use the engine's default (None means *no* stop token)."""
-
-    def __repr__(self) -> str:
-        return "<engine default>"
-
-
-ENGINE_DEFAULT = _EngineDefault()
-
-
-def submit_options(*, stop_token=ENGINE_DEFAULT, stop_sequences=(),
-                   on_token: Callable[[int], object] | None = None, priority=0, timeout_s=None,
-                   request_id=None, temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P, top_k=0,
-                   seed=None, resume_tokens=()) -> tuple:
-    """``submit_request``'s keyword options, in this order, defaults applied.
-
-    Raises TypeError, worded as for ``submit_request``, for an unknown name.
-    """
-    return (stop_token, stop_sequences, on_token, priority, timeout_s, request_id,
-            temperature, top_p, top_k, seed, resume_tokens)
-
-
-submit_options.__qualname__ = "BatchInferenceEngine.submit_request"  # names it in TypeErrors
-
-
-def submit_signature(method: Callable) -> inspect.Signature:
-    """``method(self, ..., **options)``'s signature with ``**options`` spelled out."""
-    sig = inspect.signature(method)
-    return sig.replace(parameters=[*list(sig.parameters.values())[:-1],
-                                   *inspect.signature(submit_options).parameters.values()])
+from protocol.handle import RequestHandle
+from protocol.request import RequestId, RequestParams
 
 
 class RequestState(enum.Enum):
@@ -64,10 +23,6 @@ class RequestState(enum.Enum):
     RUNNING = "running"
     ENDING = "ending"
     FINISHED = "finished"
-
-
-_QUEUED = RequestState.QUEUED
-_new = object.__new__
 
 
 class StopMatcher:
@@ -85,7 +40,7 @@ class StopMatcher:
 
     def __init__(self, patterns: Sequence[tuple[int, ...]]) -> None:
         self._patterns = tuple(patterns)
-        self._failure = tuple(_failure_table(p) for p in self._patterns)
+        self._failure = tuple(failure_table(p) for p in self._patterns)
         self._state = [0] * len(self._patterns)
 
     def feed(self, token: int) -> tuple[int, ...] | None:
@@ -107,8 +62,9 @@ class StopMatcher:
         return hit
 
 
-def _failure_table(pattern: tuple[int, ...]) -> list[int]:
-    """``f[i]`` = length of the longest proper prefix of ``pattern[:i+1]`` that is also its suffix."""
+def failure_table(pattern: Sequence) -> list[int]:
+    """KMP's failure function of ``pattern`` (token ids, or a str's characters):
+    ``f[i]`` = length of the longest proper prefix of ``pattern[:i+1]`` that is also its suffix."""
     f = [0] * len(pattern)
     j = 0
     for i in range(1, len(pattern)):
@@ -120,187 +76,119 @@ def _failure_table(pattern: tuple[int, ...]) -> list[int]:
     return f
 
 
-class RequestHandle:
-    """The caller's view of a submitted request; safe to read from any thread.
-
-    - ``request_id``: the caller's id, or the one the engine picked.
-    - ``prompt``: the prompt token ids (a copy).
-    - ``tokens``: tokens generated so far, including ``resume_tokens`` (a copy).
-    - ``finish_reason``: None until the request ends, then a
-      :class:`~protocol.enums.FinishReason`.
-    - ``stop_reason``: for ``"stop"``, the stop token or stop sequence that matched.
-    - ``error``: None, or the exception that ended the request (model error,
-      raising ``on_token``) or that its completion callback raised.
-    - ``done()``, ``result(timeout)``: see below.
-
-    Handles are :class:`Request` objects; only the names above are public
-    (``request_id`` and ``error`` are plain attributes of the request).
-    """
-
-    __slots__ = ()
-
-    @property
-    def prompt(self: Request) -> list[int]:
-        return list(self.seq[: self.prompt_len])
-
-    @property
-    def tokens(self: Request) -> list[int]:
-        return list(self.seq[self.prompt_len:])
-
-    @property
-    def finish_reason(self: Request) -> FinishReason | None:
-        return self.reason if self.state is RequestState.FINISHED else None
-
-    @property
-    def stop_reason(self: Request) -> int | tuple[int, ...] | None:
-        """What stopped a ``"stop"`` request: the stop token (int) or the stop
-        sequence (tuple) that matched, as vLLM's ``stop_reason``; else None."""
-        return self.stop_match if self.state is RequestState.FINISHED and self.reason is \
-            FinishReason.STOP else None
-
-    def done(self: Request) -> bool:
-        """True once the request ended and its completion callback has returned."""
-        return self.delivered
-
-    def result(self: Request, timeout: float | None = None) -> list[int]:
-        """Block until done; return the final sequence (prompt + generated tokens).
-
-        ``timeout`` in seconds (None waits forever: someone must be running
-        the engine). Raises ``TimeoutError`` when it passes first. For every
-        ending -- check ``finish_reason`` and ``error`` -- the sequence holds
-        the tokens produced until then. Called from the request's own
-        completion callback it returns at once.
-        """
-        c = self.completion
-        if not self.delivered and not (c.delivering is self
-                                       and c.delivering_thread == threading.get_ident()):
-            with c.cond:
-                c.waiters += 1
-                try:
-                    if not c.cond.wait_for(lambda: self.delivered, timeout):
-                        raise TimeoutError(
-                            f"request {self.request_id!r} not done after {timeout} s"
-                        )
-                finally:
-                    c.waiters -= 1
-        return list(self.seq)
-
-    @property
-    def _req(self) -> Request:
-        """The request itself (handles used to wrap it; kept for code that reached in)."""
-        return self
-
-    def __repr__(self: Request) -> str:
-        return (f"RequestHandle(request_id={self.request_id!r}, "
-                f"tokens={len(self.seq) - self.prompt_len}, "
-                f"finish_reason={self.finish_reason})")
-
-
 class Request(RequestHandle):
-    """Engine-side state of one accepted request; to callers, its :class:`RequestHandle`.
+    """One accepted request: the engine's state of it, and the handle
+    ``submit_request`` returns.
 
-    ``seq`` is the request's tokens: prompt, then resume tokens, then
-    generated tokens. While it waits it is a tuple (a tuple of ints costs the
-    garbage collector nothing once it has seen it, and thousands may wait);
-    :meth:`SlotTable.occupy <worker.slots.SlotTable.occupy>` turns it into
-    the list the model reads by reference and the engine appends to, so
-    nothing rebuilds it per iteration. ``slot``/``pos`` are its slot and its
-    index in the engine's batch lists while running, else None. ``order``
-    is its submission number, set by :class:`~worker.scheduler.RequestQueue`.
+    To callers it is a :class:`protocol.handle.RequestHandle` (the surface the
+    client SDK's handles share); ``prompt`` is always token ids here (a text
+    prompt as the engine tokenised it), and ``text``, when the model has a
+    tokenizer, is the decode of ``tokens`` (special tokens left out), cut at a
+    matched stop string; while the request runs, only its released part when
+    the engine follows its text (``detok``), else None without a tokenizer.
+    Its other attributes are the engine's, touched in the per-iteration loop
+    (``__slots__``, plain attributes):
+
+    - ``seq``: the request's tokens: prompt (``usage.prompt_tokens`` of them), then resume tokens, then generated
+      ones. While it waits it is a tuple (the prompt's own, when nothing was
+      resumed); :meth:`SlotTable.occupy <worker.slots.SlotTable.occupy>` turns
+      it into the list the model reads and the engine appends to.
+    - ``to_generate``: new tokens still to generate (``max_tokens`` minus resumed ones).
+    - ``stop_tokens``: the stop token ids in force (the engine's default unless
+      the request gave its own).
+    - ``slot``/``pos``: its slot and its index in the batch lists while running, else None.
+    - ``queue_seq``: its ticket while queued (:class:`protocol.queue.PriorityQueue`).
+    - ``deadline``: on the engine's clock, or None.
+    - ``detok``: its :class:`~worker.text.TextStream` when the engine follows its
+      text token by token (stop strings, ``on_text``), else None; ``on_text``: the
+      caller's text callback, or None.
+
+    One object per request, not a state object behind a handle: submission is
+    per request, and bench/engine.py's end-to-end target (>= 5x the naive
+    engine) needs it lean; a handle object of its own cost about 7 % of a
+    plain request's submit + run (instructions, measured with callgrind).
     """
 
-    __slots__ = ("request_id", "seq", "prompt_len", "to_generate", "stop_tokens", "matcher",
-                 "on_token", "callback", "priority", "order", "deadline", "sampling", "state",
-                 "reason", "stop_match", "error", "slot", "pos", "delivered", "completion")
+    __slots__ = ("seq", "to_generate", "stop_tokens", "matcher", "on_token", "callback", "deadline", "state",
+                 "reason", "stop_match", "slot", "pos", "queue_seq", "detok", "on_text", "_completion")
 
-    def __init__(self, v: ValidRequest, default_stop_tokens: frozenset[int],
-                 callback: Callable[[list[int]], object] | None,
-                 on_token: Callable[[int], object] | None,
-                 completion: Completion | None = None) -> None:
-        """Engine state of a validated request; ``completion`` is the engine's.
-
-        Raises ValueError when ``callback`` or ``on_token`` is not callable.
-        """
-        if callback is not None and not callable(callback):
-            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
-        if on_token is not None and not callable(on_token):
-            raise ValueError(f"on_token must be callable or None, got {type(on_token).__name__}")
-        (prompt, max_tokens, stop_tokens, stop_sequences, priority, _, request_id,
-         temperature, top_p, top_k, seed, resume) = v  # one unpack: this runs per request
-        n = len(prompt)
-        self.request_id = request_id
-        self.seq = (*prompt, *resume) if resume else tuple(prompt)  # our own copy
-        self.prompt_len = n
-        self.to_generate = max_tokens - len(resume) if resume else max_tokens  # new tokens
-        self.stop_tokens = default_stop_tokens if stop_tokens is None else stop_tokens
-        if stop_sequences:
-            self.matcher = StopMatcher(stop_sequences)
+    def __init__(self, params: RequestParams, request_id: RequestId | None, prompt: tuple[int, ...],
+                 resume: tuple[int, ...], stop_tokens: frozenset[int],
+                 callback: Callable[[list[int]], object] | None, on_token: Callable[[int], object] | None,
+                 submitted_s: float, deadline: float | None, completion: Completion) -> None:
+        RequestHandle.__init__(self, request_id, params, submitted_s, len(prompt))
+        self.seq = prompt + resume if resume else prompt
+        self.to_generate = params.max_tokens - len(resume)
+        self.stop_tokens = stop_tokens
+        self.matcher = None
+        if params.stop_sequences:
+            self.matcher = StopMatcher(params.stop_sequences)
             for t in resume:  # resumed tokens take part in matching
                 self.matcher.feed(t)
-        else:
-            self.matcher = None
         self.on_token = on_token
         self.callback = callback
-        self.priority = priority
-        self.deadline: float | None = None  # on the engine's clock; the engine sets it
-        if temperature or top_p != 1.0 or top_k or seed is not None:
-            self.sampling = SamplingParams(temperature, top_p, top_k, seed)
-        else:
-            self.sampling = GREEDY
-        self.state = _QUEUED
+        self.deadline = deadline
+        self.state = RequestState.QUEUED
         self.reason: FinishReason | None = None
-        self.stop_match: int | tuple[int, ...] | None = None  # what stopped it (stop_reason)
-        self.error: BaseException | None = None
+        self.stop_match: int | tuple[int, ...] | str | None = None  # what stopped it (stop_reason)
         self.slot: int | None = None
         self.pos: int | None = None
-        self.delivered = False  # terminal callback has run (done())
-        self.completion = completion
+        self.queue_seq: int | None = None
+        self.detok = None
+        self.on_text: Callable[[str], object] | None = None
+        self._completion = completion
 
-    @staticmethod  # (not a classmethod: that builds a bound method per call)
-    def plain(prompt: list[int], max_tokens: int, stop_tokens: frozenset[int],
-              callback: Callable[[list[int]], object] | None,
-              completion: Completion) -> Request:
-        """A request whose options are all at their defaults, from its validated
-        prompt and ``max_tokens`` (no :class:`ValidRequest` to build and unpack:
-        this is the per-request path of a plain ``submit_request(prompt, n,
-        callback)``). Sets the same fields as ``__init__`` -- keep the two in step.
+    @property
+    def prompt(self) -> list[int]:
+        return list(self.seq[:self._prompt_tokens])
 
-        Raises ValueError when ``callback`` is not callable.
-        """
-        if callback is not None and not callable(callback):
-            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
-        self = _new(Request)
-        self.request_id = None
-        self.seq = tuple(prompt)
-        self.prompt_len = len(prompt)
-        self.to_generate = max_tokens
-        self.stop_tokens = stop_tokens
-        self.matcher = self.on_token = None
-        self.callback = callback
-        self.priority = 0
-        self.deadline = None
-        self.sampling = GREEDY
-        self.state = _QUEUED
-        self.reason = self.stop_match = self.error = self.slot = self.pos = None
-        self.delivered = False
-        self.completion = completion
-        return self
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.seq[self._prompt_tokens:])
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens generated so far, resumed ones included (the engine's count for stop rules)."""
+        return len(self.seq) - self._prompt_tokens
+
+    @property
+    def text(self) -> str | None:
+        detok = self.detok
+        if detok is not None:
+            return detok.text
+        detokenize = self._completion.detokenize
+        return None if detokenize is None else detokenize(self.tokens)
+
+    def _wait(self, timeout: float | None) -> None:
+        c = self._completion
+        if c.delivering is self and c.delivering_thread == threading.get_ident():
+            return  # called from its own completion callback
+        with c.cond:
+            c.waiters += 1
+            try:
+                if not c.cond.wait_for(self.done, timeout):
+                    raise TimeoutError(f"request {self.request_id!r} not done after {timeout} s")
+            finally:
+                c.waiters -= 1
 
 
 class Completion:
-    """Lets ``RequestHandle.result`` block until a request is done, without polling.
+    """Lets ``Request.result`` block until a request is done, without polling;
+    ``detokenize`` is the model's tokenizer's ``decode`` (None without one),
+    for the requests' ``text``.
 
     One per engine. After every terminal callback the engine reads
     ``waiters`` without the lock and calls :meth:`notify` when it is nonzero,
     so an engine nobody waits on pays one integer read per finished request.
     No wakeup is lost: a waiter increments ``waiters`` under ``cond`` before
-    it checks ``delivered``, and the engine sets ``delivered`` before it
+    it checks ``done()``, and the engine marks the handle done before it
     reads ``waiters``.
     """
 
-    __slots__ = ("cond", "waiters", "delivering", "delivering_thread")
+    __slots__ = ("cond", "waiters", "delivering", "delivering_thread", "detokenize")
 
-    def __init__(self) -> None:
+    def __init__(self, detokenize: Callable[[list[int]], str] | None = None) -> None:
+        self.detokenize = detokenize
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
         # The request whose completion callback is running, and on which thread:

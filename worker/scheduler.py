@@ -1,28 +1,7 @@
-"""Scheduling: the order queued requests are admitted in, when (the policy), and
-the ledger of requests in flight (:class:`InFlight`).
-
-Queue order (DESIGN.md): FIFO; with priorities, lower value first and FIFO
-within a level; aging so that nothing starves.
-
-Aging is counted in submissions, not wall time, so it is deterministic and
-testable. A request with priority ``p`` that is the ``s``-th submission gets
-the sort key ``s + p * aging_window``; the queue admits the smallest key,
-and among equal keys the earliest submission. Equivalently, a waiting request's
-priority improves by one level for every ``aging_window`` requests submitted
-after it. The bound this gives:
-
-    A request of priority ``p`` can be overtaken only by requests submitted
-    fewer than ``(p - q) * aging_window`` submissions after it, where ``q`` is
-    the overtaker's priority. So it is overtaken by at most
-    ``(p - q_min) * aging_window - 1`` later requests in total (``q_min`` the
-    most urgent priority among them), and waits for at most that many
-    admissions plus the requests already ahead of it when it arrived.
-
-With the default window (1000) a burst of fewer than 1000 requests is
-always served in strict priority order; aging only matters for sustained
-streams of more urgent work. The same key-shift idea is the classic
-"aging" of priority schedulers (e.g. Silberschatz, *Operating System
-Concepts*, ch. 5); the form here is linear in submissions.
+"""Scheduling: when queued requests are admitted (the policy), and the ledger of
+requests in flight (:class:`InFlight`). The order they are admitted in is
+:class:`protocol.queue.PriorityQueue`'s (priorities, FIFO within a level, aging),
+shared with the broker.
 """
 
 from __future__ import annotations
@@ -30,18 +9,15 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-from collections import deque
 from typing import Callable
 
 from protocol.enums import FinishReason
+from protocol.queue import PriorityQueue
 from worker.errors import DuplicateRequestError, ModelError, QueueFullError
 from worker.request import Request, RequestState
 
 QUEUED, RUNNING, ENDING, FINISHED = (RequestState.QUEUED, RequestState.RUNNING,
                                      RequestState.ENDING, RequestState.FINISHED)
-
-DEFAULT_AGING_WINDOW = 1000
-"""Submissions per priority level of aging (see the module docstring for the bound)."""
 
 
 class Policy(str, enum.Enum):
@@ -61,83 +37,6 @@ class Policy(str, enum.Enum):
         if self is Policy.STATIC and num_running:
             return 0
         return num_free
-
-
-class RequestQueue:
-    """Queued requests by priority with aging; see the module docstring.
-
-    Not thread-safe: the engine calls it under its lock. Removal of a queued
-    request (cancel, deadline) is lazy: :meth:`discard` only fixes the count,
-    and :meth:`pop` skips entries that are no longer QUEUED.
-
-    Two sorted stores, the answer is the smaller head: a deque for requests
-    that arrive in key order -- those whose priority is no more urgent than
-    the last one's, so with equal priorities plain FIFO costs O(1) and
-    computes no key -- and a heap of ``(key, s, request)`` for the rest
-    (O(log n)). ``request.order`` is its submission number ``s``.
-    """
-
-    __slots__ = ("aging_window", "_fifo", "_heap", "_orders", "_live")
-
-    def __init__(self, aging_window: int = DEFAULT_AGING_WINDOW) -> None:
-        if type(aging_window) is not int or aging_window < 1:
-            raise ValueError(f"aging_window must be an int >= 1, got {aging_window!r}")
-        self.aging_window = aging_window
-        self._fifo: deque[Request] = deque()  # keys ascending
-        self._heap: list[tuple[int, int, Request]] = []
-        self._orders = itertools.count()  # submission numbers
-        self._live = 0  # QUEUED entries (one int: the loop reads it without the lock)
-
-    def __len__(self) -> int:
-        """Number of requests waiting (QUEUED)."""
-        return self._live
-
-    def push(self, req: Request) -> None:
-        req.order = s = next(self._orders)
-        fifo = self._fifo
-        # A later submission with a priority no more urgent has a larger key.
-        if not fifo or req.priority >= fifo[-1].priority:
-            fifo.append(req)
-        else:
-            heapq.heappush(self._heap, (s + req.priority * self.aging_window, s, req))
-        self._live += 1
-
-    def pop(self, n: int) -> list[Request]:
-        """Remove and return up to ``n`` waiting requests, best first (state still QUEUED)."""
-        fifo, heap = self._fifo, self._heap
-        if not heap and len(fifo) == self._live:  # plain FIFO, no ended entries to skip
-            popleft = fifo.popleft
-            out = [popleft() for _ in range(min(n, len(fifo)))]
-        else:
-            out = []
-            window = self.aging_window
-            while len(out) < n and (fifo or heap):
-                if fifo:
-                    first = fifo[0]
-                    s = first.order
-                    if not heap or heap[0][:2] > (s + first.priority * window, s):
-                        req = fifo.popleft()
-                    else:
-                        req = heapq.heappop(heap)[2]
-                else:
-                    req = heapq.heappop(heap)[2]
-                if req.state is QUEUED:
-                    out.append(req)
-        self._live -= len(out)
-        return out
-
-    def discard(self, req: Request) -> None:
-        """Account for a QUEUED request that is being ended elsewhere (lazy removal).
-
-        The caller changes its state away from QUEUED; when the queue holds
-        mostly such dead entries it is compacted, so memory stays
-        proportional to the live requests.
-        """
-        self._live -= 1
-        if len(self._fifo) + len(self._heap) > 64 + 2 * self._live:
-            self._fifo = deque(r for r in self._fifo if r.state is QUEUED and r is not req)
-            self._heap = [e for e in self._heap if e[2].state is QUEUED and e[2] is not req]
-            heapq.heapify(self._heap)
 
 
 class Deadlines:
@@ -192,7 +91,7 @@ class InFlight:
 
     def __init__(self, aging_window: int, max_queue: int | None) -> None:
         self.by_id: dict[object, Request] = {}
-        self.queue = RequestQueue(aging_window)
+        self.queue: PriorityQueue[Request] = PriorityQueue(aging_window, max_queue)
         self.deadlines = Deadlines()
         self.pending: list[tuple[Request, FinishReason, BaseException | None]] = []
         self.max_queue = max_queue
@@ -214,10 +113,9 @@ class InFlight:
         elif rid in by_id:
             raise DuplicateRequestError(f"request_id {rid!r} is already queued or running; "
                                         "use a new id, or cancel the old request first")
-        if self.max_queue is not None and len(self.queue) >= self.max_queue:
+        if not self.queue.push(req, req.params.priority):
             raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
         by_id[rid] = req
-        self.queue.push(req)
         if req.deadline is not None:
             self.deadlines.add(req)
 
@@ -226,15 +124,14 @@ class InFlight:
         req = self.by_id.get(request_id)
         if req is None or req.state is not QUEUED and req.state is not RUNNING:
             return False
-        if req.state is QUEUED:
-            self.queue.discard(req)
+        self.queue.remove(req)  # (when queued)
         req.state = ENDING
         self.pending.append((req, FinishReason.CANCELLED, None))
         return True
 
     def admit(self, n: int) -> list[Request]:
         """Take up to ``n`` queued requests, best first, and mark them RUNNING."""
-        new = self.queue.pop(n)
+        new = self.queue.pop_many(n)
         for req in new:
             req.state = RUNNING
         return new
@@ -284,8 +181,8 @@ class InFlight:
             self.pending.append((req, FinishReason.ERROR, error))
         elif req.state is FINISHED:
             req.reason = FinishReason.ERROR
-        if req.error is None:
-            req.error = error
+        if req._error is None:
+            req._error = error
 
     def take_ended(self, clock: Callable[[], float]) -> list[Request]:
         """Carry out the pending ends and the deadlines passed on ``clock``; return those requests.
@@ -296,15 +193,14 @@ class InFlight:
         pending = self.pending
         if self.deadlines:
             for req in self.deadlines.expired(clock(), len(self.by_id)):
-                if req.state is QUEUED:
-                    self.queue.discard(req)
+                self.queue.remove(req)  # (when queued)
                 pending.append((req, FinishReason.DEADLINE, None))
         ended = []
         for req, reason, error in pending:
             if req.state is not FINISHED:
                 req.state, req.reason = FINISHED, reason
-                if req.error is None:
-                    req.error = error
+                if req._error is None:
+                    req._error = error
                 del self.by_id[req.request_id]
                 ended.append(req)
         pending.clear()

@@ -16,7 +16,10 @@ Termination is checked per batch, not per token, wherever it can be:
 - ``max_tokens``: requests are bucketed by the iteration in which they
   reach it, so an iteration looks at its own bucket only;
 - stop sequences: only requests that have them are visited (one
-  :class:`~worker.request.StopMatcher` step each).
+  :class:`~worker.request.StopMatcher` step each);
+- text (stop strings, text streaming): only requests whose text the engine
+  follows are visited (one :class:`~worker.text.TextStream` step each), so
+  requests without text stops pay nothing for them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class SlotTable:
       so an iteration allocates nothing).
     - ``free``: free slot indices, a stack (slot 0 first, then the latest freed).
     - ``streaming``: running requests with an ``on_token`` callback.
+    - ``admitted``: requests admitted since the last ``append`` (the engine
+      stamps their first token's time, then clears it).
     - ``iteration``: number of token-appending iterations so far.
 
     Stop tokens: most requests share the engine's ``default_stop`` set, so
@@ -57,9 +62,9 @@ class SlotTable:
     not ``default_stop``.
     """
 
-    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "iteration",
+    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
-                 "_stop_any", "_stop_one", "_matching")
+                 "_stop_any", "_stop_one", "_matching", "_texting", "text_streaming", "text_failed")
 
     def __init__(self, num_slots: int, slot_aware: bool,
                  default_stop: frozenset[int] = frozenset()) -> None:
@@ -71,6 +76,7 @@ class SlotTable:
         self._inputs: list[SlotInput] | None = [] if slot_aware else None
         self.batch: list = self.seqs if self._inputs is None else self._inputs
         self.streaming: list[Request] = []
+        self.admitted: list[Request] = []
         self.iteration = 0
         self._due: dict[int, list[Request]] = {}  # iteration -> requests reaching max_tokens
         self._default_stop = default_stop
@@ -78,6 +84,9 @@ class SlotTable:
         self._stop_any = default_stop
         self._stop_one: int | None = None  # the token, when _stop_any has exactly one
         self._matching: list[Request] = []  # running requests with stop sequences
+        self._texting: list[Request] = []   # running requests whose text is followed (req.detok)
+        self.text_streaming: list[Request] = []  # running requests with on_text
+        self.text_failed: list[tuple[Request, Exception]] = []  # detokenising raised (this iteration)
         self._update_stops()
 
     def occupy(self, new: list[Request]) -> None:
@@ -91,7 +100,7 @@ class SlotTable:
             seqs.append(seq)
             if inputs is not None:
                 si = self._slot_inputs[slot]
-                si.tokens, si.sampling = seq, req.sampling
+                si.tokens, si.sampling = seq, req.params.sampling
                 inputs.append(si)
             # Its k-th new token is appended in iteration (now + k - 1).
             at = it + req.to_generate
@@ -106,7 +115,12 @@ class SlotTable:
                 self._matching.append(req)
             if req.on_token is not None:
                 self.streaming.append(req)
+            if req.detok is not None:
+                self._texting.append(req)
+                if req.on_text is not None:
+                    self.text_streaming.append(req)
         reqs.extend(new)
+        self.admitted.extend(new)
 
     def vacate(self, gone: list[Request]) -> None:
         """Free the slots of those in ``gone`` that have one (ended requests).
@@ -162,6 +176,11 @@ class SlotTable:
             if req.on_token is not None:
                 self.streaming.remove(req)
                 req.on_token = None
+            if req.detok is not None:  # (kept: it holds the request's text)
+                self._texting.remove(req)
+                if req.on_text is not None:
+                    self.text_streaming.remove(req)
+                    req.on_text = None
 
     def _count_stops(self, stops: frozenset[int], delta: int) -> None:
         counts = self._custom_stops
@@ -180,9 +199,12 @@ class SlotTable:
     def append(self, tokens: list[int]) -> list[Request]:
         """Append ``tokens[i]`` to ``seqs[i]``; return the requests this finishes.
 
-        Checks in the order stop token, stop sequences, ``max_tokens``; the
-        first that fires sets ``req.reason``. Only RUNNING requests with no
-        reason yet can finish; states are left for the engine to commit.
+        Checks in the order stop token, stop sequences, stop strings,
+        ``max_tokens``; the first that fires sets ``req.reason``. Stops count
+        only from the request's ``min_tokens``-th generated token on. Only
+        RUNNING requests with no reason yet can finish; states are left for
+        the engine to commit. A request whose text fails to decode is put in
+        ``text_failed`` (the engine ends it with an error).
         """
         _exhaust(map(list.append, self.seqs, tokens))
         return self._check(tokens, _NOBODY)
@@ -232,14 +254,28 @@ class SlotTable:
         if stop and (one in tokens if one is not None else not stop.isdisjoint(tokens)):
             for i in [i for i, t in enumerate(tokens) if t in stop]:
                 req = reqs[i]
-                if tokens[i] in req.stop_tokens and req.state is _RUNNING:
+                if tokens[i] in req.stop_tokens and req.state is _RUNNING \
+                        and req.num_generated >= req.params.min_tokens:
                     req.reason, req.stop_match = _STOP, tokens[i]
                     finished.append(req)
         for req in self._matching:
             if skipped and req in skipped:
                 continue
             matched = req.matcher.feed(req.seq[-1])
-            if matched is not None and req.reason is None and req.state is _RUNNING:
+            if matched is not None and req.reason is None and req.state is _RUNNING \
+                    and req.num_generated >= req.params.min_tokens:
+                req.reason, req.stop_match = _STOP, matched
+                finished.append(req)
+        for req in self._texting:
+            if skipped and req in skipped:
+                continue
+            live = req.reason is None and req.state is _RUNNING and req.num_generated >= req.params.min_tokens
+            try:
+                matched = req.detok.feed(req.seq[-1], live)
+            except Exception as exc:  # a tokenizer failing on one request ends that request only
+                self.text_failed.append((req, exc))
+                continue
+            if matched is not None:
                 req.reason, req.stop_match = _STOP, matched
                 finished.append(req)
         for req in self._due.pop(it, ()):  # (RUNNING: still in its slot; FINISHED ones left)

@@ -51,32 +51,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
+from protocol.request import GREEDY, SamplingParams  # how a slot's next token is picked; defined with the request
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """Per-request sampling parameters (OpenAI / vLLM names).
-
-    - ``temperature``: 0 means greedy (argmax); > 0 samples from
-      softmax(logits / temperature); below 1e-5 it is greedy too (vLLM's
-      ``_SAMPLING_EPS``; see :mod:`worker.models.sampling`).
-    - ``top_p``: nucleus sampling mass in (0, 1]; 1 disables it.
-    - ``top_k``: keep the k most likely tokens; 0 disables it.
-    - ``seed``: when set, the random stream is derived from (seed, token
-      position), so the same request gives the same tokens in any batch and
-      after a migration to another worker.
-    """
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-5  # worker.models.sampling.GREEDY_BELOW
-
-
-GREEDY = SamplingParams()
+__all__ = ["GREEDY", "IncrementalDecoder", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "TextCodec"]
 
 
 @dataclass(slots=True)

@@ -18,9 +18,11 @@ from tokenizers.decoders import DecodeStream
 class StreamDecoder:
     """Incremental detokeniser for one request (an ``IncrementalDecoder``).
 
-    Seeded with the prompt ids so the first generated token is decoded in
-    context (leading spaces, merges). ``step(token_id)`` returns the newly
-    completed text, ``''`` while a character is still incomplete.
+    ``prompt_ids``: context to decode after (slotserve passes none: a
+    request's text is the decode of its generated tokens, worker/text.py;
+    note that tokenizers' ``DecodeStream`` may repeat the text of a seed that
+    ends inside a character). ``step(token_id)`` returns the newly completed
+    text, ``''`` while a character is still incomplete.
     """
 
     def __init__(self, backend, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
@@ -46,7 +48,9 @@ class HFTextCodec:
       ``sanitize_control_tokens=True``, transformers >= 5.20).
     - ``decode(ids, skip_special_tokens=True) -> str``: special tokens such as
       EOS are left out of the text by default, as in vLLM's
-      ``skip_special_tokens=True`` (the token ids still carry them).
+      ``skip_special_tokens=True`` (the token ids still carry them). Decoded
+      by the tokenizers backend, as the stream is (transformers' own
+      ``decode`` may also clean up spaces), so streamed pieces add up to it.
     - ``decoder(prompt_ids, skip_special_tokens=True) -> StreamDecoder``, likewise.
 
     Raises ``ValueError`` for a non-string text, malformed messages, a
@@ -88,7 +92,7 @@ class HFTextCodec:
         return list(enc["input_ids"])
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def decoder(self, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self._backend, prompt_ids, skip_special_tokens)

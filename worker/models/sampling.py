@@ -25,7 +25,7 @@ OS.
 
 Numeric containment: a failure in one row never touches another.
 
-- A temperature below :data:`GREEDY_BELOW` is greedy (dividing logits by
+- A temperature below :data:`protocol.request.GREEDY_BELOW` is greedy (dividing logits by
   1e-40 overflows to inf and the softmax to NaN).
 - Scores are shifted by the row maximum before the division, so any
   temperature > 0 gives finite scores for finite logits.
@@ -43,10 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from worker.errors import ModelError
-from worker.models.base import SamplingParams
-
-GREEDY_BELOW = 1e-5
-"""Temperatures below this are greedy: vLLM's ``_SAMPLING_EPS`` (vllm/sampling_params.py)."""
+from protocol.request import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 _NO_TOP_P = 2.0  # a top_p that never drops a token, even when the cumulative sum rounds past 1
@@ -108,7 +105,7 @@ class Sampler:
         bad = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN
         if failed is not None:
             bad |= failed
-        rows = [b for b, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
+        rows = [b for b, p in enumerate(params) if not p.greedy]
         if rows:
             index = to_device(rows, torch.long, logits.device)
             drawn = self._sample(logits.index_select(0, index), [params[b] for b in rows],

@@ -1,0 +1,106 @@
+"""The ASGI app (Starlette): OpenAI's endpoints over one shared broker link.
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
+  (:mod:`gateway.generate`), plain or streamed as server-sent events.
+- ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
+  broker answers and some worker serves a model, else 503. ``GET /metrics``:
+  Prometheus text (:mod:`gateway.metrics`).
+- Anything else: 404 / 405 in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.config import GatewayConfig
+from gateway.errors import APIError
+from gateway.generate import Generate
+from gateway.link import BrokerLink
+from gateway.metrics import GatewayMetrics
+from gateway.responses import error_response, json_response
+
+log = logging.getLogger(__name__)
+
+
+class ServiceEndpoints:
+    """The endpoints that generate nothing: models, health, metrics."""
+
+    def __init__(self, link: BrokerLink, metrics: GatewayMetrics) -> None:
+        self.link = link
+        self.metrics = metrics
+
+    async def models(self, request: Request) -> Response:
+        try:
+            st = await self.link.refresh()
+        except APIError as e:
+            return error_response(e)
+        data = []
+        for name in sorted(self.link.served(st)):
+            info = self.link.model_info(name)
+            entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
+            if info is not None and info.max_seq_len is not None:
+                entry["max_model_len"] = info.max_seq_len
+            data.append(entry)
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        if not self.link.broker_ok:  # the last poll (each status_interval_s) got no answer: say so at once
+            return json_response({"status": "unavailable", "reason": self.link.no_broker().message}, 503)
+        try:
+            st = await self.link.refresh()
+        except APIError as e:
+            return json_response({"status": "unavailable", "reason": e.message}, 503)
+        served = self.link.served(st)
+        if not served:
+            return json_response({"status": "unavailable", "reason": "the broker answers but no worker serves a model"},
+                                 503)
+        return json_response({"status": "ok", "models": served})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                   code="not_found" if exc.status_code == 404 else "method_not_allowed"))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("gateway handler failed", exc_info=exc)
+    return error_response(APIError(500, f"internal gateway error: {type(exc).__name__}", code="internal"))
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    """The gateway's ASGI app. Its lifespan connects to ``config.broker``
+    (retrying in the background) and closes the connections at shutdown."""
+    link = BrokerLink(config)
+    metrics = GatewayMetrics()
+    generate = Generate(config, link, metrics)
+    service = ServiceEndpoints(link, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await link.start()
+        try:
+            yield
+        finally:
+            await link.close()
+
+    routes = [
+        Route("/v1/completions", generate.completions, methods=["POST"]),
+        Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
+        Route("/v1/models", service.models, methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+        Route("/metrics", service.metrics_endpoint, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.link = link
+    return app

@@ -1,0 +1,62 @@
+"""The gateway process's configuration: one frozen dataclass, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_BROKER = "tcp://127.0.0.1:5555"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything :func:`gateway.run` needs.
+
+    - ``broker``: the broker's client endpoint (``tcp://host:port``).
+    - ``host`` / ``port``: the HTTP address to bind (``port=0`` picks a free
+      one; the bound address is reported to ``run``'s ``on_ready``).
+    - ``curve``: CURVE keys for the gateway's broker connections, as
+      ``Client(curve=...)`` takes them (a ``slotserve keygen`` directory), or None.
+    - ``max_body_bytes``: larger request bodies get HTTP 413 (bytes).
+    - ``max_choices``: most slotserve requests one HTTP request may start
+      (prompts x ``n``); more get HTTP 400.
+    - ``default_chat_max_tokens``: ``max_tokens`` of a chat request that sets
+      neither ``max_tokens`` nor ``max_completion_tokens`` (OpenAI's default is
+      "up to the context", which the gateway cannot compute: the worker
+      tokenizes the messages). Completions default to 16, as OpenAI documents.
+    - ``status_interval_s``: seconds between the gateway's status queries to
+      the broker (served models for ``/v1/models`` and the 404/503 checks).
+    - ``connect_timeout_s``: seconds one connection attempt to the broker
+      waits for its welcome (the gateway keeps retrying; meanwhile HTTP
+      requests get 503).
+    - ``stop_timeout_s``: seconds open HTTP requests get to finish on shutdown.
+    - ``access_log``: uvicorn's per-request access log (off: it costs CPU at
+      high request rates).
+    """
+
+    broker: str = DEFAULT_BROKER
+    host: str = "127.0.0.1"
+    port: int = 8000
+    curve: object = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_choices: int = 1024
+    default_chat_max_tokens: int = 1024
+    status_interval_s: float = 1.0
+    connect_timeout_s: float = 5.0
+    stop_timeout_s: float = 5.0
+    access_log: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.broker, str) or "://" not in self.broker:
+            raise ValueError(f"broker must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {self.broker!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty address, got {self.host!r}")
+        if type(self.port) is not int or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}")
+        for name in ("max_body_bytes", "max_choices", "default_chat_max_tokens"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in ("status_interval_s", "connect_timeout_s", "stop_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")

@@ -1,0 +1,150 @@
+"""HTTP errors in OpenAI's shape, and the mapping from slotserve's error codes.
+
+Every error the gateway answers is ``{"error": {"message", "type", "param",
+"code"}}`` (OpenAI's API reference, "Error codes"), with:
+
+======  ==============================  =============================================
+status  ``type``                        when
+======  ==============================  =============================================
+400     ``invalid_request_error``       malformed JSON, wrong types, unknown fields,
+                                        values the client or worker validation refuses
+404     ``invalid_request_error``       no worker serves the model (``model_not_found``)
+413     ``invalid_request_error``       body over ``max_body_bytes``
+429     ``rate_limit_error``            the model's broker queue is full (``queue_full``;
+                                        with ``Retry-After``)
+500     ``server_error``                the model failed, or a request failed on too
+                                        many workers
+501     ``invalid_request_error``       an OpenAI feature slotserve does not implement
+                                        (``unsupported``; ``x-should-retry: false``)
+503     ``service_unavailable_error``   no broker answers, no worker serves the model
+                                        right now, or the gateway is shutting down
+======  ==============================  =============================================
+
+The ``openai`` SDK retries 429 and 5xx by default; 501 carries
+``x-should-retry: false`` (the SDK's own header) because retrying a missing
+feature cannot succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic_core import to_json
+
+from protocol.enums import ErrorCode
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+          501: "invalid_request_error", 503: "service_unavailable_error"}
+
+
+class APIError(Exception):
+    """An HTTP error answer: ``status`` (int), ``message`` (what went wrong and
+    what to do), ``param`` (the body field at fault, or None), ``code`` (a
+    short machine-readable string, or None), ``headers`` (extra response headers)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_json(self) -> bytes:
+        return to_json(self.body())
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> APIError:
+    """501 for a valid OpenAI parameter that slotserve does not implement (never retried)."""
+    return APIError(501, message, param=param, code="unsupported", headers={"x-should-retry": "false"})
+
+
+def unavailable(message: str, retry_after_s: int = 1) -> APIError:
+    return APIError(503, message, code="unavailable", headers={"Retry-After": str(retry_after_s)})
+
+
+# slotserve's wire error codes -> HTTP status. Codes not listed are server errors (500).
+_STATUS = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.MALFORMED: 400,
+    ErrorCode.UNSUPPORTED: 400,       # e.g. text for a model without a tokenizer: send token ids
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.UNKNOWN_MODEL: 404,
+    ErrorCode.QUEUE_FULL: 429,
+    ErrorCode.BROKER_UNAVAILABLE: 503,
+    ErrorCode.SLOW_CONSUMER: 503,
+}
+
+# First words of the client's / worker's ValueError messages -> the HTTP body field they name.
+_PARAMS = {
+    "prompt": "prompt", "max_tokens": "max_tokens", "stop_token": "stop_token_ids",
+    "stop_sequences": "stop", "priority": "priority", "timeout_s": "timeout_s", "temperature": "temperature",
+    "top_p": "top_p", "top_k": "top_k", "seed": "seed", "chat": "messages", "messages": "messages",
+    "stop": "stop", "min_tokens": "min_tokens", "include_stop_str_in_output": "include_stop_str_in_output",
+}
+_FIRST_WORD = re.compile(r"[A-Za-z_]+")
+
+
+def param_of(message: str, default: str | None = None) -> str | None:
+    """The HTTP body field a validation message names (its first word), else ``default``."""
+    m = _FIRST_WORD.match(message)
+    return _PARAMS.get(m.group(0), default) if m else default
+
+
+def from_value_error(e: ValueError, default_param: str | None = None) -> APIError:
+    """A request the client SDK refused at submission (400, the SDK's message; the
+    code is the error's own when it has one, e.g. ``unsupported``, as a worker's refusal would say)."""
+    msg = str(e)
+    code = getattr(e, "code", None)
+    return bad_request(msg, param_of(msg, default_param), code.value if isinstance(code, ErrorCode) else "invalid_value")
+
+
+def from_remote(code: ErrorCode, message: str, prompt_param: str = "prompt") -> APIError:
+    """A request the broker or a worker ended with ``code`` (``message`` is theirs)."""
+    status = _STATUS.get(code, 500)
+    headers = {"Retry-After": "1"} if status == 429 else None
+    param = param_of(message, prompt_param if code is ErrorCode.UNSUPPORTED else None) if status == 400 else None
+    if param == "prompt":
+        param = prompt_param
+    if code is ErrorCode.UNKNOWN_MODEL:
+        param = "model"
+    return APIError(status, message, param=param, code=code.value, headers=headers)
+
+
+def from_validation(errors: list[dict]) -> APIError:
+    """pydantic's ``ValidationError.errors()`` -> one 400 naming the first bad field."""
+    e = errors[0]
+    kind = e.get("type", "")
+    loc = ".".join(str(p) for p in e.get("loc", ()) if not _is_union_tag(p))
+    if kind == "json_invalid":
+        return bad_request(f"the body is not valid JSON: {e.get('msg', '')}", None, "invalid_json")
+    if kind == "model_type" and not loc:
+        return bad_request("the body must be a JSON object", None, "invalid_type")
+    if kind == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
+    if kind == "missing":
+        return bad_request(f"Missing required parameter: '{loc}'", loc, "missing_required_parameter")
+    got = e.get("input")
+    shown = json.dumps(got)[:60] if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__
+    return bad_request(f"Invalid value for '{loc}': {e.get('msg', 'invalid')} (got {shown})", loc,
+                       "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value")
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic puts the union member it tried into `loc` (e.g. 'list[int]'); the field name is what callers need
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "function-after"))

@@ -1,0 +1,335 @@
+"""The generation endpoints: ``/v1/completions`` and ``/v1/chat/completions``.
+
+One HTTP request becomes prompts x ``n`` slotserve requests on the model's
+shared client (:class:`~gateway.link.BrokerLink`); the answer is one JSON
+body, or server-sent events ending with ``data: [DONE]``.
+
+A client that disconnects cancels its requests: while the answer is pending
+a watcher waits for the ASGI ``http.disconnect``; once a stream is under way,
+Starlette's ``StreamingResponse`` cancels the stream on it, and the stream's
+end cancels whatever still runs. Either way the slots are freed on the
+worker's next iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from client import RemoteError
+from gateway.config import GatewayConfig
+from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, unavailable, \
+    unsupported
+from gateway.generation import Generation, Signal
+from gateway.link import BrokerLink
+from gateway.metrics import GatewayMetrics
+from gateway.options import for_choice, request_options
+from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, sse, usage
+from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from protocol.enums import FinishReason
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's documented default ``max_tokens`` for ``/v1/completions``."""
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+WATCH_AFTER_S = 0.005
+"""A pending answer's disconnect watcher starts this late (seconds): most short
+requests are answered before, and a timer costs far less than a task."""
+
+
+class _Watch:
+    """Watches one HTTP request for ``http.disconnect`` (from ``WATCH_AFTER_S``
+    on) and wakes ``signal`` when it comes; ``gone`` is then True."""
+
+    __slots__ = ("gone", "_timer", "_task")
+
+    def __init__(self, request: Request, signal: Signal) -> None:
+        self.gone = False
+        self._task: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start, request, signal)
+
+    def _start(self, request: Request, signal: Signal) -> None:
+        self._task = asyncio.ensure_future(self._run(request, signal))
+
+    async def _run(self, request: Request, signal: Signal) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        signal.set()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class _Call:
+    """One generation HTTP request being served (its generations, clocks and metrics labels)."""
+
+    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed")
+
+    def __init__(self, endpoint: str, signal: Signal) -> None:
+        self.endpoint = endpoint
+        self.client = None
+        self.streaming = False  # True once an event stream owns the call (it cancels and observes at its end)
+        self.observed = False
+        self.t0 = time.monotonic()
+        self.model: str | None = None
+        self.gens: list[Generation] = []
+        self.signal = signal
+        self.prompts = 0
+
+    def ttft_s(self) -> float | None:
+        firsts = [g.handle.first_token_s for g in self.gens if g.handle.first_token_s is not None]
+        return min(firsts) - self.t0 if firsts else None
+
+    def cancel(self) -> None:
+        for g in self.gens:
+            if not g.finished:
+                self.client.cancel(g.handle.request_id)
+
+
+class Generate:
+    """The generation handlers (bound to one :class:`BrokerLink` and the gateway's metrics)."""
+
+    def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics) -> None:
+        self.config = config
+        self.link = link
+        self.metrics = metrics
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, ChatCompletionRequest)
+
+    async def _generate(self, request: Request, schema: type[_Sampling]) -> Response:
+        call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
+        self.metrics.in_flight.inc()
+        try:
+            body = await self._parse(request, schema)
+            call.model = body.model
+            if body.stream:
+                return await self._start_stream(request, body, call)
+            await self._submit(body, call, stream=False)
+            watch = _Watch(request, call.signal)
+            try:
+                while not all(g.finished for g in call.gens) and not _any_failed(call):
+                    await call.signal.wait()
+                    if watch.gone:
+                        raise ClientGone
+            finally:
+                watch.stop()
+            self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
+            env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
+            out = env.completion(call.gens, call.prompts)
+            self._observe(call, 200, out["usage"])
+            return json_response(out)
+        except APIError as e:
+            self._observe(call, e.status)
+            return error_response(e)
+        except (ClientGone, ClientDisconnect):
+            self._observe(call, 499)
+            return Response(status_code=499)
+        finally:
+            if not call.streaming:
+                self._end(call)
+
+    def _observe(self, call: _Call, status: int, usage_: dict | None = None) -> None:
+        """Record the call's answer in the metrics (once)."""
+        if call.observed:
+            return
+        call.observed = True
+        if status == 200:
+            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model, usage_)
+        else:
+            self.metrics.observe(call.endpoint, status)
+
+    def _end(self, call: _Call) -> None:
+        """The call is over, however it ended: cancel what still runs (a no-op for
+        finished requests), count an unanswered call as 499."""
+        self.metrics.in_flight.dec()
+        call.cancel()
+        self._observe(call, 499)
+
+    async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
+        limit = self.config.max_body_bytes
+        too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
+                                  "(slotserve serve --max-body-bytes)", code="request_too_large")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        try:
+            body = schema.model_validate_json(b"".join(chunks))
+        except ValidationError as e:
+            raise from_validation(e.errors(include_url=False, include_context=False)) from None
+        name = body.unsupported()
+        if name is not None:
+            raise unsupported(name, f"'{name}' is not supported by slotserve; leave it out")
+        if body.stream_options is not None and not body.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        return body
+
+    async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
+        """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
+        chat = isinstance(body, ChatCompletionRequest)
+        prompt_param = "messages" if chat else "prompt"
+        prompts = [_chat_messages(body)] if chat else body.prompts()
+        n = body.choices_per_prompt
+        if len(prompts) * n > self.config.max_choices:
+            raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
+                              f"{self.config.max_choices} per HTTP request", "n")
+        client = call.client = await self.link.client_for(body.model)
+        info = self.link.model_info(body.model)
+        options = request_options(body, info)
+        max_tokens = self._max_tokens(body, info)
+        on_token = call.signal.poke if stream else None
+        call.prompts = len(prompts)
+        try:
+            for i, prompt in enumerate(prompts):
+                for c in range(n):
+                    g = Generation(i * n + c, call.signal)
+                    call.gens.append(g)
+                    g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
+                                                     **for_choice(options, c))
+        except ValueError as e:
+            call.gens.pop()  # the one that was refused (nothing was sent for it)
+            raise from_value_error(e, prompt_param) from None
+        except RuntimeError as e:  # the client was closed: the gateway is stopping
+            call.gens.pop()
+            raise unavailable(f"the gateway is stopping ({e})") from None
+
+    def _max_tokens(self, body: _Sampling, info) -> object:
+        if not isinstance(body, ChatCompletionRequest):
+            return COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        a, b = body.max_tokens, body.max_completion_tokens
+        if a is not None and b is not None and a != b:
+            raise bad_request(f"max_tokens ({a}) and max_completion_tokens ({b}) disagree; give one",
+                              "max_completion_tokens")
+        if a is not None or b is not None:
+            return a if a is not None else b
+        default = self.config.default_chat_max_tokens
+        if info is not None and info.max_seq_len is not None:
+            default = max(1, min(default, info.max_seq_len // 2))
+        return default
+
+    def _raise_failure(self, call: _Call, body: _Sampling) -> None:
+        """Raise the HTTP error of the first choice that ended in error or was cancelled."""
+        prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        for g in call.gens:
+            reason = g.finish_reason
+            if reason is FinishReason.ERROR:
+                err = g.error
+                if isinstance(err, RemoteError):
+                    raise from_remote(err.code, err.message, prompt_param)
+                raise APIError(500, f"the request failed: {err}", code="internal")
+            if reason is FinishReason.CANCELLED:
+                raise unavailable("the request was cancelled by slotserve (the gateway is stopping or lost "
+                                  "its broker connection); retry")
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _start_stream(self, request: Request, body: _Sampling, call: _Call) -> Response:
+        """Submit, wait until every choice has its first token or has ended, then
+        answer: an HTTP error if one failed already, else a stream from there."""
+        await self._submit(body, call, stream=True)
+        watch = _Watch(request, call.signal)
+        try:
+            while not all(g.finished or g.handle.first_token_s is not None for g in call.gens) \
+                    and not _any_failed(call):
+                await call.signal.wait()
+                if watch.gone:
+                    raise ClientGone
+        finally:
+            watch.stop()
+        self._raise_failure(call, body)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
+        call.streaming = True
+        return _EventStream(self._events(call, env, include_usage, body), lambda: self._end(call))
+
+    async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling):
+        """The SSE body: one chunk per choice with news, the usage chunk when
+        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``)."""
+        first = {g.index for g in call.gens}
+        pending = len(call.gens)
+        while pending:
+            for g in call.gens:
+                d = g.take()
+                if d is None:
+                    continue
+                if d.finished:
+                    pending -= 1
+                    if g.finish_reason in _FAILED:
+                        try:
+                            self._raise_failure(call, body)
+                        except APIError as e:
+                            self._observe(call, e.status)
+                            yield sse(e.body())
+                            yield DONE
+                            return
+                reason = finish_reason(g.finish_reason) if d.finished else None
+                stop_reason = g.handle.stop_reason if d.finished else None
+                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first, stop_reason)],
+                                with_usage=include_usage)
+                first.discard(g.index)
+            if pending:
+                await call.signal.wait()
+        use = usage(call.gens, call.prompts)
+        if include_usage:
+            yield env.chunk([], use, with_usage=True)
+        yield DONE
+        self._observe(call, 200, use)
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that calls ``on_end`` however it ends: the last event
+    sent, the client gone (Starlette cancels the stream on ``http.disconnect``),
+    or the server stopping -- even before the body's generator first ran."""
+
+    def __init__(self, content, on_end) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_end()
+
+
+_FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
+
+
+def _any_failed(call: _Call) -> bool:
+    return any(g.finished and g.finish_reason in _FAILED for g in call.gens)
+
+
+def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    """The messages as the client SDK takes them: ``{"role", "content"}`` with text parts joined."""
+    out = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = [p.get("text") for p in content]
+            if not all(isinstance(t, str) for t in texts):
+                raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")
+            content = "".join(texts)
+        out.append({"role": m.role, "content": "" if content is None else content})
+    if not out:
+        raise bad_request("messages must not be empty", "messages")
+    return out

@@ -1,0 +1,173 @@
+"""The gateway's connections to the broker, shared by every HTTP request.
+
+A :class:`client.Client` is bound to one model name (its ``submit``
+messages carry it), so the gateway holds one control connection (status
+queries) and one client per model it has served, created on the first
+request for that model: never one per HTTP request. Requests for a model
+are multiplexed over its client; the broker batches them like any others.
+
+A background task connects (retrying until a broker answers) and polls the
+broker's status every ``status_interval_s``: the served models answer
+``/v1/models`` and the 404/503 checks without a round trip per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from client import BrokerUnavailable, Client
+from gateway.config import GatewayConfig
+from gateway.errors import APIError, unavailable
+from protocol.messages import ModelInfo, Status
+
+log = logging.getLogger(__name__)
+
+CONTROL_MODEL = "simulated"
+"""The model name of the control connection (a ``Client`` needs one); it also
+serves requests for that model, so a simulated cluster needs one connection."""
+
+
+class BrokerLink:
+    """Connections, the last broker status, and per-model clients (event loop only)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.status: Status | None = None
+        """The last status the broker answered, or None."""
+        self.broker_ok = False
+        """True while the last status query was answered."""
+        self.started_s = int(time.time())
+        self._control: Client | None = None
+        self._clients: dict[str, Client] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self._refreshing: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start connecting and polling in the background (returns at once)."""
+        self._task = asyncio.create_task(self._maintain(), name="slotserve-gateway-link")
+
+    async def close(self) -> None:
+        """Stop polling and close every connection; the broker cancels what they still run."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        clients = list(self._clients.values()) + ([self._control] if self._control is not None else [])
+        self._clients.clear()
+        self._control = None
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, c.close) for c in clients))
+
+    async def _maintain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if self._control is None:
+                try:
+                    self._control = await loop.run_in_executor(None, self._new_client, CONTROL_MODEL, "gateway")
+                    log.info("gateway connected to the broker at %s", self.config.broker)
+                except BrokerUnavailable as e:
+                    log.warning("%s (retrying)", e)
+                    continue  # the connect timeout paces the retries
+                except Exception:  # noqa: BLE001 -- e.g. unreadable CURVE keys: say so, keep trying
+                    log.exception("gateway cannot connect to the broker at %s (retrying)", self.config.broker)
+                    await asyncio.sleep(self.config.status_interval_s)
+                    continue
+            try:
+                await self.refresh()
+            except APIError:
+                pass  # broker_ok is False; requests get 503 until it answers again
+            except Exception:  # noqa: BLE001 -- the poller must survive anything
+                log.exception("gateway status poll failed")
+            await asyncio.sleep(self.config.status_interval_s)  # the poll interval (a period, not a wait on a condition)
+
+    def _new_client(self, model: str, name: str) -> Client:
+        return Client(self.config.broker, model=model, connect_timeout_s=self.config.connect_timeout_s,
+                      name=name, curve=self.config.curve)
+
+    # ------------------------------------------------------------------ status
+
+    async def refresh(self) -> Status:
+        """Ask the broker for its status now (concurrent callers share one query).
+        Raises :class:`APIError` 503 when no broker answers."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._query_status())
+        return await asyncio.shield(self._refreshing)
+
+    async def _query_status(self) -> Status:
+        if self._control is None:
+            raise self.no_broker()
+        try:
+            st = await asyncio.get_running_loop().run_in_executor(None, self._control.status,
+                                                                  self.config.connect_timeout_s)
+        except BrokerUnavailable:
+            self.broker_ok = False
+            raise self.no_broker() from None
+        self.status, self.broker_ok = st, True
+        return st
+
+    def no_broker(self) -> APIError:
+        """The 503 for "no broker answers"."""
+        return unavailable(f"no slotserve broker answers at {self.config.broker}; start one (`slotserve up`) "
+                           "or check the gateway's --broker")
+
+    def served(self, status: Status | None = None) -> dict[str, int]:
+        """Models with at least one worker -> their worker count (from the last status)."""
+        st = status or self.status
+        return {} if st is None else {n: m.workers for n, m in st.models.items() if m.workers > 0}
+
+    def model_info(self, model: str) -> ModelInfo | None:
+        """What the model's workers registered (vocabulary, context, EOS tokens), if known."""
+        c = self._clients.get(model) or (self._control if model == CONTROL_MODEL else None)
+        return None if c is None else c.models.get(model)
+
+    # ------------------------------------------------------------------ per-model clients
+
+    async def client_for(self, model: str) -> Client:
+        """The shared client for ``model``. Raises :class:`APIError`: 503 when no
+        broker answers or no worker serves ``model`` right now, 404 when the
+        broker has never had a worker for it."""
+        if not self.broker_ok:
+            raise self.no_broker()
+        c = self._clients.get(model)
+        st = self.status
+        known = st is not None and model in st.models
+        if not known or st.models[model].workers == 0:
+            st = await self.refresh()  # the last poll may predate the model's first worker
+            if model not in st.models:
+                served = ", ".join(sorted(self.served(st))) or "none"
+                raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it "
+                                    f"(served now: {served})", param="model", code="model_not_found")
+            if st.models[model].workers == 0:
+                raise unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
+        if c is not None:
+            return c
+        if model == CONTROL_MODEL and self._control is not None:
+            if model not in self._control.models:  # registered after the control connected: fetch its info
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self._control.wait_for_model,
+                                                                     self.config.connect_timeout_s)
+                except TimeoutError:
+                    raise unavailable(f"no worker serves model `{model}` right now; retry") from None
+            return self._control
+        fut = self._connecting.get(model)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._connecting[model] = loop.run_in_executor(None, self._new_client, model, "gateway")
+        try:
+            c = await asyncio.shield(fut)
+        except BrokerUnavailable:
+            raise self.no_broker() from None
+        finally:
+            if fut.done():
+                self._connecting.pop(model, None)
+        self._clients.setdefault(model, c)
+        return self._clients[model]

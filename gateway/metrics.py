@@ -1,0 +1,64 @@
+"""Prometheus metrics of the gateway (prometheus-client, its own registry), served at ``/metrics``.
+
+- ``slotserve_http_requests_total{endpoint, status}``: HTTP requests answered,
+  by endpoint path and status code (``499``: the client disconnected first).
+- ``slotserve_http_requests_in_flight``: HTTP requests being handled now.
+- ``slotserve_http_ttft_seconds{endpoint}``: arrival of the HTTP request to
+  its first generated token (streamed or not).
+- ``slotserve_http_request_latency_seconds{endpoint}``: arrival to the end of
+  the generation (end to end, as the gateway sees it).
+- ``slotserve_http_prompt_tokens_total{model}`` / ``slotserve_http_completion_tokens_total{model}``:
+  tokens in the ``usage`` the gateway reported.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    """The gateway's metrics; :meth:`render` gives the Prometheus text format."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("slotserve_http_requests", "HTTP requests answered", ["endpoint", "status"],
+                                registry=r)
+        self.in_flight = Gauge("slotserve_http_requests_in_flight", "HTTP requests being handled", registry=r)
+        self.ttft = Histogram("slotserve_http_ttft_seconds", "HTTP request arrival to first generated token",
+                              ["endpoint"], buckets=_BUCKETS_S, registry=r)
+        self.latency = Histogram("slotserve_http_request_latency_seconds",
+                                 "HTTP request arrival to the end of generation", ["endpoint"],
+                                 buckets=_BUCKETS_S, registry=r)
+        self.prompt_tokens = Counter("slotserve_http_prompt_tokens", "Prompt tokens reported in usage", ["model"],
+                                     registry=r)
+        self.completion_tokens = Counter("slotserve_http_completion_tokens",
+                                         "Completion tokens reported in usage", ["model"], registry=r)
+
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels):
+        """``metric.labels(*labels)``, cached (labels() takes a lock and builds a key each call)."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def observe(self, endpoint: str, status: int, ttft_s: float | None = None, latency_s: float | None = None,
+                model: str | None = None, usage: dict | None = None) -> None:
+        """Record one answered HTTP request."""
+        self._child(self.requests, endpoint, str(status)).inc()
+        if ttft_s is not None:
+            self._child(self.ttft, endpoint).observe(ttft_s)
+        if latency_s is not None:
+            self._child(self.latency, endpoint).observe(latency_s)
+        if usage is not None and model is not None:
+            self._child(self.prompt_tokens, model).inc(usage["prompt_tokens"])
+            self._child(self.completion_tokens, model).inc(usage["completion_tokens"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,133 @@
+"""Response bodies and stream chunks in OpenAI's shapes, and the finish_reason mapping.
+
+Shapes follow OpenAI's API reference ("The completion object", "The chat
+completion object", "The chat completion chunk object"): ``id``,
+``object``, ``created`` (Unix seconds), ``model``, ``choices``, ``usage``.
+Each choice also carries ``token_ids`` (vLLM's name): the generated token
+ids of that choice (of the delta, in a stream chunk) -- the only output of a
+model without a tokenizer -- and, as vLLM, ``stop_reason``: the stop string
+(str) or stop token (int) that ended it, else null (a token-id stop sequence
+appears as its list of ids).
+
+finish_reason: slotserve ends a request in five ways; OpenAI has two that apply.
+
+==============  ====================================================================
+slotserve       HTTP
+==============  ====================================================================
+``stop``        ``"stop"``: a stop string (the text ends before it, unless
+                ``include_stop_str_in_output``), a stop token or a stop sequence (in
+                ``token_ids``; special tokens such as EOS are left out of the text, as vLLM does)
+``length``      ``"length"`` (``max_tokens`` reached)
+``deadline``    ``"length"``: ``timeout_s`` passed; like ``max_tokens``, a limit the
+                caller set cut the output short (the tokens so far are returned)
+``cancelled``   never seen by its caller: the HTTP client disconnected (that is what
+                cancels it). When the gateway itself is stopping: 503
+``error``       an HTTP error status (:mod:`gateway.errors`); in a stream already
+                under way, a final ``{"error": {...}}`` event
+==============  ====================================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+from pydantic_core import to_json
+from starlette.responses import Response
+
+from gateway.errors import APIError
+from gateway.generation import Generation
+from protocol.enums import FinishReason
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "length"}
+
+
+def finish_reason(reason: FinishReason | None) -> str | None:
+    """slotserve's finish reason -> OpenAI's (None while running; only for stop/length/deadline)."""
+    return None if reason is None else _FINISH[reason]
+
+
+_ID_PREFIX = os.urandom(6).hex()  # per process: ids from two gateways never collide
+_ID_COUNTER = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    """``cmpl-...`` / ``chatcmpl-...``: a fresh response id (a per-process
+    random part and a counter: unique, and cheaper than a uuid4 per request)."""
+    return f"{prefix}-{_ID_PREFIX}{next(_ID_COUNTER):010x}"
+
+
+def usage(gens: list[Generation], prompts: int) -> dict:
+    """``usage`` for ``gens`` (their prompts counted once: ``prompts`` distinct
+    prompts, each shared by ``len(gens) // prompts`` choices)."""
+    per = max(1, len(gens) // max(1, prompts))
+    prompt = sum(g.prompt_tokens for g in gens[::per])
+    completion = sum(g.completion_tokens for g in gens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class Envelope:
+    """The fields every body or chunk of one HTTP response shares."""
+
+    __slots__ = ("id", "created", "model", "chat")
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.model = model
+        self.chat = chat
+
+    def completion(self, gens: list[Generation], prompts: int) -> dict:
+        """The whole non-streamed response."""
+        if self.chat:
+            choices = [{"index": g.index, "message": {"role": "assistant", "content": g.handle.text or "",
+                                                      "refusal": None},
+                        "logprobs": None, "finish_reason": finish_reason(g.finish_reason),
+                        "stop_reason": g.handle.stop_reason, "token_ids": g.handle.tokens} for g in gens]
+        else:
+            choices = [{"index": g.index, "text": g.handle.text or "", "logprobs": None,
+                        "finish_reason": finish_reason(g.finish_reason), "stop_reason": g.handle.stop_reason,
+                        "token_ids": g.handle.tokens}
+                       for g in gens]
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": usage(gens, prompts)}
+
+    def chunk(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> bytes:
+        """One SSE event: ``data: {chunk}``. ``with_usage``: include ``"usage"``
+        (null unless given), as OpenAI does when ``include_usage`` is set."""
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if with_usage:
+            body["usage"] = usage_
+        return sse(body)
+
+    def delta_choice(self, index: int, tokens: list[int], text: str, reason: str | None,
+                     first: bool, stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
+        """One choice of a stream chunk (``first``: a chat choice's first chunk carries the role;
+        ``stop_reason``: what stopped it, on its last chunk)."""
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": reason,
+                    "stop_reason": stop_reason, "token_ids": tokens}
+        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason,
+                "stop_reason": stop_reason, "token_ids": tokens}
+
+
+def sse(body: dict) -> bytes:
+    """A server-sent event carrying ``body`` as JSON."""
+    return b"data: " + to_json(body) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def json_response(body: dict | bytes, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response (``body`` a dict, or bytes already encoded)."""
+    return Response(body if isinstance(body, bytes) else to_json(body), status, headers,
+                    media_type="application/json")
+
+
+def error_response(e: APIError) -> Response:
+    """``e`` in OpenAI's error shape, with its status and headers."""
+    return json_response(e.to_json(), e.status, e.headers)

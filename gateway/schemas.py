@@ -1,0 +1,184 @@
+"""The HTTP request bodies, as pydantic models (field names, types and defaults
+from OpenAI's API reference; extras accepted in the body as vLLM does).
+
+Strict: unknown fields are refused (400, as OpenAI answers "Unrecognized
+request argument"), and no type is coerced (``"5"`` is not an int, ``true``
+is not a number). Ranges and the rules shared with the Python SDK (token ids,
+``max_tokens >= 1``, ``top_p`` in (0, 1], ...) are checked once, by the client
+SDK at submission, so HTTP and Python callers get the same messages.
+
+OpenAI fields that slotserve does not implement are declared so that they can
+be refused by name: :meth:`_Sampling.unsupported` names the first one set to
+anything but its neutral value (answered with 501).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 128
+"""Most choices per prompt (OpenAI's bound for ``n``)."""
+
+MAX_STOP = 4
+"""Most stop entries (OpenAI's bound for ``stop``)."""
+
+_INT64_MAX = 2**63 - 1
+
+
+def _neutral(value: Any, allowed: tuple) -> bool:
+    """True when ``value`` is one of ``allowed`` with the same type (so ``0`` is not ``False``)."""
+    return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
+
+
+_NEUTRAL = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+}
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM: usage on every chunk
+
+
+class _Sampling(BaseModel):
+    """Fields shared by ``/v1/completions`` and ``/v1/chat/completions``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None          # OpenAI's default: 1
+    top_p: float | None = None                # OpenAI's default: 1
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    seed: int | None = Field(default=None, ge=0, le=_INT64_MAX)
+    stop: str | list[str | list[int]] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None                   # for the caller's own tracking; not used
+    # slotserve extras (vLLM's names where vLLM has them)
+    top_k: int | None = None                  # 0 or -1: off
+    min_tokens: int | None = Field(default=None, ge=0)
+    priority: int | None = None               # lower runs first
+    include_stop_str_in_output: bool | None = None  # the text ends after a matched stop string
+    stop_token_ids: list[int] | None = None   # added to the model's EOS tokens
+    ignore_eos: bool | None = None            # True: the model's EOS tokens do not stop
+    timeout_s: float | None = None            # deadline, seconds from arrival
+    # OpenAI fields slotserve does not implement: refused unless neutral
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    response_format: Any = None
+    service_tier: Any = None
+    store: Any = None
+    metadata: dict[str, str] | None = None    # the caller's tags; not used
+
+    def unsupported(self) -> str | None:
+        """The first field set to a value slotserve cannot honour, else None."""
+        given = self.model_fields_set
+        for name, neutral in _NEUTRAL.items():
+            if name in given and not _neutral(getattr(self, name), neutral):
+                return name
+        return None
+
+    @property
+    def choices_per_prompt(self) -> int:
+        return 1 if self.n is None else self.n
+
+
+_COMPLETION_ONLY = frozenset({"echo", "suffix", "best_of"})
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``. ``prompt``: a string, a list of token ids, a
+    list of strings or a list of token-id lists (one slotserve request each,
+    times ``n``). ``max_tokens`` defaults to 16 (OpenAI)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+
+    def unsupported(self) -> str | None:
+        if not _COMPLETION_ONLY & self.model_fields_set:
+            return super().unsupported()
+        if not _neutral(self.echo, (None, False)):
+            return "echo"
+        if not _neutral(self.suffix, (None, "")):
+            return "suffix"
+        if not _neutral(self.best_of, (None, 1, self.choices_per_prompt)):
+            return "best_of"
+        return super().unsupported()
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per slotserve request (before ``n``)."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]
+        return list(p)
+
+
+class ChatMessage(BaseModel):
+    """One chat message. ``content``: a string or a list of text parts
+    (``{"type": "text", "text": ...}``, joined); ``name`` is accepted and not
+    used (chat templates generally ignore it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    function_call: Any = None
+    audio: Any = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` (OpenAI's newer
+    name) and ``max_tokens`` mean the same; giving both with different values is a 400."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+
+    def unsupported(self) -> str | None:
+        for name in ("tools", "functions", "audio", "prediction", "reasoning_effort", "web_search_options"):
+            if not _neutral(getattr(self, name), (None, [])):
+                return name
+        for name in ("tool_choice", "function_call"):
+            if not _neutral(getattr(self, name), (None, "none", "auto")):
+                return name
+        if not _neutral(self.modalities, (None, ["text"])):
+            return "modalities"
+        if not _neutral(self.parallel_tool_calls, (None, True, False)):
+            return "parallel_tool_calls"
+        for i, m in enumerate(self.messages):
+            for name in ("tool_calls", "tool_call_id", "function_call", "audio"):
+                if not _neutral(getattr(m, name), (None, [])):
+                    return f"messages.{i}.{name}"
+            if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
+                return f"messages.{i}.content"
+        return super().unsupported()

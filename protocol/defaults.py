@@ -1,0 +1,25 @@
+"""Defaults every process agrees on, declared once: endpoints, limits, timing.
+
+The broker, workers and clients each have their own config, but where their
+defaults must match (the endpoints, the frame size limit, the heartbeat
+period, the aging rule), they come from here.
+"""
+
+from __future__ import annotations
+
+CLIENT_ENDPOINT = "tcp://127.0.0.1:5555"
+"""Where the broker listens for clients by default (its frontend)."""
+
+WORKER_ENDPOINT = "tcp://127.0.0.1:5556"
+"""Where the broker listens for workers by default (its backend)."""
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest frame a peer decodes by default (bytes): room for a ``submit`` of
+many thousands of long prompts, small enough to bound memory."""
+
+HEARTBEAT_INTERVAL_S = 1.0
+"""Seconds between heartbeats of an otherwise silent peer."""
+
+AGING_WINDOW = 1000
+"""Submissions per priority level of aging, in the broker's queues and the
+engine's (see :mod:`protocol.queue` for the starvation bound)."""

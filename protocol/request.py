@@ -1,0 +1,506 @@
+"""One request's parameters, defined once: :class:`RequestParams`.
+
+A request's options -- prompt, ``max_tokens``, stop rules, priority,
+deadline, sampling -- are the fields of :class:`RequestParams`, each
+declared once below with its type, its check, its default and its unit.
+Everything else derives from them: the keyword arguments of
+``BatchInferenceEngine.submit_request`` and ``Client.submit_request``, the
+keys of a ``slotserve run`` JSONL row (:meth:`RequestParams.from_mapping`),
+and the wire format (:mod:`protocol.codec` encodes the fields in order).
+One object is built from the caller's values, validated once when built
+(``ValueError`` naming the field), and then travels unchanged: over the wire,
+through the broker, to the worker and into the engine's request state.
+What is not a parameter of the request -- its id, the broker's key, the
+tokens it already has after a migration, the time left of its deadline --
+travels beside it in an :class:`~protocol.messages.Envelope`.
+
+Adding an option: add a field at the end of ``_Fields`` (type, check,
+default, a comment with the unit), give it meaning where it acts (the
+engine, the sampler), and document it in the README. Nothing else spells it
+out. (At the end: the wire carries the fields by position, so a peer that
+does not know the new field refuses it -- never misreads it -- and an older
+peer's requests get its default.)
+
+Why a NamedTuple and not a frozen dataclass: it is as immutable and as
+typed, and it is built several times per request (caller, broker, worker),
+where building a frozen dataclass of this size costs about 3 us and a
+tuple well under 1 us; msgpack also packs a tuple natively, field by field.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array as _array
+from collections.abc import Mapping
+from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
+
+from protocol.errors import UnsupportedError
+from protocol.validation import (
+    WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
+)
+
+__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS",
+           "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
+           "check_request_id", "check_stop_token"]
+
+DEFAULT = "default"
+"""``stop_token`` not given: the serving side's default stop tokens apply (the
+engine's ``stop_token``, a worker's ``--stop-token``, typically the model's
+EOS tokens). The one "not given" marker everywhere, and on the wire; ``None``
+means *no* stop token, and ``0`` is a real token."""
+
+MAX_REQUEST_ID_CHARS = 256
+"""Longest ``str`` request id, in characters (ids travel in every message)."""
+
+MAX_STOP_STRINGS = 16
+"""Most text stop strings per request. Matching costs every generated character
+one step per stop string, in the batch's loop, so the bound keeps one
+request from slowing its neighbours (OpenAI allows 4, as does TGI by default;
+vLLM sets no bound)."""
+
+MAX_STOP_CHARS = 1024
+"""Longest text stop string, in characters (streamed text holds back up to one
+less than this while it may be the start of a stop string)."""
+
+RequestId = Union[int, str]
+"""A request id: an ``int`` in the wire's range, or a non-empty ``str`` of at
+most :data:`MAX_REQUEST_ID_CHARS` characters."""
+
+_count_of = operator.countOf
+_tuple_new = tuple.__new__
+
+
+class ChatMessage(NamedTuple):
+    """One chat message; a prompt may be a sequence of them (rendered with the
+    model's chat template by whoever holds its tokenizer)."""
+
+    role: str
+    content: str
+
+
+class SamplingParams(NamedTuple):
+    """How the next token is picked (OpenAI / vLLM names and ranges); the
+    sampling part of :class:`RequestParams` (``params.sampling``), as a
+    model's sampler reads it.
+
+    - ``temperature``: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature);
+      below :data:`GREEDY_BELOW` it is greedy too.
+    - ``top_p``: nucleus sampling mass in (0, 1]; 1 = off.
+    - ``top_k``: keep the k most likely tokens; 0 = off.
+    - ``seed``: when set, a request's random stream depends only on (seed,
+      token position): the same tokens in any batch and after a migration.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
+
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy: vLLM's ``_SAMPLING_EPS`` (vllm/sampling_params.py).
+Dividing logits by a temperature like 1e-40 overflows to inf and the softmax to NaN."""
+
+GREEDY = SamplingParams()
+"""The default sampling: argmax."""
+
+
+# --------------------------------------------------------------------------- field checks
+# Each takes (value, field name), returns the value normalised (tuples, plain
+# ints and floats) or raises ValueError saying what to send instead.
+
+
+def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMessage, ...]:
+    if (type(value) is tuple or type(value) is list) and value and type(value[0]) is int:
+        if _count_of(map(type, value), int) == len(value):  # token ids, the common case (once per hop):
+            try:                                           # is_unsigned_64, inline
+                _array("Q", value)
+                return value if type(value) is tuple else tuple(value)
+            except OverflowError:
+                pass
+        return as_tokens(value, field)
+    if isinstance(value, str):
+        return as_text(value, field, allow_empty=False)
+    if not is_sequence(value):
+        raise ValueError(f"{field} must be a list of token ids, a str or a list of chat messages, "
+                         f"got {type(value).__name__}")
+    items = value if isinstance(value, (list, tuple)) else list(value)  # type: ignore[call-overload]
+    if items and isinstance(items[0], (Mapping, list, tuple)):  # maps, ChatMessages, [role, content] pairs
+        return _messages(items, field)
+    return as_tokens(items, field, allow_empty=False)
+
+
+def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
+    out = []
+    for i, m in enumerate(items):
+        if isinstance(m, Mapping):
+            role, content = m.get("role"), m.get("content")
+        elif isinstance(m, (list, tuple)) and len(m) == 2:  # a ChatMessage, or one off the wire
+            role, content = m
+        else:
+            raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {m!r:.80}")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise ValueError(f"chat message {i} must have string 'role' and 'content', got {m!r:.80}")
+        out.append(ChatMessage(as_text(role, f"chat message {i} role"),
+                               as_text(content, f"chat message {i} content")))
+    return tuple(out)
+
+
+def _count(minimum: int) -> Callable[[object, str], int]:
+    def check(value: object, field: str) -> int:
+        if type(value) is int and minimum <= value <= WIRE_INT_MAX:
+            return value
+        return as_int(value, field, minimum=minimum)
+    return check
+
+
+def _any_int(value: object, field: str) -> int:
+    return value if type(value) is int and value.bit_length() < 64 else as_int(value, field)
+
+
+def _stop_token(value: object, field: str) -> tuple[int, ...] | str:
+    if value is None or type(value) is tuple and not value:  # no stop token
+        return ()
+    if isinstance(value, str):
+        if value == DEFAULT:
+            return DEFAULT
+        raise ValueError(f"{field} must be an int, a list of ints, None or {DEFAULT!r}, got {value!r:.50}")
+    if is_sequence(value) or isinstance(value, (set, frozenset)):
+        if type(value) is tuple and len(value) < 2:  # () or one id: already sorted and unique
+            return as_tokens(value, field)
+        return tuple(sorted(set(as_tokens(list(value) if isinstance(value, (set, frozenset)) else value, field))))
+    return (as_int(value, field, minimum=0),)
+
+
+def _stop_sequences(value: object, field: str) -> tuple[tuple[int, ...], ...]:
+    if type(value) is tuple and not value:
+        return ()
+    if not is_sequence(value):
+        raise ValueError(f"{field} must be a list of token lists, got {type(value).__name__}")
+    out: list[tuple[int, ...]] = []
+    for i, seq in enumerate(value):  # type: ignore[arg-type]
+        if not is_sequence(seq):
+            raise ValueError(f"{field}[{i}] must be a list of int token ids, got {type(seq).__name__} "
+                             "(for one sequence pass [[...]])")
+        toks = as_tokens(seq, f"{field}[{i}]", allow_empty=False)
+        if toks not in out:
+            out.append(toks)
+    return tuple(out)
+
+
+def _stop_strings(value: object, field: str) -> tuple[str, ...]:
+    if isinstance(value, str):  # one stop string (OpenAI's "stop": "\n")
+        value = (value,)
+    elif value is None:
+        return ()
+    elif not is_sequence(value):
+        raise ValueError(f"{field} must be a str or a list of str, got {type(value).__name__}")
+    out: list[str] = []
+    for i, text in enumerate(value):  # type: ignore[arg-type]
+        if not isinstance(text, str):
+            hint = " (token-id sequences go in stop_sequences)" if is_sequence(text) else ""
+            raise ValueError(f"{field}[{i}] must be a str, got {type(text).__name__}{hint}")
+        text = as_text(text, f"{field}[{i}]", allow_empty=False)
+        if len(text) > MAX_STOP_CHARS:
+            raise ValueError(f"{field}[{i}] has {len(text)} characters; at most {MAX_STOP_CHARS} are allowed")
+        if text not in out:
+            out.append(text)
+    if len(out) > MAX_STOP_STRINGS:
+        raise ValueError(f"{field} holds {len(out)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    return tuple(out)
+
+
+def _flag(value: object, field: str) -> bool:
+    if type(value) is bool:
+        return value
+    if type(value).__name__ == "bool_":  # numpy's
+        return bool(value)
+    raise ValueError(f"{field} must be true or false, got {type(value).__name__} {value!r:.50}")
+
+
+def _timeout(value: object, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bool)) or type(value).__name__ == "bool_":
+        raise ValueError(f"{field} must be a number of seconds or None, got {value!r}")
+    try:
+        t = as_float(value, field)
+    except ValueError:
+        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {value!r}") from None
+    if not t > 0:
+        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {value!r}")
+    return t
+
+
+def _temperature(value: object, field: str) -> float:
+    if value == 0.0 and type(value) is float:
+        return value
+    t = as_float(value, field)
+    if t < 0:
+        raise ValueError(f"{field} must be >= 0 (0 = greedy), got {value!r}")
+    return t
+
+
+def _top_p(value: object, field: str) -> float:
+    if value == 1.0 and type(value) is float:
+        return value
+    p = as_float(value, field)
+    if not 0 < p <= 1:
+        raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+    return p
+
+
+def _seed(value: object, field: str) -> int | None:
+    return None if value is None else as_int(value, field, minimum=0)
+
+
+# --------------------------------------------------------------------------- the definition
+
+
+class _Fields(NamedTuple):
+    # name: Annotated[normalised type, check] = default          # meaning, unit
+    prompt: Annotated[tuple[int, ...] | str | tuple[ChatMessage, ...], _prompt]
+    # token ids (ints >= 0), or text (str), or chat messages ({"role", "content"} maps);
+    # text and chat need a model with a tokenizer. Never empty.
+    max_tokens: Annotated[int, _count(1)]
+    # generated tokens at most (>= 1); prompt + max_tokens must fit the model's context.
+    stop_token: Annotated[tuple[int, ...] | str, _stop_token] = DEFAULT
+    # token id(s) that end the request (included in the output); None = none, DEFAULT = the
+    # serving side's default. Normalised: a sorted tuple of ids, or DEFAULT.
+    stop_sequences: Annotated[tuple[tuple[int, ...], ...], _stop_sequences] = ()
+    # token sequences that end the request when the generated tokens end with one (never the prompt).
+    priority: Annotated[int, _any_int] = 0
+    # lower runs first (vLLM's convention); FIFO within a level, with aging (protocol.queue).
+    timeout_s: Annotated[float | None, _timeout] = None
+    # seconds from submission until it ends as "deadline", queued or running; None = no deadline.
+    temperature: Annotated[float, _temperature] = GREEDY.temperature
+    # >= 0; 0 = greedy. See SamplingParams for this and the next three.
+    top_p: Annotated[float, _top_p] = GREEDY.top_p
+    # nucleus sampling mass, in (0, 1].
+    top_k: Annotated[int, _count(0)] = GREEDY.top_k
+    # >= 0; 0 = off.
+    seed: Annotated[int | None, _seed] = GREEDY.seed
+    # >= 0, or None (unseeded).
+    min_tokens: Annotated[int, _count(0)] = 0
+    # generated tokens (resumed ones included) before a stop token, stop sequence or stop string may
+    # end the request, as vLLM's min_tokens; <= max_tokens.
+    stop: Annotated[tuple[str, ...], _stop_strings] = ()
+    # text stop strings (a str or a list; at most MAX_STOP_STRINGS, each 1..MAX_STOP_CHARS characters),
+    # matched on the generated text -- the decode of the generated tokens -- wherever a match starts and
+    # however many tokens it spans: the request ends "stop" (stop_reason = the string) and its text
+    # ends before the string. Needs a model with a tokenizer. Matched in the worker (worker/text.py).
+    include_stop_str_in_output: Annotated[bool, _flag] = False
+    # True: the text ends after the matched stop string instead (vLLM's option of this name).
+
+
+_NAMES = frozenset(_Fields._fields)
+_REQUIRED = object()  # "no default": never identical to a value
+_CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _REQUIRED))
+                for name, hint in get_type_hints(_Fields, include_extras=True).items())
+"""(name, check, default) per field; a value that *is* the default needs no check."""
+_OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
+
+ROW_ALIASES = {"messages": "prompt"}
+"""Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
+as in OpenAI's API) for ``prompt``. (A row's ``"stop"`` is shared out by
+entry, see :meth:`RequestParams.from_mapping`.)"""
+
+
+class RequestParams(_Fields):
+    """A generation request's parameters, validated and normalised when built.
+
+    ``RequestParams(prompt, max_tokens, **options)``: the fields and their
+    rules are listed (with defaults and units) in this module's ``_Fields``;
+    the README describes them for users. Building raises ``ValueError``
+    naming the first bad field, and ``TypeError`` for an unknown option;
+    every value it accepts can travel on the wire. Normalised: token lists
+    and stop sequences become tuples, ``stop_token`` a sorted tuple of ids or
+    :data:`DEFAULT`, chat messages :class:`ChatMessage` tuples.
+
+    Immutable (a tuple); ``_replace`` and ``_make`` validate like the constructor.
+    Checks that need a model (vocabulary, context length) are :class:`ModelLimits`'.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **options: Any) -> RequestParams:
+        if len(args) == 2 and not options:
+            # submit_request(prompt, max_tokens): every option at its default -- the hot path.
+            prompt, max_tokens = args
+            if (type(prompt) is list or type(prompt) is tuple) and prompt \
+                    and _count_of(map(type, prompt), int) == len(prompt) and is_unsigned_64(prompt) \
+                    and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
+                return _tuple_new(cls, (tuple(prompt), max_tokens) + _OPTION_DEFAULTS)
+        elif not _NAMES.issuperset(options):
+            unknown = sorted(set(options) - _NAMES)
+            raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
+        # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
+        given = args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options)
+        params = tuple.__new__(cls, [value if value is default else check(value, name)
+                                     for (name, check, default), value in zip(_CHECKS, given)])
+        # The rules between fields (each field's own are its check, declared with it):
+        if params.min_tokens > params.max_tokens:
+            raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
+        return params
+
+    @classmethod
+    def _make(cls, iterable) -> RequestParams:  # (namedtuple's skips __new__, hence the check)
+        return cls(*iterable)
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, Any]) -> RequestParams:
+        """Build from a JSON-like mapping such as a ``slotserve run`` row (without its
+        ``id``): keys are field names or their :data:`ROW_ALIASES`; ``"messages"``
+        must hold chat messages. ValueError for unknown, duplicate or missing keys.
+
+        ``"stop"`` takes what OpenAI's (and slotserve's HTTP) ``stop`` takes:
+        a string, or a list whose entries are strings (text stop strings, the
+        ``stop`` field) or lists of token ids (``stop_sequences``, what a row's
+        ``"stop"`` has always meant), in any mix: ``"stop": ["\\n\\n", [13, 13]]``.
+        """
+        kwargs: dict[str, Any] = {}
+        if "stop" in fields:
+            fields = {**fields, **_split_stop(fields["stop"], "stop_sequences" in fields)}
+        for key, value in fields.items():
+            name = ROW_ALIASES.get(key, key)
+            if name not in _NAMES:
+                raise ValueError(f"unknown field {key!r}; allowed: {sorted(_NAMES | set(ROW_ALIASES))}")
+            if name in kwargs:
+                both = sorted(k for k in fields if ROW_ALIASES.get(k, k) == name)
+                raise ValueError(f"give one of {both}, not both")
+            if key == "messages" and not (isinstance(value, (list, tuple)) and value
+                                          and isinstance(value[0], Mapping)):
+                raise ValueError(f"messages must be a non-empty list of chat messages, got {value!r:.80}")
+            kwargs[name] = value
+        missing = [n for n in _Fields._fields if n not in _Fields._field_defaults and n not in kwargs]
+        if missing:
+            raise ValueError(f"missing field(s) {missing} ('messages' may stand for 'prompt')")
+        return cls(**kwargs)
+
+    # ---- derived views
+
+    @property
+    def is_token_prompt(self) -> bool:
+        """True when the prompt is token ids (not text or chat messages)."""
+        return type(self.prompt[0]) is int
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The sampling fields as a :class:`SamplingParams` (:data:`GREEDY` below
+        :data:`GREEDY_BELOW`, where the others do not matter)."""
+        if self.temperature < GREEDY_BELOW:
+            return GREEDY
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+
+    def check_resume(self, tokens: object, vocab_size: int | None = None) -> tuple[int, ...]:
+        """``tokens`` already generated for this request elsewhere (migration,
+        resubmission), checked: token ids, fewer than ``max_tokens``. Returns a tuple."""
+        out = as_tokens(tokens, "resume_tokens")
+        if len(out) >= self.max_tokens:
+            raise ValueError(f"resume_tokens holds {len(out)} tokens but max_tokens is {self.max_tokens}: "
+                             "the request is already complete")
+        check_vocab(out, "resume_tokens", vocab_size)
+        return out
+
+
+def _split_stop(value: object, has_sequences: bool) -> dict[str, Any]:
+    """A row's ``"stop"``: strings -> ``stop``, lists of token ids -> ``stop_sequences``."""
+    if isinstance(value, str) or not is_sequence(value):
+        return {"stop": value}  # (the field's check says what is wrong with a non-list)
+    texts, sequences = [], []
+    for i, entry in enumerate(value):  # type: ignore[arg-type]
+        if isinstance(entry, str):
+            texts.append(entry)
+        elif is_sequence(entry):
+            sequences.append(entry)
+        else:
+            raise ValueError(f"stop[{i}] must be a str (a text stop string) or a list of token ids (a stop "
+                             f"sequence), got {type(entry).__name__} (for one sequence of ids pass [[...]])")
+    if sequences and has_sequences:
+        raise ValueError("give token-id stop sequences in one of ['stop', 'stop_sequences'], not both")
+    return {"stop": texts, **({"stop_sequences": sequences} if sequences else {})}
+
+
+class ModelLimits:
+    """What a model accepts: token ids in ``[0, vocab_size)``, prompt +
+    ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded), and text
+    (text or chat prompts, text stop strings) only when ``has_tokenizer``
+    (None: unknown, not checked). Built once per model (an engine, a client
+    that knows the model); immutable."""
+
+    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "_token_ids")
+
+    def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None,
+                 has_tokenizer: bool | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        self.has_tokenizer = has_tokenizer
+        # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
+        # faster than max() (measured); none past 2**18 ids (the set's memory).
+        self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
+
+    def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
+        """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
+        a ValueError, when it needs a tokenizer the model lacks). ``prompt_len``: the
+        prompt's length in tokens when it is text (known once tokenised; None
+        skips the context check for text)."""
+        vocab_size = self.vocab_size
+        prompt = params.prompt
+        if type(prompt[0]) is int:
+            prompt_len = len(prompt)
+            if vocab_size is not None and not (self._token_ids is not None and self._token_ids.issuperset(prompt)):
+                check_vocab(prompt, "prompt", vocab_size)
+        elif self.has_tokenizer is False:
+            raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        if params.stop and self.has_tokenizer is False:
+            raise UnsupportedError("stop strings need a model with a tokenizer, and this one has none: give "
+                                   "token-id stop sequences (stop_sequences) instead")
+        if vocab_size is not None and (params.stop_sequences or type(params.stop_token) is tuple):
+            if type(params.stop_token) is tuple:
+                check_vocab(params.stop_token, "stop_token", vocab_size)
+            for i, seq in enumerate(params.stop_sequences):
+                check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
+        max_seq_len = self.max_seq_len
+        if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
+                f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
+
+    def build(self, prompt: object, max_tokens: object, **options: Any) -> RequestParams:
+        """``RequestParams(prompt, max_tokens, **options)``, checked against this model
+        too (:meth:`check`): ValueError / TypeError as they raise.
+
+        The common case -- token ids, no options -- is one membership test per
+        token instead of a type pass, a wire-range pass and a vocabulary pass:
+        ids of the vocabulary lie in the wire's range. (An engine submits every
+        request through here; bench/engine.py's end-to-end target needs it.)
+        """
+        ids = self._token_ids
+        if not options and ids is not None and (type(prompt) is list or type(prompt) is tuple) and prompt \
+                and _count_of(map(type, prompt), int) == len(prompt) and ids.issuperset(prompt) \
+                and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX \
+                and (self.max_seq_len is None or len(prompt) + max_tokens <= self.max_seq_len):
+            return _tuple_new(RequestParams, (tuple(prompt), max_tokens) + _OPTION_DEFAULTS)
+        params = RequestParams(prompt, max_tokens, **options)
+        self.check(params)
+        return params
+
+
+def check_stop_token(value: object) -> tuple[int, ...] | str:
+    """The ``stop_token`` rule, for whoever holds a default of its own (an engine,
+    a client): None -> ``()``, an id or ids -> a sorted tuple, :data:`DEFAULT` as is."""
+    return _stop_token(value, "stop_token")
+
+
+def check_request_id(value: object) -> RequestId:
+    """A caller-chosen request id: an int (not bool) in the wire's range, or a
+    non-empty str of at most :data:`MAX_REQUEST_ID_CHARS` characters. ValueError otherwise."""
+    if isinstance(value, str):
+        if not 0 < len(value) <= MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"request_id must be 1..{MAX_REQUEST_ID_CHARS} characters, got {len(value)}")
+        return as_text(value, "request_id")
+    return as_int(value, "request_id")
