@@ -15,10 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from slot_model_checks import scattered_rows_and_reuse  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
+from worker.models.rows import SlotRows  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -97,25 +99,18 @@ def test_fp32_logits_match_the_hf_forward(model_dir, reference):
 
 def test_scattered_rows_and_slot_reuse(model_dir, reference):
     """A middle slot finishes; the others decode around it (padding row); a new prompt takes it."""
-    model = load_model(model_dir)
-    model.bind_slots(4)
-    prompts = random_prompts(5, seed=7)
-    seqs = {slot: list(p) for slot, p in enumerate(prompts[:4])}
-    origin = {slot: p for slot, p in enumerate(prompts[:4])}
-    results = {}
-    for it in range(12):
-        if it == 3:
-            results[tuple(origin[1])] = seqs.pop(1)[len(origin[1]):]
-            model.release_slot(1)
-        if it == 6:
-            seqs[1], origin[1] = list(prompts[4]), prompts[4]
-        batch = [SlotInput(slot=s, tokens=t) for s, t in sorted(seqs.items(), reverse=True)]
-        for item, tok in zip(batch, model.step(batch)):
-            item.tokens.append(tok)
-    for slot, seq in seqs.items():
-        results[tuple(origin[slot])] = seq[len(origin[slot]):]
+    results = scattered_rows_and_reuse(load_model(model_dir), random_prompts(5, seed=7))
     for prompt, got in results.items():
         assert got == generate_alone(reference, list(prompt), len(got))
+
+
+def test_slot_rows_take_the_lowest_free_row():
+    rows = SlotRows(3)
+    assert [rows.row(s) for s in (5, 2, 7)] == [0, 1, 2] and rows.row(2) == 1
+    assert rows.release(2) == 1 and rows.release(5) == 0 and rows.release(5) is None
+    assert rows.row(9) == 0 and rows.row(1) == 1
+    with pytest.raises(ValueError, match="no free cache row"):
+        rows.row(4)
 
 
 def test_long_prompt_is_prefilled_in_chunks_while_others_decode(model_dir, reference):

