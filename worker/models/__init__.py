@@ -34,7 +34,8 @@ def load_model(name: str, **options):
     if name == "simulated":
         given = {k: options.pop(k) for k in _RUNNER_OPTIONS if k in options}
         if not ModelOptions(**given).is_default:
-            raise ValueError(f"options {sorted(given)} apply to real models, not 'simulated'")
+            changed = sorted(k for k, v in given.items() if v != getattr(ModelOptions(), k))
+            raise ValueError(f"options {changed} apply to real models, not 'simulated'")
         from worker.models.simulated import SimulatedLLM
 
         return SimulatedLLM(**options)
