@@ -163,19 +163,16 @@ def workload(kind: str, tiny: bool, he_prompts, he_lengths) -> tuple[list[list[i
 
 @contextlib.contextmanager
 def slotserve_model(path: str, *, device: str, dtype: str):
-    """slotserve's model backend on ``device``, for the duration of the ``with`` block.
+    """slotserve's model runner on ``device``, for the duration of the ``with`` block.
 
-    The one place that says how slotserve is put on a device. Until the
-    model runner has ``device=``/``precision=`` options, the HF backend is
-    built and run under ``torch.device(device)`` as the default device (the
-    method of shared/bench/gpu_serving.py); once it has them, replace the
-    ``with``/``yield`` below by
-    ``yield load_model(path, device=device, precision=dtype, max_cache_len=MAX_CONTEXT)``.
+    The one place that says how slotserve is put on a device: ``load_model``'s
+    ``device`` and ``precision`` (Llama shapes run on slotserve's own runner,
+    CUDA graphs on a GPU).
     """
     from worker.models import load_model
 
-    with torch.device(device):
-        yield load_model(path, dtype=dtype, max_cache_len=MAX_CONTEXT)
+    precision = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    yield load_model(path, device=device, precision=precision, max_cache_len=MAX_CONTEXT)
 
 
 def run_slotserve(path, dtype, device, prompts, lengths, slots) -> Result:

@@ -7,10 +7,12 @@ stops, 8 concurrent sequences. Every request arrives at t0, so TTFT includes
 queueing. Systems, in one run on the same loaded weights:
 
 - ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` (after a
-  warm-up), 8 slots, the HF backend's per-slot KV cache;
-- ``slotserve-broker``: the same through a broker and a worker process
-  (``slotserve.launcher.LocalCluster`` + ``client.Client``); worker RSS is
-  read from the worker process;
+  warm-up), 8 slots, slotserve's Llama runner at fp32;
+- ``slotserve-broker[P]``: through a broker and a worker process
+  (``slotserve.launcher.LocalCluster`` + ``client.Client``), one run per
+  ``--precisions`` entry P: ``hf`` (the transformers-forward runner: the
+  "before" of issue 8), ``fp32``, ``bf16``, ``int8``, ``int4`` (slotserve's
+  runner); worker RSS is read from the worker process;
 - ``hf-static``: ``model.generate`` on left-padded batches of 8 in prompt
   order, each batch running until its longest request is done;
 - ``hf-cb``: transformers' continuous batching (``generate_batch``'s
@@ -27,9 +29,13 @@ random-weight SmolLM2-135M and Llama-3.2-1B shapes, stop tokens off,
 slotserve vs HF static vs transformers CB (see bench/gpu.py).
 
 Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
-per request (what a user asked for). Also measured: the forward-pass limit
-(one batched decode step at 8 slots with a warm cache, and packed-prefill
-tokens/s) and the time HE32 would take at that limit.
+per request (what a user asked for). Agreement: per system, how many
+requests are identical to the greedy reference (hf-alone, else
+slotserve-broker[hf], which equals it: tests/test_hf_models.py) and, for the
+others, the position of the first differing token. Also measured: the
+forward-pass limit (one batched decode step at 8 and 32 slots with 160
+cached tokens each, and packed-prefill tokens/s) for every precision, and the
+time HE32 would take at the fp32 runner's limit.
 
 The machine this was written on is a 2-core VM shared with other jobs: each
 system's 1-minute load average before/after is recorded, and ``--repeats N``
@@ -156,7 +162,7 @@ def run_slotserve(model, prompts, max_tokens, slots) -> Run:
     for p in prompts[:slots]:  # warm-up: fills every slot once
         engine.submit_request(p, 4)
     engine.run()
-    run = Run("slotserve")
+    run = Run(f"slotserve[{getattr(model, 'precision', 'hf')}]")
     times = TokenTimes(len(prompts))
     handles = [engine.submit_request(p, m, on_token=times.recorder(i))
                for i, (p, m) in enumerate(zip(prompts, max_tokens))]
@@ -169,7 +175,16 @@ def run_slotserve(model, prompts, max_tokens, slots) -> Run:
     return run
 
 
-def run_slotserve_broker(prompts, max_tokens, slots) -> Run:
+def model_options(precision: str, threads: int):
+    """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner)."""
+    from worker.models import ModelOptions
+
+    if precision == "hf":
+        return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads)
+    return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads)
+
+
+def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2) -> Run:
     from broker import BrokerConfig
     from client import Client
     from slotserve.launcher import ClusterConfig, LocalCluster
@@ -177,10 +192,10 @@ def run_slotserve_broker(prompts, max_tokens, slots) -> Run:
 
     config = ClusterConfig(
         broker=BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*"),
-        workers=(WorkerConfig(model=MODEL, num_slots=slots),),
+        workers=(WorkerConfig(model=MODEL, num_slots=slots, model_options=model_options(precision, threads)),),
         start_timeout_s=300.0,
     )
-    run = Run("slotserve-broker")
+    run = Run(f"slotserve-broker[{precision}]")
     n = len(prompts)
     with LocalCluster(config) as cluster, Client(cluster.frontend, model=MODEL, connect_timeout_s=30) as client:
         worker = psutil.Process(cluster.worker_processes[0].pid)
@@ -196,7 +211,7 @@ def run_slotserve_broker(prompts, max_tokens, slots) -> Run:
         run.outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
         run.first_s, run.last_s = first, last
         run.rss_mb = worker.memory_info().rss / 2**20
-    run.note = f"client -> broker -> worker process ({slots} slots); RSS of the worker process"
+    run.note = f"client -> broker -> worker process ({slots} slots, {precision}); RSS of the worker process"
     return run
 
 
@@ -289,7 +304,8 @@ def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
     return run
 
 
-REFERENCES = ("hf-alone", "slotserve", "slotserve-broker")  # greedy runs whose useful lengths llamacpp may use
+# greedy runs equal to HF's, whose useful lengths llamacpp may use, best first
+REFERENCES = ("hf-alone", "slotserve-broker[hf]", "slotserve-broker[fp32]", "slotserve[fp32]")
 
 
 def run_llamacpp(prompts, lengths, threads, binary) -> tuple[Run, dict]:
@@ -337,19 +353,29 @@ def run_random_weights(args) -> None:
 
 
 def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
-    """Decode: one batched step at ``slots`` rows with ``context`` cached tokens each; prefill: packed tokens/s."""
+    """Decode: one batched step at ``slots`` rows with ``context`` cached tokens each; prefill: packed tokens/s.
+
+    Prefill runs every slot's ``context`` tokens through ``model.step`` until each has its
+    first token (several iterations when the runner chunks them); wall-clock seconds.
+    """
     model.bind_slots(slots)
     seqs = [list((prompts[i % len(prompts)] * 4)[:context]) for i in range(slots)]
     t = time.monotonic()
-    toks = model.step([SlotInput(s, seq) for s, seq in enumerate(seqs)])
+    waiting = list(range(slots))
+    while waiting:
+        toks = model.step([SlotInput(s, seqs[s]) for s in waiting])
+        for s, tok in zip(list(waiting), toks):
+            if tok is not None:
+                seqs[s].append(tok)
+                waiting.remove(s)
     prefill_s = time.monotonic() - t
     times = []
     for _ in range(reps):
-        for seq, tok in zip(seqs, toks):
-            seq.append(tok)
         t = time.monotonic()
         toks = model.step([SlotInput(s, seq) for s, seq in enumerate(seqs)])
         times.append(time.monotonic() - t)
+        for seq, tok in zip(seqs, toks):
+            seq.append(tok)
     for s in range(slots):
         model.release_slot(s)
     step = statistics.median(times)
@@ -358,7 +384,30 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
         "decode_tokens_per_s": round(slots / step, 1),
         "prefill_tokens_per_s": round(slots * context / prefill_s, 1),
         "context_tokens": context,
+        "load_avg": round(os.getloadavg()[0], 2),
     }
+
+
+def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dict:
+    """:func:`forward_limits` for every precision at each slot count (``hf``: the HF runner itself).
+
+    slotserve's runners are built from ``hf_runner``'s loaded weights (a copy
+    each, dropped after), so the GGUF is read once.
+    """
+    from worker.models import llama
+
+    out = {}
+    for precision in precisions:
+        if precision == "hf":
+            model = hf_runner
+        else:
+            model = llama.from_hf(hf_runner.model, hf_runner.tokenizer, precision=precision,
+                                  eos_token_ids=hf_runner.eos_token_ids)
+        out[precision] = {n: forward_limits(model, prompts, n) for n in slot_counts}
+        print(f"limits[{precision}]: " + "; ".join(f"{n} slots {v['decode_step_ms']} ms/step, prefill "
+                                                     f"{v['prefill_tokens_per_s']} tok/s" for n, v in out[precision].items()))
+        del model
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -369,15 +418,18 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dic
     cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
             "identical_to_hf_greedy", "rss_mb"]
     print()
-    print(" | ".join(f"{c:>14}" for c in cols + ["vs hf-static", "vs hf-cb"]))
+    versus = ("hf-static", "hf-cb", "llamacpp")
+    print(" | ".join(f"{c:>14}" for c in cols + [f"vs {b}" for b in versus]))
     for r in rows:
-        ratios = [f"{r['tokens_per_s'] / base[b]:.2f}x" if b in base else "-" for b in ("hf-static", "hf-cb")]
+        ratios = [f"{r['tokens_per_s'] / base[b]:.2f}x" if b in base else "-" for b in versus]
         print(" | ".join(f"{str(r[c]):>14}" for c in cols) + " | " + " | ".join(f"{x:>14}" for x in ratios))
+    for name, steps in (extra or {}).get("decode_step_ms", {}).items():
+        print(f"decode step [{name}]: " + ", ".join(f"{n} slots {ms} ms" for n, ms in steps.items()))
     print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"workload": "HE32", "model": MODEL, "threads": torch.get_num_threads(),
+    payload = {"workload": "HE32", "model": MODEL, "limits_threads": torch.get_num_threads(),
                "limits": limits, "ideal_wall_s": round(ideal_s, 2), "systems": rows,
-               "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in ("hf-static", "hf-cb")
+               "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in versus
                                         if b in base} for r in rows}, **(extra or {})}
     (out / "model.json").write_text(json.dumps(payload, indent=2) + "\n")
     import matplotlib
@@ -407,7 +459,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--threads", default="2",
+                    help="torch threads; a list (e.g. 1,2) runs every slotserve and HF system once per value "
+                         "and keeps the fastest, as --llamacpp-threads does (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated systems to skip")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
                     help=f"comma-separated systems to run (default: {','.join(ALL_SYSTEMS)}; llamacpp runs last)")
@@ -425,12 +479,16 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
     ap.add_argument("--time-limit-s", type=float, default=170.0,
                     help="with --random-weights: start nothing after this many seconds (default 170)")
+    ap.add_argument("--precisions", default="hf,fp32,bf16,int8,int4",
+                    help="slotserve-broker runs and forward limits, one per entry: hf (the transformers-forward "
+                         "runner, issue 8's 'before'), fp32, bf16, int8, int4 (default: all)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone and the broker path run once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    torch.set_num_threads(args.threads)
+    thread_counts = [int(t) for t in str(args.threads).split(",") if t]
+    torch.set_num_threads(thread_counts[0])
     if args.random_weights:
         return run_random_weights(args)
     if args.device != "cpu" or args.tiny:
@@ -441,8 +499,9 @@ def main() -> None:
         ap.error(f"unknown systems {sorted(unknown)}; choose from {','.join(ALL_SYSTEMS)}")
     skip |= set(ALL_SYSTEMS) - set(chosen)
 
+    precisions = [p for p in args.precisions.split(",") if p]
     t = time.monotonic()
-    model = load_model(MODEL, num_threads=args.threads)
+    model = load_model(MODEL, num_threads=thread_counts[0], runner="hf")  # the HF runner: baselines + "before"
     print(f"loaded {MODEL} in {time.monotonic() - t:.1f} s")
     prompts, max_tokens = load_workload(args.prompts, model.tokenizer)
     eos = set(model.eos_token_ids)
@@ -450,9 +509,16 @@ def main() -> None:
     pad_id = hf.generation_config.pad_token_id if hf.generation_config.pad_token_id is not None else min(eos)
     print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}")
 
+    def slotserve_fp32():
+        from worker.models import llama
+
+        runner = llama.from_hf(hf, model.tokenizer, precision="fp32", eos_token_ids=model.eos_token_ids)
+        return run_slotserve(runner, prompts, max_tokens, args.slots)
+
     systems = {
-        "slotserve": lambda: run_slotserve(model, prompts, max_tokens, args.slots),
-        "slotserve-broker": lambda: run_slotserve_broker(prompts, max_tokens, args.slots),
+        "slotserve": slotserve_fp32,
+        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(prompts, max_tokens, args.slots,
+                                                                                p, threads)) for p in precisions},
         "hf-static": lambda: run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots),
         "hf-cb": lambda: run_hf_cb(hf, prompts, max_tokens, eos, args.slots),
         "hf-alone": lambda: run_hf_alone(hf, prompts, max_tokens, eos, pad_id),
@@ -461,21 +527,24 @@ def main() -> None:
     limits = None
     extra = {}
     for name, fn in systems.items():
-        if name in skip:
+        if name.split("[")[0] in skip:
             continue
         tries = []
-        for _ in range(1 if name in ("hf-alone", "slotserve-broker") else args.repeats):
-            before = os.getloadavg()[0]
-            run = fn()
-            run.load_avg = (before, os.getloadavg()[0])
-            tries.append(run)
-            print(f"{name}: {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> {run.load_avg[1]:.2f})")
+        for threads in thread_counts:
+            for _ in range(1 if name == "hf-alone" or name.startswith("slotserve-broker") else args.repeats):
+                torch.set_num_threads(threads)
+                before = os.getloadavg()[0]
+                run = fn(threads) if name.startswith("slotserve-broker") else fn()
+                run.load_avg = (before, os.getloadavg()[0])
+                run.note += f"; {threads} thread(s)"
+                tries.append(run)
+                print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
+                      f"{run.load_avg[1]:.2f})", flush=True)
         run = min(tries, key=lambda r: r.wall_s)  # best of N: the run least disturbed by other jobs
         run.all_wall_s = [round(t.wall_s, 2) for t in tries]
         runs.append(run)
-        if name == "slotserve":
-            limits = forward_limits(model, prompts, args.slots)
-            print(f"limits: {limits}")
+    torch.set_num_threads(thread_counts[0])
+
     if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
         import llamacpp
 
@@ -490,16 +559,24 @@ def main() -> None:
         except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
             extra["llamacpp_error"] = str(exc)
             print(f"llamacpp: not measured: {exc}")
-    if limits is None:
-        limits = forward_limits(model, prompts, args.slots)
-    alone = [r for r in runs if r.name == "hf-alone"]
-    reference = alone[0].outputs if alone else None
-    useful = sum(len(o) for o in (alone[0] if alone else runs[0]).outputs)
+    by_precision = precision_limits(model, precisions or ["fp32"], prompts)
+    extra["decode_step_ms"] = {p: {n: v["decode_step_ms"] for n, v in lim.items()} for p, lim in by_precision.items()}
+    extra["limits_by_precision"] = by_precision
+    limits = by_precision.get("fp32", next(iter(by_precision.values())))[args.slots if args.slots in (8, 32) else 8]
+    ref_run = next((r for name in REFERENCES for r in runs if r.name == name), None)
+    reference = ref_run.outputs if ref_run is not None else None
+    extra["agreement_reference"] = None if ref_run is None else ref_run.name
+    useful = sum(len(o) for o in (ref_run or runs[0]).outputs) if runs else sum(max_tokens)
     ideal_s = sum(map(len, prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
     rows = [r.summary(reference) for r in runs]
     for r, run in zip(rows, runs):
-        r["differs_from_reference"] = [] if reference is None else [
-            i for i, (a, b) in enumerate(zip(run.outputs, reference)) if a != b]
+        if reference is not None:
+            import llamacpp
+
+            agree = llamacpp.agreement(run.outputs, reference)
+            r["differs_from_reference"] = sorted(agree["first_divergence"])
+            r["first_divergence"] = agree["first_divergence"]
+            r["median_first_divergence"] = agree["median_first_divergence"]
     greedy = next((r for name in REFERENCES for r in runs if r.name == name), None)
     if greedy is not None:  # what --llamacpp-lengths-from reads back
         extra["reference_useful_lengths"] = {"from": greedy.name, "lengths": [len(o) for o in greedy.outputs]}

@@ -39,9 +39,9 @@ from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
 )
 
-__all__ = ["DEFAULT", "GREEDY", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "ROW_ALIASES",
-           "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id",
-           "check_stop_token"]
+__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS",
+           "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
+           "check_request_id", "check_stop_token"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -83,7 +83,8 @@ class SamplingParams(NamedTuple):
     sampling part of :class:`RequestParams` (``params.sampling``), as a
     model's sampler reads it.
 
-    - ``temperature``: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
+    - ``temperature``: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature);
+      below :data:`GREEDY_BELOW` it is greedy too.
     - ``top_p``: nucleus sampling mass in (0, 1]; 1 = off.
     - ``top_k``: keep the k most likely tokens; 0 = off.
     - ``seed``: when set, a request's random stream depends only on (seed,
@@ -97,8 +98,12 @@ class SamplingParams(NamedTuple):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy: vLLM's ``_SAMPLING_EPS`` (vllm/sampling_params.py).
+Dividing logits by a temperature like 1e-40 overflows to inf and the softmax to NaN."""
 
 GREEDY = SamplingParams()
 """The default sampling: argmax."""
@@ -385,9 +390,9 @@ class RequestParams(_Fields):
 
     @property
     def sampling(self) -> SamplingParams:
-        """The sampling fields as a :class:`SamplingParams` (:data:`GREEDY` at temperature 0,
-        where the others do not matter)."""
-        if self.temperature == 0.0:
+        """The sampling fields as a :class:`SamplingParams` (:data:`GREEDY` below
+        :data:`GREEDY_BELOW`, where the others do not matter)."""
+        if self.temperature < GREEDY_BELOW:
             return GREEDY
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
 

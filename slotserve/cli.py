@@ -9,6 +9,7 @@ calls ``sys.exit``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 
@@ -133,6 +134,40 @@ _max_message_bytes = click.option(
          "request at submit and split batches to fit; a larger message gets too_large.")
 
 
+def _model_options(command):
+    """--device/--precision/--runner/--max-prefill-tokens/--threads, passed on as one ``model_options``."""
+    from worker.models.options import DEVICES, PRECISIONS, RUNNERS, ModelOptions
+
+    @functools.wraps(command)
+    def with_options(*args, device, precision, runner, max_prefill_tokens, threads, **kwargs):
+        options = _config(ModelOptions, device=device, precision=precision, runner=runner,
+                          max_prefill_tokens=max_prefill_tokens, num_threads=threads)
+        return command(*args, model_options=options, **kwargs)
+
+    for option in reversed([
+        click.option("--device", type=click.Choice(DEVICES), default=_default(ModelOptions, "device"),
+                     show_envvar=True,
+                     help="Where a real model runs: cpu, cuda, or auto (cuda when torch sees a GPU)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default=_default(ModelOptions, "precision"),
+                     show_envvar=True,
+                     help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU); auto: fp32 on CPU, "
+                          "bf16 on CUDA. Speed and accuracy of each: README."),
+        click.option("--runner", type=click.Choice(RUNNERS), default=_default(ModelOptions, "runner"),
+                     show_envvar=True,
+                     help="slotserve (own Llama-family runner), hf (transformers forward, any "
+                          "architecture), or auto (slotserve for Llama-family models)."),
+        click.option("--max-prefill-tokens", type=click.IntRange(min=16),
+                     default=_default(ModelOptions, "max_prefill_tokens"),
+                     show_envvar=True, help="Prompt tokens per iteration; longer prompts are prefilled "
+                                            "in chunks, so decoding waits at most one chunk."),
+        click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
+                     show_envvar=True,
+                     help="CPU threads for the model (default: torch's, one per core)."),
+    ]):
+        with_options = option(with_options)
+    return with_options
+
+
 @main.command()
 @_frontend
 @_backend
@@ -210,13 +245,15 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
               help="This worker's CURVE secret key file (default with --curve-dir: DIR/worker.key_secret).")
 @click.option("--curve-broker-key", type=click.Path(dir_okay=False), default=None, show_envvar=True,
               help="The broker's CURVE public key file (default with --curve-dir: DIR/broker.key).")
+@_model_options
 def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
-           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None) -> None:
+           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None, model_options) -> None:
     """Run one model worker in the foreground (Ctrl-C stops it)."""
     from worker.process import run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                  stop_token=stop_token, name=name, **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
+                  stop_token=stop_token, name=name, model_options=model_options,
+                  **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
     from slotserve.signals import StopSignals
 
     try:
@@ -227,13 +264,15 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None, gateway=None, **broker_options):
+                    curve_dir=None, gateway=None, model_options=None, **broker_options):
     from slotserve.launcher import ClusterConfig
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **broker_options,
                    **_broker_curve(curve_dir))
+    extra = {} if model_options is None else {"model_options": model_options}
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
-                   stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **_worker_curve(curve_dir))
+                   stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **extra,
+                   **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
                    client_curve=curve_dir, gateway=gateway)
 
@@ -288,10 +327,11 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
+@_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
        max_queue: int, send_hwm: int, max_pending_per_peer: int, max_message_bytes: int, curve_dir: str | None,
-       http_port: int | None, http_host: str) -> None:
+       http_port: int | None, http_host: str, model_options) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
@@ -309,8 +349,8 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir)
     cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir, gateway, send_hwm=send_hwm, max_pending_per_peer=max_pending_per_peer,
-                          max_message_bytes=max_message_bytes)
+                          curve_dir, gateway, model_options, send_hwm=send_hwm,
+                          max_pending_per_peer=max_pending_per_peer, max_message_bytes=max_message_bytes)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
@@ -348,9 +388,10 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
               help="Stop the job after this many seconds, as a signal would (exit status 124; default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
 @_curve_dir
+@_model_options
 @click.pass_context
 def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
-        timeout_s, progress, curve_dir) -> None:
+        timeout_s, progress, curve_dir, model_options) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
@@ -391,7 +432,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     if broker_addr is None:
         model = model or _default(WorkerConfig, "model")
         cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
-                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir)
+                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir,
+                                  model_options=model_options)
     try:
         inp = open_input(input_path)
     except OSError as e:

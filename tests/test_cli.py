@@ -55,6 +55,29 @@ def test_bad_option_values_are_usage_errors():
     assert r.exit_code == 2 and "stop" in r.output.lower()
     r = CliRunner().invoke(main, ["broker", "--frontend", "nonsense"])
     assert r.exit_code == 2 and "endpoint" in r.output
+    for cmd in ("worker", "up", "run"):
+        r = CliRunner().invoke(main, [cmd, "--precision", "int3"])
+        assert r.exit_code == 2 and "--precision" in r.output
+    r = CliRunner().invoke(main, ["worker", "--max-prefill-tokens", "4"])
+    assert r.exit_code == 2 and "--max-prefill-tokens" in r.output
+    r = CliRunner().invoke(main, ["worker", "--runner", "hf", "--precision", "int4"])
+    assert r.exit_code == 2 and "slotserve runner" in r.output
+
+
+def test_model_options_reach_the_model_loader(tmp_path):
+    """Each command that starts workers hands them its model options (``simulated`` refuses
+    any that are not the defaults, naming them: proof they arrived)."""
+    r = CliRunner().invoke(main, ["worker", "--model", "simulated", "--precision", "int8"])
+    assert r.exit_code == 1 and "['precision'] apply to real models" in r.output
+    inp = tmp_path / "in.jsonl"
+    write_rows(inp, [{"id": 1, "prompt": [1], "max_tokens": 2}])
+    local = ["--frontend", "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*"]
+    for args in (["up", "--workers", "1", *local], ["run", str(inp), "-o", str(tmp_path / "out.jsonl"),
+                                                    "--workers", "1", "--no-progress"]):
+        proc = subprocess.run(SLOTSERVE + args + ["--device", "cpu", "--threads", "1"], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert "['device', 'num_threads'] apply to real models" in proc.stderr
 
 
 def write_rows(path, rows, extra_lines=()):

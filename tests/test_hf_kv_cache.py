@@ -30,7 +30,7 @@ def test_packed_prefill_writes_rows_and_masks_block_diagonal():
     assert torch.equal(mask[0, 0], want)
     k = torch.arange(5, dtype=torch.float32).view(1, 1, 5, 1).expand(1, 2, 5, 4).contiguous()
     out_k, _ = cache.update(k, k + 100, 1)
-    assert out_k is k  # attention runs over the packed keys themselves
+    assert torch.equal(out_k, k)  # attention runs over the packed keys themselves
     cache.end()
     assert cache.keys[1][2, 0, :3, 0].tolist() == [0, 1, 2]
     assert cache.keys[1][0, 1, :2, 0].tolist() == [3, 4]
@@ -81,3 +81,15 @@ def test_growth_keeps_contents_and_limit_raises():
         cache.begin_packed([0], [21])
     with pytest.raises(ValueError):
         make(max_len=0)
+
+
+def test_non_finite_keys_and_values_are_stored_and_attended_as_zero():
+    """One sequence's NaN/inf never reaches another: not through the packed attention
+    (0 x NaN is NaN) and not as stale data in a reused row."""
+    cache = make()
+    cache.begin_packed([0, 1], [2, 1])
+    k = torch.tensor([1.0, float("nan"), float("inf")]).view(1, 1, 3, 1).expand(1, 2, 3, 4).contiguous()
+    out_k, out_v = cache.update(k, -k, 0)
+    cache.end()
+    assert out_k[0, 0, :, 0].tolist() == [1, 0, 0] and out_v[0, 0, :, 0].tolist() == [-1, 0, 0]
+    assert bool(torch.isfinite(cache.keys[0]).all() and torch.isfinite(cache.values[0]).all())

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from slot_model_checks import scattered_rows_and_reuse  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SamplingParams, SlotInput  # noqa: E402
@@ -88,25 +89,7 @@ def test_engine_greedy_equals_generate(model_dir, reference, batch_size):
 
 def test_slot_model_reuse_and_scattered_rows(model_dir, reference):
     """Free a middle slot so decode rows are not consecutive (gather path), then refill it."""
-    model = load_hf_model(model_dir)
-    model.bind_slots(4)
-    prompts = random_prompts(5, seed=7)
-    seqs = {slot: list(p) for slot, p in enumerate(prompts[:4])}
-    origin = {slot: p for slot, p in enumerate(prompts[:4])}
-    results = {}
-    for it in range(12):
-        if it == 3:  # slot 1 finishes early; its row is handed to the fifth prompt
-            results[tuple(origin[1])] = seqs.pop(1)[len(origin[1]):]
-            model.release_slot(1)
-        if it == 6:
-            seqs[1] = list(prompts[4])
-            origin[1] = prompts[4]
-        batch = [SlotInput(slot=s, tokens=t) for s, t in sorted(seqs.items(), reverse=True)]
-        for item, tok in zip(batch, model.step(batch)):
-            item.tokens.append(tok)
-    for slot, seq in seqs.items():
-        results[tuple(origin[slot])] = seq[len(origin[slot]):]
-    assert len(results) == 5
+    results = scattered_rows_and_reuse(load_hf_model(model_dir), random_prompts(5, seed=7))
     for prompt, got in results.items():
         assert got == generate_alone(reference, list(prompt), len(got))
 
@@ -208,7 +191,7 @@ def test_sampling_filters(model_dir, reference):
 
 
 def test_sampler_positions_give_distinct_streams():
-    from worker.models.hf_sampling import Sampler, mix_seed
+    from worker.models.sampling import Sampler, mix_seed
 
     assert len({mix_seed(s, p) for s in range(20) for p in range(50)}) == 1000
     logits = torch.zeros(2, 1000)

@@ -30,7 +30,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return load_model("smollm2-135m")
+    """The HF runner (the reference: its ``.model`` is the transformers module)."""
+    return load_model("smollm2-135m", runner="hf")
 
 
 def test_config_attributes(smol):
@@ -40,19 +41,25 @@ def test_config_attributes(smol):
     assert smol.tokenizer is not None
 
 
-def test_greedy_equals_generate(smol):
-    codec = smol.tokenizer
-    prompts = [codec.encode(p) for p in PROMPTS]
-    engine = BatchInferenceEngine(smol, batch_size=2, stop_token="model")  # 3 prompts: a slot is reused
-    handles = [engine.submit_request(p, 8) for p in prompts]
-    engine.run()
-    for p, h in zip(prompts, handles):
+@pytest.fixture(scope="module")
+def references(smol):
+    """``(prompt ids, HF generate's 8 greedy tokens)`` per prompt."""
+    out = []
+    for text in PROMPTS:
+        p = smol.tokenizer.encode(text)
         with torch.inference_mode():
-            ref = smol.model.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=8, do_sample=False,
-            )
-        assert h.result(timeout=0)[len(p):] == ref[0, len(p):].tolist()
+            ref = smol.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                      max_new_tokens=8, do_sample=False)
+        out.append((p, ref[0, len(p):].tolist()))
+    return out
+
+
+def test_greedy_equals_generate(smol, references):
+    engine = BatchInferenceEngine(smol, batch_size=2, stop_token="model")  # 3 prompts: a slot is reused
+    handles = [engine.submit_request(p, 8) for p, _ in references]
+    engine.run()
+    for (p, ref), h in zip(references, handles):
+        assert h.result(timeout=0)[len(p):] == ref
         assert h.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
 
 
@@ -69,3 +76,79 @@ def test_text_round_trip_and_chat_template(smol):
     assert "<|im_start|>user\nHi<|im_end|>" in rendered
     assert "<|im_start|>" not in codec.decode(chat)  # special tokens left out by default, as in vLLM
     assert rendered.endswith("<|im_start|>assistant\n")
+
+
+def slotserve_runner(smol, precision):
+    """slotserve's runner on the same weights (copied from the HF module), prompts prefilled in 16-token chunks."""
+    from worker.models import llama
+
+    return llama.from_hf(smol.model, smol.tokenizer, precision=precision, eos_token_ids=smol.eos_token_ids,
+                         max_prefill_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def runner_fp32(smol):
+    return slotserve_runner(smol, "fp32")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_slotserve_runner_against_generate(smol, runner_fp32, references, precision):
+    """fp32 gives HF's greedy tokens; int4 gets the GGUF's own Q4_1 codes back, so
+    it stays close (measured: 24 of 24 tokens equal)."""
+    runner = runner_fp32 if precision == "fp32" else slotserve_runner(smol, precision)
+    engine = BatchInferenceEngine(runner, batch_size=2, stop_token="model")
+    handles = [engine.submit_request(p, 8) for p, _ in references]
+    engine.run()
+    same = 0
+    for (p, ref), h in zip(references, handles):
+        got = h.result(timeout=0)[len(p):]
+        same += sum(a == b for a, b in zip(got, ref))
+        if precision == "fp32":
+            assert got == ref
+    assert same >= 18, same  # of 24
+
+
+@pytest.mark.parametrize("runner", ["hf", "slotserve"])
+def test_a_tiny_temperature_beside_greedy_is_greedy(smol, runner_fp32, references, runner):
+    """Issue 10 item 2 as filed: SmolLM2, 2 slots, no stop token, a greedy request beside one
+    with temperature=1e-40, seed=1 (dividing by it made the whole batch's probabilities NaN):
+    both get HF's greedy tokens."""
+    prompt, ref = references[1]
+    engine = BatchInferenceEngine(smol if runner == "hf" else runner_fp32, batch_size=2, stop_token=None)
+    handles = [engine.submit_request(prompt, 8), engine.submit_request(prompt, 8, temperature=1e-40, seed=1)]
+    engine.run()
+    for h in handles:
+        assert h.finish_reason == FinishReason.LENGTH and h.tokens[:len(ref)] == ref and len(h.tokens) == 8
+
+
+@pytest.mark.parametrize("runner", ["hf", "slotserve"])
+def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references, runner):
+    """A request whose activations turn NaN (its last prompt token's embedding row is NaN, on a
+    copy of the table so the tied LM head stays finite) ends with error and no tokens; its
+    neighbour in the same 2-slot batch gets HF's greedy tokens."""
+    poisoned = 100
+    (bad_prompt, _), (prompt, ref) = references[0], references[1]
+    assert poisoned not in prompt
+    if runner == "hf":
+        module = smol.model.get_input_embeddings()
+        saved = module.weight
+        module.weight = torch.nn.Parameter(saved.detach().clone(), requires_grad=False)
+        table, model = module.weight, smol
+    else:
+        module = runner_fp32.weights.embed
+        saved = module.table
+        module.table = table = saved.clone()
+        model = runner_fp32
+    try:
+        with torch.no_grad():
+            table[poisoned] = float("nan")
+        engine = BatchInferenceEngine(model, batch_size=2, stop_token=None)
+        bad, good = engine.submit_request(bad_prompt + [poisoned], 8), engine.submit_request(prompt, 8)
+        engine.run()
+    finally:
+        if runner == "hf":
+            module.weight = saved
+        else:
+            module.table = saved
+    assert bad.finish_reason == FinishReason.ERROR and bad.tokens == [] and "non-finite" in str(bad.error)
+    assert good.finish_reason == FinishReason.LENGTH and good.tokens[:len(ref)] == ref

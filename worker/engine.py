@@ -38,6 +38,7 @@ from worker.slots import SlotTable
 from worker.text import TextStream
 
 log = logging.getLogger(__name__)
+_ints_only = frozenset((int,)).issuperset  # every item of the iterable is an int (the usual step)
 
 
 class BatchInferenceEngine:
@@ -291,24 +292,39 @@ class BatchInferenceEngine:
         except Exception as exc:  # the model failing ends this batch, not the engine
             self._fail_batch(exc)
             return 0
-        finished = slots.append(tokens)
+        skipped = None
+        if self._slot_aware and not _ints_only(map(type, tokens)):  # (a C-level scan)
+            finished, skipped, failed = slots.append_some(tokens)
+            if failed:
+                with self._lock:
+                    for req, exc in failed:
+                        book.row_failed(req, exc)
+        else:
+            finished = slots.append(tokens)
         if slots.admitted:  # their first token: time to first token
             now = self._clock()
-            for req in slots.admitted:
-                req.first_token_s = now
-            slots.admitted.clear()
+            if skipped:  # no token yet (prefill goes on): stamped at their first one
+                for req in slots.admitted:
+                    if req not in skipped:
+                        req.first_token_s = now
+                slots.admitted[:] = [req for req in slots.admitted if req in skipped and req.slot is not None]
+            else:
+                for req in slots.admitted:
+                    req.first_token_s = now
+                slots.admitted.clear()
         if finished:
             with self._lock:  # final from here: a later cancel returns False
                 finished = book.commit(finished)
         if slots.streaming:
-            for req, exc in stream_tokens(slots.streaming):
+            streaming = slots.streaming if not skipped else [r for r in slots.streaming if r not in skipped]
+            for req, exc in stream_tokens(streaming):
                 with self._lock:
-                    self._book.stream_failed(req, exc)
+                    book.stream_failed(req, exc)
         if slots.text_streaming or slots.text_failed:
             self._stream_text(slots)
         if finished:
             self._finish(finished)
-        return len(tokens)
+        return len(tokens) if skipped is None else len(tokens) - len(skipped)
 
     # ---- helpers -----------------------------------------------------------
 

@@ -54,6 +54,7 @@ from protocol.messages import (
     ModelInfo, Register, Rejected, Text, Welcome,
 )
 from worker.engine import BatchInferenceEngine
+from worker.models.options import ModelOptions
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class WorkerConfig:
       makes both; see :mod:`protocol.curve`); set both to talk CURVE, or neither.
     - ``max_message_bytes``: larger frames from the broker are refused
       (ZeroMQ drops the connection past 4x this; the decoder refuses above it).
+    - ``model_options``: device, precision, runner, prefill chunk and threads
+      for a real model (:class:`~worker.models.options.ModelOptions`).
     """
 
     broker: str = DEFAULT_BROKER
@@ -105,6 +108,7 @@ class WorkerConfig:
     curve_secret_file: str | None = None
     curve_broker_key_file: str | None = None
     max_message_bytes: int = defaults.MAX_MESSAGE_BYTES
+    model_options: ModelOptions = ModelOptions()
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -129,6 +133,8 @@ class WorkerConfig:
             raise ValueError("CURVE needs both curve_secret_file and curve_broker_key_file, or neither")
         if type(self.max_message_bytes) is not int or self.max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be an int >= 1, got {self.max_message_bytes!r}")
+        if not isinstance(self.model_options, ModelOptions):
+            raise ValueError(f"model_options must be a ModelOptions, got {self.model_options!r}")
         if self.broker_liveness_s <= self.heartbeat_interval_s:
             raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
 
@@ -205,7 +211,7 @@ class WorkerProcess:
 
         name = self.config.model
         try:
-            model = load_model(name)
+            model = load_model(name, **self.config.model_options.as_kwargs())
         except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e

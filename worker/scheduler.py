@@ -165,6 +165,15 @@ class InFlight:
                 self.pending.append((req, FinishReason.ERROR, error))
         return error
 
+    def row_failed(self, req: Request, error: BaseException) -> None:
+        """The model failed for ``req`` alone (its batch row): it ends with ``"error"``, its
+        neighbours go on. ``error`` becomes a ModelError (its ``__cause__`` when wrapped)."""
+        if not isinstance(error, ModelError):
+            wrapped = ModelError(f"model failed for this request: {type(error).__name__}: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        self.stream_failed(req, error)
+
     def stream_failed(self, req: Request, error: Exception) -> None:
         """``on_token`` raised: ``req`` ends with ``"error"`` (now, if it just finished)."""
         if req.state is RUNNING:

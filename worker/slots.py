@@ -27,11 +27,13 @@ from __future__ import annotations
 from collections import deque
 
 from protocol.enums import FinishReason
+from worker.errors import ModelError
 from worker.models.base import GREEDY, SlotInput
 from worker.request import Request, RequestState
 
 _NO_TOKENS: list[int] = []  # what a free slot's SlotInput points at (drops the old sequence)
 _exhaust = deque(maxlen=0).extend  # runs an iterator at C speed, keeps nothing
+_NOBODY: frozenset = frozenset()  # append(): no request was skipped
 _RUNNING = RequestState.RUNNING
 _STOP, _LENGTH = FinishReason.STOP, FinishReason.LENGTH
 
@@ -204,8 +206,46 @@ class SlotTable:
         the engine to commit. A request whose text fails to decode is put in
         ``text_failed`` (the engine ends it with an error).
         """
-        reqs = self.reqs
         _exhaust(map(list.append, self.seqs, tokens))
+        return self._check(tokens, _NOBODY)
+
+    def append_some(self, tokens: list) -> tuple[list[Request], set[Request], list[tuple[Request, BaseException]]]:
+        """:meth:`append` for a batch where some entries carry no token (slot-aware models only).
+
+        ``tokens[i]`` is a token, None (no token this iteration: the model
+        has not finished the slot's prefill) or an exception (this slot's
+        computation failed). Returns ``(finished, skipped, failed)``:
+        ``skipped`` is every request that got no token (it is not checked for
+        termination and streams nothing), ``failed`` the ``(request, error)``
+        pairs for the engine to end with ``"error"``.
+
+        A None defers the request's ``max_tokens`` bucket by one iteration.
+        It is only valid before the request's first token in this slot (the
+        bucket of a request with no token yet is ``iteration - 1 +
+        to_generate``); later it is reported as a failure.
+        """
+        reqs, seqs, due, it = self.reqs, self.seqs, self._due, self.iteration
+        skipped: set[Request] = set()
+        failed: list[tuple[Request, BaseException]] = []
+        for i, tok in enumerate(tokens):
+            if tok is not None and not isinstance(tok, BaseException):
+                seqs[i].append(tok)
+                continue
+            req = reqs[i]
+            skipped.add(req)
+            if tok is None:
+                bucket = due.get(it - 1 + req.to_generate)
+                if bucket is not None and req in bucket:
+                    bucket.remove(req)
+                    due.setdefault(it + req.to_generate, []).append(req)
+                    continue
+                tok = ModelError("the model returned no token for a slot that had already produced tokens")
+            failed.append((req, tok))
+        return self._check(tokens, skipped), skipped, failed
+
+    def _check(self, tokens: list, skipped: set[Request] | frozenset) -> list[Request]:
+        """Termination checks after an append (see :meth:`append`); ``skipped`` got no token."""
+        reqs = self.reqs
         it = self.iteration
         self.iteration = it + 1
         finished: list[Request] = []
@@ -219,12 +259,16 @@ class SlotTable:
                     req.reason, req.stop_match = _STOP, tokens[i]
                     finished.append(req)
         for req in self._matching:
+            if skipped and req in skipped:
+                continue
             matched = req.matcher.feed(req.seq[-1])
             if matched is not None and req.reason is None and req.state is _RUNNING \
                     and req.num_generated >= req.params.min_tokens:
                 req.reason, req.stop_match = _STOP, matched
                 finished.append(req)
         for req in self._texting:
+            if skipped and req in skipped:
+                continue
             live = req.reason is None and req.state is _RUNNING and req.num_generated >= req.params.min_tokens
             try:
                 matched = req.detok.feed(req.seq[-1], live)
@@ -235,7 +279,7 @@ class SlotTable:
                 req.reason, req.stop_match = _STOP, matched
                 finished.append(req)
         for req in self._due.pop(it, ()):  # (RUNNING: still in its slot; FINISHED ones left)
-            if req.reason is None and req.state is _RUNNING:
+            if req.reason is None and req.state is _RUNNING and not (skipped and req in skipped):
                 req.reason = _LENGTH
                 finished.append(req)
         return finished

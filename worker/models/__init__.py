@@ -7,8 +7,11 @@ needs them, so ``import worker`` stays light.
 from __future__ import annotations
 
 from worker.models.base import SamplingParams, SlotInput, SlotModel, StatelessModel
+from worker.models.options import ModelOptions
 
-__all__ = ["SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
+__all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
+
+_RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "num_threads")
 
 
 def load_model(name: str, **options):
@@ -17,14 +20,70 @@ def load_model(name: str, **options):
     - ``"simulated"``: :class:`worker.SimulatedLLM` with ``options`` passed on.
     - anything else: a Hugging Face causal LM (alias ``smollm2-135m``, a local
       directory, a ``.gguf`` file, or a hub id where a hub is reachable);
-      needs the ``hf`` extra.
+      needs the ``hf`` extra. Options: those of :class:`ModelOptions`
+      (``device``, ``precision``, ``runner``, ``max_prefill_tokens``,
+      ``num_threads``) and ``max_cache_len`` (tokens per slot). A Llama-family
+      model runs on slotserve's own runner (:mod:`worker.models.llama`)
+      unless ``runner="hf"``; other architectures on the transformers forward
+      (:mod:`worker.models.hf`, fp32 or bf16 on CPU), which with
+      ``runner="hf"`` also takes :func:`~worker.models.hf.load_hf_model`'s options.
 
-    Raises ``ValueError`` for a name that cannot be resolved.
+    Raises ``ValueError`` for a name that cannot be resolved or options that
+    do not apply (e.g. ``precision="int8"`` for a model only the HF runner runs).
     """
     if name == "simulated":
+        given = {k: options.pop(k) for k in _RUNNER_OPTIONS if k in options}
+        if not ModelOptions(**given).is_default:
+            changed = sorted(k for k, v in given.items() if v != getattr(ModelOptions(), k))
+            raise ValueError(f"options {changed} apply to real models, not 'simulated'")
         from worker.models.simulated import SimulatedLLM
 
         return SimulatedLLM(**options)
-    from worker.models.hf import load_hf_model
+    opts = ModelOptions(**{k: options.pop(k) for k in _RUNNER_OPTIONS if k in options})
+    device, precision = opts.resolve()
+    from worker.models import hf
 
-    return load_hf_model(name, **options)
+    hf.set_num_threads(opts.num_threads)
+    if opts.runner == "hf":
+        if device != "cpu" or precision not in ("fp32", "bf16"):
+            raise ValueError(f"runner hf runs fp32 or bf16 on CPU; got {precision} on {device}")
+        return hf.load_hf_model(name, dtype="float32" if precision == "fp32" else "bfloat16",
+                                max_prefill_tokens=opts.max_prefill_tokens, **options)
+    max_cache_len = options.pop("max_cache_len", None)
+    if options:
+        raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
+    model, codec = hf.load_pretrained(name)
+    from worker.models import llama
+
+    reason = llama.supports(model.config)
+    if reason is None:
+        runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
+                               max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec))
+        del model  # the runner holds its own copy; the HF module's memory goes back now
+        _return_freed_memory()
+        return runner
+    if opts.runner == "slotserve":
+        raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
+    if device != "cpu" or precision not in ("fp32", "bf16"):
+        raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
+                         f"got {precision} on {device}")
+    if precision == "bf16":
+        model = model.to(dtype=__import__("torch").bfloat16)
+    return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
+
+
+def _return_freed_memory() -> None:
+    """Collect garbage, then ask glibc to hand freed heap pages back to the OS (``malloc_trim``).
+
+    Without it the HF module's freed tensors stay in the process (glibc raises
+    its mmap threshold after large frees and keeps such blocks on its heap), so
+    the worker's RSS would not fall after the copy. A no-op where glibc is absent.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

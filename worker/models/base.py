@@ -20,6 +20,23 @@ assigned shows up in ``step`` with tokens the model has not seen (the model
 prefills them); afterwards each call carries exactly one new token per slot
 (the one the model returned last time), which the model decodes.
 
+``step`` returns one entry per slot, same order. Besides a token id, an
+entry may be:
+
+- ``None``: no token this iteration -- the slot's prompt is not fully
+  prefilled yet (chunked prefill: a long prompt is processed over several
+  iterations so the other slots keep decoding). The engine appends nothing,
+  checks no termination and streams nothing for that slot, and calls ``step``
+  again with the same tokens. Only valid before the slot's first token;
+  afterwards the engine ends that request with a ModelError.
+- an exception instance: this slot's computation failed (e.g. its logits
+  are NaN). The engine ends that request alone with ``finish_reason="error"``
+  (the exception, wrapped in a ModelError, is its error); the other slots
+  go on. Raising from ``step`` instead fails every slot of the batch.
+
+The engine tells these apart with one scan of the entries' types, so a
+step that returns only ints costs nothing extra.
+
 Optional attributes on either kind, read once by the engine:
 
 - ``vocab_size: int`` -- token ids must lie in ``[0, vocab_size)``.
@@ -65,8 +82,9 @@ class SlotModel(Protocol):
 
     def bind_slots(self, num_slots: int) -> None: ...
 
-    def step(self, batch: Sequence[SlotInput]) -> list[int]:
-        """Return the next token for every entry of ``batch``, same order."""
+    def step(self, batch: Sequence[SlotInput]) -> list[int | None | BaseException]:
+        """Return the next token for every entry of ``batch``, same order (or None / an
+        exception for an entry, see the module docstring)."""
         ...
 
     def release_slot(self, slot: int) -> None: ...

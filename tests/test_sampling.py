@@ -1,0 +1,75 @@
+"""The shared sampler (worker/models/sampling.py): filters, seeds, and per-row containment."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from protocol.request import GREEDY_BELOW  # noqa: E402
+from worker.errors import ModelError  # noqa: E402
+from worker.models.base import SamplingParams  # noqa: E402
+from worker.models.sampling import Sampler, mix_seed, uniform  # noqa: E402
+
+GREEDY = SamplingParams()
+NAN, INF = float("nan"), float("inf")
+
+
+def test_each_kind_of_non_finite_row_fails_alone():
+    logits = torch.tensor([[1.0, NAN, 3.0], [1.0, 2.0, INF], [-INF, -INF, -INF], [0.0, -INF, 1.0], [5.0, 1.0, 0.0]])
+    hot = SamplingParams(temperature=0.7, seed=1)
+    for params in ([GREEDY] * 5, [hot] * 5):
+        out = Sampler().pick(logits, params, [0] * 5)
+        assert [isinstance(t, ModelError) for t in out] == [True, True, True, False, False]
+        assert out[3] == 2 or params[0] is hot  # -inf entries are fine: never drawn
+        assert out[3] != 1 and out[4] in (0, 1, 2)
+
+
+def test_failed_rows_reported_by_the_model_fail():
+    out = Sampler().pick(torch.zeros(3, 4), [GREEDY] * 3, [0] * 3, failed=torch.tensor([False, True, False]))
+    assert isinstance(out[1], ModelError) and out[0] == out[2] == 0
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, GREEDY_BELOW / 2])
+def test_tiny_temperatures_are_greedy(temperature):
+    assert SamplingParams(temperature=temperature).greedy and not SamplingParams(temperature=GREEDY_BELOW).greedy
+    logits = torch.randn(4, 500) * 30
+    params = [SamplingParams(temperature=temperature, seed=s) for s in range(4)]
+    assert Sampler().pick(logits, params, [9] * 4) == logits.argmax(-1).tolist()
+
+
+def test_extreme_values_give_valid_tokens():
+    logits = torch.randn(4, 300) * 1e30  # huge but finite logits
+    params = [SamplingParams(temperature=1e30, seed=1), SamplingParams(temperature=1e-4, seed=2),
+              SamplingParams(temperature=1.0, top_k=10**9, seed=3), SamplingParams(temperature=5.0, top_p=1e-12)]
+    out = Sampler().pick(logits, params, [0] * 4)
+    assert all(isinstance(t, int) and 0 <= t < 300 for t in out)
+    assert out[3] == int(logits[3].argmax())  # top_p keeps the most likely token only
+
+
+def test_top_k_and_top_p_keep_the_right_sets():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    seen_k, seen_p = set(), set()
+    for seed in range(300):
+        seen_k.add(Sampler().pick(logits, [SamplingParams(temperature=1.0, top_k=2, seed=seed)], [0])[0])
+        seen_p.add(Sampler().pick(logits, [SamplingParams(temperature=1.0, top_p=0.7, seed=seed)], [0])[0])
+    assert seen_k == {0, 1}
+    assert seen_p == {0, 1}  # 0.5 < 0.7, 0.5 + 0.3 reaches it
+
+
+def test_draws_follow_the_distribution():
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    logits = probs.log()[None].expand(2000, 4)
+    params = [SamplingParams(temperature=1.0, seed=s) for s in range(2000)]
+    counts = torch.bincount(torch.tensor(Sampler().pick(logits, params, [0] * 2000)), minlength=4).float() / 2000
+    assert torch.allclose(counts, probs, atol=0.04)  # ~4 standard deviations at n = 2000
+
+
+def test_seeded_draws_depend_on_seed_and_position_only():
+    assert len({mix_seed(s, p) for s in range(20) for p in range(50)}) == 1000
+    assert all(0.0 <= uniform(s, p) < 1.0 for s in (0, 1, 2**63 - 1, 2**64 - 1) for p in (0, 10**6))
+    logits = torch.zeros(3, 1000)
+    params = [SamplingParams(temperature=1.0, seed=9)] * 3
+    a = Sampler().pick(logits, params, [5, 6, 5])
+    b = Sampler().pick(logits[:1], params[:1], [5])
+    assert a[0] == a[2] == b[0] and a[0] != a[1]

@@ -1,0 +1,71 @@
+"""slotserve's own runner for Llama-family models (in the style of gpt-fast and nano-vllm).
+
+- :mod:`~worker.models.llama.linear`: linear layers per precision (fp32,
+  bf16, weight-only int8/int4) on torch's own kernels.
+- :mod:`~worker.models.llama.model`: weights in slotserve's fused layout
+  and the forward pass over one iteration's step plan.
+- :mod:`~worker.models.llama.cache`: the static per-slot KV cache.
+- :mod:`~worker.models.llama.runner`: :class:`LlamaRunner`, the
+  :class:`~worker.models.base.SlotModel` the engine drives (chunked prefill,
+  decode over per-row lengths, sampling).
+- :mod:`~worker.models.llama.cuda_graphs`: the CUDA decode step, replayed
+  from graphs captured at fixed batch sizes.
+
+Weights come from a transformers ``LlamaForCausalLM`` (whatever
+:mod:`worker.models.hf` loads: a GGUF file or a ``save_pretrained``
+directory); :func:`from_hf` copies them into the runner's tensors, after
+which the caller drops the HF module (its memory is returned).
+"""
+
+from __future__ import annotations
+
+from worker.models.llama.runner import LlamaRunner
+
+__all__ = ["LlamaRunner", "from_hf", "supports"]
+
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed, independent of sequence length
+
+
+def supports(config) -> str | None:
+    """None when this runner reproduces the model exactly; else why not (a short reason)."""
+    if getattr(config, "model_type", None) != "llama":
+        return f"architecture {getattr(config, 'model_type', None)!r} is not llama"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if config.hidden_act != "silu":
+        return f"activation {config.hidden_act!r} is not silu"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in _STATIC_ROPE:
+        return f"RoPE type {rope_type!r} (its frequencies change with the sequence length)"
+    return None
+
+
+def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp32", max_cache_len: int | None = None,
+            max_prefill_tokens: int = 512, eos_token_ids: tuple[int, ...] = ()) -> LlamaRunner:
+    """A :class:`LlamaRunner` holding a copy of ``model``'s weights (a transformers ``LlamaForCausalLM``).
+
+    - ``tokenizer``: an :class:`~worker.models.hf_text.HFTextCodec` or None (token ids only).
+    - ``device``: ``"cpu"`` or ``"cuda"``; ``precision``: ``"fp32"``, ``"bf16"``,
+      ``"int8"``, ``"int4"`` (the last two on CPU).
+    - ``max_cache_len``: tokens per slot (default: the model's context; on
+      CUDA at most 4096, since the cache is allocated whole there).
+
+    Raises ValueError when :func:`supports` says no, or for bad options.
+    """
+    reason = supports(model.config)
+    if reason is not None:
+        raise ValueError(f"the slotserve runner cannot run this model: {reason}; use runner='hf'")
+    from worker.models.hf import context_length
+    from worker.models.llama.model import LlamaWeights
+
+    context = context_length(model.config)
+    if max_cache_len is None:
+        max_cache_len = context if device == "cpu" else min(context, 4096)
+    if type(max_cache_len) is not int or not 2 <= max_cache_len:
+        raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
+    weights = LlamaWeights(model, precision, device, min(context, max_cache_len))
+    return LlamaRunner(weights, tokenizer=tokenizer, eos_token_ids=eos_token_ids,
+                       max_prefill_tokens=max_prefill_tokens)

@@ -1,0 +1,84 @@
+"""The runner's static per-slot KV cache.
+
+Two tensors, keys and values, each ``[layers, rows, kv_heads, capacity,
+head_dim]``: row ``r`` belongs to one slot's request, position ``p`` along
+the fourth axis is its token at sequence position ``p``. ``lengths[r]`` is
+how many positions of row ``r`` hold its keys; everything at or past it is
+stale (an earlier occupant's, or padding) and is never attended to.
+Non-finite values never enter (the forward replaces them with 0 before the
+write), so stale data is always finite and a masked position contributes
+exactly 0.
+
+Scratch position: the last position, ``capacity - 1``, never holds a real
+key. Padding queries of a decode step (rows in ``0..n_decode-1`` that are
+not decoding) write there. This holds because :meth:`SlotCache.reserve`
+keeps ``capacity`` above every row's length (one spare position), and at
+the final capacity ``max_len`` a real key at ``max_len - 1`` would belong to
+the token that completes a ``max_len``-token sequence, which the model never
+reads.
+
+Memory follows the longest live sequence: ``capacity`` grows in steps of
+``capacity_step`` positions up to ``max_len`` (one copy per growth). With
+``capacity_step=None`` (CUDA, where captured graphs hold the tensors) the
+cache is allocated at ``max_len`` once. Bytes:
+``2 * layers * rows * kv_heads * capacity * head_dim * itemsize``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotCache:
+    """Per-row KV cache (see module docstring)."""
+
+    def __init__(self, *, layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: str, capacity_step: int | None = 256) -> None:
+        if min(layers, rows, kv_heads, head_dim) < 1 or max_len < 2:
+            raise ValueError("SlotCache sizes must be >= 1 (max_len >= 2)")
+        self.layers, self.rows, self.kv_heads, self.head_dim = layers, rows, kv_heads, head_dim
+        self.max_len, self.dtype, self.device, self.capacity_step = max_len, dtype, device, capacity_step
+        self.lengths = [0] * rows
+        self.capacity = 0
+        self.keys = self.values = torch.empty(0)
+        self._grow(max_len if capacity_step is None else min(capacity_step, max_len))
+
+    @property
+    def scratch(self) -> int:
+        """The position padding writes go to (``capacity - 1``)."""
+        return self.capacity - 1
+
+    def reserve(self, longest: int) -> None:
+        """Make room for rows of up to ``longest`` positions plus the scratch position.
+
+        Raises ValueError past ``max_len - 1`` positions.
+        """
+        if longest > self.max_len - 1:
+            raise ValueError(f"a sequence of {longest + 1} tokens exceeds the model's limit of "
+                             f"{self.max_len} tokens; shorten the prompt or max_tokens")
+        if longest + 1 > self.capacity:
+            step = self.capacity_step or self.max_len
+            self._grow(min(self.max_len, -(-(longest + 1) // step) * step))
+
+    def clear(self, row: int) -> None:
+        """Forget row ``row`` (its data stays, never read, until overwritten)."""
+        self.lengths[row] = 0
+
+    def zero_row(self, row: int) -> None:
+        """Overwrite row ``row`` with zeros (for tests and recovery; not needed for correctness)."""
+        self.keys[:, row].zero_()
+        self.values[:, row].zero_()
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def _grow(self, capacity: int) -> None:
+        shape = (self.layers, self.rows, self.kv_heads, capacity, self.head_dim)
+        # zeros, not empty: masked positions are still multiplied by 0 weights, and 0 * NaN is NaN
+        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.capacity:
+            keys[:, :, :, : self.capacity].copy_(self.keys)
+            values[:, :, :, : self.capacity].copy_(self.values)
+        self.keys, self.values, self.capacity = keys, values, capacity

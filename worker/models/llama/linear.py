@@ -1,0 +1,224 @@
+"""Linear layers at each precision, on torch's own kernels.
+
+Every kind takes activations ``x [M, K]`` in the runner's activation dtype
+and returns ``[M, N]`` in the same dtype; what differs is how the weight is
+stored and which kernel multiplies it:
+
+- :class:`PackedLinear` -- fp32 weight reordered once for oneDNN (CPU).
+- :class:`DenseLinear` -- fp32 or bf16 weight, ``torch.nn.functional.linear``
+  (bf16 on CPU; cuBLAS on CUDA).
+- :class:`Int8Linear` -- weight-only int8, one scale per output row
+  (symmetric, ``scale = max|w| / 127``), ``torch.ops.aten._weight_int8pack_mm``.
+- :class:`Int4Linear` -- weight-only int4 in groups of 32 input columns with a
+  scale and a zero per group (asymmetric min/max, as in gpt-fast's
+  ``group_quantize_tensor`` and llama.cpp's Q4_1), packed by
+  ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` and multiplied by
+  ``torch.ops.aten._weight_int4pack_mm_for_cpu``.
+
+The weight-only kernels take bf16 activations (their fp32 CPU paths are not
+vectorised: tens of times slower, measured), so ``x`` is rounded to bf16 on
+the way in. They are small-batch kernels: their cost grows almost linearly
+with the rows, so above :data:`QUANT_ROWS` rows (a prefill) the quantised
+kinds dequantise the very same weights to fp32 and use the dense kernel.
+
+Measured on a 2-core Ice Lake Xeon (avx512_vnni, no avx512_bf16), one thread,
+the 30 layers of SmolLM2-135M (ms; 1 / 8 / 32 / 256 rows): fp32 ``F.linear``
+40 / 90 / 125 / 417, fp32 oneDNN prepacked 48 / 55 / 89 / 446, bf16
+``F.linear`` 35 / 118 / 281 / -, int8 weight-only 23 / 46 / 124 / 993, int4
+weight-only 11 / 30 / 110 / 825. (An int8 x int8 product with per-row
+activation scales, ``torch._int_mm``, was faster from 8 rows on -- 33 / 47 /
+245 ms -- but agreed with fp32 greedy on 1 of 8 HumanEval prompts against 3
+for weight-only int8, so it is not used.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+QUANT_ROWS = 64
+"""Rows up to which the int8/int4 kernels run; above, the weight is dequantised for the dense kernel."""
+
+INT4_GROUP = 32
+"""Input columns per int4 scale/zero group (llama.cpp's Q4_0/Q4_1 block size)."""
+
+
+class DenseLinear:
+    """``y = x @ W.T (+ b)`` with ``W`` stored in ``weight.dtype`` (fp32 or bf16)."""
+
+    __slots__ = ("weight", "bias", "out_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.contiguous()
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dtype == w.dtype:
+            return F.linear(x, w, self.bias)
+        return F.linear(x.to(w.dtype), w, self.bias).to(x.dtype)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)`` (one ``addmm`` when dtypes allow: the residual add is fused)."""
+        w = self.weight
+        if x.dtype == w.dtype and self.bias is None and x.dim() == 2:
+            return torch.addmm(residual, x, w.t())
+        return residual + self(x)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class PackedLinear:
+    """fp32 ``y = x @ W.T (+ b)`` on oneDNN with the weight reordered once into its blocked layout.
+
+    At 8 rows the 30 layers' products take 55 ms against 90 ms for MKL's
+    ``F.linear`` (which repacks the weight on every call), the 49152-row LM
+    head 16 ms against 39 ms; at 256 rows (prefill) 446 ms against 417 ms
+    (see the module docstring). The packed weight serves any number of rows.
+    ``add`` fuses the residual add (oneDNN's binary post-op).
+    """
+
+    __slots__ = ("weight", "bias", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows_hint: int = 8) -> None:
+        w = weight.to(torch.float32).contiguous()
+        self.out_features, self.in_features = w.shape
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
+        self.bias = None if bias is None else bias.to(torch.float32, copy=True)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, residual, self.weight, self.bias, "add")
+
+    @property
+    def nbytes(self) -> int:
+        return self.out_features * self.in_features * 4
+
+
+class _Quantised:
+    """Shared by the int kinds: the kernel for few rows, the dequantised weight for many."""
+
+    __slots__ = ()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > QUANT_ROWS:
+            y = F.linear(x.float(), self.dequantize())
+        else:
+            y = self._kernel(x.to(torch.bfloat16))
+            if y.shape[1] != self.out_features:
+                y = y[:, : self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+
+class Int8Linear(_Quantised):
+    """Weight-only int8: ``W ~= q * scale[:, None]``, ``q`` int8 ``[N, K]``, one scale per output row."""
+
+    __slots__ = ("qweight", "scales", "bias", "out_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.float()
+        # the kernel takes bf16 scales: round up to bf16 first, then quantise against that scale
+        scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0 * (1 + 2 ** -7)).to(torch.bfloat16)
+        self.qweight = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scales = scale
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, as fp32 ``[N, K]``."""
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 2
+
+
+class Int4Linear(_Quantised):
+    """Weight-only int4 in groups of :data:`INT4_GROUP` input columns (scale and zero per group).
+
+    Dequantised weight: ``W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n]``
+    with ``g = k // 32`` and ``q`` in 0..15 (the formula of torch's
+    ``_weight_int4pack_mm`` kernels). Needs ``K % 32 == 0``. The scale is
+    ``(max - min) / 15`` of the group, so weights that came from a 4-bit
+    format with 32-column blocks (llama.cpp's Q4_1, as in the SmolLM2 GGUF)
+    get their own codes back. The codes are also kept in a plain layout (two
+    per byte), to dequantise exactly these weights for many-row products.
+    """
+
+    __slots__ = ("packed", "scales_zeros", "codes", "scale", "offset", "bias", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        n, k = weight.shape
+        if k % INT4_GROUP:
+            raise ValueError(f"int4 needs in_features % {INT4_GROUP} == 0, got {k}")
+        rows = -(-n // 16) * 16  # the packing kernel wants N % 16 == 0: zero rows, sliced off after
+        w = torch.zeros(rows, k)
+        w[:n] = weight
+        groups = w.reshape(rows, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+        # the kernel takes bf16 scales and zeros: round them first, then quantise against them
+        scale = ((hi - lo).clamp(min=1e-6) / 15.0).to(torch.bfloat16).float()
+        zero = (lo + 8.0 * scale).to(torch.bfloat16).float()
+        q = torch.round((groups - zero) / scale + 8.0).clamp_(0, 15)
+        # [K / group, N, 2]: (scale, zero) per group and output row, the kernel's layout
+        self.scales_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).reshape(rows, k).contiguous(), 1)
+        codes = q[:n].to(torch.uint8).reshape(n, k)
+        self.codes = codes[:, 0::2] | (codes[:, 1::2] << 4)  # two codes per byte, [N, K / 2]
+        self.scale, self.offset = scale[:n], (zero - 8.0 * scale)[:n]
+        self.bias = bias
+        self.out_features, self.in_features = n, k
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scales_zeros)
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """The 4-bit codes, one per byte, ``[N, K // 32, 32]``."""
+        c = self.codes
+        return torch.stack((c & 15, c >> 4), dim=-1).reshape(self.out_features, -1, INT4_GROUP)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, as fp32 ``[N, K]``."""
+        return torch.addcmul(self.offset, self.unpacked_codes().float(), self.scale).reshape(
+            self.out_features, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+                + self.codes.numel() + 8 * self.scale.numel())
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, device: str):
+    """The linear kind for ``precision`` holding ``weight`` ``[N, K]`` (any float dtype) on ``device``.
+
+    Raises ValueError for int8/int4 off the CPU or an unknown precision.
+    """
+    if precision == "fp32" and device == "cpu" and torch.backends.mkldnn.is_available():
+        return PackedLinear(weight, bias)
+    if precision in ("fp32", "bf16"):
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        return DenseLinear(weight.to(device=device, dtype=dtype, copy=True),
+                           None if bias is None else bias.to(device=device, dtype=dtype, copy=True))
+    if device != "cpu":
+        raise ValueError(f"precision {precision} runs on CPU only; on CUDA use bf16")
+    if bias is not None:
+        bias = bias.to(device=device, dtype=torch.float32, copy=True)  # added to the fp32 output
+    if precision == "int8":
+        return Int8Linear(weight, bias)
+    if precision == "int4":
+        return Int4Linear(weight, bias)
+    raise ValueError(f"unknown precision {precision!r}")

@@ -1,0 +1,231 @@
+"""LlamaRunner: slotserve's own Llama-family model runner (a :class:`~worker.models.base.SlotModel`).
+
+Per iteration (:meth:`LlamaRunner.step`):
+
+1. Sort the batch: a slot with exactly one token the cache has not seen
+   decodes; a slot with more (a new prompt, or the rest of a long one) is a
+   prefill candidate.
+2. Chunked prefill: candidates get prompt tokens in batch order, prompts
+   already started first, up to ``max_prefill_tokens`` per iteration; the
+   one that does not fit gets a chunk and the rest wait. A slot whose prompt
+   is not finished this iteration returns None (no token; see
+   :mod:`worker.models.base`), so the decoding slots never wait for more than
+   one chunk (as vLLM's and SGLang's chunked prefill).
+3. One forward for everything (:func:`worker.models.llama.model.forward`),
+   or on CUDA a prefill forward plus the decode step replayed from a CUDA
+   graph (:mod:`worker.models.llama.cuda_graphs`).
+4. One :class:`~worker.models.sampling.Sampler` call for all rows that need a
+   token (one host synchronisation).
+
+Slots map to cache rows lowest-free-first, so the decoding rows stay packed
+at the bottom of the cache and the decode attention reads a view of rows
+``0..n-1``; a row in that range that is not decoding is padding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from worker.models.base import SlotInput
+from worker.models.llama.cache import SlotCache
+from worker.models.llama.model import LlamaWeights, StepPlan, forward
+from worker.models.rows import SlotRows
+from worker.models.sampling import Sampler, to_device
+
+
+class LlamaRunner:
+    """A Llama-family causal LM run by slotserve (see module docstring).
+
+    Attributes read by the engine: ``vocab_size``, ``max_seq_len``,
+    ``eos_token_ids``, ``tokenizer``. Also ``device``, ``precision``,
+    ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
+    :meth:`bind_slots`), ``max_prefill_tokens``.
+    """
+
+    def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
+                 max_prefill_tokens: int = 512, capacity_step: int | None = 256) -> None:
+        self.weights = weights
+        self.device, self.precision = weights.device, weights.precision
+        self.vocab_size = weights.shape.vocab
+        self.max_seq_len = weights.shape.context
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.tokenizer = tokenizer
+        self.max_prefill_tokens = max_prefill_tokens
+        self._capacity_step = capacity_step
+        self._sampler = Sampler()
+        self.kv_cache: SlotCache | None = None
+        self._rows = SlotRows()
+        self._graphs = None
+
+    # -- SlotModel ---------------------------------------------------------
+
+    def bind_slots(self, num_slots: int) -> None:
+        """Allocate the KV cache for ``num_slots`` slots (and capture CUDA graphs on CUDA)."""
+        s = self.weights.shape
+        self.kv_cache = SlotCache(
+            layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
+            dtype=self.weights.act_dtype, device=self.device,
+            capacity_step=None if self.device != "cpu" else self._capacity_step)
+        self._rows = SlotRows(num_slots)
+        # per cache row: a token of its request went non-finite (see model.forward)
+        self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
+        if self.device == "cuda":
+            from worker.models.llama.cuda_graphs import DecodeGraphs
+
+            self._graphs = DecodeGraphs(self.weights, self.kv_cache)
+
+    def release_slot(self, slot: int) -> None:
+        """Free the slot's cache row."""
+        row = self._rows.release(slot)
+        if row is not None:
+            self.kv_cache.clear(row)
+            self._failed[row] = 0
+
+    def step(self, batch: Sequence[SlotInput]) -> list:
+        """Next token per entry of ``batch``: an int, None (prompt not finished) or a ModelError.
+
+        Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
+        before :meth:`bind_slots`.
+        """
+        with torch.inference_mode():
+            logits, out_index = self.forward_batch(batch)
+            out: list = [None] * len(batch)
+            if out_index:
+                params = [batch[i].sampling for i in out_index]
+                positions = [len(batch[i].tokens) for i in out_index]
+                rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
+                failed = self._failed.index_select(0, rows) > 0
+                for i, tok in zip(out_index, self._sampler.pick(logits, params, positions, failed)):
+                    out[i] = tok
+        return out
+
+    def forward_batch(self, batch: Sequence[SlotInput]) -> tuple[torch.Tensor | None, list[int]]:
+        """The model part of :meth:`step`: ``(logits [n, vocab] fp32, batch index of each row)``.
+
+        Rows come for the entries that get a token this iteration; None when
+        none does. Advances the cache like :meth:`step` (for tests and benchmarks).
+        """
+        cache = self.kv_cache
+        if cache is None:
+            raise RuntimeError("bind_slots() must be called before step()")
+        decode, candidates = {}, []
+        for i, item in enumerate(batch):
+            row = self._rows.row(item.slot)
+            cached = cache.lengths[row]
+            new = len(item.tokens) - cached
+            if cached == 0 or new < 1:  # a new occupant (or tokens the cache does not match)
+                cache.clear(row)
+                self._failed[row] = 0
+                cached, new = 0, len(item.tokens)
+            if new == 1:
+                decode[row] = i
+            else:
+                candidates.append((cached == 0, i, row, cached))
+        chunks = self._schedule(batch, sorted(candidates))
+        with torch.inference_mode():
+            return self._run(batch, decode, chunks)
+
+    # -- internals ---------------------------------------------------------
+
+    def _schedule(self, batch, candidates) -> list[tuple[int, int, int, int]]:
+        """``(batch index, row, start, count)`` prompt chunks for this iteration, within the token budget."""
+        budget, chunks = self.max_prefill_tokens, []
+        for _, i, row, start in candidates:  # already started (False) sort first
+            if budget <= 0:
+                break
+            count = min(len(batch[i].tokens) - start, budget)
+            chunks.append((i, row, start, count))
+            budget -= count
+        return chunks
+
+    def _run(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor | None, list[int]]:
+        """Build the step plan(s), run them; return logits and the batch index of each logits row."""
+        cache = self.kv_cache
+        longest = max([cache.lengths[r] + 1 for r in decode] + [start + count for _, _, start, count in chunks],
+                      default=0)
+        cache.reserve(longest)
+        if self._graphs is not None:  # CUDA: prefill eagerly, decode from a graph
+            parts = []
+            if chunks:
+                parts.append(self._forward(batch, {}, chunks))
+            if decode:
+                logits, index, failed, rows = self._graphs.run(batch, decode, cache)
+                self._note_failed(rows, failed)
+                parts.append((logits, index))
+            logits = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0] if parts else None
+            return logits, [i for p in parts for i in p[1]]
+        if not decode and not chunks:
+            return None, []
+        return self._forward(batch, decode, chunks)
+
+    def _forward(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor, list[int]]:
+        cache = self.kv_cache
+        ids, positions, write_pos, lengths, out_rows, out_index = decode_inputs(batch, decode, cache)
+        n_decode = len(ids)
+        rows = list(range(n_decode))
+        prefill = []
+        for i, row, start, count in chunks:
+            offset = len(ids)
+            ids.extend(batch[i].tokens[start:start + count])
+            span = range(start, start + count)
+            positions.extend(span), write_pos.extend(span)
+            rows.extend([row] * count)
+            prefill.append((offset, count, row, start))
+            cache.lengths[row] = start + count
+            if start + count == len(batch[i].tokens):  # prompt done: its last token gives the first output
+                out_rows.append(offset + count - 1), out_index.append(i)
+        device = self.device
+        plan = StepPlan(
+            ids=to_device(ids, torch.long, device),
+            positions=to_device(positions, torch.long, device),
+            write_rows=to_device(rows, torch.long, device),
+            write_pos=to_device(write_pos, torch.long, device), n_decode=n_decode,
+            lengths=to_device(lengths, torch.long, device) if n_decode else None,
+            window=max(lengths, default=0), prefill=prefill,
+            logits_at=to_device(out_rows, torch.long, device),
+        )
+        with _attention_kernels(device):
+            logits, failed = forward(self.weights, cache.keys, cache.values, plan)
+        self._note_failed(plan.write_rows, failed)
+        return logits, out_index
+
+    def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
+        """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
+        self._failed.index_add_(0, rows, failed.to(torch.int32))
+
+
+def decode_inputs(batch, decode: dict[int, int], cache: SlotCache):
+    """Host lists for the decode rows ``0..max(decode)``; advances ``cache.lengths``.
+
+    Returns ``(ids, positions, write_pos, lengths, out_rows, out_index)``: per
+    cache row its token, position, where its key/value goes and how many keys
+    it sees; rows not in ``decode`` (free or prefilling) are padding (token 0,
+    the scratch position, one key). ``out_rows[j]`` is the row giving batch
+    entry ``out_index[j]`` its token.
+    """
+    ids, positions, write_pos, lengths, out_rows, out_index = [], [], [], [], [], []
+    scratch = cache.scratch
+    for row in range(max(decode) + 1 if decode else 0):
+        i = decode.get(row)
+        if i is None:
+            ids.append(0), positions.append(0), write_pos.append(scratch), lengths.append(1)
+        else:
+            pos = cache.lengths[row]
+            ids.append(batch[i].tokens[pos]), positions.append(pos), write_pos.append(pos)
+            lengths.append(pos + 1)
+            cache.lengths[row] = pos + 1
+            out_rows.append(row), out_index.append(i)
+    return ids, positions, write_pos, lengths, out_rows, out_index
+
+
+def _attention_kernels(device: str):
+    """On CUDA, SDPA may use flash or memory-efficient attention (or math), never cuDNN,
+    whose plans are rebuilt for every new shape (issue 8: 2.1 ms of CPU per call)."""
+    if device == "cpu":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -1,0 +1,82 @@
+"""How a real model is run: device, precision, runner, prefill chunk, threads.
+
+One frozen, validated dataclass (:class:`ModelOptions`) travels from the CLI
+(``--device``, ``--precision``, ``--runner``, ``--max-prefill-tokens``,
+``--threads``) through :class:`worker.process.WorkerConfig` to
+:func:`worker.models.load_model`. Importing this module does not import
+torch; :meth:`ModelOptions.resolve` does, to see whether CUDA is there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
+RUNNERS = ("auto", "slotserve", "hf")
+
+DEFAULT_MAX_PREFILL_TOKENS = 512
+"""Prompt tokens per iteration: a longer prompt is prefilled in chunks of this size,
+so the other slots' decode steps wait at most one chunk (vLLM's and SGLang's chunked prefill)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """Options for loading a real model (ignored by ``simulated``, which refuses non-defaults).
+
+    - ``device``: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when torch sees a GPU).
+    - ``precision``: ``"fp32"`` (exact: greedy equals transformers' ``generate``),
+      ``"bf16"``, ``"int8"`` / ``"int4"`` (weight-only, torch's own kernels), or
+      ``"auto"`` (fp32 on CPU, bf16 on CUDA). int8/int4 need the slotserve runner.
+    - ``runner``: ``"slotserve"`` (its own Llama-family runner), ``"hf"``
+      (the transformers forward: any architecture, the numerical reference)
+      or ``"auto"`` (slotserve for Llama-family models, hf otherwise).
+    - ``max_prefill_tokens``: prompt tokens per iteration (int >= 16).
+    - ``num_threads``: torch CPU threads for the process (None: torch's default).
+
+    Raises ValueError for a value outside these sets.
+    """
+
+    device: str = "auto"
+    precision: str = "auto"
+    runner: str = "auto"
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if type(self.max_prefill_tokens) is not int or self.max_prefill_tokens < 16:
+            raise ValueError(f"max_prefill_tokens must be an int >= 16, got {self.max_prefill_tokens!r}")
+        if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
+            raise ValueError(f"num_threads must be None or an int >= 1, got {self.num_threads!r}")
+        if self.runner == "hf" and self.precision in ("int8", "int4"):
+            raise ValueError(f"precision {self.precision} needs the slotserve runner (Llama family), not runner=hf")
+
+    @property
+    def is_default(self) -> bool:
+        return self == ModelOptions()
+
+    def as_kwargs(self) -> dict:
+        """The options as keyword arguments of :func:`worker.models.load_model`."""
+        return asdict(self)
+
+    def resolve(self) -> tuple[str, str]:
+        """``(device, precision)`` with ``auto`` decided: CUDA if available; fp32 on CPU, bf16 on CUDA.
+
+        Raises ValueError for ``device="cuda"`` when torch sees no GPU.
+        """
+        import torch
+
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda: torch sees no CUDA GPU (a CPU build of torch, or no driver); "
+                             "use --device cpu")
+        precision = self.precision
+        if precision == "auto":
+            precision = "bf16" if device == "cuda" else "fp32"
+        return device, precision
