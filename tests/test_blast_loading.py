@@ -139,16 +139,19 @@ def test_a_loader_that_gives_up_fails_the_requests_waiting_for_it():
 
 def test_client_without_model_uses_the_only_one_and_names_them_when_several():
     Loader = gated_loader()
-    with ThreadCluster(register_grace_s=0.0) as cl:
+    with ThreadCluster(register_grace_s=0.0) as cl, Client(cl.frontend, model="big") as watch:
         start_loader(cl, Loader)
         try:
+            wait_until(lambda: loading(watch, "big") == 1, 10, "the broker to know the model is loading")
             with Client(cl.frontend) as c:
                 assert c.model == "big"  # the only model, though still loading
         finally:
             Loader.gate.set()
         cl.add_worker(model="other")
+        wait_until(lambda: sorted(m for m, s in watch.status().models.items() if s.workers) == ["big", "other"],
+                   10, "both models served")
         with Client(cl.frontend) as c:
-            wait_until(lambda: sorted(c.models) == ["big", "other"], 10, "both models served (pushed welcomes)")
+            assert sorted(c.models) == ["big", "other"]
             assert c.model is None
             with pytest.raises(ValueError, match="several models.*big, other"):
                 c.submit_request([1], 2)
