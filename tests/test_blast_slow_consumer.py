@@ -39,7 +39,7 @@ N, MAX_TOKENS = 3000, 8
 # results outgrow what the kernel's socket buffers absorb (about 3 MB on
 # loopback even with a small receive buffer) and the broker's bound is hit.
 CLIENT = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, time
     from client import Client
     calls = {}
     def ended(i):
@@ -48,8 +48,9 @@ CLIENT = textwrap.dedent("""
         c.wait_for_model(30)
         hs = [c.submit_request([i % 999 + 1, 2], MAX_TOKENS, callback=lambda seq, i=i: ended(i), stop_token=None,
                                request_id=f"{i:0200d}") for i in range(N)]
+        deadline = time.monotonic() + 60
         while c.status().counters["submitted"] < len(hs):
-            pass
+            assert time.monotonic() < deadline, "the broker never took every request"
         print("frozen", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
         c.run(timeout=60)
