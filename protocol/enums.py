@@ -41,7 +41,7 @@ class ErrorCode(str, enum.Enum):
     TOO_LARGE = "too_large"              # message over the size limit
     QUEUE_FULL = "queue_full"            # admission refused: the model's queue is at its bound
     DUPLICATE_REQUEST = "duplicate_request"
-    UNKNOWN_MODEL = "unknown_model"      # no worker has ever registered this model
+    UNKNOWN_MODEL = "unknown_model"      # no worker ever registered this model, nor is one loading it
     UNSUPPORTED = "unsupported"          # e.g. a text prompt for a model without a tokenizer
     WORKER_FAILED = "worker_failed"      # the request failed on too many workers in a row
     MODEL_ERROR = "model_error"          # the model raised while running the request
