@@ -257,14 +257,19 @@ class Generate:
         finally:
             watch.stop()
         self._raise_failure(call, body)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        opts = body.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
         env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
         call.streaming = True
-        return _EventStream(self._events(call, env, include_usage, body), lambda: self._end(call))
+        return _EventStream(self._events(call, env, include_usage, body, continuous), lambda: self._end(call))
 
-    async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling):
+    async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling,
+                      continuous: bool = False):
         """The SSE body: one chunk per choice with news, the usage chunk when
-        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``)."""
+        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``).
+        ``continuous`` (vLLM's ``continuous_usage_stats``, with ``include_usage``):
+        every chunk carries the usage so far (the tokens streamed up to and including it)."""
         first = {g.index for g in call.gens}
         pending = len(call.gens)
         while pending:
@@ -285,6 +290,7 @@ class Generate:
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.handle.stop_reason if d.finished else None
                 yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first, stop_reason)],
+                                usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                 with_usage=include_usage)
                 first.discard(g.index)
             if pending:

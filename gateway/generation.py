@@ -118,5 +118,10 @@ class Generation:
         return self.handle.prompt_tokens or 0
 
     @property
+    def streamed_tokens(self) -> int:
+        """Tokens handed out by :meth:`take` so far."""
+        return self._sent_tokens
+
+    @property
     def completion_tokens(self) -> int:
         return len(self.handle.tokens)

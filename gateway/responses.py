@@ -58,12 +58,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{_ID_PREFIX}{next(_ID_COUNTER):010x}"
 
 
-def usage(gens: list[Generation], prompts: int) -> dict:
+def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict:
     """``usage`` for ``gens`` (their prompts counted once: ``prompts`` distinct
-    prompts, each shared by ``len(gens) // prompts`` choices)."""
+    prompts, each shared by ``len(gens) // prompts`` choices). ``streamed``:
+    count the completion tokens already sent in stream chunks, not all generated."""
     per = max(1, len(gens) // max(1, prompts))
     prompt = sum(g.prompt_tokens for g in gens[::per])
-    completion = sum(g.completion_tokens for g in gens)
+    completion = sum(g.streamed_tokens if streamed else g.completion_tokens for g in gens)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

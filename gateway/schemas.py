@@ -49,7 +49,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None  # vLLM: usage on every chunk
+    continuous_usage_stats: bool | None = None  # vLLM's: with include_usage, the usage so far on every chunk
 
 
 class _Sampling(BaseModel):

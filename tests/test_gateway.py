@@ -95,6 +95,19 @@ def test_streamed_completion_equals_the_plain_one(oai):
     assert all(ch.usage is None for ch in chunks[:-1])
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(oai):
+    # vLLM's stream_options.continuous_usage_stats was accepted and silently ignored (usage: null)
+    prompt = [300, 301, 302]
+    chunks = list(oai.completions.create(model="simulated", prompt=prompt, max_tokens=9, n=2, stream=True,
+                                         stream_options={"include_usage": True, "continuous_usage_stats": True},
+                                         extra_body={"stop_token_ids": [], "ignore_eos": True}))
+    sent = 0
+    for ch in chunks[:-1]:
+        sent += sum(len(c.token_ids) for c in ch.choices)
+        assert (ch.usage.prompt_tokens, ch.usage.completion_tokens, ch.usage.total_tokens) == (3, sent, 3 + sent)
+    assert sent == 18 and chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 18
+
+
 def test_stop_sequences_of_token_ids(oai):
     prompt = [11, 12, 13]
     free, _ = simulated_reference(prompt, 30, stop_token=None)
