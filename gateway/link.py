@@ -125,9 +125,14 @@ class BrokerLink:
         return {} if st is None else {n: m.workers for n, m in st.models.items() if m.workers > 0}
 
     def model_info(self, model: str) -> ModelInfo | None:
-        """What the model's workers registered (vocabulary, context, EOS tokens), if known."""
-        c = self._clients.get(model) or (self._control if model == CONTROL_MODEL else None)
-        return None if c is None else c.models.get(model)
+        """What the model's workers registered (vocabulary, context, EOS tokens), if known:
+        from the model's own client, else from the control connection, whose broker
+        welcomes list every served model (so it is known before the model's first request)."""
+        for c in (self._clients.get(model), self._control):
+            info = None if c is None else c.models.get(model)
+            if info is not None:
+                return info
+        return None
 
     # ------------------------------------------------------------------ per-model clients
 

@@ -10,6 +10,7 @@ started by the launcher, as ``slotserve up --http-port`` does.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 
 from client import Client  # noqa: E402
+import gateway  # noqa: E402
 from gateway import GatewayConfig  # noqa: E402
 import gateway_util  # noqa: E402
 from gateway_util import simulated_reference, start_cluster  # noqa: E402
@@ -315,6 +317,24 @@ def test_many_concurrent_streams(cluster):
 
     got = asyncio.run(main())
     assert got == [simulated_reference(p, 25)[0] for p in prompts]
+
+
+def test_a_fresh_gateway_knows_every_models_context_before_its_first_request(cluster, text_model):
+    # max_model_len (and the chat default max_tokens derived from it) came only from the model's own
+    # client, made on its first request: a fresh gateway's /v1/models left it out for every model but one
+    stop, ready = threading.Event(), []
+    t = threading.Thread(target=gateway.run, args=(GatewayConfig(broker=cluster.frontend, port=0),),
+                         kwargs={"stop": stop, "on_ready": ready.append})
+    t.start()
+    try:
+        url = gateway_util.wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
+        gateway_util.wait_until(lambda: httpx.get(url + "/health", timeout=5).status_code == 200, 30, "/health")
+        models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]}
+        assert models[text_model]["max_model_len"] == 512
+    finally:
+        stop.set()
+        t.join(30)
+    assert not t.is_alive()
 
 
 def test_models_health_and_metrics(oai, cluster, text_model):
