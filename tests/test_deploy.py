@@ -98,9 +98,13 @@ def test_supervisord_runs_broker_two_workers_and_the_gateway(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        if proc.poll() is None:  # the test failed: stop supervisord's programs too (SIGKILL would orphan them)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
     assert port_free(front_port) and port_free(back_port) and port_free(http_port)  # the children are gone too
     assert "registered" in (tmp_path / "supervisord.log").read_text() or (tmp_path / "broker.log").exists()
 
