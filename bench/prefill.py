@@ -106,14 +106,15 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from worker.models import load_model
+    from worker.models.options import ModelOptions
 
-    chunks = [int(c) for c in args.chunks.split(",") if c]
+    chunks = [ModelOptions(max_prefill_tokens=int(c)).max_prefill_tokens for c in args.chunks.split(",") if c]
     rows = []
-    short = long = None
+    # One model for every chunk size: the runner reads max_prefill_tokens at each iteration.
+    model = load_model(MODEL, num_threads=args.threads, precision="fp32")
+    short, long = prompts(model.tokenizer, args.long_tokens)
     for chunk in chunks:
-        model = load_model(MODEL, max_prefill_tokens=chunk, num_threads=args.threads, precision="fp32")
-        if short is None:
-            short, long = prompts(model.tokenizer, args.long_tokens)
+        model.max_prefill_tokens = chunk
         run_once(model, short[:2], long[:64])  # warm-up
         tries = []
         for _ in range(args.repeats):
@@ -126,7 +127,6 @@ def main() -> None:
                     all_worst_itl_ms=[t["short_worst_itl_ms"] for t in tries])
         rows.append(best)
         print(f"max_prefill_tokens {chunk}: {best}", flush=True)
-        del model
 
     cols = ["max_prefill_tokens", "long_ttft_ms", "short_worst_itl_ms", "short_mean_tpot_ms", "wall_s", "load_avg"]
     print("\n" + " | ".join(f"{c:>18}" for c in cols))

@@ -512,6 +512,16 @@ class Client:
         for h in list(self._handles.values()):
             self._complete(h, FinishReason.ERROR, err)
 
+    def _stream(self, h: ClientHandle, rid, fn: Callable[[object], object], value, name: str) -> None:
+        """Call a streaming callback (``on_token`` / ``on_text``) of ``h``; if it
+        raises, the request is cancelled and ends with that exception as error."""
+        try:
+            fn(value)
+        except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+            log.warning("%s of request %r raised", name, rid, exc_info=e)
+            h._stream_error = e
+            self._conn.cancel([rid])
+
     def _on_results(self, msg: Results) -> None:
         handles = self._handles
         now = time.monotonic()
@@ -523,24 +533,14 @@ class Client:
                 h.first_token_s = now
             h._tokens.append(t)
             if h.on_token is not None and h._stream_error is None:
-                try:
-                    h.on_token(t)
-                except Exception as e:  # noqa: BLE001 -- the request ends with it as error
-                    log.warning("on_token of request %r raised", rid, exc_info=e)
-                    h._stream_error = e
-                    self._conn.cancel([rid])
+                self._stream(h, rid, h.on_token, t, "on_token")
         for rid, text in msg.texts:
             h = handles.get(rid)
             if h is None:
                 continue
             h._text.append(text)
             if h.on_text is not None and h._stream_error is None:
-                try:
-                    h.on_text(text)
-                except Exception as e:  # noqa: BLE001 -- the request ends with it as error
-                    log.warning("on_text of request %r raised", rid, exc_info=e)
-                    h._stream_error = e
-                    self._conn.cancel([rid])
+                self._stream(h, rid, h.on_text, text, "on_text")
         for f in msg.finished:
             h = handles.get(f.request_id)
             if h is not None:

@@ -198,21 +198,28 @@ class LocalCluster:
                          name="slotserve-broker", daemon=True)
         p.start()
         self._broker = p
+        self.frontend, self.backend = self._await_ready(p, ready, "the broker")
+        # A restarted broker must come back on the same endpoints.
+        self._broker_cfg = replace(self._broker_cfg, frontend=self.frontend, backend=self.backend)
+
+    def _await_ready(self, p, ready, what: str):
+        """What child ``p`` puts on ``ready`` once it has bound its sockets.
+        RuntimeError if it exits first or takes longer than ``start_timeout_s``;
+        a stop request (signal) interrupts the wait."""
         deadline = time.monotonic() + self.config.start_timeout_s
         while True:
             try:
-                self.frontend, self.backend = ready.get(timeout=0.2)
+                value = ready.get(timeout=0.2)
                 break
             except Exception:  # queue.Empty: check the child is still alive, then wait on
                 self._check_stop()
                 if not p.is_alive():
-                    raise RuntimeError(f"the broker exited with code {p.exitcode} while starting "
+                    raise RuntimeError(f"{what} exited with code {p.exitcode} while starting "
                                        "(port in use? see its log above)") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the broker did not bind within the start timeout") from None
+                    raise RuntimeError(f"{what} did not bind within the start timeout") from None
         ready.close()
-        # A restarted broker must come back on the same endpoints.
-        self._broker_cfg = replace(self._broker_cfg, frontend=self.frontend, backend=self.backend)
+        return value
 
     def _start_gateway(self) -> None:
         ready = _ctx.Queue()
@@ -221,19 +228,7 @@ class LocalCluster:
                          name="slotserve-gateway", daemon=True)
         p.start()
         self._gateway = p
-        deadline = time.monotonic() + self.config.start_timeout_s
-        while True:
-            try:
-                self.http_url = ready.get(timeout=0.2)
-                break
-            except Exception:  # queue.Empty: check the child is still alive, then wait on
-                self._check_stop()
-                if not p.is_alive():
-                    raise RuntimeError(f"the HTTP gateway exited with code {p.exitcode} while starting "
-                                       "(port in use? see its log above)") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the HTTP gateway did not bind within the start timeout") from None
-        ready.close()
+        self.http_url = self._await_ready(p, ready, "the HTTP gateway")
         # A restarted gateway must come back on the same port.
         self._gateway_cfg = replace(cfg, port=int(self.http_url.rsplit(":", 1)[1]))
 
