@@ -55,6 +55,7 @@ def test_the_issues_short_windows_with_a_slow_worker_and_waiting_clients_lose_no
         with Client(frontend, connect_timeout_s=30) as c, \
                 Client(frontend, heartbeat_interval_s=5.0, name="slow-beat") as c2:
             c.wait_for_model(60)
+            c2.wait_for_model(60)  # each client learns the model from its own welcome (no model= given)
             hs = [cl.submit_request([i + 1, 2], 4, stop_token=None) for i in range(8) for cl in (c, c2)]
             c.run(timeout=60)  # 4 steps of 500 ms (and more: 16 requests on 8 slots), the clients only waiting
             c2.run(timeout=60)
