@@ -149,6 +149,26 @@ def test_lower_precisions_run_and_agree_closely(model_dir, precision):
     assert low.weights.nbytes < exact.weights.nbytes or precision == "bf16"
 
 
+def test_packed_fp32_linear_is_the_plain_product_at_every_row_count():
+    """One packing (its row hint PACK_ROWS) serves any number of rows: the packed
+    layout must not depend on the row count, so every count from 0 to past the hint
+    is compared with the fp64 product (a layout mismatch gives errors of order 1,
+    fp32 rounding ~1e-6); the residual add and the bias too."""
+    from worker.models.llama.linear import PACK_ROWS, PackedLinear
+
+    torch.manual_seed(0)
+    for n, k in ((96, 64), (40, 72)):  # odd sizes: partial blocks in the packed layout
+        w, bias = torch.randn(n, k), torch.randn(n)
+        for lin, b in ((PackedLinear(w), None), (PackedLinear(w, bias), bias)):
+            for rows in list(range(0, 34)) + [63, 64, 65, 200, PACK_ROWS, PACK_ROWS + 3]:
+                x, r = torch.randn(rows, k), torch.randn(rows, n)
+                want = x.double() @ w.double().t() + (0 if b is None else b.double())
+                got = lin(x)
+                assert got.shape == (rows, n) and got.dtype == torch.float32
+                assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4), (n, k, rows, b is None)
+                assert torch.allclose(lin.add(r, x).double(), want + r.double(), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantised_linears_match_their_dequantised_weight(kind):
     """Each weight is within half a quantisation step of the original (plus the bf16
