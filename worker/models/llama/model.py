@@ -206,7 +206,7 @@ def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
     masks = [_chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
     x = w.embed(plan.ids)
     for layer, lw in enumerate(w.layers):
-        h = F.rms_norm(x, (s.hidden,), lw.ln1, s.eps)
+        h = _rms_norm(x, lw.ln1, s.eps)
         qkv = lw.qkv(h)
         qkv[:, q_end:].nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
         qk = _rope(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin)
@@ -222,12 +222,26 @@ def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
             parts.append(_prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, w.scaling))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = lw.o.add(x, attn.reshape(n, q_end))
-        h = F.rms_norm(x, (s.hidden,), lw.ln2, s.eps)
+        h = _rms_norm(x, lw.ln2, s.eps)
         gu = lw.gate_up(h)
-        x = lw.down.add(x, F.silu(gu[:, : s.ffn]) * gu[:, s.ffn:])
+        x = lw.down.add(x, F.silu(gu[:, : s.ffn]).mul_(gu[:, s.ffn:]))
     failed = ~torch.isfinite(x).all(dim=-1)
-    x = F.rms_norm(x[plan.logits_at], (s.hidden,), w.norm, s.eps)
+    x = _rms_norm(x[plan.logits_at], w.norm, s.eps)
     return w.head(x).float(), failed
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (Llama's RMSNorm, Zhang & Sennrich 2019).
+
+    On CPU as a sum of squares times ``1 / hidden`` in five small ops: ``F.rms_norm``
+    (whose ``mean`` alone cost 16 us of its 36 us at 8 rows) made this 6 % of a
+    decode step. The result differs from it by at most ~2 ulp (94 % of values equal;
+    measured on 4,096 random rows of 576).
+    """
+    if x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    ss = (x * x).sum(-1, keepdim=True)
+    return (x * torch.rsqrt(ss.mul_(1.0 / x.shape[-1]).add_(eps))).mul_(weight)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
