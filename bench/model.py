@@ -39,7 +39,10 @@ time HE32 would take at the fp32 runner's limit.
 
 The machine this was written on is a 2-core VM shared with other jobs: each
 system's 1-minute load average before/after is recorded, and ``--repeats N``
-keeps the fastest of N runs (the least disturbed), listing all of them.
+keeps the fastest of N runs of every system but hf-alone (the reference; the
+least disturbed run counts), listing all of them. The VM also loses time to
+its neighbours without that showing in the load average (steal time): the
+same system's wall time has varied by up to 1.9x between runs minutes apart.
 
 Usage: ``python bench/model.py [--prompts 32] [--repeats 2] [--systems slotserve,llamacpp]
 [--skip hf-alone,slotserve-broker]``; ``python bench/model.py --random-weights --device cuda``.
@@ -483,7 +486,7 @@ def main() -> None:
                     help="slotserve-broker runs and forward limits, one per entry: hf (the transformers-forward "
                          "runner, issue 8's 'before'), fp32, bf16, int8, int4 (default: all)")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="runs per system, fastest reported (hf-alone and the broker path run once; default 1)")
+                    help="runs per system, fastest reported (hf-alone runs once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -531,7 +534,7 @@ def main() -> None:
             continue
         tries = []
         for threads in thread_counts:
-            for _ in range(1 if name == "hf-alone" or name.startswith("slotserve-broker") else args.repeats):
+            for _ in range(1 if name == "hf-alone" else args.repeats):
                 torch.set_num_threads(threads)
                 before = os.getloadavg()[0]
                 run = fn(threads) if name.startswith("slotserve-broker") else fn()
