@@ -96,8 +96,9 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {v!r}")
         for name in ("max_queue", "aging_window", "max_attempts", "max_message_bytes", "send_hwm", "max_pending_per_peer"):
             v = getattr(self, name)
-            if type(v) is not int or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            least = defaults.MIN_MESSAGE_BYTES if name == "max_message_bytes" else 1
+            if type(v) is not int or v < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {v!r}")
         if isinstance(self.register_grace_s, bool) or not isinstance(self.register_grace_s, (int, float)) \
                 or not self.register_grace_s >= 0:
             raise ValueError(f"register_grace_s must be a number of seconds >= 0, got {self.register_grace_s!r}")

@@ -17,6 +17,12 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest frame a peer decodes by default (bytes): room for a ``submit`` of
 many thousands of long prompts, small enough to bound memory."""
 
+MIN_MESSAGE_BYTES = 1024
+"""Smallest frame limit a peer may announce or be configured with (bytes): every
+control message (welcome, heartbeat, error, status of a few models) fits in it.
+A peer announcing less could be sent nothing at all; its register or welcome is
+refused as malformed."""
+
 HEARTBEAT_INTERVAL_S = 1.0
 """Seconds between heartbeats of an otherwise silent peer."""
 

@@ -43,7 +43,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Union
 
-from protocol.defaults import MAX_MESSAGE_BYTES
+from protocol.defaults import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
@@ -243,8 +243,10 @@ class Welcome(_Message):
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
-        if not self.heartbeat_interval_s > 0 or self.max_message_bytes < 1 or self.register_grace_s < 0:
-            raise ValueError(f"need heartbeat_interval_s > 0, max_message_bytes >= 1 and register_grace_s >= 0, "
+        if (not self.heartbeat_interval_s > 0 or self.max_message_bytes < MIN_MESSAGE_BYTES
+                or self.register_grace_s < 0):
+            raise ValueError(f"need heartbeat_interval_s > 0, max_message_bytes >= {MIN_MESSAGE_BYTES} and "
+                             "register_grace_s >= 0, "
                              f"got {self.heartbeat_interval_s}, {self.max_message_bytes}, {self.register_grace_s}")
 
 
@@ -409,8 +411,9 @@ class Register(_Message):
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
-        if self.num_slots < 1 or self.max_inflight < self.num_slots or self.max_message_bytes < 1:
-            raise ValueError(f"need num_slots >= 1, max_inflight >= num_slots and max_message_bytes >= 1, got "
+        if self.num_slots < 1 or self.max_inflight < self.num_slots or self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"need num_slots >= 1, max_inflight >= num_slots and max_message_bytes >= "
+                             f"{MIN_MESSAGE_BYTES}, got "
                              f"{self.num_slots}, {self.max_inflight}, {self.max_message_bytes}")
 
 

@@ -16,6 +16,7 @@ import os
 import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
+from protocol.defaults import MIN_MESSAGE_BYTES
 from worker.process import WorkerConfig
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
@@ -128,7 +129,7 @@ _max_pending = click.option(
          "(messages): a client's unfinished requests then end with error slow_consumer, a worker's migrate. "
          "Bounds the broker's memory per peer.")
 _max_message_bytes = click.option(
-    "--max-message-bytes", type=click.IntRange(min=1024), default=_default(BrokerConfig, "max_message_bytes"),
+    "--max-message-bytes", type=click.IntRange(min=MIN_MESSAGE_BYTES), default=_default(BrokerConfig, "max_message_bytes"),
     show_envvar=True,
     help="Largest message the broker (and, with `up`, each worker) accepts (bytes). Clients refuse a larger "
          "request at submit and split batches to fit; a larger message gets too_large.")

@@ -19,6 +19,7 @@ from broker import BrokerConfig
 from client import Client
 from conftest import envelope
 from protocol.codec import decode, encode
+from protocol.defaults import MIN_MESSAGE_BYTES
 from protocol.enums import ErrorCode
 from protocol.messages import (
     PROTOCOL_VERSION, Bye, Cancel, Error, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
@@ -116,6 +117,30 @@ def fuzzer(cluster):
     f = Fuzzer(cluster)
     yield f
     f.close()
+
+
+@pytest.mark.parametrize("limit", [0, 3, MIN_MESSAGE_BYTES - 1])
+def test_a_register_announcing_a_frame_limit_nothing_fits_is_refused_as_malformed(fuzzer, limit):
+    """Found by this module's fuzzing in CI: a worker registered with max_message_bytes=3,
+    after which every welcome, heartbeat and error for it failed to send (66 internal errors).
+    Now the register itself is malformed: an error reply, no worker added, no internal error."""
+    before = fuzzer.probe.status(timeout_s=5.0)
+    frame = msgpack.unpackb(BACK_CORPUS[0])
+    frame["max_message_bytes"] = limit
+    sock = fuzzer.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(fuzzer.cluster.backend)
+    try:
+        sock.send(msgpack.packb(frame))
+        assert sock.poll(5000), "no reply to the bad register"
+        reply = decode(sock.recv())
+        assert type(reply) is Error and reply.code is ErrorCode.MALFORMED and "max_message_bytes" in reply.message
+    finally:
+        sock.close(0)
+    after = fuzzer.probe.status(timeout_s=5.0)
+    assert after.counters["bad_messages"] > before.counters["bad_messages"]
+    assert after.counters["internal_errors"] == before.counters["internal_errors"]
+    assert len(after.workers) == len(before.workers)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol.defaults import MIN_MESSAGE_BYTES
 from protocol.codec import decode, encode, peek_request_ids
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
@@ -118,14 +119,14 @@ def token_batches(draw, cls):
 def registers(draw):
     slots = draw(st.integers(1, 2**16))
     return Register(draw(st.text(max_size=8)), slots, draw(st.integers(slots, 2**17)),
-                    draw(strategy(ModelInfo)), draw(st.text(max_size=8)), draw(st.integers(1, WIRE_INT_MAX)))
+                    draw(strategy(ModelInfo)), draw(st.text(max_size=8)), draw(st.integers(MIN_MESSAGE_BYTES, WIRE_INT_MAX)))
 
 
 @st.composite
 def welcomes(draw):
     positive = st.floats(min_value=1e-6, max_value=1e6)
     return Welcome(draw(st.text(max_size=12)), draw(positive), draw(strategy(dict[str, ModelInfo])),
-                   draw(st.integers(1, WIRE_INT_MAX)), draw(strategy(tuple[str, ...])),
+                   draw(st.integers(MIN_MESSAGE_BYTES, WIRE_INT_MAX)), draw(strategy(tuple[str, ...])),
                    draw(st.one_of(st.just(0.0), positive)))
 
 
@@ -203,6 +204,9 @@ GOOD_PARAMS = [[1], 2]
     (_frame(op="iteration", finished=[[1, "stop", None, None, None, 1.5]]), ErrorCode.MALFORMED),
     (_frame(op="register", model="m", num_slots=0, max_inflight=1), ErrorCode.MALFORMED),
     (_frame(op="register", model="m", num_slots=4, max_inflight=2), ErrorCode.MALFORMED),
+    (_frame(op="register", model="m", num_slots=1, max_inflight=1, max_message_bytes=3), ErrorCode.MALFORMED),
+    (_frame(op="welcome", broker_id="b", heartbeat_interval_s=1.0, max_message_bytes=MIN_MESSAGE_BYTES - 1),
+     ErrorCode.MALFORMED),
     (_frame(op="error", code="no_such_code", message="x"), ErrorCode.MALFORMED),
     (_frame(op="welcome", broker_id="b", heartbeat_interval_s=float("nan")), ErrorCode.MALFORMED),
     (msgpack.packb({"v": PROTOCOL_VERSION, "op": "hello", "client_name": b"bytes"}, use_bin_type=True),
@@ -347,3 +351,15 @@ def test_one_value_anywhere_in_a_valid_frame_replaced_by_garbage(msg, data):
 @given(st.lists(st.one_of(json_like, st.lists(json_like, max_size=12)), max_size=4))
 def test_garbage_request_entries_fail_alone_or_the_frame_with_a_code(entries):
     _decodes_or_refuses_with_a_code(_frame(op="submit", model="m", requests=entries))
+
+
+def test_no_config_takes_a_frame_limit_that_no_control_message_fits():
+    """The kind of the fuzzer's finding (test_fuzz): a frame limit below MIN_MESSAGE_BYTES
+    is refused wherever one is set, not only when announced on the wire."""
+    from broker import BrokerConfig
+    from worker.process import WorkerConfig
+
+    for config in (BrokerConfig, WorkerConfig):
+        with pytest.raises(ValueError, match=f"max_message_bytes must be an int >= {MIN_MESSAGE_BYTES}"):
+            config(max_message_bytes=MIN_MESSAGE_BYTES - 1)
+        assert config(max_message_bytes=MIN_MESSAGE_BYTES).max_message_bytes == MIN_MESSAGE_BYTES

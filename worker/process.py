@@ -131,8 +131,9 @@ class WorkerConfig:
                 raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
         if (self.curve_secret_file is None) != (self.curve_broker_key_file is None):
             raise ValueError("CURVE needs both curve_secret_file and curve_broker_key_file, or neither")
-        if type(self.max_message_bytes) is not int or self.max_message_bytes < 1:
-            raise ValueError(f"max_message_bytes must be an int >= 1, got {self.max_message_bytes!r}")
+        if type(self.max_message_bytes) is not int or self.max_message_bytes < defaults.MIN_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be an int >= {defaults.MIN_MESSAGE_BYTES}, "
+                             f"got {self.max_message_bytes!r}")
         if not isinstance(self.model_options, ModelOptions):
             raise ValueError(f"model_options must be a ModelOptions, got {self.model_options!r}")
         if self.broker_liveness_s <= self.heartbeat_interval_s:
