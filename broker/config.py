@@ -106,6 +106,9 @@ class BrokerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        if self.heartbeat_interval_s < defaults.MIN_HEARTBEAT_INTERVAL_S:  # it is announced in every welcome
+            raise ValueError(f"heartbeat_interval_s must be >= {defaults.MIN_HEARTBEAT_INTERVAL_S} s, "
+                             f"got {self.heartbeat_interval_s!r}")
         if self.worker_hung_s is not None and (isinstance(self.worker_hung_s, bool)
                                                or not isinstance(self.worker_hung_s, (int, float))
                                                or not self.worker_hung_s > 0):

@@ -23,6 +23,12 @@ control message (welcome, heartbeat, error, status of a few models) fits in it.
 A peer announcing less could be sent nothing at all; its register or welcome is
 refused as malformed."""
 
+MIN_HEARTBEAT_INTERVAL_S = 0.01
+"""Shortest heartbeat interval a broker may announce or be configured with
+(seconds): peers heartbeat at the broker's interval when it is shorter than
+their own, so a smaller one announced would make every peer heartbeat in a
+busy loop; a welcome announcing less is refused as malformed."""
+
 HEARTBEAT_INTERVAL_S = 1.0
 """Seconds between heartbeats of an otherwise silent peer."""
 

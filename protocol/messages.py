@@ -43,7 +43,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Union
 
-from protocol.defaults import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES
+from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
@@ -243,9 +243,10 @@ class Welcome(_Message):
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
-        if (not self.heartbeat_interval_s > 0 or self.max_message_bytes < MIN_MESSAGE_BYTES
+        if (not self.heartbeat_interval_s >= MIN_HEARTBEAT_INTERVAL_S or self.max_message_bytes < MIN_MESSAGE_BYTES
                 or self.register_grace_s < 0):
-            raise ValueError(f"need heartbeat_interval_s > 0, max_message_bytes >= {MIN_MESSAGE_BYTES} and "
+            raise ValueError(f"need heartbeat_interval_s >= {MIN_HEARTBEAT_INTERVAL_S}, max_message_bytes >= "
+                             f"{MIN_MESSAGE_BYTES} and "
                              "register_grace_s >= 0, "
                              f"got {self.heartbeat_interval_s}, {self.max_message_bytes}, {self.register_grace_s}")
 

@@ -16,7 +16,7 @@ import os
 import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
-from protocol.defaults import MIN_MESSAGE_BYTES
+from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from worker.process import WorkerConfig
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
@@ -173,7 +173,7 @@ def _model_options(command):
 @_frontend
 @_backend
 @_max_queue
-@click.option("--heartbeat-interval-s", type=click.FloatRange(min=0, min_open=True),
+@click.option("--heartbeat-interval-s", type=click.FloatRange(min=MIN_HEARTBEAT_INTERVAL_S),
               default=_default(BrokerConfig, "heartbeat_interval_s"),
               show_envvar=True, help="Seconds between heartbeats: the broker's, and (announced to them) its "
                                      "workers' and clients'.")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.defaults import MIN_MESSAGE_BYTES
+from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.codec import decode, encode, peek_request_ids
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
@@ -125,7 +125,8 @@ def registers(draw):
 @st.composite
 def welcomes(draw):
     positive = st.floats(min_value=1e-6, max_value=1e6)
-    return Welcome(draw(st.text(max_size=12)), draw(positive), draw(strategy(dict[str, ModelInfo])),
+    interval = st.floats(min_value=MIN_HEARTBEAT_INTERVAL_S, max_value=1e6)
+    return Welcome(draw(st.text(max_size=12)), draw(interval), draw(strategy(dict[str, ModelInfo])),
                    draw(st.integers(MIN_MESSAGE_BYTES, WIRE_INT_MAX)), draw(strategy(tuple[str, ...])),
                    draw(st.one_of(st.just(0.0), positive)))
 
@@ -207,6 +208,7 @@ GOOD_PARAMS = [[1], 2]
     (_frame(op="register", model="m", num_slots=1, max_inflight=1, max_message_bytes=3), ErrorCode.MALFORMED),
     (_frame(op="welcome", broker_id="b", heartbeat_interval_s=1.0, max_message_bytes=MIN_MESSAGE_BYTES - 1),
      ErrorCode.MALFORMED),
+    (_frame(op="welcome", broker_id="b", heartbeat_interval_s=1e-9), ErrorCode.MALFORMED),  # peers would busy-loop
     (_frame(op="error", code="no_such_code", message="x"), ErrorCode.MALFORMED),
     (_frame(op="welcome", broker_id="b", heartbeat_interval_s=float("nan")), ErrorCode.MALFORMED),
     (msgpack.packb({"v": PROTOCOL_VERSION, "op": "hello", "client_name": b"bytes"}, use_bin_type=True),
@@ -363,3 +365,12 @@ def test_no_config_takes_a_frame_limit_that_no_control_message_fits():
         with pytest.raises(ValueError, match=f"max_message_bytes must be an int >= {MIN_MESSAGE_BYTES}"):
             config(max_message_bytes=MIN_MESSAGE_BYTES - 1)
         assert config(max_message_bytes=MIN_MESSAGE_BYTES).max_message_bytes == MIN_MESSAGE_BYTES
+
+
+def test_no_broker_config_announces_a_heartbeat_interval_that_busy_loops_its_peers():
+    """Same kind, the other announced value: peers heartbeat at the broker's interval."""
+    from broker import BrokerConfig
+
+    with pytest.raises(ValueError, match=f"heartbeat_interval_s must be >= {MIN_HEARTBEAT_INTERVAL_S}"):
+        BrokerConfig(heartbeat_interval_s=MIN_HEARTBEAT_INTERVAL_S / 10)
+    assert BrokerConfig(heartbeat_interval_s=MIN_HEARTBEAT_INTERVAL_S).heartbeat_interval_s == MIN_HEARTBEAT_INTERVAL_S
