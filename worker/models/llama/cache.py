@@ -1,8 +1,11 @@
 """The runner's static per-slot KV cache.
 
-Two tensors, keys and values, each ``[layers, rows, kv_heads, capacity,
-head_dim]``: row ``r`` belongs to one slot's request, position ``p`` along
-the fourth axis is its token at sequence position ``p``. ``lengths[r]`` is
+One tensor ``kv``, ``[layers, 2, rows, kv_heads, capacity, head_dim]``
+(keys at index 0 of the second axis, values at 1, so a layer's new keys and
+values are stored with one indexed write); ``keys`` and ``values`` are its
+two ``[layers, rows, kv_heads, capacity, head_dim]`` views. Row ``r`` belongs
+to one slot's request, position ``p`` along the capacity axis is its token
+at sequence position ``p``. ``lengths[r]`` is
 how many positions of row ``r`` hold its keys; everything at or past it is
 stale (an earlier occupant's, or padding) and is never attended to.
 Non-finite values never enter (the forward replaces them with 0 before the
@@ -40,8 +43,18 @@ class SlotCache:
         self.max_len, self.dtype, self.device, self.capacity_step = max_len, dtype, device, capacity_step
         self.lengths = [0] * rows
         self.capacity = 0
-        self.keys = self.values = torch.empty(0)
+        self.kv = torch.empty(0)
         self._grow(max_len if capacity_step is None else min(capacity_step, max_len))
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """``[layers, rows, kv_heads, capacity, head_dim]``, a view of :attr:`kv`."""
+        return self.kv[:, 0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """``[layers, rows, kv_heads, capacity, head_dim]``, a view of :attr:`kv`."""
+        return self.kv[:, 1]
 
     @property
     def scratch(self) -> int:
@@ -66,19 +79,16 @@ class SlotCache:
 
     def zero_row(self, row: int) -> None:
         """Overwrite row ``row`` with zeros (for tests and recovery; not needed for correctness)."""
-        self.keys[:, row].zero_()
-        self.values[:, row].zero_()
+        self.kv[:, :, row].zero_()
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return self.kv.numel() * self.kv.element_size()
 
     def _grow(self, capacity: int) -> None:
-        shape = (self.layers, self.rows, self.kv_heads, capacity, self.head_dim)
+        shape = (self.layers, 2, self.rows, self.kv_heads, capacity, self.head_dim)
         # zeros, not empty: masked positions are still multiplied by 0 weights, and 0 * NaN is NaN
-        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.capacity:
-            keys[:, :, :, : self.capacity].copy_(self.keys)
-            values[:, :, :, : self.capacity].copy_(self.values)
-        self.keys, self.values, self.capacity = keys, values, capacity
+            kv[..., : self.capacity, :].copy_(self.kv)
+        self.kv, self.capacity = kv, capacity

@@ -88,9 +88,9 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up (the real step): allocations settle before capture
-            forward(self.weights, self.cache.keys, self.cache.values, plan)
+            forward(self.weights, self.cache.kv, plan)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits, failed = forward(self.weights, self.cache.keys, self.cache.values, plan)
+            logits, failed = forward(self.weights, self.cache.kv, plan)
         return graph, logits, failed

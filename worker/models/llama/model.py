@@ -144,7 +144,10 @@ class LlamaWeights:
         freqs = positions[:, None] * rotary.inv_freq.detach().float().cpu()
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * rotary.attention_scaling).to(device=device, dtype=act)
-        self.sin = (emb.sin() * rotary.attention_scaling).to(device=device, dtype=act)
+        # sin with the first half negated: rotate_half(x) * sin == roll(x, D / 2) * signed sin, exactly
+        sin = emb.sin() * rotary.attention_scaling
+        sin[:, : head_dim // 2].neg_()
+        self.sin_signed = sin.to(device=device, dtype=act)
 
     @property
     def nbytes(self) -> int:
@@ -180,8 +183,7 @@ class StepPlan:
     logits_at: torch.Tensor
 
 
-def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
-            plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one iteration; return ``(logits, failed)``.
 
     - ``logits``: fp32 ``[n_out, vocab]`` for ``plan.logits_at``;
@@ -189,37 +191,42 @@ def forward(w: LlamaWeights, keys: torch.Tensor, values: torch.Tensor,
       finite (its key/value went into the cache as 0, so only its own
       sequence is affected; the runner fails that request).
 
-    ``keys``/``values``: the cache, ``[layers, rows, kv_heads, capacity, head_dim]``,
-    updated in place. Runs under CUDA graph capture as is (decode plans on
-    static tensors): no host synchronisation, no data-dependent shapes.
+    ``kv``: the cache, ``[layers, 2, rows, kv_heads, capacity, head_dim]`` (keys,
+    then values; :class:`~worker.models.llama.cache.SlotCache`), updated in
+    place. Runs under CUDA graph capture as is (decode plans on static
+    tensors): no host synchronisation, no data-dependent shapes.
+
+    Per layer, the new keys and values go into the cache with one indexed
+    write (they sit side by side in the qkv product, RoPE applied in place),
+    and the decode attention reads views made once per iteration, so the ops
+    per layer do not grow with rows.
     """
     s = w.shape
     n = plan.ids.shape[0]
     q_end, k_end, d = s.heads * s.head_dim, (s.heads + s.kv_heads) * s.head_dim, s.head_dim
     cos = w.cos[plan.positions][:, None]  # [N, 1, D]
-    sin = w.sin[plan.positions][:, None]
-    bias = None
-    if plan.n_decode:
-        visible = torch.arange(plan.window, device=plan.ids.device)[None, :] < plan.lengths[:, None]
-        bias = torch.zeros(visible.shape, dtype=keys.dtype, device=visible.device).masked_fill_(
-            ~visible, float("-inf"))[:, None, None]  # [n_decode, 1, 1, window]: added to the scores
+    sin = w.sin_signed[plan.positions][:, None]
+    layer_kv = kv.unbind(0)  # per layer [2, rows, kv_heads, capacity, D]
+    decode = _decode_views(kv, plan) if plan.n_decode else None
     masks = [_chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
     x = w.embed(plan.ids)
     for layer, lw in enumerate(w.layers):
         h = _rms_norm(x, lw.ln1, s.eps)
         qkv = lw.qkv(h)
-        qkv[:, q_end:].nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
-        qk = _rope(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin)
-        q, k = qk[:, : s.heads], qk[:, s.heads:]
-        v = qkv[:, k_end:].view(n, s.kv_heads, d)
-        k_cache, v_cache = keys[layer], values[layer]
-        k_cache[plan.write_rows, :, plan.write_pos] = k.to(k_cache.dtype)
-        v_cache[plan.write_rows, :, plan.write_pos] = v.to(v_cache.dtype)
+        new_kv = qkv[:, q_end:]
+        new_kv.nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
+        _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin)
+        cache = layer_kv[layer]
+        cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d)
+        q = qkv[:, :q_end].view(n, s.heads, d)
         parts = []
-        if plan.n_decode:
-            parts.append(_decode_attention(q[: plan.n_decode], k_cache, v_cache, plan, bias, w.scaling))
+        if decode is not None:
+            parts.append(_decode_attention(q[: plan.n_decode], decode, layer, w.scaling))
         for (offset, count, row, start), mask in zip(plan.prefill, masks):
-            parts.append(_prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, w.scaling))
+            k = qkv[:, q_end:k_end].view(n, s.kv_heads, d)
+            v = qkv[:, k_end:].view(n, s.kv_heads, d)
+            parts.append(_prefill_attention(q, k, v, cache[0], cache[1], offset, count, row, start, mask,
+                                            w.scaling))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = lw.o.add(x, attn.reshape(n, q_end))
         h = _rms_norm(x, lw.ln2, s.eps)
@@ -244,27 +251,53 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (x * torch.rsqrt(ss.mul_(1.0 / x.shape[-1]).add_(eps))).mul_(weight)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ``apply_rotary_pos_emb`` (``x * cos + rotate_half(x) * sin``) for q and k at once."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+    """transformers' ``apply_rotary_pos_emb`` for q and k at once, in place in ``x`` ``[N, heads, D]``.
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``
+    is computed as ``x * cos + roll(x, D / 2) * sin_signed`` (``sin`` with its
+    first half negated): the same products and sums, bit for bit, in four ops.
+    """
+    rotated = torch.roll(x, x.shape[-1] // 2, -1).mul_(sin_signed)
+    x.mul_(cos).add_(rotated)
 
 
-def _decode_attention(q, k_cache, v_cache, plan: StepPlan, bias, scaling) -> torch.Tensor:
+@dataclass(slots=True)
+class _DecodeViews:
+    """The decode attention's operands for every layer, as views made once per iteration."""
+
+    keys_t: tuple  # per layer [n_decode * kv_heads, D, window]
+    values: tuple  # per layer [n_decode * kv_heads, window, D]
+    bias: torch.Tensor  # [n_decode * kv_heads, 1, window]: 0, or -inf past a row's length
+    kv_heads: int
+
+
+def _decode_views(kv: torch.Tensor, plan: StepPlan) -> _DecodeViews:
+    layers, _, _, heads, _, d = kv.shape
+    b, w = plan.n_decode, plan.window
+    keys = kv[:, 0, :b, :, :w].reshape(layers, b * heads, w, d)  # rows and heads merge: still a view
+    values = kv[:, 1, :b, :, :w].reshape(layers, b * heads, w, d)
+    visible = torch.arange(w, device=kv.device)[None, :] < plan.lengths[:, None]
+    bias = torch.zeros(visible.shape, dtype=kv.dtype, device=kv.device).masked_fill_(~visible, float("-inf"))
+    bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
+    return _DecodeViews(keys.transpose(2, 3).unbind(0), values.unbind(0), bias, heads)
+
+
+def _decode_attention(q, views: _DecodeViews, layer: int, scaling) -> torch.Tensor:
     """``[n_decode, heads, D]``: each query over its own cache row's window.
 
-    Plain batched matrix products (grouped-query heads as a ``[kv_heads, group]``
-    view, no key/value copies): one fixed kernel sequence for every shape, so
-    nothing is re-planned per batch size or window, and it captures in a CUDA graph.
+    Plain batched matrix products, a query group per ``(row, kv head)``
+    (grouped-query heads as a ``[kv_heads, group]`` view, no key/value
+    copies), the length mask added inside the first product (``baddbmm``):
+    one fixed kernel sequence for every shape, so nothing is re-planned per
+    batch size or window, and it captures in a CUDA graph.
     """
-    b, w = plan.n_decode, plan.window
-    _, heads, d = q.shape
-    kv = k_cache.shape[1]
-    qg = (q * scaling).view(b, kv, heads // kv, d)
-    scores = torch.matmul(qg, k_cache[:b, :, :w].transpose(-1, -2)).add_(bias)  # [b, kv, group, w]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v_cache[:b, :, :w]).view(b, heads, d)
+    b, heads, d = q.shape
+    qg = (q * scaling).view(b * views.kv_heads, heads // views.kv_heads, d)
+    scores = torch.baddbmm(views.bias, qg, views.keys_t[layer])  # [b * kv_heads, group, window]
+    probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(
+        scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(probs, views.values[layer]).view(b, heads, d)
 
 
 def _prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, scaling) -> torch.Tensor:

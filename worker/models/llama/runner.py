@@ -188,7 +188,7 @@ class LlamaRunner:
             logits_at=to_device(out_rows, torch.long, device),
         )
         with _attention_kernels(device):
-            logits, failed = forward(self.weights, cache.keys, cache.values, plan)
+            logits, failed = forward(self.weights, cache.kv, plan)
         self._note_failed(plan.write_rows, failed)
         return logits, out_index
 
