@@ -134,10 +134,12 @@ def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references,
         saved = module.weight
         module.weight = torch.nn.Parameter(saved.detach().clone(), requires_grad=False)
         table, model = module.weight, smol
-    else:
+    else:  # the fp32 runner keeps SmolLM2's Q8_0 table as int8 codes and scales: poison a scale row
         module = runner_fp32.weights.embed
-        saved = module.table
-        module.table = table = saved.clone()
+        attr = "table" if module.scales is None else "scales"
+        saved = getattr(module, attr)
+        table = saved.clone()
+        setattr(module, attr, table)
         model = runner_fp32
     try:
         with torch.no_grad():
@@ -149,6 +151,6 @@ def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references,
         if runner == "hf":
             module.weight = saved
         else:
-            module.table = saved
+            setattr(module, attr, saved)
     assert bad.finish_reason == FinishReason.ERROR and bad.tokens == [] and "non-finite" in str(bad.error)
     assert good.finish_reason == FinishReason.LENGTH and good.tokens[:len(ref)] == ref

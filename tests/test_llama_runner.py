@@ -230,6 +230,26 @@ def test_int8_embedding_gets_8_bit_blocks_back_exactly():
     assert bool(((got - other[ids]).reshape(4, 3, 32).abs() <= step * 0.501).all())
 
 
+def test_fp32_embedding_is_stored_8_bit_only_where_that_is_exact():
+    """fp32 keeps every value bit for bit: int8 blocks for a Q8_0-shaped table (a quarter of the
+    memory), fp32 as soon as one block of one chunk would change (the check covers every row)."""
+    from worker.models.llama.model import Embedding
+
+    torch.manual_seed(3)
+    rows = Embedding.CHUNK_ROWS + 10  # the table spans two chunks
+    codes = torch.randint(-127, 128, (rows, 2, 32)).float()
+    codes[..., 0] = -127
+    table = (codes * torch.rand(rows, 2, 1).half().float()).reshape(rows, 64)
+    ids = torch.tensor([0, rows - 1, 5, Embedding.CHUNK_ROWS])
+    exact = Embedding(table, torch.float32, "cpu", torch.float32)
+    assert exact.table.dtype == torch.int8 and exact.nbytes < table.numel() * 4 // 3
+    assert torch.equal(exact(ids), table[ids])
+    spoiled = table.clone()
+    spoiled[rows - 1, 7] += 1e-3  # the last chunk's one value no longer on its block's grid
+    kept = Embedding(spoiled, torch.float32, "cpu", torch.float32)
+    assert kept.table.dtype == torch.float32 and torch.equal(kept(ids), spoiled[ids])
+
+
 @pytest.mark.parametrize("runner", ["slotserve", "hf"])
 def test_one_requests_sampling_values_never_fail_the_batch(model_dir, reference, runner):
     """Issue 10 item 2: a tiny temperature is greedy; extreme values stay in their own row."""
