@@ -186,11 +186,12 @@ def test_quantised_linears_match_their_dequantised_weight(kind):
         g = w.reshape(40, -1, INT4_GROUP)
         step = ((g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15).expand_as(g).reshape(40, 128)
     assert bool(((dq - w).abs() <= 0.5 * step + 2 ** -7 * (w.abs() + step)).all())  # (+ bf16 scales)
-    for rows in (3, 100):  # the int kernel (bf16 activations), then the dequantised weight in fp32
-        x = torch.randn(rows, 128)
+    for rows in (3, lin.KERNEL_ROWS, lin.KERNEL_ROWS + 1):  # the int kernel (bf16 activations) up to
+        x = torch.randn(rows, 128)                           # KERNEL_ROWS, then the dequantised weight
         want = x @ dq.t() + bias
         err = float((lin(x) - want).norm() / want.norm())
-        assert err < (0.01 if rows == 3 else 1e-5), f"{kind}, {rows} rows: relative error {err:.2e}"
+        bound = 0.01 if rows <= lin.KERNEL_ROWS else 1e-5
+        assert err < bound, f"{kind}, {rows} rows: relative error {err:.2e}"
 
 
 def test_int4_gets_4_bit_weights_back_exactly():
