@@ -249,6 +249,10 @@ def test_fp32_embedding_is_stored_8_bit_only_where_that_is_exact():
     spoiled[rows - 1, 7] += 1e-3  # the last chunk's one value no longer on its block's grid
     kept = Embedding(spoiled, torch.float32, "cpu", torch.float32)
     assert kept.table.dtype == torch.float32 and torch.equal(kept(ids), spoiled[ids])
+    signed = table.clone()
+    signed[5, 40] = -0.0  # code 0 gives +0.0: equal as floats, not as bits
+    zero = Embedding(signed, torch.float32, "cpu", torch.float32)
+    assert zero.table.dtype == torch.float32 and torch.equal(zero(ids).view(torch.int32), signed[ids].view(torch.int32))
 
 
 @pytest.mark.parametrize("runner", ["slotserve", "hf"])

@@ -73,11 +73,13 @@ class Embedding:
 
     CHUNK_ROWS = 4096  # rows quantised at a time: the load's temporaries stay small
 
-    def __init__(self, table: torch.Tensor, dtype: torch.dtype, device: str, act_dtype: torch.dtype) -> None:
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype, device: str, act_dtype: torch.dtype,
+                 *, exact_int8: bool = True) -> None:
+        """``exact_int8=False`` keeps an fp32 table fp32 (when it is shared with a tied LM head)."""
         self.act_dtype = act_dtype
         self.scales = None
         rows, cols = table.shape
-        exact_only = dtype == torch.float32 and device == "cpu"
+        exact_only = exact_int8 and dtype == torch.float32 and torch.device(device).type == "cpu"
         if (dtype == torch.int8 or exact_only) and cols % 32 == 0:
             codes = torch.empty(rows, cols // 32, 32, dtype=torch.int8)
             scales = torch.empty(rows, cols // 32, 1)
@@ -85,7 +87,8 @@ class Embedding:
                 blocks = table[start:start + self.CHUNK_ROWS].float().reshape(-1, cols // 32, 32)
                 scale = (blocks.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_(min=1e-30)
                 code = torch.round(blocks / scale).clamp_(-127, 127).to(torch.int8)
-                if exact_only and not torch.equal(code.float() * scale, blocks):
+                if exact_only and not torch.equal((code.float() * scale).view(torch.int32), blocks.view(torch.int32)):
+                    # compared as bits: -0.0 must not come back as +0.0
                     break
                 codes[start:start + len(blocks)], scales[start:start + len(blocks)] = code, scale
             else:
@@ -107,10 +110,12 @@ class Embedding:
 
 @dataclass(frozen=True, slots=True)
 class _Consts:
-    inv_hidden: torch.Tensor
-    eps: torch.Tensor
-    scaling: torch.Tensor
-    eps_value: float  # for F.rms_norm on CUDA (a float: reading the tensor would synchronise)
+    """The step's scalars: fp32 0-dim tensors on CPU, Python floats elsewhere (see LlamaWeights)."""
+
+    inv_hidden: torch.Tensor | float
+    eps: torch.Tensor | float
+    scaling: torch.Tensor | float
+    eps_value: float  # for F.rms_norm on CUDA
 
 
 class LlamaWeights:
@@ -151,19 +156,23 @@ class LlamaWeights:
         # fp32 on HumanEval prompts (measured: 1 of 8 identical against 6 of 8 with int4 layers).
         outer = "bf16" if precision == "bf16" else "fp32"
         embed_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.int8}.get(precision, act)
-        self.embed = Embedding(base.embed_tokens.weight.detach(), embed_dtype, device, act)
         head = hf_model.get_output_embeddings()
         tied = head.weight is base.embed_tokens.weight
         qkv = self.layers[0].qkv
-        if tied and isinstance(qkv, DenseLinear) and self.embed.table.dtype == qkv.weight.dtype:
+        share = tied and isinstance(qkv, DenseLinear)  # the head can use the embedding's own table
+        self.embed = Embedding(base.embed_tokens.weight.detach(), embed_dtype, device, act, exact_int8=not share)
+        if share and self.embed.table.dtype == qkv.weight.dtype:
             self.head = DenseLinear(self.embed.table)  # one tensor for both, as in the HF model
         else:
             self.head = make_linear(head.weight.detach(), None, outer, device)
         self.scaling = head_dim ** -0.5
-        # the step's scalars as 0-dim tensors: an op with a Python float converts it to a tensor on
-        # every call (2-3 us each, 5 per layer; measured), with the same value and result
-        self.consts = _Consts(*(torch.tensor(v, dtype=act, device=device)
-                                for v in (1.0 / cfg.hidden_size, float(cfg.rms_norm_eps), self.scaling)),
+        # On CPU the step's scalars are fp32 0-dim tensors: an op with a Python float converts it to
+        # a tensor on every call (2-3 us each, 5 per layer; measured), same value and result (the
+        # activations are fp32 there). On CUDA they stay floats: a bf16 op would round a 0-dim
+        # bf16 tensor (the scaling of head_dim 128 by ~1e-4), and graph replay hides the cost.
+        values = (1.0 / cfg.hidden_size, float(cfg.rms_norm_eps), self.scaling)
+        on_cpu = torch.device(device).type == "cpu"
+        self.consts = _Consts(*(torch.tensor(v, dtype=torch.float32) if on_cpu else v for v in values),
                               eps_value=float(cfg.rms_norm_eps))
         rotary = base.rotary_emb
         positions = torch.arange(max_len, dtype=torch.float32)
@@ -302,8 +311,10 @@ class _DecodeViews:
 def _decode_views(kv: torch.Tensor, plan: StepPlan) -> _DecodeViews:
     layers, _, _, heads, _, d = kv.shape
     b, w = plan.n_decode, plan.window
-    keys = kv[:, 0, :b, :, :w].reshape(layers, b * heads, w, d)  # rows and heads merge: still a view
-    values = kv[:, 1, :b, :, :w].reshape(layers, b * heads, w, d)
+    # rows and heads merge without a copy (view() would raise otherwise): the views see the keys
+    # and values the layer loop writes after they are made
+    keys = kv[:, 0, :b, :, :w].view(layers, b * heads, w, d)
+    values = kv[:, 1, :b, :, :w].view(layers, b * heads, w, d)
     visible = torch.arange(w, device=kv.device)[None, :] < plan.lengths[:, None]
     bias = torch.zeros(visible.shape, dtype=kv.dtype, device=kv.device).masked_fill_(~visible, float("-inf"))
     bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
@@ -314,7 +325,7 @@ def _decode_attention(q, views: _DecodeViews, layer: int, scaling) -> torch.Tens
     """``[n_decode, heads, D]``: each query over its own cache row's window.
 
     Plain batched matrix products, a query group per ``(row, kv head)``
-    (grouped-query heads as a ``[kv_heads, group]`` view, no key/value
+    (grouped-query heads as a ``[n_decode * kv_heads, group]`` view, no key/value
     copies), the length mask added inside the first product (``baddbmm``):
     one fixed kernel sequence for every shape, so nothing is re-planned per
     batch size or window, and it captures in a CUDA graph.
