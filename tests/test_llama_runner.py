@@ -132,6 +132,24 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode(model_dir, refer
     assert long_seq[len(long):] == generate_alone(reference, long, 1)
 
 
+def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, reference):
+    """A chunked prompt reserves its whole length when its first chunk runs (one growth while the
+    cache is small, not one per capacity step with ever larger copies); tokens stay exact."""
+    model = LlamaRunner(load_model(model_dir).weights, max_prefill_tokens=16, capacity_step=32)
+    model.bind_slots(2)
+    assert model.kv_cache.capacity == 32
+    prompt = random_prompts(1, seed=11, max_len=100)[0] * 2
+    grown = []
+    seq = list(prompt)
+    while len(seq) == len(prompt):
+        out = model.step([SlotInput(1, seq)])[0]
+        grown.append(model.kv_cache.capacity)
+        if out is not None:
+            seq.append(out)
+    assert len(prompt) > 32 and grown[0] > len(prompt) and len(set(grown)) == 1
+    assert seq[len(prompt):] == generate_alone(reference, prompt, 1)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 def test_lower_precisions_run_and_agree_closely(model_dir, precision):
     exact, low = load_model(model_dir), load_model(model_dir, precision=precision)

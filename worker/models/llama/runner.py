@@ -144,7 +144,10 @@ class LlamaRunner:
     def _run(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor | None, list[int]]:
         """Build the step plan(s), run them; return logits and the batch index of each logits row."""
         cache = self.kv_cache
-        longest = max([cache.lengths[r] + 1 for r in decode] + [start + count for _, _, start, count in chunks],
+        # room for whole prompts at their first chunk: the cache grows once for a long prompt, while
+        # it is still short, not once per 256 positions with ever larger copies (each growth copies
+        # every row: at 8 rows and 1,536 positions ~570 MB, a pause of several chunks)
+        longest = max([cache.lengths[r] + 1 for r in decode] + [len(batch[i].tokens) for i, _, _, _ in chunks],
                       default=0)
         cache.reserve(longest)
         if self._graphs is not None:  # CUDA: prefill eagerly, decode from a graph
