@@ -132,7 +132,7 @@ class _Quantised:
     """Shared by the int kinds: the kernel up to ``KERNEL_ROWS`` rows, the dequantised weight above."""
 
     __slots__ = ()
-    KERNEL_ROWS = 64
+    KERNEL_ROWS: int  # set by each kind, measured
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.KERNEL_ROWS:

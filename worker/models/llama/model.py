@@ -258,9 +258,10 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
         parts = []
         if decode is not None:
             parts.append(_decode_attention(q[: plan.n_decode], decode, layer, c.scaling))
-        for (offset, count, row, start), mask in zip(plan.prefill, masks):
+        if plan.prefill:
             k = qkv[:, q_end:k_end].view(n, s.kv_heads, d)
             v = qkv[:, k_end:].view(n, s.kv_heads, d)
+        for (offset, count, row, start), mask in zip(plan.prefill, masks):
             parts.append(_prefill_attention(q, k, v, cache[0], cache[1], offset, count, row, start, mask,
                                             w.scaling))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
