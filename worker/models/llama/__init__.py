@@ -4,6 +4,8 @@
   bf16, weight-only int8/int4) on torch's own kernels.
 - :mod:`~worker.models.llama.model`: weights in slotserve's fused layout
   and the forward pass over one iteration's step plan.
+- :mod:`~worker.models.llama.attention`: decode attention on views of the
+  KV cache made once per iteration, and prefill attention.
 - :mod:`~worker.models.llama.cache`: the static per-slot KV cache.
 - :mod:`~worker.models.llama.runner`: :class:`LlamaRunner`, the
   :class:`~worker.models.base.SlotModel` the engine drives (chunked prefill,

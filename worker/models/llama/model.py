@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.models.llama.attention import chunk_mask, decode_attention, decode_views, prefill_attention
 from worker.models.llama.linear import DenseLinear, make_linear
 
 
@@ -243,8 +244,8 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     sin = w.sin_signed[plan.positions][:, None]
     c = w.consts
     layer_kv = kv.unbind(0)  # per layer [2, rows, kv_heads, capacity, D]
-    decode = _decode_views(kv, plan) if plan.n_decode else None
-    masks = [_chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
+    decode = decode_views(kv, plan.n_decode, plan.window, plan.lengths) if plan.n_decode else None
+    masks = [chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
     x = w.embed(plan.ids)
     for layer, lw in enumerate(w.layers):
         h = _rms_norm(x, lw.ln1, c)
@@ -257,12 +258,12 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
         q = qkv[:, :q_end].view(n, s.heads, d)
         parts = []
         if decode is not None:
-            parts.append(_decode_attention(q[: plan.n_decode], decode, layer, c.scaling))
+            parts.append(decode_attention(q[: plan.n_decode], decode, layer, c.scaling))
         if plan.prefill:
             k = qkv[:, q_end:k_end].view(n, s.kv_heads, d)
             v = qkv[:, k_end:].view(n, s.kv_heads, d)
         for (offset, count, row, start), mask in zip(plan.prefill, masks):
-            parts.append(_prefill_attention(q, k, v, cache[0], cache[1], offset, count, row, start, mask,
+            parts.append(prefill_attention(q, k, v, cache[0], cache[1], offset, count, row, start, mask,
                                             w.scaling))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = lw.o.add(x, attn.reshape(n, q_end))
@@ -297,64 +298,3 @@ def _rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None
     """
     rotated = torch.roll(x, x.shape[-1] // 2, -1).mul_(sin_signed)
     x.mul_(cos).add_(rotated)
-
-
-@dataclass(slots=True)
-class _DecodeViews:
-    """The decode attention's operands for every layer, as views made once per iteration."""
-
-    keys_t: tuple  # per layer [n_decode * kv_heads, D, window]
-    values: tuple  # per layer [n_decode * kv_heads, window, D]
-    bias: torch.Tensor  # [n_decode * kv_heads, 1, window]: 0, or -inf past a row's length
-    kv_heads: int
-
-
-def _decode_views(kv: torch.Tensor, plan: StepPlan) -> _DecodeViews:
-    layers, _, _, heads, _, d = kv.shape
-    b, w = plan.n_decode, plan.window
-    # rows and heads merge without a copy (view() would raise otherwise): the views see the keys
-    # and values the layer loop writes after they are made
-    keys = kv[:, 0, :b, :, :w].view(layers, b * heads, w, d)
-    values = kv[:, 1, :b, :, :w].view(layers, b * heads, w, d)
-    visible = torch.arange(w, device=kv.device)[None, :] < plan.lengths[:, None]
-    bias = torch.zeros(visible.shape, dtype=kv.dtype, device=kv.device).masked_fill_(~visible, float("-inf"))
-    bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
-    return _DecodeViews(keys.transpose(2, 3).unbind(0), values.unbind(0), bias, heads)
-
-
-def _decode_attention(q, views: _DecodeViews, layer: int, scaling) -> torch.Tensor:
-    """``[n_decode, heads, D]``: each query over its own cache row's window.
-
-    Plain batched matrix products, a query group per ``(row, kv head)``
-    (grouped-query heads as a ``[n_decode * kv_heads, group]`` view, no key/value
-    copies), the length mask added inside the first product (``baddbmm``):
-    one fixed kernel sequence for every shape, so nothing is re-planned per
-    batch size or window, and it captures in a CUDA graph.
-    """
-    b, heads, d = q.shape
-    qg = (q * scaling).view(b * views.kv_heads, heads // views.kv_heads, d)
-    scores = torch.baddbmm(views.bias, qg, views.keys_t[layer])  # [b * kv_heads, group, window]
-    probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(
-        scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.bmm(probs, views.values[layer]).view(b, heads, d)
-
-
-def _prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, scaling) -> torch.Tensor:
-    """``[count, heads, D]``: one prefill sequence, causal over its own keys."""
-    qs = q[offset:offset + count].transpose(0, 1)[None]
-    if start == 0:  # a fresh prompt: its keys are the new ones
-        ks = k[offset:offset + count].transpose(0, 1)[None]
-        vs = v[offset:offset + count].transpose(0, 1)[None]
-        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling, enable_gqa=True)
-    else:  # a later chunk: the whole prefix is in the cache row
-        end = start + count
-        ks, vs = k_cache[row:row + 1, :, :end], v_cache[row:row + 1, :, :end]
-        out = F.scaled_dot_product_attention(qs, ks.to(qs.dtype), vs.to(qs.dtype), attn_mask=mask,
-                                             scale=scaling, enable_gqa=True)
-    return out[0].transpose(0, 1)
-
-
-def _chunk_mask(count: int, start: int, device) -> torch.Tensor:
-    """``[count, start + count]`` bool: query ``i`` (position ``start + i``) sees keys ``0..start + i``."""
-    keys = torch.arange(start + count, device=device)
-    return keys[None, :] <= (start + torch.arange(count, device=device))[:, None]
