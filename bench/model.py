@@ -61,6 +61,7 @@ import random
 import resource
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,8 @@ class Run:
     outputs: list[list[int]] = field(default_factory=list)  # useful generated tokens per request
     first_s: list[float] = field(default_factory=list)  # first-token time per request
     last_s: list[float] = field(default_factory=list)  # last useful token time per request
-    rss_mb: float | None = None
+    rss_mb: float | None = None  # after the run
+    peak_rss_mb: float | None = None  # highest sampled while the run was on (RssPeak)
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-min load average before / after (2 cores here)
     all_wall_s: list[float] = field(default_factory=list)  # every repeat; the fastest is reported
     note: str = ""
@@ -111,10 +113,39 @@ class Run:
             "identical_to_hf_greedy": None if reference is None else sum(
                 a == b for a, b in zip(self.outputs, reference)),
             "rss_mb": None if self.rss_mb is None else round(self.rss_mb),
+            "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb),
             "load_avg_before_after": [round(x, 2) for x in self.load_avg],
             "all_wall_s": self.all_wall_s,
             "note": self.note,
         }
+
+
+class RssPeak:
+    """The highest RSS of a process (MiB) while the ``with`` block runs, sampled every ``interval_s``.
+
+    A sampler, so it can miss a spike shorter than the interval; it reads
+    what serving holds, where the RSS after a run may already be trimmed.
+    """
+
+    def __init__(self, process: psutil.Process, interval_s: float = 0.05) -> None:
+        self.process, self.interval_s, self.peak_mb = process, interval_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak_mb = max(self.peak_mb, self.process.memory_info().rss / 2**20)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, self.process.memory_info().rss / 2**20)
 
 
 class TokenTimes:
@@ -169,8 +200,10 @@ def run_slotserve(model, prompts, max_tokens, slots) -> Run:
     times = TokenTimes(len(prompts))
     handles = [engine.submit_request(p, m, on_token=times.recorder(i))
                for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-    engine.run()
+    with RssPeak(psutil.Process()) as peak:
+        engine.run()
     run.wall_s = time.monotonic() - times.t0
+    run.peak_rss_mb = peak.peak_mb
     run.outputs = [h.result(timeout=0)[len(p):] for h, p in zip(handles, prompts)]
     run.first_s, run.last_s = times.first, times.last
     run.rss_mb = psutil.Process().memory_info().rss / 2**20
@@ -207,10 +240,12 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
         client.run(timeout=300)
         times = TokenTimes(n)
         first, last, t0 = times.first, times.last, times.t0
-        handles = [client.submit_request(p, m, on_token=times.recorder(i))
-                   for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-        client.run(timeout=1800)
+        with RssPeak(worker) as peak:
+            handles = [client.submit_request(p, m, on_token=times.recorder(i))
+                       for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+            client.run(timeout=1800)
         run.wall_s = time.monotonic() - t0
+        run.peak_rss_mb = peak.peak_mb
         run.outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
         run.first_s, run.last_s = first, last
         run.rss_mb = worker.memory_info().rss / 2**20
@@ -419,7 +454,7 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dic
 def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dict | None = None) -> None:
     base = {r["system"]: r["tokens_per_s"] for r in rows}
     cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
-            "identical_to_hf_greedy", "rss_mb"]
+            "identical_to_hf_greedy", "rss_mb", "peak_rss_mb"]
     print()
     versus = ("hf-static", "hf-cb", "llamacpp")
     print(" | ".join(f"{c:>14}" for c in cols + [f"vs {b}" for b in versus]))

@@ -150,6 +150,33 @@ def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, re
     assert seq[len(prompt):] == generate_alone(reference, prompt, 1)
 
 
+def test_the_cache_grows_geometrically_in_whole_steps_and_keeps_its_rows():
+    """Growth: to what is needed or 1/8 more, in whole steps, at most max_len; old rows copied."""
+    from worker.models.llama.cache import SlotCache
+
+    cache = SlotCache(layers=2, rows=3, kv_heads=1, head_dim=4, max_len=1000, dtype=torch.float32,
+                      device="cpu", capacity_step=64)
+    assert cache.capacity == 64
+    cache.kv[:, :, 1, 0, :64] = torch.arange(64, dtype=torch.float32)[:, None]
+    grown = []
+    for longest in (63, 64, 100, 130, 700, 998):
+        cache.reserve(longest)
+        grown.append(cache.capacity)
+    # 64 -> 128 (needs 65) -> 128 -> 192 (131 > 128 * 1.125 = 144 -> 192) -> 704 -> 1000 (max_len)
+    assert grown == [64, 128, 128, 192, 704, 1000]
+    assert torch.equal(cache.kv[:, :, 1, 0, :64, 0], torch.arange(64, dtype=torch.float32).expand(2, 2, 64))
+    assert cache.kv[:, :, :, :, 64:].abs().sum() == 0
+    cache = SlotCache(layers=1, rows=1, kv_heads=1, head_dim=1, max_len=10_000, dtype=torch.float32,
+                      device="cpu", capacity_step=64)
+    capacities = set()
+    for longest in range(1, 4096):  # decoding one position at a time: geometric steps, not +64 each
+        cache.reserve(longest)
+        capacities.add(cache.capacity)
+    assert len(capacities) <= 25 and 4096 < cache.capacity < 4096 * 1.125 + 64  # fixed 64-steps: 64
+    with pytest.raises(ValueError, match="exceeds"):
+        cache.reserve(10_000)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 def test_lower_precisions_run_and_agree_closely(model_dir, precision):
     exact, low = load_model(model_dir), load_model(model_dir, precision=precision)
@@ -271,6 +298,26 @@ def test_fp32_embedding_is_stored_8_bit_only_where_that_is_exact():
     signed[5, 40] = -0.0  # code 0 gives +0.0: equal as floats, not as bits
     zero = Embedding(signed, torch.float32, "cpu", torch.float32)
     assert zero.table.dtype == torch.float32 and torch.equal(zero(ids).view(torch.int32), signed[ids].view(torch.int32))
+
+
+@pytest.mark.parametrize("runner", ["slotserve", "hf"])
+def test_freed_heap_goes_back_when_the_last_slot_is_released(model_dir, monkeypatch, runner):
+    """Both runners trim glibc's heap once no slot holds a row, never while one still does."""
+    import worker.models.hf
+    import worker.models.llama.runner
+
+    model = load_model(model_dir, runner=runner)
+    trims = []
+    module = worker.models.hf if runner == "hf" else worker.models.llama.runner
+    monkeypatch.setattr(module, "trim_heap", lambda: trims.append(1))
+    model.bind_slots(3)
+    prompts = random_prompts(2, seed=5)
+    model.step([SlotInput(0, prompts[0]), SlotInput(2, prompts[1])])
+    model.release_slot(2)
+    model.release_slot(1)  # never held a row
+    assert trims == []
+    model.release_slot(0)
+    assert trims == [1]
 
 
 @pytest.mark.parametrize("runner", ["slotserve", "hf"])

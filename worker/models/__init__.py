@@ -7,6 +7,7 @@ needs them, so ``import worker`` stays light.
 from __future__ import annotations
 
 from worker.models.base import SamplingParams, SlotInput, SlotModel, StatelessModel
+from worker.models.heap import return_freed_memory
 from worker.models.options import ModelOptions
 
 __all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
@@ -60,7 +61,7 @@ def load_model(name: str, **options):
         runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
                                max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec))
         del model  # the runner holds its own copy; the HF module's memory goes back now
-        _return_freed_memory()
+        return_freed_memory()
         return runner
     if opts.runner == "slotserve":
         raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
@@ -70,20 +71,3 @@ def load_model(name: str, **options):
     if precision == "bf16":
         model = model.to(dtype=__import__("torch").bfloat16)
     return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
-
-
-def _return_freed_memory() -> None:
-    """Collect garbage, then ask glibc to hand freed heap pages back to the OS (``malloc_trim``).
-
-    Without it the HF module's freed tensors stay in the process (glibc raises
-    its mmap threshold after large frees and keeps such blocks on its heap), so
-    the worker's RSS would not fall after the copy. A no-op where glibc is absent.
-    """
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from worker.models.base import SlotInput
+from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
 from worker.models.rows import SlotRows
@@ -242,10 +243,13 @@ class HFSlotModel:
         self._rows = SlotRows(num_slots)
 
     def release_slot(self, slot: int) -> None:
-        """Free the slot's cache row (its contents are overwritten by the next user)."""
+        """Free the slot's cache row (its contents are overwritten by the next user); when it
+        was the last one in use, return freed heap to the OS (see :mod:`worker.models.heap`)."""
         row = self._rows.release(slot)
         if row is not None:
             self._cache.reset_row(row)
+            if self._rows.idle:
+                trim_heap()
 
     def step(self, batch: Sequence[SlotInput]) -> list[int]:
         """Next token per entry of ``batch`` (prefill new slots, decode the rest).

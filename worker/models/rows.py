@@ -17,6 +17,7 @@ class SlotRows:
     - ``of``: the current mapping (read it directly in hot loops).
     - :meth:`row`: the slot's row, taking the lowest free one for a new slot.
     - :meth:`release`: give the slot's row back; returns it (None if it had none).
+    - :attr:`idle`: no slot holds a row.
 
     Raises ValueError when a new slot finds no free row (``release`` was not called).
     """
@@ -34,6 +35,11 @@ class SlotRows:
                 raise ValueError(f"slot {slot} has no free cache row; was release_slot() called?")
             row = self.of[slot] = heapq.heappop(self._free)
         return row
+
+    @property
+    def idle(self) -> bool:
+        """True when no slot holds a row."""
+        return not self.of
 
     def release(self, slot: int) -> int | None:
         row = self.of.pop(slot, None)

@@ -20,8 +20,16 @@ the final capacity ``max_len`` a real key at ``max_len - 1`` would belong to
 the token that completes a ``max_len``-token sequence, which the model never
 reads.
 
-Memory follows the longest live sequence: ``capacity`` grows in steps of
-``capacity_step`` positions up to ``max_len`` (one copy per growth). With
+Memory follows the longest sequence seen: ``capacity`` starts at
+``capacity_step`` positions and grows, when a row needs more, to the larger
+of what it needs and :data:`GROWTH` times the old capacity, rounded up to a
+multiple of ``capacity_step``, at most ``max_len`` (one copy per growth).
+So the spare room stays under 12.5 % plus one step, and the copying stays
+linear in the length (CPython's ``list`` over-allocates by the same ~1/8).
+At 8 rows of SmolLM2-135M (0.37 MB per position): HE32's longest sequence
+(282 positions) gets 320 (was 512 with fixed 256-position steps: 180 ->
+112.5 MiB); a 4,096-position one 4,160 after 22 copies totalling 10 GB
+(fixed 256-position steps: 16 copies, 12.8 GB). With
 ``capacity_step=None`` (CUDA, where captured graphs hold the tensors) the
 cache is allocated at ``max_len`` once. Bytes:
 ``2 * layers * rows * kv_heads * capacity * head_dim * itemsize``.
@@ -29,14 +37,20 @@ cache is allocated at ``max_len`` once. Bytes:
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+GROWTH = 1.125
+"""Least factor by which the capacity grows (see the module docstring)."""
 
 
 class SlotCache:
     """Per-row KV cache (see module docstring)."""
 
     def __init__(self, *, layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: str, capacity_step: int | None = 256) -> None:
+                 dtype: torch.dtype, device: str, capacity_step: int | None = 64) -> None:
         if min(layers, rows, kv_heads, head_dim) < 1 or max_len < 2:
             raise ValueError("SlotCache sizes must be >= 1 (max_len >= 2)")
         self.layers, self.rows, self.kv_heads, self.head_dim = layers, rows, kv_heads, head_dim
@@ -71,7 +85,8 @@ class SlotCache:
                              f"{self.max_len} tokens; shorten the prompt or max_tokens")
         if longest + 1 > self.capacity:
             step = self.capacity_step or self.max_len
-            self._grow(min(self.max_len, -(-(longest + 1) // step) * step))
+            want = max(longest + 1, int(self.capacity * GROWTH))
+            self._grow(min(self.max_len, -(-want // step) * step))
 
     def clear(self, row: int) -> None:
         """Forget row ``row`` (its data stays, never read, until overwritten)."""
@@ -88,7 +103,26 @@ class SlotCache:
     def _grow(self, capacity: int) -> None:
         shape = (self.layers, 2, self.rows, self.kv_heads, capacity, self.head_dim)
         # zeros, not empty: masked positions are still multiplied by 0 weights, and 0 * NaN is NaN
-        kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if torch.device(self.device).type == "cpu":
+            kv = _anonymous_zeros(shape, self.dtype)
+        else:
+            kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.capacity:
             kv[..., : self.capacity, :].copy_(self.kv)
         self.kv, self.capacity = kv, capacity
+
+
+def _anonymous_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero CPU tensor on an anonymous memory mapping of its own (``mmap``), not on malloc's heap.
+
+    - Freeing it unmaps it: glibc never sees it, so a cache growth does not
+      raise glibc's mmap threshold (freeing a malloc'ed block under 32 MiB
+      does, after which every activation up to that size stays on the heap
+      when freed: measured, +80 MiB RSS on HE32 after a 22.5 MiB cache grew).
+    - The kernel's pages start zero and take memory only once written, so
+      positions no row has reached cost nothing.
+    """
+    count = math.prod(shape)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    buffer = mmap.mmap(-1, max(count * itemsize, 1))
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from worker.models.base import SlotInput
+from worker.models.heap import trim_heap
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.model import LlamaWeights, StepPlan, forward
 from worker.models.rows import SlotRows
@@ -46,7 +47,7 @@ class LlamaRunner:
     """
 
     def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
-                 max_prefill_tokens: int = 512, capacity_step: int | None = 256) -> None:
+                 max_prefill_tokens: int = 512, capacity_step: int | None = 64) -> None:
         self.weights = weights
         self.device, self.precision = weights.device, weights.precision
         self.vocab_size = weights.shape.vocab
@@ -78,11 +79,13 @@ class LlamaRunner:
             self._graphs = DecodeGraphs(self.weights, self.kv_cache)
 
     def release_slot(self, slot: int) -> None:
-        """Free the slot's cache row."""
+        """Free the slot's cache row; when it was the last one in use, return freed heap to the OS."""
         row = self._rows.release(slot)
         if row is not None:
             self.kv_cache.clear(row)
             self._failed[row] = 0
+            if self._rows.idle:
+                trim_heap()  # idle: the iterations' freed temporaries leave the RSS (see worker.models.heap)
 
     def step(self, batch: Sequence[SlotInput]) -> list:
         """Next token per entry of ``batch``: an int, None (prompt not finished) or a ModelError.
