@@ -118,7 +118,7 @@ def _anonymous_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     - Freeing it unmaps it: glibc never sees it, so a cache growth does not
       raise glibc's mmap threshold (freeing a malloc'ed block under 32 MiB
       does, after which every activation up to that size stays on the heap
-      when freed: measured, +80 MiB RSS on HE32 after a 22.5 MiB cache grew).
+      when freed: measured on HE32, ~90 MiB more RSS after a 22.5 MiB cache grew).
     - The kernel's pages start zero and take memory only once written, so
       positions no row has reached cost nothing.
     """

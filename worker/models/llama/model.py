@@ -180,9 +180,9 @@ class LlamaWeights:
         freqs = positions[:, None] * rotary.inv_freq.detach().float().cpu()
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * rotary.attention_scaling).to(device=device, dtype=act)
-        # sin with the first half negated: rotate_half(x) * sin == roll(x, D / 2) * signed sin, exactly
+        # sin with the second half negated: rotate_half(x) * sin, crosswise (see _rope_), exactly
         sin = emb.sin() * rotary.attention_scaling
-        sin[:, : head_dim // 2].neg_()
+        sin[:, head_dim // 2:].neg_()
         self.sin_signed = sin.to(device=device, dtype=act)
 
     @property
@@ -293,8 +293,13 @@ def _rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None
     """transformers' ``apply_rotary_pos_emb`` for q and k at once, in place in ``x`` ``[N, heads, D]``.
 
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``
-    is computed as ``x * cos + roll(x, D / 2) * sin_signed`` (``sin`` with its
-    first half negated): the same products and sums, bit for bit, in four ops.
+    is, per half, ``x1 * cos + x2 * -sin`` and ``x2 * cos + x1 * sin``: the
+    products ``t = x * sin_signed`` (``sin`` with its second half negated)
+    added crosswise to ``x * cos``. The same products and sums, bit for bit,
+    in four ops and one temporary (``torch.roll`` took five more).
     """
-    rotated = torch.roll(x, x.shape[-1] // 2, -1).mul_(sin_signed)
-    x.mul_(cos).add_(rotated)
+    half = x.shape[-1] // 2
+    t = x * sin_signed
+    x.mul_(cos)
+    x[..., :half].add_(t[..., half:])
+    x[..., half:].add_(t[..., :half])
