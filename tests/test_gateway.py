@@ -348,6 +348,7 @@ def test_models_health_and_metrics(oai, cluster, text_model):
     r = oai.completions.create(model="simulated", prompt=[3, 4], max_tokens=9)
     assert metric(cluster, "slotserve_http_completion_tokens_total", model="simulated") == \
         before + r.usage.completion_tokens
+    oai.chat.completions.create(model=text_model, messages=MESSAGES, max_completion_tokens=2)  # this test's own
     text = httpx.get(cluster.http_url + "/metrics").text
     assert 'slotserve_http_ttft_seconds_count{endpoint="/v1/completions"}' in text
     assert 'slotserve_http_request_latency_seconds_count{endpoint="/v1/chat/completions"}' in text
