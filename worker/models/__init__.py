@@ -53,9 +53,12 @@ def load_model(name: str, **options):
     max_cache_len = options.pop("max_cache_len", None)
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
-    model, codec = hf.load_pretrained(name)
     from worker.models import llama
 
+    runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens)
+    if runner is not None:
+        return runner
+    model, codec = hf.load_pretrained(name)
     reason = llama.supports(model.config)
     if reason is None:
         runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
@@ -71,3 +74,28 @@ def load_model(name: str, **options):
     if precision == "bf16":
         model = model.to(dtype=__import__("torch").bfloat16)
     return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
+
+
+def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int):
+    """The slotserve runner for a plain Llama GGUF, read without building the transformers model
+    (:func:`worker.models.llama.source.read_gguf`); None for anything else."""
+    import os
+
+    from worker.models import hf, llama
+    from worker.models.hf_text import HFTextCodec
+    from worker.models.llama.source import read_gguf
+
+    path, gguf_file = hf.resolve_model_path(name)
+    if gguf_file is None or not os.path.isfile(os.path.join(path, gguf_file)):
+        return None
+    read = read_gguf(os.path.join(path, gguf_file))
+    if read is None:
+        return None
+    source, tokenizer = read
+    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    runner = llama.from_source(source, codec, device=device, precision=precision, max_cache_len=max_cache_len,
+                               max_prefill_tokens=max_prefill_tokens,
+                               eos_token_ids=hf.merge_eos_ids(source.eos_token_ids, codec))
+    del source, read
+    return_freed_memory()
+    return runner

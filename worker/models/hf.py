@@ -167,8 +167,14 @@ def context_length(config) -> int:
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
     """EOS token ids of the generation config, the model config and the tokenizer, in that order."""
+    return merge_eos_ids([getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id],
+                         tokenizer)
+
+
+def merge_eos_ids(sources: list, tokenizer) -> tuple[int, ...]:
+    """The ids in ``sources`` (each an int, a list or None), then the tokenizer's EOS, without repeats."""
     ids: list[int] = []
-    sources = [getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id]
+    sources = list(sources)
     if tokenizer is not None:
         sources.append(tokenizer._tok.eos_token_id)
     for src in sources:

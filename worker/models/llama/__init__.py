@@ -12,18 +12,22 @@
   decode over per-row lengths, sampling).
 - :mod:`~worker.models.llama.cuda_graphs`: the CUDA decode step, replayed
   from graphs captured at fixed batch sizes.
+- :mod:`~worker.models.llama.source`: where the weights come from (a
+  transformers module, or a GGUF file read without one).
 
 Weights come from a transformers ``LlamaForCausalLM`` (whatever
 :mod:`worker.models.hf` loads: a GGUF file or a ``save_pretrained``
-directory); :func:`from_hf` copies them into the runner's tensors, after
-which the caller drops the HF module (its memory is returned).
+directory; :func:`from_hf`) or straight from a plain Llama GGUF file
+(:func:`~worker.models.llama.source.read_gguf`, without transformers'
+modelling stack; :func:`from_source`). Either is copied into the runner's
+tensors, after which the caller drops the source (its memory is returned).
 """
 
 from __future__ import annotations
 
 from worker.models.llama.runner import LlamaRunner
 
-__all__ = ["LlamaRunner", "from_hf", "supports"]
+__all__ = ["LlamaRunner", "from_hf", "from_source", "supports"]
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed, independent of sequence length
 
@@ -57,17 +61,29 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """
-    reason = supports(model.config)
+    from worker.models.llama.source import LlamaSource
+
+    return from_source(LlamaSource.from_hf(model), tokenizer, device=device, precision=precision,
+                       max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
+                       eos_token_ids=eos_token_ids)
+
+
+def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str = "fp32",
+                max_cache_len: int | None = None, max_prefill_tokens: int = 512,
+                eos_token_ids: tuple[int, ...] = ()) -> LlamaRunner:
+    """:func:`from_hf` for a :class:`~worker.models.llama.source.LlamaSource` (e.g. from
+    :func:`~worker.models.llama.source.read_gguf`); same options and errors."""
+    reason = supports(source.config)
     if reason is not None:
         raise ValueError(f"the slotserve runner cannot run this model: {reason}; use runner='hf'")
     from worker.models.hf import context_length
     from worker.models.llama.model import LlamaWeights
 
-    context = context_length(model.config)
+    context = context_length(source.config)
     if max_cache_len is None:
         max_cache_len = context if device == "cpu" else min(context, 4096)
     if type(max_cache_len) is not int or not 2 <= max_cache_len:
         raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
-    weights = LlamaWeights(model, precision, device, min(context, max_cache_len))
+    weights = LlamaWeights(source, precision, device, min(context, max_cache_len))
     return LlamaRunner(weights, tokenizer=tokenizer, eos_token_ids=eos_token_ids,
                        max_prefill_tokens=max_prefill_tokens)

@@ -1,7 +1,8 @@
 """The Llama forward pass over a step plan: weights, one layer loop, two attention shapes.
 
-Weights (:class:`LlamaWeights`) are copied out of a transformers
-``LlamaForCausalLM`` into slotserve's own tensors: q/k/v fused into one
+Weights (:class:`LlamaWeights`) are copied out of a
+:class:`~worker.models.llama.source.LlamaSource` (a transformers
+``LlamaForCausalLM``, or a GGUF file read without one) into slotserve's own tensors: q/k/v fused into one
 ``[(H + 2 Hkv) D, hidden]`` matrix and gate/up into one ``[2 F, hidden]``, each
 a linear of the chosen precision (:mod:`worker.models.llama.linear`), plus
 the RoPE cos/sin tables for every position, computed with transformers' own
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 
 from worker.models.llama.attention import chunk_mask, decode_attention, decode_views, prefill_attention
 from worker.models.llama.linear import DenseLinear, make_linear
+from worker.models.llama.source import LlamaSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +124,9 @@ class _Consts:
 class LlamaWeights:
     """The model's tensors in slotserve's layout (see module docstring)."""
 
-    def __init__(self, hf_model, precision: str, device: str, max_len: int) -> None:
-        cfg = hf_model.config
-        base = hf_model.base_model
+    def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int) -> None:
+        """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout."""
+        cfg = source.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.shape = LlamaShape(
@@ -136,36 +138,30 @@ class LlamaWeights:
         self.act_dtype = torch.bfloat16 if precision == "bf16" and device != "cpu" else torch.float32
         act = self.act_dtype
 
-        def norm(module) -> torch.Tensor:  # a copy: the HF tensors may map the whole weights file
-            return module.weight.detach().to(device=device, dtype=act, copy=True)
+        def norm(weight: torch.Tensor) -> torch.Tensor:  # a copy: the source may map the whole weights file
+            return weight.to(device=device, dtype=act, copy=True)
 
-        def fused(linears) -> object:
-            weight = torch.cat([m.weight.detach() for m in linears])
-            bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+        def fused(layer: dict, keys: tuple[str, ...]) -> object:
+            weight = torch.cat([layer[k] for k in keys])
+            bias = None if keys[0] + ".bias" not in layer else torch.cat([layer[k + ".bias"] for k in keys])
             return make_linear(weight, bias, precision, device)
 
-        self.layers = []
-        for layer in base.layers[: cfg.num_hidden_layers]:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(LayerWeights(
-                norm(layer.input_layernorm), fused([attn.q_proj, attn.k_proj, attn.v_proj]), fused([attn.o_proj]),
-                norm(layer.post_attention_layernorm), fused([mlp.gate_proj, mlp.up_proj]), fused([mlp.down_proj]),
-            ))
-        self.norm = norm(base.norm)
+        self.layers = [LayerWeights(norm(layer["ln1"]), fused(layer, ("q", "k", "v")), fused(layer, ("o",)),
+                                    norm(layer["ln2"]), fused(layer, ("gate", "up")), fused(layer, ("down",)))
+                       for layer in source.layers]
+        self.norm = norm(source.norm)
         # The LM head stays fp32 at int8/int4 and the embedding is int8 in 32-column blocks:
         # quantising the head per row (and the embedding) cost most of the greedy agreement with
         # fp32 on HumanEval prompts (measured: 1 of 8 identical against 6 of 8 with int4 layers).
         outer = "bf16" if precision == "bf16" else "fp32"
         embed_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.int8}.get(precision, act)
-        head = hf_model.get_output_embeddings()
-        tied = head.weight is base.embed_tokens.weight
         qkv = self.layers[0].qkv
-        share = tied and isinstance(qkv, DenseLinear)  # the head can use the embedding's own table
-        self.embed = Embedding(base.embed_tokens.weight.detach(), embed_dtype, device, act, exact_int8=not share)
+        share = source.head is None and isinstance(qkv, DenseLinear)  # the head can use the embedding's table
+        self.embed = Embedding(source.embed, embed_dtype, device, act, exact_int8=not share)
         if share and self.embed.table.dtype == qkv.weight.dtype:
             self.head = DenseLinear(self.embed.table)  # one tensor for both, as in the HF model
         else:
-            self.head = make_linear(head.weight.detach(), None, outer, device)
+            self.head = make_linear(source.embed if source.head is None else source.head, None, outer, device)
         self.scaling = head_dim ** -0.5
         # On CPU the step's scalars are fp32 0-dim tensors: an op with a Python float converts it to
         # a tensor on every call (2-3 us each, 5 per layer; measured), same value and result (the
@@ -175,13 +171,12 @@ class LlamaWeights:
         on_cpu = torch.device(device).type == "cpu"
         self.consts = _Consts(*(torch.tensor(v, dtype=torch.float32) if on_cpu else v for v in values),
                               eps_value=float(cfg.rms_norm_eps))
-        rotary = base.rotary_emb
         positions = torch.arange(max_len, dtype=torch.float32)
-        freqs = positions[:, None] * rotary.inv_freq.detach().float().cpu()
+        freqs = positions[:, None] * source.inv_freq.float().cpu()
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = (emb.cos() * rotary.attention_scaling).to(device=device, dtype=act)
+        self.cos = (emb.cos() * source.attention_scaling).to(device=device, dtype=act)
         # sin with the second half negated: rotate_half(x) * sin, crosswise (see _rope_), exactly
-        sin = emb.sin() * rotary.attention_scaling
+        sin = emb.sin() * source.attention_scaling
         sin[:, head_dim // 2:].neg_()
         self.sin_signed = sin.to(device=device, dtype=act)
 

@@ -1,0 +1,144 @@
+"""Where the runner's weights come from: a transformers module, or a GGUF file read without one.
+
+:class:`LlamaSource` is what :class:`~worker.models.llama.model.LlamaWeights`
+copies: the config, the tensors of each layer, the final norm, the
+embedding and the LM head (None when tied to the embedding), and RoPE's
+inverse frequencies.
+
+- :meth:`LlamaSource.from_hf`: from a loaded transformers ``LlamaForCausalLM``.
+- :func:`read_gguf`: from a GGUF file, through transformers' own GGUF reader
+  (``load_gguf_checkpoint``: the dequantisation and the q/k un-permutation
+  that ``from_pretrained`` applies, so the same tensors bit for bit; tested)
+  and its tokenizer through ``TokenizersBackend.from_pretrained`` (the class
+  ``AutoTokenizer`` returns for these files, with the same settings;
+  tested), without building the transformers model or its config class.
+  The process then never imports transformers' modelling stack
+  (``modeling_utils`` pulls in torch.distributed, torch._dynamo and sympy;
+  ``AutoTokenizer`` the same through ``LlamaConfig``): measured for
+  SmolLM2-135M, ~115 MiB less RSS in every worker. Only plain Llama GGUFs
+  take this path (their config keys all in :data:`GGUF_KEYS`: default RoPE,
+  no biases); :func:`read_gguf` returns None for any other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+GGUF_KEYS = frozenset({
+    "model_type", "_model_name_or_path", "num_hidden_layers", "max_position_embeddings", "hidden_size",
+    "intermediate_size", "num_attention_heads", "num_key_value_heads", "rope_theta", "rms_norm_eps",
+    "vocab_size", "head_dim", "tie_word_embeddings", "bos_token_id", "eos_token_id", "unk_token_id",
+    "pad_token_id",
+})
+"""The config keys a GGUF may have to be read by :func:`read_gguf` (what transformers' GGUF
+reader gives a plain Llama file); anything else (RoPE scaling, biases) goes through transformers."""
+
+_LAYER_PARTS = {  # LlamaSource layer key -> transformers' module path inside a decoder layer
+    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+    "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+}
+
+
+@dataclass
+class LlamaSource:
+    """A Llama model's config and tensors, however they were read.
+
+    - ``config``: attributes as transformers' ``LlamaConfig`` (``hidden_size``,
+      ``num_attention_heads``, ``rms_norm_eps``, ...).
+    - ``layers``: per decoder layer, ``{"q", "k", "v", "o", "gate", "up",
+      "down": weight [out, in], "ln1", "ln2": [hidden]}``, plus ``"q.bias"``
+      etc. where the model has attention biases.
+    - ``norm`` ``[hidden]``, ``embed`` ``[vocab, hidden]``, ``head``
+      ``[vocab, hidden]`` or None when the LM head is the embedding (tied).
+    - ``inv_freq`` ``[head_dim / 2]`` and ``attention_scaling``: RoPE's, as
+      transformers computes them.
+    - ``eos_token_ids``: of the generation config and the model config.
+    """
+
+    config: object
+    layers: list[dict[str, torch.Tensor]]
+    norm: torch.Tensor
+    embed: torch.Tensor
+    head: torch.Tensor | None
+    inv_freq: torch.Tensor
+    attention_scaling: float
+    eos_token_ids: list = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, model) -> LlamaSource:
+        """The tensors of a transformers ``LlamaForCausalLM`` (shared, not copied)."""
+        cfg, base = model.config, model.base_model
+        layers = []
+        for layer in base.layers[: cfg.num_hidden_layers]:
+            parts = {}
+            for key, path in _LAYER_PARTS.items():
+                module = layer.get_submodule(path)
+                parts[key] = module.weight.detach()
+                if getattr(module, "bias", None) is not None:
+                    parts[key + ".bias"] = module.bias.detach()
+            layers.append(parts)
+        head = model.get_output_embeddings().weight
+        embed = base.embed_tokens.weight
+        eos = [getattr(model.generation_config, "eos_token_id", None), cfg.eos_token_id]
+        return cls(cfg, layers, base.norm.weight.detach(), embed.detach(),
+                   None if head is embed else head.detach(), base.rotary_emb.inv_freq.detach().float().cpu(),
+                   float(base.rotary_emb.attention_scaling), eos)
+
+
+def read_gguf(path: str):
+    """``(LlamaSource, tokenizer)`` from a plain Llama GGUF file (see module docstring), or None
+    when the file is not one (the caller then loads it through transformers).
+
+    ``tokenizer``: a transformers ``TokenizersBackend``, or None when the file has none.
+    Raises ValueError for a file transformers' GGUF reader cannot read.
+    """
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        config = load_gguf_checkpoint(path, return_tensors=False)["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
+    if config.get("model_type") != "llama" or not set(config) <= GGUF_KEYS:
+        return None
+    n = config["num_hidden_layers"]
+    names = {"model.embed_tokens.weight": None, "model.norm.weight": None, "lm_head.weight": None}
+    for i in range(n):
+        names.update({f"model.layers.{i}.{p}.weight": None for p in _LAYER_PARTS.values()})
+
+    class _Names:  # what load_gguf_checkpoint reads of the model it would load into: names and sizes
+        config = SimpleNamespace(model_type="llama", num_hidden_layers=n)
+
+        def state_dict(self):
+            return names
+
+        def named_children(self):
+            return []
+
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=_Names())["tensors"]
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // heads
+    # LlamaConfig's values for what a plain Llama GGUF does not say
+    cfg = SimpleNamespace(hidden_act="silu", pretraining_tp=1, mlp_bias=False, attention_bias=False,
+                          tie_word_embeddings=True, num_key_value_heads=heads,
+                          rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]})
+    cfg.__dict__.update({k: v for k, v in config.items() if not k.startswith("_")})
+    cfg.head_dim = head_dim
+    # transformers' default RoPE (_compute_default_rope_parameters), same ops; equality tested
+    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    layers = [{key: tensors[f"model.layers.{i}.{p}.weight"] for key, p in _LAYER_PARTS.items()} for i in range(n)]
+    head = tensors.get("lm_head.weight")
+    source = LlamaSource(cfg, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"],
+                         None if head is None or cfg.tie_word_embeddings else head, inv_freq, 1.0,
+                         [config.get("eos_token_id")])
+    from transformers import TokenizersBackend
+
+    try:
+        tokenizer = TokenizersBackend.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+    except (OSError, ValueError, TypeError, KeyError):
+        tokenizer = None
+    return source, tokenizer
