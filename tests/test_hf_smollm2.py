@@ -227,3 +227,28 @@ def test_a_gguf_that_is_not_plain_llama_goes_through_transformers(monkeypatch):
     assert read_gguf(f"{path}/{name}") is None
     with pytest.raises(ValueError, match="cannot read GGUF"):
         read_gguf(f"{path}/no-such-file.gguf")
+
+
+def test_an_untied_gguf_keeps_its_own_lm_head(monkeypatch):
+    """tie_word_embeddings False (transformers' reader sets it when the file has output.weight):
+    the head is that tensor; False without one leaves the file to transformers."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from worker.models.hf import resolve_model_path
+    from worker.models.llama.source import read_gguf
+
+    real, extra = gguf_utils.load_gguf_checkpoint, {}
+
+    def untied(path, return_tensors=False, **kw):
+        out = real(path, return_tensors=return_tensors, **kw)
+        out["config"]["tie_word_embeddings"] = False
+        if return_tensors:
+            out["tensors"].update(extra)
+        return out
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", untied)
+    path, name = resolve_model_path("smollm2-135m")
+    assert read_gguf(f"{path}/{name}") is None
+    extra["lm_head.weight"] = torch.ones(49152, 576)
+    source, _ = read_gguf(f"{path}/{name}")
+    assert source.head is extra["lm_head.weight"] and not torch.equal(source.head, source.embed)

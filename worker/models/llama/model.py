@@ -2,8 +2,9 @@
 
 Weights (:class:`LlamaWeights`) are copied out of a
 :class:`~worker.models.llama.source.LlamaSource` (a transformers
-``LlamaForCausalLM``, or a GGUF file read without one) into slotserve's own tensors: q/k/v fused into one
-``[(H + 2 Hkv) D, hidden]`` matrix and gate/up into one ``[2 F, hidden]``, each
+``LlamaForCausalLM``, or a GGUF file read without one) into slotserve's own
+tensors: q/k/v fused into one ``[(H + 2 Hkv) D, hidden]`` matrix and gate/up
+into one ``[2 F, hidden]``, each
 a linear of the chosen precision (:mod:`worker.models.llama.linear`), plus
 the RoPE cos/sin tables for every position, computed with transformers' own
 formula (``position * inv_freq``, concatenated twice, times the attention

@@ -124,17 +124,18 @@ def read_gguf(path: str):
     head_dim = config.get("head_dim") or hidden // heads
     # LlamaConfig's values for what a plain Llama GGUF does not say
     cfg = SimpleNamespace(hidden_act="silu", pretraining_tp=1, mlp_bias=False, attention_bias=False,
-                          tie_word_embeddings=True, num_key_value_heads=heads,
+                          tie_word_embeddings=False, num_key_value_heads=heads,
                           rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]})
     cfg.__dict__.update({k: v for k, v in config.items() if not k.startswith("_")})
     cfg.head_dim = head_dim
     # transformers' default RoPE (_compute_default_rope_parameters), same ops; equality tested
     inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     layers = [{key: tensors[f"model.layers.{i}.{p}.weight"] for key, p in _LAYER_PARTS.items()} for i in range(n)]
-    head = tensors.get("lm_head.weight")
-    source = LlamaSource(cfg, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"],
-                         None if head is None or cfg.tie_word_embeddings else head, inv_freq, 1.0,
-                         [config.get("eos_token_id")])
+    head = None if cfg.tie_word_embeddings else tensors.get("lm_head.weight")
+    if head is None and not cfg.tie_word_embeddings:
+        return None  # an untied model without its head: transformers decides
+    source = LlamaSource(cfg, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"], head,
+                         inv_freq, 1.0, [config.get("eos_token_id")])
     from transformers import TokenizersBackend
 
     try:
