@@ -150,6 +150,42 @@ def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, re
     assert seq[len(prompt):] == generate_alone(reference, prompt, 1)
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_the_whole_cpu_cache_is_mapped_at_once_and_takes_memory_only_where_written(monkeypatch):
+    """capacity_step=None (the runner's default): max_len positions from the start, never a
+    growth; the mapping's pages cost memory only once written (reads of unwritten ones, as a
+    masked decode window does, take none). Where the kernel refuses it: growth instead."""
+    from worker.models.llama import cache as cache_module
+
+    before = _rss_mib()
+    cache = cache_module.SlotCache(layers=4, rows=8, kv_heads=4, head_dim=64, max_len=32768, dtype=torch.float32,
+                                   device="cpu", capacity_step=None)
+    assert cache.capacity == 32768 and cache.nbytes == 2**31  # 2 GiB mapped
+    assert float(cache.kv[:, :, :, :, :4096].sum()) == 0.0  # 256 MiB of unwritten positions read
+    cache.kv[:, :, :, :, :100] = 1.0  # 100 positions of every row: 256 blocks of 25.6 KB (7 pages)
+    cache.reserve(32766)
+    assert cache.capacity == 32768
+    assert _rss_mib() - before < 16
+    assert float(cache.kv[0, 1, 7, 3, :101].sum()) == 100 * 64
+
+    def refuse(shape, dtype):
+        if shape[4] == 32768:
+            raise OSError(12, "Cannot allocate memory")
+        return torch.zeros(shape, dtype=dtype)
+
+    monkeypatch.setattr(cache_module, "_anonymous_zeros", refuse)
+    small = cache_module.SlotCache(layers=1, rows=1, kv_heads=1, head_dim=4, max_len=32768, dtype=torch.float32,
+                                   device="cpu", capacity_step=None)
+    assert small.capacity == cache_module.FALLBACK_STEP == small.capacity_step
+    small.reserve(100)
+    assert small.capacity == 128
+
+
 def test_the_cache_grows_geometrically_in_whole_steps_and_keeps_its_rows():
     """Growth: to what is needed or 1/8 more, in whole steps, at most max_len; old rows copied."""
     from worker.models.llama.cache import SlotCache

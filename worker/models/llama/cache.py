@@ -20,18 +20,28 @@ the final capacity ``max_len`` a real key at ``max_len - 1`` would belong to
 the token that completes a ``max_len``-token sequence, which the model never
 reads.
 
-Memory follows the longest sequence seen: ``capacity`` starts at
-``capacity_step`` positions and grows, when a row needs more, to the larger
-of what it needs and :data:`GROWTH` times the old capacity, rounded up to a
-multiple of ``capacity_step``, at most ``max_len`` (one copy per growth).
-So the spare room stays under 12.5 % plus one step, and the copying stays
-linear in the length (CPython's ``list`` over-allocates by the same ~1/8).
-At 8 rows of SmolLM2-135M (0.37 MB per position): HE32's longest sequence
-(282 positions) gets 320 (was 512 with fixed 256-position steps: 180 ->
-112.5 MiB); a 4,096-position one 4,160 after 22 copies totalling 10 GB
-(fixed 256-position steps: 16 copies, 12.8 GB). With
-``capacity_step=None`` (CUDA, where captured graphs hold the tensors) the
-cache is allocated at ``max_len`` once. Bytes:
+Memory. With ``capacity_step=None`` (the runner's default) the cache has
+its whole ``max_len`` capacity from the start, so it never grows or copies:
+on CUDA allocated whole (captured graphs hold the tensors); on CPU as an
+anonymous memory mapping whose pages the kernel backs only when first
+written. A row's block for one layer and head holds its positions
+contiguously, so the resident memory follows the positions rows have
+actually reached (rounded up to a 4 KiB page per row, layer and head),
+plus one page per block for the scratch position; reading a masked
+position no row has written reads the kernel's shared zero page and takes
+no memory. Measured for SmolLM2-135M at 8 slots (45 KiB per position and
+slot; 8,192 positions, 2.8 GiB mapped): after HE32, whose longest sequence
+has 282 positions, ~92 MiB resident (the whole-capacity cache of the growth
+mode had 320 positions, 112.5 MiB, and 180 MiB with the 256-position steps
+before). Pages a row has been written to stay resident for its next
+occupants (nothing is handed back).
+
+With a ``capacity_step``, ``capacity`` starts at that many positions and
+grows, when a row needs more, to the larger of what it needs and
+:data:`GROWTH` times the old capacity, rounded up to a multiple of
+``capacity_step``, at most ``max_len`` (one copy per growth, with old and
+new cache held at once while it copies). This is also the fallback where the
+whole mapping is refused (strict overcommit). Bytes mapped:
 ``2 * layers * rows * kv_heads * capacity * head_dim * itemsize``.
 """
 
@@ -39,11 +49,19 @@ from __future__ import annotations
 
 import math
 import mmap
+import sys
 
 import torch
 
 GROWTH = 1.125
 """Least factor by which the capacity grows (see the module docstring)."""
+
+FALLBACK_STEP = 64
+"""``capacity_step`` when the whole cache cannot be mapped at once."""
+
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+"""Linux's MAP_NORESERVE (Python < 3.13 does not name it): no swap is reserved for the mapping, so
+the kernel's heuristic overcommit accepts a cache larger than RAM of which only written pages count."""
 
 
 class SlotCache:
@@ -58,7 +76,13 @@ class SlotCache:
         self.lengths = [0] * rows
         self.capacity = 0
         self.kv = torch.empty(0)
-        self._grow(max_len if capacity_step is None else min(capacity_step, max_len))
+        if capacity_step is None:
+            try:
+                self._grow(max_len)
+                return
+            except OSError:  # the whole mapping refused: grow as needed instead
+                self.capacity_step = capacity_step = FALLBACK_STEP
+        self._grow(min(capacity_step, max_len))
 
     @property
     def keys(self) -> torch.Tensor:
@@ -92,12 +116,9 @@ class SlotCache:
         """Forget row ``row`` (its data stays, never read, until overwritten)."""
         self.lengths[row] = 0
 
-    def zero_row(self, row: int) -> None:
-        """Overwrite row ``row`` with zeros (for tests and recovery; not needed for correctness)."""
-        self.kv[:, :, row].zero_()
-
     @property
     def nbytes(self) -> int:
+        """Bytes mapped (on CPU only the written pages of them take memory)."""
         return self.kv.numel() * self.kv.element_size()
 
     def _grow(self, capacity: int) -> None:
@@ -115,14 +136,15 @@ class SlotCache:
 def _anonymous_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero CPU tensor on an anonymous memory mapping of its own (``mmap``), not on malloc's heap.
 
-    - Freeing it unmaps it: glibc never sees it, so a cache growth does not
-      raise glibc's mmap threshold (freeing a malloc'ed block under 32 MiB
-      does, after which every activation up to that size stays on the heap
-      when freed: measured on HE32, ~90 MiB more RSS after a 22.5 MiB cache grew).
-    - The kernel's pages start zero and take memory only once written, so
-      positions no row has reached cost nothing.
+    - The kernel's pages start zero and take memory only once written.
+    - Freeing it unmaps it: glibc never sees it, so it does not raise glibc's
+      mmap threshold (freeing a malloc'ed block under 32 MiB does, after which
+      every activation up to that size stays on the heap when freed: measured
+      on HE32, ~90 MiB more RSS after a 22.5 MiB cache grew).
+
+    Raises OSError when the kernel refuses the mapping.
     """
     count = math.prod(shape)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    buffer = mmap.mmap(-1, max(count * itemsize, 1))
+    buffer = mmap.mmap(-1, max(count * itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)

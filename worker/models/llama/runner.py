@@ -44,10 +44,13 @@ class LlamaRunner:
     ``eos_token_ids``, ``tokenizer``. Also ``device``, ``precision``,
     ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
     :meth:`bind_slots`), ``max_prefill_tokens``.
+
+    ``capacity_step``: None maps the KV cache whole (see
+    :mod:`worker.models.llama.cache`); a number makes it grow in such steps (CPU).
     """
 
     def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
-                 max_prefill_tokens: int = 512, capacity_step: int | None = 64) -> None:
+                 max_prefill_tokens: int = 512, capacity_step: int | None = None) -> None:
         self.weights = weights
         self.device, self.precision = weights.device, weights.precision
         self.vocab_size = weights.shape.vocab
@@ -69,7 +72,7 @@ class LlamaRunner:
         self.kv_cache = SlotCache(
             layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
             dtype=self.weights.act_dtype, device=self.device,
-            capacity_step=None if self.device != "cpu" else self._capacity_step)
+            capacity_step=None if self.device != "cpu" else self._capacity_step)  # None: whole, lazily on CPU
         self._rows = SlotRows(num_slots)
         # per cache row: a token of its request went non-finite (see model.forward)
         self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
@@ -147,9 +150,9 @@ class LlamaRunner:
     def _run(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor | None, list[int]]:
         """Build the step plan(s), run them; return logits and the batch index of each logits row."""
         cache = self.kv_cache
-        # room for whole prompts at their first chunk: the cache grows once for a long prompt, while
-        # it is still short, not once per 256 positions with ever larger copies (each growth copies
-        # every row: at 8 rows and 1,536 positions ~570 MB, a pause of several chunks)
+        # checks the length limit; a cache with a capacity_step (not the default) also makes room for
+        # whole prompts at their first chunk: it grows once for a long prompt, while it is still
+        # short, not once per step with ever larger copies (each growth copies every row)
         longest = max([cache.lengths[r] + 1 for r in decode] + [len(batch[i].tokens) for i, _, _, _ in chunks],
                       default=0)
         cache.reserve(longest)
