@@ -12,7 +12,9 @@ queueing. Systems, in one run on the same loaded weights:
   (``slotserve.launcher.LocalCluster`` + ``client.Client``), one run per
   ``--precisions`` entry P: ``hf`` (the transformers-forward runner: the
   "before" of issue 8), ``fp32``, ``bf16``, ``int8``, ``int4`` (slotserve's
-  runner); worker RSS is read from the worker process;
+  runner), each optionally with ``+specK``: speculative decoding with up to
+  K prompt-lookup draft tokens (``--speculative-tokens K``); worker RSS is
+  read from the worker process;
 - ``hf-static``: ``model.generate`` on left-padded batches of 8 in prompt
   order, each batch running until its longest request is done;
 - ``hf-cb``: transformers' continuous batching (``generate_batch``'s
@@ -212,12 +214,15 @@ def run_slotserve(model, prompts, max_tokens, slots) -> Run:
 
 
 def model_options(precision: str, threads: int):
-    """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner)."""
+    """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner;
+    ``P+specK``: precision P with ``speculative_tokens=K``)."""
     from worker.models import ModelOptions
 
     if precision == "hf":
         return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads)
-    return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads)
+    precision, _, spec = precision.partition("+spec")
+    return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads,
+                        speculative_tokens=int(spec or 0))
 
 
 def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2) -> Run:
@@ -517,7 +522,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
     ap.add_argument("--time-limit-s", type=float, default=170.0,
                     help="with --random-weights: start nothing after this many seconds (default 170)")
-    ap.add_argument("--precisions", default="hf,fp32,bf16,int8,int4",
+    ap.add_argument("--precisions", default="hf,fp32,fp32+spec4,bf16,int8,int4",
                     help="slotserve-broker runs and forward limits, one per entry: hf (the transformers-forward "
                          "runner, issue 8's 'before'), fp32, bf16, int8, int4 (default: all)")
     ap.add_argument("--repeats", type=int, default=1,
@@ -597,7 +602,9 @@ def main() -> None:
         except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
             extra["llamacpp_error"] = str(exc)
             print(f"llamacpp: not measured: {exc}")
-    by_precision = precision_limits(model, precisions or ["fp32"], prompts)
+    # (+specK changes how many tokens a step gives, not the step: its limits are its precision's)
+    by_precision = precision_limits(model, list(dict.fromkeys(p.partition("+")[0] for p in precisions)) or ["fp32"],
+                                    prompts)
     extra["decode_step_ms"] = {p: {n: v["decode_step_ms"] for n, v in lim.items()} for p, lim in by_precision.items()}
     extra["limits_by_precision"] = by_precision
     limits = by_precision.get("fp32", next(iter(by_precision.values())))[args.slots if args.slots in (8, 32) else 8]

@@ -136,13 +136,15 @@ _max_message_bytes = click.option(
 
 
 def _model_options(command):
-    """--device/--precision/--runner/--max-prefill-tokens/--threads, passed on as one ``model_options``."""
-    from worker.models.options import DEVICES, PRECISIONS, RUNNERS, ModelOptions
+    """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--threads,
+    passed on as one ``model_options``."""
+    from worker.models.options import DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
 
     @functools.wraps(command)
-    def with_options(*args, device, precision, runner, max_prefill_tokens, threads, **kwargs):
+    def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, threads, **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
-                          max_prefill_tokens=max_prefill_tokens, num_threads=threads)
+                          max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
+                          num_threads=threads)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -161,6 +163,11 @@ def _model_options(command):
                      default=_default(ModelOptions, "max_prefill_tokens"),
                      show_envvar=True, help="Prompt tokens per iteration; longer prompts are prefilled "
                                             "in chunks, so decoding waits at most one chunk."),
+        click.option("--speculative-tokens", type=click.IntRange(0, MAX_SPECULATIVE_TOKENS),
+                     default=_default(ModelOptions, "speculative_tokens"), show_envvar=True,
+                     help="Speculative decoding (slotserve runner, CPU): up to this many draft tokens per "
+                          "greedy request and iteration, looked up in its own prompt and output and verified "
+                          "in the same step (same tokens). 0: off. Speed: README."),
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model (default: torch's, one per core)."),

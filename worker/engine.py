@@ -4,7 +4,10 @@ Each iteration (:meth:`BatchInferenceEngine.step`): end requests that were
 cancelled or passed their deadline, admit queued requests into free slots,
 call the model once for every occupied slot, append one token per slot,
 check termination (stop token, then stop sequences, then ``max_tokens``),
-run callbacks, free slots. See DESIGN.md, "The in-process engine".
+run callbacks, free slots. A slot-aware model may return several tokens for
+a slot (speculative decoding); they are appended one iteration each, with
+the same checks, before the next model call. See DESIGN.md, "The
+in-process engine".
 
 Cost per token is kept near the floor of CPython: the batch lists are
 persistent (:class:`~worker.slots.SlotTable`), one ``map`` appends every
@@ -312,6 +315,19 @@ class BatchInferenceEngine:
                 for req in slots.admitted:
                     req.first_token_s = now
                 slots.admitted.clear()
+        self._deliver(finished, skipped)
+        generated = len(tokens) if skipped is None else len(tokens) - len(skipped)
+        while slots.pending:  # a step gave some slots several tokens: one more iteration for each
+            finished, skipped, appended = slots.append_pending()
+            self._deliver(finished, skipped)
+            generated += appended
+        return generated
+
+    # ---- helpers -----------------------------------------------------------
+
+    def _deliver(self, finished: list[Request], skipped: set[Request] | None) -> None:
+        """After tokens were appended: commit the finished, stream (not to the ``skipped``), end the finished."""
+        slots, book = self._slots, self._book
         if finished:
             with self._lock:  # final from here: a later cancel returns False
                 finished = book.commit(finished)
@@ -324,9 +340,6 @@ class BatchInferenceEngine:
             self._stream_text(slots)
         if finished:
             self._finish(finished)
-        return len(tokens) if skipped is None else len(tokens) - len(skipped)
-
-    # ---- helpers -----------------------------------------------------------
 
     def _begin(self) -> None:
         with self._lock:

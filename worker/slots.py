@@ -50,7 +50,10 @@ class SlotTable:
     - ``streaming``: running requests with an ``on_token`` callback.
     - ``admitted``: requests admitted since the last ``append`` (the engine
       stamps their first token's time, then clears it).
-    - ``iteration``: number of token-appending iterations so far.
+    - ``iteration``: number of token-appending iterations so far (each of
+      :meth:`append_pending`'s counts as one).
+    - ``pending``: tokens a model step returned beyond each slot's first
+      (speculative decoding), still to append (:meth:`append_pending`).
 
     Stop tokens: most requests share the engine's ``default_stop`` set, so
     only the other sets are counted; ``_stop_any`` is their union with the
@@ -64,7 +67,7 @@ class SlotTable:
 
     __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
-                 "_stop_any", "_stop_one", "_matching", "_texting", "text_streaming", "text_failed")
+                 "_stop_any", "_stop_one", "_matching", "_texting", "text_streaming", "text_failed", "pending")
 
     def __init__(self, num_slots: int, slot_aware: bool,
                  default_stop: frozenset[int] = frozenset()) -> None:
@@ -87,6 +90,7 @@ class SlotTable:
         self._texting: list[Request] = []   # running requests whose text is followed (req.detok)
         self.text_streaming: list[Request] = []  # running requests with on_text
         self.text_failed: list[tuple[Request, Exception]] = []  # detokenising raised (this iteration)
+        self.pending: dict[Request, list[int]] = {}  # more tokens of one model step (append_pending)
         self._update_stops()
 
     def occupy(self, new: list[Request]) -> None:
@@ -165,6 +169,8 @@ class SlotTable:
                 continue
             free.append(slot)
             req.pos = req.slot = None
+            if self.pending:
+                self.pending.pop(req, None)
             if inputs is not None:
                 si = self._slot_inputs[slot]
                 si.tokens, si.sampling = _NO_TOKENS, GREEDY
@@ -213,8 +219,11 @@ class SlotTable:
         """:meth:`append` for a batch where some entries carry no token (slot-aware models only).
 
         ``tokens[i]`` is a token, None (no token this iteration: the model
-        has not finished the slot's prefill) or an exception (this slot's
-        computation failed). Returns ``(finished, skipped, failed)``:
+        has not finished the slot's prefill), an exception (this slot's
+        computation failed) or a non-empty list of tokens (several tokens
+        at once, speculative decoding): its first is appended now, the
+        others go to ``pending`` for :meth:`append_pending`. Returns
+        ``(finished, skipped, failed)``:
         ``skipped`` is every request that got no token (it is not checked for
         termination and streams nothing), ``failed`` the ``(request, error)``
         pairs for the engine to end with ``"error"``.
@@ -227,7 +236,18 @@ class SlotTable:
         reqs, seqs, due, it = self.reqs, self.seqs, self._due, self.iteration
         skipped: set[Request] = set()
         failed: list[tuple[Request, BaseException]] = []
+        firsts = None
         for i, tok in enumerate(tokens):
+            if type(tok) is list:
+                if firsts is None:
+                    firsts = list(tokens)  # (the checks below scan single tokens)
+                if tok:
+                    firsts[i] = tok[0]
+                    if len(tok) > 1:
+                        self.pending[reqs[i]] = tok[:0:-1]  # reversed: pop() takes the next
+                    tok = tok[0]
+                else:
+                    firsts[i] = tok = ModelError("the model returned an empty list of tokens for a slot")
             if tok is not None and not isinstance(tok, BaseException):
                 seqs[i].append(tok)
                 continue
@@ -241,7 +261,39 @@ class SlotTable:
                     continue
                 tok = ModelError("the model returned no token for a slot that had already produced tokens")
             failed.append((req, tok))
-        return self._check(tokens, skipped), skipped, failed
+        return self._check(tokens if firsts is None else firsts, skipped), skipped, failed
+
+    def append_pending(self) -> tuple[list[Request], set[Request], int]:
+        """Append the next of each request's ``pending`` tokens as one more iteration
+        (:meth:`append`'s checks); return ``(finished, skipped, appended)``.
+
+        Requests with none left (or that ended already) get no token: they are
+        ``skipped`` and their ``max_tokens`` bucket moves one iteration on.
+        A request's leftover tokens are dropped once it ends (a stop, or
+        ``max_tokens``): tokens past the end are never appended.
+        """
+        reqs, seqs, pending, due, it = self.reqs, self.seqs, self.pending, self._due, self.iteration
+        tokens: list = [None] * len(reqs)
+        skipped: set[Request] = set()
+        appended = 0
+        for i, req in enumerate(reqs):
+            more = pending.get(req)
+            if more and req.reason is None and req.state is _RUNNING:
+                tokens[i] = tok = more.pop()
+                seqs[i].append(tok)
+                appended += 1
+                if not more:
+                    del pending[req]
+                continue
+            if more is not None:
+                del pending[req]
+            skipped.add(req)
+            left = req.params.max_tokens - req.num_generated  # its bucket: it - 1 + left
+            bucket = due.get(it - 1 + left)
+            if bucket is not None and req in bucket:
+                bucket.remove(req)
+                due.setdefault(it + left, []).append(req)
+        return self._check(tokens, skipped), skipped, appended
 
     def _check(self, tokens: list, skipped: set[Request] | frozenset) -> list[Request]:
         """Termination checks after an append (see :meth:`append`); ``skipped`` got no token."""

@@ -12,7 +12,7 @@ from worker.models.options import ModelOptions
 
 __all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
 
-_RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "num_threads")
+_RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "num_threads")
 
 
 def load_model(name: str, **options):
@@ -23,7 +23,7 @@ def load_model(name: str, **options):
       directory, a ``.gguf`` file, or a hub id where a hub is reachable);
       needs the ``hf`` extra. Options: those of :class:`ModelOptions`
       (``device``, ``precision``, ``runner``, ``max_prefill_tokens``,
-      ``num_threads``) and ``max_cache_len`` (tokens per slot). A Llama-family
+      ``speculative_tokens``, ``num_threads``) and ``max_cache_len`` (tokens per slot). A Llama-family
       model runs on slotserve's own runner (:mod:`worker.models.llama`)
       unless ``runner="hf"``; other architectures on the transformers forward
       (:mod:`worker.models.hf`, fp32 or bf16 on CPU), which with
@@ -42,6 +42,8 @@ def load_model(name: str, **options):
         return SimulatedLLM(**options)
     opts = ModelOptions(**{k: options.pop(k) for k in _RUNNER_OPTIONS if k in options})
     device, precision = opts.resolve()
+    if opts.speculative_tokens and device != "cpu":
+        raise ValueError(f"speculative decoding (speculative_tokens > 0) runs on CPU only, not {device}")
     from worker.models import hf
 
     hf.set_num_threads(opts.num_threads)
@@ -57,6 +59,7 @@ def load_model(name: str, **options):
 
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens)
     if runner is not None:
+        runner.speculative_tokens = opts.speculative_tokens
         return runner
     model, codec = hf.load_pretrained(name)
     reason = llama.supports(model.config)
@@ -65,9 +68,12 @@ def load_model(name: str, **options):
                                max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec))
         del model  # the runner holds its own copy; the HF module's memory goes back now
         return_freed_memory()
+        runner.speculative_tokens = opts.speculative_tokens
         return runner
     if opts.runner == "slotserve":
         raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
+    if opts.speculative_tokens:
+        raise ValueError(f"{name!r} runs on the HF runner ({reason}), which has no speculative decoding")
     if device != "cpu" or precision not in ("fp32", "bf16"):
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
                          f"got {precision} on {device}")

@@ -33,6 +33,13 @@ entry may be:
   are NaN). The engine ends that request alone with ``finish_reason="error"``
   (the exception, wrapped in a ModelError, is its error); the other slots
   go on. Raising from ``step`` instead fails every slot of the batch.
+- a non-empty list of token ids: several tokens at once (speculative
+  decoding: accepted draft tokens and one more). The engine appends them in
+  order, one iteration each, with every check of a one-token iteration
+  (stop tokens and sequences, ``max_tokens``, streaming, cancellation), so
+  results are those of one token per step; tokens after the request ends
+  are dropped. Next time the slot carries all appended tokens, of which the
+  model has not seen the last.
 
 The engine tells these apart with one scan of the entries' types, so a
 step that returns only ints costs nothing extra.

@@ -2,7 +2,7 @@
 
 One frozen, validated dataclass (:class:`ModelOptions`) travels from the CLI
 (``--device``, ``--precision``, ``--runner``, ``--max-prefill-tokens``,
-``--threads``) through :class:`worker.process.WorkerConfig` to
+``--speculative-tokens``, ``--threads``) through :class:`worker.process.WorkerConfig` to
 :func:`worker.models.load_model`. Importing this module does not import
 torch; :meth:`ModelOptions.resolve` does, to see whether CUDA is there.
 """
@@ -19,6 +19,9 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 """Prompt tokens per iteration: a longer prompt is prefilled in chunks of this size,
 so the other slots' decode steps wait at most one chunk (vLLM's and SGLang's chunked prefill)."""
 
+MAX_SPECULATIVE_TOKENS = 16
+"""Most draft tokens per request and iteration (each costs a row of every linear)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ModelOptions:
@@ -32,6 +35,11 @@ class ModelOptions:
       (the transformers forward: any architecture, the numerical reference)
       or ``"auto"`` (slotserve for Llama-family models, hf otherwise).
     - ``max_prefill_tokens``: prompt tokens per iteration (int >= 16).
+    - ``speculative_tokens``: speculative decoding with prompt-lookup drafts
+      (:mod:`worker.models.llama.lookup`): up to that many draft tokens per
+      greedy request and iteration, verified in the same forward, so the
+      tokens are the ones decoding without drafts would give. 0 (the
+      default) is off, as in vLLM and TGI. The slotserve runner on CPU only.
     - ``num_threads``: torch CPU threads for the process (None: torch's default).
 
     Raises ValueError for a value outside these sets.
@@ -41,6 +49,7 @@ class ModelOptions:
     precision: str = "auto"
     runner: str = "auto"
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    speculative_tokens: int = 0
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -50,6 +59,11 @@ class ModelOptions:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         if type(self.max_prefill_tokens) is not int or self.max_prefill_tokens < 16:
             raise ValueError(f"max_prefill_tokens must be an int >= 16, got {self.max_prefill_tokens!r}")
+        if type(self.speculative_tokens) is not int or not 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_tokens must be an int in [0, {MAX_SPECULATIVE_TOKENS}], "
+                             f"got {self.speculative_tokens!r}")
+        if self.speculative_tokens and (self.runner == "hf" or self.device == "cuda"):
+            raise ValueError("speculative decoding (speculative_tokens > 0) needs the slotserve runner on CPU")
         if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
             raise ValueError(f"num_threads must be None or an int >= 1, got {self.num_threads!r}")
         if self.runner == "hf" and self.precision in ("int8", "int4"):

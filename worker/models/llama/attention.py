@@ -20,15 +20,25 @@ import torch.nn.functional as F
 class DecodeViews:
     """The decode attention's operands for every layer, as views made once per iteration."""
 
-    keys_t: tuple  # per layer [n_decode * kv_heads, D, window]
-    values: tuple  # per layer [n_decode * kv_heads, window, D]
-    bias: torch.Tensor  # [n_decode * kv_heads, 1, window]: 0, or -inf past a row's length
+    keys_t: tuple  # per layer [rows * kv_heads, D, window]
+    values: tuple  # per layer [rows * kv_heads, window, D]
+    bias: torch.Tensor  # [rows * kv_heads, queries * group or 1, window]: 0, or -inf past a query's length
     kv_heads: int
+    queries: int  # per row: 1, or 1 + draft tokens (speculative decoding)
+    slots: torch.Tensor | None  # queries > 1: each query's place among rows * queries
 
 
-def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor) -> DecodeViews:
+def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor, queries: int = 1,
+                 group: int = 1, slots: torch.Tensor | None = None) -> DecodeViews:
     """The operands for decode rows ``0..b-1`` of ``kv`` (``[layers, 2, rows, kv_heads, capacity, D]``)
-    over the window ``[0, w)``; ``lengths`` ``[b]``: the keys each row sees."""
+    over the window ``[0, w)``.
+
+    ``lengths`` ``[b * queries]``: the keys each query place sees, row-major
+    (row ``r``'s are ``r * queries ..``). ``queries > 1`` (speculative
+    decoding: the row's token and its draft tokens) needs ``group``, the
+    query heads per key/value head, and ``slots``, the place of each query
+    :func:`decode_attention` gets (the other places are padding).
+    """
     layers, _, _, heads, _, d = kv.shape
     # rows and heads merge without a copy (view() would raise otherwise): the views see the keys
     # and values the layer loop writes after they are made
@@ -36,8 +46,11 @@ def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor) -> Dec
     values = kv[:, 1, :b, :, :w].view(layers, b * heads, w, d)
     visible = torch.arange(w, device=kv.device)[None, :] < lengths[:, None]
     bias = torch.zeros(visible.shape, dtype=kv.dtype, device=kv.device).masked_fill_(~visible, float("-inf"))
-    bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
-    return DecodeViews(keys.transpose(2, 3).unbind(0), values.unbind(0), bias, heads)
+    if queries == 1:
+        bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
+    else:  # [rows * kv_heads, queries * group, window]: each query's mask over its group of heads
+        bias = bias.view(b, 1, queries, 1, w).expand(b, heads, queries, group, w).reshape(b * heads, -1, w)
+    return DecodeViews(keys.transpose(2, 3).unbind(0), values.unbind(0), bias, heads, queries, slots)
 
 
 def decode_attention(q, views: DecodeViews, layer: int, scaling) -> torch.Tensor:
@@ -47,14 +60,26 @@ def decode_attention(q, views: DecodeViews, layer: int, scaling) -> torch.Tensor
     (grouped-query heads as a ``[n_decode * kv_heads, group]`` view, no key/value
     copies), the length mask added inside the first product (``baddbmm``):
     one fixed kernel sequence for every shape, so nothing is re-planned per
-    batch size or window, and it captures in a CUDA graph.
+    batch size or window, and it captures in a CUDA graph. With several
+    queries per row (speculative decoding) they are one ``[queries * group]``
+    block per ``(row, kv head)``, each with its own length.
     """
-    b, heads, d = q.shape
-    qg = (q * scaling).view(b * views.kv_heads, heads // views.kv_heads, d)
-    scores = torch.baddbmm(views.bias, qg, views.keys_t[layer])  # [b * kv_heads, group, window]
+    n, heads, d = q.shape
+    kv, t = views.kv_heads, views.queries
+    if t == 1:
+        qg = (q * scaling).view(n * kv, heads // kv, d)
+    else:  # placed: [rows, queries, kv, group, D] -> [rows * kv, queries * group, D]
+        places = views.bias.shape[0] // kv * t
+        placed = q.new_zeros(places, heads, d).index_copy_(0, views.slots, q * scaling)
+        qg = placed.view(-1, t, kv, heads // kv, d).transpose(1, 2).reshape(places // t * kv, -1, d)
+    scores = torch.baddbmm(views.bias, qg, views.keys_t[layer])  # [rows * kv_heads, t * group, window]
     probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(
         scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.bmm(probs, views.values[layer]).view(b, heads, d)
+    out = torch.bmm(probs, views.values[layer])
+    if t == 1:
+        return out.view(n, heads, d)
+    out = out.view(-1, kv, t, heads // kv, d).transpose(1, 2).reshape(-1, heads, d)
+    return out.index_select(0, views.slots)
 
 
 def prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, scaling) -> torch.Tensor:

@@ -62,7 +62,7 @@ class DecodeGraphs:
         """
         from worker.models.llama.runner import decode_inputs
 
-        ids, positions, write_pos, lengths, out_rows, out_index = decode_inputs(batch, decode, cache)
+        ids, positions, _, write_pos, lengths, out_rows, out_index, _ = decode_inputs(batch, decode, cache)
         n = len(ids)
         b = next(size for size in self.batch_sizes if size >= n)
         w = next(size for size in self.windows if size >= max(lengths))

@@ -197,8 +197,13 @@ class StepPlan:
       ``i`` is token ``ids[i]`` at sequence position ``positions[i]``, whose
       key/value is stored at cache row ``write_rows[i]``, position ``write_pos[i]``.
     - ``n_decode``: entries ``0..n_decode-1`` are decode queries of cache rows
-      ``0..n_decode-1``; ``lengths`` ``[n_decode]`` their keys (the new one
-      included); ``window`` >= ``max(lengths)`` the keys looked at.
+      ``0..n_decode / queries - 1``, ``queries`` per row (row ``r``'s are entries
+      ``r * queries ..``: its token, then draft tokens when speculating);
+      ``lengths`` ``[n_decode]`` the keys each sees (its own included);
+      ``window`` >= ``max(lengths)`` the keys looked at. With ``queries > 1``
+      (speculative decoding) the entries are only the real queries, and
+      ``decode_slots`` ``[n_decode]`` places each among the ``rows * queries``
+      of the attention (``lengths`` has one per place; the others are padding).
     - ``prefill``: ``(offset, count, row, start)`` per prefill sequence: entries
       ``offset..offset+count-1`` are its tokens at positions ``start..``.
     - ``logits_at``: ``[n_out]`` entries whose next-token logits are wanted.
@@ -213,6 +218,8 @@ class StepPlan:
     window: int
     prefill: list[tuple[int, int, int, int]]
     logits_at: torch.Tensor
+    queries: int = 1
+    decode_slots: torch.Tensor | None = None
 
 
 def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,7 +247,8 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     sin = w.sin_signed[plan.positions][:, None]
     c = w.consts
     layer_kv = kv.unbind(0)  # per layer [2, rows, kv_heads, capacity, D]
-    decode = decode_views(kv, plan.n_decode, plan.window, plan.lengths) if plan.n_decode else None
+    decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
+                          s.heads // s.kv_heads, plan.decode_slots) if plan.n_decode else None
     masks = [chunk_mask(count, start, plan.ids.device) if start else None for _, count, _, start in plan.prefill]
     x = w.embed(plan.ids)
     for layer, lw in enumerate(w.layers):
