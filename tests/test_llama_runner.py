@@ -20,6 +20,7 @@ from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
+from worker.models.llama.linear import CPU_LINEAR_ENV, cpu_linear_candidates, cpu_linear_kind  # noqa: E402
 from worker.models.rows import SlotRows  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -71,11 +72,17 @@ def run_engine(model, prompts, max_tokens, batch_size=3, **options):
     return handles
 
 
+FP32_KINDS = cpu_linear_candidates(torch.float32)
+
+
+@pytest.mark.parametrize("kind", FP32_KINDS)
 @pytest.mark.parametrize("max_prefill_tokens", [16, 512])
-def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens):
-    """Packed prefill, chunked prefill (16-token chunks) and decode over mixed lengths, slots reused."""
+def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens, kind, monkeypatch):
+    """Packed prefill, chunked prefill (16-token chunks) and decode over mixed lengths, slots reused;
+    with each fp32 CPU linear kind this torch runs (the one measured fastest is the default)."""
+    monkeypatch.setenv(CPU_LINEAR_ENV, kind)
     model = load_model(model_dir, max_prefill_tokens=max_prefill_tokens)
-    assert isinstance(model, LlamaRunner) and model.precision == "fp32"
+    assert isinstance(model, LlamaRunner) and model.precision == "fp32" and model.weights.linear_kind == kind
     prompts = random_prompts(10, seed=1)
     max_tokens = [random.Random(i).randint(1, 20) for i in range(10)]
     for p, n, h in zip(prompts, max_tokens, run_engine(model, prompts, max_tokens)):
@@ -83,7 +90,9 @@ def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens):
         assert h.tokens == generate_alone(reference, p, n)
 
 
-def test_fp32_logits_match_the_hf_forward(model_dir, reference):
+@pytest.mark.parametrize("kind", FP32_KINDS)
+def test_fp32_logits_match_the_hf_forward(model_dir, reference, kind, monkeypatch):
+    monkeypatch.setenv(CPU_LINEAR_ENV, kind)
     model = load_model(model_dir)
     model.bind_slots(2)
     a, b = random_prompts(2, seed=2)
@@ -230,24 +239,57 @@ def test_lower_precisions_run_and_agree_closely(model_dir, precision):
     assert low.weights.nbytes < exact.weights.nbytes or precision == "bf16"
 
 
-def test_packed_fp32_linear_is_the_plain_product_at_every_row_count():
-    """One packing (its row hint PACK_ROWS) serves any number of rows: the packed
-    layout must not depend on the row count, so every count from 0 to past the hint
-    is compared with the fp64 product (a layout mismatch gives errors of order 1,
-    fp32 rounding ~1e-6); the residual add and the bias too."""
+PACKED = [(kind, torch.float32) for kind in FP32_KINDS if kind != "dense"] + [
+    ("onednn", torch.bfloat16)] * ("onednn" in cpu_linear_candidates(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind,dtype", PACKED)
+def test_packed_linear_is_the_plain_product_at_every_row_count(kind, dtype):
+    """One packing (its row hint) serves any number of rows: the packed layout must
+    not depend on the row count, so every count from 0 to past the hint is compared
+    with the fp64 product of the same (for bf16: bf16-rounded) inputs (a layout
+    mismatch gives errors of order 1, fp32 rounding ~1e-6, bf16 output rounding
+    ~4e-3); the residual add and the bias too, fp32 in and out."""
     from worker.models.llama.linear import PACK_ROWS, PackedLinear
 
     torch.manual_seed(0)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 5e-2}
     for n, k in ((96, 64), (40, 72)):  # odd sizes: partial blocks in the packed layout
         w, bias = torch.randn(n, k), torch.randn(n)
-        for lin, b in ((PackedLinear(w), None), (PackedLinear(w, bias), bias)):
+        for lin, b in ((PackedLinear(w, None, kind, dtype), None), (PackedLinear(w, bias, kind, dtype), bias)):
             for rows in list(range(0, 34)) + [63, 64, 65, 200, PACK_ROWS, PACK_ROWS + 3]:
                 x, r = torch.randn(rows, k), torch.randn(rows, n)
-                want = x.double() @ w.double().t() + (0 if b is None else b.double())
+                rounded = [t.to(dtype).double() for t in (x, w, torch.zeros(n) if b is None else b)]
+                want = rounded[0] @ rounded[1].t() + rounded[2]
                 got = lin(x)
                 assert got.shape == (rows, n) and got.dtype == torch.float32
-                assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4), (n, k, rows, b is None)
-                assert torch.allclose(lin.add(r, x).double(), want + r.double(), rtol=1e-5, atol=1e-4)
+                assert torch.allclose(got.double(), want, **tol), (n, k, rows, b is None)
+                assert torch.allclose(lin.add(r, x).double(), want + r.double(), **tol)
+
+
+def test_cpu_linear_kind_is_measured_once_or_named(monkeypatch):
+    """Without the variable: one of the candidates, measured once per shapes and then kept;
+    with it: that kind, and a clear error for a kind this torch cannot run."""
+    from worker.models.llama import linear
+
+    monkeypatch.delenv(CPU_LINEAR_ENV, raising=False)
+    shapes = ((48, 32), (32, 48))
+    timed = []
+    real = linear._time_kind
+    monkeypatch.setattr(linear, "_time_kind", lambda kind, *a: timed.append(kind) or real(kind, *a))
+    monkeypatch.setattr(linear, "_chosen", {})
+    first = cpu_linear_kind(torch.float32, shapes)
+    assert first in FP32_KINDS and sorted(timed) == sorted(FP32_KINDS)
+    assert cpu_linear_kind(torch.float32, shapes) == first and len(timed) == len(FP32_KINDS)
+    for kind in FP32_KINDS:
+        monkeypatch.setenv(CPU_LINEAR_ENV, kind)
+        assert cpu_linear_kind(torch.float32, shapes) == kind
+    monkeypatch.setenv(CPU_LINEAR_ENV, "mkl")
+    with pytest.raises(ValueError, match="SLOTSERVE_CPU_LINEAR"):
+        cpu_linear_kind(torch.bfloat16, shapes)  # MKL's packed GEMM is fp32 only
+    monkeypatch.setenv(CPU_LINEAR_ENV, "blas9000")
+    with pytest.raises(ValueError, match="blas9000"):
+        cpu_linear_kind(torch.float32, shapes)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

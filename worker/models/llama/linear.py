@@ -38,6 +38,9 @@ for weight-only int8, so it is not used.) Two threads, same layers, later
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -79,53 +82,137 @@ class DenseLinear:
 
 
 class PackedLinear:
-    """fp32 ``y = x @ W.T (+ b)`` on a weight packed once for the CPU's GEMM library.
+    """``y = x @ W.T (+ b)`` on a weight packed once for one of the CPU's GEMM libraries.
 
-    With MKL (torch's x86 builds): ``cblas_sgemm_pack`` through
-    ``torch.ops.mkl._mkl_reorder_linear_weight`` and ``cblas_sgemm_compute``
-    through ``torch.ops.mkl._mkl_linear``, the kernel torch's inductor picks
-    for frozen fp32 linears on CPU. The weight is packed once with
-    :data:`PACK_ROWS` as the row hint and serves any number of rows (each call
-    passes its own row count, so the packed path always runs; that the packed
-    format does not depend on the row count is checked against ``F.linear`` in
-    tests/test_llama_runner.py). Without MKL: oneDNN's blocked layout
-    (``torch.ops.mkldnn._reorder_linear_weight``).
+    ``kind``:
 
-    Measured on a 2-core Ice Lake Xeon, 2 threads, SmolLM2-135M's 30 layers:
-    MKL packed beat oneDNN prepacked at every row count from 1 to 512 (see the
-    module docstring), and a whole decode step at 8 slots went from 86 ms
-    (oneDNN, the residual add fused as its binary post-op) to 59 ms (MKL,
-    LM head included; the add as a separate in-place op). oneDNN's fused add
-    alone cost 15 ms of the 86: it is not used.
+    - ``"mkl"`` (fp32 only): ``cblas_sgemm_pack`` through
+      ``torch.ops.mkl._mkl_reorder_linear_weight`` and ``cblas_sgemm_compute``
+      through ``torch.ops.mkl._mkl_linear``, the kernel torch's inductor picks
+      for frozen fp32 linears on CPU. Packed once with :data:`PACK_ROWS` as the
+      row hint, it serves any number of rows (each call passes its own row
+      count, so the packed path always runs; that the packed format does not
+      depend on the row count is checked in tests/test_llama_runner.py).
+    - ``"onednn"`` (fp32 or bf16): oneDNN's blocked layout
+      (``torch.ops.mkldnn._reorder_linear_weight``) and
+      ``torch.ops.mkldnn._linear_pointwise``. A bf16 weight takes bf16
+      activations: ``x`` is rounded on the way in and the product returned in
+      ``x``'s dtype.
+
+    Which one a runner uses is measured on the CPU at hand
+    (:func:`cpu_linear_kind`): on a 2-core Ice Lake Xeon MKL's packed fp32 was
+    the faster (a decode step at 8 slots 86 -> 59 ms; oneDNN's fused residual
+    add alone cost 15 ms of the 86, so the add is a separate in-place op), on a
+    2-core AMD EPYC with avx512_bf16 oneDNN's (30 layers of SmolLM2-135M at 8
+    rows: 17 ms against 50, and MKL's packed buffers took ~35 % more memory).
     """
 
-    __slots__ = ("weight", "bias", "out_features", "in_features", "_shape", "_mkl")
+    __slots__ = ("weight", "bias", "out_features", "in_features", "kind", "dtype", "_shape")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        w = weight.to(torch.float32).contiguous()
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, kind: str = "mkl",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if kind == "mkl" and dtype != torch.float32:
+            raise ValueError(f"MKL's packed GEMM is fp32 only, not {dtype}")
+        w = weight.to(dtype).contiguous()
         self.out_features, self.in_features = w.shape
-        self._mkl = torch._C.has_mkl
-        if self._mkl:
+        self.kind, self.dtype = kind, dtype
+        if kind == "mkl":
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
             # _mkl_linear reads only the sizes and dtype of the plain weight on its packed
             # path: a zero-stride view stands in for it, so the weight is held once.
             self._shape = torch.zeros(1, 1).expand(self.out_features, self.in_features)
+        elif kind == "onednn":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, ONEDNN_ROWS)
         else:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, 8)
-        self.bias = None if bias is None else bias.to(torch.float32, copy=True)
+            raise ValueError(f"unknown packed kind {kind!r}; choose from {PACKED_KINDS}")
+        self.bias = None if bias is None else bias.to(dtype, copy=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._mkl:
+        if self.kind == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.weight, self._shape, self.bias, x.numel() // self.in_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if x.dtype == self.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+        return y.to(x.dtype)
 
     def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)`` (the sum computed in place in the product's buffer)."""
-        return self(x).add_(residual)
+        y = self(x)
+        return y.add_(residual) if y.dtype == residual.dtype else residual + y
 
     @property
     def nbytes(self) -> int:
-        return self.out_features * self.in_features * 4
+        return self.out_features * self.in_features * (4 if self.dtype == torch.float32 else 2)
+
+
+PACKED_KINDS = ("mkl", "onednn")
+CPU_LINEAR_KINDS = ("dense",) + PACKED_KINDS
+CPU_LINEAR_ENV = "SLOTSERVE_CPU_LINEAR"
+"""Environment variable naming the fp32/bf16 CPU linear kind (``dense``, ``mkl``, ``onednn``)
+instead of measuring (:func:`cpu_linear_kind`)."""
+
+ONEDNN_ROWS = 8
+"""Row hint for oneDNN's packing (1, 8, 64 and 512 were measured on an AMD EPYC: 8 and up
+tie at 1-512 rows; 1 was 1.7x slower at 8 rows)."""
+
+_chosen: dict[tuple, str] = {}
+
+
+def cpu_linear_candidates(dtype: torch.dtype) -> tuple[str, ...]:
+    """The CPU linear kinds this torch build can run for weights of ``dtype`` (fp32 or bf16)."""
+    kinds = ["dense"]
+    if dtype == torch.float32 and torch._C.has_mkl:
+        kinds.append("mkl")
+    if torch.backends.mkldnn.is_available() and (
+            dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        kinds.append("onednn")
+    return tuple(kinds)
+
+
+def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...],
+                    rows: tuple[int, ...] = (8, 64)) -> str:
+    """The fastest CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``, measured once.
+
+    Each candidate (:func:`cpu_linear_candidates`) multiplies random weights
+    of ``shapes`` by ``rows``-row activations; the lowest sum over ``rows`` of
+    the best of 5 passes wins (about 50 ms on 2 cores for one Llama layer's
+    shapes). The answer is kept per ``(dtype, shapes, rows)`` for the process.
+    The environment variable :data:`CPU_LINEAR_ENV` names the kind instead.
+
+    Raises ValueError when that variable names a kind this build cannot run.
+    """
+    forced = os.environ.get(CPU_LINEAR_ENV, "").strip()
+    candidates = cpu_linear_candidates(dtype)
+    if forced:
+        if forced not in candidates:
+            raise ValueError(f"{CPU_LINEAR_ENV}={forced!r}: this torch build runs {candidates} for {dtype}")
+        return forced
+    key = (dtype, tuple(shapes), tuple(rows))
+    if key not in _chosen:
+        _chosen[key] = min(candidates, key=lambda kind: _time_kind(kind, dtype, shapes, rows))
+    return _chosen[key]
+
+
+def _time_kind(kind: str, dtype: torch.dtype, shapes, rows) -> float:
+    gen = torch.Generator().manual_seed(0)
+    linears = [_cpu_linear(torch.randn(n, k, generator=gen) * 0.02, None, kind, dtype) for n, k in shapes]
+    total = 0.0
+    for m in rows:
+        xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
+        best = float("inf")
+        for _ in range(6):  # the first pass warms caches and kernels up; it counts only if fastest
+            t = time.perf_counter()
+            for lin, x in zip(linears, xs):
+                lin(x)
+            best = min(best, time.perf_counter() - t)
+        total += best
+    return total
+
+
+def _cpu_linear(weight, bias, kind: str, dtype: torch.dtype):
+    if kind == "dense":
+        return DenseLinear(weight.to(dtype=dtype, copy=True), None if bias is None else bias.to(dtype, copy=True))
+    return PackedLinear(weight, bias, kind, dtype)
 
 
 class _Quantised:
@@ -238,13 +325,18 @@ class Int4Linear(_Quantised):
                 + self.codes.numel() + 8 * self.scale.numel())
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, device: str):
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, device: str,
+                kind: str | None = None):
     """The linear kind for ``precision`` holding ``weight`` ``[N, K]`` (any float dtype) on ``device``.
 
-    Raises ValueError for int8/int4 off the CPU or an unknown precision.
+    fp32 and bf16 on CPU: ``kind`` (one of :data:`CPU_LINEAR_KINDS`; default:
+    :func:`cpu_linear_kind` measured for this weight's shape).
+
+    Raises ValueError for int8/int4 off the CPU or an unknown precision or kind.
     """
-    if precision == "fp32" and device == "cpu" and torch.backends.mkldnn.is_available():
-        return PackedLinear(weight, bias)
+    if precision in ("fp32", "bf16") and device == "cpu":
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        return _cpu_linear(weight, bias, kind or cpu_linear_kind(dtype, (tuple(weight.shape),)), dtype)
     if precision in ("fp32", "bf16"):
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         return DenseLinear(weight.to(device=device, dtype=dtype, copy=True),

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.llama.attention import chunk_mask, decode_attention, decode_views, prefill_attention
-from worker.models.llama.linear import DenseLinear, make_linear
+from worker.models.llama.linear import DenseLinear, cpu_linear_kind, make_linear
 from worker.models.llama.source import LlamaSource
 
 
@@ -142,10 +142,23 @@ class LlamaWeights:
         def norm(weight: torch.Tensor) -> torch.Tensor:  # a copy: the source may map the whole weights file
             return weight.to(device=device, dtype=act, copy=True)
 
+        # fp32/bf16 on CPU: the GEMM library measured fastest for this layer's shapes on this CPU
+        s = self.shape
+        shapes = (((s.heads + 2 * s.kv_heads) * head_dim, s.hidden), (s.hidden, s.heads * head_dim),
+                  (2 * s.ffn, s.hidden), (s.hidden, s.ffn))
+        on_cpu = torch.device(device).type == "cpu"
+
+        def kind_for(p: str) -> str | None:
+            return cpu_linear_kind(torch.bfloat16 if p == "bf16" else torch.float32, shapes) if on_cpu else None
+
+        layer_kind = kind_for(precision) if precision in ("fp32", "bf16") else None
+        self.linear_kind = layer_kind or (precision if on_cpu else "dense")
+        """The layers' linear kind: ``dense``, ``mkl`` or ``onednn`` (fp32/bf16), ``int8``/``int4``."""
+
         def fused(layer: dict, keys: tuple[str, ...]) -> object:
             weight = torch.cat([layer[k] for k in keys])
             bias = None if keys[0] + ".bias" not in layer else torch.cat([layer[k + ".bias"] for k in keys])
-            return make_linear(weight, bias, precision, device)
+            return make_linear(weight, bias, precision, device, layer_kind)
 
         self.layers = [LayerWeights(norm(layer["ln1"]), fused(layer, ("q", "k", "v")), fused(layer, ("o",)),
                                     norm(layer["ln2"]), fused(layer, ("gate", "up")), fused(layer, ("down",)))
@@ -162,14 +175,14 @@ class LlamaWeights:
         if share and self.embed.table.dtype == qkv.weight.dtype:
             self.head = DenseLinear(self.embed.table)  # one tensor for both, as in the HF model
         else:
-            self.head = make_linear(source.embed if source.head is None else source.head, None, outer, device)
+            self.head = make_linear(source.embed if source.head is None else source.head, None, outer, device,
+                                    kind_for(outer))
         self.scaling = head_dim ** -0.5
         # On CPU the step's scalars are fp32 0-dim tensors: an op with a Python float converts it to
         # a tensor on every call (2-3 us each, 5 per layer; measured), same value and result (the
         # activations are fp32 there). On CUDA they stay floats: a bf16 op would round a 0-dim
         # bf16 tensor (the scaling of head_dim 128 by ~1e-4), and graph replay hides the cost.
         values = (1.0 / cfg.hidden_size, float(cfg.rms_norm_eps), self.scaling)
-        on_cpu = torch.device(device).type == "cpu"
         self.consts = _Consts(*(torch.tensor(v, dtype=torch.float32) if on_cpu else v for v in values),
                               eps_value=float(cfg.rms_norm_eps))
         positions = torch.arange(max_len, dtype=torch.float32)
