@@ -486,3 +486,52 @@ def test_cuda_greedy_matches_cpu(model_dir, precision):
                                          [12] * 7, batch_size=5)]
     same = sum(a == b for a, b in zip(cpu, cuda))
     assert same == 7 if precision == "fp32" else same >= 4
+
+
+ONEDNN_GROWTH = r"""
+import ctypes, json, os, sys, torch
+from worker.models.llama.linear import PackedLinear, DenseLinear
+kind = sys.argv[1]
+def rss():
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M's layer shapes
+if kind == "onednn":
+    lins = [PackedLinear(torch.randn(n, k), None, "onednn") for n, k in shapes]
+else:
+    from worker.models.heap import bound_onednn_caches
+    bound_onednn_caches()
+    lins = [DenseLinear(torch.randn(n, k).bfloat16()) for n, k in shapes]
+dtype = torch.float32 if kind == "onednn" else torch.bfloat16
+base = rss()
+with torch.inference_mode():
+    for m in range(1, 257):  # a new row count each time, as prefill iterations give
+        for (n, k), lin in zip(shapes, lins):
+            lin(torch.randn(m, k, dtype=dtype))
+print(json.dumps({"growth_mib": rss() - base, "env": [os.environ.get(v) for v in
+      ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")]}))
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+@pytest.mark.parametrize("kind", ["onednn", "dense-bf16"])
+def test_onednn_caches_stay_bounded_as_row_counts_change(kind):
+    """oneDNN caches a primitive per input shape (1,024 by default, ~0.5 MiB each here):
+    256 row counts through 4 layer shapes grew a process by ~480 MiB before the caches were
+    capped; capped (set before the first product, in a fresh process) it stays small."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if "onednn" not in cpu_linear_candidates(torch.float32 if kind == "onednn" else torch.bfloat16):
+        pytest.skip("this torch has no oneDNN path for it")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", ONEDNN_GROWTH, kind.split("-")[0]], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["env"] == ["32", "32"]
+    assert out["growth_mib"] < 80, out

@@ -216,6 +216,9 @@ class WorkerProcess:
         except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e
+        weights = getattr(model, "weights", None)
+        if weights is not None and hasattr(weights, "linear_kind"):  # slotserve's runner: what it measured
+            log.info("loaded %r: %s on %s, linears %s", name, weights.precision, weights.device, weights.linear_kind)
         self._setup(model)
 
     def _setup(self, model) -> None:

@@ -7,7 +7,7 @@ needs them, so ``import worker`` stays light.
 from __future__ import annotations
 
 from worker.models.base import SamplingParams, SlotInput, SlotModel, StatelessModel
-from worker.models.heap import return_freed_memory
+from worker.models.heap import bound_onednn_caches, return_freed_memory
 from worker.models.options import ModelOptions
 
 __all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
@@ -40,6 +40,7 @@ def load_model(name: str, **options):
         from worker.models.simulated import SimulatedLLM
 
         return SimulatedLLM(**options)
+    bound_onednn_caches()  # before torch's first oneDNN product in this process
     opts = ModelOptions(**{k: options.pop(k) for k in _RUNNER_OPTIONS if k in options})
     device, precision = opts.resolve()
     if opts.speculative_tokens and device != "cpu":

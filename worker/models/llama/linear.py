@@ -44,6 +44,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from worker.models.heap import bound_onednn_caches
+
 
 PACK_ROWS = 512
 """Row hint for packing fp32 weights (MKL's packed layout for 512 rows was as fast as
@@ -122,6 +124,7 @@ class PackedLinear:
             # path: a zero-stride view stands in for it, so the weight is held once.
             self._shape = torch.zeros(1, 1).expand(self.out_features, self.in_features)
         elif kind == "onednn":
+            bound_onednn_caches()
             self.weight = torch.ops.mkldnn._reorder_linear_weight(w, ONEDNN_ROWS)
         else:
             raise ValueError(f"unknown packed kind {kind!r}; choose from {PACKED_KINDS}")
@@ -181,6 +184,7 @@ def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...],
 
     Raises ValueError when that variable names a kind this build cannot run.
     """
+    bound_onednn_caches()  # before the first oneDNN product: the libraries read it once
     forced = os.environ.get(CPU_LINEAR_ENV, "").strip()
     candidates = cpu_linear_candidates(dtype)
     if forced:
