@@ -522,9 +522,10 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
     ap.add_argument("--time-limit-s", type=float, default=170.0,
                     help="with --random-weights: start nothing after this many seconds (default 170)")
-    ap.add_argument("--precisions", default="hf,fp32,fp32+spec4,bf16,int8,int4",
+    ap.add_argument("--precisions", default="hf,fp32,fp32+spec2,bf16,bf16+spec3,int8,int4",
                     help="slotserve-broker runs and forward limits, one per entry: hf (the transformers-forward "
-                         "runner, issue 8's 'before'), fp32, bf16, int8, int4 (default: all)")
+                         "runner, issue 8's 'before'), fp32, bf16, int8, int4, each optionally +specK "
+                         "(default: hf,fp32,fp32+spec2,bf16,bf16+spec3,int8,int4)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone runs once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
