@@ -4,10 +4,15 @@ Every kind takes activations ``x [M, K]`` in the runner's activation dtype
 and returns ``[M, N]`` in the same dtype; what differs is how the weight is
 stored and which kernel multiplies it:
 
-- :class:`PackedLinear` -- fp32 weight packed once for MKL's ``sgemm_compute``
-  (CPU; oneDNN's blocked layout where torch has no MKL).
+- :class:`PackedLinear` -- fp32 weight packed once for MKL's ``sgemm_compute``,
+  or fp32/bf16 weight in oneDNN's blocked layout (CPU).
 - :class:`DenseLinear` -- fp32 or bf16 weight, ``torch.nn.functional.linear``
-  (bf16 on CPU; cuBLAS on CUDA).
+  (cuBLAS on CUDA).
+
+On CPU, fp32 and bf16 use whichever of ``dense``, ``mkl`` and ``onednn`` is
+measured fastest on the CPU at hand for the model's layer shapes
+(:func:`cpu_linear_kind`, once per process): the order flips between CPUs
+(measured below and in :class:`PackedLinear`).
 - :class:`Int8Linear` -- weight-only int8, one scale per output row
   (symmetric, ``scale = max|w| / 127``), ``torch.ops.aten._weight_int8pack_mm``.
 - :class:`Int4Linear` -- weight-only int4 in groups of 32 input columns with a
@@ -33,7 +38,12 @@ activation scales, ``torch._int_mm``, was faster from 8 rows on -- 33 / 47 /
 for weight-only int8, so it is not used.) Two threads, same layers, later
 (ms; 1 / 8 / 32 / 128 / 256 / 512 rows): MKL packed 19.5 / 25.7 / 44.0 /
 130 / 216 / 491, oneDNN prepacked 25.9 / 35.1 / 52.9 / 144 / 219 / 511,
-``F.linear`` 17.7 / 55.1 / 107 / 138 / 240 / 497.
+``F.linear`` 17.7 / 55.1 / 107 / 138 / 240 / 497. On a 2-core AMD EPYC with
+avx512_bf16, 2 threads (ms; 1 / 8 / 32 / 128 / 512 rows): MKL packed 26.8 /
+49.8 / 83.8 / 212 / 603, oneDNN prepacked 17.0 / 17.3 / 39.0 / 136 / 503,
+``F.linear`` 33.9 / 47.3 / 79.3 / 213 / 608; bf16 ``F.linear`` 16.8 / 20.8 /
+32.1 / 86.4 / 282, bf16 oneDNN prepacked 9.3 / 10.1 / 21.5 / 70.6 / 257;
+int8 weight-only 7.1 / 22.0 / 61.2 (32 rows).
 """
 
 from __future__ import annotations

@@ -143,9 +143,9 @@ class LlamaWeights:
             return weight.to(device=device, dtype=act, copy=True)
 
         # fp32/bf16 on CPU: the GEMM library measured fastest for this layer's shapes on this CPU
-        s = self.shape
-        shapes = (((s.heads + 2 * s.kv_heads) * head_dim, s.hidden), (s.hidden, s.heads * head_dim),
-                  (2 * s.ffn, s.hidden), (s.hidden, s.ffn))
+        dims = self.shape
+        shapes = (((dims.heads + 2 * dims.kv_heads) * head_dim, dims.hidden), (dims.hidden, dims.heads * head_dim),
+                  (2 * dims.ffn, dims.hidden), (dims.hidden, dims.ffn))
         on_cpu = torch.device(device).type == "cpu"
 
         def kind_for(p: str) -> str | None:
