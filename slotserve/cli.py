@@ -167,7 +167,8 @@ def _model_options(command):
                      default=_default(ModelOptions, "speculative_tokens"), show_envvar=True,
                      help="Speculative decoding (slotserve runner, CPU): up to this many draft tokens per "
                           "greedy request and iteration, looked up in its own prompt and output and verified "
-                          "in the same step (same tokens). 0: off. Speed: README."),
+                          "in the same step (fp32: the same tokens as without; bf16 may round differently). "
+                          "0: off. Speed: README."),
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model (default: torch's, one per core)."),

@@ -37,10 +37,15 @@ SCRIPT = "Say ab 😀 日本 cd, then the quick brown fox jumps over the lazy do
 PROMPT = [5, 6, 7]
 
 
+# Liveness and hung limits of 3 s: at 1 s a loaded machine (load 4 on 2 cores) let the broker drop a
+# worker that was only slow before the migration test's hang began, and its tokens with it.
+LIMIT_S = 3.0
+
+
 def make_cluster(worker_hung_s: float | None) -> LocalCluster:
-    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=1.0,
+    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=LIMIT_S,
                           worker_hung_s=worker_hung_s)
-    simulated = WorkerConfig(num_slots=1, heartbeat_interval_s=0.1, broker_liveness_s=2.0)
+    simulated = WorkerConfig(num_slots=1, heartbeat_interval_s=0.1, broker_liveness_s=2 * LIMIT_S)
     return LocalCluster(ClusterConfig(broker, (simulated,), start_timeout_s=60.0))
 
 
@@ -51,7 +56,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with make_cluster(worker_hung_s=1.0) as c:
+    with make_cluster(worker_hung_s=LIMIT_S) as c:
         yield c
 
 
@@ -60,7 +65,7 @@ class TextWorker:
 
     def __init__(self, backend: str, name: str, model: ScriptedTextModel, slots: int = 4):
         cfg = WorkerConfig(broker=backend, model=name, num_slots=slots, heartbeat_interval_s=0.1,
-                           broker_liveness_s=1.0, prefetch=0, name=f"{name}-{id(model):x}")
+                           broker_liveness_s=LIMIT_S, prefetch=0, name=f"{name}-{id(model):x}")
         self.name, self.model = cfg.name, model
         self.stop = threading.Event()
         self.thread = threading.Thread(target=WorkerProcess(cfg, model).run, args=(self.stop,), daemon=True)
@@ -168,7 +173,7 @@ def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, model_dir):
         assert h["plain"].text == SCRIPT[:SCRIPT.index(" 😀")] + " "  # the byte shows nothing yet
         assert h["stop"].text == SCRIPT[:SCRIPT.index(" 😀")]  # and " " may start the stop string: held
         with TextWorker(cluster.backend, "migrating", healthy):
-            c.run(timeout=60)  # the broker finds the first worker hung (1 s) and moves both
+            c.run(timeout=60)  # the broker finds the first worker hung (LIMIT_S) and moves both
     plain, stop = h["plain"], h["stop"]
     assert plain.tokens == hanging.script[:30] and plain.finish_reason is FinishReason.LENGTH
     assert plain.text == codec.decode(plain.tokens) == "".join(streamed["plain"][1])
