@@ -141,3 +141,27 @@ def test_prompt_lookup_never_returns_more_than_asked():
     seq = [1, 2] * 20
     for k in range(0, 6):
         assert len(look.propose(0, seq, k)) == k
+
+
+def test_a_non_finite_pick_after_accepted_drafts_keeps_them(model_dir, reference, monkeypatch):  # noqa: F811
+    """Perfect drafts (the greedy continuation) through a token whose embedding is NaN:
+    the tokens accepted before the failing pick are returned and the request ends with
+    the error one step later, exactly as one token per step (same tokens, same error)."""
+    prompt = [3, 17, 99, 4, 250]
+    cont = generate_alone(reference, prompt, 40)
+    full = prompt + cont
+    at = next(i for i in range(8, 40) if cont[i] not in full[:len(prompt) + i])  # first seen at cont[at]
+    monkeypatch.setattr(PromptLookup, "propose", lambda self, row, tokens, k: (
+        full[len(tokens):len(tokens) + k] if full[:len(tokens)] == list(tokens) else []))
+    results = {}
+    for k in (0, 4):
+        model = load_model(model_dir, speculative_tokens=k)
+        model.weights.embed.table[cont[at]] = float("nan")
+        counting = CountingSteps(model)
+        engine = BatchInferenceEngine(counting, batch_size=2, stop_token=None)
+        handle = engine.submit_request(prompt, 30)
+        engine.run()
+        assert handle.finish_reason == FinishReason.ERROR
+        results[k] = (handle.tokens, counting.several)
+    assert results[4][0] == results[0][0] == cont[:at + 1]  # through the poisoned token, then the error
+    assert results[4][1] > 0  # drafts were accepted on the way

@@ -147,7 +147,11 @@ class LlamaRunner:
         that pick, and the first pick that differs (or the one after the last
         draft) is the bonus token. So the tokens returned are exactly the
         picks a draft-free decode of the same forward would make. The row's
-        cache keeps the keys of the inputs that led to them.
+        cache keeps the keys of the inputs that led to them. A non-finite
+        pick ends the row's tokens: first, it is the request's error; after
+        accepted picks, those are returned and the cache ends before the
+        input that failed, so the next step recomputes it and the error comes
+        there, as it would one token per step.
         """
         j, lengths = 0, self.kv_cache.lengths
         while j < len(out_index):
@@ -162,14 +166,14 @@ class LlamaRunner:
             j += len(drafts) + 1
             accepted = []
             for t, tok in enumerate(got):
-                accepted.append(tok)
-                if type(tok) is not int:  # non-finite: the request ends with this error
-                    out[i] = tok
+                if type(tok) is not int:  # non-finite after input t
+                    out[i] = tok if t == 0 else accepted if t > 1 else accepted[0]
                     break
+                accepted.append(tok)
                 if t == len(drafts) or tok != drafts[t]:
                     out[i] = accepted if len(accepted) > 1 else tok
                     break
-            lengths[row] = pos + len(accepted)
+            lengths[row] = pos + max(len(accepted), 1)
 
     def forward_batch(self, batch: Sequence[SlotInput]) -> tuple[torch.Tensor | None, list[int]]:
         """The model part of :meth:`step`: ``(logits [n, vocab] fp32, batch index of each row)``.
