@@ -269,27 +269,39 @@ def test_packed_linear_is_the_plain_product_at_every_row_count(kind, dtype):
 
 def test_cpu_linear_kind_is_measured_once_or_named(monkeypatch):
     """Without the variable: one of the candidates, measured once per shapes and then kept;
-    with it: that kind, and a clear error for a kind this torch cannot run."""
+    with it: that kind (case and spaces ignored), and a clear error for a kind this torch
+    cannot run or that does not exist."""
     from worker.models.llama import linear
 
     monkeypatch.delenv(CPU_LINEAR_ENV, raising=False)
     shapes = ((48, 32), (32, 48))
-    timed = []
-    real = linear._time_kind
-    monkeypatch.setattr(linear, "_time_kind", lambda kind, *a: timed.append(kind) or real(kind, *a))
+    measured = []
+    real = linear._fastest
+    monkeypatch.setattr(linear, "_fastest", lambda kinds, *a: measured.append(kinds) or real(kinds, *a))
     monkeypatch.setattr(linear, "_chosen", {})
     first = cpu_linear_kind(torch.float32, shapes)
-    assert first in FP32_KINDS and sorted(timed) == sorted(FP32_KINDS)
-    assert cpu_linear_kind(torch.float32, shapes) == first and len(timed) == len(FP32_KINDS)
+    assert first in FP32_KINDS and measured == [FP32_KINDS]
+    assert cpu_linear_kind(torch.float32, shapes) == first and len(measured) == 1
     for kind in FP32_KINDS:
-        monkeypatch.setenv(CPU_LINEAR_ENV, kind)
+        monkeypatch.setenv(CPU_LINEAR_ENV, f" {kind.upper()} ")
         assert cpu_linear_kind(torch.float32, shapes) == kind
     monkeypatch.setenv(CPU_LINEAR_ENV, "mkl")
-    with pytest.raises(ValueError, match="SLOTSERVE_CPU_LINEAR"):
-        cpu_linear_kind(torch.bfloat16, shapes)  # MKL's packed GEMM is fp32 only
+    with pytest.raises(ValueError, match="fp32 only"):
+        cpu_linear_kind(torch.bfloat16, shapes)
     monkeypatch.setenv(CPU_LINEAR_ENV, "blas9000")
     with pytest.raises(ValueError, match="blas9000"):
         cpu_linear_kind(torch.float32, shapes)
+
+
+@pytest.mark.parametrize("value,options", [("blas9000", {}), ("blas9000", {"runner": "hf"}),
+                                           ("blas9000", {"precision": "int8"}), ("mkl", {"precision": "bf16"})])
+def test_a_bad_cpu_linear_variable_fails_the_load_before_any_weight_is_read(model_dir, monkeypatch, value, options):
+    from worker.models import hf
+
+    monkeypatch.setenv(CPU_LINEAR_ENV, value)
+    monkeypatch.setattr(hf, "resolve_model_path", lambda *a: pytest.fail("weights were looked up"))
+    with pytest.raises(ValueError, match=CPU_LINEAR_ENV):
+        load_model(model_dir, **options)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

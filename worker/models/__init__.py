@@ -46,7 +46,9 @@ def load_model(name: str, **options):
     if opts.speculative_tokens and device != "cpu":
         raise ValueError(f"speculative decoding (speculative_tokens > 0) runs on CPU only, not {device}")
     from worker.models import hf
+    from worker.models.llama.linear import check_forced_cpu_linear_kind
 
+    check_forced_cpu_linear_kind(precision if device == "cpu" else "")  # a bad name fails before any weight is read
     hf.set_num_threads(opts.num_threads)
     if opts.runner == "hf":
         if device != "cpu" or precision not in ("fp32", "bf16"):

@@ -55,7 +55,8 @@ def bound_onednn_caches() -> None:
     SmolLM2-135M's shapes at every row count from 1 to 520 took +492 MiB
     (bf16 ``F.linear`` at 1-300 rows: +654 MiB), and +16 MiB with 32 entries
     each. A miss costs ~0.7 ms per linear shape (measured: ~3 ms per prefill
-    iteration of 4 layer shapes); the decode row count stays cached. The
+    iteration of 4 layer shapes); the decode row count stays cached, except
+    with speculative decoding, whose rows vary with the drafts found. The
     libraries read the variables once, at their first use in the process:
     this must run before any oneDNN product (``load_model`` calls it first).
     """

@@ -182,45 +182,70 @@ def cpu_linear_candidates(dtype: torch.dtype) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+def forced_cpu_linear_kind() -> str | None:
+    """The kind :data:`CPU_LINEAR_ENV` names (case and surrounding spaces ignored), None when unset or empty.
+
+    Raises ValueError for a name that is not one of :data:`CPU_LINEAR_KINDS`.
+    """
+    forced = os.environ.get(CPU_LINEAR_ENV, "").strip().lower()
+    if forced and forced not in CPU_LINEAR_KINDS:
+        raise ValueError(f"{CPU_LINEAR_ENV}={os.environ[CPU_LINEAR_ENV]!r}: choose from {', '.join(CPU_LINEAR_KINDS)}")
+    return forced or None
+
+
+def check_forced_cpu_linear_kind(precision: str) -> None:
+    """Raise ValueError now (before any weight is read) when :data:`CPU_LINEAR_ENV` names an
+    unknown kind, or ``mkl`` for ``precision`` bf16 (MKL's packed GEMM is fp32 only)."""
+    forced = forced_cpu_linear_kind()
+    if forced == "mkl" and precision == "bf16":
+        raise ValueError(f"{CPU_LINEAR_ENV}=mkl: MKL's packed GEMM is fp32 only; precision bf16 runs "
+                         f"on dense or onednn")
+
+
 def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...],
-                    rows: tuple[int, ...] = (8, 64)) -> str:
+                    rows: tuple[int, ...] = (1, 8, 64)) -> str:
     """The fastest CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``, measured once.
 
     Each candidate (:func:`cpu_linear_candidates`) multiplies random weights
     of ``shapes`` by ``rows``-row activations; the lowest sum over ``rows`` of
-    the best of 5 passes wins (about 50 ms on 2 cores for one Llama layer's
-    shapes). The answer is kept per ``(dtype, shapes, rows)`` for the process.
-    The environment variable :data:`CPU_LINEAR_ENV` names the kind instead.
+    the best of 6 passes wins. The candidates take turns pass by pass, so a
+    burst of load from elsewhere slows all of them alike (about 0.2 s on 2
+    cores for one Llama layer's shapes). The answer is kept per ``(dtype,
+    shapes, rows)`` for the process. The environment variable
+    :data:`CPU_LINEAR_ENV` names the kind instead.
 
-    Raises ValueError when that variable names a kind this build cannot run.
+    Raises ValueError when that variable names a kind this build cannot run for ``dtype``.
     """
     bound_onednn_caches()  # before the first oneDNN product: the libraries read it once
-    forced = os.environ.get(CPU_LINEAR_ENV, "").strip()
+    forced = forced_cpu_linear_kind()
     candidates = cpu_linear_candidates(dtype)
     if forced:
         if forced not in candidates:
-            raise ValueError(f"{CPU_LINEAR_ENV}={forced!r}: this torch build runs {candidates} for {dtype}")
+            why = "MKL's packed GEMM is fp32 only" if forced == "mkl" and torch._C.has_mkl else (
+                f"this torch build runs {', '.join(candidates)}")
+            raise ValueError(f"{CPU_LINEAR_ENV}={forced!r} for {dtype} weights: {why}")
         return forced
     key = (dtype, tuple(shapes), tuple(rows))
     if key not in _chosen:
-        _chosen[key] = min(candidates, key=lambda kind: _time_kind(kind, dtype, shapes, rows))
+        _chosen[key] = _fastest(candidates, dtype, shapes, rows)
     return _chosen[key]
 
 
-def _time_kind(kind: str, dtype: torch.dtype, shapes, rows) -> float:
+def _fastest(candidates, dtype: torch.dtype, shapes, rows, passes: int = 6) -> str:
     gen = torch.Generator().manual_seed(0)
-    linears = [_cpu_linear(torch.randn(n, k, generator=gen) * 0.02, None, kind, dtype) for n, k in shapes]
-    total = 0.0
-    for m in rows:
-        xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
-        best = float("inf")
-        for _ in range(6):  # the first pass warms caches and kernels up; it counts only if fastest
-            t = time.perf_counter()
-            for lin, x in zip(linears, xs):
-                lin(x)
-            best = min(best, time.perf_counter() - t)
-        total += best
-    return total
+    weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
+    linears = {kind: [_cpu_linear(w, None, kind, dtype) for w in weights] for kind in candidates}
+    inputs = {m: [torch.randn(m, k, generator=gen) for _, k in shapes] for m in rows}
+    best = {(kind, m): float("inf") for kind in candidates for m in rows}
+    with torch.inference_mode():
+        for _ in range(passes):  # the first pass warms caches and kernels up; it counts only if fastest
+            for kind in candidates:
+                for m in rows:
+                    t = time.perf_counter()
+                    for lin, x in zip(linears[kind], inputs[m]):
+                        lin(x)
+                    best[kind, m] = min(best[kind, m], time.perf_counter() - t)
+    return min(candidates, key=lambda kind: sum(best[kind, m] for m in rows))
 
 
 def _cpu_linear(weight, bias, kind: str, dtype: torch.dtype):
