@@ -7,7 +7,6 @@ system through the same code and must write a complete, sane result.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -45,7 +44,10 @@ def test_random_weights_tiny_cpu_writes_every_case_and_system(tmp_path):
             assert s["exact_lengths"] is True, (row["case"], s["system"])
             assert s["useful_tokens"] == row["tokens_asked"] > 0
             assert 0 < s["wall_s"] < 120
-            assert math.isclose(s["tokens_per_s"], s["useful_tokens"] / s["wall_s"], rel_tol=0.05)
+            # wall_s is rounded to 1 ms, and a tiny case can take under 10 ms: the rate must lie
+            # within what the rounding allows (it is computed from the unrounded time)
+            fastest, slowest = (s["useful_tokens"] / max(s["wall_s"] + d, 1e-9) for d in (-5e-4, 5e-4))
+            assert slowest * 0.99 <= s["tokens_per_s"] <= fastest * 1.01, s
         assert set(row["slotserve_vs"]) == {"hf-static", "hf-cb"}
         assert all(v > 0 for v in row["slotserve_vs"].values())
         assert set(row["identical_to_slotserve"]) == {"hf-static", "hf-cb"}
