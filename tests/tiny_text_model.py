@@ -63,7 +63,10 @@ class ScriptedTextModel:
 
     ``hang_after``: the step after that many steps blocks until ``release`` is
     set (``hanging`` is set meanwhile): a worker stuck right after streaming a
-    chosen token. ``step_s``: a slower model (seconds per step).
+    chosen token. ``hang_at_output`` (with ``hang_rows``): instead, the first
+    step of ``hang_rows`` sequences that all have at least that many output
+    tokens blocks (requests that joined in different steps are then all past
+    the chosen token). ``step_s``: a slower model (seconds per step).
     """
 
     def __init__(self, model_dir: str, text: str, prompt_len: int, *, hang_after: int | None = None,
@@ -81,6 +84,8 @@ class ScriptedTextModel:
         self.script = self.tokenizer.encode(text)
         self.prompt_len = prompt_len
         self.hang_after = hang_after
+        self.hang_at_output: int | None = None
+        self.hang_rows = 1
         self.step_s = step_s
         self.calls = 0
         self.release = threading.Event()
@@ -90,7 +95,10 @@ class ScriptedTextModel:
         import time
 
         self.calls += 1
-        if self.hang_after is not None and self.calls == self.hang_after + 1:
+        at_output = self.hang_at_output is not None and len(sequences) == self.hang_rows and all(
+            len(s) - self.prompt_len >= self.hang_at_output for s in sequences)
+        if (self.hang_after is not None and self.calls == self.hang_after + 1) or (
+                at_output and not self.hanging.is_set()):
             self.hanging.set()
             self.release.wait()
         if self.step_s:
