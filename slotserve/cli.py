@@ -136,15 +136,16 @@ _max_message_bytes = click.option(
 
 
 def _model_options(command):
-    """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--threads,
+    """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads,
     passed on as one ``model_options``."""
-    from worker.models.options import DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
+    from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
 
     @functools.wraps(command)
-    def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, threads, **kwargs):
+    def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
+                     **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
-                          num_threads=threads)
+                          cpu_linear=cpu_linear, num_threads=threads)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -169,6 +170,10 @@ def _model_options(command):
                           "greedy request and iteration, looked up in its own prompt and output and verified "
                           "in the same step (fp32: the same tokens as without; bf16 may round differently). "
                           "0: off. Speed: README."),
+        click.option("--cpu-linear", type=click.Choice(CPU_LINEARS, case_sensitive=False),
+                     default=_default(ModelOptions, "cpu_linear"), show_envvar=True,
+                     help="GEMM library of fp32/bf16 CPU linears: dense, mkl (fp32), onednn, or auto "
+                          "(the fastest here, measured at load)."),
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model (default: torch's, one per core)."),

@@ -259,3 +259,11 @@ def test_run_with_a_model_that_cannot_load_fails_in_one_clear_line(tmp_path):
     assert proc.returncode == 1
     assert "no-such-model.gguf" in proc.stderr and "exited with code 1 while starting" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_cpu_linear_option_is_checked_as_usage():
+    for cmd in ("worker", "up", "run"):
+        r = CliRunner().invoke(main, [cmd, "--cpu-linear", "blas9000"])
+        assert r.exit_code == 2 and "--cpu-linear" in r.output
+    r = CliRunner().invoke(main, ["worker", "--cpu-linear", "mkl", "--precision", "bf16"])
+    assert r.exit_code == 2 and "fp32 only" in r.output

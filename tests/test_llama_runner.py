@@ -20,7 +20,7 @@ from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
-from worker.models.llama.linear import CPU_LINEAR_ENV, cpu_linear_candidates, cpu_linear_kind  # noqa: E402
+from worker.models.llama.linear import cpu_linear_candidates, cpu_linear_kind  # noqa: E402
 from worker.models.rows import SlotRows  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -77,11 +77,10 @@ FP32_KINDS = cpu_linear_candidates(torch.float32)
 
 @pytest.mark.parametrize("kind", FP32_KINDS)
 @pytest.mark.parametrize("max_prefill_tokens", [16, 512])
-def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens, kind, monkeypatch):
+def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens, kind):
     """Packed prefill, chunked prefill (16-token chunks) and decode over mixed lengths, slots reused;
     with each fp32 CPU linear kind this torch runs (the one measured fastest is the default)."""
-    monkeypatch.setenv(CPU_LINEAR_ENV, kind)
-    model = load_model(model_dir, max_prefill_tokens=max_prefill_tokens)
+    model = load_model(model_dir, max_prefill_tokens=max_prefill_tokens, cpu_linear=kind)
     assert isinstance(model, LlamaRunner) and model.precision == "fp32" and model.weights.linear_kind == kind
     prompts = random_prompts(10, seed=1)
     max_tokens = [random.Random(i).randint(1, 20) for i in range(10)]
@@ -91,9 +90,8 @@ def test_fp32_greedy_equals_generate(model_dir, reference, max_prefill_tokens, k
 
 
 @pytest.mark.parametrize("kind", FP32_KINDS)
-def test_fp32_logits_match_the_hf_forward(model_dir, reference, kind, monkeypatch):
-    monkeypatch.setenv(CPU_LINEAR_ENV, kind)
-    model = load_model(model_dir)
+def test_fp32_logits_match_the_hf_forward(model_dir, reference, kind):
+    model = load_model(model_dir, cpu_linear=kind)
     model.bind_slots(2)
     a, b = random_prompts(2, seed=2)
     seqs = {0: list(a), 1: list(b)}
@@ -267,41 +265,30 @@ def test_packed_linear_is_the_plain_product_at_every_row_count(kind, dtype):
                 assert torch.allclose(lin.add(r, x).double(), want + r.double(), **tol)
 
 
-def test_cpu_linear_kind_is_measured_once_or_named(monkeypatch):
-    """Without the variable: one of the candidates, measured once per shapes and then kept;
-    with it: that kind (case and spaces ignored), and a clear error for a kind this torch
-    cannot run or that does not exist."""
+def test_cpu_linear_kind_is_measured_once_or_named():
+    """Unnamed: one of the candidates, measured once per shapes and then kept; named: that
+    kind, and a clear error for a kind this torch cannot run for the dtype."""
     from worker.models.llama import linear
 
-    monkeypatch.delenv(CPU_LINEAR_ENV, raising=False)
     shapes = ((48, 32), (32, 48))
-    measured = []
-    real = linear._fastest
-    monkeypatch.setattr(linear, "_fastest", lambda kinds, *a: measured.append(kinds) or real(kinds, *a))
-    monkeypatch.setattr(linear, "_chosen", {})
+    misses = linear._fastest.cache_info().misses
     first = cpu_linear_kind(torch.float32, shapes)
-    assert first in FP32_KINDS and measured == [FP32_KINDS]
-    assert cpu_linear_kind(torch.float32, shapes) == first and len(measured) == 1
+    assert first in FP32_KINDS and linear._fastest.cache_info().misses == misses + 1
+    assert cpu_linear_kind(torch.float32, shapes) == first and linear._fastest.cache_info().misses == misses + 1
     for kind in FP32_KINDS:
-        monkeypatch.setenv(CPU_LINEAR_ENV, f" {kind.upper()} ")
-        assert cpu_linear_kind(torch.float32, shapes) == kind
-    monkeypatch.setenv(CPU_LINEAR_ENV, "mkl")
-    with pytest.raises(ValueError, match="fp32 only"):
-        cpu_linear_kind(torch.bfloat16, shapes)
-    monkeypatch.setenv(CPU_LINEAR_ENV, "blas9000")
-    with pytest.raises(ValueError, match="blas9000"):
-        cpu_linear_kind(torch.float32, shapes)
+        assert cpu_linear_kind(torch.float32, shapes, kind) == kind
+    with pytest.raises(ValueError, match="fp32 only" if torch._C.has_mkl else "cpu_linear"):
+        cpu_linear_kind(torch.bfloat16, shapes, "mkl")
 
 
-@pytest.mark.parametrize("value,options", [("blas9000", {}), ("blas9000", {"runner": "hf"}),
+@pytest.mark.parametrize("value,options", [("blas9000", {}), ("onednn", {"runner": "hf"}),
                                            ("blas9000", {"precision": "int8"}), ("mkl", {"precision": "bf16"})])
-def test_a_bad_cpu_linear_variable_fails_the_load_before_any_weight_is_read(model_dir, monkeypatch, value, options):
+def test_a_bad_cpu_linear_fails_the_load_before_any_weight_is_read(model_dir, monkeypatch, value, options):
     from worker.models import hf
 
-    monkeypatch.setenv(CPU_LINEAR_ENV, value)
     monkeypatch.setattr(hf, "resolve_model_path", lambda *a: pytest.fail("weights were looked up"))
-    with pytest.raises(ValueError, match=CPU_LINEAR_ENV):
-        load_model(model_dir, **options)
+    with pytest.raises(ValueError, match="cpu_linear"):
+        load_model(model_dir, cpu_linear=value, **options)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

@@ -12,7 +12,8 @@ from worker.models.options import ModelOptions
 
 __all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
 
-_RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "num_threads")
+_RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
+                   "num_threads")
 
 
 def load_model(name: str, **options):
@@ -46,9 +47,7 @@ def load_model(name: str, **options):
     if opts.speculative_tokens and device != "cpu":
         raise ValueError(f"speculative decoding (speculative_tokens > 0) runs on CPU only, not {device}")
     from worker.models import hf
-    from worker.models.llama.linear import check_forced_cpu_linear_kind
 
-    check_forced_cpu_linear_kind(precision if device == "cpu" else "")  # a bad name fails before any weight is read
     hf.set_num_threads(opts.num_threads)
     if opts.runner == "hf":
         if device != "cpu" or precision not in ("fp32", "bf16"):
@@ -60,7 +59,7 @@ def load_model(name: str, **options):
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
     from worker.models import llama
 
-    runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens)
+    runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear)
     if runner is not None:
         runner.speculative_tokens = opts.speculative_tokens
         return runner
@@ -68,7 +67,8 @@ def load_model(name: str, **options):
     reason = llama.supports(model.config)
     if reason is None:
         runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
-                               max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec))
+                               max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec),
+                               cpu_linear=opts.cpu_linear)
         del model  # the runner holds its own copy; the HF module's memory goes back now
         return_freed_memory()
         runner.speculative_tokens = opts.speculative_tokens
@@ -77,6 +77,8 @@ def load_model(name: str, **options):
         raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
     if opts.speculative_tokens:
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which has no speculative decoding")
+    if opts.cpu_linear != "auto":
+        raise ValueError(f"{name!r} runs on the HF runner ({reason}), which has no cpu_linear choice")
     if device != "cpu" or precision not in ("fp32", "bf16"):
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
                          f"got {precision} on {device}")
@@ -85,7 +87,8 @@ def load_model(name: str, **options):
     return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
 
 
-def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int):
+def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,
+                        cpu_linear: str):
     """The slotserve runner for a plain Llama GGUF, read without building the transformers model
     (:func:`worker.models.llama.source.read_gguf`); None for anything else."""
     import os
@@ -103,7 +106,7 @@ def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, m
     source, tokenizer = read
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
     runner = llama.from_source(source, codec, device=device, precision=precision, max_cache_len=max_cache_len,
-                               max_prefill_tokens=max_prefill_tokens,
+                               max_prefill_tokens=max_prefill_tokens, cpu_linear=cpu_linear,
                                eos_token_ids=hf.merge_eos_ids(source.eos_token_ids, codec))
     del source, read
     return_freed_memory()

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 RUNNERS = ("auto", "slotserve", "hf")
+CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
 
 DEFAULT_MAX_PREFILL_TOKENS = 512
 """Prompt tokens per iteration: a longer prompt is prefilled in chunks of this size,
@@ -40,6 +41,11 @@ class ModelOptions:
       greedy request and iteration, verified in the same forward, so the
       tokens are the ones decoding without drafts would give. 0 (the
       default) is off, as in vLLM and TGI. The slotserve runner on CPU only.
+    - ``cpu_linear``: the GEMM library of fp32/bf16 linears on CPU (slotserve
+      runner): ``"dense"`` (``F.linear``), ``"mkl"`` (MKL's packed sgemm, fp32
+      only), ``"onednn"`` (oneDNN's packed layout), or ``"auto"``: the one
+      measured fastest on this CPU at load
+      (:func:`worker.models.llama.linear.cpu_linear_kind`).
     - ``num_threads``: torch CPU threads for the process (None: torch's default).
 
     Raises ValueError for a value outside these sets.
@@ -50,10 +56,12 @@ class ModelOptions:
     runner: str = "auto"
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     speculative_tokens: int = 0
+    cpu_linear: str = "auto"
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
-        for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS)):
+        for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
+                              ("cpu_linear", CPU_LINEARS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -64,6 +72,10 @@ class ModelOptions:
                              f"got {self.speculative_tokens!r}")
         if self.speculative_tokens and (self.runner == "hf" or self.device == "cuda"):
             raise ValueError("speculative decoding (speculative_tokens > 0) needs the slotserve runner on CPU")
+        if self.cpu_linear != "auto" and (self.runner == "hf" or self.device == "cuda"):
+            raise ValueError(f"cpu_linear={self.cpu_linear!r} needs the slotserve runner on CPU")
+        if self.cpu_linear == "mkl" and self.precision == "bf16":
+            raise ValueError("cpu_linear='mkl' is fp32 only (MKL's packed sgemm); bf16 runs on dense or onednn")
         if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
             raise ValueError(f"num_threads must be None or an int >= 1, got {self.num_threads!r}")
         if self.runner == "hf" and self.precision in ("int8", "int4"):

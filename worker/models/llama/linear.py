@@ -8,11 +8,6 @@ stored and which kernel multiplies it:
   or fp32/bf16 weight in oneDNN's blocked layout (CPU).
 - :class:`DenseLinear` -- fp32 or bf16 weight, ``torch.nn.functional.linear``
   (cuBLAS on CUDA).
-
-On CPU, fp32 and bf16 use whichever of ``dense``, ``mkl`` and ``onednn`` is
-measured fastest on the CPU at hand for the model's layer shapes
-(:func:`cpu_linear_kind`, once per process): the order flips between CPUs
-(measured below and in :class:`PackedLinear`).
 - :class:`Int8Linear` -- weight-only int8, one scale per output row
   (symmetric, ``scale = max|w| / 127``), ``torch.ops.aten._weight_int8pack_mm``.
 - :class:`Int4Linear` -- weight-only int4 in groups of 32 input columns with a
@@ -20,6 +15,11 @@ measured fastest on the CPU at hand for the model's layer shapes
   ``group_quantize_tensor`` and llama.cpp's Q4_1), packed by
   ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` and multiplied by
   ``torch.ops.aten._weight_int4pack_mm_for_cpu``.
+
+On CPU, fp32 and bf16 use whichever of ``dense``, ``mkl`` and ``onednn`` is
+measured fastest on the CPU at hand for the model's layer shapes
+(:func:`cpu_linear_kind`, once per process): the order flips between CPUs
+(measured below and in :class:`PackedLinear`).
 
 The weight-only kernels take bf16 activations (their fp32 CPU paths are not
 vectorised: tens of times slower, measured), so ``x`` is rounded to bf16 on
@@ -48,7 +48,7 @@ int8 weight-only 7.1 / 22.0 / 61.2 (32 rows).
 
 from __future__ import annotations
 
-import os
+import functools
 import time
 
 import torch
@@ -160,15 +160,10 @@ class PackedLinear:
 
 PACKED_KINDS = ("mkl", "onednn")
 CPU_LINEAR_KINDS = ("dense",) + PACKED_KINDS
-CPU_LINEAR_ENV = "SLOTSERVE_CPU_LINEAR"
-"""Environment variable naming the fp32/bf16 CPU linear kind (``dense``, ``mkl``, ``onednn``)
-instead of measuring (:func:`cpu_linear_kind`)."""
 
 ONEDNN_ROWS = 8
 """Row hint for oneDNN's packing (1, 8, 64 and 512 were measured on an AMD EPYC: 8 and up
 tie at 1-512 rows; 1 was 1.7x slower at 8 rows)."""
-
-_chosen: dict[tuple, str] = {}
 
 
 def cpu_linear_candidates(dtype: torch.dtype) -> tuple[str, ...]:
@@ -182,55 +177,31 @@ def cpu_linear_candidates(dtype: torch.dtype) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def forced_cpu_linear_kind() -> str | None:
-    """The kind :data:`CPU_LINEAR_ENV` names (case and surrounding spaces ignored), None when unset or empty.
-
-    Raises ValueError for a name that is not one of :data:`CPU_LINEAR_KINDS`.
-    """
-    forced = os.environ.get(CPU_LINEAR_ENV, "").strip().lower()
-    if forced and forced not in CPU_LINEAR_KINDS:
-        raise ValueError(f"{CPU_LINEAR_ENV}={os.environ[CPU_LINEAR_ENV]!r}: choose from {', '.join(CPU_LINEAR_KINDS)}")
-    return forced or None
-
-
-def check_forced_cpu_linear_kind(precision: str) -> None:
-    """Raise ValueError now (before any weight is read) when :data:`CPU_LINEAR_ENV` names an
-    unknown kind, or ``mkl`` for ``precision`` bf16 (MKL's packed GEMM is fp32 only)."""
-    forced = forced_cpu_linear_kind()
-    if forced == "mkl" and precision == "bf16":
-        raise ValueError(f"{CPU_LINEAR_ENV}=mkl: MKL's packed GEMM is fp32 only; precision bf16 runs "
-                         f"on dense or onednn")
-
-
-def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...],
+def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], named: str | None = None,
                     rows: tuple[int, ...] = (1, 8, 64)) -> str:
-    """The fastest CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``, measured once.
+    """The CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``: ``named``, or the fastest.
 
-    Each candidate (:func:`cpu_linear_candidates`) multiplies random weights
-    of ``shapes`` by ``rows``-row activations; the lowest sum over ``rows`` of
-    the best of 6 passes wins. The candidates take turns pass by pass, so a
-    burst of load from elsewhere slows all of them alike (about 0.2 s on 2
-    cores for one Llama layer's shapes). The answer is kept per ``(dtype,
-    shapes, rows)`` for the process. The environment variable
-    :data:`CPU_LINEAR_ENV` names the kind instead.
+    Without ``named``, each candidate (:func:`cpu_linear_candidates`)
+    multiplies random weights of ``shapes`` by ``rows``-row activations; the
+    lowest sum over ``rows`` of the best of 6 passes wins. The candidates take
+    turns pass by pass, so a burst of load from elsewhere slows all of them
+    alike (about 0.2 s on 2 cores for one Llama layer's shapes). The answer is
+    kept per ``(dtype, shapes, rows)`` for the process.
 
-    Raises ValueError when that variable names a kind this build cannot run for ``dtype``.
+    Raises ValueError when ``named`` is a kind this build cannot run for ``dtype``.
     """
     bound_onednn_caches()  # before the first oneDNN product: the libraries read it once
-    forced = forced_cpu_linear_kind()
     candidates = cpu_linear_candidates(dtype)
-    if forced:
-        if forced not in candidates:
-            why = "MKL's packed GEMM is fp32 only" if forced == "mkl" and torch._C.has_mkl else (
-                f"this torch build runs {', '.join(candidates)}")
-            raise ValueError(f"{CPU_LINEAR_ENV}={forced!r} for {dtype} weights: {why}")
-        return forced
-    key = (dtype, tuple(shapes), tuple(rows))
-    if key not in _chosen:
-        _chosen[key] = _fastest(candidates, dtype, shapes, rows)
-    return _chosen[key]
+    if named is None:
+        return _fastest(candidates, dtype, tuple(shapes), tuple(rows))
+    if named not in candidates:
+        why = "MKL's packed GEMM is fp32 only" if named == "mkl" and torch._C.has_mkl else (
+            f"this torch build runs {', '.join(candidates)}")
+        raise ValueError(f"cpu_linear={named!r} for {dtype} weights: {why}")
+    return named
 
 
+@functools.lru_cache(maxsize=None)
 def _fastest(candidates, dtype: torch.dtype, shapes, rows, passes: int = 6) -> str:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
@@ -373,11 +344,10 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str,
 
     Raises ValueError for int8/int4 off the CPU or an unknown precision or kind.
     """
-    if precision in ("fp32", "bf16") and device == "cpu":
-        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-        return _cpu_linear(weight, bias, kind or cpu_linear_kind(dtype, (tuple(weight.shape),)), dtype)
     if precision in ("fp32", "bf16"):
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        if device == "cpu":
+            return _cpu_linear(weight, bias, kind or cpu_linear_kind(dtype, (tuple(weight.shape),)), dtype)
         return DenseLinear(weight.to(device=device, dtype=dtype, copy=True),
                            None if bias is None else bias.to(device=device, dtype=dtype, copy=True))
     if device != "cpu":

@@ -125,8 +125,12 @@ class _Consts:
 class LlamaWeights:
     """The model's tensors in slotserve's layout (see module docstring)."""
 
-    def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int) -> None:
-        """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout."""
+    def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int,
+                 cpu_linear: str = "auto") -> None:
+        """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout;
+        fp32/bf16 linears on CPU of kind ``cpu_linear`` (``auto``: measured, see
+        :func:`~worker.models.llama.linear.cpu_linear_kind`). Raises ValueError for a kind
+        this torch cannot run."""
         cfg = source.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -149,11 +153,12 @@ class LlamaWeights:
         on_cpu = torch.device(device).type == "cpu"
 
         def kind_for(p: str) -> str | None:
-            return cpu_linear_kind(torch.bfloat16 if p == "bf16" else torch.float32, shapes) if on_cpu else None
+            named = None if cpu_linear == "auto" else cpu_linear
+            return cpu_linear_kind(torch.bfloat16 if p == "bf16" else torch.float32, shapes, named) if on_cpu else None
 
         layer_kind = kind_for(precision) if precision in ("fp32", "bf16") else None
+        # the layers' linear kind: dense, mkl or onednn (fp32/bf16), int8/int4 (logged by the worker)
         self.linear_kind = layer_kind or (precision if on_cpu else "dense")
-        """The layers' linear kind: ``dense``, ``mkl`` or ``onednn`` (fp32/bf16), ``int8``/``int4``."""
 
         def fused(layer: dict, keys: tuple[str, ...]) -> object:
             weight = torch.cat([layer[k] for k in keys])
