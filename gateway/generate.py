@@ -156,9 +156,10 @@ class Generate:
     def _end(self, call: _Call) -> None:
         """The call is over, however it ended: cancel what still runs (a no-op for
         finished requests), count an unanswered call as 499."""
+        # counted before the cancel: once the broker sees the requests end, the metrics already say so
         self.metrics.in_flight.dec()
-        call.cancel()
         self._observe(call, 499)
+        call.cancel()
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
         limit = self.config.max_body_bytes
