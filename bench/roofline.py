@@ -1,0 +1,183 @@
+"""bench/roofline.py -- the ceilings of an exact fp32 SmolLM2-135M step on this CPU, and torch's kernels against them.
+
+Issue 8 asks the exact fp32 mode for >= 4x HF static on HE32. Whether that
+is reachable depends on two ceilings of the machine at hand, measured here
+on random weights with SmolLM2-135M's shapes (bench/gpu.py ``SHAPES``):
+
+- ``read_gb_s``: streaming read bandwidth, ``Tensor.sum`` over the 30
+  layers' fp32 weights (120 distinct tensors, 425 MB: no cache holds them);
+- ``fp32_gemm_gflop_s``: the fastest fp32 linear kind at 512 rows over the
+  same weights (compute-bound);
+
+and, per CPU linear kind this torch runs (``dense``, ``mkl``, ``onednn``;
+bf16 ``onednn`` for reference), the 30 layers' four linears (qkv, o,
+gate-up, down) at ``--rows`` rows: milliseconds, and the read bandwidth that
+time would mean if the step only read weights (``implied_gb_s``; the
+kernels' efficiency against ``read_gb_s``).
+
+From them, a floor for HE32 in exact fp32 (``he32_floor``), the roofline
+model (Williams, Waterman & Patterson, CACM 2009): prefill at the GEMM peak
+(its FLOPs: ``2 x`` parameters per token, plus causal attention), and each
+decode step ``max(bytes / read bandwidth, FLOPs / peak)`` with bytes =
+layer weights + fp32 LM head + the KV cache at the mean context, ``slots``
+rows a step, ``(output - requests) / slots`` steps (a request's first token
+comes from its prefill). It counts no elementwise work, no attention
+inefficiency and no Python: a real step cannot be faster. HE32's sizes are
+flags (defaults: bench/model.py's HE32 on SmolLM2's tokenizer, 3,200 prompt
+tokens, 1,958 greedy output tokens in 32 requests, 8 slots).
+
+``--tiny``: 2 small layers and few passes, to test the plumbing, not speed.
+Writes ``roofline[_tiny].json`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling module gpu
+
+from gpu import SHAPES  # noqa: E402
+from worker.models.llama.linear import cpu_linear_candidates, make_linear  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1024)
+
+
+def layer_shapes(cfg: dict) -> list[tuple[int, int]]:
+    """``(out, in)`` of one layer's fused linears: qkv, o, gate-up, down (as worker.models.llama.model fuses them)."""
+    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = h // heads
+    return [((heads + 2 * kv) * d, h), (h, heads * d), (2 * cfg["intermediate_size"], h), (h, cfg["intermediate_size"])]
+
+
+def best_ms(fn, passes: int) -> float:
+    """Fastest of ``passes`` timed calls after one warm-up call, in ms."""
+    fn()
+    times = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1000 * min(times)
+
+
+def measure(cfg: dict, rows: list[int], passes: int) -> dict:
+    """Read bandwidth, the fp32 GEMM peak and each kind's layer times (see module docstring)."""
+    shapes = layer_shapes(cfg)
+    gen = torch.Generator().manual_seed(0)
+    weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes] for _ in range(cfg["num_hidden_layers"])]
+    nbytes = sum(w.nbytes for layer in weights for w in layer)
+    params = nbytes // 4
+    out = {"layer_weight_mb": round(nbytes / 2**20, 1)}
+    with torch.inference_mode():
+        read_ms = best_ms(lambda: [w.sum() for layer in weights for w in layer], passes)
+        out["read_gb_s"] = round(nbytes / read_ms / 1e6, 1)
+        kinds = {}
+        for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            for kind in cpu_linear_candidates(dtype):
+                if dtype == torch.bfloat16 and kind != "onednn":
+                    continue
+                name = kind if dtype == torch.float32 else f"bf16-{kind}"
+                linears = [[make_linear(w, None, precision, "cpu", kind) for w in layer] for layer in weights]
+                times = {}
+                for m in rows + ([512] if dtype == torch.float32 else []):
+                    xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
+                    times[m] = best_ms(lambda: [lin(x) for layer in linears for lin, x in zip(layer, xs)],
+                                       passes if m < 512 else max(2, passes // 3))
+                kinds[name] = {
+                    "ms": {str(m): round(t, 2) for m, t in times.items()},
+                    "implied_gb_s": {str(m): round(nbytes * (2 if dtype == torch.bfloat16 else 4) / 4 / t / 1e6, 1)
+                                     for m, t in times.items() if m < 512},
+                }
+                if 512 in times:
+                    kinds[name]["gflop_s_512"] = round(2 * 512 * params / times[512] / 1e6, 1)
+                del linears
+        out["kinds"] = kinds
+        out["fp32_gemm_gflop_s"] = max(k["gflop_s_512"] for k in kinds.values() if "gflop_s_512" in k)
+    return out
+
+
+def he32_floor(cfg: dict, read_gb_s: float, gflop_s: float, prompt_tokens: int, output_tokens: int,
+               requests: int, slots: int) -> dict:
+    """The roofline floor of the workload in exact fp32 (see module docstring); seconds and ms."""
+    h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], h // cfg["num_attention_heads"]
+    layer_params = layers * sum(n * k for n, k in layer_shapes(cfg))
+    head_params = vocab * h
+    mean_prompt = prompt_tokens / requests
+    mean_context = mean_prompt + output_tokens / requests / 2
+    # causal attention of a prompt: QK^T and PV, 2 FLOPs per multiply-add, half the square
+    prefill_flops = (2 * prompt_tokens * layer_params + 2 * requests * head_params
+                     + requests * layers * 2 * 2 * heads * d * mean_prompt ** 2 / 2)
+    prefill_s = prefill_flops / (gflop_s * 1e9)
+    steps = (output_tokens - requests) / slots
+    step_bytes = 4 * (layer_params + head_params) + slots * layers * 2 * kv * d * 4 * mean_context
+    step_flops = slots * (2 * (layer_params + head_params) + layers * 2 * 2 * heads * d * mean_context)
+    step_s = max(step_bytes / (read_gb_s * 1e9), step_flops / (gflop_s * 1e9))
+    return {
+        "prefill_s": round(prefill_s, 2),
+        "decode_steps": round(steps, 1),
+        "decode_step_ms": round(1000 * step_s, 2),
+        "decode_step_bound": "memory" if step_bytes / read_gb_s > step_flops / gflop_s else "compute",
+        "decode_s": round(steps * step_s, 2),
+        "total_s": round(prefill_s + steps * step_s, 2),
+        "mean_context": round(mean_context, 1),
+        "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "requests": requests,
+                     "slots": slots},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as bench/model.py)")
+    ap.add_argument("--rows", default="1,8,24", help="activation rows per product, comma-separated (default 1,8,24)")
+    ap.add_argument("--passes", type=int, default=7, help="timed passes per measurement, fastest kept (default 7)")
+    ap.add_argument("--prompt-tokens", type=int, default=3200, help="HE32 prompt tokens (default 3200)")
+    ap.add_argument("--output-tokens", type=int, default=1958, help="HE32 greedy output tokens (default 1958)")
+    ap.add_argument("--requests", type=int, default=32, help="requests (default 32)")
+    ap.add_argument("--slots", type=int, default=8, help="decode rows per step (default 8)")
+    ap.add_argument("--tiny", action="store_true", help="2 small layers, 2 passes: plumbing only")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",") if r]
+    if not rows or min(rows) < 1 or args.passes < 1:
+        ap.error("--rows needs positive integers and --passes >= 1")
+    torch.set_num_threads(args.threads)
+    cfg = {**SHAPES["smollm2-135m"], **(TINY if args.tiny else {})}
+    passes = 2 if args.tiny else args.passes
+    t = time.monotonic()
+    payload = {"model_shape": "smollm2-135m" + (" (tiny)" if args.tiny else ""), "threads": args.threads,
+               "cpu": platform.processor() or platform.machine(), "load_avg_before": list(os.getloadavg())}
+    payload.update(measure(cfg, rows, passes))
+    payload["he32_floor"] = he32_floor(cfg, payload["read_gb_s"], payload["fp32_gemm_gflop_s"], args.prompt_tokens,
+                                       args.output_tokens, args.requests, args.slots)
+    payload["load_avg_after"] = list(os.getloadavg())
+    payload["total_s"] = round(time.monotonic() - t, 1)
+
+    print(f"read bandwidth {payload['read_gb_s']} GB/s; fp32 GEMM peak {payload['fp32_gemm_gflop_s']} GFLOP/s "
+          f"({args.threads} threads; {payload['layer_weight_mb']} MB of layer weights)")
+    for name, k in payload["kinds"].items():
+        print(f"{name:>12}: " + ", ".join(f"{m} rows {ms} ms ({k['implied_gb_s'].get(m, '-')} GB/s)"
+                                          for m, ms in k["ms"].items()))
+    f = payload["he32_floor"]
+    print(f"HE32 floor, exact fp32: prefill {f['prefill_s']} s + {f['decode_steps']} decode steps x "
+          f"{f['decode_step_ms']} ms ({f['decode_step_bound']}-bound) = {f['total_s']} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"roofline{'_tiny' if args.tiny else ''}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
