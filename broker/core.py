@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from broker.config import BrokerConfig
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
+from protocol.codec import encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.framing import Refused, request_ids
@@ -156,8 +157,13 @@ class _Outbox:
 
 COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
             "queue_full", "requeued", "duplicates", "workers_lost", "workers_hung", "clients_lost",
-            "tokens_out", "bad_messages", "internal_errors")
-"""Names of the totals reported in ``status`` (all since broker start). An
+            "tokens_out", "bad_messages", "control_too_large", "internal_errors")
+"""Names of the totals reported in ``status`` (all since broker start).
+``bad_messages``: frames received that could not be decoded;
+``control_too_large``: control messages (welcome, status, error: none names a
+request) not sent because they exceed their receiver's frame limit -- a
+peer configured with too small a ``max_message_bytes``, not a broker fault;
+``internal_errors``: broker bugs (a handler or housekeeping pass raised). An
 ending counts (``completed``, ``cancelled``, ``deadline``, ``errors``) once
 it is handed to its client's socket: one the socket loop has to hold back
 (the client is not reading) is taken out again until it leaves
@@ -393,8 +399,12 @@ class BrokerCore:
         for part, code, reason in refused:
             ids = request_ids(part)
             if not ids:
-                self.counters["internal_errors"] += 1
-                log.error("cannot send a %s to %s %s: %s", type(part).__name__, side.value, identity.hex()[:8], reason)
+                if code is ErrorCode.TOO_LARGE:
+                    self._control_too_large(side, identity, part, out)
+                else:  # a message of the broker's own the encoder refuses: a bug
+                    self.counters["internal_errors"] += 1
+                    log.error("cannot send a %s to %s %s: %s", type(part).__name__, side.value,
+                              identity.hex()[:8], reason)
                 continue
             text = f"the broker could not send this request's {type(part).__name__.lower()} message: {reason}"
             if side is Side.FRONTEND:
@@ -408,6 +418,35 @@ class BrokerCore:
         for model in {w.model for w in (self.workers.get(identity),) if w is not None}:
             self._dispatch(model, now, out)
         return out.done()
+
+    def _control_too_large(self, side: Side, identity: bytes, msg: Message, out: _Outbox) -> None:
+        """``msg``, a control message naming no request (a welcome listing many
+        models, a status), exceeds the frame limit of the peer it is for, so it
+        cannot go. The peer's limit is too small for the control traffic (or,
+        for clients and loading workers, which announce none, the broker's own
+        ``--max-message-bytes``): a configuration fault, counted in
+        ``control_too_large``, logged with the remedy. The peer is told in a
+        short ``error`` (well within the smallest limit any peer may have,
+        ``MIN_MESSAGE_BYTES``); nobody else is affected."""
+        self.counters["control_too_large"] += 1
+        limit = self.peer_limit(side, identity)
+        size = _encoded_size(msg)
+        what = type(msg).__name__.lower()
+        w = self.workers.get(identity) if side is Side.BACKEND else None
+        if w is not None:
+            peer, fix = f"worker {w.name}", "that worker"
+        elif side is Side.BACKEND:
+            peer, fix = f"worker {identity.hex()[:8]}", "the broker (it is the limit used for loading workers)"
+        else:
+            cs = self.clients.get(identity)
+            peer = f"client {cs.name if cs is not None and cs.name else identity.hex()[:8]}"
+            fix = "the broker (clients are sent at most the broker's own limit)"
+        log.warning("cannot send a %s of %d bytes to %s: over its frame limit of %d bytes (max_message_bytes); "
+                    "raise --max-message-bytes on %s", what, size, peer, limit, fix)
+        if type(msg) is not Error:  # (an error that does not fit is not answered with another)
+            out.send(side, identity, Error(ErrorCode.TOO_LARGE, (
+                f"the broker's {what} message ({size} bytes) exceeds the frame limit of {limit} bytes "
+                f"(max_message_bytes) it must keep to for you: raise --max-message-bytes on {fix}")))
 
     def handling_failed(self, side: Side, identity: bytes, msg: Message | None, error: BaseException,
                         now: float) -> list[Send]:
@@ -545,6 +584,10 @@ class BrokerCore:
         if old is not None:
             # The worker re-registered: it dropped whatever it held.
             self._worker_lost(old, now, out, failed=False)
+        welcome = self._welcome(now, msg)
+        if _encoded_size(welcome) > msg.max_message_bytes:
+            self._refuse_registration(identity, msg, welcome, out)
+            return
         self.workers.loading.pop(identity, None)  # loaded
         w = WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight, msg.info, msg.worker_name, now,
                         max_message_bytes=msg.max_message_bytes)
@@ -556,9 +599,32 @@ class BrokerCore:
         self.workers.add(w)
         self.models[msg.model] = msg.info
         self._queue(msg.model)
-        out.send(Side.BACKEND, identity, self._welcome(now))
+        out.send(Side.BACKEND, identity, welcome)
         self._dispatch(msg.model, now, out)
         self._tell_clients(now, out)
+
+    def _refuse_registration(self, identity: bytes, msg: Register, welcome: Welcome, out: _Outbox) -> None:
+        """The worker's frame limit is smaller than its ``welcome`` (which lists
+        every model served), so it could never complete its
+        registration: it gets no requests, is told why in a short ``error``
+        (it registers again after its liveness window, and fits once its limit
+        is raised or fewer models are served), and the operator is told what
+        to do. Counted in ``control_too_large``; nobody else is affected, but
+        a model it alone was loading is no longer waited for."""
+        self.counters["control_too_large"] += 1
+        limit, size = msg.max_message_bytes, _encoded_size(welcome)
+        log.warning("worker %s cannot register model %r: the broker's welcome (%d bytes, %d models) exceeds its "
+                    "frame limit of %d bytes (max_message_bytes); raise --max-message-bytes on that worker "
+                    "(to %d or more)", msg.worker_name or identity.hex()[:8], msg.model, size,
+                    len(welcome.models), limit, size)
+        out.send(Side.BACKEND, identity, Error(ErrorCode.TOO_LARGE, (
+            f"the broker's welcome ({size} bytes) exceeds this worker's frame limit of {limit} bytes "
+            f"(max_message_bytes), so it cannot register: raise --max-message-bytes on this worker "
+            f"(to {size} or more)")))
+        lw = self.workers.loading.get(identity)
+        if lw is not None:
+            self._loader_gone(lw, out, f"the worker loading it ({lw.name}) cannot register (its "
+                                       "max_message_bytes is too small for the broker's welcome)")
 
     def _loading(self, identity: bytes, msg: Loading, now: float, out: _Outbox) -> None:
         """A worker starts loading ``msg.model``: until it registers (or stops,
@@ -572,13 +638,14 @@ class BrokerCore:
         out.send(Side.BACKEND, identity, self._welcome(now))
         self._tell_clients(now, out)
 
-    def _loader_gone(self, lw: LoadingWorker, out: _Outbox) -> None:
-        """A worker stopped loading without registering (it left or fell
-        silent). If nobody serves or loads its model now and the start-up
-        grace is over, the requests waiting for it end ``unknown_model``."""
+    def _loader_gone(self, lw: LoadingWorker, out: _Outbox, why: str | None = None) -> None:
+        """A worker stopped loading without registering (it left, fell silent
+        or could not register: ``why``). If nobody serves or loads its model
+        now and the start-up grace is over, the requests waiting for it end
+        ``unknown_model``."""
         del self.workers.loading[lw.identity]
         if self._grace_over:
-            self._fail_unknown_models(out, f"the worker loading it ({lw.name}) stopped")
+            self._fail_unknown_models(out, why or f"the worker loading it ({lw.name}) stopped")
         self._tell_clients(lw.last_seen_s, out)
 
     def _iteration(self, w: WorkerState, msg: Iteration, now: float, out: _Outbox) -> None:
@@ -743,8 +810,13 @@ class BrokerCore:
                 f"loading: {', '.join(loading) or 'none'}); start one (slotserve worker --model {model}) "
                 "or check the name")
 
-    def _welcome(self, now: float) -> Welcome:
+    def _welcome(self, now: float, registering: Register | None = None) -> Welcome:
+        """The welcome to send now; with ``registering``, the one its worker gets
+        once its registration is accepted (its model served, with its info)."""
         models, loading = self._models_now()
+        if registering is not None:
+            models[registering.model] = registering.info
+            loading = tuple(m for m in loading if m != registering.model)
         grace_left = 0.0 if self._grace_over else max(0.0, self.config.register_grace_s - (now - self.started_s))
         return Welcome(self.broker_id, self.config.heartbeat_interval_s, models, self.config.max_message_bytes,
                        loading, grace_left)
@@ -843,3 +915,12 @@ class BrokerCore:
                         for w in self.workers)
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters))
+
+
+def _encoded_size(msg: Message) -> int:
+    """``msg``'s length on the wire (bytes); 0 when it cannot be encoded (the
+    socket loop finds and reports that itself)."""
+    try:
+        return len(encode(msg))
+    except Exception:  # noqa: BLE001 -- see above
+        return 0

@@ -22,6 +22,9 @@ counts in ``status`` only once its frame left (see
 
 Every frame is kept within its receiver's limit (:func:`protocol.framing.fit`
 splits a message per request); a request too large alone ends ``too_large``.
+A control message naming no request (a welcome, a status) that does not fit
+is the receiver's misconfiguration, not a broker fault: see
+:meth:`BrokerCore.undeliverable`.
 """
 
 from __future__ import annotations

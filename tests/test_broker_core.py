@@ -278,3 +278,73 @@ def test_the_broker_never_changes_a_message_it_received():
     assert encode(it) == it_data
     (f,) = finished_of(out, C1).values()
     assert (f.request_id, f.stop_reason) == ("a", 5)
+
+
+# ---------------------------------------------------------------------- control messages over a peer's limit
+
+
+def many_models(core, n=40):
+    """Workers for ``n`` models with long names, so a welcome is several KiB."""
+    for i in range(n):
+        register(core, b"w-%d" % i, model=f"model-{i:03d}-" + "x" * 60)
+
+
+def test_a_worker_whose_limit_cannot_hold_the_welcome_is_refused_as_a_misconfigured_peer(caplog):
+    """The welcome lists every model served; a worker that announced a frame
+    limit too small for it cannot complete its registration. That is the
+    worker's configuration, not a broker fault: counted in
+    ``control_too_large`` (not ``internal_errors``), logged as a warning that
+    says which knob to raise, the worker told in a short error that fits its
+    limit, and it gets no requests (the others keep serving)."""
+    core = make_core()
+    many_models(core)
+    register(core, W2, slots=2)
+    first = assigned(submit(core, C1, ["a", "b", "c"]), W2)
+    with caplog.at_level("WARNING", logger="broker.core"):
+        out = core.on_backend(W1, Register("simulated", 2, 2, INFO, "tiny", max_message_bytes=1024), 1.0)
+    assert not sent(out, Side.BACKEND, W1, Welcome) and not assigned(out, W1)
+    (err,) = sent(out, Side.BACKEND, W1, Error)
+    assert err.code is ErrorCode.TOO_LARGE and "--max-message-bytes on this worker" in err.message
+    assert len(encode(err)) <= 1024
+    (rec,) = [r for r in caplog.records if "cannot register" in r.getMessage()]
+    assert rec.levelname == "WARNING" and "raise --max-message-bytes on that worker" in rec.getMessage()
+    c = core.counters
+    assert c["control_too_large"] == 1 and c["internal_errors"] == 0 and c["workers_lost"] == 0
+    assert core.workers.get(W1) is None
+    # Everyone else carries on: the requests run on the other worker.
+    key = first[0].request_id
+    out = core.on_backend(W2, Iteration(ids=[key], tokens=[5], finished=[Finished(key, FinishReason.LENGTH)]), 3.0)
+    assert list(finished_of(out, C1)) == ["a"] and len(assigned(out, W2)) == 1  # "c" takes the freed slot
+    # With the limit raised it registers.
+    out = core.on_backend(W1, Register("simulated", 2, 2, INFO, "tiny", max_message_bytes=64 * 1024), 4.0)
+    assert sent(out, Side.BACKEND, W1, Welcome) and core.workers.get(W1) is not None
+
+
+def test_a_control_message_over_the_limit_counts_as_a_bad_peer_not_an_internal_error(caplog):
+    """The socket loop hands back a status (or a welcome) it could not send
+    because it is over the receiver's frame limit: the broker counts it in
+    ``control_too_large``, logs a warning naming the knob, tells the peer in a
+    short error, and nothing else changes. An error that does not fit is not
+    answered with another error."""
+    from protocol.framing import Refused
+
+    core = make_core(max_message_bytes=1024)
+    many_models(core)
+    submit(core, C1, ["a"])
+    (st,) = sent(core.on_frontend(C1, StatusQuery(), 0.1), Side.FRONTEND, C1, Status)
+    assert len(encode(st)) > 1024
+    with caplog.at_level("WARNING", logger="broker.core"):
+        out = core.undeliverable(Side.FRONTEND, C1, [Refused(st, ErrorCode.TOO_LARGE, "too big")], 0.2)
+    (err,) = sent(out, Side.FRONTEND, C1, Error)
+    assert err.code is ErrorCode.TOO_LARGE and not err.request_ids and len(encode(err)) <= 1024
+    assert "status" in err.message and "--max-message-bytes on the broker" in err.message
+    (rec,) = [r for r in caplog.records if "cannot send a status" in r.getMessage()]
+    assert rec.levelname == "WARNING" and "raise --max-message-bytes" in rec.getMessage()
+    assert core.counters["control_too_large"] == 1 and core.counters["internal_errors"] == 0
+    assert core._by_client  # the client's request is untouched
+    big = Error(ErrorCode.MALFORMED, "x" * 2000)
+    assert core.undeliverable(Side.FRONTEND, C1, [Refused(big, ErrorCode.TOO_LARGE, "too big")], 0.3) == []
+    assert core.counters["control_too_large"] == 2 and core.counters["internal_errors"] == 0
+    # A message the encoder refuses is still the broker's own bug.
+    core.undeliverable(Side.FRONTEND, C1, [Refused(st, ErrorCode.BAD_REQUEST, "cannot encode")], 0.4)
+    assert core.counters["internal_errors"] == 1
