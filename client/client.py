@@ -50,6 +50,10 @@ def _limits(info: ModelInfo | None) -> ModelLimits | None:
     return None if info is None else ModelLimits(info.vocab_size, info.max_seq_len, info.has_tokenizer)
 
 
+_REFUSALS = (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE)
+"""Error codes that, answering a client's hello, mean the broker cannot serve it."""
+
+
 def _internal(error: BaseException) -> RemoteError:
     """The error a request ends with when the client failed handling a message about it."""
     return RemoteError(ErrorCode.INTERNAL, f"the client failed handling a message about this request "
@@ -95,9 +99,11 @@ class Client:
 
     Use as a context manager (``close()`` on exit). Raises ValueError on bad
     arguments, :class:`BrokerUnavailable` when no broker answers within
-    ``connect_timeout_s``, and :class:`RemoteError` (code
-    ``unsupported_version``) at once when the broker speaks another
-    protocol version.
+    ``connect_timeout_s``, and :class:`RemoteError` at once when the broker
+    cannot take this client (code ``unsupported_version``: it speaks another
+    protocol version; ``too_large``: the hello, or the broker's welcome, is
+    over a frame limit -- the message says which ``--max-message-bytes`` to
+    raise).
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, model: str | None = None,
@@ -553,7 +559,11 @@ class Client:
         self._complete(h, f.finish_reason, error, f.stop_reason)
 
     def _on_error(self, msg: Error) -> None:
-        if msg.code in (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED) and not self._welcomed.is_set():
+        # Before the welcome, an error naming no request answers our hello: the
+        # broker cannot take us (another protocol version, or a hello or
+        # welcome over a frame limit); the constructor raises it at once
+        # rather than waiting for a welcome that will not come.
+        if msg.code in _REFUSALS and not self._welcomed.is_set():
             self._refused = RemoteError(msg.code, f"the broker refused this client: {msg.message}")
             self._welcomed.set()  # wakes the constructor, which raises it
             return

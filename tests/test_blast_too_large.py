@@ -19,13 +19,13 @@ import json
 import pytest
 import zmq
 from blast_util import ThreadCluster
-from conftest import envelope
+from conftest import envelope, wait_until
 
-from client import AsyncClient, Client
+from client import AsyncClient, Client, RemoteError
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.framing import fit, request_ids
-from protocol.messages import Error, Finished, Iteration, Results, Submit, Text
+from protocol.messages import Error, Finished, Iteration, ModelInfo, Register, Results, Submit, Text, Welcome
 from slotserve.job import run_job
 from worker import SimulatedLLM
 
@@ -240,6 +240,57 @@ def test_an_assignment_over_the_workers_limit_ends_that_request_alone():
             assert hs[0].finish_reason is FinishReason.ERROR and hs[0].error.code is ErrorCode.TOO_LARGE
             assert all(h.finish_reason is FinishReason.LENGTH for h in hs[1:]), [h.error for h in hs]
             assert c.status().counters["workers_lost"] == 0
+
+
+# ---------------------------------------------------------------------- control messages over a peer's limit
+
+
+def register_models(backend: str, n: int = 40) -> None:
+    """Register ``n`` models with long names from a raw socket (the broker
+    lists every model ever registered in its welcome: several KiB here)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(backend)
+    try:
+        for i in range(n):
+            sock.send(encode(Register(f"model-{i:03d}-" + "x" * 60, 1, 1, ModelInfo(), "fake")))
+            assert sock.poll(10_000) and isinstance(decode(sock.recv()), Welcome)
+    finally:
+        sock.close(0)
+
+
+def test_a_worker_whose_limit_is_too_small_for_the_welcome_is_a_misconfigured_peer():
+    """A worker announcing 1 KiB to a broker serving many models cannot be
+    sent its welcome: counted as a misconfigured peer (``control_too_large``),
+    not a broker bug (``internal_errors``); it gets no requests; the broker
+    goes on serving the well-configured worker and the clients."""
+    with ThreadCluster() as cl:
+        register_models(cl.backend)
+        cl.add_worker(num_slots=2, name="good")
+        with Client(cl.frontend, model="simulated") as c:
+            c.wait_for_model(10)
+            cl.add_worker(num_slots=2, name="tiny", max_message_bytes=1024)
+            wait_until(lambda: c.status().counters["control_too_large"] >= 1, 10, "the tiny worker's refusal")
+            hs = [c.submit_request([i + 1, 2], 3, stop_token=None) for i in range(6)]
+            c.run(timeout=30)
+            assert all(h.finish_reason is FinishReason.LENGTH for h in hs), [h.error for h in hs]
+            st = c.status()
+            assert [w.name for w in st.workers if w.model == "simulated"] == ["good"]
+            assert st.counters["internal_errors"] == 0
+
+
+def test_a_client_the_broker_cannot_welcome_is_told_at_once_what_to_raise():
+    """Clients announce no limit: the broker keeps to its own. One set too
+    small for its welcome answers a client's hello with a short ``too_large``
+    error naming the knob, which the client raises at once (not a
+    ``BrokerUnavailable`` after the connect timeout); counted as
+    ``control_too_large``, not ``internal_errors``."""
+    with ThreadCluster(max_message_bytes=1024) as cl:
+        register_models(cl.backend)
+        with pytest.raises(RemoteError, match="--max-message-bytes on the broker") as refused:
+            Client(cl.frontend, connect_timeout_s=20)
+        assert refused.value.code is ErrorCode.TOO_LARGE
+        assert cl.core.counters["control_too_large"] >= 1 and cl.core.counters["internal_errors"] == 0
 
 
 # ---------------------------------------------------------------------- the splitter itself
