@@ -7,7 +7,11 @@ Every error the gateway answers is ``{"error": {"message", "type", "param",
 status  ``type``                        when
 ======  ==============================  =============================================
 400     ``invalid_request_error``       malformed JSON, wrong types, unknown fields,
-                                        values the client or worker validation refuses
+                                        values the client or worker validation refuses;
+                                        prompt + ``max_tokens`` over the model's context
+                                        (``context_length_exceeded``, OpenAI's code, whichever
+                                        side found it: the client for token ids, the worker
+                                        for text and chat)
 404     ``invalid_request_error``       no worker serves the model (``model_not_found``)
 413     ``invalid_request_error``       body over ``max_body_bytes``
 429     ``rate_limit_error``            the model's broker queue is full (``queue_full``;
@@ -81,6 +85,7 @@ def unavailable(message: str, retry_after_s: int = 1) -> APIError:
 # slotserve's wire error codes -> HTTP status. Codes not listed are server errors (500).
 _STATUS = {
     ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,  # the worker's check (text, chat); the client's is from_value_error's
     ErrorCode.MALFORMED: 400,
     ErrorCode.UNSUPPORTED: 400,       # e.g. text for a model without a tokenizer: send token ids
     ErrorCode.TOO_LARGE: 413,

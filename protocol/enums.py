@@ -35,6 +35,7 @@ class ErrorCode(str, enum.Enum):
     """Error codes carried by error replies and failed requests on the wire."""
 
     BAD_REQUEST = "bad_request"          # failed validation (the message says which field)
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # prompt + max_tokens over the model's context (OpenAI's code)
     MALFORMED = "malformed"              # not decodable msgpack / not a map / missing fields
     UNSUPPORTED_VERSION = "unsupported_version"
     UNKNOWN_OP = "unknown_op"

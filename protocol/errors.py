@@ -1,4 +1,4 @@
-"""The protocol's exceptions: what decoding a bad message raises, and a request a model cannot serve."""
+"""The protocol's exceptions: what decoding a bad message raises, and requests a model cannot serve."""
 
 from __future__ import annotations
 
@@ -30,3 +30,17 @@ class UnsupportedError(ValueError):
     """
 
     code = ErrorCode.UNSUPPORTED
+
+
+class ContextLengthError(ValueError):
+    """The prompt and ``max_tokens`` together exceed the model's context;
+    nothing was queued.
+
+    Raised at submission (:class:`~protocol.request.ModelLimits`): by a client
+    that knows the model for token ids, by the engine for every prompt (text
+    and chat once tokenised). On the wire it is the error code
+    ``context_length_exceeded`` (OpenAI's code for the same condition), so the
+    caller sees one code whichever side found it.
+    """
+
+    code = ErrorCode.CONTEXT_LENGTH_EXCEEDED

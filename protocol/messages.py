@@ -47,10 +47,11 @@ from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_M
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
-frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.)"""
+frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
+4: the error code ``context_length_exceeded``, which a v3 peer would refuse to decode.)"""
 
 
 class Op(str, enum.Enum):

@@ -34,7 +34,7 @@ from array import array as _array
 from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
-from protocol.errors import UnsupportedError
+from protocol.errors import ContextLengthError, UnsupportedError
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
 )
@@ -445,7 +445,8 @@ class ModelLimits:
 
     def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
         """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
-        a ValueError, when it needs a tokenizer the model lacks). ``prompt_len``: the
+        a ValueError, when it needs a tokenizer the model lacks; :class:`~protocol.errors.ContextLengthError`,
+        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``). ``prompt_len``: the
         prompt's length in tokens when it is text (known once tokenised; None
         skips the context check for text)."""
         vocab_size = self.vocab_size
@@ -466,7 +467,7 @@ class ModelLimits:
                 check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
         max_seq_len = self.max_seq_len
         if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
                 f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
 

@@ -268,6 +268,23 @@ def test_invalid_values_are_400_naming_the_field(oai, text_model, kw, param):
     assert e.value.body["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/completions", {"prompt": [5, 6]}, "prompt"),                   # token ids: the client's check
+    ("/v1/completions", {"prompt": "hello world"}, "prompt"),            # text: the worker's, after tokenising
+    ("/v1/completions", {"prompt": ["hello world", "hi"], "n": 2}, "prompt"),
+    ("/v1/chat/completions", {"messages": MESSAGES}, "messages"),        # chat: the worker's
+])
+def test_context_exceeded_is_the_same_400_on_every_path(cluster, text_model, stream, path, fields, param):
+    # it was code "invalid_value" for token ids (found by the client) and "bad_request" for text (by the worker)
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": 2000, "stream": stream, **fields},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", param), e
+    assert "exceeds the model's context of 512 tokens" in e["message"]
+
+
 def test_text_for_a_model_without_tokenizer_is_400(oai):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="simulated", messages=MESSAGES, max_tokens=4)

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.codec import decode, encode, peek_request_ids
 from protocol.enums import ErrorCode, FinishReason
-from protocol.errors import ProtocolError
+from protocol.errors import ContextLengthError, ProtocolError
 from protocol.messages import (
     BROKER_TO_CLIENT, CLIENT_TO_BROKER, MESSAGE_TYPES, PROTOCOL_VERSION, WORKER_TO_BROKER, Assign, Bye,
     Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, ModelInfo, ModelStatus, Op, Register,
     Rejected, Results, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
 )
-from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
+from protocol.request import MAX_REQUEST_ID_CHARS, ModelLimits, RequestId, RequestParams
 from protocol.validation import WIRE_INT_MAX, WIRE_INT_MIN
 
 P = RequestParams
@@ -374,3 +374,19 @@ def test_no_broker_config_announces_a_heartbeat_interval_that_busy_loops_its_pee
     with pytest.raises(ValueError, match=f"heartbeat_interval_s must be >= {MIN_HEARTBEAT_INTERVAL_S}"):
         BrokerConfig(heartbeat_interval_s=MIN_HEARTBEAT_INTERVAL_S / 10)
     assert BrokerConfig(heartbeat_interval_s=MIN_HEARTBEAT_INTERVAL_S).heartbeat_interval_s == MIN_HEARTBEAT_INTERVAL_S
+
+
+@pytest.mark.parametrize("params, prompt_len", [(P([1, 2, 3], 2), None), (P("some text", 2), 3),
+                                                (P([{"role": "user", "content": "hi"}], 2), 3)])
+def test_context_exceeded_has_its_own_code_for_every_prompt_kind(params, prompt_len):
+    # token ids and text got the same ValueError, sent on the wire as bad_request, while the gateway
+    # said invalid_value for ids: one ValueError subclass with a code makes every path say the same
+    from protocol.errors import ContextLengthError
+    from protocol.request import ModelLimits
+
+    with pytest.raises(ContextLengthError, match="exceeds the model's context of 4 tokens") as e:
+        ModelLimits(max_seq_len=4).check(params, prompt_len)
+    assert isinstance(e.value, ValueError) and e.value.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    ModelLimits(max_seq_len=5).check(params, prompt_len)  # exactly full is fine
+    fin = Finished(1, FinishReason.ERROR, e.value.code, str(e.value))
+    assert decode(encode(Results(ids=[], tokens=[], finished=[fin]))).finished == (fin,)
