@@ -5,7 +5,10 @@ Strict: unknown fields are refused (400, as OpenAI answers "Unrecognized
 request argument"), and no type is coerced (``"5"`` is not an int, ``true``
 is not a number). Ranges and the rules shared with the Python SDK (token ids,
 ``max_tokens >= 1``, ``top_p`` in (0, 1], ...) are checked once, by the client
-SDK at submission, so HTTP and Python callers get the same messages.
+SDK at submission, so HTTP and Python callers get the same messages. The
+token-id lists (``prompt``, ``stop``, ``stop_token_ids``) are checked entry by
+entry before their union types, so ``[1, 2.0]`` is answered "token ids must be
+integers: prompt[1] is 2.0", not with the error of the union's first member.
 
 OpenAI fields that slotserve does not implement are declared so that they can
 be refused by name: :meth:`_Sampling.unsupported` names the first one set to
@@ -14,9 +17,11 @@ anything but its neutral value (answered with 501).
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 MAX_N = 128
 """Most choices per prompt (OpenAI's bound for ``n``)."""
@@ -25,6 +30,66 @@ MAX_STOP = 4
 """Most stop entries (OpenAI's bound for ``stop``)."""
 
 _INT64_MAX = 2**63 - 1
+
+
+def _bad_type(message: str) -> PydanticCustomError:
+    """A body error with a message of its own (:func:`gateway.errors.from_validation` shows it as is).
+    Its type is the HTTP error code, ``invalid_type``, which no pydantic error type is."""
+    return PydanticCustomError("invalid_type", message)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:40] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+
+
+def _check_ids(ids: list, where: str) -> None:
+    """Every entry of ``ids`` a JSON integer (``2.0`` and ``true`` are not), else the error saying so."""
+    if set(map(type, ids)) <= {int}:  # the common case, without a Python-level loop
+        return
+    for i, t in enumerate(ids):
+        if type(t) is not int:
+            raise _bad_type(f"token ids must be integers: {where}[{i}] is {_shown(t)}")
+
+
+def _token_ids(value: Any, field: str) -> Any:
+    if isinstance(value, list):
+        _check_ids(value, field)
+    return value
+
+
+_PROMPT_SHAPES = "prompt must be a string, a list of token ids, a list of strings or a list of token-id lists"
+
+
+def _prompt(value: Any) -> Any:
+    """``prompt``'s shape checked before its type, so a wrong entry gets a message
+    about that entry, not pydantic's about the first union member (``str``)."""
+    if type(value) is not list:
+        if type(value) is not str:
+            raise _bad_type(f"{_PROMPT_SHAPES}, got {_shown(value)}")
+        return value
+    if not value or all(type(p) is str for p in value):
+        return value
+    if all(type(p) is list for p in value):
+        for i, ids in enumerate(value):
+            _check_ids(ids, f"prompt[{i}]")
+    elif any(type(p) in (str, list) for p in value):
+        raise _bad_type(f"{_PROMPT_SHAPES}, not a mix")
+    else:
+        _check_ids(value, "prompt")
+    return value
+
+
+def _stop(value: Any) -> Any:
+    """``stop``: a string, or a list of strings and token-id lists (checked entry by entry, as ``prompt``)."""
+    if value is not None and type(value) not in (str, list):
+        raise _bad_type(f"stop must be a string or a list of strings and token-id lists, got {_shown(value)}")
+    if isinstance(value, list):
+        for i, entry in enumerate(value):
+            if type(entry) is list:
+                _check_ids(entry, f"stop[{i}]")
+            elif type(entry) is not str:
+                raise _bad_type(f"stop entries must be strings or lists of token ids: stop[{i}] is {_shown(entry)}")
+    return value
 
 
 def _neutral(value: Any, allowed: tuple) -> bool:
@@ -63,7 +128,7 @@ class _Sampling(BaseModel):
     top_p: float | None = None                # OpenAI's default: 1
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     seed: int | None = Field(default=None, ge=0, le=_INT64_MAX)
-    stop: str | list[str | list[int]] | None = None
+    stop: Annotated[str | list[str | list[int]] | None, BeforeValidator(_stop)] = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None                   # for the caller's own tracking; not used
@@ -72,7 +137,8 @@ class _Sampling(BaseModel):
     min_tokens: int | None = Field(default=None, ge=0)
     priority: int | None = None               # lower runs first
     include_stop_str_in_output: bool | None = None  # the text ends after a matched stop string
-    stop_token_ids: list[int] | None = None   # added to the model's EOS tokens
+    stop_token_ids: Annotated[list[int] | None, BeforeValidator(lambda v: _token_ids(v, "stop_token_ids"))] = None
+    # ^ added to the model's EOS tokens
     ignore_eos: bool | None = None            # True: the model's EOS tokens do not stop
     timeout_s: float | None = None            # deadline, seconds from arrival
     # OpenAI fields slotserve does not implement: refused unless neutral
@@ -107,7 +173,7 @@ class CompletionRequest(_Sampling):
     list of strings or a list of token-id lists (one slotserve request each,
     times ``n``). ``max_tokens`` defaults to 16 (OpenAI)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(_prompt)]
     echo: Any = None
     suffix: Any = None
     best_of: Any = None

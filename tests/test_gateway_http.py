@@ -99,6 +99,30 @@ def test_bad_completion_bodies_are_400(http, body, param, code):
     assert (e["param"], e["code"], e["type"]) == (param, code, "invalid_request_error"), e
 
 
+@pytest.mark.parametrize("path, fields, param, says", [
+    ("/v1/completions", {"prompt": [1, 2.0]}, "prompt", "token ids must be integers: prompt[1] is 2.0"),
+    ("/v1/completions", {"prompt": [1, True]}, "prompt", "token ids must be integers: prompt[1] is true"),
+    ("/v1/completions", {"prompt": [[1, 2], [3, 4.5]]}, "prompt", "token ids must be integers: prompt[1][1] is 4.5"),
+    ("/v1/completions", {"prompt": [1, [2]]}, "prompt", "a list of token-id lists, not a mix"),
+    ("/v1/completions", {"prompt": 5}, "prompt", "prompt must be a string, a list of token ids"),
+    ("/v1/completions", {"stop_token_ids": [7, 8.0]}, "stop_token_ids",
+     "token ids must be integers: stop_token_ids[1] is 8.0"),
+    ("/v1/completions", {"stop": [[1, 2.0]]}, "stop", "token ids must be integers: stop[0][1] is 2.0"),
+    ("/v1/completions", {"stop": ["x", 3]}, "stop", "stop entries must be strings or lists of token ids: stop[1] is 3"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [1.5]},
+     "stop_token_ids", "token ids must be integers: stop_token_ids[0] is 1.5"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [[3, 4.0]]},
+     "stop", "token ids must be integers: stop[0][1] is 4.0"),
+])
+def test_a_wrong_entry_of_a_token_id_list_is_named(http, path, fields, param, says):
+    # "prompt": [1, 2.0] was answered "Input should be a valid string (got list)": the error of the
+    # union's first member; stop_token_ids named "stop_token_ids.1" as the field
+    body = {"model": "simulated", "max_tokens": 2, **({} if "messages" in fields else {"prompt": [1, 2]}), **fields}
+    e = error_of(http.post(path, json=body), 400)
+    assert (e["param"], e["code"], e["type"]) == (param, "invalid_type", "invalid_request_error"), e
+    assert says in e["message"], e
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "user"}]}, None),  # content may be left out, but the model has no tokenizer
