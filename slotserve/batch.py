@@ -77,6 +77,8 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
 
     local = job = failure = None
     try:
+        if stop_reason() is not None:  # asked to stop before anything started: start nothing
+            raise RuntimeError(f"stopped before starting ({stop_reason()})")
         if cluster is not None:
             local = LocalCluster(cluster)
             local.start(should_stop=lambda: stop_reason() is not None)

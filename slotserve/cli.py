@@ -384,8 +384,9 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
 @main.command()
 @click.argument("input_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("-o", "--output", "output", type=click.File("w"), required=True, show_envvar=True,
-              help="Where to write the result rows (JSONL).")
+@click.option("-o", "--output", "output", type=click.File("w", lazy=False), required=True, show_envvar=True,
+              help="Where to write the result rows (JSONL); created (empty) at once, so a job stopped before "
+                   "any row ended still leaves one.")
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
@@ -433,26 +434,34 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
       124  --timeout-s passed
       128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
     """
-    from slotserve.batch import run_batch
-    from slotserve.job import open_input
     from slotserve.signals import StopSignals
 
-    log_level = ctx.find_root().params["log_level"].upper()
-    total = None
-    if input_path != "-" and os.path.isfile(input_path):
-        with open(input_path, "rb") as f:
-            total = sum(1 for line in f if line.strip())
-    cluster = None
-    if broker_addr is None:
-        model = model or _default(WorkerConfig, "model")
-        cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight), workers,
-                                  model, slots, step_delay_ms, stop_token, log_level, curve_dir,
-                                  model_options=model_options)
-    try:
-        inp = open_input(input_path)
-    except OSError as e:
-        raise click.ClickException(f"cannot read {input_path}: {e}") from None
+    # The stop signals are caught first, before anything slow (imports, counting
+    # the input, starting the cluster): from here on a signal at any phase only
+    # sets the flag, and run_batch ends as it does mid-run -- children stopped,
+    # the rows ended so far in -o (opened at parsing, so it exists even when
+    # none did), exit status 128+N.
     with StopSignals() as sig:
+        from slotserve.batch import run_batch
+        from slotserve.job import open_input
+
+        log_level = ctx.find_root().params["log_level"].upper()
+        total = None
+        if input_path != "-" and os.path.isfile(input_path):
+            with open(input_path, "rb") as f:
+                total = sum(1 for line in f if line.strip())
+        cluster = None
+        if broker_addr is None:
+            model = model or _default(WorkerConfig, "model")
+            cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight),
+                                      workers, model, slots, step_delay_ms, stop_token, log_level, curve_dir,
+                                      model_options=model_options)
+        try:
+            inp = open_input(input_path)
+        except OSError as e:
+            raise click.ClickException(f"cannot read {input_path}: {e}") from None
+        if cluster is not None:
+            click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
         outcome = run_batch(inp, output, signals=sig, model=model, broker=broker_addr, cluster=cluster,
                             curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
                             timeout_s=timeout_s, close_input=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -155,6 +156,64 @@ def test_run_stops_cleanly_on_each_stop_signal(tmp_path, sig):
         wait_until(lambda: gone(kids), 30, "the children to exit")
     finally:
         reap(proc, kids)
+
+
+def group_left(pgid: int) -> list:
+    """Live processes (zombies aside) still in process group ``pgid``."""
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except (psutil.Error, ProcessLookupError):
+            pass
+    return left
+
+
+def stderr_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    """Read ``proc``'s stderr until a line containing ``needle`` (deadline ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"timed out waiting for {needle!r} on stderr"
+        line = proc.stderr.readline()
+        assert line, f"stderr closed before {needle!r} (exit status {proc.wait(10)})"
+        if needle in line:
+            return line
+
+
+@pytest.mark.parametrize("phase", ["starting", "broker up"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_run_stopped_before_its_cluster_is_up_leaves_an_output_and_no_children(tmp_path, sig, phase):
+    """A stop signal while the embedded cluster starts (as the command says
+    it starts, or once its broker process runs but the workers have not
+    registered) ends `slotserve run` as one mid-run does: 128+N, the -o file
+    there and well formed (the rows ended so far: none), no child left.
+    SIGTERM to the command alone (`kill`), SIGINT to its group (Ctrl-C)."""
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = write_input(inp, 50, 10)
+    proc = start(["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "2", "--no-progress"])
+    try:
+        stderr_line(proc, "starting a local cluster", 60)
+        if phase == "broker up":
+            me = psutil.Process(proc.pid)
+            wait_until(lambda: any(title(k).startswith("slotserve broker ") for k in me.children(recursive=True)),
+                       60, "the broker process")
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, err
+        assert f"stopped by {sig.name}" in err
+        assert outp.exists(), "no -o file"
+        text = outp.read_text()
+        assert text == "" or text.endswith("\n")
+        got = [json.loads(line) for line in text.splitlines()]
+        assert {r["id"] for r in got} <= {r["id"] for r in rows}
+        wait_until(lambda: not group_left(proc.pid), 30, "the children to exit")
+    finally:
+        reap(proc, group_left(proc.pid))
 
 
 @pytest.mark.parametrize("command, sig", [("run", signal.SIGKILL), ("up", signal.SIGKILL), ("up", signal.SIGHUP),
