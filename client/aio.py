@@ -24,8 +24,10 @@ class AsyncClient:
 
     - :meth:`generate` awaits one request and returns its handle (final
       ``tokens``, ``finish_reason``, ``error``).
-    - :meth:`stream` yields tokens as they arrive; leaving the loop early
-      cancels the request.
+    - :meth:`stream` yields tokens as they arrive, :meth:`stream_text` the
+      text (models with a tokenizer): the async faces of the synchronous
+      client's ``on_token`` and ``on_text``; leaving the loop early cancels
+      the request.
     - :meth:`submit_request` is the synchronous client's (callbacks run on the
       client's callback thread, not in the event loop).
     """
@@ -69,14 +71,29 @@ class AsyncClient:
             raise
         return h
 
-    async def stream(self, prompt, max_tokens, **kw) -> AsyncIterator[int]:
+    def stream(self, prompt, max_tokens, **kw) -> AsyncIterator[int]:
         """Yield each generated token as it arrives (then the handle holds the
         ``finish_reason``). Arguments as :meth:`Client.submit_request`
         (no ``callback``/``on_token``)."""
+        return self._stream("on_token", prompt, max_tokens, kw)
+
+    def stream_text(self, prompt, max_tokens, **kw) -> AsyncIterator[str]:
+        """Yield each piece of text the worker releases, as
+        :meth:`Client.submit_request`'s ``on_text`` receives it: after the
+        tokens it came with, never a prefix of a ``stop`` string that may
+        still match; the pieces add up to the handle's ``text``. For models
+        with a tokenizer (otherwise nothing is yielded). Arguments as
+        :meth:`Client.submit_request` (no ``callback``/``on_text``)."""
+        return self._stream("on_text", prompt, max_tokens, kw)
+
+    async def _stream(self, hook: str, prompt, max_tokens, kw: dict) -> AsyncIterator:
+        """The synchronous client's streaming callback ``hook`` (``on_token`` or
+        ``on_text``) as an async iterator: each value is handed to the event
+        loop; the request's end closes it; leaving early cancels the request."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         h = self.client.submit_request(prompt, max_tokens, lambda seq: _threadsafe(loop, q.put_nowait, _END),
-                                       on_token=lambda t: _threadsafe(loop, q.put_nowait, t), **kw)
+                                       **{hook: lambda v: _threadsafe(loop, q.put_nowait, v)}, **kw)
         finished = False
         try:
             while True:

@@ -13,6 +13,7 @@ process, so a test can make one hang at a chosen token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -119,6 +120,33 @@ def test_client_text_stops_and_streamed_text(cluster, scripted):
         assert h.tokens == scripted.model.script[:k]  # up to the token that completed the match
     assert included.text == SCRIPT[:SCRIPT.index("quick bro") + len("quick bro")]
     assert plain.text == codec.decode(plain.tokens) and len(plain.tokens) == 12
+
+
+def test_async_client_streams_text_as_the_client_does(cluster, scripted):
+    """``AsyncClient.stream_text`` yields what ``on_text`` receives: pieces
+    that add up to the text up to the stop string (never a prefix of it that
+    may still match), the same pieces as the synchronous client's; leaving
+    the loop early ends the request (cancelled, unless it ended meanwhile)."""
+    from client import AsyncClient
+
+    with Client(cluster.frontend, model="scripted") as c:
+        wait_until(lambda: registered(c, scripted.name), what="the text worker to register")
+        sync_pieces: list[str] = []
+        h = c.submit_request(PROMPT, 60, on_text=sync_pieces.append, stop=["quick bro"])
+        c.run(timeout=60)
+
+    async def main():
+        async with await AsyncClient.connect(cluster.frontend, model="scripted") as ac:
+            pieces = [p async for p in ac.stream_text(PROMPT, 60, stop=["quick bro"])]
+            gen = ac.stream_text(PROMPT, 1000, stop_token=None, request_id="early")
+            first = await gen.__anext__()
+            await gen.aclose()  # leaving early cancels the request (unless it ended meanwhile)
+            await ac.run(timeout=30)
+            return pieces, first, ac.client.num_in_flight
+
+    pieces, first, in_flight = asyncio.run(main())
+    assert "".join(pieces) == SCRIPT[:SCRIPT.index("quick bro")] == h.text == "".join(sync_pieces)
+    assert all(isinstance(p, str) and p for p in pieces) and isinstance(first, str) and in_flight == 0
 
 
 def test_client_refuses_text_stops_for_a_model_without_tokenizer(cluster):
