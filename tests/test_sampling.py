@@ -9,7 +9,10 @@ torch = pytest.importorskip("torch")
 from protocol.request import GREEDY_BELOW  # noqa: E402
 from worker.errors import ModelError  # noqa: E402
 from worker.models.base import SamplingParams  # noqa: E402
-from worker.models.sampling import Sampler, mix_seed, uniform  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from worker.models.sampling import Sampler, argmax_rows, mix_seed, uniform  # noqa: E402
 
 GREEDY = SamplingParams()
 NAN, INF = float("nan"), float("inf")
@@ -73,3 +76,25 @@ def test_seeded_draws_depend_on_seed_and_position_only():
     a = Sampler().pick(logits, params, [5, 6, 5])
     b = Sampler().pick(logits[:1], params[:1], [5])
     assert a[0] == a[2] == b[0] and a[0] != a[1]
+
+
+SPECIAL = [0.0, -0.0, 1.0, 7.5, -INF, INF, NAN]
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 5), blocks=st.integers(2, 6), seed=st.integers(0, 2**31),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIAL)), max_size=12),
+       levels=st.integers(1, 4))
+def test_block_argmax_is_argmax_with_ties_infinities_and_nans(rows, blocks, seed, specials, levels):
+    """Few distinct values (ties everywhere), infinities and NaNs at random places."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, levels, (rows, blocks * 64), generator=gen).float()
+    for at, value in specials:
+        logits.view(-1)[at % logits.numel()] = value
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+
+
+def test_block_argmax_falls_back_for_vocabularies_not_made_of_whole_blocks():
+    for width in (1, 63, 64, 65, 100):
+        logits = torch.randn(3, width)
+        assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))

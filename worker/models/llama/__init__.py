@@ -51,7 +51,7 @@ def supports(config) -> str | None:
 
 def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp32", max_cache_len: int | None = None,
             max_prefill_tokens: int = 512, eos_token_ids: tuple[int, ...] = (),
-            cpu_linear: str = "auto") -> LlamaRunner:
+            cpu_linear: str = "auto", screen_head: bool | None = None) -> LlamaRunner:
     """A :class:`LlamaRunner` holding a copy of ``model``'s weights (a transformers ``LlamaForCausalLM``).
 
     - ``tokenizer``: an :class:`~worker.models.hf_text.HFTextCodec` or None (token ids only).
@@ -60,6 +60,8 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
     - ``max_cache_len``: tokens per slot (default: the model's context; on
       CUDA at most 4096, since the cache is allocated whole there).
     - ``cpu_linear``: ``ModelOptions.cpu_linear`` (fp32/bf16 on CPU).
+    - ``screen_head``: fp32 greedy picks through a bf16 screen (see
+      :class:`~worker.models.llama.model.LlamaWeights`; None: when measured faster).
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """
@@ -67,12 +69,13 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
 
     return from_source(LlamaSource.from_hf(model), tokenizer, device=device, precision=precision,
                        max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
-                       eos_token_ids=eos_token_ids, cpu_linear=cpu_linear)
+                       eos_token_ids=eos_token_ids, cpu_linear=cpu_linear, screen_head=screen_head)
 
 
 def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str = "fp32",
                 max_cache_len: int | None = None, max_prefill_tokens: int = 512,
-                eos_token_ids: tuple[int, ...] = (), cpu_linear: str = "auto") -> LlamaRunner:
+                eos_token_ids: tuple[int, ...] = (), cpu_linear: str = "auto",
+                screen_head: bool | None = None) -> LlamaRunner:
     """:func:`from_hf` for a :class:`~worker.models.llama.source.LlamaSource` (e.g. from
     :func:`~worker.models.llama.source.read_gguf`); same options and errors."""
     reason = supports(source.config)
@@ -86,6 +89,6 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
         max_cache_len = context if device == "cpu" else min(context, 4096)
     if type(max_cache_len) is not int or not 2 <= max_cache_len:
         raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
-    weights = LlamaWeights(source, precision, device, min(context, max_cache_len), cpu_linear)
+    weights = LlamaWeights(source, precision, device, min(context, max_cache_len), cpu_linear, screen_head)
     return LlamaRunner(weights, tokenizer=tokenizer, eos_token_ids=eos_token_ids,
                        max_prefill_tokens=max_prefill_tokens)

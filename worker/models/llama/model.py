@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from worker.models.llama.attention import chunk_mask, decode_attention, decode_views, prefill_attention
 from worker.models.llama.linear import DenseLinear, cpu_linear_kind, make_linear
+from worker.models.llama.screen import screened_head
 from worker.models.llama.source import LlamaSource
 
 
@@ -82,6 +83,7 @@ class Embedding:
         """``exact_int8=False`` keeps an fp32 table fp32 (when it is shared with a tied LM head)."""
         self.act_dtype = act_dtype
         self.scales = None
+        self.exact = False  # True: rows come back as the fp32 table's, bit for bit
         rows, cols = table.shape
         exact_only = exact_int8 and dtype == torch.float32 and torch.device(device).type == "cpu"
         if (dtype == torch.int8 or exact_only) and cols % 32 == 0:
@@ -97,9 +99,11 @@ class Embedding:
                 codes[start:start + len(blocks)], scales[start:start + len(blocks)] = code, scale
             else:
                 self.scales, self.table = scales.to(device), codes.reshape(rows, cols).to(device)
+                self.exact = exact_only
                 return
         # own memory (copy=True): the HF tensor may map the whole weights file
         self.table = table.to(device=device, dtype=torch.float32 if dtype == torch.int8 else dtype, copy=True)
+        self.exact = self.table.dtype == torch.float32 == table.dtype
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.table)
@@ -126,11 +130,14 @@ class LlamaWeights:
     """The model's tensors in slotserve's layout (see module docstring)."""
 
     def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int,
-                 cpu_linear: str = "auto") -> None:
+                 cpu_linear: str = "auto", screen_head: bool | None = None) -> None:
         """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout;
         fp32/bf16 linears on CPU of kind ``cpu_linear`` (``auto``: measured, see
-        :func:`~worker.models.llama.linear.cpu_linear_kind`). Raises ValueError for a kind
-        this torch cannot run."""
+        :func:`~worker.models.llama.linear.cpu_linear_kind`). ``screen_head`` (fp32 on CPU, tied
+        head): greedy rows pick through :class:`~worker.models.llama.screen.ScreenedHead`; None:
+        when its bf16 product measures faster than the fp32 head (:func:`screened_head`).
+        Raises ValueError for a kind this torch cannot run, or ``screen_head=True`` where
+        oneDNN has no bf16 product."""
         cfg = source.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -182,6 +189,13 @@ class LlamaWeights:
         else:
             self.head = make_linear(source.embed if source.head is None else source.head, None, outer, device,
                                     kind_for(outer))
+        # fp32 on CPU, head tied to an embedding stored exactly: greedy rows may screen in bf16
+        # (worker.models.llama.screen), when that product measures faster here
+        self.greedy_head = None
+        if on_cpu and precision == "fp32" and source.head is None and self.embed.exact:
+            self.greedy_head = screened_head(source.embed.float(), self.head, self.embed, screen_head)
+        elif screen_head:
+            raise ValueError("screen_head needs fp32 on CPU and an LM head tied to an exactly stored embedding")
         self.scaling = head_dim ** -0.5
         # On CPU the step's scalars are fp32 0-dim tensors: an op with a Python float converts it to
         # a tensor on every call (2-3 us each, 5 per layer; measured), same value and result (the
@@ -204,7 +218,8 @@ class LlamaWeights:
         """Bytes of weights (tables included)."""
         linears = [w for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         head = 0 if getattr(self.head, "weight", None) is self.embed.table else self.head.nbytes
-        return sum(x.nbytes for x in linears) + self.embed.nbytes + head
+        screen = 0 if self.greedy_head is None else self.greedy_head.screen.nbytes
+        return sum(x.nbytes for x in linears) + self.embed.nbytes + head + screen
 
 
 @dataclass(slots=True)
@@ -225,6 +240,10 @@ class StepPlan:
     - ``prefill``: ``(offset, count, row, start)`` per prefill sequence: entries
       ``offset..offset+count-1`` are its tokens at positions ``start..``.
     - ``logits_at``: ``[n_out]`` entries whose next-token logits are wanted.
+    - ``greedy``: per ``logits_at`` entry, True when only its argmax is wanted
+      (then, with a screened head, its logits are exact at the candidates and
+      ``-inf`` elsewhere: :class:`~worker.models.llama.screen.ScreenedHead`);
+      None: whole logits for all.
     """
 
     ids: torch.Tensor
@@ -238,6 +257,7 @@ class StepPlan:
     logits_at: torch.Tensor
     queries: int = 1
     decode_slots: torch.Tensor | None = None
+    greedy: list[bool] | None = None
 
 
 def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,7 +314,20 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
         x = lw.down.add(x, F.silu(gu[:, : s.ffn]).mul_(gu[:, s.ffn:]))
     failed = ~torch.isfinite(x).all(dim=-1)
     x = _rms_norm(x[plan.logits_at], w.norm, c)
-    return w.head(x).float(), failed
+    return _logits(w, x, plan.greedy), failed
+
+
+def _logits(w: LlamaWeights, x: torch.Tensor, greedy: list[bool] | None) -> torch.Tensor:
+    """fp32 ``[n_out, vocab]``: through the screened head for the greedy rows when there is one."""
+    if w.greedy_head is None or not greedy or not any(greedy):
+        return w.head(x).float()
+    if all(greedy):
+        return w.greedy_head.greedy_logits(x)
+    picked = torch.tensor(greedy)
+    out = torch.empty(x.shape[0], w.shape.vocab)
+    out[picked] = w.greedy_head.greedy_logits(x[picked])
+    out[~picked] = w.head(x[~picked]).float()
+    return out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: _Consts) -> torch.Tensor:

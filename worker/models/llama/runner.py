@@ -124,7 +124,7 @@ class LlamaRunner:
         before :meth:`bind_slots`.
         """
         with torch.inference_mode():
-            logits, out_index = self.forward_batch(batch)
+            logits, out_index = self.forward_batch(batch, greedy_only=True)
             out: list = [None] * len(batch)
             if out_index:
                 params = [batch[i].sampling for i in out_index]
@@ -175,11 +175,14 @@ class LlamaRunner:
                     break
             lengths[row] = pos + max(len(accepted), 1)
 
-    def forward_batch(self, batch: Sequence[SlotInput]) -> tuple[torch.Tensor | None, list[int]]:
+    def forward_batch(self, batch: Sequence[SlotInput], greedy_only: bool = False
+                      ) -> tuple[torch.Tensor | None, list[int]]:
         """The model part of :meth:`step`: ``(logits [n, vocab] fp32, batch index of each row)``.
 
         Rows come for the entries that get a token this iteration; None when
         none does. Advances the cache like :meth:`step` (for tests and benchmarks).
+        ``greedy_only``: a greedy entry's row may be exact only where its argmax
+        can be (``-inf`` elsewhere; the weights' screened head, fp32 on CPU).
         """
         cache = self.kv_cache
         if cache is None:
@@ -202,7 +205,7 @@ class LlamaRunner:
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._schedule(batch, sorted(candidates))
         with torch.inference_mode():
-            return self._run(batch, decode, chunks)
+            return self._run(batch, decode, chunks, greedy_only)
 
     # -- internals ---------------------------------------------------------
 
@@ -233,7 +236,8 @@ class LlamaRunner:
             budget -= count
         return chunks
 
-    def _run(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor | None, list[int]]:
+    def _run(self, batch, decode: dict[int, int], chunks, greedy_only: bool = False
+             ) -> tuple[torch.Tensor | None, list[int]]:
         """Build the step plan(s), run them; return logits and the batch index of each logits row."""
         cache = self.kv_cache
         # checks the length limit; a cache with a capacity_step (not the default) also makes room for
@@ -254,9 +258,10 @@ class LlamaRunner:
             return logits, [i for p in parts for i in p[1]]
         if not decode and not chunks:
             return None, []
-        return self._forward(batch, decode, chunks)
+        return self._forward(batch, decode, chunks, greedy_only)
 
-    def _forward(self, batch, decode: dict[int, int], chunks) -> tuple[torch.Tensor, list[int]]:
+    def _forward(self, batch, decode: dict[int, int], chunks, greedy_only: bool = False
+                 ) -> tuple[torch.Tensor, list[int]]:
         cache = self.kv_cache
         queries = 1 + max(map(len, (d for _, _, d in self._drafts.values())), default=0)
         ids, positions, rows, write_pos, lengths, out_rows, out_index, slots = decode_inputs(
@@ -283,6 +288,7 @@ class LlamaRunner:
             window=max(lengths, default=0), prefill=prefill,
             logits_at=to_device(out_rows, torch.long, device), queries=queries,
             decode_slots=None if slots is None else to_device(slots, torch.long, device),
+            greedy=[batch[i].sampling.greedy for i in out_index] if greedy_only else None,
         )
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.kv, plan)
