@@ -144,7 +144,7 @@ def from_validation(errors: list[dict]) -> APIError:
         return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
     if kind == "missing":
         return bad_request(f"Missing required parameter: '{loc}'", loc, "missing_required_parameter")
-    if kind in ("invalid_type", "invalid_value"):  # the schema's own checks (gateway.schemas): their message says it all
+    if kind in ("invalid_type", "invalid_value"):  # gateway.schemas' own checks: their message says it all
         return bad_request(e.get("msg", "invalid"), loc, kind)
     got = e.get("input")
     shown = json.dumps(got)[:60] if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__

@@ -28,7 +28,8 @@ from gateway.generation import Generation, Signal
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
 from gateway.options import for_choice, request_options
-from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, sse, usage
+from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, prompt_tokens, sse, \
+    usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from protocol.enums import FinishReason
 
@@ -131,7 +132,7 @@ class Generate:
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
             out = env.completion(call.gens, call.prompts)
-            self._observe(call, 200, out["usage"])
+            self._observe(call, 200)
             return json_response(out)
         except APIError as e:
             self._observe(call, e.status)
@@ -143,13 +144,14 @@ class Generate:
             if not call.streaming:
                 self._end(call)
 
-    def _observe(self, call: _Call, status: int, usage_: dict | None = None) -> None:
+    def _observe(self, call: _Call, status: int) -> None:
         """Record the call's answer in the metrics (once)."""
         if call.observed:
             return
         call.observed = True
         if status == 200:
-            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model, usage_)
+            self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model,
+                                 prompt_tokens(call.gens, call.prompts), sum(g.completion_tokens for g in call.gens))
         else:
             self.metrics.observe(call.endpoint, status)
 
@@ -296,11 +298,10 @@ class Generate:
                 first.discard(g.index)
             if pending:
                 await call.signal.wait()
-        use = usage(call.gens, call.prompts)
         if include_usage:
-            yield env.chunk([], use, with_usage=True)
+            yield env.chunk([], usage(call.gens, call.prompts), with_usage=True)
         yield DONE
-        self._observe(call, 200, use)
+        self._observe(call, 200)
 
 
 class _EventStream(StreamingResponse):

@@ -114,8 +114,15 @@ class Generation:
         return self.handle.error if self.finished else None
 
     @property
-    def prompt_tokens(self) -> int:
-        return self.handle.prompt_tokens or 0
+    def prompt_tokens(self) -> int | None:
+        """The prompt's length in tokens, or None while unknown (a text or chat
+        prompt no worker has tokenised for this request)."""
+        return self.handle.prompt_tokens
+
+    @property
+    def prompt_key(self) -> object:
+        """The prompt as submitted (hashable): requests with equal keys have prompts of equal length."""
+        return self.handle.params.prompt
 
     @property
     def streamed_tokens(self) -> int:

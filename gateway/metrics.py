@@ -8,7 +8,8 @@
 - ``slotserve_http_request_latency_seconds{endpoint}``: arrival to the end of
   the generation (end to end, as the gateway sees it).
 - ``slotserve_http_prompt_tokens_total{model}`` / ``slotserve_http_completion_tokens_total{model}``:
-  tokens in the ``usage`` the gateway reported.
+  tokens in the ``usage`` the gateway reported (completion tokens also when
+  ``usage`` was null because a prompt's length was unknown).
 """
 
 from __future__ import annotations
@@ -49,16 +50,19 @@ class GatewayMetrics:
         return c
 
     def observe(self, endpoint: str, status: int, ttft_s: float | None = None, latency_s: float | None = None,
-                model: str | None = None, usage: dict | None = None) -> None:
-        """Record one answered HTTP request."""
+                model: str | None = None, prompt_tokens: int | None = None,
+                completion_tokens: int | None = None) -> None:
+        """Record one answered HTTP request (token counts: None when not known)."""
         self._child(self.requests, endpoint, str(status)).inc()
         if ttft_s is not None:
             self._child(self.ttft, endpoint).observe(ttft_s)
         if latency_s is not None:
             self._child(self.latency, endpoint).observe(latency_s)
-        if usage is not None and model is not None:
-            self._child(self.prompt_tokens, model).inc(usage["prompt_tokens"])
-            self._child(self.completion_tokens, model).inc(usage["completion_tokens"])
+        if model is not None:
+            if prompt_tokens is not None:
+                self._child(self.prompt_tokens, model).inc(prompt_tokens)
+            if completion_tokens is not None:
+                self._child(self.completion_tokens, model).inc(completion_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,12 @@ model without a tokenizer -- and, as vLLM, ``stop_reason``: the stop string
 (str) or stop token (int) that ended it, else null (a token-id stop sequence
 appears as its list of ids).
 
+``usage`` (:func:`usage`) counts each prompt once whatever ``n``; it is null
+when a text or chat prompt's length is unknown because no request with that
+prompt reached a worker (the gateway has no tokenizer; the worker reports
+the count with the request's end) -- with ``continuous_usage_stats``, also
+on a text stream's chunks until the count arrives.
+
 finish_reason: slotserve ends a request in five ways; OpenAI has two that apply.
 
 ==============  ====================================================================
@@ -58,12 +64,48 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{_ID_PREFIX}{next(_ID_COUNTER):010x}"
 
 
-def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict:
-    """``usage`` for ``gens`` (their prompts counted once: ``prompts`` distinct
-    prompts, each shared by ``len(gens) // prompts`` choices). ``streamed``:
-    count the completion tokens already sent in stream chunks, not all generated."""
+def prompt_tokens(gens: list[Generation], prompts: int) -> int | None:
+    """The prompt tokens of ``gens``, each prompt counted once (``prompts``
+    distinct prompts, each shared by ``len(gens) // prompts`` choices), or None
+    when one prompt's length is unknown.
+
+    A token-id prompt's length is known at submission; a text or chat prompt's
+    only once a worker has tokenised it (it comes with the request's end). A
+    prompt's length is taken from whichever request with the same prompt knows
+    it -- another choice of it, or the same text given twice -- so it is
+    unknown only when none of them reached a worker (e.g. each one's
+    ``timeout_s`` passed in the broker's queue).
+    """
     per = max(1, len(gens) // max(1, prompts))
-    prompt = sum(g.prompt_tokens for g in gens[::per])
+    firsts = gens[::per]
+    counts = [g.prompt_tokens for g in firsts]
+    if None not in counts:  # the common case: token ids, or every prompt ran
+        return sum(counts)
+    known: dict = {}
+    for g in gens:
+        n = g.prompt_tokens
+        if n is not None:
+            known.setdefault(g.prompt_key, n)
+    total = 0
+    for g in firsts:
+        n = known.get(g.prompt_key)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict | None:
+    """``usage`` for ``gens`` (see :func:`prompt_tokens`). ``streamed``: count the
+    completion tokens already sent in stream chunks, not all generated.
+
+    None (``"usage": null``) while a prompt's length is unknown: OpenAI's
+    ``usage`` is optional, and a ``prompt_tokens`` of 0 for a prompt that has
+    tokens would be a wrong count, not a missing one.
+    """
+    prompt = prompt_tokens(gens, prompts)
+    if prompt is None:
+        return None
     completion = sum(g.streamed_tokens if streamed else g.completion_tokens for g in gens)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
