@@ -218,7 +218,8 @@ class WorkerProcess:
             raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e
         weights = getattr(model, "weights", None)
         if weights is not None and hasattr(weights, "linear_kind"):  # slotserve's runner: what it measured
-            log.info("loaded %r: %s on %s, linears %s", name, weights.precision, weights.device, weights.linear_kind)
+            log.info("loaded %r: %s on %s, linears %s%s", name, weights.precision, weights.device, weights.linear_kind,
+                     "" if getattr(weights, "greedy_head", None) is None else ", greedy picks through a bf16-screened head")
         self._setup(model)
 
     def _setup(self, model) -> None:
