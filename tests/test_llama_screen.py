@@ -147,3 +147,47 @@ def test_entries_at_least_are_the_plain_comparison_in_the_same_order(width):
         got = entries_at_least(values, threshold)
         want = (values >= threshold[:, None]).nonzero(as_tuple=True)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@needs_bf16
+def test_values_the_bf16_product_flushes_to_zero_are_within_the_bound():
+    """oneDNN's bf16 product treats subnormals as zero: hidden components of 2^-127 times weights
+    of 2^100 give logits of ~4e-6 that the screen sees as 0 (found by a breaker helper)."""
+    h = torch.full((1, 576), 2.0 ** -127)
+    h[0, 0] = 2.0 ** -126
+    w = torch.zeros(512, 576)
+    w[0, 0] = 2.0 ** 100
+    w[1, 1:] = 2.0 ** 100
+    head = ScreenedHead(w, DenseLinear(w), lambda ids: w[ids])
+    with torch.inference_mode():
+        assert head.screen(h)[0, 1] == 0.0  # what the bf16 product sees
+        want = h @ w.T
+        got = head.greedy_logits(h.clone())
+    assert want.argmax() == 1 and got.argmax() == 1
+
+
+@needs_bf16
+def test_a_finite_row_past_bf16s_range_takes_the_full_product():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 64, generator=gen) * 1e-3
+    w[7] = 0.0
+    w[7, :2] = 1.0
+    head = ScreenedHead(w, DenseLinear(w), lambda ids: w[ids])
+    h = torch.randn(3, 64, generator=gen)
+    h[0, 3] = 3.4e38  # fp32, but bf16's inf
+    h[1, :2] = torch.tensor([3.3895313892515355e38, 1e36])  # logit 7 finite in fp32, inf once rounded to bf16
+    with torch.inference_mode():
+        want = h @ w.T
+        got = head.greedy_logits(h.clone())
+    assert torch.isfinite(want).all()
+    assert torch.equal(got.argmax(dim=1), want.argmax(dim=1))
+    assert torch.isfinite(got.amax(dim=1)).all()
+
+
+@needs_bf16
+def test_non_finite_weights_are_not_screened():
+    w = near_tie_head(5)
+    w[3, 2] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        screened(w)
+    assert screened_head(w, DenseLinear(w), lambda ids: w[ids]) is None

@@ -12,15 +12,22 @@ Algorithms", 2002, section 3.1):
     |a_j - f_j| <= ||h - bf(h)|| ||bf(w_j)|| + ||h|| ||w_j - bf(w_j)||
                    + gamma (||h|| ||w_j|| + ||bf(h)|| ||bf(w_j)||) + u / (1 - u) |a_j|
 
-taken here with each weight norm at its maximum over the vocabulary, so one
-bound ``E`` per row. Every ``j`` whose ``a_j + E`` reaches ``max_k a_k -
+plus, because oneDNN's bf16 product flushes subnormal inputs, products,
+partial sums and results to zero where the fp32 head keeps them, one term
+per flush (each changes the sum by less than ``t = 2^-126``, the smallest
+normal number): ``t (2 K + 1 + sqrt(K) (||bf(w_j)|| + ||bf(h)||))`` (a
+subnormal input times the other factor, summed over ``K``, is at most
+``t ||.||_1 <= t sqrt(K) ||.||``). It is taken with each weight norm at its
+maximum over the vocabulary, so one bound ``E`` per row. Every ``j`` whose ``a_j + E`` reaches ``max_k a_k -
 E`` is a candidate (the fp32 argmax always is: ``f`` at the argmax is at
 least ``f_k >= a_k - E`` for every ``k``), and the candidates' fp32 logits
 are computed exactly from ``W``'s own rows; the row's logits are those, and
 ``-inf`` elsewhere, so ``argmax`` picks what the full fp32 head would (up to
 the order of the fp32 sums, as between any two fp32 GEMMs). On SmolLM2 a
 row has a few candidates; a row with more than :data:`MAX_CANDIDATES` (a
-nearly flat distribution) gets the full fp32 product instead.
+nearly flat distribution) gets the full fp32 product instead, and so does a
+finite row whose bf16 product or bound is not finite (a value past bf16's
+range, ~3.39e38, that fp32 still holds).
 
 SmolLM2-135M's LM head is 49,152 x 576 (113 MB in fp32): at 8 rows on a
 2-core AMD EPYC (avx512_bf16), 2 threads, oneDNN's packed fp32 product took
@@ -29,6 +36,7 @@ SmolLM2-135M's LM head is 49,152 x 576 (113 MB in fp32): at 8 rows on a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -45,6 +53,7 @@ MAX_CANDIDATES = 256
 rows of ``W`` costs about as much)."""
 
 _U16, _U32 = 2.0 ** -8, 2.0 ** -24
+_MIN_NORMAL = 2.0 ** -126  # fp32's and bf16's smallest normal number: what a flush to zero can lose
 _SLACK = 1.001  # the bound's own fp64 -> fp32 rounding and the fp32 comparisons, generously
 
 
@@ -54,17 +63,20 @@ class ScreenedHead:
     ``weight`` ``[V, K]`` fp32; ``full`` the fp32 linear that computes whole
     logits (for rows that sample); ``rows(ids)`` returns ``weight[ids]`` as
     fp32, bit for bit (e.g. the embedding, when the head is tied to it and
-    stored exactly). Needs oneDNN's bf16 product (raises ValueError
-    without it).
+    stored exactly). Raises ValueError without oneDNN's bf16 product, or
+    for a ``weight`` with a non-finite entry (its norms would not bound).
     """
 
-    __slots__ = ("full", "screen", "rows", "_bw_max", "_delta_max", "_w_max", "_gamma", "out_features")
+    __slots__ = ("full", "screen", "rows", "_bw_max", "_delta_max", "_w_max", "_gamma", "_flush", "_root_k",
+                 "out_features")
 
     CHUNK_ROWS = 4096  # vocabulary rows per pass of the norms at load: small temporaries
 
     def __init__(self, weight: torch.Tensor, full, rows: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if not bf16_product_available():
             raise ValueError("the screened head needs oneDNN's bf16 product, which this CPU or torch lacks")
+        if not bool(torch.isfinite(weight).all()):
+            raise ValueError("the screened head needs finite weights")
         self.full, self.rows = full, rows
         self.out_features, k = weight.shape
         self.screen = PackedLinear(weight, None, "onednn", torch.bfloat16)
@@ -77,6 +89,8 @@ class ScreenedHead:
             delta_max = max(delta_max, (w - bw).norm(dim=1).max().item())
         self._w_max, self._bw_max, self._delta_max = w_max, bw_max, delta_max
         self._gamma = k * _U32 / (1 - k * _U32)
+        self._root_k = math.sqrt(k)
+        self._flush = _MIN_NORMAL * (2 * k + 1 + self._root_k * bw_max)  # + _MIN_NORMAL sqrt(K) ||bf(h)|| per row
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.full(x)
@@ -90,9 +104,14 @@ class ScreenedHead:
         approx = self.screen(x)  # fp32 holding the bf16-rounded products
         xd = x.double()
         h, bh = xd.norm(dim=1), x.to(torch.bfloat16).double()
+        bh_norm = bh.norm(dim=1)
         bound = ((xd - bh).norm(dim=1) * self._bw_max + h * self._delta_max
-                 + self._gamma * (h * self._w_max + bh.norm(dim=1) * self._bw_max))  # E without the output rounding
+                 + self._gamma * (h * self._w_max + bh_norm * self._bw_max)
+                 + self._flush + _MIN_NORMAL * self._root_k * bh_norm)  # E without the output rounding
         top = approx.amax(dim=1).double()
+        # a finite row the bf16 product or the bound cannot cover (past bf16's range): the full product
+        unscreenable = torch.isfinite(x).all(dim=1) & ~(
+            torch.isfinite(top) & torch.isfinite(approx.amin(dim=1)) & torch.isfinite(bound))
         # The output rounding adds c |a_j| to entry j's bound: j is a candidate when
         # a_j + E + c |a_j| >= top - E - c |top|, which bounds |a_j| by `size` below; so
         # every candidate passes a_j >= threshold, one comparison per entry.
@@ -102,7 +121,7 @@ class ScreenedHead:
         r, j = entries_at_least(approx, threshold)
         out = approx.fill_(float("-inf"))
         counts = torch.bincount(r, minlength=len(x))
-        wide = counts > MAX_CANDIDATES
+        wide = (counts > MAX_CANDIDATES) | unscreenable
         if bool(wide.any()):
             many = wide.nonzero()[:, 0]
             out[many] = self.full(x[many])
@@ -154,7 +173,7 @@ def screened_head(weight: torch.Tensor, full, rows: Callable[[torch.Tensor], tor
     :data:`SCREEN_SHARE` of ``full``'s (best of ``passes`` each, taking turns;
     a CPU without native bf16 usually fails this).
     """
-    if use is False or (use is None and not bf16_product_available()):
+    if use is False or (use is None and not (bf16_product_available() and bool(torch.isfinite(weight).all()))):
         return None
     head = ScreenedHead(weight, full, rows)
     if use:
