@@ -384,9 +384,11 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 
 @main.command()
 @click.argument("input_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("-o", "--output", "output", type=click.File("w", lazy=False), required=True, show_envvar=True,
-              help="Where to write the result rows (JSONL); created (empty) at once, so a job stopped before "
-                   "any row ended still leaves one.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, allow_dash=True), required=True,
+              show_envvar=True,
+              help="Where to write the result rows (JSONL; - for stdout); created (empty) once the arguments are "
+                   "checked, before the cluster starts, so a job stopped before any row ended still leaves one, "
+                   "and a usage error leaves an existing file alone.")
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
@@ -439,8 +441,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     # The stop signals are caught first, before anything slow (imports, counting
     # the input, starting the cluster): from here on a signal at any phase only
     # sets the flag, and run_batch ends as it does mid-run -- children stopped,
-    # the rows ended so far in -o (opened at parsing, so it exists even when
-    # none did), exit status 128+N.
+    # the rows ended so far in -o (opened before the cluster starts, so it exists
+    # even when none did), exit status 128+N.
     with StopSignals() as sig:
         from slotserve.batch import run_batch
         from slotserve.job import open_input
@@ -460,11 +462,17 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
             inp = open_input(input_path)
         except OSError as e:
             raise click.ClickException(f"cannot read {input_path}: {e}") from None
-        if cluster is not None:
-            click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
-        outcome = run_batch(inp, output, signals=sig, model=model, broker=broker_addr, cluster=cluster,
-                            curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
-                            timeout_s=timeout_s, close_input=True)
+        try:  # only now: an error in the arguments above leaves an existing -o as it was
+            out = click.open_file(output, "w")
+        except OSError as e:
+            inp.close()
+            raise click.ClickException(f"cannot write {output}: {e}") from None
+        with out:
+            if cluster is not None:
+                click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
+            outcome = run_batch(inp, out, signals=sig, model=model, broker=broker_addr, cluster=cluster,
+                                curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
+                                timeout_s=timeout_s, close_input=True)
     if outcome.summary is not None:
         click.echo(outcome.summary.format(), err=True)
     if outcome.exit_status == 1:

@@ -267,3 +267,21 @@ def test_cpu_linear_option_is_checked_as_usage():
         assert r.exit_code == 2 and "--cpu-linear" in r.output
     r = CliRunner().invoke(main, ["worker", "--cpu-linear", "mkl", "--precision", "bf16"])
     assert r.exit_code == 2 and "fp32 only" in r.output
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "-o", "{out}", "{missing}"],  # -o before an input that does not exist
+    ["run", "{rows}", "-o", "{out}", "--slots", "abc"],
+    ["run", "{rows}", "-o", "{out}", "--workers", "0"],
+    ["run", "{rows}", "-o", "{out}", "--precision", "fp64"],
+])
+def test_a_usage_error_leaves_an_existing_output_file_alone(tmp_path, args):
+    """-o is opened once the arguments are checked, not while they are parsed (a breaker found
+    it truncated by a usage error after -o was made eager)."""
+    rows, out = tmp_path / "rows.jsonl", tmp_path / "prev.jsonl"
+    rows.write_text('{"prompt": [1, 2], "max_tokens": 2}\n')
+    out.write_text('{"kept": 1}\n')
+    paths = {"out": str(out), "rows": str(rows), "missing": str(tmp_path / "missing.jsonl")}
+    r = CliRunner().invoke(main, [a.format(**paths) for a in args])
+    assert r.exit_code == 2, r.output
+    assert out.read_text() == '{"kept": 1}\n'
