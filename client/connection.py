@@ -31,6 +31,7 @@ import zmq
 
 from protocol.codec import decode, peek_request_ids
 from protocol.defaults import MAX_MESSAGE_BYTES
+from protocol.enums import ErrorCode
 from protocol.endpoints import set_ipv6
 from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
@@ -243,6 +244,11 @@ class Connection:
                 msg = decode(data, BROKER_TO_CLIENT, self._max_recv_bytes)
             except ProtocolError as e:
                 ids = peek_request_ids(data)
+                if e.code is ErrorCode.UNSUPPORTED_VERSION and not ids:
+                    # the broker speaks another protocol version (its refusal of our hello comes in
+                    # its version): the client raises it at once, before any welcome
+                    self._deliver(Error(e.code, f"the broker speaks another protocol version ({e.message})"))
+                    continue
                 log.warning("dropping a bad message from the broker (%s); it named %d requests", e, len(ids))
                 if ids:  # their tokens or endings were in it: end them here, stop them there
                     self._deliver(Error(e.code, f"a message from the broker about this request could not be "

@@ -215,8 +215,13 @@ def test_frame_past_the_hard_limit_drops_only_that_connection(cluster):
     assert h.finish_reason is not None and h.error is None
 
 
-def test_client_facing_a_broker_of_another_version_gets_a_clear_error_at_once():
+@pytest.mark.parametrize("answer_version", ["own", "theirs"])
+def test_client_facing_a_broker_of_another_version_gets_a_clear_error_at_once(answer_version):
+    """The broker's refusal comes in its own protocol version ("theirs", as a real broker of
+    another version sends it: the client cannot decode it, and a breaker found it then waited
+    out its connect timeout and blamed a missing broker) or in the client's ("own")."""
     from client import RemoteError
+    from protocol.messages import PROTOCOL_VERSION
 
     # A stand-in for a broker of another protocol version: it answers every
     # message with the error a real one sends (owned by this thread only).
@@ -230,14 +235,16 @@ def test_client_facing_a_broker_of_another_version_gets_a_clear_error_at_once():
         while not stop.is_set():
             if router.poll(20):
                 ident, _ = router.recv_multipart()
-                router.send_multipart([ident, encode(Error(
-                    ErrorCode.UNSUPPORTED_VERSION, "protocol version 1 is not supported; this peer speaks v2"))])
+                frame = msgpack.unpackb(encode(Error(
+                    ErrorCode.UNSUPPORTED_VERSION, "protocol version 1 is not supported; this peer speaks v2")))
+                frame["v"] = PROTOCOL_VERSION + (1 if answer_version == "theirs" else 0)
+                router.send_multipart([ident, msgpack.packb(frame)])
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
         started = time.monotonic()
-        with pytest.raises(RemoteError, match="speaks v2") as e:
+        with pytest.raises(RemoteError, match="speaks v2" if answer_version == "own" else "another protocol") as e:
             Client(f"tcp://127.0.0.1:{port}", connect_timeout_s=30)
         assert e.value.code is ErrorCode.UNSUPPORTED_VERSION
         assert time.monotonic() - started < 30   # refused at once, not after the connect timeout
