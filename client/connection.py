@@ -31,8 +31,8 @@ import zmq
 
 from protocol.codec import decode, peek_request_ids
 from protocol.defaults import MAX_MESSAGE_BYTES
-from protocol.enums import ErrorCode
 from protocol.endpoints import set_ipv6
+from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
 from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Error, Heartbeat, Message, Submit, Welcome

@@ -201,22 +201,34 @@ def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], nam
     return named
 
 
+def best_times(calls: dict, passes: int) -> dict:
+    """The fastest of ``passes`` runs of each of ``calls`` (name -> no-argument callable), in
+    seconds. The calls take turns pass by pass, so a burst of load from elsewhere slows all of
+    them alike; the first pass warms caches and kernels up and counts only if fastest."""
+    best = dict.fromkeys(calls, float("inf"))
+    with torch.inference_mode():
+        for _ in range(passes):
+            for name, call in calls.items():
+                t = time.perf_counter()
+                call()
+                best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
 @functools.lru_cache(maxsize=None)
 def _fastest(candidates, dtype: torch.dtype, shapes, rows, passes: int = 6) -> str:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
     linears = {kind: [_cpu_linear(w, None, kind, dtype) for w in weights] for kind in candidates}
     inputs = {m: [torch.randn(m, k, generator=gen) for _, k in shapes] for m in rows}
-    best = {(kind, m): float("inf") for kind in candidates for m in rows}
-    with torch.inference_mode():
-        for _ in range(passes):  # the first pass warms caches and kernels up; it counts only if fastest
-            for kind in candidates:
-                for m in rows:
-                    t = time.perf_counter()
-                    for lin, x in zip(linears[kind], inputs[m]):
-                        lin(x)
-                    best[kind, m] = min(best[kind, m], time.perf_counter() - t)
+    best = best_times({(kind, m): functools.partial(_run_all, linears[kind], inputs[m])
+                       for kind in candidates for m in rows}, passes)
     return min(candidates, key=lambda kind: sum(best[kind, m] for m in rows))
+
+
+def _run_all(linears, inputs) -> None:
+    for lin, x in zip(linears, inputs):
+        lin(x)
 
 
 def _cpu_linear(weight, bias, kind: str, dtype: torch.dtype):

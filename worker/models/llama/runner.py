@@ -288,7 +288,8 @@ class LlamaRunner:
             window=max(lengths, default=0), prefill=prefill,
             logits_at=to_device(out_rows, torch.long, device), queries=queries,
             decode_slots=None if slots is None else to_device(slots, torch.long, device),
-            greedy=[batch[i].sampling.greedy for i in out_index] if greedy_only else None,
+            greedy=([batch[i].sampling.greedy for i in out_index]
+                    if greedy_only and self.weights.greedy_head is not None else None),
         )
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.kv, plan)

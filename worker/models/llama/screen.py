@@ -37,12 +37,11 @@ SmolLM2-135M's LM head is 49,152 x 576 (113 MB in fp32): at 8 rows on a
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
 
-from worker.models.llama.linear import PackedLinear
+from worker.models.llama.linear import PackedLinear, best_times
 
 SCREEN_SHARE = 0.75
 """The screen is used when its bf16 product takes at most this share of the fp32 head's time at
@@ -58,17 +57,16 @@ _SLACK = 1.001  # the bound's own fp64 -> fp32 rounding and the fp32 comparisons
 
 
 class ScreenedHead:
-    """An fp32 LM head: ``head(x)`` the full fp32 logits, ``head.greedy_logits(x)`` exact at the argmax.
+    """An fp32 LM head's greedy picks: ``head.greedy_logits(x)``, exact at the argmax.
 
-    ``weight`` ``[V, K]`` fp32; ``full`` the fp32 linear that computes whole
-    logits (for rows that sample); ``rows(ids)`` returns ``weight[ids]`` as
+    ``weight`` ``[V, K]`` fp32; ``full`` the fp32 head's own product (whole
+    logits, for the rows the screen cannot decide); ``rows(ids)`` returns ``weight[ids]`` as
     fp32, bit for bit (e.g. the embedding, when the head is tied to it and
     stored exactly). Raises ValueError without oneDNN's bf16 product, or
     for a ``weight`` with a non-finite entry (its norms would not bound).
     """
 
-    __slots__ = ("full", "screen", "rows", "_bw_max", "_delta_max", "_w_max", "_gamma", "_flush", "_root_k",
-                 "out_features")
+    __slots__ = ("full", "screen", "rows", "_bw_max", "_delta_max", "_w_max", "_gamma", "_flush", "_root_k")
 
     CHUNK_ROWS = 4096  # vocabulary rows per pass of the norms at load: small temporaries
 
@@ -78,10 +76,10 @@ class ScreenedHead:
         if not bool(torch.isfinite(weight).all()):
             raise ValueError("the screened head needs finite weights")
         self.full, self.rows = full, rows
-        self.out_features, k = weight.shape
+        vocab, k = weight.shape
         self.screen = PackedLinear(weight, None, "onednn", torch.bfloat16)
         w_max = bw_max = delta_max = 0.0
-        for start in range(0, self.out_features, self.CHUNK_ROWS):
+        for start in range(0, vocab, self.CHUNK_ROWS):
             w = weight[start:start + self.CHUNK_ROWS].double()
             bw = weight[start:start + self.CHUNK_ROWS].to(torch.bfloat16).double()
             w_max = max(w_max, w.norm(dim=1).max().item())
@@ -92,18 +90,16 @@ class ScreenedHead:
         self._root_k = math.sqrt(k)
         self._flush = _MIN_NORMAL * (2 * k + 1 + self._root_k * bw_max)  # + _MIN_NORMAL sqrt(K) ||bf(h)|| per row
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.full(x)
-
     def greedy_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``[M, V]`` fp32 for ``x`` ``[M, K]`` fp32: each row's fp32 logits at its candidates, ``-inf`` elsewhere.
 
         A non-finite ``x`` row gives a row with no finite entry (no
         candidate passes a NaN comparison), which the sampler reports.
         """
-        approx = self.screen(x)  # fp32 holding the bf16-rounded products
-        xd = x.double()
-        h, bh = xd.norm(dim=1), x.to(torch.bfloat16).double()
+        xb = x.to(torch.bfloat16)
+        approx = self.screen(xb).float()  # the bf16-rounded products
+        xd, bh = x.double(), xb.double()
+        h = xd.norm(dim=1)
         bh_norm = bh.norm(dim=1)
         bound = ((xd - bh).norm(dim=1) * self._bw_max + h * self._delta_max
                  + self._gamma * (h * self._w_max + bh_norm * self._bw_max)
@@ -130,11 +126,6 @@ class ScreenedHead:
         if len(j):
             out[r, j] = (self.rows(j) * x[r]).sum(dim=1)
         return out
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the bf16 screen and the full fp32 product (``rows`` belongs to its owner)."""
-        return self.screen.nbytes + self.full.nbytes
 
 
 def entries_at_least(values: torch.Tensor, threshold: torch.Tensor, block: int = 64
@@ -173,17 +164,16 @@ def screened_head(weight: torch.Tensor, full, rows: Callable[[torch.Tensor], tor
     :data:`SCREEN_SHARE` of ``full``'s (best of ``passes`` each, taking turns;
     a CPU without native bf16 usually fails this).
     """
-    if use is False or (use is None and not (bf16_product_available() and bool(torch.isfinite(weight).all()))):
+    if use is False or (use is None and not bf16_product_available()):
         return None
-    head = ScreenedHead(weight, full, rows)
+    try:
+        head = ScreenedHead(weight, full, rows)
+    except ValueError:
+        if use:
+            raise
+        return None  # (non-finite weights)
     if use:
         return head
     x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0))
-    best = {"full": float("inf"), "screen": float("inf")}
-    with torch.inference_mode():
-        for _ in range(passes):
-            for name, product in (("full", full), ("screen", head.screen)):
-                t = time.perf_counter()
-                product(x)
-                best[name] = min(best[name], time.perf_counter() - t)
+    best = best_times({"full": lambda: full(x), "screen": lambda: head.screen(x)}, passes)
     return head if best["screen"] <= SCREEN_SHARE * best["full"] else None
