@@ -34,7 +34,7 @@ from protocol.messages import (
     Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
 )
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
-from protocol.validation import as_float, as_text
+from protocol.validation import as_float, as_text, check_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +209,7 @@ class Client:
         otherwise as :meth:`submit_request`."""
         if params.stop_token == DEFAULT and self.stop_token != DEFAULT:
             params = params._replace(stop_token=self.stop_token)  # the client's default (a new object)
-        for n, fn in (("callback", callback), ("on_token", on_token), ("on_text", on_text)):
-            if fn is not None and not callable(fn):
-                raise ValueError(f"{n} must be callable or None, got {type(fn).__name__}")
+        check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if self.model is None:
             self._resolve_model(wait=False)
         limits = self._limits

@@ -136,3 +136,12 @@ def check_vocab(tokens: tuple[int, ...], field: str, vocab_size: int | None) -> 
         high = max(tokens)
         if high >= vocab_size:
             raise ValueError(f"{field} contains token id {high}, outside the model's vocabulary [0, {vocab_size})")
+
+
+def check_callbacks(**callbacks: object) -> None:
+    """Raise :class:`ValueError` naming the first of ``callbacks`` (name ->
+    value) that is neither None nor callable. The one check behind every
+    ``callback``/``on_token``/``on_text`` argument, in process and in the client."""
+    for name, fn in callbacks.items():
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")

@@ -31,7 +31,7 @@ from typing import Callable
 
 from protocol.defaults import AGING_WINDOW
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
-from protocol.validation import as_tokens, check_vocab
+from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
 from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
@@ -151,8 +151,7 @@ class BatchInferenceEngine:
             return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, None, True)
         # The plain submit_request(prompt, max_tokens, callback) -- a batch job's, once per request --
         # skips the checks it has no use for (about 2 % of bench/engine.py's end-to-end time).
-        if callback is not None and not callable(callback):
-            raise ValueError(f"callback must be callable or None, got {type(callback).__name__}")
+        check_callbacks(callback=callback)
         now = self._clock()
         req = Request(params, None, params.prompt, (), self.stop_tokens, callback, None, now, None,
                       self._completion)
@@ -176,9 +175,7 @@ class BatchInferenceEngine:
     def _submit(self, params: RequestParams, callback, on_token, on_text, request_id, resume_tokens,
                 time_left_s: float | None, checked: bool) -> Request:
         """``checked``: ``params`` of token ids were checked against the model already."""
-        for name, fn in (("callback", callback), ("on_token", on_token), ("on_text", on_text)):
-            if fn is not None and not callable(fn):
-                raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+        check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if on_text is not None and self._tokenizer is None:
             raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
         prompt = params.prompt
