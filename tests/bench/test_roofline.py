@@ -1,0 +1,66 @@
+"""bench/roofline.py: the floor model by hand, and the tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import roofline  # noqa: E402
+
+SMOL = roofline.SHAPES["smollm2-135m"]
+
+
+def test_smollm2_layer_shapes_hold_its_135m_parameters():
+    layers = SMOL["num_hidden_layers"] * sum(n * k for n, k in roofline.layer_shapes(SMOL))
+    embed = SMOL["vocab_size"] * SMOL["hidden_size"]
+    norms = (2 * SMOL["num_hidden_layers"] + 1) * SMOL["hidden_size"]
+    assert layers + embed + norms == 134_515_008  # SmolLM2-135M's parameter count (tied embedding)
+
+
+def test_floor_is_bytes_over_bandwidth_when_memory_bound_and_flops_over_peak_when_compute_bound():
+    args = dict(prompt_tokens=3200, output_tokens=1958, requests=32, slots=8)
+    slow_memory = roofline.he32_floor(SMOL, read_gb_s=1.0, gflop_s=1e6, **args)
+    assert slow_memory["decode_step_bound"] == "memory"
+    assert slow_memory["decode_steps"] == pytest.approx((1958 - 32) / 8, abs=0.051)  # rounded to 0.1
+    weights = 4 * (SMOL["num_hidden_layers"] * sum(n * k for n, k in roofline.layer_shapes(SMOL))
+                   + SMOL["vocab_size"] * SMOL["hidden_size"])
+    # the step reads at least the weights: at 1 GB/s, 1 ms per MB
+    assert slow_memory["decode_step_ms"] > weights / 1e6
+    slow_compute = roofline.he32_floor(SMOL, read_gb_s=1e6, gflop_s=1.0, **args)
+    assert slow_compute["decode_step_bound"] == "compute"
+    # 8 rows x 2 FLOPs per weight at least, at 1 GFLOP/s
+    assert slow_compute["decode_step_ms"] > 8 * 2 * weights / 4 / 1e6
+    # prefill is compute: twice the peak, half the time
+    twice = roofline.he32_floor(SMOL, read_gb_s=1e6, gflop_s=2.0, **args)
+    assert twice["prefill_s"] == pytest.approx(slow_compute["prefill_s"] / 2, rel=1e-3)
+    for f in (slow_memory, slow_compute, twice):
+        assert f["total_s"] == pytest.approx(f["prefill_s"] + f["decode_s"], abs=0.02)
+
+
+def test_tiny_run_writes_every_kind_and_a_floor(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "roofline.py"), "--tiny", "--threads", "1",
+                           "--rows", "1,3", "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads((tmp_path / "roofline_tiny.json").read_text())
+    from worker.models.llama.linear import cpu_linear_candidates
+
+    fp32_kinds = set(cpu_linear_candidates(torch.float32))
+    assert fp32_kinds <= set(payload["kinds"])
+    for name, kind in payload["kinds"].items():
+        assert set(kind["ms"]) >= {"1", "3"} and all(ms > 0 for ms in kind["ms"].values()), name
+        assert ("512" in kind["ms"]) == (name in fp32_kinds), name
+    assert payload["read_gb_s"] > 0
+    assert payload["fp32_gemm_gflop_s"] == max(payload["kinds"][k]["gflop_s_512"] for k in fp32_kinds)
+    assert payload["he32_floor"]["total_s"] > 0 and "floor" in done.stdout.lower()

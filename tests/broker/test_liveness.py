@@ -1,0 +1,172 @@
+"""Liveness decisions in the broker core, without sockets: a slow worker
+(long steps, heartbeats flowing) is never dead; a hung one (heartbeats, no
+progress while holding requests) is, and stays on probation until it
+progresses; a vanished client's requests are cancelled at once."""
+
+from __future__ import annotations
+
+from broker.config import BrokerConfig
+from broker.core import BrokerCore, Side
+from tests.support.messages import envelope
+from protocol.enums import ErrorCode, FinishReason
+from protocol.messages import Assign, Cancel, Finished, Heartbeat, Iteration, ModelInfo, Register, \
+    Results, Submit
+
+C1 = b"client-1"
+W1, W2 = b"worker-1", b"worker-2"
+INFO = ModelInfo(1000, None, (0,), False)
+
+
+def make_core(**cfg) -> BrokerCore:
+    base = dict(heartbeat_interval_s=0.1, worker_liveness_s=0.5, client_liveness_s=100.0, worker_hung_s=2.0)
+    base.update(cfg)
+    return BrokerCore(BrokerConfig(**base), "broker-A", now=0.0)
+
+
+def assigned(sends, w):
+    return [r for s in sends if s.side is Side.BACKEND and s.identity == w and isinstance(s.message, Assign)
+            for r in s.message.requests]
+
+
+def finished(sends, client=C1):
+    return {f.request_id: f for s in sends if s.identity == client and isinstance(s.message, Results)
+            for f in s.message.finished}
+
+
+def beat(core, w, progress, now):
+    out = core.on_backend(w, Heartbeat(progress=progress), now)
+    return out + core.tick(now)
+
+
+def test_slow_step_is_never_hung_and_a_stuck_one_is():
+    core = make_core()
+    core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 5)]), 0.0)
+    (spec,) = assigned(out, W1)
+    core.on_backend(W1, Heartbeat(progress=10), 0.05)  # the baseline
+    # One long step (1.9 s, heartbeats every 0.1 s, progress unchanged): alive.
+    t = 0.1
+    while t < 1.95:
+        beat(core, W1, 10, t)
+        t += 0.1
+    assert core.counters["workers_lost"] == 0
+    # The step completes (progress moves): the hung clock starts again.
+    beat(core, W1, 11, 1.95)
+    t = 2.0
+    while t < 3.9:
+        beat(core, W1, 11, t)
+        t += 0.1
+    assert core.counters["workers_lost"] == 0 and core.workers.get(W1).inflight == {spec.request_id}
+    # Stuck past worker_hung_s although it heartbeats: hung, its request requeued.
+    out = beat(core, W1, 11, 4.0)
+    assert core.counters["workers_hung"] == 1 and core.counters["requeued"] == 1
+    assert core.workers.get(W1) is None and len(core.queues["simulated"]) == 1
+
+
+def test_hung_worker_is_on_probation_until_it_progresses():
+    core = make_core()
+    core.on_backend(W1, Register("simulated", 4, 4, INFO, "w1"), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 5)]), 0.0)
+    core.on_backend(W1, Heartbeat(progress=3), 0.1)
+    core.on_backend(W1, Heartbeat(progress=3), 2.0)
+    core.tick(2.2)
+    assert core.counters["workers_hung"] == 1
+    # It registers again at once (it heartbeat and was told it is unknown)...
+    out = core.on_backend(W1, Register("simulated", 4, 4, INFO, "w1"), 2.3)
+    assert assigned(out, W1) == []               # ...but gets nothing while stuck
+    out = core.on_backend(W2, Register("simulated", 1, 1, INFO, "w2"), 2.4)
+    (spec,) = assigned(out, W2)                  # the healthy worker continues it
+    out = core.on_backend(W1, Heartbeat(progress=3), 2.5)
+    assert assigned(out, W1) == []
+    out = core.on_frontend(C1, Submit("simulated", [envelope("b", [2], 5)]), 2.6)
+    assert assigned(out, W1) == [] and len(core.queues["simulated"]) == 1
+    # Its stuck step completes: progress moves, it takes requests again.
+    out = core.on_backend(W1, Heartbeat(progress=4), 2.7)
+    assert [r.params.prompt for r in assigned(out, W1)] == [(2,)]
+    assert not core.workers.get(W1).suspect
+
+
+def test_request_failing_on_max_attempts_workers_ends_with_worker_failed():
+    core = make_core(max_attempts=3)
+    out = []
+    core.on_frontend(C1, Submit("simulated", []), 0.0)
+    workers = [f"w{i}".encode() for i in range(3)]
+    core.on_backend(workers[0], Register("simulated", 1, 1, INFO, "w0"), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope("x", [1], 5)]), 0.0)
+    t = 0.0
+    for i, w in enumerate(workers):
+        if i:
+            out = core.on_backend(w, Register("simulated", 1, 1, INFO, w.decode()), t)
+            assert [r.params.prompt for r in assigned(out, w)] == [(1,)]
+        # Two tokens, then it hangs (heartbeats continue, no progress).
+        key = core.workers.get(w).inflight.copy().pop()
+        core.on_backend(w, Iteration(ids=[key], tokens=[7 + i]), t + 0.1)
+        core.on_backend(w, Heartbeat(progress=1), t + 0.2)
+        core.on_backend(w, Heartbeat(progress=1), t + 2.0)
+        out = core.tick(t + 2.2)
+        t += 2.5
+    fin = finished(out)
+    assert fin["x"].finish_reason is FinishReason.ERROR and fin["x"].code is ErrorCode.WORKER_FAILED
+    assert core.counters["requeued"] == 2 and not core.jobs
+
+
+def test_silent_client_is_ended_in_the_tick_that_notices():
+    core = make_core(client_liveness_s=0.5)
+    core.on_backend(W1, Register("simulated", 2, 3, INFO, "w1"), 0.0)
+    core.on_frontend(C1, Submit("simulated", [envelope(i, [1], 50) for i in range(5)]), 0.0)
+    core.on_backend(W1, Heartbeat(progress=0), 0.3)
+    assert core.tick(0.4) == [] or core.counters["clients_lost"] == 0
+    out = core.tick(0.6)  # silent for longer than client_liveness_s (0.5 s)
+    (cancel,) = [s.message for s in out if s.side is Side.BACKEND and isinstance(s.message, Cancel)]
+    assert len(cancel.request_ids) == 3                      # the running ones: cancelled at once
+    assert len(core.queues["simulated"]) == 0                # the queued ones: removed
+    assert core.counters["clients_lost"] == 1 and core.counters["errors"] == 2
+    # In case it was only stalled: each request gets one ending, saying why.
+    fin = finished(out)
+    assert sorted(fin) == list(range(5))
+    assert all(f.finish_reason is FinishReason.ERROR and f.code is ErrorCode.CLIENT_SILENT for f in fin.values())
+    # The worker frees the slots on its next iteration; the credits come back.
+    out = core.on_backend(W1, Iteration(ids=[cancel.request_ids[0]], tokens=[5],
+                                        finished=[Finished(k, FinishReason.CANCELLED) for k in cancel.request_ids]), 0.61)
+    assert core.workers.get(W1).inflight == set() and not core.jobs
+    assert finished(out) == {}                              # nothing more reaches the client
+    assert core.counters["errors"] == 5 and core.counters["cancelled"] == 0  # the broker's decision, counted so
+
+
+def test_cancel_crossing_a_migration_or_the_end_gives_exactly_one_ending():
+    core = make_core()
+    core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 50), envelope("b", [2], 50)]), 0.0)
+    ka, kb = (s.request_id for s in assigned(out, W1))
+    core.on_backend(W1, Iteration(ids=[ka, kb], tokens=[3, 4]), 0.1)
+    # Cancel both; the cancel for "b" crosses its natural end on the worker.
+    out = core.on_frontend(C1, Cancel(["a", "b"]), 0.2)
+    assert finished(out) == {}                    # running: the worker reports the ending
+    out = core.on_backend(W1, Iteration(ids=[kb], tokens=[0], finished=[Finished(kb, FinishReason.STOP)]), 0.25)
+    assert {k: f.finish_reason for k, f in finished(out).items()} == {"b": FinishReason.STOP}
+    # The worker dies before "a"'s cancel lands: it ends cancelled, not requeued.
+    core.on_backend(W2, Register("simulated", 2, 2, INFO, "w2"), 0.3)
+    out = core.on_backend(W1, Heartbeat(progress=1), 0.3) + core.tick(1.0)
+    assert {k: f.finish_reason for k, f in finished(out).items()} == {"a": FinishReason.CANCELLED}
+    assert assigned(out, W2) == [] and core.counters["requeued"] == 0 and not core.jobs
+    # Late output for either is dropped; a repeated cancel changes nothing.
+    out = core.on_backend(W2, Iteration(ids=[ka], tokens=[9], finished=[Finished(ka, FinishReason.CANCELLED)]), 1.1)
+    out += core.on_frontend(C1, Cancel(["a", "b"]), 1.2)
+    assert finished(out) == {}
+
+
+def test_after_a_restart_requests_wait_for_workers_to_register_within_the_grace():
+    core = make_core(register_grace_s=3.0)
+    # A client resubmits before any worker has re-registered with this new broker.
+    out = core.on_frontend(C1, Submit("simulated", [envelope("r", [1], 5, resume_tokens=[7, 8])]), 0.1)
+    out += core.on_frontend(C1, Submit("other", [envelope("o", [1], 5)]), 0.2)
+    assert finished(out) == {} and core.status(0.2).models["simulated"].queued == 1
+    out = core.on_backend(W1, Register("simulated", 2, 2, INFO, "w1"), 0.5)
+    (spec,) = assigned(out, W1)
+    assert spec.resume_tokens == (7, 8)               # continues where the old broker stopped
+    # Past the grace a model nobody registered is an error, queued or new.
+    out = core.tick(3.1)
+    assert finished(out)["o"].code is ErrorCode.UNKNOWN_MODEL
+    out = core.on_frontend(C1, Submit("other", [envelope("o2", [1], 5)]), 3.2)
+    assert finished(out)["o2"].code is ErrorCode.UNKNOWN_MODEL
+    assert list(core.jobs) == [spec.request_id]

@@ -1,0 +1,1 @@
+"""Fixtures shared by the tests in tests/gateway/ (helpers shared across folders live in tests/support/)."""

@@ -1,0 +1,167 @@
+"""Speculative decoding in slotserve's Llama runner: drafts from prompt lookup, verified in the step.
+
+The tokens must be exactly the greedy tokens of transformers' ``generate``
+(the tiny random Llama of test_llama_runner, whose logits are well
+separated), whatever is drafted and accepted; sampled requests get no
+drafts; drafts never pass the context.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.models.test_llama_runner import generate_alone, model_dir, random_prompts, reference  # noqa: E402,F401
+
+from worker import BatchInferenceEngine, FinishReason  # noqa: E402
+from worker.models import ModelOptions, load_model  # noqa: E402
+from worker.models.llama import LlamaRunner  # noqa: E402
+from worker.models.llama.lookup import PromptLookup  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+class CountingSteps:
+    """Wraps a runner; counts the entries that came back as several tokens."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer"):
+            setattr(self, name, getattr(runner, name))
+        self.several = 0  # entries with several tokens (drafts accepted)
+        self.drafted = 0  # draft tokens verified
+        self.entries: list[tuple[object, object]] = []  # (sampling, entry)
+
+    def bind_slots(self, n):
+        self.runner.bind_slots(n)
+
+    def release_slot(self, slot):
+        self.runner.release_slot(slot)
+
+    def step(self, batch):
+        out = self.runner.step(batch)
+        self.several += sum(type(t) is list for t in out)
+        self.drafted += sum(len(d) for _, _, d in self.runner._drafts.values())
+        self.entries += [(si.sampling, t) for si, t in zip(batch, out)]
+        return out
+
+
+def repetitive_prompts(count, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 320) for _ in range(rng.randint(2, 6))] * rng.randint(3, 8) for _ in range(count)]
+
+
+def drafting_prompt(ref, context):
+    """A repetitive prompt and ``n`` (to reach ``context``) such that greedy decoding repeats an
+    earlier bigram (a MIN_NGRAM match) before the end: drafts are then proposed for it."""
+    for seed in range(100):
+        prompt = repetitive_prompts(1, seed)[0][:context // 2]
+        n = context - len(prompt)
+        seq = prompt + generate_alone(ref, prompt, n)
+        seen = {tuple(seq[e - 2:e]) for e in range(2, len(prompt) + 1)}
+        for e in range(len(prompt) + 1, len(seq) - 1):  # decode steps (the prompt's is a prefill)
+            if tuple(seq[e - 2:e]) in seen:
+                return prompt, n
+            seen.add(tuple(seq[e - 2:e]))
+    raise AssertionError("no prompt of the tiny model repeats a bigram")
+
+
+@pytest.mark.parametrize("k,max_prefill_tokens", [(1, 512), (3, 16), (6, 512)])
+def test_speculative_greedy_equals_generate(model_dir, reference, k, max_prefill_tokens):  # noqa: F811
+    """Drafted rows, undrafted rows, padding rows and prompt chunks in the same iterations."""
+    runner = load_model(model_dir, max_prefill_tokens=max_prefill_tokens)
+    runner.speculative_tokens = k
+    model = CountingSteps(runner)
+    prompts = repetitive_prompts(6, seed=k) + random_prompts(3, seed=k)
+    max_tokens = [random.Random(i).randint(5, 40) for i in range(len(prompts))]
+    engine = BatchInferenceEngine(model, batch_size=4)
+    handles = [engine.submit_request(p, n) for p, n in zip(prompts, max_tokens)]
+    engine.run()
+    assert model.several > 0  # drafts were accepted
+    for p, n, h in zip(prompts, max_tokens, handles):
+        assert h.finish_reason == FinishReason.LENGTH
+        assert h.tokens == generate_alone(reference, p, n)
+
+
+def test_sampled_rows_get_no_drafts_and_drafts_stop_at_the_context(model_dir, reference):  # noqa: F811
+    runner = load_model(model_dir, max_cache_len=48)
+    runner.speculative_tokens = 8
+    model = CountingSteps(runner)
+    engine = BatchInferenceEngine(model, batch_size=3)
+    prompt, n = drafting_prompt(reference, 48)  # n: up to the context
+    greedy = engine.submit_request(prompt, n)
+    sampled = engine.submit_request(prompt, n, temperature=1.0, seed=3)
+    engine.run()
+    assert greedy.finish_reason == sampled.finish_reason == FinishReason.LENGTH
+    assert greedy.tokens == generate_alone(reference, prompt, n)
+    assert len(sampled.tokens) == n
+    assert all(type(t) is int for s, t in model.entries if not s.greedy)
+    assert model.drafted > 0
+
+
+def test_speculation_with_a_growing_cache(model_dir, reference):  # noqa: F811
+    """The growth mode makes room for the draft positions too."""
+    runner = LlamaRunner(load_model(model_dir).weights, capacity_step=8, speculative_tokens=5)
+    prompts = repetitive_prompts(3, seed=11)
+    engine = BatchInferenceEngine(runner, batch_size=3)
+    handles = [engine.submit_request(p, 30) for p in prompts]
+    engine.run()
+    for p, h in zip(prompts, handles):
+        assert h.tokens == generate_alone(reference, p, 30)
+
+
+def test_load_model_and_options_take_speculative_tokens(model_dir):  # noqa: F811
+    assert load_model(model_dir, speculative_tokens=4).speculative_tokens == 4
+    with pytest.raises(ValueError, match="speculative_tokens"):
+        ModelOptions(speculative_tokens=-1)
+    with pytest.raises(ValueError, match="speculative"):
+        ModelOptions(runner="hf", speculative_tokens=2)
+
+
+def test_prompt_lookup_takes_the_latest_occurrence_of_the_longest_tail():
+    look = PromptLookup(2, max_ngram=3, min_ngram=1)
+    seq = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3]
+    # tail (2, 3) occurred last before position 7: "7 5 2 3" follows
+    assert look.propose(0, seq, 4) == [7, 5, 2, 3]
+    seq += [7]  # tail (2, 3, 7): the occurrence at 5..7 is followed by 5
+    assert look.propose(0, seq, 2) == [5, 2]
+    assert look.propose(0, seq, 2) == PromptLookup(1, 3, 1).propose(0, seq, 2)  # incremental == fresh
+    assert look.propose(1, [4, 5, 6], 3) == []  # no earlier occurrence of any tail
+    look.reset(0)
+    assert look.propose(0, [8, 8], 3) == [8, 8, 8]  # (8) at 0, one token after it: continued with period 1
+    assert PromptLookup(1).propose(0, [8, 8], 3) == []  # by default a match needs 2 tokens (MIN_NGRAM)
+
+
+def test_prompt_lookup_never_returns_more_than_asked():
+    look = PromptLookup(1)
+    seq = [1, 2] * 20
+    for k in range(0, 6):
+        assert len(look.propose(0, seq, k)) == k
+
+
+def test_a_non_finite_pick_after_accepted_drafts_keeps_them(model_dir, reference, monkeypatch):  # noqa: F811
+    """Perfect drafts (the greedy continuation) through a token whose embedding is NaN:
+    the tokens accepted before the failing pick are returned and the request ends with
+    the error one step later, exactly as one token per step (same tokens, same error)."""
+    prompt = [3, 17, 99, 4, 250]
+    cont = generate_alone(reference, prompt, 40)
+    full = prompt + cont
+    at = next(i for i in range(8, 40) if cont[i] not in full[:len(prompt) + i])  # first seen at cont[at]
+    monkeypatch.setattr(PromptLookup, "propose", lambda self, row, tokens, k: (
+        full[len(tokens):len(tokens) + k] if full[:len(tokens)] == list(tokens) else []))
+    results = {}
+    for k in (0, 4):
+        model = load_model(model_dir, speculative_tokens=k)
+        model.weights.embed.table[cont[at]] = float("nan")
+        counting = CountingSteps(model)
+        engine = BatchInferenceEngine(counting, batch_size=2, stop_token=None)
+        handle = engine.submit_request(prompt, 30)
+        engine.run()
+        assert handle.finish_reason == FinishReason.ERROR
+        results[k] = (handle.tokens, counting.several)
+    assert results[4][0] == results[0][0] == cont[:at + 1]  # through the poisoned token, then the error
+    assert results[4][1] > 0  # drafts were accepted on the way

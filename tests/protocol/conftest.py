@@ -1,0 +1,1 @@
+"""Fixtures shared by the tests in tests/protocol/ (helpers shared across folders live in tests/support/)."""
