@@ -8,7 +8,8 @@ Layout: :mod:`gateway.app` (the app, plain endpoints), :mod:`gateway.generate`
 (completions and chat), :mod:`gateway.schemas` (request
 bodies), :mod:`gateway.options` (body fields -> request options, the one
 mapping), :mod:`gateway.responses` (bodies, chunks, finish_reason mapping),
-:mod:`gateway.errors` (OpenAI's error shape, status codes),
+:mod:`gateway.errors` (OpenAI's error shape, status codes), :mod:`gateway.auth`
+(API keys),
 :mod:`gateway.link` (the shared broker connections), :mod:`gateway.generation`
 (one request seen from the event loop), :mod:`gateway.metrics`,
 :mod:`gateway.server` (uvicorn).

@@ -6,6 +6,10 @@
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
 - Anything else: 404 / 405 in OpenAI's error shape.
+
+With ``config.api_keys`` every ``/v1/*`` request needs one of them as
+``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
+``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
 from gateway.generate import Generate
@@ -100,7 +106,10 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/health", service.health, methods=["GET"]),
         Route("/metrics", service.metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = []
+    if config.api_keys or config.metrics_api_keys:  # no keys: no per-request check at all
+        middleware.append(Middleware(APIKeys, api_keys=config.api_keys, metrics_api_keys=config.metrics_api_keys))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.link = link
     return app

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5555"
 
@@ -31,6 +32,16 @@ class GatewayConfig:
     - ``stop_timeout_s``: seconds open HTTP requests get to finish on shutdown.
     - ``access_log``: uvicorn's per-request access log (off: it costs CPU at
       high request rates).
+    - ``api_keys``: when not empty, every ``/v1/*`` request needs
+      ``Authorization: Bearer KEY`` with one of these keys (else 401;
+      :mod:`gateway.auth`). ``/health`` stays open for probes.
+    - ``metrics_api_keys``: when not empty, ``/metrics`` needs one of these
+      keys the same way (a scraper's keys, apart from the API's); else it is open.
+
+    Keys are Bearer tokens as RFC 6750 defines them (letters, digits and
+    ``-._~+/``, then optional ``=``: what ``secrets.token_urlsafe``, base64,
+    hex and OpenAI-style ``sk-...`` keys are made of). They are left out of
+    ``repr`` so that a logged config never shows them.
     """
 
     broker: str = DEFAULT_BROKER
@@ -44,6 +55,8 @@ class GatewayConfig:
     connect_timeout_s: float = 5.0
     stop_timeout_s: float = 5.0
     access_log: bool = False
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -60,3 +73,27 @@ class GatewayConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        for name in ("api_keys", "metrics_api_keys"):
+            object.__setattr__(self, name, _keys(name, getattr(self, name)))
+
+
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1, b64token
+
+API_KEY_RULE = ("keys are Bearer tokens made of letters, digits and -._~+/ (then optional =), with no spaces; "
+                "make one with python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+"""What makes a string an API key, for error messages."""
+
+
+def is_api_key(key: object) -> bool:
+    """Whether ``key`` can be an API key (see :data:`API_KEY_RULE`)."""
+    return isinstance(key, str) and _BEARER_TOKEN.fullmatch(key) is not None
+
+
+def _keys(name: str, keys) -> tuple[str, ...]:
+    """``keys`` as a tuple, each one checked; a message names a bad key by its place, never by its value."""
+    if isinstance(keys, str) or not isinstance(keys, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of strings, got a {type(keys).__name__}")
+    for i, k in enumerate(keys):
+        if not is_api_key(k):
+            raise ValueError(f"{name}[{i}] is not a usable API key: {API_KEY_RULE}")
+    return tuple(keys)

@@ -11,7 +11,10 @@ status  ``type``                        when
                                         prompt + ``max_tokens`` over the model's context
                                         (``context_length_exceeded``, OpenAI's code, whichever
                                         side found it: the client for token ids, the worker
-                                        for text and chat)
+                                        for text and chat); a body declared as anything but
+                                        JSON (``unsupported_media_type``)
+401     ``invalid_request_error``       ``/v1/*`` (or ``/metrics``) without a valid API key
+                                        (``invalid_api_key``; :mod:`gateway.auth`)
 404     ``invalid_request_error``       no worker serves the model (``model_not_found``)
 413     ``invalid_request_error``       body over ``max_body_bytes``
 429     ``rate_limit_error``            the model's broker queue is full (``queue_full``;
@@ -38,8 +41,8 @@ from pydantic_core import to_json
 
 from protocol.enums import ErrorCode
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
           501: "invalid_request_error", 503: "service_unavailable_error"}
 
 
@@ -76,6 +79,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 def unsupported(param: str, message: str) -> APIError:
     """501 for a valid OpenAI parameter that slotserve does not implement (never retried)."""
     return APIError(501, message, param=param, code="unsupported", headers={"x-should-retry": "false"})
+
+
+def unauthorized(message: str) -> APIError:
+    """401 for a request without a valid API key (OpenAI's type and code), with RFC 6750's challenge."""
+    return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
 def unavailable(message: str, retry_after_s: int = 1) -> APIError:

@@ -164,6 +164,7 @@ class Generate:
         call.cancel()
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
+        _check_json_media_type(request.headers.get("content-type"))
         limit = self.config.max_body_bytes
         too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
                                   "(slotserve serve --max-body-bytes)", code="request_too_large")
@@ -269,11 +270,19 @@ class Generate:
 
     async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling,
                       continuous: bool = False):
-        """The SSE body: one chunk per choice with news, the usage chunk when
-        asked, then ``[DONE]`` (a failure: an error event, then ``[DONE]``).
-        ``continuous`` (vLLM's ``continuous_usage_stats``, with ``include_usage``):
-        every chunk carries the usage so far (the tokens streamed up to and including it)."""
-        first = {g.index for g in call.gens}
+        """The SSE body: for chat, first a role chunk per choice (``{"role":
+        "assistant", "content": ""}``, as OpenAI and vLLM); then one chunk per
+        choice with news, the usage chunk when asked, then ``[DONE]`` (a
+        failure: an error event, then ``[DONE]``). ``continuous`` (vLLM's
+        ``continuous_usage_stats``, with ``include_usage``): every chunk, the
+        role chunks included, carries the usage so far (the tokens streamed up
+        to and including it; null while a text prompt's length is unknown,
+        see :func:`gateway.responses.usage`)."""
+        if env.chat:
+            for g in call.gens:
+                yield env.chunk([env.role_choice(g.index)],
+                                usage(call.gens, call.prompts, streamed=True) if continuous else None,
+                                with_usage=include_usage)
         pending = len(call.gens)
         while pending:
             for g in call.gens:
@@ -292,10 +301,9 @@ class Generate:
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.handle.stop_reason if d.finished else None
-                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, g.index in first, stop_reason)],
+                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, stop_reason)],
                                 usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                 with_usage=include_usage)
-                first.discard(g.index)
             if pending:
                 await call.signal.wait()
         if include_usage:
@@ -321,6 +329,27 @@ class _EventStream(StreamingResponse):
 
 
 _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
+
+
+def _check_json_media_type(content_type: str | None) -> None:
+    """Refuse a body declared as anything but JSON (400 ``unsupported_media_type``).
+
+    ``application/json`` passes with any parameters (``; charset=utf-8``).
+    Another type is refused before the body is read, as vLLM does (its
+    answer is 400 with "Only 'application/json' is allowed"): ``curl -d``
+    sends ``application/x-www-form-urlencoded``, and serving that as JSON
+    would hide the client's mistake. A body with no Content-Type at all is
+    read as JSON, unlike vLLM: RFC 9110 (section 8.3) lets the recipient
+    examine such data, and ``requests.post(url, data=json.dumps(body))``
+    sends none; the openai SDK always sends ``application/json``.
+    """
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        shown = content_type[:80]
+        raise bad_request(f"the body must be JSON sent as 'Content-Type: application/json', not {shown!r} "
+                          "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
 
 
 def _any_failed(call: _Call) -> bool:

