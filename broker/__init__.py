@@ -6,7 +6,8 @@ decision and is usable without sockets.
 """
 
 from broker.config import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
-from broker.core import BrokerCore, Send, Side
+from broker.core import BrokerCore
+from broker.outbox import Send, Side
 from broker.server import BrokerServer, run_broker
 
 __all__ = ["BrokerConfig", "BrokerCore", "BrokerServer", "DEFAULT_BACKEND", "DEFAULT_FRONTEND",

@@ -40,7 +40,8 @@ from typing import Callable
 import zmq
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore, Send, Side
+from broker.core import BrokerCore
+from broker.outbox import Send, Side
 from protocol.codec import decode, encode, peek_request_ids
 from protocol.curve import load_key_pair
 from protocol.endpoints import set_ipv6

@@ -19,7 +19,9 @@ from tests.support.threads import ThreadCluster, fake_broker
 from tests.support.waits import wait_until
 
 import protocol.framing
+from broker.clients import ClientHandler
 from broker.core import BrokerCore
+from broker.workers import WorkerHandler
 from client import Client
 from client.client import Client as ClientClass
 from client.connection import Connection
@@ -227,14 +229,14 @@ def test_client_connection_failure_ends_every_request_and_refuses_new_ones(monke
 
 
 def test_broker_handling_a_client_message_fails_only_its_requests(cluster, monkeypatch):
-    real = BrokerCore._submit
+    real = ClientHandler.submit
 
     def submit(self, cs, msg, now, out):
         if names(msg, POISON):
             raise ZeroDivisionError("a bug")
         return real(self, cs, msg, now, out)
 
-    monkeypatch.setattr(BrokerCore, "_submit", submit)
+    monkeypatch.setattr(ClientHandler, "submit", submit)
     with Client(cluster.frontend) as c:
         c.wait_for_model(10)
         bad = c.submit_request([5], 4, request_id=POISON)
@@ -245,17 +247,17 @@ def test_broker_handling_a_client_message_fails_only_its_requests(cluster, monke
 
 
 def test_broker_handling_a_worker_message_fails_only_its_requests(cluster, monkeypatch):
-    real = BrokerCore._iteration
+    real = WorkerHandler.iteration
     poisoned = []
 
     def iteration(self, w, msg, now, out):
         keys = set(protocol.framing.request_ids(msg))
-        if any(self.jobs[k].rid == POISON for k in keys if k in self.jobs):
+        if any(self._jobs.by_key[k].rid == POISON for k in keys if k in self._jobs.by_key):
             poisoned.append(msg)
             raise ValueError("a bug")
         return real(self, w, msg, now, out)
 
-    monkeypatch.setattr(BrokerCore, "_iteration", iteration)
+    monkeypatch.setattr(WorkerHandler, "iteration", iteration)
     with Client(cluster.frontend) as c:
         c.wait_for_model(10)
         bad = c.submit_request([5], 50, request_id=POISON, stop_token=None)

@@ -1,0 +1,216 @@
+"""The requests the broker holds (:class:`Job`) and how each one ends.
+
+Request identity: clients choose request ids, scoped per client. The broker
+keys each request by ``(client identity, request id)`` and gives it a broker
+``int`` key, which is the only id a worker ever sees. Keys grow with
+arrival, so sorting keys restores arrival order.
+
+Invariant (kept here): a job ends only through :meth:`JobTable.finish`,
+which forgets it everywhere and counts the ending once; its client, while
+attached, gets exactly one ``finished`` entry.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from typing import Callable
+
+from broker.config import BrokerConfig
+from broker.outbox import Outbox
+from protocol.enums import ErrorCode, FinishReason
+from protocol.messages import Envelope, Finished, Rejected
+from protocol.queue import PriorityQueue
+from protocol.request import RequestId, RequestParams
+
+ENDING_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "completed",
+                  FinishReason.CANCELLED: "cancelled", FinishReason.DEADLINE: "deadline",
+                  FinishReason.ERROR: "errors"}
+"""The counter (of ``BrokerCore.counters``) each ending counts toward."""
+
+
+class JobState(enum.Enum):
+    """Where a job is."""
+
+    QUEUED = "queued"    # in its model's queue
+    RUNNING = "running"  # assigned to a worker (holding one of its credits)
+
+
+class Job:
+    """One accepted request inside the broker.
+
+    ``client`` is the owner's identity, or None once the client is gone (its
+    results are then dropped). ``params`` are the request's, as the client
+    sent them. ``tokens`` are those streamed to the client so far: a migrated
+    request resumes from them. ``deadline_s`` is monotonic. ``verdict``: the
+    ``(code, message)`` of an error ending the broker decided while the
+    request was running (its worker is told to cancel it; when the worker
+    reports the end, it ends with this error, whatever the worker says).
+    """
+
+    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "state", "worker",
+                 "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s",
+                 "verdict")
+
+    def __init__(self, key: int, client: bytes, entry: Envelope, model: str, now: float) -> None:
+        self.key = key
+        self.client: bytes | None = client
+        self.rid: RequestId = entry.request_id
+        self.model = model
+        self.params: RequestParams = entry.params
+        self.tokens: list[int] = list(entry.resume_tokens)
+        self.state = JobState.QUEUED
+        self.worker: bytes | None = None
+        timeout_s = entry.params.timeout_s if entry.time_left_s is None else entry.time_left_s
+        self.deadline_s = None if timeout_s is None else now + timeout_s
+        self.arrival_s = now
+        self.attempts = 0
+        self.cancel_requested = False
+        self.queue_seq: int | None = None
+        self.first_token_s: float | None = None
+        self.verdict: tuple[ErrorCode, str] | None = None
+
+
+class JobTable:
+    """Every job the broker holds and the queues of those waiting.
+
+    - ``by_key``: broker key -> job; ``by_client``: ``(client identity,
+      request id)`` -> broker key, for jobs still attached to their client;
+      ``of_client``: client identity -> keys of its attached jobs.
+    - ``queues``: model -> the queued jobs of that model.
+    - ``record_timings``: keep TTFT / latency samples (seconds) for
+      :meth:`take`; on only while someone collects them (metrics on).
+    """
+
+    def __init__(self, config: BrokerConfig, counters: dict[str, int]) -> None:
+        self.config = config
+        self.counters = counters
+        self.by_key: dict[int, Job] = {}
+        self.by_client: dict[tuple[bytes, RequestId], int] = {}
+        self.of_client: dict[bytes, set[int]] = {}
+        self.queues: dict[str, PriorityQueue[Job]] = {}
+        self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
+        self._next_key = 0
+        self.record_timings = False
+        self.timings: dict[str, list[float]] = {"ttft": [], "latency": []}
+
+    def queue(self, model: str) -> PriorityQueue[Job]:
+        """``model``'s queue (created empty if need be)."""
+        q = self.queues.get(model)
+        if q is None:
+            q = self.queues[model] = PriorityQueue(self.config.aging_window, self.config.max_queue)
+        return q
+
+    def find(self, client: bytes, rid: RequestId) -> Job | None:
+        """The job ``rid`` of ``client`` still attached to it, or None."""
+        key = self.by_client.get((client, rid))
+        return None if key is None else self.by_key[key]
+
+    def admit(self, client: bytes, entries: tuple[Envelope, ...], model: str, now: float, out: Outbox,
+              make_room: Callable[[], None]) -> None:
+        """Queue and hold a job for each of a client's ``entries`` for ``model``,
+        except: a request id the client has in flight is a resubmission
+        (already running, run once: counted in ``duplicates``); a
+        :class:`~protocol.messages.Rejected` entry (invalid parameters) ends
+        ``bad_request``; one that finds its queue full even after
+        ``make_room()`` (a dispatch to free credits) ends ``queue_full``. One
+        loop for the whole message, no call per request: this is the submit
+        hot path."""
+        q = self.queue(model)
+        by_client = self.by_client
+        keys = self.of_client.get(client)
+        if keys is None:
+            keys = self.of_client[client] = set()
+        for entry in entries:
+            ck = (client, entry.request_id)
+            if ck in by_client:
+                self.counters["duplicates"] += 1
+                continue
+            if type(entry) is Rejected:  # its parameters are invalid: it alone fails
+                self.counters["errors"] += 1
+                out.result(client).finished.append(Finished(
+                    entry.request_id, FinishReason.ERROR, ErrorCode.BAD_REQUEST, entry.message))
+                continue
+            key = self._next_key
+            self._next_key = key + 1
+            job = Job(key, client, entry, model, now)
+            if q.full():
+                make_room()
+            if not q.push(job, job.params.priority):
+                self.counters["queue_full"] += 1
+                out.result(client).finished.append(Finished(
+                    entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
+                    f"model {model!r} has {q.max_size} requests queued; retry later"))
+                continue
+            self.by_key[key] = job
+            by_client[ck] = key
+            keys.add(key)
+            if job.deadline_s is not None:
+                heapq.heappush(self._deadlines, (job.deadline_s, key))
+
+    def finish(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
+               out: Outbox, prompt_tokens: int | None = None, stop_reason=None) -> None:
+        """End a job: forget it and tell its client (if still there)."""
+        del self.by_key[job.key]
+        self.counters[ENDING_COUNTER[reason]] += 1
+        client = job.client
+        if client is not None:
+            del self.by_client[(client, job.rid)]
+            keys = self.of_client.get(client)
+            if keys is not None:
+                keys.discard(job.key)
+            out.result(client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens, stop_reason))
+
+    def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
+                      out: Outbox) -> None:
+        """Take a queued job out of its queue and end it."""
+        self.queues[job.model].remove(job)
+        self.finish(job, reason, code, message, out)
+
+    def detach(self, job: Job) -> None:
+        """Stop routing ``job``'s output to its client (it was told the ending)."""
+        client = job.client
+        if client is not None:
+            del self.by_client[(client, job.rid)]
+            keys = self.of_client.get(client)
+            if keys is not None:
+                keys.discard(job.key)
+            job.client = None
+
+    def cancel(self, job: Job, to_workers: dict[bytes, list[int]], out: Outbox) -> None:
+        """Cancel ``job``: at once when queued; when running, its worker is told
+        (gathered in ``to_workers``) and it ends when the worker reports it."""
+        if job.state is JobState.QUEUED:
+            self.finish_queued(job, FinishReason.CANCELLED, None, None, out)
+        elif not job.cancel_requested:
+            # The worker frees the slot on its next iteration and reports the
+            # ending; until then the job keeps its credit.
+            job.cancel_requested = True
+            to_workers.setdefault(job.worker, []).append(job.key)
+
+    def end(self, job: Job, code: ErrorCode, message: str, to_workers: dict[bytes, list[int]],
+            out: Outbox) -> None:
+        """End ``job`` with an error the broker decided: at once when queued;
+        when running, its worker is told to cancel it and it ends with this
+        error when the worker reports the end (it keeps its credit till then)."""
+        if job.state is JobState.QUEUED:
+            self.finish_queued(job, FinishReason.ERROR, code, message, out)
+            return
+        job.verdict = (code, message)
+        if not job.cancel_requested:
+            job.cancel_requested = True
+            to_workers.setdefault(job.worker, []).append(job.key)
+
+    def expire(self, now: float, out: Outbox) -> None:
+        """End the queued jobs whose deadline has passed (``deadline``)."""
+        dl = self._deadlines
+        while dl and dl[0][0] <= now:
+            _, key = heapq.heappop(dl)
+            job = self.by_key.get(key)
+            if job is not None and job.state is JobState.QUEUED:
+                self.finish_queued(job, FinishReason.DEADLINE, None, None, out)
+
+    def take(self, kind: str) -> list[float]:
+        """Samples of ``"ttft"`` or ``"latency"`` (seconds) since the last call."""
+        out, self.timings[kind] = self.timings[kind], []
+        return out

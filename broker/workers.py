@@ -1,0 +1,305 @@
+"""The broker's decisions about workers: registration and loading, their
+iterations (tokens and endings routed to clients), dispatch of queued
+requests to their credits, and what happens when one is lost or hangs.
+
+The state of each worker lives in :mod:`broker.registry`; this module
+changes it. Invariants (kept here):
+
+- a worker never holds more requests than its ``max_inflight`` credits
+  (:meth:`WorkerHandler.dispatch` assigns only to a worker with a credit);
+- a request lost with a worker goes back to the head of its queue with the
+  tokens the client already has (``resume_tokens``), so the next worker
+  continues from there: no gap, no duplicate (:meth:`WorkerHandler.lost`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from broker.config import BrokerConfig
+from broker.jobs import JobState, JobTable
+from broker.models import ServedModels
+from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
+from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
+from protocol.enums import ErrorCode, FinishReason
+from protocol.messages import (
+    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Text, Welcome,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
+
+
+class WorkerHandler:
+    """Handles every worker event on the registry, the job table and the served models."""
+
+    def __init__(self, config: BrokerConfig, counters: dict[str, int], registry: WorkerRegistry, jobs: JobTable,
+                 models: ServedModels) -> None:
+        self.config = config
+        self.counters = counters
+        self.registry = registry
+        self._jobs = jobs
+        self._models = models
+        self._hung: dict[bytes, int | None] = {}  # identity -> progress when found hung
+
+    # ------------------------------------------------------------------ joining
+
+    def register(self, identity: bytes, msg: Register, now: float, out: Outbox) -> None:
+        """A worker is ready to serve ``msg.model``: it is welcomed, gets requests
+        (unless it was found hung before and has not moved since) and clients
+        hear of the model."""
+        old = self.registry.get(identity)
+        if old is not None:
+            # The worker re-registered: it dropped whatever it held.
+            self.lost(old, now, out, failed=False)
+        welcome = self._models.welcome(now, msg)
+        if encoded_size(welcome) > msg.max_message_bytes:
+            self._refuse_registration(identity, msg, welcome, out)
+            return
+        self.registry.loading.pop(identity, None)  # loaded
+        w = WorkerState(identity, msg.model, msg.num_slots, msg.max_inflight, msg.info, msg.worker_name, now,
+                        max_message_bytes=msg.max_message_bytes)
+        if identity in self._hung:
+            # Found hung before: on probation until its progress moves past
+            # the value it was stuck at.
+            w.suspect = True
+            w.progress = self._hung[identity]
+        self.registry.add(w)
+        self._models.served[msg.model] = msg.info
+        self._jobs.queue(msg.model)
+        out.send(Side.BACKEND, identity, welcome)
+        self.dispatch(msg.model, now, out)
+        self._models.tell_clients(now, out)
+
+    def _refuse_registration(self, identity: bytes, msg: Register, welcome: Welcome, out: Outbox) -> None:
+        """The worker's frame limit is smaller than its ``welcome`` (which lists
+        every model served), so it could never complete its
+        registration: it gets no requests, is told why in a short ``error``
+        (it registers again after its liveness window, and fits once its limit
+        is raised or fewer models are served), and the operator is told what
+        to do. Counted in ``control_too_large``; nobody else is affected, but
+        a model it alone was loading is no longer waited for."""
+        self.counters["control_too_large"] += 1
+        limit, size = msg.max_message_bytes, encoded_size(welcome)
+        log.warning("worker %s cannot register model %r: the broker's welcome (%d bytes, %d models) exceeds its "
+                    "frame limit of %d bytes (max_message_bytes); raise --max-message-bytes on that worker "
+                    "(to %d or more)", msg.worker_name or identity.hex()[:8], msg.model, size,
+                    len(welcome.models), limit, size)
+        out.send(Side.BACKEND, identity, Error(ErrorCode.TOO_LARGE, (
+            f"the broker's welcome ({size} bytes) exceeds this worker's frame limit of {limit} bytes "
+            f"(max_message_bytes), so it cannot register: raise --max-message-bytes on this worker "
+            f"(to {size} or more)")))
+        lw = self.registry.loading.get(identity)
+        if lw is not None:
+            self._loader_gone(lw, out, f"the worker loading it ({lw.name}) cannot register (its "
+                                       "max_message_bytes is too small for the broker's welcome)")
+
+    def loading(self, identity: bytes, msg: Loading, now: float, out: Outbox) -> None:
+        """A worker starts loading ``msg.model``: until it registers (or stops,
+        or falls silent), requests for that model wait in its queue."""
+        old = self.registry.get(identity)
+        if old is not None:  # it restarted its model: whatever it held is void
+            self.lost(old, now, out, failed=False)
+        self.registry.loading[identity] = LoadingWorker(identity, msg.model, msg.worker_name, now)
+        self._jobs.queue(msg.model)
+        log.info("worker %s is loading model %r", msg.worker_name, msg.model)
+        out.send(Side.BACKEND, identity, self._models.welcome(now))
+        self._models.tell_clients(now, out)
+
+    def _loader_gone(self, lw: LoadingWorker, out: Outbox, why: str | None = None) -> None:
+        """A worker stopped loading without registering (it left, fell silent
+        or could not register: ``why``). If nobody serves or loads its model
+        now and the start-up grace is over, the requests waiting for it end
+        ``unknown_model``."""
+        del self.registry.loading[lw.identity]
+        if self._models.grace_over:
+            self._models.fail_unknown(out, why or f"the worker loading it ({lw.name}) stopped")
+        self._models.tell_clients(lw.last_seen_s, out)
+
+    def unregistered(self, identity: bytes, msg: Message, now: float, out: Outbox) -> None:
+        """A message from a worker that is not registered: one loading its model
+        (it heartbeats, or gave up: ``bye``), or one this broker does not know
+        (it restarted?), told to register again."""
+        lw = self.registry.loading.get(identity)
+        if lw is not None:
+            lw.last_seen_s = now
+            if isinstance(msg, Bye):
+                log.warning("worker %s stopped while loading model %r: %s", lw.name, lw.model, msg.reason)
+                self._loader_gone(lw, out)
+        elif not isinstance(msg, Bye):
+            out.send(Side.BACKEND, identity, Error(
+                ErrorCode.NOT_REGISTERED, "this broker does not know you (restarted?): register again"))
+
+    # ------------------------------------------------------------------ serving
+
+    def iteration(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
+        """One engine iteration of ``w``: its tokens, texts and endings go to
+        their clients; freed credits take queued requests."""
+        w.progress_s = now
+        if w.suspect:
+            self._recovered(w, now, out)
+        self._route_tokens(w, msg, now, out)
+        jobs = self._jobs.by_key
+        me = w.identity
+        for key, text in msg.texts:
+            job = jobs.get(key)
+            if job is not None and job.worker == me and job.client is not None:
+                out.result(job.client).texts.append(Text(job.rid, text))
+        if msg.finished:
+            self._endings(w, msg.finished, now, out)
+            self.dispatch(w.model, now, out)
+
+    def _route_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
+        """Append each new token to its job and to its client's results (the hot
+        loop: one pass per token, locals only)."""
+        table = self._jobs
+        jobs = table.by_key
+        me = w.identity
+        results = out.results
+        n = 0
+        for key, tok in zip(msg.ids, msg.tokens):
+            job = jobs.get(key)
+            if job is None or job.worker != me:
+                continue  # stale: the job migrated or ended meanwhile
+            if job.first_token_s is None:
+                job.first_token_s = now
+                if table.record_timings:
+                    table.timings["ttft"].append(now - job.arrival_s)
+            job.tokens.append(tok)
+            n += 1
+            client = job.client
+            if client is not None:
+                r = results.get(client)
+                if r is None:
+                    r = results[client] = ResultsDraft()
+                r.ids.append(job.rid)
+                r.tokens.append(tok)
+        self.counters["tokens_out"] += n
+        if n:
+            w.iterations += 1
+
+    def _endings(self, w: WorkerState, finished: tuple[Finished, ...], now: float, out: Outbox) -> None:
+        """Requests ``w`` reports ended: each gives back its credit and ends (with
+        the broker's verdict, if it decided one while the request ran)."""
+        table = self._jobs
+        jobs = table.by_key
+        me = w.identity
+        for f in finished:
+            job = jobs.get(f.request_id)
+            if job is None or job.worker != me:
+                continue
+            w.inflight.discard(job.key)  # the credit comes back
+            if table.record_timings:
+                table.timings["latency"].append(now - job.arrival_s)
+            if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
+                table.finish(job, FinishReason.ERROR, *job.verdict, out)
+            else:
+                table.finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason)
+
+    def heartbeat(self, w: WorkerState, msg: Heartbeat, now: float, out: Outbox) -> None:
+        """A heartbeat whose ``progress`` moved is progress (a long model step
+        heartbeats from its I/O thread without sending an iteration)."""
+        p = msg.progress
+        if p is not None:
+            if w.progress is not None and p != w.progress:
+                w.progress_s = now
+                if w.suspect:
+                    self._recovered(w, now, out)
+            w.progress = p
+
+    def dispatch(self, model: str, now: float, out: Outbox) -> None:
+        """Assign queued requests of ``model`` to workers with credits, one
+        ``assign`` message per worker (a request past its deadline ends instead)."""
+        q = self._jobs.queues.get(model)
+        if not q:
+            return
+        assigns: dict[bytes, list[Envelope]] = {}
+        pick = self.registry.pick
+        while len(q):
+            w = pick(model)
+            if w is None:
+                break
+            job = q.pop()
+            timeout_s = None
+            if job.deadline_s is not None:
+                timeout_s = job.deadline_s - now
+                if timeout_s <= 0:
+                    self._jobs.finish(job, FinishReason.DEADLINE, None, None, out)
+                    continue
+            job.state = JobState.RUNNING
+            job.worker = w.identity
+            if not w.inflight:
+                w.progress_s = now  # the hung clock starts when it gets work
+            w.inflight.add(job.key)
+            # The worker knows the request by its broker key, with the time
+            # left and the tokens the client already has beside its parameters.
+            entry = Envelope(job.key, job.params, tuple(job.tokens), timeout_s)
+            entries = assigns.get(w.identity)
+            if entries is None:
+                entries = assigns[w.identity] = []
+            entries.append(entry)
+        for identity, entries in assigns.items():
+            self.counters["dispatched"] += len(entries)
+            out.send(Side.BACKEND, identity, Assign(tuple(entries)))
+
+    # ------------------------------------------------------------------ losing
+
+    def _recovered(self, w: WorkerState, now: float, out: Outbox) -> None:
+        """A suspect worker made progress again: it may take requests."""
+        log.warning("worker %s, found hung before, is making progress again", w.name)
+        w.suspect = False
+        self._hung.pop(w.identity, None)
+        self.dispatch(w.model, now, out)
+
+    def lost(self, w: WorkerState, now: float, out: Outbox, *, failed: bool) -> None:
+        """Remove a worker; migrate its requests to the head of their queue.
+
+        ``failed``: it died or hung (counts toward each request's
+        ``max_attempts``), rather than leaving or re-registering cleanly."""
+        self.registry.remove(w.identity)
+        self.counters["workers_lost"] += 1
+        table = self._jobs
+        q = table.queue(w.model)
+        for key in sorted(w.inflight):  # keys grow with arrival: keep arrival order
+            job = table.by_key[key]
+            job.state = JobState.QUEUED
+            job.worker = None
+            if failed:
+                job.attempts += 1
+            if job.verdict is not None:
+                table.finish(job, FinishReason.ERROR, *job.verdict, out)
+            elif job.cancel_requested or job.client is None:
+                table.finish(job, FinishReason.CANCELLED, None, None, out)
+            elif job.attempts >= self.config.max_attempts:
+                table.finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
+                             f"the request was lost with {job.attempts} failed workers; "
+                             "check the workers' logs", out)
+            else:
+                self.counters["requeued"] += 1
+                q.push_head(job)
+        w.inflight.clear()
+        self.dispatch(w.model, now, out)
+
+    def check(self, now: float, out: Outbox) -> None:
+        """Migrate the requests of dead workers (silent past ``worker_liveness_s``)
+        and hung ones (heartbeating, but no progress past ``worker_hung_s``)."""
+        cutoff = now - self.config.worker_liveness_s
+        for w in self.registry.silent_since(cutoff):
+            self.lost(w, now, out, failed=True)
+        for lw in [x for x in self.registry.loading.values() if x.last_seen_s < cutoff]:
+            log.warning("worker %s fell silent while loading model %r", lw.name, lw.model)
+            self._loader_gone(lw, out)
+        hung_s = self.config.worker_hung_s
+        if hung_s is None:
+            return
+        for w in self.registry.hung_since(now - hung_s):
+            # Alive but stuck: its requests move on. Its next message finds it
+            # unknown; it registers afresh (dropping the stale work) and stays
+            # on probation until its progress moves.
+            log.warning("worker %s holds %d requests but completed no iteration for %.1f s: "
+                        "treating it as hung", w.name, len(w.inflight), now - w.progress_s)
+            self.counters["workers_hung"] += 1
+            if len(self._hung) < _MAX_HUNG_REMEMBERED:
+                self._hung[w.identity] = w.progress
+            self.lost(w, now, out, failed=True)
