@@ -1,8 +1,10 @@
 """asyncio access to a slotserve cluster: a thin layer over :class:`~client.Client`.
 
-One core, two faces: :class:`AsyncClient` drives the same connection, I/O
-thread, callback thread and handles as the synchronous client; completions
-and tokens are handed to the event loop with ``call_soon_threadsafe``.
+One core, two faces: :class:`AsyncClient` drives the same
+:class:`~client.core.ClientCore` (the request ledger, endings, resubmission),
+connection, I/O thread, callback thread and handles as the synchronous
+client; completions and tokens are handed to the event loop with
+``call_soon_threadsafe``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,16 @@
 """The synchronous client: the engine's API, served by a slotserve cluster.
 
-Threads: the caller's threads submit; the I/O thread (:mod:`client.connection`)
+A thin shell over :class:`~client.core.ClientCore`, which keeps the request
+ledger and makes every decision about requests (their ids, their endings,
+what to resubmit after a broker restart, which cancels are pending) without
+sockets. This module owns the threads and performs the core's outcomes:
+the caller's threads submit; the I/O thread (:mod:`client.connection`)
 owns the socket; a dispatcher thread applies incoming results to handles and
 runs ``on_token``, ``on_text`` and ``callback`` -- never on the socket thread, so a slow
 callback cannot stall the connection, and a callback may call
-``submit_request`` or ``cancel``.
+``submit_request`` or ``cancel``. Calls into the core are made under one
+lock (``_lock``), except applying tokens (see :mod:`client.core`); callbacks
+run outside it.
 
 Failures stay with the requests they concern: a message that cannot be
 sent or read, or whose handling raises, ends the requests it names with an
@@ -15,7 +21,6 @@ refuses new ones. No request is left waiting.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -23,13 +28,13 @@ import time
 from typing import Callable
 
 from client.connection import Connection
+from client.core import ClientCore, Outcome
 from client.errors import BrokerUnavailable, RemoteError, UnknownModelError
 from client.handle import ClientHandle
 from protocol import defaults
 from protocol.codec import encode
 from protocol.curve import load_peer_keys
-from protocol.enums import ErrorCode, FinishReason
-from protocol.framing import request_ids
+from protocol.enums import ErrorCode
 from protocol.messages import (
     Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
 )
@@ -52,12 +57,6 @@ def _limits(info: ModelInfo | None) -> ModelLimits | None:
 
 _REFUSALS = (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE)
 """Error codes that, answering a client's hello, mean the broker cannot serve it."""
-
-
-def _internal(error: BaseException) -> RemoteError:
-    """The error a request ends with when the client failed handling a message about it."""
-    return RemoteError(ErrorCode.INTERNAL, f"the client failed handling a message about this request "
-                                           f"({type(error).__name__}: {error}); please report it")
 
 
 class _Failed:
@@ -121,25 +120,18 @@ class Client:
         self.model: str | None = model
         """This client's model (None until resolved: see ``model=``)."""
         self.stop_token = check_stop_token(stop_token)
-        self.broker_id: str | None = None
         self.models: dict[str, ModelInfo] = {}
         """Models served (workers registered them), from the broker's last welcome."""
         self.loading: tuple[str, ...] = ()
         """Models being loaded by a worker, from the broker's last welcome."""
         self._grace_end_s = 0.0  # monotonic end of the broker's start-up grace (unknown models wait till then)
         self._models_changed = threading.Condition()
-        self._broken: BaseException | None = None  # the connection failed: no new requests
         self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
+        self._core = ClientCore(owner=self)  # the ledger and the decisions; called under _lock only
+        self._ledger = self._core.ledger  # (read directly on the hot paths)
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._handles: dict[object, ClientHandle] = {}
-        self._outstanding = 0
-        self._cancelling: set = set()  # ids with a cancel sent: re-sent after a broker restart
-        self.resubmitted = 0
-        """Requests resubmitted after broker restarts (a counter, for tests and benchmarks)."""
+        self._idle = threading.Condition(self._lock)  # a request settled
         self._waiters = 0  # threads in handle.result(): completions notify only then
-        self._ids = itertools.count()
-        self._closed = False
         self._delivering: ClientHandle | None = None
         self._welcomed = threading.Event()
         self._refused: RemoteError | None = None  # the broker refused us (e.g. another protocol version)
@@ -218,21 +210,9 @@ class Client:
         self._check_size(params)
         rid = None if request_id is None else check_request_id(request_id)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("this client is closed")
-            if self._broken is not None:
-                raise RuntimeError(f"this client's connection failed ({self._broken}); make a new Client")
-            if rid is None:
-                rid = next(self._ids)
-                while rid in self._handles:
-                    rid = next(self._ids)
-            elif rid in self._handles:
-                raise ValueError(f"request_id {rid!r} is already in flight on this client; "
-                                 "use a new id, or cancel the old request first")
-            h = ClientHandle(rid, params, callback, on_token, time.monotonic(), self, on_text)
-            self._handles[rid] = h
-            self._outstanding += 1
-        self._conn.submit([Envelope(rid, params)])
+            h, entry = self._core.submit(params, callback, on_token=on_token, on_text=on_text, request_id=rid,
+                                         now=time.monotonic())
+        self._conn.submit([entry])
         return h
 
     def cancel(self, request_id) -> bool:
@@ -243,10 +223,8 @@ class Client:
         when unknown or already ended.
         """
         with self._lock:
-            h = self._handles.get(request_id)
-            if h is None or h.finish_reason is not None:
+            if not self._core.cancel(request_id):
                 return False
-            self._cancelling.add(request_id)
         self._conn.cancel([request_id])
         return True
 
@@ -260,13 +238,23 @@ class Client:
         """
         self._not_on_dispatcher("run()")
         with self._idle:
-            if not self._idle.wait_for(lambda: self._outstanding == 0, timeout):
-                raise TimeoutError(f"{self._outstanding} requests still running after {timeout} s")
+            if not self._idle.wait_for(lambda: self._core.in_flight == 0, timeout):
+                raise TimeoutError(f"{self._core.in_flight} requests still running after {timeout} s")
 
     @property
     def num_in_flight(self) -> int:
         """Requests submitted and not yet ended."""
-        return self._outstanding
+        return self._core.in_flight
+
+    @property
+    def broker_id(self) -> str | None:
+        """The id of the broker last heard from (a new one after it restarted)."""
+        return self._core.broker_id
+
+    @property
+    def resubmitted(self) -> int:
+        """Requests resubmitted after broker restarts (a counter, for tests and benchmarks)."""
+        return self._core.resubmitted
 
     def status(self, timeout_s: float = 5.0) -> Status:
         """The broker's :class:`~protocol.messages.Status` (queues, workers, slots,
@@ -363,9 +351,8 @@ class Client:
         """Leave: the broker cancels what is still running; those handles end
         as ``"cancelled"`` (callbacks fire once). Idempotent."""
         with self._lock:
-            if self._closed:
+            if not self._core.close():
                 return
-            self._closed = True
         conn = getattr(self, "_conn", None)
         if conn is not None:
             conn.close()
@@ -386,80 +373,46 @@ class Client:
                 if msg is None:
                     return
             elif type(msg) is Error and msg.request_ids:
-                self._mark_failed(msg.request_ids, RemoteError(msg.code, msg.message))
+                with self._lock:
+                    self._core.io_refused(msg)
             self._inbox.put(msg)
         except Exception as e:  # noqa: BLE001 -- the callback thread ends the requests it names
             log.exception("client failed to handle a %s message", type(msg).__name__)
-            self._mark_failed(request_ids(msg), _internal(e))
+            with self._lock:
+                self._core.io_failed(msg, e)
             self._inbox.put(_Failed(msg, e))
 
-    def _mark_failed(self, rids, error: RemoteError) -> None:
-        """(I/O thread) Requests ``rids`` end with ``error`` whatever arrives
-        for them next: a later frame applied here before the callback thread
-        ends them (their tokens in the failed message are lost) must not end
-        them normally."""
-        handles = self._handles
-        for rid in rids:
-            h = handles.get(rid)
-            if h is not None and h._stream_error is None:
-                h._stream_error = error
+    def _apply_plain(self, msg: Results) -> Results | None:
+        """Apply ``msg`` to handles with no callback, ``on_token`` or ``on_text``;
+        return the rest (None when nothing is left)."""
+        now = time.monotonic()
+        rest, endings = self._core.apply_plain(msg, now)
+        if endings:
+            with self._lock:
+                if self._core.end_plain(endings, now):
+                    self._wake_waiters()
+        return rest
 
     def _on_connection_failed(self, error: BaseException) -> None:
         """(I/O thread, its last act) the connection is dead: end everything."""
         self._inbox.put(_Broken(None, error))
 
-    def _apply_plain(self, msg: Results) -> Results | None:
-        """Apply ``msg`` to handles with no callback, ``on_token`` or ``on_text``
-        (tokens, then text, then the ending); return the rest (None when nothing is left)."""
-        handles = self._handles
-        now = time.monotonic()
-        ids, tokens, texts, finished = [], [], [], []
-        for rid, t in zip(msg.ids, msg.tokens):
-            h = handles.get(rid)
-            if h is None:
-                continue
-            if h.callback is None and h.on_token is None and h.on_text is None:
-                if h.first_token_s is None:
-                    h.first_token_s = now
-                h._tokens.append(t)
-            else:
-                ids.append(rid)
-                tokens.append(t)
-        for entry in msg.texts:
-            h = handles.get(entry.request_id)
-            if h is None:
-                continue
-            if h.callback is None and h.on_token is None and h.on_text is None:
-                h._text.append(entry.text)
-            else:
-                texts.append(entry)
-        for f in msg.finished:
-            h = handles.get(f.request_id)
-            if h is None:
-                continue
-            if h.callback is None and h.on_token is None and h.on_text is None:
-                self._finish_entry(h, f)
-            else:
-                finished.append(f)
-        if not (ids or finished or texts):
-            return None
-        return Results(tuple(ids), tuple(tokens), tuple(texts), tuple(finished))
-
     # ------------------------------------------------------------------ dispatcher thread
 
     def _dispatch_loop(self) -> None:
         get = self._inbox.get
+        core = self._core
         while True:
             msg = get()
             try:
                 if isinstance(msg, Results):
                     self._on_results(msg)
                 elif msg is _SHUTDOWN:
-                    self._abandon_all()
+                    self._call(core.abandon, time.monotonic())
                     return
                 elif isinstance(msg, Heartbeat):
                     if msg.broker_id is not None:
-                        self._check_broker(msg.broker_id)
+                        self._call(core.broker_seen, msg.broker_id, time.monotonic())
                 elif isinstance(msg, Welcome):
                     self._on_welcome(msg)
                 elif isinstance(msg, Error):
@@ -468,12 +421,12 @@ class Client:
                     self._status_reply = msg
                     self._status_event.set()
                 elif isinstance(msg, _Broken):
-                    self._on_broken(msg.error)
+                    self._call(core.broken, msg.error, time.monotonic())
                 elif isinstance(msg, _Failed):
-                    self._fail_named(msg.message, msg.error)
+                    self._call(core.failed, msg.message, msg.error, time.monotonic())
             except Exception as e:  # noqa: BLE001 -- one bad message must not stop the client
                 log.exception("client failed to handle %s", type(msg).__name__)
-                self._fail_named(msg, e)
+                self._call(core.failed, msg, e, time.monotonic())
 
     def _on_welcome(self, msg: Welcome) -> None:
         with self._models_changed:
@@ -484,77 +437,8 @@ class Client:
             if self.model is None and len(set(msg.models) | set(msg.loading)) == 1:
                 self._resolve_model(wait=True)
             self._models_changed.notify_all()
-        self._check_broker(msg.broker_id)
+        self._call(self._core.broker_seen, msg.broker_id, time.monotonic())
         self._welcomed.set()
-
-    def _fail_named(self, msg, error: BaseException) -> None:
-        """Handling ``msg`` raised ``error``: end the requests it names with
-        ``internal`` (and stop them at the broker); nothing else is touched."""
-        try:
-            ids = request_ids(msg)
-        except Exception:  # noqa: BLE001 -- not a message at all
-            return
-        err = _internal(error)
-        ended = []
-        for rid in ids:
-            h = self._handles.get(rid)
-            if h is None:
-                continue
-            ended.append(rid)
-            try:
-                self._complete(h, FinishReason.ERROR, err)
-            except Exception:  # noqa: BLE001
-                log.exception("client failed to end request %r", rid)
-        if ended:
-            self._conn.cancel(ended)
-
-    def _on_broken(self, error: BaseException) -> None:
-        """The connection failed: every request ends with an error; no new ones."""
-        self._broken = error
-        err = RemoteError(ErrorCode.BROKER_UNAVAILABLE, f"the client's connection failed ({type(error).__name__}: "
-                                                        f"{error}); make a new Client")
-        for h in list(self._handles.values()):
-            self._complete(h, FinishReason.ERROR, err)
-
-    def _stream(self, h: ClientHandle, rid, fn: Callable[[object], object], value, name: str) -> None:
-        """Call a streaming callback (``on_token`` / ``on_text``) of ``h``; if it
-        raises, the request is cancelled and ends with that exception as error."""
-        try:
-            fn(value)
-        except Exception as e:  # noqa: BLE001 -- the request ends with it as error
-            log.warning("%s of request %r raised", name, rid, exc_info=e)
-            h._stream_error = e
-            self._conn.cancel([rid])
-
-    def _on_results(self, msg: Results) -> None:
-        handles = self._handles
-        now = time.monotonic()
-        for rid, t in zip(msg.ids, msg.tokens):
-            h = handles.get(rid)
-            if h is None:
-                continue
-            if h.first_token_s is None:
-                h.first_token_s = now
-            h._tokens.append(t)
-            if h.on_token is not None and h._stream_error is None:
-                self._stream(h, rid, h.on_token, t, "on_token")
-        for rid, text in msg.texts:
-            h = handles.get(rid)
-            if h is None:
-                continue
-            h._text.append(text)
-            if h.on_text is not None and h._stream_error is None:
-                self._stream(h, rid, h.on_text, text, "on_text")
-        for f in msg.finished:
-            h = handles.get(f.request_id)
-            if h is not None:
-                self._finish_entry(h, f)
-
-    def _finish_entry(self, h: ClientHandle, f) -> None:
-        if f.prompt_tokens is not None:
-            h._prompt_tokens = f.prompt_tokens
-        error = None if f.code is None else RemoteError(f.code, f.message or f.code.value)
-        self._complete(h, f.finish_reason, error, f.stop_reason)
 
     def _on_error(self, msg: Error) -> None:
         # Before the welcome, an error naming no request answers our hello: the
@@ -565,45 +449,69 @@ class Client:
             self._refused = RemoteError(msg.code, f"the broker refused this client: {msg.message}")
             self._welcomed.set()  # wakes the constructor, which raises it
             return
-        if not msg.request_ids:
-            log.warning("the broker reported an error: %s: %s", msg.code.value, msg.message)
-            return
-        for rid in msg.request_ids:
-            h = self._handles.get(rid)
-            if h is not None:
-                self._complete(h, FinishReason.ERROR, RemoteError(msg.code, msg.message))
+        self._call(self._core.error, msg, time.monotonic())
 
-    def _complete(self, h: ClientHandle, reason: FinishReason, error: BaseException | None,
-                  stop_reason=None) -> None:
-        """Finish ``h`` exactly once: fields, callback, done, then the run() count.
-
-        Runs on the callback thread, or on the I/O thread for a request with
-        no callbacks; whichever removes the handle first finishes it."""
-        with self._lock:
-            if self._handles.get(h.request_id) is not h:
-                return  # finished already (e.g. an error crossed its ending)
-            del self._handles[h.request_id]
-            self._cancelling.discard(h.request_id)
-        if h._stream_error is not None:
-            reason, error = FinishReason.ERROR, h._stream_error
-        h._end(reason, stop_reason, error, time.monotonic())
-        cb = h.callback
-        if cb is not None:
-            self._delivering = h
+    def _on_results(self, msg: Results) -> None:
+        """Deliver ``msg`` (its requests have callbacks): streaming calls in
+        order, then endings; a streaming callback that raises ends its
+        request with that exception as error, and cancels it."""
+        core = self._core
+        now = time.monotonic()
+        for h, fn, value in core.stream(msg, now):
+            if fn is None:
+                with self._lock:
+                    run = core.finish(h, value, now)
+                    if not run:
+                        self._wake_waiters()
+                if run:
+                    self._deliver(h)
+                continue
             try:
-                cb(h.result())
-            except Exception as e:  # noqa: BLE001 -- recorded on the handle, as in the engine
-                log.warning("callback of request %r raised", h.request_id, exc_info=e)
-                if h._error is None:
-                    h._error = e
-            finally:
-                self._delivering = None
-            h.callback = None
-        h._done = True
+                fn(value)
+            except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+                log.warning("%s of request %r raised", "on_token" if fn is h.on_token else "on_text", h.request_id,
+                            exc_info=e)
+                self._call(core.stream_failed, h, e)
+
+    # ------------------------------------------------------------------ performing the core's outcomes
+
+    def _call(self, method: Callable[..., Outcome], *args) -> None:
+        """Call a core ``method`` under the lock, then perform its :class:`Outcome`."""
         with self._lock:
-            self._outstanding -= 1
-            if self._waiters or not self._outstanding:
-                self._idle.notify_all()
+            out = method(*args)
+            if out.settled:
+                self._wake_waiters()
+        if out.hello:
+            self._conn.send(Hello())  # the new broker's models (its welcome)
+        if out.submit:
+            self._conn.submit(out.submit)
+        if out.cancel:
+            self._conn.cancel(out.cancel)
+        for h in out.deliver:
+            self._deliver(h)
+
+    def _deliver(self, h: ClientHandle) -> None:
+        """Run the completion callback of ``h`` (ended already), then settle it.
+        An exception it raises is recorded on the handle, as in the engine."""
+        self._delivering = h
+        error = None
+        try:
+            h.callback(h.result())
+        except Exception as e:  # noqa: BLE001 -- recorded on the handle
+            log.warning("callback of request %r raised", h.request_id, exc_info=e)
+            error = e
+        finally:
+            self._delivering = None
+        with self._lock:
+            self._core.settle(h, error)
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """(Under the lock) requests settled: wake ``result()`` and ``run()``."""
+        if self._waiters or not self._ledger.in_flight:
+            self._idle.notify_all()
+
+    # ------------------------------------------------------------------ handles
 
     def _has_tokenizer(self) -> bool:
         """For handles: whether this client's model is known to have a tokenizer."""
@@ -620,32 +528,6 @@ class Client:
             finally:
                 self._waiters -= 1
 
-    def _check_broker(self, broker_id: str) -> None:
-        """A new broker id means the broker restarted and lost what was in
-        flight: resubmit every unfinished request with the tokens already
-        received (``resume_tokens``), so generation continues where it stopped."""
-        old, self.broker_id = self.broker_id, broker_id
-        if old is None or old == broker_id:
-            return
-        with self._lock:
-            pending = list(self._handles.values())
-        log.warning("broker restarted (%s -> %s): resubmitting %d requests", old[:8], broker_id[:8], len(pending))
-        self._conn.send(Hello())  # the new broker's models (its welcome)
-        endings, entries = resubmission(pending, time.monotonic())
-        for h, reason in endings:
-            self._complete(h, reason, None)
-        if entries:
-            self.resubmitted += len(entries)
-            self._conn.submit(entries)
-            with self._lock:
-                cancels = [e.request_id for e in entries if e.request_id in self._cancelling]
-            if cancels:  # a cancel the old broker took with it
-                self._conn.cancel(cancels)
-
-    def _abandon_all(self) -> None:
-        for h in list(self._handles.values()):
-            self._complete(h, FinishReason.CANCELLED, None)
-
     def _delivering_now(self, h: ClientHandle) -> bool:
         """For ``handle.result()``: True when called from ``h``'s own callback;
         RuntimeError when called for another unfinished request from the
@@ -661,28 +543,3 @@ class Client:
         if threading.current_thread() is self._dispatcher:
             raise RuntimeError(f"{what} called from a callback would deadlock")
 
-
-def resubmission(pending: list[ClientHandle], now: float) -> tuple[list[tuple[ClientHandle, FinishReason]],
-                                                                  list[Envelope]]:
-    """What to do with unfinished requests when the broker restarted (``now``: the
-    client's monotonic clock): ``(endings, envelopes)``.
-
-    A request that already has all its tokens ends ``length``; one whose
-    ``timeout_s`` passed ends ``deadline``; every other one is sent again
-    with the tokens received so far (``resume_tokens``) and the time left of
-    its deadline, so it continues where it stopped. Pure: no sockets, no locks.
-    """
-    endings, entries = [], []
-    for h in pending:
-        params = h.params
-        if len(h._tokens) >= params.max_tokens:
-            endings.append((h, FinishReason.LENGTH))
-            continue
-        time_left_s = None
-        if params.timeout_s is not None:
-            time_left_s = params.timeout_s - (now - h.submitted_s)
-            if time_left_s <= 0:
-                endings.append((h, FinishReason.DEADLINE))
-                continue
-        entries.append(Envelope(h.request_id, params, tuple(h._tokens), time_left_s))
-    return endings, entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.client import resubmission
+from client.core import resubmission
 from client.handle import ClientHandle
 from protocol.enums import FinishReason
 from protocol.handle import RequestHandle

@@ -1,0 +1,119 @@
+"""The client's ledger: every request submitted and not yet ended, by request id.
+
+A plain object (no sockets, threads or locks), driven by
+:class:`~client.core.ClientCore`. A request is *open* from :meth:`Ledger.open`
+until :meth:`Ledger.end` records its ending (it leaves the ledger then:
+whatever arrives for it later finds nothing), and *settled* once its
+completion callback has returned (:meth:`Ledger.settle`; ``handle.done()``
+is true from then on). ``in_flight`` counts requests opened and not settled.
+
+Invariants (kept here, pinned by ``tests/client/test_ledger.py``):
+
+- a request id is in the ledger at most once: a caller's id already in
+  flight is refused; an id picked for the caller skips the ones in flight;
+- every opened request ends exactly once: :meth:`~Ledger.end` answers
+  False for every later ending, whoever reports it;
+- a cancel is pending from :meth:`~Ledger.cancel` until its request ends
+  (after a broker restart, the pending ones are sent again).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable
+
+from client.handle import ClientHandle
+from protocol.enums import FinishReason
+from protocol.request import RequestId, RequestParams
+
+
+class Ledger:
+    """The open requests of one client.
+
+    - ``handles``: request id -> :class:`~client.handle.ClientHandle`, open ones only.
+    - ``in_flight``: requests opened and not yet settled.
+    - ``closed``: the client was closed: :meth:`open` refuses.
+    - ``broken``: the exception that ended the connection, or None: :meth:`open` refuses.
+
+    ``owner`` is given to every handle (it serves ``handle.result()`` and
+    ``handle.text``; None for a ledger driven without a client, as in tests).
+    """
+
+    __slots__ = ("handles", "in_flight", "closed", "broken", "_ids", "_cancelling", "_owner")
+
+    def __init__(self, owner=None) -> None:
+        self.handles: dict[RequestId, ClientHandle] = {}
+        self.in_flight = 0
+        self.closed = False
+        self.broken: BaseException | None = None
+        self._ids = itertools.count()
+        self._cancelling: set[RequestId] = set()  # open requests with a cancel sent
+        self._owner = owner
+
+    def open(self, params: RequestParams, callback: Callable | None, on_token: Callable | None,
+             on_text: Callable | None, request_id: RequestId | None, now: float) -> ClientHandle:
+        """Record a new request (``request_id`` checked already, or None: pick one)
+        submitted at ``now``; return its handle.
+
+        Raises ValueError when ``request_id`` is open already, RuntimeError
+        when the client is closed or its connection failed.
+        """
+        if self.closed:
+            raise RuntimeError("this client is closed")
+        if self.broken is not None:
+            raise RuntimeError(f"this client's connection failed ({self.broken}); make a new Client")
+        handles = self.handles
+        rid = request_id
+        if rid is None:
+            rid = next(self._ids)
+            while rid in handles:
+                rid = next(self._ids)
+        elif rid in handles:
+            raise ValueError(f"request_id {rid!r} is already in flight on this client; "
+                             "use a new id, or cancel the old request first")
+        h = ClientHandle(rid, params, callback, on_token, now, self._owner, on_text)
+        handles[rid] = h
+        self.in_flight += 1
+        return h
+
+    def cancel(self, request_id) -> bool:
+        """Note a cancel for ``request_id``: True when it is open (send the
+        cancel), False when it is unknown or ended (send nothing)."""
+        if request_id not in self.handles:
+            return False
+        self._cancelling.add(request_id)
+        return True
+
+    def cancelling(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
+        """Those of ``request_ids`` with a cancel pending, in order."""
+        pending = self._cancelling
+        return [rid for rid in request_ids if rid in pending]
+
+    def end(self, h: ClientHandle, reason: FinishReason, error: BaseException | None, now: float,
+            stop_reason=None) -> bool:
+        """Record ``h``'s ending at ``now`` and take it out of the ledger; False
+        (nothing changes) when it ended already.
+
+        An error a streaming callback raised, or a failure handling a
+        message about ``h`` (``h._stream_error``), overrides the ending given:
+        the request ends ``error`` with it (tokens may be missing).
+        """
+        rid = h.request_id
+        if self.handles.get(rid) is not h:
+            return False
+        del self.handles[rid]
+        self._cancelling.discard(rid)
+        if h._stream_error is not None:
+            reason, error = FinishReason.ERROR, h._stream_error
+        h._end(reason, stop_reason, error, now)
+        return True
+
+    def settle(self, h: ClientHandle, callback_error: BaseException | None = None) -> None:
+        """``h`` ended and its completion callback returned (raising
+        ``callback_error``, recorded on the handle unless it has an error
+        already): it is done, and no longer counts in ``in_flight``."""
+        if callback_error is not None and h._error is None:
+            h._error = callback_error
+        h.callback = None
+        h._done = True
+        self.in_flight -= 1
