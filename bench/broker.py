@@ -44,7 +44,7 @@ from broker import BrokerConfig  # noqa: E402
 from client import Client  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 ANY = "tcp://127.0.0.1:*"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -39,7 +39,7 @@ from protocol.messages import (  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 ANY = "tcp://127.0.0.1:*"
 RESULTS = _HERE / "results"

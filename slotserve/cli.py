@@ -17,7 +17,7 @@ import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
 

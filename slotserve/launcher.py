@@ -27,7 +27,8 @@ from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
 from slotserve.signals import StopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
-from worker.process import WorkerConfig, run_worker
+from worker.config import WorkerConfig
+from worker.process import run_worker
 
 log = logging.getLogger(__name__)
 

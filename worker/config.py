@@ -1,0 +1,92 @@
+"""A worker process's configuration: one frozen dataclass, validated once
+(:class:`WorkerConfig`, what :func:`worker.process.run_worker` takes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol import defaults
+from worker.models.options import ModelOptions
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything :func:`~worker.process.run_worker` needs.
+
+    - ``broker``: the broker's worker endpoint (default
+      :data:`protocol.defaults.WORKER_ENDPOINT`, ``tcp://127.0.0.1:5556``).
+    - ``model``: model name, passed to :func:`worker.models.load_model`
+      (``"simulated"`` = ``SimulatedLLM()`` with its defaults); also the name
+      clients ask for.
+    - ``num_slots``: the engine's batch size (slots).
+    - ``prefetch``: requests the broker may assign beyond the free slots, so a
+      freed slot is refilled on the next iteration without waiting a round
+      trip (default: ``max(1, num_slots // 4)``).
+    - ``step_delay_ms``: extra cost per iteration in milliseconds (simulates
+      a slower model; 0 = none).
+    - ``stop_token``: the default stop token for requests that give none:
+      ``"model"`` (the model's EOS tokens, if it has them), an int, or None.
+    - ``heartbeat_interval_s``: seconds between heartbeats when idle, until
+      the broker's welcome announces its interval; then the broker's (or
+      this, if shorter): the broker's liveness window counts in its interval.
+    - ``broker_liveness_s``: no word from the broker for this long (seconds;
+      at least 3 of the broker's heartbeat intervals) -> drop all work and
+      register again.
+    - ``name``: shown in ``slotserve status`` (default ``host:pid``).
+    - ``curve_secret_file`` / ``curve_broker_key_file``: this worker's CURVE
+      secret key file and the broker's public key file (``slotserve keygen``
+      makes both; see :mod:`protocol.curve`); set both to talk CURVE, or neither.
+    - ``max_message_bytes``: larger frames from the broker are refused
+      (ZeroMQ drops the connection past 4x this; the decoder refuses above it).
+    - ``model_options``: device, precision, runner, prefill chunk and threads
+      for a real model (:class:`~worker.models.options.ModelOptions`).
+    """
+
+    broker: str = defaults.WORKER_ENDPOINT
+    model: str = "simulated"
+    num_slots: int = 8
+    prefetch: int | None = None
+    step_delay_ms: float = 0.0
+    stop_token: int | str | None = "model"
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    broker_liveness_s: float = 5.0
+    name: str = ""
+    curve_secret_file: str | None = None
+    curve_broker_key_file: str | None = None
+    max_message_bytes: int = defaults.MAX_MESSAGE_BYTES
+    model_options: ModelOptions = ModelOptions()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.broker, str) or "://" not in self.broker:
+            raise ValueError(f"broker must be a ZeroMQ endpoint like {defaults.WORKER_ENDPOINT}, got {self.broker!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a non-empty name, got {self.model!r}")
+        if type(self.num_slots) is not int or self.num_slots < 1:
+            raise ValueError(f"num_slots must be an int >= 1, got {self.num_slots!r}")
+        if self.prefetch is not None and (type(self.prefetch) is not int or self.prefetch < 0):
+            raise ValueError(f"prefetch must be None or an int >= 0, got {self.prefetch!r}")
+        if isinstance(self.step_delay_ms, bool) or not isinstance(self.step_delay_ms, (int, float)) \
+                or not self.step_delay_ms >= 0:
+            raise ValueError(f"step_delay_ms must be a number of milliseconds >= 0, got {self.step_delay_ms!r}")
+        if not (self.stop_token is None or self.stop_token == "model"
+                or (type(self.stop_token) is int and self.stop_token >= 0)):
+            raise ValueError(f"stop_token must be 'model', None or a token id >= 0, got {self.stop_token!r}")
+        for n in ("heartbeat_interval_s", "broker_liveness_s"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+        if (self.curve_secret_file is None) != (self.curve_broker_key_file is None):
+            raise ValueError("CURVE needs both curve_secret_file and curve_broker_key_file, or neither")
+        if type(self.max_message_bytes) is not int or self.max_message_bytes < defaults.MIN_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be an int >= {defaults.MIN_MESSAGE_BYTES}, "
+                             f"got {self.max_message_bytes!r}")
+        if not isinstance(self.model_options, ModelOptions):
+            raise ValueError(f"model_options must be a ModelOptions, got {self.model_options!r}")
+        if self.broker_liveness_s <= self.heartbeat_interval_s:
+            raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
+
+    @property
+    def max_inflight(self) -> int:
+        """Credits announced to the broker: slots plus prefetch."""
+        prefetch = max(1, self.num_slots // 4) if self.prefetch is None else self.prefetch
+        return self.num_slots + prefetch

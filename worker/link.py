@@ -1,0 +1,291 @@
+"""The worker's link to the broker: the I/O thread (:func:`serve_broker`, :class:`BrokerLink`).
+
+The I/O thread owns the DEALER socket to the broker's backend and its end of
+the inproc PAIR from the main thread (:mod:`worker.process`). It announces
+the model when loading starts (``loading``: requests for it wait in the
+broker's queue meanwhile), registers once loaded (model, slots, credits),
+hands assigned requests and cancellations to the
+:class:`~worker.process.WorkerProcess` (which submits them straight into the
+engine: ``submit_request`` is thread-safe), sends heartbeats at the broker's
+interval (announced in its ``welcome``), and forwards the main thread's
+iterations, split to fit the broker's frame limit. A long model step (or the
+model's load) never blocks it, so heartbeats keep flowing.
+
+The main thread wakes it with one byte on the PAIR: :data:`WAKE` (iterations
+wait in the outbox; one wake-up per empty -> non-empty transition),
+:data:`LOADED` (the model is loaded: register) or :data:`STOP` (say goodbye
+and end). Iterations that piled up while it was busy (fast steps) leave
+merged as one message, in order.
+
+One message never stops the worker: a frame from the broker that cannot be
+decoded, or whose handling raises, refuses just the requests it assigned
+(an error ending each); an iteration part that cannot be sent (too large
+for the broker even alone) ends just its request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from protocol.codec import decode, encode, peek_request_ids
+from protocol.endpoints import set_ipv6
+from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import ProtocolError
+from protocol.framing import fit, request_ids
+from protocol.messages import (
+    BROKER_TO_WORKER, Assign, Bye, Cancel, Error, Finished, Heartbeat, Iteration, Loading, Message, Register,
+    Welcome,
+)
+
+if TYPE_CHECKING:
+    from worker.process import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+WAKE, STOP, LOADED = b"w", b"s", b"l"
+"""The main thread's signals to the I/O thread, one byte each on the inproc PAIR."""
+
+_BROKER_BEATS_PER_WINDOW = 3  # the broker counts as lost after this many of its heartbeat intervals, at least
+
+
+def serve_broker(wp: WorkerProcess, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event) -> None:
+    """The I/O thread's body: link ``wp`` to the broker until the main thread
+    sends :data:`STOP`. A failure here stops the worker (sets ``stop``), loudly;
+    ``pipe`` and the DEALER are closed either way."""
+    link = None
+    try:
+        link = BrokerLink(wp, ctx, pipe)
+        link.loop()
+    except Exception:  # noqa: BLE001 -- a dead I/O thread must stop the worker, loudly
+        log.exception("worker I/O thread failed; stopping the worker")
+        stop.set()
+    finally:
+        pipe.close(0)
+        if link is not None and not link.sock.closed:
+            link.sock.close(0)
+
+
+class BrokerLink:
+    """The I/O thread's state and loop (owns the DEALER and its PAIR end).
+
+    Phases: *loading* (the model is loading: ``loading`` sent, heartbeats
+    once the broker answered), then *registering* / *registered*
+    (``register`` sent / welcomed). Heartbeats and the broker's liveness
+    window follow the broker's interval from its welcome."""
+
+    def __init__(self, wp: WorkerProcess, ctx: zmq.Context, pipe: zmq.Socket) -> None:
+        self.wp = wp
+        self.cfg = wp.config
+        self.pipe = pipe
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, wp.identity)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
+        if wp.curve_keys is not None:
+            self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = wp.curve_keys
+        set_ipv6(self.sock, self.cfg.broker, bind=False)
+        self.sock.connect(self.cfg.broker)
+        self.broker_id: str | None = None
+        self.loaded = wp.engine is not None
+        self.welcomed = False    # the broker answered our latest loading / register
+        self.registered = False  # ... and it was a register: requests may come
+        self.heartbeat_s = self.cfg.heartbeat_interval_s
+        self.broker_liveness_s = self.cfg.broker_liveness_s
+        self.max_send_bytes = self.cfg.max_message_bytes  # until the broker's welcome says its own
+        self.last_sent = 0.0
+        self.last_recv = time.monotonic()
+
+    def send(self, msg: Message) -> None:
+        """Send ``msg``, split to fit the broker's frame limit; an iteration
+        part that cannot be sent even alone ends its request with an error."""
+        framed = fit(msg, self.max_send_bytes)
+        for data, _ in framed.frames:
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                # 100k messages unsent: the broker is not reading us. Losing this
+                # message would lose tokens, so start over with a fresh registration.
+                log.error("broker not reading (send buffer full): dropping all work and registering again")
+                self.reregister()
+                return
+            self.last_sent = time.monotonic()
+        for part, code, reason in framed.refused:
+            keys = request_ids(part)
+            log.error("cannot send a %s message (%s)%s", type(part).__name__, reason,
+                      f": ending request {keys}" if keys else "")
+            if keys and type(part) is Iteration:
+                self.wp.abandon(keys)
+                self.send(Iteration(finished=tuple(Finished(k, FinishReason.ERROR, code,
+                                                            f"the worker could not send its output: {reason}")
+                                                   for k in keys)))
+
+    def announce(self) -> None:
+        """Tell the broker the model is loading (requests for it wait meanwhile)."""
+        self.welcomed = False
+        self.send(Loading(self.cfg.model, self.wp.name))
+
+    def register(self) -> None:
+        wp = self.wp
+        self.welcomed = False
+        self.send(Register(self.cfg.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name,
+                           self.cfg.max_message_bytes))
+
+    def reregister(self) -> None:
+        if not self.loaded:
+            self.announce()
+            return
+        self.wp.drop_all()
+        self.registered = False
+        self.register()
+
+    def loop(self) -> None:
+        """Serve until the main thread sends :data:`STOP`: the pipe, the broker's
+        messages, then the liveness window and the heartbeat, each turn."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.pipe, zmq.POLLIN)
+        if self.loaded:
+            self.register()
+        else:
+            self.announce()
+        while True:
+            events = dict(poller.poll(max(0.0, self.last_sent + self.heartbeat_s - time.monotonic()) * 1000))
+            if self.pipe in events and self._from_main_thread():
+                self._say_goodbye()
+                return
+            if self.sock in events:
+                self._receive()
+            self._keep_alive()
+
+    def _from_main_thread(self) -> bool:
+        """Read the pipe's signals and forward the iterations waiting; True when told to stop."""
+        stopping = False
+        while True:
+            try:
+                signal = self.pipe.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            stopping |= signal == STOP
+            if signal == LOADED:
+                self.loaded = True
+                self.register()
+        self._forward(self.wp.take_outbox())
+        return stopping
+
+    def _say_goodbye(self) -> None:
+        try:
+            self.sock.send(encode(Bye(self.wp.goodbye)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the broker is not reading; it will notice the silence
+        self.sock.close(linger=500)  # let the goodbye leave
+
+    def _keep_alive(self) -> None:
+        """Register again after ``broker_liveness_s`` of silence from the broker;
+        else heartbeat when nothing was sent for a heartbeat interval."""
+        now = time.monotonic()
+        if now - self.last_recv > self.broker_liveness_s:
+            log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
+            self.last_recv = now
+            self.reregister()
+        elif now - self.last_sent >= self.heartbeat_s and self.welcomed:
+            self.send(Heartbeat(progress=self.wp.iterations))
+        # Not answered yet: the Register (or Loading) waits in the DEALER's
+        # queue and leaves when the broker is reachable; it is re-sent only
+        # after broker_liveness_s without an answer (above).
+
+    def _forward(self, its: list[Iteration]) -> None:
+        """Send the main thread's iterations (of the current registration epoch)
+        as one message: concatenated in order, split again only if the broker's
+        limit requires. Nothing is sent before the broker welcomed our register."""
+        if not self.registered:
+            return
+        if len(its) == 1:
+            self.send(its[0])
+        elif its:  # piled up while this thread was busy: one message, in order
+            def joined(field: str) -> tuple:
+                return tuple(itertools.chain.from_iterable(getattr(it, field) for it in its))
+            self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished")))
+
+    def _receive(self) -> None:
+        for _ in range(1024):
+            try:
+                data = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.last_recv = time.monotonic()
+            try:
+                msg = decode(data, BROKER_TO_WORKER, self.cfg.max_message_bytes)
+            except ProtocolError as e:
+                log.warning("dropping a bad message from the broker: %s", e)
+                self._refuse(peek_request_ids(data), e.code, f"the broker's message could not be read: {e.message}")
+                continue
+            try:
+                self._handle(msg)
+            except Exception as e:  # noqa: BLE001 -- one message must not stop the worker
+                log.exception("worker failed to handle a %s message", type(msg).__name__)
+                if type(msg) is Assign:
+                    self._refuse(request_ids(msg), ErrorCode.INTERNAL,
+                                 f"the worker failed to take this request ({type(e).__name__}: {e})")
+
+    def _refuse(self, keys: list, code: ErrorCode, message: str) -> None:
+        """End the assigned requests ``keys`` that the engine does not hold
+        (those the lost or failed message brought) with ``code``."""
+        if not self.registered:
+            return
+        refused = [Finished(k, FinishReason.ERROR, code, message) for k in keys
+                   if type(k) is int and not self.wp.holds(k)]
+        if refused:
+            self.send(Iteration(finished=tuple(refused)))
+
+    def _handle(self, msg: Message) -> None:
+        wp = self.wp
+        if isinstance(msg, Assign):
+            if self.registered:
+                refused = wp.assign(msg.requests)
+                if refused:
+                    self.send(Iteration(finished=tuple(refused)))
+        elif isinstance(msg, Cancel):
+            wp.cancel(msg.request_ids)
+        elif isinstance(msg, Heartbeat):
+            if msg.broker_id is not None and self.broker_id is not None and msg.broker_id != self.broker_id:
+                log.warning("the broker restarted: registering again")
+                self.reregister()
+        elif isinstance(msg, Welcome):
+            self._welcome(msg)
+        elif isinstance(msg, Error):
+            self._error(msg)
+
+    def _welcome(self, msg: Welcome) -> None:
+        """Adopt the broker's identity, frame limit and heartbeat period; a
+        welcome of our register starts a fresh registration."""
+        self.broker_id = msg.broker_id
+        self.max_send_bytes = msg.max_message_bytes
+        self.heartbeat_s = min(self.cfg.heartbeat_interval_s, msg.heartbeat_interval_s)
+        self.broker_liveness_s = max(self.cfg.broker_liveness_s, _BROKER_BEATS_PER_WINDOW * msg.heartbeat_interval_s)
+        self.welcomed = True
+        if not self.loaded:
+            log.info("broker %s knows this worker is loading model %r", msg.broker_id[:8], self.cfg.model)
+            return
+        # Every welcome starts a fresh registration on the broker's side
+        # (anything it assigned before is requeued there), so whatever this
+        # worker still holds is void.
+        self.wp.drop_all()
+        self.registered = True
+        log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], self.wp.name, self.cfg.num_slots)
+
+    def _error(self, msg: Error) -> None:
+        if msg.code is ErrorCode.NOT_REGISTERED:
+            if self.welcomed:  # later ones answer messages sent before our Register / Loading
+                log.warning("the broker does not know this worker (restarted?): registering again")
+                self.registered = False
+                self.reregister()
+        else:
+            log.warning("broker error: %s: %s", msg.code.value, msg.message)
