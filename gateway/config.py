@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DEFAULT_BROKER = "tcp://127.0.0.1:5555"
+from protocol import defaults
+
+DEFAULT_BROKER = defaults.CLIENT_ENDPOINT
+"""The broker's client endpoint, by default: :data:`protocol.defaults.CLIENT_ENDPOINT`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
-            raise ValueError(f"broker must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {self.broker!r}")
+            raise ValueError(f"broker must be a ZeroMQ endpoint like {DEFAULT_BROKER}, got {self.broker!r}")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be a non-empty address, got {self.host!r}")
         if type(self.port) is not int or not 0 <= self.port <= 65535:

@@ -32,6 +32,7 @@ from client import DEFAULT
 from gateway.errors import bad_request
 from gateway.schemas import MAX_STOP, _Sampling
 from protocol.messages import ModelInfo
+from protocol.request import split_stop
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
@@ -73,19 +74,13 @@ def for_choice(options: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _split_stop(stop) -> tuple[list[str], list[tuple[int, ...]]]:
-    """``stop`` -> (text stop strings, token-id stop sequences). 400 when it has
-    more than :data:`MAX_STOP` entries or an empty one."""
-    if stop is None:
-        return [], []
-    entries = [stop] if isinstance(stop, str) else stop
-    if len(entries) > MAX_STOP:
-        raise bad_request(f"stop holds {len(entries)} entries; at most {MAX_STOP} are allowed", "stop")
-    texts, sequences = [], []
-    for e in entries:
-        if not e:
-            raise bad_request("stop entries must not be empty", "stop")
-        if isinstance(e, str):
-            texts.append(e)
-        else:
-            sequences.append(tuple(e))
-    return texts, sequences
+    """``stop`` (validated by its schema) -> (text stop strings, token-id stop
+    sequences), by :func:`protocol.request.split_stop`. 400 when it has more
+    than :data:`MAX_STOP` entries or an empty one."""
+    texts, sequences = split_stop(stop)
+    entries = len(texts) + len(sequences)
+    if entries > MAX_STOP:
+        raise bad_request(f"stop holds {entries} entries; at most {MAX_STOP} are allowed", "stop")
+    if not (all(texts) and all(sequences)):
+        raise bad_request("stop entries must not be empty", "stop")
+    return texts, [tuple(s) for s in sequences]

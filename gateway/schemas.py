@@ -23,6 +23,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from protocol.errors import StopEntryError
+from protocol.request import split_stop
+
 MAX_N = 128
 """Most choices per prompt (OpenAI's bound for ``n``)."""
 
@@ -80,15 +83,19 @@ def _prompt(value: Any) -> Any:
 
 
 def _stop(value: Any) -> Any:
-    """``stop``: a string, or a list of strings and token-id lists (checked entry by entry, as ``prompt``)."""
+    """``stop``: a string, or a list of strings and token-id lists (shared out as
+    :func:`protocol.request.split_stop` does; the lists checked entry by entry, as ``prompt``)."""
     if value is not None and type(value) not in (str, list):
         raise _bad_type(f"stop must be a string or a list of strings and token-id lists, got {_shown(value)}")
     if isinstance(value, list):
+        try:
+            split_stop(value)
+        except StopEntryError as e:
+            raise _bad_type(f"stop entries must be strings or lists of token ids: stop[{e.index}] is "
+                            f"{_shown(e.entry)}") from None
         for i, entry in enumerate(value):
             if type(entry) is list:
                 _check_ids(entry, f"stop[{i}]")
-            elif type(entry) is not str:
-                raise _bad_type(f"stop entries must be strings or lists of token ids: stop[{i}] is {_shown(entry)}")
     return value
 
 

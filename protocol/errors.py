@@ -1,4 +1,4 @@
-"""The protocol's exceptions: what decoding a bad message raises, and requests a model cannot serve."""
+"""The protocol's exceptions: what decoding a bad message raises, requests a model cannot serve, a bad stop entry."""
 
 from __future__ import annotations
 
@@ -44,3 +44,16 @@ class ContextLengthError(ValueError):
     """
 
     code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+
+class StopEntryError(ValueError):
+    """An entry of a request's ``stop`` that is neither a string (a text stop
+    string) nor a list of token ids (a stop sequence); raised by
+    :func:`protocol.request.split_stop`. ``index`` and ``entry`` name it, for
+    callers that word the message their own way (the HTTP gateway speaks JSON)."""
+
+    def __init__(self, index: int, entry: object) -> None:
+        super().__init__(f"stop[{index}] must be a str (a text stop string) or a list of token ids (a stop "
+                         f"sequence), got {type(entry).__name__} (for one sequence of ids pass [[...]])")
+        self.index = index
+        self.entry = entry

@@ -30,18 +30,17 @@ tuple well under 1 us; msgpack also packs a tuple natively, field by field.
 from __future__ import annotations
 
 import operator
-from array import array as _array
 from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
-from protocol.errors import ContextLengthError, UnsupportedError
+from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.validation import (
-    WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, is_unsigned_64,
+    WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS",
            "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
-           "check_request_id", "check_stop_token"]
+           "check_request_id", "check_stop_token", "split_stop"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -115,13 +114,10 @@ GREEDY = SamplingParams()
 
 
 def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMessage, ...]:
+    tokens = plain_tokens(value)
+    if tokens:  # token ids, the common case (once per hop)
+        return tokens
     if (type(value) is tuple or type(value) is list) and value and type(value[0]) is int:
-        if _count_of(map(type, value), int) == len(value):  # token ids, the common case (once per hop):
-            try:                                           # is_unsigned_64, inline
-                _array("Q", value)
-                return value if type(value) is tuple else tuple(value)
-            except OverflowError:
-                pass
         return as_tokens(value, field)
     if isinstance(value, str):
         return as_text(value, field, allow_empty=False)
@@ -331,10 +327,9 @@ class RequestParams(_Fields):
         if len(args) == 2 and not options:
             # submit_request(prompt, max_tokens): every option at its default -- the hot path.
             prompt, max_tokens = args
-            if (type(prompt) is list or type(prompt) is tuple) and prompt \
-                    and _count_of(map(type, prompt), int) == len(prompt) and is_unsigned_64(prompt) \
-                    and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
-                return _tuple_new(cls, (tuple(prompt), max_tokens) + _OPTION_DEFAULTS)
+            tokens = plain_tokens(prompt)
+            if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
+                return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)
         elif not _NAMES.issuperset(options):
             unknown = sorted(set(options) - _NAMES)
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
@@ -364,7 +359,7 @@ class RequestParams(_Fields):
         """
         kwargs: dict[str, Any] = {}
         if "stop" in fields:
-            fields = {**fields, **_split_stop(fields["stop"], "stop_sequences" in fields)}
+            fields = {**fields, **_row_stop(fields["stop"], "stop_sequences" in fields)}
         for key, value in fields.items():
             name = ROW_ALIASES.get(key, key)
             if name not in _NAMES:
@@ -407,10 +402,23 @@ class RequestParams(_Fields):
         return out
 
 
-def _split_stop(value: object, has_sequences: bool) -> dict[str, Any]:
-    """A row's ``"stop"``: strings -> ``stop``, lists of token ids -> ``stop_sequences``."""
-    if isinstance(value, str) or not is_sequence(value):
-        return {"stop": value}  # (the field's check says what is wrong with a non-list)
+def split_stop(value: object) -> tuple[list[str], list[Any]]:
+    """Share out ``stop`` as OpenAI's API and a ``slotserve run`` row take it
+    (one string, None, or a list mixing strings and lists of token ids):
+    returns (the strings -- text stop strings, the ``stop`` field --, the
+    token-id lists -- ``stop_sequences``), each in order. The one place
+    ``stop`` is shared out, for the HTTP gateway and :meth:`RequestParams.from_mapping`;
+    the entries' contents are checked when the request is built.
+
+    Raises :class:`~protocol.errors.StopEntryError` (a ValueError) for an
+    entry of neither kind, ValueError for a ``value`` of none of these shapes.
+    """
+    if value is None:
+        return [], []
+    if isinstance(value, str):
+        return [value], []
+    if not is_sequence(value):
+        raise ValueError(f"stop must be a str, a list or None, got {type(value).__name__}")
     texts, sequences = [], []
     for i, entry in enumerate(value):  # type: ignore[arg-type]
         if isinstance(entry, str):
@@ -418,8 +426,16 @@ def _split_stop(value: object, has_sequences: bool) -> dict[str, Any]:
         elif is_sequence(entry):
             sequences.append(entry)
         else:
-            raise ValueError(f"stop[{i}] must be a str (a text stop string) or a list of token ids (a stop "
-                             f"sequence), got {type(entry).__name__} (for one sequence of ids pass [[...]])")
+            raise StopEntryError(i, entry)
+    return texts, sequences
+
+
+def _row_stop(value: object, has_sequences: bool) -> dict[str, Any]:
+    """A row's ``"stop"`` as fields (:func:`split_stop`): strings -> ``stop``,
+    lists of token ids -> ``stop_sequences``."""
+    if isinstance(value, str) or not is_sequence(value):
+        return {"stop": value}  # (the field's check says what is wrong with a non-list)
+    texts, sequences = split_stop(value)
     if sequences and has_sequences:
         raise ValueError("give token-id stop sequences in one of ['stop', 'stop_sequences'], not both")
     return {"stop": texts, **({"stop_sequences": sequences} if sequences else {})}

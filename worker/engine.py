@@ -152,14 +152,7 @@ class BatchInferenceEngine:
         # The plain submit_request(prompt, max_tokens, callback) -- a batch job's, once per request --
         # skips the checks it has no use for (about 2 % of bench/engine.py's end-to-end time).
         check_callbacks(callback=callback)
-        now = self._clock()
-        req = Request(params, None, params.prompt, (), self.stop_tokens, callback, None, now, None,
-                      self._completion)
-        with self._lock:
-            self._book.add(req)
-            if self._waiting:
-                self._work.notify_all()
-        return req
+        return self._queue(params, None, params.prompt, (), self.stop_tokens, callback, None, None, None, None)
 
     def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
                on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,
@@ -191,16 +184,24 @@ class BatchInferenceEngine:
         # Followed token by token only when asked (stop strings, on_text): others pay nothing for text.
         detok = None if not params.stop and on_text is None else \
             TextStream(self._tokenizer, params.stop, params.include_stop_str_in_output, resume)
+        return self._queue(params, None if request_id is None else check_request_id(request_id), prompt, resume,
+                           stops, callback, on_token, on_text, detok, timeout_s)
+
+    def _queue(self, params: RequestParams, request_id, prompt: tuple[int, ...], resume: tuple[int, ...],
+               stops: frozenset[int], callback, on_token, on_text, detok: TextStream | None,
+               timeout_s: float | None) -> Request:
+        """Make the request's state -- its own handle -- from checked values and
+        queue it (the one place a :class:`~worker.request.Request` is made):
+        its deadline is ``timeout_s`` from now; ``request_id`` None: one is picked."""
         now = self._clock()
-        req = Request(params, None if request_id is None else check_request_id(request_id), prompt, resume,
-                      stops, callback, on_token, now, None if timeout_s is None else now + timeout_s,
-                      self._completion)
+        req = Request(params, request_id, prompt, resume, stops, callback, on_token, now,
+                      None if timeout_s is None else now + timeout_s, self._completion)
         req.detok, req.on_text = detok, on_text
         with self._lock:
             self._book.add(req)  # picks an id when it has none
             if self._waiting:
                 self._work.notify_all()
-        return req  # the request is its own handle
+        return req
 
     def _tokenize(self, params: RequestParams) -> tuple[int, ...]:
         """A text or chat prompt as token ids, by the model's tokenizer."""
