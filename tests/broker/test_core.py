@@ -7,34 +7,20 @@ import copy
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.core import BrokerCore, Send, Side
-from tests.support.messages import envelope
+from broker.core import Side
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Hello,
-    Iteration, ModelInfo, Register,
+    CLIENT_TO_BROKER, WORKER_TO_BROKER, Assign, Bye, Cancel, Error, Finished, Heartbeat, Hello,
+    Iteration, Register,
     Results, StatusQuery, Status, Submit, Welcome,
 )
-
-C1, C2 = b"client-1", b"client-2"
-W1, W2 = b"worker-1", b"worker-2"
-INFO = ModelInfo(1000, None, (0,), False)
+from tests.support.cores import C1, C2, INFO, W1, W2, assigned, make_core, sent
+from tests.support.messages import envelope
 
 
 # ---------------------------------------------------------------------- core helpers
-
-
-def make_core(**cfg) -> BrokerCore:
-    return BrokerCore(BrokerConfig(**cfg), "broker-A", now=0.0)
-
-
-def sent(sends: list[Send], side: Side | None = None, identity: bytes | None = None, kind=None):
-    return [s.message for s in sends
-            if (side is None or s.side is side) and (identity is None or s.identity == identity)
-            and (kind is None or isinstance(s.message, kind))]
 
 
 def register(core, w=W1, slots=2, inflight=None, now=0.0, model="simulated"):
@@ -43,10 +29,6 @@ def register(core, w=W1, slots=2, inflight=None, now=0.0, model="simulated"):
 
 def submit(core, client, ids, now=0.0, model="simulated", **kw):
     return core.on_frontend(client, Submit(model, [envelope(i, [1, 2], 4, **kw) for i in ids]), now)
-
-
-def assigned(sends, w=W1) -> list[Envelope]:
-    return [r for m in sent(sends, Side.BACKEND, w, Assign) for r in m.requests]
 
 
 def results(sends, client) -> list[Results]:

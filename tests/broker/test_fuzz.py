@@ -26,10 +26,10 @@ from protocol.messages import (
 )
 from protocol.enums import FinishReason
 from slotserve.launcher import ClusterConfig, LocalCluster
+from tests.support.cluster import ANY_PORT
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
 
-ANY_PORT = "tcp://127.0.0.1:*"
 LIMIT = 64 * 1024
 
 FRONT_CORPUS = [encode(m) for m in (

@@ -5,27 +5,18 @@ progresses; a vanished client's requests are cancelled at once."""
 
 from __future__ import annotations
 
-from broker.config import BrokerConfig
-from broker.core import BrokerCore, Side
-from tests.support.messages import envelope
+import functools
+
+from broker.core import Side
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Assign, Cancel, Finished, Heartbeat, Iteration, ModelInfo, Register, \
-    Results, Submit
-
-C1 = b"client-1"
-W1, W2 = b"worker-1", b"worker-2"
-INFO = ModelInfo(1000, None, (0,), False)
+from protocol.messages import Cancel, Finished, Heartbeat, Iteration, Register, Results, Submit
+from tests.support import cores
+from tests.support.cores import C1, INFO, W1, W2, assigned
+from tests.support.messages import envelope
 
 
-def make_core(**cfg) -> BrokerCore:
-    base = dict(heartbeat_interval_s=0.1, worker_liveness_s=0.5, client_liveness_s=100.0, worker_hung_s=2.0)
-    base.update(cfg)
-    return BrokerCore(BrokerConfig(**base), "broker-A", now=0.0)
-
-
-def assigned(sends, w):
-    return [r for s in sends if s.side is Side.BACKEND and s.identity == w and isinstance(s.message, Assign)
-            for r in s.message.requests]
+make_core = functools.partial(cores.make_core, heartbeat_interval_s=0.1, worker_liveness_s=0.5,
+                              client_liveness_s=100.0, worker_hung_s=2.0)
 
 
 def finished(sends, client=C1):

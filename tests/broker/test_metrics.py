@@ -4,13 +4,13 @@ tokens and latency histograms (broker, worker and client in threads here)."""
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import BrokerConfig, BrokerServer
 from client import Client
+from tests.support.waits import wait_until
 from worker.process import WorkerConfig, run_worker
 
 
@@ -38,13 +38,11 @@ def test_metrics_endpoint_reports_the_broker_state():
                 hs = [c.submit_request([i + 1, 2], 5, stop_token=None) for i in range(20)]
                 c.run(timeout=30)
             port = server.metrics.port
-            deadline = time.monotonic() + 10
-            while True:
+            def completed():
                 m = scrape(port)
-                if m.get(("slotserve_requests_total", (("event", "completed"),))) == 20:
-                    break
-                assert time.monotonic() < deadline, m
-                stop.wait(0.02)
+                return m if m.get(("slotserve_requests_total", (("event", "completed"),))) == 20 else None
+            m = wait_until(completed, 10, "20 completed requests in the metrics", show=lambda: scrape(port),
+                           pause_s=0.02)
         finally:
             stop.set()
             for t in threads:

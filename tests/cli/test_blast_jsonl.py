@@ -13,14 +13,15 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from broker import BrokerConfig, run_broker
 from client import Client
 from slotserve.job import Job, run_job
-from worker import BatchInferenceEngine, SimulatedLLM
+from tests.support.reference import simulated_reference
+from tests.support.waits import wait_until
+from worker import SimulatedLLM
 from worker.process import WorkerConfig, run_worker
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
@@ -48,10 +49,7 @@ def frontend():
 
 
 def expected(prompt, max_tokens):
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=1, stop_token=0)
-    h = engine.submit_request(prompt, max_tokens)
-    engine.run()
-    return h.tokens
+    return simulated_reference(prompt, max_tokens)[0]
 
 
 def job_rows(frontend, text: str) -> tuple[list[dict], object]:
@@ -60,14 +58,6 @@ def job_rows(frontend, text: str) -> tuple[list[dict], object]:
         client.wait_for_model(20)
         summary = run_job(client, io.StringIO(text, newline=None), out, progress=False, timeout_s=60)
     return [json.loads(line) for line in out.getvalue().splitlines()], summary
-
-
-def wait_until(cond, timeout_s):
-    """Poll ``cond`` until true (AssertionError after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        threading.Event().wait(0.01)
 
 
 def by_id(rows):

@@ -17,8 +17,7 @@ import select
 import signal
 import subprocess
 import sys
-import threading
-import time
+import functools
 
 import pytest
 
@@ -26,19 +25,15 @@ psutil = pytest.importorskip("psutil")
 
 from client import Client  # noqa: E402
 from slotserve.signals import StopSignals  # noqa: E402
-from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
+from tests.support.reference import simulated_references  # noqa: E402
+from tests.support.waits import Deadline  # noqa: E402
+from tests.support.waits import wait_until as _wait_until  # noqa: E402
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
 
-def wait_until(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        threading.Event().wait(0.05)
+# The conditions here read process tables and files: polled every 50 ms.
+wait_until = functools.partial(_wait_until, pause_s=0.05)
 
 
 def start(args, *, sigint_ignored: bool = False, **kw) -> subprocess.Popen:
@@ -113,11 +108,10 @@ def write_input(path, n: int, max_tokens: int) -> list[dict]:
     return rows
 
 
-def reference(rows) -> dict:
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=8, stop_token=0)
-    hs = {r["id"]: engine.submit_request(r["prompt"], r["max_tokens"]) for r in rows}
-    engine.run()
-    return {k: (h.tokens, h.finish_reason.value) for k, h in hs.items()}
+def reference_rows(rows) -> dict:
+    """id -> (tokens, finish reason) of the fault-free in-process run."""
+    ends = simulated_references([(r["prompt"], r["max_tokens"], {}) for r in rows])
+    return {r["id"]: (tokens, reason.value) for r, (tokens, reason) in zip(rows, ends)}
 
 
 def check_rows(got: list[dict], rows: list[dict], *, complete: bool) -> None:
@@ -125,7 +119,7 @@ def check_rows(got: list[dict], rows: list[dict], *, complete: bool) -> None:
     hold a prefix of it."""
     ids = [r["id"] for r in got]
     assert sorted(ids) == sorted(r["id"] for r in rows), "one row per input row"
-    ref = reference(rows)
+    ref = reference_rows(rows)
     for r in got:
         tokens, reason = ref[r["id"]]
         if r["finish_reason"] == "cancelled":
@@ -172,9 +166,9 @@ def group_left(pgid: int) -> list:
 
 def stderr_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> str:
     """Read ``proc``'s stderr until a line containing ``needle`` (deadline ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
-        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        ready, _, _ = select.select([proc.stderr], [], [], deadline.left_s())
         assert ready, f"timed out waiting for {needle!r} on stderr"
         line = proc.stderr.readline()
         assert line, f"stderr closed before {needle!r} (exit status {proc.wait(10)})"

@@ -9,13 +9,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
 
 from client import Client
 from slotserve.cli import main
+from tests.support.cluster import free_port
+from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
@@ -136,30 +137,20 @@ def _reap(proc):
     proc.wait(10)
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_broker(address, proc, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert proc.poll() is None, "slotserve up exited early"
         try:
             with Client(address, connect_timeout_s=0.5) as c:
                 st = c.status()
-                if st.models.get("simulated") and st.models["simulated"].workers >= 2:
-                    return
+                return bool(st.models.get("simulated") and st.models["simulated"].workers >= 2)
         except Exception:  # noqa: BLE001 -- not up yet
-            pass
-    raise AssertionError("slotserve up did not become ready")
+            return False
+    wait_until(ready, timeout_s, "slotserve up to become ready")
 
 
 def test_up_status_run_against_it_and_clean_stop(tmp_path):
-    front, back = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
+    front, back = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, SLOTSERVE_UP_FRONTEND=front, SLOTSERVE_UP_BACKEND=back)  # env vars are honoured
     log = open(tmp_path / "up.log", "w")
     proc = subprocess.Popen(SLOTSERVE + ["up", "--workers", "2", "--slots", "3"], env=env,
@@ -191,7 +182,7 @@ def test_up_status_run_against_it_and_clean_stop(tmp_path):
 
 
 def test_status_without_broker_fails_cleanly():
-    r = CliRunner().invoke(main, ["status", "--broker", f"tcp://127.0.0.1:{_free_port()}", "--timeout-s", "0.3"])
+    r = CliRunner().invoke(main, ["status", "--broker", f"tcp://127.0.0.1:{free_port()}", "--timeout-s", "0.3"])
     assert r.exit_code == 1 and "no slotserve broker" in r.output
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from tests.support.threads import ThreadCluster, fake_broker
-from tests.support.waits import wait_until
 
 import protocol.framing
 from broker.clients import ClientHandler
@@ -29,18 +27,13 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
     PROTOCOL_VERSION, Assign, Cancel, Error, Finished, ModelInfo, Results, Status, Submit, Welcome,
 )
-from worker import BatchInferenceEngine, SimulatedLLM
+from tests.support.cluster import ThreadCluster, fake_broker
+from tests.support.reference import simulated_reference
+from tests.support.waits import wait_until
 from worker.process import WorkerProcess
 
 POISON = "poison"
 OK_ENDINGS = (FinishReason.STOP, FinishReason.LENGTH)
-
-
-def reference(prompt, max_tokens):
-    e = BatchInferenceEngine(SimulatedLLM(), 1, stop_token=0)
-    h = e.submit_request(prompt, max_tokens)
-    e.run()
-    return h.tokens
 
 
 def names(msg, rid) -> bool:
@@ -59,7 +52,7 @@ def run_neighbours(c: Client, n: int = 5):
     hs = [c.submit_request([i + 1, 7], 6, callback=(lambda seq: None) if i % 2 else None) for i in range(n)]
     c.run(timeout=30)
     for i, h in enumerate(hs):
-        assert h.finish_reason in OK_ENDINGS and h.tokens == reference([i + 1, 7], 6), (i, h.error)
+        assert h.finish_reason in OK_ENDINGS and h.tokens == simulated_reference([i + 1, 7], 6)[0], (i, h.error)
 
 
 # ---------------------------------------------------------------------- the client

@@ -11,17 +11,16 @@ never ``cancelled`` with no error."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
-import time
 
 import pytest
 import zmq
 from click.testing import CliRunner
-from tests.support.messages import envelope
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore, Side
+from broker.core import Side
 from client import Client
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
@@ -30,6 +29,9 @@ from protocol.messages import (
     Bye, Finished, Heartbeat, Iteration, Loading, ModelInfo, Register, Results, Submit,
 )
 from slotserve.cli import main
+from tests.support import cores
+from tests.support.messages import envelope
+from tests.support.waits import Deadline
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
@@ -62,8 +64,8 @@ def test_the_issues_short_windows_with_a_slow_worker_and_waiting_clients_lose_no
             assert all(h.finish_reason is FinishReason.LENGTH and len(h.tokens) == 4 for h in hs), \
                 [(h.finish_reason, h.error) for h in hs]
             # Idle now, for three liveness windows: nobody is declared dead.
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end:
+            idle = Deadline(1.5)
+            while not idle.passed():
                 st = c.status()
                 assert st.counters["workers_lost"] == 0 and len(st.workers) == 1, st
             assert st.counters["clients_lost"] == 0 and st.counters["errors"] == 0
@@ -95,11 +97,8 @@ C, W = b"client", b"worker"
 INFO = ModelInfo(1000, None, (0,), False)
 
 
-def make_core(**cfg) -> BrokerCore:
-    base = dict(heartbeat_interval_s=0.1, worker_liveness_s=0.5, client_liveness_s=0.5, register_grace_s=0.0,
-                max_attempts=1)
-    base.update(cfg)
-    return BrokerCore(BrokerConfig(**base), "b", now=0.0)
+make_core = functools.partial(cores.make_core, identity="b", heartbeat_interval_s=0.1, worker_liveness_s=0.5,
+                              client_liveness_s=0.5, register_grace_s=0.0, max_attempts=1)
 
 
 def endings(sends) -> dict:

@@ -18,13 +18,13 @@ import sys
 import threading
 
 import pytest
-from tests.support.threads import ThreadCluster, ThreadWorker
-from tests.support.waits import wait_until
 
 from broker.core import BrokerCore
 from client import Client, UnknownModelError
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Hello
+from tests.support.cluster import ThreadCluster, ThreadWorker
+from tests.support.waits import wait_until
 from worker import SimulatedLLM
 from worker.errors import ModelLoadError
 from worker.process import WorkerProcess
@@ -56,7 +56,7 @@ def loading(c: Client, model: str) -> int:
 
 
 def start_loader(cl: ThreadCluster, loader, model: str = "big") -> ThreadWorker:
-    w = ThreadWorker(cl.backend, process_cls=loader, load=True, model=model, num_slots=4)
+    w = ThreadWorker(cl.backend, process_cls=loader, load=True, keep_error=True, model=model, num_slots=4)
     cl.workers.append(w)
     assert loader.started.wait(10)
     return w

@@ -18,8 +18,6 @@ import sys
 import textwrap
 
 from click.testing import CliRunner
-from tests.support.messages import envelope
-from tests.support.waits import wait_until
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore, Side
@@ -28,6 +26,8 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Error, Finished, Heartbeat, Iteration, ModelInfo, Register, Results, Submit
 from slotserve.cli import main
 from slotserve.launcher import ClusterConfig, LocalCluster
+from tests.support.messages import envelope
+from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
 

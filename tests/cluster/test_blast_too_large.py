@@ -18,9 +18,6 @@ import json
 
 import pytest
 import zmq
-from tests.support.threads import ThreadCluster
-from tests.support.messages import envelope
-from tests.support.waits import wait_until
 
 from client import AsyncClient, Client, RemoteError
 from protocol.codec import decode, encode
@@ -28,6 +25,9 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.framing import fit, request_ids
 from protocol.messages import Error, Finished, Iteration, ModelInfo, Register, Results, Submit, Text, Welcome
 from slotserve.job import run_job
+from tests.support.cluster import ThreadCluster
+from tests.support.messages import envelope
+from tests.support.waits import wait_until
 from worker import SimulatedLLM
 
 LIMIT = 4096  # bytes: the broker's max_message_bytes in these tests

@@ -7,13 +7,10 @@ import os
 import random
 import signal
 import threading
-import time
 
 import msgpack
 import pytest
 import zmq
-from tests.support.messages import envelope
-from tests.support.waits import wait_until
 
 from broker import BrokerConfig
 from client import Client
@@ -22,10 +19,13 @@ from protocol.errors import UnsupportedError
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import PROTOCOL_VERSION, Error, Results, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
+from tests.support.cluster import ANY_PORT
+from tests.support.messages import envelope
+from tests.support.reference import simulated_references
+from tests.support.waits import Deadline, wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
 
-ANY_PORT = "tcp://127.0.0.1:*"
 
 
 def cluster_config(slots, *, step_delay_ms=0.0, heartbeat_s=0.2, worker_liveness_s=1.0, max_queue=100_000):
@@ -62,10 +62,9 @@ def random_requests(n, seed=0):
 
 
 def engine_results(reqs):
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=4, stop_token=0)
-    handles = [engine.submit_request(p, m, **kw) for p, m, kw in reqs]
-    engine.run()
-    return [(h.result(), h.finish_reason) for h in handles]
+    """(prompt + tokens, finish_reason) per request, from the fault-free in-process run."""
+    ends = simulated_references(reqs, batch_size=4)
+    return [(list(prompt) + tokens, reason) for (prompt, _, _), (tokens, reason) in zip(reqs, ends)]
 
 
 def test_results_equal_in_process_engine_request_by_request(cluster):
@@ -165,9 +164,9 @@ def test_bad_requests_get_errors_while_others_complete(cluster):
             finished = {}
             poller = zmq.Poller()
             poller.register(raw, zmq.POLLIN)
-            deadline = time.monotonic() + 20
+            deadline = Deadline(20)
             while (len([r for r in replies if isinstance(r, Error)]) < 3 or len(finished) < 7) \
-                    and time.monotonic() < deadline:
+                    and not deadline.passed():
                 if poller.poll(100):
                     msg = decode(raw.recv())
                     replies.append(msg)
@@ -329,8 +328,8 @@ def test_client_that_stops_reading_is_failed_with_slow_consumer_and_others_unaff
             errors = []
             poller = zmq.Poller()
             poller.register(raw, zmq.POLLIN)
-            deadline = time.monotonic() + 20
-            while not errors and time.monotonic() < deadline:
+            deadline = Deadline(20)
+            while not errors and not deadline.passed():
                 if poller.poll(100):
                     m = decode(raw.recv())
                     if isinstance(m, Error):

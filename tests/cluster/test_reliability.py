@@ -17,8 +17,6 @@ import time
 
 import pytest
 import zmq
-from tests.support.messages import envelope
-from tests.support.waits import wait_until
 
 from broker import BrokerConfig
 from client import Client
@@ -26,10 +24,13 @@ from protocol.codec import encode
 from protocol.enums import FinishReason
 from protocol.messages import Heartbeat, Submit
 from slotserve.launcher import ClusterConfig, LocalCluster
-from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig, WorkerProcess
+from tests.support.cluster import ANY_PORT, ThreadWorker, registered
+from tests.support.messages import envelope
+from tests.support.reference import simulated_references
+from tests.support.waits import wait_until
+from worker import SimulatedLLM
+from worker.process import WorkerConfig
 
-ANY_PORT = "tcp://127.0.0.1:*"
 HUNG_S = 2.0
 
 
@@ -40,13 +41,6 @@ def cluster():
     healthy = WorkerConfig(num_slots=8, step_delay_ms=1.0, heartbeat_interval_s=0.1, broker_liveness_s=2.0)
     with LocalCluster(ClusterConfig(broker, (healthy,), start_timeout_s=60.0)) as c:
         yield c
-
-
-def engine_results(reqs):
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=4, stop_token=0)
-    handles = [engine.submit_request(p, m, **kw) for p, m, kw in reqs]
-    engine.run()
-    return [(h.tokens, h.finish_reason) for h in handles]
 
 
 class HangingSim(SimulatedLLM):
@@ -80,38 +74,16 @@ class SlowSim(SimulatedLLM):
         return super().next_tokens(sequences)
 
 
-class ThreadWorker:
-    """A real worker (engine + I/O thread + sockets) on a thread of this process."""
-
-    def __init__(self, backend: str, model, slots: int):
-        cfg = WorkerConfig(broker=backend, num_slots=slots, heartbeat_interval_s=0.1, broker_liveness_s=2.0,
-                           name=f"thread-{id(model):x}", prefetch=0)
-        self.name = cfg.name
-        self.stop = threading.Event()
-        self.wp = WorkerProcess(cfg, model)
-        self.thread = threading.Thread(target=self.wp.run, args=(self.stop,), daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        release = getattr(self.wp.model, "release", None)
-        if release is not None:
-            release.set()
-        self.stop.set()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
-
-
-def registered(c: Client, name: str) -> bool:
-    return any(w.name == name for w in c.status().workers)
+def thread_worker(backend: str, model, slots: int) -> ThreadWorker:
+    """A worker on a thread of this process: 0.1 s heartbeats, no prefetch, named after ``model``."""
+    return ThreadWorker(backend, model, num_slots=slots, heartbeat_interval_s=0.1, broker_liveness_s=2.0,
+                        name=f"thread-{id(model):x}", prefetch=0)
 
 
 def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
     reqs = [([i + 1, 2, 3], 3, {"stop_token": None}) for i in range(3)]
-    expected = engine_results(reqs)
-    with Client(cluster.frontend, heartbeat_interval_s=0.2) as c, ThreadWorker(cluster.backend, SlowSim(0.8), slots=16) as w:
+    expected = simulated_references(reqs, batch_size=4)
+    with Client(cluster.frontend, heartbeat_interval_s=0.2) as c, thread_worker(cluster.backend, SlowSim(0.8), slots=16) as w:
         wait_until(lambda: registered(c, w.name), what="the slow worker to register")
         before = c.status().counters
         # 16 free slots beat the healthy worker's 8: all three go to the slow one.
@@ -127,10 +99,10 @@ def test_slow_step_is_not_hung_and_keeps_its_requests(cluster):
 
 def test_hung_worker_loses_its_requests_to_a_healthy_one_with_tokens_so_far(cluster):
     reqs = [([i + 5, 7], 30, {"stop_token": None}) for i in range(4)]
-    expected = engine_results(reqs)
+    expected = simulated_references(reqs, batch_size=4)
     streamed = {i: [] for i in range(len(reqs))}
     model = HangingSim(hang_after=5)
-    with Client(cluster.frontend, heartbeat_interval_s=0.2) as c, ThreadWorker(cluster.backend, model, slots=16) as w:
+    with Client(cluster.frontend, heartbeat_interval_s=0.2) as c, thread_worker(cluster.backend, model, slots=16) as w:
         wait_until(lambda: registered(c, w.name), what="the hanging worker to register")
         before = c.status().counters
         hs = [c.submit_request(p, m, on_token=streamed[i].append, **kw) for i, (p, m, kw) in enumerate(reqs)]
@@ -154,7 +126,7 @@ def test_request_hung_on_max_attempts_workers_ends_with_worker_failed(cluster):
         # 8 slots + 2 prefetch credits: 10 endless requests fill it.
         blockers = [c.submit_request([9, i + 1], 100_000, stop_token=None) for i in range(10)]
         wait_until(lambda: c.status().models["simulated"].running == 10, what="the healthy worker to be full")
-        workers = [ThreadWorker(cluster.backend, m, slots=1) for m in models]
+        workers = [thread_worker(cluster.backend, m, slots=1) for m in models]
         try:
             for w in workers:
                 w.__enter__()
@@ -205,7 +177,7 @@ def test_cancels_and_deadlines_crossing_dispatch_end_each_request_exactly_once(c
     rng = random.Random(7)
     reqs = [([rng.randrange(1, 1000) for _ in range(rng.randrange(1, 6))], rng.randrange(1, 40),
              {"stop_token": None if rng.random() < 0.5 else 0}) for _ in range(300)]
-    expected = engine_results(reqs)
+    expected = simulated_references(reqs, batch_size=4)
     modes = [rng.randrange(4) for _ in reqs]
     calls = {i: 0 for i in range(len(reqs))}
     streamed = {i: [] for i in range(len(reqs))}

@@ -7,7 +7,6 @@ connecting socket (zmq >= 4.3), never by waiting for silence."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import zmq
@@ -17,10 +16,11 @@ from broker import BrokerConfig
 from client import BrokerUnavailable, Client
 from protocol.curve import broker_paths, peer_paths
 from slotserve.launcher import ClusterConfig, LocalCluster, make_curve_keys
+from tests.support.cluster import ANY_PORT
+from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
 
-ANY_PORT = "tcp://127.0.0.1:*"
 _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -53,11 +53,8 @@ def handshake(endpoint: str, public: bytes | None, secret: bytes | None, server:
     mon = s.get_monitor_socket(_EVENTS)
     try:
         s.connect(endpoint)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if mon.poll(100):
-                return recv_monitor_message(mon)["event"]
-        raise AssertionError("no handshake event within 10 s")
+        wait_until(lambda: mon.poll(100), 10, "a handshake event", pause_s=0)
+        return recv_monitor_message(mon)["event"]
     finally:
         s.disable_monitor()
         mon.close(0)

@@ -19,10 +19,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
-from tests.support.waits import wait_until
 
 pytest.importorskip("transformers")
 
@@ -30,10 +28,11 @@ from broker import BrokerConfig  # noqa: E402
 from client import Client  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from tests.support.tiny_text import ScriptedTextModel, make_tiny_text_model  # noqa: E402
-from worker.process import WorkerConfig, WorkerProcess  # noqa: E402
+from tests.support.cluster import ANY_PORT, ThreadWorker, registered  # noqa: E402
+from tests.support.tiny_text import ScriptedTextModel  # noqa: E402
+from tests.support.waits import wait_until  # noqa: E402
+from worker.process import WorkerConfig  # noqa: E402
 
-ANY_PORT = "tcp://127.0.0.1:*"
 SCRIPT = "Say ab 😀 日本 cd, then the quick brown fox jumps over the lazy dog."
 PROMPT = [5, 6, 7]
 
@@ -51,44 +50,20 @@ def make_cluster(worker_hung_s: float | None) -> LocalCluster:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
-
-
-@pytest.fixture(scope="module")
 def cluster():
     with make_cluster(worker_hung_s=LIMIT_S) as c:
         yield c
 
 
-class TextWorker:
-    """A real worker (engine, I/O thread, sockets) serving ``model`` as ``name``, on a thread."""
-
-    def __init__(self, backend: str, name: str, model: ScriptedTextModel, slots: int = 4):
-        cfg = WorkerConfig(broker=backend, model=name, num_slots=slots, heartbeat_interval_s=0.1,
-                           broker_liveness_s=LIMIT_S, prefetch=0, name=f"{name}-{id(model):x}")
-        self.name, self.model = cfg.name, model
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=WorkerProcess(cfg, model).run, args=(self.stop,), daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.model.release.set()
-        self.stop.set()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
-
-
-def registered(c: Client, name: str) -> bool:
-    return any(w.name == name for w in c.status().workers)
+def text_worker(backend: str, name: str, model: ScriptedTextModel, slots: int = 4) -> ThreadWorker:
+    """A worker on a thread of this process serving ``model`` as ``name`` (no prefetch)."""
+    return ThreadWorker(backend, model, model=name, num_slots=slots, heartbeat_interval_s=0.1,
+                        broker_liveness_s=LIMIT_S, prefetch=0, name=f"{name}-{id(model):x}")
 
 
 @pytest.fixture(scope="module")
-def scripted(cluster, model_dir):
-    with TextWorker(cluster.backend, "scripted", ScriptedTextModel(model_dir, SCRIPT, len(PROMPT))) as w:
+def scripted(cluster, tiny_text_dir):
+    with text_worker(cluster.backend, "scripted", ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))) as w:
         yield w
 
 
@@ -185,15 +160,15 @@ def test_jsonl_rows_give_text_stops_and_token_id_stops(cluster, scripted, tmp_pa
 # ---------------------------------------------------------------------- issue 10 item 5: text after a move
 
 
-def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, model_dir):
-    hanging = ScriptedTextModel(model_dir, SCRIPT, len(PROMPT))
+def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, tiny_text_dir):
+    hanging = ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))
     j = first_byte_of_the_emoji(hanging)
     # the first step after both requests have the emoji's first byte blocks (one may have joined a
     # step later than the other: the other is then a byte further, still inside the emoji)
     hanging.hang_at_output, hanging.hang_rows = j + 1, 2
-    healthy = ScriptedTextModel(model_dir, SCRIPT, len(PROMPT))
+    healthy = ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))
     codec = hanging.tokenizer
-    with Client(cluster.frontend, model="migrating") as c, TextWorker(cluster.backend, "migrating", hanging) as a:
+    with Client(cluster.frontend, model="migrating") as c, text_worker(cluster.backend, "migrating", hanging) as a:
         wait_until(lambda: registered(c, a.name), what="the hanging worker to register")
         streamed = {n: ([], []) for n in ("plain", "stop")}
         h = {n: c.submit_request(PROMPT, 30, on_token=streamed[n][0].append, on_text=streamed[n][1].append,
@@ -203,7 +178,7 @@ def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, model_dir):
         assert all(len(x.tokens) <= j + 3 for x in h.values())  # inside the emoji (byte tokens j..j+3)
         assert h["plain"].text == SCRIPT[:SCRIPT.index(" 😀")] + " "  # the byte shows nothing yet
         assert h["stop"].text == SCRIPT[:SCRIPT.index(" 😀")]  # and " " may start the stop string: held
-        with TextWorker(cluster.backend, "migrating", healthy):
+        with text_worker(cluster.backend, "migrating", healthy):
             c.run(timeout=60)  # the broker finds the first worker hung (LIMIT_S) and moves both
     plain, stop = h["plain"], h["stop"]
     assert plain.tokens == hanging.script[:30] and plain.finish_reason is FinishReason.LENGTH
@@ -216,13 +191,13 @@ def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, model_dir):
     assert healthy.calls > 0
 
 
-def test_text_after_a_broker_restart_resubmission_is_the_decode_of_the_tokens(model_dir):
-    model = ScriptedTextModel(model_dir, SCRIPT, len(PROMPT))
+def test_text_after_a_broker_restart_resubmission_is_the_decode_of_the_tokens(tiny_text_dir):
+    model = ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))
     j = first_byte_of_the_emoji(model)
     model.hang_after = j + 1
     codec = model.tokenizer
     with make_cluster(worker_hung_s=None) as cl, Client(cl.frontend, model="restart", heartbeat_interval_s=0.1) as c, \
-            TextWorker(cl.backend, "restart", model) as w:
+            text_worker(cl.backend, "restart", model) as w:
         wait_until(lambda: registered(c, w.name), what="the text worker to register")
         tokens, pieces = [], []
         h = c.submit_request(PROMPT, 30, on_token=tokens.append, on_text=pieces.append)

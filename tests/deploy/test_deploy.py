@@ -12,13 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from client import Client
-from worker import BatchInferenceEngine, SimulatedLLM
+from tests.support.cluster import free_port
+from tests.support.reference import simulated_references
+from tests.support.waits import Deadline, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -27,12 +28,6 @@ SUPERVISORD = shutil.which("supervisord", path=str(BIN)) or shutil.which("superv
 needs_supervisord = pytest.mark.skipif(
     SUPERVISORD is None or shutil.which("slotserve", path=str(BIN)) is None,
     reason="needs supervisord and the slotserve command (pip install -e '.[dev]')")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_free(port: int) -> bool:
@@ -54,17 +49,17 @@ def test_supervisord_runs_broker_two_workers_and_the_gateway(tmp_path):
     proc = subprocess.Popen([SUPERVISORD, "-c", str(ROOT / "deploy" / "supervisord.conf")], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        gateway_deadline = Deadline(120)  # the cluster within 60 s, its gateway within 120
+
+        def cluster_up():
             assert proc.poll() is None, (tmp_path / "supervisord.log").read_text()
             try:
                 with Client(front, connect_timeout_s=0.5) as c:
                     st = c.status()
-                if "simulated" in st.models and st.models["simulated"].workers == 2:
-                    break
             except Exception:  # noqa: BLE001 -- not up yet
-                pass
-            assert time.monotonic() < deadline, "supervisord cluster did not come up"
+                return None
+            return st if "simulated" in st.models and st.models["simulated"].workers == 2 else None
+        st = wait_until(cluster_up, 60, "the supervisord cluster to come up")
         names = sorted(w.name for w in st.workers)
         assert names == ["worker-0", "worker-1"] and st.models["simulated"].slots_total == 6
 
@@ -74,12 +69,10 @@ def test_supervisord_runs_broker_two_workers_and_the_gateway(tmp_path):
         run = subprocess.run([str(BIN / "slotserve"), "run", str(inp), "-o", str(outp), "--broker", front,
                               "--no-progress"], capture_output=True, text=True, timeout=60, env=env)
         assert run.returncode == 0, run.stderr
-        engine = BatchInferenceEngine(SimulatedLLM(), batch_size=4, stop_token=0)
-        hs = {r["id"]: engine.submit_request(r["prompt"], r["max_tokens"]) for r in rows}
-        engine.run()
+        ends = simulated_references([(r["prompt"], r["max_tokens"], {}) for r in rows], batch_size=4)
         got = {json.loads(line)["id"]: json.loads(line) for line in outp.read_text().splitlines()}
         assert {k: (v["tokens"], v["finish_reason"]) for k, v in got.items()} == \
-            {k: (h.tokens, h.finish_reason.value) for k, h in hs.items()}
+            {r["id"]: (tokens, reason.value) for r, (tokens, reason) in zip(rows, ends)}
 
         httpx = pytest.importorskip("httpx")
         url = f"http://127.0.0.1:{http_port}"
@@ -89,8 +82,7 @@ def test_supervisord_runs_broker_two_workers_and_the_gateway(tmp_path):
                 return httpx.get(url + "/health", timeout=5).status_code == 200
             except httpx.TransportError:
                 return False
-        while not healthy():
-            assert time.monotonic() < deadline + 60, "the gateway did not become healthy"
+        wait_until(healthy, gateway_deadline.left_s(), "the gateway to become healthy")
         r = httpx.post(url + "/v1/completions", json={"model": "simulated", "prompt": rows[7]["prompt"],
                                                       "max_tokens": rows[7]["max_tokens"]}, timeout=30)
         assert r.json()["choices"][0]["token_ids"] == got[7]["tokens"]

@@ -26,7 +26,9 @@ import httpx
 import pytest
 
 from gateway import GatewayConfig, run
-from tests.support.gateway import broker_status, metric, simulated_reference, start_cluster, wait_until
+from tests.support.cluster import free_port
+from tests.support.gateway import broker_status, metric, start_cluster, wait_until
+from tests.support.reference import simulated_reference
 from worker.process import WorkerConfig
 
 BODY_LIMIT = 64 * 1024
@@ -218,12 +220,6 @@ def test_a_client_leaving_a_stream_cancels_its_requests(cluster, http, n):
 
 
 # ---------------------------------------------------------------------- no broker, the command
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_no_broker_is_503():

@@ -21,15 +21,9 @@ pytest.importorskip("transformers")
 from client import Client  # noqa: E402
 import gateway  # noqa: E402
 from gateway import GatewayConfig  # noqa: E402
-from tests.support import gateway as gateway_util  # noqa: E402
-from tests.support.gateway import simulated_reference, start_cluster  # noqa: E402
-from tests.support.tiny_text import make_tiny_text_model  # noqa: E402
+from tests.support.gateway import metric, start_cluster, wait_until  # noqa: E402
+from tests.support.reference import simulated_reference  # noqa: E402
 from worker.process import WorkerConfig  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
 
 
 @pytest.fixture(scope="module")
@@ -291,23 +285,19 @@ def test_text_for_a_model_without_tokenizer_is_400(oai):
     assert "tokenizer" in e.value.message and e.value.body["param"] == "messages"
 
 
-def metric(cluster, name, **labels) -> float:
-    return gateway_util.metric(cluster.http_url, name, **labels)
-
-
 @pytest.mark.parametrize("kw, param", [
     ({"logprobs": 2}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
 ])
 def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, param):
-    before = metric(cluster, "slotserve_http_requests_total", endpoint="/v1/completions", status="501")
+    before = metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="501")
     with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=2) as retrying:
         with pytest.raises(openai.APIStatusError) as e:
             retrying.completions.create(model=text_model, prompt="hi", max_tokens=4, **kw)
     assert e.value.status_code == 501 and e.value.body["param"] == param
     assert e.value.body["code"] == "unsupported"
-    assert metric(cluster, "slotserve_http_requests_total", endpoint="/v1/completions", status="501") == before + 1
+    assert metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="501") == before + 1
 
 
 def test_tools_in_chat_are_501(oai, text_model):
@@ -344,8 +334,8 @@ def test_a_fresh_gateway_knows_every_models_context_before_its_first_request(clu
                          kwargs={"stop": stop, "on_ready": ready.append})
     t.start()
     try:
-        url = gateway_util.wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
-        gateway_util.wait_until(lambda: httpx.get(url + "/health", timeout=5).status_code == 200, 30, "/health")
+        url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
+        wait_until(lambda: httpx.get(url + "/health", timeout=5).status_code == 200, 30, "/health")
         models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]}
         assert models[text_model]["max_model_len"] == 512
     finally:
@@ -361,9 +351,9 @@ def test_models_health_and_metrics(oai, cluster, text_model):
     assert tiny.owned_by == "slotserve" and tiny.max_model_len == 512
     h = httpx.get(cluster.http_url + "/health")
     assert h.status_code == 200 and h.json()["models"] == {"simulated": 1, text_model: 1}
-    before = metric(cluster, "slotserve_http_completion_tokens_total", model="simulated")
+    before = metric(cluster.http_url, "slotserve_http_completion_tokens_total", model="simulated")
     r = oai.completions.create(model="simulated", prompt=[3, 4], max_tokens=9)
-    assert metric(cluster, "slotserve_http_completion_tokens_total", model="simulated") == \
+    assert metric(cluster.http_url, "slotserve_http_completion_tokens_total", model="simulated") == \
         before + r.usage.completion_tokens
     oai.chat.completions.create(model=text_model, messages=MESSAGES, max_completion_tokens=2)  # this test's own
     text = httpx.get(cluster.http_url + "/metrics").text

@@ -8,6 +8,7 @@ separated and greedy argmax is not decided by rounding noise.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -15,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tests.support.slot_models import scattered_rows_and_reuse  # noqa: E402
+from tests.support import slot_models  # noqa: E402
+from tests.support.slot_models import generate_alone, save_tiny_llama, scattered_rows_and_reuse, tiny_llama  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SamplingParams, SlotInput  # noqa: E402
@@ -24,15 +26,7 @@ from worker.models.hf import load_hf_model  # noqa: E402
 pytestmark = pytest.mark.hf
 
 VOCAB = 300
-
-
-def _llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(cfg)
+random_prompts = functools.partial(slot_models.random_prompts, max_len=40, vocab=VOCAB)
 
 
 def _gpt2():
@@ -45,32 +39,17 @@ def _gpt2():
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def model_dir(request, tmp_path_factory):
-    torch.manual_seed(0)
-    model = _llama() if request.param == "llama" else _gpt2()
-    model.generation_config.eos_token_id = None
+    """The tiny Llama (a vocabulary of 300 here) or a GPT-2 like it; overrides the
+    folder's ``model_dir`` (so its ``reference`` fixture loads these)."""
     path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path)
+    if request.param == "llama":
+        save_tiny_llama(path, vocab_size=VOCAB)
+    else:
+        torch.manual_seed(0)
+        model = _gpt2()
+        model.generation_config.eos_token_id = None
+        model.save_pretrained(path)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-
-
-def generate_alone(ref, prompt, n, eos=None):
-    """Greedy continuation of one prompt by transformers' generate (batch 1, no padding)."""
-    with torch.inference_mode():
-        out = ref.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-            eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        )
-    return out[0, len(prompt):].tolist()
-
-
-def random_prompts(count, seed, max_len=40):
-    rng = random.Random(seed)
-    return [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, max_len))] for _ in range(count)]
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
@@ -149,8 +128,7 @@ def test_eos_stops_like_generate(model_dir, reference):
 
 
 def test_eos_ids_read_from_generation_config(tmp_path):
-    torch.manual_seed(0)
-    model = _llama()
+    model = tiny_llama(vocab_size=VOCAB)
     model.config.eos_token_id = 2
     model.generation_config.eos_token_id = [2, 7, 9]
     model.save_pretrained(tmp_path)

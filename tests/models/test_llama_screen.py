@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.support.slot_models import generate_alone, save_tiny_llama  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.llama import from_hf  # noqa: E402
@@ -90,16 +91,8 @@ def test_screened_head_is_used_when_asked_never_when_not_and_refused_where_it_ca
 
 @pytest.fixture(scope="module")
 def tied(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=None, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
     path = tmp_path_factory.mktemp("tied")
-    model.save_pretrained(path)
-    return str(path), model
+    return str(path), save_tiny_llama(path, tie_word_embeddings=True)
 
 
 @needs_bf16
@@ -121,10 +114,7 @@ def test_screened_greedy_equals_generate_and_leaves_sampled_rows_alone(tied):
     assert runs[True] == runs[False]
     for i, (p, n) in enumerate(zip(prompts, max_tokens)):
         if i % 2 == 0:
-            with torch.inference_mode():
-                out = reference.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                                         attention_mask=torch.ones(1, len(p), dtype=torch.long))
-            assert runs[True][i] == out[0, len(p):].tolist()
+            assert runs[True][i] == generate_alone(reference, p, n)
 
 
 @needs_bf16

@@ -1,7 +1,7 @@
 """Speculative decoding in slotserve's Llama runner: drafts from prompt lookup, verified in the step.
 
 The tokens must be exactly the greedy tokens of transformers' ``generate``
-(the tiny random Llama of test_llama_runner, whose logits are well
+(the tiny random Llama of tests/models/conftest.py, whose logits are well
 separated), whatever is drafted and accepted; sampled requests get no
 drafts; drafts never pass the context.
 """
@@ -15,8 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.models.test_llama_runner import generate_alone, model_dir, random_prompts, reference  # noqa: E402,F401
-
+from tests.support.slot_models import generate_alone, random_prompts  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402

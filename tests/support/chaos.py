@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass, field
 from broker import BrokerConfig
 from client import BrokerUnavailable, Client
 from slotserve.launcher import ClusterConfig, LocalCluster
-from worker import BatchInferenceEngine, SimulatedLLM
+from tests.support.cluster import ANY_PORT
+from tests.support.reference import simulated_references as fault_free  # the reference (bench/chaos.py too)
 from worker.process import WorkerConfig
-
-ANY_PORT = "tcp://127.0.0.1:*"
 
 
 @dataclass(frozen=True)
@@ -81,14 +80,6 @@ def make_requests(n: int, seed: int) -> list[tuple[list[int], int, dict]]:
         kw = {"stop_token": None} if rng.random() < 0.5 else {}
         reqs.append((prompt, rng.randrange(5, 40), kw))
     return reqs
-
-
-def fault_free(reqs) -> list[tuple[list[int], str]]:
-    """The reference: the in-process engine, no broker, no faults."""
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=8, stop_token=0)
-    hs = [engine.submit_request(p, m, **kw) for p, m, kw in reqs]
-    engine.run()
-    return [(h.tokens, h.finish_reason) for h in hs]
 
 
 def run_chaos(cfg: ChaosConfig, expected=None) -> ChaosResult:

@@ -3,8 +3,9 @@
 - :class:`ScriptedModel`: emits a fixed token script per request, chosen by
   the prompt's first token, so tests control exactly what is generated.
 - :class:`FakeClock`: a settable monotonic clock for deadline tests.
-- :func:`reference`: an independent, obviously-correct re-statement of the
-  spec's per-request semantics, used as the oracle for batch invariance.
+
+(The oracle for batch invariance, :func:`tests.support.reference.spec_reference`,
+lives with the other references.)
 """
 
 from __future__ import annotations
@@ -73,26 +74,3 @@ class GatedModel:
             self.entered.set()
             assert self._go.wait(10), "test never released the gated model"
         return self.inner.next_tokens(sequences)
-
-
-def reference(model, prompt, max_tokens, stop_tokens=frozenset(), stop_sequences=(),
-              resume_tokens=()):
-    """The spec's semantics for one request alone, written as plainly as possible.
-
-    Returns (sequence, finish_reason as str). Stop sequences are matched on the
-    generated tokens (resume tokens included) by re-checking every suffix.
-    """
-    seq = list(prompt) + list(resume_tokens)
-    generated = list(resume_tokens)
-    while True:
-        token = model.next_token(seq) if hasattr(model, "next_token") else \
-            model.next_tokens([list(seq)])[0]
-        seq.append(token)
-        generated.append(token)
-        if token in stop_tokens:
-            return seq, "stop"
-        for s in stop_sequences:
-            if len(generated) >= len(s) and tuple(generated[-len(s):]) == tuple(s):
-                return seq, "stop"
-        if len(generated) >= max_tokens:
-            return seq, "length"

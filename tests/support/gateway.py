@@ -1,10 +1,10 @@
-"""Shared pieces of the HTTP gateway tests: a cluster with a gateway, waiting on conditions."""
+"""Shared pieces of the HTTP gateway tests: a cluster with a gateway (on the
+shared harness, :mod:`tests.support.cluster`), its status and metrics."""
 
 from __future__ import annotations
 
+import functools
 import re
-import threading
-import time
 
 import httpx
 
@@ -12,22 +12,13 @@ from broker import BrokerConfig
 from client import Client
 from gateway import GatewayConfig
 from slotserve.launcher import ClusterConfig, LocalCluster
-from worker import BatchInferenceEngine, SimulatedLLM
+from tests.support.cluster import ANY_PORT
+from tests.support.reference import simulated_reference  # noqa: F401 -- the gateway tests' reference
+from tests.support.waits import wait_until as _wait_until
 from worker.process import WorkerConfig
 
-ANY_PORT = "tcp://127.0.0.1:*"
-
-
-def wait_until(cond, timeout_s: float = 20.0, what: str = "condition"):
-    """Poll ``cond`` until it returns something true (returned); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.01)
+# The gateway tests' conditions are HTTP calls: polled every 10 ms.
+wait_until = functools.partial(_wait_until, pause_s=0.01)
 
 
 def start_cluster(workers: tuple[WorkerConfig, ...], *, max_queue: int = 100_000,
@@ -52,14 +43,6 @@ def start_cluster(workers: tuple[WorkerConfig, ...], *, max_queue: int = 100_000
 def broker_status(cluster: LocalCluster):
     with Client(cluster.frontend, name="test-status") as c:
         return c.status()
-
-
-def simulated_reference(prompt: list[int], max_tokens: int, **kw) -> tuple[list[int], str]:
-    """Tokens and finish reason of the in-process engine (the worker's default stop token is 0)."""
-    engine = BatchInferenceEngine(SimulatedLLM(), batch_size=1, stop_token=0)
-    h = engine.submit_request(prompt, max_tokens, **kw)
-    engine.run()
-    return h.tokens, h.finish_reason.value
 
 
 def metric(url: str, name: str, **labels) -> float:

@@ -1,8 +1,53 @@
-"""Scenarios shared by the tests of both runners (worker/models/hf.py and worker/models/llama/)."""
+"""What the tests of both runners (worker/models/hf.py and worker/models/llama/) share:
+the tiny random Llama, random prompts, the greedy reference of a tiny model,
+and a scenario that drives a model by hand."""
 
 from __future__ import annotations
 
+import random
+
+from tests.support.reference import greedy_generate
 from worker.models.base import SlotInput
+
+TINY_LLAMA_VOCAB = 320
+
+
+def tiny_llama(**config):
+    """A tiny randomly initialised Llama (2 layers, 64 wide, seed 0) in eval mode.
+    ``initializer_range`` is large so logits are well separated and greedy argmax
+    is not decided by rounding noise; no EOS, so ``generate`` runs to its length.
+    ``config``: LlamaConfig fields to change."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**{
+        **dict(vocab_size=TINY_LLAMA_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               initializer_range=0.3, bos_token_id=1, eos_token_id=None, pad_token_id=0),
+        **config})
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def save_tiny_llama(path, **config):
+    """:func:`tiny_llama`, saved at ``path`` with ``save_pretrained``; returned."""
+    model = tiny_llama(**config)
+    model.save_pretrained(path)
+    return model
+
+
+def random_prompts(count: int, seed: int, max_len: int = 60, vocab: int = TINY_LLAMA_VOCAB) -> list[list[int]]:
+    """``count`` prompts of 1 to ``max_len`` tokens in [2, vocab), from ``seed``."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(rng.randint(1, max_len))] for _ in range(count)]
+
+
+def generate_alone(ref, prompt: list[int], n: int, eos=None) -> list[int]:
+    """Greedy continuation of one prompt by a tiny model's transformers ``generate``
+    (batch 1, no padding; no EOS unless ``eos``)."""
+    return greedy_generate(ref, prompt, n, eos_token_id=eos, pad_token_id=0)
 
 
 def scattered_rows_and_reuse(model, prompts: list[list[int]], iterations: int = 12) -> dict[tuple, list[int]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.support.engine import ScriptedModel, reference
 
 from protocol.enums import FinishReason
+from tests.support.engine import ScriptedModel
+from tests.support.reference import spec_reference
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.request import StopMatcher
 
@@ -23,7 +24,7 @@ def test_spec_example_single_request():
     assert len(results) == 1
     seq = results[0]
     assert seq[:3] == [1, 2, 3]
-    expected, _ = reference(SimulatedLLM(), [1, 2, 3], 5, frozenset([0]))
+    expected, _ = spec_reference(SimulatedLLM(), [1, 2, 3], 5, frozenset([0]))
     assert seq == expected
     generated = seq[3:]
     assert 1 <= len(generated) <= 5
@@ -42,7 +43,7 @@ def test_spec_example_more_requests_than_slots():
 
     assert sorted(results) == list(range(len(prompts)))
     for i, p in enumerate(prompts):
-        assert results[i] == reference(model, p, 8, frozenset([0]))[0]
+        assert results[i] == spec_reference(model, p, 8, frozenset([0]))[0]
         assert all(0 <= t < 100 for t in results[i])
 
 
@@ -210,7 +211,7 @@ def test_step_returns_tokens_generated_and_zero_when_idle():
 
 def test_resume_tokens_continue_where_a_previous_run_stopped():
     model = SimulatedLLM(vocab_size=100, stop_rate=0.0)
-    full = reference(model, [3, 4], 10)[0]
+    full = spec_reference(model, [3, 4], 10)[0]
     done_before = full[2:6]  # 4 tokens generated "elsewhere"
     engine = BatchInferenceEngine(model, batch_size=2)
     streamed = []

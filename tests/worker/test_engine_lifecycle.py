@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tests.support.waits import wait_until
-from tests.support.engine import FakeClock, GatedModel, ScriptedModel, reference
 
+from tests.support.engine import FakeClock, GatedModel, ScriptedModel
+from tests.support.reference import spec_reference
+from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, ModelError, SimulatedLLM
 
 
@@ -188,7 +189,7 @@ def test_raising_completion_callback_is_isolated():
     engine.run()
     assert a.error is boom and a.finish_reason == "length" and a.done()
     assert b.error is None and c.error is None and len(results) == 2
-    assert b.result() == reference(engine.model, [2], 5)[0]
+    assert b.result() == spec_reference(engine.model, [2], 5)[0]
 
 
 def test_raising_on_token_ends_only_that_request_with_error():
@@ -284,7 +285,7 @@ def test_submit_from_another_thread_while_run_executes():
         runner.join(10)
     assert not runner.is_alive()
     assert first.finish_reason == second.finish_reason == "length"
-    assert second.result(timeout=0) == reference(gated.inner, [2], 3)[0]
+    assert second.result(timeout=0) == spec_reference(gated.inner, [2], 3)[0]
 
 
 def test_many_threads_submit_concurrently():
@@ -319,7 +320,7 @@ def test_many_threads_submit_concurrently():
         runner.join(10)
     assert len(handles) == 200 and len({h.request_id for h in handles}) == 200
     for h in handles:
-        assert h.result() == reference(engine.model, h.prompt, 1 + h.prompt[1] % 7,
+        assert h.result() == spec_reference(engine.model, h.prompt, 1 + h.prompt[1] % 7,
                                        frozenset([0]))[0]
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tests.support.engine import reference
 
+from tests.support.reference import spec_reference
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.models import load_model
 from worker.models.base import GREEDY, SamplingParams, SlotInput, SlotModel
@@ -78,7 +78,7 @@ def test_slot_aware_model_gets_bind_step_release_in_order_and_same_results():
                                       on_token=lambda t: engine.cancel("c"))
     engine.run()
     for p, h in zip(prompts, handles):
-        assert h.result() == reference(model.inner, p, 6, frozenset([0]))[0]
+        assert h.result() == spec_reference(model.inner, p, 6, frozenset([0]))[0]
     assert cancelled.finish_reason == "cancelled" and len(cancelled.tokens) == 1
     assert model.prefills == len(prompts) + 1
     assert model.decodes == sum(len(h.tokens) for h in handles) - len(prompts)

@@ -2,7 +2,7 @@
 
 For every workload: each accepted request gets exactly one terminal callback;
 each result equals the request run alone (batch invariance, checked against
-an independent plain re-statement of the spec, :func:`reference`); under the
+an independent plain re-statement of the spec, :func:`~tests.support.reference.spec_reference`); under the
 continuous policy no slot is free while a request waits, and under the
 static policy a batch is only ever admitted into an empty engine.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.support.engine import reference
 
+from tests.support.reference import spec_reference
 from worker import BatchInferenceEngine, SimulatedLLM
 
 VOCAB = 8  # small, so stop tokens and stop sequences fire often
@@ -104,7 +104,7 @@ def test_random_workloads(w):
         # Streaming equals the final result.
         assert streamed[i] == h.tokens
         stops = frozenset([0]) if r["stop"] == "default" else frozenset(r["stop"] or ())
-        alone, reason = reference(model.inner, r["prompt"], r["max_tokens"], stops,
+        alone, reason = spec_reference(model.inner, r["prompt"], r["max_tokens"], stops,
                                   r["stop_sequences"])
         if cancel_answers.get(i):
             # Cancelled from its own on_token after k tokens: the first k tokens

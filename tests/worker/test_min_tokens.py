@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-from tests.support.engine import ScriptedModel
 
 from broker import BrokerConfig
 from client import Client
@@ -17,6 +16,7 @@ from protocol.messages import Envelope, Submit
 from protocol.request import RequestParams
 from slotserve.job import run_job
 from slotserve.launcher import ClusterConfig, LocalCluster
+from tests.support.engine import ScriptedModel
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig
 

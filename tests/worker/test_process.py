@@ -5,11 +5,11 @@ prompts use the model's tokenizer, and stale work never leaks out."""
 from __future__ import annotations
 
 import msgpack
-from tests.support.messages import envelope
 
 from protocol.codec import decode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import PROTOCOL_VERSION
+from tests.support.messages import envelope
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.process import WorkerConfig, WorkerProcess
 

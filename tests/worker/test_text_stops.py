@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.request import MAX_STOP_CHARS, MAX_STOP_STRINGS, RequestParams  # noqa: E402
-from tests.support.tiny_text import ScriptedTextModel, make_tiny_text_model  # noqa: E402
+from tests.support.tiny_text import ScriptedTextModel  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM, UnsupportedError  # noqa: E402
 from worker.text import TextStream  # noqa: E402
 
@@ -30,13 +30,8 @@ PROMPT = [5, 6, 7]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
-
-
-@pytest.fixture(scope="module")
-def scripted(model_dir):
-    return ScriptedTextModel(model_dir, SCRIPT, len(PROMPT))
+def scripted(tiny_text_dir):
+    return ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))
 
 
 @pytest.fixture(scope="module")
@@ -281,10 +276,10 @@ def test_a_failing_on_text_ends_its_request_only(scripted):
     assert good.finish_reason is FinishReason.LENGTH and len(good.tokens) == 10
 
 
-def test_a_real_model_stops_on_text_it_generated(model_dir):
+def test_a_real_model_stops_on_text_it_generated(tiny_text_dir):
     from worker.models import load_model
 
-    model = load_model(model_dir)
+    model = load_model(tiny_text_dir)
     engine = BatchInferenceEngine(model, batch_size=2, stop_token=None)
     free = engine.submit_request("hello world", 40)
     engine.run()

@@ -1,11 +1,15 @@
-"""Helpers for the blast-radius tests: a broker and workers on threads of the
-test process (so a test can inject a failure with monkeypatch), and a fake
-broker (a raw ROUTER socket the test drives) for the client's side."""
+"""The cluster harness the tests share: free ports, a broker and workers on
+threads of the test process (so a test can inject a failure with
+monkeypatch, or hang a model), and a fake broker (a raw ROUTER socket the
+test drives) for the client's side. Clusters of child processes are
+:class:`slotserve.launcher.LocalCluster` itself, on :data:`ANY_PORT`;
+:mod:`tests.support.gateway` adds the HTTP gateway and :mod:`tests.support.chaos`
+the fault injection on top of it."""
 
 from __future__ import annotations
 
+import socket
 import threading
-import time
 from contextlib import contextmanager
 
 import zmq
@@ -14,24 +18,47 @@ from broker import BrokerConfig
 from broker.server import BrokerServer
 from protocol.codec import decode, encode
 from protocol.messages import CLIENT_TO_BROKER, Message, Welcome
+from tests.support.waits import Deadline
 from worker import SimulatedLLM
 from worker.process import WorkerConfig, WorkerProcess
 
-ANY = "tcp://127.0.0.1:*"
+ANY_PORT = "tcp://127.0.0.1:*"  # any free port, on loopback
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a command that takes a port, not ``*``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def registered(client, name: str) -> bool:
+    """True when the broker ``client`` talks to lists a worker named ``name``."""
+    return any(w.name == name for w in client.status().workers)
 
 
 class ThreadWorker:
-    """A real worker (engine, I/O thread, sockets) on threads of this process:
-    ``llm`` (a model object, default a SimulatedLLM) served under
-    ``config``'s model name, or with ``load`` the worker loads
-    ``config.model`` itself in ``run``."""
+    """A real worker (engine, I/O thread, sockets) on a thread of this process,
+    started at once: ``llm`` (a model object, default a SimulatedLLM) served
+    under ``config``'s model name, or with ``load`` the worker loads
+    ``config.model`` itself in ``run``. ``config``: WorkerConfig fields
+    (``num_slots`` 4 unless given).
+
+    With ``keep_error`` an exception that ends the worker is kept in
+    :attr:`error` for the test to look at; without, it escapes the thread
+    (and pytest fails the test). Closing (or leaving the ``with`` block) sets
+    the model's ``release`` event first, where it has one, so a model hung on
+    purpose lets its step end."""
 
     def __init__(self, backend: str, llm=None, *, process_cls=WorkerProcess, load: bool = False,
-                 **config) -> None:
+                 keep_error: bool = False, **config) -> None:
         config.setdefault("num_slots", 4)
         self.config = WorkerConfig(broker=backend, **config)
+        self.name = self.config.name
+        self.model = None if load else SimulatedLLM() if llm is None else llm
         self.stop = threading.Event()
-        self.wp = process_cls(self.config, None if load else SimulatedLLM() if llm is None else llm)
+        self.wp = process_cls(self.config, self.model)
+        self.keep_error = keep_error
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"test-worker-{self.config.model}", daemon=True)
         self.thread.start()
@@ -39,13 +66,24 @@ class ThreadWorker:
     def _run(self) -> None:
         try:
             self.wp.run(self.stop)
-        except BaseException as e:  # noqa: BLE001 -- the test looks at it
-            self.error = e
+        except BaseException as e:
+            if not self.keep_error:
+                raise
+            self.error = e  # the test looks at it
 
     def close(self) -> None:
+        release = getattr(self.model, "release", None)
+        if isinstance(release, threading.Event):
+            release.set()
         self.stop.set()
         self.thread.join(15)
         assert not self.thread.is_alive(), "worker thread did not stop"
+
+    def __enter__(self) -> "ThreadWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class ThreadCluster:
@@ -53,7 +91,7 @@ class ThreadCluster:
     workers added with :meth:`add_worker`. Use as a context manager."""
 
     def __init__(self, **broker_options) -> None:
-        self.config = BrokerConfig(frontend=ANY, backend=ANY, **broker_options)
+        self.config = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, **broker_options)
         self.server = BrokerServer(self.config)
         self.frontend, self.backend = self.server.frontend, self.server.backend
         self.core = self.server.core
@@ -63,7 +101,7 @@ class ThreadCluster:
         self.thread.start()
 
     def add_worker(self, llm=None, **config) -> ThreadWorker:
-        w = ThreadWorker(self.backend, llm, **config)
+        w = ThreadWorker(self.backend, llm, keep_error=True, **config)
         self.workers.append(w)
         return w
 
@@ -114,9 +152,9 @@ class FakeBroker:
         """The next message of type ``kind`` from the client (others skipped)."""
         if self._thread is not None:
             self._thread.join(timeout_s)
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while True:
-            left = deadline - time.monotonic()
+            left = deadline.left_s()
             assert left > 0, f"no {kind.__name__} from the client"
             if self.sock.poll(int(left * 1000)):
                 identity, data = self.sock.recv_multipart()
