@@ -2,8 +2,8 @@
 replaced every second, the broker SIGKILLed and restarted several times.
 
 Every request must end exactly once with exactly the tokens of a fault-free
-in-process run (``tests/chaos_harness.py`` holds the driver shared with
-``tests/test_chaos.py``). Prints a summary table per run; writes
+in-process run (``tests/support/chaos.py`` holds the driver shared with
+``tests/cluster/test_chaos.py``). Prints a summary table per run; writes
 ``bench/results/chaos.json``.
 
     python bench/chaos.py                     # 20,000 requests, 3 broker kills
@@ -20,9 +20,9 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]  # don't shadow the broker package
-sys.path.insert(0, str(_HERE.parent / "tests"))
+sys.path.insert(0, str(_HERE.parent))  # the repo root: the tests package and its support modules
 
-from chaos_harness import ChaosConfig, fault_free, make_requests, run_chaos  # noqa: E402
+from tests.support.chaos import ChaosConfig, fault_free, make_requests, run_chaos  # noqa: E402
 
 RESULTS = _HERE / "results"
 COLUMNS = ("requests", "completed_once", "mismatches", "duplicate_callbacks", "missing", "stream_errors",

@@ -24,7 +24,7 @@ samples). For scale it is compared with SmolLM2's decode step on this
 machine (bench/results/model.json: ``limits.decode_step_ms`` for a batch of
 8, i.e. per token per slot); the ``>= 5x naive`` target of bench/engine.py
 is not affected (its model has no tokenizer, and requests without text pay
-nothing for it: tests/test_text_stops.py and bench/engine.py check that).
+nothing for it: tests/worker/test_text_stops.py and bench/engine.py check that).
 """
 
 from __future__ import annotations
