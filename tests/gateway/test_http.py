@@ -27,7 +27,7 @@ import pytest
 
 from gateway import GatewayConfig, run
 from tests.support.cluster import free_port
-from tests.support.gateway import broker_status, metric, start_cluster, wait_until
+from tests.support.gateway import broker_status, error_of, metric, start_cluster, wait_until
 from tests.support.reference import simulated_reference
 from worker.process import WorkerConfig
 
@@ -56,13 +56,6 @@ def idle(cluster):
     """True when the broker holds no request for the model and every slot is free."""
     m = broker_status(cluster).models["simulated"]
     return m.queued == 0 and m.running == 0 and m.slots_busy == 0
-
-
-def error_of(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    return body["error"]
 
 
 # ---------------------------------------------------------------------- bad bodies

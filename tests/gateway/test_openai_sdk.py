@@ -36,12 +36,6 @@ def cluster(text_model):
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def oai(cluster):
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def python_client_result(cluster, model, prompt, max_tokens, **kw):
     """The same request through the Python SDK: (tokens, text, finish_reason, prompt_tokens)."""
     with Client(cluster.frontend, model=model) as c:

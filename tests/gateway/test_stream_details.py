@@ -26,17 +26,12 @@ from gateway.metrics import GatewayMetrics  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.messages import ModelInfo  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
-from tests.support.gateway import simulated_reference, start_cluster  # noqa: E402
-from tests.support.tiny_text import make_tiny_text_model  # noqa: E402
+from tests.support.gateway import error_of, start_cluster  # noqa: E402
+from tests.support.reference import simulated_reference  # noqa: E402
 from worker.process import WorkerConfig  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 ROLE_DELTA = {"role": "assistant", "content": ""}
-
-
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +42,6 @@ def cluster(text_model):
         yield c
     finally:
         c.stop()
-
-
-@pytest.fixture(scope="module")
-def oai(cluster):
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def sse_events(r: httpx.Response) -> list[dict]:
@@ -190,13 +179,6 @@ def test_continuous_usage_is_on_every_chunk_of_a_real_chat(oai, text_model):
 
 
 # ---------------------------------------------------------------------- bodies that are not JSON by their Content-Type
-
-
-def error_of(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    return body["error"]
 
 
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain",

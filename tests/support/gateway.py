@@ -1,10 +1,14 @@
 """Shared pieces of the HTTP gateway tests: a cluster with a gateway (on the
-shared harness, :mod:`tests.support.cluster`), its status and metrics."""
+shared harness, :mod:`tests.support.cluster`), its status and metrics, and
+:class:`CallInFlight`, an HTTP request made on a thread while the test stops
+the server under it."""
 
 from __future__ import annotations
 
 import functools
+import json
 import re
+import threading
 
 import httpx
 
@@ -51,3 +55,59 @@ def metric(url: str, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     m = re.search(rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
+    """The ``error`` object of an OpenAI-shaped error reply with HTTP ``status``
+    (asserting the status and the shape: exactly message, type, param, code)."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+class CallInFlight:
+    """One ``POST`` of ``body`` to ``url + path``, made at once on a thread and read
+    as it comes: :attr:`events` (a stream's ``data:`` events, JSON-decoded,
+    ``"[DONE]"`` as it is) or :attr:`json` (a body that is not a stream), with
+    :attr:`status` and :attr:`headers`; :attr:`error` is a transport error
+    (connection refused or cut). :meth:`wait` for its end."""
+
+    def __init__(self, url: str, path: str, body: dict, *, timeout_s: float = 60.0) -> None:
+        self.status: int | None = None
+        self.headers: httpx.Headers | None = None
+        self.events: list = []
+        self.json: dict | None = None
+        self.error: httpx.HTTPError | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(url + path, body, timeout_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, body: dict, timeout_s: float) -> None:
+        try:
+            with httpx.stream("POST", url, json=body, timeout=timeout_s) as r:
+                self.status, self.headers = r.status_code, r.headers
+                if r.headers.get("content-type", "").startswith("text/event-stream"):
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            data = line[len("data: "):]
+                            self.events.append(data if data == "[DONE]" else json.loads(data))
+                else:
+                    self.json = json.loads(r.read())
+        except httpx.HTTPError as e:
+            self.error = e
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float = 30.0) -> "CallInFlight":
+        assert self._done.wait(timeout_s), f"the HTTP call did not end within {timeout_s} s"
+        return self
+
+    def streamed_tokens(self) -> list[int]:
+        """The token ids of the stream's chunks so far, in order."""
+        return [t for e in self.events if isinstance(e, dict) and "choices" in e
+                for c in e["choices"] for t in c["token_ids"]]
