@@ -2,8 +2,11 @@
 
 - :mod:`~worker.models.llama.linear`: linear layers per precision (fp32,
   bf16, weight-only int8/int4) on torch's own kernels.
-- :mod:`~worker.models.llama.model`: weights in slotserve's fused layout
-  and the forward pass over one iteration's step plan.
+- :mod:`~worker.models.llama.weights`: weights in slotserve's fused layout,
+  built from a source by one small function per part.
+- :mod:`~worker.models.llama.plan`: one iteration's inputs (host lists from
+  the batch) and the step plan of index tensors built from them.
+- :mod:`~worker.models.llama.model`: the forward pass over a step plan.
 - :mod:`~worker.models.llama.attention`: decode attention on views of the
   KV cache made once per iteration, and prefill attention.
 - :mod:`~worker.models.llama.cache`: the static per-slot KV cache.
@@ -14,6 +17,10 @@
   from graphs captured at fixed batch sizes.
 - :mod:`~worker.models.llama.source`: where the weights come from (a
   transformers module, or a GGUF file read without one).
+- :mod:`~worker.models.llama.screen`: exact fp32 greedy picks through a
+  bf16-screened LM head.
+- :mod:`~worker.models.llama.lookup`: prompt-lookup draft tokens for
+  speculative decoding.
 
 Weights come from a transformers ``LlamaForCausalLM`` (whatever
 :mod:`worker.models.hf` loads: a GGUF file or a ``save_pretrained``
@@ -61,7 +68,7 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
       CUDA at most 4096, since the cache is allocated whole there).
     - ``cpu_linear``: ``ModelOptions.cpu_linear`` (fp32/bf16 on CPU).
     - ``screen_head``: fp32 greedy picks through a bf16 screen (see
-      :class:`~worker.models.llama.model.LlamaWeights`; None: when measured faster).
+      :class:`~worker.models.llama.weights.LlamaWeights`; None: when measured faster).
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """
@@ -82,7 +89,7 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
     if reason is not None:
         raise ValueError(f"the slotserve runner cannot run this model: {reason}; use runner='hf'")
     from worker.models.hf import context_length
-    from worker.models.llama.model import LlamaWeights
+    from worker.models.llama.weights import LlamaWeights
 
     context = context_length(source.config)
     if max_cache_len is None:

@@ -82,8 +82,15 @@ def decode_attention(q, views: DecodeViews, layer: int, scaling) -> torch.Tensor
     return out.index_select(0, views.slots)
 
 
-def prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask, scaling) -> torch.Tensor:
-    """``[count, heads, D]``: one prefill sequence, causal over its own keys."""
+def prefill_attention(q, k, v, cache, span, mask, scaling) -> torch.Tensor:
+    """``[count, heads, D]``: one prefill sequence, causal over its own keys.
+
+    ``q``, ``k``, ``v``: the iteration's ``[N, heads or kv_heads, D]``; ``cache``
+    the layer's ``[2, rows, kv_heads, capacity, D]`` (keys, values); ``span`` a
+    :class:`~worker.models.llama.plan.PrefillSpan` (which entries, cache row and
+    start); ``mask`` its :func:`chunk_mask` (a later chunk) or None (a fresh prompt).
+    """
+    offset, count, row, start = span
     qs = q[offset:offset + count].transpose(0, 1)[None]
     if start == 0:  # a fresh prompt: its keys are the new ones
         ks = k[offset:offset + count].transpose(0, 1)[None]
@@ -91,7 +98,7 @@ def prefill_attention(q, k, v, k_cache, v_cache, offset, count, row, start, mask
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling, enable_gqa=True)
     else:  # a later chunk: the whole prefix is in the cache row
         end = start + count
-        ks, vs = k_cache[row:row + 1, :, :end], v_cache[row:row + 1, :, :end]
+        ks, vs = cache[0, row:row + 1, :, :end], cache[1, row:row + 1, :, :end]
         out = F.scaled_dot_product_attention(qs, ks.to(qs.dtype), vs.to(qs.dtype), attn_mask=mask,
                                              scale=scaling, enable_gqa=True)
     return out[0].transpose(0, 1)

@@ -20,19 +20,41 @@ time its pair is needed (a warm-up run, which is the real step, then the
 capture; replaying it again is idempotent: same inputs, same cache writes).
 
 CUDA-only: imported by :class:`~worker.models.llama.runner.LlamaRunner` only
-on a CUDA device; the tests for it skip without a GPU.
+on a CUDA device; the tests for it skip without a GPU. Its inputs come from
+:func:`~worker.models.llama.plan.decode_inputs`, as the eager step's do.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from worker.models.llama.cache import SlotCache
-from worker.models.llama.model import LlamaWeights, StepPlan, forward
+from worker.models.llama.model import forward
+from worker.models.llama.plan import StepPlan, decode_inputs
+from worker.models.llama.weights import LlamaWeights
 from worker.models.sampling import to_device
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WINDOW = 256
+
+
+class GraphStep(NamedTuple):
+    """What one replayed decode step gives (:meth:`DecodeGraphs.run`)."""
+
+    logits: torch.Tensor  # fp32 [n_out, vocab], the real rows'
+    index: list[int]  # the batch index of each logits row
+    failed: torch.Tensor  # bool [b]: which of the b replayed rows went non-finite
+    rows: torch.Tensor  # [b]: the cache rows replayed (0..b-1)
+
+
+class _Captured(NamedTuple):
+    """One captured (batch size, window) pair: its graph and the static tensors it writes."""
+
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor
+    failed: torch.Tensor
 
 
 class DecodeGraphs:
@@ -52,38 +74,33 @@ class DecodeGraphs:
         self.inputs[3] = 1
         self.arange = torch.arange(rows, device=device)
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], _Captured] = {}
 
-    def run(self, batch, decode: dict[int, int], cache: SlotCache):
-        """One decode step for ``decode`` (cache row -> batch index).
-
-        Returns ``(logits, batch indices, failed [b], rows [b])``: logits of the
-        real rows, and which of the ``b`` replayed rows went non-finite.
-        """
-        from worker.models.llama.runner import decode_inputs
-
-        ids, positions, _, write_pos, lengths, out_rows, out_index, _ = decode_inputs(batch, decode, cache)
-        n = len(ids)
+    def run(self, batch, decode: dict[int, int], cache: SlotCache) -> GraphStep:
+        """One decode step for ``decode`` (cache row -> batch index): the real rows' logits,
+        and which of the ``b`` replayed rows went non-finite."""
+        d = decode_inputs(batch, decode, cache)
+        n = len(d.ids)
         b = next(size for size in self.batch_sizes if size >= n)
-        w = next(size for size in self.windows if size >= max(lengths))
+        w = next(size for size in self.windows if size >= max(d.lengths))
         pad = b - n
-        host = torch.tensor([ids + [0] * pad, positions + [0] * pad, write_pos + [cache.scratch] * pad,
-                             lengths + [1] * pad], dtype=torch.long).pin_memory()
+        host = torch.tensor([d.ids + [0] * pad, d.positions + [0] * pad, d.write_pos + [cache.scratch] * pad,
+                             d.lengths + [1] * pad], dtype=torch.long).pin_memory()
         self.inputs[:, :b].copy_(host, non_blocking=True)
         key = (b, w)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b, w)
-        graph, logits, failed = self.graphs[key]
-        graph.replay()
-        rows = to_device(out_rows, torch.long, cache.device)
-        return logits.index_select(0, rows), out_index, failed, self.arange[:b]
+        captured = self.graphs[key]
+        captured.graph.replay()
+        rows = to_device(d.out_rows, torch.long, cache.device)
+        return GraphStep(captured.logits.index_select(0, rows), d.out_index, captured.failed, self.arange[:b])
 
     def _plan(self, b: int, w: int) -> StepPlan:
         x = self.inputs
         return StepPlan(ids=x[0, :b], positions=x[1, :b], write_rows=self.arange[:b], write_pos=x[2, :b],
                         n_decode=b, lengths=x[3, :b], window=w, prefill=[], logits_at=self.arange[:b])
 
-    def _capture(self, b: int, w: int):
+    def _capture(self, b: int, w: int) -> _Captured:
         plan = self._plan(b, w)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -93,4 +110,4 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits, failed = forward(self.weights, self.cache.kv, plan)
-        return graph, logits, failed
+        return _Captured(graph, logits, failed)

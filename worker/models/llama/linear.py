@@ -104,7 +104,7 @@ class PackedLinear:
       for frozen fp32 linears on CPU. Packed once with :data:`PACK_ROWS` as the
       row hint, it serves any number of rows (each call passes its own row
       count, so the packed path always runs; that the packed format does not
-      depend on the row count is checked in tests/test_llama_runner.py).
+      depend on the row count is checked in tests/models/test_llama_runner.py).
     - ``"onednn"`` (fp32 or bf16): oneDNN's blocked layout
       (``torch.ops.mkldnn._reorder_linear_weight``) and
       ``torch.ops.mkldnn._linear_pointwise``. A bf16 weight takes bf16

@@ -11,9 +11,10 @@ Per iteration (:meth:`LlamaRunner.step`):
    is not finished this iteration returns None (no token; see
    :mod:`worker.models.base`), so the decoding slots never wait for more than
    one chunk (as vLLM's and SGLang's chunked prefill).
-3. One forward for everything (:func:`worker.models.llama.model.forward`),
-   or on CUDA a prefill forward plus the decode step replayed from a CUDA
-   graph (:mod:`worker.models.llama.cuda_graphs`).
+3. One forward for everything (:func:`worker.models.llama.model.forward`,
+   over a step plan built by :mod:`worker.models.llama.plan`), or on CUDA a
+   prefill forward plus the decode step replayed from a CUDA graph
+   (:mod:`worker.models.llama.cuda_graphs`).
 4. One :class:`~worker.models.sampling.Sampler` call for all rows that need a
    token (one host synchronisation).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -46,9 +48,21 @@ from worker.models.base import SlotInput
 from worker.models.heap import trim_heap
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.lookup import PromptLookup
-from worker.models.llama.model import LlamaWeights, StepPlan, forward
+from worker.models.llama.model import forward
+from worker.models.llama.plan import Chunk, Draft, add_prefill, decode_inputs, step_plan
+from worker.models.llama.weights import LlamaWeights
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, to_device
+
+
+class _Candidate(NamedTuple):
+    """A batch entry with more than one token the cache has not seen; candidates sort already
+    started prompts first, then in batch order."""
+
+    fresh: bool  # nothing of it in the cache yet
+    index: int  # in the batch
+    row: int  # cache row
+    start: int  # tokens already in the cache
 
 
 class LlamaRunner:
@@ -82,7 +96,7 @@ class LlamaRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.speculative_tokens = speculative_tokens
         self._lookup = PromptLookup(0)
-        self._drafts: dict[int, tuple[int, int, list[int]]] = {}  # this iteration's: batch index -> (row, pos, drafts)
+        self._drafts: dict[int, Draft] = {}  # this iteration's, by batch index
         self._capacity_step = capacity_step
         self._sampler = Sampler()
         self.kv_cache: SlotCache | None = None
@@ -199,7 +213,7 @@ class LlamaRunner:
             if new == 1:
                 decode[row] = i
             else:
-                candidates.append((cached == 0, i, row, cached))
+                candidates.append(_Candidate(cached == 0, i, row, cached))
             if cached == 0:
                 self._lookup.reset(row)
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
@@ -209,8 +223,8 @@ class LlamaRunner:
 
     # -- internals ---------------------------------------------------------
 
-    def _propose(self, batch, decode: dict[int, int]) -> dict[int, tuple[int, int, list[int]]]:
-        """Draft tokens for the greedy decode rows: batch index -> ``(row, position, drafts)``.
+    def _propose(self, batch, decode: dict[int, int]) -> dict[int, Draft]:
+        """Draft tokens for the greedy decode rows, by batch index.
 
         At most ``speculative_tokens`` each, and none past ``max_seq_len - 2``
         (the last position is the cache's scratch position)."""
@@ -222,129 +236,65 @@ class LlamaRunner:
             if room > 0 and item.sampling.greedy:
                 tokens = self._lookup.propose(row, item.tokens, room)
                 if tokens:
-                    drafts[i] = (row, pos, tokens)
+                    drafts[i] = Draft(row, pos, tokens)
         return drafts
 
-    def _schedule(self, batch, candidates) -> list[tuple[int, int, int, int]]:
-        """``(batch index, row, start, count)`` prompt chunks for this iteration, within the token budget."""
+    def _schedule(self, batch, candidates: list[_Candidate]) -> list[Chunk]:
+        """This iteration's prompt chunks, within the token budget (``candidates`` in their order)."""
         budget, chunks = self.max_prefill_tokens, []
-        for _, i, row, start in candidates:  # already started (False) sort first
+        for _, i, row, start in candidates:
             if budget <= 0:
                 break
             count = min(len(batch[i].tokens) - start, budget)
-            chunks.append((i, row, start, count))
+            chunks.append(Chunk(i, row, start, count))
             budget -= count
         return chunks
 
-    def _run(self, batch, decode: dict[int, int], chunks, greedy_only: bool = False
+    def _run(self, batch, decode: dict[int, int], chunks: list[Chunk], greedy_only: bool = False
              ) -> tuple[torch.Tensor | None, list[int]]:
         """Build the step plan(s), run them; return logits and the batch index of each logits row."""
         cache = self.kv_cache
         # checks the length limit; a cache with a capacity_step (not the default) also makes room for
         # whole prompts at their first chunk: it grows once for a long prompt, while it is still
         # short, not once per step with ever larger copies (each growth copies every row)
-        longest = max([cache.lengths[r] + 1 for r in decode] + [len(batch[i].tokens) for i, _, _, _ in chunks]
-                      + [pos + 1 + len(d) for _, pos, d in self._drafts.values()], default=0)
+        longest = max([cache.lengths[r] + 1 for r in decode] + [len(batch[c.index].tokens) for c in chunks]
+                      + [d.pos + 1 + len(d.tokens) for d in self._drafts.values()], default=0)
         cache.reserve(longest)
         if self._graphs is not None:  # CUDA: prefill eagerly, decode from a graph
             parts = []
             if chunks:
                 parts.append(self._forward(batch, {}, chunks))
             if decode:
-                logits, index, failed, rows = self._graphs.run(batch, decode, cache)
-                self._note_failed(rows, failed)
-                parts.append((logits, index))
+                step = self._graphs.run(batch, decode, cache)
+                self._note_failed(step.rows, step.failed)
+                parts.append((step.logits, step.index))
             logits = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0] if parts else None
             return logits, [i for p in parts for i in p[1]]
         if not decode and not chunks:
             return None, []
         return self._forward(batch, decode, chunks, greedy_only)
 
-    def _forward(self, batch, decode: dict[int, int], chunks, greedy_only: bool = False
+    def _forward(self, batch, decode: dict[int, int], chunks: list[Chunk], greedy_only: bool = False
                  ) -> tuple[torch.Tensor, list[int]]:
-        cache = self.kv_cache
-        queries = 1 + max(map(len, (d for _, _, d in self._drafts.values())), default=0)
-        ids, positions, rows, write_pos, lengths, out_rows, out_index, slots = decode_inputs(
-            batch, decode, cache, self._drafts, queries)
-        n_decode = len(ids)
-        prefill = []
-        for i, row, start, count in chunks:
-            offset = len(ids)
-            ids.extend(batch[i].tokens[start:start + count])
-            span = range(start, start + count)
-            positions.extend(span), write_pos.extend(span)
-            rows.extend([row] * count)
-            prefill.append((offset, count, row, start))
-            cache.lengths[row] = start + count
-            if start + count == len(batch[i].tokens):  # prompt done: its last token gives the first output
-                out_rows.append(offset + count - 1), out_index.append(i)
-        device = self.device
-        plan = StepPlan(
-            ids=to_device(ids, torch.long, device),
-            positions=to_device(positions, torch.long, device),
-            write_rows=to_device(rows, torch.long, device),
-            write_pos=to_device(write_pos, torch.long, device), n_decode=n_decode,
-            lengths=to_device(lengths, torch.long, device) if n_decode else None,
-            window=max(lengths, default=0), prefill=prefill,
-            logits_at=to_device(out_rows, torch.long, device), queries=queries,
-            decode_slots=None if slots is None else to_device(slots, torch.long, device),
-            greedy=([batch[i].sampling.greedy for i in out_index]
-                    if greedy_only and self.weights.greedy_head is not None else None),
-        )
+        """One eager forward of ``decode`` and ``chunks`` (see :meth:`_run`)."""
+        cache, device = self.kv_cache, self.device
+        queries = 1 + max((len(d.tokens) for d in self._drafts.values()), default=0)
+        inputs = decode_inputs(batch, decode, cache, self._drafts, queries)
+        n_decode = len(inputs.ids)
+        prefill = add_prefill(inputs, batch, chunks, cache)
+        greedy = ([batch[i].sampling.greedy for i in inputs.out_index]
+                  if greedy_only and self.weights.greedy_head is not None else None)
+        plan = step_plan(inputs, n_decode, prefill, queries, greedy, device)
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.kv, plan)
         if queries > 1:  # a draft token's failure counts only if it is accepted (then its pick says so)
-            failed[[e for e, at in enumerate(slots) if at % queries]] = False
+            failed[[e for e, at in enumerate(inputs.slots) if at % queries]] = False
         self._note_failed(plan.write_rows, failed)
-        return logits, out_index
+        return logits, inputs.out_index
 
     def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
         """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
         self._failed.index_add_(0, rows, failed.to(torch.int32))
-
-
-def decode_inputs(batch, decode: dict[int, int], cache: SlotCache, drafts: dict | None = None, queries: int = 1):
-    """Host lists for the decode rows ``0..max(decode)``; advances ``cache.lengths``.
-
-    Returns ``(ids, positions, write_rows, write_pos, lengths, out_rows,
-    out_index, slots)``: per entry its token, position, and where its
-    key/value goes; per query of the attention, how many keys it sees;
-    ``out_rows[j]`` is the entry giving batch entry ``out_index[j]`` a token.
-
-    One query per row (``queries == 1``): every row is an entry, and rows not
-    in ``decode`` (free or prefilling) are padding (token 0, the scratch
-    position, one key); ``slots`` is None.
-
-    Speculative decoding (``queries > 1``): a decoding row's entries are its
-    token and its draft tokens (``drafts[i]``, batch index -> ``(row,
-    position, tokens)``); only those are computed, and ``slots[e]`` places
-    entry ``e`` among the attention's ``rows * queries`` queries (the others
-    are padding: one key). Every entry gives a token, and the row's length
-    counts all of them until :meth:`LlamaRunner.step` keeps the accepted ones.
-    """
-    ids, positions, rows, write_pos, out_rows, out_index = [], [], [], [], [], []
-    n_rows = max(decode) + 1 if decode else 0
-    lengths = [1] * (n_rows * queries)
-    slots = [] if queries > 1 else None
-    scratch = cache.scratch
-    for row in range(n_rows):
-        i = decode.get(row)
-        if i is None:
-            if slots is None:
-                ids.append(0), positions.append(0), rows.append(row), write_pos.append(scratch)
-            continue
-        pos = cache.lengths[row]
-        tokens = [batch[i].tokens[pos]]
-        if i in (drafts or ()):
-            tokens += drafts[i][2]
-        for t, tok in enumerate(tokens):
-            out_rows.append(len(ids)), out_index.append(i)
-            if slots is not None:
-                slots.append(row * queries + t)
-            ids.append(tok), positions.append(pos + t), rows.append(row), write_pos.append(pos + t)
-            lengths[row * queries + t] = pos + t + 1
-        cache.lengths[row] = pos + len(tokens)
-    return ids, positions, rows, write_pos, lengths, out_rows, out_index, slots
 
 
 def _attention_kernels(device: str):

@@ -1,6 +1,6 @@
 """Where the runner's weights come from: a transformers module, or a GGUF file read without one.
 
-:class:`LlamaSource` is what :class:`~worker.models.llama.model.LlamaWeights`
+:class:`LlamaSource` is what :class:`~worker.models.llama.weights.LlamaWeights`
 copies: the config, the tensors of each layer, the final norm, the
 embedding and the LM head (None when tied to the embedding), and RoPE's
 inverse frequencies.

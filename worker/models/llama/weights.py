@@ -1,0 +1,285 @@
+"""The Llama runner's weights: slotserve's fused layout, built from a :class:`~worker.models.llama.source.LlamaSource`.
+
+:class:`LlamaWeights` copies a source (a transformers ``LlamaForCausalLM``,
+or a GGUF file read without one) into slotserve's own tensors, one small
+function per part:
+
+- the sizes (:meth:`LlamaShape.of`) and, on CPU, the GEMM library the
+  fp32/bf16 linears use (:func:`cpu_kind`, measured for the layer shapes);
+- per layer (:func:`layer_weights`), q/k/v fused into one
+  ``[(H + 2 Hkv) D, hidden]`` linear and gate/up into one ``[2 F, hidden]``
+  (:func:`fused_linear`), each a linear of the chosen precision
+  (:mod:`worker.models.llama.linear`), and the two norms;
+- the embedding and the LM head (:func:`embedding_and_head`: one table for
+  both when tied and dense), and the screened head for exact fp32 greedy
+  picks (:func:`greedy_head`);
+- the step's scalars (:meth:`StepConsts.of`) and the RoPE cos/sin tables for
+  every position (:func:`rope_tables`), computed with transformers' own
+  formula (``position * inv_freq``, concatenated twice, times the attention
+  scaling), so any RoPE type with a fixed ``inv_freq`` (default, linear,
+  llama3, yarn) is reproduced exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.models.llama.linear import DenseLinear, cpu_linear_kind, make_linear
+from worker.models.llama.screen import ScreenedHead, screened_head
+from worker.models.llama.source import LlamaSource
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaShape:
+    """Sizes of a Llama model (names as in transformers' ``LlamaConfig``)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    eps: float
+    context: int
+
+    @classmethod
+    def of(cls, cfg, context: int) -> LlamaShape:
+        """The sizes in ``cfg`` (``LlamaConfig``'s attribute names), with ``context`` tokens per slot."""
+        heads = cfg.num_attention_heads
+        return cls(hidden=cfg.hidden_size, layers=cfg.num_hidden_layers, heads=heads,
+                   kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   ffn=cfg.intermediate_size, vocab=cfg.vocab_size, eps=float(cfg.rms_norm_eps), context=context)
+
+    @property
+    def linear_shapes(self) -> tuple[tuple[int, int], ...]:
+        """``(out, in)`` of a layer's four linears: qkv, o, gate-up, down."""
+        d = self.head_dim
+        return (((self.heads + 2 * self.kv_heads) * d, self.hidden), (self.hidden, self.heads * d),
+                (2 * self.ffn, self.hidden), (self.hidden, self.ffn))
+
+
+class LayerWeights:
+    """One decoder layer: ``ln1``, ``qkv``, ``o``, ``ln2``, ``gate_up``, ``down`` (see :func:`layer_weights`)."""
+
+    __slots__ = ("ln1", "qkv", "o", "ln2", "gate_up", "down")
+
+    def __init__(self, ln1, qkv, o, ln2, gate_up, down) -> None:
+        self.ln1, self.qkv, self.o, self.ln2, self.gate_up, self.down = ln1, qkv, o, ln2, gate_up, down
+
+
+class Embedding:
+    """Token embedding rows, returned in the activation dtype.
+
+    Stored as int8 with one fp32 scale per 32 columns (``max|x| / 127`` of
+    the block) for the int precisions, and at fp32 on CPU when that gives
+    every value back bit for bit (a table that already was 8-bit with
+    32-column blocks: llama.cpp's Q8_0, as in the SmolLM2 GGUF; checked over
+    the whole table at load): a quarter of the bytes (SmolLM2: 113 MB -> 31
+    MB). Otherwise fp32 (bf16 at bf16).
+    """
+
+    CHUNK_ROWS = 4096  # rows quantised at a time: the load's temporaries stay small
+
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype, device: str, act_dtype: torch.dtype,
+                 *, exact_int8: bool = True) -> None:
+        """``exact_int8=False`` keeps an fp32 table fp32 (when it is shared with a tied LM head)."""
+        self.act_dtype = act_dtype
+        self.scales = None
+        self.exact = False  # True: rows come back as the fp32 table's, bit for bit
+        rows, cols = table.shape
+        exact_only = exact_int8 and dtype == torch.float32 and torch.device(device).type == "cpu"
+        if (dtype == torch.int8 or exact_only) and cols % 32 == 0:
+            codes = torch.empty(rows, cols // 32, 32, dtype=torch.int8)
+            scales = torch.empty(rows, cols // 32, 1)
+            for start in range(0, rows, self.CHUNK_ROWS):
+                blocks = table[start:start + self.CHUNK_ROWS].float().reshape(-1, cols // 32, 32)
+                scale = (blocks.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_(min=1e-30)
+                code = torch.round(blocks / scale).clamp_(-127, 127).to(torch.int8)
+                if exact_only and not torch.equal((code.float() * scale).view(torch.int32), blocks.view(torch.int32)):
+                    # compared as bits: -0.0 must not come back as +0.0
+                    break
+                codes[start:start + len(blocks)], scales[start:start + len(blocks)] = code, scale
+            else:
+                self.scales, self.table = scales.to(device), codes.reshape(rows, cols).to(device)
+                self.exact = exact_only
+                return
+        # own memory (copy=True): the HF tensor may map the whole weights file
+        self.table = table.to(device=device, dtype=torch.float32 if dtype == torch.int8 else dtype, copy=True)
+        self.exact = self.table.dtype == torch.float32 == table.dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(ids, self.table)
+        if self.scales is not None:
+            rows = (rows.float().view(len(ids), -1, 32) * self.scales[ids]).view(len(ids), -1)
+        return rows.to(self.act_dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.numel() * self.table.element_size() + (0 if self.scales is None else self.scales.numel() * 4)
+
+
+@dataclass(frozen=True, slots=True)
+class StepConsts:
+    """The step's scalars: fp32 0-dim tensors on CPU, Python floats elsewhere (see :meth:`of`)."""
+
+    inv_hidden: torch.Tensor | float
+    eps: torch.Tensor | float
+    scaling: torch.Tensor | float
+    eps_value: float  # for F.rms_norm on CUDA
+
+    @classmethod
+    def of(cls, cfg, scaling: float, on_cpu: bool) -> StepConsts:
+        """``1 / hidden``, RMSNorm's eps and the attention scaling.
+
+        On CPU as fp32 0-dim tensors: an op with a Python float converts it to
+        a tensor on every call (2-3 us each, 5 per layer; measured), same value
+        and result (the activations are fp32 there). On CUDA they stay floats:
+        a bf16 op would round a 0-dim bf16 tensor (the scaling of head_dim 128
+        by ~1e-4), and graph replay hides the cost.
+        """
+        values = (1.0 / cfg.hidden_size, float(cfg.rms_norm_eps), scaling)
+        return cls(*(torch.tensor(v, dtype=torch.float32) if on_cpu else v for v in values),
+                   eps_value=float(cfg.rms_norm_eps))
+
+
+class LlamaWeights:
+    """The model's tensors in slotserve's layout (see module docstring).
+
+    Attributes: ``shape`` (:class:`LlamaShape`), ``precision``, ``device``,
+    ``act_dtype``, ``linear_kind`` (the layers' linear kind: dense, mkl or
+    onednn at fp32/bf16, int8/int4; logged by the worker), ``layers``
+    (:class:`LayerWeights`), ``norm``, ``embed`` (:class:`Embedding`),
+    ``head``, ``greedy_head`` (a :class:`~worker.models.llama.screen.ScreenedHead`
+    or None), ``scaling``, ``consts`` (:class:`StepConsts`), ``cos`` and
+    ``sin_signed`` (:func:`rope_tables`).
+    """
+
+    def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int,
+                 cpu_linear: str = "auto", screen_head: bool | None = None) -> None:
+        """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout;
+        fp32/bf16 linears on CPU of kind ``cpu_linear`` (``auto``: measured, see
+        :func:`~worker.models.llama.linear.cpu_linear_kind`). ``screen_head`` (fp32 on CPU, tied
+        head): greedy rows pick through :class:`~worker.models.llama.screen.ScreenedHead`; None:
+        when its bf16 product measures faster than the fp32 head (:func:`screened_head`).
+        Raises ValueError for a kind this torch cannot run, or ``screen_head=True`` where
+        oneDNN has no bf16 product."""
+        self.shape = shape = LlamaShape.of(source.config, max_len)
+        self.precision, self.device = precision, device
+        self.act_dtype = act = torch.bfloat16 if precision == "bf16" and device != "cpu" else torch.float32
+        on_cpu = torch.device(device).type == "cpu"
+        layer_kind = cpu_kind(precision, shape, device, cpu_linear) if precision in ("fp32", "bf16") else None
+        self.linear_kind = layer_kind or (precision if on_cpu else "dense")
+        self.layers = [layer_weights(layer, precision, device, layer_kind, act) for layer in source.layers]
+        self.norm = _own_copy(source.norm, device, act)
+        head_kind = cpu_kind(_head_precision(precision), shape, device, cpu_linear)  # at fp32/bf16: layer_kind's
+        self.embed, self.head = embedding_and_head(source, self.layers[0].qkv, precision, device, act, head_kind)
+        self.greedy_head = greedy_head(source, self.embed, self.head, precision, on_cpu, screen_head)
+        self.scaling = shape.head_dim ** -0.5
+        self.consts = StepConsts.of(source.config, self.scaling, on_cpu)
+        self.cos, self.sin_signed = rope_tables(source, max_len, shape.head_dim, device, act)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights (tables included)."""
+        linears = [w for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        head = 0 if getattr(self.head, "weight", None) is self.embed.table else self.head.nbytes
+        screen = 0 if self.greedy_head is None else self.greedy_head.screen.nbytes
+        return sum(x.nbytes for x in linears) + self.embed.nbytes + head + screen
+
+
+def cpu_kind(precision: str, shape: LlamaShape, device: str, cpu_linear: str) -> str | None:
+    """The CPU linear kind for ``precision`` (``"bf16"``, else fp32) weights of ``shape``'s layers:
+    ``cpu_linear``, or with ``"auto"`` the GEMM library measured fastest for those shapes on this
+    CPU (:func:`~worker.models.llama.linear.cpu_linear_kind`, once per process); None off the CPU.
+    Raises ValueError for a kind this torch cannot run."""
+    if torch.device(device).type != "cpu":
+        return None
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return cpu_linear_kind(dtype, shape.linear_shapes, None if cpu_linear == "auto" else cpu_linear)
+
+
+def layer_weights(layer: dict, precision: str, device: str, kind: str | None, act: torch.dtype) -> LayerWeights:
+    """One decoder layer of a :class:`~worker.models.llama.source.LlamaSource`: fused linears, copied norms."""
+    def fused(*keys: str):
+        return fused_linear(layer, keys, precision, device, kind)
+
+    return LayerWeights(_own_copy(layer["ln1"], device, act), fused("q", "k", "v"), fused("o"),
+                        _own_copy(layer["ln2"], device, act), fused("gate", "up"), fused("down"))
+
+
+def fused_linear(layer: dict, keys: tuple[str, ...], precision: str, device: str, kind: str | None):
+    """One linear over ``layer``'s weights ``keys`` stacked along the output (q, k, v -> qkv), biases alike."""
+    weight = torch.cat([layer[k] for k in keys])
+    bias = None if keys[0] + ".bias" not in layer else torch.cat([layer[k + ".bias"] for k in keys])
+    return make_linear(weight, bias, precision, device, kind)
+
+
+def embedding_and_head(source: LlamaSource, qkv, precision: str, device: str, act: torch.dtype,
+                       head_kind: str | None) -> tuple[Embedding, object]:
+    """``(embedding, LM head)``.
+
+    The LM head stays fp32 at int8/int4 (bf16 at bf16; linear kind
+    ``head_kind`` on CPU) and the embedding is int8 in 32-column blocks:
+    quantising the head per row (and the embedding) cost most of the greedy
+    agreement with fp32 on HumanEval prompts (measured: 1 of 8 identical
+    against 6 of 8 with int4 layers). A tied head over dense layers
+    (``qkv``, the first layer's, is a :class:`DenseLinear`) of the
+    embedding's dtype uses the embedding's table: one tensor for both, as in
+    the HF model.
+    """
+    embed_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.int8}.get(precision, act)
+    share = source.head is None and isinstance(qkv, DenseLinear)  # the head can use the embedding's table
+    embed = Embedding(source.embed, embed_dtype, device, act, exact_int8=not share)
+    if share and embed.table.dtype == qkv.weight.dtype:
+        return embed, DenseLinear(embed.table)
+    return embed, make_linear(source.embed if source.head is None else source.head, None,
+                              _head_precision(precision), device, head_kind)
+
+
+def greedy_head(source: LlamaSource, embed: Embedding, head, precision: str, on_cpu: bool,
+                use: bool | None) -> ScreenedHead | None:
+    """The screened head for greedy rows (:mod:`worker.models.llama.screen`), or None.
+
+    Only fp32 on CPU with the head tied to an embedding stored exactly (the
+    screen's candidates read their rows there), and when ``use`` says so
+    (None: when its bf16 product measures faster here, :func:`screened_head`).
+    Raises ValueError for ``use=True`` anywhere else.
+    """
+    if on_cpu and precision == "fp32" and source.head is None and embed.exact:
+        return screened_head(source.embed.float(), head, embed, use)
+    if use:
+        raise ValueError("screen_head needs fp32 on CPU and an LM head tied to an exactly stored embedding")
+    return None
+
+
+def rope_tables(source: LlamaSource, max_len: int, head_dim: int, device: str, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin_signed)``, each ``[max_len, head_dim]``: RoPE's tables at every position.
+
+    transformers' formula: ``emb = cat(position * inv_freq, twice)``, ``cos``
+    and ``sin`` of it times the attention scaling; ``sin`` with its second
+    half negated (``rotate_half(x) * sin``, crosswise: see
+    :func:`worker.models.llama.model._rope_`), exactly.
+    """
+    positions = torch.arange(max_len, dtype=torch.float32)
+    freqs = positions[:, None] * source.inv_freq.float().cpu()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = (emb.cos() * source.attention_scaling).to(device=device, dtype=dtype)
+    sin = emb.sin() * source.attention_scaling
+    sin[:, head_dim // 2:].neg_()
+    return cos, sin.to(device=device, dtype=dtype)
+
+
+def _head_precision(precision: str) -> str:
+    """The LM head's precision: bf16 at bf16, else fp32 (see :func:`embedding_and_head`)."""
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def _own_copy(weight: torch.Tensor, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of ``weight`` of its own: the source may map the whole weights file."""
+    return weight.to(device=device, dtype=dtype, copy=True)
