@@ -33,7 +33,7 @@ slotserve vs HF static vs transformers CB (see bench/gpu.py).
 Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
 per request (what a user asked for). Agreement: per system, how many
 requests are identical to the greedy reference (hf-alone, else
-slotserve-broker[hf], which equals it: tests/test_hf_models.py) and, for the
+slotserve-broker[hf], which equals it: tests/models/test_hf_models.py) and, for the
 others, the position of the first differing token. Also measured: the
 forward-pass limit (one batched decode step at 8 and 32 slots with 160
 cached tokens each, and packed-prefill tokens/s) for every precision, and the
@@ -498,7 +498,8 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dic
     print(f"wrote {out / 'model.json'} and {out / 'model.png'}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
@@ -529,91 +530,124 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone runs once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    return ap
+
+
+def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
+    """The systems not to run (``--skip``, and those ``--systems`` leaves out); a usage error
+    (exit 2) for an option of --random-weights without it or an unknown system."""
     skip = set(filter(None, args.skip.split(",")))
-    thread_counts = [int(t) for t in str(args.threads).split(",") if t]
-    torch.set_num_threads(thread_counts[0])
-    if args.random_weights:
-        return run_random_weights(args)
     if args.device != "cpu" or args.tiny:
         ap.error("--device and --tiny apply to --random-weights only")
     chosen = [s for s in args.systems.split(",") if s]
     unknown = set(chosen) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown systems {sorted(unknown)}; choose from {','.join(ALL_SYSTEMS)}")
-    skip |= set(ALL_SYSTEMS) - set(chosen)
+    return skip | (set(ALL_SYSTEMS) - set(chosen))
 
-    precisions = [p for p in args.precisions.split(",") if p]
+
+@dataclass
+class Workload:
+    """HE``n`` on the loaded model: what every system runs."""
+
+    model: object  # the HF runner (worker.models.hf.HFSlotModel): the baselines' model and issue 8's "before"
+    prompts: list[list[int]]
+    max_tokens: list[int]
+    eos: set[int]
+    pad_id: int
+
+    @property
+    def hf(self):
+        """The transformers module."""
+        return self.model.model
+
+
+def load_he(prompts: int, threads: int) -> Workload:
+    """Load SmolLM2 on the HF runner and the first ``prompts`` HumanEval prompts (printing both)."""
     t = time.monotonic()
-    model = load_model(MODEL, num_threads=thread_counts[0], runner="hf")  # the HF runner: baselines + "before"
+    model = load_model(MODEL, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
     print(f"loaded {MODEL} in {time.monotonic() - t:.1f} s")
-    prompts, max_tokens = load_workload(args.prompts, model.tokenizer)
+    prompts, max_tokens = load_workload(prompts, model.tokenizer)
     eos = set(model.eos_token_ids)
-    hf = model.model
-    pad_id = hf.generation_config.pad_token_id if hf.generation_config.pad_token_id is not None else min(eos)
+    config = model.model.generation_config
+    pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
     print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}")
+    return Workload(model, prompts, max_tokens, eos, pad_id)
 
-    def slotserve_fp32():
+
+def systems(he: Workload, precisions: list[str], slots: int) -> dict:
+    """Name -> a function of the thread count that runs that system once (in this order)."""
+    def slotserve_fp32(_threads):
         from worker.models import llama
 
-        runner = llama.from_hf(hf, model.tokenizer, precision="fp32", eos_token_ids=model.eos_token_ids)
-        return run_slotserve(runner, prompts, max_tokens, args.slots)
+        runner = llama.from_hf(he.hf, he.model.tokenizer, precision="fp32", eos_token_ids=he.model.eos_token_ids)
+        return run_slotserve(runner, he.prompts, he.max_tokens, slots)
 
-    systems = {
+    return {
         "slotserve": slotserve_fp32,
-        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(prompts, max_tokens, args.slots,
+        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(he.prompts, he.max_tokens, slots,
                                                                                 p, threads)) for p in precisions},
-        "hf-static": lambda: run_hf_static(hf, prompts, max_tokens, eos, pad_id, args.slots),
-        "hf-cb": lambda: run_hf_cb(hf, prompts, max_tokens, eos, args.slots),
-        "hf-alone": lambda: run_hf_alone(hf, prompts, max_tokens, eos, pad_id),
+        "hf-static": lambda _threads: run_hf_static(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id, slots),
+        "hf-cb": lambda _threads: run_hf_cb(he.hf, he.prompts, he.max_tokens, he.eos, slots),
+        "hf-alone": lambda _threads: run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id),
     }
-    runs = []
-    limits = None
-    extra = {}
-    for name, fn in systems.items():
-        if name.split("[")[0] in skip:
-            continue
-        tries = []
-        for threads in thread_counts:
-            for _ in range(1 if name == "hf-alone" else args.repeats):
-                torch.set_num_threads(threads)
-                before = os.getloadavg()[0]
-                run = fn(threads) if name.startswith("slotserve-broker") else fn()
-                run.load_avg = (before, os.getloadavg()[0])
-                run.note += f"; {threads} thread(s)"
-                tries.append(run)
-                print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
-                      f"{run.load_avg[1]:.2f})", flush=True)
-        run = min(tries, key=lambda r: r.wall_s)  # best of N: the run least disturbed by other jobs
-        run.all_wall_s = [round(t.wall_s, 2) for t in tries]
+
+
+def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run:
+    """The fastest of ``repeats`` runs per thread count (hf-alone: one), all of them listed in it."""
+    tries = []
+    for threads in thread_counts:
+        for _ in range(1 if name == "hf-alone" else repeats):
+            torch.set_num_threads(threads)
+            before = os.getloadavg()[0]
+            run = run_once(threads)
+            run.load_avg = (before, os.getloadavg()[0])
+            run.note += f"; {threads} thread(s)"
+            tries.append(run)
+            print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
+                  f"{run.load_avg[1]:.2f})", flush=True)
+    run = min(tries, key=lambda r: r.wall_s)  # best of N: the run least disturbed by other jobs
+    run.all_wall_s = [round(t.wall_s, 2) for t in tries]
+    return run
+
+
+def llamacpp_last(runs: list[Run], he: Workload, args, extra: dict) -> None:
+    """Run llamacpp (appended to ``runs``; details into ``extra``) on exactly the useful lengths of
+    a greedy reference, so after the other systems; recorded as an error where none serves here."""
+    import llamacpp
+
+    lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, he.max_tokens, args.llamacpp_lengths_from)
+    extra["llamacpp_lengths_from"] = source
+    try:
+        run, extra["llamacpp"] = run_llamacpp(he.prompts, lengths, [int(t) for t in args.llamacpp_threads.split(",")],
+                                              args.llama_server)
         runs.append(run)
-    torch.set_num_threads(thread_counts[0])
+        if ref is not None:  # Q4_1 on llama.cpp vs fp32 HF greedy: for information
+            extra["llamacpp"]["agreement"] = {"with": ref.name, **llamacpp.agreement(run.outputs, ref.outputs)}
+    except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
+        extra["llamacpp_error"] = str(exc)
+        print(f"llamacpp: not measured: {exc}")
 
-    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
-        import llamacpp
 
-        lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, max_tokens, args.llamacpp_lengths_from)
-        extra["llamacpp_lengths_from"] = source
-        try:
-            run, extra["llamacpp"] = run_llamacpp(prompts, lengths, [int(t) for t in args.llamacpp_threads.split(",")],
-                                                  args.llama_server)
-            runs.append(run)
-            if ref is not None:  # Q4_1 on llama.cpp vs fp32 HF greedy: for information
-                extra["llamacpp"]["agreement"] = {"with": ref.name, **llamacpp.agreement(run.outputs, ref.outputs)}
-        except (ValueError, RuntimeError) as exc:  # no binary / none serves here: the other systems still count
-            extra["llamacpp_error"] = str(exc)
-            print(f"llamacpp: not measured: {exc}")
+def limits_at(he: Workload, precisions: list[str], slots: int, extra: dict) -> dict:
+    """The forward-pass limits of every precision (into ``extra``); returns fp32's at ``slots``
+    (8 unless 32)."""
     # (+specK changes how many tokens a step gives, not the step: its limits are its precision's)
-    by_precision = precision_limits(model, list(dict.fromkeys(p.partition("+")[0] for p in precisions)) or ["fp32"],
-                                    prompts)
+    by_precision = precision_limits(he.model, list(dict.fromkeys(p.partition("+")[0] for p in precisions))
+                                    or ["fp32"], he.prompts)
     extra["decode_step_ms"] = {p: {n: v["decode_step_ms"] for n, v in lim.items()} for p, lim in by_precision.items()}
     extra["limits_by_precision"] = by_precision
-    limits = by_precision.get("fp32", next(iter(by_precision.values())))[args.slots if args.slots in (8, 32) else 8]
+    return by_precision.get("fp32", next(iter(by_precision.values())))[slots if slots in (8, 32) else 8]
+
+
+def summary_rows(runs: list[Run], he: Workload, limits: dict, extra: dict) -> tuple[list[dict], float]:
+    """Per run its summary row with its agreement with the greedy reference (what it was goes into
+    ``extra``), and the time HE would take at ``limits``."""
     ref_run = next((r for name in REFERENCES for r in runs if r.name == name), None)
     reference = ref_run.outputs if ref_run is not None else None
     extra["agreement_reference"] = None if ref_run is None else ref_run.name
-    useful = sum(len(o) for o in (ref_run or runs[0]).outputs) if runs else sum(max_tokens)
-    ideal_s = sum(map(len, prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
+    useful = sum(len(o) for o in (ref_run or runs[0]).outputs) if runs else sum(he.max_tokens)
+    ideal_s = sum(map(len, he.prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
     rows = [r.summary(reference) for r in runs]
     for r, run in zip(rows, runs):
         if reference is not None:
@@ -623,9 +657,29 @@ def main() -> None:
             r["differs_from_reference"] = sorted(agree["first_divergence"])
             r["first_divergence"] = agree["first_divergence"]
             r["median_first_divergence"] = agree["median_first_divergence"]
-    greedy = next((r for name in REFERENCES for r in runs if r.name == name), None)
-    if greedy is not None:  # what --llamacpp-lengths-from reads back
-        extra["reference_useful_lengths"] = {"from": greedy.name, "lengths": [len(o) for o in greedy.outputs]}
+    if ref_run is not None:  # what --llamacpp-lengths-from reads back
+        extra["reference_useful_lengths"] = {"from": ref_run.name, "lengths": [len(o) for o in ref_run.outputs]}
+    return rows, ideal_s
+
+
+def main() -> None:
+    ap = parser()
+    args = ap.parse_args()
+    thread_counts = [int(t) for t in str(args.threads).split(",") if t]
+    torch.set_num_threads(thread_counts[0])
+    if args.random_weights:
+        return run_random_weights(args)
+    skip = skipped_systems(ap, args)
+    precisions = [p for p in args.precisions.split(",") if p]
+    he = load_he(args.prompts, thread_counts[0])
+    runs = [best_run(name, run_once, thread_counts, args.repeats)
+            for name, run_once in systems(he, precisions, args.slots).items() if name.split("[")[0] not in skip]
+    torch.set_num_threads(thread_counts[0])
+    extra = {}
+    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
+        llamacpp_last(runs, he, args, extra)
+    limits = limits_at(he, precisions, args.slots, extra)
+    rows, ideal_s = summary_rows(runs, he, limits, extra)
     report(rows, limits, ideal_s, args.out, extra)
 
 
