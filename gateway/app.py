@@ -10,6 +10,10 @@
 With ``config.api_keys`` every ``/v1/*`` request needs one of them as
 ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
+
+While the gateway stops, ``app.state.drain`` (:mod:`gateway.drain`) is
+draining: generation and ``/v1/models`` answer 503 (``Retry-After``),
+``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from starlette.routing import Route
 
 from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
-from gateway.errors import APIError
+from gateway.drain import REFUSED, Drain
+from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
@@ -38,11 +43,14 @@ log = logging.getLogger(__name__)
 class ServiceEndpoints:
     """The endpoints that generate nothing: models, health, metrics."""
 
-    def __init__(self, link: BrokerLink, metrics: GatewayMetrics) -> None:
+    def __init__(self, link: BrokerLink, metrics: GatewayMetrics, drain: Drain) -> None:
         self.link = link
         self.metrics = metrics
+        self.drain = drain
 
     async def models(self, request: Request) -> Response:
+        if self.drain.draining:
+            return error_response(shutting_down(REFUSED))
         try:
             st = await self.link.refresh()
         except APIError as e:
@@ -57,6 +65,9 @@ class ServiceEndpoints:
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
+        if self.drain.draining:  # a load balancer's probe: send new work elsewhere
+            e = shutting_down("the gateway is shutting down (draining the requests in flight)")
+            return json_response({"status": "draining", "reason": e.message}, 503, e.headers)
         if not self.link.broker_ok:  # the last poll (each status_interval_s) got no answer: say so at once
             return json_response({"status": "unavailable", "reason": self.link.no_broker().message}, 503)
         try:
@@ -85,11 +96,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(config: GatewayConfig) -> Starlette:
     """The gateway's ASGI app. Its lifespan connects to ``config.broker``
-    (retrying in the background) and closes the connections at shutdown."""
+    (retrying in the background) and closes the connections at shutdown.
+    ``app.state.drain`` is its :class:`~gateway.drain.Drain`, for the server that stops it."""
     link = BrokerLink(config)
     metrics = GatewayMetrics()
-    generate = Generate(config, link, metrics)
-    service = ServiceEndpoints(link, metrics)
+    drain = Drain()
+    generate = Generate(config, link, metrics, drain)
+    service = ServiceEndpoints(link, metrics, drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -112,4 +125,5 @@ def create_app(config: GatewayConfig) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.link = link
+    app.state.drain = drain
     return app

@@ -32,7 +32,11 @@ class GatewayConfig:
     - ``connect_timeout_s``: seconds one connection attempt to the broker
       waits for its welcome (the gateway keeps retrying; meanwhile HTTP
       requests get 503).
-    - ``stop_timeout_s``: seconds open HTTP requests get to finish on shutdown.
+    - ``shutdown_timeout_s``: seconds the requests and streams in flight get
+      to finish once the gateway is asked to stop (while new ones get 503);
+      then those still open are ended: a stream with a final error event and
+      ``[DONE]``, a request not answered yet with 503 (:mod:`gateway.drain`).
+      0: end them at once.
     - ``access_log``: uvicorn's per-request access log (off: it costs CPU at
       high request rates).
     - ``api_keys``: when not empty, every ``/v1/*`` request needs
@@ -56,7 +60,7 @@ class GatewayConfig:
     default_chat_max_tokens: int = 1024
     status_interval_s: float = 1.0
     connect_timeout_s: float = 5.0
-    stop_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 30.0
     access_log: bool = False
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -72,10 +76,13 @@ class GatewayConfig:
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("status_interval_s", "connect_timeout_s", "stop_timeout_s"):
+        for name in ("status_interval_s", "connect_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+        v = self.shutdown_timeout_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ValueError(f"shutdown_timeout_s must be a number of seconds >= 0, got {v!r}")
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

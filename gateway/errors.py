@@ -24,7 +24,9 @@ status  ``type``                        when
 501     ``invalid_request_error``       an OpenAI feature slotserve does not implement
                                         (``unsupported``; ``x-should-retry: false``)
 503     ``service_unavailable_error``   no broker answers, no worker serves the model
-                                        right now, or the gateway is shutting down
+                                        right now, or the gateway is shutting down (a new
+                                        request while it drains, or one still open at the
+                                        end of its shutdown timeout; :mod:`gateway.drain`)
 ======  ==============================  =============================================
 
 The ``openai`` SDK retries 429 and 5xx by default; 501 carries
@@ -88,6 +90,15 @@ def unauthorized(message: str) -> APIError:
 
 def unavailable(message: str, retry_after_s: int = 1) -> APIError:
     return APIError(503, message, code="unavailable", headers={"Retry-After": str(retry_after_s)})
+
+
+def shutting_down(message: str) -> APIError:
+    """503 while the gateway stops (:mod:`gateway.drain`): ``Retry-After``, and ``Connection:
+    close`` so that the client's retry opens a new connection (to another replica, behind a
+    load balancer) rather than reusing this one."""
+    e = unavailable(message)
+    e.headers["Connection"] = "close"
+    return e
 
 
 # slotserve's wire error codes -> HTTP status. Codes not listed are server errors (500).

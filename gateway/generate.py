@@ -9,6 +9,12 @@ a watcher waits for the ASGI ``http.disconnect``; once a stream is under way,
 Starlette's ``StreamingResponse`` cancels the stream on it, and the stream's
 end cancels whatever still runs. Either way the slots are freed on the
 worker's next iteration.
+
+While the gateway stops (:mod:`gateway.drain`) a new request is refused with
+503 before its body is read; one in flight is in the drain's registry from
+its start to its end, and when the drain ends it (:meth:`_Call.end`) it
+answers 503, or its stream sends what it has, a final error event and
+``[DONE]``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from starlette.responses import Response, StreamingResponse
 
 from client import RemoteError
 from gateway.config import GatewayConfig
-from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, unavailable, \
-    unsupported
+from gateway.drain import REFUSED, Drain
+from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down, \
+    unavailable, unsupported
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
@@ -75,10 +82,11 @@ class _Watch:
 class _Call:
     """One generation HTTP request being served (its generations, clocks and metrics labels)."""
 
-    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed")
+    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed", "ended")
 
     def __init__(self, endpoint: str, signal: Signal) -> None:
         self.endpoint = endpoint
+        self.ended: str | None = None  # why the gateway ended it (it is stopping), once it did
         self.client = None
         self.streaming = False  # True once an event stream owns the call (it cancels and observes at its end)
         self.observed = False
@@ -97,14 +105,28 @@ class _Call:
             if not g.finished:
                 self.client.cancel(g.handle.request_id)
 
+    def end(self, message: str) -> None:
+        """The abort event (:class:`gateway.drain.InFlight`): the gateway is stopping and ends
+        this call; its waits wake and it answers 503, or its stream ends with an error event."""
+        if self.ended is None:
+            self.ended = message
+            self.signal.set()
+
+    def check_ended(self) -> None:
+        """Raise the 503 of a call the gateway ended."""
+        if self.ended is not None:
+            raise shutting_down(self.ended)
+
 
 class Generate:
     """The generation handlers (bound to one :class:`BrokerLink` and the gateway's metrics)."""
 
-    def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics) -> None:
+    def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics,
+                 drain: Drain | None = None) -> None:
         self.config = config
         self.link = link
         self.metrics = metrics
+        self.drain = Drain() if drain is None else drain  # the app's, which its server stops; else one never stopped
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, CompletionRequest)
@@ -116,7 +138,11 @@ class Generate:
         call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
         self.metrics.in_flight.inc()
         try:
+            if self.drain.draining:
+                raise shutting_down(REFUSED)
+            self.drain.add(call)
             body = await self._parse(request, schema)
+            call.check_ended()
             call.model = body.model
             if body.stream:
                 return await self._start_stream(request, body, call)
@@ -124,6 +150,7 @@ class Generate:
             watch = _Watch(request, call.signal)
             try:
                 while not all(g.finished for g in call.gens) and not _any_failed(call):
+                    call.check_ended()
                     await call.signal.wait()
                     if watch.gone:
                         raise ClientGone
@@ -157,11 +184,12 @@ class Generate:
 
     def _end(self, call: _Call) -> None:
         """The call is over, however it ended: cancel what still runs (a no-op for
-        finished requests), count an unanswered call as 499."""
+        finished requests), count an unanswered call as 499, leave the drain's registry."""
         # counted before the cancel: once the broker sees the requests end, the metrics already say so
         self.metrics.in_flight.dec()
         self._observe(call, 499)
         call.cancel()
+        self.drain.discard(call)
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
         _check_json_media_type(request.headers.get("content-type"))
@@ -255,6 +283,7 @@ class Generate:
         try:
             while not all(g.finished or g.handle.first_token_s is not None for g in call.gens) \
                     and not _any_failed(call):
+                call.check_ended()
                 await call.signal.wait()
                 if watch.gone:
                     raise ClientGone
@@ -273,7 +302,8 @@ class Generate:
         """The SSE body: for chat, first a role chunk per choice (``{"role":
         "assistant", "content": ""}``, as OpenAI and vLLM); then one chunk per
         choice with news, the usage chunk when asked, then ``[DONE]`` (a
-        failure: an error event, then ``[DONE]``). ``continuous`` (vLLM's
+        failure, or the gateway ending the call as it stops: the news so far,
+        an error event, then ``[DONE]``). ``continuous`` (vLLM's
         ``continuous_usage_stats``, with ``include_usage``): every chunk, the
         role chunks included, carries the usage so far (the tokens streamed up
         to and including it; null while a text prompt's length is unknown,
@@ -305,6 +335,12 @@ class Generate:
                                 usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                 with_usage=include_usage)
             if pending:
+                if call.ended is not None:
+                    e = shutting_down(call.ended)
+                    self._observe(call, e.status)
+                    yield sse(e.body())
+                    yield DONE
+                    return
                 await call.signal.wait()
         if include_usage:
             yield env.chunk([], usage(call.gens, call.prompts), with_usage=True)

@@ -329,6 +329,26 @@ def _key_options(command):
     return with_keys
 
 
+def _shutdown_timeout_option(command):
+    """--shutdown-timeout-s: one definition for `slotserve serve` and `slotserve up`, passed on as
+    ``shutdown_timeout_s`` and ``shutdown_timeout_given`` (set on the command line or by the variable:
+    `up` refuses it without --http-port)."""
+    from gateway.config import GatewayConfig
+
+    @functools.wraps(command)
+    def with_timeout(*args, shutdown_timeout_s, **kwargs):
+        source = click.get_current_context().get_parameter_source("shutdown_timeout_s")
+        given = source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+        return command(*args, shutdown_timeout_s=shutdown_timeout_s, shutdown_timeout_given=given, **kwargs)
+
+    return click.option(
+        "--shutdown-timeout-s", type=click.FloatRange(min=0), default=_default(GatewayConfig, "shutdown_timeout_s"),
+        show_envvar=True,
+        help="Seconds the HTTP requests and streams in flight get to finish after Ctrl-C, SIGTERM or SIGHUP "
+             "(new ones get 503, /health 503); then a stream gets a final error event and [DONE], a request a "
+             "503. A second signal: at once.")(with_timeout)
+
+
 @main.command()
 @_frontend
 @_backend
@@ -412,15 +432,20 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
 @click.option("--access-log/--no-access-log", default=False, show_envvar=True,
               help="Log every HTTP request (costs CPU at high request rates).")
 @_key_options
+@_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, api_keys: tuple,
-          metrics_api_keys: tuple, curve_dir: str | None) -> None:
+          metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+          curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
     Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
     GET /health, GET /metrics. One shared connection to the broker per model;
     while no broker answers, requests get 503 and the server keeps retrying.
     With --api-key (or --api-key-file) every /v1 request needs one of the keys.
+
+    Ctrl-C, SIGTERM or SIGHUP drain it (--shutdown-timeout-s), a second one
+    stops it at once; exit status 0.
     """
     from gateway import GatewayConfig, run as run_gateway
 
@@ -428,11 +453,11 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
-                  metrics_api_keys=metrics_api_keys)
+                  metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
-        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
-            run_gateway(cfg, stop=sig.flag, on_ready=lambda url: click.echo(
+        with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
+            run_gateway(cfg, stop=sig.flag, halt=sig.flag.repeated, on_ready=lambda url: click.echo(
                 f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. Ctrl-C stops.", err=True))
     except OSError as e:
         raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
@@ -452,17 +477,20 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
 @_key_options
+@_shutdown_timeout_option
 @_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, api_keys: tuple,
-       metrics_api_keys: tuple, model_options) -> None:
+       metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
     Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
-    them cleanly (exit status 0); the children also stop by themselves when
-    this process is gone, however it ended (kill -9 included).
+    them cleanly (exit status 0): the HTTP server drains first
+    (--shutdown-timeout-s; a second signal: at once), then the workers and
+    the broker stop. The children also stop by themselves when this process
+    is gone, however it ended (kill -9 included).
     """
     from slotserve.launcher import LocalCluster
     from slotserve.signals import StopSignals
@@ -472,10 +500,12 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
         from gateway.config import GatewayConfig
 
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
-                          metrics_api_keys=metrics_api_keys)
+                          metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s)
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")
+    elif shutdown_timeout_given:
+        raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
     cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
                           curve_dir, gateway, model_options, **broker_options)
     with StopSignals() as sig:
@@ -487,12 +517,14 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
                        + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
                        err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
-            click.echo("stopping...", err=True)
+            click.echo("stopping..." if gateway is None else
+                       f"stopping: the HTTP server lets the requests in flight finish (up to {shutdown_timeout_s:g} s; "
+                       "Ctrl-C again: at once), then the workers and the broker stop...", err=True)
         except (RuntimeError, ValueError) as e:
             if not sig.is_set():
                 raise click.ClickException(str(e)) from None
         finally:
-            cluster.stop()
+            cluster.stop(halt=sig.flag.repeated, wakeup_fd=sig.fileno())
 
 
 @main.command()

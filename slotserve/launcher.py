@@ -2,10 +2,12 @@
 
 Children are started with multiprocessing's ``spawn`` (a clean interpreter:
 no inherited sockets, threads or locks) and stopped with terminate ->
-join(timeout) -> kill. In each child SIGTERM only sets its stop flag, SIGINT
-and SIGHUP are ignored (the parent, which gets them too from a terminal,
-decides), a thread watches the parent and stops the child when the parent is
-gone however it ended (SIGKILL included; :func:`slotserve.signals.watch_parent`),
+join(timeout) -> kill, in order: the gateway (which first drains its
+requests, :mod:`gateway.drain`), the workers, the broker. In each child
+SIGTERM only sets its stop flag, SIGINT and SIGHUP are ignored (the parent,
+which gets them too from a terminal, decides), a thread watches the parent
+and stops the child when the parent is gone however it ended (SIGKILL
+included; :func:`slotserve.signals.watch_parent`),
 and the process title says what the child is (``slotserve broker ...``,
 ``slotserve worker 0 model=... slots=...`` in ``ps``).
 :meth:`LocalCluster.supervise` restarts children that die, from a loop, until
@@ -25,7 +27,8 @@ from typing import Callable, Sequence
 from broker import BrokerConfig, run_broker
 from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
-from slotserve.signals import StopFlag, child_signals, watch_parent
+from gateway.drain import END_GRACE_S
+from slotserve.signals import PARENT_GONE, StopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
 from worker.process import run_worker
@@ -76,9 +79,14 @@ def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0
         raise SystemExit(1) from None
 
 
-def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0) -> None:
+def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0,
+                 halt=None) -> None:
     """Child process body: run the HTTP gateway; put its ``http://host:port`` on
-    ``ready`` once bound (``stop_timeout_s`` as for :func:`broker_main`)."""
+    ``ready`` once bound (``stop_timeout_s`` as for :func:`broker_main`).
+
+    SIGTERM drains it; it ends what is in flight at once when ``halt`` (a
+    multiprocessing Event) is set, on a second SIGTERM, or when the parent is
+    gone (the workers and the broker stop then too: nothing could finish)."""
     stop = _child_setup(f"slotserve gateway host={config.host} port={config.port} broker={config.broker}",
                         log_level, stop_timeout_s)
     from gateway import run
@@ -89,7 +97,10 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
         setproctitle(f"slotserve gateway {url} broker={config.broker}")  # port 0 resolved
         ready.put(url)
 
-    run(config, stop=stop, on_ready=on_ready)
+    def should_halt() -> bool:
+        return stop.repeated() or stop.reason == PARENT_GONE or (halt is not None and halt.is_set())
+
+    run(config, stop=stop, halt=should_halt, on_ready=on_ready)
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -103,7 +114,8 @@ class ClusterConfig:
     - ``workers``: one config per worker; their ``broker`` field is replaced
       by the broker's actual backend endpoint.
     - ``start_timeout_s``: seconds for the broker to bind and every worker to register.
-    - ``stop_timeout_s``: seconds each child gets to exit after SIGTERM before SIGKILL.
+    - ``stop_timeout_s``: seconds each child gets to exit after SIGTERM before
+      SIGKILL (the gateway: on top of its drain, ``shutdown_timeout_s``).
     - ``log_level``: children's logging level (``WARNING``, ``INFO``, ...).
     - ``client_curve``: CURVE keys for the launcher's own client (readiness
       checks) when the broker requires CURVE: as ``Client(curve=...)``.
@@ -147,6 +159,7 @@ class LocalCluster:
         self.http_url: str | None = None
         self._gateway_cfg = config.gateway
         self._gateway: mp.Process | None = None
+        self._gateway_halt = _ctx.Event() if config.gateway is not None else None  # set: end the drain at once
         self._should_stop: Callable[[], bool] = _never
 
     def __enter__(self) -> "LocalCluster":
@@ -223,9 +236,11 @@ class LocalCluster:
         return value
 
     def _start_gateway(self) -> None:
+        self._gateway_halt.clear()
         ready = _ctx.Queue()
         cfg = replace(self._gateway_cfg, broker=self.frontend)
-        p = _ctx.Process(target=gateway_main, args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s),
+        p = _ctx.Process(target=gateway_main,
+                         args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s, self._gateway_halt),
                          name="slotserve-gateway", daemon=True)
         p.start()
         self._gateway = p
@@ -317,10 +332,16 @@ class LocalCluster:
             p.join(self.config.stop_timeout_s)
         self._start_worker(i)
 
-    def stop(self) -> None:
-        """Stop the gateway, the workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent."""
+    def stop(self, halt: Callable[[], bool] | None = None, wakeup_fd: int | None = None) -> None:
+        """Stop the gateway, the workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent.
+
+        The gateway drains first (up to its ``shutdown_timeout_s``) while the
+        workers and the broker still serve; when ``halt()`` turns true (a
+        second signal; looked at when ``wakeup_fd``, e.g. the signal wakeup
+        pipe, wakes the wait, and every 0.1 s) it ends its requests at once.
+        """
         if self._gateway is not None:
-            _terminate([self._gateway], self.config.stop_timeout_s + self._gateway_cfg.stop_timeout_s)
+            self._stop_gateway(halt or _never, wakeup_fd)
             self._gateway = None
         procs: Sequence[mp.Process] = [p for p in self._workers if p is not None]
         _terminate(procs, self.config.stop_timeout_s)
@@ -328,6 +349,24 @@ class LocalCluster:
             _terminate([self._broker], self.config.stop_timeout_s)
         self._workers = [None] * len(self._workers)
         self._broker = None
+
+    def _stop_gateway(self, halt: Callable[[], bool], wakeup_fd: int | None) -> None:
+        p = self._gateway
+        if p.is_alive():
+            p.terminate()  # it drains: new requests 503, those in flight get shutdown_timeout_s
+        stop_s = self.config.stop_timeout_s
+        deadline = time.monotonic() + self._gateway_cfg.shutdown_timeout_s + END_GRACE_S + stop_s
+        handles = [p.sentinel] + ([wakeup_fd] if wakeup_fd is not None else [])
+        while p.is_alive() and time.monotonic() < deadline:
+            if not self._gateway_halt.is_set() and halt():
+                self._gateway_halt.set()  # a second signal: end what is in flight now
+                deadline = min(deadline, time.monotonic() + END_GRACE_S + stop_s)
+            if wakeup_fd in wait_for_sentinels(handles, timeout=max(0.0, min(0.1, deadline - time.monotonic()))):
+                _drain(wakeup_fd)
+        if p.is_alive():
+            log.warning("%s did not stop within its drain and %.1f s: killing it", p.name, stop_s)
+            p.kill()
+        p.join()
 
 
 def make_curve_keys(curve_dir: str, *, clients: int = 1, workers: int = 1) -> list[str]:

@@ -25,23 +25,34 @@ STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _SIGHUP) if s is
 """The signals that ask a slotserve command to stop: Ctrl-C, ``kill PID``, a
 closed terminal (or a process manager's reload/stop)."""
 
+PARENT_GONE = "parent gone"
+"""The reason :func:`watch_parent` sets a child's stop flag with."""
+
 
 class StopFlag:
     """``is_set()`` / ``set(reason)``, like ``threading.Event`` but safe to set
     from a signal handler (no lock) and remembering the first reason given
-    (a signal number or a short text)."""
+    (a signal number or a short text). It also counts how often it was set:
+    :meth:`repeated` (a second Ctrl-C) asks for a stop at once, where the
+    first one lets work in flight finish (the HTTP gateway's drain)."""
 
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "count")
 
     def __init__(self) -> None:
         self.reason: int | str | None = None
+        self.count = 0  # a handler and a thread setting it at once may lose one count, never the stop
 
     def set(self, reason: int | str = "stop") -> None:
         if self.reason is None:
             self.reason = reason
+        self.count += 1
 
     def is_set(self) -> bool:
         return self.reason is not None
+
+    def repeated(self) -> bool:
+        """Whether a stop was asked for more than once (stop at once)."""
+        return self.count > 1
 
     @property
     def signum(self) -> int | None:
@@ -119,10 +130,12 @@ class StopSignals:
 
 
 def child_signals(stop: StopFlag) -> None:
-    """In a launched child: SIGTERM sets ``stop``; SIGINT and SIGHUP are
-    ignored, because the parent decides when its children stop (a Ctrl-C or
-    a hang-up reaches the whole process group; the parent then cancels what
-    is left while the children still serve, and stops them in order)."""
+    """In a launched child: SIGTERM sets ``stop`` (a second one makes it
+    :meth:`~StopFlag.repeated`); SIGINT and SIGHUP are ignored, because the
+    parent decides when its children stop (a Ctrl-C or a hang-up reaches the
+    whole process group; the parent then lets the gateway drain while the
+    workers and the broker still serve, and stops them in order: gateway,
+    workers, broker)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _SIGHUP is not None:
@@ -151,7 +164,7 @@ def watch_parent(stop: StopFlag, grace_s: float) -> threading.Thread | None:
     def watch() -> None:
         wait_for_handles([parent.sentinel])
         log.warning("the parent process %s is gone: stopping", parent.pid)
-        stop.set("parent gone")
+        stop.set(PARENT_GONE)
         time.sleep(grace_s)  # a deadline, not synchronisation: the main thread exits first when it can
         log.error("did not stop within %.1f s of the parent's end: exiting", grace_s)
         os._exit(1)

@@ -60,7 +60,7 @@ def fake_cluster(monkeypatch):
         def supervise(self, should_stop, wakeup_fd=None):
             pass
 
-        def stop(self):
+        def stop(self, halt=None, wakeup_fd=None):
             pass
 
     monkeypatch.setattr(slotserve.launcher, "LocalCluster", FakeCluster)

@@ -184,7 +184,7 @@ def served(monkeypatch):
 
     got = []
 
-    def fake_run(cfg, *, stop=None, on_ready=None):
+    def fake_run(cfg, *, stop=None, halt=None, on_ready=None):
         got.append(cfg)
         on_ready("http://127.0.0.1:1")
 
@@ -251,7 +251,7 @@ def test_up_takes_the_same_key_options(monkeypatch, tmp_path):
         def supervise(self, should_stop, wakeup_fd=None):
             pass
 
-        def stop(self):
+        def stop(self, halt=None, wakeup_fd=None):
             pass
 
     monkeypatch.setattr(slotserve.launcher, "LocalCluster", FakeCluster)
