@@ -39,6 +39,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -48,17 +49,17 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling module gpu
 
 from gpu import SHAPES  # noqa: E402
 from worker.models.llama.linear import cpu_linear_candidates, make_linear  # noqa: E402
+from worker.models.llama.weights import LlamaShape  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=1024)
 
 
-def layer_shapes(cfg: dict) -> list[tuple[int, int]]:
-    """``(out, in)`` of one layer's fused linears: qkv, o, gate-up, down (as worker.models.llama.model fuses them)."""
-    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = h // heads
-    return [((heads + 2 * kv) * d, h), (h, heads * d), (2 * cfg["intermediate_size"], h), (h, cfg["intermediate_size"])]
+def layer_shapes(cfg: dict) -> tuple[tuple[int, int], ...]:
+    """``(out, in)`` of one layer's fused linears: qkv, o, gate-up, down, as the runner fuses them
+    (:attr:`worker.models.llama.weights.LlamaShape.linear_shapes`)."""
+    return LlamaShape.of(SimpleNamespace(rms_norm_eps=1e-5, **cfg), context=0).linear_shapes
 
 
 def best_ms(fn, passes: int) -> float:
