@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from urllib.parse import quote
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -101,7 +102,9 @@ class APIKeys:
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, missing: bool, option: str) -> None:
         client = scope.get("client")
-        log.info("401 for %s %s from %s: %s", scope.get("method"), scope["path"],
+        # the path as sent on the wire (percent-encoded, as uvicorn's access log shows it): a decoded
+        # path may hold a newline and forge a log line, and this line is logged for unauthenticated callers
+        log.info("401 for %s %s from %s: %s", scope.get("method"), quote(scope["path"]),
                  client[0] if client else "?", "no Bearer key" if missing else "a key that is not valid")
         if missing:
             message = (f"no API key: this gateway needs 'Authorization: Bearer KEY' with a key it was started "

@@ -265,3 +265,27 @@ def test_up_takes_the_same_key_options(monkeypatch, tmp_path):
     assert r.exit_code == 0 and clusters[-1].gateway.api_keys == (KEY,)
     r = CliRunner().invoke(main, ["up", "--api-key", KEY])  # no HTTP server to protect
     assert r.exit_code == 2 and "--http-port" in r.output and len(clusters) == 2
+
+
+def test_a_refusals_log_line_cannot_be_forged_through_the_path(caplog):
+    import asyncio
+
+    from gateway.auth import APIKeys
+
+    async def refuse(path: str) -> None:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [], "client": ("127.0.0.1", 1)}
+        await APIKeys(None, api_keys=(KEY,))(scope, receive, send)
+        assert sent[0]["status"] == 401
+
+    caplog.set_level(logging.INFO, logger="gateway.auth")
+    asyncio.run(refuse("/v1/x\n2026-12-01 00:00:00,000 gateway.server ERROR forged"))  # GET /v1/x%0A2026...
+    assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
+    assert "/v1/x%0A2026-12-01" in caplog.records[0].getMessage()
