@@ -275,7 +275,7 @@ def _read_key_file(path: str) -> list[str]:
     from gateway.config import API_KEY_RULE, is_api_key
 
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Notepad, PowerShell) is no key's part
             lines = f.read().splitlines()
     except (OSError, UnicodeError) as e:
         raise click.BadParameter(f"cannot read {path}: {e}", param_hint="--api-key-file") from None
@@ -292,6 +292,19 @@ def _read_key_file(path: str) -> list[str]:
     return keys
 
 
+def _refuse_blank_key_variables(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """A key option's variable (SLOTSERVE_SERVE_API_KEY, ...) set but blank is an error, as an empty
+    key file is: click reads a blank variable as unset, which would leave the gateway open (a Secret or
+    env file whose value is missing). Given on the command line, the option wins and the variable is unused."""
+    for name in names:
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            continue
+        var = f"{ctx.auto_envvar_prefix}_{name.upper()}"
+        if var in os.environ and not os.environ[var].strip():
+            raise click.UsageError(f"{var} is set but blank: it holds no key. Put the keys in it (space-separated), "
+                                   "or unset it to serve without keys")
+
+
 def _key_options(command):
     """--api-key/--api-key-file/--metrics-api-key: one definition for `slotserve serve` and
     `slotserve up`, passed on as ``api_keys`` and ``metrics_api_keys`` (tuples of keys; files read here).
@@ -300,6 +313,8 @@ def _key_options(command):
     @functools.wraps(command)
     def with_keys(*args, api_key, api_key_file, metrics_api_key, **kwargs):
         from gateway.config import API_KEY_RULE, is_api_key
+
+        _refuse_blank_key_variables(click.get_current_context(), ("api_key", "api_key_file", "metrics_api_key"))
 
         for option, given in (("--api-key", api_key), ("--metrics-api-key", metrics_api_key)):
             for i, key in enumerate(given, 1):

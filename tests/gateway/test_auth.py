@@ -289,3 +289,17 @@ def test_a_refusals_log_line_cannot_be_forged_through_the_path(caplog):
     asyncio.run(refuse("/v1/x\n2026-12-01 00:00:00,000 gateway.server ERROR forged"))  # GET /v1/x%0A2026...
     assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
     assert "/v1/x%0A2026-12-01" in caplog.records[0].getMessage()
+
+
+def test_cli_refuses_a_blank_key_variable_rather_than_serving_without_keys(served, tmp_path):
+    for var in ("SLOTSERVE_SERVE_API_KEY", "SLOTSERVE_SERVE_API_KEY_FILE", "SLOTSERVE_SERVE_METRICS_API_KEY"):
+        for blank in ("", "  \n"):  # a Secret or env file whose value is missing
+            r = serve([], env={var: blank})
+            assert r.exit_code == 2 and f"{var} is set but blank" in r.output, (var, r.output)
+    assert served == []
+    r = serve(["--api-key", KEY], env={"SLOTSERVE_SERVE_API_KEY": ""})  # the flag wins; the variable is unused
+    assert r.exit_code == 0 and served[-1].api_keys == (KEY,)
+    keys = tmp_path / "keys.txt"
+    keys.write_bytes(b"\xef\xbb\xbf" + KEY.encode() + b"\r\n")  # Notepad's UTF-8: a byte-order mark, CRLF
+    r = serve(["--api-key-file", str(keys)])
+    assert r.exit_code == 0 and served[-1].api_keys == (KEY,), r.output
