@@ -23,6 +23,7 @@ import asyncio
 import time
 
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
@@ -192,7 +193,7 @@ class Generate:
         self.drain.discard(call)
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
-        _check_json_media_type(request.headers.get("content-type"))
+        _check_json_body_headers(request.headers)
         limit = self.config.max_body_bytes
         too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
                                   "(slotserve serve --max-body-bytes)", code="request_too_large")
@@ -367,8 +368,8 @@ class _EventStream(StreamingResponse):
 _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
 
 
-def _check_json_media_type(content_type: str | None) -> None:
-    """Refuse a body declared as anything but JSON (400 ``unsupported_media_type``).
+def _check_json_body_headers(headers: Headers) -> None:
+    """Refuse a body declared as anything but plain JSON (400 ``unsupported_media_type``).
 
     ``application/json`` passes with any parameters (``; charset=utf-8``).
     Another type is refused before the body is read, as vLLM does (its
@@ -378,14 +379,30 @@ def _check_json_media_type(content_type: str | None) -> None:
     read as JSON, unlike vLLM: RFC 9110 (section 8.3) lets the recipient
     examine such data, and ``requests.post(url, data=json.dumps(body))``
     sends none; the openai SDK always sends ``application/json``.
+
+    Content-Type is one header (RFC 9110 section 5.3): sent twice, which one
+    a proxy or we would read is a guess, so it is refused. A
+    ``Content-Encoding`` other than ``identity`` (``gzip``...) is refused too
+    (RFC 9110 section 8.4: the server does not decode it): it was read as
+    JSON, so a gzipped body got "not valid JSON" and a plain body labelled
+    gzip was served.
     """
-    if content_type is None:
-        return
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type != "application/json":
-        shown = content_type[:80]
-        raise bad_request(f"the body must be JSON sent as 'Content-Type: application/json', not {shown!r} "
-                          "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
+    types = headers.getlist("content-type")
+    if len(types) > 1:
+        raise _not_plain_json(f"one Content-Type header, not {len(types)}")
+    if types:
+        media_type = types[0].split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            raise _not_plain_json(f"not {types[0][:80]!r}")
+    codings = [c.strip().lower() for v in headers.getlist("content-encoding") for c in v.split(",")]
+    if any(c not in ("", "identity") for c in codings):
+        shown = ", ".join(headers.getlist("content-encoding"))[:80]
+        raise _not_plain_json(f"uncompressed: Content-Encoding {shown!r} is not supported")
+
+
+def _not_plain_json(detail: str) -> APIError:
+    return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
+                       "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
 
 
 def _any_failed(call: _Call) -> bool:
