@@ -42,6 +42,7 @@ import re
 from pydantic_core import to_json
 
 from protocol.enums import ErrorCode
+from protocol.request import RequestParams
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
@@ -116,6 +117,7 @@ _STATUS = {
 
 # First words of the client's / worker's ValueError messages -> the HTTP body field they name.
 _PARAMS = {
+    **{name: name for name in RequestParams._fields},  # a field of the body's own name (logit_bias, min_p, ...)
     "prompt": "prompt", "max_tokens": "max_tokens", "stop_token": "stop_token_ids",
     "stop_sequences": "stop", "priority": "priority", "timeout_s": "timeout_s", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "seed": "seed", "chat": "messages", "messages": "messages",

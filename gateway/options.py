@@ -21,6 +21,11 @@ HTTP field                      ``RequestParams`` field
 ``min_tokens``                  ``min_tokens`` (default 0)
 ``priority``                    ``priority`` (lower first)
 ``timeout_s``                   ``timeout_s``
+``logit_bias``                  ``logit_bias`` (string keys, as OpenAI sends them, -> token ids)
+``presence_penalty``,           the fields of the same names (vLLM's extras ``repetition_penalty``
+``frequency_penalty``,          and ``min_p`` included); absent: off
+``repetition_penalty``,
+``min_p``
 =============================== ==============================================================
 """
 
@@ -64,7 +69,13 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         "top_k": 0 if body.top_k in (None, -1) else body.top_k,
         "seed": body.seed,
         "min_tokens": body.min_tokens or 0,
+        **{name: value for name in _AS_IS if (value := getattr(body, name)) is not None},
+        **({"logit_bias": {int(k): v for k, v in body.logit_bias.items()}} if body.logit_bias else {}),
     }
+
+
+_AS_IS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+"""Body fields passed to the request under their own names when given (absent: the request's default)."""
 
 
 def for_choice(options: dict[str, Any], index: int) -> dict[str, Any]:

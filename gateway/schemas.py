@@ -99,6 +99,16 @@ def _stop(value: Any) -> Any:
     return value
 
 
+def _logit_bias(value: Any) -> Any:
+    """``logit_bias`` as OpenAI sends it: a map whose keys are token ids written as strings
+    (``{"50256": -100}``); the values are checked by their type, the ranges by the request."""
+    if isinstance(value, dict):
+        for key in value:
+            if not (type(key) is str and key.isascii() and key.isdigit()):
+                raise _bad_type(f"logit_bias keys must be token ids (decimal strings), got {_shown(key)}")
+    return value
+
+
 def _neutral(value: Any, allowed: tuple) -> bool:
     """True when ``value`` is one of ``allowed`` with the same type (so ``0`` is not ``False``)."""
     return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
@@ -107,9 +117,6 @@ def _neutral(value: Any, allowed: tuple) -> bool:
 _NEUTRAL = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
@@ -148,12 +155,15 @@ class _Sampling(BaseModel):
     # ^ added to the model's EOS tokens
     ignore_eos: bool | None = None            # True: the model's EOS tokens do not stop
     timeout_s: float | None = None            # deadline, seconds from arrival
+    repetition_penalty: float | None = None   # vLLM's: > 0, 1 = off
+    min_p: float | None = None                # vLLM's: in [0, 1], 0 = off
+    # sampling controls (OpenAI's); their ranges are the request's (protocol.request), checked at submission
+    logit_bias: Annotated[dict[str, float] | None, BeforeValidator(_logit_bias)] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     # OpenAI fields slotserve does not implement: refused unless neutral
     logprobs: Any = None
     top_logprobs: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
     response_format: Any = None
     service_tier: Any = None
     store: Any = None

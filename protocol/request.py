@@ -38,9 +38,9 @@ from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
 
-__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "MAX_REQUEST_ID_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS",
-           "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
-           "check_request_id", "check_stop_token", "split_stop"]
+__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
+           "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage", "ModelLimits",
+           "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "split_stop"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -80,7 +80,9 @@ class ChatMessage(NamedTuple):
 class SamplingParams(NamedTuple):
     """How the next token is picked (OpenAI / vLLM names and ranges); the
     sampling part of :class:`RequestParams` (``params.sampling``), as a
-    model's sampler reads it.
+    model's sampler reads it (:mod:`worker.models.sampling`, which applies
+    them in vLLM's ``SamplingParams`` order: ``logit_bias``, the penalties,
+    temperature, top-k, top-p, min-p).
 
     - ``temperature``: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature);
       below :data:`GREEDY_BELOW` it is greedy too.
@@ -88,16 +90,55 @@ class SamplingParams(NamedTuple):
     - ``top_k``: keep the k most likely tokens; 0 = off.
     - ``seed``: when set, a request's random stream depends only on (seed,
       token position): the same tokens in any batch and after a migration.
+    - ``min_p``: in [0, 1]; drop the tokens whose probability is below
+      ``min_p`` times the most likely token's (vLLM's); 0 = off.
+    - ``logit_bias``: ``((token id, bias), ...)`` sorted by id, each bias in
+      [-100, 100] added to that token's logit (OpenAI's); () = none.
+    - ``repetition_penalty``: > 0; the logit of every token seen in the prompt
+      or the output is divided by it when positive and multiplied by it
+      otherwise (CTRL, Keskar et al. 2019; transformers'
+      ``RepetitionPenaltyLogitsProcessor``); 1 = off.
+    - ``presence_penalty``, ``frequency_penalty``: in [-2, 2]; subtracted
+      from the logit of every token generated so far, once and once per
+      occurrence (OpenAI's); 0 = off.
+
+    Greedy rows (:attr:`greedy`) take the argmax of the *processed* logits
+    (bias and penalties applied): only :attr:`is_plain_greedy` rows are the
+    argmax of the raw logits, which is what the shortcuts that skip the
+    sampler's stage (the screened LM head, speculative drafts) assume.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
+        """The draw is the argmax (of the processed logits, see :attr:`processed`)."""
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def processed(self) -> bool:
+        """True when a logits processor acts on this row (a bias or a penalty)."""
+        return bool(self.logit_bias) or self.counts_tokens
+
+    @property
+    def counts_tokens(self) -> bool:
+        """True when a penalty needs the row's token counts (repetition, presence, frequency)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with no processor: the token is the argmax of the raw logits. The one
+        predicate for every shortcut that relies on that (the screened LM head, speculative
+        drafts, the sampler's fast path)."""
+        return self.temperature < GREEDY_BELOW and not self.processed
 
 
 GREEDY_BELOW = 1e-5
@@ -106,6 +147,15 @@ Dividing logits by a temperature like 1e-40 overflows to inf and the softmax to 
 
 GREEDY = SamplingParams()
 """The default sampling: argmax."""
+
+MAX_LOGIT_BIAS = 300
+"""Most ``logit_bias`` entries per request (OpenAI's bound)."""
+
+LOGIT_BIAS_BOUND = 100.0
+"""A ``logit_bias`` value lies in [-LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND] (OpenAI's range)."""
+
+PENALTY_BOUND = 2.0
+"""``presence_penalty`` and ``frequency_penalty`` lie in [-PENALTY_BOUND, PENALTY_BOUND] (OpenAI's range)."""
 
 
 # --------------------------------------------------------------------------- field checks
@@ -254,6 +304,58 @@ def _seed(value: object, field: str) -> int | None:
     return None if value is None else as_int(value, field, minimum=0)
 
 
+def _min_p(value: object, field: str) -> float:
+    p = as_float(value, field)
+    if not 0 <= p <= 1:
+        raise ValueError(f"{field} must be in [0, 1] (0 = off), got {value!r}")
+    return p
+
+
+def _penalty(value: object, field: str) -> float:
+    p = as_float(value, field)
+    if not -PENALTY_BOUND <= p <= PENALTY_BOUND:
+        raise ValueError(f"{field} must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off), got {value!r}")
+    return p
+
+
+def _repetition_penalty(value: object, field: str) -> float:
+    p = as_float(value, field)
+    if not p > 0:
+        raise ValueError(f"{field} must be > 0 (1 = off), got {value!r}")
+    return p
+
+
+def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
+    """A map token id -> bias, or (as off the wire) a sequence of (id, bias) pairs; zero biases dropped."""
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif is_sequence(value):
+        pairs = list(value)  # type: ignore[call-overload]
+    else:
+        raise ValueError(f"{field} must be a map of token id -> bias, got {type(value).__name__}")
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise ValueError(f"{field} holds {len(pairs)} entries; at most {MAX_LOGIT_BIAS} are allowed")
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ValueError(f"{field} entries must be (token id, bias) pairs, got {pair!r:.50}")
+        token, bias = pair
+        if type(token) is not int:
+            token = as_int(token, f"{field} key", minimum=0)  # (bools refused; numpy ints taken)
+        if not 0 <= token <= WIRE_INT_MAX:
+            raise ValueError(f"{field} keys must be token ids (ints >= 0), got {token!r}")
+        if token in out:
+            raise ValueError(f"{field} gives token {token} twice")
+        b = as_float(bias, f"{field}[{token}]")
+        if not -LOGIT_BIAS_BOUND <= b <= LOGIT_BIAS_BOUND:
+            raise ValueError(f"{field}[{token}] must be in [-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}], "
+                             f"got {bias!r}")
+        out[token] = b
+    return tuple(sorted((t, b) for t, b in out.items() if b != 0.0))
+
+
 # --------------------------------------------------------------------------- the definition
 
 
@@ -291,6 +393,17 @@ class _Fields(NamedTuple):
     # ends before the string. Needs a model with a tokenizer. Matched in the worker (worker/text.py).
     include_stop_str_in_output: Annotated[bool, _flag] = False
     # True: the text ends after the matched stop string instead (vLLM's option of this name).
+    logit_bias: Annotated[tuple[tuple[int, float], ...], _logit_bias] = GREEDY.logit_bias
+    # token id -> bias in [-100, 100] added to its logit (OpenAI's; at most MAX_LOGIT_BIAS entries); a map,
+    # or (id, bias) pairs. Normalised: sorted (id, bias) pairs, zeros dropped. See SamplingParams for the rest.
+    repetition_penalty: Annotated[float, _repetition_penalty] = GREEDY.repetition_penalty
+    # > 0; 1 = off. Over prompt + output tokens (resumed ones are output).
+    presence_penalty: Annotated[float, _penalty] = GREEDY.presence_penalty
+    # in [-2, 2]; 0 = off. Over output tokens (resumed ones included).
+    frequency_penalty: Annotated[float, _penalty] = GREEDY.frequency_penalty
+    # in [-2, 2]; 0 = off. Over output tokens, per occurrence.
+    min_p: Annotated[float, _min_p] = GREEDY.min_p
+    # in [0, 1]; 0 = off.
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -298,6 +411,7 @@ _REQUIRED = object()  # "no default": never identical to a value
 _CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _REQUIRED))
                 for name, hint in get_type_hints(_Fields, include_extras=True).items())
 """(name, check, default) per field; a value that *is* the default needs no check."""
+_NO_PROCESSORS = (GREEDY.logit_bias, GREEDY.repetition_penalty, GREEDY.presence_penalty, GREEDY.frequency_penalty)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
 
 ROW_ALIASES = {"messages": "prompt"}
@@ -385,11 +499,16 @@ class RequestParams(_Fields):
 
     @property
     def sampling(self) -> SamplingParams:
-        """The sampling fields as a :class:`SamplingParams` (:data:`GREEDY` below
-        :data:`GREEDY_BELOW`, where the others do not matter)."""
+        """The sampling fields as a :class:`SamplingParams`; greedy (below :data:`GREEDY_BELOW`)
+        with the draw's options at their defaults, where they do not matter (:data:`GREEDY`
+        itself when no processor is set either)."""
+        processors = (self.logit_bias, self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
         if self.temperature < GREEDY_BELOW:
-            return GREEDY
-        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+            if processors == _NO_PROCESSORS:
+                return GREEDY
+            return SamplingParams(GREEDY.temperature, GREEDY.top_p, GREEDY.top_k, GREEDY.seed, GREEDY.min_p,
+                                  *processors)
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_p, *processors)
 
     def check_resume(self, tokens: object, vocab_size: int | None = None) -> tuple[int, ...]:
         """``tokens`` already generated for this request elsewhere (migration,
@@ -481,6 +600,9 @@ class ModelLimits:
                 check_vocab(params.stop_token, "stop_token", vocab_size)
             for i, seq in enumerate(params.stop_sequences):
                 check_vocab(seq, f"stop_sequences[{i}]", vocab_size)
+        if vocab_size is not None and params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
+            raise ValueError(f"logit_bias holds token id {params.logit_bias[-1][0]}, outside the model's "
+                             f"vocabulary [0, {vocab_size})")
         max_seq_len = self.max_seq_len
         if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
             raise ContextLengthError(

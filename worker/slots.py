@@ -104,7 +104,7 @@ class SlotTable:
             seqs.append(seq)
             if inputs is not None:
                 si = self._slot_inputs[slot]
-                si.tokens, si.sampling = seq, req.params.sampling
+                si.tokens, si.sampling, si.prompt_len = seq, req.params.sampling, req._prompt_tokens
                 inputs.append(si)
             # Its k-th new token is appended in iteration (now + k - 1).
             at = it + req.to_generate
@@ -173,7 +173,7 @@ class SlotTable:
                 self.pending.pop(req, None)
             if inputs is not None:
                 si = self._slot_inputs[slot]
-                si.tokens, si.sampling = _NO_TOKENS, GREEDY
+                si.tokens, si.sampling, si.prompt_len = _NO_TOKENS, GREEDY, 0
             if req.stop_tokens is not default_stop:
                 self._count_stops(req.stop_tokens, -1)
             if req.matcher is not None:

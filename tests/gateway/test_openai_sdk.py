@@ -282,7 +282,7 @@ def test_text_for_a_model_without_tokenizer_is_400(oai):
 @pytest.mark.parametrize("kw, param", [
     ({"logprobs": 2}, "logprobs"),
     ({"echo": True}, "echo"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"suffix": "!"}, "suffix"),
 ])
 def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, param):
     before = metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="501")

@@ -71,11 +71,15 @@ class SlotInput:
     - ``tokens``: the request's full sequence so far (prompt + generated),
       the engine's own list -- read it, never mutate or keep it.
     - ``sampling``: how to pick the next token.
+    - ``prompt_len``: ``tokens[:prompt_len]`` is the prompt, the rest the
+      output (resumed tokens of a migrated request included): what the
+      penalties count (:mod:`worker.models.processors`).
     """
 
     slot: int
     tokens: list[int]
     sampling: SamplingParams = GREEDY
+    prompt_len: int = 0
 
 
 @runtime_checkable

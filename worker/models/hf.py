@@ -235,6 +235,7 @@ class HFSlotModel:
 
     def bind_slots(self, num_slots: int) -> None:
         """Allocate the KV cache for ``num_slots`` slots (drops any earlier one)."""
+        self._sampler.bind(num_slots)
         cfg = self.model.config
         heads = cfg.num_attention_heads
         self._cache = SlotKVCache(
@@ -251,6 +252,7 @@ class HFSlotModel:
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row (its contents are overwritten by the next user); when it
         was the last one in use, return freed heap to the OS (see :mod:`worker.models.heap`)."""
+        self._sampler.release(slot)
         row = self._rows.release(slot)
         if row is not None:
             self._cache.reset_row(row)
@@ -283,7 +285,7 @@ class HFSlotModel:
                     logits[i] = row_logits
             stacked = torch.stack(logits)
             return self._sampler.pick(
-                stacked, [item.sampling for item in batch], [len(item.tokens) for item in batch]
+                stacked, [item.sampling for item in batch], [len(item.tokens) for item in batch], inputs=batch
             )
 
     # -- internals ---------------------------------------------------------

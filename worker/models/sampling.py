@@ -1,16 +1,29 @@
-"""Next-token selection from logits, shared by every model runner.
+"""Next-token selection from logits, shared by every model runner: the one place a token is chosen.
 
-Greedy, temperature, top-k, top-p and seeds, for a whole batch at once:
-one pass of tensor ops over the rows and one host synchronisation (the
-final ``tolist``), so it costs the same on CPU and CUDA and never loops
-over the vocabulary in Python.
+For a whole batch at once, in vLLM's ``SamplingParams`` order
+(vllm/sampling_params.py, vllm/model_executor/layers/sampler.py): raw logits
+-> ``logit_bias`` -> repetition, presence and frequency penalties (the
+logits processors, :mod:`worker.models.processors`) -> temperature -> top-k
+-> top-p -> min-p -> the draw (greedy or seeded). One pass of tensor ops over
+the rows that use a stage, and one host synchronisation (the final
+``tolist``), so it costs the same on CPU and CUDA and never loops over the
+vocabulary in Python. A row that is plain greedy
+(:attr:`~protocol.request.SamplingParams.is_plain_greedy`) is the argmax of
+its raw logits and pays for nothing else; every other row is copied out of
+the batch first, so the raw logits stay as the model made them (for
+logprobs, read from the same ``logits``).
 
 Filters follow the usual definitions (as in transformers' ``TopKLogitsWarper``
 and ``TopPLogitsWarper`` and vLLM): temperature divides the logits; top-k
 keeps the tokens whose score is at least the ``k``-th largest (ties kept);
 top-p keeps the smallest set of most likely tokens whose probability mass
-reaches ``p`` (the most likely token is always kept), applied after top-k.
-The draw is inverse-CDF sampling: token ``i`` is the first whose cumulative
+reaches ``p`` (the most likely token is always kept), applied after top-k;
+min-p drops the tokens whose probability is below ``min_p`` times the
+largest (vLLM's ``_apply_min_p``; a ratio of probabilities, so the same
+before or after the other two, which never drop the most likely token).
+A greedy row with a processor is the argmax of its processed logits
+(temperature, top-k, top-p and min-p never move the argmax). The draw is
+inverse-CDF sampling: token ``i`` is the first whose cumulative
 probability exceeds ``u * total`` for one uniform ``u`` in [0, 1) per row,
 so a token of probability 0 is never drawn.
 
@@ -19,7 +32,8 @@ sequence position ``p`` (0-based index of the token being generated in
 prompt + output) with ``u`` derived from ``mix_seed(seed, p)``. The draw
 depends only on the request's own logits row, its seed and ``p`` -- never on
 the batch, the slot, the worker or how many tokens were drawn before -- so a
-request resumed elsewhere with ``resume_tokens`` continues the same stream.
+request resumed elsewhere with ``resume_tokens`` continues the same stream
+(and its penalties count the resumed tokens as output, as uninterrupted).
 Unseeded requests draw ``u`` from one per-sampler generator seeded from the
 OS.
 
@@ -29,9 +43,10 @@ Numeric containment: a failure in one row never touches another.
   1e-40 overflows to inf and the softmax to NaN).
 - Scores are shifted by the row maximum before the division, so any
   temperature > 0 gives finite scores for finite logits.
-- A row whose logits contain NaN or +inf, or no finite value at all, gets a
-  :class:`~worker.errors.ModelError` instead of a token; the engine ends that
-  request with ``finish_reason="error"`` and the rest of the batch goes on.
+- A row whose logits contain NaN or +inf, or no finite value at all (before
+  or after its processors), gets a :class:`~worker.errors.ModelError`
+  instead of a token; the engine ends that request with
+  ``finish_reason="error"`` and the rest of the batch goes on.
 """
 
 from __future__ import annotations
@@ -42,8 +57,13 @@ from collections.abc import Sequence
 
 import torch
 
+from protocol.request import GREEDY, SamplingParams
 from worker.errors import ModelError
-from protocol.request import SamplingParams
+from worker.models.base import SlotInput
+from worker.models.processors import LogitsProcessors
+from worker.models.transfer import to_device
+
+__all__ = ["NonFiniteLogits", "Sampler", "argmax_rows", "mix_seed", "to_device", "uniform"]
 
 _MASK64 = (1 << 64) - 1
 _NO_TOP_P = 2.0  # a top_p that never drops a token, even when the cumulative sum rounds past 1
@@ -66,19 +86,6 @@ def mix_seed(seed: int, position: int) -> int:
 def uniform(seed: int, position: int) -> float:
     """A uniform float in [0, 1) from (seed, position): the top 53 bits of :func:`mix_seed`."""
     return (mix_seed(seed, position) >> 10) / float(1 << 53)
-
-
-def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A tensor of the Python ``values`` on ``device`` without a host synchronisation.
-
-    ``torch.tensor(values, device="cuda")`` copies from pageable memory and
-    waits for the GPU; here the values go through pinned memory with a
-    non-blocking copy, ordered on the current stream like any kernel.
-    """
-    t = torch.tensor(values, dtype=dtype)
-    if torch.device(device).type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def argmax_rows(logits: torch.Tensor, block: int = 64) -> torch.Tensor:
@@ -105,31 +112,50 @@ class NonFiniteLogits(ModelError):
 
 
 class Sampler:
-    """Picks one token per logits row according to each row's :class:`SamplingParams`."""
+    """Picks one token per logits row according to each row's :class:`SamplingParams`.
+
+    Stateful only for the penalties' token counts, per slot: a runner calls
+    :meth:`bind` with its slot count and :meth:`release` when a slot is freed.
+    """
 
     def __init__(self) -> None:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.processors = LogitsProcessors()
+
+    def bind(self, num_slots: int) -> None:
+        """``num_slots`` slots from now on, none holding counted tokens."""
+        self.processors.bind(num_slots)
+
+    def release(self, slot: int) -> None:
+        """The slot's request is gone (its token counts are cleared)."""
+        self.processors.release(slot)
 
     def pick(self, logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
-             failed: torch.Tensor | None = None) -> list[int | ModelError]:
+             failed: torch.Tensor | None = None, inputs: Sequence[SlotInput] | None = None
+             ) -> list[int | ModelError]:
         """Return one entry per row: a token id, or a :class:`NonFiniteLogits` for a failed row.
 
-        - ``logits``: float tensor ``[B, vocab]`` on any device.
+        - ``logits``: float tensor ``[B, vocab]`` on any device; never modified.
         - ``params[b]``: how to pick for row ``b``.
         - ``positions[b]``: sequence position of the token being generated.
         - ``failed``: optional bool ``[B]``, rows the model already knows went
           non-finite (e.g. an earlier token of the sequence).
+        - ``inputs[b]``: row ``b``'s slot and sequence, read only for the rows
+          with a penalty (ValueError if they have none); one row per slot.
         """
         tokens = argmax_rows(logits)
         bad = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN
         if failed is not None:
             bad |= failed
-        rows = [b for b, p in enumerate(params) if not p.greedy]
+        rows = [b for b, p in enumerate(params) if p is not GREEDY and not p.is_plain_greedy]
         if rows:
             index = to_device(rows, torch.long, logits.device)
-            drawn = self._sample(logits.index_select(0, index), [params[b] for b in rows],
-                                 [positions[b] for b in rows])
-            tokens = tokens.index_copy(0, index, drawn)
+            some = [params[b] for b in rows]
+            scores = logits.index_select(0, index).float()  # a copy: the raw logits stay
+            if any(p.processed for p in some):
+                self.processors.apply(scores, some, None if inputs is None else [inputs[b] for b in rows])
+                bad = bad.index_copy(0, index, bad.index_select(0, index) | ~torch.isfinite(scores.amax(dim=-1)))
+            tokens = tokens.index_copy(0, index, self._draw(scores, some, [positions[b] for b in rows]))
         out = torch.where(bad, -1, tokens).tolist()  # the one host sync
         if -1 in out:
             for b, t in enumerate(out):
@@ -138,6 +164,22 @@ class Sampler:
                         "the model produced non-finite values (NaN or inf) for this request; "
                         "the other requests in the batch are not affected")
         return out
+
+    def _draw(self, scores: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
+        """The token of each processed row: the argmax for greedy rows, else :meth:`_sample`."""
+        greedy = [r for r, p in enumerate(params) if p.greedy]
+        if not greedy:
+            return self._sample(scores, params, positions)
+        if len(greedy) == len(params):
+            return argmax_rows(scores)
+        device = scores.device
+        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        at = to_device(sampled, torch.long, device)
+        drawn = self._sample(scores.index_select(0, at), [params[r] for r in sampled],
+                             [positions[r] for r in sampled])
+        g = to_device(greedy, torch.long, device)
+        out = torch.empty(len(params), dtype=torch.long, device=device)
+        return out.index_copy_(0, g, argmax_rows(scores.index_select(0, g))).index_copy_(0, at, drawn)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[-1]
@@ -156,6 +198,11 @@ class Sampler:
             drop = (probs.cumsum(dim=-1) - probs) >= to_device(top_p, torch.float32, device)[:, None]
             drop |= ordered == float("-inf")
             scores = scores.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+        min_p = [p.min_p for p in params]
+        if any(min_p):  # vLLM's _apply_min_p: drop probs < min_p * max prob
+            probs = torch.softmax(scores, dim=-1)
+            floor = to_device(min_p, torch.float32, device)[:, None] * probs.amax(dim=-1, keepdim=True)
+            scores = scores.masked_fill(probs < floor, float("-inf"))
         cdf = torch.softmax(scores, dim=-1).double().cumsum(dim=-1)
         u = [self._rng.random() if p.seed is None else uniform(p.seed, pos)
              for p, pos in zip(params, positions)]

@@ -15,7 +15,9 @@ Inputs live in one static ``[4, max_batch]`` tensor (tokens, positions,
 write positions, lengths), filled by one host-to-device copy per step;
 the cache is allocated whole (``capacity = max_len``) so the graphs can hold
 it. Nothing in the step synchronises with the host: the only sync is the
-sampler's ``tolist`` of the sampled tokens. A graph is captured the first
+sampler's ``tolist`` of the sampled tokens. The graphs return every row's
+full logits, so every sampling option (bias, penalties, filters) applies to
+them unchanged: no shortcut here assumes greedy. A graph is captured the first
 time its pair is needed (a warm-up run, which is the real step, then the
 capture; replaying it again is idempotent: same inputs, same cache writes).
 

@@ -19,7 +19,7 @@ Per iteration (:meth:`LlamaRunner.step`):
    token (one host synchronisation).
 
 Speculative decoding (``speculative_tokens > 0``, CPU): before step 3, each
-greedy decode row gets up to that many draft tokens looked up in its own
+plain greedy decode row (no logits processor) gets up to that many draft tokens looked up in its own
 tokens (:mod:`worker.models.llama.lookup`); the forward computes the row's
 token and its drafts as consecutive queries of the decode attention (one
 ``[rows * queries]`` layout, padding where a row has fewer), and the row
@@ -114,6 +114,7 @@ class LlamaRunner:
             capacity_step=None if self.device != "cpu" else self._capacity_step)  # None: whole, lazily on CPU
         self._rows = SlotRows(num_slots)
         self._lookup = PromptLookup(num_slots)
+        self._sampler.bind(num_slots)
         # per cache row: a token of its request went non-finite (see model.forward)
         self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         if self.device == "cuda":
@@ -123,6 +124,7 @@ class LlamaRunner:
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row; when it was the last one in use, return freed heap to the OS."""
+        self._sampler.release(slot)
         row = self._rows.release(slot)
         if row is not None:
             self.kv_cache.clear(row)
@@ -145,7 +147,7 @@ class LlamaRunner:
                 positions = [len(batch[i].tokens) for i in out_index]
                 rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
                 failed = self._failed.index_select(0, rows) > 0
-                picks = self._sampler.pick(logits, params, positions, failed)
+                picks = self._sampler.pick(logits, params, positions, failed, [batch[i] for i in out_index])
                 if self._drafts:
                     self._accept(out, out_index, picks)
                 else:
@@ -195,8 +197,10 @@ class LlamaRunner:
 
         Rows come for the entries that get a token this iteration; None when
         none does. Advances the cache like :meth:`step` (for tests and benchmarks).
-        ``greedy_only``: a greedy entry's row may be exact only where its argmax
-        can be (``-inf`` elsewhere; the weights' screened head, fp32 on CPU).
+        ``greedy_only``: a plain greedy entry's row (``SamplingParams.is_plain_greedy``: no bias,
+        no penalty, so its token is the argmax of its raw logits) may be exact only where its
+        argmax can be (``-inf`` elsewhere; the weights' screened head, fp32 on CPU); every other
+        row gets the full head.
         """
         cache = self.kv_cache
         if cache is None:
@@ -224,7 +228,12 @@ class LlamaRunner:
     # -- internals ---------------------------------------------------------
 
     def _propose(self, batch, decode: dict[int, int]) -> dict[int, Draft]:
-        """Draft tokens for the greedy decode rows, by batch index.
+        """Draft tokens for the plain greedy decode rows (``SamplingParams.is_plain_greedy``), by batch index.
+
+        A row with a logits processor gets none: its pick is not the argmax
+        the drafts are checked against, and its penalties would have to count
+        each earlier draft; prompt lookup drafts repeats of the row's own
+        n-grams, which are what the penalties push down (see the module docstring).
 
         At most ``speculative_tokens`` each, and none past ``max_seq_len - 2``
         (the last position is the cache's scratch position)."""
@@ -233,7 +242,7 @@ class LlamaRunner:
             item = batch[i]
             pos = lengths[row]  # the row's token is at pos; its drafts would go to pos + 1 ..
             room = min(k, limit - pos)
-            if room > 0 and item.sampling.greedy:
+            if room > 0 and item.sampling.is_plain_greedy:
                 tokens = self._lookup.propose(row, item.tokens, room)
                 if tokens:
                     drafts[i] = Draft(row, pos, tokens)
@@ -282,7 +291,7 @@ class LlamaRunner:
         inputs = decode_inputs(batch, decode, cache, self._drafts, queries)
         n_decode = len(inputs.ids)
         prefill = add_prefill(inputs, batch, chunks, cache)
-        greedy = ([batch[i].sampling.greedy for i in inputs.out_index]
+        greedy = ([batch[i].sampling.is_plain_greedy for i in inputs.out_index]
                   if greedy_only and self.weights.greedy_head is not None else None)
         plan = step_plan(inputs, n_decode, prefill, queries, greedy, device)
         with _attention_kernels(device):

@@ -1,5 +1,13 @@
 """Exact greedy picks from an fp32 LM head at about a bf16 product's cost: screen in bf16, decide in fp32.
 
+When it applies: to plain greedy rows only
+(:attr:`protocol.request.SamplingParams.is_plain_greedy`: greedy, no
+``logit_bias``, no penalty), whose token is the argmax of the raw logits.
+A row with a processor can pick a token far from the raw argmax (a bias of
++100), so it gets the full head and the sampler processes all its logits:
+the simplest exact choice, and it costs such a row only what a sampled
+row pays already.
+
 A greedy row needs only the argmax of its fp32 logits ``f = W h`` (``W``
 ``[V, K]`` fp32, ``h`` ``[K]`` fp32). A bf16 product ``a`` (``h`` and ``W``
 rounded to bf16, products summed in fp32 by oneDNN, the result rounded to

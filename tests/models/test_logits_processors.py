@@ -1,0 +1,248 @@
+"""The sampler's logits processors (worker/models/processors.py) and min_p, each against an
+independent reference: transformers' RepetitionPenaltyLogitsProcessor and generate, OpenAI's
+presence/frequency formula written out, vLLM's min_p definition written out; in mixed batches,
+with speculative decoding on, after a migration, and through the screened LM head."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from protocol.request import RequestParams  # noqa: E402
+from tests.models.test_llama_speculative import CountingSteps, repetitive_prompts  # noqa: E402
+from tests.support.reference import greedy_generate  # noqa: E402
+from tests.support.slot_models import TINY_LLAMA_VOCAB, generate_alone, random_prompts  # noqa: E402
+from worker import BatchInferenceEngine  # noqa: E402
+from worker.models import load_model  # noqa: E402
+from worker.models.base import SlotInput  # noqa: E402
+from worker.models.processors import LogitsProcessors  # noqa: E402
+from worker.models.sampling import Sampler, uniform  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+V = 96
+
+
+def sampling(**options):
+    return RequestParams([1], 2, **options).sampling
+
+
+def histories(seed: int, rows: int) -> list[SlotInput]:
+    rng = random.Random(seed)
+    out = []
+    for slot in range(rows):
+        prompt_len = rng.randint(1, 12)
+        tokens = [rng.randrange(8) for _ in range(prompt_len + rng.randint(0, 12))]  # few ids: repeats
+        out.append(SlotInput(slot=slot, tokens=tokens, prompt_len=prompt_len))
+    return out
+
+
+def processed(params, inputs, logits):
+    stage = LogitsProcessors()
+    stage.bind(len(inputs))
+    scores = logits.clone()
+    stage.apply(scores, params, inputs)
+    return scores
+
+
+def test_repetition_penalty_is_transformers_processor_over_prompt_and_output():
+    inputs = histories(0, 5)
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(0)) * 4
+    for penalty in (1.3, 0.7):
+        got = processed([sampling(repetition_penalty=penalty)] * 5, inputs, logits)
+        for r, si in enumerate(inputs):
+            want = transformers.RepetitionPenaltyLogitsProcessor(penalty)(
+                torch.tensor([si.tokens]), logits[r:r + 1].clone())
+            assert torch.equal(got[r], want[0])
+
+
+def test_presence_and_frequency_penalties_are_openais_formula_over_output_tokens():
+    inputs = histories(1, 6)
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(1))
+    params = [sampling(presence_penalty=0.6, frequency_penalty=-0.4), sampling(frequency_penalty=2.0),
+              sampling(presence_penalty=-2.0)] * 2
+    got = processed(params, inputs, logits)
+    for r, (p, si) in enumerate(zip(params, inputs)):
+        want = logits[r].tolist()
+        output = si.tokens[si.prompt_len:]
+        for j in range(V):  # OpenAI: mu[j] - c[j] * alpha_frequency - float(c[j] > 0) * alpha_presence
+            c = output.count(j)
+            want[j] = want[j] - c * p.frequency_penalty - float(c > 0) * p.presence_penalty
+        assert torch.allclose(got[r], torch.tensor(want), atol=1e-5)
+
+
+def test_logit_bias_is_added_and_rows_without_processors_are_untouched():
+    inputs = histories(2, 4)
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(2))
+    params = [sampling(logit_bias={3: 100, 90: -2.5}), sampling(), sampling(repetition_penalty=1.5,
+                                                                            logit_bias={0: 1}), sampling()]
+    got = processed(params, inputs, logits)
+    want = logits.clone()
+    want[0, 3] += 100
+    want[0, 90] -= 2.5
+    want[2, 0] += 1
+    want[2:3] = transformers.RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([inputs[2].tokens]), want[2:3])
+    assert torch.equal(got, want)
+
+
+def test_counts_are_kept_incrementally_and_cleared_when_the_slot_is_released():
+    stage = LogitsProcessors()
+    stage.bind(2)
+    si = SlotInput(slot=1, tokens=[5, 5, 6], prompt_len=2)
+    p = [sampling(frequency_penalty=1.0)]
+    for step in range(4):
+        stage.apply(torch.zeros(1, V), p, [si])
+        si.tokens.append(7)
+    counts = stage.token_counts
+    assert counts.counts[1, 7].item() == 3 and counts.counts[1, 6].item() == 1 and counts.counts[1, 5].item() == 0
+    assert counts.seen[1, 5] and not counts.seen[0].any()
+    stage.release(1)
+    assert not counts.seen.any() and not counts.counts.any()
+    other = SlotInput(slot=1, tokens=[9, 9], prompt_len=1)  # a new occupant: only its own tokens count
+    stage.apply(torch.zeros(1, V), p, [other])
+    assert counts.counts[1].tolist() == [1.0 if j == 9 else 0.0 for j in range(V)]
+
+
+def test_min_p_is_vllms_definition_with_the_same_draw():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, V, generator=gen) * 3
+    temperature, min_p = 0.9, 0.2
+    params = [sampling(temperature=temperature, min_p=min_p, seed=11)] * 6
+    positions = list(range(40, 46))
+    got = Sampler().pick(logits, params, positions)
+    for r in range(6):
+        # vLLM's _apply_min_p: probs = softmax(logits / T); drop probs < min_p * max prob
+        scaled = (logits[r] - logits[r].max()) / temperature
+        probs = torch.softmax(scaled, dim=-1)
+        kept = probs >= min_p * probs.max()
+        cdf = torch.softmax(scaled.masked_fill(~kept, float("-inf")), dim=-1).double().cumsum(dim=-1)
+        want = int(torch.searchsorted(cdf, uniform(11, positions[r]) * cdf[-1:], right=True).clamp(max=V - 1))
+        assert got[r] == want and kept[want]
+    # and over many draws, only kept tokens come out
+    row = logits[:1].expand(200, V)
+    drawn = Sampler().pick(row, [params[0]] * 200, list(range(200)))
+    scaled = (logits[0] - logits[0].max()) / temperature
+    probs = torch.softmax(scaled, dim=-1)
+    assert set(drawn) <= set(torch.nonzero(probs >= min_p * probs.max()).flatten().tolist())
+
+
+def test_a_biased_greedy_row_picks_the_biased_argmax_and_leaves_the_raw_logits_alone():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(4))
+    raw = logits.clone()
+    target = int(logits[1].argmin())
+    got = Sampler().pick(logits, [sampling(), sampling(logit_bias={target: 100}), sampling()], [5, 5, 5])
+    assert got == [int(logits[0].argmax()), target, int(logits[2].argmax())]
+    assert torch.equal(logits, raw)
+
+
+# --------------------------------------------------------------------------- through the runner
+
+
+def run(model, requests, batch_size=4):
+    engine = BatchInferenceEngine(model, batch_size=batch_size)
+    handles = [engine.submit_request(p, n, **o) for p, n, o in requests]
+    engine.run()
+    return [h.tokens for h in handles]
+
+
+def hf_greedy(ref, prompt, n, **processors):
+    """transformers' greedy ``generate`` with its own logits processors (``repetition_penalty``,
+    ``sequence_bias``), as :func:`generate_alone` (no EOS)."""
+    return greedy_generate(ref, prompt, n, eos_token_id=None, pad_token_id=0, **processors)
+
+
+def openai_penalised_greedy(ref, prompt, n, presence, frequency, resume=()):
+    """Greedy decoding with OpenAI's formula applied by hand to transformers' logits, one token at a time."""
+    seq, out = list(prompt) + list(resume), list(resume)
+    with torch.inference_mode():
+        for _ in range(n - len(resume)):
+            x = ref(torch.tensor([seq])).logits[0, -1].float().clone()
+            for j in set(out):
+                c = out.count(j)
+                x[j] = x[j] - frequency * c - presence * float(c > 0)
+            seq.append(int(x.argmax()))
+            out.append(seq[-1])
+    return out
+
+
+def test_mixed_batch_penalties_equal_transformers_and_plain_rows_are_unchanged(model_dir, reference):
+    prompts = repetitive_prompts(6, seed=5)  # their greedy continuations repeat: the penalties act
+    rep = {"repetition_penalty": 4.0}
+    pf = {"presence_penalty": 2.0, "frequency_penalty": 2.0}
+    banned = generate_alone(reference, prompts[4], 1)[0]  # its first greedy token
+    bias = {"logit_bias": {7: 4.0, banned: -100.0}}
+    options = [{}, rep, {}, pf, bias, {"temperature": 0.8, "seed": 3, "min_p": 0.1, "repetition_penalty": 1.2}]
+    n = 14
+    mixed = run(load_model(model_dir), [(p, n, o) for p, o in zip(prompts, options)])
+    alone = run(load_model(model_dir), [(p, n, {}) for p, o in zip(prompts, options) if not o])
+    assert [mixed[0], mixed[2]] == alone == [generate_alone(reference, prompts[i], n) for i in (0, 2)]
+    assert mixed[1] == hf_greedy(reference, prompts[1], n, repetition_penalty=4.0)
+    assert mixed[3] == openai_penalised_greedy(reference, prompts[3], n, 2.0, 2.0)
+    assert mixed[4] == hf_greedy(reference, prompts[4], n, sequence_bias={(7,): 4.0, (banned,): -100.0})
+    assert banned not in mixed[4]
+    for i in (1, 3, 4):  # each processor changed something
+        assert mixed[i] != generate_alone(reference, prompts[i], n)
+    # the sampled row with processors is batch invariant (seeded) and reproducible
+    assert run(load_model(model_dir), [(prompts[5], n, options[5])]) == [mixed[5]]
+
+
+def test_speculative_decoding_drafts_plain_rows_only_and_penalised_rows_keep_their_tokens(model_dir, reference):
+    prompts = repetitive_prompts(6, seed=2)
+    options = [{}, {"repetition_penalty": 1.5}, {"frequency_penalty": 0.8}, {},
+               {"logit_bias": {5: 3.0}}, {"presence_penalty": 1.0, "repetition_penalty": 1.1}]
+    requests = [(p, 24, o) for p, o in zip(prompts, options)]
+    plain = run(load_model(model_dir), requests)
+    runner = load_model(model_dir)
+    runner.speculative_tokens = 3
+    counting = CountingSteps(runner)
+    drafted_params = []
+    step = runner.step
+
+    def spy(batch):
+        out = step(batch)
+        drafted_params.extend(batch[i].sampling for i in runner._drafts)
+        return out
+
+    runner.step = spy
+    assert run(counting, requests) == plain
+    assert counting.several > 0 and drafted_params and all(p.is_plain_greedy for p in drafted_params)
+    assert plain[1] == hf_greedy(reference, prompts[1], 24, repetition_penalty=1.5)
+
+
+def test_a_resumed_request_continues_as_uninterrupted(model_dir):
+    prompt = random_prompts(1, seed=8, max_len=16)[0]
+    for options in ({"repetition_penalty": 1.6, "frequency_penalty": 0.7, "presence_penalty": 0.5},
+                    {"temperature": 0.9, "seed": 5, "frequency_penalty": 1.5, "min_p": 0.05}):
+        whole = run(load_model(model_dir), [(prompt, 16, options)])[0]
+        engine = BatchInferenceEngine(load_model(model_dir), batch_size=2)
+        other = engine.submit_request(random_prompts(1, seed=9)[0], 10, presence_penalty=1.0)
+        resumed = engine.submit_request(prompt, 16, resume_tokens=whole[:6], **options)
+        engine.run()
+        assert resumed.tokens == whole, options
+        assert other.finish_reason is not None
+
+
+def test_the_screened_head_leaves_biased_and_penalised_rows_to_the_full_head(tmp_path):
+    from tests.support.slot_models import save_tiny_llama
+    from worker.models.llama import from_hf
+    from worker.models.llama.screen import bf16_product_available
+
+    if not bf16_product_available():
+        pytest.skip("oneDNN has no bf16 product on this CPU")
+    reference = save_tiny_llama(tmp_path, tie_word_embeddings=True)
+    model = from_hf(transformers.AutoModelForCausalLM.from_pretrained(tmp_path), screen_head=True)
+    assert model.weights.greedy_head is not None
+    prompt = random_prompts(1, seed=10, max_len=20)[0]
+    with torch.inference_mode():
+        raw = reference(torch.tensor([prompt])).logits[0, -1]
+    target = int(raw.argsort()[TINY_LLAMA_VOCAB // 2])  # a middling token, far from the argmax
+    bias = {target: 100.0}
+    got = run(model, [(prompt, 6, {"logit_bias": bias}), (prompt, 6, {}), (prompt, 6, {"repetition_penalty": 2.0})])
+    assert got[0][0] == target != int(raw.argmax())
+    assert got[0] == hf_greedy(reference, prompt, 6, sequence_bias={(target,): 100.0})
+    assert got[1] == generate_alone(reference, prompt, 6)
+    assert got[2] == hf_greedy(reference, prompt, 6, repetition_penalty=2.0)
