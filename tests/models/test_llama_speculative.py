@@ -15,43 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.support.slot_models import generate_alone, random_prompts  # noqa: E402
+from tests.support.slot_models import CountingSteps, generate_alone, random_prompts, repetitive_prompts  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
 from worker.models.llama.lookup import PromptLookup  # noqa: E402
 
 pytestmark = pytest.mark.hf
-
-
-class CountingSteps:
-    """Wraps a runner; counts the entries that came back as several tokens."""
-
-    def __init__(self, runner) -> None:
-        self.runner = runner
-        for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer"):
-            setattr(self, name, getattr(runner, name))
-        self.several = 0  # entries with several tokens (drafts accepted)
-        self.drafted = 0  # draft tokens verified
-        self.entries: list[tuple[object, object]] = []  # (sampling, entry)
-
-    def bind_slots(self, n):
-        self.runner.bind_slots(n)
-
-    def release_slot(self, slot):
-        self.runner.release_slot(slot)
-
-    def step(self, batch):
-        out = self.runner.step(batch)
-        self.several += sum(type(t) is list for t in out)
-        self.drafted += sum(len(d) for _, _, d in self.runner._drafts.values())
-        self.entries += [(si.sampling, t) for si, t in zip(batch, out)]
-        return out
-
-
-def repetitive_prompts(count, seed):
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 320) for _ in range(rng.randint(2, 6))] * rng.randint(3, 8) for _ in range(count)]
 
 
 def drafting_prompt(ref, context):

@@ -13,9 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from protocol.request import RequestParams  # noqa: E402
-from tests.models.test_llama_speculative import CountingSteps, repetitive_prompts  # noqa: E402
 from tests.support.reference import greedy_generate  # noqa: E402
-from tests.support.slot_models import TINY_LLAMA_VOCAB, generate_alone, random_prompts  # noqa: E402
+from tests.support.slot_models import (  # noqa: E402
+    TINY_LLAMA_VOCAB, CountingSteps, generate_alone, random_prompts, repetitive_prompts,
+)
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402

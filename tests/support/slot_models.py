@@ -72,3 +72,35 @@ def scattered_rows_and_reuse(model, prompts: list[list[int]], iterations: int = 
         results[tuple(origin[slot])] = seq[len(origin[slot]):]
     assert len(results) == 5
     return results
+
+
+class CountingSteps:
+    """Wraps a runner; counts the entries that came back as several tokens."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer"):
+            setattr(self, name, getattr(runner, name))
+        self.several = 0  # entries with several tokens (drafts accepted)
+        self.drafted = 0  # draft tokens verified
+        self.entries: list[tuple[object, object]] = []  # (sampling, entry)
+
+    def bind_slots(self, n):
+        self.runner.bind_slots(n)
+
+    def release_slot(self, slot):
+        self.runner.release_slot(slot)
+
+    def step(self, batch):
+        out = self.runner.step(batch)
+        self.several += sum(type(t) is list for t in out)
+        self.drafted += sum(len(d) for _, _, d in self.runner._drafts.values())
+        self.entries += [(si.sampling, t) for si, t in zip(batch, out)]
+        return out
+
+
+def repetitive_prompts(count: int, seed: int) -> list[list[int]]:
+    """``count`` prompts that repeat a short random phrase 3-8 times: prompt lookup drafts for them,
+    and their greedy continuations repeat (where the penalties act)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 320) for _ in range(rng.randint(2, 6))] * rng.randint(3, 8) for _ in range(count)]
