@@ -34,13 +34,7 @@ def load_model(name: str, **options):
     do not apply (e.g. ``precision="int8"`` for a model only the HF runner runs).
     """
     if name == "simulated":
-        given = {k: options.pop(k) for k in _RUNNER_OPTIONS if k in options}
-        if not ModelOptions(**given).is_default:
-            changed = sorted(k for k, v in given.items() if v != getattr(ModelOptions(), k))
-            raise ValueError(f"options {changed} apply to real models, not 'simulated'")
-        from worker.models.simulated import SimulatedLLM
-
-        return SimulatedLLM(**options)
+        return _simulated(options)
     bound_onednn_caches()  # before torch's first oneDNN product in this process
     opts = ModelOptions(**{k: options.pop(k) for k in _RUNNER_OPTIONS if k in options})
     device, precision = opts.resolve()
@@ -57,22 +51,50 @@ def load_model(name: str, **options):
     max_cache_len = options.pop("max_cache_len", None)
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
-    from worker.models import llama
-
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear)
-    if runner is not None:
-        runner.speculative_tokens = opts.speculative_tokens
-        return runner
+    if runner is None:
+        return _load_through_transformers(name, opts, device, precision, max_cache_len)
+    runner.speculative_tokens = opts.speculative_tokens
+    return runner
+
+
+def _simulated(options: dict):
+    """:class:`worker.SimulatedLLM` with ``options``; ValueError for a real model's option that
+    is not its default."""
+    given = {k: options.pop(k) for k in _RUNNER_OPTIONS if k in options}
+    if not ModelOptions(**given).is_default:
+        changed = sorted(k for k, v in given.items() if v != getattr(ModelOptions(), k))
+        raise ValueError(f"options {changed} apply to real models, not 'simulated'")
+    from worker.models.simulated import SimulatedLLM
+
+    return SimulatedLLM(**options)
+
+
+def _load_through_transformers(name: str, opts: ModelOptions, device: str, precision: str, max_cache_len):
+    """The model loaded by transformers: on slotserve's runner when it supports the architecture
+    (the transformers module then freed), else on the HF runner (:func:`_check_hf_fallback`)."""
+    from worker.models import hf, llama
+
     model, codec = hf.load_pretrained(name)
     reason = llama.supports(model.config)
-    if reason is None:
-        runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
-                               max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec),
-                               cpu_linear=opts.cpu_linear)
-        del model  # the runner holds its own copy; the HF module's memory goes back now
-        return_freed_memory()
-        runner.speculative_tokens = opts.speculative_tokens
-        return runner
+    if reason is not None:
+        _check_hf_fallback(name, reason, opts, device, precision)
+        if precision == "bf16":
+            model = model.to(dtype=__import__("torch").bfloat16)
+        return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
+    runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
+                           max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec),
+                           cpu_linear=opts.cpu_linear)
+    del model  # the runner holds its own copy; the HF module's memory goes back now
+    return_freed_memory()
+    runner.speculative_tokens = opts.speculative_tokens
+    return runner
+
+
+def _check_hf_fallback(name: str, reason: str, opts: ModelOptions, device: str, precision: str) -> None:
+    """ValueError unless ``opts`` suit the HF runner, which takes a model slotserve's runner cannot
+    run (``reason``): no runner asked for, no speculative decoding, no cpu_linear choice, fp32
+    or bf16 on CPU."""
     if opts.runner == "slotserve":
         raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
     if opts.speculative_tokens:
@@ -82,9 +104,6 @@ def load_model(name: str, **options):
     if device != "cpu" or precision not in ("fp32", "bf16"):
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
                          f"got {precision} on {device}")
-    if precision == "bf16":
-        model = model.to(dtype=__import__("torch").bfloat16)
-    return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
 
 
 def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,

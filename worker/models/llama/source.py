@@ -7,11 +7,12 @@ inverse frequencies.
 
 - :meth:`LlamaSource.from_hf`: from a loaded transformers ``LlamaForCausalLM``.
 - :func:`read_gguf`: from a GGUF file, through transformers' own GGUF reader
-  (``load_gguf_checkpoint``: the dequantisation and the q/k un-permutation
-  that ``from_pretrained`` applies, so the same tensors bit for bit; tested)
-  and its tokenizer through ``TokenizersBackend.from_pretrained`` (the class
-  ``AutoTokenizer`` returns for these files, with the same settings;
-  tested), without building the transformers model or its config class.
+  (``load_gguf_checkpoint``, one call that converts each tensor once: the
+  dequantisation and the q/k un-permutation that ``from_pretrained``
+  applies, so the same tensors bit for bit; tested) and its tokenizer through
+  ``TokenizersBackend.from_pretrained`` (the class ``AutoTokenizer`` returns
+  for these files, with the same settings; tested), which reads the
+  metadata alone, without building the transformers model or its config class.
   The process then never imports transformers' modelling stack
   (``modeling_utils`` pulls in torch.distributed, torch._dynamo and sympy;
   ``AutoTokenizer`` the same through ``LlamaConfig``): measured for
@@ -94,24 +95,51 @@ def read_gguf(path: str):
     """``(LlamaSource, tokenizer)`` from a plain Llama GGUF file (see module docstring), or None
     when the file is not one (the caller then loads it through transformers).
 
-    ``tokenizer``: a transformers ``TokenizersBackend``, or None when the file has none.
-    Raises ValueError for a file transformers' GGUF reader cannot read.
+    The file's tensors are converted once, and its metadata parsed in full once, by one
+    ``load_gguf_checkpoint`` call (which gives the config too); before it, the header alone
+    (:func:`_llama_layer_count`) keeps every other architecture from costing a conversion.
+    ``tokenizer``: a transformers ``TokenizersBackend`` (:func:`_tokenizer`), or None when the
+    file has none. Raises ValueError for a file transformers' GGUF reader cannot read.
     """
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
     try:
-        config = load_gguf_checkpoint(path, return_tensors=False)["config"]
+        num_layers = _llama_layer_count(path)
+        read = None if num_layers is None else _load_checkpoint(path, num_layers)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
-    if config.get("model_type") != "llama" or not set(config) <= GGUF_KEYS:
+    if read is None or not _is_plain_llama(read["config"]):
         return None
-    n = config["num_hidden_layers"]
+    source = _source(read["config"], read["tensors"])
+    return None if source is None else (source, _tokenizer(path))
+
+
+def _llama_layer_count(path: str) -> int | None:
+    """The decoder layer count of a Llama-architecture file, from its header alone; None for any
+    other architecture.
+
+    transformers' fast metadata reader (``read_gguf_metadata``, the one its GGUF tokenizer uses)
+    leaves the vocabulary's arrays unread: ~20 ms for SmolLM2, against ~3 s for the full parse
+    that ``load_gguf_checkpoint`` does. This only says no early; :func:`_is_plain_llama` decides
+    on the config that ``load_gguf_checkpoint`` returns.
+    """
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    metadata, _ = read_gguf_metadata(path)
+    layers = metadata.get("llama.block_count")
+    return layers if metadata.get("general.architecture") == "llama" and isinstance(layers, int) else None
+
+
+def _load_checkpoint(path: str, num_layers: int) -> dict:
+    """transformers' GGUF reader over the whole file: ``{"config", "tokenizer", "tokenizer_config",
+    "tensors"}``, the tensors under transformers' Llama names, dequantised to fp32 and q/k
+    un-permuted as ``from_pretrained`` has them."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
     names = {"model.embed_tokens.weight": None, "model.norm.weight": None, "lm_head.weight": None}
-    for i in range(n):
+    for i in range(num_layers):
         names.update({f"model.layers.{i}.{p}.weight": None for p in _LAYER_PARTS.values()})
 
     class _Names:  # what load_gguf_checkpoint reads of the model it would load into: names and sizes
-        config = SimpleNamespace(model_type="llama", num_hidden_layers=n)
+        config = SimpleNamespace(model_type="llama", num_hidden_layers=num_layers)
 
         def state_dict(self):
             return names
@@ -119,8 +147,18 @@ def read_gguf(path: str):
         def named_children(self):
             return []
 
-    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=_Names())["tensors"]
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    return load_gguf_checkpoint(path, return_tensors=True, model_to_load=_Names())
+
+
+def _is_plain_llama(config: dict) -> bool:
+    """Whether transformers' config for the file is a Llama with only :data:`GGUF_KEYS`."""
+    return config.get("model_type") == "llama" and set(config) <= GGUF_KEYS
+
+
+def _source(config: dict, tensors: dict) -> LlamaSource | None:
+    """The :class:`LlamaSource` of a plain Llama's config and tensors, or None for an untied
+    model without its LM head (transformers then decides)."""
+    n, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // heads
     # LlamaConfig's values for what a plain Llama GGUF does not say
     cfg = SimpleNamespace(hidden_act="silu", pretraining_tp=1, mlp_bias=False, attention_bias=False,
@@ -133,13 +171,24 @@ def read_gguf(path: str):
     layers = [{key: tensors[f"model.layers.{i}.{p}.weight"] for key, p in _LAYER_PARTS.items()} for i in range(n)]
     head = None if cfg.tie_word_embeddings else tensors.get("lm_head.weight")
     if head is None and not cfg.tie_word_embeddings:
-        return None  # an untied model without its head: transformers decides
-    source = LlamaSource(cfg, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"], head,
-                         inv_freq, 1.0, [config.get("eos_token_id")])
+        return None
+    return LlamaSource(cfg, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"], head,
+                       inv_freq, 1.0, [config.get("eos_token_id")])
+
+
+def _tokenizer(path: str):
+    """The file's tokenizer as ``AutoTokenizer`` builds it for these files (``TokenizersBackend``,
+    same settings; tested), or None when the file has none.
+
+    From the metadata only: transformers' GGUF tokenizer path (``get_gguf_tokenizer`` and
+    ``convert_gguf_tokenizer``) reads the vocabulary, merges, special tokens and chat template
+    with its fast metadata reader (~0.2 s) and converts no tensor; tested. Building it from
+    ``load_gguf_checkpoint``'s own tokenizer entries instead would mean copying that path's
+    special-token and ``add_bos_token`` rules, which it applies only when reading a file.
+    """
     from transformers import TokenizersBackend
 
     try:
-        tokenizer = TokenizersBackend.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+        return TokenizersBackend.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
     except (OSError, ValueError, TypeError, KeyError):
-        tokenizer = None
-    return source, tokenizer
+        return None
