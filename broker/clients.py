@@ -64,8 +64,8 @@ class ClientHandler:
 
     def submit(self, cs: ClientState, msg: Submit, now: float, out: Outbox) -> None:
         """Queue the requests of ``msg`` (each may end at once: see
-        :meth:`JobTable.admit`) and dispatch."""
-        model = msg.model
+        :meth:`JobTable.admit`) and dispatch. A request for an alias is one for its model."""
+        model = self._models.resolve(msg.model)
         if not self._models.known(model) and self._models.grace_over:
             self._refuse_unknown(cs, msg, out)
             return

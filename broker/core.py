@@ -256,4 +256,4 @@ class BrokerCore:
         workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect)
                         for w in self.workers)
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
-                      dict(self.counters))
+                      dict(self.counters), self._models.known_aliases())

@@ -101,6 +101,20 @@ class JobTable:
             q = self.queues[model] = PriorityQueue(self.config.aging_window, self.config.max_queue)
         return q
 
+    def merge(self, name: str, model: str, out: Outbox) -> None:
+        """The jobs queued under ``name`` (before it was known as an alias of
+        ``model``) join ``model``'s queue, in their order, after its own; one
+        that finds it full ends ``queue_full``."""
+        q = self.queues.pop(name, None)
+        if not q:
+            return
+        into = self.queue(model)
+        while (job := q.pop()) is not None:
+            job.model = model
+            if not into.push(job, job.params.priority):
+                self.finish(job, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
+                            f"model {model!r} has {into.max_size} requests queued; retry later", out)
+
     def find(self, client: bytes, rid: RequestId) -> Job | None:
         """The job ``rid`` of ``client`` still attached to it, or None."""
         key = self.by_client.get((client, rid))

@@ -5,10 +5,19 @@ workers leave: its requests wait for the next one) and *loading* while a
 worker announced it and has not registered yet. Requests for a model that
 is neither end ``unknown_model`` -- except within the start-up grace
 (``register_grace_s``), when workers may still be on their way.
+
+Served names: a worker may announce *aliases* beside its model's name (its
+``--served-model-name`` list; the model's name is the first, the primary).
+The broker keeps one queue per model, under the primary name: a request for
+an alias is queued as one for its model (:meth:`ServedModels.resolve`). A
+name means one model only: an alias that is already another model's name or
+alias is ignored (with a warning), and a model's own name outranks an alias
+claimed for it earlier. Aliases stay known as long as their model does.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 
 from broker.config import BrokerConfig
@@ -18,11 +27,14 @@ from broker.registry import WorkerRegistry
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import ModelInfo, Register, Welcome
 
+log = logging.getLogger(__name__)
+
 
 class ServedModels:
-    """Served and loading models, the start-up grace, and the welcomes.
+    """Served and loading models, their aliases, the start-up grace, and the welcomes.
 
     ``served``: model -> the info its last registering worker gave.
+    ``aliases``: alias -> the (primary) name of its model.
     ``clients``: the identities of the clients to tell when the models
     served or loading change (the core's client table: its keys).
     """
@@ -33,38 +45,84 @@ class ServedModels:
         self.broker_id = broker_id
         self.started_s = now
         self.served: dict[str, ModelInfo] = {}
+        self.aliases: dict[str, str] = {}
         self.grace_over = config.register_grace_s == 0
         self._registry = registry
         self._jobs = jobs
         self._clients = clients
         self._view = self.view()  # what clients were last told (welcome)
 
+    def resolve(self, name: str) -> str:
+        """The model a request for ``name`` is for: its primary name when ``name`` is an alias."""
+        return self.aliases.get(name, name)
+
     def known(self, model: str) -> bool:
-        """Requests for ``model`` wait for a worker: one registered it once, or one is loading it."""
+        """Requests for ``model`` (a name or an alias) wait for a worker: one registered
+        it once, or one is loading it."""
+        model = self.aliases.get(model, model)
         return model in self.served or any(lw.model == model for lw in self._registry.loading.values())
 
-    def view(self) -> tuple[dict[str, ModelInfo], tuple[str, ...]]:
-        """The models served (a copy) and those only being loaded (sorted)."""
+    def view(self) -> tuple[dict[str, ModelInfo], tuple[str, ...], dict[str, str]]:
+        """The models served (a copy), those only being loaded (sorted), and the
+        aliases of both (:meth:`known_aliases`)."""
         loading = tuple(sorted(set(self._registry.loading_models()) - set(self.served)))
-        return dict(self.served), loading
+        return dict(self.served), loading, self.known_aliases()
+
+    def known_aliases(self) -> dict[str, str]:
+        """The aliases of the models served or loading (a copy): alias -> model."""
+        loading = self._registry.loading_models()
+        return {a: m for a, m in self.aliases.items() if m in self.served or m in loading}
 
     def unknown(self, model: str) -> str:
         """The ``unknown_model`` message for ``model``: what is there, what to do."""
-        served, loading = self.view()
-        return (f"no worker serves or loads model {model!r} (served: {', '.join(sorted(served)) or 'none'}; "
+        served, loading, aliases = self.view()
+        names = sorted(served) + sorted(a for a, m in aliases.items() if m in served)
+        return (f"no worker serves or loads model {model!r} (served: {', '.join(names) or 'none'}; "
                 f"loading: {', '.join(loading) or 'none'}); start one (slotserve worker --model {model}) "
                 "or check the name")
 
     def welcome(self, now: float, registering: Register | None = None) -> Welcome:
         """The welcome to send now; with ``registering``, the one its worker gets
-        once its registration is accepted (its model served, with its info)."""
-        models, loading = self.view()
+        once its registration is accepted (its model served, with its info and aliases)."""
+        models, loading, aliases = self.view()
         if registering is not None:
             models[registering.model] = registering.info
             loading = tuple(m for m in loading if m != registering.model)
+            aliases.update(self._claimable(registering.model, registering.aliases, warn=False))
         grace_left = 0.0 if self.grace_over else max(0.0, self.config.register_grace_s - (now - self.started_s))
         return Welcome(self.broker_id, self.config.heartbeat_interval_s, models, self.config.max_message_bytes,
-                       loading, grace_left)
+                       loading, grace_left, aliases)
+
+    def claim(self, model: str, aliases: tuple[str, ...], worker: str, out: Outbox) -> None:
+        """A worker loads or registers ``model`` under ``aliases`` too: each
+        alias that names no other model becomes one of ``model``'s, and
+        requests queued under it meanwhile (within the start-up grace) join
+        ``model``'s queue; ``model``'s own name stops being another's alias."""
+        if self.aliases.get(model) is not None:
+            log.warning("worker %s serves model %r, until now an alias of model %r: the name means its own "
+                        "model from now on", worker, model, self.aliases[model])
+            del self.aliases[model]
+        for alias, target in self._claimable(model, aliases, worker=worker).items():
+            self.aliases[alias] = target
+            self._jobs.merge(alias, target, out)
+
+    def _claimable(self, model: str, aliases: tuple[str, ...], *, warn: bool = True,
+                   worker: str = "") -> dict[str, str]:
+        """The aliases of ``aliases`` that ``model`` may have: not another model's
+        name (served or loading), nor another model's alias (nor empty, nor ``model``)."""
+        models = set(self.served) | {lw.model for lw in self._registry.loading.values()}
+        taken = {}
+        for alias in aliases:
+            if not alias or alias == model:
+                continue
+            other = alias if alias in models else self.aliases.get(alias, model)
+            if other != model:
+                if warn:
+                    log.warning("worker %s serves model %r as %r too, but that name is %s: ignored", worker, model,
+                                alias, f"model {alias!r}" if other == alias else f"an alias of model {other!r}")
+                continue
+            taken[alias] = model
+        return taken
 
     def tell_clients(self, now: float, out: Outbox) -> None:
         """The models served or loading changed: send every client a fresh

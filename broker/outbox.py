@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from protocol.codec import encode
-from protocol.messages import Cancel, Finished, Message, Results, Text
+from protocol.messages import Cancel, Finished, Message, Results, Started, Text
 from protocol.request import RequestId
 
 
@@ -37,13 +37,14 @@ class Send:
 class ResultsDraft:
     """The parts of one client's ``results`` message while an event is handled."""
 
-    __slots__ = ("ids", "tokens", "texts", "finished")
+    __slots__ = ("ids", "tokens", "texts", "finished", "started")
 
     def __init__(self) -> None:
         self.ids: list[RequestId] = []
         self.tokens: list[int] = []
         self.texts: list[Text] = []
         self.finished: list[Finished] = []
+        self.started: list[Started] = []
 
 
 class Outbox:
@@ -76,7 +77,7 @@ class Outbox:
         """Every send of the event, each client's ``results`` last."""
         for client, r in self.results.items():
             self.sends.append(Send(Side.FRONTEND, client, Results(
-                tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished))))
+                tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished), tuple(r.started))))
         return self.sends
 
 

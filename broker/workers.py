@@ -23,7 +23,8 @@ from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Text, Welcome,
+    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Started, Text,
+    Welcome,
 )
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,9 @@ class WorkerHandler:
     # ------------------------------------------------------------------ joining
 
     def register(self, identity: bytes, msg: Register, now: float, out: Outbox) -> None:
-        """A worker is ready to serve ``msg.model``: it is welcomed, gets requests
-        (unless it was found hung before and has not moved since) and clients
-        hear of the model."""
+        """A worker is ready to serve ``msg.model`` (and its aliases): it is
+        welcomed, gets requests (unless it was found hung before and has not
+        moved since) and clients hear of the model."""
         old = self.registry.get(identity)
         if old is not None:
             # The worker re-registered: it dropped whatever it held.
@@ -67,6 +68,7 @@ class WorkerHandler:
             w.progress = self._hung[identity]
         self.registry.add(w)
         self._models.served[msg.model] = msg.info
+        self._models.claim(msg.model, msg.aliases, msg.worker_name, out)
         self._jobs.queue(msg.model)
         out.send(Side.BACKEND, identity, welcome)
         self.dispatch(msg.model, now, out)
@@ -102,6 +104,7 @@ class WorkerHandler:
         if old is not None:  # it restarted its model: whatever it held is void
             self.lost(old, now, out, failed=False)
         self.registry.loading[identity] = LoadingWorker(identity, msg.model, msg.worker_name, now)
+        self._models.claim(msg.model, msg.aliases, msg.worker_name, out)
         self._jobs.queue(msg.model)
         log.info("worker %s is loading model %r", msg.worker_name, msg.model)
         out.send(Side.BACKEND, identity, self._models.welcome(now))
@@ -134,8 +137,8 @@ class WorkerHandler:
     # ------------------------------------------------------------------ serving
 
     def iteration(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
-        """One engine iteration of ``w``: its tokens, texts and endings go to
-        their clients; freed credits take queued requests."""
+        """One engine iteration of ``w``: its tokens, texts, prompt lengths and
+        endings go to their clients; freed credits take queued requests."""
         w.progress_s = now
         if w.suspect:
             self._recovered(w, now, out)
@@ -146,6 +149,10 @@ class WorkerHandler:
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
                 out.result(job.client).texts.append(Text(job.rid, text))
+        for key, n in msg.started:  # (text and chat prompts' lengths, with their first tokens)
+            job = jobs.get(key)
+            if job is not None and job.worker == me and job.client is not None:
+                out.result(job.client).started.append(Started(job.rid, n))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)

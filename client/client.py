@@ -77,10 +77,10 @@ class Client:
     """Submit generation requests to a slotserve broker; results come back on handles.
 
     - ``address``: the broker's client endpoint (default ``tcp://127.0.0.1:5555``).
-    - ``model``: the model name workers registered. None (default): the
-      broker's only model, when exactly one is served or loading; with
-      several, submitting raises ValueError listing them (``status()``
-      works either way).
+    - ``model``: the model name workers registered, or one of its aliases
+      (their ``--served-model-name``). None (default): the broker's only
+      model, when exactly one is served or loading; with several,
+      submitting raises ValueError listing them (``status()`` works either way).
     - ``stop_token``: default stop token(s) for this client's requests: an
       int, a list of ints, None (none) or :data:`~protocol.request.DEFAULT`
       (the worker's: the model's EOS tokens or its ``--stop-token``).
@@ -121,9 +121,12 @@ class Client:
         """This client's model (None until resolved: see ``model=``)."""
         self.stop_token = check_stop_token(stop_token)
         self.models: dict[str, ModelInfo] = {}
-        """Models served (workers registered them), from the broker's last welcome."""
+        """Models served (workers registered them), from the broker's last welcome:
+        every name they are served under, aliases included (with their model's info)."""
         self.loading: tuple[str, ...] = ()
-        """Models being loaded by a worker, from the broker's last welcome."""
+        """Models being loaded by a worker, from the broker's last welcome (their aliases too)."""
+        self.aliases: dict[str, str] = {}
+        """Alias -> the primary name of its model, from the broker's last welcome."""
         self._grace_end_s = 0.0  # monotonic end of the broker's start-up grace (unknown models wait till then)
         self._models_changed = threading.Condition()
         self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
@@ -309,7 +312,7 @@ class Client:
         """This client's model when none was given: the broker's only one (served
         or loading). None when there is none yet and ``wait``; ValueError when
         there are several, or none and not ``wait``."""
-        names = sorted(set(self.models) | set(self.loading))
+        names = sorted({self.aliases.get(n, n) for n in (*self.models, *self.loading)})  # one model, several names
         if len(names) == 1:
             self.model = self._conn.model = names[0]
             self._limits = _limits(self.models.get(names[0]))
@@ -430,10 +433,12 @@ class Client:
 
     def _on_welcome(self, msg: Welcome) -> None:
         with self._models_changed:
-            self.models = msg.models
-            self.loading = msg.loading
+            aliases = msg.aliases
+            self.aliases = aliases
+            self.models = {**msg.models, **{a: msg.models[m] for a, m in aliases.items() if m in msg.models}}
+            self.loading = msg.loading + tuple(sorted(a for a, m in aliases.items() if m in msg.loading))
             self._grace_end_s = time.monotonic() + msg.register_grace_s
-            self._limits = _limits(msg.models.get(self.model) if self.model is not None else None)
+            self._limits = _limits(self.models.get(self.model) if self.model is not None else None)
             if self.model is None and len(set(msg.models) | set(msg.loading)) == 1:
                 self._resolve_model(wait=True)
             self._models_changed.notify_all()

@@ -118,12 +118,18 @@ class ClientCore:
         """Apply ``msg``'s tokens and text to the requests with no callbacks;
         return what is left for the callback thread (:meth:`stream`; None
         when nothing is) and those requests' endings, for :meth:`end_plain`.
-        Entries for requests not open are dropped.
+        Entries for requests not open are dropped. The prompt lengths
+        (``started``) are set on every request's handle here, before any of
+        its tokens is delivered, whichever thread delivers them.
 
         The I/O thread calls it without the lock: it alone delivers to these
         requests (as the callback thread to the others). The hot path of a
         client without callbacks: kept flat."""
         handles = self.ledger.handles
+        for rid, n in msg.started:  # text and chat prompts, with their first tokens
+            h = handles.get(rid)
+            if h is not None:
+                h._prompt_tokens = n
         ids, tokens, texts, finished, endings = [], [], [], [], []
         for rid, t in zip(msg.ids, msg.tokens):
             h = handles.get(rid)

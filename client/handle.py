@@ -15,7 +15,7 @@ class ClientHandle(RequestHandle):
     Here ``error`` is a :class:`~client.RemoteError` with a ``code`` when the
     cluster ended the request with an error; ``prompt`` is None for text and
     chat prompts (the worker tokenises them; ``usage.prompt_tokens`` arrives
-    with the end); ``text`` is the pieces the worker released, joined (None
+    with the first tokens); ``text`` is the pieces the worker released, joined (None
     while the model is not known to have a tokenizer and no text came);
     timings are on the client's monotonic clock, queueing included.
     """

@@ -9,6 +9,11 @@ are multiplexed over its client; the broker batches them like any others.
 A background task connects (retrying until a broker answers) and polls the
 broker's status every ``status_interval_s``: the served models answer
 ``/v1/models`` and the 404/503 checks without a round trip per request.
+
+A model served under several names (its workers' ``--served-model-name``)
+answers to each: a request for an alias is one for its model (one shared
+client, bound to the primary name); a response names the model as its
+request did (as vLLM's do).
 """
 
 from __future__ import annotations
@@ -120,14 +125,26 @@ class BrokerLink:
                            "or check the gateway's --broker")
 
     def served(self, status: Status | None = None) -> dict[str, int]:
-        """Models with at least one worker -> their worker count (from the last status)."""
+        """The names of the models with at least one worker -> their worker count
+        (from the last status), each alias as its model."""
         st = status or self.status
-        return {} if st is None else {n: m.workers for n, m in st.models.items() if m.workers > 0}
+        if st is None:
+            return {}
+        served = {n: m.workers for n, m in st.models.items() if m.workers > 0}
+        served.update({a: served[m] for a, m in st.aliases.items() if m in served})
+        return served
+
+    def served_name(self, model: str) -> str:
+        """The primary name of the model a request for ``model`` is for (``model``
+        itself unless it is an alias, as the last status says)."""
+        st = self.status
+        return model if st is None else st.aliases.get(model, model)
 
     def model_info(self, model: str) -> ModelInfo | None:
         """What the model's workers registered (vocabulary, context, EOS tokens), if known:
         from the model's own client, else from the control connection, whose broker
         welcomes list every served model (so it is known before the model's first request)."""
+        model = self.served_name(model)
         for c in (self._clients.get(model), self._control):
             info = None if c is None else c.models.get(model)
             if info is not None:
@@ -137,16 +154,19 @@ class BrokerLink:
     # ------------------------------------------------------------------ per-model clients
 
     async def client_for(self, model: str) -> Client:
-        """The shared client for ``model``. Raises :class:`APIError`: 503 when no
-        broker answers or no worker serves ``model`` right now, 404 when the
-        broker has never had a worker for it."""
+        """The shared client for ``model`` (for an alias, its model's). Raises
+        :class:`APIError`: 503 when no broker answers or no worker serves
+        ``model`` right now, 404 when the broker has never had a worker for it."""
         if not self.broker_ok:
             raise self.no_broker()
+        model = self.served_name(model)
         c = self._clients.get(model)
         st = self.status
         known = st is not None and model in st.models
         if not known or st.models[model].workers == 0:
             st = await self.refresh()  # the last poll may predate the model's first worker
+            model = st.aliases.get(model, model)
+            c = self._clients.get(model)
             if model not in st.models:
                 served = ", ".join(sorted(self.served(st))) or "none"
                 raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it "

@@ -70,7 +70,8 @@ def prompt_tokens(gens: list[Generation], prompts: int) -> int | None:
     when one prompt's length is unknown.
 
     A token-id prompt's length is known at submission; a text or chat prompt's
-    only once a worker has tokenised it (it comes with the request's end). A
+    only once a worker has tokenised it (it comes with the request's first
+    tokens, or with its end when it ends before any). A
     prompt's length is taken from whichever request with the same prompt knows
     it -- another choice of it, or the same text given twice -- so it is
     unknown only when none of them reached a worker (e.g. each one's

@@ -114,7 +114,7 @@ def as_plain(value: Any) -> Any:
 def peek_request_ids(data: bytes) -> list:
     """Best effort: the request ids named in a frame that failed to decode
     (too large, malformed, an invalid field): the ``requests`` of a
-    ``submit`` / ``assign``, the ``ids``, ``texts`` and ``finished`` of an
+    ``submit`` / ``assign``, the ``ids``, ``texts``, ``finished`` and ``started`` of an
     ``iteration`` / ``results``, the ``request_ids`` of a ``cancel`` / ``error``.
 
     Lets the receiver end exactly those requests with the decoding error
@@ -146,7 +146,7 @@ def peek_request_ids(data: bytes) -> list:
     return list(ids)
 
 
-_RECORD_LISTS = frozenset({"requests", "texts", "finished"})
+_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started"})
 _ID_LISTS = frozenset({"ids", "request_ids"})
 
 

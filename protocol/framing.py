@@ -126,7 +126,8 @@ def split(msg: Message) -> tuple[Message, Message] | None:
             pairs = [(r, tok) for r, tok in zip(msg.ids, msg.tokens) if keep(r)]
             parts.append(t(tuple(r for r, _ in pairs), tuple(tok for _, tok in pairs),
                            tuple(x for x in msg.texts if keep(x.request_id)),
-                           tuple(f for f in msg.finished if keep(f.request_id))))
+                           tuple(f for f in msg.finished if keep(f.request_id)),
+                           tuple(x for x in msg.started if keep(x.request_id))))
         return parts[0], parts[1]
     return None
 
@@ -135,16 +136,17 @@ def _split_one(msg: Iteration | Results) -> tuple[Message, Message] | None:
     """Split one request's output in two consecutive parts, sent in order: the
     first tokens and text pieces, then the rest with its ending (a client or
     broker appends tokens and text as they come, so two parts say what one
-    did). A single text piece is split in two pieces of its characters."""
+    did). A single text piece is split in two pieces of its characters. The
+    prompt length (``started``) goes with the first part, before any token."""
     t = type(msg)
-    ids, tokens, texts, finished = msg.ids, msg.tokens, msg.texts, msg.finished
+    ids, tokens, texts, finished, started = msg.ids, msg.tokens, msg.texts, msg.finished, msg.started
     if len(ids) > 1 or len(texts) > 1:
         h, k = len(ids) // 2, len(texts) // 2
-        return t(ids[:h], tokens[:h], texts[:k]), t(ids[h:], tokens[h:], texts[k:], finished)
+        return t(ids[:h], tokens[:h], texts[:k], (), started), t(ids[h:], tokens[h:], texts[k:], finished)
     if texts and len(texts[0].text) > 1:
         (piece,) = texts
         h = len(piece.text) // 2
-        return (t(ids, tokens, (piece._replace(text=piece.text[:h]),)),
+        return (t(ids, tokens, (piece._replace(text=piece.text[:h]),), (), started),
                 t(texts=(piece._replace(text=piece.text[h:]),), finished=finished))
     return None
 
@@ -161,5 +163,6 @@ def request_ids(msg: Message) -> list[RequestId]:
         ids = dict.fromkeys(msg.ids)
         ids.update(dict.fromkeys(x.request_id for x in msg.texts))
         ids.update(dict.fromkeys(f.request_id for f in msg.finished))
+        ids.update(dict.fromkeys(x.request_id for x in msg.started))
         return list(ids)
     return []

@@ -47,11 +47,14 @@ from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_M
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
-4: the error code ``context_length_exceeded``, which a v3 peer would refuse to decode.)"""
+4: the error code ``context_length_exceeded``, which a v3 peer would refuse to decode.
+5: served-name ``aliases`` in ``loading``, ``register``, ``welcome`` and ``status``; prompt
+lengths (``started``) with a request's first tokens in ``iteration`` and ``results``: fields a
+v4 peer would refuse to decode.)"""
 
 
 class Op(str, enum.Enum):
@@ -128,6 +131,18 @@ class Finished(NamedTuple):
     message: str | None = None
     prompt_tokens: int | None = None
     stop_reason: int | tuple[int, ...] | str | None = None
+
+
+class Started(NamedTuple):
+    """What a worker tells of a request with its first tokens (inside ``iteration``
+    and ``results``, in the message that carries them): ``prompt_tokens``, the
+    prompt's length in tokens. Sent only for text and chat prompts, which the
+    worker tokenises (a token-id prompt's length is known to its sender), so
+    usage can be reported while the request streams; once per request and
+    worker (a migrated request's next worker sends it again, the same)."""
+
+    request_id: RequestId
+    prompt_tokens: int
 
 
 class Text(NamedTuple):
@@ -232,6 +247,9 @@ class Welcome(_Message):
       which requests for a model nobody serves or loads yet wait (after a
       broker restart, workers re-register shortly); 0 once it is over, when
       such requests end ``unknown_model`` at once.
+    - ``aliases``: ``{alias: model}`` the other names of the models in
+      ``models`` and ``loading`` (their workers' ``aliases``): a request for
+      an alias is served as one for its model (named by its primary name).
     """
 
     op: ClassVar[Op] = Op.WELCOME
@@ -241,6 +259,7 @@ class Welcome(_Message):
     max_message_bytes: int = MAX_MESSAGE_BYTES
     loading: tuple[str, ...] = ()
     register_grace_s: float = 0.0
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
@@ -294,12 +313,15 @@ class _TokenBatch(_Message):
       decoding at C speed.
     - ``texts``: newly released text per request (models with a tokenizer).
     - ``finished``: requests that ended; their final tokens are in this message.
+    - ``started``: the prompt lengths of requests whose first tokens are in
+      this message (text and chat prompts only; see :class:`Started`).
     """
 
     ids: tuple[RequestId, ...] = ()
     tokens: tuple[int, ...] = ()
     texts: tuple[Text, ...] = ()
     finished: tuple[Finished, ...] = ()
+    started: tuple[Started, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
@@ -368,6 +390,7 @@ class Status(_Message):
     - ``models``: ``{name: ModelStatus}``; ``workers``: one :class:`WorkerStatus` each.
     - ``clients``: clients seen within the liveness window.
     - ``counters``: ``{name: int}`` totals since start (submitted, finished, errors, requeued, ...).
+    - ``aliases``: ``{alias: model}`` as in :class:`Welcome` (the models of ``models``).
     """
 
     op: ClassVar[Op] = Op.STATUS
@@ -377,6 +400,7 @@ class Status(_Message):
     workers: tuple[WorkerStatus, ...]
     clients: int
     counters: dict[str, int]
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +417,11 @@ class Bye(_Message):
 class Register(_Message):
     """W->B: a worker offers its slots for one model; the broker answers ``welcome``.
 
-    - ``model``: the model name clients ask for.
+    - ``model``: the model name clients ask for (the primary one: the broker's queue, ``status``
+      and a client's default model name it so).
+    - ``aliases``: other names clients may ask for the same model by
+      (``--served-model-name``); the broker ignores an empty one, ``model``
+      itself, and one that names another model.
     - ``num_slots``: ``>= 1``, the engine's batch size.
     - ``max_inflight``: ``>= num_slots`` credits: requests the broker may have
       assigned to this worker at once (slots plus a small prefetch so a freed
@@ -410,6 +438,7 @@ class Register(_Message):
     info: ModelInfo = ModelInfo()
     worker_name: str = ""
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
@@ -422,13 +451,16 @@ class Register(_Message):
 @dataclass(frozen=True, slots=True)
 class Loading(_Message):
     """W->B: a worker starts loading ``model`` (sent before the slow load; it
-    sends ``register`` once loaded, and heartbeats meanwhile). Requests for a
-    model being loaded wait in its queue instead of failing ``unknown_model``.
-    The broker answers ``welcome``. ``worker_name``: for logs and ``status``."""
+    sends ``register`` once loaded and warmed up, and heartbeats meanwhile).
+    Requests for a model being loaded -- by its name or one of its
+    ``aliases`` (as in :class:`Register`) -- wait in its queue instead of
+    failing ``unknown_model``. The broker answers ``welcome``.
+    ``worker_name``: for logs and ``status``."""
 
     op: ClassVar[Op] = Op.LOADING
     model: str
     worker_name: str = ""
+    aliases: tuple[str, ...] = ()
 
 
 Message = Union[Hello, Welcome, Submit, Assign, Cancel, Iteration, Results, Error, Heartbeat,

@@ -204,6 +204,29 @@ def _model_options(command):
     return with_options
 
 
+def _serving_options(command):
+    """--served-model-name (repeatable) and --warmup/--no-warmup: one definition for `slotserve worker`,
+    `up` and `run`, passed on as ``served_model_names`` (a tuple) and ``warmup``
+    (:class:`~worker.config.WorkerConfig` fields)."""
+
+    @functools.wraps(command)
+    def with_options(*args, served_model_name, **kwargs):
+        return command(*args, served_model_names=served_model_name, **kwargs)
+
+    for option in reversed([
+        click.option("--served-model-name", multiple=True, metavar="NAME", show_envvar=True, show_default=False,
+                     help="A name clients ask for the model by (repeatable, as vLLM's --served-model-name): the "
+                          "first is the primary (`slotserve status` shows it), the others are aliases; all are "
+                          "served and listed in /v1/models. Default: the --model value."),
+        click.option("--warmup/--no-warmup", default=_default(WorkerConfig, "warmup"), show_envvar=True,
+                     help="Before a worker serves its model, run a prefill and decode steps at every batch size "
+                          "up to --slots (capturing CUDA graphs on CUDA), so the first requests run at full speed "
+                          "(logged at INFO with its duration). Stateless models (simulated) need none."),
+    ]):
+        with_options = option(with_options)
+    return with_options
+
+
 _BROKER_FIELDS = ("max_queue", "heartbeat_interval_s", "worker_liveness_s", "metrics_port", "metrics_host",
                   "client_liveness_s", "worker_hung_s", "max_attempts", "register_grace_s", "send_hwm",
                   "max_pending_per_peer", "max_message_bytes")
@@ -403,14 +426,22 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
               help="This worker's CURVE secret key file (default with --curve-dir: DIR/worker.key_secret).")
 @click.option("--curve-broker-key", type=click.Path(dir_okay=False), default=None, show_envvar=True,
               help="The broker's CURVE public key file (default with --curve-dir: DIR/broker.key).")
+@_serving_options
 @_model_options
 def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_token, name: str,
-           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None, model_options) -> None:
-    """Run one model worker in the foreground (Ctrl-C stops it)."""
+           curve_dir: str | None, curve_secret_key: str | None, curve_broker_key: str | None,
+           served_model_names: tuple, warmup: bool, model_options) -> None:
+    """Run one model worker in the foreground (Ctrl-C stops it).
+
+    It announces the model to the broker at once (requests for it wait),
+    loads and warms it up (--warmup), then registers it under its served
+    names: /health and wait_for_model say ready from then on.
+    """
     from worker.process import run_worker
 
     cfg = _config(WorkerConfig, broker=broker_addr, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                   stop_token=stop_token, name=name, model_options=model_options,
+                  served_model_names=served_model_names, warmup=warmup,
                   **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
     from slotserve.signals import StopSignals
 
@@ -422,7 +453,8 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
 
 def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, log_level,
-                    curve_dir=None, gateway=None, model_options=None, **broker_options):
+                    curve_dir=None, gateway=None, model_options=None, served_model_names=(), warmup=True,
+                    **broker_options):
     """The config of an embedded cluster; ``broker_options``: :class:`BrokerConfig` fields."""
     from slotserve.launcher import ClusterConfig
 
@@ -430,7 +462,7 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
     extra = {} if model_options is None else {"model_options": model_options}
     wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                    stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **extra,
-                   **_worker_curve(curve_dir))
+                   served_model_names=served_model_names, warmup=warmup, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
                    client_curve=curve_dir, gateway=gateway)
 
@@ -493,11 +525,13 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
 @_key_options
 @_shutdown_timeout_option
+@_serving_options
 @_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, api_keys: tuple,
-       metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options) -> None:
+       metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
+       served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
@@ -522,7 +556,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     elif shutdown_timeout_given:
         raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
     cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
-                          curve_dir, gateway, model_options, **broker_options)
+                          curve_dir, gateway, model_options, served_model_names, warmup, **broker_options)
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
@@ -565,10 +599,11 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
               help="Stop the job after this many seconds, as a signal would (exit status 124; default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
 @_curve_dir
+@_serving_options
 @_model_options
 @click.pass_context
 def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
-        timeout_s, progress, curve_dir, model_options) -> None:
+        timeout_s, progress, curve_dir, served_model_names, warmup, model_options) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
@@ -598,6 +633,9 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     """
     from slotserve.signals import StopSignals
 
+    if broker_addr is not None and served_model_names:
+        raise click.UsageError("--served-model-name names the embedded workers' model; with --broker, give the "
+                               "name to ask for as --model")
     # The stop signals are caught first, before anything slow (imports, counting
     # the input, starting the cluster): from here on a signal at any phase only
     # sets the flag, and run_batch ends as it does mid-run -- children stopped,
@@ -612,11 +650,14 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
             with open(input_path, "rb") as f:
                 total = sum(1 for line in f if line.strip())
         cluster = None
+        asked = model  # the name the job asks for
         if broker_addr is None:
             model = model or _default(WorkerConfig, "model")
+            asked = served_model_names[0] if served_model_names else model
             cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", workers, model, slots,
                                       step_delay_ms, stop_token, _log_level(ctx), curve_dir,
-                                      model_options=model_options, max_queue=max(100_000, max_in_flight))
+                                      model_options=model_options, served_model_names=served_model_names,
+                                      warmup=warmup, max_queue=max(100_000, max_in_flight))
         try:
             inp = open_input(input_path)
         except OSError as e:
@@ -629,7 +670,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         with out:
             if cluster is not None:
                 click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
-            outcome = run_batch(inp, out, signals=sig, model=model, broker=broker_addr, cluster=cluster,
+            outcome = run_batch(inp, out, signals=sig, model=asked, broker=broker_addr, cluster=cluster,
                                 curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
                                 timeout_s=timeout_s, close_input=True)
     if outcome.summary is not None:
@@ -669,6 +710,8 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     for name, m in st.models.items():
         click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total:<8} "
                    f"{m.loading:>8}")
+    for alias, name in sorted(st.aliases.items()):
+        click.echo(f"  alias {alias} -> {name}")
     for w in st.workers:
         click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))

@@ -256,11 +256,13 @@ class LocalCluster:
         self._workers[i] = p
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Block until every worker is registered with the broker (RuntimeError after ``timeout_s``)."""
+        """Block until every worker is registered with the broker (loaded and warmed up; RuntimeError
+        after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         expected: dict[str, int] = {}
         for w in self.config.workers:
-            expected[w.model] = expected.get(w.model, 0) + 1
+            name = w.served_names[0]  # the name the broker lists the model by
+            expected[name] = expected.get(name, 0) + 1
         with Client(self.frontend, connect_timeout_s=timeout_s, name="launcher",
                     curve=self.config.client_curve) as c:
             while True:

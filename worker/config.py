@@ -17,7 +17,11 @@ class WorkerConfig:
       :data:`protocol.defaults.WORKER_ENDPOINT`, ``tcp://127.0.0.1:5556``).
     - ``model``: model name, passed to :func:`worker.models.load_model`
       (``"simulated"`` = ``SimulatedLLM()`` with its defaults); also the name
-      clients ask for.
+      clients ask for, unless ``served_model_names`` gives others.
+    - ``served_model_names``: the names clients ask for the model by (vLLM's
+      ``--served-model-name``): the first is the primary (the broker queues
+      and lists the model by it), the others are aliases. Empty (default):
+      ``model`` alone.
     - ``num_slots``: the engine's batch size (slots).
     - ``prefetch``: requests the broker may assign beyond the free slots, so a
       freed slot is refilled on the next iteration without waiting a round
@@ -40,6 +44,11 @@ class WorkerConfig:
       (ZeroMQ drops the connection past 4x this; the decoder refuses above it).
     - ``model_options``: device, precision, runner, prefill chunk and threads
       for a real model (:class:`~worker.models.options.ModelOptions`).
+    - ``warmup``: before registering, run a prefill and decode steps at every
+      batch size up to ``num_slots`` (:mod:`worker.warmup`), so the first
+      requests do not pay for the model's first calls (CUDA graph capture,
+      kernel and allocator set-up); the model is served only after it.
+      Stateless models (``SimulatedLLM``) have nothing to warm and skip it.
     """
 
     broker: str = defaults.WORKER_ENDPOINT
@@ -55,6 +64,8 @@ class WorkerConfig:
     curve_broker_key_file: str | None = None
     max_message_bytes: int = defaults.MAX_MESSAGE_BYTES
     model_options: ModelOptions = ModelOptions()
+    served_model_names: tuple[str, ...] = ()
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -80,10 +91,22 @@ class WorkerConfig:
         if type(self.max_message_bytes) is not int or self.max_message_bytes < defaults.MIN_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes must be an int >= {defaults.MIN_MESSAGE_BYTES}, "
                              f"got {self.max_message_bytes!r}")
+        names = self.served_model_names
+        if not isinstance(names, tuple) or not all(isinstance(n, str) and n.strip() == n and n for n in names) \
+                or len(set(names)) != len(names):
+            raise ValueError(f"served_model_names must be a tuple of distinct non-empty names without surrounding "
+                             f"spaces, got {names!r}")
+        if type(self.warmup) is not bool:
+            raise ValueError(f"warmup must be True or False, got {self.warmup!r}")
         if not isinstance(self.model_options, ModelOptions):
             raise ValueError(f"model_options must be a ModelOptions, got {self.model_options!r}")
         if self.broker_liveness_s <= self.heartbeat_interval_s:
             raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The names the model is served under: the primary first, then the aliases."""
+        return self.served_model_names or (self.model,)
 
     @property
     def max_inflight(self) -> int:

@@ -3,7 +3,8 @@
 The I/O thread owns the DEALER socket to the broker's backend and its end of
 the inproc PAIR from the main thread (:mod:`worker.process`). It announces
 the model when loading starts (``loading``: requests for it wait in the
-broker's queue meanwhile), registers once loaded (model, slots, credits),
+broker's queue meanwhile), registers once loaded and warmed up (model and
+its served names, slots, credits),
 hands assigned requests and cancellations to the
 :class:`~worker.process.WorkerProcess` (which submits them straight into the
 engine: ``submit_request`` is thread-safe), sends heartbeats at the broker's
@@ -13,8 +14,8 @@ model's load) never blocks it, so heartbeats keep flowing.
 
 The main thread wakes it with one byte on the PAIR: :data:`WAKE` (iterations
 wait in the outbox; one wake-up per empty -> non-empty transition),
-:data:`LOADED` (the model is loaded: register) or :data:`STOP` (say goodbye
-and end). Iterations that piled up while it was busy (fast steps) leave
+:data:`READY` (the model is loaded and warm: register) or :data:`STOP` (say
+goodbye and end). Iterations that piled up while it was busy (fast steps) leave
 merged as one message, in order.
 
 One message never stops the worker: a frame from the broker that cannot be
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WAKE, STOP, LOADED = b"w", b"s", b"l"
+WAKE, STOP, READY = b"w", b"s", b"r"
 """The main thread's signals to the I/O thread, one byte each on the inproc PAIR."""
 
 _BROKER_BEATS_PER_WINDOW = 3  # the broker counts as lost after this many of its heartbeat intervals, at least
@@ -74,8 +75,8 @@ def serve_broker(wp: WorkerProcess, ctx: zmq.Context, pipe: zmq.Socket, stop: th
 class BrokerLink:
     """The I/O thread's state and loop (owns the DEALER and its PAIR end).
 
-    Phases: *loading* (the model is loading: ``loading`` sent, heartbeats
-    once the broker answered), then *registering* / *registered*
+    Phases: *loading* (the model is loading or warming up: ``loading`` sent,
+    heartbeats once the broker answered), then *registering* / *registered*
     (``register`` sent / welcomed). Heartbeats and the broker's liveness
     window follow the broker's interval from its welcome."""
 
@@ -94,7 +95,9 @@ class BrokerLink:
         set_ipv6(self.sock, self.cfg.broker, bind=False)
         self.sock.connect(self.cfg.broker)
         self.broker_id: str | None = None
-        self.loaded = wp.engine is not None
+        self.ready = wp.ready  # loaded and warm: registered, not announced as loading
+        self.model, *aliases = self.cfg.served_names  # the primary name and the aliases clients may use
+        self.aliases = tuple(aliases)
         self.welcomed = False    # the broker answered our latest loading / register
         self.registered = False  # ... and it was a register: requests may come
         self.heartbeat_s = self.cfg.heartbeat_interval_s
@@ -130,16 +133,16 @@ class BrokerLink:
     def announce(self) -> None:
         """Tell the broker the model is loading (requests for it wait meanwhile)."""
         self.welcomed = False
-        self.send(Loading(self.cfg.model, self.wp.name))
+        self.send(Loading(self.model, self.wp.name, self.aliases))
 
     def register(self) -> None:
         wp = self.wp
         self.welcomed = False
-        self.send(Register(self.cfg.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name,
-                           self.cfg.max_message_bytes))
+        self.send(Register(self.model, self.cfg.num_slots, self.cfg.max_inflight, wp.info, wp.name,
+                           self.cfg.max_message_bytes, self.aliases))
 
     def reregister(self) -> None:
-        if not self.loaded:
+        if not self.ready:
             self.announce()
             return
         self.wp.drop_all()
@@ -152,7 +155,7 @@ class BrokerLink:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.pipe, zmq.POLLIN)
-        if self.loaded:
+        if self.ready:
             self.register()
         else:
             self.announce()
@@ -174,8 +177,8 @@ class BrokerLink:
             except zmq.Again:
                 break
             stopping |= signal == STOP
-            if signal == LOADED:
-                self.loaded = True
+            if signal == READY:
+                self.ready = True
                 self.register()
         self._forward(self.wp.take_outbox())
         return stopping
@@ -212,7 +215,8 @@ class BrokerLink:
         elif its:  # piled up while this thread was busy: one message, in order
             def joined(field: str) -> tuple:
                 return tuple(itertools.chain.from_iterable(getattr(it, field) for it in its))
-            self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished")))
+            self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished"),
+                                joined("started")))
 
     def _receive(self) -> None:
         for _ in range(1024):
@@ -271,15 +275,16 @@ class BrokerLink:
         self.heartbeat_s = min(self.cfg.heartbeat_interval_s, msg.heartbeat_interval_s)
         self.broker_liveness_s = max(self.cfg.broker_liveness_s, _BROKER_BEATS_PER_WINDOW * msg.heartbeat_interval_s)
         self.welcomed = True
-        if not self.loaded:
-            log.info("broker %s knows this worker is loading model %r", msg.broker_id[:8], self.cfg.model)
+        if not self.ready:
+            log.info("broker %s knows this worker is loading model %r", msg.broker_id[:8], self.model)
             return
         # Every welcome starts a fresh registration on the broker's side
         # (anything it assigned before is requeued there), so whatever this
         # worker still holds is void.
         self.wp.drop_all()
         self.registered = True
-        log.info("registered with broker %s as %s (%d slots)", msg.broker_id[:8], self.wp.name, self.cfg.num_slots)
+        log.info("registered with broker %s as %s (%d slots), serving %s", msg.broker_id[:8], self.wp.name,
+                 self.cfg.num_slots, ", ".join(map(repr, self.cfg.served_names)))
 
     def _error(self, msg: Error) -> None:
         if msg.code is ErrorCode.NOT_REGISTERED:

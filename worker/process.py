@@ -12,6 +12,12 @@ Two threads, each owning its sockets:
   cancellations (handed to :meth:`WorkerProcess.assign` /
   :meth:`~WorkerProcess.cancel`), and the outbox's iterations, encoded and sent.
 
+Ready means warm: the model is announced as loading first, then loaded and
+warmed up (:mod:`worker.warmup`, unless ``WorkerConfig.warmup`` is off or
+the model is stateless), and only then registered, so the broker (and
+through it ``/health`` and ``Client.wait_for_model``) lists it as served
+once its first requests run at full speed.
+
 Engine request ids are the broker's keys tagged with a registration epoch:
 after a re-registration (broker restart or lost contact) everything of the
 old epoch is cancelled and its output dropped, so stale work never reaches
@@ -31,10 +37,11 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Envelope, Finished, Iteration, ModelInfo, Rejected, Text
+from protocol.messages import Envelope, Finished, Iteration, ModelInfo, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
-from worker.link import LOADED, STOP, WAKE, serve_broker
+from worker.link import READY, STOP, WAKE, serve_broker
+from worker.warmup import needs_warmup, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +82,10 @@ class WorkerProcess:
     ``model`` (a loaded model object; tests pass their own) is set up at
     once; without it :meth:`run` loads ``config.model`` after announcing it
     to the broker, so requests for it wait instead of failing while it
-    loads. Raises ValueError when the model cannot be configured
-    (:class:`~worker.errors.ModelLoadError`, from :meth:`run`, when it
-    cannot be loaded).
+    loads. Either way :meth:`run` warms the model up before registering it
+    (``config.warmup``; slot-aware models only). Raises ValueError when the
+    model cannot be configured (:class:`~worker.errors.ModelLoadError`,
+    from :meth:`run`, when it cannot be loaded).
     """
 
     def __init__(self, config: WorkerConfig, model=None) -> None:
@@ -90,7 +98,11 @@ class WorkerProcess:
             (config.curve_secret_file, config.curve_broker_key_file), "worker")
         self.identity = uuid.uuid4().bytes
         self.iterations = 0
+        self.ready = self.engine is not None and not self._cold()
+        """The model is loaded and warm: the I/O thread registers it at once
+        (otherwise it announces it as loading and registers on :data:`~worker.link.READY`)."""
         self._live: dict[int, _Live] = {}       # by engine id; guarded by _submit_lock
+        self._unstarted: list[_Live] = []       # text prompts whose length is not sent yet; guarded by _submit_lock
         self._done: list[int] = []              # engine ids ended this iteration (main thread)
         self._submit_lock = threading.Lock()
         self._epoch = 0
@@ -116,6 +128,10 @@ class WorkerProcess:
             log.info("loaded %r: %s on %s, linears %s%s", name, weights.precision, weights.device, weights.linear_kind,
                      "" if getattr(weights, "greedy_head", None) is None else ", greedy picks through a bf16-screened head")
         self._setup(model)
+
+    def _cold(self) -> bool:
+        """Whether the model is to be warmed up before it is served."""
+        return self.config.warmup and needs_warmup(self.model)
 
     def _setup(self, model) -> None:
         """The engine and what the broker is told about the model."""
@@ -148,13 +164,11 @@ class WorkerProcess:
                               daemon=True)
         io.start()
         try:
-            if self.engine is None:  # the I/O thread announced the model; heartbeats flow while it loads
-                try:
-                    self._load()
-                except BaseException as e:
-                    self.goodbye = f"cannot load model {self.config.model!r}: {e}"
-                    raise
-                main_end.send(LOADED)
+            if not self.ready:  # the I/O thread announced the model; heartbeats flow while it loads and warms up
+                self._prepare(stop)
+                if not stop.is_set():
+                    self.ready = True
+                    main_end.send(READY)
             self._serve(main_end, stop)
         finally:
             try:
@@ -164,6 +178,19 @@ class WorkerProcess:
             io.join(10.0)
             main_end.close(0)
             ctx.term()
+
+    def _prepare(self, stop: threading.Event) -> None:
+        """Load the model (unless it was given) and warm it up (unless it needs none)."""
+        what = "load"
+        try:
+            if self.engine is None:
+                self._load()
+            if self._cold():
+                what = "warm up"
+                warm_up(self.engine, stop)
+        except BaseException as e:
+            self.goodbye = f"cannot {what} model {self.config.model!r}: {e}"
+            raise
 
     def _serve(self, pipe: zmq.Socket, stop: threading.Event) -> None:
         """The engine loop: step while there is work; each iteration's message
@@ -195,6 +222,7 @@ class WorkerProcess:
         epoch it belongs to (None when there is nothing to say)."""
         ids, tokens, texts, finished = [], [], [], []
         with self._submit_lock:
+            started = self._started() if self._unstarted else ()
             for live in self._live.values():
                 toks = live.tokens
                 if toks:
@@ -214,7 +242,24 @@ class WorkerProcess:
             epoch = self._epoch
         if not (ids or finished or texts):
             return None
-        return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished))
+        return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished), tuple(started))
+
+    def _started(self) -> list[Started]:
+        """(Under the submit lock, before this iteration's tokens are taken) the
+        prompt lengths of the text and chat requests whose first tokens are in
+        this iteration: sent with them, once (a token-id prompt's length is
+        known to its client; those of the others reach it only so)."""
+        started, waiting = [], []
+        done = self._done
+        for live in self._unstarted:
+            if live.stale:
+                continue
+            if live.tokens:
+                started.append(Started(live.key, live.handle.prompt_tokens))
+            elif live.eid not in done:  # (one that ends without a token tells it with its end)
+                waiting.append(live)
+        self._unstarted = waiting
+        return started
 
     # ------------------------------------------------------------------ called by the I/O thread
 
@@ -257,6 +302,8 @@ class WorkerProcess:
                                             f"{type(e).__name__}: {e}"))
                     continue
                 self._live[live.eid] = live
+                if not entry.params.is_token_prompt:
+                    self._unstarted.append(live)
         return refused
 
     def cancel(self, keys: list[int]) -> None:

@@ -168,9 +168,6 @@ def test_continuous_usage_is_on_every_chat_chunk_the_role_chunk_included():
     assert sent == 8 and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 8
 
 
-@pytest.mark.xfail(strict=True, reason="a text or chat prompt's length reaches the gateway only with the request's "
-                                       "end (Finished.prompt_tokens): the wire must carry it with the first tokens "
-                                       "(protocol/worker/broker/client) before every chunk can carry usage")
 def test_continuous_usage_is_on_every_chunk_of_a_real_chat(oai, text_model):
     chunks = list(oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=8, temperature=0,
                                               stream=True, stream_options={"include_usage": True,

@@ -1,0 +1,153 @@
+"""Warm-up: a model's first calls, made before it is served ("ready means warm").
+
+A model's first steps at a shape are slower than the rest: on CUDA each
+decode batch size is captured into a CUDA graph the first time a step needs
+it (:mod:`worker.models.llama.cuda_graphs`); on every device the first call
+at a shape sets up kernels, oneDNN primitives and allocator pools, and a
+tokenizer compiles its chat template on first use. Served cold, the first
+requests pay for all of it (issue 22: 5.1 s for a 32-token chat that takes
+1.0 s warm). :func:`warm_up` makes those calls before the worker registers,
+through the engine's public interface only (``submit_request`` and
+``step``), with synthetic greedy requests that have no stop token:
+
+1. one request alone: a prefill (chunked as the model is configured) and
+   decode steps at batch size 1, :data:`DECODE_TOKENS` tokens in all. With
+   a tokenizer its prompt is the chat :data:`CHAT` (the template) and its
+   text is streamed (the detokenizer), as every request of a worker with a
+   tokenizer is; without, :data:`PROMPT_TOKENS` token ids;
+2. ``num_slots`` requests of :data:`PROMPT_TOKENS` token ids at once: their
+   prefills (chunked, beside the decoding of the first ones, as under
+   load), then decode steps at every batch size from ``num_slots`` down to
+   1: request ``i`` generates one token more than request ``i - 1``, so one
+   slot frees per step.
+
+It leaves no trace: every request ends and frees its slot (the model's
+``release_slot``, as for any request), nothing stays queued or in the
+engine's book, and the ids are its own (``warmup-N``: the engine's id
+counter does not move). Greedy picks never draw from the sampler's
+generator, and a seeded request's draws depend on its seed and position
+alone, so sampling after the warm-up is as after load. Stateless models
+(``next_tokens``, such as :class:`~worker.SimulatedLLM`) keep no state
+between calls: :func:`needs_warmup` says False for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from protocol.enums import FinishReason
+from worker.engine import BatchInferenceEngine
+from worker.models.base import SlotModel
+
+log = logging.getLogger(__name__)
+
+PROMPT_TOKENS = 96
+"""Prompt length of the warm-up requests (tokens): a typical chat prompt's, long
+enough for a real prefill, within the smallest decode window of the CUDA graphs."""
+
+DECODE_TOKENS = 4
+"""Tokens the request alone generates (the first from its prefill), and the
+fewest a request of the ``num_slots`` together does."""
+
+CHAT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a "
+                                    "bottle, in three paragraphs, and give it a title."}]
+"""The warm-up's chat prompt (models with a tokenizer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupReport:
+    """What :func:`warm_up` did: ``seconds`` (monotonic) over ``iterations``
+    engine steps, ``max_batch`` the largest decode batch (rows), ``failed`` the
+    warm-up requests that ended in error (the worker serves anyway: the log
+    says why) and ``stopped``: cut short by the stop event."""
+
+    seconds: float
+    iterations: int
+    max_batch: int
+    failed: int = 0
+    stopped: bool = False
+
+
+def needs_warmup(model) -> bool:
+    """Whether ``model`` keeps state a warm-up sets up: slot-aware models do
+    (a KV cache, CUDA graphs, kernels by shape); stateless ones do not."""
+    return isinstance(model, SlotModel)
+
+
+def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -> WarmupReport:
+    """Run the warm-up (see the module docstring) on ``engine``, which must be
+    idle and not stepped by anyone else meanwhile; return when every warm-up
+    request has ended and freed its slot. ``stop`` set: the requests left are
+    cancelled and end in the next step. Logs its duration at INFO."""
+    t0 = time.monotonic()
+    tokenizer = getattr(engine.model, "tokenizer", None)
+    on_text = (lambda piece: None) if tokenizer is not None else None  # (text is streamed, as the worker does)
+    prompt, budget = _prompt(engine)
+    phases = (("alone", [(CHAT if tokenizer is not None else prompt, min(DECODE_TOKENS, budget))]),
+              ("all", [(prompt, min(DECODE_TOKENS + i, budget)) for i in range(engine.batch_size)]))
+    steps = failed = 0
+    stopped = False
+    for name, requests in phases:
+        handles = [_submit(engine, p, n, f"warmup-{name}-{i}", on_text, fallback=prompt)
+                   for i, (p, n) in enumerate(requests)]
+        s, stopped = _drain(engine, handles, stop)
+        steps += s
+        failed += _report_failures(handles)
+        if stopped:
+            break
+    report = WarmupReport(time.monotonic() - t0, steps, engine.batch_size, failed, stopped)
+    log.info("warm-up %s in %.2f s: %d iterations (a prefill alone, then %d of %d tokens at once), decode at "
+             "batch sizes 1 to %d%s", "stopped" if stopped else "done", report.seconds, steps, engine.batch_size,
+             len(prompt), engine.batch_size, f"; {failed} warm-up requests failed" if failed else "")
+    return report
+
+
+def _prompt(engine: BatchInferenceEngine) -> tuple[list[int], int]:
+    """The token-id prompt of the warm-up requests and the most tokens one may
+    generate, within the model's vocabulary and context."""
+    vocab = getattr(engine.model, "vocab_size", None) or 256
+    limit = getattr(engine.model, "max_seq_len", None)
+    longest = DECODE_TOKENS + engine.batch_size  # what the last request of phase 2 generates
+    length = PROMPT_TOKENS
+    if limit is not None:
+        length = max(1, min(length, limit - longest))
+        longest = min(longest, limit - length)
+    low = min(100, vocab // 4)  # past the special tokens most vocabularies start with
+    return [low + (37 * i) % (vocab - low) for i in range(length)], max(1, longest)
+
+
+def _submit(engine: BatchInferenceEngine, prompt, max_tokens: int, request_id: str, on_text, *, fallback):
+    """One warm-up request (no stop token, greedy); a chat the model's context
+    cannot take is sent as the token-id ``fallback`` instead."""
+    try:
+        return engine.submit_request(prompt, max_tokens, on_text=on_text, request_id=request_id, stop_token=None)
+    except ValueError:
+        if prompt is fallback:
+            raise
+        return engine.submit_request(fallback, max_tokens, on_text=on_text, request_id=request_id, stop_token=None)
+
+
+def _drain(engine: BatchInferenceEngine, handles: list, stop: threading.Event | None) -> tuple[int, bool]:
+    """Step until every one of ``handles`` ended; return the steps taken and
+    whether ``stop`` cut it short (its requests cancelled)."""
+    steps, stopped = 0, False
+    while not all(h.done() for h in handles):
+        if stop is not None and stop.is_set() and not stopped:
+            stopped = True
+            for h in handles:
+                engine.cancel(h.request_id)
+        engine.step()
+        steps += 1
+    return steps, stopped
+
+
+def _report_failures(handles: list) -> int:
+    """Log the warm-up requests that ended in error; return how many."""
+    failed = [h for h in handles if h.finish_reason is FinishReason.ERROR]
+    if failed:
+        log.warning("warm-up: %d of %d requests failed (%s); the model is served anyway", len(failed), len(handles),
+                    failed[0].error)
+    return len(failed)
