@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import defaults
+from protocol.validation import as_seconds
 
 MIN_HEARTBEATS_PER_WINDOW = 3
 """A liveness window spans at least this many heartbeat intervals (a peer is
@@ -99,20 +100,14 @@ class BrokerConfig:
             least = defaults.MIN_MESSAGE_BYTES if name == "max_message_bytes" else 1
             if type(v) is not int or v < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {v!r}")
-        if isinstance(self.register_grace_s, bool) or not isinstance(self.register_grace_s, (int, float)) \
-                or not self.register_grace_s >= 0:
-            raise ValueError(f"register_grace_s must be a number of seconds >= 0, got {self.register_grace_s!r}")
+        as_seconds(self.register_grace_s, "register_grace_s", allow_zero=True)
         for name in ("heartbeat_interval_s", "worker_liveness_s", "client_liveness_s", "tick_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
+            as_seconds(getattr(self, name), name)
         if self.heartbeat_interval_s < defaults.MIN_HEARTBEAT_INTERVAL_S:  # it is announced in every welcome
             raise ValueError(f"heartbeat_interval_s must be >= {defaults.MIN_HEARTBEAT_INTERVAL_S} s, "
                              f"got {self.heartbeat_interval_s!r}")
-        if self.worker_hung_s is not None and (isinstance(self.worker_hung_s, bool)
-                                               or not isinstance(self.worker_hung_s, (int, float))
-                                               or not self.worker_hung_s > 0):
-            raise ValueError(f"worker_hung_s must be None or a number of seconds > 0, got {self.worker_hung_s!r}")
+        if self.worker_hung_s is not None:  # None: never declared hung
+            as_seconds(self.worker_hung_s, "worker_hung_s")
         curve = (self.curve_secret_file, self.curve_clients_dir, self.curve_workers_dir)
         if any(v is not None for v in curve) and not all(isinstance(v, str) and v for v in curve):
             raise ValueError("CURVE needs all of curve_secret_file, curve_clients_dir and curve_workers_dir "

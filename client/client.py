@@ -39,7 +39,7 @@ from protocol.messages import (
     Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
 )
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
-from protocol.validation import as_float, as_text, check_callbacks
+from protocol.validation import as_seconds, as_text, check_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,8 @@ class Client:
         if model is not None:
             model = as_text(model, "model", allow_empty=False)  # (these travel on the wire too)
         name = as_text(name, "name")
-        for n, v in (("connect_timeout_s", connect_timeout_s), ("heartbeat_interval_s", heartbeat_interval_s)):
-            if as_float(v, n) <= 0:
-                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+        as_seconds(connect_timeout_s, "connect_timeout_s")
+        as_seconds(heartbeat_interval_s, "heartbeat_interval_s")
         curve_keys = None if curve is None else load_peer_keys(curve, "client")
         self.address = address
         self.model: str | None = model

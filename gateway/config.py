@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from protocol import defaults
+from protocol.validation import as_seconds
 
 DEFAULT_BROKER = defaults.CLIENT_ENDPOINT
 """The broker's client endpoint, by default: :data:`protocol.defaults.CLIENT_ENDPOINT`."""
@@ -77,12 +78,8 @@ class GatewayConfig:
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         for name in ("status_interval_s", "connect_timeout_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
-        v = self.shutdown_timeout_s
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
-            raise ValueError(f"shutdown_timeout_s must be a number of seconds >= 0, got {v!r}")
+            as_seconds(getattr(self, name), name)
+        as_seconds(self.shutdown_timeout_s, "shutdown_timeout_s", allow_zero=True)
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

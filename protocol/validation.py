@@ -149,3 +149,21 @@ def check_callbacks(**callbacks: object) -> None:
     for name, fn in callbacks.items():
         if fn is not None and not callable(fn):
             raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+
+
+def as_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    """``value`` as a finite number of seconds, > 0 (>= 0 with ``allow_zero``).
+
+    The one check behind every duration in a process's config: durations go
+    on the wire (msgpack carries no infinity here: :func:`as_float`) or into
+    deadlines, so ``inf`` and NaN are refused like bools and strings, with a
+    ValueError naming ``field``. "Never" is spelled ``None`` where a config
+    allows it, not ``inf``."""
+    try:
+        seconds = as_float(value, field)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds >= 0 if allow_zero else seconds > 0):
+        raise ValueError(f"{field} must be a finite number of seconds {'>=' if allow_zero else '>'} 0, "
+                         f"got {value!r:.50}")
+    return seconds

@@ -28,6 +28,7 @@ from broker import BrokerConfig, run_broker
 from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
+from protocol.validation import as_seconds
 from slotserve.signals import PARENT_GONE, StopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
@@ -135,9 +136,7 @@ class ClusterConfig:
         if not self.workers:
             raise ValueError("a cluster needs at least one worker")
         for n in ("start_timeout_s", "stop_timeout_s"):
-            v = getattr(self, n)
-            if not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+            as_seconds(getattr(self, n), n)
 
 
 class LocalCluster:

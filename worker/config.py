@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import defaults
+from protocol.validation import as_seconds
 from worker.models.options import ModelOptions
 
 
@@ -83,9 +84,7 @@ class WorkerConfig:
                 or (type(self.stop_token) is int and self.stop_token >= 0)):
             raise ValueError(f"stop_token must be 'model', None or a token id >= 0, got {self.stop_token!r}")
         for n in ("heartbeat_interval_s", "broker_liveness_s"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{n} must be a number of seconds > 0, got {v!r}")
+            as_seconds(getattr(self, n), n)
         if (self.curve_secret_file is None) != (self.curve_broker_key_file is None):
             raise ValueError("CURVE needs both curve_secret_file and curve_broker_key_file, or neither")
         if type(self.max_message_bytes) is not int or self.max_message_bytes < defaults.MIN_MESSAGE_BYTES:
