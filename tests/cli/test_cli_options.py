@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from slotserve.cli import main
 from slotserve.job import JobSummary, format_duration
+from tests.support.launcher import record_clusters
 
 BROKER_ARGS = {  # option -> (value on the command line, the BrokerConfig field, the value there)
     "--max-queue": ("7", "max_queue", 7),
@@ -44,27 +45,7 @@ def root_logger_kept():
 @pytest.fixture
 def fake_cluster(monkeypatch):
     """`slotserve up` over a stand-in LocalCluster: the ClusterConfigs it was given."""
-    import slotserve.launcher
-
-    configs = []
-
-    class FakeCluster:
-        frontend, backend, http_url = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", None
-
-        def __init__(self, cfg):
-            configs.append(cfg)
-
-        def start(self, should_stop=None):
-            pass
-
-        def supervise(self, should_stop, wakeup_fd=None):
-            pass
-
-        def stop(self, halt=None, wakeup_fd=None):
-            pass
-
-    monkeypatch.setattr(slotserve.launcher, "LocalCluster", FakeCluster)
-    return configs
+    return record_clusters(monkeypatch)
 
 
 @pytest.fixture

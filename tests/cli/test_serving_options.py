@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from slotserve.cli import main
+from tests.support.launcher import record_clusters
 
 
 @pytest.fixture
@@ -24,27 +25,7 @@ def worker_configs(monkeypatch):
 @pytest.fixture
 def cluster_configs(monkeypatch):
     """`slotserve up` over a stand-in LocalCluster: the ClusterConfigs it was given."""
-    import slotserve.launcher
-
-    configs = []
-
-    class FakeCluster:
-        frontend, backend, http_url = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", None
-
-        def __init__(self, cfg):
-            configs.append(cfg)
-
-        def start(self, should_stop=None):
-            pass
-
-        def supervise(self, should_stop, wakeup_fd=None):
-            pass
-
-        def stop(self, halt=None, wakeup_fd=None):
-            pass
-
-    monkeypatch.setattr(slotserve.launcher, "LocalCluster", FakeCluster)
-    return configs
+    return record_clusters(monkeypatch)
 
 
 def test_worker_takes_served_names_and_warmup(worker_configs):

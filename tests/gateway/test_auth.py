@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from gateway import GatewayConfig, run
 from tests.support.gateway import simulated_reference, start_cluster, wait_until
+from tests.support.launcher import record_clusters
 from worker.process import WorkerConfig
 
 KEY, OTHER_KEY = "sk-test-Kq3vZ8", "second.key_~+/9="
@@ -234,27 +235,9 @@ def test_cli_refuses_unusable_keys_and_empty_key_files_without_showing_them(serv
 
 
 def test_up_takes_the_same_key_options(monkeypatch, tmp_path):
-    import slotserve.launcher
     from slotserve.cli import main
 
-    clusters = []
-
-    class FakeCluster:
-        frontend, backend, http_url = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "http://127.0.0.1:3"
-
-        def __init__(self, cfg):
-            clusters.append(cfg)
-
-        def start(self, should_stop=None):
-            pass
-
-        def supervise(self, should_stop, wakeup_fd=None):
-            pass
-
-        def stop(self, halt=None, wakeup_fd=None):
-            pass
-
-    monkeypatch.setattr(slotserve.launcher, "LocalCluster", FakeCluster)
+    clusters = record_clusters(monkeypatch, http_url="http://127.0.0.1:3")
     keys = tmp_path / "keys.txt"
     keys.write_text(OTHER_KEY + "\n")
     r = CliRunner().invoke(main, ["up", "--http-port", "0", "--api-key", KEY, "--api-key-file", str(keys),
