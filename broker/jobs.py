@@ -169,10 +169,7 @@ class JobTable:
         self.counters[ENDING_COUNTER[reason]] += 1
         client = job.client
         if client is not None:
-            del self.by_client[(client, job.rid)]
-            keys = self.of_client.get(client)
-            if keys is not None:
-                keys.discard(job.key)
+            self.detach(job)
             out.result(client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens, stop_reason))
 
     def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
