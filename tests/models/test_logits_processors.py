@@ -61,6 +61,22 @@ def test_repetition_penalty_is_transformers_processor_over_prompt_and_output():
             assert torch.equal(got[r], want[0])
 
 
+def test_an_extreme_repetition_penalty_stays_finite_and_is_not_a_model_failure():
+    # Any penalty > 0 is a valid request, but fp32 rounds 1e-50 to 0 and 1e300 to inf (x / 0 = inf,
+    # 0 * inf = NaN): such rows were failed as "the model produced non-finite values".
+    si = SlotInput(slot=0, tokens=[1, 2, 3, 4], prompt_len=2)
+    logits = torch.tensor([[0.0, 5.0, -3.0, 50.0, 0.0, 2.0, float("-inf"), -1.0]])
+    for penalty in (1e-300, 1e-50, 1e-38, 1e300):
+        got = processed([sampling(repetition_penalty=penalty)], [si], logits)
+        assert torch.isfinite(got[0, [0, 1, 2, 3, 4, 5, 7]]).all() and got[0, 6] == float("-inf")
+        assert torch.equal(got[0, [0, 5, 6, 7]], logits[0, [0, 5, 6, 7]])  # unseen tokens untouched
+        # small: seen positive logits soar (and tie at fp32's bound), seen negative ones go to -0
+        assert (got[0, 1] >= got[0, 5] and got[0, 3] >= got[0, 5]) if penalty < 1 else got[0, 5] > got[0, 1] >= 0
+        picked = Sampler().pick(logits, [sampling(repetition_penalty=penalty, temperature=0.7, seed=1)], [4],
+                                inputs=[si])
+        assert type(picked[0]) is int
+
+
 def test_presence_and_frequency_penalties_are_openais_formula_over_output_tokens():
     inputs = histories(1, 6)
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(1))

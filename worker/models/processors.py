@@ -143,8 +143,7 @@ class LogitsProcessors:
         x = scores if whole else scores.index_select(0, index)
         repetition = [params[r].repetition_penalty for r in counted]
         if any(v != 1.0 for v in repetition):
-            r = to_device(repetition, torch.float32, device)[:, None]
-            x = torch.where(counts.seen.index_select(0, slots), torch.where(x > 0, x / r, x * r), x)
+            x = _repeated(x, counts.seen.index_select(0, slots), repetition, device)
         frequency = [params[r].frequency_penalty for r in counted]
         presence = [params[r].presence_penalty for r in counted]
         if any(frequency) or any(presence):
@@ -165,6 +164,24 @@ class LogitsProcessors:
             ids, values = zip(*bias)
             got = self._biases[bias] = (to_device(ids, torch.long, device), to_device(values, torch.float32, device))
         return got
+
+
+_FP32 = torch.finfo(torch.float32)
+
+
+def _repeated(x: torch.Tensor, seen: torch.Tensor, penalties: list[float], device) -> torch.Tensor:
+    """The repetition rule on fp32 ``x [R, vocab]`` where ``seen``, staying finite where ``x`` is.
+
+    Every penalty > 0 is valid (the request's rule), but fp32 holds neither
+    1e-50 (it rounds to 0: ``x / 0`` is inf) nor 1e300 (inf: ``0 * inf`` is
+    NaN), and ``x / 1e-38`` overflows for ``x > 3.4``: the penalty is taken
+    within fp32's normal range and the result within its finite range, so a
+    finite logit stays finite (an extreme penalty saturates: seen tokens tie at
+    the bound) and the row is never failed as the model's non-finite output.
+    A ``-inf`` logit (a masked token) stays ``-inf``."""
+    r = to_device(penalties, torch.float32, device)[:, None].clamp_(_FP32.tiny, _FP32.max)
+    y = torch.where(x > 0, x / r, x * r).clamp_(-_FP32.max, _FP32.max)
+    return torch.where(seen & torch.isfinite(x), y, x)
 
 
 def _index(rows: list[int], ids: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
