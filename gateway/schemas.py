@@ -99,13 +99,23 @@ def _stop(value: Any) -> Any:
     return value
 
 
+_ID_DIGITS = 20
+"""The most digits a token id's key may have: 2**64 - 1, the wire's largest integer, has 20 (the
+request checks the range; this bound keeps a 5,000-digit key from int(), which refuses past 4,300)."""
+
+
 def _logit_bias(value: Any) -> Any:
     """``logit_bias`` as OpenAI sends it: a map whose keys are token ids written as strings
-    (``{"50256": -100}``); the values are checked by their type, the ranges by the request."""
+    (``{"50256": -100}``); the values are checked by their type, the ranges by the request.
+    Two keys that name one token (``"7"`` and ``"07"``) are an error, as the request's
+    repeated id is (the map of ints built from the keys would keep one silently)."""
     if isinstance(value, dict):
+        named: dict[int, str] = {}
         for key in value:
-            if not (type(key) is str and key.isascii() and key.isdigit()):
+            if not (type(key) is str and key.isascii() and key.isdigit() and len(key) <= _ID_DIGITS):
                 raise _bad_type(f"logit_bias keys must be token ids (decimal strings), got {_shown(key)}")
+            if (other := named.setdefault(int(key), key)) != key:
+                raise _bad_type(f"logit_bias gives token {int(key)} twice ({_shown(other)} and {_shown(key)})")
     return value
 
 
