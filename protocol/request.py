@@ -158,6 +158,11 @@ PENALTY_BOUND = 2.0
 """``presence_penalty`` and ``frequency_penalty`` lie in [-PENALTY_BOUND, PENALTY_BOUND] (OpenAI's range)."""
 
 
+_ID_DIGITS = 20
+"""The most digits of a token id given as a string: 2**64 - 1, the wire's largest int, has 20
+(and ``int()`` refuses strings past 4,300 digits)."""
+
+
 # --------------------------------------------------------------------------- field checks
 # Each takes (value, field name), returns the value normalised (tuples, plain
 # ints and floats) or raises ValueError saying what to send instead.
@@ -326,7 +331,9 @@ def _repetition_penalty(value: object, field: str) -> float:
 
 
 def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
-    """A map token id -> bias, or (as off the wire) a sequence of (id, bias) pairs; zero biases dropped."""
+    """A map token id -> bias, or (as off the wire) a sequence of (id, bias) pairs; zero biases dropped.
+    An id may be a decimal string (``"50256"``): OpenAI's shape, the only one JSON has for a map
+    (a ``slotserve run`` row, an HTTP body); no sign, space, point or base prefix."""
     if value is None:
         return ()
     if isinstance(value, Mapping):
@@ -342,7 +349,12 @@ def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise ValueError(f"{field} entries must be (token id, bias) pairs, got {pair!r:.50}")
         token, bias = pair
-        if type(token) is not int:
+        if type(token) is str and token.isascii() and token.isdigit() and len(token) <= _ID_DIGITS:
+            token = int(token)
+        elif type(token) is not int:
+            if isinstance(token, str):
+                raise ValueError(f"{field} keys must be token ids (ints, or decimal strings as OpenAI sends "
+                                 f"them), got {token!r:.50}")
             token = as_int(token, f"{field} key", minimum=0)  # (bools refused; numpy ints taken)
         if not 0 <= token <= WIRE_INT_MAX:
             raise ValueError(f"{field} keys must be token ids (ints >= 0), got {token!r}")
