@@ -82,6 +82,15 @@ def test_rows_without_an_id_get_their_line_number(frontend):
     assert summary.errors == 3 and summary.requests == 6
 
 
+def test_a_rows_logit_bias_map_has_string_keys_as_json_maps_do(frontend):
+    # (refused before: "logit_bias key must be an int, got str '5'"; JSON has no other map)
+    lines = [json.dumps({"id": "map", "prompt": [5, 6], "max_tokens": 3, "logit_bias": {"5": 2, "900": -100}}),
+             json.dumps({"id": "bad", "prompt": [5, 6], "max_tokens": 3, "logit_bias": {"-5": 2}})]
+    got = by_id(job_rows(frontend, "\n".join(lines) + "\n")[0])
+    assert "error" not in got['"map"'] and got['"map"']["tokens"] == expected([5, 6], 3)  # (SimulatedLLM's)
+    assert got['"bad"']["error"]["code"] == "bad_request" and "token ids" in got['"bad"']["error"]["message"]
+
+
 def test_duplicate_ids_refuse_the_later_row(frontend):
     lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}),
              json.dumps({"id": "a", "prompt": [3, 4], "max_tokens": 3}),   # same id: refused
