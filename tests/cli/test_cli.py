@@ -68,7 +68,9 @@ def test_bad_option_values_are_usage_errors():
 def test_model_options_reach_the_model_loader(tmp_path):
     """Each command that starts workers hands them its model options (``simulated`` refuses
     any that are not the defaults, naming them: proof they arrived)."""
-    r = CliRunner().invoke(main, ["worker", "--model", "simulated", "--precision", "int8"])
+    # a broker address no one serves: never the default one, where a developer's cluster may be listening
+    r = CliRunner().invoke(main, ["worker", "--model", "simulated", "--precision", "int8",
+                                  "--broker", f"tcp://127.0.0.1:{free_port()}"])
     assert r.exit_code == 1 and "['precision'] apply to real models" in r.output
     inp = tmp_path / "in.jsonl"
     write_rows(inp, [{"id": 1, "prompt": [1], "max_tokens": 2}])
