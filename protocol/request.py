@@ -101,6 +101,14 @@ class SamplingParams(NamedTuple):
     - ``presence_penalty``, ``frequency_penalty``: in [-2, 2]; subtracted
       from the logit of every token generated so far, once and once per
       occurrence (OpenAI's); 0 = off.
+    - ``min_tokens``, ``min_tokens_stops``: while the row has fewer than
+      ``min_tokens`` output tokens (resumed tokens count), the logits of the
+      ``min_tokens_stops`` ids (the request's stop tokens) are -inf (vLLM's
+      ``MinTokensLogitsProcessor``, before every other processor). Not request
+      fields: the worker's slot table sets them (the request's
+      ``min_tokens`` and its resolved stop tokens) and drops them, back to
+      the request's own sampling, once the row reaches ``min_tokens``; () =
+      off.
 
     Greedy rows (:attr:`greedy`) take the argmax of the *processed* logits
     (bias and penalties applied): only :attr:`is_plain_greedy` rows are the
@@ -117,6 +125,8 @@ class SamplingParams(NamedTuple):
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    min_tokens_stops: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -125,8 +135,8 @@ class SamplingParams(NamedTuple):
 
     @property
     def processed(self) -> bool:
-        """True when a logits processor acts on this row (a bias or a penalty)."""
-        return bool(self.logit_bias) or self.counts_tokens
+        """True when a logits processor acts on this row (the min_tokens mask, a bias or a penalty)."""
+        return bool(self.logit_bias) or bool(self.min_tokens_stops) or self.counts_tokens
 
     @property
     def counts_tokens(self) -> bool:
@@ -137,7 +147,8 @@ class SamplingParams(NamedTuple):
     def is_plain_greedy(self) -> bool:
         """Greedy with no processor: the token is the argmax of the raw logits. The one
         predicate for every shortcut that relies on that (the screened LM head, speculative
-        drafts, the sampler's fast path)."""
+        drafts, the sampler's fast path). A row under its ``min_tokens`` mask is not plain
+        until the slot table drops the mask, when the row reaches ``min_tokens``."""
         return self.temperature < GREEDY_BELOW and not self.processed
 
 

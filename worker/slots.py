@@ -20,6 +20,22 @@ Termination is checked per batch, not per token, wherever it can be:
 - text (stop strings, text streaming): only requests whose text the engine
   follows are visited (one :class:`~worker.text.TextStream` step each), so
   requests without text stops pay nothing for them.
+
+``min_tokens`` (vLLM's): for a slot-aware model, a request that has fewer
+than ``min_tokens`` output tokens (resumed ones count) and has stop tokens
+gets a ``SlotInput.sampling`` carrying them (``SamplingParams.min_tokens`` /
+``min_tokens_stops``): the model's sampler masks them to -inf, so a model
+with logits never produces one early, and the row is not plain greedy (no
+screened head, no drafts) while the mask applies. Once it reaches
+``min_tokens`` its sampling is set back to the request's own (only the
+requests still held are visited: plain rows pay nothing). The termination
+rule stays for every model: a stop token, stop sequence or stop string
+before ``min_tokens`` does not end the request. It is what holds a model
+without logits to ``min_tokens`` (SimulatedLLM, scripted and stateless
+``next_tokens`` models: nothing can be masked, so they may emit a stop
+token early and it is ignored); stop sequences and stop strings are never
+masked, for any model (as vLLM: their matches before ``min_tokens`` are
+passed over).
 """
 
 from __future__ import annotations
@@ -67,7 +83,8 @@ class SlotTable:
 
     __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
-                 "_stop_any", "_stop_one", "_matching", "_texting", "text_streaming", "text_failed", "pending")
+                 "_stop_any", "_stop_one", "_matching", "_holding", "_texting", "text_streaming", "text_failed",
+                 "pending")
 
     def __init__(self, num_slots: int, slot_aware: bool,
                  default_stop: frozenset[int] = frozenset()) -> None:
@@ -87,6 +104,7 @@ class SlotTable:
         self._stop_any = default_stop
         self._stop_one: int | None = None  # the token, when _stop_any has exactly one
         self._matching: list[Request] = []  # running requests with stop sequences
+        self._holding: list[Request] = []   # running requests under their min_tokens mask
         self._texting: list[Request] = []   # running requests whose text is followed (req.detok)
         self.text_streaming: list[Request] = []  # running requests with on_text
         self.text_failed: list[tuple[Request, Exception]] = []  # detokenising raised (this iteration)
@@ -106,6 +124,10 @@ class SlotTable:
                 si = self._slot_inputs[slot]
                 si.tokens, si.sampling, si.prompt_len = seq, req.params.sampling, req._prompt_tokens
                 inputs.append(si)
+                if req.params.min_tokens > len(seq) - req._prompt_tokens and req.stop_tokens:
+                    si.sampling = si.sampling._replace(min_tokens=req.params.min_tokens,
+                                                       min_tokens_stops=tuple(sorted(req.stop_tokens)))
+                    self._holding.append(req)
             # Its k-th new token is appended in iteration (now + k - 1).
             at = it + req.to_generate
             bucket = due.get(at)
@@ -173,6 +195,8 @@ class SlotTable:
                 self.pending.pop(req, None)
             if inputs is not None:
                 si = self._slot_inputs[slot]
+                if si.sampling.min_tokens_stops:
+                    self._holding.remove(req)
                 si.tokens, si.sampling, si.prompt_len = _NO_TOKENS, GREEDY, 0
             if req.stop_tokens is not default_stop:
                 self._count_stops(req.stop_tokens, -1)
@@ -207,8 +231,9 @@ class SlotTable:
 
         Checks in the order stop token, stop sequences, stop strings,
         ``max_tokens``; the first that fires sets ``req.reason``. Stops count
-        only from the request's ``min_tokens``-th generated token on. Only
-        RUNNING requests with no reason yet can finish; states are left for
+        only from the request's ``min_tokens``-th generated token on (a model
+        with logits never gives a stop token earlier: see the module
+        docstring). Only RUNNING requests with no reason yet can finish; states are left for
         the engine to commit. A request whose text fails to decode is put in
         ``text_failed`` (the engine ends it with an error).
         """
@@ -295,11 +320,20 @@ class SlotTable:
                 due.setdefault(it + left, []).append(req)
         return self._check(tokens, skipped), skipped, appended
 
+    def _lift(self) -> None:
+        """The held requests that reached ``min_tokens`` get their own sampling back (no mask)."""
+        held = [req for req in self._holding if req.num_generated >= req.params.min_tokens]
+        for req in held:
+            self._holding.remove(req)
+            self._slot_inputs[req.slot].sampling = req.params.sampling
+
     def _check(self, tokens: list, skipped: set[Request] | frozenset) -> list[Request]:
         """Termination checks after an append (see :meth:`append`); ``skipped`` got no token."""
         reqs = self.reqs
         it = self.iteration
         self.iteration = it + 1
+        if self._holding:
+            self._lift()
         finished: list[Request] = []
         stop, one = self._stop_any, self._stop_one
         # One C-level scan of the new tokens; `in` on a list beats isdisjoint for one token.

@@ -1,7 +1,8 @@
 """The sampler's logits processors (worker/models/processors.py) and min_p, each against an
 independent reference: transformers' RepetitionPenaltyLogitsProcessor and generate, OpenAI's
 presence/frequency formula written out, vLLM's min_p definition written out; in mixed batches,
-with speculative decoding on, after a migration, and through the screened LM head."""
+with speculative decoding on, after a migration, and through the screened LM head; min_tokens'
+stop-token mask against transformers' min_new_tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from protocol.request import RequestParams  # noqa: E402
+from protocol.request import GREEDY, RequestParams  # noqa: E402
 from tests.support.reference import greedy_generate  # noqa: E402
 from tests.support.slot_models import (  # noqa: E402
     TINY_LLAMA_VOCAB, CountingSteps, generate_alone, random_prompts, repetitive_prompts,
@@ -263,3 +264,148 @@ def test_the_screened_head_leaves_biased_and_penalised_rows_to_the_full_head(tmp
     assert got[0] == hf_greedy(reference, prompt, 6, sequence_bias={(target,): 100.0})
     assert got[1] == generate_alone(reference, prompt, 6)
     assert got[2] == hf_greedy(reference, prompt, 6, repetition_penalty=2.0)
+
+
+# ---- min_tokens: the request's stop tokens are masked (-inf) before min_tokens output tokens (vLLM's
+# MinTokensLogitsProcessor); transformers' MinNewTokensLengthLogitsProcessor (generate's min_new_tokens)
+# is the reference. A stop token the bias pushes to the top would otherwise come first every step.
+
+def min_tokens_greedy(ref, prompt, n, stop, minimum, bias=None):
+    """transformers' greedy ``generate`` with ``stop`` as its eos and ``min_new_tokens``."""
+    extra = {} if bias is None else {"sequence_bias": {(t,): b for t, b in bias.items()}}
+    return greedy_generate(ref, prompt, n, eos_token_id=stop, pad_token_id=0, min_new_tokens=minimum, **extra)
+
+
+@pytest.mark.parametrize("runner", ["llama", "transformers"])
+def test_min_tokens_masks_the_stop_token_as_transformers_min_new_tokens(model_dir, reference, runner):
+    from worker.models.hf import load_hf_model
+
+    load = load_model if runner == "llama" else load_hf_model
+    prompts = random_prompts(3, seed=11, max_len=16)
+    for prompt in prompts:
+        engine = BatchInferenceEngine(load(model_dir), batch_size=2, stop_token=5)
+        h = engine.submit_request(prompt, 10, logit_bias={5: 100.0}, min_tokens=3)
+        engine.run()
+        assert 5 not in h.tokens[:3] and h.tokens[3:] == [5] and h.finish_reason == "stop"  # was [5, 5, 5]
+        assert h.tokens == min_tokens_greedy(reference, prompt, 10, 5, 3, {5: 100.0})
+    # the request's own stop tokens (eos and stop_token ids) are masked, whichever they are
+    engine = BatchInferenceEngine(load(model_dir), batch_size=1, stop_token=5)
+    h = engine.submit_request(prompts[0], 10, stop_token=[7, 9], logit_bias={7: 100.0, 9: 100.0, 5: 100.0},
+                              min_tokens=4)
+    engine.run()
+    assert not {7, 9} & set(h.tokens[:4]) and h.tokens[:4] == [5] * 4 and h.tokens[4] in (7, 9)
+
+
+def test_min_tokens_in_a_mixed_batch_leaves_plain_rows_unchanged_and_is_exact(model_dir, reference):
+    prompts = random_prompts(5, seed=12, max_len=16)
+    first = [generate_alone(reference, p, 1)[0] for p in prompts]
+    stop = first[1]  # row 1's own first greedy token: min_tokens must push it back
+    options = [{}, {"min_tokens": 4}, {}, {"min_tokens": 2, "logit_bias": {stop: 100.0}},
+               {"min_tokens": 5, "temperature": 0.8, "seed": 4}]
+    engine = BatchInferenceEngine(load_model(model_dir), batch_size=4, stop_token=stop)
+    handles = [engine.submit_request(p, 9, **o) for p, o in zip(prompts, options)]
+    engine.run()
+    got = [h.tokens for h in handles]
+    for i in (0, 2):
+        assert got[i] == generate_alone(reference, prompts[i], 9, eos=stop)
+    assert got[1] == min_tokens_greedy(reference, prompts[1], 9, stop, 4) and got[1][0] != stop
+    assert got[3] == min_tokens_greedy(reference, prompts[3], 9, stop, 2, {stop: 100.0}) and got[3][2] == stop
+    assert stop not in got[4][:5]
+    # the sampled row with the mask is batch invariant (seeded)
+    alone = BatchInferenceEngine(load_model(model_dir), batch_size=1, stop_token=stop)
+    h = alone.submit_request(prompts[4], 9, **options[4])
+    alone.run()
+    assert h.tokens == got[4]
+
+
+def test_min_tokens_with_speculative_decoding_masked_rows_are_not_drafted_until_min_tokens(model_dir, reference):
+    prompts = repetitive_prompts(4, seed=2)  # row 3's continuation repeats itself: it is drafted
+    stop = generate_alone(reference, prompts[1], 6)[3]  # a token row 1 would give early (no other row does)
+    requests = [(p, 24, o) for p, o in zip(prompts, [{}, {"min_tokens": 12}, {"min_tokens": 3}, {}])]
+
+    def go(model):
+        engine = BatchInferenceEngine(model, batch_size=4, stop_token=stop)
+        handles = [engine.submit_request(p, n, **o) for p, n, o in requests]
+        engine.run()
+        return [h.tokens for h in handles]
+
+    plain = go(load_model(model_dir))
+    runner = load_model(model_dir)
+    runner.speculative_tokens = 3
+    counting = CountingSteps(runner)
+    drafted = []
+    step = runner.step
+
+    def spy(batch):
+        out = step(batch)
+        drafted.extend((batch[i].sampling, len(batch[i].tokens) - batch[i].prompt_len) for i in runner._drafts)
+        return out
+
+    runner.step = spy
+    assert go(counting) == plain
+    assert plain[1] == min_tokens_greedy(reference, prompts[1], 24, stop, 12) and stop not in plain[1][:12]
+    assert counting.several > 0 and drafted and all(p.is_plain_greedy and not p.min_tokens_stops
+                                                    for p, _ in drafted)
+
+
+def test_min_tokens_of_a_resumed_request_count_the_resumed_tokens(model_dir, reference):
+    prompt = random_prompts(1, seed=13, max_len=16)[0]
+    engine = BatchInferenceEngine(load_model(model_dir), batch_size=1, stop_token=5)
+    whole = engine.submit_request(prompt, 12, logit_bias={5: 100.0}, min_tokens=6)
+    engine.run()
+    assert whole.tokens == min_tokens_greedy(reference, prompt, 12, 5, 6, {5: 100.0}) and len(whole.tokens) == 7
+    for cut in (2, 5):
+        engine = BatchInferenceEngine(load_model(model_dir), batch_size=2, stop_token=5)
+        other = engine.submit_request(random_prompts(1, seed=14)[0], 8, logit_bias={5: 100.0})
+        resumed = engine.submit_request(prompt, 12, logit_bias={5: 100.0}, min_tokens=6,
+                                        resume_tokens=whole.tokens[:cut])
+        engine.run()
+        assert resumed.tokens == whole.tokens and resumed.finish_reason == "stop", cut
+        assert other.tokens == [5]  # no min_tokens: the bias wins at once
+    # reached already by the resumed tokens: no mask at all (plain greedy)
+    engine = BatchInferenceEngine(load_model(model_dir), batch_size=1, stop_token=5)
+    h = engine.submit_request(prompt, 12, logit_bias={5: 100.0}, min_tokens=6, resume_tokens=whole.tokens[:6])
+    engine.run()
+    assert h.tokens == whole.tokens
+
+
+def test_the_min_tokens_mask_is_checked_per_row_each_step_and_lifted_at_min_tokens():
+    logits = torch.zeros(2, V)
+    logits[:, 5] = 10.0
+    masked = sampling()._replace(min_tokens=3, min_tokens_stops=(5, 200))  # an id past the vocab is ignored
+    assert not masked.is_plain_greedy and sampling().is_plain_greedy
+    rows = [SlotInput(slot=0, tokens=[1, 2, 3, 4], prompt_len=2),
+            SlotInput(slot=1, tokens=[1, 2, 3, 4, 5], prompt_len=2)]
+    picks = Sampler().pick(logits, [masked, masked], [4, 5], inputs=rows)
+    assert picks[0] != 5 and picks[1] == 5  # row 1 has its 3 output tokens: the mask is off
+
+    class Recording:  # a slot model that reports each step's sampling (and emits no stop token)
+        def __init__(self):
+            self.seen = []
+
+        def bind_slots(self, num_slots):
+            pass
+
+        def release_slot(self, slot):
+            pass
+
+        def step(self, batch):
+            self.seen.append([(len(si.tokens) - si.prompt_len, si.sampling) for si in batch])
+            return [7] * len(batch)
+
+    model = Recording()
+    engine = BatchInferenceEngine(model, batch_size=3, stop_token=5)  # one row each, in submission order
+    held = engine.submit_request([1, 2], 6, min_tokens=3)
+    plain = engine.submit_request([1], 6, logit_bias={9: 1.0})
+    resumed = engine.submit_request([3], 6, min_tokens=3, resume_tokens=[7, 7, 7])  # reached: never held
+    engine.run()
+    assert all(len(h.tokens) == 6 for h in (held, plain, resumed))
+    by_row = [[] for _ in range(3)]
+    for step in model.seen:
+        for r, (n, p) in enumerate(step):
+            by_row[r].append((n, p))
+    assert [(n, p.min_tokens_stops) for n, p in by_row[0]] == [(0, (5,)), (1, (5,)), (2, (5,))] + [
+        (n, ()) for n in range(3, 6)]
+    assert by_row[0][-1][1] is GREEDY  # back to the request's own sampling: plain greedy again
+    assert all(not p.min_tokens_stops for row in by_row[1:] for n, p in row)
+    assert [n for n, p in by_row[2]] == [3, 4, 5] and all(p is GREEDY for n, p in by_row[2])

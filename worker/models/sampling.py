@@ -2,8 +2,9 @@
 
 For a whole batch at once, in vLLM's ``SamplingParams`` order
 (vllm/sampling_params.py, vllm/model_executor/layers/sampler.py): raw logits
--> ``logit_bias`` -> repetition, presence and frequency penalties (the
-logits processors, :mod:`worker.models.processors`) -> temperature -> top-k
+-> the ``min_tokens`` mask (stop tokens -inf) -> ``logit_bias`` -> repetition,
+presence and frequency penalties (the logits processors,
+:mod:`worker.models.processors`) -> temperature -> top-k
 -> top-p -> min-p -> the draw (greedy or seeded). One pass of tensor ops over
 the rows that use a stage, and one host synchronisation (the final
 ``tolist``), so it costs the same on CPU and CUDA and never loops over the
@@ -141,7 +142,8 @@ class Sampler:
         - ``failed``: optional bool ``[B]``, rows the model already knows went
           non-finite (e.g. an earlier token of the sequence).
         - ``inputs[b]``: row ``b``'s slot and sequence, read only for the rows
-          with a penalty (ValueError if they have none); one row per slot.
+          with a penalty (ValueError if they have none) or a ``min_tokens`` mask
+          (its output count); one row per slot.
         """
         tokens = argmax_rows(logits)
         bad = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN
