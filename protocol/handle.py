@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from protocol.enums import FinishReason
+from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
 
@@ -46,11 +47,18 @@ class RequestHandle:
     - ``usage``: :class:`Usage`; ``prompt_tokens`` is its first half.
     - ``ttft_s`` / ``latency_s``: seconds from submission to the first token /
       to the end (None until then), on the owner's monotonic clock.
+    - ``logprobs``: None unless the request asked (``params.logprobs``); then a list with one
+      :class:`~protocol.logprobs.TokenLogprob` per generated token, in the order of ``tokens``
+      (an entry is appended before that token's ``on_token`` runs). Resumed tokens of a migrated
+      request keep the entries the caller already received.
+    - ``prompt_logprobs``: None unless the request asked (``params.prompt_logprobs``) and its
+      prompt was prefilled; then one entry per prompt token, the first None (nothing before it),
+      set before the first generated token's ``on_token``.
     - ``done()``, ``result(timeout)``: see there.
     """
 
     __slots__ = ("request_id", "params", "submitted_s", "first_token_s", "finished_s", "_prompt_tokens",
-                 "_finish_reason", "_stop_reason", "_error", "_done")
+                 "_finish_reason", "_stop_reason", "_error", "_done", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: RequestId, params: RequestParams, submitted_s: float,
                  prompt_tokens: int | None) -> None:
@@ -64,6 +72,8 @@ class RequestHandle:
         self._stop_reason: int | tuple[int, ...] | str | None = None
         self._error: BaseException | None = None
         self._done = False
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
 
     # ---- filled in by the owner's handle class
 

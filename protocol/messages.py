@@ -47,14 +47,15 @@ from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_M
 from protocol.enums import ErrorCode, FinishReason
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
 4: the error code ``context_length_exceeded``, which a v3 peer would refuse to decode.
 5: served-name ``aliases`` in ``loading``, ``register``, ``welcome`` and ``status``; prompt
 lengths (``started``) with a request's first tokens in ``iteration`` and ``results``: fields a
-v4 peer would refuse to decode.)"""
+v4 peer would refuse to decode. 6: ``logprobs`` and ``prompt_logprobs`` request fields (a request is an
+array of its fields), token ``logprobs`` in ``iteration`` and ``results``.)"""
 
 
 class Op(str, enum.Enum):

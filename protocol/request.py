@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
+from protocol.logprobs import MAX_LOGPROBS
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
@@ -327,6 +328,17 @@ def _min_p(value: object, field: str) -> float:
     return p
 
 
+def _logprob_count(value: object, field: str) -> int | None:
+    """None (off) or how many alternatives per token, in [0, MAX_LOGPROBS]."""
+    if value is None:
+        return None
+    n = as_int(value, field, minimum=0) if type(value) is not int or value < 0 else value
+    if n > MAX_LOGPROBS:
+        raise ValueError(f"{field} must be in [0, {MAX_LOGPROBS}] (alternatives per token) or None (off), "
+                         f"got {value!r}")
+    return n
+
+
 def _penalty(value: object, field: str) -> float:
     p = as_float(value, field)
     if not -PENALTY_BOUND <= p <= PENALTY_BOUND:
@@ -427,6 +439,12 @@ class _Fields(NamedTuple):
     # in [-2, 2]; 0 = off. Over output tokens, per occurrence.
     min_p: Annotated[float, _min_p] = GREEDY.min_p
     # in [0, 1]; 0 = off.
+    logprobs: Annotated[int | None, _logprob_count] = None
+    # None = off; N in [0, 20]: every generated token carries its logprob and the N most likely
+    # alternatives (protocol.logprobs.TokenLogprob; raw distribution, before processors and temperature).
+    prompt_logprobs: Annotated[int | None, _logprob_count] = None
+    # None = off; N in [0, 20]: every prompt token's logprob given the tokens before it (the first: None)
+    # and the N most likely alternatives, computed in prefill.
 
 
 _NAMES = frozenset(_Fields._fields)
