@@ -10,8 +10,10 @@ declaration order; enums travel as their string values.
 Both directions are generic, derived once from each class's type
 annotations (:func:`typing.get_type_hints`): encoding lets msgpack pack the
 fields as they are (tuples and NamedTuples are arrays to it); decoding checks
-every value against its field's declared type. Two types decode their own
-way: :class:`~protocol.request.RequestParams` is built by its constructor,
+every value against its field's declared type. Three types decode their own
+way: a :class:`~protocol.logprobs.TokenLogprob` (per token: one flat check;
+its floats may be ``-inf``, a probability of 0, where every other float on
+the wire is finite); :class:`~protocol.request.RequestParams` is built by its constructor,
 which validates every field (the one definition of a valid request), and an
 :class:`~protocol.messages.Envelope` whose parameters are invalid decodes as
 a :class:`~protocol.messages.Rejected` entry naming its request, so one bad
@@ -39,6 +41,7 @@ import msgpack
 from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
+from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
 from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
 
@@ -114,7 +117,7 @@ def as_plain(value: Any) -> Any:
 def peek_request_ids(data: bytes) -> list:
     """Best effort: the request ids named in a frame that failed to decode
     (too large, malformed, an invalid field): the ``requests`` of a
-    ``submit`` / ``assign``, the ``ids``, ``texts``, ``finished`` and ``started`` of an
+    ``submit`` / ``assign``, the ``ids``, ``texts``, ``finished``, ``started`` and ``logprobs`` of an
     ``iteration`` / ``results``, the ``request_ids`` of a ``cancel`` / ``error``.
 
     Lets the receiver end exactly those requests with the decoding error
@@ -146,7 +149,7 @@ def peek_request_ids(data: bytes) -> list:
     return list(ids)
 
 
-_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started"})
+_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started", "logprobs"})
 _ID_LISTS = frozenset({"ids", "request_ids"})
 
 
@@ -175,6 +178,37 @@ def _float(v: Any, name: str) -> float:
     if (type(v) is float or type(v) is int) and math.isfinite(v):
         return float(v)
     raise _bad(name, "a finite number", v)
+
+
+def _logprob(v: Any, name: str) -> float:
+    """A log-probability: a number, ``-inf`` allowed (probability 0), NaN and ``+inf`` not."""
+    if (type(v) is float or type(v) is int) and v == v and v != math.inf:
+        return float(v)
+    raise _bad(name, "a log-probability (a number, -inf allowed)", v)
+
+
+def _token_logprob(v: Any, name: str) -> TokenLogprob:
+    """A :class:`~protocol.logprobs.TokenLogprob`: ``[logprob, [[token id, logprob], ...]?]``.
+    (Once per token of the requests that ask, with up to 20 pairs: a flat loop.)"""
+    if type(v) is not tuple or not 1 <= len(v) <= 2:
+        raise _bad(name, "an array [logprob, [[token id, logprob], ...]?]", v)
+    lp = _logprob(v[0], name)
+    top = v[1] if len(v) == 2 else ()
+    if type(top) is not tuple:
+        raise _bad(name, "an array of [token id, logprob] pairs", top)
+    floats = True
+    for pair in top:
+        if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not int:
+            raise _bad(name, "a [token id, logprob] pair", pair)
+        x = pair[1]
+        if type(x) is not float:
+            floats = False
+            _logprob(x, name)
+        elif x != x or x == math.inf:
+            raise _bad(name, "a log-probability (a number, -inf allowed)", x)
+    if not floats:  # (an int logprob, from a peer that packs 0 so: a float here)
+        top = tuple([(i, float(x)) for i, x in top])
+    return _tuple_new(TokenLogprob, (lp, top))
 
 
 def _none(v: Any, name: str) -> None:
@@ -356,6 +390,8 @@ def _decoder(tp: Any) -> Decoder:
         return _request_params
     if tp is Envelope:
         return _envelope
+    if tp is TokenLogprob:
+        return _token_logprob
     if tp in (int, str, bool):
         return _exact(tp)
     if tp is float:

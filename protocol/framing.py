@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from protocol.codec import encode
 from protocol.enums import ErrorCode
-from protocol.messages import Assign, Cancel, Error, Iteration, Message, Results, Submit
+from protocol.messages import Assign, Cancel, Error, Iteration, Logprobs, Message, Results, Submit
 from protocol.request import RequestId
 
 __all__ = ["Framed", "Refused", "fit", "request_ids", "split"]
@@ -127,7 +127,8 @@ def split(msg: Message) -> tuple[Message, Message] | None:
             parts.append(t(tuple(r for r, _ in pairs), tuple(tok for _, tok in pairs),
                            tuple(x for x in msg.texts if keep(x.request_id)),
                            tuple(f for f in msg.finished if keep(f.request_id)),
-                           tuple(x for x in msg.started if keep(x.request_id))))
+                           tuple(x for x in msg.started if keep(x.request_id)),
+                           tuple(x for x in msg.logprobs if keep(x.request_id))))
         return parts[0], parts[1]
     return None
 
@@ -137,18 +138,37 @@ def _split_one(msg: Iteration | Results) -> tuple[Message, Message] | None:
     first tokens and text pieces, then the rest with its ending (a client or
     broker appends tokens and text as they come, so two parts say what one
     did). A single text piece is split in two pieces of its characters. The
-    prompt length (``started``) goes with the first part, before any token."""
+    prompt length (``started``) goes with the first part, before any token,
+    and so do the prompt's logprobs (never split: one request's ``prompt``
+    entries over the limit are refused with it); the tokens' logprob entries
+    go with their tokens."""
     t = type(msg)
     ids, tokens, texts, finished, started = msg.ids, msg.tokens, msg.texts, msg.finished, msg.started
     if len(ids) > 1 or len(texts) > 1:
         h, k = len(ids) // 2, len(texts) // 2
-        return t(ids[:h], tokens[:h], texts[:k], (), started), t(ids[h:], tokens[h:], texts[k:], finished)
+        first, rest = _split_logprobs(msg.logprobs, h)
+        return (t(ids[:h], tokens[:h], texts[:k], (), started, first),
+                t(ids[h:], tokens[h:], texts[k:], finished, (), rest))
     if texts and len(texts[0].text) > 1:
         (piece,) = texts
         h = len(piece.text) // 2
-        return (t(ids, tokens, (piece._replace(text=piece.text[:h]),), (), started),
+        return (t(ids, tokens, (piece._replace(text=piece.text[:h]),), (), started, msg.logprobs),
                 t(texts=(piece._replace(text=piece.text[h:]),), finished=finished))
     return None
+
+
+def _split_logprobs(records: tuple[Logprobs, ...], h: int) -> tuple[tuple[Logprobs, ...], tuple[Logprobs, ...]]:
+    """One request's logprob records as two: the entries of its first ``h``
+    tokens with its ``prompt`` entries, then the entries of the rest."""
+    if not records:
+        return (), ()
+    rid = records[0].request_id
+    entries = tuple(e for r in records for e in r.entries)
+    prompt = next((r.prompt for r in records if r.prompt is not None), None)
+    if not entries:  # (it asked for prompt_logprobs alone)
+        return (Logprobs(rid, (), prompt),), ()
+    first = (Logprobs(rid, entries[:h], prompt),) if h or prompt is not None else ()
+    return first, ((Logprobs(rid, entries[h:]),) if entries[h:] else ())
 
 
 def request_ids(msg: Message) -> list[RequestId]:
@@ -164,5 +184,6 @@ def request_ids(msg: Message) -> list[RequestId]:
         ids.update(dict.fromkeys(x.request_id for x in msg.texts))
         ids.update(dict.fromkeys(f.request_id for f in msg.finished))
         ids.update(dict.fromkeys(x.request_id for x in msg.started))
+        ids.update(dict.fromkeys(x.request_id for x in msg.logprobs))
         return list(ids)
     return []

@@ -36,6 +36,7 @@ same grouped for one client, so message rate follows iterations, not tokens.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -45,6 +46,7 @@ from typing import ClassVar, NamedTuple, Union
 
 from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.enums import ErrorCode, FinishReason
+from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
 PROTOCOL_VERSION = 6
@@ -144,6 +146,30 @@ class Started(NamedTuple):
 
     request_id: RequestId
     prompt_tokens: int
+
+
+class Logprobs(NamedTuple):
+    """The token log-probabilities of one request's tokens in a message (inside
+    ``iteration`` and ``results``), for requests that ask (``logprobs`` /
+    ``prompt_logprobs`` set; see :mod:`protocol.logprobs`).
+
+    - ``entries``: one :class:`~protocol.logprobs.TokenLogprob` per token of
+      ``request_id`` in the same message, in order (a request's records in
+      one message, taken in order, cover exactly its tokens there); ``()``
+      when only ``prompt`` is sent, or the request asked for ``prompt_logprobs`` alone.
+    - ``prompt``: once per request, in the message with its first tokens:
+      one entry per prompt token, the first None (nothing before it); None
+      otherwise. A resumed request (migration, resubmission) has none again:
+      its caller has them (a receiver keeps the first it got and ignores
+      any later one).
+
+    Values are natural logarithms, ``-inf`` for a token of probability 0
+    (msgpack carries it; JSON outputs clamp it, see ``slotserve run``).
+    """
+
+    request_id: RequestId
+    entries: tuple[TokenLogprob, ...] = ()
+    prompt: tuple[TokenLogprob | None, ...] | None = None
 
 
 class Text(NamedTuple):
@@ -316,6 +342,9 @@ class _TokenBatch(_Message):
     - ``finished``: requests that ended; their final tokens are in this message.
     - ``started``: the prompt lengths of requests whose first tokens are in
       this message (text and chat prompts only; see :class:`Started`).
+    - ``logprobs``: the token log-probabilities of the requests that ask for
+      them (:class:`Logprobs`): for each request with entries, its records'
+      entries cover its tokens in this message exactly, in order (checked).
     """
 
     ids: tuple[RequestId, ...] = ()
@@ -323,11 +352,28 @@ class _TokenBatch(_Message):
     texts: tuple[Text, ...] = ()
     finished: tuple[Finished, ...] = ()
     started: tuple[Started, ...] = ()
+    logprobs: tuple[Logprobs, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
         if len(self.ids) != len(self.tokens):
             raise ValueError(f"ids ({len(self.ids)}) and tokens ({len(self.tokens)}) must be as long")
+        if self.logprobs:  # (only messages of requests that ask pay for the count)
+            _check_logprobs(self.ids, self.logprobs)
+
+
+def _check_logprobs(ids: tuple[RequestId, ...], records: tuple[Logprobs, ...]) -> None:
+    """ValueError unless each request with entries in ``records`` has as many as its tokens in ``ids``
+    (a request with only ``prompt`` entries, which asked for ``prompt_logprobs`` alone, has none)."""
+    entries: dict[RequestId, int] = {}
+    for r in records:
+        if r.entries:
+            entries[r.request_id] = entries.get(r.request_id, 0) + len(r.entries)
+    tokens = collections.Counter(ids)
+    for rid, n in entries.items():
+        if tokens[rid] != n:
+            raise ValueError(f"request {rid!r:.40} has {tokens[rid]} tokens and {n} logprobs entries in this "
+                             "message; each token needs one")
 
 
 @dataclass(frozen=True, slots=True)

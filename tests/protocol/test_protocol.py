@@ -19,9 +19,10 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ContextLengthError, ProtocolError
 from protocol.messages import (
     BROKER_TO_CLIENT, CLIENT_TO_BROKER, MESSAGE_TYPES, PROTOCOL_VERSION, WORKER_TO_BROKER, Assign, Bye,
-    Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, ModelInfo, ModelStatus, Op, Register,
-    Rejected, Results, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
+    Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, Logprobs, ModelInfo, ModelStatus, Op,
+    Register, Rejected, Results, Started, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
 )
+from protocol.logprobs import MAX_LOGPROBS, TokenLogprob
 from protocol.request import MAX_REQUEST_ID_CHARS, ModelLimits, RequestId, RequestParams
 from protocol.validation import WIRE_INT_MAX, WIRE_INT_MIN
 
@@ -35,7 +36,10 @@ SAMPLES = [
                          Envelope("a", P("text prompt", 3, stop_token=None, stop_sequences=[[1, 2], [3]],
                                          priority=-2, timeout_s=1.5, temperature=0.7, top_p=0.9, top_k=5, seed=7,
                                          stop=["\n\n", "é"], include_stop_str_in_output=True)),
-                         Envelope(2, P([{"role": "user", "content": "hi"}], 4, stop_token=[5, 0]), (9,), 0.5)]),
+                         Envelope(2, P([{"role": "user", "content": "hi"}], 4, stop_token=[5, 0]), (9,), 0.5),
+                         Envelope(3, P([1, 2], 4, logprobs=5, prompt_logprobs=0, logit_bias={7: -100, "3": 2.5},
+                                       repetition_penalty=1.3, presence_penalty=-2, frequency_penalty=0.5,
+                                       min_p=0.1))]),
     Assign([Envelope(7, P([4], 9), resume_tokens=(5, 6), time_left_s=0.25)]),
     Cancel([1, "a"]),
     Iteration(ids=[1, 2, 1], tokens=[3, 5, 4], texts=[Text(1, "ab")],
@@ -43,6 +47,10 @@ SAMPLES = [
                         Finished(2, FinishReason.ERROR, ErrorCode.MODEL_ERROR, "boom")]),
     Results(ids=["x"], tokens=[1], finished=[Finished("x", FinishReason.STOP, stop_reason=(1, 2)),
                                              Finished("y", FinishReason.STOP, stop_reason="\n\n")]),
+    Results(ids=["x", 4, "x"], tokens=[1, 2, 3], started=[Started("x", 2)],
+            logprobs=[Logprobs("x", (TokenLogprob(-0.25, ((1, -0.25), (9, -2.0))), TokenLogprob(float("-inf"))),
+                               (None, TokenLogprob(-1.5, ((0, float("-inf")),)))),
+                      Logprobs(4, prompt=(None,))]),
     Error(ErrorCode.QUEUE_FULL, "full", ["a", 2]),
     Heartbeat(), Heartbeat(broker_id="b"), Heartbeat(progress=12),
     StatusQuery(),
@@ -98,7 +106,12 @@ def params(draw):
         seed=draw(st.one_of(st.none(), st.integers(0, WIRE_INT_MAX))),
         min_tokens=draw(st.integers(0, max_tokens)),
         stop=draw(st.lists(st.text(min_size=1, max_size=5), max_size=3)),
-        include_stop_str_in_output=draw(st.booleans()))
+        include_stop_str_in_output=draw(st.booleans()),
+        min_p=draw(st.floats(0, 1)),
+        logit_bias=draw(st.dictionaries(token, st.floats(-100, 100), max_size=3)),
+        repetition_penalty=draw(st.one_of(st.just(1.0), st.floats(1e-3, 1e3))),
+        presence_penalty=draw(st.floats(-2, 2)), frequency_penalty=draw(st.floats(-2, 2)),
+        logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts))
 
 
 @st.composite
@@ -108,11 +121,28 @@ def envelopes(draw):
     return Envelope(draw(request_id), p, tuple(resume), draw(st.one_of(st.none(), finite)))
 
 
+logprob_counts = st.one_of(st.none(), st.integers(0, MAX_LOGPROBS))
+logprob = st.floats(max_value=0.0, allow_nan=False)  # -inf included: a token of probability 0
+token_logprobs = st.builds(TokenLogprob, logprob, st.lists(st.tuples(token, logprob), max_size=3).map(tuple))
+prompt_logprobs = st.lists(token_logprobs, max_size=3).map(lambda x: (None, *x))
+
+
 @st.composite
 def token_batches(draw, cls):
     ids = draw(st.lists(request_id, max_size=6))
+    records = []  # the entries of some requests' tokens (one or two records each), some prompts alone
+    for rid in draw(st.lists(st.sampled_from(ids), unique=True)) if ids else ():
+        entries = [draw(token_logprobs) for r in ids if r == rid]
+        cut = draw(st.integers(0, len(entries)))
+        prompt = draw(st.one_of(st.none(), prompt_logprobs))
+        records.append(Logprobs(rid, tuple(entries[:cut]), prompt))
+        if entries[cut:]:
+            records.append(Logprobs(rid, tuple(entries[cut:])))
+    records += [Logprobs(rid, (), draw(prompt_logprobs))
+                for rid in draw(st.lists(request_id, max_size=2)) if rid not in ids]
     return cls(ids, draw(st.lists(wire_int, min_size=len(ids), max_size=len(ids))),
-               draw(st.lists(strategy(Text), max_size=3)), draw(st.lists(strategy(Finished), max_size=3)))
+               draw(st.lists(strategy(Text), max_size=3)), draw(st.lists(strategy(Finished), max_size=3)),
+               draw(st.lists(strategy(Started), max_size=3)), records)
 
 
 @st.composite
@@ -132,7 +162,7 @@ def welcomes(draw):
 
 
 SPECIAL = {RequestParams: params(), Envelope: envelopes(), Iteration: token_batches(Iteration),
-           Results: token_batches(Results), Register: registers(), Welcome: welcomes()}
+           Results: token_batches(Results), Register: registers(), Welcome: welcomes(), TokenLogprob: token_logprobs}
 
 
 def strategy(tp) -> st.SearchStrategy:
