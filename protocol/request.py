@@ -35,6 +35,7 @@ from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.logprobs import MAX_LOGPROBS
+from protocol.structured import Constraint, check_structured
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
@@ -110,6 +111,12 @@ class SamplingParams(NamedTuple):
       ``min_tokens`` and its resolved stop tokens) and drops them, back to
       the request's own sampling, once the row reaches ``min_tokens``; () =
       off.
+    - ``structured``: None, or the :class:`~protocol.structured.Constraint`
+      the output must match (the request's ``structured``): the sampler
+      masks every token the grammar forbids (:mod:`worker.models.grammar`),
+      before the other processors. ``structured_stops``: the request's own
+      stop token ids, allowed where the grammar may end besides the model's
+      EOS tokens (``()`` when it gives none: the serving side's default).
 
     Greedy rows (:attr:`greedy`) take the argmax of the *processed* logits
     (bias and penalties applied): only :attr:`is_plain_greedy` rows are the
@@ -128,6 +135,8 @@ class SamplingParams(NamedTuple):
     frequency_penalty: float = 0.0
     min_tokens: int = 0
     min_tokens_stops: tuple[int, ...] = ()
+    structured: Constraint | None = None
+    structured_stops: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -140,6 +149,11 @@ class SamplingParams(NamedTuple):
         return bool(self.logit_bias) or bool(self.min_tokens_stops) or self.counts_tokens
 
     @property
+    def constrained(self) -> bool:
+        """True when a grammar masks this row's tokens (``structured``)."""
+        return self.structured is not None
+
+    @property
     def counts_tokens(self) -> bool:
         """True when a penalty needs the row's token counts (repetition, presence, frequency)."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
@@ -149,8 +163,9 @@ class SamplingParams(NamedTuple):
         """Greedy with no processor: the token is the argmax of the raw logits. The one
         predicate for every shortcut that relies on that (the screened LM head, speculative
         drafts, the sampler's fast path). A row under its ``min_tokens`` mask is not plain
-        until the slot table drops the mask, when the row reaches ``min_tokens``."""
-        return self.temperature < GREEDY_BELOW and not self.processed
+        until the slot table drops the mask, when the row reaches ``min_tokens``. A constrained
+        row (``structured``) is never plain: its token is the argmax of the grammar's allowed ones."""
+        return self.temperature < GREEDY_BELOW and not self.processed and self.structured is None
 
 
 GREEDY_BELOW = 1e-5
@@ -445,6 +460,10 @@ class _Fields(NamedTuple):
     prompt_logprobs: Annotated[int | None, _logprob_count] = None
     # None = off; N in [0, 20]: every prompt token's logprob given the tokens before it (the first: None)
     # and the N most likely alternatives, computed in prefill.
+    structured: Annotated[Constraint | None, check_structured] = None
+    # None = free text; else the constraint the generated text must match (protocol.structured: a JSON
+    # schema, any JSON object, a regex, a choice of strings, a Lark or GBNF grammar), compiled on the
+    # worker (a spec that does not compile: bad_request before any token). Needs a model with a tokenizer.
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -544,6 +563,14 @@ class RequestParams(_Fields):
         with the draw's options at their defaults, where they do not matter (:data:`GREEDY`
         itself when no processor is set either)."""
         processors = (self.logit_bias, self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        structured = self.structured
+        if structured is not None:
+            stops = self.stop_token if type(self.stop_token) is tuple else ()
+            if self.temperature < GREEDY_BELOW:
+                return SamplingParams(GREEDY.temperature, GREEDY.top_p, GREEDY.top_k, GREEDY.seed, GREEDY.min_p,
+                                      *processors, structured=structured, structured_stops=stops)
+            return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_p, *processors,
+                                  structured=structured, structured_stops=stops)
         if self.temperature < GREEDY_BELOW:
             if processors == _NO_PROCESSORS:
                 return GREEDY
@@ -633,6 +660,9 @@ class ModelLimits:
                 check_vocab(prompt, "prompt", vocab_size)
         elif self.has_tokenizer is False:
             raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        if params.structured is not None and self.has_tokenizer is False:
+            raise UnsupportedError("structured outputs need a model with a tokenizer (the grammar is over text), "
+                                   "and this one has none")
         if params.stop and self.has_tokenizer is False:
             raise UnsupportedError("stop strings need a model with a tokenizer, and this one has none: give "
                                    "token-id stop sequences (stop_sequences) instead")

@@ -39,7 +39,9 @@ SAMPLES = [
                          Envelope(2, P([{"role": "user", "content": "hi"}], 4, stop_token=[5, 0]), (9,), 0.5),
                          Envelope(3, P([1, 2], 4, logprobs=5, prompt_logprobs=0, logit_bias={7: -100, "3": 2.5},
                                        repetition_penalty=1.3, presence_penalty=-2, frequency_penalty=0.5,
-                                       min_p=0.1))]),
+                                       min_p=0.1)),
+                         Envelope(4, P([1], 3, structured={"json_schema": {"type": "object", "required": ["a"]}})),
+                         Envelope(5, P([1], 3, structured=("choice", ["yes", "no"])))]),
     Assign([Envelope(7, P([4], 9), resume_tokens=(5, 6), time_left_s=0.25)]),
     Cancel([1, "a"]),
     Iteration(ids=[1, 2, 1], tokens=[3, 5, 4], texts=[Text(1, "ab")],
@@ -80,7 +82,9 @@ def test_round_trip(msg):
 def test_wire_format_maps_of_fields_with_records_as_arrays():
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2))])), raw=False)
     assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",
-                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None], [], None]]}
+                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, None], [], None]]}
+    raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2, structured={"regex": "a+"}))])), raw=False)
+    assert raw["requests"][0][1][-1] == ["regex", "a+"]  # a constraint is the array [kind, spec]
 
 
 # ---------------------------------------------------------------------- every message type, built by hypothesis
@@ -111,7 +115,10 @@ def params(draw):
         logit_bias=draw(st.dictionaries(token, st.floats(-100, 100), max_size=3)),
         repetition_penalty=draw(st.one_of(st.just(1.0), st.floats(1e-3, 1e3))),
         presence_penalty=draw(st.floats(-2, 2)), frequency_penalty=draw(st.floats(-2, 2)),
-        logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts))
+        logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts),
+        structured=draw(st.one_of(st.none(), st.just({"regex": "[0-9]+"}), st.just({"json_object": True}),
+                                  st.builds(lambda c: {"choice": c}, st.lists(st.text(min_size=1), min_size=1,
+                                                                              max_size=3)))))
 
 
 @st.composite
@@ -261,7 +268,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "default", [], 0, None, float("nan")], "temperature must be finite"),
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
-    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, "extra"], "upgrade this one"),
+    ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, None, "extra"], "upgrade this one"),
     ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])

@@ -1,0 +1,148 @@
+"""Structured outputs: the constraint a request's generated text must match.
+
+A request's ``structured`` field (:class:`~protocol.request.RequestParams`)
+is None (free text) or a :class:`Constraint` ``(kind, spec)``, checked here as
+far as the edge can without the model: the kind is known, the spec is
+non-empty text within :data:`MAX_SPEC_CHARS`, a JSON schema is a JSON
+object, a choice is a non-empty list of non-empty strings. Compiling it (a
+JSON schema or regex the grammar engine refuses, a Lark or GBNF grammar with
+a syntax error) happens on the worker, which holds the tokenizer
+(:mod:`worker.models.grammar`, llguidance); a spec that does not compile ends
+that request before its first token as ``bad_request``.
+
+Kinds (the names of vLLM's ``structured_outputs`` where it has one):
+
+- ``json_schema``: the output is JSON valid against ``spec``, a JSON
+  schema (an object; given as a map or as its JSON text). Normalised to
+  compact JSON text, key order kept (it is the order properties are
+  generated in).
+- ``json_object``: any JSON object (OpenAI's ``{"type": "json_object"}``);
+  ``spec`` is ``""``.
+- ``regex``: the output matches the regular expression (Rust ``regex``
+  syntax, as llguidance reads it; anchored at both ends).
+- ``choice``: the output is exactly one of the strings; ``spec`` is their
+  JSON list text.
+- ``grammar``: a Lark grammar (llguidance's dialect: docs/syntax.md of
+  guidance-ai/llguidance), start symbol ``start``.
+- ``gbnf``: a llama.cpp GBNF grammar (start symbol ``root``), converted to
+  Lark by llguidance.
+
+On the wire a constraint is the array ``[kind, spec]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from protocol.validation import as_text, is_sequence
+
+__all__ = ["JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "gbnf")
+"""The constraint kinds, see the module docstring."""
+
+_ALIASES = {"json": "json_schema", "lark": "grammar"}  # vLLM's ``json``; llguidance's name for Lark
+
+MAX_SPEC_CHARS = 200_000
+"""Longest spec, in characters (a schema's compact JSON text, a grammar): the worker compiles
+it while the batch waits, so the bound keeps one request from stalling its neighbours long."""
+
+MAX_CHOICES = 1024
+"""Most strings of a ``choice`` constraint."""
+
+
+class Constraint(NamedTuple):
+    """A checked constraint: ``kind`` one of :data:`KINDS`, ``spec`` its text (see the module docstring)."""
+
+    kind: str
+    spec: str
+
+
+JSON_OBJECT = Constraint("json_object", "")
+"""Any JSON object."""
+
+
+def check_structured(value: object, field: str = "structured") -> Constraint | None:
+    """``value`` as a :class:`Constraint` (or None: no constraint).
+
+    Takes a :class:`Constraint` or ``(kind, spec)`` pair (as off the wire),
+    or a map with one key, the kind: ``{"json_schema": {...}}``,
+    ``{"regex": "[0-9]+"}``, ``{"choice": ["yes", "no"]}``, ``{"grammar":
+    "start: ..."}``, ``{"gbnf": "root ::= ..."}``, ``{"json_object": true}``
+    (``json`` and ``lark`` are taken for ``json_schema`` and ``grammar``).
+    Raises ValueError naming ``field`` and what to send instead.
+    """
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if len(value) != 1:
+            raise ValueError(f"{field} must be a map with exactly one key, the kind (one of {list(KINDS)}), "
+                             f"got keys {sorted(map(str, value))[:8]}")
+        ((kind, spec),) = value.items()
+    elif isinstance(value, (list, tuple)) and len(value) == 2:
+        kind, spec = value
+    else:
+        raise ValueError(f"{field} must be a map {{kind: spec}} or a (kind, spec) pair, kind one of "
+                         f"{list(KINDS)}; got {type(value).__name__} {value!r:.60}")
+    if not isinstance(kind, str):
+        raise ValueError(f"{field} kind must be a str, one of {list(KINDS)}, got {type(kind).__name__}")
+    kind = _ALIASES.get(kind, kind)
+    if kind not in KINDS:
+        raise ValueError(f"{field} kind must be one of {list(KINDS)}, got {kind!r:.40}")
+    where = f"{field} {kind}"
+    if kind == "json_object":
+        if spec not in ("", True, None) and not (isinstance(spec, Mapping) and not spec):
+            raise ValueError(f"{where} takes no spec (give true or \"\"), got {spec!r:.60}")
+        return JSON_OBJECT
+    if kind == "json_schema":
+        text = _schema_text(spec, where)
+    elif kind == "choice":
+        text = _choice_text(spec, where)
+    else:
+        text = as_text(spec, where, allow_empty=False) if isinstance(spec, str) else _not_text(spec, where)
+        if not text.strip():
+            raise ValueError(f"{where} must not be blank")
+    if len(text) > MAX_SPEC_CHARS:
+        raise ValueError(f"{where} has {len(text)} characters; at most {MAX_SPEC_CHARS} are allowed")
+    return Constraint(kind, text)
+
+
+def _not_text(spec: object, where: str) -> str:
+    raise ValueError(f"{where} must be a str, got {type(spec).__name__}")
+
+
+def _schema_text(spec: object, where: str) -> str:
+    if isinstance(spec, str):
+        as_text(spec, where)
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise ValueError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {spec!r:.60}")
+    try:
+        return json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where} must hold JSON values only: {e}") from None
+
+
+def _choice_text(spec: object, where: str) -> str:
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise ValueError(f"{where} must be a list of strings, got a str that is no JSON list") from None
+    if not is_sequence(spec) or isinstance(spec, (str, bytes)):
+        raise ValueError(f"{where} must be a non-empty list of strings, got {type(spec).__name__}")
+    items = list(spec)  # type: ignore[call-overload]
+    if not items:
+        raise ValueError(f"{where} must be a non-empty list of strings, got an empty list")
+    if len(items) > MAX_CHOICES:
+        raise ValueError(f"{where} holds {len(items)} strings; at most {MAX_CHOICES} are allowed")
+    for i, s in enumerate(items):
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"{where}[{i}] must be a non-empty str, got {s!r:.40}")
+        as_text(s, f"{where}[{i}]")
+    return json.dumps(items, ensure_ascii=False)

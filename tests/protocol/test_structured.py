@@ -1,0 +1,82 @@
+"""The ``structured`` request field (protocol/structured.py): what the edge accepts, refuses and
+normalises, before any model sees it."""
+
+import json
+
+import pytest
+
+from protocol.codec import decode, encode
+from protocol.messages import Envelope, Submit
+from protocol.request import ModelLimits, RequestParams as P
+from protocol.structured import JSON_OBJECT, MAX_CHOICES, MAX_SPEC_CHARS, Constraint
+from protocol.errors import UnsupportedError
+
+
+@pytest.mark.parametrize("value, kind, spec", [
+    ({"json_schema": {"type": "object", "properties": {"b": {}, "a": {}}}}, "json_schema",
+     '{"type":"object","properties":{"b":{},"a":{}}}'),  # compact, key order kept
+    ({"json": '{"type": "integer"}'}, "json_schema", '{"type":"integer"}'),  # vLLM's name, JSON text
+    ({"regex": "[0-9]{3}"}, "regex", "[0-9]{3}"),
+    ({"choice": ["yes", "no"]}, "choice", '["yes", "no"]'),
+    (("choice", '["a"]'), "choice", '["a"]'),  # as off the wire
+    ({"grammar": 'start: "x"'}, "grammar", 'start: "x"'),
+    ({"lark": 'start: "x"'}, "grammar", 'start: "x"'),
+    ({"gbnf": 'root ::= "x"'}, "gbnf", 'root ::= "x"'),
+    ({"json_object": True}, "json_object", ""),
+])
+def test_accepted_constraints_are_normalised(value, kind, spec):
+    got = P([1], 2, structured=value).structured
+    assert got == Constraint(kind, spec) and type(got) is Constraint
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"json_schema": [1, 2]}, "JSON object"),
+    ({"json_schema": True}, "JSON object"),
+    ({"json_schema": "{nope"}, "not valid JSON"),
+    ({"json_schema": {"x": float("nan")}}, "JSON values"),
+    ({"choice": []}, "empty list"),
+    ({"choice": ["a", ""]}, "choice[1]"),
+    ({"choice": ["a", 3]}, "choice[1]"),
+    ({"choice": "a"}, "list of strings"),
+    ({"choice": ["x"] * (MAX_CHOICES + 1)}, "at most"),
+    ({"regex": ""}, "empty"),
+    ({"grammar": "   "}, "blank"),
+    ({"gbnf": 5}, "must be a str"),
+    ({"regex": "a" * (MAX_SPEC_CHARS + 1)}, "at most"),
+    ({"xml": "x"}, "kind must be one of"),
+    ({"regex": "a", "choice": ["a"]}, "exactly one key"),
+    ({"json_object": "x"}, "takes no spec"),
+    ("regex", "map {kind: spec}"),
+    (("regex",), "map {kind: spec}"),
+])
+def test_bad_constraints_are_refused_naming_the_field(value, words):
+    with pytest.raises(ValueError, match="structured") as ei:
+        P([1], 2, structured=value)
+    assert words in str(ei.value)
+
+
+def test_the_sampling_carries_the_constraint_and_explicit_stop_tokens():
+    plain = P([1], 2)
+    assert plain.sampling.structured is None and plain.sampling.is_plain_greedy
+    p = P([1], 2, structured={"regex": "a+"})
+    assert p.sampling.structured == Constraint("regex", "a+") and p.sampling.constrained
+    assert not p.sampling.is_plain_greedy  # no screened head, no drafts
+    assert p.sampling.structured_stops == ()  # the serving side's default stops
+    assert P([1], 2, stop_token=[9, 4], structured={"regex": "a+"}).sampling.structured_stops == (4, 9)
+    hot = P([1], 2, temperature=0.8, seed=3, structured={"regex": "a+"}).sampling
+    assert hot.temperature == 0.8 and hot.seed == 3 and hot.structured is not None
+
+
+def test_a_constraint_travels_the_wire_and_a_model_without_tokenizer_refuses_it():
+    p = P([1], 2, structured={"json_schema": {"type": "object"}})
+    back = decode(encode(Submit("m", [Envelope(1, p)]))).requests[0].params
+    assert back == p and type(back.structured) is Constraint
+    with pytest.raises(UnsupportedError, match="tokenizer"):
+        ModelLimits(100, None, has_tokenizer=False).check(p)
+    ModelLimits(100, None, has_tokenizer=True).check(p)
+
+
+def test_a_jsonl_row_takes_the_field():
+    row = json.loads('{"prompt": [1], "max_tokens": 3, "structured": {"choice": ["a", "b"]}}')
+    assert P.from_mapping(row).structured == Constraint("choice", '["a", "b"]')
+    assert P([1], 2, structured={"json_object": True}).structured is JSON_OBJECT
