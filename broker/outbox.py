@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from protocol.codec import encode
-from protocol.messages import Cancel, Finished, Message, Results, Started, Text
+from protocol.messages import Cancel, Finished, Logprobs, Message, Results, Started, Text
 from protocol.request import RequestId
 
 
@@ -37,7 +37,7 @@ class Send:
 class ResultsDraft:
     """The parts of one client's ``results`` message while an event is handled."""
 
-    __slots__ = ("ids", "tokens", "texts", "finished", "started")
+    __slots__ = ("ids", "tokens", "texts", "finished", "started", "logprobs")
 
     def __init__(self) -> None:
         self.ids: list[RequestId] = []
@@ -45,6 +45,7 @@ class ResultsDraft:
         self.texts: list[Text] = []
         self.finished: list[Finished] = []
         self.started: list[Started] = []
+        self.logprobs: list[Logprobs] = []
 
 
 class Outbox:
@@ -77,7 +78,8 @@ class Outbox:
         """Every send of the event, each client's ``results`` last."""
         for client, r in self.results.items():
             self.sends.append(Send(Side.FRONTEND, client, Results(
-                tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished), tuple(r.started))))
+                tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished), tuple(r.started),
+                tuple(r.logprobs))))
         return self.sends
 
 

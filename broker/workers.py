@@ -23,8 +23,8 @@ from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Started, Text,
-    Welcome,
+    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register, Started,
+    Text, Welcome,
 )
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,8 @@ class WorkerHandler:
     # ------------------------------------------------------------------ serving
 
     def iteration(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
-        """One engine iteration of ``w``: its tokens, texts, prompt lengths and
-        endings go to their clients; freed credits take queued requests."""
+        """One engine iteration of ``w``: its tokens, texts, prompt lengths,
+        logprobs and endings go to their clients; freed credits take queued requests."""
         w.progress_s = now
         if w.suspect:
             self._recovered(w, now, out)
@@ -153,6 +153,10 @@ class WorkerHandler:
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
                 out.result(job.client).started.append(Started(job.rid, n))
+        for rec in msg.logprobs:  # (requests that ask: with their tokens, so under the same rule)
+            job = jobs.get(rec.request_id)
+            if job is not None and job.worker == me and job.client is not None:
+                out.result(job.client).logprobs.append(Logprobs(job.rid, rec.entries, rec.prompt))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)

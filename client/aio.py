@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 from client.client import DEFAULT_ADDRESS, Client
 from client.handle import ClientHandle
+from protocol.logprobs import TokenLogprob
 from protocol.messages import Status
 
 _END = object()
@@ -28,8 +29,9 @@ class AsyncClient:
       ``tokens``, ``finish_reason``, ``error``).
     - :meth:`stream` yields tokens as they arrive, :meth:`stream_text` the
       text (models with a tokenizer): the async faces of the synchronous
-      client's ``on_token`` and ``on_text``; leaving the loop early cancels
-      the request.
+      client's ``on_token`` and ``on_text``; :meth:`stream_logprobs` yields
+      ``(token, TokenLogprob)`` pairs; leaving the loop early cancels the
+      request.
     - :meth:`submit_request` is the synchronous client's (callbacks run on the
       client's callback thread, not in the event loop).
     """
@@ -78,6 +80,37 @@ class AsyncClient:
         ``finish_reason``). Arguments as :meth:`Client.submit_request`
         (no ``callback``/``on_token``)."""
         return self._stream("on_token", prompt, max_tokens, kw)
+
+    async def stream_logprobs(self, prompt, max_tokens, logprobs: int = 0,
+                              **kw) -> AsyncIterator[tuple[int, TokenLogprob]]:
+        """Yield ``(token, TokenLogprob)`` for each generated token as it arrives:
+        :meth:`stream` with each token's :class:`~protocol.logprobs.TokenLogprob`
+        (its logprob and the ``logprobs`` most likely alternatives, 0..20; see
+        :mod:`protocol.logprobs`), the entries ``handle.logprobs`` holds.
+        Arguments as :meth:`Client.submit_request` (no ``callback``/``on_token``);
+        ``prompt_logprobs`` may be asked too (they are on the handle, which
+        :meth:`submit_request` returns: not here). Raises ValueError (at the
+        first iteration) on bad input; a model without logits ends the request
+        ``bad_request`` (the handle's ``error``) and the iteration with it."""
+        if logprobs is None:
+            raise ValueError("stream_logprobs needs logprobs (0..20 alternatives per token), got None")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        h = self.client.submit_request(prompt, max_tokens, lambda seq: _threadsafe(loop, q.put_nowait, _END),
+                                       on_token=lambda t: _threadsafe(loop, q.put_nowait, t), logprobs=logprobs, **kw)
+        finished = False
+        try:
+            i = 0
+            while True:
+                item = await q.get()
+                if item is _END:
+                    finished = True
+                    return
+                yield item, h.logprobs[i]  # (appended before the token's on_token: here already)
+                i += 1
+        finally:
+            if not finished:
+                self.client.cancel(h.request_id)
 
     def stream_text(self, prompt, max_tokens, **kw) -> AsyncIterator[str]:
         """Yield each piece of text the worker releases, as

@@ -120,7 +120,9 @@ class ClientCore:
         when nothing is) and those requests' endings, for :meth:`end_plain`.
         Entries for requests not open are dropped. The prompt lengths
         (``started``) are set on every request's handle here, before any of
-        its tokens is delivered, whichever thread delivers them.
+        its tokens is delivered, whichever thread delivers them; so are the
+        prompt's logprobs (the first to arrive: a resumed request's later
+        ones are ignored). Token logprobs go with their tokens.
 
         The I/O thread calls it without the lock: it alone delivers to these
         requests (as the callback thread to the others). The hot path of a
@@ -130,6 +132,7 @@ class ClientCore:
             h = handles.get(rid)
             if h is not None:
                 h._prompt_tokens = n
+        logprobs = _logprobs(msg.logprobs, handles) if msg.logprobs else ()
         ids, tokens, texts, finished, endings = [], [], [], [], []
         for rid, t in zip(msg.ids, msg.tokens):
             h = handles.get(rid)
@@ -158,7 +161,8 @@ class ClientCore:
                 endings.append((h, f))
             else:
                 finished.append(f)
-        rest = Results(tuple(ids), tuple(tokens), tuple(texts), tuple(finished)) if ids or texts or finished else None
+        rest = (Results(tuple(ids), tuple(tokens), tuple(texts), tuple(finished), (), logprobs)
+                if ids or texts or finished else None)
         return rest, endings
 
     def end_plain(self, endings: list[tuple[ClientHandle, Finished]], now: float) -> int:
@@ -201,16 +205,22 @@ class ClientCore:
         None, finished)`` for each ending, to pass to :meth:`finish`.
 
         Lazy: each entry is applied just before its call is yielded (a
-        callback sees the tokens up to its own), and a request whose
-        streaming callback raised (:meth:`stream_failed`) gets no more calls.
+        callback sees the tokens up to its own, and each token's logprob
+        entry, appended before it), and a request whose streaming callback
+        raised (:meth:`stream_failed`) gets no more calls.
         """
         handles = self.ledger.handles
+        entries = _entries(msg.logprobs) if msg.logprobs else None
         for rid, t in zip(msg.ids, msg.tokens):
             h = handles.get(rid)
             if h is None:
                 continue
             if h.first_token_s is None:
                 h.first_token_s = now
+            if entries is not None:
+                e = entries.get(rid)
+                if e is not None and h.logprobs is not None:
+                    h.logprobs.append(next(e))
             h._tokens.append(t)
             if h.on_token is not None and h._stream_error is None:
                 yield h, h.on_token, t
@@ -326,6 +336,34 @@ class ClientCore:
             else:
                 deliver.append(h)
         return Outcome(deliver=deliver, settled=settled)
+
+
+def _logprobs(records, handles: dict) -> tuple:
+    """(I/O thread) Apply the logprob records of requests without callbacks (their
+    entries, and every request's first ``prompt``); return those of the others
+    (their entries, for :meth:`ClientCore.stream`)."""
+    rest = []
+    for rec in records:
+        h = handles.get(rec.request_id)
+        if h is None:
+            continue
+        if rec.prompt is not None and h.prompt_logprobs is None and h.params.prompt_logprobs is not None:
+            h.prompt_logprobs = list(rec.prompt)
+        if not rec.entries or h.logprobs is None:  # (entries for a request that did not ask: dropped)
+            continue
+        if h.callback is None and h.on_token is None and h.on_text is None:
+            h.logprobs.extend(rec.entries)
+        else:
+            rest.append(rec._replace(prompt=None))
+    return tuple(rest)
+
+
+def _entries(records) -> dict:
+    """Request id -> an iterator over its entries, in order (a message may hold several records of one request)."""
+    by_id: dict = {}
+    for rec in records:
+        by_id.setdefault(rec.request_id, []).extend(rec.entries)
+    return {rid: iter(e) for rid, e in by_id.items()}
 
 
 def resubmission(pending: list[ClientHandle], now: float) -> tuple[list[tuple[ClientHandle, FinishReason]],

@@ -216,7 +216,7 @@ class BrokerLink:
             def joined(field: str) -> tuple:
                 return tuple(itertools.chain.from_iterable(getattr(it, field) for it in its))
             self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished"),
-                                joined("started")))
+                                joined("started"), joined("logprobs")))
 
     def _receive(self) -> None:
         for _ in range(1024):

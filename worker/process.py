@@ -37,7 +37,7 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Envelope, Finished, Iteration, ModelInfo, Rejected, Started, Text
+from protocol.messages import Envelope, Finished, Iteration, Logprobs, ModelInfo, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.link import READY, STOP, WAKE, serve_broker
@@ -55,10 +55,12 @@ class _Live:
     engine's ``on_token``: no Python frame per token), and on a model with a
     tokenizer ``texts`` the text the engine released meanwhile (its
     ``on_text``; :mod:`worker.text`); ``handle`` is set by the I/O thread under
-    the submit lock.
+    the submit lock. For a request that asks for logprobs, ``scored`` counts
+    the entries of ``handle.logprobs`` sent so far and ``prompt_sent`` says
+    whether its ``prompt_logprobs`` were.
     """
 
-    __slots__ = ("key", "eid", "handle", "tokens", "texts", "stale", "_done")
+    __slots__ = ("key", "eid", "handle", "tokens", "texts", "stale", "_done", "scored", "prompt_sent")
 
     def __init__(self, key: int, eid: int, done: list[int]) -> None:
         self.key = key
@@ -68,6 +70,8 @@ class _Live:
         self.tokens: list[int] = []
         self.texts: list[str] = []
         self.stale = False
+        self.scored = 0
+        self.prompt_sent = False
 
     def on_end(self, seq: list[int]) -> None:
         """The engine's completion callback: note the end; ``_collect`` reports it."""
@@ -103,6 +107,7 @@ class WorkerProcess:
         (otherwise it announces it as loading and registers on :data:`~worker.link.READY`)."""
         self._live: dict[int, _Live] = {}       # by engine id; guarded by _submit_lock
         self._unstarted: list[_Live] = []       # text prompts whose length is not sent yet; guarded by _submit_lock
+        self._scored: list[_Live] = []          # requests that ask for logprobs; guarded by _submit_lock
         self._done: list[int] = []              # engine ids ended this iteration (main thread)
         self._submit_lock = threading.Lock()
         self._epoch = 0
@@ -223,6 +228,7 @@ class WorkerProcess:
         ids, tokens, texts, finished = [], [], [], []
         with self._submit_lock:
             started = self._started() if self._unstarted else ()
+            scores = self._scores() if self._scored else ()
             for live in self._live.values():
                 toks = live.tokens
                 if toks:
@@ -242,7 +248,40 @@ class WorkerProcess:
             epoch = self._epoch
         if not (ids or finished or texts):
             return None
-        return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished), tuple(started))
+        return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished), tuple(started),
+                                tuple(scores))
+
+    def _scores(self) -> list[Logprobs]:
+        """(Under the submit lock, before this iteration's tokens are taken) the
+        logprobs of the requests that ask for them: the entries of this
+        iteration's tokens (the engine appends one to ``handle.logprobs`` per
+        token, before its ``on_token``) and, with the first tokens, the
+        prompt's (``handle.prompt_logprobs``; a resumed request has none)."""
+        records, keep = [], []
+        done = self._done
+        for live in self._scored:
+            if live.stale:
+                continue
+            h = live.handle
+            n = len(live.tokens)
+            entries: tuple = ()
+            if n and h.logprobs is not None and live.scored >= 0:
+                start = live.scored
+                entries = tuple(h.logprobs[start:start + n])
+                live.scored = start + n
+                if len(entries) != n:  # (an engine that fell behind: stop, rather than misalign the rest)
+                    log.error("request %s: %d tokens but %d logprob entries; sending no more of its logprobs",
+                              live.key, n, len(entries))
+                    entries, live.scored = (), -1
+            prompt = None
+            if n and not live.prompt_sent and h.prompt_logprobs is not None:
+                prompt, live.prompt_sent = tuple(h.prompt_logprobs), True
+            if entries or prompt is not None:
+                records.append(Logprobs(live.key, entries, prompt))
+            if live.eid not in done:
+                keep.append(live)
+        self._scored = keep
+        return records
 
     def _started(self) -> list[Started]:
         """(Under the submit lock, before this iteration's tokens are taken) the
@@ -304,6 +343,8 @@ class WorkerProcess:
                 self._live[live.eid] = live
                 if not entry.params.is_token_prompt:
                     self._unstarted.append(live)
+                if entry.params.logprobs is not None or entry.params.prompt_logprobs is not None:
+                    self._scored.append(live)
         return refused
 
     def cancel(self, keys: list[int]) -> None:
