@@ -23,8 +23,8 @@ from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register, Started,
-    Text, Welcome,
+    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Started, Text,
+    Welcome,
 )
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class WorkerHandler:
         for rec in msg.logprobs:  # (requests that ask: with their tokens, so under the same rule)
             job = jobs.get(rec.request_id)
             if job is not None and job.worker == me and job.client is not None:
-                out.result(job.client).logprobs.append(Logprobs(job.rid, rec.entries, rec.prompt))
+                out.result(job.client).logprobs.append(rec._replace(request_id=job.rid))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)

@@ -348,6 +348,8 @@ def _logprobs(records, handles: dict) -> tuple:
         if h is None:
             continue
         if rec.prompt is not None and h.prompt_logprobs is None and h.params.prompt_logprobs is not None:
+            if rec.prompt_ids is not None and not h.params.is_token_prompt and len(rec.prompt_ids) == len(rec.prompt):
+                h._prompt_ids = list(rec.prompt_ids)  # (a text prompt's ids: known now)
             h.prompt_logprobs = list(rec.prompt)
         if not rec.entries or h.logprobs is None:  # (entries for a request that did not ask: dropped)
             continue

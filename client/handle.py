@@ -15,12 +15,13 @@ class ClientHandle(RequestHandle):
     Here ``error`` is a :class:`~client.RemoteError` with a ``code`` when the
     cluster ended the request with an error; ``prompt`` is None for text and
     chat prompts (the worker tokenises them; ``usage.prompt_tokens`` arrives
-    with the first tokens); ``text`` is the pieces the worker released, joined (None
+    with the first tokens), unless the request asked for ``prompt_logprobs``:
+    their ids arrive with those entries; ``text`` is the pieces the worker released, joined (None
     while the model is not known to have a tokenizer and no text came);
     timings are on the client's monotonic clock, queueing included.
     """
 
-    __slots__ = ("callback", "on_token", "on_text", "_tokens", "_text", "_stream_error", "_owner")
+    __slots__ = ("callback", "on_token", "on_text", "_tokens", "_text", "_stream_error", "_owner", "_prompt_ids")
 
     def __init__(self, request_id: RequestId, params: RequestParams, callback: Callable | None,
                  on_token: Callable | None, submitted_s: float, owner, on_text: Callable | None = None) -> None:
@@ -33,6 +34,13 @@ class ClientHandle(RequestHandle):
         self._text: list[str] = []
         self._stream_error: BaseException | None = None
         self._owner = owner
+        self._prompt_ids: list[int] | None = None  # a text prompt's ids, when the worker sent them
+
+    @property
+    def prompt(self) -> list[int] | None:
+        if self._prompt_ids is not None:
+            return list(self._prompt_ids)
+        return list(self.params.prompt) if self.params.is_token_prompt else None
 
     @property
     def tokens(self) -> list[int]:

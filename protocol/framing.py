@@ -159,15 +159,16 @@ def _split_one(msg: Iteration | Results) -> tuple[Message, Message] | None:
 
 def _split_logprobs(records: tuple[Logprobs, ...], h: int) -> tuple[tuple[Logprobs, ...], tuple[Logprobs, ...]]:
     """One request's logprob records as two: the entries of its first ``h``
-    tokens with its ``prompt`` entries, then the entries of the rest."""
+    tokens with its ``prompt`` entries (and ``prompt_ids``), then the entries of the rest."""
     if not records:
         return (), ()
     rid = records[0].request_id
     entries = tuple(e for r in records for e in r.entries)
-    prompt = next((r.prompt for r in records if r.prompt is not None), None)
+    with_prompt = next((r for r in records if r.prompt is not None), None)
+    prompt, ids = (None, None) if with_prompt is None else (with_prompt.prompt, with_prompt.prompt_ids)
     if not entries:  # (it asked for prompt_logprobs alone)
-        return (Logprobs(rid, (), prompt),), ()
-    first = (Logprobs(rid, entries[:h], prompt),) if h or prompt is not None else ()
+        return (Logprobs(rid, (), prompt, ids),), ()
+    first = (Logprobs(rid, entries[:h], prompt, ids),) if h or prompt is not None else ()
     return first, ((Logprobs(rid, entries[h:]),) if entries[h:] else ())
 
 

@@ -162,6 +162,10 @@ class Logprobs(NamedTuple):
       otherwise. A resumed request (migration, resubmission) has none again:
       its caller has them (a receiver keeps the first it got and ignores
       any later one).
+    - ``prompt_ids``: with ``prompt``, for text and chat prompts (which the
+      worker tokenised), the prompt's token ids, one per ``prompt`` entry,
+      so the receiver can name the tokens scored; None otherwise (a token-id
+      prompt's are known to its sender).
 
     Values are natural logarithms, ``-inf`` for a token of probability 0
     (msgpack carries it; JSON outputs clamp it, see ``slotserve run``).
@@ -170,6 +174,7 @@ class Logprobs(NamedTuple):
     request_id: RequestId
     entries: tuple[TokenLogprob, ...] = ()
     prompt: tuple[TokenLogprob | None, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
 
 class Text(NamedTuple):

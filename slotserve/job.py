@@ -21,7 +21,14 @@ match on ``id``)::
     {"id", "tokens": generated ids only, "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens"},
      "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"),
-     "error": {"code", "message"} when there is one, "text" when the model has a tokenizer}
+     "error": {"code", "message"} when there is one, "text" when the model has a tokenizer,
+     "logprobs": [{"token": id, "logprob": x, "top_logprobs": [[id, x], ...]}, ...] when the row
+     asked ("logprobs": N), one per generated token,
+     "prompt_logprobs": [null, {...}, ...] when it asked ("prompt_logprobs": N), one per prompt token}
+
+Logprobs are natural logs of the model's raw distribution (see
+:mod:`protocol.logprobs`); JSON has no ``-inf``, so a token of probability 0
+shows as ``-9999.0``, as vLLM's OpenAI server does (``max(logprob, -9999.0)``).
 
 A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
 an error row (code ``bad_request``, with the line number as id when the row
@@ -43,6 +50,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from client import Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
+from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
 
 log = logging.getLogger(__name__)
@@ -353,11 +361,28 @@ class Job:
             out["text"] = h.text
         if h.stop_reason is not None:
             out["stop_reason"] = h.stop_reason
+        if h.logprobs is not None:
+            out["logprobs"] = [_scored(t, e) for t, e in zip(tokens, h.logprobs)]
+        if h.prompt_logprobs is not None:
+            prompt = h.prompt
+            if prompt is not None and len(prompt) == len(h.prompt_logprobs):
+                out["prompt_logprobs"] = [None if e is None else _scored(t, e)
+                                          for t, e in zip(prompt, h.prompt_logprobs)]
         if err is not None:
             code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
             out["error"] = {"code": code, "message": str(err)}
         self.write(out)
         self.cond.notify_all()  # room in the window
+
+
+JSON_MIN_LOGPROB = -9999.0
+"""What a logprob of ``-inf`` (probability 0) is written as: JSON has no infinity (vLLM's value)."""
+
+
+def _scored(token: int, e: TokenLogprob) -> dict:
+    """One token's logprob entry as a row shows it."""
+    return {"token": token, "logprob": max(e.logprob, JSON_MIN_LOGPROB),
+            "top_logprobs": [[i, max(x, JSON_MIN_LOGPROB)] for i, x in e.top]}
 
 
 def open_input(path: str) -> io.TextIOWrapper:

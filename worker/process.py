@@ -256,7 +256,8 @@ class WorkerProcess:
         logprobs of the requests that ask for them: the entries of this
         iteration's tokens (the engine appends one to ``handle.logprobs`` per
         token, before its ``on_token``) and, with the first tokens, the
-        prompt's (``handle.prompt_logprobs``; a resumed request has none)."""
+        prompt's (``handle.prompt_logprobs``; a resumed request has none),
+        with the prompt's ids for a text or chat prompt."""
         records, keep = [], []
         done = self._done
         for live in self._scored:
@@ -273,11 +274,13 @@ class WorkerProcess:
                     log.error("request %s: %d tokens but %d logprob entries; sending no more of its logprobs",
                               live.key, n, len(entries))
                     entries, live.scored = (), -1
-            prompt = None
+            prompt = ids = None
             if n and not live.prompt_sent and h.prompt_logprobs is not None:
                 prompt, live.prompt_sent = tuple(h.prompt_logprobs), True
+                if not h.params.is_token_prompt:  # (its ids, which only this worker knows)
+                    ids = tuple(h.prompt)
             if entries or prompt is not None:
-                records.append(Logprobs(live.key, entries, prompt))
+                records.append(Logprobs(live.key, entries, prompt, ids))
             if live.eid not in done:
                 keep.append(live)
         self._scored = keep

@@ -40,11 +40,11 @@ def test_records_go_to_their_clients_under_their_ids_with_their_tokens():
     prompt = (None, T(-3.0))
     it = Iteration(ids=(ka, kc, kb, ka), tokens=(5, 6, 7, 8),
                    logprobs=(Logprobs(ka, (entry(1), entry(2)), prompt), Logprobs(kc, (entry(3),)),
-                             Logprobs(kb, (), prompt)))
+                             Logprobs(kb, (), prompt, (41, 42))))
     out = core.on_backend(W1, decode(encode(it)), 0.5)
     (r1,), (r2,) = results(out, C1), results(out, C2)
     assert (r1.ids, r1.tokens) == (("a", "b", "a"), (5, 7, 8))
-    assert r1.logprobs == (Logprobs("a", (entry(1), entry(2)), prompt), Logprobs("b", (), prompt))
+    assert r1.logprobs == (Logprobs("a", (entry(1), entry(2)), prompt), Logprobs("b", (), prompt, (41, 42)))
     assert (r2.ids, r2.logprobs) == (("a",), (Logprobs("a", (entry(3),)),))
     assert decode(encode(r1)) == r1  # a valid message for the client (entries still match the tokens)
 

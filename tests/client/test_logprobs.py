@@ -76,3 +76,13 @@ def test_a_broker_restart_keeps_the_entries_and_the_resumed_request_continues_th
     stream(core, rest, 3.0)
     assert h.tokens == [7, 8, 9] and h.logprobs == [e(1), e(2), e(3)] == seen
     assert h.prompt_logprobs == list(PROMPT) and h.finish_reason is FinishReason.LENGTH
+
+
+def test_a_text_prompts_ids_arrive_with_its_prompt_logprobs():
+    core = ClientCore()
+    h = submit(core, "t", RequestParams("hi there", 3, stop_token=None, prompt_logprobs=0))
+    plain_text = submit(core, "u", RequestParams("hi there", 3, stop_token=None))
+    assert h.prompt is None and plain_text.prompt is None
+    plain(core, Results(("t",), (5,), logprobs=(Logprobs("t", (), (None, T(-2.0)), (104, 105)),)), 0.1)
+    assert h.prompt == [104, 105] and h.prompt_logprobs == [None, T(-2.0)] and h.tokens == [5]
+    assert plain_text.prompt is None

@@ -116,7 +116,9 @@ def test_a_split_keeps_each_requests_entries_with_its_tokens_and_the_prompt_firs
 
 
 def test_a_prompt_only_record_stays_with_the_first_part():
-    msg = Iteration(ids=(4, 4), tokens=(1, 2), texts=(Text(4, "xy"),), logprobs=(Logprobs(4, (), (None, T(-1.0))),))
+    msg = Iteration(ids=(4, 4), tokens=(1, 2), texts=(Text(4, "xy"),),
+                    logprobs=(Logprobs(4, (), (None, T(-1.0)), (30, 31)),))
     first, rest = split(msg)
-    assert first.logprobs == (Logprobs(4, (), (None, T(-1.0))),) and rest.logprobs == ()
+    assert first.logprobs == (Logprobs(4, (), (None, T(-1.0)), (30, 31)),) and rest.logprobs == ()
+    assert decode(encode(msg)) == msg
     assert first.ids == (4,) and rest.ids == (4,)
