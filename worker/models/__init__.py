@@ -13,7 +13,7 @@ from worker.models.options import ModelOptions
 __all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
-                   "num_threads")
+                   "num_threads", "prefix_cache_mb")
 
 
 def load_model(name: str, **options):
@@ -55,6 +55,7 @@ def load_model(name: str, **options):
     if runner is None:
         return _load_through_transformers(name, opts, device, precision, max_cache_len)
     runner.speculative_tokens = opts.speculative_tokens
+    runner.prefix_cache_mb = opts.prefix_cache_mb
     return runner
 
 
@@ -88,6 +89,7 @@ def _load_through_transformers(name: str, opts: ModelOptions, device: str, preci
     del model  # the runner holds its own copy; the HF module's memory goes back now
     return_freed_memory()
     runner.speculative_tokens = opts.speculative_tokens
+    runner.prefix_cache_mb = opts.prefix_cache_mb
     return runner
 
 

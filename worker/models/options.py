@@ -47,6 +47,10 @@ class ModelOptions:
       measured fastest on this CPU at load
       (:func:`worker.models.llama.linear.cpu_linear_kind`).
     - ``num_threads``: torch CPU threads for the process (None: torch's default).
+    - ``prefix_cache_mb``: MiB of KV kept for prefix caching
+      (:mod:`worker.models.llama.prefix_cache`; the slotserve runner): 0 is
+      off, None (the default) sizes it from the machine (10 % of RAM on CPU,
+      of free GPU memory on CUDA, at most 4 GiB).
 
     Raises ValueError for a value outside these sets.
     """
@@ -58,6 +62,7 @@ class ModelOptions:
     speculative_tokens: int = 0
     cpu_linear: str = "auto"
     num_threads: int | None = None
+    prefix_cache_mb: float | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
@@ -78,6 +83,9 @@ class ModelOptions:
             raise ValueError("cpu_linear='mkl' is fp32 only (MKL's packed sgemm); bf16 runs on dense or onednn")
         if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
             raise ValueError(f"num_threads must be None or an int >= 1, got {self.num_threads!r}")
+        mb = self.prefix_cache_mb
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < 2**40):
+            raise ValueError(f"prefix_cache_mb must be None or a number of MiB >= 0 (0 = off), got {mb!r}")
         if self.runner == "hf" and self.precision in ("int8", "int4"):
             raise ValueError(f"precision {self.precision} needs the slotserve runner (Llama family), not runner=hf")
 

@@ -50,6 +50,7 @@ from worker.models.llama.cache import SlotCache
 from worker.models.llama.lookup import PromptLookup
 from worker.models.llama.model import forward
 from worker.models.llama.plan import Chunk, Draft, add_prefill, decode_inputs, step_plan
+from worker.models.llama.prefix_cache import PrefixCache, default_budget_mb, skips_cache
 from worker.models.llama.weights import LlamaWeights
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, to_device
@@ -102,6 +103,9 @@ class LlamaRunner:
         self.kv_cache: SlotCache | None = None
         self._rows = SlotRows()
         self._graphs = None
+        self.prefix_cache_mb: float | None = None  # read at bind_slots: None sized from the machine, 0 off
+        self.prefix_cache: PrefixCache | None = None  # worker.models.llama.prefix_cache
+        self._seqs: dict[int, list[int]] = {}  # cache row -> its occupant's tokens (the prefix cache stores them)
 
     # -- SlotModel ---------------------------------------------------------
 
@@ -117,6 +121,9 @@ class LlamaRunner:
         self._sampler.bind(num_slots)
         # per cache row: a token of its request went non-finite (see model.forward)
         self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
+        mb = default_budget_mb(self.device) if self.prefix_cache_mb is None else self.prefix_cache_mb
+        self.prefix_cache = PrefixCache(self.kv_cache, mb, self.precision) if mb else None
+        self._seqs = {}
         if self.device == "cuda":
             from worker.models.llama.cuda_graphs import DecodeGraphs
 
@@ -127,6 +134,9 @@ class LlamaRunner:
         self._sampler.release(slot)
         row = self._rows.release(slot)
         if row is not None:
+            if self.prefix_cache is not None:
+                self._store(row, self._seqs.pop(row, ()))
+                self.prefix_cache.release(row)
             self.kv_cache.clear(row)
             self._failed[row] = 0
             self._lookup.reset(row)
@@ -210,22 +220,36 @@ class LlamaRunner:
             row = self._rows.row(item.slot)
             cached = cache.lengths[row]
             new = len(item.tokens) - cached
-            if cached == 0 or new < 1:  # a new occupant (or tokens the cache does not match)
+            fresh = cached == 0 or new < 1
+            if fresh:  # a new occupant (or tokens the cache does not match)
                 cache.clear(row)
                 self._failed[row] = 0
+                self._lookup.reset(row)
                 cached, new = 0, len(item.tokens)
+                if self.prefix_cache is not None:  # reuse the longest cached prefix (prefix_cache.load)
+                    self._seqs[row] = item.tokens
+                    if not skips_cache(item):
+                        cached = self.prefix_cache.load(row, item.tokens)
+                        new -= cached
             if new == 1:
                 decode[row] = i
             else:
-                candidates.append(_Candidate(cached == 0, i, row, cached))
-            if cached == 0:
-                self._lookup.reset(row)
+                candidates.append(_Candidate(fresh, i, row, cached))
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._schedule(batch, sorted(candidates))
         with torch.inference_mode():
-            return self._run(batch, decode, chunks, greedy_only)
+            result = self._run(batch, decode, chunks, greedy_only)
+            if self.prefix_cache is not None:
+                for c in chunks:  # its prompt's full blocks, for requests arriving while it runs
+                    self._store(c.row, batch[c.index].tokens)
+            return result
 
     # -- internals ---------------------------------------------------------
+
+    def _store(self, row: int, tokens) -> None:
+        """The row's full blocks into the prefix cache, unless a token of it went non-finite."""
+        if tokens and not self._failed[row].item():
+            self.prefix_cache.store(row, tokens)
 
     def _propose(self, batch, decode: dict[int, int]) -> dict[int, Draft]:
         """Draft tokens for the plain greedy decode rows (``SamplingParams.is_plain_greedy``), by batch index.
