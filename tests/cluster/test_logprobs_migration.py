@@ -111,3 +111,39 @@ def test_async_stream_of_token_logprob_pairs_and_a_model_without_logits_refuses(
     assert all(same_entry(x, y) and len(x.top) == 2 for (_, x), y in zip(pairs, h.logprobs))
     assert sim.finish_reason is FinishReason.ERROR and sim.error.code is ErrorCode.BAD_REQUEST
     assert "logprobs" in str(sim.error) and sim.tokens == []
+
+
+def iterations(wp) -> list:
+    its = []
+    while wp.engine.wait_for_work(0):
+        wp.engine.step()
+        out = wp._collect()
+        if out is not None:
+            its.append(out[1])
+    return its
+
+
+def test_the_worker_sends_each_tokens_entry_with_it_and_the_prompts_once_with_the_first(tiny_text_dir):
+    from tests.support.messages import envelope
+    from worker.models import load_model
+    from worker.process import WorkerConfig, WorkerProcess
+
+    model = load_model(tiny_text_dir)
+    wp = WorkerProcess(WorkerConfig(num_slots=4, warmup=False), model=model)
+    assert wp.assign([envelope(1, "hello there", 4, stop_token=None, logprobs=1, prompt_logprobs=0),
+                      envelope(2, [5, 6, 7], 3, stop_token=None, logprobs=0),
+                      envelope(3, [5, 6, 7], 3, stop_token=None),
+                      envelope(4, [5, 6, 7], 4, stop_token=None, prompt_logprobs=2, resume_tokens=(8, 9))]) == []
+    its = iterations(wp)
+    for it in its:  # each message: entries exactly for the tokens of the requests that ask for them
+        for key in (1, 2):
+            mine = [r for r in it.logprobs if r.request_id == key]
+            assert sum(len(r.entries) for r in mine) == it.ids.count(key)
+        assert not any(r.request_id in (3, 4) and r.entries for r in it.logprobs)
+    prompts = [(r, it) for it in its for r in it.logprobs if r.prompt is not None]
+    (text, it), = prompts  # once, for the fresh request that asked; not for the resumed one
+    ids = model.tokenizer.encode("hello there")
+    assert text.request_id == 1 and text.prompt_ids == tuple(ids) and len(text.prompt) == len(ids)
+    assert text.prompt[0] is None and all(len(e.top) == 0 for e in text.prompt[1:])
+    assert it is next(i for i in its if 1 in i.ids)  # with the request's first tokens
+    assert sum(i.ids.count(1) for i in its) == 4 and sum(i.ids.count(4) for i in its) == 2
