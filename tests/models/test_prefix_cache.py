@@ -169,3 +169,15 @@ def test_the_budget_option(model_dir):
     model = load_model(model_dir)  # default: sized from the machine
     model.bind_slots(1)
     assert model.prefix_cache is not None and model.prefix_cache.nbytes > 0
+
+
+def test_prompts_admitted_together_hit_what_the_first_one_stored_meanwhile(model_dir, reference):
+    """The lookup happens at a prompt's first chunk, not at admission: four prompts sharing a
+    60-token prefix arrive at once into a cold cache with 32-token chunks; the first is prefilled
+    alone (the budget), and each later one reuses the blocks stored by then."""
+    model = load_model(model_dir, max_prefill_tokens=32)
+    model.prefix_cache_mb = 16
+    prompts = shared_prompts(4, prefix_len=60, seed=8)
+    got = run(model, prompts, batch_size=4)
+    assert got == [generate_alone(reference, p, 8) for p in prompts]
+    assert model.prefix_cache.stats.hits >= 3 * 32

@@ -226,11 +226,8 @@ class LlamaRunner:
                 self._failed[row] = 0
                 self._lookup.reset(row)
                 cached, new = 0, len(item.tokens)
-                if self.prefix_cache is not None:  # reuse the longest cached prefix (prefix_cache.load)
-                    self._seqs[row] = item.tokens
-                    if not skips_cache(item):
-                        cached = self.prefix_cache.load(row, item.tokens)
-                        new -= cached
+                if self.prefix_cache is not None:
+                    self._seqs[row] = item.tokens  # stored at release; its cached prefix is loaded in _schedule
             if new == 1:
                 decode[row] = i
             else:
@@ -273,11 +270,17 @@ class LlamaRunner:
         return drafts
 
     def _schedule(self, batch, candidates: list[_Candidate]) -> list[Chunk]:
-        """This iteration's prompt chunks, within the token budget (``candidates`` in their order)."""
-        budget, chunks = self.max_prefill_tokens, []
-        for _, i, row, start in candidates:
+        """This iteration's prompt chunks, within the token budget (``candidates`` in their order).
+
+        A new prompt first reuses its longest cached prefix (:mod:`worker.models.llama.prefix_cache`),
+        looked up when it gets its first chunk, not when admitted: prompts admitted together then
+        hit the blocks the first one's chunks stored meanwhile."""
+        budget, chunks, prefixes = self.max_prefill_tokens, [], self.prefix_cache
+        for fresh, i, row, start in candidates:
             if budget <= 0:
                 break
+            if fresh and prefixes is not None and not skips_cache(batch[i]):
+                start = prefixes.load(row, batch[i].tokens)
             count = min(len(batch[i].tokens) - start, budget)
             chunks.append(Chunk(i, row, start, count))
             budget -= count
