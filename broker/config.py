@@ -68,6 +68,9 @@ class BrokerConfig:
       key can never register as a worker.
     - ``metrics_port``: serve Prometheus metrics on this TCP port (0 picks a
       free one), or None for no metrics; ``metrics_host`` is the address to bind.
+    - ``prefix_routing``: among workers with a free credit, send a request to
+      the one most likely to hold its prompt's prefix in its KV cache
+      (:mod:`broker.prefix`); False: credit-only dispatch (most free slots).
     """
 
     frontend: str = DEFAULT_FRONTEND
@@ -89,8 +92,11 @@ class BrokerConfig:
     curve_secret_file: str | None = None
     curve_clients_dir: str | None = None
     curve_workers_dir: str | None = None
+    prefix_routing: bool = True
 
     def __post_init__(self) -> None:
+        if type(self.prefix_routing) is not bool:
+            raise ValueError(f"prefix_routing must be True or False, got {self.prefix_routing!r}")
         for name in ("frontend", "backend"):
             v = getattr(self, name)
             if not isinstance(v, str) or "://" not in v:

@@ -20,6 +20,7 @@ from broker.config import BrokerConfig
 from broker.jobs import JobState, JobTable
 from broker.models import ServedModels
 from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
+from broker.prefix import PrefixRouter, prompt_key
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
@@ -43,6 +44,7 @@ class WorkerHandler:
         self._jobs = jobs
         self._models = models
         self._hung: dict[bytes, int | None] = {}  # identity -> progress when found hung
+        self.prefixes = PrefixRouter() if config.prefix_routing else None  # what was sent where
 
     # ------------------------------------------------------------------ joining
 
@@ -227,6 +229,10 @@ class WorkerHandler:
             return
         assigns: dict[bytes, list[Envelope]] = {}
         pick = self.registry.pick
+        prefixes = self.prefixes
+        peers = self.registry.for_model(model)
+        if len(peers) < 2:
+            prefixes = None  # one worker: nothing to choose (its tree would only cost time)
         while len(q):
             w = pick(model)
             if w is None:
@@ -238,6 +244,11 @@ class WorkerHandler:
                 if timeout_s <= 0:
                     self._jobs.finish(job, FinishReason.DEADLINE, None, None, out)
                     continue
+            if prefixes is not None:  # prefer the worker most likely to hold its prefix (broker.prefix)
+                key = prompt_key(job.params)
+                if key is not None:
+                    w = prefixes.choose(peers, key)  # not None: w above has a credit
+                    prefixes.sent(w.identity, key)
             job.state = JobState.RUNNING
             job.worker = w.identity
             if not w.inflight:
@@ -269,6 +280,8 @@ class WorkerHandler:
         ``failed``: it died or hung (counts toward each request's
         ``max_attempts``), rather than leaving or re-registering cleanly."""
         self.registry.remove(w.identity)
+        if self.prefixes is not None:
+            self.prefixes.forget(w.identity)  # its cache is gone or will be rebuilt
         self.counters["workers_lost"] += 1
         table = self._jobs
         q = table.queue(w.model)
