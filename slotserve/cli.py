@@ -158,16 +158,16 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=2, show
 
 
 def _model_options(command):
-    """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads,
-    passed on as one ``model_options``."""
+    """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
+    --prefix-cache-mb, passed on as one ``model_options``."""
     from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
-                     **kwargs):
+                     prefix_cache_mb, **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
-                          cpu_linear=cpu_linear, num_threads=threads)
+                          cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -199,6 +199,10 @@ def _model_options(command):
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model (default: torch's, one per core)."),
+        click.option("--prefix-cache-mb", type=click.FloatRange(min=0), default=None, show_envvar=True,
+                     help="MiB of KV cache kept for prefix caching (slotserve runner): a prompt reuses the "
+                          "KV of its longest cached prefix and prefills only the rest. 0: off. Default: 10 % "
+                          "of RAM (CPU) or of free GPU memory (CUDA), at most 4096."),
     ]):
         with_options = option(with_options)
     return with_options
