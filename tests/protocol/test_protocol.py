@@ -142,7 +142,9 @@ def token_batches(draw, cls):
         entries = [draw(token_logprobs) for r in ids if r == rid]
         cut = draw(st.integers(0, len(entries)))
         prompt = draw(st.one_of(st.none(), prompt_logprobs))
-        records.append(Logprobs(rid, tuple(entries[:cut]), prompt))
+        ids_ = None if prompt is None else draw(st.one_of(st.none(), st.lists(token, min_size=len(prompt),
+                                                                              max_size=len(prompt)).map(tuple)))
+        records.append(Logprobs(rid, tuple(entries[:cut]), prompt, ids_))
         if entries[cut:]:
             records.append(Logprobs(rid, tuple(entries[cut:])))
     records += [Logprobs(rid, (), draw(prompt_logprobs))
