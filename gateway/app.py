@@ -2,12 +2,14 @@
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
   (:mod:`gateway.generate`), plain or streamed as server-sent events.
+- ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
+  (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
 - Anything else: 404 / 405 in OpenAI's error shape.
 
-With ``config.api_keys`` every ``/v1/*`` request needs one of them as
+With ``config.api_keys`` every ``/v1/*`` request (and ``/tokenize``, ``/detokenize``) needs one of them as
 ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 
@@ -18,6 +20,7 @@ draining: generation and ``/v1/models`` answer 503 (``Retry-After``),
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -36,6 +39,8 @@ from gateway.generate import Generate
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response
+from gateway.tokenize import TokenizeEndpoints
+from gateway.tokenizer import Loader, Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -94,27 +99,56 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal gateway error: {type(exc).__name__}", code="internal"))
 
 
-def create_app(config: GatewayConfig) -> Starlette:
+async def _prefetch_tokenizers(link: BrokerLink, tokenizers: Tokenizers, interval_s: float) -> None:
+    """Load the tokenizers in the background as soon as their models are known: the one of
+    ``--tokenizer`` at once, else each served model's as the broker's status first lists it."""
+    if tokenizers.name is not None:
+        tokenizers.prefetch(tokenizers.name)
+        return
+    while True:
+        st = link.status
+        if st is not None:
+            for name, m in st.models.items():
+                if m.workers > 0:
+                    tokenizers.prefetch(name)
+        await asyncio.sleep(interval_s)
+
+
+def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> Starlette:
     """The gateway's ASGI app. Its lifespan connects to ``config.broker``
     (retrying in the background) and closes the connections at shutdown.
-    ``app.state.drain`` is its :class:`~gateway.drain.Drain`, for the server that stops it."""
+    ``app.state.drain`` is its :class:`~gateway.drain.Drain`, for the server that stops it.
+
+    ``load_tokenizer(name) -> Tokenizer | None``: the CLI's tokenizer loader
+    (:mod:`gateway.tokenizer`; ``name`` is ``config.tokenizer``, else each
+    served model's name), run on a thread in the background from the start;
+    None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400)."""
     link = BrokerLink(config)
     metrics = GatewayMetrics()
     drain = Drain()
-    generate = Generate(config, link, metrics, drain)
+    tokenizers = Tokenizers(load_tokenizer, config.tokenizer)
+    generate = Generate(config, link, metrics, drain, tokenizers)
     service = ServiceEndpoints(link, metrics, drain)
+    tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await link.start()
+        prefetch = None
+        if load_tokenizer is not None:
+            prefetch = asyncio.create_task(_prefetch_tokenizers(link, tokenizers, config.status_interval_s))
         try:
             yield
         finally:
+            if prefetch is not None:
+                prefetch.cancel()
             await link.close()
 
     routes = [
         Route("/v1/completions", generate.completions, methods=["POST"]),
         Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
+        Route("/tokenize", tokenize.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenize.detokenize, methods=["POST"]),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/metrics", service.metrics_endpoint, methods=["GET"]),

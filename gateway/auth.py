@@ -4,7 +4,8 @@
 ``/v1`` path is covered, those added later and unknown ones included (an
 unknown ``/v1`` path answers 401 before 404: a caller without a key learns
 nothing about the routes). ``/health`` is never checked (probes carry no
-key); ``/metrics`` only when the gateway has ``metrics_api_keys`` (a
+key); ``/tokenize`` and ``/detokenize`` (vLLM's paths, outside ``/v1``) as ``/v1``;
+``/metrics`` only when the gateway has ``metrics_api_keys`` (a
 scraper's credential, apart from the API's: a leaked scrape key cannot
 generate, an API key cannot read the metrics).
 
@@ -71,6 +72,10 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None  # "Bearer " alone (an SDK given api_key="") is no key
 
 
+_TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
+"""Outside ``/v1`` (vLLM's paths), and guarded by the API keys all the same."""
+
+
 class APIKeys:
     """The ASGI middleware: checks ``/v1/*`` against ``api_keys`` and ``/metrics``
     against ``metrics_api_keys``; a path whose key set is empty is open."""
@@ -82,7 +87,7 @@ class APIKeys:
         self.metrics = KeySet(metrics_api_keys)
 
     def _keys_for(self, path: str) -> tuple[KeySet, str] | None:
-        if path == "/v1" or path.startswith("/v1/"):
+        if path == "/v1" or path.startswith("/v1/") or path in _TOKENIZER_PATHS:
             return self.api, "--api-key"
         if path == "/metrics" or path.startswith("/metrics/"):
             return self.metrics, "--metrics-api-key"

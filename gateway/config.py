@@ -45,6 +45,10 @@ class GatewayConfig:
       :mod:`gateway.auth`). ``/health`` stays open for probes.
     - ``metrics_api_keys``: when not empty, ``/metrics`` needs one of these
       keys the same way (a scraper's keys, apart from the API's); else it is open.
+    - ``tokenizer``: the tokenizer that renders token strings (logprobs, echo)
+      and serves ``/tokenize``: a model alias, folder or ``.gguf`` file, loaded
+      by the loader the CLI gives :func:`gateway.run` (:mod:`gateway.tokenizer`);
+      None: each served model's own name, when it names a local model.
 
     Keys are Bearer tokens as RFC 6750 defines them (letters, digits and
     ``-._~+/``, then optional ``=``: what ``secrets.token_urlsafe``, base64,
@@ -65,6 +69,7 @@ class GatewayConfig:
     access_log: bool = False
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -80,6 +85,8 @@ class GatewayConfig:
         for name in ("status_interval_s", "connect_timeout_s"):
             as_seconds(getattr(self, name), name)
         as_seconds(self.shutdown_timeout_s, "shutdown_timeout_s", allow_zero=True)
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer.strip()):
+            raise ValueError(f"tokenizer must be a non-empty model name or path, or None, got {self.tokenizer!r}")
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

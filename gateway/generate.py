@@ -39,6 +39,8 @@ from gateway.options import for_choice, request_options
 from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, prompt_tokens, sse, \
     usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from gateway.structured import field_of
+from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -83,7 +85,8 @@ class _Watch:
 class _Call:
     """One generation HTTP request being served (its generations, clocks and metrics labels)."""
 
-    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed", "ended")
+    __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed", "ended",
+                 "tokenizer")
 
     def __init__(self, endpoint: str, signal: Signal) -> None:
         self.endpoint = endpoint
@@ -96,6 +99,7 @@ class _Call:
         self.gens: list[Generation] = []
         self.signal = signal
         self.prompts = 0
+        self.tokenizer: Tokenizer | None = None  # the model's, when the answer shows token strings or an echo
 
     def ttft_s(self) -> float | None:
         firsts = [g.handle.first_token_s for g in self.gens if g.handle.first_token_s is not None]
@@ -123,10 +127,11 @@ class Generate:
     """The generation handlers (bound to one :class:`BrokerLink` and the gateway's metrics)."""
 
     def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics,
-                 drain: Drain | None = None) -> None:
+                 drain: Drain | None = None, tokenizers: Tokenizers | None = None) -> None:
         self.config = config
         self.link = link
         self.metrics = metrics
+        self.tokenizers = Tokenizers(None) if tokenizers is None else tokenizers
         self.drain = Drain() if drain is None else drain  # the app's, which its server stops; else one never stopped
 
     async def completions(self, request: Request) -> Response:
@@ -158,8 +163,7 @@ class Generate:
             finally:
                 watch.stop()
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
-            env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
-            out = env.completion(call.gens, call.prompts)
+            out = self._envelope(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
             return json_response(out)
         except APIError as e:
@@ -217,6 +221,12 @@ class Generate:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         return body
 
+    def _envelope(self, body: _Sampling, call: _Call) -> Envelope:
+        tok = call.tokenizer
+        return Envelope(body.model, chat=isinstance(body, ChatCompletionRequest),
+                        token_str=token_id_string if tok is None else tok.token_str,
+                        echo=bool(getattr(body, "echo", False)), prompt_logprobs=body.prompt_logprobs is not None)
+
     async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
         chat = isinstance(body, ChatCompletionRequest)
@@ -230,14 +240,20 @@ class Generate:
         info = self.link.model_info(body.model)
         options = request_options(body, info)
         max_tokens = self._max_tokens(body, info)
+        hidden = max_tokens == 0  # max_tokens 0 with echo: one token generated and dropped
+        if hidden:
+            max_tokens = 1
+        shown = await self._shown_prompts(body, call, prompts, options)
         on_token = call.signal.poke if stream else None
         call.prompts = len(prompts)
         try:
             for i, prompt in enumerate(prompts):
+                echo_tokens, echo_text, submitted = shown[i]
                 for c in range(n):
-                    g = Generation(i * n + c, call.signal)
+                    g = Generation(i * n + c, call.signal, hidden)
+                    g.echo_tokens, g.echo_text = echo_tokens, echo_text
                     call.gens.append(g)
-                    g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
+                    g.handle = client.submit_request(submitted, max_tokens, g.on_end, on_token=on_token,
                                                      **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
@@ -246,8 +262,52 @@ class Generate:
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
 
+    async def _shown_prompts(self, body: _Sampling, call: _Call, prompts: list, options: dict) -> list[tuple]:
+        """Per prompt: ``(ids, text, submitted)``: the prompt's token ids as an echo or
+        ``prompt_logprobs`` shows them (None when not needed), its text for an echo, and the
+        prompt to submit. Loads ``call.tokenizer`` when the answer renders token strings or an
+        echo. A text prompt whose tokens are shown is tokenised here and submitted as those ids,
+        so the entries the worker scores are the tokens shown (the same tokenizer as the
+        worker's). 400 when a text prompt's tokens must be shown and no tokenizer is known."""
+        chat = isinstance(body, ChatCompletionRequest)
+        echo = not chat and bool(body.echo)
+        want_ids = "prompt_logprobs" in options
+        if echo or "logprobs" in options or want_ids:
+            call.tokenizer = await self.tokenizers.get(self.link.served_name(body.model))
+        tok = call.tokenizer
+        out = []
+        for prompt in prompts:
+            ids = text = None
+            submitted = prompt
+            if isinstance(prompt, str) or chat:
+                if want_ids:
+                    if tok is None:
+                        raise bad_request(
+                            f"the tokens of a {'chat' if chat else 'text'} prompt are shown only by a gateway "
+                            f"with the model's tokenizer ({self.tokenizers.why_none(self.link.served_name(body.model))}); "
+                            "send token ids",
+                            "messages" if chat else "prompt", "unsupported")
+                    try:
+                        ids = tok.chat(prompt) if chat else tok.encode(prompt)
+                    except ValueError as e:
+                        raise from_value_error(e, "messages" if chat else "prompt") from None
+                    if not chat:
+                        submitted = ids
+                text = None if chat else prompt
+            else:
+                ids = list(prompt)
+                if echo:
+                    text = "" if tok is None else tok.decode(ids)
+            out.append((ids, text, submitted))
+        return out
+
     def _max_tokens(self, body: _Sampling, info) -> object:
         if not isinstance(body, ChatCompletionRequest):
+            if body.max_tokens == 0:
+                if not body.echo:
+                    raise bad_request("max_tokens must be >= 1; 0 is allowed only with echo: true (the prompt "
+                                      "alone, e.g. to score it with logprobs)", "max_tokens")
+                return 0
             return COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         a, b = body.max_tokens, body.max_completion_tokens
         if a is not None and b is not None and a != b:
@@ -268,7 +328,10 @@ class Generate:
             if reason is FinishReason.ERROR:
                 err = g.error
                 if isinstance(err, RemoteError):
-                    raise from_remote(err.code, err.message, prompt_param)
+                    e = from_remote(err.code, err.message, prompt_param)
+                    if e.param == "structured":  # the worker's compile error: name the body's field
+                        e.param = field_of(body)
+                    raise e
                 raise APIError(500, f"the request failed: {err}", code="internal")
             if reason is FinishReason.CANCELLED:
                 raise unavailable("the request was cancelled by slotserve (the gateway is stopping or lost "
@@ -294,7 +357,7 @@ class Generate:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
-        env = Envelope(body.model, chat=isinstance(body, ChatCompletionRequest))
+        env = self._envelope(body, call)
         call.streaming = True
         return _EventStream(self._events(call, env, include_usage, body, continuous), lambda: self._end(call))
 
@@ -309,9 +372,9 @@ class Generate:
         role chunks included, carries the usage so far (the tokens streamed up
         to and including it; null while a text prompt's length is unknown,
         see :func:`gateway.responses.usage`)."""
-        if env.chat:
+        if env.chat or env.echo:
             for g in call.gens:
-                yield env.chunk([env.role_choice(g.index)],
+                yield env.chunk([env.role_choice(g.index) if env.chat else env.echo_choice(g)],
                                 usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                 with_usage=include_usage)
         pending = len(call.gens)
@@ -331,8 +394,8 @@ class Generate:
                             yield DONE
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
-                stop_reason = g.handle.stop_reason if d.finished else None
-                yield env.chunk([env.delta_choice(g.index, d.tokens, d.text, reason, stop_reason)],
+                stop_reason = g.stop_reason if d.finished else None
+                yield env.chunk([env.delta_choice(g, d, reason, stop_reason)],
                                 usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                 with_usage=include_usage)
             if pending:

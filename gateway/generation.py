@@ -57,11 +57,14 @@ class Signal:
 class Delta:
     """What a :class:`Generation` produced since the last :meth:`Generation.take`:
     ``tokens`` (new token ids), ``text`` (new text, ``""`` for a model
-    without a tokenizer), and ``finished`` (True once, with the last delta)."""
+    without a tokenizer), ``finished`` (True once, with the last delta), and
+    ``logprobs``: the new tokens' :class:`~protocol.logprobs.TokenLogprob`
+    entries, one per token, when the request asked for them (else None)."""
 
     tokens: list[int]
     text: str
     finished: bool
+    logprobs: list | None = None
 
 
 class Generation:
@@ -70,14 +73,25 @@ class Generation:
     ``handle`` is the client's :class:`~client.RequestHandle`; ``finished``
     becomes True (on the callback thread) only after the handle holds every
     token, the text, ``finish_reason`` and ``error``.
+
+    ``hidden``: the request's output is not shown (``max_tokens: 0`` with
+    ``echo``: one token is generated and dropped, with its text and logprob).
+    ``echo_tokens`` / ``echo_text``: the prompt's ids (None while unknown) and
+    text that an ``echo`` shows before the output; ``text_offset``: where the
+    next streamed token's text starts (:mod:`gateway.logprobs`).
     """
 
-    __slots__ = ("index", "handle", "finished", "_signal", "_sent_tokens", "_sent_text", "_reported")
+    __slots__ = ("index", "handle", "finished", "hidden", "echo_tokens", "echo_text", "text_offset", "_signal",
+                 "_sent_tokens", "_sent_text", "_reported")
 
-    def __init__(self, index: int, signal: Signal) -> None:
+    def __init__(self, index: int, signal: Signal, hidden: bool = False) -> None:
         self.index = index
         self.handle: RequestHandle | None = None
         self.finished = False
+        self.hidden = hidden
+        self.echo_tokens: list[int] | None = None
+        self.echo_text: str | None = None
+        self.text_offset = 0
         self._signal = signal
         self._sent_tokens = 0
         self._sent_text = 0
@@ -94,7 +108,17 @@ class Generation:
             return None
         finished = self.finished  # read first: once True, everything below is complete
         h = self.handle
+        if self.hidden:
+            if not finished:
+                return None
+            self._reported = True
+            return Delta([], "", True, None if h.logprobs is None else [])
         new_tokens = h.tokens[self._sent_tokens:]
+        entries = None
+        if h.logprobs is not None:  # tokens first: each token's entry is appended before the token
+            entries = h.logprobs[self._sent_tokens:self._sent_tokens + len(new_tokens)]
+            if len(entries) < len(new_tokens):  # (defensive) a token whose entry is not there yet waits
+                new_tokens = new_tokens[:len(entries)]
         self._sent_tokens += len(new_tokens)
         text = h.text or ""
         new_text = text[self._sent_text:]
@@ -103,11 +127,21 @@ class Generation:
             self._reported = True
         elif not new_tokens and not new_text:
             return None
-        return Delta(new_tokens, new_text, finished)
+        return Delta(new_tokens, new_text, finished, entries)
 
     @property
     def finish_reason(self) -> FinishReason | None:
-        return self.handle.finish_reason if self.finished else None
+        """The handle's, once finished; ``length`` for a hidden output that stopped (its one token
+        was dropped: ``max_tokens`` 0 was reached, whatever the token)."""
+        if not self.finished:
+            return None
+        reason = self.handle.finish_reason
+        return FinishReason.LENGTH if self.hidden and reason is FinishReason.STOP else reason
+
+    @property
+    def stop_reason(self):
+        """The handle's ``stop_reason`` once finished (None for a hidden output)."""
+        return None if self.hidden or not self.finished else self.handle.stop_reason
 
     @property
     def error(self) -> BaseException | None:
@@ -131,4 +165,20 @@ class Generation:
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.handle.tokens)
+        return 0 if self.hidden else len(self.handle.tokens)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The generated tokens shown (none when hidden)."""
+        return [] if self.hidden else self.handle.tokens
+
+    @property
+    def text(self) -> str:
+        """The generated text shown (``""`` when hidden or without a tokenizer)."""
+        return "" if self.hidden else (self.handle.text or "")
+
+    @property
+    def logprobs(self) -> list | None:
+        """The shown tokens' logprob entries (None unless asked)."""
+        lp = self.handle.logprobs
+        return None if lp is None else ([] if self.hidden else list(lp))

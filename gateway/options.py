@@ -26,7 +26,14 @@ HTTP field                      ``RequestParams`` field
 ``frequency_penalty``,          and ``min_p`` included); absent: off
 ``repetition_penalty``,
 ``min_p``
+``logprobs`` (completions: N)   ``logprobs`` = N (0..20: vLLM's bound; OpenAI's is 5)
+``logprobs: true`` (chat)       ``logprobs`` = ``top_logprobs`` (0..20; 0 when absent)
+``echo`` with ``logprobs``      ``prompt_logprobs`` = N as well (the prompt tokens' entries come first)
+``prompt_logprobs``             ``prompt_logprobs`` (vLLM's extra, 0..20; the larger of the two with echo)
 =============================== ==============================================================
+
+:func:`logprob_options` checks the logprob fields' bounds and combinations (400 naming the
+field and the bound: the request's own check would name its field, not chat's ``top_logprobs``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from typing import Any
 
 from client import DEFAULT
 from gateway.errors import bad_request
-from gateway.schemas import MAX_STOP, _Sampling
+from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, _Sampling
+from gateway.structured import structured_option
+from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
 from protocol.request import split_stop
 
@@ -71,7 +80,41 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         "min_tokens": body.min_tokens or 0,
         **{name: value for name in _AS_IS if (value := getattr(body, name)) is not None},
         **({"logit_bias": {int(k): v for k, v in body.logit_bias.items()}} if body.logit_bias else {}),
+        **logprob_options(body),
+        **structured_option(body),  # response_format & co. (gateway.structured)
     }
+
+
+def _count(value: int | None, field: str, extra: str = "") -> int | None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(f"{field} must be an integer in [0, {MAX_LOGPROBS}]{extra}, got {value}", field)
+    return value
+
+
+def logprob_options(body: _Sampling) -> dict[str, int]:
+    """``logprobs`` / ``prompt_logprobs`` request fields of ``body`` (absent when off); 400 for a count
+    outside [0, 20], chat's ``top_logprobs`` without ``logprobs: true`` (OpenAI's rule), or
+    ``top_logprobs`` on ``/v1/completions`` (a chat field there: completions take ``logprobs: N``)."""
+    out: dict[str, int] = {}
+    prompt = _count(body.prompt_logprobs, "prompt_logprobs")
+    if isinstance(body, ChatCompletionRequest):
+        top = _count(body.top_logprobs, "top_logprobs")
+        if top is not None and body.logprobs is not True:
+            raise bad_request("top_logprobs needs logprobs: true (OpenAI's rule)", "top_logprobs")
+        if body.logprobs:
+            out["logprobs"] = top or 0
+    elif isinstance(body, CompletionRequest):
+        if body.top_logprobs not in (None, 0) or type(body.top_logprobs) is bool:
+            raise bad_request("top_logprobs is a chat completions field; /v1/completions takes logprobs: N "
+                              f"(0..{MAX_LOGPROBS})", "top_logprobs")
+        n = _count(body.logprobs, "logprobs", " (vLLM's bound; OpenAI's is 5)")
+        if n is not None:
+            out["logprobs"] = n
+            if body.echo:
+                prompt = n if prompt is None else max(n, prompt)
+    if prompt is not None:
+        out["prompt_logprobs"] = prompt
+    return out
 
 
 _AS_IS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")

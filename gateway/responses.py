@@ -43,7 +43,10 @@ from pydantic_core import to_json
 from starlette.responses import Response
 
 from gateway.errors import APIError
-from gateway.generation import Generation
+from gateway.generation import Delta, Generation
+from gateway.logprobs import TokenStr, chat_content, completion_logprobs, merge_completion_logprobs, \
+    vllm_prompt_logprobs
+from gateway.tokenizer import token_id_string
 from protocol.enums import FinishReason
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "length"}
@@ -112,30 +115,62 @@ def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict 
 
 
 class Envelope:
-    """The fields every body or chunk of one HTTP response shares."""
+    """The fields every body or chunk of one HTTP response shares, and how its choices are shown:
+    ``token_str`` renders a token id (:mod:`gateway.logprobs`); ``echo``: a completion shows its
+    prompt first (``Generation.echo_text``, and with logprobs its tokens' entries);
+    ``prompt_logprobs``: each choice carries vLLM's ``prompt_logprobs`` (non-streamed answers)."""
 
-    __slots__ = ("id", "created", "model", "chat")
+    __slots__ = ("id", "created", "model", "chat", "token_str", "echo", "prompt_logprobs")
 
-    def __init__(self, model: str, chat: bool) -> None:
+    def __init__(self, model: str, chat: bool, token_str: TokenStr = token_id_string, echo: bool = False,
+                 prompt_logprobs: bool = False) -> None:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.model = model
         self.chat = chat
+        self.token_str = token_str
+        self.echo = echo
+        self.prompt_logprobs = prompt_logprobs
 
     def completion(self, gens: list[Generation], prompts: int) -> dict:
         """The whole non-streamed response."""
-        if self.chat:
-            choices = [{"index": g.index, "message": {"role": "assistant", "content": g.handle.text or "",
-                                                      "refusal": None},
-                        "logprobs": None, "finish_reason": finish_reason(g.finish_reason),
-                        "stop_reason": g.handle.stop_reason, "token_ids": g.handle.tokens} for g in gens]
-        else:
-            choices = [{"index": g.index, "text": g.handle.text or "", "logprobs": None,
-                        "finish_reason": finish_reason(g.finish_reason), "stop_reason": g.handle.stop_reason,
-                        "token_ids": g.handle.tokens}
-                       for g in gens]
+        choices = []
+        for g in gens:
+            lp = g.logprobs
+            if self.chat:
+                choice = {"index": g.index, "message": {"role": "assistant", "content": g.text, "refusal": None},
+                          "logprobs": None if lp is None else {"content": chat_content(g.tokens, lp, self.token_str)}}
+            else:
+                text = g.text
+                logprobs = None
+                if lp is not None:
+                    logprobs, offset = self._echoed(g)
+                    out, _ = completion_logprobs(g.tokens, lp, self.token_str, offset)
+                    logprobs = out if logprobs is None else merge_completion_logprobs(logprobs, out)
+                if self.echo:
+                    text = (g.echo_text or "") + text
+                choice = {"index": g.index, "text": text, "logprobs": logprobs}
+            choice.update({"finish_reason": finish_reason(g.finish_reason), "stop_reason": g.stop_reason,
+                           "token_ids": g.tokens})
+            if self.prompt_logprobs:
+                choice["prompt_logprobs"] = self._vllm_prompt_logprobs(g)
+            choices.append(choice)
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": usage(gens, prompts)}
+
+    def _echoed(self, g: Generation) -> tuple[dict | None, int]:
+        """The echoed prompt's logprobs object (None without echo) and the text offset after it."""
+        if not self.echo:
+            return None, 0
+        ids = g.echo_tokens or []
+        entries = g.handle.prompt_logprobs or [None] * len(ids)
+        return completion_logprobs(ids, entries, self.token_str, 0)
+
+    def _vllm_prompt_logprobs(self, g: Generation) -> list | None:
+        entries = g.handle.prompt_logprobs
+        if entries is None or g.echo_tokens is None:
+            return None
+        return vllm_prompt_logprobs(g.echo_tokens, entries, self.token_str)
 
     def chunk(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> bytes:
         """One SSE event: ``data: {chunk}``. ``with_usage``: include ``"usage"``
@@ -146,15 +181,29 @@ class Envelope:
             body["usage"] = usage_
         return sse(body)
 
-    def delta_choice(self, index: int, tokens: list[int], text: str, reason: str | None,
+    def delta_choice(self, g: Generation, d: Delta, reason: str | None,
                      stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
         """One choice of a stream chunk (``stop_reason``: what stopped it, on its last chunk).
-        A chat choice's role came in its :meth:`role_choice` chunk, so its deltas carry content only."""
+        A chat choice's role came in its :meth:`role_choice` chunk, so its deltas carry content only;
+        ``logprobs`` covers the delta's tokens (null unless asked)."""
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": reason,
-                    "stop_reason": stop_reason, "token_ids": tokens}
-        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
-                "finish_reason": reason, "stop_reason": stop_reason, "token_ids": tokens}
+            logprobs = None
+            if d.logprobs is not None:
+                logprobs, g.text_offset = completion_logprobs(d.tokens, d.logprobs, self.token_str, g.text_offset)
+            return {"index": g.index, "text": d.text, "logprobs": logprobs, "finish_reason": reason,
+                    "stop_reason": stop_reason, "token_ids": d.tokens}
+        logprobs = None if d.logprobs is None else {"content": chat_content(d.tokens, d.logprobs, self.token_str)}
+        return {"index": g.index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
+                "finish_reason": reason, "stop_reason": stop_reason, "token_ids": d.tokens}
+
+    def echo_choice(self, g: Generation) -> dict:
+        """A streamed completion's first chunk with ``echo``: the prompt's text (and with logprobs its
+        tokens' entries), before anything generated."""
+        logprobs = None
+        if g.handle.logprobs is not None:
+            logprobs, g.text_offset = self._echoed(g)
+        return {"index": g.index, "text": g.echo_text or "", "logprobs": logprobs, "finish_reason": None,
+                "stop_reason": None, "token_ids": []}
 
     @staticmethod
     def role_choice(index: int) -> dict:

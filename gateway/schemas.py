@@ -125,9 +125,6 @@ def _neutral(value: Any, allowed: tuple) -> bool:
 
 
 _NEUTRAL = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "response_format": (None, {"type": "text"}),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
 }
@@ -171,10 +168,17 @@ class _Sampling(BaseModel):
     logit_bias: Annotated[dict[str, float] | None, BeforeValidator(_logit_bias)] = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    # OpenAI fields slotserve does not implement: refused unless neutral
-    logprobs: Any = None
-    top_logprobs: Any = None
+    prompt_logprobs: int | None = None        # vLLM's: every prompt token's logprob and N alternatives (0..20)
+    # structured outputs (gateway.structured: shapes checked there): OpenAI's, vLLM's, llama.cpp's
     response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    json_schema: Any = None
+    grammar: Any = None
+    # OpenAI fields slotserve does not implement: refused unless neutral
     service_tier: Any = None
     store: Any = None
     metadata: dict[str, str] | None = None    # the caller's tags; not used
@@ -192,7 +196,7 @@ class _Sampling(BaseModel):
         return 1 if self.n is None else self.n
 
 
-_COMPLETION_ONLY = frozenset({"echo", "suffix", "best_of"})
+_COMPLETION_ONLY = frozenset({"suffix", "best_of"})
 
 
 class CompletionRequest(_Sampling):
@@ -201,15 +205,15 @@ class CompletionRequest(_Sampling):
     times ``n``). ``max_tokens`` defaults to 16 (OpenAI)."""
 
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(_prompt)]
-    echo: Any = None
+    logprobs: int | None = None               # N alternatives per token (0..20; OpenAI's bound is 5, vLLM's 20)
+    echo: bool | None = None                  # the prompt before the completion (with logprobs: its tokens' first)
+    top_logprobs: Any = None                  # a chat field: refused unless null or 0 (gateway.options)
     suffix: Any = None
     best_of: Any = None
 
     def unsupported(self) -> str | None:
         if not _COMPLETION_ONLY & self.model_fields_set:
             return super().unsupported()
-        if not _neutral(self.echo, (None, False)):
-            return "echo"
         if not _neutral(self.suffix, (None, "")):
             return "suffix"
         if not _neutral(self.best_of, (None, 1, self.choices_per_prompt)):
@@ -246,6 +250,8 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None              # true: each generated token's logprob (choices[].logprobs.content)
+    top_logprobs: int | None = None           # with logprobs: the N most likely alternatives too (0..20)
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -275,3 +281,26 @@ class ChatCompletionRequest(_Sampling):
             if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
                 return f"messages.{i}.content"
         return super().unsupported()
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's shapes): ``prompt`` (text; ``add_special_tokens`` default true)
+    or ``messages`` (the chat template's tokens; ``add_generation_prompt`` default true,
+    ``add_special_tokens`` default false), one of them. ``model``: optional when one model is
+    served. ``return_token_strs``: also each token's string."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM's shape): ``tokens`` (ids) -> ``{"prompt": text}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    tokens: Annotated[list[int], BeforeValidator(lambda v: _token_ids(v, "tokens"))]

@@ -482,16 +482,20 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
               help="Larger HTTP request bodies get 413 (bytes).")
 @click.option("--access-log/--no-access-log", default=False, show_envvar=True,
               help="Log every HTTP request (costs CPU at high request rates).")
+@click.option("--tokenizer", default=None, show_envvar=True,
+              help="Tokenizer for logprobs' token strings, echo and /tokenize: a model alias, folder or .gguf "
+                   "(default: each served model's own, when its name is a local model; else token ids are "
+                   "shown as token_id:N).")
 @_key_options
 @_shutdown_timeout_option
 @_curve_dir
-def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, api_keys: tuple,
-          metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
+          api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
           curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
     Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-    GET /health, GET /metrics. One shared connection to the broker per model;
+    POST /tokenize, POST /detokenize, GET /health, GET /metrics. One shared connection to the broker per model;
     while no broker answers, requests get 503 and the server keeps retrying.
     With --api-key (or --api-key-file) every /v1 request needs one of the keys.
 
@@ -501,14 +505,16 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     from gateway import GatewayConfig, run as run_gateway
 
     from slotserve.signals import StopSignals
+    from slotserve.tokenizer import loader_for
 
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
-                  metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s)
+                  metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
-            run_gateway(cfg, stop=sig.flag, halt=sig.flag.repeated, on_ready=lambda url: click.echo(
+            run_gateway(cfg, stop=sig.flag, halt=sig.flag.repeated, load_tokenizer=loader_for(cfg),
+                        on_ready=lambda url: click.echo(
                 f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. Ctrl-C stops.", err=True))
     except OSError as e:
         raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
@@ -527,13 +533,17 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
+@click.option("--tokenizer", default=None, show_envvar=True,
+              help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
+                   "or .gguf (default: --model's).")
 @_key_options
 @_shutdown_timeout_option
 @_serving_options
 @_model_options
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, api_keys: tuple,
+       broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
+       api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
@@ -552,8 +562,13 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     if http_port is not None:
         from gateway.config import GatewayConfig
 
+        if tokenizer is None and model != "simulated":
+            tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
-                          metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s)
+                          metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
+                          tokenizer=tokenizer)
+    elif tokenizer is not None:
+        raise click.UsageError("--tokenizer is the HTTP server's: give --http-port too")
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")

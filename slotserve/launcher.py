@@ -101,7 +101,9 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
     def should_halt() -> bool:
         return stop.repeated() or stop.reason == PARENT_GONE or (halt is not None and halt.is_set())
 
-    run(config, stop=stop, halt=should_halt, on_ready=on_ready)
+    from slotserve.tokenizer import loader_for
+
+    run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config))
 
 
 # ---------------------------------------------------------------------- the cluster

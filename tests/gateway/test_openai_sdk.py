@@ -280,8 +280,7 @@ def test_text_for_a_model_without_tokenizer_is_400(oai):
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"logprobs": 2}, "logprobs"),
-    ({"echo": True}, "echo"),
+    ({"best_of": 3}, "best_of"),
     ({"suffix": "!"}, "suffix"),
 ])
 def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, param):

@@ -1,0 +1,115 @@
+"""``POST /tokenize`` and ``POST /detokenize``, in vLLM's shapes.
+
+- ``/tokenize``: ``{"prompt": str}`` (``add_special_tokens``, default true) or
+  ``{"messages": [...]}`` (the chat template, as a chat request's prompt:
+  ``add_generation_prompt`` default true, ``add_special_tokens`` default
+  false), ``model`` optional when one model is served, ``return_token_strs``
+  -> ``{"count": int, "max_model_len": int | null, "tokens": [int],
+  "token_strs": [str] | null}``.
+- ``/detokenize``: ``{"tokens": [int]}`` -> ``{"prompt": str}`` (special
+  tokens kept, as vLLM).
+
+Both need the model's tokenizer (:mod:`gateway.tokenizer`); without one
+they answer 400 ``unsupported`` saying why. API keys apply as to ``/v1``
+(:mod:`gateway.auth`). Errors are OpenAI-shaped (:mod:`gateway.errors`).
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request, from_validation, from_value_error, unavailable
+from gateway.link import BrokerLink
+from gateway.responses import error_response, json_response
+from gateway.schemas import DetokenizeRequest, TokenizeRequest
+from gateway.tokenizer import Tokenizer, Tokenizers
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class TokenizeEndpoints:
+    """The two handlers, over the gateway's broker link (the served models, their context) and tokenizers."""
+
+    def __init__(self, link: BrokerLink, tokenizers: Tokenizers, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.link = link
+        self.tokenizers = tokenizers
+        self.max_body_bytes = max_body_bytes
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = await self._parse(request, TokenizeRequest)
+            if (body.prompt is None) == (body.messages is None):
+                raise bad_request("give one of prompt (text) or messages (a chat)",
+                                  "prompt" if body.prompt is None else "messages")
+            model, tok = await self._tokenizer(body.model)
+            try:
+                if body.prompt is not None:
+                    if body.add_generation_prompt is not None:
+                        raise bad_request("add_generation_prompt applies to messages, not prompt",
+                                          "add_generation_prompt")
+                    ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
+                else:
+                    from gateway.generate import _chat_messages
+
+                    ids = tok.chat(_chat_messages(body), body.add_generation_prompt is not False,
+                                   bool(body.add_special_tokens))
+            except ValueError as e:
+                raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
+            info = self.link.model_info(model)
+            out = {"count": len(ids), "max_model_len": None if info is None else info.max_seq_len, "tokens": ids,
+                   "token_strs": [tok.token_str(t) for t in ids] if body.return_token_strs else None}
+            return json_response(out)
+        except APIError as e:
+            return error_response(e)
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await self._parse(request, DetokenizeRequest)
+            model, tok = await self._tokenizer(body.model)
+            info = self.link.model_info(model)
+            vocab = None if info is None else info.vocab_size
+            for i, t in enumerate(body.tokens):
+                if t < 0 or (vocab is not None and t >= vocab):
+                    raise bad_request(f"tokens[{i}] is {t}: token ids are in [0, {vocab})"
+                                      if vocab else f"tokens[{i}] is {t}: token ids are >= 0", "tokens")
+            try:
+                return json_response({"prompt": tok.decode(body.tokens)})
+            except Exception as e:  # noqa: BLE001 -- an id the tokenizer does not know
+                raise bad_request(f"tokens cannot be decoded: {e}", "tokens") from None
+        except APIError as e:
+            return error_response(e)
+
+    async def _parse(self, request: Request, schema):
+        raw = await request.body()
+        if len(raw) > self.max_body_bytes:
+            raise APIError(413, f"the request body is over the gateway's limit of {self.max_body_bytes} bytes",
+                           code="request_too_large")
+        try:
+            return schema.model_validate_json(raw)
+        except ValidationError as e:
+            raise from_validation(e.errors(include_url=False, include_context=False)) from None
+
+    async def _tokenizer(self, model: str | None) -> tuple[str, Tokenizer]:
+        """The model a request names (or the one served) and its tokenizer; 400/404/503 else."""
+        served = self.link.served()
+        if not served and self.link.broker_ok is False and self.tokenizers.name is None:
+            raise self.link.no_broker()
+        if model is None:
+            if len(served) == 1 or (self.tokenizers.name is not None and not served):
+                model = next(iter(served), self.tokenizers.name)
+            elif not served:
+                raise unavailable("no worker serves a model right now; retry, or name the model")
+            else:
+                names = ", ".join(sorted(served))
+                raise bad_request(f"model is required: this gateway serves several ({names})", "model",
+                                  "missing_required_parameter")
+        elif served and model not in served and self.tokenizers.name is None:
+            raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it (served now: "
+                                f"{', '.join(sorted(served))})", param="model", code="model_not_found")
+        tok = await self.tokenizers.get(self.link.served_name(model))
+        if tok is None:
+            raise bad_request(f"/tokenize and /detokenize need the model's tokenizer, and "
+                              f"{self.tokenizers.why_none(model)}", "model", "unsupported")
+        return model, tok

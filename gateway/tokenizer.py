@@ -1,0 +1,145 @@
+"""The gateway's tokenizers: token strings for logprobs, ``/tokenize`` and ``/detokenize``.
+
+The gateway renders what a worker's model scored (token ids and their
+logprobs) as text, so it needs the served model's tokenizer. It never loads
+one itself (the gateway package does not import ``worker/``): the CLI
+injects a *loader*, ``load(name) -> Tokenizer | None``, called once per name
+on a thread (loading takes seconds: it must not hold the event loop or the
+server's start). ``name`` is :attr:`GatewayConfig.tokenizer` when set, else
+the served model's own name (a loader answers None for a name that is no
+local model, e.g. ``simulated``).
+
+Without a tokenizer, token strings are ``"token_id:N"`` (vLLM's
+``--return-tokens-as-token-ids`` spelling) and ``/tokenize`` answers 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def token_id_string(token: int) -> str:
+    """A token's string when no tokenizer is known: ``"token_id:N"`` (vLLM's spelling)."""
+    return f"token_id:{token}"
+
+
+class Tokenizer:
+    """One model's text codec as the gateway uses it.
+
+    - ``codec``: a ``TextCodec`` (``worker.models.base``: ``encode(text)``,
+      ``apply_chat_template(messages)``, ``decode(ids, skip_special_tokens)``).
+    - ``hf``: the transformers tokenizer under it, or None; it adds the
+      options of ``/tokenize`` (``add_special_tokens=False``,
+      ``add_generation_prompt=False``), which a bare codec refuses.
+
+    :meth:`token_str` is the decode of one token, special tokens kept (as
+    vLLM's ``decoded_token``), cached: a vocabulary is a few 10,000 entries.
+    Raises ValueError for text or messages the codec refuses.
+    """
+
+    def __init__(self, codec, hf=None) -> None:
+        self.codec = codec
+        self.hf = hf
+        self._strs: dict[int, str] = {}
+
+    def token_str(self, token: int) -> str:
+        s = self._strs.get(token)
+        if s is None:
+            try:
+                s = self.codec.decode([token], skip_special_tokens=False)
+            except Exception:  # noqa: BLE001 -- an id the tokenizer does not know: say which
+                s = token_id_string(token)
+            self._strs[token] = s
+        return s
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not add_special_tokens:
+            if self.hf is None:
+                raise ValueError("add_special_tokens=false needs the model's transformers tokenizer")
+            if not isinstance(text, str) or not text:
+                raise ValueError("prompt text must be a non-empty str")
+            return list(self.hf.encode(text, add_special_tokens=False))
+        return list(self.codec.encode(text))
+
+    def chat(self, messages: list[dict], add_generation_prompt: bool = True,
+             add_special_tokens: bool = False) -> list[int]:
+        """The chat template's token ids (as a chat request's prompt is, with the generation prompt);
+        ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off)."""
+        if add_generation_prompt and not add_special_tokens:
+            return list(self.codec.apply_chat_template(messages))
+        if self.hf is None:
+            raise ValueError("add_generation_prompt=false and add_special_tokens=true need the model's "
+                             "transformers tokenizer")
+        self.codec.apply_chat_template(messages)  # the codec's checks of the messages and the template
+        try:
+            enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                              return_dict=True, sanitize_control_tokens=True,
+                                              tokenizer_kwargs={"add_special_tokens": add_special_tokens})
+        except Exception as exc:  # noqa: BLE001 -- jinja errors, raise_exception() in templates
+            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+        return list(enc["input_ids"])
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``, special tokens kept (what vLLM's ``/detokenize`` and echo give)."""
+        return self.codec.decode(list(tokens), skip_special_tokens=False)
+
+
+Loader = Callable[[str], "Tokenizer | None"]
+
+
+class Tokenizers:
+    """The tokenizer of each served model, loaded once per name on a thread (event loop only).
+
+    ``load``: the CLI's loader, or None (no tokenizer for any model). ``name``:
+    the one tokenizer to load for every model (``--tokenizer``), or None (each
+    model's own name). A load that fails is logged once and its model has no
+    tokenizer; :meth:`why_none` says why.
+    """
+
+    def __init__(self, load: Loader | None, name: str | None = None) -> None:
+        self._load = load
+        self.name = name
+        self._futures: dict[str, asyncio.Future] = {}
+        self._failed: dict[str, str] = {}
+
+    def _key(self, model: str) -> str:
+        return self.name or model
+
+    def prefetch(self, model: str) -> None:
+        """Start loading ``model``'s tokenizer, if not started (returns at once)."""
+        if self._load is None:
+            return
+        key = self._key(model)
+        if key not in self._futures:
+            self._futures[key] = asyncio.get_running_loop().run_in_executor(None, self._load_one, key)
+
+    def _load_one(self, key: str) -> Tokenizer | None:
+        try:
+            tok = self._load(key)
+        except Exception as e:  # noqa: BLE001 -- a bad --tokenizer: logged, that model renders token ids
+            self._failed[key] = f"{type(e).__name__}: {e}"
+            log.error("gateway: cannot load the tokenizer %r (%s); token strings are token_id:N", key, e)
+            return None
+        if tok is not None:
+            log.info("gateway: tokenizer %r loaded", key)
+        return tok
+
+    async def get(self, model: str) -> Tokenizer | None:
+        """``model``'s tokenizer (waits for its load), or None."""
+        if self._load is None:
+            return None
+        self.prefetch(model)
+        return await asyncio.shield(self._futures[self._key(model)])
+
+    def why_none(self, model: str) -> str:
+        key = self._key(model)
+        if key in self._failed:
+            return f"its tokenizer {key!r} failed to load ({self._failed[key]})"
+        if self._load is None:
+            return "this gateway was started without a tokenizer"
+        return (f"no tokenizer is known for {key!r} (a local model's alias, folder or .gguf file is; "
+                "start the gateway with --tokenizer)")
