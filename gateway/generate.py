@@ -40,6 +40,8 @@ from gateway.responses import DONE, Envelope, error_response, finish_reason, jso
     usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
+from gateway.tools import ToolPlan, apply_tool_calls, render_messages, tool_plan
+from gateway.tools import chunks as tool_chunks
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
 
@@ -86,7 +88,7 @@ class _Call:
     """One generation HTTP request being served (its generations, clocks and metrics labels)."""
 
     __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed", "ended",
-                 "tokenizer")
+                 "tokenizer", "tools")
 
     def __init__(self, endpoint: str, signal: Signal) -> None:
         self.endpoint = endpoint
@@ -100,6 +102,7 @@ class _Call:
         self.signal = signal
         self.prompts = 0
         self.tokenizer: Tokenizer | None = None  # the model's, when the answer shows token strings or an echo
+        self.tools: ToolPlan | None = None  # a chat request's tools (gateway.tools)
 
     def ttft_s(self) -> float | None:
         firsts = [g.handle.first_token_s for g in self.gens if g.handle.first_token_s is not None]
@@ -150,7 +153,9 @@ class Generate:
             body = await self._parse(request, schema)
             call.check_ended()
             call.model = body.model
-            if body.stream:
+            if isinstance(body, ChatCompletionRequest):
+                call.tools = tool_plan(body)
+            if body.stream and call.tools is None:  # (a stream with tools is answered once parsed, below)
                 return await self._start_stream(request, body, call)
             await self._submit(body, call, stream=False)
             watch = _Watch(request, call.signal)
@@ -165,6 +170,12 @@ class Generate:
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             out = self._envelope(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
+            if call.tools is not None:
+                out = apply_tool_calls(out, call.tools)
+                if body.stream:
+                    usage_ = bool(body.stream_options and body.stream_options.include_usage)
+                    return StreamingResponse(iter([sse(c) for c in tool_chunks(out, usage_)] + [DONE]),
+                                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             return json_response(out)
         except APIError as e:
             self._observe(call, e.status)
@@ -225,13 +236,14 @@ class Generate:
         tok = call.tokenizer
         return Envelope(body.model, chat=isinstance(body, ChatCompletionRequest),
                         token_str=token_id_string if tok is None else tok.token_str,
-                        echo=bool(getattr(body, "echo", False)), prompt_logprobs=body.prompt_logprobs is not None)
+                        echo=bool(getattr(body, "echo", False)), prompt_logprobs=body.prompt_logprobs is not None,
+                        token_bytes=None if tok is None else tok.token_bytes)
 
     async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
         chat = isinstance(body, ChatCompletionRequest)
         prompt_param = "messages" if chat else "prompt"
-        prompts = [_chat_messages(body)] if chat else body.prompts()
+        prompts = [render_messages(_chat_messages(body), body.messages, call.tools)] if chat else body.prompts()
         n = body.choices_per_prompt
         if len(prompts) * n > self.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
@@ -239,6 +251,11 @@ class Generate:
         client = call.client = await self.link.client_for(body.model)
         info = self.link.model_info(body.model)
         options = request_options(body, info)
+        if call.tools is not None and call.tools.constraint is not None:  # tool_choice required or named
+            if "structured" in options:
+                raise bad_request("tool_choice required or a named function constrains the output; give no "
+                                  "response_format with it", "tool_choice")
+            options["structured"] = call.tools.constraint
         max_tokens = self._max_tokens(body, info)
         hidden = max_tokens == 0  # max_tokens 0 with echo: one token generated and dropped
         if hidden:
@@ -248,12 +265,12 @@ class Generate:
         call.prompts = len(prompts)
         try:
             for i, prompt in enumerate(prompts):
-                echo_tokens, echo_text, submitted = shown[i]
+                echo_tokens, echo_text = shown[i]
                 for c in range(n):
                     g = Generation(i * n + c, call.signal, hidden)
                     g.echo_tokens, g.echo_text = echo_tokens, echo_text
                     call.gens.append(g)
-                    g.handle = client.submit_request(submitted, max_tokens, g.on_end, on_token=on_token,
+                    g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
                                                      **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
@@ -263,42 +280,21 @@ class Generate:
             raise unavailable(f"the gateway is stopping ({e})") from None
 
     async def _shown_prompts(self, body: _Sampling, call: _Call, prompts: list, options: dict) -> list[tuple]:
-        """Per prompt: ``(ids, text, submitted)``: the prompt's token ids as an echo or
-        ``prompt_logprobs`` shows them (None when not needed), its text for an echo, and the
-        prompt to submit. Loads ``call.tokenizer`` when the answer renders token strings or an
-        echo. A text prompt whose tokens are shown is tokenised here and submitted as those ids,
-        so the entries the worker scores are the tokens shown (the same tokenizer as the
-        worker's). 400 when a text prompt's tokens must be shown and no tokenizer is known."""
+        """Per prompt: ``(ids, text)``: a token-id prompt's ids (a text or chat prompt's come
+        with its prompt logprobs, from the worker that tokenised it: ``handle.prompt``), and
+        its text for an echo (a token-id prompt's decoded by the tokenizer; ``""`` without one).
+        Loads ``call.tokenizer`` when the answer renders token strings or an echo."""
         chat = isinstance(body, ChatCompletionRequest)
         echo = not chat and bool(body.echo)
-        want_ids = "prompt_logprobs" in options
-        if echo or "logprobs" in options or want_ids:
+        if echo or "logprobs" in options or "prompt_logprobs" in options:
             call.tokenizer = await self.tokenizers.get(self.link.served_name(body.model))
         tok = call.tokenizer
         out = []
         for prompt in prompts:
-            ids = text = None
-            submitted = prompt
-            if isinstance(prompt, str) or chat:
-                if want_ids:
-                    if tok is None:
-                        raise bad_request(
-                            f"the tokens of a {'chat' if chat else 'text'} prompt are shown only by a gateway "
-                            f"with the model's tokenizer ({self.tokenizers.why_none(self.link.served_name(body.model))}); "
-                            "send token ids",
-                            "messages" if chat else "prompt", "unsupported")
-                    try:
-                        ids = tok.chat(prompt) if chat else tok.encode(prompt)
-                    except ValueError as e:
-                        raise from_value_error(e, "messages" if chat else "prompt") from None
-                    if not chat:
-                        submitted = ids
-                text = None if chat else prompt
+            if chat or isinstance(prompt, str):
+                out.append((None, None if chat else prompt))
             else:
-                ids = list(prompt)
-                if echo:
-                    text = "" if tok is None else tok.decode(ids)
-            out.append((ids, text, submitted))
+                out.append((list(prompt), ("" if tok is None else tok.decode(prompt)) if echo else None))
         return out
 
     def _max_tokens(self, body: _Sampling, info) -> object:

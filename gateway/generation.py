@@ -76,8 +76,8 @@ class Generation:
 
     ``hidden``: the request's output is not shown (``max_tokens: 0`` with
     ``echo``: one token is generated and dropped, with its text and logprob).
-    ``echo_tokens`` / ``echo_text``: the prompt's ids (None while unknown) and
-    text that an ``echo`` shows before the output; ``text_offset``: where the
+    ``echo_tokens`` / ``echo_text``: a token-id prompt's ids (else None: see
+    :attr:`prompt_ids`) and the text that an ``echo`` shows before the output; ``text_offset``: where the
     next streamed token's text starts (:mod:`gateway.logprobs`).
     """
 
@@ -137,6 +137,12 @@ class Generation:
             return None
         reason = self.handle.finish_reason
         return FinishReason.LENGTH if self.hidden and reason is FinishReason.STOP else reason
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids: a token-id prompt's, or a text or chat prompt's once its
+        worker sent them (with its prompt logprobs); else None."""
+        return self.echo_tokens if self.echo_tokens is not None else self.handle.prompt
 
     @property
     def stop_reason(self):

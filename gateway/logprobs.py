@@ -14,7 +14,9 @@ token: its logprob and the top ``N`` alternatives as ``(id, logprob)``):
   has ``null`` logprob and ``null`` top logprobs (nothing comes before it).
 - chat, ``choices[].logprobs.content`` (``ChatCompletionTokenLogprob``):
   ``[{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
-  "bytes"}]}]``, ``top_logprobs`` exactly the ``N`` most likely (OpenAI's rule).
+  "bytes"}]}]``, ``top_logprobs`` exactly the ``N`` most likely (OpenAI's rule);
+  ``bytes`` the token's own bytes (a byte-level BPE token holding part of a
+  character gives that part, where its string shows U+FFFD).
 - vLLM's ``prompt_logprobs`` on a choice: ``[null, {"<id>": {"logprob",
   "rank", "decoded_token"}}, ...]`` (the prompt token first, then its
   alternatives; ``rank``: 1-based among the alternatives, null when it is not
@@ -72,16 +74,20 @@ def merge_completion_logprobs(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
 
 
-def _chat_token(s: str, logprob: float) -> dict:
-    return {"token": s, "logprob": clamp(logprob), "bytes": list(s.encode("utf-8", "replace"))}
+def utf8_bytes(token_str: TokenStr) -> Callable[[int], list[int]]:
+    """A token's ``bytes`` when only its string is known: the string's UTF-8."""
+    return lambda t: list(token_str(t).encode("utf-8", "replace"))
 
 
-def chat_content(tokens: Sequence[int], entries: Sequence[TokenLogprob], token_str: TokenStr) -> list[dict]:
-    """``choices[].logprobs.content`` for ``tokens`` (``entries[i]`` scores ``tokens[i]``)."""
+def chat_content(tokens: Sequence[int], entries: Sequence[TokenLogprob], token_str: TokenStr,
+                 token_bytes: Callable[[int], list[int]] | None = None) -> list[dict]:
+    """``choices[].logprobs.content`` for ``tokens`` (``entries[i]`` scores ``tokens[i]``);
+    ``token_bytes``: a token's ``bytes`` (default: its string's UTF-8)."""
+    tb = token_bytes or utf8_bytes(token_str)
     out = []
     for t, e in zip(tokens, entries):
-        entry = _chat_token(token_str(t), e.logprob)
-        entry["top_logprobs"] = [_chat_token(token_str(i), lp) for i, lp in e.top]
+        entry = {"token": token_str(t), "logprob": clamp(e.logprob), "bytes": tb(t),
+                 "top_logprobs": [{"token": token_str(i), "logprob": clamp(lp), "bytes": tb(i)} for i, lp in e.top]}
         out.append(entry)
     return out
 

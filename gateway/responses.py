@@ -120,15 +120,16 @@ class Envelope:
     prompt first (``Generation.echo_text``, and with logprobs its tokens' entries);
     ``prompt_logprobs``: each choice carries vLLM's ``prompt_logprobs`` (non-streamed answers)."""
 
-    __slots__ = ("id", "created", "model", "chat", "token_str", "echo", "prompt_logprobs")
+    __slots__ = ("id", "created", "model", "chat", "token_str", "token_bytes", "echo", "prompt_logprobs")
 
     def __init__(self, model: str, chat: bool, token_str: TokenStr = token_id_string, echo: bool = False,
-                 prompt_logprobs: bool = False) -> None:
+                 prompt_logprobs: bool = False, token_bytes=None) -> None:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.model = model
         self.chat = chat
         self.token_str = token_str
+        self.token_bytes = token_bytes  # chat's bytes of a token (None: its string's UTF-8)
         self.echo = echo
         self.prompt_logprobs = prompt_logprobs
 
@@ -139,7 +140,8 @@ class Envelope:
             lp = g.logprobs
             if self.chat:
                 choice = {"index": g.index, "message": {"role": "assistant", "content": g.text, "refusal": None},
-                          "logprobs": None if lp is None else {"content": chat_content(g.tokens, lp, self.token_str)}}
+                          "logprobs": None if lp is None else {"content": chat_content(g.tokens, lp, self.token_str,
+                                                                                  self.token_bytes)}}
             else:
                 text = g.text
                 logprobs = None
@@ -162,15 +164,15 @@ class Envelope:
         """The echoed prompt's logprobs object (None without echo) and the text offset after it."""
         if not self.echo:
             return None, 0
-        ids = g.echo_tokens or []
+        ids = g.prompt_ids or []
         entries = g.handle.prompt_logprobs or [None] * len(ids)
         return completion_logprobs(ids, entries, self.token_str, 0)
 
     def _vllm_prompt_logprobs(self, g: Generation) -> list | None:
-        entries = g.handle.prompt_logprobs
-        if entries is None or g.echo_tokens is None:
+        entries, ids = g.handle.prompt_logprobs, g.prompt_ids
+        if entries is None or ids is None:
             return None
-        return vllm_prompt_logprobs(g.echo_tokens, entries, self.token_str)
+        return vllm_prompt_logprobs(ids, entries, self.token_str)
 
     def chunk(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> bytes:
         """One SSE event: ``data: {chunk}``. ``with_usage``: include ``"usage"``
@@ -192,7 +194,8 @@ class Envelope:
                 logprobs, g.text_offset = completion_logprobs(d.tokens, d.logprobs, self.token_str, g.text_offset)
             return {"index": g.index, "text": d.text, "logprobs": logprobs, "finish_reason": reason,
                     "stop_reason": stop_reason, "token_ids": d.tokens}
-        logprobs = None if d.logprobs is None else {"content": chat_content(d.tokens, d.logprobs, self.token_str)}
+        logprobs = None if d.logprobs is None else {"content": chat_content(d.tokens, d.logprobs, self.token_str,
+                                                                                    self.token_bytes)}
         return {"index": g.index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
                 "finish_reason": reason, "stop_reason": stop_reason, "token_ids": d.tokens}
 

@@ -37,7 +37,8 @@ class Tokenizer:
       ``add_generation_prompt=False``), which a bare codec refuses.
 
     :meth:`token_str` is the decode of one token, special tokens kept (as
-    vLLM's ``decoded_token``), cached: a vocabulary is a few 10,000 entries.
+    vLLM's ``decoded_token``), cached: a vocabulary is a few 10,000 entries;
+    :meth:`token_bytes` its bytes (chat's ``bytes``).
     Raises ValueError for text or messages the codec refuses.
     """
 
@@ -45,6 +46,8 @@ class Tokenizer:
         self.codec = codec
         self.hf = hf
         self._strs: dict[int, str] = {}
+        self._bytes: dict[str, int] | None = None  # byte-level BPE: vocabulary character -> byte
+        self._special: frozenset[int] = frozenset()
 
     def token_str(self, token: int) -> str:
         s = self._strs.get(token)
@@ -55,6 +58,28 @@ class Tokenizer:
                 s = token_id_string(token)
             self._strs[token] = s
         return s
+
+    def token_bytes(self, token: int) -> list[int]:
+        """The token's own bytes (chat's ``bytes``): for a byte-level BPE (GPT-2's, Llama 3's,
+        SmolLM's), the bytes its vocabulary entry stands for, so a token holding part of a
+        multi-byte character gives those bytes, not U+FFFD's; else the UTF-8 of :meth:`token_str`."""
+        table = self._byte_table()
+        if table:
+            piece = self.hf.convert_ids_to_tokens(token)
+            if isinstance(piece, str) and piece and token not in self._special and all(c in table for c in piece):
+                return [table[c] for c in piece]
+        return list(self.token_str(token).encode("utf-8", "replace"))
+
+    def _byte_table(self) -> dict[str, int] | None:
+        if self._bytes is None:
+            self._bytes = {}
+            decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+            if type(decoder).__name__ == "ByteLevel":
+                from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+                self._bytes = {c: b for b, c in bytes_to_unicode().items()}
+                self._special = frozenset(self.hf.all_special_ids)
+        return self._bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not add_special_tokens:

@@ -185,7 +185,7 @@ def served(monkeypatch):
 
     got = []
 
-    def fake_run(cfg, *, stop=None, halt=None, on_ready=None):
+    def fake_run(cfg, *, stop=None, halt=None, on_ready=None, load_tokenizer=None):
         got.append(cfg)
         on_ready("http://127.0.0.1:1")
 

@@ -103,6 +103,8 @@ class ScriptedClient:
         h._prompt_tokens = len(ids)
         if h.params.prompt_logprobs is not None:
             h.prompt_logprobs = [None] + [entry(t, h.params.prompt_logprobs) for t in ids[1:]]
+            if not h.params.is_token_prompt:
+                h._prompt_ids = ids  # the worker's tokens of a text or chat prompt come with its logprobs
         h.first_token_s = time.monotonic()
         for t in generated(ids, h.params.max_tokens):
             if h.logprobs is not None:
@@ -236,14 +238,11 @@ def test_lm_evals_request_scores_the_prompt_by_token_ids_and_by_text(setup):
         assert c.logprobs.token_logprobs[1:-1] == [entry(t, 1).logprob for t in p[1:]]
     body = {"model": "m", "prompt": "abcd", "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
     r = http.post("/v1/completions", json=body)
-    if not has_tok:  # a text prompt's tokens are known only to a gateway with the tokenizer
-        e = r.json()["error"]
-        assert r.status_code == 400 and e["param"] == "prompt" and "tokenizer" in e["message"], r.text
-        return
     (c,) = r.json()["choices"]
-    assert client.submitted[-1].prompt == (0, 1, 2, 3)  # tokenised by the gateway: the entries are its tokens
-    assert c["logprobs"]["tokens"][:4] == ["a", "b", "c", "d"] and c["text"].startswith("abcd")
-    assert c["logprobs"]["text_offset"] == [0, 1, 2, 3, 4]
+    assert client.submitted[-1].prompt == "abcd"  # the worker tokenises it; its ids come with the logprobs
+    assert c["logprobs"]["tokens"][:4] == [s(has_tok, t) for t in (0, 1, 2, 3)] and c["text"].startswith("abcd")
+    assert c["logprobs"]["token_logprobs"][1:4] == [-0.5] * 3 and c["logprobs"]["token_logprobs"][0] is None
+    assert c["logprobs"]["text_offset"][:2] == [0, len(s(has_tok, 0))]
 
 
 def test_max_tokens_0_with_echo_returns_the_prompt_alone(setup):
@@ -297,6 +296,11 @@ def test_prompt_logprobs_is_vllms_extra(setup):
     assert c["logprobs"] is None and c["prompt_logprobs"][0] is None
     assert c["prompt_logprobs"][1] == {"5": {"logprob": -0.5, "rank": None, "decoded_token": s(has_tok, 5)},
                                        "6": {"logprob": -0.25, "rank": 1, "decoded_token": s(has_tok, 6)}}
+    r = http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "max_tokens": 1,
+                                                "prompt_logprobs": 0})
+    (c,) = r.json()["choices"]
+    ids = LetterCodec().apply_chat_template(MESSAGES)
+    assert [None if d is None else list(d) for d in c["prompt_logprobs"]] == [None] + [[str(t)] for t in ids[1:]]
 
 
 # ---------------------------------------------------------------------- chat
@@ -391,3 +395,18 @@ def test_tokenize_and_detokenize_are_vllms_shapes(setup):
         r = http.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, body, r.text)
     assert json.loads(http.post("/tokenize", json={"prompt": "ab"}).text)["count"] == 2
+
+
+def test_the_tokenizer_endpoints_need_an_api_key_as_v1_does():
+    from gateway.auth import APIKeys
+
+    link = ScriptedLink(ScriptedClient())
+    tok = TokenizeEndpoints(link, Tokenizers(letters))
+    app = Starlette(routes=[Route("/tokenize", tok.tokenize, methods=["POST"]),
+                            Route("/detokenize", tok.detokenize, methods=["POST"])])
+    guarded = APIKeys(app, api_keys=("k1",))
+    with TestClient(guarded) as http:
+        for path, body in [("/tokenize", {"prompt": "ab"}), ("/detokenize", {"tokens": [0]})]:
+            assert http.post(path, json=body).status_code == 401
+            assert http.post(path, json=body, headers={"Authorization": "Bearer k2"}).status_code == 401
+            assert http.post(path, json=body, headers={"Authorization": "Bearer k1"}).status_code == 200
