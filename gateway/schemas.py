@@ -264,10 +264,11 @@ class ChatCompletionRequest(_Sampling):
     web_search_options: Any = None
 
     def unsupported(self) -> str | None:
-        for name in ("tools", "functions", "audio", "prediction", "reasoning_effort", "web_search_options"):
+        # tools and tool_choice: gateway.tools
+        for name in ("functions", "audio", "prediction", "reasoning_effort", "web_search_options"):
             if not _neutral(getattr(self, name), (None, [])):
                 return name
-        for name in ("tool_choice", "function_call"):
+        for name in ("function_call",):
             if not _neutral(getattr(self, name), (None, "none", "auto")):
                 return name
         if not _neutral(self.modalities, (None, ["text"])):
@@ -275,7 +276,7 @@ class ChatCompletionRequest(_Sampling):
         if not _neutral(self.parallel_tool_calls, (None, True, False)):
             return "parallel_tool_calls"
         for i, m in enumerate(self.messages):
-            for name in ("tool_calls", "tool_call_id", "function_call", "audio"):
+            for name in ("function_call", "audio"):  # (tool_calls, tool_call_id: gateway.tools)
                 if not _neutral(getattr(m, name), (None, [])):
                     return f"messages.{i}.{name}"
             if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):

@@ -23,7 +23,8 @@ Kinds (the names of vLLM's ``structured_outputs`` where it has one):
 - ``choice``: the output is exactly one of the strings; ``spec`` is their
   JSON list text.
 - ``grammar``: a Lark grammar (llguidance's dialect: docs/syntax.md of
-  guidance-ai/llguidance), start symbol ``start``.
+  guidance-ai/llguidance), start symbol ``start``; a GBNF grammar is told
+  apart and converted (as vLLM's ``grammar`` takes either).
 - ``gbnf``: a llama.cpp GBNF grammar (start symbol ``root``), converted to
   Lark by llguidance.
 

@@ -293,11 +293,12 @@ def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, p
     assert metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="501") == before + 1
 
 
-def test_tools_in_chat_are_501(oai, text_model):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+def test_legacy_functions_in_chat_are_501(oai, text_model):
+    """(tools are served: tests/gateway/test_tools.py; the deprecated functions field is not)"""
+    functions = [{"name": "f", "parameters": {"type": "object"}}]
     with pytest.raises(openai.APIStatusError) as e:
-        oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=4, tools=tools)
-    assert e.value.status_code == 501 and e.value.body["param"] == "tools"
+        oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=4, functions=functions)
+    assert e.value.status_code == 501 and e.value.body["param"] == "functions"
 
 
 # ---------------------------------------------------------------------- many at once, models, health, metrics
