@@ -171,6 +171,12 @@ class BatchInferenceEngine:
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if on_text is not None and self._tokenizer is None:
             raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
+        if params.structured is not None:  # compiled now (worker.models.grammar): a bad spec queues nothing
+            grammars = getattr(self.model, "grammars", None)
+            if grammars is None:
+                raise UnsupportedError(f"structured: this model ({type(self.model).__name__}) cannot constrain its "
+                                       "output: that needs a model with logits and a tokenizer")
+            grammars.compile(params.structured)  # GrammarError (bad_request) when it does not compile
         prompt = params.prompt
         if type(prompt[0]) is int:  # token ids
             if not checked:

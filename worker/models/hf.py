@@ -34,6 +34,7 @@ from worker.models.base import SlotInput
 from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
+from worker.models.grammar import grammars_for
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler
 
@@ -223,6 +224,8 @@ class HFSlotModel:
         params = inspect.signature(self._base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._sampler = Sampler()
+        # structured outputs (worker.models.grammar); None without a tokenizer. Read by the engine at submit.
+        self.grammars = self._sampler.grammars = grammars_for(tokenizer, self.vocab_size, self.eos_token_ids)
         self._cache: SlotKVCache | None = None
         self._rows = SlotRows()
 

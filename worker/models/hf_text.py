@@ -9,6 +9,7 @@ tokens is never emitted in pieces.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 
@@ -96,3 +97,11 @@ class HFTextCodec:
 
     def decoder(self, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self._backend, prompt_ids, skip_special_tokens)
+
+    def tokenizer_json(self) -> str:
+        """The tokenizer as the tokenizers library's JSON (added tokens included; padding and
+        truncation off), what llguidance builds its tokenizer from (:mod:`worker.models.grammar`)."""
+        backend = copy.copy(self._backend)
+        backend.no_padding()
+        backend.no_truncation()
+        return backend.to_str()

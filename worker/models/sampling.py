@@ -122,14 +122,17 @@ class Sampler:
     def __init__(self) -> None:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.processors = LogitsProcessors()
+        self.grammars = None  # the model's worker.models.grammar.Grammars (structured outputs), set by its runner
 
     def bind(self, num_slots: int) -> None:
         """``num_slots`` slots from now on, none holding counted tokens."""
         self.processors.bind(num_slots)
 
     def release(self, slot: int) -> None:
-        """The slot's request is gone (its token counts are cleared)."""
+        """The slot's request is gone (its token counts are cleared, its grammar's matcher dropped)."""
         self.processors.release(slot)
+        if self.grammars is not None:
+            self.grammars.release(slot)
 
     def pick(self, logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
              failed: torch.Tensor | None = None, inputs: Sequence[SlotInput] | None = None
@@ -150,10 +153,14 @@ class Sampler:
         if failed is not None:
             bad |= failed
         rows = [b for b, p in enumerate(params) if p is not GREEDY and not p.is_plain_greedy]
+        mismatched = None
         if rows:
             index = to_device(rows, torch.long, logits.device)
             some = [params[b] for b in rows]
             scores = logits.index_select(0, index).float()  # a copy: the raw logits stay
+            if any(p.structured is not None for p in some):  # grammars' masks first (worker.models.grammar)
+                mismatched = self._constrain(scores, some, None if inputs is None else [inputs[b] for b in rows])
+                bad = bad.index_copy(0, index, bad.index_select(0, index) | ~torch.isfinite(scores.amax(dim=-1)))
             if any(p.processed for p in some):
                 self.processors.apply(scores, some, None if inputs is None else [inputs[b] for b in rows])
                 bad = bad.index_copy(0, index, bad.index_select(0, index) | ~torch.isfinite(scores.amax(dim=-1)))
@@ -165,7 +172,22 @@ class Sampler:
                     out[b] = NonFiniteLogits(
                         "the model produced non-finite values (NaN or inf) for this request; "
                         "the other requests in the batch are not affected")
+        if mismatched:
+            for r, exc in mismatched.items():
+                out[rows[r]] = exc
         return out
+
+    def _constrain(self, scores: torch.Tensor, params: list[SamplingParams], inputs) -> dict[int, ModelError]:
+        """The constrained rows' grammar masks on ``scores`` (in place); ``{row: error}`` for the rows
+        that cannot be masked (their scores become -inf, so they count as failed)."""
+        if self.grammars is None:
+            failed = {r: ModelError("this model cannot constrain its output (no grammar support)")
+                      for r, p in enumerate(params) if p.structured is not None}
+        else:
+            failed = self.grammars.mask(scores, params, inputs)
+        for r in failed:
+            scores[r] = float("-inf")
+        return failed
 
     def _draw(self, scores: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
         """The token of each processed row: the argmax for greedy rows, else :meth:`_sample`."""

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import torch
 
 from worker.models.base import SlotInput
+from worker.models.grammar import grammars_for
 from worker.models.heap import trim_heap
 from worker.models.llama.cache import SlotCache
 from worker.models.llama.lookup import PromptLookup
@@ -100,6 +101,8 @@ class LlamaRunner:
         self._drafts: dict[int, Draft] = {}  # this iteration's, by batch index
         self._capacity_step = capacity_step
         self._sampler = Sampler()
+        # structured outputs (worker.models.grammar); None without a tokenizer. Read by the engine at submit.
+        self.grammars = self._sampler.grammars = grammars_for(tokenizer, self.vocab_size, self.eos_token_ids)
         self.kv_cache: SlotCache | None = None
         self._rows = SlotRows()
         self._graphs = None

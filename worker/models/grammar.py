@@ -1,0 +1,274 @@
+"""Structured outputs on the worker: grammars compiled by llguidance, one matcher per slot, batched masks.
+
+The grammar engine is a library, llguidance (guidance-ai/llguidance, the
+``llguidance`` wheel; vLLM ships it as a structured-output backend): it turns
+a JSON schema, a regex, a list of choices, a Lark grammar or a llama.cpp
+GBNF grammar (converted to Lark by ``llguidance.gbnf_to_lark``) into a
+matcher over the model's own tokens, and fills the bitmask of the tokens
+allowed next. Nothing here parses JSON schemas or regexes.
+
+One :class:`Grammars` per model (a runner's ``grammars`` attribute, shared
+with its :class:`~worker.models.sampling.Sampler`):
+
+- its llguidance tokenizer is built from the model's tokenizer (the
+  tokenizers library's JSON, its EOS tokens the model's), once, at the first
+  constrained request (~0.25 s for SmolLM2's 49,152 tokens);
+- :meth:`Grammars.compile` turns a :class:`~protocol.structured.Constraint`
+  into a pristine matcher, cached by constraint (the cache is the model's, so
+  the key is (model, grammar)) with a bound of ``cache_entries``: a second
+  request with the same schema compiles nothing (a ``deep_copy`` of the
+  cached matcher, ~10 us). A spec that does not compile raises
+  :class:`GrammarError` (a ValueError, ``bad_request`` on the wire), which
+  the engine raises at submit, before the request is queued;
+- per slot, the matcher of the request in it, synchronised lazily with the
+  slot's sequence (as the penalties' token counts are,
+  :mod:`worker.models.processors`): at a row's first mask it is built and
+  fed the row's output so far (``tokens[prompt_len:]``: resumed tokens of a
+  migrated request included, so the matcher is rebuilt from them), then each
+  mask feeds it the tokens appended since (the one the engine accepted last
+  time). :meth:`Grammars.release` drops it with the slot;
+- :meth:`Grammars.mask` fills every constrained row's bitmask in one
+  llguidance call (``LLExecutor``: rows in parallel, outside the GIL) and
+  applies them to the rows' logits in one masked fill: a token the grammar
+  forbids gets ``-inf``.
+
+JSON is generated in OpenAI's compact style, ``{"a": 1, "b": [2, 3]}``
+(separators ``", "`` and ``": "``, no other whitespace: a free whitespace
+rule lets a small model pad forever); a schema's own ``x-guidance``
+options override this (llguidance's ``defaults`` -> ``x-guidance`` order).
+Where the grammar may end, the model's EOS tokens are allowed (llguidance's
+tokenizer's EOS), and a request's explicit stop tokens too
+(``SamplingParams.structured_stops``), so it ends ``stop``; a request cut by
+``max_tokens`` first ends ``length`` with its output unfinished, as the
+engine reports it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from protocol.enums import ErrorCode
+from protocol.request import SamplingParams
+from protocol.structured import Constraint
+from worker.errors import ModelError
+from worker.models.base import SlotInput
+
+__all__ = ["CACHE_ENTRIES", "GrammarError", "GrammarMismatch", "Grammars", "grammars_for"]
+
+CACHE_ENTRIES = 256
+"""Compiled grammars kept per model (least recently used dropped first)."""
+
+_JSON_DEFAULTS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+_FORMATS = {"json_schema": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar", "gbnf": "gbnf"}
+
+
+class GrammarError(ValueError):
+    """A request's ``structured`` spec does not compile (the message says why); ``bad_request``."""
+
+    code = ErrorCode.BAD_REQUEST
+
+
+class GrammarMismatch(ModelError):
+    """A constrained row's tokens left its grammar (e.g. resumed tokens it does not accept); that
+    request ends with ``finish_reason="error"``, the rest of the batch goes on."""
+
+
+def grammars_for(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> Grammars | None:
+    """A :class:`Grammars` for a model whose ``tokenizer`` (a text codec with ``tokenizer_json()``) is
+    known, else None (no structured outputs: a model without a tokenizer, or llguidance missing)."""
+    if tokenizer is None or not callable(getattr(tokenizer, "tokenizer_json", None)):
+        return None
+    try:
+        import llguidance  # noqa: F401  (the hf extra pins it)
+    except ImportError:
+        return None
+    return Grammars(tokenizer.tokenizer_json, vocab_size, tuple(eos_token_ids))
+
+
+class _Row:
+    """One slot's matcher: its request's ``constraint``, and how many tokens of the slot's sequence
+    it has consumed (``synced``, an index into ``SlotInput.tokens``)."""
+
+    __slots__ = ("constraint", "matcher", "synced")
+
+    def __init__(self, constraint: Constraint, matcher, synced: int) -> None:
+        self.constraint, self.matcher, self.synced = constraint, matcher, synced
+
+
+class Grammars:
+    """One model's structured outputs (see the module docstring).
+
+    - ``tokenizer_json``: a callable giving the tokenizer as the tokenizers library's JSON text
+      (called once, at the first compile).
+    - ``vocab_size``: the logits' width; token ids past the tokenizer's are never allowed.
+    - ``eos_token_ids``: allowed where a grammar may end.
+
+    Statistics for benchmarks: ``compiles`` (new grammars built), ``hits`` (cache hits),
+    ``compile_s`` (seconds spent building), ``mask_s`` (seconds spent syncing, filling and
+    applying masks), ``masks`` (rows masked).
+    """
+
+    def __init__(self, tokenizer_json, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 cache_entries: int = CACHE_ENTRIES) -> None:
+        self._tokenizer_json = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.cache_entries = cache_entries
+        self._lock = threading.Lock()  # compile may run on a submitting thread, masks on the loop's
+        self._tokenizer = None
+        self._executor = None
+        self._cache: OrderedDict[Constraint, object] = OrderedDict()
+        self._rows: dict[int, _Row] = {}
+        self._words = (vocab_size + 31) // 32
+        self._shifts: dict[torch.device, torch.Tensor] = {}
+        self.compiles = self.hits = self.masks = 0
+        self.compile_s = self.mask_s = 0.0
+
+    # ---- compiling
+
+    def _llg(self):
+        """The llguidance tokenizer and executor, built at first use."""
+        if self._tokenizer is None:
+            import llguidance
+
+            eos = list(self.eos_token_ids) or None
+            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab_size,
+                                                     eos_token=eos)
+            self._executor = llguidance.LLExecutor()
+        return self._tokenizer
+
+    def compile(self, constraint: Constraint):
+        """A pristine llguidance ``LLMatcher`` for ``constraint`` (the cached one: copy it before
+        feeding it tokens). Raises :class:`GrammarError` when the spec does not compile."""
+        with self._lock:
+            matcher = self._cache.get(constraint)
+            if matcher is not None:
+                self._cache.move_to_end(constraint)
+                self.hits += 1
+                return matcher
+            start = time.perf_counter()
+            matcher = self._build(constraint)
+            self.compile_s += time.perf_counter() - start
+            self.compiles += 1
+            self._cache[constraint] = matcher
+            if len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+            return matcher
+
+    def _build(self, constraint: Constraint):
+        import llguidance
+
+        kind, spec = constraint
+        where = f"structured {kind}"
+        try:
+            if kind == "json_object":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', _JSON_DEFAULTS)
+            elif kind == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(spec, _JSON_DEFAULTS)
+            else:
+                grammar = llguidance.grammar_from(_FORMATS[kind], spec)
+        except ValueError as e:  # a GBNF grammar that does not convert, a schema llguidance refuses
+            raise GrammarError(f"{where} does not compile: {e}") from None
+        matcher = llguidance.LLMatcher(self._llg(), grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"{where} does not compile: {_first_lines(matcher.get_error())}")
+        return matcher
+
+    # ---- slots
+
+    def release(self, slot: int) -> None:
+        """The slot's request is gone: its matcher too."""
+        self._rows.pop(slot, None)
+
+    def _row(self, params: SamplingParams, item: SlotInput) -> _Row:
+        """The slot's matcher, synced with its sequence (built, or rebuilt for a new occupant)."""
+        row = self._rows.get(item.slot)
+        if row is None or row.constraint != params.structured or len(item.tokens) < row.synced:
+            row = self._rows[item.slot] = _Row(params.structured, self.compile(params.structured).deep_copy(),
+                                               item.prompt_len)
+        if len(item.tokens) > row.synced:
+            new = item.tokens[row.synced:]
+            row.synced = len(item.tokens)
+            row.matcher.consume_tokens(new)
+        return row
+
+    # ---- masks
+
+    def mask(self, scores: torch.Tensor, params: Sequence[SamplingParams], inputs: Sequence[SlotInput] | None
+             ) -> dict[int, ModelError]:
+        """Set ``scores[r, t] = -inf`` for every token ``t`` the grammar of constrained row ``r``
+        forbids (rows whose ``params[r].structured`` is None are untouched).
+
+        - ``scores``: fp32 ``[R, vocab]``, modified in place (a copy of the raw logits).
+        - ``params[r]``, ``inputs[r]``: row ``r``'s sampling and slot (ValueError when ``inputs``
+          is None and a row is constrained).
+
+        Returns ``{r: error}`` for the rows whose tokens left their grammar
+        (:class:`GrammarMismatch`); the caller ends those requests alone.
+        """
+        start = time.perf_counter()
+        rows = [r for r, p in enumerate(params) if p.structured is not None]
+        if inputs is None:
+            raise ValueError("constrained rows need their slot inputs (the grammar follows each slot's tokens)")
+        self._llg()
+        failed: dict[int, ModelError] = {}
+        matchers = []
+        for r in rows:
+            try:
+                row = self._row(params[r], inputs[r])
+            except GrammarError as e:  # (compiled at submit; only a cache eviction gets here)
+                failed[r] = GrammarMismatch(str(e))
+                continue
+            if row.matcher.is_error():
+                failed[r] = GrammarMismatch("the request's tokens no longer match its structured constraint: "
+                                            f"{_first_lines(row.matcher.get_error())}")
+                continue
+            matchers.append((r, row.matcher))
+        if matchers:
+            bits = torch.zeros((len(matchers), self._words), dtype=torch.int32)
+            self._executor.unsafe_compute_mask_ptr([(m, i) for i, (_, m) in enumerate(matchers)], bits.data_ptr(),
+                                                   self._words * 4, len(matchers))
+            for i, (r, m) in enumerate(matchers):
+                stops = params[r].structured_stops
+                if stops and m.is_accepting():
+                    _allow(bits, i, stops, self.vocab_size)
+            self._apply(scores, [r for r, _ in matchers], bits)
+            self.masks += len(matchers)
+        self.mask_s += time.perf_counter() - start
+        return failed
+
+    def _apply(self, scores: torch.Tensor, rows: list[int], bits: torch.Tensor) -> None:
+        """One masked fill: ``bits`` (int32 ``[n, words]``, bit ``t % 32`` of word ``t // 32`` set
+        for an allowed token) over ``scores[rows]``."""
+        device, vocab = scores.device, scores.shape[-1]
+        shifts = self._shifts.get(device)
+        if shifts is None:
+            shifts = self._shifts[device] = torch.arange(32, dtype=torch.int32, device=device)
+        words = bits.to(device, non_blocking=True)
+        allowed = ((words[:, :, None] >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()
+        if allowed.shape[-1] < vocab:  # logits wider than the tokenizer: the rest is never allowed
+            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[-1]), value=False)
+        if len(rows) == scores.shape[0]:
+            scores.masked_fill_(~allowed, float("-inf"))
+        else:
+            index = torch.tensor(rows, dtype=torch.long, device=device)
+            scores.index_copy_(0, index, scores.index_select(0, index).masked_fill_(~allowed, float("-inf")))
+
+
+def _allow(bits: torch.Tensor, i: int, tokens: Sequence[int], vocab: int) -> None:
+    """Set the bits of ``tokens`` in row ``i`` of an int32 bitmask."""
+    for t in tokens:
+        if 0 <= t < vocab:
+            word = (int(bits[i, t >> 5]) & 0xFFFFFFFF) | (1 << (t & 31))
+            bits[i, t >> 5] = word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _first_lines(message: str, limit: int = 400) -> str:
+    """An llguidance error, short enough for an error reply."""
+    message = message.strip()
+    return message if len(message) <= limit else message[:limit] + " ..."
