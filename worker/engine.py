@@ -83,6 +83,7 @@ class BatchInferenceEngine:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}") from None
         self.model = model
         self._tokenizer = getattr(model, "tokenizer", None)
+        self._gives_logprobs = self._slot_aware and getattr(model, "gives_logprobs", False) is True
         self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
                                    _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
         if isinstance(stop_token, str) and stop_token == "model":
@@ -135,11 +136,18 @@ class BatchInferenceEngine:
         and stop matching, appear in ``seq`` and ``text``, and are not passed
         to ``on_token``/``on_text`` again. ``timeout_s`` counts from now.
         Sampling parameters reach slot-aware models (``SlotInput.sampling``);
-        a stateless model picks its tokens itself.
+        a stateless model picks its tokens itself. ``logprobs`` /
+        ``prompt_logprobs`` (models with ``gives_logprobs`` only): the handle's
+        ``logprobs`` gets one entry per token generated here (resumed tokens
+        have none: their caller holds them), appended before that token's
+        ``on_token``, dropped with any token dropped after the request ended;
+        ``prompt_logprobs`` is set before the first token's ``on_token`` (not
+        for a request with ``resume_tokens``: its prompt was scored before).
 
         Raises ValueError on bad input (:class:`~worker.errors.UnsupportedError`
         for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
-        without a tokenizer), TypeError for an unknown option,
+        without a tokenizer; a plain ValueError naming the field for
+        ``logprobs`` / ``prompt_logprobs`` on a model without ``gives_logprobs``), TypeError for an unknown option,
         DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
         QueueFullError at ``max_queue``; in every case nothing is queued.
         """
@@ -171,6 +179,10 @@ class BatchInferenceEngine:
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if on_text is not None and self._tokenizer is None:
             raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
+        if not self._gives_logprobs and (params.logprobs is not None or params.prompt_logprobs is not None):
+            field = "logprobs" if params.logprobs is not None else "prompt_logprobs"
+            raise ValueError(f"{field}: this model gives no logprobs (it has no logits: "
+                             f"{type(self.model).__name__}); leave {field} unset")
         if params.structured is not None:  # compiled now (worker.models.grammar): a bad spec queues nothing
             grammars = getattr(self.model, "grammars", None)
             if grammars is None:

@@ -36,6 +36,15 @@ without logits to ``min_tokens`` (SimulatedLLM, scripted and stateless
 token early and it is ignored); stop sequences and stop strings are never
 masked, for any model (as vLLM: their matches before ``min_tokens`` are
 passed over).
+
+Logprobs (slot-aware models with ``gives_logprobs``): a request that asks
+has its slot's ``SlotInput.logprobs`` / ``prompt_logprobs`` set (the latter
+only without resume tokens) and is kept in a list of its own, the only
+requests visited for them: after each model step, each of them that got
+tokens takes its slot's ``scored`` entries (the first now, the others with
+the pending tokens of a speculative step, dropped with them) and, once, its
+``prompt_scored``; both before that iteration's ``on_token``. Requests that
+do not ask pay one empty-list check per iteration.
 """
 
 from __future__ import annotations
@@ -84,7 +93,7 @@ class SlotTable:
     __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
                  "_stop_any", "_stop_one", "_matching", "_holding", "_texting", "text_streaming", "text_failed",
-                 "pending")
+                 "pending", "_scoring", "pending_scores")
 
     def __init__(self, num_slots: int, slot_aware: bool,
                  default_stop: frozenset[int] = frozenset()) -> None:
@@ -109,6 +118,8 @@ class SlotTable:
         self.text_streaming: list[Request] = []  # running requests with on_text
         self.text_failed: list[tuple[Request, Exception]] = []  # detokenising raised (this iteration)
         self.pending: dict[Request, list[int]] = {}  # more tokens of one model step (append_pending)
+        self._scoring: list[Request] = []  # running requests with logprobs or prompt_logprobs (slot-aware)
+        self.pending_scores: dict[Request, list] = {}  # the logprobs entries of the pending tokens
         self._update_stops()
 
     def occupy(self, new: list[Request]) -> None:
@@ -128,6 +139,11 @@ class SlotTable:
                     si.sampling = si.sampling._replace(min_tokens=req.params.min_tokens,
                                                        min_tokens_stops=tuple(sorted(req.stop_tokens)))
                     self._holding.append(req)
+                params = req.params
+                if params.logprobs is not None or params.prompt_logprobs is not None:
+                    si.logprobs, si.scored, si.prompt_scored = params.logprobs, None, None
+                    si.prompt_logprobs = params.prompt_logprobs if len(seq) == req._prompt_tokens else None
+                    self._scoring.append(req)
             # Its k-th new token is appended in iteration (now + k - 1).
             at = it + req.to_generate
             bucket = due.get(at)
@@ -193,11 +209,16 @@ class SlotTable:
             req.pos = req.slot = None
             if self.pending:
                 self.pending.pop(req, None)
+                if self.pending_scores:
+                    self.pending_scores.pop(req, None)
             if inputs is not None:
                 si = self._slot_inputs[slot]
                 if si.sampling.min_tokens_stops:
                     self._holding.remove(req)
                 si.tokens, si.sampling, si.prompt_len = _NO_TOKENS, GREEDY, 0
+                if self._scoring and req in self._scoring:
+                    self._scoring.remove(req)
+                    si.logprobs = si.prompt_logprobs = si.scored = si.prompt_scored = None
             if req.stop_tokens is not default_stop:
                 self._count_stops(req.stop_tokens, -1)
             if req.matcher is not None:
@@ -238,7 +259,26 @@ class SlotTable:
         ``text_failed`` (the engine ends it with an error).
         """
         _exhaust(map(list.append, self.seqs, tokens))
+        if self._scoring:
+            self._take_scores(_NOBODY)
         return self._check(tokens, _NOBODY)
+
+    def _take_scores(self, skipped: set[Request] | frozenset) -> None:
+        """The scoring requests that got tokens take their slots' entries (see the module docstring)."""
+        inputs, pending = self._slot_inputs, self.pending_scores
+        for req in self._scoring:
+            if skipped and req in skipped:
+                continue
+            si = inputs[req.slot]
+            prompt = si.prompt_scored
+            if prompt is not None:
+                req.prompt_logprobs = prompt
+                si.prompt_scored = si.prompt_logprobs = None
+            if req.logprobs is not None:
+                scored, si.scored = si.scored, None
+                req.logprobs.append(scored[0])
+                if len(scored) > 1:
+                    pending[req] = scored[:0:-1]  # reversed, as pending's tokens
 
     def append_some(self, tokens: list) -> tuple[list[Request], set[Request], list[tuple[Request, BaseException]]]:
         """:meth:`append` for a batch where some entries carry no token (slot-aware models only).
@@ -286,6 +326,8 @@ class SlotTable:
                     continue
                 tok = ModelError("the model returned no token for a slot that had already produced tokens")
             failed.append((req, tok))
+        if self._scoring:
+            self._take_scores(skipped)
         return self._check(tokens if firsts is None else firsts, skipped), skipped, failed
 
     def append_pending(self) -> tuple[list[Request], set[Request], int]:
@@ -307,11 +349,18 @@ class SlotTable:
                 tokens[i] = tok = more.pop()
                 seqs[i].append(tok)
                 appended += 1
+                scores = self.pending_scores.get(req) if self.pending_scores else None
+                if scores:
+                    req.logprobs.append(scores.pop())
                 if not more:
                     del pending[req]
+                    if scores is not None:
+                        del self.pending_scores[req]
                 continue
             if more is not None:
                 del pending[req]
+                if self.pending_scores:
+                    self.pending_scores.pop(req, None)
             skipped.add(req)
             left = req.params.max_tokens - req.num_generated  # its bucket: it - 1 + left
             bucket = due.get(it - 1 + left)

@@ -51,6 +51,10 @@ Optional attributes on either kind, read once by the engine:
 - ``eos_token_ids: tuple[int, ...]`` -- the default stop tokens when the
   engine is built with ``stop_token="model"`` (real models).
 - ``tokenizer: TextCodec`` -- present when the model can take text prompts.
+- ``gives_logprobs: bool`` -- True for a slot-aware model that fills
+  ``SlotInput.scored`` / ``prompt_scored`` (a model with logits); the
+  engine refuses ``logprobs`` / ``prompt_logprobs`` requests for any other
+  model (SimulatedLLM, stateless ``next_tokens`` models) at submission.
 """
 
 from __future__ import annotations
@@ -74,12 +78,26 @@ class SlotInput:
     - ``prompt_len``: ``tokens[:prompt_len]`` is the prompt, the rest the
       output (resumed tokens of a migrated request included): what the
       penalties count (:mod:`worker.models.processors`).
+    - ``logprobs``: None, or ``N``: the request wants each token's
+      :class:`~protocol.logprobs.TokenLogprob` with ``N`` alternatives; the
+      model (one with ``gives_logprobs``) then sets ``scored`` in every
+      ``step`` that returns tokens for the slot: one entry per token
+      returned, in order (a list, fresh each step).
+    - ``prompt_logprobs``: None, or ``N``: score the prompt
+      (``tokens[:prompt_len]``) while prefilling it; the model sets
+      ``prompt_scored`` in the ``step`` that returns the slot's first token:
+      one entry per prompt token, the first None. The engine reads both and
+      sets ``prompt_logprobs`` back to None (a resumed request never asks).
     """
 
     slot: int
     tokens: list[int]
     sampling: SamplingParams = GREEDY
     prompt_len: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    scored: list | None = None
+    prompt_scored: list | None = None
 
 
 @runtime_checkable

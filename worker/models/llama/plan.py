@@ -61,6 +61,10 @@ class DecodeInputs(NamedTuple):
       ``out_index[j]`` a token.
     - ``slots``: speculative decoding only (else None): the place of each
       decode entry among the attention's ``rows * queries`` query places.
+    - ``score_rows``, ``score_spans``: ``prompt_logprobs`` (:func:`add_prefill`): entries
+      whose logits score the next prompt token (after ``out_rows`` in ``logits_at``), and
+      per prefill chunk that has some ``(batch index, first target position, count)``:
+      they predict ``tokens[first .. first + count - 1]``, in that order.
     """
 
     ids: list[int]
@@ -71,6 +75,8 @@ class DecodeInputs(NamedTuple):
     out_rows: list[int]
     out_index: list[int]
     slots: list[int] | None
+    score_rows: list[int]
+    score_spans: list[tuple[int, int, int]]
 
 
 @dataclass(slots=True)
@@ -89,7 +95,8 @@ class StepPlan:
       ``decode_slots`` ``[n_decode]`` places each among the ``rows * queries``
       of the attention (``lengths`` has one per place; the others are padding).
     - ``prefill``: a :class:`PrefillSpan` per prefill sequence.
-    - ``logits_at``: ``[n_out]`` entries whose next-token logits are wanted.
+    - ``logits_at``: ``[n_out]`` entries whose next-token logits are wanted (the entries that give
+      a token, then those that score a prompt token: ``DecodeInputs.score_rows``).
     - ``greedy``: per ``logits_at`` entry, True when only its argmax is wanted
       (then, with a screened head, its logits are exact at the candidates and
       ``-inf`` elsewhere: :class:`~worker.models.llama.screen.ScreenedHead`);
@@ -148,12 +155,16 @@ def decode_inputs(batch, decode: dict[int, int], cache: SlotCache, drafts: dict[
             ids.append(tok), positions.append(pos + t), rows.append(row), write_pos.append(pos + t)
             lengths[row * queries + t] = pos + t + 1
         cache.lengths[row] = pos + len(tokens)
-    return DecodeInputs(ids, positions, rows, write_pos, lengths, out_rows, out_index, slots)
+    return DecodeInputs(ids, positions, rows, write_pos, lengths, out_rows, out_index, slots, [], [])
 
 
 def add_prefill(inputs: DecodeInputs, batch, chunks: Sequence[Chunk], cache: SlotCache) -> list[PrefillSpan]:
     """Append the entries of ``chunks`` to ``inputs``' lists (after the decode entries); advances
-    ``cache.lengths``. A chunk that ends its prompt gives the request's first token (its last entry)."""
+    ``cache.lengths``. A chunk that ends its prompt gives the request's first token (its last entry).
+
+    A chunk of an entry asking ``prompt_logprobs`` also scores: its entry at position ``p`` predicts
+    the prompt token ``p + 1`` (known, also across chunks: a chunk's last entry predicts the next
+    chunk's first token), for every ``p + 1 < prompt_len`` (``score_rows`` / ``score_spans``)."""
     ids, positions, rows, write_pos = inputs.ids, inputs.positions, inputs.write_rows, inputs.write_pos
     spans = []
     for i, row, start, count in chunks:
@@ -166,6 +177,11 @@ def add_prefill(inputs: DecodeInputs, batch, chunks: Sequence[Chunk], cache: Slo
         cache.lengths[row] = start + count
         if start + count == len(batch[i].tokens):  # prompt done: its last token gives the first output
             inputs.out_rows.append(offset + count - 1), inputs.out_index.append(i)
+        if batch[i].prompt_logprobs is not None:
+            scored = min(start + count, batch[i].prompt_len - 1) - start
+            if scored > 0:
+                inputs.score_rows.extend(range(offset, offset + scored))
+                inputs.score_spans.append((i, start + 1, scored))
     return spans
 
 
@@ -179,7 +195,8 @@ def step_plan(inputs: DecodeInputs, n_decode: int, prefill: list[PrefillSpan], q
         write_pos=to_device(inputs.write_pos, torch.long, device), n_decode=n_decode,
         lengths=to_device(inputs.lengths, torch.long, device) if n_decode else None,
         window=max(inputs.lengths, default=0), prefill=prefill,
-        logits_at=to_device(inputs.out_rows, torch.long, device), queries=queries,
+        logits_at=to_device(inputs.out_rows + inputs.score_rows if inputs.score_rows else inputs.out_rows,
+                            torch.long, device), queries=queries,
         decode_slots=None if inputs.slots is None else to_device(inputs.slots, torch.long, device),
         greedy=greedy,
     )

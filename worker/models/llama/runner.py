@@ -31,6 +31,19 @@ to transformers' greedy ``generate``). A step then costs more (every
 linear has a row per draft token: measured at 8 slots and 4 drafts, 65 vs
 42 ms) and gives each row 1 to ``1 + speculative_tokens`` tokens.
 
+Logprobs (``SlotInput.logprobs``): the sampler scores the rows that ask
+(:meth:`~worker.models.sampling.Sampler.pick_scored`, from the raw logits),
+so such a row gets the full LM head, never the screened one; a drafted row
+keeps drafting, and each token it returns carries the entry of its own query
+row (the one a draft-free step computes). ``prompt_logprobs``
+(``SlotInput.prompt_logprobs``): each prompt chunk of a row that asks adds
+its positions to the logits rows (``logits_at``, LM head over those
+positions only; a chunk's last position predicts the next chunk's first
+token), scored in the same iteration (:func:`~worker.models.sampling.score`)
+and kept per cache row until the prompt's last chunk, whose step sets
+``SlotInput.prompt_scored``. Such a row never loads KV from the prefix cache
+(all its positions need logits).
+
 Slots map to cache rows lowest-free-first, so the decoding rows stay packed
 at the bottom of the cache and the decode attention reads a view of rows
 ``0..n-1``; a row in that range that is not decoding is padding.
@@ -54,7 +67,7 @@ from worker.models.llama.plan import Chunk, Draft, add_prefill, decode_inputs, s
 from worker.models.llama.prefix_cache import PrefixCache, default_budget_mb, skips_cache
 from worker.models.llama.weights import LlamaWeights
 from worker.models.rows import SlotRows
-from worker.models.sampling import Sampler, to_device
+from worker.models.sampling import Sampler, score, to_device
 
 
 class _Candidate(NamedTuple):
@@ -71,7 +84,8 @@ class LlamaRunner:
     """A Llama-family causal LM run by slotserve (see module docstring).
 
     Attributes read by the engine: ``vocab_size``, ``max_seq_len``,
-    ``eos_token_ids``, ``tokenizer``. Also ``device``, ``precision``,
+    ``eos_token_ids``, ``tokenizer``, ``gives_logprobs`` (True: it fills
+    ``SlotInput.scored`` / ``prompt_scored``, see the module docstring). Also ``device``, ``precision``,
     ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
     :meth:`bind_slots`), ``max_prefill_tokens``.
 
@@ -85,6 +99,8 @@ class LlamaRunner:
     (its accepted drafts and one more), see :mod:`worker.models.base`. 0 (the
     default) turns it off.
     """
+    gives_logprobs = True
+
 
     def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
                  max_prefill_tokens: int = 512, capacity_step: int | None = None,
@@ -103,6 +119,8 @@ class LlamaRunner:
         self._sampler = Sampler()
         # structured outputs (worker.models.grammar); None without a tokenizer. Read by the engine at submit.
         self.grammars = self._sampler.grammars = grammars_for(tokenizer, self.vocab_size, self.eos_token_ids)
+        self._prompt_logits, self._prompt_spans = None, ()  # this iteration's prompt_logprobs rows
+        self._prompt_scores: dict[int, list] = {}  # cache row -> its prompt's entries so far
         self.kv_cache: SlotCache | None = None
         self._rows = SlotRows()
         self._graphs = None
@@ -119,6 +137,7 @@ class LlamaRunner:
             layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
             dtype=self.weights.act_dtype, device=self.device,
             capacity_step=None if self.device != "cpu" else self._capacity_step)  # None: whole, lazily on CPU
+        self._prompt_scores = {}
         self._rows = SlotRows(num_slots)
         self._lookup = PromptLookup(num_slots)
         self._sampler.bind(num_slots)
@@ -134,6 +153,7 @@ class LlamaRunner:
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row; when it was the last one in use, return freed heap to the OS."""
+            self._prompt_scores.pop(row, None)
         self._sampler.release(slot)
         row = self._rows.release(slot)
         if row is not None:
@@ -152,6 +172,8 @@ class LlamaRunner:
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
         """
+            if self._prompt_spans:
+                self._score_prompts(batch)
         with torch.inference_mode():
             logits, out_index = self.forward_batch(batch, greedy_only=True)
             out: list = [None] * len(batch)
@@ -160,15 +182,48 @@ class LlamaRunner:
                 positions = [len(batch[i].tokens) for i in out_index]
                 rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
                 failed = self._failed.index_select(0, rows) > 0
-                picks = self._sampler.pick(logits, params, positions, failed, [batch[i] for i in out_index])
+                inputs = [batch[i] for i in out_index]
+                scored = None
+                if any(si.logprobs is not None for si in inputs):
+                    picks, scored = self._sampler.pick_scored(logits, params, positions, failed, inputs,
+                                                              [si.logprobs for si in inputs])
+                else:
+                    picks = self._sampler.pick(logits, params, positions, failed, inputs)
                 if self._drafts:
-                    self._accept(out, out_index, picks)
+                    self._accept(out, out_index, picks, scored, batch)
+                    if scored is not None:
+                        for i, entry in zip(out_index, scored):
+                            if entry is not None:
+                                batch[i].scored = [entry]
+                for si in inputs:  # a prompt scored over its chunks: all of it, with its first token
+                    if si.prompt_logprobs is not None:  # (then the engine sets it back to None)
+                        si.prompt_scored = [None] + self._prompt_scores.pop(self._rows.of[si.slot], [])
                 else:
                     for i, tok in zip(out_index, picks):
                         out[i] = tok
         return out
 
-    def _accept(self, out: list, out_index: list[int], picks: list) -> None:
+    def _score_prompts(self, batch: Sequence[SlotInput]) -> None:
+        """``prompt_logprobs``: this iteration's prompt entries (``self._prompt_logits``, the
+        rows of ``self._prompt_spans``, scored in one :func:`score` call), kept per cache row
+        until the prompt's last chunk (a chunk from position 0 starts the row afresh)."""
+        targets, tops = [], []
+        for i, first, count in self._prompt_spans:
+            item = batch[i]
+            targets += item.tokens[first:first + count]
+            tops += [item.prompt_logprobs] * count
+        entries, at = score(self._prompt_logits, targets, tops), 0
+        for i, first, count in self._prompt_spans:
+            row = self._rows.of[batch[i].slot]
+            got = entries[at:at + count]
+            at += count
+            if first == 1:
+                self._prompt_scores[row] = got
+            else:
+                self._prompt_scores.setdefault(row, []).extend(got)
+
+    def _accept(self, out: list, out_index: list[int], picks: list, scored: list | None = None,
+                batch: Sequence[SlotInput] = ()) -> None:
         """Speculative decoding's verification: per row, its picks while they equal its drafts, and one more.
 
         The pick after input ``t`` (the row's token, then draft ``t - 1``) is
@@ -178,6 +233,10 @@ class LlamaRunner:
         picks a draft-free decode of the same forward would make. The row's
         cache keeps the keys of the inputs that led to them. A non-finite
         pick ends the row's tokens: first, it is the request's error; after
+
+        ``scored`` (rows asking ``logprobs``): each returned token's entry is
+        its own query's (the pick after the input before it), set on
+        ``batch[i].scored``, so they are the draft-free entries too.
         accepted picks, those are returned and the cache ends before the
         input that failed, so the next step recomputes it and the error comes
         there, as it would one token per step.
@@ -185,6 +244,8 @@ class LlamaRunner:
         j, lengths = 0, self.kv_cache.lengths
         while j < len(out_index):
             i = out_index[j]
+                if scored is not None and scored[j] is not None:
+                    batch[i].scored = [scored[j]]
             spec = self._drafts.get(i)
             if spec is None:
                 out[i] = picks[j]
@@ -192,13 +253,15 @@ class LlamaRunner:
                 continue
             row, pos, drafts = spec
             got = picks[j:j + len(drafts) + 1]
-            j += len(drafts) + 1
+            first, j = j, j + len(drafts) + 1
             accepted = []
             for t, tok in enumerate(got):
                 if type(tok) is not int:  # non-finite after input t
                     out[i] = tok if t == 0 else accepted if t > 1 else accepted[0]
                     break
                 accepted.append(tok)
+            if accepted and scored is not None and batch[i].logprobs is not None:
+                batch[i].scored = scored[first:first + len(accepted)]
                 if t == len(drafts) or tok != drafts[t]:
                     out[i] = accepted if len(accepted) > 1 else tok
                     break
@@ -234,6 +297,7 @@ class LlamaRunner:
             if new == 1:
                 decode[row] = i
             else:
+        self._prompt_logits, self._prompt_spans = None, ()
                 candidates.append(_Candidate(fresh, i, row, cached))
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._schedule(batch, sorted(candidates))
@@ -321,11 +385,17 @@ class LlamaRunner:
         inputs = decode_inputs(batch, decode, cache, self._drafts, queries)
         n_decode = len(inputs.ids)
         prefill = add_prefill(inputs, batch, chunks, cache)
-        greedy = ([batch[i].sampling.is_plain_greedy for i in inputs.out_index]
-                  if greedy_only and self.weights.greedy_head is not None else None)
+        scoring = inputs.score_rows
+        # the screened head only for a plain greedy row that wants no logprobs (they need the full head)
+        greedy = ([batch[i].sampling.is_plain_greedy and batch[i].logprobs is None for i in inputs.out_index]
+                  + [False] * len(scoring) if greedy_only and self.weights.greedy_head is not None else None)
         plan = step_plan(inputs, n_decode, prefill, queries, greedy, device)
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.kv, plan)
+        if scoring:  # prompt_logprobs' rows (after the rows that give tokens): step() scores them
+            n_out = len(inputs.out_index)
+            self._prompt_logits, self._prompt_spans = logits[n_out:], inputs.score_spans
+            logits = logits[:n_out]
         if queries > 1:  # a draft token's failure counts only if it is accepted (then its pick says so)
             failed[[e for e, at in enumerate(inputs.slots) if at % queries]] = False
         self._note_failed(plan.write_rows, failed)
