@@ -144,3 +144,41 @@ def test_a_logit_bias_id_outside_the_vocabulary_is_400(oai, text_model):
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model=text_model, prompt=PROMPT, max_tokens=2, logit_bias={"999999": 5})
     assert e.value.body["param"] == "logit_bias" and "vocabulary" in e.value.message
+
+
+@pytest.mark.parametrize("chat, kw, param, words", [
+    (True, {"logprobs": True, "top_logprobs": 30}, "top_logprobs", "[0, 20]"),
+    (True, {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+    (False, {"logprobs": 21}, "logprobs", "[0, 20]"),
+    (False, {"extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs", "[0, 20]"),
+    (False, {"logit_bias": {"5": "high"}}, "logit_bias.5", "number"),
+    (False, {"max_tokens": 0}, "max_tokens", "echo"),
+])
+def test_the_sdks_out_of_range_values_are_400_naming_the_field(oai, text_model, chat, kw, param, words):
+    kw = {"max_tokens": 2, **kw}
+    with pytest.raises(openai.BadRequestError) as e:
+        if chat:
+            oai.chat.completions.create(model=text_model, messages=MESSAGES, **kw)
+        else:
+            oai.completions.create(model=text_model, prompt=PROMPT, **kw)
+    assert e.value.body["param"] == param and words in e.value.message, e.value.body
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_vllms_prompt_logprobs_name_the_workers_prompt_tokens(oai, text_model, local, chat):
+    """A text or chat prompt's tokens come from the worker that tokenised it, with their logprobs."""
+    if chat:
+        c = oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=1,
+                                        extra_body={"prompt_logprobs": 2}).choices[0]
+        ids = local.tokenizer.apply_chat_template(MESSAGES)
+    else:
+        c = oai.completions.create(model=text_model, prompt="hello world, hello", max_tokens=1,
+                                   extra_body={"prompt_logprobs": 2}).choices[0]
+        ids = local.tokenizer.encode("hello world, hello")
+    got = c.model_extra["prompt_logprobs"]
+    h = local(ids, 1, prompt_logprobs=2)
+    assert len(got) == len(ids) and got[0] is None
+    for d, t, e in zip(got[1:], ids[1:], h.prompt_logprobs[1:]):
+        assert list(d)[0] == str(t) and abs(d[str(t)]["logprob"] - e.logprob) <= 1e-4
+        assert d[str(t)]["decoded_token"] == local.tokenizer.decode([t], skip_special_tokens=False)
+        assert [int(k) for k in list(d)[1:]] == [i for i, _ in e.top if i != t][:len(d) - 1]
