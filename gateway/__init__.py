@@ -9,7 +9,9 @@ Layout: :mod:`gateway.app` (the app, plain endpoints), :mod:`gateway.generate`
 bodies), :mod:`gateway.options` (body fields -> request options, the one
 mapping), :mod:`gateway.responses` (bodies, chunks, finish_reason mapping),
 :mod:`gateway.errors` (OpenAI's error shape, status codes), :mod:`gateway.auth`
-(API keys),
+(API keys), :mod:`gateway.logprobs` (token logprobs in OpenAI's shapes),
+:mod:`gateway.tokenizer` (the models' tokenizers, from the CLI's loader),
+:mod:`gateway.tokenize` (``/tokenize``, ``/detokenize``),
 :mod:`gateway.link` (the shared broker connections), :mod:`gateway.generation`
 (one request seen from the event loop), :mod:`gateway.metrics`,
 :mod:`gateway.drain` (stopping: refuse new requests, let those in flight
