@@ -33,6 +33,7 @@ averages (the machine is shared).
     python bench/lmeval.py                      # smollm2-135m, the whole task (several minutes)
     python bench/lmeval.py --limit 8            # the first 8 questions
     python bench/lmeval.py --model DIR          # any local HF folder or .gguf file
+    python bench/lmeval.py --write-tokenizer DIR  # only write the model's tokenizer folder (for lm_eval's CLI)
 """
 
 from __future__ import annotations
@@ -228,7 +229,12 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N questions only (default: all 64)")
     ap.add_argument("--slots", type=int, default=4, help="worker slots, and lm-eval's concurrent requests")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--write-tokenizer", metavar="DIR", default=None,
+                    help="write the model's tokenizer to DIR (the tokenizer= of lm_eval's local-completions) and exit")
     args = ap.parse_args(argv)
+    if args.write_tokenizer:
+        print(write_tokenizer(args.model, args.write_tokenizer))
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the cluster
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
