@@ -195,16 +195,16 @@ class HFSlotModel:
 
     Engine slots are mapped to cache rows lowest-free-first, so the rows of
     a full batch are consecutive and the decode pass attends over a view of
+    the cache instead of a gathered copy.
 
     Logprobs (``gives_logprobs``): a row asking ``logprobs`` gets its
     token's entry from the sampler (:meth:`~worker.models.sampling.Sampler.pick_scored`,
     the raw logits, same host sync); a row asking ``prompt_logprobs`` has
     the LM head run over its prompt positions too, in its prefill (whole
     prompts here), scored by :func:`~worker.models.sampling.score`.
-    the cache instead of a gathered copy.
     """
-    gives_logprobs = True
 
+    gives_logprobs = True
 
     def __init__(
         self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048,
@@ -350,6 +350,9 @@ class HFSlotModel:
         ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
         try:
             hidden = self._forward(ids, positions, mask)
+        finally:
+            self._cache.end()
+        last = torch.tensor(lengths).cumsum(0) - 1
         offset = 0
         for i, length in zip(group, lengths):  # prompt_logprobs: the LM head over those prompts' positions
             item = batch[i]
@@ -359,9 +362,6 @@ class HFSlotModel:
                                 [item.prompt_logprobs] * n) if n > 0 else []
                 item.prompt_scored = [None] + entries
             offset += length
-        finally:
-            self._cache.end()
-        last = torch.tensor(lengths).cumsum(0) - 1
         return self._logits(hidden[0, last])
 
     def _decode(self, batch, indices):

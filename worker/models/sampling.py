@@ -213,6 +213,9 @@ class Sampler:
         - ``failed``: optional bool ``[B]``, rows the model already knows went
           non-finite (e.g. an earlier token of the sequence).
         - ``inputs[b]``: row ``b``'s slot and sequence, read only for the rows
+          with a penalty (ValueError if they have none) or a ``min_tokens`` mask
+          (its output count); one row per slot.
+        """
         return self._pick(logits, params, positions, failed, inputs, None)[0]
 
     def pick_scored(self, logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
@@ -225,9 +228,6 @@ class Sampler:
         return out, [None] * len(out) if scored is None else scored
 
     def _pick(self, logits, params, positions, failed, inputs, logprobs):
-          with a penalty (ValueError if they have none) or a ``min_tokens`` mask
-          (its output count); one row per slot.
-        """
         tokens = argmax_rows(logits)
         bad = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN
         if failed is not None:

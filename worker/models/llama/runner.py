@@ -99,8 +99,8 @@ class LlamaRunner:
     (its accepted drafts and one more), see :mod:`worker.models.base`. 0 (the
     default) turns it off.
     """
-    gives_logprobs = True
 
+    gives_logprobs = True
 
     def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
                  max_prefill_tokens: int = 512, capacity_step: int | None = None,
@@ -119,11 +119,11 @@ class LlamaRunner:
         self._sampler = Sampler()
         # structured outputs (worker.models.grammar); None without a tokenizer. Read by the engine at submit.
         self.grammars = self._sampler.grammars = grammars_for(tokenizer, self.vocab_size, self.eos_token_ids)
-        self._prompt_logits, self._prompt_spans = None, ()  # this iteration's prompt_logprobs rows
-        self._prompt_scores: dict[int, list] = {}  # cache row -> its prompt's entries so far
         self.kv_cache: SlotCache | None = None
         self._rows = SlotRows()
         self._graphs = None
+        self._prompt_logits, self._prompt_spans = None, ()  # this iteration's prompt_logprobs rows
+        self._prompt_scores: dict[int, list] = {}  # cache row -> its prompt's entries so far
         self.prefix_cache_mb: float | None = None  # read at bind_slots: None sized from the machine, 0 off
         self.prefix_cache: PrefixCache | None = None  # worker.models.llama.prefix_cache
         self._seqs: dict[int, list[int]] = {}  # cache row -> its occupant's tokens (the prefix cache stores them)
@@ -137,10 +137,10 @@ class LlamaRunner:
             layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
             dtype=self.weights.act_dtype, device=self.device,
             capacity_step=None if self.device != "cpu" else self._capacity_step)  # None: whole, lazily on CPU
-        self._prompt_scores = {}
         self._rows = SlotRows(num_slots)
         self._lookup = PromptLookup(num_slots)
         self._sampler.bind(num_slots)
+        self._prompt_scores = {}
         # per cache row: a token of its request went non-finite (see model.forward)
         self._failed = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         mb = default_budget_mb(self.device) if self.prefix_cache_mb is None else self.prefix_cache_mb
@@ -153,10 +153,10 @@ class LlamaRunner:
 
     def release_slot(self, slot: int) -> None:
         """Free the slot's cache row; when it was the last one in use, return freed heap to the OS."""
-            self._prompt_scores.pop(row, None)
         self._sampler.release(slot)
         row = self._rows.release(slot)
         if row is not None:
+            self._prompt_scores.pop(row, None)
             if self.prefix_cache is not None:
                 self._store(row, self._seqs.pop(row, ()))
                 self.prefix_cache.release(row)
@@ -172,11 +172,11 @@ class LlamaRunner:
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
         """
-            if self._prompt_spans:
-                self._score_prompts(batch)
         with torch.inference_mode():
             logits, out_index = self.forward_batch(batch, greedy_only=True)
             out: list = [None] * len(batch)
+            if self._prompt_spans:
+                self._score_prompts(batch)
             if out_index:
                 params = [batch[i].sampling for i in out_index]
                 positions = [len(batch[i].tokens) for i in out_index]
@@ -191,6 +191,9 @@ class LlamaRunner:
                     picks = self._sampler.pick(logits, params, positions, failed, inputs)
                 if self._drafts:
                     self._accept(out, out_index, picks, scored, batch)
+                else:
+                    for i, tok in zip(out_index, picks):
+                        out[i] = tok
                     if scored is not None:
                         for i, entry in zip(out_index, scored):
                             if entry is not None:
@@ -198,9 +201,6 @@ class LlamaRunner:
                 for si in inputs:  # a prompt scored over its chunks: all of it, with its first token
                     if si.prompt_logprobs is not None:  # (then the engine sets it back to None)
                         si.prompt_scored = [None] + self._prompt_scores.pop(self._rows.of[si.slot], [])
-                else:
-                    for i, tok in zip(out_index, picks):
-                        out[i] = tok
         return out
 
     def _score_prompts(self, batch: Sequence[SlotInput]) -> None:
@@ -233,22 +233,22 @@ class LlamaRunner:
         picks a draft-free decode of the same forward would make. The row's
         cache keeps the keys of the inputs that led to them. A non-finite
         pick ends the row's tokens: first, it is the request's error; after
+        accepted picks, those are returned and the cache ends before the
+        input that failed, so the next step recomputes it and the error comes
+        there, as it would one token per step.
 
         ``scored`` (rows asking ``logprobs``): each returned token's entry is
         its own query's (the pick after the input before it), set on
         ``batch[i].scored``, so they are the draft-free entries too.
-        accepted picks, those are returned and the cache ends before the
-        input that failed, so the next step recomputes it and the error comes
-        there, as it would one token per step.
         """
         j, lengths = 0, self.kv_cache.lengths
         while j < len(out_index):
             i = out_index[j]
-                if scored is not None and scored[j] is not None:
-                    batch[i].scored = [scored[j]]
             spec = self._drafts.get(i)
             if spec is None:
                 out[i] = picks[j]
+                if scored is not None and scored[j] is not None:
+                    batch[i].scored = [scored[j]]
                 j += 1
                 continue
             row, pos, drafts = spec
@@ -260,11 +260,11 @@ class LlamaRunner:
                     out[i] = tok if t == 0 else accepted if t > 1 else accepted[0]
                     break
                 accepted.append(tok)
-            if accepted and scored is not None and batch[i].logprobs is not None:
-                batch[i].scored = scored[first:first + len(accepted)]
                 if t == len(drafts) or tok != drafts[t]:
                     out[i] = accepted if len(accepted) > 1 else tok
                     break
+            if accepted and scored is not None and batch[i].logprobs is not None:
+                batch[i].scored = scored[first:first + len(accepted)]
             lengths[row] = pos + max(len(accepted), 1)
 
     def forward_batch(self, batch: Sequence[SlotInput], greedy_only: bool = False
@@ -297,10 +297,10 @@ class LlamaRunner:
             if new == 1:
                 decode[row] = i
             else:
-        self._prompt_logits, self._prompt_spans = None, ()
                 candidates.append(_Candidate(fresh, i, row, cached))
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._schedule(batch, sorted(candidates))
+        self._prompt_logits, self._prompt_spans = None, ()
         with torch.inference_mode():
             result = self._run(batch, decode, chunks, greedy_only)
             if self.prefix_cache is not None:
@@ -392,13 +392,13 @@ class LlamaRunner:
         plan = step_plan(inputs, n_decode, prefill, queries, greedy, device)
         with _attention_kernels(device):
             logits, failed = forward(self.weights, cache.kv, plan)
+        if queries > 1:  # a draft token's failure counts only if it is accepted (then its pick says so)
+            failed[[e for e, at in enumerate(inputs.slots) if at % queries]] = False
+        self._note_failed(plan.write_rows, failed)
         if scoring:  # prompt_logprobs' rows (after the rows that give tokens): step() scores them
             n_out = len(inputs.out_index)
             self._prompt_logits, self._prompt_spans = logits[n_out:], inputs.score_spans
             logits = logits[:n_out]
-        if queries > 1:  # a draft token's failure counts only if it is accepted (then its pick says so)
-            failed[[e for e, at in enumerate(inputs.slots) if at % queries]] = False
-        self._note_failed(plan.write_rows, failed)
         return logits, inputs.out_index
 
     def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
