@@ -67,8 +67,9 @@ def decode_steps(model, prompts, slots: int, settings: list, reps: int, context:
                 waiting.remove(s)
     for _ in range(reps):
         for n in settings:
-            for si in inputs:
-                si.logprobs = n
+            if n is not None or hasattr(inputs[0], "logprobs"):  # (an older SlotInput has no such field)
+                for si in inputs:
+                    si.logprobs = n
             t = time.perf_counter()
             toks = model.step(inputs)
             times[str(n)].append(time.perf_counter() - t)
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternated 'he' runs per setting")
     ap.add_argument("--reps", type=int, default=30, help="decode steps per setting")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--parts", default="decode,prefill,he",
+                    help="which measurements (decode with --logprobs '' also runs on code before logprobs)")
     ap.add_argument("--out", type=Path, default=RESULTS / "logprobs.json")
     args = ap.parse_args()
     if args.threads:
@@ -128,14 +131,17 @@ def main() -> None:
     result = {"model": "smollm2-135m", "precision": model.precision, "slots": args.slots,
               "screened_head": model.weights.greedy_head is not None, "threads": torch.get_num_threads(),
               "load_avg_before": load_avg()}
-    result["decode_step_ms"] = decode_steps(model, prompts, args.slots, [None] + counts, args.reps)
-    result["decode_load_avg"] = load_avg()
-    print(f"decode step, {args.slots} slots, 160 cached tokens: " +
-          ", ".join(f"logprobs={n}: {ms} ms" for n, ms in result["decode_step_ms"].items()))
-    result["prefill"] = prefill_cost(model, prompts[0], reps=5)
-    print(f"prefill of {result['prefill']['prompt_tokens']} tokens: {result['prefill']['plain']} ms, with "
-          f"prompt_logprobs {result['prefill']['prompt_logprobs']} ms ({result['prefill']['ratio']}x)")
-    if args.prompts:
+    parts = args.parts.split(",")
+    if "decode" in parts:
+        result["decode_step_ms"] = decode_steps(model, prompts, args.slots, [None] + counts, args.reps)
+        result["decode_load_avg"] = load_avg()
+        print(f"decode step, {args.slots} slots, 160 cached tokens: " +
+              ", ".join(f"logprobs={n}: {ms} ms" for n, ms in result["decode_step_ms"].items()))
+    if "prefill" in parts:
+        result["prefill"] = prefill_cost(model, prompts[0], reps=5)
+        print(f"prefill of {result['prefill']['prompt_tokens']} tokens: {result['prefill']['plain']} ms, with "
+              f"prompt_logprobs {result['prefill']['prompt_logprobs']} ms ({result['prefill']['ratio']}x)")
+    if args.prompts and "he" in parts:
         n = args.prompts
         he_run(model, prompts[:args.slots], [4] * args.slots, args.slots, None)  # warm-up
         runs = {"none": [], "logprobs_5": []}
