@@ -24,9 +24,10 @@ def load_model(name: str, **options):
       directory, a ``.gguf`` file, or a hub id where a hub is reachable);
       needs the ``hf`` extra. Options: those of :class:`ModelOptions`
       (``device``, ``precision``, ``runner``, ``max_prefill_tokens``,
-      ``speculative_tokens``, ``num_threads``) and ``max_cache_len`` (tokens per slot). A Llama-family
-      model runs on slotserve's own runner (:mod:`worker.models.llama`)
-      unless ``runner="hf"``; other architectures on the transformers forward
+      ``speculative_tokens``, ``num_threads``) and ``max_cache_len`` (tokens per slot). A model of
+      a family slotserve's own runner serves (:mod:`worker.models.llama`: Llama, Mistral, Qwen2/2.5,
+      Qwen3, Gemma 2/3, Phi-3) runs there unless ``runner="hf"`` or its config asks for a feature
+      the runner refuses at load (:func:`worker.models.llama.supports`); others on the transformers forward
       (:mod:`worker.models.hf`, fp32 or bf16 on CPU), which with
       ``runner="hf"`` also takes :func:`~worker.models.hf.load_hf_model`'s options.
 
@@ -77,7 +78,7 @@ def _load_through_transformers(name: str, opts: ModelOptions, device: str, preci
     from worker.models import hf, llama
 
     model, codec = hf.load_pretrained(name)
-    reason = llama.supports(model.config)
+    reason = llama.supports(model.config, llama.cache_len(model.config, device, max_cache_len))
     if reason is not None:
         _check_hf_fallback(name, reason, opts, device, precision)
         if precision == "bf16":

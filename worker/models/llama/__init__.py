@@ -1,5 +1,8 @@
-"""slotserve's own runner for Llama-family models (in the style of gpt-fast and nano-vllm).
+"""slotserve's own runner for decoder-only LMs: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3, Phi-3
+(in the style of gpt-fast and nano-vllm).
 
+- :mod:`~worker.models.llama.family`: what each family does differently from
+  Llama, as data read from the config at load (:class:`~worker.models.llama.family.Family`).
 - :mod:`~worker.models.llama.linear`: linear layers per precision (fp32,
   bf16, weight-only int8/int4) on torch's own kernels.
 - :mod:`~worker.models.llama.weights`: weights in slotserve's fused layout,
@@ -34,32 +37,45 @@ from __future__ import annotations
 
 from worker.models.llama.runner import LlamaRunner
 
-__all__ = ["LlamaRunner", "from_hf", "from_source", "supports"]
-
-_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq fixed, independent of sequence length
+__all__ = ["LlamaRunner", "cache_len", "from_hf", "from_source", "supports"]
 
 
-def supports(config) -> str | None:
-    """None when this runner reproduces the model exactly; else why not (a short reason)."""
-    if getattr(config, "model_type", None) != "llama":
-        return f"architecture {getattr(config, 'model_type', None)!r} is not llama"
-    if getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    if config.hidden_act != "silu":
-        return f"activation {config.hidden_act!r} is not silu"
-    if getattr(config, "mlp_bias", False):
-        return "MLP biases"
-    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in _STATIC_ROPE:
-        return f"RoPE type {rope_type!r} (its frequencies change with the sequence length)"
+def supports(config, max_len: int | None = None) -> str | None:
+    """None when this runner reproduces the model exactly with a cache of ``max_len`` tokens per
+    slot (default: the model's context); else why not (a short reason, from
+    :func:`~worker.models.llama.family.describe`)."""
+    from worker.models.hf import context_length
+    from worker.models.llama.family import Unsupported, describe
+
+    try:
+        describe(config, max_len or context_length(config))
+    except Unsupported as exc:
+        return str(exc)
     return None
+
+
+def cache_len(config, device: str, max_cache_len: int | None) -> int:
+    """Tokens per slot the runner will hold: ``max_cache_len`` (default: the model's context, or
+    the length its RoPE stays static over, :func:`~worker.models.llama.family.rope_position_limit`;
+    on CUDA at most 4096, since the cache is allocated whole there), at most the context."""
+    from worker.models.hf import context_length
+    from worker.models.llama.family import rope_position_limit
+
+    context = context_length(config)
+    if max_cache_len is None:
+        max_cache_len = min(context, rope_position_limit(config) or context)
+        max_cache_len = max_cache_len if device == "cpu" else min(max_cache_len, 4096)
+    if type(max_cache_len) is not int or not 2 <= max_cache_len:
+        raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
+    return min(context, max_cache_len)
 
 
 def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp32", max_cache_len: int | None = None,
             max_prefill_tokens: int = 512, eos_token_ids: tuple[int, ...] = (),
             cpu_linear: str = "auto", screen_head: bool | None = None) -> LlamaRunner:
-    """A :class:`LlamaRunner` holding a copy of ``model``'s weights (a transformers ``LlamaForCausalLM``).
+    """A :class:`LlamaRunner` holding a copy of ``model``'s weights (a transformers causal LM of a
+    family in :data:`~worker.models.llama.family.FAMILIES`: ``LlamaForCausalLM``,
+    ``Qwen2ForCausalLM``, ``Gemma2ForCausalLM``, ...).
 
     - ``tokenizer``: an :class:`~worker.models.hf_text.HFTextCodec` or None (token ids only).
     - ``device``: ``"cpu"`` or ``"cuda"``; ``precision``: ``"fp32"``, ``"bf16"``,
@@ -72,9 +88,14 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """
+    from worker.models.llama.family import Unsupported, describe
     from worker.models.llama.source import LlamaSource
 
-    return from_source(LlamaSource.from_hf(model), tokenizer, device=device, precision=precision,
+    try:
+        parts = describe(model.config, cache_len(model.config, device, max_cache_len)).parts
+    except Unsupported as exc:
+        raise ValueError(f"the slotserve runner cannot run this model: {exc}; use runner='hf'") from exc
+    return from_source(LlamaSource.from_hf(model, parts), tokenizer, device=device, precision=precision,
                        max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
                        eos_token_ids=eos_token_ids, cpu_linear=cpu_linear, screen_head=screen_head)
 
@@ -85,17 +106,14 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
                 screen_head: bool | None = None) -> LlamaRunner:
     """:func:`from_hf` for a :class:`~worker.models.llama.source.LlamaSource` (e.g. from
     :func:`~worker.models.llama.source.read_gguf`); same options and errors."""
-    reason = supports(source.config)
-    if reason is not None:
-        raise ValueError(f"the slotserve runner cannot run this model: {reason}; use runner='hf'")
-    from worker.models.hf import context_length
+    from worker.models.llama.family import Unsupported, describe
     from worker.models.llama.weights import LlamaWeights
 
-    context = context_length(source.config)
-    if max_cache_len is None:
-        max_cache_len = context if device == "cpu" else min(context, 4096)
-    if type(max_cache_len) is not int or not 2 <= max_cache_len:
-        raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
-    weights = LlamaWeights(source, precision, device, min(context, max_cache_len), cpu_linear, screen_head)
+    max_len = cache_len(source.config, device, max_cache_len)
+    try:
+        family = describe(source.config, max_len)
+    except Unsupported as exc:
+        raise ValueError(f"the slotserve runner cannot run this model: {exc}; use runner='hf'") from exc
+    weights = LlamaWeights(source, precision, device, max_len, cpu_linear, screen_head, family)
     return LlamaRunner(weights, tokenizer=tokenizer, eos_token_ids=eos_token_ids,
                        max_prefill_tokens=max_prefill_tokens)

@@ -1,4 +1,10 @@
-"""The Llama forward pass over a step plan: one layer loop, two attention shapes.
+"""The decoder forward pass over a step plan: one layer loop, two attention shapes.
+
+One loop for every family (:mod:`worker.models.llama.family`): what a family
+changes is data fixed at load (the weights' ``family``): a sliding window or
+soft-cap per layer goes to the attention, q/k norms and sandwich norms are
+weights a layer has or not (None), the activation and the embedding's factor
+are the weights' own.
 
 :func:`forward` runs all new tokens of an iteration in ONE pass (a
 :class:`~worker.models.llama.plan.StepPlan` over the weights of
@@ -50,12 +56,20 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     """
     it, c = _Iteration.of(w, kv, plan), w.consts
     x = w.embed(plan.ids)
+    if w.embed_scale is not None:  # Gemma
+        x = x * w.embed_scale
     for layer, lw in enumerate(w.layers):
-        x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c), it))  # x + o(attention)
-        x = lw.down.add(x, _mlp(lw, _rms_norm(x, lw.ln2, c), w.shape.ffn))
+        if lw.post_attn is None:  # pre-norm only (Llama): the residual add fused into the product
+            x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c), it))  # x + o(attention)
+            x = lw.down.add(x, _mlp(w, lw, _rms_norm(x, lw.ln2, c)))
+        else:  # Gemma's sandwich: the outputs normed before the residual add
+            x = x + _rms_norm(lw.o(_attention(w, layer, _rms_norm(x, lw.ln1, c), it)), lw.post_attn, c)
+            x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c))), lw.post_mlp, c)
     failed = ~torch.isfinite(x).all(dim=-1)
     x = _rms_norm(x[plan.logits_at], w.norm, c)
-    return _logits(w, x, plan.greedy), failed
+    logits = _logits(w, x, plan.greedy)
+    cap = w.family.final_softcap
+    return (logits if cap is None else _softcap_logits(logits, cap)), failed
 
 
 @dataclass(slots=True)
@@ -63,20 +77,23 @@ class _Iteration:
     """What every layer of one :func:`forward` reads, made once per iteration."""
 
     plan: StepPlan
-    cos: torch.Tensor  # [N, 1, D], at the entries' positions
-    sin_signed: torch.Tensor  # [N, 1, D]
+    rope: tuple  # (cos, sin_signed), each [N, 1, D] at the entries' positions
+    local_rope: tuple | None  # the same from the sliding layers' own RoPE (Gemma 3), or None
     layer_kv: tuple  # per layer [2, rows, kv_heads, capacity, D], views of the cache
     decode: DecodeViews | None  # the decode attention's operands (None: no decode entries)
-    masks: list  # per prefill sequence: its chunk_mask, None for a fresh prompt (causal)
+    masks: dict  # sliding window (None: full) -> per prefill sequence its mask (None: causal, fresh prompt)
 
     @classmethod
     def of(cls, w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> _Iteration:
-        s = w.shape
+        s, windows = w.shape, w.family.windowed
         decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
-                              s.heads // s.kv_heads, plan.decode_slots) if plan.n_decode else None
-        masks = [chunk_mask(p.count, p.start, plan.ids.device) if p.start else None for p in plan.prefill]
-        return cls(plan, w.cos[plan.positions][:, None], w.sin_signed[plan.positions][:, None], kv.unbind(0),
-                   decode, masks)
+                              s.heads // s.kv_heads, plan.decode_slots, windows) if plan.n_decode else None
+        device = plan.ids.device
+        masks = {win: [chunk_mask(p.count, p.start, device, win) if p.start or win else None
+                       for p in plan.prefill] for win in windows}
+        local = None if w.local_rope is None else tuple(t[plan.positions][:, None] for t in w.local_rope)
+        return cls(plan, (w.cos[plan.positions][:, None], w.sin_signed[plan.positions][:, None]), local,
+                   kv.unbind(0), decode, masks)
 
 
 def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> torch.Tensor:
@@ -88,28 +105,36 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     decode attention reads views made once per iteration, so the ops per
     layer do not grow with rows.
     """
-    s, plan = w.shape, it.plan
+    s, plan, lw, fam = w.shape, it.plan, w.layers[layer], w.family
     n, d = h.shape[0], s.head_dim
     q_end, k_end = s.heads * d, (s.heads + s.kv_heads) * d
-    qkv = w.layers[layer].qkv(h)
+    qkv = lw.qkv(h)
     new_kv = qkv[:, q_end:]
     new_kv.nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
-    _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), it.cos, it.sin_signed)
+    if lw.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm per head of q and k, before RoPE
+        for part, weight in ((qkv[:, :q_end].view(n, s.heads, d), lw.q_norm),
+                             (qkv[:, q_end:k_end].view(n, s.kv_heads, d), lw.k_norm)):
+            part.copy_(_rms_norm(part, weight, w.consts, per_head=True))
+    cos, sin_signed = it.local_rope if fam.local_rope[layer] else it.rope
+    _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin_signed)
     cache = it.layer_kv[layer]
     cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d)
     q = qkv[:, :q_end].view(n, s.heads, d)
-    parts = [] if it.decode is None else [decode_attention(q[: plan.n_decode], it.decode, layer, w.consts.scaling)]
+    window, cap = fam.windows[layer], fam.attn_softcap
+    parts = [] if it.decode is None else [
+        decode_attention(q[: plan.n_decode], it.decode, layer, w.consts.scaling, window, cap)]
     if plan.prefill:
         k, v = qkv[:, q_end:k_end].view(n, s.kv_heads, d), qkv[:, k_end:].view(n, s.kv_heads, d)
-        parts += [prefill_attention(q, k, v, cache, span, mask, w.scaling)
-                  for span, mask in zip(plan.prefill, it.masks)]
+        parts += [prefill_attention(q, k, v, cache, span, mask, w.scaling, cap)
+                  for span, mask in zip(plan.prefill, it.masks[window])]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(n, q_end)
 
 
-def _mlp(lw: LayerWeights, h: torch.Tensor, ffn: int) -> torch.Tensor:
-    """SwiGLU's hidden activations ``silu(gate) * up``, ``[N, ffn]`` (the down projection comes after)."""
-    gu = lw.gate_up(h)
-    return F.silu(gu[:, :ffn]).mul_(gu[:, ffn:])
+def _mlp(w: LlamaWeights, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    """The gated MLP's hidden activations ``act(gate) * up``, ``[N, ffn]`` (the down projection comes
+    after): SwiGLU (``silu``) or Gemma's GeGLU (tanh ``gelu``), as ``w.act``."""
+    gu, ffn = lw.gate_up(h), w.shape.ffn
+    return w.act(gu[:, :ffn]).mul_(gu[:, ffn:])
 
 
 def _logits(w: LlamaWeights, x: torch.Tensor, greedy: list[bool] | None) -> torch.Tensor:
@@ -125,8 +150,16 @@ def _logits(w: LlamaWeights, x: torch.Tensor, greedy: list[bool] | None) -> torc
     return out
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (Llama's RMSNorm, Zhang & Sennrich 2019).
+def _softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's final soft-capping, ``cap * tanh(logits / cap)``, where finite (a screened head's
+    ``-inf`` outside its candidates stays ``-inf``: the cap is monotonic, so the argmax stays)."""
+    capped = torch.tanh(logits / cap).mul_(cap)
+    return torch.where(torch.isfinite(logits), capped, logits)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts, per_head: bool = False) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (Llama's RMSNorm, Zhang & Sennrich 2019);
+    ``per_head``: over ``head_dim`` (q/k norms), else over ``hidden``.
 
     On CPU as a sum of squares times ``1 / hidden`` (seven small ops): ``F.rms_norm``
     (whose ``mean`` alone cost 16 us of its 36 us at 8 rows) made this 6 % of a
@@ -136,7 +169,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts) -> torch.Ten
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), weight, c.eps_value)
     ss = (x * x).sum(-1, keepdim=True)
-    return (x * torch.rsqrt(ss.mul_(c.inv_hidden).add_(c.eps))).mul_(weight)
+    return (x * torch.rsqrt(ss.mul_(c.inv_head_dim if per_head else c.inv_hidden).add_(c.eps))).mul_(weight)
 
 
 def _rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:

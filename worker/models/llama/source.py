@@ -47,18 +47,23 @@ _LAYER_PARTS = {  # LlamaSource layer key -> transformers' module path inside a 
 
 @dataclass
 class LlamaSource:
-    """A Llama model's config and tensors, however they were read.
+    """A decoder model's config and tensors (Llama or another family), however they were read.
 
     - ``config``: attributes as transformers' ``LlamaConfig`` (``hidden_size``,
       ``num_attention_heads``, ``rms_norm_eps``, ...).
     - ``layers``: per decoder layer, ``{"q", "k", "v", "o", "gate", "up",
       "down": weight [out, in], "ln1", "ln2": [hidden]}``, plus ``"q.bias"``
-      etc. where the model has attention biases.
+      etc. where the model has attention biases; ``"qkv"`` and ``"gate_up"``
+      instead where they are stored fused (Phi-3); ``"q_norm"``, ``"k_norm"``
+      ``[head_dim]`` (Qwen3, Gemma 3) and ``"post_attn"``, ``"post_mlp"``
+      ``[hidden]`` (Gemma) where the family has them (:mod:`worker.models.llama.family`).
     - ``norm`` ``[hidden]``, ``embed`` ``[vocab, hidden]``, ``head``
       ``[vocab, hidden]`` or None when the LM head is the embedding (tied).
     - ``inv_freq`` ``[head_dim / 2]`` and ``attention_scaling``: RoPE's, as
       transformers computes them.
     - ``eos_token_ids``: of the generation config and the model config.
+    - ``local_rope``: ``(inv_freq, attention_scaling)`` of a second RoPE for the sliding-window
+      layers (Gemma 3's local base), or None.
     """
 
     config: object
@@ -69,26 +74,39 @@ class LlamaSource:
     inv_freq: torch.Tensor
     attention_scaling: float
     eos_token_ids: list = field(default_factory=list)
+    local_rope: tuple | None = None  # (inv_freq, attention_scaling) of the sliding layers (Gemma 3)
 
     @classmethod
-    def from_hf(cls, model) -> LlamaSource:
-        """The tensors of a transformers ``LlamaForCausalLM`` (shared, not copied)."""
+    def from_hf(cls, model, parts: dict | None = None) -> LlamaSource:
+        """The tensors of a transformers decoder LM (shared, not copied); ``parts``: source layer key
+        -> module path in a decoder layer (:attr:`~worker.models.llama.family.Family.parts`;
+        default Llama's), a part the layer lacks left out (q/k norms, sandwich norms)."""
         cfg, base = model.config, model.base_model
         layers = []
         for layer in base.layers[: cfg.num_hidden_layers]:
-            parts = {}
-            for key, path in _LAYER_PARTS.items():
-                module = layer.get_submodule(path)
-                parts[key] = module.weight.detach()
+            layer_parts = {}
+            for key, path in (parts or _LAYER_PARTS).items():
+                try:
+                    module = layer.get_submodule(path)
+                except AttributeError:
+                    continue
+                layer_parts[key] = module.weight.detach()
                 if getattr(module, "bias", None) is not None:
-                    parts[key + ".bias"] = module.bias.detach()
-            layers.append(parts)
+                    layer_parts[key + ".bias"] = module.bias.detach()
+            layers.append(layer_parts)
         head = model.get_output_embeddings().weight
         embed = base.embed_tokens.weight
         eos = [getattr(model.generation_config, "eos_token_id", None), cfg.eos_token_id]
+        rope = base.rotary_emb
+        if hasattr(rope, "inv_freq"):
+            inv_freq, scaling, local = rope.inv_freq, rope.attention_scaling, None
+        else:  # Gemma 3: one RoPE per layer type
+            inv_freq, scaling = rope.full_attention_inv_freq, rope.full_attention_attention_scaling
+            local = (rope.sliding_attention_inv_freq.detach().float().cpu(),
+                     float(rope.sliding_attention_attention_scaling))
         return cls(cfg, layers, base.norm.weight.detach(), embed.detach(),
-                   None if head is embed else head.detach(), base.rotary_emb.inv_freq.detach().float().cpu(),
-                   float(base.rotary_emb.attention_scaling), eos)
+                   None if head is embed else head.detach(), inv_freq.detach().float().cpu(),
+                   float(scaling), eos, local)
 
 
 def read_gguf(path: str):

@@ -1,8 +1,9 @@
-"""The Llama runner's weights: slotserve's fused layout, built from a :class:`~worker.models.llama.source.LlamaSource`.
+"""The runner's weights: slotserve's fused layout, built from a :class:`~worker.models.llama.source.LlamaSource`.
 
-:class:`LlamaWeights` copies a source (a transformers ``LlamaForCausalLM``,
-or a GGUF file read without one) into slotserve's own tensors, one small
-function per part:
+:class:`LlamaWeights` copies a source (a transformers causal LM of any family
+in :mod:`worker.models.llama.family`, or a GGUF file read without one) into
+slotserve's own tensors, one small function per part (a family's ``(1 + w)``
+norms, stored-fused projections, q/k norms and sandwich norms taken here, once):
 
 - the sizes (:meth:`LlamaShape.of`) and, on CPU, the GEMM library the
   fp32/bf16 linears use (:func:`cpu_kind`, measured for the layer shapes);
@@ -22,11 +23,13 @@ function per part:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from worker.models.llama.family import Family, describe
 from worker.models.llama.linear import DenseLinear, cpu_linear_kind, make_linear
 from worker.models.llama.screen import ScreenedHead, screened_head
 from worker.models.llama.source import LlamaSource
@@ -64,12 +67,17 @@ class LlamaShape:
 
 
 class LayerWeights:
-    """One decoder layer: ``ln1``, ``qkv``, ``o``, ``ln2``, ``gate_up``, ``down`` (see :func:`layer_weights`)."""
+    """One decoder layer: ``ln1``, ``qkv``, ``o``, ``ln2``, ``gate_up``, ``down`` (see :func:`layer_weights`);
+    where the family has them (else None): ``q_norm``, ``k_norm`` ``[head_dim]`` (per-head RMSNorm
+    of q and k before RoPE) and ``post_attn``, ``post_mlp`` ``[hidden]`` (norms of the attention's
+    and the MLP's outputs before the residual add: Gemma's sandwich)."""
 
-    __slots__ = ("ln1", "qkv", "o", "ln2", "gate_up", "down")
+    __slots__ = ("ln1", "qkv", "o", "ln2", "gate_up", "down", "q_norm", "k_norm", "post_attn", "post_mlp")
 
-    def __init__(self, ln1, qkv, o, ln2, gate_up, down) -> None:
+    def __init__(self, ln1, qkv, o, ln2, gate_up, down, q_norm=None, k_norm=None, post_attn=None,
+                 post_mlp=None) -> None:
         self.ln1, self.qkv, self.o, self.ln2, self.gate_up, self.down = ln1, qkv, o, ln2, gate_up, down
+        self.q_norm, self.k_norm, self.post_attn, self.post_mlp = q_norm, k_norm, post_attn, post_mlp
 
 
 class Embedding:
@@ -131,10 +139,11 @@ class StepConsts:
     eps: torch.Tensor | float
     scaling: torch.Tensor | float
     eps_value: float  # for F.rms_norm on CUDA
+    inv_head_dim: torch.Tensor | float  # of the per-head q/k norms
 
     @classmethod
-    def of(cls, cfg, scaling: float, on_cpu: bool) -> StepConsts:
-        """``1 / hidden``, RMSNorm's eps and the attention scaling.
+    def of(cls, cfg, scaling: float, on_cpu: bool, head_dim: int = 1) -> StepConsts:
+        """``1 / hidden``, RMSNorm's eps, the attention scaling and ``1 / head_dim``.
 
         On CPU as fp32 0-dim tensors: an op with a Python float converts it to
         a tensor on every call (2-3 us each, 5 per layer; measured), same value
@@ -142,9 +151,11 @@ class StepConsts:
         a bf16 op would round a 0-dim bf16 tensor (the scaling of head_dim 128
         by ~1e-4), and graph replay hides the cost.
         """
-        values = (1.0 / cfg.hidden_size, float(cfg.rms_norm_eps), scaling)
-        return cls(*(torch.tensor(v, dtype=torch.float32) if on_cpu else v for v in values),
-                   eps_value=float(cfg.rms_norm_eps))
+        def const(v: float):
+            return torch.tensor(v, dtype=torch.float32) if on_cpu else v
+
+        return cls(const(1.0 / cfg.hidden_size), const(float(cfg.rms_norm_eps)), const(scaling),
+                   eps_value=float(cfg.rms_norm_eps), inv_head_dim=const(1.0 / head_dim))
 
 
 class LlamaWeights:
@@ -156,32 +167,47 @@ class LlamaWeights:
     (:class:`LayerWeights`), ``norm``, ``embed`` (:class:`Embedding`),
     ``head``, ``greedy_head`` (a :class:`~worker.models.llama.screen.ScreenedHead`
     or None), ``scaling``, ``consts`` (:class:`StepConsts`), ``cos`` and
-    ``sin_signed`` (:func:`rope_tables`).
+    ``sin_signed`` (:func:`rope_tables`); the family's data
+    (:class:`~worker.models.llama.family.Family`): ``family``, ``local_rope``
+    (``(cos, sin_signed)`` of the sliding layers' own RoPE, or None),
+    ``embed_scale`` (0-dim, or None) and ``act`` (the gated MLP's activation).
     """
 
     def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int,
-                 cpu_linear: str = "auto", screen_head: bool | None = None) -> None:
+                 cpu_linear: str = "auto", screen_head: bool | None = None, family: Family | None = None) -> None:
         """Copy ``source``'s tensors (:class:`~worker.models.llama.source.LlamaSource`) into this layout;
         fp32/bf16 linears on CPU of kind ``cpu_linear`` (``auto``: measured, see
         :func:`~worker.models.llama.linear.cpu_linear_kind`). ``screen_head`` (fp32 on CPU, tied
         head): greedy rows pick through :class:`~worker.models.llama.screen.ScreenedHead`; None:
         when its bf16 product measures faster than the fp32 head (:func:`screened_head`).
-        Raises ValueError for a kind this torch cannot run, or ``screen_head=True`` where
+        ``family``: the model's :class:`~worker.models.llama.family.Family` (default: described
+        from ``source.config``). Raises :class:`~worker.models.llama.family.Unsupported` for a
+        config the runner does not implement, ValueError for a kind this torch cannot run, or ``screen_head=True`` where
         oneDNN has no bf16 product."""
+        self.family = fam = family or describe(source.config, max_len)
         self.shape = shape = LlamaShape.of(source.config, max_len)
         self.precision, self.device = precision, device
         self.act_dtype = act = torch.bfloat16 if precision == "bf16" and device != "cpu" else torch.float32
         on_cpu = torch.device(device).type == "cpu"
         layer_kind = cpu_kind(precision, shape, device, cpu_linear) if precision in ("fp32", "bf16") else None
         self.linear_kind = layer_kind or (precision if on_cpu else "dense")
-        self.layers = [layer_weights(layer, precision, device, layer_kind, act) for layer in source.layers]
-        self.norm = _own_copy(source.norm, device, act)
+        self.layers = [layer_weights(layer, precision, device, layer_kind, act, fam.norm_offset)
+                       for layer in source.layers]
+        self.norm = _norm_copy(source.norm, device, act, fam.norm_offset)
         head_kind = cpu_kind(_head_precision(precision), shape, device, cpu_linear)  # at fp32/bf16: layer_kind's
         self.embed, self.head = embedding_and_head(source, self.layers[0].qkv, precision, device, act, head_kind)
         self.greedy_head = greedy_head(source, self.embed, self.head, precision, on_cpu, screen_head)
-        self.scaling = shape.head_dim ** -0.5
-        self.consts = StepConsts.of(source.config, self.scaling, on_cpu)
-        self.cos, self.sin_signed = rope_tables(source, max_len, shape.head_dim, device, act)
+        self.scaling = fam.scaling
+        self.consts = StepConsts.of(source.config, self.scaling, on_cpu, shape.head_dim)
+        self.cos, self.sin_signed = rope_tables(source.inv_freq, source.attention_scaling, max_len,
+                                                shape.head_dim, device, act)
+        # Gemma 3's sliding layers: their own RoPE base; None where every layer uses the one above
+        self.local_rope = None if source.local_rope is None else rope_tables(
+            *source.local_rope, max_len, shape.head_dim, device, act)
+        # the embedding's factor (Gemma), in the dtype transformers multiplies by: the weights' own
+        self.embed_scale = None if fam.embed_scale is None else torch.tensor(
+            fam.embed_scale, dtype=torch.bfloat16 if precision == "bf16" else torch.float32).to(device, act)
+        self.act = F.silu if fam.activation == "silu" else functools.partial(F.gelu, approximate="tanh")
 
     @property
     def nbytes(self) -> int:
@@ -203,17 +229,26 @@ def cpu_kind(precision: str, shape: LlamaShape, device: str, cpu_linear: str) ->
     return cpu_linear_kind(dtype, shape.linear_shapes, None if cpu_linear == "auto" else cpu_linear)
 
 
-def layer_weights(layer: dict, precision: str, device: str, kind: str | None, act: torch.dtype) -> LayerWeights:
-    """One decoder layer of a :class:`~worker.models.llama.source.LlamaSource`: fused linears, copied norms."""
+def layer_weights(layer: dict, precision: str, device: str, kind: str | None, act: torch.dtype,
+                  norm_offset: float = 0.0) -> LayerWeights:
+    """One decoder layer of a :class:`~worker.models.llama.source.LlamaSource`: fused linears, copied
+    norms (each applied as ``norm_offset + w``: Gemma's ``(1 + w)``, added once here)."""
     def fused(*keys: str):
         return fused_linear(layer, keys, precision, device, kind)
 
-    return LayerWeights(_own_copy(layer["ln1"], device, act), fused("q", "k", "v"), fused("o"),
-                        _own_copy(layer["ln2"], device, act), fused("gate", "up"), fused("down"))
+    def norm(key: str):
+        return None if key not in layer else _norm_copy(layer[key], device, act, norm_offset)
+
+    return LayerWeights(norm("ln1"), fused("q", "k", "v"), fused("o"), norm("ln2"), fused("gate", "up"),
+                        fused("down"), norm("q_norm"), norm("k_norm"), norm("post_attn"), norm("post_mlp"))
 
 
 def fused_linear(layer: dict, keys: tuple[str, ...], precision: str, device: str, kind: str | None):
-    """One linear over ``layer``'s weights ``keys`` stacked along the output (q, k, v -> qkv), biases alike."""
+    """One linear over ``layer``'s weights ``keys`` stacked along the output (q, k, v -> qkv), biases
+    alike; a source that stores them fused already (Phi-3's ``"qkv"``, ``"gate_up"``) gives it as is."""
+    stored = "".join(keys) if len(keys) == 3 else "_".join(keys)  # "qkv", "gate_up"
+    if len(keys) > 1 and stored in layer:
+        return make_linear(layer[stored], layer.get(stored + ".bias"), precision, device, kind)
     weight = torch.cat([layer[k] for k in keys])
     bias = None if keys[0] + ".bias" not in layer else torch.cat([layer[k + ".bias"] for k in keys])
     return make_linear(weight, bias, precision, device, kind)
@@ -257,9 +292,10 @@ def greedy_head(source: LlamaSource, embed: Embedding, head, precision: str, on_
     return None
 
 
-def rope_tables(source: LlamaSource, max_len: int, head_dim: int, device: str, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin_signed)``, each ``[max_len, head_dim]``: RoPE's tables at every position.
+def rope_tables(inv_freq: torch.Tensor, attention_scaling: float, max_len: int, head_dim: int, device: str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin_signed)``, each ``[max_len, head_dim]``: RoPE's tables at every position, for
+    ``inv_freq`` ``[head_dim / 2]`` and ``attention_scaling`` (a source's, transformers' values).
 
     transformers' formula: ``emb = cat(position * inv_freq, twice)``, ``cos``
     and ``sin`` of it times the attention scaling; ``sin`` with its second
@@ -267,10 +303,10 @@ def rope_tables(source: LlamaSource, max_len: int, head_dim: int, device: str, d
     :func:`worker.models.llama.model._rope_`), exactly.
     """
     positions = torch.arange(max_len, dtype=torch.float32)
-    freqs = positions[:, None] * source.inv_freq.float().cpu()
+    freqs = positions[:, None] * inv_freq.float().cpu()
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos = (emb.cos() * source.attention_scaling).to(device=device, dtype=dtype)
-    sin = emb.sin() * source.attention_scaling
+    cos = (emb.cos() * attention_scaling).to(device=device, dtype=dtype)
+    sin = emb.sin() * attention_scaling
     sin[:, head_dim // 2:].neg_()
     return cos, sin.to(device=device, dtype=dtype)
 
@@ -278,6 +314,11 @@ def rope_tables(source: LlamaSource, max_len: int, head_dim: int, device: str, d
 def _head_precision(precision: str) -> str:
     """The LM head's precision: bf16 at bf16, else fp32 (see :func:`embedding_and_head`)."""
     return "bf16" if precision == "bf16" else "fp32"
+
+
+def _norm_copy(weight: torch.Tensor, device: str, dtype: torch.dtype, offset: float) -> torch.Tensor:
+    """An RMSNorm weight as applied, ``offset + w`` (computed in fp32, as Gemma's norm does), own memory."""
+    return _own_copy(weight if offset == 0.0 else weight.float() + offset, device, dtype)
 
 
 def _own_copy(weight: torch.Tensor, device: str, dtype: torch.dtype) -> torch.Tensor:
