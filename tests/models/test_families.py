@@ -262,3 +262,19 @@ def test_a_feature_the_runner_lacks_is_refused_and_auto_takes_the_hf_runner(tmp_
     prompts = random_prompts(3, seed=3, vocab=VOCAB)
     for p, h in zip(prompts, run_engine(model, prompts, [8] * 3)):
         assert h.tokens == generate_alone(ref, p, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_decode_matches_the_hf_forward(family):
+    """On CUDA the decode step replays captured graphs (windows' masks and soft-caps inside them)."""
+    _, path, ref = family
+    model = load_model(path, device="cuda", precision="fp32", max_cache_len=128)
+    model.bind_slots(2)
+    seqs = {0: [5, 6, 7], 1: random_prompts(1, seed=3, max_len=20)[0] + [9, 10]}
+    for _ in range(20):
+        logits, index = model.forward_batch([SlotInput(s, t) for s, t in seqs.items()])
+        for row, i in zip(logits, index):
+            with torch.inference_mode():
+                want = ref(torch.tensor([seqs[i]])).logits[0, -1]
+            torch.testing.assert_close(row.cpu(), want, atol=1e-3, rtol=1e-3)  # TF32 / kernel order
+            seqs[i].append(int(want.argmax()))
