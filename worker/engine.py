@@ -83,6 +83,7 @@ class BatchInferenceEngine:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}") from None
         self.model = model
         self._tokenizer = getattr(model, "tokenizer", None)
+        self._grammars = getattr(model, "grammars", None) if self._slot_aware else None  # worker.models.grammar
         self._gives_logprobs = self._slot_aware and getattr(model, "gives_logprobs", False) is True
         self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
                                    _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
@@ -304,6 +305,8 @@ class BatchInferenceEngine:
         batch = slots.batch
         if not batch:
             return 0
+        if self._grammars is not None:  # constrained rows' masks are filled while the model's forward runs
+            self._grammars.prefetch(batch)
         try:
             tokens = self.model.step(batch) if self._slot_aware else self.model.next_tokens(batch)
             if len(tokens) != len(batch):

@@ -27,10 +27,13 @@ with its :class:`~worker.models.sampling.Sampler`):
   migrated request included, so the matcher is rebuilt from them), then each
   mask feeds it the tokens appended since (the one the engine accepted last
   time). :meth:`Grammars.release` drops it with the slot;
-- :meth:`Grammars.mask` fills every constrained row's bitmask in one
-  llguidance call (``LLExecutor``: rows in parallel, outside the GIL) and
-  applies them to the rows' logits in one masked fill: a token the grammar
-  forbids gets ``-inf``.
+- :meth:`Grammars.prefetch` (the engine calls it before each model step)
+  syncs the batch's constrained rows' matchers and fills their bitmasks in
+  one llguidance call (``LLExecutor``: rows in parallel, outside the GIL) on
+  a thread, while the model's forward runs; :meth:`Grammars.mask` (from the
+  sampler) takes them -- or fills its own, for rows the prefetch did not
+  cover -- and applies them to the rows' logits in one masked fill: a token
+  the grammar forbids gets ``-inf``.
 
 JSON is generated in OpenAI's compact style, ``{"a": 1, "b": [2, 3]}``
 (separators ``", "`` and ``": "``, no other whitespace: a free whitespace
@@ -110,7 +113,8 @@ class Grammars:
 
     Statistics for benchmarks: ``compiles`` (new grammars built), ``hits`` (cache hits),
     ``compile_s`` (seconds spent building), ``mask_s`` (seconds spent syncing, filling and
-    applying masks), ``masks`` (rows masked).
+    applying masks), ``mask_calls`` (iterations with a constrained row), ``masks`` (rows masked),
+    ``prefetched`` (iterations whose masks the prefetch had filled).
     """
 
     def __init__(self, tokenizer_json, vocab_size: int, eos_token_ids: tuple[int, ...],
@@ -126,7 +130,9 @@ class Grammars:
         self._rows: dict[int, _Row] = {}
         self._words = (vocab_size + 31) // 32
         self._shifts: dict[torch.device, torch.Tensor] = {}
-        self.compiles = self.hits = self.masks = 0
+        self._pool = None  # one thread that fills prefetched masks (prefetch)
+        self._pending = None  # (rows, future) of the last prefetch
+        self.compiles = self.hits = self.masks = self.mask_calls = self.prefetched = 0
         self.compile_s = self.mask_s = 0.0
 
     # ---- compiling
@@ -182,8 +188,10 @@ class Grammars:
     # ---- slots
 
     def release(self, slot: int) -> None:
-        """The slot's request is gone: its matcher too."""
+        """The slot's request is gone: its matcher too (and any prefetched mask, now stale)."""
         self._rows.pop(slot, None)
+        if self._pending is not None:
+            self._prefetched(())
 
     def _row(self, params: SamplingParams, item: SlotInput) -> _Row:
         """The slot's matcher, synced with its sequence (built, or rebuilt for a new occupant)."""
@@ -230,17 +238,77 @@ class Grammars:
                 continue
             matchers.append((r, row.matcher))
         if matchers:
-            bits = torch.zeros((len(matchers), self._words), dtype=torch.int32)
-            self._executor.unsafe_compute_mask_ptr([(m, i) for i, (_, m) in enumerate(matchers)], bits.data_ptr(),
-                                                   self._words * 4, len(matchers))
+            bits = self._prefetched([(inputs[r], m) for r, m in matchers])
+            if bits is None:
+                bits = self._fill([m for _, m in matchers])
+            else:
+                self.prefetched += 1
             for i, (r, m) in enumerate(matchers):
                 stops = params[r].structured_stops
                 if stops and m.is_accepting():
                     _allow(bits, i, stops, self.vocab_size)
             self._apply(scores, [r for r, _ in matchers], bits)
             self.masks += len(matchers)
+        self.mask_calls += 1
         self.mask_s += time.perf_counter() - start
         return failed
+
+    def _fill(self, matchers: list) -> torch.Tensor:
+        """The bitmasks of ``matchers`` (int32 ``[n, words]``), in one llguidance call (rows in
+        parallel on its threads, outside the GIL)."""
+        bits = torch.zeros((len(matchers), self._words), dtype=torch.int32)
+        self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bits.data_ptr(),
+                                               self._words * 4, len(matchers))
+        return bits
+
+    def prefetch(self, batch: Sequence[SlotInput]) -> None:
+        """Start filling the bitmasks of ``batch``'s constrained rows on a thread, so that they are
+        computed while the model's forward runs (llguidance drops the GIL); :meth:`mask` takes them
+        when the rows are the same (slot, matcher, tokens), else computes its own. The engine calls
+        this before each model step; a batch without constrained rows costs one scan."""
+        items = [item for item in batch if item.sampling.structured is not None]
+        if not items or self._tokenizer is None:
+            return
+        self._prefetched(())  # (a previous one nobody took)
+        rows = []
+        for item in items:
+            try:
+                row = self._row(item.sampling, item)
+            except GrammarError:
+                continue
+            if not row.matcher.is_error():
+                rows.append((item.slot, row.matcher, len(item.tokens)))
+        if not rows:
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="slotserve-grammar")
+        self._pending = (rows, self._pool.submit(self._fill, [m for _, m, _ in rows]))
+
+    def _prefetched(self, wanted) -> torch.Tensor | None:
+        """The prefetched bitmasks when they are those of ``wanted`` (``(SlotInput, matcher)`` per
+        row, in order), else None; the prefetch is consumed either way (waited for)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        rows, future = pending
+        bits = future.result()
+        if len(rows) != len(wanted):
+            return None if len(rows) < len(wanted) or not wanted else self._pick_rows(rows, bits, wanted)
+        for (slot, m, n), (item, matcher) in zip(rows, wanted):
+            if slot != item.slot or m is not matcher or n != len(item.tokens):
+                return self._pick_rows(rows, bits, wanted)
+        return bits
+
+    def _pick_rows(self, rows, bits: torch.Tensor, wanted) -> torch.Tensor | None:
+        """The rows of ``bits`` for ``wanted`` (a subset of the prefetched rows, e.g. without the
+        rows still prefilling), or None when one is missing."""
+        at = {(slot, id(m), n): i for i, (slot, m, n) in enumerate(rows)}
+        index = [at.get((item.slot, id(matcher), len(item.tokens))) for item, matcher in wanted]
+        if not wanted or None in index:
+            return None
+        return bits[index]
 
     def _apply(self, scores: torch.Tensor, rows: list[int], bits: torch.Tensor) -> None:
         """One masked fill: ``bits`` (int32 ``[n, words]``, bit ``t % 32`` of word ``t // 32`` set
