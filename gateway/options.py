@@ -94,9 +94,16 @@ def _count(value: int | None, field: str, extra: str = "") -> int | None:
 def logprob_options(body: _Sampling) -> dict[str, int]:
     """``logprobs`` / ``prompt_logprobs`` request fields of ``body`` (absent when off); 400 for a count
     outside [0, 20], chat's ``top_logprobs`` without ``logprobs: true`` (OpenAI's rule), or
-    ``top_logprobs`` on ``/v1/completions`` (a chat field there: completions take ``logprobs: N``)."""
+    ``top_logprobs`` on ``/v1/completions`` (a chat field there: completions take ``logprobs: N``),
+    or ``prompt_logprobs`` > 0 with ``stream`` (vLLM's rule and message: a stream has no place for them;
+    ``prompt_logprobs: 0`` with ``stream`` is accepted, as vLLM does, and not asked of the worker)."""
     out: dict[str, int] = {}
     prompt = _count(body.prompt_logprobs, "prompt_logprobs")
+    if prompt is not None and body.stream:
+        if prompt > 0:
+            raise bad_request("`prompt_logprobs` are not available when `stream=True` (vLLM's rule); ask them "
+                              "without stream", "prompt_logprobs")
+        prompt = None  # (nothing would show them)
     if isinstance(body, ChatCompletionRequest):
         top = _count(body.top_logprobs, "top_logprobs")
         if top is not None and body.logprobs is not True:

@@ -11,10 +11,20 @@
 
 Both need the model's tokenizer (:mod:`gateway.tokenizer`); without one
 they answer 400 ``unsupported`` saying why. API keys apply as to ``/v1``
-(:mod:`gateway.auth`). Errors are OpenAI-shaped (:mod:`gateway.errors`).
+(:mod:`gateway.auth`), and so does the body's Content-Type check (plain JSON,
+:func:`gateway.generate._check_json_body_headers`). A model no worker serves
+is 404 ``model_not_found``, as on ``/v1``, even when the gateway has one
+``--tokenizer`` for every model. Errors are OpenAI-shaped (:mod:`gateway.errors`).
+
+The tokenizer's work (encoding, the chat template, decoding, the id checks)
+runs on a thread, never on the event loop: a body of several MB takes
+seconds to tokenize (a 7 MB text: 12-39 s), and on the loop every other
+request's stream would stall that long (measured: 39 s without a token).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -44,22 +54,16 @@ class TokenizeEndpoints:
                 raise bad_request("give one of prompt (text) or messages (a chat)",
                                   "prompt" if body.prompt is None else "messages")
             model, tok = await self._tokenizer(body.model)
+            if body.prompt is not None and body.add_generation_prompt is not None:
+                raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
+            messages = None if body.messages is None else _chat_messages(body)
             try:
-                if body.prompt is not None:
-                    if body.add_generation_prompt is not None:
-                        raise bad_request("add_generation_prompt applies to messages, not prompt",
-                                          "add_generation_prompt")
-                    ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
-                else:
-                    from gateway.generate import _chat_messages
-
-                    ids = tok.chat(_chat_messages(body), body.add_generation_prompt is not False,
-                                   bool(body.add_special_tokens))
+                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages)
             except ValueError as e:
                 raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
             info = self.link.model_info(model)
             out = {"count": len(ids), "max_model_len": None if info is None else info.max_seq_len, "tokens": ids,
-                   "token_strs": [tok.token_str(t) for t in ids] if body.return_token_strs else None}
+                   "token_strs": strs}
             return json_response(out)
         except APIError as e:
             return error_response(e)
@@ -70,18 +74,14 @@ class TokenizeEndpoints:
             model, tok = await self._tokenizer(body.model)
             info = self.link.model_info(model)
             vocab = None if info is None else info.vocab_size
-            for i, t in enumerate(body.tokens):
-                if t < 0 or (vocab is not None and t >= vocab):
-                    raise bad_request(f"tokens[{i}] is {t}: token ids are in [0, {vocab})"
-                                      if vocab else f"tokens[{i}] is {t}: token ids are >= 0", "tokens")
-            try:
-                return json_response({"prompt": tok.decode(body.tokens)})
-            except Exception as e:  # noqa: BLE001 -- an id the tokenizer does not know
-                raise bad_request(f"tokens cannot be decoded: {e}", "tokens") from None
+            return json_response({"prompt": await asyncio.to_thread(_detokenize, tok, body.tokens, vocab)})
         except APIError as e:
             return error_response(e)
 
     async def _parse(self, request: Request, schema):
+        from gateway.generate import _check_json_body_headers
+
+        _check_json_body_headers(request.headers)
         raw = await request.body()
         if len(raw) > self.max_body_bytes:
             raise APIError(413, f"the request body is over the gateway's limit of {self.max_body_bytes} bytes",
@@ -105,7 +105,8 @@ class TokenizeEndpoints:
                 names = ", ".join(sorted(served))
                 raise bad_request(f"model is required: this gateway serves several ({names})", "model",
                                   "missing_required_parameter")
-        elif served and model not in served and self.tokenizers.name is None:
+        elif served and model not in served and model not in (served := self.link.served(await self.link.refresh())):
+            # (refreshed first: the last poll may predate the model's first worker, as client_for does)
             raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it (served now: "
                                 f"{', '.join(sorted(served))})", param="model", code="model_not_found")
         tok = await self.tokenizers.get(self.link.served_name(model))
@@ -113,3 +114,31 @@ class TokenizeEndpoints:
             raise bad_request(f"/tokenize and /detokenize need the model's tokenizer, and "
                               f"{self.tokenizers.why_none(model)}", "model", "unsupported")
         return model, tok
+
+
+def _chat_messages(body: TokenizeRequest) -> list[dict]:
+    from gateway.generate import _chat_messages as chat_messages
+
+    return chat_messages(body)
+
+
+def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None) -> tuple[list[int], list | None]:
+    """``/tokenize``'s ids and (``return_token_strs``) token strings (on a thread). ValueError as the tokenizer."""
+    if messages is None:
+        ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
+    else:
+        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens))
+    return ids, ([tok.token_str(t) for t in ids] if body.return_token_strs else None)
+
+
+def _detokenize(tok: Tokenizer, tokens: list[int], vocab: int | None) -> str:
+    """``/detokenize``'s text (on a thread): 400 naming the first id outside [0, vocab), or one the
+    tokenizer cannot decode."""
+    if tokens and (min(tokens) < 0 or (vocab is not None and max(tokens) >= vocab)):
+        i, t = next((i, t) for i, t in enumerate(tokens) if t < 0 or (vocab is not None and t >= vocab))
+        raise bad_request(f"tokens[{i}] is {t}: token ids are in [0, {vocab})" if vocab
+                          else f"tokens[{i}] is {t}: token ids are >= 0", "tokens")
+    try:
+        return tok.decode(tokens)
+    except Exception as e:  # noqa: BLE001 -- an id the tokenizer does not know
+        raise bad_request(f"tokens cannot be decoded: {e}", "tokens") from None

@@ -1,0 +1,179 @@
+"""Faults found by trying issue 20's HTTP features as a careless or hostile user would, one test per
+member of each fault (all fields, both endpoints), on the gateway's handlers over the scripted broker
+client of test_logprobs_shapes (no sockets, no processes):
+
+- ``/tokenize`` and ``/detokenize`` served a body sent as ``text/plain`` (or gzip-labelled), which
+  ``/v1`` refuses (400 ``unsupported_media_type``);
+- they answered 200 for a model no worker serves when the gateway had one ``--tokenizer`` (which
+  ``slotserve up`` always passes), where ``/v1`` answers 404 ``model_not_found``;
+- they ran the tokenizer on the event loop: a 7 MB ``/tokenize`` stalled every other stream for 39 s
+  (measured on SmolLM2 through ``slotserve up``);
+- ``prompt_logprobs`` with ``stream: true`` was computed by the worker and silently dropped; vLLM
+  answers 400 for a value > 0 (its ``check_logprobs``) and accepts 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+pytest.importorskip("openai")
+pytest.importorskip("starlette")
+httpx = pytest.importorskip("httpx")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway import GatewayConfig  # noqa: E402
+from gateway.generate import Generate  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from gateway.tokenize import TokenizeEndpoints  # noqa: E402
+from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
+from tests.gateway.test_logprobs_shapes import MESSAGES, LetterCodec, ScriptedClient, ScriptedLink  # noqa: E402
+
+
+class RefreshingLink(ScriptedLink):
+    """The scripted link with the broker-status refresh that ``/tokenize`` asks for an unknown name:
+    ``later`` is a model whose first worker registered after the last poll."""
+
+    def __init__(self, client: ScriptedClient, later: str | None = None) -> None:
+        super().__init__(client)
+        self.later = later
+        self.refreshes = 0
+        self.status = None
+
+    def served(self, status=None) -> dict:
+        return {"m": 1, **({self.later: 1} if status == "fresh" and self.later else {})}
+
+    async def refresh(self):
+        self.refreshes += 1
+        return "fresh"
+
+
+def app_for(tokenizers: Tokenizers, link: ScriptedLink | None = None) -> tuple[Starlette, ScriptedClient]:
+    client = ScriptedClient() if link is None else link.client
+    link = link or RefreshingLink(client)
+    gen = Generate(GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
+    tok = TokenizeEndpoints(link, tokenizers)
+    app = Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
+                            Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),
+                            Route("/tokenize", tok.tokenize, methods=["POST"]),
+                            Route("/detokenize", tok.detokenize, methods=["POST"])])
+    return app, client
+
+
+def letters(name: str) -> Tokenizer:
+    return Tokenizer(LetterCodec())
+
+
+BODIES = [("/tokenize", b'{"prompt": "ab"}'), ("/tokenize", b'{"messages": [{"role": "user", "content": "hi"}]}'),
+          ("/detokenize", b'{"tokens": [0, 1]}')]
+
+
+@pytest.mark.parametrize("path, raw", BODIES)
+def test_tokenizer_endpoints_take_only_plain_json_as_v1_does(path, raw):
+    app, _ = app_for(Tokenizers(letters))
+    with TestClient(app) as http:
+        for headers in ({"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"},
+                        {"content-type": "application/json", "content-encoding": "gzip"}):
+            r = http.post(path, content=raw, headers=headers)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_media_type", (headers, r.text)
+            v1 = http.post("/v1/completions", content=b'{"model": "m", "prompt": [1], "max_tokens": 1}',
+                           headers=headers)
+            assert v1.json()["error"]["code"] == "unsupported_media_type"  # the same rule
+        assert http.post(path, content=raw, headers={"content-type": "application/json; charset=utf-8"}).status_code \
+            == 200
+        assert http.post(path, content=raw).status_code == 200  # no Content-Type: read as JSON (as /v1)
+
+
+@pytest.mark.parametrize("path, body", [("/tokenize", {"prompt": "ab"}), ("/tokenize", {"messages": MESSAGES}),
+                                        ("/detokenize", {"tokens": [0]})])
+@pytest.mark.parametrize("one_tokenizer", [None, "letters-folder"])
+def test_an_unserved_model_is_404_even_with_one_tokenizer_for_all(path, body, one_tokenizer):
+    link = RefreshingLink(ScriptedClient(), later="new")
+    app, _ = app_for(Tokenizers(letters, one_tokenizer), link)
+    with TestClient(app) as http:
+        r = http.post(path, json={**body, "model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert r.json()["error"]["param"] == "model" and link.refreshes == 1  # asked the broker before saying so
+        assert http.post(path, json={**body, "model": "m"}).status_code == 200
+        assert http.post(path, json={**body, "model": "new"}).status_code == 200  # registered after the last poll
+
+
+class GatedCodec(LetterCodec):
+    """``encode`` / ``apply_chat_template`` wait (up to 5 s) for a ``decode`` to happen meanwhile: on the
+    event loop they would block the ``/detokenize`` that releases them, so the wait would time out."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.released: list[bool] = []
+
+    def encode(self, text):
+        self.released.append(self.gate.wait(5))
+        return super().encode(text)
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.gate.set()
+        return super().decode(ids, skip_special_tokens)
+
+
+@pytest.mark.parametrize("body", [{"prompt": "ab"}, {"messages": MESSAGES}, {"prompt": "ab", "return_token_strs": True}])
+def test_the_tokenizer_runs_off_the_event_loop(body):
+    codec = GatedCodec()
+    app, _ = app_for(Tokenizers(lambda name: Tokenizer(codec)))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+            slow = asyncio.ensure_future(http.post("/tokenize", json=body))
+            await asyncio.sleep(0.05)  # it is in encode now (on the loop, the loop itself would wait there)
+            fast = await http.post("/detokenize", json={"tokens": [0, 1]})
+            assert fast.status_code == 200 and fast.json() == {"prompt": "ab"}
+            return await slow
+
+    r = asyncio.run(main())
+    assert r.status_code == 200 and codec.released == [True], r.text  # /detokenize ran while it tokenized
+
+
+def test_detokenize_names_the_first_id_outside_the_vocabulary():
+    app, _ = app_for(Tokenizers(letters))
+    with TestClient(app) as http:
+        for tokens, i in [([1, 2, 40, -1], 2), ([-5, 41], 0), ([0] * 1000 + [10**20], 1000)]:
+            r = http.post("/detokenize", json={"tokens": tokens})
+            e = r.json()["error"]
+            assert r.status_code == 400 and e["param"] == "tokens" and e["message"].startswith(f"tokens[{i}] is "), e
+        assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": [4, 5, 6]}),
+                                        ("/v1/completions", {"prompt": "cde"}),
+                                        ("/v1/chat/completions", {"messages": MESSAGES})])
+def test_prompt_logprobs_with_stream_is_vllms_400_and_0_is_not_asked(path, body):
+    app, client = app_for(Tokenizers(letters))
+    with TestClient(app) as http:
+        for n in (1, 20):
+            r = http.post(path, json={"model": "m", "max_tokens": 2, "stream": True, "prompt_logprobs": n, **body})
+            e = r.json()["error"]
+            assert r.status_code == 400 and e["param"] == "prompt_logprobs" and "stream" in e["message"], r.text
+        assert client.submitted == []  # nothing reached a worker
+        r = http.post(path, json={"model": "m", "max_tokens": 2, "stream": True, "prompt_logprobs": 0, **body})
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+        assert [p.prompt_logprobs for p in client.submitted] == [None]  # accepted (as vLLM) and not computed
+        r = http.post(path, json={"model": "m", "max_tokens": 2, "prompt_logprobs": 2, **body})  # not streamed: kept
+        assert r.status_code == 200 and r.json()["choices"][0]["prompt_logprobs"][0] is None
+        assert client.submitted[-1].prompt_logprobs == 2
+
+
+def test_a_streamed_echo_with_logprobs_still_scores_the_prompt():
+    app, client = app_for(Tokenizers(letters))
+    with TestClient(app) as http:
+        r = http.post("/v1/completions", json={"model": "m", "prompt": [2, 3], "max_tokens": 1, "stream": True,
+                                               "echo": True, "logprobs": 1, "prompt_logprobs": 0})
+        assert r.status_code == 200, r.text
+        assert client.submitted[0].prompt_logprobs == 1 and client.submitted[0].logprobs == 1
+        first = r.text.split("\n\n")[0]
+        assert '"token_logprobs":[null,' in first  # the echoed prompt's entries, the first null
+    for t in client.threads:
+        t.join(10)
