@@ -71,3 +71,23 @@ def test_a_cancel_between_prefetch_and_pick_leaves_nothing_stale(tiny):
     b = engine.submit_request("hello", 16, structured={"choice": ["one", "two"]})
     engine.run()
     assert a.finish_reason == FinishReason.CANCELLED and b.text in ("one", "two")
+
+
+def test_a_slow_prefetch_is_waited_for_before_its_matchers_are_touched(tiny, monkeypatch):
+    """The fill thread borrows the matchers: the sampler's mask waits for it before it touches them
+    (a fill still running when the sampler came failed the batch: 'Already mutably borrowed').
+    Slowed here so that every mask waits; the outputs stay those of the fast path."""
+    import time
+
+    g = tiny.grammars
+    fill = g._fill
+
+    def slow(matchers):
+        time.sleep(0.05)
+        return fill(matchers)
+
+    monkeypatch.setattr(g, "_fill", slow)
+    before = g.prefetched
+    handles = run(tiny)
+    assert g.prefetched > before
+    assert all(h.finish_reason != FinishReason.ERROR for h in handles)

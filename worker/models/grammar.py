@@ -191,7 +191,7 @@ class Grammars:
         """The slot's request is gone: its matcher too (and any prefetched mask, now stale)."""
         self._rows.pop(slot, None)
         if self._pending is not None:
-            self._prefetched(())
+            self._wait()
 
     def _row(self, params: SamplingParams, item: SlotInput) -> _Row:
         """The slot's matcher, synced with its sequence (built, or rebuilt for a new occupant)."""
@@ -224,6 +224,7 @@ class Grammars:
         if inputs is None:
             raise ValueError("constrained rows need their slot inputs (the grammar follows each slot's tokens)")
         self._llg()
+        prefetched = self._wait()  # first: its thread may still be using the rows' matchers
         failed: dict[int, ModelError] = {}
         matchers = []
         for r in rows:
@@ -238,7 +239,7 @@ class Grammars:
                 continue
             matchers.append((r, row.matcher))
         if matchers:
-            bits = self._prefetched([(inputs[r], m) for r, m in matchers])
+            bits = None if prefetched is None else self._match(*prefetched, [(inputs[r], m) for r, m in matchers])
             if bits is None:
                 bits = self._fill([m for _, m in matchers])
             else:
@@ -269,7 +270,7 @@ class Grammars:
         items = [item for item in batch if item.sampling.structured is not None]
         if not items or self._tokenizer is None:
             return
-        self._prefetched(())  # (a previous one nobody took)
+        self._wait()  # (a previous one nobody took)
         rows = []
         for item in items:
             try:
@@ -286,14 +287,17 @@ class Grammars:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="slotserve-grammar")
         self._pending = (rows, self._pool.submit(self._fill, [m for _, m, _ in rows]))
 
-    def _prefetched(self, wanted) -> torch.Tensor | None:
-        """The prefetched bitmasks when they are those of ``wanted`` (``(SlotInput, matcher)`` per
-        row, in order), else None; the prefetch is consumed either way (waited for)."""
+    def _wait(self) -> tuple[list, torch.Tensor] | None:
+        """The last prefetch's ``(rows, bitmasks)``, waited for and consumed (None when there is none)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         rows, future = pending
-        bits = future.result()
+        return rows, future.result()
+
+    def _match(self, rows: list, bits: torch.Tensor, wanted) -> torch.Tensor | None:
+        """The prefetched bitmasks when they are those of ``wanted`` (``(SlotInput, matcher)`` per
+        row, in order), else None."""
         if len(rows) != len(wanted):
             return None if len(rows) < len(wanted) or not wanted else self._pick_rows(rows, bits, wanted)
         for (slot, m, n), (item, matcher) in zip(rows, wanted):
