@@ -209,20 +209,9 @@ class Generate:
 
     async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
         _check_json_body_headers(request.headers)
-        limit = self.config.max_body_bytes
-        too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
-                                  "(slotserve serve --max-body-bytes)", code="request_too_large")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
+        raw = await read_body(request, self.config.max_body_bytes)
         try:
-            body = schema.model_validate_json(b"".join(chunks))
+            body = schema.model_validate_json(raw)
         except ValidationError as e:
             raise from_validation(e.errors(include_url=False, include_context=False)) from None
         name = body.unsupported()
@@ -457,6 +446,23 @@ def _check_json_body_headers(headers: Headers) -> None:
     if any(c not in ("", "identity") for c in codings):
         shown = ", ".join(headers.getlist("content-encoding"))[:80]
         raise _not_plain_json(f"uncompressed: Content-Encoding {shown!r} is not supported")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes: 413 as soon as its Content-Length or the bytes
+    read so far say it is larger (a larger body is never held whole in memory)."""
+    too_large = APIError(413, f"the request body is over the gateway's limit of {limit} bytes "
+                              "(slotserve serve --max-body-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _not_plain_json(detail: str) -> APIError:

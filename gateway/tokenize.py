@@ -79,13 +79,10 @@ class TokenizeEndpoints:
             return error_response(e)
 
     async def _parse(self, request: Request, schema):
-        from gateway.generate import _check_json_body_headers
+        from gateway.generate import _check_json_body_headers, read_body
 
         _check_json_body_headers(request.headers)
-        raw = await request.body()
-        if len(raw) > self.max_body_bytes:
-            raise APIError(413, f"the request body is over the gateway's limit of {self.max_body_bytes} bytes",
-                           code="request_too_large")
+        raw = await read_body(request, self.max_body_bytes)  # (never more than the limit in memory)
         try:
             return schema.model_validate_json(raw)
         except ValidationError as e:

@@ -177,3 +177,37 @@ def test_a_streamed_echo_with_logprobs_still_scores_the_prompt():
         assert '"token_logprobs":[null,' in first  # the echoed prompt's entries, the first null
     for t in client.threads:
         t.join(10)
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/completions"])
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_body_over_the_limit_is_413_without_reading_it_whole(path, declared):
+    """/tokenize and /detokenize read the whole body into memory before comparing it with the limit
+    (a 200 MB body: 3.4 s and 200 MB held); now they stop as /v1 does: at a Content-Length over the
+    limit before reading, else at the first chunk past it."""
+    client = ScriptedClient()
+    link = RefreshingLink(client)
+    tokenizers = Tokenizers(letters)
+    gen = Generate(GatewayConfig(max_body_bytes=1000), link, GatewayMetrics(), tokenizers=tokenizers)
+    tok = TokenizeEndpoints(link, tokenizers, max_body_bytes=1000)
+    app = Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
+                            Route("/tokenize", tok.tokenize, methods=["POST"]),
+                            Route("/detokenize", tok.detokenize, methods=["POST"])])
+    chunks, read, sent = 100, [], []
+    headers = [(b"content-type", b"application/json")] + ([(b"content-length", b"100000")] if declared else [])
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": headers, "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1),
+             "root_path": ""}
+
+    async def receive():
+        if len(read) < chunks:
+            read.append(1)
+            return {"type": "http.request", "body": b" " * 1000, "more_body": len(read) < chunks}
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert len(read) <= (0 if declared else 2), len(read)  # stopped at the limit, not at the body's end
