@@ -263,7 +263,7 @@ class Generate:
                                                      **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
-            raise from_value_error(e, prompt_param) from None
+            raise _said_of_max_tokens_0(from_value_error(e, prompt_param), hidden) from None
         except RuntimeError as e:  # the client was closed: the gateway is stopping
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
@@ -316,7 +316,7 @@ class Generate:
                     e = from_remote(err.code, err.message, prompt_param)
                     if e.param == "structured":  # the worker's compile error: name the body's field
                         e.param = field_of(body)
-                    raise e
+                    raise _said_of_max_tokens_0(e, g.hidden)
                 raise APIError(500, f"the request failed: {err}", code="internal")
             if reason is FinishReason.CANCELLED:
                 raise unavailable("the request was cancelled by slotserve (the gateway is stopping or lost "
@@ -468,6 +468,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _not_plain_json(detail: str) -> APIError:
     return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
                        "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
+
+
+def _said_of_max_tokens_0(e: APIError, hidden: bool) -> APIError:
+    """A context-length refusal of a ``max_tokens: 0`` request (run as 1 token, dropped) says so: the
+    message's "max_tokens (1)" is not what the caller sent."""
+    if hidden and e.code == "context_length_exceeded":
+        e.message += ("; max_tokens 0 with echo runs as 1 generated token (dropped), so the prompt may "
+                      "hold at most the context minus 1 tokens")
+    return e
 
 
 def _any_failed(call: _Call) -> bool:

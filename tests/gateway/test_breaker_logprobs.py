@@ -211,3 +211,39 @@ def test_a_body_over_the_limit_is_413_without_reading_it_whole(path, declared):
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 413
     assert len(read) <= (0 if declared else 2), len(read)  # stopped at the limit, not at the body's end
+
+
+class WorkerRefusesTextOverContext(ScriptedClient):
+    """A text prompt is refused as a worker refuses one over the context (the client cannot count it)."""
+
+    def _script(self, h) -> None:
+        from client import RemoteError
+        from protocol.enums import ErrorCode, FinishReason
+
+        if isinstance(h.params.prompt, str):
+            h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, (
+                f"prompt (64 tokens) + max_tokens ({h.params.max_tokens}) = 65 exceeds the model's context of 64 "
+                "tokens; shorten the prompt or lower max_tokens")), 0.0)
+            h.callback([])
+            h._done = True
+            return
+        super()._script(h)
+
+
+@pytest.mark.parametrize("prompt", [[1] * 64, "a" * 64])
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_0_over_the_context_says_it_runs_as_1_token(prompt, stream):
+    """max_tokens 0 with echo is submitted as 1 token: a full-context prompt was refused with
+    "max_tokens (1)", a number the caller never sent; the message now says why."""
+    link = RefreshingLink(WorkerRefusesTextOverContext())
+    app, _ = app_for(Tokenizers(letters), link)
+    with TestClient(app) as http:
+        body = {"model": "m", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1, "stream": stream}
+        e = http.post("/v1/completions", json=body).json()["error"]
+        assert e["code"] == "context_length_exceeded" and e["param"] == "prompt", e
+        assert "max_tokens 0 with echo runs as 1 generated token" in e["message"], e
+        body["max_tokens"] = 1  # asked for 1: the message as it was
+        e = http.post("/v1/completions", json=body).json()["error"]
+        assert e["code"] == "context_length_exceeded" and "max_tokens 0" not in e["message"], e
+        ok = http.post("/v1/completions", json={**body, "prompt": prompt[:63], "max_tokens": 0, "stream": False})
+        assert ok.status_code == 200 or isinstance(prompt, str)  # (the scripted worker refuses every text)
