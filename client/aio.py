@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 from client.client import DEFAULT_ADDRESS, Client
 from client.handle import ClientHandle
+from protocol.enums import FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.messages import Status
 
@@ -37,6 +38,9 @@ class AsyncClient:
     """
 
     def __init__(self, client: Client) -> None:
+        if not isinstance(client, Client):
+            raise TypeError(f"AsyncClient wraps a Client, got {type(client).__name__}; "
+                            "to connect to an address use 'await AsyncClient.connect(address)'")
         self.client = client
 
     @classmethod
@@ -76,41 +80,25 @@ class AsyncClient:
         return h
 
     def stream(self, prompt, max_tokens, **kw) -> AsyncIterator[int]:
-        """Yield each generated token as it arrives (then the handle holds the
-        ``finish_reason``). Arguments as :meth:`Client.submit_request`
+        """Yield each generated token as it arrives; a request that ends with an
+        error raises it (see :meth:`_stream`). Arguments as :meth:`Client.submit_request`
         (no ``callback``/``on_token``)."""
         return self._stream("on_token", prompt, max_tokens, kw)
 
-    async def stream_logprobs(self, prompt, max_tokens, logprobs: int = 0,
-                              **kw) -> AsyncIterator[tuple[int, TokenLogprob]]:
+    def stream_logprobs(self, prompt, max_tokens, logprobs: int = 0,
+                        **kw) -> AsyncIterator[tuple[int, TokenLogprob]]:
         """Yield ``(token, TokenLogprob)`` for each generated token as it arrives:
         :meth:`stream` with each token's :class:`~protocol.logprobs.TokenLogprob`
         (its logprob and the ``logprobs`` most likely alternatives, 0..20; see
         :mod:`protocol.logprobs`), the entries ``handle.logprobs`` holds.
         Arguments as :meth:`Client.submit_request` (no ``callback``/``on_token``);
         ``prompt_logprobs`` may be asked too (they are on the handle, which
-        :meth:`submit_request` returns: not here). Raises ValueError (at the
-        first iteration) on bad input; a model without logits ends the request
-        ``bad_request`` (the handle's ``error``) and the iteration with it."""
+        :meth:`submit_request` returns: not here). Raises ValueError on bad input
+        (``logprobs=None`` at once, the rest at the first iteration); a model without logits ends the request
+        ``bad_request``: the iteration raises that :class:`~client.RemoteError`."""
         if logprobs is None:
             raise ValueError("stream_logprobs needs logprobs (0..20 alternatives per token), got None")
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        h = self.client.submit_request(prompt, max_tokens, lambda seq: _threadsafe(loop, q.put_nowait, _END),
-                                       on_token=lambda t: _threadsafe(loop, q.put_nowait, t), logprobs=logprobs, **kw)
-        finished = False
-        try:
-            i = 0
-            while True:
-                item = await q.get()
-                if item is _END:
-                    finished = True
-                    return
-                yield item, h.logprobs[i]  # (appended before the token's on_token: here already)
-                i += 1
-        finally:
-            if not finished:
-                self.client.cancel(h.request_id)
+        return self._stream("on_token", prompt, max_tokens, {**kw, "logprobs": logprobs}, scored=True)
 
     def stream_text(self, prompt, max_tokens, **kw) -> AsyncIterator[str]:
         """Yield each piece of text the worker releases, as
@@ -121,22 +109,31 @@ class AsyncClient:
         :meth:`Client.submit_request` (no ``callback``/``on_text``)."""
         return self._stream("on_text", prompt, max_tokens, kw)
 
-    async def _stream(self, hook: str, prompt, max_tokens, kw: dict) -> AsyncIterator:
+    async def _stream(self, hook: str, prompt, max_tokens, kw: dict, scored: bool = False) -> AsyncIterator:
         """The synchronous client's streaming callback ``hook`` (``on_token`` or
         ``on_text``) as an async iterator: each value is handed to the event
-        loop; the request's end closes it; leaving early cancels the request."""
+        loop (with ``scored``, as ``(token, handle.logprobs[i])``); the request's
+        end closes it, and an ending ``finish_reason="error"`` raises the
+        handle's ``error`` (a :class:`~client.RemoteError`: e.g. a model
+        without logits, or a worker failure) after the values that came
+        before it; leaving early cancels the request."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         h = self.client.submit_request(prompt, max_tokens, lambda seq: _threadsafe(loop, q.put_nowait, _END),
                                        **{hook: lambda v: _threadsafe(loop, q.put_nowait, v)}, **kw)
         finished = False
         try:
+            i = 0
             while True:
                 item = await q.get()
                 if item is _END:
                     finished = True
+                    if h.finish_reason is FinishReason.ERROR and h.error is not None:
+                        raise h.error
                     return
-                yield item
+                # (a token's logprobs entry is appended before its on_token runs: here already)
+                yield (item, h.logprobs[i]) if scored else item
+                i += 1
         finally:
             if not finished:
                 self.client.cancel(h.request_id)

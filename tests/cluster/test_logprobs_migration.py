@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from client import AsyncClient, Client  # noqa: E402
+from client import AsyncClient, Client, RemoteError  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from tests.support.cluster import ThreadCluster, registered  # noqa: E402
 from tests.support.slot_models import tiny_llama  # noqa: E402
@@ -111,6 +111,34 @@ def test_async_stream_of_token_logprob_pairs_and_a_model_without_logits_refuses(
     assert all(same_entry(x, y) and len(x.top) == 2 for (_, x), y in zip(pairs, h.logprobs))
     assert sim.finish_reason is FinishReason.ERROR and sim.error.code is ErrorCode.BAD_REQUEST
     assert "logprobs" in str(sim.error) and sim.tokens == []
+
+
+def test_every_async_stream_raises_the_error_that_ended_its_request_and_asyncclient_wants_a_client():
+    """A stream over a request that ends ``finish_reason="error"`` raises its RemoteError (it used to
+    end like a finished one: an empty loop for a model without logits); one that ends otherwise does not."""
+    async def main(frontend):
+        got = {}
+        async with await AsyncClient.connect(frontend, model="sim") as ac:
+            for name, stream in (("logprobs", ac.stream_logprobs([1, 2], 3, logprobs=1)),
+                                 ("tokens", ac.stream([1, 2], 3, logprobs=1)),
+                                 ("text", ac.stream_text([1, 2], 3, prompt_logprobs=0))):
+                try:
+                    got[name] = [x async for x in stream]
+                except RemoteError as e:
+                    got[name] = e
+            got["plain"] = [t async for t in ac.stream([1, 2], 3)]
+        return got
+
+    with ThreadCluster(heartbeat_interval_s=0.1) as cl, Client(cl.frontend, model="sim") as c:
+        cl.add_worker(SimulatedLLM(), model="sim", num_slots=2, name="sim")
+        wait_until(lambda: registered(c, "sim"), 30, "the worker to register")
+        got = asyncio.run(main(cl.frontend))
+    for name in ("logprobs", "tokens", "text"):
+        assert isinstance(got[name], RemoteError) and got[name].code is ErrorCode.BAD_REQUEST, (name, got[name])
+        assert "logprobs" in str(got[name])
+    assert len(got["plain"]) == 3
+    with pytest.raises(TypeError, match="AsyncClient.connect"):
+        AsyncClient("tcp://127.0.0.1:5555")
 
 
 def iterations(wp) -> list:
