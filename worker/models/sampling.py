@@ -137,13 +137,35 @@ def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
     of its ``k`` largest values, most likely first, ties by lower id (exact; ``topk`` on the values
     leaves the order of ties unspecified).
 
-    A value <= 0 is the larger the smaller its bits' magnitude (``-0.0`` and ``0.0`` alike), so the
-    ``k`` smallest int64 keys ``magnitude << 32 | id`` (distinct) are the answer, in order.
+    On CPU: ``topk(k + 1)`` of the values, the ``k`` reordered by (value, id); a row whose ``k``-th
+    and ``k + 1``-th values tie (a tie across the cut, where ``topk`` may have kept a higher id) is
+    redone by :func:`_top_ids_exact`. Measured at 125 x 49,152 (a prompt's rows), k = 5, 2 threads:
+    15 ms against 158 ms for the exact keys alone. Elsewhere (CUDA) the exact keys always, which
+    need no host synchronisation.
     """
+    vocab = logprobs.shape[-1]
+    if k >= vocab or logprobs.device.type != "cpu":
+        return _top_ids_exact(logprobs, k)
+    values, ids = logprobs.topk(k + 1, dim=-1)  # descending
+    cut = values[:, k - 1] == values[:, k]
+    values, ids = values[:, :k], ids[:, :k]
+    by_id = ids.argsort(dim=-1)  # ties inside the k: lower id first (a stable sort by value keeps it)
+    ids, values = ids.gather(1, by_id), values.gather(1, by_id)
+    ids = ids.gather(1, values.sort(dim=-1, descending=True, stable=True).indices)
+    if bool(cut.any()):
+        rows = cut.nonzero()[:, 0]
+        ids[rows] = _top_ids_exact(logprobs.index_select(0, rows), k)
+    return ids
+
+
+def _top_ids_exact(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`top_ids` by one ``topk`` over distinct int64 keys ``magnitude << 32 | id``: a value
+    <= 0 is the larger the smaller its bits' magnitude (``-0.0`` and ``0.0`` alike), so the ``k``
+    smallest keys are the answer, in order."""
     vocab = logprobs.shape[-1]
     magnitude = (logprobs.view(torch.int32) & _MAGNITUDE).long()
     ids = torch.arange(vocab, device=logprobs.device)
-    return ((magnitude << 32) | ids).topk(k, dim=-1, largest=False).indices
+    return ((magnitude << 32) | ids).topk(min(k, vocab), dim=-1, largest=False).indices
 
 
 def _pack(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> list[torch.Tensor]:
