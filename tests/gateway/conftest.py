@@ -10,6 +10,22 @@ def text_model(tiny_text_dir) -> str:
 
 
 @pytest.fixture(scope="module")
+def cluster(text_model):
+    """A broker, one worker (4 slots) serving ``text_model`` and the gateway on a free port, for the
+    module (a module that needs another cluster defines its own ``cluster``)."""
+    from gateway.config import GatewayConfig
+    from tests.support.gateway import start_cluster
+    from worker.config import WorkerConfig
+
+    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
+                      models=(text_model,))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
 def oai(cluster):
     """The official ``openai`` SDK pointed at the module's ``cluster`` gateway (no retries)."""
     import openai

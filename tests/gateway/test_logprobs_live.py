@@ -12,24 +12,11 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 
-from gateway import GatewayConfig  # noqa: E402
-from tests.support.gateway import start_cluster  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
 
 PROMPT = [11, 12, 13, 11, 12, 13, 11, 12]
 MESSAGES = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture(scope="module")
-def cluster(text_model):
-    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
-                      models=(text_model,))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,23 +12,11 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 
-from gateway import GatewayConfig  # noqa: E402
-from tests.support.gateway import error_of, start_cluster  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
 
 PROMPT = [11, 12, 13, 11, 12, 13, 11, 12]  # token ids: the same prompt in process and over HTTP
-
-
-@pytest.fixture(scope="module")
-def cluster(text_model):
-    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
-                      models=(text_model,))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,23 +17,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from gateway import GatewayConfig  # noqa: E402
-from tests.support.gateway import error_of, start_cluster  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "colour"],
           "properties": {"ok": {"type": "boolean"}, "colour": {"enum": ["red", "green", "blue"]}}}
 MESSAGES = [{"role": "user", "content": "hello world"}]
-
-
-@pytest.fixture(scope="module")
-def cluster(text_model):
-    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
-                      models=(text_model,))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_the_sdks_response_format_json_schema_gives_valid_json(oai, text_model):

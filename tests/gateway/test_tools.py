@@ -16,11 +16,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from gateway import GatewayConfig  # noqa: E402
 from gateway.errors import APIError  # noqa: E402
 from gateway.tools import apply_tool_calls, parse_tool_calls, render_messages  # noqa: E402
-from tests.support.gateway import error_of, start_cluster  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}}}
@@ -39,16 +37,6 @@ def text_model(tmp_path_factory):
     from tests.support.tiny_text import make_tiny_text_model
 
     return make_tiny_text_model(tmp_path_factory.mktemp("tiny-tools"), max_positions=2048)
-
-
-@pytest.fixture(scope="module")
-def cluster(text_model):
-    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
-                      models=(text_model,))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def check_calls(message, names):
