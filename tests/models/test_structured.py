@@ -172,8 +172,8 @@ def test_models_without_grammar_support_refuse_it():
 
 
 @pytest.fixture(scope="module")
-def smol_hf():
-    return load_model("smollm2-135m", runner="hf")
+def smol_hf(smollm2_hf):
+    return smollm2_hf
 
 
 def test_the_transformers_runner_gives_the_same_constrained_output(smol, smol_hf):
