@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from client import AsyncClient, Client, RemoteError  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
-from tests.support.cluster import ThreadCluster, registered  # noqa: E402
+from tests.support.cluster import ThreadCluster, iterations, registered  # noqa: E402
 from tests.support.slot_models import tiny_llama  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 from worker import SimulatedLLM  # noqa: E402
@@ -139,16 +139,6 @@ def test_every_async_stream_raises_the_error_that_ended_its_request_and_asynccli
     assert len(got["plain"]) == 3
     with pytest.raises(TypeError, match="AsyncClient.connect"):
         AsyncClient("tcp://127.0.0.1:5555")
-
-
-def iterations(wp) -> list:
-    its = []
-    while wp.engine.wait_for_work(0):
-        wp.engine.step()
-        out = wp._collect()
-        if out is not None:
-            its.append(out[1])
-    return its
 
 
 def test_the_worker_sends_each_tokens_entry_with_it_and_the_prompts_once_with_the_first(tiny_text_dir):

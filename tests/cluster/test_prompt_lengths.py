@@ -13,7 +13,7 @@ from protocol.codec import decode, encode
 from protocol.framing import fit, request_ids, split
 from protocol.messages import Iteration, Register, Results, Started, Submit
 from protocol.request import RequestParams
-from tests.support.cluster import ThreadCluster
+from tests.support.cluster import ThreadCluster, iterations
 from tests.support.cores import C1, INFO, W1, assigned, make_core, sent
 from tests.support.messages import envelope
 from worker import SimulatedLLM
@@ -48,16 +48,6 @@ class TextSim(SimulatedLLM):
     def __init__(self):
         super().__init__(vocab_size=256)
         self.tokenizer = Bytes()
-
-
-def iterations(wp: WorkerProcess) -> list[Iteration]:
-    its = []
-    while wp.engine.wait_for_work(0):
-        wp.engine.step()
-        out = wp._collect()
-        if out is not None:
-            its.append(out[1])
-    return its
 
 
 def test_the_worker_sends_a_text_prompts_length_with_its_first_tokens_once():

@@ -181,3 +181,15 @@ def fake_broker(welcome: Welcome):
         yield fb
     finally:
         fb.close()
+
+
+def iterations(wp: WorkerProcess) -> list:
+    """Step a socket-less :class:`WorkerProcess`'s engine until it has no work; the ``Iteration``
+    message it would send after each step (``_collect``), in order."""
+    its = []
+    while wp.engine.wait_for_work(0):
+        wp.engine.step()
+        out = wp._collect()
+        if out is not None:
+            its.append(out[1])
+    return its
