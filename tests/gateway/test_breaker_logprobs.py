@@ -32,7 +32,9 @@ from gateway.generate import Generate  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import MESSAGES, LetterCodec, ScriptedClient, ScriptedLink  # noqa: E402
+from tests.gateway.test_logprobs_shapes import (  # noqa: E402
+    MESSAGES, LetterCodec, ScriptedClient, ScriptedLink, handlers_app,
+)
 
 
 class RefreshingLink(ScriptedLink):
@@ -55,14 +57,7 @@ class RefreshingLink(ScriptedLink):
 
 def app_for(tokenizers: Tokenizers, link: ScriptedLink | None = None) -> tuple[Starlette, ScriptedClient]:
     client = ScriptedClient() if link is None else link.client
-    link = link or RefreshingLink(client)
-    gen = Generate(GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
-    tok = TokenizeEndpoints(link, tokenizers)
-    app = Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
-                            Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),
-                            Route("/tokenize", tok.tokenize, methods=["POST"]),
-                            Route("/detokenize", tok.detokenize, methods=["POST"])])
-    return app, client
+    return handlers_app(tokenizers, link or RefreshingLink(client)), client
 
 
 def letters(name: str) -> Tokenizer:

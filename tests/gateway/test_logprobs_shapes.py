@@ -146,19 +146,22 @@ def letters(name: str) -> Tokenizer | None:
     return Tokenizer(LetterCodec()) if name == "m" else None
 
 
+def handlers_app(tokenizers: Tokenizers, link) -> Starlette:
+    """The gateway's generation and tokenizer handlers over ``link`` (a stand-in for the broker link)."""
+    gen = Generate(GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
+    tok = TokenizeEndpoints(link, tokenizers)
+    return Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
+                             Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),
+                             Route("/tokenize", tok.tokenize, methods=["POST"]),
+                             Route("/detokenize", tok.detokenize, methods=["POST"])])
+
+
 @pytest.fixture(params=["tokenizer", "none"])
 def setup(request):
     """``(sdk, client, has_tokenizer)``: the openai SDK on the handlers, with the letters tokenizer or none."""
     client = ScriptedClient()
     tokenizers = Tokenizers(letters if request.param == "tokenizer" else None)
-    link = ScriptedLink(client)
-    gen = Generate(GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
-    tok = TokenizeEndpoints(link, tokenizers)
-    app = Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
-                            Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),
-                            Route("/tokenize", tok.tokenize, methods=["POST"]),
-                            Route("/detokenize", tok.detokenize, methods=["POST"])])
-    with TestClient(app) as http:
+    with TestClient(handlers_app(tokenizers, ScriptedLink(client))) as http:
         sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
         yield sdk, client, request.param == "tokenizer", http
     for t in client.threads:
