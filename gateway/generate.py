@@ -40,8 +40,7 @@ from gateway.responses import DONE, Envelope, error_response, finish_reason, jso
     usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.tools import ToolPlan, apply_tool_calls, render_messages, tool_plan
-from gateway.tools import chunks as tool_chunks
+from gateway.tools import ToolPlan, ToolStream, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
 
@@ -155,7 +154,7 @@ class Generate:
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
                 call.tools = tool_plan(body)
-            if body.stream and call.tools is None:  # (a stream with tools is answered once parsed, below)
+            if body.stream:
                 return await self._start_stream(request, body, call)
             await self._submit(body, call, stream=False)
             watch = _Watch(request, call.signal)
@@ -172,10 +171,6 @@ class Generate:
             self._observe(call, 200)
             if call.tools is not None:
                 out = apply_tool_calls(out, call.tools)
-                if body.stream:
-                    usage_ = bool(body.stream_options and body.stream_options.include_usage)
-                    return StreamingResponse(iter([sse(c) for c in tool_chunks(out, usage_)] + [DONE]),
-                                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             return json_response(out)
         except APIError as e:
             self._observe(call, e.status)
@@ -356,7 +351,9 @@ class Generate:
         ``continuous_usage_stats``, with ``include_usage``): every chunk, the
         role chunks included, carries the usage so far (the tokens streamed up
         to and including it; null while a text prompt's length is unknown,
-        see :func:`gateway.responses.usage`)."""
+        see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
+        :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
+        tools = {g.index: ToolStream(call.tools.functions) for g in call.gens} if call.tools is not None else None
         if env.chat or env.echo:
             for g in call.gens:
                 yield env.chunk([env.role_choice(g.index) if env.chat else env.echo_choice(g)],
@@ -380,9 +377,10 @@ class Generate:
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.stop_reason if d.finished else None
-                yield env.chunk([env.delta_choice(g, d, reason, stop_reason)],
-                                usage(call.gens, call.prompts, streamed=True) if continuous else None,
-                                with_usage=include_usage)
+                choice = env.delta_choice(g, d, reason, stop_reason)
+                for c in [choice] if tools is None else stream_choices(tools[g.index], choice, d.finished):
+                    yield env.chunk([c], usage(call.gens, call.prompts, streamed=True) if continuous else None,
+                                    with_usage=include_usage)
             if pending:
                 if call.ended is not None:
                     e = shutting_down(call.ended)

@@ -1,0 +1,174 @@
+"""Tool calls streamed as OpenAI streams them (gateway/tools.py :class:`ToolStream`): content as it
+comes, a call's header delta once its name is known, its argument text in fragments, and the same
+parse streamed or not -- checked on the parser alone for every way of cutting an output into
+deltas, and end to end through the ``openai`` SDK on the gateway's handlers over a scripted broker
+client whose outputs are known exactly (plain text, one call, two calls, text before a call, a call
+cut by ``max_tokens``, malformed call JSON)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from client.handle import ClientHandle  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from gateway.tools import ToolStream, merged, parse_tool_calls  # noqa: E402
+from protocol.enums import FinishReason  # noqa: E402
+from protocol.request import ModelLimits  # noqa: E402
+from tests.gateway.test_logprobs_shapes import VOCAB, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
+
+FUNCTIONS = {"get_weather": {}, "get_time": {}}
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in FUNCTIONS]
+WEATHER = '{"city": "Paris}\\"", "days": [1, {"n": 2}]}'
+OUTPUTS = {  # name -> (the model's output, whether a max_tokens of 9 tokens cuts it)
+    "plain": "  It is sunny, <b>really</b> < tool_call >.  ",
+    "one": f'<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
+    "two": '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+           '<tool_call>{"name": "get_weather", "parameters": {"city": "Oslo"}}</tool_call>',
+    "text_first": 'Let me check.\n\n<tool_call>{"name": "get_time"}</tool_call>\nDone.',
+    "cut": f'Sure. <tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
+    "malformed": '<tool_call>{"name": get_weather, "arguments": {}}</tool_call> and '
+                 '<tool_call>{"name": "unknown", "arguments": {}}</tool_call><tool_c',
+}
+TOKEN_CHARS = 4  # the scripted model's tokens are 4 characters of its output
+
+
+def calls_of(calls: list) -> list[tuple[str, str]]:
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def feed_in_pieces(text: str, cuts: list[int], reason: str = "stop") -> tuple[list[dict], str]:
+    stream = ToolStream(FUNCTIONS)
+    deltas = []
+    for a, b in zip([0] + cuts, cuts + [len(text)]):
+        deltas += stream.feed(text[a:b])
+    more, reason = stream.finish(reason)
+    return deltas + more, reason
+
+
+# ---------------------------------------------------------------------- the parser alone
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_every_cut_into_deltas_adds_up_to_the_whole_parse(name):
+    text = OUTPUTS[name]
+    content, calls = parse_tool_calls(text, FUNCTIONS)
+    cuttings = [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]  # one cut anywhere; every char
+    rng = random.Random(0)
+    cuttings += [sorted(rng.sample(range(1, len(text)), rng.randint(1, len(text) // 3))) for _ in range(50)]
+    for cuts in cuttings:
+        deltas, _ = feed_in_pieces(text, cuts)
+        got_content, got_calls = merged(deltas)
+        assert (got_content, calls_of(got_calls)) == (content, calls_of(calls)), cuts
+
+
+def test_what_the_parse_says():
+    assert parse_tool_calls(OUTPUTS["plain"], FUNCTIONS) == (OUTPUTS["plain"], [])
+    content, calls = parse_tool_calls(OUTPUTS["one"], FUNCTIONS)
+    assert content is None and calls_of(calls) == [("get_weather", WEATHER)]  # the model's text, exactly
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": 'Paris}"', "days": [1, {"n": 2}]}
+    content, calls = parse_tool_calls(OUTPUTS["two"], FUNCTIONS)
+    assert content is None and calls_of(calls) == [("get_time", "{}"), ("get_weather", '{"city": "Oslo"}')]
+    content, calls = parse_tool_calls(OUTPUTS["text_first"], FUNCTIONS)
+    assert content == "Let me check.\nDone." and calls_of(calls) == [("get_time", "{}")]
+    assert parse_tool_calls(OUTPUTS["malformed"], FUNCTIONS) == (OUTPUTS["malformed"], [])
+    content, calls = parse_tool_calls(OUTPUTS["cut"][:OUTPUTS["cut"].index("Pa") + 2], FUNCTIONS)  # cut inside the arguments
+    assert content == "Sure." and calls_of(calls) == [("get_weather", '{"city": "Pa')]
+
+
+def test_deltas_come_as_soon_as_the_text_allows():
+    stream = ToolStream(FUNCTIONS)
+    assert stream.feed("Hi there <tool") == [{"content": "Hi there"}]  # the space and a tag's start held back
+    assert stream.feed('_call>{"name": "get_') == []
+    head, args = stream.feed('weather", "arguments": {"ci')
+    call = head["tool_calls"][0]
+    assert call["index"] == 0 and call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": ""}
+    assert args == {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}
+    assert stream.feed('ty": "x"') == [{"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "x"'}}]}]
+    assert stream.feed("}}\n</tool_call>") == [{"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}]
+    assert stream.finish("stop") == ([], "tool_calls")
+    short = ToolStream(FUNCTIONS)
+    short.feed('<tool_call>{"name": "get_time", "arguments": {"zone": "u')
+    assert short.finish("length") == ([], "length")
+    text = ToolStream(FUNCTIONS)
+    assert text.feed("a <tool_c") == [{"content": "a"}]
+    assert text.finish("stop") == ([{"content": " <tool_c"}], "stop")  # no call came: the text is content
+
+
+# ---------------------------------------------------------------------- end to end through the SDK
+
+
+class OutputClient(ScriptedClient):
+    """Writes ``OUTPUTS[last message's content]``, TOKEN_CHARS characters a token, and ends ``stop``
+    (``length`` when ``max_tokens`` tokens came first)."""
+
+    def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
+        params = ModelLimits(VOCAB, 4096, True).build(prompt, max_tokens, **options)
+        self.submitted.append(params)
+        h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
+        t = threading.Thread(target=self._run, args=(h,))
+        self.threads.append(t)
+        t.start()
+        return h
+
+    def _script(self, h: ClientHandle) -> None:
+        text = OUTPUTS[h.params.prompt[-1].content]
+        pieces = [text[i:i + TOKEN_CHARS] for i in range(0, len(text), TOKEN_CHARS)]
+        h._prompt_tokens = 5
+        h.first_token_s = time.monotonic()
+        for i, piece in enumerate(pieces[:h.params.max_tokens]):
+            h._tokens.append(i % VOCAB)
+            h._text.append(piece)
+            if h.on_token is not None:
+                h.on_token(i % VOCAB)
+        reason = FinishReason.LENGTH if len(pieces) > h.params.max_tokens else FinishReason.STOP
+        h._end(reason, None, None, time.monotonic())
+        h.callback(h.tokens)
+        h._done = True
+
+
+@pytest.fixture
+def sdk():
+    client = OutputClient()
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_a_stream_adds_up_to_the_answer(sdk, name):
+    max_tokens = 9 if name == "cut" else 60
+    kw = dict(model="m", messages=[{"role": "user", "content": name}], max_tokens=max_tokens, tools=TOOLS)
+    whole = sdk.chat.completions.create(**kw).choices[0]
+    content, calls, reasons, firsts = [], {}, [], []
+    for chunk in sdk.chat.completions.create(**kw, stream=True):
+        (choice,) = chunk.choices
+        delta = choice.delta
+        content += [delta.content] if delta.content else []
+        for tc in delta.tool_calls or []:
+            if tc.index not in calls:  # the call's first delta: id, type and name, no arguments yet
+                assert tc.id.startswith("call_") and tc.type == "function" and tc.function.arguments == ""
+                firsts.append(tc.function.name)
+                calls[tc.index] = ""
+            else:
+                assert tc.id is None and tc.function.name is None
+            calls[tc.index] += tc.function.arguments or ""
+        reasons += [choice.finish_reason] if choice.finish_reason else []
+    want_calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert ("".join(content) or None, list(zip(firsts, calls.values()))) == (whole.message.content or None, want_calls)
+    assert reasons == [whole.finish_reason]
+    expected_content, expected_calls = parse_tool_calls(OUTPUTS[name][:max_tokens * TOKEN_CHARS], FUNCTIONS)
+    assert (whole.message.content, want_calls) == (expected_content, calls_of(expected_calls))
+    assert whole.finish_reason == ("length" if name == "cut" else "tool_calls" if want_calls else "stop")
