@@ -21,6 +21,16 @@ occupancy >= 97 %, 4 workers >= 3.8x one. Prints a table; writes
 
     python bench/broker.py            # full run (about two minutes)
     python bench/broker.py --quick    # smaller sizes, for a smoke check
+    python bench/broker.py --compare-routing 3   # prefix-aware dispatch on vs off, alternated
+
+``--prefix-routing off`` runs the four with credit-only dispatch
+(``BrokerConfig(prefix_routing=False)``); ``--compare-routing ROUNDS``
+instead measures only the throughput, on vs off alternated (issue 23: the
+broker stays within 5 % with prefix routing), on the 3-token prompts above
+(under the router's ``MIN_MATCH``: one length check) and on 64-token
+prompts sharing 16 prefixes of 48 tokens (every request matched against both
+workers' trees and inserted; their unique tails make the trees evict), and
+writes ``bench/results/broker_routing.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import threading
 import time
@@ -50,8 +61,8 @@ ANY = "tcp://127.0.0.1:*"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def cluster(workers: int, slots: int, step_delay_ms: float = 0.0) -> LocalCluster:
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY),
+def cluster(workers: int, slots: int, step_delay_ms: float = 0.0, prefix_routing: bool = True) -> LocalCluster:
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY, prefix_routing=prefix_routing),
                         tuple(WorkerConfig(num_slots=slots, step_delay_ms=step_delay_ms) for _ in range(workers)))
     return LocalCluster(cfg)
 
@@ -71,30 +82,44 @@ def percentile(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------- 1. throughput
 
 
-def bench_throughput(n: int, workers: int, slots: int = 64) -> dict:
-    with cluster(workers, slots) as cl, Client(cl.frontend) as c:
+def short_prompt(i: int) -> list[int]:
+    """The throughput benchmark's prompt: 3 tokens (under broker/prefix.py's MIN_MATCH: no tree work)."""
+    return [i % 100 + 1, 2, 3]
+
+
+def shared_prompt(i: int) -> list[int]:
+    """A 64-token prompt: one of 16 shared 48-token prefixes + 16 tokens unique to ``i``, so prefix-aware
+    dispatch matches and inserts in its trees on every request (and evicts: the unique tails add up)."""
+    group, mixed = i % 16, (i * 2654435761) % 2**64  # Knuth's multiplicative hash: tails practically unique
+    return [1 + group * 48 + k for k in range(48)] + [(mixed >> (4 * k)) % 999 + 1 for k in range(16)]
+
+
+def bench_throughput(n: int, workers: int, slots: int = 64, prefix_routing: bool = True,
+                     prompt=short_prompt) -> dict:
+    with cluster(workers, slots, prefix_routing=prefix_routing) as cl, Client(cl.frontend) as c:
         pids = {"broker": cl.broker_process.pid, "client": os.getpid()}
         pids.update({f"worker{i}": p.pid for i, p in enumerate(cl.worker_processes)})
         for i in range(min(5000, n)):  # warm-up
-            c.submit_request([i % 100 + 1, 2, 3], 4, stop_token=None)
+            c.submit_request(prompt(i), 4, stop_token=None)
         c.run(timeout=120)
         cpu0 = {k: cpu_s(p) for k, p in pids.items()}
         t0 = time.perf_counter()
         for i in range(n):
-            c.submit_request([i % 100 + 1, 2, 3], 4, stop_token=None)
+            c.submit_request(prompt(i), 4, stop_token=None)
         c.run(timeout=600)
         wall = time.perf_counter() - t0
         cpu = {k: (cpu_s(p) - cpu0[k]) / n * 1e6 for k, p in pids.items()}
         st = c.status()
     assert st.counters["completed"] == n + min(5000, n)
-    return {"workers": workers, "slots": slots, "requests": n, "wall_s": wall, "requests_per_s": n / wall,
+    return {"workers": workers, "slots": slots, "requests": n, "prefix_routing": prefix_routing,
+            "prompt": prompt.__name__, "wall_s": wall, "requests_per_s": n / wall,
             "output_tokens_per_s": 4 * n / wall, "cpu_us_per_request": cpu}
 
 
 # ---------------------------------------------------------------------- 2. added latency
 
 
-def bench_latency(n: int) -> dict:
+def bench_latency(n: int, prefix_routing: bool = True) -> dict:
     prompt, max_tokens = [5, 6, 7], 4
     engine = BatchInferenceEngine(SimulatedLLM(), batch_size=8, stop_token=None)
     local = []
@@ -104,7 +129,7 @@ def bench_latency(n: int) -> dict:
         engine.run()
         local.append(time.perf_counter() - t)
     remote = []
-    with cluster(1, 8) as cl, Client(cl.frontend) as c:
+    with cluster(1, 8, prefix_routing=prefix_routing) as cl, Client(cl.frontend) as c:
         for _ in range(200):  # warm-up
             c.submit_request(prompt, max_tokens, stop_token=None).result(10)
         for _ in range(n):
@@ -123,10 +148,11 @@ def bench_latency(n: int) -> dict:
 # ---------------------------------------------------------------------- 3. occupancy
 
 
-def bench_occupancy(n: int, workers: int = 2, slots: int = 8, step_delay_ms: float = 5.0) -> dict:
+def bench_occupancy(n: int, workers: int = 2, slots: int = 8, step_delay_ms: float = 5.0,
+                    prefix_routing: bool = True) -> dict:
     rng = random.Random(0)
     samples = []
-    with cluster(workers, slots, step_delay_ms) as cl, Client(cl.frontend) as c:
+    with cluster(workers, slots, step_delay_ms, prefix_routing) as cl, Client(cl.frontend) as c:
         mon = Client(cl.frontend, name="monitor")
         stop = threading.Event()
 
@@ -156,10 +182,11 @@ def bench_occupancy(n: int, workers: int = 2, slots: int = 8, step_delay_ms: flo
 # ---------------------------------------------------------------------- 4. scaling
 
 
-def bench_scaling(n: int, slots: int = 8, step_delay_ms: float = 10.0, counts=(1, 2, 4)) -> list[dict]:
+def bench_scaling(n: int, slots: int = 8, step_delay_ms: float = 10.0, counts=(1, 2, 4),
+                  prefix_routing: bool = True) -> list[dict]:
     rows = []
     for w in counts:
-        with cluster(w, slots, step_delay_ms) as cl, Client(cl.frontend) as c:
+        with cluster(w, slots, step_delay_ms, prefix_routing) as cl, Client(cl.frontend) as c:
             t0 = time.perf_counter()
             for i in range(n):
                 c.submit_request([i % 100 + 1, 2, 3], 16, stop_token=None)
@@ -208,18 +235,73 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def compare_routing(rounds: int, n: int, workers: int = 2) -> dict:
+    """Throughput with prefix-aware dispatch on vs off (``BrokerConfig.prefix_routing``), the two
+    alternated (``rounds`` times each, the order flipped every round), for :func:`short_prompt`
+    (today's benchmark) and :func:`shared_prompt` (the trees at work). Ratio of the medians of
+    requests/s, on / off, and the broker's median CPU microseconds per request (less sensitive to
+    other load on the machine than wall time)."""
+    runs = []
+    for r in range(rounds):
+        for prompt in (short_prompt, shared_prompt):
+            for routing in ((True, False) if r % 2 == 0 else (False, True)):
+                row = bench_throughput(n, workers, prefix_routing=routing, prompt=prompt)
+                print(f"  round {r}: {prompt.__name__:<13} prefix_routing={str(routing):<5} "
+                      f"{row['requests_per_s']:,.0f} req/s (load {os.getloadavg()[0]:.2f})")
+                runs.append(row)
+    out = {"rounds": rounds, "requests": n, "workers": workers, "runs": runs, "by_prompt": {}}
+    for prompt in (short_prompt, shared_prompt):
+        med = {routing: statistics.median(x["requests_per_s"] for x in runs
+                                          if x["prompt"] == prompt.__name__ and x["prefix_routing"] is routing)
+               for routing in (True, False)}
+        cpu = {routing: statistics.median(x["cpu_us_per_request"]["broker"] for x in runs
+                                          if x["prompt"] == prompt.__name__ and x["prefix_routing"] is routing)
+               for routing in (True, False)}
+        out["by_prompt"][prompt.__name__] = {"on_req_per_s": med[True], "off_req_per_s": med[False],
+                                             "on_over_off": med[True] / med[False],
+                                             "broker_cpu_us_per_request_on": cpu[True],
+                                             "broker_cpu_us_per_request_off": cpu[False]}
+    return out
+
+
+def main_compare(args) -> None:
+    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                       "loadavg_at_start": os.getloadavg()}}
+    res["routing"] = compare_routing(args.compare_routing, 20_000 if args.quick else 100_000)
+    res["machine"]["loadavg_at_end"] = os.getloadavg()
+    print(f"\nprefix-aware dispatch on vs off, {res['routing']['workers']} zero-cost workers, "
+          f"{res['routing']['requests']:,} requests x {args.compare_routing} rounds each (load average "
+          f"{res['machine']['loadavg_at_start'][0]:.1f} -> {res['machine']['loadavg_at_end'][0]:.1f})")
+    for name, r in res["routing"]["by_prompt"].items():
+        ok = r["on_over_off"] >= 0.95
+        print(f"  {name:<13} on {r['on_req_per_s']:,.0f} req/s, off {r['off_req_per_s']:,.0f} req/s: "
+              f"{r['on_over_off']:.3f}x (target >= 0.95: {'yes' if ok else 'NO'}); broker CPU "
+              f"{r['broker_cpu_us_per_request_on']:.1f} vs {r['broker_cpu_us_per_request_off']:.1f} us/request")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "broker_routing.json").write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.out / 'broker_routing.json'}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke check)")
+    ap.add_argument("--prefix-routing", choices=("on", "off"), default="on",
+                    help="the broker's prefix-aware dispatch for the four measurements (default on)")
+    ap.add_argument("--compare-routing", type=int, default=0, metavar="ROUNDS",
+                    help="instead: throughput with prefix routing on vs off, alternated ROUNDS times each, "
+                         "3-token and 64-token shared-prefix prompts; writes broker_routing.json")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for broker.json / broker.png")
     args = ap.parse_args(argv)
+    if args.compare_routing:
+        return main_compare(args)
     q = args.quick
+    routing = args.prefix_routing == "on"
     res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": os.getloadavg()}}
-    res["throughput"] = [bench_throughput(10_000 if q else 100_000, w) for w in (1, 2)]
-    res["latency"] = bench_latency(300 if q else 2000)
-    res["occupancy"] = bench_occupancy(300 if q else 1500)
-    res["scaling"] = bench_scaling(128 if q else 640)
+                       "loadavg_at_start": os.getloadavg()}, "prefix_routing": routing}
+    res["throughput"] = [bench_throughput(10_000 if q else 100_000, w, prefix_routing=routing) for w in (1, 2)]
+    res["latency"] = bench_latency(300 if q else 2000, routing)
+    res["occupancy"] = bench_occupancy(300 if q else 1500, prefix_routing=routing)
+    res["scaling"] = bench_scaling(128 if q else 640, prefix_routing=routing)
     res["machine"]["loadavg_at_end"] = os.getloadavg()
 
     best = max(res["throughput"], key=lambda r: r["requests_per_s"])
