@@ -1,29 +1,54 @@
-"""bench/prefix.py -- prefix caching (issue 23) on SmolLM2-135M: cache off vs on.
+"""bench/prefix.py -- prefix caching (issue 23) on SmolLM2-135M: cache off vs on, 1 vs 2 workers, llama.cpp.
 
 Workload A: one shared system prompt of ~600 tokens (an instruction and
 few-shot HumanEval problems with their canonical solutions, problems 150
 onward until the system message reaches ``--system-tokens``), then each of
 the first 32 HumanEval problems as the user message
 (:data:`slotserve.datasets.CHAT_INSTRUCTION`), rendered with the model's
-chat template; greedy, EOS stops, per-request ``max_tokens`` drawn from
-[16, 128] with ``random.Random(0)`` (bench/model.py's HE32 draw); all 32
-arrive at t0 (TTFT includes queueing); 8 slots, one engine (a worker's
-engine, in process: no broker hop), fp32, slotserve's Llama runner.
+chat template to token ids (both systems get these ids); greedy, EOS stops,
+per-request ``max_tokens`` drawn from [16, 128] with ``random.Random(0)``
+(bench/model.py's HE32 draw); all 32 arrive at t0 (TTFT includes
+queueing); 8 slots, fp32, slotserve's Llama runner. Systems, same run:
 
-Systems, same loaded weights, same run: ``cache-off`` (``prefix_cache_mb=0``)
-and ``cache-on`` (``--cache-mb``, starting empty: the first prompts miss).
-Each after a warm-up request of its own engine. Reported: wall time,
-output tokens/s, TTFT p50/p99, prompt tokens prefilled (prompt tokens minus
-the cache's hits), hit rate (hits / prompt tokens looked up), the pool's
-blocks used, the 1-minute load average before/after (2 shared cores here),
-and whether cache-on's tokens equal cache-off's for every request.
+- ``A cache-off`` / ``A cache-on``: one engine in process (a worker's engine,
+  no broker hop), same loaded weights, ``prefix_cache_mb`` 0 vs ``--cache-mb``
+  (starting empty: the first prompts miss), each after a warm-up request of
+  its own that shares nothing with the workload;
+- ``A llama.cpp``: ``llama-server`` on the same GGUF (Q4_1, run natively;
+  slotserve dequantizes it to fp32), ``-np 8``, ``--cache-ram
+  --llamacpp-cache-mb``, ``cache_prompt: true``, the same token ids, and
+  exactly the number of tokens slotserve cache-on generated for each request
+  (``ignore_eos`` + ``n_predict``: the same work, as bench/model.py); warmed
+  up with 8 requests that share nothing with the workload (so its slots
+  start without the system prompt too); best of ``--llamacpp-threads``.
+  Its prefilled and cached tokens are its own ``timings.prompt_n`` / ``cache_n``.
 
-Not yet here (issue 23 item 5): workload B (conversations over 2 workers,
-credit-only vs prefix-aware dispatch) and llama.cpp's server with its prompt cache.
+Workload B: ``--conversations`` 16 chats of ``--turns`` 4 turns; turn k of
+chat c sends the whole history (user messages and the model's earlier
+replies, as text) plus a new user message, :data:`CHAT_INSTRUCTION` over
+HumanEval problem ``c * turns + k``; chat messages go to the broker as they
+are (the worker renders the chat template; the broker keys them by their
+messages). Arrival: every chat's turn 1 at t0, then each chat's next turn
+the moment its previous turn finished (a closed loop per chat, so turn k of
+the chats runs interleaved and before their turn k + 1); greedy, EOS stops,
+``--b-max-tokens`` per turn. A real broker and worker processes
+(``slotserve.launcher.LocalCluster``), ``--slots`` slots and ``--b-threads``
+torch threads per worker, ``--b-cache-mb`` each. Systems, each a fresh
+cluster (cold caches): ``B 1 worker`` (the hit-rate reference),
+``B 2w credit-only`` (``prefix_routing=False``) and ``B 2w prefix-aware``.
+Cached tokens per request are the worker's count
+(``usage.prompt_tokens_details.cached_tokens`` on the handle).
 
-    python bench/prefix.py [--prompts 32] [--slots 8] [--cache-mb 512]
+Reported per system: wall time, output tokens/s, TTFT p50/p99, prompt
+tokens prefilled (prompt tokens minus cached ones), hit rate (cached /
+prompt tokens), the 1-minute load average before/after, peak RSS of the
+serving processes (sampled every 50 ms with psutil; for cache-on systems
+also the growth over the RSS before the workload, against the cache budget).
+``uptime`` is recorded before each system.
 
-Writes ``bench/results/prefix.json`` and ``prefix.png``.
+    python bench/prefix.py [--parts A,llamacpp,B] [--prompts 32] [--conversations 16] [--turns 4]
+
+Writes ``bench/results/prefix.json`` and ``prefix.png`` (``--out``).
 """
 
 from __future__ import annotations
@@ -34,28 +59,103 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # run as a script, bench/ would come first on sys.path (bench/broker.py shadows the broker package)
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
+sys.path.append(str(_HERE))  # sibling modules (llamacpp), after the packages
+
+import psutil  # noqa: E402
 
 from slotserve.datasets import CHAT_INSTRUCTION, humaneval_path  # noqa: E402
-from worker import BatchInferenceEngine  # noqa: E402
-from worker.models import load_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEM_HEAD = ("You are a careful Python programmer. Complete the function the user gives you. Reply with "
                "code only: no explanation, no tests, no prose. Keep the signature and the docstring as given, "
                "use only the standard library, and prefer clear, direct code. Examples of finished work:\n\n")
+WARMUP = list(range(1000, 1040))  # a warm-up prompt that shares nothing with the workloads
 
 
 def problems() -> list[dict]:
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
+
+
+def uptime() -> str:
+    """``uptime``'s line (load averages), for the record before each system."""
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of ``values`` (non-empty)."""
+    v = sorted(values)
+    return v[min(len(v) - 1, round(q / 100 * (len(v) - 1)))]
+
+
+class RssPeak:
+    """Peak RSS (MiB) of processes while the ``with`` block runs, sampled every ``interval_s``;
+    ``before_mb`` each one's RSS at entry. A sampler: a spike shorter than the interval can be missed."""
+
+    def __init__(self, pids: list[int], interval_s: float = 0.05) -> None:
+        self.procs = [psutil.Process(p) for p in pids]
+        self.before_mb = [p.memory_info().rss / 2**20 for p in self.procs]
+        self.peak_mb = list(self.before_mb)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            for i, p in enumerate(self.procs):
+                self.peak_mb[i] = max(self.peak_mb[i], p.memory_info().rss / 2**20)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for i, p in enumerate(self.procs):  # a last look: what the block ended with
+            self.peak_mb[i] = max(self.peak_mb[i], p.memory_info().rss / 2**20)
+
+    def report(self, budget_mb: float | None) -> dict:
+        """Peak and growth per process (MiB), and whether each growth stayed within ``budget_mb``."""
+        growth = [p - b for p, b in zip(self.peak_mb, self.before_mb)]
+        out = {"rss_before_mb": [round(x, 1) for x in self.before_mb],
+               "rss_peak_mb": [round(x, 1) for x in self.peak_mb],
+               "rss_growth_mb": [round(x, 1) for x in growth]}
+        if budget_mb:
+            out["cache_budget_mb"] = budget_mb
+            out["within_budget"] = all(g <= budget_mb for g in growth)
+        return out
+
+
+def summary(system: str, wall_s: float, ttft_s: list[float], outputs: int, prompt_tokens: int,
+            cached: int | None, load: tuple[float, float], up: str) -> dict:
+    """One table row (times in ms, rates per second)."""
+    return {"system": system, "wall_s": round(wall_s, 2), "requests": len(ttft_s), "output_tokens": outputs,
+            "output_tokens_per_s": round(outputs / wall_s, 2),
+            "ttft_p50_ms": round(1000 * statistics.median(ttft_s), 1),
+            "ttft_p99_ms": round(1000 * percentile(ttft_s, 99), 1),
+            "prompt_tokens": prompt_tokens,
+            "prompt_tokens_prefilled": None if cached is None else prompt_tokens - cached,
+            "cached_tokens": cached,
+            "hit_rate": None if cached is None else round(cached / prompt_tokens, 3),
+            "load_avg_before_after": [round(load[0], 2), round(load[1], 2)], "uptime_before": up}
+
+
+# ---------------------------------------------------------------------------------------- workload A
 
 
 def system_prompt(tokenizer, rows: list[dict], tokens: int) -> str:
@@ -68,7 +168,8 @@ def system_prompt(tokenizer, rows: list[dict], tokens: int) -> str:
     return text
 
 
-def workload(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], list[int], int]:
+def workload_a(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], list[int], int]:
+    """(prompt token ids, max_tokens, system message tokens) of workload A's ``n`` chats."""
     rows = problems()
     system = system_prompt(tokenizer, rows, system_tokens)
     rng = random.Random(0)
@@ -81,105 +182,342 @@ def workload(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], li
     return prompts, max_tokens, len(tokenizer.encode(system))
 
 
-def run(model, prompts, max_tokens, slots: int, cache_mb: float) -> dict:
+def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float) -> dict:
+    """Workload A on one in-process engine with a prefix cache of ``cache_mb`` MiB (0: off)."""
+    from worker import BatchInferenceEngine
+
+    up = uptime()
     model.prefix_cache_mb = cache_mb
     engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")  # binds slots: an empty cache
-    engine.submit_request(list(range(1000, 1040)), 4)  # warm-up, shares nothing with the workload
+    engine.submit_request(WARMUP, 4)
     engine.run()
     cache = model.prefix_cache
     base = (cache.stats.queries, cache.stats.hits) if cache is not None else (0, 0)
     n = len(prompts)
-    first, last = [None] * n, [None] * n
+    first = [None] * n
 
     def recorder(i):
         def record(_tok):
-            now = time.monotonic()
             if first[i] is None:
-                first[i] = now
-            last[i] = now
+                first[i] = time.monotonic()
         return record
 
     load_before = os.getloadavg()[0]
-    t0 = time.monotonic()
-    handles = [engine.submit_request(p, m, on_token=recorder(i)) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-    engine.run()
-    wall = time.monotonic() - t0
-    load_after = os.getloadavg()[0]
+    with RssPeak([os.getpid()]) as rss:
+        t0 = time.monotonic()
+        handles = [engine.submit_request(p, m, on_token=recorder(i))
+                   for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+        engine.run()
+        wall = time.monotonic() - t0
     outputs = [h.tokens for h in handles]
-    ttft = sorted(f - t0 for f in first)
-    prompt_tokens = sum(map(len, prompts))
     queries, hits = (cache.stats.queries - base[0], cache.stats.hits - base[1]) if cache is not None else (0, 0)
-    return {
-        "system": "cache-on" if cache_mb else "cache-off",
-        "cache_mb": cache_mb,
-        "wall_s": round(wall, 2),
-        "output_tokens": sum(map(len, outputs)),
-        "output_tokens_per_s": round(sum(map(len, outputs)) / wall, 1),
-        "ttft_p50_ms": round(1000 * statistics.median(ttft), 1),
-        "ttft_p99_ms": round(1000 * ttft[min(n - 1, round(0.99 * (n - 1)))], 1),
-        "prompt_tokens": prompt_tokens,
-        "prompt_tokens_prefilled": prompt_tokens - hits,
-        "hit_rate": round(hits / queries, 3) if queries else 0.0,
-        "cache_blocks_used": None if cache is None else cache.used_blocks,
-        "cache_bytes_used": None if cache is None else cache.used_blocks * cache.block_bytes,
-        "load_avg_before_after": [round(load_before, 2), round(load_after, 2)],
-        "outputs": outputs,
-    }
+    assert cache is None or queries == sum(map(len, prompts)), "every prompt token looked up once"
+    row = summary("A cache-on" if cache_mb else "A cache-off", wall, [f - t0 for f in first],
+                  sum(map(len, outputs)), sum(map(len, prompts)), hits, (load_before, os.getloadavg()[0]), up)
+    row["memory"] = rss.report(cache_mb or None)
+    if cache is not None:
+        row["cache_blocks_used"] = cache.used_blocks
+        row["cache_mb_used"] = round(cache.used_blocks * cache.block_bytes / 2**20, 1)
+    row["outputs"] = outputs
+    return row
 
 
-def plot(rows: list[dict], out: Path) -> None:
+# ---------------------------------------------------------------------------------------- llama.cpp on A
+
+
+def llamacpp_complete(url: str, prompt: list[int], n_predict: int) -> dict:
+    """One streaming ``/completion`` with ``cache_prompt: true``; greedy, exactly ``n_predict`` tokens.
+    Returns submit-relative ``ttft_s``, ``tokens`` and the server's ``timings`` (``prompt_n`` prefilled,
+    ``cache_n`` reused). Raises RuntimeError on an HTTP error or a wrong token count."""
+    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0.0, "top_k": 1,
+            "cache_prompt": True, "stream": True, "return_tokens": True}
+    request = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    t0, first, tokens, timings = time.monotonic(), None, [], {}
+    with urllib.request.urlopen(request, timeout=1800) as resp:
+        for line in resp:
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[6:])
+            if event.get("tokens"):
+                first = first or time.monotonic() - t0
+                tokens.extend(event["tokens"])
+            if event.get("timings"):
+                timings = event["timings"]
+            if event.get("stop"):
+                break
+    if len(tokens) != n_predict:
+        raise RuntimeError(f"llama-server generated {len(tokens)} tokens, asked for exactly {n_predict}")
+    return {"ttft_s": first, "tokens": tokens, "timings": timings}
+
+
+def run_llamacpp(prompts, lengths, threads: int, slots: int, cache_mb: int, binary: str | None,
+                 model: str) -> dict:
+    """Workload A through ``llama-server`` with its prompt cache on (see the module docstring)."""
+    import llamacpp
+
+    up = uptime()
+    gguf = llamacpp.gguf_path(model)
+    ctx = max(map(len, prompts)) + max(lengths) + 64
+    server, skipped = None, []
+    for cand in llamacpp.find_binaries(binary):
+        server = llamacpp.LlamaServer(cand, gguf, threads=threads, slots=slots, ctx_per_slot=ctx)
+        server.args += ["--cache-ram", str(cache_mb)]  # cache_prompt is per request (below)
+        try:
+            server.__enter__()
+            break
+        except llamacpp.ServerStartError as exc:
+            skipped.append(str(exc).splitlines()[0])
+            server = None
+    if server is None:
+        raise llamacpp.ServerStartError("no llama-server serves: " + "; ".join(skipped))
+    try:
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            warm = [pool.submit(llamacpp_complete, server.url, [t + k for t in WARMUP], 4) for k in range(slots)]
+            for w in warm:
+                w.result()
+            load_before = os.getloadavg()[0]
+            with RssPeak([server.pid]) as rss:
+                t0 = time.monotonic()
+                futures = [pool.submit(llamacpp_complete, server.url, list(p), int(n))
+                           for p, n in zip(prompts, lengths)]
+                done = [f.result() for f in futures]
+                wall = time.monotonic() - t0
+    finally:
+        server.__exit__(None, None, None)
+    # all were submitted at t0 (the pool has a thread each), so the submit-relative TTFT is t0-relative
+    timings = [d["timings"] for d in done]
+    cached = sum(t.get("cache_n", 0) for t in timings) if all("cache_n" in t for t in timings) else None
+    row = summary(f"A llama.cpp ({threads} thr)", wall, [d["ttft_s"] for d in done],
+                  sum(len(d["tokens"]) for d in done), sum(map(len, prompts)), cached,
+                  (load_before, os.getloadavg()[0]), up)
+    row["memory"] = rss.report(None)
+    row["server"] = {"binary": str(server.binary.path), "version": llamacpp.binary_version(server.binary),
+                     "gguf": gguf.name, "quantization": llamacpp.gguf_quantization(gguf), "args": server.args[1:],
+                     "skipped": skipped, "threads": threads}
+    if cached is not None:
+        row["prompt_tokens_prefilled_server"] = sum(t.get("prompt_n", 0) for t in timings)
+    return row
+
+
+# ---------------------------------------------------------------------------------------- workload B
+
+
+def user_turns(conversations: int, turns: int) -> list[list[str]]:
+    """Each chat's user messages: :data:`CHAT_INSTRUCTION` over HumanEval problem ``c * turns + k``."""
+    rows = problems()
+    if conversations * turns > len(rows):
+        raise ValueError(f"{conversations} x {turns} turns needs more than HumanEval's {len(rows)} problems")
+    return [[CHAT_INSTRUCTION.format(prompt=rows[c * turns + k]["prompt"]) for k in range(turns)]
+            for c in range(conversations)]
+
+
+def cached_of(handle) -> int | None:
+    """The worker's cached prompt tokens for a finished request (None if the client does not report them)."""
+    for where in (handle, getattr(handle, "usage", None)):
+        n = getattr(where, "cached_tokens", None)
+        if n is not None:
+            return n
+    return None
+
+
+def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: bool, slots: int, threads: int,
+                cache_mb: float, max_tokens: int, model: str) -> dict:
+    """Workload B on a fresh broker + ``workers`` worker processes (see the module docstring)."""
+    from broker import BrokerConfig
+    from client import Client
+    from slotserve.launcher import ClusterConfig, LocalCluster
+    from worker.config import WorkerConfig
+    from worker.models import ModelOptions
+
+    opts = ModelOptions(device="cpu", runner="slotserve", precision="fp32", num_threads=threads,
+                        prefix_cache_mb=cache_mb)
+    config = ClusterConfig(BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*",
+                                        prefix_routing=routing),
+                           tuple(WorkerConfig(model=model, num_slots=slots, name=f"w{i}", model_options=opts)
+                                 for i in range(workers)), start_timeout_s=600.0)
+    turns = len(users[0])
+    handles: list = []
+    lock = threading.Lock()
+    with LocalCluster(config) as cluster, Client(cluster.frontend, model=model, connect_timeout_s=60) as client:
+        for _ in range(slots * workers):  # every slot runs once; shares nothing with the chats
+            client.submit_request(WARMUP, 4)
+        client.run(timeout=600)
+        up = uptime()
+
+        def submit(c: int, history: list[dict]) -> None:
+            k = len(history) // 2
+            messages = history + [{"role": "user", "content": users[c][k]}]
+
+            def done(_seq, c=c, messages=messages):
+                if k + 1 < turns:
+                    submit(c, messages + [{"role": "assistant", "content": h.text}])
+
+            h = client.submit_request(messages, max_tokens, done)
+            with lock:
+                handles.append(h)
+
+        load_before = os.getloadavg()[0]
+        with RssPeak([p.pid for p in cluster.worker_processes]) as rss:
+            t0 = time.monotonic()
+            for c in range(len(users)):
+                submit(c, [])
+            client.run(timeout=3600)
+            wall = time.monotonic() - t0
+    bad = [h for h in handles if h.error is not None]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error!r}")
+    cached = [cached_of(h) for h in handles]
+    row = summary(system, wall, [h.ttft_s for h in handles], sum(len(h.tokens) for h in handles),
+                  sum(h.prompt_tokens for h in handles), None if None in cached else sum(cached),
+                  (load_before, os.getloadavg()[0]), up)
+    row.update(workers=workers, prefix_routing=routing)
+    row["memory"] = rss.report(cache_mb)
+    by_turn = {}
+    for h in handles:
+        by_turn.setdefault(len(h.params.prompt) // 2 + 1, []).append(h)
+    row["by_turn"] = {k: {"prompt_tokens": sum(h.prompt_tokens for h in hs),
+                          "cached_tokens": None if None in (cs := [cached_of(h) for h in hs]) else sum(cs),
+                          "ttft_p50_ms": round(1000 * statistics.median(h.ttft_s for h in hs), 1)}
+                      for k, hs in sorted(by_turn.items())}
+    return row
+
+
+# ---------------------------------------------------------------------------------------- report
+
+COLS = ("system", "wall_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "prompt_tokens_prefilled",
+        "hit_rate", "load_avg_before_after")
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(title)
+    print("  ".join(f"{c:>24}" for c in COLS + ("rss_peak_mb",)))
+    for r in rows:
+        peak = max(r["memory"]["rss_peak_mb"]) if "memory" in r else ""
+        print("  ".join(f"{str(r[c]):>24}" for c in COLS) + f"  {peak:>24}")
+
+
+def plot(groups: dict[str, list[dict]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    names = [r["system"] for r in rows]
-    axes[0].bar(names, [r["ttft_p50_ms"] for r in rows], label="p50")
-    axes[0].bar(names, [r["ttft_p99_ms"] - r["ttft_p50_ms"] for r in rows], bottom=[r["ttft_p50_ms"] for r in rows],
-                alpha=0.4, label="p99")
-    axes[0].set_ylabel("TTFT (ms)")
-    axes[0].legend()
-    axes[1].bar(names, [r["output_tokens_per_s"] for r in rows])
-    axes[1].set_ylabel("output tokens/s")
-    axes[2].bar(names, [r["prompt_tokens_prefilled"] for r in rows])
-    axes[2].set_ylabel("prompt tokens prefilled")
-    fig.suptitle("Workload A: ~600-token shared system prompt + 32 HumanEval chats, 8 slots (SmolLM2-135M fp32)")
+    groups = {k: v for k, v in groups.items() if v}
+    fig, axes = plt.subplots(len(groups), 4, figsize=(16, 3.6 * len(groups)), squeeze=False)
+    for ax_row, (title, rows) in zip(axes, groups.items()):
+        names = [r["system"].split(" ", 1)[1] for r in rows]
+        p50 = [r["ttft_p50_ms"] / 1000 for r in rows]
+        ax_row[0].bar(names, p50, label="p50")
+        ax_row[0].bar(names, [r["ttft_p99_ms"] / 1000 - p for r, p in zip(rows, p50)], bottom=p50, alpha=0.4,
+                      label="p99")
+        ax_row[0].set_ylabel("TTFT (s)")
+        ax_row[0].legend()
+        ax_row[1].bar(names, [r["output_tokens_per_s"] for r in rows])
+        ax_row[1].set_ylabel("output tokens/s")
+        ax_row[2].bar(names, [r["prompt_tokens_prefilled"] or 0 for r in rows])
+        ax_row[2].set_ylabel("prompt tokens prefilled")
+        ax_row[3].bar(names, [r["hit_rate"] or 0 for r in rows])
+        ax_row[3].set_ylabel("hit rate (cached / prompt tokens)")
+        ax_row[3].set_ylim(0, 1)
+        ax_row[0].set_title(title, loc="left", fontsize=10)
+        for ax in ax_row:
+            ax.tick_params(axis="x", labelsize=8, rotation=15)
     fig.tight_layout()
-    fig.savefig(out)
+    fig.savefig(out, dpi=100)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="A,llamacpp,B", help="which parts run (default A,llamacpp,B)")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--system-tokens", type=int, default=600)
-    ap.add_argument("--cache-mb", type=float, default=512.0)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--prompts", type=int, default=32, help="workload A's chats (default 32)")
+    ap.add_argument("--slots", type=int, default=8, help="slots per engine / worker / llama-server (default 8)")
+    ap.add_argument("--system-tokens", type=int, default=600, help="workload A's system message budget (tokens)")
+    ap.add_argument("--cache-mb", type=float, default=512.0, help="workload A's prefix cache, MiB (default 512)")
+    ap.add_argument("--threads", type=int, default=1, help="workload A's torch CPU threads (default 1)")
+    ap.add_argument("--b-threads", type=int, default=1, help="workload B's torch CPU threads per worker (default 1)")
+    ap.add_argument("--llama-server", default="/work/llamacpp/lsbuild/bin/llama-server",
+                    help="llama-server binary tried first (then bench/llamacpp.py's candidates)")
+    ap.add_argument("--llamacpp-threads", default="1,2", help="llama-server --threads values; fastest kept")
+    ap.add_argument("--llamacpp-cache-mb", type=int, default=512, help="llama-server --cache-ram, MiB (512)")
+    ap.add_argument("--conversations", type=int, default=16, help="workload B's chats (default 16)")
+    ap.add_argument("--turns", type=int, default=4, help="workload B's turns per chat (default 4)")
+    ap.add_argument("--b-max-tokens", type=int, default=48, help="workload B's max_tokens per turn (default 48)")
+    ap.add_argument("--b-cache-mb", type=float, default=1024.0, help="workload B's prefix cache per worker, MiB")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    model = load_model(args.model, precision="fp32", num_threads=args.threads)
-    prompts, max_tokens, system_len = workload(model.tokenizer, args.prompts, args.system_tokens)
-    rows = [run(model, prompts, max_tokens, args.slots, 0), run(model, prompts, max_tokens, args.slots, args.cache_mb)]
-    identical = sum(a == b for a, b in zip(rows[0]["outputs"], rows[1]["outputs"]))
-    cols = ["system", "wall_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "prompt_tokens_prefilled",
-            "hit_rate", "load_avg_before_after"]
-    print(f"workload A: {len(prompts)} chats, system message {system_len} tokens, prompts "
-          f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.slots} slots, fp32")
-    print("  ".join(f"{c:>22}" for c in cols))
-    for r in rows:
-        print("  ".join(f"{str(r[c]):>22}" for c in cols))
-    off, on = rows
-    print(f"TTFT p50 off/on: {off['ttft_p50_ms'] / on['ttft_p50_ms']:.2f}x (target >= 3x); output tokens/s on/off: "
-          f"{on['output_tokens_per_s'] / off['output_tokens_per_s']:.2f}x; identical outputs: {identical}/{len(prompts)}")
+    parts = set(args.parts.split(","))
+    if not parts <= {"A", "llamacpp", "B"} or not parts:
+        ap.error(f"--parts takes A, llamacpp and B, got {args.parts!r}")
+    if "llamacpp" in parts and "A" not in parts:
+        ap.error("llamacpp generates slotserve cache-on's lengths: --parts needs A with it")
+    binary = args.llama_server if args.llama_server and Path(args.llama_server).is_file() else None
+    result: dict = {"model": args.model, "precision": "fp32", "slots": args.slots, "threads_a": args.threads,
+                    "threads_b_per_worker": args.b_threads,
+                    "cpus": os.cpu_count(), "uptime_at_start": uptime()}
+    a_rows, b_rows = [], []
+    if "A" in parts:
+        from worker.models import load_model
+
+        model = load_model(args.model, precision="fp32", num_threads=args.threads)
+        prompts, max_tokens, system_len = workload_a(model.tokenizer, args.prompts, args.system_tokens)
+        a_rows = [run_engine(model, prompts, max_tokens, args.slots, 0),
+                  run_engine(model, prompts, max_tokens, args.slots, args.cache_mb)]
+        off, on = a_rows
+        del model
+        if "llamacpp" in parts:
+            lengths = [max(1, len(o)) for o in on["outputs"]]
+            runs = [run_llamacpp(prompts, lengths, int(t), args.slots, args.llamacpp_cache_mb, binary, args.model)
+                    for t in args.llamacpp_threads.split(",")]
+            best = max(runs, key=lambda r: r["output_tokens_per_s"])
+            best["all_threads"] = {r["server"]["threads"]: r["output_tokens_per_s"] for r in runs}
+            a_rows.append(best)
+        identical = sum(x == y for x, y in zip(off["outputs"], on["outputs"]))
+        result["A"] = {
+            "prompts": len(prompts), "system_tokens": system_len, "cache_mb": args.cache_mb,
+            "prompt_tokens_range": [min(map(len, prompts)), max(map(len, prompts))],
+            "identical_outputs": identical,
+            "ttft_p50_speedup": round(off["ttft_p50_ms"] / on["ttft_p50_ms"], 2),
+            "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in a_rows]}
+        if len(a_rows) == 3:
+            result["A"]["tokens_per_s_vs_llamacpp"] = round(on["output_tokens_per_s"] /
+                                                            a_rows[2]["output_tokens_per_s"], 2)
+    if "B" in parts:
+        users = user_turns(args.conversations, args.turns)
+        common = dict(slots=args.slots, threads=args.b_threads, cache_mb=args.b_cache_mb, max_tokens=args.b_max_tokens,
+                      model=args.model)
+        b_rows = [run_cluster("B 1 worker", users, workers=1, routing=True, **common),
+                  run_cluster("B 2w credit-only", users, workers=2, routing=False, **common),
+                  run_cluster("B 2w prefix-aware", users, workers=2, routing=True, **common)]
+        ref = b_rows[0]["hit_rate"]
+        result["B"] = {"conversations": args.conversations, "turns": args.turns, "max_tokens": args.b_max_tokens,
+                       "cache_mb_per_worker": args.b_cache_mb, "rows": b_rows,
+                       "hit_rate_vs_1_worker": None if not ref else
+                       {r["system"]: round(r["hit_rate"] / ref, 3) for r in b_rows[1:] if r["hit_rate"] is not None}}
+    if a_rows:
+        a = result["A"]
+        print_table(f"workload A: {a['prompts']} chats, system message {a['system_tokens']} tokens, prompts "
+                    f"{a['prompt_tokens_range'][0]}-{a['prompt_tokens_range'][1]} tokens, {args.slots} slots", a_rows)
+        print(f"TTFT p50 off/on: {a['ttft_p50_speedup']:.2f}x (target >= 3x); identical outputs: "
+              f"{a['identical_outputs']}/{a['prompts']}"
+              + (f"; cache-on tokens/s vs llama.cpp: {a['tokens_per_s_vs_llamacpp']:.2f}x (target >= 1.5x)"
+                 if "tokens_per_s_vs_llamacpp" in a else ""))
+    if b_rows:
+        b = result["B"]
+        print_table(f"workload B: {b['conversations']} chats x {b['turns']} turns, max_tokens {b['max_tokens']}, "
+                    f"{args.slots} slots per worker", b_rows)
+        print(f"hit rate vs 1 worker: {b['hit_rate_vs_1_worker']} (target: prefix-aware >= 0.9)")
+    for r in a_rows + b_rows:
+        m = r["memory"]
+        if "cache_budget_mb" in m:
+            print(f"memory {r['system']}: RSS peak {max(m['rss_peak_mb'])} MiB, growth {m['rss_growth_mb']} MiB, "
+                  f"budget {m['cache_budget_mb']} MiB per process: within {m['within_budget']}")
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"workload": "A", "model": args.model, "precision": "fp32", "slots": args.slots, "threads": args.threads,
-              "system_tokens": system_len, "prompts": len(prompts), "identical_outputs": identical,
-              "ttft_p50_speedup": round(off["ttft_p50_ms"] / on["ttft_p50_ms"], 2),
-              "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}
+    result["uptime_at_end"] = uptime()
     (args.out / "prefix.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(rows, args.out / "prefix.png")
+    plot({"Workload A: ~600-token shared system prompt + 32 HumanEval chats, 8 slots (SmolLM2-135M)": a_rows,
+          "Workload B: 16 chats x 4 turns, 8 slots per worker": b_rows}, args.out / "prefix.png")
     print(f"wrote {args.out / 'prefix.json'} and {args.out / 'prefix.png'}")
 
 

