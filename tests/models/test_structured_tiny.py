@@ -1,6 +1,7 @@
 """Structured outputs on the tiny text model (fast): the masks the engine prefetches while the
 forward runs are the masks the sampler would fill itself, in mixed batches with prefill chunks,
-slot reuse and cancellation; the rows stay valid."""
+slot reuse and cancellation; the rows stay valid. The prefetch's race with the sampler (9bad2ff)
+is made deterministic by :class:`LateFill`: every fill holds its matchers until it is waited for."""
 
 from __future__ import annotations
 
@@ -41,11 +42,19 @@ def run(model, batch_size=3):
     return handles
 
 
-def test_prefetched_masks_are_the_sampler_s_own(tiny, monkeypatch):
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """:func:`run` with real matchers on the real prefetch thread: its handles, and how many
+    iterations' masks the prefetch filled."""
+    before = tiny.grammars.prefetched
+    handles = run(tiny)
+    return handles, tiny.grammars.prefetched - before
+
+
+def test_prefetched_masks_are_the_sampler_s_own(tiny, reference, monkeypatch):
     g = tiny.grammars
-    before = g.prefetched
-    with_prefetch = run(tiny)
-    assert g.prefetched > before  # the forward overlapped some masks
+    with_prefetch, prefetched = reference
+    assert prefetched > 0  # the forward overlapped some masks
     monkeypatch.setattr(g, "prefetch", lambda batch: None)
     without = run(tiny)
     assert [h.tokens for h in with_prefetch] == [h.tokens for h in without]
@@ -73,21 +82,106 @@ def test_a_cancel_between_prefetch_and_pick_leaves_nothing_stale(tiny):
     assert a.finish_reason == FinishReason.CANCELLED and b.text in ("one", "two")
 
 
-def test_a_slow_prefetch_is_waited_for_before_its_matchers_are_touched(tiny, monkeypatch):
-    """The fill thread borrows the matchers: the sampler's mask waits for it before it touches them
-    (a fill still running when the sampler came failed the batch: 'Already mutably borrowed').
-    Slowed here so that every mask waits; the outputs stay those of the fast path."""
-    import time
+class Lent:
+    """An llguidance matcher as the prefetch thread's fill holds it: like the real one (a pyo3
+    object borrowed mutably by ``LLExecutor.unsafe_compute_mask_ptr``), every call on it while
+    ``lent`` raises ``RuntimeError('Already mutably borrowed')`` (llguidance 1.9.1, a fill looping on
+    a thread: ``is_error`` and ``deep_copy`` raise that, ``is_accepting`` 'Already borrowed').
+    ``inner`` is the real matcher."""
 
+    def __init__(self, inner) -> None:
+        self.inner, self.lent = inner, False
+
+    def __getattr__(self, name):  # (only for names not set in __init__)
+        if self.lent:
+            raise RuntimeError("Already mutably borrowed")
+        attr = getattr(self.inner, name)
+        return (lambda: Lent(attr())) if name == "deep_copy" else attr
+
+
+class LateFill:
+    """The prefetch pool at its slowest, deterministically: a fill holds its matchers from the
+    moment it is submitted until someone asks for its result, and runs then (on the asking thread).
+    So any touch of a prefetched row's matcher before the prefetch is waited for raises, as the real
+    overlap did when the forward finished before the fill (9bad2ff)."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+        self.outstanding: list[LateFill.Future] = []
+
+    class Future:
+        """A submitted fill: runs at the first ``result()``, then gives its matchers back."""
+
+        def __init__(self, pool, fill, matchers) -> None:
+            self.pool, self.fill, self.matchers, self.bits = pool, fill, matchers, None
+
+        def result(self):
+            if self.bits is None:
+                self.bits = self.fill(self.matchers)
+                for m in self.matchers:
+                    m.lent = False
+                self.pool.outstanding.remove(self)
+            return self.bits
+
+    def submit(self, fill, matchers):
+        for m in matchers:
+            m.lent = True
+        self.submitted += 1
+        future = LateFill.Future(self, fill, matchers)
+        self.outstanding.append(future)
+        return future
+
+
+@pytest.fixture
+def late(tiny, monkeypatch):
+    """``tiny``'s grammars with every row's matcher a :class:`Lent` and prefetches on a :class:`LateFill`."""
     g = tiny.grammars
-    fill = g._fill
+    compile_, fill = g.compile, g._fill
+    monkeypatch.setattr(g, "compile", lambda constraint: Lent(compile_(constraint)))
+    monkeypatch.setattr(g, "_fill", lambda matchers: fill([m.inner for m in matchers]))
+    pool = LateFill()
+    monkeypatch.setattr(g, "_pool", pool)
+    return pool
 
-    def slow(matchers):
-        time.sleep(0.05)
-        return fill(matchers)
 
-    monkeypatch.setattr(g, "_fill", slow)
+def test_no_matcher_is_touched_while_its_prefetched_fill_holds_it(tiny, reference, late):
+    """The race of 9bad2ff made deterministic: each prefetch's fill holds its rows' matchers until
+    it is waited for, so the sampler's mask (and a release, a new prefetch) must wait for it before
+    it syncs, checks or copies a matcher; before 9bad2ff mask checked ``is_error`` first and the
+    batch failed (every request in it ``error``). The outputs are those of the fast path."""
+    g = tiny.grammars
     before = g.prefetched
     handles = run(tiny)
-    assert g.prefetched > before
-    assert all(h.finish_reason != FinishReason.ERROR for h in handles)
+    assert [h.error for h in handles if h.finish_reason == FinishReason.ERROR] == []
+    assert late.submitted > 0 and g.prefetched > before and not late.outstanding
+    assert [h.tokens for h in handles] == [h.tokens for h in reference[0]]
+
+
+def test_a_slot_released_while_its_fill_holds_the_matcher_waits_for_it(tiny, late):
+    """A constrained row still prefilling is prefetched but not sampled: its fill is still out when
+    the request is cancelled. The release drops the row without touching its matcher (it waits for
+    the fill), and the slot's next constrained occupant gets a fresh matcher."""
+    engine = BatchInferenceEngine(tiny, batch_size=1, stop_token="model")
+    a = engine.submit_request("the quick brown fox " * 12, 30, structured={"json_schema": SCHEMA}, request_id="a")
+    engine.step()  # the first 16 of the prompt's tokens: prefetched, not sampled
+    assert len(late.outstanding) == 1 and a.tokens == []
+    engine.cancel("a")
+    b = engine.submit_request("hello", 16, structured={"choice": ["one", "two"]})
+    engine.run()
+    assert a.finish_reason == FinishReason.CANCELLED and not late.outstanding
+    assert b.finish_reason == FinishReason.STOP and b.text in ("one", "two")
+
+
+def test_a_resumed_request_s_matcher_is_rebuilt_under_late_fills(tiny, reference, late):
+    """A migrated request (its tokens so far as ``resume_tokens``) beside fresh ones: its matcher is
+    rebuilt from the resumed tokens inside prefetch and mask, with every fill held until waited for;
+    it ends with the tokens of the uninterrupted run."""
+    whole = reference[0][0].tokens  # REQUESTS[0]: a JSON schema, greedy
+    engine = BatchInferenceEngine(tiny, batch_size=3, stop_token="model")
+    prompt, n, options = REQUESTS[0]
+    moved = engine.submit_request(prompt, n, resume_tokens=whole[:5], **options)
+    others = [engine.submit_request(p, m, **o) for p, m, o in REQUESTS[1:3]]
+    engine.run()
+    assert 5 < len(whole) and moved.tokens == whole and moved.finish_reason == FinishReason.STOP
+    jsonschema.validate(json.loads(moved.text), SCHEMA)
+    assert [h.tokens for h in others] == [h.tokens for h in reference[0][1:3]] and late.submitted > 0
