@@ -21,7 +21,15 @@ Cases (the issue's table): SmolLM2-135M shape, HE32 at 8 slots in fp32 and
 bf16; 256 requests with lengths U[16, 256] (``random.Random(1)``, prompts the
 HE32 prompts cycled) at 64 slots in bf16, for the SmolLM2-135M and
 Llama-3.2-1B shapes (the 1B's llama3 RoPE scaling is left out: it changes
-no shape or cost). HE32 is bench/model.py's: the first 32 HumanEval prompts
+no shape or cost). Issue 24 adds the Qwen2.5-0.5B shape (q/k/v biases, tied
+head) and the Gemma-2-2B shape (GeGLU, sandwich norms, soft-capping,
+alternating 4,096-token windows: longer than any sequence here, so every
+layer attends to all of it; 256-dim heads; transformers' eager attention,
+as Gemma 2 has no SDPA path there), each written as its transformers config
+class (:data:`SHAPES`): the 256-request mix at 64 slots in bf16 on a GPU, and
+on a CPU ``he8`` (HE32's first 8 prompts and lengths, one batch of 8 slots)
+in bf16, since a 2-core CPU takes ~10 minutes per system for HE32 on a 2B
+model. :func:`cases_for` picks the cases of a device (``Case.devices``). HE32 is bench/model.py's: the first 32 HumanEval prompts
 as SmolLM2 token ids, each generating its bench/model.py ``max_tokens``
 (U[16, 128], ``random.Random(0)``); the issue's table used the greedy answer
 lengths instead (1,958 tokens instead of 2,348), so its HE32 rows compare
@@ -40,7 +48,8 @@ SmolLM2 256-request case at 652 tokens/s, took ~53 s). The cases run in
 the order of :data:`CASES`: the issue's targets first.
 Writes ``model_random_<device>[_tiny].json`` and ``.png`` in ``--out``.
 GPU numbers from this file were not verified on a GPU by its author (no GPU
-machine was at hand); the tiny CPU mode is tested.
+machine was at hand; the Qwen2.5 and Gemma 2 cases neither); the tiny CPU
+mode runs every case and is tested.
 """
 
 from __future__ import annotations
@@ -59,16 +68,33 @@ from pathlib import Path
 
 import torch
 
+_LLAMA = dict(model_type="llama", rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
 SHAPES = {
     # config.json of HuggingFaceTB/SmolLM2-135M-Instruct
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    "smollm2-135m": dict(_LLAMA, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
     # config.json of meta-llama/Llama-3.2-1B (head_dim 64), without its llama3 rope_scaling
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    "llama-3.2-1b": dict(_LLAMA, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    # config.json of Qwen/Qwen2.5-0.5B (Qwen2ForCausalLM: q/k/v biases; no sliding window in use)
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1000000.0,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                         bos_token_id=151643, eos_token_id=151643),
+    # config.json of google/gemma-2-2b (Gemma2ForCausalLM)
+    "gemma-2-2b": dict(model_type="gemma2", hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                       rope_theta=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                       query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
+                       pad_token_id=0),
 }
+"""Shape name -> its transformers config (``model_type`` picks the class, ``AutoConfig.for_model``),
+random weights with seed 0; ``max_position_embeddings`` is :data:`MAX_CONTEXT` for every shape."""
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=1024)
+TINY_HEAD = {"gemma2": dict(head_dim=16, query_pre_attn_scalar=16)}  # explicit head sizes of a family, made tiny
+HF_ATTENTION = {"gemma2": "eager"}  # transformers' Gemma 2 has no SDPA path; other families: "sdpa"
 MAX_CONTEXT = 2048  # prompts are <= ~500 tokens, lengths <= 256
 
 
@@ -79,16 +105,31 @@ class Case:
     name: str
     shape: str  # key of SHAPES
     dtype: str  # "float32" or "bfloat16"
-    workload: str  # "he32" or "mix256"
+    workload: str  # "he32", "he8" (HE32's first 8) or "mix256"
     slots: int
+    devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on (--tiny: all cases on any device)
 
 
 CASES = (  # the issue's targets first (bf16, 256 requests, 64 slots): a time limit skips the HE32 rows first
     Case("smol-bf16-mix256-64", "smollm2-135m", "bfloat16", "mix256", 64),
     Case("1b-bf16-mix256-64", "llama-3.2-1b", "bfloat16", "mix256", 64),
+    Case("qwen2.5-bf16-mix256-64", "qwen2.5-0.5b", "bfloat16", "mix256", 64, ("cuda",)),
+    Case("gemma2-bf16-mix256-64", "gemma-2-2b", "bfloat16", "mix256", 64, ("cuda",)),
     Case("smol-fp32-he32-8", "smollm2-135m", "float32", "he32", 8),
     Case("smol-bf16-he32-8", "smollm2-135m", "bfloat16", "he32", 8),
+    Case("qwen2.5-bf16-he8-8", "qwen2.5-0.5b", "bfloat16", "he8", 8, ("cpu",)),
+    Case("gemma2-bf16-he8-8", "gemma-2-2b", "bfloat16", "he8", 8, ("cpu",)),
 )
+
+
+def cases_for(device: str, shapes=None, tiny: bool = False) -> tuple[Case, ...]:
+    """The cases of :data:`CASES` that run on ``device`` (all of them with ``tiny``), of ``shapes``
+    only when given (names of :data:`SHAPES`; ValueError for another)."""
+    unknown = set(shapes or ()) - set(SHAPES)
+    if unknown:
+        raise ValueError(f"unknown shapes {sorted(unknown)}; choose from {', '.join(SHAPES)}")
+    kind = torch.device(device).type
+    return tuple(c for c in CASES if (tiny or kind in c.devices) and (not shapes or c.shape in shapes))
 SYSTEMS = ("slotserve", "hf-static", "hf-cb")
 
 
@@ -124,14 +165,24 @@ def free(device: str) -> None:
 # ---------------------------------------------------------------- weights and workloads
 
 
+def shape_config(shape: str, tiny: bool):
+    """The transformers config of ``shape`` (:data:`SHAPES`; ``tiny``: :data:`TINY` sizes)."""
+    from transformers import AutoConfig
+
+    params = dict(SHAPES[shape])
+    model_type = params.pop("model_type")
+    if tiny:
+        params.update(TINY, **TINY_HEAD.get(model_type, {}))
+    return AutoConfig.for_model(model_type, **params, max_position_embeddings=MAX_CONTEXT)
+
+
 def model_dir(shape: str, dtype: str, tiny: bool, device: str) -> str:
-    """A ``save_pretrained`` directory of a random-weight Llama with ``shape`` (seed 0), cached in the temp dir."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    """A ``save_pretrained`` directory of a random-weight model with ``shape`` (seed 0), cached in the temp dir."""
+    from transformers import AutoModelForCausalLM
 
     path = Path(tempfile.gettempdir()) / "slotserve-bench-random" / f"{shape}-{dtype}{'-tiny' if tiny else ''}"
     if not (path / "config.json").exists():
-        cfg = LlamaConfig(**{**SHAPES[shape], **(TINY if tiny else {})}, max_position_embeddings=MAX_CONTEXT,
-                          rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+        cfg = shape_config(shape, tiny)
         torch.manual_seed(0)
         with torch.device(device):  # random init is the slow part for 1B; do it where the work is
             model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
@@ -146,14 +197,15 @@ def workload(kind: str, tiny: bool, he_prompts, he_lengths) -> tuple[list[list[i
     if tiny:
         rng = random.Random(2)
         base = [[rng.randrange(3, 1000) for _ in range(rng.randint(8, 24))] for _ in range(8)]
-        n = 8 if kind == "he32" else 32
+        n = 32 if kind == "mix256" else 8
         prompts = [base[i % len(base)] for i in range(n)]
-        if kind == "he32":
+        if kind != "mix256":
             return prompts, [max(2, m // 10) for m in he_lengths[:n]]
         rng = random.Random(1)
         return prompts, [rng.randint(2, 25) for _ in range(n)]
-    if kind == "he32":
-        return [list(p) for p in he_prompts], list(he_lengths)
+    if kind in ("he32", "he8"):
+        n = 8 if kind == "he8" else len(he_prompts)
+        return [list(p) for p in he_prompts[:n]], list(he_lengths[:n])
     rng = random.Random(1)
     return [list(he_prompts[i % len(he_prompts)]) for i in range(256)], [rng.randint(16, 256) for _ in range(256)]
 
@@ -202,10 +254,11 @@ def run_slotserve(path, dtype, device, prompts, lengths, slots) -> Result:
 
 
 def _hf_model(path, dtype, device):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    attention = HF_ATTENTION.get(AutoConfig.from_pretrained(path).model_type, "sdpa")
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                attn_implementation="sdpa").to(device).eval()
+                                                attn_implementation=attention).to(device).eval()
 
 
 def run_hf_static(path, dtype, device, prompts, lengths, slots) -> Result:
@@ -279,10 +332,11 @@ RUNNERS = {"slotserve": run_slotserve, "hf-static": run_hf_static, "hf-cb": run_
 # ---------------------------------------------------------------- the run
 
 
-def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEMS, cases=CASES,
+def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEMS, cases=None,
               time_limit_s: float = 170.0, log=print) -> dict:
     """Every case x system; returns the JSON payload (see :func:`main`). A system that raises
     is recorded with its error and the run goes on."""
+    cases = cases_for(device, tiny=tiny) if cases is None else cases
     t_start = time.monotonic()
     payload = {"mode": "random-weights", "device": device, "tiny": tiny, "torch": torch.__version__,
                "threads": torch.get_num_threads(), "time_limit_s": time_limit_s, "cases": []}
@@ -296,7 +350,8 @@ def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEM
     for case in cases:
         path = model_dir(case.shape, case.dtype, tiny, device)
         prompts, lengths = workload(case.workload, tiny, he_prompts, he_lengths)
-        row = {"case": case.name, "shape": case.shape, "dtype": case.dtype, "workload": case.workload,
+        row = {"case": case.name, "shape": case.shape, "model_type": SHAPES[case.shape]["model_type"],
+               "dtype": case.dtype, "workload": case.workload,
                "slots": case.slots, "requests": len(prompts), "tokens_asked": sum(lengths), "systems": []}
         outputs = {}
         for name in systems:

