@@ -253,7 +253,8 @@ class BrokerCore:
                 slots_total=sum(w.num_slots for w in ws),
                 loading=loading.get(name, 0),
             )
-        workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect)
+        workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect,
+                                     w.prefix_cache)
                         for w in self.workers)
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters), self._models.known_aliases())

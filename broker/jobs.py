@@ -163,14 +163,17 @@ class JobTable:
                 heapq.heappush(self._deadlines, (job.deadline_s, key))
 
     def finish(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
-               out: Outbox, prompt_tokens: int | None = None, stop_reason=None) -> None:
-        """End a job: forget it and tell its client (if still there)."""
+               out: Outbox, prompt_tokens: int | None = None, stop_reason=None,
+               cached_tokens: int | None = None) -> None:
+        """End a job: forget it and tell its client (if still there); ``prompt_tokens``,
+        ``stop_reason`` and ``cached_tokens`` as the worker's :class:`Finished` says."""
         del self.by_key[job.key]
         self.counters[ENDING_COUNTER[reason]] += 1
         client = job.client
         if client is not None:
             self.detach(job)
-            out.result(client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens, stop_reason))
+            out.result(client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens, stop_reason,
+                                                        cached_tokens))
 
     def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
                       out: Outbox) -> None:

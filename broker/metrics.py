@@ -16,13 +16,25 @@ HTTP thread only reads them (prometheus-client's metrics are thread-safe).
 - ``slotserve_ttft_seconds`` / ``slotserve_request_latency_seconds``: time to
   first token and end-to-end latency as the broker sees them (arrival of the
   submit to the routing of the first token / the ending).
+- ``slotserve_prefix_cache_queries_total{model, worker}`` /
+  ``slotserve_prefix_cache_hits_total{model, worker}``: tokens looked up in a
+  worker's prefix cache / found there (vLLM's ``prefix_cache_queries`` and
+  ``prefix_cache_hits``; hit rate = hits / queries), as the worker counts them
+  since it started (its heartbeats report them, so they follow a worker within
+  a heartbeat interval; a restarted worker starts again from 0, a counter reset).
+- ``slotserve_prefix_cache_used_bytes{model, worker}`` /
+  ``slotserve_prefix_cache_budget_bytes{model, worker}``: bytes of the blocks a
+  worker's prefix cache holds / its budget. Workers without a prefix cache
+  have none of these four series.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.core import BrokerCore
+from protocol.messages import PrefixCacheUsage, Status
 
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _EVENTS = ("submitted", "completed", "cancelled", "deadline", "errors", "queue_full", "requeued", "duplicates")
@@ -47,6 +59,8 @@ class BrokerMetrics:
         self.latency = Histogram("slotserve_request_latency_seconds", "Submit to ending, seen by the broker",
                                  buckets=_BUCKETS_S, registry=r)
         self._last = {}
+        self.prefix_caches = PrefixCacheCollector()
+        r.register(self.prefix_caches)
         self._server, self._thread = start_http_server(port, addr=host, registry=r)
         self.port = self._server.server_port
 
@@ -67,7 +81,43 @@ class BrokerMetrics:
             self.ttft.observe(v)
         for v in core.take_timings("latency"):
             self.latency.observe(v)
+        self.prefix_caches.update(st)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class PrefixCacheCollector:
+    """The workers' prefix-cache series (see the module docstring), from the latest
+    ``status`` snapshot: the workers report cumulative counts, which are exposed as they
+    are (a ``Counter`` would need the deltas); a worker that left has no series."""
+
+    def __init__(self) -> None:
+        self._caches: dict[tuple[str, str], PrefixCacheUsage] = {}  # replaced whole: read by the HTTP thread
+
+    def update(self, st: Status) -> None:
+        caches: dict[tuple[str, str], PrefixCacheUsage] = {}
+        for w in st.workers:
+            if w.prefix_cache is not None:
+                key = (w.model, w.name)
+                old = caches.get(key)  # (two workers of one name: one series, their sums)
+                caches[key] = w.prefix_cache if old is None else PrefixCacheUsage(*map(sum, zip(old, w.prefix_cache)))
+        self._caches = caches
+
+    def collect(self):
+        caches, labels = self._caches, ["model", "worker"]
+        queries = CounterMetricFamily("slotserve_prefix_cache_queries", "Tokens looked up in the prefix cache",
+                                      labels=labels)
+        hits = CounterMetricFamily("slotserve_prefix_cache_hits", "Tokens found in the prefix cache (of queries)",
+                                   labels=labels)
+        used = GaugeMetricFamily("slotserve_prefix_cache_used_bytes", "Bytes of the blocks the prefix cache holds",
+                                 labels=labels)
+        budget = GaugeMetricFamily("slotserve_prefix_cache_budget_bytes", "The prefix cache's budget in bytes",
+                                   labels=labels)
+        for key, u in caches.items():
+            queries.add_metric(key, u.queries)
+            hits.add_metric(key, u.hits)
+            used.add_metric(key, u.used_bytes)
+            budget.add_metric(key, u.budget_bytes)
+        return [queries, hits, used, budget]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.defaults import MAX_MESSAGE_BYTES
-from protocol.messages import ModelInfo
+from protocol.messages import ModelInfo, PrefixCacheUsage
 
 
 @dataclass(slots=True)
@@ -38,6 +38,8 @@ class WorkerState:
       (one per engine iteration that generated tokens).
     - ``max_message_bytes``: ``int`` the largest frame it decodes (from its
       ``register``); every ``assign`` to it is kept within it.
+    - ``prefix_cache``: its latest :class:`~protocol.messages.PrefixCacheUsage`
+      (heartbeats), None for a worker without a prefix cache.
     """
 
     identity: bytes
@@ -53,6 +55,7 @@ class WorkerState:
     suspect: bool = False
     iterations: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    prefix_cache: PrefixCacheUsage | None = None
 
     @property
     def credits(self) -> int:

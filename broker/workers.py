@@ -151,10 +151,10 @@ class WorkerHandler:
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
                 out.result(job.client).texts.append(Text(job.rid, text))
-        for key, n in msg.started:  # (text and chat prompts' lengths, with their first tokens)
+        for key, n, cached in msg.started:  # (text and chat prompts' lengths, with their first tokens)
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
-                out.result(job.client).started.append(Started(job.rid, n))
+                out.result(job.client).started.append(Started(job.rid, n, cached))
         for rec in msg.logprobs:  # (requests that ask: with their tokens, so under the same rule)
             job = jobs.get(rec.request_id)
             if job is not None and job.worker == me and job.client is not None:
@@ -208,11 +208,16 @@ class WorkerHandler:
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
             else:
-                table.finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason)
+                table.finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason,
+                             f.cached_tokens)
 
     def heartbeat(self, w: WorkerState, msg: Heartbeat, now: float, out: Outbox) -> None:
         """A heartbeat whose ``progress`` moved is progress (a long model step
-        heartbeats from its I/O thread without sending an iteration)."""
+        heartbeats from its I/O thread without sending an iteration). Its
+        ``prefix_cache`` numbers, when it has a prefix cache, are kept for
+        ``status`` and the metrics."""
+        if msg.prefix_cache is not None:
+            w.prefix_cache = msg.prefix_cache
         p = msg.progress
         if p is not None:
             if w.progress is not None and p != w.progress:

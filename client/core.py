@@ -128,10 +128,12 @@ class ClientCore:
         requests (as the callback thread to the others). The hot path of a
         client without callbacks: kept flat."""
         handles = self.ledger.handles
-        for rid, n in msg.started:  # text and chat prompts, with their first tokens
+        for rid, n, cached in msg.started:  # text and chat prompts, with their first tokens
             h = handles.get(rid)
             if h is not None:
                 h._prompt_tokens = n
+                if cached is not None:
+                    h._cached_tokens = cached
         logprobs = _logprobs(msg.logprobs, handles) if msg.logprobs else ()
         ids, tokens, texts, finished, endings = [], [], [], [], []
         for rid, t in zip(msg.ids, msg.tokens):
@@ -243,6 +245,8 @@ class ClientCore:
         settled already, or it had ended before)."""
         if f.prompt_tokens is not None:
             h._prompt_tokens = f.prompt_tokens
+        if f.cached_tokens is not None:  # (the last worker's count; None: it never prefilled the prompt)
+            h._cached_tokens = f.cached_tokens
         error = None if f.code is None else RemoteError(f.code, f.message or f.code.value)
         if not self.ledger.end(h, f.finish_reason, error, now, f.stop_reason):
             return False

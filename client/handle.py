@@ -19,6 +19,8 @@ class ClientHandle(RequestHandle):
     their ids arrive with those entries; ``text`` is the pieces the worker released, joined (None
     while the model is not known to have a tokenizer and no text came);
     timings are on the client's monotonic clock, queueing included.
+    ``cached_tokens`` arrives with a text or chat prompt's first tokens, and
+    with the end of every request (the count of the worker that finished it).
     """
 
     __slots__ = ("callback", "on_token", "on_text", "_tokens", "_text", "_stream_error", "_owner", "_prompt_ids")

@@ -160,6 +160,12 @@ class Generation:
         return self.handle.prompt_tokens
 
     @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the worker's prefix cache gave (``RequestHandle.cached_tokens``), None
+        while unknown."""
+        return self.handle.cached_tokens
+
+    @property
     def prompt_key(self) -> object:
         """The prompt as submitted (hashable): requests with equal keys have prompts of equal length."""
         return self.handle.params.prompt

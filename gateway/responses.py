@@ -106,12 +106,20 @@ def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict 
     None (``"usage": null``) while a prompt's length is unknown: OpenAI's
     ``usage`` is optional, and a ``prompt_tokens`` of 0 for a prompt that has
     tokens would be a wrong count, not a missing one.
+
+    ``prompt_tokens_details.cached_tokens`` (OpenAI's field, always an int, as
+    OpenAI sends it): the prompt tokens the workers' prefix caches gave, each
+    prompt counted once as in :func:`prompt_tokens` (its first choice's count:
+    later choices of the same prompt hit the blocks the first one stored); 0
+    while unknown (a prompt not prefilled yet) and on a miss.
     """
     prompt = prompt_tokens(gens, prompts)
     if prompt is None:
         return None
     completion = sum(g.streamed_tokens if streamed else g.completion_tokens for g in gens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(g.cached_tokens or 0 for g in gens[::max(1, len(gens) // max(1, prompts))])
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class Envelope:

@@ -19,7 +19,9 @@ from protocol.request import RequestId, RequestParams
 class Usage(NamedTuple):
     """Token counts of a request, as OpenAI's ``usage``: ``prompt_tokens`` (None
     while unknown: a text prompt is tokenised by the worker) and
-    ``completion_tokens`` (generated so far, resumed ones included)."""
+    ``completion_tokens`` (generated so far, resumed ones included). (OpenAI's
+    ``prompt_tokens_details.cached_tokens`` is :attr:`RequestHandle.cached_tokens`,
+    kept out of this pair so code that unpacks or compares it stays right.)"""
 
     prompt_tokens: int | None
     completion_tokens: int
@@ -45,6 +47,10 @@ class RequestHandle:
     - ``error``: None, or the exception that ended the request (or that its
       completion callback raised).
     - ``usage``: :class:`Usage`; ``prompt_tokens`` is its first half.
+    - ``cached_tokens``: prompt tokens whose KV came from the prefix cache of the engine that
+      prefilled the prompt (the last one, for a request that migrated) instead of being
+      prefilled; 0 for a miss and for models without a prefix cache. None until the prompt
+      is prefilled (its first token), and for a request that ended before.
     - ``ttft_s`` / ``latency_s``: seconds from submission to the first token /
       to the end (None until then), on the owner's monotonic clock.
     - ``logprobs``: None unless the request asked (``params.logprobs``); then a list with one
@@ -58,7 +64,7 @@ class RequestHandle:
     """
 
     __slots__ = ("request_id", "params", "submitted_s", "first_token_s", "finished_s", "_prompt_tokens",
-                 "_finish_reason", "_stop_reason", "_error", "_done", "logprobs", "prompt_logprobs")
+                 "_cached_tokens", "_finish_reason", "_stop_reason", "_error", "_done", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: RequestId, params: RequestParams, submitted_s: float,
                  prompt_tokens: int | None) -> None:
@@ -68,6 +74,7 @@ class RequestHandle:
         self.first_token_s: float | None = None
         self.finished_s: float | None = None
         self._prompt_tokens = prompt_tokens
+        self._cached_tokens: int | None = None
         self._finish_reason: FinishReason | None = None
         self._stop_reason: int | tuple[int, ...] | str | None = None
         self._error: BaseException | None = None
@@ -115,6 +122,12 @@ class RequestHandle:
     def prompt_tokens(self) -> int | None:
         """``usage.prompt_tokens``: the prompt's length in tokens, or None while unknown."""
         return self._prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """OpenAI's ``usage.prompt_tokens_details.cached_tokens``: prompt tokens taken from the
+        prefix cache (see the class docstring)."""
+        return self._cached_tokens
 
     @property
     def ttft_s(self) -> float | None:

@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -57,7 +57,10 @@ frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and 
 5: served-name ``aliases`` in ``loading``, ``register``, ``welcome`` and ``status``; prompt
 lengths (``started``) with a request's first tokens in ``iteration`` and ``results``: fields a
 v4 peer would refuse to decode. 6: ``logprobs`` and ``prompt_logprobs`` request fields (a request is an
-array of its fields), token ``logprobs`` in ``iteration`` and ``results``.)"""
+array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``cached_tokens`` in
+``finished`` and ``started`` records, ``prefix_cache`` (:class:`PrefixCacheUsage`) in a worker's
+``heartbeat`` and in ``status``'s workers: records and fields a v6 peer would refuse to decode. A record
+of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
 class Op(str, enum.Enum):
@@ -124,6 +127,11 @@ class Finished(NamedTuple):
       (text prompts are tokenised there), else ``None``.
     - ``stop_reason``: for ``stop``, the stop token (int), stop sequence (ids) or text stop
       string (str) that matched, as vLLM's ``stop_reason``.
+    - ``cached_tokens``: prompt tokens whose KV the worker that finished the request took from
+      its prefix cache instead of prefilling them (0: a miss, or a model without a prefix
+      cache), as OpenAI's ``usage.prompt_tokens_details.cached_tokens``; None when that worker
+      never finished prefilling the prompt (it ended first), or from the broker. A migrated
+      request's count is its last worker's (as vLLM counts the tokens its engine skipped).
 
     The request's last tokens travel in the same message's ``ids``/``tokens``.
     """
@@ -134,6 +142,7 @@ class Finished(NamedTuple):
     message: str | None = None
     prompt_tokens: int | None = None
     stop_reason: int | tuple[int, ...] | str | None = None
+    cached_tokens: int | None = None
 
 
 class Started(NamedTuple):
@@ -142,10 +151,13 @@ class Started(NamedTuple):
     prompt's length in tokens. Sent only for text and chat prompts, which the
     worker tokenises (a token-id prompt's length is known to its sender), so
     usage can be reported while the request streams; once per request and
-    worker (a migrated request's next worker sends it again, the same)."""
+    worker (a migrated request's next worker sends it again, the same).
+    ``cached_tokens``: of those, the tokens taken from the worker's prefix
+    cache (as in :class:`Finished`; None from a v6-shaped record)."""
 
     request_id: RequestId
     prompt_tokens: int
+    cached_tokens: int | None = None
 
 
 class Logprobs(NamedTuple):
@@ -203,6 +215,22 @@ class ModelInfo(NamedTuple):
     has_tokenizer: bool = False
 
 
+class PrefixCacheUsage(NamedTuple):
+    """A worker's prefix cache (``heartbeat``, and its line in ``status``), cumulative since
+    the worker started (see ``worker.models.llama.prefix_cache``).
+
+    - ``queries``: tokens of the sequences looked up in the cache (vLLM's ``prefix_cache_queries``).
+    - ``hits``: of them, tokens found, whose KV was copied instead of prefilled (``prefix_cache_hits``).
+    - ``used_bytes``: bytes of the blocks held now; ``budget_bytes``: the cache's budget
+      (``--prefix-cache-mb``, rounded down to whole blocks).
+    """
+
+    queries: int
+    hits: int
+    used_bytes: int
+    budget_bytes: int
+
+
 class ModelStatus(NamedTuple):
     """One model's line in ``status``: requests ``queued`` in the broker and
     ``running`` on workers, ``workers`` registered, ``slots_busy`` / ``slots_total``,
@@ -219,7 +247,9 @@ class ModelStatus(NamedTuple):
 class WorkerStatus(NamedTuple):
     """One worker's line in ``status``: ``inflight`` requests assigned of
     ``num_slots``; ``iterations`` that produced tokens; ``suspect``: found hung,
-    gets no requests until it progresses."""
+    gets no requests until it progresses; ``prefix_cache``: its latest
+    :class:`PrefixCacheUsage` report, None for a worker without a prefix cache
+    (or before its first heartbeat)."""
 
     name: str
     model: str
@@ -227,6 +257,7 @@ class WorkerStatus(NamedTuple):
     inflight: int
     iterations: int
     suspect: bool
+    prefix_cache: PrefixCacheUsage | None = None
 
 
 # --------------------------------------------------------------------------- messages
@@ -420,11 +451,16 @@ class Heartbeat(_Message):
     - ``broker_id``: set by the broker, so a peer notices a restart.
     - ``progress``: set by a worker: iterations completed so far (a hung
       worker heartbeats but stops progressing while it has work).
+    - ``prefix_cache``: set by a worker with a prefix cache: its
+      :class:`PrefixCacheUsage` now. Such a worker also heartbeats while busy,
+      once per interval when the numbers changed, so ``status`` and the
+      metrics follow a busy worker within an interval.
     """
 
     op: ClassVar[Op] = Op.HEARTBEAT
     broker_id: str | None = None
     progress: int | None = None
+    prefix_cache: PrefixCacheUsage | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -710,7 +710,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
               help="Print raw JSON.")
 @_curve_dir
 def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | None) -> None:
-    """Show the broker's queues, workers and slots busy / total."""
+    """Show the broker's queues, workers and slots busy / total, and each worker's prefix-cache hit rate."""
     import json
 
     from client import BrokerUnavailable, Client
@@ -732,8 +732,19 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     for alias, name in sorted(st.aliases.items()):
         click.echo(f"  alias {alias} -> {name}")
     for w in st.workers:
-        click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots")
+        click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots"
+                   + _prefix_cache_line(w.prefix_cache))
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
+
+
+def _prefix_cache_line(usage) -> str:
+    """A worker's prefix cache in ``status``: hit rate (hits / queries, in tokens), MiB used / budget;
+    '' for a worker without one."""
+    if usage is None:
+        return ""
+    rate = "-" if not usage.queries else f"{100 * usage.hits / usage.queries:.1f}%"
+    return (f"  prefix cache hit rate {rate} ({usage.hits}/{usage.queries} tokens), "
+            f"{usage.used_bytes / 2**20:.1f}/{usage.budget_bytes / 2**20:.1f} MiB")
 
 
 @main.command()

@@ -19,12 +19,16 @@ Output rows, each written and flushed as its request ends (completion order;
 match on ``id``)::
 
     {"id", "tokens": generated ids only, "finish_reason",
-     "usage": {"prompt_tokens", "completion_tokens"},
+     "usage": {"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens"}},
      "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"),
      "error": {"code", "message"} when there is one, "text" when the model has a tokenizer,
      "logprobs": [{"token": id, "logprob": x, "top_logprobs": [[id, x], ...]}, ...] when the row
      asked ("logprobs": N), one per generated token,
      "prompt_logprobs": [null, {...}, ...] when it asked ("prompt_logprobs": N), one per prompt token}
+
+``cached_tokens`` (OpenAI's field): the prompt tokens the worker's prefix
+cache gave instead of prefilling them (0 on a miss, without a prefix cache,
+and for a request that ended before its prompt was prefilled).
 
 Logprobs are natural logs of the model's raw distribution (see
 :mod:`protocol.logprobs`); JSON has no ``-inf``, so a token of probability 0
@@ -62,7 +66,8 @@ class JobSummary:
     submission; ``output_tokens_per_s`` = completion tokens / wall time.
     ``stopped``: why the job ended before its input did (``"SIGTERM"``,
     ``"timeout after 30 s"``, ...), None when it ran to the end;
-    ``lines_read``: input lines read (the last one when stopped early)."""
+    ``lines_read``: input lines read (the last one when stopped early);
+    ``cached_tokens``: prompt tokens the workers' prefix caches gave (the sum of the rows')."""
 
     requests: int
     errors: int
@@ -75,6 +80,7 @@ class JobSummary:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     stopped: str | None = None
     lines_read: int = 0
+    cached_tokens: int = 0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -88,7 +94,8 @@ class JobSummary:
         rows = [
             ("requests", f"{self.requests} ({self.errors} errors)"),
             ("finish reasons", reasons or "-"),
-            ("tokens", f"{self.prompt_tokens} prompt, {self.completion_tokens} completion"),
+            ("tokens", f"{self.prompt_tokens} prompt ({self.cached_tokens} cached), "
+                       f"{self.completion_tokens} completion"),
             ("wall time", format_duration(self.wall_s)),
             ("output tokens/s", f"{self.output_tokens_per_s:,.0f}"),
             ("latency p50 / p99", f"{ms(self.p50_latency_ms)} / {ms(self.p99_latency_ms)}"),
@@ -159,7 +166,7 @@ class Job:
         self.latencies: list[float] = []
         self.ttfts: list[float] = []
         self.reasons: dict[str, int] = {}
-        self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
+        self.requests = self.errors = self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.lines_read = 0
         self.read_all = False
         self.stopped: str | None = None
@@ -218,7 +225,8 @@ class Job:
                 p50_latency_ms=None if not lat else _percentile(lat, 50) * 1000,
                 p99_latency_ms=None if not lat else _percentile(lat, 99) * 1000,
                 p50_ttft_ms=None if not ttft else _percentile(ttft, 50) * 1000,
-                finish_reasons=dict(self.reasons), stopped=self.stopped, lines_read=self.lines_read)
+                finish_reasons=dict(self.reasons), stopped=self.stopped, lines_read=self.lines_read,
+                cached_tokens=self.cached_tokens)
 
     def close(self) -> None:
         """Close the progress bar."""
@@ -268,6 +276,7 @@ class Job:
         if "error" in row:
             self.errors += 1
         self.prompt_tokens += row["usage"]["prompt_tokens"]
+        self.cached_tokens += row["usage"]["prompt_tokens_details"]["cached_tokens"]
         self.completion_tokens += row["usage"]["completion_tokens"]
         if self.bar is not None:
             self.bar.update(1)
@@ -278,7 +287,8 @@ class Job:
             if self._refused_when_stopped(n):
                 return
             self.write({"id": row_id, "tokens": [], "finish_reason": FinishReason.ERROR.value,
-                        "usage": {"prompt_tokens": 0, "completion_tokens": 0},
+                        "usage": {"prompt_tokens": 0, "completion_tokens": 0,
+                                  "prompt_tokens_details": {"cached_tokens": 0}},
                         "error": {"code": code.value, "message": message}})
 
     def _refused_when_stopped(self, n: int) -> bool:  # under self.cond
@@ -356,7 +366,8 @@ class Job:
         row_id = self.rows.pop(rid)
         tokens = h.tokens
         out = {"id": row_id, "tokens": tokens, "finish_reason": reason.value,
-               "usage": {"prompt_tokens": h.usage.prompt_tokens or 0, "completion_tokens": len(tokens)}}
+               "usage": {"prompt_tokens": h.prompt_tokens or 0, "completion_tokens": len(tokens),
+                         "prompt_tokens_details": {"cached_tokens": h.cached_tokens or 0}}}
         if h.text is not None:
             out["text"] = h.text
         if h.stop_reason is not None:

@@ -323,16 +323,19 @@ class BatchInferenceEngine:
                         book.row_failed(req, exc)
         else:
             finished = slots.append(tokens)
-        if slots.admitted:  # their first token: time to first token
+        if slots.admitted:  # their first token: time to first token, and the prompt tokens the cache gave
             now = self._clock()
+            cached = slots.cached_tokens
             if skipped:  # no token yet (prefill goes on): stamped at their first one
                 for req in slots.admitted:
                     if req not in skipped:
                         req.first_token_s = now
+                        req._cached_tokens = cached(req)
                 slots.admitted[:] = [req for req in slots.admitted if req in skipped and req.slot is not None]
             else:
                 for req in slots.admitted:
                     req.first_token_s = now
+                    req._cached_tokens = cached(req)
                 slots.admitted.clear()
         self._deliver(finished, skipped)
         generated = len(tokens) if skipped is None else len(tokens) - len(skipped)

@@ -105,6 +105,8 @@ class BrokerLink:
         self.max_send_bytes = self.cfg.max_message_bytes  # until the broker's welcome says its own
         self.last_sent = 0.0
         self.last_recv = time.monotonic()
+        self.usage_sent = None      # the PrefixCacheUsage of the latest heartbeat
+        self.usage_checked_s = 0.0  # when the prefix cache's numbers were last compared with it
 
     def send(self, msg: Message) -> None:
         """Send ``msg``, split to fit the broker's frame limit; an iteration
@@ -192,17 +194,28 @@ class BrokerLink:
 
     def _keep_alive(self) -> None:
         """Register again after ``broker_liveness_s`` of silence from the broker;
-        else heartbeat when nothing was sent for a heartbeat interval."""
+        else heartbeat when nothing was sent for a heartbeat interval, or (a busy
+        worker with a prefix cache) when its numbers changed in the last interval."""
         now = time.monotonic()
         if now - self.last_recv > self.broker_liveness_s:
             log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
             self.last_recv = now
             self.reregister()
-        elif now - self.last_sent >= self.heartbeat_s and self.welcomed:
-            self.send(Heartbeat(progress=self.wp.iterations))
+        elif self.welcomed:
+            if now - self.last_sent >= self.heartbeat_s:
+                self._heartbeat(now, self.wp.prefix_cache_usage())
+            elif self.registered and now - self.usage_checked_s >= self.heartbeat_s:
+                self.usage_checked_s = now
+                usage = self.wp.prefix_cache_usage()
+                if usage != self.usage_sent:
+                    self._heartbeat(now, usage)
         # Not answered yet: the Register (or Loading) waits in the DEALER's
         # queue and leaves when the broker is reachable; it is re-sent only
         # after broker_liveness_s without an answer (above).
+
+    def _heartbeat(self, now: float, usage) -> None:
+        self.usage_sent, self.usage_checked_s = usage, now
+        self.send(Heartbeat(progress=self.wp.iterations, prefix_cache=usage))
 
     def _forward(self, its: list[Iteration]) -> None:
         """Send the main thread's iterations (of the current registration epoch)

@@ -37,7 +37,8 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Envelope, Finished, Iteration, Logprobs, ModelInfo, Rejected, Started, Text
+from protocol.messages import Envelope, Finished, Iteration, Logprobs, ModelInfo, PrefixCacheUsage, Rejected, \
+    Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.link import READY, STOP, WAKE, serve_broker
@@ -297,13 +298,23 @@ class WorkerProcess:
             if live.stale:
                 continue
             if live.tokens:
-                started.append(Started(live.key, live.handle.prompt_tokens))
+                started.append(Started(live.key, live.handle.prompt_tokens, live.handle.cached_tokens))
             elif live.eid not in done:  # (one that ends without a token tells it with its end)
                 waiting.append(live)
         self._unstarted = waiting
         return started
 
     # ------------------------------------------------------------------ called by the I/O thread
+
+    def prefix_cache_usage(self) -> PrefixCacheUsage | None:
+        """The model's prefix cache now (``worker.models.llama.prefix_cache``), for heartbeats;
+        None for a model without one. Read without a lock: ints the main thread updates, each
+        read whole (a report may be one lookup behind; the next one catches up)."""
+        cache = getattr(self.model, "prefix_cache", None)
+        if cache is None:
+            return None
+        stats = cache.stats
+        return PrefixCacheUsage(stats.queries, stats.hits, cache.used_blocks * cache.block_bytes, cache.nbytes)
 
     def take_outbox(self) -> list[Iteration]:
         """The iterations the main thread produced since the last call, in
@@ -397,7 +408,7 @@ def _finished(key: int, handle) -> Finished:
         if not isinstance(code, ErrorCode):
             code = ErrorCode.INTERNAL
         message = f"{type(err).__name__}: {err}" if err is not None else "failed"
-    return Finished(key, reason, code, message, handle.usage.prompt_tokens, handle.stop_reason)
+    return Finished(key, reason, code, message, handle.prompt_tokens, handle.stop_reason, handle.cached_tokens)
 
 
 def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, model=None) -> None:

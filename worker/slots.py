@@ -122,6 +122,13 @@ class SlotTable:
         self.pending_scores: dict[Request, list] = {}  # the logprobs entries of the pending tokens
         self._update_stops()
 
+    def cached_tokens(self, req: Request) -> int:
+        """The prompt tokens the model took from its prefix cache for running ``req``
+        (``SlotInput.cached_tokens``, read with its first token); 0 for a stateless model."""
+        if self._inputs is None or req.slot is None:
+            return 0
+        return self._slot_inputs[req.slot].cached_tokens or 0
+
     def occupy(self, new: list[Request]) -> None:
         """Give each request in ``new`` a free slot (the caller checked there are enough)."""
         free, reqs, seqs, inputs = self.free, self.reqs, self.seqs, self._inputs
@@ -134,6 +141,7 @@ class SlotTable:
             if inputs is not None:
                 si = self._slot_inputs[slot]
                 si.tokens, si.sampling, si.prompt_len = seq, req.params.sampling, req._prompt_tokens
+                si.cached_tokens = None
                 inputs.append(si)
                 if req.params.min_tokens > len(seq) - req._prompt_tokens and req.stop_tokens:
                     si.sampling = si.sampling._replace(min_tokens=req.params.min_tokens,

@@ -123,7 +123,8 @@ def test_run_embedded_job(tmp_path):
     for rid, (tokens, reason) in expected.items():
         r = by_id[rid]
         assert (r["tokens"], r["finish_reason"]) == (tokens, reason), rid
-        assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": len(tokens)}
+        assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": len(tokens),
+                              "prompt_tokens_details": {"cached_tokens": 0}}
         assert "error" not in r
     errors = [r for r in got if "error" in r]
     assert len(errors) == 3 and all(r["error"]["code"] == "bad_request" for r in errors)

@@ -41,7 +41,7 @@ def test_nothing_pending_nothing_to_do():
 
 
 SURFACE = {"request_id", "params", "prompt", "tokens", "text", "finish_reason", "stop_reason", "error", "usage",
-           "ttft_s", "latency_s", "submitted_s", "first_token_s", "finished_s", "done", "result"}
+           "ttft_s", "latency_s", "submitted_s", "first_token_s", "finished_s", "done", "result", "cached_tokens"}
 
 
 def test_engine_and_client_handles_share_one_surface():
@@ -53,6 +53,7 @@ def test_engine_and_client_handles_share_one_surface():
         assert SURFACE <= {n for n in dir(h) if not n.startswith("_")}
     engine.run()
     assert eh.usage == (2, 3) and eh.ttft_s is not None and 0 <= eh.ttft_s <= eh.latency_s
+    assert eh.cached_tokens == 0 and ch.cached_tokens is None  # (a model without a prefix cache; not prefilled)
     assert eh.text is None and eh.prompt == [1, 2] and eh.result() == [1, 2] + eh.tokens
     assert ch.usage == (2, 0) and ch.text is None and ch.ttft_s is None and ch.finish_reason is None
     assert handle(1, RequestParams("hi", 2)).text == "" and handle(1, RequestParams("hi", 2)).prompt is None

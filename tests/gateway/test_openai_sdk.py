@@ -353,3 +353,48 @@ def test_models_health_and_metrics(oai, cluster, text_model):
     text = httpx.get(cluster.http_url + "/metrics").text
     assert 'slotserve_http_ttft_seconds_count{endpoint="/v1/completions"}' in text
     assert 'slotserve_http_request_latency_seconds_count{endpoint="/v1/chat/completions"}' in text
+
+
+# ---------------------------------------------------------------------- cached tokens (issue 23)
+# OpenAI's usage.prompt_tokens_details.cached_tokens: the text model's worker runs with its prefix
+# cache on (sized from the machine); a repeated prompt reuses every whole 16-token block of it but
+# the one holding its last token.
+
+SYSTEM = "You are a careful assistant who answers in one short sentence and never repeats itself. " * 3
+
+
+def reused(prompt_tokens: int) -> int:
+    """What a repeat of an already cached prompt of ``prompt_tokens`` tokens gets from the cache."""
+    from worker.models.llama.prefix_cache import BLOCK_TOKENS
+
+    return (prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+def test_a_repeated_chat_prompt_reports_its_cached_tokens_plain_and_streamed(oai, text_model):
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a slot?"}]
+    kw = dict(model=text_model, messages=messages, max_tokens=4, temperature=0)
+    first = oai.chat.completions.create(**kw)
+    n = first.usage.prompt_tokens
+    cold = first.usage.prompt_tokens_details.cached_tokens
+    assert type(cold) is int and cold % 16 == 0 and cold < reused(n)  # (what warm-up left may hit)
+    again = oai.chat.completions.create(**kw)
+    assert again.usage.prompt_tokens == n and again.usage.prompt_tokens_details.cached_tokens == reused(n) > 0
+    assert again.choices[0].message.content == first.choices[0].message.content
+    chunks = list(oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens == n
+    assert usage.prompt_tokens_details.cached_tokens == reused(n)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_report_0_on_a_miss_and_count_each_prompt_once(oai, text_model):
+    prompt = "slotserve keeps the keys and values of earlier prompts in blocks of sixteen tokens " * 2
+    kw = dict(model=text_model, max_tokens=3, temperature=0)
+    miss = oai.completions.create(prompt=[7, 8, 9], **kw)  # shorter than a block: never a hit
+    assert miss.usage.prompt_tokens_details.cached_tokens == 0
+    first = oai.completions.create(prompt=prompt, **kw)
+    n = first.usage.prompt_tokens
+    r = oai.completions.create(prompt=[prompt, prompt], n=2, **kw)  # two prompts, four choices: counted twice
+    assert r.usage.prompt_tokens == 2 * n and r.usage.prompt_tokens_details.cached_tokens == 2 * reused(n)
+    chunks = list(oai.completions.create(prompt=prompt, stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == reused(n)

@@ -160,11 +160,13 @@ def test_continuous_usage_is_on_every_chat_chunk_the_role_chunk_included():
     events = sse_events(r)
     assert [e["choices"][0]["delta"] for e in events[:2]] == [ROLE_DELTA, ROLE_DELTA]
     for e in events[:2]:
-        assert e["usage"] == {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9}
+        assert e["usage"] == {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     sent = 0
     for e in events[2:-1]:
         sent += sum(len(c["token_ids"]) for c in e["choices"])
-        assert e["usage"] == {"prompt_tokens": 9, "completion_tokens": sent, "total_tokens": 9 + sent}
+        assert e["usage"] == {"prompt_tokens": 9, "completion_tokens": sent, "total_tokens": 9 + sent,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert sent == 8 and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 8
 
 

@@ -36,7 +36,7 @@ QUEUED = None
 class ScriptedClient:
     """A stand-in for :class:`client.Client`: request ``i`` (in submission order)
     ends on another thread with ``outcomes[i]``: ``QUEUED``, or ``(prompt_tokens,
-    tokens)`` for one that ran (finish_reason ``length``)."""
+    tokens[, cached_tokens])`` for one that ran (finish_reason ``length``)."""
 
     def __init__(self, outcomes: list) -> None:
         self.outcomes = list(outcomes)
@@ -54,7 +54,8 @@ class ScriptedClient:
         if outcome is QUEUED:
             h._end(FinishReason.DEADLINE, None, None, time.monotonic())
         else:
-            h._prompt_tokens, tokens = outcome
+            h._prompt_tokens, tokens, *cached = outcome
+            h._cached_tokens = cached[0] if cached else 0  # (what a worker without a prefix cache reports)
             h.first_token_s = time.monotonic()
             h._tokens.extend(tokens)
             h._text.append("x" * len(tokens))
@@ -120,19 +121,36 @@ def test_a_text_prompt_no_worker_saw_has_no_usage_not_zero_prompt_tokens(path, f
 def test_a_prompts_length_comes_from_any_of_its_choices(path, fields, stream):
     # only the first choice of each prompt was read: 0 when it was the one that never ran
     out, metrics = post([QUEUED, (7, [1, 2, 3])], path, {**fields, "n": 2, **(STREAM if stream else {})})
-    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
     assert metrics.prompt_tokens.labels("m")._value.get() == 7
 
 
 def test_the_same_text_twice_has_one_length():
     out, _ = post([QUEUED, (5, [1]), (6, [1, 2])], "/v1/completions", {"prompt": ["hi", "hi", "other"]})
-    assert out["usage"] == {"prompt_tokens": 5 + 5 + 6, "completion_tokens": 3, "total_tokens": 19}
+    assert out["usage"] == {"prompt_tokens": 5 + 5 + 6, "completion_tokens": 3, "total_tokens": 19,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_a_token_id_prompt_no_worker_saw_still_counts():
     out, _ = post([QUEUED], "/v1/completions", {"prompt": [5, 6, 7]})
-    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
     assert out["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path, fields", [("/v1/completions", TEXT), ("/v1/chat/completions", CHAT)])
+@pytest.mark.parametrize("stream", [False, True])
+def test_cached_tokens_are_openais_prompt_tokens_details_counted_once_per_prompt(path, fields, stream):
+    # n=2: the prompt counts once, with its first choice's cache hit (the second hit what the first stored)
+    out, _ = post([(40, [1, 2], 32), (40, [3], 48)], path, {**fields, "n": 2, **(STREAM if stream else {})})
+    assert out["usage"] == {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43,
+                            "prompt_tokens_details": {"cached_tokens": 32}}
+
+
+def test_cached_tokens_of_several_prompts_add_up_and_an_unknown_count_is_0():
+    out, _ = post([(20, [1], 16), (30, [1], None), (9, [1], 0)], "/v1/completions", {"prompt": ["a", "b", "c"]})
+    assert out["usage"]["prompt_tokens"] == 59 and out["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
 
 
 def test_metrics_count_completion_tokens_when_usage_is_null():

@@ -88,6 +88,10 @@ class SlotInput:
       ``prompt_scored`` in the ``step`` that returns the slot's first token:
       one entry per prompt token, the first None. The engine reads both and
       sets ``prompt_logprobs`` back to None (a resumed request never asks).
+    - ``cached_tokens``: set by a model with a prefix cache when it starts the
+      slot's prefill: prompt tokens (of ``tokens[:prompt_len]``) whose KV it
+      took from the cache, 0 for a miss. The engine reads it with the slot's
+      first token (``RequestHandle.cached_tokens``); None (not set) counts as 0.
     """
 
     slot: int
@@ -98,6 +102,7 @@ class SlotInput:
     prompt_logprobs: int | None = None
     scored: list | None = None
     prompt_scored: list | None = None
+    cached_tokens: int | None = None
 
 
 @runtime_checkable

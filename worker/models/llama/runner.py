@@ -341,13 +341,17 @@ class LlamaRunner:
 
         A new prompt first reuses its longest cached prefix (:mod:`worker.models.llama.prefix_cache`),
         looked up when it gets its first chunk, not when admitted: prompts admitted together then
-        hit the blocks the first one's chunks stored meanwhile."""
+        hit the blocks the first one's chunks stored meanwhile. The prompt tokens reused go to
+        ``SlotInput.cached_tokens`` (0 for a miss)."""
         budget, chunks, prefixes = self.max_prefill_tokens, [], self.prefix_cache
         for fresh, i, row, start in candidates:
             if budget <= 0:
                 break
-            if fresh and prefixes is not None and not skips_cache(batch[i]):
-                start = prefixes.load(row, batch[i].tokens)
+            if fresh and prefixes is not None:
+                item = batch[i]
+                if not skips_cache(item):
+                    start = prefixes.load(row, item.tokens)
+                item.cached_tokens = min(start, item.prompt_len)  # (a resumed request's own tokens are not prompt)
             count = min(len(batch[i].tokens) - start, budget)
             chunks.append(Chunk(i, row, start, count))
             budget -= count
