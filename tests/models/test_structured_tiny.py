@@ -108,12 +108,14 @@ class LateFill:
     def __init__(self) -> None:
         self.submitted = 0
         self.outstanding: list[LateFill.Future] = []
+        self.failing = False  # fills submitted while set raise (after giving their matchers back)
 
     class Future:
         """A submitted fill: runs at the first ``result()``, then gives its matchers back."""
 
         def __init__(self, pool, fill, matchers) -> None:
             self.pool, self.fill, self.matchers, self.bits = pool, fill, matchers, None
+            self.fails = pool.failing
 
         def result(self):
             if self.bits is None:
@@ -121,6 +123,8 @@ class LateFill:
                 for m in self.matchers:
                     m.lent = False
                 self.pool.outstanding.remove(self)
+            if self.fails:
+                raise RuntimeError("the fill failed")
             return self.bits
 
     def submit(self, fill, matchers):
@@ -185,3 +189,24 @@ def test_a_resumed_request_s_matcher_is_rebuilt_under_late_fills(tiny, reference
     assert 5 < len(whole) and moved.tokens == whole and moved.finish_reason == FinishReason.STOP
     jsonschema.validate(json.loads(moved.text), SCHEMA)
     assert [h.tokens for h in others] == [h.tokens for h in reference[0][1:3]] and late.submitted > 0
+
+
+def test_a_fill_that_failed_is_refilled_when_sampled_and_never_fails_a_release(tiny, reference, late, caplog):
+    """A prefetched fill that raised is dropped: the sampler fills those rows itself (the outputs
+    are the fast path's), and a release that discards it completes (before, it raised out of
+    ``release_slot`` and left the slot's cache row to its next occupant)."""
+    late.failing = True
+    handles = run(tiny)
+    assert [h.error for h in handles if h.finish_reason == FinishReason.ERROR] == []
+    assert [h.tokens for h in handles] == [h.tokens for h in reference[0]]
+    engine = BatchInferenceEngine(tiny, batch_size=1, stop_token="model")
+    engine.submit_request("the quick brown fox " * 12, 30, structured={"json_schema": SCHEMA}, request_id="a")
+    engine.step()  # prefetched (a fill that will fail), not sampled
+    assert len(late.outstanding) == 1
+    engine.cancel("a")
+    late.failing = False
+    b = engine.submit_request("hello", 16, structured={"choice": ["one", "two"]})
+    engine.run()
+    assert b.finish_reason == FinishReason.STOP and b.text in ("one", "two")
+    assert not [r for r in caplog.records if "release_slot" in r.getMessage()]
+    assert not tiny._rows.of  # every slot's cache row given back

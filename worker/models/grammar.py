@@ -48,6 +48,7 @@ engine reports it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -62,6 +63,8 @@ from worker.errors import ModelError
 from worker.models.base import SlotInput
 
 __all__ = ["CACHE_ENTRIES", "GrammarError", "GrammarMismatch", "Grammars", "grammars_for"]
+
+log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 256
 """Compiled grammars kept per model (least recently used dropped first)."""
@@ -288,12 +291,21 @@ class Grammars:
         self._pending = (rows, self._pool.submit(self._fill, [m for _, m, _ in rows]))
 
     def _wait(self) -> tuple[list, torch.Tensor] | None:
-        """The last prefetch's ``(rows, bitmasks)``, waited for and consumed (None when there is none)."""
+        """The last prefetch's ``(rows, bitmasks)``, waited for and consumed (None when there is none).
+
+        A fill that raised is logged and dropped (None): :meth:`mask` then fills its own, so an
+        error that persists ends that batch from the sampler like any model error, and a release
+        or a new prefetch, which only discard it, never raise (a release that raised would leave
+        the slot's cache row to its next occupant: the runners free it after the sampler's)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         rows, future = pending
-        return rows, future.result()
+        try:
+            return rows, future.result()
+        except Exception:
+            log.warning("a prefetched grammar mask fill failed; its rows are filled again when sampled", exc_info=True)
+            return None
 
     def _match(self, rows: list, bits: torch.Tensor, wanted) -> torch.Tensor | None:
         """The prefetched bitmasks when they are those of ``wanted`` (``(SlotInput, matcher)`` per
