@@ -95,10 +95,11 @@ from worker.models.base import SlotInput  # noqa: E402
 
 MODEL = "smollm2-135m"
 """The default ``--model`` (its results are ``model.json``; another model's ``model_<name>.json``)."""
-EXTRA_STOPS = {"gemma3-270m": ("<end_of_turn>",)}
-"""Per model, tokens that end a request besides the model's EOS ids, as token strings looked up in
-its tokenizer. Gemma 3's GGUF says EOS is ``<eos>`` (1) only, but the model ends a turn with
-``<end_of_turn>`` (106), which llama.cpp and Gemma's generation config treat as an end too."""
+EXTRA_STOPS = {"gemma2": ("<end_of_turn>",), "gemma3_text": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",)}
+"""Per ``model_type``, tokens that end a request besides the model's EOS ids, as token strings looked
+up in its tokenizer. Gemma 3 270M's GGUF says EOS is ``<eos>`` (1) only, but Gemma ends a turn with
+``<end_of_turn>`` (106), which llama.cpp (an end-of-generation token) and Gemma's own
+``generation_config.json`` (``eos_token_id: [1, 106]``) treat as an end too."""
 ALL_SYSTEMS = ("slotserve", "slotserve-broker", "hf-static", "hf-cb", "hf-alone", "llamacpp")
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -612,14 +613,14 @@ class Workload:
         return self.model.model
 
 
-def stop_ids(name: str, model_eos, codec) -> set[int]:
-    """The stop token ids of ``name``: the model's EOS ids plus its :data:`EXTRA_STOPS` looked up
-    in ``codec``'s tokenizer (ValueError for one the vocabulary lacks: the stop would be silently off)."""
+def stop_ids(model_type: str, model_eos, codec) -> set[int]:
+    """The stop token ids of a ``model_type`` model: its EOS ids plus its :data:`EXTRA_STOPS` looked
+    up in ``codec``'s tokenizer (ValueError for one the vocabulary lacks: the stop would be silently off)."""
     eos = set(model_eos)
-    for token in EXTRA_STOPS.get(name, ()):
+    for token in EXTRA_STOPS.get(model_type, ()):
         tid = codec._tok.convert_tokens_to_ids(token)
         if tid is None or tid == codec._tok.unk_token_id:
-            raise ValueError(f"{name}: stop token {token!r} is not in the tokenizer's vocabulary")
+            raise ValueError(f"{model_type}: stop token {token!r} is not in the tokenizer's vocabulary")
         eos.add(int(tid))
     return eos
 
@@ -630,7 +631,7 @@ def load_he(prompts: int, threads: int, name: str = MODEL) -> Workload:
     model = load_model(name, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
     print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {os.getloadavg()[0]:.2f})", flush=True)
     prompts, max_tokens = load_workload(prompts, model.tokenizer)
-    eos = stop_ids(name, model.eos_token_ids, model.tokenizer)
+    eos = stop_ids(model.model.config.model_type, model.eos_token_ids, model.tokenizer)
     config = model.model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
     print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}, "

@@ -52,11 +52,12 @@ class _Codec:
 
 def test_gemma_stops_at_end_of_turn_besides_eos(monkeypatch):
     model = _load("model", monkeypatch)
-    assert model.stop_ids("gemma3-270m", (1,), _Codec()) == {1, 106}
-    assert model.stop_ids("smollm2-135m", (2, 0), _Codec()) == {0, 2}  # no extra stops
-    monkeypatch.setitem(model.EXTRA_STOPS, "gemma3-270m", ("<end_of_turn>", "<nope>"))
+    assert model.stop_ids("gemma3_text", (1,), _Codec()) == {1, 106}
+    assert model.stop_ids("gemma2", [1], _Codec()) == {1, 106}
+    assert model.stop_ids("llama", (2, 0), _Codec()) == {0, 2}  # no extra stops
+    monkeypatch.setitem(model.EXTRA_STOPS, "gemma3_text", ("<end_of_turn>", "<nope>"))
     with pytest.raises(ValueError, match="<nope>"):
-        model.stop_ids("gemma3-270m", (1,), _Codec())
+        model.stop_ids("gemma3_text", (1,), _Codec())
 
 
 def test_shapes_are_their_families_configs(monkeypatch):
