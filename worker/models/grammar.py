@@ -133,8 +133,11 @@ class Grammars:
         self._rows: dict[int, _Row] = {}
         self._words = (vocab_size + 31) // 32
         self._shifts: dict[torch.device, torch.Tensor] = {}
-        self._pool = None  # one thread that fills prefetched masks (prefetch)
-        self._pending = None  # (rows, future) of the last prefetch
+        self._pool = None  # one thread that fills prefetched masks (prefetch); an Executor, tests set their own
+        # (rows, future) of the last prefetch. Invariant: its rows' matchers belong to the fill thread
+        # until _wait() consumes it (llguidance raises 'Already mutably borrowed' on any call meanwhile),
+        # so mask, prefetch and release call _wait() before touching a matcher.
+        self._pending = None
         self.compiles = self.hits = self.masks = self.mask_calls = self.prefetched = 0
         self.compile_s = self.mask_s = 0.0
 
