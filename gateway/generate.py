@@ -40,7 +40,8 @@ from gateway.responses import DONE, Envelope, error_response, finish_reason, jso
     usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.tools import ToolPlan, ToolStream, apply_tool_calls, render_messages, stream_choices, tool_plan
+from gateway.tool_stream import ToolStream
+from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
 
@@ -227,7 +228,7 @@ class Generate:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
         chat = isinstance(body, ChatCompletionRequest)
         prompt_param = "messages" if chat else "prompt"
-        prompts = [render_messages(_chat_messages(body), body.messages, call.tools)] if chat else body.prompts()
+        prompts = [render_messages(_chat_messages(body), body.messages)] if chat else body.prompts()
         n = body.choices_per_prompt
         if len(prompts) * n > self.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
@@ -240,6 +241,8 @@ class Generate:
                 raise bad_request("tool_choice required or a named function constrains the output; give no "
                                   "response_format with it", "tool_choice")
             options["structured"] = call.tools.constraint
+        if call.tools is not None:
+            options["tools"] = call.tools.definitions()
         max_tokens = self._max_tokens(body, info)
         hidden = max_tokens == 0  # max_tokens 0 with echo: one token generated and dropped
         if hidden:

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
+from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
@@ -73,10 +74,22 @@ _tuple_new = tuple.__new__
 
 class ChatMessage(NamedTuple):
     """One chat message; a prompt may be a sequence of them (rendered with the
-    model's chat template by whoever holds its tokenizer)."""
+    model's chat template by whoever holds its tokenizer). ``tool_calls``: the
+    calls an assistant message made (:class:`~protocol.tools.ToolCall`; given as
+    OpenAI's ``tool_calls`` list); on the wire a message is ``[role, content,
+    tool_calls]`` (``[role, content]``, an older peer's, has none)."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def template_dict(self) -> dict:
+        """The message as chat templates read it: ``{"role", "content"}``, and ``tool_calls``
+        (:meth:`ToolCall.template_dict`) when it has calls."""
+        if not self.tool_calls:
+            return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content,
+                "tool_calls": [c.template_dict() for c in self.tool_calls]}
 
 
 class SamplingParams(NamedTuple):
@@ -215,16 +228,21 @@ def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMess
 def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
     out = []
     for i, m in enumerate(items):
+        calls = None
         if isinstance(m, Mapping):
-            role, content = m.get("role"), m.get("content")
-        elif isinstance(m, (list, tuple)) and len(m) == 2:  # a ChatMessage, or one off the wire
-            role, content = m
+            role, content, calls = m.get("role"), m.get("content"), m.get("tool_calls")
+        elif isinstance(m, (list, tuple)) and len(m) in (2, 3):  # a ChatMessage, or one off the wire
+            role, content, *more = m
+            calls = more[0] if more else None
         else:
             raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {m!r:.80}")
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"chat message {i} must have string 'role' and 'content', got {m!r:.80}")
-        out.append(ChatMessage(as_text(role, f"chat message {i} role"),
-                               as_text(content, f"chat message {i} content")))
+        message = ChatMessage(as_text(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"))
+        if calls:
+            message = ChatMessage(message.role, message.content,
+                                  check_tool_calls(calls, f"chat message {i} tool_calls"))
+        out.append(message)
     return tuple(out)
 
 
@@ -464,6 +482,10 @@ class _Fields(NamedTuple):
     # None = free text; else the constraint the generated text must match (protocol.structured: a JSON
     # schema, any JSON object, a regex, a choice of strings, a Lark or GBNF grammar), compiled on the
     # worker (a spec that does not compile: bad_request before any token). Needs a model with a tokenizer.
+    tools: Annotated[str | None, check_tools] = None
+    # None = no tools; else the JSON text of OpenAI's tool definitions (protocol.tools), shown to the model
+    # by whoever renders the chat prompt (the worker: through the chat template when it renders tools, else
+    # in the Hermes format, worker.models.hermes). Needs a chat prompt. The output is not parsed here.
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -514,6 +536,8 @@ class RequestParams(_Fields):
         # The rules between fields (each field's own are its check, declared with it):
         if params.min_tokens > params.max_tokens:
             raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
+        if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
+            raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
         return params
 
     @classmethod

@@ -24,6 +24,7 @@ thread at a time; callbacks run on that thread, outside the engine lock.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -230,7 +231,9 @@ class BatchInferenceEngine:
         if type(params.prompt) is str:
             ids = tok.encode(params.prompt)
         else:
-            ids = tok.apply_chat_template([m._asdict() for m in params.prompt])
+            messages = [m.template_dict() for m in params.prompt]
+            ids = tok.apply_chat_template(messages) if params.tools is None else \
+                tok.apply_chat_template(messages, tools=json.loads(params.tools))  # (validated JSON: protocol.tools)
         return as_tokens(ids, "the tokenised prompt", allow_empty=False)
 
     def cancel(self, request_id) -> bool:

@@ -2,7 +2,7 @@
 a named function are enforced by the grammar (the tiny model's output is gibberish, so a valid call
 is the constraint's doing), the answer has ``message.tool_calls`` and ``finish_reason: tool_calls``,
 a stream says the same as the non-streamed answer, ``tool`` messages go in the history, and the
-Hermes rendering and parsing hold on their own."""
+messages, the Hermes rendering and the parsing hold on their own."""
 
 from __future__ import annotations
 
@@ -118,23 +118,34 @@ def test_malformed_tools_are_400_naming_the_field(cluster, text_model, extra, pa
 # ---------------------------------------------------------------------- rendering and parsing alone
 
 
-def test_hermes_rendering():
+def test_messages_carry_tool_calls_and_hermes_renders_them():
     class Raw:
         def __init__(self, tool_calls=None, tool_call_id=None):
             self.tool_calls, self.tool_call_id = tool_calls, tool_call_id
 
-    from gateway.tools import ToolPlan
-    plan = ToolPlan({"f": {"name": "f", "description": "", "parameters": {"type": "object"}}}, "auto", None)
+    from worker.models.hermes import hermes_messages
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": ""}, {"role": "tool", "content": "42"}]
-    raw = [Raw(), Raw(), Raw([{"function": {"name": "f", "arguments": '{"a": 1}'}}]), Raw(tool_call_id="c")]
-    out = render_messages(msgs, raw, plan)
-    assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.") and "<tools>" in out[0]["content"]
-    assert '"name": "f"' in out[0]["content"]
-    assert out[2]["content"] == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
-    assert out[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
-    with pytest.raises(APIError):
-        render_messages(msgs[:3], [Raw(), Raw(), Raw([{"function": {"name": "f", "arguments": "{"}}])], plan)
+    raw = [Raw(), Raw(), Raw([{"id": "c", "function": {"name": "f", "arguments": '{"a": 1}'}}]), Raw(tool_call_id="c")]
+    out = render_messages(msgs, raw)
+    assert out[2] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    assert out[3] == {"role": "tool", "content": "42"}  # the worker renders it (template or Hermes)
+    for bad in ("{", "[1]"):
+        with pytest.raises(APIError):
+            render_messages(msgs[:3], [Raw(), Raw(), Raw([{"function": {"name": "f", "arguments": bad}}])])
+    tools = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {"type": "object"}}}]
+    template_msgs = [{"role": m["role"], "content": m["content"]} for m in out[:2]] + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "42"}]
+    hermes = hermes_messages(template_msgs, tools)
+    assert hermes[0]["role"] == "system" and hermes[0]["content"].startswith("Be brief.")
+    assert "<tools>" in hermes[0]["content"] and '"name": "f"' in hermes[0]["content"]
+    assert hermes[2] == {"role": "assistant",
+                         "content": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'}
+    assert hermes[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
+    assert hermes_messages(template_msgs[1:2], None) == template_msgs[1:2]
 
 
 def test_parsing_keeps_text_and_unknown_blocks():

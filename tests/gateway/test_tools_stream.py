@@ -21,7 +21,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from client.handle import ClientHandle  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from gateway.tools import ToolStream, merged, parse_tool_calls  # noqa: E402
+from gateway.tool_stream import ToolStream, merged  # noqa: E402
+from gateway.tools import parse_tool_calls  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.request import ModelLimits  # noqa: E402
 from tests.gateway.test_logprobs_shapes import VOCAB, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
@@ -82,7 +83,8 @@ def test_what_the_parse_says():
     content, calls = parse_tool_calls(OUTPUTS["text_first"], FUNCTIONS)
     assert content == "Let me check.\nDone." and calls_of(calls) == [("get_time", "{}")]
     assert parse_tool_calls(OUTPUTS["malformed"], FUNCTIONS) == (OUTPUTS["malformed"], [])
-    content, calls = parse_tool_calls(OUTPUTS["cut"][:OUTPUTS["cut"].index("Pa") + 2], FUNCTIONS)  # cut inside the arguments
+    cut = OUTPUTS["cut"]
+    content, calls = parse_tool_calls(cut[:cut.index("Pa") + 2], FUNCTIONS)  # cut inside the arguments
     assert content == "Sure." and calls_of(calls) == [("get_weather", '{"city": "Pa')]
 
 
@@ -167,7 +169,8 @@ def test_a_stream_adds_up_to_the_answer(sdk, name):
             calls[tc.index] += tc.function.arguments or ""
         reasons += [choice.finish_reason] if choice.finish_reason else []
     want_calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
-    assert ("".join(content) or None, list(zip(firsts, calls.values()))) == (whole.message.content or None, want_calls)
+    streamed = ("".join(content) or None, list(zip(firsts, calls.values())))
+    assert streamed == (whole.message.content or None, want_calls)
     assert reasons == [whole.finish_reason]
     expected_content, expected_calls = parse_tool_calls(OUTPUTS[name][:max_tokens * TOKEN_CHARS], FUNCTIONS)
     assert (whole.message.content, want_calls) == (expected_content, calls_of(expected_calls))

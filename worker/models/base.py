@@ -137,7 +137,10 @@ class TextCodec(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The chat prompt's ids: ``messages`` as :meth:`protocol.request.ChatMessage.template_dict`
+        gives them; ``tools`` (OpenAI's definitions) is passed only when the request has tools."""
+        ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``; special tokens (EOS, ...) left out by default, as in vLLM."""

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
+
+from worker.models.hermes import hermes_messages
 
 
 class StreamDecoder:
@@ -40,9 +43,20 @@ class HFTextCodec:
 
     - ``encode(text) -> list[int]``: as ``tokenizer.encode`` (adds the
       model's special tokens, if its tokenizer is configured to).
-    - ``apply_chat_template(messages) -> list[int]``: the model's chat
+    - ``apply_chat_template(messages, tools=None) -> list[int]``: the model's chat
       template with the generation prompt appended; ``messages`` is a list of
-      ``{"role": str, "content": str}``. Only the template's own markers
+      ``{"role": str, "content": str}`` (an assistant's may add ``tool_calls``,
+      :meth:`protocol.request.ChatMessage.template_dict`); ``tools``: OpenAI's
+      tool definitions. A template that renders ``tools`` (its Jinja source uses
+      the variable; transformers picks a ``tool_use`` template when there is one)
+      renders the tools, the calls and the ``tool`` messages itself, as
+      ``apply_chat_template(messages, tools=...)``; for one that does not
+      (SmolLM2's) they are first written in the Hermes format
+      (:func:`worker.models.hermes.hermes_messages`). Either way the answer is
+      read as Hermes ``<tool_call>`` blocks (gateway.tools): the format of
+      Qwen2.5's and Hermes' own templates; a template with another call syntax
+      (Llama 3.1's JSON) still shows the tools, but its calls are not parsed.
+      Only the template's own markers
       become control tokens: a control-token spelling inside a message (a
       user typing ``<|im_end|>``) is tokenised as plain text, so content can
       neither end its turn nor forge another (transformers'
@@ -64,6 +78,7 @@ class HFTextCodec:
         self._backend = tokenizer.backend_tokenizer
         # Older releases would pass the flag on to the template as a variable and sanitize nothing.
         self._sanitizes = "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
+        self._renders_tools: dict[str, bool] = {}  # template source -> whether it uses ``tools``
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -72,7 +87,7 @@ class HFTextCodec:
             raise ValueError("prompt text must not be empty")
         return list(self._tok.encode(text))
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': str, 'content': str}")
         for m in messages:
@@ -83,14 +98,31 @@ class HFTextCodec:
         if not self._sanitizes:
             raise ValueError("chat needs transformers >= 5.20 (apply_chat_template(sanitize_control_tokens=True)), "
                              "else message content could forge control tokens; upgrade it or send token ids")
+        kwargs = {}
+        if self._template_renders_tools(tools):
+            if tools:
+                kwargs["tools"] = tools
+        elif tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            messages = hermes_messages(messages, tools)
         try:
             enc = self._tok.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                sanitize_control_tokens=True,
+                sanitize_control_tokens=True, **kwargs,
             )
         except Exception as exc:  # jinja errors, raise_exception() in templates
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
         return list(enc["input_ids"])
+
+    def _template_renders_tools(self, tools: list[dict] | None) -> bool:
+        """Whether the template transformers picks for ``tools`` uses the ``tools`` variable."""
+        try:
+            source = self._tok.get_chat_template(tools=tools)
+        except ValueError as exc:  # several named templates and no default
+            raise ValueError(f"chat template: {exc}") from exc
+        found = self._renders_tools.get(source)
+        if found is None:
+            found = self._renders_tools[source] = "tools" in _template_variables(source)
+        return found
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -105,3 +137,23 @@ class HFTextCodec:
         backend.no_padding()
         backend.no_truncation()
         return backend.to_str()
+
+
+def _template_variables(source: str) -> frozenset[str]:
+    """The variables a Jinja chat template reads from its caller (``jinja2.meta``), parsed by
+    transformers' own template environment where it offers one (it knows its extensions, such
+    as ``{% generation %}``); else by plain Jinja; a source neither parses: the words in it."""
+    import jinja2
+    import jinja2.meta
+
+    try:
+        from transformers.utils.chat_template_utils import _get_template_variables  # private: guarded
+    except ImportError:
+        _get_template_variables = None
+    try:
+        if _get_template_variables is not None:
+            return frozenset(_get_template_variables(source))
+        env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset(re.findall(r"\w+", source))

@@ -1,0 +1,252 @@
+"""The incremental parser of Hermes tool calls in a model's output: :class:`ToolStream`.
+
+Protocol-level glue between generated text and OpenAI's chat deltas (content
+and ``tool_calls``), used for streamed and whole answers alike
+(:mod:`gateway.tools`). Not a JSON parser: it finds where a call's
+arguments end by bracket depth outside JSON strings, and passes their text
+through as the model wrote it. Written after vLLM's Hermes tool parser
+(``vllm/tool_parsers/hermes_tool_parser.py``) in what it sends, not in how:
+vLLM re-parses the partial JSON on every delta and diffs it, where this reads
+each character once.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+__all__ = ["ToolStream", "merged"]
+
+
+class ToolStream:
+    """The incremental Hermes parser of one choice's output: text in (:meth:`feed`, as it is
+    generated), OpenAI chat deltas out -- ``{"content": s}`` and ``{"tool_calls": [...]}`` -- and
+    the finish reason at :meth:`finish`. The non-streamed answer is this same parser fed the whole
+    output at once (:func:`parse_tool_calls`), so a stream and the answer say the same thing
+    however the text is cut into deltas (vLLM #56263 is a bug where they differ).
+
+    The grammar it reads (Hermes 2 Pro, as the ``<tool_call>`` system prompt asks and Qwen2.5's
+    templates render): ``<tool_call>`` ws ``{"name": "N", "arguments": {...}}`` ws
+    ``</tool_call>``, JSON whitespace allowed between the tokens, ``"parameters"`` accepted for
+    ``"arguments"``, a call without arguments (``{"name": "N"}``) has ``"{}"``; ``N`` must be one of
+    ``functions``. Holding back as little as it can:
+
+    - content is sent as it comes, except a possible start of ``<tool_call>`` and trailing
+      whitespace (sent once more text follows it; whitespace right before a call is dropped, and
+      so is whitespace at either end of the content of an output that has calls);
+    - a block becomes a call at the opening brace of its arguments: the first delta carries
+      ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``; the argument text then goes out
+      as it arrives, exactly as the model wrote it (their concatenation is the answer's
+      ``arguments`` string), its end found by bracket depth outside JSON strings (protocol glue,
+      not a JSON parser). A block that does not get that far in the grammar (not JSON, another
+      key order, an unknown function) stays content, whole, as does one still open at the end;
+    - a call is not taken back: once its arguments started, a block that then breaks the grammar
+      keeps the arguments it sent and the rest of the block is dropped; arguments cut by
+      ``max_tokens`` stay cut (finish reason ``length``). OpenAI's own ``arguments`` are not
+      guaranteed to be valid JSON either: callers validate them (``json.loads``) before use.
+    """
+
+    __slots__ = ("functions", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str", "_esc", "_tail")
+
+    def __init__(self, functions: dict[str, dict]) -> None:
+        self.functions = functions
+        self.calls = 0  # calls begun so far
+        self._said = False  # whether content was sent
+        self._state = _TEXT
+        self._buf = ""  # TEXT: unsent text (whitespace, a possible tag start); HEAD: the block after <tool_call>
+        self._ws = ""  # HEAD: the whitespace before the block (content again if the block is not a call)
+        self._depth, self._in_str, self._esc = 0, False, False  # ARGS: the scan of the argument text
+        self._tail = ""  # TAIL: what must follow the arguments ("}" then "</tool_call>")
+
+    def feed(self, text: str) -> list[dict]:
+        """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
+        out: list[dict] = []
+        self._buf += text
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
+        """The output ended with OpenAI's ``reason``: the deltas still held, and the choice's finish
+        reason (``"tool_calls"`` for one that stopped with calls)."""
+        out: list[dict] = []
+        while self._step(out, final=True):
+            pass
+        if self._state == _TEXT and self._buf:
+            if self._buf.strip() or not self.calls:
+                self._say(out, self._buf)
+            self._buf = ""
+        return out, ("tool_calls" if self.calls and reason == "stop" else reason)
+
+    def _step(self, out: list[dict], final: bool) -> bool:
+        """Consume what ``_buf`` allows in the current state; True when the state changed."""
+        buf, state = self._buf, self._state
+        if state == _TEXT:
+            at = buf.find(_OPEN)
+            if at < 0:
+                keep = _tag_start(buf)
+                rest = buf[:len(buf) - keep]
+                sent = rest.rstrip()
+                self._say(out, sent)
+                self._buf = buf[len(sent):]
+                return False
+            before = buf[:at]
+            sent = before.rstrip()
+            self._say(out, sent)
+            self._ws, self._buf, self._state = before[len(sent):], buf[at + len(_OPEN):], _HEAD
+            return True
+        if state == _HEAD:
+            head = _header(buf, self.functions)
+            if head is _MORE and not final:
+                return False
+            if head is None or head is _MORE:  # not a call: the block is content, and read on as text
+                self._say(out, self._ws + _OPEN)
+                self._ws, self._state = "", _TEXT
+                return True
+            name, end, has_args = head
+            out.append({"tool_calls": [{"index": self.calls, "id": "call_" + uuid.uuid4().hex[:24],
+                                        "type": "function", "function": {"name": name, "arguments": ""}}]})
+            self.calls += 1
+            if has_args:
+                self._buf, self._state = buf[end:], _ARGS
+                self._depth, self._in_str, self._esc = 0, False, False
+            else:
+                self._args(out, "{}")
+                self._buf, self._state, self._tail = buf[end:], _TAIL, _CLOSE
+            return True
+        if state == _ARGS:
+            i = self._scan(buf)
+            self._args(out, buf[:i])
+            self._buf = buf[i:]
+            if self._depth == 0:
+                self._state, self._tail = _TAIL, "}" + _CLOSE
+                return True
+            return False
+        if state == _TAIL:
+            rest, need = buf, self._tail
+            while need:
+                if need in _TAILS:  # JSON whitespace may come before "}" and before "</tool_call>"
+                    rest = rest.lstrip(_WS)
+                if not rest:
+                    break
+                if rest[0] != need[0]:  # the call broke the grammar after its arguments
+                    self._buf, self._state = rest, _SKIP
+                    return True
+                rest, need = rest[1:], need[1:]
+            self._buf, self._tail = rest, need
+            if need:
+                return False
+            self._state = _TEXT
+            return True
+        at = buf.find(_CLOSE)  # _SKIP: drop the rest of the broken call
+        if at < 0:
+            self._buf = buf[len(buf) - _tag_start(buf, _CLOSE):]
+            return False
+        self._buf, self._state = buf[at + len(_CLOSE):], _TEXT
+        return True
+
+    def _say(self, out: list[dict], text: str) -> None:
+        if self.calls and not self._said:  # content that starts after a call starts at its first word
+            text = text.lstrip()
+        if text:
+            out.append({"content": text})
+            self._said = True
+
+    def _args(self, out: list[dict], text: str) -> None:
+        if text:
+            out.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
+
+    def _scan(self, buf: str) -> int:
+        """How much of ``buf`` is argument text: all of it, or up to the brace that closes them."""
+        depth, in_str, esc = self._depth, self._in_str, self._esc
+        for i, c in enumerate(buf):
+            if in_str:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == '"':
+                    in_str = False
+            elif c == '"':
+                in_str = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    self._depth, self._in_str, self._esc = 0, False, False
+                    return i + 1
+        self._depth, self._in_str, self._esc = depth, in_str, esc
+        return len(buf)
+
+
+_TEXT, _HEAD, _ARGS, _TAIL, _SKIP = "text", "head", "args", "tail", "skip"  # ToolStream's states
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_TAILS = ("}" + _CLOSE, _CLOSE)
+_WS = " \t\n\r"  # JSON's whitespace
+_MORE = object()  # _header: the block may still become a call
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def _tag_start(text: str, tag: str = _OPEN) -> int:
+    """The length of the longest end of ``text`` that is a proper start of ``tag`` (0 if none)."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _expect(s: str, i: object, lit: str) -> object:
+    """After JSON whitespace at ``i``: the index past ``lit``, _MORE when ``s`` ends inside it, else None."""
+    if not isinstance(i, int):
+        return i
+    while i < len(s) and s[i] in _WS:
+        i += 1
+    part = s[i:i + len(lit)]
+    if part == lit:
+        return i + len(lit)
+    return _MORE if i + len(part) == len(s) and lit.startswith(part) else None
+
+
+def _header(s: str, functions: dict[str, dict]) -> object:
+    """A ``<tool_call>`` block's start ``s`` read up to its arguments: ``(name, end, has_args)``
+    (``end`` the index of the arguments' ``{``, or past the ``}`` of a call without them), _MORE
+    while ``s`` may still become one, None when it cannot (not the grammar, an unknown name)."""
+    i = _expect(s, 0, "{")
+    i = _expect(s, i, '"name"')
+    i = _expect(s, i, ":")
+    i = _expect(s, i, '"')
+    if not isinstance(i, int):
+        return i
+    j = _NAME_CHARS.match(s, i).end()
+    if j == len(s):
+        return _MORE if j - i <= 64 else None
+    name = s[i:j]
+    if s[j] != '"' or name not in functions:
+        return None
+    k = _expect(s, j + 1, "}")
+    if isinstance(k, int):
+        return name, k, False
+    i = _expect(s, j + 1, ",")
+    if not isinstance(i, int):
+        return _MORE if i is _MORE or k is _MORE else None
+    a, p = _expect(s, i, '"arguments"'), _expect(s, i, '"parameters"')
+    i = a if isinstance(a, int) else p if isinstance(p, int) else _MORE if _MORE in (a, p) else None
+    i = _expect(s, i, ":")
+    i = _expect(s, i, "{")
+    return i if not isinstance(i, int) else (name, i - 1, True)
+
+
+def merged(deltas: list[dict]) -> tuple[str | None, list[dict]]:
+    """``(content, calls)`` that ``deltas`` (:class:`ToolStream`'s) add up to, as a client adds them."""
+    content, calls = [], []
+    for d in deltas:
+        if "content" in d:
+            content.append(d["content"])
+        for tc in d.get("tool_calls", ()):
+            if "id" in tc:
+                calls.append({"id": tc["id"], "type": "function",
+                              "function": {"name": tc["function"]["name"], "arguments": ""}})
+            calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
+    text = "".join(content)
+    return (text or None) if calls else text, calls

@@ -1,0 +1,121 @@
+"""Tool calling on the wire: a chat request's ``tools`` and an assistant message's tool calls.
+
+A request's ``tools`` field (:class:`~protocol.request.RequestParams`) is None
+or the JSON text of OpenAI's list of function definitions,
+``[{"type": "function", "function": {"name", "description", "parameters"}}]``,
+checked here as far as the edge can (a non-empty list of such objects, each
+name 1-64 letters, digits, ``_`` or ``-``, given once; at most
+:data:`MAX_TOOLS_CHARS`) and normalised to compact JSON text, order kept.
+It needs a chat prompt: whoever renders the chat (the worker, which holds the
+tokenizer) shows the tools to the model -- through the model's chat template
+when the template renders ``tools``, else in the Hermes format
+(:mod:`worker.models.hermes`).
+
+An assistant :class:`~protocol.request.ChatMessage` may carry the calls it
+made (:class:`ToolCall`: ``id``, function ``name``, ``arguments`` as the JSON
+text of an object), so a chat template that renders ``tool_calls`` renders
+them itself. On the wire a call is the array ``[id, name, arguments]``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from protocol.validation import as_text, is_sequence
+
+__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "check_tool_calls", "check_tools"]
+
+MAX_TOOLS_CHARS = 200_000
+"""Longest ``tools`` text, in characters (it is rendered into the prompt of every request that has it)."""
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+
+
+class ToolCall(NamedTuple):
+    """One call of an assistant message: ``id`` (the ``tool_call_id`` its answer names; may be
+    ``""``), the function's ``name`` and its ``arguments``, the JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def template_dict(self) -> dict:
+        """The call as chat templates read it (transformers' convention: OpenAI's shape, with the
+        arguments as a mapping, which templates render with ``tojson``)."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
+
+
+def check_tools(value: object, field: str = "tools") -> str | None:
+    """``value`` (None, a list of tool definitions, or its JSON text) as normalised JSON text, or
+    None. ValueError naming ``field`` (and the entry) for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_TOOLS_CHARS:
+            raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TOOLS_CHARS}")
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{field} must be a JSON list of tool definitions") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{field} must be a non-empty list of {{\"type\": \"function\", \"function\": {{...}}}}")
+    names = set()
+    for i, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, Mapping) and tool.get("type") == "function" else None
+        if not isinstance(fn, Mapping):
+            raise ValueError(f"{field}[{i}] must be {{\"type\": \"function\", \"function\": {{name, description, "
+                             "parameters}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name) or name in names:
+            raise ValueError(f"{field}[{i}].function.name must be 1-64 letters, digits, '_' or '-', "
+                             f"each name once; got {name!r:.80}")
+        names.add(name)
+        if not isinstance(fn.get("parameters", {}), Mapping):
+            raise ValueError(f"{field}[{i}].function.parameters must be a JSON schema (an object)")
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{field} must be JSON: {e}") from None
+    if len(text) > MAX_TOOLS_CHARS:
+        raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TOOLS_CHARS}")
+    return text
+
+
+def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
+    """An assistant message's calls: OpenAI's ``[{"id", "type": "function", "function": {"name",
+    "arguments"}}]`` (arguments a JSON object's text, or the object) or :class:`ToolCall` arrays
+    (off the wire), as ToolCalls. None or empty: ``()``. ValueError naming ``field``."""
+    if value is None:
+        return ()
+    if not is_sequence(value) or isinstance(value, (str, Mapping)):
+        raise ValueError(f"{field} must be a list of tool calls")
+    out = []
+    for i, call in enumerate(value):
+        where = f"{field}[{i}]"
+        if isinstance(call, Mapping):
+            fn = call.get("function")
+            if not isinstance(fn, Mapping):
+                raise ValueError(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                 "\"arguments\"}}}}")
+            call_id, name, args = call.get("id") or "", fn.get("name"), fn.get("arguments", "{}")
+        elif isinstance(call, (list, tuple)) and len(call) == 3:
+            call_id, name, args = call
+        else:
+            raise ValueError(f"{where} must be a tool call, got {call!r:.80}")
+        call_id = as_text(call_id, f"{where} id")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
+        if isinstance(args, Mapping):
+            args = json.dumps(args, ensure_ascii=False)
+        try:
+            parsed = json.loads(as_text(args, f"{where} arguments"))
+        except ValueError:
+            raise ValueError(f"{where} arguments must be the JSON text of an object") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{where} arguments must be the JSON text of an object")
+        out.append(ToolCall(call_id, name, args))
+    return tuple(out)
