@@ -175,3 +175,25 @@ def test_a_stream_adds_up_to_the_answer(sdk, name):
     expected_content, expected_calls = parse_tool_calls(OUTPUTS[name][:max_tokens * TOKEN_CHARS], FUNCTIONS)
     assert (whole.message.content, want_calls) == (expected_content, calls_of(expected_calls))
     assert whole.finish_reason == ("length" if name == "cut" else "tool_calls" if want_calls else "stop")
+
+
+def test_one_generation_delta_becomes_a_chunk_per_tool_delta():
+    """stream_choices: the delta's token ids and logprobs on its first chunk, the finish and stop
+    reasons on its last, an empty delta when the parser holds everything back."""
+    from gateway.tools import stream_choices
+
+    stream = ToolStream(FUNCTIONS)
+
+    def choice(text, reason=None):
+        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": {"content": []},
+                "finish_reason": reason, "stop_reason": 7 if reason else None, "token_ids": [1, 2]}
+
+    (held,) = stream_choices(stream, choice("<tool_call>"), False)
+    assert held["delta"] == {} and held["token_ids"] == [1, 2] and held["finish_reason"] is None
+    head, args = stream_choices(stream, choice('{"name": "get_time", "arguments": {"z'), False)
+    assert head["token_ids"] == [1, 2] and head["logprobs"] == {"content": []} and head["finish_reason"] is None
+    assert args["token_ids"] == [] and args["logprobs"] is None
+    assert args["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"z'}}]}
+    (last,) = stream_choices(stream, choice('": 1}}</tool_call>', "stop"), True)
+    assert last["finish_reason"] == "tool_calls" and last["stop_reason"] == 7
+    assert last["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '": 1}'}}]}
