@@ -111,14 +111,28 @@ def test_deltas_come_as_soon_as_the_text_allows():
 # ---------------------------------------------------------------------- end to end through the SDK
 
 
+class LockstepHandle(ClientHandle):
+    """A handle that says when its text was read (the gateway reads it for each stream delta)."""
+
+    __slots__ = ("read",)
+
+    @property
+    def text(self) -> str | None:
+        out = ClientHandle.text.fget(self)
+        self.read.set()
+        return out
+
+
 class OutputClient(ScriptedClient):
     """Writes ``OUTPUTS[last message's content]``, TOKEN_CHARS characters a token, and ends ``stop``
-    (``length`` when ``max_tokens`` tokens came first)."""
+    (``length`` when ``max_tokens`` tokens came first). A streamed request's next token waits (up
+    to 10 s) until the gateway has read the text so far: each token makes its own stream delta."""
 
     def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
         params = ModelLimits(VOCAB, 4096, True).build(prompt, max_tokens, **options)
         self.submitted.append(params)
-        h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
+        h = LockstepHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
+        h.read = threading.Event()
         t = threading.Thread(target=self._run, args=(h,))
         self.threads.append(t)
         t.start()
@@ -130,10 +144,12 @@ class OutputClient(ScriptedClient):
         h._prompt_tokens = 5
         h.first_token_s = time.monotonic()
         for i, piece in enumerate(pieces[:h.params.max_tokens]):
+            h.read.clear()
             h._tokens.append(i % VOCAB)
             h._text.append(piece)
             if h.on_token is not None:
                 h.on_token(i % VOCAB)
+                h.read.wait(10)
         reason = FinishReason.LENGTH if len(pieces) > h.params.max_tokens else FinishReason.STOP
         h._end(reason, None, None, time.monotonic())
         h.callback(h.tokens)
@@ -175,6 +191,26 @@ def test_a_stream_adds_up_to_the_answer(sdk, name):
     expected_content, expected_calls = parse_tool_calls(OUTPUTS[name][:max_tokens * TOKEN_CHARS], FUNCTIONS)
     assert (whole.message.content, want_calls) == (expected_content, calls_of(expected_calls))
     assert whole.finish_reason == ("length" if name == "cut" else "tool_calls" if want_calls else "stop")
+
+
+def test_a_stream_sends_content_the_header_then_argument_fragments(sdk):
+    """The order the deltas come in, token by token: the text before the call first, the call's
+    header before any of its arguments, the arguments in several fragments."""
+    kinds = []
+    for chunk in sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "text_first"}],
+                                             max_tokens=60, tools=TOOLS, stream=True):
+        delta = chunk.choices[0].delta
+        kinds += ["content"] if delta.content else []
+        kinds += ["head" if tc.id else "args" for tc in delta.tool_calls or []]
+    assert kinds[:kinds.index("head")] == ["content"] * kinds.index("head") and kinds.count("head") == 1
+    assert kinds.index("head") >= 3 and kinds[-1] == "content"  # "Let me check." in pieces; "Done." after
+    args = []
+    for chunk in sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}],
+                                             max_tokens=60, tools=TOOLS, stream=True):
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            args.append(None if tc.id else tc.function.arguments)
+    assert args[0] is None and None not in args[1:] and len(args) >= 6  # 44 characters, 4 a token
+    assert "".join(args[1:]) == WEATHER
 
 
 def test_one_generation_delta_becomes_a_chunk_per_tool_delta():
