@@ -22,7 +22,7 @@ class ToolStream:
     """The incremental Hermes parser of one choice's output: text in (:meth:`feed`, as it is
     generated), OpenAI chat deltas out -- ``{"content": s}`` and ``{"tool_calls": [...]}`` -- and
     the finish reason at :meth:`finish`. The non-streamed answer is this same parser fed the whole
-    output at once (:func:`parse_tool_calls`), so a stream and the answer say the same thing
+    output at once (:func:`gateway.tools.parse_tool_calls`), so a stream and the answer say the same thing
     however the text is cut into deltas (vLLM #56263 is a bug where they differ).
 
     The grammar it reads (Hermes 2 Pro, as the ``<tool_call>`` system prompt asks and Qwen2.5's

@@ -1,5 +1,5 @@
-"""Tool calls streamed as OpenAI streams them (gateway/tools.py :class:`ToolStream`): content as it
-comes, a call's header delta once its name is known, its argument text in fragments, and the same
+"""Tool calls streamed as OpenAI streams them (gateway/tool_stream.py :class:`ToolStream`): content as
+it comes, a call's header delta once its name and arguments key are read, its argument text in fragments, the same
 parse streamed or not -- checked on the parser alone for every way of cutting an output into
 deltas, and end to end through the ``openai`` SDK on the gateway's handlers over a scripted broker
 client whose outputs are known exactly (plain text, one call, two calls, text before a call, a call
