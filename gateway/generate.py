@@ -36,8 +36,8 @@ from gateway.generation import Generation, Signal
 from gateway.link import BrokerLink
 from gateway.metrics import GatewayMetrics
 from gateway.options import for_choice, request_options
-from gateway.responses import DONE, Envelope, error_response, finish_reason, json_response, prompt_tokens, sse, \
-    usage
+from gateway.responses import DONE, Envelope, cached_tokens, error_response, finish_reason, json_response, \
+    prompt_tokens, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
 from gateway.tool_stream import ToolStream
@@ -190,7 +190,8 @@ class Generate:
         call.observed = True
         if status == 200:
             self.metrics.observe(call.endpoint, 200, call.ttft_s(), time.monotonic() - call.t0, call.model,
-                                 prompt_tokens(call.gens, call.prompts), sum(g.completion_tokens for g in call.gens))
+                                 prompt_tokens(call.gens, call.prompts), sum(g.completion_tokens for g in call.gens),
+                                 cached_tokens(call.gens, call.prompts))
         else:
             self.metrics.observe(call.endpoint, status)
 

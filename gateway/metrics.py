@@ -10,6 +10,9 @@
 - ``slotserve_http_prompt_tokens_total{model}`` / ``slotserve_http_completion_tokens_total{model}``:
   tokens in the ``usage`` the gateway reported (completion tokens also when
   ``usage`` was null because a prompt's length was unknown).
+- ``slotserve_http_cached_tokens_total{model}``: of those prompt tokens, the ones
+  reported as ``usage.prompt_tokens_details.cached_tokens`` (taken from a worker's
+  prefix cache); the broker's ``slotserve_prefix_cache_*`` series count per worker.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class GatewayMetrics:
                                      registry=r)
         self.completion_tokens = Counter("slotserve_http_completion_tokens",
                                          "Completion tokens reported in usage", ["model"], registry=r)
+        self.cached_tokens = Counter("slotserve_http_cached_tokens",
+                                     "Prompt tokens reported as cached in usage (prompt_tokens_details)", ["model"],
+                                     registry=r)
 
         self._children: dict[tuple, object] = {}
 
@@ -51,7 +57,7 @@ class GatewayMetrics:
 
     def observe(self, endpoint: str, status: int, ttft_s: float | None = None, latency_s: float | None = None,
                 model: str | None = None, prompt_tokens: int | None = None,
-                completion_tokens: int | None = None) -> None:
+                completion_tokens: int | None = None, cached_tokens: int | None = None) -> None:
         """Record one answered HTTP request (token counts: None when not known)."""
         self._child(self.requests, endpoint, str(status)).inc()
         if ttft_s is not None:
@@ -61,6 +67,8 @@ class GatewayMetrics:
         if model is not None:
             if prompt_tokens is not None:
                 self._child(self.prompt_tokens, model).inc(prompt_tokens)
+                if cached_tokens:
+                    self._child(self.cached_tokens, model).inc(cached_tokens)
             if completion_tokens is not None:
                 self._child(self.completion_tokens, model).inc(completion_tokens)
 

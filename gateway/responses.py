@@ -99,6 +99,13 @@ def prompt_tokens(gens: list[Generation], prompts: int) -> int | None:
     return total
 
 
+def cached_tokens(gens: list[Generation], prompts: int) -> int:
+    """The prompt tokens of ``gens`` that the workers' prefix caches gave, each prompt counted
+    once as in :func:`prompt_tokens`, by its first choice (later choices of the same prompt hit
+    the blocks the first one stored); a prompt not prefilled yet counts 0."""
+    return sum(g.cached_tokens or 0 for g in gens[::max(1, len(gens) // max(1, prompts))])
+
+
 def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict | None:
     """``usage`` for ``gens`` (see :func:`prompt_tokens`). ``streamed``: count the
     completion tokens already sent in stream chunks, not all generated.
@@ -108,18 +115,14 @@ def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict 
     tokens would be a wrong count, not a missing one.
 
     ``prompt_tokens_details.cached_tokens`` (OpenAI's field, always an int, as
-    OpenAI sends it): the prompt tokens the workers' prefix caches gave, each
-    prompt counted once as in :func:`prompt_tokens` (its first choice's count:
-    later choices of the same prompt hit the blocks the first one stored); 0
-    while unknown (a prompt not prefilled yet) and on a miss.
+    OpenAI sends it): :func:`cached_tokens` (0 on a miss).
     """
     prompt = prompt_tokens(gens, prompts)
     if prompt is None:
         return None
     completion = sum(g.streamed_tokens if streamed else g.completion_tokens for g in gens)
-    cached = sum(g.cached_tokens or 0 for g in gens[::max(1, len(gens) // max(1, prompts))])
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(gens, prompts)}}
 
 
 class Envelope:

@@ -59,8 +59,9 @@ lengths (``started``) with a request's first tokens in ``iteration`` and ``resul
 v4 peer would refuse to decode. 6: ``logprobs`` and ``prompt_logprobs`` request fields (a request is an
 array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``cached_tokens`` in
 ``finished`` and ``started`` records, ``prefix_cache`` (:class:`PrefixCacheUsage`) in a worker's
-``heartbeat`` and in ``status``'s workers: records and fields a v6 peer would refuse to decode. A record
-of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
+``heartbeat`` and in ``status``'s workers: records and fields a v6 peer would refuse to decode (as it
+would the request field ``tools`` and a chat message's ``tool_calls``, which came in the same version).
+A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
 class Op(str, enum.Enum):

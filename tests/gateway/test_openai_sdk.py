@@ -370,15 +370,17 @@ def reused(prompt_tokens: int) -> int:
     return (prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
-def test_a_repeated_chat_prompt_reports_its_cached_tokens_plain_and_streamed(oai, text_model):
+def test_a_repeated_chat_prompt_reports_its_cached_tokens_plain_and_streamed(oai, cluster, text_model):
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a slot?"}]
     kw = dict(model=text_model, messages=messages, max_tokens=4, temperature=0)
     first = oai.chat.completions.create(**kw)
     n = first.usage.prompt_tokens
     cold = first.usage.prompt_tokens_details.cached_tokens
     assert type(cold) is int and cold % 16 == 0 and cold < reused(n)  # (what warm-up left may hit)
+    before = metric(cluster.http_url, "slotserve_http_cached_tokens_total", model=text_model)
     again = oai.chat.completions.create(**kw)
     assert again.usage.prompt_tokens == n and again.usage.prompt_tokens_details.cached_tokens == reused(n) > 0
+    assert metric(cluster.http_url, "slotserve_http_cached_tokens_total", model=text_model) == before + reused(n)
     assert again.choices[0].message.content == first.choices[0].message.content
     chunks = list(oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     usage = chunks[-1].usage

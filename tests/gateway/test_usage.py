@@ -143,9 +143,10 @@ def test_a_token_id_prompt_no_worker_saw_still_counts():
 @pytest.mark.parametrize("stream", [False, True])
 def test_cached_tokens_are_openais_prompt_tokens_details_counted_once_per_prompt(path, fields, stream):
     # n=2: the prompt counts once, with its first choice's cache hit (the second hit what the first stored)
-    out, _ = post([(40, [1, 2], 32), (40, [3], 48)], path, {**fields, "n": 2, **(STREAM if stream else {})})
+    out, metrics = post([(40, [1, 2], 32), (40, [3], 48)], path, {**fields, "n": 2, **(STREAM if stream else {})})
     assert out["usage"] == {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43,
                             "prompt_tokens_details": {"cached_tokens": 32}}
+    assert metrics.cached_tokens.labels("m")._value.get() == 32 and metrics.prompt_tokens.labels("m")._value.get() == 40
 
 
 def test_cached_tokens_of_several_prompts_add_up_and_an_unknown_count_is_0():
