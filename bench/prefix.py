@@ -36,8 +36,10 @@ the chats runs interleaved and before their turn k + 1); greedy, EOS stops,
 torch threads per worker, ``--b-cache-mb`` each. Systems, each a fresh
 cluster (cold caches): ``B 1 worker`` (the hit-rate reference),
 ``B 2w credit-only`` (``prefix_routing=False``) and ``B 2w prefix-aware``.
-Cached tokens per request are the worker's count
-(``usage.prompt_tokens_details.cached_tokens`` on the handle).
+Cached tokens per request are the worker's count (``handle.cached_tokens``,
+HTTP's ``usage.prompt_tokens_details.cached_tokens``); each worker's own
+queries and hits over the workload (``slotserve status``'s prefix-cache
+numbers) are listed beside them.
 
 Reported per system: wall time, output tokens/s, TTFT p50/p99, prompt
 tokens prefilled (prompt tokens minus cached ones), hit rate (cached /
@@ -312,13 +314,23 @@ def user_turns(conversations: int, turns: int) -> list[list[str]]:
             for c in range(conversations)]
 
 
-def cached_of(handle) -> int | None:
-    """The worker's cached prompt tokens for a finished request (None if the client does not report them)."""
-    for where in (handle, getattr(handle, "usage", None)):
-        n = getattr(where, "cached_tokens", None)
-        if n is not None:
-            return n
-    return None
+def worker_caches(client) -> dict[str, tuple[int, int, int, int]]:
+    """Each worker's cumulative prefix-cache numbers from ``status``: name -> (queries, hits,
+    used_bytes, budget_bytes) (tokens, tokens, bytes, bytes); a worker without one is left out."""
+    return {w.name: tuple(w.prefix_cache) for w in client.status().workers if w.prefix_cache is not None}
+
+
+def settled_caches(client, timeout_s: float = 10.0) -> dict[str, tuple[int, int, int, int]]:
+    """:func:`worker_caches` once two looks a heartbeat interval apart agree (a busy worker reports once
+    per interval, an idle one with every heartbeat), or the last look after ``timeout_s``."""
+    deadline, last = time.monotonic() + timeout_s, worker_caches(client)
+    while time.monotonic() < deadline:
+        time.sleep(1.1)  # protocol.defaults.HEARTBEAT_INTERVAL_S, the workers' default
+        now = worker_caches(client)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: bool, slots: int, threads: int,
@@ -344,6 +356,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
             client.submit_request(WARMUP, 4)
         client.run(timeout=600)
         up = uptime()
+        caches_before = settled_caches(client)
 
         def submit(c: int, history: list[dict]) -> None:
             k = len(history) // 2
@@ -364,20 +377,27 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
                 submit(c, [])
             client.run(timeout=3600)
             wall = time.monotonic() - t0
+        caches_after = settled_caches(client)
     bad = [h for h in handles if h.error is not None]
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error!r}")
-    cached = [cached_of(h) for h in handles]
+    cached = [h.cached_tokens for h in handles]
     row = summary(system, wall, [h.ttft_s for h in handles], sum(len(h.tokens) for h in handles),
                   sum(h.prompt_tokens for h in handles), None if None in cached else sum(cached),
                   (load_before, os.getloadavg()[0]), up)
     row.update(workers=workers, prefix_routing=routing)
     row["memory"] = rss.report(cache_mb)
+    row["workers_prefix_cache"] = {}  # each worker's own counters over the workload (from status)
+    for name, (queries, hits, used, budget) in sorted(caches_after.items()):
+        q0, h0 = caches_before.get(name, (0, 0))[:2]
+        row["workers_prefix_cache"][name] = {
+            "queries": queries - q0, "hits": hits - h0, "hit_rate": round((hits - h0) / max(1, queries - q0), 3),
+            "used_mb": round(used / 2**20, 1), "budget_mb": round(budget / 2**20, 1)}
     by_turn = {}
     for h in handles:
         by_turn.setdefault(len(h.params.prompt) // 2 + 1, []).append(h)
     row["by_turn"] = {k: {"prompt_tokens": sum(h.prompt_tokens for h in hs),
-                          "cached_tokens": None if None in (cs := [cached_of(h) for h in hs]) else sum(cs),
+                          "cached_tokens": None if None in (cs := [h.cached_tokens for h in hs]) else sum(cs),
                           "ttft_p50_ms": round(1000 * statistics.median(h.ttft_s for h in hs), 1)}
                       for k, hs in sorted(by_turn.items())}
     return row

@@ -34,21 +34,6 @@ def test_summary_prefilled_and_hit_rate_come_from_cached_tokens():
     assert unknown["prompt_tokens_prefilled"] is None and unknown["hit_rate"] is None
 
 
-def test_cached_of_reads_the_handle_or_its_usage_and_says_none_when_absent():
-    class Usage:
-        cached_tokens = 7
-
-    class OnUsage:
-        usage = Usage()
-
-    class Bare:
-        usage = object()
-
-    assert prefix.cached_of(OnUsage()) == 7
-    assert prefix.cached_of(type("H", (), {"cached_tokens": 0})()) == 0  # 0 is a count, not "unknown"
-    assert prefix.cached_of(Bare()) is None
-
-
 def test_rss_peak_sees_memory_touched_inside_the_block():
     with prefix.RssPeak([os.getpid()], interval_s=0.01) as rss:
         block = bytearray(64 * 2**20)  # 64 MiB, every page written (zeroed)
