@@ -202,21 +202,15 @@ def test_a_worker_loading_the_gguf_never_imports_the_transformers_modelling_stac
 
 
 def test_a_gguf_that_is_not_plain_llama_goes_through_transformers(monkeypatch):
-    """Any config key the direct read does not know (RoPE scaling here) sends the file to
-    transformers' loader, whose model then decides the runner."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
+    """Any config key the direct read does not know (RoPE scaling here, were transformers' GGUF
+    mapping to give it) sends the file to transformers' loader, whose model then decides the runner."""
+    from worker.models import checkpoint
     from worker.models.hf import resolve_model_path
     from worker.models.llama.source import read_gguf
 
-    real = gguf_utils.load_gguf_checkpoint
-
-    def with_rope_scaling(path, return_tensors=False, **kw):
-        out = real(path, return_tensors=return_tensors, **kw)
-        out["config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
-        return out
-
-    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", with_rope_scaling)
+    real = checkpoint.gguf_config_dict
+    monkeypatch.setattr(checkpoint, "gguf_config_dict", lambda *a: {
+        **real(*a), "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     path, name = resolve_model_path("smollm2-135m")
     assert read_gguf(f"{path}/{name}") is None
     with pytest.raises(ValueError, match="cannot read GGUF"):
@@ -224,23 +218,15 @@ def test_a_gguf_that_is_not_plain_llama_goes_through_transformers(monkeypatch):
 
 
 def test_an_untied_gguf_keeps_its_own_lm_head(monkeypatch):
-    """tie_word_embeddings False (transformers' reader sets it when the file has output.weight):
+    """tie_word_embeddings False (transformers' mapping sets it when the file has output.weight):
     the head is that tensor; False without one leaves the file to transformers."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
+    from worker.models import checkpoint
     from worker.models.hf import resolve_model_path
     from worker.models.llama.source import read_gguf
 
-    real, extra = gguf_utils.load_gguf_checkpoint, {}
-
-    def untied(path, return_tensors=False, **kw):
-        out = real(path, return_tensors=return_tensors, **kw)
-        out["config"]["tie_word_embeddings"] = False
-        if return_tensors:
-            out["tensors"].update(extra)
-        return out
-
-    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", untied)
+    real_config, real_tensors, extra = checkpoint.gguf_config_dict, checkpoint._tensors, {}
+    monkeypatch.setattr(checkpoint, "gguf_config_dict", lambda *a: {**real_config(*a), "tie_word_embeddings": False})
+    monkeypatch.setattr(checkpoint, "_tensors", lambda *a: {**real_tensors(*a), **extra})
     path, name = resolve_model_path("smollm2-135m")
     assert read_gguf(f"{path}/{name}") is None
     extra["lm_head.weight"] = torch.ones(49152, 576)

@@ -111,8 +111,10 @@ def _check_hf_fallback(name: str, reason: str, opts: ModelOptions, device: str, 
 
 def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,
                         cpu_linear: str):
-    """The slotserve runner for a plain Llama GGUF, read without building the transformers model
-    (:func:`worker.models.llama.source.read_gguf`); None for anything else."""
+    """The slotserve runner for a GGUF file of a family it serves (llama, qwen2, qwen3, gemma2, gemma3,
+    phi3), read without building the transformers model (:func:`worker.models.checkpoint.read_gguf`);
+    None for anything else. ValueError (:class:`~worker.models.llama.family.Unsupported`) for a file
+    stating what neither that reader nor transformers' applies (RoPE scaling)."""
     import os
 
     from worker.models import hf, llama

@@ -1,0 +1,358 @@
+"""Reading checkpoints without building the transformers model: GGUF files of every family the runner serves.
+
+:func:`read_gguf` turns a GGUF file of a llama.cpp architecture in
+:data:`GGUF_FAMILIES` (llama, qwen2, qwen3, gemma2, gemma3, phi3) into a
+:class:`~worker.models.llama.source.LlamaSource` and its tokenizer:
+
+- the config: transformers' GGUF config dict (what ``load_gguf_checkpoint``
+  gives, from its llama.cpp-key mapping: :func:`gguf_config_dict`), made into
+  the family's own transformers config class (``Gemma3TextConfig.from_dict``,
+  as ``from_pretrained`` does), so every default the file does not state
+  (Gemma 3's layer pattern, Gemma 2's soft-capping) is transformers'; a config
+  object only, no modelling code (Llama: a namespace, :func:`_llama_config`);
+- the tensors: dequantised by the ``gguf`` package and un-permuted (Llama
+  q/k) or un-offset (Gemma norms) by transformers' own per-architecture
+  processors, as ``from_pretrained`` has them, each once, under
+  transformers' names (:func:`~worker.models.llama.source.from_state_dict`
+  picks them up);
+- the tokenizer: :func:`gguf_tokenizer` (transformers' conversion from the
+  metadata, cached as ``tokenizer.json`` next to the file, keyed by a hash
+  of the file's metadata).
+
+A file stating something that transformers' GGUF config mapping drops and
+that changes the forward (RoPE scaling, Phi-3's long-RoPE factors, a head
+size other than the config's, Gemma 2 soft-caps other than the defaults)
+raises :class:`~worker.models.llama.family.Unsupported` naming it: neither
+this reader nor transformers' would run it right.
+
+Why not ``from_pretrained(gguf_file=...)`` or ``load_gguf_checkpoint``: they
+parse the metadata with ``gguf.GGUFReader``, which builds a numpy view per
+element of Gemma 3's 262k-token vocabulary (~18 s a parse on a loaded
+2-core machine, and ``from_pretrained`` parses twice), and build the model.
+Measured for Gemma 3 270M's ``load_model``: 181 s through
+``load_gguf_checkpoint`` at load average 9, 68 s this way (profiled; the
+rest is the runner's own weight copy and kernel timing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+                 "gemma3": "gemma3_text", "phi3": "phi3"}
+"""llama.cpp's ``general.architecture`` -> transformers' ``model_type``, for the files :func:`read_gguf` reads
+(a Llama file named Mistral becomes ``mistral``, as transformers' reader has it)."""
+
+GGUF_KEYS = frozenset({
+    "model_type", "_model_name_or_path", "num_hidden_layers", "max_position_embeddings", "hidden_size",
+    "intermediate_size", "num_attention_heads", "num_key_value_heads", "rope_theta", "rms_norm_eps",
+    "vocab_size", "head_dim", "tie_word_embeddings", "bos_token_id", "eos_token_id", "unk_token_id",
+    "pad_token_id", "sliding_window",
+})
+"""The config keys transformers' GGUF reader gives these families; a config with any other (a later
+transformers mapping RoPE scaling, say) is left to transformers (:func:`read_gguf` returns None)."""
+
+_CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                   "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
+                   "phi3": "Phi3Config"}
+
+_UNREAD_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (rope_freqs, Llama 3's RoPE scaling)",
+                   "rope_factors_long.weight": "long-RoPE factors (rope_factors_long)",
+                   "rope_factors_short.weight": "long-RoPE factors (rope_factors_short)"}
+
+
+def read_gguf(path: str):
+    """``(LlamaSource, tokenizer)`` from a GGUF file of a family in :data:`GGUF_FAMILIES` (see
+    module docstring), or None for another architecture or a config transformers maps beyond
+    :data:`GGUF_KEYS` (the caller then loads it through transformers).
+
+    One pass over the header (:func:`read_table`) gives the metadata and the tensor table, and
+    says no to another architecture before anything is converted; each tensor is then
+    dequantised once. ``tokenizer``: a transformers fast tokenizer (:func:`gguf_tokenizer`), or
+    None when the file has none.
+
+    Raises ValueError for a file that is not a readable GGUF, and
+    :class:`~worker.models.llama.family.Unsupported` (a ValueError) for a file with a feature
+    neither this reader nor transformers' reads.
+    """
+    from worker.models.llama.source import from_state_dict
+
+    try:
+        table = read_table(path)
+    except (OSError, KeyError, ValueError, struct.error) as exc:
+        raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
+    arch = table.metadata.get("general.architecture")
+    num_layers = table.metadata.get(f"{arch}.block_count")
+    if arch not in GGUF_FAMILIES or not isinstance(num_layers, int):
+        return None
+    _check_read_features(table.metadata, table.names, arch)
+    config_dict = gguf_config_dict(table.metadata, table.names)
+    if set(config_dict) - GGUF_KEYS:
+        return None
+    config = gguf_config(config_dict, table.metadata)
+    _check_config(config, table.metadata, arch)
+    try:
+        tensors = _tensors(table, config_dict, num_layers)
+    except (KeyError, ValueError, NotImplementedError) as exc:
+        raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
+    source = from_state_dict(config, tensors)
+    return None if source is None else (source, gguf_tokenizer(path, table.digest))
+
+
+@dataclass(frozen=True)
+class GGUFTable:
+    """A GGUF file's header: ``metadata`` (string arrays as their lengths), ``entries``
+    ``[(name, shape in torch order, ggml type, byte offset in the file)]``, ``blob`` (the file,
+    memory-mapped as uint8) and ``digest``: 16 hex digits of a hash of the header bytes (metadata
+    and tensor table: all a config or tokenizer is read from) and the transformers version."""
+
+    metadata: dict
+    entries: list
+    blob: object
+    digest: str
+
+    @property
+    def names(self) -> tuple:
+        return tuple(name for name, *_ in self.entries)
+
+
+def read_table(path: str) -> GGUFTable:
+    """The file's :class:`GGUFTable`, from transformers' own GGUF header reader
+    (``integrations.gguf.reader``; the vocabulary's strings skipped, not decoded: ~1 s for Gemma
+    3's 262k tokens where ``gguf.GGUFReader`` takes ~15 s building a view per element). Raises
+    ValueError or OSError for a file that is not GGUF."""
+    import transformers
+    from transformers.integrations.gguf import reader
+
+    blob = reader._mapped(path)
+    metadata, count, pos = reader._read_metadata(blob, path)
+    entries, end = reader._read_tensor_table(blob, count, pos)
+    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
+    start = (end + alignment - 1) // alignment * alignment
+    digest = hashlib.blake2b(transformers.__version__.encode(), digest_size=8)
+    digest.update(memoryview(blob[:end]))
+    return GGUFTable(metadata, [(n, shape, t, start + off) for n, shape, t, off in entries], blob, digest.hexdigest())
+
+
+def gguf_config_dict(metadata: dict, names) -> dict:
+    """transformers' GGUF config dict for the file (``load_gguf_checkpoint``'s ``"config"``: its
+    llama.cpp-key mapping ``GGUF_CONFIG_MAPPING`` and its special cases for these families), from
+    the header alone; equality with ``load_gguf_checkpoint`` tested."""
+    from transformers.integrations import GGUF_CONFIG_MAPPING
+
+    arch = metadata["general.architecture"]
+    renamed = arch
+    if "llama" in arch and "mistral" in [metadata.get("general.name")]:  # load_gguf_checkpoint's test, as written
+        renamed = "mistral"
+    config = {"tie_word_embeddings": "output.weight" not in names}
+    for key, value in metadata.items():
+        prefix, _, rest = key.replace(arch, renamed).partition(".")
+        target = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
+        if target is None or target == -1:
+            continue
+        if isinstance(value, str) and arch in value:
+            value = value.replace(arch, renamed)
+        config[target] = value
+    if config.get("model_type") == "gemma3":
+        config["model_type"] = "gemma3_text"
+    if "vocab_size" not in config and isinstance(metadata.get("tokenizer.ggml.tokens"), int):
+        config["vocab_size"] = metadata["tokenizer.ggml.tokens"]
+    return config
+
+
+def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
+    """``{transformers name: fp32 tensor}``: each tensor the family's layers use, dequantised once
+    by ``gguf.dequantize`` and processed by transformers' own per-architecture processor (Llama's
+    q/k un-permutation, Gemma's norm ``w - 1``), as ``load_gguf_checkpoint`` does: the same
+    tensors bit for bit (tested)."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map)
+
+    from worker.models.llama.source import family_parts
+
+    arch = table.metadata["general.architecture"]
+    model_type = GGUF_FAMILIES[arch]
+    names = {"model.embed_tokens.weight": None, "model.norm.weight": None, "lm_head.weight": None}
+    for i in range(num_layers):
+        for p in family_parts(model_type).values():
+            names.update({f"model.layers.{i}.{p}.weight": None, f"model.layers.{i}.{p}.bias": None})
+
+    class _Names:  # what get_gguf_hf_weights_map reads of the model it maps for: names and sizes
+        config = SimpleNamespace(model_type=model_type, num_hidden_layers=num_layers)
+
+        def state_dict(self):
+            return names
+
+        def named_children(self):
+            return []
+
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config_dict)
+    mapping = get_gguf_hf_weights_map(_Names(), processor)
+    tensors = {}
+    for name, shape, ggml_type, start in table.entries:
+        if name not in mapping:
+            continue
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = shape[-1] // block * size
+        raw = table.blob[start:start + row_bytes * int(np.prod(shape[:-1], dtype=np.int64))]
+        weights = gguf.dequantize(raw.reshape(*shape[:-1], row_bytes), qtype)
+        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters={})
+        tensors[mapping[result.name]] = torch.from_numpy(np.copy(result.weights))
+    return tensors
+
+
+def _check_read_features(metadata: dict, names, arch: str) -> None:
+    """Raise :class:`~worker.models.llama.family.Unsupported` for what the file states that
+    transformers' GGUF config mapping drops and the forward depends on (RoPE scaling)."""
+    from worker.models.llama.family import Unsupported
+
+    for name in names:
+        if name in _UNREAD_TENSORS:
+            raise Unsupported(f"the GGUF file has {_UNREAD_TENSORS[name]}, which neither slotserve's "
+                              f"GGUF reader nor transformers' applies")
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    factor = metadata.get(f"{arch}.rope.scaling.factor", 1.0)
+    if scaling != "none" or factor != 1.0:
+        raise Unsupported(f"RoPE scaling {scaling!r} (factor {factor}) in the GGUF metadata, which neither "
+                          f"slotserve's GGUF reader nor transformers' applies")
+
+
+def _check_config(config, metadata: dict, arch: str) -> None:
+    """Raise :class:`~worker.models.llama.family.Unsupported` where the file states a value the
+    config (transformers' mapping plus its class's defaults) does not have: the head size, the
+    rotary width, Gemma 2's soft-caps."""
+    from worker.models.llama.family import Unsupported
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    checks = {"attention.key_length": head_dim, "attention.value_length": head_dim,
+              "rope.dimension_count": head_dim}
+    if arch == "gemma2":
+        checks |= {"attn_logit_softcapping": config.attn_logit_softcapping,
+                   "final_logit_softcapping": config.final_logit_softcapping}
+    for key, want in checks.items():
+        value = metadata.get(f"{arch}.{key}")
+        if value is not None and value != want:
+            raise Unsupported(f"the GGUF file's {arch}.{key} is {value}, but transformers' GGUF config "
+                              f"reads {want}; neither reader would run it as written")
+
+
+def gguf_config(config: dict, metadata: dict | None = None):
+    """The family's transformers config object (``Qwen2Config``, ...) for transformers' GGUF config
+    dict (:func:`gguf_config_dict`), built as ``AutoConfig.from_pretrained(gguf_file=...)`` builds
+    it (``from_dict``); a config class only, no modelling code.
+
+    Phi-3's ``phi3.attention.sliding_window``, which transformers' mapping drops, is kept: the
+    model was trained with it (its HF config has it) and llama.cpp applies it.
+    """
+    import transformers
+
+    config = dict(config)
+    if config.get("model_type") == "llama":
+        return _llama_config(config)
+    if config.get("model_type") == "phi3" and metadata and metadata.get("phi3.attention.sliding_window"):
+        config["sliding_window"] = metadata["phi3.attention.sliding_window"]
+    return getattr(transformers, _CONFIG_CLASSES[config["model_type"]]).from_dict(config)
+
+
+def _llama_config(config: dict) -> SimpleNamespace:
+    """A Llama config as a namespace with ``LlamaConfig``'s values for what a Llama GGUF does not say.
+
+    Not ``LlamaConfig`` itself: its module imports ``transformers.utils.type_validators``, which
+    pulls in torch.distributed's tensor ops and sympy (~115 MiB of RSS per worker; the other
+    families' config modules do not). ``describe`` gives the same :class:`Family` (tested)."""
+    heads = config["num_attention_heads"]
+    cfg = SimpleNamespace(hidden_act="silu", pretraining_tp=1, mlp_bias=False, attention_bias=False,
+                          tie_word_embeddings=False, num_key_value_heads=heads,
+                          rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]})
+    cfg.__dict__.update({k: v for k, v in config.items() if not k.startswith("_")})
+    cfg.head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return cfg
+
+
+def gguf_tokenizer(path: str, digest: str | None = None):
+    """The file's tokenizer as transformers converts it from the metadata (``TokenizersBackend``;
+    for SmolLM2 the class ``AutoTokenizer`` returns, same settings; tested), or None when the
+    file has none.
+
+    The conversion (vocabulary, merges, special tokens, chat template; no tensor) takes ~10 s
+    for Gemma 3's 262k tokens, so its result is kept next to the file
+    (``<file>.tokenizer-<digest>/``: ``tokenizer.json``, the constructor's arguments and the chat
+    template), keyed by the header's :attr:`GGUFTable.digest` (``digest``, read when not
+    given); a later load builds the same tokenizer from it (tested). Where the folder cannot be
+    written, nothing is kept.
+    """
+    from transformers import TokenizersBackend
+
+    folder, name = os.path.split(path)
+    try:
+        cache = f"{path}.tokenizer-{digest or read_table(path).digest}"
+    except (OSError, ValueError, KeyError, struct.error):
+        cache = None
+    if cache is not None and os.path.isfile(os.path.join(cache, _SAVED)):
+        cached = _cached_tokenizer(cache)
+        if cached is not None:
+            return cached
+    try:
+        tokenizer = TokenizersBackend.from_pretrained(folder or ".", gguf_file=name)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if cache is not None:
+        _keep_tokenizer(tokenizer, cache)
+    return tokenizer
+
+
+_SAVED = "slotserve_tokenizer.json"
+_NOT_PASSED = ("is_local", "local_files_only", "vocab_file", "added_tokens_decoder", "gguf_file")
+"""Constructor arguments that say how the tokenizer was read (or that ``tokenizer.json`` holds): kept in
+``init_kwargs`` as they were, not passed again."""
+
+
+def _keep_tokenizer(tokenizer, cache: str) -> None:
+    """Write ``tokenizer`` to ``cache`` (atomically: a temporary folder renamed); nothing on OSError
+    or arguments JSON cannot hold."""
+    import json
+    import shutil
+    import tempfile
+
+    init = {k: str(v) if hasattr(v, "content") else v  # an AddedToken as its text, as the GGUF gives it
+            for k, v in tokenizer.init_kwargs.items()}
+    if init.get("added_tokens_decoder"):
+        return  # tokens added past tokenizer.json: not kept (none for GGUF conversions seen)
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=os.path.dirname(cache) or ".")
+        tokenizer.backend_tokenizer.save(os.path.join(tmp, "tokenizer.json"))
+        with open(os.path.join(tmp, _SAVED), "w") as f:
+            json.dump({"init_kwargs": init, "chat_template": tokenizer.chat_template}, f)
+        os.replace(tmp, cache)
+    except (OSError, TypeError):  # TypeError: an argument JSON cannot hold; the next load converts again
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cached_tokenizer(cache: str):
+    """The tokenizer :func:`_keep_tokenizer` wrote, or None when it cannot be read. From the file
+    (``tokenizer_file``): a ``tokenizer_object`` would be deep-copied, ~5 s for Gemma 3's."""
+    import json
+
+    from transformers import TokenizersBackend
+
+    try:
+        with open(os.path.join(cache, _SAVED)) as f:
+            saved = json.load(f)
+        init = saved["init_kwargs"]
+        tokenizer = TokenizersBackend(tokenizer_file=os.path.join(cache, "tokenizer.json"),
+                                      **{k: v for k, v in init.items() if k not in _NOT_PASSED})
+    except Exception:  # noqa: BLE001 -- tokenizers raises a bare Exception for a file it cannot parse
+        return None
+    tokenizer.chat_template = saved["chat_template"]
+    tokenizer.init_kwargs = init  # the record of the converted tokenizer's arguments, as they were
+    return tokenizer
