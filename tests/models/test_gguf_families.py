@@ -1,0 +1,225 @@
+"""GGUF files of every family the runner serves, read without the transformers model, against transformers.
+
+For each llama.cpp architecture (llama, qwen2, qwen3, gemma2, gemma3, phi3) a
+tiny random-weight GGUF is written with the ``gguf`` package's ``GGUFWriter``,
+under llama.cpp's tensor names and metadata keys (the features that make each
+family differ: Qwen2's q/k/v biases, Qwen3's and Gemma 3's q/k norms, Gemma's
+sandwich norms and sliding window shorter than the prompt, Phi-3's fused
+``attn_qkv`` and ``ffn_up``, tied and untied heads), some tensors Q8_0 and
+F16. It is read by :func:`worker.models.checkpoint.read_gguf` (``load_model``'s
+path) and by transformers (``from_pretrained(dir, gguf_file=...)``, which
+dequantises with the same ``gguf`` package): fp32 logits within 1e-4 at every
+position, and the same tensors and config values. The tokenizer (a byte-level
+BPE, ``tokenizer.ggml.model = gpt2``) encodes as ``AutoTokenizer`` does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+
+from worker.models import load_model  # noqa: E402
+from worker.models.base import SlotInput  # noqa: E402
+from worker.models.checkpoint import gguf_config_dict, read_gguf, read_table  # noqa: E402
+from worker.models.llama import LlamaRunner  # noqa: E402
+from worker.models.llama.family import Unsupported  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, WINDOW = 64, 4, 2, 128, 3, 8
+HEAD_DIM = {"qwen3": 128}  # transformers' GGUF mapping gives Qwen3 no head_dim: Qwen3Config's default, 128
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+TEXTS = ["hello world", "the cat sat on the mat, the end", "  tabs\tand\nnewlines <|end|> 123"]
+
+
+def _byte_tokens():
+    """GPT-2's byte-to-unicode alphabet: the 256 base tokens of a byte-level BPE."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return list(bytes_to_unicode().values())
+
+
+def _tokenizer_fields(writer) -> int:
+    """A byte-level BPE (base bytes, a few merges, two specials); returns the vocabulary size."""
+    base = _byte_tokens()
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ c", "a t", "Ġc at", "Ġ s", "Ġs at", "o r", "l d"]
+    merged = [m.replace(" ", "") for m in merges]
+    tokens = base + merged + ["<|end|>", "<|start|>"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(len(tokens) - 2)
+    writer.add_bos_token_id(len(tokens) - 1)
+    writer.add_pad_token_id(len(tokens) - 2)  # Phi3Config's default (32000) is past this vocabulary
+    writer.add_chat_template("{% for m in messages %}<|start|>{{ m['content'] }}<|end|>{% endfor %}")
+    return len(tokens)
+
+
+def write_gguf(path: str, arch: str, seed: int = 0) -> None:
+    """A tiny random-weight GGUF of ``arch`` at ``path`` (see module docstring)."""
+    rng = np.random.default_rng(seed)
+    head_dim = HEAD_DIM.get(arch, HIDDEN // HEADS)
+    w = gguf.GGUFWriter(path, arch)
+    vocab = _tokenizer_fields(w)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10_000.0)
+    w.add_vocab_size(vocab)
+    if arch in ("gemma2", "gemma3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_sliding_window(WINDOW)
+
+    def tensor(name, *shape, quant=None, scale=0.3, offset=0.0):
+        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+        if quant is not None:
+            w.add_tensor(name, gguf.quantize(values, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(name, values)
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    norm_offset = 1.0  # norms near 1 (llama.cpp stores Gemma's as 1 + w, read back as w)
+    tensor("token_embd.weight", vocab, HIDDEN, quant=q8)
+    tensor("output_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
+    if arch not in ("gemma2", "gemma3", "qwen3"):  # tied: no output tensor
+        tensor("output.weight", vocab, HIDDEN)
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        q, kv = HEADS * head_dim, KV_HEADS * head_dim
+        if arch == "phi3":
+            tensor(b + "attn_qkv.weight", q + 2 * kv, HIDDEN)
+            tensor(b + "ffn_up.weight", 2 * FFN, HIDDEN, quant=q8)
+        else:
+            tensor(b + "attn_q.weight", q, HIDDEN)
+            tensor(b + "attn_k.weight", kv, HIDDEN)
+            tensor(b + "attn_v.weight", kv, HIDDEN, quant=q8)
+            tensor(b + "ffn_gate.weight", FFN, HIDDEN, quant=q8)
+            tensor(b + "ffn_up.weight", FFN, HIDDEN)
+        if arch == "qwen2":
+            for part, n in (("q", q), ("k", kv), ("v", kv)):
+                tensor(b + f"attn_{part}.bias", n, scale=0.1)
+        if arch in ("qwen3", "gemma3"):
+            tensor(b + "attn_q_norm.weight", head_dim, scale=0.2, offset=norm_offset)
+            tensor(b + "attn_k_norm.weight", head_dim, scale=0.2, offset=norm_offset)
+        tensor(b + "attn_output.weight", HIDDEN, q)
+        tensor(b + "ffn_down.weight", HIDDEN, FFN, quant=q8 if arch != "llama" else None)
+        tensor(b + "attn_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
+        tensor(b + "ffn_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
+        if arch.startswith("gemma"):
+            tensor(b + "post_attention_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
+            tensor(b + "post_ffw_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_file(request, tmp_path_factory):
+    """``(arch, gguf path, transformers' model loaded from it)``."""
+    arch = request.param
+    folder = tmp_path_factory.mktemp(arch)
+    path = str(folder / f"tiny-{arch}.gguf")
+    write_gguf(path, arch)
+    attn = "eager" if arch == "gemma2" else "sdpa"
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=os.path.basename(path),
+                                                            dtype=torch.float32, attn_implementation=attn).eval()
+    return arch, path, ref
+
+
+def test_the_config_is_transformers_gguf_config(arch_file):
+    """The header-only mapping gives ``load_gguf_checkpoint``'s config dict exactly."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    _, path, _ = arch_file
+    table = read_table(path)
+    assert gguf_config_dict(table.metadata, table.names) == load_gguf_checkpoint(path)["config"]
+
+
+def test_the_tensors_are_transformers_own(arch_file):
+    """Every tensor read equals the one transformers' model holds, bit for bit."""
+    arch, path, ref = arch_file
+    source, _ = read_gguf(path)
+    assert source.config.model_type == ref.config.model_type
+    state = ref.state_dict()
+    from worker.models.llama.source import family_parts
+
+    for i, layer in enumerate(source.layers):
+        for key, tensor in layer.items():
+            part, _, bias = key.partition(".")
+            name = f"model.layers.{i}.{family_parts(source.config.model_type)[part]}.{'bias' if bias else 'weight'}"
+            assert torch.equal(tensor, state[name]), name
+    assert torch.equal(source.embed, state["model.embed_tokens.weight"])
+    assert torch.equal(source.norm, state["model.norm.weight"])
+    assert (source.head is None) == (arch in ("gemma2", "gemma3", "qwen3"))
+    if source.head is not None:
+        assert torch.equal(source.head, state["lm_head.weight"])
+
+
+def test_fp32_logits_match_transformers_at_every_position(arch_file):
+    """A 24-token prompt (three times the window) then 8 decode steps, each step's logits against
+    transformers' forward over the whole sequence."""
+    arch, path, ref = arch_file
+    model = load_model(path)
+    assert isinstance(model, LlamaRunner)
+    model.bind_slots(1)
+    seq = [int(t) for t in torch.randint(0, 250, (24,), generator=torch.Generator().manual_seed(1))]
+    with torch.inference_mode():
+        want = ref(torch.tensor([seq])).logits[0]
+    for step in range(8):
+        logits, _ = model.forward_batch([SlotInput(0, list(seq))])
+        with torch.inference_mode():
+            want = ref(torch.tensor([seq])).logits[0, -1]
+        torch.testing.assert_close(logits[0], want, atol=1e-4, rtol=1e-4)
+        seq.append(int(want.argmax()))
+
+
+def test_the_tokenizer_encodes_as_autotokenizer(arch_file):
+    arch, path, _ = arch_file
+    _, tokenizer = read_gguf(path)
+    folder, name = os.path.split(path)
+    try:
+        reference = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        pytest.skip(f"transformers cannot read a {arch} GGUF's byte-level BPE tokenizer: {exc}")
+    assert tokenizer is not None
+    for text in TEXTS:
+        assert tokenizer(text)["input_ids"] == reference(text)["input_ids"], text
+    assert tokenizer.chat_template == reference.chat_template
+    again = read_gguf(path)[1]  # the second read comes from the cached tokenizer.json
+    assert any(n.startswith(name + ".tokenizer-") for n in os.listdir(folder))
+    for text in TEXTS:
+        assert again(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert again.init_kwargs == tokenizer.init_kwargs and again.chat_template == tokenizer.chat_template
+
+
+def test_rope_scaling_in_the_metadata_is_refused(tmp_path, monkeypatch):
+    """A file stating RoPE scaling (which transformers' GGUF mapping drops) raises Unsupported
+    with the reason, rather than loading a model that would run wrong."""
+    from worker.models import checkpoint
+
+    path = str(tmp_path / "scaled.gguf")
+    write_gguf(path, "llama")
+    real = checkpoint.read_table
+
+    def scaled(p):
+        table = real(p)
+        return type(table)({**table.metadata, "llama.rope.scaling.type": "linear",
+                            "llama.rope.scaling.factor": 4.0}, table.entries, table.blob, table.digest)
+
+    monkeypatch.setattr(checkpoint, "read_table", scaled)
+    with pytest.raises(Unsupported, match="RoPE scaling 'linear'"):
+        read_gguf(path)
