@@ -314,7 +314,9 @@ class Generate:
                 if isinstance(err, RemoteError):
                     e = from_remote(err.code, err.message, prompt_param)
                     if e.param == "structured":  # the worker's compile error: name the body's field
-                        e.param = field_of(body)
+                        # (tool_choice required or named: the tools' parameters schemas made the grammar)
+                        tool_grammar = call.tools is not None and call.tools.constraint is not None
+                        e.param = "tools" if tool_grammar else field_of(body)
                     raise _said_of_max_tokens_0(e, g.hidden)
                 raise APIError(500, f"the request failed: {err}", code="internal")
             if reason is FinishReason.CANCELLED:

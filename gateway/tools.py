@@ -85,6 +85,9 @@ def tool_plan(body) -> ToolPlan | None:
             raise bad_request(f"{where} must be {{\"type\": \"function\", \"function\": {{name, description, "
                               "parameters}}}}", where)
         fn = tool["function"]
+        if set(tool) != {"type", "function"}:
+            extra = sorted(set(tool) - {"type", "function"})[0]
+            raise bad_request(f"{where} does not take {extra!r:.64}", f"{where}.{extra:.64}")
         unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
         if unknown:
             raise bad_request(f"{where}.function does not take {unknown}", f"{where}.function.{unknown[0]}")
@@ -95,6 +98,8 @@ def tool_plan(body) -> ToolPlan | None:
             raise bad_request(f"{where}.function.name {name!r} is given twice", f"{where}.function.name")
         if "description" in fn and not isinstance(fn["description"], str):
             raise bad_request(f"{where}.function.description must be a string", f"{where}.function.description")
+        if fn.get("strict") is not None and type(fn["strict"]) is not bool:
+            raise bad_request(f"{where}.function.strict must be true or false", f"{where}.function.strict")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise bad_request(f"{where}.function.parameters must be a JSON schema (an object)",
@@ -108,7 +113,7 @@ def tool_plan(body) -> ToolPlan | None:
         names = list(functions)
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if name not in functions:
+        if not isinstance(name, str) or name not in functions:  # (a list or object name is unhashable)
             raise bad_request(f"tool_choice names function {name!r:.64}, which is not in tools", "tool_choice")
         names = [name]
     else:
@@ -152,16 +157,26 @@ def _checked_call(call: Any, where: str) -> dict:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
         raise bad_request("a tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                           "\"arguments\"}}", where)
+    if call.get("type", "function") != "function":
+        raise bad_request("a tool call's type must be \"function\"", f"{where}.type")
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise bad_request("a tool call's id must be a string", f"{where}.id")
     args = fn.get("arguments", "{}")
-    try:
-        parsed = json.loads(args) if isinstance(args, str) else args
+    if isinstance(args, dict):
+        args = json.dumps(args, ensure_ascii=False)
+    try:  # JSON: NaN and Infinity, which json.loads takes, are not
+        parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
         raise bad_request("a tool call's arguments must be the JSON text of an object", f"{where}.function.arguments")
-    call_id = call.get("id")
     return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
-            "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+            "function": {"name": fn["name"], "arguments": args}}
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def parse_tool_calls(text: str, functions: dict[str, dict]) -> tuple[str | None, list[dict]]:

@@ -111,11 +111,15 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
         if isinstance(args, Mapping):
             args = json.dumps(args, ensure_ascii=False)
-        try:
-            parsed = json.loads(as_text(args, f"{where} arguments"))
+        try:  # JSON: NaN and Infinity, which json.loads takes, are not
+            parsed = json.loads(as_text(args, f"{where} arguments"), parse_constant=_not_json)
         except ValueError:
             raise ValueError(f"{where} arguments must be the JSON text of an object") from None
         if not isinstance(parsed, dict):
             raise ValueError(f"{where} arguments must be the JSON text of an object")
         out.append(ToolCall(call_id, name, args))
     return tuple(out)
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")

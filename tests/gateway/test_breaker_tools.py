@@ -1,0 +1,132 @@
+"""Tool calling under hostile or careless bodies (gateway/tools.py, gateway/generate.py,
+protocol/tools.py): each malformed part of ``tools``, ``tool_choice`` or an assistant message's
+``tool_calls`` is an OpenAI-shaped 400 naming the field, never a 500 and never silently dropped,
+and a worker's refusal of the grammar built from the tools names ``tools``. Over the handlers app
+with a scripted broker client (tests/gateway/test_logprobs_shapes), no sockets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from client import RemoteError  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from protocol.enums import ErrorCode, FinishReason  # noqa: E402
+from protocol.tools import check_tool_calls  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+COMPILE_ERROR = "structured grammar does not compile: failed to compile JSON schema: Invalid type: objectx"
+
+
+class RefusingClient(ScriptedClient):
+    """The scripted client, except that a request with a ``structured`` constraint ends ``error``
+    ``bad_request`` before its first token, as a worker whose grammar does not compile answers."""
+
+    def _script(self, h) -> None:
+        if h.params.structured is None:
+            return super()._script(h)
+        h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.BAD_REQUEST, COMPILE_ERROR), time.monotonic())
+        h.callback([])
+        h._done = True
+
+
+@pytest.fixture
+def http():
+    client = RefusingClient()
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as c:
+        c.scripted = client  # what was submitted: c.scripted.submitted
+        yield c
+    for t in client.threads:
+        t.join(10)
+
+
+def chat(http, **body):
+    return http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                    "max_tokens": 4, **body})
+
+
+def history(call: dict) -> list[dict]:
+    """A chat whose assistant turn made ``call`` (its result answered), then a user turn."""
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "user", "content": "and?"}]
+
+
+def good_call(**over) -> dict:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "x"}'}}
+    return {**call, **over}
+
+
+@pytest.mark.parametrize("name", [["get_weather"], {"a": 1}, 7, None])
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_naming_a_non_string_is_a_400(http, name, stream):
+    # a list or an object as the name was unhashable: 500 'Internal Server Error'
+    e = error_of(chat(http, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": name}},
+                      stream=stream), 400)
+    assert e["param"] == "tool_choice" and "not in tools" in e["message"]
+
+
+@pytest.mark.parametrize("tool, param", [
+    ({**WEATHER, "extra": 1}, "tools.0.extra"),  # was accepted and dropped
+    ({"type": "function", "function": {**WEATHER["function"], "strict": "yes"}}, "tools.0.function.strict"),
+    ({"type": "function", "function": {**WEATHER["function"], "strict": 1}}, "tools.0.function.strict"),
+])
+def test_a_malformed_tool_definition_is_a_400_naming_it(http, tool, param):
+    e = error_of(chat(http, tools=[tool]), 400)
+    assert e["param"] == param and e["type"] == "invalid_request_error"
+
+
+def test_strict_true_or_false_is_taken(http):
+    for strict in (True, False):
+        r = chat(http, tools=[{"type": "function", "function": {**WEATHER["function"], "strict": strict}}])
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("call, param", [
+    (good_call(type="other"), "messages.1.tool_calls.0.type"),   # was rendered as a function call
+    (good_call(id=5), "messages.1.tool_calls.0.id"),             # was replaced by ""
+    (good_call(id=["c1"]), "messages.1.tool_calls.0.id"),
+    (good_call(function={"name": "get_weather", "arguments": '{"city": NaN}'}),
+     "messages.1.tool_calls.0.function.arguments"),              # NaN is not JSON: was accepted
+    (good_call(function={"name": "get_weather", "arguments": '{"t": -Infinity}'}),
+     "messages.1.tool_calls.0.function.arguments"),
+])
+def test_a_malformed_tool_call_in_the_history_is_a_400_naming_it(http, call, param):
+    e = error_of(chat(http, tools=[WEATHER], messages=history(call)), 400)
+    assert e["param"] == param
+
+
+def test_a_call_given_as_an_object_or_without_id_and_type_is_taken(http):
+    as_object = good_call(function={"name": "get_weather", "arguments": {"city": "Zürich"}})
+    bare = {"function": {"name": "get_weather", "arguments": "{}"}}
+    for call in (as_object, bare):
+        assert chat(http, tools=[WEATHER], messages=history(call)).status_code == 200
+    object_call, bare_call = (p.prompt[1].tool_calls[0] for p in http.scripted.submitted)
+    assert object_call.arguments == '{"city": "Zürich"}' and bare_call == ("", "get_weather", "{}")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_grammar_the_worker_refuses_names_tools(http, choice, stream):
+    # the worker's compile error names 'structured', which the body does not have: param was None
+    e = error_of(chat(http, tools=[WEATHER], tool_choice=choice, stream=stream), 400)
+    assert e["param"] == "tools" and e["code"] == "bad_request" and "does not compile" in e["message"]
+
+
+def test_a_response_format_the_worker_refuses_still_names_response_format(http):
+    e = error_of(chat(http, tools=[WEATHER], response_format={"type": "json_object"}), 400)
+    assert e["param"] == "response_format"
+
+
+@pytest.mark.parametrize("args", ['{"a": NaN}', '{"a": Infinity}', {"a": float("nan")}])
+def test_the_wire_check_refuses_non_json_arguments(args):
+    with pytest.raises(ValueError, match="JSON text of an object"):
+        check_tool_calls([{"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}], "m")
+    assert check_tool_calls([["c", "f", '{"a": 1.5e300}']], "m")[0].arguments == '{"a": 1.5e300}'
