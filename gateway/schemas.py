@@ -287,8 +287,8 @@ class ChatCompletionRequest(_Sampling):
 class TokenizeRequest(BaseModel):
     """``POST /tokenize`` (vLLM's shapes): ``prompt`` (text; ``add_special_tokens`` default true)
     or ``messages`` (the chat template's tokens; ``add_generation_prompt`` default true,
-    ``add_special_tokens`` default false), one of them. ``model``: optional when one model is
-    served. ``return_token_strs``: also each token's string."""
+    ``add_special_tokens`` default false; ``tools`` and ``tool_choice`` as a chat request's), one of
+    them. ``model``: optional when one model is served. ``return_token_strs``: also each token's string."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
@@ -297,6 +297,8 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
     return_token_strs: bool | None = None
+    tools: Any = None        # with messages: as a chat request's (gateway.tools), shown as the chat shows them
+    tool_choice: Any = None
 
 
 class DetokenizeRequest(BaseModel):

@@ -3,7 +3,10 @@
 - ``/tokenize``: ``{"prompt": str}`` (``add_special_tokens``, default true) or
   ``{"messages": [...]}`` (the chat template, as a chat request's prompt:
   ``add_generation_prompt`` default true, ``add_special_tokens`` default
-  false), ``model`` optional when one model is served, ``return_token_strs``
+  false; ``tools`` and ``tool_choice``, an assistant's ``tool_calls`` and
+  ``tool`` messages rendered as the chat request renders them, so the
+  count is its ``prompt_tokens``), ``model`` optional when one model is
+  served, ``return_token_strs``
   -> ``{"count": int, "max_model_len": int | null, "tokens": [int],
   "token_strs": [str] | null}``.
 - ``/detokenize``: ``{"tokens": [int]}`` -> ``{"prompt": str}`` (special
@@ -35,6 +38,9 @@ from gateway.link import BrokerLink
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
+from gateway.tools import render_messages, tool_plan
+from protocol.request import ChatMessage
+from protocol.tools import check_tool_calls
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -56,9 +62,16 @@ class TokenizeEndpoints:
             model, tok = await self._tokenizer(body.model)
             if body.prompt is not None and body.add_generation_prompt is not None:
                 raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
-            messages = None if body.messages is None else _chat_messages(body)
+            if body.prompt is not None and (body.tools is not None or body.tool_choice is not None):
+                raise bad_request("tools apply to messages, not prompt", "tools" if body.tools is not None
+                                  else "tool_choice")
+            messages, tools = None, None
+            if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
+                messages = _worker_messages(render_messages(_chat_messages(body), body.messages))
+                plan = tool_plan(body)
+                tools = None if plan is None else plan.definitions()
             try:
-                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages)
+                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools)
             except ValueError as e:
                 raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
             info = self.link.model_info(model)
@@ -119,12 +132,20 @@ def _chat_messages(body: TokenizeRequest) -> list[dict]:
     return chat_messages(body)
 
 
-def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None) -> tuple[list[int], list | None]:
+def _worker_messages(messages: list[dict]) -> list[dict]:
+    """Checked chat messages (:func:`gateway.tools.render_messages`) as the worker hands them to the
+    chat template: :meth:`protocol.request.ChatMessage.template_dict` (a call's arguments a mapping)."""
+    return [ChatMessage(m["role"], m["content"], check_tool_calls(m.get("tool_calls"), f"messages.{i}.tool_calls"))
+            .template_dict() for i, m in enumerate(messages)]
+
+
+def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None,
+              tools: list[dict] | None = None) -> tuple[list[int], list | None]:
     """``/tokenize``'s ids and (``return_token_strs``) token strings (on a thread). ValueError as the tokenizer."""
     if messages is None:
         ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
     else:
-        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens))
+        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens), tools)
     return ids, ([tok.token_str(t) for t in ids] if body.return_token_strs else None)
 
 

@@ -91,22 +91,38 @@ class Tokenizer:
         return list(self.codec.encode(text))
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True,
-             add_special_tokens: bool = False) -> list[int]:
+             add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
         """The chat template's token ids (as a chat request's prompt is, with the generation prompt);
-        ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off)."""
+        ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off).
+        ``messages`` as the worker renders them (an assistant's ``tool_calls`` with mapping arguments:
+        :meth:`protocol.request.ChatMessage.template_dict`), ``tools`` OpenAI's definitions or None."""
         if add_generation_prompt and not add_special_tokens:
-            return list(self.codec.apply_chat_template(messages))
+            return list(self.codec.apply_chat_template(messages, tools=tools) if tools else
+                        self.codec.apply_chat_template(messages))
         if self.hf is None:
             raise ValueError("add_generation_prompt=false and add_special_tokens=true need the model's "
                              "transformers tokenizer")
-        self.codec.apply_chat_template(messages)  # the codec's checks of the messages and the template
-        try:
+        messages, kwargs = self.codec.chat_inputs(messages, tools)  # checked; tools (or Hermes) as the codec's
+        try:  # (transformers tokenizes the chat with add_special_tokens=False itself: passing it again is a
+            # TypeError, "got multiple values for keyword argument 'add_special_tokens'", so they are added after)
             enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                              return_dict=True, sanitize_control_tokens=True,
-                                              tokenizer_kwargs={"add_special_tokens": add_special_tokens})
+                                              return_dict=True, sanitize_control_tokens=True, **kwargs)
         except Exception as exc:  # noqa: BLE001 -- jinja errors, raise_exception() in templates
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
-        return list(enc["input_ids"])
+        ids = list(enc["input_ids"])
+        return self._with_special_tokens(ids) if add_special_tokens else ids
+
+    def _with_special_tokens(self, ids: list[int]) -> list[int]:
+        """``ids`` inside the special tokens the tokenizer's post-processor puts around one sequence
+        (its BOS before, EOS after: what ``encode(text, add_special_tokens=True)`` adds to a text's
+        tokens, read off a one-character text). ValueError for a post-processor that does more."""
+        bare = list(self.hf.encode("a", add_special_tokens=False))
+        full = list(self.hf.encode("a", add_special_tokens=True))
+        at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+        if not bare or at is None:
+            raise ValueError("add_special_tokens=true: this tokenizer's special tokens are not added around "
+                             "a sequence; leave it out")
+        return full[:at] + ids + full[at + len(bare):]
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``, special tokens kept (what vLLM's ``/detokenize`` and echo give)."""

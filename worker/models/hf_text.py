@@ -88,6 +88,21 @@ class HFTextCodec:
         return list(self._tok.encode(text))
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        messages, kwargs = self.chat_inputs(messages, tools)
+        try:
+            enc = self._tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                sanitize_control_tokens=True, **kwargs,
+            )
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+        return list(enc["input_ids"])
+
+    def chat_inputs(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[dict], dict]:
+        """``(messages, kwargs)`` as the tokenizer's ``apply_chat_template(messages, **kwargs)`` renders
+        this chat (see :meth:`apply_chat_template`; the gateway's ``/tokenize`` renders it with other
+        flags): ``kwargs`` has ``tools`` for a template that renders them, else the messages are
+        the Hermes rendering. ValueError as :meth:`apply_chat_template`."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': str, 'content': str}")
         for m in messages:
@@ -104,14 +119,7 @@ class HFTextCodec:
                 kwargs["tools"] = tools
         elif tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
             messages = hermes_messages(messages, tools)
-        try:
-            enc = self._tok.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                sanitize_control_tokens=True, **kwargs,
-            )
-        except Exception as exc:  # jinja errors, raise_exception() in templates
-            raise ValueError(f"chat template rejected the messages: {exc}") from exc
-        return list(enc["input_ids"])
+        return messages, kwargs
 
     def _template_renders_tools(self, tools: list[dict] | None) -> bool:
         """Whether the template transformers picks for ``tools`` uses the ``tools`` variable."""
