@@ -225,6 +225,57 @@ def test_rope_scaling_in_the_metadata_is_refused(tmp_path, monkeypatch):
         read_gguf(path)
 
 
+
+def _with_metadata(monkeypatch, **extra):
+    """Make :func:`read_table` add ``extra`` (dots for ``__``) to every file's metadata."""
+    import dataclasses
+
+    from worker.models import checkpoint
+
+    real = checkpoint.read_table
+    extra = {k.replace("__", "."): v for k, v in extra.items()}
+    monkeypatch.setattr(checkpoint, "read_table", lambda p: dataclasses.replace(
+        real(p), metadata={**real(p).metadata, **extra}))
+
+
+@pytest.mark.parametrize("arch,extra,reason", [
+    ("qwen3", {"qwen3__attention__key_length": 64}, "key_length is 64"),
+    ("llama", {"llama__rope__dimension_count": 8}, "heads are 16 wide, but .* head_dim 8"),
+    ("gemma2", {"gemma2__attn_logit_softcapping": 10.0}, "attn_logit_softcapping is 10.0"),
+    ("gemma3", {"gemma3__rope__dimension_count": 8}, "dimension_count is 8"),
+])
+def test_a_value_transformers_mapping_would_misread_is_refused(tmp_path, monkeypatch, arch, extra, reason):
+    path = str(tmp_path / f"{arch}.gguf")
+    write_gguf(path, arch)
+    _with_metadata(monkeypatch, **extra)
+    with pytest.raises(Unsupported, match=reason):
+        read_gguf(path)
+
+
+def test_phi3s_sliding_window_is_kept(tmp_path, monkeypatch):
+    """transformers' mapping drops phi3.attention.sliding_window; the reader keeps it (the model's
+    own HF config has it, llama.cpp applies it)."""
+    path = str(tmp_path / "phi3.gguf")
+    write_gguf(path, "phi3")
+    assert read_gguf(path)[0].config.sliding_window is None
+    _with_metadata(monkeypatch, phi3__attention__sliding_window=WINDOW)
+    assert read_gguf(path)[0].config.sliding_window == WINDOW
+
+
+def test_the_llama_namespace_config_describes_as_llamaconfig(tmp_path):
+    """Llama's config is a namespace (LlamaConfig's module pulls in sympy); it gives the same
+    Family and sizes as ``LlamaConfig.from_dict`` of the same dict."""
+    from worker.models.llama.family import describe
+    from worker.models.llama.weights import LlamaShape
+
+    path = str(tmp_path / "llama.gguf")
+    write_gguf(path, "llama")
+    table = read_table(path)
+    namespace = read_gguf(path)[0].config
+    config = transformers.LlamaConfig.from_dict(gguf_config_dict(table.metadata, table.names))
+    assert describe(namespace, 256) == describe(config, 256)
+    assert LlamaShape.of(namespace, 256) == LlamaShape.of(config, 256)
+
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
                  "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"]
 

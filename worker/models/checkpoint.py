@@ -196,7 +196,7 @@ def read_gguf(path: str):
     if set(config_dict) - GGUF_KEYS:
         return None
     config = gguf_config(config_dict, table.metadata)
-    _check_config(config, table.metadata, arch)
+    _check_config(config, table, arch)
     try:
         tensors = _tensors(table, config_dict, num_layers)
     except (KeyError, ValueError, NotImplementedError) as exc:
@@ -327,23 +327,33 @@ def _check_read_features(metadata: dict, names, arch: str) -> None:
                           f"slotserve's GGUF reader nor transformers' applies")
 
 
-def _check_config(config, metadata: dict, arch: str) -> None:
-    """Raise :class:`~worker.models.llama.family.Unsupported` where the file states a value the
-    config (transformers' mapping plus its class's defaults) does not have: the head size, the
-    rotary width, Gemma 2's soft-caps."""
+def _check_config(config, table: GGUFTable, arch: str) -> None:
+    """Raise :class:`~worker.models.llama.family.Unsupported` where the file says something the
+    config (transformers' mapping plus its class's defaults) does not: a head size other than the
+    stored q projection's (Qwen3's ``key_length``, which the mapping drops), a rotary width other
+    than the head (partial RoPE), Gemma 2's soft-caps."""
     from worker.models.llama.family import Unsupported
 
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    checks = {"attention.key_length": head_dim, "attention.value_length": head_dim,
-              "rope.dimension_count": head_dim}
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    shapes = {name: shape for name, shape, *_ in table.entries}
+    if "blk.0.attn_q.weight" in shapes:
+        stored = shapes["blk.0.attn_q.weight"][0] // heads
+    else:  # Phi-3: q, k and v stored as one
+        stored = shapes.get("blk.0.attn_qkv.weight", (head_dim * (heads + 2 * kv_heads),))[0] // (heads + 2 * kv_heads)
+    checks = {"attention.key_length": stored, "attention.value_length": stored, "rope.dimension_count": stored}
     if arch == "gemma2":
         checks |= {"attn_logit_softcapping": config.attn_logit_softcapping,
                    "final_logit_softcapping": config.final_logit_softcapping}
+    if stored != head_dim:
+        raise Unsupported(f"the GGUF file's heads are {stored} wide, but transformers' GGUF config reads "
+                          f"head_dim {head_dim}; neither reader would run it as written")
     for key, want in checks.items():
-        value = metadata.get(f"{arch}.{key}")
+        value = table.metadata.get(f"{arch}.{key}")
         if value is not None and value != want:
-            raise Unsupported(f"the GGUF file's {arch}.{key} is {value}, but transformers' GGUF config "
-                              f"reads {want}; neither reader would run it as written")
+            raise Unsupported(f"the GGUF file's {arch}.{key} is {value}, but the model runs {want} "
+                              f"(transformers' GGUF config); neither reader would run it as written")
 
 
 def gguf_config(config: dict, metadata: dict | None = None):
