@@ -42,8 +42,10 @@ class ToolStream:
       key order, an unknown function) stays content, whole, as does one still open at the end;
     - a call is not taken back: once its arguments started, a block that then breaks the grammar
       keeps the arguments it sent and the rest of the block is dropped; arguments cut by
-      ``max_tokens`` stay cut (finish reason ``length``). OpenAI's own ``arguments`` are not
-      guaranteed to be valid JSON either: callers validate them (``json.loads``) before use.
+      ``max_tokens`` stay cut (finish reason ``length``), and so do arguments a stop string or a stop
+      token cut (finish reason ``stop``, not ``tool_calls``, which says the calls are whole).
+      OpenAI's own ``arguments`` are not guaranteed to be valid JSON either: callers validate them
+      (``json.loads``) before use.
     """
 
     __slots__ = ("functions", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str", "_esc", "_tail")
@@ -76,7 +78,9 @@ class ToolStream:
             if self._buf.strip() or not self.calls:
                 self._say(out, self._buf)
             self._buf = ""
-        return out, ("tool_calls" if self.calls and reason == "stop" else reason)
+        # "tool_calls" promises whole calls: one whose arguments a stop string or token cut keeps "stop"
+        complete = self.calls and self._state != _ARGS
+        return out, ("tool_calls" if complete and reason == "stop" else reason)
 
     def _step(self, out: list[dict], final: bool) -> bool:
         """Consume what ``_buf`` allows in the current state; True when the state changed."""

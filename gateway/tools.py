@@ -193,17 +193,21 @@ def parse_tool_calls(text: str, functions: dict[str, dict]) -> tuple[str | None,
 def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     """A chat completion's choices with their tool calls parsed (in place; returns it): a choice
     with calls gets ``message.tool_calls``, and ``finish_reason: "tool_calls"`` when it ended
-    ``stop`` (one cut by ``max_tokens`` stays ``length``, its last call's arguments cut too)."""
+    ``stop`` with whole calls (one cut by ``max_tokens`` stays ``length``, one whose last call's
+    arguments a stop string or token cut stays ``stop``: :meth:`ToolStream.finish`)."""
     for choice in completion["choices"]:
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
             continue
         message = choice["message"]
-        content, calls = parse_tool_calls(message.get("content") or "", plan.functions)
+        stream = ToolStream(plan.functions)  # (the parse and the finish reason a stream of it gives)
+        deltas = stream.feed(message.get("content") or "")
+        more, final = stream.finish(reason)
+        content, calls = merged(deltas + more)
         if calls:
             message["content"] = content
             message["tool_calls"] = calls
-            choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
+            choice["finish_reason"] = final
     return completion
 
 

@@ -25,8 +25,8 @@ from tests.gateway.test_tools_template import TOOLS_TEMPLATE  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
 
-TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
-                                           "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}]
+ZONE = {"type": "object", "properties": {"zone": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": ZONE}}]
 HISTORY = [{"role": "user", "content": "What time is it?"},
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},

@@ -6,6 +6,7 @@ with a scripted broker client (tests/gateway/test_logprobs_shapes), no sockets."
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -130,3 +131,50 @@ def test_the_wire_check_refuses_non_json_arguments(args):
     with pytest.raises(ValueError, match="JSON text of an object"):
         check_tool_calls([{"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}], "m")
     assert check_tool_calls([["c", "f", '{"a": 1.5e300}']], "m")[0].arguments == '{"a": 1.5e300}'
+
+
+# ---------------------------------------------------------------------- a stop string or token cutting a call
+
+CUT = {  # output text as a stop string leaves it (stop ["}"], ["Paris"]; an EOS mid-call), and whether whole
+    "brace": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"', False),
+    "value": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "', False),
+    "second": ('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+               '{"name": "get_weather", "arguments": {"ci', False),
+    "close-tag": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', True),  # (its close tag)
+    "whole": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', True),
+}
+
+
+class Writes(ScriptedClient):
+    """Writes ``CUT[last message's content][0]``, 4 characters a token, and ends ``stop``."""
+
+    def _script(self, h) -> None:
+        text = CUT[h.params.prompt[-1].content][0]
+        h._prompt_tokens = 5
+        h.first_token_s = time.monotonic()
+        for i in range(0, len(text), 4):
+            h._tokens.append(1)
+            h._text.append(text[i:i + 4])
+            if h.on_token is not None:
+                h.on_token(1)
+        h._end(FinishReason.STOP, "}", None, time.monotonic())
+        h.callback(h.tokens)
+        h._done = True
+
+
+@pytest.mark.parametrize("name", sorted(CUT))
+def test_a_call_cut_by_a_stop_string_is_not_reported_whole(name):
+    # finish_reason was tool_calls with arguments '{"city": "Paris"' (measured on smollm2-135m, stop ["}"])
+    client, whole = Writes(), CUT[name][1]
+    body = {"model": "m", "messages": [{"role": "user", "content": name}], "max_tokens": 60, "tools": [WEATHER]}
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
+        answer = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+        text = http.post("/v1/chat/completions", json={**body, "stream": True}).text
+        events = [line[6:] for line in text.split("\n") if line.startswith("data: {")]
+    for t in client.threads:
+        t.join(10)
+    assert answer["message"]["tool_calls"] and answer["finish_reason"] == ("tool_calls" if whole else "stop")
+    streamed = [c["finish_reason"] for e in events for c in json.loads(e)["choices"] if c["finish_reason"]]
+    assert streamed == [answer["finish_reason"]]
+    for call in answer["message"]["tool_calls"][:-1] if not whole else answer["message"]["tool_calls"]:
+        json.loads(call["function"]["arguments"])  # the calls it reports whole are JSON
