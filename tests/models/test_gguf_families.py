@@ -276,6 +276,26 @@ def test_the_llama_namespace_config_describes_as_llamaconfig(tmp_path):
     assert describe(namespace, 256) == describe(config, 256)
     assert LlamaShape.of(namespace, 256) == LlamaShape.of(config, 256)
 
+
+def test_the_tokenizer_cache_is_best_effort(tmp_path, monkeypatch):
+    """A folder that cannot be written keeps nothing (the tokenizer still comes back), and an
+    unreadable kept tokenizer is converted again."""
+    import tempfile
+
+    from worker.models.checkpoint import gguf_tokenizer
+
+    path = str(tmp_path / "llama.gguf")
+    write_gguf(path, "llama")
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkdtemp", lambda **kw: (_ for _ in ()).throw(PermissionError("read-only")))
+        assert gguf_tokenizer(path)("hello world")["input_ids"]
+    assert not [n for n in os.listdir(tmp_path) if ".tokenizer-" in n]
+    want = gguf_tokenizer(path)("hello world")["input_ids"]
+    (kept,) = [tmp_path / n for n in os.listdir(tmp_path) if n.startswith("llama.gguf.tokenizer-")]
+    (kept / "tokenizer.json").write_text("{not json")
+    assert gguf_tokenizer(path)("hello world")["input_ids"] == want
+    assert "{not json" not in (kept / "tokenizer.json").read_text()  # rewritten
+
 GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
                  "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"]
 

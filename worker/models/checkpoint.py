@@ -412,6 +412,9 @@ def gguf_tokenizer(path: str, digest: str | None = None):
         cached = _cached_tokenizer(cache)
         if cached is not None:
             return cached
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)  # unreadable: converted again and rewritten below
     try:
         tokenizer = TokenizersBackend.from_pretrained(folder or ".", gguf_file=name)
     except (OSError, ValueError, TypeError, KeyError):
