@@ -262,7 +262,9 @@ class Generate:
                                                      **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
-            raise _said_of_max_tokens_0(from_value_error(e, prompt_param), hidden) from None
+            err = from_value_error(e, prompt_param)
+            err.param = _body_field(err.param, body, call)
+            raise _said_of_max_tokens_0(err, hidden) from None
         except RuntimeError as e:  # the client was closed: the gateway is stopping
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
@@ -313,10 +315,7 @@ class Generate:
                 err = g.error
                 if isinstance(err, RemoteError):
                     e = from_remote(err.code, err.message, prompt_param)
-                    if e.param == "structured":  # the worker's compile error: name the body's field
-                        # (tool_choice required or named: the tools' parameters schemas made the grammar)
-                        tool_grammar = call.tools is not None and call.tools.constraint is not None
-                        e.param = "tools" if tool_grammar else field_of(body)
+                    e.param = _body_field(e.param, body, call)  # (the worker's compile error names 'structured')
                     raise _said_of_max_tokens_0(e, g.hidden)
                 raise APIError(500, f"the request failed: {err}", code="internal")
             if reason is FinishReason.CANCELLED:
@@ -481,6 +480,15 @@ def _said_of_max_tokens_0(e: APIError, hidden: bool) -> APIError:
         e.message += ("; max_tokens 0 with echo runs as 1 generated token (dropped), so the prompt may "
                       "hold at most the context minus 1 tokens")
     return e
+
+
+def _body_field(param: str | None, body: _Sampling, call: _Call) -> str | None:
+    """``param`` as the body names it: the request's ``structured`` constraint came from the body's
+    structured-output field, or (tool_choice required or named) from ``tools``, whose parameters
+    schemas made the grammar; any other param is the body's own."""
+    if param != "structured":
+        return param
+    return "tools" if call.tools is not None and call.tools.constraint is not None else field_of(body)
 
 
 def _any_failed(call: _Call) -> bool:

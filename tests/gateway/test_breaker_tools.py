@@ -178,3 +178,20 @@ def test_a_call_cut_by_a_stop_string_is_not_reported_whole(name):
     assert streamed == [answer["finish_reason"]]
     for call in answer["message"]["tool_calls"][:-1] if not whole else answer["message"]["tool_calls"]:
         json.loads(call["function"]["arguments"])  # the calls it reports whole are JSON
+
+
+def test_a_tool_grammar_too_large_to_submit_names_tools(http):
+    # 1,500 small tools (191 KB, under the tools limit) make a required grammar over the spec limit:
+    # the client's refusal named 'structured', which the body does not have
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}} for i in range(1500)]
+    e = error_of(chat(http, tools=tools, tool_choice="required"), 400)
+    assert e["param"] == "tools" and "characters" in e["message"]
+    assert chat(http, tools=tools).status_code == 200  # auto: no grammar
+
+
+def test_a_response_format_too_large_to_submit_names_response_format(http):
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(12000)}}
+    e = error_of(chat(http, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+                 400)
+    assert e["param"] == "response_format.json_schema.schema" and "characters" in e["message"]  # (held)
