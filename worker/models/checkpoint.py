@@ -36,9 +36,12 @@ Why not ``from_pretrained(gguf_file=...)`` or ``load_gguf_checkpoint``: they
 parse the metadata with ``gguf.GGUFReader``, which builds a numpy view per
 element of Gemma 3's 262k-token vocabulary (~18 s a parse on a loaded
 2-core machine, and ``from_pretrained`` parses twice), and build the model.
-Measured for Gemma 3 270M's ``load_model``: 181 s through
-``load_gguf_checkpoint`` at load average 9, 68 s this way (profiled; the
-rest is the runner's own weight copy and kernel timing).
+Measured for Gemma 3 270M's ``load_model`` in a fresh process
+(bench/load.py, 2 cores, load average ~3): 19.4 s this way, 63.0 s through
+transformers' loader into the same runner (profiled at load 9: 68 s against
+181 s through ``load_gguf_checkpoint``, 66 s of it ``GGUFReader``; what
+remains is mostly ``gguf.dequantize`` and the runner's own weight copy and
+kernel timing).
 """
 
 from __future__ import annotations
