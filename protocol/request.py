@@ -453,7 +453,7 @@ class _Fields(NamedTuple):
     # >= 0, or None (unseeded).
     min_tokens: Annotated[int, _count(0)] = 0
     # generated tokens (resumed ones included) before a stop token, stop sequence or stop string may
-    # end the request, as vLLM's min_tokens; <= max_tokens.
+    # end the request, as vLLM's min_tokens; <= max_tokens; 0 with a structured constraint.
     stop: Annotated[tuple[str, ...], _stop_strings] = ()
     # text stop strings (a str or a list; at most MAX_STOP_STRINGS, each 1..MAX_STOP_CHARS characters),
     # matched on the generated text -- the decode of the generated tokens -- wherever a match starts and
@@ -536,6 +536,10 @@ class RequestParams(_Fields):
         # The rules between fields (each field's own are its check, declared with it):
         if params.min_tokens > params.max_tokens:
             raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
+        if params.min_tokens and params.structured is not None:  # (past the constraint's end only EOS is allowed,
+            # which min_tokens masks: every token -inf, the request failed with a model error)
+            raise ValueError("min_tokens cannot be combined with a structured constraint (or tool_choice required "
+                             "or a named function): the constraint decides where the output ends; leave min_tokens out")
         if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
             raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
         return params

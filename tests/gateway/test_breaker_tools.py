@@ -195,3 +195,24 @@ def test_a_response_format_too_large_to_submit_names_response_format(http):
     e = error_of(chat(http, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
                  400)
     assert e["param"] == "response_format.json_schema.schema" and "characters" in e["message"]  # (held)
+
+
+@pytest.mark.parametrize("extra", [{"tools": [WEATHER], "tool_choice": "required"},
+                                   {"response_format": {"type": "json_object"}},
+                                   {"structured_outputs": {"choice": ["yes", "no"]}}])
+def test_min_tokens_with_a_constraint_is_a_400(http, extra):
+    # past the constraint's end only EOS is allowed, which min_tokens masks: on smollm2-135m
+    # tool_choice required + min_tokens 40 was a 500 model_error 'NonFiniteLogits' after 20 s
+    e = error_of(chat(http, min_tokens=3, **extra), 400)
+    assert e["param"] == "min_tokens" and "structured" in e["message"]
+    reached = error_of(chat(http, min_tokens=0, **extra), 400)  # (submitted: the scripted worker's refusal)
+    assert reached["code"] == "bad_request" and "does not compile" in reached["message"]
+
+
+def test_min_tokens_with_a_constraint_is_a_value_error_in_process():
+    from protocol.request import RequestParams
+    from protocol.structured import Constraint
+
+    with pytest.raises(ValueError, match="min_tokens cannot be combined"):
+        RequestParams([1, 2], 8, min_tokens=2, structured=Constraint("regex", "a+"))
+    assert RequestParams([1, 2], 8, min_tokens=2).min_tokens == 2

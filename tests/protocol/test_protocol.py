@@ -99,6 +99,9 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 @st.composite
 def params(draw):
     max_tokens = draw(st.integers(1, 10**6))
+    structured = draw(st.one_of(st.none(), st.just({"regex": "[0-9]+"}), st.just({"json_object": True}),
+                                st.builds(lambda c: {"choice": c}, st.lists(st.text(min_size=1), min_size=1,
+                                                                            max_size=3))))
     return RequestParams(
         draw(st.one_of(st.lists(token, min_size=1, max_size=8), st.text(min_size=1, max_size=20),
                        st.lists(st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=20)}),
@@ -109,17 +112,14 @@ def params(draw):
         priority=draw(wire_int), timeout_s=draw(st.one_of(st.none(), st.floats(0.001, 1e6))),
         temperature=draw(st.floats(0, 5)), top_p=draw(st.floats(0.01, 1)), top_k=draw(st.integers(0, 100)),
         seed=draw(st.one_of(st.none(), st.integers(0, WIRE_INT_MAX))),
-        min_tokens=draw(st.integers(0, max_tokens)),
+        min_tokens=0 if structured else draw(st.integers(0, max_tokens)),  # (not with a constraint)
         stop=draw(st.lists(st.text(min_size=1, max_size=5), max_size=3)),
         include_stop_str_in_output=draw(st.booleans()),
         min_p=draw(st.floats(0, 1)),
         logit_bias=draw(st.dictionaries(token, st.floats(-100, 100), max_size=3)),
         repetition_penalty=draw(st.one_of(st.just(1.0), st.floats(1e-3, 1e3))),
         presence_penalty=draw(st.floats(-2, 2)), frequency_penalty=draw(st.floats(-2, 2)),
-        logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts),
-        structured=draw(st.one_of(st.none(), st.just({"regex": "[0-9]+"}), st.just({"json_object": True}),
-                                  st.builds(lambda c: {"choice": c}, st.lists(st.text(min_size=1), min_size=1,
-                                                                              max_size=3)))))
+        logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts), structured=structured)
 
 
 @st.composite
