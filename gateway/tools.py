@@ -101,9 +101,10 @@ def tool_plan(body) -> ToolPlan | None:
         if fn.get("strict") is not None and type(fn["strict"]) is not bool:
             raise bad_request(f"{where}.function.strict must be true or false", f"{where}.function.strict")
         params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise bad_request(f"{where}.function.parameters must be a JSON schema (an object)",
-                              f"{where}.function.parameters")
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            # (a call's arguments are an object: a string schema was written as content, never a call)
+            raise bad_request(f"{where}.function.parameters must be the JSON schema of an object "
+                              "({\"type\": \"object\", \"properties\": {...}})", f"{where}.function.parameters")
         functions[name] = {"name": name, "description": fn.get("description", ""), "parameters": params}
     if choice is None or choice == "auto":
         return ToolPlan(functions, "auto", None)
@@ -125,7 +126,8 @@ def tool_plan(body) -> ToolPlan | None:
 def _call_grammar(functions: dict[str, dict], names: list[str]) -> Constraint:
     """One ``<tool_call>`` whose JSON is a call of one of ``names`` with valid arguments (Lark, ``%json``)."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": n}, "arguments": functions[n]["parameters"]}} for n in names]
+              "properties": {"name": {"const": n}, "arguments": {"type": "object", **functions[n]["parameters"]}}}
+             for n in names]  # (arguments an object even where the schema leaves out its type: {} allows any JSON)
     schema = {"x-guidance": _JSON_STYLE, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
     lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}\n'
     return Constraint("grammar", lark)

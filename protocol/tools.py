@@ -4,7 +4,8 @@ A request's ``tools`` field (:class:`~protocol.request.RequestParams`) is None
 or the JSON text of OpenAI's list of function definitions,
 ``[{"type": "function", "function": {"name", "description", "parameters"}}]``,
 checked here as far as the edge can (a non-empty list of such objects, each
-name 1-64 letters, digits, ``_`` or ``-``, given once; at most
+name 1-64 letters, digits, ``_`` or ``-``, given once, ``parameters`` the
+schema of an object (``"type"`` left out or ``"object"``); at most
 :data:`MAX_TOOLS_CHARS`) and normalised to compact JSON text, order kept.
 It needs a chat prompt: whoever renders the chat (the worker, which holds the
 tokenizer) shows the tools to the model -- through the model's chat template
@@ -74,8 +75,10 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(f"{field}[{i}].function.name must be 1-64 letters, digits, '_' or '-', "
                              f"each name once; got {name!r:.80}")
         names.add(name)
-        if not isinstance(fn.get("parameters", {}), Mapping):
-            raise ValueError(f"{field}[{i}].function.parameters must be a JSON schema (an object)")
+        params = fn.get("parameters", {})
+        if not isinstance(params, Mapping) or params.get("type", "object") != "object":
+            raise ValueError(f"{field}[{i}].function.parameters must be the JSON schema of an object "
+                             "(a call's arguments are one)")
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:

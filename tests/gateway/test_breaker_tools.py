@@ -18,6 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from client import RemoteError  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
+from protocol.request import RequestParams  # noqa: E402
 from protocol.tools import check_tool_calls  # noqa: E402
 from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
@@ -216,3 +217,24 @@ def test_min_tokens_with_a_constraint_is_a_value_error_in_process():
     with pytest.raises(ValueError, match="min_tokens cannot be combined"):
         RequestParams([1, 2], 8, min_tokens=2, structured=Constraint("regex", "a+"))
     assert RequestParams([1, 2], 8, min_tokens=2).min_tokens == 2
+
+
+@pytest.mark.parametrize("params", [{"type": "string"}, {"type": ["object", "null"]}, {"type": "array"}])
+def test_parameters_that_are_not_an_objects_schema_are_a_400(http, params):
+    # on smollm2-135m, tool_choice required with {"type": "string"} wrote '"arguments": "{{weather_data}}"',
+    # which is no call: the answer was content and no tool_calls, finish length
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": params}}
+    for choice in ("required", "auto"):
+        e = error_of(chat(http, tools=[tool], tool_choice=choice), 400)
+        assert e["param"] == "tools.0.function.parameters" and "object" in e["message"]
+    with pytest.raises(ValueError, match="parameters must be the JSON schema of an object"):
+        RequestParams([{"role": "user", "content": "hi"}], 4, tools=[tool])
+
+
+def test_a_required_call_of_an_untyped_schema_has_object_arguments():
+    from gateway.tools import _call_grammar
+
+    grammar = _call_grammar({"f": {"name": "f", "parameters": {}}, "g": {"name": "g", "parameters": {
+        "properties": {"a": {"type": "string"}}}}}, ["f", "g"]).spec
+    schema = json.loads(grammar.split("%json ", 1)[1])
+    assert [c["properties"]["arguments"]["type"] for c in schema["anyOf"]] == ["object", "object"]
