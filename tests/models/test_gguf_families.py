@@ -282,7 +282,7 @@ def test_the_tokenizer_cache_is_best_effort(tmp_path, monkeypatch):
     unreadable kept tokenizer is converted again."""
     import tempfile
 
-    from worker.models.checkpoint import gguf_tokenizer
+    from worker.models.gguf_tokenizer import gguf_tokenizer
 
     path = str(tmp_path / "llama.gguf")
     write_gguf(path, "llama")

@@ -154,7 +154,7 @@ def read_gguf(path: str):
 
 
 def _tokenizer(path: str):
-    """:func:`worker.models.checkpoint.gguf_tokenizer`."""
-    from worker.models.checkpoint import gguf_tokenizer
+    """:func:`worker.models.gguf_tokenizer.gguf_tokenizer`."""
+    from worker.models.gguf_tokenizer import gguf_tokenizer
 
     return gguf_tokenizer(path)
