@@ -169,7 +169,7 @@ def _checked_call(call: Any, where: str) -> dict:
         args = json.dumps(args, ensure_ascii=False)
     try:  # JSON: NaN and Infinity, which json.loads takes, are not
         parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than Python's recursion limit: not a 500)
         parsed = None
     if not isinstance(parsed, dict):
         raise bad_request("a tool call's arguments must be the JSON text of an object", f"{where}.function.arguments")

@@ -119,13 +119,13 @@ def _schema_text(spec: object, where: str) -> str:
         as_text(spec, where)
         try:
             spec = json.loads(spec)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {spec!r:.60}")
     try:
         return json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"{where} must hold JSON values only: {e}") from None
 
 
@@ -133,7 +133,7 @@ def _choice_text(spec: object, where: str) -> str:
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ValueError(f"{where} must be a list of strings, got a str that is no JSON list") from None
     if not is_sequence(spec) or isinstance(spec, (str, bytes)):
         raise ValueError(f"{where} must be a non-empty list of strings, got {type(spec).__name__}")

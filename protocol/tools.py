@@ -60,7 +60,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TOOLS_CHARS}")
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{field} must be a JSON list of tool definitions") from None
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{field} must be a non-empty list of {{\"type\": \"function\", \"function\": {{...}}}}")
@@ -81,7 +81,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
                              "(a call's arguments are one)")
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"{field} must be JSON: {e}") from None
     if len(text) > MAX_TOOLS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TOOLS_CHARS}")
@@ -112,11 +112,11 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         call_id = as_text(call_id, f"{where} id")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
-        if isinstance(args, Mapping):
-            args = json.dumps(args, ensure_ascii=False)
-        try:  # JSON: NaN and Infinity, which json.loads takes, are not
+        try:  # JSON: NaN and Infinity, which json.loads takes, are not; nor is what nests past the recursion limit
+            if isinstance(args, Mapping):
+                args = json.dumps(args, ensure_ascii=False)
             parsed = json.loads(as_text(args, f"{where} arguments"), parse_constant=_not_json)
-        except ValueError:
+        except (TypeError, ValueError, RecursionError):
             raise ValueError(f"{where} arguments must be the JSON text of an object") from None
         if not isinstance(parsed, dict):
             raise ValueError(f"{where} arguments must be the JSON text of an object")

@@ -238,3 +238,25 @@ def test_a_required_call_of_an_untyped_schema_has_object_arguments():
         "properties": {"a": {"type": "string"}}}}}, ["f", "g"]).spec
     schema = json.loads(grammar.split("%json ", 1)[1])
     assert [c["properties"]["arguments"]["type"] for c in schema["anyOf"]] == ["object", "object"]
+
+
+DEEP = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"  # valid JSON, nested past Python's recursion limit
+
+
+def test_arguments_nested_past_the_recursion_limit_are_a_400(http):
+    # json.loads raised RecursionError, which is no ValueError: 500 'Internal Server Error'
+    call = good_call(function={"name": "get_weather", "arguments": DEEP})
+    e = error_of(chat(http, tools=[WEATHER], messages=history(call)), 400)
+    assert e["param"] == "messages.1.tool_calls.0.function.arguments"
+    with pytest.raises(ValueError, match="JSON text of an object"):
+        check_tool_calls([["c", "f", DEEP]], "m")
+
+
+def test_a_structured_spec_nested_past_the_recursion_limit_is_a_400(http):
+    from protocol.structured import check_structured
+
+    for spec in ({"json_schema": DEEP}, {"choice": "[" * 5000 + "]" * 5000}):
+        with pytest.raises(ValueError):
+            check_structured(spec)
+    e = error_of(chat(http, structured_outputs={"json": DEEP}), 400)
+    assert e["param"].startswith("structured_outputs") and "not valid JSON" in e["message"]
