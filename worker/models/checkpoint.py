@@ -279,6 +279,7 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
     import gguf
     import numpy as np
     import torch
+    from tqdm.auto import tqdm
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map)
 
@@ -303,7 +304,8 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config_dict)
     mapping = get_gguf_hf_weights_map(_Names(), processor)
     tensors = {}
-    for name, shape, ggml_type, start in table.entries:
+    # the bar transformers' own GGUF loader shows (same text), on stderr: the longest step of a load
+    for name, shape, ggml_type, start in tqdm(table.entries, desc="Converting and de-quantizing GGUF tensors..."):
         if name not in mapping:
             continue
         qtype = gguf.GGMLQuantizationType(ggml_type)
