@@ -59,7 +59,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 def layer_shapes(cfg: dict) -> tuple[tuple[int, int], ...]:
     """``(out, in)`` of one layer's fused linears: qkv, o, gate-up, down, as the runner fuses them
     (:attr:`worker.models.llama.weights.LlamaShape.linear_shapes`)."""
-    return LlamaShape.of(SimpleNamespace(rms_norm_eps=1e-5, **cfg), context=0).linear_shapes
+    return LlamaShape.of(SimpleNamespace(**{"rms_norm_eps": 1e-5, **cfg}), context=0).linear_shapes
 
 
 def best_ms(fn, passes: int) -> float:
