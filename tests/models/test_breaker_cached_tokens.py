@@ -6,32 +6,18 @@ and a request cancelled before its prefill reports None while one cancelled afte
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from protocol.enums import FinishReason  # noqa: E402
-from tests.support.slot_models import TINY_LLAMA_VOCAB  # noqa: E402
+from tests.models.test_cached_tokens import cached_model, tokens  # noqa: E402, F401  (the same tiny cached model)
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.llama.prefix_cache import BLOCK_TOKENS  # noqa: E402
 
 pytestmark = pytest.mark.hf
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1, TINY_LLAMA_VOCAB) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def cached_model(model_dir):
-    model = load_model(model_dir, max_prefill_tokens=32)
-    model.prefix_cache_mb = 16
-    return model
 
 
 def test_prompt_logprobs_bypass_the_cache_and_report_0(cached_model):
