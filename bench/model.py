@@ -75,7 +75,6 @@ import random
 import resource
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling modules: llamacpp, gpu
 
 import psutil  # noqa: E402
+from rss import RssPeak  # noqa: E402  (bench/rss.py)
 import torch  # noqa: E402
 
 from worker import BatchInferenceEngine  # noqa: E402
@@ -138,34 +138,6 @@ class Run:
             "all_wall_s": self.all_wall_s,
             "note": self.note,
         }
-
-
-class RssPeak:
-    """The highest RSS of a process (MiB) while the ``with`` block runs, sampled every ``interval_s``.
-
-    A sampler, so it can miss a spike shorter than the interval; it reads
-    what serving holds, where the RSS after a run may already be trimmed.
-    """
-
-    def __init__(self, process: psutil.Process, interval_s: float = 0.05) -> None:
-        self.process, self.interval_s, self.peak_mb = process, interval_s, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while True:
-            self.peak_mb = max(self.peak_mb, self.process.memory_info().rss / 2**20)
-            if self._stop.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_mb = max(self.peak_mb, self.process.memory_info().rss / 2**20)
 
 
 class TokenTimes:
@@ -220,10 +192,10 @@ def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
     times = TokenTimes(len(prompts))
     handles = [engine.submit_request(p, m, on_token=times.recorder(i))
                for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-    with RssPeak(psutil.Process()) as peak:
+    with RssPeak([os.getpid()]) as peak:
         engine.run()
     run.wall_s = time.monotonic() - times.t0
-    run.peak_rss_mb = peak.peak_mb
+    run.peak_rss_mb = peak.peak_mb[0]
     run.outputs = [h.result(timeout=0)[len(p):] for h, p in zip(handles, prompts)]
     run.first_s, run.last_s = times.first, times.last
     run.rss_mb = psutil.Process().memory_info().rss / 2**20
@@ -267,12 +239,12 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
         client.run(timeout=300)
         times = TokenTimes(n)
         first, last, t0 = times.first, times.last, times.t0
-        with RssPeak(worker) as peak:
+        with RssPeak([worker.pid]) as peak:
             handles = [client.submit_request(p, m, on_token=times.recorder(i), **stops)
                        for i, (p, m) in enumerate(zip(prompts, max_tokens))]
             client.run(timeout=1800)
         run.wall_s = time.monotonic() - t0
-        run.peak_rss_mb = peak.peak_mb
+        run.peak_rss_mb = peak.peak_mb[0]
         run.outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
         run.first_s, run.last_s = first, last
         run.rss_mb = worker.memory_info().rss / 2**20

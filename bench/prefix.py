@@ -76,9 +76,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 sys.path.append(str(_HERE))  # sibling modules (llamacpp), after the packages
 
-import psutil  # noqa: E402
 
 from slotserve.datasets import CHAT_INSTRUCTION, humaneval_path  # noqa: E402
+from rss import RssPeak  # noqa: E402  (bench/rss.py, shared with bench/model.py)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEM_HEAD = ("You are a careful Python programmer. Complete the function the user gives you. Reply with "
@@ -101,47 +101,6 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of ``values`` (non-empty)."""
     v = sorted(values)
     return v[min(len(v) - 1, round(q / 100 * (len(v) - 1)))]
-
-
-class RssPeak:
-    """Peak RSS (MiB) of processes while the ``with`` block runs, sampled every ``interval_s``;
-    ``before_mb`` each one's RSS at entry. A sampler: a spike shorter than the interval can be missed."""
-
-    def __init__(self, pids: list[int], interval_s: float = 0.05) -> None:
-        self.procs = [psutil.Process(p) for p in pids]
-        self.before_mb = [p.memory_info().rss / 2**20 for p in self.procs]
-        self.peak_mb = list(self.before_mb)
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while True:
-            for i, p in enumerate(self.procs):
-                self.peak_mb[i] = max(self.peak_mb[i], p.memory_info().rss / 2**20)
-            if self._stop.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        for i, p in enumerate(self.procs):  # a last look: what the block ended with
-            self.peak_mb[i] = max(self.peak_mb[i], p.memory_info().rss / 2**20)
-
-    def report(self, budget_mb: float | None) -> dict:
-        """Peak and growth per process (MiB), and whether each growth stayed within ``budget_mb``."""
-        growth = [p - b for p, b in zip(self.peak_mb, self.before_mb)]
-        out = {"rss_before_mb": [round(x, 1) for x in self.before_mb],
-               "rss_peak_mb": [round(x, 1) for x in self.peak_mb],
-               "rss_growth_mb": [round(x, 1) for x in growth]}
-        if budget_mb:
-            out["cache_budget_mb"] = budget_mb
-            out["within_budget"] = all(g <= budget_mb for g in growth)
-        return out
 
 
 def summary(system: str, wall_s: float, ttft_s: list[float], outputs: int, prompt_tokens: int,
