@@ -30,8 +30,12 @@ replies, as text) plus a new user message, :data:`CHAT_INSTRUCTION` over
 HumanEval problem ``c * turns + k``; chat messages go to the broker as they
 are (the worker renders the chat template; the broker keys them by their
 messages). Arrival: every chat's turn 1 at t0, then each chat's next turn
-the moment its previous turn finished (a closed loop per chat, so turn k of
-the chats runs interleaved and before their turn k + 1); greedy, EOS stops,
+a think time after its previous turn finished (a closed loop per chat, so
+turn k of the chats runs interleaved and before their turn k + 1): the user
+reads the reply before answering, drawn uniformly from [0, 2 x ``--think-s``]
+per chat and turn (:func:`think_times`; ``--think-s 0`` sends the next turn
+the moment its slot frees, when credit-only dispatch sends it back to the
+worker it just left, so the two policies cannot differ); greedy, EOS stops,
 ``--b-max-tokens`` per turn. A real broker and worker processes
 (``slotserve.launcher.LocalCluster``), ``--slots`` slots and ``--b-threads``
 torch threads per worker, ``--b-cache-mb`` each. Systems, each a fresh
@@ -274,6 +278,15 @@ def user_turns(conversations: int, turns: int) -> list[list[str]]:
             for c in range(conversations)]
 
 
+def think_times(conversations: int, turns: int, mean_s: float) -> list[list[float]]:
+    """Seconds chat ``c`` waits after its turn ``k`` before sending turn ``k + 1`` (``[c][k]``, ``turns - 1``
+    per chat): uniform on [0, 2 x ``mean_s``], from ``random.Random(0)`` (the same in every system)."""
+    if mean_s < 0:
+        raise ValueError(f"think time must be >= 0 s, got {mean_s}")
+    rng = random.Random(0)
+    return [[rng.uniform(0, 2 * mean_s) for _ in range(turns - 1)] for _ in range(conversations)]
+
+
 def worker_caches(client) -> dict[str, tuple[int, int, int, int]]:
     """Each worker's cumulative prefix-cache numbers from ``status``: name -> (queries, hits,
     used_bytes, budget_bytes) (tokens, tokens, bytes, bytes); a worker without one is left out."""
@@ -294,7 +307,7 @@ def settled_caches(client, timeout_s: float = 10.0) -> dict[str, tuple[int, int,
 
 
 def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: bool, slots: int, threads: int,
-                cache_mb: float, max_tokens: int, model: str) -> dict:
+                cache_mb: float, max_tokens: int, model: str, think_s: float = 0.0) -> dict:
     """Workload B on a fresh broker + ``workers`` worker processes (see the module docstring)."""
     from broker import BrokerConfig
     from client import Client
@@ -309,8 +322,10 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
                            tuple(WorkerConfig(model=model, num_slots=slots, name=f"w{i}", model_options=opts)
                                  for i in range(workers)), start_timeout_s=600.0)
     turns = len(users[0])
+    think = think_times(len(users), turns, think_s)
     handles: list = []
     lock = threading.Lock()
+    chats_done = threading.Semaphore(0)  # released once per chat, after its last turn
     with LocalCluster(config) as cluster, Client(cluster.frontend, model=model, connect_timeout_s=60) as client:
         for _ in range(slots * workers):  # every slot runs once; shares nothing with the chats
             client.submit_request(WARMUP, 4)
@@ -323,8 +338,16 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
             messages = history + [{"role": "user", "content": users[c][k]}]
 
             def done(_seq, c=c, messages=messages):
-                if k + 1 < turns:
-                    submit(c, messages + [{"role": "assistant", "content": h.text}])
+                if k + 1 == turns:
+                    chats_done.release()
+                    return
+                nxt = messages + [{"role": "assistant", "content": h.text}]
+                if think[c][k] == 0:
+                    submit(c, nxt)
+                    return
+                t = threading.Timer(think[c][k], submit, (c, nxt))  # the client is thread-safe
+                t.daemon = True
+                t.start()
 
             h = client.submit_request(messages, max_tokens, done)
             with lock:
@@ -335,7 +358,10 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
             t0 = time.monotonic()
             for c in range(len(users)):
                 submit(c, [])
-            client.run(timeout=3600)
+            for _ in users:  # between turns a chat may have nothing in flight: wait for each chat's end
+                if not chats_done.acquire(timeout=max(1.0, 3600 - (time.monotonic() - t0))):
+                    raise TimeoutError(f"workload B ({system}) still running after 3600 s")
+            client.run(timeout=600)
             wall = time.monotonic() - t0
         caches_after = settled_caches(client)
     bad = [h for h in handles if h.error is not None]
@@ -345,7 +371,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
     row = summary(system, wall, [h.ttft_s for h in handles], sum(len(h.tokens) for h in handles),
                   sum(h.prompt_tokens for h in handles), None if None in cached else sum(cached),
                   (load_before, os.getloadavg()[0]), up)
-    row.update(workers=workers, prefix_routing=routing)
+    row.update(workers=workers, prefix_routing=routing, think_s_mean=think_s)
     row["memory"] = rss.report(cache_mb)
     row["workers_prefix_cache"] = {}  # each worker's own counters over the workload (from status)
     for name, (queries, hits, used, budget) in sorted(caches_after.items()):
@@ -426,14 +452,16 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=16, help="workload B's chats (default 16)")
     ap.add_argument("--turns", type=int, default=4, help="workload B's turns per chat (default 4)")
     ap.add_argument("--b-max-tokens", type=int, default=48, help="workload B's max_tokens per turn (default 48)")
+    ap.add_argument("--think-s", type=float, default=2.0,
+                    help="workload B's mean think time between a reply and the next turn, s (default 2; 0: none)")
     ap.add_argument("--b-cache-mb", type=float, default=1024.0, help="workload B's prefix cache per worker, MiB")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= {"A", "llamacpp", "B"} or not parts:
         ap.error(f"--parts takes A, llamacpp and B, got {args.parts!r}")
-    if args.cache_mb <= 0 or args.b_cache_mb <= 0 or args.repeats < 1:
-        ap.error("--cache-mb and --b-cache-mb must be > 0 (cache-off is always run), --repeats >= 1")
+    if args.cache_mb <= 0 or args.b_cache_mb <= 0 or args.repeats < 1 or args.think_s < 0:
+        ap.error("--cache-mb and --b-cache-mb must be > 0 (cache-off is always run), --repeats >= 1, --think-s >= 0")
     if "llamacpp" in parts and "A" not in parts:
         ap.error("llamacpp generates slotserve cache-on's lengths: --parts needs A with it")
     binary = args.llama_server if args.llama_server and Path(args.llama_server).is_file() else None
@@ -478,12 +506,13 @@ def main() -> None:
     if "B" in parts:
         users = user_turns(args.conversations, args.turns)
         common = dict(slots=args.slots, threads=args.b_threads, cache_mb=args.b_cache_mb, max_tokens=args.b_max_tokens,
-                      model=args.model)
+                      model=args.model, think_s=args.think_s)
         b_rows = [run_cluster("B 1 worker", users, workers=1, routing=True, **common),
                   run_cluster("B 2w credit-only", users, workers=2, routing=False, **common),
                   run_cluster("B 2w prefix-aware", users, workers=2, routing=True, **common)]
         ref = b_rows[0]["hit_rate"]
         result["B"] = {"conversations": args.conversations, "turns": args.turns, "max_tokens": args.b_max_tokens,
+                       "think_s_mean": args.think_s,
                        "cache_mb_per_worker": args.b_cache_mb, "rows": b_rows,
                        "hit_rate_vs_1_worker": None if not ref else
                        {r["system"]: round(r["hit_rate"] / ref, 3) for r in b_rows[1:] if r["hit_rate"] is not None}}
@@ -498,7 +527,7 @@ def main() -> None:
     if b_rows:
         b = result["B"]
         print_table(f"workload B: {b['conversations']} chats x {b['turns']} turns, max_tokens {b['max_tokens']}, "
-                    f"{args.slots} slots per worker", b_rows)
+                    f"think time {b['think_s_mean']} s mean, {args.slots} slots per worker", b_rows)
         print(f"hit rate vs 1 worker: {b['hit_rate_vs_1_worker']} (target: prefix-aware >= 0.9)")
     for r in a_rows + b_rows:
         m = r["memory"]
@@ -509,7 +538,8 @@ def main() -> None:
     result["uptime_at_end"] = uptime()
     (args.out / "prefix.json").write_text(json.dumps(result, indent=2) + "\n")
     plot({"Workload A: ~600-token shared system prompt + 32 HumanEval chats, 8 slots (SmolLM2-135M)": a_rows,
-          "Workload B: 16 chats x 4 turns, 8 slots per worker": b_rows}, args.out / "prefix.png")
+          f"Workload B: {args.conversations} chats x {args.turns} turns, think {args.think_s} s, "
+          f"{args.slots} slots per worker": b_rows}, args.out / "prefix.png")
     print(f"wrote {args.out / 'prefix.json'} and {args.out / 'prefix.png'}")
 
 

@@ -26,6 +26,16 @@ def test_user_turns_take_a_distinct_problem_per_turn_in_conversation_order():
         prefix.user_turns(100, 4)
 
 
+def test_think_times_are_one_per_turn_after_the_first_bounded_and_the_same_every_call():
+    think = prefix.think_times(5, 4, 1.5)
+    assert [len(t) for t in think] == [3] * 5
+    assert all(0 <= x <= 3.0 for t in think for x in t) and len({x for t in think for x in t}) == 15
+    assert think == prefix.think_times(5, 4, 1.5)  # every system gets the same arrivals
+    assert prefix.think_times(2, 3, 0) == [[0.0, 0.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="think time"):
+        prefix.think_times(2, 3, -1)
+
+
 def test_summary_prefilled_and_hit_rate_come_from_cached_tokens():
     row = prefix.summary("x", 2.0, [0.1, 0.2, 0.3, 4.0], 50, 1000, 750, (1.0, 2.0), "up")
     assert (row["prompt_tokens_prefilled"], row["hit_rate"], row["output_tokens_per_s"]) == (250, 0.75, 25.0)
