@@ -40,6 +40,8 @@ class WorkerState:
       ``register``); every ``assign`` to it is kept within it.
     - ``prefix_cache``: its latest :class:`~protocol.messages.PrefixCacheUsage`
       (heartbeats), None for a worker without a prefix cache.
+    - ``faults``: kinds of impossible numbers it reported (logged once each,
+      see :meth:`broker.workers.WorkerHandler._counts`).
     """
 
     identity: bytes
@@ -56,6 +58,7 @@ class WorkerState:
     iterations: int = 0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     prefix_cache: PrefixCacheUsage | None = None
+    faults: set[str] = field(default_factory=set)
 
     @property
     def credits(self) -> int:

@@ -154,7 +154,9 @@ class WorkerHandler:
         for key, n, cached in msg.started:  # (text and chat prompts' lengths, with their first tokens)
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
-                out.result(job.client).started.append(Started(job.rid, n, cached))
+                n, cached = self._counts(w, n, cached)
+                if n is not None:  # (else the client learns the length, if at all, from the ending)
+                    out.result(job.client).started.append(Started(job.rid, n, cached))
         for rec in msg.logprobs:  # (requests that ask: with their tokens, so under the same rule)
             job = jobs.get(rec.request_id)
             if job is not None and job.worker == me and job.client is not None:
@@ -208,16 +210,44 @@ class WorkerHandler:
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
             else:
-                table.finish(job, f.finish_reason, f.code, f.message, out, f.prompt_tokens, f.stop_reason,
-                             f.cached_tokens)
+                prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens)
+                table.finish(job, f.finish_reason, f.code, f.message, out, prompt_tokens, f.stop_reason, cached)
+
+    def _counts(self, w: WorkerState, prompt_tokens: int | None,
+                cached_tokens: int | None) -> tuple[int | None, int | None]:
+        """A worker's ``prompt_tokens`` and ``cached_tokens`` for one request, as relayed to its
+        client: a count that cannot be true (negative, or more tokens cached than the prompt has)
+        becomes None (unknown), and the worker is logged once, so a faulty worker's numbers never
+        reach usage, handles or JSONL rows. The request itself is unaffected."""
+        bad = prompt_tokens is not None and prompt_tokens < 0
+        if bad:
+            prompt_tokens = cached_tokens = None
+        elif cached_tokens is not None and (cached_tokens < 0 or (prompt_tokens is not None
+                                                                  and cached_tokens > prompt_tokens)):
+            bad, cached_tokens = True, None
+        if bad:
+            self._faulty(w, "token counts")
+        return prompt_tokens, cached_tokens
+
+    def _faulty(self, w: WorkerState, what: str) -> None:
+        """Log, once per worker, that it reported ``what`` that cannot be true (they were dropped)."""
+        if what not in w.faults:
+            w.faults.add(what)
+            log.warning("worker %s reported impossible %s (negative, or a part larger than its whole): "
+                        "dropped, and its requests are served as before; is it a slotserve worker of this "
+                        "version?", w.name, what)
 
     def heartbeat(self, w: WorkerState, msg: Heartbeat, now: float, out: Outbox) -> None:
         """A heartbeat whose ``progress`` moved is progress (a long model step
         heartbeats from its I/O thread without sending an iteration). Its
         ``prefix_cache`` numbers, when it has a prefix cache, are kept for
         ``status`` and the metrics."""
-        if msg.prefix_cache is not None:
-            w.prefix_cache = msg.prefix_cache
+        pc = msg.prefix_cache
+        if pc is not None:
+            if min(pc) < 0 or pc.hits > pc.queries:
+                self._faulty(w, "prefix-cache numbers")  # (the last sound report stays)
+            else:
+                w.prefix_cache = pc
         p = msg.progress
         if p is not None:
             if w.progress is not None and p != w.progress:

@@ -1,0 +1,89 @@
+"""A worker's token counts and prefix-cache numbers that cannot be true (negative, or a part
+larger than its whole) never reach clients or status: they become unknown, the worker is
+logged once, and its requests are served as before. Socket-free broker core."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from broker.core import Side
+from protocol.enums import FinishReason
+from protocol.messages import Finished, Heartbeat, Iteration, PrefixCacheUsage, Register, Results, Started, Submit
+from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
+from tests.support.messages import envelope
+
+
+def serving(slots=2):
+    core = make_core()
+    core.on_backend(W1, Register("simulated", slots, slots, INFO, W1.decode()), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope(i, [1, 2], 4) for i in range(slots + 1)]), 0.0)
+    return core, [s.request_id for s in assigned(out)]
+
+
+def relayed(out) -> tuple[dict, dict, list]:
+    """(client id -> Finished, client id -> Started, tokens) the client got."""
+    rs = sent(out, Side.FRONTEND, C1, Results)
+    return ({f.request_id: f for r in rs for f in r.finished}, {s.request_id: s for r in rs for s in r.started},
+            [t for r in rs for t in r.tokens])
+
+
+# (prompt_tokens, cached_tokens) a worker sent -> what the client gets
+CASES = [((10, 4), (10, 4)), ((10, 0), (10, 0)), ((10, 10), (10, 10)), ((None, None), (None, None)),
+         ((10, -1), (10, None)), ((10, 11), (10, None)), ((-3, 2), (None, None)), ((-3, None), (None, None)),
+         ((None, -5), (None, None))]
+
+
+@pytest.mark.parametrize(("sent_counts", "got"), CASES)
+def test_finished_counts_that_cannot_be_true_become_unknown_and_the_request_still_ends(sent_counts, got):
+    core, (k, _) = serving()
+    prompt_tokens, cached = sent_counts
+    out = core.on_backend(W1, Iteration(ids=[k, k], tokens=[5, 6], finished=[
+        Finished(k, FinishReason.LENGTH, prompt_tokens=prompt_tokens, cached_tokens=cached)]), 1.0)
+    fin, _, tokens = relayed(out)
+    assert (fin[0].prompt_tokens, fin[0].cached_tokens) == got
+    assert fin[0].finish_reason is FinishReason.LENGTH and tokens == [5, 6]
+    assert [s.request_id for s in assigned(out)] == [2]  # the credit came back: the queued request runs
+
+
+@pytest.mark.parametrize(("sent_counts", "got"), [(c, g) for c, g in CASES if c[0] is not None])
+def test_started_counts_that_cannot_be_true_become_unknown_and_the_tokens_still_arrive(sent_counts, got):
+    core, (k, _) = serving()
+    out = core.on_backend(W1, Iteration(ids=[k], tokens=[5], started=[Started(k, *sent_counts)]), 1.0)
+    _, started, tokens = relayed(out)
+    assert tokens == [5]
+    if got[0] is None:
+        assert started == {}  # no length to tell: the ending may tell it
+    else:
+        assert (started[0].prompt_tokens, started[0].cached_tokens) == got
+
+
+def test_impossible_prefix_cache_numbers_keep_the_last_sound_report():
+    core, _ = serving()
+    good = PrefixCacheUsage(100, 40, 2**20, 2**24)
+    core.on_backend(W1, Heartbeat(progress=1, prefix_cache=good), 1.0)
+    for bad in (PrefixCacheUsage(100, 140, 2**20, 2**24), PrefixCacheUsage(-1, 0, 0, 2**24),
+                PrefixCacheUsage(100, 40, -2**20, 2**24), PrefixCacheUsage(100, 40, 0, -1)):
+        core.on_backend(W1, Heartbeat(progress=2, prefix_cache=bad), 2.0)
+        assert core.workers.get(W1).prefix_cache == good
+    later = PrefixCacheUsage(200, 90, 2**21, 2**24)
+    core.on_backend(W1, Heartbeat(progress=3, prefix_cache=later), 3.0)
+    assert core.workers.get(W1).prefix_cache == later
+
+
+def test_each_kind_of_fault_is_logged_once_per_worker(caplog):
+    core, (k1, k2) = serving()
+    core.on_backend(W2, Register("simulated", 1, 1, INFO, W2.decode()), 0.0)
+    with caplog.at_level(logging.WARNING, logger="broker.workers"):
+        core.on_backend(W1, Iteration(ids=[k1], tokens=[5], started=[Started(k1, 10, 11)]), 1.0)
+        core.on_backend(W1, Iteration(ids=[k1], tokens=[6], finished=[
+            Finished(k1, FinishReason.LENGTH, prompt_tokens=10, cached_tokens=-1)]), 1.1)
+        for t in (2.0, 3.0):
+            core.on_backend(W1, Heartbeat(progress=int(t), prefix_cache=PrefixCacheUsage(1, 2, 0, 0)), t)
+        core.on_backend(W1, Iteration(ids=[k2], tokens=[7], finished=[
+            Finished(k2, FinishReason.LENGTH, prompt_tokens=10, cached_tokens=3)]), 4.0)  # sound: no warning
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "token counts" in lines[0] and "prefix-cache numbers" in lines[1]
+    assert all(W1.decode() in line for line in lines)
