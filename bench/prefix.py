@@ -8,20 +8,23 @@ the first 32 HumanEval problems as the user message
 chat template to token ids (both systems get these ids); greedy, EOS stops,
 per-request ``max_tokens`` drawn from [16, 128] with ``random.Random(0)``
 (bench/model.py's HE32 draw); all 32 arrive at t0 (TTFT includes
-queueing); 8 slots, fp32, slotserve's Llama runner. Systems, same run:
+queueing); 8 slots, fp32, slotserve's Llama runner, at each of ``--threads``
+(torch CPU threads; default 1 and 2). Systems, same run:
 
 - ``A cache-off`` / ``A cache-on``: one engine in process (a worker's engine,
   no broker hop), same loaded weights, ``prefix_cache_mb`` 0 vs ``--cache-mb``
   (starting empty: the first prompts miss), each after a warm-up request of
   its own that shares nothing with the workload; ``--repeats`` alternates
-  them (off, on, on, off, ...) and keeps each one's fastest run;
+  them (off, on, on, off, ...) and keeps each one's fastest run; the cache's
+  own memory is cache-on's RSS growth over cache-off's (:func:`cache_growth`);
 - ``A llama.cpp``: ``llama-server`` on the same GGUF (Q4_1, run natively;
   slotserve dequantizes it to fp32), ``-np 8``, ``--cache-ram
   --llamacpp-cache-mb``, ``cache_prompt: true``, the same token ids, and
-  exactly the number of tokens slotserve cache-on generated for each request
+  exactly the number of tokens slotserve's fastest cache-on row generated for each request
   (``ignore_eos`` + ``n_predict``: the same work, as bench/model.py); warmed
   up with 8 requests that share nothing with the workload (so its slots
-  start without the system prompt too); best of ``--llamacpp-threads``.
+  start without the system prompt too); best of ``--llamacpp-threads``. The
+  tokens/s comparison takes each system at its fastest thread count.
   Its prefilled and cached tokens are its own ``timings.prompt_n`` / ``cache_n``.
 
 Workload B: ``--conversations`` 16 chats of ``--turns`` 4 turns; turn k of
@@ -148,10 +151,29 @@ def workload_a(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], 
     return prompts, max_tokens, len(tokenizer.encode(system))
 
 
-def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float) -> dict:
-    """Workload A on one in-process engine with a prefix cache of ``cache_mb`` MiB (0: off)."""
+def fastest(runs: list[dict]) -> dict:
+    """The fastest of one system's tries, with every try's wall time (``all_wall_s``)."""
+    best = dict(min(runs, key=lambda x: x["wall_s"]))
+    best["all_wall_s"] = [x["wall_s"] for x in runs]
+    return best
+
+
+def cache_growth(off: dict, on: dict) -> dict:
+    """What the cache itself adds to the engine's RSS: cache-on's growth over cache-off's (the same
+    engine, workload and slots; the rest of the growth, KV rows and activations, is there without a
+    cache too), against the budget."""
+    extra = round(max(on["memory"]["rss_growth_mb"]) - max(off["memory"]["rss_growth_mb"]), 1)
+    return {"growth_over_cache_off_mb": extra, "cache_within_budget": extra <= on["memory"]["cache_budget_mb"]}
+
+
+def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads: int) -> dict:
+    """Workload A on one in-process engine with a prefix cache of ``cache_mb`` MiB (0: off),
+    ``threads`` torch CPU threads."""
+    import torch
+
     from worker import BatchInferenceEngine
 
+    torch.set_num_threads(threads)
     up = uptime()
     model.prefix_cache_mb = cache_mb
     engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")  # binds slots: an empty cache
@@ -178,9 +200,10 @@ def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float) -> dict:
     outputs = [h.tokens for h in handles]
     queries, hits = (cache.stats.queries - base[0], cache.stats.hits - base[1]) if cache is not None else (0, 0)
     assert cache is None or queries == sum(map(len, prompts)), "every prompt token looked up once"
-    row = summary("A cache-on" if cache_mb else "A cache-off", wall, [f - t0 for f in first],
+    row = summary(f"A cache-{'on' if cache_mb else 'off'} ({threads} thr)", wall, [f - t0 for f in first],
                   sum(map(len, outputs)), sum(map(len, prompts)), hits, (load_before, os.getloadavg()[0]), up)
     row["memory"] = rss.report(cache_mb or None)
+    row["threads"] = threads
     if cache is not None:
         row["cache_blocks_used"] = cache.used_blocks
         row["cache_mb_used"] = round(cache.used_blocks * cache.block_bytes / 2**20, 1)
@@ -443,7 +466,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="workload A's slotserve runs per system, alternated; the fastest kept (default 1)")
     ap.add_argument("--cache-mb", type=float, default=512.0, help="workload A's prefix cache, MiB (default 512)")
-    ap.add_argument("--threads", type=int, default=1, help="workload A's torch CPU threads (default 1)")
+    ap.add_argument("--threads", default="1,2",
+                    help="workload A's torch CPU threads, each value a pair of cache-off/on rows (default 1,2)")
     ap.add_argument("--b-threads", type=int, default=1, help="workload B's torch CPU threads per worker (default 1)")
     ap.add_argument("--llama-server", default="/work/llamacpp/lsbuild/bin/llama-server",
                     help="llama-server binary tried first (then bench/llamacpp.py's candidates)")
@@ -469,40 +493,44 @@ def main() -> None:
                     "threads_b_per_worker": args.b_threads,
                     "cpus": os.cpu_count(), "uptime_at_start": uptime()}
     a_rows, b_rows = [], []
+    threads_a = [int(t) for t in args.threads.split(",")]
     if "A" in parts:
         from worker.models import load_model
 
-        model = load_model(args.model, precision="fp32", num_threads=args.threads)
+        model = load_model(args.model, precision="fp32")
         prompts, max_tokens, system_len = workload_a(model.tokenizer, args.prompts, args.system_tokens)
-        tries: dict[float, list[dict]] = {0: [], args.cache_mb: []}
-        for r in range(args.repeats):  # alternated: off, on, on, off, ...
-            for mb in ((0, args.cache_mb) if r % 2 == 0 else (args.cache_mb, 0)):
-                tries[mb].append(run_engine(model, prompts, max_tokens, args.slots, mb))
-                print(f"{tries[mb][-1]['system']}: {tries[mb][-1]['wall_s']} s ({tries[mb][-1]['uptime_before']})")
-        a_rows = []
-        for runs in tries.values():  # the fastest of each, with every try's wall time
-            best = dict(min(runs, key=lambda x: x["wall_s"]))
-            best["all_wall_s"] = [x["wall_s"] for x in runs]
-            a_rows.append(best)
-        off, on = a_rows
+        pairs = []  # (off, on) per thread count
+        for threads in threads_a:
+            tries: dict[float, list[dict]] = {0: [], args.cache_mb: []}
+            for r in range(args.repeats):  # alternated: off, on, on, off, ...
+                for mb in ((0, args.cache_mb) if r % 2 == 0 else (args.cache_mb, 0)):
+                    tries[mb].append(run_engine(model, prompts, max_tokens, args.slots, mb, threads))
+                    t = tries[mb][-1]
+                    print(f"{t['system']}: {t['wall_s']} s ({t['uptime_before']})", flush=True)
+            off, on = (fastest(runs) for runs in tries.values())
+            on["memory"].update(cache_growth(off, on))
+            pairs.append((off, on))
+            a_rows += [off, on]
         del model
+        best_on = max((on for _, on in pairs), key=lambda r: r["output_tokens_per_s"])
         if "llamacpp" in parts:
-            lengths = [max(1, len(o)) for o in on["outputs"]]
+            lengths = [max(1, len(o)) for o in best_on["outputs"]]
             runs = [run_llamacpp(prompts, lengths, int(t), args.slots, args.llamacpp_cache_mb, binary, args.model)
                     for t in args.llamacpp_threads.split(",")]
-            best = max(runs, key=lambda r: r["output_tokens_per_s"])
+            best = dict(max(runs, key=lambda r: r["output_tokens_per_s"]))
             best["all_threads"] = {r["server"]["threads"]: r["output_tokens_per_s"] for r in runs}
             a_rows.append(best)
-        identical = sum(x == y for x, y in zip(off["outputs"], on["outputs"]))
         result["A"] = {
             "prompts": len(prompts), "system_tokens": system_len, "cache_mb": args.cache_mb,
             "prompt_tokens_range": [min(map(len, prompts)), max(map(len, prompts))],
-            "identical_outputs": identical,
-            "ttft_p50_speedup": round(off["ttft_p50_ms"] / on["ttft_p50_ms"], 2),
+            "identical_outputs": {on["threads"]: sum(x == y for x, y in zip(off["outputs"], on["outputs"]))
+                                  for off, on in pairs},
+            "ttft_p50_speedup": {on["threads"]: round(off["ttft_p50_ms"] / on["ttft_p50_ms"], 2) for off, on in pairs},
             "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in a_rows]}
-        if len(a_rows) == 3:
-            result["A"]["tokens_per_s_vs_llamacpp"] = round(on["output_tokens_per_s"] /
-                                                            a_rows[2]["output_tokens_per_s"], 2)
+        if "llamacpp" in parts:  # each system at its fastest thread count on this machine
+            result["A"]["tokens_per_s_vs_llamacpp"] = {
+                "slotserve": best_on["system"], "llama.cpp": a_rows[-1]["system"],
+                "ratio": round(best_on["output_tokens_per_s"] / a_rows[-1]["output_tokens_per_s"], 2)}
     if "B" in parts:
         users = user_turns(args.conversations, args.turns)
         common = dict(slots=args.slots, threads=args.b_threads, cache_mb=args.b_cache_mb, max_tokens=args.b_max_tokens,
@@ -520,10 +548,12 @@ def main() -> None:
         a = result["A"]
         print_table(f"workload A: {a['prompts']} chats, system message {a['system_tokens']} tokens, prompts "
                     f"{a['prompt_tokens_range'][0]}-{a['prompt_tokens_range'][1]} tokens, {args.slots} slots", a_rows)
-        print(f"TTFT p50 off/on: {a['ttft_p50_speedup']:.2f}x (target >= 3x); identical outputs: "
-              f"{a['identical_outputs']}/{a['prompts']}"
-              + (f"; cache-on tokens/s vs llama.cpp: {a['tokens_per_s_vs_llamacpp']:.2f}x (target >= 1.5x)"
-                 if "tokens_per_s_vs_llamacpp" in a else ""))
+        for t, x in a["ttft_p50_speedup"].items():
+            print(f"{t} thr: TTFT p50 off/on {x:.2f}x (target >= 3x); identical outputs "
+                  f"{a['identical_outputs'][t]}/{a['prompts']}")
+        if "tokens_per_s_vs_llamacpp" in a:
+            v = a["tokens_per_s_vs_llamacpp"]
+            print(f"tokens/s {v['slotserve']} vs {v['llama.cpp']}: {v['ratio']:.2f}x (target >= 1.5x)")
     if b_rows:
         b = result["B"]
         print_table(f"workload B: {b['conversations']} chats x {b['turns']} turns, max_tokens {b['max_tokens']}, "
@@ -533,7 +563,9 @@ def main() -> None:
         m = r["memory"]
         if "cache_budget_mb" in m:
             print(f"memory {r['system']}: RSS peak {max(m['rss_peak_mb'])} MiB, growth {m['rss_growth_mb']} MiB, "
-                  f"budget {m['cache_budget_mb']} MiB per process: within {m['within_budget']}")
+                  f"budget {m['cache_budget_mb']} MiB per process: within {m['within_budget']}"
+                  + (f"; growth over cache-off {m['growth_over_cache_off_mb']} MiB: within "
+                     f"{m['cache_within_budget']}" if "growth_over_cache_off_mb" in m else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     result["uptime_at_end"] = uptime()
     (args.out / "prefix.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -36,6 +36,19 @@ def test_think_times_are_one_per_turn_after_the_first_bounded_and_the_same_every
         prefix.think_times(2, 3, -1)
 
 
+def test_fastest_keeps_the_quickest_try_and_lists_them_all():
+    best = prefix.fastest([{"wall_s": 3.0, "x": 1}, {"wall_s": 2.0, "x": 2}, {"wall_s": 2.5, "x": 3}])
+    assert (best["x"], best["all_wall_s"]) == (2, [3.0, 2.0, 2.5])
+
+
+def test_cache_growth_is_cache_on_over_cache_off_against_the_budget():
+    off = {"memory": {"rss_growth_mb": [394.1]}}
+    on = {"memory": {"rss_growth_mb": [787.7], "cache_budget_mb": 512.0}}
+    assert prefix.cache_growth(off, on) == {"growth_over_cache_off_mb": 393.6, "cache_within_budget": True}
+    on["memory"]["cache_budget_mb"] = 256.0
+    assert prefix.cache_growth(off, on)["cache_within_budget"] is False
+
+
 def test_summary_prefilled_and_hit_rate_come_from_cached_tokens():
     row = prefix.summary("x", 2.0, [0.1, 0.2, 0.3, 4.0], 50, 1000, 750, (1.0, 2.0), "up")
     assert (row["prompt_tokens_prefilled"], row["hit_rate"], row["output_tokens_per_s"]) == (250, 0.75, 25.0)
