@@ -25,7 +25,10 @@ queueing); 8 slots, fp32, slotserve's Llama runner, at each of ``--threads``
   up with 8 requests that share nothing with the workload (so its slots
   start without the system prompt too); best of ``--llamacpp-threads``. The
   tokens/s comparison takes each system at its fastest thread count.
-  Its prefilled and cached tokens are its own ``timings.prompt_n`` / ``cache_n``.
+  Its prefilled and cached tokens are its own ``timings.prompt_n`` / ``cache_n``;
+- ``A alone``: the first ``--alone`` prompts one at a time (``max_tokens``
+  1, each sent when the last ended), cache off and on: TTFT without the
+  queueing that dominates the all-at-t0 rows, i.e. the prefill the cache skips.
 
 Workload B: ``--conversations`` 16 chats of ``--turns`` 4 turns; turn k of
 chat c sends the whole history (user messages and the model's earlier
@@ -209,6 +212,29 @@ def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads:
         row["cache_mb_used"] = round(cache.used_blocks * cache.block_bytes / 2**20, 1)
     row["outputs"] = outputs
     return row
+
+
+def run_engine_alone(model, prompts, slots: int, cache_mb: float, threads: int) -> dict:
+    """Workload A's prompts one at a time (each submitted when the last ended), ``max_tokens`` 1:
+    TTFT without queueing, i.e. the prefill the cache skips (s per request, p50 / p99)."""
+    import torch
+
+    from worker import BatchInferenceEngine
+
+    torch.set_num_threads(threads)
+    up = uptime()
+    model.prefix_cache_mb = cache_mb
+    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")
+    engine.submit_request(WARMUP, 4)
+    engine.run()
+    ttft = []
+    for p in prompts:
+        h = engine.submit_request(p, 1)
+        engine.run()
+        ttft.append(h.ttft_s)
+    return {"system": f"A alone cache-{'on' if cache_mb else 'off'} ({threads} thr)", "requests": len(prompts),
+            "ttft_p50_ms": round(1000 * statistics.median(ttft), 1),
+            "ttft_p99_ms": round(1000 * percentile(ttft, 99), 1), "uptime_before": up}
 
 
 # ---------------------------------------------------------------------------------------- llama.cpp on A
@@ -465,6 +491,8 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=600, help="workload A's system message budget (tokens)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="workload A's slotserve runs per system, alternated; the fastest kept (default 1)")
+    ap.add_argument("--alone", type=int, default=8,
+                    help="workload A's first prompts also run one at a time, max_tokens 1: TTFT without queueing")
     ap.add_argument("--cache-mb", type=float, default=512.0, help="workload A's prefix cache, MiB (default 512)")
     ap.add_argument("--threads", default="1,2",
                     help="workload A's torch CPU threads, each value a pair of cache-off/on rows (default 1,2)")
@@ -499,7 +527,7 @@ def main() -> None:
 
         model = load_model(args.model, precision="fp32")
         prompts, max_tokens, system_len = workload_a(model.tokenizer, args.prompts, args.system_tokens)
-        pairs = []  # (off, on) per thread count
+        pairs, alone = [], []  # (off, on) per thread count; the one-at-a-time TTFT rows
         for threads in threads_a:
             tries: dict[float, list[dict]] = {0: [], args.cache_mb: []}
             for r in range(args.repeats):  # alternated: off, on, on, off, ...
@@ -511,6 +539,8 @@ def main() -> None:
             on["memory"].update(cache_growth(off, on))
             pairs.append((off, on))
             a_rows += [off, on]
+            alone += [run_engine_alone(model, prompts[:args.alone], args.slots, mb, threads)
+                      for mb in (0, args.cache_mb)]
         del model
         best_on = max((on for _, on in pairs), key=lambda r: r["output_tokens_per_s"])
         if "llamacpp" in parts:
@@ -526,6 +556,9 @@ def main() -> None:
             "identical_outputs": {on["threads"]: sum(x == y for x, y in zip(off["outputs"], on["outputs"]))
                                   for off, on in pairs},
             "ttft_p50_speedup": {on["threads"]: round(off["ttft_p50_ms"] / on["ttft_p50_ms"], 2) for off, on in pairs},
+            "alone": alone, "alone_ttft_p50_speedup": {
+                t: round(alone[2 * i]["ttft_p50_ms"] / alone[2 * i + 1]["ttft_p50_ms"], 2)
+                for i, t in enumerate(threads_a)},
             "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in a_rows]}
         if "llamacpp" in parts:  # each system at its fastest thread count on this machine
             result["A"]["tokens_per_s_vs_llamacpp"] = {
@@ -551,6 +584,10 @@ def main() -> None:
         for t, x in a["ttft_p50_speedup"].items():
             print(f"{t} thr: TTFT p50 off/on {x:.2f}x (target >= 3x); identical outputs "
                   f"{a['identical_outputs'][t]}/{a['prompts']}")
+        for r in a["alone"]:
+            print(f"{r['system']}: TTFT p50 / p99 {r['ttft_p50_ms']} / {r['ttft_p99_ms']} ms over {r['requests']} "
+                  "requests one at a time")
+        print(f"one at a time, TTFT p50 off/on: {a['alone_ttft_p50_speedup']}")
         if "tokens_per_s_vs_llamacpp" in a:
             v = a["tokens_per_s_vs_llamacpp"]
             print(f"tokens/s {v['slotserve']} vs {v['llama.cpp']}: {v['ratio']:.2f}x (target >= 1.5x)")
