@@ -27,6 +27,7 @@ from protocol.messages import (
     Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Started, Text,
     Welcome,
 )
+from protocol.request import RequestParams
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class WorkerHandler:
         for key, n, cached in msg.started:  # (text and chat prompts' lengths, with their first tokens)
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
-                n, cached = self._counts(w, n, cached)
+                n, cached = self._counts(w, n, cached, job.params)
                 if n is not None:  # (else the client learns the length, if at all, from the ending)
                     out.result(job.client).started.append(Started(job.rid, n, cached))
         for rec in msg.logprobs:  # (requests that ask: with their tokens, so under the same rule)
@@ -210,20 +211,22 @@ class WorkerHandler:
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
             else:
-                prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens)
+                prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens, job.params)
                 table.finish(job, f.finish_reason, f.code, f.message, out, prompt_tokens, f.stop_reason, cached)
 
-    def _counts(self, w: WorkerState, prompt_tokens: int | None,
-                cached_tokens: int | None) -> tuple[int | None, int | None]:
-        """A worker's ``prompt_tokens`` and ``cached_tokens`` for one request, as relayed to its
-        client: a count that cannot be true (negative, or more tokens cached than the prompt has)
-        becomes None (unknown), and the worker is logged once, so a faulty worker's numbers never
-        reach usage, handles or JSONL rows. The request itself is unaffected."""
-        bad = prompt_tokens is not None and prompt_tokens < 0
+    def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
+                params: RequestParams) -> tuple[int | None, int | None]:
+        """A worker's ``prompt_tokens`` and ``cached_tokens`` for one request (``params``), as
+        relayed to its client: a count that cannot be true (negative; for a token-id prompt, a
+        length other than its own; more tokens cached than the prompt has) becomes None
+        (unknown), and the worker is logged once, so a faulty worker's numbers never reach usage,
+        handles or JSONL rows. The request itself is unaffected."""
+        known = len(params.prompt) if params.is_token_prompt else None  # (a client counts it so)
+        bad = prompt_tokens is not None and (prompt_tokens < 0 or (known is not None and prompt_tokens != known))
         if bad:
             prompt_tokens = cached_tokens = None
-        elif cached_tokens is not None and (cached_tokens < 0 or (prompt_tokens is not None
-                                                                  and cached_tokens > prompt_tokens)):
+        elif cached_tokens is not None and (cached_tokens < 0 or cached_tokens > (
+                prompt_tokens if prompt_tokens is not None else known if known is not None else cached_tokens)):
             bad, cached_tokens = True, None
         if bad:
             self._faulty(w, "token counts")

@@ -15,10 +15,12 @@ from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
 from tests.support.messages import envelope
 
 
-def serving(slots=2):
+def serving(slots=2, prompt="hello there"):
+    """A core with W1 serving ``slots`` requests of ``prompt`` (text: its length only the worker
+    knows) and one more queued; (core, the keys assigned)."""
     core = make_core()
     core.on_backend(W1, Register("simulated", slots, slots, INFO, W1.decode()), 0.0)
-    out = core.on_frontend(C1, Submit("simulated", [envelope(i, [1, 2], 4) for i in range(slots + 1)]), 0.0)
+    out = core.on_frontend(C1, Submit("simulated", [envelope(i, prompt, 4) for i in range(slots + 1)]), 0.0)
     return core, [s.request_id for s in assigned(out)]
 
 
@@ -87,3 +89,20 @@ def test_each_kind_of_fault_is_logged_once_per_worker(caplog):
     assert len(lines) == 2, lines
     assert "token counts" in lines[0] and "prefix-cache numbers" in lines[1]
     assert all(W1.decode() in line for line in lines)
+
+
+# a token-id prompt of 2 tokens: the broker knows its length, so a count the worker sends is checked
+# against it (the client takes the worker's prompt_tokens over the length it knew)
+TOKEN_CASES = [((2, 1), (2, 1)), ((2, 2), (2, 2)), ((None, 2), (None, 2)), ((None, None), (None, None)),
+               ((None, 3), (None, None)), ((10, 4), (None, None)), ((1, 0), (None, None)), ((2, 3), (2, None))]
+
+
+@pytest.mark.parametrize(("sent_counts", "got"), TOKEN_CASES)
+def test_token_prompt_counts_that_contradict_its_known_length_become_unknown(sent_counts, got):
+    core, (k, _) = serving(prompt=[1, 2])
+    out = core.on_backend(W1, Iteration(ids=[k], tokens=[5], finished=[
+        Finished(k, FinishReason.LENGTH, prompt_tokens=sent_counts[0], cached_tokens=sent_counts[1])]), 1.0)
+    fin, _, tokens = relayed(out)
+    assert (fin[0].prompt_tokens, fin[0].cached_tokens) == got and tokens == [5]
+    out = core.on_backend(W1, Iteration(ids=[k + 1], tokens=[6], started=[Started(k + 1, 3, 1)]), 2.0)
+    assert relayed(out)[1] == {}  # a started record with another length is dropped too
