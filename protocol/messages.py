@@ -502,6 +502,11 @@ class Bye(_Message):
     reason: str = ""
 
 
+MAX_SLOTS = 2**32
+"""The most credits (``max_inflight``, so slots too) a ``register`` may claim: more cannot be a
+real engine's, and the sums over workers in ``status`` then stay within msgpack's 64-bit ints."""
+
+
 @dataclass(frozen=True, slots=True)
 class Register(_Message):
     """W->B: a worker offers its slots for one model; the broker answers ``welcome``.
@@ -512,10 +517,11 @@ class Register(_Message):
       (``--served-model-name``); the broker ignores an empty one, ``model``
       itself, and one that names another model.
     - ``num_slots``: ``>= 1``, the engine's batch size.
-    - ``max_inflight``: ``>= num_slots`` credits: requests the broker may have
+    - ``max_inflight``: ``>= num_slots`` (at most :data:`MAX_SLOTS`) credits: requests the broker may have
       assigned to this worker at once (slots plus a small prefetch so a freed
       slot is refilled in the next iteration without a round trip).
-    - ``info``: :class:`ModelInfo`; ``worker_name``: for logs and ``status``.
+    - ``info``: :class:`ModelInfo` (``vocab_size`` and ``max_seq_len`` >= 1 or None: the
+      broker tells every client of the model these limits); ``worker_name``: for logs and ``status``.
     - ``max_message_bytes``: the largest frame the worker decodes (bytes);
       the broker keeps every ``assign`` within it.
     """
@@ -531,10 +537,14 @@ class Register(_Message):
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
-        if self.num_slots < 1 or self.max_inflight < self.num_slots or self.max_message_bytes < MIN_MESSAGE_BYTES:
-            raise ValueError(f"need num_slots >= 1, max_inflight >= num_slots and max_message_bytes >= "
+        if self.num_slots < 1 or not self.num_slots <= self.max_inflight <= MAX_SLOTS \
+                or self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"need num_slots >= 1, num_slots <= max_inflight <= {MAX_SLOTS} and max_message_bytes >= "
                              f"{MIN_MESSAGE_BYTES}, got "
                              f"{self.num_slots}, {self.max_inflight}, {self.max_message_bytes}")
+        vocab, seq = self.info.vocab_size, self.info.max_seq_len
+        if (vocab is not None and vocab < 1) or (seq is not None and seq < 1):
+            raise ValueError(f"need info.vocab_size and info.max_seq_len >= 1 or None, got {vocab}, {seq}")
 
 
 @dataclass(frozen=True, slots=True)

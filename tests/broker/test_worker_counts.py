@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import logging
 
+import msgpack
 import pytest
 
 from broker.core import Side
-from protocol.enums import FinishReason
-from protocol.messages import Finished, Heartbeat, Iteration, PrefixCacheUsage, Register, Results, Started, Submit
+from protocol.codec import decode, encode
+from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Finished, Heartbeat, Iteration, PrefixCacheUsage, Register,
+    Results, Started, Submit,
+)
 from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
 from tests.support.messages import envelope
 
@@ -106,3 +112,29 @@ def test_token_prompt_counts_that_contradict_its_known_length_become_unknown(sen
     assert (fin[0].prompt_tokens, fin[0].cached_tokens) == got and tokens == [5]
     out = core.on_backend(W1, Iteration(ids=[k + 1], tokens=[6], started=[Started(k + 1, 3, 1)]), 2.0)
     assert relayed(out)[1] == {}  # a started record with another length is dropped too
+
+
+def _register_frame(num_slots, max_inflight, info=(1000, None, (0,), False)):
+    """A worker's ``register`` frame as raw msgpack (the message class would refuse some of these)."""
+    return msgpack.packb({"v": PROTOCOL_VERSION, "op": "register", "model": "simulated", "num_slots": num_slots,
+                          "max_inflight": max_inflight, "info": list(info), "worker_name": "w"}, use_bin_type=True)
+
+
+@pytest.mark.parametrize(("num_slots", "max_inflight", "info"), [
+    (2**63, 2**63, INFO), (4, 2**64 - 1, INFO),  # two such workers: status's slots_total would not encode
+    (4, 5, (0, None, (0,), False)), (4, 5, (-5, None, (), False)),  # every client would refuse every prompt
+    (4, 5, (1000, 0, (0,), False)), (4, 5, (1000, -1, (0,), False)),  # ... and every request
+])
+def test_a_register_that_cannot_be_true_is_refused_when_decoded(num_slots, max_inflight, info):
+    with pytest.raises(ProtocolError) as e:
+        decode(_register_frame(num_slots, max_inflight, info), WORKER_TO_BROKER)
+    assert e.value.code is ErrorCode.MALFORMED
+
+
+def test_status_encodes_with_workers_of_the_most_slots_a_register_may_claim():
+    core = make_core()
+    for w in (W1, W2):
+        core.on_backend(w, decode(_register_frame(MAX_SLOTS, MAX_SLOTS), WORKER_TO_BROKER), 0.0)
+    status = core.status(1.0)
+    assert status.models["simulated"].slots_total == 2 * MAX_SLOTS
+    assert decode(encode(status)) == status
