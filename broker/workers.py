@@ -145,6 +145,10 @@ class WorkerHandler:
         w.progress_s = now
         if w.suspect:
             self._recovered(w, now, out)
+        tokens = msg.tokens
+        vocab = w.info.vocab_size
+        if tokens and (min(tokens) < 0 or (vocab is not None and max(tokens) >= vocab)):  # (C speed)
+            self._foreign_tokens(w, msg, now, out)
         self._route_tokens(w, msg, now, out)
         jobs = self._jobs.by_key
         me = w.identity
@@ -164,6 +168,40 @@ class WorkerHandler:
                 out.result(job.client).logprobs.append(rec._replace(request_id=job.rid))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
+            self.dispatch(w.model, now, out)
+
+    def _foreign_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
+        """``msg`` holds token ids outside ``w``'s vocabulary ``[0, vocab_size)``, which no model
+        of it can produce: each request with one ends now, ``model_error`` (none of its output in
+        ``msg`` is relayed: a client would render the id, and a migration would resume with it),
+        and is cancelled on ``w``, its credit back; the other requests in ``msg`` are served as
+        before. Logged once per worker."""
+        table = self._jobs
+        jobs = table.by_key
+        me = w.identity
+        vocab = w.info.vocab_size
+        bad: dict[int, int] = {}
+        for key, tok in zip(msg.ids, msg.tokens):
+            if (tok < 0 or (vocab is not None and tok >= vocab)) and key not in bad:
+                bad[key] = tok
+        if "token ids" not in w.faults:
+            w.faults.add("token ids")
+            log.warning("worker %s produced token ids outside its model's vocabulary [0, %s) (e.g. %d): their "
+                        "requests end model_error; is its model the one it registered?", w.name, vocab,
+                        next(iter(bad.values())))
+        cancels: list[int] = []
+        for key, tok in bad.items():
+            job = jobs.get(key)
+            if job is None or job.worker != me:
+                continue
+            w.inflight.discard(key)
+            cancels.append(key)
+            table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR,
+                         f"worker {w.name} produced token id {tok}, outside the model's vocabulary "
+                         f"[0, {vocab if vocab is not None else 'vocab_size'}): the request was ended there; "
+                         "check that worker", out)
+        if cancels:
+            out.cancels({me: cancels})
             self.dispatch(w.model, now, out)
 
     def _route_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:

@@ -14,7 +14,7 @@ from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.messages import (
-    MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Finished, Heartbeat, Iteration, PrefixCacheUsage, Register,
+    MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Cancel, Finished, Heartbeat, Iteration, PrefixCacheUsage, Register,
     Results, Started, Submit,
 )
 from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
@@ -138,3 +138,23 @@ def test_status_encodes_with_workers_of_the_most_slots_a_register_may_claim():
     status = core.status(1.0)
     assert status.models["simulated"].slots_total == 2 * MAX_SLOTS
     assert decode(encode(status)) == status
+
+
+@pytest.mark.parametrize("bad", [-1, INFO.vocab_size, 2**63])
+def test_a_token_outside_the_vocabulary_ends_its_request_alone(bad):
+    """A token id no model of that vocabulary can produce is never relayed (a client would
+    render it, and a migration would resume with it, failing ``bad_request`` on the next worker):
+    its request ends ``model_error`` now and is cancelled on the worker; the others' tokens
+    in the same iteration arrive."""
+    core, (k1, k2) = serving()
+    out = core.on_backend(W1, Iteration(ids=[k1, k2, k1], tokens=[5, bad, 6], texts=[(k2, "x")]), 1.0)
+    fin, _, tokens = relayed(out)
+    assert tokens == [5, 6] and list(fin) == [1]
+    assert fin[1].finish_reason is FinishReason.ERROR and fin[1].code is ErrorCode.MODEL_ERROR
+    assert str(bad) in fin[1].message
+    assert [c.request_ids for c in sent(out, Side.BACKEND, W1, Cancel)] == [(k2,)]
+    assert [s.request_id for s in assigned(out)] == [2]  # its credit came back
+    later = core.on_backend(W1, Iteration(ids=[k2, k1], tokens=[7, 8], finished=[
+        Finished(k2, FinishReason.CANCELLED)]), 2.0)
+    fin, _, tokens = relayed(later)
+    assert tokens == [8] and fin == {}  # (the cancelled request ended already)
