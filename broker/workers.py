@@ -256,15 +256,16 @@ class WorkerHandler:
                 params: RequestParams) -> tuple[int | None, int | None]:
         """A worker's ``prompt_tokens`` and ``cached_tokens`` for one request (``params``), as
         relayed to its client: a count that cannot be true (negative; for a token-id prompt, a
-        length other than its own; more tokens cached than the prompt has) becomes None
+        length other than its own; more tokens cached than the prompt has; a text prompt's
+        cached tokens without its length, which the worker knew once it prefilled) becomes None
         (unknown), and the worker is logged once, so a faulty worker's numbers never reach usage,
         handles or JSONL rows. The request itself is unaffected."""
         known = len(params.prompt) if params.is_token_prompt else None  # (a client counts it so)
         bad = prompt_tokens is not None and (prompt_tokens < 0 or (known is not None and prompt_tokens != known))
         if bad:
             prompt_tokens = cached_tokens = None
-        elif cached_tokens is not None and (cached_tokens < 0 or cached_tokens > (
-                prompt_tokens if prompt_tokens is not None else known if known is not None else cached_tokens)):
+        elif cached_tokens is not None and not 0 <= cached_tokens <= (
+                prompt_tokens if prompt_tokens is not None else known if known is not None else -1):
             bad, cached_tokens = True, None
         if bad:
             self._faulty(w, "token counts")
@@ -282,10 +283,13 @@ class WorkerHandler:
         """A heartbeat whose ``progress`` moved is progress (a long model step
         heartbeats from its I/O thread without sending an iteration). Its
         ``prefix_cache`` numbers, when it has a prefix cache, are kept for
-        ``status`` and the metrics."""
+        ``status`` and the metrics, unless they cannot be true (negative; hits over queries;
+        more bytes held than the budget; queries or hits below its last report's)."""
         pc = msg.prefix_cache
         if pc is not None:
-            if min(pc) < 0 or pc.hits > pc.queries:
+            old = w.prefix_cache  # (its counts are cumulative, its blocks within the budget)
+            if min(pc) < 0 or pc.hits > pc.queries or pc.used_bytes > pc.budget_bytes or (
+                    old is not None and (pc.queries < old.queries or pc.hits < old.hits)):
                 self._faulty(w, "prefix-cache numbers")  # (the last sound report stays)
             else:
                 w.prefix_cache = pc

@@ -158,3 +158,29 @@ def test_a_token_outside_the_vocabulary_ends_its_request_alone(bad):
         Finished(k2, FinishReason.CANCELLED)]), 2.0)
     fin, _, tokens = relayed(later)
     assert tokens == [8] and fin == {}  # (the cancelled request ended already)
+
+
+def test_cached_tokens_without_the_prompt_length_of_a_text_prompt_become_unknown():
+    """A worker that took tokens from its cache has tokenised the prompt, so it knows its length:
+    a text prompt's cached_tokens without prompt_tokens cannot be checked, nor be true (the client
+    may hold a shorter length from the request's started record)."""
+    core, (k, _) = serving()
+    core.on_backend(W1, Iteration(ids=[k], tokens=[5], started=[Started(k, 3, 1)]), 1.0)
+    out = core.on_backend(W1, Iteration(ids=[k], tokens=[6], finished=[
+        Finished(k, FinishReason.LENGTH, prompt_tokens=None, cached_tokens=5)]), 2.0)
+    fin, _, tokens = relayed(out)
+    assert (fin[0].prompt_tokens, fin[0].cached_tokens) == (None, None) and tokens == [6]
+
+
+@pytest.mark.parametrize("bad", [
+    PrefixCacheUsage(100, 40, 2**24 + 1, 2**24),  # more held than the budget (the cache never passes it)
+    PrefixCacheUsage(99, 40, 2**20, 2**24), PrefixCacheUsage(100, 39, 2**20, 2**24),  # cumulative counts fell
+])
+def test_prefix_cache_numbers_over_the_budget_or_going_back_keep_the_last_sound_report(bad):
+    core, _ = serving()
+    good = PrefixCacheUsage(100, 40, 2**20, 2**24)
+    core.on_backend(W1, Heartbeat(progress=1, prefix_cache=good), 1.0)
+    core.on_backend(W1, Heartbeat(progress=2, prefix_cache=bad), 2.0)
+    assert core.workers.get(W1).prefix_cache == good
+    core.on_backend(W1, Heartbeat(progress=3, prefix_cache=good._replace(used_bytes=0)), 3.0)  # evicted: sound
+    assert core.workers.get(W1).prefix_cache.used_bytes == 0
