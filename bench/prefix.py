@@ -485,29 +485,33 @@ def plot(groups: dict[str, list[dict]], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="A,llamacpp,B", help="which parts run (default A,llamacpp,B)")
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a model name slotserve knows (default smollm2-135m)")
     ap.add_argument("--prompts", type=int, default=32, help="workload A's chats (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="slots per engine / worker / llama-server (default 8)")
-    ap.add_argument("--system-tokens", type=int, default=600, help="workload A's system message budget (tokens)")
+    ap.add_argument("--system-tokens", type=int, default=600,
+                    help="workload A's system message budget, tokens (default 600; the longest that fits)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="workload A's slotserve runs per system, alternated; the fastest kept (default 1)")
     ap.add_argument("--alone", type=int, default=8,
-                    help="workload A's first prompts also run one at a time, max_tokens 1: TTFT without queueing")
+                    help="workload A's first N prompts also one at a time, max_tokens 1 (default 8)")
     ap.add_argument("--cache-mb", type=float, default=512.0, help="workload A's prefix cache, MiB (default 512)")
     ap.add_argument("--threads", default="1,2",
                     help="workload A's torch CPU threads, each value a pair of cache-off/on rows (default 1,2)")
     ap.add_argument("--b-threads", type=int, default=1, help="workload B's torch CPU threads per worker (default 1)")
     ap.add_argument("--llama-server", default="/work/llamacpp/lsbuild/bin/llama-server",
                     help="llama-server binary tried first (then bench/llamacpp.py's candidates)")
-    ap.add_argument("--llamacpp-threads", default="1,2", help="llama-server --threads values; fastest kept")
+    ap.add_argument("--llamacpp-threads", default="1,2",
+                    help="llama-server --threads values; fastest kept (default 1,2)")
     ap.add_argument("--llamacpp-cache-mb", type=int, default=512, help="llama-server --cache-ram, MiB (512)")
     ap.add_argument("--conversations", type=int, default=16, help="workload B's chats (default 16)")
     ap.add_argument("--turns", type=int, default=4, help="workload B's turns per chat (default 4)")
     ap.add_argument("--b-max-tokens", type=int, default=48, help="workload B's max_tokens per turn (default 48)")
     ap.add_argument("--think-s", type=float, default=2.0,
                     help="workload B's mean think time between a reply and the next turn, s (default 2; 0: none)")
-    ap.add_argument("--b-cache-mb", type=float, default=1024.0, help="workload B's prefix cache per worker, MiB")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--b-cache-mb", type=float, default=1024.0,
+                    help="workload B's prefix cache per worker, MiB (default 1024)")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="folder for prefix.json / prefix.png (default bench/results)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= {"A", "llamacpp", "B"} or not parts:
@@ -519,7 +523,8 @@ def main() -> None:
     binary = args.llama_server if args.llama_server and Path(args.llama_server).is_file() else None
     result: dict = {"model": args.model, "precision": "fp32", "slots": args.slots, "threads_a": args.threads,
                     "threads_b_per_worker": args.b_threads,
-                    "cpus": os.cpu_count(), "uptime_at_start": uptime()}
+                    "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()},
+                    "uptime_at_start": uptime()}
     a_rows, b_rows = [], []
     threads_a = [int(t) for t in args.threads.split(",")]
     if "A" in parts:
