@@ -15,6 +15,7 @@ changes it. Invariants (kept here):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 
 from broker.config import BrokerConfig
 from broker.jobs import JobState, JobTable
@@ -24,14 +25,27 @@ from broker.prefix import PrefixRouter, prompt_key
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message, Register, Started, Text,
-    Welcome,
+    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register, Started,
+    Text, Welcome,
 )
 from protocol.request import RequestParams
 
 log = logging.getLogger(__name__)
 
 _MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
+
+
+def _logprob_ids(rec: Logprobs) -> Iterator[int]:
+    """The token ids a :class:`~protocol.messages.Logprobs` record names: its entries' and its
+    prompt entries' alternatives, and its ``prompt_ids``."""
+    for e in rec.entries:
+        for i, _ in e.top:
+            yield i
+    for e in rec.prompt or ():
+        if e is not None:
+            for i, _ in e.top:
+                yield i
+    yield from rec.prompt_ids or ()
 
 
 class WorkerHandler:
@@ -148,7 +162,11 @@ class WorkerHandler:
         tokens = msg.tokens
         vocab = w.info.vocab_size
         if tokens and (min(tokens) < 0 or (vocab is not None and max(tokens) >= vocab)):  # (C speed)
-            self._foreign_tokens(w, msg, now, out)
+            self._foreign_tokens(w, zip(msg.ids, tokens), now, out)
+        if msg.logprobs:  # (the ids they name, for the requests that ask)
+            named = [(r.request_id, i) for r in msg.logprobs for i in _logprob_ids(r)]
+            if named and (min(i for _, i in named) < 0 or (vocab is not None and max(i for _, i in named) >= vocab)):
+                self._foreign_tokens(w, named, now, out)
         self._route_tokens(w, msg, now, out)
         jobs = self._jobs.by_key
         me = w.identity
@@ -170,18 +188,19 @@ class WorkerHandler:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)
 
-    def _foreign_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
-        """``msg`` holds token ids outside ``w``'s vocabulary ``[0, vocab_size)``, which no model
-        of it can produce: each request with one ends now, ``model_error`` (none of its output in
-        ``msg`` is relayed: a client would render the id, and a migration would resume with it),
-        and is cancelled on ``w``, its credit back; the other requests in ``msg`` are served as
-        before. Logged once per worker."""
+    def _foreign_tokens(self, w: WorkerState, named: Iterable[tuple[int, int]], now: float, out: Outbox) -> None:
+        """An iteration of ``w`` names (``named``: ``(broker key, token id)``, its tokens or the
+        ids of its logprobs records) token ids outside ``w``'s vocabulary ``[0, vocab_size)``,
+        which no model of it can produce: each request with one ends now, ``model_error`` (none
+        of its output in the iteration is relayed: a client would render the id, and a migration
+        would resume with it), and is cancelled on ``w``, its credit back; the other requests in
+        the iteration are served as before. Logged once per worker."""
         table = self._jobs
         jobs = table.by_key
         me = w.identity
         vocab = w.info.vocab_size
         bad: dict[int, int] = {}
-        for key, tok in zip(msg.ids, msg.tokens):
+        for key, tok in named:
             if (tok < 0 or (vocab is not None and tok >= vocab)) and key not in bad:
                 bad[key] = tok
         if "token ids" not in w.faults:

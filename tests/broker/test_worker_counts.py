@@ -13,9 +13,10 @@ from broker.core import Side
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
+from protocol.logprobs import TokenLogprob
 from protocol.messages import (
     MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Cancel, Finished, Heartbeat, Iteration, PrefixCacheUsage, Register,
-    Results, Started, Submit,
+    Logprobs, Results, Started, Submit,
 )
 from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
 from tests.support.messages import envelope
@@ -184,3 +185,20 @@ def test_prefix_cache_numbers_over_the_budget_or_going_back_keep_the_last_sound_
     assert core.workers.get(W1).prefix_cache == good
     core.on_backend(W1, Heartbeat(progress=3, prefix_cache=good._replace(used_bytes=0)), 3.0)  # evicted: sound
     assert core.workers.get(W1).prefix_cache.used_bytes == 0
+
+
+@pytest.mark.parametrize("where", ["top", "prompt", "prompt_ids"])
+def test_a_logprobs_token_id_outside_the_vocabulary_ends_its_request_alone(where):
+    """The ids a logprobs record names (alternatives, a text prompt's ids) are rendered by the
+    gateway's tokenizer (a negative one raised there): one outside the vocabulary ends its request
+    as a generated one does; the other request's logprobs arrive."""
+    core, (k1, k2) = serving()
+    good = TokenLogprob(-0.5, ((5, -0.5),))
+    bad = {"top": Logprobs(k2, (TokenLogprob(-0.5, ((-3, -1.0),)),)),
+           "prompt": Logprobs(k2, (good,), (None, TokenLogprob(-1.0, ((INFO.vocab_size, -2.0),)))),
+           "prompt_ids": Logprobs(k2, (good,), (None, good), (7, -3))}[where]
+    out = core.on_backend(W1, Iteration(ids=[k1, k2], tokens=[5, 5], logprobs=[Logprobs(k1, (good,)), bad]), 1.0)
+    fin, _, tokens = relayed(out)
+    assert tokens == [5] and list(fin) == [1] and fin[1].code is ErrorCode.MODEL_ERROR
+    assert [r.request_id for r in sent(out, Side.FRONTEND, C1, Results)[0].logprobs] == [0]
+    assert [c.request_ids for c in sent(out, Side.BACKEND, W1, Cancel)] == [(k2,)]
