@@ -254,7 +254,9 @@ class WorkerHandler:
 
     def _endings(self, w: WorkerState, finished: tuple[Finished, ...], now: float, out: Outbox) -> None:
         """Requests ``w`` reports ended: each gives back its credit and ends (with
-        the broker's verdict, if it decided one while the request ran)."""
+        the broker's verdict, if it decided one while the request ran). Its counts are checked
+        (:meth:`_counts`), and its code made to agree with its ``finish_reason`` (an ``error``
+        without one gets ``internal``; another ending's is dropped, with its message)."""
         table = self._jobs
         jobs = table.by_key
         me = w.identity
@@ -269,7 +271,14 @@ class WorkerHandler:
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
             else:
                 prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens, job.params)
-                table.finish(job, f.finish_reason, f.code, f.message, out, prompt_tokens, f.stop_reason, cached)
+                code, message = f.code, f.message
+                if (f.finish_reason is FinishReason.ERROR) is (code is None):  # (an error, and only one, has a code)
+                    self._faulty(w, "error codes")
+                    if code is None:
+                        code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
+                    else:
+                        code = message = None
+                table.finish(job, f.finish_reason, code, message, out, prompt_tokens, f.stop_reason, cached)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:
@@ -291,12 +300,13 @@ class WorkerHandler:
         return prompt_tokens, cached_tokens
 
     def _faulty(self, w: WorkerState, what: str) -> None:
-        """Log, once per worker, that it reported ``what`` that cannot be true (they were dropped)."""
+        """Log, once per worker, that it reported ``what`` that cannot be true (they were dropped,
+        or an ending's code made to agree with its ``finish_reason``)."""
         if what not in w.faults:
             w.faults.add(what)
-            log.warning("worker %s reported impossible %s (negative, or a part larger than its whole): "
-                        "dropped, and its requests are served as before; is it a slotserve worker of this "
-                        "version?", w.name, what)
+            log.warning("worker %s reported impossible %s (negative, a part larger than its whole, or "
+                        "contradicting what it said before): dropped or made consistent, and its requests are "
+                        "served as before; is it a slotserve worker of this version?", w.name, what)
 
     def heartbeat(self, w: WorkerState, msg: Heartbeat, now: float, out: Outbox) -> None:
         """A heartbeat whose ``progress`` moved is progress (a long model step

@@ -202,3 +202,24 @@ def test_a_logprobs_token_id_outside_the_vocabulary_ends_its_request_alone(where
     assert tokens == [5] and list(fin) == [1] and fin[1].code is ErrorCode.MODEL_ERROR
     assert [r.request_id for r in sent(out, Side.FRONTEND, C1, Results)[0].logprobs] == [0]
     assert [c.request_ids for c in sent(out, Side.BACKEND, W1, Cancel)] == [(k2,)]
+
+
+@pytest.mark.parametrize(("sent_end", "got"), [
+    ((FinishReason.ERROR, ErrorCode.MODEL_ERROR, "boom"), (FinishReason.ERROR, ErrorCode.MODEL_ERROR, "boom")),
+    ((FinishReason.LENGTH, None, None), (FinishReason.LENGTH, None, None)),
+    ((FinishReason.ERROR, None, "boom"), (FinishReason.ERROR, ErrorCode.INTERNAL, "boom")),  # an error has a code
+    ((FinishReason.ERROR, None, None), (FinishReason.ERROR, ErrorCode.INTERNAL, None)),
+    ((FinishReason.STOP, ErrorCode.MODEL_ERROR, "x"), (FinishReason.STOP, None, None)),  # only an error has one
+])
+def test_an_ending_whose_code_contradicts_its_reason_is_made_consistent(sent_end, got):
+    """Finished's rule: ``code`` is an ErrorCode when ``finish_reason`` is ``error``, else None; the
+    client turns a code into the handle's error (so a stop with one would carry an error, and an
+    error without one none)."""
+    core, (k, _) = serving()
+    out = core.on_backend(W1, Iteration(ids=[k], tokens=[5], finished=[Finished(k, *sent_end)]), 1.0)
+    fin = relayed(out)[0][0]
+    assert fin.finish_reason is got[0] and fin.code is got[1]
+    if got[2] is None:
+        assert fin.message is None or (got[1] is ErrorCode.INTERNAL and W1.decode() in fin.message)
+    else:
+        assert got[2] in fin.message
