@@ -520,8 +520,10 @@ class Register(_Message):
     - ``max_inflight``: ``>= num_slots`` (at most :data:`MAX_SLOTS`) credits: requests the broker may have
       assigned to this worker at once (slots plus a small prefetch so a freed
       slot is refilled in the next iteration without a round trip).
-    - ``info``: :class:`ModelInfo` (``vocab_size`` and ``max_seq_len`` >= 1 or None: the
-      broker tells every client of the model these limits); ``worker_name``: for logs and ``status``.
+    - ``info``: :class:`ModelInfo` (``vocab_size`` and ``max_seq_len`` >= 1 or None, its
+      ``eos_token_ids`` within the vocabulary: the broker tells every client of the model
+      these, and the gateway adds the EOS ids to a request's ``stop_token_ids``);
+      ``worker_name``: for logs and ``status``.
     - ``max_message_bytes``: the largest frame the worker decodes (bytes);
       the broker keeps every ``assign`` within it.
     """
@@ -542,9 +544,11 @@ class Register(_Message):
             raise ValueError(f"need num_slots >= 1, num_slots <= max_inflight <= {MAX_SLOTS} and max_message_bytes >= "
                              f"{MIN_MESSAGE_BYTES}, got "
                              f"{self.num_slots}, {self.max_inflight}, {self.max_message_bytes}")
-        vocab, seq = self.info.vocab_size, self.info.max_seq_len
+        vocab, seq, eos = self.info.vocab_size, self.info.max_seq_len, self.info.eos_token_ids
         if (vocab is not None and vocab < 1) or (seq is not None and seq < 1):
             raise ValueError(f"need info.vocab_size and info.max_seq_len >= 1 or None, got {vocab}, {seq}")
+        if eos and (min(eos) < 0 or (vocab is not None and max(eos) >= vocab)):
+            raise ValueError(f"info.eos_token_ids must lie in [0, vocab_size), got {eos!r:.80}")
 
 
 @dataclass(frozen=True, slots=True)

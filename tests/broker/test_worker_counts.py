@@ -125,6 +125,7 @@ def _register_frame(num_slots, max_inflight, info=(1000, None, (0,), False)):
     (2**63, 2**63, INFO), (4, 2**64 - 1, INFO),  # two such workers: status's slots_total would not encode
     (4, 5, (0, None, (0,), False)), (4, 5, (-5, None, (), False)),  # every client would refuse every prompt
     (4, 5, (1000, 0, (0,), False)), (4, 5, (1000, -1, (0,), False)),  # ... and every request
+    (4, 5, (1000, None, (-1,), False)), (4, 5, (1000, None, (0, 1000), False)),  # the gateway's stop_token_ids
 ])
 def test_a_register_that_cannot_be_true_is_refused_when_decoded(num_slots, max_inflight, info):
     with pytest.raises(ProtocolError) as e:

@@ -158,8 +158,10 @@ def token_batches(draw, cls):
 @st.composite
 def registers(draw):
     slots = draw(st.integers(1, 2**16))
-    limit = st.none() | st.integers(1, WIRE_INT_MAX)  # (a register's limits are >= 1: clients check by them)
-    info = ModelInfo(draw(limit), draw(limit), draw(strategy(tuple[int, ...])), draw(st.booleans()))
+    limit = st.none() | st.integers(1, WIRE_INT_MAX)  # (a register's limits are >= 1, its EOS ids in the vocabulary)
+    vocab = draw(limit)
+    eos = st.integers(0, WIRE_INT_MAX if vocab is None else vocab - 1)
+    info = ModelInfo(vocab, draw(limit), tuple(draw(st.lists(eos, max_size=4))), draw(st.booleans()))
     return Register(draw(st.text(max_size=8)), slots, draw(st.integers(slots, 2**17)),
                     info, draw(st.text(max_size=8)), draw(st.integers(MIN_MESSAGE_BYTES, WIRE_INT_MAX)))
 
