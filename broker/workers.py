@@ -48,6 +48,12 @@ def _logprob_ids(rec: Logprobs) -> Iterator[int]:
     yield from rec.prompt_ids or ()
 
 
+def _overrun(w: WorkerState, job) -> str:
+    """The error message of a request ``w`` gave more tokens than its ``max_tokens``."""
+    return (f"worker {w.name} sent {len(job.tokens)} tokens for a request of max_tokens "
+            f"{job.params.max_tokens}; check that worker")
+
+
 class WorkerHandler:
     """Handles every worker event on the registry, the job table and the served models."""
 
@@ -269,6 +275,9 @@ class WorkerHandler:
                 table.timings["latency"].append(now - job.arrival_s)
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
+            elif len(job.tokens) > job.params.max_tokens:  # (counted here, off the per-token loop)
+                self._faulty(w, "tokens past max_tokens")
+                table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
             else:
                 prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens, job.params)
                 code, message = f.code, f.message
@@ -384,7 +393,8 @@ class WorkerHandler:
         self.dispatch(w.model, now, out)
 
     def lost(self, w: WorkerState, now: float, out: Outbox, *, failed: bool) -> None:
-        """Remove a worker; migrate its requests to the head of their queue.
+        """Remove a worker; migrate its requests to the head of their queue (one holding its
+        ``max_tokens`` tokens is complete: it ends ``length``; holding more, ``model_error``).
 
         ``failed``: it died or hung (counts toward each request's
         ``max_attempts``), rather than leaving or re-registering cleanly."""
@@ -402,6 +412,11 @@ class WorkerHandler:
                 job.attempts += 1
             if job.verdict is not None:
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
+            elif len(job.tokens) >= job.params.max_tokens:  # complete: a resume would be refused
+                if len(job.tokens) == job.params.max_tokens:
+                    table.finish(job, FinishReason.LENGTH, None, None, out)
+                else:
+                    table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
             elif job.cancel_requested or job.client is None:
                 table.finish(job, FinishReason.CANCELLED, None, None, out)
             elif job.attempts >= self.config.max_attempts:

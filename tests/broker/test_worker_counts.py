@@ -15,8 +15,8 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import (
-    MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Cancel, Finished, Heartbeat, Iteration, PrefixCacheUsage, Register,
-    Logprobs, Results, Started, Submit,
+    MAX_SLOTS, PROTOCOL_VERSION, WORKER_TO_BROKER, Bye, Cancel, Finished, Heartbeat, Iteration, Logprobs,
+    PrefixCacheUsage, Register, Results, Started, Submit,
 )
 from tests.support.cores import C1, INFO, W1, W2, assigned, make_core, sent
 from tests.support.messages import envelope
@@ -224,3 +224,30 @@ def test_an_ending_whose_code_contradicts_its_reason_is_made_consistent(sent_end
         assert fin.message is None or (got[1] is ErrorCode.INTERNAL and W1.decode() in fin.message)
     else:
         assert got[2] in fin.message
+
+
+
+def test_a_request_ended_past_its_max_tokens_ends_model_error():
+    """No request generates more than ``max_tokens`` (resumed ones included). The broker does not
+    count on the hot path (the tokens are relayed as they come), but a worker's ending after more is
+    not relayed as a success: it ends ``model_error``; the others end as the worker says."""
+    core, (k1, k2) = serving()  # max_tokens 4
+    out = core.on_backend(W1, Iteration(ids=[k1, k2, k2, k2, k2, k2], tokens=[9, 1, 2, 3, 4, 5], finished=[
+        Finished(k2, FinishReason.LENGTH), Finished(k1, FinishReason.STOP)]), 1.0)
+    fin = relayed(out)[0]
+    assert fin[1].finish_reason is FinishReason.ERROR and fin[1].code is ErrorCode.MODEL_ERROR
+    assert "5 tokens" in fin[1].message and fin[0].finish_reason is FinishReason.STOP
+
+
+def test_a_request_lost_with_all_its_tokens_ends_instead_of_migrating():
+    """A request holding its ``max_tokens`` tokens when its worker is lost is complete: it ends
+    ``length`` (a resume with them is refused as complete, ``bad_request``, on the next worker);
+    one holding more ends ``model_error``; one with room left migrates."""
+    core, (k1, k2, k3) = serving(slots=3)
+    core.on_backend(W2, Register("simulated", 3, 3, INFO, W2.decode()), 0.0)
+    core.on_backend(W1, Iteration(ids=[k1] + [k2] * 4 + [k3] * 5, tokens=[9] + [1] * 4 + [2] * 5), 1.0)
+    out = core.on_backend(W1, Bye(), 2.0)
+    fin = relayed(out)[0]
+    assert fin[1].finish_reason is FinishReason.LENGTH and fin[1].code is None
+    assert fin[2].finish_reason is FinishReason.ERROR and fin[2].code is ErrorCode.MODEL_ERROR
+    assert [(e.request_id, e.resume_tokens) for e in assigned(out, W2)] == [(k1, (9,))]
