@@ -169,19 +169,27 @@ def cache_growth(off: dict, on: dict) -> dict:
     return {"growth_over_cache_off_mb": extra, "cache_within_budget": extra <= on["memory"]["cache_budget_mb"]}
 
 
-def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads: int) -> dict:
-    """Workload A on one in-process engine with a prefix cache of ``cache_mb`` MiB (0: off),
-    ``threads`` torch CPU threads."""
+def warm_engine(model, slots: int, cache_mb: float, threads: int):
+    """A fresh engine over ``model`` (binding its slots empties the prefix cache) with a ``cache_mb``
+    MiB prefix cache (0: off) and ``threads`` torch CPU threads, after a warm-up request of its own
+    that shares nothing with the workloads."""
     import torch
 
     from worker import BatchInferenceEngine
 
     torch.set_num_threads(threads)
-    up = uptime()
     model.prefix_cache_mb = cache_mb
-    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")  # binds slots: an empty cache
+    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")
     engine.submit_request(WARMUP, 4)
     engine.run()
+    return engine
+
+
+def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads: int) -> dict:
+    """Workload A on one in-process engine with a prefix cache of ``cache_mb`` MiB (0: off),
+    ``threads`` torch CPU threads."""
+    up = uptime()
+    engine = warm_engine(model, slots, cache_mb, threads)
     cache = model.prefix_cache
     base = (cache.stats.queries, cache.stats.hits) if cache is not None else (0, 0)
     n = len(prompts)
@@ -217,16 +225,8 @@ def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads:
 def run_engine_alone(model, prompts, slots: int, cache_mb: float, threads: int) -> dict:
     """Workload A's prompts one at a time (each submitted when the last ended), ``max_tokens`` 1:
     TTFT without queueing, i.e. the prefill the cache skips (s per request, p50 / p99)."""
-    import torch
-
-    from worker import BatchInferenceEngine
-
-    torch.set_num_threads(threads)
     up = uptime()
-    model.prefix_cache_mb = cache_mb
-    engine = BatchInferenceEngine(model, batch_size=slots, stop_token="model")
-    engine.submit_request(WARMUP, 4)
-    engine.run()
+    engine = warm_engine(model, slots, cache_mb, threads)
     ttft = []
     for p in prompts:
         h = engine.submit_request(p, 1)
