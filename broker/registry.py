@@ -40,8 +40,9 @@ class WorkerState:
       ``register``); every ``assign`` to it is kept within it.
     - ``prefix_cache``: its latest :class:`~protocol.messages.PrefixCacheUsage`
       (heartbeats), None for a worker without a prefix cache.
-    - ``faults``: kinds of impossible numbers it reported (logged once each,
-      see :meth:`broker.workers.WorkerHandler._counts`).
+    - ``faults``: kinds of things it reported that cannot be true (token counts,
+      prefix-cache numbers, token ids, error codes, tokens past ``max_tokens``),
+      each logged once (see :meth:`broker.workers.WorkerHandler._faulty`).
     """
 
     identity: bytes
