@@ -11,7 +11,7 @@ Four measurements, each on a fresh local cluster (``slotserve.launcher``):
    of the p50s and of the p99s.
 3. **Slot occupancy** with ``--step-delay-ms``: generated tokens / (slots x
    iterations), sampled from ``slotserve status`` while requests wait in the
-   broker's queue (DESIGN.md's definition).
+   broker's queue (the definition in docs/architecture.md, "Terms").
 4. **Scaling**: the same job on 1, 2 and 4 workers with a fixed step cost;
    output tokens/s and the speed-up over one worker.
 

@@ -1,5 +1,6 @@
 """The slotserve broker: per-model queues, a worker registry with credits,
-dispatch, result routing and request migration (see DESIGN.md).
+dispatch, result routing and request migration (see docs/architecture.md,
+"The distributed system").
 
 ``run_broker(BrokerConfig(...))`` runs one; :class:`BrokerCore` holds every
 decision and is usable without sockets.

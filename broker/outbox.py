@@ -4,8 +4,8 @@ The broker's core never touches a socket: each event (a message, a tick, a
 failure the socket loop reports) fills one :class:`Outbox`, whose
 :meth:`Outbox.done` gives the list of sends for :mod:`broker.server` to
 perform. A client's tokens, texts and endings from one event travel in one
-``results`` message (DESIGN.md: the message rate follows iterations, not
-tokens).
+``results`` message (docs/architecture.md, "The distributed system": the
+message rate follows iterations, not tokens).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 One implementation, used by the engine (queued requests of one engine) and
 by the broker (queued requests of one model).
 
-Order (DESIGN.md): FIFO; with priorities, lower value first (vLLM's
-convention) and FIFO within a level; aging so that nothing starves. Aging is
+Order (docs/architecture.md, "The in-process engine"): FIFO; with
+priorities, lower value first (vLLM's convention) and FIFO within a level;
+aging so that nothing starves. Aging is
 counted in pushes, not wall time, so it is deterministic and testable: the
 ``s``-th request pushed (counting every push) gets the rank ``s + priority * aging_window``;
 the lowest rank leaves first, ties in push order. Equivalently, a waiting

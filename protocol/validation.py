@@ -7,10 +7,11 @@ integers in msgpack's 64-bit range ``[-2**63, 2**64)`` and strings that
 UTF-8 can encode (no lone surrogates such as ``"\\ud83d"``), so a value that
 passes here can never fail later in an encoder.
 
-Integer rules (DESIGN.md): an "int" is anything with ``__index__`` -- Python
-ints and numpy integers -- except ``bool`` (``True`` is a flag, never a
-token). Floats and strings are rejected even when integral, so a caller's
-type confusion surfaces at once instead of as a strange generation.
+Integer rules (docs/architecture.md, "One request, defined once"): an "int"
+is anything with ``__index__`` -- Python ints and numpy integers -- except
+``bool`` (``True`` is a flag, never a token). Floats and strings are
+rejected even when integral, so a caller's type confusion surfaces at once
+instead of as a strange generation.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Both run on the thread that calls ``step()``/``run()``, outside the engine
 lock, so they may call ``submit_request`` and ``cancel``. An exception in one
 is caught here and reported back; it never reaches the engine loop or
-another request (DESIGN.md: "a callback that raises does not stop the engine
-or touch other requests").
+another request (docs/architecture.md, "The in-process engine": "a callback
+that raises does not stop the engine or touch other requests").
 """
 
 from __future__ import annotations

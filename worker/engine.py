@@ -6,8 +6,8 @@ call the model once for every occupied slot, append one token per slot,
 check termination (stop token, then stop sequences, then ``max_tokens``),
 run callbacks, free slots. A slot-aware model may return several tokens for
 a slot (speculative decoding); they are appended one iteration each, with
-the same checks, before the next model call. See DESIGN.md, "The
-in-process engine".
+the same checks, before the next model call. See docs/architecture.md,
+"The in-process engine".
 
 Cost per token is kept near the floor of CPython: the batch lists are
 persistent (:class:`~worker.slots.SlotTable`), one ``map`` appends every
