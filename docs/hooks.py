@@ -188,7 +188,9 @@ def _bench(name: str, title: str) -> Callable[[Callable[[dict], str]], Callable[
         def generate(root: Path) -> str:
             data = _results(root, name)
             try:
-                return render(data).rstrip() + f"\n\n<small>From `bench/results/{name}`.</small>\n"
+                machine = _machine_line(data)
+                return (render(data).rstrip() + (f"\n\n{machine}" if machine else "")
+                        + f"\n\n<small>From `bench/results/{name}`.</small>\n")
             except (KeyError, IndexError, TypeError, ValueError) as e:
                 raise PluginError(f"bench/results/{name} does not have the shape docs/hooks.py "
                                   f"{render.__name__} renders ({type(e).__name__}: {e}); update one of them") from e
@@ -243,9 +245,48 @@ def _uptime_load(uptime: str | None) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _machine_load(d: dict) -> str:
-    m = d.get("machine", {})
-    return _load(m.get("loadavg_at_start", [None])[0], m.get("loadavg_at_end", [None])[0])
+def _first(x: Any) -> Any:
+    """The 1-minute value of a load average saved as a number or a 1/5/15-minute triple."""
+    return x[0] if isinstance(x, (list, tuple)) and x else x
+
+
+def _run_load(d: dict) -> str:
+    """A whole run's load average, before-after, under any of the names results files use
+    (bench.common's ``machine.load_avg_before_after``, and the older ones it reads)."""
+    m = d.get("machine")
+    if isinstance(m, dict):
+        if m.get("load_avg_before_after"):
+            return _load(m["load_avg_before_after"])
+        if "loadavg_at_start" in m:
+            return _load(_first(m["loadavg_at_start"]), _first(m.get("loadavg_at_end")))
+    for before, after in (("load_avg_before", "load_avg_after"), ("load_before", "load_after")):
+        if before in d:
+            return _load(_first(d[before]), _first(d.get(after)))
+    if isinstance(d.get("load_avg_before_after"), list):
+        return _load(d["load_avg_before_after"])
+    return "not recorded"
+
+
+def _row_load(r: dict) -> str:
+    """One row's (one system's, one run's) load average, under any of the names rows use."""
+    for key in ("load_avg_before_after", "load_avg"):
+        if isinstance(r.get(key), list):
+            return _load(r[key])
+    if "load_before" in r:
+        return _load(_first(r["load_before"]), _first(r.get("load_after")))
+    if "loadavg" in r:
+        return _load(_first(r["loadavg"]))
+    return _load(_uptime_load(r.get("uptime_before")))
+
+
+def _machine_line(d: dict) -> str:
+    """The machine a results file records (bench.common's ``machine`` record), as a sentence; "" if none."""
+    m = d.get("machine")
+    if not isinstance(m, dict) or not m.get("cpu_model"):
+        return ""
+    cores = f", {m['cores']} cores" if m.get("cores") else ""
+    date = f", {m['date']} UTC" if m.get("date") else ""
+    return f"Machine: {m['cpu_model']}{cores}{date}; load {_run_load(d)}."
 
 
 def _hf_model_systems(d: dict) -> str:
@@ -261,7 +302,7 @@ def _hf_model_systems(d: dict) -> str:
         if rss is not None and s.get("peak_rss_mb") is not None:
             rss = f"{rss:,} ({s['peak_rss_mb']:,})"
         rows.append([f"`{s['system']}`", s["tokens_per_s"], s["ttft_p50_ms"], s["tpot_mean_ms"], agreement, rss,
-                     r.get("hf-static"), r.get("llamacpp"), _load(s.get("load_avg_before_after"))])
+                     r.get("hf-static"), r.get("llamacpp"), _row_load(s)])
     out = _table(["system", "tokens/s", "TTFT p50 ms", "TPOT mean ms",
                   "identical to HF greedy (median first divergence)", "RSS MiB (peak)", "vs HF static",
                   "vs llama.cpp", "load"], rows)
@@ -297,7 +338,7 @@ def _random_cases(d: dict) -> str:
     return (_table(["shape", "dtype", "workload", "slots", "slotserve tokens/s", "HF static", "transformers CB",
                     "vs HF static", "vs CB"], rows)
             + f"\n\n{d['device']}, {d['threads']} thread(s), torch {d.get('torch', '?')}, "
-              f"load {_load(d.get('load_avg_before'), d.get('load_avg_after'))}.")
+              f"load {_run_load(d)}.")
 
 
 @_bench("model_random_cpu.json", "Larger shapes, random weights")
@@ -323,7 +364,7 @@ def bench_roofline(d: dict) -> str:
               f"{d['threads']} threads. Streaming reads {d['read_gb_s']:g} GB/s, fp32 GEMM peak "
               f"{d['fp32_gemm_gflop_s']:g} GFLOP/s: HE32's floor is {f['total_s']:g} s (prefill {f['prefill_s']:g} s "
               f"at the peak, {f['decode_steps']:g} decode steps {f['decode_step_bound']}-bound at "
-              f"{f['decode_step_ms']:g} ms). Load {_load(d.get('load_avg_before'), d.get('load_avg_after'))}.")
+              f"{f['decode_step_ms']:g} ms). Load {_run_load(d)}.")
 
 
 @_bench("prefix.json", "Prefix caching")
@@ -337,7 +378,7 @@ def bench_prefix(d: dict) -> str:
                 f"{r['prompt_tokens_prefilled']:,} of {r['prompt_tokens']:,}" if "prompt_tokens" in r else None,
                 r.get("hit_rate"), ", ".join(f"{u:,.0f}" for u in used) or None,
                 ", ".join(f"{p:,.0f}" for p in peak) or None,
-                _load(r.get("load_avg_before_after"), _uptime_load(r.get("uptime_before")))]
+                _row_load(r)]
     a, b = d["A"], d["B"]
     rows = [row(r) for r in a["rows"] + a["alone"] + b["rows"]]
     return (_table(["system", "TTFT p50 / p99 (s)", "output tok/s", "prompt tokens prefilled", "hit rate",
@@ -357,7 +398,7 @@ def bench_prefix(d: dict) -> str:
 @_bench("prefill.json", "Chunked prefill")
 def bench_prefill(d: dict) -> str:
     rows = [[r["max_prefill_tokens"] if r["chunked"] else "unchunked", r["short_worst_itl_ms"], r["long_ttft_ms"],
-             r["short_mean_tpot_ms"], _load(r.get("load_avg"))] for r in d["rows"]]
+             r["short_mean_tpot_ms"], _row_load(r)] for r in d["rows"]]
     return (_table(["`--max-prefill-tokens`", "decoding requests' worst ITL ms", "long prompt's TTFT ms",
                     "decoding requests' mean TPOT ms", "load"], rows)
             + f"\n\n{d['model']} {d['precision']}, {d['threads']} threads: a {d['long_prompt_tokens']:,}-token prompt "
@@ -395,7 +436,7 @@ def bench_broker(d: dict) -> str:
             f"{occ['step_delay_ms']:g} ms step, {occ['workers']} workers x {occ['slots']} slots: {occ['occupancy']:.3f}.\n\n"
             + _table(["workers", "output tok/s", "speed-up"],
                      [[r["workers"], r["output_tokens_per_s"], r["speedup"]] for r in d["scaling"]])
-            + f"\n\nLoad {_machine_load(d)}.")
+            + f"\n\nLoad {_run_load(d)}.")
     return out
 
 
@@ -407,19 +448,19 @@ def bench_broker_routing(d: dict) -> str:
     return (_table(["prompts", "prefix-aware req/s", "credit-only req/s", "ratio", "broker CPU us/req (aware)",
                     "broker CPU us/req (credit-only)"], rows)
             + f"\n\n{r['workers']} workers, {r['requests']:,} requests per run, {r['rounds']} rounds alternated; "
-              f"load {_machine_load(d)}.")
+              f"load {_run_load(d)}.")
 
 
 def _serve_sweep(d: dict) -> str:
     rows = [[r["via"], "burst" if r["rate"] is None else r["rate"], r["requests"], r["output_tokens_per_s"],
              r["ttft_p50_ms"], r["ttft_p99_ms"], r["tpot_p50_ms"], r["itl_p50_ms"], r["e2e_p50_ms"],
-             _load(r.get("loadavg", [None])[0])] for r in d["sweep"]]
+             _row_load(r)] for r in d["sweep"]]
     c = d["config"]
     return (_table(["via", "rate req/s", "requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
                     "ITL p50 ms", "E2E p50 ms", "load"], rows)
             + f"\n\nModel `{c['model']}`, {c['slots']} slots, `max_tokens` {c['max_tokens']}"
               + (f", {c['step_delay_ms']:g} ms per step" if c.get("step_delay_ms") else "")
-              + f"; load {_machine_load(d)} over the run.")
+              + f"; load {_run_load(d)} over the run.")
 
 
 @_bench("serve.json", "HTTP gateway")
@@ -451,7 +492,7 @@ def bench_lmeval(d: dict) -> str:
     c = d["config"]
     return (_table(["task (lm-eval model)", "slotserve", "lm-eval `hf`", "per request"], rows)
             + f"\n\nlm-eval {c['lm_eval']}, `{c['model']}`, {c['slots']} slots; wall time: {walls}; "
-              f"load {_machine_load(d)}.")
+              f"load {_run_load(d)}.")
 
 
 @_bench("text.json", "Smaller costs")
@@ -461,7 +502,7 @@ def bench_text(d: dict) -> str:
     return (_table(["case", "us per token", "overhead us per token", "% of a SmolLM2 token"], rows)
             + f"\n\nBatch {d['batch']}, {d['requests']} requests x {d['max_tokens']} tokens, tokenizer "
               f"`{d['tokenizer']}`, a SmolLM2 decode step of {d['smollm2_decode_step_ms']:g} ms; "
-              f"load {_load(d.get('load_avg_before_after'))}.")
+              f"load {_run_load(d)}.")
 
 
 @_bench("structured.json", "Smaller costs")
@@ -473,13 +514,13 @@ def bench_structured(d: dict) -> str:
             f"cached. Decoding {d['speed']['requests']} requests on {d['speed']['slots']} slots: free "
             f"{s['free']:.1f} tok/s, constrained {s['constrained']:.1f} tok/s; the masks took "
             f"{s['mask_ms_per_row']:.3f} ms per row ({s['mask_share'] * 100:.1f} % of the time). "
-            f"Load {_load(d.get('load_before', [None])[0], d.get('load_after', [None])[0])}.\n\n"
+            f"Load {_run_load(d)}.\n\n"
             + _table(["temperature", "cases", "ended stop", "stop and valid", "ended length"], validity))
 
 
 @_bench("load.json", "Smaller costs")
 def bench_load(d: dict) -> str:
-    rows = [[r["path"], r["seconds"], _load(r.get("load_before"), r.get("load_after"))] for r in d["runs"]]
+    rows = [[r["path"], r["seconds"], _row_load(r)] for r in d["runs"]]
     return f"Loading `{d['model']}`:\n\n" + _table(["path", "seconds", "load"], rows)
 
 
@@ -490,7 +531,7 @@ def bench_logprobs(d: dict) -> str:
     return (f"`{d['model']}` {d['precision']}, {d['slots']} slots, {d['threads']} threads: a decode step "
             f"{steps.get('None')} ms without logprobs, {steps.get('5')} ms with `logprobs: 5`; a "
             f"{p['prompt_tokens']}-token prefill {p['plain']:g} ms, {p['prompt_logprobs']:g} ms with "
-            f"`prompt_logprobs` ({p['ratio']:.2f}x). Load {_load(d.get('load_avg_before'), d.get('load_avg_after'))}.")
+            f"`prompt_logprobs` ({p['ratio']:.2f}x). Load {_run_load(d)}.")
 
 
 @_bench("gateway_tokenizer.json", "Smaller costs")
@@ -499,7 +540,7 @@ def bench_gateway_tokenizer(d: dict) -> str:
             for i, u in enumerate(d["up"])]
     return ("`slotserve up --http-port` with SmolLM2, seconds from start:\n\n"
             + _table(["run", "banner", "`/health` 200", "`/tokenize` answers", "first echo + logprobs"], rows)
-            + f"\n\nLoad {_load(d.get('load_before', [None])[0], d.get('load_after', [None])[0])}.")
+            + f"\n\nLoad {_run_load(d)}.")
 
 
 @_bench("chaos.json", "Reliability runs")
