@@ -19,9 +19,9 @@ Targets (issue 3): >= 10,000 requests/s, <= 1 ms added p50 latency,
 occupancy >= 97 %, 4 workers >= 3.8x one. Prints a table; writes
 ``bench/results/broker.json`` and ``bench/results/broker.png``.
 
-    python bench/broker.py            # full run (about two minutes)
-    python bench/broker.py --quick    # smaller sizes, for a smoke check
-    python bench/broker.py --compare-routing 3   # prefix-aware dispatch on vs off, alternated
+    python -m bench.broker            # full run (about two minutes)
+    python -m bench.broker --quick    # smaller sizes, for a smoke check
+    python -m bench.broker --compare-routing 3   # prefix-aware dispatch on vs off, alternated
 
 ``--prefix-routing off`` runs the four with credit-only dispatch
 (``BrokerConfig(prefix_routing=False)``); ``--compare-routing ROUNDS``
@@ -36,47 +36,26 @@ writes ``bench/results/broker_routing.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-# This script is named like the ``broker`` package; run as a script, its own
-# directory would come first on sys.path and shadow the package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-from broker import BrokerConfig  # noqa: E402
-from client import Client  # noqa: E402
-from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-from worker.config import WorkerConfig  # noqa: E402
-
-ANY = "tcp://127.0.0.1:*"
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import ANY_PORT as ANY
+from bench.common import RESULTS, cpu_s, load_avg, machine_record, percentile, write_results
+from broker import BrokerConfig
+from client import Client
+from slotserve.launcher import ClusterConfig, LocalCluster
+from worker import BatchInferenceEngine, SimulatedLLM
+from worker.config import WorkerConfig
 
 
 def cluster(workers: int, slots: int, step_delay_ms: float = 0.0, prefix_routing: bool = True) -> LocalCluster:
     cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY, prefix_routing=prefix_routing),
                         tuple(WorkerConfig(num_slots=slots, step_delay_ms=step_delay_ms) for _ in range(workers)))
     return LocalCluster(cfg)
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v) + 0.5)) - 1))]
 
 
 # ---------------------------------------------------------------------- 1. throughput
@@ -247,7 +226,7 @@ def compare_routing(rounds: int, n: int, workers: int = 2) -> dict:
             for routing in ((True, False) if r % 2 == 0 else (False, True)):
                 row = bench_throughput(n, workers, prefix_routing=routing, prompt=prompt)
                 print(f"  round {r}: {prompt.__name__:<13} prefix_routing={str(routing):<5} "
-                      f"{row['requests_per_s']:,.0f} req/s (load {os.getloadavg()[0]:.2f})")
+                      f"{row['requests_per_s']:,.0f} req/s (load {load_avg():.2f})")
                 runs.append(row)
     out = {"rounds": rounds, "requests": n, "workers": workers, "runs": runs, "by_prompt": {}}
     for prompt in (short_prompt, shared_prompt):
@@ -265,21 +244,17 @@ def compare_routing(rounds: int, n: int, workers: int = 2) -> dict:
 
 
 def main_compare(args) -> None:
-    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": os.getloadavg()}}
-    res["routing"] = compare_routing(args.compare_routing, 20_000 if args.quick else 100_000)
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
+    machine = machine_record()
+    res = {"routing": compare_routing(args.compare_routing, 20_000 if args.quick else 100_000)}
     print(f"\nprefix-aware dispatch on vs off, {res['routing']['workers']} zero-cost workers, "
           f"{res['routing']['requests']:,} requests x {args.compare_routing} rounds each (load average "
-          f"{res['machine']['loadavg_at_start'][0]:.1f} -> {res['machine']['loadavg_at_end'][0]:.1f})")
+          f"{machine['load_avg_before_after'][0]:.1f} -> {load_avg():.1f})")
     for name, r in res["routing"]["by_prompt"].items():
         ok = r["on_over_off"] >= 0.95
         print(f"  {name:<13} on {r['on_req_per_s']:,.0f} req/s, off {r['off_req_per_s']:,.0f} req/s: "
               f"{r['on_over_off']:.3f}x (target >= 0.95: {'yes' if ok else 'NO'}); broker CPU "
               f"{r['broker_cpu_us_per_request_on']:.1f} vs {r['broker_cpu_us_per_request_off']:.1f} us/request")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "broker_routing.json").write_text(json.dumps(res, indent=2))
-    print(f"wrote {args.out / 'broker_routing.json'}")
+    print(f"wrote {write_results(args.out / 'broker_routing.json', res, machine)}")
 
 
 def main(argv=None) -> None:
@@ -296,13 +271,13 @@ def main(argv=None) -> None:
         return main_compare(args)
     q = args.quick
     routing = args.prefix_routing == "on"
-    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": os.getloadavg()}, "prefix_routing": routing}
+    machine = machine_record()
+    res = {"prefix_routing": routing}
     res["throughput"] = [bench_throughput(10_000 if q else 100_000, w, prefix_routing=routing) for w in (1, 2)]
     res["latency"] = bench_latency(300 if q else 2000, routing)
     res["occupancy"] = bench_occupancy(300 if q else 1500, prefix_routing=routing)
     res["scaling"] = bench_scaling(128 if q else 640, prefix_routing=routing)
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
+    load_end = load_avg()
 
     best = max(res["throughput"], key=lambda r: r["requests_per_s"])
     lat, occ, sc = res["latency"], res["occupancy"], res["scaling"]
@@ -316,7 +291,7 @@ def main(argv=None) -> None:
         ("4 workers vs 1 (step 10 ms)", f"{sc[-1]['speedup']:.2f}x", ">= 3.8x", sc[-1]["speedup"] >= 3.8),
     ]
     print(f"\nbench/broker.py on {os.cpu_count()} CPUs (load average at start "
-          f"{res['machine']['loadavg_at_start'][0]:.1f}, at end {res['machine']['loadavg_at_end'][0]:.1f})")
+          f"{machine['load_avg_before_after'][0]:.1f}, at end {load_end:.1f})")
     print(f"{'metric':<32} {'measured':<34} {'target':<10} ok")
     for name, val, target, ok in rows:
         print(f"{name:<32} {val:<34} {target:<10} {'' if ok is None else ('yes' if ok else 'NO')}")
@@ -327,8 +302,7 @@ def main(argv=None) -> None:
         print(f"  scaling {r['workers']} worker(s): {r['output_tokens_per_s']:,.0f} tokens/s, {r['speedup']:.2f}x")
     print(f"  latency: engine p50 {lat['engine_p50_ms']:.3f} ms, cluster p50 {lat['cluster_p50_ms']:.3f} ms, "
           f"p99 {lat['cluster_p99_ms']:.3f} ms")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "broker.json").write_text(json.dumps(res, indent=2))
+    write_results(args.out / "broker.json", res, machine)
     plot(res, args.out / "broker.png")
     print(f"wrote {args.out / 'broker.json'} and {args.out / 'broker.png'}")
 

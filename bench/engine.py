@@ -1,6 +1,6 @@
 """Engine benchmark: bookkeeping cost and batching gain.
 
-    python bench/engine.py [--repeats N] [--sleep]
+    python -m bench.engine [--repeats N] [--sleep]
 
 Prints a table and saves bench/results/engine.json and bench/results/engine.png.
 
@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
-import platform
 import random
 import statistics
 import sys
@@ -57,12 +55,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from naive_engine import NaiveEngine  # noqa: E402
-
+from bench.common import RESULTS, machine_record, write_results  # noqa: E402
+from bench.naive_engine import NaiveEngine  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class ZeroCostModel:
@@ -300,6 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sleep", action="store_true",
                     help="batching gain with real sleeps instead of a virtual clock (minutes)")
     args = ap.parse_args(argv)
+    machine = machine_record()
     check_same_results()
     book = bookkeeping(args.repeats)
     gain = batching(args.sleep)
@@ -308,10 +304,7 @@ def main(argv=None) -> int:
     plot(book, gain, RESULTS / "engine.png")
     for mode in gain["modes"].values():
         mode.pop("busy_trace", None)  # plotted, too long for the JSON
-    meta = {"python": platform.python_version(), "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (RESULTS / "engine.json").write_text(json.dumps(
-        {"meta": meta, "bookkeeping": book, "batching": gain}, indent=2) + "\n")
+    write_results(RESULTS / "engine.json", {"bookkeeping": book, "batching": gain}, machine)
     print(f"\nsaved {RESULTS / 'engine.json'} and {RESULTS / 'engine.png'}")
     return 0
 

@@ -9,40 +9,32 @@ runs real requests and compares them with the in-process engine. Prints
 counts (frames tried, error replies, crashes, hangs, handler errors);
 writes ``bench/results/fuzz.json``.
 
-    python bench/fuzz.py                  # 200,000 frames
-    python bench/fuzz.py --frames 20000
+    python -m bench.fuzz                  # 200,000 frames
+    python -m bench.fuzz --frames 20000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
-import sys
 import time
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]  # don't shadow the broker package
+import msgpack
+import zmq
 
-import msgpack  # noqa: E402
-import zmq  # noqa: E402
-
-from broker import BrokerConfig  # noqa: E402
-from client import BrokerUnavailable, Client  # noqa: E402
-from protocol.codec import encode  # noqa: E402
-from protocol.enums import FinishReason  # noqa: E402
-from protocol.messages import (  # noqa: E402
+from bench.chaos import fault_free
+from bench.common import ANY_PORT, RESULTS, machine_record, write_results
+from broker import BrokerConfig
+from client import BrokerUnavailable, Client
+from protocol.codec import encode
+from protocol.enums import FinishReason
+from protocol.messages import (
     Bye, Cancel, Envelope, Finished, Heartbeat, Hello, Iteration, ModelInfo, Register, StatusQuery, Submit,
 )
-from protocol.request import RequestParams  # noqa: E402
-from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-from worker.config import WorkerConfig  # noqa: E402
+from protocol.request import RequestParams
+from slotserve.launcher import ClusterConfig, LocalCluster
+from worker.config import WorkerConfig
 
-ANY = "tcp://127.0.0.1:*"
-RESULTS = _HERE / "results"
 LIMIT = 64 * 1024
 CORPUS = {
     "frontend": [encode(m) for m in (
@@ -103,14 +95,15 @@ def frame(rng: random.Random, side: str) -> bytes:
     return mutate(rng, rng.choice(CORPUS[side]))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=200_000, help="messages per socket")
     ap.add_argument("--check-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    machine = machine_record()
     rng = random.Random(args.seed)
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY, max_message_bytes=LIMIT, heartbeat_interval_s=0.2,
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, max_message_bytes=LIMIT, heartbeat_interval_s=0.2,
                                      worker_liveness_s=1.0, client_liveness_s=2.0),
                         (WorkerConfig(num_slots=4, heartbeat_interval_s=0.2, broker_liveness_s=2.0),),
                         log_level="ERROR")  # one warning per bad frame would drown the counts
@@ -150,24 +143,19 @@ def main() -> None:
             s.close(0)
         st = probe.status(timeout_s=10.0)
         reqs = [([i + 1, 9], 10) for i in range(200)]
-        engine = BatchInferenceEngine(SimulatedLLM(), 4, stop_token=0)
-        ref_handles = [engine.submit_request(p, m) for p, m in reqs]
-        engine.run()
-        ref = [h.tokens for h in ref_handles]
+        ref = [tokens for tokens, _ in fault_free([(p, m, {}) for p, m in reqs], batch_size=4)]
         hs = [probe.submit_request(p, m) for p, m in reqs]
         probe.run(timeout=60)
         valid_ok = [h.tokens for h in hs] == ref
         counts["crashes"] += not cl.broker_process.is_alive()
     summary = dict(counts, wall_s=time.monotonic() - t0, bad_messages=st.counters["bad_messages"],
-                   internal_errors=st.counters["internal_errors"], valid_traffic_after=valid_ok,
-                   machine=platform.platform())
+                   internal_errors=st.counters["internal_errors"], valid_traffic_after=valid_ok)
     print()
     for k in ("frames_frontend", "frames_backend", "multipart", "replies", "bad_messages", "internal_errors",
               "checks", "hangs", "crashes", "valid_traffic_after", "wall_s"):
         v = summary[k]
         print(f"{k:<22}{v:>14.1f}" if isinstance(v, float) else f"{k:<22}{v!s:>14}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "fuzz.json").write_text(json.dumps(summary, indent=1))
+    write_results(RESULTS / "fuzz.json", summary, machine)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the gateway's tokenizer (logprobs' token strings, echo, /tokenize) costs at start.
 
-    python bench/gateway_tokenizer.py [--rounds N] [--up]
+    python -m bench.gateway_tokenizer [--rounds N] [--up]
 
 Prints the numbers and saves bench/results/gateway_tokenizer.json.
 
@@ -30,11 +30,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import RESULTS, machine_record, read_results, write_results
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
@@ -84,21 +84,20 @@ def up_times() -> dict:
         p.wait(60)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--up", action="store_true", help="also time slotserve up end to end")
-    args = ap.parse_args()
-    out = {"load_before": os.getloadavg(), "serve_banner_s": {"no_tokenizer": [], "tokenizer": []}}
+    args = ap.parse_args(argv)
+    machine = machine_record()
+    out = {"serve_banner_s": {"no_tokenizer": [], "tokenizer": []}}
     for _ in range(args.rounds):
         out["serve_banner_s"]["no_tokenizer"].append(round(serve_banner_s([]), 2))
         out["serve_banner_s"]["tokenizer"].append(round(serve_banner_s(["--tokenizer", "smollm2-135m"]), 2))
     if args.up:
         out["up"] = [up_times() for _ in range(args.rounds)]
-    out["load_after"] = os.getloadavg()
-    print(json.dumps(out, indent=2))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gateway_tokenizer.json").write_text(json.dumps(out, indent=2) + "\n")
+    path = write_results(RESULTS / "gateway_tokenizer.json", out, machine)
+    print(json.dumps(read_results(path), indent=2))
 
 
 if __name__ == "__main__":

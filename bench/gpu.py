@@ -5,7 +5,7 @@ made a part of bench/model.py. Weights are random with the shapes of real
 models, because a GPU machine may not reach a model hub and throughput does
 not depend on weight values; stop tokens are off, so every request generates
 exactly its length and every system does the same work. Three systems on the
-same device, weights and workload, one at a time:
+same device, weights and workload, one at a time (bench/systems.py's, as bench/model.py's):
 
 - ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` on the
   model :func:`slotserve_model` loads (``--slots`` slots), after a warm-up
@@ -31,7 +31,7 @@ on a CPU ``he8`` (HE32's first 8 prompts and lengths, one batch of 8 slots)
 in bf16, since a 2-core CPU takes ~10 minutes per system for HE32 on a 2B
 model. :func:`cases_for` picks the cases of a device (``Case.devices``). HE32 is bench/model.py's: the first 32 HumanEval prompts
 as SmolLM2 token ids, each generating its bench/model.py ``max_tokens``
-(U[16, 128], ``random.Random(0)``); the issue's table used the greedy answer
+(:func:`bench.common.he32`); the issue's table used the greedy answer
 lengths instead (1,958 tokens instead of 2,348), so its HE32 rows compare
 in tokens/s, not in wall time.
 
@@ -55,18 +55,18 @@ mode runs every case and is tested.
 from __future__ import annotations
 
 import contextlib
-import gc
-import json
-import math
-import os
 import random
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from bench import systems
+from bench.common import machine_record, write_results
+from bench.systems import Run, free
 
 _LLAMA = dict(model_type="llama", rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
 SHAPES = {
@@ -133,33 +133,13 @@ def cases_for(device: str, shapes=None, tiny: bool = False) -> tuple[Case, ...]:
 SYSTEMS = ("slotserve", "hf-static", "hf-cb")
 
 
-@dataclass
-class Result:
-    """One system's pass over one case (times in seconds from t0)."""
-
-    system: str
-    wall_s: float = 0.0
-    outputs: list[list[int]] = field(default_factory=list)
-    first_s: list[float] = field(default_factory=list)  # first-token time per request (empty: not measured)
-    note: str = ""
-
-    def summary(self) -> dict:
-        useful = sum(len(o) for o in self.outputs)
-        return {"system": self.system, "wall_s": round(self.wall_s, 3), "useful_tokens": useful,
-                "tokens_per_s": round(useful / self.wall_s, 1),
-                "ttft_mean_ms": round(1000 * sum(self.first_s) / len(self.first_s), 1) if self.first_s else None,
-                "note": self.note}
-
-
-def sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def free(device: str) -> None:
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
+def summary(run: Run) -> dict:
+    """One system's row of a case (times rounded to 1 ms)."""
+    useful = sum(len(o) for o in run.outputs)
+    return {"system": run.name, "wall_s": round(run.wall_s, 3), "useful_tokens": useful,
+            "tokens_per_s": round(useful / run.wall_s, 1),
+            "ttft_mean_ms": round(1000 * sum(run.first_s) / len(run.first_s), 1) if run.first_s else None,
+            "note": run.note}
 
 
 # ---------------------------------------------------------------- weights and workloads
@@ -210,7 +190,7 @@ def workload(kind: str, tiny: bool, he_prompts, he_lengths) -> tuple[list[list[i
     return [list(he_prompts[i % len(he_prompts)]) for i in range(256)], [rng.randint(16, 256) for _ in range(256)]
 
 
-# ---------------------------------------------------------------- systems
+# ---------------------------------------------------------------- systems (bench/systems.py)
 
 
 @contextlib.contextmanager
@@ -227,30 +207,9 @@ def slotserve_model(path: str, *, device: str, dtype: str):
     yield load_model(path, device=device, precision=precision, max_cache_len=MAX_CONTEXT)
 
 
-def run_slotserve(path, dtype, device, prompts, lengths, slots) -> Result:
-    from worker import BatchInferenceEngine
-
+def run_slotserve(path, dtype, device, prompts, lengths, slots) -> Run:
     with slotserve_model(path, device=device, dtype=dtype) as model:
-        engine = BatchInferenceEngine(model, batch_size=slots, stop_token=None)
-        for p in prompts[:slots]:  # warm-up: fills every slot once
-            engine.submit_request(p, 4)
-        engine.run()
-        sync(device)
-        first: list[float | None] = [None] * len(prompts)
-
-        def on_token(i):
-            def record(_tok):
-                if first[i] is None:
-                    first[i] = time.monotonic() - t0
-            return record
-
-        t0 = time.monotonic()
-        handles = [engine.submit_request(p, n, on_token=on_token(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
-        engine.run()
-        sync(device)
-        wall = time.monotonic() - t0
-        outputs = [list(h.result(timeout=0)[len(p):]) for h, p in zip(handles, prompts)]
-    return Result("slotserve", wall, outputs, first, f"in-process engine, {slots} slots, stop tokens off")
+        return systems.slotserve(model, prompts, lengths, slots, device=device)
 
 
 def _hf_model(path, dtype, device):
@@ -261,69 +220,21 @@ def _hf_model(path, dtype, device):
                                                 attn_implementation=attention).to(device).eval()
 
 
-def run_hf_static(path, dtype, device, prompts, lengths, slots) -> Result:
+def run_hf_static(path, dtype, device, prompts, lengths, slots) -> Run:
     model = _hf_model(path, dtype, device)
-
-    def batch(idx, limit=None):
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.tensor([[0] * (width - len(prompts[i])) + prompts[i] for i in idx], device=device)
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in idx], device=device)
-        n = limit or max(lengths[i] for i in idx)
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=0, eos_token_id=None)
-        return [out[r, width:width + lengths[i]].tolist() for r, i in enumerate(idx)]
-
-    batch(list(range(min(slots, len(prompts)))), limit=4)  # warm-up: one full batch, 4 tokens
-    sync(device)
-    outputs: list[list[int]] = []
-    t0 = time.monotonic()
-    for start in range(0, len(prompts), slots):
-        outputs += batch(list(range(start, min(start + slots, len(prompts)))))
-    sync(device)
-    wall = time.monotonic() - t0
-    del model
-    return Result("hf-static", wall, outputs, [], f"generate, left-padded batches of {slots}, each to its longest")
-
-
-def run_hf_cb(path, dtype, device, prompts, lengths, slots) -> Result:
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    model = _hf_model(path, dtype, device)
-    gen = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=-1, pad_token_id=0)
-    if torch.device(device).type == "cuda":  # transformers sizes its paged cache from free GPU memory
-        cb = ContinuousBatchingConfig(max_batch_tokens=2048, max_requests_per_batch=slots)
-    else:
-        page = 64
-        per_request = math.ceil((max(map(len, prompts)) + max(lengths)) / page)
-        cb = ContinuousBatchingConfig(page_size=page, num_blocks=slots * per_request + 4, max_batch_tokens=512,
-                                      max_requests_per_batch=slots, allow_block_sharing=False)
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-    manager.start()
-    try:
-        manager.add_request(prompts[0][:8], request_id="warm-up", max_new_tokens=4)
-        _collect(manager, {"warm-up"})
-        t0 = time.monotonic()
-        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
-               for i, (p, n) in enumerate(zip(prompts, lengths))]
-        done = _collect(manager, set(ids))
-        wall = time.monotonic() - t0
+    try:  # stops off; a warm-up batch first; no per-step streamer (a host sync per step on a GPU)
+        return systems.hf_static(model, prompts, lengths, slots, device=device, warmup=True, step_times=False)
     finally:
-        manager.stop(block=True)
-    del model, manager
-    return Result("hf-cb", wall, [list(done[i].generated_tokens) for i in ids], [],
-                  f"init_continuous_batching, {slots} requests per batch")
+        del model
 
 
-def _collect(manager, ids: set[str], timeout_s: float = 300.0) -> dict:
-    done: dict = {}
-    while len(done) < len(ids):
-        res = manager.get_result(timeout=timeout_s)
-        if res is None:
-            raise RuntimeError(f"transformers' continuous batching gave no result in {timeout_s:.0f} s")
-        if res.is_finished() and res.request_id in ids:
-            done[res.request_id] = res
-    return done
+def run_hf_cb(path, dtype, device, prompts, lengths, slots) -> Run:
+    model = _hf_model(path, dtype, device)
+    try:  # stops off; one warm-up request; no timestamps
+        return systems.hf_cb(model, prompts, lengths, slots, config=systems.cb_config(prompts, lengths, slots, device),
+                             warm="request", timestamps=False)
+    finally:
+        del model
 
 
 RUNNERS = {"slotserve": run_slotserve, "hf-static": run_hf_static, "hf-cb": run_hf_cb}
@@ -346,7 +257,7 @@ def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEM
     transformers.utils.logging.disable_progress_bar()  # one bar per model load drowns the log
     if torch.device(device).type == "cuda":
         payload["gpu"] = torch.cuda.get_device_name(0)
-    payload["load_avg_before"] = [round(x, 2) for x in os.getloadavg()]
+    payload["machine"] = machine_record()  # the results format's record (bench.common), written by report()
     for case in cases:
         path = model_dir(case.shape, case.dtype, tiny, device)
         prompts, lengths = workload(case.workload, tiny, he_prompts, he_lengths)
@@ -366,11 +277,11 @@ def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEM
                 continue
             finally:
                 free(device)
-            summary = result.summary()
-            summary["exact_lengths"] = [len(o) for o in result.outputs] == lengths
-            row["systems"].append(summary)
+            line = summary(result)
+            line["exact_lengths"] = [len(o) for o in result.outputs] == lengths
+            row["systems"].append(line)
             outputs[name] = result.outputs
-            log(f"{case.name} {name}: {result.wall_s:.2f} s, {summary['tokens_per_s']} tokens/s")
+            log(f"{case.name} {name}: {result.wall_s:.2f} s, {line['tokens_per_s']} tokens/s")
         speed = {s["system"]: s["tokens_per_s"] for s in row["systems"] if "tokens_per_s" in s}
         if "slotserve" in speed:
             row["slotserve_vs"] = {b: round(speed["slotserve"] / speed[b], 3) for b in speed if b != "slotserve"}
@@ -378,7 +289,6 @@ def run_cases(*, device: str, tiny: bool, he_prompts, he_lengths, systems=SYSTEM
                                              for b in outputs if b != "slotserve"}
         payload["cases"].append(row)
     payload["total_s"] = round(time.monotonic() - t_start, 1)
-    payload["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     return payload
 
 
@@ -394,8 +304,9 @@ def report(payload: dict, out: Path) -> Path:
     print(f"total {payload['total_s']} s")
     out.mkdir(parents=True, exist_ok=True)
     stem = f"model_random_{torch.device(payload['device']).type}{'_tiny' if payload['tiny'] else ''}"
-    path = out / f"{stem}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    rest = dict(payload)
+    machine = rest.pop("machine")
+    path = write_results(out / f"{stem}.json", rest, machine)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -42,9 +42,9 @@ does the same through pip but builds every llama.cpp tool.)
 The server always stops: :class:`LlamaServer` is a context manager whose
 exit terminates, waits (10 s) and kills, on every path out.
 
-Standalone: ``python bench/llamacpp.py --check`` starts each candidate and
+Standalone: ``python -m bench.llamacpp --check`` starts each candidate and
 reports which one serves (used by nothing else; bench/model.py runs the
-workload: ``python bench/model.py --systems slotserve,llamacpp``).
+workload: ``python -m bench.model --systems slotserve,llamacpp``).
 """
 
 from __future__ import annotations
@@ -268,15 +268,19 @@ def start_first(binaries: Sequence[ServerBinary], gguf: Path, **options) -> tupl
 
 @dataclass
 class Completion:
-    """One request's result: generated token ids and arrival times (s from t0)."""
+    """One request's result: generated token ids, arrival times (s from t0) and the server's
+    ``timings`` (its last event's: ``prompt_n`` tokens prefilled, ``cache_n`` reused, ...)."""
 
     tokens: list[int] = field(default_factory=list)
     first_s: float | None = None
     last_s: float = 0.0
+    timings: dict = field(default_factory=dict)
 
 
-def complete(url: str, prompt: list[int], n_predict: int, t0: float) -> Completion:
-    """POST one streaming ``/completion``; greedy, ``ignore_eos``, exactly ``n_predict`` tokens.
+def complete(url: str, prompt: list[int], n_predict: int, t0: float, *, cache_prompt: bool = False) -> Completion:
+    """POST one streaming ``/completion``; greedy, ``ignore_eos``, exactly ``n_predict`` tokens;
+    ``cache_prompt``: the server may reuse a cached prefix of the prompt (off: slotserve's
+    bench/model.py has no prefix cache; on: bench/prefix.py).
 
     Server-sent events (``data: {json}`` lines) are read as they arrive;
     each carries the new token ids (``return_tokens``). Raises
@@ -284,7 +288,7 @@ def complete(url: str, prompt: list[int], n_predict: int, t0: float) -> Completi
     server generated a different number of tokens.
     """
     body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0.0, "top_k": 1,
-            "cache_prompt": False, "stream": True, "return_tokens": True}
+            "cache_prompt": cache_prompt, "stream": True, "return_tokens": True}
     request = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     out = Completion()
@@ -300,6 +304,8 @@ def complete(url: str, prompt: list[int], n_predict: int, t0: float) -> Completi
                         out.first_s = now
                     out.last_s = now
                     out.tokens.extend(event["tokens"])
+                if event.get("timings"):
+                    out.timings = event["timings"]
                 if event.get("stop"):
                     break
     except urllib.error.HTTPError as exc:
@@ -454,7 +460,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

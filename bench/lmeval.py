@@ -30,31 +30,27 @@ tokenizer folder or hub name, not a ``.gguf``).
 Prints a table; writes ``bench/results/lmeval[_MODEL].json`` with the load
 averages (the machine is shared).
 
-    python bench/lmeval.py                      # smollm2-135m, the whole task (several minutes)
-    python bench/lmeval.py --limit 8            # the first 8 questions
-    python bench/lmeval.py --model DIR          # any local HF folder or .gguf file
-    python bench/lmeval.py --write-tokenizer DIR  # only write the model's tokenizer folder (for lm_eval's CLI)
+    python -m bench.lmeval                      # smollm2-135m, the whole task (several minutes)
+    python -m bench.lmeval --limit 8            # the first 8 questions
+    python -m bench.lmeval --model DIR          # any local HF folder or .gguf file
+    python -m bench.lmeval --write-tokenizer DIR  # only write the model's tokenizer folder (for lm_eval's CLI)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-ROOT = _HERE.parent
-TASKS = _HERE / "lm_eval_tasks"
+from bench.common import ANY_PORT, RESULTS, machine_record, read_results, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = ROOT / "bench" / "lm_eval_tasks"
 MC_TASK, GEN_TASK = "slotserve_facts_mc", "slotserve_facts_gen"
-RESULTS = _HERE / "results"
-ANY = "tcp://127.0.0.1:*"
 LOGLIKELIHOOD_TOLERANCE = 1e-3
 """fp32 agreement the issue asks of every request's loglikelihood (slotserve vs HFLM)."""
 
@@ -94,7 +90,7 @@ def start_server(model: str, slots: int):
     from slotserve.launcher import ClusterConfig, LocalCluster
     from worker.config import WorkerConfig
 
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY), (WorkerConfig(model=model, num_slots=slots),),
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT), (WorkerConfig(model=model, num_slots=slots),),
                         start_timeout_s=300.0, gateway=GatewayConfig(port=0))
     cluster = LocalCluster(cfg)
     cluster.start()
@@ -208,9 +204,9 @@ def run(model: str, *, limit: int | None = None, slots: int = 4, served_name: st
 
 def print_table(res: dict) -> None:
     mc, gen = res["mc"], res["gen"]
+    before, after = res["machine"]["load_avg_before_after"]
     print(f"\nlm-eval {res['config']['lm_eval']} on {res['config']['model']} (fp32), "
-          f"{mc['questions']} questions, load average {res['machine']['loadavg_at_start'][0]:.1f}"
-          f"-{res['machine']['loadavg_at_end'][0]:.1f}")
+          f"{mc['questions']} questions, load average {before:.1f}-{after:.1f}")
     print("| task | lm-eval model | slotserve | hf | agreement |")
     print("|---|---|---|---|---|")
     print(f"| {MC_TASK} acc | local-completions | {mc['acc']['slotserve']:.4f} | {mc['acc']['hf']:.4f} | "
@@ -240,21 +236,18 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from importlib.metadata import version
 
-    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": os.getloadavg()},
-           "config": {"model": args.model, "limit": args.limit, "slots": args.slots, "lm_eval": version("lm_eval"),
+    machine = machine_record()
+    res = {"config": {"model": args.model, "limit": args.limit, "slots": args.slots, "lm_eval": version("lm_eval"),
                       "tolerance": LOGLIKELIHOOD_TOLERANCE}}
     res.update(run(args.model, limit=args.limit, slots=args.slots))
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
-    print_table(res)
     ok = res["mc"]["max_abs_diff"] <= LOGLIKELIHOOD_TOLERANCE and not res["mc"]["differing_predictions"] \
         and res["mc"]["acc"]["slotserve"] == res["mc"]["acc"]["hf"] and res["gen"]["acc"]["slotserve"] == \
         res["gen"]["acc"]["hf"]
     res["agree"] = ok
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "lmeval" if args.model == "smollm2-135m" else f"lmeval_{Path(args.model).name}"
-    (args.out / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(f"{'agree' if ok else 'DISAGREE'}; wrote {args.out / (stem + '.json')}")
+    path = write_results(args.out / f"{stem}.json", res, machine)
+    print_table(read_results(path))
+    print(f"{'agree' if ok else 'DISAGREE'}; wrote {path}")
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """Model load time: ``load_model`` from a GGUF file, directly and through transformers.
 
-    python bench/load.py [--model gemma3-270m] [--repeats 2] [--paths direct,transformers]
+    python -m bench.load [--model gemma3-270m] [--repeats 2] [--paths direct,transformers]
 
 Each load runs in a fresh Python process (imports included, as a worker
 starts), timed from the process's start to ``load_model`` returning:
@@ -23,15 +23,15 @@ bench/results/load.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.common import RESULTS, load_avg, machine_record, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 
 _CODE = {
     "direct": "from worker.models import load_model; m = load_model({name!r})",
@@ -43,27 +43,26 @@ _CODE = {
 
 
 def time_load(path: str, name: str) -> dict:
-    """One load in a fresh process: ``{"path", "seconds", "runner", "load_before", "load_after"}``."""
+    """One load in a fresh process: ``{"path", "seconds", "runner", "load_avg_before_after"}``."""
     code = (f"import time; t = time.monotonic()\n{_CODE[path].format(name=name)}\n"
             "print('RESULT', type(m).__name__, time.monotonic() - t)")
-    before = os.getloadavg()[0]
+    before = load_avg()
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wall = time.monotonic() - start
     runner = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RESULT"))
-    return {"path": path, "seconds": round(wall, 1), "runner": runner, "load_before": round(before, 2),
-            "load_after": round(os.getloadavg()[0], 2)}
+    return {"path": path, "seconds": round(wall, 1), "runner": runner, "load_avg_before_after": [before, load_avg()]}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gemma3-270m", help="alias or .gguf path (default gemma3-270m)")
     parser.add_argument("--repeats", type=int, default=2, help="loads per path (default 2)")
     parser.add_argument("--paths", default="direct,transformers", help="comma-separated: direct, transformers")
     parser.add_argument("--fresh-tokenizer", action="store_true", help="delete the kept tokenizer first")
-    args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
+    args = parser.parse_args(argv)
+    machine = machine_record()
     from worker.models.checkpoint import resolve_model_path
 
     folder, gguf = resolve_model_path(args.model)
@@ -77,11 +76,9 @@ def main() -> None:
     rows = [time_load(path, args.model) for path in args.paths.split(",") for _ in range(args.repeats)]
     print(f"{'path':<14}{'seconds':>9}  {'runner':<12}{'load avg before/after':>22}")
     for r in rows:
-        print(f"{r['path']:<14}{r['seconds']:>9}  {r['runner']:<12}{r['load_before']:>12} / {r['load_after']}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "load.json"
-    out.write_text(json.dumps({"model": args.model, "cpus": os.cpu_count(), "runs": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+        before, after = r["load_avg_before_after"]
+        print(f"{r['path']:<14}{r['seconds']:>9}  {r['runner']:<12}{before:>12} / {after}")
+    print(f"wrote {write_results(RESULTS / 'load.json', {'model': args.model, 'runs': rows}, machine)}")
 
 
 if __name__ == "__main__":

@@ -19,37 +19,26 @@ Through broker + worker the same targets are bench/model.py's (``slotserve-broke
 ``logprobs`` on; this script isolates the model step. The machine is a shared 2-core VM: the
 1-minute load average is recorded with every number.
 
-Usage: ``python bench/logprobs.py [--slots 8] [--logprobs 0,5,20] [--prompts 32] [--repeats 2]``.
+Usage: ``python -m bench.logprobs [--slots 8] [--logprobs 0,5,20] [--prompts 32] [--repeats 2]``.
 Writes ``bench/results/logprobs.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
-import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from slotserve.datasets import humaneval_path  # noqa: E402
+from bench.common import RESULTS, he32, load_avg, machine_record, write_results  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def load_avg() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def decode_steps(model, prompts, slots: int, settings: list, reps: int, context: int = 160) -> dict:
@@ -107,7 +96,7 @@ def prefill_cost(model, prompt, reps: int) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--logprobs", default="0,5,20", help="comma-separated logprobs values to time (besides none)")
@@ -118,7 +107,8 @@ def main() -> None:
     ap.add_argument("--parts", default="decode,prefill,he",
                     help="which measurements (decode with --logprobs '' also runs on code before logprobs)")
     ap.add_argument("--out", type=Path, default=RESULTS / "logprobs.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    machine = machine_record()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # the prefix cache off: every prefill is cold (with it, a repeated prompt is a hit, and
@@ -126,19 +116,15 @@ def main() -> None:
         model = load_model("smollm2-135m", prefix_cache_mb=0)
     except (TypeError, ValueError):  # a tree from before the prefix cache
         model = load_model("smollm2-135m")
-    with gzip.open(humaneval_path(), "rt") as f:
-        problems = [json.loads(line) for line in f][:max(args.prompts, args.slots)]
-    prompts = [model.tokenizer.encode(p["prompt"]) for p in problems]
-    rng = random.Random(0)
-    max_tokens = [rng.randint(16, 128) for _ in prompts]
+    prompts, max_tokens = he32(model.tokenizer, max(args.prompts, args.slots))
     counts = [int(n) for n in args.logprobs.split(",") if n]
     result = {"model": "smollm2-135m", "precision": model.precision, "slots": args.slots,
-              "screened_head": model.weights.greedy_head is not None, "threads": torch.get_num_threads(),
-              "load_avg_before": load_avg()}
+              "screened_head": model.weights.greedy_head is not None, "threads": torch.get_num_threads()}
     parts = args.parts.split(",")
     if "decode" in parts:
+        before = load_avg()
         result["decode_step_ms"] = decode_steps(model, prompts, args.slots, [None] + counts, args.reps)
-        result["decode_load_avg"] = load_avg()
+        result["decode_load_avg_before_after"] = [before, load_avg()]
         print(f"decode step, {args.slots} slots, 160 cached tokens: " +
               ", ".join(f"logprobs={n}: {ms} ms" for n, ms in result["decode_step_ms"].items()))
     if "prefill" in parts:
@@ -160,10 +146,7 @@ def main() -> None:
         print(f"HE{n}, {args.slots} slots: none {best['none']['tokens_per_s']} tok/s, logprobs=5 "
               f"{best['logprobs_5']['tokens_per_s']} tok/s ({result['he']['ratio']}x), "
               f"same tokens: {result['he']['same_tokens']}")
-    result["load_avg_after"] = load_avg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_results(args.out, result, machine)}")
 
 
 if __name__ == "__main__":

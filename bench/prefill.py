@@ -1,6 +1,6 @@
 """Chunked prefill: what a long prompt costs the requests already decoding.
 
-    python bench/prefill.py [--long-tokens 1536] [--chunks 64,128,256,512,4096] [--threads 2]
+    python -m bench.prefill [--long-tokens 1536] [--chunks 64,128,256,512,4096] [--threads 2]
 
 SmolLM2-135M on slotserve's own runner (fp32, in-process engine, 8 slots):
 7 short requests (HumanEval prompts, greedy, 48 tokens each, no stop token)
@@ -28,15 +28,12 @@ chunk). Prints a table; writes bench/results/prefill.json and prefill.png.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import RESULTS, humaneval_problems, load_avg, machine_record, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
 SHORT = 7
 SHORT_TOKENS = 48
@@ -46,10 +43,7 @@ LONG_GEN = 16
 def prompts(tokenizer, long_tokens: int) -> tuple[list[list[int]], list[int]]:
     """The 7 short prompts (HumanEval 0..6, token ids) and one long prompt of
     exactly ``long_tokens`` ids (HumanEval prompts 7.. concatenated)."""
-    from slotserve.datasets import humaneval_rows
-
-    rows = list(humaneval_rows(64, max_tokens=1, chat=False))
-    ids = [tokenizer.encode(r["prompt"]) for r in rows]
+    ids = [tokenizer.encode(r["prompt"]) for r in humaneval_problems(64)]
     long: list[int] = []
     for p in ids[SHORT:]:
         long.extend(p)
@@ -95,7 +89,7 @@ def run_once(model, short: list[list[int]], long: list[int]) -> dict:
             "wall_s": round(wall, 2)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--long-tokens", type=int, default=1536, help="the long prompt's tokens (default 1536)")
     ap.add_argument("--chunks", default="64,128,256,512,4096",
@@ -103,7 +97,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per chunk size, the fastest kept (default 2)")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    machine = machine_record()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from worker.models import load_model
     from worker.models.options import ModelOptions
@@ -118,9 +113,9 @@ def main() -> None:
         run_once(model, short[:2], long[:64])  # warm-up
         tries = []
         for _ in range(args.repeats):
-            before = os.getloadavg()[0]
+            before = load_avg()
             r = run_once(model, short, long)
-            r["load_avg"] = (round(before, 2), round(os.getloadavg()[0], 2))
+            r["load_avg_before_after"] = [before, load_avg()]
             tries.append(r)
         best = min(tries, key=lambda r: r["wall_s"])
         best.update(max_prefill_tokens=chunk, chunked=chunk < args.long_tokens,
@@ -128,15 +123,15 @@ def main() -> None:
         rows.append(best)
         print(f"max_prefill_tokens {chunk}: {best}", flush=True)
 
-    cols = ["max_prefill_tokens", "long_ttft_ms", "short_worst_itl_ms", "short_mean_tpot_ms", "wall_s", "load_avg"]
+    cols = ["max_prefill_tokens", "long_ttft_ms", "short_worst_itl_ms", "short_mean_tpot_ms", "wall_s",
+            "load_avg_before_after"]
     print("\n" + " | ".join(f"{c:>18}" for c in cols))
     for r in rows:
         print(" | ".join(f"{str(r[c]):>18}" for c in cols))
-    args.out.mkdir(parents=True, exist_ok=True)
     payload = {"model": MODEL, "precision": "fp32", "threads": args.threads, "short_requests": SHORT,
                "short_tokens": SHORT_TOKENS, "long_prompt_tokens": args.long_tokens, "long_generated": LONG_GEN,
                "rows": rows}
-    (args.out / "prefill.json").write_text(json.dumps(payload, indent=1))
+    write_results(args.out / "prefill.json", payload, machine)
     try:
         import matplotlib
 

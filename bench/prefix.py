@@ -59,7 +59,7 @@ serving processes (sampled every 50 ms with psutil; for cache-on systems
 also the growth over the RSS before the workload, against the cache budget).
 ``uptime`` is recorded before each system.
 
-    python bench/prefix.py [--parts A,llamacpp,B] [--prompts 32] [--conversations 16] [--turns 4]
+    python -m bench.prefix [--parts A,llamacpp,B] [--prompts 32] [--conversations 16] [--turns 4]
 
 Writes ``bench/results/prefix.json`` and ``prefix.png`` (``--out``).
 """
@@ -67,39 +67,24 @@ Writes ``bench/results/prefix.json`` and ``prefix.png`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import random
-import statistics
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# run as a script, bench/ would come first on sys.path (bench/broker.py shadows the broker package)
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
-sys.path.append(str(_HERE))  # sibling modules (llamacpp), after the packages
-
-
-from slotserve.datasets import CHAT_INSTRUCTION, humaneval_path  # noqa: E402
-from rss import RssPeak  # noqa: E402  (bench/rss.py, shared with bench/model.py)
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import llamacpp
+from bench.common import (
+    ANY_PORT, RESULTS, RssPeak, he32_max_tokens, humaneval_problems, load_avg, machine_record, percentile,
+    write_results,
+)
+from slotserve.datasets import CHAT_INSTRUCTION
 SYSTEM_HEAD = ("You are a careful Python programmer. Complete the function the user gives you. Reply with "
                "code only: no explanation, no tests, no prose. Keep the signature and the docstring as given, "
                "use only the standard library, and prefer clear, direct code. Examples of finished work:\n\n")
 WARMUP = list(range(1000, 1040))  # a warm-up prompt that shares nothing with the workloads
-
-
-def problems() -> list[dict]:
-    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
 
 
 def uptime() -> str:
@@ -107,18 +92,12 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values`` (non-empty)."""
-    v = sorted(values)
-    return v[min(len(v) - 1, round(q / 100 * (len(v) - 1)))]
-
-
 def summary(system: str, wall_s: float, ttft_s: list[float], outputs: int, prompt_tokens: int,
             cached: int | None, load: tuple[float, float], up: str) -> dict:
     """One table row (times in ms, rates per second)."""
     return {"system": system, "wall_s": round(wall_s, 2), "requests": len(ttft_s), "output_tokens": outputs,
             "output_tokens_per_s": round(outputs / wall_s, 2),
-            "ttft_p50_ms": round(1000 * statistics.median(ttft_s), 1),
+            "ttft_p50_ms": round(1000 * percentile(ttft_s, 50), 1),
             "ttft_p99_ms": round(1000 * percentile(ttft_s, 99), 1),
             "prompt_tokens": prompt_tokens,
             "prompt_tokens_prefilled": None if cached is None else prompt_tokens - cached,
@@ -142,16 +121,14 @@ def system_prompt(tokenizer, rows: list[dict], tokens: int) -> str:
 
 def workload_a(tokenizer, n: int, system_tokens: int) -> tuple[list[list[int]], list[int], int]:
     """(prompt token ids, max_tokens, system message tokens) of workload A's ``n`` chats."""
-    rows = problems()
+    rows = humaneval_problems()
     system = system_prompt(tokenizer, rows, system_tokens)
-    rng = random.Random(0)
-    prompts, max_tokens = [], []
+    prompts = []
     for p in rows[:n]:
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": CHAT_INSTRUCTION.format(prompt=p["prompt"])}]
         prompts.append(tokenizer.apply_chat_template(messages))
-        max_tokens.append(rng.randint(16, 128))
-    return prompts, max_tokens, len(tokenizer.encode(system))
+    return prompts, he32_max_tokens(len(prompts)), len(tokenizer.encode(system))
 
 
 def fastest(runs: list[dict]) -> dict:
@@ -201,7 +178,7 @@ def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads:
                 first[i] = time.monotonic()
         return record
 
-    load_before = os.getloadavg()[0]
+    load_before = load_avg()
     with RssPeak([os.getpid()]) as rss:
         t0 = time.monotonic()
         handles = [engine.submit_request(p, m, on_token=recorder(i))
@@ -212,7 +189,7 @@ def run_engine(model, prompts, max_tokens, slots: int, cache_mb: float, threads:
     queries, hits = (cache.stats.queries - base[0], cache.stats.hits - base[1]) if cache is not None else (0, 0)
     assert cache is None or queries == sum(map(len, prompts)), "every prompt token looked up once"
     row = summary(f"A cache-{'on' if cache_mb else 'off'} ({threads} thr)", wall, [f - t0 for f in first],
-                  sum(map(len, outputs)), sum(map(len, prompts)), hits, (load_before, os.getloadavg()[0]), up)
+                  sum(map(len, outputs)), sum(map(len, prompts)), hits, (load_before, load_avg()), up)
     row["memory"] = rss.report(cache_mb or None)
     row["threads"] = threads
     if cache is not None:
@@ -233,44 +210,16 @@ def run_engine_alone(model, prompts, slots: int, cache_mb: float, threads: int) 
         engine.run()
         ttft.append(h.ttft_s)
     return {"system": f"A alone cache-{'on' if cache_mb else 'off'} ({threads} thr)", "requests": len(prompts),
-            "ttft_p50_ms": round(1000 * statistics.median(ttft), 1),
+            "ttft_p50_ms": round(1000 * percentile(ttft, 50), 1),
             "ttft_p99_ms": round(1000 * percentile(ttft, 99), 1), "uptime_before": up}
 
 
 # ---------------------------------------------------------------------------------------- llama.cpp on A
 
 
-def llamacpp_complete(url: str, prompt: list[int], n_predict: int) -> dict:
-    """One streaming ``/completion`` with ``cache_prompt: true``; greedy, exactly ``n_predict`` tokens.
-    Returns submit-relative ``ttft_s``, ``tokens`` and the server's ``timings`` (``prompt_n`` prefilled,
-    ``cache_n`` reused). Raises RuntimeError on an HTTP error or a wrong token count."""
-    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "temperature": 0.0, "top_k": 1,
-            "cache_prompt": True, "stream": True, "return_tokens": True}
-    request = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    t0, first, tokens, timings = time.monotonic(), None, [], {}
-    with urllib.request.urlopen(request, timeout=1800) as resp:
-        for line in resp:
-            if not line.startswith(b"data: "):
-                continue
-            event = json.loads(line[6:])
-            if event.get("tokens"):
-                first = first or time.monotonic() - t0
-                tokens.extend(event["tokens"])
-            if event.get("timings"):
-                timings = event["timings"]
-            if event.get("stop"):
-                break
-    if len(tokens) != n_predict:
-        raise RuntimeError(f"llama-server generated {len(tokens)} tokens, asked for exactly {n_predict}")
-    return {"ttft_s": first, "tokens": tokens, "timings": timings}
-
-
 def run_llamacpp(prompts, lengths, threads: int, slots: int, cache_mb: int, binary: str | None,
                  model: str) -> dict:
     """Workload A through ``llama-server`` with its prompt cache on (see the module docstring)."""
-    import llamacpp
-
     up = uptime()
     gguf = llamacpp.gguf_path(model)
     ctx = max(map(len, prompts)) + max(lengths) + 64
@@ -288,24 +237,25 @@ def run_llamacpp(prompts, lengths, threads: int, slots: int, cache_mb: int, bina
         raise llamacpp.ServerStartError("no llama-server serves: " + "; ".join(skipped))
     try:
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            warm = [pool.submit(llamacpp_complete, server.url, [t + k for t in WARMUP], 4) for k in range(slots)]
+            warm = [pool.submit(llamacpp.complete, server.url, [t + k for t in WARMUP], 4, time.monotonic(),
+                                cache_prompt=True) for k in range(slots)]
             for w in warm:
                 w.result()
-            load_before = os.getloadavg()[0]
+            load_before = load_avg()
             with RssPeak([server.pid]) as rss:
                 t0 = time.monotonic()
-                futures = [pool.submit(llamacpp_complete, server.url, list(p), int(n))
-                           for p, n in zip(prompts, lengths)]
+                futures = [pool.submit(llamacpp.complete, server.url, list(p), int(n), time.monotonic(),
+                                       cache_prompt=True) for p, n in zip(prompts, lengths)]
                 done = [f.result() for f in futures]
                 wall = time.monotonic() - t0
     finally:
         server.__exit__(None, None, None)
     # all were submitted at t0 (the pool has a thread each), so the submit-relative TTFT is t0-relative
-    timings = [d["timings"] for d in done]
+    timings = [d.timings for d in done]
     cached = sum(t.get("cache_n", 0) for t in timings) if all("cache_n" in t for t in timings) else None
-    row = summary(f"A llama.cpp ({threads} thr)", wall, [d["ttft_s"] for d in done],
-                  sum(len(d["tokens"]) for d in done), sum(map(len, prompts)), cached,
-                  (load_before, os.getloadavg()[0]), up)
+    row = summary(f"A llama.cpp ({threads} thr)", wall, [d.first_s for d in done],
+                  sum(len(d.tokens) for d in done), sum(map(len, prompts)), cached,
+                  (load_before, load_avg()), up)
     row["memory"] = rss.report(None)
     row["server"] = {"binary": str(server.binary.path), "version": llamacpp.binary_version(server.binary),
                      "gguf": gguf.name, "quantization": llamacpp.gguf_quantization(gguf), "args": server.args[1:],
@@ -320,7 +270,7 @@ def run_llamacpp(prompts, lengths, threads: int, slots: int, cache_mb: int, bina
 
 def user_turns(conversations: int, turns: int) -> list[list[str]]:
     """Each chat's user messages: :data:`CHAT_INSTRUCTION` over HumanEval problem ``c * turns + k``."""
-    rows = problems()
+    rows = humaneval_problems()
     if conversations * turns > len(rows):
         raise ValueError(f"{conversations} x {turns} turns needs more than HumanEval's {len(rows)} problems")
     return [[CHAT_INSTRUCTION.format(prompt=rows[c * turns + k]["prompt"]) for k in range(turns)]
@@ -366,7 +316,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
 
     opts = ModelOptions(device="cpu", runner="slotserve", precision="fp32", num_threads=threads,
                         prefix_cache_mb=cache_mb)
-    config = ClusterConfig(BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*",
+    config = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT,
                                         prefix_routing=routing),
                            tuple(WorkerConfig(model=model, num_slots=slots, name=f"w{i}", model_options=opts)
                                  for i in range(workers)), start_timeout_s=600.0)
@@ -402,7 +352,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
             with lock:
                 handles.append(h)
 
-        load_before = os.getloadavg()[0]
+        load_before = load_avg()
         with RssPeak([p.pid for p in cluster.worker_processes]) as rss:
             t0 = time.monotonic()
             for c in range(len(users)):
@@ -419,7 +369,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
     cached = [h.cached_tokens for h in handles]
     row = summary(system, wall, [h.ttft_s for h in handles], sum(len(h.tokens) for h in handles),
                   sum(h.prompt_tokens for h in handles), None if None in cached else sum(cached),
-                  (load_before, os.getloadavg()[0]), up)
+                  (load_before, load_avg()), up)
     row.update(workers=workers, prefix_routing=routing, think_s_mean=think_s)
     row["memory"] = rss.report(cache_mb)
     row["workers_prefix_cache"] = {}  # each worker's own counters over the workload (from status)
@@ -433,7 +383,7 @@ def run_cluster(system: str, users: list[list[str]], *, workers: int, routing: b
         by_turn.setdefault(len(h.params.prompt) // 2 + 1, []).append(h)
     row["by_turn"] = {k: {"prompt_tokens": sum(h.prompt_tokens for h in hs),
                           "cached_tokens": None if None in (cs := [h.cached_tokens for h in hs]) else sum(cs),
-                          "ttft_p50_ms": round(1000 * statistics.median(h.ttft_s for h in hs), 1)}
+                          "ttft_p50_ms": round(1000 * percentile([h.ttft_s for h in hs], 50), 1)}
                       for k, hs in sorted(by_turn.items())}
     return row
 
@@ -521,10 +471,10 @@ def main() -> None:
     if "llamacpp" in parts and "A" not in parts:
         ap.error("llamacpp generates slotserve cache-on's lengths: --parts needs A with it")
     binary = args.llama_server if args.llama_server and Path(args.llama_server).is_file() else None
+    machine = machine_record()
     result: dict = {"model": args.model, "precision": "fp32", "slots": args.slots, "threads_a": args.threads,
                     "threads_b_per_worker": args.b_threads,
-                    "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()},
-                    "uptime_at_start": uptime()}
+                    "args": {k: str(v) for k, v in vars(args).items()}, "uptime_at_start": uptime()}
     a_rows, b_rows = [], []
     threads_a = [int(t) for t in args.threads.split(",")]
     if "A" in parts:
@@ -608,9 +558,8 @@ def main() -> None:
                   f"budget {m['cache_budget_mb']} MiB per process: within {m['within_budget']}"
                   + (f"; growth over cache-off {m['growth_over_cache_off_mb']} MiB: within "
                      f"{m['cache_within_budget']}" if "growth_over_cache_off_mb" in m else ""))
-    args.out.mkdir(parents=True, exist_ok=True)
     result["uptime_at_end"] = uptime()
-    (args.out / "prefix.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out / "prefix.json", result, machine)
     plot({"Workload A: ~600-token shared system prompt + 32 HumanEval chats, 8 slots (SmolLM2-135M)": a_rows,
           f"Workload B: {args.conversations} chats x {args.turns} turns, think {args.think_s} s, "
           f"{args.slots} slots per worker": b_rows}, args.out / "prefix.png")

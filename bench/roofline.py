@@ -24,36 +24,28 @@ rows a step, ``(output - requests) / slots`` steps (a request's first token
 comes from its prefill). It counts no elementwise work, no attention
 inefficiency and no Python: a real step cannot be faster. HE32's sizes are
 flags (defaults: bench/model.py's HE32 on SmolLM2's tokenizer, 3,200 prompt
-tokens, 1,958 greedy output tokens in 32 requests, 8 slots).
+tokens, 1,958 greedy output tokens in 32 requests, 8 slots: :func:`bench.common.he32`'s prompts
+on SmolLM2's tokenizer and their greedy lengths).
 
 ``--tiny``: 2 small layers and few passes, to test the plumbing, not speed.
 Writes ``roofline[_tiny].json`` in ``--out``.
+
+    python -m bench.roofline [--threads 2] [--rows 1,8,24] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # sibling module gpu
-
-from gpu import SHAPES  # noqa: E402
-from worker.models.llama.linear import cpu_linear_candidates, make_linear  # noqa: E402
-from worker.models.llama.weights import LlamaShape  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=1024)
+from bench.common import RESULTS, machine_record, write_results
+from bench.gpu import SHAPES, TINY
+from worker.models.llama.linear import cpu_linear_candidates, make_linear
+from worker.models.llama.weights import LlamaShape
 
 
 def layer_shapes(cfg: dict) -> tuple[tuple[int, int], ...]:
@@ -139,7 +131,7 @@ def he32_floor(cfg: dict, read_gb_s: float, gflop_s: float, prompt_tokens: int, 
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as bench/model.py)")
     ap.add_argument("--rows", default="1,8,24", help="activation rows per product, comma-separated (default 1,8,24)")
@@ -150,7 +142,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="decode rows per step (default 8)")
     ap.add_argument("--tiny", action="store_true", help="2 small layers, 2 passes: plumbing only")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",") if r]
     if not rows or min(rows) < 1 or args.passes < 1:
         ap.error("--rows needs positive integers and --passes >= 1")
@@ -158,12 +150,11 @@ def main() -> None:
     cfg = {**SHAPES["smollm2-135m"], **(TINY if args.tiny else {})}
     passes = 2 if args.tiny else args.passes
     t = time.monotonic()
-    payload = {"model_shape": "smollm2-135m" + (" (tiny)" if args.tiny else ""), "threads": args.threads,
-               "cpu": platform.processor() or platform.machine(), "load_avg_before": list(os.getloadavg())}
+    machine = machine_record()
+    payload = {"model_shape": "smollm2-135m" + (" (tiny)" if args.tiny else ""), "threads": args.threads}
     payload.update(measure(cfg, rows, passes))
     payload["he32_floor"] = he32_floor(cfg, payload["read_gb_s"], payload["fp32_gemm_gflop_s"], args.prompt_tokens,
                                        args.output_tokens, args.requests, args.slots)
-    payload["load_avg_after"] = list(os.getloadavg())
     payload["total_s"] = round(time.monotonic() - t, 1)
 
     print(f"read bandwidth {payload['read_gb_s']} GB/s; fp32 GEMM peak {payload['fp32_gemm_gflop_s']} GFLOP/s "
@@ -174,9 +165,7 @@ def main() -> None:
     f = payload["he32_floor"]
     print(f"HE32 floor, exact fp32: prefill {f['prefill_s']} s + {f['decode_steps']} decode steps x "
           f"{f['decode_step_ms']} ms ({f['decode_step_bound']}-bound) = {f['total_s']} s")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"roofline{'_tiny' if args.tiny else ''}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    path = write_results(args.out / f"roofline{'_tiny' if args.tiny else ''}.json", payload, machine)
     print(f"wrote {path}")
 
 

@@ -26,9 +26,9 @@ HTTP at 0.5, 1 and 2 requests/s (several minutes).
 Prints a table; writes ``bench/results/serve[_MODEL].json`` and ``.png``
 (latency vs request rate). Load averages are recorded: the machine is shared.
 
-    python bench/serve.py                       # simulated, about two minutes
-    python bench/serve.py --quick               # smaller sizes (smoke check)
-    python bench/serve.py --model smollm2-135m  # HE32 over HTTP at 0.5, 1, 2 req/s
+    python -m bench.serve                       # simulated, about two minutes
+    python -m bench.serve --quick               # smaller sizes (smoke check)
+    python -m bench.serve --model smollm2-135m  # HE32 over HTTP at 0.5, 1, 2 req/s
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import sys
@@ -45,38 +44,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+import aiohttp
 
-import aiohttp  # noqa: E402
+from bench.common import (
+    ANY_PORT, RESULTS, cpu_s, load_avg, machine_record, percentile, read_results, write_results,
+)
+from broker import BrokerConfig
+from client import Client
+from gateway import GatewayConfig
+from slotserve.launcher import ClusterConfig, LocalCluster
+from worker.config import WorkerConfig
 
-from broker import BrokerConfig  # noqa: E402
-from client import Client  # noqa: E402
-from gateway import GatewayConfig  # noqa: E402
-from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from worker.config import WorkerConfig  # noqa: E402
-
-ANY = "tcp://127.0.0.1:*"
-RESULTS = _HERE / "results"
 MS = 1000.0
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v) + 0.5)) - 1))]
-
-
 def start(model: str, workers: int, slots: int, step_delay_ms: float = 0.0) -> LocalCluster:
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY),
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
                         tuple(WorkerConfig(model=model, num_slots=slots, step_delay_ms=step_delay_ms)
                               for _ in range(workers)),
                         gateway=GatewayConfig(port=0))
@@ -137,8 +120,8 @@ def summarize(records: list[Record], wall_s: float, slo_ttft_ms: float, slo_tpot
            "requests_per_s": len(ok) / wall_s, "output_tokens_per_s": sum(r.output_tokens for r in ok) / wall_s,
            "goodput_requests_per_s": len(good) / wall_s, "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms}}
     for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
-        out[f"{name}_p50_ms"] = percentile(vals, 50)
-        out[f"{name}_p99_ms"] = percentile(vals, 99)
+        out[f"{name}_p50_ms"] = percentile(vals, 50) if vals else None
+        out[f"{name}_p99_ms"] = percentile(vals, 99) if vals else None
     errors = sorted({r.error for r in records if r.error})
     if errors:
         out["error_kinds"] = errors[:5]
@@ -317,12 +300,12 @@ def bench_throughput(cl: LocalCluster, n: int, concurrency: int) -> dict:
             return time.perf_counter() - t0, errors
 
     asyncio.run(run(min(2000, n)))  # warm-up: connections, imports, caches
-    load0 = os.getloadavg()
+    load0 = load_avg()
     cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     wall, errors = asyncio.run(run(n))
     cpu = {k: (cpu_s(p) - cpu0[k]) / n * 1e6 for k, p in pids.items()}
     return {"requests": n, "concurrency": concurrency, "wall_s": wall, "requests_per_s": n / wall, "errors": errors,
-            "cpu_us_per_request": cpu, "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+            "cpu_us_per_request": cpu, "load_avg_before_after": [load0, load_avg()]}
 
 
 # ---------------------------------------------------------------------- workloads
@@ -370,8 +353,8 @@ def plot(res: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     xs = sorted({r["rate"] for r in sweeps if r["rate"] is not None})
     axes[2].plot(xs, xs, "k:", lw=0.8)
-    fig.suptitle(f"bench/serve.py: {res['config']['model']} over HTTP (load average "
-                 f"{res['machine']['loadavg_at_start'][0]:.1f} -> {res['machine']['loadavg_at_end'][0]:.1f})")
+    before, after = res["machine"]["load_avg_before_after"]
+    fig.suptitle(f"bench/serve.py: {res['config']['model']} over HTTP (load average {before:.1f} -> {after:.1f})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -382,8 +365,8 @@ def fmt(v, spec=".1f") -> str:
 
 def print_table(res: dict) -> None:
     m = res["machine"]
-    print(f"\nbench/serve.py, {res['config']['model']}, on {m['cpus']} CPUs (load average at start "
-          f"{m['loadavg_at_start'][0]:.1f}, at end {m['loadavg_at_end'][0]:.1f})")
+    print(f"\nbench/serve.py, {res['config']['model']}, on {m['cores']} CPUs (load average at start "
+          f"{m['load_avg_before_after'][0]:.1f}, at end {m['load_avg_before_after'][1]:.1f})")
     print(f"{'via':<7} {'rate':>6} {'reqs':>5} {'err':>4} {'req/s':>7} {'tok/s':>8} {'goodput':>8} "
           f"{'TTFT p50/p99 ms':>17} {'TPOT p50/p99':>14} {'ITL p50/p99':>14} {'e2e p50/p99 ms':>17}")
     for r in res["sweep"]:
@@ -408,8 +391,8 @@ def print_table(res: dict) -> None:
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in tp["cpu_us_per_request"].items())
         print(f"throughput (short non-streamed, {tp['concurrency']} connections): {tp['requests_per_s']:,.0f} "
               f"requests/s, {tp['errors']} errors; target >= 1,000: {ok}")
-        print(f"  CPU us per request: {cpu} (load average {tp['loadavg_before'][0]:.1f} -> "
-              f"{tp['loadavg_after'][0]:.1f})")
+        print(f"  CPU us per request: {cpu} (load average {tp['load_avg_before_after'][0]:.1f} -> "
+              f"{tp['load_avg_before_after'][1]:.1f})")
 
 
 def main(argv=None) -> None:
@@ -440,9 +423,8 @@ def main(argv=None) -> None:
     slo_tpot = args.slo_tpot_ms or (20.0 if sim else 250.0)
     if args.quick:
         args.duration_s, burst, args.throughput_requests = 2.0, min(burst, 64), 3000
-    res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "loadavg_at_start": os.getloadavg()},
-           "config": {"model": args.model, "rates": rates, "burst": burst, "slots": slots, "max_tokens": max_tokens,
+    machine = machine_record()
+    res = {"config": {"model": args.model, "rates": rates, "burst": burst, "slots": slots, "max_tokens": max_tokens,
                       "step_delay_ms": args.step_delay_ms if sim else None}, "sweep": []}
 
     cl = start(args.model, 1, slots, args.step_delay_ms if sim else 0.0)
@@ -451,6 +433,7 @@ def main(argv=None) -> None:
         if burst:
             plan.append((None, burst))
         for i, (rate, n) in enumerate(plan):
+            load0 = load_avg()
             if sim:
                 work = simulated_work(n, max_tokens, seed=i)
                 bodies = [{"model": "simulated", "prompt": p, "max_tokens": m, "ignore_eos": True, "stream": True}
@@ -459,14 +442,16 @@ def main(argv=None) -> None:
                 bodies = he32_bodies(args.model, max_tokens)
             recs, wall = asyncio.run(http_rate(cl.http_url + "/v1/" + ("completions" if sim else "chat/completions"),
                                                bodies, rate, seed=100 + i))
-            row = {"via": "http", "rate": rate, "loadavg": os.getloadavg(), **summarize(recs, wall, slo_ttft, slo_tpot)}
+            row = {"via": "http", "rate": rate, "load_avg_before_after": [load0, load_avg()],
+                   **summarize(recs, wall, slo_ttft, slo_tpot)}
             res["sweep"].append(row)
             print(f"  http   rate {rate}: {row['requests']} requests, {row['errors']} errors, "
                   f"{row['requests_per_s']:.2f} req/s, TTFT p50 {fmt(row['ttft_p50_ms'])} ms "
-                  f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+                  f"(load average {load_avg():.1f})", flush=True)
             if sim:
+                load0 = load_avg()
                 recs, wall = client_rate(cl.frontend, "simulated", work, rate, seed=100 + i)
-                row = {"via": "client", "rate": rate, "loadavg": os.getloadavg(),
+                row = {"via": "client", "rate": rate, "load_avg_before_after": [load0, load_avg()],
                        **summarize(recs, wall, slo_ttft, slo_tpot)}
                 res["sweep"].append(row)
                 print(f"  client rate {rate}: {row['requests_per_s']:.1f} req/s, TTFT p50 "
@@ -480,11 +465,10 @@ def main(argv=None) -> None:
             res["throughput"] = bench_throughput(cl, args.throughput_requests, args.concurrency)
         finally:
             cl.stop()
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
-    print_table(res)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "serve" if sim else f"serve_{args.model.replace('/', '_')}"
-    (args.out / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
+    write_results(args.out / f"{stem}.json", res, machine)
+    res = read_results(args.out / f"{stem}.json")  # with the machine record, as the table and plot show it
+    print_table(res)
     plot(res, args.out / f"{stem}.png")
     print(f"wrote {args.out / (stem + '.json')} and {args.out / (stem + '.png')}")
 

@@ -12,44 +12,35 @@ first ten after warm-up, which separates growth (a leak) from the
 allocator's ups and downs between chunks. Prints a table; writes
 ``bench/results/soak.json`` and ``bench/results/soak.png``.
 
-    python bench/soak.py                       # 1,000,000 requests
-    python bench/soak.py --requests 100000     # quicker
+    python -m bench.soak                       # 1,000,000 requests
+    python -m bench.soak --requests 100000     # quicker
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import threading
 import time
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]  # don't shadow the broker package
+import psutil
 
-import psutil  # noqa: E402
-
-from broker import BrokerConfig  # noqa: E402
-from client import Client  # noqa: E402
-from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from worker.config import WorkerConfig  # noqa: E402
-
-ANY = "tcp://127.0.0.1:*"
-RESULTS = _HERE / "results"
+from bench.common import ANY_PORT, RESULTS, machine_record, percentile, write_results
+from broker import BrokerConfig
+from client import Client
+from slotserve.launcher import ClusterConfig, LocalCluster
+from worker.config import WorkerConfig
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=5_000, help="requests in flight at most (drained per chunk)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=20, help="chunks before the flatness check starts")
-    args = ap.parse_args()
-
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY),
+    args = ap.parse_args(argv)
+    machine = machine_record()
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
                         tuple(WorkerConfig(num_slots=args.slots) for _ in range(args.workers)))
     samples: list[tuple[float, int]] = []
     chunks: list[dict] = []
@@ -83,15 +74,14 @@ def main() -> None:
     wall = time.monotonic() - t0
     post = [ch["rss_bytes"] for ch in chunks[args.warmup:]] or [chunks[-1]["rss_bytes"]]
     growth = (max(post) - min(post)) / min(post)
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    trend = med(post[-10:]) / med(post[:10]) - 1
+    trend = percentile(post[-10:], 50) / percentile(post[:10], 50) - 1
     summary = {
         "requests": args.requests, "wall_s": wall, "req_per_s": args.requests / wall,
         "rss_first_chunk_mib": chunks[0]["rss_bytes"] / 2**20,
         "rss_after_warmup_min_mib": min(post) / 2**20, "rss_after_warmup_max_mib": max(post) / 2**20,
         "rss_final_mib": chunks[-1]["rss_bytes"] / 2**20, "growth_after_warmup": growth,
         "target_within_10pct": growth <= 0.10, "trend_last10_vs_first10": trend, "completed": st.counters["completed"],
-        "errors": st.counters["errors"], "machine": platform.platform(), "cpus": psutil.cpu_count(),
+        "errors": st.counters["errors"],
     }
     print()
     print(f"{'requests':<28}{args.requests:>14,}")
@@ -104,9 +94,7 @@ def main() -> None:
           f"{'met' if summary['target_within_10pct'] else 'MISSED'})")
     print(f"{'trend (last 10 vs first 10)':<28}{trend * 100:>12.1f} %  (median RSS after each chunk)")
     print(f"{'completed / errors':<28}{st.counters['completed']:>10,} / {st.counters['errors']}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps({"summary": summary, "chunks": chunks,
-                                                   "samples": samples}, indent=1))
+    write_results(RESULTS / "soak.json", {"summary": summary, "chunks": chunks, "samples": samples}, machine)
     import matplotlib
 
     matplotlib.use("Agg")

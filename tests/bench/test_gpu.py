@@ -21,6 +21,8 @@ pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.hf
 
+from bench import gpu  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {"smol-fp32-he32-8", "smol-bf16-he32-8", "smol-bf16-mix256-64", "1b-bf16-mix256-64",
          "qwen2.5-bf16-mix256-64", "gemma2-bf16-mix256-64", "qwen2.5-bf16-he8-8", "gemma2-bf16-he8-8"}
@@ -29,9 +31,9 @@ SYSTEMS = ["slotserve", "hf-static", "hf-cb"]
 
 def test_random_weights_tiny_cpu_writes_every_case_and_system(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "model.py"), "--random-weights", "--tiny",
+    done = subprocess.run([sys.executable, "-m", "bench.model", "--random-weights", "--tiny",
                            "--device", "cpu", "--threads", "1", "--out", str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads((tmp_path / "out" / "model_random_cpu_tiny.json").read_text())
     assert (tmp_path / "out" / "model_random_cpu_tiny.png").stat().st_size > 0
@@ -57,27 +59,15 @@ def test_random_weights_tiny_cpu_writes_every_case_and_system(tmp_path):
 
 
 def test_tiny_and_device_need_random_weights():
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "model.py"), "--tiny"],
+    done = subprocess.run([sys.executable, "-m", "bench.model", "--tiny"], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--random-weights only" in done.stderr
 
 
-def _gpu_module():
-    import importlib.util
-
-    # Loaded from its file: bench/ on sys.path would let bench/broker.py shadow the broker package.
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_time_limit_skips_what_would_start_after_it(tmp_path, monkeypatch):
     import tempfile
 
-    gpu = _gpu_module()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     payload = gpu.run_cases(device="cpu", tiny=True, he_prompts=[], he_lengths=[20] * 8, cases=gpu.CASES[:1],
                             time_limit_s=0.0, log=lambda _msg: None)
@@ -90,7 +80,6 @@ def test_time_limit_skips_what_would_start_after_it(tmp_path, monkeypatch):
 def test_a_failing_system_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
     import tempfile
 
-    gpu = _gpu_module()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     bad = gpu.Case("zero-slots", "smollm2-135m", "float32", "he32", 0)  # batch_size 0 -> ValueError
     payload = gpu.run_cases(device="cpu", tiny=True, he_prompts=[], he_lengths=[20] * 8, cases=(bad,),

@@ -12,17 +12,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# Loaded from its file: putting bench/ on sys.path would let bench/broker.py shadow the broker package.
-_spec = importlib.util.spec_from_file_location("bench_llamacpp", ROOT / "bench" / "llamacpp.py")
-llamacpp = importlib.util.module_from_spec(_spec)
-sys.modules["bench_llamacpp"] = llamacpp  # dataclasses look their module up by name
-_spec.loader.exec_module(llamacpp)
+from bench import llamacpp
 
 
 def _script(tmp_path: Path, name: str, body: str) -> llamacpp.ServerBinary:

@@ -6,18 +6,12 @@ the same choice for every question, the same reply to every chat question."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("lm_eval")
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import lmeval  # noqa: E402
+from bench import lmeval  # noqa: E402
 
 QUESTIONS = 3
 

@@ -3,7 +3,6 @@ runs are built from, checked without running them (the runs themselves are bench
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,22 +15,13 @@ pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.hf
 
+from bench import gpu  # noqa: E402
+from bench import model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, monkeypatch):
-    """bench/<name>.py as a module; it puts bench/ on sys.path, which the test then restores
-    (bench/broker.py would shadow the broker package for later tests)."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, f"bench_{name}", module)  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_results_file_per_model(monkeypatch):
-    model = _load("model", monkeypatch)
+def test_results_file_per_model():
     assert model.results_stem("smollm2-135m") == "model"  # the SmolLM2 results keep their name
     assert model.results_stem("gemma3-270m") == "model_gemma3-270m"
     assert model.results_stem("/x/y/gemma-3-270m-q4_k_m.gguf") == "model_gemma-3-270m-q4_k_m"
@@ -51,7 +41,6 @@ class _Codec:
 
 
 def test_gemma_stops_at_end_of_turn_besides_eos(monkeypatch):
-    model = _load("model", monkeypatch)
     assert model.stop_ids("gemma3_text", (1,), _Codec()) == {1, 106}
     assert model.stop_ids("gemma2", [1], _Codec()) == {1, 106}
     assert model.stop_ids("llama", (2, 0), _Codec()) == {0, 2}  # no extra stops
@@ -60,8 +49,7 @@ def test_gemma_stops_at_end_of_turn_besides_eos(monkeypatch):
         model.stop_ids("gemma3_text", (1,), _Codec())
 
 
-def test_shapes_are_their_families_configs(monkeypatch):
-    gpu = _load("gpu", monkeypatch)
+def test_shapes_are_their_families_configs():
     qwen = gpu.shape_config("qwen2.5-0.5b", tiny=False)
     assert type(qwen).__name__ == "Qwen2Config"
     assert (qwen.hidden_size, qwen.num_hidden_layers, qwen.num_attention_heads, qwen.num_key_value_heads,
@@ -76,8 +64,7 @@ def test_shapes_are_their_families_configs(monkeypatch):
     assert type(gpu.shape_config("smollm2-135m", tiny=False)).__name__ == "LlamaConfig"
 
 
-def test_cases_per_device_and_shape(monkeypatch):
-    gpu = _load("gpu", monkeypatch)
+def test_cases_per_device_and_shape():
     new = {"qwen2.5-0.5b", "gemma-2-2b"}
     cpu = gpu.cases_for("cpu", sorted(new))
     cuda = gpu.cases_for("cuda", sorted(new))
@@ -91,7 +78,7 @@ def test_cases_per_device_and_shape(monkeypatch):
 
 
 def test_shapes_and_tiny_need_random_weights():
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "model.py"), "--shapes", "gemma-2-2b"],
+    done = subprocess.run([sys.executable, "-m", "bench.model", "--shapes", "gemma-2-2b"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin",
                                                                               "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2

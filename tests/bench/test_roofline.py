@@ -12,10 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import roofline  # noqa: E402
 
-import roofline  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SMOL = roofline.SHAPES["smollm2-135m"]
 
@@ -49,9 +48,9 @@ def test_floor_is_bytes_over_bandwidth_when_memory_bound_and_flops_over_peak_whe
 
 def test_tiny_run_writes_every_kind_and_a_floor(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "roofline.py"), "--tiny", "--threads", "1",
-                           "--rows", "1,3", "--out", str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "bench.roofline", "--tiny", "--threads", "1",
+                           "--rows", "1,3", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads((tmp_path / "roofline_tiny.json").read_text())
     from worker.models.llama.linear import cpu_linear_candidates

@@ -3,8 +3,8 @@ threads of the test process (so a test can inject a failure with
 monkeypatch, or hang a model), and a fake broker (a raw ROUTER socket the
 test drives) for the client's side. Clusters of child processes are
 :class:`slotserve.launcher.LocalCluster` itself, on :data:`ANY_PORT`;
-:mod:`tests.support.gateway` adds the HTTP gateway and :mod:`tests.support.chaos`
-the fault injection on top of it."""
+:mod:`tests.support.gateway` adds the HTTP gateway on top of it (the fault injection
+on top of it is ``bench/chaos.py``'s, shared with ``tests/cluster/test_chaos.py``)."""
 
 from __future__ import annotations
 
