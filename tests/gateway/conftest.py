@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.support.lanes import mark_lanes
+
 
 @pytest.fixture(scope="module")
 def text_model(tiny_text_dir) -> str:
@@ -32,3 +34,8 @@ def oai(cluster):
 
     with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
         yield c
+
+
+def pytest_itemcollected(item):
+    """Marks the room's tests ``process`` and ``model`` by what each uses (tests/support/lanes.py)."""
+    mark_lanes(item)

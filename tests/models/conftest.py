@@ -5,6 +5,7 @@ with its own models) and transformers' own model loaded from the module's
 
 import pytest
 
+from tests.support.lanes import mark_lanes
 from tests.support.slot_models import save_tiny_llama
 
 
@@ -30,3 +31,8 @@ def smollm2_hf():
     from worker.models import load_model
 
     return load_model("smollm2-135m", runner="hf")
+
+
+def pytest_itemcollected(item):
+    """Marks the room's tests ``process`` and ``model`` by what each uses (tests/support/lanes.py)."""
+    mark_lanes(item)
