@@ -10,4 +10,7 @@
   ``gateway`` (a cluster with the HTTP gateway) builds on it (fault injection: ``bench.chaos``).
 - ``slot_models`` (the tiny random Llama, random prompts, a runner scenario) and
   ``tiny_text`` (a tiny text model with a real tokenizer): tiny models.
+- ``lanes``: the markers ``process`` and ``model`` each room's conftest.py gives its tests, read
+  from what each test uses (the fast lane is ``-m "not process and not model"``), and the guard
+  that fails a test without ``process`` that starts one.
 """
