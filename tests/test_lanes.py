@@ -54,6 +54,10 @@ def _loads_the_simulated_model():
     return load_model("simulated")
 
 
+def _asserts_on_the_simulated_model():  # pytest rewrites the assert: its arguments become locals
+    assert load_model("simulated").vocab_size == 1000
+
+
 def _loads_smollm2():
     return load_model("smollm2-135m")
 
@@ -75,6 +79,7 @@ def _tokenizer_only():
     (_builds_a_tiny_llama, (False, True)),
     (_imports_a_helper_that_builds_one, (False, True)),
     (_loads_the_simulated_model, (False, False)),
+    (_asserts_on_the_simulated_model, (False, False)),
     (_loads_smollm2, (False, True)),
     (_finds_a_checkpoint, (False, False)),
     (_tokenizer_only, (False, False)),

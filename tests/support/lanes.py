@@ -75,6 +75,17 @@ def _functions(obj) -> tuple[types.FunctionType, ...]:
     return tuple(f for f in (getattr(f, "__wrapped__", f) for f in funcs) if isinstance(f, types.FunctionType))
 
 
+def _no_model_loaded(instructions: list[dis.Instruction], i: int, constants: dict) -> bool:
+    """True when ``load_model`` at ``instructions[i]`` loads no model: its first argument is
+    ``"simulated"`` (a constant, or a local bound to one), or it is not called but passed on (as
+    pytest's assertion rewriting passes it to ``repr`` for the failure message)."""
+    nxt = instructions[i + 1] if i + 1 < len(instructions) else None
+    if nxt is None or nxt.opname in ("PRECALL", "CALL"):
+        return True
+    first = nxt.argval if nxt.opname == "LOAD_CONST" else constants.get(nxt.argval) if nxt.opname == "LOAD_FAST" else None
+    return first == _NO_MODEL
+
+
 def _names(code: types.CodeType, namespace: dict) -> tuple[set[str], list[types.FunctionType]]:
     """The dotted names ``code`` refers to (its nested code's included) and the functions of ours it
     refers to. ``namespace``: the globals it runs in."""
@@ -84,6 +95,7 @@ def _names(code: types.CodeType, namespace: dict) -> tuple[set[str], list[types.
     obj = None  # its object, where known
     module: str | None = None  # the module of the last import, for ``from module import name``
     imported: dict[str, tuple[str, object]] = {}  # local name -> (dotted name, object) it was bound to
+    constants: dict[str, object] = {}  # local name -> the constant it was bound to
     instructions = list(dis.get_instructions(code))
     for i, ins in enumerate(instructions):
         op, prev = ins.opname, instructions[i - 1].opname if i else None
@@ -104,6 +116,10 @@ def _names(code: types.CodeType, namespace: dict) -> tuple[set[str], list[types.
             obj = importlib.import_module(module) if module.startswith("tests.") else sys.modules.get(module)
         elif op == "IMPORT_FROM" and module is not None:
             obj, path = getattr(sys.modules.get(module), ins.argval, None), f"{module}.{ins.argval}"
+        elif op == "STORE_FAST" and prev == "LOAD_CONST":  # pytest's assertion rewriting names arguments so
+            constants[ins.argval] = instructions[i - 1].argval
+            path = obj = None
+            continue
         elif op in ("STORE_FAST", "STORE_DEREF", "STORE_NAME") and path is not None and prev in ("IMPORT_NAME",
                                                                                                   "IMPORT_FROM"):
             # ``import a.b`` binds ``a``; ``from a import b`` and ``import a.b as c`` bind what they name
@@ -114,9 +130,7 @@ def _names(code: types.CodeType, namespace: dict) -> tuple[set[str], list[types.
         else:
             path = obj = None
             continue
-        nxt = instructions[i + 1] if i + 1 < len(instructions) else None
-        if path == "worker.models.load_model" and nxt is not None and nxt.opname == "LOAD_CONST" \
-                and nxt.argval == _NO_MODEL:
+        if path == "worker.models.load_model" and _no_model_loaded(instructions, i, constants):
             continue
         if path is not None:
             found.add(path)
