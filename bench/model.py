@@ -225,7 +225,7 @@ def run_random_weights(args) -> None:
     else:
         from transformers import AutoTokenizer
 
-        from worker.models.hf import resolve_model_path
+        from worker.models.checkpoint import resolve_model_path
 
         folder, gguf = resolve_model_path(MODEL)
         he_prompts, he_lengths = he32(AutoTokenizer.from_pretrained(folder, gguf_file=gguf), args.prompts)
