@@ -127,7 +127,7 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
     from broker import BrokerConfig
     from client import Client
     from slotserve.launcher import ClusterConfig, LocalCluster
-    from worker.process import WorkerConfig
+    from worker.config import WorkerConfig
 
     config = ClusterConfig(
         broker=BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*"),

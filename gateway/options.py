@@ -40,13 +40,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from client import DEFAULT
 from gateway.errors import bad_request
 from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
-from protocol.request import split_stop
+from protocol.request import DEFAULT, split_stop
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""

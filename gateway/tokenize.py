@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation, from_value_error, unavailable
-from gateway.link import BrokerLink
+from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
@@ -48,7 +48,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 class TokenizeEndpoints:
     """The two handlers, over the gateway's broker link (the served models, their context) and tokenizers."""
 
-    def __init__(self, link: BrokerLink, tokenizers: Tokenizers, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, link: BrokerConnections, tokenizers: Tokenizers, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.link = link
         self.tokenizers = tokenizers
         self.max_body_bytes = max_body_bytes
