@@ -35,7 +35,7 @@ from gateway.errors import APIError, bad_request, from_remote, from_validation, 
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
-from gateway.options import for_choice, request_options
+from gateway.options import chat_messages, for_choice, request_options
 from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_response, finish_reason, json_response, \
     prompt_tokens, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -230,7 +230,7 @@ class Generate:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
         chat = isinstance(body, ChatCompletionRequest)
         prompt_param = "messages" if chat else "prompt"
-        prompts = [render_messages(_chat_messages(body), body.messages)] if chat else body.prompts()
+        prompts = [render_messages(chat_messages(body), body.messages)] if chat else body.prompts()
         n = body.choices_per_prompt
         if len(prompts) * n > self.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
@@ -494,19 +494,3 @@ def _body_field(param: str | None, body: _Sampling, call: _Call) -> str | None:
 
 def _any_failed(call: _Call) -> bool:
     return any(g.finished and g.finish_reason in _FAILED for g in call.gens)
-
-
-def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the client SDK takes them: ``{"role", "content"}`` with text parts joined."""
-    out = []
-    for i, m in enumerate(body.messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = [p.get("text") for p in content]
-            if not all(isinstance(t, str) for t in texts):
-                raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")
-            content = "".join(texts)
-        out.append({"role": m.role, "content": "" if content is None else content})
-    if not out:
-        raise bad_request("messages must not be empty", "messages")
-    return out
