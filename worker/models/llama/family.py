@@ -139,7 +139,8 @@ def describe(config, max_len: int) -> Family:
 
 
 def context_length(config) -> int:
-    """The model's context length in tokens, from its transformers config (any architecture). Raises ValueError when absent."""
+    """The model's context length in tokens, from its transformers config (any architecture, not
+    only the runner's families: the HF runner reads it too). Raises ValueError when absent."""
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
