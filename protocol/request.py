@@ -498,7 +498,9 @@ _DRAW_FIELDS = ("temperature", "top_p", "top_k", "seed", "min_p")
 (left at :data:`GREEDY`'s where the request is greedy: they do not change an argmax)."""
 _PROCESSOR_FIELDS = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty")
 """The request fields of the logits processors, copied by name into its :class:`SamplingParams`."""
-_NO_PROCESSORS = tuple(getattr(GREEDY, name) for name in _PROCESSOR_FIELDS)
+_draw_values = operator.attrgetter(*_DRAW_FIELDS)
+_processor_values = operator.attrgetter(*_PROCESSOR_FIELDS)
+_NO_PROCESSORS = _processor_values(GREEDY)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
 
 ROW_ALIASES = {"messages": "prompt"}
@@ -596,14 +598,15 @@ class RequestParams(_Fields):
         with the draw's options at their defaults, where they do not matter (:data:`GREEDY`
         itself when no processor is set either)."""
         greedy = self.temperature < GREEDY_BELOW
-        fields = {name: getattr(self, name) for name in _PROCESSOR_FIELDS}
+        processors = _processor_values(self)
+        if greedy and processors == _NO_PROCESSORS and self.structured is None:
+            return GREEDY
+        fields = dict(zip(_PROCESSOR_FIELDS, processors))
+        if not greedy:
+            fields.update(zip(_DRAW_FIELDS, _draw_values(self)))
         if self.structured is not None:
             fields.update(structured=self.structured,
                           structured_stops=self.stop_token if type(self.stop_token) is tuple else ())
-        elif greedy and tuple(fields.values()) == _NO_PROCESSORS:
-            return GREEDY
-        if not greedy:
-            fields.update({name: getattr(self, name) for name in _DRAW_FIELDS})
         return SamplingParams(**fields)
 
     def check_resume(self, tokens: object, vocab_size: int | None = None) -> tuple[int, ...]:
