@@ -1,5 +1,6 @@
 """The packages' import graph, read from the source with ``ast`` (nothing imported): no circle, and
-DESIGN.md's layering (``slotserve -> {broker, worker, gateway -> client} -> protocol``).
+the layering of docs/architecture.md's Layout (``slotserve -> {broker, worker, gateway -> client} ->
+protocol``).
 
 Every import counts, wherever it is written: at module level, inside a function (a lazy import)
 or under ``if TYPE_CHECKING:``. Importing ``a.b.c`` also runs ``a/__init__.py`` and
@@ -24,7 +25,7 @@ MAY_IMPORT = {
     "gateway": {"client", "protocol"},
     "slotserve": {"broker", "worker", "client", "gateway", "protocol"},
 }
-"""Which other packages each may import (DESIGN.md's layout table; the front door also uses the
+"""Which other packages each may import (docs/architecture.md's Layout table; the front door also uses the
 wire types directly). Nothing imports ``slotserve``; broker, worker and client never import each
 other; nothing imports ``tests`` or ``bench``."""
 
