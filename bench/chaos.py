@@ -34,7 +34,7 @@ from client import BrokerUnavailable, Client
 from protocol.enums import FinishReason
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def gguf_path(model: str = "smollm2-135m") -> Path:
 
     Raises ``ValueError`` when the model is not a GGUF alias or file.
     """
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
 
     folder, name = resolve_model_path(model)
     if name is None:

@@ -59,7 +59,7 @@ def hf_model_args(model: str) -> dict:
     """HFLM's arguments for ``model`` (an alias such as ``smollm2-135m``, a
     ``.gguf`` file or a HF folder): ``pretrained`` and, for a GGUF,
     ``gguf_file``; fp32 on the CPU, one request per forward."""
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
 
     path, gguf_file = resolve_model_path(model)
     args = {"pretrained": path, "dtype": "float32", "device": "cpu", "batch_size": 1}
@@ -73,7 +73,7 @@ def write_tokenizer(model: str, folder: str) -> str:
     lm-eval's API models, which load a tokenizer by folder name; returns ``folder``."""
     from transformers import AutoTokenizer
 
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
 
     path, gguf_file = resolve_model_path(model)
     AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {})).save_pretrained(folder)

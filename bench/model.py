@@ -127,7 +127,7 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
     from broker import BrokerConfig
     from client import Client
     from slotserve.launcher import ClusterConfig, LocalCluster
-    from worker.process import WorkerConfig
+    from worker.config import WorkerConfig
 
     config = ClusterConfig(
         broker=BrokerConfig(frontend="tcp://127.0.0.1:*", backend="tcp://127.0.0.1:*"),
@@ -225,7 +225,7 @@ def run_random_weights(args) -> None:
     else:
         from transformers import AutoTokenizer
 
-        from worker.models.hf import resolve_model_path
+        from worker.models.checkpoint import resolve_model_path
 
         folder, gguf = resolve_model_path(MODEL)
         he_prompts, he_lengths = he32(AutoTokenizer.from_pretrained(folder, gguf_file=gguf), args.prompts)

@@ -85,7 +85,7 @@ def main(argv=None) -> None:
 
     from transformers import AutoTokenizer
 
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
     from worker.models.hf_text import HFTextCodec
 
     path, gguf = resolve_model_path("smollm2-135m")

@@ -43,7 +43,7 @@ from protocol.messages import (
 )
 from protocol.request import RequestId
 
-__all__ = ["COUNTERS", "BrokerCore", "Send", "Side"]
+__all__ = ["COUNTERS", "BrokerCore"]
 
 COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
             "queue_full", "requeued", "duplicates", "workers_lost", "workers_hung", "clients_lost",

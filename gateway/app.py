@@ -36,7 +36,7 @@ from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
-from gateway.link import BrokerLink
+from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response
 from gateway.tokenize import TokenizeEndpoints
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class ServiceEndpoints:
     """The endpoints that generate nothing: models, health, metrics."""
 
-    def __init__(self, link: BrokerLink, metrics: GatewayMetrics, drain: Drain) -> None:
+    def __init__(self, link: BrokerConnections, metrics: GatewayMetrics, drain: Drain) -> None:
         self.link = link
         self.metrics = metrics
         self.drain = drain
@@ -99,7 +99,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal gateway error: {type(exc).__name__}", code="internal"))
 
 
-async def _prefetch_tokenizers(link: BrokerLink, tokenizers: Tokenizers, interval_s: float) -> None:
+async def _prefetch_tokenizers(link: BrokerConnections, tokenizers: Tokenizers, interval_s: float) -> None:
     """Load the tokenizers in the background as soon as their models are known: the one of
     ``--tokenizer`` at once, else each served model's as the broker's status first lists it."""
     if tokenizers.name is not None:
@@ -123,7 +123,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     (:mod:`gateway.tokenizer`; ``name`` is ``config.tokenizer``, else each
     served model's name), run on a thread in the background from the start;
     None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400)."""
-    link = BrokerLink(config)
+    link = BrokerConnections(config)
     metrics = GatewayMetrics()
     drain = Drain()
     tokenizers = Tokenizers(load_tokenizer, config.tokenizer)

@@ -9,7 +9,7 @@
    flight go on.
 2. :meth:`Drain.wait_idle`: they get up to ``shutdown_timeout_s`` to finish.
 3. :meth:`Drain.end_all`: each one still open is ended (its ``end``, the
-   abort event of :class:`InFlight`): a stream sends what it has, then a
+   abort event of :class:`AbortableCall`): a stream sends what it has, then a
    final ``{"error": ...}`` event and ``data: [DONE]``; a request not
    answered yet answers 503; their broker requests are cancelled.
 
@@ -45,7 +45,7 @@ HALTED = "the gateway was stopped at once (a second stop signal): this request w
 """The message of a request ended by a second stop signal."""
 
 
-class InFlight(Protocol):
+class AbortableCall(Protocol):
     """A request being served: :meth:`end` aborts it (event loop only; once; it then answers
     503, or ends its stream with an error event, and cancels its broker requests)."""
 
@@ -66,7 +66,7 @@ class Drain:
         """True from :meth:`begin` on: new requests are refused."""
         self.ending: str | None = None
         """Once :meth:`end_all` ran: its message (a request added later is ended at once)."""
-        self._calls: set[InFlight] = set()
+        self._calls: set[AbortableCall] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -79,14 +79,14 @@ class Drain:
         self.draining = True
         return len(self._calls)
 
-    def add(self, call: InFlight) -> None:
+    def add(self, call: AbortableCall) -> None:
         """``call`` is in flight until :meth:`discard`."""
         self._calls.add(call)
         self._idle.clear()
         if self.ending is not None:
             call.end(self.ending)
 
-    def discard(self, call: InFlight) -> None:
+    def discard(self, call: AbortableCall) -> None:
         """``call`` is over (answered, its stream ended, or its client gone); a no-op if not added."""
         self._calls.discard(call)
         if not self._calls:

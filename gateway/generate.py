@@ -1,7 +1,7 @@
 """The generation endpoints: ``/v1/completions`` and ``/v1/chat/completions``.
 
 One HTTP request becomes prompts x ``n`` slotserve requests on the model's
-shared client (:class:`~gateway.link.BrokerLink`); the answer is one JSON
+shared client (:class:`~gateway.link.BrokerConnections`); the answer is one JSON
 body, or server-sent events ending with ``data: [DONE]``.
 
 A client that disconnects cancels its requests: while the answer is pending
@@ -33,10 +33,10 @@ from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down, \
     unavailable, unsupported
 from gateway.generation import Generation, Signal
-from gateway.link import BrokerLink
+from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
-from gateway.options import for_choice, request_options
-from gateway.responses import DONE, Envelope, cached_tokens, error_response, finish_reason, json_response, \
+from gateway.options import chat_messages, for_choice, request_options
+from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_response, finish_reason, json_response, \
     prompt_tokens, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
@@ -114,7 +114,7 @@ class _Call:
                 self.client.cancel(g.handle.request_id)
 
     def end(self, message: str) -> None:
-        """The abort event (:class:`gateway.drain.InFlight`): the gateway is stopping and ends
+        """The abort event (:class:`gateway.drain.AbortableCall`): the gateway is stopping and ends
         this call; its waits wake and it answers 503, or its stream ends with an error event."""
         if self.ended is None:
             self.ended = message
@@ -127,9 +127,9 @@ class _Call:
 
 
 class Generate:
-    """The generation handlers (bound to one :class:`BrokerLink` and the gateway's metrics)."""
+    """The generation handlers (bound to one :class:`BrokerConnections` and the gateway's metrics)."""
 
-    def __init__(self, config: GatewayConfig, link: BrokerLink, metrics: GatewayMetrics,
+    def __init__(self, config: GatewayConfig, link: BrokerConnections, metrics: GatewayMetrics,
                  drain: Drain | None = None, tokenizers: Tokenizers | None = None) -> None:
         self.config = config
         self.link = link
@@ -168,7 +168,7 @@ class Generate:
             finally:
                 watch.stop()
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
-            out = self._envelope(body, call).completion(call.gens, call.prompts)
+            out = self._response_builder(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
             if call.tools is not None:
                 out = apply_tool_calls(out, call.tools)
@@ -218,18 +218,19 @@ class Generate:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         return body
 
-    def _envelope(self, body: _Sampling, call: _Call) -> Envelope:
+    def _response_builder(self, body: _Sampling, call: _Call) -> ResponseBuilder:
         tok = call.tokenizer
-        return Envelope(body.model, chat=isinstance(body, ChatCompletionRequest),
-                        token_str=token_id_string if tok is None else tok.token_str,
-                        echo=bool(getattr(body, "echo", False)), prompt_logprobs=body.prompt_logprobs is not None,
-                        token_bytes=None if tok is None else tok.token_bytes)
+        return ResponseBuilder(body.model, chat=isinstance(body, ChatCompletionRequest),
+                               token_str=token_id_string if tok is None else tok.token_str,
+                               echo=bool(getattr(body, "echo", False)),
+                               prompt_logprobs=body.prompt_logprobs is not None,
+                               token_bytes=None if tok is None else tok.token_bytes)
 
     async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
         chat = isinstance(body, ChatCompletionRequest)
         prompt_param = "messages" if chat else "prompt"
-        prompts = [render_messages(_chat_messages(body), body.messages)] if chat else body.prompts()
+        prompts = [render_messages(chat_messages(body), body.messages)] if chat else body.prompts()
         n = body.choices_per_prompt
         if len(prompts) * n > self.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
@@ -342,11 +343,11 @@ class Generate:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
-        env = self._envelope(body, call)
+        resp = self._response_builder(body, call)
         call.streaming = True
-        return _EventStream(self._events(call, env, include_usage, body, continuous), lambda: self._end(call))
+        return _EventStream(self._events(call, resp, include_usage, body, continuous), lambda: self._end(call))
 
-    async def _events(self, call: _Call, env: Envelope, include_usage: bool, body: _Sampling,
+    async def _events(self, call: _Call, resp: ResponseBuilder, include_usage: bool, body: _Sampling,
                       continuous: bool = False):
         """The SSE body: for chat, first a role chunk per choice (``{"role":
         "assistant", "content": ""}``, as OpenAI and vLLM); then one chunk per
@@ -359,11 +360,11 @@ class Generate:
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
         :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: ToolStream(call.tools.functions) for g in call.gens} if call.tools is not None else None
-        if env.chat or env.echo:
+        if resp.chat or resp.echo:
             for g in call.gens:
-                yield env.chunk([env.role_choice(g.index) if env.chat else env.echo_choice(g)],
-                                usage(call.gens, call.prompts, streamed=True) if continuous else None,
-                                with_usage=include_usage)
+                yield resp.chunk([resp.role_choice(g.index) if resp.chat else resp.echo_choice(g)],
+                                 usage(call.gens, call.prompts, streamed=True) if continuous else None,
+                                 with_usage=include_usage)
         pending = len(call.gens)
         while pending:
             for g in call.gens:
@@ -382,10 +383,10 @@ class Generate:
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.stop_reason if d.finished else None
-                choice = env.delta_choice(g, d, reason, stop_reason)
+                choice = resp.delta_choice(g, d, reason, stop_reason)
                 for c in [choice] if tools is None else stream_choices(tools[g.index], choice, d.finished):
-                    yield env.chunk([c], usage(call.gens, call.prompts, streamed=True) if continuous else None,
-                                    with_usage=include_usage)
+                    yield resp.chunk([c], usage(call.gens, call.prompts, streamed=True) if continuous else None,
+                                     with_usage=include_usage)
             if pending:
                 if call.ended is not None:
                     e = shutting_down(call.ended)
@@ -395,7 +396,7 @@ class Generate:
                     return
                 await call.signal.wait()
         if include_usage:
-            yield env.chunk([], usage(call.gens, call.prompts), with_usage=True)
+            yield resp.chunk([], usage(call.gens, call.prompts), with_usage=True)
         yield DONE
         self._observe(call, 200)
 
@@ -493,19 +494,3 @@ def _body_field(param: str | None, body: _Sampling, call: _Call) -> str | None:
 
 def _any_failed(call: _Call) -> bool:
     return any(g.finished and g.finish_reason in _FAILED for g in call.gens)
-
-
-def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the client SDK takes them: ``{"role", "content"}`` with text parts joined."""
-    out = []
-    for i, m in enumerate(body.messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = [p.get("text") for p in content]
-            if not all(isinstance(t, str) for t in texts):
-                raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")
-            content = "".join(texts)
-        out.append({"role": m.role, "content": "" if content is None else content})
-    if not out:
-        raise bad_request("messages must not be empty", "messages")
-    return out

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from client import RequestHandle
 from protocol.enums import FinishReason
+from protocol.handle import RequestHandle
 
 
 class Signal:

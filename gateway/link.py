@@ -34,7 +34,7 @@ CONTROL_MODEL = "simulated"
 serves requests for that model, so a simulated cluster needs one connection."""
 
 
-class BrokerLink:
+class BrokerConnections:
     """Connections, the last broker status, and per-model clients (event loop only)."""
 
     def __init__(self, config: GatewayConfig) -> None:

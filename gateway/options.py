@@ -34,19 +34,20 @@ HTTP field                      ``RequestParams`` field
 
 :func:`logprob_options` checks the logprob fields' bounds and combinations (400 naming the
 field and the bound: the request's own check would name its field, not chat's ``top_logprobs``).
+:func:`chat_messages` gives a chat body's ``messages`` as the prompt (chat completions and
+``/tokenize``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from client import DEFAULT
 from gateway.errors import bad_request
-from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, _Sampling
+from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Sampling
 from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
-from protocol.request import split_stop
+from protocol.request import DEFAULT, split_stop
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
@@ -83,6 +84,23 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         **logprob_options(body),
         **structured_option(body),  # response_format & co. (gateway.structured)
     }
+
+
+def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
+    """``body.messages`` as the client SDK takes them, the chat prompt: ``{"role", "content"}``
+    with text parts joined (400 naming the message for a part without text, or for no message)."""
+    out = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = [p.get("text") for p in content]
+            if not all(isinstance(t, str) for t in texts):
+                raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")
+            content = "".join(texts)
+        out.append({"role": m.role, "content": "" if content is None else content})
+    if not out:
+        raise bad_request("messages must not be empty", "messages")
+    return out
 
 
 def _count(value: int | None, field: str, extra: str = "") -> int | None:

@@ -125,7 +125,7 @@ def usage(gens: list[Generation], prompts: int, streamed: bool = False) -> dict 
             "prompt_tokens_details": {"cached_tokens": cached_tokens(gens, prompts)}}
 
 
-class Envelope:
+class ResponseBuilder:
     """The fields every body or chunk of one HTTP response shares, and how its choices are shown:
     ``token_str`` renders a token id (:mod:`gateway.logprobs`); ``echo``: a completion shows its
     prompt first (``Generation.echo_text``, and with logprobs its tokens' entries);

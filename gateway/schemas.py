@@ -228,9 +228,10 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
-class ChatMessage(BaseModel):
-    """One chat message. ``content``: a string or a list of text parts
-    (``{"type": "text", "text": ...}``, joined); ``name`` is accepted and not
+class ChatMessageParam(BaseModel):
+    """One chat message of a request body (OpenAI's ``ChatCompletionMessageParam``; it becomes a
+    :class:`protocol.request.ChatMessage` of the request's prompt). ``content``: a string or a
+    list of text parts (``{"type": "text", "text": ...}``, joined); ``name`` is accepted and not
     used (chat templates generally ignore it)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -248,7 +249,7 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` (OpenAI's newer
     name) and ``max_tokens`` mean the same; giving both with different values is a 400."""
 
-    messages: list[ChatMessage]
+    messages: list[ChatMessageParam]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None              # true: each generated token's logprob (choices[].logprobs.content)
     top_logprobs: int | None = None           # with logprobs: the N most likely alternatives too (0..20)
@@ -293,7 +294,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessageParam] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
     return_token_strs: bool | None = None

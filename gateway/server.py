@@ -29,7 +29,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class StopFlag(Protocol):
-    """Anything with ``is_set()``: a ``threading.Event``, :class:`slotserve.signals.StopFlag`."""
+    """Anything with ``is_set()``: a ``threading.Event``, :class:`slotserve.signals.SignalStopFlag`."""
 
     def is_set(self) -> bool: ...
 

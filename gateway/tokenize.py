@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation, from_value_error, unavailable
-from gateway.link import BrokerLink
+from gateway.link import BrokerConnections
+from gateway.options import chat_messages
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
@@ -48,7 +49,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 class TokenizeEndpoints:
     """The two handlers, over the gateway's broker link (the served models, their context) and tokenizers."""
 
-    def __init__(self, link: BrokerLink, tokenizers: Tokenizers, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, link: BrokerConnections, tokenizers: Tokenizers, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.link = link
         self.tokenizers = tokenizers
         self.max_body_bytes = max_body_bytes
@@ -67,7 +68,7 @@ class TokenizeEndpoints:
                                   else "tool_choice")
             messages, tools = None, None
             if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
-                messages = _worker_messages(render_messages(_chat_messages(body), body.messages))
+                messages = _worker_messages(render_messages(chat_messages(body), body.messages))
                 plan = tool_plan(body)
                 tools = None if plan is None else plan.definitions()
             try:
@@ -124,12 +125,6 @@ class TokenizeEndpoints:
             raise bad_request(f"/tokenize and /detokenize need the model's tokenizer, and "
                               f"{self.tokenizers.why_none(model)}", "model", "unsupported")
         return model, tok
-
-
-def _chat_messages(body: TokenizeRequest) -> list[dict]:
-    from gateway.generate import _chat_messages as chat_messages
-
-    return chat_messages(body)
 
 
 def _worker_messages(messages: list[dict]) -> list[dict]:

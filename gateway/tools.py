@@ -214,7 +214,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
 
 
 def stream_choices(stream: ToolStream, choice: dict, finished: bool) -> list[dict]:
-    """A chat stream's choice (:meth:`gateway.responses.Envelope.delta_choice`: a content delta,
+    """A chat stream's choice (:meth:`gateway.responses.ResponseBuilder.delta_choice`: a content delta,
     token ids, logprobs, finish and stop reasons) as ``stream`` shows it, one choice (one chunk) per
     delta its text makes ready: the token ids and logprobs on the first, the finish reason (the
     parser's: ``tool_calls`` for a choice that stopped with calls) on the last, one empty delta

@@ -45,9 +45,6 @@ from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
 from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
 
-DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
-"""Largest frame :func:`decode` accepts by default (bytes)."""
-
 _count_of = operator.countOf
 _tuple_new = tuple.__new__
 _ID_TYPES = frozenset({int, str})

@@ -493,7 +493,14 @@ _REQUIRED = object()  # "no default": never identical to a value
 _CHECKS = tuple((name, hint.__metadata__[0], _Fields._field_defaults.get(name, _REQUIRED))
                 for name, hint in get_type_hints(_Fields, include_extras=True).items())
 """(name, check, default) per field; a value that *is* the default needs no check."""
-_NO_PROCESSORS = (GREEDY.logit_bias, GREEDY.repetition_penalty, GREEDY.presence_penalty, GREEDY.frequency_penalty)
+_DRAW_FIELDS = ("temperature", "top_p", "top_k", "seed", "min_p")
+"""The request fields that shape the random draw, copied by name into its :class:`SamplingParams`
+(left at :data:`GREEDY`'s where the request is greedy: they do not change an argmax)."""
+_PROCESSOR_FIELDS = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty")
+"""The request fields of the logits processors, copied by name into its :class:`SamplingParams`."""
+_draw_values = operator.attrgetter(*_DRAW_FIELDS)
+_processor_values = operator.attrgetter(*_PROCESSOR_FIELDS)
+_NO_PROCESSORS = _processor_values(GREEDY)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
 
 ROW_ALIASES = {"messages": "prompt"}
@@ -590,21 +597,17 @@ class RequestParams(_Fields):
         """The sampling fields as a :class:`SamplingParams`; greedy (below :data:`GREEDY_BELOW`)
         with the draw's options at their defaults, where they do not matter (:data:`GREEDY`
         itself when no processor is set either)."""
-        processors = (self.logit_bias, self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
-        structured = self.structured
-        if structured is not None:
-            stops = self.stop_token if type(self.stop_token) is tuple else ()
-            if self.temperature < GREEDY_BELOW:
-                return SamplingParams(GREEDY.temperature, GREEDY.top_p, GREEDY.top_k, GREEDY.seed, GREEDY.min_p,
-                                      *processors, structured=structured, structured_stops=stops)
-            return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_p, *processors,
-                                  structured=structured, structured_stops=stops)
-        if self.temperature < GREEDY_BELOW:
-            if processors == _NO_PROCESSORS:
-                return GREEDY
-            return SamplingParams(GREEDY.temperature, GREEDY.top_p, GREEDY.top_k, GREEDY.seed, GREEDY.min_p,
-                                  *processors)
-        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_p, *processors)
+        greedy = self.temperature < GREEDY_BELOW
+        processors = _processor_values(self)
+        if greedy and processors == _NO_PROCESSORS and self.structured is None:
+            return GREEDY
+        fields = dict(zip(_PROCESSOR_FIELDS, processors))
+        if not greedy:
+            fields.update(zip(_DRAW_FIELDS, _draw_values(self)))
+        if self.structured is not None:
+            fields.update(structured=self.structured,
+                          structured_stops=self.stop_token if type(self.stop_token) is tuple else ())
+        return SamplingParams(**fields)
 
     def check_resume(self, tokens: object, vocab_size: int | None = None) -> tuple[int, ...]:
         """``tokens`` already generated for this request elsewhere (migration,

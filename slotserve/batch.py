@@ -1,7 +1,7 @@
-"""``slotserve run`` end to end: a :class:`~slotserve.job.Job` against a
+"""``slotserve run`` end to end: a :class:`~slotserve.job.BatchJob` against a
 running broker or an embedded cluster, supervised from one loop until the job
 ends, a stop signal comes, ``timeout_s`` passes or the cluster fails; then
-the job is stopped cleanly (:meth:`Job.stop`), the cluster stopped, and the
+the job is stopped cleanly (:meth:`BatchJob.stop`), the cluster stopped, and the
 outcome mapped to an exit status.
 
 Exit status (:class:`ExitStatus`; 2 is click's usage error):
@@ -24,7 +24,7 @@ from enum import IntEnum
 from typing import Iterable, TextIO
 
 from client import BrokerUnavailable, Client
-from slotserve.job import Job, JobSummary
+from slotserve.job import BatchJob, JobSummary
 from slotserve.launcher import ClusterConfig, LocalCluster
 from slotserve.signals import StopSignals
 
@@ -58,7 +58,7 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
     (installed by the caller, on the main thread) or after ``timeout_s``
     seconds. ``curve``, ``model``: as for :class:`~client.Client` (``model``
     None: the broker's only model);
-    ``max_in_flight``, ``total``, ``progress``, ``close_input``: as for :class:`Job`;
+    ``max_in_flight``, ``total``, ``progress``, ``close_input``: as for :class:`BatchJob`;
     ``wait_for_model_s``: seconds a worker for ``model`` may take to appear;
     ``poll_s``: how often the loop checks the deadline (signals and the
     job's end wake it at once). Raises ValueError unless exactly one of
@@ -85,8 +85,8 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
             broker = local.frontend
         with Client(broker, model=model, name="slotserve-run", curve=curve) as client:
             _wait_for_model(client, wait_for_model_s, lambda: stop_reason() is not None)
-            job = Job(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress,
-                      on_finish=signals.wake, close_input=close_input).start()
+            job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress,
+                           on_finish=signals.wake, close_input=close_input).start()
             try:
                 def should_stop() -> bool:
                     return job.finished or stop_reason() is not None
@@ -111,7 +111,7 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
     return _outcome(job, failure, signals.flag.signum)
 
 
-def _outcome(job: Job | None, failure: str | None, signum: int | None) -> BatchOutcome:
+def _outcome(job: BatchJob | None, failure: str | None, signum: int | None) -> BatchOutcome:
     summary = None if job is None else job.summary()
     if signum is not None and (summary is None or summary.stopped is not None):
         return BatchOutcome(summary, ExitStatus.SIGNALLED + signum, f"stopped by {signal.Signals(signum).name}")

@@ -125,7 +125,7 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[k]
 
 
-class Job:
+class BatchJob:
     """A batch job over one :class:`~client.Client`: rows are read and submitted
     on a feeder thread (at most ``max_in_flight`` unfinished at a time) and
     each result row is written to ``out`` and flushed as its request ends.
@@ -177,7 +177,7 @@ class Job:
 
     # ------------------------------------------------------------------ control
 
-    def start(self) -> "Job":
+    def start(self) -> "BatchJob":
         self._t0 = time.monotonic()
         self._feeder.start()
         return self
@@ -426,7 +426,7 @@ def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: i
     ValueError for a bad ``max_in_flight``; a failure to read ``inp`` or to
     submit (a closed client) is re-raised after the rows in flight ended.
     """
-    job = Job(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress)
+    job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress)
     try:
         job.start()
         if not job.wait(timeout_s):

@@ -25,11 +25,11 @@ from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
-from client import BrokerUnavailable, Client
+from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
 from protocol.validation import as_seconds
-from slotserve.signals import PARENT_GONE, StopFlag, child_signals, watch_parent
+from slotserve.signals import PARENT_GONE, SignalStopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
 from worker.process import run_worker
@@ -42,12 +42,12 @@ _ctx = mp.get_context("spawn")
 # ---------------------------------------------------------------------- child entry points
 
 
-def _child_setup(title: str, log_level: str, stop_timeout_s: float) -> StopFlag:
+def _child_setup(title: str, log_level: str, stop_timeout_s: float) -> SignalStopFlag:
     from setproctitle import setproctitle
 
     setproctitle(title)
     logging.basicConfig(level=log_level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
-    stop = StopFlag()  # the loops check it every tick
+    stop = SignalStopFlag()  # the loops check it every tick
     child_signals(stop)
     watch_parent(stop, grace_s=stop_timeout_s)
     return stop
@@ -434,13 +434,3 @@ def _terminate(procs: Sequence[mp.Process], timeout_s: float) -> None:
             log.warning("%s did not stop within %.1f s: killing it", p.name, timeout_s)
             p.kill()
             p.join()
-
-
-def is_broker_reachable(address: str, timeout_s: float = 2.0, curve=None) -> bool:
-    """True when a broker answers at ``address`` within ``timeout_s`` (``curve``
-    as for ``Client``)."""
-    try:
-        with Client(address, connect_timeout_s=timeout_s, name="probe", curve=curve):
-            return True
-    except BrokerUnavailable:
-        return False

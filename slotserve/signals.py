@@ -29,7 +29,7 @@ PARENT_GONE = "parent gone"
 """The reason :func:`watch_parent` sets a child's stop flag with."""
 
 
-class StopFlag:
+class SignalStopFlag:
     """``is_set()`` / ``set(reason)``, like ``threading.Event`` but safe to set
     from a signal handler (no lock) and remembering the first reason given
     (a signal number or a short text). It also counts how often it was set:
@@ -73,7 +73,7 @@ class StopSignals:
     """
 
     def __init__(self) -> None:
-        self.flag = StopFlag()
+        self.flag = SignalStopFlag()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -129,9 +129,9 @@ class StopSignals:
             self.drain()
 
 
-def child_signals(stop: StopFlag) -> None:
+def child_signals(stop: SignalStopFlag) -> None:
     """In a launched child: SIGTERM sets ``stop`` (a second one makes it
-    :meth:`~StopFlag.repeated`); SIGINT and SIGHUP are ignored, because the
+    :meth:`~SignalStopFlag.repeated`); SIGINT and SIGHUP are ignored, because the
     parent decides when its children stop (a Ctrl-C or a hang-up reaches the
     whole process group; the parent then lets the gateway drain while the
     workers and the broker still serve, and stops them in order: gateway,
@@ -142,7 +142,7 @@ def child_signals(stop: StopFlag) -> None:
         signal.signal(_SIGHUP, signal.SIG_IGN)
 
 
-def watch_parent(stop: StopFlag, grace_s: float) -> threading.Thread | None:
+def watch_parent(stop: SignalStopFlag, grace_s: float) -> threading.Thread | None:
     """In a child started by :mod:`multiprocessing`: when the parent process
     is gone, however it ended (SIGKILL included), set ``stop``, and if the
     process is still alive ``grace_s`` seconds later, end it with

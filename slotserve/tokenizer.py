@@ -15,7 +15,7 @@ import os
 def is_local_model(name: str) -> bool:
     """Whether ``name`` is a model this machine has: an alias (``smollm2-135m``), a folder or a
     ``.gguf`` file (not a hub id: a gateway never downloads a tokenizer on its own)."""
-    from worker.models.hf import ALIASES
+    from worker.models.checkpoint import ALIASES
 
     return name in ALIASES or os.path.isdir(name) or (os.path.isfile(name) and name.endswith(".gguf"))
 
@@ -30,15 +30,15 @@ def load_tokenizer(name: str, *, explicit: bool = False):
     if name == "simulated" or not (explicit or is_local_model(name)):
         return None
     from gateway.tokenizer import Tokenizer
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
     from worker.models.hf_text import HFTextCodec
 
     path, gguf_file = resolve_model_path(name)
     tok = None
     if gguf_file is not None:
-        from worker.models.llama.source import _tokenizer
+        from worker.models.gguf_tokenizer import gguf_tokenizer
 
-        tok = _tokenizer(os.path.join(path, gguf_file))
+        tok = gguf_tokenizer(os.path.join(path, gguf_file))
     if tok is None:
         from transformers import AutoTokenizer
 

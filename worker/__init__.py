@@ -8,20 +8,17 @@
 
 from protocol.defaults import AGING_WINDOW as DEFAULT_AGING_WINDOW
 from protocol.enums import FinishReason
+from protocol.errors import UnsupportedError
 from protocol.handle import RequestHandle
 from protocol.request import DEFAULT, RequestParams
 from worker.engine import BatchInferenceEngine
-from worker.errors import DuplicateRequestError, ModelError, QueueFullError, UnsupportedError
+from worker.errors import DuplicateRequestError, ModelError, QueueFullError
 from worker.models.simulated import SimulatedLLM
 from worker.scheduler import Policy
-
-ENGINE_DEFAULT = DEFAULT
-"""``stop_token`` not given (the engine's default applies): :data:`protocol.request.DEFAULT`."""
 
 __all__ = [
     "DEFAULT",
     "DEFAULT_AGING_WINDOW",
-    "ENGINE_DEFAULT",
     "BatchInferenceEngine",
     "DuplicateRequestError",
     "FinishReason",

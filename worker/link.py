@@ -5,9 +5,9 @@ the inproc PAIR from the main thread (:mod:`worker.process`). It announces
 the model when loading starts (``loading``: requests for it wait in the
 broker's queue meanwhile), registers once loaded and warmed up (model and
 its served names, slots, credits),
-hands assigned requests and cancellations to the
-:class:`~worker.process.WorkerProcess` (which submits them straight into the
-engine: ``submit_request`` is thread-safe), sends heartbeats at the broker's
+hands assigned requests and cancellations to its worker (:class:`LinkedWorker`:
+the :class:`~worker.process.WorkerProcess`, which submits them straight into
+the engine: ``submit_request`` is thread-safe), sends heartbeats at the broker's
 interval (announced in its ``welcome``), and forwards the main thread's
 iterations, split to fit the broker's frame limit. A long model step (or the
 model's load) never blocks it, so heartbeats keep flowing.
@@ -30,7 +30,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 
@@ -40,12 +40,10 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
 from protocol.messages import (
-    BROKER_TO_WORKER, Assign, Bye, Cancel, Error, Finished, Heartbeat, Iteration, Loading, Message, Register,
-    Welcome,
+    BROKER_TO_WORKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message,
+    ModelInfo, PrefixCacheUsage, Register, Rejected, Welcome,
 )
-
-if TYPE_CHECKING:
-    from worker.process import WorkerProcess
+from worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,31 @@ WAKE, STOP, READY = b"w", b"s", b"r"
 _BROKER_BEATS_PER_WINDOW = 3  # the broker counts as lost after this many of its heartbeat intervals, at least
 
 
-def serve_broker(wp: WorkerProcess, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event) -> None:
+class LinkedWorker(Protocol):
+    """What the I/O thread reads and calls of its worker: the shape of
+    :class:`~worker.process.WorkerProcess` seen from here (so this module need not import it).
+    The methods (each documented there) run on the I/O thread; the attributes are set before
+    it starts, except ``iterations`` (an int the main thread counts up) and ``goodbye``."""
+
+    config: WorkerConfig
+    identity: bytes                                   # the DEALER's routing id
+    curve_keys: tuple[bytes, bytes, bytes] | None     # (public, secret, broker's public) or None: no CURVE
+    name: str                                         # shown in the broker's status and logs
+    info: ModelInfo | None                            # what ``register`` says of the model (set once loaded)
+    ready: bool                                       # loaded and warm when the I/O thread starts
+    iterations: int                                   # engine iterations so far (heartbeats' progress)
+    goodbye: str                                      # the ``bye`` message's reason
+
+    def take_outbox(self) -> list[Iteration]: ...
+    def assign(self, entries: tuple[Envelope | Rejected, ...]) -> list[Finished]: ...
+    def cancel(self, keys: list[int]) -> None: ...
+    def holds(self, key) -> bool: ...
+    def abandon(self, keys: list) -> None: ...
+    def drop_all(self) -> None: ...
+    def prefix_cache_usage(self) -> PrefixCacheUsage | None: ...
+
+
+def serve_broker(wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event) -> None:
     """The I/O thread's body: link ``wp`` to the broker until the main thread
     sends :data:`STOP`. A failure here stops the worker (sets ``stop``), loudly;
     ``pipe`` and the DEALER are closed either way."""
@@ -80,7 +102,7 @@ class BrokerLink:
     (``register`` sent / welcomed). Heartbeats and the broker's liveness
     window follow the broker's interval from its welcome."""
 
-    def __init__(self, wp: WorkerProcess, ctx: zmq.Context, pipe: zmq.Socket) -> None:
+    def __init__(self, wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket) -> None:
         self.wp = wp
         self.cfg = wp.config
         self.pipe = pipe

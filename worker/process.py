@@ -305,6 +305,7 @@ class WorkerProcess:
         return started
 
     # ------------------------------------------------------------------ called by the I/O thread
+    # (with the attributes it reads, this is :class:`worker.link.LinkedWorker`)
 
     def prefix_cache_usage(self) -> PrefixCacheUsage | None:
         """The model's prefix cache now (``worker.models.llama.prefix_cache``), for heartbeats;

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore, Side
+from broker.core import BrokerCore
+from broker.outbox import Side
 from tests.support.messages import envelope
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (

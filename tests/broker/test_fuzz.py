@@ -28,7 +28,7 @@ from protocol.enums import FinishReason
 from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.cluster import ANY_PORT
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 LIMIT = 64 * 1024
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from broker.core import Side
+from broker.outbox import Side
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Cancel, Finished, Heartbeat, Iteration, Register, Results, Submit
 from tests.support import cores

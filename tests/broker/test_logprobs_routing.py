@@ -6,7 +6,7 @@ resumes from the tokens its client has, whose entries it keeps."""
 
 from __future__ import annotations
 
-from broker.core import Side
+from broker.outbox import Side
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob as T

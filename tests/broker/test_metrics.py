@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import BrokerConfig, BrokerServer
 from client import Client
 from tests.support.waits import wait_until
-from worker.process import WorkerConfig, run_worker
+from worker.config import WorkerConfig
+from worker.process import run_worker
 
 
 def scrape(port: int) -> dict:

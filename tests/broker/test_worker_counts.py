@@ -9,7 +9,7 @@ import logging
 import msgpack
 import pytest
 
-from broker.core import Side
+from broker.outbox import Side
 from protocol.codec import decode, encode
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError

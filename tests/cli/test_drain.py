@@ -35,7 +35,8 @@ from gateway import GatewayConfig  # noqa: E402
 from slotserve.cli import main, serve, up  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from tests.support.cluster import ANY_PORT  # noqa: E402
-from tests.support.gateway import CallInFlight, error_of, simulated_reference, wait_until  # noqa: E402
+from tests.support.gateway import CallInFlight, error_of, wait_until  # noqa: E402
+from tests.support.reference import simulated_reference  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]

@@ -18,11 +18,12 @@ import pytest
 
 from broker import BrokerConfig, run_broker
 from client import Client
-from slotserve.job import Job, run_job
+from slotserve.job import BatchJob, run_job
 from tests.support.reference import simulated_reference
 from tests.support.waits import wait_until
 from worker import SimulatedLLM
-from worker.process import WorkerConfig, run_worker
+from worker.config import WorkerConfig
+from worker.process import run_worker
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
@@ -140,7 +141,7 @@ def test_rows_are_flushed_as_they_finish(frontend):
              json.dumps({"id": "long", "prompt": [2], "max_tokens": 10_000, "stop_token": None})]
     with Client(frontend, connect_timeout_s=20) as client:
         client.wait_for_model(20)
-        job = Job(client, io.StringIO("\n".join(lines)), out, progress=False).start()
+        job = BatchJob(client, io.StringIO("\n".join(lines)), out, progress=False).start()
         try:
             wait_until(lambda: '"short"' in out.flushed, 20)
             assert '"long"' not in out.flushed and not job.finished

@@ -26,9 +26,10 @@ from client import Client  # noqa: E402
 from tests.support.messages import envelope  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
 from worker import BatchInferenceEngine, SimulatedLLM  # noqa: E402
-from worker.models.hf import resolve_model_path  # noqa: E402
+from worker.models.checkpoint import resolve_model_path  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
-from worker.process import WorkerConfig, WorkerProcess, run_worker  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
+from worker.process import WorkerProcess, run_worker  # noqa: E402
 
 pytestmark = pytest.mark.hf
 

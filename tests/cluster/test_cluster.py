@@ -24,7 +24,7 @@ from tests.support.messages import envelope
 from tests.support.reference import simulated_references
 from tests.support.waits import Deadline, wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 
 

@@ -18,7 +18,7 @@ from protocol.endpoints import endpoint_host, wants_ipv6
 from slotserve.cli import main
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 
 def _has_ipv6_loopback() -> bool:

@@ -20,7 +20,7 @@ import zmq
 from click.testing import CliRunner
 
 from broker.config import BrokerConfig
-from broker.core import Side
+from broker.outbox import Side
 from client import Client
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError

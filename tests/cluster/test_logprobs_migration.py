@@ -144,7 +144,8 @@ def test_every_async_stream_raises_the_error_that_ended_its_request_and_asynccli
 def test_the_worker_sends_each_tokens_entry_with_it_and_the_prompts_once_with_the_first(tiny_text_dir):
     from tests.support.messages import envelope
     from worker.models import load_model
-    from worker.process import WorkerConfig, WorkerProcess
+    from worker.config import WorkerConfig
+    from worker.process import WorkerProcess
 
     model = load_model(tiny_text_dir)
     wp = WorkerProcess(WorkerConfig(num_slots=4, warmup=False), model=model)

@@ -327,7 +327,7 @@ def test_worker_assign_frame_it_cannot_decode_refuses_only_its_requests():
     """The broker->worker direction of a frame the receiver refuses: an
     ``assign`` that does not decode at the worker ends the requests it named
     (the worker answers with their endings); the others run."""
-    from broker.core import Side
+    from broker.outbox import Side
 
     with ThreadCluster(heartbeat_interval_s=0.2, worker_liveness_s=2.0) as cl:
         cl.add_worker(num_slots=4)

@@ -17,7 +17,8 @@ from tests.support.cluster import ThreadCluster, iterations
 from tests.support.cores import C1, INFO, W1, assigned, make_core, sent
 from tests.support.messages import envelope
 from worker import SimulatedLLM
-from worker.process import WorkerConfig, WorkerProcess
+from worker.config import WorkerConfig
+from worker.process import WorkerProcess
 
 CHAT = [{"role": "user", "content": "hello there"}]
 

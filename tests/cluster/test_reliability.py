@@ -29,7 +29,7 @@ from tests.support.messages import envelope
 from tests.support.reference import simulated_references
 from tests.support.waits import wait_until
 from worker import SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 HUNG_S = 2.0
 

@@ -19,7 +19,7 @@ from slotserve.launcher import ClusterConfig, LocalCluster, make_curve_keys
 from tests.support.cluster import ANY_PORT
 from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)

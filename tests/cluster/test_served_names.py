@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core import Side
+from broker.outbox import Side
 from client import Client
 from protocol.enums import ErrorCode
 from protocol.messages import Hello, Loading, Register, Results, Submit, Welcome

@@ -20,7 +20,8 @@ import textwrap
 from click.testing import CliRunner
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore, Side
+from broker.core import BrokerCore
+from broker.outbox import Side
 from client import Client
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Error, Finished, Heartbeat, Iteration, ModelInfo, Register, Results, Submit
@@ -29,7 +30,7 @@ from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.messages import envelope
 from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 N, MAX_TOKENS = 3000, 8
 

@@ -21,7 +21,7 @@ from gateway import GatewayConfig  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
 from tests.support.gateway import start_cluster  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n", "tag"],
           "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["x", "y"]}}}

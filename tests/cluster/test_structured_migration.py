@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 
 import pytest
 
@@ -26,7 +25,7 @@ from protocol.enums import FinishReason  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from tests.support.cluster import ANY_PORT  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
           "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"enum": ["x", "yy"]}}}

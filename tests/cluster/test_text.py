@@ -31,7 +31,7 @@ from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
 from tests.support.cluster import ANY_PORT, ThreadWorker, registered  # noqa: E402
 from tests.support.tiny_text import ScriptedTextModel  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 SCRIPT = "Say ab 😀 日本 cd, then the quick brown fox jumps over the lazy dog."
 PROMPT = [5, 6, 7]

@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from gateway import GatewayConfig, run
-from tests.support.gateway import simulated_reference, start_cluster, wait_until
+from tests.support.gateway import start_cluster, wait_until
+from tests.support.reference import simulated_reference
 from tests.support.launcher import record_clusters
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 KEY, OTHER_KEY = "sk-test-Kq3vZ8", "second.key_~+/9="
 WRONG = "sk-test-WRONGxyz"

@@ -29,7 +29,8 @@ import pytest
 from gateway import GatewayConfig, run
 from gateway.drain import END_GRACE_S, HALTED, Drain
 from tests.support.cluster import ThreadCluster
-from tests.support.gateway import CallInFlight, broker_status, error_of, metric, simulated_reference, wait_until
+from tests.support.gateway import CallInFlight, broker_status, error_of, metric, wait_until
+from tests.support.reference import simulated_reference
 
 STEP_MS = 20.0
 PROMPT = [5, 6]

@@ -29,7 +29,7 @@ from gateway import GatewayConfig, run
 from tests.support.cluster import free_port
 from tests.support.gateway import broker_status, error_of, metric, start_cluster, wait_until
 from tests.support.reference import simulated_reference
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 BODY_LIMIT = 64 * 1024
 SLOTS, PREFETCH, MAX_QUEUE = 2, 1, 3

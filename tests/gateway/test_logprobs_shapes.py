@@ -122,7 +122,7 @@ class ScriptedClient:
 
 
 class ScriptedLink:
-    """A stand-in for :class:`gateway.link.BrokerLink`: one model ``m``."""
+    """A stand-in for :class:`gateway.link.BrokerConnections`: one model ``m``."""
 
     broker_ok = True
 

@@ -23,7 +23,7 @@ import gateway  # noqa: E402
 from gateway import GatewayConfig  # noqa: E402
 from tests.support.gateway import metric, start_cluster, wait_until  # noqa: E402
 from tests.support.reference import simulated_reference  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from protocol.messages import ModelInfo  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
 from tests.support.gateway import error_of, start_cluster  # noqa: E402
 from tests.support.reference import simulated_reference  # noqa: E402
-from worker.process import WorkerConfig  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 ROLE_DELTA = {"role": "assistant", "content": ""}

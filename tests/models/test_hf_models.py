@@ -16,11 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from protocol.request import SamplingParams  # noqa: E402
 from tests.support import slot_models  # noqa: E402
 from tests.support.slot_models import generate_alone, save_tiny_llama, scattered_rows_and_reuse, tiny_llama  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.models.base import SamplingParams, SlotInput  # noqa: E402
 from worker.models.hf import load_hf_model  # noqa: E402
 
 pytestmark = pytest.mark.hf

@@ -205,8 +205,8 @@ def test_a_gguf_that_is_not_plain_llama_goes_through_transformers(monkeypatch):
     """Any config key the direct read does not know (RoPE scaling here, were transformers' GGUF
     mapping to give it) sends the file to transformers' loader, whose model then decides the runner."""
     from worker.models import checkpoint
-    from worker.models.hf import resolve_model_path
-    from worker.models.llama.source import read_gguf
+    from worker.models.checkpoint import resolve_model_path
+    from worker.models.checkpoint import read_gguf
 
     real = checkpoint.gguf_config_dict
     monkeypatch.setattr(checkpoint, "gguf_config_dict", lambda *a: {
@@ -221,8 +221,8 @@ def test_an_untied_gguf_keeps_its_own_lm_head(monkeypatch):
     """tie_word_embeddings False (transformers' mapping sets it when the file has output.weight):
     the head is that tensor; False without one leaves the file to transformers."""
     from worker.models import checkpoint
-    from worker.models.hf import resolve_model_path
-    from worker.models.llama.source import read_gguf
+    from worker.models.checkpoint import resolve_model_path
+    from worker.models.checkpoint import read_gguf
 
     real_config, real_tensors, extra = checkpoint.gguf_config_dict, checkpoint._tensors, {}
     monkeypatch.setattr(checkpoint, "gguf_config_dict", lambda *a: {**real_config(*a), "tie_word_embeddings": False})

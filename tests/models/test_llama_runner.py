@@ -254,10 +254,9 @@ def test_cpu_linear_kind_is_measured_once_or_named():
 @pytest.mark.parametrize("value,options", [("blas9000", {}), ("onednn", {"runner": "hf"}),
                                            ("blas9000", {"precision": "int8"}), ("mkl", {"precision": "bf16"})])
 def test_a_bad_cpu_linear_fails_the_load_before_any_weight_is_read(model_dir, monkeypatch, value, options):
-    from worker.models import checkpoint, hf
+    from worker.models import checkpoint
 
-    for module in (checkpoint, hf):
-        monkeypatch.setattr(module, "resolve_model_path", lambda *a: pytest.fail("weights were looked up"))
+    monkeypatch.setattr(checkpoint, "resolve_model_path", lambda *a: pytest.fail("weights were looked up"))
     with pytest.raises(ValueError, match="cpu_linear"):
         load_model(model_dir, cpu_linear=value, **options)
 

@@ -6,9 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from protocol.request import GREEDY_BELOW  # noqa: E402
+from protocol.request import GREEDY_BELOW, SamplingParams  # noqa: E402
 from worker.errors import ModelError  # noqa: E402
-from worker.models.base import SamplingParams  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

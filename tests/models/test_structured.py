@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
+from protocol.errors import UnsupportedError  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason, SimulatedLLM  # noqa: E402
-from worker.errors import UnsupportedError  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.grammar import GrammarError  # noqa: E402
 

@@ -404,7 +404,7 @@ def test_no_config_takes_a_frame_limit_that_no_control_message_fits():
     """The kind of the fuzzer's finding (test_fuzz): a frame limit below MIN_MESSAGE_BYTES
     is refused wherever one is set, not only when announced on the wire."""
     from broker import BrokerConfig
-    from worker.process import WorkerConfig
+    from worker.config import WorkerConfig
 
     for config in (BrokerConfig, WorkerConfig):
         with pytest.raises(ValueError, match=f"max_message_bytes must be an int >= {MIN_MESSAGE_BYTES}"):

@@ -1,6 +1,7 @@
 """The sampling controls' fields as a request takes them (protocol/request.py): ``logit_bias``
 keys as ints or as the decimal strings JSON maps carry (a ``slotserve run`` row is parsed by
-``RequestParams.from_mapping`` of its ``json.loads``), and the bounds of every field."""
+``RequestParams.from_mapping`` of its ``json.loads``), the bounds of every field, and each
+field reaching the same-named field of the request's ``SamplingParams``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 
 import pytest
 
-from protocol.request import RequestParams
+from protocol.request import GREEDY, RequestParams, SamplingParams
+from protocol.structured import Constraint
 
 
 def row(**fields):
@@ -43,3 +45,38 @@ def test_a_key_that_is_not_a_plain_decimal_id_is_refused(key):
 def test_out_of_bounds_values_are_refused_naming_the_field(fields, says):
     with pytest.raises(ValueError, match=says):
         row(**fields)
+
+
+# A distinct, non-default value for every SamplingParams field a request sets (each a RequestParams
+# field of the same name; min_tokens too, but the slot table sets that one: worker/slots.py).
+DISTINCT = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "min_p": 0.05, "logit_bias": ((5, 2.0),),
+            "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "structured": Constraint("regex", "a+")}
+DRAW = ("temperature", "top_p", "top_k", "seed", "min_p")  # left at GREEDY's for a greedy request
+
+
+def test_every_sampling_field_of_a_request_is_named_here():
+    """A field added to both tuples must be added to DISTINCT (and so to the checks below)."""
+    shared = set(SamplingParams._fields) & set(RequestParams._fields) - {"min_tokens"}
+    assert shared == set(DISTINCT)
+    assert len(set(map(repr, DISTINCT.values()))) == len(DISTINCT)
+    assert all(getattr(GREEDY, name) != value for name, value in DISTINCT.items())
+
+
+def test_each_sampling_field_reaches_its_own_name():
+    """Built positionally, a field inserted in the middle of SamplingParams would shift the later
+    ones into their neighbours' places; by name, each value lands where it belongs."""
+    sampling = RequestParams([1, 2], 3, stop_token=[9, 4], **DISTINCT).sampling
+    assert {name: getattr(sampling, name) for name in DISTINCT} == DISTINCT
+    assert sampling.structured_stops == (4, 9)
+    assert sampling._replace(**{name: getattr(GREEDY, name) for name in DISTINCT}, structured_stops=()) == GREEDY
+
+
+@pytest.mark.parametrize("structured", [False, True])
+def test_a_greedy_request_keeps_its_processors_and_drops_the_draws_options(structured):
+    fields = {k: v for k, v in DISTINCT.items() if k not in DRAW and (structured or k != "structured")}
+    sampling = RequestParams([1, 2], 3, temperature=1e-6, top_p=0.9, top_k=40, seed=3, min_p=0.05,
+                             **fields).sampling
+    assert {name: getattr(sampling, name) for name in fields} == fields
+    assert {name: getattr(sampling, name) for name in DRAW} == {name: getattr(GREEDY, name) for name in DRAW}
+    assert RequestParams([1, 2], 3, temperature=0.0, top_k=40, seed=3).sampling is GREEDY

@@ -32,7 +32,7 @@ from protocol.request import RequestParams
 from slotserve.job import run_job
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 LONE = "tell me about \ud83d"
 TOO_BIG, TOO_SMALL = 2**64, -(2**63) - 1

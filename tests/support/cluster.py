@@ -20,7 +20,8 @@ from protocol.codec import decode, encode
 from protocol.messages import CLIENT_TO_BROKER, Message, Welcome
 from tests.support.waits import Deadline
 from worker import SimulatedLLM
-from worker.process import WorkerConfig, WorkerProcess
+from worker.config import WorkerConfig
+from worker.process import WorkerProcess
 
 ANY_PORT = "tcp://127.0.0.1:*"  # any free port, on loopback
 

@@ -4,7 +4,8 @@ identities they use, and what to read from the sends it returns."""
 from __future__ import annotations
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore, Send, Side
+from broker.core import BrokerCore
+from broker.outbox import Send, Side
 from protocol.messages import Assign, Envelope, ModelInfo
 
 C1, C2 = b"client-1", b"client-2"

@@ -17,11 +17,8 @@ from client import Client
 from gateway import GatewayConfig
 from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.cluster import ANY_PORT
-from tests.support.reference import simulated_reference  # noqa: F401 -- the gateway tests' reference
 from tests.support.waits import wait_until as _wait_until
-from worker.process import WorkerConfig
-
-# The gateway tests' conditions are HTTP calls: polled every 10 ms.
+from worker.config import WorkerConfig  # The gateway tests' conditions are HTTP calls: polled every 10 ms.
 wait_until = functools.partial(_wait_until, pause_s=0.01)
 
 

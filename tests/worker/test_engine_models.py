@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.request import GREEDY, SamplingParams
 from tests.support.reference import spec_reference
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.models import load_model
-from worker.models.base import GREEDY, SamplingParams, SlotInput, SlotModel
+from worker.models.base import SlotInput, SlotModel
 
 
 class CheckingSlotModel:

@@ -18,7 +18,7 @@ from slotserve.job import run_job
 from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.engine import ScriptedModel
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig
+from worker.config import WorkerConfig
 
 
 def test_stop_token_and_sequences_wait_for_min_tokens():

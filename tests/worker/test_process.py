@@ -11,7 +11,8 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import PROTOCOL_VERSION
 from tests.support.messages import envelope
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig, WorkerProcess
+from worker.config import WorkerConfig
+from worker.process import WorkerProcess
 
 
 class ByteCodec:

@@ -16,7 +16,8 @@ from tests.support.cluster import ThreadCluster
 from tests.support.reference import simulated_reference
 from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
-from worker.process import WorkerConfig, WorkerProcess
+from worker.config import WorkerConfig
+from worker.process import WorkerProcess
 from worker.warmup import needs_warmup, warm_up
 
 

@@ -6,7 +6,8 @@ needs them, so ``import worker`` stays light.
 
 from __future__ import annotations
 
-from worker.models.base import SamplingParams, SlotInput, SlotModel, StatelessModel
+from protocol.request import SamplingParams
+from worker.models.base import SlotInput, SlotModel, StatelessModel
 from worker.models.heap import bound_onednn_caches, return_freed_memory
 from worker.models.options import ModelOptions
 

@@ -24,7 +24,7 @@
   picks them up);
 - the tokenizer: :func:`worker.models.gguf_tokenizer.gguf_tokenizer`
   (transformers' conversion from the metadata, kept as ``tokenizer.json``
-  next to the file, keyed by :attr:`GGUFTable.digest`).
+  next to the file, keyed by :attr:`~worker.models.gguf_header.GGUFTable.digest`).
 
 A file stating something that transformers' GGUF config mapping drops and
 that changes the forward (RoPE scaling, Phi-3's long-RoPE factors, a head
@@ -46,14 +46,13 @@ kernel timing).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+
+from worker.models.gguf_header import GGUFTable, read_table
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                  "gemma3": "gemma3_text", "phi3": "phi3"}
@@ -175,9 +174,9 @@ def read_gguf(path: str):
     module docstring), or None for another architecture or a config transformers maps beyond
     :data:`GGUF_KEYS` (the caller then loads it through transformers).
 
-    One pass over the header (:func:`read_table`) gives the metadata and the tensor table, and
-    says no to another architecture before anything is converted; each tensor is then
-    dequantised once. ``tokenizer``: a transformers fast tokenizer
+    One pass over the header (:func:`~worker.models.gguf_header.read_table`) gives the metadata
+    and the tensor table, and says no to another architecture before anything is converted; each
+    tensor is then dequantised once. ``tokenizer``: a transformers fast tokenizer
     (:func:`worker.models.gguf_tokenizer.gguf_tokenizer`), or None when the file has none.
 
     Raises ValueError for a file that is not a readable GGUF, and
@@ -208,41 +207,6 @@ def read_gguf(path: str):
     from worker.models.gguf_tokenizer import gguf_tokenizer
 
     return None if source is None else (source, gguf_tokenizer(path, table.digest))
-
-
-@dataclass(frozen=True)
-class GGUFTable:
-    """A GGUF file's header: ``metadata`` (string arrays as their lengths), ``entries``
-    ``[(name, shape in torch order, ggml type, byte offset in the file)]``, ``blob`` (the file,
-    memory-mapped as uint8) and ``digest``: 16 hex digits of a hash of the header bytes (metadata
-    and tensor table: all a config or tokenizer is read from) and the transformers version."""
-
-    metadata: dict
-    entries: list
-    blob: object
-    digest: str
-
-    @property
-    def names(self) -> tuple:
-        return tuple(name for name, *_ in self.entries)
-
-
-def read_table(path: str) -> GGUFTable:
-    """The file's :class:`GGUFTable`, from transformers' own GGUF header reader
-    (``integrations.gguf.reader``; the vocabulary's strings skipped, not decoded: ~1 s for Gemma
-    3's 262k tokens where ``gguf.GGUFReader`` takes ~15 s building a view per element). Raises
-    ValueError or OSError for a file that is not GGUF."""
-    import transformers
-    from transformers.integrations.gguf import reader
-
-    blob = reader._mapped(path)
-    metadata, count, pos = reader._read_metadata(blob, path)
-    entries, end = reader._read_tensor_table(blob, count, pos)
-    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
-    start = (end + alignment - 1) // alignment * alignment
-    digest = hashlib.blake2b(transformers.__version__.encode(), digest_size=8)
-    digest.update(memoryview(blob[:end]))
-    return GGUFTable(metadata, [(n, shape, t, start + off) for n, shape, t, off in entries], blob, digest.hexdigest())
 
 
 def gguf_config_dict(metadata: dict, names) -> dict:

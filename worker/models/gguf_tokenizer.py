@@ -5,7 +5,7 @@ template into a fast tokenizer (``TokenizersBackend.from_pretrained(gguf_file=..
 no tensor read): ~10-18 s for Gemma 3's 262k tokens on 2 cores. The result is
 kept as ``<file>.tokenizer-<digest>/`` (``tokenizer.json``, the constructor's
 arguments and the chat template), keyed by a hash of the file's header and the
-transformers version (:attr:`worker.models.checkpoint.GGUFTable.digest`), and
+transformers version (:attr:`worker.models.gguf_header.GGUFTable.digest`), and
 later loads build the same tokenizer from it in ~1-4 s (tested equal). Best
 effort: a folder that cannot be written keeps nothing, an unreadable kept
 tokenizer is converted again and rewritten.
@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import struct
 
+from worker.models.gguf_header import read_table
+
 
 def gguf_tokenizer(path: str, digest: str | None = None):
     """The file's tokenizer as transformers converts it from the metadata (``TokenizersBackend``;
@@ -25,13 +27,11 @@ def gguf_tokenizer(path: str, digest: str | None = None):
     The conversion (vocabulary, merges, special tokens, chat template; no tensor) takes ~10 s
     for Gemma 3's 262k tokens, so its result is kept next to the file
     (``<file>.tokenizer-<digest>/``: ``tokenizer.json``, the constructor's arguments and the chat
-    template), keyed by the header's :attr:`~worker.models.checkpoint.GGUFTable.digest` (``digest``, read when not
+    template), keyed by the header's :attr:`~worker.models.gguf_header.GGUFTable.digest` (``digest``, read when not
     given); a later load builds the same tokenizer from it (tested). Where the folder cannot be
     written, nothing is kept.
     """
     from transformers import TokenizersBackend
-
-    from worker.models.checkpoint import read_table
 
     folder, name = os.path.split(path)
     try:

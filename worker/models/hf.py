@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from worker.models.base import SlotInput
-from worker.models.checkpoint import ALIASES, INSTALL, load_pretrained, resolve_model_path  # noqa: F401 (their home was here)
+from worker.models.checkpoint import load_pretrained
 from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
@@ -85,15 +85,6 @@ def load_hf_model(
         model, codec, max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
         kv_capacity_step=kv_capacity_step,
     )
-
-
-def context_length(config) -> int:
-    """The model's context length in tokens, from its config. Raises ValueError when absent."""
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError(f"cannot find the context length in the {type(config).__name__}")
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -195,6 +186,8 @@ class HFSlotModel:
         self, model, tokenizer: HFTextCodec | None, *, max_cache_len=None, max_prefill_tokens=2048,
         kv_capacity_step=256,
     ):
+        from worker.models.llama.family import context_length
+
         self.model = model.eval()
         cfg = model.config
         context = context_length(cfg)

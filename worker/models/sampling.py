@@ -76,7 +76,7 @@ from worker.models.base import SlotInput
 from worker.models.processors import LogitsProcessors
 from worker.models.transfer import to_device
 
-__all__ = ["NonFiniteLogits", "Sampler", "argmax_rows", "log_softmax_", "mix_seed", "score", "to_device", "top_ids",
+__all__ = ["NonFiniteLogits", "Sampler", "argmax_rows", "log_softmax_", "mix_seed", "score", "top_ids",
            "uniform"]
 
 _MASK64 = (1 << 64) - 1

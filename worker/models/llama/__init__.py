@@ -26,9 +26,9 @@
   speculative decoding.
 
 Weights come from a transformers ``LlamaForCausalLM`` (whatever
-:mod:`worker.models.hf` loads: a GGUF file or a ``save_pretrained``
-directory; :func:`from_hf`) or straight from a plain Llama GGUF file
-(:func:`~worker.models.llama.source.read_gguf`, without transformers'
+:func:`worker.models.checkpoint.load_pretrained` loads: a GGUF file or a
+``save_pretrained`` directory; :func:`from_hf`) or straight from a plain Llama GGUF file
+(:func:`worker.models.checkpoint.read_gguf`, without transformers'
 modelling stack; :func:`from_source`). Either is copied into the runner's
 tensors, after which the caller drops the source (its memory is returned).
 """
@@ -44,8 +44,7 @@ def supports(config, max_len: int | None = None) -> str | None:
     """None when this runner reproduces the model exactly with a cache of ``max_len`` tokens per
     slot (default: the model's context); else why not (a short reason, from
     :func:`~worker.models.llama.family.describe`)."""
-    from worker.models.hf import context_length
-    from worker.models.llama.family import Unsupported, describe
+    from worker.models.llama.family import Unsupported, context_length, describe
 
     try:
         describe(config, max_len or context_length(config))
@@ -58,8 +57,7 @@ def cache_len(config, device: str, max_cache_len: int | None) -> int:
     """Tokens per slot the runner will hold: ``max_cache_len`` (default: the model's context, or
     the length its RoPE stays static over, :func:`~worker.models.llama.family.rope_position_limit`;
     on CUDA at most 4096, since the cache is allocated whole there), at most the context."""
-    from worker.models.hf import context_length
-    from worker.models.llama.family import rope_position_limit
+    from worker.models.llama.family import context_length, rope_position_limit
 
     context = context_length(config)
     if max_cache_len is None:
@@ -105,7 +103,7 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
                 eos_token_ids: tuple[int, ...] = (), cpu_linear: str = "auto",
                 screen_head: bool | None = None) -> LlamaRunner:
     """:func:`from_hf` for a :class:`~worker.models.llama.source.LlamaSource` (e.g. from
-    :func:`~worker.models.llama.source.read_gguf`); same options and errors."""
+    :func:`worker.models.checkpoint.read_gguf`); same options and errors."""
     from worker.models.llama.family import Unsupported, describe
     from worker.models.llama.weights import LlamaWeights
 

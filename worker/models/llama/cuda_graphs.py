@@ -36,7 +36,7 @@ from worker.models.llama.cache import SlotCache
 from worker.models.llama.model import forward
 from worker.models.llama.plan import StepPlan, decode_inputs
 from worker.models.llama.weights import LlamaWeights
-from worker.models.sampling import to_device
+from worker.models.transfer import to_device
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WINDOW = 256

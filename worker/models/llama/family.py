@@ -138,6 +138,16 @@ def describe(config, max_len: int) -> Family:
         local_rope=tuple(local and t == "sliding_attention" for t in layer_types[:n]))
 
 
+def context_length(config) -> int:
+    """The model's context length in tokens, from its transformers config (any architecture, not
+    only the runner's families: the HF runner reads it too). Raises ValueError when absent."""
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot find the context length in the {type(config).__name__}")
+
+
 def rope_position_limit(config) -> int | None:
     """The most positions over which ``config``'s RoPE is static when its type changes frequencies
     past a length (longrope: ``original_max_position_embeddings``), else None. Both runners hold a

@@ -159,7 +159,6 @@ class PackedLinear:
 
 
 PACKED_KINDS = ("mkl", "onednn")
-CPU_LINEAR_KINDS = ("dense",) + PACKED_KINDS
 
 ONEDNN_ROWS = 8
 """Row hint for oneDNN's packing (1, 8, 64 and 512 were measured on an AMD EPYC: 8 and up
@@ -351,7 +350,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str,
                 kind: str | None = None):
     """The linear kind for ``precision`` holding ``weight`` ``[N, K]`` (any float dtype) on ``device``.
 
-    fp32 and bf16 on CPU: ``kind`` (one of :data:`CPU_LINEAR_KINDS`; default:
+    fp32 and bf16 on CPU: ``kind`` (``"dense"`` or one of :data:`PACKED_KINDS`; default:
     :func:`cpu_linear_kind` measured for this weight's shape).
 
     Raises ValueError for int8/int4 off the CPU or an unknown precision or kind.

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from worker.models.llama.cache import SlotCache
-from worker.models.sampling import to_device
+from worker.models.transfer import to_device
 
 
 class Draft(NamedTuple):

@@ -9,10 +9,10 @@ inverse frequencies.
 - :func:`from_state_dict`: from a config object and tensors under transformers'
   names, without the module: what :func:`worker.models.checkpoint.read_gguf`
   gives for a GGUF file of any family in
-  :data:`~worker.models.checkpoint.GGUF_FAMILIES` (re-exported here as
-  :func:`read_gguf`). The process then never imports transformers' modelling
-  stack (``modeling_utils`` pulls in torch.distributed, torch._dynamo and
-  sympy): measured for SmolLM2-135M, ~115 MiB less RSS in every worker.
+  :data:`~worker.models.checkpoint.GGUF_FAMILIES`. The process then never
+  imports transformers' modelling stack (``modeling_utils`` pulls in
+  torch.distributed, torch._dynamo and sympy): measured for SmolLM2-135M,
+  ~115 MiB less RSS in every worker.
 """
 
 from __future__ import annotations
@@ -20,13 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-_LAYER_PARTS = {  # LlamaSource layer key -> transformers' module path inside a decoder layer
-    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-    "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-}
-
 
 @dataclass
 class LlamaSource:
@@ -60,15 +53,15 @@ class LlamaSource:
     local_rope: tuple | None = None  # (inv_freq, attention_scaling) of the sliding layers (Gemma 3)
 
     @classmethod
-    def from_hf(cls, model, parts: dict | None = None) -> LlamaSource:
+    def from_hf(cls, model, parts: dict) -> LlamaSource:
         """The tensors of a transformers decoder LM (shared, not copied); ``parts``: source layer key
-        -> module path in a decoder layer (:attr:`~worker.models.llama.family.Family.parts`;
-        default Llama's), a part the layer lacks left out (q/k norms, sandwich norms)."""
+        -> module path in a decoder layer (:attr:`~worker.models.llama.family.Family.parts`), a part
+        the layer lacks left out (q/k norms, sandwich norms)."""
         cfg, base = model.config, model.base_model
         layers = []
         for layer in base.layers[: cfg.num_hidden_layers]:
             layer_parts = {}
-            for key, path in (parts or _LAYER_PARTS).items():
+            for key, path in parts.items():
                 try:
                     module = layer.get_submodule(path)
                 except AttributeError:
@@ -151,17 +144,3 @@ def family_parts(model_type: str) -> dict:
 def _default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
     """transformers' default RoPE (``_compute_default_rope_parameters``), same ops; equality tested."""
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-def read_gguf(path: str):
-    """:func:`worker.models.checkpoint.read_gguf` (kept here, where the runner's sources are)."""
-    from worker.models.checkpoint import read_gguf as read
-
-    return read(path)
-
-
-def _tokenizer(path: str):
-    """:func:`worker.models.gguf_tokenizer.gguf_tokenizer`."""
-    from worker.models.gguf_tokenizer import gguf_tokenizer
-
-    return gguf_tokenizer(path)
