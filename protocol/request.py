@@ -16,7 +16,7 @@ travels beside it in an :class:`~protocol.messages.Envelope`.
 
 Adding an option: add a field at the end of ``_Fields`` (type, check,
 default, a comment with the unit), give it meaning where it acts (the
-engine, the sampler), and document it in the README. Nothing else spells it
+engine, the sampler); docs/parameters.md is generated from ``_Fields``. Nothing else spells it
 out. (At the end: the wire carries the fields by position, so a peer that
 does not know the new field refuses it -- never misreads it -- and an older
 peer's requests get its default.)
@@ -514,7 +514,7 @@ class RequestParams(_Fields):
 
     ``RequestParams(prompt, max_tokens, **options)``: the fields and their
     rules are listed (with defaults and units) in this module's ``_Fields``;
-    the README describes them for users. Building raises ``ValueError``
+    docs/parameters.md (generated from it) describes them for users. Building raises ``ValueError``
     naming the first bad field, and ``TypeError`` for an unknown option;
     every value it accepts can travel on the wire. Normalised: token lists
     and stop sequences become tuples, ``stop_token`` a sorted tuple of ids or

@@ -177,7 +177,7 @@ def _model_options(command):
         click.option("--precision", type=click.Choice(PRECISIONS), default=_default(ModelOptions, "precision"),
                      show_envvar=True,
                      help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU); auto: fp32 on CPU, "
-                          "bf16 on CUDA. Speed and accuracy of each: README."),
+                          "bf16 on CUDA. Speed and accuracy of each: docs/models.md."),
         click.option("--runner", type=click.Choice(RUNNERS), default=_default(ModelOptions, "runner"),
                      show_envvar=True,
                      help="slotserve (own Llama-family runner), hf (transformers forward, any "
@@ -191,7 +191,7 @@ def _model_options(command):
                      help="Speculative decoding (slotserve runner, CPU): up to this many draft tokens per "
                           "greedy request and iteration, looked up in its own prompt and output and verified "
                           "in the same step (fp32: the same tokens as without; bf16 may round differently). "
-                          "0: off. Speed: README."),
+                          "0: off. Speed: docs/models.md."),
         click.option("--cpu-linear", type=click.Choice(CPU_LINEARS, case_sensitive=False),
                      default=_default(ModelOptions, "cpu_linear"), show_envvar=True,
                      help="GEMM library of fp32/bf16 CPU linears: dense, mkl (fp32), onednn, or auto "
@@ -629,7 +629,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     messages), "max_tokens", and optionally any other request parameter:
     "stop_token", "stop" (a string, or a list of text stop strings and/or
     token-id lists: ["\\n\\n", [13, 13]]), "priority", "timeout_s",
-    the sampling parameters (the README lists them all).
+    the sampling parameters (docs/parameters.md lists them all).
     A row without "id" gets its line number (from 1) as id; ids must be
     unique (a later row reusing one gets an error row).
     Results: {"id", "tokens", "finish_reason", "usage", "text"?,

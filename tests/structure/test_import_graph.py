@@ -15,7 +15,7 @@ import graphlib
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "worker", "broker", "client", "gateway", "slotserve")
 MAY_IMPORT = {
     "protocol": set(),
