@@ -30,7 +30,10 @@ broker stays within 5 % with prefix routing), on the 3-token prompts above
 (under the router's ``MIN_MATCH``: one length check) and on 64-token
 prompts sharing 16 prefixes of 48 tokens (every request matched against both
 workers' trees and inserted; their unique tails make the trees evict), and
-writes ``bench/results/broker_routing.json``.
+writes ``bench/results/broker_routing.json``. ``--compare-bare ROUNDS`` measures only the
+throughput (40,000 short requests, 2 workers) through this broker vs a bare pass-through one
+(``bench/passthrough.py``: the same messages between two ROUTER sockets, nothing checked),
+alternated, with each broker's CPU per request (issue 30: >= 0.8x); writes ``broker_bare.json``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from pathlib import Path
 
 from bench.common import ANY_PORT as ANY
 from bench.common import RESULTS, cpu_s, load_avg, machine_record, percentile, write_results
+from bench.passthrough import PassThroughCluster
 from broker import BrokerConfig
 from client import Client
 from slotserve.launcher import ClusterConfig, LocalCluster
@@ -52,10 +56,12 @@ from worker import BatchInferenceEngine, SimulatedLLM
 from worker.config import WorkerConfig
 
 
-def cluster(workers: int, slots: int, step_delay_ms: float = 0.0, prefix_routing: bool = True) -> LocalCluster:
+def cluster(workers: int, slots: int, step_delay_ms: float = 0.0, prefix_routing: bool = True,
+            bare: bool = False) -> LocalCluster:
+    """``bare``: the broker is bench/passthrough.py's bare pass-through one instead of slotserve's."""
     cfg = ClusterConfig(BrokerConfig(frontend=ANY, backend=ANY, prefix_routing=prefix_routing),
                         tuple(WorkerConfig(num_slots=slots, step_delay_ms=step_delay_ms) for _ in range(workers)))
-    return LocalCluster(cfg)
+    return PassThroughCluster(cfg) if bare else LocalCluster(cfg)
 
 
 # ---------------------------------------------------------------------- 1. throughput
@@ -74,8 +80,8 @@ def shared_prompt(i: int) -> list[int]:
 
 
 def bench_throughput(n: int, workers: int, slots: int = 64, prefix_routing: bool = True,
-                     prompt=short_prompt) -> dict:
-    with cluster(workers, slots, prefix_routing=prefix_routing) as cl, Client(cl.frontend) as c:
+                     prompt=short_prompt, bare: bool = False) -> dict:
+    with cluster(workers, slots, prefix_routing=prefix_routing, bare=bare) as cl, Client(cl.frontend) as c:
         pids = {"broker": cl.broker_process.pid, "client": os.getpid()}
         pids.update({f"worker{i}": p.pid for i, p in enumerate(cl.worker_processes)})
         for i in range(min(5000, n)):  # warm-up
@@ -90,8 +96,8 @@ def bench_throughput(n: int, workers: int, slots: int = 64, prefix_routing: bool
         cpu = {k: (cpu_s(p) - cpu0[k]) / n * 1e6 for k, p in pids.items()}
         st = c.status()
     assert st.counters["completed"] == n + min(5000, n)
-    return {"workers": workers, "slots": slots, "requests": n, "prefix_routing": prefix_routing,
-            "prompt": prompt.__name__, "wall_s": wall, "requests_per_s": n / wall,
+    return {"workers": workers, "slots": slots, "requests": n, "prefix_routing": prefix_routing, "bare": bare,
+            "prompt": prompt.__name__, "load_avg": load_avg(), "wall_s": wall, "requests_per_s": n / wall,
             "output_tokens_per_s": 4 * n / wall, "cpu_us_per_request": cpu}
 
 
@@ -257,6 +263,46 @@ def main_compare(args) -> None:
     print(f"wrote {write_results(args.out / 'broker_routing.json', res, machine)}")
 
 
+def compare_bare(rounds: int, n: int, workers: int = 2) -> dict:
+    """Throughput through slotserve's broker vs bench/passthrough.py's bare pass-through one (the
+    floor: the same messages moved between two ROUTER sockets, nothing checked), alternated
+    ``rounds`` times each, the order flipped every round, :func:`short_prompt` requests. Every run
+    is kept (the machine may be shared: report them all); the ratio of each round's pair, of the
+    medians, and the broker's CPU microseconds per request (its process's user + system time / n)."""
+    runs = []
+    for r in range(rounds):
+        pair = {}
+        for bare in ((False, True) if r % 2 == 0 else (True, False)):
+            row = bench_throughput(n, workers, bare=bare)
+            pair[bare] = row
+            runs.append(row)
+            print(f"  round {r}: {'pass-through' if bare else 'slotserve':<12} {row['requests_per_s']:,.0f} req/s, "
+                  f"broker CPU {row['cpu_us_per_request']['broker']:.1f} us/request (load {row['load_avg']:.2f})")
+        print(f"  round {r}: ratio {pair[False]['requests_per_s'] / pair[True]['requests_per_s']:.3f}x")
+    med = {bare: statistics.median(x["requests_per_s"] for x in runs if x["bare"] is bare) for bare in (False, True)}
+    cpu = {bare: statistics.median(x["cpu_us_per_request"]["broker"] for x in runs if x["bare"] is bare)
+           for bare in (False, True)}
+    ratios = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(runs[0::2], runs[1::2])]
+    ratios = [x if runs[2 * i]["bare"] is False else 1 / x for i, x in enumerate(ratios)]
+    return {"rounds": rounds, "requests": n, "workers": workers, "runs": runs, "ratios": ratios,
+            "slotserve_req_per_s": med[False], "passthrough_req_per_s": med[True],
+            "ratio_of_medians": med[False] / med[True], "broker_cpu_us_per_request": cpu[False],
+            "passthrough_cpu_us_per_request": cpu[True]}
+
+
+def main_bare(args) -> None:
+    machine = machine_record()
+    b = compare_bare(args.compare_bare, 10_000 if args.quick else 40_000)
+    print(f"\nslotserve's broker vs a bare pass-through broker, {b['workers']} zero-cost workers, {b['requests']:,} "
+          f"requests x {b['rounds']} rounds each (load average {machine['load_avg_before_after'][0]:.1f} -> "
+          f"{load_avg():.1f})")
+    print(f"  slotserve {b['slotserve_req_per_s']:,.0f} req/s, pass-through {b['passthrough_req_per_s']:,.0f} req/s "
+          f"(medians): {b['ratio_of_medians']:.3f}x (target >= 0.8: {'yes' if b['ratio_of_medians'] >= 0.8 else 'NO'}); "
+          f"per round {', '.join(f'{x:.3f}' for x in b['ratios'])}; broker CPU {b['broker_cpu_us_per_request']:.1f} "
+          f"vs {b['passthrough_cpu_us_per_request']:.1f} us/request")
+    print(f"wrote {write_results(args.out / 'broker_bare.json', {'bare': b}, machine)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke check)")
@@ -265,10 +311,15 @@ def main(argv=None) -> None:
     ap.add_argument("--compare-routing", type=int, default=0, metavar="ROUNDS",
                     help="instead: throughput with prefix routing on vs off, alternated ROUNDS times each, "
                          "3-token and 64-token shared-prefix prompts; writes broker_routing.json")
+    ap.add_argument("--compare-bare", type=int, default=0, metavar="ROUNDS",
+                    help="instead: throughput (40,000 short requests, 2 workers) through slotserve's broker vs a bare "
+                         "pass-through one (bench/passthrough.py), alternated ROUNDS times each; writes broker_bare.json")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for broker.json / broker.png")
     args = ap.parse_args(argv)
     if args.compare_routing:
         return main_compare(args)
+    if args.compare_bare:
+        return main_bare(args)
     q = args.quick
     routing = args.prefix_routing == "on"
     machine = machine_record()
