@@ -502,6 +502,7 @@ _draw_values = operator.attrgetter(*_DRAW_FIELDS)
 _processor_values = operator.attrgetter(*_PROCESSOR_FIELDS)
 _NO_PROCESSORS = _processor_values(GREEDY)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
+_OPTION_TYPES = tuple(map(type, _OPTION_DEFAULTS))
 
 ROW_ALIASES = {"messages": "prompt"}
 """Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
@@ -527,9 +528,12 @@ class RequestParams(_Fields):
     __slots__ = ()
 
     def __new__(cls, *args: Any, **options: Any) -> RequestParams:
-        if len(args) == 2 and not options:
-            # submit_request(prompt, max_tokens): every option at its default -- the hot path.
-            prompt, max_tokens = args
+        if (len(args) == 2 or (len(args) == len(_CHECKS) and args[2:] == _OPTION_DEFAULTS
+                               and tuple(map(type, args[2:])) == _OPTION_TYPES)) and not options:
+            # submit_request(prompt, max_tokens), or every field as decoded off the wire with each option
+            # equal to its default and of its type (a float decodes as a new object, never the default
+            # itself; -0.0 becomes 0.0): every option at its default -- the hot path, once per hop.
+            prompt, max_tokens = args[:2]
             tokens = plain_tokens(prompt)
             if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
                 return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)

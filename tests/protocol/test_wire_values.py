@@ -169,3 +169,36 @@ def test_whatever_is_accepted_travels_unchanged(prompt, max_tokens, options):
         return
     msg = Submit("m", [Envelope(1, params)])
     assert decode(encode(msg)) == msg
+
+
+def _look_alikes(default):
+    """Values equal to an option's default: a fresh copy of it, and ones of another type."""
+    if type(default) is float:
+        return [float(repr(default)), -default, int(default), bool(default) if default in (0, 1) else default]
+    if type(default) is int:
+        return [float(default), bool(default) if default in (0, 1) else default]
+    if type(default) is str:
+        return ["".join(default)]
+    return []
+
+
+@pytest.mark.parametrize("name", option_names)
+def test_a_decoded_request_with_default_looking_options_is_checked_as_given(name):
+    """Off the wire every field arrives (new float and str objects): one equal to its default and of
+    its type is the default; one only equal to it (0 for 0.0, 0.0 for 0, False for 0) is checked,
+    so it is normalised or refused exactly as a keyword option is."""
+    default = RequestParams._field_defaults[name]
+    i = RequestParams._fields.index(name)
+    for value in _look_alikes(default):
+        full = list(RequestParams([1, 2], 3))
+        full[i] = value
+        try:
+            expected = RequestParams([1, 2], 3, **{name: value})
+        except ValueError:
+            with pytest.raises(ValueError):
+                RequestParams(*full)
+            continue
+        got = RequestParams(*full)
+        assert got == expected and list(map(type, got)) == list(map(type, expected)), (name, value)
+        wire = decode(encode(Submit("m", [Envelope(1, expected)]))).requests[0].params
+        assert wire == expected and list(map(type, wire)) == list(map(type, expected)), (name, value)
