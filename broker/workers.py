@@ -231,29 +231,34 @@ class WorkerHandler:
 
     def _route_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
         """Append each new token to its job and to its client's results (the hot
-        loop: one pass per token, locals only)."""
+        loop: one pass per token, locals only; the last client's draft lists kept at hand, as
+        an iteration's tokens mostly go to few clients)."""
         table = self._jobs
         jobs = table.by_key
         me = w.identity
         results = out.results
+        ttft = table.timings["ttft"] if table.record_timings else None
         n = 0
+        last = add_id = add_token = None
         for key, tok in zip(msg.ids, msg.tokens):
             job = jobs.get(key)
             if job is None or job.worker != me:
                 continue  # stale: the job migrated or ended meanwhile
             if job.first_token_s is None:
                 job.first_token_s = now
-                if table.record_timings:
-                    table.timings["ttft"].append(now - job.arrival_s)
+                if ttft is not None:
+                    ttft.append(now - job.arrival_s)
             job.tokens.append(tok)
             n += 1
             client = job.client
             if client is not None:
-                r = results.get(client)
-                if r is None:
-                    r = results[client] = ResultsDraft()
-                r.ids.append(job.rid)
-                r.tokens.append(tok)
+                if client != last:
+                    r = results.get(client)
+                    if r is None:
+                        r = results[client] = ResultsDraft()
+                    last, add_id, add_token = client, r.ids.append, r.tokens.append
+                add_id(job.rid)
+                add_token(tok)
         self.counters["tokens_out"] += n
         if n:
             w.iterations += 1
