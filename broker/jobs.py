@@ -28,6 +28,8 @@ ENDING_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "complete
                   FinishReason.ERROR: "errors"}
 """The counter (of ``BrokerCore.counters``) each ending counts toward."""
 
+_tuple_new = tuple.__new__  # a record built without its Python __new__ (its fields given in full)
+
 
 class JobState(enum.Enum):
     """Where a job is."""
@@ -167,13 +169,19 @@ class JobTable:
                cached_tokens: int | None = None) -> None:
         """End a job: forget it and tell its client (if still there); ``prompt_tokens``,
         ``stop_reason`` and ``cached_tokens`` as the worker's :class:`Finished` says."""
-        del self.by_key[job.key]
+        key = job.key
+        del self.by_key[key]
         self.counters[ENDING_COUNTER[reason]] += 1
         client = job.client
-        if client is not None:
-            self.detach(job)
-            out.result(client).finished.append(Finished(job.rid, reason, code, message, prompt_tokens, stop_reason,
-                                                        cached_tokens))
+        if client is not None:  # (detach, inline: once per request)
+            rid = job.rid
+            del self.by_client[(client, rid)]
+            keys = self.of_client.get(client)
+            if keys is not None:
+                keys.discard(key)
+            job.client = None
+            out.result(client).finished.append(_tuple_new(Finished, (rid, reason, code, message, prompt_tokens,
+                                                                     stop_reason, cached_tokens)))
 
     def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
                       out: Outbox) -> None:

@@ -271,20 +271,28 @@ class WorkerHandler:
         table = self._jobs
         jobs = table.by_key
         me = w.identity
+        credit = w.inflight.discard
+        latency = table.timings["latency"] if table.record_timings else None
+        finish = table.finish
         for f in finished:
             job = jobs.get(f.request_id)
             if job is None or job.worker != me:
                 continue
-            w.inflight.discard(job.key)  # the credit comes back
-            if table.record_timings:
-                table.timings["latency"].append(now - job.arrival_s)
+            credit(job.key)  # the credit comes back
+            if latency is not None:
+                latency.append(now - job.arrival_s)
+            params = job.params
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
-                table.finish(job, FinishReason.ERROR, *job.verdict, out)
-            elif len(job.tokens) > job.params.max_tokens:  # (counted here, off the per-token loop)
+                finish(job, FinishReason.ERROR, *job.verdict, out)
+            elif len(job.tokens) > params.max_tokens:  # (counted here, off the per-token loop)
                 self._faulty(w, "tokens past max_tokens")
-                table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
+                finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
             else:
-                prompt_tokens, cached = self._counts(w, f.prompt_tokens, f.cached_tokens, job.params)
+                prompt_tokens, cached = f.prompt_tokens, f.cached_tokens
+                prompt = params.prompt
+                if not (prompt_tokens is not None and type(prompt[0]) is int and prompt_tokens == len(prompt)
+                        and (cached is None or 0 <= cached <= prompt_tokens)):  # (sound as it comes, mostly)
+                    prompt_tokens, cached = self._counts(w, prompt_tokens, cached, params)
                 code, message = f.code, f.message
                 if (f.finish_reason is FinishReason.ERROR) is (code is None):  # (an error, and only one, has a code)
                     self._faulty(w, "error codes")
@@ -292,7 +300,7 @@ class WorkerHandler:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
                         code = message = None
-                table.finish(job, f.finish_reason, code, message, out, prompt_tokens, f.stop_reason, cached)
+                finish(job, f.finish_reason, code, message, out, prompt_tokens, f.stop_reason, cached)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:
