@@ -150,9 +150,12 @@ class JobTable:
             key = self._next_key
             self._next_key = key + 1
             job = Job(key, client, entry, model, now)
-            if q.full():
+            priority = entry.params.priority
+            queued = q.push(job, priority)  # (False when full: nothing queued)
+            if not queued:
                 make_room()
-            if not q.push(job, job.params.priority):
+                queued = q.push(job, priority)
+            if not queued:
                 self.counters["queue_full"] += 1
                 out.result(client).finished.append(Finished(
                     entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,

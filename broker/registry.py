@@ -135,10 +135,11 @@ class WorkerRegistry:
         Most free slots first, so load spreads over idle workers before any
         worker's prefetch is used; ties go to the earliest registered.
         """
-        best = None
-        for w in self._by_model.get(model, ()):
-            if w.credits > 0 and not w.suspect and (best is None or w.free_slots > best.free_slots):
-                best = w
+        best, most = None, 0
+        for w in self._by_model.get(model, ()):  # (credits and free_slots, inline: once per request)
+            held = len(w.inflight)
+            if held < w.max_inflight and not w.suspect and (best is None or w.num_slots - held > most):
+                best, most = w, w.num_slots - held
         return best
 
     def hung_since(self, cutoff_s: float) -> list[WorkerState]:

@@ -33,6 +33,7 @@ from protocol.request import RequestParams
 log = logging.getLogger(__name__)
 
 _MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
+_tuple_new = tuple.__new__  # a record built without its Python __new__ (its fields given in full)
 
 
 def _logprob_ids(rec: Logprobs) -> Iterator[int]:
@@ -381,16 +382,16 @@ class WorkerHandler:
                     w = prefixes.choose(peers, key)  # not None: w above has a credit
                     prefixes.sent(w.identity, key)
             job.state = JobState.RUNNING
-            job.worker = w.identity
+            identity = job.worker = w.identity
             if not w.inflight:
                 w.progress_s = now  # the hung clock starts when it gets work
             w.inflight.add(job.key)
             # The worker knows the request by its broker key, with the time
             # left and the tokens the client already has beside its parameters.
-            entry = Envelope(job.key, job.params, tuple(job.tokens), timeout_s)
-            entries = assigns.get(w.identity)
+            entry = _tuple_new(Envelope, (job.key, job.params, tuple(job.tokens), timeout_s))
+            entries = assigns.get(identity)
             if entries is None:
-                entries = assigns[w.identity] = []
+                entries = assigns[identity] = []
             entries.append(entry)
         for identity, entries in assigns.items():
             self.counters["dispatched"] += len(entries)
