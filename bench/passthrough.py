@@ -25,6 +25,7 @@ from collections import deque
 import msgpack
 import zmq
 
+from broker.server import tune_gc
 from protocol.codec import encode
 from protocol.defaults import HEARTBEAT_INTERVAL_S
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, ModelInfo, ModelStatus, Status, Welcome
@@ -208,6 +209,7 @@ class PassThroughBroker:
 def passthrough_main(frontend: str, backend: str, ready) -> None:
     """Child process body: run a :class:`PassThroughBroker`; put ``(frontend, backend)`` on ``ready``."""
     stop = _child_setup(f"slotserve pass-through broker {frontend} {backend}", "WARNING", 5.0)
+    tune_gc()  # as slotserve's broker process does (the floor is measured under the same settings)
     b = PassThroughBroker(frontend, backend)
     try:
         ready.put((b.frontend, b.backend))

@@ -29,6 +29,7 @@ is the receiver's misconfiguration, not a broker fault: see
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -309,6 +310,21 @@ class BrokerServer:
             self._work.extend(self.core.client_unreachable(identity, code, discarded))
         else:
             self._work.extend(self.core.worker_unreachable(identity, time.monotonic()))
+
+
+GC_THRESHOLDS = (10_000, 20, 20)
+"""The garbage collector's thresholds in a broker's process (:func:`gc.set_threshold`; CPython's are
+(700, 10, 10)). A broker holds every request it queued (its job, parameters and envelope: tens of
+thousands under a burst), which the default thresholds traverse again and again as the heap grows:
+measured on the core fed 40,000 requests at once without sockets, 12.5 -> 10.9 us per request (10.7
+with the collector off), load 8.5. Collections are rarer, not skipped: cycles are still freed."""
+
+
+def tune_gc() -> None:
+    """Set this process's garbage-collector thresholds to :data:`GC_THRESHOLDS`. For the shell of a
+    process that runs a broker (``slotserve broker``, a local cluster's broker child), not called by
+    :func:`run_broker`: the thresholds are the whole interpreter's."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run_broker(config: BrokerConfig, *, stop: threading.Event | None = None,

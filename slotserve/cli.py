@@ -404,6 +404,7 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
     3 of those intervals.
     """
     from broker import run_broker
+    from broker.server import tune_gc
 
     cfg = _config(BrokerConfig, frontend=frontend, backend=backend, **broker_options, **_broker_curve(curve_dir))
     from slotserve.signals import StopSignals
@@ -412,6 +413,7 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
                + (f" (CURVE, keys in {curve_dir})" if curve_dir else ""), err=True)
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
+            tune_gc()  # (this process runs only the broker)
             run_broker(cfg, stop=sig.flag)
     except ValueError as e:
         raise click.ClickException(str(e)) from None

@@ -25,6 +25,7 @@ from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
+from broker.server import tune_gc
 from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
@@ -65,6 +66,7 @@ def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING", stop_ti
         setproctitle(f"slotserve broker frontend={frontend} backend={backend}")  # '*' ports resolved
         ready.put((frontend, backend))
 
+    tune_gc()  # (this process runs only the broker)
     run_broker(config, stop=stop, on_ready=on_ready)
 
 

@@ -330,3 +330,20 @@ def test_a_control_message_over_the_limit_counts_as_a_bad_peer_not_an_internal_e
     # A message the encoder refuses is still the broker's own bug.
     core.undeliverable(Side.FRONTEND, C1, [Refused(st, ErrorCode.BAD_REQUEST, "cannot encode")], 0.4)
     assert core.counters["internal_errors"] == 1
+
+
+def test_a_broker_process_collects_garbage_less_often():
+    """tune_gc (called by the broker's process shells) sets the collector's thresholds, above
+    CPython's (700, 10, 10): rarer passes over the requests a broker holds."""
+    import gc
+
+    from broker.server import GC_THRESHOLDS, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert all(t > d for t, d in zip(GC_THRESHOLDS, (700, 10, 10)))
+    finally:
+        gc.set_threshold(*before)
