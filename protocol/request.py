@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from itertools import compress as _compress
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
@@ -502,6 +503,9 @@ _draw_values = operator.attrgetter(*_DRAW_FIELDS)
 _processor_values = operator.attrgetter(*_PROCESSOR_FIELDS)
 _NO_PROCESSORS = _processor_values(GREEDY)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
+_DEFAULTS = tuple(default for _, _, default in _CHECKS)
+_FIELD_INDEXES = range(len(_CHECKS))
+_is_not = operator.is_not
 _OPTION_TYPES = tuple(map(type, _OPTION_DEFAULTS))
 
 ROW_ALIASES = {"messages": "prompt"}
@@ -541,9 +545,16 @@ class RequestParams(_Fields):
             unknown = sorted(set(options) - _NAMES)
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
         # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
-        given = args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options)
-        params = tuple.__new__(cls, [value if value is default else check(value, name)
-                                     for (name, check, default), value in zip(_CHECKS, given)])
+        values = list(args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options))
+        # Each field is checked, but for its default: the default object itself, or (as a float or a
+        # string decodes, a new object) a value of the default's type equal to it (which its check
+        # would return as it is). The loop runs over the fields not given as the default object only.
+        for i in _compress(_FIELD_INDEXES, map(_is_not, values, _DEFAULTS)):
+            name, check, default = _CHECKS[i]
+            value = values[i]
+            if type(value) is not type(default) or value != default:
+                values[i] = check(value, name)
+        params = _tuple_new(cls, values)
         # The rules between fields (each field's own are its check, declared with it):
         if params.min_tokens > params.max_tokens:
             raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
