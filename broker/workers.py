@@ -365,34 +365,35 @@ class WorkerHandler:
         peers = self.registry.for_model(model)
         if len(peers) < 2:
             prefixes = None  # one worker: nothing to choose (its tree would only cost time)
-        while len(q):
-            w = pick(model)
-            if w is None:
+        while q:
+            credits = sum([max(0, w.max_inflight - len(w.inflight)) for w in peers if not w.suspect])
+            if credits <= 0:
                 break
-            job = q.pop()
-            timeout_s = None
-            if job.deadline_s is not None:
-                timeout_s = job.deadline_s - now
-                if timeout_s <= 0:
-                    self._jobs.finish(job, FinishReason.DEADLINE, None, None, out)
-                    continue
-            if prefixes is not None:  # prefer the worker most likely to hold its prefix (broker.prefix)
-                key = prompt_key(job.params)
-                if key is not None:
-                    w = prefixes.choose(peers, key)  # not None: w above has a credit
-                    prefixes.sent(w.identity, key)
-            job.state = JobState.RUNNING
-            identity = job.worker = w.identity
-            if not w.inflight:
-                w.progress_s = now  # the hung clock starts when it gets work
-            w.inflight.add(job.key)
-            # The worker knows the request by its broker key, with the time
-            # left and the tokens the client already has beside its parameters.
-            entry = _tuple_new(Envelope, (job.key, job.params, tuple(job.tokens), timeout_s))
-            entries = assigns.get(identity)
-            if entries is None:
-                entries = assigns[identity] = []
-            entries.append(entry)
+            for job in q.pop_many(credits):  # (best first, as many as there are credits: one each,
+                w = pick(model)               # but for a request past its deadline, so never None)
+                timeout_s = None
+                if job.deadline_s is not None:
+                    timeout_s = job.deadline_s - now
+                    if timeout_s <= 0:
+                        self._jobs.finish(job, FinishReason.DEADLINE, None, None, out)
+                        continue
+                if prefixes is not None:  # prefer the worker most likely to hold its prefix (broker.prefix)
+                    key = prompt_key(job.params)
+                    if key is not None:
+                        w = prefixes.choose(peers, key)  # not None: w above has a credit
+                        prefixes.sent(w.identity, key)
+                job.state = JobState.RUNNING
+                identity = job.worker = w.identity
+                if not w.inflight:
+                    w.progress_s = now  # the hung clock starts when it gets work
+                w.inflight.add(job.key)
+                # The worker knows the request by its broker key, with the time
+                # left and the tokens the client already has beside its parameters.
+                entry = _tuple_new(Envelope, (job.key, job.params, tuple(job.tokens), timeout_s))
+                entries = assigns.get(identity)
+                if entries is None:
+                    entries = assigns[identity] = []
+                entries.append(entry)
         for identity, entries in assigns.items():
             self.counters["dispatched"] += len(entries)
             out.send(Side.BACKEND, identity, Assign(tuple(entries)))
