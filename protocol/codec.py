@@ -300,13 +300,31 @@ def _record(cls: type) -> Decoder:
     fields = [(name, _decoder(hints[name]), _as_is_types(hints[name])) for name in cls._fields]
     required = len(fields) - len(cls._field_defaults)
     full = len(fields)
+    # The fields to check, by the types of a record's values (a message's records mostly share a
+    # few: one lookup per record, not a test per field); bounded, as a peer chooses the types.
+    to_check: dict[tuple[type, ...], tuple[int, ...]] = {}
 
     def check(v: Any, name: str) -> Any:
         if type(v) is not tuple or not required <= len(v) <= full:
             raise _bad(name, f"an array of {required}..{full} {cls.__name__} fields", v)
-        values = [x if type(x) in as_is else dec(x, f) for (f, dec, as_is), x in zip(fields, v)]
+        types = tuple(map(type, v))
+        indexes = to_check.get(types)
+        if indexes is None:
+            indexes = tuple(i for i, (t, (_, _, as_is)) in enumerate(zip(types, fields)) if t not in as_is)
+            if len(to_check) < _MAX_SHAPES:
+                to_check[types] = indexes
+        if not indexes:
+            return _tuple_new(cls, v) if len(v) == full else cls(*v)
+        values = list(v)
+        for i in indexes:
+            f, dec, _ = fields[i]
+            values[i] = dec(values[i], f)
         return _tuple_new(cls, values) if len(v) == full else cls(*values)
     return check
+
+
+_MAX_SHAPES = 64
+"""Most type signatures of its values a record decoder remembers (see :func:`_record`)."""
 
 
 def _as_is_types(tp: Any) -> frozenset[type]:
