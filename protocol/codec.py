@@ -46,6 +46,8 @@ from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message
 from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
 
 _count_of = operator.countOf
+_ENVELOPE_FIELDS = len(Envelope._fields)
+_PARAMS_FIELDS = len(RequestParams._fields)
 _tuple_new = tuple.__new__
 _ID_TYPES = frozenset({int, str})
 
@@ -358,17 +360,20 @@ def _request_params(v: Any, name: str) -> RequestParams:
 def _envelope(v: Any, name: str) -> Envelope | Rejected:
     """An envelope, or a :class:`Rejected` entry when only its request is invalid.
     (Once per request on every hop: the common case calls as little as it can.)"""
-    if type(v) is not tuple or not 2 <= len(v) <= len(Envelope._fields):
+    n = len(v) if type(v) is tuple else 0
+    if not 2 <= n <= _ENVELOPE_FIELDS:
         raise _bad(name, "an array [request_id, params, resume_tokens?, time_left_s?]", v)
     rid = v[0]
     if type(rid) is not int:
         rid = _request_id(rid, "request_id")
     try:
-        params = _request_params(v[1], "params")
-        resume = v[2] if len(v) > 2 else ()
+        params = v[1]  # (as _request_params, inline: once per request)
+        params = (RequestParams(*params) if type(params) is tuple and 2 <= len(params) <= _PARAMS_FIELDS
+                  else _request_params(params, "params"))
+        resume = v[2] if n > 2 else ()
         if resume != () or type(resume) is not tuple:  # (the empty tuple is one object)
             resume = params.check_resume(_int_tuple(resume, "resume_tokens"))
-        time_left = v[3] if len(v) > 3 else None
+        time_left = v[3] if n > 3 else None
         if time_left is not None:
             time_left = _float(time_left, "time_left_s")
     except (ValueError, ProtocolError) as e:

@@ -504,7 +504,8 @@ _processor_values = operator.attrgetter(*_PROCESSOR_FIELDS)
 _NO_PROCESSORS = _processor_values(GREEDY)
 _OPTION_DEFAULTS = tuple(_Fields._field_defaults[name] for name in _Fields._fields[2:])
 _DEFAULTS = tuple(default for _, _, default in _CHECKS)
-_FIELD_INDEXES = range(len(_CHECKS))
+_FIELD_COUNT = len(_CHECKS)
+_FIELD_INDEXES = range(_FIELD_COUNT)
 _is_not = operator.is_not
 _OPTION_TYPES = tuple(map(type, _OPTION_DEFAULTS))
 
@@ -532,8 +533,9 @@ class RequestParams(_Fields):
     __slots__ = ()
 
     def __new__(cls, *args: Any, **options: Any) -> RequestParams:
-        if (len(args) == 2 or (len(args) == len(_CHECKS) and args[2:] == _OPTION_DEFAULTS
-                               and tuple(map(type, args[2:])) == _OPTION_TYPES)) and not options:
+        n = len(args)
+        if (n == 2 or (n == _FIELD_COUNT and args[2:] == _OPTION_DEFAULTS
+                       and tuple(map(type, args[2:])) == _OPTION_TYPES)) and not options:
             # submit_request(prompt, max_tokens), or every field as decoded off the wire with each option
             # equal to its default and of its type (a float decodes as a new object, never the default
             # itself; -0.0 becomes 0.0): every option at its default -- the hot path, once per hop.
@@ -545,7 +547,7 @@ class RequestParams(_Fields):
             unknown = sorted(set(options) - _NAMES)
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
         # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
-        values = list(args if len(args) == len(_CHECKS) and not options else _Fields(*args, **options))
+        values = list(args if n == _FIELD_COUNT and not options else _Fields(*args, **options))
         # Each field is checked, but for its default: the default object itself, or (as a float or a
         # string decodes, a new object) a value of the default's type equal to it (which its check
         # would return as it is). The loop runs over the fields not given as the default object only.
