@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from bench.common import RESULTS, he32, load_avg, machine_record, write_results  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.models.base import SlotInput  # noqa: E402
+from worker.models.base import BatchPlan, SlotInput  # noqa: E402
 
 
 def decode_steps(model, prompts, slots: int, settings: list, reps: int, context: int = 160) -> dict:
@@ -47,20 +47,14 @@ def decode_steps(model, prompts, slots: int, settings: list, reps: int, context:
     model.bind_slots(slots)
     seqs = [list((prompts[i % len(prompts)] * 4)[:context]) for i in range(slots)]
     inputs = [SlotInput(s, seqs[s]) for s in range(slots)]
-    waiting = list(range(slots))
-    while waiting:  # prefill every row
-        toks = model.step([inputs[s] for s in waiting])
-        for s, tok in zip(list(waiting), toks):
-            if tok is not None:
-                seqs[s].append(tok)
-                waiting.remove(s)
+    for seq, tok in zip(seqs, model.step(BatchPlan(inputs)).tokens):  # prefill every row whole (not timed)
+        seq.append(tok)
     for _ in range(reps):
         for n in settings:
-            if n is not None or hasattr(inputs[0], "logprobs"):  # (an older SlotInput has no such field)
-                for si in inputs:
-                    si.logprobs = n
+            for si in inputs:
+                si.logprobs = n
             t = time.perf_counter()
-            toks = model.step(inputs)
+            toks = model.step(BatchPlan(inputs, {})).tokens
             times[str(n)].append(time.perf_counter() - t)
             for seq, tok in zip(seqs, toks):
                 seq.append(tok)

@@ -72,6 +72,7 @@ import argparse
 import os
 import resource
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,7 @@ from bench.common import RESULTS, RssPeak, he32, he32_max_tokens, load_avg, mach
 from bench.systems import Run, StepTimes, TokenTimes, hf_cb, hf_static, truncate  # noqa: E402
 from bench.systems import slotserve as slotserve_engine  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.models.base import SlotInput  # noqa: E402
+from worker.models.base import BatchPlan, SlotInput  # noqa: E402
 
 MODEL = "smollm2-135m"
 """The default ``--model`` (its results are ``model.json``; another model's ``model_<name>.json``)."""
@@ -238,6 +239,22 @@ def run_random_weights(args) -> None:
 # ---------------------------------------------------------------- limits
 
 
+def prefill(model, inputs: list) -> None:
+    """Prefill every slot of ``inputs`` (SlotInputs) and append its first token, in chunks of the
+    model's ``prefill_budget`` per iteration as the engine plans them (worker.planner)."""
+    done, waiting = [0] * len(inputs), list(range(len(inputs)))
+    while waiting:
+        left, chunks = getattr(model, "prefill_budget", None) or sys.maxsize, {}
+        for i, s in enumerate(waiting):
+            chunks[i] = n = min(len(inputs[s].tokens) - done[s], left)
+            done[s], left = done[s] + n, left - n
+        toks = model.step(BatchPlan([inputs[s] for s in waiting], chunks)).tokens
+        for s, tok in zip(list(waiting), toks):
+            if tok is not None:
+                inputs[s].tokens.append(tok)
+                waiting.remove(s)
+
+
 def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
     """Decode: one batched step at ``slots`` rows with ``context`` cached tokens each; prefill: packed tokens/s.
 
@@ -248,18 +265,12 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
     model.bind_slots(slots)
     seqs = [list((prompts[i % len(prompts)] * 4)[:context]) for i in range(slots)]
     t = time.monotonic()
-    waiting = list(range(slots))
-    while waiting:
-        toks = model.step([SlotInput(s, seqs[s]) for s in waiting])
-        for s, tok in zip(list(waiting), toks):
-            if tok is not None:
-                seqs[s].append(tok)
-                waiting.remove(s)
+    prefill(model, [SlotInput(s, seq) for s, seq in enumerate(seqs)])
     prefill_s = time.monotonic() - t
     times = []
     for _ in range(reps):
         t = time.monotonic()
-        toks = model.step([SlotInput(s, seq) for s, seq in enumerate(seqs)])
+        toks = model.step(BatchPlan([SlotInput(s, seq) for s, seq in enumerate(seqs)], {})).tokens
         times.append(time.monotonic() - t)
         for seq, tok in zip(seqs, toks):
             seq.append(tok)

@@ -1,13 +1,16 @@
 """BatchInferenceEngine: the batched slot loop (continuous, iteration-level batching).
 
-Each iteration (:meth:`BatchInferenceEngine.step`): end requests that were
-cancelled or passed their deadline, admit queued requests into free slots,
+Each iteration (:meth:`BatchInferenceEngine.step`) is Orca's loop: end
+requests that were cancelled or passed their deadline, admit queued requests
+into free slots, plan the step (a slot-aware model: which slots decode, which
+prompt chunks run within the model's ``prefill_budget``; :mod:`worker.planner`),
 call the model once for every occupied slot, append one token per slot,
 check termination (stop token, then stop sequences, then ``max_tokens``),
-run callbacks, free slots. A slot-aware model may return several tokens for
-a slot (speculative decoding); they are appended one iteration each, with
-the same checks, before the next model call. See docs/architecture.md,
-"The in-process engine".
+run callbacks, free slots. The model returns what it computed
+(:class:`~worker.models.base.StepOutput`: no token for a prompt chunk that
+does not end its prompt, several for a drafted slot, a failure for one slot);
+several tokens are appended one iteration each, with the same checks, before
+the next model call. See docs/architecture.md, "The in-process engine".
 
 Cost per token is kept near the floor of CPython: the batch lists are
 persistent (:class:`~worker.slots.SlotTable`), one ``map`` appends every
@@ -36,13 +39,14 @@ from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
 from worker.errors import ModelError, UnsupportedError
 from worker.models.base import SlotModel
+from worker.planner import NO_CHUNKS, plan_chunks
 from worker.request import Completion, Request
 from worker.scheduler import InFlight, Policy
 from worker.slots import SlotTable
 from worker.text import TextStream
 
 log = logging.getLogger(__name__)
-_ints_only = frozenset((int,)).issuperset  # every item of the iterable is an int (the usual step)
+_NOBODY: frozenset = frozenset()  # no request was skipped (a stateless model's step)
 
 
 class BatchInferenceEngine:
@@ -300,57 +304,60 @@ class BatchInferenceEngine:
             self._active = False
 
     def _iterate(self) -> int:
+        """One iteration, Orca's loop: end and admit, plan, one model call, append, finish."""
         slots, book = self._slots, self._book
         if book.pending or book.deadlines.heap:  # racy reads: a miss is seen next iteration
             self._end_early()
         if slots.free and len(book.queue):
             self._admit()
-        batch = slots.batch
-        if not batch:
+        if not slots.reqs:
             return 0
-        if self._grammars is not None:  # constrained rows' masks are filled while the model's forward runs
-            self._grammars.prefetch(batch)
         try:
-            tokens = self.model.step(batch) if self._slot_aware else self.model.next_tokens(batch)
-            if len(tokens) != len(batch):
-                raise ModelError(f"model returned {len(tokens)} tokens for {len(batch)} sequences")
+            tokens, skipped = self._call_model()  # plans the step, calls the model once
         except Exception as exc:  # the model failing ends this batch, not the engine
             self._fail_batch(exc)
             return 0
-        skipped = None
-        if self._slot_aware and not _ints_only(map(type, tokens)):  # (a C-level scan)
-            finished, skipped, failed = slots.append_some(tokens)
-            if failed:
-                with self._lock:
-                    for req, exc in failed:
-                        book.row_failed(req, exc)
-        else:
-            finished = slots.append(tokens)
-        if slots.admitted:  # their first token: time to first token, and the prompt tokens the cache gave
-            now = self._clock()
-            cached = slots.cached_tokens
-            if skipped:  # no token yet (prefill goes on): stamped at their first one
-                for req in slots.admitted:
-                    if req not in skipped:
-                        req.first_token_s = now
-                        req._cached_tokens = cached(req)
-                slots.admitted[:] = [req for req in slots.admitted if req in skipped and req.slot is not None]
-            else:
-                for req in slots.admitted:
-                    req.first_token_s = now
-                    req._cached_tokens = cached(req)
-                slots.admitted.clear()
-        self._deliver(finished, skipped)
-        generated = len(tokens) if skipped is None else len(tokens) - len(skipped)
-        while slots.pending:  # a step gave some slots several tokens: one more iteration for each
-            finished, skipped, appended = slots.append_pending()
-            self._deliver(finished, skipped)
-            generated += appended
-        return generated
+        generated = 0
+        while True:  # append, check, stream, finish; a drafted step's further tokens one iteration each
+            self._deliver(slots.append(tokens, skipped), skipped)
+            generated += len(tokens) - len(skipped)
+            if not slots.pending:
+                return generated
+            tokens, skipped = slots.next_round()
 
     # ---- helpers -----------------------------------------------------------
 
-    def _deliver(self, finished: list[Request], skipped: set[Request] | None) -> None:
+    def _call_model(self) -> tuple[list, set[Request] | frozenset]:
+        """Plan this iteration (:mod:`worker.planner`), call the model once, read its output:
+        ``(tokens, skipped)`` for :meth:`SlotTable.append`. Requests whose row failed are
+        marked to end; those that got their first token are stamped. Raises what the model
+        raises, or ModelError for a reply of the wrong length."""
+        slots, model = self._slots, self.model
+        if not self._slot_aware:
+            tokens = model.next_tokens(slots.seqs)
+            if len(tokens) != len(slots.seqs):
+                raise _wrong_length(tokens, slots.seqs)
+            if slots.prefilling:  # their first token: time to first token
+                slots.started(None, _NOBODY, self._clock())
+            return tokens, _NOBODY
+        plan = slots.plan
+        plan.chunks = plan_chunks(slots.prefilling, getattr(model, "prefill_budget", None)) \
+            if slots.prefilling else NO_CHUNKS
+        if self._grammars is not None:  # constrained rows' masks are filled while the model's forward runs
+            self._grammars.prefetch(plan.batch)
+        out = model.step(plan)
+        if len(out.tokens) != len(plan.batch):
+            raise _wrong_length(out.tokens, plan.batch)
+        tokens, skipped, failed = slots.take(out)
+        if failed:
+            with self._lock:
+                for req, exc in failed:
+                    self._book.row_failed(req, exc)
+        if slots.prefilling:  # their first token: time to first token, and the prompt tokens the cache gave
+            slots.started(out, skipped, self._clock())
+        return tokens, skipped
+
+    def _deliver(self, finished: list[Request], skipped: set[Request] | frozenset) -> None:
         """After tokens were appended: commit the finished, stream (not to the ``skipped``), end the finished."""
         slots, book = self._slots, self._book
         if finished:
@@ -413,11 +420,14 @@ class BatchInferenceEngine:
 
     def _fail_batch(self, exc: Exception) -> None:
         """The model raised: every running request ends with ``"error"``."""
-        self._slots.admitted.clear()  # (no first token after all)
         with self._lock:
             err = self._book.fail(self._slots.reqs, exc)
         log.error("model call failed; ending %d requests", len(self._slots.reqs), exc_info=err)
         self._end_early()
+
+
+def _wrong_length(tokens: list, batch: list) -> ModelError:
+    return ModelError(f"model returned {len(tokens)} tokens for {len(batch)} sequences")
 
 
 def _optional_positive_int(model, name: str) -> int | None:

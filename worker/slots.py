@@ -37,14 +37,22 @@ token early and it is ignored); stop sequences and stop strings are never
 masked, for any model (as vLLM: their matches before ``min_tokens`` are
 passed over).
 
+A slot-aware model's step (:class:`~worker.models.base.StepOutput`) is read
+by :meth:`SlotTable.take`: its ``tokens`` as they are when every slot got
+one (the usual step: one C-level scan finds no None), else one pass over
+the slots without a token that sets aside the failures; the further tokens
+of a drafted slot wait in ``pending`` (:meth:`SlotTable.next_round` gives
+them, one more iteration each). Every iteration's tokens, the first and the
+drafted ones, go through the one :meth:`SlotTable.append` with every check.
+
 Logprobs (slot-aware models with ``gives_logprobs``): a request that asks
 has its slot's ``SlotInput.logprobs`` / ``prompt_logprobs`` set (the latter
 only without resume tokens) and is kept in a list of its own, the only
 requests visited for them: after each model step, each of them that got
-tokens takes its slot's ``scored`` entries (the first now, the others with
-the pending tokens of a speculative step, dropped with them) and, once, its
-``prompt_scored``; both before that iteration's ``on_token``. Requests that
-do not ask pay one empty-list check per iteration.
+tokens takes its entry's ``logprobs`` (the first now, the others with the
+pending tokens of a speculative step, dropped with them) and, once, its
+``prompt_logprobs``; both before that iteration's ``on_token``. Requests
+that do not ask pay one empty-list check per iteration.
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ from collections import deque
 
 from protocol.enums import FinishReason
 from worker.errors import ModelError
-from worker.models.base import GREEDY, SlotInput
+from worker.models.base import GREEDY, BatchPlan, SlotInput, StepOutput
+from worker.planner import NO_CHUNKS, NOT_STARTED, Prefill
 from worker.request import Request, RequestState
 
 _NO_TOKENS: list[int] = []  # what a free slot's SlotInput points at (drops the old sequence)
@@ -73,12 +82,15 @@ class SlotTable:
       so an iteration allocates nothing).
     - ``free``: free slot indices, a stack (slot 0 first, then the latest freed).
     - ``streaming``: running requests with an ``on_token`` callback.
-    - ``admitted``: requests admitted since the last ``append`` (the engine
-      stamps their first token's time, then clears it).
-    - ``iteration``: number of token-appending iterations so far (each of
-      :meth:`append_pending`'s counts as one).
+    - ``plan``: a slot-aware model's :class:`BatchPlan` (``batch`` is ``batch``;
+      the engine sets ``chunks`` each iteration), None for a stateless model.
+    - ``prefilling``: running requests that have had no token yet, with
+      their :class:`~worker.planner.Prefill` (what the planner reads;
+      :meth:`started` stamps their first token and drops them).
+    - ``iteration``: number of token-appending iterations so far (each
+      :meth:`next_round` counts as one).
     - ``pending``: tokens a model step returned beyond each slot's first
-      (speculative decoding), still to append (:meth:`append_pending`).
+      (speculative decoding), still to append (:meth:`next_round`).
 
     Stop tokens: most requests share the engine's ``default_stop`` set, so
     only the other sets are counted; ``_stop_any`` is their union with the
@@ -90,7 +102,7 @@ class SlotTable:
     not ``default_stop``.
     """
 
-    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "streaming", "admitted", "iteration",
+    __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "plan", "streaming", "prefilling", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
                  "_stop_any", "_stop_one", "_matching", "_holding", "_texting", "text_streaming", "text_failed",
                  "pending", "_scoring", "pending_scores")
@@ -104,8 +116,9 @@ class SlotTable:
         self._slot_inputs = [SlotInput(slot=i, tokens=_NO_TOKENS) for i in range(num_slots)]
         self._inputs: list[SlotInput] | None = [] if slot_aware else None
         self.batch: list = self.seqs if self._inputs is None else self._inputs
+        self.plan = None if self._inputs is None else BatchPlan(self._inputs, NO_CHUNKS)
         self.streaming: list[Request] = []
-        self.admitted: list[Request] = []
+        self.prefilling: dict[Request, Prefill] = {}
         self.iteration = 0
         self._due: dict[int, list[Request]] = {}  # iteration -> requests reaching max_tokens
         self._default_stop = default_stop
@@ -117,17 +130,10 @@ class SlotTable:
         self._texting: list[Request] = []   # running requests whose text is followed (req.detok)
         self.text_streaming: list[Request] = []  # running requests with on_text
         self.text_failed: list[tuple[Request, Exception]] = []  # detokenising raised (this iteration)
-        self.pending: dict[Request, list[int]] = {}  # more tokens of one model step (append_pending)
+        self.pending: dict[Request, list[int]] = {}  # more tokens of one model step (next_round)
         self._scoring: list[Request] = []  # running requests with logprobs or prompt_logprobs (slot-aware)
         self.pending_scores: dict[Request, list] = {}  # the logprobs entries of the pending tokens
         self._update_stops()
-
-    def cached_tokens(self, req: Request) -> int:
-        """The prompt tokens the model took from its prefix cache for running ``req``
-        (``SlotInput.cached_tokens``, read with its first token); 0 for a stateless model."""
-        if self._inputs is None or req.slot is None:
-            return 0
-        return self._slot_inputs[req.slot].cached_tokens or 0
 
     def occupy(self, new: list[Request]) -> None:
         """Give each request in ``new`` a free slot (the caller checked there are enough)."""
@@ -141,7 +147,6 @@ class SlotTable:
             if inputs is not None:
                 si = self._slot_inputs[slot]
                 si.tokens, si.sampling, si.prompt_len = seq, req.params.sampling, req._prompt_tokens
-                si.cached_tokens = None
                 inputs.append(si)
                 if req.params.min_tokens > len(seq) - req._prompt_tokens and req.stop_tokens:
                     si.sampling = si.sampling._replace(min_tokens=req.params.min_tokens,
@@ -149,7 +154,7 @@ class SlotTable:
                     self._holding.append(req)
                 params = req.params
                 if params.logprobs is not None or params.prompt_logprobs is not None:
-                    si.logprobs, si.scored, si.prompt_scored = params.logprobs, None, None
+                    si.logprobs = params.logprobs
                     si.prompt_logprobs = params.prompt_logprobs if len(seq) == req._prompt_tokens else None
                     self._scoring.append(req)
             # Its k-th new token is appended in iteration (now + k - 1).
@@ -169,8 +174,8 @@ class SlotTable:
                 self._texting.append(req)
                 if req.on_text is not None:
                     self.text_streaming.append(req)
+            self.prefilling[req] = NOT_STARTED
         reqs.extend(new)
-        self.admitted.extend(new)
 
     def vacate(self, gone: list[Request]) -> None:
         """Free the slots of those in ``gone`` that have one (ended requests).
@@ -215,6 +220,8 @@ class SlotTable:
                 continue
             free.append(slot)
             req.pos = req.slot = None
+            if self.prefilling:
+                self.prefilling.pop(req, None)
             if self.pending:
                 self.pending.pop(req, None)
                 if self.pending_scores:
@@ -226,7 +233,7 @@ class SlotTable:
                 si.tokens, si.sampling, si.prompt_len = _NO_TOKENS, GREEDY, 0
                 if self._scoring and req in self._scoring:
                     self._scoring.remove(req)
-                    si.logprobs = si.prompt_logprobs = si.scored = si.prompt_scored = None
+                    si.logprobs = si.prompt_logprobs = None
             if req.stop_tokens is not default_stop:
                 self._count_stops(req.stop_tokens, -1)
             if req.matcher is not None:
@@ -255,8 +262,83 @@ class SlotTable:
         self._stop_any = self._default_stop.union(*self._custom_stops)
         self._stop_one = next(iter(self._stop_any)) if len(self._stop_any) == 1 else None
 
-    def append(self, tokens: list[int]) -> list[Request]:
-        """Append ``tokens[i]`` to ``seqs[i]``; return the requests this finishes.
+    def take(self, out: StepOutput) -> tuple[list, set[Request] | frozenset, list | tuple]:
+        """Read a slot-aware model's step: return ``(tokens, skipped, failed)`` for :meth:`append`.
+
+        ``tokens``: ``out.tokens`` as it is (a slot's first token, None for
+        none: those requests are ``skipped``); a slot's further tokens
+        (``out.more``) go to ``pending`` (:meth:`next_round`). ``failed``: the
+        ``(request, error)`` pairs for the engine to end with ``"error"``: the
+        slots in ``out.errors``, and a decoding slot (not in ``plan.chunks``)
+        that got no token. The scoring requests that got a token take their
+        logprobs entries.
+        """
+        tokens = out.tokens
+        if out.more:
+            reqs, pending = self.reqs, self.pending
+            for i, more in out.more.items():
+                if more and tokens[i] is not None:
+                    pending[reqs[i]] = more[::-1]  # reversed: pop() takes the next
+        if None in tokens:  # (a C-level scan; the usual step has a token for every slot)
+            skipped, failed = self._no_token(out)
+        else:
+            skipped, failed = _NOBODY, ()
+        if self._scoring:
+            self._take_scores(out, skipped)
+        return tokens, skipped, failed
+
+    def _no_token(self, out: StepOutput) -> tuple[set[Request], list[tuple[Request, BaseException]]]:
+        """The requests whose slot got no token in ``out``, and those of them that failed."""
+        reqs, chunks, errors = self.reqs, self.plan.chunks, out.errors or NO_CHUNKS
+        skipped: set[Request] = set()
+        failed: list[tuple[Request, BaseException]] = []
+        for i in [i for i, tok in enumerate(out.tokens) if tok is None]:
+            req = reqs[i]
+            skipped.add(req)
+            if i in errors:
+                failed.append((req, errors[i]))
+            elif i not in chunks:
+                failed.append((req, ModelError("the model returned no token for a slot that was decoding")))
+        return skipped, failed
+
+    def _take_scores(self, out: StepOutput, skipped: set[Request] | frozenset) -> None:
+        """The scoring requests that got tokens take their logprobs entries (see the module docstring)."""
+        pending, prompts, entries = self.pending_scores, out.prompt_logprobs, out.logprobs
+        for req in self._scoring:
+            if skipped and req in skipped:
+                continue
+            i = req.pos
+            if prompts and i in prompts:
+                req.prompt_logprobs = prompts[i]
+                self._slot_inputs[req.slot].prompt_logprobs = None
+            if req.logprobs is not None:
+                scored = entries[i]
+                req.logprobs.append(scored[0])
+                if len(scored) > 1:
+                    pending[req] = scored[:0:-1]  # reversed, as pending's tokens
+
+    def started(self, out: StepOutput | None, skipped: set[Request] | frozenset, now: float) -> None:
+        """After a model step: the ``prefilling`` requests that got their first token (all of
+        them for a stateless model: ``out`` None) get their time to first token (``now``) and
+        their cached prompt tokens, and leave ``prefilling``; the others advance by their chunk."""
+        prefilling = self.prefilling
+        if out is None:  # a stateless model: every request got its first token
+            for req in prefilling:
+                req.first_token_s, req._cached_tokens = now, 0
+            prefilling.clear()
+            return
+        chunks, cached = self.plan.chunks, out.cached_tokens or NO_CHUNKS
+        for req, prefill in list(prefilling.items()):
+            if skipped and req in skipped:
+                prefilling[req] = prefill.advanced(chunks.get(req.pos, 0), cached.get(req.pos), len(req.seq))
+                continue
+            req.first_token_s = now
+            req._cached_tokens = cached.get(req.pos, prefill.cached)
+            del prefilling[req]
+
+    def append(self, tokens: list, skipped: set[Request] | frozenset = _NOBODY) -> list[Request]:
+        """Append ``tokens[i]`` to ``seqs[i]`` (None for the ``skipped``: no token this
+        iteration); return the requests this finishes. The one way tokens are appended.
 
         Checks in the order stop token, stop sequences, stop strings,
         ``max_tokens``; the first that fires sets ``req.reason``. Stops count
@@ -264,118 +346,61 @@ class SlotTable:
         with logits never gives a stop token earlier: see the module
         docstring). Only RUNNING requests with no reason yet can finish; states are left for
         the engine to commit. A request whose text fails to decode is put in
-        ``text_failed`` (the engine ends it with an error).
+        ``text_failed`` (the engine ends it with an error). A ``skipped``
+        request is not checked, and its ``max_tokens`` bucket moves one
+        iteration on (it generated nothing in this one).
         """
-        _exhaust(map(list.append, self.seqs, tokens))
-        if self._scoring:
-            self._take_scores(_NOBODY)
-        return self._check(tokens, _NOBODY)
+        if skipped:
+            for seq, tok in zip(self.seqs, tokens):
+                if tok is not None:
+                    seq.append(tok)
+            self._defer(skipped)
+        else:
+            _exhaust(map(list.append, self.seqs, tokens))
+        return self._check(tokens, skipped)
 
-    def _take_scores(self, skipped: set[Request] | frozenset) -> None:
-        """The scoring requests that got tokens take their slots' entries (see the module docstring)."""
-        inputs, pending = self._slot_inputs, self.pending_scores
-        for req in self._scoring:
-            if skipped and req in skipped:
-                continue
-            si = inputs[req.slot]
-            prompt = si.prompt_scored
-            if prompt is not None:
-                req.prompt_logprobs = prompt
-                si.prompt_scored = si.prompt_logprobs = None
-            if req.logprobs is not None:
-                scored, si.scored = si.scored, None
-                req.logprobs.append(scored[0])
-                if len(scored) > 1:
-                    pending[req] = scored[:0:-1]  # reversed, as pending's tokens
-
-    def append_some(self, tokens: list) -> tuple[list[Request], set[Request], list[tuple[Request, BaseException]]]:
-        """:meth:`append` for a batch where some entries carry no token (slot-aware models only).
-
-        ``tokens[i]`` is a token, None (no token this iteration: the model
-        has not finished the slot's prefill), an exception (this slot's
-        computation failed) or a non-empty list of tokens (several tokens
-        at once, speculative decoding): its first is appended now, the
-        others go to ``pending`` for :meth:`append_pending`. Returns
-        ``(finished, skipped, failed)``:
-        ``skipped`` is every request that got no token (it is not checked for
-        termination and streams nothing), ``failed`` the ``(request, error)``
-        pairs for the engine to end with ``"error"``.
-
-        A None defers the request's ``max_tokens`` bucket by one iteration.
-        It is only valid before the request's first token in this slot (the
-        bucket of a request with no token yet is ``iteration - 1 +
-        to_generate``); later it is reported as a failure.
-        """
-        reqs, seqs, due, it = self.reqs, self.seqs, self._due, self.iteration
-        skipped: set[Request] = set()
-        failed: list[tuple[Request, BaseException]] = []
-        firsts = None
-        for i, tok in enumerate(tokens):
-            if type(tok) is list:
-                if firsts is None:
-                    firsts = list(tokens)  # (the checks below scan single tokens)
-                if tok:
-                    firsts[i] = tok[0]
-                    if len(tok) > 1:
-                        self.pending[reqs[i]] = tok[:0:-1]  # reversed: pop() takes the next
-                    tok = tok[0]
-                else:
-                    firsts[i] = tok = ModelError("the model returned an empty list of tokens for a slot")
-            if tok is not None and not isinstance(tok, BaseException):
-                seqs[i].append(tok)
-                continue
-            req = reqs[i]
-            skipped.add(req)
-            if tok is None:
-                bucket = due.get(it - 1 + req.to_generate)
-                if bucket is not None and req in bucket:
-                    bucket.remove(req)
-                    due.setdefault(it + req.to_generate, []).append(req)
-                    continue
-                tok = ModelError("the model returned no token for a slot that had already produced tokens")
-            failed.append((req, tok))
-        if self._scoring:
-            self._take_scores(skipped)
-        return self._check(tokens if firsts is None else firsts, skipped), skipped, failed
-
-    def append_pending(self) -> tuple[list[Request], set[Request], int]:
-        """Append the next of each request's ``pending`` tokens as one more iteration
-        (:meth:`append`'s checks); return ``(finished, skipped, appended)``.
-
-        Requests with none left (or that ended already) get no token: they are
-        ``skipped`` and their ``max_tokens`` bucket moves one iteration on.
-        A request's leftover tokens are dropped once it ends (a stop, or
-        ``max_tokens``): tokens past the end are never appended.
-        """
-        reqs, seqs, pending, due, it = self.reqs, self.seqs, self.pending, self._due, self.iteration
-        tokens: list = [None] * len(reqs)
-        skipped: set[Request] = set()
-        appended = 0
-        for i, req in enumerate(reqs):
-            more = pending.get(req)
-            if more and req.reason is None and req.state is _RUNNING:
-                tokens[i] = tok = more.pop()
-                seqs[i].append(tok)
-                appended += 1
-                scores = self.pending_scores.get(req) if self.pending_scores else None
-                if scores:
-                    req.logprobs.append(scores.pop())
-                if not more:
-                    del pending[req]
-                    if scores is not None:
-                        del self.pending_scores[req]
-                continue
-            if more is not None:
-                del pending[req]
-                if self.pending_scores:
-                    self.pending_scores.pop(req, None)
-            skipped.add(req)
-            left = req.params.max_tokens - req.num_generated  # its bucket: it - 1 + left
+    def _defer(self, skipped: set[Request]) -> None:
+        """Move each ``skipped`` request's ``max_tokens`` bucket one iteration on. A request's
+        bucket is ``iteration - 1 + tokens left`` (its k-th next token comes in iteration
+        ``iteration + k - 1``)."""
+        due, it = self._due, self.iteration
+        for req in skipped:
+            left = req.params.max_tokens - req.num_generated
             bucket = due.get(it - 1 + left)
             if bucket is not None and req in bucket:
                 bucket.remove(req)
                 due.setdefault(it + left, []).append(req)
-        return self._check(tokens, skipped), skipped, appended
+
+    def next_round(self) -> tuple[list, set[Request]]:
+        """The next of each request's ``pending`` tokens, as one more iteration for
+        :meth:`append`: ``(tokens, skipped)``.
+
+        Requests with none left (or that ended already) get no token: they are
+        ``skipped``. A request's leftover tokens (and logprobs entries) are
+        dropped once it ends (a stop, ``max_tokens``, a cancel): tokens past
+        the end are never appended.
+        """
+        pending, scores = self.pending, self.pending_scores
+        tokens: list = [None] * len(self.reqs)
+        skipped: set[Request] = set()
+        for i, req in enumerate(self.reqs):
+            more = pending.get(req)
+            if more and req.reason is None and req.state is _RUNNING:
+                tokens[i] = more.pop()
+                entries = scores.get(req) if scores else None
+                if entries:
+                    req.logprobs.append(entries.pop())
+                if not more:
+                    del pending[req]
+                    if entries is not None:
+                        del scores[req]
+                continue
+            if more is not None:
+                del pending[req]
+                if scores:
+                    scores.pop(req, None)
+            skipped.add(req)
+        return tokens, skipped
 
     def _lift(self) -> None:
         """The held requests that reached ``min_tokens`` get their own sampling back (no mask)."""

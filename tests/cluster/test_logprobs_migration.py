@@ -40,7 +40,7 @@ class HangingRunner:
 
     def __init__(self, inner, hang_at: int) -> None:
         self.inner, self.hang_at, self.steps = inner, hang_at, 0
-        for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer", "gives_logprobs"):
+        for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer", "gives_logprobs", "prefill_budget"):
             setattr(self, name, getattr(inner, name))
         self.hanging, self.release = threading.Event(), threading.Event()
 
@@ -50,12 +50,12 @@ class HangingRunner:
     def release_slot(self, slot):
         self.inner.release_slot(slot)
 
-    def step(self, batch):
+    def step(self, plan):
         self.steps += 1
         if self.steps == self.hang_at:
             self.hanging.set()
             self.release.wait()
-        return self.inner.step(batch)
+        return self.inner.step(plan)
 
 
 def same_entry(a, b) -> bool:

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tests.support.slot_models import (  # noqa: E402
-    TINY_LLAMA_VOCAB, generate_alone, random_prompts, scattered_rows_and_reuse,
+    TINY_LLAMA_VOCAB, generate_alone, random_prompts, scattered_rows_and_reuse, step_tokens,
 )
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
@@ -95,10 +95,10 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode(model_dir, refer
     model.bind_slots(2)
     short, long = [5, 6, 7], random_prompts(1, seed=9, max_len=100)[0] * 2  # 18 to 200 tokens
     short_seq = list(short)
-    short_seq.append(model.step([SlotInput(0, short_seq)])[0])
+    short_seq.append(step_tokens(model, [SlotInput(0, short_seq)])[0])
     long_seq, waited = list(long), 0
-    while len(long_seq) == len(long):
-        out = model.step([SlotInput(0, short_seq), SlotInput(1, long_seq)])
+    while len(long_seq) == len(long):  # the engine's plan: 16 prompt tokens per iteration
+        out = step_tokens(model, [SlotInput(0, short_seq), SlotInput(1, long_seq)], {1: 16})
         short_seq.append(out[0])  # the decoding slot gets a token every iteration
         if out[1] is None:
             waited += 1
@@ -119,7 +119,7 @@ def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, re
     grown = []
     seq = list(prompt)
     while len(seq) == len(prompt):
-        out = model.step([SlotInput(1, seq)])[0]
+        out = step_tokens(model, [SlotInput(1, seq)], {0: 16})[0]
         grown.append(model.kv_cache.capacity)
         if out is not None:
             seq.append(out)
@@ -359,7 +359,7 @@ def test_freed_heap_goes_back_when_the_last_slot_is_released(model_dir, monkeypa
     monkeypatch.setattr(module, "trim_heap", lambda: trims.append(1))
     model.bind_slots(3)
     prompts = random_prompts(2, seed=5)
-    model.step([SlotInput(0, prompts[0]), SlotInput(2, prompts[1])])
+    step_tokens(model, [SlotInput(0, prompts[0]), SlotInput(2, prompts[1])])
     model.release_slot(2)
     model.release_slot(1)  # never held a row
     assert trims == []

@@ -68,7 +68,7 @@ def test_sampled_rows_get_no_drafts_and_drafts_stop_at_the_context(model_dir, re
     assert greedy.finish_reason == sampled.finish_reason == FinishReason.LENGTH
     assert greedy.tokens == generate_alone(reference, prompt, n)
     assert len(sampled.tokens) == n
-    assert all(type(t) is int for s, t in model.entries if not s.greedy)
+    assert all(type(t) is int and more is None for s, t, more in model.entries if not s.greedy)
     assert model.drafted > 0
 
 

@@ -20,7 +20,7 @@ from tests.support.slot_models import (  # noqa: E402
 )
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
-from worker.models.base import SlotInput  # noqa: E402
+from worker.models.base import SlotInput, StepOutput  # noqa: E402
 from worker.models.processors import LogitsProcessors  # noqa: E402
 from worker.models.sampling import Sampler, uniform  # noqa: E402
 
@@ -220,9 +220,9 @@ def test_speculative_decoding_drafts_plain_rows_only_and_penalised_rows_keep_the
     drafted_params = []
     step = runner.step
 
-    def spy(batch):
-        out = step(batch)
-        drafted_params.extend(batch[i].sampling for i in runner._drafts)
+    def spy(plan):
+        out = step(plan)
+        drafted_params.extend(plan.batch[i].sampling for i in runner._drafts)
         return out
 
     runner.step = spy
@@ -336,9 +336,10 @@ def test_min_tokens_with_speculative_decoding_masked_rows_are_not_drafted_until_
     drafted = []
     step = runner.step
 
-    def spy(batch):
-        out = step(batch)
-        drafted.extend((batch[i].sampling, len(batch[i].tokens) - batch[i].prompt_len) for i in runner._drafts)
+    def spy(plan):
+        out = step(plan)
+        drafted.extend((plan.batch[i].sampling, len(plan.batch[i].tokens) - plan.batch[i].prompt_len)
+                       for i in runner._drafts)
         return out
 
     runner.step = spy
@@ -389,9 +390,9 @@ def test_the_min_tokens_mask_is_checked_per_row_each_step_and_lifted_at_min_toke
         def release_slot(self, slot):
             pass
 
-        def step(self, batch):
-            self.seen.append([(len(si.tokens) - si.prompt_len, si.sampling) for si in batch])
-            return [7] * len(batch)
+        def step(self, plan):
+            self.seen.append([(len(si.tokens) - si.prompt_len, si.sampling) for si in plan.batch])
+            return StepOutput([7] * len(plan.batch))
 
     model = Recording()
     engine = BatchInferenceEngine(model, batch_size=3, stop_token=5)  # one row each, in submission order

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.support.slot_models import TINY_LLAMA_VOCAB, generate_alone  # noqa: E402
+from tests.support.slot_models import TINY_LLAMA_VOCAB, generate_alone, step_tokens  # noqa: E402
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
@@ -101,11 +101,11 @@ def test_a_request_hits_the_prompt_of_a_request_still_running(model_dir, referen
     a, b = shared_prompts(2, prefix_len=40, seed=5)
     seq_a = list(a)
     with torch.inference_mode():
-        seq_a.append(model.step([SlotInput(0, seq_a)])[0])  # a's prefill: its blocks are stored
+        seq_a.append(step_tokens(model, [SlotInput(0, seq_a)])[0])  # a's prefill: its blocks are stored
         assert model.prefix_cache.stats.hits == 0
         seq_b = list(b)
         for _ in range(6):  # a decodes while b is admitted (a hit) and decodes beside it
-            ta, tb = model.step([SlotInput(0, seq_a), SlotInput(1, seq_b)])
+            ta, tb = step_tokens(model, [SlotInput(0, seq_a), SlotInput(1, seq_b)])
             seq_a.append(ta)
             seq_b.append(tb)
     assert model.prefix_cache.stats.hits == (40 // BLOCK_TOKENS) * BLOCK_TOKENS

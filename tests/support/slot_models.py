@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from tests.support.reference import greedy_generate
-from worker.models.base import SlotInput
+from worker.models.base import BatchPlan, SlotInput
 
 TINY_LLAMA_VOCAB = 320
 
@@ -66,7 +66,8 @@ def scattered_rows_and_reuse(model, prompts: list[list[int]], iterations: int = 
         if it == 6:
             seqs[1], origin[1] = list(prompts[4]), prompts[4]
         batch = [SlotInput(slot=s, tokens=t) for s, t in sorted(seqs.items(), reverse=True)]
-        for item, tok in zip(batch, model.step(batch)):
+        for item, tok in zip(batch, step_tokens(model, batch)):
+            assert tok is not None
             item.tokens.append(tok)
     for slot, seq in seqs.items():
         results[tuple(origin[slot])] = seq[len(origin[slot]):]
@@ -74,8 +75,17 @@ def scattered_rows_and_reuse(model, prompts: list[list[int]], iterations: int = 
     return results
 
 
+def step_tokens(model, batch: list[SlotInput], chunks: dict[int, int] | None = None) -> list[int | None]:
+    """Drive ``model`` (a SlotModel) by hand for one step of ``batch`` (a :class:`BatchPlan` with
+    ``chunks``, None: whole prompts): each entry's token, None for a prompt chunk that did not
+    finish its prompt. No entry may fail or come with several tokens."""
+    out = model.step(BatchPlan(batch, chunks))
+    assert len(out.tokens) == len(batch) and not out.more and not out.errors
+    return out.tokens
+
+
 class CountingSteps:
-    """Wraps a runner; counts the entries that came back as several tokens."""
+    """Wraps a runner; counts the entries that came back with several tokens."""
 
     def __init__(self, runner) -> None:
         self.runner = runner
@@ -83,7 +93,7 @@ class CountingSteps:
             setattr(self, name, getattr(runner, name))
         self.several = 0  # entries with several tokens (drafts accepted)
         self.drafted = 0  # draft tokens verified
-        self.entries: list[tuple[object, object]] = []  # (sampling, entry)
+        self.entries: list[tuple[object, object, object]] = []  # (sampling, token, more tokens or None)
 
     def bind_slots(self, n):
         self.runner.bind_slots(n)
@@ -91,11 +101,16 @@ class CountingSteps:
     def release_slot(self, slot):
         self.runner.release_slot(slot)
 
-    def step(self, batch):
-        out = self.runner.step(batch)
-        self.several += sum(type(t) is list for t in out)
+    @property
+    def prefill_budget(self):
+        return self.runner.prefill_budget
+
+    def step(self, plan):
+        out = self.runner.step(plan)
+        self.several += len(out.more or ())
         self.drafted += sum(len(d) for _, _, d in self.runner._drafts.values())
-        self.entries += [(si.sampling, t) for si, t in zip(batch, out)]
+        more = out.more or {}
+        self.entries += [(si.sampling, tok, more.get(i)) for i, (si, tok) in enumerate(zip(plan.batch, out.tokens))]
         return out
 
 

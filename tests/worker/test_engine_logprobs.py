@@ -9,6 +9,7 @@ import pytest
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
 from worker import BatchInferenceEngine, FinishReason, SimulatedLLM
+from worker.models.base import StepOutput
 
 
 def entry(position: int, token: int) -> TokenLogprob:
@@ -18,7 +19,7 @@ def entry(position: int, token: int) -> TokenLogprob:
 
 class ScoringModel:
     """A slot-aware model with logprobs: after ``seq`` its next tokens are ``burst`` tokens
-    ``(len(seq) + k) % 40 + 10`` (a list when ``burst > 1``, as speculative decoding returns), each
+    ``(len(seq) + k) % 40 + 10`` (several when ``burst > 1``, as speculative decoding returns), each
     scored by :func:`entry`; it scores a prompt that asks as ``entry(q, prompt[q])``."""
 
     gives_logprobs = True
@@ -34,9 +35,9 @@ class ScoringModel:
     def release_slot(self, slot):
         self.seen.pop(slot, None)
 
-    def step(self, batch):
-        out = []
-        for si in batch:
+    def step(self, plan):
+        out = StepOutput([None] * len(plan.batch), more={}, logprobs={}, prompt_logprobs={})
+        for i, si in enumerate(plan.batch):
             first = slot_first = si.slot not in self.seen
             self.seen[si.slot] = True
             if first:
@@ -44,12 +45,14 @@ class ScoringModel:
             n = len(si.tokens)
             burst = 1 if slot_first else self.burst
             toks = [(n + k) % 40 + 10 for k in range(burst)]
+            out.tokens[i] = toks[0]
+            if burst > 1:
+                out.more[i] = toks[1:]
             if si.logprobs is not None:
-                si.scored = [entry(n + k, t) for k, t in enumerate(toks)]
+                out.logprobs[i] = [entry(n + k, t) for k, t in enumerate(toks)]
             if si.prompt_logprobs is not None:
                 prompt = si.tokens[:si.prompt_len]
-                si.prompt_scored = [None] + [entry(q, prompt[q]) for q in range(1, len(prompt))]
-            out.append(toks if burst > 1 else toks[0])
+                out.prompt_logprobs[i] = [None] + [entry(q, prompt[q]) for q in range(1, len(prompt))]
         return out
 
 

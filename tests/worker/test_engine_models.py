@@ -8,7 +8,7 @@ from protocol.request import GREEDY, SamplingParams
 from tests.support.reference import spec_reference
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.models import load_model
-from worker.models.base import SlotInput, SlotModel
+from worker.models.base import BatchPlan, SlotInput, SlotModel, StepOutput
 
 
 class CheckingSlotModel:
@@ -36,8 +36,9 @@ class CheckingSlotModel:
         self.cache = [None] * num_slots
         self.last = [None] * num_slots
 
-    def step(self, batch) -> list[int]:
-        assert batch and self.bound
+    def step(self, plan) -> StepOutput:
+        assert isinstance(plan, BatchPlan) and plan.batch and self.bound
+        batch = plan.batch
         slots = [si.slot for si in batch]
         assert len(set(slots)) == len(slots), "a slot appears twice in one batch"
         out = []
@@ -56,7 +57,7 @@ class CheckingSlotModel:
             self.last[si.slot] = token
             self.samplings.append(si.sampling)
             out.append(token)
-        return out
+        return StepOutput(out)
 
     def release_slot(self, slot: int) -> None:
         assert self.cache[slot] is not None, "released a slot that holds nothing"
@@ -99,8 +100,8 @@ def test_sampling_params_reach_slot_aware_models():
 
 def test_release_slot_after_model_failure():
     class Failing(CheckingSlotModel):
-        def step(self, batch):
-            super().step(batch)
+        def step(self, plan):
+            super().step(plan)
             raise RuntimeError("device lost")
 
     model = Failing(SimulatedLLM())

@@ -1,11 +1,12 @@
 """Slot-aware models that give no token for some slots in an iteration.
 
-Two members of one kind, both in :mod:`worker.models.base`'s contract:
+Two kinds, both in :mod:`worker.models.base`'s contract:
 
-- None: the slot's prefill is not finished (chunked prefill). The request gets
-  nothing this iteration, is not checked for termination, streams nothing,
-  and its ``max_tokens`` still counts generated tokens exactly.
-- an exception: that slot's computation failed. Only that request ends with
+- no tokens: the slot's prompt chunk did not finish its prompt (chunked
+  prefill, as the engine planned it). The request gets nothing this
+  iteration, is not checked for termination, streams nothing, and its
+  ``max_tokens`` still counts generated tokens exactly.
+- an error: that slot's computation failed. Only that request ends with
   ``finish_reason="error"``; the others go on.
 
 Text (stop strings, streamed text) and time to first token follow real tokens only.
@@ -13,18 +14,18 @@ Text (stop strings, streamed text) and time to first token follow real tokens on
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from worker import BatchInferenceEngine, FinishReason, SimulatedLLM
 from worker.errors import ModelError
+from worker.models.base import StepOutput
 
 
 class ChunkingModel:
-    """Needs ``ceil(len(prompt) / chunk)`` iterations to "prefill" a new slot and returns
-    None until then; tokens come from a SimulatedLLM, so results must equal the stateless path.
-    ``fail_when(tokens)`` True: that slot returns an exception instead of a token."""
+    """Prefills prompts in the chunks the engine plans (``prefill_budget = chunk`` tokens per
+    iteration) and gives no token until a slot's prompt is done; tokens come from a
+    SimulatedLLM, so results must equal the stateless path. ``fail_when(tokens)`` True: that
+    slot gets an error instead of a token."""
 
     def __init__(self, chunk: int, stop_rate: float = 0.0, fail_when=None, inner=None) -> None:
         self.inner = inner or SimulatedLLM(vocab_size=500, stop_rate=stop_rate, seed=4)
@@ -32,32 +33,34 @@ class ChunkingModel:
         self.eos_token_ids = self.inner.eos_token_ids
         if hasattr(self.inner, "tokenizer"):
             self.tokenizer = self.inner.tokenizer
-        self.chunk = chunk
+        self.prefill_budget = chunk
         self.fail_when = fail_when
         self.log: list[dict[int, int | None]] = []  # per iteration: slot -> token (None = no token)
 
     def bind_slots(self, num_slots: int) -> None:
-        self.todo = [0] * num_slots
-        self.started = [False] * num_slots
+        self.seen = [0] * num_slots  # tokens of the slot's sequence "in the cache"
 
-    def step(self, batch):
-        out = []
-        for si in batch:
-            if not self.started[si.slot]:
-                self.started[si.slot] = True
-                self.todo[si.slot] = math.ceil(len(si.tokens) / self.chunk)
-            self.todo[si.slot] -= 1
-            if self.todo[si.slot] > 0:
-                out.append(None)
-            elif self.fail_when is not None and self.fail_when(si.tokens):
-                out.append(FloatingPointError("NaN in this row"))
+    def step(self, plan):
+        out = StepOutput([None] * len(plan.batch), errors={})
+        for i, si in enumerate(plan.batch):
+            if i in plan.chunks:
+                assert plan.chunks[i] <= self.prefill_budget
+                self.seen[si.slot] += plan.chunks[i]
+            else:  # decodes: one token it has not seen
+                assert len(si.tokens) - self.seen[si.slot] == 1
+                self.seen[si.slot] += 1
+            if self.seen[si.slot] < len(si.tokens):
+                continue  # no token yet
+            if self.fail_when is not None and self.fail_when(si.tokens):
+                out.errors[i] = FloatingPointError("NaN in this row")
             else:
-                out.append(self.inner.next_tokens([si.tokens])[0])
-        self.log.append({si.slot: t if isinstance(t, int) else None for si, t in zip(batch, out)})
+                out.tokens[i] = self.inner.next_tokens([si.tokens])[0]
+        assert sum(plan.chunks.values()) <= self.prefill_budget
+        self.log.append({si.slot: tok for si, tok in zip(plan.batch, out.tokens)})
         return out
 
     def release_slot(self, slot: int) -> None:
-        self.started[slot] = False
+        self.seen[slot] = 0
 
 
 def _prompts():
@@ -138,9 +141,12 @@ def test_an_exception_for_one_slot_ends_only_that_request():
 
 def test_none_after_tokens_is_a_model_error_for_that_slot_alone():
     class Flaky(ChunkingModel):
-        def step(self, batch):
-            out = super().step(batch)
-            return [None if si.tokens[0] == 21 and len(si.tokens) == 4 else t for si, t in zip(batch, out)]
+        def step(self, plan):
+            out = super().step(plan)
+            for i, si in enumerate(plan.batch):
+                if si.tokens[0] == 21 and len(si.tokens) == 4:
+                    out.tokens[i] = None
+            return out
 
     engine = BatchInferenceEngine(Flaky(chunk=100), batch_size=2)
     bad, good = engine.submit_request([21, 1], 6), engine.submit_request([22, 1], 6)
@@ -153,7 +159,7 @@ def test_text_stops_streamed_text_and_ttft_follow_real_tokens_only(tmp_path):
     pytest.importorskip("transformers")
     from tests.support.tiny_text import ScriptedTextModel, make_tiny_text_model
 
-    prompt = list(range(5, 17))  # 12 tokens: 3 iterations of prefill in chunks of 4
+    prompt = list(range(5, 17))  # 12 tokens: 3 chunks of 4
     scripted = ScriptedTextModel(make_tiny_text_model(tmp_path), "Hello world, the quick brown fox 😀 jumps", 12)
     model = ChunkingModel(chunk=4, inner=scripted)
     engine = BatchInferenceEngine(model, batch_size=3, clock=lambda: len(model.log))  # time = iterations
@@ -169,5 +175,6 @@ def test_text_stops_streamed_text_and_ttft_follow_real_tokens_only(tmp_path):
                                                                       w.stop_reason)
         assert "".join(p) == g.text
     assert got[0].stop_reason == "quick bro" and got[1].text == "Hello world, the quick brown "
-    assert [g.ttft_s for g in got[:3]] == [3, 3, 3]  # admitted at 0, first token in the 3rd iteration
+    # admitted at 0; one budget of 4 prompt tokens per iteration: 3 chunks each, one prompt after another
+    assert [g.ttft_s for g in got[:3]] == [3, 6, 9]
     assert got[3].ttft_s == got[0].finished_s + 3 - got[3].submitted_s  # admitted when the first one ended

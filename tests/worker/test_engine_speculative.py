@@ -17,12 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker import BatchInferenceEngine, FinishReason, SimulatedLLM
+from worker.models.base import StepOutput
 
 
 class Speculating:
     """A slot-aware wrapper of a stateless model: each step returns, per slot, the next
-    1..``most`` tokens the inner model would give one by one (a list when more than one),
-    as a runner whose drafts were accepted would. ``empty_when(tokens)``: return [] instead."""
+    1..``most`` tokens the inner model would give one by one, as a runner whose drafts were
+    accepted would. ``empty_when(tokens)``: no tokens instead (for a decoding slot: a failure)."""
 
     def __init__(self, inner, most: int = 4, seed: int = 0, empty_when=None) -> None:
         self.inner = inner
@@ -37,18 +38,19 @@ class Speculating:
     def bind_slots(self, num_slots: int) -> None:
         pass
 
-    def step(self, batch):
-        out = []
-        for si in batch:
+    def step(self, plan):
+        out = StepOutput([None] * len(plan.batch), more={})
+        for i, si in enumerate(plan.batch):
             if self.empty_when is not None and self.empty_when(si.tokens):
-                out.append([])
                 continue
             seq = list(si.tokens)
             for _ in range(self.rng.randint(1, self.most)):
                 seq.append(self.inner.next_tokens([seq])[0])
             new = seq[len(si.tokens):]
             self.returned += len(new)
-            out.append(new if len(new) > 1 else new[0])
+            out.tokens[i] = new[0]
+            if len(new) > 1:
+                out.more[i] = new[1:]
         return out
 
     def release_slot(self, slot: int) -> None:
@@ -123,15 +125,27 @@ def test_step_returns_the_number_of_tokens_appended():
     assert total == sum(len(h.tokens) for h in handles) == 27
 
 
-def test_an_empty_list_fails_that_request_only():
+@pytest.mark.parametrize("after", [0, 3])
+def test_no_tokens_for_a_decoding_slot_fails_that_request_only(after):
+    """No tokens from the first step on (the prompt's chunk, then a decode that gives none), or
+    after some tokens: that request ends with a ModelError, the other goes on."""
     inner = SimulatedLLM(vocab_size=500, stop_rate=0.0, seed=2)
-    model = Speculating(inner, most=3, seed=4, empty_when=lambda tokens: tokens[0] == 99)
+    model = Speculating(inner, most=3, seed=4, empty_when=lambda tokens: tokens[0] == 99 and len(tokens) > 2 + after)
     engine = BatchInferenceEngine(model, batch_size=2)
     bad = engine.submit_request([99, 1], 5)
     good = engine.submit_request([1, 2], 5)
     engine.run()
-    assert bad.finish_reason == FinishReason.ERROR and "empty list" in str(bad.error)
+    assert bad.finish_reason == FinishReason.ERROR and "no token" in str(bad.error)
+    assert len(bad.tokens) >= after and bad.tokens == inner_tokens(inner, [99, 1], len(bad.tokens))
     assert good.finish_reason == FinishReason.LENGTH and len(good.tokens) == 5
+
+
+def inner_tokens(inner, prompt: list[int], n: int) -> list[int]:
+    """The first ``n`` tokens ``inner`` gives after ``prompt``, one by one."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(inner.next_tokens([seq])[0])
+    return seq[len(prompt):]
 
 
 def test_text_stop_strings_and_streamed_text_match_one_token_steps(tmp_path):

@@ -17,6 +17,7 @@ from tests.support.reference import simulated_reference
 from tests.support.waits import wait_until
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.config import WorkerConfig
+from worker.models.base import StepOutput
 from worker.process import WorkerProcess
 from worker.warmup import needs_warmup, warm_up
 
@@ -39,11 +40,12 @@ class SlotSim:
     def bind_slots(self, num_slots: int) -> None:
         self.bound.append(num_slots)
 
-    def step(self, batch):
+    def step(self, plan):
+        batch = plan.batch
         new = {x.slot for x in batch} - self.held
         self.held |= new
         self.steps.append((len(batch), len(new)))
-        return self.sim.next_tokens([x.tokens for x in batch])
+        return StepOutput(self.sim.next_tokens([x.tokens for x in batch]))
 
     def release_slot(self, slot: int) -> None:
         self.released.append(slot)
@@ -59,11 +61,11 @@ class GatedSlotSim(SlotSim):
         self.release = threading.Event()
         self.entered = threading.Event()
 
-    def step(self, batch):
+    def step(self, plan):
         if not self.release.is_set():
             self.entered.set()
             assert self.release.wait(30), "the test never released the model"
-        return super().step(batch)
+        return super().step(plan)
 
 
 # ---------------------------------------------------------------------- the warm-up itself

@@ -7,11 +7,12 @@ needs them, so ``import worker`` stays light.
 from __future__ import annotations
 
 from protocol.request import SamplingParams
-from worker.models.base import SlotInput, SlotModel, StatelessModel
+from worker.models.base import BatchPlan, SlotInput, SlotModel, StatelessModel, StepOutput
 from worker.models.heap import bound_onednn_caches, return_freed_memory
 from worker.models.options import ModelOptions
 
-__all__ = ["ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "load_model"]
+__all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "StepOutput",
+           "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
                    "num_threads", "prefix_cache_mb")

@@ -13,38 +13,52 @@ by reference, never copied, and the model must not mutate them.
 
 **Slot-aware** -- a :class:`SlotModel`, for models that keep per-slot state
 such as a KV cache. The engine calls ``bind_slots(num_slots)`` once, then per
-iteration ``step(batch)`` with one :class:`SlotInput` per occupied slot, and
-``release_slot(slot)`` when a slot is freed (finished, cancelled, deadline),
-always before the slot is given to another request. A slot that was just
-assigned shows up in ``step`` with tokens the model has not seen (the model
-prefills them); afterwards each call carries exactly one new token per slot
-(the one the model returned last time), which the model decodes.
+iteration ``step(plan)`` and ``release_slot(slot)`` when a slot is freed
+(finished, cancelled, deadline), always before the slot is given to another
+request. As in Orca and nano-vllm, the engine decides and the model computes:
 
-``step`` returns one entry per slot, same order. Besides a token id, an
-entry may be:
+- The engine **plans** each iteration (:class:`BatchPlan`, made by
+  :mod:`worker.planner`): ``plan.batch`` holds one :class:`SlotInput` per
+  occupied slot; ``plan.chunks`` maps the batch index of each slot whose
+  prompt is not prefilled yet to the prompt tokens to compute now (chunked
+  prefill: at most the model's ``prefill_budget`` tokens in all per
+  iteration, prompts already started first, so the decoding slots never wait
+  for more than one chunk, as vLLM's and SGLang's chunked prefill). Every
+  other slot decodes: it carries exactly one token the model has not seen
+  (the one it returned last time) -- or, after a step that gave the slot
+  several tokens, all of them appended, of which the model has not seen the
+  last.
+- The model **returns** a :class:`StepOutput` (one record per step, an
+  entry per batch entry) and never writes into the plan or its inputs. A
+  slot's tokens (``tokens[i]``, then ``more[i]``) are what the model
+  produced for it:
 
-- ``None``: no token this iteration -- the slot's prompt is not fully
-  prefilled yet (chunked prefill: a long prompt is processed over several
-  iterations so the other slots keep decoding). The engine appends nothing,
-  checks no termination and streams nothing for that slot, and calls ``step``
-  again with the same tokens. Only valid before the slot's first token;
-  afterwards the engine ends that request with a ModelError.
-- an exception instance: this slot's computation failed (e.g. its logits
-  are NaN). The engine ends that request alone with ``finish_reason="error"``
-  (the exception, wrapped in a ModelError, is its error); the other slots
-  go on. Raising from ``step`` instead fails every slot of the batch.
-- a non-empty list of token ids: several tokens at once (speculative
-  decoding: accepted draft tokens and one more). The engine appends them in
-  order, one iteration each, with every check of a one-token iteration
-  (stop tokens and sequences, ``max_tokens``, streaming, cancellation), so
-  results are those of one token per step; tokens after the request ends
-  are dropped. Next time the slot carries all appended tokens, of which the
-  model has not seen the last.
+  - none (``tokens[i]`` None): a prompt chunk that does not finish the
+    prompt (or a slot the plan gave 0 tokens). The engine appends nothing,
+    checks no termination and streams nothing for that slot. Only valid for
+    a slot in ``plan.chunks``; a decoding slot without a token (and without
+    an error) ends its request with a ModelError.
+  - one token: the usual case (a decode, or the chunk that ends the prompt).
+  - several tokens (speculative decoding: accepted draft tokens and one
+    more). The engine appends them in order, one iteration each, with every
+    check of a one-token iteration (stop tokens and sequences,
+    ``max_tokens``, streaming, cancellation), so results are those of one
+    token per step; tokens after the request ends are dropped.
 
-The engine tells these apart with one scan of the entries' types, so a
-step that returns only ints costs nothing extra.
+  ``errors[i]`` (no token then): this slot's computation failed (e.g. its
+  logits are NaN). The engine ends that request alone with
+  ``finish_reason="error"`` (the exception, wrapped in a ModelError, is its
+  error); the other slots go on. Raising from ``step`` instead fails every
+  slot of the batch. ``logprobs`` / ``prompt_logprobs`` / ``cached_tokens``:
+  see :class:`StepOutput`.
 
-Optional attributes on either kind, read once by the engine:
+The engine reads the usual step (a token for every slot, no ``more``, no
+``errors``) with one C-level scan of ``tokens`` (``None in tokens``) and
+appends it as it is, so a slot-aware model's tokens cost about what a
+stateless model's do (one small record per step more).
+
+Optional attributes on either kind, read once by the engine (``prefill_budget``
+at every iteration that prefills):
 
 - ``vocab_size: int`` -- token ids must lie in ``[0, vocab_size)``.
 - ``max_seq_len: int`` -- prompt + ``max_tokens`` must not exceed it.
@@ -52,9 +66,13 @@ Optional attributes on either kind, read once by the engine:
   engine is built with ``stop_token="model"`` (real models).
 - ``tokenizer: TextCodec`` -- present when the model can take text prompts.
 - ``gives_logprobs: bool`` -- True for a slot-aware model that fills
-  ``SlotInput.scored`` / ``prompt_scored`` (a model with logits); the
+  ``StepOutput.logprobs`` / ``prompt_logprobs`` (a model with logits); the
   engine refuses ``logprobs`` / ``prompt_logprobs`` requests for any other
   model (SimulatedLLM, stateless ``next_tokens`` models) at submission.
+- ``prefill_budget: int`` (slot-aware) -- the model can prefill a prompt in
+  chunks over several iterations: the engine plans at most this many prompt
+  tokens per iteration. Absent or None: every prompt is planned whole in its
+  first iteration.
 """
 
 from __future__ import annotations
@@ -64,12 +82,16 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from protocol.request import GREEDY, SamplingParams  # how a slot's next token is picked; defined with the request
 
-__all__ = ["GREEDY", "IncrementalDecoder", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "TextCodec"]
+__all__ = ["GREEDY", "BatchPlan", "IncrementalDecoder", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel",
+           "StepOutput", "TextCodec"]
 
 
 @dataclass(slots=True)
 class SlotInput:
-    """One occupied slot in one iteration, as the engine hands it to a SlotModel.
+    """One occupied slot, as the engine hands it to a SlotModel (inside a :class:`BatchPlan`).
+
+    Owned by the engine and reused from one iteration to the next: the model
+    reads it, never writes it.
 
     - ``slot``: slot index in ``[0, num_slots)``.
     - ``tokens``: the request's full sequence so far (prompt + generated),
@@ -80,18 +102,12 @@ class SlotInput:
       penalties count (:mod:`worker.models.processors`).
     - ``logprobs``: None, or ``N``: the request wants each token's
       :class:`~protocol.logprobs.TokenLogprob` with ``N`` alternatives; the
-      model (one with ``gives_logprobs``) then sets ``scored`` in every
-      ``step`` that returns tokens for the slot: one entry per token
-      returned, in order (a list, fresh each step).
+      model (one with ``gives_logprobs``) then gives ``StepOutput.logprobs``
+      for every token it returns for the slot.
     - ``prompt_logprobs``: None, or ``N``: score the prompt
-      (``tokens[:prompt_len]``) while prefilling it; the model sets
-      ``prompt_scored`` in the ``step`` that returns the slot's first token:
-      one entry per prompt token, the first None. The engine reads both and
-      sets ``prompt_logprobs`` back to None (a resumed request never asks).
-    - ``cached_tokens``: set by a model with a prefix cache when it starts the
-      slot's prefill: prompt tokens (of ``tokens[:prompt_len]``) whose KV it
-      took from the cache, 0 for a miss. The engine reads it with the slot's
-      first token (``RequestHandle.cached_tokens``); None (not set) counts as 0.
+      (``tokens[:prompt_len]``) while prefilling it; the model gives
+      ``StepOutput.prompt_logprobs`` with the slot's first token. The engine
+      sets it back to None then (a resumed request never asks).
     """
 
     slot: int
@@ -100,9 +116,65 @@ class SlotInput:
     prompt_len: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
-    scored: list | None = None
-    prompt_scored: list | None = None
-    cached_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One iteration of a slot-aware model, as the engine planned it (:mod:`worker.planner`).
+
+    - ``batch``: one :class:`SlotInput` per occupied slot, in batch order
+      (the engine's own list, reused: read it, never keep it).
+    - ``chunks``: batch index -> prompt tokens (int >= 0) to compute in this
+      iteration, for each slot whose prompt is not prefilled yet, in the
+      order to run them (prompts already started first). A chunk continues
+      from where the model's state of the slot ends: for a new occupant,
+      after the prefix the model takes from its own prefix cache, if any
+      (reported in ``StepOutput.cached_tokens``), so a chunk never runs past
+      the slot's last token. 0: the slot waits (the budget is spent).
+      Every slot not in ``chunks`` decodes. The model must not mutate it.
+      None (only when driving a model by hand: tests, benchmarks): every
+      slot's unseen tokens are computed whole.
+    """
+
+    batch: list[SlotInput]
+    chunks: dict[int, int] | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What a slot-aware model's ``step`` computed: one record per step, indexed by batch entry
+    (as vLLM's ``ModelRunnerOutput``), so the usual step -- one token per slot -- costs one
+    list and no record per slot. The dicts are None (the default) when empty; a model may pass
+    its own, filled or not.
+
+    - ``tokens``: one entry per entry of ``plan.batch``, same order: the first
+      (usually the only) token the slot produced, None for none (a prompt
+      chunk that did not finish its prompt, or a failure: see ``errors``).
+    - ``more``: batch index -> the slot's further tokens after ``tokens[i]``,
+      in order (speculative decoding: accepted drafts and one more); only
+      for slots that produced several.
+    - ``logprobs``: batch index -> one :class:`~protocol.logprobs.TokenLogprob`
+      per token produced (``tokens[i]``, then ``more[i]``), for each slot
+      that produced tokens and whose ``SlotInput.logprobs`` is set.
+    - ``prompt_logprobs``: batch index -> one entry per prompt token, the
+      first None, with the slot's first token, for a slot whose
+      ``SlotInput.prompt_logprobs`` is set.
+    - ``cached_tokens``: batch index -> the prompt tokens (of
+      ``tokens[:prompt_len]``) whose KV a model with a prefix cache took from
+      it, 0 for a miss, in the step that starts the slot's prefill (its first
+      chunk); absent counts as 0. The engine gives it to the request with its
+      first token (``RequestHandle.cached_tokens``).
+    - ``errors``: batch index -> why this slot's computation failed
+      (``tokens[i]`` is then None); the request alone ends with
+      ``finish_reason="error"``.
+    """
+
+    tokens: list[int | None]
+    more: dict[int, list[int]] | None = None
+    logprobs: dict[int, list] | None = None
+    prompt_logprobs: dict[int, list] | None = None
+    cached_tokens: dict[int, int] | None = None
+    errors: dict[int, BaseException] | None = None
 
 
 @runtime_checkable
@@ -116,9 +188,8 @@ class SlotModel(Protocol):
 
     def bind_slots(self, num_slots: int) -> None: ...
 
-    def step(self, batch: Sequence[SlotInput]) -> list[int | None | BaseException]:
-        """Return the next token for every entry of ``batch``, same order (or None / an
-        exception for an entry, see the module docstring)."""
+    def step(self, plan: BatchPlan) -> StepOutput:
+        """Run ``plan``; return what it computed for each entry of ``plan.batch`` (see the module docstring)."""
         ...
 
     def release_slot(self, slot: int) -> None: ...

@@ -24,11 +24,10 @@ light); they come with the ``hf`` extra.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 
 import torch
 
-from worker.models.base import SlotInput
+from worker.models.base import BatchPlan, StepOutput
 from worker.models.checkpoint import load_pretrained
 from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
@@ -249,13 +248,15 @@ class HFSlotModel:
             if self._rows.idle:
                 trim_heap()
 
-    def step(self, batch: Sequence[SlotInput]) -> list[int]:
-        """Next token per entry of ``batch`` (prefill new slots, decode the rest).
+    def step(self, plan: BatchPlan) -> StepOutput:
+        """A token for every entry of ``plan.batch`` (prefill new slots whole -- this model does
+        not chunk: it has no ``prefill_budget`` --, decode the rest; see :mod:`worker.models.base`).
 
         Raises ``ValueError`` if a sequence outgrows ``max_seq_len``.
         """
         if self._cache is None:
             raise RuntimeError("bind_slots() must be called before step()")
+        batch = plan.batch
         prefill, decode = [], []
         for i, item in enumerate(batch):
             row = self._rows.row(item.slot)
@@ -266,9 +267,10 @@ class HFSlotModel:
                 self._cache.reset_row(row)
                 prefill.append(i)
         logits: list[torch.Tensor | None] = [None] * len(batch)
+        out = StepOutput([None] * len(batch), logprobs={}, prompt_logprobs={}, errors={})
         with torch.inference_mode():
             for group in self._prefill_groups(batch, prefill):
-                for i, row_logits in zip(group, self._prefill(batch, group)):
+                for i, row_logits in zip(group, self._prefill(batch, group, out.prompt_logprobs)):
                     logits[i] = row_logits
             if decode:
                 for i, row_logits in zip(decode, self._decode(batch, decode)):
@@ -276,13 +278,18 @@ class HFSlotModel:
             stacked = torch.stack(logits)
             params, positions = [item.sampling for item in batch], [len(item.tokens) for item in batch]
             if not any(item.logprobs is not None for item in batch):
-                return self._sampler.pick(stacked, params, positions, inputs=batch)
-            picks, scored = self._sampler.pick_scored(stacked, params, positions, inputs=batch,
-                                                      logprobs=[item.logprobs for item in batch])
-            for item, entry in zip(batch, scored):
-                if entry is not None:
-                    item.scored = [entry]
-            return picks
+                picks, scored = self._sampler.pick(stacked, params, positions, inputs=batch), None
+            else:
+                picks, scored = self._sampler.pick_scored(stacked, params, positions, inputs=batch,
+                                                          logprobs=[item.logprobs for item in batch])
+        for i, tok in enumerate(picks):
+            if type(tok) is not int:
+                out.errors[i] = tok
+                continue
+            out.tokens[i] = tok
+            if scored is not None and scored[i] is not None:
+                out.logprobs[i] = [scored[i]]
+        return out
 
     # -- internals ---------------------------------------------------------
 
@@ -326,7 +333,9 @@ class HFSlotModel:
             logits = torch.tanh(logits / self._final_softcap) * self._final_softcap
         return logits.float()
 
-    def _prefill(self, batch, group):
+    def _prefill(self, batch, group, prompts: dict[int, list]):
+        """Prefill ``group`` (batch indices) in one packed forward; return their last positions'
+        logits. A prompt that asks ``prompt_logprobs`` gets its entries in ``prompts``."""
         rows = [self._rows.of[batch[i].slot] for i in group]
         lengths = [len(batch[i].tokens) for i in group]
         positions, mask = self._cache.begin_packed(rows, lengths)
@@ -344,7 +353,7 @@ class HFSlotModel:
                 n = item.prompt_len - 1
                 entries = score(self._logits(hidden[0, offset:offset + n]), item.tokens[1:1 + n],
                                 [item.prompt_logprobs] * n) if n > 0 else []
-                item.prompt_scored = [None] + entries
+                prompts[i] = [None] + entries
             offset += length
         return self._logits(hidden[0, last])
 

@@ -5,12 +5,12 @@ Per iteration (:meth:`LlamaRunner.step`):
 1. Sort the batch: a slot with exactly one token the cache has not seen
    decodes; a slot with more (a new prompt, or the rest of a long one) is a
    prefill candidate.
-2. Chunked prefill: candidates get prompt tokens in batch order, prompts
-   already started first, up to ``max_prefill_tokens`` per iteration; the
-   one that does not fit gets a chunk and the rest wait. A slot whose prompt
-   is not finished this iteration returns None (no token; see
-   :mod:`worker.models.base`), so the decoding slots never wait for more than
-   one chunk (as vLLM's and SGLang's chunked prefill).
+2. Chunked prefill as the engine planned it (``BatchPlan.chunks``,
+   :mod:`worker.planner`: at most :attr:`LlamaRunner.prefill_budget` prompt
+   tokens per iteration): each candidate's chunk starts where its cache row
+   ends -- for a new prompt, after the prefix it takes from the prefix cache
+   (reported as ``StepOutput.cached_tokens``). A slot whose prompt is not
+   finished this iteration gets no token (see :mod:`worker.models.base`).
 3. One forward for everything (:func:`worker.models.llama.model.forward`,
    over a step plan built by :mod:`worker.models.llama.plan`), or on CUDA a
    prefill forward plus the decode step replayed from a CUDA graph
@@ -40,9 +40,9 @@ row (the one a draft-free step computes). ``prompt_logprobs``
 its positions to the logits rows (``logits_at``, LM head over those
 positions only; a chunk's last position predicts the next chunk's first
 token), scored in the same iteration (:func:`~worker.models.sampling.score`)
-and kept per cache row until the prompt's last chunk, whose step sets
-``SlotInput.prompt_scored``. Such a row never loads KV from the prefix cache
-(all its positions need logits).
+and kept per cache row until the prompt's last chunk, whose step gives
+them (``StepOutput.prompt_logprobs``). Such a row never loads KV from the
+prefix cache (all its positions need logits).
 
 Slots map to cache rows lowest-free-first, so the decoding rows stay packed
 at the bottom of the cache and the decode attention reads a view of rows
@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 import torch
 
-from worker.models.base import SlotInput
+from worker.models.base import BatchPlan, SlotInput, StepOutput
 from worker.models.grammar import grammars_for
 from worker.models.heap import trim_heap
 from worker.models.llama.cache import SlotCache
@@ -70,12 +70,10 @@ from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, score, to_device
 
 
-class _Candidate(NamedTuple):
-    """A batch entry with more than one token the cache has not seen; candidates sort already
-    started prompts first, then in batch order."""
+class _Prefill(NamedTuple):
+    """A batch entry with more than one token the cache has not seen."""
 
     fresh: bool  # nothing of it in the cache yet
-    index: int  # in the batch
     row: int  # cache row
     start: int  # tokens already in the cache
 
@@ -84,9 +82,9 @@ class LlamaRunner:
     """A Llama-family causal LM run by slotserve (see module docstring).
 
     Attributes read by the engine: ``vocab_size``, ``max_seq_len``,
-    ``eos_token_ids``, ``tokenizer``, ``gives_logprobs`` (True: it fills
-    ``SlotInput.scored`` / ``prompt_scored``, see the module docstring). Also ``device``, ``precision``,
-    ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
+    ``eos_token_ids``, ``tokenizer``, ``gives_logprobs`` (True: it gives
+    ``StepOutput.logprobs`` / ``prompt_logprobs``, see the module docstring),
+    ``prefill_budget``. Also ``device``, ``precision``, ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
     :meth:`bind_slots`), ``max_prefill_tokens``.
 
     ``capacity_step``: None maps the KV cache whole (see
@@ -95,7 +93,7 @@ class LlamaRunner:
     ``speculative_tokens`` (attribute, read at every iteration; CPU): up to
     that many draft tokens per greedy decode row and iteration, looked up in
     the row's own tokens (:mod:`worker.models.llama.lookup`) and verified in
-    the same forward; :meth:`step` then returns a list of tokens for the row
+    the same forward; the row then gets several tokens in its :class:`StepOutput`
     (its accepted drafts and one more), see :mod:`worker.models.base`. 0 (the
     default) turns it off.
     """
@@ -115,6 +113,7 @@ class LlamaRunner:
         self.speculative_tokens = speculative_tokens
         self._lookup = PromptLookup(0)
         self._drafts: dict[int, Draft] = {}  # this iteration's, by batch index
+        self._cached: dict[int, int] = {}  # this iteration's prefix cache hits: batch index -> prompt tokens
         self._capacity_step = capacity_step
         self._sampler = Sampler()
         # structured outputs (worker.models.grammar); None without a tokenizer. Read by the engine at submit.
@@ -166,42 +165,50 @@ class LlamaRunner:
             if self._rows.idle:
                 trim_heap()  # idle: the iterations' freed temporaries leave the RSS (see worker.models.heap)
 
-    def step(self, batch: Sequence[SlotInput]) -> list:
-        """Next token per entry of ``batch``: an int, None (prompt not finished) or a ModelError.
+    @property
+    def prefill_budget(self) -> int:
+        """Prompt tokens per iteration the engine may plan (``max_prefill_tokens``; see :mod:`worker.planner`)."""
+        return self.max_prefill_tokens
+
+    def step(self, plan: BatchPlan) -> StepOutput:
+        """Run ``plan`` (its decodes and prompt chunks in one forward, one sampler call); return
+        what it computed for each entry of ``plan.batch`` (see :mod:`worker.models.base`).
 
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
         """
+        batch = plan.batch
         with torch.inference_mode():
-            logits, out_index = self.forward_batch(batch, greedy_only=True)
-            out: list = [None] * len(batch)
+            logits, out_index = self.forward_batch(batch, greedy_only=True, chunks=plan.chunks)
+            out = StepOutput([None] * len(batch), more={}, logprobs={}, prompt_logprobs={},
+                             cached_tokens=self._cached, errors={})
             if self._prompt_spans:
                 self._score_prompts(batch)
             if out_index:
-                params = [batch[i].sampling for i in out_index]
-                positions = [len(batch[i].tokens) for i in out_index]
-                rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
-                failed = self._failed.index_select(0, rows) > 0
-                inputs = [batch[i] for i in out_index]
-                scored = None
-                if any(si.logprobs is not None for si in inputs):
-                    picks, scored = self._sampler.pick_scored(logits, params, positions, failed, inputs,
-                                                              [si.logprobs for si in inputs])
-                else:
-                    picks = self._sampler.pick(logits, params, positions, failed, inputs)
+                picks, scored = self._pick(batch, logits, out_index)
                 if self._drafts:
                     self._accept(out, out_index, picks, scored, batch)
                 else:
-                    for i, tok in zip(out_index, picks):
-                        out[i] = tok
-                    if scored is not None:
-                        for i, entry in zip(out_index, scored):
-                            if entry is not None:
-                                batch[i].scored = [entry]
-                for si in inputs:  # a prompt scored over its chunks: all of it, with its first token
-                    if si.prompt_logprobs is not None:  # (then the engine sets it back to None)
-                        si.prompt_scored = [None] + self._prompt_scores.pop(self._rows.of[si.slot], [])
+                    _one_each(out, out_index, picks, scored, batch)
+                for i in dict.fromkeys(out_index):  # a prompt scored over its chunks: all of it, with its first token
+                    if batch[i].prompt_logprobs is not None:
+                        out.prompt_logprobs[i] = [None] + self._prompt_scores.pop(self._rows.of[batch[i].slot], [])
         return out
+
+    def _pick(self, batch: Sequence[SlotInput], logits: torch.Tensor, out_index: list[int]
+              ) -> tuple[list, list | None]:
+        """One sampler call for the logits rows (``out_index``: their batch entries): each row's
+        pick (a token id, or the error of a non-finite row) and, when a row asks ``logprobs``,
+        each row's entry (None for a row that does not ask), else None."""
+        params = [batch[i].sampling for i in out_index]
+        positions = [len(batch[i].tokens) for i in out_index]
+        rows = to_device([self._rows.of[batch[i].slot] for i in out_index], torch.long, self.device)
+        failed = self._failed.index_select(0, rows) > 0
+        inputs = [batch[i] for i in out_index]
+        if any(si.logprobs is not None for si in inputs):
+            return self._sampler.pick_scored(logits, params, positions, failed, inputs,
+                                             [si.logprobs for si in inputs])
+        return self._sampler.pick(logits, params, positions, failed, inputs), None
 
     def _score_prompts(self, batch: Sequence[SlotInput]) -> None:
         """``prompt_logprobs``: this iteration's prompt entries (``self._prompt_logits``, the
@@ -222,9 +229,11 @@ class LlamaRunner:
             else:
                 self._prompt_scores.setdefault(row, []).extend(got)
 
-    def _accept(self, out: list, out_index: list[int], picks: list, scored: list | None = None,
-                batch: Sequence[SlotInput] = ()) -> None:
-        """Speculative decoding's verification: per row, its picks while they equal its drafts, and one more.
+    def _accept(self, out: StepOutput, out_index: list[int], picks: list, scored: list | None,
+                batch: Sequence[SlotInput]) -> None:
+        """Each logits row's tokens into ``out`` when some rows are drafted (else
+        :func:`_one_each`); for a drafted row, speculative decoding's verification: its picks
+        while they equal its drafts, and one more.
 
         The pick after input ``t`` (the row's token, then draft ``t - 1``) is
         the model's own greedy token there; draft ``t`` is kept when it equals
@@ -232,47 +241,48 @@ class LlamaRunner:
         draft) is the bonus token. So the tokens returned are exactly the
         picks a draft-free decode of the same forward would make. The row's
         cache keeps the keys of the inputs that led to them. A non-finite
-        pick ends the row's tokens: first, it is the request's error; after
+        pick ends the row's tokens: first, it is the entry's error; after
         accepted picks, those are returned and the cache ends before the
         input that failed, so the next step recomputes it and the error comes
         there, as it would one token per step.
 
         ``scored`` (rows asking ``logprobs``): each returned token's entry is
-        its own query's (the pick after the input before it), set on
-        ``batch[i].scored``, so they are the draft-free entries too.
+        its own query's (the pick after the input before it), so they are the
+        draft-free entries too.
         """
         j, lengths = 0, self.kv_cache.lengths
         while j < len(out_index):
             i = out_index[j]
             spec = self._drafts.get(i)
-            if spec is None:
-                out[i] = picks[j]
-                if scored is not None and scored[j] is not None:
-                    batch[i].scored = [scored[j]]
-                j += 1
-                continue
-            row, pos, drafts = spec
-            got = picks[j:j + len(drafts) + 1]
-            first, j = j, j + len(drafts) + 1
+            drafts = () if spec is None else spec.tokens
+            got, first = picks[j:j + len(drafts) + 1], j
+            j += len(drafts) + 1
             accepted = []
             for t, tok in enumerate(got):
                 if type(tok) is not int:  # non-finite after input t
-                    out[i] = tok if t == 0 else accepted if t > 1 else accepted[0]
                     break
                 accepted.append(tok)
                 if t == len(drafts) or tok != drafts[t]:
-                    out[i] = accepted if len(accepted) > 1 else tok
                     break
-            if accepted and scored is not None and batch[i].logprobs is not None:
-                batch[i].scored = scored[first:first + len(accepted)]
-            lengths[row] = pos + max(len(accepted), 1)
+            if accepted:
+                out.tokens[i] = accepted[0]
+                if len(accepted) > 1:
+                    out.more[i] = accepted[1:]
+                if scored is not None and batch[i].logprobs is not None:
+                    out.logprobs[i] = scored[first:first + len(accepted)]
+            else:
+                out.errors[i] = got[0]
+            if spec is not None:
+                lengths[spec.row] = spec.pos + max(len(accepted), 1)
 
-    def forward_batch(self, batch: Sequence[SlotInput], greedy_only: bool = False
-                      ) -> tuple[torch.Tensor | None, list[int]]:
+    def forward_batch(self, batch: Sequence[SlotInput], greedy_only: bool = False,
+                      chunks: dict[int, int] | None = None) -> tuple[torch.Tensor | None, list[int]]:
         """The model part of :meth:`step`: ``(logits [n, vocab] fp32, batch index of each row)``.
 
-        Rows come for the entries that get a token this iteration; None when
-        none does. Advances the cache like :meth:`step` (for tests and benchmarks).
+        Rows come for the entries that get a token this iteration (a drafted
+        row: one per query); None when none does. Advances the cache like
+        :meth:`step` (for tests and benchmarks). ``chunks``: the plan's
+        (:attr:`BatchPlan.chunks`), None: every prompt whole.
         ``greedy_only``: a plain greedy entry's row (``SamplingParams.is_plain_greedy``: no bias,
         no penalty, so its token is the argmax of its raw logits) may be exact only where its
         argmax can be (``-inf`` elsewhere; the weights' screened head, fp32 on CPU); every other
@@ -281,7 +291,7 @@ class LlamaRunner:
         cache = self.kv_cache
         if cache is None:
             raise RuntimeError("bind_slots() must be called before step()")
-        decode, candidates = {}, []
+        decode, prefill = {}, {}
         for i, item in enumerate(batch):
             row = self._rows.row(item.slot)
             cached = cache.lengths[row]
@@ -293,13 +303,13 @@ class LlamaRunner:
                 self._lookup.reset(row)
                 cached, new = 0, len(item.tokens)
                 if self.prefix_cache is not None:
-                    self._seqs[row] = item.tokens  # stored at release; its cached prefix is loaded in _schedule
+                    self._seqs[row] = item.tokens  # stored at release; its cached prefix is loaded in _chunks
             if new == 1:
                 decode[row] = i
             else:
-                candidates.append(_Candidate(fresh, i, row, cached))
+                prefill[i] = _Prefill(fresh, row, cached)
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
-        chunks = self._schedule(batch, sorted(candidates))
+        chunks = self._chunks(batch, prefill, chunks)
         self._prompt_logits, self._prompt_spans = None, ()
         with torch.inference_mode():
             result = self._run(batch, decode, chunks, greedy_only)
@@ -336,25 +346,28 @@ class LlamaRunner:
                     drafts[i] = Draft(row, pos, tokens)
         return drafts
 
-    def _schedule(self, batch, candidates: list[_Candidate]) -> list[Chunk]:
-        """This iteration's prompt chunks, within the token budget (``candidates`` in their order).
+    def _chunks(self, batch, prefill: dict[int, _Prefill], planned: dict[int, int] | None) -> list[Chunk]:
+        """This iteration's prompt chunks: the plan's, in its order (``planned`` None: each entry of
+        ``prefill`` whole, prompts already started first), each from where its row's cache ends.
 
         A new prompt first reuses its longest cached prefix (:mod:`worker.models.llama.prefix_cache`),
         looked up when it gets its first chunk, not when admitted: prompts admitted together then
-        hit the blocks the first one's chunks stored meanwhile. The prompt tokens reused go to
-        ``SlotInput.cached_tokens`` (0 for a miss)."""
-        budget, chunks, prefixes = self.max_prefill_tokens, [], self.prefix_cache
-        for fresh, i, row, start in candidates:
-            if budget <= 0:
-                break
+        hit the blocks the first one's chunks stored meanwhile; its chunk then starts after that
+        prefix. The prompt tokens reused go to ``self._cached`` (batch index -> count, 0 for a
+        miss; the entry's ``StepOutput.cached_tokens``)."""
+        if planned is None:
+            planned = {i: len(batch[i].tokens) for i in sorted(prefill, key=lambda i: (prefill[i].fresh, i))}
+        chunks, self._cached, prefixes = [], {}, self.prefix_cache
+        for i, count in planned.items():
+            if not count or i not in prefill:  # (waits; or a one-token prompt: it decodes)
+                continue
+            fresh, row, start = prefill[i]
+            item = batch[i]
             if fresh and prefixes is not None:
-                item = batch[i]
                 if not skips_cache(item):
                     start = prefixes.load(row, item.tokens)
-                item.cached_tokens = min(start, item.prompt_len)  # (a resumed request's own tokens are not prompt)
-            count = min(len(batch[i].tokens) - start, budget)
-            chunks.append(Chunk(i, row, start, count))
-            budget -= count
+                self._cached[i] = min(start, item.prompt_len)  # (a resumed request's own tokens are not prompt)
+            chunks.append(Chunk(i, row, start, min(len(item.tokens) - start, count)))
         return chunks
 
     def _run(self, batch, decode: dict[int, int], chunks: list[Chunk], greedy_only: bool = False
@@ -408,6 +421,19 @@ class LlamaRunner:
     def _note_failed(self, rows: torch.Tensor, failed: torch.Tensor) -> None:
         """Remember the rows of non-finite tokens (padding entries are never non-finite)."""
         self._failed.index_add_(0, rows, failed.to(torch.int32))
+
+
+def _one_each(out: StepOutput, out_index: list[int], picks: list, scored: list | None,
+              batch: Sequence[SlotInput]) -> None:
+    """Each logits row's pick into ``out`` (no row drafted: one pick per row, the entry's token
+    or, non-finite, its error), with its logprobs entry where the row asks."""
+    for j, (i, tok) in enumerate(zip(out_index, picks)):
+        if type(tok) is int:
+            out.tokens[i] = tok
+            if scored is not None and batch[i].logprobs is not None:
+                out.logprobs[i] = [scored[j]]
+        else:
+            out.errors[i] = tok
 
 
 def _attention_kernels(device: str):
