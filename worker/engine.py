@@ -37,7 +37,8 @@ from protocol.defaults import AGING_WINDOW
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
-from worker.errors import ModelError, UnsupportedError
+from protocol.errors import UnsupportedError
+from worker.errors import ModelError
 from worker.models.base import SlotModel
 from worker.planner import NO_CHUNKS, plan_chunks
 from worker.request import Completion, Request
@@ -150,7 +151,7 @@ class BatchInferenceEngine:
         ``prompt_logprobs`` is set before the first token's ``on_token`` (not
         for a request with ``resume_tokens``: its prompt was scored before).
 
-        Raises ValueError on bad input (:class:`~worker.errors.UnsupportedError`
+        Raises ValueError on bad input (:class:`~protocol.errors.UnsupportedError`
         for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
         without a tokenizer; a plain ValueError naming the field for
         ``logprobs`` / ``prompt_logprobs`` on a model without ``gives_logprobs``), TypeError for an unknown option,

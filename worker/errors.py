@@ -8,9 +8,8 @@ worker process can forward it without a lookup table. Bad input is a plain
 from __future__ import annotations
 
 from protocol.enums import ErrorCode
-from protocol.errors import UnsupportedError  # (shared with the client: a request a model cannot serve)
 
-__all__ = ["DuplicateRequestError", "ModelError", "ModelLoadError", "QueueFullError", "UnsupportedError"]
+__all__ = ["DuplicateRequestError", "ModelError", "ModelLoadError", "QueueFullError"]
 
 
 class QueueFullError(RuntimeError):

@@ -61,7 +61,8 @@ from collections import deque
 
 from protocol.enums import FinishReason
 from worker.errors import ModelError
-from worker.models.base import GREEDY, BatchPlan, SlotInput, StepOutput
+from protocol.request import GREEDY
+from worker.models.base import BatchPlan, SlotInput, StepOutput
 from worker.planner import NO_CHUNKS, NOT_STARTED, Prefill
 from worker.request import Request, RequestState
 

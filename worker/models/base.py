@@ -82,8 +82,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from protocol.request import GREEDY, SamplingParams  # how a slot's next token is picked; defined with the request
 
-__all__ = ["GREEDY", "BatchPlan", "IncrementalDecoder", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel",
-           "StepOutput", "TextCodec"]
+__all__ = ["BatchPlan", "IncrementalDecoder", "SlotInput", "SlotModel", "StatelessModel", "StepOutput", "TextCodec"]
 
 
 @dataclass(slots=True)

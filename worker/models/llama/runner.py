@@ -67,7 +67,8 @@ from worker.models.llama.plan import Chunk, Draft, add_prefill, decode_inputs, s
 from worker.models.llama.prefix_cache import PrefixCache, default_budget_mb, skips_cache
 from worker.models.llama.weights import LlamaWeights
 from worker.models.rows import SlotRows
-from worker.models.sampling import Sampler, score, to_device
+from worker.models.sampling import Sampler, score
+from worker.models.transfer import to_device
 
 
 class _Prefill(NamedTuple):
