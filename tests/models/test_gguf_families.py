@@ -329,3 +329,28 @@ def test_the_real_gemma3_270m_runs_greedy_as_hf_generate():
     for p, h in zip(prompts, handles):
         want = greedy_generate(ref, p, 12, eos_token_id=None, pad_token_id=0)
         assert h.tokens == want, (h.tokens, want)
+
+
+def test_a_kept_tokenizer_records_this_reads_offline_mode(tmp_path, monkeypatch):
+    """The kept tokenizer's ``init_kwargs`` are a fresh conversion's, whatever HF_HUB_OFFLINE was when
+    it was kept: transformers records offline mode as ``local_files_only`` (it was the one argument
+    that differed from ``AutoTokenizer``'s after a kept tokenizer was read in the other mode)."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from worker.models import gguf_tokenizer as module
+
+    path = str(tmp_path / "llama.gguf")
+    write_gguf(path, "llama")
+    for kept_offline, read_offline in ((False, True), (True, False)):
+        for n in os.listdir(tmp_path):
+            if ".tokenizer-" in n:
+                shutil.rmtree(tmp_path / n)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", kept_offline)  # what is_offline_mode() reads
+        first = module.gguf_tokenizer(path)  # converted and kept
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", read_offline)
+        again = module.gguf_tokenizer(path)  # from the kept folder
+        assert [n for n in os.listdir(tmp_path) if ".tokenizer-" in n]
+        assert first.init_kwargs.get("local_files_only") is kept_offline
+        assert again.init_kwargs.get("local_files_only") is read_offline

@@ -99,5 +99,9 @@ def _cached_tokenizer(cache: str):
     except Exception:  # noqa: BLE001 -- tokenizers raises a bare Exception for a file it cannot parse
         return None
     tokenizer.chat_template = saved["chat_template"]
+    if "local_files_only" in init:  # how this read went, as transformers records it: offline mode forces it
+        from huggingface_hub import is_offline_mode
+
+        init["local_files_only"] = is_offline_mode()
     tokenizer.init_kwargs = init  # the record of the converted tokenizer's arguments, as they were
     return tokenizer
