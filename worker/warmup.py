@@ -24,7 +24,10 @@ through the engine's public interface only (``submit_request`` and
 It leaves no trace: every request ends and frees its slot (the model's
 ``release_slot``, as for any request), nothing stays queued or in the
 engine's book, and the ids are its own (``warmup-N``: the engine's id
-counter does not move). Greedy picks never draw from the sampler's
+counter does not move). A model's prefix cache keeps the blocks the warm-up
+stored (the chat template's prefix serves the first chats) but its counters
+are zeroed, so the hit rate a worker reports (``slotserve status``,
+heartbeats) is that of the requests it served. Greedy picks never draw from the sampler's
 generator, and a seeded request's draws depend on its seed and position
 alone, so sampling after the warm-up is as after load. Stateless models
 (``next_tokens``, such as :class:`~worker.SimulatedLLM`) keep no state
@@ -98,6 +101,9 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
         failed += _report_failures(handles)
         if stopped:
             break
+    cache = getattr(engine.model, "prefix_cache", None)  # (worker.models.llama.prefix_cache)
+    if cache is not None:
+        cache.reset_stats()
     report = WarmupReport(time.monotonic() - t0, steps, engine.batch_size, failed, stopped)
     log.info("warm-up %s in %.2f s: %d iterations (a prefill alone, then %d of %d tokens at once), decode at "
              "batch sizes 1 to %d%s", "stopped" if stopped else "done", report.seconds, steps, engine.batch_size,

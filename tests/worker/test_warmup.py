@@ -134,6 +134,26 @@ def test_a_warmed_up_model_answers_as_a_fresh_one_greedy_and_seeded(tmp_path):
     assert outputs(warm=True) == fresh
 
 
+def test_the_prefix_cache_counts_served_requests_only_its_warm_up_blocks_stay(tmp_path):
+    """The warm-up's lookups are not in the hit rate a worker reports (a newcomer's idle workers
+    showed 160/824 tokens hit before any request), and the blocks it stored still serve."""
+    pytest.importorskip("transformers")
+    from tests.support.slot_models import save_tiny_llama
+    from worker.models import load_model
+
+    save_tiny_llama(tmp_path)
+    engine = BatchInferenceEngine(load_model(str(tmp_path)), 3, stop_token=None)
+    cache = engine.model.prefix_cache
+    assert cache is not None
+    warm_up(engine)
+    assert (cache.stats.queries, cache.stats.hits) == (0, 0) and cache.used_blocks > 0
+    from worker.warmup import _prompt
+
+    h = engine.submit_request(_prompt(engine)[0], 2)  # the warm-up's own prompt: its blocks are there
+    engine.run()
+    assert h.cached_tokens > 0 and cache.stats.queries > 0 and cache.stats.hits == h.cached_tokens
+
+
 # ---------------------------------------------------------------------- through a broker
 
 

@@ -117,6 +117,10 @@ class PrefixCache:
         self._chains: dict[int, list[int]] = {}  # row -> serials of its stored blocks, in order
         self.stats = PrefixCacheStats()
 
+    def reset_stats(self) -> None:
+        """Zero the counters (the blocks stay): what a warm-up looked up is not served traffic."""
+        self.stats = PrefixCacheStats()
+
     @property
     def nbytes(self) -> int:
         """Bytes of the pool (on CPU only the blocks written take memory)."""
