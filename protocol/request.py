@@ -508,6 +508,8 @@ _FIELD_COUNT = len(_CHECKS)
 _FIELD_INDEXES = range(_FIELD_COUNT)
 _is_not = operator.is_not
 _OPTION_TYPES = tuple(map(type, _OPTION_DEFAULTS))
+_AFTER_STOP_DEFAULTS = _OPTION_DEFAULTS[1:]  # the options after stop_token (the first option)
+_AFTER_STOP_TYPES = _OPTION_TYPES[1:]
 
 ROW_ALIASES = {"messages": "prompt"}
 """Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
@@ -534,15 +536,19 @@ class RequestParams(_Fields):
 
     def __new__(cls, *args: Any, **options: Any) -> RequestParams:
         n = len(args)
-        if (n == 2 or (n == _FIELD_COUNT and args[2:] == _OPTION_DEFAULTS
-                       and tuple(map(type, args[2:])) == _OPTION_TYPES)) and not options:
+        if (n == 2 or (n == _FIELD_COUNT and args[3:] == _AFTER_STOP_DEFAULTS
+                       and tuple(map(type, args[3:])) == _AFTER_STOP_TYPES)) and not options:
             # submit_request(prompt, max_tokens), or every field as decoded off the wire with each option
-            # equal to its default and of its type (a float decodes as a new object, never the default
-            # itself; -0.0 becomes 0.0): every option at its default -- the hot path, once per hop.
+            # but stop_token equal to its default and of its type (a float decodes as a new object, never
+            # the default itself; -0.0 becomes 0.0): the hot path, once per hop. stop_token is the option
+            # a client most often sets (None for no stop token, or its model's end token): it is checked
+            # here, alone (no rule between fields involves it).
             prompt, max_tokens = args[:2]
             tokens = plain_tokens(prompt)
             if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
-                return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)
+                if n == 2:
+                    return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)
+                return _tuple_new(cls, (tokens, max_tokens, _stop_token(args[2], "stop_token")) + _AFTER_STOP_DEFAULTS)
         elif not _NAMES.issuperset(options):
             unknown = sorted(set(options) - _NAMES)
             raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")

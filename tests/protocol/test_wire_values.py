@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +29,7 @@ from broker import BrokerConfig
 from client import Client
 from protocol.codec import decode, encode
 from protocol.messages import Envelope, Submit
-from protocol.request import RequestParams
+from protocol.request import DEFAULT, RequestParams
 from slotserve.job import run_job
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
@@ -182,18 +183,23 @@ def _look_alikes(default):
     return []
 
 
+@pytest.mark.parametrize("stop_token", [DEFAULT, None, [9, 7]])
 @pytest.mark.parametrize("name", option_names)
-def test_a_decoded_request_with_default_looking_options_is_checked_as_given(name):
+def test_a_decoded_request_with_default_looking_options_is_checked_as_given(name, stop_token):
     """Off the wire every field arrives (new float and str objects): one equal to its default and of
     its type is the default; one only equal to it (0 for 0.0, 0.0 for 0, False for 0) is checked,
-    so it is normalised or refused exactly as a keyword option is."""
+    so it is normalised or refused exactly as a keyword option is -- whatever the request's
+    stop_token (its own fast path: every other option at its default)."""
+    if name == "stop_token" and stop_token != DEFAULT:
+        return
+    base = {} if name == "stop_token" else {"stop_token": stop_token}
     default = RequestParams._field_defaults[name]
     i = RequestParams._fields.index(name)
     for value in _look_alikes(default):
-        full = list(RequestParams([1, 2], 3))
+        full = list(RequestParams([1, 2], 3, **base))
         full[i] = value
         try:
-            expected = RequestParams([1, 2], 3, **{name: value})
+            expected = RequestParams([1, 2], 3, **base, **{name: value})
         except ValueError:
             with pytest.raises(ValueError):
                 RequestParams(*full)
@@ -202,3 +208,19 @@ def test_a_decoded_request_with_default_looking_options_is_checked_as_given(name
         assert got == expected and list(map(type, got)) == list(map(type, expected)), (name, value)
         wire = decode(encode(Submit("m", [Envelope(1, expected)]))).requests[0].params
         assert wire == expected and list(map(type, wire)) == list(map(type, expected)), (name, value)
+
+
+@pytest.mark.parametrize("stop_token", [None, (), 7, [9, 7, 9], (3,), "default", -1, "eos", 2**64, [1, "x"], 1.5])
+def test_a_decoded_stop_token_is_checked_as_a_keyword_one(stop_token):
+    """A request with every other option at its default (off the wire: every field given) has its
+    stop_token normalised or refused exactly as ``stop_token=`` is."""
+    full = list(RequestParams([1, 2], 3))
+    full[RequestParams._fields.index("stop_token")] = stop_token
+    try:
+        expected = RequestParams([1, 2], 3, stop_token=stop_token)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            RequestParams(*full)
+        return
+    got = RequestParams(*full)
+    assert got == expected and list(map(type, got)) == list(map(type, expected))
