@@ -43,7 +43,7 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
-from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams
+from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -354,7 +354,7 @@ def _request_params(v: Any, name: str) -> RequestParams:
         raise ValueError(f"request parameters with {len(v)} fields, this peer knows {len(RequestParams._fields)} "
                          f"({', '.join(RequestParams._fields)}; the first two required): "
                          "a newer peer's? upgrade this one")
-    return RequestParams(*v)
+    return from_wire(v)
 
 
 def _envelope(v: Any, name: str) -> Envelope | Rejected:
@@ -368,7 +368,7 @@ def _envelope(v: Any, name: str) -> Envelope | Rejected:
         rid = _request_id(rid, "request_id")
     try:
         params = v[1]  # (as _request_params, inline: once per request)
-        params = (RequestParams(*params) if type(params) is tuple and 2 <= len(params) <= _PARAMS_FIELDS
+        params = (from_wire(params) if type(params) is tuple and 2 <= len(params) <= _PARAMS_FIELDS
                   else _request_params(params, "params"))
         resume = v[2] if n > 2 else ()
         if resume != () or type(resume) is not tuple:  # (the empty tuple is one object)

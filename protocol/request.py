@@ -44,7 +44,8 @@ from protocol.validation import (
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
            "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage", "ModelLimits",
-           "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "split_stop"]
+           "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
+           "split_stop"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -535,44 +536,7 @@ class RequestParams(_Fields):
     __slots__ = ()
 
     def __new__(cls, *args: Any, **options: Any) -> RequestParams:
-        n = len(args)
-        if (n == 2 or (n == _FIELD_COUNT and args[3:] == _AFTER_STOP_DEFAULTS
-                       and tuple(map(type, args[3:])) == _AFTER_STOP_TYPES)) and not options:
-            # submit_request(prompt, max_tokens), or every field as decoded off the wire with each option
-            # but stop_token equal to its default and of its type (a float decodes as a new object, never
-            # the default itself; -0.0 becomes 0.0): the hot path, once per hop. stop_token is the option
-            # a client most often sets (None for no stop token, or its model's end token): it is checked
-            # here, alone (no rule between fields involves it).
-            prompt, max_tokens = args[:2]
-            tokens = plain_tokens(prompt)
-            if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
-                if n == 2:
-                    return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)
-                return _tuple_new(cls, (tokens, max_tokens, _stop_token(args[2], "stop_token")) + _AFTER_STOP_DEFAULTS)
-        elif not _NAMES.issuperset(options):
-            unknown = sorted(set(options) - _NAMES)
-            raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
-        # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
-        values = list(args if n == _FIELD_COUNT and not options else _Fields(*args, **options))
-        # Each field is checked, but for its default: the default object itself, or (as a float or a
-        # string decodes, a new object) a value of the default's type equal to it (which its check
-        # would return as it is). The loop runs over the fields not given as the default object only.
-        for i in _compress(_FIELD_INDEXES, map(_is_not, values, _DEFAULTS)):
-            name, check, default = _CHECKS[i]
-            value = values[i]
-            if type(value) is not type(default) or value != default:
-                values[i] = check(value, name)
-        params = _tuple_new(cls, values)
-        # The rules between fields (each field's own are its check, declared with it):
-        if params.min_tokens > params.max_tokens:
-            raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
-        if params.min_tokens and params.structured is not None:  # (past the constraint's end only EOS is allowed,
-            # which min_tokens masks: every token -inf, the request failed with a model error)
-            raise ValueError("min_tokens cannot be combined with a structured constraint (or tool_choice required "
-                             "or a named function): the constraint decides where the output ends; leave min_tokens out")
-        if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
-            raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
-        return params
+        return _build(cls, args, options)
 
     @classmethod
     def _make(cls, iterable) -> RequestParams:  # (namedtuple's skips __new__, hence the check)
@@ -641,6 +605,58 @@ class RequestParams(_Fields):
                              "the request is already complete")
         check_vocab(out, "resume_tokens", vocab_size)
         return out
+
+
+def from_wire(values: tuple) -> RequestParams:
+    """``RequestParams(*values)`` for the fields by position as decoded off the wire (a tuple of 2
+    or more values; see :func:`protocol.codec.decode`), without unpacking them into a call: once per
+    request per hop. Same values, same errors."""
+    return _build(RequestParams, values, _NO_OPTIONS)
+
+
+_NO_OPTIONS: dict[str, Any] = {}
+
+
+def _build(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> RequestParams:
+    """:class:`RequestParams`' constructor: ``args`` by position, then ``options`` by name."""
+    n = len(args)
+    if (n == 2 or (n == _FIELD_COUNT and (tail := args[3:]) == _AFTER_STOP_DEFAULTS
+                   and tuple(map(type, tail)) == _AFTER_STOP_TYPES)) and not options:
+        # submit_request(prompt, max_tokens), or every field as decoded off the wire with each option
+        # but stop_token equal to its default and of its type (a float decodes as a new object, never
+        # the default itself; -0.0 becomes 0.0): the hot path, once per hop. stop_token is the option
+        # a client most often sets (None for no stop token, or its model's end token): it is checked
+        # here, alone (no rule between fields involves it).
+        prompt, max_tokens = args[:2]
+        tokens = plain_tokens(prompt)
+        if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
+            if n == 2:
+                return _tuple_new(cls, (tokens, max_tokens) + _OPTION_DEFAULTS)
+            return _tuple_new(cls, (tokens, max_tokens, _stop_token(args[2], "stop_token")) + _AFTER_STOP_DEFAULTS)
+    elif not _NAMES.issuperset(options):
+        unknown = sorted(set(options) - _NAMES)
+        raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
+    # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
+    values = list(args if n == _FIELD_COUNT and not options else _Fields(*args, **options))
+    # Each field is checked, but for its default: the default object itself, or (as a float or a
+    # string decodes, a new object) a value of the default's type equal to it (which its check
+    # would return as it is). The loop runs over the fields not given as the default object only.
+    for i in _compress(_FIELD_INDEXES, map(_is_not, values, _DEFAULTS)):
+        name, check, default = _CHECKS[i]
+        value = values[i]
+        if type(value) is not type(default) or value != default:
+            values[i] = check(value, name)
+    params = _tuple_new(cls, values)
+    # The rules between fields (each field's own are its check, declared with it):
+    if params.min_tokens > params.max_tokens:
+        raise ValueError(f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})")
+    if params.min_tokens and params.structured is not None:  # (past the constraint's end only EOS is allowed,
+        # which min_tokens masks: every token -inf, the request failed with a model error)
+        raise ValueError("min_tokens cannot be combined with a structured constraint (or tool_choice required "
+                         "or a named function): the constraint decides where the output ends; leave min_tokens out")
+    if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
+        raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
+    return params
 
 
 def split_stop(value: object) -> tuple[list[str], list[Any]]:
