@@ -106,11 +106,12 @@ class SlotTable:
     __slots__ = ("num_slots", "reqs", "seqs", "free", "batch", "plan", "streaming", "prefilling", "iteration",
                  "_inputs", "_slot_inputs", "_due", "_default_stop", "_custom_stops",
                  "_stop_any", "_stop_one", "_matching", "_holding", "_texting", "text_streaming", "text_failed",
-                 "pending", "_scoring", "pending_scores")
+                 "pending", "_scoring", "pending_scores", "vocab_size")
 
     def __init__(self, num_slots: int, slot_aware: bool,
-                 default_stop: frozenset[int] = frozenset()) -> None:
+                 default_stop: frozenset[int] = frozenset(), vocab_size: int | None = None) -> None:
         self.num_slots = num_slots
+        self.vocab_size = vocab_size  # the model's, None: unknown (token ids a model returns are checked against it)
         self.reqs: list[Request] = []
         self.seqs: list[list[int]] = []
         self.free = list(range(num_slots - 1, -1, -1))
@@ -270,30 +271,79 @@ class SlotTable:
         none: those requests are ``skipped``); a slot's further tokens
         (``out.more``) go to ``pending`` (:meth:`next_round`). ``failed``: the
         ``(request, error)`` pairs for the engine to end with ``"error"``: the
-        slots in ``out.errors``, and a decoding slot (not in ``plan.chunks``)
-        that got no token. The scoring requests that got a token take their
-        logprobs entries.
+        slots in ``out.errors``, a decoding slot (not in ``plan.chunks``)
+        that got no token, and a slot whose entry breaks the contract
+        (:meth:`_vet`; its tokens are then dropped). The scoring requests that
+        got a token take their logprobs entries.
+
+        Raises ModelError when ``out.more`` or ``out.errors`` names no batch
+        entry (the reply cannot be pinned on one request: the engine fails
+        the batch, as when the model raises).
         """
-        tokens = out.tokens
+        tokens, errors = out.tokens, out.errors
+        if out.more or errors or self._scoring:  # (the usual step has none of them: nothing to vet)
+            tokens, errors = self._vet(out)
         if out.more:
             reqs, pending = self.reqs, self.pending
             for i, more in out.more.items():
                 if more and tokens[i] is not None:
                     pending[reqs[i]] = more[::-1]  # reversed: pop() takes the next
         if None in tokens:  # (a C-level scan; the usual step has a token for every slot)
-            skipped, failed = self._no_token(out)
+            skipped, failed = self._no_token(tokens, errors)
         else:
             skipped, failed = _NOBODY, ()
         if self._scoring:
             self._take_scores(out, skipped)
         return tokens, skipped, failed
 
-    def _no_token(self, out: StepOutput) -> tuple[set[Request], list[tuple[Request, BaseException]]]:
-        """The requests whose slot got no token in ``out``, and those of them that failed."""
-        reqs, chunks, errors = self.reqs, self.plan.chunks, out.errors or NO_CHUNKS
+    def _vet(self, out: StepOutput) -> tuple[list, dict[int, BaseException]]:
+        """``out``'s tokens and errors, with every batch entry that breaks the contract failed
+        (its tokens None, a ModelError saying what was wrong): an error next to a token (the
+        error wins), further tokens that are not token ids (ints in ``[0, vocab_size)``),
+        ``logprobs`` entries that are not one per token for a slot that asks, ``prompt_logprobs``
+        not one per prompt token with the first token of a slot that asks. Raises ModelError
+        for a key of ``out.more`` / ``out.errors`` that is no batch index."""
+        tokens, errors, n = list(out.tokens), dict(out.errors or ()), len(self.reqs)
+        for field, keys in (("errors", errors), ("more", out.more or ())):
+            for i in keys:
+                if type(i) is not int or not 0 <= i < n:
+                    raise ModelError(f"StepOutput.{field} names batch index {i!r}; the batch has {n} entries")
+        for i in errors:
+            tokens[i] = None
+        vocab = self.vocab_size
+        for i, more in (out.more or {}).items():
+            if tokens[i] is not None and not all(type(t) is int and t >= 0 and (vocab is None or t < vocab)
+                                                 for t in more):
+                errors[i] = ModelError(f"the model's further tokens for batch entry {i} are not all token ids "
+                                       f"(ints in [0, {vocab})): {more!r}")
+                tokens[i] = None
+        entries, prompts, more = out.logprobs or {}, out.prompt_logprobs or {}, out.more or {}
+        for req in self._scoring:
+            i = req.pos
+            if tokens[i] is None:
+                continue
+            want = 1 + len(more.get(i) or ())
+            got = entries.get(i)
+            if req.logprobs is not None and (type(got) is not list or len(got) != want):
+                errors[i] = ModelError(f"the model gave {len(got) if type(got) is list else got!r} logprobs "
+                                       f"entries for batch entry {i}'s {want} tokens")
+                tokens[i] = None
+            elif self._slot_inputs[req.slot].prompt_logprobs is not None:
+                got, want = prompts.get(i), self._slot_inputs[req.slot].prompt_len
+                if type(got) is not list or len(got) != want:
+                    errors[i] = ModelError(f"the model gave {len(got) if type(got) is list else got!r} "
+                                           f"prompt_logprobs entries for batch entry {i}'s {want} prompt tokens")
+                    tokens[i] = None
+        return tokens, errors
+
+    def _no_token(self, tokens: list, errors: dict[int, BaseException] | None
+                  ) -> tuple[set[Request], list[tuple[Request, BaseException]]]:
+        """The requests whose slot got no token (``tokens[i]`` None), and those of them that
+        failed: in ``errors``, or decoding (not in ``plan.chunks``)."""
+        reqs, chunks, errors = self.reqs, self.plan.chunks, errors or NO_CHUNKS
         skipped: set[Request] = set()
         failed: list[tuple[Request, BaseException]] = []
-        for i in [i for i, tok in enumerate(out.tokens) if tok is None]:
+        for i in [i for i, tok in enumerate(tokens) if tok is None]:
             req = reqs[i]
             skipped.add(req)
             if i in errors:

@@ -1,0 +1,140 @@
+"""A slot-aware model whose :class:`~worker.models.base.StepOutput` breaks the contract for one slot.
+
+What the model said about one batch entry -- further tokens that are not
+token ids, an error next to a token, logprobs entries that do not match its
+tokens, prompt logprobs of the wrong length -- ends that request alone with
+``finish_reason="error"`` (a ModelError saying what was wrong); the other
+requests' results are those of a clean run, every request gets exactly one
+callback and every slot is released. A reply that cannot be pinned on one
+entry (a batch index out of range) fails the batch, as a model that raised.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.logprobs import TokenLogprob
+from worker import BatchInferenceEngine, FinishReason
+from worker.errors import ModelError
+from worker.models.base import StepOutput
+
+
+def entry(position: int, token: int) -> TokenLogprob:
+    return TokenLogprob(-position / 100, ((token, -position / 100),))
+
+
+class Bursting:
+    """After ``seq`` its next tokens are ``(len(seq) + k) % 40 + 10``, two per step after the
+    first (as speculative decoding returns), each scored by :func:`entry`. ``spoil(out, plan)``
+    breaks the output of step 3 (a decode step of every slot)."""
+
+    gives_logprobs = True
+    vocab_size = 64
+
+    def __init__(self, spoil=None) -> None:
+        self.spoil, self.steps, self.released = spoil, 0, []
+
+    def bind_slots(self, n):
+        self.seen = set()
+
+    def release_slot(self, slot):
+        self.released.append(slot)
+        self.seen.discard(slot)
+
+    def step(self, plan):
+        self.steps += 1
+        out = StepOutput([None] * len(plan.batch), more={}, logprobs={}, prompt_logprobs={}, errors={})
+        for i, si in enumerate(plan.batch):
+            n, burst = len(si.tokens), 1 if si.slot not in self.seen else 2
+            self.seen.add(si.slot)
+            toks = [(n + k) % 40 + 10 for k in range(burst)]
+            out.tokens[i] = toks[0]
+            if burst > 1:
+                out.more[i] = toks[1:]
+            if si.logprobs is not None:
+                out.logprobs[i] = [entry(n + k, t) for k, t in enumerate(toks)]
+            if si.prompt_logprobs is not None:
+                out.prompt_logprobs[i] = [None] + [entry(q, si.tokens[q]) for q in range(1, si.prompt_len)]
+        if self.steps == 3 and self.spoil is not None:
+            self.spoil(out, plan)
+        return out
+
+
+def _run(spoil, **options):
+    model = Bursting(spoil)
+    engine = BatchInferenceEngine(model, batch_size=4)
+    calls = {i: 0 for i in range(3)}
+
+    def callback(tokens, i):
+        calls[i] += 1
+
+    handles = [engine.submit_request([5 + i, 6, 7], 9, lambda t, i=i: callback(t, i), **options)
+               for i in range(3)]
+    engine.run()
+    assert calls == {0: 1, 1: 1, 2: 1}  # one terminal callback each
+    assert sorted(model.released) == [0, 1, 2]
+    return handles
+
+
+def _set(field, index, value):
+    def spoil(out, plan):
+        getattr(out, field)[index] = value
+    return spoil
+
+
+SPOILED_ENTRY = {  # what breaks batch entry 1's output, and the words of its error
+    "a None among the further tokens": (_set("more", 1, [None, 12]), {}, "further tokens"),
+    "a float among the further tokens": (_set("more", 1, [12.0]), {}, "further tokens"),
+    "a further token past the vocabulary": (_set("more", 1, [64]), {}, "further tokens"),
+    "a negative further token": (_set("more", 1, [-3]), {}, "further tokens"),
+    "an error next to a token": (_set("errors", 1, FloatingPointError("NaN")), {}, "NaN"),
+    "no logprobs entries": (lambda out, plan: out.logprobs.pop(1), {"logprobs": 1}, "logprobs"),
+    "empty logprobs entries": (_set("logprobs", 1, []), {"logprobs": 1}, "logprobs"),
+    "fewer logprobs entries than tokens": (lambda out, plan: out.logprobs[1].pop(), {"logprobs": 1}, "logprobs"),
+    "more logprobs entries than tokens": (lambda out, plan: out.logprobs[1].append(entry(0, 1)),
+                                          {"logprobs": 1}, "logprobs"),
+}
+
+
+@pytest.mark.parametrize("case", SPOILED_ENTRY)
+def test_a_malformed_entry_ends_that_request_alone(case):
+    spoil, options, words = SPOILED_ENTRY[case]
+    clean = _run(None, **options)
+    got = _run(spoil, **options)
+    assert got[1].finish_reason == FinishReason.ERROR
+    assert isinstance(got[1].error, ModelError) and words in str(got[1].error) + str(got[1].error.__cause__)
+    assert got[1].tokens == clean[1].tokens[:len(got[1].tokens)]  # nothing of the bad step appended
+    assert len(got[1].tokens) == 3  # its tokens of steps 1 and 2
+    for i in (0, 2):
+        assert got[i].finish_reason == FinishReason.LENGTH
+        assert got[i].tokens == clean[i].tokens
+        assert got[i].logprobs == clean[i].logprobs
+
+
+def test_prompt_logprobs_of_the_wrong_length_end_that_request_alone():
+    class Short(Bursting):
+        def step(self, plan):
+            out = super().step(plan)
+            if self.steps == 1:
+                out.prompt_logprobs[1].pop()
+            return out
+
+    model = Short()
+    engine = BatchInferenceEngine(model, batch_size=4)
+    handles = [engine.submit_request([5 + i, 6, 7], 4, prompt_logprobs=0) for i in range(3)]
+    engine.run()
+    assert handles[1].finish_reason == FinishReason.ERROR and "prompt_logprobs" in str(handles[1].error)
+    assert handles[1].tokens == [] and handles[1].prompt_logprobs is None
+    for i in (0, 2):
+        assert handles[i].finish_reason == FinishReason.LENGTH and len(handles[i].prompt_logprobs) == 3
+
+
+@pytest.mark.parametrize("field", ["more", "errors"])
+@pytest.mark.parametrize("index", [-1, 3, "1"])
+def test_a_batch_index_out_of_range_fails_the_batch(field, index):
+    value = [12] if field == "more" else FloatingPointError("NaN")
+    handles = _run(_set(field, index, value))
+    for h in handles:
+        assert h.finish_reason == FinishReason.ERROR
+        assert isinstance(h.error, ModelError) and f"StepOutput.{field}" in str(h.error)
+        assert len(h.tokens) == 3
