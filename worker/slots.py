@@ -299,42 +299,56 @@ class SlotTable:
     def _vet(self, out: StepOutput) -> tuple[list, dict[int, BaseException]]:
         """``out``'s tokens and errors, with every batch entry that breaks the contract failed
         (its tokens None, a ModelError saying what was wrong): an error next to a token (the
-        error wins), further tokens that are not token ids (ints in ``[0, vocab_size)``),
-        ``logprobs`` entries that are not one per token for a slot that asks, ``prompt_logprobs``
-        not one per prompt token with the first token of a slot that asks. Raises ModelError
-        for a key of ``out.more`` / ``out.errors`` that is no batch index."""
+        error wins) or one that is no exception, further tokens without a first token or that
+        are not a list of token ids (ints in ``[0, vocab_size)``), and the scores of
+        :meth:`_vet_scores`. Raises ModelError for a key of ``out.more`` / ``out.errors`` that
+        is no batch index (the reply cannot be pinned on one request)."""
         tokens, errors, n = list(out.tokens), dict(out.errors or ()), len(self.reqs)
         for field, keys in (("errors", errors), ("more", out.more or ())):
             for i in keys:
                 if type(i) is not int or not 0 <= i < n:
                     raise ModelError(f"StepOutput.{field} names batch index {i!r}; the batch has {n} entries")
-        for i in errors:
+        for i, exc in errors.items():
             tokens[i] = None
+            if not isinstance(exc, BaseException):
+                errors[i] = ModelError(f"the model failed for batch entry {i}: {exc!r}")
         vocab = self.vocab_size
         for i, more in (out.more or {}).items():
-            if tokens[i] is not None and not all(type(t) is int and t >= 0 and (vocab is None or t < vocab)
-                                                 for t in more):
-                errors[i] = ModelError(f"the model's further tokens for batch entry {i} are not all token ids "
-                                       f"(ints in [0, {vocab})): {more!r}")
+            if tokens[i] is None:
+                if more and i not in errors:
+                    errors[i] = ModelError(f"the model gave further tokens for batch entry {i} but no first token")
+            elif type(more) is not list or not all(type(t) is int and 0 <= t and (vocab is None or t < vocab)
+                                                   for t in more):
+                errors[i] = ModelError(f"the model's further tokens for batch entry {i} are not a list of token "
+                                       f"ids (ints in [0, {vocab})): {more!r}")
                 tokens[i] = None
+        if self._scoring:
+            self._vet_scores(out, tokens, errors)
+        return tokens, errors
+
+    def _vet_scores(self, out: StepOutput, tokens: list, errors: dict[int, BaseException]) -> None:
+        """Fail (in ``tokens`` and ``errors``, as :meth:`_vet`) each scoring request that got
+        tokens with ``logprobs`` entries that are not a list of one per token (``tokens[i]`` and
+        ``more[i]``), or, with its first token, ``prompt_logprobs`` not a list of one per prompt token."""
         entries, prompts, more = out.logprobs or {}, out.prompt_logprobs or {}, out.more or {}
         for req in self._scoring:
             i = req.pos
             if tokens[i] is None:
                 continue
-            want = 1 + len(more.get(i) or ())
-            got = entries.get(i)
-            if req.logprobs is not None and (type(got) is not list or len(got) != want):
-                errors[i] = ModelError(f"the model gave {len(got) if type(got) is list else got!r} logprobs "
-                                       f"entries for batch entry {i}'s {want} tokens")
-                tokens[i] = None
-            elif self._slot_inputs[req.slot].prompt_logprobs is not None:
+            if req.logprobs is not None:
+                got, want = entries.get(i), 1 + len(more.get(i) or ())
+                if type(got) is not list or len(got) != want:
+                    errors[i] = ModelError(f"the model gave {len(got) if type(got) is list else got!r} logprobs "
+                                           f"entries for batch entry {i}'s {want} tokens (a list of one per token)")
+                    tokens[i] = None
+                    continue
+            if self._slot_inputs[req.slot].prompt_logprobs is not None:
                 got, want = prompts.get(i), self._slot_inputs[req.slot].prompt_len
                 if type(got) is not list or len(got) != want:
                     errors[i] = ModelError(f"the model gave {len(got) if type(got) is list else got!r} "
-                                           f"prompt_logprobs entries for batch entry {i}'s {want} prompt tokens")
+                                           f"prompt_logprobs entries for batch entry {i}'s {want} prompt tokens "
+                                           "(a list of one per token)")
                     tokens[i] = None
-        return tokens, errors
 
     def _no_token(self, tokens: list, errors: dict[int, BaseException] | None
                   ) -> tuple[set[Request], list[tuple[Request, BaseException]]]:

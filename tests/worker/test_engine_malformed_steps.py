@@ -87,7 +87,12 @@ SPOILED_ENTRY = {  # what breaks batch entry 1's output, and the words of its er
     "a float among the further tokens": (_set("more", 1, [12.0]), {}, "further tokens"),
     "a further token past the vocabulary": (_set("more", 1, [64]), {}, "further tokens"),
     "a negative further token": (_set("more", 1, [-3]), {}, "further tokens"),
+    "further tokens in a tuple": (_set("more", 1, (12,)), {}, "further tokens"),
     "an error next to a token": (_set("errors", 1, FloatingPointError("NaN")), {}, "NaN"),
+    "an error that is no exception": (lambda out, plan: (out.tokens.__setitem__(1, None),
+                                                         out.errors.__setitem__(1, "NaN in row 1")), {}, "NaN"),
+    "logprobs entries in a tuple": (lambda out, plan: out.logprobs.__setitem__(1, tuple(out.logprobs[1])),
+                                    {"logprobs": 1}, "logprobs"),
     "no logprobs entries": (lambda out, plan: out.logprobs.pop(1), {"logprobs": 1}, "logprobs"),
     "empty logprobs entries": (_set("logprobs", 1, []), {"logprobs": 1}, "logprobs"),
     "fewer logprobs entries than tokens": (lambda out, plan: out.logprobs[1].pop(), {"logprobs": 1}, "logprobs"),
@@ -138,3 +143,44 @@ def test_a_batch_index_out_of_range_fails_the_batch(field, index):
         assert h.finish_reason == FinishReason.ERROR
         assert isinstance(h.error, ModelError) and f"StepOutput.{field}" in str(h.error)
         assert len(h.tokens) == 3
+
+
+class Chunked:
+    """Prefills in the engine's chunks (``prefill_budget`` 2), one token per step after; ``spoil(out,
+    plan)`` runs on every step's output."""
+
+    prefill_budget = 2
+    vocab_size = 64
+
+    def __init__(self, spoil) -> None:
+        self.spoil = spoil
+
+    def bind_slots(self, n):
+        self.seen = [0] * n
+
+    def release_slot(self, slot):
+        self.seen[slot] = 0
+
+    def step(self, plan):
+        out = StepOutput([None] * len(plan.batch), more={})
+        for i, si in enumerate(plan.batch):
+            self.seen[si.slot] += plan.chunks.get(i, 1)
+            if self.seen[si.slot] >= len(si.tokens):
+                out.tokens[i] = len(si.tokens) % 40 + 10
+        self.spoil(out, plan)
+        return out
+
+
+def test_further_tokens_without_a_first_token_end_that_request_alone():
+    def spoil(out, plan):
+        for i, si in enumerate(plan.batch):
+            if si.tokens[0] == 6 and out.tokens[i] is None:  # a prompt chunk that did not finish it
+                out.more[i] = [12]
+
+    engine = BatchInferenceEngine(Chunked(spoil), batch_size=3)
+    handles = [engine.submit_request([5 + i] + [7] * 5, 4) for i in range(3)]
+    engine.run()
+    assert handles[1].finish_reason == FinishReason.ERROR and "no first token" in str(handles[1].error)
+    assert handles[1].tokens == []
+    for i in (0, 2):
+        assert handles[i].finish_reason == FinishReason.LENGTH and handles[i].tokens == [16, 17, 18, 19]
