@@ -319,12 +319,16 @@ class BatchInferenceEngine:
             self._fail_batch(exc)
             return 0
         generated = 0
-        while True:  # append, check, stream, finish; a drafted step's further tokens one iteration each
-            self._deliver(slots.append(tokens, skipped), skipped)
-            generated += len(tokens) - len(skipped)
-            if not slots.pending:
-                return generated
-            tokens, skipped = slots.next_round()
+        try:
+            while True:  # append, check, stream, finish; a drafted step's further tokens one iteration each
+                self._deliver(slots.append(tokens, skipped), skipped)
+                generated += len(tokens) - len(skipped)
+                if not slots.pending:
+                    return generated
+                tokens, skipped = slots.next_round()
+        except Exception as exc:  # a first token that is no token id broke the checks (the hot path does
+            self._fail_batch(exc)  # not type them; callbacks' errors are caught): it ends this batch, not the engine
+            return generated
 
     # ---- helpers -----------------------------------------------------------
 

@@ -184,3 +184,44 @@ def test_further_tokens_without_a_first_token_end_that_request_alone():
     assert handles[1].tokens == []
     for i in (0, 2):
         assert handles[i].finish_reason == FinishReason.LENGTH and handles[i].tokens == [16, 17, 18, 19]
+
+
+
+class Nested:
+    """A stateless model that returns its first ``bad`` steps' tokens as one-element lists
+    (``tensor.tolist()`` of shape ``[n, 1]``), then plain ones."""
+
+    vocab_size = 64
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def next_tokens(self, seqs):
+        self.bad -= 1
+        return [[9] if self.bad >= 0 else 9 for _ in seqs]
+
+
+class NestedSlots(Nested):
+    """:class:`Nested` as a slot-aware model."""
+
+    def bind_slots(self, n):
+        pass
+
+    def release_slot(self, slot):
+        pass
+
+    def step(self, plan):
+        return StepOutput(self.next_tokens(plan.batch))
+
+
+@pytest.mark.parametrize("model_type", [Nested, NestedSlots])
+def test_tokens_that_break_the_checks_fail_the_batch_and_the_engine_goes_on(model_type):
+    engine = BatchInferenceEngine(model_type(bad=1), batch_size=2, stop_token=[0, 1])  # two stops: a set
+    calls = []
+    failed = [engine.submit_request([5, 6], 3, calls.append) for _ in range(2)]
+    engine.run()
+    assert [h.finish_reason for h in failed] == [FinishReason.ERROR] * 2 and len(calls) == 2
+    assert isinstance(failed[0].error, ModelError) and "unhashable" in str(failed[0].error)
+    after = engine.submit_request([5, 6], 3)
+    engine.run()
+    assert after.finish_reason == FinishReason.LENGTH and after.tokens == [9, 9, 9]
