@@ -372,10 +372,10 @@ class SlotTable:
         for req in self._scoring:
             if skipped and req in skipped:
                 continue
-            i = req.pos
-            if prompts and i in prompts:
+            i, si = req.pos, self._slot_inputs[req.slot]
+            if si.prompt_logprobs is not None and prompts and i in prompts:  # (asked, and not taken yet)
                 req.prompt_logprobs = prompts[i]
-                self._slot_inputs[req.slot].prompt_logprobs = None
+                si.prompt_logprobs = None
             if req.logprobs is not None:
                 scored = entries[i]
                 req.logprobs.append(scored[0])

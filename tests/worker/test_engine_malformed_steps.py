@@ -225,3 +225,20 @@ def test_tokens_that_break_the_checks_fail_the_batch_and_the_engine_goes_on(mode
     after = engine.submit_request([5, 6], 3)
     engine.run()
     assert after.finish_reason == FinishReason.LENGTH and after.tokens == [9, 9, 9]
+
+
+def test_prompt_logprobs_a_request_did_not_ask_for_are_not_taken():
+    class Eager(Bursting):  # scores every prompt at every step, asked or not
+        def step(self, plan):
+            out = super().step(plan)
+            for i, si in enumerate(plan.batch):
+                out.prompt_logprobs[i] = [None] + [entry(0, 1)] * (si.prompt_len - 1)
+            return out
+
+    engine = BatchInferenceEngine(Eager(), batch_size=2)
+    only_logprobs = engine.submit_request([5, 6, 7], 4, logprobs=1)
+    both = engine.submit_request([5, 6, 7], 4, logprobs=1, prompt_logprobs=1)
+    engine.run()
+    assert only_logprobs.finish_reason == both.finish_reason == FinishReason.LENGTH
+    assert only_logprobs.prompt_logprobs is None
+    assert both.prompt_logprobs == [None, entry(0, 1), entry(0, 1)]
