@@ -52,6 +52,15 @@ request. As in Orca and nano-vllm, the engine decides and the model computes:
   slot of the batch. ``logprobs`` / ``prompt_logprobs`` / ``cached_tokens``:
   see :class:`StepOutput`.
 
+  An entry that breaks this contract -- further tokens that are not a list
+  of token ids, or without a first token; an error next to a token, or one
+  that is no exception; ``logprobs`` / ``prompt_logprobs`` that are not a
+  list of one entry per token for a slot that asks -- ends that request
+  alone with a ModelError saying what was wrong (its tokens are dropped);
+  a ``more`` / ``errors`` key that is no batch index, a ``tokens`` of the
+  wrong length, or first tokens the termination checks cannot read (e.g.
+  lists) fail the batch, as raising does.
+
 The engine reads the usual step (a token for every slot, no ``more``, no
 ``errors``) with one C-level scan of ``tokens`` (``None in tokens``) and
 appends it as it is, so a slot-aware model's tokens cost about what a
