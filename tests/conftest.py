@@ -26,8 +26,11 @@ platform.processor()
 
 
 def _unless_marked(item):
-    """A test without the ``process`` marker may start no process (the fast lane's promise)."""
-    return nullcontext() if item.get_closest_marker("process") else refuse_processes(item.nodeid)
+    """A test of the fast lane (neither ``process`` nor ``model``) may start no process (its promise). A
+    ``model`` test may: loading GGUF weights builds their compiled kernel once per machine
+    (worker/models/llama/qkernel.py)."""
+    slow = item.get_closest_marker("process") or item.get_closest_marker("model")
+    return nullcontext() if slow else refuse_processes(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -33,7 +33,8 @@ import pytest
 # What starts a process: dotted names (each a name, or a prefix of names followed by a dot).
 PROCESS = ("subprocess", "multiprocessing", "os.fork", "os.posix_spawn", "os.system", "asyncio.create_subprocess_exec",
            "asyncio.create_subprocess_shell", "concurrent.futures.ProcessPoolExecutor",
-           "slotserve.launcher.LocalCluster")
+           "slotserve.launcher.LocalCluster", "worker.models.llama.qkernel")
+# (qkernel: its first use on a machine builds the GGUF kernel with the C++ compiler)
 
 # What builds or loads a model: transformers' model classes (tiny random ones included), the model
 # loader (but not ``load_model("simulated")``: SimulatedLLM has no weights), reading checkpoints

@@ -41,7 +41,7 @@ class QuantizedWeight:
     """
 
     __slots__ = ("fmt", "group", "out_features", "in_features", "scales", "offsets", "packed", "low", "nibbles",
-                 "bias", "kernel")
+                 "bias", "kernel", "blocked")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group: int,
                  fmt: str, bias: torch.Tensor | None = None) -> None:
@@ -61,11 +61,40 @@ class QuantizedWeight:
         else:
             self.packed = codes.contiguous()
         self.bias = None if bias is None else bias.to(torch.float32)
-        self.kernel = None  # set by qkernel.prepare when a compiled kernel runs this weight
+        self.kernel = None  # set by prepare() when a compiled kernel runs this weight
+        self.blocked = False  # True: packed/scales/offsets in the kernel's layout (qkernel.blocked)
+
+    def prepare(self) -> QuantizedWeight:
+        """Hand this weight to the compiled kernel where one runs here
+        (:func:`worker.models.llama.qkernel.load`): its codes, scales and offsets move into the
+        kernel's blocked layout, in place (held once). Returns self."""
+        from worker.models.llama import qkernel
+
+        module = qkernel.load()
+        if module is None or self.blocked or self.group % 2:
+            return self
+        self.packed = qkernel.blocked(self.packed, self.nibbles)
+        self.scales = qkernel.blocked_groups(self.scales)
+        self.offsets = None if self.offsets is None else qkernel.blocked_groups(self.offsets)
+        self.blocked, self.kernel = True, qkernel.Kernel(module, self)
+        return self
+
+    def _rows(self, rows: torch.Tensor | None):
+        """``(packed, scales, offsets)`` row-major, of all rows or ``rows``."""
+        if not self.blocked:
+            pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+            return pick(self.packed), pick(self.scales), None if self.offsets is None else pick(self.offsets)
+        from worker.models.llama import qkernel
+
+        n = self.out_features
+        return (qkernel.row_major(self.packed, n, self.nibbles, rows), qkernel.row_groups(self.scales, n, rows),
+                None if self.offsets is None else qkernel.row_groups(self.offsets, n, rows))
 
     def codes(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The codes as int8 ``[R, K]`` (all rows, or ``rows``)."""
-        p = self.packed if rows is None else self.packed[rows]
+        return self._codes(self._rows(rows)[0])
+
+    def _codes(self, p: torch.Tensor) -> torch.Tensor:
         if not self.nibbles:
             return p
         pair = torch.stack(((p & 15), (p >> 4)), dim=-1).reshape(p.shape[0], self.in_features)
@@ -73,21 +102,20 @@ class QuantizedWeight:
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The file's weights as fp32 ``[R, K]`` (all rows, or ``rows``: a 1-D index tensor)."""
-        codes = self.codes(rows).float().view(-1, self.in_features // self.group, self.group)
-        scales = self.scales if rows is None else self.scales[rows]
-        w = codes * scales[..., None]
-        if self.offsets is not None:
-            w += (self.offsets if rows is None else self.offsets[rows])[..., None]
+        packed, scales, offsets = self._rows(rows)
+        w = self._codes(packed).float().view(-1, self.in_features // self.group, self.group) * scales[..., None]
+        if offsets is not None:
+            w += offsets[..., None]
         return w.view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:
-        return (self.packed.numel() + self.scales.numel() * 4
+        return (self.packed.numel() + self.scales.numel() * 4  # padding rows of the blocked layout included
                 + (0 if self.offsets is None else self.offsets.numel() * 4))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T (+ bias)`` in ``x``'s dtype."""
-        if self.kernel is not None and x.shape[0] <= self.kernel.rows:
+        if self.kernel is not None:
             y = self.kernel(x)
         else:
             y = F.linear(x.float(), self.dequantize())

@@ -1,0 +1,92 @@
+"""The compiled GGUF product (worker/models/llama/qkernel.cpp) against the pure-torch path, every layout.
+
+Skipped where the kernel cannot run (no avx512_bf16, no compiler). The first
+test builds it (about a minute on 2 cores, once per machine: cached).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker.models.llama import qkernel
+from worker.models.llama.quantized import QuantizedWeight
+
+needs_kernel = pytest.mark.skipif(not qkernel.cpu_has_avx512_bf16(), reason="no avx512_bf16 on this CPU")
+
+# (lowest code, highest + 1, group, offsets): Q4_0, Q4_K, Q6_K, Q8_0, Q5_K's ranges
+LAYOUTS = [(-8, 8, 32, False), (0, 16, 32, True), (-32, 32, 16, False), (-128, 128, 32, False), (0, 32, 32, True)]
+
+
+def weight(lo, hi, group, offsets, n, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(lo, hi, (n, k), dtype=torch.int8, generator=gen)
+    scales = torch.rand(n, k // group, generator=gen) * 0.01
+    return QuantizedWeight(codes, scales, torch.randn(n, k // group, generator=gen) * 0.01 if offsets else None,
+                           group, "test")
+
+
+@pytest.fixture(scope="module")
+def module():
+    m = qkernel.load()
+    if m is None:
+        pytest.skip("the kernel was not built here")
+    return m
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [40, 100])  # 100: a last block of 4 rows
+def test_blocked_layout_keeps_the_files_weights_and_codes(module, layout, n):
+    w = weight(*layout, n, 256)
+    ref, codes, rows = w.dequantize().clone(), w.codes().clone(), torch.tensor([0, 17, n - 1, 5])
+    ref_rows = w.dequantize(rows).clone()
+    w.prepare()
+    assert w.blocked and w.kernel is not None
+    assert torch.equal(w.dequantize().view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(w.dequantize(rows).view(torch.int32), ref_rows.view(torch.int32))
+    assert torch.equal(w.codes(), codes)
+    # the transposed dequantisation for many-row products: the same bits, or their bf16 rounding
+    assert torch.equal(w.kernel.transposed(False).t().contiguous().view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(w.kernel.transposed(True).t(), ref.bfloat16())
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
+def test_kernel_product_equals_the_bf16_rounded_activations_times_the_files_weights(module, layout, m):
+    w = weight(*layout, 100, 256, seed=m)
+    ref = w.dequantize().clone()
+    w.prepare()
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1))
+    want = F.linear(x.bfloat16().float().double(), ref.double())
+    got = w(x)
+    assert got.dtype == torch.float32 and got.shape == (m, 100)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_kernel
+def test_many_rows_use_the_bf16_weight_and_a_bias_is_added(module):
+    w = weight(0, 16, 32, True, 64, 128)
+    w.bias = torch.randn(64)
+    ref = w.dequantize().clone()
+    w.prepare()
+    x = torch.randn(qkernel.KERNEL_ROWS + 5, 128)
+    want = (x.bfloat16() @ ref.bfloat16().t()).float() + w.bias
+    assert torch.allclose(w(x), want, rtol=1e-2, atol=1e-3)
+
+
+def test_without_the_kernel_the_weight_multiplies_in_pure_torch(monkeypatch):
+    monkeypatch.setenv("SLOTSERVE_NO_KERNELS", "1")
+    qkernel.load.cache_clear()
+    try:
+        w = weight(0, 16, 32, True, 40, 64).prepare()
+        assert w.kernel is None and not w.blocked
+        x = torch.randn(3, 64)
+        assert torch.allclose(w(x), F.linear(x, w.dequantize()), rtol=1e-6, atol=1e-6)
+    finally:
+        qkernel.load.cache_clear()
+
+
+def test_a_shape_that_does_not_fit_is_a_value_error():
+    with pytest.raises(ValueError, match="do not fit"):
+        QuantizedWeight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3), None, 32, "Q4_0")

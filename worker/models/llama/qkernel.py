@@ -1,0 +1,145 @@
+"""The compiled product for GGUF-quantised weights (``qkernel.cpp``), built once per machine.
+
+:func:`load` compiles ``qkernel.cpp`` with torch's C++ extension builder the
+first time a process needs it (about a minute on 2 cores; cached under
+``~/.cache/slotserve/kernels`` keyed by the source, torch's version and the
+compiler flags, so later processes load it in milliseconds) and returns None
+where it cannot run: a CPU without AVX-512 BF16 (``avx512_bf16`` in
+``/proc/cpuinfo``), no C++ compiler, or ``SLOTSERVE_NO_KERNELS`` set. The
+weights then multiply in pure torch (:class:`~worker.models.llama.quantized.QuantizedWeight`).
+
+:func:`prepare` moves a :class:`~worker.models.llama.quantized.QuantizedWeight`'s
+codes and scales into the kernel's blocked layout (16 output rows a block;
+see ``qkernel.cpp``), in place: the weight is held once, in that layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("qkernel.cpp")
+FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-fopenmp"]
+BLOCK = 16
+"""Output rows per block: one zmm of fp32 lanes."""
+
+KERNEL_ROWS = 16
+"""Rows up to which the kernel runs; more rows (a prefill chunk) multiply the layer dequantised for
+the call (:meth:`Kernel.wide`)."""
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """Whether ``/proc/cpuinfo`` lists ``avx512_bf16`` (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512_bf16" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def load():
+    """The compiled module (``qmm``), or None where it cannot be built or run here (module docstring)."""
+    if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has_avx512_bf16():
+        return None
+    from torch.utils import cpp_extension
+
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    build = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
+    name = f"slotserve_qkernel_{key}"
+    built = build / f"{name}.so"
+    if built.exists():  # built before: import it (cpp_extension.load would run ninja to check)
+        import importlib.machinery
+        import importlib.util
+
+        spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS,
+                                  extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed: pure torch
+        import logging
+
+        logging.getLogger(__name__).warning("GGUF kernels not built (%s); quantised products run in pure torch",
+                                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
+class Kernel:
+    """``x [M, K] -> x @ W.T`` fp32 ``[M, N]`` on a weight in the blocked layout (``M <= rows``)."""
+
+    __slots__ = ("module", "weight", "rows")
+
+    def __init__(self, module, weight, rows: int = KERNEL_ROWS) -> None:
+        self.module, self.weight, self.rows = module, weight, rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.shape[0] > self.rows:
+            return self.wide(x)
+        return self.module.qmm(x.to(torch.bfloat16).contiguous(), w.packed, w.nibbles, w.low, w.scales,
+                               w.offsets if w.offsets is not None else _EMPTY, w.group, w.out_features)
+
+    def wide(self, x: torch.Tensor, bf16: bool = True) -> torch.Tensor:
+        """``x @ W.T`` for many rows: the layer's weight dequantised for this call (``W.T``, bf16 by
+        default: the GEMM library's AMX/AVX-512 BF16 product; fp32: the file's weights exactly)."""
+        wt = self.transposed(bf16)
+        return torch.mm(x.to(wt.dtype), wt).float()
+
+    def transposed(self, bf16: bool) -> torch.Tensor:
+        """``W.T`` ``[K, N]``: fp32 (exactly :meth:`QuantizedWeight.dequantize`'s values) or bf16."""
+        w = self.weight
+        return self.module.dequant_t(w.packed, w.nibbles, w.low, w.scales,
+                                     w.offsets if w.offsets is not None else _EMPTY, w.group, w.out_features,
+                                     w.in_features, bf16)
+
+
+_EMPTY = torch.empty(0)
+
+
+def blocked(rows: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """Row-major codes (``[N, K / 2]`` nibble pairs or ``[N, K]`` int8) -> the kernel's layout, rows
+    padded with zeros to a multiple of :data:`BLOCK`: ``[N / 16, K / 2, 16]`` bytes, or
+    ``[N / 16, K / 2, 2, 16]`` int8 (even column's 16 rows, then the odd's)."""
+    n, width = rows.shape
+    padded = _pad_rows(rows)
+    if nibbles:
+        return padded.view(-1, BLOCK, width).transpose(1, 2).contiguous()
+    return padded.view(-1, BLOCK, width // 2, 2).permute(0, 2, 3, 1).contiguous()
+
+
+def row_major(blocks: torch.Tensor, n: int, nibbles: bool, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`blocked`: ``[N, width]`` (or the ``rows`` selected)."""
+    if rows is not None:  # gather the rows' bytes where they lie: no copy of the whole table
+        picked = blocks[rows // BLOCK, ..., rows % BLOCK]  # [R, K / 2] or [R, K / 2, 2]
+        return picked.reshape(len(rows), -1)
+    if nibbles:
+        return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n]
+    return blocks.permute(0, 3, 1, 2).reshape(-1, blocks.shape[1] * 2)[:n]
+
+
+def blocked_groups(values: torch.Tensor) -> torch.Tensor:
+    """Per-group scales or offsets ``[N, G]`` -> ``[N / 16, G, 16]`` (rows padded with zeros)."""
+    return _pad_rows(values).view(-1, BLOCK, values.shape[1]).transpose(1, 2).contiguous()
+
+
+def row_groups(values: torch.Tensor, n: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`blocked_groups`."""
+    if rows is not None:
+        return values[rows // BLOCK, :, rows % BLOCK]
+    return values.transpose(1, 2).reshape(-1, values.shape[1])[:n]
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    extra = -t.shape[0] % BLOCK
+    return t if not extra else torch.cat([t, t.new_zeros(extra, *t.shape[1:])])
