@@ -52,7 +52,7 @@ def test_blocked_layout_keeps_the_files_weights_and_codes(module, layout, n):
 
 @needs_kernel
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16, 21])
 def test_kernel_product_equals_the_bf16_rounded_activations_times_the_files_weights(module, layout, m):
     w = weight(*layout, 100, 256, seed=m)
     ref = w.dequantize().clone()

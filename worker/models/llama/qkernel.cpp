@@ -22,7 +22,7 @@
 
 namespace {
 
-constexpr int MR = 8;  // activation rows per pass over a block's weights (registers: 2 * MR + 6)
+constexpr int MR = 8;  // activation rows in registers at once (2 * MR accumulators + 6)
 
 inline __m512i bf16_lut(int64_t low) {
     alignas(64) uint16_t t[32];
@@ -84,13 +84,65 @@ void block_rows(const uint16_t* x, int64_t K, const float* xsum, const uint8_t* 
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, m, tot[r]);
 }
 
+// More than MR rows: each group's weights are decoded once into wbuf (16 zmm at most), then every
+// chunk of R rows multiplies them; the running sums live in y (read, added to, written per group).
+template <int R, bool OFF>
+void chunk_rows(const uint16_t* x, int64_t K, const float* xsum, const __m512bh* wbuf, int64_t p0, int64_t pairs,
+                __m512 s, const float* of, int64_t g, int64_t groups, float* y, int64_t ldy, __mmask16 m) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < pairs; ++i) {
+        for (int r = 0; r < R; ++r) {
+            uint32_t xp;
+            std::memcpy(&xp, x + r * K + 2 * (p0 + i), 4);
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp), wbuf[i]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        __m512 t = g ? _mm512_maskz_loadu_ps(m, y + r * ldy) : _mm512_setzero_ps();
+        t = _mm512_fmadd_ps(acc[r], s, t);
+        if constexpr (OFF) t = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * groups + g]), _mm512_loadu_ps(of), t);
+        _mm512_mask_storeu_ps(y + r * ldy, m, t);
+    }
+}
+
 template <bool NIB, bool OFF>
-void run_rows(int R, const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc,
+void block_tall(int64_t M, const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc,
+                const float* of, int64_t group, float* y, int64_t ldy, int valid, __m512i lut) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    alignas(64) uint16_t il[32];
+    for (int j = 0; j < 16; ++j) { il[2 * j] = j; il[2 * j + 1] = 16 + j; }
+    const __m512i interleave = _mm512_load_si512(il);
+    const __mmask16 m = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+    const int64_t groups = K / group, pairs = group / 2, step = NIB ? 16 : 32;
+    __m512bh wbuf[16];
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t p0 = g * pairs;
+        for (int64_t i = 0; i < pairs; ++i)
+            wbuf[i] = NIB ? decode4(w + (p0 + i) * step, lut, mask) : decode8(w + (p0 + i) * step, interleave);
+        const __m512 s = _mm512_loadu_ps(sc + g * 16);
+        int64_t m0 = 0;
+        for (; m0 + MR <= M; m0 += MR)
+            chunk_rows<MR, OFF>(x + m0 * K, K, xsum + (OFF ? m0 * groups : 0), wbuf, p0, pairs, s, of + (OFF ? g * 16 : 0),
+                                g, groups, y + m0 * ldy, ldy, m);
+        switch (M - m0) {
+#define CASE(n) case n: chunk_rows<n, OFF>(x + m0 * K, K, xsum + (OFF ? m0 * groups : 0), wbuf, p0, pairs, s, \
+                                           of + (OFF ? g * 16 : 0), g, groups, y + m0 * ldy, ldy, m); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7)
+#undef CASE
+            default: break;
+        }
+    }
+}
+
+template <bool NIB, bool OFF>
+void run_rows(int64_t M, const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc,
               const float* of, int64_t group, float* y, int64_t ldy, int valid, __m512i lut) {
-    switch (R) {
+    switch (M) {
 #define CASE(n) case n: block_rows<n, NIB, OFF>(x, K, xsum, w, sc, of, group, y, ldy, valid, lut); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
+        default: block_tall<NIB, OFF>(M, x, K, xsum, w, sc, of, group, y, ldy, valid, lut);
     }
 }
 
@@ -119,20 +171,16 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, bool nibbles, int64_t l
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
             const int valid = static_cast<int>(std::min<int64_t>(16, N - b * 16));
-            for (int64_t m0 = 0; m0 < M; m0 += MR) {
-                const int R = static_cast<int>(std::min<int64_t>(MR, M - m0));
-                const uint8_t* w = wp + b * block_bytes;
-                const float* s = sp + b * groups * 16;
-                const float* o = off ? op + b * groups * 16 : nullptr;
-                const float* xsr = off ? xs + m0 * groups : nullptr;
-                float* yb = yp + m0 * N + b * 16;
-                if (nibbles) {
-                    if (off) run_rows<true, true>(R, xp + m0 * K, K, xsr, w, s, o, group, yb, N, valid, lut);
-                    else run_rows<true, false>(R, xp + m0 * K, K, xsr, w, s, o, group, yb, N, valid, lut);
-                } else {
-                    if (off) run_rows<false, true>(R, xp + m0 * K, K, xsr, w, s, o, group, yb, N, valid, lut);
-                    else run_rows<false, false>(R, xp + m0 * K, K, xsr, w, s, o, group, yb, N, valid, lut);
-                }
+            const uint8_t* w = wp + b * block_bytes;
+            const float* s = sp + b * groups * 16;
+            const float* o = off ? op + b * groups * 16 : nullptr;
+            float* yb = yp + b * 16;
+            if (nibbles) {
+                if (off) run_rows<true, true>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut);
+                else run_rows<true, false>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut);
+            } else {
+                if (off) run_rows<false, true>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut);
+                else run_rows<false, false>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut);
             }
         }
     });
