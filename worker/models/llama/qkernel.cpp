@@ -17,6 +17,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cstring>
 
@@ -146,6 +148,159 @@ void run_rows(int64_t M, const uint16_t* x, int64_t K, const float* xsum, const 
     }
 }
 
+
+// ---- AMX-BF16: each group's decoded weights (16 rows x group columns, the B tile) multiply up to 16
+// activation rows (the A tile) in one tdpbf16ps; the group's sums (the C tile) are then scaled in zmm.
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+bool amx_ready() {  // Linux hands AMX state to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return ok;
+}
+
+// tiles: 0 = C (rows x 16 fp32), 1 = A (rows x group bf16), 2 = B (group / 2 pairs x 16 rows x 2)
+inline void amx_config(int rows, int64_t group) {
+    TileConfig c;
+    c.rows[0] = rows; c.colsb[0] = 64;
+    c.rows[1] = rows; c.colsb[1] = static_cast<uint16_t>(group * 2);
+    c.rows[2] = static_cast<uint8_t>(group / 2); c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+template <bool NIB>
+inline void decode_group(const uint8_t* w, int64_t p0, int64_t pairs, __m512i* wbuf, __m512i lut, __m512i mask,
+                         __m512i interleave) {
+    const int64_t step = NIB ? 16 : 32;
+    for (int64_t i = 0; i < pairs; ++i)
+        _mm512_store_si512(wbuf + i, (__m512i)(NIB ? decode4(w + (p0 + i) * step, lut, mask)
+                                                   : decode8(w + (p0 + i) * step, interleave)));
+}
+
+// R <= 16 rows, sums in registers
+template <int R, bool NIB, bool OFF>
+void amx_block(const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc, const float* of,
+               int64_t group, float* y, int64_t ldy, int valid, __m512i lut, __m512i interleave) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    alignas(64) __m512i wbuf[16];
+    alignas(64) float cbuf[16 * 16];
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t groups = K / group, pairs = group / 2;
+    for (int64_t g = 0; g < groups; ++g) {
+        decode_group<NIB>(w, g * pairs, pairs, wbuf, lut, mask, interleave);
+        _tile_zero(0);
+        _tile_loadd(1, x + g * group, K * 2);
+        _tile_loadd(2, wbuf, 64);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_stored(0, cbuf, 64);
+        const __m512 s = _mm512_loadu_ps(sc + g * 16);
+        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_load_ps(cbuf + r * 16), s, tot[r]);
+        if constexpr (OFF) {
+            const __m512 o = _mm512_loadu_ps(of + g * 16);
+            for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * groups + g]), o, tot[r]);
+        }
+    }
+    const __mmask16 m = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, m, tot[r]);
+}
+
+// M a multiple of 16 rows (padded): each group's B tile serves every 16-row chunk; sums in y
+template <bool NIB, bool OFF>
+void amx_tall(int64_t M, const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc,
+              const float* of, int64_t group, float* y, int64_t ldy, int valid, __m512i lut, __m512i interleave) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    const __mmask16 m = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+    alignas(64) __m512i wbuf[16];
+    alignas(64) float cbuf[16 * 16];
+    const int64_t groups = K / group, pairs = group / 2;
+    for (int64_t g = 0; g < groups; ++g) {
+        decode_group<NIB>(w, g * pairs, pairs, wbuf, lut, mask, interleave);
+        _tile_loadd(2, wbuf, 64);
+        const __m512 s = _mm512_loadu_ps(sc + g * 16);
+        const __m512 o = OFF ? _mm512_loadu_ps(of + g * 16) : _mm512_setzero_ps();
+        for (int64_t m0 = 0; m0 < M; m0 += 16) {
+            _tile_zero(0);
+            _tile_loadd(1, x + m0 * K + g * group, K * 2);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_stored(0, cbuf, 64);
+            for (int r = 0; r < 16; ++r) {
+                float* yr = y + (m0 + r) * ldy;
+                __m512 t = g ? _mm512_maskz_loadu_ps(m, yr) : _mm512_setzero_ps();
+                t = _mm512_fmadd_ps(_mm512_load_ps(cbuf + r * 16), s, t);
+                if (OFF) t = _mm512_fmadd_ps(_mm512_set1_ps(xsum[(m0 + r) * groups + g]), o, t);
+                _mm512_mask_storeu_ps(yr, m, t);
+            }
+        }
+    }
+}
+
+template <bool NIB, bool OFF>
+void amx_rows(int64_t M, const uint16_t* x, int64_t K, const float* xsum, const uint8_t* w, const float* sc,
+              const float* of, int64_t group, float* y, int64_t ldy, int valid, __m512i lut, __m512i il) {
+    switch (M) {
+#define CASE(n) case n: amx_block<n, NIB, OFF>(x, K, xsum, w, sc, of, group, y, ldy, valid, lut, il); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
+        default: amx_tall<NIB, OFF>(M, x, K, xsum, w, sc, of, group, y, ldy, valid, lut, il);
+    }
+}
+
+}  // namespace
+
+// The same product as qmm on AMX-BF16 tiles; x: bf16 [M, K], M <= 16 or a multiple of 16 (pad it).
+torch::Tensor qmm_amx(torch::Tensor x, torch::Tensor packed, bool nibbles, int64_t low, torch::Tensor scales,
+                      torch::Tensor offsets, int64_t group, int64_t N) {
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [M, K]");
+    const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
+    TORCH_CHECK(K % group == 0 && (group == 16 || group == 32), "AMX: groups of 16 or 32 columns");
+    TORCH_CHECK(M <= 16 || M % 16 == 0, "AMX: up to 16 rows, or a multiple of 16");
+    TORCH_CHECK(scales.numel() == blocks * groups * 16, "scales do not fit [N / 16, K / group, 16]");
+    TORCH_CHECK(amx_ready(), "AMX: the kernel refused the tile state (arch_prctl)");
+    const bool off = offsets.numel() > 0;
+    auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+    torch::Tensor xsum;
+    if (off) xsum = x.to(torch::kFloat32).view({M, groups, group}).sum(-1).contiguous();
+    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    const float* xs = off ? xsum.data_ptr<float>() : nullptr;
+    const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+    const float* sp = scales.data_ptr<float>();
+    const float* op = off ? offsets.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    const int64_t block_bytes = nibbles ? K * 8 : K * 16;
+    const __m512i lut = bf16_lut(low);
+    alignas(64) uint16_t il[32];
+    for (int j = 0; j < 16; ++j) { il[2 * j] = j; il[2 * j + 1] = 16 + j; }
+    const __m512i interleave = _mm512_load_si512(il);
+    at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+        amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        for (int64_t b = b0; b < b1; ++b) {
+            const int valid = static_cast<int>(std::min<int64_t>(16, N - b * 16));
+            const uint8_t* w = wp + b * block_bytes;
+            const float* s = sp + b * groups * 16;
+            const float* o = off ? op + b * groups * 16 : nullptr;
+            float* yb = yp + b * 16;
+            if (nibbles) {
+                if (off) amx_rows<true, true>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut, interleave);
+                else amx_rows<true, false>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut, interleave);
+            } else {
+                if (off) amx_rows<false, true>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut, interleave);
+                else amx_rows<false, false>(M, xp, K, xs, w, s, o, group, yb, N, valid, lut, interleave);
+            }
+        }
+        _tile_release();
+    });
+    return y;
+}
+
+bool has_amx() { return amx_ready(); }
+
+namespace {
 }  // namespace
 
 // x: bf16 [M, K]; packed: uint8 (layout above); scales (and offsets, or an empty tensor): fp32
@@ -235,5 +390,7 @@ torch::Tensor dequant_t(torch::Tensor packed, bool nibbles, int64_t low, torch::
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AVX-512 BF16)");
+    m.def("qmm_amx", &qmm_amx, "qmm on AMX-BF16 tiles (M <= 16 or a multiple of 16)");
+    m.def("has_amx", &has_amx, "whether this process may use AMX tiles");
     m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scales");
 }

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("qkernel.cpp")
-FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-fopenmp"]
+FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
+         "-mamx-tile", "-mamx-bf16", "-fopenmp"]
 BLOCK = 16
 """Output rows per block: one zmm of fp32 lanes."""
 
@@ -76,19 +77,32 @@ def load():
 
 
 class Kernel:
-    """``x [M, K] -> x @ W.T`` fp32 ``[M, N]`` on a weight in the blocked layout (``M <= rows``)."""
+    """``x [M, K] -> x @ W.T`` fp32 ``[M, N]`` on a weight in the blocked layout.
 
-    __slots__ = ("module", "weight", "rows")
+    Where the process may use AMX tiles (``amx_bf16``; Linux grants the state on request), every
+    row count runs on them (``qmm_amx``; rows padded to a multiple of 16 above 16). Otherwise the
+    AVX-512 BF16 product (``qmm``) up to ``rows`` rows, and above that :meth:`wide`.
+    """
+
+    __slots__ = ("module", "weight", "rows", "amx")
 
     def __init__(self, module, weight, rows: int = KERNEL_ROWS) -> None:
         self.module, self.weight, self.rows = module, weight, rows
+        self.amx = bool(module.has_amx())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if x.shape[0] > self.rows:
+        w, m = self.weight, x.shape[0]
+        offsets = w.offsets if w.offsets is not None else _EMPTY
+        xb = x.to(torch.bfloat16).contiguous()
+        if self.amx and w.group in (16, 32):
+            if m > 16 and m % 16:
+                y = self.module.qmm_amx(torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])]), w.packed, w.nibbles,
+                                        w.low, w.scales, offsets, w.group, w.out_features)
+                return y[:m]
+            return self.module.qmm_amx(xb, w.packed, w.nibbles, w.low, w.scales, offsets, w.group, w.out_features)
+        if m > self.rows:
             return self.wide(x)
-        return self.module.qmm(x.to(torch.bfloat16).contiguous(), w.packed, w.nibbles, w.low, w.scales,
-                               w.offsets if w.offsets is not None else _EMPTY, w.group, w.out_features)
+        return self.module.qmm(xb, w.packed, w.nibbles, w.low, w.scales, offsets, w.group, w.out_features)
 
     def wide(self, x: torch.Tensor, bf16: bool = True) -> torch.Tensor:
         """``x @ W.T`` for many rows: the layer's weight dequantised for this call (``W.T``, bf16 by
