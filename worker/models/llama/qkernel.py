@@ -92,17 +92,16 @@ class Kernel:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, m = self.weight, x.shape[0]
-        offsets = w.offsets if w.offsets is not None else _EMPTY
         xb = x.to(torch.bfloat16).contiguous()
         if self.amx and w.group in (16, 32):
-            if m > 16 and m % 16:
-                y = self.module.qmm_amx(torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])]), w.packed, w.nibbles,
-                                        w.low, w.scales, offsets, w.group, w.out_features)
-                return y[:m]
-            return self.module.qmm_amx(xb, w.packed, w.nibbles, w.low, w.scales, offsets, w.group, w.out_features)
-        if m > self.rows:
-            return self.wide(x)
-        return self.module.qmm(xb, w.packed, w.nibbles, w.low, w.scales, offsets, w.group, w.out_features)
+            if m > 16 and m % 16:  # AMX takes up to 16 rows, or a multiple of 16
+                return self._qmm(torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])]), True)[:m]
+            return self._qmm(xb, True)
+        return self.wide(x) if m > self.rows else self._qmm(xb, False)
+
+    def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
+        w = self.weight
+        return self.module.qmm(xb, w.packed, kind(w), w.low, w.scales, _offsets(w), w.group, w.out_features, amx)
 
     def wide(self, x: torch.Tensor, bf16: bool = True) -> torch.Tensor:
         """``x @ W.T`` for many rows: the layer's weight dequantised for this call (``W.T``, bf16 by
@@ -113,33 +112,43 @@ class Kernel:
     def transposed(self, bf16: bool) -> torch.Tensor:
         """``W.T`` ``[K, N]``: fp32 (exactly :meth:`QuantizedWeight.dequantize`'s values) or bf16."""
         w = self.weight
-        return self.module.dequant_t(w.packed, w.nibbles, w.low, w.scales,
-                                     w.offsets if w.offsets is not None else _EMPTY, w.group, w.out_features,
+        return self.module.dequant_t(w.packed, kind(w), w.low, w.scales, _offsets(w), w.group, w.out_features,
                                      w.in_features, bf16)
 
 
 _EMPTY = torch.empty(0)
 
+NIBBLES, MAGIC, WIDE = 0, 1, 2
+"""How the kernel decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table; int8 codes
+in [-64, 63] as the bf16 numbers ``192 + code`` (one add); other int8 codes through fp32."""
+
+
+def kind(w) -> int:
+    """:data:`NIBBLES`, :data:`MAGIC` or :data:`WIDE` for a QuantizedWeight ``w``."""
+    return NIBBLES if w.nibbles else MAGIC if -64 <= w.low and w.high <= 63 else WIDE
+
+
+def _offsets(w) -> torch.Tensor:
+    return w.offsets if w.offsets is not None else _EMPTY
+
 
 def blocked(rows: torch.Tensor, nibbles: bool) -> torch.Tensor:
     """Row-major codes (``[N, K / 2]`` nibble pairs or ``[N, K]`` int8) -> the kernel's layout, rows
     padded with zeros to a multiple of :data:`BLOCK`: ``[N / 16, K / 2, 16]`` bytes, or
-    ``[N / 16, K / 2, 2, 16]`` int8 (even column's 16 rows, then the odd's)."""
+    ``[N / 16, K / 2, 16, 2]`` int8 (each row's even and odd column)."""
     n, width = rows.shape
     padded = _pad_rows(rows)
     if nibbles:
         return padded.view(-1, BLOCK, width).transpose(1, 2).contiguous()
-    return padded.view(-1, BLOCK, width // 2, 2).permute(0, 2, 3, 1).contiguous()
+    return padded.view(-1, BLOCK, width // 2, 2).transpose(1, 2).contiguous()
 
 
 def row_major(blocks: torch.Tensor, n: int, nibbles: bool, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of :func:`blocked`: ``[N, width]`` (or the ``rows`` selected)."""
     if rows is not None:  # gather the rows' bytes where they lie: no copy of the whole table
-        picked = blocks[rows // BLOCK, ..., rows % BLOCK]  # [R, K / 2] or [R, K / 2, 2]
+        picked = blocks[rows // BLOCK, :, rows % BLOCK]  # [R, K / 2] or [R, K / 2, 2]
         return picked.reshape(len(rows), -1)
-    if nibbles:
-        return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n]
-    return blocks.permute(0, 3, 1, 2).reshape(-1, blocks.shape[1] * 2)[:n]
+    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1] * (1 if nibbles else 2))[:n]
 
 
 def blocked_groups(values: torch.Tensor) -> torch.Tensor:

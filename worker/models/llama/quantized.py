@@ -41,7 +41,7 @@ class QuantizedWeight:
     """
 
     __slots__ = ("fmt", "group", "out_features", "in_features", "scales", "offsets", "packed", "low", "nibbles",
-                 "bias", "kernel", "blocked")
+                 "high", "bias", "kernel", "blocked")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group: int,
                  fmt: str, bias: torch.Tensor | None = None) -> None:
@@ -54,7 +54,8 @@ class QuantizedWeight:
         self.offsets = None if offsets is None else offsets.to(torch.float32).contiguous()
         codes = codes.to(torch.int8)
         self.low = int(codes.min()) if codes.numel() else 0
-        self.nibbles = k % 2 == 0 and (int(codes.max()) - self.low < 16 if codes.numel() else True)
+        self.high = int(codes.max()) if codes.numel() else 0
+        self.nibbles = k % 2 == 0 and self.high - self.low < 16
         if self.nibbles:  # two codes a byte: (code - low) of column 2j low, of column 2j + 1 high
             u = (codes.to(torch.int16) - self.low).to(torch.uint8)
             self.packed = (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
