@@ -182,6 +182,7 @@ class LlamaServer:
                      "--parallel", str(slots), "--cont-batching", "--ctx-size", str(slots * ctx_per_slot),
                      "--threads", str(threads), "--threads-batch", str(threads), "--no-webui"]
         self._proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None  # start to the first 200 from /health (model loaded), seconds
         # Its working directory: a crash's core file (if the system writes one) lands there, not in the repo.
         self._dir = tempfile.TemporaryDirectory(prefix="llama-server-")
         self._log = open(Path(self._dir.name) / "server.log", "w+b")
@@ -197,17 +198,18 @@ class LlamaServer:
         return self._log.read().decode(errors="replace")[-chars:]
 
     def __enter__(self) -> LlamaServer:
+        started = time.monotonic()
         self._proc = subprocess.Popen(self.args, env=self.binary.env, cwd=self._dir.name, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT)
         try:
-            self._wait_ready()
+            self._wait_ready(started)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+    def _wait_ready(self, started: float) -> None:
+        deadline = started + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
@@ -215,6 +217,7 @@ class LlamaServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
                     if resp.status == 200:
+                        self.ready_s = time.monotonic() - started
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass  # not listening yet (URLError), or 503 while it loads the model (HTTPError)
@@ -326,6 +329,7 @@ class LlamaCppRun:
     last_s: list[float]
     rss_mb: float
     load_avg: tuple[float, float]  # 1-min load average before / after
+    ready_s: float | None = None  # the server's start to ready (LlamaServer.ready_s), seconds
 
 
 def run_workload(server: LlamaServer, prompts: Sequence[list[int]], lengths: Sequence[int],
@@ -349,7 +353,7 @@ def run_workload(server: LlamaServer, prompts: Sequence[list[int]], lengths: Seq
         wall = time.monotonic() - t0
     rss = psutil.Process(server.pid).memory_info().rss / 2**20
     return LlamaCppRun(threads, wall, [r.tokens for r in results], [r.first_s for r in results],
-                       [r.last_s for r in results], rss, (load_before, os.getloadavg()[0]))
+                       [r.last_s for r in results], rss, (load_before, os.getloadavg()[0]), server.ready_s)
 
 
 @dataclass

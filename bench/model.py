@@ -91,11 +91,15 @@ from worker.models.base import BatchPlan, SlotInput  # noqa: E402
 
 MODEL = "smollm2-135m"
 """The default ``--model`` (its results are ``model.json``; another model's ``model_<name>.json``)."""
-EXTRA_STOPS = {"gemma2": ("<end_of_turn>",), "gemma3_text": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",)}
+EXTRA_STOPS = {"gemma2": ("<end_of_turn>",), "gemma3_text": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
+               "qwen2": ("<|endoftext|>",)}
 """Per ``model_type``, tokens that end a request besides the model's EOS ids, as token strings looked
 up in its tokenizer. Gemma 3 270M's GGUF says EOS is ``<eos>`` (1) only, but Gemma ends a turn with
 ``<end_of_turn>`` (106), which llama.cpp (an end-of-generation token) and Gemma's own
-``generation_config.json`` (``eos_token_id: [1, 106]``) treat as an end too."""
+``generation_config.json`` (``eos_token_id: [1, 106]``) treat as an end too. Likewise the
+Qwen2.5-Coder-Instruct GGUFs say EOS is ``<|im_end|>`` (151645) only, while a raw (no chat template)
+HumanEval prompt ends its completion with ``<|endoftext|>`` (151643), an end for llama.cpp and in
+Qwen's ``generation_config.json`` (``eos_token_id: [151645, 151643]``)."""
 ALL_SYSTEMS = ("slotserve", "slotserve-broker", "hf-static", "hf-cb", "hf-alone", "llamacpp")
 
 
@@ -138,7 +142,9 @@ def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2
     stops = {} if eos is None else {"stop_token": tuple(sorted(eos))}
     run = Run(f"slotserve-broker[{precision}]")
     n = len(prompts)
+    started = time.monotonic()
     with LocalCluster(config) as cluster, Client(cluster.frontend, model=model, connect_timeout_s=30) as client:
+        run.ready_s = time.monotonic() - started  # LocalCluster returns once the worker registered: model loaded
         worker = psutil.Process(cluster.worker_processes[0].pid)
         for p in prompts[:slots]:
             client.submit_request(p, 4, **stops)
@@ -203,10 +209,11 @@ def run_llamacpp(prompts, lengths, threads, binary, model=MODEL) -> tuple[Run, d
     best = result.best
     run = Run("llamacpp", wall_s=best.wall_s, outputs=best.outputs, first_s=best.first_s, last_s=best.last_s,
               rss_mb=best.rss_mb, load_avg=best.load_avg, all_wall_s=[round(r.wall_s, 2) for r in result.runs],
-              note=result.note())
+              note=result.note(), threads=best.threads, ready_s=best.ready_s)
     details = {"binary": str(result.binary.path), "origin": result.binary.origin, "version": result.version,
                "gguf": result.gguf.name, "quantization": result.quantization, "best_threads": best.threads,
-               "by_threads": {r.threads: {"wall_s": round(r.wall_s, 2),
+               "by_threads": {r.threads: {"wall_s": round(r.wall_s, 2), "rss_mb": round(r.rss_mb),
+                                          "start_to_ready_s": None if r.ready_s is None else round(r.ready_s, 1),
                                           "tokens_per_s": round(sum(map(len, r.outputs)) / r.wall_s, 2),
                                           "load_avg_before_after": [round(x, 2) for x in r.load_avg]}
                               for r in result.runs},
@@ -286,11 +293,13 @@ def forward_limits(model, prompts, slots, context=160, reps=10) -> dict:
     }
 
 
-def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dict:
+def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32), name: str = MODEL) -> dict:
     """:func:`forward_limits` for every precision at each slot count (``hf``: the HF runner itself).
 
     slotserve's runners are built from ``hf_runner``'s loaded weights (a copy
-    each, dropped after), so the GGUF is read once.
+    each, dropped after), so the GGUF is read once; a precision that cannot be
+    built from a transformers module (one that keeps the file's own quantized
+    weights) is loaded from ``name`` as the worker loads it.
     """
     from worker.models import llama
 
@@ -299,8 +308,11 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dic
         if precision == "hf":
             model = hf_runner
         else:
-            model = llama.from_hf(hf_runner.model, hf_runner.tokenizer, precision=precision,
-                                  eos_token_ids=hf_runner.eos_token_ids)
+            try:
+                model = llama.from_hf(hf_runner.model, hf_runner.tokenizer, precision=precision,
+                                      eos_token_ids=hf_runner.eos_token_ids)
+            except ValueError:
+                model = load_model(name, precision=precision, num_threads=torch.get_num_threads())
         out[precision] = {n: forward_limits(model, prompts, n) for n in slot_counts}
         print(f"limits[{precision}]: " + "; ".join(f"{n} slots {v['decode_step_ms']} ms/step, prefill "
                                                      f"{v['prefill_tokens_per_s']} tok/s" for n, v in out[precision].items()))
@@ -309,6 +321,35 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32)) -> dic
 
 
 # ---------------------------------------------------------------- report
+
+
+SERVED = ("slotserve-broker", "llamacpp")
+"""The systems of the per-model served table: slotserve's worker process (one row per precision) and llama.cpp's server."""
+
+
+def served_table(rows: list[dict], requests: int, reference: str | None) -> list[dict]:
+    """One model's table of its served systems (:data:`SERVED`), from the summary rows: the best run's
+    threads, useful tokens/s, the serving process's RSS after the run (MiB: the worker's, llama-server's),
+    how many of ``requests`` outputs equal the greedy ``reference`` run's (hf-alone: transformers'
+    ``generate`` on the dequantized fp32 weights), and start to ready (s: the cluster's start until the
+    worker registered with its model loaded; llama-server's start until ``/health`` answers)."""
+    return [{"system": r["system"], "threads": r.get("threads"), "tokens_per_s": r["tokens_per_s"],
+             "worker_rss_mib": r["rss_mb"], "identical_to_reference": r["identical_to_hf_greedy"],
+             "requests": requests, "reference": reference, "start_to_ready_s": r.get("start_to_ready_s")}
+            for r in rows if r["system"].split("[")[0] in SERVED]
+
+
+def print_served(table: list[dict], model: str) -> None:
+    """Print :func:`served_table`'s rows as one table for ``model``."""
+    if not table:
+        return
+    cols = ("system", "threads", "tokens/s", "worker RSS MiB", f"= {table[0]['reference']}", "start-to-ready s")
+    print(f"\n{model}: served systems")
+    print(" | ".join(f"{c:>22}" for c in cols))
+    for r in table:
+        agree = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']}/{r['requests']}"
+        print(" | ".join(f"{str(v):>22}" for v in (r["system"], r["threads"], r["tokens_per_s"], r["worker_rss_mib"],
+                                                     agree, r["start_to_ready_s"])))
 
 
 def results_stem(model: str) -> str:
@@ -337,6 +378,7 @@ def report(rows: list[dict], limits: dict | None, ideal_s: float | None, out: Pa
         print(f"decode step [{name}]: " + ", ".join(f"{n} slots {ms} ms" for n, ms in steps.items()))
     if limits is not None:
         print(f"\nforward-pass limit: {limits}; HE32 at that limit: {ideal_s:.1f} s")
+    print_served((extra or {}).get("served", []), model)
     stem = results_stem(model)
     payload = {"workload": "HE32", "model": model, "limits_threads": torch.get_num_threads(),
                "limits": limits, "ideal_wall_s": None if ideal_s is None else round(ideal_s, 2), "systems": rows,
@@ -374,6 +416,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"the model every system serves: an alias (smollm2-135m, gemma3-270m), a .gguf file or a "
                          f"save_pretrained directory (default {MODEL}; results model.json, else model_<name>.json)")
     ap.add_argument("--prompts", type=int, default=32, help="number of HumanEval prompts (default 32)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="cap every request's max_tokens at this many tokens (default: none, HE32's [16, 128] "
+                         "draws; a smoke test: --prompts 2 --max-tokens 8)")
     ap.add_argument("--slots", type=int, default=8, help="concurrent sequences (default 8)")
     ap.add_argument("--threads", default="2",
                     help="torch threads; a list (e.g. 1,2) runs every slotserve and HF system once per value "
@@ -423,6 +468,13 @@ def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
     unknown = set(chosen) - set(ALL_SYSTEMS)
     if unknown:
         ap.error(f"unknown systems {sorted(unknown)}; choose from {','.join(ALL_SYSTEMS)}")
+    for precision in filter(None, args.precisions.split(",")):  # whatever the worker's --precision takes
+        try:
+            model_options(precision, 1)
+        except ValueError as exc:
+            ap.error(f"--precisions: {precision!r}: {exc}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        ap.error("--max-tokens must be >= 1")
     return skip | (set(ALL_SYSTEMS) - set(chosen))
 
 
@@ -455,12 +507,15 @@ def stop_ids(model_type: str, model_eos, codec) -> set[int]:
     return eos
 
 
-def load_he(prompts: int, threads: int, name: str = MODEL) -> Workload:
-    """Load ``name`` on the HF runner and the first ``prompts`` HumanEval prompts (printing both)."""
+def load_he(prompts: int, threads: int, name: str = MODEL, max_tokens_cap: int | None = None) -> Workload:
+    """Load ``name`` on the HF runner and the first ``prompts`` HumanEval prompts (printing both);
+    ``max_tokens_cap``: each request's ``max_tokens`` at most this (a smoke test's tiny workload)."""
     t = time.monotonic()
     model = load_model(name, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
     print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {load_avg():.2f})", flush=True)
     prompts, max_tokens = he32(model.tokenizer, prompts)
+    if max_tokens_cap is not None:
+        max_tokens = [min(m, max_tokens_cap) for m in max_tokens]
     eos = stop_ids(model.model.config.model_type, model.eos_token_ids, model.tokenizer)
     config = model.model.generation_config
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
@@ -498,6 +553,7 @@ def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run
             run = run_once(threads)
             run.load_avg = (before, load_avg())
             run.note += f"; {threads} thread(s)"
+            run.threads = threads
             tries.append(run)
             print(f"{name} ({threads} thread(s)): {run.wall_s:.1f} s (load average {run.load_avg[0]:.2f} -> "
                   f"{run.load_avg[1]:.2f})", flush=True)
@@ -527,7 +583,7 @@ def limits_at(he: Workload, precisions: list[str], slots: int, extra: dict) -> d
     (8 unless 32)."""
     # (+specK changes how many tokens a step gives, not the step: its limits are its precision's)
     by_precision = precision_limits(he.model, list(dict.fromkeys(p.partition("+")[0] for p in precisions))
-                                    or ["fp32"], he.prompts)
+                                    or ["fp32"], he.prompts, name=he.name)
     extra["decode_step_ms"] = {p: {n: v["decode_step_ms"] for n, v in lim.items()} for p, lim in by_precision.items()}
     extra["limits_by_precision"] = by_precision
     return by_precision.get("fp32", next(iter(by_precision.values())))[slots if slots in (8, 32) else 8]
@@ -564,7 +620,7 @@ def main() -> None:
     skip = skipped_systems(ap, args)
     machine = machine_record()
     precisions = [p for p in args.precisions.split(",") if p]
-    he = load_he(args.prompts, thread_counts[0], args.model)
+    he = load_he(args.prompts, thread_counts[0], args.model, args.max_tokens)
     runs = [best_run(name, run_once, thread_counts, args.repeats)
             for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s).items()
             if name.split("[")[0] not in skip]
@@ -575,6 +631,9 @@ def main() -> None:
     extra["stop_token_ids"] = sorted(he.eos)
     limits = None if args.no_limits else limits_at(he, precisions, args.slots, extra)
     rows, ideal_s = summary_rows(runs, he, limits, extra)
+    extra["workload_size"] = {"prompts": len(he.prompts), "max_tokens_cap": args.max_tokens,
+                         "max_tokens_sum": sum(he.max_tokens)}
+    extra["served"] = served_table(rows, len(he.prompts), extra.get("agreement_reference"))
     report(rows, limits, ideal_s, args.out, extra, he.name, machine)
 
 

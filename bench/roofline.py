@@ -27,10 +27,22 @@ flags (defaults: bench/model.py's HE32 on SmolLM2's tokenizer, 3,200 prompt
 tokens, 1,958 greedy output tokens in 32 requests, 8 slots: :func:`bench.common.he32`'s prompts
 on SmolLM2's tokenizer and their greedy lengths).
 
+Any model's decode-step memory floor (``--models``): one step reads every
+weight once (the token embedding only by rows, so not counted; a tied LM
+head reads it whole), so it cannot take less than ``bytes of weights /
+bandwidth`` (:func:`decode_floor_ms`). Bytes per precision
+(:func:`step_weight_bytes`, from the GGUF header alone): ``fp32`` 4 a
+parameter, ``bf16`` 2, ``int8`` 1 and ``int4`` 1/2 (scales not counted),
+``gguf`` the tensors as the file stores them (Q4_K_M: ~4.8 bits a weight;
+also llama.cpp's). Bandwidth (:func:`stream_bandwidth`): one large fp32
+tensor summed (read) and copied (read + write) in torch, the fastest of a
+few passes, at ``--threads``.
+
 ``--tiny``: 2 small layers and few passes, to test the plumbing, not speed.
 Writes ``roofline[_tiny].json`` in ``--out``.
 
     python -m bench.roofline [--threads 2] [--rows 1,8,24] [--tiny]
+        [--models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b --precisions fp32,bf16,gguf]
 """
 
 from __future__ import annotations
@@ -131,6 +143,83 @@ def he32_floor(cfg: dict, read_gb_s: float, gflop_s: float, prompt_tokens: int, 
     }
 
 
+BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
+"""Bytes a weight takes at each precision slotserve converts to (``int8`` / ``int4``: codes only,
+their per-group scales not counted); ``gguf`` is the file's own per-tensor sizes."""
+
+
+def stream_bandwidth(mib: int = 1024, passes: int = 5) -> dict:
+    """This machine's memory bandwidth through torch at the current thread count: GB/s (1e9 bytes)
+    of ``Tensor.sum`` over one ``mib``-MiB fp32 tensor (bytes read) and of ``copy_`` into another
+    (bytes read + written), the fastest of ``passes`` after a warm-up (:func:`best_ms`). ``mib``
+    should be well above the last-level cache (a few tens of MiB on a server part)."""
+    n = mib * 2**20 // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    with torch.inference_mode():
+        read_ms = best_ms(lambda: src.sum(), passes)
+        copy_ms = best_ms(lambda: dst.copy_(src), passes)
+    return {"tensor_mib": mib, "threads": torch.get_num_threads(),
+            "read_gb_s": round(src.nbytes / read_ms / 1e6, 2), "copy_gb_s": round(2 * src.nbytes / copy_ms / 1e6, 2)}
+
+
+def step_weight_bytes(gguf_path, precision: str) -> int:
+    """Bytes of weights one decode step reads for the model in the GGUF file at ``gguf_path`` served
+    at ``precision`` (a key of :data:`BYTES_PER_PARAM`, or ``"gguf"``): every tensor but the token
+    embedding (a step reads only its rows), plus the embedding again as the LM head when the file
+    has no ``output.weight`` (tied). Read from the header alone. Raises ValueError for another
+    precision."""
+    import gguf
+
+    from worker.models.gguf_header import read_table
+
+    if precision != "gguf" and precision not in BYTES_PER_PARAM:
+        raise ValueError(f"precision {precision!r}: one of {sorted(BYTES_PER_PARAM)} or 'gguf'")
+    entries = {name: (shape, ggml_type) for name, shape, ggml_type, _ in read_table(str(gguf_path)).entries}
+    if "output.weight" not in entries and "token_embd.weight" in entries:
+        entries["output.weight"] = entries["token_embd.weight"]  # tied: the head reads the embedding whole
+    total = 0.0
+    for name, (shape, ggml_type) in entries.items():
+        if name == "token_embd.weight":
+            continue
+        count = 1
+        for d in shape:
+            count *= int(d)
+        if precision == "gguf":
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+            total += count // block * size
+        else:
+            total += count * BYTES_PER_PARAM[precision]
+    return int(total)
+
+
+def decode_floor_ms(weight_bytes: int, read_gb_s: float) -> float:
+    """The least time (ms) a decode step can take: its weight bytes read at ``read_gb_s`` (GB/s)
+    -- the memory roofline of one step whatever its rows, KV-cache reads and compute not counted."""
+    if read_gb_s <= 0:
+        raise ValueError(f"read_gb_s must be > 0, got {read_gb_s}")
+    return weight_bytes / (read_gb_s * 1e9) * 1000
+
+
+def model_floors(models: list[str], precisions: list[str], read_gb_s: float) -> dict:
+    """``{model: {precision: {"weight_mb", "floor_ms", "tokens_per_s_per_slot"}}}``: each model's
+    (alias or ``.gguf`` path) decode-step floor at each precision (:func:`step_weight_bytes`,
+    :func:`decode_floor_ms`); ``tokens_per_s_per_slot``: one sequence's decode rate at the floor."""
+    from worker.models.checkpoint import resolve_model_path
+
+    out = {}
+    for model in models:
+        folder, name = resolve_model_path(model)
+        if name is None:
+            raise ValueError(f"model {model!r} is not a GGUF file or alias: its weights' sizes are read from one")
+        out[model] = {}
+        for precision in precisions:
+            nbytes = step_weight_bytes(Path(folder) / name, precision)
+            floor = decode_floor_ms(nbytes, read_gb_s)
+            out[model][precision] = {"weight_mb": round(nbytes / 2**20, 1), "floor_ms": round(floor, 2),
+                                     "tokens_per_s_per_slot": round(1000 / floor, 1)}
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as bench/model.py)")
@@ -141,6 +230,13 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests (default 32)")
     ap.add_argument("--slots", type=int, default=8, help="decode rows per step (default 8)")
     ap.add_argument("--tiny", action="store_true", help="2 small layers, 2 passes: plumbing only")
+    ap.add_argument("--models", default="",
+                    help="comma-separated model aliases or .gguf files whose decode-step memory floor to report "
+                         "(e.g. qwen2.5-coder-0.5b,qwen2.5-coder-1.5b; default none)")
+    ap.add_argument("--precisions", default="fp32,bf16,gguf",
+                    help="precisions of the --models floors: fp32, bf16, fp16, int8, int4, gguf (default fp32,bf16,gguf)")
+    ap.add_argument("--stream-mib", type=int, default=1024,
+                    help="MiB of the tensor the stream bandwidth is measured on (default 1024; --tiny: 64)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",") if r]
@@ -155,6 +251,14 @@ def main(argv=None) -> None:
     payload.update(measure(cfg, rows, passes))
     payload["he32_floor"] = he32_floor(cfg, payload["read_gb_s"], payload["fp32_gemm_gflop_s"], args.prompt_tokens,
                                        args.output_tokens, args.requests, args.slots)
+    payload["stream"] = stream_bandwidth(64 if args.tiny else args.stream_mib, passes)
+    models = [m for m in args.models.split(",") if m]
+    if models:
+        try:
+            payload["decode_floor"] = model_floors(models, [p for p in args.precisions.split(",") if p],
+                                                   payload["stream"]["read_gb_s"])
+        except ValueError as exc:
+            ap.error(str(exc))
     payload["total_s"] = round(time.monotonic() - t, 1)
 
     print(f"read bandwidth {payload['read_gb_s']} GB/s; fp32 GEMM peak {payload['fp32_gemm_gflop_s']} GFLOP/s "
@@ -165,6 +269,12 @@ def main(argv=None) -> None:
     f = payload["he32_floor"]
     print(f"HE32 floor, exact fp32: prefill {f['prefill_s']} s + {f['decode_steps']} decode steps x "
           f"{f['decode_step_ms']} ms ({f['decode_step_bound']}-bound) = {f['total_s']} s")
+    st = payload["stream"]
+    print(f"stream: sum {st['read_gb_s']} GB/s, copy {st['copy_gb_s']} GB/s ({st['tensor_mib']} MiB fp32 tensor)")
+    for model, by_precision in payload.get("decode_floor", {}).items():
+        print(f"decode-step memory floor of {model}: " + "; ".join(
+            f"{p} {v['weight_mb']} MiB -> {v['floor_ms']} ms ({v['tokens_per_s_per_slot']} tokens/s a slot)"
+            for p, v in by_precision.items()))
     path = write_results(args.out / f"roofline{'_tiny' if args.tiny else ''}.json", payload, machine)
     print(f"wrote {path}")
 

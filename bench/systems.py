@@ -46,6 +46,8 @@ class Run:
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-min load average before / after
     all_wall_s: list[float] = field(default_factory=list)  # every repeat; the fastest is reported
     note: str = ""
+    threads: int | None = None  # CPU threads of the run reported (the best of those tried)
+    ready_s: float | None = None  # a served system's start to ready (model loaded, serving), seconds
 
     def summary(self, reference: list[list[int]] | None) -> dict:
         """bench/model.py's row: rates, TTFT / TPOT (ms), how many outputs equal ``reference``'s."""
@@ -65,6 +67,8 @@ class Run:
             "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb),
             "load_avg_before_after": [round(x, 2) for x in self.load_avg],
             "all_wall_s": self.all_wall_s,
+            "threads": self.threads,
+            "start_to_ready_s": None if self.ready_s is None else round(self.ready_s, 1),
             "note": self.note,
         }
 

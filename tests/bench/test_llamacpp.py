@@ -114,6 +114,7 @@ def test_workload_generates_exactly_each_length_and_stops_the_server():
     assert all(0 <= t < 49152 for o in result.best.outputs for t in o)
     assert all(0 < f <= last <= result.best.wall_s for f, last in zip(result.best.first_s, result.best.last_s))
     assert result.quantization.startswith("MOSTLY_Q4_1")
+    assert 0 < result.best.ready_s < llamacpp.READY_TIMEOUT_S  # start to /health 200
     # greedy is deterministic: the same request again gives the same tokens
     again = llamacpp.measure(prompts[:1], lengths[:1], threads=(1,), binary=binary.path, log=lambda _msg: None)
     assert again.best.outputs[0] == result.best.outputs[0]

@@ -49,6 +49,45 @@ def test_gemma_stops_at_end_of_turn_besides_eos(monkeypatch):
         model.stop_ids("gemma3_text", (1,), _Codec())
 
 
+def test_qwen_stops_at_endoftext_besides_im_end(monkeypatch):
+    monkeypatch.setattr(_Tok, "vocab", {"<|im_end|>": 151645, "<|endoftext|>": 151643})
+    assert model.stop_ids("qwen2", (151645,), _Codec()) == {151643, 151645}
+
+
+def test_precisions_are_what_the_worker_takes():
+    """--precisions entries are checked by the worker's own ModelOptions (so a precision the worker
+    gains is benchmarked with no change here); a bad one is a usage error naming it."""
+    ap = model.parser()
+    args = ap.parse_args(["--precisions", "hf,fp32,bf16+spec3,int8"])
+    model.skipped_systems(ap, args)  # no error
+    for bad in ("fp8", "fp32+specx"):
+        with pytest.raises(SystemExit) as exit_:
+            model.skipped_systems(ap, ap.parse_args(["--precisions", f"fp32,{bad}"]))
+        assert exit_.value.code == 2
+    with pytest.raises(SystemExit):
+        model.skipped_systems(ap, ap.parse_args(["--max-tokens", "0"]))
+
+
+def test_the_served_table_has_each_precision_and_llamacpp():
+    from bench.systems import Run
+
+    ref = [[1, 2, 3], [4, 5]]
+    runs = [Run("hf-alone", wall_s=2.0, outputs=ref, first_s=[0.1, 0.2], last_s=[1.0, 2.0]),
+            Run("slotserve-broker[fp32]", wall_s=1.0, outputs=ref, first_s=[0.1, 0.1], last_s=[0.5, 1.0],
+                rss_mb=900.4, threads=2, ready_s=12.34),
+            Run("slotserve-broker[bf16]", wall_s=0.5, outputs=[[1, 2, 9], [4, 5]], first_s=[0.1, 0.1],
+                last_s=[0.2, 0.5], rss_mb=500.0, threads=1, ready_s=10.0),
+            Run("llamacpp", wall_s=0.25, outputs=ref, first_s=[0.1, 0.1], last_s=[0.2, 0.25], rss_mb=300.0,
+                threads=2, ready_s=1.5)]
+    rows = [r.summary(ref) for r in runs]
+    table = model.served_table(rows, 2, "hf-alone")
+    assert [(r["system"], r["threads"], r["tokens_per_s"], r["worker_rss_mib"], r["identical_to_reference"],
+             r["start_to_ready_s"]) for r in table] == [
+        ("slotserve-broker[fp32]", 2, 5.0, 900, 2, 12.3), ("slotserve-broker[bf16]", 1, 10.0, 500, 1, 10.0),
+        ("llamacpp", 2, 20.0, 300, 2, 1.5)]
+    assert {r["requests"] for r in table} == {2} and {r["reference"] for r in table} == {"hf-alone"}
+
+
 def test_shapes_are_their_families_configs():
     qwen = gpu.shape_config("qwen2.5-0.5b", tiny=False)
     assert type(qwen).__name__ == "Qwen2Config"

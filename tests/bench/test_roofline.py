@@ -63,3 +63,45 @@ def test_tiny_run_writes_every_kind_and_a_floor(tmp_path):
     assert payload["read_gb_s"] > 0
     assert payload["fp32_gemm_gflop_s"] == max(payload["kinds"][k]["gflop_s_512"] for k in fp32_kinds)
     assert payload["he32_floor"]["total_s"] > 0 and "floor" in done.stdout.lower()
+
+
+def _tiny_gguf(path, tied: bool) -> None:
+    """A header-only-interesting GGUF: a 16 x 32 fp32 embedding, one 64 x 32 fp16 weight, and (untied) a
+    16 x 32 fp16 output head."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((64, 32), dtype=np.float16))
+    if not tied:
+        writer.add_tensor("output.weight", np.zeros((16, 32), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_decode_step_reads_every_weight_but_the_embedding_and_the_head_whole(tmp_path, tied):
+    path = tmp_path / "tiny.gguf"
+    _tiny_gguf(path, tied)
+    params = 64 * 32 + 16 * 32  # the fp16 weight and the head (the embedding itself when tied)
+    assert roofline.step_weight_bytes(path, "fp32") == 4 * params
+    assert roofline.step_weight_bytes(path, "bf16") == 2 * params
+    assert roofline.step_weight_bytes(path, "int4") == params // 2
+    # as stored: fp16 weight, and the head fp32 when it is the embedding, else fp16
+    assert roofline.step_weight_bytes(path, "gguf") == 2 * 64 * 32 + (4 if tied else 2) * 16 * 32
+    with pytest.raises(ValueError, match="fp8"):
+        roofline.step_weight_bytes(path, "fp8")
+
+
+def test_the_decode_floor_is_bytes_over_bandwidth():
+    assert roofline.decode_floor_ms(2_000_000_000, 10.0) == pytest.approx(200.0)
+    with pytest.raises(ValueError):
+        roofline.decode_floor_ms(1, 0.0)
+
+
+def test_stream_bandwidth_measures_read_and_copy():
+    out = roofline.stream_bandwidth(mib=8, passes=1)
+    assert out["tensor_mib"] == 8 and out["read_gb_s"] > 0 and out["copy_gb_s"] > 0
