@@ -191,3 +191,39 @@ def test_each_qwen_alias_has_a_pyproject_extra_with_exactly_its_parts(alias):
     assert extras[alias] == [f"{p}=={split.version}" for p in split.parts]
     assert checkpoint.INSTALL[alias] == split.install_line()
     assert split.file_name.endswith(f"-{split.sha256[:8]}.gguf")  # a new file, a new name
+
+
+def _assemble_in_a_process(site: str, split: SplitGGUF, cache: str, barrier, results) -> None:
+    """A spawned worker's start: find the parts (installed in ``site``) and assemble, all at once."""
+    import sys
+
+    sys.path.insert(0, site)
+    barrier.wait(timeout=60)
+    path = assemble(split, Path(cache))
+    results.put(hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_workers_starting_together_get_one_whole_file(site, tmp_path):
+    """Three spawned processes assemble at the same moment, as workers of one machine starting
+    together: each reads the whole file, and the cache holds that file alone."""
+    import multiprocessing
+
+    names = make_parts(site, CONTENTS)
+    split = split_of(names, CONTENTS)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_assemble_in_a_process, args=(str(site), split, str(tmp_path / "cache"), barrier,
+                                                              results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        digests = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert digests == [split.sha256] * 3
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["fake.gguf", "fake.gguf.lock"]
