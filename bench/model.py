@@ -348,7 +348,7 @@ def served_table(rows: list[dict], requests: int, reference: str | None) -> list
     threads, useful tokens/s, the serving process's RSS after the run (MiB: the worker's, llama-server's),
     how many of ``requests`` outputs equal the greedy ``reference`` run's (hf-alone: transformers'
     ``generate`` on the dequantized fp32 weights), and start to ready (s: the cluster's start until the
-    worker registered with its model loaded; llama-server's start until ``/health`` answers)."""
+    worker registered, its model loaded and warmed up; llama-server's start until ``/health`` answers)."""
     return [{"system": r["system"], "threads": r.get("threads"), "tokens_per_s": r["tokens_per_s"],
              "worker_rss_mib": r["rss_mb"], "identical_to_reference": r["identical_to_hf_greedy"],
              "requests": requests, "reference": reference, "start_to_ready_s": r.get("start_to_ready_s")}

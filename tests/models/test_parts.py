@@ -227,3 +227,13 @@ def test_workers_starting_together_get_one_whole_file(site, tmp_path):
     assert digests == [split.sha256] * 3
     assert [p.exitcode for p in procs] == [0, 0, 0]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["fake.gguf", "fake.gguf.lock"]
+
+
+def test_a_cache_that_cannot_be_written_is_an_error_saying_where(site, tmp_path, monkeypatch):
+    names = make_parts(site, CONTENTS[:2])
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(parts, "CACHE_DIR", blocked / "models")  # mkdir fails: a file is in the way
+    monkeypatch.setitem(checkpoint.ALIASES, "fake-split", split_of(names, CONTENTS[:2]))
+    with pytest.raises(ValueError, match=rf"cannot write its assembled GGUF .* into {blocked / 'models'}"):
+        checkpoint.resolve_model_path("fake-split")

@@ -129,8 +129,11 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
     if isinstance(source, SplitGGUF):
         try:
             gguf = assemble_parts(source)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
             raise ValueError(f"model {name!r}: {exc}") from exc
+        except OSError as exc:
+            raise ValueError(f"model {name!r}: cannot write its assembled GGUF ({source.size / 1e6:.0f} MB) into "
+                             f"{source.path().parent}: {exc}; free space there or make it writable") from exc
         return str(gguf.parent), gguf.name
     if source is not None:
         package = source
