@@ -343,15 +343,36 @@ SERVED = ("slotserve-broker", "llamacpp")
 """The systems of the per-model served table: slotserve's worker process (a row per precision), llama.cpp's server."""
 
 
-def served_table(rows: list[dict], requests: int, reference: str | None) -> list[dict]:
+def step_weights_mib(model: str, system: str) -> float | None:
+    """MiB of weights one decode step of ``system`` reads on ``model`` (bench/roofline.py's
+    ``step_weight_bytes``, from the GGUF header): llama.cpp and a ``gguf`` worker the file's tensors as
+    stored, a worker at fp32 / bf16 / int8 / int4 (``hf``: fp32) that many bytes a weight. Divided by
+    the machine's bandwidth (``python -m bench.roofline``) it is the step's memory floor. None for a
+    model that is not a GGUF or a precision of unknown size."""
+    from bench.roofline import BYTES_PER_PARAM, step_weight_bytes
+
+    try:
+        path = llamacpp.gguf_path(model)
+    except ValueError:
+        return None
+    precision = "gguf" if system == "llamacpp" else system.partition("[")[2].rstrip("]").partition("+")[0]
+    precision = "fp32" if precision == "hf" else precision
+    if precision != "gguf" and precision not in BYTES_PER_PARAM:
+        return None
+    return round(step_weight_bytes(path, precision) / 2**20, 1)
+
+
+def served_table(rows: list[dict], requests: int, reference: str | None, model: str | None = None) -> list[dict]:
     """One model's table of its served systems (:data:`SERVED`), from the summary rows: the best run's
     threads, useful tokens/s, the serving process's RSS after the run (MiB: the worker's, llama-server's),
     how many of ``requests`` outputs equal the greedy ``reference`` run's (hf-alone: transformers'
     ``generate`` on the dequantized fp32 weights), and start to ready (s: the cluster's start until the
-    worker registered, its model loaded and warmed up; llama-server's start until ``/health`` answers)."""
+    worker registered, its model loaded and warmed up; llama-server's start until ``/health`` answers);
+    with ``model``, the weights a decode step reads (:func:`step_weights_mib`)."""
     return [{"system": r["system"], "threads": r.get("threads"), "tokens_per_s": r["tokens_per_s"],
              "worker_rss_mib": r["rss_mb"], "identical_to_reference": r["identical_to_hf_greedy"],
-             "requests": requests, "reference": reference, "start_to_ready_s": r.get("start_to_ready_s")}
+             "requests": requests, "reference": reference, "start_to_ready_s": r.get("start_to_ready_s"),
+             "step_weights_mib": None if model is None else step_weights_mib(model, r["system"])}
             for r in rows if r["system"].split("[")[0] in SERVED]
 
 
@@ -359,13 +380,14 @@ def print_served(table: list[dict], model: str) -> None:
     """Print :func:`served_table`'s rows as one table for ``model``."""
     if not table:
         return
-    cols = ("system", "threads", "tokens/s", "worker RSS MiB", f"= {table[0]['reference']}", "start-to-ready s")
+    cols = ("system", "threads", "tokens/s", "worker RSS MiB", f"= {table[0]['reference']}", "start-to-ready s",
+            "weights MiB/step")
     print(f"\n{model}: served systems")
     print(" | ".join(f"{c:>22}" for c in cols))
     for r in table:
         agree = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']}/{r['requests']}"
         print(" | ".join(f"{str(v):>22}" for v in (r["system"], r["threads"], r["tokens_per_s"], r["worker_rss_mib"],
-                                                     agree, r["start_to_ready_s"])))
+                                                     agree, r["start_to_ready_s"], r["step_weights_mib"])))
 
 
 def results_stem(model: str) -> str:
@@ -666,7 +688,7 @@ def main() -> None:
     rows, ideal_s = summary_rows(runs, he, limits, extra)
     extra["workload_size"] = {"prompts": len(he.prompts), "max_tokens_cap": args.max_tokens,
                          "max_tokens_sum": sum(he.max_tokens)}
-    extra["served"] = served_table(rows, len(he.prompts), extra.get("agreement_reference"))
+    extra["served"] = served_table(rows, len(he.prompts), extra.get("agreement_reference"), he.name)
     report(rows, limits, ideal_s, args.out, extra, he.name, machine)
 
 

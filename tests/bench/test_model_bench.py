@@ -88,6 +88,29 @@ def test_the_served_table_has_each_precision_and_llamacpp():
     assert {r["requests"] for r in table} == {2} and {r["reference"] for r in table} == {"hf-alone"}
 
 
+def test_the_served_table_gives_the_weights_a_step_reads(tmp_path, monkeypatch):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))  # tied: the head
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((1024, 512), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    monkeypatch.setattr(model.llamacpp, "gguf_path", lambda _m: path)
+    params = 1024 * 512 + 16 * 32
+    assert model.step_weights_mib("m", "slotserve-broker[fp32+spec2]") == round(4 * params / 2**20, 1)
+    assert model.step_weights_mib("m", "slotserve-broker[hf]") == round(4 * params / 2**20, 1)
+    assert model.step_weights_mib("m", "slotserve-broker[bf16]") == round(2 * params / 2**20, 1)
+    assert model.step_weights_mib("m", "llamacpp") == round((2 * 1024 * 512 + 4 * 16 * 32) / 2**20, 1)
+    assert model.step_weights_mib("m", "slotserve-broker[fp8]") is None  # a precision of unknown size
+    monkeypatch.setattr(model.llamacpp, "gguf_path", lambda _m: (_ for _ in ()).throw(ValueError("not a GGUF")))
+    assert model.step_weights_mib("m", "llamacpp") is None
+
+
 def test_shapes_are_their_families_configs():
     qwen = gpu.shape_config("qwen2.5-0.5b", tiny=False)
     assert type(qwen).__name__ == "Qwen2Config"
