@@ -574,7 +574,7 @@ def bench_soak(d: dict) -> str:
 # Results files shown only in the index (no table of their own): why.
 _INDEX_ONLY = {
     "model_all_systems_loaded.json": "`python -m bench.model` with every system, on a loaded machine (raw)",
-    "model_qwen2.5-coder-0.5b_smoke.json": "smoke run of the Qwen table (2 prompts, 8 tokens, load ~6): plumbing only",
+    "model_qwen2.5-coder-0.5b_smoke.json": "smoke run of the Qwen table (2 prompts, 8 tokens, load ~4-7): plumbing only",
     "model_qwen2.5-coder-1.5b_smoke.json": "smoke run of the Qwen table (2 prompts, 8 tokens, load ~9): plumbing only",
 }
 
