@@ -511,6 +511,9 @@ _is_not = operator.is_not
 _OPTION_TYPES = tuple(map(type, _OPTION_DEFAULTS))
 _AFTER_STOP_DEFAULTS = _OPTION_DEFAULTS[1:]  # the options after stop_token (the first option)
 _AFTER_STOP_TYPES = _OPTION_TYPES[1:]
+_NUMERIC_OPTIONS = tuple(i for i in range(3, _FIELD_COUNT) if type(_DEFAULTS[i]) in (int, float, bool))
+_numeric_options = operator.itemgetter(*_NUMERIC_OPTIONS)  # (the options after stop_token whose default is a number)
+_NUMERIC_OPTION_TYPES = tuple(type(_DEFAULTS[i]) for i in _NUMERIC_OPTIONS)
 
 ROW_ALIASES = {"messages": "prompt"}
 """Other names a JSONL row may use for a field: ``"messages"`` (chat messages,
@@ -610,7 +613,23 @@ class RequestParams(_Fields):
 def from_wire(values: tuple) -> RequestParams:
     """``RequestParams(*values)`` for the fields by position as decoded off the wire (a tuple of 2
     or more values; see :func:`protocol.codec.decode`), without unpacking them into a call: once per
-    request per hop. Same values, same errors."""
+    request per hop. Same values, same errors.
+
+    The hot path (every field, each option but ``stop_token`` its default, a token-id prompt) is
+    :func:`_build`'s, with one difference that only decoded values allow: their types are msgpack's
+    (int, float, bool, str, bytes, None, tuples, maps, msgpack's own records), of which only a
+    number equals a number of another type (``0 == 0.0 == False``), so the types of the options
+    whose default is a number are compared, not all of them. A valid decoded array is then the
+    request itself (its prompt and ``stop_token`` already as their checks return them)."""
+    if len(values) == _FIELD_COUNT and values[3:] == _AFTER_STOP_DEFAULTS \
+            and tuple(map(type, _numeric_options(values))) == _NUMERIC_OPTION_TYPES:
+        prompt, max_tokens, stop_token = values[:3]
+        tokens = plain_tokens(prompt)
+        if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
+            stop = () if stop_token == () and type(stop_token) is tuple else _stop_token(stop_token, "stop_token")
+            if tokens is prompt and stop is stop_token:
+                return _tuple_new(RequestParams, values)
+            return _tuple_new(RequestParams, (tokens, max_tokens, stop) + _AFTER_STOP_DEFAULTS)
     return _build(RequestParams, values, _NO_OPTIONS)
 
 
