@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from broker.config import BrokerConfig
-from broker.jobs import JobState, JobTable
+from broker.jobs import RUNNING, JobState, JobTable
 from broker.models import ServedModels
 from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.prefix import PrefixRouter, prompt_key
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _MAX_HUNG_REMEMBERED = 10_000  # identities of hung workers kept for probation (bounded memory)
 _tuple_new = tuple.__new__  # a record built without its Python __new__ (its fields given in full)
+_ERROR = FinishReason.ERROR  # (read per request: a global is cheaper than the enum's class, see broker.jobs)
 
 
 def _logprob_ids(rec: Logprobs) -> Iterator[int]:
@@ -275,11 +276,11 @@ class WorkerHandler:
         credit = w.inflight.discard
         latency = table.timings["latency"] if table.record_timings else None
         finish = table.finish
-        for f in finished:
-            job = jobs.get(f.request_id)
+        for key, reason, code, message, prompt_tokens, stop_reason, cached in finished:  # (one unpacking each)
+            job = jobs.get(key)
             if job is None or job.worker != me:
                 continue
-            credit(job.key)  # the credit comes back
+            credit(key)  # the credit comes back
             if latency is not None:
                 latency.append(now - job.arrival_s)
             params = job.params
@@ -289,19 +290,17 @@ class WorkerHandler:
                 self._faulty(w, "tokens past max_tokens")
                 finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
             else:
-                prompt_tokens, cached = f.prompt_tokens, f.cached_tokens
                 prompt = params.prompt
                 if not (prompt_tokens is not None and type(prompt[0]) is int and prompt_tokens == len(prompt)
                         and (cached is None or 0 <= cached <= prompt_tokens)):  # (sound as it comes, mostly)
                     prompt_tokens, cached = self._counts(w, prompt_tokens, cached, params)
-                code, message = f.code, f.message
-                if (f.finish_reason is FinishReason.ERROR) is (code is None):  # (an error, and only one, has a code)
+                if (reason is _ERROR) is (code is None):  # (an error, and only one, has a code)
                     self._faulty(w, "error codes")
                     if code is None:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
                         code = message = None
-                finish(job, f.finish_reason, code, message, out, prompt_tokens, f.stop_reason, cached)
+                finish(job, reason, code, message, out, prompt_tokens, stop_reason, cached)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:
@@ -382,7 +381,7 @@ class WorkerHandler:
                     if key is not None:
                         w = prefixes.choose(peers, key)  # not None: w above has a credit
                         prefixes.sent(w.identity, key)
-                job.state = JobState.RUNNING
+                job.state = RUNNING
                 identity = job.worker = w.identity
                 if not w.inflight:
                     w.progress_s = now  # the hung clock starts when it gets work
