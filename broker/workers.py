@@ -240,18 +240,18 @@ class WorkerHandler:
         me = w.identity
         results = out.results
         ttft = table.timings["ttft"] if table.record_timings else None
-        n = 0
+        stale = 0
         last = add_id = add_token = None
         for key, tok in zip(msg.ids, msg.tokens):
             job = jobs.get(key)
             if job is None or job.worker != me:
-                continue  # stale: the job migrated or ended meanwhile
+                stale += 1  # the job migrated or ended meanwhile (counted, not its tokens: the rare case)
+                continue
             if job.first_token_s is None:
                 job.first_token_s = now
                 if ttft is not None:
                     ttft.append(now - job.arrival_s)
             job.tokens.append(tok)
-            n += 1
             client = job.client
             if client is not None:
                 if client != last:
@@ -261,6 +261,7 @@ class WorkerHandler:
                     last, add_id, add_token = client, r.ids.append, r.tokens.append
                 add_id(job.rid)
                 add_token(tok)
+        n = len(msg.ids) - stale
         self.counters["tokens_out"] += n
         if n:
             w.iterations += 1

@@ -347,3 +347,17 @@ def test_a_broker_process_collects_garbage_less_often():
         assert all(t > d for t, d in zip(GC_THRESHOLDS, (700, 10, 10)))
     finally:
         gc.set_threshold(*before)
+
+
+def test_stale_tokens_count_neither_as_output_nor_as_an_iteration():
+    """``tokens_out`` counts the tokens routed to a job (not those of a key the worker no longer
+    holds), and a worker's ``iterations`` the iterations that routed at least one."""
+    core = make_core()
+    register(core, slots=2)
+    (key,) = [s.request_id for s in assigned(submit(core, C1, ["a"]))]
+    core.on_backend(W1, Iteration(ids=[key, 999, key], tokens=[5, 6, 7]), 0.5)  # 999: no such job
+    assert core.counters["tokens_out"] == 2
+    assert core.workers.get(W1).iterations == 1
+    core.on_backend(W1, Iteration(ids=[999, 998], tokens=[1, 2]), 0.6)  # only stale keys
+    assert core.counters["tokens_out"] == 2
+    assert core.workers.get(W1).iterations == 1
