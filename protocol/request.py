@@ -621,8 +621,9 @@ def from_wire(values: tuple) -> RequestParams:
     number equals a number of another type (``0 == 0.0 == False``), so the types of the options
     whose default is a number are compared, not all of them. A valid decoded array is then the
     request itself (its prompt and ``stop_token`` already as their checks return them)."""
-    if len(values) == _FIELD_COUNT and values[3:] == _AFTER_STOP_DEFAULTS \
-            and tuple(map(type, _numeric_options(values))) == _NUMERIC_OPTION_TYPES:
+    if len(values) != _FIELD_COUNT:  # (an older peer's shorter array)
+        return _build(RequestParams, values, _NO_OPTIONS)
+    if values[3:] == _AFTER_STOP_DEFAULTS and tuple(map(type, _numeric_options(values))) == _NUMERIC_OPTION_TYPES:
         prompt, max_tokens, stop_token = values[:3]
         tokens = plain_tokens(prompt)
         if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
@@ -630,7 +631,7 @@ def from_wire(values: tuple) -> RequestParams:
             if tokens is prompt and stop is stop_token:
                 return _tuple_new(RequestParams, values)
             return _tuple_new(RequestParams, (tokens, max_tokens, stop) + _AFTER_STOP_DEFAULTS)
-    return _build(RequestParams, values, _NO_OPTIONS)
+    return _checked(RequestParams, values, _NO_OPTIONS)  # (_build's hot paths would miss it too)
 
 
 _NO_OPTIONS: dict[str, Any] = {}
@@ -655,7 +656,14 @@ def _build(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> Re
     elif not _NAMES.issuperset(options):
         unknown = sorted(set(options) - _NAMES)
         raise TypeError(f"unknown request option(s) {unknown}; the options are {sorted(_NAMES)}")
+    return _checked(cls, args, options)
+
+
+def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> RequestParams:
+    """:func:`_build`'s general path: every field not given as its default checked, then the rules
+    between fields (``options``: known names only)."""
     # Bind the arguments like a signature would (all of them in order, as decoded off the wire: as is).
+    n = len(args)
     values = list(args if n == _FIELD_COUNT and not options else _Fields(*args, **options))
     # Each field is checked, but for its default: the default object itself, or (as a float or a
     # string decodes, a new object) a value of the default's type equal to it (which its check
