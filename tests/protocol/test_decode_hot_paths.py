@@ -6,7 +6,9 @@ same types, and the same errors.
 - an array of envelopes takes its common case inline (:func:`protocol.codec._envelopes`):
   compared with :func:`protocol.codec._envelope` per entry;
 - :func:`protocol.request.from_wire` compares the types of the numeric options only: compared
-  with the constructor's own path (:func:`protocol.request._build`).
+  with the constructor's own path (:func:`protocol.request._build`);
+- ``RequestParams(prompt, max_tokens, stop_token=...)`` (a client's hot path): compared with the
+  constructor's general path.
 """
 
 from __future__ import annotations
@@ -150,3 +152,18 @@ def test_envelope_arrays_decode_as_each_envelope_alone(entries):
     assert got == want
     if isinstance(got[0], tuple):
         assert all(type(e) in (Envelope, Rejected) for e in got[0])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(st.integers(-2, 2**64), max_size=4), st.lists(st.integers(0, 9), max_size=4).map(tuple),
+                 st.sampled_from(["text", "", (), [1.0], [True], [{"role": "user", "content": "hi"}]])),
+       st.sampled_from([1, 4, 0, -1, 2**64, True, 4.0, "4"]),
+       st.one_of(st.none(), st.integers(-1, 2**64), st.lists(st.integers(-1, 9), max_size=3),
+                 st.sampled_from(["default", "x", True, 1.5, (), (3,), [3, 3, 1], {5}])))
+def test_stop_token_alone_agrees_with_the_general_path(prompt, max_tokens, stop_token):
+    """``RequestParams(prompt, max_tokens, stop_token=...)`` (a client's hot path): the same request
+    (field types included) or the same error as the general path (here taken by also giving
+    ``priority`` its default)."""
+    assert _outcome(lambda *a: RequestParams(*a[:2], stop_token=a[2]), prompt, max_tokens, stop_token) == _outcome(
+        lambda *a: rq._build(RequestParams, a[:2], {"stop_token": a[2], "priority": 0}), prompt, max_tokens,
+        stop_token)
