@@ -64,8 +64,9 @@ def _tokenizer_fields(writer) -> int:
     return len(tokens)
 
 
-def write_gguf(path: str, arch: str, seed: int = 0) -> None:
-    """A tiny random-weight GGUF of ``arch`` at ``path`` (see module docstring)."""
+def write_gguf(path: str, arch: str, seed: int = 0, rope_freqs=None) -> None:
+    """A tiny random-weight GGUF of ``arch`` at ``path`` (see module docstring); ``rope_freqs``: an
+    fp32 array stored as llama.cpp's ``rope_freqs.weight`` (Llama 3's RoPE frequency factors)."""
     rng = np.random.default_rng(seed)
     head_dim = HEAD_DIM.get(arch, HIDDEN // HEADS)
     w = gguf.GGUFWriter(path, arch)
@@ -92,6 +93,8 @@ def write_gguf(path: str, arch: str, seed: int = 0) -> None:
             w.add_tensor(name, values)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     norm_offset = 1.0  # norms near 1 (llama.cpp stores Gemma's as 1 + w, read back as w)
     tensor("token_embd.weight", vocab, HIDDEN, quant=q8)
     tensor("output_norm.weight", HIDDEN, scale=0.2, offset=norm_offset)
@@ -207,24 +210,24 @@ def test_the_tokenizer_encodes_as_autotokenizer(arch_file):
     assert again.init_kwargs == tokenizer.init_kwargs and again.chat_template == tokenizer.chat_template
 
 
-def test_rope_scaling_in_the_metadata_is_refused(tmp_path, monkeypatch):
-    """A file stating RoPE scaling (which transformers' GGUF mapping drops) raises Unsupported
-    with the reason, rather than loading a model that would run wrong."""
+@pytest.mark.parametrize("arch,scaling", [("llama", "yarn"), ("qwen2", "linear")])
+def test_rope_scaling_the_reader_does_not_read_is_refused(tmp_path, monkeypatch, arch, scaling):
+    """A file stating RoPE scaling the reader does not read (transformers' GGUF mapping drops them
+    all) raises Unsupported with the reason, rather than loading a model that would run wrong."""
     from worker.models import checkpoint
 
     path = str(tmp_path / "scaled.gguf")
-    write_gguf(path, "llama")
+    write_gguf(path, arch)
     real = checkpoint.read_table
 
     def scaled(p):
         table = real(p)
-        return type(table)({**table.metadata, "llama.rope.scaling.type": "linear",
-                            "llama.rope.scaling.factor": 4.0}, table.entries, table.blob, table.digest)
+        return type(table)({**table.metadata, f"{arch}.rope.scaling.type": scaling,
+                            f"{arch}.rope.scaling.factor": 4.0}, table.entries, table.blob, table.digest)
 
     monkeypatch.setattr(checkpoint, "read_table", scaled)
-    with pytest.raises(Unsupported, match="RoPE scaling 'linear'"):
+    with pytest.raises(Unsupported, match=f"RoPE scaling '{scaling}'"):
         read_gguf(path)
-
 
 
 def _with_metadata(monkeypatch, **extra):

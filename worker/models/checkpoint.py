@@ -26,11 +26,17 @@
   (transformers' conversion from the metadata, kept as ``tokenizer.json``
   next to the file, keyed by :attr:`~worker.models.gguf_header.GGUFTable.digest`).
 
-A file stating something that transformers' GGUF config mapping drops and
-that changes the forward (RoPE scaling, Phi-3's long-RoPE factors, a head
-size other than the config's, Gemma 2 soft-caps other than the defaults)
-raises :class:`~worker.models.llama.family.Unsupported` naming it: neither
-this reader nor transformers' would run it right.
+RoPE scaling, which transformers' GGUF config mapping drops (its model then
+runs the default RoPE, wrong past the first positions): a Llama file's
+``rope_freqs`` tensor (Llama 3.1-3.3's ``llama3`` scaling, as llama.cpp
+keeps it) and ``rope.scaling.type = linear`` are read into the config's
+``rope_parameters`` (:func:`gguf_rope_parameters`, computed by
+:mod:`worker.models.llama.rope`). A file stating something else the mapping
+drops and the forward depends on (YaRN or another scaling type, RoPE factors
+in another family, Phi-3's long-RoPE factors, a head size other than the
+config's, Gemma 2 soft-caps other than the defaults) raises
+:class:`~worker.models.llama.family.Unsupported` naming it: neither this
+reader nor transformers' would run it right.
 
 Why not ``from_pretrained(gguf_file=...)`` or ``load_gguf_checkpoint``: they
 parse the metadata with ``gguf.GGUFReader``, which builds a numpy view per
@@ -73,9 +79,10 @@ _CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": 
                    "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
                    "phi3": "Phi3Config"}
 
-_UNREAD_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (rope_freqs, Llama 3's RoPE scaling)",
-                   "rope_factors_long.weight": "long-RoPE factors (rope_factors_long)",
-                   "rope_factors_short.weight": "long-RoPE factors (rope_factors_short)"}
+_UNREAD_TENSORS = {"rope_factors_long.weight": "long-RoPE factors (rope_factors_long, Phi-3's longrope)",
+                   "rope_factors_short.weight": "long-RoPE factors (rope_factors_short, Phi-3's longrope)"}
+_ROPE_FREQS = "rope_freqs.weight"  # llama3's frequency divisors (see worker.models.llama.rope), read for llama
+_READ_SCALING = ("none", "linear")  # rope.scaling.type values read (linear: for llama, into rope_parameters)
 
 
 QWEN_CODER_05B = SplitGGUF(
@@ -232,7 +239,7 @@ def read_gguf(path: str):
     config_dict = gguf_config_dict(table.metadata, table.names)
     if set(config_dict) - GGUF_KEYS:
         return None
-    config = gguf_config(config_dict, table.metadata)
+    config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
     _check_config(config, table, arch)
     try:
         tensors = _tensors(table, config_dict, num_layers)
@@ -319,7 +326,9 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
 
 def _check_read_features(metadata: dict, names, arch: str) -> None:
     """Raise :class:`~worker.models.llama.family.Unsupported` for what the file states that
-    transformers' GGUF config mapping drops and the forward depends on (RoPE scaling)."""
+    transformers' GGUF config mapping drops, the forward depends on, and
+    :func:`gguf_rope_parameters` does not read: RoPE scaling other than a Llama file's
+    ``rope_freqs`` or linear scaling, or both at once (llama.cpp would apply both)."""
     from worker.models.llama.family import Unsupported
 
     for name in names:
@@ -328,9 +337,37 @@ def _check_read_features(metadata: dict, names, arch: str) -> None:
                               f"GGUF reader nor transformers' applies")
     scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
     factor = metadata.get(f"{arch}.rope.scaling.factor", 1.0)
-    if scaling != "none" or factor != 1.0:
-        raise Unsupported(f"RoPE scaling {scaling!r} (factor {factor}) in the GGUF metadata, which neither "
-                          f"slotserve's GGUF reader nor transformers' applies")
+    scaled = scaling != "none" or factor != 1.0
+    if _ROPE_FREQS in names and (arch != "llama" or scaled):
+        raise Unsupported(f"the GGUF file has RoPE frequency factors (rope_freqs) in a {arch!r} file"
+                          f"{f' and RoPE scaling {scaling!r}' if scaled else ''}; slotserve's GGUF reader "
+                          f"reads them only for 'llama' without other scaling (Llama 3's), transformers' "
+                          f"never; convert the model's HF checkpoint and load that directory")
+    if scaled and (arch != "llama" or scaling not in _READ_SCALING):
+        raise Unsupported(f"RoPE scaling {scaling!r} (factor {factor}) in a {arch!r} GGUF file: slotserve's "
+                          f"GGUF reader reads 'linear' scaling of 'llama' files only, transformers' none; "
+                          f"load the model's HF checkpoint directory instead")
+
+
+def gguf_rope_parameters(table: GGUFTable, arch: str) -> dict | None:
+    """The ``rope_parameters`` a file's RoPE scaling makes (merged over the default type's by
+    :func:`gguf_config`), or None for none: a Llama file's ``rope_freqs`` tensor as ``{"rope_type":
+    "llama3", "freq_factors": [...]}`` (llama.cpp's form of llama3: the divisors of the default
+    frequencies, see :mod:`worker.models.llama.rope`), ``rope.scaling.type = linear`` as
+    ``{"rope_type": "linear", "factor": ...}``. What it does not read is refused before
+    (:func:`_check_read_features`)."""
+    for name, shape, ggml_type, start in table.entries:
+        if name == _ROPE_FREQS:
+            import gguf
+            import numpy as np
+
+            qtype = gguf.GGMLQuantizationType(ggml_type)
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = table.blob[start:start + int(np.prod(shape)) // block * size]
+            return {"rope_type": "llama3", "freq_factors": [float(f) for f in gguf.dequantize(raw, qtype).ravel()]}
+    if table.metadata.get(f"{arch}.rope.scaling.type", "none") == "linear":
+        return {"rope_type": "linear", "factor": float(table.metadata.get(f"{arch}.rope.scaling.factor", 1.0))}
+    return None
 
 
 def _check_config(config, table: GGUFTable, arch: str) -> None:
@@ -362,10 +399,11 @@ def _check_config(config, table: GGUFTable, arch: str) -> None:
                               f"(transformers' GGUF config); neither reader would run it as written")
 
 
-def gguf_config(config: dict, metadata: dict | None = None):
+def gguf_config(config: dict, metadata: dict | None = None, rope: dict | None = None):
     """The family's transformers config object (``Qwen2Config``, ...) for transformers' GGUF config
     dict (:func:`gguf_config_dict`), built as ``AutoConfig.from_pretrained(gguf_file=...)`` builds
-    it (``from_dict``); a config class only, no modelling code.
+    it (``from_dict``); a config class only, no modelling code. ``rope``: the file's RoPE scaling
+    (:func:`gguf_rope_parameters`; read for Llama files only), merged into ``rope_parameters``.
 
     Phi-3's ``phi3.attention.sliding_window``, which transformers' mapping drops, is kept: the
     model was trained with it (its HF config has it) and llama.cpp applies it.
@@ -374,13 +412,15 @@ def gguf_config(config: dict, metadata: dict | None = None):
 
     config = dict(config)
     if config.get("model_type") == "llama":
-        return _llama_config(config)
+        return _llama_config(config, rope)
+    if rope is not None:  # _check_read_features refused it already; kept as a guard for other callers
+        raise ValueError(f"RoPE scaling {rope.get('rope_type')!r} is read for llama GGUF files only")
     if config.get("model_type") == "phi3" and metadata and metadata.get("phi3.attention.sliding_window"):
         config["sliding_window"] = metadata["phi3.attention.sliding_window"]
     return getattr(transformers, _CONFIG_CLASSES[config["model_type"]]).from_dict(config)
 
 
-def _llama_config(config: dict) -> SimpleNamespace:
+def _llama_config(config: dict, rope: dict | None = None) -> SimpleNamespace:
     """A Llama config as a namespace with ``LlamaConfig``'s values for what a Llama GGUF does not say.
 
     Not ``LlamaConfig`` itself: its module imports ``transformers.utils.type_validators``, which
@@ -389,7 +429,7 @@ def _llama_config(config: dict) -> SimpleNamespace:
     heads = config["num_attention_heads"]
     cfg = SimpleNamespace(hidden_act="silu", pretraining_tp=1, mlp_bias=False, attention_bias=False,
                           tie_word_embeddings=False, num_key_value_heads=heads,
-                          rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]})
+                          rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"], **(rope or {})})
     cfg.__dict__.update({k: v for k, v in config.items() if not k.startswith("_")})
     cfg.head_dim = config.get("head_dim") or config["hidden_size"] // heads
     return cfg

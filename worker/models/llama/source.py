@@ -99,12 +99,14 @@ def from_state_dict(config, tensors: dict, parts: dict | None = None) -> LlamaSo
     (:func:`worker.models.checkpoint.read_gguf`); ``parts``: default the family's
     (:func:`family_parts`), a part the tensors lack left out.
 
-    None for an untied model without its LM head (transformers then decides). RoPE: the default
-    type's ``inv_freq`` (transformers' ``_compute_default_rope_parameters``, same ops; equality
-    tested), per layer type where the config has two (Gemma 3). Raises
+    None for an untied model without its LM head (transformers then decides). RoPE: ``inv_freq``
+    and the attention scaling of the config's ``rope_parameters`` (or older ``rope_scaling`` and
+    ``rope_theta``), as transformers computes them for the static types (default, linear,
+    llama3, yarn; :func:`~worker.models.llama.rope.rope_inv_freq`, equality tested), per layer
+    type where the config has two (Gemma 3). Raises
     :class:`~worker.models.llama.family.Unsupported` for another RoPE type.
     """
-    from worker.models.llama.family import Unsupported
+    from worker.models.llama.rope import rope_inv_freq
 
     n, heads, hidden = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
     head_dim = getattr(config, "head_dim", None) or hidden // heads
@@ -121,16 +123,13 @@ def from_state_dict(config, tensors: dict, parts: dict | None = None) -> LlamaSo
     head = None if tied else tensors.get("lm_head.weight")
     if head is None and not tied:
         return None
-    params = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    params = getattr(config, "rope_parameters", None) or {**(getattr(config, "rope_scaling", None) or {}),
+                                                          "rope_theta": config.rope_theta}
     nested = isinstance(params.get("full_attention"), dict)
-    ropes = [params["full_attention"], params["sliding_attention"]] if nested else [params]
-    for p in ropes:
-        if p.get("rope_type", "default") != "default":
-            raise Unsupported(f"RoPE type {p.get('rope_type')!r} read from a checkpoint without its module")
-    inv_freq = [_default_inv_freq(p["rope_theta"], head_dim) for p in ropes]
+    ropes = [rope_inv_freq(p, config, head_dim) for p in
+             ([params["full_attention"], params["sliding_attention"]] if nested else [params])]
     return LlamaSource(config, layers, tensors["model.norm.weight"], tensors["model.embed_tokens.weight"], head,
-                       inv_freq[0], 1.0, [getattr(config, "eos_token_id", None)],
-                       (inv_freq[1], 1.0) if nested else None)
+                       *ropes[0], [getattr(config, "eos_token_id", None)], ropes[1] if nested else None)
 
 
 def family_parts(model_type: str) -> dict:
@@ -139,8 +138,3 @@ def family_parts(model_type: str) -> dict:
     from worker.models.llama.family import GEMMA_PARTS, LLAMA_PARTS, PHI3_PARTS
 
     return GEMMA_PARTS if model_type in ("gemma2", "gemma3_text") else PHI3_PARTS if model_type == "phi3" else LLAMA_PARTS
-
-
-def _default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
-    """transformers' default RoPE (``_compute_default_rope_parameters``), same ops; equality tested."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
