@@ -126,7 +126,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     link = BrokerConnections(config)
     metrics = GatewayMetrics()
     drain = Drain()
-    tokenizers = Tokenizers(load_tokenizer, config.tokenizer)
+    tokenizers = Tokenizers(load_tokenizer, config.tokenizer, names_of=link.names_of)
     generate = Generate(config, link, metrics, drain, tokenizers)
     service = ServiceEndpoints(link, metrics, drain)
     tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)

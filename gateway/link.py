@@ -140,6 +140,12 @@ class BrokerConnections:
         st = self.status
         return model if st is None else st.aliases.get(model, model)
 
+    def names_of(self, model: str) -> tuple[str, ...]:
+        """The names ``model`` (a primary name) is served under, as the last status says: itself
+        first, then its aliases (sorted)."""
+        st = self.status
+        return (model,) + tuple(sorted(a for a, m in ({} if st is None else st.aliases).items() if m == model))
+
     def model_info(self, model: str) -> ModelInfo | None:
         """What the model's workers registered (vocabulary, context, EOS tokens), if known:
         from the model's own client, else from the control connection, whose broker

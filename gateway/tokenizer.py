@@ -6,8 +6,9 @@ one itself (the gateway package does not import ``worker/``): the CLI
 injects a *loader*, ``load(name) -> Tokenizer | None``, called once per name
 on a thread (loading takes seconds: it must not hold the event loop or the
 server's start). ``name`` is :attr:`GatewayConfig.tokenizer` when set, else
-the served model's own name (a loader answers None for a name that is no
-local model, e.g. ``simulated``).
+the served model's own name, then each of its aliases until one loads (a
+loader answers None for a name that is no local model, e.g. ``simulated``,
+or a ``.gguf`` file's stem, served with the file's path as an alias).
 
 Without a tokenizer, token strings are ``"token_id:N"`` (vLLM's
 ``--return-tokens-as-token-ids`` spelling) and ``/tokenize`` answers 400.
@@ -137,13 +138,16 @@ class Tokenizers:
 
     ``load``: the CLI's loader, or None (no tokenizer for any model). ``name``:
     the one tokenizer to load for every model (``--tokenizer``), or None (each
-    model's own name). A load that fails is logged once and its model has no
+    model's own name, then its aliases: ``names_of(model)`` gives them, the
+    model first). A load that fails is logged once and its model has no
     tokenizer; :meth:`why_none` says why.
     """
 
-    def __init__(self, load: Loader | None, name: str | None = None) -> None:
+    def __init__(self, load: Loader | None, name: str | None = None,
+                 names_of: Callable[[str], Sequence[str]] | None = None) -> None:
         self._load = load
         self.name = name
+        self._names_of = names_of or (lambda model: (model,))
         self._futures: dict[str, asyncio.Future] = {}
         self._failed: dict[str, str] = {}
 
@@ -156,18 +160,22 @@ class Tokenizers:
             return
         key = self._key(model)
         if key not in self._futures:
-            self._futures[key] = asyncio.get_running_loop().run_in_executor(None, self._load_one, key)
+            names = (key,) if self.name else tuple(self._names_of(key))
+            self._futures[key] = asyncio.get_running_loop().run_in_executor(None, self._load_one, key, names)
 
-    def _load_one(self, key: str) -> Tokenizer | None:
-        try:
-            tok = self._load(key)
-        except Exception as e:  # noqa: BLE001 -- a bad --tokenizer: logged, that model renders token ids
-            self._failed[key] = f"{type(e).__name__}: {e}"
-            log.error("gateway: cannot load the tokenizer %r (%s); token strings are token_id:N", key, e)
-            return None
-        if tok is not None:
-            log.info("gateway: tokenizer %r loaded", key)
-        return tok
+    def _load_one(self, key: str, names: Sequence[str]) -> Tokenizer | None:
+        """The first of ``names`` that loads (a model's own name, then its aliases), or None."""
+        for name in names:
+            try:
+                tok = self._load(name)
+            except Exception as e:  # noqa: BLE001 -- a bad --tokenizer: logged, that model renders token ids
+                self._failed[key] = f"{type(e).__name__}: {e}"
+                log.error("gateway: cannot load the tokenizer %r (%s); token strings are token_id:N", name, e)
+                return None
+            if tok is not None:
+                log.info("gateway: tokenizer %r loaded", name)
+                return tok
+        return None
 
     async def get(self, model: str) -> Tokenizer | None:
         """``model``'s tokenizer (waits for its load), or None."""

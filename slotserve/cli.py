@@ -153,8 +153,23 @@ _curve_dir = click.option(
     "--curve-dir", type=click.Path(file_okay=False), default=None, show_envvar=True,
     help="CURVE encryption + authentication with the keys in this directory (`slotserve keygen DIR`); "
          "default: plain TCP.")
-_workers = click.option("--workers", type=click.IntRange(min=1), default=2, show_envvar=True,
-                        help="Number of worker processes.")
+_workers = click.option("--workers", type=click.IntRange(min=1), default=None, show_envvar=True,
+                        help="Number of worker processes. Default: as many as the machine fits (on CPU one per "
+                             "8 cores, as memory allows for the model's size; on CUDA one; 2 of the simulated "
+                             "model); the choice is printed. Several workers split the cores (--threads each).")
+
+
+def _plan_workers(model: str, workers: int | None, model_options):
+    """``(workers, model_options)`` for an embedded cluster: ``--workers`` or as many as fit, and
+    the threads each (:func:`slotserve.sizing.plan_workers`); the decision is printed."""
+    from slotserve.sizing import Machine, estimate_model, plan_workers
+
+    simulated = model == "simulated"
+    size = None if simulated or workers is not None else estimate_model(model, model_options.precision)
+    plan = plan_workers(Machine.here(), size, simulated=simulated, device=model_options.device,
+                        workers=workers, threads=model_options.num_threads)
+    click.echo(f"slotserve: {plan.reason}", err=True)
+    return plan.workers, dataclasses.replace(model_options, num_threads=plan.threads)
 
 
 def _model_options(command):
@@ -576,6 +591,7 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
                                "give --http-port too")
     elif shutdown_timeout_given:
         raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
+    workers, model_options = _plan_workers(model, workers, model_options)
     cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
                           curve_dir, gateway, model_options, served_model_names, warmup, **broker_options)
     with StopSignals() as sig:
@@ -583,7 +599,8 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
         try:
             cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
-                       f"{workers} x {model} worker(s) with {slots} slots"
+                       f"{workers} x {model} worker(s) with {slots} slots, served as "
+                       + ", ".join(map(repr, cfg.workers[0].served_names))
                        + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
                        err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
@@ -674,11 +691,12 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         asked = model  # the name the job asks for
         if broker_addr is None:
             model = model or _default(WorkerConfig, "model")
-            asked = served_model_names[0] if served_model_names else model
+            workers, model_options = _plan_workers(model, workers, model_options)
             cluster = _cluster_config("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", workers, model, slots,
                                       step_delay_ms, stop_token, _log_level(ctx), curve_dir,
                                       model_options=model_options, served_model_names=served_model_names,
                                       warmup=warmup, max_queue=max(100_000, max_in_flight))
+            asked = cluster.workers[0].served_names[0]
         try:
             inp = open_input(input_path)
         except OSError as e:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from protocol import defaults
 from protocol.validation import as_seconds
@@ -18,11 +19,12 @@ class WorkerConfig:
       :data:`protocol.defaults.WORKER_ENDPOINT`, ``tcp://127.0.0.1:5556``).
     - ``model``: model name, passed to :func:`worker.models.load_model`
       (``"simulated"`` = ``SimulatedLLM()`` with its defaults); also the name
-      clients ask for, unless ``served_model_names`` gives others.
+      clients ask for, unless ``served_model_names`` gives others (a ``.gguf``
+      file: its stem first, :func:`default_served_names`).
     - ``served_model_names``: the names clients ask for the model by (vLLM's
       ``--served-model-name``): the first is the primary (the broker queues
       and lists the model by it), the others are aliases. Empty (default):
-      ``model`` alone.
+      :func:`default_served_names` of ``model``.
     - ``num_slots``: the engine's batch size (slots).
     - ``prefetch``: requests the broker may assign beyond the free slots, so a
       freed slot is refilled on the next iteration without waiting a round
@@ -105,10 +107,30 @@ class WorkerConfig:
     @property
     def served_names(self) -> tuple[str, ...]:
         """The names the model is served under: the primary first, then the aliases."""
-        return self.served_model_names or (self.model,)
+        return self.served_model_names or default_served_names(self.model)
 
     @property
     def max_inflight(self) -> int:
         """Credits announced to the broker: slots plus prefetch."""
         prefetch = max(1, self.num_slots // 4) if self.prefetch is None else self.prefetch
         return self.num_slots + prefetch
+
+
+def default_served_names(model: str) -> tuple[str, ...]:
+    """The names a model is served under when none are given (``--served-model-name``): for a
+    ``.gguf`` file its stem first, then the path as given (still accepted, as before: it is an
+    alias); any other name (``simulated``, an alias such as ``smollm2-135m``, a directory, a hub
+    id) alone.
+
+    The stem (``Qwen2.5-Coder-0.5B-Instruct-Q4_K_M`` for
+    ``/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf``) rather than the file's
+    ``general.name`` (``Qwen2.5 Coder 0.5B Instruct``): it is the name llama.cpp users
+    download, list and pass around (LM Studio and koboldcpp list GGUF models by it), it tells
+    two quantisations of one model apart (``general.name`` does not), it has no spaces, and it
+    is known without opening the file (the CLI decides names before any worker starts).
+    Two files with the same stem in different folders need ``--served-model-name`` to differ.
+    """
+    path = PurePath(model)
+    if path.suffix.lower() == ".gguf" and path.stem and path.stem != model:
+        return (path.stem, model)
+    return (model,)

@@ -1,0 +1,193 @@
+"""How many workers a local cluster starts by default (`slotserve up`, `slotserve run`): as many as fit.
+
+:func:`plan_workers` is the decision, a pure function of the machine
+(:class:`Machine`: cores, available memory), the model's estimated memory
+(:func:`estimate_model`: :class:`ModelSize`) and the options; the CLI prints
+its :attr:`WorkerPlan.reason`.
+
+- **Cores.** One worker batches every request it holds into one forward per
+  iteration, and its linears use all the threads it is given; a second worker
+  on the same cores only halves each one's threads and holds a second copy of
+  the weights. So on CPU a worker gets up to :data:`THREADS_PER_WORKER` threads
+  (``--threads`` when given) and there are ``cores // threads`` workers: 1
+  worker of 2 threads on 2 cores (``docs/cluster.md``, "How many workers"). Workers of a cluster never share threads: with more
+  than one, each is given ``cores // workers`` (torch's default is every core,
+  in every process).
+- **Memory.** Workers load at the same time; a load holds the file's tensors
+  dequantised to fp32 beside the runner's copy, so a worker's peak is above
+  its steady size (:class:`ModelSize`). The workers' peaks together stay
+  within :data:`MEMORY_SHARE` of the available memory.
+- On CUDA (``--device cuda``, or ``auto`` on a machine with an NVIDIA device)
+  one worker: it batches on the one GPU, and a second would split its memory.
+- The simulated model: 2 workers, as before (no weights, no cores to speak of;
+  two show the broker's dispatch).
+
+``--workers N`` overrides the count; the threads are still split.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+THREADS_PER_WORKER = 8
+"""Most threads a worker gets by default on CPU (more cores: more workers). torch's small-batch
+decode products gain little past this many threads (an assumption to measure on a large machine;
+``--threads`` and ``--workers`` override it)."""
+
+MEMORY_SHARE = 0.8
+"""Share of the available memory the workers' load peaks may take together."""
+
+BASE_BYTES = 400 * 2**20
+"""A worker's memory besides its weights: Python, torch, the tokenizer (measured: a SmolLM2-135M
+worker at fp32, 902 MiB RSS with 515 MiB of weights)."""
+
+LOAD_FACTOR = 1.6
+"""A load's transient memory in units of the fp32 weights (the dequantised tensors, the mapped file):
+measured, SmolLM2-135M's load peaks at 1772 MiB = 400 + 515 + 1.6 x 515."""
+
+BYTES_PER_PARAM = {"fp32": 4.0, "auto": 4.0, "bf16": 2.0, "int8": 1.125, "int4": 0.625}
+"""Steady weight bytes per parameter at each CPU precision (int8/int4: codes plus one fp32 scale
+per 32 values; ``auto`` is fp32 on CPU). Another precision keeps the file's stored bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """What the workers run on: ``cores`` this process may use, ``available_bytes`` of memory
+    (Linux's MemAvailable; None: unknown), ``gpu``: an NVIDIA device is present."""
+
+    cores: int
+    available_bytes: int | None
+    gpu: bool = False
+
+    @classmethod
+    def here(cls) -> Machine:
+        """This machine (CPU affinity, ``/proc/meminfo``, ``/dev/nvidiactl``)."""
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return cls(cores, _available_bytes(), os.path.exists("/dev/nvidiactl"))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """A worker's estimated memory for one model: ``steady_bytes`` once loaded (weights at the
+    precision plus :data:`BASE_BYTES`) and ``peak_bytes`` while loading."""
+
+    params: int
+    steady_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    """How many ``workers``, ``threads`` each (None: torch's default, every core), and the
+    ``reason`` (one line, printed as the cluster starts)."""
+
+    workers: int
+    threads: int | None
+    reason: str
+
+
+def plan_workers(machine: Machine, size: ModelSize | None, *, simulated: bool = False, device: str = "cpu",
+                 workers: int | None = None, threads: int | None = None) -> WorkerPlan:
+    """The workers to start (see the module docstring). ``size``: :func:`estimate_model`'s, None
+    when unknown (cores decide alone); ``workers``/``threads``: ``--workers``/``--threads``, None
+    when not given."""
+    mem = "" if machine.available_bytes is None else f", {machine.available_bytes / 2**30:.1f} GiB available"
+    if simulated:
+        n = workers or 2
+        return WorkerPlan(n, threads, f"starting {n} simulated worker{'s' * (n > 1)}"
+                                      f"{' (--workers)' if workers else ''}")
+    per = "" if size is None else f", model ~{size.steady_bytes / 2**20:,.0f} MiB per worker " \
+                                  f"(~{size.peak_bytes / 2**20:,.0f} MiB while loading)"
+    if workers is None and (device == "cuda" or (device == "auto" and machine.gpu)):
+        return WorkerPlan(1, threads, f"starting 1 worker: one GPU{per}{mem}")
+    if workers is not None:
+        n, why = workers, "--workers"
+    else:
+        n = max(1, machine.cores // (threads or min(machine.cores, THREADS_PER_WORKER)))
+        why = f"{machine.cores} cores"
+        if size is not None and machine.available_bytes is not None:
+            fit = int(machine.available_bytes * MEMORY_SHARE // size.peak_bytes)
+            if fit < n:
+                n, why = max(1, fit), f"{why}, memory for {fit}"
+    if threads is None and n > 1:
+        threads = max(1, machine.cores // n)
+    each = f"{threads} thread{'s' * (threads > 1)} each" if threads else f"{machine.cores} threads"
+    warn = ""
+    if size is not None and machine.available_bytes is not None \
+            and n * size.peak_bytes > machine.available_bytes * MEMORY_SHARE:
+        warn = " (may not fit: lower --workers, or a smaller --precision)"
+    return WorkerPlan(n, threads, f"starting {n} worker{'s' * (n > 1)} ({why}), {each}{per}{mem}{warn}")
+
+
+def estimate_model(model: str, precision: str = "auto") -> ModelSize | None:
+    """A worker's memory for ``model`` at ``precision``, from the checkpoint's files alone (no
+    weights read): a ``.gguf`` file (or an alias shipping one) by its tensor table, a
+    ``save_pretrained`` directory by its weight files' sizes and ``torch_dtype``; None for what
+    is not on this machine (a hub id) or cannot be read."""
+    if model == "simulated":
+        return None
+    from worker.models.checkpoint import resolve_model_path
+
+    try:
+        path, gguf_file = resolve_model_path(model)
+        if gguf_file is not None:
+            params, stored = _gguf_params(os.path.join(path, gguf_file))
+        elif os.path.isdir(path):
+            params, stored = _folder_params(path)
+        else:
+            return None
+    except (OSError, ValueError, KeyError, struct.error):  # not a checkpoint this can read: size unknown
+        return None
+    if not params:
+        return None
+    steady = int(params * BYTES_PER_PARAM[precision]) if precision in BYTES_PER_PARAM else stored
+    return ModelSize(params, BASE_BYTES + steady, int(BASE_BYTES + steady + LOAD_FACTOR * 4 * params))
+
+
+def _gguf_params(path: str) -> tuple[int, int]:
+    """``(parameters, stored bytes)`` of a GGUF file, from its tensor table."""
+    import math
+
+    from worker.models.gguf_header import read_table
+
+    table = read_table(path)
+    params = sum(math.prod(shape) for _, shape, *_ in table.entries)
+    return params, os.path.getsize(path)
+
+
+def _folder_params(path: str) -> tuple[int, int]:
+    """``(parameters, stored bytes)`` of a ``save_pretrained`` folder: its ``*.safetensors`` (else
+    ``*.bin``) bytes over the ``torch_dtype`` of ``config.json`` (4 bytes when it says none)."""
+    import json
+
+    names = os.listdir(path)
+    files = [n for n in names if n.endswith(".safetensors")] or [n for n in names if n.endswith(".bin")]
+    stored = sum(os.path.getsize(os.path.join(path, n)) for n in files)
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+    return stored // itemsize, stored
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable from ``/proc/meminfo`` (free plus reclaimable cache), else free pages, else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,0 +1,146 @@
+"""Sensible names and sizes for a local cluster (issue 31 item 7).
+
+- A ``.gguf`` model is served under its file's stem, its path still accepted
+  as an alias (:func:`worker.config.default_served_names`); `up` and `run`
+  ask for and print the short name; the gateway finds the tokenizer through
+  the alias.
+- `up` and `run` start as many workers as the machine fits
+  (:func:`slotserve.sizing.plan_workers`, pure: tested on made-up machines),
+  split the cores between them, and print the decision; ``--workers``
+  overrides the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from click.testing import CliRunner
+
+from slotserve.cli import main
+from slotserve.sizing import (BASE_BYTES, LOAD_FACTOR, Machine, ModelSize, THREADS_PER_WORKER, estimate_model,
+                              plan_workers)
+from tests.support.launcher import record_clusters
+from worker.config import WorkerConfig, default_served_names
+
+GiB, MiB = 2**30, 2**20
+
+
+@pytest.mark.parametrize("model,names", [
+    ("/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf", ("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M",
+                                                         "/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf")),
+    ("tiny.GGUF", ("tiny", "tiny.GGUF")),
+    ("smollm2-135m", ("smollm2-135m",)),
+    ("simulated", ("simulated",)),
+    ("/models/Qwen2.5-0.5B-Instruct", ("/models/Qwen2.5-0.5B-Instruct",)),  # a folder: as vLLM serves it
+    ("Qwen/Qwen2.5-0.5B-Instruct", ("Qwen/Qwen2.5-0.5B-Instruct",)),  # a hub id
+    (".gguf", (".gguf",)),
+])
+def test_a_gguf_file_is_served_under_its_stem_and_its_path(model, names):
+    assert default_served_names(model) == names
+    assert WorkerConfig(model=model).served_names == names
+    assert WorkerConfig(model=model, served_model_names=("mine",)).served_names == ("mine",)
+
+
+def _size(steady_mib: float, peak_mib: float) -> ModelSize:
+    return ModelSize(1, int(steady_mib * MiB), int(peak_mib * MiB))
+
+
+def test_on_two_cores_one_worker_takes_both():
+    plan = plan_workers(Machine(2, 20 * GiB), _size(2300, 5300))
+    assert (plan.workers, plan.threads) == (1, None)
+    assert plan.reason.startswith("starting 1 worker (2 cores), 2 threads")
+    assert "model ~2,300 MiB per worker (~5,300 MiB while loading), 20.0 GiB available" in plan.reason
+
+
+def test_more_cores_more_workers_as_memory_allows():
+    plan = plan_workers(Machine(32, 64 * GiB), _size(1000, 2000))
+    assert (plan.workers, plan.threads) == (32 // THREADS_PER_WORKER, THREADS_PER_WORKER)
+    plan = plan_workers(Machine(32, 5 * GiB), _size(1000, 2000))  # 0.8 x 5 GiB holds two load peaks
+    assert (plan.workers, plan.threads) == (2, 16) and "memory for 2" in plan.reason
+    plan = plan_workers(Machine(32, 64 * GiB), _size(1000, 2000), threads=2)  # --threads 2: 16 workers
+    assert (plan.workers, plan.threads) == (16, 2)
+    plan = plan_workers(Machine(32, 64 * GiB), None)  # size unknown: cores decide
+    assert plan.workers == 4 and "MiB" not in plan.reason
+
+
+def test_a_model_too_big_still_gets_one_worker_with_a_warning():
+    plan = plan_workers(Machine(4, 1 * GiB), _size(3000, 6000))
+    assert plan.workers == 1 and "may not fit" in plan.reason
+
+
+def test_workers_given_override_the_count_and_split_the_cores():
+    plan = plan_workers(Machine(2, 1 * GiB), _size(3000, 6000), workers=2)
+    assert (plan.workers, plan.threads) == (2, 1) and "(--workers)" in plan.reason and "may not fit" in plan.reason
+    assert plan_workers(Machine(8, 64 * GiB), None, workers=3, threads=4).threads == 4
+
+
+def test_cuda_and_the_simulated_model():
+    assert plan_workers(Machine(16, 64 * GiB), _size(1, 1), device="cuda").workers == 1
+    assert plan_workers(Machine(16, 64 * GiB, gpu=True), _size(1, 1), device="auto").workers == 1
+    assert plan_workers(Machine(16, 64 * GiB, gpu=False), _size(1, 1), device="auto").workers == 2
+    plan = plan_workers(Machine(2, 1 * GiB), None, simulated=True)
+    assert (plan.workers, plan.threads, plan.reason) == (2, None, "starting 2 simulated workers")
+    assert plan_workers(Machine(2, 1 * GiB), None, simulated=True, workers=5).workers == 5
+
+
+def test_the_estimate_of_a_gguf_file_counts_its_tensors(tmp_path):
+    pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    path = str(tmp_path / "t.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    params = 64 * 32 + 32
+    fp32 = estimate_model(path, "fp32")
+    assert fp32 == ModelSize(params, BASE_BYTES + 4 * params, int(BASE_BYTES + 4 * params + LOAD_FACTOR * 4 * params))
+    assert estimate_model(path, "auto") == fp32
+    assert estimate_model(path, "bf16").steady_bytes == BASE_BYTES + 2 * params
+    garbage = tmp_path / "bad.gguf"
+    garbage.write_bytes(b"GGUF" + struct.pack("<I", 3) + b"\xff" * 8)
+    assert estimate_model(str(garbage)) is None
+    assert estimate_model("simulated") is None and estimate_model("no/such-hub-model") is None
+
+
+def test_the_estimate_of_a_folder_reads_its_weight_files(tmp_path):
+    (tmp_path / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 2000)
+    assert estimate_model(str(tmp_path), "fp32").params == 1000
+
+
+def test_up_serves_a_gguf_under_its_stem_and_prints_the_plan(monkeypatch, tmp_path):
+    clusters = record_clusters(monkeypatch)
+    path = str(tmp_path / "Tiny-Q8_0.gguf")
+    open(path, "wb").close()  # no header: the size is unknown, cores decide
+    r = CliRunner().invoke(main, ["up", "--model", path, "--no-warmup"])
+    assert r.exit_code == 0, r.output
+    cfg = clusters[-1]
+    assert cfg.workers[0].served_names == ("Tiny-Q8_0", path)
+    assert "slotserve: starting " in r.output and "served as 'Tiny-Q8_0'" in r.output
+    n = len(cfg.workers)
+    assert n == max(1, Machine.here().cores // min(Machine.here().cores, THREADS_PER_WORKER))
+    assert cfg.workers[0].model_options.num_threads == (None if n == 1 else Machine.here().cores // n)
+    r = CliRunner().invoke(main, ["up", "--model", path, "--workers", "3", "--threads", "1", "--no-warmup"])
+    assert r.exit_code == 0, r.output
+    assert len(clusters[-1].workers) == 3 and clusters[-1].workers[0].model_options.num_threads == 1
+    assert "starting 3 workers (--workers), 1 thread each" in r.output
+
+
+def test_the_gateway_loads_a_tokenizer_through_the_alias():
+    from gateway.tokenizer import Tokenizers
+
+    asked = []
+
+    def load(name):
+        asked.append(name)
+        return "tok" if name.endswith(".gguf") else None
+
+    tokenizers = Tokenizers(load, names_of=lambda model: (model, f"/m/{model}.gguf"))
+    assert asyncio.run(tokenizers.get("Tiny")) == "tok" and asked == ["Tiny", "/m/Tiny.gguf"]
+    assert asyncio.run(Tokenizers(load, "/one.gguf", names_of=lambda m: 1 / 0).get("Tiny")) == "tok"
