@@ -69,7 +69,8 @@ def test_a_name_means_one_model():
 
 
 def test_served_names_are_checked_and_the_first_is_the_primary():
-    assert WorkerConfig(model="x.gguf").served_names == ("x.gguf",)
+    assert WorkerConfig(model="x.gguf").served_names == ("x", "x.gguf")  # a GGUF: its stem, then its path
+    assert WorkerConfig(model="smollm2-135m").served_names == ("smollm2-135m",)
     assert WorkerConfig(model="x.gguf", served_model_names=("small", ALIAS)).served_names == ("small", ALIAS)
     for bad in (("a", "a"), ("",), (" a",), ["a"]):
         with pytest.raises(ValueError, match="served_model_names"):
