@@ -155,8 +155,9 @@ _curve_dir = click.option(
          "default: plain TCP.")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=None, show_envvar=True,
                         help="Number of worker processes. Default: as many as the machine fits (on CPU one per "
-                             "8 cores, as memory allows for the model's size; on CUDA one; 2 of the simulated "
-                             "model); the choice is printed. Several workers split the cores (--threads each).")
+                             "core, at most 8, or one per --threads cores, as memory allows for the model's "
+                             "size; on CUDA one; 2 of the simulated model); the choice is printed. Several "
+                             "workers split the cores between them (--threads each).")
 
 
 def _plan_workers(model: str, workers: int | None, model_options):

@@ -5,14 +5,17 @@
 (:func:`estimate_model`: :class:`ModelSize`) and the options; the CLI prints
 its :attr:`WorkerPlan.reason`.
 
-- **Cores.** One worker batches every request it holds into one forward per
-  iteration, and its linears use all the threads it is given; a second worker
-  on the same cores only halves each one's threads and holds a second copy of
-  the weights. So on CPU a worker gets up to :data:`THREADS_PER_WORKER` threads
-  (``--threads`` when given) and there are ``cores // threads`` workers: 1
-  worker of 2 threads on 2 cores (``docs/cluster.md``, "How many workers"). Workers of a cluster never share threads: with more
-  than one, each is given ``cores // workers`` (torch's default is every core,
-  in every process).
+- **Cores.** On CPU one worker per core, one thread each, at most
+  :data:`MAX_WORKERS` (``--threads T``: one per ``T`` cores); cores left over (fewer
+  workers than cores) are split among the workers. Measured with SmolLM2-135M
+  on a shared 2-core machine (``docs/cluster.md``, "How many workers"): two
+  1-thread workers gave 33-39 tok/s together, one 2-thread worker with the
+  same 16 slots 8-13 tok/s, using 4x the CPU time per token (torch's OpenMP
+  threads wait for each other at every product; a small model's products
+  are too small to split well). A second worker costs a second copy of the
+  weights, hence the memory check. Workers of a cluster never share threads:
+  with more than one, each is given ``cores // workers`` (torch's default is
+  every core, in every process).
 - **Memory.** Workers load at the same time; a load holds the file's tensors
   dequantised to fp32 beside the runner's copy, so a worker's peak is above
   its steady size (:class:`ModelSize`). The workers' peaks together stay
@@ -31,10 +34,10 @@ import os
 import struct
 from dataclasses import dataclass
 
-THREADS_PER_WORKER = 8
-"""Most threads a worker gets by default on CPU (more cores: more workers). torch's small-batch
-decode products gain little past this many threads (an assumption to measure on a large machine;
-``--threads`` and ``--workers`` override it)."""
+MAX_WORKERS = 8
+"""Most workers started by default on CPU; with more cores each gets several threads (a guess
+where nothing was measured: one broker dispatching to a handful of workers; ``--workers`` and
+``--threads`` override it)."""
 
 MEMORY_SHARE = 0.8
 """Share of the available memory the workers' load peaks may take together."""
@@ -108,7 +111,7 @@ def plan_workers(machine: Machine, size: ModelSize | None, *, simulated: bool = 
     if workers is not None:
         n, why = workers, "--workers"
     else:
-        n = max(1, machine.cores // (threads or min(machine.cores, THREADS_PER_WORKER)))
+        n = max(1, machine.cores // threads if threads else min(MAX_WORKERS, machine.cores))
         why = f"{machine.cores} cores"
         if size is not None and machine.available_bytes is not None:
             fit = int(machine.available_bytes * MEMORY_SHARE // size.peak_bytes)

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from slotserve.cli import main
-from slotserve.sizing import (BASE_BYTES, LOAD_FACTOR, Machine, ModelSize, THREADS_PER_WORKER, estimate_model,
+from slotserve.sizing import (BASE_BYTES, LOAD_FACTOR, Machine, ModelSize, MAX_WORKERS, estimate_model,
                               plan_workers)
 from tests.support.launcher import record_clusters
 from worker.config import WorkerConfig, default_served_names
@@ -47,22 +47,27 @@ def _size(steady_mib: float, peak_mib: float) -> ModelSize:
     return ModelSize(1, int(steady_mib * MiB), int(peak_mib * MiB))
 
 
-def test_on_two_cores_one_worker_takes_both():
+def test_on_two_cores_two_workers_of_one_thread_as_memory_allows():
     plan = plan_workers(Machine(2, 20 * GiB), _size(2300, 5300))
-    assert (plan.workers, plan.threads) == (1, None)
-    assert plan.reason.startswith("starting 1 worker (2 cores), 2 threads")
+    assert (plan.workers, plan.threads) == (2, 1)
+    assert plan.reason.startswith("starting 2 workers (2 cores), 1 thread each")
     assert "model ~2,300 MiB per worker (~5,300 MiB while loading), 20.0 GiB available" in plan.reason
+    plan = plan_workers(Machine(2, 8 * GiB), _size(2300, 5300))  # 0.8 x 8 GiB holds one load peak
+    assert (plan.workers, plan.threads) == (1, None)
+    assert plan.reason.startswith("starting 1 worker (2 cores, memory for 1), 2 threads")
 
 
 def test_more_cores_more_workers_as_memory_allows():
+    plan = plan_workers(Machine(4, 64 * GiB), _size(1000, 2000))
+    assert (plan.workers, plan.threads) == (4, 1)
     plan = plan_workers(Machine(32, 64 * GiB), _size(1000, 2000))
-    assert (plan.workers, plan.threads) == (32 // THREADS_PER_WORKER, THREADS_PER_WORKER)
+    assert (plan.workers, plan.threads) == (MAX_WORKERS, 32 // MAX_WORKERS)
     plan = plan_workers(Machine(32, 5 * GiB), _size(1000, 2000))  # 0.8 x 5 GiB holds two load peaks
     assert (plan.workers, plan.threads) == (2, 16) and "memory for 2" in plan.reason
     plan = plan_workers(Machine(32, 64 * GiB), _size(1000, 2000), threads=2)  # --threads 2: 16 workers
     assert (plan.workers, plan.threads) == (16, 2)
     plan = plan_workers(Machine(32, 64 * GiB), None)  # size unknown: cores decide
-    assert plan.workers == 4 and "MiB" not in plan.reason
+    assert plan.workers == MAX_WORKERS and "MiB" not in plan.reason
 
 
 def test_a_model_too_big_still_gets_one_worker_with_a_warning():
@@ -79,7 +84,7 @@ def test_workers_given_override_the_count_and_split_the_cores():
 def test_cuda_and_the_simulated_model():
     assert plan_workers(Machine(16, 64 * GiB), _size(1, 1), device="cuda").workers == 1
     assert plan_workers(Machine(16, 64 * GiB, gpu=True), _size(1, 1), device="auto").workers == 1
-    assert plan_workers(Machine(16, 64 * GiB, gpu=False), _size(1, 1), device="auto").workers == 2
+    assert plan_workers(Machine(16, 64 * GiB, gpu=False), _size(1, 1), device="auto").workers == MAX_WORKERS
     plan = plan_workers(Machine(2, 1 * GiB), None, simulated=True)
     assert (plan.workers, plan.threads, plan.reason) == (2, None, "starting 2 simulated workers")
     assert plan_workers(Machine(2, 1 * GiB), None, simulated=True, workers=5).workers == 5
@@ -124,7 +129,7 @@ def test_up_serves_a_gguf_under_its_stem_and_prints_the_plan(monkeypatch, tmp_pa
     assert cfg.workers[0].served_names == ("Tiny-Q8_0", path)
     assert "slotserve: starting " in r.output and "served as 'Tiny-Q8_0'" in r.output
     n = len(cfg.workers)
-    assert n == max(1, Machine.here().cores // min(Machine.here().cores, THREADS_PER_WORKER))
+    assert n == min(MAX_WORKERS, Machine.here().cores)
     assert cfg.workers[0].model_options.num_threads == (None if n == 1 else Machine.here().cores // n)
     r = CliRunner().invoke(main, ["up", "--model", path, "--workers", "3", "--threads", "1", "--no-warmup"])
     assert r.exit_code == 0, r.output
