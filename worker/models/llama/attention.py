@@ -111,7 +111,9 @@ def prefill_attention(q, k, v, cache, span, mask, scaling, softcap: float | None
     the layer's ``[2, rows, kv_heads, capacity, D]`` (keys, values); ``span`` a
     :class:`~worker.models.llama.plan.PrefillSpan` (which entries, cache row and
     start); ``mask`` its :func:`chunk_mask` (a later chunk, or a sliding window) or
-    None (a fresh prompt, plain causal). ``softcap``: see :func:`decode_attention`
+    None (a fresh prompt, plain causal). Keys and values are read as the cache stores them (a
+    fresh prompt's rounded to a narrower cache's dtype too), so a prompt gives the same keys
+    whole, in chunks, or after a prefix-cache hit. ``softcap``: see :func:`decode_attention`
     (SDPA has none, so those scores are computed here).
     """
     offset, count, row, start = span
@@ -119,6 +121,8 @@ def prefill_attention(q, k, v, cache, span, mask, scaling, softcap: float | None
     if start == 0:  # a fresh prompt: its keys are the new ones
         ks = k[offset:offset + count].transpose(0, 1)[None]
         vs = v[offset:offset + count].transpose(0, 1)[None]
+        if cache.dtype != ks.dtype:  # as stored (a bf16 cache): what a later chunk or a prefix hit reads
+            ks, vs = ks.to(cache.dtype).to(ks.dtype), vs.to(cache.dtype).to(vs.dtype)
     else:  # a later chunk: the whole prefix is in the cache row
         end = start + count
         ks, vs = cache[0, row:row + 1, :, :end].to(qs.dtype), cache[1, row:row + 1, :, :end].to(qs.dtype)
