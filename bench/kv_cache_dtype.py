@@ -4,7 +4,9 @@ One load of the weights (fp32, slotserve's Llama runner), two runners on
 them that differ only in the KV cache's dtype
 (:class:`~worker.models.llama.runner.LlamaRunner`'s ``kv_dtype``). Each
 binds ``--slots`` slots and prefills the first ``--slots`` HumanEval prompts
-(raw text, no chat template), then decodes all slots together, greedy
+(raw text, no chat template; with ``--prompt-tokens N``, each prompt
+followed by the next problems' until it has N tokens, cut there: a longer
+context to attend over), then decodes all slots together, greedy
 (argmax of the full head), for ``--tokens`` steps. Reported:
 
 - ``kv_bytes_per_slot``: the bytes one slot reserves at the default
@@ -56,6 +58,20 @@ def decode_run(runner: LlamaRunner, prompts: list[list[int]], tokens: int) -> tu
     return outs, statistics.median(times[1:]) * 1e3
 
 
+def make_prompts(codec, count: int, tokens: int) -> list[list[int]]:
+    """The first ``count`` HumanEval prompts as token ids; ``tokens`` > 0: each continued with the
+    next problems' prompts (cyclically) and cut at ``tokens`` tokens."""
+    texts = [p["prompt"] for p in humaneval_problems()]
+    prompts = []
+    for i in range(count):
+        ids, j = codec.encode(texts[i]), i + 1
+        while tokens and len(ids) < tokens:
+            ids += codec.encode(texts[j % len(texts)])
+            j += 1
+        prompts.append(ids[:tokens] if tokens else ids)
+    return prompts
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (None: equal)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
@@ -67,7 +83,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a busy machine)")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="0: the HumanEval prompts as they are")
     parser.add_argument("--out", default=str(RESULTS / "kv_cache_dtype.json"))
     args = parser.parse_args()
     machine = machine_record()
@@ -75,7 +92,7 @@ def main() -> None:
                       prefix_cache_mb=0)
     runners = {name: LlamaRunner(base.weights, tokenizer=base.tokenizer, kv_dtype=dtype)
                for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    prompts = [base.tokenizer.encode(p["prompt"]) for p in humaneval_problems(args.slots)]
+    prompts = make_prompts(base.tokenizer, args.slots, args.prompt_tokens)
     outs, best = {}, {}
     order = [n for r in range(args.repeats) for n in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"))]
     for name in order:
