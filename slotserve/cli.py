@@ -175,15 +175,17 @@ def _plan_workers(model: str, workers: int | None, model_options):
 
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
-    --prefix-cache-mb, passed on as one ``model_options``."""
+    --prefix-cache-mb/--kv-cache-dtype/--max-model-len, passed on as one ``model_options``."""
     from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
+    from worker.models.options import DEFAULT_MAX_MODEL_LEN, KV_CACHE_DTYPES
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
-                     prefix_cache_mb, **kwargs):
+                     prefix_cache_mb, kv_cache_dtype, max_model_len, **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
-                          cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb)
+                          cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb,
+                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -219,6 +221,15 @@ def _model_options(command):
                      help="MiB of KV cache kept for prefix caching (slotserve runner): a prompt reuses the "
                           "KV of its longest cached prefix and prefills only the rest. 0: off. Default: 10 % "
                           "of RAM (CPU) or of free GPU memory (CUDA), at most 4096."),
+        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES, case_sensitive=False),
+                     default=_default(ModelOptions, "kv_cache_dtype"), show_envvar=True,
+                     help="Element type of the KV and prefix caches (slotserve runner): bf16 halves the bytes "
+                          "per slot (CPU; attention still computes in fp32), fp32, or auto (the activations': "
+                          "fp32 on CPU, the precision's on CUDA)."),
+        click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
+                     help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
+                          "many; a longer request is refused. At most the model's context. Default: the "
+                          f"context, at most {DEFAULT_MAX_MODEL_LEN} (4096 on CUDA)."),
     ]):
         with_options = option(with_options)
     return with_options

@@ -131,8 +131,10 @@ class WorkerProcess:
             raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e
         weights = getattr(model, "weights", None)
         if weights is not None and hasattr(weights, "linear_kind"):  # slotserve's runner: what it measured
-            log.info("loaded %r: %s on %s, linears %s%s", name, weights.precision, weights.device, weights.linear_kind,
-                     "" if getattr(weights, "greedy_head", None) is None else ", greedy picks through a bf16-screened head")
+            log.info("loaded %r: %s on %s, linears %s%s; %d tokens per slot, KV cache %s, %.1f MiB per slot",
+                     name, weights.precision, weights.device, weights.linear_kind,
+                     "" if getattr(weights, "greedy_head", None) is None else ", greedy picks through a bf16-screened head",
+                     model.max_seq_len, str(model.kv_dtype).removeprefix("torch."), model.kv_bytes_per_slot / 2**20)
         self._setup(model)
 
     def _cold(self) -> bool:

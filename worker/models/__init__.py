@@ -15,7 +15,7 @@ __all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotMode
            "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
-                   "num_threads", "prefix_cache_mb")
+                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len")
 
 
 def load_model(name: str, **options):
@@ -26,7 +26,8 @@ def load_model(name: str, **options):
       directory, a ``.gguf`` file, or a hub id where a hub is reachable);
       needs the ``hf`` extra. Options: those of :class:`ModelOptions`
       (``device``, ``precision``, ``runner``, ``max_prefill_tokens``,
-      ``speculative_tokens``, ``num_threads``) and ``max_cache_len`` (tokens per slot). A model of
+      ``speculative_tokens``, ``num_threads``, ``kv_cache_dtype``, ``max_model_len``) and
+      ``max_cache_len`` (the older name of ``max_model_len``, for the runners' own API). A model of
       a family slotserve's own runner serves (:mod:`worker.models.llama`: Llama, Mistral, Qwen2/2.5,
       Qwen3, Gemma 2/3, Phi-3) runs there unless ``runner="hf"`` or its config asks for a feature
       the runner refuses at load (:func:`worker.models.llama.supports`); others on the transformers forward
@@ -34,7 +35,8 @@ def load_model(name: str, **options):
       ``runner="hf"`` also takes :func:`~worker.models.hf.load_hf_model`'s options.
 
     Raises ``ValueError`` for a name that cannot be resolved or options that
-    do not apply (e.g. ``precision="int8"`` for a model only the HF runner runs).
+    do not apply (e.g. ``precision="int8"`` for a model only the HF runner runs), or a
+    ``max_model_len`` past the model's context.
     """
     if name == "simulated":
         return _simulated(options)
@@ -46,20 +48,31 @@ def load_model(name: str, **options):
     from worker.models import hf
 
     hf.set_num_threads(opts.num_threads)
+    max_cache_len = _model_len(opts, options.pop("max_cache_len", None))
     if opts.runner == "hf":
         if device != "cpu" or precision not in ("fp32", "bf16"):
             raise ValueError(f"runner hf runs fp32 or bf16 on CPU; got {precision} on {device}")
         return hf.load_hf_model(name, dtype="float32" if precision == "fp32" else "bfloat16",
-                                max_prefill_tokens=opts.max_prefill_tokens, **options)
-    max_cache_len = options.pop("max_cache_len", None)
+                                max_prefill_tokens=opts.max_prefill_tokens, max_cache_len=max_cache_len, **options)
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
-    runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear)
+    runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear,
+                                 opts.kv_cache_dtype)
     if runner is None:
         return _load_through_transformers(name, opts, device, precision, max_cache_len)
     runner.speculative_tokens = opts.speculative_tokens
     runner.prefix_cache_mb = opts.prefix_cache_mb
     return runner
+
+
+def _model_len(opts: ModelOptions, max_cache_len):
+    """Tokens per slot asked for: ``opts.max_model_len`` or the older keyword ``max_cache_len`` (None:
+    the runner's default, :data:`~worker.models.options.DEFAULT_MAX_MODEL_LEN`); ValueError when both
+    are given and differ."""
+    if opts.max_model_len is not None and max_cache_len is not None and max_cache_len != opts.max_model_len:
+        raise ValueError(f"max_cache_len={max_cache_len} and max_model_len={opts.max_model_len} name the same "
+                         "limit; give max_model_len only")
+    return opts.max_model_len if opts.max_model_len is not None else max_cache_len
 
 
 def _simulated(options: dict):
@@ -88,7 +101,7 @@ def _load_through_transformers(name: str, opts: ModelOptions, device: str, preci
         return hf.HFSlotModel(model, codec, max_cache_len=max_cache_len, max_prefill_tokens=opts.max_prefill_tokens)
     runner = llama.from_hf(model, codec, device=device, precision=precision, max_cache_len=max_cache_len,
                            max_prefill_tokens=opts.max_prefill_tokens, eos_token_ids=hf.eos_ids(model, codec),
-                           cpu_linear=opts.cpu_linear)
+                           cpu_linear=opts.cpu_linear, kv_cache_dtype=opts.kv_cache_dtype)
     del model  # the runner holds its own copy; the HF module's memory goes back now
     return_freed_memory()
     runner.speculative_tokens = opts.speculative_tokens
@@ -98,21 +111,24 @@ def _load_through_transformers(name: str, opts: ModelOptions, device: str, preci
 
 def _check_hf_fallback(name: str, reason: str, opts: ModelOptions, device: str, precision: str) -> None:
     """ValueError unless ``opts`` suit the HF runner, which takes a model slotserve's runner cannot
-    run (``reason``): no runner asked for, no speculative decoding, no cpu_linear choice, fp32
-    or bf16 on CPU."""
+    run (``reason``): no runner asked for, no speculative decoding, no cpu_linear or kv_cache_dtype
+    choice, fp32 or bf16 on CPU."""
     if opts.runner == "slotserve":
         raise ValueError(f"the slotserve runner cannot run {name!r}: {reason}; use runner='hf'")
     if opts.speculative_tokens:
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which has no speculative decoding")
     if opts.cpu_linear != "auto":
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which has no cpu_linear choice")
+    if opts.kv_cache_dtype != "auto":
+        raise ValueError(f"{name!r} runs on the HF runner ({reason}), whose KV cache has the weights' dtype; "
+                         "use kv_cache_dtype='auto'")
     if device != "cpu" or precision not in ("fp32", "bf16"):
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
                          f"got {precision} on {device}")
 
 
 def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,
-                        cpu_linear: str):
+                        cpu_linear: str, kv_cache_dtype: str = "auto"):
     """The slotserve runner for a GGUF file of a family it serves (llama, qwen2, qwen3, gemma2, gemma3,
     phi3), read without building the transformers model (:func:`worker.models.checkpoint.read_gguf`);
     None for anything else. ValueError (:class:`~worker.models.llama.family.Unsupported`) for a file
@@ -133,7 +149,8 @@ def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, m
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
     runner = llama.from_source(source, codec, device=device, precision=precision, max_cache_len=max_cache_len,
                                max_prefill_tokens=max_prefill_tokens, cpu_linear=cpu_linear,
-                               eos_token_ids=hf.merge_eos_ids(source.eos_token_ids, codec))
+                               eos_token_ids=hf.merge_eos_ids(source.eos_token_ids, codec),
+                               kv_cache_dtype=kv_cache_dtype)
     del source, read
     return_freed_memory()
     return runner

@@ -32,6 +32,7 @@ from worker.models.checkpoint import load_pretrained
 from worker.models.heap import trim_heap
 from worker.models.hf_text import HFTextCodec
 from worker.models.kv_cache import SlotKVCache
+from worker.models.options import DEFAULT_MAX_MODEL_LEN
 from worker.models.grammar import grammars_for
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, score
@@ -65,9 +66,10 @@ def load_hf_model(
     - ``dtype``: weights and KV cache dtype, ``"float32"`` (default; GGUF
       files are dequantised to it), ``"bfloat16"`` or ``"float16"``.
     - ``num_threads``: ``torch.set_num_threads`` for this process (None: torch's default).
-    - ``max_cache_len``: KV cache limit per slot in tokens (default and upper
-      bound: the model's context length from its config); also the engine's
-      ``max_seq_len``.
+    - ``max_cache_len``: KV cache limit per slot in tokens (``ModelOptions.max_model_len``;
+      default: the model's context length from its config, at most
+      :data:`~worker.models.options.DEFAULT_MAX_MODEL_LEN`; ValueError past the context);
+      also the engine's ``max_seq_len``.
     - ``max_prefill_tokens``: most prompt tokens packed into one prefill forward.
     - ``kv_capacity_step``: KV cache growth step in tokens (see :mod:`worker.models.kv_cache`).
     - ``attn_implementation``: transformers attention backend (``"sdpa"`` or ``"eager"``).
@@ -163,8 +165,8 @@ class _LayerMasks:
 class HFSlotModel:
     """A transformers causal LM with a slotserve-managed per-slot KV cache.
 
-    Attributes read by the engine: ``vocab_size``, ``max_seq_len`` (context
-    length, or ``max_cache_len`` if smaller), ``eos_token_ids`` (EOS of the
+    Attributes read by the engine: ``vocab_size``, ``max_seq_len`` (``max_cache_len``, by
+    default the context length, at most :data:`~worker.models.options.DEFAULT_MAX_MODEL_LEN`), ``eos_token_ids`` (EOS of the
     config, generation config and tokenizer), ``tokenizer`` (an
     :class:`HFTextCodec` or None).
 
@@ -192,12 +194,15 @@ class HFSlotModel:
         context = context_length(cfg)
         if max_cache_len is not None and (not isinstance(max_cache_len, int) or max_cache_len < 2):
             raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
+        if max_cache_len is not None and max_cache_len > context:
+            raise ValueError(f"max_model_len {max_cache_len} is past the model's context of {context} tokens "
+                             f"(max_position_embeddings); give at most {context}")
         static = _static_rope_length(cfg, context)
         if max_cache_len is not None and max_cache_len > static:
             raise ValueError(f"max_cache_len {max_cache_len} is past the {static} positions over which this "
                              f"model's longrope RoPE is static (original_max_position_embeddings); the runners "
                              f"run it exactly with max_cache_len <= {static}")
-        self.max_seq_len = min(context, max_cache_len or static)
+        self.max_seq_len = max_cache_len or min(static, DEFAULT_MAX_MODEL_LEN)
         self._masks = _LayerMasks.of(cfg, next(model.parameters()).dtype)
         self._final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.vocab_size = int(cfg.vocab_size)

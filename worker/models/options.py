@@ -2,7 +2,7 @@
 
 One frozen, validated dataclass (:class:`ModelOptions`) travels from the CLI
 (``--device``, ``--precision``, ``--runner``, ``--max-prefill-tokens``,
-``--speculative-tokens``, ``--threads``) through :class:`worker.process.WorkerConfig` to
+``--speculative-tokens``, ``--threads``, ``--kv-cache-dtype``, ``--max-model-len``) through :class:`worker.process.WorkerConfig` to
 :func:`worker.models.load_model`. Importing this module does not import
 torch; :meth:`ModelOptions.resolve` does, to see whether CUDA is there.
 """
@@ -15,10 +15,19 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 RUNNERS = ("auto", "slotserve", "hf")
 CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+"""``--kv-cache-dtype`` (vLLM's flag name): the KV cache's element type; auto is the activations'."""
 
 DEFAULT_MAX_PREFILL_TOKENS = 512
 """Prompt tokens per iteration: a longer prompt is prefilled in chunks of this size,
 so the other slots' decode steps wait at most one chunk (vLLM's and SGLang's chunked prefill)."""
+
+DEFAULT_MAX_MODEL_LEN = 8192
+"""Tokens per slot (prompt + ``max_tokens``) when ``--max-model-len`` is not given: the model's
+context, at most this many (Ollama's choice of a fixed default below the trained context, not
+llama.cpp's context split across slots, so a request's limit does not change with ``--slots``).
+8192 is SmolLM2's whole context, so it serves as before, while a 32k or 128k model reserves 8k
+per slot (CPU: address space, backed as written; CUDA keeps its 4096, allocated whole)."""
 
 MAX_SPECULATIVE_TOKENS = 16
 """Most draft tokens per request and iteration (each costs a row of every linear)."""
@@ -54,6 +63,16 @@ class ModelOptions:
       (:mod:`worker.models.llama.prefix_cache`; the slotserve runner): 0 is
       off, None (the default) sizes it from the machine (10 % of RAM on CPU,
       of free GPU memory on CUDA, at most 4 GiB).
+    - ``kv_cache_dtype``: the KV cache's (and the prefix cache's) element type
+      (slotserve runner): ``"fp32"``, ``"bf16"`` (half the bytes per slot; on
+      CPU attention still computes in fp32, reading the keys and values
+      upcast), or ``"auto"`` (the activations': fp32 on CPU, the precision's on
+      CUDA, where only auto or that dtype is accepted, checked at load).
+    - ``max_model_len``: tokens per slot (prompt + ``max_tokens``; vLLM's
+      ``--max-model-len``, llama.cpp's ``-c``), int >= 2, at most the model's
+      trained context (ValueError at load past it); None: the context, at most
+      :data:`DEFAULT_MAX_MODEL_LEN` (4096 on CUDA; less where a longrope RoPE
+      is static over fewer positions).
 
     Raises ValueError for a value outside these sets.
     """
@@ -66,10 +85,12 @@ class ModelOptions:
     cpu_linear: str = "auto"
     num_threads: int | None = None
     prefix_cache_mb: float | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
-                              ("cpu_linear", CPU_LINEARS)):
+                              ("cpu_linear", CPU_LINEARS), ("kv_cache_dtype", KV_CACHE_DTYPES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -89,6 +110,11 @@ class ModelOptions:
         mb = self.prefix_cache_mb
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < 2**40):
             raise ValueError(f"prefix_cache_mb must be None or a number of MiB >= 0 (0 = off), got {mb!r}")
+        if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be None or an int >= 2 (tokens per slot), got {self.max_model_len!r}")
+        if self.kv_cache_dtype != "auto" and self.runner == "hf":
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs the slotserve runner (the hf runner's "
+                             "cache has the weights' dtype); use kv_cache_dtype='auto'")
         if self.runner == "hf" and self.precision in ("int8", "int4"):
             raise ValueError(f"precision {self.precision} needs the slotserve runner, not runner=hf")
 

@@ -37,7 +37,11 @@ from __future__ import annotations
 
 from worker.models.llama.runner import LlamaRunner
 
-__all__ = ["LlamaRunner", "cache_len", "from_hf", "from_source", "supports"]
+__all__ = ["LlamaRunner", "cache_len", "from_hf", "from_source", "kv_dtype", "supports"]
+
+CUDA_DEFAULT_MAX_MODEL_LEN = 4096
+"""Tokens per slot by default on CUDA, where the cache is allocated whole (CPU:
+:data:`~worker.models.options.DEFAULT_MAX_MODEL_LEN`)."""
 
 
 def supports(config, max_len: int | None = None) -> str | None:
@@ -54,23 +58,29 @@ def supports(config, max_len: int | None = None) -> str | None:
 
 
 def cache_len(config, device: str, max_cache_len: int | None) -> int:
-    """Tokens per slot the runner will hold: ``max_cache_len`` (default: the model's context, or
-    the length its RoPE stays static over, :func:`~worker.models.llama.family.rope_position_limit`;
-    on CUDA at most 4096, since the cache is allocated whole there), at most the context."""
+    """Tokens per slot the runner will hold (``ModelOptions.max_model_len``): ``max_cache_len``, or by
+    default the model's context (or the length its RoPE stays static over,
+    :func:`~worker.models.llama.family.rope_position_limit`), at most
+    :data:`~worker.models.options.DEFAULT_MAX_MODEL_LEN` on CPU and 4096 on CUDA (the cache is
+    allocated whole there). Raises ValueError for a ``max_cache_len`` under 2 or past the context."""
     from worker.models.llama.family import context_length, rope_position_limit
+    from worker.models.options import DEFAULT_MAX_MODEL_LEN
 
     context = context_length(config)
     if max_cache_len is None:
-        max_cache_len = min(context, rope_position_limit(config) or context)
-        max_cache_len = max_cache_len if device == "cpu" else min(max_cache_len, 4096)
+        static = min(context, rope_position_limit(config) or context)
+        return min(static, DEFAULT_MAX_MODEL_LEN if device == "cpu" else CUDA_DEFAULT_MAX_MODEL_LEN)
     if type(max_cache_len) is not int or not 2 <= max_cache_len:
-        raise ValueError(f"max_cache_len must be an int >= 2, got {max_cache_len!r}")
-    return min(context, max_cache_len)
+        raise ValueError(f"max_model_len must be an int >= 2, got {max_cache_len!r}")
+    if max_cache_len > context:
+        raise ValueError(f"max_model_len {max_cache_len} is past the model's context of {context} tokens "
+                         f"(max_position_embeddings); give at most {context}")
+    return max_cache_len
 
 
 def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp32", max_cache_len: int | None = None,
             max_prefill_tokens: int = 512, eos_token_ids: tuple[int, ...] = (),
-            cpu_linear: str = "auto", screen_head: bool | None = None) -> LlamaRunner:
+            cpu_linear: str = "auto", screen_head: bool | None = None, kv_cache_dtype: str = "auto") -> LlamaRunner:
     """A :class:`LlamaRunner` holding a copy of ``model``'s weights (a transformers causal LM of a
     family in :data:`~worker.models.llama.family.FAMILIES`: ``LlamaForCausalLM``,
     ``Qwen2ForCausalLM``, ``Gemma2ForCausalLM``, ...).
@@ -78,11 +88,13 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
     - ``tokenizer``: an :class:`~worker.models.hf_text.HFTextCodec` or None (token ids only).
     - ``device``: ``"cpu"`` or ``"cuda"``; ``precision``: ``"fp32"``, ``"bf16"``,
       ``"int8"``, ``"int4"`` (the last two on CPU).
-    - ``max_cache_len``: tokens per slot (default: the model's context; on
-      CUDA at most 4096, since the cache is allocated whole there).
+    - ``max_cache_len``: tokens per slot (``ModelOptions.max_model_len``; default and
+      errors: :func:`cache_len`).
     - ``cpu_linear``: ``ModelOptions.cpu_linear`` (fp32/bf16 on CPU).
     - ``screen_head``: fp32 greedy picks through a bf16 screen (see
       :class:`~worker.models.llama.weights.LlamaWeights`; None: when measured faster).
+    - ``kv_cache_dtype``: ``ModelOptions.kv_cache_dtype``: ``"auto"`` (the activations'),
+      ``"fp32"`` or ``"bf16"``; on CUDA only auto or the activations' own (ValueError).
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """
@@ -95,13 +107,14 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
         raise ValueError(f"the slotserve runner cannot run this model: {exc}; use runner='hf'") from exc
     return from_source(LlamaSource.from_hf(model, parts), tokenizer, device=device, precision=precision,
                        max_cache_len=max_cache_len, max_prefill_tokens=max_prefill_tokens,
-                       eos_token_ids=eos_token_ids, cpu_linear=cpu_linear, screen_head=screen_head)
+                       eos_token_ids=eos_token_ids, cpu_linear=cpu_linear, screen_head=screen_head,
+                       kv_cache_dtype=kv_cache_dtype)
 
 
 def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str = "fp32",
                 max_cache_len: int | None = None, max_prefill_tokens: int = 512,
                 eos_token_ids: tuple[int, ...] = (), cpu_linear: str = "auto",
-                screen_head: bool | None = None) -> LlamaRunner:
+                screen_head: bool | None = None, kv_cache_dtype: str = "auto") -> LlamaRunner:
     """:func:`from_hf` for a :class:`~worker.models.llama.source.LlamaSource` (e.g. from
     :func:`worker.models.checkpoint.read_gguf`); same options and errors."""
     from worker.models.llama.family import Unsupported, describe
@@ -114,4 +127,20 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
         raise ValueError(f"the slotserve runner cannot run this model: {exc}; use runner='hf'") from exc
     weights = LlamaWeights(source, precision, device, max_len, cpu_linear, screen_head, family)
     return LlamaRunner(weights, tokenizer=tokenizer, eos_token_ids=eos_token_ids,
-                       max_prefill_tokens=max_prefill_tokens)
+                       max_prefill_tokens=max_prefill_tokens, kv_dtype=kv_dtype(kv_cache_dtype, weights))
+
+
+def kv_dtype(kv_cache_dtype: str, weights):
+    """The KV cache's torch dtype for ``ModelOptions.kv_cache_dtype`` (``"auto"``: the activations',
+    ``weights.act_dtype``). Raises ValueError for another name, or off the CPU for a dtype other than
+    the activations' (the CUDA decode graphs are captured and tested at that one)."""
+    import torch
+
+    dtypes = {"auto": weights.act_dtype, "fp32": torch.float32, "bf16": torch.bfloat16}
+    if kv_cache_dtype not in dtypes:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(dtypes)}; got {kv_cache_dtype!r}")
+    dtype = dtypes[kv_cache_dtype]
+    if dtype != weights.act_dtype and torch.device(weights.device).type != "cpu":
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} with {weights.act_dtype} activations runs on CPU only; "
+                         f"on {weights.device} use kv_cache_dtype='auto'")
+    return dtype

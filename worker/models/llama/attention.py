@@ -30,7 +30,8 @@ class DecodeViews:
 
 
 def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor, queries: int = 1,
-                 group: int = 1, slots: torch.Tensor | None = None, windows=frozenset({None})) -> DecodeViews:
+                 group: int = 1, slots: torch.Tensor | None = None, windows=frozenset({None}),
+                 dtype: torch.dtype | None = None) -> DecodeViews:
     """The operands for decode rows ``0..b-1`` of ``kv`` (``[layers, 2, rows, kv_heads, capacity, D]``)
     over the window ``[0, w)``.
 
@@ -40,7 +41,9 @@ def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor, querie
     query heads per key/value head, and ``slots``, the place of each query
     :func:`decode_attention` gets (the other places are padding). ``windows``:
     the layers' sliding windows (None: full attention), a mask for each; a
-    query of length ``n`` (position ``n - 1``) sees keys ``n - window .. n - 1``.
+    query of length ``n`` (position ``n - 1``) sees keys ``n - window .. n - 1``. ``dtype``: the
+    queries' (the masks'), None: the cache's; :func:`decode_attention` upcasts a narrower cache's
+    keys and values to it.
     """
     layers, _, _, heads, _, d = kv.shape
     # rows and heads merge without a copy (view() would raise otherwise): the views see the keys
@@ -53,7 +56,8 @@ def decode_views(kv: torch.Tensor, b: int, w: int, lengths: torch.Tensor, querie
         visible = keys_at < lengths[:, None]
         if window is not None:
             visible &= keys_at >= lengths[:, None] - window
-        bias = torch.zeros(visible.shape, dtype=kv.dtype, device=kv.device).masked_fill_(~visible, float("-inf"))
+        bias = torch.zeros(visible.shape, dtype=dtype or kv.dtype, device=kv.device)
+        bias.masked_fill_(~visible, float("-inf"))
         if queries == 1:
             bias = bias[:, None, None].expand(b, heads, 1, w).reshape(b * heads, 1, w)
         else:  # [rows * kv_heads, queries * group, window]: each query's mask over its group of heads
@@ -84,13 +88,16 @@ def decode_attention(q, views: DecodeViews, layer: int, scaling, window: int | N
         places = bias.shape[0] // kv * t
         placed = q.new_zeros(places, heads, d).index_copy_(0, views.slots, q * scaling)
         qg = placed.view(-1, t, kv, heads // kv, d).transpose(1, 2).reshape(places // t * kv, -1, d)
+    keys_t, values = views.keys_t[layer], views.values[layer]
+    if keys_t.dtype != qg.dtype:  # a bf16 cache, fp32 activations: the products stay fp32
+        keys_t, values = keys_t.transpose(1, 2).to(qg.dtype).transpose(1, 2), values.to(qg.dtype)
     if softcap is None:
-        scores = torch.baddbmm(bias, qg, views.keys_t[layer])  # [rows * kv_heads, t * group, window]
+        scores = torch.baddbmm(bias, qg, keys_t)  # [rows * kv_heads, t * group, window]
     else:
-        scores = torch.tanh(torch.bmm(qg, views.keys_t[layer]) / softcap).mul_(softcap).add_(bias)
+        scores = torch.tanh(torch.bmm(qg, keys_t) / softcap).mul_(softcap).add_(bias)
     probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(
         scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.bmm(probs, views.values[layer])
+    out = torch.bmm(probs, values)
     if t == 1:
         return out.view(n, heads, d)
     out = out.view(-1, kv, t, heads // kv, d).transpose(1, 2).reshape(-1, heads, d)
@@ -104,7 +111,9 @@ def prefill_attention(q, k, v, cache, span, mask, scaling, softcap: float | None
     the layer's ``[2, rows, kv_heads, capacity, D]`` (keys, values); ``span`` a
     :class:`~worker.models.llama.plan.PrefillSpan` (which entries, cache row and
     start); ``mask`` its :func:`chunk_mask` (a later chunk, or a sliding window) or
-    None (a fresh prompt, plain causal). ``softcap``: see :func:`decode_attention`
+    None (a fresh prompt, plain causal). Keys and values are read as the cache stores them (a
+    fresh prompt's rounded to a narrower cache's dtype too), so a prompt gives the same keys
+    whole, in chunks, or after a prefix-cache hit. ``softcap``: see :func:`decode_attention`
     (SDPA has none, so those scores are computed here).
     """
     offset, count, row, start = span
@@ -112,6 +121,8 @@ def prefill_attention(q, k, v, cache, span, mask, scaling, softcap: float | None
     if start == 0:  # a fresh prompt: its keys are the new ones
         ks = k[offset:offset + count].transpose(0, 1)[None]
         vs = v[offset:offset + count].transpose(0, 1)[None]
+        if cache.dtype != ks.dtype:  # as stored (a bf16 cache): what a later chunk or a prefix hit reads
+            ks, vs = ks.to(cache.dtype).to(ks.dtype), vs.to(cache.dtype).to(vs.dtype)
     else:  # a later chunk: the whole prefix is in the cache row
         end = start + count
         ks, vs = cache[0, row:row + 1, :, :end].to(qs.dtype), cache[1, row:row + 1, :, :end].to(qs.dtype)

@@ -87,7 +87,8 @@ class _Iteration:
     def of(cls, w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> _Iteration:
         s, windows = w.shape, w.family.windowed
         decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
-                              s.heads // s.kv_heads, plan.decode_slots, windows) if plan.n_decode else None
+                              s.heads // s.kv_heads, plan.decode_slots, windows, w.act_dtype
+                              ) if plan.n_decode else None
         device = plan.ids.device
         masks = {win: [chunk_mask(p.count, p.start, device, win) if p.start or win else None
                        for p in plan.prefill] for win in windows}
@@ -118,7 +119,8 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     cos, sin_signed = it.local_rope if fam.local_rope[layer] else it.rope
     _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin_signed)
     cache = it.layer_kv[layer]
-    cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d)
+    # (a bf16 cache of fp32 activations: rounded as stored, read upcast by the attention)
+    cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d).to(cache.dtype)
     q = qkv[:, :q_end].view(n, s.heads, d)
     window, cap = fam.windows[layer], fam.attn_softcap
     parts = [] if it.decode is None else [

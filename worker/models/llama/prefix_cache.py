@@ -36,8 +36,11 @@ blocks. Exactness: a key at position ``p`` depends only on the tokens up to
 a cold prefill computes (tested bitwise: same greedy tokens).
 
 Precision: the pool belongs to one runner, whose weights have one
-precision; the root of every chain is also keyed by ``precision``, so a
-block cached in one precision is never reused by another.
+precision and whose KV cache one dtype (``--kv-cache-dtype``: the pool
+takes the cache's, so a bf16 cache's blocks take half the bytes and a hit
+copies the very values a cold prefill stores); the root of every chain is
+also keyed by ``precision`` and that dtype, so a block cached in one is
+never reused by another.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class PrefixCache:
             self.pool = _anonymous_zeros(shape, kv_cache.dtype)
         else:
             self.pool = torch.zeros(shape, dtype=kv_cache.dtype, device=kv_cache.device)
-        self.root = ("root", precision)
+        self.root = ("root", precision, kv_cache.dtype)
         self._blocks: OrderedDict[tuple, tuple[int, int]] = OrderedDict()  # key -> (serial, pool index), LRU first
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._serial = 0

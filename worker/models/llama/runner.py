@@ -86,7 +86,8 @@ class LlamaRunner:
     ``eos_token_ids``, ``tokenizer``, ``gives_logprobs`` (True: it gives
     ``StepOutput.logprobs`` / ``prompt_logprobs``, see the module docstring),
     ``prefill_budget``. Also ``device``, ``precision``, ``weights`` (:class:`LlamaWeights`), ``kv_cache`` (None before
-    :meth:`bind_slots`), ``max_prefill_tokens``.
+    :meth:`bind_slots`), ``max_prefill_tokens``, ``kv_dtype`` (the KV cache's and the prefix
+    cache's element type; None: the weights' activation dtype).
 
     ``capacity_step``: None maps the KV cache whole (see
     :mod:`worker.models.llama.cache`); a number makes it grow in such steps (CPU).
@@ -103,8 +104,9 @@ class LlamaRunner:
 
     def __init__(self, weights: LlamaWeights, *, tokenizer=None, eos_token_ids: tuple[int, ...] = (),
                  max_prefill_tokens: int = 512, capacity_step: int | None = None,
-                 speculative_tokens: int = 0) -> None:
+                 speculative_tokens: int = 0, kv_dtype: torch.dtype | None = None) -> None:
         self.weights = weights
+        self.kv_dtype = weights.act_dtype if kv_dtype is None else kv_dtype
         self.device, self.precision = weights.device, weights.precision
         self.vocab_size = weights.shape.vocab
         self.max_seq_len = weights.shape.context
@@ -135,7 +137,7 @@ class LlamaRunner:
         s = self.weights.shape
         self.kv_cache = SlotCache(
             layers=s.layers, rows=num_slots, kv_heads=s.kv_heads, head_dim=s.head_dim, max_len=s.context,
-            dtype=self.weights.act_dtype, device=self.device,
+            dtype=self.kv_dtype, device=self.device,
             capacity_step=None if self.device != "cpu" else self._capacity_step)  # None: whole, lazily on CPU
         self._rows = SlotRows(num_slots)
         self._lookup = PromptLookup(num_slots)
@@ -165,6 +167,13 @@ class LlamaRunner:
             self._lookup.reset(row)
             if self._rows.idle:
                 trim_heap()  # idle: the iterations' freed temporaries leave the RSS (see worker.models.heap)
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        """Bytes of KV cache one slot reserves: keys and values of every layer for ``max_seq_len``
+        positions in :attr:`kv_dtype` (on CPU address space, backed as positions are written)."""
+        s = self.weights.shape
+        return 2 * s.layers * s.kv_heads * s.head_dim * self.max_seq_len * self.kv_dtype.itemsize
 
     @property
     def prefill_budget(self) -> int:

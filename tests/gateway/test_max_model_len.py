@@ -1,0 +1,66 @@
+"""--max-model-len through real processes: a worker serving the tiny text model (the slotserve
+runner, a bf16 KV cache) with ``max_model_len`` 64 under its trained 512 tells the broker and the
+gateway 64, and refuses a longer request on every entry point as it refuses one past the context:
+the wire code ``context_length_exceeded`` (Python client) and HTTP 400 in OpenAI's shape. (The
+in-process engine's ContextLengthError: tests/models/test_max_model_len.py.)"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytest.importorskip("transformers")
+
+from client import Client  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from protocol.enums import ErrorCode, FinishReason  # noqa: E402
+from protocol.errors import ContextLengthError  # noqa: E402
+from tests.support.gateway import start_cluster  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
+from worker.models import ModelOptions  # noqa: E402
+
+LIMIT = 64
+MESSAGE = f"exceeds the model's context of {LIMIT} tokens"
+
+
+@pytest.fixture(scope="module")
+def cluster(text_model):
+    options = ModelOptions(max_model_len=LIMIT, kv_cache_dtype="bf16", prefix_cache_mb=0)
+    c = start_cluster((WorkerConfig(model=text_model, num_slots=2, model_options=options),),
+                      gateway=GatewayConfig(port=0), models=(text_model,))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_the_limit_is_the_models_max_model_len(cluster, text_model):
+    (entry,) = [m for m in httpx.get(cluster.http_url + "/v1/models", timeout=10).json()["data"]
+                if m["id"] == text_model]
+    assert entry["max_model_len"] == LIMIT
+
+
+def test_the_python_client_gets_the_wire_code(cluster, text_model):
+    with Client(cluster.frontend, model=text_model) as c:
+        with pytest.raises(ContextLengthError, match=MESSAGE):  # token ids: counted by the client
+            c.submit_request(list(range(1, 41)), LIMIT - 39)
+        h = c.submit_request("hello world " * 8, LIMIT)  # text: counted by the worker
+        h.result(timeout=60)
+        assert h.finish_reason is FinishReason.ERROR and h.error.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
+        assert MESSAGE in h.error.message
+        fits = c.submit_request(list(range(1, 41)), LIMIT - 40)
+        fits.result(timeout=60)
+        assert fits.finish_reason in (FinishReason.LENGTH, FinishReason.STOP) and fits.tokens
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/completions", {"prompt": list(range(1, 41))}, "prompt"),
+    ("/v1/completions", {"prompt": "hello world " * 8}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello world " * 8}]}, "messages"),
+])
+def test_http_is_400_context_length_exceeded(cluster, text_model, path, fields, param):
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": LIMIT, **fields}, timeout=60)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", param), e
+    assert MESSAGE in e["message"]
