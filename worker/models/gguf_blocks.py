@@ -1,0 +1,165 @@
+"""GGUF block formats unpacked into integer codes, scales and offsets, without dequantising.
+
+:func:`unpack` turns a quantised tensor's stored rows into what
+:class:`~worker.models.llama.quantized.QuantizedWeight` holds, for the block
+formats the families' usual files use (:data:`FORMATS`: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K). Per group of ``group`` columns the file's
+weight is ``fl(scale * code) + offset``:
+
+======  =====  =========================  ======================  ===================
+format  group  code                       scale                   offset
+======  =====  =========================  ======================  ===================
+Q4_0    32     ``q - 8``   (-8..7)        ``d``                   --
+Q4_1    32     ``q``       (0..15)        ``d``                   ``m``
+Q5_0    32     ``q - 16``  (-16..15)      ``d``                   --
+Q5_1    32     ``q``       (0..31)        ``d``                   ``m``
+Q8_0    32     ``q``       (-128..127)    ``d``                   --
+Q4_K    32     ``q``       (0..15)        ``fl(d * sc)``          ``-fl(dmin * m)``
+Q5_K    32     ``q``       (0..31)        ``fl(d * sc)``          ``-fl(dmin * m)``
+Q6_K    16     ``q - 32``  (-32..31)      ``fl(d * sc)``          --
+======  =====  =========================  ======================  ===================
+
+``d``, ``dmin``, ``m`` (Q4_1/Q5_1) are the block's fp16 fields widened to
+fp32; ``sc``, ``m`` of the K formats are the sub-block's 6-bit (Q6_K: signed
+8-bit) scale and min. The layouts, the bit order and the order of the fp32
+operations are the ``gguf`` package's ``quants.py`` (``dequantize_blocks`` of
+each class, llama.cpp's ``ggml-quants.c`` reference), so that
+``QuantizedWeight(*unpack(raw, t)).dequantize()`` is ``gguf.dequantize(raw, t)``
+bit for bit (tested for every format; ``x - y`` and ``x + (-y)`` round alike,
+signed zeros included).
+
+Rows are unpacked :data:`CHUNK_CODES` codes at a time, so the temporaries stay
+small whatever the tensor's size; the codes are written into one int8 array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QK_K = 256  # the K formats' super-block: 256 columns
+
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+"""The GGUF types :func:`unpack` reads (``gguf.GGMLQuantizationType`` names)."""
+
+CHUNK_CODES = 1 << 20
+"""Codes unpacked at a time: the numpy temporaries of one chunk take a few MiB."""
+
+# format -> (columns per block, bytes per block, columns per group): llama.cpp's GGML_QUANT_SIZES
+_SIZES = {"Q4_0": (32, 18, 32), "Q4_1": (32, 20, 32), "Q5_0": (32, 22, 32), "Q5_1": (32, 24, 32),
+          "Q8_0": (32, 34, 32), "Q4_K": (256, 144, 32), "Q5_K": (256, 176, 32), "Q6_K": (256, 210, 16)}
+
+CODE_RANGE = {"Q4_0": (-8, 7), "Q4_1": (0, 15), "Q5_0": (-16, 15), "Q5_1": (0, 31), "Q8_0": (-128, 127),
+              "Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (-32, 31)}
+"""Each format's ``(lowest, highest)`` code."""
+
+
+def unpack(raw: np.ndarray, qtype) -> tuple:
+    """``(codes, scales, offsets, group)`` of a quantised tensor's stored rows.
+
+    ``raw``: uint8 ``[rows, row_bytes]`` (a view of the memory-mapped file is
+    read, not copied); ``qtype``: a ``gguf.GGMLQuantizationType`` or its name.
+    Returns torch tensors: ``codes`` int8 ``[rows, K]``, ``scales`` fp32
+    ``[rows, K // group]``, ``offsets`` fp32 of the same shape or None, and
+    ``group`` (columns per scale), as
+    :class:`~worker.models.llama.quantized.QuantizedWeight` takes them (see
+    the module docstring for each format's meaning).
+
+    Raises ValueError for a format not in :data:`FORMATS` or a row length
+    that is not whole blocks.
+    """
+    import torch
+
+    fmt = getattr(qtype, "name", qtype)
+    if fmt not in _SIZES:
+        raise ValueError(f"GGUF type {fmt} is not one slotserve reads quantised; it reads {', '.join(FORMATS)}")
+    block, size, group = _SIZES[fmt]
+    if raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] % size:
+        raise ValueError(f"{fmt}: rows of whole {size}-byte blocks expected, got {raw.dtype} {raw.shape}")
+    rows, k = raw.shape[0], raw.shape[1] // size * block
+    codes = np.empty((rows, k), dtype=np.int8)
+    scales = np.empty((rows, k // group), dtype=np.float32)
+    offsets = np.empty_like(scales) if fmt in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else None
+    step = max(1, CHUNK_CODES // max(k, 1))
+    for start in range(0, rows, step):
+        end = min(rows, start + step)
+        blocks = np.ascontiguousarray(raw[start:end]).reshape(-1, size)
+        q, s, o = _UNPACK[fmt](blocks)
+        codes[start:end] = q.reshape(end - start, k)
+        scales[start:end] = s.reshape(end - start, -1)
+        if offsets is not None:
+            offsets[start:end] = o.reshape(end - start, -1)
+    return (torch.from_numpy(codes), torch.from_numpy(scales),
+            None if offsets is None else torch.from_numpy(offsets), group)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two bytes per block (``[n, 2]``) as the fp16 value widened to fp32, ``[n, 1]``."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, width: int) -> np.ndarray:
+    """``[n, c * 2 * width]``: per run of ``width`` bytes, the low nibbles then the high ones."""
+    n = qs.shape[0]
+    q = qs.reshape(n, -1, 1, width) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(n, -1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: the 32-bit field ``qh`` (``[n, 4]`` bytes, little-endian) as bit ``i`` per column ``i``."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
+
+
+def _q4_0(b):
+    return _nibbles(b[:, 2:], 16).astype(np.int8) - np.int8(8), _f16(b[:, :2]), None
+
+
+def _q4_1(b):
+    return _nibbles(b[:, 4:], 16).astype(np.int8), _f16(b[:, :2]), _f16(b[:, 2:4])
+
+
+def _q5_0(b):
+    q = _nibbles(b[:, 6:], 16) | (_high_bits(b[:, 2:6]) << np.uint8(4))
+    return q.astype(np.int8) - np.int8(16), _f16(b[:, :2]), None
+
+
+def _q5_1(b):
+    q = _nibbles(b[:, 8:], 16) | (_high_bits(b[:, 4:8]) << np.uint8(4))
+    return q.astype(np.int8), _f16(b[:, :2]), _f16(b[:, 2:4])
+
+
+def _q8_0(b):
+    return b[:, 2:].view(np.int8), _f16(b[:, :2]), None
+
+
+def _k_scales(b):
+    """Q4_K/Q5_K: ``(scale, offset)`` ``[n, 8]``: ``fl(d * sc)`` and ``-fl(dmin * m)`` per sub-block."""
+    from gguf.quants import Q4_K
+
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))
+    return _f16(b[:, :2]) * sc.astype(np.float32), -(_f16(b[:, 2:4]) * m.astype(np.float32))
+
+
+def _q4_k(b):
+    scale, offset = _k_scales(b)
+    return _nibbles(b[:, 16:], 32).astype(np.int8), scale, offset
+
+
+def _q5_k(b):
+    scale, offset = _k_scales(b)
+    n = b.shape[0]
+    qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)  # bit j: sub-block j
+    q = _nibbles(b[:, 48:], 32) | ((qh & np.uint8(1)).reshape(n, -1) << np.uint8(4))
+    return q.astype(np.int8), scale, offset
+
+
+def _q6_k(b):
+    n = b.shape[0]
+    ql = _nibbles(b[:, :128], 64)  # per half of 128 columns: 64 low nibbles, then 64 high ones
+    qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = ql | ((qh & np.uint8(3)).reshape(n, -1) << np.uint8(4))
+    scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
+    return q.astype(np.int8) - np.int8(32), scale, None
+
+
+_UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k,
+           "Q5_K": _q5_k, "Q6_K": _q6_k}
