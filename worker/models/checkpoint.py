@@ -211,10 +211,16 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     return model.eval(), codec
 
 
-def read_gguf(path: str):
+def read_gguf(path: str, quantized: bool = False):
     """``(LlamaSource, tokenizer)`` from a GGUF file of a family in :data:`GGUF_FAMILIES` (see
     module docstring), or None for another architecture or a config transformers maps beyond
     :data:`GGUF_KEYS` (the caller then loads it through transformers).
+
+    ``quantized``: each weight the file stores in a block format slotserve reads
+    (:data:`~worker.models.gguf_blocks.FORMATS`) comes as a
+    :class:`~worker.models.llama.quantized.QuantizedWeight` holding the file's codes and scales
+    (precision ``gguf``): no fp32 copy of it is ever made. F32/F16/BF16 tensors (norms, biases)
+    and other block formats are fp32 tensors as without it.
 
     One pass over the header (:func:`~worker.models.gguf_header.read_table`) gives the metadata
     and the tensor table, and says no to another architecture before anything is converted; each
@@ -242,7 +248,7 @@ def read_gguf(path: str):
     config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
     _check_config(config, table, arch)
     try:
-        tensors = _tensors(table, config_dict, num_layers)
+        tensors = _tensors(table, config_dict, num_layers, quantized)
     except (KeyError, ValueError, NotImplementedError) as exc:
         raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
     source = from_state_dict(config, tensors)
@@ -277,11 +283,13 @@ def gguf_config_dict(metadata: dict, names) -> dict:
     return config
 
 
-def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
+def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bool = False) -> dict:
     """``{transformers name: fp32 tensor}``: each tensor the family's layers use, dequantised once
     by ``gguf.dequantize`` and processed by transformers' own per-architecture processor (Llama's
     q/k un-permutation, Gemma's norm ``w - 1``), as ``load_gguf_checkpoint`` does: the same
-    tensors bit for bit (tested)."""
+    tensors bit for bit (tested). ``quantized``: a 2-D tensor of a block format in
+    :data:`~worker.models.gguf_blocks.FORMATS` is a
+    :class:`~worker.models.llama.quantized.QuantizedWeight` instead (:func:`_stored`)."""
     import gguf
     import numpy as np
     import torch
@@ -289,6 +297,7 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map)
 
+    from worker.models.gguf_blocks import FORMATS
     from worker.models.llama.source import family_parts
 
     arch = table.metadata["general.architecture"]
@@ -317,11 +326,54 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int) -> dict:
         qtype = gguf.GGMLQuantizationType(ggml_type)
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         row_bytes = shape[-1] // block * size
-        raw = table.blob[start:start + row_bytes * int(np.prod(shape[:-1], dtype=np.int64))]
-        weights = gguf.dequantize(raw.reshape(*shape[:-1], row_bytes), qtype)
-        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters={})
-        tensors[mapping[result.name]] = torch.from_numpy(np.copy(result.weights))
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        raw = table.blob[start:start + row_bytes * rows]
+        if quantized and qtype.name in FORMATS and len(shape) == 2:
+            tensors[mapping[name]] = _stored(raw.reshape(rows, row_bytes), qtype.name, name, processor, mapping)
+        else:
+            weights = gguf.dequantize(raw.reshape(*shape[:-1], row_bytes), qtype)
+            result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters={})
+            tensors[mapping[result.name]] = torch.from_numpy(np.copy(result.weights))
+        _release(table.blob, start, len(raw))
     return tensors
+
+
+def _stored(raw, fmt: str, name: str, processor, mapping):
+    """A quantised tensor's rows as a :class:`~worker.models.llama.quantized.QuantizedWeight`, as
+    stored: its codes and scales (:func:`~worker.models.gguf_blocks.unpack`), never its fp32
+    weights. The per-architecture processor's change (Llama's q/k un-permutation) is a permutation
+    of rows, found by running the processor on the row numbers and applied to the stored rows;
+    ValueError where it changes values (it would need the fp32 weights)."""
+    import numpy as np
+
+    from worker.models.gguf_blocks import unpack
+    from worker.models.llama.quantized import QuantizedWeight
+
+    index = np.arange(len(raw), dtype=np.int64).reshape(-1, 1)
+    order = processor.process(weights=index, name=name, tensor_key_mapping=mapping, parsed_parameters={}).weights
+    order = np.asarray(order).reshape(-1)
+    if order.shape != (len(raw),) or not np.array_equal(np.sort(order), index[:, 0]):
+        raise ValueError(f"{name}: transformers' GGUF processor changes this quantised tensor's values, not only "
+                         f"its row order; load it at a precision other than gguf")
+    if not np.array_equal(order, index[:, 0]):
+        raw = raw[order]  # a copy of the stored bytes (a few MiB), not of the weights
+    return QuantizedWeight(*unpack(raw, fmt), fmt)
+
+
+def _release(blob, start: int, length: int) -> None:
+    """Drop the file's pages of one tensor that was read from ``blob`` (a ``numpy.memmap``) from this
+    process's memory: they count in its RSS while mapped, so without this a load's peak is the
+    weights plus the whole file. Read-only and file-backed: a later read maps them again."""
+    import mmap
+
+    handle = getattr(blob, "_mmap", None)
+    if handle is None or not hasattr(handle, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    first = start // page * page
+    end = min(-(-(start + length) // page) * page, len(handle))
+    if end > first:
+        handle.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _check_read_features(metadata: dict, names, arch: str) -> None:
