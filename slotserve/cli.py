@@ -194,8 +194,9 @@ def _model_options(command):
                      help="Where a real model runs: cpu, cuda, or auto (cuda when torch sees a GPU)."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=_default(ModelOptions, "precision"),
                      show_envvar=True,
-                     help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU); auto: fp32 on CPU, "
-                          "bf16 on CUDA. Speed and accuracy of each: docs/models.md."),
+                     help="fp32 (exact), bf16, int8 or int4 (weight-only, CPU), gguf (a GGUF file's "
+                          "block-quantised weights as stored, CPU); auto: gguf for such a file on CPU, else "
+                          "fp32 on CPU, bf16 on CUDA. Speed and accuracy of each: docs/models.md."),
         click.option("--runner", type=click.Choice(RUNNERS), default=_default(ModelOptions, "runner"),
                      show_envvar=True,
                      help="slotserve (own Llama-family runner), hf (transformers forward, any "

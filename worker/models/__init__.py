@@ -56,9 +56,14 @@ def load_model(name: str, **options):
                                 max_prefill_tokens=opts.max_prefill_tokens, max_cache_len=max_cache_len, **options)
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
+    stored = precision == "gguf" or (opts.precision == "auto" and device == "cpu")  # gguf if the file is quantised
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear,
-                                 opts.kv_cache_dtype)
+                                 opts.kv_cache_dtype, stored)
     if runner is None:
+        if precision == "gguf":
+            raise ValueError(f"precision gguf serves a GGUF file's own block-quantised weights; {name!r} is not a "
+                             f"GGUF file slotserve's runner reads (llama, qwen2, qwen3, gemma2, gemma3, phi3): "
+                             f"use fp32, bf16, int8 or int4")
         return _load_through_transformers(name, opts, device, precision, max_cache_len)
     runner.speculative_tokens = opts.speculative_tokens
     runner.prefix_cache_mb = opts.prefix_cache_mb
@@ -128,11 +133,15 @@ def _check_hf_fallback(name: str, reason: str, opts: ModelOptions, device: str, 
 
 
 def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,
-                        cpu_linear: str, kv_cache_dtype: str = "auto"):
+                        cpu_linear: str, kv_cache_dtype: str = "auto", stored: bool = False):
     """The slotserve runner for a GGUF file of a family it serves (llama, qwen2, qwen3, gemma2, gemma3,
     phi3), read without building the transformers model (:func:`worker.models.checkpoint.read_gguf`);
     None for anything else. ValueError (:class:`~worker.models.llama.family.Unsupported`) for a file
-    stating what neither that reader nor transformers' applies (RoPE scaling)."""
+    stating what neither that reader nor transformers' applies (RoPE scaling).
+
+    ``stored``: read block-quantised weights as stored (``read_gguf(quantized=True)``) and run them
+    at precision ``gguf`` -- asked for, or ``auto`` on CPU (``precision`` then says fp32: it stays
+    fp32 for a file with no block-quantised weight; there is nothing to keep)."""
     import os
 
     from worker.models import hf, llama
@@ -142,10 +151,12 @@ def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, m
     path, gguf_file = resolve_model_path(name)
     if gguf_file is None or not os.path.isfile(os.path.join(path, gguf_file)):
         return None
-    read = read_gguf(os.path.join(path, gguf_file))
+    read = read_gguf(os.path.join(path, gguf_file), quantized=stored)
     if read is None:
         return None
     source, tokenizer = read
+    if stored:
+        precision = "gguf" if _has_stored(source) else precision
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
     runner = llama.from_source(source, codec, device=device, precision=precision, max_cache_len=max_cache_len,
                                max_prefill_tokens=max_prefill_tokens, cpu_linear=cpu_linear,
@@ -154,3 +165,11 @@ def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, m
     del source, read
     return_freed_memory()
     return runner
+
+
+def _has_stored(source) -> bool:
+    """Whether a :class:`~worker.models.llama.source.LlamaSource` holds a block-quantised weight as stored."""
+    from worker.models.llama.quantized import QuantizedWeight
+
+    return any(isinstance(t, QuantizedWeight) for t in
+               [source.embed, source.head, *(t for layer in source.layers for t in layer.values())])

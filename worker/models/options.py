@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
+PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
 RUNNERS = ("auto", "slotserve", "hf")
 CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
@@ -39,8 +39,12 @@ class ModelOptions:
 
     - ``device``: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when torch sees a GPU).
     - ``precision``: ``"fp32"`` (exact: greedy equals transformers' ``generate``),
-      ``"bf16"``, ``"int8"`` / ``"int4"`` (weight-only, torch's own kernels), or
-      ``"auto"`` (fp32 on CPU, bf16 on CUDA). int8/int4 need the slotserve runner.
+      ``"bf16"``, ``"int8"`` / ``"int4"`` (weight-only, torch's own kernels),
+      ``"gguf"`` (a GGUF file's weights as it stores them: its block formats'
+      codes and scales, :mod:`worker.models.llama.quantized`; CPU only), or
+      ``"auto"``: on CPU ``gguf`` for a GGUF file with block-quantised weights
+      (decided at load, :func:`worker.models.load_model`) and fp32 otherwise;
+      bf16 on CUDA. int8/int4/gguf need the slotserve runner.
     - ``runner``: ``"slotserve"`` (its own decoder runner: Llama, Mistral,
       Qwen2/2.5, Qwen3, Gemma 2/3 and Phi-3, :mod:`worker.models.llama.family`),
       ``"hf"`` (the transformers forward: any architecture, the numerical
@@ -115,8 +119,11 @@ class ModelOptions:
         if self.kv_cache_dtype != "auto" and self.runner == "hf":
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs the slotserve runner (the hf runner's "
                              "cache has the weights' dtype); use kv_cache_dtype='auto'")
-        if self.runner == "hf" and self.precision in ("int8", "int4"):
+        if self.runner == "hf" and self.precision in ("int8", "int4", "gguf"):
             raise ValueError(f"precision {self.precision} needs the slotserve runner, not runner=hf")
+        if self.device == "cuda" and self.precision == "gguf":
+            raise ValueError("precision gguf runs on CPU only (no CUDA kernel for the file's block formats); "
+                             "on CUDA use bf16 (or auto)")
 
     @property
     def is_default(self) -> bool:
@@ -127,15 +134,18 @@ class ModelOptions:
         return asdict(self)
 
     def resolve(self) -> tuple[str, str]:
-        """``(device, precision)`` with ``auto`` decided: CUDA if available; fp32 on CPU, bf16 on CUDA.
+        """``(device, precision)`` with ``auto`` decided: CUDA if available (CPU for precision
+        ``gguf``, which runs there only); fp32 on CPU, bf16 on CUDA (:func:`worker.models.load_model`
+        then makes a CPU ``auto`` ``gguf`` for a GGUF file with block-quantised weights: only it
+        sees the file).
 
         Raises ValueError for ``device="cuda"`` when torch sees no GPU.
         """
         import torch
 
         device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "auto":  # gguf runs on CPU only: there even where a GPU is
+            device = "cuda" if torch.cuda.is_available() and self.precision != "gguf" else "cpu"
         elif device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device cuda: torch sees no CUDA GPU (a CPU build of torch, or no driver); "
                              "use --device cpu")

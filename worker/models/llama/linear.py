@@ -15,6 +15,10 @@ stored and which kernel multiplies it:
   ``group_quantize_tensor`` and llama.cpp's Q4_1), packed by
   ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` and multiplied by
   ``torch.ops.aten._weight_int4pack_mm_for_cpu``.
+- :class:`~worker.models.llama.quantized.QuantizedWeight` -- precision
+  ``gguf``: a GGUF file's block-quantised weight as stored (its own module);
+  :class:`ConcatLinear` runs a fused q/k/v or gate/up whose parts the file
+  stores in different formats.
 
 On CPU, fp32 and bf16 use whichever of ``dense``, ``mkl`` and ``onednn`` is
 measured fastest on the CPU at hand for the model's layer shapes
@@ -55,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.heap import bound_onednn_caches
+from worker.models.llama.quantized import QuantizedWeight
 
 
 PACK_ROWS = 512
@@ -346,15 +351,48 @@ class Int4Linear(_Quantised):
                 + self.codes.numel() + 8 * self.scale.numel())
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, device: str,
-                kind: str | None = None):
-    """The linear kind for ``precision`` holding ``weight`` ``[N, K]`` (any float dtype) on ``device``.
+class ConcatLinear:
+    """``x @ W.T`` for ``W`` the rows of ``parts`` stacked (q, k, v), each part run by its own linear
+    and the outputs put side by side: a fused linear whose parts a GGUF file stores in different
+    formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v), which one
+    :class:`~worker.models.llama.quantized.QuantizedWeight` cannot hold."""
+
+    __slots__ = ("parts", "out_features")
+
+    def __init__(self, parts: list) -> None:
+        self.parts = list(parts)
+        self.out_features = sum(p.out_features for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def make_linear(weight, bias: torch.Tensor | None, precision: str, device: str, kind: str | None = None):
+    """The linear kind for ``precision`` holding ``weight`` ``[N, K]`` (any float dtype, or a
+    :class:`~worker.models.llama.quantized.QuantizedWeight`) on ``device``.
 
     fp32 and bf16 on CPU: ``kind`` (``"dense"`` or one of :data:`PACKED_KINDS`; default:
-    :func:`cpu_linear_kind` measured for this weight's shape).
+    :func:`cpu_linear_kind` measured for this weight's shape). ``gguf``: a QuantizedWeight as it
+    is (its tensors shared, ``bias`` added in fp32), a tensor (a weight the file stores F32/F16)
+    as fp32; at any other precision a QuantizedWeight is dequantised first.
 
-    Raises ValueError for int8/int4 off the CPU or an unknown precision or kind.
+    Raises ValueError for int8/int4/gguf off the CPU or an unknown precision or kind.
     """
+    if precision == "gguf":
+        if device != "cpu":
+            raise ValueError("precision gguf runs on CPU only; on CUDA use bf16")
+        if isinstance(weight, QuantizedWeight):
+            return weight if bias is None else weight.with_bias(bias)
+        precision = "fp32"
+    elif isinstance(weight, QuantizedWeight):
+        weight = weight.dequantize()
     if precision in ("fp32", "bf16"):
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         if device == "cpu":

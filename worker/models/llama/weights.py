@@ -24,13 +24,15 @@ norms, stored-fused projections, q/k norms and sandwich norms taken here, once):
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from worker.models.llama.family import Family, describe
-from worker.models.llama.linear import DenseLinear, cpu_linear_kind, make_linear
+from worker.models.llama.linear import ConcatLinear, DenseLinear, cpu_linear_kind, make_linear
+from worker.models.llama.quantized import QuantizedEmbedding, QuantizedWeight
 from worker.models.llama.screen import ScreenedHead, screened_head
 from worker.models.llama.source import LlamaSource
 
@@ -191,10 +193,14 @@ class LlamaWeights:
         on_cpu = torch.device(device).type == "cpu"
         layer_kind = cpu_kind(precision, shape, device, cpu_linear) if precision in ("fp32", "bf16") else None
         self.linear_kind = layer_kind or (precision if on_cpu else "dense")
+        if precision == "gguf":  # what runs: the file's formats, e.g. "Q4_K x 168, Q6_K x 29"
+            self.linear_kind = stored_formats(source)
         self.layers = [layer_weights(layer, precision, device, layer_kind, act, fam.norm_offset)
                        for layer in source.layers]
         self.norm = _norm_copy(source.norm, device, act, fam.norm_offset)
-        head_kind = cpu_kind(_head_precision(precision), shape, device, cpu_linear)  # at fp32/bf16: layer_kind's
+        head_source = source.embed if source.head is None else source.head
+        head_kind = None if isinstance(head_source, QuantizedWeight) else cpu_kind(  # at fp32/bf16: layer_kind's
+            _head_precision(precision), shape, device, cpu_linear)
         self.embed, self.head = embedding_and_head(source, self.layers[0].qkv, precision, device, act, head_kind)
         self.greedy_head = greedy_head(source, self.embed, self.head, precision, on_cpu, screen_head)
         self.scaling = fam.scaling
@@ -213,7 +219,8 @@ class LlamaWeights:
     def nbytes(self) -> int:
         """Bytes of weights (tables included)."""
         linears = [w for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)]
-        head = 0 if getattr(self.head, "weight", None) is self.embed.table else self.head.nbytes
+        table = getattr(self.embed, "table", getattr(self.embed, "weight", None))
+        head = 0 if self.head is table or getattr(self.head, "weight", None) is table else self.head.nbytes
         screen = 0 if self.greedy_head is None else self.greedy_head.screen.nbytes
         return sum(x.nbytes for x in linears) + self.embed.nbytes + head + screen
 
@@ -245,13 +252,42 @@ def layer_weights(layer: dict, precision: str, device: str, kind: str | None, ac
 
 def fused_linear(layer: dict, keys: tuple[str, ...], precision: str, device: str, kind: str | None):
     """One linear over ``layer``'s weights ``keys`` stacked along the output (q, k, v -> qkv), biases
-    alike; a source that stores them fused already (Phi-3's ``"qkv"``, ``"gate_up"``) gives it as is."""
+    alike; a source that stores them fused already (Phi-3's ``"qkv"``, ``"gate_up"``) gives it as is.
+    At precision ``gguf``, parts stored quantised: :func:`stored_fused`."""
     stored = "".join(keys) if len(keys) == 3 else "_".join(keys)  # "qkv", "gate_up"
     if len(keys) > 1 and stored in layer:
         return make_linear(layer[stored], layer.get(stored + ".bias"), precision, device, kind)
+    if any(isinstance(layer[k], QuantizedWeight) for k in keys):
+        if precision == "gguf":
+            return stored_fused([make_linear(layer[k], layer.get(k + ".bias"), precision, device, kind)
+                                 for k in keys])
+        layer = {k: v.dequantize() if isinstance(v, QuantizedWeight) else v for k, v in layer.items()}
     weight = torch.cat([layer[k] for k in keys])
     bias = None if keys[0] + ".bias" not in layer else torch.cat([layer[k + ".bias"] for k in keys])
     return make_linear(weight, bias, precision, device, kind)
+
+
+def stored_fused(parts: list):
+    """Linears of one input fused (precision ``gguf``): one
+    :class:`~worker.models.llama.quantized.QuantizedWeight` of their rows (``QuantizedWeight.cat``)
+    when all are stored in one format, else a :class:`~worker.models.llama.linear.ConcatLinear`
+    running each (a Q4_K_M file mixes Q4_K and Q6_K within a layer)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, QuantizedWeight) for p in parts) and len(
+            {(p.fmt, p.group, p.in_features) for p in parts}) == 1:
+        return QuantizedWeight.cat(parts)
+    return ConcatLinear(parts)
+
+
+def stored_formats(source: LlamaSource) -> str:
+    """The source's weight matrices by stored format, most first: ``"Q4_K x 168, Q6_K x 29"``
+    (``fp32`` for the ones read as tensors); what precision ``gguf`` runs, for the worker's log."""
+    tensors = [t for layer in source.layers for key, t in layer.items()
+               if isinstance(t, QuantizedWeight) or (t.dim() == 2 and "." not in key)]
+    tensors += [t for t in (source.embed, source.head) if t is not None]
+    counts = Counter(t.fmt if isinstance(t, QuantizedWeight) else "fp32" for t in tensors)
+    return ", ".join(f"{fmt} x {n}" for fmt, n in counts.most_common())
 
 
 def embedding_and_head(source: LlamaSource, qkv, precision: str, device: str, act: torch.dtype,
@@ -266,13 +302,21 @@ def embedding_and_head(source: LlamaSource, qkv, precision: str, device: str, ac
     (``qkv``, the first layer's, is a :class:`DenseLinear`) of the
     embedding's dtype uses the embedding's table: one tensor for both, as in
     the HF model.
+
+    At precision ``gguf`` a quantised embedding is read from its stored rows
+    (:class:`~worker.models.llama.quantized.QuantizedEmbedding`) and a tied head is that same
+    stored weight; an untied head runs as stored.
     """
+    if precision == "gguf" and isinstance(source.embed, QuantizedWeight):
+        head = source.embed if source.head is None else source.head
+        return QuantizedEmbedding(source.embed, act), make_linear(head, None, precision, device, head_kind)
+    table = source.embed.dequantize() if isinstance(source.embed, QuantizedWeight) else source.embed
     embed_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.int8}.get(precision, act)
     share = source.head is None and isinstance(qkv, DenseLinear)  # the head can use the embedding's table
-    embed = Embedding(source.embed, embed_dtype, device, act, exact_int8=not share)
+    embed = Embedding(table, embed_dtype, device, act, exact_int8=not share)
     if share and embed.table.dtype == qkv.weight.dtype:
         return embed, DenseLinear(embed.table)
-    return embed, make_linear(source.embed if source.head is None else source.head, None,
+    return embed, make_linear(table if source.head is None else source.head, None,
                               _head_precision(precision), device, head_kind)
 
 
@@ -286,7 +330,8 @@ def greedy_head(source: LlamaSource, embed: Embedding, head, precision: str, on_
     Raises ValueError for ``use=True`` anywhere else.
     """
     if on_cpu and precision == "fp32" and source.head is None and embed.exact:
-        return screened_head(source.embed.float(), head, embed, use)
+        table = source.embed.dequantize() if isinstance(source.embed, QuantizedWeight) else source.embed.float()
+        return screened_head(table, head, embed, use)
     if use:
         raise ValueError("screen_head needs fp32 on CPU and an LM head tied to an exactly stored embedding")
     return None
@@ -312,8 +357,8 @@ def rope_tables(inv_freq: torch.Tensor, attention_scaling: float, max_len: int, 
 
 
 def _head_precision(precision: str) -> str:
-    """The LM head's precision: bf16 at bf16, else fp32 (see :func:`embedding_and_head`)."""
-    return "bf16" if precision == "bf16" else "fp32"
+    """The LM head's precision: bf16 at bf16, as stored at gguf, else fp32 (see :func:`embedding_and_head`)."""
+    return precision if precision in ("bf16", "gguf") else "fp32"
 
 
 def _norm_copy(weight: torch.Tensor, device: str, dtype: torch.dtype, offset: float) -> torch.Tensor:
