@@ -18,30 +18,12 @@ np = pytest.importorskip("numpy")
 
 import torch.nn.functional as F  # noqa: E402
 
+from tests.support.tiny_gguf import random_blocks  # noqa: E402
 from worker.models import gguf_blocks  # noqa: E402
 from worker.models.gguf_blocks import FORMATS, unpack  # noqa: E402
 from worker.models.llama.quantized import QuantizedWeight  # noqa: E402
 
-FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-               "Q5_K": (0, 2), "Q6_K": (208,)}
-"""Byte offsets of each format's fp16 fields in a block (d, and m or dmin)."""
-
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # what gguf.quantize writes
-
-
-def random_blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """uint8 ``[rows, row_bytes]``: random bytes, each fp16 field a finite value (some zero or subnormal)."""
-    qtype = gguf.GGMLQuantizationType[fmt]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
-    for at in FP16_FIELDS[fmt]:
-        values = (rng.standard_normal(len(raw)) * 0.01).astype(np.float16)
-        values[::7] = 0.0
-        values[3::11] = np.float16(-0.0)
-        values[5::13] = np.float16(3e-7)  # subnormal in fp16
-        raw[:, at:at + 2] = values.reshape(-1, 1).view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 def _assert_bits(got: torch.Tensor, want: np.ndarray) -> None:

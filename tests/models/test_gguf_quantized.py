@@ -1,0 +1,125 @@
+"""Precision ``gguf``: a GGUF file's block-quantised weights served as stored.
+
+Tiny random Llama and Qwen2 GGUF files using every block format slotserve
+reads (:mod:`tests.support.tiny_gguf`) are loaded at precision ``gguf``: the
+weights stay codes and scales (``QuantizedWeight``, fused where the formats
+agree, a ``ConcatLinear`` where they do not; the tied head the embedding's
+own object), no tensor is ever dequantised whole at load, and the logits match
+transformers' forward on the file (which dequantises it with the same ``gguf``
+package) within fp32 tolerance at every position: the pure-torch product
+multiplies the dequantised weights in fp32. ``auto`` picks ``gguf`` for such
+a file on CPU; int8 re-quantises only when asked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from tests.support.tiny_gguf import write_quantized_gguf  # noqa: E402
+from worker.models import ModelOptions, load_model  # noqa: E402
+from worker.models.base import SlotInput  # noqa: E402
+from worker.models.checkpoint import read_gguf  # noqa: E402
+from worker.models.gguf_blocks import FORMATS  # noqa: E402
+from worker.models.llama.linear import ConcatLinear, Int8Linear  # noqa: E402
+from worker.models.llama.quantized import QuantizedEmbedding, QuantizedWeight  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def quantized_file(request, tmp_path_factory):
+    """``(arch, gguf path, transformers' model loaded from it)``."""
+    folder = tmp_path_factory.mktemp(f"q-{request.param}")
+    path = str(folder / f"tiny-{request.param}.gguf")
+    write_quantized_gguf(path, request.param)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=os.path.basename(path),
+                                                            dtype=torch.float32).eval()
+    return request.param, path, ref
+
+
+def test_the_stored_weights_dequantize_to_the_fp32_read(quantized_file):
+    """Every quantised tensor read as stored (q/k rows un-permuted as transformers does) gives the
+    fp32 read's tensor back bit for bit; F32/F16 tensors are the same tensors."""
+    arch, path, _ = quantized_file
+    stored, _ = read_gguf(path, quantized=True)
+    plain, _ = read_gguf(path)
+    pairs = [(stored.embed, plain.embed), (stored.head, plain.head), (stored.norm, plain.norm)]
+    pairs += [(s[k], p[k]) for s, p in zip(stored.layers, plain.layers) for k in s]
+    formats = set()
+    for got, want in pairs:
+        if isinstance(got, QuantizedWeight):
+            formats.add(got.fmt)
+            got = got.dequantize()
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert formats == set(FORMATS) - ({"Q5_0"} if arch == "qwen2" else set())
+
+
+def test_no_quantised_tensor_is_dequantised_at_load(quantized_file, monkeypatch):
+    """``gguf.dequantize`` runs only for the F16 tensor: the rest is never made fp32 whole."""
+    _, path, _ = quantized_file
+    seen = []
+    real = gguf.dequantize
+
+    def spy(data, qtype):
+        seen.append(gguf.GGMLQuantizationType(qtype).name)
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf, "dequantize", spy)
+    load_model(path, precision="gguf")
+    assert set(seen) <= {"F32", "F16"}
+
+
+def test_gguf_logits_match_transformers_at_every_position(quantized_file):
+    """A 24-token prompt then 6 decode steps at precision gguf, against transformers' fp32 forward."""
+    arch, path, ref = quantized_file
+    model = load_model(path, precision="gguf")
+    w = model.weights
+    assert w.precision == "gguf" and w.act_dtype == torch.float32 and w.greedy_head is None
+    assert isinstance(w.embed, QuantizedEmbedding)
+    assert isinstance(w.layers[0].qkv, ConcatLinear if arch == "llama" else QuantizedWeight)
+    assert isinstance(w.layers[1].qkv, QuantizedWeight if arch == "llama" else ConcatLinear)
+    if arch == "qwen2":  # tied: the head is the embedding's stored weight, held once
+        assert w.head is w.embed.weight
+        assert w.layers[0].qkv.bias is not None
+        assert w.nbytes == sum(x.nbytes for lw in w.layers for x in (lw.qkv, lw.o, lw.gate_up, lw.down)) \
+            + w.embed.nbytes
+    assert "Q6_K x" in w.linear_kind and ("fp32 x 1" in w.linear_kind) == (arch == "llama")
+    model.bind_slots(1)
+    seq = [int(t) for t in torch.randint(2, 300, (24,), generator=torch.Generator().manual_seed(1))]
+    with torch.inference_mode():
+        want = ref(torch.tensor([seq])).logits[0]
+    logits, _ = model.forward_batch([SlotInput(0, list(seq))])
+    torch.testing.assert_close(logits[0], want[-1], atol=1e-4, rtol=1e-4)
+    for _ in range(6):
+        seq.append(int(logits[0].argmax()))
+        logits, _ = model.forward_batch([SlotInput(0, list(seq))])
+        with torch.inference_mode():
+            want = ref(torch.tensor([seq])).logits[0, -1]
+        torch.testing.assert_close(logits[0], want, atol=1e-4, rtol=1e-4)
+
+
+def test_auto_picks_gguf_for_a_quantised_file_and_int8_requantises_only_when_asked(quantized_file):
+    _, path, _ = quantized_file
+    assert load_model(path).weights.precision == "gguf"
+    fp32 = load_model(path, precision="fp32").weights
+    assert fp32.precision == "fp32" and not isinstance(fp32.layers[0].qkv, (QuantizedWeight, ConcatLinear))
+    assert isinstance(load_model(path, precision="int8").weights.layers[0].o, Int8Linear)
+
+
+def test_gguf_is_refused_where_it_cannot_run(model_dir):
+    """Not a GGUF file (transformers' loader), CUDA, the HF runner: each a ValueError saying what to use."""
+    with pytest.raises(ValueError, match="GGUF file"):
+        load_model(model_dir, precision="gguf")
+    with pytest.raises(ValueError, match="CPU only"):
+        ModelOptions(device="cuda", precision="gguf")
+    with pytest.raises(ValueError, match="slotserve runner"):
+        ModelOptions(runner="hf", precision="gguf")
+    assert ModelOptions(precision="gguf").resolve() == ("cpu", "gguf")  # device auto: CPU even with a GPU
