@@ -1,7 +1,8 @@
 """Fixtures shared by the model-backend tests: the tiny random Llama (``model_dir``,
 used by test_llama_runner and test_llama_speculative; test_hf_models overrides it
 with its own models) and transformers' own model loaded from the module's
-``model_dir`` (``reference``)."""
+``model_dir`` (``reference``), and a tiny random Llama written as a block-quantised GGUF
+(``quantized_gguf``, for precision ``gguf``)."""
 
 import pytest
 
@@ -31,6 +32,16 @@ def smollm2_hf():
     from worker.models import load_model
 
     return load_model("smollm2-135m", runner="hf")
+
+
+@pytest.fixture(scope="session")
+def quantized_gguf(tmp_path_factory):
+    """Path of the tiny Llama GGUF in every block format (:func:`tests.support.tiny_gguf.write_quantized_gguf`)."""
+    from tests.support.tiny_gguf import write_quantized_gguf
+
+    path = str(tmp_path_factory.mktemp("q-llama") / "tiny-llama.gguf")
+    write_quantized_gguf(path, "llama")
+    return path
 
 
 def pytest_itemcollected(item):

@@ -56,6 +56,24 @@ def test_speculative_greedy_equals_generate(model_dir, reference, k, max_prefill
         assert h.tokens == generate_alone(reference, p, n)
 
 
+def test_speculative_greedy_at_gguf_gives_the_tokens_of_decoding_without_drafts(quantized_gguf):
+    """Precision gguf (the tiny Llama GGUF of every block format): drafts verified in the step give
+    the tokens one token a step gives."""
+    prompts = repetitive_prompts(6, seed=3) + random_prompts(3, seed=3)
+    max_tokens = [random.Random(i).randint(5, 40) for i in range(len(prompts))]
+    tokens, several = [], 0
+    for k in (0, 3):
+        model = CountingSteps(load_model(quantized_gguf, precision="gguf", speculative_tokens=k,
+                                         max_prefill_tokens=16))
+        engine = BatchInferenceEngine(model, batch_size=4)
+        handles = [engine.submit_request(p, n) for p, n in zip(prompts, max_tokens)]
+        engine.run()
+        tokens.append([h.tokens for h in handles])
+        several = model.several
+    assert several > 0  # drafts were accepted
+    assert tokens[1] == tokens[0]
+
+
 def test_sampled_rows_get_no_drafts_and_drafts_stop_at_the_context(model_dir, reference):  # noqa: F811
     runner = load_model(model_dir, max_cache_len=48)
     runner.speculative_tokens = 8

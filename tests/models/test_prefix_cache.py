@@ -183,15 +183,17 @@ def test_prompts_admitted_together_hit_what_the_first_one_stored_meanwhile(model
     assert model.prefix_cache.stats.hits >= 3 * 32
 
 
-@pytest.mark.parametrize("precision, speculative", [("fp32", 3), ("bf16", 0), ("int8", 0)])
+@pytest.mark.parametrize("precision, speculative", [("fp32", 3), ("bf16", 0), ("int8", 0), ("gguf", 0), ("gguf", 3)])
 def test_hits_with_speculative_decoding_and_other_precisions_give_the_cold_runs_tokens(model_dir, precision,
-                                                                                         speculative):
+                                                                                         speculative, request):
     """A hit's keys are the ones a cold prefill computes in that precision: the same tokens as the
-    same runner with the cache off, drafts verified as usual."""
+    same runner with the cache off, drafts verified as usual (gguf: the tiny Llama GGUF of every
+    block format, ``quantized_gguf``)."""
     prompts = shared_prompts(4, seed=9)
+    path = request.getfixturevalue("quantized_gguf") if precision == "gguf" else model_dir
     tokens = []
     for mb in (0, 16):
-        model = load_model(model_dir, precision=precision, speculative_tokens=speculative, max_prefill_tokens=32)
+        model = load_model(path, precision=precision, speculative_tokens=speculative, max_prefill_tokens=32)
         model.prefix_cache_mb = mb
         run(model, prompts[:1], n=12)
         tokens.append(run(model, prompts, n=12))
