@@ -177,7 +177,7 @@ def test_fp32_logits_match_transformers_at_every_position(arch_file):
     """A 24-token prompt (three times the window) then 8 decode steps, each step's logits against
     transformers' forward over the whole sequence."""
     arch, path, ref = arch_file
-    model = load_model(path)
+    model = load_model(path, precision="fp32")  # auto would serve the Q8_0 tensors as stored (gguf)
     assert isinstance(model, LlamaRunner)
     model.bind_slots(1)
     seq = [int(t) for t in torch.randint(0, 250, (24,), generator=torch.Generator().manual_seed(1))]
@@ -319,7 +319,7 @@ def test_the_real_gemma3_270m_runs_greedy_as_hf_generate():
     from worker.models.checkpoint import resolve_model_path
 
     folder, name = resolve_model_path("gemma3-270m")
-    model = load_model("gemma3-270m")
+    model = load_model("gemma3-270m", precision="fp32")
     assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "gemma3_text"
     reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     prompts = [model.tokenizer.encode(p) for p in GEMMA_PROMPTS]

@@ -145,19 +145,24 @@ def test_same_chat_template_the_files_own(tokenizers, gguf_path):
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_loading_converts_each_tensor_once(monkeypatch, gguf_path):
-    """``load_model``'s whole path: each of the file's tensors dequantised once, and no
-    ``load_gguf_checkpoint`` call (its ``gguf.GGUFReader`` parse of the metadata is what the
+@pytest.mark.parametrize("precision", ["fp32", "auto"])
+def test_loading_converts_each_tensor_once(monkeypatch, gguf_path, precision):
+    """``load_model``'s whole path: each of the file's tensors dequantised once (at fp32), or only
+    its F32 ones (the default, ``auto``: precision gguf keeps the Q4_1/Q8_0 ones as stored), and
+    no ``load_gguf_checkpoint`` call (its ``gguf.GGUFReader`` parse of the metadata is what the
     direct read skips: worker.models.checkpoint)."""
     from worker.models import ModelOptions, load_model
     from worker.models.llama import LlamaRunner
 
     counts = _Counts(monkeypatch)
-    model = load_model("smollm2-135m", **ModelOptions().as_kwargs())
+    model = load_model("smollm2-135m", **ModelOptions(precision=precision).as_kwargs())
     assert isinstance(model, LlamaRunner) and model.tokenizer is not None
+    assert model.weights.precision == ("gguf" if precision == "auto" else precision)
     assert counts.checkpoints == []
     tensors = gguf.GGUFReader(gguf_path).tensors
-    assert len(counts.dequantized) == len(tensors) == 272
+    if precision == "auto":
+        tensors = [t for t in tensors if t.tensor_type == gguf.GGMLQuantizationType.F32]
+    assert len(counts.dequantized) == len(tensors) == (272 if precision == "fp32" else 61)
     assert sorted(counts.dequantized) == sorted(_digest(t.data) for t in tensors)  # each one, none twice
 
 

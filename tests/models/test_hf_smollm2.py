@@ -153,8 +153,9 @@ def test_a_row_with_non_finite_logits_fails_alone(smol, runner_fp32, references,
 
 @pytest.fixture(scope="module")
 def direct():
-    """``load_model``'s own path for the GGUF: read without building the transformers model."""
-    return load_model("smollm2-135m", max_prefill_tokens=16)
+    """``load_model``'s own path for the GGUF: read without building the transformers model (fp32:
+    the default on CPU, ``auto``, serves this Q4_1 file as stored, precision gguf)."""
+    return load_model("smollm2-135m", precision="fp32", max_prefill_tokens=16)
 
 
 def test_the_gguf_read_directly_is_the_one_transformers_loads(smol, runner_fp32, direct, references):
