@@ -202,11 +202,17 @@ class LlamaWeights:
             self.layers.append(layer_weights(layer, precision, device, layer_kind, act, fam.norm_offset))
             if precision == "gguf":  # the stored parts of a fused weight go now, not after the whole load
                 source.layers[i] = {}
+                lw = self.layers[-1]
+                for linear in (lw.qkv, lw.o, lw.gate_up, lw.down):
+                    prepare_stored(linear)
         self.norm = _norm_copy(source.norm, device, act, fam.norm_offset)
         head_source = source.embed if source.head is None else source.head
         head_kind = None if isinstance(head_source, QuantizedWeight) else cpu_kind(  # at fp32/bf16: layer_kind's
             _head_precision(precision), shape, device, cpu_linear)
         self.embed, self.head = embedding_and_head(source, self.layers[0].qkv, precision, device, act, head_kind)
+        if precision == "gguf":
+            prepare_stored(self.head)
+            self.linear_kind += stored_product()
         self.greedy_head = greedy_head(source, self.embed, self.head, precision, on_cpu, screen_head)
         self.scaling = fam.scaling
         self.consts = StepConsts.of(source.config, self.scaling, on_cpu, shape.head_dim)
@@ -283,6 +289,24 @@ def stored_fused(parts: list):
             {(p.fmt, p.group, p.in_features) for p in parts}) == 1:
         return QuantizedWeight.cat(parts)
     return ConcatLinear(parts)
+
+
+def prepare_stored(linear) -> None:
+    """Hand a gguf linear's stored weights (a QuantizedWeight, or a ConcatLinear's) to the compiled
+    kernel where one runs here (``QuantizedWeight.prepare``: in place, after any fusing)."""
+    for w in getattr(linear, "parts", (linear,)):
+        if isinstance(w, QuantizedWeight):
+            w.prepare()
+
+
+def stored_product() -> str:
+    """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`."""
+    from worker.models.llama import qkernel
+
+    module = qkernel.load()
+    if module is None:
+        return " (pure torch: fp32 on the dequantised weights)"
+    return " (compiled kernel, AMX-BF16)" if module.has_amx() else " (compiled kernel, AVX-512 BF16)"
 
 
 def stored_formats(source: LlamaSource) -> str:
