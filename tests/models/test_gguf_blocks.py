@@ -74,6 +74,7 @@ def test_the_product_matches_f_linear_on_the_dequantized_weight(fmt):
     w = _check(fmt, random_blocks(fmt, 24, 512, seed=2))
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(w(x), F.linear(x, w.dequantize()), rtol=1e-5, atol=1e-5)
+    assert w(x[:0]).shape == (0, 24)
     bias = torch.randn(24)
     torch.testing.assert_close(w.with_bias(bias)(x), F.linear(x, w.dequantize(), bias), rtol=1e-5, atol=1e-5)
 

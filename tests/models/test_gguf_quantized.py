@@ -132,6 +132,16 @@ def test_gguf_logits_match_transformers_at_every_position(quantized_file, produc
         _close(logits[0], want, product)
 
 
+def test_a_product_of_no_rows_is_empty_on_every_linear(quantized_file):
+    """A step whose plan has no logits to compute multiplies the head by no rows (the compiled
+    kernel crashed the process on that: the prefix-cache test at gguf)."""
+    _, path, _ = quantized_file
+    w = load_model(path, precision="gguf").weights
+    widths = {"qkv": 256, "o": 256, "gate_up": 256, "down": 512}
+    for linear, k in [(w.head, 256)] + [(getattr(lw, n), k) for lw in w.layers for n, k in widths.items()]:
+        assert linear(torch.zeros(0, k)).shape == (0, linear.out_features)
+
+
 def test_auto_picks_gguf_for_a_quantised_file_and_int8_requantises_only_when_asked(quantized_file):
     _, path, _ = quantized_file
     assert load_model(path).weights.precision == "gguf"
