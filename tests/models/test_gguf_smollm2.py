@@ -2,10 +2,10 @@
 
 Served as stored: about a fifth of fp32's weight bytes, the head the
 embedding's own stored weight, and greedy tokens against the fp32 runner on
-the same file (which dequantises those very weights). Measured on 2 cores:
-8 of 8 prompts identical over 16 tokens with the pure-torch product (fp32 on
-the dequantised weights); a compiled kernel rounds activations to bf16, so
-the test asks for 3 of 4.
+the same file (which dequantises those very weights). Measured on 2 cores
+(8 prompts, 16 tokens): 8 of 8 identical with the pure-torch product (fp32 on
+the dequantised weights), 7 of 8 with the compiled AMX kernel (bf16
+activations; the other from its 8th token); the test asks for 3 of 4.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def greedy(model, n: int = 8) -> list[list[int]]:
 def test_gguf_serves_the_file_as_stored_and_greedy_agrees_with_fp32():
     stored = load_model("smollm2-135m")  # auto: gguf for this file on CPU
     w = stored.weights
-    assert (w.precision, w.linear_kind) == ("gguf", "Q4_1 x 210, Q8_0 x 1")
+    assert w.precision == "gguf" and w.linear_kind.startswith("Q4_1 x 210, Q8_0 x 1")
     assert w.head is w.embed.weight and w.greedy_head is None
     got = greedy(stored)
     fp32 = load_model("smollm2-135m", precision="fp32")
