@@ -149,3 +149,20 @@ def test_the_gateway_loads_a_tokenizer_through_the_alias():
     tokenizers = Tokenizers(load, names_of=lambda model: (model, f"/m/{model}.gguf"))
     assert asyncio.run(tokenizers.get("Tiny")) == "tok" and asked == ["Tiny", "/m/Tiny.gguf"]
     assert asyncio.run(Tokenizers(load, "/one.gguf", names_of=lambda m: 1 / 0).get("Tiny")) == "tok"
+
+
+def test_a_block_quantised_gguf_is_estimated_as_stored_at_auto_and_gguf(tmp_path):
+    """auto serves such a file at precision gguf on CPU: its weights as codes and scales
+    (worker.models.gguf_blocks.held_bytes), not fp32 -- no more than the runner holds, and the
+    load's peak no longer a multiple of the fp32 weights."""
+    pytest.importorskip("gguf")
+    from tests.support.tiny_gguf import write_quantized_gguf
+    from worker.models import load_model
+
+    path = str(tmp_path / "q.gguf")
+    write_quantized_gguf(path, "qwen2")
+    auto, stored, fp32 = (estimate_model(path, p) for p in ("auto", "gguf", "fp32"))
+    assert auto == stored and stored.params == fp32.params
+    assert stored.steady_bytes < fp32.steady_bytes and stored.peak_bytes < fp32.peak_bytes
+    held = load_model(path, precision="gguf").weights.nbytes
+    assert held <= stored.steady_bytes - BASE_BYTES <= 1.5 * held

@@ -53,6 +53,19 @@ CODE_RANGE = {"Q4_0": (-8, 7), "Q4_1": (0, 15), "Q5_0": (-16, 15), "Q5_1": (0, 3
 """Each format's ``(lowest, highest)`` code."""
 
 
+def held_bytes(fmt: str, rows: int, cols: int) -> int:
+    """Bytes a ``[rows, cols]`` tensor of ``fmt`` takes as a
+    :class:`~worker.models.llama.quantized.QuantizedWeight`: its codes (two a byte where the
+    format's codes span 16 values or fewer: Q4_0, Q4_1, Q4_K; one a byte otherwise -- an upper
+    bound, a tensor whose codes happen to span fewer is packed tighter) and its fp32 scales (and
+    offsets) per group. For memory estimates (``slotserve.sizing``)."""
+    _, _, group = _SIZES[fmt]
+    lo, hi = CODE_RANGE[fmt]
+    codes = rows * cols // 2 if hi - lo < 16 else rows * cols
+    groups = rows * (cols // group)
+    return codes + 4 * groups * (2 if fmt in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 1)
+
+
 def unpack(raw: np.ndarray, qtype) -> tuple:
     """``(codes, scales, offsets, group)`` of a quantised tensor's stored rows.
 
