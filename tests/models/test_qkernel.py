@@ -86,6 +86,17 @@ def test_the_amx_and_avx512_products_agree(module, layout, m):
 
 
 @needs_kernel
+@pytest.mark.parametrize("amx", [False, True])
+def test_no_rows_give_an_empty_product(module, amx):
+    if amx and not module.has_amx():
+        pytest.skip("no AMX tiles in this process")
+    w = weight(0, 16, 32, True, 40, 64).prepare()
+    x = torch.empty(0, 64, dtype=torch.bfloat16)
+    y = module.qmm(x, w.packed, qkernel.kind(w), w.low, w.scales, w.offsets, w.group, 40, amx)
+    assert y.shape == (0, 40)
+
+
+@needs_kernel
 def test_many_rows_and_a_bias(module):
     w = weight(0, 16, 32, True, 64, 128)
     w.bias = torch.randn(64)

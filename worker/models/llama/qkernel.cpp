@@ -246,6 +246,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     }
     const bool off = offsets.numel() > 0;
     auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+    if (M == 0 || N == 0) return y;  // a step with no rows for this weight (no logits wanted)
     torch::Tensor xsum;
     if (needs_sum(static_cast<int>(kind), off)) xsum = x.to(torch::kFloat32).view({M, groups, group}).sum(-1).contiguous();
     const Rows a{reinterpret_cast<const uint16_t*>(x.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
