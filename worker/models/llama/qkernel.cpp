@@ -29,7 +29,7 @@
 namespace {
 
 enum Kind { NIB = 0, MAGIC = 1, WIDE = 2 };
-constexpr float MAGIC_ZERO = 192.0f;
+constexpr float MAGIC_ZERO = 192.0f;  // what MAGIC decoding adds to a code
 constexpr int MR = 8;  // AVX-512 path: activation rows in registers at once (2 * MR accumulators)
 
 inline __m512i bf16_lut(int64_t low) {  // nibble -> bf16 of (low + nibble): small integers, exact
@@ -78,7 +78,7 @@ struct Rows {
     int64_t K, group, groups;
 };
 
-// the group's additive term: offset, minus 192 * scale for MAGIC codes (zero vector when none)
+// the group's additive term: the offset, and 192 * scale taken back off for MAGIC codes
 template <int KIND, bool OFF>
 inline __m512 group_offset(const Block& b, int64_t g, __m512 s) {
     __m512 o = OFF ? _mm512_loadu_ps(b.of + g * 16) : _mm512_setzero_ps();
@@ -161,8 +161,13 @@ inline void amx_config(int rows, int64_t group) {
 // C tiles alternate, so a group's product runs while the previous group's sums are scaled.
 template <int KIND>
 inline void decode_block(const uint8_t* w, int64_t pairs, __m512i* wbuf, __m512i lut) {
-    for (int64_t p = 0; p < pairs; ++p)
+    // the next block's codes (where this thread goes next) are fetched meanwhile: the tile phase
+    // that follows reads no weights, so memory would idle through it
+    const int64_t bytes = pairs * pair_bytes(KIND);
+    for (int64_t p = 0; p < pairs; ++p) {
+        if ((p * pair_bytes(KIND)) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + p * pair_bytes(KIND)), _MM_HINT_T1);
         _mm512_store_si512(wbuf + p, (__m512i)decode<KIND>(w + p * pair_bytes(KIND), lut));
+    }
 }
 
 template <int R, int KIND, bool OFF>
