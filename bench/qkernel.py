@@ -6,8 +6,9 @@ of two formats as Q4_K_M files hold them (Q4_K: 4-bit codes with a scale and
 an offset per 32 columns; Q6_K: 6-bit codes, a scale per 16), multiplied by
 ``rows`` activation rows:
 
-- ``kernel``: the compiled AVX-512 BF16 product on the codes as stored
-  (:mod:`worker.models.llama.qkernel`), activations rounded to bf16;
+- ``kernel``: the compiled product on the codes as stored (:mod:`worker.models.llama.qkernel`;
+  AMX-BF16 tiles where the process may use them), activations rounded to bf16; ``avx512``: its
+  AVX-512 BF16 product (what a CPU without AMX runs), up to 64 rows;
 - ``wide-bf16`` / ``wide-fp32``: the layer dequantised for the call (``W.T``)
   and one ``torch.mm`` (bf16: oneDNN's AMX / AVX-512 BF16 product);
 - ``bf16-dense``: a bf16 weight at rest, ``F.linear`` (what ``--precision bf16`` runs);
@@ -59,16 +60,17 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
     def run(f):
         return lambda: [f(i, x) for i, x in enumerate(xs)]
 
-    return {
-        "kernel Q4_K": run(lambda i, x: q4[i].kernel.module.qmm(
-            x.bfloat16(), q4[i].packed, True, q4[i].low, q4[i].scales, q4[i].offsets, 32, SHAPES[i][0])),
-        "kernel Q6_K": run(lambda i, x: q6[i].kernel.module.qmm(
-            x.bfloat16(), q6[i].packed, False, q6[i].low, q6[i].scales, torch.empty(0), 16, SHAPES[i][0])),
+    table = {
+        "kernel Q4_K": run(lambda i, x: q4[i].kernel(x)),  # what serving runs (AMX where the process may)
+        "kernel Q6_K": run(lambda i, x: q6[i].kernel(x)),
         "wide-bf16 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, True)),
         "wide-fp32 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, False)),
         "bf16-dense": run(lambda i, x: F.linear(x.bfloat16(), dense[i])),
         "int4pack": run(lambda i, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[i], 32, sz[i])),
     }
+    if q4[0].kernel.amx and rows <= 64:  # the AVX-512 BF16 product that CPUs without AMX run
+        table["avx512 Q4_K"] = run(lambda i, x: q4[i].kernel._qmm(x.bfloat16().contiguous(), False))
+    return table
 
 
 def main() -> None:
