@@ -66,6 +66,8 @@ class ServiceEndpoints:
             entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
             if info is not None and info.max_seq_len is not None:
                 entry["max_model_len"] = info.max_seq_len
+            if info is not None and info.runs:
+                entry["runs"] = info.runs  # precision and kernels (a field of slotserve's own)
             data.append(entry)
         return json_response({"object": "list", "data": data})
 

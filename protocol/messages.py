@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -61,6 +61,8 @@ array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``
 ``finished`` and ``started`` records, ``prefix_cache`` (:class:`PrefixCacheUsage`) in a worker's
 ``heartbeat`` and in ``status``'s workers: records and fields a v6 peer would refuse to decode (as it
 would the request field ``tools`` and a chat message's ``tool_calls``, which came in the same version).
+8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
+would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -208,12 +210,16 @@ class ModelInfo(NamedTuple):
     - ``max_seq_len``: prompt + ``max_tokens`` limit in tokens, or ``None``.
     - ``eos_token_ids``: the worker's default stop tokens.
     - ``has_tokenizer``: whether text prompts / chat messages work.
+    - ``runs``: what the worker runs the model as, for people (``/v1/models``, ``status``): the
+      precision and the linears' kinds, e.g. ``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel,
+      AMX-BF16)"``; ``""`` when the model does not say.
     """
 
     vocab_size: int | None = None
     max_seq_len: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     has_tokenizer: bool = False
+    runs: str = ""
 
 
 class PrefixCacheUsage(NamedTuple):

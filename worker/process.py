@@ -154,6 +154,7 @@ class WorkerProcess:
             max_seq_len=getattr(model, "max_seq_len", None),
             eos_token_ids=tuple(sorted(self.engine.stop_tokens)),
             has_tokenizer=self.tokenizer is not None,
+            runs=runs_of(model),
         )
 
     # ------------------------------------------------------------------ main thread
@@ -421,3 +422,12 @@ def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, mod
     the model cannot be loaded.
     """
     WorkerProcess(config, model).run(stop or threading.Event())
+
+
+def runs_of(model) -> str:
+    """What ``model`` runs as, for ``ModelInfo.runs``: slotserve's runner gives its precision and
+    linear kinds (``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel, AMX-BF16)"``); ``""`` otherwise."""
+    weights = getattr(model, "weights", None)
+    if weights is None or not hasattr(weights, "linear_kind"):
+        return ""
+    return f"{weights.precision}: {weights.linear_kind}"[:200]

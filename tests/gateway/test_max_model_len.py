@@ -38,6 +38,8 @@ def test_the_limit_is_the_models_max_model_len(cluster, text_model):
     (entry,) = [m for m in httpx.get(cluster.http_url + "/v1/models", timeout=10).json()["data"]
                 if m["id"] == text_model]
     assert entry["max_model_len"] == LIMIT
+    # what runs: the worker's precision (auto -> fp32 for this tiny full-precision model) and its linears
+    assert entry["runs"].startswith("fp32: ")
 
 
 def test_the_python_client_gets_the_wire_code(cluster, text_model):

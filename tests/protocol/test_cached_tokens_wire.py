@@ -37,9 +37,9 @@ def test_the_new_fields_round_trip(msg):
     assert back == msg and type(back) is type(msg)
 
 
-def test_v7_is_spoken_and_a_v6_frame_is_refused():
-    assert PROTOCOL_VERSION == 7
-    old = msgpack.packb({"v": 6, "op": "heartbeat", "progress": 1}, use_bin_type=True)
+def test_v8_is_spoken_and_a_v7_frame_is_refused():
+    assert PROTOCOL_VERSION == 8
+    old = msgpack.packb({"v": 7, "op": "heartbeat", "progress": 1}, use_bin_type=True)
     with pytest.raises(ProtocolError) as e:
         decode(old)
     assert e.value.code is ErrorCode.UNSUPPORTED_VERSION
@@ -68,3 +68,13 @@ def test_bad_values_are_malformed(data):
     with pytest.raises(ProtocolError) as e:
         decode(data, WORKER_TO_BROKER)
     assert e.value.code is ErrorCode.MALFORMED
+
+
+def test_model_info_says_what_runs_and_an_older_record_decodes_without_it():
+    from protocol.messages import ModelInfo, Register
+
+    reg = Register("m", 2, 2, ModelInfo(100, 64, (1,), True, "gguf: Q4_K x 3 (compiled kernel, AMX-BF16)"))
+    assert decode(encode(reg)) == reg
+    old = decode(frame("register", model="m", num_slots=2, max_inflight=2, info=[100, 64, [1], True]),
+                 WORKER_TO_BROKER)
+    assert old.info.runs == "" and old.info.max_seq_len == 64

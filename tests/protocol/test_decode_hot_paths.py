@@ -22,7 +22,7 @@ from protocol import codec
 from protocol import request as rq
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
-from protocol.messages import WORKER_TO_BROKER, Envelope, Finished, Rejected, Started, Text
+from protocol.messages import PROTOCOL_VERSION, WORKER_TO_BROKER, Envelope, Finished, Rejected, Started, Text
 from protocol.request import RequestParams
 
 # Values a peer may send in any field: valid ones of several fields, and wrong ones.
@@ -83,13 +83,13 @@ def test_text_and_started_arrays_decode_as_each_record_alone(texts, started):
 def test_an_iteration_of_many_endings_decodes_to_enum_members():
     """The column path turns the finish reasons into :class:`FinishReason` members, as the record path does."""
     finished = tuple(Finished(k, FinishReason.LENGTH, None, None, 3, None, 0) for k in range(10))
-    frame = msgpack.packb({"v": 7, "op": "iteration", "ids": list(range(10)), "tokens": [5] * 10,
+    frame = msgpack.packb({"v": PROTOCOL_VERSION, "op": "iteration", "ids": list(range(10)), "tokens": [5] * 10,
                            "finished": [list(f) for f in finished]})
     msg = codec.decode(frame, WORKER_TO_BROKER)
     assert msg.finished == finished
     assert all(type(f) is Finished and f.finish_reason is FinishReason.LENGTH for f in msg.finished)
     for last in ([9, "done"], [9, "done", None, None, 3, None, 0]):  # cut short, or all its fields
-        bad = msgpack.packb({"v": 7, "op": "iteration", "finished": [list(f) for f in finished[:9]] + [last]})
+        bad = msgpack.packb({"v": PROTOCOL_VERSION, "op": "iteration", "finished": [list(f) for f in finished[:9]] + [last]})
         with pytest.raises(ProtocolError, match="unknown value 'done'"):
             codec.decode(bad, WORKER_TO_BROKER)
 
