@@ -328,6 +328,32 @@ def bench_model_gemma(d: dict) -> str:
     return _hf_model_systems(d)
 
 
+def _served(d: dict) -> str:
+    """bench.model's per-model table of the served systems (``served``): the Qwen GGUFs' tables."""
+    llama = next((s["tokens_per_s"] for s in d["served"] if s["system"] == "llamacpp"), None)
+    rows = [[f"`{s['system']}`", s["threads"], s["tokens_per_s"],
+             f"{s['tokens_per_s'] / llama:.2f}x" if llama else None, s["worker_rss_mib"],
+             f"{s['identical_to_reference']}/{s['requests']}", s["start_to_ready_s"], s["step_weights_mib"]]
+            for s in d["served"]]
+    return _table(["system", "threads", "tokens/s", "vs llama.cpp", "worker RSS MiB",
+                   f"identical to {d['served'][0]['reference']}", "start to ready s", "weights MiB/step"], rows)
+
+
+@_bench("model_qwen2.5-coder-0.5b.json", "Qwen2.5-Coder 0.5B and 1.5B on HE32")
+def bench_model_qwen05(d: dict) -> str:
+    return _served(d)
+
+
+@_bench("model_qwen2.5-coder-1.5b.json", "Qwen2.5-Coder 0.5B and 1.5B on HE32")
+def bench_model_qwen15(d: dict) -> str:
+    return _served(d)
+
+
+@_bench("model_smollm2_gguf.json", "SmolLM2-135M on HE32")
+def bench_model_smollm2_gguf(d: dict) -> str:
+    return _served(d)
+
+
 def _random_cases(d: dict) -> str:
     rows = []
     for case in d["cases"]:
