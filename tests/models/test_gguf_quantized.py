@@ -150,6 +150,22 @@ def test_auto_picks_gguf_for_a_quantised_file_and_int8_requantises_only_when_ask
     assert isinstance(load_model(path, precision="int8").weights.layers[0].o, Int8Linear)
 
 
+def test_auto_keeps_fp32_where_the_kernel_does_not_run(quantized_file, monkeypatch):
+    """Without the compiled kernel (no avx512_bf16, no compiler) the stored weights would multiply
+    in pure torch, many times slower than fp32: auto then serves fp32; gguf asked for still runs."""
+    from worker.models.llama import qkernel
+
+    _, path, _ = quantized_file
+    monkeypatch.setenv("SLOTSERVE_NO_KERNELS", "1")
+    qkernel.load.cache_clear()
+    try:
+        assert load_model(path).weights.precision == "fp32"
+        assert load_model(path, precision="gguf").weights.precision == "gguf"
+    finally:
+        monkeypatch.delenv("SLOTSERVE_NO_KERNELS")
+        qkernel.load.cache_clear()
+
+
 def test_gguf_is_refused_where_it_cannot_run(model_dir):
     """Not a GGUF file (transformers' loader), CUDA, the HF runner: each a ValueError saying what to use."""
     with pytest.raises(ValueError, match="GGUF file"):

@@ -56,7 +56,10 @@ def load_model(name: str, **options):
                                 max_prefill_tokens=opts.max_prefill_tokens, max_cache_len=max_cache_len, **options)
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
-    stored = precision == "gguf" or (opts.precision == "auto" and device == "cpu")  # gguf if the file is quantised
+    # auto: gguf if the file is quantised and the compiled kernel runs here (without it the stored
+    # weights multiply in pure torch, many times slower than fp32: a CPU without avx512_bf16)
+    stored = precision == "gguf" or (opts.precision == "auto" and device == "cpu" and _is_gguf(name)
+                                      and _kernel_runs())
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear,
                                  opts.kv_cache_dtype, stored)
     if runner is None:
@@ -130,6 +133,23 @@ def _check_hf_fallback(name: str, reason: str, opts: ModelOptions, device: str, 
     if device != "cpu" or precision not in ("fp32", "bf16"):
         raise ValueError(f"{name!r} runs on the HF runner ({reason}), which runs fp32 or bf16 on CPU; "
                          f"got {precision} on {device}")
+
+
+def _is_gguf(name: str) -> bool:
+    """Whether ``name`` resolves to a ``.gguf`` file (False where it does not resolve: the loader says why)."""
+    from worker.models.checkpoint import resolve_model_path
+
+    try:
+        return resolve_model_path(name)[1] is not None
+    except (OSError, ValueError):
+        return False
+
+
+def _kernel_runs() -> bool:
+    """Whether the GGUF kernel (:mod:`worker.models.llama.qkernel`) runs in this process (built on first use)."""
+    from worker.models.llama import qkernel
+
+    return qkernel.load() is not None
 
 
 def _load_gguf_directly(name: str, device: str, precision: str, max_cache_len, max_prefill_tokens: int,
