@@ -56,14 +56,19 @@ def load():
     build = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
     name = f"slotserve_qkernel_{key}"
     built = build / f"{name}.so"
-    if built.exists():  # built before: import it (cpp_extension.load would run ninja to check)
+    # built before, and no build under way (torch's builder holds build/lock meanwhile, and the .so
+    # may be half written): import it (cpp_extension.load would run ninja to check)
+    if built.exists() and not (build / "lock").exists():
         import importlib.machinery
         import importlib.util
 
-        spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        try:
+            spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        except ImportError:  # unreadable or foreign: the builder below rebuilds it
+            pass
     build.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS,
@@ -80,8 +85,8 @@ class Kernel:
     """``x [M, K] -> x @ W.T`` fp32 ``[M, N]`` on a weight in the blocked layout.
 
     Where the process may use AMX tiles (``amx_bf16``; Linux grants the state on request), every
-    row count runs on them (``qmm_amx``; rows padded to a multiple of 16 above 16). Otherwise the
-    AVX-512 BF16 product (``qmm``) up to ``rows`` rows, and above that :meth:`wide`.
+    row count runs on them (``qmm(..., amx=True)``; rows padded to a multiple of 16 above 16).
+    Otherwise the AVX-512 BF16 product (``amx=False``) up to ``rows`` rows, and above that :meth:`wide`.
     """
 
     __slots__ = ("module", "weight", "rows", "amx")
