@@ -260,14 +260,22 @@ class Client:
 
     def status(self, timeout_s: float = 5.0) -> Status:
         """The broker's :class:`~protocol.messages.Status` (queues, workers, slots,
-        counters). Raises :class:`BrokerUnavailable` after ``timeout_s`` seconds."""
+        counters). Raises :class:`BrokerUnavailable` after ``timeout_s`` seconds,
+        RuntimeError when the client is closed (by another thread too, while this waits)."""
         self._not_on_dispatcher("status()")
         with self._status_lock:
             self._status_event.clear()
+            self._raise_if_closed()
             self._conn.send(StatusQuery())
             if not self._status_event.wait(timeout_s):
                 raise BrokerUnavailable(f"the broker did not answer a status query within {timeout_s} s")
+            self._raise_if_closed()  # close() woke us: no answer will come
             return self._status_reply
+
+    def _raise_if_closed(self) -> None:
+        """RuntimeError once :meth:`close` began: what waits on the broker ends then, not at its timeout."""
+        if self._ledger.closed:
+            raise RuntimeError("this client is closed")
 
     def wait_for_model(self, timeout_s: float = 30.0) -> ModelInfo:
         """Block until a worker serving this client's model has registered
@@ -281,7 +289,8 @@ class Client:
         ValueError) at once when no worker serves or loads the model and the
         broker's start-up grace is over (the message lists the models served
         and loading), ValueError when no ``model=`` was given and several are
-        served, ``TimeoutError`` after ``timeout_s`` seconds.
+        served, ``TimeoutError`` after ``timeout_s`` seconds, RuntimeError when the
+        client is closed (by another thread too, while this waits).
         """
         self._not_on_dispatcher("wait_for_model()")
         deadline = time.monotonic() + timeout_s
@@ -289,6 +298,7 @@ class Client:
         ask_s = time.monotonic() + backoff_s
         with self._models_changed:
             while True:
+                self._raise_if_closed()
                 model = self.model if self.model is not None else self._resolve_model(wait=True)
                 if model is not None and model in self.models:
                     return self.models[model]
@@ -355,6 +365,9 @@ class Client:
         with self._lock:
             if not self._core.close():
                 return
+        self._status_event.set()  # a status() or wait_for_model() waiting on the broker raises now
+        with self._models_changed:
+            self._models_changed.notify_all()
         conn = getattr(self, "_conn", None)
         if conn is not None:
             conn.close()

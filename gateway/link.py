@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 from client import BrokerUnavailable, Client
@@ -73,11 +74,10 @@ class BrokerConnections:
         await asyncio.gather(*(loop.run_in_executor(None, c.close) for c in clients))
 
     async def _maintain(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._closed:
             if self._control is None:
                 try:
-                    self._control = await loop.run_in_executor(None, self._new_client, CONTROL_MODEL, "gateway")
+                    self._control = await _on_a_thread(self._new_client, CONTROL_MODEL, "gateway")
                     log.info("gateway connected to the broker at %s", self.config.broker)
                 except BrokerUnavailable as e:
                     log.warning("%s (retrying)", e)
@@ -95,8 +95,12 @@ class BrokerConnections:
             await asyncio.sleep(self.config.status_interval_s)  # the poll interval (a period, not a wait on a condition)
 
     def _new_client(self, model: str, name: str) -> Client:
-        return Client(self.config.broker, model=model, connect_timeout_s=self.config.connect_timeout_s,
-                      name=name, curve=self.config.curve)
+        c = Client(self.config.broker, model=model, connect_timeout_s=self.config.connect_timeout_s,
+                   name=name, curve=self.config.curve)
+        if self._closed:  # the gateway stopped while this connected: nobody will close it
+            c.close()
+            raise BrokerUnavailable("the gateway is stopping")
+        return c
 
     # ------------------------------------------------------------------ status
 
@@ -111,8 +115,7 @@ class BrokerConnections:
         if self._control is None:
             raise self.no_broker()
         try:
-            st = await asyncio.get_running_loop().run_in_executor(None, self._control.status,
-                                                                  self.config.connect_timeout_s)
+            st = await _on_a_thread(self._control.status, self.config.connect_timeout_s)
         except BrokerUnavailable:
             self.broker_ok = False
             raise self.no_broker() from None
@@ -184,15 +187,13 @@ class BrokerConnections:
         if model == CONTROL_MODEL and self._control is not None:
             if model not in self._control.models:  # registered after the control connected: fetch its info
                 try:
-                    await asyncio.get_running_loop().run_in_executor(None, self._control.wait_for_model,
-                                                                     self.config.connect_timeout_s)
+                    await _on_a_thread(self._control.wait_for_model, self.config.connect_timeout_s)
                 except TimeoutError:
                     raise unavailable(f"no worker serves model `{model}` right now; retry") from None
             return self._control
         fut = self._connecting.get(model)
         if fut is None:
-            loop = asyncio.get_running_loop()
-            fut = self._connecting[model] = loop.run_in_executor(None, self._new_client, model, "gateway")
+            fut = self._connecting[model] = _on_a_thread(self._new_client, model, "gateway")
         try:
             c = await asyncio.shield(fut)
         except BrokerUnavailable:
@@ -202,3 +203,37 @@ class BrokerConnections:
                 self._connecting.pop(model, None)
         self._clients.setdefault(model, c)
         return self._clients[model]
+
+
+def _on_a_thread(fn, *args) -> asyncio.Future:
+    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop.
+
+    For the calls that wait on the broker (connect, status, wait_for_model: up to
+    ``connect_timeout_s`` each): on the loop's default executor, the event loop's
+    shutdown would wait for them (asyncio joins that executor's threads), so a
+    gateway stopping while the broker is down, or while a status query was out,
+    took that long to exit. Closing the clients ends status and wait_for_model at
+    once; a connect in flight ends at its timeout, after the gateway is gone."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(result, error) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 -- the awaiting coroutine raises it
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody waits any more
+
+    threading.Thread(target=run, name="slotserve-gateway-broker-call", daemon=True).start()
+    return fut

@@ -204,6 +204,25 @@ def test_a_connection_that_cannot_take_its_last_words_is_closed(cluster, no_erro
     assert any("closed 1 connection(s)" in r.getMessage() for r in no_errors_logged.records)
 
 
+def test_a_gateway_whose_broker_is_down_stops_at_once(no_errors_logged):
+    """Its connect to the broker (up to ``connect_timeout_s``) runs on a thread the event
+    loop's shutdown does not wait for: stopping takes a tick, not the connect timeout."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    stop, ready = threading.Event(), []
+    cfg = GatewayConfig(broker=dead, port=0, status_interval_s=0.2, connect_timeout_s=60.0)
+    thread = threading.Thread(target=run, args=(cfg,), daemon=True,
+                              kwargs={"stop": stop, "halt": lambda: False, "on_ready": ready.append})
+    thread.start()
+    url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
+    assert httpx.get(url + "/health", timeout=5).status_code == 503  # up, connecting
+    t0 = time.monotonic()
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - t0 < 10.0, "the stop waited on the connect"
+
+
 def test_the_registry_ends_a_call_that_comes_after_the_end_and_wait_idle_obeys_halt():
     class Call:
         def __init__(self):
