@@ -149,8 +149,8 @@ class Grammars:
             import llguidance
 
             eos = list(self.eos_token_ids) or None
-            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab_size,
-                                                     eos_token=eos)
+            self._tokenizer = llguidance.LLTokenizer(text_added_tokens(self._tokenizer_json()),
+                                                     n_vocab=self.vocab_size, eos_token=eos)
             self._executor = llguidance.LLExecutor()
         return self._tokenizer
 
@@ -353,6 +353,56 @@ def _allow(bits: torch.Tensor, i: int, tokens: Sequence[int], vocab: int) -> Non
         if 0 <= t < vocab:
             word = (int(bits[i, t >> 5]) & 0xFFFFFFFF) | (1 << (t & 31))
             bits[i, t >> 5] = word - (1 << 32) if word >= 1 << 31 else word
+
+
+def text_added_tokens(tokenizer_json: str) -> str:
+    """The tokenizer JSON llguidance is given: each added token that is *not* special (``"special":
+    false``: Qwen2.5's ``<tool_call>``/``</tool_call>``, Qwen3's ``<think>``) moved into the model's
+    vocabulary, so that llguidance reads it as the text it stands for, as transformers decodes it.
+
+    llguidance treats every added token as a special token (its bytes a marker and its id, which
+    no quoted literal of a grammar matches), while the tokenizer encodes that text as the added
+    token: a grammar asking for ``"<tool_call>"`` then allowed the token by its text and refused
+    it when fed (the 500 of issue 33 on Qwen2.5-Coder with ``tool_choice: "required"``). Special
+    added tokens (``<|im_end|>``, FIM and control tokens) stay special: a grammar never emits them
+    as text. Only a vocabulary held as ``{piece: id}`` (BPE, WordPiece, WordLevel) is changed, each
+    piece written as that vocabulary writes text (byte-level BPE's byte alphabet, SentencePiece's
+    ``▁`` for a space); other tokenizers are returned unchanged."""
+    import json
+
+    data = json.loads(tokenizer_json)
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
+    if not plain or not isinstance(vocab, dict):
+        return tokenizer_json
+    spell = _piece_spelling(data)
+    for t in plain:
+        piece = spell(t["content"])
+        if vocab.get(piece, t["id"]) != t["id"]:  # the text is another token's piece: leave it special
+            continue
+        vocab[piece] = t["id"]
+        t["_moved"] = True
+    data["added_tokens"] = [t for t in data["added_tokens"] if not t.pop("_moved", False)]
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _piece_spelling(data: dict):
+    """How the tokenizer's vocabulary writes a text as a piece: byte-level BPE maps each UTF-8 byte
+    to its printable stand-in (GPT-2's table); a SentencePiece-style one writes spaces as ``▁``."""
+    kinds = set()
+    for k in ("decoder", "pre_tokenizer"):
+        part = data.get(k) or {}
+        kinds.add(part.get("type"))
+        kinds.update(d.get("type") for d in [*(part.get("decoders") or ()), *(part.get("pretokenizers") or ())])
+    if "ByteLevel" in kinds:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        table = bytes_to_unicode()
+        return lambda text: "".join(table[b] for b in text.encode("utf-8"))
+    if "Metaspace" in kinds or "Replace" in kinds:
+        return lambda text: text.replace(" ", "\u2581")
+    return lambda text: text
 
 
 def _first_lines(message: str, limit: int = 400) -> str:
