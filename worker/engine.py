@@ -205,6 +205,11 @@ class BatchInferenceEngine:
             self._limits.check(params, len(prompt))
         resume = params.check_resume(resume_tokens, self._limits.vocab_size) if resume_tokens else ()
         stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
+        if params.structured is not None:
+            # The grammar's end is the output's end: it allows the model's EOS only there, so that
+            # EOS stops the request even where the request's own stop tokens leave it out
+            # (ignore_eos, stop_token=None), instead of being fed to a finished grammar (a 500).
+            stops = stops | frozenset(self.model.grammars.eos_token_ids)
         timeout_s = params.timeout_s if time_left_s is None else time_left_s
         # Followed token by token only when asked (stop strings, on_text): others pay nothing for text.
         detok = None if not params.stop and on_text is None else \

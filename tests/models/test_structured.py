@@ -145,6 +145,7 @@ def test_resumed_tokens_the_grammar_refuses_fail_that_request_alone(smol):
     fine = engine.submit_request(ASK, 8)
     engine.run()
     assert bad.finish_reason == FinishReason.ERROR and "structured constraint" in str(bad.error)
+    assert "<state>" not in str(bad.error) and "\n" not in str(bad.error)  # not llguidance's parser state
     assert fine.finish_reason == FinishReason.LENGTH
 
 

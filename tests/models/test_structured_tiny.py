@@ -210,3 +210,29 @@ def test_a_fill_that_failed_is_refilled_when_sampled_and_never_fails_a_release(t
     assert b.finish_reason == FinishReason.STOP and b.text in ("one", "two")
     assert not [r for r in caplog.records if "release_slot" in r.getMessage()]
     assert not tiny._rows.of  # every slot's cache row given back
+
+
+@pytest.mark.parametrize("structured", [{"choice": ["one", "two", "three"]}, {"json_schema": SCHEMA},
+                                        {"regex": "[a-e]{2,6}"}], ids=["choice", "json_schema", "regex"])
+@pytest.mark.parametrize("stop_token", [None, "other"], ids=["no stop tokens", "only another stop token"])
+def test_a_finished_grammar_ends_the_request_when_its_stop_tokens_leave_eos_out(tiny, structured, stop_token):
+    """Kind "a field that pairs with a constraint" (issue 33): ``ignore_eos`` (the gateway sends the
+    request's stop tokens without EOS) and ``stop_token=None`` fed the EOS the finished grammar
+    allowed back to it, and the request failed with the grammar engine's state in its message (a
+    500). The grammar's end ends it: ``stop``, on the model's EOS, the output complete."""
+    eos = tiny.eos_token_ids
+    stops = None if stop_token is None else [next(t for t in range(5, 50) if t not in eos)]
+    engine = BatchInferenceEngine(tiny, batch_size=2, stop_token=None)
+    h = engine.submit_request("hello", 40, structured=structured, stop_token=stops)
+    free = engine.submit_request("hello", 6, stop_token=stops)
+    engine.run()
+    ends = set(eos) | set(stops or ())  # (the request's own stop tokens end a finished grammar too)
+    assert h.finish_reason is FinishReason.STOP and h.tokens[-1] in ends, (h.finish_reason, h.error)
+    text = tiny.tokenizer.decode(h.tokens[:-1])
+    if "choice" in structured:
+        assert text in structured["choice"]
+    elif "regex" in structured:
+        assert re.fullmatch(structured["regex"], text), text
+    else:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    assert free.finish_reason is FinishReason.LENGTH  # (its EOS, were it drawn, would not stop it)

@@ -406,6 +406,8 @@ def _piece_spelling(data: dict):
 
 
 def _first_lines(message: str, limit: int = 400) -> str:
-    """An llguidance error, short enough for an error reply."""
-    message = message.strip()
+    """An llguidance error, short enough for an error reply: its first line (what went wrong),
+    never the parser state llguidance appends after it (``<state>`` ... ``</state>``, rows, lexer
+    counters, the grammar), which is the engine's internals, not the client's business."""
+    message = message.strip().split("\n<state>", 1)[0].split("\n", 1)[0].strip()
     return message if len(message) <= limit else message[:limit] + " ..."
