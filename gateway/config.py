@@ -28,6 +28,9 @@ class GatewayConfig:
       neither ``max_tokens`` nor ``max_completion_tokens`` (OpenAI's default is
       "up to the context", which the gateway cannot compute: the worker
       tokenizes the messages). Completions default to 16, as OpenAI documents.
+      Either default is sent as a bound the worker lowers to what the context
+      leaves after the prompt (``clamp_max_tokens``), never a reason to refuse
+      a prompt that fits.
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker

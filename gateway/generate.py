@@ -246,6 +246,8 @@ class Generate:
         if call.tools is not None:
             options["tools"] = call.tools.definitions()
         max_tokens = self._max_tokens(body, info)
+        if _default_budget(body):  # a default, not the caller's: what the context leaves after the prompt lowers it
+            options["clamp_max_tokens"] = True
         hidden = max_tokens == 0  # max_tokens 0 with echo: one token generated and dropped
         if hidden:
             max_tokens = 1
@@ -304,7 +306,7 @@ class Generate:
             return a if a is not None else b
         default = self.config.default_chat_max_tokens
         if info is not None and info.max_seq_len is not None:
-            default = max(1, min(default, info.max_seq_len // 2))
+            default = max(1, min(default, info.max_seq_len))  # (and at most what the prompt leaves: clamp_max_tokens)
         return default
 
     def _raise_failure(self, call: _Call, body: _Sampling) -> None:
@@ -472,6 +474,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _not_plain_json(detail: str) -> APIError:
     return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
                        "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
+
+
+def _default_budget(body: _Sampling) -> bool:
+    """Whether the request's ``max_tokens`` is the gateway's default (none given): every such budget
+    is a bound the context may lower (``clamp_max_tokens``), never a reason to refuse a prompt that
+    fits (issue 33: a chat without max_tokens whose prompt fit was refused for prompt + 1024)."""
+    if isinstance(body, ChatCompletionRequest):
+        return body.max_tokens is None and body.max_completion_tokens is None
+    return body.max_tokens is None
 
 
 def _said_of_max_tokens_0(e: APIError, hidden: bool) -> APIError:

@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -62,7 +62,8 @@ array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``
 ``heartbeat`` and in ``status``'s workers: records and fields a v6 peer would refuse to decode (as it
 would the request field ``tools`` and a chat message's ``tool_calls``, which came in the same version).
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
-would refuse to decode.
+would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
+lowers), which a v8 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 

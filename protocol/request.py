@@ -488,6 +488,11 @@ class _Fields(NamedTuple):
     # None = no tools; else the JSON text of OpenAI's tool definitions (protocol.tools), shown to the model
     # by whoever renders the chat prompt (the worker: through the chat template when it renders tools, else
     # in the Hermes format, worker.models.hermes). Needs a chat prompt. The output is not parsed here.
+    clamp_max_tokens: Annotated[bool, _flag] = False
+    # True: max_tokens is a default budget that the model's context may lower: a prompt that leaves fewer
+    # tokens gets what it leaves (a prompt that fills the context is still refused); what the HTTP gateway
+    # sends for a request without max_tokens, whose prompt length only the worker knows. False: prompt +
+    # max_tokens past the context is refused (context_length_exceeded).
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -781,10 +786,23 @@ class ModelLimits:
             raise ValueError(f"logit_bias holds token id {params.logit_bias[-1][0]}, outside the model's "
                              f"vocabulary [0, {vocab_size})")
         max_seq_len = self.max_seq_len
+        if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
+            if prompt_len < max_seq_len:
+                return  # (the engine lowers max_tokens to what the context leaves: fit())
+            raise ContextLengthError(f"prompt ({prompt_len} tokens) leaves no room to generate in the model's "
+                                     f"context of {max_seq_len} tokens; shorten the prompt")
         if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
             raise ContextLengthError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
                 f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
+
+    def fit(self, params: RequestParams, prompt_len: int) -> RequestParams:
+        """``params`` whose ``max_tokens`` fits the context after a prompt of ``prompt_len`` tokens
+        when it asks for that (``clamp_max_tokens``); else ``params`` unchanged. Call after :meth:`check`."""
+        left = None if self.max_seq_len is None else self.max_seq_len - prompt_len
+        if not params.clamp_max_tokens or left is None or params.max_tokens <= left:
+            return params
+        return params._replace(max_tokens=left)
 
     def build(self, prompt: object, max_tokens: object, **options: Any) -> RequestParams:
         """``RequestParams(prompt, max_tokens, **options)``, checked against this model

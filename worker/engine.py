@@ -203,6 +203,8 @@ class BatchInferenceEngine:
         else:  # text or chat
             prompt = self._tokenize(params)
             self._limits.check(params, len(prompt))
+        if params.clamp_max_tokens:
+            params = self._limits.fit(params, len(prompt))
         resume = params.check_resume(resume_tokens, self._limits.vocab_size) if resume_tokens else ()
         stops = self.stop_tokens if params.stop_token == DEFAULT else frozenset(params.stop_token)
         if params.structured is not None:

@@ -66,3 +66,29 @@ def test_http_is_400_context_length_exceeded(cluster, text_model, path, fields, 
     e = r.json()["error"]
     assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", param), e
     assert MESSAGE in e["message"]
+
+
+@pytest.mark.parametrize("path, fields", [
+    ("/v1/completions", {"prompt": list(range(1, 57))}),  # 56 ids + the default 16 > 64
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello world " * 8}]}),  # + 1024 > 64
+])
+def test_a_default_budget_is_what_the_context_leaves(cluster, text_model, path, fields):
+    """Kind "every default budget" (issue 33): a request without max_tokens whose prompt fits gets
+    the rest of the context, not a 400 for prompt + the gateway's default; one that fills it, a 400."""
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, "ignore_eos": True, **fields}, timeout=60)
+    assert r.status_code == 200, r.text
+    usage, choice = r.json()["usage"], r.json()["choices"][0]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == LIMIT and choice["finish_reason"] == "length"
+    full = {"prompt": list(range(1, LIMIT + 1))} if "prompt" in fields else \
+        {"messages": [{"role": "user", "content": "hello world " * 40}]}
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, **full}, timeout=60)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert e["code"] == "context_length_exceeded" and "leaves no room" in e["message"], e
+
+
+def test_the_python_client_may_ask_for_a_clamped_budget(cluster, text_model):
+    with Client(cluster.frontend, model=text_model) as c:
+        h = c.submit_request(list(range(1, 41)), 1000, clamp_max_tokens=True, stop_token=None)
+        h.result(timeout=60)
+        assert h.finish_reason is FinishReason.LENGTH and len(h.tokens) == LIMIT - 40

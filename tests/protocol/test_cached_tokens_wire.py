@@ -37,9 +37,9 @@ def test_the_new_fields_round_trip(msg):
     assert back == msg and type(back) is type(msg)
 
 
-def test_v8_is_spoken_and_a_v7_frame_is_refused():
-    assert PROTOCOL_VERSION == 8
-    old = msgpack.packb({"v": 7, "op": "heartbeat", "progress": 1}, use_bin_type=True)
+def test_the_current_version_is_spoken_and_an_older_frame_is_refused():
+    assert PROTOCOL_VERSION >= 8
+    old = msgpack.packb({"v": PROTOCOL_VERSION - 1, "op": "heartbeat", "progress": 1}, use_bin_type=True)
     with pytest.raises(ProtocolError) as e:
         decode(old)
     assert e.value.code is ErrorCode.UNSUPPORTED_VERSION

@@ -83,7 +83,7 @@ def test_wire_format_maps_of_fields_with_records_as_arrays():
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2))])), raw=False)
     assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",
                    "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0,
-                                     0.0, 0.0, None, None, None, None], [], None]]}
+                                     0.0, 0.0, None, None, None, None, False], [], None]]}
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2, structured={"regex": "a+"}))])), raw=False)
     assert raw["requests"][0][1][P._fields.index("structured")] == ["regex", "a+"]  # a constraint: [kind, spec]
 
@@ -276,7 +276,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
     ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, None, None,
-      "extra"], "upgrade this one"),
+      False, "extra"], "upgrade this one"),
     ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])
