@@ -164,7 +164,9 @@ def _checked_call(call: Any, where: str) -> dict:
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise bad_request("a tool call's id must be a string", f"{where}.id")
-    args = fn.get("arguments", "{}")
+    args = fn.get("arguments")
+    if args is None or isinstance(args, str) and not args.strip():
+        args = "{}"  # what some clients send for a call without arguments ("", null, or none at all)
     if isinstance(args, dict):
         args = json.dumps(args, ensure_ascii=False)
     try:  # JSON: NaN and Infinity, which json.loads takes, are not

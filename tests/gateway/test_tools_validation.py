@@ -114,6 +114,16 @@ def test_a_call_given_as_an_object_or_without_id_and_type_is_taken(http):
     assert object_call.arguments == '{"city": "Zürich"}' and bare_call == ("", "get_weather", "{}")
 
 
+@pytest.mark.parametrize("arguments", ["", "  ", None, "absent"])
+def test_a_call_without_arguments_in_the_history_is_taken_as_empty(http, arguments):
+    """Kind "a history field a client may leave empty" (issue 33): a call without arguments sent
+    as "" (what some clients send), blank, null or left out is ``{}``, not a 400."""
+    fn = {"name": "get_weather"} if arguments == "absent" else {"name": "get_weather", "arguments": arguments}
+    r = chat(http, tools=[WEATHER], messages=history(good_call(function=fn)))
+    assert r.status_code == 200, r.text
+    assert http.scripted.submitted[-1].prompt[1].tool_calls[0].arguments == "{}"
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_tool_grammar_the_worker_refuses_names_tools(http, choice, stream):
