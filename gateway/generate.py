@@ -40,7 +40,6 @@ from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_respon
     prompt_tokens, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.tool_stream import ToolStream
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
@@ -361,13 +360,14 @@ class Generate:
         to and including it; null while a text prompt's length is unknown,
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
         :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
-        tools = {g.index: ToolStream(call.tools.functions) for g in call.gens} if call.tools is not None else None
+        tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
         if resp.chat or resp.echo:
             for g in call.gens:
                 yield resp.chunk([resp.role_choice(g.index) if resp.chat else resp.echo_choice(g)],
                                  usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                  with_usage=include_usage)
         pending = len(call.gens)
+        held: dict[int, dict] = {}  # per choice: the token ids and logprobs of deltas that said nothing yet
         while pending:
             for g in call.gens:
                 d = g.take()
@@ -386,8 +386,13 @@ class Generate:
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.stop_reason if d.finished else None
                 choice = resp.delta_choice(g, d, reason, stop_reason)
+                texts = g.handle.text is not None  # (a model without a tokenizer streams token ids alone)
                 for c in [choice] if tools is None else stream_choices(tools[g.index], choice, d.finished):
-                    yield resp.chunk([c], usage(call.gens, call.prompts, streamed=True) if continuous else None,
+                    if texts and _says_nothing(c, resp.chat):  # (text held back: a stop string's or a call's start)
+                        held[g.index] = _carry(held.get(g.index), c)
+                        continue
+                    yield resp.chunk([_carry(held.pop(g.index, None), c)],
+                                     usage(call.gens, call.prompts, streamed=True) if continuous else None,
                                      with_usage=include_usage)
             if pending:
                 if call.ended is not None:
@@ -474,6 +479,27 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _not_plain_json(detail: str) -> APIError:
     return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
                        "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
+
+
+def _says_nothing(choice: dict, chat: bool) -> bool:
+    """Whether a stream choice of a model with a tokenizer has no text, no tool call and no finish
+    reason: it makes no chunk of its own (issue 33: a chat with tools sent ~17 ``delta: {}`` chunks while text was held back);
+    its token ids and logprobs go out with the choice's next chunk (:func:`_carry`)."""
+    return choice["finish_reason"] is None and not (choice["delta"] if chat else choice["text"])
+
+
+def _carry(held: dict | None, choice: dict) -> dict:
+    """``choice`` with the token ids and logprobs of ``held`` (earlier choices that said nothing) before
+    its own; ``held`` None: ``choice`` itself."""
+    if held is None:
+        return choice
+    out = {**choice, "token_ids": [*held["token_ids"], *choice["token_ids"]]}
+    a, b = held["logprobs"], choice["logprobs"]
+    if a is not None and b is not None:
+        out["logprobs"] = {k: [*a[k], *b[k]] if isinstance(a[k], list) else a[k] for k in a}
+    elif a is not None:
+        out["logprobs"] = a
+    return out
 
 
 def _default_budget(body: _Sampling) -> bool:

@@ -46,12 +46,26 @@ class ToolStream:
       token cut (finish reason ``stop``, not ``tool_calls``, which says the calls are whole).
       OpenAI's own ``arguments`` are not guaranteed to be valid JSON either: callers validate them
       (``json.loads``) before use.
+
+    ``parallel=False`` (OpenAI's ``parallel_tool_calls: false``): the first call is the only one;
+    every later ``<tool_call>`` block is dropped whole (neither a call nor content).
+
+    ``bare=True``: an answer that *starts* with a call object without the tags -- ``{"name": "N",
+    "arguments": {...}}``, what small Qwen2.5-Coder models write (issue 33), as llama.cpp's and
+    vLLM's Hermes parsers also take it -- is read as calls: that object, and more of them after it
+    separated by commas or whitespace; text after them is content. The same hold-back as a tag:
+    an answer starting with ``{`` is held until its header says whether it is a call. Off where
+    the answer may be JSON the user asked for (a ``response_format``).
     """
 
-    __slots__ = ("functions", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str", "_esc", "_tail")
+    __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str",
+                 "_esc", "_tail", "_in_bare")
 
-    def __init__(self, functions: dict[str, dict]) -> None:
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
         self.functions = functions
+        self.parallel = parallel
+        self.bare = bare  # still possible: nothing said yet and no call (then, after a bare call, the next one)
+        self._in_bare = False  # the call being read has no tags
         self.calls = 0  # calls begun so far
         self._said = False  # whether content was sent
         self._state = _TEXT
@@ -85,6 +99,19 @@ class ToolStream:
     def _step(self, out: list[dict], final: bool) -> bool:
         """Consume what ``_buf`` allows in the current state; True when the state changed."""
         buf, state = self._buf, self._state
+        if state == _TEXT and self.bare:
+            rest = buf.lstrip(_WS + ("," if self.calls else ""))
+            if not rest and not final:
+                return False  # (whitespace: the answer may still start with a call)
+            if rest.startswith("{") and (self.parallel or not self.calls):
+                self._ws, self._buf, self._state, self._in_bare = buf[:len(buf) - len(rest)], rest, _HEAD, True
+                return True
+            self.bare = False
+            if self.calls:  # (after bare calls: their separators are not content)
+                if not self.parallel and rest.startswith("{"):
+                    self._buf, self._state = "", _DROP  # one call only: the rest is dropped
+                    return True
+                self._buf = buf = rest
         if state == _TEXT:
             at = buf.find(_OPEN)
             if at < 0:
@@ -97,6 +124,9 @@ class ToolStream:
             before = buf[:at]
             sent = before.rstrip()
             self._say(out, sent)
+            if self.calls and not self.parallel:  # one call only: a later block is dropped whole
+                self._ws, self._buf, self._state = "", buf[at + len(_OPEN):], _SKIP
+                return True
             self._ws, self._buf, self._state = before[len(sent):], buf[at + len(_OPEN):], _HEAD
             return True
         if state == _HEAD:
@@ -104,26 +134,29 @@ class ToolStream:
             if head is _MORE and not final:
                 return False
             if head is None or head is _MORE:  # not a call: the block is content, and read on as text
-                self._say(out, self._ws + _OPEN)
-                self._ws, self._state = "", _TEXT
+                self._say(out, self._ws + ("" if self._in_bare else _OPEN))
+                self._ws, self._state, self.bare, self._in_bare = "", _TEXT, False, False
                 return True
             name, end, has_args = head
             out.append({"tool_calls": [{"index": self.calls, "id": "call_" + uuid.uuid4().hex[:24],
                                         "type": "function", "function": {"name": name, "arguments": ""}}]})
             self.calls += 1
+            close = "" if self._in_bare else _CLOSE
             if has_args:
                 self._buf, self._state = buf[end:], _ARGS
                 self._depth, self._in_str, self._esc = 0, False, False
             else:
                 self._args(out, "{}")
-                self._buf, self._state, self._tail = buf[end:], _TAIL, _CLOSE
+                self._buf, self._state, self._tail = buf[end:], _TAIL, close
+                if not close:
+                    self._state, self._in_bare = _TEXT, False
             return True
         if state == _ARGS:
             i = self._scan(buf)
             self._args(out, buf[:i])
             self._buf = buf[i:]
             if self._depth == 0:
-                self._state, self._tail = _TAIL, "}" + _CLOSE
+                self._state, self._tail = _TAIL, "}" + ("" if self._in_bare else _CLOSE)
                 return True
             return False
         if state == _TAIL:
@@ -134,14 +167,17 @@ class ToolStream:
                 if not rest:
                     break
                 if rest[0] != need[0]:  # the call broke the grammar after its arguments
-                    self._buf, self._state = rest, _SKIP
+                    self._buf, self._state = rest, (_DROP if self._in_bare else _SKIP)
                     return True
                 rest, need = rest[1:], need[1:]
             self._buf, self._tail = rest, need
             if need:
                 return False
-            self._state = _TEXT
+            self._state, self._in_bare = _TEXT, False
             return True
+        if state == _DROP:  # a bare call broke the grammar, or a second one where one is allowed
+            self._buf = ""
+            return False
         at = buf.find(_CLOSE)  # _SKIP: drop the rest of the broken call
         if at < 0:
             self._buf = buf[len(buf) - _tag_start(buf, _CLOSE):]
@@ -184,9 +220,9 @@ class ToolStream:
         return len(buf)
 
 
-_TEXT, _HEAD, _ARGS, _TAIL, _SKIP = "text", "head", "args", "tail", "skip"  # ToolStream's states
+_TEXT, _HEAD, _ARGS, _TAIL, _SKIP, _DROP = "text", "head", "args", "tail", "skip", "drop"  # ToolStream's states
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TAILS = ("}" + _CLOSE, _CLOSE)
+_TAILS = ("}" + _CLOSE, _CLOSE, "}")
 _WS = " \t\n\r"  # JSON's whitespace
 _MORE = object()  # _header: the block may still become a call
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import bad_request
+from gateway.structured import field_of
 from gateway.tool_stream import ToolStream, merged
 from protocol.structured import Constraint
 
@@ -62,6 +63,15 @@ class ToolPlan:
     functions: dict[str, dict]
     choice: str
     constraint: Constraint | None
+    parallel: bool = True
+    """``parallel_tool_calls``: False keeps only the answer's first call (the others are dropped)."""
+    bare: bool = False
+    """Whether an answer that starts with a call object without its tags is read as calls
+    (:class:`ToolStream`'s ``bare``): with ``tool_choice`` auto and no ``response_format``."""
+
+    def stream(self) -> ToolStream:
+        """A fresh parser of one choice's output under this plan."""
+        return ToolStream(self.functions, self.parallel, self.bare)
 
     def definitions(self) -> list[dict]:
         """The tools as the request's ``tools`` field takes them (OpenAI's definitions, normalised)."""
@@ -106,8 +116,9 @@ def tool_plan(body) -> ToolPlan | None:
             raise bad_request(f"{where}.function.parameters must be the JSON schema of an object "
                               "({\"type\": \"object\", \"properties\": {...}})", f"{where}.function.parameters")
         functions[name] = {"name": name, "description": fn.get("description", ""), "parameters": params}
-    if choice is None or choice == "auto":
-        return ToolPlan(functions, "auto", None)
+    parallel = getattr(body, "parallel_tool_calls", None) is not False  # (/tokenize has none)
+    if choice is None or choice == "auto":  # (a bare JSON answer is the user's when they asked for JSON)
+        return ToolPlan(functions, "auto", None, parallel, bare=field_of(body) is None)
     if choice == "none":
         return None
     if choice == "required":
@@ -120,7 +131,8 @@ def tool_plan(body) -> ToolPlan | None:
     else:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                           "\"function\": {\"name\": ...}}", "tool_choice")
-    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required", _call_grammar(functions, names))
+    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required", _call_grammar(functions, names),
+                    parallel)
 
 
 def _call_grammar(functions: dict[str, dict], names: list[str]) -> Constraint:
@@ -183,12 +195,13 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON")
 
 
-def parse_tool_calls(text: str, functions: dict[str, dict]) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
+                     bare: bool = False) -> tuple[str | None, list[dict]]:
     """``(content, calls)`` of a whole output: :class:`ToolStream` fed it at once (so a stream of the
     same output says the same). ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name,
     arguments}``, the arguments the JSON text the model wrote); ``content`` the text outside them,
     None when empty and there are calls. No call: ``(text, [])``."""
-    stream = ToolStream(functions)
+    stream = ToolStream(functions, parallel, bare)
     deltas = stream.feed(text)
     deltas += stream.finish(None)[0]
     return merged(deltas)
@@ -204,7 +217,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
         if reason not in ("stop", "length"):
             continue
         message = choice["message"]
-        stream = ToolStream(plan.functions)  # (the parse and the finish reason a stream of it gives)
+        stream = plan.stream()  # (the parse and the finish reason a stream of it gives)
         deltas = stream.feed(message.get("content") or "")
         more, final = stream.finish(reason)
         content, calls = merged(deltas + more)

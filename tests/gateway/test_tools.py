@@ -17,7 +17,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from gateway.errors import APIError  # noqa: E402
-from gateway.tools import apply_tool_calls, parse_tool_calls, render_messages  # noqa: E402
+from gateway.tools import ToolPlan, apply_tool_calls, parse_tool_calls, render_messages  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
@@ -158,7 +158,7 @@ def test_parsing_keeps_text_and_unknown_blocks():
     assert content == 'Sure.\n<tool_call>{"name": "zz", "arguments": {}}</tool_call>'
     assert parse_tool_calls("no calls", fns) == ("no calls", [])
     cut = {"choices": [{"finish_reason": "length", "message": {"content": text[:text.index('"x"') + 3]}}]}
-    (choice,) = apply_tool_calls(cut, type("P", (), {"functions": fns})())["choices"]
+    (choice,) = apply_tool_calls(cut, ToolPlan(fns, "auto", None))["choices"]
     assert choice["finish_reason"] == "length" and choice["message"]["content"] == "Sure."
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == \
         [("f", '{"x"')]  # cut as the stream would have sent it

@@ -40,6 +40,17 @@ OUTPUTS = {  # name -> (the model's output, whether a max_tokens of 9 tokens cut
     "malformed": '<tool_call>{"name": get_weather, "arguments": {}}</tool_call> and '
                  '<tool_call>{"name": "unknown", "arguments": {}}</tool_call><tool_c',
 }
+BARE = {  # what small Qwen2.5-Coder models wrote without the tags (issue 33): read only with bare=True
+    "bare_one": f' {{"name": "get_weather", "arguments": {WEATHER} }}',
+    "bare_two": '{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}\n'
+                '{"name": "get_time"} Done.',
+    "bare_not_a_call": '{"name": "unknown", "arguments": {}} is not one of them',
+    "bare_json_answer": '{"city": "Paris", "temperature": 21}',
+    "bare_after_text": 'Here: {"name": "get_time", "arguments": {}}',
+    "bare_broken": '{"name": "get_time", "arguments": {"zone": "utc"} oops',
+}
+VARIANTS = {"parallel": {}, "one_call": {"parallel": False}, "bare": {"bare": True},
+            "bare_one_call": {"bare": True, "parallel": False}}
 TOKEN_CHARS = 4  # the scripted model's tokens are 4 characters of its output
 
 
@@ -47,8 +58,8 @@ def calls_of(calls: list) -> list[tuple[str, str]]:
     return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
-def feed_in_pieces(text: str, cuts: list[int], reason: str = "stop") -> tuple[list[dict], str]:
-    stream = ToolStream(FUNCTIONS)
+def feed_in_pieces(text: str, cuts: list[int], reason: str = "stop", **variant) -> tuple[list[dict], str]:
+    stream = ToolStream(FUNCTIONS, **variant)
     deltas = []
     for a, b in zip([0] + cuts, cuts + [len(text)]):
         deltas += stream.feed(text[a:b])
@@ -59,17 +70,42 @@ def feed_in_pieces(text: str, cuts: list[int], reason: str = "stop") -> tuple[li
 # ---------------------------------------------------------------------- the parser alone
 
 
-@pytest.mark.parametrize("name", sorted(OUTPUTS))
-def test_every_cut_into_deltas_adds_up_to_the_whole_parse(name):
-    text = OUTPUTS[name]
-    content, calls = parse_tool_calls(text, FUNCTIONS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted({**OUTPUTS, **BARE}))
+def test_every_cut_into_deltas_adds_up_to_the_whole_parse(name, variant):
+    text, options = {**OUTPUTS, **BARE}[name], VARIANTS[variant]
+    content, calls = parse_tool_calls(text, FUNCTIONS, **options)
     cuttings = [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]  # one cut anywhere; every char
     rng = random.Random(0)
     cuttings += [sorted(rng.sample(range(1, len(text)), rng.randint(1, len(text) // 3))) for _ in range(50)]
     for cuts in cuttings:
-        deltas, _ = feed_in_pieces(text, cuts)
+        deltas, reason = feed_in_pieces(text, cuts, **options)
         got_content, got_calls = merged(deltas)
         assert (got_content, calls_of(got_calls)) == (content, calls_of(calls)), cuts
+        assert reason == ("tool_calls" if calls else "stop")
+        assert all(d for d in deltas), "an empty delta"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    content, calls = parse_tool_calls(OUTPUTS["two"], FUNCTIONS, parallel=False)
+    assert content is None and calls_of(calls) == [("get_time", "{}")]
+    content, calls = parse_tool_calls(OUTPUTS["text_first"] + OUTPUTS["one"], FUNCTIONS, parallel=False)
+    assert content == "Let me check.\nDone." and calls_of(calls) == [("get_time", "{}")]
+    content, calls = parse_tool_calls(BARE["bare_two"], FUNCTIONS, parallel=False, bare=True)
+    assert content is None and calls_of(calls) == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_bare_calls_are_read_only_at_the_start_and_only_when_asked():
+    content, calls = parse_tool_calls(BARE["bare_one"], FUNCTIONS, bare=True)
+    assert content is None and calls_of(calls) == [("get_weather", WEATHER)]
+    content, calls = parse_tool_calls(BARE["bare_two"], FUNCTIONS, bare=True)
+    assert content == "Done." and calls_of(calls) == [("get_weather", '{"city": "Paris"}'), ("get_time", "{}"),
+                                                      ("get_time", "{}")]
+    for name in ("bare_not_a_call", "bare_json_answer", "bare_after_text"):
+        assert parse_tool_calls(BARE[name], FUNCTIONS, bare=True) == (BARE[name], []), name
+    assert parse_tool_calls(BARE["bare_one"], FUNCTIONS) == (BARE["bare_one"], [])  # off: content
+    content, calls = parse_tool_calls(BARE["bare_broken"], FUNCTIONS, bare=True)  # a call is not taken back
+    assert content is None and calls_of(calls) == [("get_time", '{"zone": "utc"}')]
 
 
 def test_what_the_parse_says():
@@ -139,7 +175,7 @@ class OutputClient(ScriptedClient):
         return h
 
     def _script(self, h: ClientHandle) -> None:
-        text = OUTPUTS[h.params.prompt[-1].content]
+        text = {**OUTPUTS, **BARE}[h.params.prompt[-1].content]
         pieces = [text[i:i + TOKEN_CHARS] for i in range(0, len(text), TOKEN_CHARS)]
         h._prompt_tokens = 5
         h.first_token_s = time.monotonic()
@@ -165,15 +201,19 @@ def sdk():
         t.join(10)
 
 
-@pytest.mark.parametrize("name", sorted(OUTPUTS))
+@pytest.mark.parametrize("name", sorted({**OUTPUTS, **BARE}))
 def test_a_stream_adds_up_to_the_answer(sdk, name):
+    """... and every chunk after the role's says something (issue 33: ~17 ``delta: {}`` chunks came
+    while text was held back); the token ids of those that would not have are on the next one."""
     max_tokens = 9 if name == "cut" else 60
     kw = dict(model="m", messages=[{"role": "user", "content": name}], max_tokens=max_tokens, tools=TOOLS)
     whole = sdk.chat.completions.create(**kw).choices[0]
-    content, calls, reasons, firsts = [], {}, [], []
-    for chunk in sdk.chat.completions.create(**kw, stream=True):
+    content, calls, reasons, firsts, token_ids = [], {}, [], [], []
+    for k, chunk in enumerate(sdk.chat.completions.create(**kw, stream=True)):
         (choice,) = chunk.choices
         delta = choice.delta
+        token_ids += choice.model_extra["token_ids"]
+        assert k == 0 or delta.content or delta.tool_calls or choice.finish_reason, f"an empty delta: {chunk}"
         content += [delta.content] if delta.content else []
         for tc in delta.tool_calls or []:
             if tc.index not in calls:  # the call's first delta: id, type and name, no arguments yet
@@ -188,8 +228,10 @@ def test_a_stream_adds_up_to_the_answer(sdk, name):
     streamed = ("".join(content) or None, list(zip(firsts, calls.values())))
     assert streamed == (whole.message.content or None, want_calls)
     assert reasons == [whole.finish_reason]
-    expected_content, expected_calls = parse_tool_calls(OUTPUTS[name][:max_tokens * TOKEN_CHARS], FUNCTIONS)
+    text = {**OUTPUTS, **BARE}[name]
+    expected_content, expected_calls = parse_tool_calls(text[:max_tokens * TOKEN_CHARS], FUNCTIONS, bare=True)
     assert (whole.message.content, want_calls) == (expected_content, calls_of(expected_calls))
+    assert len(token_ids) == min(max_tokens, -(-len(text) // TOKEN_CHARS))  # every token's id, once
     assert whole.finish_reason == ("length" if name == "cut" else "tool_calls" if want_calls else "stop")
 
 
