@@ -53,19 +53,21 @@ class ToolStream:
     ``bare=True``: an answer that *starts* with a call object without the tags -- ``{"name": "N",
     "arguments": {...}}``, what small Qwen2.5-Coder models write (issue 33), as llama.cpp's and
     vLLM's Hermes parsers also take it -- is read as calls: that object, and more of them after it
-    separated by commas or whitespace; text after them is content. The same hold-back as a tag:
+    separated by commas or whitespace, also inside a Markdown fence (```` ```json ````, as the same
+    models write it); text after them is content. The same hold-back as a tag:
     an answer starting with ``{`` is held until its header says whether it is a call. Off where
     the answer may be JSON the user asked for (a ``response_format``).
     """
 
     __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str",
-                 "_esc", "_tail", "_in_bare")
+                 "_esc", "_tail", "_in_bare", "_fenced")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
         self.functions = functions
         self.parallel = parallel
         self.bare = bare  # still possible: nothing said yet and no call (then, after a bare call, the next one)
         self._in_bare = False  # the call being read has no tags
+        self._fenced = False  # the bare calls are inside a ```json fence (its end is dropped too)
         self.calls = 0  # calls begun so far
         self._said = False  # whether content was sent
         self._state = _TEXT
@@ -101,10 +103,19 @@ class ToolStream:
         buf, state = self._buf, self._state
         if state == _TEXT and self.bare:
             rest = buf.lstrip(_WS + ("," if self.calls else ""))
-            if not rest and not final:
-                return False  # (whitespace: the answer may still start with a call)
+            closed = self._fenced and rest.startswith(_FENCE)  # the fence's end, after the calls
+            if closed:
+                rest = rest[len(_FENCE):]
+            opener = None if self.calls else _FENCE_OPEN.match(rest)
+            if opener is not None:  # ```json then the calls: the fence is no content either
+                rest = rest[opener.end():]
+            if not final and (not rest or (self.calls and self._fenced and not closed and _FENCE.startswith(rest))
+                              or (not self.calls and opener is None and _may_open_fence(rest))):
+                return False  # (the answer may still start with a call, or its fence still end)
+            self._fenced = self._fenced and not closed
             if rest.startswith("{") and (self.parallel or not self.calls):
                 self._ws, self._buf, self._state, self._in_bare = buf[:len(buf) - len(rest)], rest, _HEAD, True
+                self._fenced = self._fenced or opener is not None
                 return True
             self.bare = False
             if self.calls:  # (after bare calls: their separators are not content)
@@ -225,6 +236,13 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _TAILS = ("}" + _CLOSE, _CLOSE, "}")
 _WS = " \t\n\r"  # JSON's whitespace
 _MORE = object()  # _header: the block may still become a call
+_FENCE = "```"
+_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\r?\n[ \t\r\n]*")  # a Markdown code fence's first line (bare calls)
+
+
+def _may_open_fence(s: str) -> bool:
+    """Whether ``s`` is the start of a fence's first line (more text may make it one)."""
+    return any(f.startswith(s) for f in ("```json\n", "```\n")) or re.fullmatch(r"```(?:json)?[ \t]*\r?", s) is not None
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")
 
 

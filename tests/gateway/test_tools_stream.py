@@ -48,6 +48,10 @@ BARE = {  # what small Qwen2.5-Coder models wrote without the tags (issue 33): r
     "bare_json_answer": '{"city": "Paris", "temperature": 21}',
     "bare_after_text": 'Here: {"name": "get_time", "arguments": {}}',
     "bare_broken": '{"name": "get_time", "arguments": {"zone": "utc"} oops',
+    "bare_fenced": '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}},\n{"name": "get_time", '
+                   '"arguments": {"city": "Rome"}}\n```\nThat is all.',
+    "bare_fenced_json_answer": '```json\n{"city": "Paris", "temperature": 21}\n```',
+    "bare_fenced_code": '```python\nprint({"name": "get_time"})\n```',
 }
 VARIANTS = {"parallel": {}, "one_call": {"parallel": False}, "bare": {"bare": True},
             "bare_one_call": {"bare": True, "parallel": False}}
@@ -101,7 +105,11 @@ def test_bare_calls_are_read_only_at_the_start_and_only_when_asked():
     content, calls = parse_tool_calls(BARE["bare_two"], FUNCTIONS, bare=True)
     assert content == "Done." and calls_of(calls) == [("get_weather", '{"city": "Paris"}'), ("get_time", "{}"),
                                                       ("get_time", "{}")]
-    for name in ("bare_not_a_call", "bare_json_answer", "bare_after_text"):
+    content, calls = parse_tool_calls(BARE["bare_fenced"], FUNCTIONS, bare=True)
+    assert content == "That is all." and calls_of(calls) == [("get_weather", '{"city": "Paris"}'),
+                                                             ("get_time", '{"city": "Rome"}')]
+    for name in ("bare_not_a_call", "bare_json_answer", "bare_after_text", "bare_fenced_json_answer",
+                 "bare_fenced_code"):
         assert parse_tool_calls(BARE[name], FUNCTIONS, bare=True) == (BARE[name], []), name
     assert parse_tool_calls(BARE["bare_one"], FUNCTIONS) == (BARE["bare_one"], [])  # off: content
     content, calls = parse_tool_calls(BARE["bare_broken"], FUNCTIONS, bare=True)  # a call is not taken back
