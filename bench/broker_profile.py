@@ -12,7 +12,10 @@ reads the broker's CPU from ``/proc``; on a 2-core machine shared with others th
    broker keys, workers and credits come out the same), ``--repeat`` times, and prints the median
    microseconds per request of the whole handling (decode, core, encode), the floor of a bare
    decode + encode of the same frames, and with ``--profile`` the top functions by own time
-   (cProfile; its own overhead inflates small functions, so read them as shares).
+   (cProfile; its own overhead inflates small functions, so read them as shares). Times are the
+   thread's CPU time (``time.thread_time``): a busy machine delays a replay, which wall time would
+   count, but takes little of its CPU time (the caches it shares still do: compare runs made
+   one after the other, best of several).
 
 Not measured here: ZeroMQ's own send and receive (the pass-through broker pays the same per
 message) and the poll loop. ``--record PATH`` writes the frames (pickle) for later replays
@@ -137,13 +140,13 @@ def replay(events: list[Event], profile: cProfile.Profile | None = None) -> tupl
     handle, perform, tick = server._handle, server._perform, server.core.tick
     if profile is not None:
         profile.enable()
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for ev in events:
         if ev[0] == "frame":
             handle(sides[ev[1]], ev[2], ev[3], ev[4])
         else:
             perform(tick(ev[1]))
-    dt = time.perf_counter() - t0
+    dt = time.thread_time() - t0
     if profile is not None:
         profile.disable()
     return dt, server
@@ -152,10 +155,10 @@ def replay(events: list[Event], profile: cProfile.Profile | None = None) -> tupl
 def bare(events: list[Event]) -> float:
     """Seconds to unpack every recorded frame and pack it back: the least any broker in Python does."""
     frames = [ev[3] for ev in events if ev[0] == "frame"]
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for data in frames:
         msgpack.packb(msgpack.unpackb(data, raw=False, use_list=False))
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
 
 
 def requests_in(events: list[Event]) -> int:

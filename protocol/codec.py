@@ -8,9 +8,9 @@ parameters, finished entries, ...) are msgpack arrays of their fields in
 declaration order; enums travel as their string values. A record's trailing
 fields may be left out (an older peer's, which knows fewer): they decode as
 their defaults. The encoder leaves out those of envelopes and request
-parameters that equal their defaults (a plain request is ``[id, [prompt,
-max_tokens, stop_token]]``, not 4 + 22 values: every hop packs, unpacks and
-checks it), so the far side decodes exactly what was sent.
+parameters that equal their defaults (:func:`_wire_envelope`; a plain request
+is ``[id, [prompt, max_tokens, stop_token]]``, not 4 + 22 values: every hop
+packs, unpacks and checks it), so the far side decodes exactly what was sent.
 
 Both directions are generic, derived once from each class's type
 annotations (:func:`typing.get_type_hints`): encoding lets msgpack pack the
@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
-from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
+from protocol.request import _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -67,8 +67,10 @@ def encode(msg: Message) -> bytes:
     d = {"v": PROTOCOL_VERSION, "op": msg.op.value}
     for name in _FIELDS[type(msg)]:
         d[name] = getattr(msg, name)
-    if type(msg) in _WITH_ENVELOPES:
-        d["requests"] = list(map(_wire_envelope, d["requests"]))
+    if type(msg) in _WITH_ENVELOPES:  # (_wire_envelope's common case inline: once per request on every hop)
+        d["requests"] = [(e[0], p[:3]) if type(e) is Envelope and type(p := e[1]) is RequestParams
+                         and p[3:] == _AFTER_STOP_DEFAULTS and e[3] is None and e[2] == () else _wire_envelope(e)
+                         for e in d["requests"]]
     return msgpack.packb(d, use_bin_type=True)
 
 
@@ -84,7 +86,7 @@ def _wire_envelope(entry: Any) -> Any:
     if type(params) is RequestParams:
         params = to_wire(params)
     if time_left is None:
-        if resume == () and type(resume) is tuple:
+        if resume == ():
             return rid, params
         return rid, params, resume
     return rid, params, resume, time_left

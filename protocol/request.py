@@ -628,8 +628,10 @@ def from_wire(values: tuple) -> RequestParams:
         prompt, max_tokens, stop_token = values
         tokens = plain_tokens(prompt)
         if tokens and type(max_tokens) is int and 1 <= max_tokens <= WIRE_INT_MAX:
-            stop = () if stop_token == () and type(stop_token) is tuple else _stop_token(stop_token, "stop_token")
-            return _tuple_new(RequestParams, (tokens, max_tokens, stop) + _AFTER_STOP_DEFAULTS)
+            if stop_token == () and type(stop_token) is tuple and tokens is prompt:  # (no stop token: as it came)
+                return _tuple_new(RequestParams, values + _AFTER_STOP_DEFAULTS)
+            return _tuple_new(RequestParams, (tokens, max_tokens, _stop_token(stop_token, "stop_token"))
+                              + _AFTER_STOP_DEFAULTS)
     if n != _FIELD_COUNT:  # (trailing defaults left out: to_wire's arrays, an older peer's)
         return _build(RequestParams, values, _NO_OPTIONS)
     if values[3:] == _AFTER_STOP_DEFAULTS and tuple(map(type, _numeric_options(values))) == _NUMERIC_OPTION_TYPES:
@@ -647,19 +649,19 @@ _NO_OPTIONS: dict[str, Any] = {}
 
 
 def to_wire(params: RequestParams) -> tuple:
-    """``params``' fields by position as :func:`protocol.codec.encode` puts them on the wire: those
-    after the last one that differs from its default left out (``prompt`` and ``max_tokens`` always
-    kept). :func:`from_wire` gives the left-out fields their defaults, so the far side decodes
-    ``params`` itself, field types included: the values of a request are normalised when it is
-    built (``temperature=0`` is the float ``0.0``, ``priority=False`` is refused), so one equal to
-    its default is its default. A greedy token-id request is then 2 or 3 values instead of 22
-    (its envelope packs in 11 bytes instead of 82 with a 3-token prompt), which every hop packs,
-    unpacks and checks (``python -m bench.broker_profile``: the broker's handling of the
-    benchmark's requests, about 15 % less time)."""
+    """``params``' fields by position as :func:`protocol.codec.encode` puts them on the wire: the
+    options after ``stop_token`` that equal their defaults, from the last one back, left out
+    (``prompt``, ``max_tokens`` and ``stop_token`` always kept). :func:`from_wire` gives the left-out
+    fields their defaults, so the far side decodes ``params`` itself, field types included: the
+    values of a request are normalised when it is built (``temperature=0`` is the float ``0.0``,
+    ``priority=False`` is refused), so one equal to its default is its default. A greedy token-id
+    request is then 3 values instead of 22 (its envelope packs in 11 bytes instead of 82 with a
+    3-token prompt), which every hop packs, unpacks and checks (``python -m bench.broker_profile``:
+    the broker's handling of the benchmark's requests, about 15 % less time)."""
     if params[3:] == _AFTER_STOP_DEFAULTS:  # (the common case; C compares, the default objects themselves first)
-        return params[:2] if params[2] == DEFAULT else params[:3]
+        return params[:3]
     n = _FIELD_COUNT
-    while n > 2 and params[n - 1] == _DEFAULTS[n - 1]:
+    while n > 3 and params[n - 1] == _DEFAULTS[n - 1]:
         n -= 1
     return params[:n]
 

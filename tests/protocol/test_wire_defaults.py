@@ -1,9 +1,10 @@
 """Trailing defaults left out on the wire (issue 30): :func:`protocol.request.to_wire` and the
 envelopes of ``submit`` / ``assign`` (:func:`protocol.codec.encode`) drop the fields after the last
-one that differs from its default, and the decoder gives them back.
+one that differs from its default (a request's ``stop_token`` always kept), and the decoder gives
+them back.
 
 - every option, set alone to a value other than its default, survives the round trip with its
-  type, and the array stops right after it;
+  type, and the array stops right after it (or after ``stop_token``, always kept);
 - arrays with every field given (as encoders sent them before, and as an older peer may) decode to
   the same requests as the short ones;
 - the decoder's path for ``[prompt, max_tokens, stop_token]`` gives what the constructor's general
@@ -45,7 +46,7 @@ def _round_trip(params: RequestParams) -> RequestParams:
 def test_every_option_is_dropped_at_its_default_and_kept_otherwise():
     assert set(OPTIONS) | {"prompt", "max_tokens"} == set(RequestParams._fields)
     plain = RequestParams([1, 2, 3], 4)
-    assert rq.to_wire(plain) == ((1, 2, 3), 4) and _round_trip(plain) == plain
+    assert rq.to_wire(plain) == ((1, 2, 3), 4, DEFAULT) and _round_trip(plain) == plain
     assert rq.to_wire(RequestParams([1, 2, 3], 4, stop_token=None)) == ((1, 2, 3), 4, ())
     for name, value in OPTIONS.items():
         if name == "tools":
@@ -54,7 +55,7 @@ def test_every_option_is_dropped_at_its_default_and_kept_otherwise():
         else:
             params = RequestParams([1, 2, 3], 4, **{name: value})
         wire = rq.to_wire(params)
-        assert len(wire) == RequestParams._fields.index(name) + 1, name  # cut right after it
+        assert len(wire) == max(3, RequestParams._fields.index(name) + 1), name  # cut right after it
         back = _round_trip(params)
         assert back == params and _types(back) == _types(params), name
 
@@ -65,7 +66,7 @@ def test_options_given_as_their_defaults_in_another_type_are_normalised_and_left
     params = RequestParams([1], 2, temperature=0, top_p=1, repetition_penalty=1, min_p=0, presence_penalty=0,
                            frequency_penalty=0, priority=0, top_k=0, min_tokens=0, logit_bias={}, stop=[],
                            stop_sequences=[])
-    assert rq.to_wire(params) == ((1,), 2)
+    assert rq.to_wire(params) == ((1,), 2, DEFAULT)
     assert _types(_round_trip(params)) == _types(params) == _types(RequestParams([1], 2))
     for name in ("priority", "top_k", "min_tokens", "include_stop_str_in_output"):
         with pytest.raises(ValueError, match=name):
@@ -86,7 +87,7 @@ def test_short_and_full_arrays_decode_alike(entries):
     for a, b in zip(short.requests, decode(full).requests):
         assert _types(a.params) == _types(b.params) and type(a.time_left_s) is type(b.time_left_s)
     for wire in msgpack.unpackb(encode(msg), raw=False)["requests"]:
-        assert 2 <= len(wire) <= 4 and 2 <= len(wire[1]) <= len(RequestParams._fields)
+        assert 2 <= len(wire) <= 4 and 3 <= len(wire[1]) <= len(RequestParams._fields)
 
 
 @settings(max_examples=400, deadline=None)
