@@ -206,7 +206,7 @@ def main(argv=None) -> None:
           f"{', '.join(f'{t / n * 1e6:.2f}' for t in times)}); unpack + pack of the frames alone "
           f"{floor / n * 1e6:.2f} us/request (load {load0:.2f} -> {load_avg():.2f})")
     if args.profile:
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)
         replay(events, prof)
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
 
