@@ -107,7 +107,7 @@ class ClientHandler:
         """
         del self.clients[cs.identity]
         jobs = self._jobs
-        keys = jobs.of_client.pop(cs.identity, set())
+        keys = jobs.of_client.pop(cs.identity, {}).values()
         if keys:
             self.counters["clients_lost"] += 1
         text = self._lost_text(code)

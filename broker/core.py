@@ -86,8 +86,12 @@ class BrokerCore:
         self.jobs = self._jobs.by_key
         self.queues = self._jobs.queues
         self.models = self._models.served
-        self._by_client = self._jobs.by_client
         self._next_heartbeat_s = now
+
+    @property
+    def _by_client(self) -> dict:
+        """``(client identity, request id)`` -> broker key of every job attached to its client (a copy; tests read it)."""
+        return self._jobs.by_client
 
     @property
     def record_timings(self) -> bool:

@@ -46,7 +46,7 @@ class FailureHandler:
         """See :meth:`broker.core.BrokerCore.on_frontend_error`."""
         self.counters["bad_messages"] += 1
         self._clients.seen(identity, now)
-        ids = tuple(r for r in request_ids if (identity, r) not in self._jobs.by_client)
+        ids = tuple(r for r in request_ids if self._jobs.find(identity, r) is None)
         return [Send(Side.FRONTEND, identity, Error(err.code, err.message, ids))]
 
     def bad_worker_frame(self, identity: bytes, err: ProtocolError, keys: list, now: float, out: Outbox) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import heapq
-from typing import Callable
+from typing import Callable, Iterable
 
 from broker.config import BrokerConfig
 from broker.outbox import Outbox
@@ -29,6 +29,8 @@ ENDING_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "complete
 """The counter (of ``BrokerCore.counters``) each ending counts toward."""
 
 _tuple_new = tuple.__new__  # a record built without its Python __new__ (its fields given in full)
+_PRIORITY = RequestParams._fields.index("priority")  # (read by position per request: no property call)
+_TIMEOUT = RequestParams._fields.index("timeout_s")
 
 
 class JobState(enum.Enum):
@@ -49,7 +51,8 @@ class Job:
     ``client`` is the owner's identity, or None once the client is gone (its
     results are then dropped). ``params`` are the request's, as the client
     sent them. ``tokens`` are those streamed to the client so far: a migrated
-    request resumes from them. ``deadline_s`` is monotonic. ``verdict``: the
+    request resumes from them. ``deadline_s`` is monotonic; ``first_token_s`` (monotonic) is
+    noted only while TTFT samples are kept (``JobTable.record_timings``). ``verdict``: the
     ``(code, message)`` of an error ending the broker decided while the
     request was running (its worker is told to cancel it; when the worker
     reports the end, it ends with this error, whatever the worker says).
@@ -66,10 +69,10 @@ class Job:
         self.rid: RequestId = rid
         self.model = model
         self.params: RequestParams = params
-        self.tokens: list[int] = list(resume_tokens)
+        self.tokens: list[int] = list(resume_tokens) if resume_tokens else []
         self.state = QUEUED
         self.worker: bytes | None = None
-        timeout_s = params.timeout_s if time_left_s is None else time_left_s
+        timeout_s = params[_TIMEOUT] if time_left_s is None else time_left_s
         self.deadline_s = None if timeout_s is None else now + timeout_s
         self.arrival_s = now
         self.attempts = 0
@@ -82,9 +85,10 @@ class Job:
 class JobTable:
     """Every job the broker holds and the queues of those waiting.
 
-    - ``by_key``: broker key -> job; ``by_client``: ``(client identity,
-      request id)`` -> broker key, for jobs still attached to their client;
-      ``of_client``: client identity -> keys of its attached jobs.
+    - ``by_key``: broker key -> job; ``of_client``: client identity -> the
+      jobs still attached to that client, request id -> broker key (one
+      table per client: no ``(client, request id)`` tuple built per lookup);
+      :attr:`by_client` is a flat copy, for reading.
     - ``queues``: model -> the queued jobs of that model.
     - ``record_timings``: keep TTFT / latency samples (seconds) for
       :meth:`take`; on only while someone collects them (metrics on).
@@ -94,8 +98,7 @@ class JobTable:
         self.config = config
         self.counters = counters
         self.by_key: dict[int, Job] = {}
-        self.by_client: dict[tuple[bytes, RequestId], int] = {}
-        self.of_client: dict[bytes, set[int]] = {}
+        self.of_client: dict[bytes, dict[RequestId, int]] = {}
         self.queues: dict[str, PriorityQueue[Job]] = {}
         self._deadlines: list[tuple[float, int]] = []  # (deadline_s, key) of queued jobs
         self._next_key = 0
@@ -123,9 +126,15 @@ class JobTable:
                 self.finish(job, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
                             f"model {model!r} has {into.max_size} requests queued; retry later", out)
 
+    @property
+    def by_client(self) -> dict[tuple[bytes, RequestId], int]:
+        """``(client identity, request id)`` -> broker key of every attached job (a copy)."""
+        return {(client, rid): key for client, attached in self.of_client.items() for rid, key in attached.items()}
+
     def find(self, client: bytes, rid: RequestId) -> Job | None:
         """The job ``rid`` of ``client`` still attached to it, or None."""
-        key = self.by_client.get((client, rid))
+        attached = self.of_client.get(client)
+        key = None if attached is None else attached.get(rid)
         return None if key is None else self.by_key[key]
 
     def admit(self, client: bytes, entries: tuple[Envelope, ...], model: str, now: float, out: Outbox,
@@ -139,13 +148,14 @@ class JobTable:
         loop for the whole message, no call per request: this is the submit
         hot path."""
         q = self.queue(model)
-        by_client = self.by_client
-        keys = self.of_client.get(client)
-        if keys is None:
-            keys = self.of_client[client] = set()
+        push = q.push
+        by_key = self.by_key
+        attached = self.of_client.get(client)
+        if attached is None:
+            attached = self.of_client[client] = {}
         for entry in entries:
-            ck = (client, entry.request_id)
-            if ck in by_client:
+            rid = entry[0]
+            if rid in attached:
                 self.counters["duplicates"] += 1
                 continue
             if type(entry) is Rejected:  # its parameters are invalid: it alone fails
@@ -156,20 +166,17 @@ class JobTable:
             key = self._next_key
             self._next_key = key + 1
             job = Job(key, client, entry, model, now)
-            priority = entry.params.priority
-            queued = q.push(job, priority)  # (False when full: nothing queued)
-            if not queued:
+            priority = entry[1][_PRIORITY]
+            if not push(job, priority):  # (False when full: nothing queued)
                 make_room()
-                queued = q.push(job, priority)
-            if not queued:
-                self.counters["queue_full"] += 1
-                out.result(client).finished.append(Finished(
-                    entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
-                    f"model {model!r} has {q.max_size} requests queued; retry later"))
-                continue
-            self.by_key[key] = job
-            by_client[ck] = key
-            keys.add(key)
+                if not push(job, priority):
+                    self.counters["queue_full"] += 1
+                    out.result(client).finished.append(Finished(
+                        entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
+                        f"model {model!r} has {q.max_size} requests queued; retry later"))
+                    continue
+            by_key[key] = job
+            attached[rid] = key
             if job.deadline_s is not None:
                 heapq.heappush(self._deadlines, (job.deadline_s, key))
 
@@ -178,22 +185,29 @@ class JobTable:
                cached_tokens: int | None = None) -> None:
         """End a job: forget it and tell its client (if still there); ``prompt_tokens``,
         ``stop_reason`` and ``cached_tokens`` as the worker's :class:`Finished` says."""
-        key = job.key
-        del self.by_key[key]
-        self.counters[ENDING_COUNTER[reason]] += 1
-        client = job.client
-        if client is not None:  # (detach, inline: once per request)
-            rid = job.rid
-            del self.by_client[(client, rid)]
-            keys = self.of_client.get(client)
-            if keys is not None:
-                keys.discard(key)
-            job.client = None
-            draft = out.results.get(client)  # (out.result(client), inline: once per request)
-            if draft is None:
-                draft = out.result(client)
-            draft.finished.append(_tuple_new(Finished, (rid, reason, code, message, prompt_tokens, stop_reason,
-                                                        cached_tokens)))
+        self.finish_all(((job, reason, code, message, prompt_tokens, stop_reason, cached_tokens),), out)
+
+    def finish_all(self, endings: Iterable[tuple], out: Outbox) -> None:
+        """:meth:`finish` each of ``endings``, in order: ``(job, reason, code, message,
+        prompt_tokens, stop_reason, cached_tokens)``, each job once. One loop for the endings a
+        worker reports in an iteration (once per request: no call each, the tables at hand)."""
+        by_key, of_client, counters, results = self.by_key, self.of_client, self.counters, out.results
+        for job, reason, code, message, prompt_tokens, stop_reason, cached_tokens in endings:
+            key = job.key
+            del by_key[key]
+            counters[ENDING_COUNTER[reason]] += 1
+            client = job.client
+            if client is not None:  # (detach, inline)
+                rid = job.rid
+                attached = of_client.get(client)
+                if attached is not None:  # (None: the client is being forgotten, ClientHandler.lost)
+                    del attached[rid]
+                job.client = None
+                draft = results.get(client)  # (out.result(client), inline)
+                if draft is None:
+                    draft = out.result(client)
+                draft.finished.append(_tuple_new(Finished, (rid, reason, code, message, prompt_tokens, stop_reason,
+                                                            cached_tokens)))
 
     def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
                       out: Outbox) -> None:
@@ -205,10 +219,9 @@ class JobTable:
         """Stop routing ``job``'s output to its client (it was told the ending)."""
         client = job.client
         if client is not None:
-            del self.by_client[(client, job.rid)]
-            keys = self.of_client.get(client)
-            if keys is not None:
-                keys.discard(job.key)
+            attached = self.of_client.get(client)
+            if attached is not None:  # (None: the client is being forgotten, ClientHandler.lost)
+                del attached[job.rid]
             job.client = None
 
     def cancel(self, job: Job, to_workers: dict[bytes, list[int]], out: Outbox) -> None:

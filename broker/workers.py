@@ -21,7 +21,7 @@ from broker.config import BrokerConfig
 from broker.jobs import RUNNING, JobState, JobTable
 from broker.models import ServedModels
 from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
-from broker.prefix import PrefixRouter, prompt_key
+from broker.prefix import MIN_MATCH, PrefixRouter, prompt_key
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
@@ -247,10 +247,9 @@ class WorkerHandler:
             if job is None or job.worker != me:
                 stale += 1  # the job migrated or ended meanwhile (counted, not its tokens: the rare case)
                 continue
-            if job.first_token_s is None:
+            if ttft is not None and job.first_token_s is None:
                 job.first_token_s = now
-                if ttft is not None:
-                    ttft.append(now - job.arrival_s)
+                ttft.append(now - job.arrival_s)
             job.tokens.append(tok)
             client = job.client
             if client is not None:
@@ -274,24 +273,25 @@ class WorkerHandler:
         table = self._jobs
         jobs = table.by_key
         me = w.identity
-        credit = w.inflight.discard
+        inflight = w.inflight
         latency = table.timings["latency"] if table.record_timings else None
-        finish = table.finish
+        done = []  # (what JobTable.finish_all takes, in the worker's order)
+        end = done.append
         for key, reason, code, message, prompt_tokens, stop_reason, cached in finished:  # (one unpacking each)
             job = jobs.get(key)
-            if job is None or job.worker != me:
+            if job is None or job.worker != me or key not in inflight:  # (not its, or named twice)
                 continue
-            credit(key)  # the credit comes back
+            inflight.discard(key)  # the credit comes back
             if latency is not None:
                 latency.append(now - job.arrival_s)
             params = job.params
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
-                finish(job, FinishReason.ERROR, *job.verdict, out)
-            elif len(job.tokens) > params.max_tokens:  # (counted here, off the per-token loop)
+                end((job, _ERROR, *job.verdict, None, None, None))
+            elif len(job.tokens) > params[1]:  # (max_tokens; counted here, off the per-token loop)
                 self._faulty(w, "tokens past max_tokens")
-                finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
+                end((job, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), None, None, None))
             else:
-                prompt = params.prompt
+                prompt = params[0]
                 if not (prompt_tokens is not None and type(prompt[0]) is int and prompt_tokens == len(prompt)
                         and (cached is None or 0 <= cached <= prompt_tokens)):  # (sound as it comes, mostly)
                     prompt_tokens, cached = self._counts(w, prompt_tokens, cached, params)
@@ -301,7 +301,8 @@ class WorkerHandler:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
                         code = message = None
-                finish(job, reason, code, message, out, prompt_tokens, stop_reason, cached)
+                end((job, reason, code, message, prompt_tokens, stop_reason, cached))
+        table.finish_all(done, out)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:
@@ -355,41 +356,61 @@ class WorkerHandler:
 
     def dispatch(self, model: str, now: float, out: Outbox) -> None:
         """Assign queued requests of ``model`` to workers with credits, one
-        ``assign`` message per worker (a request past its deadline ends instead)."""
+        ``assign`` message per worker (a request past its deadline ends instead).
+
+        Each request goes where :meth:`~broker.registry.WorkerRegistry.pick` would send it (most
+        free slots, earliest registered on ties), chosen here inline among the workers that had a
+        credit when the pass began (none gains one during it): this is once per request. With
+        prefix routing, a prompt of :data:`~broker.prefix.MIN_MATCH` units or more goes where
+        :meth:`~broker.prefix.PrefixRouter.choose` says instead (a shorter token-id or text prompt
+        cannot match: its key is never made)."""
         q = self._jobs.queues.get(model)
         if not q:
             return
         assigns: dict[bytes, list[Envelope]] = {}
-        pick = self.registry.pick
         prefixes = self.prefixes
         peers = self.registry.for_model(model)
         if len(peers) < 2:
             prefixes = None  # one worker: nothing to choose (its tree would only cost time)
+        finish = self._jobs.finish
         while q:
-            credits = sum([max(0, w.max_inflight - len(w.inflight)) for w in peers if not w.suspect])
-            if credits <= 0:
+            ready = [w for w in peers if not w.suspect and len(w.inflight) < w.max_inflight]
+            if not ready:
                 break
+            credits = sum([w.max_inflight - len(w.inflight) for w in ready])
+            only = ready[0] if len(ready) == 1 else None
             for job in q.pop_many(credits):  # (best first, as many as there are credits: one each,
-                w = pick(model)               # but for a request past its deadline, so never None)
-                timeout_s = None
+                timeout_s = None               # but for a request past its deadline)
                 if job.deadline_s is not None:
                     timeout_s = job.deadline_s - now
                     if timeout_s <= 0:
-                        self._jobs.finish(job, FinishReason.DEADLINE, None, None, out)
+                        finish(job, FinishReason.DEADLINE, None, None, out)
                         continue
+                w = only
+                if w is None:  # (registry.pick's rule, inline)
+                    most = 0
+                    for c in ready:
+                        held = len(c.inflight)
+                        if held < c.max_inflight and (w is None or c.num_slots - held > most):
+                            w, most = c, c.num_slots - held
+                params = job.params
                 if prefixes is not None:  # prefer the worker most likely to hold its prefix (broker.prefix)
-                    key = prompt_key(job.params)
-                    if key is not None:
-                        w = prefixes.choose(peers, key)  # not None: w above has a credit
-                        prefixes.sent(w.identity, key)
+                    prompt = params[0]
+                    if len(prompt) >= MIN_MATCH or (type(prompt) is tuple and type(prompt[0]) is not int):
+                        key = prompt_key(params)
+                        if key is not None:
+                            w = prefixes.choose(peers, key)  # not None: w above has a credit
+                            prefixes.sent(w.identity, key)
                 job.state = RUNNING
                 identity = job.worker = w.identity
-                if not w.inflight:
+                inflight = w.inflight
+                if not inflight:
                     w.progress_s = now  # the hung clock starts when it gets work
-                w.inflight.add(job.key)
+                inflight.add(job.key)
                 # The worker knows the request by its broker key, with the time
                 # left and the tokens the client already has beside its parameters.
-                entry = _tuple_new(Envelope, (job.key, job.params, tuple(job.tokens), timeout_s))
+                tokens = job.tokens
+                entry = _tuple_new(Envelope, (job.key, params, tuple(tokens) if tokens else (), timeout_s))
                 entries = assigns.get(identity)
                 if entries is None:
                     entries = assigns[identity] = []

@@ -5,7 +5,12 @@ Wire format: one ZeroMQ frame per message holding one msgpack map
 :data:`~protocol.messages.PROTOCOL_VERSION`), ``op`` and the message's
 fields by name. Records inside messages (NamedTuples: envelopes, request
 parameters, finished entries, ...) are msgpack arrays of their fields in
-declaration order; enums travel as their string values.
+declaration order; enums travel as their string values. A record's trailing
+fields may be left out (an older peer's, which knows fewer): they decode as
+their defaults. The encoder leaves out those of envelopes and request
+parameters that equal their defaults (:func:`_wire_envelope`; a plain request
+is ``[id, [prompt, max_tokens, stop_token]]``, not 4 + 22 values: every hop
+packs, unpacks and checks it), so the far side decodes exactly what was sent.
 
 Both directions are generic, derived once from each class's type
 annotations (:func:`typing.get_type_hints`): encoding lets msgpack pack the
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
+import itertools
 import math
 import operator
 import types
@@ -44,7 +49,7 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
-from protocol.request import MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire
+from protocol.request import _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -57,11 +62,34 @@ Decoder = Callable[[Any, str], Any]
 
 
 def encode(msg: Message) -> bytes:
-    """Serialize ``msg`` to one msgpack frame (bytes), adding ``v`` and ``op``."""
+    """Serialize ``msg`` to one msgpack frame (bytes), adding ``v`` and ``op``. The envelopes of a
+    ``submit`` or ``assign`` go as :func:`_wire_envelope` puts them (their trailing defaults left out)."""
     d = {"v": PROTOCOL_VERSION, "op": msg.op.value}
     for name in _FIELDS[type(msg)]:
         d[name] = getattr(msg, name)
+    if type(msg) in _WITH_ENVELOPES:  # (_wire_envelope's common case inline: once per request on every hop)
+        d["requests"] = [(e[0], p[:3]) if type(e) is Envelope and type(p := e[1]) is RequestParams
+                         and p[3:] == _AFTER_STOP_DEFAULTS and e[3] is None and e[2] == () else _wire_envelope(e)
+                         for e in d["requests"]]
     return msgpack.packb(d, use_bin_type=True)
+
+
+def _wire_envelope(entry: Any) -> Any:
+    """An :class:`~protocol.messages.Envelope` as it travels: an array of its fields whose trailing
+    defaults are left out, ``resume_tokens`` and ``time_left_s`` (``[request_id, params]`` for a
+    fresh request) and those of its parameters (:func:`~protocol.request.to_wire`), which the
+    decoder gives back (:func:`_envelope`, :func:`~protocol.request.from_wire`). Anything else (a
+    test's hand-made entry) goes as it is."""
+    if type(entry) is not Envelope:
+        return entry
+    rid, params, resume, time_left = entry
+    if type(params) is RequestParams:
+        params = to_wire(params)
+    if time_left is None:
+        if resume == ():
+            return rid, params
+        return rid, params, resume
+    return rid, params, resume, time_left
 
 
 def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -346,7 +374,6 @@ def _records(cls: type) -> Decoder:
     plan = tuple((_as_is_types(hints[name]),
                   hints[name]._value2member_map_ if isinstance(hints[name], type)
                   and issubclass(hints[name], enum.Enum) else None) for name in cls._fields)
-    make = functools.partial(_tuple_new, cls)
     str_only = frozenset({str})
 
     def check(v: Any, name: str) -> tuple:
@@ -365,7 +392,7 @@ def _records(cls: type) -> Decoder:
                     columns[i] = column
                     continue
             return tuple([one(x, name) for x in v])
-        return tuple(map(make, zip(*columns)))
+        return tuple(map(_tuple_new, itertools.repeat(cls, len(v)), zip(*columns)))  # (no partial: a call less each)
     return check
 
 
@@ -424,15 +451,15 @@ def _envelope(v: Any, name: str) -> Envelope | Rejected:
 def _envelopes(v: Any, name: str) -> tuple[Envelope | Rejected, ...]:
     """An array of envelopes (a ``submit``'s, an ``assign``'s): :func:`_envelope` of each, the
     same values and errors, with its common case inline -- an int request id, no resume tokens nor
-    time left (nil, as :class:`~protocol.messages.Envelope` packs their defaults), parameters that
+    time left (left out, as :func:`_wire_envelope` sends a fresh request, or nil and empty), parameters that
     :func:`~protocol.request.from_wire` accepts -- one call per request less, on every hop."""
     if type(v) is not tuple:
         raise _bad(name, "an array", v)
     out = []
     add = out.append
     for x in v:
-        if type(x) is tuple and len(x) == _ENVELOPE_FIELDS and type(x[0]) is int and x[2] == () \
-                and type(x[2]) is tuple and x[3] is None:
+        if type(x) is tuple and ((n := len(x)) == 2 or n == _ENVELOPE_FIELDS and x[2] == () and type(x[2]) is tuple
+                                 and x[3] is None) and type(x[0]) is int:
             params = x[1]
             if type(params) is tuple and 2 <= len(params) <= _PARAMS_FIELDS:
                 try:
@@ -504,4 +531,7 @@ def _decoder(tp: Any) -> Decoder:
 
 
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_TYPES.values()}
+_WITH_ENVELOPES = frozenset(cls for cls in MESSAGE_TYPES.values()
+                            if typing.get_type_hints(cls).get("requests") == tuple[Envelope, ...])
+"""The message types whose ``requests`` are envelopes (``submit``, ``assign``): see :func:`encode`."""
 _DECODERS = {cls: _message(cls) for cls in MESSAGE_TYPES.values()}

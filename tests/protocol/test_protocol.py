@@ -80,10 +80,10 @@ def test_round_trip(msg):
 
 
 def test_wire_format_maps_of_fields_with_records_as_arrays():
-    raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2))])), raw=False)
-    assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",
-                   "requests": [[1, [[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0,
-                                     0.0, 0.0, None, None, None, None, False], [], None]]}
+    raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2)), Envelope(2, P([1], 2, top_k=5), (3,))])),
+                          raw=False)
+    assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",  # (trailing defaults left out)
+                   "requests": [[1, [[1], 2, "default"]], [2, [[1], 2, "default", [], 0, None, 0.0, 1.0, 5], [3]]]}
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2, structured={"regex": "a+"}))])), raw=False)
     assert raw["requests"][0][1][P._fields.index("structured")] == ["regex", "a+"]  # a constraint: [kind, spec]
 
