@@ -175,17 +175,17 @@ def _plan_workers(model: str, workers: int | None, model_options):
 
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
-    --prefix-cache-mb/--kv-cache-dtype/--max-model-len, passed on as one ``model_options``."""
+    --prefix-cache-mb/--kv-cache-dtype/--max-model-len/--chat-template, passed on as one ``model_options``."""
     from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
     from worker.models.options import DEFAULT_MAX_MODEL_LEN, KV_CACHE_DTYPES
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
-                     prefix_cache_mb, kv_cache_dtype, max_model_len, **kwargs):
+                     prefix_cache_mb, kv_cache_dtype, max_model_len, chat_template, **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
                           cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb,
-                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len)
+                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, chat_template=chat_template)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -231,6 +231,10 @@ def _model_options(command):
                      help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
                           "many; a longer request is refused. At most the model's context. Default: the "
                           f"context, at most {DEFAULT_MAX_MODEL_LEN} (4096 on CUDA)."),
+        click.option("--chat-template", default=None, show_envvar=True, metavar="FILE|JINJA",
+                     help="A Jinja chat template replacing the model's (a file's path, or the template itself; "
+                          "vLLM's and llama.cpp's --chat-template): for a model that has none, or to change it. "
+                          "Chats are rendered by the worker with it."),
     ]):
         with_options = option(with_options)
     return with_options

@@ -73,3 +73,16 @@ def test_run_asks_for_the_primary_name_and_refuses_one_with_a_broker(monkeypatch
     r = CliRunner().invoke(main, ["run", str(rows), "-o", str(out), "--broker", "tcp://127.0.0.1:1",
                                   "--served-model-name", "job"])
     assert r.exit_code == 2 and "--served-model-name" in r.output and out.read_text() == "keep me"
+
+
+def test_chat_template_reaches_every_worker(worker_configs, cluster_configs, tmp_path):
+    """--chat-template (issue 33, item 4) on `worker` and `up`, a file's path or the Jinja itself."""
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages[0]['content'] }}")
+    r = CliRunner().invoke(main, ["worker", "--model", "smollm2-135m", "--chat-template", str(path)])
+    assert r.exit_code == 0, r.output
+    assert worker_configs[-1].model_options.chat_template == str(path)
+    r = CliRunner().invoke(main, ["up", "--model", "smollm2-135m", "--workers", "2", "--no-warmup",
+                                  "--chat-template", "{{ messages[0]['content'] }}"])
+    assert r.exit_code == 0, r.output
+    assert all(w.model_options.chat_template == "{{ messages[0]['content'] }}" for w in cluster_configs[-1].workers)

@@ -81,3 +81,56 @@ def test_bad_messages_raise_value_error(codec, messages):
 def test_bad_text_raises_value_error(codec, text):
     with pytest.raises(ValueError):
         codec.encode(text)
+
+
+# ---------------------------------------------------------------------- --chat-template (issue 33, item 4)
+
+OPTION_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+@pytest.mark.parametrize("given_as", ["text", "file"])
+def test_a_chat_template_option_renders_the_chats(tiny_text_dir, tmp_path, given_as):
+    from worker import BatchInferenceEngine
+    from worker.models import load_model
+
+    value = OPTION_TEMPLATE
+    if given_as == "file":
+        value = str(tmp_path / "template.jinja")
+        (tmp_path / "template.jinja").write_text(OPTION_TEMPLATE)
+    model = load_model(tiny_text_dir, chat_template=value)
+    chat = [{"role": "user", "content": "hi there"}]
+    rendered = "[user] hi there\n[assistant] "
+    assert model.tokenizer.apply_chat_template(chat) == model.tokenizer.encode(rendered)
+    engine = BatchInferenceEngine(model, batch_size=1, stop_token=None)
+    h = engine.submit_request(chat, 2)
+    engine.run()
+    assert list(h.prompt) == model.tokenizer.encode(rendered)
+
+
+@pytest.mark.parametrize("value, says", [("no-such-file.jinja", "no file"), ("{% for x in %}", "does not parse"),
+                                         ("  ", "no file")])
+def test_a_bad_chat_template_is_a_value_error_at_load(tiny_text_dir, value, says):
+    from worker.models import load_model
+
+    with pytest.raises(ValueError, match=says):
+        load_model(tiny_text_dir, chat_template=value)
+
+
+def test_a_model_without_a_template_names_the_option(tiny_text_dir):
+    from worker.models import load_model
+
+    import copy
+
+    tok = copy.copy(load_model(tiny_text_dir).tokenizer._tok)
+    tok.chat_template = None  # (as the Gemma 3 GGUF has none)
+    with pytest.raises(ValueError, match="--chat-template"):
+        HFTextCodec(tok).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert load_model(tiny_text_dir).tokenizer._tok.chat_template  # the model's own is untouched
+
+
+def test_simulated_refuses_a_chat_template():
+    from worker.models import load_model
+
+    with pytest.raises(ValueError, match="chat_template"):
+        load_model("simulated", chat_template=OPTION_TEMPLATE)

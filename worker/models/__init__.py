@@ -15,7 +15,7 @@ __all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotMode
            "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
-                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len")
+                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len", "chat_template")
 
 
 def load_model(name: str, **options):
@@ -40,6 +40,22 @@ def load_model(name: str, **options):
     """
     if name == "simulated":
         return _simulated(options)
+    template = options.get("chat_template")
+    if template is not None:
+        from worker.models.options import chat_template_text
+
+        template = chat_template_text(template)  # (a bad one fails before minutes of loading)
+    model = _load_real(name, options)
+    if template is not None:
+        codec = getattr(model, "tokenizer", None)
+        if not callable(getattr(codec, "with_chat_template", None)):
+            raise ValueError(f"chat_template: this model ({name}) has no tokenizer to render chats with")
+        model.tokenizer = codec.with_chat_template(template)
+    return model
+
+
+def _load_real(name: str, options: dict):
+    """:func:`load_model` of a real model (its options not yet popped)."""
     bound_onednn_caches()  # before torch's first oneDNN product in this process
     opts = ModelOptions(**{k: options.pop(k) for k in _RUNNER_OPTIONS if k in options})
     device, precision = opts.resolve()

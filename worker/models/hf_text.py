@@ -79,6 +79,15 @@ class HFTextCodec:
         # Older releases would pass the flag on to the template as a variable and sanitize nothing.
         self._sanitizes = "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
         self._renders_tools: dict[str, bool] = {}  # template source -> whether it uses ``tools``
+        self._template: str | None = None  # --chat-template's, replacing the tokenizer's
+
+    def with_chat_template(self, template: str) -> HFTextCodec:
+        """A codec that renders chats with ``template`` (Jinja text) instead of the tokenizer's own
+        (``--chat-template``): passed to transformers' ``apply_chat_template(chat_template=...)``, the
+        tokenizer left as it is (loaders share it between models)."""
+        out = type(self)(self._tok)
+        out._template = template
+        return out
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -108,12 +117,13 @@ class HFTextCodec:
         for m in messages:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise ValueError(f"each message needs a str 'role' and a str 'content', got {m!r}")
-        if not self._tok.chat_template:
-            raise ValueError("this model's tokenizer has no chat template; send a text prompt instead")
+        if not (self._template or self._tok.chat_template):
+            raise ValueError("this model's tokenizer has no chat template: send a text prompt instead, or give its "
+                             "worker one with --chat-template (a file, or the Jinja text itself)")
         if not self._sanitizes:
             raise ValueError("chat needs transformers >= 5.20 (apply_chat_template(sanitize_control_tokens=True)), "
                              "else message content could forge control tokens; upgrade it or send token ids")
-        kwargs = {}
+        kwargs = {} if self._template is None else {"chat_template": self._template}
         if self._template_renders_tools(tools):
             if tools:
                 kwargs["tools"] = tools
@@ -124,7 +134,7 @@ class HFTextCodec:
     def _template_renders_tools(self, tools: list[dict] | None) -> bool:
         """Whether the template transformers picks for ``tools`` uses the ``tools`` variable."""
         try:
-            source = self._tok.get_chat_template(tools=tools)
+            source = self._tok.get_chat_template(self._template, tools=tools)
         except ValueError as exc:  # several named templates and no default
             raise ValueError(f"chat template: {exc}") from exc
         found = self._renders_tools.get(source)

@@ -78,6 +78,12 @@ class ModelOptions:
       :data:`DEFAULT_MAX_MODEL_LEN` (4096 on CUDA; less where a longrope RoPE
       is static over fewer positions).
 
+    - ``chat_template``: a Jinja chat template that replaces the tokenizer's (the
+      template's text, or the path of a file holding it; vLLM's and llama.cpp's
+      ``--chat-template``): for a model whose file has none (the Gemma 3 GGUF) or
+      to change it. None: the model's own. Read and parsed at load (ValueError
+      for a file that is not there and text that is no Jinja, or a syntax error).
+
     Raises ValueError for a value outside these sets.
     """
 
@@ -91,6 +97,7 @@ class ModelOptions:
     prefix_cache_mb: float | None = None
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
@@ -116,6 +123,8 @@ class ModelOptions:
             raise ValueError(f"prefix_cache_mb must be None or a number of MiB >= 0 (0 = off), got {mb!r}")
         if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be None or an int >= 2 (tokens per slot), got {self.max_model_len!r}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):
+            raise ValueError("chat_template must be a Jinja template's text or a file's path, not empty")
         if self.kv_cache_dtype != "auto" and self.runner == "hf":
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs the slotserve runner (the hf runner's "
                              "cache has the weights' dtype); use kv_cache_dtype='auto'")
@@ -153,3 +162,25 @@ class ModelOptions:
         if precision == "auto":
             precision = "bf16" if device == "cuda" else "fp32"
         return device, precision
+
+
+def chat_template_text(value: str) -> str:
+    """The template ``value`` (:attr:`ModelOptions.chat_template`) names: the file's text when it is
+    a file's path, else ``value`` itself when it is Jinja (holds ``{{`` or ``{%``). ValueError for
+    neither, or for a template Jinja cannot parse (the line and why)."""
+    import os
+
+    text = value
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            text = f.read()
+    elif "{{" not in value and "{%" not in value:
+        raise ValueError(f"chat_template: {value[:80]!r} is no file, and no Jinja template ({{{{ ... }}}} or "
+                         "{% ... %}) either")
+    import jinja2
+
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template does not parse (line {e.lineno}): {e.message}") from None
+    return text
