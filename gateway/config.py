@@ -31,6 +31,9 @@ class GatewayConfig:
       Either default is sent as a bound the worker lowers to what the context
       leaves after the prompt (``clamp_max_tokens``), never a reason to refuse
       a prompt that fits.
+    - ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"``: a chat answer's
+      ``<think>...</think>`` goes to ``reasoning_content`` (:mod:`gateway.reasoning`);
+      None: the thinking stays in the answer.
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -73,6 +76,7 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
     tokenizer: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -90,6 +94,12 @@ class GatewayConfig:
         as_seconds(self.shutdown_timeout_s, "shutdown_timeout_s", allow_zero=True)
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer.strip()):
             raise ValueError(f"tokenizer must be a non-empty model name or path, or None, got {self.tokenizer!r}")
+        if self.reasoning_parser is not None:
+            from gateway.reasoning import PARSERS
+
+            if self.reasoning_parser not in PARSERS:
+                raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} or None, "
+                                 f"got {self.reasoning_parser!r}")
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

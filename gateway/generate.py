@@ -40,6 +40,7 @@ from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_respon
     prompt_tokens, sse, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
+from gateway.reasoning import ThinkStream, split_reasoning
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
@@ -169,6 +170,8 @@ class Generate:
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             out = self._response_builder(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
+            if self.config.reasoning_parser is not None and isinstance(body, ChatCompletionRequest):
+                _split_reasoning(out, self.config.reasoning_parser)  # (tool calls are read in the answer)
             if call.tools is not None:
                 out = apply_tool_calls(out, call.tools)
             return json_response(out)
@@ -361,6 +364,8 @@ class Generate:
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
         :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
+        parser = self.config.reasoning_parser if resp.chat else None
+        thinks = {g.index: ThinkStream(parser) for g in call.gens} if parser is not None else None
         if resp.chat or resp.echo:
             for g in call.gens:
                 yield resp.chunk([resp.role_choice(g.index) if resp.chat else resp.echo_choice(g)],
@@ -387,7 +392,11 @@ class Generate:
                 stop_reason = g.stop_reason if d.finished else None
                 choice = resp.delta_choice(g, d, reason, stop_reason)
                 texts = g.handle.text is not None  # (a model without a tokenizer streams token ids alone)
-                for c in [choice] if tools is None else stream_choices(tools[g.index], choice, d.finished):
+                thought: list[dict] = []
+                if thinks is not None:
+                    thought, choice = _reasoning_choices(thinks[g.index], choice, d.finished)
+                answer = [choice] if tools is None else stream_choices(tools[g.index], choice, d.finished)
+                for c in thought + answer:
                     if texts and _says_nothing(c, resp.chat):  # (text held back: a stop string's or a call's start)
                         held[g.index] = _carry(held.get(g.index), c)
                         continue
@@ -479,6 +488,33 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _not_plain_json(detail: str) -> APIError:
     return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
                        "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
+
+
+def _split_reasoning(completion: dict, parser: str) -> None:
+    """A chat completion's choices with their thinking split off (in place): ``message.content`` the
+    answer, ``reasoning_content`` and ``reasoning`` (vLLM's older and newer names) the thinking or
+    None (:mod:`gateway.reasoning`)."""
+    for choice in completion["choices"]:
+        message = choice["message"]
+        reasoning, answer = split_reasoning(message.get("content") or "", parser)
+        message["content"] = answer if answer or reasoning is None else None
+        message["reasoning_content"] = message["reasoning"] = reasoning
+
+
+def _reasoning_choices(think: ThinkStream, choice: dict, finished: bool) -> tuple[list[dict], dict]:
+    """A chat stream's choice split by ``think``: the reasoning deltas (``reasoning_content`` and
+    ``reasoning``), then the choice with the answer's content (and the finish reason); the token ids
+    and logprobs ride on the first of them."""
+    pieces = think.feed(choice["delta"].get("content", ""))
+    if finished:
+        pieces += think.finish()
+    thought = [{**choice, "delta": {"reasoning_content": t, "reasoning": t}, "finish_reason": None,
+                "stop_reason": None} for kind, t in pieces if kind == "reasoning"]
+    answer = "".join(t for kind, t in pieces if kind == "content")
+    rest = {**choice, "delta": {"content": answer} if answer else {}}
+    for c in thought[1:] + ([rest] if thought else []):
+        c.update(token_ids=[], logprobs=None)
+    return thought, rest
 
 
 def _says_nothing(choice: dict, chat: bool) -> bool:

@@ -240,6 +240,17 @@ def _model_options(command):
     return with_options
 
 
+def _reasoning_parser_option(command):
+    """--reasoning-parser: `serve`'s and `up`'s (the HTTP server's)."""
+    from gateway.reasoning import PARSERS
+
+    return click.option("--reasoning-parser", type=click.Choice(PARSERS), default=None, show_envvar=True,
+                        help="Split a thinking model's <think>...</think> off its chat answers into "
+                             "reasoning_content (vLLM's option and names): deepseek_r1 (the template opens the "
+                             "thinking: R1 and its distills) or qwen3 (the model opens it: Qwen3, QwQ). "
+                             "Default: none (the thinking stays in the answer).")(command)
+
+
 def _serving_options(command):
     """--served-model-name (repeatable) and --warmup/--no-warmup: one definition for `slotserve worker`,
     `up` and `run`, passed on as ``served_model_names`` (a tuple) and ``warmup``
@@ -520,11 +531,12 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
               help="Tokenizer for logprobs' token strings, echo and /tokenize: a model alias, folder or .gguf "
                    "(default: each served model's own, when its name is a local model; else token ids are "
                    "shown as token_id:N).")
+@_reasoning_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
-          api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+          reasoning_parser: str | None, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
           curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
@@ -543,7 +555,8 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
-                  metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer)
+                  metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer,
+                  reasoning_parser=reasoning_parser)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
@@ -570,6 +583,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--tokenizer", default=None, show_envvar=True,
               help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
                    "or .gguf (default: --model's).")
+@_reasoning_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_serving_options
@@ -577,7 +591,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
-       api_keys: tuple,
+       reasoning_parser: str | None, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
@@ -600,9 +614,9 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          tokenizer=tokenizer)
-    elif tokenizer is not None:
-        raise click.UsageError("--tokenizer is the HTTP server's: give --http-port too")
+                          tokenizer=tokenizer, reasoning_parser=reasoning_parser)
+    elif tokenizer is not None or reasoning_parser is not None:
+        raise click.UsageError("--tokenizer and --reasoning-parser are the HTTP server's: give --http-port too")
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")

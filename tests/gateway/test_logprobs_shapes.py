@@ -146,9 +146,9 @@ def letters(name: str) -> Tokenizer | None:
     return Tokenizer(LetterCodec()) if name == "m" else None
 
 
-def handlers_app(tokenizers: Tokenizers, link) -> Starlette:
+def handlers_app(tokenizers: Tokenizers, link, config: GatewayConfig | None = None) -> Starlette:
     """The gateway's generation and tokenizer handlers over ``link`` (a stand-in for the broker link)."""
-    gen = Generate(GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
+    gen = Generate(config or GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
     tok = TokenizeEndpoints(link, tokenizers)
     return Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
                              Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),

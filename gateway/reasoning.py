@@ -1,0 +1,118 @@
+"""Reasoning output on ``/v1/chat/completions``: a thinking model's ``<think>...</think>`` split off
+the answer into ``reasoning_content`` (and vLLM's newer name ``reasoning``), whole or streamed as
+its own deltas (issue 33, item 2).
+
+The parser is the gateway's ``reasoning_parser`` (``--reasoning-parser``), named as vLLM names
+its parsers:
+
+- ``deepseek_r1``: the chat template opens the thinking (its generation prompt ends with
+  ``<think>``, DeepSeek-R1 and its distills), so the output starts inside it: everything up to
+  the first ``</think>`` is reasoning (a ``<think>`` the model writes again at the start is
+  dropped); an output without ``</think>`` is reasoning only, as vLLM's parser says;
+- ``qwen3``: the model opens the thinking itself (Qwen3, QwQ): an output that starts with
+  ``<think>`` is reasoning up to ``</think>``; one that does not (``enable_thinking`` off: the
+  template wrote an empty block into the prompt) is all answer.
+
+The answer after ``</think>`` starts at its first non-blank character. Tool calls and
+everything else the gateway reads in an answer are read in the answer only. Not a text
+parser beyond the two tags: the split is :class:`ThinkStream`'s, for whole and streamed
+answers alike, so the deltas add up to the whole answer at every cut.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PARSERS", "ThinkStream", "split_reasoning"]
+
+PARSERS = ("deepseek_r1", "qwen3")
+"""The names ``reasoning_parser`` takes."""
+
+_OPEN, _CLOSE = "<think>", "</think>"
+_START, _THINK, _ANSWER = "start", "think", "answer"
+
+
+class ThinkStream:
+    """One choice's output split into reasoning and answer as it is generated: :meth:`feed` the
+    text, get ``[("reasoning" | "content", text), ...]`` (only non-empty pieces), then
+    :meth:`finish` for what was held back (a possible start of a tag)."""
+
+    __slots__ = ("parser", "_state", "_buf", "_answer_started")
+
+    def __init__(self, parser: str) -> None:
+        if parser not in PARSERS:
+            raise ValueError(f"reasoning parser must be one of {', '.join(PARSERS)}, got {parser!r}")
+        self.parser = parser
+        self._state = _START
+        self._buf = ""
+        self._answer_started = False
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        self._buf += text
+        out: list[tuple[str, str]] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        while self._step(out, final=True):
+            pass
+        if self._buf:
+            self._emit(out, "reasoning" if self._state == _THINK else "content", self._buf)
+            self._buf = ""
+        return out
+
+    def _step(self, out: list, final: bool) -> bool:
+        buf = self._buf
+        if self._state == _START:
+            head = buf.lstrip()
+            if _OPEN.startswith(head) and head != _OPEN and not final:
+                return False  # (a <think> may be coming)
+            opened = head.startswith(_OPEN)
+            if opened:
+                self._buf = head[len(_OPEN):]
+            self._state = _THINK if opened or self.parser == "deepseek_r1" else _ANSWER
+            return True
+        if self._state == _THINK:
+            at = buf.find(_CLOSE)
+            if at < 0:
+                keep = 0 if final else _tail_match(buf, _CLOSE)
+                self._emit(out, "reasoning", buf[:len(buf) - keep])
+                self._buf = buf[len(buf) - keep:]
+                return False
+            self._emit(out, "reasoning", buf[:at])
+            self._buf, self._state = buf[at + len(_CLOSE):], _ANSWER
+            return True
+        if not self._answer_started:  # the answer starts at its first non-blank character
+            text = buf.lstrip()
+            if not text:
+                self._buf = ""
+                return False
+            self._answer_started = True
+            buf = text
+        self._emit(out, "content", buf)
+        self._buf = ""
+        return False
+
+    @staticmethod
+    def _emit(out: list, kind: str, text: str) -> None:
+        if text:
+            if out and out[-1][0] == kind:
+                out[-1] = (kind, out[-1][1] + text)
+            else:
+                out.append((kind, text))
+
+
+def _tail_match(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that is a proper start of ``tag``."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def split_reasoning(text: str, parser: str) -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of a whole output (None: no reasoning), :class:`ThinkStream`'s split."""
+    stream = ThinkStream(parser)
+    pieces = stream.feed(text) + stream.finish()
+    reasoning = "".join(t for k, t in pieces if k == "reasoning")
+    return (reasoning or None), "".join(t for k, t in pieces if k == "content")

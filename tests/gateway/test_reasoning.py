@@ -1,0 +1,102 @@
+"""Reasoning output (issue 33, item 2; gateway/reasoning.py): a thinking model's ``<think>...</think>``
+split off the answer into ``reasoning_content`` / ``reasoning``, for both parsers, on the parser alone
+at every cut of the output, and end to end through the ``openai`` SDK over the scripted client of
+tests/gateway/test_tools_stream.py: whole and streamed answers say the same, tool calls are read in
+the answer only, and the thinking is never an empty delta."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.reasoning import ThinkStream, split_reasoning  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
+from tests.gateway.test_tools_stream import BARE, OUTPUTS, TOOLS, OutputClient  # noqa: E402
+
+THINK = "Two and two.\nThat makes four."
+CASES = {  # output -> (parser -> (reasoning, answer))
+    f"<think>\n{THINK}\n</think>\n\nThe answer is 4.": {
+        "qwen3": (f"\n{THINK}\n", "The answer is 4."), "deepseek_r1": (f"\n{THINK}\n", "The answer is 4.")},
+    f"{THINK}\n</think>\n\nThe answer is 4.": {  # R1: the template opened it
+        "qwen3": (None, f"{THINK}\n</think>\n\nThe answer is 4."), "deepseek_r1": (f"{THINK}\n", "The answer is 4.")},
+    "The answer is 4.": {"qwen3": (None, "The answer is 4."), "deepseek_r1": ("The answer is 4.", "")},
+    f"<think>{THINK}": {"qwen3": (THINK, ""), "deepseek_r1": (THINK, "")},  # cut while thinking
+    "<thinking> is a tag </think> here": {"qwen3": (None, "<thinking> is a tag </think> here"),
+                                          "deepseek_r1": ("<thinking> is a tag ", "here")},
+}
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("text", sorted(CASES))
+def test_the_split_and_every_cut_of_it(text, parser):
+    assert split_reasoning(text, parser) == CASES[text][parser]
+    rng = random.Random(0)
+    cuttings = [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]
+    cuttings += [sorted(rng.sample(range(1, len(text)), rng.randint(1, len(text) // 2))) for _ in range(30)]
+    for cuts in cuttings:
+        stream = ThinkStream(parser)
+        pieces = []
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            pieces += stream.feed(text[a:b])
+        pieces += stream.finish()
+        assert all(t for _, t in pieces)
+        reasoning = "".join(t for k, t in pieces if k == "reasoning") or None
+        assert (reasoning, "".join(t for k, t in pieces if k == "content")) == CASES[text][parser], cuts
+
+
+def test_an_unknown_parser_is_a_value_error():
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        GatewayConfig(reasoning_parser="gpt-oss")
+    with pytest.raises(ValueError):
+        ThinkStream("none")
+
+
+THOUGHT = "<think>\nI should call get_time.\n</think>\n\n"
+
+
+@pytest.fixture
+def sdk(monkeypatch):
+    outputs = {"think_call": THOUGHT + OUTPUTS["one"], "think_text": THOUGHT + "It is noon.",
+               "think_bare": THOUGHT + BARE["bare_one"]}
+    monkeypatch.setitem(OUTPUTS, "think_call", outputs["think_call"])
+    monkeypatch.setitem(OUTPUTS, "think_text", outputs["think_text"])
+    monkeypatch.setitem(OUTPUTS, "think_bare", outputs["think_bare"])
+    client = OutputClient()
+    config = GatewayConfig(reasoning_parser="qwen3")
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client), config)) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("name", ["think_call", "think_text", "think_bare"])
+def test_whole_and_streamed_answers_split_the_thinking_alike(sdk, name):
+    kw = dict(model="m", messages=[{"role": "user", "content": name}], max_tokens=100, tools=TOOLS)
+    whole = sdk.chat.completions.create(**kw).choices[0]
+    assert whole.message.model_extra["reasoning_content"] == "\nI should call get_time.\n"
+    assert whole.message.model_extra["reasoning"] == whole.message.model_extra["reasoning_content"]
+    reasoning, content, calls = [], [], {}
+    for k, chunk in enumerate(sdk.chat.completions.create(**kw, stream=True)):
+        delta = chunk.choices[0].delta
+        extra = delta.model_extra or {}
+        assert k == 0 or extra.get("reasoning_content") or delta.content or delta.tool_calls \
+            or chunk.choices[0].finish_reason, chunk
+        reasoning += [extra["reasoning_content"]] if extra.get("reasoning_content") else []
+        content += [delta.content] if delta.content else []
+        for tc in delta.tool_calls or []:
+            calls[tc.index] = calls.get(tc.index, "") + (tc.function.arguments or "")
+    assert "".join(reasoning) == whole.message.model_extra["reasoning_content"]
+    assert ("".join(content) or None) == whole.message.content
+    assert list(calls.values()) == [c.function.arguments for c in whole.message.tool_calls or []]
+    if name == "think_text":
+        assert whole.message.content == "It is noon." and not whole.message.tool_calls
+    else:
+        assert whole.message.tool_calls and whole.finish_reason == "tool_calls"  # read in the answer
