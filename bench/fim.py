@@ -7,7 +7,9 @@ Q4_K_M, alias ``qwen2.5-coder-1.5b``), one slot, ``--threads`` threads, greedy:
    span of its canonical solution cut out: a start line drawn uniformly, then 1 to 3 whole lines
    (``random.Random(--seed)``, one draw per problem). The same ``/infill`` body goes to both systems
    (``input_prefix`` = the prompt and the lines before, ``input_suffix`` = the lines after,
-   ``temperature`` 0, ``top_k`` 1, ``n_predict`` ``--n-predict``); a case passes when the problem's
+   ``temperature`` 0, ``top_k`` 1, ``n_predict`` ``--n-predict``, the Codex paper's HumanEval stop
+   strings :data:`STOP`: the instruct model rarely ends a middle with ``<|endoftext|>`` and goes on
+   with tests or prose); a case passes when the problem's
    own tests pass on prefix + completion + suffix (a fresh Python process, ``PASS_TIMEOUT_S``).
    Both render llama.cpp's prompt (repo-level ``<|repo_name|>``/``<|file_sep|>`` header, then
    ``<|fim_prefix|>``...``<|fim_middle|>``: worker/models/fim.py); llama.cpp's slot gets a 4,096-token
@@ -43,6 +45,10 @@ from pathlib import Path
 import requests
 
 from bench.common import humaneval_problems, load_avg, machine_record, write_results
+
+STOP = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "\n```"]
+"""Stop strings of every case's request: the Codex paper's for HumanEval (Chen et al. 2021: a new
+top-level statement ends the function), and a Markdown fence (an instruct model's habit)."""
 
 PASS_TIMEOUT_S = 20.0
 """Seconds a case's tests may run."""
@@ -133,7 +139,7 @@ def run_system(url: str, cases: list[dict], files: list[dict], keys: int, n_pred
     for case in cases:
         t0 = time.monotonic()
         out = infill(url, {"input_prefix": case["prefix"], "input_suffix": case["suffix"], "n_predict": n_predict,
-                           **greedy})
+                           "stop": STOP, **greedy})
         results.append({"task_id": case["task_id"], "completion": out["content"], "tokens": out["tokens"],
                         "prompt_tokens": out["tokens_evaluated"], "wall_s": round(time.monotonic() - t0, 3),
                         "passed": passes(case, out["content"])})
@@ -214,7 +220,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a GGUF alias (default qwen2.5-coder-1.5b)")
     ap.add_argument("--cases", type=int, default=40, help="HumanEval problems (default 40)")
     ap.add_argument("--seed", type=int, default=0, help="the cut points' seed (default 0)")
-    ap.add_argument("--n-predict", type=int, default=128, help="tokens at most per case (default 128)")
+    ap.add_argument("--n-predict", type=int, default=64, help="tokens at most per case (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="threads of each system (default 2)")
     ap.add_argument("--files", type=int, default=3, help="keystroke files (default 3)")
     ap.add_argument("--file-problems", type=int, default=6, help="HumanEval solutions per file (default 6)")

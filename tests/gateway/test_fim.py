@@ -192,3 +192,22 @@ def test_a_keystroke_reuses_the_file_prefix(cluster, models):
 def test_infill_without_a_model_name_uses_the_one_served_or_asks(cluster):
     r = httpx.post(cluster.http_url + "/infill", json={"input_prefix": "a", "input_suffix": "b"}, timeout=30)
     assert error_of(r, 400)["param"] == "model"  # three models here
+
+
+def test_a_jsonl_row_takes_suffix_and_input_extra_as_http_does(cluster, models):
+    import io
+
+    from client import Client
+    from slotserve.job import run_job
+
+    fim = models["special"]
+    extra = [{"filename": "util.py", "text": "X = 1\n"}]
+    http = _infill(cluster, fim, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=extra, n_predict=6).json()
+    rows = [{"id": "fim", "prompt": PREFIX, "suffix": SUFFIX, "input_extra": extra, "max_tokens": 6},
+            {"id": "bad", "prompt": [1, 2], "suffix": SUFFIX, "max_tokens": 6}]
+    out = io.StringIO()
+    with Client(cluster.frontend, model=fim, connect_timeout_s=20) as c:
+        run_job(c, io.StringIO("\n".join(json.dumps(r) for r in rows) + "\n"), out, progress=False, timeout_s=60)
+    got = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert got["fim"]["tokens"] == http["tokens"] and got["fim"]["text"] == http["content"]
+    assert got["bad"]["finish_reason"] == "error" and "suffix needs a text prompt" in got["bad"]["error"]["message"]
