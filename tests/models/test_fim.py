@@ -172,3 +172,21 @@ def test_a_jsonl_row_and_the_wire_carry_suffix_and_input_extra():
     empty = RequestParams("", 3, suffix="x")
     assert decode(encode(Submit("m", (Envelope(2, empty),)))).requests[0].params == empty
     assert not empty.is_token_prompt
+
+
+def test_a_fim_request_stops_at_the_familys_end_token_unless_it_names_its_own(tmp_path):
+    """The model's EOS here is ``<eos>``; the FIM family's ``<|endoftext|>`` ends a middle too."""
+    from tests.support.tiny_text import ScriptedTextModel, make_tiny_text_model
+    from worker import BatchInferenceEngine
+
+    folder = make_tiny_text_model(tmp_path, fim="special")
+    probe = ScriptedTextModel(folder, "x", 1)
+    prompt_len = len(probe.tokenizer.infill("def f(", "):\n"))
+    model = ScriptedTextModel(folder, "ab<|endoftext|>cd", prompt_len)
+    end = probe.tokenizer._fim_or_none().ends[0]
+    engine = BatchInferenceEngine(model, batch_size=1, stop_token="model")
+    fim = engine.submit_request("def f(", 8, suffix="):\n")
+    own = engine.submit_request("def f(", 8, suffix="):\n", stop_token=[])
+    engine.run()
+    assert fim.tokens[-1] == end and fim.finish_reason.value == "stop" and fim.stop_reason == end
+    assert own.finish_reason.value == "length" and len(own.tokens) == 8
