@@ -292,7 +292,8 @@ class WorkerHandler:
                 end((job, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), None, None, None))
             else:
                 prompt = params[0]
-                if not (prompt_tokens is not None and type(prompt[0]) is int and prompt_tokens == len(prompt)
+                if not (prompt_tokens is not None and type(prompt) is not str and type(prompt[0]) is int
+                        and prompt_tokens == len(prompt)
                         and (cached is None or 0 <= cached <= prompt_tokens)):  # (sound as it comes, mostly)
                     prompt_tokens, cached = self._counts(w, prompt_tokens, cached, params)
                 if (reason is _ERROR) is (code is None):  # (an error, and only one, has a code)

@@ -348,6 +348,8 @@ class Client:
             n = sum(4 * (len(m.role) + len(m.content)) + 16 for m in p)
         for stop in params.stop_sequences:
             n += 9 * len(stop) + 5
+        if params.suffix is not None:  # fill in the middle: the text after the gap and other files' chunks
+            n += 4 * (len(params.suffix) + sum(len(f) + len(t) + 8 for f, t in params.input_extra))
         limit = self._conn.max_send_bytes
         if n + _SIZE_SLACK <= limit:
             return

@@ -393,6 +393,23 @@ def bench_roofline(d: dict) -> str:
               f"{f['decode_step_ms']:g} ms). Load {_run_load(d)}.")
 
 
+@_bench("fim.json", "Fill in the middle")
+def bench_fim(d: dict) -> str:
+    systems = d["systems"]
+    names = list(systems)
+    rows = []
+    for name in names:
+        r = systems[name]
+        other = systems[names[1 - names.index(name)]]["cases"] if len(names) == 2 else None
+        same = sum(a["completion"] == b["completion"] for a, b in zip(r["cases"], other)) if other else None
+        rows.append([name, f"{r['passes']}/{d['cases']}", same, f"{r['ttft_first_median_ms'] / 1000:.1f} s",
+                     f"{r['ttft_keystroke_median_ms'] / 1000:.2f} s", f"{r['ttft_ratio']:.1f}x"])
+    return (_table(["system", "passes", "same completion", "TTFT first (median)", "TTFT keystroke (median)",
+                    "ratio"], rows)
+            + f"\n\n`{d['model']}`, {d['cases']} cases, `n_predict` {d['n_predict']}, {d['threads']} thread(s); "
+            f"{d['files']} files x {d['keys']} keystrokes. Load {_run_load(d)}.")
+
+
 @_bench("prefix.json", "Prefix caching")
 def bench_prefix(d: dict) -> str:
     def row(r: dict) -> list[Any]:

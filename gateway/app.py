@@ -2,6 +2,7 @@
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
   (:mod:`gateway.generate`), plain or streamed as server-sent events.
+- ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
@@ -36,6 +37,7 @@ from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
+from gateway.infill import InfillEndpoint
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response
@@ -149,6 +151,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     routes = [
         Route("/v1/completions", generate.completions, methods=["POST"]),
         Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
+        Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
         Route("/v1/models", service.models, methods=["GET"]),

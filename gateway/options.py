@@ -30,6 +30,7 @@ HTTP field                      ``RequestParams`` field
 ``logprobs: true`` (chat)       ``logprobs`` = ``top_logprobs`` (0..20; 0 when absent)
 ``echo`` with ``logprobs``      ``prompt_logprobs`` = N as well (the prompt tokens' entries come first)
 ``prompt_logprobs``             ``prompt_logprobs`` (vLLM's extra, 0..20; the larger of the two with echo)
+``suffix`` (completions)        ``suffix`` (fill in the middle; ``""`` or null: none; not with ``echo``)
 =============================== ==============================================================
 
 :func:`logprob_options` checks the logprob fields' bounds and combinations (400 naming the
@@ -83,7 +84,19 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         **({"logit_bias": {int(k): v for k, v in body.logit_bias.items()}} if body.logit_bias else {}),
         **logprob_options(body),
         **structured_option(body),  # response_format & co. (gateway.structured)
+        **fim_option(body),
     }
+
+
+def fim_option(body: _Sampling) -> dict[str, str]:
+    """A completions body's ``suffix`` as the request's (absent when null or ``""``, OpenAI's
+    "no suffix"); 400 with ``echo`` (the prompt shown back would not be what the model read)."""
+    suffix = getattr(body, "suffix", None)
+    if not suffix:
+        return {}
+    if body.echo:
+        raise bad_request("echo cannot be combined with suffix (fill in the middle); leave one out", "echo")
+    return {"suffix": suffix}
 
 
 def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:

@@ -196,26 +196,23 @@ class _Sampling(BaseModel):
         return 1 if self.n is None else self.n
 
 
-_COMPLETION_ONLY = frozenset({"suffix", "best_of"})
-
-
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``. ``prompt``: a string, a list of token ids, a
     list of strings or a list of token-id lists (one slotserve request each,
-    times ``n``). ``max_tokens`` defaults to 16 (OpenAI)."""
+    times ``n``). ``max_tokens`` defaults to 16 (OpenAI). ``suffix`` (a string;
+    ``""`` or null: none): fill in the middle, each text prompt being the code
+    before the gap (the request's ``suffix``, :mod:`worker.models.fim`)."""
 
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(_prompt)]
     logprobs: int | None = None               # N alternatives per token (0..20; OpenAI's bound is 5, vLLM's 20)
     echo: bool | None = None                  # the prompt before the completion (with logprobs: its tokens' first)
     top_logprobs: Any = None                  # a chat field: refused unless null or 0 (gateway.options)
-    suffix: Any = None
+    suffix: str | None = None
     best_of: Any = None
 
     def unsupported(self) -> str | None:
-        if not _COMPLETION_ONLY & self.model_fields_set:
+        if "best_of" not in self.model_fields_set:
             return super().unsupported()
-        if not _neutral(self.suffix, (None, "")):
-            return "suffix"
         if not _neutral(self.best_of, (None, 1, self.choices_per_prompt)):
             return "best_of"
         return super().unsupported()

@@ -216,8 +216,8 @@ def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMess
         return tokens
     if (type(value) is tuple or type(value) is list) and value and type(value[0]) is int:
         return as_tokens(value, field)
-    if isinstance(value, str):
-        return as_text(value, field, allow_empty=False)
+    if isinstance(value, str):  # ("" only before a suffix: a rule across fields, in _checked)
+        return as_text(value, field)
     if not is_sequence(value):
         raise ValueError(f"{field} must be a list of token ids, a str or a list of chat messages, "
                          f"got {type(value).__name__}")
@@ -426,6 +426,41 @@ def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((t, b) for t, b in out.items() if b != 0.0))
 
 
+def _suffix(value: object, field: str) -> str | None:
+    return None if value is None else as_text(value, field)
+
+
+MAX_EXTRA_CHUNKS = 256
+"""Most ``input_extra`` chunks per request (each a file's name and text)."""
+
+
+def _input_extra(value: object, field: str) -> tuple[tuple[str, str], ...]:
+    """Other files' chunks for fill in the middle: ``{"filename": str, "text": str}`` maps (llama.cpp's
+    ``input_extra``; a missing ``filename`` is ``"tmp"``, a missing ``text`` ``""``, as there) or
+    ``(filename, text)`` pairs, as off the wire. Normalised: a tuple of pairs."""
+    if value is None:
+        return ()
+    if not is_sequence(value):
+        raise ValueError(f"{field} must be a list of {{\"filename\": str, \"text\": str}}, got {type(value).__name__}")
+    items = list(value)  # type: ignore[call-overload]
+    if len(items) > MAX_EXTRA_CHUNKS:
+        raise ValueError(f"{field} holds {len(items)} chunks; at most {MAX_EXTRA_CHUNKS} are allowed")
+    out = []
+    for i, chunk in enumerate(items):
+        if isinstance(chunk, Mapping):
+            unknown = set(chunk) - {"filename", "text"}
+            if unknown:
+                raise ValueError(f"{field}[{i}] has unknown key(s) {sorted(map(str, unknown))}; a chunk is "
+                                 "{\"filename\": str, \"text\": str}")
+            name, text = chunk.get("filename", "tmp"), chunk.get("text", "")
+        elif isinstance(chunk, (list, tuple)) and len(chunk) == 2:
+            name, text = chunk
+        else:
+            raise ValueError(f"{field}[{i}] must be {{\"filename\": str, \"text\": str}}, got {chunk!r:.80}")
+        out.append((as_text(name, f"{field}[{i}].filename"), as_text(text, f"{field}[{i}].text")))
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- the definition
 
 
@@ -433,7 +468,7 @@ class _Fields(NamedTuple):
     # name: Annotated[normalised type, check] = default          # meaning, unit
     prompt: Annotated[tuple[int, ...] | str | tuple[ChatMessage, ...], _prompt]
     # token ids (ints >= 0), or text (str), or chat messages ({"role", "content"} maps);
-    # text and chat need a model with a tokenizer. Never empty.
+    # text and chat need a model with a tokenizer. Never empty, but for the text before a suffix.
     max_tokens: Annotated[int, _count(1)]
     # generated tokens at most (>= 1); prompt + max_tokens must fit the model's context.
     stop_token: Annotated[tuple[int, ...] | str, _stop_token] = DEFAULT
@@ -488,6 +523,14 @@ class _Fields(NamedTuple):
     # None = no tools; else the JSON text of OpenAI's tool definitions (protocol.tools), shown to the model
     # by whoever renders the chat prompt (the worker: through the chat template when it renders tools, else
     # in the Hermes format, worker.models.hermes). Needs a chat prompt. The output is not parsed here.
+    suffix: Annotated[str | None, _suffix] = None
+    # None = the prompt alone; else fill in the middle: the prompt (text; may then be "") is the code
+    # before the gap and this the code after it. The worker renders them with the model's own FIM
+    # tokens (worker/models/fim.py: Qwen2.5-Coder's and StarCoder's, CodeLlama's, DeepSeek-Coder's),
+    # and the model's FIM end tokens join its default stop tokens. A model without them: unsupported.
+    input_extra: Annotated[tuple[tuple[str, str], ...], _input_extra] = ()
+    # with suffix: other files' chunks ({"filename": str, "text": str}, llama.cpp's input_extra, at
+    # most 256), shown to the model before the prefix (its repo-level format where it has one).
     clamp_max_tokens: Annotated[bool, _flag] = False
     # True: max_tokens is a default budget that the model's context may lower: a prompt that leaves fewer
     # tokens gets what it leaves (a prompt that fills the context is still refused); what the HTTP gateway
@@ -585,7 +628,8 @@ class RequestParams(_Fields):
     @property
     def is_token_prompt(self) -> bool:
         """True when the prompt is token ids (not text or chat messages)."""
-        return type(self.prompt[0]) is int
+        prompt = self.prompt
+        return type(prompt) is not str and type(prompt[0]) is int
 
     @property
     def sampling(self) -> SamplingParams:
@@ -726,6 +770,13 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
                          "or a named function): the constraint decides where the output ends; leave min_tokens out")
     if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
         raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
+    if params.suffix is None:
+        if params.prompt == "":
+            raise ValueError("prompt must not be empty")
+        if params.input_extra:
+            raise ValueError("input_extra needs a suffix (fill in the middle)")
+    elif type(params.prompt) is not str:
+        raise ValueError("suffix needs a text prompt (the code before the gap), not token ids or chat messages")
     return params
 
 
@@ -794,7 +845,7 @@ class ModelLimits:
         skips the context check for text)."""
         vocab_size = self.vocab_size
         prompt = params.prompt
-        if type(prompt[0]) is int:
+        if type(prompt) is not str and type(prompt[0]) is int:
             prompt_len = len(prompt)
             if vocab_size is not None and not (self._token_ids is not None and self._token_ids.issuperset(prompt)):
                 check_vocab(prompt, "prompt", vocab_size)

@@ -162,7 +162,7 @@ class BatchInferenceEngine:
         limits = self._limits
         params = limits.build(prompt, max_tokens, **options) if options else limits.build(prompt, max_tokens)
         if options or on_token is not None or on_text is not None or request_id is not None or resume_tokens \
-                or type(params.prompt[0]) is not int:
+                or type(params.prompt) is str or type(params.prompt[0]) is not int:
             return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, None, True)
         # The plain submit_request(prompt, max_tokens, callback) -- a batch job's, once per request --
         # skips the checks it has no use for (about 2 % of bench/engine.py's end-to-end time).
@@ -197,7 +197,7 @@ class BatchInferenceEngine:
                                        "output: that needs a model with logits and a tokenizer")
             grammars.compile(params.structured)  # GrammarError (bad_request) when it does not compile
         prompt = params.prompt
-        if type(prompt[0]) is int:  # token ids
+        if type(prompt) is not str and type(prompt[0]) is int:  # token ids
             if not checked:
                 self._limits.check(params)
         else:  # text or chat
@@ -212,6 +212,8 @@ class BatchInferenceEngine:
             # EOS stops the request even where the request's own stop tokens leave it out
             # (ignore_eos, stop_token=None), instead of being fed to a finished grammar (a 500).
             stops = stops | frozenset(self.model.grammars.eos_token_ids)
+        if params.suffix is not None and params.stop_token == DEFAULT:  # a FIM middle ends at its family's end tokens
+            stops = stops | frozenset(self._tokenizer.fim_stop_ids)
         timeout_s = params.timeout_s if time_left_s is None else time_left_s
         # Followed token by token only when asked (stop strings, on_text): others pay nothing for text.
         detok = None if not params.stop and on_text is None else \
@@ -240,7 +242,13 @@ class BatchInferenceEngine:
         tok = self._tokenizer
         if tok is None:
             raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
-        if type(params.prompt) is str:
+        if params.suffix is not None:  # fill in the middle, in the model's own FIM tokens (worker/models/fim.py)
+            infill = getattr(tok, "infill", None)
+            if infill is None:
+                raise UnsupportedError("suffix: this model's tokenizer cannot render fill in the middle; leave "
+                                       "suffix out")
+            ids = infill(params.prompt, params.suffix, params.input_extra)
+        elif type(params.prompt) is str:
             ids = tok.encode(params.prompt)
         else:
             messages = [m.template_dict() for m in params.prompt]

@@ -281,7 +281,6 @@ def test_text_for_a_model_without_tokenizer_is_400(oai):
 
 @pytest.mark.parametrize("kw, param", [
     ({"best_of": 3}, "best_of"),
-    ({"suffix": "!"}, "suffix"),
 ])
 def test_unsupported_features_are_501_and_not_retried(cluster, text_model, kw, param):
     before = metric(cluster.http_url, "slotserve_http_requests_total", endpoint="/v1/completions", status="501")

@@ -102,7 +102,7 @@ def params(draw):
     structured = draw(st.one_of(st.none(), st.just({"regex": "[0-9]+"}), st.just({"json_object": True}),
                                 st.builds(lambda c: {"choice": c}, st.lists(st.text(min_size=1), min_size=1,
                                                                             max_size=3))))
-    return RequestParams(
+    p = RequestParams(
         draw(st.one_of(st.lists(token, min_size=1, max_size=8), st.text(min_size=1, max_size=20),
                        st.lists(st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=20)}),
                                 min_size=1, max_size=3))),
@@ -120,6 +120,10 @@ def params(draw):
         repetition_penalty=draw(st.one_of(st.just(1.0), st.floats(1e-3, 1e3))),
         presence_penalty=draw(st.floats(-2, 2)), frequency_penalty=draw(st.floats(-2, 2)),
         logprobs=draw(logprob_counts), prompt_logprobs=draw(logprob_counts), structured=structured)
+    if type(p.prompt) is str and draw(st.booleans()):  # fill in the middle
+        p = p._replace(suffix=draw(st.text(max_size=10)),
+                       input_extra=draw(st.lists(st.tuples(st.text(max_size=5), st.text(max_size=5)), max_size=2)))
+    return p
 
 
 @st.composite
@@ -276,7 +280,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
     ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, None, None,
-      False, "extra"], "upgrade this one"),
+      None, [], False, "extra"], "upgrade this one"),
     ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])

@@ -24,8 +24,15 @@ CORPUS = [
 ]
 
 
-def make_tiny_text_model(path: str | Path, *, seed: int = 0, max_positions: int = 512) -> str:
-    """Write the model and tokenizer to ``path`` (a directory); return it as a str."""
+FIM_MARKERS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+               "<|endoftext|>")
+"""Qwen2.5-Coder's fill-in-the-middle tokens (worker/models/fim.py), added by ``fim=``."""
+
+
+def make_tiny_text_model(path: str | Path, *, seed: int = 0, max_positions: int = 512, fim: str | None = None) -> str:
+    """Write the model and tokenizer to ``path`` (a directory); return it as a str. ``fim``:
+    ``"special"`` adds :data:`FIM_MARKERS` as special tokens (a FIM model's), ``"plain"`` as
+    ordinary added tokens (markers that are not special tokens), None neither."""
     import tokenizers
     import torch
     import transformers
@@ -37,6 +44,9 @@ def make_tiny_text_model(path: str | Path, *, seed: int = 0, max_positions: int 
                                              initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 20, trainer=trainer)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    if fim is not None:
+        fast.add_tokens([tokenizers.AddedToken(m, special=fim == "special", normalized=False) for m in FIM_MARKERS],
+                        special_tokens=fim == "special")
     fast.chat_template = CHAT_TEMPLATE
     eos = fast.eos_token_id
     torch.manual_seed(seed)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
 
+from worker.models.fim import render as fim_render
 from worker.models.hermes import hermes_messages
 
 
@@ -67,6 +68,8 @@ class HFTextCodec:
       by the tokenizers backend, as the stream is (transformers' own
       ``decode`` may also clean up spaces), so streamed pieces add up to it.
     - ``decoder(prompt_ids, skip_special_tokens=True) -> StreamDecoder``, likewise.
+    - ``infill(prefix, suffix, extra=()) -> list[int]``: a fill-in-the-middle prompt in the model's
+      own FIM tokens (:mod:`worker.models.fim`), ``fim_stop_ids`` their end tokens.
 
     Raises ``ValueError`` for a non-string text, malformed messages, a
     tokenizer without a chat template, or (for chat) a transformers release
@@ -80,6 +83,8 @@ class HFTextCodec:
         self._sanitizes = "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
         self._renders_tools: dict[str, bool] = {}  # template source -> whether it uses ``tools``
         self._template: str | None = None  # --chat-template's, replacing the tokenizer's
+        self._fim = None  # FimTokens, or False once looked up and absent (worker.models.fim)
+        self._literal = None  # the backend encoding special tokens as text (FIM prompts), made when first needed
 
     def with_chat_template(self, template: str) -> HFTextCodec:
         """A codec that renders chats with ``template`` (Jinja text) instead of the tokenizer's own
@@ -141,6 +146,59 @@ class HFTextCodec:
         if found is None:
             found = self._renders_tools[source] = "tools" in _template_variables(source)
         return found
+
+    def infill(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """A fill-in-the-middle prompt's ids: ``prefix`` and ``suffix`` (text before and after the gap) and
+        ``extra`` ((filename, text) chunks of other files) between the model's own FIM tokens
+        (:mod:`worker.models.fim`; every text tokenised with special tokens split as plain text).
+        :class:`~protocol.errors.UnsupportedError` (a ValueError) naming the tokens looked for when the
+        tokenizer has no FIM tokens."""
+        fim = self._fim_tokens()
+        return fim_render(fim, self._literal_ids, prefix, suffix, extra, self._bos())
+
+    @property
+    def fim_stop_ids(self) -> tuple[int, ...]:
+        """The FIM family's end tokens this tokenizer has (a FIM request's stop tokens besides the
+        model's EOS); () without FIM tokens."""
+        fim = self._fim_or_none()
+        return () if fim is None else fim.ends
+
+    def _fim_or_none(self):
+        if self._fim is None:
+            from worker.models.fim import fim_tokens
+
+            specials = {t.content: i for i, t in self._tok.added_tokens_decoder.items() if t.special}
+            self._fim = fim_tokens(specials) or False
+        return self._fim or None
+
+    def _fim_tokens(self):
+        fim = self._fim_or_none()
+        if fim is None:
+            from protocol.errors import UnsupportedError
+            from worker.models.fim import missing_message
+
+            raise UnsupportedError(missing_message(self._tok.get_vocab()))
+        return fim
+
+    def _literal_ids(self, text: str) -> list[int]:
+        """``text``'s ids with no special token added and none recognised (a copy of the backend with
+        ``encode_special_tokens``: the shared one is never switched)."""
+        if not text:
+            return []
+        if self._literal is None:
+            from tokenizers import Tokenizer
+
+            literal = Tokenizer.from_str(self._backend.to_str())
+            literal.encode_special_tokens = True
+            self._literal = literal
+        return self._literal.encode(text, add_special_tokens=False).ids
+
+    def _bos(self) -> list[int]:
+        """The ids the tokenizer puts before a text's own (its BOS, if it adds one)."""
+        full = list(self._tok.encode("a"))
+        bare = list(self._tok.encode("a", add_special_tokens=False))
+        at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), 0)
+        return full[:at]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
