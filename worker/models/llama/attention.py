@@ -2,7 +2,10 @@
 
 - decode: each decode row's one query over its own cache row, as batched
   matrix products on views of the KV cache made once per iteration
-  (:func:`decode_views`, :func:`decode_attention`);
+  (:func:`decode_views`, :func:`decode_attention`): the CUDA path (it
+  captures in a graph), and the CPU path where the compiled decode attention
+  (:mod:`worker.models.llama.attnkernel`: one call per layer, the KV write
+  included, over each row's real length) does not run;
 - prefill: one sequence's new tokens, causal over its own keys, through
   ``F.scaled_dot_product_attention`` (:func:`prefill_attention`, with
   :func:`chunk_mask` for a later chunk of a long prompt).

@@ -19,6 +19,10 @@ attention tells them apart:
   or past each row's length. Rows in that range that are not decoding
   (free, or still prefilling) are padding: token 0, writing its key/value to
   the cache's scratch position (see :mod:`worker.models.llama.cache`).
+  On CPU, where it runs, one compiled call per layer
+  (:mod:`worker.models.llama.attnkernel`) stores every entry's new key and
+  value and attends each decode entry over its own length only (no mask,
+  no padded positions); elsewhere an indexed write and batched products.
 - prefill: each sequence attends causally over its own keys: the new ones
   (a fresh prompt) or its cache row (a later chunk of a long prompt).
 
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.models.llama import attnkernel
 from worker.models.llama.attention import (DecodeViews, chunk_mask, decode_attention, decode_views,
                                            prefill_attention)
 from worker.models.llama.plan import StepPlan
@@ -80,21 +85,32 @@ class _Iteration:
     rope: tuple  # (cos, sin_signed), each [N, 1, D] at the entries' positions
     local_rope: tuple | None  # the same from the sliding layers' own RoPE (Gemma 3), or None
     layer_kv: tuple  # per layer [2, rows, kv_heads, capacity, D], views of the cache
-    decode: DecodeViews | None  # the decode attention's operands (None: no decode entries)
+    decode: DecodeViews | None  # the batched decode attention's operands (None: no decode entries, or fused)
     masks: dict  # sliding window (None: full) -> per prefill sequence its mask (None: causal, fresh prompt)
+    fused: object | None  # the compiled decode attention (worker.models.llama.attnkernel), or None: batched
+    decode_rows: torch.Tensor | None  # fused: [n_decode] each decode entry's cache row ...
+    decode_lengths: torch.Tensor | None  # ... and the keys it sees (its own included)
 
     @classmethod
     def of(cls, w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> _Iteration:
         s, windows = w.shape, w.family.windowed
-        decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
-                              s.heads // s.kv_heads, plan.decode_slots, windows, w.act_dtype
-                              ) if plan.n_decode else None
+        fused = w.attention_kernel if w.attention_kernel is not None and attnkernel.runs(kv, w.act_dtype) else None
+        rows = lengths = decode = None
+        if fused is not None:  # one call per layer: the KV write and the decode attention
+            rows = plan.write_rows[:plan.n_decode]
+            if not plan.n_decode:
+                lengths = rows  # (empty)
+            else:
+                lengths = plan.lengths if plan.decode_slots is None else plan.lengths[plan.decode_slots]
+        elif plan.n_decode:
+            decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
+                                  s.heads // s.kv_heads, plan.decode_slots, windows, w.act_dtype)
         device = plan.ids.device
         masks = {win: [chunk_mask(p.count, p.start, device, win) if p.start or win else None
                        for p in plan.prefill] for win in windows}
         local = None if w.local_rope is None else tuple(t[plan.positions][:, None] for t in w.local_rope)
         return cls(plan, (w.cos[plan.positions][:, None], w.sin_signed[plan.positions][:, None]), local,
-                   kv.unbind(0), decode, masks)
+                   kv.unbind(0), decode, masks, fused, rows, lengths)
 
 
 def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> torch.Tensor:
@@ -119,12 +135,18 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     cos, sin_signed = it.local_rope if fam.local_rope[layer] else it.rope
     _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin_signed)
     cache = it.layer_kv[layer]
-    # (a bf16 cache of fp32 activations: rounded as stored, read upcast by the attention)
-    cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d).to(cache.dtype)
     q = qkv[:, :q_end].view(n, s.heads, d)
     window, cap = fam.windows[layer], fam.attn_softcap
-    parts = [] if it.decode is None else [
-        decode_attention(q[: plan.n_decode], it.decode, layer, w.consts.scaling, window, cap)]
+    if it.fused is not None:  # the KV write (every entry) and the decode attention in one call
+        out = it.fused.decode_attention(q[: plan.n_decode], cache, new_kv.view(n, 2, s.kv_heads, d), plan.write_rows,
+                                        plan.write_pos, it.decode_rows, it.decode_lengths, w.scaling, window or 0,
+                                        cap or 0.0)
+        parts = [out] if plan.n_decode else []
+    else:
+        # (a bf16 cache of fp32 activations: rounded as stored, read upcast by the attention)
+        cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d).to(cache.dtype)
+        parts = [] if it.decode is None else [
+            decode_attention(q[: plan.n_decode], it.decode, layer, w.consts.scaling, window, cap)]
     if plan.prefill:
         k, v = qkv[:, q_end:k_end].view(n, s.kv_heads, d), qkv[:, k_end:].view(n, s.kv_heads, d)
         parts += [prefill_attention(q, k, v, cache, span, mask, w.scaling, cap)

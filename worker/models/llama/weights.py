@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.models.llama import attnkernel
 from worker.models.llama.family import Family, describe
 from worker.models.llama.linear import ConcatLinear, DenseLinear, cpu_linear_kind, make_linear
 from worker.models.llama.quantized import QuantizedEmbedding, QuantizedWeight
@@ -172,7 +173,8 @@ class LlamaWeights:
     ``sin_signed`` (:func:`rope_tables`); the family's data
     (:class:`~worker.models.llama.family.Family`): ``family``, ``local_rope``
     (``(cos, sin_signed)`` of the sliding layers' own RoPE, or None),
-    ``embed_scale`` (0-dim, or None) and ``act`` (the gated MLP's activation).
+    ``embed_scale`` (0-dim, or None) and ``act`` (the gated MLP's activation); ``attention_kernel``
+    (the compiled decode attention of :mod:`~worker.models.llama.attnkernel`, or None: batched products).
     """
 
     def __init__(self, source: LlamaSource, precision: str, device: str, max_len: int,
@@ -225,6 +227,9 @@ class LlamaWeights:
         self.embed_scale = None if fam.embed_scale is None else torch.tensor(
             fam.embed_scale, dtype=torch.bfloat16 if precision == "bf16" else torch.float32).to(device, act)
         self.act = F.silu if fam.activation == "silu" else functools.partial(F.gelu, approximate="tanh")
+        # the compiled decode attention (worker.models.llama.attnkernel; built here, not at the first step),
+        # or None: batched products. The forward uses it where it runs the cache (attnkernel.runs).
+        self.attention_kernel = attnkernel.load() if on_cpu and act == torch.float32 else None
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,148 @@
+"""The compiled decode attention (worker/models/llama/attnkernel.cpp) against the batched path
+(:func:`worker.models.llama.attention.decode_attention`): ragged lengths, grouped-query heads,
+sliding windows, soft-capping, bf16 caches, several queries per row (speculative decoding), the
+KV write it does first, and batch invariance; and the runner's tokens with and without it.
+
+Skipped where the kernel cannot run (no avx512f, no compiler). The first test builds it (about a
+minute on 2 cores, once per machine: cached).
+"""
+
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from worker.models.llama import attnkernel  # noqa: E402
+from worker.models.llama.attention import decode_attention, decode_views  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(not attnkernel.cpu_has_avx512(), reason="no avx512f on this CPU")
+
+# (heads, kv heads, head_dim): SmolLM2-135M (9/3/64), Qwen2.5-0.5B (14/2/64), multi-head, Gemma's 256
+SHAPES = [(9, 3, 64), (14, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 16)]
+NO_WRITE = (torch.empty(0, 2, 1, 16), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    m = attnkernel.load()
+    from torch.utils.cpp_extension import is_ninja_available
+
+    can_build = shutil.which("c++") and is_ninja_available() and not os.environ.get("SLOTSERVE_NO_KERNELS")
+    if m is None and can_build:
+        pytest.fail("a CPU with avx512f, a C++ compiler and ninja, but the kernel did not build (see the warning)")
+    if m is None:
+        pytest.skip("no C++ compiler or ninja (or SLOTSERVE_NO_KERNELS): the batched path runs")
+    return m
+
+
+def no_write(kv_heads, d):
+    return torch.empty(0, 2, kv_heads, d), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+
+
+def batched(q, kv, lengths, window, softcap, scaling, layer=0):
+    """The batched path over decode rows 0..n-1 (one query each)."""
+    n, heads, _ = q.shape
+    views = decode_views(kv, n, int(lengths.max()), lengths, group=heads // kv.shape[3], windows={window},
+                         dtype=torch.float32)
+    return decode_attention(q, views, layer, scaling, window, softcap)
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads, kv_heads, d", SHAPES)
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 50.0), (5, 30.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_it_equals_the_batched_path_over_ragged_rows(kernel, heads, kv_heads, d, window, softcap, dtype):
+    gen = torch.Generator().manual_seed(heads * d)
+    kv = torch.randn(2, 2, 7, kv_heads, 48, d, generator=gen).to(dtype)  # layers, K/V, rows, heads, capacity, D
+    lengths = torch.tensor([1, 17, 40, 3, 33, 16])
+    q = torch.randn(len(lengths), heads, d, generator=gen)
+    want = batched(q, kv, lengths, window, softcap, 0.125, layer=1)
+    got = kernel.decode_attention(q, kv[1], *no_write(kv_heads, d), torch.arange(len(lengths)), lengths, 0.125,
+                                  window or 0, softcap or 0.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_each_row_is_batch_invariant(kernel):
+    """A row's result is the same bits alone, next to longer rows, at any batch position."""
+    gen = torch.Generator().manual_seed(1)
+    kv = torch.randn(2, 6, 3, 64, 64, generator=gen)
+    q = torch.randn(6, 9, 64, generator=gen)
+    lengths = torch.tensor([5, 60, 17, 33, 2, 48])
+    together = kernel.decode_attention(q, kv, *no_write(3, 64), torch.arange(6), lengths, 0.125, 0, 0.0)
+    for e in range(6):
+        alone = kernel.decode_attention(q[e:e + 1], kv, *no_write(3, 64), torch.tensor([e]), lengths[e:e + 1],
+                                        0.125, 0, 0.0)
+        assert torch.equal(alone[0], together[e])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_it_stores_the_new_keys_and_values_first_as_an_indexed_write_does(kernel, dtype):
+    gen = torch.Generator().manual_seed(2)
+    cache = torch.randn(2, 4, 2, 32, 16, generator=gen).to(dtype)
+    qkv = torch.randn(5, (4 + 2 * 2) * 16, generator=gen) * 3  # q (4 heads), then k and v (2 heads), per entry
+    new_kv = qkv[:, 4 * 16:].view(5, 2, 2, 16)  # a strided view, as the forward passes it
+    rows, pos = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([9, 4, 31, 0, 1])
+    want = cache.clone()
+    want[:, rows, :, pos] = new_kv.to(dtype)
+    q = qkv[:2, :4 * 16].view(2, 4, 16)  # two decode entries (rows 0 and 1) see their new keys
+    lengths = pos[:2] + 1
+    out = kernel.decode_attention(q, cache, new_kv, rows, pos, rows[:2], lengths, 0.25, 0, 0.0)
+    assert torch.equal(cache, want)
+    torch.testing.assert_close(out, batched(q, want[None], lengths, None, None, 0.25), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_several_queries_of_one_row_each_see_their_own_length(kernel):
+    """Speculative decoding: a row's token and its drafts are entries of the same cache row."""
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randn(1, 2, 2, 2, 40, 16, generator=gen)
+    q = torch.randn(4, 4, 16, generator=gen)
+    rows, lengths = torch.tensor([0, 0, 0, 1]), torch.tensor([10, 11, 12, 30])
+    got = kernel.decode_attention(q, kv[0], *no_write(2, 16), rows, lengths, 0.5, 0, 0.0)
+    for e in range(4):
+        r = int(rows[e])
+        want = batched(q[e:e + 1], kv[:, :, r:r + 1], lengths[e:e + 1], None, None, 0.5)
+        torch.testing.assert_close(got[e:e + 1], want, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_it_refuses_what_it_cannot_run(kernel):
+    kv = torch.zeros(2, 1, 1, 8, 16)
+    q, rows, lengths = torch.zeros(1, 2, 16), torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="q"):
+        kernel.decode_attention(q.double(), kv, *no_write(1, 16), rows, lengths, 1.0, 0, 0.0)
+    with pytest.raises(RuntimeError, match="head shapes"):
+        kernel.decode_attention(torch.zeros(1, 2, 8), torch.zeros(2, 1, 1, 8, 8), *no_write(1, 8), rows, lengths,
+                                1.0, 0, 0.0)
+    assert not attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 8), torch.float32)  # D not a multiple of 16
+    assert not attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.float16), torch.float32)
+    assert attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.bfloat16), torch.float32)
+
+
+@needs_kernel
+@pytest.mark.hf
+@pytest.mark.parametrize("kv_cache_dtype", ["fp32", "bf16"])
+def test_the_runner_gives_the_batched_paths_tokens(kernel, kv_cache_dtype):
+    """The tiny Llama (head_dim 16) at 3 slots over ragged prompts: the same greedy tokens with the
+    kernel as with the batched path, and the kernel is what ran."""
+    pytest.importorskip("transformers")
+    from tests.support.slot_models import random_prompts, tiny_llama
+    from worker import BatchInferenceEngine
+    from worker.models import llama
+
+    model, prompts = tiny_llama(), random_prompts(5, seed=5)
+    runs = {}
+    for fused in (True, False):
+        runner = llama.from_hf(model, max_cache_len=96, kv_cache_dtype=kv_cache_dtype)
+        assert runner.weights.attention_kernel is kernel
+        if not fused:
+            runner.weights.attention_kernel = None
+        engine = BatchInferenceEngine(runner, batch_size=3, stop_token=None)
+        handles = [engine.submit_request(p, max_tokens=12) for p in prompts]
+        engine.run()
+        runs[fused] = [h.tokens for h in handles]
+    assert runs[True] == runs[False]
