@@ -2,9 +2,9 @@
 
 One decoder layer's four linears of a model's shapes (default Qwen2.5-1.5B's:
 qkv 2048x1536, o 1536x1536, gate-up 17920x1536, down 1536x8960), random codes
-of two formats as Q4_K_M files hold them (Q4_K: 4-bit codes with a scale and
-an offset per 32 columns; Q6_K: 6-bit codes, a scale per 16), multiplied by
-``rows`` activation rows:
+of two formats as Q4_K_M files hold them (Q4_K: 4-bit codes, an fp16 d and
+dmin per 256 columns and a 6-bit scale and min per 32; Q6_K: 6-bit codes, an
+fp16 d per 256 and an int8 scale per 16), multiplied by ``rows`` activation rows:
 
 - ``kernel``: the compiled product on the codes as stored (:mod:`worker.models.llama.qkernel`;
   AMX-BF16 tiles where the process may use them), activations rounded to bf16; ``avx512``: its
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bench.common import machine_record, write_results
 from worker.models.llama.linear import best_times
-from worker.models.llama.quantized import QuantizedWeight
+from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
 SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))
 RESULTS = Path(__file__).with_name("results") / "qkernel.json"
@@ -36,13 +36,20 @@ RESULTS = Path(__file__).with_name("results") / "qkernel.json"
 
 def layer(fmt: str, gen: torch.Generator) -> list[QuantizedWeight]:
     """One layer of random ``fmt`` ("Q4_K" or "Q6_K") weights of :data:`SHAPES`, prepared for the kernel."""
-    lo, hi, group, offsets = (0, 16, 32, True) if fmt == "Q4_K" else (-32, 32, 16, False)
+    lo, hi, group = (0, 16, 32) if fmt == "Q4_K" else (-32, 32, 16)
     out = []
     for n, k in SHAPES:
         codes = torch.randint(lo, hi, (n, k), dtype=torch.int8, generator=gen)
-        scales = torch.rand(n, k // group, generator=gen) * 0.01
-        out.append(QuantizedWeight(codes, scales, torch.rand(n, k // group, generator=gen) * 0.01 if offsets else None,
-                                   group, fmt).prepare())
+
+        def factors(sign: float, dtype, low: int, high: int) -> GroupScales:
+            d = (torch.rand(n, k // 256, generator=gen) * sign * 1e-3).half()  # per super-block
+            return GroupScales(d, torch.randint(low, high, (n, k // group), dtype=dtype, generator=gen), 256 // group)
+
+        if fmt == "Q4_K":
+            scales, offsets = factors(1.0, torch.uint8, 0, 64), factors(-1.0, torch.uint8, 0, 64)
+        else:
+            scales, offsets = factors(1.0, torch.int8, -128, 128), None
+        out.append(QuantizedWeight(codes, scales, offsets, group, fmt).prepare())
     return out
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 from tests.support.tiny_gguf import random_blocks  # noqa: E402
 from worker.models import gguf_blocks  # noqa: E402
 from worker.models.gguf_blocks import FORMATS, unpack  # noqa: E402
-from worker.models.llama.quantized import QuantizedWeight  # noqa: E402
+from worker.models.llama.quantized import GroupScales, QuantizedWeight  # noqa: E402
 
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # what gguf.quantize writes
 
@@ -56,10 +56,39 @@ def test_rows_are_unpacked_in_chunks_alike(fmt, monkeypatch):
     """A chunk smaller than the tensor (several rows, then one row at a time) changes nothing."""
     raw = random_blocks(fmt, 9, 768, seed=3)
     whole = unpack(raw, fmt)
+
+    def tensors(parts):
+        codes, scales, offsets, _ = parts
+        return [codes, scales.d, scales.q] + ([None, None] if offsets is None else [offsets.d, offsets.q])
+
     for chunk in (3 * 768, 1):
         monkeypatch.setattr(gguf_blocks, "CHUNK_CODES", chunk)
-        for got, want in zip(unpack(raw, fmt)[:3], whole[:3]):
+        for got, want in zip(tensors(unpack(raw, fmt)), tensors(whole)):
             assert (got is None and want is None) or torch.equal(got, want)
+
+
+# format -> (scale d per row of 768 columns, its q's dtype or None, offset d per row or None, offset q's dtype)
+HELD = {"Q4_0": (24, None, None, None), "Q4_1": (24, None, 24, None), "Q5_0": (24, None, None, None),
+        "Q5_1": (24, None, 24, None), "Q8_0": (24, None, None, None), "Q4_K": (3, torch.uint8, 3, torch.uint8),
+        "Q5_K": (3, torch.uint8, 3, torch.uint8), "Q6_K": (3, torch.int8, None, None)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_scales_are_held_as_the_file_holds_them(fmt):
+    """fp16 d (and m, -dmin) per block or super-block, a byte per sub-block scale or min: the held
+    bytes of scales are the file's (give or take the 6-bit packing), and held_bytes says so."""
+    codes, scales, offsets, group = unpack(random_blocks(fmt, 5, 768, seed=4), fmt)
+    d, q, od, oq = HELD[fmt]
+    assert scales.d.dtype == torch.float16 and scales.d.shape == (5, d)
+    assert (scales.q is None) == (q is None) and (q is None or scales.q.dtype == q and scales.q.shape == (5, 768 // group))
+    assert (offsets is None) == (od is None)
+    if offsets is not None:
+        assert offsets.d.dtype == torch.float16 and offsets.d.shape == (5, od)
+        assert (offsets.q is None) == (oq is None) and (oq is None or offsets.q.dtype == oq)
+    w = QuantizedWeight(codes, scales, offsets, group, fmt)
+    assert w.nbytes <= gguf_blocks.held_bytes(fmt, 5, 768)
+    if fmt.startswith("Q4"):  # codes two a byte: the estimate is exact
+        assert w.nbytes == gguf_blocks.held_bytes(fmt, 5, 768)
 
 
 @pytest.mark.parametrize("fmt", QUANTIZABLE)
@@ -87,7 +116,9 @@ def test_cat_stacks_rows_and_repacks_only_where_packings_differ():
     fused = QuantizedWeight.cat(parts)
     assert fused.out_features == 16 and fused.bias.tolist() == [0.0] * 8 + [0, 1, 2, 3] + [0.0] * 4
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
-    narrow = QuantizedWeight(torch.full((2, 256), 3, dtype=torch.int8), torch.ones(2, 8), torch.zeros(2, 8), 32, "Q4_K")
+    ones = GroupScales(torch.ones(2, 1).half(), torch.ones(2, 8, dtype=torch.uint8), 8)
+    zeros = GroupScales(torch.zeros(2, 1).half(), torch.zeros(2, 8, dtype=torch.uint8), 8)
+    narrow = QuantizedWeight(torch.full((2, 256), 3, dtype=torch.int8), ones, zeros, 32, "Q4_K")
     mixed = QuantizedWeight.cat([parts[0], narrow])
     assert torch.equal(mixed.dequantize(), torch.cat([parts[0].dequantize(), narrow.dequantize()]))
     wide = [QuantizedWeight(*unpack(random_blocks("Q5_0", 4, 256, seed=s), "Q5_0"), "Q5_0") for s in (1, 2)]

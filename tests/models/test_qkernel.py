@@ -12,21 +12,39 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.llama import qkernel
-from worker.models.llama.quantized import QuantizedWeight
+from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
 needs_kernel = pytest.mark.skipif(not qkernel.cpu_has_avx512_bf16(), reason="no avx512_bf16 on this CPU")
 
-# (lowest code, highest + 1, group, offsets): Q4_0, Q4_K, Q6_K, Q8_0, Q5_K's ranges, and the edges
-# of the kernel's decodings (4-bit pairs; int8 in [-64, 63]; any int8)
-LAYOUTS = [(-8, 8, 32, False), (0, 16, 32, True), (-32, 32, 16, False), (-128, 128, 32, False), (0, 32, 32, True),
-           (-64, 64, 32, True), (-65, 64, 16, False)]
+# (lowest code, highest + 1, group, offsets, factors): Q4_0, Q4_K, Q6_K, Q8_0, Q5_K, Q4_1, Q5_0, Q5_1's
+# ranges and scale layouts, and the edges of the kernel's decodings (4-bit pairs; 6 bits, a span of 64;
+# int8 in [-64, 63]; any int8).
+# factors: "f16" an fp16 d per group (Q4_0 .. Q8_0; Q4_1's m), "k" an fp16 d per 256 columns times a
+# uint8 per group (Q4_K/Q5_K's d * sc and -dmin * m), "k6" times an int8 (Q6_K's d * sc)
+LAYOUTS = [(-8, 8, 32, False, "f16"), (0, 16, 32, True, "k"), (-32, 32, 16, False, "k6"),
+           (-128, 128, 32, False, "f16"), (0, 32, 32, True, "k"), (0, 16, 32, True, "f16"),
+           (-16, 16, 32, False, "f16"), (0, 32, 32, True, "f16"), (-64, 64, 32, True, "f16"), (-65, 64, 16, False, "k6")]
+K = 512  # two 256-column super-blocks a row
 
 
-def weight(lo, hi, group, offsets, n, k, seed=0):
+def factor(kind, n, groups, group, gen, offset=False):
+    """A random GroupScales of ``kind`` (see LAYOUTS) for ``[n, groups * group]``."""
+    if kind == "f16":
+        return GroupScales((torch.randn(n, groups, generator=gen) * 0.01).half())
+    sub = 256 // group
+    d = (torch.rand(n, groups // sub, generator=gen) * 0.001).half()
+    if offset:  # -dmin, and m in 0..63
+        return GroupScales(-d, torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen), sub)
+    if kind == "k":
+        return GroupScales(d, torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen), sub)
+    return GroupScales(d, torch.randint(-128, 128, (n, groups), dtype=torch.int8, generator=gen), sub)
+
+
+def weight(lo, hi, group, offsets, kind, n, k, seed=0):
     gen = torch.Generator().manual_seed(seed)
     codes = torch.randint(lo, hi, (n, k), dtype=torch.int8, generator=gen)
-    scales = torch.rand(n, k // group, generator=gen) * 0.01
-    return QuantizedWeight(codes, scales, torch.randn(n, k // group, generator=gen) * 0.01 if offsets else None,
+    scales = factor(kind, n, k // group, group, gen)
+    return QuantizedWeight(codes, scales, factor(kind, n, k // group, group, gen, True) if offsets else None,
                            group, "test")
 
 
@@ -47,7 +65,7 @@ def module():
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", [40, 100])  # 100: a last block of 4 rows
 def test_blocked_layout_keeps_the_files_weights_and_codes(module, layout, n):
-    w = weight(*layout, n, 256)
+    w = weight(*layout, n, K)
     ref, codes, rows = w.dequantize().clone(), w.codes().clone(), torch.tensor([0, 17, n - 1, 5])
     ref_rows = w.dequantize(rows).clone()
     w.prepare()
@@ -64,10 +82,10 @@ def test_blocked_layout_keeps_the_files_weights_and_codes(module, layout, n):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("m", [1, 3, 8, 11, 16, 21])
 def test_kernel_product_equals_the_bf16_rounded_activations_times_the_files_weights(module, layout, m):
-    w = weight(*layout, 100, 256, seed=m)
+    w = weight(*layout, 100, K, seed=m)
     ref = w.dequantize().clone()
     w.prepare()
-    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(1))
     want = F.linear(x.bfloat16().float().double(), ref.double())
     got = w(x)
     assert got.dtype == torch.float32 and got.shape == (m, 100)
@@ -80,10 +98,9 @@ def test_kernel_product_equals_the_bf16_rounded_activations_times_the_files_weig
 def test_the_amx_and_avx512_products_agree(module, layout, m):
     if not module.has_amx():
         pytest.skip("no AMX tiles in this process")
-    w = weight(*layout, 100, 256, seed=m).prepare()
-    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(2)).bfloat16()
-    args = (w.packed, qkernel.kind(w), w.low, w.scales, w.offsets if w.offsets is not None else torch.empty(0),
-            w.group, 100)
+    w = weight(*layout, 100, K, seed=m).prepare()
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(2)).bfloat16()
+    args = (w.packed, qkernel.kind(w), w.low, *qkernel.factor_args(w), w.group, 100)
     a, b = module.qmm(x, *args, False), module.qmm(x, *args, True)
     assert (a - b).abs().max() <= 1e-5 * a.abs().max()
 
@@ -93,19 +110,19 @@ def test_the_amx_and_avx512_products_agree(module, layout, m):
 def test_no_rows_give_an_empty_product(module, amx):
     if amx and not module.has_amx():
         pytest.skip("no AMX tiles in this process")
-    w = weight(0, 16, 32, True, 40, 64).prepare()
-    x = torch.empty(0, 64, dtype=torch.bfloat16)
-    y = module.qmm(x, w.packed, qkernel.kind(w), w.low, w.scales, w.offsets, w.group, 40, amx)
+    w = weight(0, 16, 32, True, "k", 40, 256).prepare()
+    x = torch.empty(0, 256, dtype=torch.bfloat16)
+    y = module.qmm(x, w.packed, qkernel.kind(w), w.low, *qkernel.factor_args(w), w.group, 40, amx)
     assert y.shape == (0, 40)
 
 
 @needs_kernel
 def test_many_rows_and_a_bias(module):
-    w = weight(0, 16, 32, True, 64, 128)
+    w = weight(0, 16, 32, True, "k", 64, 256)
     w.bias = torch.randn(64)
     ref = w.dequantize().clone()
     w.prepare()
-    x = torch.randn(qkernel.KERNEL_ROWS + 5, 128)
+    x = torch.randn(qkernel.KERNEL_ROWS + 5, 256)
     # AMX: the exact weights (1e-5); without it, the wide product on their bf16 rounding (1e-2)
     want = x.bfloat16().float() @ ref.t() + w.bias
     assert (w(x) - want).abs().max() <= (1e-5 if w.kernel.amx else 1e-2) * want.abs().max()
@@ -116,9 +133,9 @@ def test_without_the_kernel_the_weight_multiplies_in_pure_torch(monkeypatch):
     monkeypatch.setenv("SLOTSERVE_NO_KERNELS", "1")
     qkernel.load.cache_clear()
     try:
-        w = weight(0, 16, 32, True, 40, 64).prepare()
+        w = weight(0, 16, 32, True, "k", 40, 256).prepare()
         assert w.kernel is None and not w.blocked
-        x = torch.randn(3, 64)
+        x = torch.randn(3, 256)
         assert torch.allclose(w(x), F.linear(x, w.dequantize()), rtol=1e-6, atol=1e-6)
     finally:
         qkernel.load.cache_clear()
@@ -127,3 +144,30 @@ def test_without_the_kernel_the_weight_multiplies_in_pure_torch(monkeypatch):
 def test_a_shape_that_does_not_fit_is_a_value_error():
     with pytest.raises(ValueError, match="do not fit"):
         QuantizedWeight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3), None, 32, "Q4_0")
+    q = torch.zeros(4, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="do not fit"):  # a super-block d for 256 columns, 8 groups of 32: 1 a row
+        QuantizedWeight(torch.zeros(4, 256, dtype=torch.int8), GroupScales(torch.ones(4, 2).half(), q, 8), None, 32,
+                        "Q4_K")
+
+
+def test_scales_are_held_as_the_file_holds_them():
+    """Per-group values must be exact in fp16 (a GGUF file's d); a K format's factors stay fp16 x (u)int8."""
+    with pytest.raises(ValueError, match="exact in fp16"):
+        QuantizedWeight(torch.zeros(4, 64, dtype=torch.int8), torch.full((4, 2), 0.1), None, 32, "Q4_0")
+    with pytest.raises(ValueError, match="power of two"):
+        GroupScales(torch.ones(4, 1).half(), torch.zeros(4, 6, dtype=torch.uint8), 6)
+    w = weight(0, 16, 32, True, "k", 40, 512)
+    assert w.scales.d.dtype == torch.float16 and w.scales.q.dtype == torch.uint8 and w.scales.shift == 3
+    # 4-bit codes, then per 32 columns a byte of sc and of m, per 256 two fp16 (d, -dmin): 0.578 B a weight
+    assert w.nbytes == 40 * 512 // 2 + 2 * 40 * 16 + 2 * 2 * 40 * 2
+
+
+@needs_kernel
+@pytest.mark.parametrize("lo, hi, kind", [(-32, 32, qkernel.SIX), (0, 32, qkernel.SIX), (-64, 64, qkernel.MAGIC),
+                                          (-128, 128, qkernel.WIDE), (-8, 8, qkernel.NIBBLES)])
+def test_codes_are_held_in_as_few_bits_as_their_span_needs(module, lo, hi, kind):
+    """Q6_K (and Q5_*) codes, 64 values or fewer, take 6 bits in the kernel's layout (ggml's 4 + 2
+    split): 0.75 bytes a weight, as the file's, not an int8's byte."""
+    w = weight(lo, hi, 16, False, "k6", 48, 512).prepare()
+    assert qkernel.kind(w) == kind
+    assert w.packed.numel() == 48 * 512 * {qkernel.SIX: 6, qkernel.NIBBLES: 4}.get(kind, 8) // 8

@@ -28,6 +28,15 @@ each class, llama.cpp's ``ggml-quants.c`` reference), so that
 bit for bit (tested for every format; ``x - y`` and ``x + (-y)`` round alike,
 signed zeros included).
 
+Scales and offsets are kept as the file has them, a
+:class:`~worker.models.llama.quantized.GroupScales` each: the fp16 ``d`` (and
+``m``) per 32-column block of Q4_0 .. Q8_0; the K formats' fp16 ``d`` and
+``-dmin`` per 256-column super-block with the sub-block's ``sc`` and ``m`` as
+uint8 (Q6_K: ``sc`` int8) per group. ``fl(d * sc)`` and ``fl(dmin * m)`` are
+exact in fp32 (at most 11 + 8 significant bits), so forming them per group when
+multiplying gives gguf's numbers, and negating ``dmin`` (fp16, exact) turns
+``- fl(dmin * m)`` into ``fl(-dmin * m)``.
+
 Rows are unpacked :data:`CHUNK_CODES` codes at a time, so the temporaries stay
 small whatever the tensor's size; the codes are written into one int8 array.
 """
@@ -53,17 +62,21 @@ CODE_RANGE = {"Q4_0": (-8, 7), "Q4_1": (0, 15), "Q5_0": (-16, 15), "Q5_1": (0, 3
 """Each format's ``(lowest, highest)`` code."""
 
 
+# format -> bytes of scales and offsets per block as held (GroupScales): fp16 d (m, dmin), (u)int8 sc (m) per group
+_FACTOR_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 2, "Q5_1": 4, "Q8_0": 2, "Q4_K": 4 + 16, "Q5_K": 4 + 16, "Q6_K": 2 + 16}
+
+
 def held_bytes(fmt: str, rows: int, cols: int) -> int:
     """Bytes a ``[rows, cols]`` tensor of ``fmt`` takes as a
     :class:`~worker.models.llama.quantized.QuantizedWeight`: its codes (two a byte where the
     format's codes span 16 values or fewer: Q4_0, Q4_1, Q4_K; one a byte otherwise -- an upper
-    bound, a tensor whose codes happen to span fewer is packed tighter) and its fp32 scales (and
-    offsets) per group. For memory estimates (``slotserve.sizing``)."""
-    _, _, group = _SIZES[fmt]
+    bound, a tensor whose codes happen to span fewer is packed tighter) and its scales and offsets
+    as the file holds them (fp16 per block or super-block, a byte per sub-block scale or min).
+    For memory estimates (``slotserve.sizing``)."""
+    block = _SIZES[fmt][0]
     lo, hi = CODE_RANGE[fmt]
     codes = rows * cols // 2 if hi - lo < 16 else rows * cols
-    groups = rows * (cols // group)
-    return codes + 4 * groups * (2 if fmt in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 1)
+    return codes + rows * (cols // block) * _FACTOR_BYTES[fmt]
 
 
 def unpack(raw: np.ndarray, qtype) -> tuple:
@@ -71,16 +84,18 @@ def unpack(raw: np.ndarray, qtype) -> tuple:
 
     ``raw``: uint8 ``[rows, row_bytes]`` (a view of the memory-mapped file is
     read, not copied); ``qtype``: a ``gguf.GGMLQuantizationType`` or its name.
-    Returns torch tensors: ``codes`` int8 ``[rows, K]``, ``scales`` fp32
-    ``[rows, K // group]``, ``offsets`` fp32 of the same shape or None, and
-    ``group`` (columns per scale), as
-    :class:`~worker.models.llama.quantized.QuantizedWeight` takes them (see
-    the module docstring for each format's meaning).
+    Returns ``codes`` (a torch int8 ``[rows, K]``), ``scales`` and ``offsets``
+    (:class:`~worker.models.llama.quantized.GroupScales` of ``K // group``
+    groups a row; offsets None for a format without) and ``group`` (columns per
+    scale), as :class:`~worker.models.llama.quantized.QuantizedWeight` takes
+    them (see the module docstring for each format's meaning).
 
     Raises ValueError for a format not in :data:`FORMATS` or a row length
     that is not whole blocks.
     """
     import torch
+
+    from worker.models.llama.quantized import GroupScales
 
     fmt = getattr(qtype, "name", qtype)
     if fmt not in _SIZES:
@@ -89,25 +104,32 @@ def unpack(raw: np.ndarray, qtype) -> tuple:
     if raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] % size:
         raise ValueError(f"{fmt}: rows of whole {size}-byte blocks expected, got {raw.dtype} {raw.shape}")
     rows, k = raw.shape[0], raw.shape[1] // size * block
+    per_row = k // block  # blocks a row
     codes = np.empty((rows, k), dtype=np.int8)
-    scales = np.empty((rows, k // group), dtype=np.float32)
-    offsets = np.empty_like(scales) if fmt in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else None
+    factors = None  # [scale d, scale q, offset d, offset q]: [rows, per_row * (per block)] each, or None
     step = max(1, CHUNK_CODES // max(k, 1))
     for start in range(0, rows, step):
         end = min(rows, start + step)
         blocks = np.ascontiguousarray(raw[start:end]).reshape(-1, size)
-        q, s, o = _UNPACK[fmt](blocks)
+        q, *parts = _UNPACK[fmt](blocks)
         codes[start:end] = q.reshape(end - start, k)
-        scales[start:end] = s.reshape(end - start, -1)
-        if offsets is not None:
-            offsets[start:end] = o.reshape(end - start, -1)
-    return (torch.from_numpy(codes), torch.from_numpy(scales),
-            None if offsets is None else torch.from_numpy(offsets), group)
+        if factors is None:
+            factors = [None if p is None else np.empty((rows, per_row * p.shape[1]), dtype=p.dtype) for p in parts]
+        for out, p in zip(factors, parts):
+            if p is not None:
+                out[start:end] = p.reshape(end - start, -1)
+    if factors is None:  # no rows
+        return torch.from_numpy(codes), GroupScales(torch.zeros(0, k // group, dtype=torch.float16)), None, group
+    t = [None if f is None else torch.from_numpy(f) for f in factors]
+    sub = block // group if t[1] is not None else 1  # groups per d: a super-block's, or one
+    scales = GroupScales(t[0], t[1], sub)
+    offsets = None if t[2] is None else GroupScales(t[2], t[3], block // group if t[3] is not None else 1)
+    return torch.from_numpy(codes), scales, offsets, group
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
-    """Two bytes per block (``[n, 2]``) as the fp16 value widened to fp32, ``[n, 1]``."""
-    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+    """Two bytes per block (``[n, 2]``) as the fp16 value, ``[n, 1]``."""
+    return np.ascontiguousarray(b).view(np.float16)
 
 
 def _nibbles(qs: np.ndarray, width: int) -> np.ndarray:
@@ -122,47 +144,48 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
     return np.unpackbits(qh, axis=-1, bitorder="little")
 
 
+# Each returns (codes [n, block], scale d, scale q, offset d, offset q), per block [n, *] (None: absent)
+
 def _q4_0(b):
-    return _nibbles(b[:, 2:], 16).astype(np.int8) - np.int8(8), _f16(b[:, :2]), None
+    return _nibbles(b[:, 2:], 16).astype(np.int8) - np.int8(8), _f16(b[:, :2]), None, None, None
 
 
 def _q4_1(b):
-    return _nibbles(b[:, 4:], 16).astype(np.int8), _f16(b[:, :2]), _f16(b[:, 2:4])
+    return _nibbles(b[:, 4:], 16).astype(np.int8), _f16(b[:, :2]), None, _f16(b[:, 2:4]), None
 
 
 def _q5_0(b):
     q = _nibbles(b[:, 6:], 16) | (_high_bits(b[:, 2:6]) << np.uint8(4))
-    return q.astype(np.int8) - np.int8(16), _f16(b[:, :2]), None
+    return q.astype(np.int8) - np.int8(16), _f16(b[:, :2]), None, None, None
 
 
 def _q5_1(b):
     q = _nibbles(b[:, 8:], 16) | (_high_bits(b[:, 4:8]) << np.uint8(4))
-    return q.astype(np.int8), _f16(b[:, :2]), _f16(b[:, 2:4])
+    return q.astype(np.int8), _f16(b[:, :2]), None, _f16(b[:, 2:4]), None
 
 
 def _q8_0(b):
-    return b[:, 2:].view(np.int8), _f16(b[:, :2]), None
+    return b[:, 2:].view(np.int8), _f16(b[:, :2]), None, None, None
 
 
-def _k_scales(b):
-    """Q4_K/Q5_K: ``(scale, offset)`` ``[n, 8]``: ``fl(d * sc)`` and ``-fl(dmin * m)`` per sub-block."""
+def _k_factors(b):
+    """Q4_K/Q5_K: ``(d, sc, -dmin, m)``: the super-block's fp16 ``d`` and ``-dmin`` ``[n, 1]``, the
+    sub-blocks' 6-bit ``sc`` and ``m`` as uint8 ``[n, 8]``."""
     from gguf.quants import Q4_K
 
     sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))
-    return _f16(b[:, :2]) * sc.astype(np.float32), -(_f16(b[:, 2:4]) * m.astype(np.float32))
+    return _f16(b[:, :2]), sc, -_f16(b[:, 2:4]), m
 
 
 def _q4_k(b):
-    scale, offset = _k_scales(b)
-    return _nibbles(b[:, 16:], 32).astype(np.int8), scale, offset
+    return (_nibbles(b[:, 16:], 32).astype(np.int8), *_k_factors(b))
 
 
 def _q5_k(b):
-    scale, offset = _k_scales(b)
     n = b.shape[0]
     qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)  # bit j: sub-block j
     q = _nibbles(b[:, 48:], 32) | ((qh & np.uint8(1)).reshape(n, -1) << np.uint8(4))
-    return q.astype(np.int8), scale, offset
+    return (q.astype(np.int8), *_k_factors(b))
 
 
 def _q6_k(b):
@@ -170,8 +193,7 @@ def _q6_k(b):
     ql = _nibbles(b[:, :128], 64)  # per half of 128 columns: 64 low nibbles, then 64 high ones
     qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     q = ql | ((qh & np.uint8(3)).reshape(n, -1) << np.uint8(4))
-    scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
-    return q.astype(np.int8) - np.int8(32), scale, None
+    return q.astype(np.int8) - np.int8(32), _f16(b[:, 208:210]), b[:, 192:208].view(np.int8), None, None
 
 
 _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k,

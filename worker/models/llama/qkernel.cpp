@@ -8,13 +8,24 @@
 //             + offset[n, g] * (sum_{k in g} x[m, k])
 // multiplies by the file's weights with fp32 sums.
 //
+// Scales and offsets are held as the file holds them (quantized.py's GroupScales) and formed
+// per group here: value[n, g] = fp32(d[n, g >> shift]) * fp32(q[n, g]), d fp16 (one per 2^shift
+// groups: a K format's super-block d or dmin, or Q4_0's d per group with shift 0) and q the
+// sub-block's uint8 / int8 scale or min (absent: 1). An fp16 (11 significant bits) times an
+// integer of at most 8 bits is exact in fp32, so value is the fp32 number gguf.dequantize forms.
+//
 // Layout (qkernel.py's blocked(), once at load): rows in blocks of 16 (a zmm's fp32 lanes),
 // columns in pairs (both products take bf16 pairs). For each 16-row block and column pair p:
 //   NIB (4-bit codes): 16 bytes, byte j = (code[n0+j, 2p] - low) | (code[n0+j, 2p+1] - low) << 4;
-//   MAGIC, WIDE (int8 codes): 32 bytes, code[n0+j, 2p] then code[n0+j, 2p+1] for j = 0..15.
+//   MAGIC, WIDE (int8 codes): 32 bytes, code[n0+j, 2p] then code[n0+j, 2p+1] for j = 0..15;
+//   SIX (codes spanning at most 64 values, u = code - low in 6 bits: Q5_0 .. Q6_K): per two pairs
+//   (4 columns) 48 bytes, each pair's low nibbles as NIB's, then byte j = the 4 columns' high bit
+//   pairs (six_u below). The bf16 bits 0x4300 | u are the number 128 + u: one OR decodes them, and
+//   the kernel subtracts (128 - low) * scale * sum(x) per group, as for MAGIC.
 // MAGIC codes lie in [-64, 63]: the bf16 bits 0x4340 + c are the number 192 + c, exactly (one
 // add decodes 32 of them); the kernel then subtracts 192 * scale * sum(x) per group. WIDE codes
-// (Q8_0's full int8 range) go through fp32. Scales and offsets: [N / 16, K / group, 16] fp32.
+// (Q8_0's full int8 range) go through fp32. Scale and offset factors: d [N / 16, groups >> shift,
+// 16] fp16, q [N / 16, groups, 16] (u)int8.
 // Each 16-row block is one task of a parallel_for.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -28,8 +39,8 @@
 
 namespace {
 
-enum Kind { NIB = 0, MAGIC = 1, WIDE = 2 };
-constexpr float MAGIC_ZERO = 192.0f;  // what MAGIC decoding adds to a code
+enum Kind { NIB = 0, MAGIC = 1, WIDE = 2, SIX = 3 };
+constexpr float MAGIC_ZERO = 192.0f;  // what MAGIC decoding adds to a code (SIX: 128 - low)
 constexpr int MR = 8;  // AVX-512 path: activation rows in registers at once (2 * MR accumulators)
 
 inline __m512i bf16_lut(int64_t low) {  // nibble -> bf16 of (low + nibble): small integers, exact
@@ -43,30 +54,64 @@ inline __m512i bf16_lut(int64_t low) {  // nibble -> bf16 of (low + nibble): sma
     return _mm512_load_si512(t);
 }
 
-// 32 bf16 weights: one column pair of a 16-row block
+// SIX: the 6-bit u = code - low of column pair p of a 16-row block as 16-bit lanes (row j's even
+// column in lane 2j, odd in 2j + 1). Per two pairs (4 columns) 48 bytes: 16 bytes of low nibbles
+// per pair (as NIB), then 16 bytes of high bit pairs, byte j = h0 | h1 << 2 | h2 << 4 | h3 << 6
+// for row j's 4 columns.
+inline __m512i six_u(const uint8_t* w, int64_t p) {
+    const uint8_t* unit = w + (p >> 1) * 48;
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + (p & 1) * 16)));
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 32)));
+    if (p & 1) e = _mm512_srli_epi32(e, 4);
+    const __m512i lo = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
+    const __m512i hi = _mm512_ternarylogic_epi32(e, _mm512_slli_epi32(e, 14), _mm512_set1_epi32(0x00030003), 0xA8);
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+}
+
+// 32 bf16 weights: column pair p of a 16-row block (codes at w)
 template <int KIND>
-inline __m512bh decode(const uint8_t* p, __m512i lut) {
-    if constexpr (KIND == NIB) {
-        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+inline __m512bh decode(const uint8_t* w, int64_t p, __m512i lut) {
+    if constexpr (KIND == SIX) {  // bf16 bits 0x4300 | u: the number 128 + u, exactly
+        return (__m512bh)_mm512_or_si512(six_u(w, p), _mm512_set1_epi16(0x4300));
+    } else if constexpr (KIND == NIB) {
+        const uint8_t* ptr = w + p * 16;
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ptr)));
         __m512i idx = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
         return (__m512bh)_mm512_permutexvar_epi16(idx, lut);  // idx: (d | d << 12) & 0x000F000F
     } else if constexpr (KIND == MAGIC) {
-        __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        return (__m512bh)_mm512_add_epi16(w, _mm512_set1_epi16(0x4340));
+        __m512i c = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32)));
+        return (__m512bh)_mm512_add_epi16(c, _mm512_set1_epi16(0x4340));
     } else {
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+        const uint8_t* ptr = w + p * 32;
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ptr))));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ptr + 16))));
         return _mm512_cvtne2ps_pbh(hi, lo);
     }
 }
 
-constexpr int64_t pair_bytes(int kind) { return kind == NIB ? 16 : 32; }
+// bytes of a 16-row block's codes per column: 4, 6 or 8 bits a code
+constexpr int64_t column_bytes(int64_t kind) { return kind == NIB ? 8 : kind == SIX ? 12 : 16; }
+
+// a per-group factor of one 16-row block: value[g] = fp32(d[g >> shift]) * fp32(q[g]), 16 lanes
+struct Factor {
+    const uint16_t* d;   // fp16 [groups >> shift, 16]
+    const uint8_t* q;    // [groups, 16] uint8 or int8, or null (value = d)
+    int shift;
+    bool q_signed;
+};
+
+inline __m512 factor(const Factor& f, int64_t g) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f.d + (g >> f.shift) * 16)));
+    if (!f.q) return d;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(f.q + g * 16));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(f.q_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)));
+}
 
 // what one block's product needs besides x
 struct Block {
     const uint8_t* w;    // codes
-    const float* sc;     // [groups, 16]
-    const float* of;     // [groups, 16] or null
+    const float* sc;     // [groups, 16] fp32: the scales (expand() below)
+    const float* of;     // [groups, 16] fp32: each group's additive term (offset - zero * scale), or null
     float* y;            // y[0, n0]
     int64_t ldy;
     __mmask16 valid;     // rows of the block that exist
@@ -78,15 +123,26 @@ struct Rows {
     int64_t K, group, groups;
 };
 
-// the group's additive term: the offset, and 192 * scale taken back off for MAGIC codes
+// the group's additive term: the offset, and zero * scale taken back off for MAGIC and SIX codes
+// (expand() folded both into b.of)
 template <int KIND, bool OFF>
-inline __m512 group_offset(const Block& b, int64_t g, __m512 s) {
-    __m512 o = OFF ? _mm512_loadu_ps(b.of + g * 16) : _mm512_setzero_ps();
-    if constexpr (KIND == MAGIC) o = _mm512_fnmadd_ps(_mm512_set1_ps(MAGIC_ZERO), s, o);
-    return o;
+inline __m512 group_offset(const Block& b, int64_t g, __m512) {
+    return _mm512_load_ps(b.of + g * 16);
 }
 
-constexpr bool needs_sum(int kind, bool off) { return off || kind == MAGIC; }
+// One block's scales and additive terms as fp32 [groups, 16], formed once per block from the held
+// factors (a loop of its own: formed inside the tile loop, they cost 20-28 % of a 1-row product,
+// measured in CPU time). zero: what decoding adds to a code (MAGIC 192, SIX 128 - low), else 0.
+inline void expand(const Factor& s, const Factor& o, float zero, int64_t groups, float* sbuf, float* obuf) {
+    const __m512 z = _mm512_set1_ps(zero);
+    for (int64_t g = 0; g < groups; ++g) {
+        const __m512 sv = factor(s, g);
+        _mm512_store_ps(sbuf + g * 16, sv);
+        if (obuf) _mm512_store_ps(obuf + g * 16, _mm512_fnmadd_ps(z, sv, o.d ? factor(o, g) : _mm512_setzero_ps()));
+    }
+}
+
+constexpr bool needs_sum(int kind, bool off) { return off || kind == MAGIC || kind == SIX; }
 
 
 // ---- AVX-512 BF16: R <= MR rows, sums in registers; each column pair decoded once per call
@@ -99,14 +155,14 @@ void avx_block(const Rows& a, const Block& b, __m512i lut) {
         __m512 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int64_t p = g * pairs; p < (g + 1) * pairs; ++p) {
-            const __m512bh wv = decode<KIND>(b.w + p * pair_bytes(KIND), lut);
+            const __m512bh wv = decode<KIND>(b.w, p, lut);
             for (int r = 0; r < R; ++r) {
                 uint32_t xp;
                 std::memcpy(&xp, a.x + r * a.K + 2 * p, 4);
                 acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp), wv);
             }
         }
-        const __m512 s = _mm512_loadu_ps(b.sc + g * 16);
+        const __m512 s = _mm512_load_ps(b.sc + g * 16);
         for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(acc[r], s, tot[r]);
         if constexpr (needs_sum(KIND, OFF)) {
             const __m512 o = group_offset<KIND, OFF>(b, g, s);
@@ -163,16 +219,16 @@ template <int KIND>
 inline void decode_block(const uint8_t* w, int64_t pairs, __m512i* wbuf, __m512i lut) {
     // the next block's codes (where this thread goes next) are fetched meanwhile: the tile phase
     // that follows reads no weights, so memory would idle through it
-    const int64_t bytes = pairs * pair_bytes(KIND);
-    for (int64_t p = 0; p < pairs; ++p) {
-        if ((p * pair_bytes(KIND)) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + p * pair_bytes(KIND)), _MM_HINT_T1);
-        _mm512_store_si512(wbuf + p, (__m512i)decode<KIND>(w + p * pair_bytes(KIND), lut));
+    const int64_t bytes = pairs * 2 * column_bytes(KIND), pair = 2 * column_bytes(KIND);
+    for (int64_t p = 0; p < pairs; ++p) {  // one prefetch per 64 bytes decoded, spread through the loop
+        if ((p * pair) % 64 < pair) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + (p * pair) / 64 * 64), _MM_HINT_T1);
+        _mm512_store_si512(wbuf + p, (__m512i)decode<KIND>(w, p, lut));
     }
 }
 
 template <int R, int KIND, bool OFF>
 inline void scale_group(const Rows& a, const Block& b, int64_t g, const float* cbuf, __m512* tot) {
-    const __m512 s = _mm512_loadu_ps(b.sc + g * 16);
+    const __m512 s = _mm512_load_ps(b.sc + g * 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_load_ps(cbuf + r * 16), s, tot[r]);
     if constexpr (needs_sum(KIND, OFF)) {
         const __m512 o = group_offset<KIND, OFF>(b, g, s);
@@ -231,25 +287,60 @@ void rows(bool amx, int64_t M, const Rows& a, const Block& b, __m512i lut, __m51
     else avx_rows<KIND, OFF>(M, a, b, lut);
 }
 
+// a layer's factor (quantized.py's GroupScales in the blocked layout): d fp16 [N / 16, groups >> shift, 16],
+// q (u)int8 [N / 16, groups, 16] or empty; of_block(i) is block i's Factor
+struct Factors {
+    const uint16_t* d = nullptr;
+    const uint8_t* q = nullptr;
+    int shift = 0;
+    bool q_signed = false;
+    int64_t groups = 0;
+    Factor of_block(int64_t i) const {
+        if (!d) return Factor{nullptr, nullptr, 0, false};
+        return Factor{d + i * (groups >> shift) * 16, q ? q + i * groups * 16 : nullptr, shift, q_signed};
+    }
+};
+
+Factors factors(const torch::Tensor& d, const torch::Tensor& q, int64_t shift, int64_t blocks, int64_t groups,
+                const char* what) {
+    Factors f;
+    if (d.numel() == 0) return f;  // no offsets
+    TORCH_CHECK(shift >= 0 && shift < 16 && groups % (int64_t{1} << shift) == 0, what, ": groups per d must divide the groups");
+    TORCH_CHECK(d.scalar_type() == torch::kHalf && d.is_contiguous() && d.numel() == blocks * (groups >> shift) * 16,
+                what, ": d must be contiguous fp16 [N / 16, groups >> shift, 16]");
+    f.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
+    if (q.numel()) {
+        TORCH_CHECK((q.scalar_type() == torch::kByte || q.scalar_type() == torch::kChar) && q.is_contiguous() &&
+                    q.numel() == blocks * groups * 16, what, ": q must be contiguous (u)int8 [N / 16, groups, 16]");
+        f.q = static_cast<const uint8_t*>(q.data_ptr());
+        f.q_signed = q.scalar_type() == torch::kChar;
+    }
+    f.shift = static_cast<int>(shift);
+    f.groups = groups;
+    return f;
+}
+
 }  // namespace
 
 // x: bf16 [M, K] (on AMX: M <= 16 or a multiple of 16); packed: the codes (layout above, kind 0/1/2
-// = NIB/MAGIC/WIDE); scales (and offsets, or an empty tensor): fp32 [N / 16, K / group, 16].
-// Returns fp32 [M, N].
-torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor scales,
-                  torch::Tensor offsets, int64_t group, int64_t N, bool amx) {
+// = NIB/MAGIC/WIDE); the scales' factors sd, sq (empty: none), sshift and the offsets' od (empty:
+// no offsets), oq, oshift (Factors above). Returns fp32 [M, N].
+torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
+                  int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N, bool amx) {
     TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [M, K]");
     const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
     TORCH_CHECK(group % 2 == 0 && K % group == 0, "K must be a multiple of the (even) group");
-    TORCH_CHECK(kind >= NIB && kind <= WIDE, "kind: 0, 1 or 2");
-    TORCH_CHECK(scales.numel() == blocks * groups * 16, "scales do not fit [N / 16, K / group, 16]");
-    TORCH_CHECK(packed.numel() == blocks * K * (kind == NIB ? 8 : 16), "codes do not fit the blocked layout");
+    TORCH_CHECK(kind >= NIB && kind <= SIX, "kind: 0, 1, 2 or 3");
+    TORCH_CHECK(kind != SIX || group % 4 == 0, "SIX: groups of whole 4-column units");
+    TORCH_CHECK(sd.numel() > 0, "scales: d is required");
+    const Factors sf = factors(sd, sq, sshift, blocks, groups, "scales"), of = factors(od, oq, oshift, blocks, groups, "offsets");
+    TORCH_CHECK(packed.numel() == blocks * K * column_bytes(kind), "codes do not fit the blocked layout");
     if (amx) {
         TORCH_CHECK(group == 16 || group == 32, "AMX: groups of 16 or 32 columns");
         TORCH_CHECK(M <= 16 || M % 16 == 0, "AMX: up to 16 rows, or a multiple of 16");
         TORCH_CHECK(amx_ready(), "AMX: the OS refused the tile state (arch_prctl)");
     }
-    const bool off = offsets.numel() > 0;
+    const bool off = od.numel() > 0;
     auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
     if (M == 0 || N == 0) return y;  // a step with no rows for this weight (no logits wanted)
     torch::Tensor xsum;
@@ -257,27 +348,35 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     const Rows a{reinterpret_cast<const uint16_t*>(x.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
                  K, group, groups};
     const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());  // uint8 nibbles or int8 codes
-    const float* sp = scales.data_ptr<float>();
-    const float* op = off ? offsets.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    const int64_t block_bytes = K * (kind == NIB ? 8 : 16);  // 16 rows x K codes, 4 or 8 bits each
+    const int64_t block_bytes = K * column_bytes(kind);  // 16 rows x K codes, 4, 6 or 8 bits each
     const __m512i lut = bf16_lut(low);
+    const float zero = kind == SIX ? static_cast<float>(128 - low) : kind == MAGIC ? MAGIC_ZERO : 0.0f;
+    const bool sums = needs_sum(static_cast<int>(kind), off);
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         // one block's decoded weights (AMX): K / 2 zmm
         std::unique_ptr<__m512i, decltype(&std::free)> wbuf(
             amx ? static_cast<__m512i*>(std::aligned_alloc(64, K / 2 * sizeof(__m512i))) : nullptr, &std::free);
+        // one block's scales and additive terms, fp32 [groups, 16] each
+        std::unique_ptr<float, decltype(&std::free)> fbuf(
+            static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
+        float* sbuf = fbuf.get();
+        float* obuf = sums ? sbuf + groups * 16 : nullptr;
         if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16);
-            const Block b{wp + i * block_bytes, sp + i * groups * 16, off ? op + i * groups * 16 : nullptr, yp + i * 16,
-                          N, static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
+            expand(sf.of_block(i), of.of_block(i), zero, groups, sbuf, obuf);
+            const Block b{wp + i * block_bytes, sbuf, obuf, yp + i * 16, N,
+                          static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
             switch (kind * 2 + off) {
                 case NIB * 2: rows<NIB, false>(amx, M, a, b, lut, wbuf.get()); break;
                 case NIB * 2 + 1: rows<NIB, true>(amx, M, a, b, lut, wbuf.get()); break;
                 case MAGIC * 2: rows<MAGIC, false>(amx, M, a, b, lut, wbuf.get()); break;
                 case MAGIC * 2 + 1: rows<MAGIC, true>(amx, M, a, b, lut, wbuf.get()); break;
                 case WIDE * 2: rows<WIDE, false>(amx, M, a, b, lut, wbuf.get()); break;
-                default: rows<WIDE, true>(amx, M, a, b, lut, wbuf.get());
+                case WIDE * 2 + 1: rows<WIDE, true>(amx, M, a, b, lut, wbuf.get()); break;
+                case SIX * 2: rows<SIX, false>(amx, M, a, b, lut, wbuf.get()); break;
+                default: rows<SIX, true>(amx, M, a, b, lut, wbuf.get());
             }
         }
         if (amx) _tile_release();
@@ -287,29 +386,37 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
 
 // The transposed weight W.T [K, N] (fp32: exactly dequantize()'s values, fl(scale * code) + offset;
 // or those rounded to bf16, nearest even), for products with many rows on a GEMM library.
-torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor scales, torch::Tensor offsets,
-                        int64_t group, int64_t N, int64_t K, bool bf16) {
+torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
+                        int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N,
+                        int64_t K, bool bf16) {
     const int64_t blocks = (N + 15) / 16, groups = K / group, pairs = group / 2;
-    TORCH_CHECK(packed.numel() == blocks * K * (kind == NIB ? 8 : 16), "codes do not fit the blocked layout");
-    const bool off = offsets.numel() > 0;
-    auto out = torch::empty({K, N}, scales.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+    TORCH_CHECK(group % 2 == 0 && K % group == 0, "K must be a multiple of the (even) group");
+    TORCH_CHECK(kind >= NIB && kind <= SIX && (kind != SIX || group % 4 == 0), "kind: 0, 1, 2 or 3 (SIX: group % 4 == 0)");
+    TORCH_CHECK(packed.numel() == blocks * K * column_bytes(kind), "codes do not fit the blocked layout");
+    TORCH_CHECK(sd.numel() > 0, "scales: d is required");
+    const Factors sf = factors(sd, sq, sshift, blocks, groups, "scales"), of = factors(od, oq, oshift, blocks, groups, "offsets");
+    const bool off = od.numel() > 0;
+    auto out = torch::empty({K, N}, torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
     const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
-    const float* sp = scales.data_ptr<float>();
-    const float* op = off ? offsets.data_ptr<float>() : nullptr;
     char* outp = static_cast<char*>(out.data_ptr());
-    const int64_t esize = bf16 ? 2 : 4, block_bytes = K * (kind == NIB ? 8 : 16);
+    const int64_t esize = bf16 ? 2 : 4, block_bytes = K * column_bytes(kind);
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         const __m512i low_v = _mm512_set1_epi32(static_cast<int>(low)), nib = _mm512_set1_epi32(15);
         for (int64_t b = b0; b < b1; ++b) {
             const int64_t valid = std::min<int64_t>(16, N - b * 16);
             const __mmask16 m = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
             const uint8_t* w = wp + b * block_bytes;
+            const Factor bs = sf.of_block(b), bo = of.of_block(b);
             for (int64_t g = 0; g < groups; ++g) {
-                const __m512 s = _mm512_loadu_ps(sp + (b * groups + g) * 16);
-                const __m512 o = off ? _mm512_loadu_ps(op + (b * groups + g) * 16) : _mm512_setzero_ps();
+                const __m512 s = factor(bs, g);
+                const __m512 o = off ? factor(bo, g) : _mm512_setzero_ps();
                 for (int64_t p = g * pairs; p < (g + 1) * pairs; ++p) {
                     __m512 c[2];
-                    if (kind == NIB) {
+                    if (kind == SIX) {  // dword j = row j's (even, odd) u as 16-bit words
+                        const __m512i u = six_u(w, p);
+                        c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)), low_v));
+                        c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(u, 16), low_v));
+                    } else if (kind == NIB) {
                         __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + p * 16)));
                         c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(d, nib), low_v));
                         c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(d, 4), low_v));
@@ -333,10 +440,41 @@ torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::
     return out;
 }
 
+// int8 codes [N, K] (row-major, contiguous) -> the SIX layout [ceil(N / 16), K / 4, 48] bytes of
+// u = code - low (rows past N: u = 0). One pass, parallel over 16-row blocks.
+torch::Tensor pack_six(torch::Tensor codes, int64_t low) {
+    TORCH_CHECK(codes.scalar_type() == torch::kChar && codes.dim() == 2 && codes.is_contiguous(),
+                "codes: contiguous int8 [N, K]");
+    const int64_t N = codes.size(0), K = codes.size(1), blocks = (N + 15) / 16, units = K / 4;
+    TORCH_CHECK(K % 4 == 0, "SIX: K must be a multiple of 4");
+    auto out = torch::empty({blocks, units, 48}, codes.options().dtype(torch::kByte));
+    const int8_t* src = codes.data_ptr<int8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            uint8_t* unit = dst + b * units * 48;
+            for (int j = 0; j < 16; ++j) {
+                const int64_t row = b * 16 + j;
+                const int8_t* r = row < N ? src + row * K : nullptr;
+                for (int64_t q = 0; q < units; ++q) {
+                    uint8_t u[4] = {0, 0, 0, 0};
+                    if (r) for (int c = 0; c < 4; ++c) u[c] = static_cast<uint8_t>((r[4 * q + c] - low) & 63);
+                    uint8_t* o = unit + q * 48;
+                    o[j] = static_cast<uint8_t>((u[0] & 15) | (u[1] & 15) << 4);
+                    o[16 + j] = static_cast<uint8_t>((u[2] & 15) | (u[3] & 15) << 4);
+                    o[32 + j] = static_cast<uint8_t>((u[0] >> 4) | (u[1] >> 4) << 2 | (u[2] >> 4) << 4 | (u[3] >> 4) << 6);
+                }
+            }
+        }
+    });
+    return out;
+}
+
 bool has_amx() { return amx_ready(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AMX-BF16 or AVX-512 BF16)");
-    m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scales");
+    m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
+    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (asks the OS once)");
 }

@@ -10,7 +10,9 @@ weights then multiply in pure torch (:class:`~worker.models.llama.quantized.Quan
 
 :func:`prepare` moves a :class:`~worker.models.llama.quantized.QuantizedWeight`'s
 codes and scales into the kernel's blocked layout (16 output rows a block;
-see ``qkernel.cpp``), in place: the weight is held once, in that layout.
+see ``qkernel.cpp``), in place: the weight is held once, in that layout. The scales and offsets
+stay as the file holds them (fp16 ``d`` per block or super-block, (u)int8 sub-block factors;
+:class:`~worker.models.llama.quantized.GroupScales`), multiplied out per group in the kernel.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class Kernel:
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
         w = self.weight
-        return self.module.qmm(xb, w.packed, kind(w), w.low, w.scales, _offsets(w), w.group, w.out_features, amx)
+        return self.module.qmm(xb, w.packed, kind(w), w.low, *factor_args(w), w.group, w.out_features, amx)
 
     def wide(self, x: torch.Tensor, bf16: bool = True) -> torch.Tensor:
         """``x @ W.T`` for many rows: the layer's weight dequantised for this call (``W.T``, bf16 by
@@ -117,39 +119,68 @@ class Kernel:
     def transposed(self, bf16: bool) -> torch.Tensor:
         """``W.T`` ``[K, N]``: fp32 (exactly :meth:`QuantizedWeight.dequantize`'s values) or bf16."""
         w = self.weight
-        return self.module.dequant_t(w.packed, kind(w), w.low, w.scales, _offsets(w), w.group, w.out_features,
+        return self.module.dequant_t(w.packed, kind(w), w.low, *factor_args(w), w.group, w.out_features,
                                      w.in_features, bf16)
 
 
 _EMPTY = torch.empty(0)
 
-NIBBLES, MAGIC, WIDE = 0, 1, 2
-"""How the kernel decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table; int8 codes
-in [-64, 63] as the bf16 numbers ``192 + code`` (one add); other int8 codes through fp32."""
+NIBBLES, MAGIC, WIDE, SIX = 0, 1, 2, 3
+"""How the kernel holds and decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table;
+int8 codes in [-64, 63] as the bf16 numbers ``192 + code`` (one add); other int8 codes through fp32;
+codes spanning at most 64 values (Q5_0, Q5_1, Q5_K, Q6_K) as 6 bits ``u = code - low``, a nibble
+and two bits apart (as ggml's Q6_K), decoded as the bf16 numbers ``128 + u`` (one or)."""
 
 
 def kind(w) -> int:
-    """:data:`NIBBLES`, :data:`MAGIC` or :data:`WIDE` for a QuantizedWeight ``w``."""
-    return NIBBLES if w.nibbles else MAGIC if -64 <= w.low and w.high <= 63 else WIDE
+    """:data:`NIBBLES`, :data:`SIX`, :data:`MAGIC` or :data:`WIDE` for a QuantizedWeight ``w``."""
+    if w.nibbles:
+        return NIBBLES
+    if w.high - w.low < 64 and w.in_features % 4 == 0 and w.group % 4 == 0:
+        return SIX
+    return MAGIC if -64 <= w.low and w.high <= 63 else WIDE
 
 
-def _offsets(w) -> torch.Tensor:
-    return w.offsets if w.offsets is not None else _EMPTY
+def factor_args(w) -> tuple:
+    """``(sd, sq, sshift, od, oq, oshift)``: a prepared QuantizedWeight's scales and offsets
+    (:class:`~worker.models.llama.quantized.GroupScales` in the blocked layout) as ``qmm`` and
+    ``dequant_t`` take them, an empty tensor for what is absent."""
+    out = []
+    for f in (w.scales, w.offsets):
+        out += [_EMPTY, _EMPTY, 0] if f is None else [f.d, _EMPTY if f.q is None else f.q, f.shift]
+    return tuple(out)
 
 
-def blocked(rows: torch.Tensor, nibbles: bool) -> torch.Tensor:
-    """Row-major codes (``[N, K / 2]`` nibble pairs or ``[N, K]`` int8) -> the kernel's layout, rows
-    padded with zeros to a multiple of :data:`BLOCK`: ``[N / 16, K / 2, 16]`` bytes, or
-    ``[N / 16, K / 2, 16, 2]`` int8 (each row's even and odd column)."""
+def blocked(rows: torch.Tensor, code_kind: int, low: int = 0) -> torch.Tensor:
+    """Row-major codes (``[N, K / 2]`` nibble pairs for :data:`NIBBLES`, else ``[N, K]`` int8) -> the
+    kernel's layout for ``code_kind``, rows padded with zeros to a multiple of :data:`BLOCK`:
+    ``[N / 16, K / 2, 16]`` bytes (nibbles), ``[N / 16, K / 2, 16, 2]`` int8 (each row's even and odd
+    column; MAGIC, WIDE), or ``[N / 16, K / 4, 48]`` bytes (:data:`SIX`: per 4 columns the two pairs'
+    low nibbles, 16 bytes each, then 16 bytes of high bit pairs; ``u = code - low``)."""
+    if code_kind == SIX:  # the compiled module packs them (a Q6_K head: 233M codes)
+        return load().pack_six(rows.contiguous(), low)
     n, width = rows.shape
     padded = _pad_rows(rows)
-    if nibbles:
+    if code_kind == NIBBLES:
         return padded.view(-1, BLOCK, width).transpose(1, 2).contiguous()
     return padded.view(-1, BLOCK, width // 2, 2).transpose(1, 2).contiguous()
 
 
-def row_major(blocks: torch.Tensor, n: int, nibbles: bool, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The inverse of :func:`blocked`: ``[N, width]`` (or the ``rows`` selected)."""
+def row_major(blocks: torch.Tensor, n: int, code_kind: int, rows: torch.Tensor | None = None,
+              low: int = 0) -> torch.Tensor:
+    """The inverse of :func:`blocked`: ``[N, width]`` (or the ``rows`` selected); int8 codes for :data:`SIX`."""
+    if code_kind == SIX:
+        if rows is None:  # block by block: [NB, K / 4, 16] each
+            lo0, lo1, hi = blocks[:, :, :16], blocks[:, :, 16:32], blocks[:, :, 32:]
+        else:  # the rows' bytes where they lie: [R, K / 4] each
+            b, j = rows // BLOCK, rows % BLOCK
+            lo0, lo1, hi = blocks[b, :, j], blocks[b, :, j + 16], blocks[b, :, j + 32]
+        u = torch.stack((lo0 & 15 | (hi & 3) << 4, lo0 >> 4 | (hi >> 2 & 3) << 4,
+                         lo1 & 15 | (hi >> 4 & 3) << 4, lo1 >> 4 | (hi >> 6) << 4), dim=-1)
+        if rows is None:  # [NB, K / 4, 16, 4] -> [NB, 16, K / 4, 4]
+            u = u.permute(0, 2, 1, 3).reshape(-1, blocks.shape[1] * 4)[:n]
+        return (u.reshape(u.shape[0], -1).to(torch.int16) + low).to(torch.int8)
+    nibbles = code_kind == NIBBLES
     if rows is not None:  # gather the rows' bytes where they lie: no copy of the whole table
         picked = blocks[rows // BLOCK, :, rows % BLOCK]  # [R, K / 2] or [R, K / 2, 2]
         return picked.reshape(len(rows), -1)
@@ -157,7 +188,8 @@ def row_major(blocks: torch.Tensor, n: int, nibbles: bool, rows: torch.Tensor | 
 
 
 def blocked_groups(values: torch.Tensor) -> torch.Tensor:
-    """Per-group scales or offsets ``[N, G]`` -> ``[N / 16, G, 16]`` (rows padded with zeros)."""
+    """A per-group (or per-super-block) factor's tensor ``[N, G]`` (fp16 ``d`` or (u)int8 ``q`` of a
+    GroupScales) -> ``[N / 16, G, 16]`` (rows padded with zeros)."""
     return _pad_rows(values).view(-1, BLOCK, values.shape[1]).transpose(1, 2).contiguous()
 
 

@@ -8,17 +8,23 @@ columns (16 for Q6_K, 32 for the rest), as
 
 with a small integer ``code`` (the file's ``q`` minus the format's fixed zero:
 8 for Q4_0, 16 for Q5_0, 32 for Q6_K), ``scale`` the block's fp16 ``d``
-(times the sub-block's 6- or 8-bit scale for the K formats, a product fp32
-holds exactly) and ``offset`` Q4_1/Q5_1's ``m`` or the K formats'
-``-dmin * m`` (None where the format has none). In that order of fp32
-operations it is, bit for bit, what ``gguf.dequantize`` (and transformers)
-give: the file's weight. :class:`QuantizedWeight` keeps exactly these codes
-and scales: codes that fit in 4 bits two to a byte, others one int8 each,
-scales and offsets fp32 -- never the dequantised matrix.
+(times the sub-block's 6- or 8-bit scale for the K formats) and ``offset``
+Q4_1/Q5_1's ``m`` or the K formats' ``-dmin * m`` (None where the format has
+none). In that order of fp32 operations it is, bit for bit, what
+``gguf.dequantize`` (and transformers) give: the file's weight.
+
+:class:`QuantizedWeight` keeps exactly the file's numbers: codes that fit in 4
+bits two to a byte, others one int8 each; scales and offsets as a
+:class:`GroupScales` each -- the fp16 ``d`` (per 32 columns for Q4_0 .. Q8_0,
+per 256-column super-block for the K formats, with the sub-block's uint8 / int8
+scale or min per group beside it), whose fp32 product ``fl(d) * fl(q)`` (11 and
+at most 8 significant bits: exact) is the scale gguf forms. Never the
+dequantised matrix, nor an fp32 scale per group (Qwen2.5-Coder-1.5B Q4_K_M:
+1.55 GB held with fp32 scales per group, the file 0.93 GB).
 
 Products: ``x [M, K] @ W.T`` by the compiled kernel of
 :mod:`worker.models.llama.qkernel` where it is built for this CPU (it reads
-the codes and scales as stored; the activations are rounded to bf16, the
+the codes and scale factors as stored; the activations are rounded to bf16, the
 products and sums are fp32), else, and above ``kernel_rows`` rows (a
 prefill), on the dequantised weight in fp32 (``F.linear``), one layer at a
 time.
@@ -30,14 +36,96 @@ import torch
 import torch.nn.functional as F
 
 
+class GroupScales:
+    """A per-group factor (the scales, or the offsets) of a ``[N, K]`` weight with ``G = K / group``
+    groups a row, as a GGUF file holds it:
+
+        ``value[n, g] = fl32(d[n, g // sub]) * fl32(q[n, g])``   (``q`` None: ``value = d``)
+
+    ``d`` fp16 ``[N, G / sub]`` (a K format's super-block ``d`` or ``-dmin``, ``sub`` = 8 or 16
+    groups; Q4_0 .. Q8_0's ``d`` or Q4_1's ``m`` per group, ``sub`` = 1); ``q`` uint8 or int8
+    ``[N, G]`` (the sub-block's 6-bit scale or min, Q6_K's signed 8-bit scale) or None. The
+    product of an fp16 (11 significant bits) and an integer of at most 8 bits is exact in fp32,
+    and negating ``dmin`` rounds nothing, so :meth:`values` is the fp32 factor ``gguf.dequantize``
+    forms, bit for bit. ``sub`` is a power of two (the kernel shifts).
+
+    Held row-major, or in the kernel's blocked layout (:meth:`map` with
+    :func:`~worker.models.llama.qkernel.blocked_groups`; ``QuantizedWeight.blocked`` says which).
+
+    Raises ValueError for shapes that do not fit, another dtype, or ``sub`` not a power of two.
+    """
+
+    __slots__ = ("d", "q", "sub")
+
+    def __init__(self, d: torch.Tensor, q: torch.Tensor | None = None, sub: int = 1) -> None:
+        if d.dtype != torch.float16 or (q is not None and q.dtype not in (torch.uint8, torch.int8)):
+            raise ValueError(f"GroupScales: d fp16 and q uint8/int8 expected, got {d.dtype} and "
+                             f"{None if q is None else q.dtype}")
+        if sub < 1 or sub & (sub - 1) or (q is None and sub != 1):
+            raise ValueError(f"GroupScales: sub must be a power of two (1 without q), got {sub}")
+        self.d, self.q, self.sub = d, q, sub
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> GroupScales:
+        """``values`` ``[N, G]`` (one per group) as fp16 ``d``; ValueError unless fp16 holds each exactly."""
+        if isinstance(values, GroupScales):
+            return values
+        d = values.to(torch.float16)
+        if not torch.equal(d.to(values.dtype), values):
+            raise ValueError("per-group scales or offsets must be exact in fp16 (as GGUF stores them): "
+                             "pass a GroupScales for a K format's d x sub-block scale")
+        return cls(d.contiguous())
+
+    @property
+    def shift(self) -> int:
+        """``log2(sub)``: groups per ``d`` as the kernel's shift."""
+        return self.sub.bit_length() - 1
+
+    def groups(self) -> int:
+        """Groups per row, ``G``, of a row-major factor."""
+        return self.d.shape[1] * self.sub if self.q is None else self.q.shape[1]
+
+    def values(self) -> torch.Tensor:
+        """fp32 ``[N, G]`` of a row-major factor (exact: see the class docstring)."""
+        d = self.d.float()
+        if self.q is None:
+            return d
+        return d.repeat_interleave(self.sub, dim=1) * self.q.float()
+
+    def map(self, fn) -> GroupScales:
+        """``fn`` applied to ``d`` and ``q`` (a row pick, the blocked layout, ...), ``sub`` kept."""
+        out = GroupScales.__new__(GroupScales)
+        out.d, out.q, out.sub = fn(self.d), None if self.q is None else fn(self.q), self.sub
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.d.numel() * 2 + (0 if self.q is None else self.q.numel())
+
+    def like(self, other: GroupScales | None) -> bool:
+        """Whether ``other`` has the same dtypes and ``sub`` (so their rows stack)."""
+        return other is not None and (self.sub, self.d.dtype, None if self.q is None else self.q.dtype) == (
+            other.sub, other.d.dtype, None if other.q is None else other.q.dtype)
+
+    @staticmethod
+    def cat(parts: list[GroupScales]) -> GroupScales:
+        """Rows of row-major ``parts`` stacked (they must be :meth:`like` each other)."""
+        first = parts[0]
+        out = GroupScales.__new__(GroupScales)
+        out.d, out.sub = torch.cat([p.d for p in parts]), first.sub
+        out.q = None if first.q is None else torch.cat([p.q for p in parts])
+        return out
+
+
 class QuantizedWeight:
     """A ``[N, K]`` weight held as integer codes with a scale (and an offset) per group of columns.
 
-    ``codes`` int8 ``[N, K]`` (kept as 4-bit pairs when ``max - min < 16``),
-    ``scales`` fp32 ``[N, K // group]``, ``offsets`` fp32 ``[N, K // group]``
-    or None; ``fmt``: the GGUF type name (``"Q4_K"``, ...), for logs.
+    ``codes`` int8 ``[N, K]`` (kept as 4-bit pairs when ``max - min < 16``); ``scales`` and
+    ``offsets`` (or None) :class:`GroupScales` of ``K // group`` groups a row, or tensors
+    ``[N, K // group]`` of values exact in fp16 (:meth:`GroupScales.of`); ``fmt``: the GGUF type
+    name (``"Q4_K"``, ...), for logs.
 
-    Raises ValueError for mismatched shapes or ``K % group != 0``.
+    Raises ValueError for mismatched shapes, ``K % group != 0`` or scales that fp16 cannot hold.
     """
 
     __slots__ = ("fmt", "group", "out_features", "in_features", "scales", "offsets", "packed", "low", "nibbles",
@@ -46,12 +134,15 @@ class QuantizedWeight:
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group: int,
                  fmt: str, bias: torch.Tensor | None = None) -> None:
         n, k = codes.shape
-        if k % group or scales.shape != (n, k // group) or (offsets is not None and offsets.shape != scales.shape):
-            raise ValueError(f"{fmt}: codes {tuple(codes.shape)}, scales {tuple(scales.shape)} and groups of "
-                             f"{group} do not fit")
+        scales = GroupScales.of(scales)
+        offsets = None if offsets is None else GroupScales.of(offsets)
+        for f in (scales, offsets):
+            if k % group or (f is not None and not _fits(f, n, k // group)):
+                raise ValueError(f"{fmt}: codes {tuple(codes.shape)}, scales {tuple(scales.d.shape)} and groups of "
+                                 f"{group} do not fit")
         self.fmt, self.group, self.out_features, self.in_features = fmt, group, n, k
-        self.scales = scales.to(torch.float32).contiguous()
-        self.offsets = None if offsets is None else offsets.to(torch.float32).contiguous()
+        self.scales = scales.map(torch.Tensor.contiguous)
+        self.offsets = None if offsets is None else offsets.map(torch.Tensor.contiguous)
         codes = codes.to(torch.int8)
         self.low, self.high = _code_range(codes)
         self.nibbles = k % 2 == 0 and self.high - self.low < 16
@@ -64,15 +155,16 @@ class QuantizedWeight:
     def prepare(self) -> QuantizedWeight:
         """Hand this weight to the compiled kernel where one runs here
         (:func:`worker.models.llama.qkernel.load`): its codes, scales and offsets move into the
-        kernel's blocked layout, in place (held once). Returns self."""
+        kernel's blocked layout, in place (held once; int8 codes that span at most 64 values --
+        Q5_0, Q5_1, Q5_K, Q6_K -- in 6 bits, :data:`~worker.models.llama.qkernel.SIX`). Returns self."""
         from worker.models.llama import qkernel
 
         module = qkernel.load()
         if module is None or self.blocked or self.group % 2:
             return self
-        self.packed = qkernel.blocked(self.packed, self.nibbles)
-        self.scales = qkernel.blocked_groups(self.scales)
-        self.offsets = None if self.offsets is None else qkernel.blocked_groups(self.offsets)
+        self.packed = qkernel.blocked(self.packed, qkernel.kind(self), self.low)
+        self.scales = self.scales.map(qkernel.blocked_groups)
+        self.offsets = None if self.offsets is None else self.offsets.map(qkernel.blocked_groups)
         self.blocked, self.kernel = True, qkernel.Kernel(module, self)
         return self
 
@@ -88,15 +180,17 @@ class QuantizedWeight:
         """
         first = parts[0]
         if any((p.fmt, p.group, p.in_features, p.offsets is None) != (first.fmt, first.group, first.in_features,
-                                                                       first.offsets is None) for p in parts):
+                                                                       first.offsets is None)
+               or not p.scales.like(first.scales) or (p.offsets is not None and not p.offsets.like(first.offsets))
+               for p in parts):
             raise ValueError("QuantizedWeight.cat needs parts of one format, group and width; got "
                              + ", ".join(f"{p.fmt} {p.out_features}x{p.in_features}" for p in parts))
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
         rows = [p._rows(None) for p in parts]  # row-major, also of a prepared part
-        scales = torch.cat([r[1] for r in rows])
-        offsets = None if first.offsets is None else torch.cat([r[2] for r in rows])
+        scales = GroupScales.cat([r[1] for r in rows])
+        offsets = None if first.offsets is None else GroupScales.cat([r[2] for r in rows])
         if all((p.nibbles, p.low) == (first.nibbles, first.low) for p in parts):
             out = cls._of(first, torch.cat([r[0] for r in rows]), scales, offsets, bias)
             out.out_features = sum(p.out_features for p in parts)
@@ -127,12 +221,16 @@ class QuantizedWeight:
         """``(packed, scales, offsets)`` row-major, of all rows or ``rows``."""
         if not self.blocked:
             pick = (lambda t: t) if rows is None else (lambda t: t[rows])
-            return pick(self.packed), pick(self.scales), None if self.offsets is None else pick(self.offsets)
+            return pick(self.packed), self.scales.map(pick), None if self.offsets is None else self.offsets.map(pick)
         from worker.models.llama import qkernel
 
         n = self.out_features
-        return (qkernel.row_major(self.packed, n, self.nibbles, rows), qkernel.row_groups(self.scales, n, rows),
-                None if self.offsets is None else qkernel.row_groups(self.offsets, n, rows))
+
+        def groups(t):
+            return qkernel.row_groups(t, n, rows)
+
+        return (qkernel.row_major(self.packed, n, qkernel.kind(self), rows, self.low), self.scales.map(groups),
+                None if self.offsets is None else self.offsets.map(groups))
 
     def codes(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The codes as int8 ``[R, K]`` (all rows, or ``rows``)."""
@@ -147,15 +245,15 @@ class QuantizedWeight:
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The file's weights as fp32 ``[R, K]`` (all rows, or ``rows``: a 1-D index tensor)."""
         packed, scales, offsets = self._rows(rows)
-        w = self._codes(packed).float().view(-1, self.in_features // self.group, self.group) * scales[..., None]
+        w = self._codes(packed).float().view(-1, self.in_features // self.group, self.group) * scales.values()[..., None]
         if offsets is not None:
-            w += offsets[..., None]
+            w += offsets.values()[..., None]
         return w.view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:
-        return (self.packed.numel() + self.scales.numel() * 4  # padding rows of the blocked layout included
-                + (0 if self.offsets is None else self.offsets.numel() * 4))
+        return (self.packed.numel() + self.scales.nbytes  # padding rows of the blocked layout included
+                + (0 if self.offsets is None else self.offsets.nbytes))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T (+ bias)`` in ``x``'s dtype."""
@@ -192,6 +290,12 @@ class QuantizedEmbedding:
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
+
+
+def _fits(f: GroupScales, n: int, groups: int) -> bool:
+    """Whether the row-major factor ``f`` is ``[n, groups]``."""
+    return (f.d.shape == (n, groups // f.sub) and groups % f.sub == 0
+            and (f.q is None or f.q.shape == (n, groups)))
 
 
 PACK_CODES = 1 << 20
