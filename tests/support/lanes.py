@@ -33,8 +33,9 @@ import pytest
 # What starts a process: dotted names (each a name, or a prefix of names followed by a dot).
 PROCESS = ("subprocess", "multiprocessing", "os.fork", "os.posix_spawn", "os.system", "asyncio.create_subprocess_exec",
            "asyncio.create_subprocess_shell", "concurrent.futures.ProcessPoolExecutor",
-           "slotserve.launcher.LocalCluster", "worker.models.llama.qkernel", "worker.models.llama.attnkernel")
-# (qkernel, attnkernel: their first use on a machine builds the kernel with the C++ compiler; a
+           "slotserve.launcher.LocalCluster", "worker.models.llama.qkernel", "worker.models.llama.attnkernel",
+           "worker.models.llama.extension")
+# (qkernel, attnkernel, extension: their first use on a machine builds a kernel with the C++ compiler; a
 # model's weights load attnkernel too, so a model test may build it: conftest.py lets it)
 
 # What builds or loads a model: transformers' model classes (tiny random ones included), the model

@@ -31,12 +31,11 @@ it cannot run: a CPU without AVX-512 (``avx512f``), no C++ compiler, or
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import os
 from pathlib import Path
 
 import torch
+
+from worker.models.llama import extension
 
 SOURCE = Path(__file__).with_name("attnkernel.cpp")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
@@ -47,50 +46,14 @@ LANES = 16
 
 def cpu_has_avx512() -> bool:
     """Whether ``/proc/cpuinfo`` lists ``avx512f`` (False where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512f" in line.split()
-    except OSError:
-        pass
-    return False
+    return extension.cpu_has("avx512f")
 
 
 @functools.lru_cache(maxsize=1)
 def load():
     """The compiled module (``decode_attention``), or None where it cannot be built or run here
     (see the module docstring)."""
-    if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has_avx512():
-        return None
-    from torch.utils import cpp_extension
-
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    build = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
-    name = f"slotserve_attnkernel_{key}"
-    built = build / f"{name}.so"
-    # built before and no build under way (the builder holds build/lock meanwhile, and the .so may be
-    # half written): import it directly (cpp_extension.load would run ninja to check)
-    if built.exists() and not (build / "lock").exists():
-        import importlib.machinery
-        import importlib.util
-
-        try:
-            spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-        except ImportError:  # unreadable or foreign: the builder below rebuilds it
-            pass
-    build.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(build), verbose=False)
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed: the batched path
-        logging.getLogger(__name__).warning("decode attention kernel not built (%s); decode attention runs as "
-                                            "batched products", str(exc).splitlines()[0] if str(exc) else
-                                            type(exc).__name__)
-        return None
+    return extension.build("attnkernel", SOURCE, FLAGS, "avx512f", "decode attention runs as batched products")
 
 
 def runs(kv: torch.Tensor, act_dtype: torch.dtype) -> bool:

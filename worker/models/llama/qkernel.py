@@ -18,11 +18,11 @@ stay as the file holds them (fp16 ``d`` per block or super-block, (u)int8 sub-bl
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 from pathlib import Path
 
 import torch
+
+from worker.models.llama import extension
 
 SOURCE = Path(__file__).with_name("qkernel.cpp")
 FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
@@ -37,50 +37,13 @@ the call (:meth:`Kernel.wide`)."""
 
 def cpu_has_avx512_bf16() -> bool:
     """Whether ``/proc/cpuinfo`` lists ``avx512_bf16`` (False where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512_bf16" in line.split()
-    except OSError:
-        pass
-    return False
+    return extension.cpu_has("avx512_bf16")
 
 
 @functools.lru_cache(maxsize=1)
 def load():
     """The compiled module (``qmm``), or None where it cannot be built or run here (module docstring)."""
-    if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has_avx512_bf16():
-        return None
-    from torch.utils import cpp_extension
-
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    build = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
-    name = f"slotserve_qkernel_{key}"
-    built = build / f"{name}.so"
-    # built before, and no build under way (torch's builder holds build/lock meanwhile, and the .so
-    # may be half written): import it (cpp_extension.load would run ninja to check)
-    if built.exists() and not (build / "lock").exists():
-        import importlib.machinery
-        import importlib.util
-
-        try:
-            spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-        except ImportError:  # unreadable or foreign: the builder below rebuilds it
-            pass
-    build.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS,
-                                  extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed: pure torch
-        import logging
-
-        logging.getLogger(__name__).warning("GGUF kernels not built (%s); quantised products run in pure torch",
-                                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return None
+    return extension.build("qkernel", SOURCE, FLAGS, "avx512_bf16", "quantised products run in pure torch")
 
 
 class Kernel:
