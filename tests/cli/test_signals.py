@@ -186,7 +186,10 @@ def test_run_stopped_before_its_cluster_is_up_leaves_an_output_and_no_children(t
     SIGTERM to the command alone (`kill`), SIGINT to its group (Ctrl-C)."""
     inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = write_input(inp, 50, 10)
-    proc = start(["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "2", "--no-progress"])
+    # 50 ms a step: the run lasts seconds, so a signal the test sends late (a busy machine: CI's run
+    # of stop 37 finished all 50 rows in 15 ms before the SIGTERM came) still lands before its end
+    proc = start(["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "2", "--no-progress",
+                  "--step-delay-ms", "50"])
     try:
         stderr_line(proc, "starting a local cluster", 60)
         if phase == "broker up":
