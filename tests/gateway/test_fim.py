@@ -49,12 +49,6 @@ def cluster(models):
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def oai(cluster):
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def _infill(cluster, model, **body):
     return requests.post(cluster.http_url + "/infill", json={"model": model, "temperature": 0, **body}, timeout=60)
 

@@ -7,13 +7,13 @@ Skipped where the kernel cannot run (no avx512f, no compiler). The first test bu
 minute on 2 cores, once per machine: cached).
 """
 
-import os
-import shutil
+from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.support.kernels import built_or_skip  # noqa: E402
 from worker.models.llama import attnkernel  # noqa: E402
 from worker.models.llama.attention import decode_attention, decode_views  # noqa: E402
 
@@ -26,15 +26,7 @@ NO_WRITE = (torch.empty(0, 2, 1, 16), torch.empty(0, dtype=torch.long), torch.em
 
 @pytest.fixture(scope="module")
 def kernel():
-    m = attnkernel.load()
-    from torch.utils.cpp_extension import is_ninja_available
-
-    can_build = shutil.which("c++") and is_ninja_available() and not os.environ.get("SLOTSERVE_NO_KERNELS")
-    if m is None and can_build:
-        pytest.fail("a CPU with avx512f, a C++ compiler and ninja, but the kernel did not build (see the warning)")
-    if m is None:
-        pytest.skip("no C++ compiler or ninja (or SLOTSERVE_NO_KERNELS): the batched path runs")
-    return m
+    return built_or_skip(attnkernel.load, "avx512f", "the batched path runs")
 
 
 def no_write(kv_heads, d):

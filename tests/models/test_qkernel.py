@@ -4,13 +4,12 @@ Skipped where the kernel cannot run (no avx512_bf16, no compiler). The first
 test builds it (about a minute on 2 cores, once per machine: cached).
 """
 
-import os
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.support.kernels import built_or_skip
 from worker.models.llama import qkernel
 from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
@@ -50,15 +49,7 @@ def weight(lo, hi, group, offsets, kind, n, k, seed=0):
 
 @pytest.fixture(scope="module")
 def module():
-    m = qkernel.load()
-    from torch.utils.cpp_extension import is_ninja_available
-
-    can_build = shutil.which("c++") and is_ninja_available() and not os.environ.get("SLOTSERVE_NO_KERNELS")
-    if m is None and can_build:
-        pytest.fail("a CPU with avx512_bf16, a C++ compiler and ninja, but the kernel did not build (see the warning)")
-    if m is None:
-        pytest.skip("no C++ compiler or ninja here, or SLOTSERVE_NO_KERNELS")
-    return m
+    return built_or_skip(qkernel.load, "avx512_bf16", "quantised products run in pure torch")
 
 
 @needs_kernel
