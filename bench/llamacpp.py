@@ -161,7 +161,8 @@ class ServerStartError(RuntimeError):
 class LlamaServer:
     """A ``llama-server`` child process, stopped on every exit path.
 
-    ``LlamaServer(binary, gguf, threads=2, slots=8, ctx_per_slot=1024)``;
+    ``LlamaServer(binary, gguf, threads=2, slots=8, ctx_per_slot=1024, extra_args=())`` (``extra_args``:
+    more command-line flags, e.g. ``("--jinja",)``);
     ``with`` starts it and waits (``READY_TIMEOUT_S``) until ``/health`` answers
     200; exit terminates it, waits ``STOP_TIMEOUT_S``, then kills. ``url`` is
     its base URL, ``pid`` its process id. Raises :class:`ServerStartError`
@@ -170,7 +171,7 @@ class LlamaServer:
     """
 
     def __init__(self, binary: ServerBinary, gguf: Path, *, threads: int, slots: int = 8,
-                 ctx_per_slot: int = 1024) -> None:
+                 ctx_per_slot: int = 1024, extra_args: Sequence[str] = ()) -> None:
         if threads < 1 or slots < 1 or ctx_per_slot < 16:
             raise ValueError(f"need threads >= 1, slots >= 1, ctx_per_slot >= 16; got {threads}, {slots}, "
                              f"{ctx_per_slot}")
@@ -180,7 +181,7 @@ class LlamaServer:
         # --ctx-size is the total over slots (each slot gets ctx_size / parallel).
         self.args = [str(binary.path), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
                      "--parallel", str(slots), "--cont-batching", "--ctx-size", str(slots * ctx_per_slot),
-                     "--threads", str(threads), "--threads-batch", str(threads), "--no-webui"]
+                     "--threads", str(threads), "--threads-batch", str(threads), "--no-webui", *extra_args]
         self._proc: subprocess.Popen | None = None
         self.ready_s: float | None = None  # start to the first 200 from /health (model loaded), seconds
         # Its working directory: a crash's core file (if the system writes one) lands there, not in the repo.

@@ -12,12 +12,16 @@ local cluster (one worker, ``tool_choice`` auto, greedy):
    message with its ``tool_call_id``): the answer must be text without calls
    that uses the result (holds one of the task's expected strings).
 
-A task passes when every step holds. Prints a table and writes
-``bench/results/tool_loop_<model>.json``. The issue's target: at least 9 of
-10 on Qwen2.5-Coder-1.5B-Instruct, streamed and plain identical.
+A task passes when every step holds. ``--systems slotserve,llamacpp`` runs
+the same tasks, one system after the other, against llama.cpp's server on
+the same GGUF too (``--jinja``: the model's own chat template renders the
+tools, as slotserve's worker does; bench/llamacpp.py finds the binary):
+what the model does with the same conversation in a peer. Prints a table
+and writes ``bench/results/tool_loop_<model>.json``. The issue's target: at
+least 9 of 10 on Qwen2.5-Coder-1.5B-Instruct, streamed and plain identical.
 
-    python -m bench.tool_loop                                  # qwen2.5-coder-1.5b
-    python -m bench.tool_loop --model qwen2.5-coder-0.5b --threads 1
+    python -m bench.tool_loop                                  # qwen2.5-coder-1.5b, both systems
+    python -m bench.tool_loop --model qwen2.5-coder-0.5b --threads 1 --systems slotserve
 """
 
 from __future__ import annotations
@@ -131,11 +135,51 @@ def run_task(sdk, model: str, task: Task, max_tokens: int) -> dict:
                                                                   "arguments": call.function.arguments}}]},
             {"role": "tool", "tool_call_id": call.id, "content": task.result}]
         final = sdk.chat.completions.create(**{**kw, "messages": history}).choices[0].message
-        row["answer"] = final.content
+        row["answer"], row["answer_calls"] = parse(final)
         row["answer_ok"] = not final.tool_calls and any(e in (final.content or "") for e in task.expect)
     row["passed"] = row["called"] and row["arguments_ok"] and row["answer_ok"] and same
     row["seconds"] = round(time.monotonic() - t0, 1)
     return row
+
+
+def run_tasks(sdk, model: str, max_tokens: int, label: str) -> list[dict]:
+    """Every task of :data:`TASKS` through ``sdk``; prints a line each."""
+    rows = []
+    for i, task in enumerate(TASKS):
+        row = run_task(sdk, model, task, max_tokens)
+        rows.append(row)
+        print(f"{label:<9} {i + 1:2d} {'PASS' if row['passed'] else 'fail'} called={row['called']} "
+              f"args={row['arguments_ok']} answer={row['answer_ok']} same={row['streamed_equals_plain']} "
+              f"{row['seconds']:6.1f} s  {task.question}", flush=True)
+    return rows
+
+
+def run_slotserve(args) -> list[dict]:
+    import openai
+
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
+                        (WorkerConfig(model=args.model, num_slots=2,
+                                      model_options=ModelOptions(num_threads=args.threads)),),
+                        gateway=GatewayConfig(port=0))
+    with LocalCluster(cfg) as cl:
+        sdk = openai.OpenAI(base_url=cl.http_url + "/v1", api_key="none", max_retries=0, timeout=600)
+        return run_tasks(sdk, args.model, args.max_tokens, "slotserve")
+
+
+def run_llamacpp(args) -> tuple[list[dict], str]:
+    """The tasks against llama.cpp's server (``--jinja``, one slot) on the model's GGUF; its rows and binary."""
+    import openai
+
+    from bench.llamacpp import binary_version, find_binaries, gguf_path, start_first
+
+    server, _ = start_first(find_binaries(args.llama_server), gguf_path(args.model), threads=args.threads, slots=1,
+                            ctx_per_slot=4096, extra_args=("--jinja",))
+    try:
+        sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        return run_tasks(sdk, args.model, args.max_tokens, "llamacpp"), \
+            f"{server.binary.origin}: {binary_version(server.binary)}"
+    finally:
+        server.__exit__(None, None, None)
 
 
 def main() -> None:
@@ -143,28 +187,26 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--systems", default="slotserve,llamacpp", help="comma-separated (default both)")
+    ap.add_argument("--llama-server", default=None, help="a llama-server binary (default: bench/llamacpp.py's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import openai
-
     machine = machine_record()
-    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
-                        (WorkerConfig(model=args.model, num_slots=2,
-                                      model_options=ModelOptions(num_threads=args.threads)),),
-                        gateway=GatewayConfig(port=0))
-    rows = []
-    with LocalCluster(cfg) as cl:
-        sdk = openai.OpenAI(base_url=cl.http_url + "/v1", api_key="none", max_retries=0, timeout=600)
-        for i, task in enumerate(TASKS):
-            row = run_task(sdk, args.model, task, args.max_tokens)
-            rows.append(row)
-            print(f"{i + 1:2d} {'PASS' if row['passed'] else 'fail'} called={row['called']} "
-                  f"args={row['arguments_ok']} answer={row['answer_ok']} same={row['streamed_equals_plain']} "
-                  f"{row['seconds']:6.1f} s  {task.question}", flush=True)
-    passed = sum(r["passed"] for r in rows)
-    print(f"{passed} of {len(rows)} tasks passed ({args.model}, load {load_avg():.1f})")
+    systems = {}
+    for system in filter(None, args.systems.split(",")):
+        if system == "slotserve":
+            systems[system] = {"tasks": run_slotserve(args)}
+        elif system == "llamacpp":
+            rows, binary = run_llamacpp(args)
+            systems[system] = {"tasks": rows, "binary": binary}
+        else:
+            raise SystemExit(f"unknown system {system!r}: slotserve or llamacpp")
+        systems[system]["passed"] = sum(r["passed"] for r in systems[system]["tasks"])
+    for name, result in systems.items():
+        print(f"{name}: {result['passed']} of {len(result['tasks'])} tasks passed ({args.model}, "
+              f"load {load_avg():.1f})")
     out = args.out or RESULTS / f"tool_loop_{args.model}.json"
-    write_results(out, {"model": args.model, "threads": args.threads, "passed": passed, "tasks": rows}, machine)
+    write_results(out, {"model": args.model, "threads": args.threads, "systems": systems}, machine)
     print(f"wrote {out}")
 
 
