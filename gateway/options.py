@@ -48,7 +48,7 @@ from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, 
 from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
-from protocol.request import DEFAULT, split_stop
+from protocol.request import DEFAULT, check_template_kwargs, split_stop
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
@@ -85,7 +85,37 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         **logprob_options(body),
         **structured_option(body),  # response_format & co. (gateway.structured)
         **fim_option(body),
+        **template_option(body),
     }
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+"""``reasoning_effort`` values OpenAI's API takes."""
+
+
+def template_option(body) -> dict[str, str]:
+    """A chat body's ``chat_template_kwargs`` (vLLM's and llama.cpp's: extra chat template variables,
+    e.g. ``{"enable_thinking": false}`` for Qwen3) with its ``reasoning_effort`` (OpenAI's) added as the
+    template variable ``reasoning_effort`` unless the kwargs set one (gpt-oss's template reads it, as vLLM
+    passes it; a template that does not read a variable ignores it), as the request's
+    ``chat_template_kwargs`` (JSON text); absent when neither is given. 400 naming the field for a
+    value the protocol refuses (:func:`protocol.request.check_template_kwargs`: not an object, a reserved name)
+    or an unknown effort."""
+    kwargs, effort = getattr(body, "chat_template_kwargs", None), getattr(body, "reasoning_effort", None)
+    if kwargs is None and effort is None:
+        return {}
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r:.40}",
+                          "reasoning_effort")
+    if effort is not None and isinstance(kwargs, dict):
+        kwargs = {"reasoning_effort": effort, **kwargs}
+    elif effort is not None and kwargs is None:
+        kwargs = {"reasoning_effort": effort}
+    try:
+        text = check_template_kwargs(kwargs, "chat_template_kwargs")
+    except ValueError as exc:
+        raise bad_request(str(exc), "chat_template_kwargs") from None
+    return {} if text is None else {"chat_template_kwargs": text}
 
 
 def fim_option(body: _Sampling) -> dict[str, str]:

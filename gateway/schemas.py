@@ -258,12 +258,13 @@ class ChatCompletionRequest(_Sampling):
     modalities: Any = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
+    reasoning_effort: Any = None              # OpenAI's; the template variable reasoning_effort (gateway.options)
+    chat_template_kwargs: Any = None          # vLLM's and llama.cpp's: extra chat template variables
     web_search_options: Any = None
 
     def unsupported(self) -> str | None:
-        # tools and tool_choice: gateway.tools
-        for name in ("functions", "audio", "prediction", "reasoning_effort", "web_search_options"):
+        # tools and tool_choice: gateway.tools; reasoning_effort and chat_template_kwargs: gateway.options
+        for name in ("functions", "audio", "prediction", "web_search_options"):
             if not _neutral(getattr(self, name), (None, [])):
                 return name
         for name in ("function_call",):
@@ -297,6 +298,7 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool | None = None
     tools: Any = None        # with messages: as a chat request's (gateway.tools), shown as the chat shows them
     tool_choice: Any = None
+    chat_template_kwargs: Any = None  # with messages: as a chat request's (gateway.options.template_option)
 
 
 class DetokenizeRequest(BaseModel):

@@ -28,6 +28,7 @@ request's stream would stall that long (measured: 39 s without a token).
 from __future__ import annotations
 
 import asyncio
+import json
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -35,7 +36,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation, from_value_error, unavailable
 from gateway.link import BrokerConnections
-from gateway.options import chat_messages
+from gateway.options import chat_messages, template_option
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
@@ -63,16 +64,19 @@ class TokenizeEndpoints:
             model, tok = await self._tokenizer(body.model)
             if body.prompt is not None and body.add_generation_prompt is not None:
                 raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
-            if body.prompt is not None and (body.tools is not None or body.tool_choice is not None):
-                raise bad_request("tools apply to messages, not prompt", "tools" if body.tools is not None
-                                  else "tool_choice")
-            messages, tools = None, None
+            if body.prompt is not None and (body.tools is not None or body.tool_choice is not None
+                                            or body.chat_template_kwargs is not None):
+                field = next(f for f in ("tools", "tool_choice", "chat_template_kwargs") if getattr(body, f) is not None)
+                raise bad_request(f"{field} applies to messages, not prompt", field)
+            messages, tools, extra = None, None, None
             if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
                 messages = _worker_messages(render_messages(chat_messages(body), body.messages))
                 plan = tool_plan(body)
                 tools = None if plan is None else plan.definitions()
+                text = template_option(body).get("chat_template_kwargs")
+                extra = None if text is None else json.loads(text)
             try:
-                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools)
+                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra)
             except ValueError as e:
                 raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
             info = self.link.model_info(model)
@@ -135,12 +139,13 @@ def _worker_messages(messages: list[dict]) -> list[dict]:
 
 
 def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None,
-              tools: list[dict] | None = None) -> tuple[list[int], list | None]:
+              tools: list[dict] | None = None, template_kwargs: dict | None = None) -> tuple[list[int], list | None]:
     """``/tokenize``'s ids and (``return_token_strs``) token strings (on a thread). ValueError as the tokenizer."""
     if messages is None:
         ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
     else:
-        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens), tools)
+        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens), tools,
+                       template_kwargs)
     return ids, ([tok.token_str(t) for t in ids] if body.return_token_strs else None)
 
 

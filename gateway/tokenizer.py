@@ -92,18 +92,22 @@ class Tokenizer:
         return list(self.codec.encode(text))
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True,
-             add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
+             add_special_tokens: bool = False, tools: list[dict] | None = None,
+             template_kwargs: dict | None = None) -> list[int]:
         """The chat template's token ids (as a chat request's prompt is, with the generation prompt);
         ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off).
         ``messages`` as the worker renders them (an assistant's ``tool_calls`` with mapping arguments:
-        :meth:`protocol.request.ChatMessage.template_dict`), ``tools`` OpenAI's definitions or None."""
+        :meth:`protocol.request.ChatMessage.template_dict`), ``tools`` OpenAI's definitions or None,
+        ``template_kwargs`` extra template variables (a request's ``chat_template_kwargs``) or None."""
         if add_generation_prompt and not add_special_tokens:
-            return list(self.codec.apply_chat_template(messages, tools=tools) if tools else
-                        self.codec.apply_chat_template(messages))
+            kwargs = {"tools": tools} if tools else {}
+            if template_kwargs:
+                kwargs["template_kwargs"] = template_kwargs
+            return list(self.codec.apply_chat_template(messages, **kwargs))
         if self.hf is None:
             raise ValueError("add_generation_prompt=false and add_special_tokens=true need the model's "
                              "transformers tokenizer")
-        messages, kwargs = self.codec.chat_inputs(messages, tools)  # checked; tools (or Hermes) as the codec's
+        messages, kwargs = self.codec.chat_inputs(messages, tools, template_kwargs)  # checked; as the codec's
         try:  # (transformers tokenizes the chat with add_special_tokens=False itself: passing it again is a
             # TypeError, "got multiple values for keyword argument 'add_special_tokens'", so they are added after)
             enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,

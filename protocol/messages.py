@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -63,7 +63,8 @@ array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``
 would the request field ``tools`` and a chat message's ``tool_calls``, which came in the same version).
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
 would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
-lowers), which a v8 peer would refuse to decode.
+lowers), which a v8 peer would refuse to decode. 10: the request field ``chat_template_kwargs``
+(extra chat template variables), which a v9 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 

@@ -29,6 +29,7 @@ tuple well under 1 us; msgpack also packs a tuple natively, field by field.
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Mapping
 from itertools import compress as _compress
@@ -430,6 +431,53 @@ def _suffix(value: object, field: str) -> str | None:
     return None if value is None else as_text(value, field)
 
 
+MAX_TEMPLATE_KWARGS_CHARS = 65_536
+"""Longest ``chat_template_kwargs`` text, in characters."""
+
+TEMPLATE_RESERVED = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
+    "bos_token", "eos_token", "unk_token", "pad_token", "raise_exception", "strftime_now"})
+"""Names ``chat_template_kwargs`` may not set: the arguments of transformers' ``apply_chat_template``
+that the renderer sets itself (the messages, tools, the template, tokenization), and the variables
+it gives every template (the special tokens and its helper functions)."""
+
+
+def check_template_kwargs(value: object, field: str) -> str | None:
+    """``chat_template_kwargs``: None, a mapping of variable names to JSON values, or its JSON text
+    (as off the wire), as normalised JSON text (sorted keys) or None for an empty mapping. ValueError
+    naming ``field`` for a non-mapping, a name that is not an identifier or is :data:`TEMPLATE_RESERVED`,
+    a value that is not JSON, or more than :data:`MAX_TEMPLATE_KWARGS_CHARS` characters."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_TEMPLATE_KWARGS_CHARS:
+            raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TEMPLATE_KWARGS_CHARS}")
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            raise ValueError(f"{field} must be a JSON object of template variables") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{field} must be an object of chat template variables, e.g. {{\"enable_thinking\": false}}; "
+                         f"got {type(value).__name__}")
+    for name in value:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{field}: each name must be a template variable name (an identifier), got {name!r:.80}")
+        if name in TEMPLATE_RESERVED:
+            raise ValueError(f"{field}: {name!r} is set by the server, not by a request (reserved: "
+                             f"{', '.join(sorted(TEMPLATE_RESERVED))})")
+    if not value:
+        return None
+    try:
+        text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{field} must hold JSON values: {e}") from None
+    if len(text) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TEMPLATE_KWARGS_CHARS}")
+    return text
+
+
 MAX_EXTRA_CHUNKS = 256
 """Most ``input_extra`` chunks per request (each a file's name and text)."""
 
@@ -536,6 +584,11 @@ class _Fields(NamedTuple):
     # tokens gets what it leaves (a prompt that fills the context is still refused); what the HTTP gateway
     # sends for a request without max_tokens, whose prompt length only the worker knows. False: prompt +
     # max_tokens past the context is refused (context_length_exceeded).
+    chat_template_kwargs: Annotated[str | None, check_template_kwargs] = None
+    # None = none; else the JSON text of an object of extra variables for the chat template (vLLM's and
+    # llama.cpp's chat_template_kwargs, e.g. {"enable_thinking": false} for Qwen3; the HTTP gateway puts
+    # reasoning_effort here too), passed to transformers' apply_chat_template by the worker. Needs a chat
+    # prompt. Names the renderer sets itself are refused (TEMPLATE_RESERVED).
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -770,6 +823,9 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
                          "or a named function): the constraint decides where the output ends; leave min_tokens out")
     if params.tools is not None and (type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
         raise ValueError("tools need a chat prompt (a list of messages), not text or token ids")
+    if params.chat_template_kwargs is not None and (
+            type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
+        raise ValueError("chat_template_kwargs need a chat prompt (a list of messages), not text or token ids")
     if params.suffix is None:
         if params.prompt == "":
             raise ValueError("prompt must not be empty")

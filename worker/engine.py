@@ -252,8 +252,10 @@ class BatchInferenceEngine:
             ids = tok.encode(params.prompt)
         else:
             messages = [m.template_dict() for m in params.prompt]
-            ids = tok.apply_chat_template(messages) if params.tools is None else \
-                tok.apply_chat_template(messages, tools=json.loads(params.tools))  # (validated JSON: protocol.tools)
+            kwargs = {} if params.tools is None else {"tools": json.loads(params.tools)}  # (validated JSON)
+            if params.chat_template_kwargs is not None:
+                kwargs["template_kwargs"] = json.loads(params.chat_template_kwargs)
+            ids = tok.apply_chat_template(messages, **kwargs)
         return as_tokens(ids, "the tokenised prompt", allow_empty=False)
 
     def cancel(self, request_id) -> bool:

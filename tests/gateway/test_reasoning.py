@@ -100,3 +100,56 @@ def test_whole_and_streamed_answers_split_the_thinking_alike(sdk, name):
         assert whole.message.content == "It is noon." and not whole.message.tool_calls
     else:
         assert whole.message.tool_calls and whole.finish_reason == "tool_calls"  # read in the answer
+
+
+# ---------------------------------------------------------------------- chat_template_kwargs and reasoning_effort
+
+
+@pytest.fixture
+def recorded():
+    """``(sdk, client)``: the openai SDK on the handlers over a :class:`ScriptedClient`, which keeps
+    every submitted request's params (``client.submitted``)."""
+    from tests.gateway.test_logprobs_shapes import ScriptedClient
+
+    client = ScriptedClient()
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0), client
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("body, sent", [
+    ({"chat_template_kwargs": {"enable_thinking": False}}, '{"enable_thinking":false}'),
+    ({"reasoning_effort": "low"}, '{"reasoning_effort":"low"}'),
+    ({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low", "x": 1}},
+     '{"reasoning_effort":"low","x":1}'),  # (the kwargs name the variable themselves: they win, as in vLLM)
+    ({}, None),
+    ({"chat_template_kwargs": {}}, None),
+])
+def test_chat_template_kwargs_and_reasoning_effort_reach_the_request(recorded, body, sent):
+    sdk, client = recorded
+    sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                extra_body=body)
+    assert client.submitted[-1].chat_template_kwargs == sent
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by the server"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "object of chat template variables"),
+    ({"chat_template_kwargs": {"x": 1}, "reasoning_effort": "extreme"}, "reasoning_effort", "one of"),
+    ({"reasoning_effort": 3}, "reasoning_effort", "one of"),
+])
+def test_bad_chat_template_kwargs_are_a_400_naming_the_field(recorded, body, param, says):
+    sdk, client = recorded
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    extra_body=body)
+    assert err.value.body["param"] == param and says in err.value.body["message"]
+    assert not client.submitted
+
+
+def test_chat_template_kwargs_on_a_text_prompt_are_a_400(recorded):
+    sdk, client = recorded
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"chat_template_kwargs": {"x": 1}})
+    assert err.value.status_code == 400 and not client.submitted

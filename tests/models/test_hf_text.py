@@ -134,3 +134,53 @@ def test_simulated_refuses_a_chat_template():
 
     with pytest.raises(ValueError, match="chat_template"):
         load_model("simulated", chat_template=OPTION_TEMPLATE)
+
+
+# ---------------------------------------------------------------------- chat_template_kwargs (issue 33, item 2)
+
+THINKING_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}[assistant] {% if enable_thinking is defined and "
+                     "not enable_thinking %}<think></think> {% endif %}{% if reasoning_effort is defined %}"
+                     "effort={{ reasoning_effort }} {% endif %}{% endif %}")
+"""A template that reads two request variables, as Qwen3's reads ``enable_thinking`` and gpt-oss's ``reasoning_effort``."""
+
+
+def test_chat_template_kwargs_reach_the_template_through_the_engine(tiny_text_dir):
+    from worker import BatchInferenceEngine
+    from worker.models import load_model
+
+    model = load_model(tiny_text_dir, chat_template=THINKING_TEMPLATE)
+    chat = [{"role": "user", "content": "hi"}]
+    engine = BatchInferenceEngine(model, batch_size=2, stop_token=None)
+    plain = engine.submit_request(chat, 1)
+    off = engine.submit_request(chat, 1, chat_template_kwargs={"enable_thinking": False, "reasoning_effort": "low"})
+    engine.run()
+    assert list(plain.prompt) == model.tokenizer.encode("[user] hi\n[assistant] ")
+    assert list(off.prompt) == model.tokenizer.encode("[user] hi\n[assistant] <think></think> effort=low ")
+
+
+@pytest.mark.parametrize("kwargs, says", [({"tools": []}, "set by the server"),
+                                          ({"chat_template": "x"}, "set by the server"),
+                                          ({"add_generation_prompt": False}, "set by the server"),
+                                          ({"not an identifier": 1}, "identifier"),
+                                          ({"x": float("nan")}, "JSON values"),
+                                          ([["x", 1]], "object of chat template variables"),
+                                          ("[1]", "object of chat template variables"),
+                                          ("{", "JSON object")])
+def test_chat_template_kwargs_that_would_change_the_rendering_itself_are_refused(kwargs, says):
+    from protocol.request import RequestParams
+
+    with pytest.raises(ValueError, match=says):
+        RequestParams([{"role": "user", "content": "hi"}], 2, chat_template_kwargs=kwargs)
+
+
+def test_chat_template_kwargs_need_a_chat_and_an_empty_object_is_none():
+    from protocol.request import RequestParams
+
+    with pytest.raises(ValueError, match="need a chat prompt"):
+        RequestParams("text", 2, chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(ValueError, match="need a chat prompt"):
+        RequestParams([1, 2], 2, chat_template_kwargs={"enable_thinking": False})
+    assert RequestParams([{"role": "user", "content": "hi"}], 2, chat_template_kwargs={}).chat_template_kwargs is None
+    assert RequestParams([{"role": "user", "content": "hi"}], 2, chat_template_kwargs={"b": 1, "a": [True]}
+                         ).chat_template_kwargs == '{"a":[true],"b":1}'

@@ -101,8 +101,9 @@ class HFTextCodec:
             raise ValueError("prompt text must not be empty")
         return list(self._tok.encode(text))
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        messages, kwargs = self.chat_inputs(messages, tools)
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, *,
+                            template_kwargs: dict | None = None) -> list[int]:
+        messages, kwargs = self.chat_inputs(messages, tools, template_kwargs)
         try:
             enc = self._tok.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=True,
@@ -112,11 +113,15 @@ class HFTextCodec:
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
         return list(enc["input_ids"])
 
-    def chat_inputs(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[dict], dict]:
+    def chat_inputs(self, messages: list[dict], tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> tuple[list[dict], dict]:
         """``(messages, kwargs)`` as the tokenizer's ``apply_chat_template(messages, **kwargs)`` renders
         this chat (see :meth:`apply_chat_template`; the gateway's ``/tokenize`` renders it with other
         flags): ``kwargs`` has ``tools`` for a template that renders them, else the messages are
-        the Hermes rendering. ValueError as :meth:`apply_chat_template`."""
+        the Hermes rendering; and ``template_kwargs`` (extra template variables, e.g.
+        ``enable_thinking``: transformers passes unknown keyword arguments to the template; names it
+        sets itself are refused by the protocol, :data:`protocol.request.TEMPLATE_RESERVED`).
+        ValueError as :meth:`apply_chat_template`."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': str, 'content': str}")
         for m in messages:
@@ -128,7 +133,9 @@ class HFTextCodec:
         if not self._sanitizes:
             raise ValueError("chat needs transformers >= 5.20 (apply_chat_template(sanitize_control_tokens=True)), "
                              "else message content could forge control tokens; upgrade it or send token ids")
-        kwargs = {} if self._template is None else {"chat_template": self._template}
+        kwargs = dict(template_kwargs or {})
+        if self._template is not None:
+            kwargs["chat_template"] = self._template
         if self._template_renders_tools(tools):
             if tools:
                 kwargs["tools"] = tools
