@@ -33,7 +33,9 @@ class GatewayConfig:
       a prompt that fits.
     - ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"``: a chat answer's
       ``<think>...</think>`` goes to ``reasoning_content`` (:mod:`gateway.reasoning`);
-      None: the thinking stays in the answer.
+      ``"none"``: the thinking stays in the answer; None (the default): each model's own
+      format, as its worker reads it from the chat template (``ModelInfo.reasoning``; none for a
+      template without ``<think>``), as llama.cpp detects it.
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -97,9 +99,9 @@ class GatewayConfig:
         if self.reasoning_parser is not None:
             from gateway.reasoning import PARSERS
 
-            if self.reasoning_parser not in PARSERS:
-                raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} or None, "
-                                 f"got {self.reasoning_parser!r}")
+            if self.reasoning_parser not in (*PARSERS, "none"):
+                raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}, none or None (the "
+                                 f"model's own), got {self.reasoning_parser!r}")
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

@@ -170,8 +170,9 @@ class Generate:
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             out = self._response_builder(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
-            if self.config.reasoning_parser is not None and isinstance(body, ChatCompletionRequest):
-                _split_reasoning(out, self.config.reasoning_parser)  # (tool calls are read in the answer)
+            parser = self._reasoning_parser(body) if isinstance(body, ChatCompletionRequest) else None
+            if parser is not None:
+                _split_reasoning(out, parser)  # (tool calls are read in the answer)
             if call.tools is not None:
                 out = apply_tool_calls(out, call.tools)
             return json_response(out)
@@ -292,6 +293,15 @@ class Generate:
                 out.append((list(prompt), ("" if tok is None else tok.decode(prompt)) if echo else None))
         return out
 
+    def _reasoning_parser(self, body: _Sampling) -> str | None:
+        """The reasoning parser of a chat answer of ``body.model``: ``--reasoning-parser``'s, else the
+        model's own (``ModelInfo.reasoning``, read by its worker from the chat template); None for none."""
+        chosen = self.config.reasoning_parser
+        if chosen is None:
+            info = self.link.model_info(body.model)
+            chosen = getattr(info, "reasoning", "") or None
+        return None if chosen == "none" else chosen
+
     def _max_tokens(self, body: _Sampling, info) -> object:
         if not isinstance(body, ChatCompletionRequest):
             if body.max_tokens == 0:
@@ -364,7 +374,7 @@ class Generate:
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
         :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
-        parser = self.config.reasoning_parser if resp.chat else None
+        parser = self._reasoning_parser(body) if resp.chat else None
         thinks = {g.index: ThinkStream(parser) for g in call.gens} if parser is not None else None
         if resp.chat or resp.echo:
             for g in call.gens:

@@ -64,7 +64,8 @@ would the request field ``tools`` and a chat message's ``tool_calls``, which cam
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
 would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
 lowers), which a v8 peer would refuse to decode. 10: the request field ``chat_template_kwargs``
-(extra chat template variables), which a v9 peer would refuse to decode.
+(extra chat template variables) and ``reasoning`` in :class:`ModelInfo` (the model's thinking format),
+which a v9 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -215,6 +216,9 @@ class ModelInfo(NamedTuple):
     - ``runs``: what the worker runs the model as, for people (``/v1/models``, ``status``): the
       precision and the linears' kinds, e.g. ``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel,
       AMX-BF16)"``; ``""`` when the model does not say.
+    - ``reasoning``: how its chat template lets the model think, as a reasoning parser's name
+      (``"deepseek_r1"``, ``"qwen3"``; :mod:`gateway.reasoning`), ``""`` for none: the parser the
+      gateway uses for it unless ``--reasoning-parser`` says otherwise.
     """
 
     vocab_size: int | None = None
@@ -222,6 +226,7 @@ class ModelInfo(NamedTuple):
     eos_token_ids: tuple[int, ...] = ()
     has_tokenizer: bool = False
     runs: str = ""
+    reasoning: str = ""
 
 
 class PrefixCacheUsage(NamedTuple):

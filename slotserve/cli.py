@@ -244,11 +244,13 @@ def _reasoning_parser_option(command):
     """--reasoning-parser: `serve`'s and `up`'s (the HTTP server's)."""
     from gateway.reasoning import PARSERS
 
-    return click.option("--reasoning-parser", type=click.Choice(PARSERS), default=None, show_envvar=True,
+    return click.option("--reasoning-parser", type=click.Choice((*PARSERS, "none")), default=None,
+                        show_envvar=True,
                         help="Split a thinking model's <think>...</think> off its chat answers into "
                              "reasoning_content (vLLM's option and names): deepseek_r1 (the template opens the "
-                             "thinking: R1 and its distills) or qwen3 (the model opens it: Qwen3, QwQ). "
-                             "Default: none (the thinking stays in the answer).")(command)
+                             "thinking: R1 and its distills) or qwen3 (the model opens it: Qwen3, QwQ); none: "
+                             "the thinking stays in the answer. Default: each model's own, read from its chat "
+                             "template (a template without <think>: none).")(command)
 
 
 def _serving_options(command):

@@ -155,6 +155,7 @@ class WorkerProcess:
             eos_token_ids=tuple(sorted(self.engine.stop_tokens)),
             has_tokenizer=self.tokenizer is not None,
             runs=runs_of(model),
+            reasoning=str(getattr(self.tokenizer, "reasoning_format", "") or ""),
         )
 
     # ------------------------------------------------------------------ main thread

@@ -153,3 +153,33 @@ def test_chat_template_kwargs_on_a_text_prompt_are_a_400(recorded):
     with pytest.raises(openai.BadRequestError) as err:
         sdk.completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"chat_template_kwargs": {"x": 1}})
     assert err.value.status_code == 400 and not client.submitted
+
+
+# ---------------------------------------------------------------------- the model's own parser (ModelInfo.reasoning)
+
+
+class _ThinkingLink(ScriptedLink):
+    """:class:`ScriptedLink` whose model says it thinks as Qwen3 does (ModelInfo.reasoning)."""
+
+    def model_info(self, model: str):
+        return super().model_info(model)._replace(reasoning="qwen3")
+
+
+@pytest.mark.parametrize("option, split", [(None, True), ("none", False), ("deepseek_r1", True)])
+def test_the_models_own_format_is_the_default_and_the_option_overrides_it(monkeypatch, option, split):
+    monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    client = OutputClient()
+    with TestClient(handlers_app(Tokenizers(None), _ThinkingLink(client), GatewayConfig(reasoning_parser=option))) \
+            as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        kw = dict(model="m", messages=[{"role": "user", "content": "think_text"}], max_tokens=100)
+        whole = sdk.chat.completions.create(**kw).choices[0].message
+        streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kw, stream=True))
+    for t in client.threads:
+        t.join(10)
+    assert whole.content == streamed
+    if split:
+        assert whole.content == "It is noon." and whole.model_extra["reasoning_content"].strip() == \
+            "I should call get_time."
+    else:
+        assert whole.content == THOUGHT + "It is noon." and not whole.model_extra.get("reasoning_content")

@@ -184,3 +184,31 @@ def test_chat_template_kwargs_need_a_chat_and_an_empty_object_is_none():
     assert RequestParams([{"role": "user", "content": "hi"}], 2, chat_template_kwargs={}).chat_template_kwargs is None
     assert RequestParams([{"role": "user", "content": "hi"}], 2, chat_template_kwargs={"b": 1, "a": [True]}
                          ).chat_template_kwargs == '{"a":[true],"b":1}'
+
+
+# ---------------------------------------------------------------------- the thinking format, read from the template
+
+R1_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}{% else %}"
+               "<｜Assistant｜>{{ m['content'] }}<｜end▁of▁sentence｜>{% endif %}{% endfor %}"
+               "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}")
+"""DeepSeek-R1-Distill's shape: the generation prompt opens the thinking."""
+QWEN3_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                  "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+"""Qwen3's shape: the model opens the thinking; ``enable_thinking=false`` writes an empty block."""
+
+
+@pytest.mark.parametrize("template, expected", [(R1_TEMPLATE, "deepseek_r1"), (QWEN3_TEMPLATE, "qwen3"),
+                                                (TEMPLATE, ""), (THINKING_TEMPLATE, "qwen3")])
+def test_the_thinking_format_is_read_from_the_template_in_use(codec, template, expected):
+    assert codec.with_chat_template(template).reasoning_format == expected
+
+
+def test_a_model_without_a_template_has_no_thinking_format(tiny_text_dir):
+    import copy
+
+    from worker.models import load_model
+
+    tok = copy.copy(load_model(tiny_text_dir).tokenizer._tok)
+    tok.chat_template = None
+    assert HFTextCodec(tok).reasoning_format == ""

@@ -113,6 +113,28 @@ class HFTextCodec:
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
         return list(enc["input_ids"])
 
+    @property
+    def reasoning_format(self) -> str:
+        """How the chat template lets the model think, as a reasoning parser's name
+        (:data:`gateway.reasoning.PARSERS`): ``"deepseek_r1"`` when its generation prompt ends with
+        ``<think>`` (the template opens the thinking: DeepSeek-R1 and its distills), ``"qwen3"`` when
+        the template mentions ``<think>`` otherwise (the model opens it: Qwen3, QwQ), ``""`` when it
+        does not (no thinking, or none this reads: gpt-oss's channels), or has no template. Read
+        from the template in use (``--chat-template``'s when given), as llama.cpp detects the format."""
+        try:
+            source = self._tok.get_chat_template(self._template)
+        except ValueError:  # no template, or several and no default
+            return ""
+        if "<think>" not in source:
+            return ""
+        try:
+            prompt = self._tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                                   tokenize=False, **({} if self._template is None else
+                                                                      {"chat_template": self._template}))
+        except Exception:  # noqa: BLE001 -- a template that needs more than one user message: not the first case
+            return "qwen3"
+        return "deepseek_r1" if str(prompt).rstrip().endswith("<think>") else "qwen3"
+
     def chat_inputs(self, messages: list[dict], tools: list[dict] | None = None,
                     template_kwargs: dict | None = None) -> tuple[list[dict], dict]:
         """``(messages, kwargs)`` as the tokenizer's ``apply_chat_template(messages, **kwargs)`` renders
