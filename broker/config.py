@@ -71,6 +71,12 @@ class BrokerConfig:
     - ``prefix_routing``: among workers with a free credit, send a request to
       the one most likely to hold its prompt's prefix in its KV cache
       (:mod:`broker.prefix`); False: credit-only dispatch (most free slots).
+    - ``on_demand_models``: models a supervisor loads when they are asked for
+      (``slotserve up`` with several models: :mod:`slotserve.on_demand`):
+      requests for them wait in their queue while no worker serves them
+      (never ``unknown_model``; their deadlines still apply), and ``status``
+      lists each of them (``workers`` 0 while none is loaded): the demand the
+      supervisor reads.
     """
 
     frontend: str = DEFAULT_FRONTEND
@@ -93,8 +99,13 @@ class BrokerConfig:
     curve_clients_dir: str | None = None
     curve_workers_dir: str | None = None
     prefix_routing: bool = True
+    on_demand_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        names = self.on_demand_models
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"on_demand_models must be a tuple of non-empty model names, got {names!r}")
+        object.__setattr__(self, "on_demand_models", tuple(dict.fromkeys(names)))
         if type(self.prefix_routing) is not bool:
             raise ValueError(f"prefix_routing must be True or False, got {self.prefix_routing!r}")
         for name in ("frontend", "backend"):

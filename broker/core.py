@@ -246,7 +246,7 @@ class BrokerCore:
         """A snapshot for ``slotserve status``."""
         models = {}
         loading = self.workers.loading_models()
-        for name in sorted(set(self.queues) | set(self.models) | set(loading)):
+        for name in sorted(set(self.queues) | set(self.models) | set(loading) | set(self.config.on_demand_models)):
             ws = self.workers.for_model(name)
             q = self.queues.get(name)
             models[name] = ModelStatus(

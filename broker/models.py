@@ -58,9 +58,10 @@ class ServedModels:
 
     def known(self, model: str) -> bool:
         """Requests for ``model`` (a name or an alias) wait for a worker: one registered
-        it once, or one is loading it."""
+        it once, one is loading it, or a supervisor loads it on demand (``on_demand_models``)."""
         model = self.aliases.get(model, model)
-        return model in self.served or any(lw.model == model for lw in self._registry.loading.values())
+        return model in self.served or model in self.config.on_demand_models or \
+            any(lw.model == model for lw in self._registry.loading.values())
 
     def view(self) -> tuple[dict[str, ModelInfo], tuple[str, ...], dict[str, str]]:
         """The models served (a copy), those only being loaded (sorted), and the

@@ -161,3 +161,18 @@ def test_after_a_restart_requests_wait_for_workers_to_register_within_the_grace(
     out = core.on_frontend(C1, Submit("other", [envelope("o2", [1], 5)]), 3.2)
     assert finished(out)["o2"].code is ErrorCode.UNKNOWN_MODEL
     assert list(core.jobs) == [spec.request_id]
+
+
+def test_requests_for_a_model_on_demand_wait_past_the_grace_and_status_lists_it():
+    """``on_demand_models`` (issue 34): a supervisor loads them when asked for, so their requests wait
+    in the queue however long no worker serves them (their deadlines still apply), and ``status`` lists
+    each one, with ``workers`` 0 while it is not loaded: the demand the supervisor reads."""
+    core = make_core(register_grace_s=1.0, on_demand_models=("lazy",))
+    assert core.status(0.0).models["lazy"] == (0, 0, 0, 0, 0, 0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("l", [1], 5)]), 0.1)
+    out += core.on_frontend(C1, Submit("other", [envelope("o", [1], 5)]), 0.1)
+    out += core.tick(5.0)  # past the grace: the other model is unknown, the one on demand waits
+    assert set(finished(out)) == {"o"} and core.status(5.0).models["lazy"].queued == 1
+    out = core.on_backend(W1, Register("lazy", 2, 2, INFO, "w1"), 6.0)
+    (spec,) = assigned(out, W1)
+    assert spec.request_id is not None and core.status(6.0).models["lazy"].workers == 1

@@ -1,0 +1,223 @@
+"""Models loaded on demand and unloaded when idle (issue 34, item 1): the decisions, as a pure core.
+
+What llama.cpp's router mode (``--models-max``, ``--sleep-idle-seconds``), Ollama
+(``OLLAMA_MAX_LOADED_MODELS``, ``keep_alive``) and llama-swap do, over
+slotserve's broker: the broker keeps one queue per model, and requests for a
+model of ``BrokerConfig.on_demand_models`` wait in it while no worker serves
+the model. A supervisor (``slotserve up`` with several models:
+:class:`slotserve.launcher.LocalCluster`) polls the broker's ``status`` and
+feeds it to :class:`OnDemand`, which says what to do; the supervisor starts or
+stops the worker processes. No clock, process or socket here: every decision
+is tested on made-up statuses (tests/cli/test_on_demand.py).
+
+The rules, each pass (:meth:`OnDemand.decide`):
+
+- A model is *wanted* when requests for it are queued or running (status),
+  or :meth:`OnDemand.want` asked for it (``POST /models/load``); *busy*
+  while requests for it are queued or running; *idle* otherwise, since the
+  last pass it was busy (``last_used_s``).
+- A wanted model that is not loaded (no worker registered, none starting) is
+  loaded when fewer than ``max_loaded`` models are loaded or loading and its
+  memory estimate fits in what the machine has available; else the least
+  recently used *idle* loaded model is unloaded first (its memory then
+  counts as available). A busy model is never unloaded: the wanted model
+  waits, its requests queued, until one becomes idle.
+- A model whose estimate exceeds what even unloading every idle model
+  would free is *refused* (:class:`Refuse`, once until its demand ends): the
+  supervisor says why in its log and ``slotserve status``; its requests
+  wait for their deadline rather than an OOM kill of the machine.
+- A loaded model idle for ``idle_unload_s`` seconds is unloaded (0: never,
+  as Ollama's ``keep_alive: -1``).
+- Wanted models are served oldest demand first (the order in which they
+  became wanted), so alternating requests for two models with room for one
+  take turns instead of starving one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.messages import Status
+from protocol.validation import as_seconds
+
+__all__ = ["Load", "OnDemand", "Refuse", "Unload", "estimate_bytes"]
+
+DEFAULT_IDLE_UNLOAD_S = 300.0
+"""Ollama's default ``keep_alive`` (5 minutes)."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """Start a worker for ``model``."""
+
+    model: str
+
+
+@dataclass(frozen=True)
+class Unload:
+    """Stop ``model``'s workers (``why``: idle for long, or room for another model)."""
+
+    model: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """``model`` cannot be loaded on this machine now (``why`` says what it needs and what there is)."""
+
+    model: str
+    why: str
+
+
+@dataclass
+class _Model:
+    need_bytes: int
+    state: str = "unloaded"  # unloaded | loading | loaded
+    last_used_s: float = float("-inf")
+    wanted_since: float | None = None
+    asked: bool = False  # want() was called and no request came yet
+    refused: bool = False
+
+
+@dataclass
+class OnDemand:
+    """The decisions of models on demand (see the module docstring).
+
+    ``models``: model name -> its memory estimate in bytes (:func:`estimate_bytes`);
+    ``max_loaded``: models loaded (or loading) at once, >= 1; ``idle_unload_s``: seconds
+    idle before a model is unloaded (0: never). ValueError for bad values.
+    """
+
+    models: dict[str, int]
+    max_loaded: int = 1
+    idle_unload_s: float = DEFAULT_IDLE_UNLOAD_S
+    _state: dict[str, _Model] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.models or not all(isinstance(n, str) and n for n in self.models):
+            raise ValueError("models on demand need at least one model name")
+        for name, need in self.models.items():
+            if type(need) is not int or need < 0:
+                raise ValueError(f"the memory estimate of {name!r} must be an int >= 0 (bytes), got {need!r}")
+        if type(self.max_loaded) is not int or self.max_loaded < 1:
+            raise ValueError(f"max_loaded must be an int >= 1, got {self.max_loaded!r}")
+        as_seconds(self.idle_unload_s, "idle_unload_s", allow_zero=True)
+        self._state = {name: _Model(need) for name, need in self.models.items()}
+
+    # ------------------------------------------------------------------ what the supervisor tells it
+
+    def want(self, model: str, now: float) -> None:
+        """Load ``model`` even without requests (``POST /models/load``). KeyError for an unknown model."""
+        m = self._state[model]
+        m.asked = True
+        if m.wanted_since is None:
+            m.wanted_since = now
+        m.last_used_s = max(m.last_used_s, now)
+
+    def state(self, model: str) -> str:
+        """``"loaded"``, ``"loading"`` or ``"unloaded"`` (as of the last pass). KeyError for an unknown model."""
+        return self._state[model].state
+
+    def states(self) -> dict[str, str]:
+        return {name: m.state for name, m in self._state.items()}
+
+    # ------------------------------------------------------------------ the pass
+
+    def decide(self, status: Status, now: float, available_bytes: int, starting: frozenset[str] = frozenset(),
+               stopping: frozenset[str] = frozenset()) -> list[Load | Unload | Refuse]:
+        """The actions for this pass, given the broker's ``status``, the time ``now`` (seconds, any
+        monotonic clock), the memory the machine has available (bytes, e.g. psutil's
+        ``virtual_memory().available``), the models whose workers the supervisor has started and
+        that have not registered yet (``starting``) and those whose workers it is stopping
+        (``stopping``: they hold their memory and their place until they are gone). A model is
+        loaded only in a pass that unloads nothing to make room for it: the memory of what is
+        unloaded counts once its processes have exited (a later pass)."""
+        for name, m in self._state.items():
+            st = status.models.get(name)
+            queued, running = (st.queued, st.running) if st is not None else (0, 0)
+            workers, loading = (st.workers, st.loading) if st is not None else (0, 0)
+            m.state = ("unloading" if name in stopping else "loaded" if workers > 0 else
+                       "loading" if name in starting or loading else "unloaded")
+            busy = queued > 0 or running > 0
+            if busy:
+                m.last_used_s = now
+                m.asked = False
+            wanted = busy or m.asked
+            if wanted and m.wanted_since is None:
+                m.wanted_since = now
+            elif not wanted:
+                m.wanted_since, m.refused = None, False
+        actions: list[Load | Unload | Refuse] = self._idle_unloads(now)
+        free = available_bytes
+        for name in sorted((n for n, m in self._state.items() if m.wanted_since is not None and m.state == "unloaded"),
+                           key=lambda n: (self._state[n].wanted_since, n)):
+            free = self._make_room(name, free, actions)
+        return actions
+
+    def _idle_unloads(self, now: float) -> list[Unload]:
+        if not self.idle_unload_s:
+            return []
+        out = []
+        for name, m in self._state.items():
+            if m.state == "loaded" and m.wanted_since is None and now - m.last_used_s >= self.idle_unload_s:
+                m.state = "unloading"
+                out.append(Unload(name, f"idle for {now - m.last_used_s:.0f} s (idle_unload_s {self.idle_unload_s:g})"))
+        return out
+
+    def _make_room(self, name: str, free: int, actions: list) -> int:
+        """Load ``name`` if it fits now, else unload the least recently used idle models it needs
+        gone (it loads in a later pass, once they are); refuse it (once) when even unloading every
+        idle model would not make it fit. Returns the memory still available in this pass."""
+        m = self._state[name]
+        idle = sorted((n for n, o in self._state.items() if o.state == "loaded" and o.wanted_since is None),
+                      key=lambda n: (self._state[n].last_used_s, n))
+        going = sum(o.need_bytes for o in self._state.values() if o.state == "unloading")
+        if m.need_bytes > free + going + sum(self._state[n].need_bytes for n in idle):
+            if not m.refused:
+                m.refused = True
+                actions.append(Refuse(name, f"it needs about {m.need_bytes / 2**20:,.0f} MiB and the machine has "
+                                            f"{(free + going) / 2**20:,.0f} MiB available, "
+                                            f"{sum(self._state[n].need_bytes for n in idle) / 2**20:,.0f} MiB more "
+                                            "with every idle model unloaded"))
+            return free
+        active = sum(1 for o in self._state.values() if o.state != "unloaded")
+        if active < self.max_loaded and m.need_bytes <= free:
+            m.state, m.refused = "loading", False
+            actions.append(Load(name))
+            return free - m.need_bytes
+        room, slots = free + going, self.max_loaded - active + sum(
+            1 for o in self._state.values() if o.state == "unloading")
+        while (slots < 1 or m.need_bytes > room) and idle:
+            victim = idle.pop(0)
+            self._state[victim].state = "unloading"
+            actions.append(Unload(victim, f"room for {name!r} (max_loaded {self.max_loaded}, least recently used)"))
+            room += self._state[victim].need_bytes
+            slots += 1
+        return free  # loads once what is unloading is gone; if every loaded model is busy, its requests wait
+
+
+def estimate_bytes(path: str, overhead_bytes: int = 400 * 2**20) -> int:
+    """A model's resident memory once served, estimated from its files (bytes): their size (a
+    ``.gguf`` file's, or every file's in a model folder) x 1.25 -- KV cache, activations,
+    dequantized embeddings -- plus ``overhead_bytes`` (the interpreter, torch and the
+    tokenizer: ~400 MiB measured for a worker process before its model loads). A name that is
+    no file or folder (a packaged model's alias, ``simulated``) is resolved as the worker
+    resolves it when that is possible, else counts the overhead alone."""
+    import os
+
+    target = path
+    if not os.path.exists(target):
+        try:
+            from worker.models.checkpoint import resolve_model_path
+
+            folder, gguf = resolve_model_path(path)
+            target = os.path.join(folder, gguf) if gguf else folder
+        except Exception:  # noqa: BLE001 -- simulated, or a name only the worker's loader knows
+            return overhead_bytes
+    if not os.path.exists(target):
+        return overhead_bytes
+    if os.path.isdir(target):
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(target) for f in files)
+    else:
+        size = os.path.getsize(target)
+    return int(size * 1.25) + overhead_bytes

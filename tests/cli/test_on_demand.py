@@ -1,0 +1,112 @@
+"""Models on demand, the decisions (slotserve/on_demand.py, issue 34 item 1): load what is asked for,
+wait, unload the least recently used idle model, never a busy one, refuse what cannot fit, unload
+what stays idle -- each on made-up broker statuses, no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.messages import ModelStatus, Status
+from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
+
+MIB = 2**20
+GIB = 2**30
+
+
+def status(**models) -> Status:
+    """A broker status: ``name=(queued, running, workers[, loading])`` per model."""
+    out = {}
+    for name, v in models.items():
+        queued, running, workers, *loading = v
+        out[name] = ModelStatus(queued, running, workers, min(running, workers), workers, *loading)
+    return Status("b", 1.0, out, (), 1, {})
+
+
+def core(max_loaded=1, idle=300.0, **needs) -> OnDemand:
+    return OnDemand({n: v for n, v in (needs or {"a": GIB, "b": GIB}).items()}, max_loaded, idle)
+
+
+def test_a_request_for_an_unloaded_model_loads_it():
+    c = core()
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == []
+    assert c.decide(status(a=(2, 0, 0), b=(0, 0, 0)), 1.0, 8 * GIB) == [Load("a")]
+    assert c.state("a") == "loading"
+    # started, not registered yet: not loaded again
+    assert c.decide(status(a=(2, 0, 0), b=(0, 0, 0)), 2.0, 8 * GIB, starting=frozenset({"a"})) == []
+    assert c.decide(status(a=(0, 2, 1), b=(0, 0, 0)), 3.0, 7 * GIB) == [] and c.state("a") == "loaded"
+
+
+def test_at_the_limit_the_least_recently_used_idle_model_makes_room_then_the_wanted_one_loads():
+    c = core(max_loaded=2, a=GIB, b=GIB, c=GIB)
+    c.decide(status(a=(0, 1, 1), b=(0, 1, 1), c=(0, 0, 0)), 0.0, 8 * GIB)  # both busy at t=0
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 1), c=(0, 0, 0)), 5.0, 8 * GIB)  # b idle since 0, a used at 5
+    c.decide(status(a=(0, 0, 1), b=(0, 0, 1), c=(0, 0, 0)), 6.0, 8 * GIB)
+    acts = c.decide(status(a=(0, 0, 1), b=(0, 0, 1), c=(3, 0, 0)), 7.0, 8 * GIB)
+    assert acts == [Unload("b", "room for 'c' (max_loaded 2, least recently used)")]
+    # b is stopping: c still waits (its memory and place are b's until b is gone)
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 1), c=(3, 0, 0)), 7.5, 8 * GIB, stopping=frozenset({"b"})) == []
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0), c=(3, 0, 0)), 8.0, 8 * GIB) == [Load("c")]
+
+
+def test_a_busy_model_is_never_unloaded_the_wanted_one_waits():
+    c = core(max_loaded=1)
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
+    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue
+        assert c.decide(status(a=(1, 1, 1), b=(2, 0, 0)), float(t), 8 * GIB) == []
+    assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 5.0, 8 * GIB) == [
+        Unload("a", "room for 'b' (max_loaded 1, least recently used)")]
+
+
+def test_alternating_demand_with_room_for_one_takes_turns_oldest_demand_first():
+    c = core(max_loaded=1, a=GIB, b=GIB, c=GIB)
+    c.decide(status(a=(0, 0, 0), b=(1, 0, 0), c=(0, 0, 0)), 0.0, 8 * GIB)  # b first: loads
+    acts = c.decide(status(a=(1, 0, 0), b=(0, 0, 1), c=(1, 0, 0)), 1.0, 8 * GIB)
+    assert acts == [Unload("b", "room for 'a' (max_loaded 1, least recently used)")]
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0), c=(1, 0, 0)), 2.0, 8 * GIB) == [Load("a")]  # a waited longer
+
+
+def test_memory_not_the_count_can_make_room_and_what_never_fits_is_refused_once():
+    c = core(max_loaded=3, a=3 * GIB, b=3 * GIB, big=9 * GIB)
+    c.decide(status(a=(0, 1, 1), b=(0, 1, 1), big=(0, 0, 0)), 0.0, 2 * GIB)
+    acts = c.decide(status(a=(0, 0, 1), b=(0, 1, 1), big=(1, 0, 0)), 1.0, 2 * GIB)
+    assert [type(a) for a in acts] == [Refuse] and "9,216 MiB" in acts[0].why  # 2 free + 3 (a idle) < 9
+    assert c.decide(status(a=(0, 0, 1), b=(0, 1, 1), big=(1, 0, 0)), 2.0, 2 * GIB) == []  # said once
+    c2 = core(max_loaded=3, a=3 * GIB, b=3 * GIB, c=4 * GIB)
+    c2.decide(status(a=(0, 1, 1), b=(0, 1, 1), c=(0, 0, 0)), 0.0, 2 * GIB)
+    acts = c2.decide(status(a=(0, 0, 1), b=(0, 1, 1), c=(1, 0, 0)), 1.0, 2 * GIB)
+    assert acts == [Unload("a", "room for 'c' (max_loaded 3, least recently used)")]  # 2 + 3 >= 4
+
+
+def test_a_model_idle_for_idle_unload_s_is_unloaded_and_zero_keeps_it():
+    for idle, expect in ((60.0, [Unload("a", "idle for 60 s (idle_unload_s 60)")]), (0.0, [])):
+        c = core(max_loaded=2, idle=idle)
+        c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
+        assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 59.0, 8 * GIB) == []
+        assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 60.0, 8 * GIB) == expect
+
+
+def test_want_loads_without_a_request_and_counts_as_use():
+    c = core(max_loaded=1, idle=10.0)
+    c.want("b", 0.0)
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 1.0, 8 * GIB) == []  # loaded; still wanted, not idle
+    with pytest.raises(KeyError):
+        c.want("nope", 1.0)
+
+
+@pytest.mark.parametrize("kwargs, says", [(dict(models={}), "at least one"), (dict(models={"a": -1}), ">= 0"),
+                                          (dict(models={"a": 1}, max_loaded=0), "max_loaded"),
+                                          (dict(models={"a": 1}, idle_unload_s=-1.0), "idle_unload_s")])
+def test_bad_settings_are_value_errors(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        OnDemand(**kwargs)
+
+
+def test_the_estimate_counts_the_files_and_the_overhead(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"x" * 4 * MIB)
+    assert estimate_bytes(str(tmp_path / "m.gguf"), overhead_bytes=0) == 5 * MIB
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "a.safetensors").write_bytes(b"x" * 8 * MIB)
+    (tmp_path / "dir" / "config.json").write_bytes(b"{}")
+    assert estimate_bytes(str(tmp_path / "dir"), overhead_bytes=MIB) == int((8 * MIB + 2) * 1.25) + MIB
+    assert estimate_bytes("simulated", overhead_bytes=7) == 7
