@@ -63,9 +63,12 @@ class ServiceEndpoints:
         except APIError as e:
             return error_response(e)
         data = []
-        for name in sorted(self.link.served(st)):
+        states = self.link.model_states(st)
+        for name in sorted(states):
             info = self.link.model_info(name)
             entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
+            if self.link.config.on_demand_models:  # (llama.cpp's router mode says each model's state)
+                entry["status"] = {"value": states[name]}
             if info is not None and info.max_seq_len is not None:
                 entry["max_model_len"] = info.max_seq_len
             if info is not None and info.runs:

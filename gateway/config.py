@@ -36,6 +36,11 @@ class GatewayConfig:
       ``"none"``: the thinking stays in the answer; None (the default): each model's own
       format, as its worker reads it from the chat template (``ModelInfo.reasoning``; none for a
       template without ``<think>``), as llama.cpp detects it.
+    - ``on_demand_models``: served names of models loaded on demand
+      (``slotserve up`` with several models): a request for one whose worker
+      is not running waits in the broker's queue while it loads (no 503),
+      and ``/v1/models`` lists each with its ``status`` (loaded, loading,
+      unloaded), as llama.cpp's router mode does.
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -79,6 +84,7 @@ class GatewayConfig:
     metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
     tokenizer: str | None = None
     reasoning_parser: str | None = None
+    on_demand_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:

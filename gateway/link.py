@@ -137,6 +137,19 @@ class BrokerConnections:
         served.update({a: served[m] for a, m in st.aliases.items() if m in served})
         return served
 
+    def model_states(self, status: Status | None = None) -> dict[str, str]:
+        """Every model a request may name -> ``"loaded"`` (a worker serves it), ``"loading"`` (one is
+        starting) or ``"unloaded"`` (a model on demand that no worker runs now), from the last status."""
+        st = status or self.status
+        if st is None:
+            return {}
+        states = {n: "loaded" for n in self.served(st)}
+        for name in self.config.on_demand_models:
+            m = st.models.get(st.aliases.get(name, name))
+            if name not in states:
+                states[name] = "loading" if m is not None and m.loading else "unloaded"
+        return states
+
     def served_name(self, model: str) -> str:
         """The primary name of the model a request for ``model`` is for (``model``
         itself unless it is an alias, as the last status says)."""
@@ -180,7 +193,7 @@ class BrokerConnections:
                 served = ", ".join(sorted(self.served(st))) or "none"
                 raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it "
                                     f"(served now: {served})", param="model", code="model_not_found")
-            if st.models[model].workers == 0:
+            if st.models[model].workers == 0 and model not in self.config.on_demand_models:
                 raise unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
         if c is not None:
             return c

@@ -572,7 +572,19 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @main.command()
 @_workers
 @_slots
-@_model
+@click.option("--model", "models", multiple=True, envvar="SLOTSERVE_UP_MODEL", show_envvar=True,
+              help="Model to serve: 'simulated' (default), 'smollm2-135m', a .gguf file or a Hugging Face model "
+                   "directory. Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
+                   "loaded when a request names it and unloaded when idle (--max-loaded-models, --idle-unload-s).")
+@click.option("--models-dir", type=click.Path(exists=True, file_okay=False), default=None, show_envvar=True,
+              help="Serve every model in this folder on demand: each .gguf file and each model folder (one with a "
+                   "config.json), named by its file stem or folder name.")
+@click.option("--max-loaded-models", type=click.IntRange(min=1), default=3, show_envvar=True,
+              help="With several models: at most this many loaded at once (default 3, Ollama's on a CPU); the least "
+                   "recently used idle one is unloaded to make room, a busy one never.")
+@click.option("--idle-unload-s", type=click.FloatRange(min=0), default=300.0, show_envvar=True,
+              help="With several models: unload a model after this many seconds without requests (default 300, "
+                   "Ollama's keep_alive; 0: never).")
 @_step_delay
 @_stop_token
 @_frontend
@@ -591,13 +603,17 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_serving_options
 @_model_options
 @click.pass_context
-def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
+def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max_loaded_models: int,
+       idle_unload_s: float, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
        reasoning_parser: str | None, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
+
+    With several models (--model repeated, or --models-dir), each is loaded
+    when a request names it and unloaded when idle, one worker each.
 
     Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
     them cleanly (exit status 0): the HTTP server drains first
@@ -608,6 +624,13 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
     from slotserve.launcher import LocalCluster
     from slotserve.signals import StopSignals
 
+    models = tuple(dict.fromkeys(models + (_models_in(models_dir) if models_dir else ())))
+    if len(models) > 1:
+        return _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
+                             frontend, backend, broker_options, curve_dir, http_port, http_host, tokenizer,
+                             reasoning_parser, api_keys, metrics_api_keys, shutdown_timeout_s, model_options,
+                             served_model_names, warmup, workers)
+    model = models[0] if models else _default(WorkerConfig, "model")
     gateway = None
     if http_port is not None:
         from gateway.config import GatewayConfig
@@ -640,6 +663,70 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
             click.echo("stopping..." if gateway is None else
                        f"stopping: the HTTP server lets the requests in flight finish (up to {shutdown_timeout_s:g} s; "
                        "Ctrl-C again: at once), then the workers and the broker stop...", err=True)
+        except (RuntimeError, ValueError) as e:
+            if not sig.is_set():
+                raise click.ClickException(str(e)) from None
+        finally:
+            cluster.stop(halt=sig.flag.repeated, wakeup_fd=sig.fileno())
+
+
+def _models_in(folder: str) -> tuple[str, ...]:
+    """The models of ``--models-dir``: each ``.gguf`` file and each folder with a ``config.json`` in it,
+    sorted; UsageError when there is none."""
+    import os
+
+    found = sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                   if n.endswith(".gguf") and os.path.isfile(os.path.join(folder, n))
+                   or os.path.isfile(os.path.join(folder, n, "config.json")))
+    if not found:
+        raise click.UsageError(f"--models-dir {folder}: no .gguf file and no model folder (with a config.json) in it")
+    return tuple(found)
+
+
+def _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
+                  backend, broker_options, curve_dir, http_port, http_host, tokenizer, reasoning_parser, api_keys,
+                  metrics_api_keys, shutdown_timeout_s, model_options, served_model_names, warmup, workers) -> None:
+    """``up`` with several models: each on demand (:mod:`slotserve.on_demand`), one worker each."""
+    from slotserve.launcher import ClusterConfig, LocalCluster
+    from slotserve.signals import StopSignals
+
+    if served_model_names or workers is not None:
+        raise click.UsageError("--served-model-name and --workers apply to one model; with several, each is "
+                               "served by its own name (file stem or folder name) with one worker")
+    if tokenizer is not None:
+        raise click.UsageError("--tokenizer applies to one model; with several, each model's own is used")
+    gateway = None
+    if http_port is not None:
+        from gateway.config import GatewayConfig
+
+        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
+                          metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
+                          reasoning_parser=reasoning_parser)
+    elif reasoning_parser is not None or api_keys or metrics_api_keys:
+        raise click.UsageError("--reasoning-parser and the API keys are the HTTP server's: give --http-port too")
+    configs = []
+    for model in models:
+        _, options = _plan_workers(model, 1, model_options)
+        configs.append(_cluster_config(frontend, backend, 1, model, slots, step_delay_ms, stop_token,
+                                       _log_level(ctx), curve_dir, None, options, (), warmup,
+                                       **broker_options).workers[0])
+    base = _cluster_config(frontend, backend, 1, models[0], slots, step_delay_ms, stop_token, _log_level(ctx),
+                           curve_dir, gateway, model_options, (), warmup, **broker_options)
+    cfg = _config(ClusterConfig, broker=base.broker, workers=(), log_level=base.log_level,
+                  client_curve=base.client_curve, gateway=gateway, on_demand=tuple(configs),
+                  max_loaded_models=max_loaded_models, idle_unload_s=idle_unload_s)
+    names = ", ".join(repr(c.served_names[0]) for c in configs)
+    with StopSignals() as sig:
+        cluster = LocalCluster(cfg)
+        try:
+            cluster.start(should_stop=sig.is_set)
+            click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), models on "
+                       f"demand: {names} (at most {max_loaded_models} loaded, unloaded after "
+                       f"{idle_unload_s:g} s idle), {slots} slots each"
+                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
+                       err=True)
+            cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())
+            click.echo("stopping...", err=True)
         except (RuntimeError, ValueError) as e:
             if not sig.is_set():
                 raise click.ClickException(str(e)) from None

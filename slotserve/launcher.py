@@ -30,6 +30,7 @@ from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
 from protocol.validation import as_seconds
+from slotserve.on_demand import DEFAULT_IDLE_UNLOAD_S, Load, OnDemand, Refuse, Unload, estimate_bytes
 from slotserve.signals import PARENT_GONE, SignalStopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
@@ -126,6 +127,13 @@ class ClusterConfig:
       checks) when the broker requires CURVE: as ``Client(curve=...)``.
     - ``gateway``: an HTTP gateway to start once the workers registered (its
       ``broker`` field is replaced by the broker's client endpoint), or None.
+    - ``on_demand``: one worker config per model loaded on demand (issue 34):
+      none runs at start; :meth:`LocalCluster.supervise` starts a model's worker
+      when requests for it wait in the broker and stops it when idle, as
+      :class:`slotserve.on_demand.OnDemand` decides, at most
+      ``max_loaded_models`` at once, each unloaded after ``idle_unload_s``
+      seconds without requests (0: never). Their served names become the
+      broker's ``on_demand_models`` (and the gateway's).
     """
 
     broker: BrokerConfig
@@ -135,10 +143,19 @@ class ClusterConfig:
     log_level: str = "WARNING"
     client_curve: object = None
     gateway: GatewayConfig | None = None
+    on_demand: tuple[WorkerConfig, ...] = ()
+    max_loaded_models: int = 3  # Ollama's default on a CPU
+    idle_unload_s: float = DEFAULT_IDLE_UNLOAD_S
 
     def __post_init__(self) -> None:
-        if not self.workers:
-            raise ValueError("a cluster needs at least one worker")
+        if not self.workers and not self.on_demand:
+            raise ValueError("a cluster needs at least one worker, or models on demand")
+        names = [w.served_names[0] for w in self.on_demand]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each model on demand once: got {names}")
+        if type(self.max_loaded_models) is not int or self.max_loaded_models < 1:
+            raise ValueError(f"max_loaded_models must be an int >= 1, got {self.max_loaded_models!r}")
+        as_seconds(self.idle_unload_s, "idle_unload_s", allow_zero=True)
         for n in ("start_timeout_s", "stop_timeout_s"):
             as_seconds(getattr(self, n), n)
 
@@ -164,6 +181,26 @@ class LocalCluster:
         self._gateway: mp.Process | None = None
         self._gateway_halt = _ctx.Event() if config.gateway is not None else None  # set: end the drain at once
         self._should_stop: Callable[[], bool] = _never
+        # models on demand: their decisions, the workers running and those being stopped, by model
+        self._demand: OnDemand | None = None
+        self._demand_cfg: dict[str, WorkerConfig] = {w.served_names[0]: w for w in config.on_demand}
+        self._demand_procs: dict[str, mp.Process] = {}
+        self._demand_stopping: dict[str, mp.Process] = {}
+        self._demand_client: Client | None = None
+        if config.on_demand:
+            names = tuple(n for w in config.on_demand for n in w.served_names)
+            self._broker_cfg = replace(config.broker, on_demand_models=names)
+            if self._gateway_cfg is not None:
+                self._gateway_cfg = replace(self._gateway_cfg, on_demand_models=names)
+            import psutil
+
+            needs = {n: estimate_bytes(w.model) for n, w in self._demand_cfg.items()}
+            total = psutil.virtual_memory().total
+            for name, need in needs.items():
+                if need > total:
+                    raise ValueError(f"model {name!r} needs about {need / 2**20:,.0f} MiB (its files x 1.25 + "
+                                     f"400 MiB) and this machine has {total / 2**20:,.0f} MiB of memory in all")
+            self._demand = OnDemand(needs, config.max_loaded_models, config.idle_unload_s)
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -174,7 +211,13 @@ class LocalCluster:
 
     @property
     def worker_processes(self) -> list[mp.Process]:
-        return [p for p in self._workers if p is not None]
+        """The worker processes running: the fixed ones, then those of models on demand."""
+        return [p for p in self._workers if p is not None] + list(self._demand_procs.values())
+
+    @property
+    def loaded_on_demand(self) -> dict[str, mp.Process]:
+        """Models on demand whose worker runs (started, maybe not registered yet): model -> its process."""
+        return dict(self._demand_procs)
 
     @property
     def broker_process(self) -> mp.Process | None:
@@ -291,7 +334,11 @@ class LocalCluster:
         seconds. Raises RuntimeError when children die more than
         ``max_restarts_per_min`` times in a minute (a crash loop).
         """
+        if self._demand is not None:
+            poll_s = min(poll_s, DEMAND_POLL_S)
         while not should_stop():
+            if self._demand is not None:
+                self.on_demand_pass()
             handles = [p.sentinel for p in self.worker_processes]
             if self._broker is not None:
                 handles.append(self._broker.sentinel)
@@ -324,6 +371,67 @@ class LocalCluster:
             raise RuntimeError(f"{what} died; more than {limit} restarts in a minute: giving up")
         log.warning("%s died: restarting it", what)
 
+    def on_demand_pass(self, now: float | None = None) -> list:
+        """One pass of the models on demand (:meth:`supervise` runs it every ``DEMAND_POLL_S``): the
+        broker's status -> :meth:`OnDemand.decide` -> start or stop worker processes; returns the
+        actions taken ([] without models on demand, or when the broker does not answer now).
+        A model's status is summed over its served names (requests for an alias wait under the alias
+        until its worker registers it). A worker of a model on demand that died is forgotten: the
+        model loads again when it is wanted."""
+        if self._demand is None:
+            return []
+        import psutil
+
+        from client.errors import BrokerUnavailable
+
+        try:
+            if self._demand_client is None:
+                self._demand_client = Client(self.frontend, connect_timeout_s=self.config.stop_timeout_s,
+                                             name="launcher-on-demand", curve=self.config.client_curve)
+            st = self._demand_client.status(timeout_s=self.config.stop_timeout_s)
+        except (BrokerUnavailable, RuntimeError, TimeoutError) as exc:  # broker restarting: next pass
+            log.info("models on demand: no broker status now (%s)", exc)
+            if self._demand_client is not None:
+                self._demand_client.close()
+                self._demand_client = None
+            return []
+        for name, p in list(self._demand_stopping.items()):
+            if not p.is_alive():
+                p.join()
+                del self._demand_stopping[name]
+        for name, p in list(self._demand_procs.items()):
+            if not p.is_alive():
+                log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
+                            name, p.exitcode)
+                p.join()
+                del self._demand_procs[name]
+        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
+        starting = frozenset(n for n in self._demand_procs if folded.models[n].workers == 0)
+        actions = self._demand.decide(folded, time.monotonic() if now is None else now,
+                                      psutil.virtual_memory().available, starting, frozenset(self._demand_stopping))
+        for a in actions:
+            if isinstance(a, Load):
+                log.warning("models on demand: loading %r", a.model)
+                self._start_on_demand(a.model)
+            elif isinstance(a, Unload):
+                p = self._demand_procs.pop(a.model, None)
+                log.warning("models on demand: unloading %r: %s", a.model, a.why)
+                if p is not None:
+                    p.terminate()  # the worker says goodbye; nothing is in flight on an idle model
+                    self._demand_stopping[a.model] = p
+            elif isinstance(a, Refuse):
+                log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
+                            a.model, a.why)
+        return actions
+
+    def _start_on_demand(self, model: str) -> None:
+        index = len(self._workers) + list(self._demand_cfg).index(model)
+        cfg = replace(self._demand_cfg[model], broker=self.backend)
+        p = _ctx.Process(target=worker_main, args=(cfg, self.config.log_level, index, self.config.stop_timeout_s),
+                         name=f"slotserve-worker-{index}", daemon=True)
+        p.start()
+        self._demand_procs[model] = p
+
     def restart_broker(self) -> None:
         """Start the broker again on the same endpoints (after a test killed it)."""
         if self._broker is not None:
@@ -348,8 +456,14 @@ class LocalCluster:
         if self._gateway is not None:
             self._stop_gateway(halt or _never, wakeup_fd)
             self._gateway = None
-        procs: Sequence[mp.Process] = [p for p in self._workers if p is not None]
+        if self._demand_client is not None:
+            self._demand_client.close()
+            self._demand_client = None
+        procs: Sequence[mp.Process] = [p for p in self._workers if p is not None] + \
+            list(self._demand_procs.values()) + list(self._demand_stopping.values())
         _terminate(procs, self.config.stop_timeout_s)
+        self._demand_procs.clear()
+        self._demand_stopping.clear()
         if self._broker is not None:
             _terminate([self._broker], self.config.stop_timeout_s)
         self._workers = [None] * len(self._workers)
@@ -411,6 +525,23 @@ def make_curve_keys(curve_dir: str, *, clients: int = 1, workers: int = 1) -> li
                 shutil.copyfile(public, dest)
                 written.append(dest)
     return written
+
+
+DEMAND_POLL_S = 0.2
+"""Seconds between two passes of the models on demand (a broker status query each)."""
+
+
+def _fold_aliases(status, names: dict[str, tuple[str, ...]]):
+    """``status`` whose models on demand (``names``: model -> its served names, the first its own) each
+    sum their served names' lines (requests for an alias queue under the alias until its worker
+    registers and claims it)."""
+    from protocol.messages import ModelStatus
+
+    models = dict(status.models)
+    for name, served in names.items():
+        lines = [models[n] for n in served if n in models]
+        models[name] = ModelStatus(*(sum(col) for col in zip(*lines))) if lines else ModelStatus(0, 0, 0, 0, 0, 0)
+    return replace(status, models=models)
 
 
 def _never() -> bool:

@@ -110,3 +110,35 @@ def test_the_estimate_counts_the_files_and_the_overhead(tmp_path):
     (tmp_path / "dir" / "config.json").write_bytes(b"{}")
     assert estimate_bytes(str(tmp_path / "dir"), overhead_bytes=MIB) == int((8 * MIB + 2) * 1.25) + MIB
     assert estimate_bytes("simulated", overhead_bytes=7) == 7
+
+
+# ---------------------------------------------------------------------- `slotserve up` with several models
+
+
+def test_models_dir_lists_gguf_files_and_model_folders(tmp_path):
+    import click
+
+    from slotserve.cli import _models_in
+
+    (tmp_path / "b.gguf").write_bytes(b"GGUF")
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder" / "config.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    assert _models_in(str(tmp_path)) == (str(tmp_path / "a-folder"), str(tmp_path / "b.gguf"))
+    with pytest.raises(click.UsageError, match="no .gguf file"):
+        _models_in(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("extra, says", [(["--served-model-name", "x"], "apply to one model"),
+                                         (["--workers", "2"], "apply to one model"),
+                                         (["--tokenizer", "t"], "--tokenizer applies to one model"),
+                                         (["--reasoning-parser", "qwen3"], "give --http-port too")])
+def test_up_with_several_models_refuses_what_applies_to_one(tmp_path, extra, says):
+    from click.testing import CliRunner
+
+    from slotserve.cli import main
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    result = CliRunner().invoke(main, ["up", "--model", "simulated", "--model", str(tmp_path / "m.gguf"), *extra])
+    assert result.exit_code == 2 and says in result.output, result.output

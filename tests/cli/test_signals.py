@@ -164,16 +164,29 @@ def group_left(pgid: int) -> list:
     return left
 
 
+_UNREAD: dict[int, str] = {}  # pid -> stderr text read past the line stderr_line returned
+
+
 def stderr_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> str:
-    """Read ``proc``'s stderr until a line containing ``needle`` (deadline ``timeout_s``)."""
+    """Read ``proc``'s stderr until a line containing ``needle`` (deadline ``timeout_s``).
+
+    Reads the pipe's file descriptor itself: select() on the buffered text stream can wait for
+    bytes its buffer already holds (a readline() that read two lines, the second the one wanted),
+    which sent the test's signal only once the command had finished (stop 38, at load 4-5)."""
     deadline = Deadline(timeout_s)
+    fd = proc.stderr.fileno()
+    buf = _UNREAD.pop(proc.pid, "")
     while True:
-        ready, _, _ = select.select([proc.stderr], [], [], deadline.left_s())
+        while "\n" in buf:
+            line, buf = buf.split("\n", 1)
+            if needle in line:
+                _UNREAD[proc.pid] = buf
+                return line + "\n"
+        ready, _, _ = select.select([fd], [], [], deadline.left_s())
         assert ready, f"timed out waiting for {needle!r} on stderr"
-        line = proc.stderr.readline()
-        assert line, f"stderr closed before {needle!r} (exit status {proc.wait(10)})"
-        if needle in line:
-            return line
+        chunk = os.read(fd, 65536)
+        assert chunk, f"stderr closed before {needle!r} (exit status {proc.wait(10)})"
+        buf += chunk.decode(errors="replace")
 
 
 @pytest.mark.parametrize("phase", ["starting", "broker up"])
@@ -186,10 +199,11 @@ def test_run_stopped_before_its_cluster_is_up_leaves_an_output_and_no_children(t
     SIGTERM to the command alone (`kill`), SIGINT to its group (Ctrl-C)."""
     inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = write_input(inp, 50, 10)
-    # 50 ms a step: the run lasts seconds, so a signal the test sends late (a busy machine: CI's run
-    # of stop 37 finished all 50 rows in 15 ms before the SIGTERM came) still lands before its end
+    # 200 ms a step: the run lasts ~25 s, so a signal the test sends late still lands before its end (a
+    # busy machine: CI's run of stop 37 finished all 50 rows in 15 ms before the SIGTERM came; at load 5
+    # with 50 ms a step, the run of stop 38 finished in 4.4 s before it). The signal ends it at once.
     proc = start(["run", str(inp), "-o", str(outp), "--workers", "2", "--slots", "2", "--no-progress",
-                  "--step-delay-ms", "50"])
+                  "--step-delay-ms", "200"])
     try:
         stderr_line(proc, "starting a local cluster", 60)
         if phase == "broker up":

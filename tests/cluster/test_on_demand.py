@@ -1,0 +1,115 @@
+"""Models on demand through real processes (issue 34 item 1): a LocalCluster with two models and room
+for one loads each when its requests arrive, unloads the other to make room, serves every request
+(none lost, none refused), and unloads an idle model; the HTTP gateway lists each model's state.
+The decisions themselves are tested without processes in tests/cli/test_on_demand.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker import BrokerConfig
+from client import Client
+from slotserve.launcher import ClusterConfig, LocalCluster
+from tests.support.cluster import ANY_PORT
+from worker.config import WorkerConfig
+
+MODELS = ("model-a", "model-b")
+
+
+def config(**kw) -> ClusterConfig:
+    workers = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, warmup=False)
+                    for name in MODELS)
+    return ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.2,
+                                      register_grace_s=0.5),
+                         workers=(), on_demand=workers, start_timeout_s=60.0, **kw)
+
+
+def drive(cluster: LocalCluster, handles, timeout_s: float = 60.0) -> list:
+    """Run the supervisor's passes (as ``supervise`` does) until every handle ended; the actions taken."""
+    actions = []
+    deadline = time.monotonic() + timeout_s
+    while not all(h.done() for h in handles):
+        assert time.monotonic() < deadline, f"not served: {[h.finish_reason for h in handles]}"
+        actions += cluster.on_demand_pass()
+        for h in handles:
+            if not h.done():
+                try:
+                    h.result(timeout=0.05)
+                except TimeoutError:
+                    pass
+                break
+    return actions
+
+
+def test_alternating_requests_for_two_models_with_room_for_one_are_all_served():
+    with LocalCluster(config(max_loaded_models=1, idle_unload_s=0.0)) as cluster:
+        assert cluster.worker_processes == []  # nothing loaded before it is asked for
+        clients = {m: Client(cluster.frontend, model=m, connect_timeout_s=10) for m in MODELS}
+        try:
+            taken = []
+            for round_ in range(3):
+                for m in MODELS:
+                    handles = [clients[m].submit_request([1, 2, 3], 4) for _ in range(2)]
+                    taken += drive(cluster, handles)
+                    assert all(h.finish_reason.value == "length" and len(h.tokens) == 4 for h in handles), round_
+                    assert set(cluster.loaded_on_demand) == {m}  # one at a time
+            loads = [a.model for a in taken if type(a).__name__ == "Load"]
+            assert loads == list(MODELS) * 3  # each turn loads its model once
+            assert all(type(a).__name__ in ("Load", "Unload") for a in taken)
+        finally:
+            for c in clients.values():
+                c.close()
+
+
+def test_an_idle_model_is_unloaded_and_loads_again_when_asked():
+    with LocalCluster(config(max_loaded_models=2, idle_unload_s=0.3)) as cluster:
+        with Client(cluster.frontend, model="model-a", connect_timeout_s=10) as c:
+            h = c.submit_request([5], 2)
+            drive(cluster, [h])
+            assert h.finish_reason.value == "length" and set(cluster.loaded_on_demand) == {"model-a"}
+            deadline = time.monotonic() + 30
+            unloads = []
+            while not unloads:
+                assert time.monotonic() < deadline
+                unloads = [a for a in cluster.on_demand_pass() if type(a).__name__ == "Unload"]
+                time.sleep(0.05)  # (the pass's own pacing: the idle clock is what is tested)
+            assert unloads[0].model == "model-a" and "idle" in unloads[0].why
+            h = c.submit_request([5], 2)
+            drive(cluster, [h])
+            assert h.finish_reason.value == "length"
+
+
+@pytest.mark.parametrize("bad, says", [(dict(workers=(), on_demand=()), "at least one worker"),
+                                       (dict(max_loaded_models=0), "max_loaded_models")])
+def test_bad_cluster_configs_are_value_errors(bad, says):
+    kw = dict(broker=BrokerConfig(), workers=(), on_demand=(WorkerConfig(model="simulated"),))
+    with pytest.raises(ValueError, match=says):
+        ClusterConfig(**{**kw, **bad})
+
+
+def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each_state():
+    import threading
+
+    import httpx
+    import openai
+
+    from gateway.config import GatewayConfig
+
+    with LocalCluster(config(max_loaded_models=1, idle_unload_s=0.0, gateway=GatewayConfig(port=0))) as cluster:
+        stop = threading.Event()
+        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), daemon=True)
+        supervisor.start()
+        try:
+            states = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
+            assert states == {"model-a": "unloaded", "model-b": "unloaded"}
+            sdk = openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="x", max_retries=0, timeout=60)
+            for m in ("model-b", "model-a"):
+                out = sdk.completions.create(model=m, prompt=[1, 2, 3], max_tokens=3)
+                assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 3
+            states = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
+            assert states["model-a"] == "loaded" and states["model-b"] in ("unloaded", "loaded")  # b: going away
+        finally:
+            stop.set()
+            supervisor.join(30)
