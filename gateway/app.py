@@ -42,6 +42,7 @@ from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
 from gateway.link import BrokerConnections
+from gateway.messages_api import MessagesEndpoints
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response
 from gateway.responses_api import ResponsesEndpoints
@@ -141,6 +142,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)
     responses = ResponsesEndpoints(generate, ResponseStore(config.responses_store_max,
                                                            config.responses_store_max_age_s))
+    messages = MessagesEndpoints(generate, tokenize)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -161,6 +163,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),

@@ -228,6 +228,7 @@ class ResponsesTranslation:
         self.body: ResponsesRequest | None = None
         self.history: list[dict] = []  # the conversation before this response's output, without instructions
         self.id = new_id("resp", "_")
+        self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.created_at = int(time.time())
 
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
@@ -248,12 +249,14 @@ class ResponsesTranslation:
             raise bad_request("Missing required parameter: 'input'", "input", "missing_required_parameter")
         self.history += input_messages(body.input)
         system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
-        return chat_request({
+        chat = chat_request({
             "model": body.model, "messages": system + self.history, "max_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "tools": _tools(body.tools),
             "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
             "response_format": _response_format(body.text), "stream": body.stream,
-            "stream_options": {"include_usage": True} if body.stream else None})
+            "stream_options": {"include_usage": True} if body.stream else None}, _PARAMS)
+        self.on_chat_path = True
+        return chat
 
     def answer(self, completion: dict) -> Response:
         items = OutputItems()
@@ -300,7 +303,8 @@ class ResponsesTranslation:
                     response=response)
 
     def error(self, e: APIError) -> Response:
-        e.param = renamed(e.param, _PARAMS)
+        if self.on_chat_path:
+            e.param = renamed(e.param, _PARAMS)
         return error_response(e)
 
     def _finish(self, items: OutputItems, reason: str | None, usage: dict | None) -> dict:

@@ -46,7 +46,8 @@ class Translation(Protocol):
         :data:`gateway.responses.STREAM_END`, or an :class:`APIError` when the request failed."""
 
     def error(self, e: APIError) -> Response:
-        """``e`` (its ``param`` a chat field) in the vendor's error shape, naming the vendor's field."""
+        """``e`` in the vendor's error shape, naming the vendor's field (``e.param`` is the vendor's
+        when the body was refused before it became a chat request, else the chat path's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +111,15 @@ def parse_body(schema: type[BaseModel], raw: bytes) -> BaseModel:
         raise from_validation(e.errors(include_url=False, include_context=False)) from None
 
 
-def chat_request(fields: dict) -> ChatCompletionRequest:
-    """The chat request of ``fields`` (the body's translation; ``None`` values left out)."""
-    return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+def chat_request(fields: dict, params: tuple[tuple[str, str], ...]) -> ChatCompletionRequest:
+    """The chat request of ``fields`` (the body's translation; ``None`` values left out); 400 for a
+    value the chat request refuses, naming the vendor's field (``params``: :func:`renamed`'s table)."""
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        err = from_validation(e.errors(include_url=False, include_context=False))
+        err.param = renamed(err.param, params)
+        raise err from None
 
 
 def unsupported_field(field: str, what: str) -> APIError:

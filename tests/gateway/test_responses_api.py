@@ -255,10 +255,11 @@ def test_live_forced_call_round_trips(oai, text_model):
     tools = [{"type": "function", "name": "get_time", "strict": True, "parameters": {
         "type": "object", "additionalProperties": False, "required": ["zone"],
         "properties": {"zone": {"enum": ["utc", "cet"]}}}}]
-    r = oai.responses.create(model=text_model, input="hello world", tools=tools, max_output_tokens=40,
+    r = oai.responses.create(model=text_model, input="hello world", tools=tools, max_output_tokens=80,
                              temperature=0, tool_choice={"type": "function", "name": "get_time"})
-    (call,) = [item for item in r.output if item.type == "function_call"]
-    assert r.status == "completed" and call.name == "get_time" and json.loads(call.arguments)["zone"] in ("utc", "cet")
+    (call,) = [item for item in r.output if item.type == "function_call"] or [r.model_dump()]
+    assert r.status == "completed", (r.output, r.usage)
+    assert call.name == "get_time" and json.loads(call.arguments)["zone"] in ("utc", "cet")
     again = oai.responses.create(model=text_model, previous_response_id=r.id, tools=tools, max_output_tokens=3,
                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}])
     assert again.usage.input_tokens > r.usage.input_tokens
