@@ -293,7 +293,7 @@ class ResponsesTranslation:
             for e in taken():
                 yield e
             response = self._response("failed", items.items)
-            response["error"] = {"code": failure.code or "server_error", "message": failure.message}
+            response["error"] = {"code": _failed_code(failure.status), "message": failure.message}
             yield event("response.failed", response=response)
             return
         response = self._finish(items, reason, usage)
@@ -330,6 +330,13 @@ class ResponsesTranslation:
                 "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "top_p": body.top_p,
                 "truncation": "disabled", "usage": response_usage(usage), "user": body.user,
                 "metadata": body.metadata or {}}
+
+
+def _failed_code(status: int) -> str:
+    """A failed response's ``error.code``: OpenAI's codes for it are few (``ResponseError.code``):
+    ``rate_limit_exceeded`` (429), ``invalid_prompt`` (another 4xx, e.g. the context is exceeded),
+    ``server_error``."""
+    return "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status < 500 else "server_error"
 
 
 def _assistant(items: list[dict]) -> list[dict]:

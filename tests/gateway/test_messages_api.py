@@ -21,7 +21,7 @@ anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from anthropic.types import RawMessageStreamEvent  # noqa: E402
+from anthropic.types import Message, RawMessageStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
@@ -94,6 +94,7 @@ def test_a_stream_adds_up_to_the_answer(scripted, name):
     sdk, http, _ = scripted
     kw = dict(model="m", messages=user(name), max_tokens=9 if name == "cut" else 100, tools=TOOLS)
     whole = sdk.messages.create(**kw)
+    Message.model_validate(whole.model_dump(mode="json", exclude_unset=True))  # strictly the SDK's type
     with sdk.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     events = raw_events(http, kw)
@@ -200,6 +201,29 @@ def test_keys_by_either_header_and_a_refusal_in_anthropic_shape(scripted):
                             max_retries=0).messages.create(**body)
 
 
+def test_a_failure_after_the_start_is_an_error_event():
+    import asyncio
+
+    from gateway.messages_api import MessagesTranslation
+    from gateway.responses import STREAM_END
+    from tests.gateway.test_responses_api import chat_stream, chunk
+
+    tr = MessagesTranslation()
+    tr.chat_body(b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stream": true}')
+
+    async def run():
+        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}),
+                             APIError(503, "no worker", code="unavailable"), STREAM_END)
+        return [e async for e in tr.events(stream)]
+
+    events = [e.decode().split("\n") for e in asyncio.run(run())]
+    assert [head for head, *_ in events] == ["event: message_start", "event: content_block_start",
+                                             "event: content_block_delta", "event: error"]
+    assert json.loads(events[-1][1][len("data: "):]) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "no worker"}}
+    assert json.loads(events[0][1][len("data: "):])["message"]["usage"] == {"input_tokens": 3, "output_tokens": 0}
+
+
 def test_blocks_become_chat_messages():
     assert chat_messages([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], [
         {"role": "user", "content": "hi"},
@@ -252,6 +276,10 @@ def test_live_stream_equals_the_answer_and_count_tokens_the_prompt(claude, text_
     assert text == whole.content[0].text == final.content[0].text
     assert claude.messages.count_tokens(model=text_model, messages=kw["messages"],
                                         system="Be brief.").input_tokens == whole.usage.input_tokens
+    stop = whole.content[0].text[2:4]  # a piece of the known output: the same request stops at it
+    stopped = claude.messages.create(**kw, stop_sequences=[stop])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+    assert stop not in stopped.content[0].text and whole.content[0].text.startswith(stopped.content[0].text)
     with_tools = claude.messages.create(**kw, tools=LIVE_TOOLS)
     assert with_tools.stop_reason in ("max_tokens", "tool_use", "end_turn")
     assert claude.messages.count_tokens(model=text_model, messages=kw["messages"], system="Be brief.",

@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from openai.types.responses import ResponseStreamEvent  # noqa: E402
+from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Route  # noqa: E402
@@ -81,6 +81,7 @@ def test_a_stream_adds_up_to_the_answer(scripted, name):
     sdk, _, _ = scripted
     kw = dict(model="m", input=name, max_output_tokens=9 if name == "cut" else 100, tools=FUNCTIONS)
     whole = sdk.responses.create(**kw)
+    Response.model_validate(whole.model_dump(mode="json", exclude_unset=True))  # strictly the SDK's type
     events, final = collect(sdk.responses.create(**kw, stream=True))
     strip = {"id", "created_at"}
     shape = lambda r: [{k: v for k, v in item.model_dump().items() if k not in ("id", "call_id")}  # noqa: E731
@@ -180,6 +181,52 @@ def test_structured_output_reaches_the_chat_path(scripted):
 
 
 # ---------------------------------------------------------------------- the translation and the store alone
+
+
+def chat_stream(*items):
+    """An async chat stream of ``items`` (chunk bodies, an APIError, STREAM_END), as the chat path yields them."""
+    async def gen():
+        for item in items:
+            yield item
+    return gen()
+
+
+def chunk(delta: dict, finish: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def sse_events(raw: list[bytes]) -> list[dict]:
+    out = []
+    for event in raw:
+        head, data = event.decode().split("\n", 1)
+        out.append(json.loads(data[len("data: "):]))
+        assert head == "event: " + out[-1]["type"]
+    return out
+
+
+def test_a_failure_after_the_start_ends_the_stream_with_response_failed():
+    import asyncio
+
+    from gateway.responses import STREAM_END
+    from gateway.responses_api import ResponsesTranslation
+
+    tr = ResponsesTranslation(ResponseStore(4, 60.0))
+    tr.chat_body(b'{"model": "m", "input": "hi", "stream": true}')
+    failure = APIError(500, "the model failed", code="internal")
+
+    async def run():
+        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), failure,
+                             STREAM_END)
+        return [e async for e in tr.events(stream)]
+
+    events = sse_events(asyncio.run(run()))
+    assert [e["type"] for e in events][-4:] == ["response.output_text.done", "response.content_part.done",
+                                               "response.output_item.done", "response.failed"]
+    failed = EVENTS.validate_python(events[-1])
+    assert failed.response.status == "failed" and failed.response.error.message == "the model failed"
+    assert failed.response.output[0].content[0].text == "Hel" and len(tr.store) == 0  # (a failure is not stored)
+
 
 
 def test_input_items_become_chat_messages():
