@@ -28,10 +28,12 @@ Messages field              on the chat path
 ``stream``                  the chat stream, written as Anthropic's events
 =========================== ==================================================================
 
-Accepted and not used: ``metadata``, ``output_config.effort``, ``inference_geo``, ``speed``, ``thinking`` (the model thinks as its chat template says;
-``--reasoning-parser`` splits it into ``thinking`` blocks), ``service_tier``, and ``cache_control``
-(top-level, on blocks and tools). Refused with a 400 naming the field: ``container``, ``mcp_servers``,
-``context_management``, image and document blocks, server tools.
+Accepted and not used: ``metadata``, ``output_config.effort``, ``inference_geo``, ``speed``,
+``thinking`` (the model thinks as its chat template says; ``--reasoning-parser`` splits it into
+``thinking`` blocks), ``service_tier``, ``cache_control`` (top-level, on blocks and tools), and a
+``tool_result``'s ``is_error`` (its content is shown as any result's). Refused with a 400 naming
+the field: ``container``, ``mcp_servers``, ``context_management``, image and document blocks,
+server tools.
 
 The answer is a Message: ``content`` blocks (:mod:`gateway.messages_output`), ``stop_reason``
 (``end_turn``, ``max_tokens``, ``stop_sequence`` with ``stop_sequence``, ``tool_use``) and
@@ -59,7 +61,7 @@ from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
-    unsupported_field
+    string_field, unsupported_field
 
 __all__ = ["CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
 
@@ -136,25 +138,18 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
             if kind == "text":
                 texts.append(_text([block], at))
             elif kind == "tool_use" and role == "assistant":
-                calls.append({"id": _string(block, "id", at), "type": "function", "function": {
-                    "name": _string(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
+                calls.append({"id": string_field(block, "id", at), "type": "function", "function": {
+                    "name": string_field(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
             elif kind == "tool_result" and role == "user":
-                results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
+                results.append({"role": "tool", "tool_call_id": string_field(block, "tool_use_id", at),
                                 "content": _text(block.get("content", ""), f"{at}.content")})
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
-                raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: text"
-                                        f"{', tool_use' if role == 'assistant' else ', tool_result'}; not {kind!r:.40})")
+                allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
+                raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {kind!r:.40})")
         out += results
         if texts or calls or not results:
             out.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
     return out
-
-
-def _string(block: dict, key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
-    return value
 
 
 def _text(content: Any, where: str) -> str:

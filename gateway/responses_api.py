@@ -62,7 +62,7 @@ from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
-    unsupported_field
+    string_field, unsupported_field
 
 __all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_messages"]
 
@@ -121,7 +121,8 @@ class ResponsesRequest(BaseModel):
 
 # chat fields -> Responses fields, for the chat path's errors
 _PARAMS = (
-    (r"messages(\.\d+)?", "input"), (r"max_tokens", "max_output_tokens"), (r"response_format(\.json_schema)?", "text.format"),
+    (r"messages(\.\d+)?", "input"), (r"max_tokens", "max_output_tokens"),
+    (r"response_format(\.json_schema)?", "text.format"),
     (r"tools\.(\d+)\.function", r"tools.\1"),
 )
 
@@ -142,26 +143,20 @@ def input_messages(value: str | list[dict]) -> list[dict]:
             out.append({"role": "system" if role == "developer" else role,
                         "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            call = {"id": string_field(item, "call_id", where), "type": "function",
+                    "function": {"name": string_field(item, "name", where),
+                                 "arguments": string_field(item, "arguments", where)}}
             if out and out[-1]["role"] == "assistant":  # (one assistant turn: its text, then its calls)
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+            out.append({"role": "tool", "tool_call_id": string_field(item, "call_id", where),
                         "content": _text(item.get("output"), f"{where}.output")})
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
                                     f"function_call_output, reasoning; not {kind!r:.40})")
     return out
-
-
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
-    return value
 
 
 def _text(content: Any, where: str) -> str:

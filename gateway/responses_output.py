@@ -67,7 +67,8 @@ class OutputItems:
                 self._other = other = self._start_text("reasoning_text", "rs", {"type": "reasoning", "summary": []})
             item, delta = other, "response.reasoning_text.delta"
         item["content"][0]["text"] += piece.text
-        self._event(delta, item, content_index=0, delta=piece.text, **({"logprobs": []} if item is self._message else {}))
+        logprobs = {"logprobs": []} if item is self._message else {}
+        self._event(delta, item, content_index=0, delta=piece.text, **logprobs)
 
     def close(self, status: str = "completed") -> None:
         """End the open items with ``status`` (``"incomplete"``: the response was cut short)."""
@@ -124,6 +125,7 @@ def response_usage(usage: dict | None) -> dict | None:
     if usage is None:
         return None
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+    return {"input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"]}

@@ -26,8 +26,8 @@ from starlette.responses import Response
 from gateway.errors import APIError, bad_request, from_validation
 from gateway.schemas import ChatCompletionRequest
 
-__all__ = ["Piece", "Translation", "chat_request", "chunk_pieces", "completion_pieces", "parse_body", "renamed",
-           "unsupported_field"]
+__all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
+           "renamed", "string_field", "unsupported_field"]
 
 
 class Translation(Protocol):
@@ -124,7 +124,16 @@ def chat_request(fields: dict, params: tuple[tuple[str, str], ...]) -> ChatCompl
 
 def unsupported_field(field: str, what: str) -> APIError:
     """400 for a field of the vendor's API that slotserve does not serve on its translation, naming it."""
-    return bad_request(f"'{field}' is not supported by slotserve's {what}; leave it out", field, "unsupported_parameter")
+    return bad_request(f"'{field}' is not supported by slotserve's {what}; leave it out", field,
+                       "unsupported_parameter")
+
+
+def string_field(item: dict, key: str, where: str) -> str:
+    """``item[key]``, which must be a string: 400 naming ``where.key`` else."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+    return value
 
 
 def renamed(param: str | None, table: tuple[tuple[str, str], ...]) -> str | None:

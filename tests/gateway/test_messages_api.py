@@ -262,7 +262,8 @@ def claude(cluster):
 
 
 LIVE_TOOLS = [{"name": "get_time", "description": "The time in a zone", "input_schema": {
-    "type": "object", "additionalProperties": False, "required": ["zone"], "properties": {"zone": {"enum": ["utc", "cet"]}}}}]
+    "type": "object", "additionalProperties": False, "required": ["zone"],
+    "properties": {"zone": {"enum": ["utc", "cet"]}}}}]
 
 
 def test_live_stream_equals_the_answer_and_count_tokens_the_prompt(claude, text_model):
