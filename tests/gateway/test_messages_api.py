@@ -281,6 +281,10 @@ def test_live_stream_equals_the_answer_and_count_tokens_the_prompt(claude, text_
     stopped = claude.messages.create(**kw, stop_sequences=[stop])
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
     assert stop not in stopped.content[0].text and whole.content[0].text.startswith(stopped.content[0].text)
+    with claude.messages.stream(**kw, stop_sequences=[stop]) as stream:
+        streamed = stream.get_final_message()
+    assert (streamed.stop_reason, streamed.stop_sequence, streamed.content[0].text) == (
+        "stop_sequence", stop, stopped.content[0].text)
     with_tools = claude.messages.create(**kw, tools=LIVE_TOOLS)
     assert with_tools.stop_reason in ("max_tokens", "tool_use", "end_turn")
     assert claude.messages.count_tokens(model=text_model, messages=kw["messages"], system="Be brief.",
