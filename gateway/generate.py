@@ -231,10 +231,10 @@ class Generate:
                           ) -> ResponseBuilder:
         tok = call.tokenizer
         return builder(body.model, chat=isinstance(body, ChatCompletionRequest),
-                               token_str=token_id_string if tok is None else tok.token_str,
-                               echo=bool(getattr(body, "echo", False)),
-                               prompt_logprobs=body.prompt_logprobs is not None,
-                               token_bytes=None if tok is None else tok.token_bytes)
+                       token_str=token_id_string if tok is None else tok.token_str,
+                       echo=bool(getattr(body, "echo", False)),
+                       prompt_logprobs=body.prompt_logprobs is not None,
+                       token_bytes=None if tok is None else tok.token_bytes)
 
     async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
