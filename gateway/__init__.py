@@ -5,7 +5,10 @@
 
 :func:`create_app` gives the ASGI app alone (Starlette), for another server.
 Layout: :mod:`gateway.app` (the app, plain endpoints), :mod:`gateway.generate`
-(completions and chat), :mod:`gateway.schemas` (request
+(completions and chat), :mod:`gateway.translation` (other vendors' APIs on the chat path:
+:mod:`gateway.responses_api` with :mod:`gateway.responses_output` and :mod:`gateway.response_store`,
+OpenAI's Responses API; :mod:`gateway.messages_api` with :mod:`gateway.messages_output`, Anthropic's
+Messages API), :mod:`gateway.schemas` (request
 bodies), :mod:`gateway.options` (body fields -> request options, the one
 mapping), :mod:`gateway.responses` (bodies, chunks, finish_reason mapping),
 :mod:`gateway.errors` (OpenAI's error shape, status codes), :mod:`gateway.auth`

@@ -2,6 +2,9 @@
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
   (:mod:`gateway.generate`), plain or streamed as server-sent events.
+- ``POST /v1/responses`` (``GET`` / ``DELETE /v1/responses/{id}``): OpenAI's Responses API
+  (:mod:`gateway.responses_api`); ``POST /v1/messages`` and ``/v1/messages/count_tokens``:
+  Anthropic's Messages API (:mod:`gateway.messages_api`); both translations onto the chat path.
 - ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
@@ -39,8 +42,11 @@ from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
 from gateway.link import BrokerConnections
+from gateway.messages_api import MessagesEndpoints
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response
+from gateway.responses_api import ResponsesEndpoints
+from gateway.response_store import ResponseStore
 from gateway.tokenize import TokenizeEndpoints
 from gateway.tokenizer import Loader, Tokenizers
 
@@ -137,6 +143,9 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     generate = Generate(config, link, metrics, drain, tokenizers)
     service = ServiceEndpoints(link, metrics, drain)
     tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)
+    responses = ResponsesEndpoints(generate, ResponseStore(config.responses_store_max,
+                                                           config.responses_store_max_age_s))
+    messages = MessagesEndpoints(generate, tokenize)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -154,6 +163,11 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     routes = [
         Route("/v1/completions", generate.completions, methods=["POST"]),
         Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),

@@ -9,6 +9,11 @@ key); ``/tokenize``, ``/detokenize`` (vLLM's paths, outside ``/v1``) and ``/infi
 scraper's credential, apart from the API's: a leaked scrape key cannot
 generate, an API key cannot read the metrics).
 
+``/v1/messages`` and ``/v1/responses`` (and below them) also take the key as ``x-api-key: KEY``:
+the ``anthropic`` SDK's header (Claude Code sends it), accepted on the Responses API too so that one
+client configuration serves both. A refusal on ``/v1/messages`` is in Anthropic's error shape
+(``authentication_error``, :meth:`gateway.errors.APIError.anthropic_body`).
+
 A refusal is 401 in OpenAI's error shape (``invalid_request_error``,
 ``invalid_api_key``, as api.openai.com answers a wrong key) with RFC 6750's
 ``WWW-Authenticate: Bearer``. The key sent is never shown back or logged.
@@ -32,7 +37,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import unauthorized
-from gateway.responses import error_response
+from gateway.responses import error_response, json_response
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,23 @@ def bearer_token(authorization: str | None) -> str | None:
 _TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/infill"})
 """Outside ``/v1`` (vLLM's and llama.cpp's paths), and guarded by the API keys all the same."""
 
+_ANTHROPIC = "/v1/messages"
+_X_API_KEY_PATHS = (_ANTHROPIC, "/v1/responses")
+"""The paths (and those below them) that also take the key as ``x-api-key``."""
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def presented_key(path: str, headers: Headers) -> str | None:
+    """The key a request presents: its Bearer token, else (on :data:`_X_API_KEY_PATHS`) its
+    ``x-api-key`` header; None for neither."""
+    token = bearer_token(headers.get("authorization"))
+    if token is None and any(_under(path, p) for p in _X_API_KEY_PATHS):
+        token = (headers.get("x-api-key") or "").strip() or None
+    return token
+
 
 class APIKeys:
     """The ASGI middleware: checks ``/v1/*`` against ``api_keys`` and ``/metrics``
@@ -98,7 +120,7 @@ class APIKeys:
             guard = self._keys_for(scope["path"])
             if guard is not None and guard[0]:
                 keys, option = guard
-                token = bearer_token(Headers(scope=scope).get("authorization"))
+                token = presented_key(scope["path"], Headers(scope=scope))
                 if token is None or not keys.accepts(token):
                     await self._refuse(scope, receive, send, token is None, option)
                     return
@@ -113,8 +135,14 @@ class APIKeys:
                  client[0] if client else "?", "no Bearer key" if missing else "a key that is not valid")
         if missing:
             message = (f"no API key: this gateway needs 'Authorization: Bearer KEY' with a key it was started "
-                       f"with ({option}); the openai SDK sends its api_key so")
+                       f"with ({option}); the openai SDK sends its api_key so"
+                       + ("; x-api-key: KEY also works here" if any(_under(scope["path"], p) for p in _X_API_KEY_PATHS)
+                          else ""))
         else:
             message = (f"incorrect API key provided (not shown back): send one of the keys this gateway was "
                        f"started with ({option}) as 'Authorization: Bearer KEY'")
-        await error_response(unauthorized(message))(scope, receive, send)
+        e = unauthorized(message)
+        if _under(scope["path"], _ANTHROPIC):  # (the anthropic SDK reads its own shape)
+            await json_response(e.anthropic_body(), e.status, e.headers)(scope, receive, send)
+            return
+        await error_response(e)(scope, receive, send)

@@ -62,6 +62,9 @@ class GatewayConfig:
       and serves ``/tokenize``: a model alias, folder or ``.gguf`` file, loaded
       by the loader the CLI gives :func:`gateway.run` (:mod:`gateway.tokenizer`);
       None: each served model's own name, when it names a local model.
+    - ``responses_store_max`` / ``responses_store_max_age_s``: the bounds of the in-memory store of
+      ``/v1/responses`` answers (``previous_response_id``, ``GET``): at most this many responses
+      (the oldest dropped first), each kept at most this many seconds (:mod:`gateway.response_store`).
 
     Keys are Bearer tokens as RFC 6750 defines them (letters, digits and
     ``-._~+/``, then optional ``=``: what ``secrets.token_urlsafe``, base64,
@@ -85,6 +88,8 @@ class GatewayConfig:
     tokenizer: str | None = None
     reasoning_parser: str | None = None
     on_demand_models: tuple[str, ...] = ()
+    responses_store_max: int = 1000
+    responses_store_max_age_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -93,11 +98,11 @@ class GatewayConfig:
             raise ValueError(f"host must be a non-empty address, got {self.host!r}")
         if type(self.port) is not int or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}")
-        for name in ("max_body_bytes", "max_choices", "default_chat_max_tokens"):
+        for name in ("max_body_bytes", "max_choices", "default_chat_max_tokens", "responses_store_max"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("status_interval_s", "connect_timeout_s"):
+        for name in ("status_interval_s", "connect_timeout_s", "responses_store_max_age_s"):
             as_seconds(getattr(self, name), name)
         as_seconds(self.shutdown_timeout_s, "shutdown_timeout_s", allow_zero=True)
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer.strip()):

@@ -49,6 +49,14 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "inva
           501: "invalid_request_error", 503: "service_unavailable_error"}
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
+"""HTTP status -> the ``error.type`` of Anthropic's error shape (``/v1/messages``); another 4xx is
+``invalid_request_error``, another 5xx ``api_error``. slotserve's 503 (no worker now, draining) is
+Anthropic's ``overloaded_error``: retry later."""
+
+
 class APIError(Exception):
     """An HTTP error answer: ``status`` (int), ``message`` (what went wrong and
     what to do), ``param`` (the body field at fault, or None), ``code`` (a
@@ -73,6 +81,16 @@ class APIError(Exception):
 
     def to_json(self) -> bytes:
         return to_json(self.body())
+
+    def anthropic_body(self) -> dict:
+        """The error in Anthropic's shape (its API reference, "Errors"): ``{"type": "error", "error":
+        {"type", "message"}}``, the type by status (:data:`ANTHROPIC_TYPES`); Anthropic's error has no
+        ``param``, so the message starts with the field at fault."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        message = self.message
+        if self.param is not None and not message.startswith(self.param):
+            message = f"{self.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:

@@ -36,13 +36,14 @@ from gateway.generation import Generation, Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
 from gateway.options import chat_messages, for_choice, request_options
-from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_response, finish_reason, json_response, \
-    prompt_tokens, sse, usage
+from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error_response, finish_reason, \
+    json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
 from gateway.reasoning import ThinkStream, split_reasoning
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
+from gateway.translation import Translation
 from protocol.enums import FinishReason
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -143,20 +144,26 @@ class Generate:
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, ChatCompletionRequest)
 
-    async def _generate(self, request: Request, schema: type[_Sampling]) -> Response:
+    async def translated(self, request: Request, translation: Translation) -> Response:
+        """Serve ``request`` of another vendor's API on the chat path: ``translation`` turns its body
+        into a chat request, and the chat answer, stream or error into its own shapes
+        (:mod:`gateway.translation`)."""
+        return await self._generate(request, ChatCompletionRequest, translation)
+
+    async def _generate(self, request: Request, schema: type[_Sampling], tr: Translation | None = None) -> Response:
         call = _Call(request.scope["path"], Signal(asyncio.get_running_loop()))
         self.metrics.in_flight.inc()
         try:
             if self.drain.draining:
                 raise shutting_down(REFUSED)
             self.drain.add(call)
-            body = await self._parse(request, schema)
+            body = await self._parse(request, schema, tr)
             call.check_ended()
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
                 call.tools = tool_plan(body)
             if body.stream:
-                return await self._start_stream(request, body, call)
+                return await self._start_stream(request, body, call, tr)
             await self._submit(body, call, stream=False)
             watch = _Watch(request, call.signal)
             try:
@@ -175,10 +182,10 @@ class Generate:
                 _split_reasoning(out, parser)  # (tool calls are read in the answer)
             if call.tools is not None:
                 out = apply_tool_calls(out, call.tools)
-            return json_response(out)
+            return json_response(out) if tr is None else tr.answer(out)
         except APIError as e:
             self._observe(call, e.status)
-            return error_response(e)
+            return error_response(e) if tr is None else tr.error(e)
         except (ClientGone, ClientDisconnect):
             self._observe(call, 499)
             return Response(status_code=499)
@@ -207,11 +214,11 @@ class Generate:
         call.cancel()
         self.drain.discard(call)
 
-    async def _parse(self, request: Request, schema: type[_Sampling]) -> _Sampling:
+    async def _parse(self, request: Request, schema: type[_Sampling], tr: Translation | None = None) -> _Sampling:
         _check_json_body_headers(request.headers)
         raw = await read_body(request, self.config.max_body_bytes)
         try:
-            body = schema.model_validate_json(raw)
+            body = schema.model_validate_json(raw) if tr is None else tr.chat_body(raw)
         except ValidationError as e:
             raise from_validation(e.errors(include_url=False, include_context=False)) from None
         name = body.unsupported()
@@ -221,13 +228,14 @@ class Generate:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         return body
 
-    def _response_builder(self, body: _Sampling, call: _Call) -> ResponseBuilder:
+    def _response_builder(self, body: _Sampling, call: _Call, builder: type[ResponseBuilder] = ResponseBuilder
+                          ) -> ResponseBuilder:
         tok = call.tokenizer
-        return ResponseBuilder(body.model, chat=isinstance(body, ChatCompletionRequest),
-                               token_str=token_id_string if tok is None else tok.token_str,
-                               echo=bool(getattr(body, "echo", False)),
-                               prompt_logprobs=body.prompt_logprobs is not None,
-                               token_bytes=None if tok is None else tok.token_bytes)
+        return builder(body.model, chat=isinstance(body, ChatCompletionRequest),
+                       token_str=token_id_string if tok is None else tok.token_str,
+                       echo=bool(getattr(body, "echo", False)),
+                       prompt_logprobs=body.prompt_logprobs is not None,
+                       token_bytes=None if tok is None else tok.token_bytes)
 
     async def _submit(self, body: _Sampling, call: _Call, stream: bool) -> None:
         """Submit every choice of ``body`` (prompts x n) on the model's shared client."""
@@ -339,7 +347,8 @@ class Generate:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _start_stream(self, request: Request, body: _Sampling, call: _Call) -> Response:
+    async def _start_stream(self, request: Request, body: _Sampling, call: _Call,
+                            tr: Translation | None = None) -> Response:
         """Submit, wait until every choice has its first token or has ended, then
         answer: an HTTP error if one failed already, else a stream from there."""
         await self._submit(body, call, stream=True)
@@ -357,9 +366,10 @@ class Generate:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
-        resp = self._response_builder(body, call)
+        resp = self._response_builder(body, call, ResponseBuilder if tr is None else ChunkBodies)
         call.streaming = True
-        return _EventStream(self._events(call, resp, include_usage, body, continuous), lambda: self._end(call))
+        events = self._events(call, resp, include_usage, body, continuous)
+        return _EventStream(events if tr is None else tr.events(events), lambda: self._end(call))
 
     async def _events(self, call: _Call, resp: ResponseBuilder, include_usage: bool, body: _Sampling,
                       continuous: bool = False):
@@ -395,8 +405,8 @@ class Generate:
                             self._raise_failure(call, body)
                         except APIError as e:
                             self._observe(call, e.status)
-                            yield sse(e.body())
-                            yield DONE
+                            yield resp.error_event(e)
+                            yield resp.done
                             return
                 reason = finish_reason(g.finish_reason) if d.finished else None
                 stop_reason = g.stop_reason if d.finished else None
@@ -417,13 +427,13 @@ class Generate:
                 if call.ended is not None:
                     e = shutting_down(call.ended)
                     self._observe(call, e.status)
-                    yield sse(e.body())
-                    yield DONE
+                    yield resp.error_event(e)
+                    yield resp.done
                     return
                 await call.signal.wait()
         if include_usage:
             yield resp.chunk([], usage(call.gens, call.prompts), with_usage=True)
-        yield DONE
+        yield resp.done
         self._observe(call, 200)
 
 

@@ -61,10 +61,10 @@ _ID_PREFIX = os.urandom(6).hex()  # per process: ids from two gateways never col
 _ID_COUNTER = itertools.count()
 
 
-def new_id(prefix: str) -> str:
-    """``cmpl-...`` / ``chatcmpl-...``: a fresh response id (a per-process
+def new_id(prefix: str, sep: str = "-") -> str:
+    """``cmpl-...`` / ``chatcmpl-...`` (``resp_...`` with ``sep="_"``): a fresh id (a per-process
     random part and a counter: unique, and cheaper than a uuid4 per request)."""
-    return f"{prefix}-{_ID_PREFIX}{next(_ID_COUNTER):010x}"
+    return f"{prefix}{sep}{_ID_PREFIX}{next(_ID_COUNTER):010x}"
 
 
 def prompt_tokens(gens: list[Generation], prompts: int) -> int | None:
@@ -186,13 +186,25 @@ class ResponseBuilder:
         return vllm_prompt_logprobs(ids, entries, self.token_str)
 
     def chunk(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> bytes:
-        """One SSE event: ``data: {chunk}``. ``with_usage``: include ``"usage"``
-        (null unless given), as OpenAI does when ``include_usage`` is set."""
+        """One SSE event: ``data: {chunk}`` (:meth:`chunk_body`)."""
+        return sse(self.chunk_body(choices, usage_, with_usage))
+
+    def chunk_body(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> dict:
+        """One stream chunk. ``with_usage``: include ``"usage"`` (null unless given), as OpenAI does
+        when ``include_usage`` is set."""
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices}
         if with_usage:
             body["usage"] = usage_
-        return sse(body)
+        return body
+
+    @staticmethod
+    def error_event(e: APIError) -> bytes:
+        """A stream's last event but ``[DONE]`` when it fails: ``data: {"error": {...}}``."""
+        return sse(e.body())
+
+    done: object = b"data: [DONE]\n\n"
+    """A stream's end (:data:`DONE`)."""
 
     def delta_choice(self, g: Generation, d: Delta, reason: str | None,
                      stop_reason: int | tuple[int, ...] | str | None = None) -> dict:
@@ -227,12 +239,33 @@ class ResponseBuilder:
                 "finish_reason": None, "stop_reason": None, "token_ids": []}
 
 
+STREAM_END = object()
+"""The end of a :class:`ChunkBodies` stream (no failure)."""
+
+
+class ChunkBodies(ResponseBuilder):
+    """A chat stream as objects for an API translated onto the chat path (:mod:`gateway.translation`):
+    chunk bodies (dicts, :meth:`ResponseBuilder.chunk_body`), an :class:`APIError` when it fails,
+    :data:`STREAM_END` when it ends well; the translation writes the events."""
+
+    __slots__ = ()
+
+    def chunk(self, choices: list[dict], usage_: dict | None = None, with_usage: bool = False) -> dict:
+        return self.chunk_body(choices, usage_, with_usage)
+
+    @staticmethod
+    def error_event(e: APIError) -> APIError:
+        return e
+
+    done = STREAM_END
+
+
 def sse(body: dict) -> bytes:
     """A server-sent event carrying ``body`` as JSON."""
     return b"data: " + to_json(body) + b"\n\n"
 
 
-DONE = b"data: [DONE]\n\n"
+DONE = ResponseBuilder.done
 
 
 def json_response(body: dict | bytes, status: int = 200, headers: dict | None = None) -> Response:

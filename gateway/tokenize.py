@@ -58,33 +58,39 @@ class TokenizeEndpoints:
     async def tokenize(self, request: Request) -> Response:
         try:
             body = await self._parse(request, TokenizeRequest)
-            if (body.prompt is None) == (body.messages is None):
-                raise bad_request("give one of prompt (text) or messages (a chat)",
-                                  "prompt" if body.prompt is None else "messages")
-            model, tok = await self._tokenizer(body.model)
-            if body.prompt is not None and body.add_generation_prompt is not None:
-                raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
-            if body.prompt is not None and (body.tools is not None or body.tool_choice is not None
-                                            or body.chat_template_kwargs is not None):
-                field = next(f for f in ("tools", "tool_choice", "chat_template_kwargs") if getattr(body, f) is not None)
-                raise bad_request(f"{field} applies to messages, not prompt", field)
-            messages, tools, extra = None, None, None
-            if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
-                messages = _worker_messages(render_messages(chat_messages(body), body.messages))
-                plan = tool_plan(body)
-                tools = None if plan is None else plan.definitions()
-                text = template_option(body).get("chat_template_kwargs")
-                extra = None if text is None else json.loads(text)
-            try:
-                ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra)
-            except ValueError as e:
-                raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
+            model, ids, strs = await self.tokens(body)
             info = self.link.model_info(model)
             out = {"count": len(ids), "max_model_len": None if info is None else info.max_seq_len, "tokens": ids,
                    "token_strs": strs}
             return json_response(out)
         except APIError as e:
             return error_response(e)
+
+    async def tokens(self, body: TokenizeRequest) -> tuple[str, list[int], list[str] | None]:
+        """``(model, ids, token strings or None)`` of a ``/tokenize`` body (also Anthropic's
+        ``count_tokens``, :mod:`gateway.messages_api`); :class:`APIError` for what it refuses."""
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give one of prompt (text) or messages (a chat)",
+                              "prompt" if body.prompt is None else "messages")
+        model, tok = await self._tokenizer(body.model)
+        if body.prompt is not None and body.add_generation_prompt is not None:
+            raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
+        if body.prompt is not None and (body.tools is not None or body.tool_choice is not None
+                                        or body.chat_template_kwargs is not None):
+            field = next(f for f in ("tools", "tool_choice", "chat_template_kwargs") if getattr(body, f) is not None)
+            raise bad_request(f"{field} applies to messages, not prompt", field)
+        messages, tools, extra = None, None, None
+        if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
+            messages = _worker_messages(render_messages(chat_messages(body), body.messages))
+            plan = tool_plan(body)
+            tools = None if plan is None else plan.definitions()
+            text = template_option(body).get("chat_template_kwargs")
+            extra = None if text is None else json.loads(text)
+        try:
+            ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra)
+        except ValueError as e:
+            raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
+        return model, ids, strs
 
     async def detokenize(self, request: Request) -> Response:
         try:

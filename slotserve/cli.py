@@ -253,6 +253,26 @@ def _reasoning_parser_option(command):
                              "template (a template without <think>: none).")(command)
 
 
+def _responses_store_options(command):
+    """--responses-store-max and --responses-store-max-age-s: `serve`'s and `up`'s (the HTTP server's
+    memory of /v1/responses answers, :mod:`gateway.response_store`), passed on as ``responses_store``
+    (a dict of :class:`~gateway.config.GatewayConfig` fields)."""
+
+    @functools.wraps(command)
+    def with_options(*args, responses_store_max, responses_store_max_age_s, **kwargs):
+        return command(*args, responses_store={"responses_store_max": responses_store_max,
+                                               "responses_store_max_age_s": responses_store_max_age_s}, **kwargs)
+
+    with_options = click.option(
+        "--responses-store-max-age-s", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+        show_default=True, show_envvar=True,
+        help="Seconds a stored /v1/responses answer is kept for previous_response_id and GET.")(with_options)
+    return click.option(
+        "--responses-store-max", type=click.IntRange(min=1), default=1000, show_default=True, show_envvar=True,
+        help="Most /v1/responses answers kept in memory for previous_response_id and GET (the oldest go "
+             "first).")(with_options)
+
+
 def _serving_options(command):
     """--served-model-name (repeatable) and --warmup/--no-warmup: one definition for `slotserve worker`,
     `up` and `run`, passed on as ``served_model_names`` (a tuple) and ``warmup``
@@ -534,16 +554,18 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
                    "(default: each served model's own, when its name is a local model; else token ids are "
                    "shown as token_id:N).")
 @_reasoning_parser_option
+@_responses_store_options
 @_key_options
 @_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
-          reasoning_parser: str | None, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+          reasoning_parser: str | None, responses_store: dict, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
           curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
-    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-    POST /tokenize, POST /detokenize, GET /health, GET /metrics. One shared connection to the broker per model;
+    Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (OpenAI's Responses
+    API), POST /v1/messages (Anthropic's), GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
+    GET /metrics. One shared connection to the broker per model;
     while no broker answers, requests get 503 and the server keeps retrying.
     With --api-key (or --api-key-file) every /v1 request needs one of the keys.
 
@@ -558,7 +580,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
                   metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer,
-                  reasoning_parser=reasoning_parser)
+                  reasoning_parser=reasoning_parser, **responses_store)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
@@ -598,6 +620,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
               help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
                    "or .gguf (default: --model's).")
 @_reasoning_parser_option
+@_responses_store_options
 @_key_options
 @_shutdown_timeout_option
 @_serving_options
@@ -606,7 +629,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max_loaded_models: int,
        idle_unload_s: float, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
-       reasoning_parser: str | None, api_keys: tuple,
+       reasoning_parser: str | None, responses_store: dict, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
@@ -639,7 +662,7 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          tokenizer=tokenizer, reasoning_parser=reasoning_parser)
+                          tokenizer=tokenizer, reasoning_parser=reasoning_parser, **responses_store)
     elif tokenizer is not None or reasoning_parser is not None:
         raise click.UsageError("--tokenizer and --reasoning-parser are the HTTP server's: give --http-port too")
     elif api_keys or metrics_api_keys:

@@ -163,3 +163,17 @@ def test_the_job_summary_shows_long_and_short_durations_readably():
                        p50_latency_ms=8.25, p99_latency_ms=8.25, p50_ttft_ms=None).format()
     assert "wall time          12 ms" in short and "0.00 s" not in short and "8.2 ms / 8.2 ms" in short
     assert "TTFT p50           -" in short
+
+
+# ---------------------------------------------------------------------- the /v1/responses store's bounds
+
+
+def test_responses_store_options_reach_the_gateway_config(fake_cluster):
+    r = CliRunner().invoke(main, ["up", "--http-port", "0", "--responses-store-max", "5",
+                                  "--responses-store-max-age-s", "2.5"])
+    assert r.exit_code == 0, r.output
+    gw = fake_cluster[-1].gateway
+    assert (gw.responses_store_max, gw.responses_store_max_age_s) == (5, 2.5)
+    r = CliRunner().invoke(main, ["up", "--http-port", "0"], env={"SLOTSERVE_UP_RESPONSES_STORE_MAX": "7"})
+    assert r.exit_code == 0 and fake_cluster[-1].gateway.responses_store_max == 7, r.output
+    assert CliRunner().invoke(main, ["up", "--http-port", "0", "--responses-store-max", "0"]).exit_code == 2

@@ -1,0 +1,75 @@
+"""The gateway's memory of ``/v1/responses`` answers, for ``previous_response_id`` and ``GET``.
+
+OpenAI keeps a stored response (``store: true``, the default) for 30 days; a gateway keeps it in
+memory, so the store is bounded both ways: by count (``max_responses``; the oldest goes first) and
+by age (``max_age_s`` since it was stored; an expired one is gone as if deleted). The bounds are
+:class:`~gateway.config.GatewayConfig`'s ``responses_store_max`` and ``responses_store_max_age_s``.
+Nothing survives the gateway's restart, and each gateway replica has its own store: behind a load
+balancer, a client that continues a conversation by id needs sticky sessions (or sends the whole
+conversation, ``store: false``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["ResponseStore", "StoredResponse"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """One stored answer: ``response`` (the Response object as it was answered) and ``messages``
+    (the conversation up to and including its output, as chat messages, without ``instructions``,
+    which OpenAI does not carry over to the next response)."""
+
+    response: dict
+    messages: tuple[dict, ...]
+
+
+class ResponseStore:
+    """Responses by id, at most ``max_responses`` of them, each for at most ``max_age_s`` seconds
+    (``clock``: seconds, :func:`time.monotonic` by default). Event loop only (no lock)."""
+
+    def __init__(self, max_responses: int, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if type(max_responses) is not int or max_responses < 1:
+            raise ValueError(f"max_responses must be an int >= 1, got {max_responses!r}")
+        if not max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0 seconds, got {max_age_s!r}")
+        self.max_responses = max_responses
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._items: OrderedDict[str, tuple[float, StoredResponse]] = OrderedDict()  # oldest first
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._items)
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        """Store ``stored`` under ``response_id`` (the newest), dropping the oldest past the bounds."""
+        self._items.pop(response_id, None)
+        self._items[response_id] = (self._clock(), stored)
+        while len(self._items) > self.max_responses:
+            self._items.popitem(last=False)
+        self._expire()
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, or None: never stored, evicted, expired or deleted."""
+        self._expire()
+        entry = self._items.get(response_id)
+        return None if entry is None else entry[1]
+
+    def delete(self, response_id: str) -> bool:
+        """Forget ``response_id``; whether it was there."""
+        self._expire()
+        return self._items.pop(response_id, None) is not None
+
+    def _expire(self) -> None:
+        horizon = self._clock() - self.max_age_s
+        while self._items:
+            stored_at, _ = next(iter(self._items.values()))
+            if stored_at > horizon:
+                break
+            self._items.popitem(last=False)

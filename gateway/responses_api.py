@@ -1,0 +1,371 @@
+"""``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``: OpenAI's Responses API as a
+translation onto the chat path (:mod:`gateway.translation`).
+
+Fields from OpenAI's API reference ("Responses" > "Create a model response"):
+
+========================== ==================================================================
+Responses field            on the chat path
+========================== ==================================================================
+``input`` (string)         one ``user`` message
+``input`` (items)          ``message`` items (roles ``user``, ``assistant``, ``system``,
+                           ``developer`` as ``system``; content a string or ``input_text`` /
+                           ``output_text`` parts), ``function_call`` items (the assistant's
+                           ``tool_calls``, joined to the assistant message before them),
+                           ``function_call_output`` items (``tool`` messages); ``reasoning``
+                           items are left out (chat templates drop past thinking)
+``instructions``           a ``system`` message first (not carried to the next response)
+``previous_response_id``   the stored conversation first (:mod:`gateway.response_store`)
+``max_output_tokens``      ``max_tokens``
+``temperature``, ``top_p`` the same
+``tools``                  function tools ``{"type": "function", "name", "description",
+                           "parameters", "strict"}`` -> chat's ``{"type": "function",
+                           "function": {...}}``; built-in tools (``web_search``, ...) are 400
+``tool_choice``            ``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}``
+``parallel_tool_calls``    the same
+``text.format``            ``response_format``: ``text``, ``json_object``, ``json_schema``
+                           (``name``, ``schema``, ``strict``, ``description`` at its top level)
+``stream``                 the chat stream, written as Responses events
+========================== ==================================================================
+
+Accepted and not used: ``reasoning`` (the model thinks as its chat template says; the thinking is
+split off by ``--reasoning-parser``), ``include``, ``metadata`` (echoed back), ``user``,
+``safety_identifier``, ``prompt_cache_key``, ``stream_options``, ``text.verbosity``.
+Refused with a 400 naming the field: ``background: true``, ``conversation``, ``prompt``,
+``max_tool_calls``, ``top_logprobs``, ``truncation: "auto"``, a ``service_tier`` other than
+``auto`` / ``default``, built-in tools and their ``tool_choice``, input items other than the above
+(images, files, item references).
+
+The answer is the Response object: ``output`` items (:mod:`gateway.responses_output`),
+``status`` ``completed``, or ``incomplete`` with ``incomplete_details.reason:
+"max_output_tokens"`` when ``max_output_tokens`` cut it, and ``usage`` (``input_tokens``,
+``output_tokens``, ``total_tokens``). A stream is ``response.created``, ``response.in_progress``,
+the items' events, then ``response.completed`` (or ``response.incomplete``) with the whole
+response; each event has ``event:`` and ``data:`` lines and a ``sequence_number`` from 0; a request
+that fails once streaming ends with ``response.failed`` (its ``error``). Errors before that are
+OpenAI's error shape (:mod:`gateway.errors`), naming the Responses field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import to_json
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request
+from gateway.responses import STREAM_END, error_response, json_response, new_id
+from gateway.responses_output import OutputItems, response_usage
+from gateway.response_store import ResponseStore, StoredResponse
+from gateway.schemas import ChatCompletionRequest
+from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
+    string_field, unsupported_field
+
+__all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_messages"]
+
+_WHAT = "/v1/responses"
+
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses``'s body (OpenAI's ``ResponseCreateParams``; strict, unknown fields 400)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    stream: bool | None = None
+    store: bool | None = None
+    # accepted, not used
+    metadata: dict[str, str] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    stream_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+    truncation: str | None = None
+    # refused unless absent or neutral
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: Any = None
+    top_logprobs: Any = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to something slotserve does not serve, else None."""
+        if self.background:
+            return "background"
+        for name in ("conversation", "prompt", "max_tool_calls"):
+            if getattr(self, name) is not None:
+                return name
+        if self.top_logprobs not in (None, 0):
+            return "top_logprobs"
+        if self.truncation not in (None, "disabled"):
+            return "truncation"
+        if self.service_tier not in (None, "auto", "default"):
+            return "service_tier"
+        return None
+
+
+# chat fields -> Responses fields, for the chat path's errors
+_PARAMS = (
+    (r"messages(\.\d+)?", "input"), (r"max_tokens", "max_output_tokens"),
+    (r"response_format(\.json_schema)?", "text.format"),
+    (r"tools\.(\d+)\.function", r"tools.\1"),
+)
+
+
+def input_messages(value: str | list[dict]) -> list[dict]:
+    """The chat messages of ``input`` (see the module's table); 400 naming ``input.N...`` for an
+    item it does not take."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    out: list[dict] = []
+    for i, item in enumerate(value):
+        where = f"input.{i}"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise bad_request("a message item's role must be user, assistant, system or developer", f"{where}.role")
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = {"id": string_field(item, "call_id", where), "type": "function",
+                    "function": {"name": string_field(item, "name", where),
+                                 "arguments": string_field(item, "arguments", where)}}
+            if out and out[-1]["role"] == "assistant":  # (one assistant turn: its text, then its calls)
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": string_field(item, "call_id", where),
+                        "content": _text(item.get("output"), f"{where}.output")})
+        elif kind != "reasoning":
+            raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
+                                    f"function_call_output, reasoning; not {kind!r:.40})")
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    """A content string, or the text of its ``input_text`` / ``output_text`` parts, joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of input_text parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise unsupported_field(f"{where}.{j}.type", f"{_WHAT} (text parts only, not {kind!r:.40})")
+        if not isinstance(part.get("text"), str):
+            raise bad_request("a text part needs a string 'text'", f"{where}.{j}.text")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tools(tools: list[dict] | None) -> list[dict] | None:
+    """Responses function tools as chat's (other keys kept, for the chat path's check to name)."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (function tools only; built-in tools such as "
+                                    f"{tool.get('type')!r:.40} need OpenAI's servers)")
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def _tool_choice(choice: str | dict | None) -> str | dict | None:
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        raise unsupported_field("tool_choice", f"{_WHAT} (tool_choice none, auto, required or "
+                                "{\"type\": \"function\", \"name\": ...})")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def _response_format(text: dict | None) -> dict | None:
+    if text is None:
+        return None
+    extra = sorted(set(text) - {"format", "verbosity"})
+    if extra:
+        raise bad_request(f"text takes format and verbosity, not {extra}", f"text.{extra[0]}")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                          "{\"type\": \"json_schema\", \"name\", \"schema\", \"strict\"}", "text.format")
+    if fmt["type"] != "json_schema":
+        return {**fmt}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+
+
+class ResponsesTranslation:
+    """One ``/v1/responses`` request on the chat path (:class:`gateway.translation.Translation`)."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self.body: ResponsesRequest | None = None
+        self.history: list[dict] = []  # the conversation before this response's output, without instructions
+        self.id = new_id("resp", "_")
+        self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
+        self.created_at = int(time.time())
+
+    def chat_body(self, raw: bytes) -> ChatCompletionRequest:
+        body = self.body = parse_body(ResponsesRequest, raw)
+        name = body.unsupported()
+        if name is not None:
+            raise unsupported_field(name, _WHAT)
+        if body.previous_response_id is not None:
+            previous = self.store.get(body.previous_response_id)
+            if previous is None:
+                raise bad_request(f"Previous response with id '{body.previous_response_id:.80}' not found (never "
+                                  "stored, deleted, or dropped from the gateway's in-memory store)",
+                                  "previous_response_id", "previous_response_not_found")
+            self.history = list(previous.messages)
+        if body.max_output_tokens is not None and body.max_output_tokens < 1:
+            raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
+        if body.input is None:
+            raise bad_request("Missing required parameter: 'input'", "input", "missing_required_parameter")
+        self.history += input_messages(body.input)
+        system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
+        chat = chat_request({
+            "model": body.model, "messages": system + self.history, "max_tokens": body.max_output_tokens,
+            "temperature": body.temperature, "top_p": body.top_p, "tools": _tools(body.tools),
+            "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
+            "response_format": _response_format(body.text), "stream": body.stream,
+            "stream_options": {"include_usage": True} if body.stream else None}, _PARAMS)
+        self.on_chat_path = True
+        return chat
+
+    def answer(self, completion: dict) -> Response:
+        items = OutputItems()
+        for piece in completion_pieces(completion):
+            items.feed(piece)
+        reason = completion["choices"][0]["finish_reason"]
+        return json_response(self._finish(items, reason, completion["usage"]))
+
+    async def events(self, chunks):
+        numbers = itertools.count()
+
+        def event(kind: str, **fields) -> bytes:
+            data = {"type": kind, "sequence_number": next(numbers), **fields}
+            return b"event: " + kind.encode() + b"\ndata: " + to_json(data) + b"\n\n"
+
+        def taken() -> list[bytes]:
+            return [event(e.pop("type"), **e) for e in items.take()]
+
+        items, reason, usage, failure = OutputItems(), None, None, None
+        yield event("response.created", response=self._response("in_progress", []))
+        yield event("response.in_progress", response=self._response("in_progress", []))
+        async for chunk in chunks:  # (read to its end: the chat stream records the call as it ends)
+            if isinstance(chunk, APIError):
+                failure = chunk
+            elif chunk is not STREAM_END:
+                for piece in chunk_pieces(chunk):
+                    items.feed(piece)
+                for e in taken():
+                    yield e
+                reason = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), reason)
+                usage = chunk.get("usage") or usage
+        if failure is not None:
+            items.close("incomplete")
+            for e in taken():
+                yield e
+            response = self._response("failed", items.items)
+            response["error"] = {"code": _failed_code(failure.status), "message": failure.message}
+            yield event("response.failed", response=response)
+            return
+        response = self._finish(items, reason, usage)
+        for e in taken():
+            yield e
+        yield event("response.completed" if response["status"] == "completed" else "response.incomplete",
+                    response=response)
+
+    def error(self, e: APIError) -> Response:
+        if self.on_chat_path:
+            e.param = renamed(e.param, _PARAMS)
+        return error_response(e)
+
+    def _finish(self, items: OutputItems, reason: str | None, usage: dict | None) -> dict:
+        """The whole response, once the chat answer ended with ``reason``; stored unless ``store: false``."""
+        cut = reason == "length"
+        items.close("incomplete" if cut else "completed")
+        response = self._response("incomplete" if cut else "completed", items.items, usage)
+        if cut:
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if self.body.store is not False:
+            self.store.put(self.id, StoredResponse(response, tuple(self.history + _assistant(items.items))))
+        return response
+
+    def _response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
+        body = self.body
+        fmt = (body.text or {}).get("format") or {"type": "text"}
+        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "error": None, "incomplete_details": None, "instructions": body.instructions,
+                "max_output_tokens": body.max_output_tokens, "model": body.model, "output": list(output),
+                "parallel_tool_calls": body.parallel_tool_calls is not False,
+                "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
+                "store": body.store is not False, "temperature": body.temperature, "text": {"format": fmt},
+                "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "top_p": body.top_p,
+                "truncation": "disabled", "usage": response_usage(usage), "user": body.user,
+                "metadata": body.metadata or {}}
+
+
+def _failed_code(status: int) -> str:
+    """A failed response's ``error.code``: OpenAI's codes for it are few (``ResponseError.code``):
+    ``rate_limit_exceeded`` (429), ``invalid_prompt`` (another 4xx, e.g. the context is exceeded),
+    ``server_error``."""
+    return "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status < 500 else "server_error"
+
+
+def _assistant(items: list[dict]) -> list[dict]:
+    """A response's output items as the chat message that continues the conversation (reasoning left out)."""
+    text = "".join(p["text"] for item in items if item["type"] == "message" for p in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                      "arguments": item["arguments"]}}
+             for item in items if item["type"] == "function_call"]
+    return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
+
+
+class ResponsesEndpoints:
+    """The ``/v1/responses`` handlers over the gateway's chat path (``generate``) and its store."""
+
+    def __init__(self, generate, store: ResponseStore) -> None:
+        self.generate = generate
+        self.store = store
+
+    async def create(self, request: Request) -> Response:
+        return await self.generate.translated(request, ResponsesTranslation(self.store))
+
+    async def retrieve(self, request: Request) -> Response:
+        stored = self.store.get(request.path_params["response_id"])
+        if stored is None:
+            return _not_found(request.path_params["response_id"])
+        return json_response(stored.response)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if not self.store.delete(response_id):
+            return _not_found(response_id)
+        return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def _not_found(response_id: str) -> Response:
+    return error_response(APIError(404, f"Response with id '{response_id:.80}' not found (never stored, deleted, "
+                                        "or dropped from the gateway's in-memory store)", code="response_not_found"))

@@ -1,0 +1,148 @@
+"""Other vendors' APIs served as translations onto the one chat path (issue 34, item 3).
+
+``/v1/responses`` (:mod:`gateway.responses_api`) and ``/v1/messages`` (:mod:`gateway.messages_api`)
+have no pipeline of their own: a :class:`Translation` turns the body into a
+:class:`~gateway.schemas.ChatCompletionRequest`, :meth:`gateway.generate.Generate.translated` serves
+it exactly as ``/v1/chat/completions`` would (tools, structured outputs, reasoning split, usage,
+drain, disconnects), and the translation writes the chat answer, stream or error in its vendor's
+shapes.
+
+Both the whole answer and the stream are read as the same :class:`Piece` sequence
+(:func:`completion_pieces`, :func:`chunk_pieces`) and written by one builder per vendor, so a
+stream's deltas add up to the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request, from_validation
+from gateway.schemas import ChatCompletionRequest
+
+__all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
+           "renamed", "string_field", "unsupported_field"]
+
+
+class Translation(Protocol):
+    """One HTTP request of another vendor's API on the chat path (one object per request: it may keep
+    what it needs between the body and the answer)."""
+
+    def chat_body(self, raw: bytes) -> ChatCompletionRequest:
+        """The chat request of the body ``raw`` (JSON bytes); :class:`APIError` (400) naming the
+        vendor's field for a body it refuses."""
+
+    def answer(self, completion: dict) -> Response:
+        """The HTTP answer to the chat completion ``completion`` (reasoning split, tool calls parsed)."""
+
+    def events(self, chunks: AsyncIterator) -> AsyncIterator[bytes]:
+        """The vendor's event stream from the chat stream ``chunks``: chunk bodies (dicts), then
+        :data:`gateway.responses.STREAM_END`, or an :class:`APIError` when the request failed."""
+
+    def error(self, e: APIError) -> Response:
+        """``e`` in the vendor's error shape, naming the vendor's field (``e.param`` is the vendor's
+        when the body was refused before it became a chat request, else the chat path's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One piece of a chat answer, in the order generated: ``kind`` is ``"reasoning"`` or
+    ``"text"`` (``text`` the text), ``"call"`` (a tool call begins: ``call_id``, ``name``) or
+    ``"arguments"`` (``text`` more of the current call's arguments, JSON text as the model wrote it)."""
+
+    kind: str
+    text: str = ""
+    call_id: str = ""
+    name: str = ""
+
+
+def completion_pieces(completion: dict) -> list[Piece]:
+    """The pieces of a whole chat completion's first choice: its reasoning, its content, its calls."""
+    message = completion["choices"][0]["message"]
+    pieces = []
+    if message.get("reasoning_content"):
+        pieces.append(Piece("reasoning", message["reasoning_content"]))
+    if message.get("content"):
+        pieces.append(Piece("text", message["content"]))
+    for call in message.get("tool_calls") or ():
+        pieces.append(Piece("call", call_id=call["id"], name=call["function"]["name"]))
+        if call["function"]["arguments"]:
+            pieces.append(Piece("arguments", call["function"]["arguments"]))
+    return pieces
+
+
+def chunk_pieces(chunk: dict) -> list[Piece]:
+    """The pieces of one chat stream chunk (none for the role chunk and the usage chunk)."""
+    pieces = []
+    for choice in chunk["choices"]:
+        delta = choice["delta"]
+        if delta.get("reasoning_content"):
+            pieces.append(Piece("reasoning", delta["reasoning_content"]))
+        if delta.get("content"):
+            pieces.append(Piece("text", delta["content"]))
+        for call in delta.get("tool_calls") or ():
+            if "id" in call:
+                pieces.append(Piece("call", call_id=call["id"], name=call["function"]["name"]))
+            if call["function"].get("arguments"):
+                pieces.append(Piece("arguments", call["function"]["arguments"]))
+    return pieces
+
+
+def call_input(arguments: str) -> dict:
+    """A call's arguments (JSON text) as an object: ``{}`` when they are not one (cut by ``max_tokens``)."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def parse_body(schema: type[BaseModel], raw: bytes) -> BaseModel:
+    """``raw`` validated by the vendor's ``schema``: 400 naming the first bad field (:func:`from_validation`)."""
+    try:
+        return schema.model_validate_json(raw)
+    except ValidationError as e:
+        raise from_validation(e.errors(include_url=False, include_context=False)) from None
+
+
+def chat_request(fields: dict, params: tuple[tuple[str, str], ...]) -> ChatCompletionRequest:
+    """The chat request of ``fields`` (the body's translation; ``None`` values left out); 400 for a
+    value the chat request refuses, naming the vendor's field (``params``: :func:`renamed`'s table)."""
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        err = from_validation(e.errors(include_url=False, include_context=False))
+        err.param = renamed(err.param, params)
+        raise err from None
+
+
+def unsupported_field(field: str, what: str) -> APIError:
+    """400 for a field of the vendor's API that slotserve does not serve on its translation, naming it."""
+    return bad_request(f"'{field}' is not supported by slotserve's {what}; leave it out", field,
+                       "unsupported_parameter")
+
+
+def string_field(item: dict, key: str, where: str) -> str:
+    """``item[key]``, which must be a string: 400 naming ``where.key`` else."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+    return value
+
+
+def renamed(param: str | None, table: tuple[tuple[str, str], ...]) -> str | None:
+    """A chat field's name as the vendor's body names it: the first ``(pattern, replacement)`` of
+    ``table`` whose regular expression matches the start of ``param`` rewrites it; else ``param``."""
+    if param is None:
+        return None
+    for pattern, replacement in table:
+        new, n = re.subn(f"^{pattern}", replacement, param)
+        if n:
+            return new
+    return param

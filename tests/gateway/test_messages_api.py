@@ -1,0 +1,312 @@
+"""``/v1/messages`` and ``/v1/messages/count_tokens`` (gateway/messages_api.py, issue 34 item 3):
+Anthropic's Messages API as a translation onto the chat path, through the official ``anthropic`` SDK.
+
+Fast lane: the gateway's handlers over the scripted broker client of tests/gateway/test_tools_stream.py
+(outputs known exactly) -- every streamed event parses into the SDK's types, the stream's blocks are
+the whole answer's, calls come back as ``tool_use`` blocks and go in again as ``tool_result``,
+``stop_reason`` maps, errors are Anthropic's shape naming the Messages field, ``x-api-key`` is a key;
+the translation alone. Cluster: the tiny text model through real processes -- streamed text equals
+the answer, ``count_tokens`` equals the answer's ``input_tokens`` (tools included), a forced tool
+call round-trips.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+anthropic = pytest.importorskip("anthropic")
+pytest.importorskip("starlette")
+pytest.importorskip("transformers")
+
+from anthropic.types import Message, RawMessageStreamEvent  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.auth import APIKeys  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.errors import APIError  # noqa: E402
+from gateway.generate import Generate  # noqa: E402
+from gateway.messages_api import MessagesEndpoints, chat_messages  # noqa: E402
+from gateway.messages_output import stop_reason  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from gateway.tokenize import TokenizeEndpoints  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedLink, letters  # noqa: E402
+from tests.gateway.test_tools_stream import OUTPUTS, WEATHER, OutputClient  # noqa: E402
+
+EVENTS = TypeAdapter(RawMessageStreamEvent)
+TOOLS = [{"name": n, "input_schema": {"type": "object"}} for n in ("get_weather", "get_time")]
+THOUGHT = "<think>\nI should call get_time.\n</think>\n\n"
+KEY = "sk-test-messages"
+
+
+def messages_app(link, config: GatewayConfig) -> Starlette:
+    tokenizers = Tokenizers(letters)
+    gen = Generate(config, link, GatewayMetrics(), tokenizers=tokenizers)
+    api = MessagesEndpoints(gen, TokenizeEndpoints(link, tokenizers))
+    return Starlette(routes=[Route("/v1/messages", api.create, methods=["POST"]),
+                             Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"])],
+                     middleware=[Middleware(APIKeys, api_keys=(KEY,))])
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """``(sdk, http, client)``: the SDK (``x-api-key``) on the Messages handlers over :class:`OutputClient`,
+    with the qwen3 reasoning parser and two outputs that think first."""
+    monkeypatch.setitem(OUTPUTS, "think_call", THOUGHT + OUTPUTS["one"])
+    monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    client = OutputClient()
+    with TestClient(messages_app(ScriptedLink(client), GatewayConfig(reasoning_parser="qwen3"))) as http:
+        yield anthropic.Anthropic(base_url="http://testserver", api_key=KEY, http_client=http, max_retries=0), \
+            http, client
+    for t in client.threads:
+        t.join(10)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def raw_events(http, body: dict) -> list[tuple[str, dict]]:
+    """The stream's ``(event:, data:)`` pairs as sent, each data parsed strictly by the SDK's union."""
+    out, kind = [], None
+    with http.stream("POST", "/v1/messages", json={**body, "stream": True}, headers={"x-api-key": KEY}) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: "):
+                data = json.loads(line[len("data: "):])
+                assert data["type"] == kind
+                if kind != "error":
+                    EVENTS.validate_python(data)
+                out.append((kind, data))
+    return out
+
+
+@pytest.mark.parametrize("name", ["plain", "one", "two", "text_first", "cut", "think_call", "think_text"])
+def test_a_stream_adds_up_to_the_answer(scripted, name):
+    sdk, http, _ = scripted
+    kw = dict(model="m", messages=user(name), max_tokens=9 if name == "cut" else 100, tools=TOOLS)
+    whole = sdk.messages.create(**kw)
+    Message.model_validate(whole.model_dump(mode="json", exclude_unset=True))  # strictly the SDK's type
+    with sdk.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    events = raw_events(http, kw)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop")
+    text = lambda m: "".join(b.text for b in m.content if b.type == "text")  # noqa: E731
+    shape = lambda m: [b.model_dump(exclude={"id"}) for b in m.content if b.type != "text"]  # noqa: E731
+    assert text(final) == text(whole) and shape(final) == shape(whole)
+    if name != "text_first":  # (text after a call: the stream's second text block, the answer's one)
+        assert [b.type for b in final.content] == [b.type for b in whole.content]
+    assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+    assert final.usage.input_tokens == whole.usage.input_tokens == events[0][1]["message"]["usage"]["input_tokens"] > 0
+    calls = [b for b in whole.content if b.type == "tool_use"]
+    if name == "one":
+        assert whole.stop_reason == "tool_use" and calls[0].name == "get_weather"
+        assert calls[0].input == {"city": 'Paris}"', "days": [1, {"n": 2}]}
+        partial = "".join(d["delta"]["partial_json"] for k, d in events if k == "content_block_delta"
+                          and d["delta"]["type"] == "input_json_delta")
+        assert partial == WEATHER
+    if name == "two":
+        assert [c.name for c in calls] == ["get_time", "get_weather"] and calls[1].input == {"city": "Oslo"}
+    if name == "cut":
+        assert whole.stop_reason == "max_tokens"
+    if name.startswith("think"):
+        assert whole.content[0].type == "thinking" and whole.content[0].thinking == "\nI should call get_time.\n"
+    if name == "think_text":
+        assert text(whole) == "It is noon." and whole.stop_reason == "end_turn"
+
+
+def test_tool_results_go_back_in_and_stop_sequences_map(scripted):
+    sdk, _, client = scripted
+    first = sdk.messages.create(model="m", messages=user("two"), max_tokens=100, tools=TOOLS, system="Be brief.")
+    history = user("two") + [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                             {"role": "user", "content": [
+                                 *({"type": "tool_result", "tool_use_id": b.id, "content": "42"}
+                                   for b in first.content if b.type == "tool_use"),
+                                 {"type": "text", "text": "plain"}]}]
+    second = sdk.messages.create(model="m", messages=history, max_tokens=100, tools=TOOLS, stop_sequences=["really"])
+    prompt = client.submitted[-1].prompt
+    assert [m.role for m in prompt] == ["user", "assistant", "tool", "tool", "user"]
+    assert [c.id for c in prompt[1].tool_calls] == [b.id for b in first.content if b.type == "tool_use"]
+    assert json.loads(prompt[1].tool_calls[1].arguments) == {"city": "Oslo"}
+    assert client.submitted[-1].stop == ("really",)
+    assert stop_reason("stop", "really", ["really"]) == ("stop_sequence", "really")
+    assert stop_reason("stop", 2, ["really"]) == ("end_turn", None)
+    assert second.stop_reason in ("end_turn", "stop_sequence")
+
+
+def test_output_config_format_is_structured_output(scripted):
+    sdk, http, client = scripted
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    sdk.messages.create(model="m", messages=user("plain"), max_tokens=100,
+                        output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert client.submitted[-1].structured is not None
+    r = http.post("/v1/messages", headers={"x-api-key": KEY}, json={
+        "model": "m", "messages": user("plain"), "max_tokens": 5, "output_config": {"format": {"type": "yaml"}}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("output_config.format")
+
+
+def test_count_tokens_is_the_rendered_prompt(scripted):
+    sdk, _, client = scripted
+    count = sdk.messages.count_tokens(model="m", messages=user("hello world"), system="be brief")
+    sdk.messages.create(model="m", messages=user("plain"), max_tokens=100)
+    # the letters tokenizer: one token per character of "sbe brief.uhello world.a" (role initial, content, '.')
+    assert count.input_tokens == len("sbe brief.uhello world.a")
+
+
+@pytest.mark.parametrize("path, body, status, kind, field", [
+    ("/v1/messages", {"messages": user("plain")}, 400, "invalid_request_error", "max_tokens"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "tools": [{"type": "web_search_20250305",
+                                                                             "name": "web_search"}]},
+     400, "invalid_request_error", "tools.0.type"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 5},
+     400, "invalid_request_error", "messages.0.content.0.type"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "tools": [{"name": "bad name"}]},
+     400, "invalid_request_error", "tools.0.name"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "tool_choice": {"type": "tool", "name": "f"},
+                      "tools": TOOLS}, 400, "invalid_request_error", "tool_choice"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "stop_sequences": ["a", "b", "c", "d", "e"]},
+     400, "invalid_request_error", "stop_sequences"),
+    ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "mcp_servers": []}, 400, "invalid_request_error",
+     "mcp_servers"),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error",
+     "messages.0.role"),
+])
+def test_errors_are_anthropic_shaped_naming_the_field(scripted, path, body, status, kind, field):
+    _, http, _ = scripted
+    r = http.post(path, json={"model": "m", **body}, headers={"x-api-key": KEY})
+    assert r.status_code == status, r.text
+    assert r.json()["type"] == "error" and set(r.json()["error"]) == {"type", "message"}
+    assert r.json()["error"]["type"] == kind and field in r.json()["error"]["message"], r.json()
+
+
+def test_keys_by_either_header_and_a_refusal_in_anthropic_shape(scripted):
+    sdk, http, _ = scripted
+    body = {"model": "m", "messages": user("plain"), "max_tokens": 5}
+    assert http.post("/v1/messages", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    r = http.post("/v1/messages", json=body, headers={"x-api-key": "sk-wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url="http://testserver", api_key="sk-wrong", http_client=http,
+                            max_retries=0).messages.create(**body)
+
+
+def test_a_failure_after_the_start_is_an_error_event():
+    import asyncio
+
+    from gateway.messages_api import MessagesTranslation
+    from gateway.responses import STREAM_END
+    from tests.gateway.test_responses_api import chat_stream, chunk
+
+    tr = MessagesTranslation()
+    tr.chat_body(b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stream": true}')
+
+    async def run():
+        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}),
+                             APIError(503, "no worker", code="unavailable"), STREAM_END)
+        return [e async for e in tr.events(stream)]
+
+    events = [e.decode().split("\n") for e in asyncio.run(run())]
+    assert [head for head, *_ in events] == ["event: message_start", "event: content_block_start",
+                                             "event: content_block_delta", "event: error"]
+    assert json.loads(events[-1][1][len("data: "):]) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "no worker"}}
+    assert json.loads(events[0][1][len("data: "):])["message"]["usage"] == {"input_tokens": 3, "output_tokens": 0}
+
+
+def test_blocks_become_chat_messages():
+    assert chat_messages([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                          {"type": "text", "text": "ok"},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "1"}]}]},
+    ]) == [
+        {"role": "system", "content": "ab"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "1"},
+    ]
+    with pytest.raises(APIError) as e:
+        chat_messages(None, [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}])
+    assert e.value.param == "messages.0.content.0.type"
+
+
+# ---------------------------------------------------------------------- the tiny model through real processes
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    """The tiny text model with a longer context: the tools' prompt takes ~900 of its tokens."""
+    from tests.support.tiny_text import make_tiny_text_model
+
+    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-messages"), max_positions=2048)
+
+
+@pytest.fixture(scope="module")
+def claude(cluster):
+    """The official ``anthropic`` SDK pointed at the module's ``cluster`` gateway (no retries)."""
+    with anthropic.Anthropic(base_url=cluster.http_url, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+LIVE_TOOLS = [{"name": "get_time", "description": "The time in a zone", "input_schema": {
+    "type": "object", "additionalProperties": False, "required": ["zone"],
+    "properties": {"zone": {"enum": ["utc", "cet"]}}}}]
+
+
+def test_live_stream_equals_the_answer_and_count_tokens_the_prompt(claude, text_model):
+    kw = dict(model=text_model, messages=user("hello world"), max_tokens=6, system="Be brief.",
+              extra_body={"temperature": 0})  # (this SDK's create has no temperature: Claude picks its own)
+    whole = claude.messages.create(**kw)
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 6
+    with claude.messages.stream(**kw) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert claude.messages.count_tokens(model=text_model, messages=kw["messages"],
+                                        system="Be brief.").input_tokens == whole.usage.input_tokens
+    stop = whole.content[0].text[2:4]  # a piece of the known output: the same request stops at it
+    stopped = claude.messages.create(**kw, stop_sequences=[stop])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+    assert stop not in stopped.content[0].text and whole.content[0].text.startswith(stopped.content[0].text)
+    with claude.messages.stream(**kw, stop_sequences=[stop]) as stream:
+        streamed = stream.get_final_message()
+    assert (streamed.stop_reason, streamed.stop_sequence, streamed.content[0].text) == (
+        "stop_sequence", stop, stopped.content[0].text)
+    with_tools = claude.messages.create(**kw, tools=LIVE_TOOLS)
+    assert with_tools.stop_reason in ("max_tokens", "tool_use", "end_turn")
+    assert claude.messages.count_tokens(model=text_model, messages=kw["messages"], system="Be brief.",
+                                        tools=LIVE_TOOLS).input_tokens == with_tools.usage.input_tokens
+    assert with_tools.usage.input_tokens > whole.usage.input_tokens
+
+
+def test_live_forced_call_round_trips(claude, text_model):
+    r = claude.messages.create(model=text_model, messages=user("hello world"), max_tokens=80,
+                               extra_body={"temperature": 0},
+                               tools=LIVE_TOOLS, tool_choice={"type": "tool", "name": "get_time"})
+    (call,) = [b for b in r.content if b.type == "tool_use"]
+    assert r.stop_reason == "tool_use" and call.name == "get_time" and call.input["zone"] in ("utc", "cet")
+    again = claude.messages.create(model=text_model, max_tokens=3, tools=LIVE_TOOLS, messages=user("hello world") + [
+        {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "12:00"}]}])
+    assert again.usage.input_tokens > r.usage.input_tokens
+
+
+def test_live_unknown_model_is_anthropic_shaped(claude, cluster):
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.messages.create(model="nope", messages=user("x"), max_tokens=2)
+    assert e.value.body["error"]["type"] == "not_found_error" and "model" in e.value.body["error"]["message"]
+    r = httpx.post(cluster.http_url + "/v1/messages", json={"model": "nope", "messages": user("x")}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

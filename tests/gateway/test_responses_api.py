@@ -1,0 +1,322 @@
+"""``/v1/responses`` (gateway/responses_api.py, issue 34 item 3): OpenAI's Responses API as a
+translation onto the chat path, through the official ``openai`` SDK.
+
+Fast lane: the gateway's handlers over the scripted broker client of tests/gateway/test_tools_stream.py
+(outputs known exactly: text, calls, thinking) -- every streamed event parses into the SDK's types,
+the stream's items are the whole answer's, calls come back as ``function_call`` items and go in again
+as input items, errors name the Responses field; the input translation and the store alone.
+Cluster: the tiny text model through real processes -- streamed text equals the answer, a forced
+tool call round-trips, ``previous_response_id`` continues the conversation (its input grows by the
+first answer), ``GET`` / ``DELETE``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("transformers")
+
+from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.errors import APIError  # noqa: E402
+from gateway.generate import Generate  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from gateway.response_store import ResponseStore, StoredResponse  # noqa: E402
+from gateway.responses_api import ResponsesEndpoints, input_messages  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedLink  # noqa: E402
+from tests.gateway.test_tools_stream import OUTPUTS, WEATHER, OutputClient  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
+
+EVENTS = TypeAdapter(ResponseStreamEvent)
+FUNCTIONS = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("get_weather", "get_time")]
+THOUGHT = "<think>\nI should call get_time.\n</think>\n\n"
+
+
+def responses_app(link, config: GatewayConfig, store: ResponseStore) -> Starlette:
+    gen = Generate(config, link, GatewayMetrics(), tokenizers=Tokenizers(None))
+    api = ResponsesEndpoints(gen, store)
+    return Starlette(routes=[Route("/v1/responses", api.create, methods=["POST"]),
+                             Route("/v1/responses/{response_id}", api.retrieve, methods=["GET"]),
+                             Route("/v1/responses/{response_id}", api.delete, methods=["DELETE"])])
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """``(sdk, http, client)``: the SDK on the Responses handlers over :class:`OutputClient`, with the
+    qwen3 reasoning parser and two outputs that think first."""
+    monkeypatch.setitem(OUTPUTS, "think_call", THOUGHT + OUTPUTS["one"])
+    monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    client = OutputClient()
+    app = responses_app(ScriptedLink(client), GatewayConfig(reasoning_parser="qwen3"), ResponseStore(8, 60.0))
+    with TestClient(app) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0), http, client
+    for t in client.threads:
+        t.join(10)
+
+
+def collect(stream) -> tuple[list, dict]:
+    """The stream's events (each parsed by the SDK) and its final response, asserting the order."""
+    events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    for e in events:  # the SDK's own union parses every event to its own class
+        assert type(EVENTS.validate_python(e.model_dump(mode="json", exclude_unset=True))) is type(e), e.type
+    return events, events[-1].response
+
+
+@pytest.mark.parametrize("name", ["plain", "one", "two", "text_first", "cut", "think_call", "think_text"])
+def test_a_stream_adds_up_to_the_answer(scripted, name):
+    sdk, _, _ = scripted
+    kw = dict(model="m", input=name, max_output_tokens=9 if name == "cut" else 100, tools=FUNCTIONS)
+    whole = sdk.responses.create(**kw)
+    Response.model_validate(whole.model_dump(mode="json", exclude_unset=True))  # strictly the SDK's type
+    events, final = collect(sdk.responses.create(**kw, stream=True))
+    strip = {"id", "created_at"}
+    shape = lambda r: [{k: v for k, v in item.model_dump().items() if k not in ("id", "call_id")}  # noqa: E731
+                       for item in r.output]
+    assert shape(final) == shape(whole)
+    strip |= {"output", "usage"}
+    assert final.model_dump(exclude=strip) == whole.model_dump(exclude=strip)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert added == [item.type for item in whole.output] and [d.type for d in done] == added
+    args = {}
+    for e in events:
+        if e.type == "response.function_call_arguments.delta":
+            args[e.output_index] = args.get(e.output_index, "") + e.delta
+    calls = [item for item in whole.output if item.type == "function_call"]
+    assert list(args.values()) == [c.arguments for c in calls if c.arguments]
+    if name == "one":
+        assert whole.status == "completed" and calls[0].name == "get_weather" and calls[0].arguments == WEATHER
+        assert calls[0].call_id.startswith("call_") and whole.output_text == ""
+    if name == "cut":
+        assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+        assert events[-1].type == "response.incomplete" and whole.output[-1].status == "incomplete"
+    if name.startswith("think"):
+        assert whole.output[0].type == "reasoning"
+        assert whole.output[0].content[0].text == "\nI should call get_time.\n"
+        thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        assert thought == whole.output[0].content[0].text
+    if name == "think_text":
+        assert whole.output_text == "It is noon." and [i.type for i in whole.output] == ["reasoning", "message"]
+
+
+def test_calls_go_back_in_as_items_and_the_store_continues(scripted):
+    sdk, _, client = scripted
+    first = sdk.responses.create(model="m", input="two", instructions="Be brief.", tools=FUNCTIONS,
+                                 max_output_tokens=100)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert [c.name for c in calls] == ["get_time", "get_weather"]
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls]
+    second = sdk.responses.create(model="m", input=outputs + [{"role": "user", "content": "plain"}],
+                                  previous_response_id=first.id, tools=FUNCTIONS, max_output_tokens=100)
+    assert second.previous_response_id == first.id and second.output_text.strip() == OUTPUTS["plain"].strip()
+    prompt = client.submitted[-1].prompt  # the chat the chat path got: the first turn, its calls, the outputs
+    assert [m.role for m in prompt] == ["user", "assistant", "tool", "tool", "user"]  # (instructions not carried)
+    assert [c.id for c in prompt[1].tool_calls] == [c.call_id for c in calls]
+    # the same conversation sent whole, as items, renders the same chat
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "two"}]}] + [
+        {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+    sdk.responses.create(model="m", input=items + outputs + [{"role": "user", "content": "plain"}], store=False,
+                         tools=FUNCTIONS, max_output_tokens=100)
+    assert client.submitted[-1].prompt == prompt
+
+
+def test_get_delete_and_unknown_ids(scripted):
+    sdk, http, _ = scripted
+    r = sdk.responses.create(model="m", input="plain", max_output_tokens=100)
+    assert sdk.responses.retrieve(r.id).output_text == r.output_text
+    sdk.responses.delete(r.id)
+    assert error_of(http.get(f"/v1/responses/{r.id}"), 404)["code"] == "response_not_found"
+    assert error_of(http.delete(f"/v1/responses/{r.id}"), 404)["code"] == "response_not_found"
+    body = {"model": "m", "input": "plain", "previous_response_id": r.id}
+    err = error_of(http.post("/v1/responses", json=body), 400)
+    assert (err["param"], err["code"]) == ("previous_response_id", "previous_response_not_found")
+    unstored = sdk.responses.create(model="m", input="plain", max_output_tokens=100, store=False)
+    assert error_of(http.get(f"/v1/responses/{unstored.id}"), 404)
+
+
+@pytest.mark.parametrize("extra, param, code", [
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type", "unsupported_parameter"),
+    ({"background": True}, "background", "unsupported_parameter"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.content.0.type", "unsupported_parameter"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type", "unsupported_parameter"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role", "invalid_value"),
+    ({"tools": [{"type": "function", "name": "bad name"}]}, "tools.0.name", "invalid_value"),
+    ({"tool_choice": {"type": "function", "name": "nope"}, "tools": FUNCTIONS}, "tool_choice", "invalid_value"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format", "invalid_value"),
+    ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name", "invalid_value"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
+    ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"frequency": 1}, "frequency", "unknown_parameter"),
+    ({"input": None}, "input", "missing_required_parameter"),
+])
+def test_bad_bodies_are_400_naming_the_responses_field(scripted, extra, param, code):
+    _, http, _ = scripted
+    err = error_of(http.post("/v1/responses", json={"model": "m", "input": "plain", **extra}), 400)
+    assert (err["param"], err["code"]) == (param, code), err
+
+
+def test_structured_output_reaches_the_chat_path(scripted):
+    sdk, _, client = scripted
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    sdk.responses.create(model="m", input="plain", max_output_tokens=100,
+                         text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}})
+    assert client.submitted[-1].structured is not None
+    sdk.responses.create(model="m", input="plain", max_output_tokens=100, text={"format": {"type": "text"}})
+    assert client.submitted[-1].structured is None
+
+
+# ---------------------------------------------------------------------- the translation and the store alone
+
+
+def chat_stream(*items):
+    """An async chat stream of ``items`` (chunk bodies, an APIError, STREAM_END), as the chat path yields them."""
+    async def gen():
+        for item in items:
+            yield item
+    return gen()
+
+
+def chunk(delta: dict, finish: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def sse_events(raw: list[bytes]) -> list[dict]:
+    out = []
+    for event in raw:
+        head, data = event.decode().split("\n", 1)
+        out.append(json.loads(data[len("data: "):]))
+        assert head == "event: " + out[-1]["type"]
+    return out
+
+
+def test_a_failure_after_the_start_ends_the_stream_with_response_failed():
+    import asyncio
+
+    from gateway.responses import STREAM_END
+    from gateway.responses_api import ResponsesTranslation
+
+    tr = ResponsesTranslation(ResponseStore(4, 60.0))
+    tr.chat_body(b'{"model": "m", "input": "hi", "stream": true}')
+    failure = APIError(500, "the model failed", code="internal")
+
+    async def run():
+        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), failure,
+                             STREAM_END)
+        return [e async for e in tr.events(stream)]
+
+    events = sse_events(asyncio.run(run()))
+    assert [e["type"] for e in events][-4:] == ["response.output_text.done", "response.content_part.done",
+                                               "response.output_item.done", "response.failed"]
+    failed = EVENTS.validate_python(events[-1])
+    assert failed.response.status == "failed" and failed.response.error.message == "the model failed"
+    assert failed.response.output[0].content[0].text == "Hel" and len(tr.store) == 0  # (a failure is not stored)
+
+
+
+def test_input_items_become_chat_messages():
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    assert input_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert input_messages([
+        {"role": "developer", "content": "rules"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+        call, {**call, "call_id": "c2"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "1"}]},
+        call,
+    ]) == [
+        {"role": "system", "content": "rules"},
+        {"role": "assistant", "content": "ok", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    ]
+    with pytest.raises(APIError) as e:
+        input_messages([{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}])
+    assert e.value.param == "input.0.call_id"
+
+
+def test_the_store_is_bounded_by_count_and_age():
+    now = [0.0]
+    store = ResponseStore(3, 10.0, clock=lambda: now[0])
+    entry = StoredResponse({}, ())
+    for i in range(4):
+        store.put(f"r{i}", entry)
+        now[0] += 1.0
+    assert store.get("r0") is None and [store.get(f"r{i}") for i in (1, 2, 3)] == [entry] * 3  # the oldest went
+    now[0] = 11.5  # r1 was stored at 1.0: 10.5 s ago
+    assert store.get("r1") is None and store.get("r2") is entry and len(store) == 2
+    store.put("r2", entry)  # stored again: the newest, aged from now
+    now[0] = 13.5
+    assert store.get("r3") is None and store.get("r2") is entry
+    assert store.delete("r2") and not store.delete("r2") and len(store) == 0
+    with pytest.raises(ValueError):
+        ResponseStore(0, 1.0)
+    with pytest.raises(ValueError):
+        ResponseStore(1, 0)
+
+
+# ---------------------------------------------------------------------- the tiny model through real processes
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    """The tiny text model with a longer context: the tools' prompt takes ~900 of its tokens."""
+    from tests.support.tiny_text import make_tiny_text_model
+
+    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-responses"), max_positions=2048)
+
+
+def test_live_stream_equals_the_answer_and_the_conversation_continues(oai, text_model):
+    kw = dict(model=text_model, input="hello world", max_output_tokens=6, temperature=0)
+    whole = oai.responses.create(**kw)
+    assert whole.status == "incomplete" and whole.output_text and whole.usage.output_tokens == 6
+    with oai.responses.stream(**kw) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    nxt = oai.responses.create(model=text_model, input="and again", previous_response_id=whole.id,
+                               max_output_tokens=2, temperature=0)
+    alone = oai.responses.create(model=text_model, input="and again", max_output_tokens=2, temperature=0)
+    # the second prompt holds the first turn and its answer: more tokens than the new input alone
+    assert nxt.usage.input_tokens > alone.usage.input_tokens + whole.usage.output_tokens - 2
+
+
+def test_live_forced_call_round_trips(oai, text_model):
+    tools = [{"type": "function", "name": "get_time", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["zone"],
+        "properties": {"zone": {"enum": ["utc", "cet"]}}}}]
+    r = oai.responses.create(model=text_model, input="hello world", tools=tools, max_output_tokens=80,
+                             temperature=0, tool_choice={"type": "function", "name": "get_time"})
+    (call,) = [item for item in r.output if item.type == "function_call"] or [r.model_dump()]
+    assert r.status == "completed", (r.output, r.usage)
+    assert call.name == "get_time" and json.loads(call.arguments)["zone"] in ("utc", "cet")
+    again = oai.responses.create(model=text_model, previous_response_id=r.id, tools=tools, max_output_tokens=3,
+                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}])
+    assert again.usage.input_tokens > r.usage.input_tokens
+
+
+def test_live_errors_are_openai_shaped(cluster, text_model):
+    r = httpx.post(cluster.http_url + "/v1/responses", timeout=30,
+                   json={"model": text_model, "input": "x", "tools": [{"type": "file_search"}]})
+    assert error_of(r, 400)["param"] == "tools.0.type"
+    r = httpx.post(cluster.http_url + "/v1/responses", json={"model": "nope", "input": "x"}, timeout=30)
+    assert error_of(r, 404)["param"] == "model"
