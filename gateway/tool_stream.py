@@ -15,10 +15,141 @@ from __future__ import annotations
 import re
 import uuid
 
-__all__ = ["ToolStream", "merged"]
+__all__ = ["CallStream", "ToolStream", "merged"]
 
 
-class ToolStream:
+_TEXT, _HEAD, _ARGS, _TAIL, _SKIP, _DROP = "text", "head", "args", "tail", "skip", "drop"  # ToolStream's states
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_TAILS = ("}" + _CLOSE, _CLOSE, "}")
+_WS = " \t\n\r"  # JSON's whitespace
+_MORE = object()  # _header: the block may still become a call
+_FENCE = "```"
+_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\r?\n[ \t\r\n]*")  # a Markdown code fence's first line (bare calls)
+
+
+
+class CallStream:
+    """What every family's tool-call parser is (:mod:`gateway.tool_parsers` names them): one choice's
+    output in (:meth:`feed`, as it is generated), OpenAI chat deltas out -- ``{"content": s}`` and
+    ``{"tool_calls": [...]}`` -- and the finish reason at :meth:`finish`. The non-streamed answer
+    is the same parser fed the whole output at once, so a stream and the answer say the same
+    thing however the text is cut (vLLM #56263 is a bug where they differ).
+
+    Built as ``cls(functions, parallel=True, bare=False)``: ``functions`` the request's tools (name
+    -> definition with its ``parameters`` schema); ``parallel`` False (OpenAI's
+    ``parallel_tool_calls: false``) keeps the first call only; ``bare`` whether what the family's
+    models write without their marker is read too (off under a ``response_format``). A
+    subclass gives :meth:`_step` (consume what ``_buf`` allows; True when its state changed) and
+    :meth:`_whole` (whether the calls it holds are whole, for the finish reason)."""
+
+    __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_buf", "_ws", "_depth", "_in_str", "_esc")
+
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
+        self.functions = functions
+        self.parallel = parallel
+        self.bare = bare
+        self.calls = 0  # calls begun so far
+        self._said = False  # whether content was sent
+        self._buf = ""  # text not consumed yet
+        self._ws = ""  # the whitespace before a marker (content again if what follows is no call)
+        self._depth, self._in_str, self._esc = 0, False, False  # the scan of argument text (_scan)
+
+    def feed(self, text: str) -> list[dict]:
+        """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
+        out: list[dict] = []
+        self._buf += text
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
+        """The output ended with OpenAI's ``reason``: the deltas still held, and the choice's finish
+        reason (``"tool_calls"`` for one that stopped with whole calls: one whose arguments a stop
+        string or token cut keeps ``"stop"``, one cut by ``max_tokens`` ``"length"``)."""
+        out: list[dict] = []
+        while self._step(out, final=True):
+            pass
+        complete = self.calls and self._whole()
+        return out, ("tool_calls" if complete and reason == "stop" else reason)
+
+    def _step(self, out: list[dict], final: bool) -> bool:
+        raise NotImplementedError
+
+    def _whole(self) -> bool:
+        raise NotImplementedError
+
+    def _say(self, out: list[dict], text: str) -> None:
+        if self.calls and not self._said:  # content that starts after a call starts at its first word
+            text = text.lstrip()
+        if text:
+            out.append({"content": text})
+            self._said = True
+
+    def _begin(self, out: list[dict], name: str) -> None:
+        """A call of ``name`` starts: its first delta (``index``, ``id``, ``type``, ``name``, no arguments)."""
+        out.append({"tool_calls": [{"index": self.calls, "id": self._new_id(), "type": "function",
+                                    "function": {"name": name, "arguments": ""}}]})
+        self.calls += 1
+
+    @staticmethod
+    def _new_id() -> str:
+        """A call's ``id``: ``call_`` and 24 hex digits (vLLM's ``make_tool_call_id``)."""
+        return "call_" + uuid.uuid4().hex[:24]
+
+    def _args(self, out: list[dict], text: str) -> None:
+        if text:
+            out.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
+
+    def _scan(self, buf: str) -> int:
+        """How much of ``buf`` is argument text: all of it, or up to the brace that closes them."""
+        depth, in_str, esc = self._depth, self._in_str, self._esc
+        for i, c in enumerate(buf):
+            if in_str:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == '"':
+                    in_str = False
+            elif c == '"':
+                in_str = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    self._depth, self._in_str, self._esc = 0, False, False
+                    return i + 1
+        self._depth, self._in_str, self._esc = depth, in_str, esc
+        return len(buf)
+
+    def _content_until(self, out: list[dict], markers: tuple[str, ...], final: bool) -> tuple[int, str] | None:
+        """Send the content of ``_buf`` up to the first of ``markers``: ``(index, marker)`` of it
+        (``_ws`` the whitespace right before it, which is not sent), or None when there is none
+        (then all is sent but a possible start of a marker and trailing whitespace, kept in
+        ``_buf`` until more text or the end says what they are; at the end, whitespace after calls
+        is dropped)."""
+        buf = self._buf
+        found = [(at, m) for m in markers if (at := buf.find(m)) >= 0]
+        if found:
+            at, marker = min(found)
+            sent = buf[:at].rstrip()
+            self._say(out, sent)
+            self._ws = buf[len(sent):at]
+            return at, marker
+        if final:
+            if buf.strip() or not self.calls:
+                self._say(out, buf)
+            self._buf = ""
+            return None
+        keep = max(_tag_start(buf, m) for m in markers)
+        sent = buf[:len(buf) - keep].rstrip()
+        self._say(out, sent)
+        self._buf = buf[len(sent):]
+        return None
+
+
+class ToolStream(CallStream):
     """The incremental Hermes parser of one choice's output: text in (:meth:`feed`, as it is
     generated), OpenAI chat deltas out -- ``{"content": s}`` and ``{"tool_calls": [...]}`` -- and
     the finish reason at :meth:`finish`. The non-streamed answer is this same parser fed the whole
@@ -59,50 +190,45 @@ class ToolStream:
     the answer may be JSON the user asked for (a ``response_format``).
     """
 
-    __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str",
-                 "_esc", "_tail", "_in_bare", "_fenced")
+    __slots__ = ("_state", "_tail", "_in_bare", "_fenced")
+
+    OPEN: str | None = _OPEN
+    """The tag that opens a call anywhere in the answer (None: calls only at its start, bare)."""
+    SEPARATORS = ","
+    """What may separate bare calls, besides JSON whitespace."""
+    PREFIX = ""
+    """A marker that may come before the bare calls at the answer's start (dropped with them)."""
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        self.functions = functions
-        self.parallel = parallel
-        self.bare = bare  # still possible: nothing said yet and no call (then, after a bare call, the next one)
+        super().__init__(functions, parallel, bare)
+        # bare: still possible: nothing said yet and no call (then, after a bare call, the next one)
         self._in_bare = False  # the call being read has no tags
         self._fenced = False  # the bare calls are inside a ```json fence (its end is dropped too)
-        self.calls = 0  # calls begun so far
-        self._said = False  # whether content was sent
         self._state = _TEXT
-        self._buf = ""  # TEXT: unsent text (whitespace, a possible tag start); HEAD: the block after <tool_call>
-        self._ws = ""  # HEAD: the whitespace before the block (content again if the block is not a call)
-        self._depth, self._in_str, self._esc = 0, False, False  # ARGS: the scan of the argument text
+        # _buf: TEXT: unsent text (whitespace, a possible tag start); HEAD: the block after <tool_call>
         self._tail = ""  # TAIL: what must follow the arguments ("}" then "</tool_call>")
 
-    def feed(self, text: str) -> list[dict]:
-        """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
-        out: list[dict] = []
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
-        """The output ended with OpenAI's ``reason``: the deltas still held, and the choice's finish
-        reason (``"tool_calls"`` for one that stopped with calls)."""
-        out: list[dict] = []
-        while self._step(out, final=True):
-            pass
+        out, reason = super().finish(reason)
         if self._state == _TEXT and self._buf:
             if self._buf.strip() or not self.calls:
                 self._say(out, self._buf)
             self._buf = ""
-        # "tool_calls" promises whole calls: one whose arguments a stop string or token cut keeps "stop"
-        complete = self.calls and self._state != _ARGS
-        return out, ("tool_calls" if complete and reason == "stop" else reason)
+        return out, reason
+
+    def _whole(self) -> bool:
+        return self._state != _ARGS
 
     def _step(self, out: list[dict], final: bool) -> bool:
         """Consume what ``_buf`` allows in the current state; True when the state changed."""
         buf, state = self._buf, self._state
         if state == _TEXT and self.bare:
-            rest = buf.lstrip(_WS + ("," if self.calls else ""))
+            rest = buf.lstrip(_WS + (self.SEPARATORS if self.calls else ""))
+            if self.PREFIX and not self.calls:  # (the marker before the first call goes with the calls)
+                if rest.startswith(self.PREFIX):
+                    rest = rest[len(self.PREFIX):].lstrip(_WS)
+                elif self.PREFIX.startswith(rest) and not final:
+                    return False
             closed = self._fenced and rest.startswith(_FENCE)  # the fence's end, after the calls
             if closed:
                 rest = rest[len(_FENCE):]
@@ -124,9 +250,9 @@ class ToolStream:
                     return True
                 self._buf = buf = rest
         if state == _TEXT:
-            at = buf.find(_OPEN)
+            at = buf.find(self.OPEN) if self.OPEN else -1
             if at < 0:
-                keep = _tag_start(buf)
+                keep = _tag_start(buf, self.OPEN) if self.OPEN else 0
                 rest = buf[:len(buf) - keep]
                 sent = rest.rstrip()
                 self._say(out, sent)
@@ -136,22 +262,20 @@ class ToolStream:
             sent = before.rstrip()
             self._say(out, sent)
             if self.calls and not self.parallel:  # one call only: a later block is dropped whole
-                self._ws, self._buf, self._state = "", buf[at + len(_OPEN):], _SKIP
+                self._ws, self._buf, self._state = "", buf[at + len(self.OPEN):], _SKIP
                 return True
-            self._ws, self._buf, self._state = before[len(sent):], buf[at + len(_OPEN):], _HEAD
+            self._ws, self._buf, self._state = before[len(sent):], buf[at + len(self.OPEN):], _HEAD
             return True
         if state == _HEAD:
             head = _header(buf, self.functions)
             if head is _MORE and not final:
                 return False
             if head is None or head is _MORE:  # not a call: the block is content, and read on as text
-                self._say(out, self._ws + ("" if self._in_bare else _OPEN))
+                self._say(out, self._ws + ("" if self._in_bare else self.OPEN))
                 self._ws, self._state, self.bare, self._in_bare = "", _TEXT, False, False
                 return True
             name, end, has_args = head
-            out.append({"tool_calls": [{"index": self.calls, "id": "call_" + uuid.uuid4().hex[:24],
-                                        "type": "function", "function": {"name": name, "arguments": ""}}]})
-            self.calls += 1
+            self._begin(out, name)
             close = "" if self._in_bare else _CLOSE
             if has_args:
                 self._buf, self._state = buf[end:], _ARGS
@@ -196,49 +320,6 @@ class ToolStream:
         self._buf, self._state = buf[at + len(_CLOSE):], _TEXT
         return True
 
-    def _say(self, out: list[dict], text: str) -> None:
-        if self.calls and not self._said:  # content that starts after a call starts at its first word
-            text = text.lstrip()
-        if text:
-            out.append({"content": text})
-            self._said = True
-
-    def _args(self, out: list[dict], text: str) -> None:
-        if text:
-            out.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
-
-    def _scan(self, buf: str) -> int:
-        """How much of ``buf`` is argument text: all of it, or up to the brace that closes them."""
-        depth, in_str, esc = self._depth, self._in_str, self._esc
-        for i, c in enumerate(buf):
-            if in_str:
-                if esc:
-                    esc = False
-                elif c == "\\":
-                    esc = True
-                elif c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    self._depth, self._in_str, self._esc = 0, False, False
-                    return i + 1
-        self._depth, self._in_str, self._esc = depth, in_str, esc
-        return len(buf)
-
-
-_TEXT, _HEAD, _ARGS, _TAIL, _SKIP, _DROP = "text", "head", "args", "tail", "skip", "drop"  # ToolStream's states
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TAILS = ("}" + _CLOSE, _CLOSE, "}")
-_WS = " \t\n\r"  # JSON's whitespace
-_MORE = object()  # _header: the block may still become a call
-_FENCE = "```"
-_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\r?\n[ \t\r\n]*")  # a Markdown code fence's first line (bare calls)
-
 
 def _may_open_fence(s: str) -> bool:
     """Whether ``s`` is the start of a fence's first line (more text may make it one)."""
@@ -271,6 +352,11 @@ def _header(s: str, functions: dict[str, dict]) -> object:
     (``end`` the index of the arguments' ``{``, or past the ``}`` of a call without them), _MORE
     while ``s`` may still become one, None when it cannot (not the grammar, an unknown name)."""
     i = _expect(s, 0, "{")
+    typed = _expect(s, i, '"type"')  # Llama 3's {"type": "function", "name": ...} (llama.cpp reads it too)
+    if isinstance(typed, int):
+        i = _expect(s, _expect(s, _expect(s, typed, ":"), '"function"'), ",")
+    elif typed is _MORE and _expect(s, i, '"name"') is _MORE:
+        return _MORE
     i = _expect(s, i, '"name"')
     i = _expect(s, i, ":")
     i = _expect(s, i, '"')

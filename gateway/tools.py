@@ -47,7 +47,9 @@ from typing import Any
 
 from gateway.errors import bad_request
 from gateway.structured import field_of
-from gateway.tool_stream import ToolStream, merged
+from gateway.tool_grammars import call_grammar
+from gateway.tool_parsers import DEFAULT, parser_class
+from gateway.tool_stream import CallStream, merged
 from protocol.structured import Constraint
 
 __all__ = ["ToolPlan", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices", "tool_plan"]
@@ -67,19 +69,24 @@ class ToolPlan:
     """``parallel_tool_calls``: False keeps only the answer's first call (the others are dropped)."""
     bare: bool = False
     """Whether an answer that starts with a call object without its tags is read as calls
-    (:class:`ToolStream`'s ``bare``): with ``tool_choice`` auto and no ``response_format``."""
+    (:class:`~gateway.tool_stream.ToolStream`'s ``bare``): with ``tool_choice`` auto and no
+    ``response_format``."""
+    parser: str = DEFAULT
+    """The tool-call syntax the answer is read in (:mod:`gateway.tool_parsers`; the gateway's
+    ``tool_call_parser``), and the one ``constraint`` asks for."""
 
-    def stream(self) -> ToolStream:
+    def stream(self) -> CallStream:
         """A fresh parser of one choice's output under this plan."""
-        return ToolStream(self.functions, self.parallel, self.bare)
+        return parser_class(self.parser)(self.functions, self.parallel, self.bare)
 
     def definitions(self) -> list[dict]:
         """The tools as the request's ``tools`` field takes them (OpenAI's definitions, normalised)."""
         return [{"type": "function", "function": f} for f in self.functions.values()]
 
 
-def tool_plan(body) -> ToolPlan | None:
-    """The request's :class:`ToolPlan`, or None when it gives no tools or ``tool_choice`` is
+def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
+    """The request's :class:`ToolPlan` with its calls read in ``parser``'s syntax (a name of
+    :data:`gateway.tool_parsers.PARSERS`), or None when it gives no tools or ``tool_choice`` is
     ``"none"``. 400 naming the field for a malformed tool or choice."""
     tools, choice = body.tools, body.tool_choice
     if tools in (None, []):
@@ -118,7 +125,7 @@ def tool_plan(body) -> ToolPlan | None:
         functions[name] = {"name": name, "description": fn.get("description", ""), "parameters": params}
     parallel = getattr(body, "parallel_tool_calls", None) is not False  # (/tokenize has none)
     if choice is None or choice == "auto":  # (a bare JSON answer is the user's when they asked for JSON)
-        return ToolPlan(functions, "auto", None, parallel, bare=field_of(body) is None)
+        return ToolPlan(functions, "auto", None, parallel, bare=field_of(body) is None, parser=parser)
     if choice == "none":
         return None
     if choice == "required":
@@ -131,18 +138,14 @@ def tool_plan(body) -> ToolPlan | None:
     else:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                           "\"function\": {\"name\": ...}}", "tool_choice")
-    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required", _call_grammar(functions, names),
-                    parallel)
+    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required",
+                    _call_grammar(functions, names, parser), parallel, parser=parser)
 
 
-def _call_grammar(functions: dict[str, dict], names: list[str]) -> Constraint:
-    """One ``<tool_call>`` whose JSON is a call of one of ``names`` with valid arguments (Lark, ``%json``)."""
-    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": n}, "arguments": {"type": "object", **functions[n]["parameters"]}}}
-             for n in names]  # (arguments an object even where the schema leaves out its type: {} allows any JSON)
-    schema = {"x-guidance": _JSON_STYLE, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
-    lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}\n'
-    return Constraint("grammar", lark)
+def _call_grammar(functions: dict[str, dict], names: list[str], parser: str = DEFAULT) -> Constraint:
+    """One call of one of ``names`` with valid arguments, in ``parser``'s syntax
+    (:func:`gateway.tool_grammars.call_grammar`)."""
+    return Constraint("grammar", call_grammar(functions, names, parser))
 
 
 def render_messages(messages: list[dict], raw: list) -> list[dict]:
@@ -196,12 +199,12 @@ def _not_json(constant: str):
 
 
 def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
-                     bare: bool = False) -> tuple[str | None, list[dict]]:
-    """``(content, calls)`` of a whole output: :class:`ToolStream` fed it at once (so a stream of the
-    same output says the same). ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name,
+                     bare: bool = False, parser: str = DEFAULT) -> tuple[str | None, list[dict]]:
+    """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.tool_stream.CallStream`
+    fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name,
     arguments}``, the arguments the JSON text the model wrote); ``content`` the text outside them,
     None when empty and there are calls. No call: ``(text, [])``."""
-    stream = ToolStream(functions, parallel, bare)
+    stream = parser_class(parser)(functions, parallel, bare)
     deltas = stream.feed(text)
     deltas += stream.finish(None)[0]
     return merged(deltas)
@@ -228,7 +231,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     return completion
 
 
-def stream_choices(stream: ToolStream, choice: dict, finished: bool) -> list[dict]:
+def stream_choices(stream: CallStream, choice: dict, finished: bool) -> list[dict]:
     """A chat stream's choice (:meth:`gateway.responses.ResponseBuilder.delta_choice`: a content delta,
     token ids, logprobs, finish and stop reasons) as ``stream`` shows it, one choice (one chunk) per
     delta its text makes ready: the token ids and logprobs on the first, the finish reason (the
