@@ -64,7 +64,8 @@ class MistralStream(CallStream):
     """Mistral's tool calls after ``[TOOL_CALLS]`` (vLLM's ``MistralToolParser``), in either form:
 
     - before v11 (Mistral 7B Instruct v0.3): a JSON array of ``{"name": N, "arguments": {...}}``
-      objects (``"parameters"`` and a leading ``"type": "function"`` taken too, as the other
+      objects, an ``"id"`` after the arguments skipped (v0.3's template writes the history's
+      calls so; ``"parameters"`` and a leading ``"type": "function"`` are taken too, as the other
       JSON parsers take them);
     - v11+ (Mistral Small 3.x, Devstral): ``N[ARGS]{...}`` (``[CALL_ID]id`` before ``[ARGS]`` is
       skipped; ``[ARGS]`` may be missing, as vLLM reads it), and ``[TOOL_CALLS]`` again per call.
@@ -138,6 +139,13 @@ class MistralStream(CallStream):
             return True
         if state == _TAIL:  # (the array's) "}" of the call, then "," and the next call, or "]"
             rest = self._buf.lstrip(_WS)
+            if self._brace and rest.startswith(","):  # its "id" first, as v0.3's template writes a call
+                end = rest.find("}")
+                if end < 0 and not final:
+                    self._buf = rest
+                    return False
+                if end >= 0 and _ID_FIELD.fullmatch(rest[:end]):
+                    rest = rest[end:]
             if self._brace and rest.startswith("}"):
                 rest, self._brace = rest[1:].lstrip(_WS), False
             self._buf = rest
@@ -155,6 +163,7 @@ class MistralStream(CallStream):
 _TEXT, _HEAD, _NEXT, _ARGS, _TAIL, _DROP = "text", "head", "next", "args", "tail", "drop"  # MistralStream's
 _ALNUM = string.ascii_letters + string.digits
 _ID_CHARS = re.compile(r"[A-Za-z0-9]*")
+_ID_FIELD = re.compile(r',\s*"id"\s*:\s*"[A-Za-z0-9_-]*"\s*')
 
 
 def _array_head(s: str, functions: dict[str, dict]) -> object:

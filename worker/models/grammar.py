@@ -367,13 +367,18 @@ def text_added_tokens(tokenizer_json: str) -> str:
     added tokens (``<|im_end|>``, FIM and control tokens) stay special: a grammar never emits them
     as text. Only a vocabulary held as ``{piece: id}`` (BPE, WordPiece, WordLevel) is changed, each
     piece written as that vocabulary writes text (byte-level BPE's byte alphabet, SentencePiece's
-    ``▁`` for a space); other tokenizers are returned unchanged."""
+    ``▁`` for a space); other tokenizers are returned unchanged. The tool-call markers that some
+    tokenizers hold as special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``:
+    :data:`~worker.models.tool_markers.TOOL_MARKERS`) are text too, as the worker decodes them:
+    a tool-call grammar asks for them by their text (``gateway.tool_grammars``)."""
     import json
+
+    from worker.models.tool_markers import TOOL_MARKERS
 
     data = json.loads(tokenizer_json)
     model = data.get("model") or {}
     vocab = model.get("vocab")
-    plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
+    plain = [t for t in data.get("added_tokens") or () if not t.get("special") or t.get("content") in TOOL_MARKERS]
     if not plain or not isinstance(vocab, dict):
         return tokenizer_json
     spell = _piece_spelling(data)
