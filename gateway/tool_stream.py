@@ -355,7 +355,7 @@ def _header(s: str, functions: dict[str, dict]) -> object:
     typed = _expect(s, i, '"type"')  # Llama 3's {"type": "function", "name": ...} (llama.cpp reads it too)
     if isinstance(typed, int):
         i = _expect(s, _expect(s, _expect(s, typed, ":"), '"function"'), ",")
-    elif typed is _MORE and _expect(s, i, '"name"') is _MORE:
+    elif typed is _MORE:
         return _MORE
     i = _expect(s, i, '"name"')
     i = _expect(s, i, ":")
