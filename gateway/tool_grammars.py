@@ -11,8 +11,10 @@ family's parser reads it:
 - ``qwen3_coder``: ``<tool_call>\\n<function=N>\\n`` then each parameter as
   ``<parameter=P>\\nVALUE\\n</parameter>\\n`` in the schema's order (``required`` ones always,
   the others optional), then ``</function>\\n</tool_call>``; a value the parser reads as text
-  (:func:`gateway.tool_xml.param_is_text`) is any text without ``\\n</parameter>`` (one of its
-  ``enum`` when it gives one), any other the JSON its schema allows.
+  (:func:`gateway.tool_xml.param_is_text`) is any text up to the first ``\\n</parameter>``, one
+  lexeme with that end tag (llguidance's lexer is greedy and does not backtrack: a text lexeme
+  before a literal end tag would eat the newline the tag needs, and a ``stop`` rule loses the
+  bytes after the tag in the token that ends it, Qwen's ``>\\n``), or one of its ``enum``; any other the JSON its schema allows.
 
 The markers are quoted literals: the worker gives llguidance a tokenizer's marker tokens as the
 text they stand for, special or not (:func:`worker.models.grammar.text_added_tokens`), so a
@@ -47,7 +49,7 @@ def call_grammar(functions: dict[str, dict], names: list[str], parser: str) -> s
         named = " | ".join(f"fn{i}" for i in range(len(names)))
         rules = "".join(_xml_function(i, functions[n]) for i, n in enumerate(names))
         return (f'start: "<tool_call>\\n<function=" ({named}) "</function>\\n</tool_call>"\n{rules}'
-                'text[lazy]: /(.|\\n)*/\n')
+                'TEXT: /(.|\\n)*\\n<\\/parameter>/ & ~/(.|\\n)*\\n<\\/parameter>(.|\\n)+/\n')
     raise ValueError(f"no tool-call grammar for parser {parser!r}")
 
 
@@ -82,10 +84,11 @@ def _xml_function(i: int, function: dict) -> str:
         rule = f"p{i}_{j}"
         if param_is_text(function, name):
             enum = prop.get("enum") if isinstance(prop, dict) else None
-            value = ("(" + " | ".join(_lit(str(v)) for v in enum) + ")") if enum else "text"
+            value = ("(" + " | ".join(_lit(str(v)) for v in enum) + ")") if enum else "TEXT"
         else:
             value = f"v{i}_{j}"
             rules.append(f"{value}: %json {_schema(prop)}\n")
-        rules.append(f'{rule}: {_lit(f"<parameter={name}>" + chr(10))} {value} "\\n</parameter>\\n"\n')
+        end = '"\\n"' if value == "TEXT" else '"\\n</parameter>\\n"'  # (TEXT ends with the end tag)
+        rules.append(f'{rule}: {_lit(f"<parameter={name}>" + chr(10))} {value} {end}\n')
         parts.append(rule if name in required else rule + "?")
     return f'fn{i}: {_lit(function["name"] + ">" + chr(10))} {" ".join(parts)}\n' + "".join(rules)
