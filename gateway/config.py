@@ -34,6 +34,10 @@ class GatewayConfig:
     - ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"``: a chat answer's
       ``<think>...</think>`` goes to ``reasoning_content`` (:mod:`gateway.reasoning`);
       None: the thinking stays in the answer.
+    - ``tool_call_parser``: the syntax a chat answer's tool calls are read in, and
+      the one ``tool_choice: "required"`` enforces (:mod:`gateway.tool_parsers`):
+      ``"hermes"`` (the default: Qwen2.5, Hermes), ``"llama3_json"``,
+      ``"mistral"`` or ``"qwen3_coder"``, vLLM's names.
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -77,6 +81,7 @@ class GatewayConfig:
     metrics_api_keys: tuple[str, ...] = field(default=(), repr=False)
     tokenizer: str | None = None
     reasoning_parser: str | None = None
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -100,6 +105,9 @@ class GatewayConfig:
             if self.reasoning_parser not in PARSERS:
                 raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} or None, "
                                  f"got {self.reasoning_parser!r}")
+        from gateway.tool_parsers import parser_class
+
+        parser_class(self.tool_call_parser)  # (ValueError naming the choices)
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

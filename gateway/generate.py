@@ -154,7 +154,7 @@ class Generate:
             call.check_ended()
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
-                call.tools = tool_plan(body)
+                call.tools = tool_plan(body, self.config.tool_call_parser)
             if body.stream:
                 return await self._start_stream(request, body, call)
             await self._submit(body, call, stream=False)

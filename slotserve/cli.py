@@ -251,6 +251,22 @@ def _reasoning_parser_option(command):
                              "Default: none (the thinking stays in the answer).")(command)
 
 
+def _tool_call_parser_option(command):
+    """--tool-call-parser: `serve`'s and `up`'s (the HTTP server's)."""
+    from gateway.tool_parsers import PARSERS
+
+    return click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None, show_envvar=True,
+                        help="The syntax chat answers' tool calls are read in, and that tool_choice required "
+                             "enforces (vLLM's option and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, "
+                             "Hermes), llama3_json (Llama 3.x's JSON), mistral ([TOOL_CALLS]) or qwen3_coder "
+                             "(<function=...> XML). Default: hermes.")(command)
+
+
+def _tool_call_parser(name: str | None) -> dict:
+    """``{"tool_call_parser": name}`` for the gateway's config, or ``{}`` (its default) when not given."""
+    return {} if name is None else {"tool_call_parser": name}
+
+
 def _serving_options(command):
     """--served-model-name (repeatable) and --warmup/--no-warmup: one definition for `slotserve worker`,
     `up` and `run`, passed on as ``served_model_names`` (a tuple) and ``warmup``
@@ -532,11 +548,12 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
                    "(default: each served model's own, when its name is a local model; else token ids are "
                    "shown as token_id:N).")
 @_reasoning_parser_option
+@_tool_call_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
-          reasoning_parser: str | None, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+          reasoning_parser: str | None, tool_call_parser: str | None, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
           curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
@@ -556,7 +573,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
                   metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer,
-                  reasoning_parser=reasoning_parser)
+                  reasoning_parser=reasoning_parser, **_tool_call_parser(tool_call_parser))
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
@@ -584,6 +601,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
               help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
                    "or .gguf (default: --model's).")
 @_reasoning_parser_option
+@_tool_call_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_serving_options
@@ -591,7 +609,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.pass_context
 def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
-       reasoning_parser: str | None, api_keys: tuple,
+       reasoning_parser: str | None, tool_call_parser: str | None, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
@@ -614,9 +632,11 @@ def up(ctx, workers: int, slots: int, model: str, step_delay_ms: float, stop_tok
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          tokenizer=tokenizer, reasoning_parser=reasoning_parser)
-    elif tokenizer is not None or reasoning_parser is not None:
-        raise click.UsageError("--tokenizer and --reasoning-parser are the HTTP server's: give --http-port too")
+                          tokenizer=tokenizer, reasoning_parser=reasoning_parser,
+                          **_tool_call_parser(tool_call_parser))
+    elif tokenizer is not None or reasoning_parser is not None or tool_call_parser is not None:
+        raise click.UsageError("--tokenizer, --reasoning-parser and --tool-call-parser are the HTTP server's: "
+                               "give --http-port too")
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")
