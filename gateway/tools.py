@@ -50,6 +50,7 @@ from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, merged
+from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 
 __all__ = ["ToolPlan", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices", "tool_plan"]
@@ -151,8 +152,9 @@ def _call_grammar(functions: dict[str, dict], names: list[str], parser: str = DE
 def render_messages(messages: list[dict], raw: list) -> list[dict]:
     """The chat messages to submit: ``messages`` (role/content from the body, text joined), an
     assistant message's ``tool_calls`` (``raw[i].tool_calls``, OpenAI's shape) checked and carried
-    (the worker renders them), a ``tool`` message checked for its ``tool_call_id``. 400 naming the
-    message for a malformed call."""
+    (the worker renders them), a ``tool`` message's ``tool_call_id`` checked and carried, and a
+    message's ``name`` carried (templates read them: Mistral's the id, others the tool's name;
+    :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id."""
     out = []
     for i, (m, r) in enumerate(zip(messages, raw)):
         calls = getattr(r, "tool_calls", None)
@@ -162,9 +164,16 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
             m = {**m, "tool_calls": [_checked_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(calls)]}
         if m["role"] == "tool":
             call_id = getattr(r, "tool_call_id", None)
-            if not isinstance(call_id, str) or not call_id:
-                raise bad_request("a tool message needs the tool_call_id of the call it answers",
-                                  f"messages.{i}.tool_call_id")
+            if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_NAME_CHARS:
+                raise bad_request("a tool message needs the tool_call_id of the call it answers (a string of "
+                                  f"at most {MAX_MESSAGE_NAME_CHARS} characters)", f"messages.{i}.tool_call_id")
+            m = {**m, "tool_call_id": call_id}
+        name = getattr(r, "name", None)
+        if name:
+            if len(name) > MAX_MESSAGE_NAME_CHARS:
+                raise bad_request(f"a message's name is at most {MAX_MESSAGE_NAME_CHARS} characters",
+                                  f"messages.{i}.name")
+            m = {**m, "name": name}
         out.append(m)
     return out
 
