@@ -1,4 +1,4 @@
-"""The incremental parser of Hermes tool calls in a model's output: :class:`ToolStream`.
+"""The incremental tool-call parsers' interface, :class:`CallStream`, and the Hermes one, :class:`ToolStream`.
 
 Protocol-level glue between generated text and OpenAI's chat deltas (content
 and ``tool_calls``), used for streamed and whole answers alike
@@ -142,7 +142,7 @@ class CallStream:
                 self._say(out, buf)
             self._buf = ""
             return None
-        keep = max(_tag_start(buf, m) for m in markers)
+        keep = max((_tag_start(buf, m) for m in markers), default=0)
         sent = buf[:len(buf) - keep].rstrip()
         self._say(out, sent)
         self._buf = buf[len(sent):]
@@ -150,11 +150,9 @@ class CallStream:
 
 
 class ToolStream(CallStream):
-    """The incremental Hermes parser of one choice's output: text in (:meth:`feed`, as it is
-    generated), OpenAI chat deltas out -- ``{"content": s}`` and ``{"tool_calls": [...]}`` -- and
-    the finish reason at :meth:`finish`. The non-streamed answer is this same parser fed the whole
-    output at once (:func:`gateway.tools.parse_tool_calls`), so a stream and the answer say the same thing
-    however the text is cut into deltas (vLLM #56263 is a bug where they differ).
+    """The incremental Hermes parser of one choice's output (``--tool-call-parser hermes``, the
+    default; a :class:`CallStream`). The non-streamed answer is this same parser fed the whole
+    output at once (:func:`gateway.tools.parse_tool_calls`).
 
     The grammar it reads (Hermes 2 Pro, as the ``<tool_call>`` system prompt asks and Qwen2.5's
     templates render): ``<tool_call>`` ws ``{"name": "N", "arguments": {...}}`` ws
@@ -210,10 +208,8 @@ class ToolStream(CallStream):
 
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
         out, reason = super().finish(reason)
-        if self._state == _TEXT and self._buf:
-            if self._buf.strip() or not self.calls:
-                self._say(out, self._buf)
-            self._buf = ""
+        if self._state == _TEXT:
+            self._content_until(out, (), True)
         return out, reason
 
     def _whole(self) -> bool:
@@ -250,21 +246,11 @@ class ToolStream(CallStream):
                     return True
                 self._buf = buf = rest
         if state == _TEXT:
-            at = buf.find(self.OPEN) if self.OPEN else -1
-            if at < 0:
-                keep = _tag_start(buf, self.OPEN) if self.OPEN else 0
-                rest = buf[:len(buf) - keep]
-                sent = rest.rstrip()
-                self._say(out, sent)
-                self._buf = buf[len(sent):]
+            found = self._content_until(out, (self.OPEN,) if self.OPEN else (), False)
+            if found is None:
                 return False
-            before = buf[:at]
-            sent = before.rstrip()
-            self._say(out, sent)
-            if self.calls and not self.parallel:  # one call only: a later block is dropped whole
-                self._ws, self._buf, self._state = "", buf[at + len(self.OPEN):], _SKIP
-                return True
-            self._ws, self._buf, self._state = before[len(sent):], buf[at + len(self.OPEN):], _HEAD
+            self._buf = buf[found[0] + len(self.OPEN):]
+            self._state = _SKIP if self.calls and not self.parallel else _HEAD  # (one call only: drop the block)
             return True
         if state == _HEAD:
             head = _header(buf, self.functions)

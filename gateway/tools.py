@@ -8,21 +8,25 @@ renders ``tools`` (Qwen2.5's, Hermes'), else in the Hermes format
 (NousResearch's Hermes 2 Pro function calling, :mod:`worker.models.hermes`:
 a system prompt listing the functions, calls as ``<tool_call>`` blocks,
 ``tool`` messages as ``<tool_response>`` user turns; SmolLM2's template has
-no tools). The answer is read in the Hermes format either way,
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``: the one those
-templates ask for (a template with another call syntax still shows the
-tools, but its calls stay content).
+no tools). A ``tool`` message's ``tool_call_id`` and a message's ``name``
+travel too (Mistral's templates read the id). The answer is read in the
+syntax of the gateway's tool-call parser (``--tool-call-parser``,
+:mod:`gateway.tool_parsers`): Hermes' by default,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5's and
+the Hermes rendering's), or Llama 3's JSON, Mistral's ``[TOOL_CALLS]`` or
+Qwen3-Coder's XML; another syntax's calls stay content.
 
 ``tool_choice``:
 
 - ``"none"``: the tools are not shown and the answer is not parsed;
 - ``"auto"`` (the default with tools): the model may answer or call; its
-  output is parsed for ``<tool_call>`` blocks;
+  output is parsed for calls;
 - ``"required"`` / ``{"type": "function", "function": {"name": N}}``: the
   output is *constrained* to one call, its ``name`` among the tools (or
   ``N``) and its ``arguments`` valid against that function's ``parameters``
-  schema -- a Lark grammar with llguidance's ``%json`` schemas, compiled on
-  the worker as any ``structured`` constraint.
+  schema, in the parser's syntax -- a Lark grammar with llguidance's ``%json``
+  schemas (:mod:`gateway.tool_grammars`), compiled on the worker as any
+  ``structured`` constraint.
 
 The answer: when the output holds calls, ``message.tool_calls`` (``id``,
 ``type: "function"``, ``function: {name, arguments}`` with the arguments as
@@ -30,12 +34,11 @@ the JSON text the model wrote), ``message.content`` the text outside them
 (or null) and ``finish_reason: "tool_calls"`` (``"length"`` for a choice cut
 by ``max_tokens``, its last call's arguments cut with it). A stream sends
 the same incrementally, in OpenAI's chunk shapes: content deltas as the text
-comes (holding back only what may start a ``<tool_call>``), per call a first
-delta with its ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``,
-then argument fragments as they are generated, then the finish reason. Both
-come from one parser, :class:`ToolStream` (the answer is it fed the whole
-output, :mod:`gateway.tool_stream`), so the concatenated deltas are the
-answer exactly.
+comes (holding back only what may start a call), per call a first delta
+with its ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``, then
+argument fragments as they are generated, then the finish reason. Both come
+from one parser, a :class:`~gateway.tool_stream.CallStream` (the answer is
+it fed the whole output), so the concatenated deltas are the answer exactly.
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     """A chat completion's choices with their tool calls parsed (in place; returns it): a choice
     with calls gets ``message.tool_calls``, and ``finish_reason: "tool_calls"`` when it ended
     ``stop`` with whole calls (one cut by ``max_tokens`` stays ``length``, one whose last call's
-    arguments a stop string or token cut stays ``stop``: :meth:`ToolStream.finish`)."""
+    arguments a stop string or token cut stays ``stop``: :meth:`CallStream.finish`)."""
     for choice in completion["choices"]:
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
