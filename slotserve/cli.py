@@ -240,26 +240,27 @@ def _model_options(command):
     return with_options
 
 
-def _reasoning_parser_option(command):
-    """--reasoning-parser: `serve`'s and `up`'s (the HTTP server's)."""
-    from gateway.reasoning import PARSERS
+def _parser_option(flag: str, module: str, help: str):
+    """An HTTP server's parser option (`serve`'s and `up`'s): one of ``module.PARSERS``, default
+    None (not given: the gateway config's own default)."""
+    import importlib
 
-    return click.option("--reasoning-parser", type=click.Choice(PARSERS), default=None, show_envvar=True,
-                        help="Split a thinking model's <think>...</think> off its chat answers into "
-                             "reasoning_content (vLLM's option and names): deepseek_r1 (the template opens the "
-                             "thinking: R1 and its distills) or qwen3 (the model opens it: Qwen3, QwQ). "
-                             "Default: none (the thinking stays in the answer).")(command)
+    def decorate(command):
+        names = importlib.import_module(module).PARSERS
+        return click.option(flag, type=click.Choice(names), default=None, show_envvar=True, help=help)(command)
+    return decorate
 
 
-def _tool_call_parser_option(command):
-    """--tool-call-parser: `serve`'s and `up`'s (the HTTP server's)."""
-    from gateway.tool_parsers import PARSERS
-
-    return click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None, show_envvar=True,
-                        help="The syntax chat answers' tool calls are read in, and that tool_choice required "
-                             "enforces (vLLM's option and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, "
-                             "Hermes), llama3_json (Llama 3.x's JSON), mistral ([TOOL_CALLS]) or qwen3_coder "
-                             "(<function=...> XML). Default: hermes.")(command)
+_reasoning_parser_option = _parser_option(
+    "--reasoning-parser", "gateway.reasoning",
+    "Split a thinking model's <think>...</think> off its chat answers into reasoning_content (vLLM's option "
+    "and names): deepseek_r1 (the template opens the thinking: R1 and its distills) or qwen3 (the model opens "
+    "it: Qwen3, QwQ). Default: none (the thinking stays in the answer).")
+_tool_call_parser_option = _parser_option(
+    "--tool-call-parser", "gateway.tool_parsers",
+    "The syntax chat answers' tool calls are read in, and that tool_choice required enforces (vLLM's option "
+    "and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, Hermes), llama3_json (Llama 3.x's JSON), "
+    "mistral ([TOOL_CALLS]) or qwen3_coder (<function=...> XML). Default: hermes.")
 
 
 def _tool_call_parser(name: str | None) -> dict:
