@@ -37,7 +37,8 @@ class GatewayConfig:
     - ``tool_call_parser``: the syntax a chat answer's tool calls are read in, and
       the one ``tool_choice: "required"`` enforces (:mod:`gateway.tool_parsers`):
       ``"hermes"`` (the default: Qwen2.5, Hermes), ``"llama3_json"``,
-      ``"mistral"`` or ``"qwen3_coder"``, vLLM's names.
+      ``"mistral"`` or ``"qwen3_coder"``, vLLM's names; or ``"auto"``: the one
+      each model's chat template asks for (its tokenizer's, :func:`gateway.tool_parsers.detect_parser`).
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -105,9 +106,9 @@ class GatewayConfig:
             if self.reasoning_parser not in PARSERS:
                 raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} or None, "
                                  f"got {self.reasoning_parser!r}")
-        from gateway.tool_parsers import parser_class
+        from gateway.tool_parsers import check_choice
 
-        parser_class(self.tool_call_parser)  # (ValueError naming the choices)
+        check_choice(self.tool_call_parser)
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

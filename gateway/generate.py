@@ -41,6 +41,7 @@ from gateway.responses import DONE, ResponseBuilder, cached_tokens, error_respon
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
 from gateway.reasoning import ThinkStream, split_reasoning
+from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from protocol.enums import FinishReason
@@ -154,7 +155,7 @@ class Generate:
             call.check_ended()
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
-                call.tools = tool_plan(body, self.config.tool_call_parser)
+                call.tools = tool_plan(body, await self._tool_parser(body))
             if body.stream:
                 return await self._start_stream(request, body, call)
             await self._submit(body, call, stream=False)
@@ -273,6 +274,16 @@ class Generate:
         except RuntimeError as e:  # the client was closed: the gateway is stopping
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
+
+    async def _tool_parser(self, body: ChatCompletionRequest) -> str:
+        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one its
+        tokenizer's chat template asks for (:func:`gateway.tool_parsers.detect_parser`; the default
+        when it has no tokenizer or template; loads the tokenizer once, only for a chat with tools)."""
+        parser = self.config.tool_call_parser
+        if parser != AUTO or not body.tools or body.tool_choice == "none":
+            return parser if parser != AUTO else DEFAULT_TOOL_PARSER
+        tok = await self.tokenizers.get(self.link.served_name(body.model))
+        return detect_parser(getattr(getattr(tok, "hf", None), "chat_template", None))
 
     async def _shown_prompts(self, body: _Sampling, call: _Call, prompts: list, options: dict) -> list[tuple]:
         """Per prompt: ``(ids, text)``: a token-id prompt's ids (a text or chat prompt's come

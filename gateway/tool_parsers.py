@@ -20,6 +20,9 @@ name                      what the model writes (where the syntax is taken from)
                           :mod:`gateway.tool_xml`)
 ========================  ==============================================================================
 
+``auto`` (``--tool-call-parser auto``, as llama.cpp's server picks its format): the parser the
+model's chat template asks for (:func:`detect_parser`).
+
 Where a marker may appear (vLLM's choices, followed): ``<tool_call>`` and ``[TOOL_CALLS]`` start
 calls anywhere in the answer, the text before them is content; Llama 3's JSON is a call only as
 the start of the answer (vLLM's streaming parser and llama.cpp's; a JSON object mid-answer is
@@ -34,7 +37,8 @@ import string
 
 from gateway.tool_stream import _MORE, _NAME_CHARS, _WS, CallStream, ToolStream, _header
 
-__all__ = ["DEFAULT", "PARSERS", "Llama3JsonStream", "MistralStream", "parser_class"]
+__all__ = ["AUTO", "CHOICES", "DEFAULT", "PARSERS", "Llama3JsonStream", "MistralStream", "detect_parser",
+           "parser_class"]
 
 DEFAULT = "hermes"
 """The parser when none is named: today's (Qwen2.5, Hermes)."""
@@ -210,6 +214,13 @@ def parser_class(name: str) -> type[CallStream]:
         raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {name!r:.80}") from None
 
 
+def check_choice(name: object) -> str:
+    """``name`` if it is one of :data:`CHOICES` (a parser's or ``auto``); ValueError naming them."""
+    if name not in CHOICES:
+        raise ValueError(f"tool_call_parser must be one of {', '.join(CHOICES)}, got {name!r:.80}")
+    return name
+
+
 def _xml():
     from gateway.tool_xml import Qwen3CoderStream
 
@@ -220,3 +231,27 @@ _CLASSES: dict[str, type[CallStream]] = {"hermes": ToolStream, "llama3_json": Ll
                                          "mistral": MistralStream, "qwen3_coder": _xml()}
 PARSERS = tuple(_CLASSES)
 """The names ``--tool-call-parser`` takes (vLLM's names for the same syntaxes)."""
+AUTO = "auto"
+"""The choice that picks the parser from each model's chat template (:func:`detect_parser`)."""
+CHOICES = PARSERS + (AUTO,)
+"""The names ``--tool-call-parser`` takes: a parser's, or :data:`AUTO`."""
+
+
+def detect_parser(template: str | dict | None) -> str:
+    """The parser whose syntax the chat template ``template`` (Jinja text) writes a call in, read
+    from the markers it renders, as llama.cpp's server tells its chat formats apart
+    (``common/chat.cpp``): ``[TOOL_CALLS]`` Mistral's; ``<function=`` with ``<parameter=``
+    Qwen3-Coder's; ``<tool_call>`` Hermes'; ``<|python_tag|>``, or an ``ipython`` role with
+    ``"parameters"``, Llama 3's. :data:`DEFAULT` for no template or none of them (the Hermes
+    rendering of a template without tools). A tokenizer's several named templates (a dict) are
+    read together."""
+    t = " ".join(v for v in template.values() if isinstance(v, str)) if isinstance(template, dict) else template or ""
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
+    if "<function=" in t and "<parameter=" in t:
+        return "qwen3_coder"
+    if "<tool_call>" in t:
+        return "hermes"
+    if "<|python_tag|>" in t or "ipython" in t and '"parameters"' in t:
+        return "llama3_json"
+    return DEFAULT

@@ -241,12 +241,12 @@ def _model_options(command):
 
 
 def _parser_option(flag: str, module: str, help: str):
-    """An HTTP server's parser option (`serve`'s and `up`'s): one of ``module.PARSERS``, default
+    """An HTTP server's parser option (`serve`'s and `up`'s): one of ``module.CHOICES`` (else ``PARSERS``), default
     None (not given: the gateway config's own default)."""
     import importlib
 
     def decorate(command):
-        names = importlib.import_module(module).PARSERS
+        names = getattr(importlib.import_module(module), "CHOICES", None) or importlib.import_module(module).PARSERS
         return click.option(flag, type=click.Choice(names), default=None, show_envvar=True, help=help)(command)
     return decorate
 
@@ -260,7 +260,8 @@ _tool_call_parser_option = _parser_option(
     "--tool-call-parser", "gateway.tool_parsers",
     "The syntax chat answers' tool calls are read in, and that tool_choice required enforces (vLLM's option "
     "and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, Hermes), llama3_json (Llama 3.x's JSON), "
-    "mistral ([TOOL_CALLS]) or qwen3_coder (<function=...> XML). Default: hermes.")
+    "mistral ([TOOL_CALLS]), qwen3_coder (<function=...> XML), or auto (the one each model's chat "
+    "template asks for, read from its tokenizer's template, as llama.cpp does). Default: hermes.")
 
 
 def _tool_call_parser(name: str | None) -> dict:

@@ -42,9 +42,11 @@ def test_serve_takes_the_parser_and_defaults_to_hermes(served):
         r = CliRunner().invoke(main, ["serve", *args], env=env)
         assert r.exit_code == 0, r.output
         assert served[-1].tool_call_parser == want
+    r = CliRunner().invoke(main, ["serve", "--tool-call-parser", "auto"])
+    assert r.exit_code == 0 and served[-1].tool_call_parser == "auto"
     r = CliRunner().invoke(main, ["serve", "--tool-call-parser", "llama"])
     assert r.exit_code == 2 and "--tool-call-parser" in r.output and "qwen3_coder" in r.output
-    assert len(served) == 3
+    assert len(served) == 4
 
 
 def test_up_gives_its_gateway_the_parser_and_needs_an_http_port(monkeypatch):
@@ -61,7 +63,8 @@ def test_up_gives_its_gateway_the_parser_and_needs_an_http_port(monkeypatch):
 
 
 def test_the_config_refuses_an_unknown_parser():
-    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, mistral, qwen3_coder"):
+    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, mistral, qwen3_coder, "
+                                         "auto"):
         GatewayConfig(tool_call_parser="llama")
     assert GatewayConfig().tool_call_parser == "hermes"
 
@@ -106,3 +109,55 @@ def test_required_is_constrained_in_the_parser_s_syntax(sdk, start):
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "plain"}], max_tokens=60,
                                    tools=TOOLS, tool_choice="required")
     assert scripted.submitted[-1].structured.spec.startswith(start)
+
+
+TEMPLATES = {  # excerpts of the published chat templates, as their tool-call parts read
+    "mistral": '{%- elif message.tool_calls is defined %}{{- "[TOOL_CALLS] [" }}{%- for tool_call in '
+               'message.tool_calls %}{{- \', "id": "\' + tool_call.id + \'"}\' }}',  # Mistral 7B Instruct v0.3
+    "qwen3_coder": '{{- "<tool_call>\\n<function=" + tool_call.name + ">\\n" }}{%- for args_name, args_value in '
+                   'tool_call.arguments|items %}{{- "<parameter=" + args_name + ">\\n" }}',  # Qwen3-Coder
+    "hermes": '{{- "<tool_call>\\n{\\"name\\": \\"" }}{{- tool_call.name }}',  # Qwen2.5
+    "llama3_json": '{%- if builtin_tools is defined or tools is not none %}{{- "Environment: ipython\\n" }}'
+                   '{{- \'{"name": "\' + tool_call.name + \'", \' }}{{- \'"parameters": \' }}'
+                   '{{- "<|python_tag|>" + tool_call.name + ".call(" }}',  # Llama 3.1
+}
+
+
+@pytest.mark.parametrize("parser", sorted(TEMPLATES))
+def test_auto_picks_the_parser_the_template_asks_for(parser):
+    from gateway.tool_parsers import detect_parser
+
+    assert detect_parser(TEMPLATES[parser]) == parser
+    assert detect_parser({"default": "x", "tool_use": TEMPLATES[parser]}) == parser  # (named templates)
+
+
+def test_auto_without_a_tools_syntax_or_a_template_is_hermes():
+    from gateway.tool_parsers import detect_parser
+
+    smollm2 = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>"
+    assert detect_parser(smollm2) == detect_parser(None) == "hermes"  # (the Hermes rendering)
+
+
+def test_auto_reads_each_model_s_template_through_the_gateway(monkeypatch):
+    """``--tool-call-parser auto``: the gateway reads the model's tokenizer's template (a Mistral one
+    here) and the answer in its syntax; without a tokenizer, Hermes."""
+    from types import SimpleNamespace
+
+    from gateway.tokenizer import Tokenizer
+
+    monkeypatch.setitem(test_tools_stream.OUTPUTS, "mistral", MISTRAL)
+    for load, calls in ((lambda name: Tokenizer(None, SimpleNamespace(chat_template=TEMPLATES["mistral"])), 2),
+                        (None, 0)):
+        client = OutputClient()
+        with TestClient(handlers_app(Tokenizers(load), ScriptedLink(client),
+                                     GatewayConfig(tool_call_parser="auto"))) as http:
+            sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+            r = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "mistral"}],
+                                            max_tokens=60, tools=TOOLS)
+            assert len(r.choices[0].message.tool_calls or []) == calls
+            if calls:
+                sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "plain"}], max_tokens=60,
+                                            tools=TOOLS, tool_choice="required")
+                assert client.submitted[-1].structured.spec.startswith('start: "[TOOL_CALLS]"')
+        for t in client.threads:
+            t.join(10)
