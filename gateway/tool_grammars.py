@@ -14,7 +14,8 @@ family's parser reads it:
   (:func:`gateway.tool_xml.param_is_text`) is any text up to the first ``\\n</parameter>``, one
   lexeme with that end tag (llguidance's lexer is greedy and does not backtrack: a text lexeme
   before a literal end tag would eat the newline the tag needs, and a ``stop`` rule loses the
-  bytes after the tag in the token that ends it, Qwen's ``>\\n``), or one of its ``enum``; any other the JSON its schema allows.
+  bytes after the tag in the token that ends it, Qwen's ``>\\n``), or one of its ``enum``; any
+  other value the JSON its schema allows.
 
 The markers are quoted literals: the worker gives llguidance a tokenizer's marker tokens as the
 text they stand for, special or not (:func:`worker.models.grammar.text_added_tokens`), so a

@@ -15,8 +15,8 @@ name                      what the model writes (where the syntax is taken from)
                           template) or ``[TOOL_CALLS]N[ARGS]{...}``, repeated per call (v11+ templates:
                           Mistral Small 3.x, Devstral; ``[CALL_ID]id`` before ``[ARGS]`` is skipped);
                           vLLM's ``mistral_tool_parser.py``
-``qwen3_coder``           ``<tool_call>\\n<function=N>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>``
-                          (Qwen3-Coder's template; vLLM's ``qwen3coder_tool_parser.py``;
+``qwen3_coder``           ``<tool_call>\\n<function=N>\\n<parameter=P>\\nVALUE\\n</parameter>\\n``...
+                          ``</function>\\n</tool_call>`` (Qwen3-Coder's template; vLLM's ``qwen3coder_tool_parser.py``;
                           :mod:`gateway.tool_xml`)
 ========================  ==============================================================================
 

@@ -52,11 +52,12 @@ from gateway.errors import bad_request
 from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
-from gateway.tool_stream import CallStream, merged
+from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 
-__all__ = ["ToolPlan", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices", "tool_plan"]
+__all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices",
+           "tool_plan"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -213,9 +214,10 @@ def _not_json(constant: str):
 def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
                      bare: bool = False, parser: str = DEFAULT) -> tuple[str | None, list[dict]]:
     """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.tool_stream.CallStream`
-    fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name,
-    arguments}``, the arguments the JSON text the model wrote); ``content`` the text outside them,
-    None when empty and there are calls. No call: ``(text, [])``."""
+    fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape
+    (``id``, ``type``, ``function: {name, arguments}``, the arguments the JSON text the model
+    wrote); ``content`` the text outside them, None when empty and there are calls. No call:
+    ``(text, [])``."""
     stream = parser_class(parser)(functions, parallel, bare)
     deltas = stream.feed(text)
     deltas += stream.finish(None)[0]

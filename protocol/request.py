@@ -43,8 +43,8 @@ from protocol.validation import (
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
-           "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage", "ModelLimits",
-           "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
+           "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage",
+           "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
            "split_stop", "to_wire"]
 
 DEFAULT = "default"
