@@ -373,7 +373,7 @@ class Generate:
         role chunks included, carries the usage so far (the tokens streamed up
         to and including it; null while a text prompt's length is unknown,
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
-        :class:`~gateway.tool_stream.CallStream` (content and tool-call deltas,
+        :class:`~gateway.call_stream.CallStream` (content and tool-call deltas,
         :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
         parser = self.config.reasoning_parser if resp.chat else None

@@ -1,6 +1,6 @@
 """The tool-call parsers, one per model family, chosen by name (``--tool-call-parser``, vLLM's names).
 
-Every parser is a :class:`~gateway.tool_stream.CallStream`: one choice's output in, OpenAI's
+Every parser is a :class:`~gateway.call_stream.CallStream`: one choice's output in, OpenAI's
 content and ``tool_calls`` deltas out, the same parse streamed or whole.
 
 ========================  ==============================================================================
@@ -35,7 +35,8 @@ import random
 import re
 import string
 
-from gateway.tool_stream import _MORE, _NAME_CHARS, _WS, CallStream, ToolStream, _header
+from gateway.call_stream import _MORE, _NAME_CHARS, _WS, CallStream, _header
+from gateway.tool_stream import ToolStream
 
 __all__ = ["AUTO", "CHOICES", "DEFAULT", "PARSERS", "Llama3JsonStream", "MistralStream", "detect_parser",
            "parser_class"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.tool_stream import _NAME_CHARS, _WS, CallStream, _tag_start
+from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start
 
 __all__ = ["Qwen3CoderStream", "param_is_text"]
 

@@ -37,7 +37,7 @@ the same incrementally, in OpenAI's chunk shapes: content deltas as the text
 comes (holding back only what may start a call), per call a first delta
 with its ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``, then
 argument fragments as they are generated, then the finish reason. Both come
-from one parser, a :class:`~gateway.tool_stream.CallStream` (the answer is
+from one parser, a :class:`~gateway.call_stream.CallStream` (the answer is
 it fed the whole output), so the concatenated deltas are the answer exactly.
 """
 
@@ -213,7 +213,7 @@ def _not_json(constant: str):
 
 def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
                      bare: bool = False, parser: str = DEFAULT) -> tuple[str | None, list[dict]]:
-    """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.tool_stream.CallStream`
+    """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.call_stream.CallStream`
     fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape
     (``id``, ``type``, ``function: {name, arguments}``, the arguments the JSON text the model
     wrote); ``content`` the text outside them, None when empty and there are calls. No call:
