@@ -28,7 +28,9 @@ class CallStream:
     Built as ``cls(functions, parallel=True, bare=False)``: ``functions`` the request's tools (name
     -> definition with its ``parameters`` schema); ``parallel`` False (OpenAI's
     ``parallel_tool_calls: false``) keeps the first call only; ``bare`` whether what the family's
-    models write without their marker is read too (off under a ``response_format``). A
+    models write without their marker is read too (off under a ``response_format``: Hermes'
+    bare call objects; Llama 3's syntax has no marker and is always read; Qwen3-Coder's
+    ``<function=`` without ``<tool_call>`` is read either way, as vLLM's parser reads it). A
     subclass gives :meth:`_step` (consume what ``_buf`` allows; True when its state changed) and
     :meth:`_whole` (whether the calls it holds are whole, for the finish reason)."""
 
