@@ -41,6 +41,11 @@ class GatewayConfig:
       is not running waits in the broker's queue while it loads (no 503),
       and ``/v1/models`` lists each with its ``status`` (loaded, loading,
       unloaded), as llama.cpp's router mode does.
+    - ``tool_call_parser``: the syntax a chat answer's tool calls are read in, and
+      the one ``tool_choice: "required"`` enforces (:mod:`gateway.tool_parsers`):
+      ``"hermes"`` (the default: Qwen2.5, Hermes), ``"llama3_json"``,
+      ``"mistral"`` or ``"qwen3_coder"``, vLLM's names; or ``"auto"``: the one
+      each model's chat template asks for (its tokenizer's, :func:`gateway.tool_parsers.detect_parser`).
     - ``status_interval_s``: seconds between the gateway's status queries to
       the broker (served models for ``/v1/models`` and the 404/503 checks).
     - ``connect_timeout_s``: seconds one connection attempt to the broker
@@ -90,6 +95,7 @@ class GatewayConfig:
     on_demand_models: tuple[str, ...] = ()
     responses_store_max: int = 1000
     responses_store_max_age_s: float = 3600.0
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker, str) or "://" not in self.broker:
@@ -113,6 +119,9 @@ class GatewayConfig:
             if self.reasoning_parser not in (*PARSERS, "none"):
                 raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}, none or None (the "
                                  f"model's own), got {self.reasoning_parser!r}")
+        from gateway.tool_parsers import check_choice
+
+        check_choice(self.tool_call_parser)
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
 

@@ -41,6 +41,7 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
 from gateway.reasoning import ThinkStream, split_reasoning
+from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from gateway.translation import Translation
@@ -161,7 +162,7 @@ class Generate:
             call.check_ended()
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
-                call.tools = tool_plan(body)
+                call.tools = tool_plan(body, await self._tool_parser(body))
             if body.stream:
                 return await self._start_stream(request, body, call, tr)
             await self._submit(body, call, stream=False)
@@ -283,6 +284,16 @@ class Generate:
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
 
+    async def _tool_parser(self, body: ChatCompletionRequest) -> str:
+        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one its
+        tokenizer's chat template asks for (:func:`gateway.tool_parsers.detect_parser`; the default
+        when it has no tokenizer or template; loads the tokenizer once, only for a chat with tools)."""
+        parser = self.config.tool_call_parser
+        if parser != AUTO or not body.tools or body.tool_choice == "none":
+            return parser if parser != AUTO else DEFAULT_TOOL_PARSER
+        tok = await self.tokenizers.get(self.link.served_name(body.model))
+        return detect_parser(getattr(getattr(tok, "hf", None), "chat_template", None))
+
     async def _shown_prompts(self, body: _Sampling, call: _Call, prompts: list, options: dict) -> list[tuple]:
         """Per prompt: ``(ids, text)``: a token-id prompt's ids (a text or chat prompt's come
         with its prompt logprobs, from the worker that tokenised it: ``handle.prompt``), and
@@ -382,7 +393,8 @@ class Generate:
         role chunks included, carries the usage so far (the tokens streamed up
         to and including it; null while a text prompt's length is unknown,
         see :func:`gateway.responses.usage`). With tools, each choice's text goes through its
-        :class:`~gateway.tools.ToolStream` (content and tool-call deltas, :func:`~gateway.tools.stream_choices`)."""
+        :class:`~gateway.call_stream.CallStream` (content and tool-call deltas,
+        :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
         parser = self._reasoning_parser(body) if resp.chat else None
         thinks = {g.index: ThinkStream(parser) for g in call.gens} if parser is not None else None

@@ -24,7 +24,9 @@ from __future__ import annotations
 __all__ = ["PARSERS", "ThinkStream", "split_reasoning"]
 
 PARSERS = ("deepseek_r1", "qwen3")
-"""The names ``reasoning_parser`` takes."""
+"""The parsers' names."""
+CHOICES = (*PARSERS, "none")
+"""The names ``--reasoning-parser`` takes (``none``: no parser, whatever the model's template says)."""
 
 _OPEN, _CLOSE = "<think>", "</think>"
 _START, _THINK, _ANSWER = "start", "think", "answer"

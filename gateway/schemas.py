@@ -228,8 +228,8 @@ class CompletionRequest(_Sampling):
 class ChatMessageParam(BaseModel):
     """One chat message of a request body (OpenAI's ``ChatCompletionMessageParam``; it becomes a
     :class:`protocol.request.ChatMessage` of the request's prompt). ``content``: a string or a
-    list of text parts (``{"type": "text", "text": ...}``, joined); ``name`` is accepted and not
-    used (chat templates generally ignore it)."""
+    list of text parts (``{"type": "text", "text": ...}``, joined); ``name`` and a ``tool``
+    message's ``tool_call_id`` are passed to the chat template (Mistral's reads the id)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     role: str

@@ -140,8 +140,8 @@ class TokenizeEndpoints:
 def _worker_messages(messages: list[dict]) -> list[dict]:
     """Checked chat messages (:func:`gateway.tools.render_messages`) as the worker hands them to the
     chat template: :meth:`protocol.request.ChatMessage.template_dict` (a call's arguments a mapping)."""
-    return [ChatMessage(m["role"], m["content"], check_tool_calls(m.get("tool_calls"), f"messages.{i}.tool_calls"))
-            .template_dict() for i, m in enumerate(messages)]
+    return [ChatMessage(m["role"], m["content"], check_tool_calls(m.get("tool_calls"), f"messages.{i}.tool_calls"),
+                        m.get("tool_call_id", ""), m.get("name", "")).template_dict() for i, m in enumerate(messages)]
 
 
 def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None,

@@ -1,10 +1,7 @@
-"""The incremental parser of Hermes tool calls in a model's output: :class:`ToolStream`.
+"""The incremental parser of Hermes tool calls in a model's output: :class:`ToolStream` (a
+:class:`~gateway.call_stream.CallStream`, the interface every family's parser has).
 
-Protocol-level glue between generated text and OpenAI's chat deltas (content
-and ``tool_calls``), used for streamed and whole answers alike
-(:mod:`gateway.tools`). Not a JSON parser: it finds where a call's
-arguments end by bracket depth outside JSON strings, and passes their text
-through as the model wrote it. Written after vLLM's Hermes tool parser
+Written after vLLM's Hermes tool parser
 (``vllm/tool_parsers/hermes_tool_parser.py``) in what it sends, not in how:
 vLLM re-parses the partial JSON on every delta and diffs it, where this reads
 each character once.
@@ -13,17 +10,23 @@ each character once.
 from __future__ import annotations
 
 import re
-import uuid
 
-__all__ = ["ToolStream", "merged"]
+from gateway.call_stream import _MORE, _WS, CallStream, _header, _tag_start, merged
+
+__all__ = ["CallStream", "ToolStream", "merged"]  # (CallStream and merged: where callers found them)
 
 
-class ToolStream:
-    """The incremental Hermes parser of one choice's output: text in (:meth:`feed`, as it is
-    generated), OpenAI chat deltas out -- ``{"content": s}`` and ``{"tool_calls": [...]}`` -- and
-    the finish reason at :meth:`finish`. The non-streamed answer is this same parser fed the whole
-    output at once (:func:`gateway.tools.parse_tool_calls`), so a stream and the answer say the same thing
-    however the text is cut into deltas (vLLM #56263 is a bug where they differ).
+_TEXT, _HEAD, _ARGS, _TAIL, _SKIP, _DROP = "text", "head", "args", "tail", "skip", "drop"  # ToolStream's states
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_TAILS = ("}" + _CLOSE, _CLOSE, "}")
+_FENCE = "```"
+_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\r?\n[ \t\r\n]*")  # a Markdown code fence's first line (bare calls)
+
+
+class ToolStream(CallStream):
+    """The incremental Hermes parser of one choice's output (``--tool-call-parser hermes``, the
+    default; a :class:`CallStream`). The non-streamed answer is this same parser fed the whole
+    output at once (:func:`gateway.tools.parse_tool_calls`).
 
     The grammar it reads (Hermes 2 Pro, as the ``<tool_call>`` system prompt asks and Qwen2.5's
     templates render): ``<tool_call>`` ws ``{"name": "N", "arguments": {...}}`` ws
@@ -59,50 +62,43 @@ class ToolStream:
     the answer may be JSON the user asked for (a ``response_format``).
     """
 
-    __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_state", "_buf", "_ws", "_depth", "_in_str",
-                 "_esc", "_tail", "_in_bare", "_fenced")
+    __slots__ = ("_state", "_tail", "_in_bare", "_fenced")
+
+    OPEN: str | None = _OPEN
+    """The tag that opens a call anywhere in the answer (None: calls only at its start, bare)."""
+    SEPARATORS = ","
+    """What may separate bare calls, besides JSON whitespace."""
+    PREFIX = ""
+    """A marker that may come before the bare calls at the answer's start (dropped with them)."""
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        self.functions = functions
-        self.parallel = parallel
-        self.bare = bare  # still possible: nothing said yet and no call (then, after a bare call, the next one)
+        super().__init__(functions, parallel, bare)
+        # bare: still possible: nothing said yet and no call (then, after a bare call, the next one)
         self._in_bare = False  # the call being read has no tags
         self._fenced = False  # the bare calls are inside a ```json fence (its end is dropped too)
-        self.calls = 0  # calls begun so far
-        self._said = False  # whether content was sent
         self._state = _TEXT
-        self._buf = ""  # TEXT: unsent text (whitespace, a possible tag start); HEAD: the block after <tool_call>
-        self._ws = ""  # HEAD: the whitespace before the block (content again if the block is not a call)
-        self._depth, self._in_str, self._esc = 0, False, False  # ARGS: the scan of the argument text
+        # _buf: TEXT: unsent text (whitespace, a possible tag start); HEAD: the block after <tool_call>
         self._tail = ""  # TAIL: what must follow the arguments ("}" then "</tool_call>")
 
-    def feed(self, text: str) -> list[dict]:
-        """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
-        out: list[dict] = []
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
-        """The output ended with OpenAI's ``reason``: the deltas still held, and the choice's finish
-        reason (``"tool_calls"`` for one that stopped with calls)."""
-        out: list[dict] = []
-        while self._step(out, final=True):
-            pass
-        if self._state == _TEXT and self._buf:
-            if self._buf.strip() or not self.calls:
-                self._say(out, self._buf)
-            self._buf = ""
-        # "tool_calls" promises whole calls: one whose arguments a stop string or token cut keeps "stop"
-        complete = self.calls and self._state != _ARGS
-        return out, ("tool_calls" if complete and reason == "stop" else reason)
+        out, reason = super().finish(reason)
+        if self._state == _TEXT:
+            self._content_until(out, (), True)
+        return out, reason
+
+    def _whole(self) -> bool:
+        return self._state != _ARGS
 
     def _step(self, out: list[dict], final: bool) -> bool:
         """Consume what ``_buf`` allows in the current state; True when the state changed."""
         buf, state = self._buf, self._state
         if state == _TEXT and self.bare:
-            rest = buf.lstrip(_WS + ("," if self.calls else ""))
+            rest = buf.lstrip(_WS + (self.SEPARATORS if self.calls else ""))
+            if self.PREFIX and not self.calls:  # (the marker before the first call goes with the calls)
+                if rest.startswith(self.PREFIX):
+                    rest = rest[len(self.PREFIX):].lstrip(_WS)
+                elif self.PREFIX.startswith(rest) and not final:
+                    return False
             closed = self._fenced and rest.startswith(_FENCE)  # the fence's end, after the calls
             if closed:
                 rest = rest[len(_FENCE):]
@@ -124,34 +120,22 @@ class ToolStream:
                     return True
                 self._buf = buf = rest
         if state == _TEXT:
-            at = buf.find(_OPEN)
-            if at < 0:
-                keep = _tag_start(buf)
-                rest = buf[:len(buf) - keep]
-                sent = rest.rstrip()
-                self._say(out, sent)
-                self._buf = buf[len(sent):]
+            found = self._content_until(out, (self.OPEN,) if self.OPEN else (), False)
+            if found is None:
                 return False
-            before = buf[:at]
-            sent = before.rstrip()
-            self._say(out, sent)
-            if self.calls and not self.parallel:  # one call only: a later block is dropped whole
-                self._ws, self._buf, self._state = "", buf[at + len(_OPEN):], _SKIP
-                return True
-            self._ws, self._buf, self._state = before[len(sent):], buf[at + len(_OPEN):], _HEAD
+            self._buf = buf[found[0] + len(self.OPEN):]
+            self._state = _SKIP if self.calls and not self.parallel else _HEAD  # (one call only: drop the block)
             return True
         if state == _HEAD:
             head = _header(buf, self.functions)
             if head is _MORE and not final:
                 return False
             if head is None or head is _MORE:  # not a call: the block is content, and read on as text
-                self._say(out, self._ws + ("" if self._in_bare else _OPEN))
+                self._say(out, self._ws + ("" if self._in_bare else self.OPEN))
                 self._ws, self._state, self.bare, self._in_bare = "", _TEXT, False, False
                 return True
             name, end, has_args = head
-            out.append({"tool_calls": [{"index": self.calls, "id": "call_" + uuid.uuid4().hex[:24],
-                                        "type": "function", "function": {"name": name, "arguments": ""}}]})
-            self.calls += 1
+            self._begin(out, name)
             close = "" if self._in_bare else _CLOSE
             if has_args:
                 self._buf, self._state = buf[end:], _ARGS
@@ -196,115 +180,7 @@ class ToolStream:
         self._buf, self._state = buf[at + len(_CLOSE):], _TEXT
         return True
 
-    def _say(self, out: list[dict], text: str) -> None:
-        if self.calls and not self._said:  # content that starts after a call starts at its first word
-            text = text.lstrip()
-        if text:
-            out.append({"content": text})
-            self._said = True
-
-    def _args(self, out: list[dict], text: str) -> None:
-        if text:
-            out.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
-
-    def _scan(self, buf: str) -> int:
-        """How much of ``buf`` is argument text: all of it, or up to the brace that closes them."""
-        depth, in_str, esc = self._depth, self._in_str, self._esc
-        for i, c in enumerate(buf):
-            if in_str:
-                if esc:
-                    esc = False
-                elif c == "\\":
-                    esc = True
-                elif c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    self._depth, self._in_str, self._esc = 0, False, False
-                    return i + 1
-        self._depth, self._in_str, self._esc = depth, in_str, esc
-        return len(buf)
-
-
-_TEXT, _HEAD, _ARGS, _TAIL, _SKIP, _DROP = "text", "head", "args", "tail", "skip", "drop"  # ToolStream's states
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TAILS = ("}" + _CLOSE, _CLOSE, "}")
-_WS = " \t\n\r"  # JSON's whitespace
-_MORE = object()  # _header: the block may still become a call
-_FENCE = "```"
-_FENCE_OPEN = re.compile(r"```(?:json)?[ \t]*\r?\n[ \t\r\n]*")  # a Markdown code fence's first line (bare calls)
-
 
 def _may_open_fence(s: str) -> bool:
     """Whether ``s`` is the start of a fence's first line (more text may make it one)."""
     return any(f.startswith(s) for f in ("```json\n", "```\n")) or re.fullmatch(r"```(?:json)?[ \t]*\r?", s) is not None
-_NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")
-
-
-def _tag_start(text: str, tag: str = _OPEN) -> int:
-    """The length of the longest end of ``text`` that is a proper start of ``tag`` (0 if none)."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
-def _expect(s: str, i: object, lit: str) -> object:
-    """After JSON whitespace at ``i``: the index past ``lit``, _MORE when ``s`` ends inside it, else None."""
-    if not isinstance(i, int):
-        return i
-    while i < len(s) and s[i] in _WS:
-        i += 1
-    part = s[i:i + len(lit)]
-    if part == lit:
-        return i + len(lit)
-    return _MORE if i + len(part) == len(s) and lit.startswith(part) else None
-
-
-def _header(s: str, functions: dict[str, dict]) -> object:
-    """A ``<tool_call>`` block's start ``s`` read up to its arguments: ``(name, end, has_args)``
-    (``end`` the index of the arguments' ``{``, or past the ``}`` of a call without them), _MORE
-    while ``s`` may still become one, None when it cannot (not the grammar, an unknown name)."""
-    i = _expect(s, 0, "{")
-    i = _expect(s, i, '"name"')
-    i = _expect(s, i, ":")
-    i = _expect(s, i, '"')
-    if not isinstance(i, int):
-        return i
-    j = _NAME_CHARS.match(s, i).end()
-    if j == len(s):
-        return _MORE if j - i <= 64 else None
-    name = s[i:j]
-    if s[j] != '"' or name not in functions:
-        return None
-    k = _expect(s, j + 1, "}")
-    if isinstance(k, int):
-        return name, k, False
-    i = _expect(s, j + 1, ",")
-    if not isinstance(i, int):
-        return _MORE if i is _MORE or k is _MORE else None
-    a, p = _expect(s, i, '"arguments"'), _expect(s, i, '"parameters"')
-    i = a if isinstance(a, int) else p if isinstance(p, int) else _MORE if _MORE in (a, p) else None
-    i = _expect(s, i, ":")
-    i = _expect(s, i, "{")
-    return i if not isinstance(i, int) else (name, i - 1, True)
-
-
-def merged(deltas: list[dict]) -> tuple[str | None, list[dict]]:
-    """``(content, calls)`` that ``deltas`` (:class:`ToolStream`'s) add up to, as a client adds them."""
-    content, calls = [], []
-    for d in deltas:
-        if "content" in d:
-            content.append(d["content"])
-        for tc in d.get("tool_calls", ()):
-            if "id" in tc:
-                calls.append({"id": tc["id"], "type": "function",
-                              "function": {"name": tc["function"]["name"], "arguments": ""}})
-            calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
-    text = "".join(content)
-    return (text or None) if calls else text, calls

@@ -8,21 +8,25 @@ renders ``tools`` (Qwen2.5's, Hermes'), else in the Hermes format
 (NousResearch's Hermes 2 Pro function calling, :mod:`worker.models.hermes`:
 a system prompt listing the functions, calls as ``<tool_call>`` blocks,
 ``tool`` messages as ``<tool_response>`` user turns; SmolLM2's template has
-no tools). The answer is read in the Hermes format either way,
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``: the one those
-templates ask for (a template with another call syntax still shows the
-tools, but its calls stay content).
+no tools). A ``tool`` message's ``tool_call_id`` and a message's ``name``
+travel too (Mistral's templates read the id). The answer is read in the
+syntax of the gateway's tool-call parser (``--tool-call-parser``,
+:mod:`gateway.tool_parsers`): Hermes' by default,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5's and
+the Hermes rendering's), or Llama 3's JSON, Mistral's ``[TOOL_CALLS]`` or
+Qwen3-Coder's XML; another syntax's calls stay content.
 
 ``tool_choice``:
 
 - ``"none"``: the tools are not shown and the answer is not parsed;
 - ``"auto"`` (the default with tools): the model may answer or call; its
-  output is parsed for ``<tool_call>`` blocks;
+  output is parsed for calls;
 - ``"required"`` / ``{"type": "function", "function": {"name": N}}``: the
   output is *constrained* to one call, its ``name`` among the tools (or
   ``N``) and its ``arguments`` valid against that function's ``parameters``
-  schema -- a Lark grammar with llguidance's ``%json`` schemas, compiled on
-  the worker as any ``structured`` constraint.
+  schema, in the parser's syntax -- a Lark grammar with llguidance's ``%json``
+  schemas (:mod:`gateway.tool_grammars`), compiled on the worker as any
+  ``structured`` constraint.
 
 The answer: when the output holds calls, ``message.tool_calls`` (``id``,
 ``type: "function"``, ``function: {name, arguments}`` with the arguments as
@@ -30,12 +34,11 @@ the JSON text the model wrote), ``message.content`` the text outside them
 (or null) and ``finish_reason: "tool_calls"`` (``"length"`` for a choice cut
 by ``max_tokens``, its last call's arguments cut with it). A stream sends
 the same incrementally, in OpenAI's chunk shapes: content deltas as the text
-comes (holding back only what may start a ``<tool_call>``), per call a first
-delta with its ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``,
-then argument fragments as they are generated, then the finish reason. Both
-come from one parser, :class:`ToolStream` (the answer is it fed the whole
-output, :mod:`gateway.tool_stream`), so the concatenated deltas are the
-answer exactly.
+comes (holding back only what may start a call), per call a first delta
+with its ``index``, ``id``, ``type``, ``name`` and ``arguments: ""``, then
+argument fragments as they are generated, then the finish reason. Both come
+from one parser, a :class:`~gateway.call_stream.CallStream` (the answer is
+it fed the whole output), so the concatenated deltas are the answer exactly.
 """
 
 from __future__ import annotations
@@ -47,10 +50,14 @@ from typing import Any
 
 from gateway.errors import bad_request
 from gateway.structured import field_of
-from gateway.tool_stream import ToolStream, merged
+from gateway.tool_grammars import call_grammar
+from gateway.tool_parsers import DEFAULT, parser_class
+from gateway.tool_stream import CallStream, ToolStream, merged
+from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 
-__all__ = ["ToolPlan", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices", "tool_plan"]
+__all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices",
+           "tool_plan"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -67,19 +74,24 @@ class ToolPlan:
     """``parallel_tool_calls``: False keeps only the answer's first call (the others are dropped)."""
     bare: bool = False
     """Whether an answer that starts with a call object without its tags is read as calls
-    (:class:`ToolStream`'s ``bare``): with ``tool_choice`` auto and no ``response_format``."""
+    (:class:`~gateway.tool_stream.ToolStream`'s ``bare``): with ``tool_choice`` auto and no
+    ``response_format``."""
+    parser: str = DEFAULT
+    """The tool-call syntax the answer is read in (:mod:`gateway.tool_parsers`; the gateway's
+    ``tool_call_parser``), and the one ``constraint`` asks for."""
 
-    def stream(self) -> ToolStream:
+    def stream(self) -> CallStream:
         """A fresh parser of one choice's output under this plan."""
-        return ToolStream(self.functions, self.parallel, self.bare)
+        return parser_class(self.parser)(self.functions, self.parallel, self.bare)
 
     def definitions(self) -> list[dict]:
         """The tools as the request's ``tools`` field takes them (OpenAI's definitions, normalised)."""
         return [{"type": "function", "function": f} for f in self.functions.values()]
 
 
-def tool_plan(body) -> ToolPlan | None:
-    """The request's :class:`ToolPlan`, or None when it gives no tools or ``tool_choice`` is
+def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
+    """The request's :class:`ToolPlan` with its calls read in ``parser``'s syntax (a name of
+    :data:`gateway.tool_parsers.PARSERS`), or None when it gives no tools or ``tool_choice`` is
     ``"none"``. 400 naming the field for a malformed tool or choice."""
     tools, choice = body.tools, body.tool_choice
     if tools in (None, []):
@@ -118,7 +130,7 @@ def tool_plan(body) -> ToolPlan | None:
         functions[name] = {"name": name, "description": fn.get("description", ""), "parameters": params}
     parallel = getattr(body, "parallel_tool_calls", None) is not False  # (/tokenize has none)
     if choice is None or choice == "auto":  # (a bare JSON answer is the user's when they asked for JSON)
-        return ToolPlan(functions, "auto", None, parallel, bare=field_of(body) is None)
+        return ToolPlan(functions, "auto", None, parallel, bare=field_of(body) is None, parser=parser)
     if choice == "none":
         return None
     if choice == "required":
@@ -131,25 +143,22 @@ def tool_plan(body) -> ToolPlan | None:
     else:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                           "\"function\": {\"name\": ...}}", "tool_choice")
-    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required", _call_grammar(functions, names),
-                    parallel)
+    return ToolPlan(functions, names[0] if isinstance(choice, dict) else "required",
+                    _call_grammar(functions, names, parser), parallel, parser=parser)
 
 
-def _call_grammar(functions: dict[str, dict], names: list[str]) -> Constraint:
-    """One ``<tool_call>`` whose JSON is a call of one of ``names`` with valid arguments (Lark, ``%json``)."""
-    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": n}, "arguments": {"type": "object", **functions[n]["parameters"]}}}
-             for n in names]  # (arguments an object even where the schema leaves out its type: {} allows any JSON)
-    schema = {"x-guidance": _JSON_STYLE, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
-    lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}\n'
-    return Constraint("grammar", lark)
+def _call_grammar(functions: dict[str, dict], names: list[str], parser: str = DEFAULT) -> Constraint:
+    """One call of one of ``names`` with valid arguments, in ``parser``'s syntax
+    (:func:`gateway.tool_grammars.call_grammar`)."""
+    return Constraint("grammar", call_grammar(functions, names, parser))
 
 
 def render_messages(messages: list[dict], raw: list) -> list[dict]:
     """The chat messages to submit: ``messages`` (role/content from the body, text joined), an
     assistant message's ``tool_calls`` (``raw[i].tool_calls``, OpenAI's shape) checked and carried
-    (the worker renders them), a ``tool`` message checked for its ``tool_call_id``. 400 naming the
-    message for a malformed call."""
+    (the worker renders them), a ``tool`` message's ``tool_call_id`` checked and carried, and a
+    message's ``name`` carried (templates read them: Mistral's the id, others the tool's name;
+    :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id."""
     out = []
     for i, (m, r) in enumerate(zip(messages, raw)):
         calls = getattr(r, "tool_calls", None)
@@ -159,9 +168,16 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
             m = {**m, "tool_calls": [_checked_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(calls)]}
         if m["role"] == "tool":
             call_id = getattr(r, "tool_call_id", None)
-            if not isinstance(call_id, str) or not call_id:
-                raise bad_request("a tool message needs the tool_call_id of the call it answers",
-                                  f"messages.{i}.tool_call_id")
+            if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_NAME_CHARS:
+                raise bad_request("a tool message needs the tool_call_id of the call it answers (a string of "
+                                  f"at most {MAX_MESSAGE_NAME_CHARS} characters)", f"messages.{i}.tool_call_id")
+            m = {**m, "tool_call_id": call_id}
+        name = getattr(r, "name", None)
+        if name:
+            if len(name) > MAX_MESSAGE_NAME_CHARS:
+                raise bad_request(f"a message's name is at most {MAX_MESSAGE_NAME_CHARS} characters",
+                                  f"messages.{i}.name")
+            m = {**m, "name": name}
         out.append(m)
     return out
 
@@ -196,12 +212,13 @@ def _not_json(constant: str):
 
 
 def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
-                     bare: bool = False) -> tuple[str | None, list[dict]]:
-    """``(content, calls)`` of a whole output: :class:`ToolStream` fed it at once (so a stream of the
-    same output says the same). ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name,
-    arguments}``, the arguments the JSON text the model wrote); ``content`` the text outside them,
-    None when empty and there are calls. No call: ``(text, [])``."""
-    stream = ToolStream(functions, parallel, bare)
+                     bare: bool = False, parser: str = DEFAULT) -> tuple[str | None, list[dict]]:
+    """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.call_stream.CallStream`
+    fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape
+    (``id``, ``type``, ``function: {name, arguments}``, the arguments the JSON text the model
+    wrote); ``content`` the text outside them, None when empty and there are calls. No call:
+    ``(text, [])``."""
+    stream = parser_class(parser)(functions, parallel, bare)
     deltas = stream.feed(text)
     deltas += stream.finish(None)[0]
     return merged(deltas)
@@ -211,7 +228,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     """A chat completion's choices with their tool calls parsed (in place; returns it): a choice
     with calls gets ``message.tool_calls``, and ``finish_reason: "tool_calls"`` when it ended
     ``stop`` with whole calls (one cut by ``max_tokens`` stays ``length``, one whose last call's
-    arguments a stop string or token cut stays ``stop``: :meth:`ToolStream.finish`)."""
+    arguments a stop string or token cut stays ``stop``: :meth:`CallStream.finish`)."""
     for choice in completion["choices"]:
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
@@ -228,7 +245,7 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     return completion
 
 
-def stream_choices(stream: ToolStream, choice: dict, finished: bool) -> list[dict]:
+def stream_choices(stream: CallStream, choice: dict, finished: bool) -> list[dict]:
     """A chat stream's choice (:meth:`gateway.responses.ResponseBuilder.delta_choice`: a content delta,
     token ids, logprobs, finish and stop reasons) as ``stream`` shows it, one choice (one chunk) per
     delta its text makes ready: the token ids and logprobs on the first, the finish reason (the

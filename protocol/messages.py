@@ -64,8 +64,9 @@ would the request field ``tools`` and a chat message's ``tool_calls``, which cam
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
 would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
 lowers), which a v8 peer would refuse to decode. 10: the request field ``chat_template_kwargs``
-(extra chat template variables) and ``reasoning`` in :class:`ModelInfo` (the model's thinking format),
-which a v9 peer would refuse to decode.
+(extra chat template variables), a chat message's ``tool_call_id`` and ``name`` (its wire array
+``[role, content, tool_calls, tool_call_id, name]``) and ``reasoning`` in :class:`ModelInfo` (the
+model's thinking format), which a v9 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 

@@ -44,8 +44,8 @@ from protocol.validation import (
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
-           "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage", "ModelLimits",
-           "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
+           "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage",
+           "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
            "split_stop", "to_wire"]
 
 DEFAULT = "default"
@@ -75,24 +75,39 @@ _count_of = operator.countOf
 _tuple_new = tuple.__new__
 
 
+MAX_MESSAGE_NAME_CHARS = 256
+"""Longest ``tool_call_id`` or ``name`` of a chat message, in characters."""
+
+
 class ChatMessage(NamedTuple):
     """One chat message; a prompt may be a sequence of them (rendered with the
     model's chat template by whoever holds its tokenizer). ``tool_calls``: the
     calls an assistant message made (:class:`~protocol.tools.ToolCall`; given as
-    OpenAI's ``tool_calls`` list); on the wire a message is ``[role, content,
-    tool_calls]`` (``[role, content]``, an older peer's, has none)."""
+    OpenAI's ``tool_calls`` list); ``tool_call_id``: the call a ``tool``
+    message answers (``""``: none); ``name``: the message's ``name`` (a
+    ``tool`` message's function, as some clients send it; ``""``: none) --
+    Mistral's templates read the id, Llama 3's and others the name. On the
+    wire a message is ``[role, content, tool_calls, tool_call_id, name]``;
+    the older shapes ``[role, content]`` and ``[role, content, tool_calls]``
+    decode with the rest empty."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
     def template_dict(self) -> dict:
         """The message as chat templates read it: ``{"role", "content"}``, and ``tool_calls``
-        (:meth:`ToolCall.template_dict`) when it has calls."""
-        if not self.tool_calls:
-            return {"role": self.role, "content": self.content}
-        return {"role": self.role, "content": self.content,
-                "tool_calls": [c.template_dict() for c in self.tool_calls]}
+        (:meth:`ToolCall.template_dict`), ``tool_call_id`` and ``name`` when it has them."""
+        out = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.template_dict() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name:
+            out["name"] = self.name
+        return out
 
 
 class SamplingParams(NamedTuple):
@@ -231,21 +246,22 @@ def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMess
 def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
     out = []
     for i, m in enumerate(items):
-        calls = None
         if isinstance(m, Mapping):
             role, content, calls = m.get("role"), m.get("content"), m.get("tool_calls")
-        elif isinstance(m, (list, tuple)) and len(m) in (2, 3):  # a ChatMessage, or one off the wire
-            role, content, *more = m
-            calls = more[0] if more else None
+            call_id, name = m.get("tool_call_id") or "", m.get("name") or ""
+        elif isinstance(m, (list, tuple)) and 2 <= len(m) <= 5:  # a ChatMessage, or one off the wire (any shape)
+            role, content, calls, call_id, name = (*m, *((None, "", "")[len(m) - 2:]))
         else:
             raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {m!r:.80}")
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"chat message {i} must have string 'role' and 'content', got {m!r:.80}")
-        message = ChatMessage(as_text(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"))
-        if calls:
-            message = ChatMessage(message.role, message.content,
-                                  check_tool_calls(calls, f"chat message {i} tool_calls"))
-        out.append(message)
+        for what, value in (("tool_call_id", call_id), ("name", name)):
+            if not isinstance(value, str) or len(value) > MAX_MESSAGE_NAME_CHARS:
+                raise ValueError(f"chat message {i} {what} must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
+                                 f"characters, got {value!r:.80}")
+        out.append(ChatMessage(as_text(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
+                               check_tool_calls(calls, f"chat message {i} tool_calls") if calls else (),
+                               call_id, name))
     return tuple(out)
 
 

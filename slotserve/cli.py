@@ -240,17 +240,34 @@ def _model_options(command):
     return with_options
 
 
-def _reasoning_parser_option(command):
-    """--reasoning-parser: `serve`'s and `up`'s (the HTTP server's)."""
-    from gateway.reasoning import PARSERS
+def _parser_option(flag: str, module: str, help: str):
+    """An HTTP server's parser option (`serve`'s and `up`'s): one of ``module.CHOICES`` (else ``PARSERS``), default
+    None (not given: the gateway config's own default)."""
+    import importlib
 
-    return click.option("--reasoning-parser", type=click.Choice((*PARSERS, "none")), default=None,
-                        show_envvar=True,
-                        help="Split a thinking model's <think>...</think> off its chat answers into "
-                             "reasoning_content (vLLM's option and names): deepseek_r1 (the template opens the "
-                             "thinking: R1 and its distills) or qwen3 (the model opens it: Qwen3, QwQ); none: "
-                             "the thinking stays in the answer. Default: each model's own, read from its chat "
-                             "template (a template without <think>: none).")(command)
+    def decorate(command):
+        names = getattr(importlib.import_module(module), "CHOICES", None) or importlib.import_module(module).PARSERS
+        return click.option(flag, type=click.Choice(names), default=None, show_envvar=True, help=help)(command)
+    return decorate
+
+
+_reasoning_parser_option = _parser_option(
+    "--reasoning-parser", "gateway.reasoning",
+    "Split a thinking model's <think>...</think> off its chat answers into reasoning_content (vLLM's option "
+    "and names): deepseek_r1 (the template opens the thinking: R1 and its distills) or qwen3 (the model opens "
+    "it: Qwen3, QwQ); none: the thinking stays in the answer. Default: each model's own, read from its chat "
+    "template (a template without <think>: none).")
+_tool_call_parser_option = _parser_option(
+    "--tool-call-parser", "gateway.tool_parsers",
+    "The syntax chat answers' tool calls are read in, and that tool_choice required enforces (vLLM's option "
+    "and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, Hermes), llama3_json (Llama 3.x's JSON), "
+    "mistral ([TOOL_CALLS]), qwen3_coder (<function=...> XML), or auto (the one each model's chat "
+    "template asks for, read from its tokenizer's template, as llama.cpp does). Default: hermes.")
+
+
+def _tool_call_parser(name: str | None) -> dict:
+    """``{"tool_call_parser": name}`` for the gateway's config, or ``{}`` (its default) when not given."""
+    return {} if name is None else {"tool_call_parser": name}
 
 
 def _responses_store_options(command):
@@ -555,11 +572,12 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
                    "shown as token_id:N).")
 @_reasoning_parser_option
 @_responses_store_options
+@_tool_call_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
-          reasoning_parser: str | None, responses_store: dict, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
+          reasoning_parser: str | None, tool_call_parser: str | None, responses_store: dict, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
           curve_dir: str | None) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
@@ -580,7 +598,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
                   metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer,
-                  reasoning_parser=reasoning_parser, **responses_store)
+                  reasoning_parser=reasoning_parser, **_tool_call_parser(tool_call_parser), **responses_store)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
@@ -621,6 +639,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
                    "or .gguf (default: --model's).")
 @_reasoning_parser_option
 @_responses_store_options
+@_tool_call_parser_option
 @_key_options
 @_shutdown_timeout_option
 @_serving_options
@@ -629,7 +648,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max_loaded_models: int,
        idle_unload_s: float, step_delay_ms: float, stop_token, frontend: str, backend: str,
        broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
-       reasoning_parser: str | None, responses_store: dict, api_keys: tuple,
+       reasoning_parser: str | None, tool_call_parser: str | None, responses_store: dict, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
@@ -652,7 +671,9 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
         return _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
                              frontend, backend, broker_options, curve_dir, http_port, http_host, tokenizer,
                              reasoning_parser, api_keys, metrics_api_keys, shutdown_timeout_s, model_options,
-                             served_model_names, warmup, workers)
+                             served_model_names, warmup, workers,
+                             gateway_extra={**_tool_call_parser(tool_call_parser), **responses_store},
+                             tool_call_parser=tool_call_parser)
     model = models[0] if models else _default(WorkerConfig, "model")
     gateway = None
     if http_port is not None:
@@ -662,9 +683,11 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          tokenizer=tokenizer, reasoning_parser=reasoning_parser, **responses_store)
-    elif tokenizer is not None or reasoning_parser is not None:
-        raise click.UsageError("--tokenizer and --reasoning-parser are the HTTP server's: give --http-port too")
+                          tokenizer=tokenizer, reasoning_parser=reasoning_parser,
+                          **_tool_call_parser(tool_call_parser), **responses_store)
+    elif tokenizer is not None or reasoning_parser is not None or tool_call_parser is not None:
+        raise click.UsageError("--tokenizer, --reasoning-parser and --tool-call-parser are the HTTP server's: "
+                               "give --http-port too")
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")
@@ -708,7 +731,8 @@ def _models_in(folder: str) -> tuple[str, ...]:
 
 def _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
                   backend, broker_options, curve_dir, http_port, http_host, tokenizer, reasoning_parser, api_keys,
-                  metrics_api_keys, shutdown_timeout_s, model_options, served_model_names, warmup, workers) -> None:
+                  metrics_api_keys, shutdown_timeout_s, model_options, served_model_names, warmup, workers, *,
+                  gateway_extra: dict, tool_call_parser: str | None) -> None:
     """``up`` with several models: each on demand (:mod:`slotserve.on_demand`), one worker each."""
     from slotserve.launcher import ClusterConfig, LocalCluster
     from slotserve.signals import StopSignals
@@ -724,9 +748,10 @@ def _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_del
 
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          reasoning_parser=reasoning_parser)
-    elif reasoning_parser is not None or api_keys or metrics_api_keys:
-        raise click.UsageError("--reasoning-parser and the API keys are the HTTP server's: give --http-port too")
+                          reasoning_parser=reasoning_parser, **gateway_extra)
+    elif reasoning_parser is not None or tool_call_parser is not None or api_keys or metrics_api_keys:
+        raise click.UsageError("--reasoning-parser, --tool-call-parser and the API keys are the HTTP server's: "
+                               "give --http-port too")
     configs = []
     for model in models:
         _, options = _plan_workers(model, 1, model_options)

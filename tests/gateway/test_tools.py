@@ -130,7 +130,7 @@ def test_messages_carry_tool_calls_and_hermes_renders_them():
     out = render_messages(msgs, raw)
     assert out[2] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
-    assert out[3] == {"role": "tool", "content": "42"}  # the worker renders it (template or Hermes)
+    assert out[3] == {"role": "tool", "content": "42", "tool_call_id": "c"}  # the worker renders it (template or Hermes)
     for bad in ("{", "[1]"):
         with pytest.raises(APIError):
             render_messages(msgs[:3], [Raw(), Raw(), Raw([{"function": {"name": "f", "arguments": bad}}])])

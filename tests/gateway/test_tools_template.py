@@ -126,3 +126,48 @@ def test_the_gateway_sends_the_tools_and_calls(tiny_text_dir):
     assert none.tools is None  # tool_choice none: the tools are not shown
     for params in (auto, none):
         assert params.prompt[1].tool_calls[0].name == "get_time" and params.prompt[2].role == "tool"
+
+
+def test_a_tool_message_s_call_id_and_name_reach_the_template(codecs, tiny_text_dir):
+    """Issue 33, item 3: Mistral's templates read a tool message's ``tool_call_id`` (and refuse the chat
+    without it), others its ``name``; the gateway checked the id and dropped it. Carried now from the
+    body through the wire (old message shapes still decode) to the template."""
+    import transformers
+
+    from worker.models.hf_text import HFTextCodec
+
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_text_dir)
+    tok.chat_template = TOOLS_TEMPLATE.replace("RESULT {{ m.content }}",
+                                               "RESULT[{{ m.tool_call_id }}|{{ m.name }}] {{ m.content }}")
+    history = HISTORY[:2] + [{**HISTORY[2], "tool_call_id": "a1B2c3D4e", "name": "get_time"}]
+    params = RequestParams(history, 8, tools=TOOLS)
+    assert params.prompt[2].tool_call_id == "a1B2c3D4e" and params.prompt[2].name == "get_time"
+    (env,) = codec.decode(codec.encode(Submit(model="m", requests=(Envelope("r", params, (), None),)))).requests
+    assert env.params == params
+    assert "<|tool|>RESULT[a1B2c3D4e|get_time] 12:00" in rendered(HFTextCodec(tok), env.params)
+    old = RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["tool", "12:00"]], 8)
+    assert old.prompt[2] == ("tool", "12:00", (), "", "") and old.prompt[1].tool_calls[0].name == "get_time"
+    with pytest.raises(ValueError, match="tool_call_id must be a string"):
+        RequestParams(HISTORY[:2] + [{**HISTORY[2], "tool_call_id": 7}], 8)
+
+
+def test_the_gateway_sends_a_tool_message_s_call_id_and_name():
+    openai = pytest.importorskip("openai")
+    from starlette.testclient import TestClient
+
+    from gateway.tokenizer import Tokenizers
+    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
+    from tests.gateway.test_tools_stream import OutputClient
+
+    client = OutputClient()
+    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        history = HISTORY + [{"role": "user", "content": "plain"}]
+        history[2] = {**history[2], "tool_call_id": "call_1", "name": "get_time"}
+        sdk.chat.completions.create(model="m", messages=history, max_tokens=30, tools=TOOLS)
+    for t in client.threads:
+        t.join(10)
+    (params,) = client.submitted
+    assert params.prompt[2].template_dict() == {"role": "tool", "content": "12:00", "tool_call_id": "call_1",
+                                                "name": "get_time"}
+    assert "tool_call_id" not in params.prompt[0].template_dict()

@@ -367,13 +367,21 @@ def text_added_tokens(tokenizer_json: str) -> str:
     added tokens (``<|im_end|>``, FIM and control tokens) stay special: a grammar never emits them
     as text. Only a vocabulary held as ``{piece: id}`` (BPE, WordPiece, WordLevel) is changed, each
     piece written as that vocabulary writes text (byte-level BPE's byte alphabet, SentencePiece's
-    ``▁`` for a space); other tokenizers are returned unchanged."""
+    ``▁`` for a space); other tokenizers are returned unchanged. The special added tokens are
+    written into the vocabulary too (and stay special): the tokenizers library gives an added token
+    that is in no vocabulary the next free id, which the moved ones shift (a special token whose id
+    lies below a moved one's was renumbered: ``<|end|>`` 256 read as 262). The tool-call markers that some
+    tokenizers hold as special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``:
+    :data:`~worker.models.tool_markers.TOOL_MARKERS`) are text too, as the worker decodes them:
+    a tool-call grammar asks for them by their text (``gateway.tool_grammars``)."""
     import json
+
+    from worker.models.tool_markers import TOOL_MARKERS
 
     data = json.loads(tokenizer_json)
     model = data.get("model") or {}
     vocab = model.get("vocab")
-    plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
+    plain = [t for t in data.get("added_tokens") or () if not t.get("special") or t.get("content") in TOOL_MARKERS]
     if not plain or not isinstance(vocab, dict):
         return tokenizer_json
     spell = _piece_spelling(data)
@@ -384,6 +392,8 @@ def text_added_tokens(tokenizer_json: str) -> str:
         vocab[piece] = t["id"]
         t["_moved"] = True
     data["added_tokens"] = [t for t in data["added_tokens"] if not t.pop("_moved", False)]
+    for t in data["added_tokens"]:  # the special ones keep their ids: the tokenizers library gives an added
+        vocab.setdefault(spell(t["content"]), t["id"])  # token it finds in no vocabulary the next free id
     return json.dumps(data, ensure_ascii=False)
 
 

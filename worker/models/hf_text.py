@@ -53,10 +53,10 @@ class HFTextCodec:
       renders the tools, the calls and the ``tool`` messages itself, as
       ``apply_chat_template(messages, tools=...)``; for one that does not
       (SmolLM2's) they are first written in the Hermes format
-      (:func:`worker.models.hermes.hermes_messages`). Either way the answer is
-      read as Hermes ``<tool_call>`` blocks (gateway.tools): the format of
-      Qwen2.5's and Hermes' own templates; a template with another call syntax
-      (Llama 3.1's JSON) still shows the tools, but its calls are not parsed.
+      (:func:`worker.models.hermes.hermes_messages`). The answer is read by
+      the gateway's tool-call parser (``--tool-call-parser``: Hermes
+      ``<tool_call>`` blocks by default, or the Llama 3, Mistral or
+      Qwen3-Coder syntax its template asks for; gateway.tool_parsers).
       Only the template's own markers
       become control tokens: a control-token spelling inside a message (a
       user typing ``<|im_end|>``) is tokenised as plain text, so content can
@@ -64,7 +64,10 @@ class HFTextCodec:
       ``sanitize_control_tokens=True``, transformers >= 5.20).
     - ``decode(ids, skip_special_tokens=True) -> str``: special tokens such as
       EOS are left out of the text by default, as in vLLM's
-      ``skip_special_tokens=True`` (the token ids still carry them). Decoded
+      ``skip_special_tokens=True`` (the token ids still carry them), except
+      the tool-call markers some tokenizers hold as special tokens (Mistral's
+      ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``), which the gateway's
+      parsers read (:mod:`worker.models.tool_markers`). Decoded
       by the tokenizers backend, as the stream is (transformers' own
       ``decode`` may also clean up spaces), so streamed pieces add up to it.
     - ``decoder(prompt_ids, skip_special_tokens=True) -> StreamDecoder``, likewise.
@@ -85,6 +88,7 @@ class HFTextCodec:
         self._template: str | None = None  # --chat-template's, replacing the tokenizer's
         self._fim = None  # FimTokens, or False once looked up and absent (worker.models.fim)
         self._literal = None  # the backend encoding special tokens as text (FIM prompts), made when first needed
+        self._decoding = None  # the backend that decodes, tool-call markers kept as text (_decoder_backend)
 
     def with_chat_template(self, template: str) -> HFTextCodec:
         """A codec that renders chats with ``template`` (Jinja text) instead of the tokenizer's own
@@ -230,10 +234,25 @@ class HFTextCodec:
         return full[:at]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._decoder_backend().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def decoder(self, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> StreamDecoder:
-        return StreamDecoder(self._backend, prompt_ids, skip_special_tokens)
+        return StreamDecoder(self._decoder_backend(), prompt_ids, skip_special_tokens)
+
+    def _decoder_backend(self):
+        """The backend that decodes: the tokenizer's own, or, where it holds tool-call markers as
+        special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``), a copy that keeps
+        them in the text (:mod:`worker.models.tool_markers`; encoding and templates are unchanged)."""
+        if self._decoding is None:
+            from worker.models.tool_markers import TOOL_MARKERS, markers_as_text
+
+            self._decoding = self._backend
+            added = self._backend.get_added_tokens_decoder().values()
+            if any(t.special and t.content in TOOL_MARKERS for t in added):
+                from tokenizers import Tokenizer
+
+                self._decoding = Tokenizer.from_str(markers_as_text(self._backend.to_str()))
+        return self._decoding
 
     def tokenizer_json(self) -> str:
         """The tokenizer as the tokenizers library's JSON (added tokens included; padding and

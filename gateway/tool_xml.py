@@ -1,0 +1,206 @@
+"""Qwen3-Coder's XML tool calls: :class:`Qwen3CoderStream` (``--tool-call-parser qwen3_coder``).
+
+The syntax, as Qwen3-Coder's chat template renders a call and asks for one::
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    <parameter=days>
+    3
+    </parameter>
+    </function>
+    </tool_call>
+
+A value is the text between ``<parameter=P>`` and ``</parameter>``, less one newline at either
+end; its JSON type is the function's schema's for ``P`` (vLLM's ``qwen3coder_tool_parser.py``,
+``_convert_param_value``): a parameter the schema types ``string``, types not at all, or does not
+list keeps the text as a string; any other type takes the text as JSON (``3``, ``true``,
+``{"a": 1}``, ``null``), and the text as a string where it is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start
+
+__all__ = ["Qwen3CoderStream", "param_is_text"]
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_FN, _FN_END = "<function=", "</function>"
+_P, _P_END = "<parameter=", "</parameter>"
+_TEXT, _HEAD, _PARAMS, _PNAME, _VSTART, _VALUE, _TAIL, _SKIP = (
+    "text", "head", "params", "pname", "vstart", "value", "tail", "skip")  # Qwen3CoderStream's states
+
+
+class Qwen3CoderStream(CallStream):
+    """The incremental parser of Qwen3-Coder's calls (the syntax: :mod:`gateway.tool_xml`).
+
+    A call starts at ``<tool_call>`` (or at a ``<function=`` without it, which vLLM also reads)
+    anywhere in the answer; the text before it is content, whitespace right before it dropped.
+    Its first delta comes once ``<function=N>`` is read and ``N`` is one of ``functions`` (else
+    the block is content, tag and all); its ``arguments`` are the JSON object of its parameters,
+    built as they come: ``{`` at once, ``"P": `` when a parameter's name is read, a string
+    value's characters (escaped) as they are generated (holding back only what may be the start
+    of ``\\n</parameter>``), any other value whole at its ``</parameter>``, ``}`` at
+    ``</function>``. A call broken after it began keeps what it sent and the rest of its block is
+    dropped (to ``</tool_call>``, or ``</function>`` for one without it); so is every call after
+    the first when ``parallel`` is False. Calls are whole (``finish_reason: "tool_calls"``) once
+    their ``}`` went out."""
+
+    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args")
+
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
+        super().__init__(functions, parallel, bare)
+        self._state = _TEXT
+        self._tagged = False  # the call opened with <tool_call> (so it closes with </tool_call>)
+        self._fn: dict = {}  # the called function's definition
+        self._params = 0  # parameters begun in the current call
+        self._text_value = False  # VALUE: the value is a string, streamed as it comes
+        self._open_args = False  # a call's arguments began and their "}" has not gone out
+
+    def _whole(self) -> bool:
+        return not self._open_args
+
+    def _step(self, out: list[dict], final: bool) -> bool:
+        buf, state = self._buf, self._state
+        if state == _TEXT:
+            found = self._content_until(out, (_OPEN, _FN), final)
+            if found is None:
+                return False
+            at, marker = found
+            self._tagged = marker == _OPEN
+            self._buf = buf[at + len(marker):]
+            if self.calls and not self.parallel:
+                self._state = _SKIP
+            else:
+                self._state = _HEAD
+            return True
+        if state == _HEAD:
+            head = _head(buf, self._tagged, self.functions)
+            if head is None and not final:
+                return False
+            if not head:  # not a call: the block is content, and read on as text
+                self._say(out, self._ws + (_OPEN if self._tagged else _FN))
+                self._ws, self._state = "", _TEXT
+                return True
+            name, end = head
+            self._begin(out, name)
+            self._args(out, "{")
+            self._fn, self._params, self._open_args = self.functions[name], 0, True
+            self._buf, self._state = buf[end:], _PARAMS
+            return True
+        if state == _PARAMS:
+            rest = buf.lstrip(_WS)
+            for tag, then in ((_P, _PNAME), (_FN_END, _TAIL if self._tagged else _TEXT)):
+                if rest.startswith(tag):
+                    if tag == _FN_END:
+                        self._args(out, "}")
+                        self._open_args = False
+                    self._buf, self._state = rest[len(tag):], then
+                    return True
+            if not final and (_P.startswith(rest) or _FN_END.startswith(rest)):
+                self._buf = rest
+                return False
+            self._buf, self._state = rest, _SKIP  # the call broke its syntax: it keeps what it sent
+            return True
+        if state == _PNAME:
+            end = buf.find(">")
+            if end < 0:
+                if final or len(buf) > 256 or "<" in buf:
+                    self._state = _SKIP
+                    return True
+                return False
+            name = buf[:end]
+            self._text_value = param_is_text(self._fn, name)
+            key = json.dumps(name, ensure_ascii=False) + ": " + ('"' if self._text_value else "")
+            self._args(out, (", " if self._params else "") + key)
+            self._params += 1
+            self._buf, self._state = buf[end + 1:], _VSTART
+            return True
+        if state == _VSTART:  # one newline after <parameter=P> is the syntax's, not the value's
+            if not buf and not final:
+                return False
+            self._buf, self._state = buf[1:] if buf.startswith("\n") else buf, _VALUE
+            return True
+        if state == _VALUE:
+            at = buf.find(_P_END)
+            if at < 0:
+                if self._text_value:
+                    keep = 0 if final else _tag_start(buf, "\n" + _P_END)
+                    self._args(out, _escaped(buf[:len(buf) - keep]))
+                    self._buf = buf[len(buf) - keep:]
+                elif final:
+                    self._buf = ""  # a typed value cut before its end: it is not sent
+                return False
+            value = buf[:at - 1] if buf[:at].endswith("\n") else buf[:at]
+            self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
+            self._buf, self._state = buf[at + len(_P_END):], _PARAMS
+            return True
+        if state == _TAIL:
+            rest = buf.lstrip(_WS)
+            if rest.startswith(_CLOSE):
+                self._buf, self._state = rest[len(_CLOSE):], _TEXT
+                return True
+            if not final and _CLOSE.startswith(rest):
+                self._buf = rest
+                return False
+            self._buf, self._state = rest, _SKIP
+            return True
+        close = _CLOSE if self._tagged else _FN_END  # _SKIP: drop the rest of the block
+        at = buf.find(close)
+        if at < 0:
+            self._buf = "" if final else buf[len(buf) - _tag_start(buf, close):]
+            return False
+        self._buf, self._state = buf[at + len(close):], _TEXT
+        return True
+
+
+def _head(s: str, tagged: bool, functions: dict[str, dict]) -> tuple[str, int] | None | bool:
+    """The block after its marker read up to the parameters: ``(name, end)`` (``end`` past
+    ``<function=N>`` and its newline), None while more text may make it one, False when it cannot."""
+    i = 0
+    if tagged:
+        i = len(s) - len(s.lstrip(_WS))
+        part = s[i:i + len(_FN)]
+        if part != _FN:
+            return None if i + len(part) == len(s) and _FN.startswith(part) else False
+        i += len(_FN)
+    j = _NAME_CHARS.match(s, i).end()
+    if j == len(s):
+        return None if j - i <= 64 else False
+    if s[j] != ">" or s[i:j] not in functions:
+        return False
+    return s[i:j], j + 1
+
+
+def param_is_text(function: dict, name: str) -> bool:
+    """Whether parameter ``name`` of ``function`` (a definition with its ``parameters`` schema) takes
+    the value's text as a string: typed ``string`` (alone or with ``null``), not typed, or not in
+    the schema (vLLM's rule)."""
+    props = function.get("parameters", {}).get("properties")
+    prop = props.get(name) if isinstance(props, dict) else None
+    kind = prop.get("type") if isinstance(prop, dict) else None
+    if isinstance(kind, list):
+        kind = [k for k in kind if k != "null"]
+        kind = kind[0] if len(kind) == 1 else None
+    return kind in (None, "string")
+
+
+def _escaped(text: str) -> str:
+    """``text`` as it is inside a JSON string (a piece of one: escapes never span two pieces)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _typed(text: str) -> str:
+    """A typed parameter's value text as JSON: itself where it is JSON, else as a string."""
+    try:
+        return json.dumps(json.loads(text, parse_constant=_refuse), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return json.dumps(text, ensure_ascii=False)
+
+
+def _refuse(constant: str):
+    raise ValueError(constant)
