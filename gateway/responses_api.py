@@ -27,8 +27,10 @@ Responses field            on the chat path
 ``stream``                 the chat stream, written as Responses events
 ========================== ==================================================================
 
-Accepted and not used: ``reasoning`` (the model thinks as its chat template says; the thinking is
-split off by ``--reasoning-parser``), ``include``, ``metadata`` (echoed back), ``user``,
+``reasoning.effort`` becomes the chat's ``reasoning_effort`` (the template variable of that name,
+:func:`gateway.options.template_option`); the rest of ``reasoning`` is accepted and not used (the
+model thinks as its chat template says; the thinking is split off by the reasoning parser). Accepted
+and not used: ``include``, ``metadata`` (echoed back), ``user``,
 ``safety_identifier``, ``prompt_cache_key``, ``stream_options``, ``text.verbosity``.
 Refused with a 400 naming the field: ``background: true``, ``conversation``, ``prompt``,
 ``max_tool_calls``, ``top_logprobs``, ``truncation: "auto"``, a ``service_tier`` other than
@@ -123,7 +125,7 @@ class ResponsesRequest(BaseModel):
 _PARAMS = (
     (r"messages(\.\d+)?", "input"), (r"max_tokens", "max_output_tokens"),
     (r"response_format(\.json_schema)?", "text.format"),
-    (r"tools\.(\d+)\.function", r"tools.\1"),
+    (r"tools\.(\d+)\.function", r"tools.\1"), (r"reasoning_effort", "reasoning.effort"),
 )
 
 
@@ -249,6 +251,7 @@ class ResponsesTranslation:
             "temperature": body.temperature, "top_p": body.top_p, "tools": _tools(body.tools),
             "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
             "response_format": _response_format(body.text), "stream": body.stream,
+            "reasoning_effort": body.reasoning.get("effort") if isinstance(body.reasoning, dict) else None,
             "stream_options": {"include_usage": True} if body.stream else None}, _PARAMS)
         self.on_chat_path = True
         return chat

@@ -411,11 +411,11 @@ class LocalCluster:
                                       psutil.virtual_memory().available, starting, frozenset(self._demand_stopping))
         for a in actions:
             if isinstance(a, Load):
-                log.warning("models on demand: loading %r", a.model)
+                log.info("models on demand: loading %r", a.model)
                 self._start_on_demand(a.model)
             elif isinstance(a, Unload):
                 p = self._demand_procs.pop(a.model, None)
-                log.warning("models on demand: unloading %r: %s", a.model, a.why)
+                log.info("models on demand: unloading %r: %s", a.model, a.why)
                 if p is not None:
                     p.terminate()  # the worker says goodbye; nothing is in flight on an idle model
                     self._demand_stopping[a.model] = p
