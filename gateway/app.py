@@ -44,6 +44,7 @@ from gateway.infill import InfillEndpoint
 from gateway.link import BrokerConnections
 from gateway.messages_api import MessagesEndpoints
 from gateway.metrics import GatewayMetrics
+from gateway.model_control import ModelControl
 from gateway.responses import error_response, json_response
 from gateway.responses_api import ResponsesEndpoints
 from gateway.response_store import ResponseStore
@@ -127,7 +128,7 @@ async def _prefetch_tokenizers(link: BrokerConnections, tokenizers: Tokenizers, 
         await asyncio.sleep(interval_s)
 
 
-def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> Starlette:
+def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, model_orders=None) -> Starlette:
     """The gateway's ASGI app. Its lifespan connects to ``config.broker``
     (retrying in the background) and closes the connections at shutdown.
     ``app.state.drain`` is its :class:`~gateway.drain.Drain`, for the server that stops it.
@@ -135,7 +136,9 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     ``load_tokenizer(name) -> Tokenizer | None``: the CLI's tokenizer loader
     (:mod:`gateway.tokenizer`; ``name`` is ``config.tokenizer``, else each
     served model's name), run on a thread in the background from the start;
-    None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400)."""
+    None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400). ``model_orders(op, model)``:
+    how ``POST /models/load`` and ``/models/unload`` reach the supervisor of the models on demand
+    (:mod:`gateway.model_control`), or None."""
     link = BrokerConnections(config)
     metrics = GatewayMetrics()
     drain = Drain()
@@ -146,6 +149,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     responses = ResponsesEndpoints(generate, ResponseStore(config.responses_store_max,
                                                            config.responses_store_max_age_s))
     messages = MessagesEndpoints(generate, tokenize)
+    control = ModelControl(model_orders, config.on_demand_models, config.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -172,6 +176,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
         Route("/v1/models", service.models, methods=["GET"]),
+        Route("/models/load", control.load, methods=["POST"]),
+        Route("/models/unload", control.unload, methods=["POST"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/metrics", service.metrics_endpoint, methods=["GET"]),
     ]

@@ -4,7 +4,8 @@
 ``/v1`` path is covered, those added later and unknown ones included (an
 unknown ``/v1`` path answers 401 before 404: a caller without a key learns
 nothing about the routes). ``/health`` is never checked (probes carry no
-key); ``/tokenize``, ``/detokenize`` (vLLM's paths, outside ``/v1``) and ``/infill`` (llama.cpp's) as ``/v1``;
+key); ``/tokenize``, ``/detokenize`` (vLLM's paths, outside ``/v1``), ``/infill`` and ``/models/*``
+(llama.cpp's) as ``/v1``;
 ``/metrics`` only when the gateway has ``metrics_api_keys`` (a
 scraper's credential, apart from the API's: a leaked scrape key cannot
 generate, an API key cannot read the metrics).
@@ -109,7 +110,7 @@ class APIKeys:
         self.metrics = KeySet(metrics_api_keys)
 
     def _keys_for(self, path: str) -> tuple[KeySet, str] | None:
-        if path == "/v1" or path.startswith("/v1/") or path in _TOKENIZER_PATHS:
+        if path == "/v1" or path.startswith("/v1/") or path in _TOKENIZER_PATHS or path.startswith("/models/"):
             return self.api, "--api-key"
         if path == "/metrics" or path.startswith("/metrics/"):
             return self.metrics, "--metrics-api-key"

@@ -84,7 +84,7 @@ def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0
 
 
 def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0,
-                 halt=None) -> None:
+                 halt=None, orders=None) -> None:
     """Child process body: run the HTTP gateway; put its ``http://host:port`` on
     ``ready`` once bound (``stop_timeout_s`` as for :func:`broker_main`).
 
@@ -106,7 +106,9 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
 
     from slotserve.tokenizer import loader_for
 
-    run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config))
+    model_orders = None if orders is None else (lambda op, model: orders.put((op, model)))
+    run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config),
+        model_orders=model_orders)
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -187,6 +189,7 @@ class LocalCluster:
         self._demand_procs: dict[str, mp.Process] = {}
         self._demand_stopping: dict[str, mp.Process] = {}
         self._demand_client: Client | None = None
+        self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
         if config.on_demand:
             names = tuple(n for w in config.on_demand for n in w.served_names)
             self._broker_cfg = replace(config.broker, on_demand_models=names)
@@ -286,7 +289,8 @@ class LocalCluster:
         ready = _ctx.Queue()
         cfg = replace(self._gateway_cfg, broker=self.frontend)
         p = _ctx.Process(target=gateway_main,
-                         args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s, self._gateway_halt),
+                         args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s, self._gateway_halt,
+                               self._orders),
                          name="slotserve-gateway", daemon=True)
         p.start()
         self._gateway = p
@@ -405,10 +409,12 @@ class LocalCluster:
                             name, p.exitcode)
                 p.join()
                 del self._demand_procs[name]
+        now = time.monotonic() if now is None else now
+        self._take_orders(now)
         folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
         starting = frozenset(n for n in self._demand_procs if folded.models[n].workers == 0)
-        actions = self._demand.decide(folded, time.monotonic() if now is None else now,
-                                      psutil.virtual_memory().available, starting, frozenset(self._demand_stopping))
+        actions = self._demand.decide(folded, now, psutil.virtual_memory().available, starting,
+                                      frozenset(self._demand_stopping))
         for a in actions:
             if isinstance(a, Load):
                 log.info("models on demand: loading %r", a.model)
@@ -423,6 +429,25 @@ class LocalCluster:
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
                             a.model, a.why)
         return actions
+
+    def _take_orders(self, now: float) -> None:
+        """The gateway's ``POST /models/load`` and ``/models/unload`` orders since the last pass (served
+        names: an alias counts as its model)."""
+        if self._orders is None:
+            return
+        primary = {n: name for name, w in self._demand_cfg.items() for n in w.served_names}
+        while True:
+            try:
+                op, model = self._orders.get_nowait()
+            except Exception:  # queue.Empty
+                return
+            name = primary.get(model)
+            if name is None:
+                continue
+            if op == "load":
+                self._demand.want(name, now)
+            elif op == "unload":
+                self._demand.release(name)
 
     def _start_on_demand(self, model: str) -> None:
         index = len(self._workers) + list(self._demand_cfg).index(model)

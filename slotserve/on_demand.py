@@ -76,6 +76,7 @@ class _Model:
     last_used_s: float = float("-inf")
     wanted_since: float | None = None
     asked: bool = False  # want() was called and no request came yet
+    drop: bool = False  # release() was called: unload it once idle
     refused: bool = False
 
 
@@ -113,6 +114,12 @@ class OnDemand:
         if m.wanted_since is None:
             m.wanted_since = now
         m.last_used_s = max(m.last_used_s, now)
+
+    def release(self, model: str) -> None:
+        """Unload ``model`` as soon as it is idle (``POST /models/unload``; a model with requests queued or
+        running is never unloaded: it goes once they end, unless more come). KeyError for an unknown model."""
+        m = self._state[model]
+        m.asked, m.drop = False, True
 
     def state(self, model: str) -> str:
         """``"loaded"``, ``"loading"`` or ``"unloaded"`` (as of the last pass). KeyError for an unknown model."""
@@ -155,11 +162,16 @@ class OnDemand:
         return actions
 
     def _idle_unloads(self, now: float) -> list[Unload]:
-        if not self.idle_unload_s:
-            return []
         out = []
         for name, m in self._state.items():
-            if m.state == "loaded" and m.wanted_since is None and now - m.last_used_s >= self.idle_unload_s:
+            if m.state not in ("loaded", "loading") or m.wanted_since is not None:
+                if m.state == "unloaded":
+                    m.drop = False
+                continue
+            if m.drop and m.state == "loaded":
+                m.state, m.drop = "unloading", False
+                out.append(Unload(name, "asked to (POST /models/unload)"))
+            elif self.idle_unload_s and m.state == "loaded" and now - m.last_used_s >= self.idle_unload_s:
                 m.state = "unloading"
                 out.append(Unload(name, f"idle for {now - m.last_used_s:.0f} s (idle_unload_s {self.idle_unload_s:g})"))
         return out

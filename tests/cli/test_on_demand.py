@@ -142,3 +142,50 @@ def test_up_with_several_models_refuses_what_applies_to_one(tmp_path, extra, say
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     result = CliRunner().invoke(main, ["up", "--model", "simulated", "--model", str(tmp_path / "m.gguf"), *extra])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_release_unloads_once_idle_never_while_busy():
+    c = core(max_loaded=2, idle=0.0)
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c.release("a")
+    assert c.decide(status(a=(1, 1, 1), b=(0, 0, 0)), 1.0, 8 * GIB) == []  # busy: it stays
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 2.0, 8 * GIB) == [Unload("a", "asked to (POST /models/unload)")]
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 3.0, 8 * GIB) == []  # gone; not unloaded twice
+    c.release("b")  # not loaded: nothing to do, and a later request loads it as usual
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 4.0, 8 * GIB) == []
+    assert c.decide(status(a=(0, 0, 0), b=(1, 0, 0)), 5.0, 8 * GIB) == [Load("b")]
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == []  # loaded and idle: kept (idle 0)
+
+
+# ---------------------------------------------------------------------- POST /models/load and /models/unload
+
+
+def control_app(orders):
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from gateway.model_control import ModelControl
+
+    control = ModelControl(orders, ("model-a", "model-b"), 1024)
+    return Starlette(routes=[Route("/models/load", control.load, methods=["POST"]),
+                             Route("/models/unload", control.unload, methods=["POST"])])
+
+
+def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not_theirs():
+    from starlette.testclient import TestClient
+
+    got = []
+    with TestClient(control_app(lambda op, model: got.append((op, model)))) as http:
+        assert http.post("/models/load", json={"model": "model-b"}).json() == {"success": True}
+        assert http.post("/models/unload", json={"model": "model-a"}).json() == {"success": True}
+        r = http.post("/models/load", json={"model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        for body in ({}, {"model": 3}, ["model-a"]):
+            r = http.post("/models/load", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        r = http.post("/models/load", content=b"{", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+    assert got == [("load", "model-b"), ("unload", "model-a")]
+    with TestClient(control_app(None)) as http:
+        r = http.post("/models/load", json={"model": "model-a"})
+        assert r.status_code == 400 and "slotserve up" in r.json()["error"]["message"]

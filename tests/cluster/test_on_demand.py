@@ -110,6 +110,16 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
                 assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 3
             states = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
             assert states["model-a"] == "loaded" and states["model-b"] in ("unloaded", "loaded")  # b: going away
+            # llama.cpp's router endpoints: load b (a, idle, makes room), then unload it
+            for op, want in (("load", {"model-a": "unloaded", "model-b": "loaded"}),
+                             ("unload", {"model-a": "unloaded", "model-b": "unloaded"})):
+                assert httpx.post(f"{cluster.http_url}/models/{op}", json={"model": "model-b"}).json() == \
+                    {"success": True}
+                deadline = time.monotonic() + 60
+                while states != want:
+                    assert time.monotonic() < deadline, (op, states)
+                    states = {m["id"]: m["status"]["value"]
+                              for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
         finally:
             stop.set()
             supervisor.join(30)

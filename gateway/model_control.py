@@ -1,0 +1,65 @@
+"""``POST /models/load`` and ``POST /models/unload``: llama.cpp's router-mode endpoints, for the models
+that ``slotserve up`` loads on demand (issue 34 item 1; :mod:`slotserve.on_demand`).
+
+The body is ``{"model": NAME}`` (a served name of a model on demand); the answer ``{"success": true}``
+as llama.cpp's: the order is taken, not done -- loading takes the model's load time, and unloading
+waits until the model is idle (a model with requests queued or running is never unloaded). Watch
+``GET /v1/models`` (each model's ``status``) for the result. The gateway hands the order to the
+supervisor that owns the worker processes (``orders(op, model)``, a queue the launcher reads);
+a gateway without one (``slotserve serve``, or ``up`` with one model) answers 400 saying so.
+An unknown model is a 404 ``model_not_found``; a malformed body a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import APIError, bad_request
+from gateway.generate import _check_json_body_headers, read_body
+from gateway.responses import error_response, json_response
+
+__all__ = ["ModelControl"]
+
+Orders = Callable[[str, str], None]
+"""``orders(op, model)``: hand ``"load"`` or ``"unload"`` of ``model`` to the supervisor."""
+
+
+class ModelControl:
+    """The two endpoints over ``orders`` (None: no supervisor) for ``models`` (the served names on demand)."""
+
+    def __init__(self, orders: Orders | None, models: tuple[str, ...], max_body_bytes: int) -> None:
+        self.orders = orders
+        self.models = models
+        self.max_body_bytes = max_body_bytes
+
+    async def load(self, request: Request) -> Response:
+        return await self._order(request, "load")
+
+    async def unload(self, request: Request) -> Response:
+        return await self._order(request, "unload")
+
+    async def _order(self, request: Request, op: str) -> Response:
+        try:
+            _check_json_body_headers(request.headers)
+            raw = await read_body(request, self.max_body_bytes)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise bad_request("the body is not valid JSON", None, "invalid_json") from None
+            model = body.get("model") if isinstance(body, dict) else None
+            if not isinstance(model, str) or not model:
+                raise bad_request('the body must be {"model": "<name>"}', "model")
+            if self.orders is None:
+                raise bad_request(f"/models/{op} applies to models loaded on demand, which `slotserve up` runs "
+                                  "when given several models (--model repeated, or --models-dir)", "model")
+            if model not in self.models:
+                raise APIError(404, f"The model `{model:.200}` is not one of the models on demand "
+                                    f"({', '.join(self.models)})", param="model", code="model_not_found")
+            self.orders(op, model)
+            return json_response({"success": True})
+        except APIError as e:
+            return error_response(e)
