@@ -18,9 +18,11 @@ from worker.config import WorkerConfig
 MODELS = ("model-a", "model-b")
 
 
-def config(**kw) -> ClusterConfig:
-    workers = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, warmup=False)
-                    for name in MODELS)
+def config(model_a: str = "simulated", **kw) -> ClusterConfig:
+    """Two models on demand, ``model-a`` (``model_a``: simulated, or a real model's folder) and
+    ``model-b`` (simulated)."""
+    workers = tuple(WorkerConfig(model=m, served_model_names=(name,), num_slots=2, warmup=False)
+                    for m, name in zip((model_a, "simulated"), MODELS))
     return ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.2,
                                       register_grace_s=0.5),
                          workers=(), on_demand=workers, start_timeout_s=60.0, **kw)
@@ -89,7 +91,8 @@ def test_bad_cluster_configs_are_value_errors(bad, says):
         ClusterConfig(**{**kw, **bad})
 
 
-def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each_state():
+def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each_state(tiny_text_dir):
+    """model-a is a real model (the tiny text model's folder: transformers loads it in its worker)."""
     import threading
 
     import httpx
@@ -97,7 +100,8 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
 
     from gateway.config import GatewayConfig
 
-    with LocalCluster(config(max_loaded_models=1, idle_unload_s=0.0, gateway=GatewayConfig(port=0))) as cluster:
+    with LocalCluster(config(tiny_text_dir, max_loaded_models=1, idle_unload_s=0.0,
+                             gateway=GatewayConfig(port=0))) as cluster:
         stop = threading.Event()
         supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), daemon=True)
         supervisor.start()
