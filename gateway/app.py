@@ -100,6 +100,8 @@ class ServiceEndpoints:
         return json_response({"status": "ok", "models": served})
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        if self.link.config.on_demand_models:
+            self.metrics.set_model_states(self.link.model_states())
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 

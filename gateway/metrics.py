@@ -13,6 +13,9 @@
 - ``slotserve_http_cached_tokens_total{model}``: of those prompt tokens, the ones
   reported as ``usage.prompt_tokens_details.cached_tokens`` (taken from a worker's
   prefix cache); the broker's ``slotserve_prefix_cache_*`` series count per worker.
+- ``slotserve_model_loaded{model}``: with models on demand (``slotserve up`` with several models),
+  1 while a worker serves the model, 0 while it is loading or unloaded (set at each scrape from
+  the gateway's last broker status, as ``/v1/models`` says them).
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ class GatewayMetrics:
                                      "Prompt tokens reported as cached in usage (prompt_tokens_details)", ["model"],
                                      registry=r)
 
+        self.model_loaded = Gauge("slotserve_model_loaded",
+                                  "1 while a worker serves the model (models on demand), else 0", ["model"], registry=r)
         self._children: dict[tuple, object] = {}
+
+    def set_model_states(self, states: dict[str, str]) -> None:
+        """``slotserve_model_loaded`` from ``{model: "loaded" | "loading" | "unloaded"}``."""
+        for model, state in states.items():
+            self._child(self.model_loaded, model).set(1 if state == "loaded" else 0)
 
     def _child(self, metric, *labels):
         """``metric.labels(*labels)``, cached (labels() takes a lock and builds a key each call)."""

@@ -124,6 +124,9 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
                     assert time.monotonic() < deadline, (op, states)
                     states = {m["id"]: m["status"]["value"]
                               for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
+                metrics = httpx.get(cluster.http_url + "/metrics").text
+                for name, state in want.items():
+                    assert f'slotserve_model_loaded{{model="{name}"}} {1.0 if state == "loaded" else 0.0}' in metrics
         finally:
             stop.set()
             supervisor.join(30)
