@@ -146,7 +146,7 @@ def peek_request_ids(data: bytes) -> list:
     """Best effort: the request ids named in a frame that failed to decode
     (too large, malformed, an invalid field): the ``requests`` of a
     ``submit`` / ``assign``, the ``ids``, ``texts``, ``finished``, ``started`` and ``logprobs`` of an
-    ``iteration`` / ``results``, the ``request_ids`` of a ``cancel`` / ``error``.
+    ``iteration`` / ``results`` (and ``embeddings``), the ``request_ids`` of a ``cancel`` / ``error``.
 
     Lets the receiver end exactly those requests with the decoding error
     instead of leaving them waiting. Reads the frame as a stream, keeping
@@ -177,7 +177,7 @@ def peek_request_ids(data: bytes) -> list:
     return list(ids)
 
 
-_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started", "logprobs"})
+_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started", "logprobs", "embeddings"})
 _ID_LISTS = frozenset({"ids", "request_ids"})
 
 
@@ -402,7 +402,7 @@ def _as_is_types(tp: Any) -> frozenset[type]:
     and request ids that are strings for their length)."""
     if tp == RequestId:
         return frozenset({int})
-    if tp in (int, str, bool, type(None)):
+    if tp in (int, str, bool, bytes, type(None)):
         return frozenset({tp})
     if typing.get_origin(tp) in (Union, types.UnionType):
         return frozenset().union(*(_as_is_types(arm) for arm in typing.get_args(tp)))
@@ -502,7 +502,7 @@ def _decoder(tp: Any) -> Decoder:
         return _envelope
     if tp is TokenLogprob:
         return _token_logprob
-    if tp in (int, str, bool):
+    if tp in (int, str, bool, bytes):
         return _exact(tp)
     if tp is float:
         return _float

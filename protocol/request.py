@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from itertools import compress as _compress
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
+from protocol.enums import RequestKind
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
@@ -461,6 +462,15 @@ def _input_extra(value: object, field: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _kind(value: object, field: str) -> str:
+    """A :class:`~protocol.enums.RequestKind`'s value, as a plain ``str`` (the wire's type, so a
+    decoded request is the built one, field types included); compare it with the enum's members."""
+    try:
+        return RequestKind(value).value
+    except ValueError:
+        raise ValueError(f"{field} must be one of {[k.value for k in RequestKind]}, got {value!r:.40}") from None
+
+
 # --------------------------------------------------------------------------- the definition
 
 
@@ -536,6 +546,12 @@ class _Fields(NamedTuple):
     # tokens gets what it leaves (a prompt that fills the context is still refused); what the HTTP gateway
     # sends for a request without max_tokens, whose prompt length only the worker knows. False: prompt +
     # max_tokens past the context is refused (context_length_exceeded).
+    kind: Annotated[str, _kind] = RequestKind.GENERATE.value
+    # "generate" (tokens) or "embed": the prompt's pooled embedding and no token, from a worker serving an
+    # embedding model (an embedding request to a generation worker, or the reverse, ends "unsupported").
+    # An embedding takes a token-id or text prompt (its ids as given: no special token added; a text is
+    # tokenised with them), max_tokens 1, and no generation option; its prompt must fit the model's
+    # max_seq_len (context_length_exceeded otherwise: never truncated).
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -777,7 +793,25 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
             raise ValueError("input_extra needs a suffix (fill in the middle)")
     elif type(params.prompt) is not str:
         raise ValueError("suffix needs a text prompt (the code before the gap), not token ids or chat messages")
+    if params.kind == RequestKind.EMBED:
+        _check_embed(params)
     return params
+
+
+_EMBED_FIELDS = frozenset({"prompt", "max_tokens", "stop_token", "priority", "timeout_s", "kind"})
+"""The fields an embedding request may set (the others are generation options)."""
+
+
+def _check_embed(params: RequestParams) -> None:
+    """The rules of an embedding request (``kind`` embed): ValueError naming what does not apply."""
+    if type(params.prompt) is not str and type(params.prompt[0]) is not int:
+        raise ValueError("prompt: an embedding takes text or token ids, not chat messages")
+    if params.max_tokens != 1:
+        raise ValueError(f"max_tokens: an embedding generates no token; send max_tokens=1, got {params.max_tokens}")
+    given = [name for name, _, default in _CHECKS if name not in _EMBED_FIELDS and getattr(params, name) != default]
+    if given:
+        raise ValueError(f"{given[0]}: a generation option, which an embedding request (kind 'embed') cannot "
+                         f"take; leave {', '.join(given)} out")
 
 
 def split_stop(value: object) -> tuple[list[str], list[Any]]:
@@ -866,6 +900,11 @@ class ModelLimits:
             raise ValueError(f"logit_bias holds token id {params.logit_bias[-1][0]}, outside the model's "
                              f"vocabulary [0, {vocab_size})")
         max_seq_len = self.max_seq_len
+        if params.kind == RequestKind.EMBED:  # (no token is generated: the prompt alone must fit)
+            if max_seq_len is not None and prompt_len is not None and prompt_len > max_seq_len:
+                raise ContextLengthError(f"input ({prompt_len} tokens) exceeds the model's maximum of {max_seq_len} "
+                                         "tokens per embedding; shorten it or split it into several inputs")
+            return
         if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
             if prompt_len < max_seq_len:
                 return  # (the engine lowers max_tokens to what the context leaves: fit())
