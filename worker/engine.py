@@ -34,6 +34,7 @@ import time
 from typing import Callable
 
 from protocol.defaults import AGING_WINDOW
+from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
@@ -153,7 +154,7 @@ class BatchInferenceEngine:
 
         Raises ValueError on bad input (:class:`~protocol.errors.UnsupportedError`
         for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
-        without a tokenizer; a plain ValueError naming the field for
+        without a tokenizer, and for an embedding request, ``kind`` embed; a plain ValueError naming the field for
         ``logprobs`` / ``prompt_logprobs`` on a model without ``gives_logprobs``), TypeError for an unknown option,
         DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
         QueueFullError at ``max_queue``; in every case nothing is queued.
@@ -184,6 +185,10 @@ class BatchInferenceEngine:
                 time_left_s: float | None, checked: bool) -> Request:
         """``checked``: ``params`` of token ids were checked against the model already."""
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
+        if params.kind != RequestKind.GENERATE:
+            raise UnsupportedError(f"this worker serves a generation model ({type(self.model).__name__}), which "
+                                   "gives no embeddings: send embedding requests to an embedding model (a "
+                                   "sentence-transformers folder, or a model served with --pooling)")
         if on_text is not None and self._tokenizer is None:
             raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
         if not self._gives_logprobs and (params.logprobs is not None or params.prompt_logprobs is not None):
