@@ -1,0 +1,120 @@
+"""Embeddings: slotserve's in-process embedding engine against sentence-transformers' own ``encode``.
+
+    python -m bench.embeddings [--sentences 1000] [--slots 64] [--rounds 3] [--threads 2]
+
+The workload: ``--sentences`` lines of the HumanEval prompts' docstrings (:func:`sentences`: each
+prompt's lines stripped of indentation and of a doctest's ``>>>``, the ``def`` / ``import`` lines and
+the docstring quotes left out, duplicates dropped, in problem order: 1,143 lines, 4 to 60 tokens),
+embedded by all-MiniLM-L6-v2 (fp32, CPU) two ways in the same process, alternating, each
+``--rounds`` times after a warm-up of each:
+
+- **sentence-transformers**: ``SentenceTransformer(folder).encode(sentences)`` (its defaults:
+  batches of 32, sorted by length);
+- **slotserve**: the in-process :class:`~worker.embeddings.EmbeddingEngine` (``--slots`` requests a
+  step, as ``slotserve worker --slots``) over the same folder loaded by ``load_model`` (transformers'
+  ``AutoModel`` and the folder's pooling): every sentence submitted as a text request (tokenised on
+  submission, as a worker does on arrival), then ``run()``.
+
+Reported: the median sentences/s of each, their ratio (the target of issue 34: >= 0.8), and the
+largest absolute difference between the two systems' vectors (target: <= 1e-5). Not through the
+broker: the broker's own cost per request is bench/broker.py's. Prints a table; writes
+bench/results/embeddings.json with the machine's load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+from bench.common import RESULTS, humaneval_problems, load_avg, machine_record, write_results
+
+MODEL = "all-minilm-l6-v2"
+
+
+def sentences(n: int) -> list[str]:
+    """The first ``n`` docstring lines of the HumanEval prompts (see the module docstring). ValueError
+    when there are fewer than ``n``."""
+    out: dict[str, None] = {}
+    for problem in humaneval_problems():
+        for line in problem["prompt"].splitlines():
+            s = line.strip().removeprefix(">>> ")
+            if s and not s.startswith(("def ", "from ", "import ", '"""', "'''", "@")):
+                out[s] = None
+    if len(out) < n:
+        raise ValueError(f"the HumanEval prompts hold {len(out)} docstring lines, fewer than {n}")
+    return list(out)[:n]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sentences", type=int, default=1000, help="sentences per batch (default 1000)")
+    ap.add_argument("--slots", type=int, default=64, help="the engine's requests per step (default 64)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds of each system (default 3)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "embeddings.json")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from worker.embeddings import EmbeddingEngine
+    from worker.models import load_model
+    from worker.models.checkpoint import resolve_model_path
+
+    machine = machine_record()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    texts = sentences(args.sentences)
+    folder = resolve_model_path(MODEL)[0]
+    st = SentenceTransformer(folder, device="cpu")
+    model = load_model(MODEL, device="cpu", precision="fp32", num_threads=args.threads)
+    engine = EmbeddingEngine(model, args.slots)
+
+    def ours() -> np.ndarray:
+        handles = [engine.submit_request(t) for t in texts]
+        engine.run()
+        return np.array([h.embedding for h in handles], dtype=np.float32)
+
+    def theirs() -> np.ndarray:
+        return st.encode(texts, convert_to_numpy=True)
+
+    ours(), theirs()  # warm-up (first forwards: allocator, oneDNN primitives)
+    times: dict[str, list[float]] = {"slotserve": [], "sentence_transformers": []}
+    diff = 0.0
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        a = ours()
+        t1 = time.perf_counter()
+        b = theirs()
+        t2 = time.perf_counter()
+        times["slotserve"].append(t1 - t0)
+        times["sentence_transformers"].append(t2 - t1)
+        diff = max(diff, float(np.abs(a - b).max()))
+    rate = {k: len(texts) / statistics.median(v) for k, v in times.items()}
+    ratio = rate["slotserve"] / rate["sentence_transformers"]
+    tokens = [len(model.tokenize(t)) for t in texts]
+    payload = {
+        "model": MODEL, "sentences": len(texts), "tokens": sum(tokens), "tokens_min_max": [min(tokens), max(tokens)],
+        "slots": args.slots, "threads": torch.get_num_threads(), "rounds": args.rounds,
+        "path": "in-process EmbeddingEngine (no broker)",
+        "seconds": times, "sentences_per_s": rate, "ratio": ratio, "target_ratio": 0.8,
+        "max_abs_diff": diff, "target_max_abs_diff": 1e-5,
+        "load_avg_before_after": [machine["load_avg_before_after"][0], load_avg()],
+    }
+    print(f"{len(texts)} sentences ({sum(tokens)} tokens), {torch.get_num_threads()} threads, "
+          f"median of {args.rounds} rounds, load {payload['load_avg_before_after']}")
+    for k, v in rate.items():
+        print(f"  {k:22s} {v:8.1f} sentences/s  ({statistics.median(times[k]):.3f} s)")
+    print(f"  ratio slotserve / sentence-transformers: {ratio:.3f} (target >= 0.8); max |diff| {diff:.2e} "
+          "(target <= 1e-5)")
+    print(f"wrote {write_results(args.out, payload, machine)}")
+    return payload
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
