@@ -3,6 +3,8 @@
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: generation
   (:mod:`gateway.generate`), plain or streamed as server-sent events.
 - ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`).
+- ``POST /v1/embeddings``, ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): embeddings and
+  bi-encoder reranking with an embedding model (:mod:`gateway.embeddings`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
@@ -35,6 +37,7 @@ from starlette.routing import Route
 from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
+from gateway.embeddings import EmbeddingEndpoints
 from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
@@ -134,6 +137,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     generate = Generate(config, link, metrics, drain, tokenizers)
     service = ServiceEndpoints(link, metrics, drain)
     tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)
+    embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -154,6 +158,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
+        *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/metrics", service.metrics_endpoint, methods=["GET"]),

@@ -857,16 +857,18 @@ class ModelLimits:
     """What a model accepts: token ids in ``[0, vocab_size)``, prompt +
     ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded), and text
     (text or chat prompts, text stop strings) only when ``has_tokenizer``
-    (None: unknown, not checked). Built once per model (an engine, a client
-    that knows the model); immutable."""
+    (None: unknown, not checked), and requests of its kind only: embeddings
+    (``kind`` embed) when ``embeds``, generation when not (None: unknown).
+    Built once per model (an engine, a client that knows the model); immutable."""
 
-    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "_token_ids")
+    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "embeds", "_token_ids")
 
     def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None,
-                 has_tokenizer: bool | None = None) -> None:
+                 has_tokenizer: bool | None = None, embeds: bool | None = None) -> None:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
         self.has_tokenizer = has_tokenizer
+        self.embeds = embeds
         # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
         # faster than max() (measured); none past 2**18 ids (the set's memory).
         self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
@@ -874,9 +876,17 @@ class ModelLimits:
     def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
         """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
         a ValueError, when it needs a tokenizer the model lacks; :class:`~protocol.errors.ContextLengthError`,
-        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``). ``prompt_len``: the
-        prompt's length in tokens when it is text (known once tokenised; None
+        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``, or an embedding's prompt
+        alone does; UnsupportedError too for a request of the kind the model does not serve).
+        ``prompt_len``: the prompt's length in tokens when it is text (known once tokenised; None
         skips the context check for text)."""
+        embeds = self.embeds
+        if embeds is not None and (params.kind == RequestKind.EMBED) is not embeds:
+            raise UnsupportedError(
+                "this model is an embedding model and generates no tokens: send completions and chats to a "
+                "generation model, and embeddings (kind 'embed', /v1/embeddings) here" if embeds else
+                "this model generates text and gives no embeddings: send embedding requests to an embedding "
+                "model (a sentence-transformers folder such as all-minilm-l6-v2, or a model served with --pooling)")
         vocab_size = self.vocab_size
         prompt = params.prompt
         if type(prompt) is not str and type(prompt[0]) is int:

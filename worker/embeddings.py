@@ -86,7 +86,7 @@ class EmbeddingEngine:
         self.stop_tokens: frozenset[int] = frozenset()  # (no token is generated)
         self._tokenize = getattr(model, "tokenize", None) if getattr(model, "tokenizer", None) is not None else None
         self._limits = ModelLimits(getattr(model, "vocab_size", None), getattr(model, "max_seq_len", None),
-                                   self._tokenize is not None)
+                                   self._tokenize is not None, embeds=True)
         self._clock = clock
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
@@ -120,9 +120,7 @@ class EmbeddingEngine:
             raise TypeError(f"params must be a RequestParams, got {type(params).__name__}")
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if params.kind != RequestKind.EMBED:
-            raise UnsupportedError(f"this worker serves an embedding model ({type(self.model).__name__}), which "
-                                   "generates no tokens: send completions and chats to a generation model, "
-                                   "embeddings (kind 'embed') here")
+            self._limits.check(params)  # (says so: UnsupportedError)
         if resume_tokens:
             raise ValueError("resume_tokens: an embedding request has no tokens to resume")
         prompt = params.prompt

@@ -34,7 +34,6 @@ import time
 from typing import Callable
 
 from protocol.defaults import AGING_WINDOW
-from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
@@ -93,7 +92,8 @@ class BatchInferenceEngine:
         self._grammars = getattr(model, "grammars", None) if self._slot_aware else None  # worker.models.grammar
         self._gives_logprobs = self._slot_aware and getattr(model, "gives_logprobs", False) is True
         self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
-                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
+                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None,
+                                   embeds=False)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
@@ -185,10 +185,6 @@ class BatchInferenceEngine:
                 time_left_s: float | None, checked: bool) -> Request:
         """``checked``: ``params`` of token ids were checked against the model already."""
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
-        if params.kind != RequestKind.GENERATE:
-            raise UnsupportedError(f"this worker serves a generation model ({type(self.model).__name__}), which "
-                                   "gives no embeddings: send embedding requests to an embedding model (a "
-                                   "sentence-transformers folder, or a model served with --pooling)")
         if on_text is not None and self._tokenizer is None:
             raise UnsupportedError("this model has no tokenizer: on_text needs one (use on_token)")
         if not self._gives_logprobs and (params.logprobs is not None or params.prompt_logprobs is not None):
