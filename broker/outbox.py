@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from protocol.codec import encode
-from protocol.messages import Cancel, Embedding, Finished, Logprobs, Message, Results, Started, Text
+from protocol.messages import Cancel, EmbeddingVector, Finished, Logprobs, Message, Results, Started, Text
 from protocol.request import RequestId
 
 
@@ -46,7 +46,7 @@ class ResultsDraft:
         self.finished: list[Finished] = []
         self.started: list[Started] = []
         self.logprobs: list[Logprobs] = []
-        self.embeddings: list[Embedding] = []
+        self.embeddings: list[EmbeddingVector] = []
 
 
 class Outbox:

@@ -25,8 +25,8 @@ from broker.prefix import MIN_MATCH, PrefixRouter, prompt_key
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Embedding, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register, Started,
-    Text, Welcome,
+    Assign, Bye, EmbeddingVector, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register,
+    Started, Text, Welcome,
 )
 from protocol.request import RequestParams
 
@@ -195,7 +195,7 @@ class WorkerHandler:
         for key, vector in msg.embeddings:  # (embedding requests: with their endings, below)
             job = jobs.get(key)
             if job is not None and job.worker == me and job.client is not None:
-                out.result(job.client).embeddings.append(Embedding(job.rid, vector))
+                out.result(job.client).embeddings.append(EmbeddingVector(job.rid, vector))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)

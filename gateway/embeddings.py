@@ -98,7 +98,7 @@ def _documents(value: Any) -> Any:
     return value
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingsRequest(BaseModel):
     """``/v1/embeddings``' body (OpenAI's fields; ``user`` accepted and unused). Strict, unknown fields refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -130,7 +130,7 @@ class EmbeddingEndpoints:
 
     async def embeddings(self, request: Request) -> Response:
         try:
-            body = await self._parse(request, EmbeddingRequest)
+            body = await self._parse(request, EmbeddingsRequest)
             client = await self.link.client_for(body.model)
             size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
             vectors, tokens = await _embed(client, _inputs(body.input))

@@ -1,6 +1,6 @@
 """Embedding vectors as they travel and as callers shape them (stdlib only).
 
-On the wire an embedding is little-endian float32 bytes (:class:`~protocol.messages.Embedding`):
+On the wire an embedding is little-endian float32 bytes (:class:`~protocol.messages.EmbeddingVector`):
 4 bytes a value, what OpenAI's ``encoding_format: "base64"`` encodes (its Python SDK decodes
 base64 with ``numpy.frombuffer(..., dtype="float32")``, little-endian on every platform it runs on).
 These helpers are shared by the client SDK, the HTTP gateway and the worker:

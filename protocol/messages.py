@@ -64,7 +64,7 @@ would the request field ``tools`` and a chat message's ``tool_calls``, which cam
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
 would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
 lowers), which a v8 peer would refuse to decode. 10: embeddings: the request field ``kind``
-(:class:`~protocol.enums.RequestKind`), :class:`Embedding` records (``embeddings``) in ``iteration``
+(:class:`~protocol.enums.RequestKind`), :class:`EmbeddingVector` records (``embeddings``) in ``iteration``
 and ``results``, and :class:`ModelInfo`'s ``embedding_size`` and ``matryoshka_dims``: fields a v9 peer
 would refuse to decode (and a v9 worker would take an embedding request for a generation one).
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
@@ -207,7 +207,7 @@ class Text(NamedTuple):
     text: str
 
 
-class Embedding(NamedTuple):
+class EmbeddingVector(NamedTuple):
     """One request's embedding (inside ``iteration`` and ``results``, in the message that ends it):
     ``vector``, the pooled (and, as the model's configuration says, normalised) embedding of its
     prompt as little-endian float32 values, 4 bytes each (``embedding_size`` of them; what OpenAI's
@@ -413,7 +413,7 @@ class _TokenBatch(_Message):
       them (:class:`Logprobs`): for each request with entries, its records'
       entries cover its tokens in this message exactly, in order (checked).
     - ``embeddings``: the embeddings of the embedding requests that end in this
-      message (:class:`Embedding`), each before its ``finished`` entry is applied.
+      message (:class:`EmbeddingVector`), each before its ``finished`` entry is applied.
     """
 
     ids: tuple[RequestId, ...] = ()
@@ -422,7 +422,7 @@ class _TokenBatch(_Message):
     finished: tuple[Finished, ...] = ()
     started: tuple[Started, ...] = ()
     logprobs: tuple[Logprobs, ...] = ()
-    embeddings: tuple[Embedding, ...] = ()
+    embeddings: tuple[EmbeddingVector, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())

@@ -37,8 +37,8 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Embedding, Envelope, Finished, Iteration, Logprobs, ModelInfo, PrefixCacheUsage, \
-    Rejected, Started, Text
+from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Logprobs, ModelInfo, \
+    PrefixCacheUsage, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.link import READY, STOP, WAKE, serve_broker
@@ -256,7 +256,7 @@ class WorkerProcess:
                 live = self._live.pop(eid)
                 if not live.stale:
                     if live.handle.embedding_bytes is not None:  # (an embedding request, before its ending)
-                        embeddings.append(Embedding(live.key, live.handle.embedding_bytes))
+                        embeddings.append(EmbeddingVector(live.key, live.handle.embedding_bytes))
                     finished.append(_finished(live.key, live.handle))
             self._done.clear()
             epoch = self._epoch
