@@ -40,6 +40,7 @@ import base64
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -60,28 +61,33 @@ MAX_INPUTS = 2048
 _INPUT_SHAPES = "input must be a string, a list of strings, a list of token ids or a list of token-id lists"
 
 
+def _bad_value(message: str) -> PydanticCustomError:
+    """A body error about a value (empty, too many), shown as is with the code ``invalid_value``."""
+    return PydanticCustomError("invalid_value", message)
+
+
 def _input(value: Any) -> Any:
     """``input``'s shape checked before its type (as :func:`gateway.schemas._prompt` checks ``prompt``):
     a message about the entry at fault, and empty inputs refused (OpenAI's 400)."""
     if type(value) is str:
         if not value:
-            raise _bad_type("input must not be empty")
+            raise _bad_value("input must not be empty")
         return value
     if type(value) is not list:
         raise _bad_type(f"{_INPUT_SHAPES}, got {_shown(value)}")
     if not value:
-        raise _bad_type("input must not be an empty list")
+        raise _bad_value("input must not be an empty list")
     if len(value) > MAX_INPUTS:
-        raise _bad_type(f"input holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
+        raise _bad_value(f"input holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
     kinds = set(map(type, value))
     if kinds == {str}:
         empty = next((i for i, s in enumerate(value) if not s), None)
         if empty is not None:
-            raise _bad_type(f"input[{empty}] must not be empty")
+            raise _bad_value(f"input[{empty}] must not be empty")
     elif kinds == {list}:
         for i, ids in enumerate(value):
             if not ids:
-                raise _bad_type(f"input[{i}] must not be an empty list of token ids")
+                raise _bad_value(f"input[{i}] must not be an empty list of token ids")
             _check_ids(ids, f"input[{i}]")
     elif str in kinds or list in kinds:
         raise _bad_type(f"{_INPUT_SHAPES}, not a mix")
@@ -94,7 +100,7 @@ def _documents(value: Any) -> Any:
     if type(value) is not list or not value or not all(type(d) is str and d for d in value):
         raise _bad_type("documents must be a non-empty list of non-empty strings")
     if len(value) > MAX_INPUTS:
-        raise _bad_type(f"documents holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
+        raise _bad_value(f"documents holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
     return value
 
 

@@ -141,6 +141,8 @@ def test_dimensions_cut_a_matryoshka_embedding_and_renormalise_it(http):
 def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param, words):
     e = error_of(http.post("/v1/embeddings", json=body), 400)
     assert e["param"] == param and words in e["message"], e
+    if "empty" in words:
+        assert e["code"] == "invalid_value"
 
 
 def test_rerank_orders_by_cosine_similarity(http):
