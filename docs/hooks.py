@@ -410,6 +410,19 @@ def bench_fim(d: dict) -> str:
             f"{d['files']} files x {d['keys']} keystrokes. Load {_run_load(d)}.")
 
 
+@_bench("embeddings.json", "Embeddings")
+def bench_embeddings(d: dict) -> str:
+    rows = [[name, f"{rate:,.1f}", f"{sorted(d['seconds'][name])[len(d['seconds'][name]) // 2]:.2f} s"]
+            for name, rate in d["sentences_per_s"].items()]
+    return (_table(["system", "sentences/s (median)", "seconds per batch (median)"], rows)
+            + f"
+
+Ratio slotserve / sentence-transformers {d['ratio']:.2f} (target >= {d['target_ratio']}); "
+            f"largest difference between their vectors {d['max_abs_diff']:.1e} (target <= {d['target_max_abs_diff']:g}). "
+            f"`{d['model']}`, {d['sentences']:,} sentences ({d['tokens']:,} tokens), {d['slots']} slots, "
+            f"{d['threads']} threads, {d['rounds']} rounds; {d['path']}. Load {_run_load(d)}.")
+
+
 @_bench("prefix.json", "Prefix caching")
 def bench_prefix(d: dict) -> str:
     def row(r: dict) -> list[Any]:

@@ -1,4 +1,5 @@
-"""``POST /v1/embeddings`` (OpenAI's shape) and ``POST /v1/rerank`` (Cohere's and Jina's, as vLLM and llama.cpp serve it).
+"""``POST /v1/embeddings`` (OpenAI's shape) and ``POST /v1/rerank`` (Cohere's and Jina's shape, as vLLM and
+llama.cpp serve it).
 
 **/v1/embeddings**: ``{"model", "input", "encoding_format"?, "dimensions"?, "user"?}`` ->
 ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage":
@@ -39,7 +40,7 @@ import asyncio
 import base64
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,7 +48,7 @@ from starlette.responses import Response
 from client import Client
 from client.errors import RemoteError
 from gateway.drain import REFUSED, Drain
-from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
 from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response, new_id
 from gateway.schemas import _bad_type, _check_ids, _shown
@@ -173,17 +174,11 @@ class EmbeddingEndpoints:
             return error_response(e)
 
     async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
-        from gateway.generate import _check_json_body_headers, read_body
+        from gateway.generate import parse_body
 
         if self.drain.draining:
             raise shutting_down(REFUSED)
-        _check_json_body_headers(request.headers)
-        raw = await read_body(request, self.max_body_bytes)  # (never more than the limit in memory)
-        try:
-            return schema.model_validate_json(raw)
-        except ValidationError as e:
-            raise from_validation(e.errors(include_url=False, include_context=False)) from None
-
+        return await parse_body(request, schema, self.max_body_bytes)
 
 
 async def _embed(client: Client, prompts: list, param: str = "input") -> tuple[list[bytes], list[int]]:

@@ -16,9 +16,11 @@ transformers forward is the numerical reference and takes any architecture, enco
 one path.
 
 Batching (:meth:`EmbeddingModel.embed`): the prompts of one engine step are sorted by length and cut
-into forwards of at most :data:`BATCH_TOKENS` padded tokens, each right-padded to its longest prompt
-(as sentence-transformers' ``encode`` sorts its inputs by length before batching); padding is masked,
-so a prompt's embedding does not depend on its batch beyond float rounding.
+into forwards of at most :data:`MAX_ROWS` prompts and :data:`BATCH_TOKENS` padded tokens, each
+right-padded to its longest prompt (as sentence-transformers' ``encode`` sorts its inputs by length and
+runs batches of 32); padding is masked, so a prompt's embedding does not depend on its batch beyond
+float rounding. The more requests a step holds (the worker's ``--slots``), the closer the lengths in
+each forward and the less padding: bench/embeddings.py measures 64 and 256.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ BATCH_TOKENS = 16384
 """Most padded tokens (rows x longest prompt) per forward: bounds the activations' memory (about
 ``BATCH_TOKENS x hidden size x 4`` bytes a layer's output: 24 MiB for MiniLM's 384) while keeping
 forwards wide enough that the CPU's matrix products run at full speed."""
+
+MAX_ROWS = 32
+"""Most prompts per forward: sentence-transformers' default batch size. Measured on all-MiniLM-L6-v2
+(bench/embeddings.py's sentences, 2 cores): a step's 64 prompts in one forward padded to the longest
+took 2.4x the time of two forwards of 32, each padded to its own longest."""
 
 DECODER_NORMALIZE = True
 """A decoder served with ``--pooling`` gives unit-length embeddings (vLLM's default for embedding
@@ -89,7 +96,8 @@ class EmbeddingModel:
         with torch.inference_mode():
             while start < len(order):
                 end = start + 1
-                while end < len(order) and (end + 1 - start) * len(prompts[order[end]]) <= BATCH_TOKENS:
+                while end < len(order) and end - start < MAX_ROWS and \
+                        (end + 1 - start) * len(prompts[order[end]]) <= BATCH_TOKENS:
                     end += 1
                 rows = order[start:end]
                 vectors = self._forward([prompts[i] for i in rows])

@@ -85,7 +85,8 @@ def read_pooling(folder: str | Path) -> Pooling:
         raise ValueError(f"{folder}: pooling config {config}; slotserve pools with exactly one of "
                          f"{', '.join(_ST_MODES)} (include_prompt true)")
     bert = _json(folder / "sentence_bert_config.json") if (folder / "sentence_bert_config.json").is_file() else {}
-    return Pooling(_ST_MODES[modes[0]], "Normalize" in kinds, bert.get("max_seq_length"), bool(bert.get("do_lower_case")))
+    return Pooling(_ST_MODES[modes[0]], "Normalize" in kinds, bert.get("max_seq_length"),
+                   bool(bert.get("do_lower_case")))
 
 
 def _json(path: Path) -> dict:
