@@ -29,6 +29,7 @@ import inspect
 import io
 import json
 import re
+import statistics
 import tokenize
 from pathlib import Path
 from typing import Any, Callable
@@ -412,13 +413,12 @@ def bench_fim(d: dict) -> str:
 
 @_bench("embeddings.json", "Embeddings")
 def bench_embeddings(d: dict) -> str:
-    rows = [[name, f"{rate:,.1f}", f"{sorted(d['seconds'][name])[len(d['seconds'][name]) // 2]:.2f} s"]
+    rows = [[name, f"{rate:,.1f}", f"{statistics.median(d['seconds'][name]):.2f} s"]
             for name, rate in d["sentences_per_s"].items()]
     return (_table(["system", "sentences/s (median)", "seconds per batch (median)"], rows)
-            + f"
-
-Ratio slotserve / sentence-transformers {d['ratio']:.2f} (target >= {d['target_ratio']}); "
-            f"largest difference between their vectors {d['max_abs_diff']:.1e} (target <= {d['target_max_abs_diff']:g}). "
+            + "\n\n" + f"Ratio slotserve / sentence-transformers {d['ratio']:.2f} (target >= {d['target_ratio']}); "
+            f"largest difference between their vectors {d['max_abs_diff']:.1e} "
+            f"(target <= {d['target_max_abs_diff']:g}). "
             f"`{d['model']}`, {d['sentences']:,} sentences ({d['tokens']:,} tokens), {d['slots']} slots, "
             f"{d['threads']} threads, {d['rounds']} rounds; {d['path']}. Load {_run_load(d)}.")
 
