@@ -168,3 +168,15 @@ def test_the_generation_engine_refuses_an_embedding_request():
     with pytest.raises(UnsupportedError, match="gives no embeddings"):
         engine.submit(RequestParams([1, 2], 1, kind="embed"))
     assert engine.num_queued == 0
+
+
+def test_the_warm_up_of_an_embedding_model_is_one_full_step_and_leaves_no_trace():
+    from worker.warmup import needs_warmup, warm_up
+
+    model = StandIn()
+    engine = EmbeddingEngine(model, 6)
+    assert needs_warmup(model) and not needs_warmup(SimulatedLLM())
+    report = warm_up(engine)
+    assert (report.iterations, report.max_batch, report.failed) == (1, 6, 0)
+    assert model.calls == [6] and engine.num_queued == 0
+    assert engine.submit_request([1], request_id="warmup-embed-0").request_id == "warmup-embed-0"  # (its ids freed)
