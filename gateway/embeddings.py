@@ -49,6 +49,7 @@ from client import Client
 from client.errors import RemoteError
 from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
+from gateway.generate import parse_body
 from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response, new_id
 from gateway.schemas import _bad_type, _check_ids, _shown
@@ -140,7 +141,8 @@ class EmbeddingEndpoints:
             body = await self._parse(request, EmbeddingsRequest)
             client = await self.link.client_for(body.model)
             size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
-            vectors, tokens = await _embed(client, _inputs(body.input))
+            inputs = _inputs(body.input)
+            vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs))
             data = []
             for i, raw in enumerate(vectors):
                 if size is not None:
@@ -161,7 +163,8 @@ class EmbeddingEndpoints:
             if body.top_n is not None and body.top_n < 1:
                 raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
             client = await self.link.client_for(body.model)
-            vectors, tokens = await _embed(client, [body.query, *body.documents], "documents")
+            vectors, tokens = await _embed(client, [body.query, *body.documents],
+                                           ["query"] + ["documents"] * len(body.documents))
             query = unpack(vectors[0])
             scores = [cosine(query, unpack(v)) for v in vectors[1:]]
             order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
@@ -174,18 +177,17 @@ class EmbeddingEndpoints:
             return error_response(e)
 
     async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
-        from gateway.generate import parse_body
-
         if self.drain.draining:
             raise shutting_down(REFUSED)
         return await parse_body(request, schema, self.max_body_bytes)
 
 
-async def _embed(client: Client, prompts: list, param: str = "input") -> tuple[list[bytes], list[int]]:
+async def _embed(client: Client, prompts: list, params: list[str]) -> tuple[list[bytes], list[int]]:
     """Each prompt's embedding (float32 bytes) and length in tokens, in order, through ``client``
-    (the model's shared one), every request submitted at once. Raises :class:`APIError`: the client's
-    refusal (400, naming ``param``), the first failed request's code (:func:`gateway.errors.from_remote`);
-    the requests not ended are cancelled whatever happens (the HTTP request cancelled too)."""
+    (the model's shared one), every request submitted at once. ``params``: the body field each prompt
+    came from. Raises :class:`APIError`: the client's refusal (400), or the first failed request's
+    code (:func:`gateway.errors.from_remote`), naming that prompt's field; the requests not ended are
+    cancelled whatever happens (the HTTP request cancelled too)."""
     loop = asyncio.get_running_loop()
     all_done = loop.create_future()
     left = len(prompts)
@@ -208,20 +210,23 @@ async def _embed(client: Client, prompts: list, param: str = "input") -> tuple[l
             for prompt in prompts:
                 handles.append(client.embed(prompt, one_done))
         except ValueError as e:  # refused at submission (the model is known: e.g. it generates)
-            error = from_value_error(e, param)
+            error = from_value_error(e, params[len(handles)])
             if error.param == "prompt":
-                error.param = param
+                error.param = params[len(handles)]
             raise error from None
         await all_done
     finally:
         for h in handles:
             if h.finish_reason is None:
                 client.cancel(h.request_id)
-    for h in handles:
+    for h, param in zip(handles, params):
         if h.finish_reason is not FinishReason.STOP or h.embedding_bytes is None:
             err = h.error
             if isinstance(err, RemoteError):
-                raise from_remote(err.code, err.message, param)
+                error = from_remote(err.code, err.message, param)
+                if error.status == 400 and error.param is None:  # (e.g. context_length_exceeded: this prompt)
+                    error.param = param
+                raise error
             raise APIError(500, f"an embedding request ended {h.finish_reason}: {err}", code="internal")
     return [h.embedding_bytes for h in handles], [h.prompt_tokens or 0 for h in handles]
 

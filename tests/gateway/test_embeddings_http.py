@@ -128,7 +128,7 @@ def test_bad_requests_are_openai_shaped_400s(cluster):
     assert empty["param"] == "input" and "empty" in empty["message"]
     assert error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": []}), 400)["param"] == "input"
     long = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": "word " * 300}), 400)
-    assert long["code"] == "context_length_exceeded" and "256" in long["message"]
+    assert long["code"] == "context_length_exceeded" and "256" in long["message"] and long["param"] == "input"
     dims = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 128}), 400)
     assert dims["param"] == "dimensions" and "Matryoshka" in dims["message"]
     same = _post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 384})

@@ -154,5 +154,6 @@ def test_rerank_orders_by_cosine_similarity(http):
     top = http.post("/v1/rerank", json={**body, "top_n": 2, "return_documents": False}).json()
     assert [x["index"] for x in top["results"]] == [3, 1] and "document" not in top["results"][0]
     for bad, param in (({"top_n": 0}, "top_n"), ({"query": ""}, "query"), ({"documents": []}, "documents"),
-                       ({"documents": ["north", 3]}, "documents")):
+                       ({"documents": ["north", 3]}, "documents"), ({"query": "north up east down"}, "query"),
+                       ({"documents": ["north", "up up up up"]}, "documents")):
         assert error_of(http.post("/v1/rerank", json={**body, **bad}), 400)["param"] == param
