@@ -238,7 +238,7 @@ def _model_options(command):
                           "Chats are rendered by the worker with it."),
         click.option("--pooling", type=click.Choice(POOLING_MODES), default=None, show_envvar=True,
                      help="Serve the model as an embedding model (/v1/embeddings, /v1/rerank), pooling its last "
-                          "hidden states so: last (a decoder's usual) or mean, normalised; for a "
+                          "hidden states so: last (a decoder's usual), mean or cls, normalised; for a "
                           "sentence-transformers folder (e.g. all-minilm-l6-v2, which embeds without this "
                           "option) it replaces the folder's mode. Default: generation, but for such a folder."),
     ]):
