@@ -16,6 +16,7 @@ all-MiniLM-L6-v2 (fp32, CPU), a simulated generation worker and the gateway, for
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import httpx
@@ -26,7 +27,7 @@ import zmq
 pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
-from client import Client  # noqa: E402
+from client import AsyncClient, Client  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
@@ -114,13 +115,19 @@ def test_rerank_orders_by_cosine_similarity(cluster, reference):
     assert r["usage"]["total_tokens"] == sum(len(ids) for ids in reference.tokenizer([QUERY, *DOCUMENTS])["input_ids"])
 
 
-def test_the_python_client_embeds(cluster, reference):
+def test_the_python_clients_embed(cluster, reference):
     with Client(cluster.frontend, model=MODEL, name="test-embed") as c:
         handles = [c.embed(t) for t in TEXTS[:3]]
         c.run(60)
     want = reference.encode(TEXTS[:3], convert_to_numpy=True)
     assert all(h.finish_reason is FinishReason.STOP for h in handles)
     assert np.abs(np.array([h.embedding for h in handles]) - want).max() <= 1e-5
+
+    async def one() -> list[float]:
+        async with await AsyncClient.connect(cluster.frontend, model=MODEL, name="test-embed-async") as c:
+            return (await c.embed(TEXTS[1])).embedding
+
+    assert np.abs(np.array(asyncio.run(one())) - want[1]).max() <= 1e-5
 
 
 def test_bad_requests_are_openai_shaped_400s(cluster):
