@@ -137,7 +137,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
     generate = Generate(config, link, metrics, drain, tokenizers)
     service = ServiceEndpoints(link, metrics, drain)
     tokenize = TokenizeEndpoints(link, tokenizers, config.max_body_bytes)
-    embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes)
+    embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -51,6 +52,7 @@ from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
 from gateway.generate import parse_body
 from gateway.link import BrokerConnections
+from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response, new_id
 from gateway.schemas import _bad_type, _check_ids, _shown
 from protocol.embedding import cosine, pack, truncate, unpack
@@ -129,52 +131,68 @@ class RerankRequest(BaseModel):
 
 
 class EmbeddingEndpoints:
-    """The handlers, over the gateway's broker link (one shared client per model) and its drain."""
+    """The handlers, over the gateway's broker link (one shared client per model), its drain and its
+    metrics (``slotserve_http_requests_total`` and the latency by path, prompt tokens by model)."""
 
-    def __init__(self, link: BrokerConnections, drain: Drain, max_body_bytes: int) -> None:
+    def __init__(self, link: BrokerConnections, drain: Drain, max_body_bytes: int, metrics: GatewayMetrics) -> None:
         self.link = link
         self.drain = drain
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     async def embeddings(self, request: Request) -> Response:
-        try:
-            body = await self._parse(request, EmbeddingsRequest)
-            client = await self.link.client_for(body.model)
-            size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
-            inputs = _inputs(body.input)
-            vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs))
-            data = []
-            for i, raw in enumerate(vectors):
-                if size is not None:
-                    raw = pack(truncate(unpack(raw), size))
-                data.append({"object": "embedding", "index": i,
-                             "embedding": base64.b64encode(raw).decode() if body.encoding_format == "base64"
-                             else unpack(raw)})
-            return json_response({"object": "list", "data": data, "model": body.model,
-                                  "usage": {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}})
-        except APIError as e:
-            return error_response(e)
+        return await self._answer(request, self._embeddings)
 
     async def rerank(self, request: Request) -> Response:
+        return await self._answer(request, self._rerank)
+
+    async def _answer(self, request: Request, handler) -> Response:
+        """``handler(request) -> (body, model, prompt tokens)`` answered as JSON, or its APIError; observed."""
+        t0, path = time.monotonic(), request.scope["path"]
+        self.metrics.in_flight.inc()
         try:
-            body = await self._parse(request, RerankRequest)
-            if not body.query:
-                raise bad_request("query must not be empty", "query")
-            if body.top_n is not None and body.top_n < 1:
-                raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
-            client = await self.link.client_for(body.model)
-            vectors, tokens = await _embed(client, [body.query, *body.documents],
-                                           ["query"] + ["documents"] * len(body.documents))
-            query = unpack(vectors[0])
-            scores = [cosine(query, unpack(v)) for v in vectors[1:]]
-            order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
-            results = [{"index": i, "relevance_score": scores[i],
-                        **({"document": {"text": body.documents[i]}} if body.return_documents else {})}
-                       for i in order]
-            return json_response({"id": new_id("rerank"), "model": body.model,
-                                  "usage": {"total_tokens": sum(tokens)}, "results": results})
+            out, model, tokens = await handler(request)
         except APIError as e:
+            self.metrics.observe(path, e.status)
             return error_response(e)
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.observe(path, 200, latency_s=time.monotonic() - t0, model=model, prompt_tokens=tokens)
+        return json_response(out)
+
+    async def _embeddings(self, request: Request) -> tuple[dict, str, int]:
+        body = await self._parse(request, EmbeddingsRequest)
+        client = await self.link.client_for(body.model)
+        size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
+        inputs = _inputs(body.input)
+        vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs))
+        data = []
+        for i, raw in enumerate(vectors):
+            if size is not None:
+                raw = pack(truncate(unpack(raw), size))
+            data.append({"object": "embedding", "index": i,
+                         "embedding": base64.b64encode(raw).decode() if body.encoding_format == "base64"
+                         else unpack(raw)})
+        usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}
+        return {"object": "list", "data": data, "model": body.model, "usage": usage}, body.model, sum(tokens)
+
+    async def _rerank(self, request: Request) -> tuple[dict, str, int]:
+        body = await self._parse(request, RerankRequest)
+        if not body.query:
+            raise bad_request("query must not be empty", "query")
+        if body.top_n is not None and body.top_n < 1:
+            raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
+        client = await self.link.client_for(body.model)
+        vectors, tokens = await _embed(client, [body.query, *body.documents],
+                                       ["query"] + ["documents"] * len(body.documents))
+        query = unpack(vectors[0])
+        scores = [cosine(query, unpack(v)) for v in vectors[1:]]
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
+        results = [{"index": i, "relevance_score": scores[i],
+                    **({"document": {"text": body.documents[i]}} if body.return_documents else {})}
+                   for i in order]
+        return ({"id": new_id("rerank"), "model": body.model, "usage": {"total_tokens": sum(tokens)},
+                 "results": results}, body.model, sum(tokens))
 
     async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
         if self.drain.draining:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 import struct
 import threading
 
@@ -21,6 +22,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.drain import Drain  # noqa: E402
 from gateway.embeddings import MAX_INPUTS, EmbeddingEndpoints  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
 from protocol.embedding import pack  # noqa: E402
 from protocol.messages import ModelInfo  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
@@ -88,10 +90,20 @@ class Link:
         return ModelInfo(vocab_size=4, max_seq_len=3, has_tokenizer=True, embedding_size=4, matryoshka_dims=(2, 4))
 
 
+METRICS = GatewayMetrics()
+
+
+def sample(name: str, labels: str) -> float:
+    """One sample of :data:`METRICS` as ``/metrics`` renders it (0.0 when absent)."""
+    text = METRICS.render()
+    m = re.search(rf"^{name}{{{labels}}} (\S+)$", text.decode() if isinstance(text, bytes) else text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 @pytest.fixture
 def http():
     link = Link()
-    endpoints = EmbeddingEndpoints(link, Drain(), 1 << 20)
+    endpoints = EmbeddingEndpoints(link, Drain(), 1 << 20, METRICS)
     app = Starlette(routes=[Route("/v1/embeddings", endpoints.embeddings, methods=["POST"]),
                             Route("/v1/rerank", endpoints.rerank, methods=["POST"])])
     try:
@@ -102,7 +114,10 @@ def http():
 
 
 def test_float_base64_and_usage(http):
+    before = sample("slotserve_http_prompt_tokens_total", 'model="m"')
     r = http.post("/v1/embeddings", json={"model": "m", "input": ["north", "east up"]}).json()
+    assert sample("slotserve_http_prompt_tokens_total", 'model="m"') == before + 3  # (usage, in the metrics)
+    assert sample("slotserve_http_requests_total", 'endpoint="/v1/embeddings",status="200"') >= 1
     assert r["object"] == "list" and r["model"] == "m"
     assert [d["embedding"] for d in r["data"]] == [[0.0, 1.0, 0.0, 0.0], pytest.approx([1.0, 0.8, 0.6, 0.0])]
     assert [(d["object"], d["index"]) for d in r["data"]] == [("embedding", 0), ("embedding", 1)]
