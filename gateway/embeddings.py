@@ -31,7 +31,8 @@ a document's ``relevance_score`` is the **cosine similarity** of its embedding a
 document) pair in one forward, are not served. ``return_documents`` (default true, as vLLM)
 adds each document's text.
 
-Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503.
+Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503. A client
+that disconnects cancels the requests of its inputs (499 in the metrics), as for generation.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from client import Client
 from client.errors import RemoteError
 from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
-from gateway.generate import parse_body
+from gateway.generate import ClientGone, _Watch, parse_body
+from gateway.generation import Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response, new_id
@@ -155,6 +157,9 @@ class EmbeddingEndpoints:
         except APIError as e:
             self.metrics.observe(path, e.status)
             return error_response(e)
+        except (ClientGone, ClientDisconnect):  # (its requests were cancelled)
+            self.metrics.observe(path, 499)
+            return Response(status_code=499)
         finally:
             self.metrics.in_flight.dec()
         self.metrics.observe(path, 200, latency_s=time.monotonic() - t0, model=model, prompt_tokens=tokens)
@@ -165,7 +170,7 @@ class EmbeddingEndpoints:
         client = await self.link.client_for(body.model)
         size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
         inputs = _inputs(body.input)
-        vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs))
+        vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs), request)
         data = []
         for i, raw in enumerate(vectors):
             if size is not None:
@@ -184,7 +189,7 @@ class EmbeddingEndpoints:
             raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
         client = await self.link.client_for(body.model)
         vectors, tokens = await _embed(client, [body.query, *body.documents],
-                                       ["query"] + ["documents"] * len(body.documents))
+                                       ["query"] + ["documents"] * len(body.documents), request)
         query = unpack(vectors[0])
         scores = [cosine(query, unpack(v)) for v in vectors[1:]]
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
@@ -200,40 +205,33 @@ class EmbeddingEndpoints:
         return await parse_body(request, schema, self.max_body_bytes)
 
 
-async def _embed(client: Client, prompts: list, params: list[str]) -> tuple[list[bytes], list[int]]:
+async def _embed(client: Client, prompts: list, params: list[str], request: Request) -> tuple[list[bytes], list[int]]:
     """Each prompt's embedding (float32 bytes) and length in tokens, in order, through ``client``
     (the model's shared one), every request submitted at once. ``params``: the body field each prompt
     came from. Raises :class:`APIError`: the client's refusal (400), or the first failed request's
-    code (:func:`gateway.errors.from_remote`), naming that prompt's field; the requests not ended are
-    cancelled whatever happens (the HTTP request cancelled too)."""
-    loop = asyncio.get_running_loop()
-    all_done = loop.create_future()
-    left = len(prompts)
-
-    def count_down() -> None:  # (on the event loop)
-        nonlocal left
-        left -= 1
-        if left == 0 and not all_done.done():
-            all_done.set_result(None)
-
-    def one_done(seq) -> None:  # the client's callback thread
-        try:
-            loop.call_soon_threadsafe(count_down)
-        except RuntimeError:
-            pass  # the event loop is closed: nobody waits any more
-
-    handles = []
+    code (:func:`gateway.errors.from_remote`), naming that prompt's field; ClientGone when the HTTP
+    client disconnects first. The requests not ended are cancelled whatever happens."""
+    signal = Signal(asyncio.get_running_loop())
+    handles: list = []
+    watch = None
     try:
         try:
             for prompt in prompts:
-                handles.append(client.embed(prompt, one_done))
+                handles.append(client.embed(prompt, signal.poke))  # (the completion callback wakes the loop)
         except ValueError as e:  # refused at submission (the model is known: e.g. it generates)
             error = from_value_error(e, params[len(handles)])
             if error.param == "prompt":
                 error.param = params[len(handles)]
             raise error from None
-        await all_done
+        watch = _Watch(request, signal)
+        # (finish_reason is set before the completion callback runs: no poke is missed)
+        while not all(h.finish_reason is not None for h in handles):
+            await signal.wait()
+            if watch.gone:
+                raise ClientGone
     finally:
+        if watch is not None:
+            watch.stop()
         for h in handles:
             if h.finish_reason is None:
                 client.cancel(h.request_id)
