@@ -224,8 +224,12 @@ async def _embed(client: Client, prompts: list, params: list[str], request: Requ
                 error.param = params[len(handles)]
             raise error from None
         watch = _Watch(request, signal)
-        # (finish_reason is set before the completion callback runs: no poke is missed)
-        while not all(h.finish_reason is not None for h in handles):
+        # Until every request ended, or one failed (the answer is its error: the rest are cancelled).
+        # (finish_reason is set before the completion callback runs: no poke is missed.)
+        while True:
+            failed = next(((h, p) for h, p in zip(handles, params) if h.finish_reason not in _RUNNING_OR_STOP), None)
+            if failed is not None or all(h.finish_reason is not None for h in handles):
+                break
             await signal.wait()
             if watch.gone:
                 raise ClientGone
@@ -235,16 +239,21 @@ async def _embed(client: Client, prompts: list, params: list[str], request: Requ
         for h in handles:
             if h.finish_reason is None:
                 client.cancel(h.request_id)
-    for h, param in zip(handles, params):
-        if h.finish_reason is not FinishReason.STOP or h.embedding_bytes is None:
-            err = h.error
-            if isinstance(err, RemoteError):
-                error = from_remote(err.code, err.message, param)
-                if error.status == 400 and error.param is None:  # (e.g. context_length_exceeded: this prompt)
-                    error.param = param
-                raise error
-            raise APIError(500, f"an embedding request ended {h.finish_reason}: {err}", code="internal")
+    if failed is not None:
+        h, param = failed
+        err = h.error
+        if isinstance(err, RemoteError):
+            error = from_remote(err.code, err.message, param)
+            if error.status == 400 and error.param is None:  # (e.g. context_length_exceeded: this prompt)
+                error.param = param
+            raise error
+        raise APIError(500, f"an embedding request ended {h.finish_reason}: {err}", code="internal")
+    if any(h.embedding_bytes is None for h in handles):  # (a worker that broke the protocol)
+        raise APIError(500, "a worker ended an embedding request without its vector", code="model_error")
     return [h.embedding_bytes for h in handles], [h.prompt_tokens or 0 for h in handles]
+
+
+_RUNNING_OR_STOP = (None, FinishReason.STOP)
 
 
 def _inputs(value: str | list) -> list:
