@@ -413,9 +413,12 @@ def bench_fim(d: dict) -> str:
 
 @_bench("embeddings.json", "Embeddings")
 def bench_embeddings(d: dict) -> str:
-    rows = [[name, f"{rate:,.1f}", f"{statistics.median(d['seconds'][name]):.2f} s"]
+    ratios = d.get("ratios", {})
+    rows = [[name, f"{rate:,.1f}", f"{statistics.median(d['seconds'][name]):.2f} s",
+             f"{ratios[name]:.2f}x" if name in ratios else None]
             for name, rate in d["sentences_per_s"].items()]
-    return (_table(["system", "sentences/s (median)", "seconds per batch (median)"], rows)
+    return (_table(["system", "sentences/s (median)", "seconds per batch (median)", "vs sentence-transformers"],
+                   rows)
             + "\n\n" + f"Ratio slotserve / sentence-transformers {d['ratio']:.2f} (target >= {d['target_ratio']}); "
             f"largest difference between their vectors {d['max_abs_diff']:.1e} "
             f"(target <= {d['target_max_abs_diff']:g}). "
