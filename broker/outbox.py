@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from protocol.codec import encode
-from protocol.messages import Cancel, Finished, Logprobs, Message, Results, Started, Text
+from protocol.messages import Cancel, EmbeddingVector, Finished, Logprobs, Message, Results, Started, Text
 from protocol.request import RequestId
 
 
@@ -37,7 +37,7 @@ class Send:
 class ResultsDraft:
     """The parts of one client's ``results`` message while an event is handled."""
 
-    __slots__ = ("ids", "tokens", "texts", "finished", "started", "logprobs")
+    __slots__ = ("ids", "tokens", "texts", "finished", "started", "logprobs", "embeddings")
 
     def __init__(self) -> None:
         self.ids: list[RequestId] = []
@@ -46,6 +46,7 @@ class ResultsDraft:
         self.finished: list[Finished] = []
         self.started: list[Started] = []
         self.logprobs: list[Logprobs] = []
+        self.embeddings: list[EmbeddingVector] = []
 
 
 class Outbox:
@@ -79,7 +80,7 @@ class Outbox:
         for client, r in self.results.items():
             self.sends.append(Send(Side.FRONTEND, client, Results(
                 tuple(r.ids), tuple(r.tokens), tuple(r.texts), tuple(r.finished), tuple(r.started),
-                tuple(r.logprobs))))
+                tuple(r.logprobs), tuple(r.embeddings))))
         return self.sends
 
 

@@ -25,8 +25,8 @@ from broker.prefix import MIN_MATCH, PrefixRouter, prompt_key
 from broker.registry import LoadingWorker, WorkerRegistry, WorkerState
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import (
-    Assign, Bye, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register, Started,
-    Text, Welcome,
+    Assign, Bye, EmbeddingVector, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Logprobs, Message, Register,
+    Started, Text, Welcome,
 )
 from protocol.request import RequestParams
 
@@ -163,7 +163,7 @@ class WorkerHandler:
 
     def iteration(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
         """One engine iteration of ``w``: its tokens, texts, prompt lengths,
-        logprobs and endings go to their clients; freed credits take queued requests."""
+        logprobs, embeddings and endings go to their clients; freed credits take queued requests."""
         w.progress_s = now
         if w.suspect:
             self._recovered(w, now, out)
@@ -192,6 +192,10 @@ class WorkerHandler:
             job = jobs.get(rec.request_id)
             if job is not None and job.worker == me and job.client is not None:
                 out.result(job.client).logprobs.append(rec._replace(request_id=job.rid))
+        for key, vector in msg.embeddings:  # (embedding requests: with their endings, below)
+            job = jobs.get(key)
+            if job is not None and job.worker == me and job.client is not None:
+                out.result(job.client).embeddings.append(EmbeddingVector(job.rid, vector))
         if msg.finished:
             self._endings(w, msg.finished, now, out)
             self.dispatch(w.model, now, out)

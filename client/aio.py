@@ -65,19 +65,30 @@ class AsyncClient:
         Arguments as :meth:`Client.submit_request` (no ``callback``); raises
         ValueError on bad input. Cancelling the awaiting task cancels the request.
         """
+        return await self._await(self.client.submit_request, (prompt, max_tokens), kw)
+
+    async def _await(self, submit, args: tuple, kw: dict) -> ClientHandle:
+        """``submit(*args, done, **kw)`` (a :class:`Client` method taking the completion callback
+        after its positional arguments), awaited to the request's end; its handle."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
         def done(seq) -> None:  # the client's callback thread
             _threadsafe(loop, _resolve, fut)
 
-        h = self.client.submit_request(prompt, max_tokens, done, **kw)
+        h = submit(*args, done, **kw)
         try:
             await fut
         except asyncio.CancelledError:
             self.client.cancel(h.request_id)
             raise
         return h
+
+    async def embed(self, prompt, **kw) -> ClientHandle:
+        """Send one embedding request and wait for its end; returns its handle (``embedding``,
+        ``finish_reason``, ``error``). Arguments as :meth:`Client.embed` (no ``callback``); raises
+        ValueError on bad input. Cancelling the awaiting task cancels the request."""
+        return await self._await(self.client.embed, (prompt,), kw)
 
     def stream(self, prompt, max_tokens, **kw) -> AsyncIterator[int]:
         """Yield each generated token as it arrives; a request that ends with an

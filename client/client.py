@@ -38,6 +38,7 @@ from protocol.enums import ErrorCode
 from protocol.messages import (
     Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
 )
+from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_seconds, as_text, check_callbacks
 
@@ -52,7 +53,8 @@ _LONGEST_ID = 2**64 - 1  # the request id that takes the most bytes as an int (a
 
 def _limits(info: ModelInfo | None) -> ModelLimits | None:
     """The submit-time checks for a model the broker described (None: not served yet)."""
-    return None if info is None else ModelLimits(info.vocab_size, info.max_seq_len, info.has_tokenizer)
+    return None if info is None else ModelLimits(info.vocab_size, info.max_seq_len, info.has_tokenizer,
+                                                 info.embedding_size is not None)
 
 
 _REFUSALS = (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE)
@@ -195,6 +197,28 @@ class Client:
         """
         return self.submit(RequestParams(prompt, max_tokens, **options), callback, on_token=on_token,
                            on_text=on_text, request_id=request_id)
+
+    def embed(self, prompt, callback: Callable[[list], object] | None = None, *, request_id=None,
+              **options) -> ClientHandle:
+        """Send one embedding request (``kind`` embed) for a model that embeds (a worker serving an
+        embedding model, :mod:`worker.embeddings`); return its handle at once: :meth:`submit_request`
+        for embeddings. ``prompt``: text, or token ids (used as given: no special token is added);
+        ``options``: ``priority``, ``timeout_s``. ``callback(prompt ids)`` runs once at the end.
+        Once it ended ``stop``, ``handle.embedding`` is the vector (floats; ``embedding_bytes`` the
+        little-endian float32 bytes), ``handle.usage.prompt_tokens`` its length in tokens; a request
+        that failed has ``finish_reason`` ``error`` and ``handle.error`` a
+        :class:`~client.RemoteError` with its code (``unsupported`` from a generation model,
+        ``context_length_exceeded`` for a prompt over the model's ``max_seq_len``)::
+
+            with Client(model="all-minilm-l6-v2") as c:
+                hs = [c.embed(text) for text in ["a cat", "a dog"]]
+                c.run()  # (or h.result() for each)
+                vectors = [h.embedding for h in hs]
+
+        Raises as :meth:`submit_request` (ValueError for a generation option, which an embedding
+        does not take; UnsupportedError when the model is known to generate)."""
+        return self.submit(RequestParams(prompt, 1, kind=RequestKind.EMBED, **options), callback,
+                           request_id=request_id)
 
     def submit(self, params: RequestParams, callback: Callable[[list], object] | None = None, *,
                on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,

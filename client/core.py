@@ -121,7 +121,7 @@ class ClientCore:
         Entries for requests not open are dropped. The prompt lengths
         (``started``) are set on every request's handle here, before any of
         its tokens is delivered, whichever thread delivers them; so are the
-        prompt's logprobs (the first to arrive: a resumed request's later
+        embeddings (before the endings), and the prompt's logprobs (the first to arrive: a resumed request's later
         ones are ignored). Token logprobs go with their tokens.
 
         The I/O thread calls it without the lock: it alone delivers to these
@@ -134,6 +134,10 @@ class ClientCore:
                 h._prompt_tokens = n
                 if cached is not None:
                     h._cached_tokens = cached
+        for rid, vector in msg.embeddings:  # (embedding requests, before their endings below)
+            h = handles.get(rid)
+            if h is not None:
+                h.embedding_bytes = vector
         logprobs = _logprobs(msg.logprobs, handles) if msg.logprobs else ()
         ids, tokens, texts, finished, endings = [], [], [], [], []
         for rid, t in zip(msg.ids, msg.tokens):

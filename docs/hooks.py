@@ -29,6 +29,7 @@ import inspect
 import io
 import json
 import re
+import statistics
 import tokenize
 from pathlib import Path
 from typing import Any, Callable
@@ -408,6 +409,21 @@ def bench_fim(d: dict) -> str:
                     "ratio"], rows)
             + f"\n\n`{d['model']}`, {d['cases']} cases, `n_predict` {d['n_predict']}, {d['threads']} thread(s); "
             f"{d['files']} files x {d['keys']} keystrokes. Load {_run_load(d)}.")
+
+
+@_bench("embeddings.json", "Embeddings")
+def bench_embeddings(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    rows = [[name, f"{rate:,.1f}", f"{statistics.median(d['seconds'][name]):.2f} s",
+             f"{ratios[name]:.2f}x" if name in ratios else None]
+            for name, rate in d["sentences_per_s"].items()]
+    return (_table(["system", "sentences/s (median)", "seconds per batch (median)", "vs sentence-transformers"],
+                   rows)
+            + "\n\n" + f"Ratio slotserve / sentence-transformers {d['ratio']:.2f} (target >= {d['target_ratio']}); "
+            f"largest difference between their vectors {d['max_abs_diff']:.1e} "
+            f"(target <= {d['target_max_abs_diff']:g}). "
+            f"`{d['model']}`, {d['sentences']:,} sentences ({d['tokens']:,} tokens), {d['slots']} slots, "
+            f"{d['threads']} threads, {d['rounds']} rounds; {d['path']}. Load {_run_load(d)}.")
 
 
 @_bench("prefix.json", "Prefix caching")

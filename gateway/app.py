@@ -6,6 +6,8 @@
   (:mod:`gateway.responses_api`); ``POST /v1/messages`` and ``/v1/messages/count_tokens``:
   Anthropic's Messages API (:mod:`gateway.messages_api`); both translations onto the chat path.
 - ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`).
+- ``POST /v1/embeddings``, ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): embeddings and
+  bi-encoder reranking with an embedding model (:mod:`gateway.embeddings`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
@@ -38,6 +40,7 @@ from starlette.routing import Route
 from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
+from gateway.embeddings import EmbeddingEndpoints
 from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
@@ -152,6 +155,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
                                                            config.responses_store_max_age_s))
     messages = MessagesEndpoints(generate, tokenize)
     control = ModelControl(model_orders, config.on_demand_models, config.max_body_bytes)
+    embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -177,6 +181,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
+        *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/models/load", control.load, methods=["POST"]),
         Route("/models/unload", control.unload, methods=["POST"]),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -216,12 +216,7 @@ class Generate:
         self.drain.discard(call)
 
     async def _parse(self, request: Request, schema: type[_Sampling], tr: Translation | None = None) -> _Sampling:
-        _check_json_body_headers(request.headers)
-        raw = await read_body(request, self.config.max_body_bytes)
-        try:
-            body = schema.model_validate_json(raw) if tr is None else tr.chat_body(raw)
-        except ValidationError as e:
-            raise from_validation(e.errors(include_url=False, include_context=False)) from None
+        body = await parse_body(request, schema, self.config.max_body_bytes, None if tr is None else tr.chat_body)
         name = body.unsupported()
         if name is not None:
             raise unsupported(name, f"'{name}' is not supported by slotserve; leave it out")
@@ -515,6 +510,19 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def parse_body(request: Request, schema: type[BaseModel], limit: int, parse=None) -> BaseModel:
+    """The request's JSON body as ``schema`` (a pydantic model; ``parse(raw)`` instead when given: a
+    translation's own, :mod:`gateway.translation`): 400 for a body declared as anything but JSON
+    (:func:`_check_json_body_headers`) or one ``schema`` refuses (:func:`gateway.errors.from_validation`),
+    413 past ``limit`` bytes (:func:`read_body`). Every endpoint's body is read so."""
+    _check_json_body_headers(request.headers)
+    raw = await read_body(request, limit)  # (never more than the limit in memory)
+    try:
+        return schema.model_validate_json(raw) if parse is None else parse(raw)
+    except ValidationError as e:
+        raise from_validation(e.errors(include_url=False, include_context=False)) from None
 
 
 def _not_plain_json(detail: str) -> APIError:

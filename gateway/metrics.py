@@ -9,7 +9,8 @@
   the generation (end to end, as the gateway sees it).
 - ``slotserve_http_prompt_tokens_total{model}`` / ``slotserve_http_completion_tokens_total{model}``:
   tokens in the ``usage`` the gateway reported (completion tokens also when
-  ``usage`` was null because a prompt's length was unknown).
+  ``usage`` was null because a prompt's length was unknown; embeddings and
+  rerank count their inputs' tokens as prompt tokens).
 - ``slotserve_http_cached_tokens_total{model}``: of those prompt tokens, the ones
   reported as ``usage.prompt_tokens_details.cached_tokens`` (taken from a worker's
   prefix cache); the broker's ``slotserve_prefix_cache_*`` series count per worker.

@@ -30,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, from_validation, from_value_error, unavailable
+from gateway.errors import APIError, bad_request, from_value_error, unavailable
 from gateway.link import BrokerConnections
 from gateway.options import chat_messages, template_option
 from gateway.responses import error_response, json_response
@@ -103,14 +102,9 @@ class TokenizeEndpoints:
             return error_response(e)
 
     async def _parse(self, request: Request, schema):
-        from gateway.generate import _check_json_body_headers, read_body
+        from gateway.generate import parse_body
 
-        _check_json_body_headers(request.headers)
-        raw = await read_body(request, self.max_body_bytes)  # (never more than the limit in memory)
-        try:
-            return schema.model_validate_json(raw)
-        except ValidationError as e:
-            raise from_validation(e.errors(include_url=False, include_context=False)) from None
+        return await parse_body(request, schema, self.max_body_bytes)
 
     async def _tokenizer(self, model: str | None) -> tuple[str, Tokenizer]:
         """The model a request names (or the one served) and its tokenizer; 400/404/503 else."""

@@ -1,5 +1,5 @@
 """slotserve wire contract: message types, codec, version, validation, codes."""
 
-from protocol.enums import ErrorCode, FinishReason
+from protocol.enums import ErrorCode, FinishReason, RequestKind
 
-__all__ = ["ErrorCode", "FinishReason"]
+__all__ = ["ErrorCode", "FinishReason", "RequestKind"]

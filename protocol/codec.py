@@ -48,7 +48,7 @@ from protocol.defaults import MAX_MESSAGE_BYTES
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
-from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Message, Op, Rejected
+from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Iteration, Message, Op, Rejected, Results
 from protocol.request import _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
 
 _count_of = operator.countOf
@@ -63,10 +63,13 @@ Decoder = Callable[[Any, str], Any]
 
 def encode(msg: Message) -> bytes:
     """Serialize ``msg`` to one msgpack frame (bytes), adding ``v`` and ``op``. The envelopes of a
-    ``submit`` or ``assign`` go as :func:`_wire_envelope` puts them (their trailing defaults left out)."""
+    ``submit`` or ``assign`` go as :func:`_wire_envelope` puts them (their trailing defaults left out);
+    an ``iteration`` or ``results`` without embeddings leaves its ``embeddings`` field out."""
     d = {"v": PROTOCOL_VERSION, "op": msg.op.value}
     for name in _FIELDS[type(msg)]:
         d[name] = getattr(msg, name)
+    if type(msg) in _TOKEN_BATCHES and not msg.embeddings:  # (left out when empty: see _TOKEN_BATCHES)
+        del d["embeddings"]
     if type(msg) in _WITH_ENVELOPES:  # (_wire_envelope's common case inline: once per request on every hop)
         d["requests"] = [(e[0], p[:3]) if type(e) is Envelope and type(p := e[1]) is RequestParams
                          and p[3:] == _AFTER_STOP_DEFAULTS and e[3] is None and e[2] == () else _wire_envelope(e)
@@ -146,7 +149,7 @@ def peek_request_ids(data: bytes) -> list:
     """Best effort: the request ids named in a frame that failed to decode
     (too large, malformed, an invalid field): the ``requests`` of a
     ``submit`` / ``assign``, the ``ids``, ``texts``, ``finished``, ``started`` and ``logprobs`` of an
-    ``iteration`` / ``results``, the ``request_ids`` of a ``cancel`` / ``error``.
+    ``iteration`` / ``results`` (and ``embeddings``), the ``request_ids`` of a ``cancel`` / ``error``.
 
     Lets the receiver end exactly those requests with the decoding error
     instead of leaving them waiting. Reads the frame as a stream, keeping
@@ -177,7 +180,7 @@ def peek_request_ids(data: bytes) -> list:
     return list(ids)
 
 
-_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started", "logprobs"})
+_RECORD_LISTS = frozenset({"requests", "texts", "finished", "started", "logprobs", "embeddings"})
 _ID_LISTS = frozenset({"ids", "request_ids"})
 
 
@@ -402,7 +405,7 @@ def _as_is_types(tp: Any) -> frozenset[type]:
     and request ids that are strings for their length)."""
     if tp == RequestId:
         return frozenset({int})
-    if tp in (int, str, bool, type(None)):
+    if tp in (int, str, bool, bytes, type(None)):
         return frozenset({tp})
     if typing.get_origin(tp) in (Union, types.UnionType):
         return frozenset().union(*(_as_is_types(arm) for arm in typing.get_args(tp)))
@@ -502,7 +505,7 @@ def _decoder(tp: Any) -> Decoder:
         return _envelope
     if tp is TokenLogprob:
         return _token_logprob
-    if tp in (int, str, bool):
+    if tp in (int, str, bool, bytes):
         return _exact(tp)
     if tp is float:
         return _float
@@ -535,3 +538,6 @@ _WITH_ENVELOPES = frozenset(cls for cls in MESSAGE_TYPES.values()
                             if typing.get_type_hints(cls).get("requests") == tuple[Envelope, ...])
 """The message types whose ``requests`` are envelopes (``submit``, ``assign``): see :func:`encode`."""
 _DECODERS = {cls: _message(cls) for cls in MESSAGE_TYPES.values()}
+_TOKEN_BATCHES = frozenset({Iteration, Results})
+"""The messages whose ``embeddings`` (protocol v10) is left out when empty, as the decoder defaults it:
+a generation worker's iterations, by far the most frequent messages, stay the size they were in v9."""

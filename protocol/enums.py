@@ -31,6 +31,23 @@ class FinishReason(str, enum.Enum):
         return self.value
 
 
+class RequestKind(str, enum.Enum):
+    """What a request asks of its model (the request field ``kind``).
+
+    - ``GENERATE``: generated tokens (completions, chat): a decoder's slot loop.
+    - ``EMBED``: the prompt's pooled embedding and no token (``/v1/embeddings``): one
+      forward of an embedding model (an encoder, or a decoder with ``--pooling``; see
+      ``worker.embedding``). A worker serves one kind; a request of the other kind ends
+      ``unsupported`` there.
+    """
+
+    GENERATE = "generate"
+    EMBED = "embed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ErrorCode(str, enum.Enum):
     """Error codes carried by error replies and failed requests on the wire."""
 
@@ -43,7 +60,8 @@ class ErrorCode(str, enum.Enum):
     QUEUE_FULL = "queue_full"            # admission refused: the model's queue is at its bound
     DUPLICATE_REQUEST = "duplicate_request"
     UNKNOWN_MODEL = "unknown_model"      # no worker ever registered this model, nor is one loading it
-    UNSUPPORTED = "unsupported"          # e.g. a text prompt for a model without a tokenizer
+    UNSUPPORTED = "unsupported"          # e.g. a text prompt for a model without a tokenizer, or a request
+    #                                      kind the worker does not serve (an embedding for a generation model)
     WORKER_FAILED = "worker_failed"      # the request failed on too many workers in a row
     MODEL_ERROR = "model_error"          # the model raised while running the request
     SLOW_CONSUMER = "slow_consumer"      # the client stopped reading; its requests were failed

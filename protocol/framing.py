@@ -128,7 +128,8 @@ def split(msg: Message) -> tuple[Message, Message] | None:
                            tuple(x for x in msg.texts if keep(x.request_id)),
                            tuple(f for f in msg.finished if keep(f.request_id)),
                            tuple(x for x in msg.started if keep(x.request_id)),
-                           tuple(x for x in msg.logprobs if keep(x.request_id))))
+                           tuple(x for x in msg.logprobs if keep(x.request_id)),
+                           tuple(x for x in msg.embeddings if keep(x.request_id))))
         return parts[0], parts[1]
     return None
 
@@ -148,12 +149,12 @@ def _split_one(msg: Iteration | Results) -> tuple[Message, Message] | None:
         h, k = len(ids) // 2, len(texts) // 2
         first, rest = _split_logprobs(msg.logprobs, h)
         return (t(ids[:h], tokens[:h], texts[:k], (), started, first),
-                t(ids[h:], tokens[h:], texts[k:], finished, (), rest))
+                t(ids[h:], tokens[h:], texts[k:], finished, (), rest, msg.embeddings))
     if texts and len(texts[0].text) > 1:
         (piece,) = texts
         h = len(piece.text) // 2
         return (t(ids, tokens, (piece._replace(text=piece.text[:h]),), (), started, msg.logprobs),
-                t(texts=(piece._replace(text=piece.text[h:]),), finished=finished))
+                t(texts=(piece._replace(text=piece.text[h:]),), finished=finished, embeddings=msg.embeddings))
     return None
 
 
@@ -186,5 +187,6 @@ def request_ids(msg: Message) -> list[RequestId]:
         ids.update(dict.fromkeys(f.request_id for f in msg.finished))
         ids.update(dict.fromkeys(x.request_id for x in msg.started))
         ids.update(dict.fromkeys(x.request_id for x in msg.logprobs))
+        ids.update(dict.fromkeys(x.request_id for x in msg.embeddings))
         return list(ids)
     return []

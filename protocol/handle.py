@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from protocol.embedding import unpack
 from protocol.enums import FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
@@ -60,11 +61,15 @@ class RequestHandle:
     - ``prompt_logprobs``: None unless the request asked (``params.prompt_logprobs``) and its
       prompt was prefilled; then one entry per prompt token, the first None (nothing before it),
       set before the first generated token's ``on_token``.
+    - ``embedding``: for an embedding request (``params.kind`` embed), its vector (a list of
+      floats, float32 precision) once it ended ``stop``; else None. ``embedding_bytes``: the same
+      as little-endian float32 bytes (:mod:`protocol.embedding`).
     - ``done()``, ``result(timeout)``: see there.
     """
 
     __slots__ = ("request_id", "params", "submitted_s", "first_token_s", "finished_s", "_prompt_tokens",
-                 "_cached_tokens", "_finish_reason", "_stop_reason", "_error", "_done", "logprobs", "prompt_logprobs")
+                 "_cached_tokens", "_finish_reason", "_stop_reason", "_error", "_done", "logprobs", "prompt_logprobs",
+                 "embedding_bytes")
 
     def __init__(self, request_id: RequestId, params: RequestParams, submitted_s: float,
                  prompt_tokens: int | None) -> None:
@@ -81,6 +86,7 @@ class RequestHandle:
         self._done = False
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.embedding_bytes: bytes | None = None
 
     # ---- filled in by the owner's handle class
 
@@ -117,6 +123,11 @@ class RequestHandle:
     @property
     def usage(self) -> Usage:
         return Usage(self._prompt_tokens, len(self.tokens))
+
+    @property
+    def embedding(self) -> list[float] | None:
+        """The embedding's values (see the class docstring), or None."""
+        return None if self.embedding_bytes is None else unpack(self.embedding_bytes)
 
     @property
     def prompt_tokens(self) -> int | None:

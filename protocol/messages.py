@@ -63,10 +63,13 @@ array of its fields), token ``logprobs`` in ``iteration`` and ``results``. 7: ``
 would the request field ``tools`` and a chat message's ``tool_calls``, which came in the same version).
 8: ``runs`` in :class:`ModelInfo` (what the worker runs: precision and kernels), a field a v7 peer
 would refuse to decode. 9: the request field ``clamp_max_tokens`` (a default budget the context
-lowers), which a v8 peer would refuse to decode. 10: the request field ``chat_template_kwargs``
-(extra chat template variables), a chat message's ``tool_call_id`` and ``name`` (its wire array
-``[role, content, tool_calls, tool_call_id, name]``) and ``reasoning`` in :class:`ModelInfo` (the
-model's thinking format), which a v9 peer would refuse to decode.
+lowers), which a v8 peer would refuse to decode. 10: embeddings: the request field ``kind``
+(:class:`~protocol.enums.RequestKind`), :class:`EmbeddingVector` records (``embeddings``) in ``iteration``
+and ``results``, and :class:`ModelInfo`'s ``embedding_size`` and ``matryoshka_dims``; the request field
+``chat_template_kwargs`` (extra chat template variables); a chat message's ``tool_call_id`` and ``name``
+(its wire array ``[role, content, tool_calls, tool_call_id, name]``); and ``reasoning`` in
+:class:`ModelInfo` (the model's thinking format): fields a v9 peer would refuse to decode (and a v9
+worker would take an embedding request for a generation one).
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -207,6 +210,17 @@ class Text(NamedTuple):
     text: str
 
 
+class EmbeddingVector(NamedTuple):
+    """One request's embedding (inside ``iteration`` and ``results``, in the message that ends it):
+    ``vector``, the pooled (and, as the model's configuration says, normalised) embedding of its
+    prompt as little-endian float32 values, 4 bytes each (``embedding_size`` of them; what OpenAI's
+    ``encoding_format: "base64"`` encodes). Sent once, just before the request's ``finished`` entry,
+    by a worker serving an embedding model (``kind`` embed)."""
+
+    request_id: RequestId
+    vector: bytes
+
+
 class ModelInfo(NamedTuple):
     """What a worker's model accepts (from ``register``, shown in ``welcome``).
 
@@ -217,6 +231,13 @@ class ModelInfo(NamedTuple):
     - ``runs``: what the worker runs the model as, for people (``/v1/models``, ``status``): the
       precision and the linears' kinds, e.g. ``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel,
       AMX-BF16)"``; ``""`` when the model does not say.
+    - ``embedding_size``: for an embedding model (its requests are ``kind`` embed), the length of
+      its embeddings (floats); None for a generation model. ``max_seq_len`` is then the longest
+      prompt it embeds.
+    - ``matryoshka_dims``: the shorter lengths an embedding may be cut to (OpenAI's ``dimensions``:
+      the first values, renormalised), for a model trained so (Matryoshka representation learning,
+      Kusupati et al. 2022): the checkpoint's ``matryoshka_dimensions`` (as vLLM reads them), or
+      every length when it says only ``is_matryoshka``; ``()`` for any other model (no cut).
     - ``reasoning``: how its chat template lets the model think, as a reasoning parser's name
       (``"deepseek_r1"``, ``"qwen3"``; :mod:`gateway.reasoning`), ``""`` for none: the parser the
       gateway uses for it unless ``--reasoning-parser`` says otherwise.
@@ -227,6 +248,8 @@ class ModelInfo(NamedTuple):
     eos_token_ids: tuple[int, ...] = ()
     has_tokenizer: bool = False
     runs: str = ""
+    embedding_size: int | None = None
+    matryoshka_dims: tuple[int, ...] = ()
     reasoning: str = ""
 
 
@@ -396,6 +419,8 @@ class _TokenBatch(_Message):
     - ``logprobs``: the token log-probabilities of the requests that ask for
       them (:class:`Logprobs`): for each request with entries, its records'
       entries cover its tokens in this message exactly, in order (checked).
+    - ``embeddings``: the embeddings of the embedding requests that end in this
+      message (:class:`EmbeddingVector`), each before its ``finished`` entry is applied.
     """
 
     ids: tuple[RequestId, ...] = ()
@@ -404,6 +429,7 @@ class _TokenBatch(_Message):
     finished: tuple[Finished, ...] = ()
     started: tuple[Started, ...] = ()
     logprobs: tuple[Logprobs, ...] = ()
+    embeddings: tuple[EmbeddingVector, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
@@ -563,6 +589,10 @@ class Register(_Message):
             raise ValueError(f"need info.vocab_size and info.max_seq_len >= 1 or None, got {vocab}, {seq}")
         if eos and (min(eos) < 0 or (vocab is not None and max(eos) >= vocab)):
             raise ValueError(f"info.eos_token_ids must lie in [0, vocab_size), got {eos!r:.80}")
+        size, dims = self.info.embedding_size, self.info.matryoshka_dims
+        if (size is not None and size < 1) or (dims and (size is None or min(dims) < 1 or max(dims) > size)):
+            raise ValueError(f"need info.embedding_size >= 1 or None, and info.matryoshka_dims in [1, embedding_size], "
+                             f"got {size}, {dims!r:.80}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from itertools import compress as _compress
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
+from protocol.enums import RequestKind
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
@@ -525,6 +526,15 @@ def _input_extra(value: object, field: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _kind(value: object, field: str) -> str:
+    """A :class:`~protocol.enums.RequestKind`'s value, as a plain ``str`` (the wire's type, so a
+    decoded request is the built one, field types included); compare it with the enum's members."""
+    try:
+        return RequestKind(value).value
+    except ValueError:
+        raise ValueError(f"{field} must be one of {[k.value for k in RequestKind]}, got {value!r:.40}") from None
+
+
 # --------------------------------------------------------------------------- the definition
 
 
@@ -605,6 +615,12 @@ class _Fields(NamedTuple):
     # llama.cpp's chat_template_kwargs, e.g. {"enable_thinking": false} for Qwen3; the HTTP gateway puts
     # reasoning_effort here too), passed to transformers' apply_chat_template by the worker. Needs a chat
     # prompt. Names the renderer sets itself are refused (TEMPLATE_RESERVED).
+    kind: Annotated[str, _kind] = RequestKind.GENERATE.value
+    # "generate" (tokens) or "embed": the prompt's pooled embedding and no token, from a worker serving an
+    # embedding model (an embedding request to a generation worker, or the reverse, ends "unsupported").
+    # An embedding takes a token-id or text prompt (its ids as given: no special token added; a text is
+    # tokenised with them), max_tokens 1, and no generation option; its prompt must fit the model's
+    # max_seq_len (context_length_exceeded otherwise: never truncated).
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -849,7 +865,25 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
             raise ValueError("input_extra needs a suffix (fill in the middle)")
     elif type(params.prompt) is not str:
         raise ValueError("suffix needs a text prompt (the code before the gap), not token ids or chat messages")
+    if params.kind == RequestKind.EMBED:
+        _check_embed(params)
     return params
+
+
+_EMBED_FIELDS = frozenset({"prompt", "max_tokens", "stop_token", "priority", "timeout_s", "kind"})
+"""The fields an embedding request may set (the others are generation options)."""
+
+
+def _check_embed(params: RequestParams) -> None:
+    """The rules of an embedding request (``kind`` embed): ValueError naming what does not apply."""
+    if type(params.prompt) is not str and type(params.prompt[0]) is not int:
+        raise ValueError("prompt: an embedding takes text or token ids, not chat messages")
+    if params.max_tokens != 1:
+        raise ValueError(f"max_tokens: an embedding generates no token; send max_tokens=1, got {params.max_tokens}")
+    given = [name for name, _, default in _CHECKS if name not in _EMBED_FIELDS and getattr(params, name) != default]
+    if given:
+        raise ValueError(f"{given[0]}: a generation option, which an embedding request (kind 'embed') cannot "
+                         f"take; leave {', '.join(given)} out")
 
 
 def split_stop(value: object) -> tuple[list[str], list[Any]]:
@@ -895,16 +929,18 @@ class ModelLimits:
     """What a model accepts: token ids in ``[0, vocab_size)``, prompt +
     ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded), and text
     (text or chat prompts, text stop strings) only when ``has_tokenizer``
-    (None: unknown, not checked). Built once per model (an engine, a client
-    that knows the model); immutable."""
+    (None: unknown, not checked), and requests of its kind only: embeddings
+    (``kind`` embed) when ``embeds``, generation when not (None: unknown).
+    Built once per model (an engine, a client that knows the model); immutable."""
 
-    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "_token_ids")
+    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "embeds", "_token_ids")
 
     def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None,
-                 has_tokenizer: bool | None = None) -> None:
+                 has_tokenizer: bool | None = None, embeds: bool | None = None) -> None:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
         self.has_tokenizer = has_tokenizer
+        self.embeds = embeds
         # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
         # faster than max() (measured); none past 2**18 ids (the set's memory).
         self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
@@ -912,9 +948,17 @@ class ModelLimits:
     def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
         """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
         a ValueError, when it needs a tokenizer the model lacks; :class:`~protocol.errors.ContextLengthError`,
-        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``). ``prompt_len``: the
-        prompt's length in tokens when it is text (known once tokenised; None
+        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``, or an embedding's prompt
+        alone does; UnsupportedError too for a request of the kind the model does not serve).
+        ``prompt_len``: the prompt's length in tokens when it is text (known once tokenised; None
         skips the context check for text)."""
+        embeds = self.embeds
+        if embeds is not None and (params.kind == RequestKind.EMBED) is not embeds:
+            raise UnsupportedError(
+                "this model is an embedding model and generates no tokens: send completions and chats to a "
+                "generation model, and embeddings (kind 'embed', /v1/embeddings) here" if embeds else
+                "this model generates text and gives no embeddings: send embedding requests to an embedding "
+                "model (a sentence-transformers folder such as all-minilm-l6-v2, or a model served with --pooling)")
         vocab_size = self.vocab_size
         prompt = params.prompt
         if type(prompt) is not str and type(prompt[0]) is int:
@@ -938,6 +982,11 @@ class ModelLimits:
             raise ValueError(f"logit_bias holds token id {params.logit_bias[-1][0]}, outside the model's "
                              f"vocabulary [0, {vocab_size})")
         max_seq_len = self.max_seq_len
+        if params.kind == RequestKind.EMBED:  # (no token is generated: the prompt alone must fit)
+            if max_seq_len is not None and prompt_len is not None and prompt_len > max_seq_len:
+                raise ContextLengthError(f"input ({prompt_len} tokens) exceeds the model's maximum of {max_seq_len} "
+                                         "tokens per embedding; shorten it or split it into several inputs")
+            return
         if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
             if prompt_len < max_seq_len:
                 return  # (the engine lowers max_tokens to what the context leaves: fit())

@@ -175,17 +175,18 @@ def _plan_workers(model: str, workers: int | None, model_options):
 
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
-    --prefix-cache-mb/--kv-cache-dtype/--max-model-len/--chat-template, passed on as one ``model_options``."""
+    --prefix-cache-mb/--kv-cache-dtype/--max-model-len/--chat-template/--pooling, passed on as one ``model_options``."""
     from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
-    from worker.models.options import DEFAULT_MAX_MODEL_LEN, KV_CACHE_DTYPES
+    from worker.models.options import DEFAULT_MAX_MODEL_LEN, KV_CACHE_DTYPES, POOLING_MODES
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
-                     prefix_cache_mb, kv_cache_dtype, max_model_len, chat_template, **kwargs):
+                     prefix_cache_mb, kv_cache_dtype, max_model_len, chat_template, pooling, **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
                           cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb,
-                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, chat_template=chat_template)
+                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, chat_template=chat_template,
+                          pooling=pooling)
         return command(*args, model_options=options, **kwargs)
 
     for option in reversed([
@@ -235,6 +236,11 @@ def _model_options(command):
                      help="A Jinja chat template replacing the model's (a file's path, or the template itself; "
                           "vLLM's and llama.cpp's --chat-template): for a model that has none, or to change it. "
                           "Chats are rendered by the worker with it."),
+        click.option("--pooling", type=click.Choice(POOLING_MODES), default=None, show_envvar=True,
+                     help="Serve the model as an embedding model (/v1/embeddings, /v1/rerank), pooling its last "
+                          "hidden states so: last (a decoder's usual), mean or cls, normalised; for a "
+                          "sentence-transformers folder (e.g. all-minilm-l6-v2, which embeds without this "
+                          "option) it replaces the folder's mode. Default: generation, but for such a folder."),
     ]):
         with_options = option(with_options)
     return with_options

@@ -92,7 +92,8 @@ class BatchInferenceEngine:
         self._grammars = getattr(model, "grammars", None) if self._slot_aware else None  # worker.models.grammar
         self._gives_logprobs = self._slot_aware and getattr(model, "gives_logprobs", False) is True
         self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
-                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None)
+                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None,
+                                   embeds=False)
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:
@@ -153,7 +154,7 @@ class BatchInferenceEngine:
 
         Raises ValueError on bad input (:class:`~protocol.errors.UnsupportedError`
         for text -- a text prompt, ``stop`` strings, ``on_text`` -- on a model
-        without a tokenizer; a plain ValueError naming the field for
+        without a tokenizer, and for an embedding request, ``kind`` embed; a plain ValueError naming the field for
         ``logprobs`` / ``prompt_logprobs`` on a model without ``gives_logprobs``), TypeError for an unknown option,
         DuplicateRequestError (a ValueError) when ``request_id`` is in flight,
         QueueFullError at ``max_queue``; in every case nothing is queued.

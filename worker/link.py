@@ -251,7 +251,7 @@ class BrokerLink:
             def joined(field: str) -> tuple:
                 return tuple(itertools.chain.from_iterable(getattr(it, field) for it in its))
             self.send(Iteration(joined("ids"), joined("tokens"), joined("texts"), joined("finished"),
-                                joined("started"), joined("logprobs")))
+                                joined("started"), joined("logprobs"), joined("embeddings")))
 
     def _receive(self) -> None:
         for _ in range(1024):

@@ -37,8 +37,8 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Envelope, Finished, Iteration, Logprobs, ModelInfo, PrefixCacheUsage, Rejected, \
-    Started, Text
+from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Logprobs, ModelInfo, \
+    PrefixCacheUsage, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.link import READY, STOP, WAKE, serve_broker
@@ -147,7 +147,13 @@ class WorkerProcess:
         stop = self.config.stop_token
         if stop == "model" and getattr(model, "eos_token_ids", None) is None:
             stop = None
-        self.engine = BatchInferenceEngine(model, self.config.num_slots, stop)
+        embedding_size = getattr(model, "embedding_size", None)
+        if embedding_size is not None:  # an embedding model: its requests run through an EmbeddingEngine
+            from worker.embeddings import EmbeddingEngine
+
+            self.engine = EmbeddingEngine(model, self.config.num_slots)
+        else:
+            self.engine = BatchInferenceEngine(model, self.config.num_slots, stop)
         self.tokenizer = getattr(model, "tokenizer", None)
         self.info = ModelInfo(
             vocab_size=getattr(model, "vocab_size", None),
@@ -156,6 +162,8 @@ class WorkerProcess:
             has_tokenizer=self.tokenizer is not None,
             runs=runs_of(model),
             reasoning=str(getattr(self.tokenizer, "reasoning_format", "") or ""),
+            embedding_size=embedding_size,
+            matryoshka_dims=tuple(getattr(model, "matryoshka_dims", ())),
         )
 
     # ------------------------------------------------------------------ main thread
@@ -230,7 +238,7 @@ class WorkerProcess:
     def _collect(self) -> tuple[int, Iteration] | None:
         """This iteration's ``iteration`` message, tagged with the registration
         epoch it belongs to (None when there is nothing to say)."""
-        ids, tokens, texts, finished = [], [], [], []
+        ids, tokens, texts, finished, embeddings = [], [], [], [], []
         with self._submit_lock:
             started = self._started() if self._unstarted else ()
             scores = self._scores() if self._scored else ()
@@ -248,13 +256,15 @@ class WorkerProcess:
             for eid in self._done:
                 live = self._live.pop(eid)
                 if not live.stale:
+                    if live.handle.embedding_bytes is not None:  # (an embedding request, before its ending)
+                        embeddings.append(EmbeddingVector(live.key, live.handle.embedding_bytes))
                     finished.append(_finished(live.key, live.handle))
             self._done.clear()
             epoch = self._epoch
         if not (ids or finished or texts):
             return None
         return epoch, Iteration(tuple(ids), tuple(tokens), tuple(texts), tuple(finished), tuple(started),
-                                tuple(scores))
+                                tuple(scores), tuple(embeddings))
 
     def _scores(self) -> list[Logprobs]:
         """(Under the submit lock, before this iteration's tokens are taken) the
@@ -427,8 +437,10 @@ def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, mod
 
 def runs_of(model) -> str:
     """What ``model`` runs as, for ``ModelInfo.runs``: slotserve's runner gives its precision and
-    linear kinds (``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel, AMX-BF16)"``); ``""`` otherwise."""
+    linear kinds (``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel, AMX-BF16)"``), an embedding model
+    its own ``runs`` (``"fp32: transformers BertModel, mean pooling, normalised"``); ``""`` otherwise."""
     weights = getattr(model, "weights", None)
     if weights is None or not hasattr(weights, "linear_kind"):
-        return ""
+        runs = getattr(model, "runs", "") if getattr(model, "embedding_size", None) is not None else ""
+        return runs[:200] if isinstance(runs, str) else ""
     return f"{weights.precision}: {weights.linear_kind}"[:200]

@@ -84,16 +84,23 @@ class WarmupReport:
 
 def needs_warmup(model) -> bool:
     """Whether ``model`` keeps state a warm-up sets up: slot-aware models do
-    (a KV cache, CUDA graphs, kernels by shape); stateless ones do not."""
-    return isinstance(model, SlotModel)
+    (a KV cache, CUDA graphs, kernels by shape), and so do embedding models
+    (kernels and allocator pools by shape); stateless ones do not."""
+    return isinstance(model, SlotModel) or getattr(model, "embedding_size", None) is not None
 
 
 def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -> WarmupReport:
     """Run the warm-up (see the module docstring) on ``engine``, which must be
     idle and not stepped by anyone else meanwhile; return when every warm-up
     request has ended and freed its slot. ``stop`` set: the requests left are
-    cancelled and end in the next step. Logs its duration at INFO."""
+    cancelled and end in the next step. Logs its duration at INFO.
+
+    An :class:`~worker.embeddings.EmbeddingEngine` (an embedding model) is warmed with one step
+    of ``batch_size`` requests instead: its forwards at full width, at two lengths (short and
+    :data:`PROMPT_TOKENS`), as a step of requests of mixed lengths makes them."""
     t0 = time.monotonic()
+    if getattr(engine.model, "embedding_size", None) is not None:
+        return _warm_up_embeddings(engine, stop, t0)
     tokenizer = getattr(engine.model, "tokenizer", None)
     on_text = (lambda piece: None) if tokenizer is not None else None  # (text is streamed, as the worker does)
     prompt, budget = _prompt(engine)
@@ -117,6 +124,20 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
     log.info("warm-up %s in %.2f s: %d iterations (a prefill alone, then %d of %d tokens at once), decode at "
              "batch sizes 1 to %d%s", "stopped" if stopped else "done", report.seconds, steps, engine.batch_size,
              len(short), engine.batch_size, f"; {failed} warm-up requests failed" if failed else "")
+    return report
+
+
+def _warm_up_embeddings(engine, stop: threading.Event | None, t0: float) -> WarmupReport:
+    """:func:`warm_up` of an :class:`~worker.embeddings.EmbeddingEngine` (see there)."""
+    limit = getattr(engine.model, "max_seq_len", None) or PROMPT_TOKENS
+    short, _ = _prompt(engine, min(BATCH_PROMPT_TOKENS, limit))
+    long, _ = _prompt(engine, min(PROMPT_TOKENS, limit), shift=1)
+    handles = [engine.submit_request(long if i % 2 else short, request_id=f"warmup-embed-{i}")
+               for i in range(engine.batch_size)]
+    steps, stopped = _drain(engine, handles, stop)
+    report = WarmupReport(time.monotonic() - t0, steps, engine.batch_size, _report_failures(handles), stopped)
+    log.info("warm-up %s in %.2f s: %d embedding requests in %d step(s)", "stopped" if stopped else "done",
+             report.seconds, engine.batch_size, steps)
     return report
 
 

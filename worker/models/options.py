@@ -16,6 +16,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
 RUNNERS = ("auto", "slotserve", "hf")
 CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+POOLING_MODES = ("last", "mean", "cls")
+"""``--pooling``: the modes of :data:`worker.models.pooling.MODES`, the decoders' usual one first."""
 """``--kv-cache-dtype`` (vLLM's flag name): the KV cache's element type; auto is the activations'."""
 
 DEFAULT_MAX_PREFILL_TOKENS = 512
@@ -83,6 +85,12 @@ class ModelOptions:
       ``--chat-template``): for a model whose file has none (the Gemma 3 GGUF) or
       to change it. None: the model's own. Read and parsed at load (ValueError
       for a file that is not there and text that is no Jinja, or a syntax error).
+    - ``pooling``: serve the model as an embedding model pooled so (``"last"``, ``"mean"``,
+      ``"cls"``; :mod:`worker.models.embedder`): a decoder's embeddings (vLLM's ``--task embed`` with
+      its pooler), or another mode for a sentence-transformers folder. None (default): a
+      sentence-transformers folder (e.g. ``all-minilm-l6-v2``) embeds with its own pooling, anything
+      else generates. An embedding model takes ``device``, ``precision`` (fp32 or bf16),
+      ``num_threads`` and ``max_model_len`` (the longest prompt); the decoder runner's options are refused.
 
     Raises ValueError for a value outside these sets.
     """
@@ -98,6 +106,7 @@ class ModelOptions:
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     chat_template: str | None = None
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
@@ -130,6 +139,8 @@ class ModelOptions:
                              "cache has the weights' dtype); use kv_cache_dtype='auto'")
         if self.runner == "hf" and self.precision in ("int8", "int4", "gguf"):
             raise ValueError(f"precision {self.precision} needs the slotserve runner, not runner=hf")
+        if self.pooling is not None and self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be None or one of {', '.join(POOLING_MODES)}; got {self.pooling!r}")
         if self.device == "cuda" and self.precision == "gguf":
             raise ValueError("precision gguf runs on CPU only (no CUDA kernel for the file's block formats); "
                              "on CUDA use bf16 (or auto)")

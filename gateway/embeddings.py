@@ -1,0 +1,286 @@
+"""``POST /v1/embeddings`` (OpenAI's shape) and ``POST /v1/rerank`` (Cohere's and Jina's shape, as vLLM and
+llama.cpp serve it).
+
+**/v1/embeddings**: ``{"model", "input", "encoding_format"?, "dimensions"?, "user"?}`` ->
+``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage":
+{"prompt_tokens", "total_tokens"}}`` (OpenAI's API reference, "Create embeddings").
+
+- ``input``: a string, a list of strings, a list of token ids, or a list of token-id lists (at
+  most :data:`MAX_INPUTS`); none may be empty. Token ids are embedded as given (no special token
+  added); text is tokenised by the worker with the model's special tokens (as sentence-transformers
+  does). One slotserve request per input, all submitted at once: the broker batches them with
+  everyone else's.
+- ``encoding_format``: ``"float"`` (default; JSON numbers) or ``"base64"``: the little-endian
+  float32 bytes, base64 (what OpenAI sends, and what its SDK decodes).
+- ``dimensions``: the embedding's length. The model's own length always; a shorter one only for a
+  Matryoshka model (:attr:`protocol.messages.ModelInfo.matryoshka_dims`: the first values,
+  renormalised to unit length, :func:`protocol.embedding.truncate`); 400 ``invalid_value`` for
+  any other model (a truncated embedding of a model not trained for it is a worse embedding, so
+  it is refused rather than silently made).
+- Too long an input (over the model's ``max_seq_len`` tokens, 256 for all-MiniLM-L6-v2): 400
+  ``context_length_exceeded``, as OpenAI answers; never silently truncated.
+- A model that generates (no embeddings): 400 ``unsupported``; an unknown one: 404
+  ``model_not_found``; empty input: 400 ``invalid_value``.
+
+**/v1/rerank** (also ``/rerank`` and ``/v2/rerank``): ``{"model", "query", "documents": [str],
+"top_n"?, "return_documents"?}`` -> ``{"id", "model", "usage": {"total_tokens"}, "results":
+[{"index", "relevance_score", "document": {"text"}?}]}``, the results sorted by score, highest
+first (ties by index), the ``top_n`` first (default all). With an embedding model (a bi-encoder)
+a document's ``relevance_score`` is the **cosine similarity** of its embedding and the query's
+(:func:`protocol.embedding.cosine`), in [-1, 1]; cross-encoders, which score each (query,
+document) pair in one forward, are not served. ``return_documents`` (default true, as vLLM)
+adds each document's text.
+
+Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503. A client
+that disconnects cancels the requests of its inputs (499 in the metrics), as for generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic_core import PydanticCustomError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from client import Client
+from client.errors import RemoteError
+from gateway.drain import REFUSED, Drain
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
+from gateway.generate import ClientGone, _Watch, parse_body
+from gateway.generation import Signal
+from gateway.link import BrokerConnections
+from gateway.metrics import GatewayMetrics
+from gateway.responses import error_response, json_response, new_id
+from gateway.schemas import _bad_type, _check_ids, _shown
+from protocol.embedding import cosine, pack, truncate, unpack
+from protocol.enums import FinishReason
+from protocol.messages import ModelInfo
+
+MAX_INPUTS = 2048
+"""Most inputs per ``/v1/embeddings`` request, and documents per rerank (OpenAI's bound for ``input``)."""
+
+_INPUT_SHAPES = "input must be a string, a list of strings, a list of token ids or a list of token-id lists"
+
+
+def _bad_value(message: str) -> PydanticCustomError:
+    """A body error about a value (empty, too many), shown as is with the code ``invalid_value``."""
+    return PydanticCustomError("invalid_value", message)
+
+
+def _input(value: Any) -> Any:
+    """``input``'s shape checked before its type (as :func:`gateway.schemas._prompt` checks ``prompt``):
+    a message about the entry at fault, and empty inputs refused (OpenAI's 400)."""
+    if type(value) is str:
+        if not value:
+            raise _bad_value("input must not be empty")
+        return value
+    if type(value) is not list:
+        raise _bad_type(f"{_INPUT_SHAPES}, got {_shown(value)}")
+    if not value:
+        raise _bad_value("input must not be an empty list")
+    if len(value) > MAX_INPUTS:
+        raise _bad_value(f"input holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
+    kinds = set(map(type, value))
+    if kinds == {str}:
+        empty = next((i for i, s in enumerate(value) if not s), None)
+        if empty is not None:
+            raise _bad_value(f"input[{empty}] must not be empty")
+    elif kinds == {list}:
+        for i, ids in enumerate(value):
+            if not ids:
+                raise _bad_value(f"input[{i}] must not be an empty list of token ids")
+            _check_ids(ids, f"input[{i}]")
+    elif str in kinds or list in kinds:
+        raise _bad_type(f"{_INPUT_SHAPES}, not a mix")
+    else:
+        _check_ids(value, "input")
+    return value
+
+
+def _documents(value: Any) -> Any:
+    if type(value) is not list or not value or not all(type(d) is str and d for d in value):
+        raise _bad_type("documents must be a non-empty list of non-empty strings")
+    if len(value) > MAX_INPUTS:
+        raise _bad_value(f"documents holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
+    return value
+
+
+class EmbeddingsRequest(BaseModel):
+    """``/v1/embeddings``' body (OpenAI's fields; ``user`` accepted and unused). Strict, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str
+    input: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(_input)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class RerankRequest(BaseModel):
+    """``/v1/rerank``'s body (Cohere's and Jina's fields, as vLLM takes them). Strict, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str
+    query: str
+    documents: Annotated[list[str], BeforeValidator(_documents)]
+    top_n: int | None = None
+    return_documents: bool = True
+
+
+class EmbeddingEndpoints:
+    """The handlers, over the gateway's broker link (one shared client per model), its drain and its
+    metrics (``slotserve_http_requests_total`` and the latency by path, prompt tokens by model)."""
+
+    def __init__(self, link: BrokerConnections, drain: Drain, max_body_bytes: int, metrics: GatewayMetrics) -> None:
+        self.link = link
+        self.drain = drain
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self._answer(request, self._embeddings)
+
+    async def rerank(self, request: Request) -> Response:
+        return await self._answer(request, self._rerank)
+
+    async def _answer(self, request: Request, handler) -> Response:
+        """``handler(request) -> (body, model, prompt tokens)`` answered as JSON, or its APIError; observed."""
+        t0, path = time.monotonic(), request.scope["path"]
+        self.metrics.in_flight.inc()
+        try:
+            out, model, tokens = await handler(request)
+        except APIError as e:
+            self.metrics.observe(path, e.status)
+            return error_response(e)
+        except (ClientGone, ClientDisconnect):  # (its requests were cancelled)
+            self.metrics.observe(path, 499)
+            return Response(status_code=499)
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.observe(path, 200, latency_s=time.monotonic() - t0, model=model, prompt_tokens=tokens)
+        return json_response(out)
+
+    async def _embeddings(self, request: Request) -> tuple[dict, str, int]:
+        body = await self._parse(request, EmbeddingsRequest)
+        client = await self.link.client_for(body.model)
+        size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
+        inputs = _inputs(body.input)
+        vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs), request)
+        data = []
+        for i, raw in enumerate(vectors):
+            if size is not None:
+                raw = pack(truncate(unpack(raw), size))
+            data.append({"object": "embedding", "index": i,
+                         "embedding": base64.b64encode(raw).decode() if body.encoding_format == "base64"
+                         else unpack(raw)})
+        usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}
+        return {"object": "list", "data": data, "model": body.model, "usage": usage}, body.model, sum(tokens)
+
+    async def _rerank(self, request: Request) -> tuple[dict, str, int]:
+        body = await self._parse(request, RerankRequest)
+        if not body.query:
+            raise bad_request("query must not be empty", "query")
+        if body.top_n is not None and body.top_n < 1:
+            raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
+        client = await self.link.client_for(body.model)
+        vectors, tokens = await _embed(client, [body.query, *body.documents],
+                                       ["query"] + ["documents"] * len(body.documents), request)
+        query = unpack(vectors[0])
+        scores = [cosine(query, unpack(v)) for v in vectors[1:]]
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
+        results = [{"index": i, "relevance_score": scores[i],
+                    **({"document": {"text": body.documents[i]}} if body.return_documents else {})}
+                   for i in order]
+        return ({"id": new_id("rerank"), "model": body.model, "usage": {"total_tokens": sum(tokens)},
+                 "results": results}, body.model, sum(tokens))
+
+    async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
+        if self.drain.draining:
+            raise shutting_down(REFUSED)
+        return await parse_body(request, schema, self.max_body_bytes)
+
+
+async def _embed(client: Client, prompts: list, params: list[str], request: Request) -> tuple[list[bytes], list[int]]:
+    """Each prompt's embedding (float32 bytes) and length in tokens, in order, through ``client``
+    (the model's shared one), every request submitted at once. ``params``: the body field each prompt
+    came from. Raises :class:`APIError`: the client's refusal (400), or the first failed request's
+    code (:func:`gateway.errors.from_remote`), naming that prompt's field; ClientGone when the HTTP
+    client disconnects first. The requests not ended are cancelled whatever happens."""
+    signal = Signal(asyncio.get_running_loop())
+    handles: list = []
+    watch = None
+    try:
+        try:
+            for prompt in prompts:
+                handles.append(client.embed(prompt, signal.poke))  # (the completion callback wakes the loop)
+        except ValueError as e:  # refused at submission (the model is known: e.g. it generates)
+            error = from_value_error(e, params[len(handles)])
+            if error.param == "prompt":
+                error.param = params[len(handles)]
+            raise error from None
+        watch = _Watch(request, signal)
+        # Until every request ended, or one failed (the answer is its error: the rest are cancelled).
+        # (finish_reason is set before the completion callback runs: no poke is missed.)
+        while True:
+            failed = next(((h, p) for h, p in zip(handles, params) if h.finish_reason not in _RUNNING_OR_STOP), None)
+            if failed is not None or all(h.finish_reason is not None for h in handles):
+                break
+            await signal.wait()
+            if watch.gone:
+                raise ClientGone
+    finally:
+        if watch is not None:
+            watch.stop()
+        for h in handles:
+            if h.finish_reason is None:
+                client.cancel(h.request_id)
+    if failed is not None:
+        h, param = failed
+        err = h.error
+        if isinstance(err, RemoteError):
+            error = from_remote(err.code, err.message, param)
+            if error.status == 400 and error.param is None:  # (e.g. context_length_exceeded: this prompt)
+                error.param = param
+            raise error
+        raise APIError(500, f"an embedding request ended {h.finish_reason}: {err}", code="internal")
+    if any(h.embedding_bytes is None for h in handles):  # (a worker that broke the protocol)
+        raise APIError(500, "a worker ended an embedding request without its vector", code="model_error")
+    return [h.embedding_bytes for h in handles], [h.prompt_tokens or 0 for h in handles]
+
+
+_RUNNING_OR_STOP = (None, FinishReason.STOP)
+
+
+def _inputs(value: str | list) -> list:
+    """``input`` as a list of prompts: one string or token-id list, or each entry of a list of them."""
+    if type(value) is str or (value and type(value[0]) is int):
+        return [value]
+    return list(value)
+
+
+def _dimensions(dimensions: int | None, info: ModelInfo | None, model: str) -> int | None:
+    """The length to cut the embeddings to (None: as they are), or 400 for a ``dimensions`` the model does not allow."""
+    if dimensions is None:
+        return None
+    size = None if info is None else info.embedding_size
+    if dimensions == size:
+        return None
+    if info is not None and dimensions in info.matryoshka_dims:
+        return dimensions
+    if info is None or not info.matryoshka_dims:
+        raise bad_request(f"dimensions {dimensions}: model `{model}` gives embeddings of {size} values and is no "
+                          "Matryoshka model, whose embeddings may be cut shorter; leave dimensions out", "dimensions")
+    raise bad_request(f"dimensions {dimensions}: model `{model}` gives embeddings of {size} values, and may cut them "
+                      f"to {_ranges(info.matryoshka_dims)}", "dimensions")
+
+
+def _ranges(dims: tuple[int, ...]) -> str:
+    """``(1, 2, ..., 768)`` as ``1..768``; a short list as it is."""
+    if len(dims) > 8 and list(dims) == list(range(dims[0], dims[-1] + 1)):
+        return f"{dims[0]}..{dims[-1]}"
+    return ", ".join(map(str, dims))

