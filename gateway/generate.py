@@ -252,6 +252,9 @@ class Generate:
             options["structured"] = call.tools.constraint
         if call.tools is not None:
             options["tools"] = call.tools.definitions()
+        parser = self._reasoning_parser(body) if chat else None
+        if parser is not None and "structured" in options:  # the constraint holds the answer, after the thinking
+            options["structured"] = options["structured"]._replace(think=parser)
         max_tokens = self._max_tokens(body, info)
         if _default_budget(body):  # a default, not the caller's: what the context leaves after the prompt lowers it
             options["clamp_max_tokens"] = True

@@ -28,7 +28,15 @@ Kinds (the names of vLLM's ``structured_outputs`` where it has one):
 - ``gbnf``: a llama.cpp GBNF grammar (start symbol ``root``), converted to
   Lark by llguidance.
 
-On the wire a constraint is the array ``[kind, spec]``.
+A constraint's ``think`` (``""`` by default) lets a thinking model think
+first: the constraint then applies to the answer after its thinking, in the
+format of the reasoning parser named (``"qwen3"``: an optional
+``<think>...</think>`` block first; ``"deepseek_r1"``: the template opened the
+thinking, so the output is thinking up to ``</think>``, then the answer), as
+vLLM applies structured outputs after the reasoning ends. The HTTP gateway
+sets it from the request's reasoning parser (:mod:`gateway.reasoning`).
+
+On the wire a constraint is the array ``[kind, spec]`` or ``[kind, spec, think]``.
 """
 
 from __future__ import annotations
@@ -54,11 +62,17 @@ MAX_CHOICES = 1024
 """Most strings of a ``choice`` constraint."""
 
 
+THINKS = ("", "qwen3", "deepseek_r1")
+"""The values of a constraint's ``think``: none, or a reasoning parser's name (module docstring)."""
+
+
 class Constraint(NamedTuple):
-    """A checked constraint: ``kind`` one of :data:`KINDS`, ``spec`` its text (see the module docstring)."""
+    """A checked constraint: ``kind`` one of :data:`KINDS`, ``spec`` its text, ``think`` one of
+    :data:`THINKS` (see the module docstring)."""
 
     kind: str
     spec: str
+    think: str = ""
 
 
 JSON_OBJECT = Constraint("json_object", "")
@@ -68,7 +82,7 @@ JSON_OBJECT = Constraint("json_object", "")
 def check_structured(value: object, field: str = "structured") -> Constraint | None:
     """``value`` as a :class:`Constraint` (or None: no constraint).
 
-    Takes a :class:`Constraint` or ``(kind, spec)`` pair (as off the wire),
+    Takes a :class:`Constraint` or a ``(kind, spec)`` or ``(kind, spec, think)`` array (as off the wire),
     or a map with one key, the kind: ``{"json_schema": {...}}``,
     ``{"regex": "[0-9]+"}``, ``{"choice": ["yes", "no"]}``, ``{"grammar":
     "start: ..."}``, ``{"gbnf": "root ::= ..."}``, ``{"json_object": true}``
@@ -82,8 +96,11 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
             raise ValueError(f"{field} must be a map with exactly one key, the kind (one of {list(KINDS)}), "
                              f"got keys {sorted(map(str, value))[:8]}")
         ((kind, spec),) = value.items()
-    elif isinstance(value, (list, tuple)) and len(value) == 2:
-        kind, spec = value
+        think = ""
+    elif isinstance(value, (list, tuple)) and len(value) in (2, 3):
+        kind, spec, think = (*value, "")[:3]
+        if think not in THINKS:
+            raise ValueError(f"{field} think must be one of {list(THINKS)}, got {think!r:.40}")
     else:
         raise ValueError(f"{field} must be a map {{kind: spec}} or a (kind, spec) pair, kind one of "
                          f"{list(KINDS)}; got {type(value).__name__} {value!r:.60}")
@@ -96,7 +113,7 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
     if kind == "json_object":
         if spec not in ("", True, None) and not (isinstance(spec, Mapping) and not spec):
             raise ValueError(f"{where} takes no spec (give true or \"\"), got {spec!r:.60}")
-        return JSON_OBJECT
+        return JSON_OBJECT._replace(think=think) if think else JSON_OBJECT
     if kind == "json_schema":
         text = _schema_text(spec, where)
     elif kind == "choice":
@@ -107,7 +124,7 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
             raise ValueError(f"{where} must not be blank")
     if len(text) > MAX_SPEC_CHARS:
         raise ValueError(f"{where} has {len(text)} characters; at most {MAX_SPEC_CHARS} are allowed")
-    return Constraint(kind, text)
+    return Constraint(kind, text, think)
 
 
 def _not_text(spec: object, where: str) -> str:

@@ -183,3 +183,27 @@ def test_the_models_own_format_is_the_default_and_the_option_overrides_it(monkey
             "I should call get_time."
     else:
         assert whole.content == THOUGHT + "It is noon." and not whole.model_extra.get("reasoning_content")
+
+
+@pytest.mark.parametrize("option, think", [(None, "qwen3"), ("none", ""), ("deepseek_r1", "deepseek_r1")])
+def test_a_constraint_applies_after_the_thinking_of_the_models_parser(option, think):
+    """Structured outputs and tool grammars apply to the answer: the request's constraint says the
+    thinking format (protocol.structured ``think``; the worker's grammar lets the model think first,
+    tests/models/test_structured_after_thinking.py)."""
+    from tests.gateway.test_logprobs_shapes import ScriptedClient
+
+    client = ScriptedClient()
+    with TestClient(handlers_app(Tokenizers(None), _ThinkingLink(client), GatewayConfig(reasoning_parser=option))) \
+            as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    response_format={"type": "json_object"})
+        sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    tools=TOOLS, tool_choice="required")
+        sdk.completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"guided_regex": "[0-9]+"})
+    for t in client.threads:
+        t.join(10)
+    chat_json, chat_tools, text = (p.structured for p in client.submitted)
+    assert (chat_json.kind, chat_json.think) == ("json_object", think)
+    assert (chat_tools.kind, chat_tools.think) == ("grammar", think)
+    assert text.think == ""  # a text completion has no chat template, so no thinking format

@@ -85,7 +85,7 @@ def test_wire_format_maps_of_fields_with_records_as_arrays():
     assert raw == {"v": PROTOCOL_VERSION, "op": "submit", "model": "m",  # (trailing defaults left out)
                    "requests": [[1, [[1], 2, "default"]], [2, [[1], 2, "default", [], 0, None, 0.0, 1.0, 5], [3]]]}
     raw = msgpack.unpackb(encode(Submit("m", [Envelope(1, P([1], 2, structured={"regex": "a+"}))])), raw=False)
-    assert raw["requests"][0][1][P._fields.index("structured")] == ["regex", "a+"]  # a constraint: [kind, spec]
+    assert raw["requests"][0][1][P._fields.index("structured")] == ["regex", "a+", ""]  # a constraint: [kind, spec, think]
 
 
 # ---------------------------------------------------------------------- every message type, built by hypothesis

@@ -175,7 +175,7 @@ class Grammars:
     def _build(self, constraint: Constraint):
         import llguidance
 
-        kind, spec = constraint
+        kind, spec, think = constraint
         where = f"structured {kind}"
         try:
             if kind == "json_object":
@@ -186,6 +186,8 @@ class Grammars:
                 grammar = llguidance.grammar_from(_FORMATS[kind], spec)
         except ValueError as e:  # a GBNF grammar that does not convert, a schema llguidance refuses
             raise GrammarError(f"{where} does not compile: {e}") from None
+        if think:
+            grammar = after_thinking(grammar, think)
         matcher = llguidance.LLMatcher(self._llg(), grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{where} does not compile: {_first_lines(matcher.get_error())}")
@@ -345,6 +347,43 @@ class Grammars:
         else:
             index = torch.tensor(rows, dtype=torch.long, device=device)
             scores.index_copy_(0, index, scores.index_select(0, index).masked_fill_(~allowed, float("-inf")))
+
+
+_THINKING = {
+    # qwen3: the model may open a <think> block, closed once, then the answer (Qwen3, QwQ)
+    "qwen3": "start: THINK? @{answer}\n"
+             "THINK: /<think>(.|\\n)*<\\/think>[ \\t\\n]*/ & ~/(.|\\n)*<\\/think>(.|\\n)*<\\/think>(.|\\n)*/\n",
+    # deepseek_r1: the template opened the thinking; the output is thinking up to its one </think>
+    # (a <think> written again at its start is allowed, as the reasoning parser drops it), then the answer
+    "deepseek_r1": "start: THINK @{answer}\n"
+                   "THINK: /(<think>)?(.|\\n)*<\\/think>[ \\t\\n]*/ & ~/(.|\\n)*<\\/think>(.|\\n)*<\\/think>(.|\\n)*/\n",
+}
+
+
+def after_thinking(grammar: str, think: str) -> str:
+    """``grammar`` (llguidance's top-level grammar JSON or Lark text, as ``grammar_from`` gives it) applied to the
+    answer after a thinking model's thinking, in the format of reasoning parser ``think`` (``qwen3``,
+    ``deepseek_r1``; :mod:`gateway.reasoning`): a Lark grammar first whose start is the thinking and
+    then ``@answer``, a reference to ``grammar``'s own start grammar, named ``answer`` unless it has a name (llguidance's
+    grammar references, docs/syntax.md of guidance-ai/llguidance). The thinking is one lexeme, from
+    ``<think>`` to the first ``</think>`` and the blanks after it (the intersection with the
+    complement of "two ``</think>``": any text without a second one), so a token that spans the end
+    tag and the blanks (Qwen's ``>\\n\\n``) is allowed. ValueError for another ``think``."""
+    import json
+
+    if think not in _THINKING:
+        raise ValueError(f"think must be one of {sorted(_THINKING)}, got {think!r:.40}")
+    try:
+        top = json.loads(grammar)
+    except ValueError:  # (grammar_from gives some formats as Lark text)
+        top = None
+    if not isinstance(top, dict) or "grammars" not in top:
+        top = {"grammars": [{"lark_grammar": grammar}]}
+    first, *rest = top["grammars"]
+    name = first.get("name") or "answer"  # (a name the other grammars may refer to is kept)
+    lark = _THINKING[think].replace("{answer}", name)
+    top["grammars"] = [{"lark_grammar": lark}, {**first, "name": name}, *rest]
+    return json.dumps(top)
 
 
 def _allow(bits: torch.Tensor, i: int, tokens: Sequence[int], vocab: int) -> None:
