@@ -20,8 +20,14 @@ The rules, each pass (:meth:`OnDemand.decide`):
   loaded when fewer than ``max_loaded`` models are loaded or loading and its
   memory estimate fits in what the machine has available; else the least
   recently used *idle* loaded model is unloaded first (its memory then
-  counts as available). A busy model is never unloaded: the wanted model
-  waits, its requests queued, until one becomes idle.
+  counts as available). A busy model is not unloaded for it at first: the
+  wanted model waits, its requests queued, until one becomes idle -- unless
+  the wait passes ``turn_s`` (default 30 s) while requests for it are queued:
+  then the busy model loaded longest, if it has been loaded ``turn_s``
+  itself, is unloaded (its requests go back to the broker's queue with the
+  tokens they have, as on any worker's goodbye, and it waits its turn behind
+  the others), so that steady traffic for one model cannot starve another
+  forever.
 - A model whose estimate exceeds what even unloading every idle model
   would free is *refused* (:class:`Refuse`, once until its demand ends): the
   supervisor says why in its log and ``slotserve status``; its requests
@@ -44,6 +50,11 @@ __all__ = ["Load", "OnDemand", "Refuse", "Unload", "estimate_bytes"]
 
 DEFAULT_IDLE_UNLOAD_S = 300.0
 """Ollama's default ``keep_alive`` (5 minutes)."""
+
+DEFAULT_TURN_S = 30.0
+"""How long requests for an unloaded model wait for a busy one before it is unloaded for them (and
+how long a model stays loaded before it can be): long against a load (~2-6 s for SmolLM2-135M and
+Qwen2.5-Coder-0.5B, bench/on_demand.py), so that alternating traffic is not all loading."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,8 @@ class _Model:
     state: str = "unloaded"  # unloaded | loading | loaded
     last_used_s: float = float("-inf")
     wanted_since: float | None = None
+    loaded_since: float | None = None  # when its worker registered (the start of its turn)
+    waiting: bool = False  # requests for it are queued or running
     asked: bool = False  # want() was called and no request came yet
     drop: bool = False  # release() was called: unload it once idle
     refused: bool = False
@@ -86,12 +99,15 @@ class OnDemand:
 
     ``models``: model name -> its memory estimate in bytes (:func:`estimate_bytes`);
     ``max_loaded``: models loaded (or loading) at once, >= 1; ``idle_unload_s``: seconds
-    idle before a model is unloaded (0: never). ValueError for bad values.
+    idle before a model is unloaded (0: never); ``turn_s``: seconds a model with requests
+    waits before a busy model loaded at least as long is unloaded for it (> 0). ValueError for
+    bad values.
     """
 
     models: dict[str, int]
     max_loaded: int = 1
     idle_unload_s: float = DEFAULT_IDLE_UNLOAD_S
+    turn_s: float = DEFAULT_TURN_S
     _state: dict[str, _Model] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +119,7 @@ class OnDemand:
         if type(self.max_loaded) is not int or self.max_loaded < 1:
             raise ValueError(f"max_loaded must be an int >= 1, got {self.max_loaded!r}")
         as_seconds(self.idle_unload_s, "idle_unload_s", allow_zero=True)
+        as_seconds(self.turn_s, "turn_s")
         self._state = {name: _Model(need) for name, need in self.models.items()}
 
     # ------------------------------------------------------------------ what the supervisor tells it
@@ -145,7 +162,11 @@ class OnDemand:
             workers, loading = (st.workers, st.loading) if st is not None else (0, 0)
             m.state = ("unloading" if name in stopping else "loaded" if workers > 0 else
                        "loading" if name in starting or loading else "unloaded")
-            busy = queued > 0 or running > 0
+            if m.state != "loaded":
+                m.loaded_since = None
+            elif m.loaded_since is None:
+                m.loaded_since = now
+            busy = m.waiting = queued > 0 or running > 0
             if busy:
                 m.last_used_s = now
                 m.asked = False
@@ -158,7 +179,7 @@ class OnDemand:
         free = available_bytes
         for name in sorted((n for n, m in self._state.items() if m.wanted_since is not None and m.state == "unloaded"),
                            key=lambda n: (self._state[n].wanted_since, n)):
-            free = self._make_room(name, free, actions)
+            free = self._make_room(name, free, now, actions)
         return actions
 
     def _idle_unloads(self, now: float) -> list[Unload]:
@@ -176,7 +197,7 @@ class OnDemand:
                 out.append(Unload(name, f"idle for {now - m.last_used_s:.0f} s (idle_unload_s {self.idle_unload_s:g})"))
         return out
 
-    def _make_room(self, name: str, free: int, actions: list) -> int:
+    def _make_room(self, name: str, free: int, now: float, actions: list) -> int:
         """Load ``name`` if it fits now, else unload the least recently used idle models it needs
         gone (it loads in a later pass, once they are); refuse it (once) when even unloading every
         idle model would not make it fit. Returns the memory still available in this pass."""
@@ -205,7 +226,25 @@ class OnDemand:
             actions.append(Unload(victim, f"room for {name!r} (max_loaded {self.max_loaded}, least recently used)"))
             room += self._state[victim].need_bytes
             slots += 1
+        if (slots < 1 or m.need_bytes > room) and m.waiting and now - m.wanted_since >= self.turn_s:
+            self._take_turn(name, now, slots, room, actions)
         return free  # loads once what is unloading is gone; if every loaded model is busy, its requests wait
+
+    def _take_turn(self, name: str, now: float, slots: int, room: int, actions: list) -> None:
+        """``name``'s requests waited ``turn_s`` for busy models: unload those loaded longest (each
+        loaded ``turn_s`` at least) until it fits; each goes to the back of the line (its requests,
+        migrated by the broker, wait from now)."""
+        need = self._state[name].need_bytes
+        busy = sorted((n for n, o in self._state.items() if o.state == "loaded" and o.loaded_since is not None
+                       and now - o.loaded_since >= self.turn_s),
+                      key=lambda n: (self._state[n].loaded_since, n))
+        while (slots < 1 or need > room) and busy:
+            victim = busy.pop(0)
+            v = self._state[victim]
+            v.state, v.wanted_since = "unloading", now
+            actions.append(Unload(victim, f"requests for {name!r} waited {self.turn_s:g} s (turn_s) for it"))
+            room += v.need_bytes
+            slots += 1
 
 
 def estimate_bytes(path: str, overhead_bytes: int = 400 * 2**20) -> int:

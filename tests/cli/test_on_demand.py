@@ -51,10 +51,28 @@ def test_at_the_limit_the_least_recently_used_idle_model_makes_room_then_the_wan
 def test_a_busy_model_is_never_unloaded_the_wanted_one_waits():
     c = core(max_loaded=1)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
-    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue
+    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue (less than turn_s)
         assert c.decide(status(a=(1, 1, 1), b=(2, 0, 0)), float(t), 8 * GIB) == []
     assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 5.0, 8 * GIB) == [
         Unload("a", "room for 'b' (max_loaded 1, least recently used)")]
+
+
+def test_steady_traffic_for_a_busy_model_cannot_starve_another_past_turn_s():
+    c = OnDemand({"a": GIB, "b": GIB}, 1, 300.0, turn_s=30.0)
+    c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c.decide(status(a=(0, 2, 1), b=(0, 0, 0)), 1.0, 8 * GIB)  # a loaded at 1
+    for t in range(2, 32):  # a never idle; b waits from 2
+        assert c.decide(status(a=(1, 2, 1), b=(1, 0, 0)), float(t), 8 * GIB) == []
+    assert c.decide(status(a=(1, 2, 1), b=(1, 0, 0)), 32.0, 8 * GIB) == [
+        Unload("a", "requests for 'b' waited 30 s (turn_s) for it")]
+    # a's requests go back to the queue and wait behind b's: b loads first, then a waits its turn
+    assert c.decide(status(a=(3, 0, 1), b=(1, 0, 0)), 32.5, 8 * GIB, stopping=frozenset({"a"})) == []
+    assert c.decide(status(a=(3, 0, 0), b=(1, 0, 0)), 33.0, 8 * GIB) == [Load("b")]
+    c.decide(status(a=(3, 0, 0), b=(0, 1, 1)), 34.0, 8 * GIB)  # b loaded at 34
+    for t in range(35, 64):  # b busy, a waiting since 32.5: b has not had its turn yet
+        assert c.decide(status(a=(3, 0, 0), b=(1, 1, 1)), float(t), 8 * GIB) == []
+    assert c.decide(status(a=(3, 0, 0), b=(1, 1, 1)), 64.0, 8 * GIB) == [
+        Unload("b", "requests for 'a' waited 30 s (turn_s) for it")]
 
 
 def test_alternating_demand_with_room_for_one_takes_turns_oldest_demand_first():
@@ -96,7 +114,8 @@ def test_want_loads_without_a_request_and_counts_as_use():
 
 @pytest.mark.parametrize("kwargs, says", [(dict(models={}), "at least one"), (dict(models={"a": -1}), ">= 0"),
                                           (dict(models={"a": 1}, max_loaded=0), "max_loaded"),
-                                          (dict(models={"a": 1}, idle_unload_s=-1.0), "idle_unload_s")])
+                                          (dict(models={"a": 1}, idle_unload_s=-1.0), "idle_unload_s"),
+                                          (dict(models={"a": 1}, turn_s=0.0), "turn_s")])
 def test_bad_settings_are_value_errors(kwargs, says):
     with pytest.raises(ValueError, match=says):
         OnDemand(**kwargs)
