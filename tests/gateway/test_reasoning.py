@@ -135,6 +135,7 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_request(recorded, b
 
 @pytest.mark.parametrize("body, param, says", [
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by the server"),
+    ({"chat_template_kwargs": {"self": 1}}, "chat_template_kwargs", "set by the server"),
     ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "object of chat template variables"),
     ({"chat_template_kwargs": {"x": 1}, "reasoning_effort": "extreme"}, "reasoning_effort", "one of"),
     ({"reasoning_effort": 3}, "reasoning_effort", "one of"),
