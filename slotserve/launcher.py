@@ -403,15 +403,17 @@ class LocalCluster:
             if not p.is_alive():
                 p.join()
                 del self._demand_stopping[name]
+        now = time.monotonic() if now is None else now
+        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
         for name, p in list(self._demand_procs.items()):
             if not p.is_alive():
                 log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
                             name, p.exitcode)
                 p.join()
                 del self._demand_procs[name]
-        now = time.monotonic() if now is None else now
+                if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
+                    self._demand.failed(name, now)
         self._take_orders(now)
-        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
         starting = frozenset(n for n in self._demand_procs if folded.models[n].workers == 0)
         actions = self._demand.decide(folded, now, psutil.virtual_memory().available, starting,
                                       frozenset(self._demand_stopping))

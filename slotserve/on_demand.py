@@ -34,6 +34,11 @@ The rules, each pass (:meth:`OnDemand.decide`):
   wait for their deadline rather than an OOM kill of the machine.
 - A loaded model idle for ``idle_unload_s`` seconds is unloaded (0: never,
   as Ollama's ``keep_alive: -1``).
+- A model whose worker exited before it registered (its load failed, or it was killed) is
+  not loaded again for a while (:meth:`OnDemand.failed`: 1 s, doubling with each failure in a
+  row, at most ``MAX_RETRY_S``), and a ``POST /models/load`` order for it is dropped: a model
+  that cannot load is not reloaded in a loop. (The broker ends the requests waiting for it
+  when its worker said why it stopped.)
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.
@@ -55,6 +60,10 @@ DEFAULT_TURN_S = 30.0
 """How long requests for an unloaded model wait for a busy one before it is unloaded for them (and
 how long a model stays loaded before it can be): long against a load (~2-6 s for SmolLM2-135M and
 Qwen2.5-Coder-0.5B, bench/on_demand.py), so that alternating traffic is not all loading."""
+
+
+MAX_RETRY_S = 60.0
+"""The longest wait before a model whose loads keep failing is tried again (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,8 @@ class _Model:
     asked: bool = False  # want() was called and no request came yet
     drop: bool = False  # release() was called: unload it once idle
     refused: bool = False
+    failures: int = 0  # loads in a row whose worker exited before registering
+    retry_s: float = float("-inf")  # not loaded again before this time (after a failure)
 
 
 @dataclass
@@ -138,6 +149,16 @@ class OnDemand:
         m = self._state[model]
         m.asked, m.drop = False, True
 
+    def failed(self, model: str, now: float) -> None:
+        """``model``'s worker exited before it registered (the supervisor saw its process end): not
+        loaded again before a back-off (1 s, doubling per failure in a row, at most
+        :data:`MAX_RETRY_S`); an order to load it (:meth:`want`) is dropped. KeyError for an
+        unknown model."""
+        m = self._state[model]
+        m.asked = False
+        m.failures += 1
+        m.retry_s = now + min(MAX_RETRY_S, 2.0 ** (m.failures - 1))
+
     def state(self, model: str) -> str:
         """``"loaded"``, ``"loading"`` or ``"unloaded"`` (as of the last pass). KeyError for an unknown model."""
         return self._state[model].state
@@ -165,7 +186,7 @@ class OnDemand:
             if m.state != "loaded":
                 m.loaded_since = None
             elif m.loaded_since is None:
-                m.loaded_since = now
+                m.loaded_since, m.failures = now, 0
             busy = m.waiting = queued > 0 or running > 0
             if busy:
                 m.last_used_s = now
@@ -177,7 +198,8 @@ class OnDemand:
                 m.wanted_since, m.refused = None, False
         actions: list[Load | Unload | Refuse] = self._idle_unloads(now)
         free = available_bytes
-        for name in sorted((n for n, m in self._state.items() if m.wanted_since is not None and m.state == "unloaded"),
+        for name in sorted((n for n, m in self._state.items()
+                            if m.wanted_since is not None and m.state == "unloaded" and now >= m.retry_s),
                            key=lambda n: (self._state[n].wanted_since, n)):
             free = self._make_room(name, free, now, actions)
         return actions

@@ -75,6 +75,30 @@ def test_steady_traffic_for_a_busy_model_cannot_starve_another_past_turn_s():
         Unload("b", "requests for 'a' waited 30 s (turn_s) for it")]
 
 
+def test_a_model_whose_load_fails_is_not_reloaded_in_a_loop():
+    c = core(max_loaded=1)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("a")]
+    c.failed("a", 2.0)  # its worker exited before registering: 1 s before the next try
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 2.5, 8 * GIB) == []
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 3.0, 8 * GIB) == [Load("a")]
+    c.failed("a", 4.0)  # again: 2 s
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 5.9, 8 * GIB) == []
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 6.0, 8 * GIB) == [Load("a")]
+    for _ in range(10):
+        c.failed("a", 7.0)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 7.0 + 59.0, 8 * GIB) == []  # at most a minute
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 7.0 + 60.0, 8 * GIB) == [Load("a")]
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 70.0, 8 * GIB)  # it registered: the count starts over
+    c.failed("a", 80.0)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 81.0, 8 * GIB) == [Load("a")]
+    # a load order for a model that fails is dropped with the failure: no request, no reload
+    c2 = core(max_loaded=1)
+    c2.want("b", 0.0)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
+    c2.failed("b", 1.0)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 100.0, 8 * GIB) == []
+
+
 def test_alternating_demand_with_room_for_one_takes_turns_oldest_demand_first():
     c = core(max_loaded=1, a=GIB, b=GIB, c=GIB)
     c.decide(status(a=(0, 0, 0), b=(1, 0, 0), c=(0, 0, 0)), 0.0, 8 * GIB)  # b first: loads
