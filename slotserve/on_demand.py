@@ -138,7 +138,7 @@ class OnDemand:
     def want(self, model: str, now: float) -> None:
         """Load ``model`` even without requests (``POST /models/load``). KeyError for an unknown model."""
         m = self._state[model]
-        m.asked = True
+        m.asked, m.drop = True, False  # (the last order wins: a release before it is void)
         if m.wanted_since is None:
             m.wanted_since = now
         m.last_used_s = max(m.last_used_s, now)

@@ -200,6 +200,16 @@ def test_release_unloads_once_idle_never_while_busy():
     assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == []  # loaded and idle: kept (idle 0)
 
 
+
+def test_the_last_order_wins_a_load_after_an_unload_keeps_the_model():
+    c = core(max_loaded=2, idle=0.0)
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c.release("a")  # busy: it would go once idle...
+    c.want("a", 0.5)  # ...but the next order asks to keep it loaded
+    assert c.decide(status(a=(1, 1, 1), b=(0, 0, 0)), 1.0, 8 * GIB) == []
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 2.0, 8 * GIB) == []  # idle: kept (idle 0)
+    assert c.state("a") == "loaded"
+
 # ---------------------------------------------------------------------- POST /models/load and /models/unload
 
 
