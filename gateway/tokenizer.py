@@ -188,6 +188,12 @@ class Tokenizers:
         self.prefetch(model)
         return await asyncio.shield(self._futures[self._key(model)])
 
+    def loaded(self, model: str) -> Tokenizer | None:
+        """``model``'s tokenizer if it has loaded already (no waiting, no load started), else None."""
+        fut = self._futures.get(self._key(model))
+        return fut.result() if fut is not None and fut.done() and not fut.cancelled() and \
+            fut.exception() is None else None
+
     def why_none(self, model: str) -> str:
         key = self._key(model)
         if key in self._failed:
