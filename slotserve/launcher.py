@@ -476,7 +476,8 @@ class LocalCluster:
         """Stop the gateway, the workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent.
 
         The gateway drains first (up to its ``shutdown_timeout_s``) while the
-        workers and the broker still serve; when ``halt()`` turns true (a
+        workers and the broker still serve (and models on demand still load for
+        the requests in flight); when ``halt()`` turns true (a
         second signal; looked at when ``wakeup_fd``, e.g. the signal wakeup
         pipe, wakes the wait, and every 0.1 s) it ends its requests at once.
         """
@@ -507,7 +508,10 @@ class LocalCluster:
             if not self._gateway_halt.is_set() and halt():
                 self._gateway_halt.set()  # a second signal: end what is in flight now
                 deadline = min(deadline, time.monotonic() + END_GRACE_S + stop_s)
-            if wakeup_fd in wait_for_sentinels(handles, timeout=max(0.0, min(0.1, deadline - time.monotonic()))):
+            if self._demand is not None:  # requests in flight may wait for a model's load: keep loading
+                self.on_demand_pass()
+            wait_s = DEMAND_POLL_S if self._demand is not None else 0.1
+            if wakeup_fd in wait_for_sentinels(handles, timeout=max(0.0, min(wait_s, deadline - time.monotonic()))):
                 _drain(wakeup_fd)
         if p.is_alive():
             log.warning("%s did not stop within its drain and %.1f s: killing it", p.name, stop_s)
