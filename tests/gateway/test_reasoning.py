@@ -184,3 +184,22 @@ def test_the_models_own_format_is_the_default_and_the_option_overrides_it(monkey
             "I should call get_time."
     else:
         assert whole.content == THOUGHT + "It is noon." and not whole.model_extra.get("reasoning_content")
+
+
+def test_a_parser_name_this_gateway_does_not_know_from_a_worker_is_no_parser(monkeypatch):
+    """``ModelInfo.reasoning`` is what a worker says (a newer one may name a parser this gateway lacks):
+    an unknown name is no parser -- the answer is whole, not a 500 on every chat."""
+    class FutureLink(ScriptedLink):
+        def model_info(self, model: str):
+            return super().model_info(model)._replace(reasoning="future_parser")
+
+    monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    client = OutputClient()
+    with TestClient(handlers_app(Tokenizers(None), FutureLink(client), GatewayConfig())) as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        kw = dict(model="m", messages=[{"role": "user", "content": "think_text"}], max_tokens=100)
+        whole = sdk.chat.completions.create(**kw).choices[0].message
+        streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kw, stream=True))
+    for t in client.threads:
+        t.join(10)
+    assert whole.content == streamed == THOUGHT + "It is noon."
