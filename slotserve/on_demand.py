@@ -13,7 +13,8 @@ is tested on made-up statuses (tests/cli/test_on_demand.py).
 The rules, each pass (:meth:`OnDemand.decide`):
 
 - A model is *wanted* when requests for it are queued or running (status),
-  or :meth:`OnDemand.want` asked for it (``POST /models/load``); *busy*
+  or :meth:`OnDemand.want` asked for it (``POST /models/load``) and it has
+  not loaded since (then it is as any loaded model: idle until used); *busy*
   while requests for it are queued or running; *idle* otherwise, since the
   last pass it was busy (``last_used_s``).
 - A wanted model that is not loaded (no worker registered, none starting) is
@@ -138,10 +139,13 @@ class OnDemand:
     def want(self, model: str, now: float) -> None:
         """Load ``model`` even without requests (``POST /models/load``). KeyError for an unknown model."""
         m = self._state[model]
-        m.asked, m.drop = True, False  # (the last order wins: a release before it is void)
+        m.drop = False  # (the last order wins: a release before it is void)
+        m.last_used_s = max(m.last_used_s, now)
+        if m.state == "loaded":  # done already: it counts as a use
+            return
+        m.asked = True
         if m.wanted_since is None:
             m.wanted_since = now
-        m.last_used_s = max(m.last_used_s, now)
 
     def release(self, model: str) -> None:
         """Unload ``model`` as soon as it is idle (``POST /models/unload``; a model with requests queued or
@@ -185,8 +189,9 @@ class OnDemand:
                        "loading" if name in starting or loading else "unloaded")
             if m.state != "loaded":
                 m.loaded_since = None
-            elif m.loaded_since is None:
-                m.loaded_since, m.failures = now, 0
+            elif m.loaded_since is None:  # registered: a load order is done; idle from now unless used
+                m.loaded_since, m.failures, m.asked = now, 0, False
+                m.last_used_s = max(m.last_used_s, now)
             busy = m.waiting = queued > 0 or running > 0
             if busy:
                 m.last_used_s = now

@@ -131,9 +131,32 @@ def test_want_loads_without_a_request_and_counts_as_use():
     c = core(max_loaded=1, idle=10.0)
     c.want("b", 0.0)
     assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
-    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 1.0, 8 * GIB) == []  # loaded; still wanted, not idle
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 1.0, 8 * GIB) == []  # loaded: the order is done
     with pytest.raises(KeyError):
         c.want("nope", 1.0)
+
+
+def test_a_model_loaded_by_an_order_is_then_as_any_loaded_model_not_pinned():
+    """POST /models/load loads a model; once loaded it is idle as any other (llama.cpp's router): the
+    idle timer runs from its load, and another model's request makes room from it at once, rather
+    than waiting on a model nobody uses (and seeing it loaded again each time that one goes idle)."""
+    c = core(max_loaded=1, idle=10.0)
+    c.want("b", 0.0)
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
+    c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 5.0, 8 * GIB)  # registered at 5
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == [
+        Unload("b", "room for 'a' (max_loaded 1, least recently used)")]
+    assert c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 8.0, 8 * GIB) == []  # a served; b stays unloaded
+    c2 = core(max_loaded=1, idle=10.0)
+    c2.want("b", 0.0)
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 5.0, 8 * GIB)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 14.9, 8 * GIB) == []
+    assert [type(x) for x in c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 15.0, 8 * GIB)] == [Unload]
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 16.0, 8 * GIB)
+    c2.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 17.0, 8 * GIB)  # a loaded by a request
+    c2.want("a", 18.0)  # an order for a model loaded already: a use, not a pin
+    assert [type(x) for x in c2.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 28.0, 8 * GIB)] == [Unload]
 
 
 @pytest.mark.parametrize("kwargs, says", [(dict(models={}), "at least one"), (dict(models={"a": -1}), ">= 0"),
