@@ -142,6 +142,20 @@ class ServedModels:
             self.grace_over = True
             self.fail_unknown(out, "the broker's start-up grace is over")
 
+    def fail_load(self, model: str, why: str, out: Outbox) -> None:
+        """A worker of ``model`` (on demand) said goodbye while loading it -- its load failed: its
+        supervisor stops a loading worker only when everything stops, and one that dies says
+        nothing (its requests wait for the next load). Unless another worker serves or loads it,
+        the requests waiting for it end ``worker_failed`` with ``why`` (rather than waiting, their
+        demand loading it again and again)."""
+        if self._registry.for_model(model) or model in self._registry.loading_models():
+            return
+        for name in [model] + [a for a, m in self.aliases.items() if m == model]:
+            q = self._jobs.queues.pop(name, None)
+            while q is not None and (job := q.pop()) is not None:
+                self._jobs.finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
+                                  f"{why}; see the server's log, fix the model or remove it", out)
+
     def fail_unknown(self, out: Outbox, why: str) -> None:
         """End requests still waiting for a model that no worker registered or
         loads (``unknown_model``; ``why``: what changed, for the message)."""

@@ -155,6 +155,9 @@ class WorkerHandler:
             if isinstance(msg, Bye):
                 log.warning("worker %s stopped while loading model %r: %s", lw.name, lw.model, msg.reason)
                 self._loader_gone(lw, out)
+                if lw.model in self.config.on_demand_models:
+                    self._models.fail_load(lw.model, f"the worker loading model {lw.model!r} stopped "
+                                                     f"({msg.reason or 'no reason given'})", out)
         elif not isinstance(msg, Bye):
             out.send(Side.BACKEND, identity, Error(
                 ErrorCode.NOT_REGISTERED, "this broker does not know you (restarted?): register again"))

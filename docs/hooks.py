@@ -358,13 +358,16 @@ def bench_model_smollm2_gguf(d: dict) -> str:
 def _random_cases(d: dict) -> str:
     rows = []
     for case in d["cases"]:
-        tps = {s["system"]: s["tokens_per_s"] for s in case["systems"]}
+        tps = {s["system"]: s["tokens_per_s"] for s in case["systems"] if "tokens_per_s" in s}  # (not skipped)
+        if not tps:
+            continue
+        vs = case.get("slotserve_vs", {})
         rows.append([f"`{case['shape']}`", case["dtype"], case["workload"], case["slots"], tps.get("slotserve"),
-                     tps.get("hf-static"), tps.get("hf-cb"), case["slotserve_vs"].get("hf-static"),
-                     case["slotserve_vs"].get("hf-cb")])
+                     tps.get("hf-static"), tps.get("hf-cb"), vs.get("hf-static"), vs.get("hf-cb")])
+    device = d["device"] + (f" ({d['gpu']})" if d.get("gpu") else "")
     return (_table(["shape", "dtype", "workload", "slots", "slotserve tokens/s", "HF static", "transformers CB",
                     "vs HF static", "vs CB"], rows)
-            + f"\n\n{d['device']}, {d['threads']} thread(s), torch {d.get('torch', '?')}, "
+            + f"\n\n{device}, {d['threads']} thread(s), torch {d.get('torch', '?')}, "
               f"load {_run_load(d)}.")
 
 
@@ -375,6 +378,16 @@ def bench_model_random(d: dict) -> str:
 
 @_bench("model_random_cpu_threads1.json", "Larger shapes, random weights")
 def bench_model_random_threads1(d: dict) -> str:
+    return _random_cases(d)
+
+
+@_bench("model_random_cuda.json", "Larger shapes, random weights")
+def bench_model_random_cuda(d: dict) -> str:
+    return _random_cases(d)
+
+
+@_bench("model_random_cuda_gemma_he32.json", "Larger shapes, random weights")
+def bench_model_random_cuda_2(d: dict) -> str:
     return _random_cases(d)
 
 

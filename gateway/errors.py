@@ -88,7 +88,7 @@ class APIError(Exception):
         ``param``, so the message starts with the field at fault."""
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         message = self.message
-        if self.param is not None and not message.startswith(self.param):
+        if self.param is not None and not message.lstrip("'`").startswith(self.param):
             message = f"{self.param}: {message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
 

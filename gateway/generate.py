@@ -40,7 +40,7 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import ThinkStream, split_reasoning
+from gateway.reasoning import PARSERS as REASONING_PARSERS, ThinkStream, split_reasoning
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
@@ -317,6 +317,8 @@ class Generate:
         if chosen is None:
             info = self.link.model_info(body.model)
             chosen = getattr(info, "reasoning", "") or None
+            if chosen not in REASONING_PARSERS:  # (a worker's word: a newer one may name a parser unknown here)
+                return None
         return None if chosen == "none" else chosen
 
     def _max_tokens(self, body: _Sampling, info) -> object:

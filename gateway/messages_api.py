@@ -107,8 +107,9 @@ class MessagesRequest(CountTokensRequest):
     container: Any = None
 
 
-# chat fields -> Messages fields, for the chat path's errors
-_PARAMS = ((r"messages(\.\d+)?", "messages"), (r"stop", "stop_sequences"),
+# chat fields -> Messages fields, for the chat path's errors (a chat message's index is not a Messages
+# message's -- the system prompt, tool results split off -- nor are its keys, so all is "messages")
+_PARAMS = ((r"messages(\..*)?", "messages"), (r"stop", "stop_sequences"),
            (r"response_format(\.json_schema)?(\.schema)?", "output_config.format.schema"),
            (r"tools\.(\d+)\.function\.parameters", r"tools.\1.input_schema"), (r"tools\.(\d+)\.function", r"tools.\1"),
            (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"))

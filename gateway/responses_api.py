@@ -121,9 +121,10 @@ class ResponsesRequest(BaseModel):
         return None
 
 
-# chat fields -> Responses fields, for the chat path's errors
+# chat fields -> Responses fields, for the chat path's errors (a chat message's index is not an input
+# item's -- instructions and the stored conversation come first -- nor are its keys, so all is "input")
 _PARAMS = (
-    (r"messages(\.\d+)?", "input"), (r"max_tokens", "max_output_tokens"),
+    (r"messages(\..*)?", "input"), (r"max_tokens", "max_output_tokens"),
     (r"response_format(\.json_schema)?", "text.format"),
     (r"tools\.(\d+)\.function", r"tools.\1"), (r"reasoning_effort", "reasoning.effort"),
 )

@@ -120,6 +120,14 @@ class TokenizeEndpoints:
                 names = ", ".join(sorted(served))
                 raise bad_request(f"model is required: this gateway serves several ({names})", "model",
                                   "missing_required_parameter")
+        elif model in self.link.config.on_demand_models and model not in served and \
+                model not in (served := self.link.served(await self.link.refresh())):
+            # a model on demand that is not loaded: its tokenizer is found once its worker says its names
+            tok = self.tokenizers.loaded(self.link.served_name(model))  # (one it had before stays)
+            if tok is not None:
+                return model, tok
+            raise unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation "
+                              "request or POST /models/load loads it (GET /v1/models says when); retry then")
         elif served and model not in served and model not in (served := self.link.served(await self.link.refresh())):
             # (refreshed first: the last poll may predate the model's first worker, as client_for does)
             raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it (served now: "

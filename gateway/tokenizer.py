@@ -153,6 +153,7 @@ class Tokenizers:
         self.name = name
         self._names_of = names_of or (lambda model: (model,))
         self._futures: dict[str, asyncio.Future] = {}
+        self._tried: dict[str, tuple[str, ...]] = {}  # the names each future tries
         self._failed: dict[str, str] = {}
 
     def _key(self, model: str) -> str:
@@ -163,8 +164,13 @@ class Tokenizers:
         if self._load is None:
             return
         key = self._key(model)
-        if key not in self._futures:
-            names = (key,) if self.name else tuple(self._names_of(key))
+        names = (key,) if self.name else tuple(self._names_of(key))
+        fut = self._futures.get(key)
+        # Found none by the names known then (a model on demand, asked for before its worker said its
+        # aliases, e.g. the .gguf path behind a --models-dir name): try again once there are new ones.
+        if fut is None or names != self._tried[key] and fut.done() and not fut.cancelled() and \
+                fut.exception() is None and fut.result() is None:
+            self._tried[key] = names
             self._futures[key] = asyncio.get_running_loop().run_in_executor(None, self._load_one, key, names)
 
     def _load_one(self, key: str, names: Sequence[str]) -> Tokenizer | None:
@@ -187,6 +193,12 @@ class Tokenizers:
             return None
         self.prefetch(model)
         return await asyncio.shield(self._futures[self._key(model)])
+
+    def loaded(self, model: str) -> Tokenizer | None:
+        """``model``'s tokenizer if it has loaded already (no waiting, no load started), else None."""
+        fut = self._futures.get(self._key(model))
+        return fut.result() if fut is not None and fut.done() and not fut.cancelled() and \
+            fut.exception() is None else None
 
     def why_none(self, model: str) -> str:
         key = self._key(model)

@@ -129,7 +129,8 @@ class Qwen3CoderStream(CallStream):
             at = buf.find(_P_END)
             if at < 0:
                 if self._text_value:
-                    keep = 0 if final else _tag_start(buf, "\n" + _P_END)
+                    # (the end tag may follow a newline or the value itself, an empty one too)
+                    keep = 0 if final else max(_tag_start(buf, "\n" + _P_END), _tag_start(buf, _P_END))
                     self._args(out, _escaped(buf[:len(buf) - keep]))
                     self._buf = buf[len(buf) - keep:]
                 elif final:

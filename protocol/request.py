@@ -455,10 +455,13 @@ TEMPLATE_RESERVED = frozenset({
     "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
-    "bos_token", "eos_token", "unk_token", "pad_token", "raise_exception", "strftime_now"})
+    "bos_token", "eos_token", "unk_token", "pad_token", "raise_exception", "strftime_now",
+    "self", "conversations"})
 """Names ``chat_template_kwargs`` may not set: the arguments of transformers' ``apply_chat_template``
-that the renderer sets itself (the messages, tools, the template, tokenization), and the variables
-it gives every template (the special tokens and its helper functions)."""
+that the renderer sets itself (the messages, tools, the template, tokenization), the other names the
+keyword arguments meet on their way to the template (``self`` of the methods, ``render_jinja_template``'s
+``conversations``: Python's "got multiple values for argument" else), and the variables it gives
+every template (the special tokens and its helper functions)."""
 
 
 def check_template_kwargs(value: object, field: str) -> str | None:

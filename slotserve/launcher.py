@@ -403,15 +403,17 @@ class LocalCluster:
             if not p.is_alive():
                 p.join()
                 del self._demand_stopping[name]
+        now = time.monotonic() if now is None else now
+        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
         for name, p in list(self._demand_procs.items()):
             if not p.is_alive():
                 log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
                             name, p.exitcode)
                 p.join()
                 del self._demand_procs[name]
-        now = time.monotonic() if now is None else now
+                if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
+                    self._demand.failed(name, now)
         self._take_orders(now)
-        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
         starting = frozenset(n for n in self._demand_procs if folded.models[n].workers == 0)
         actions = self._demand.decide(folded, now, psutil.virtual_memory().available, starting,
                                       frozenset(self._demand_stopping))
@@ -423,7 +425,7 @@ class LocalCluster:
                 p = self._demand_procs.pop(a.model, None)
                 log.info("models on demand: unloading %r: %s", a.model, a.why)
                 if p is not None:
-                    p.terminate()  # the worker says goodbye; nothing is in flight on an idle model
+                    p.terminate()  # the worker says goodbye; the broker migrates what it ran (a turn_s unload)
                     self._demand_stopping[a.model] = p
             elif isinstance(a, Refuse):
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
@@ -474,7 +476,8 @@ class LocalCluster:
         """Stop the gateway, the workers, then the broker: SIGTERM -> join(timeout) -> SIGKILL. Idempotent.
 
         The gateway drains first (up to its ``shutdown_timeout_s``) while the
-        workers and the broker still serve; when ``halt()`` turns true (a
+        workers and the broker still serve (and models on demand still load for
+        the requests in flight); when ``halt()`` turns true (a
         second signal; looked at when ``wakeup_fd``, e.g. the signal wakeup
         pipe, wakes the wait, and every 0.1 s) it ends its requests at once.
         """
@@ -505,7 +508,10 @@ class LocalCluster:
             if not self._gateway_halt.is_set() and halt():
                 self._gateway_halt.set()  # a second signal: end what is in flight now
                 deadline = min(deadline, time.monotonic() + END_GRACE_S + stop_s)
-            if wakeup_fd in wait_for_sentinels(handles, timeout=max(0.0, min(0.1, deadline - time.monotonic()))):
+            if self._demand is not None:  # requests in flight may wait for a model's load: keep loading
+                self.on_demand_pass()
+            wait_s = DEMAND_POLL_S if self._demand is not None else 0.1
+            if wakeup_fd in wait_for_sentinels(handles, timeout=max(0.0, min(wait_s, deadline - time.monotonic()))):
                 _drain(wakeup_fd)
         if p.is_alive():
             log.warning("%s did not stop within its drain and %.1f s: killing it", p.name, stop_s)

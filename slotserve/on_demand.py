@@ -13,21 +13,33 @@ is tested on made-up statuses (tests/cli/test_on_demand.py).
 The rules, each pass (:meth:`OnDemand.decide`):
 
 - A model is *wanted* when requests for it are queued or running (status),
-  or :meth:`OnDemand.want` asked for it (``POST /models/load``); *busy*
+  or :meth:`OnDemand.want` asked for it (``POST /models/load``) and it has
+  not loaded since (then it is as any loaded model: idle until used); *busy*
   while requests for it are queued or running; *idle* otherwise, since the
   last pass it was busy (``last_used_s``).
 - A wanted model that is not loaded (no worker registered, none starting) is
   loaded when fewer than ``max_loaded`` models are loaded or loading and its
   memory estimate fits in what the machine has available; else the least
   recently used *idle* loaded model is unloaded first (its memory then
-  counts as available). A busy model is never unloaded: the wanted model
-  waits, its requests queued, until one becomes idle.
+  counts as available). A busy model is not unloaded for it at first: the
+  wanted model waits, its requests queued, until one becomes idle -- unless
+  the wait passes ``turn_s`` (default 30 s) while requests for it are queued:
+  then the busy model loaded longest, if it has been loaded ``turn_s``
+  itself, is unloaded (its requests go back to the broker's queue with the
+  tokens they have, as on any worker's goodbye, and it waits its turn behind
+  the others), so that steady traffic for one model cannot starve another
+  forever.
 - A model whose estimate exceeds what even unloading every idle model
   would free is *refused* (:class:`Refuse`, once until its demand ends): the
   supervisor says why in its log and ``slotserve status``; its requests
   wait for their deadline rather than an OOM kill of the machine.
 - A loaded model idle for ``idle_unload_s`` seconds is unloaded (0: never,
   as Ollama's ``keep_alive: -1``).
+- A model whose worker exited before it registered (its load failed, or it was killed) is
+  not loaded again for a while (:meth:`OnDemand.failed`: 1 s, doubling with each failure in a
+  row, at most ``MAX_RETRY_S``), and a ``POST /models/load`` order for it is dropped: a model
+  that cannot load is not reloaded in a loop. (The broker ends the requests waiting for it
+  when its worker said why it stopped.)
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.
@@ -44,6 +56,15 @@ __all__ = ["Load", "OnDemand", "Refuse", "Unload", "estimate_bytes"]
 
 DEFAULT_IDLE_UNLOAD_S = 300.0
 """Ollama's default ``keep_alive`` (5 minutes)."""
+
+DEFAULT_TURN_S = 30.0
+"""How long requests for an unloaded model wait for a busy one before it is unloaded for them (and
+how long a model stays loaded before it can be): long against a load (~2-6 s for SmolLM2-135M and
+Qwen2.5-Coder-0.5B, bench/on_demand.py), so that alternating traffic is not all loading."""
+
+
+MAX_RETRY_S = 60.0
+"""The longest wait before a model whose loads keep failing is tried again (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +96,13 @@ class _Model:
     state: str = "unloaded"  # unloaded | loading | loaded
     last_used_s: float = float("-inf")
     wanted_since: float | None = None
+    loaded_since: float | None = None  # when its worker registered (the start of its turn)
+    waiting: bool = False  # requests for it are queued or running
     asked: bool = False  # want() was called and no request came yet
     drop: bool = False  # release() was called: unload it once idle
     refused: bool = False
+    failures: int = 0  # loads in a row whose worker exited before registering
+    retry_s: float = float("-inf")  # not loaded again before this time (after a failure)
 
 
 @dataclass
@@ -86,12 +111,15 @@ class OnDemand:
 
     ``models``: model name -> its memory estimate in bytes (:func:`estimate_bytes`);
     ``max_loaded``: models loaded (or loading) at once, >= 1; ``idle_unload_s``: seconds
-    idle before a model is unloaded (0: never). ValueError for bad values.
+    idle before a model is unloaded (0: never); ``turn_s``: seconds a model with requests
+    waits before a busy model loaded at least as long is unloaded for it (> 0). ValueError for
+    bad values.
     """
 
     models: dict[str, int]
     max_loaded: int = 1
     idle_unload_s: float = DEFAULT_IDLE_UNLOAD_S
+    turn_s: float = DEFAULT_TURN_S
     _state: dict[str, _Model] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +131,7 @@ class OnDemand:
         if type(self.max_loaded) is not int or self.max_loaded < 1:
             raise ValueError(f"max_loaded must be an int >= 1, got {self.max_loaded!r}")
         as_seconds(self.idle_unload_s, "idle_unload_s", allow_zero=True)
+        as_seconds(self.turn_s, "turn_s")
         self._state = {name: _Model(need) for name, need in self.models.items()}
 
     # ------------------------------------------------------------------ what the supervisor tells it
@@ -110,16 +139,29 @@ class OnDemand:
     def want(self, model: str, now: float) -> None:
         """Load ``model`` even without requests (``POST /models/load``). KeyError for an unknown model."""
         m = self._state[model]
+        m.drop = False  # (the last order wins: a release before it is void)
+        m.last_used_s = max(m.last_used_s, now)
+        if m.state == "loaded":  # done already: it counts as a use
+            return
         m.asked = True
         if m.wanted_since is None:
             m.wanted_since = now
-        m.last_used_s = max(m.last_used_s, now)
 
     def release(self, model: str) -> None:
         """Unload ``model`` as soon as it is idle (``POST /models/unload``; a model with requests queued or
         running is never unloaded: it goes once they end, unless more come). KeyError for an unknown model."""
         m = self._state[model]
         m.asked, m.drop = False, True
+
+    def failed(self, model: str, now: float) -> None:
+        """``model``'s worker exited before it registered (the supervisor saw its process end): not
+        loaded again before a back-off (1 s, doubling per failure in a row, at most
+        :data:`MAX_RETRY_S`); an order to load it (:meth:`want`) is dropped. KeyError for an
+        unknown model."""
+        m = self._state[model]
+        m.asked = False
+        m.failures += 1
+        m.retry_s = now + min(MAX_RETRY_S, 2.0 ** (m.failures - 1))
 
     def state(self, model: str) -> str:
         """``"loaded"``, ``"loading"`` or ``"unloaded"`` (as of the last pass). KeyError for an unknown model."""
@@ -145,7 +187,12 @@ class OnDemand:
             workers, loading = (st.workers, st.loading) if st is not None else (0, 0)
             m.state = ("unloading" if name in stopping else "loaded" if workers > 0 else
                        "loading" if name in starting or loading else "unloaded")
-            busy = queued > 0 or running > 0
+            if m.state != "loaded":
+                m.loaded_since = None
+            elif m.loaded_since is None:  # registered: a load order is done; idle from now unless used
+                m.loaded_since, m.failures, m.asked = now, 0, False
+                m.last_used_s = max(m.last_used_s, now)
+            busy = m.waiting = queued > 0 or running > 0
             if busy:
                 m.last_used_s = now
                 m.asked = False
@@ -156,9 +203,10 @@ class OnDemand:
                 m.wanted_since, m.refused = None, False
         actions: list[Load | Unload | Refuse] = self._idle_unloads(now)
         free = available_bytes
-        for name in sorted((n for n, m in self._state.items() if m.wanted_since is not None and m.state == "unloaded"),
+        for name in sorted((n for n, m in self._state.items()
+                            if m.wanted_since is not None and m.state == "unloaded" and now >= m.retry_s),
                            key=lambda n: (self._state[n].wanted_since, n)):
-            free = self._make_room(name, free, actions)
+            free = self._make_room(name, free, now, actions)
         return actions
 
     def _idle_unloads(self, now: float) -> list[Unload]:
@@ -176,7 +224,7 @@ class OnDemand:
                 out.append(Unload(name, f"idle for {now - m.last_used_s:.0f} s (idle_unload_s {self.idle_unload_s:g})"))
         return out
 
-    def _make_room(self, name: str, free: int, actions: list) -> int:
+    def _make_room(self, name: str, free: int, now: float, actions: list) -> int:
         """Load ``name`` if it fits now, else unload the least recently used idle models it needs
         gone (it loads in a later pass, once they are); refuse it (once) when even unloading every
         idle model would not make it fit. Returns the memory still available in this pass."""
@@ -205,7 +253,25 @@ class OnDemand:
             actions.append(Unload(victim, f"room for {name!r} (max_loaded {self.max_loaded}, least recently used)"))
             room += self._state[victim].need_bytes
             slots += 1
+        if (slots < 1 or m.need_bytes > room) and m.waiting and now - m.wanted_since >= self.turn_s:
+            self._take_turn(name, now, slots, room, actions)
         return free  # loads once what is unloading is gone; if every loaded model is busy, its requests wait
+
+    def _take_turn(self, name: str, now: float, slots: int, room: int, actions: list) -> None:
+        """``name``'s requests waited ``turn_s`` for busy models: unload those loaded longest (each
+        loaded ``turn_s`` at least) until it fits; each goes to the back of the line (its requests,
+        migrated by the broker, wait from now)."""
+        need = self._state[name].need_bytes
+        busy = sorted((n for n, o in self._state.items() if o.state == "loaded" and o.loaded_since is not None
+                       and now - o.loaded_since >= self.turn_s),
+                      key=lambda n: (self._state[n].loaded_since, n))
+        while (slots < 1 or need > room) and busy:
+            victim = busy.pop(0)
+            v = self._state[victim]
+            v.state, v.wanted_since = "unloading", now
+            actions.append(Unload(victim, f"requests for {name!r} waited {self.turn_s:g} s (turn_s) for it"))
+            room += v.need_bytes
+            slots += 1
 
 
 def estimate_bytes(path: str, overhead_bytes: int = 400 * 2**20) -> int:

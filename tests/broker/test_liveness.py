@@ -9,7 +9,7 @@ import functools
 
 from broker.outbox import Side
 from protocol.enums import ErrorCode, FinishReason
-from protocol.messages import Cancel, Finished, Heartbeat, Iteration, Register, Results, Submit
+from protocol.messages import Bye, Cancel, Finished, Heartbeat, Iteration, Loading, Register, Results, Submit
 from tests.support import cores
 from tests.support.cores import C1, INFO, W1, W2, assigned
 from tests.support.messages import envelope
@@ -176,3 +176,23 @@ def test_requests_for_a_model_on_demand_wait_past_the_grace_and_status_lists_it(
     out = core.on_backend(W1, Register("lazy", 2, 2, INFO, "w1"), 6.0)
     (spec,) = assigned(out, W1)
     assert spec.request_id is not None and core.status(6.0).models["lazy"].workers == 1
+
+
+def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_requests():
+    """A worker that stops while loading a model on demand failed to load it (its supervisor stops
+    a loading worker only when everything stops): the requests waiting for it end ``worker_failed``
+    with the worker's reason, rather than waiting forever while their demand reloads it in a loop.
+    One that dies silently says nothing: its requests wait for the next load."""
+    core = make_core(on_demand_models=("lazy", "alias"))
+    core.on_backend(W1, Loading("lazy", "w1", ("alias",)), 0.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
+    out += core.on_frontend(C1, Submit("alias", [envelope("b", [1], 5)]), 0.1)
+    assert finished(out) == {}
+    out = core.on_backend(W1, Bye("cannot load model 'lazy': not a GGUF file"), 0.2)
+    ended = finished(out)
+    assert set(ended) == {"a", "b"} and {f.code for f in ended.values()} == {ErrorCode.WORKER_FAILED}
+    assert "not a GGUF file" in ended["a"].message and core.status(0.2).models["lazy"].queued == 0
+    # silent: the next worker's load is awaited
+    core.on_backend(W2, Loading("lazy", "w2"), 1.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("c", [1], 5)]), 1.1) + core.tick(30.0)
+    assert finished(out) == {} and core.status(30.0).models["lazy"].queued == 1

@@ -51,10 +51,52 @@ def test_at_the_limit_the_least_recently_used_idle_model_makes_room_then_the_wan
 def test_a_busy_model_is_never_unloaded_the_wanted_one_waits():
     c = core(max_loaded=1)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
-    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue
+    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue (less than turn_s)
         assert c.decide(status(a=(1, 1, 1), b=(2, 0, 0)), float(t), 8 * GIB) == []
     assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 5.0, 8 * GIB) == [
         Unload("a", "room for 'b' (max_loaded 1, least recently used)")]
+
+
+def test_steady_traffic_for_a_busy_model_cannot_starve_another_past_turn_s():
+    c = OnDemand({"a": GIB, "b": GIB}, 1, 300.0, turn_s=30.0)
+    c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c.decide(status(a=(0, 2, 1), b=(0, 0, 0)), 1.0, 8 * GIB)  # a loaded at 1
+    for t in range(2, 32):  # a never idle; b waits from 2
+        assert c.decide(status(a=(1, 2, 1), b=(1, 0, 0)), float(t), 8 * GIB) == []
+    assert c.decide(status(a=(1, 2, 1), b=(1, 0, 0)), 32.0, 8 * GIB) == [
+        Unload("a", "requests for 'b' waited 30 s (turn_s) for it")]
+    # a's requests go back to the queue and wait behind b's: b loads first, then a waits its turn
+    assert c.decide(status(a=(3, 0, 1), b=(1, 0, 0)), 32.5, 8 * GIB, stopping=frozenset({"a"})) == []
+    assert c.decide(status(a=(3, 0, 0), b=(1, 0, 0)), 33.0, 8 * GIB) == [Load("b")]
+    c.decide(status(a=(3, 0, 0), b=(0, 1, 1)), 34.0, 8 * GIB)  # b loaded at 34
+    for t in range(35, 64):  # b busy, a waiting since 32.5: b has not had its turn yet
+        assert c.decide(status(a=(3, 0, 0), b=(1, 1, 1)), float(t), 8 * GIB) == []
+    assert c.decide(status(a=(3, 0, 0), b=(1, 1, 1)), 64.0, 8 * GIB) == [
+        Unload("b", "requests for 'a' waited 30 s (turn_s) for it")]
+
+
+def test_a_model_whose_load_fails_is_not_reloaded_in_a_loop():
+    c = core(max_loaded=1)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("a")]
+    c.failed("a", 2.0)  # its worker exited before registering: 1 s before the next try
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 2.5, 8 * GIB) == []
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 3.0, 8 * GIB) == [Load("a")]
+    c.failed("a", 4.0)  # again: 2 s
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 5.9, 8 * GIB) == []
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 6.0, 8 * GIB) == [Load("a")]
+    for _ in range(10):
+        c.failed("a", 7.0)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 7.0 + 59.0, 8 * GIB) == []  # at most a minute
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 7.0 + 60.0, 8 * GIB) == [Load("a")]
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 70.0, 8 * GIB)  # it registered: the count starts over
+    c.failed("a", 80.0)
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 81.0, 8 * GIB) == [Load("a")]
+    # a load order for a model that fails is dropped with the failure: no request, no reload
+    c2 = core(max_loaded=1)
+    c2.want("b", 0.0)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
+    c2.failed("b", 1.0)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 100.0, 8 * GIB) == []
 
 
 def test_alternating_demand_with_room_for_one_takes_turns_oldest_demand_first():
@@ -89,14 +131,38 @@ def test_want_loads_without_a_request_and_counts_as_use():
     c = core(max_loaded=1, idle=10.0)
     c.want("b", 0.0)
     assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
-    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 1.0, 8 * GIB) == []  # loaded; still wanted, not idle
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 1.0, 8 * GIB) == []  # loaded: the order is done
     with pytest.raises(KeyError):
         c.want("nope", 1.0)
 
 
+def test_a_model_loaded_by_an_order_is_then_as_any_loaded_model_not_pinned():
+    """POST /models/load loads a model; once loaded it is idle as any other (llama.cpp's router): the
+    idle timer runs from its load, and another model's request makes room from it at once, rather
+    than waiting on a model nobody uses (and seeing it loaded again each time that one goes idle)."""
+    c = core(max_loaded=1, idle=10.0)
+    c.want("b", 0.0)
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("b")]
+    c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 5.0, 8 * GIB)  # registered at 5
+    assert c.decide(status(a=(1, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == [
+        Unload("b", "room for 'a' (max_loaded 1, least recently used)")]
+    assert c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 8.0, 8 * GIB) == []  # a served; b stays unloaded
+    c2 = core(max_loaded=1, idle=10.0)
+    c2.want("b", 0.0)
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 5.0, 8 * GIB)
+    assert c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 14.9, 8 * GIB) == []
+    assert [type(x) for x in c2.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 15.0, 8 * GIB)] == [Unload]
+    c2.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 16.0, 8 * GIB)
+    c2.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 17.0, 8 * GIB)  # a loaded by a request
+    c2.want("a", 18.0)  # an order for a model loaded already: a use, not a pin
+    assert [type(x) for x in c2.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 28.0, 8 * GIB)] == [Unload]
+
+
 @pytest.mark.parametrize("kwargs, says", [(dict(models={}), "at least one"), (dict(models={"a": -1}), ">= 0"),
                                           (dict(models={"a": 1}, max_loaded=0), "max_loaded"),
-                                          (dict(models={"a": 1}, idle_unload_s=-1.0), "idle_unload_s")])
+                                          (dict(models={"a": 1}, idle_unload_s=-1.0), "idle_unload_s"),
+                                          (dict(models={"a": 1}, turn_s=0.0), "turn_s")])
 def test_bad_settings_are_value_errors(kwargs, says):
     with pytest.raises(ValueError, match=says):
         OnDemand(**kwargs)
@@ -156,6 +222,16 @@ def test_release_unloads_once_idle_never_while_busy():
     assert c.decide(status(a=(0, 0, 0), b=(1, 0, 0)), 5.0, 8 * GIB) == [Load("b")]
     assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == []  # loaded and idle: kept (idle 0)
 
+
+
+def test_the_last_order_wins_a_load_after_an_unload_keeps_the_model():
+    c = core(max_loaded=2, idle=0.0)
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
+    c.release("a")  # busy: it would go once idle...
+    c.want("a", 0.5)  # ...but the next order asks to keep it loaded
+    assert c.decide(status(a=(1, 1, 1), b=(0, 0, 0)), 1.0, 8 * GIB) == []
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 2.0, 8 * GIB) == []  # idle: kept (idle 0)
+    assert c.state("a") == "loaded"
 
 # ---------------------------------------------------------------------- POST /models/load and /models/unload
 

@@ -151,6 +151,26 @@ def test_the_gateway_loads_a_tokenizer_through_the_alias():
     assert asyncio.run(Tokenizers(load, "/one.gguf", names_of=lambda m: 1 / 0).get("Tiny")) == "tok"
 
 
+def test_a_tokenizer_not_found_by_the_names_known_then_is_looked_up_again_by_new_names():
+    """A model on demand asked for before its worker said its aliases (a --models-dir name, whose
+    .gguf path only the worker tells): the lookup by its name alone finds none, and it is tried
+    again once the path is known, not cached as "no tokenizer" for good."""
+    from gateway.tokenizer import Tokenizers
+
+    known = {"Tiny": ("Tiny",)}
+
+    def load(name):
+        return "tok" if name.endswith(".gguf") else None
+
+    async def scenario():
+        tokenizers = Tokenizers(load, names_of=lambda model: known[model])
+        first = await tokenizers.get("Tiny")
+        known["Tiny"] = ("Tiny", "/m/Tiny.gguf")  # its worker registered it under its path too
+        return first, await tokenizers.get("Tiny"), await tokenizers.get("Tiny")
+
+    assert asyncio.run(scenario()) == (None, "tok", "tok")
+
+
 def test_a_block_quantised_gguf_is_estimated_as_stored_at_auto_and_gguf(tmp_path):
     """auto serves such a file at precision gguf on CPU: its weights as codes and scales
     (worker.models.gguf_blocks.held_bytes), not fp32 -- no more than the runner holds, and the

@@ -13,6 +13,7 @@ from broker import BrokerConfig
 from client import Client
 from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.cluster import ANY_PORT
+from tests.support.waits import wait_until
 from worker.config import WorkerConfig
 
 MODELS = ("model-a", "model-b")
@@ -130,3 +131,33 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
         finally:
             stop.set()
             supervisor.join(30)
+
+
+def test_a_request_in_flight_when_the_cluster_stops_still_gets_its_model_loaded():
+    """The gateway drains while the cluster stops: a request that waits for a model on demand still
+    gets it loaded (the supervisor's passes go on during the drain) and is answered, rather than
+    waiting out the shutdown timeout for a load that never comes."""
+    import threading
+
+    import httpx
+
+    from gateway.config import GatewayConfig
+
+    cluster = LocalCluster(config(max_loaded_models=1, gateway=GatewayConfig(port=0, shutdown_timeout_s=20.0)))
+    cluster.start()
+    answers = []
+    try:
+        def ask() -> None:
+            answers.append(httpx.post(cluster.http_url + "/v1/completions", timeout=60,
+                                      json={"model": "model-a", "prompt": [1, 2, 3], "max_tokens": 3}))
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        with Client(cluster.frontend, model="model-a", connect_timeout_s=10) as c:  # queued; no pass ran
+            wait_until(lambda: c.status().models["model-a"].queued, 30, "the request queued for model-a")
+    finally:
+        t0 = time.monotonic()
+        cluster.stop()
+    asker.join(30)
+    assert answers and answers[0].status_code == 200, answers and answers[0].text
+    assert time.monotonic() - t0 < 15  # not the whole shutdown timeout

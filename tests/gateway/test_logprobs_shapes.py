@@ -125,6 +125,7 @@ class ScriptedLink:
     """A stand-in for :class:`gateway.link.BrokerConnections`: one model ``m``."""
 
     broker_ok = True
+    config = GatewayConfig()
 
     def __init__(self, client: ScriptedClient) -> None:
         self.client = client

@@ -190,6 +190,20 @@ def test_errors_are_anthropic_shaped_naming_the_field(scripted, path, body, stat
     assert r.json()["error"]["type"] == kind and field in r.json()["error"]["message"], r.json()
 
 
+def test_a_chat_path_error_names_the_messages_field_once(scripted):
+    """An error the chat path finds in a translated message names ``messages`` (a chat message's index
+    and keys are not the body's), and a message that names its field already is not prefixed again."""
+    _, http, _ = scripted
+    bad_call = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": 1}]}]
+    r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": bad_call},
+                  headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages: "), r.text
+    r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {}}]}]}, headers={"x-api-key": KEY})
+    assert r.json()["error"]["message"].startswith("'messages.0.content.0.type' is not supported"), r.text
+
+
 def test_keys_by_either_header_and_a_refusal_in_anthropic_shape(scripted):
     sdk, http, _ = scripted
     body = {"model": "m", "messages": user("plain"), "max_tokens": 5}

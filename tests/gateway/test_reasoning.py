@@ -135,6 +135,7 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_request(recorded, b
 
 @pytest.mark.parametrize("body, param, says", [
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by the server"),
+    ({"chat_template_kwargs": {"self": 1}}, "chat_template_kwargs", "set by the server"),
     ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "object of chat template variables"),
     ({"chat_template_kwargs": {"x": 1}, "reasoning_effort": "extreme"}, "reasoning_effort", "one of"),
     ({"reasoning_effort": 3}, "reasoning_effort", "one of"),
@@ -207,3 +208,22 @@ def test_a_constraint_applies_after_the_thinking_of_the_models_parser(option, th
     assert (chat_json.kind, chat_json.think) == ("json_object", think)
     assert (chat_tools.kind, chat_tools.think) == ("grammar", think)
     assert text.think == ""  # a text completion has no chat template, so no thinking format
+
+
+def test_a_parser_name_this_gateway_does_not_know_from_a_worker_is_no_parser(monkeypatch):
+    """``ModelInfo.reasoning`` is what a worker says (a newer one may name a parser this gateway lacks):
+    an unknown name is no parser -- the answer is whole, not a 500 on every chat."""
+    class FutureLink(ScriptedLink):
+        def model_info(self, model: str):
+            return super().model_info(model)._replace(reasoning="future_parser")
+
+    monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    client = OutputClient()
+    with TestClient(handlers_app(Tokenizers(None), FutureLink(client), GatewayConfig())) as http:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        kw = dict(model="m", messages=[{"role": "user", "content": "think_text"}], max_tokens=100)
+        whole = sdk.chat.completions.create(**kw).choices[0].message
+        streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kw, stream=True))
+    for t in client.threads:
+        t.join(10)
+    assert whole.content == streamed == THOUGHT + "It is noon."

@@ -166,6 +166,7 @@ def test_get_delete_and_unknown_ids(scripted):
     ({"frequency": 1}, "frequency", "unknown_parameter"),
     ({"input": None}, "input", "missing_required_parameter"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", None),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}]}, "input", None),
 ])
 def test_bad_bodies_are_400_naming_the_responses_field(scripted, extra, param, code):
     _, http, _ = scripted

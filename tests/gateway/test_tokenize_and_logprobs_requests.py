@@ -98,6 +98,26 @@ def test_an_unserved_model_is_404_even_with_one_tokenizer_for_all(path, body, on
         assert http.post(path, json={**body, "model": "new"}).status_code == 200  # registered after the last poll
 
 
+@pytest.mark.parametrize("path, body", [("/tokenize", {"prompt": "ab"}), ("/tokenize", {"messages": MESSAGES})])
+def test_a_model_on_demand_not_loaded_now_is_503_not_404_and_keeps_a_tokenizer_it_had(path, body):
+    """A model on demand exists while unloaded (``/v1/models`` lists it): not 404 ``model_not_found``,
+    but 503 saying how it loads -- and no tokenizer looked up by a name its worker has not told
+    yet (a failed lookup would stay cached); one loaded while the model was served still answers."""
+    import dataclasses
+
+    link = RefreshingLink(ScriptedClient())
+    link.config = dataclasses.replace(GatewayConfig(), on_demand_models=("m", "lazy"))
+    tokenizers = Tokenizers(letters)
+    app, _ = app_for(tokenizers, link)
+    with TestClient(app) as http:
+        r = http.post(path, json={**body, "model": "lazy"})
+        assert r.status_code == 503 and "POST /models/load" in r.json()["error"]["message"], r.text
+        assert "lazy" not in tokenizers._futures
+        served = http.post(path, json={**body, "model": "m"}).json()
+        link.served = lambda status=None: {}  # m unloaded too: its tokenizer, loaded before, still answers
+        assert http.post(path, json={**body, "model": "m"}).json() == served
+
+
 class GatedCodec(LetterCodec):
     """``encode`` / ``apply_chat_template`` wait (up to 5 s) for a ``decode`` to happen meanwhile: on the
     event loop they would block the ``/detokenize`` that releases them, so the wait would time out."""

@@ -71,6 +71,11 @@ CASES = {
                          "<parameter=days>\nthree\n</parameter>\n</function>\n</tool_call>\nDone.",
                          ("I'll look.\nDone.", [("get_time", "{}"),
                                                 ("get_weather", '{"city": "line one\\nline two\\n", "days": "three"}')])),
+        # a string value that is empty, or whose end tag follows it without a newline
+        "empty_value": ("<tool_call>\n<function=get_time>\n<parameter=zone>\n</parameter>\n</function>\n</tool_call>",
+                        (None, [("get_time", '{"zone": ""}')])),
+        "tight_end": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis</parameter>\n</function>\n"
+                      "</tool_call>", (None, [("get_weather", '{"city": "Paris"}')])),
         "no_tag": ("<function=get_time>\n<parameter=zone>\nutc\n</parameter>\n</function>",
                    (None, [("get_time", '{"zone": "utc"}')])),
         "plain": ("Use <b>bold</b> or a <tool>.", ("Use <b>bold</b> or a <tool>.", [])),

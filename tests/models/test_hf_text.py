@@ -212,3 +212,22 @@ def test_a_model_without_a_template_has_no_thinking_format(tiny_text_dir):
     tok = copy.copy(load_model(tiny_text_dir).tokenizer._tok)
     tok.chat_template = None
     assert HFTextCodec(tok).reasoning_format == ""
+
+
+def test_every_name_the_template_kwargs_meet_on_their_way_to_the_template_is_reserved():
+    """``chat_template_kwargs`` go as keyword arguments through transformers' ``apply_chat_template``,
+    ``render_jinja_template`` and jinja's ``Template.render``: a name of one of their parameters
+    (``self`` included) must be refused by the protocol, not become Python's "got multiple values"."""
+    import inspect
+
+    import jinja2
+    from transformers.utils import chat_template_utils
+
+    from protocol.request import TEMPLATE_RESERVED
+
+    names = set()
+    for fn in (transformers.PreTrainedTokenizerBase.apply_chat_template, chat_template_utils.render_jinja_template,
+               jinja2.Template.render):
+        names |= {n for n, p in inspect.signature(fn).parameters.items() if p.kind is not p.VAR_KEYWORD
+                  and p.kind is not p.VAR_POSITIONAL}
+    assert names - TEMPLATE_RESERVED == set()
