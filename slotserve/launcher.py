@@ -425,7 +425,7 @@ class LocalCluster:
                 p = self._demand_procs.pop(a.model, None)
                 log.info("models on demand: unloading %r: %s", a.model, a.why)
                 if p is not None:
-                    p.terminate()  # the worker says goodbye; the broker migrates what it ran (a turn_s unload)
+                    p.terminate()  # the worker says goodbye; the broker migrates what it ran (only with turn_s)
                     self._demand_stopping[a.model] = p
             elif isinstance(a, Refuse):
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",

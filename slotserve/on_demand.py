@@ -21,14 +21,14 @@ The rules, each pass (:meth:`OnDemand.decide`):
   loaded when fewer than ``max_loaded`` models are loaded or loading and its
   memory estimate fits in what the machine has available; else the least
   recently used *idle* loaded model is unloaded first (its memory then
-  counts as available). A busy model is not unloaded for it at first: the
-  wanted model waits, its requests queued, until one becomes idle -- unless
-  the wait passes ``turn_s`` (default 30 s) while requests for it are queued:
-  then the busy model loaded longest, if it has been loaded ``turn_s``
+  counts as available). A busy model is never unloaded (the issue's rule,
+  and Ollama's): the wanted model waits, its requests queued, until one
+  becomes idle -- so steady traffic for one model can keep another waiting
+  as long as it lasts (up to the requests' deadlines). ``turn_s`` (None by
+  default: off) changes that: once requests for a model have waited
+  ``turn_s`` seconds, the busy model loaded longest, if loaded ``turn_s``
   itself, is unloaded (its requests go back to the broker's queue with the
-  tokens they have, as on any worker's goodbye, and it waits its turn behind
-  the others), so that steady traffic for one model cannot starve another
-  forever.
+  tokens they have, as on any worker's goodbye, and wait their turn behind).
 - A model whose estimate exceeds what even unloading every idle model
   would free is *refused* (:class:`Refuse`, once until its demand ends): the
   supervisor says why in its log and ``slotserve status``; its requests
@@ -57,10 +57,10 @@ __all__ = ["Load", "OnDemand", "Refuse", "Unload", "estimate_bytes"]
 DEFAULT_IDLE_UNLOAD_S = 300.0
 """Ollama's default ``keep_alive`` (5 minutes)."""
 
-DEFAULT_TURN_S = 30.0
-"""How long requests for an unloaded model wait for a busy one before it is unloaded for them (and
-how long a model stays loaded before it can be): long against a load (~2-6 s for SmolLM2-135M and
-Qwen2.5-Coder-0.5B, bench/on_demand.py), so that alternating traffic is not all loading."""
+DEFAULT_TURN_S = None
+"""No turns by default: a busy model is never unloaded. A value for ``turn_s`` should be long against
+a load (~2-6 s for SmolLM2-135M and Qwen2.5-Coder-0.5B, bench/on_demand.py), e.g. 30 s, so that
+alternating traffic is not all loading."""
 
 
 MAX_RETRY_S = 60.0
@@ -111,15 +111,15 @@ class OnDemand:
 
     ``models``: model name -> its memory estimate in bytes (:func:`estimate_bytes`);
     ``max_loaded``: models loaded (or loading) at once, >= 1; ``idle_unload_s``: seconds
-    idle before a model is unloaded (0: never); ``turn_s``: seconds a model with requests
-    waits before a busy model loaded at least as long is unloaded for it (> 0). ValueError for
-    bad values.
+    idle before a model is unloaded (0: never); ``turn_s``: None (a busy model is never unloaded),
+    or seconds a model with requests waits before a busy model loaded at least as long is unloaded
+    for it (> 0). ValueError for bad values.
     """
 
     models: dict[str, int]
     max_loaded: int = 1
     idle_unload_s: float = DEFAULT_IDLE_UNLOAD_S
-    turn_s: float = DEFAULT_TURN_S
+    turn_s: float | None = DEFAULT_TURN_S
     _state: dict[str, _Model] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +131,8 @@ class OnDemand:
         if type(self.max_loaded) is not int or self.max_loaded < 1:
             raise ValueError(f"max_loaded must be an int >= 1, got {self.max_loaded!r}")
         as_seconds(self.idle_unload_s, "idle_unload_s", allow_zero=True)
-        as_seconds(self.turn_s, "turn_s")
+        if self.turn_s is not None:
+            as_seconds(self.turn_s, "turn_s")
         self._state = {name: _Model(need) for name, need in self.models.items()}
 
     # ------------------------------------------------------------------ what the supervisor tells it
@@ -253,7 +254,8 @@ class OnDemand:
             actions.append(Unload(victim, f"room for {name!r} (max_loaded {self.max_loaded}, least recently used)"))
             room += self._state[victim].need_bytes
             slots += 1
-        if (slots < 1 or m.need_bytes > room) and m.waiting and now - m.wanted_since >= self.turn_s:
+        if self.turn_s is not None and (slots < 1 or m.need_bytes > room) and m.waiting \
+                and now - m.wanted_since >= self.turn_s:
             self._take_turn(name, now, slots, room, actions)
         return free  # loads once what is unloading is gone; if every loaded model is busy, its requests wait
 

@@ -51,13 +51,13 @@ def test_at_the_limit_the_least_recently_used_idle_model_makes_room_then_the_wan
 def test_a_busy_model_is_never_unloaded_the_wanted_one_waits():
     c = core(max_loaded=1)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
-    for t in range(1, 5):  # a keeps working; b's requests wait in the broker's queue (less than turn_s)
+    for t in range(1, 400, 7):  # a keeps working; b's requests wait in the broker's queue (no turns by default)
         assert c.decide(status(a=(1, 1, 1), b=(2, 0, 0)), float(t), 8 * GIB) == []
-    assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 5.0, 8 * GIB) == [
+    assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 401.0, 8 * GIB) == [
         Unload("a", "room for 'b' (max_loaded 1, least recently used)")]
 
 
-def test_steady_traffic_for_a_busy_model_cannot_starve_another_past_turn_s():
+def test_with_turns_steady_traffic_for_a_busy_model_cannot_starve_another_past_turn_s():
     c = OnDemand({"a": GIB, "b": GIB}, 1, 300.0, turn_s=30.0)
     c.decide(status(a=(1, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB)
     c.decide(status(a=(0, 2, 1), b=(0, 0, 0)), 1.0, 8 * GIB)  # a loaded at 1
