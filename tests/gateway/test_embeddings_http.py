@@ -81,12 +81,15 @@ def test_openai_sdk_embeddings_equal_sentence_transformers(oai, reference):
     assert r.usage.prompt_tokens == r.usage.total_tokens == tokens
 
 
-def test_float_and_base64_encodings_agree_exactly(cluster, reference):
+def test_float_and_base64_encodings_agree(cluster, reference):
+    """Two requests, so two computations: the worker may batch a request's inputs apart (one step
+    each, padded differently), which moves float32 results by ~1e-7 (seen in CI: 8e-8); the
+    encodings themselves are exact (tests/gateway/test_embeddings_shapes.py)."""
     floats = _post(cluster, "/v1/embeddings", {"model": MODEL, "input": TEXTS[:2]}).json()
     b64 = _post(cluster, "/v1/embeddings", {"model": MODEL, "input": TEXTS[:2], "encoding_format": "base64"}).json()
     for f, b in zip(floats["data"], b64["data"]):
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
-        assert decoded.tolist() == np.array(f["embedding"], dtype=np.float32).tolist()
+        assert decoded.shape == (384,) and np.abs(decoded - np.array(f["embedding"], dtype=np.float32)).max() <= 1e-6
     assert floats["object"] == "list" and floats["data"][0]["object"] == "embedding"
 
 
