@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
@@ -166,15 +167,7 @@ class Generate:
             if body.stream:
                 return await self._start_stream(request, body, call, tr)
             await self._submit(body, call, stream=False)
-            watch = _Watch(request, call.signal)
-            try:
-                while not all(g.finished for g in call.gens) and not _any_failed(call):
-                    call.check_ended()
-                    await call.signal.wait()
-                    if watch.gone:
-                        raise ClientGone
-            finally:
-                watch.stop()
+            await wait_for(request, call, lambda: all(g.finished for g in call.gens))
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             out = self._response_builder(body, call).completion(call.gens, call.prompts)
             self._observe(call, 200)
@@ -363,16 +356,7 @@ class Generate:
         """Submit, wait until every choice has its first token or has ended, then
         answer: an HTTP error if one failed already, else a stream from there."""
         await self._submit(body, call, stream=True)
-        watch = _Watch(request, call.signal)
-        try:
-            while not all(g.finished or g.handle.first_token_s is not None for g in call.gens) \
-                    and not _any_failed(call):
-                call.check_ended()
-                await call.signal.wait()
-                if watch.gone:
-                    raise ClientGone
-        finally:
-            watch.stop()
+        await wait_for(request, call, lambda: all(g.finished or g.handle.first_token_s is not None for g in call.gens))
         self._raise_failure(call, body)
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
@@ -515,6 +499,21 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def wait_for(request: Request, call: _Call, done: Callable[[], bool]) -> None:
+    """Wait on ``call``'s signal until ``done()`` or one of its choices failed (the caller answers its
+    error); ``call.check_ended()`` at each wake (the gateway ending it as it stops), and
+    :class:`ClientGone` once the HTTP client has disconnected (:class:`_Watch`)."""
+    watch = _Watch(request, call.signal)
+    try:
+        while not done() and not _any_failed(call):
+            call.check_ended()
+            await call.signal.wait()
+            if watch.gone:
+                raise ClientGone
+    finally:
+        watch.stop()
 
 
 async def parse_body(request: Request, schema: type[BaseModel], limit: int, parse=None) -> BaseModel:

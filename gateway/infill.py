@@ -52,8 +52,7 @@ from client import RemoteError
 from gateway.drain import REFUSED
 from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down, \
     unavailable
-from gateway.generate import ClientGone, Generate, _any_failed, _Call, _check_json_body_headers, _EventStream, \
-    _Watch, read_body
+from gateway.generate import ClientGone, Generate, _Call, _check_json_body_headers, _EventStream, read_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.responses import error_response, json_response, sse
 from protocol.enums import FinishReason
@@ -157,16 +156,8 @@ class InfillEndpoint:
             call.check_ended()
             call.model = self._model(body)
             await self._submit(body, call)
-            watch = _Watch(request, call.signal)
-            try:
-                while not all(g.finished or (body.stream and g.handle.first_token_s is not None) for g in call.gens) \
-                        and not _any_failed(call):
-                    call.check_ended()
-                    await call.signal.wait()
-                    if watch.gone:
-                        raise ClientGone
-            finally:
-                watch.stop()
+            await wait_for(request, call, lambda: all(g.finished or (body.stream and g.handle.first_token_s is not None)
+                                                      for g in call.gens))
             self._raise_failure(call)
             if body.stream:
                 call.streaming = True

@@ -673,19 +673,18 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
     from slotserve.signals import StopSignals
 
     models = tuple(dict.fromkeys(models + (_models_in(models_dir) if models_dir else ())))
-    if len(models) > 1:
-        return _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
-                             frontend, backend, broker_options, curve_dir, http_port, http_host, tokenizer,
-                             reasoning_parser, api_keys, metrics_api_keys, shutdown_timeout_s, model_options,
-                             served_model_names, warmup, workers,
-                             gateway_extra={**_tool_call_parser(tool_call_parser), **responses_store},
-                             tool_call_parser=tool_call_parser)
+    several = len(models) > 1  # each on demand (slotserve.on_demand), one worker each
+    if several and (served_model_names or workers is not None):
+        raise click.UsageError("--served-model-name and --workers apply to one model; with several, each is "
+                               "served by its own name (file stem or folder name) with one worker")
+    if several and tokenizer is not None:
+        raise click.UsageError("--tokenizer applies to one model; with several, each model's own is used")
     model = models[0] if models else _default(WorkerConfig, "model")
     gateway = None
     if http_port is not None:
         from gateway.config import GatewayConfig
 
-        if tokenizer is None and model != "simulated":
+        if tokenizer is None and model != "simulated" and not several:
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
         gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
@@ -699,16 +698,22 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
                                "give --http-port too")
     elif shutdown_timeout_given:
         raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
-    workers, model_options = _plan_workers(model, workers, model_options)
-    cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
-                          curve_dir, gateway, model_options, served_model_names, warmup, **broker_options)
+    if several:
+        cfg = _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
+                                frontend, backend, broker_options, curve_dir, gateway, model_options, warmup)
+        what = (f"models on demand: {', '.join(repr(c.served_names[0]) for c in cfg.on_demand)} (at most "
+                f"{max_loaded_models} loaded, unloaded after {idle_unload_s:g} s idle), {slots} slots each")
+    else:
+        workers, model_options = _plan_workers(model, workers, model_options)
+        cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),
+                              curve_dir, gateway, model_options, served_model_names, warmup, **broker_options)
+        what = (f"{workers} x {model} worker(s) with {slots} slots, served as "
+                + ", ".join(map(repr, cfg.workers[0].served_names)))
     with StopSignals() as sig:
         cluster = LocalCluster(cfg)
         try:
             cluster.start(should_stop=sig.is_set)
-            click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), "
-                       f"{workers} x {model} worker(s) with {slots} slots, served as "
-                       + ", ".join(map(repr, cfg.workers[0].served_names))
+            click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), {what}"
                        + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
                        err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
@@ -735,29 +740,12 @@ def _models_in(folder: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
-                  backend, broker_options, curve_dir, http_port, http_host, tokenizer, reasoning_parser, api_keys,
-                  metrics_api_keys, shutdown_timeout_s, model_options, served_model_names, warmup, workers, *,
-                  gateway_extra: dict, tool_call_parser: str | None) -> None:
-    """``up`` with several models: each on demand (:mod:`slotserve.on_demand`), one worker each."""
-    from slotserve.launcher import ClusterConfig, LocalCluster
-    from slotserve.signals import StopSignals
+def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
+                      backend, broker_options, curve_dir, gateway, model_options, warmup):
+    """The cluster of ``up`` with several models: none started, each on demand with one worker
+    (its threads sized as one worker's), its served name its own."""
+    from slotserve.launcher import ClusterConfig
 
-    if served_model_names or workers is not None:
-        raise click.UsageError("--served-model-name and --workers apply to one model; with several, each is "
-                               "served by its own name (file stem or folder name) with one worker")
-    if tokenizer is not None:
-        raise click.UsageError("--tokenizer applies to one model; with several, each model's own is used")
-    gateway = None
-    if http_port is not None:
-        from gateway.config import GatewayConfig
-
-        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
-                          metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
-                          reasoning_parser=reasoning_parser, **gateway_extra)
-    elif reasoning_parser is not None or tool_call_parser is not None or api_keys or metrics_api_keys:
-        raise click.UsageError("--reasoning-parser, --tool-call-parser and the API keys are the HTTP server's: "
-                               "give --http-port too")
     configs = []
     for model in models:
         _, options = _plan_workers(model, 1, model_options)
@@ -766,26 +754,9 @@ def _up_on_demand(ctx, models, slots, max_loaded_models, idle_unload_s, step_del
                                        **broker_options).workers[0])
     base = _cluster_config(frontend, backend, 1, models[0], slots, step_delay_ms, stop_token, _log_level(ctx),
                            curve_dir, gateway, model_options, (), warmup, **broker_options)
-    cfg = _config(ClusterConfig, broker=base.broker, workers=(), log_level=base.log_level,
-                  client_curve=base.client_curve, gateway=gateway, on_demand=tuple(configs),
-                  max_loaded_models=max_loaded_models, idle_unload_s=idle_unload_s)
-    names = ", ".join(repr(c.served_names[0]) for c in configs)
-    with StopSignals() as sig:
-        cluster = LocalCluster(cfg)
-        try:
-            cluster.start(should_stop=sig.is_set)
-            click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), models on "
-                       f"demand: {names} (at most {max_loaded_models} loaded, unloaded after "
-                       f"{idle_unload_s:g} s idle), {slots} slots each"
-                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
-                       err=True)
-            cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())
-            click.echo("stopping...", err=True)
-        except (RuntimeError, ValueError) as e:
-            if not sig.is_set():
-                raise click.ClickException(str(e)) from None
-        finally:
-            cluster.stop(halt=sig.flag.repeated, wakeup_fd=sig.fileno())
+    return _config(ClusterConfig, broker=base.broker, workers=(), log_level=base.log_level,
+                   client_curve=base.client_curve, gateway=gateway, on_demand=tuple(configs),
+                   max_loaded_models=max_loaded_models, idle_unload_s=idle_unload_s)
 
 
 @main.command()
