@@ -30,7 +30,8 @@ from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
 from protocol.validation import as_seconds
-from slotserve.on_demand import DEFAULT_IDLE_UNLOAD_S, Load, OnDemand, Refuse, Unload, estimate_bytes
+from slotserve.demand_supervisor import DEMAND_POLL_S, DemandSupervisor
+from slotserve.on_demand import DEFAULT_IDLE_UNLOAD_S
 from slotserve.signals import PARENT_GONE, SignalStopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
@@ -183,27 +184,18 @@ class LocalCluster:
         self._gateway: mp.Process | None = None
         self._gateway_halt = _ctx.Event() if config.gateway is not None else None  # set: end the drain at once
         self._should_stop: Callable[[], bool] = _never
-        # models on demand: their decisions, the workers running and those being stopped, by model
-        self._demand: OnDemand | None = None
-        self._demand_cfg: dict[str, WorkerConfig] = {w.served_names[0]: w for w in config.on_demand}
-        self._demand_procs: dict[str, mp.Process] = {}
-        self._demand_stopping: dict[str, mp.Process] = {}
-        self._demand_client: Client | None = None
         self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
+        self._demand: DemandSupervisor | None = None  # the models on demand
         if config.on_demand:
-            names = tuple(n for w in config.on_demand for n in w.served_names)
+            self._demand = DemandSupervisor(
+                config.on_demand, config.max_loaded_models, config.idle_unload_s, spawn=self._spawn_on_demand,
+                connect=lambda: Client(self.frontend, connect_timeout_s=config.stop_timeout_s,
+                                       name="launcher-on-demand", curve=config.client_curve),
+                orders=self._orders, timeout_s=config.stop_timeout_s)
+            names = self._demand.served_names
             self._broker_cfg = replace(config.broker, on_demand_models=names)
             if self._gateway_cfg is not None:
                 self._gateway_cfg = replace(self._gateway_cfg, on_demand_models=names)
-            import psutil
-
-            needs = {n: estimate_bytes(w.model) for n, w in self._demand_cfg.items()}
-            total = psutil.virtual_memory().total
-            for name, need in needs.items():
-                if need > total:
-                    raise ValueError(f"model {name!r} needs about {need / 2**20:,.0f} MiB (its files x 1.25 + "
-                                     f"400 MiB) and this machine has {total / 2**20:,.0f} MiB of memory in all")
-            self._demand = OnDemand(needs, config.max_loaded_models, config.idle_unload_s)
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -215,12 +207,13 @@ class LocalCluster:
     @property
     def worker_processes(self) -> list[mp.Process]:
         """The worker processes running: the fixed ones, then those of models on demand."""
-        return [p for p in self._workers if p is not None] + list(self._demand_procs.values())
+        return [p for p in self._workers if p is not None] + \
+            (list(self._demand.running.values()) if self._demand is not None else [])
 
     @property
     def loaded_on_demand(self) -> dict[str, mp.Process]:
         """Models on demand whose worker runs (started, maybe not registered yet): model -> its process."""
-        return dict(self._demand_procs)
+        return {} if self._demand is None else dict(self._demand.running)
 
     @property
     def broker_process(self) -> mp.Process | None:
@@ -376,88 +369,17 @@ class LocalCluster:
         log.warning("%s died: restarting it", what)
 
     def on_demand_pass(self, now: float | None = None) -> list:
-        """One pass of the models on demand (:meth:`supervise` runs it every ``DEMAND_POLL_S``): the
-        broker's status -> :meth:`OnDemand.decide` -> start or stop worker processes; returns the
-        actions taken ([] without models on demand, or when the broker does not answer now).
-        A model's status is summed over its served names (requests for an alias wait under the alias
-        until its worker registers it). A worker of a model on demand that died is forgotten: the
-        model loads again when it is wanted."""
-        if self._demand is None:
-            return []
-        import psutil
+        """One pass of the models on demand (:meth:`supervise` runs it every ``DEMAND_POLL_S``):
+        :meth:`DemandSupervisor.run_pass`'s actions ([] without models on demand)."""
+        return [] if self._demand is None else self._demand.run_pass(now)
 
-        from client.errors import BrokerUnavailable
-
-        try:
-            if self._demand_client is None:
-                self._demand_client = Client(self.frontend, connect_timeout_s=self.config.stop_timeout_s,
-                                             name="launcher-on-demand", curve=self.config.client_curve)
-            st = self._demand_client.status(timeout_s=self.config.stop_timeout_s)
-        except (BrokerUnavailable, RuntimeError, TimeoutError) as exc:  # broker restarting: next pass
-            log.info("models on demand: no broker status now (%s)", exc)
-            if self._demand_client is not None:
-                self._demand_client.close()
-                self._demand_client = None
-            return []
-        for name, p in list(self._demand_stopping.items()):
-            if not p.is_alive():
-                p.join()
-                del self._demand_stopping[name]
-        now = time.monotonic() if now is None else now
-        folded = _fold_aliases(st, {n: w.served_names for n, w in self._demand_cfg.items()})
-        for name, p in list(self._demand_procs.items()):
-            if not p.is_alive():
-                log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
-                            name, p.exitcode)
-                p.join()
-                del self._demand_procs[name]
-                if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
-                    self._demand.failed(name, now)
-        self._take_orders(now)
-        starting = frozenset(n for n in self._demand_procs if folded.models[n].workers == 0)
-        actions = self._demand.decide(folded, now, psutil.virtual_memory().available, starting,
-                                      frozenset(self._demand_stopping))
-        for a in actions:
-            if isinstance(a, Load):
-                log.info("models on demand: loading %r", a.model)
-                self._start_on_demand(a.model)
-            elif isinstance(a, Unload):
-                p = self._demand_procs.pop(a.model, None)
-                log.info("models on demand: unloading %r: %s", a.model, a.why)
-                if p is not None:
-                    p.terminate()  # the worker says goodbye; the broker migrates what it ran (only with turn_s)
-                    self._demand_stopping[a.model] = p
-            elif isinstance(a, Refuse):
-                log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
-                            a.model, a.why)
-        return actions
-
-    def _take_orders(self, now: float) -> None:
-        """The gateway's ``POST /models/load`` and ``/models/unload`` orders since the last pass (served
-        names: an alias counts as its model)."""
-        if self._orders is None:
-            return
-        primary = {n: name for name, w in self._demand_cfg.items() for n in w.served_names}
-        while True:
-            try:
-                op, model = self._orders.get_nowait()
-            except Exception:  # queue.Empty
-                return
-            name = primary.get(model)
-            if name is None:
-                continue
-            if op == "load":
-                self._demand.want(name, now)
-            elif op == "unload":
-                self._demand.release(name)
-
-    def _start_on_demand(self, model: str) -> None:
-        index = len(self._workers) + list(self._demand_cfg).index(model)
-        cfg = replace(self._demand_cfg[model], broker=self.backend)
-        p = _ctx.Process(target=worker_main, args=(cfg, self.config.log_level, index, self.config.stop_timeout_s),
+    def _spawn_on_demand(self, model: str, config: WorkerConfig) -> mp.Process:
+        index = len(self._workers) + list(self._demand.configs).index(model)
+        p = _ctx.Process(target=worker_main, args=(replace(config, broker=self.backend), self.config.log_level,
+                                                   index, self.config.stop_timeout_s),
                          name=f"slotserve-worker-{index}", daemon=True)
         p.start()
-        self._demand_procs[model] = p
+        return p
 
     def restart_broker(self) -> None:
         """Start the broker again on the same endpoints (after a test killed it)."""
@@ -484,14 +406,11 @@ class LocalCluster:
         if self._gateway is not None:
             self._stop_gateway(halt or _never, wakeup_fd)
             self._gateway = None
-        if self._demand_client is not None:
-            self._demand_client.close()
-            self._demand_client = None
-        procs: Sequence[mp.Process] = [p for p in self._workers if p is not None] + \
-            list(self._demand_procs.values()) + list(self._demand_stopping.values())
+        procs: list[mp.Process] = [p for p in self._workers if p is not None]
+        if self._demand is not None:
+            self._demand.close()
+            procs += self._demand.take_processes()
         _terminate(procs, self.config.stop_timeout_s)
-        self._demand_procs.clear()
-        self._demand_stopping.clear()
         if self._broker is not None:
             _terminate([self._broker], self.config.stop_timeout_s)
         self._workers = [None] * len(self._workers)
@@ -556,23 +475,6 @@ def make_curve_keys(curve_dir: str, *, clients: int = 1, workers: int = 1) -> li
                 shutil.copyfile(public, dest)
                 written.append(dest)
     return written
-
-
-DEMAND_POLL_S = 0.2
-"""Seconds between two passes of the models on demand (a broker status query each)."""
-
-
-def _fold_aliases(status, names: dict[str, tuple[str, ...]]):
-    """``status`` whose models on demand (``names``: model -> its served names, the first its own) each
-    sum their served names' lines (requests for an alias queue under the alias until its worker
-    registers and claims it)."""
-    from protocol.messages import ModelStatus
-
-    models = dict(status.models)
-    for name, served in names.items():
-        lines = [models[n] for n in served if n in models]
-        models[name] = ModelStatus(*(sum(col) for col in zip(*lines))) if lines else ModelStatus(0, 0, 0, 0, 0, 0)
-    return replace(status, models=models)
 
 
 def _never() -> bool:

@@ -72,11 +72,13 @@ def test_an_idle_model_is_unloaded_and_loads_again_when_asked():
             h = c.submit_request([5], 2)
             drive(cluster, [h])
             assert h.finish_reason.value == "length" and set(cluster.loaded_on_demand) == {"model-a"}
-            # passes as if later (a pass takes its clock), no sleep: the first sees the model loaded (idle
-            # from then), the second 1 s on, past idle_unload_s (0.3 s)
-            t = time.monotonic()
-            cluster.on_demand_pass(now=t + 1.0)
-            unloads = [a for a in cluster.on_demand_pass(now=t + 2.0) if type(a).__name__ == "Unload"]
+            # passes as if later (a pass takes its clock), no sleep: each 1 s on, past idle_unload_s (0.3 s),
+            # until one unloads (the first to see the model loaded makes it idle from then)
+            t, deadline, unloads = time.monotonic(), time.monotonic() + 30, []
+            while not unloads:
+                assert time.monotonic() < deadline
+                t += 1.0
+                unloads = [a for a in cluster.on_demand_pass(now=t) if type(a).__name__ == "Unload"]
             assert unloads[0].model == "model-a" and "idle" in unloads[0].why
             h = c.submit_request([5], 2)
             drive(cluster, [h])

@@ -1,0 +1,163 @@
+"""The shell of the models on demand (issue 34 item 1): the worker processes of
+:class:`slotserve.on_demand.OnDemand`'s decisions.
+
+:class:`DemandSupervisor` is what :class:`slotserve.launcher.LocalCluster` runs
+for its ``ClusterConfig.on_demand`` models: every pass (:meth:`DemandSupervisor.run_pass`,
+each ``DEMAND_POLL_S`` from the cluster's supervise loop, and while the gateway drains)
+it asks the broker for its ``status``, reaps the workers that exited, takes the
+gateway's ``/models/load|unload`` orders (a queue), feeds all of it to the pure
+core and performs its actions: start a model's worker, terminate one (it says
+goodbye), log a refusal. The decisions are the core's; this module owns the
+processes, the broker connection and the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+from dataclasses import replace
+from typing import Callable
+
+from client import Client
+from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
+from worker.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEMAND_POLL_S", "DemandSupervisor"]
+
+DEMAND_POLL_S = 0.2
+"""Seconds between two passes of the models on demand (a broker status query each)."""
+
+
+class DemandSupervisor:
+    """The models on demand of one cluster, their worker processes and the pass that runs them.
+
+    ``configs``: one worker config per model (its first served name is the model's);
+    ``max_loaded``, ``idle_unload_s``: :class:`OnDemand`'s; ``spawn(model, config)``: start a
+    worker process for ``model`` (the cluster's: its index, its broker endpoint); ``connect()``:
+    a broker client for the status queries; ``orders``: the gateway's queue of ``(op, model)``
+    orders, or None; ``timeout_s``: how long a status query may take. ValueError for a model
+    larger than the machine's whole memory (its :func:`estimate_bytes`).
+    """
+
+    def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
+                 spawn: Callable[[str, WorkerConfig], mp.Process], connect: Callable[[], Client],
+                 orders=None, timeout_s: float = 5.0) -> None:
+        import psutil
+
+        self.configs: dict[str, WorkerConfig] = {w.served_names[0]: w for w in configs}
+        needs = {n: estimate_bytes(w.model) for n, w in self.configs.items()}
+        total = psutil.virtual_memory().total
+        for name, need in needs.items():
+            if need > total:
+                raise ValueError(f"model {name!r} needs about {need / 2**20:,.0f} MiB (its files x 1.25 + "
+                                 f"400 MiB) and this machine has {total / 2**20:,.0f} MiB of memory in all")
+        self.core = OnDemand(needs, max_loaded, idle_unload_s)
+        self._spawn, self._connect, self._orders, self._timeout_s = spawn, connect, orders, timeout_s
+        self.running: dict[str, mp.Process] = {}  # model -> its worker (started, maybe not registered yet)
+        self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
+        self._client: Client | None = None
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every served name of every model on demand (the broker's and the gateway's ``on_demand_models``)."""
+        return tuple(n for w in self.configs.values() for n in w.served_names)
+
+    def run_pass(self, now: float | None = None) -> list:
+        """One pass: the broker's status -> :meth:`OnDemand.decide` -> start or stop worker processes;
+        returns the actions taken ([] when the broker does not answer now). ``now``: the pass's
+        clock (seconds, ``time.monotonic()``'s by default). A model's status is summed over its served
+        names (requests for an alias wait under the alias until its worker registers it). A worker that
+        died is forgotten: the model loads again when it is wanted, after a back-off when it died before
+        registering (its load failed)."""
+        import psutil
+
+        from client.errors import BrokerUnavailable
+
+        try:
+            if self._client is None:
+                self._client = self._connect()
+            st = self._client.status(timeout_s=self._timeout_s)
+        except (BrokerUnavailable, RuntimeError, TimeoutError) as exc:  # broker restarting: next pass
+            log.info("models on demand: no broker status now (%s)", exc)
+            self.close()
+            return []
+        for name, p in list(self.stopping.items()):
+            if not p.is_alive():
+                p.join()
+                del self.stopping[name]
+        now = time.monotonic() if now is None else now
+        folded = _fold_aliases(st, {n: w.served_names for n, w in self.configs.items()})
+        for name, p in list(self.running.items()):
+            if not p.is_alive():
+                log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
+                            name, p.exitcode)
+                p.join()
+                del self.running[name]
+                if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
+                    self.core.failed(name, now)
+        self._take_orders(now)
+        starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
+        actions = self.core.decide(folded, now, psutil.virtual_memory().available, starting,
+                                   frozenset(self.stopping))
+        for a in actions:
+            if isinstance(a, Load):
+                log.info("models on demand: loading %r", a.model)
+                self.running[a.model] = self._spawn(a.model, self.configs[a.model])
+            elif isinstance(a, Unload):
+                p = self.running.pop(a.model, None)
+                log.info("models on demand: unloading %r: %s", a.model, a.why)
+                if p is not None:
+                    p.terminate()  # the worker says goodbye; the broker migrates what it ran (only with turn_s)
+                    self.stopping[a.model] = p
+            elif isinstance(a, Refuse):
+                log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
+                            a.model, a.why)
+        return actions
+
+    def _take_orders(self, now: float) -> None:
+        """The gateway's ``POST /models/load`` and ``/models/unload`` orders since the last pass (served
+        names: an alias counts as its model)."""
+        if self._orders is None:
+            return
+        primary = {n: name for name, w in self.configs.items() for n in w.served_names}
+        while True:
+            try:
+                op, model = self._orders.get_nowait()
+            except Exception:  # queue.Empty
+                return
+            name = primary.get(model)
+            if name is None:
+                continue
+            if op == "load":
+                self.core.want(name, now)
+            elif op == "unload":
+                self.core.release(name)
+
+    def take_processes(self) -> list[mp.Process]:
+        """Every worker process, running or stopping, handed over to be stopped (forgotten here)."""
+        procs = list(self.running.values()) + list(self.stopping.values())
+        self.running.clear()
+        self.stopping.clear()
+        return procs
+
+    def close(self) -> None:
+        """Close the broker connection (the next pass opens another)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _fold_aliases(status, names: dict[str, tuple[str, ...]]):
+    """``status`` whose models on demand (``names``: model -> its served names, the first its own) each
+    sum their served names' lines (requests for an alias queue under the alias until its worker
+    registers and claims it)."""
+    from protocol.messages import ModelStatus
+
+    models = dict(status.models)
+    for name, served in names.items():
+        lines = [models[n] for n in served if n in models]
+        models[name] = ModelStatus(*(sum(col) for col in zip(*lines))) if lines else ModelStatus(0, 0, 0, 0, 0, 0)
+    return replace(status, models=models)
