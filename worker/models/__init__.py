@@ -100,7 +100,24 @@ def _load_real(name: str, options: dict):
         return _load_through_transformers(name, opts, device, precision, max_cache_len)
     runner.speculative_tokens = opts.speculative_tokens
     runner.prefix_cache_mb = opts.prefix_cache_mb
+    runner.thread_tuner = _thread_tuner(runner, opts)
     return runner
+
+
+def _thread_tuner(runner, opts: ModelOptions):
+    """A :class:`~worker.models.threads.ThreadTuner` for ``runner``'s steps, up to torch's thread
+    count, when the count was not given (``num_threads`` None) and cannot change the results: on
+    CPU at precision gguf with the compiled GGUF products and decode attention, which compute each
+    output element on one thread whatever the count. None otherwise (torch's own products may split
+    a sum by threads: bf16 logits measured different at 1 and 2 threads, so their count stays fixed)."""
+    import torch
+
+    if opts.num_threads is not None or runner.device != "cpu" or runner.precision != "gguf" \
+            or torch.get_num_threads() < 2 or runner.weights.attention_kernel is None or not _kernel_runs():
+        return None
+    from worker.models.threads import ThreadTuner
+
+    return ThreadTuner(torch.get_num_threads())
 
 
 def _model_len(opts: ModelOptions, max_cache_len):

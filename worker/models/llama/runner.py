@@ -52,6 +52,7 @@ at the bottom of the cache and the decode attention reads a view of rows
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -68,6 +69,7 @@ from worker.models.llama.prefix_cache import PrefixCache, default_budget_mb, ski
 from worker.models.llama.weights import LlamaWeights
 from worker.models.rows import SlotRows
 from worker.models.sampling import Sampler, score
+from worker.models.threads import ThreadTuner
 from worker.models.transfer import to_device
 
 
@@ -98,6 +100,11 @@ class LlamaRunner:
     the same forward; the row then gets several tokens in its :class:`StepOutput`
     (its accepted drafts and one more), see :mod:`worker.models.base`. 0 (the
     default) turns it off.
+
+    ``thread_tuner`` (attribute, None: the thread count is left as it is): a
+    :class:`~worker.models.threads.ThreadTuner` that sets torch's thread count before each
+    step and is told its shape and time after it (the loader sets one where the count cannot
+    change the results: :func:`worker.models.load_model`).
     """
 
     gives_logprobs = True
@@ -129,6 +136,8 @@ class LlamaRunner:
         self.prefix_cache_mb: float | None = None  # read at bind_slots: None sized from the machine, 0 off
         self.prefix_cache: PrefixCache | None = None  # worker.models.llama.prefix_cache
         self._seqs: dict[int, list[int]] = {}  # cache row -> its occupant's tokens (the prefix cache stores them)
+        self._shape = (0, 0, 0)  # the last forward's decode rows, prompt tokens and draft tokens
+        self.thread_tuner: ThreadTuner | None = None  # set by the loader where the thread count may vary (threads.py)
 
     # -- SlotModel ---------------------------------------------------------
 
@@ -187,6 +196,18 @@ class LlamaRunner:
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
         """
+        tuner = self.thread_tuner
+        if tuner is not None:
+            n = tuner.next_threads()
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
+            start = time.perf_counter()
+        out = self._step(plan)
+        if tuner is not None:
+            tuner.record(self._shape, time.perf_counter() - start)
+        return out
+
+    def _step(self, plan: BatchPlan) -> StepOutput:
         batch = plan.batch
         with torch.inference_mode():
             logits, out_index = self.forward_batch(batch, greedy_only=True, chunks=plan.chunks)
@@ -320,6 +341,8 @@ class LlamaRunner:
                 prefill[i] = _Prefill(fresh, row, cached)
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._chunks(batch, prefill, chunks)
+        # the step's shape, for the thread tuner: decode rows, prompt tokens, draft tokens
+        self._shape = (len(decode), sum(c.count for c in chunks), sum(len(d.tokens) for d in self._drafts.values()))
         self._prompt_logits, self._prompt_spans = None, ()
         with torch.inference_mode():
             result = self._run(batch, decode, chunks, greedy_only)

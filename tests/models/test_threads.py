@@ -1,0 +1,204 @@
+"""worker.models.threads: the thread count of each step, chosen by timing steps (issue 32, item 4).
+
+The tuner is driven by step times from a cost model (threads -> seconds per step) that the tests
+change mid-run, as a machine's load changes; then a real runner at precision gguf: the count the
+tuner gives is the one its steps run at, and the tokens do not depend on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from worker.models.threads import ThreadTuner, thread_counts
+
+
+def drive(tuner: ThreadTuner, cost, steps: int, key=lambda i: (8, 0, 0)) -> list[int]:
+    """Run ``steps`` steps; ``cost(threads, i)``: step ``i``'s seconds at that count. The counts used."""
+    used = []
+    for i in range(steps):
+        n = tuner.next_threads()
+        used.append(n)
+        tuner.record(key(i), cost(n, i))
+    return used
+
+
+def test_the_counts_halve_down_to_one():
+    assert thread_counts(1) == (1,)
+    assert thread_counts(2) == (1, 2)
+    assert thread_counts(8) == (1, 2, 4, 8)
+    assert thread_counts(6) == (1, 3, 6)
+    for bad in (0, -1, 2.0, None):
+        with pytest.raises(ValueError, match="max_threads"):
+            thread_counts(bad)
+
+
+@pytest.mark.parametrize("kwargs", [{"first_interval": 0}, {"rounds": 0}, {"first_interval": 9, "max_interval": 8},
+                                    {"margin": 1.0}, {"margin": -0.1}])
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        ThreadTuner(2, **kwargs)
+
+
+def test_record_needs_a_count_first():
+    t = ThreadTuner(2)
+    with pytest.raises(RuntimeError, match="next_threads"):
+        t.record((1, 0, 0), 0.1)
+
+
+def test_a_loaded_machine_moves_the_count_down_and_a_quiet_one_back_up():
+    """2 threads are 1.5x faster than 1 while quiet; 3x slower while two other processes run."""
+    busy = range(400, 900)
+
+    def cost(n, i):
+        if i in busy:
+            return {1: 0.10, 2: 0.30}[n]
+        return {1: 0.06, 2: 0.04}[n]
+
+    t = ThreadTuner(2)
+    current = []
+    used = drive(t, lambda n, i: current.append(t.current) or cost(n, i), 1400)
+    assert used[0] == 2 and set(current[:400]) == {2}
+    # busy from step 400: the count is 1 within a probe interval (max_interval 256) and a probe
+    switched = current.index(1)
+    assert 400 < switched < 400 + 256 + 10 and set(current[switched:900]) == {1}
+    assert used[switched:900].count(1) >= 0.95 * (900 - switched)  # (the rest: probes at 2)
+    # quiet again from 900: back to 2 within a probe interval and a probe
+    back = current.index(2, 900)
+    assert back < 900 + 256 + 10 and set(current[back:]) == {2} and t.changes == 2
+
+
+def test_a_quiet_machine_keeps_every_core_and_probes_ever_less_often():
+    t = ThreadTuner(2, max_interval=256)
+    used = drive(t, lambda n, i: {1: 0.06, 2: 0.04}[n], 5000)
+    assert t.current == 2 and t.changes == 0
+    assert t.interval == 256
+    probes = used[2000:].count(1)  # one step at 1 thread per probing round, `rounds` rounds per probe
+    assert probes <= 3 * (3000 // 256 + 1)  # ~1 % of the steps once the interval is at its cap
+
+
+def test_noise_below_the_margin_does_not_move_the_count():
+    jitter = itertools.cycle([1.0, 0.97, 1.03, 0.99, 1.02])
+    t = ThreadTuner(2, margin=0.1)
+    drive(t, lambda n, i: {1: 0.041, 2: 0.040}[n] * next(jitter), 3000)
+    assert t.changes == 0 and t.current == 2
+
+
+def test_only_steps_of_one_shape_are_compared():
+    """Every probe round mixes shapes (a prefill then a decode): no comparison, so no change, even
+    though the cheap shape happens to fall on 1 thread; the tuner gives up and probes again later."""
+    t = ThreadTuner(2)
+    shape = itertools.cycle([(8, 0, 0), (8, 512, 0), (8, 64, 0)])
+
+    def cost(n, i):
+        return 0.04
+
+    drive(t, cost, 3000, key=lambda i: next(shape))
+    assert t.changes == 0 and t.current == 2
+
+
+def test_one_thread_has_nothing_to_choose():
+    t = ThreadTuner(1)
+    assert drive(t, lambda n, i: 0.05, 100) == [1] * 100
+
+
+def test_a_wide_machine_climbs_one_neighbour_at_a_time():
+    """8 cores, 2 of them free: 2 threads is best. From 8 the count walks 8 -> 4 -> 2 and stays."""
+    t = ThreadTuner(8)
+    used = drive(t, lambda n, i: {1: 0.08, 2: 0.05, 4: 0.09, 8: 0.20}[n], 3000)
+    assert t.current == 2
+    assert used[-100:].count(2) >= 90  # (a probe: 3 rounds, one step at 1 and one at 4 each)
+
+
+# -- a real runner -------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    from tests.support.tiny_gguf import write_quantized_gguf
+
+    path = str(tmp_path_factory.mktemp("threads") / "tiny-llama.gguf")
+    write_quantized_gguf(path, "llama")
+    return path
+
+
+def _kernels_run() -> bool:
+    from worker.models.llama import attnkernel, qkernel
+
+    return qkernel.load() is not None and attnkernel.load() is not None
+
+
+def _greedy(runner, steps: int = 6) -> list[list[int]]:
+    from worker.models.base import BatchPlan, SlotInput
+
+    runner.bind_slots(4)
+    inputs = [SlotInput(s, [1 + s, 5, 9, 2 + s, 7, 3][: 3 + s]) for s in range(4)]
+    out_tokens = []
+    for _ in range(steps):
+        out = runner.step(BatchPlan(inputs, None))
+        for item, tok in zip(inputs, out.tokens):
+            item.tokens.append(tok)
+        out_tokens.append(list(out.tokens))
+    for s in range(4):
+        runner.release_slot(s)
+    return out_tokens
+
+
+def test_the_loader_tunes_only_where_the_count_cannot_change_the_results(gguf_path):
+    from worker.models import load_model
+
+    if not _kernels_run():
+        pytest.skip("the compiled GGUF kernels do not run here: no tuner at all")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert isinstance(load_model(gguf_path, precision="gguf").thread_tuner, ThreadTuner)
+        assert load_model(gguf_path, precision="gguf", num_threads=2).thread_tuner is None  # given: fixed
+        assert load_model(gguf_path, precision="fp32").thread_tuner is None
+        assert load_model(gguf_path, precision="bf16").thread_tuner is None
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_the_step_runs_at_the_tuners_count_with_the_same_tokens(gguf_path):
+    """A tuner that flips between 1 and 2 threads every step: torch runs at the count it gives,
+    and the greedy tokens equal those of a fixed count of 1 and of 2 (the kernels split work by
+    output rows and heads: each element's sums are one thread's)."""
+    from worker.models import load_model
+
+    if not _kernels_run():
+        pytest.skip("the compiled GGUF kernels do not run here")
+    saved = torch.get_num_threads()
+    runner = load_model(gguf_path, precision="gguf", num_threads=2)
+    try:
+        fixed = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            fixed[n] = _greedy(runner)
+        assert fixed[1] == fixed[2]
+
+        class Flip:
+            def __init__(self):
+                self.seen, self.n = [], 1
+
+            def next_threads(self):
+                self.n = 3 - self.n
+                return self.n
+
+            def record(self, key, seconds):
+                self.seen.append((self.n, torch.get_num_threads(), key, seconds))
+
+        flip = runner.thread_tuner = Flip()
+        assert _greedy(runner) == fixed[1]
+        assert [n for n, _, _, _ in flip.seen] == [2, 1, 2, 1, 2, 1]
+        assert all(n == running for n, running, _, _ in flip.seen)
+        keys = [key for _, _, key, _ in flip.seen]
+        assert keys[0] == (0, 3 + 4 + 5 + 6, 0) and keys[1:] == [(4, 0, 0)] * 5  # prompts, then 4 decode rows
+        assert all(seconds > 0 for *_, seconds in flip.seen)
+    finally:
+        runner.thread_tuner = None
+        torch.set_num_threads(saved)

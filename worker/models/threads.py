@@ -1,0 +1,137 @@
+"""How many CPU threads each model step uses, chosen by timing the steps (issue 32, item 4).
+
+On a machine that other processes share, a step run on every core collapses: torch's OpenMP
+regions split each operation evenly among their threads and wait at the end of each for the
+last one, so one thread that the OS preempts for a time slice stalls all the others, thousands of
+times per step. Measured on a 2-core Xeon (SmolLM2-135M, GGUF weights, 8 slots, 160 cached
+tokens), with two busy processes beside it: a decode step took 359 ms at 2 threads and 128 ms at
+1 (41 ms at 2 threads on the quiet machine). Which count is fastest depends on the load of the
+moment, which no setting made at start can know.
+
+:class:`ThreadTuner` is the pure core: the model runner asks it before each step how many threads
+to use (:meth:`~ThreadTuner.next_threads`) and tells it afterwards what the step was and how long
+it took (:meth:`~ThreadTuner.record`). It runs the current count, and now and then *probes*: a few
+rounds in which each count next to the current one in :attr:`~ThreadTuner.candidates` runs one
+step beside a step at the current count. A round counts when its steps had the same shape (the
+``key``: e.g. decode rows and prompt tokens), so a probe compares like with like; each neighbour's
+cost is the median over the rounds of its step's time over the current count's. A neighbour at
+least ``margin`` cheaper becomes the current count. Probes start ``first_interval`` steps after the
+last one; the interval doubles, up to ``max_interval``, while probes keep the count, and starts
+over after a change, so a quiet machine pays a probe's extra cost rarely (1 probing round in
+every ~100 steps at the cap) and a change of load is answered within about ``max_interval`` steps.
+
+This is a feedback controller in the spirit of the hill-climbing thread controller of .NET's
+thread pool (Hellerstein et al., "Optimizing Concurrency Levels in the .NET ThreadPool", FeBID
+2008): measure throughput at neighbouring concurrency levels, move towards the better one.
+
+Only where the count does not change the results may a runner use this: there every output
+element is computed by one thread whatever the count (slotserve's GGUF products and decode
+attention split their work by output rows and heads, tested bitwise-equal at 1 and 2 threads).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Hashable
+
+
+def thread_counts(max_threads: int) -> tuple[int, ...]:
+    """The counts a tuner of up to ``max_threads`` chooses among: ``max_threads`` halved down to
+    1, ascending (8 -> ``(1, 2, 4, 8)``, 6 -> ``(1, 3, 6)``). ValueError below 1."""
+    if type(max_threads) is not int or max_threads < 1:
+        raise ValueError(f"max_threads must be an int >= 1, got {max_threads!r}")
+    counts = []
+    n = max_threads
+    while n >= 1:
+        counts.append(n)
+        n //= 2
+    return tuple(sorted(set(counts)))
+
+
+class ThreadTuner:
+    """Chooses each step's thread count among :attr:`candidates` by timing steps (module docstring).
+
+    - ``max_threads``: the most threads a step may use (the starting count).
+    - ``first_interval`` / ``max_interval``: steps at the current count between probes, first and
+      at most (the interval doubles each time a probe keeps the count).
+    - ``rounds``: rounds of comparable steps a probe needs to decide; a probe gives up (keeping the
+      count) after ``4 * rounds`` rounds without enough comparable ones.
+    - ``margin``: how much cheaper (a fraction of the current count's step time) a neighbour must
+      be to be chosen, so noise does not flip the count back and forth.
+
+    ValueError for counts or intervals below 1 or a margin outside ``[0, 1)``.
+    """
+
+    def __init__(self, max_threads: int, *, first_interval: int = 8, max_interval: int = 256, rounds: int = 3,
+                 margin: float = 0.1) -> None:
+        self.candidates = thread_counts(max_threads)
+        if min(first_interval, max_interval, rounds) < 1 or first_interval > max_interval:
+            raise ValueError(f"need 1 <= first_interval <= max_interval and rounds >= 1, got {first_interval}, "
+                             f"{max_interval}, {rounds}")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+        self.current = max_threads
+        self.first_interval, self.max_interval, self.rounds, self.margin = first_interval, max_interval, rounds, margin
+        self.interval = first_interval
+        self.changes = 0  # how many times the count changed (for logs and tests)
+        self._until_probe = first_interval
+        self._plan: list[int] = []  # the counts of the probe round under way, in order; [] outside a probe
+        self._round: list[tuple[int, Hashable, float]] = []  # (count, key, seconds) of its steps so far
+        self._ratios: dict[int, list[float]] = {}  # neighbour -> its step time / the current count's, per round
+        self._rounds_tried = 0
+        self._pending: int | None = None  # the count given for the step being run
+
+    def _neighbours(self) -> list[int]:
+        i = self.candidates.index(self.current)
+        return [c for c in self.candidates[max(0, i - 1):i + 2] if c != self.current]
+
+    def next_threads(self) -> int:
+        """The thread count for the next step (then :meth:`record` it)."""
+        if not self._plan and self._until_probe <= 0 and len(self.candidates) > 1:
+            self._rounds_tried += 1
+            self._plan = [self.current, *self._neighbours()]
+            if self._rounds_tried % 2 == 0:  # alternate which goes first (a step can warm caches for the next)
+                self._plan.reverse()
+        self._pending = self._plan[len(self._round)] if self._plan else self.current
+        return self._pending
+
+    def record(self, key: Hashable, seconds: float) -> None:
+        """The step just run had shape ``key`` (steps of equal keys do equal work) and took ``seconds``."""
+        count, self._pending = self._pending, None
+        if count is None:
+            raise RuntimeError("record() without next_threads() first")
+        if not self._plan:
+            self._until_probe -= 1
+            return
+        self._round.append((count, key, seconds))
+        if len(self._round) < len(self._plan):
+            return
+        steps, self._round = self._round, []
+        if len({k for _, k, _ in steps}) == 1:  # comparable: one shape
+            times = {c: s for c, _, s in steps}
+            base = times[self.current]
+            if base > 0:
+                for c, s in times.items():
+                    if c != self.current:
+                        self._ratios.setdefault(c, []).append(s / base)
+        done = min((len(r) for r in self._ratios.values()), default=0) >= self.rounds
+        if done or self._rounds_tried >= 4 * self.rounds:
+            self._decide(done)
+        else:
+            self._plan = []  # the next round starts at the next step
+            self._until_probe = 0
+
+    def _decide(self, enough: bool) -> None:
+        best, cost = self.current, 1.0 - self.margin
+        if enough:
+            for c, ratios in self._ratios.items():
+                r = statistics.median(ratios)
+                if r < cost:
+                    best, cost = c, r
+        if best != self.current:
+            self.current, self.interval = best, self.first_interval
+            self.changes += 1
+        else:
+            self.interval = min(2 * self.interval, self.max_interval)
+        self._plan, self._ratios, self._rounds_tried = [], {}, 0
+        self._until_probe = self.interval
