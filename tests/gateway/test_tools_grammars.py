@@ -45,6 +45,7 @@ CALLS = {  # parser -> calls of get_weather in its syntax, as the grammar's JSON
                     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'],
     "mistral": ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}'],
+    "pythonic": ['[get_weather(city="Paris", days=3)]', '<|python_tag|>[get_weather(city="Paris", unit="c")]'],
     "qwen3_coder": [f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{CITY}\n</parameter>\n"
                     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
                     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
