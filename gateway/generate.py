@@ -41,7 +41,7 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import PARSERS as REASONING_PARSERS, ThinkStream, split_reasoning
+from gateway.reasoning import PARSERS as REASONING_PARSERS, ThinkStream, split_reasoning, think_stream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
@@ -246,7 +246,8 @@ class Generate:
         if call.tools is not None:
             options["tools"] = call.tools.definitions()
         parser = self._reasoning_parser(body) if chat else None
-        if parser is not None and "structured" in options:  # the constraint holds the answer, after the thinking
+        if parser is not None and "structured" in options and not (call.tools is not None and call.tools.thinks):
+            # the constraint holds the answer, after the thinking (harmony's tool grammar holds both)
             options["structured"] = options["structured"]._replace(think=parser)
         max_tokens = self._max_tokens(body, info)
         if _default_budget(body):  # a default, not the caller's: what the context leaves after the prompt lowers it
@@ -381,7 +382,7 @@ class Generate:
         :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
         parser = self._reasoning_parser(body) if resp.chat else None
-        thinks = {g.index: ThinkStream(parser) for g in call.gens} if parser is not None else None
+        thinks = {g.index: think_stream(parser) for g in call.gens} if parser is not None else None
         if resp.chat or resp.echo:
             for g in call.gens:
                 yield resp.chunk([resp.role_choice(g.index) if resp.chat else resp.echo_choice(g)],

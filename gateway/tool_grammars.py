@@ -8,6 +8,10 @@ family's parser reads it:
 - ``llama3_json``: ``{"name": N, "parameters": {...}}``, ``<|python_tag|>`` before it allowed;
 - ``mistral``: ``[TOOL_CALLS]`` then ``[{"name": N, "arguments": {...}}]`` or ``N[ARGS]{...}``
   (either form: the grammar cannot know the model's template version, and each model takes its own);
+- ``openai``: gpt-oss's analysis messages first (any number: the thinking, one lexeme each,
+  :data:`protocol.structured.HARMONY_ANALYSIS`), then ``<|channel|>commentary to=functions.N
+  <|constrain|>json<|message|>{...}``, which the model ends with its ``<|call|>`` stop token; the
+  grammar holds its own thinking, so the gateway gives it no ``think``;
 - ``pythonic``: ``[N(k=V, ...)]`` (``<|python_tag|>`` before it allowed), the schema's parameters
   as keyword arguments in its order (``required`` ones always), each value the JSON its schema
   allows, which the pythonic parser reads as the Python literal it nearly is;
@@ -30,6 +34,7 @@ from __future__ import annotations
 import json
 
 from gateway.tool_xml import param_is_text
+from protocol.structured import HARMONY_ANALYSIS
 
 __all__ = ["call_grammar"]
 
@@ -54,6 +59,11 @@ def call_grammar(functions: dict[str, dict], names: list[str], parser: str) -> s
         rules = "".join(_xml_function(i, functions[n]) for i, n in enumerate(names))
         return (f'start: "<tool_call>\\n<function=" ({named}) "</function>\\n</tool_call>"\n{rules}'
                 'TEXT: /(.|\\n)*\\n<\\/parameter>/ & ~/(.|\\n)*\\n<\\/parameter>(.|\\n)+/\n')
+    if parser == "openai":
+        named = " | ".join(f"fn{i}" for i in range(len(names)))
+        rules = "".join(f'fn{i}: {_lit(n + " <|constrain|>json<|message|>")} %json {_schema(_arguments(functions[n]))}\n'
+                        for i, n in enumerate(names))
+        return f'start: ANALYSIS* "<|channel|>commentary to=functions." ({named})\n{rules}{HARMONY_ANALYSIS}'
     if parser == "pythonic":
         named = " | ".join(f"fn{i}" for i in range(len(names)))
         rules = "".join(_pythonic_function(i, functions[n]) for i, n in enumerate(names))

@@ -21,6 +21,9 @@ name                      what the model writes (where the syntax is taken from)
 ``pythonic``              ``[N(k=VALUE, ...), ...]`` with Python literal values as the whole answer, optionally
                           after ``<|python_tag|>`` (Llama 3.2's and Llama 4's "[func_name1(params_name1=
                           params_value1...)]"; vLLM's ``pythonic_tool_parser.py``; :mod:`gateway.tool_pythonic`)
+``openai``                gpt-oss's harmony messages to ``functions.N``: ``<|start|>assistant<|channel|>commentary
+                          to=functions.N <|constrain|>json<|message|>{...}<|call|>`` (OpenAI's harmony format;
+                          vLLM's ``openai_tool_parser.py``; :mod:`gateway.harmony`)
 ========================  ==============================================================================
 
 ``auto`` (``--tool-call-parser auto``, as llama.cpp's server picks its format): the parser the
@@ -243,10 +246,11 @@ def check_choice(name: object) -> str:
 
 def _others() -> dict[str, type[CallStream]]:
     """The parsers of their own modules (which import this one's helpers: imported here, after them)."""
+    from gateway.harmony import HarmonyStream
     from gateway.tool_pythonic import PythonicStream
     from gateway.tool_xml import Qwen3CoderStream
 
-    return {"qwen3_coder": Qwen3CoderStream, "pythonic": PythonicStream}
+    return {"qwen3_coder": Qwen3CoderStream, "pythonic": PythonicStream, "openai": HarmonyStream}
 
 
 _CLASSES: dict[str, type[CallStream]] = {"hermes": ToolStream, "llama3_json": Llama3JsonStream,
@@ -262,13 +266,15 @@ CHOICES = PARSERS + (AUTO,)
 def detect_parser(template: str | dict | None) -> str:
     """The parser whose syntax the chat template ``template`` (Jinja text) writes a call in, read
     from the markers it renders, as llama.cpp's server tells its chat formats apart
-    (``common/chat.cpp``): ``[TOOL_CALLS]`` Mistral's; ``<function=`` with ``<parameter=``
-    Qwen3-Coder's; ``<tool_call>`` Hermes'; the pythonic format's own words
-    (``[func_name1(params_name1=params_value1...)]``, Llama 3.2's and 4's), pythonic; else
-    ``<|python_tag|>``, or an ``ipython`` role with ``"parameters"``, Llama 3's JSON. :data:`DEFAULT` for no template or none of them (the Hermes
-    rendering of a template without tools). A tokenizer's several named templates (a dict) are
-    read together."""
+    (``common/chat.cpp``): ``<|channel|>`` gpt-oss's harmony (``openai``); ``[TOOL_CALLS]``
+    Mistral's; ``<function=`` with ``<parameter=`` Qwen3-Coder's; ``<tool_call>`` Hermes'; the
+    pythonic format's own words (``[func_name1(params_name1=params_value1...)]``, Llama 3.2's
+    and 4's), pythonic; else ``<|python_tag|>``, or an ``ipython`` role with ``"parameters"``,
+    Llama 3's JSON. :data:`DEFAULT` for no template or none of them (the Hermes rendering of a
+    template without tools). A tokenizer's several named templates (a dict) are read together."""
     t = " ".join(v for v in template.values() if isinstance(v, str)) if isinstance(template, dict) else template or ""
+    if "<|channel|>" in t:
+        return "openai"
     if "[TOOL_CALLS]" in t:
         return "mistral"
     if "<function=" in t and "<parameter=" in t:

@@ -84,6 +84,31 @@ CASES = {
         "broken": ("<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\noops</tool_call>\nok",
                    ("ok", [("get_time", '{"zone": "utc"')])),
     },
+    "openai": {  # gpt-oss's harmony (openai/harmony docs/format.md); the stop tokens <|call|>, <|return|> are no text
+        "first": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
+                  (None, [("get_weather", '{"city":"Paris"}')])),
+        "preamble": ('**Plan**: check.<|start|>assistant<|channel|>commentary to=functions.get_time<|constrain|>json'
+                     '<|message|>{}<|call|>', ("**Plan**: check.", [("get_time", "{}")])),
+        "recipient_first": (f' to=functions.get_weather<|channel|>commentary json<|message|>{WEATHER}',
+                            (None, [("get_weather", WEATHER)])),
+        "two": (f'<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{WEATHER}<|call|>'
+                '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|> {"zone": "utc"}\n',
+                (None, [("get_weather", WEATHER), ("get_time", '{"zone": "utc"}')])),
+        "raw_with_analysis": ('<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant<|channel|>'
+                              'commentary to=functions.get_time <|constrain|>json<|message|>{}',
+                              ("<|channel|>analysis<|message|>Need the time.<|end|>", [("get_time", "{}")])),
+        "junk_after_args": ('<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"zone": "utc"} '
+                            'oops<|call|>Then.', ("Then.", [("get_time", '{"zone": "utc"}')])),
+        "plain": ("It is sunny; to=be or not.", ("It is sunny; to=be or not.", [])),
+        "unknown": ("<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}",
+                    ("<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}", [])),
+        "builtin": ('<|channel|>analysis to=browser.search<|message|>{"query": "x"}',
+                    ('<|channel|>analysis to=browser.search<|message|>{"query": "x"}', [])),
+        "not_json": ("Hi.<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>now",
+                     ("Hi.<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>now", [])),
+        "broken": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa',
+                   (None, [("get_weather", '{"city": "Pa')])),
+    },
     "pythonic": {  # Llama 3.2's: "[func_name1(params_name1=params_value1, params_name2=params_value2...), ...]"
         "one": ('[get_weather(city="Paris", days=3)]', (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
         "two": ("[get_weather(city='Pa,ris)\"', days=[1, {'n': (2, -3.5)}], metric=None, detail={\"a\": True}), "
@@ -177,7 +202,7 @@ def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, bare, pa
 
 
 @pytest.mark.parametrize("parser, case", [("llama3_json", "two"), ("mistral", "v3_two"), ("mistral", "v11"),
-                                          ("qwen3_coder", "two_and_text"), ("pythonic", "two")])
+                                          ("qwen3_coder", "two_and_text"), ("pythonic", "two"), ("openai", "two")])
 def test_parallel_tool_calls_false_keeps_the_first_call(parser, case):
     text, (content, calls) = CASES[parser][case]
     got_content, got_calls = parse_tool_calls(text, FUNCTIONS, parallel=False, parser=parser)
@@ -245,6 +270,6 @@ def test_a_pythonic_value_is_read_as_a_literal_never_run(value, want):
 
 
 def test_every_parser_has_a_name_and_an_unknown_one_is_refused():
-    assert PARSERS == ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic")
+    assert PARSERS == ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "openai")
     with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json"):
         parser_class("llama")
