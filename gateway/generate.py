@@ -277,12 +277,16 @@ class Generate:
             raise unavailable(f"the gateway is stopping ({e})") from None
 
     async def _tool_parser(self, body: ChatCompletionRequest) -> str:
-        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one its
-        tokenizer's chat template asks for (:func:`gateway.tool_parsers.detect_parser`; the default
+        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one the chat
+        template its worker renders with asks for (:func:`gateway.tool_parsers.detect_parser`): the
+        worker's ``--chat-template`` (``ModelInfo.chat_template``), else its tokenizer's (the default
         when it has no tokenizer or template; loads the tokenizer once, only for a chat with tools)."""
         parser = self.config.tool_call_parser
         if parser != AUTO or not body.tools or body.tool_choice == "none":
             return parser if parser != AUTO else DEFAULT_TOOL_PARSER
+        template = getattr(self.link.model_info(body.model), "chat_template", "")
+        if template:
+            return detect_parser(template)
         tok = await self.tokenizers.get(self.link.served_name(body.model))
         return detect_parser(getattr(getattr(tok, "hf", None), "chat_template", None))
 

@@ -118,6 +118,13 @@ class HFTextCodec:
         return list(enc["input_ids"])
 
     @property
+    def chat_template_override(self) -> str:
+        """The Jinja text this codec renders chats with in place of the tokenizer's template
+        (:meth:`with_chat_template`, ``--chat-template``), ``""`` when it renders with the
+        tokenizer's own (``ModelInfo.chat_template``: the gateway renders with the same)."""
+        return self._template or ""
+
+    @property
     def reasoning_format(self) -> str:
         """How the chat template lets the model think, as a reasoning parser's name
         (:data:`gateway.reasoning.PARSERS`): ``"deepseek_r1"`` when its generation prompt ends with
