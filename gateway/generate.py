@@ -41,7 +41,7 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import PARSERS as REASONING_PARSERS, ThinkStream, split_reasoning, think_stream
+from gateway.reasoning import PARSERS as REASONING_PARSERS, SplitStream, split_reasoning, think_stream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
@@ -550,7 +550,7 @@ def _split_reasoning(completion: dict, parser: str) -> None:
         message["reasoning_content"] = message["reasoning"] = reasoning
 
 
-def _reasoning_choices(think: ThinkStream, choice: dict, finished: bool) -> tuple[list[dict], dict]:
+def _reasoning_choices(think: SplitStream, choice: dict, finished: bool) -> tuple[list[dict], dict]:
     """A chat stream's choice split by ``think``: the reasoning deltas (``reasoning_content`` and
     ``reasoning``), then the choice with the answer's content (and the finish reason); the token ids
     and logprobs ride on the first of them."""

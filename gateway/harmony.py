@@ -33,6 +33,7 @@ import re
 from typing import NamedTuple
 
 from gateway.call_stream import _WS, CallStream, _tag_start
+from gateway.reasoning import SplitStream
 
 __all__ = ["HarmonyStream", "HarmonyThink", "Header", "parse_header"]
 
@@ -88,10 +89,10 @@ def _may_be_header(text: str) -> bool:
 _HEAD, _BODY = "head", "body"  # HarmonyThink's states
 
 
-class HarmonyThink:
-    """One choice's harmony output split into reasoning and answer as it is generated, with
-    :class:`~gateway.reasoning.ThinkStream`'s interface: :meth:`feed` the text, get ``[("reasoning" |
-    "content", text), ...]``, then :meth:`finish`.
+class HarmonyThink(SplitStream):
+    """One choice's harmony output split into reasoning and answer as it is generated (a
+    :class:`~gateway.reasoning.SplitStream`: :meth:`feed` the text, get ``[("reasoning" |
+    "content", text), ...]``, then :meth:`finish`).
 
     An ``analysis`` message's content is reasoning; a ``final`` or ``commentary`` one's is answer,
     without its header and end marker; a message to ``functions.N`` is passed on as answer *whole*,
@@ -100,26 +101,13 @@ class HarmonyThink:
     as it is. Held back: a header until its ``<|message|>`` (or until it cannot be one), and
     what may be the start of a marker."""
 
-    __slots__ = ("_state", "_buf", "_marker", "_kind")
+    __slots__ = ("_marker", "_kind")
 
     def __init__(self) -> None:
         self._state = _HEAD
         self._buf = ""
         self._marker = ""  # the message's <|start|>, when it had one (passed on with a call's message)
         self._kind = "content"  # BODY: what the message's content is
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=True):
-            pass
-        return out
 
     def _step(self, out: list, final: bool) -> bool:
         buf = self._buf
@@ -160,14 +148,6 @@ class HarmonyThink:
         self._buf = buf[at:] if marker == START else buf[at + len(marker):]
         self._state = _HEAD
         return True
-
-    @staticmethod
-    def _emit(out: list, kind: str, text: str) -> None:
-        if text:
-            if out and out[-1][0] == kind:
-                out[-1] = (kind, out[-1][1] + text)
-            else:
-                out.append((kind, text))
 
 
 _START, _CALL_HEAD, _CALL_BODY, _TEXT, _ARGS, _TAIL, _SKIP = (

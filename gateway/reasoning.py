@@ -25,7 +25,7 @@ answers alike, so the deltas add up to the whole answer at every cut.
 
 from __future__ import annotations
 
-__all__ = ["PARSERS", "ThinkStream", "split_reasoning", "think_stream"]
+__all__ = ["PARSERS", "SplitStream", "ThinkStream", "split_reasoning", "think_stream"]
 
 PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 """The parsers' names."""
@@ -37,20 +37,13 @@ _OPEN, _CLOSE = "<think>", "</think>"
 _START, _THINK, _ANSWER = "start", "think", "answer"
 
 
-class ThinkStream:
-    """One choice's output split into reasoning and answer as it is generated: :meth:`feed` the
-    text, get ``[("reasoning" | "content", text), ...]`` (only non-empty pieces), then
-    :meth:`finish` for what was held back (a possible start of a tag)."""
+class SplitStream:
+    """What every reasoning parser is: one choice's output split into reasoning and answer as it is
+    generated: :meth:`feed` the text, get ``[("reasoning" | "content", text), ...]`` (only non-empty
+    pieces, neighbours of one kind joined), then :meth:`finish` for what was held back. A subclass
+    gives :meth:`_step` (consume what ``_buf`` allows; True when its state changed)."""
 
-    __slots__ = ("parser", "_state", "_buf", "_answer_started")
-
-    def __init__(self, parser: str) -> None:
-        if parser not in _TAGGED:
-            raise ValueError(f"reasoning parser must be one of {', '.join(_TAGGED)}, got {parser!r}")
-        self.parser = parser
-        self._state = _START
-        self._buf = ""
-        self._answer_started = False
+    __slots__ = ("_state", "_buf")
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         self._buf += text
@@ -63,6 +56,36 @@ class ThinkStream:
         out: list[tuple[str, str]] = []
         while self._step(out, final=True):
             pass
+        return out
+
+    def _step(self, out: list, final: bool) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def _emit(out: list, kind: str, text: str) -> None:
+        if text:
+            if out and out[-1][0] == kind:
+                out[-1] = (kind, out[-1][1] + text)
+            else:
+                out.append((kind, text))
+
+
+class ThinkStream(SplitStream):
+    """The ``<think>`` parsers' :class:`SplitStream` (``deepseek_r1``, ``qwen3``): held back, a
+    possible start of a tag."""
+
+    __slots__ = ("parser", "_answer_started")
+
+    def __init__(self, parser: str) -> None:
+        if parser not in _TAGGED:
+            raise ValueError(f"reasoning parser must be one of {', '.join(_TAGGED)}, got {parser!r}")
+        self.parser = parser
+        self._state = _START
+        self._buf = ""
+        self._answer_started = False
+
+    def finish(self) -> list[tuple[str, str]]:
+        out = super().finish()
         if self._buf:
             self._emit(out, "reasoning" if self._state == _THINK else "content", self._buf)
             self._buf = ""
@@ -100,14 +123,6 @@ class ThinkStream:
         self._buf = ""
         return False
 
-    @staticmethod
-    def _emit(out: list, kind: str, text: str) -> None:
-        if text:
-            if out and out[-1][0] == kind:
-                out[-1] = (kind, out[-1][1] + text)
-            else:
-                out.append((kind, text))
-
 
 def _tail_match(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``tag``."""
@@ -117,7 +132,7 @@ def _tail_match(text: str, tag: str) -> int:
     return 0
 
 
-def think_stream(parser: str):
+def think_stream(parser: str) -> SplitStream:
     """A fresh split of one choice's output by reasoning parser ``parser`` (one of :data:`PARSERS`):
     a :class:`ThinkStream`, or gpt-oss's :class:`~gateway.harmony.HarmonyThink` (the same
     interface). ValueError naming the parsers for another name."""
