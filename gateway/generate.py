@@ -41,7 +41,8 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import PARSERS as REASONING_PARSERS, SplitStream, split_reasoning, think_stream
+from gateway.reasoning import PARSERS as REASONING_PARSERS, split_reasoning, think_stream
+from gateway.split_stream import SplitStream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string

@@ -33,7 +33,7 @@ import re
 from typing import NamedTuple
 
 from gateway.call_stream import _WS, CallStream, _tag_start
-from gateway.reasoning import SplitStream
+from gateway.split_stream import SplitStream
 
 __all__ = ["HarmonyStream", "HarmonyThink", "Header", "parse_header"]
 
@@ -91,7 +91,7 @@ _HEAD, _BODY = "head", "body"  # HarmonyThink's states
 
 class HarmonyThink(SplitStream):
     """One choice's harmony output split into reasoning and answer as it is generated (a
-    :class:`~gateway.reasoning.SplitStream`: :meth:`feed` the text, get ``[("reasoning" |
+    :class:`~gateway.split_stream.SplitStream`: :meth:`feed` the text, get ``[("reasoning" |
     "content", text), ...]``, then :meth:`finish`).
 
     An ``analysis`` message's content is reasoning; a ``final`` or ``commentary`` one's is answer,

@@ -25,7 +25,10 @@ answers alike, so the deltas add up to the whole answer at every cut.
 
 from __future__ import annotations
 
-__all__ = ["PARSERS", "SplitStream", "ThinkStream", "split_reasoning", "think_stream"]
+from gateway.harmony import HarmonyThink
+from gateway.split_stream import SplitStream
+
+__all__ = ["PARSERS", "ThinkStream", "split_reasoning", "think_stream"]
 
 PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 """The parsers' names."""
@@ -35,39 +38,6 @@ CHOICES = (*PARSERS, "none")
 _TAGGED = ("deepseek_r1", "qwen3")  # ThinkStream's
 _OPEN, _CLOSE = "<think>", "</think>"
 _START, _THINK, _ANSWER = "start", "think", "answer"
-
-
-class SplitStream:
-    """What every reasoning parser is: one choice's output split into reasoning and answer as it is
-    generated: :meth:`feed` the text, get ``[("reasoning" | "content", text), ...]`` (only non-empty
-    pieces, neighbours of one kind joined), then :meth:`finish` for what was held back. A subclass
-    gives :meth:`_step` (consume what ``_buf`` allows; True when its state changed)."""
-
-    __slots__ = ("_state", "_buf")
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=True):
-            pass
-        return out
-
-    def _step(self, out: list, final: bool) -> bool:
-        raise NotImplementedError
-
-    @staticmethod
-    def _emit(out: list, kind: str, text: str) -> None:
-        if text:
-            if out and out[-1][0] == kind:
-                out[-1] = (kind, out[-1][1] + text)
-            else:
-                out.append((kind, text))
 
 
 class ThinkStream(SplitStream):
@@ -137,8 +107,6 @@ def think_stream(parser: str) -> SplitStream:
     a :class:`ThinkStream`, or gpt-oss's :class:`~gateway.harmony.HarmonyThink` (the same
     interface). ValueError naming the parsers for another name."""
     if parser == "openai_gptoss":
-        from gateway.harmony import HarmonyThink
-
         return HarmonyThink()
     if parser not in PARSERS:
         raise ValueError(f"reasoning parser must be one of {', '.join(PARSERS)}, got {parser!r}")
