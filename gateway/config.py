@@ -33,9 +33,10 @@ class GatewayConfig:
       a prompt that fits.
     - ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"``: a chat answer's
       ``<think>...</think>`` goes to ``reasoning_content`` (:mod:`gateway.reasoning`);
+      ``"openai_gptoss"``: gpt-oss's analysis channel does (:mod:`gateway.harmony`);
       ``"none"``: the thinking stays in the answer; None (the default): each model's own
       format, as its worker reads it from the chat template (``ModelInfo.reasoning``; none for a
-      template without ``<think>``), as llama.cpp detects it.
+      template without ``<think>`` or ``<|channel|>``), as llama.cpp detects it.
     - ``on_demand_models``: served names of models loaded on demand
       (``slotserve up`` with several models): a request for one whose worker
       is not running waits in the broker's queue while it loads (no 503),

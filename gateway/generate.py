@@ -41,7 +41,8 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import PARSERS as REASONING_PARSERS, ThinkStream, split_reasoning
+from gateway.reasoning import PARSERS as REASONING_PARSERS, split_reasoning, think_stream
+from gateway.split_stream import SplitStream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
@@ -246,7 +247,8 @@ class Generate:
         if call.tools is not None:
             options["tools"] = call.tools.definitions()
         parser = self._reasoning_parser(body) if chat else None
-        if parser is not None and "structured" in options:  # the constraint holds the answer, after the thinking
+        if parser is not None and "structured" in options and not (call.tools is not None and call.tools.thinks):
+            # the constraint holds the answer, after the thinking (harmony's tool grammar holds both)
             options["structured"] = options["structured"]._replace(think=parser)
         max_tokens = self._max_tokens(body, info)
         if _default_budget(body):  # a default, not the caller's: what the context leaves after the prompt lowers it
@@ -276,12 +278,16 @@ class Generate:
             raise unavailable(f"the gateway is stopping ({e})") from None
 
     async def _tool_parser(self, body: ChatCompletionRequest) -> str:
-        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one its
-        tokenizer's chat template asks for (:func:`gateway.tool_parsers.detect_parser`; the default
+        """The tool-call parser of ``body``'s model: the gateway's, or with ``auto`` the one the chat
+        template its worker renders with asks for (:func:`gateway.tool_parsers.detect_parser`): the
+        worker's ``--chat-template`` (``ModelInfo.chat_template``), else its tokenizer's (the default
         when it has no tokenizer or template; loads the tokenizer once, only for a chat with tools)."""
         parser = self.config.tool_call_parser
         if parser != AUTO or not body.tools or body.tool_choice == "none":
             return parser if parser != AUTO else DEFAULT_TOOL_PARSER
+        template = getattr(self.link.model_info(body.model), "chat_template", "")
+        if template:
+            return detect_parser(template)
         tok = await self.tokenizers.get(self.link.served_name(body.model))
         return detect_parser(getattr(getattr(tok, "hf", None), "chat_template", None))
 
@@ -381,7 +387,7 @@ class Generate:
         :func:`~gateway.tools.stream_choices`)."""
         tools = {g.index: call.tools.stream() for g in call.gens} if call.tools is not None else None
         parser = self._reasoning_parser(body) if resp.chat else None
-        thinks = {g.index: ThinkStream(parser) for g in call.gens} if parser is not None else None
+        thinks = {g.index: think_stream(parser) for g in call.gens} if parser is not None else None
         if resp.chat or resp.echo:
             for g in call.gens:
                 yield resp.chunk([resp.role_choice(g.index) if resp.chat else resp.echo_choice(g)],
@@ -545,7 +551,7 @@ def _split_reasoning(completion: dict, parser: str) -> None:
         message["reasoning_content"] = message["reasoning"] = reasoning
 
 
-def _reasoning_choices(think: ThinkStream, choice: dict, finished: bool) -> tuple[list[dict], dict]:
+def _reasoning_choices(think: SplitStream, choice: dict, finished: bool) -> tuple[list[dict], dict]:
     """A chat stream's choice split by ``think``: the reasoning deltas (``reasoning_content`` and
     ``reasoning``), then the choice with the answer's content (and the finish reason); the token ids
     and logprobs ride on the first of them."""

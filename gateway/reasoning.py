@@ -13,6 +13,10 @@ its parsers:
   ``<think>`` is reasoning up to ``</think>``; one that does not (``enable_thinking`` off: the
   template wrote an empty block into the prompt) is all answer.
 
+- ``openai_gptoss``: gpt-oss's harmony channels (``<|channel|>analysis<|message|>...``): the
+  ``analysis`` messages are reasoning, the ``final`` (and ``commentary``) ones the answer, calls
+  to functions passed on to the tool-call parser (:class:`gateway.harmony.HarmonyThink`).
+
 The answer after ``</think>`` starts at its first non-blank character. Tool calls and
 everything else the gateway reads in an answer are read in the answer only. Not a text
 parser beyond the two tags: the split is :class:`ThinkStream`'s, for whole and streamed
@@ -21,43 +25,37 @@ answers alike, so the deltas add up to the whole answer at every cut.
 
 from __future__ import annotations
 
-__all__ = ["PARSERS", "ThinkStream", "split_reasoning"]
+from gateway.harmony import HarmonyThink
+from gateway.split_stream import SplitStream
 
-PARSERS = ("deepseek_r1", "qwen3")
+__all__ = ["PARSERS", "ThinkStream", "split_reasoning", "think_stream"]
+
+PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 """The parsers' names."""
 CHOICES = (*PARSERS, "none")
 """The names ``--reasoning-parser`` takes (``none``: no parser, whatever the model's template says)."""
 
+_TAGGED = ("deepseek_r1", "qwen3")  # ThinkStream's
 _OPEN, _CLOSE = "<think>", "</think>"
 _START, _THINK, _ANSWER = "start", "think", "answer"
 
 
-class ThinkStream:
-    """One choice's output split into reasoning and answer as it is generated: :meth:`feed` the
-    text, get ``[("reasoning" | "content", text), ...]`` (only non-empty pieces), then
-    :meth:`finish` for what was held back (a possible start of a tag)."""
+class ThinkStream(SplitStream):
+    """The ``<think>`` parsers' :class:`SplitStream` (``deepseek_r1``, ``qwen3``): held back, a
+    possible start of a tag."""
 
-    __slots__ = ("parser", "_state", "_buf", "_answer_started")
+    __slots__ = ("parser", "_answer_started")
 
     def __init__(self, parser: str) -> None:
-        if parser not in PARSERS:
-            raise ValueError(f"reasoning parser must be one of {', '.join(PARSERS)}, got {parser!r}")
+        if parser not in _TAGGED:
+            raise ValueError(f"reasoning parser must be one of {', '.join(_TAGGED)}, got {parser!r}")
         self.parser = parser
         self._state = _START
         self._buf = ""
         self._answer_started = False
 
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
     def finish(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        while self._step(out, final=True):
-            pass
+        out = super().finish()
         if self._buf:
             self._emit(out, "reasoning" if self._state == _THINK else "content", self._buf)
             self._buf = ""
@@ -95,14 +93,6 @@ class ThinkStream:
         self._buf = ""
         return False
 
-    @staticmethod
-    def _emit(out: list, kind: str, text: str) -> None:
-        if text:
-            if out and out[-1][0] == kind:
-                out[-1] = (kind, out[-1][1] + text)
-            else:
-                out.append((kind, text))
-
 
 def _tail_match(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``tag``."""
@@ -112,9 +102,20 @@ def _tail_match(text: str, tag: str) -> int:
     return 0
 
 
+def think_stream(parser: str) -> SplitStream:
+    """A fresh split of one choice's output by reasoning parser ``parser`` (one of :data:`PARSERS`):
+    a :class:`ThinkStream`, or gpt-oss's :class:`~gateway.harmony.HarmonyThink` (the same
+    interface). ValueError naming the parsers for another name."""
+    if parser == "openai_gptoss":
+        return HarmonyThink()
+    if parser not in PARSERS:
+        raise ValueError(f"reasoning parser must be one of {', '.join(PARSERS)}, got {parser!r}")
+    return ThinkStream(parser)
+
+
 def split_reasoning(text: str, parser: str) -> tuple[str | None, str]:
-    """``(reasoning, answer)`` of a whole output (None: no reasoning), :class:`ThinkStream`'s split."""
-    stream = ThinkStream(parser)
+    """``(reasoning, answer)`` of a whole output (None: no reasoning), :func:`think_stream`'s split."""
+    stream = think_stream(parser)
     pieces = stream.feed(text) + stream.finish()
     reasoning = "".join(t for k, t in pieces if k == "reasoning")
     return (reasoning or None), "".join(t for k, t in pieces if k == "content")

@@ -85,8 +85,10 @@ class TokenizeEndpoints:
             tools = None if plan is None else plan.definitions()
             text = template_option(body).get("chat_template_kwargs")
             extra = None if text is None else json.loads(text)
+        info = self.link.model_info(model)
+        template = getattr(info, "chat_template", "") or ""  # (the worker's --chat-template: it renders with that)
         try:
-            ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra)
+            ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra, template)
         except ValueError as e:
             raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
         return model, ids, strs
@@ -147,13 +149,15 @@ def _worker_messages(messages: list[dict]) -> list[dict]:
 
 
 def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None,
-              tools: list[dict] | None = None, template_kwargs: dict | None = None) -> tuple[list[int], list | None]:
-    """``/tokenize``'s ids and (``return_token_strs``) token strings (on a thread). ValueError as the tokenizer."""
+              tools: list[dict] | None = None, template_kwargs: dict | None = None,
+              template: str = "") -> tuple[list[int], list | None]:
+    """``/tokenize``'s ids and (``return_token_strs``) token strings (on a thread), a chat rendered
+    with ``template`` (the worker's ``--chat-template``; ``""``: the tokenizer's). ValueError as the tokenizer."""
     if messages is None:
         ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
     else:
         ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens), tools,
-                       template_kwargs)
+                       template_kwargs, template)
     return ids, ([tok.token_str(t) for t in ids] if body.return_token_strs else None)
 
 

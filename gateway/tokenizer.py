@@ -49,6 +49,7 @@ class Tokenizer:
         self._strs: dict[int, str] = {}
         self._bytes: dict[str, int] | None = None  # byte-level BPE: vocabulary character -> byte
         self._special: frozenset[int] = frozenset()
+        self._templated: tuple[str, object] | None = None  # (a worker's --chat-template, the codec rendering it)
 
     def token_str(self, token: int) -> str:
         s = self._strs.get(token)
@@ -93,21 +94,24 @@ class Tokenizer:
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True,
              add_special_tokens: bool = False, tools: list[dict] | None = None,
-             template_kwargs: dict | None = None) -> list[int]:
+             template_kwargs: dict | None = None, template: str = "") -> list[int]:
         """The chat template's token ids (as a chat request's prompt is, with the generation prompt);
         ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off).
         ``messages`` as the worker renders them (an assistant's ``tool_calls`` with mapping arguments:
         :meth:`protocol.request.ChatMessage.template_dict`), ``tools`` OpenAI's definitions or None,
-        ``template_kwargs`` extra template variables (a request's ``chat_template_kwargs``) or None."""
+        ``template_kwargs`` extra template variables (a request's ``chat_template_kwargs``) or None,
+        ``template`` the Jinja text the model's worker renders with in place of the tokenizer's
+        (``ModelInfo.chat_template``, its ``--chat-template``), ``""`` for the tokenizer's own."""
+        codec = self._codec_for(template)
         if add_generation_prompt and not add_special_tokens:
             kwargs = {"tools": tools} if tools else {}
             if template_kwargs:
                 kwargs["template_kwargs"] = template_kwargs
-            return list(self.codec.apply_chat_template(messages, **kwargs))
+            return list(codec.apply_chat_template(messages, **kwargs))
         if self.hf is None:
             raise ValueError("add_generation_prompt=false and add_special_tokens=true need the model's "
                              "transformers tokenizer")
-        messages, kwargs = self.codec.chat_inputs(messages, tools, template_kwargs)  # checked; as the codec's
+        messages, kwargs = codec.chat_inputs(messages, tools, template_kwargs)  # checked; as the codec's
         try:  # (transformers tokenizes the chat with add_special_tokens=False itself: passing it again is a
             # TypeError, "got multiple values for keyword argument 'add_special_tokens'", so they are added after)
             enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
@@ -116,6 +120,19 @@ class Tokenizer:
             raise ValueError(f"chat template rejected the messages: {exc}") from exc
         ids = list(enc["input_ids"])
         return self._with_special_tokens(ids) if add_special_tokens else ids
+
+    def _codec_for(self, template: str):
+        """The codec that renders chats with ``template`` (the tokenizer's own for ``""``), made once
+        per template (the last one kept: a model's workers share theirs)."""
+        if not template:
+            return self.codec
+        if self._templated is None or self._templated[0] != template:
+            with_template = getattr(self.codec, "with_chat_template", None)
+            if with_template is None:
+                raise ValueError("this model's worker renders chats with its own --chat-template, which this "
+                                 "gateway's tokenizer cannot take; leave messages out, or send a prompt")
+            self._templated = (template, with_template(template))
+        return self._templated[1]
 
     def _with_special_tokens(self, ids: list[int]) -> list[int]:
         """``ids`` inside the special tokens the tokenizer's post-processor puts around one sequence

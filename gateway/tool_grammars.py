@@ -8,6 +8,13 @@ family's parser reads it:
 - ``llama3_json``: ``{"name": N, "parameters": {...}}``, ``<|python_tag|>`` before it allowed;
 - ``mistral``: ``[TOOL_CALLS]`` then ``[{"name": N, "arguments": {...}}]`` or ``N[ARGS]{...}``
   (either form: the grammar cannot know the model's template version, and each model takes its own);
+- ``openai``: gpt-oss's analysis messages first (any number: the thinking, one lexeme each,
+  :data:`protocol.structured.HARMONY_ANALYSIS`), then ``<|channel|>commentary to=functions.N
+  <|constrain|>json<|message|>{...}``, which the model ends with its ``<|call|>`` stop token; the
+  grammar holds its own thinking, so the gateway gives it no ``think``;
+- ``pythonic``: ``[N(k=V, ...)]`` (``<|python_tag|>`` before it allowed), the schema's parameters
+  as keyword arguments in its order (``required`` ones always), each value the JSON its schema
+  allows, which the pythonic parser reads as the Python literal it nearly is;
 - ``qwen3_coder``: ``<tool_call>\\n<function=N>\\n`` then each parameter as
   ``<parameter=P>\\nVALUE\\n</parameter>\\n`` in the schema's order (``required`` ones always,
   the others optional), then ``</function>\\n</tool_call>``; a value the parser reads as text
@@ -27,6 +34,7 @@ from __future__ import annotations
 import json
 
 from gateway.tool_xml import param_is_text
+from protocol.structured import HARMONY_ANALYSIS
 
 __all__ = ["call_grammar"]
 
@@ -51,6 +59,15 @@ def call_grammar(functions: dict[str, dict], names: list[str], parser: str) -> s
         rules = "".join(_xml_function(i, functions[n]) for i, n in enumerate(names))
         return (f'start: "<tool_call>\\n<function=" ({named}) "</function>\\n</tool_call>"\n{rules}'
                 'TEXT: /(.|\\n)*\\n<\\/parameter>/ & ~/(.|\\n)*\\n<\\/parameter>(.|\\n)+/\n')
+    if parser == "openai":
+        named = " | ".join(f"fn{i}" for i in range(len(names)))
+        rules = "".join(f'fn{i}: {_lit(n + " <|constrain|>json<|message|>")} %json {_schema(_arguments(functions[n]))}\n'
+                        for i, n in enumerate(names))
+        return f'start: ANALYSIS* "<|channel|>commentary to=functions." ({named})\n{rules}{HARMONY_ANALYSIS}'
+    if parser == "pythonic":
+        named = " | ".join(f"fn{i}" for i in range(len(names)))
+        rules = "".join(_pythonic_function(i, functions[n]) for i, n in enumerate(names))
+        return f'start: "<|python_tag|>"? "[" ({named}) "]"\n{rules}'
     raise ValueError(f"no tool-call grammar for parser {parser!r}")
 
 
@@ -93,3 +110,34 @@ def _xml_function(i: int, function: dict) -> str:
         rules.append(f'{rule}: {_lit(f"<parameter={name}>" + chr(10))} {value} {end}\n')
         parts.append(rule if name in required else rule + "?")
     return f'fn{i}: {_lit(function["name"] + ">" + chr(10))} {" ".join(parts)}\n' + "".join(rules)
+
+
+def _pythonic_function(i: int, function: dict) -> str:
+    """Rule ``fn{i}``: ``N(k=V, ...)`` of ``function`` in the pythonic syntax: its schema's
+    parameters in order as keyword arguments (``required`` ones always, the others optional, ", "
+    between those written), each value the JSON its schema allows (JSON's literals are Python's
+    but ``true``/``false``/``null``, which the parser takes: :func:`gateway.tool_pythonic.literal_json`)."""
+    params = list((function["parameters"].get("properties") or {}).items())
+    required = set(function["parameters"].get("required") or ())
+    rules = [f'p{i}_{j}: {_lit(name + "=")} %json {_schema(prop if isinstance(prop, dict) else {})}\n'
+             for j, (name, prop) in enumerate(params)]
+    optional = [name not in required for name, _ in params]
+
+    def later(j: int) -> str:
+        """Parameters j.. after one already written: each with ", " before it."""
+        parts = [f'(", " p{i}_{k})' + ("?" if optional[k] else "") for k in range(j, len(params))]
+        return " ".join(parts)
+
+    def first(j: int) -> tuple[str, bool]:
+        """Parameters j.. with none written yet: ``(expression, whether it may be empty)``."""
+        if j == len(params):
+            return "", True
+        this = f"p{i}_{j} {later(j + 1)}".strip()
+        if not optional[j]:
+            return this, False
+        rest, empty = first(j + 1)
+        return (f"({this}) | ({rest})" if rest else this), empty
+
+    args, empty = first(0)
+    body = f"({args})" + ("?" if empty else "") if args else ""
+    return f'fn{i}: {_lit(function["name"] + "(")} {body} ")"\n' + "".join(rules)

@@ -18,6 +18,12 @@ name                      what the model writes (where the syntax is taken from)
 ``qwen3_coder``           ``<tool_call>\\n<function=N>\\n<parameter=P>\\nVALUE\\n</parameter>\\n``...
                           ``</function>\\n</tool_call>`` (Qwen3-Coder's template; vLLM's ``qwen3coder_tool_parser.py``;
                           :mod:`gateway.tool_xml`)
+``pythonic``              ``[N(k=VALUE, ...), ...]`` with Python literal values as the whole answer, optionally
+                          after ``<|python_tag|>`` (Llama 3.2's and Llama 4's "[func_name1(params_name1=
+                          params_value1...)]"; vLLM's ``pythonic_tool_parser.py``; :mod:`gateway.tool_pythonic`)
+``openai``                gpt-oss's harmony messages to ``functions.N``: ``<|start|>assistant<|channel|>commentary
+                          to=functions.N <|constrain|>json<|message|>{...}<|call|>`` (OpenAI's harmony format;
+                          vLLM's ``openai_tool_parser.py``; :mod:`gateway.harmony`)
 ========================  ==============================================================================
 
 ``auto`` (``--tool-call-parser auto``, as llama.cpp's server picks its format): the parser the
@@ -80,7 +86,14 @@ class MistralStream(CallStream):
     After the calls, text is content (v11) or, after the array's ``]``, too. A call broken after
     its arguments began keeps what it sent; the rest of the answer is dropped, as it is after the
     first call when ``parallel`` is False. Call ids are 9 letters and digits: Mistral's templates
-    and ``mistral-common`` refuse others in the history the next turn sends back."""
+    and ``mistral-common`` refuse others in the history the next turn sends back.
+
+    ``bare=True`` (issue 33, item 5): an answer that *starts* with the array form without
+    ``[TOOL_CALLS]`` -- ``[{"name": N, "arguments": {...}}, ...]``, what Mistral models write when
+    they leave the marker out, as vLLM's and llama.cpp's Mistral parsers also read it -- is the
+    calls too, held back until its first call's header says whether it is one (a known function's
+    name); any other answer starting with ``[`` is content. Off where the answer may be JSON the
+    user asked for (a ``response_format``)."""
 
     __slots__ = ("_state", "_array", "_brace")
     MARK = "[TOOL_CALLS]"
@@ -100,6 +113,15 @@ class MistralStream(CallStream):
 
     def _step(self, out: list[dict], final: bool) -> bool:
         state = self._state
+        if state == _TEXT and self.bare:  # (at the answer's start: the array without its marker?)
+            rest = self._buf.lstrip(_WS)
+            head = _array_head(rest, self.functions) if rest.startswith("[") else None
+            if not final and (not rest or head is _MORE):
+                return False
+            self.bare = False
+            if isinstance(head, tuple):
+                self._ws, self._buf, self._state = self._buf[:len(self._buf) - len(rest)], rest, _HEAD
+                return True
         if state == _TEXT:
             found = self._content_until(out, (self.MARK,), final)
             if found is None:
@@ -222,14 +244,17 @@ def check_choice(name: object) -> str:
     return name
 
 
-def _xml():
+def _others() -> dict[str, type[CallStream]]:
+    """The parsers of their own modules (which import this one's helpers: imported here, after them)."""
+    from gateway.harmony import HarmonyStream
+    from gateway.tool_pythonic import PythonicStream
     from gateway.tool_xml import Qwen3CoderStream
 
-    return Qwen3CoderStream
+    return {"qwen3_coder": Qwen3CoderStream, "pythonic": PythonicStream, "openai": HarmonyStream}
 
 
 _CLASSES: dict[str, type[CallStream]] = {"hermes": ToolStream, "llama3_json": Llama3JsonStream,
-                                         "mistral": MistralStream, "qwen3_coder": _xml()}
+                                         "mistral": MistralStream, **_others()}
 PARSERS = tuple(_CLASSES)
 """The names ``--tool-call-parser`` takes (vLLM's names for the same syntaxes)."""
 AUTO = "auto"
@@ -241,18 +266,23 @@ CHOICES = PARSERS + (AUTO,)
 def detect_parser(template: str | dict | None) -> str:
     """The parser whose syntax the chat template ``template`` (Jinja text) writes a call in, read
     from the markers it renders, as llama.cpp's server tells its chat formats apart
-    (``common/chat.cpp``): ``[TOOL_CALLS]`` Mistral's; ``<function=`` with ``<parameter=``
-    Qwen3-Coder's; ``<tool_call>`` Hermes'; ``<|python_tag|>``, or an ``ipython`` role with
-    ``"parameters"``, Llama 3's. :data:`DEFAULT` for no template or none of them (the Hermes
-    rendering of a template without tools). A tokenizer's several named templates (a dict) are
-    read together."""
+    (``common/chat.cpp``): ``<|channel|>`` gpt-oss's harmony (``openai``); ``[TOOL_CALLS]``
+    Mistral's; ``<function=`` with ``<parameter=`` Qwen3-Coder's; ``<tool_call>`` Hermes'; the
+    pythonic format's own words (``[func_name1(params_name1=params_value1...)]``, Llama 3.2's
+    and 4's), pythonic; else ``<|python_tag|>``, or an ``ipython`` role with ``"parameters"``,
+    Llama 3's JSON. :data:`DEFAULT` for no template or none of them (the Hermes rendering of a
+    template without tools). A tokenizer's several named templates (a dict) are read together."""
     t = " ".join(v for v in template.values() if isinstance(v, str)) if isinstance(template, dict) else template or ""
+    if "<|channel|>" in t:
+        return "openai"
     if "[TOOL_CALLS]" in t:
         return "mistral"
     if "<function=" in t and "<parameter=" in t:
         return "qwen3_coder"
     if "<tool_call>" in t:
         return "hermes"
+    if "func_name1(" in t:
+        return "pythonic"
     if "<|python_tag|>" in t or "ipython" in t and '"parameters"' in t:
         return "llama3_json"
     return DEFAULT

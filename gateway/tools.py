@@ -80,6 +80,12 @@ class ToolPlan:
     """The tool-call syntax the answer is read in (:mod:`gateway.tool_parsers`; the gateway's
     ``tool_call_parser``), and the one ``constraint`` asks for."""
 
+    @property
+    def thinks(self) -> bool:
+        """Whether ``constraint`` lets the model think first itself (harmony's grammar: the channels
+        are the syntax), so that the reasoning parser's ``think`` is not to be added to it."""
+        return self.constraint is not None and self.parser == "openai"
+
     def stream(self) -> CallStream:
         """A fresh parser of one choice's output under this plan."""
         return parser_class(self.parser)(self.functions, self.parallel, self.bare)

@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -69,7 +69,10 @@ and ``results``, and :class:`ModelInfo`'s ``embedding_size`` and ``matryoshka_di
 ``chat_template_kwargs`` (extra chat template variables); a chat message's ``tool_call_id`` and ``name``
 (its wire array ``[role, content, tool_calls, tool_call_id, name]``); and ``reasoning`` in
 :class:`ModelInfo` (the model's thinking format): fields a v9 peer would refuse to decode (and a v9
-worker would take an embedding request for a generation one).
+worker would take an embedding request for a generation one). 11: ``chat_template`` in :class:`ModelInfo`
+(the template a worker's ``--chat-template`` gave it, which the gateway's ``/tokenize`` and
+``--tool-call-parser auto`` read), a field a v10 peer would refuse to decode; and the constraint
+``think`` ``"openai_gptoss"`` (:mod:`protocol.structured`), which a v10 worker would refuse.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -241,6 +244,10 @@ class ModelInfo(NamedTuple):
     - ``reasoning``: how its chat template lets the model think, as a reasoning parser's name
       (``"deepseek_r1"``, ``"qwen3"``; :mod:`gateway.reasoning`), ``""`` for none: the parser the
       gateway uses for it unless ``--reasoning-parser`` says otherwise.
+    - ``chat_template``: the Jinja text of the chat template the worker renders chats with when
+      it was given one (``--chat-template``), replacing its tokenizer's; ``""`` when it renders with
+      the tokenizer's own. The gateway renders ``/tokenize``'s chats and reads the tool-call
+      syntax (``--tool-call-parser auto``) from the same template.
     """
 
     vocab_size: int | None = None
@@ -251,6 +258,7 @@ class ModelInfo(NamedTuple):
     embedding_size: int | None = None
     matryoshka_dims: tuple[int, ...] = ()
     reasoning: str = ""
+    chat_template: str = ""
 
 
 class PrefixCacheUsage(NamedTuple):

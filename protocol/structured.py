@@ -32,7 +32,9 @@ A constraint's ``think`` (``""`` by default) lets a thinking model think
 first: the constraint then applies to the answer after its thinking, in the
 format of the reasoning parser named (``"qwen3"``: an optional
 ``<think>...</think>`` block first; ``"deepseek_r1"``: the template opened the
-thinking, so the output is thinking up to ``</think>``, then the answer), as
+thinking, so the output is thinking up to ``</think>``, then the answer;
+``"openai_gptoss"``: gpt-oss's harmony analysis messages, then the answer in
+the ``final`` channel, ``<|channel|>final<|message|>`` first), as
 vLLM applies structured outputs after the reasoning ends. The HTTP gateway
 sets it from the request's reasoning parser (:mod:`gateway.reasoning`).
 
@@ -47,7 +49,7 @@ from typing import NamedTuple
 
 from protocol.validation import as_text, is_sequence
 
-__all__ = ["JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
+__all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "gbnf")
 """The constraint kinds, see the module docstring."""
@@ -62,8 +64,16 @@ MAX_CHOICES = 1024
 """Most strings of a ``choice`` constraint."""
 
 
-THINKS = ("", "qwen3", "deepseek_r1")
+THINKS = ("", "qwen3", "deepseek_r1", "openai_gptoss")
 """The values of a constraint's ``think``: none, or a reasoning parser's name (module docstring)."""
+
+HARMONY_ANALYSIS = ("ANALYSIS: /<\\|channel\\|>analysis<\\|message\\|>(.|\\n)*<\\|end\\|><\\|start\\|>assistant/"
+                    " & ~/(.|\\n)*<\\|end\\|>(.|\\n)*<\\|end\\|>(.|\\n)*/\n")
+"""The Lark (llguidance) lexeme ``ANALYSIS`` of one gpt-oss analysis message, up to its one ``<|end|>``,
+and the next message's ``<|start|>assistant``: the thinking of think ``openai_gptoss``, which the
+worker composes (``worker.models.grammar.after_thinking``) and the gateway's harmony tool-call
+grammar writes itself (``gateway.tool_grammars``). The worker gives llguidance harmony's markers as
+text (``worker.models.tool_markers``)."""
 
 
 class Constraint(NamedTuple):

@@ -260,15 +260,16 @@ def _parser_option(flag: str, module: str, help: str):
 _reasoning_parser_option = _parser_option(
     "--reasoning-parser", "gateway.reasoning",
     "Split a thinking model's <think>...</think> off its chat answers into reasoning_content (vLLM's option "
-    "and names): deepseek_r1 (the template opens the thinking: R1 and its distills) or qwen3 (the model opens "
-    "it: Qwen3, QwQ); none: the thinking stays in the answer. Default: each model's own, read from its chat "
-    "template (a template without <think>: none).")
+    "and names): deepseek_r1 (the template opens the thinking: R1 and its distills), qwen3 (the model opens "
+    "it: Qwen3, QwQ) or openai_gptoss (gpt-oss's harmony analysis channel); none: the thinking stays in the "
+    "answer. Default: each model's own, read from its chat template (one without <think> or <|channel|>: none).")
 _tool_call_parser_option = _parser_option(
     "--tool-call-parser", "gateway.tool_parsers",
     "The syntax chat answers' tool calls are read in, and that tool_choice required enforces (vLLM's option "
     "and names): hermes (<tool_call>{...}</tool_call>: Qwen2.5, Hermes), llama3_json (Llama 3.x's JSON), "
-    "mistral ([TOOL_CALLS]), qwen3_coder (<function=...> XML), or auto (the one each model's chat "
-    "template asks for, read from its tokenizer's template, as llama.cpp does). Default: hermes.")
+    "mistral ([TOOL_CALLS], or a bare [{...}] answer), qwen3_coder (<function=...> XML), pythonic "
+    "([f(k=v)]: Llama 3.2/4), openai (gpt-oss's harmony), or auto (the one each model's chat template asks "
+    "for: its worker's --chat-template, else its tokenizer's, as llama.cpp does). Default: hermes.")
 
 
 def _tool_call_parser(name: str | None) -> dict:

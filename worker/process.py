@@ -162,6 +162,7 @@ class WorkerProcess:
             has_tokenizer=self.tokenizer is not None,
             runs=runs_of(model),
             reasoning=str(getattr(self.tokenizer, "reasoning_format", "") or ""),
+            chat_template=str(getattr(self.tokenizer, "chat_template_override", "") or ""),
             embedding_size=embedding_size,
             matryoshka_dims=tuple(getattr(model, "matryoshka_dims", ())),
         )

@@ -84,8 +84,64 @@ CASES = {
         "broken": ("<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\noops</tool_call>\nok",
                    ("ok", [("get_time", '{"zone": "utc"')])),
     },
+    "openai": {  # gpt-oss's harmony (openai/harmony docs/format.md); the stop tokens <|call|>, <|return|> are no text
+        "first": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
+                  (None, [("get_weather", '{"city":"Paris"}')])),
+        "preamble": ('**Plan**: check.<|start|>assistant<|channel|>commentary to=functions.get_time<|constrain|>json'
+                     '<|message|>{}<|call|>', ("**Plan**: check.", [("get_time", "{}")])),
+        "recipient_first": (f' to=functions.get_weather<|channel|>commentary json<|message|>{WEATHER}',
+                            (None, [("get_weather", WEATHER)])),
+        "two": (f'<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{WEATHER}<|call|>'
+                '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|> {"zone": "utc"}\n',
+                (None, [("get_weather", WEATHER), ("get_time", '{"zone": "utc"}')])),
+        "raw_with_analysis": ('<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant<|channel|>'
+                              'commentary to=functions.get_time <|constrain|>json<|message|>{}',
+                              ("<|channel|>analysis<|message|>Need the time.<|end|>", [("get_time", "{}")])),
+        "junk_after_args": ('<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"zone": "utc"} '
+                            'oops<|call|>Then.', ("Then.", [("get_time", '{"zone": "utc"}')])),
+        "plain": ("It is sunny; to=be or not.", ("It is sunny; to=be or not.", [])),
+        "unknown": ("<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}",
+                    ("<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}", [])),
+        "builtin": ('<|channel|>analysis to=browser.search<|message|>{"query": "x"}',
+                    ('<|channel|>analysis to=browser.search<|message|>{"query": "x"}', [])),
+        "not_json": ("Hi.<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>now",
+                     ("Hi.<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>now", [])),
+        "broken": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa',
+                   (None, [("get_weather", '{"city": "Pa')])),
+    },
+    "pythonic": {  # Llama 3.2's: "[func_name1(params_name1=params_value1, params_name2=params_value2...), ...]"
+        "one": ('[get_weather(city="Paris", days=3)]', (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
+        "two": ("[get_weather(city='Pa,ris)\"', days=[1, {'n': (2, -3.5)}], metric=None, detail={\"a\": True}), "
+                "get_time()]",
+                (None, [("get_weather", '{"city": "Pa,ris)\\"", "days": [1, {"n": [2, -3.5]}], "metric": null, '
+                                        '"detail": {"a": true}}'), ("get_time", "{}")])),
+        "python_tag": ('<|python_tag|>[get_time(zone="UTC",)]', (None, [("get_time", '{"zone": "UTC"}')])),
+        "json_literals": (' [get_weather(city="Oslo", metric=true, days=0x10)]\nDone.',
+                          ("Done.", [("get_weather", '{"city": "Oslo", "metric": true, "days": 16}')])),
+        "triple_quotes": ('[get_weather(city="""multi\nline \'\' ok""")]',
+                          (None, [("get_weather", '{"city": "multi\\nline \'\' ok"}')])),
+        "plain": ("It is [sunny] in Paris (mostly).", ("It is [sunny] in Paris (mostly).", [])),
+        "mention": ("Call [get_time()] later.", ("Call [get_time()] later.", [])),
+        "json_answer": ('["Paris", "Rome"]', ('["Paris", "Rome"]', [])),
+        "unknown": ("[nope(x=1)]", ("[nope(x=1)]", [])),
+        "broken": ('[get_weather(city="Paris", days=three)]', (None, [("get_weather", '{"city": "Paris", "days": ')])),
+    },
 }
 ALL = [(parser, case) for parser, cases in CASES.items() for case in cases]
+BARE_CASES = {  # read with bare=True (no response_format): what the family's models write without the marker
+    "mistral": {
+        "bare_two": ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
+                     (None, [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")])),
+        "bare_then_text": (' \n[{"name": "get_time", "arguments": {"zone": "utc"}}] Done.',
+                           ("Done.", [("get_time", '{"zone": "utc"}')])),
+        "bare_json_answer": ('[{"city": "Paris"}]', ('[{"city": "Paris"}]', [])),
+        "bare_list": ("[1, 2]", ("[1, 2]", [])),
+        "bare_unknown": ('[{"name": "nope", "arguments": {}}]', ('[{"name": "nope", "arguments": {}}]', [])),
+        "bare_mid_answer": ('Here: [{"name": "get_time", "arguments": {}}]',
+                            ('Here: [{"name": "get_time", "arguments": {}}]', [])),
+        "marked_after_bare_text": ('[x] [TOOL_CALLS]get_time[ARGS]{}', ("[x]", [("get_time", "{}")])),
+    },
+}
 
 
 def calls_of(calls: list) -> list[tuple[str, str]]:
@@ -112,17 +168,32 @@ def test_the_parse_of_the_family_s_own_syntax(parser, case):
             json.loads(call["function"]["arguments"])
 
 
-@pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize("parser, case", ALL)
-def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, parallel):
-    text = CASES[parser][case][0]
-    content, calls = parse_tool_calls(text, FUNCTIONS, parallel, parser=parser)
-    whole = (content, calls_of(calls))
-    cuttings = [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]  # one cut anywhere; every char
+@pytest.mark.parametrize("parser, case", [(p, c) for p, cases in BARE_CASES.items() for c in cases])
+def test_what_the_family_writes_without_its_marker_is_read_only_when_bare(parser, case):
+    text, (content, calls) = BARE_CASES[parser][case]
+    got_content, got_calls = parse_tool_calls(text, FUNCTIONS, bare=True, parser=parser)
+    assert (got_content, calls_of(got_calls)) == (content, calls)
+    if not case.startswith("marked"):  # (under a response_format: the answer is the user's JSON)
+        assert parse_tool_calls(text, FUNCTIONS, parser=parser) == (text, [])
+
+
+def every_cutting(text: str) -> list[list[int]]:
+    """One cut anywhere, a cut at every character, and 30 random cuttings."""
+    cuttings = [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]
     rng = random.Random(0)
     cuttings += [sorted(rng.sample(range(1, len(text)), rng.randint(1, len(text) // 3))) for _ in range(30)]
-    for cuts in cuttings:
-        deltas, reason = feed_in_pieces(parser, text, cuts, parallel=parallel)
+    return cuttings
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("parser, case, bare", [(p, c, False) for p, c in ALL] +
+                         [(p, c, True) for p, cases in BARE_CASES.items() for c in cases])
+def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, bare, parallel):
+    text = (BARE_CASES if bare else CASES)[parser][case][0]
+    content, calls = parse_tool_calls(text, FUNCTIONS, parallel, bare, parser=parser)
+    whole = (content, calls_of(calls))
+    for cuts in every_cutting(text):
+        deltas, reason = feed_in_pieces(parser, text, cuts, parallel=parallel, bare=bare)
         got_content, got_calls = merged(deltas)
         assert (got_content, calls_of(got_calls)) == whole, cuts
         assert all(d for d in deltas), "an empty delta"
@@ -131,7 +202,7 @@ def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, parallel
 
 
 @pytest.mark.parametrize("parser, case", [("llama3_json", "two"), ("mistral", "v3_two"), ("mistral", "v11"),
-                                          ("qwen3_coder", "two_and_text")])
+                                          ("qwen3_coder", "two_and_text"), ("pythonic", "two"), ("openai", "two")])
 def test_parallel_tool_calls_false_keeps_the_first_call(parser, case):
     text, (content, calls) = CASES[parser][case]
     got_content, got_calls = parse_tool_calls(text, FUNCTIONS, parallel=False, parser=parser)
@@ -177,7 +248,28 @@ def test_a_call_cut_by_max_tokens_stays_cut_and_says_length(parser, text):
     assert call["function"]["name"] == "get_weather" and call["function"]["arguments"].endswith('"city": "Pa')
 
 
+def test_a_pythonic_value_goes_out_whole_so_one_cut_by_max_tokens_is_not_sent():
+    cut = {"choices": [{"finish_reason": "length", "message": {"content": '[get_weather(days=3, city="Pa'}}]}
+    (choice,) = apply_tool_calls(cut, ToolPlan(FUNCTIONS, "auto", None, parser="pythonic"))["choices"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert calls_of(choice["message"]["tool_calls"]) == [("get_weather", '{"days": 3, "city": ')]
+    stream = parser_class("pythonic")(FUNCTIONS)  # (each value at its end, so a cut one is never half sent)
+    assert [d["tool_calls"][0]["function"] for d in stream.feed("[get_weather(city='Pa")] == [
+        {"name": "get_weather", "arguments": ""}, {"arguments": "{"}, {"arguments": '"city": '}]
+    assert stream.feed("ris', ") == [{"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"'}}]}]
+
+
+@pytest.mark.parametrize("value, want", [("'a\\nb'", '"a\\nb"'), ("1e999", None), ("1j", None), ("b'x'", None),
+                                         ("f(x)", None), ("__import__('os')", None), ("{1: 2}", None),
+                                         ("[" * 5000 + "]" * 5000, None), ("-.5", "-0.5"), ("(1,)", "[1]"),
+                                         ("{'a': null}", '{"a": null}'), ("'\\d'", '"\\\\d"')])
+def test_a_pythonic_value_is_read_as_a_literal_never_run(value, want):
+    from gateway.tool_pythonic import literal_json
+
+    assert literal_json(value) == want
+
+
 def test_every_parser_has_a_name_and_an_unknown_one_is_refused():
-    assert PARSERS == ("hermes", "llama3_json", "mistral", "qwen3_coder")
+    assert PARSERS == ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "openai")
     with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json"):
         parser_class("llama")

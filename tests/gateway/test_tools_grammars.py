@@ -45,6 +45,8 @@ CALLS = {  # parser -> calls of get_weather in its syntax, as the grammar's JSON
                     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'],
     "mistral": ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}'],
+    "openai": ['<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'],
+    "pythonic": ['[get_weather(city="Paris", days=3)]', '<|python_tag|>[get_weather(city="Paris", unit="c")]'],
     "qwen3_coder": [f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{CITY}\n</parameter>\n"
                     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
                     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
@@ -113,7 +115,9 @@ def test_the_grammar_takes_the_tokens_of_a_call_in_its_syntax(tok, parser, names
         # ... and what the grammar let through is the call, for the family's parser
         content, calls = parse_tool_calls(text, FUNCTIONS, parser=parser)
         assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"]
-    if tok.kind == "markers":  # the case this test is for: a marker is one token, as the model writes it
+    if tok.kind == "markers" and parser != "openai":  # the case this test is for: a marker is one token, as the
+        # model writes it (harmony's, special in gpt-oss's tokenizer: tests/gateway/test_harmony.py, whose
+        # vocabulary's <|end|> is a harmony marker, not this one's EOS)
         assert single, "no marker was a single token"
 
 

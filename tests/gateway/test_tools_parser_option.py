@@ -64,7 +64,7 @@ def test_up_gives_its_gateway_the_parser_and_needs_an_http_port(monkeypatch):
 
 def test_the_config_refuses_an_unknown_parser():
     with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, mistral, qwen3_coder, "
-                                         "auto"):
+                                         "pythonic, openai, auto"):
         GatewayConfig(tool_call_parser="llama")
     assert GatewayConfig().tool_call_parser == "hermes"
 
@@ -103,7 +103,9 @@ def test_the_gateway_reads_answers_in_its_parser_s_syntax(sdk, said, calls):
 
 @pytest.mark.parametrize("sdk, start", [("mistral", 'start: "[TOOL_CALLS]"'), ("llama3_json", 'start: "<|python_tag|>"?'),
                                         ("qwen3_coder", 'start: "<tool_call>\\n<function="'),
-                                        ("hermes", 'start: "<tool_call>\\n"')], indirect=["sdk"])
+                                        ("hermes", 'start: "<tool_call>\\n"'), ("pythonic", 'start: "<|python_tag|>"? "["'),
+                                        ("openai", 'start: ANALYSIS* "<|channel|>commentary to=functions."')],
+                         indirect=["sdk"])
 def test_required_is_constrained_in_the_parser_s_syntax(sdk, start):
     client, scripted = sdk
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "plain"}], max_tokens=60,
@@ -120,6 +122,11 @@ TEMPLATES = {  # excerpts of the published chat templates, as their tool-call pa
     "llama3_json": '{%- if builtin_tools is defined or tools is not none %}{{- "Environment: ipython\\n" }}'
                    '{{- \'{"name": "\' + tool_call.name + \'", \' }}{{- \'"parameters": \' }}'
                    '{{- "<|python_tag|>" + tool_call.name + ".call(" }}',  # Llama 3.1
+    "pythonic": '{{- "If you decide to invoke any of the function(s), you MUST put it in the format of '
+                '[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]\\n" }}'
+                '{{- "<|python_tag|>" if builtin_tools is defined }}',  # Llama 3.2 (vLLM's pythonic template)
+    "openai": '{{- "<|start|>assistant to=" }}{{- "functions." + tool_call.name + "<|channel|>commentary " }}'
+              '{{- "json<|message|>" }}{{- tool_call.arguments|tojson }}{{- "<|call|>" }}',  # gpt-oss
 }
 
 

@@ -58,7 +58,7 @@ import torch
 
 from protocol.enums import ErrorCode
 from protocol.request import SamplingParams
-from protocol.structured import Constraint
+from protocol.structured import HARMONY_ANALYSIS, Constraint
 from worker.errors import ModelError
 from worker.models.base import SlotInput
 
@@ -357,13 +357,17 @@ _THINKING = {
     # (a <think> written again at its start is allowed, as the reasoning parser drops it), then the answer
     "deepseek_r1": "start: THINK @{answer}\n"
                    "THINK: /(<think>)?(.|\\n)*<\\/think>[ \\t\\n]*/ & ~/(.|\\n)*<\\/think>(.|\\n)*<\\/think>(.|\\n)*/\n",
+    # openai_gptoss: gpt-oss's harmony: analysis messages (each up to its one <|end|> and the next message's
+    # <|start|>assistant), then the answer in the final channel (gateway.harmony)
+    "openai_gptoss": f"start: ANALYSIS* \"<|channel|>final<|message|>\" @{{answer}}\n{HARMONY_ANALYSIS}",
 }
 
 
 def after_thinking(grammar: str, think: str) -> str:
     """``grammar`` (llguidance's top-level grammar JSON or Lark text, as ``grammar_from`` gives it) applied to the
     answer after a thinking model's thinking, in the format of reasoning parser ``think`` (``qwen3``,
-    ``deepseek_r1``; :mod:`gateway.reasoning`): a Lark grammar first whose start is the thinking and
+    ``deepseek_r1``, ``openai_gptoss``: analysis messages, then the answer in the ``final`` channel;
+    :mod:`gateway.reasoning`): a Lark grammar first whose start is the thinking and
     then ``@answer``, a reference to ``grammar``'s own start grammar, named ``answer`` unless it has a name (llguidance's
     grammar references, docs/syntax.md of guidance-ai/llguidance). The thinking is one lexeme, from
     ``<think>`` to the first ``</think>`` and the blanks after it (the intersection with the
@@ -410,17 +414,18 @@ def text_added_tokens(tokenizer_json: str) -> str:
     written into the vocabulary too (and stay special): the tokenizers library gives an added token
     that is in no vocabulary the next free id, which the moved ones shift (a special token whose id
     lies below a moved one's was renumbered: ``<|end|>`` 256 read as 262). The tool-call markers that some
-    tokenizers hold as special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``:
-    :data:`~worker.models.tool_markers.TOOL_MARKERS`) are text too, as the worker decodes them:
+    tokenizers hold as special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``, gpt-oss's
+    harmony markers: :func:`~worker.models.tool_markers.kept_markers`) are text too, as the worker decodes them:
     a tool-call grammar asks for them by their text (``gateway.tool_grammars``)."""
     import json
 
-    from worker.models.tool_markers import TOOL_MARKERS
+    from worker.models.tool_markers import kept_markers
 
     data = json.loads(tokenizer_json)
     model = data.get("model") or {}
     vocab = model.get("vocab")
-    plain = [t for t in data.get("added_tokens") or () if not t.get("special") or t.get("content") in TOOL_MARKERS]
+    kept = kept_markers(t.get("content") for t in data.get("added_tokens") or ())
+    plain = [t for t in data.get("added_tokens") or () if not t.get("special") or t.get("content") in kept]
     if not plain or not isinstance(vocab, dict):
         return tokenizer_json
     spell = _piece_spelling(data)

@@ -66,7 +66,7 @@ class HFTextCodec:
       EOS are left out of the text by default, as in vLLM's
       ``skip_special_tokens=True`` (the token ids still carry them), except
       the tool-call markers some tokenizers hold as special tokens (Mistral's
-      ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``), which the gateway's
+      ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``, gpt-oss's harmony markers), which the gateway's
       parsers read (:mod:`worker.models.tool_markers`). Decoded
       by the tokenizers backend, as the stream is (transformers' own
       ``decode`` may also clean up spaces), so streamed pieces add up to it.
@@ -118,17 +118,27 @@ class HFTextCodec:
         return list(enc["input_ids"])
 
     @property
+    def chat_template_override(self) -> str:
+        """The Jinja text this codec renders chats with in place of the tokenizer's template
+        (:meth:`with_chat_template`, ``--chat-template``), ``""`` when it renders with the
+        tokenizer's own (``ModelInfo.chat_template``: the gateway renders with the same)."""
+        return self._template or ""
+
+    @property
     def reasoning_format(self) -> str:
         """How the chat template lets the model think, as a reasoning parser's name
         (:data:`gateway.reasoning.PARSERS`): ``"deepseek_r1"`` when its generation prompt ends with
         ``<think>`` (the template opens the thinking: DeepSeek-R1 and its distills), ``"qwen3"`` when
-        the template mentions ``<think>`` otherwise (the model opens it: Qwen3, QwQ), ``""`` when it
-        does not (no thinking, or none this reads: gpt-oss's channels), or has no template. Read
-        from the template in use (``--chat-template``'s when given), as llama.cpp detects the format."""
+        the template mentions ``<think>`` otherwise (the model opens it: Qwen3, QwQ),
+        ``"openai_gptoss"`` when it writes harmony's ``<|channel|>`` (gpt-oss), ``""`` when it does
+        not (no thinking), or has no template. Read from the template in use (``--chat-template``'s
+        when given), as llama.cpp detects the format."""
         try:
             source = self._tok.get_chat_template(self._template)
         except ValueError:  # no template, or several and no default
             return ""
+        if "<|channel|>" in source:
+            return "openai_gptoss"
         if "<think>" not in source:
             return ""
         try:
@@ -244,11 +254,12 @@ class HFTextCodec:
         special tokens (Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>``), a copy that keeps
         them in the text (:mod:`worker.models.tool_markers`; encoding and templates are unchanged)."""
         if self._decoding is None:
-            from worker.models.tool_markers import TOOL_MARKERS, markers_as_text
+            from worker.models.tool_markers import kept_markers, markers_as_text
 
             self._decoding = self._backend
-            added = self._backend.get_added_tokens_decoder().values()
-            if any(t.special and t.content in TOOL_MARKERS for t in added):
+            added = list(self._backend.get_added_tokens_decoder().values())
+            kept = kept_markers(t.content for t in added)
+            if any(t.special and t.content in kept for t in added):
                 from tokenizers import Tokenizer
 
                 self._decoding = Tokenizer.from_str(markers_as_text(self._backend.to_str()))
