@@ -218,7 +218,9 @@ def _model_options(command):
                           "(the fastest here, measured at load)."),
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
-                     help="CPU threads for the model (default: torch's, one per core)."),
+                     help="CPU threads for the model, fixed (default: up to one per core; on a GGUF's own "
+                          "weights the count is chosen per step by timing steps, so a busy machine does not "
+                          "collapse the step)."),
         click.option("--prefix-cache-mb", type=click.FloatRange(min=0), default=None, show_envvar=True,
                      help="MiB of KV cache kept for prefix caching (slotserve runner): a prompt reuses the "
                           "KV of its longest cached prefix and prefills only the rest. 0: off. Default: 10 % "
