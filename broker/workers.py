@@ -282,8 +282,9 @@ class WorkerHandler:
         me = w.identity
         inflight = w.inflight
         latency = table.timings["latency"] if table.record_timings else None
-        done = []  # (what JobTable.finish_all takes, in the worker's order)
-        end = done.append
+        done: list = []  # (what JobTable.finish_all takes, in the worker's order: the jobs, their clients' endings)
+        ends: list[Finished] = []
+        add_job, add_end = done.append, ends.append
         for key, reason, code, message, prompt_tokens, stop_reason, cached in finished:  # (one unpacking each)
             job = jobs.get(key)
             if job is None or job.worker != me or key not in inflight:  # (not its, or named twice)
@@ -292,11 +293,12 @@ class WorkerHandler:
             if latency is not None:
                 latency.append(now - job.arrival_s)
             params = job.params
+            add_job(job)
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
-                end((job, _ERROR, *job.verdict, None, None, None))
+                add_end(Finished(job.rid, _ERROR, *job.verdict))
             elif len(job.tokens) > params[1]:  # (max_tokens; counted here, off the per-token loop)
                 self._faulty(w, "tokens past max_tokens")
-                end((job, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), None, None, None))
+                add_end(Finished(job.rid, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job)))
             else:
                 prompt = params[0]
                 if not (prompt_tokens is not None and type(prompt) is not str and type(prompt[0]) is int
@@ -309,8 +311,8 @@ class WorkerHandler:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
                         code = message = None
-                end((job, reason, code, message, prompt_tokens, stop_reason, cached))
-        table.finish_all(done, out)
+                add_end(_tuple_new(Finished, (job.rid, reason, code, message, prompt_tokens, stop_reason, cached)))
+        table.finish_all(done, ends, out)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:

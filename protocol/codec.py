@@ -49,7 +49,9 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Iteration, Message, Op, Rejected, Results
-from protocol.request import _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
+from protocol.request import (
+    _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, from_wire_plain, to_wire,
+)
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -458,6 +460,9 @@ def _envelopes(v: Any, name: str) -> tuple[Envelope | Rejected, ...]:
     :func:`~protocol.request.from_wire` accepts -- one call per request less, on every hop."""
     if type(v) is not tuple:
         raise _bad(name, "an array", v)
+    plain = _plain_envelopes(v)
+    if plain is not None:
+        return plain
     out = []
     add = out.append
     for x in v:
@@ -472,6 +477,23 @@ def _envelopes(v: Any, name: str) -> tuple[Envelope | Rejected, ...]:
                     pass  # (_envelope below says why, in its Rejected entry)
         add(_envelope(x, name))
     return tuple(out)
+
+
+def _plain_envelopes(v: tuple) -> tuple[Envelope, ...] | None:
+    """Every envelope of ``v`` when all are fresh plain requests as a client sends them --
+    ``[int id, [token-id prompt, max_tokens, stop_token]]`` (:func:`~protocol.request.from_wire_plain`)
+    -- else None. A column at a time, as :func:`_records`: a submit's requests are mostly alike."""
+    n = len(v)
+    if not n or _count_of(map(type, v), tuple) != n or _count_of(map(len, v), 2) != n:
+        return None
+    rids, arrays = zip(*v)
+    if _count_of(map(type, rids), int) != n:
+        return None
+    params = from_wire_plain(arrays)
+    if params is None:
+        return None
+    return tuple(map(_tuple_new, itertools.repeat(Envelope, n), zip(rids, params, itertools.repeat((), n),
+                                                                     itertools.repeat(None, n))))
 
 
 def _message(cls: type) -> Callable[[dict, str], Message]:
