@@ -484,9 +484,12 @@ def _plain_envelopes(v: tuple) -> tuple[Envelope, ...] | None:
     ``[int id, [token-id prompt, max_tokens, stop_token]]`` (:func:`~protocol.request.from_wire_plain`)
     -- else None. A column at a time, as :func:`_records`: a submit's requests are mostly alike."""
     n = len(v)
-    if not n or _count_of(map(type, v), tuple) != n or _count_of(map(len, v), 2) != n:
+    if not n or _count_of(map(type, v), tuple) != n:
         return None
-    rids, arrays = zip(*v)
+    try:
+        rids, arrays = zip(*v, strict=True)  # (ValueError: not all of 2 values)
+    except ValueError:
+        return None
     if _count_of(map(type, rids), int) != n:
         return None
     params = from_wire_plain(arrays)

@@ -796,15 +796,21 @@ def from_wire_plain(arrays: tuple) -> list[RequestParams] | None:
     ``[0, 2**64)``) instead of a Python call per request: a ``submit`` carries hundreds of requests,
     and this is every one of them on every hop (``python -m bench.broker_profile``)."""
     n = len(arrays)
-    if not n or _count_of(map(type, arrays), tuple) != n or _count_of(map(len, arrays), 3) != n:
+    if not n or _count_of(map(type, arrays), tuple) != n:
         return None
-    prompts, budgets, stops = zip(*arrays)
-    if (_count_of(map(type, budgets), int) != n or min(budgets) < 1 or max(budgets) > WIRE_INT_MAX
-            or _count_of(map(type, prompts), tuple) != n or min(map(len, prompts)) < 1
-            or _count_of(map(type, stops), tuple) != n or max(map(len, stops)) > 1):
+    try:
+        prompts, budgets, stops = zip(*arrays, strict=True)  # (ValueError: not all of 3 values)
+    except ValueError:
         return None
-    ids = tuple(_chain.from_iterable(prompts + stops))
-    if _count_of(map(type, ids), int) != len(ids):  # (bool is not int here: a bool is refused)
+    if _count_of(map(type, prompts), tuple) != n or min(map(len, prompts)) < 1:
+        return None
+    ids = prompts + (budgets,)  # (the budgets checked with the ids: ints in range; then >= 1)
+    if _count_of(stops, ()) != n:  # (() is one object: a C pass of identity tests)
+        if _count_of(map(type, stops), tuple) != n or max(map(len, stops)) > 1:
+            return None
+        ids += stops
+    ids = tuple(_chain.from_iterable(ids))
+    if _count_of(map(type, ids), int) != len(ids) or min(budgets) < 1:  # (bool is not int here: refused)
         return None
     try:
         array("Q", ids)
