@@ -58,10 +58,11 @@ class Job:
     noted only while TTFT samples are kept (``JobTable.record_timings``). ``verdict``: the
     ``(code, message)`` of an error ending the broker decided while the
     request was running (its worker is told to cancel it; when the worker
-    reports the end, it ends with this error, whatever the worker says).
+    reports the end, it ends with this error, whatever the worker says). ``worker``: the
+    identity of the worker running it, None while it is queued (its :attr:`state`).
     """
 
-    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "state", "worker",
+    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "worker",
                  "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s",
                  "verdict")
 
@@ -73,7 +74,6 @@ class Job:
         self.model = model
         self.params: RequestParams = params
         self.tokens: list[int] = list(resume_tokens) if resume_tokens else []
-        self.state = QUEUED
         self.worker: bytes | None = None
         timeout_s = params[_TIMEOUT] if time_left_s is None else time_left_s
         self.deadline_s = None if timeout_s is None else now + timeout_s
@@ -83,6 +83,11 @@ class Job:
         self.queue_seq: int | None = None
         self.first_token_s: float | None = None
         self.verdict: tuple[ErrorCode, str] | None = None
+
+    @property
+    def state(self) -> JobState:
+        """Queued until a worker holds it (one field says both: no state to keep in step)."""
+        return QUEUED if self.worker is None else RUNNING
 
 
 class JobTable:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from broker.config import BrokerConfig
-from broker.jobs import RUNNING, JobState, JobTable
+from broker.jobs import JobTable
 from broker.models import ServedModels
 from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.prefix import MIN_MATCH, PrefixRouter, prompt_key
@@ -411,8 +411,7 @@ class WorkerHandler:
                         if key is not None:
                             w = prefixes.choose(peers, key)  # not None: w above has a credit
                             prefixes.sent(w.identity, key)
-                job.state = RUNNING
-                identity = job.worker = w.identity
+                identity = job.worker = w.identity  # (running: its state)
                 inflight = w.inflight
                 if not inflight:
                     w.progress_s = now  # the hung clock starts when it gets work
@@ -452,8 +451,7 @@ class WorkerHandler:
         q = table.queue(w.model)
         for key in sorted(w.inflight):  # keys grow with arrival: keep arrival order
             job = table.by_key[key]
-            job.state = JobState.QUEUED
-            job.worker = None
+            job.worker = None  # (queued again: its state)
             if failed:
                 job.attempts += 1
             if job.verdict is not None:
