@@ -362,6 +362,7 @@ def _record(cls: type) -> Decoder:
 _MAX_SHAPES = 64
 """Most type signatures of its values a record decoder remembers (see :func:`_record`)."""
 
+_STR_ONLY = frozenset({str})
 _COLUMNS_FROM = 4
 """Fewest records an array of them must hold to be checked a column at a time (see :func:`_records`)."""
 
@@ -379,23 +380,32 @@ def _records(cls: type) -> Decoder:
     plan = tuple((_as_is_types(hints[name]),
                   hints[name]._value2member_map_ if isinstance(hints[name], type)
                   and issubclass(hints[name], enum.Enum) else None) for name in cls._fields)
-    str_only = frozenset({str})
 
     def check(v: Any, name: str) -> tuple:
         if type(v) is not tuple:
             raise _bad(name, "an array", v)
-        if len(v) < _COLUMNS_FROM or _count_of(map(type, v), tuple) != len(v) or set(map(len, v)) != {full}:
+        if len(v) < _COLUMNS_FROM or _count_of(map(type, v), tuple) != len(v):
             return tuple([one(x, name) for x in v])
-        columns = list(zip(*v))
+        try:
+            columns = list(zip(*v, strict=True))  # (ValueError: records of several lengths)
+        except ValueError:
+            columns = ()
+        if len(columns) != full:
+            return tuple([one(x, name) for x in v])
         for i, (as_is, members) in enumerate(plan):
-            kinds = set(map(type, columns[i]))
-            if kinds <= as_is:
-                continue
-            if members is not None and kinds == str_only:
-                column = tuple(map(members.get, columns[i]))
-                if None not in column:  # (every value one of the enum's)
-                    columns[i] = column
+            if members is None or as_is:
+                kinds = set(map(type, columns[i]))
+                if kinds <= as_is:
                     continue
+                if members is None or kinds != _STR_ONLY:
+                    return tuple([one(x, name) for x in v])
+            try:  # (an enum field's strings turned into its members at once; its members' strings are the
+                column = tuple(map(members.get, columns[i]))  # only keys, and msgpack gives no other value
+            except TypeError:  # equal to a str; an unhashable value is not one of them)
+                column = (None,)
+            if None not in column:  # (every value one of the enum's)
+                columns[i] = column
+                continue
             return tuple([one(x, name) for x in v])
         return tuple(map(_tuple_new, itertools.repeat(cls, len(v)), zip(*columns)))  # (no partial: a call less each)
     return check
