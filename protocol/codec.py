@@ -399,9 +399,11 @@ def _records(cls: type) -> Decoder:
                     continue
                 if members is None or kinds != _STR_ONLY:
                     return tuple([one(x, name) for x in v])
-            try:  # (an enum field's strings turned into its members at once; its members' strings are the
-                column = tuple(map(members.get, columns[i]))  # only keys, and msgpack gives no other value
-            except TypeError:  # equal to a str; an unhashable value is not one of them)
+            # An enum field's strings turned into its members at once: its members' strings are the
+            # only keys, and msgpack gives no other value equal to a str (an unhashable one raises).
+            try:
+                column = tuple(map(members.get, columns[i]))
+            except TypeError:
                 column = (None,)
             if None not in column:  # (every value one of the enum's)
                 columns[i] = column
