@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import enum
 import heapq
-from typing import Callable, Iterable
+import operator
+from itertools import repeat
+from typing import Callable, Sequence
 
 from broker.config import BrokerConfig
 from broker.outbox import Outbox
@@ -28,6 +30,7 @@ ENDING_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "complete
                   FinishReason.ERROR: "errors"}
 """The counter (of ``BrokerCore.counters``) each ending counts toward."""
 
+_count_of = operator.countOf
 _tuple_new = tuple.__new__  # a record built without its Python __new__ (its fields given in full)
 _PRIORITY = RequestParams._fields.index("priority")  # (read by position per request: no property call)
 _TIMEOUT = RequestParams._fields.index("timeout_s")
@@ -55,10 +58,11 @@ class Job:
     noted only while TTFT samples are kept (``JobTable.record_timings``). ``verdict``: the
     ``(code, message)`` of an error ending the broker decided while the
     request was running (its worker is told to cancel it; when the worker
-    reports the end, it ends with this error, whatever the worker says).
+    reports the end, it ends with this error, whatever the worker says). ``worker``: the
+    identity of the worker running it, None while it is queued (its :attr:`state`).
     """
 
-    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "state", "worker",
+    __slots__ = ("key", "client", "rid", "model", "params", "tokens", "worker",
                  "deadline_s", "arrival_s", "attempts", "cancel_requested", "queue_seq", "first_token_s",
                  "verdict")
 
@@ -70,7 +74,6 @@ class Job:
         self.model = model
         self.params: RequestParams = params
         self.tokens: list[int] = list(resume_tokens) if resume_tokens else []
-        self.state = QUEUED
         self.worker: bytes | None = None
         timeout_s = params[_TIMEOUT] if time_left_s is None else time_left_s
         self.deadline_s = None if timeout_s is None else now + timeout_s
@@ -80,6 +83,11 @@ class Job:
         self.queue_seq: int | None = None
         self.first_token_s: float | None = None
         self.verdict: tuple[ErrorCode, str] | None = None
+
+    @property
+    def state(self) -> JobState:
+        """Queued until a worker holds it (one field says both: no state to keep in step)."""
+        return QUEUED if self.worker is None else RUNNING
 
 
 class JobTable:
@@ -144,15 +152,50 @@ class JobTable:
         (already running, run once: counted in ``duplicates``); a
         :class:`~protocol.messages.Rejected` entry (invalid parameters) ends
         ``bad_request``; one that finds its queue full even after
-        ``make_room()`` (a dispatch to free credits) ends ``queue_full``. One
-        loop for the whole message, no call per request: this is the submit
-        hot path."""
+        ``make_room()`` (a dispatch to free credits) ends ``queue_full``. The
+        submit hot path: the whole message at once when it can (:meth:`_admit_all`), else one
+        loop, no call per request."""
         q = self.queue(model)
-        push = q.push
-        by_key = self.by_key
         attached = self.of_client.get(client)
         if attached is None:
             attached = self.of_client[client] = {}
+        if not self._admit_all(client, entries, attached, q, model, now):
+            self._admit_each(client, entries, attached, q, model, now, out, make_room)
+
+    def _admit_all(self, client: bytes, entries: tuple[Envelope, ...], attached: dict[RequestId, int],
+                   q: PriorityQueue[Job], model: str, now: float) -> bool:
+        """:meth:`admit`'s common case in a few passes over the whole message, each at C speed
+        where it can be: every entry a valid request under a new id, of one priority, and room
+        in the queue for all. False (nothing done) otherwise: :meth:`_admit_each` then decides
+        entry by entry."""
+        n = len(entries)
+        if not n or _count_of(map(type, entries), Envelope) != n:  # (a Rejected entry ends alone)
+            return False
+        rids = [e[0] for e in entries]
+        if not attached.keys().isdisjoint(rids) or len(set(rids)) != n:  # (a duplicate is counted, once)
+            return False
+        priorities = {e[1][_PRIORITY] for e in entries}
+        if len(priorities) != 1:
+            return False
+        start = self._next_key
+        keys = range(start, start + n)
+        jobs = list(map(Job, keys, repeat(client, n), entries, repeat(model, n), repeat(now, n)))
+        if not q.push_many(jobs, priorities.pop()):  # (full: make_room, entry by entry)
+            return False
+        self._next_key = start + n
+        self.by_key.update(zip(keys, jobs))
+        attached.update(zip(rids, keys))
+        deadlines = [(job.deadline_s, job.key) for job in jobs if job.deadline_s is not None]
+        for d in deadlines:
+            heapq.heappush(self._deadlines, d)
+        return True
+
+    def _admit_each(self, client: bytes, entries: tuple[Envelope, ...], attached: dict[RequestId, int],
+                    q: PriorityQueue[Job], model: str, now: float, out: Outbox,
+                    make_room: Callable[[], None]) -> None:
+        """:meth:`admit` one entry at a time."""
+        push = q.push
+        by_key = self.by_key
         for entry in entries:
             rid = entry[0]
             if rid in attached:
@@ -185,29 +228,31 @@ class JobTable:
                cached_tokens: int | None = None) -> None:
         """End a job: forget it and tell its client (if still there); ``prompt_tokens``,
         ``stop_reason`` and ``cached_tokens`` as the worker's :class:`Finished` says."""
-        self.finish_all(((job, reason, code, message, prompt_tokens, stop_reason, cached_tokens),), out)
+        self.finish_all((job,), (_tuple_new(Finished, (job.rid, reason, code, message, prompt_tokens, stop_reason,
+                                                        cached_tokens)),), out)
 
-    def finish_all(self, endings: Iterable[tuple], out: Outbox) -> None:
-        """:meth:`finish` each of ``endings``, in order: ``(job, reason, code, message,
-        prompt_tokens, stop_reason, cached_tokens)``, each job once. One loop for the endings a
-        worker reports in an iteration (once per request: no call each, the tables at hand)."""
+    def finish_all(self, jobs: Sequence[Job], endings: Sequence[Finished], out: Outbox) -> None:
+        """:meth:`finish` each of ``jobs`` (each once, in order) with its entry of ``endings``, the
+        :class:`Finished` its client gets (naming the job's request id). One loop for the endings
+        a worker reports in an iteration (once per request: no call each, the tables at hand, the
+        last client's kept, as an iteration's endings mostly go to few clients)."""
         by_key, of_client, counters, results = self.by_key, self.of_client, self.counters, out.results
-        for job, reason, code, message, prompt_tokens, stop_reason, cached_tokens in endings:
-            key = job.key
-            del by_key[key]
-            counters[ENDING_COUNTER[reason]] += 1
+        last = attached = add = None
+        for job, ending in zip(jobs, endings):
+            del by_key[job.key]
+            counters[ENDING_COUNTER[ending[1]]] += 1
             client = job.client
             if client is not None:  # (detach, inline)
-                rid = job.rid
-                attached = of_client.get(client)
-                if attached is not None:  # (None: the client is being forgotten, ClientHandler.lost)
-                    del attached[rid]
+                if client != last:
+                    attached = of_client.get(client)  # (None: the client is being forgotten, ClientHandler.lost)
+                    draft = results.get(client)  # (out.result(client), inline)
+                    if draft is None:
+                        draft = out.result(client)
+                    last, add = client, draft.finished.append
+                if attached is not None:
+                    del attached[job.rid]
                 job.client = None
-                draft = results.get(client)  # (out.result(client), inline)
-                if draft is None:
-                    draft = out.result(client)
-                draft.finished.append(_tuple_new(Finished, (rid, reason, code, message, prompt_tokens, stop_reason,
-                                                            cached_tokens)))
+                add(ending)
 
     def finish_queued(self, job: Job, reason: FinishReason, code: ErrorCode | None, message: str | None,
                       out: Outbox) -> None:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from broker.config import BrokerConfig
-from broker.jobs import RUNNING, JobState, JobTable
+from broker.jobs import JobTable
 from broker.models import ServedModels
 from broker.outbox import Outbox, ResultsDraft, Side, encoded_size
 from broker.prefix import MIN_MATCH, PrefixRouter, prompt_key
@@ -282,8 +282,9 @@ class WorkerHandler:
         me = w.identity
         inflight = w.inflight
         latency = table.timings["latency"] if table.record_timings else None
-        done = []  # (what JobTable.finish_all takes, in the worker's order)
-        end = done.append
+        done: list = []  # (what JobTable.finish_all takes, in the worker's order: the jobs, their clients' endings)
+        ends: list[Finished] = []
+        add_job, add_end = done.append, ends.append
         for key, reason, code, message, prompt_tokens, stop_reason, cached in finished:  # (one unpacking each)
             job = jobs.get(key)
             if job is None or job.worker != me or key not in inflight:  # (not its, or named twice)
@@ -292,11 +293,12 @@ class WorkerHandler:
             if latency is not None:
                 latency.append(now - job.arrival_s)
             params = job.params
+            add_job(job)
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
-                end((job, _ERROR, *job.verdict, None, None, None))
+                add_end(Finished(job.rid, _ERROR, *job.verdict))
             elif len(job.tokens) > params[1]:  # (max_tokens; counted here, off the per-token loop)
                 self._faulty(w, "tokens past max_tokens")
-                end((job, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), None, None, None))
+                add_end(Finished(job.rid, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job)))
             else:
                 prompt = params[0]
                 if not (prompt_tokens is not None and type(prompt) is not str and type(prompt[0]) is int
@@ -309,8 +311,8 @@ class WorkerHandler:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
                         code = message = None
-                end((job, reason, code, message, prompt_tokens, stop_reason, cached))
-        table.finish_all(done, out)
+                add_end(_tuple_new(Finished, (job.rid, reason, code, message, prompt_tokens, stop_reason, cached)))
+        table.finish_all(done, ends, out)
 
     def _counts(self, w: WorkerState, prompt_tokens: int | None, cached_tokens: int | None,
                 params: RequestParams) -> tuple[int | None, int | None]:
@@ -409,8 +411,7 @@ class WorkerHandler:
                         if key is not None:
                             w = prefixes.choose(peers, key)  # not None: w above has a credit
                             prefixes.sent(w.identity, key)
-                job.state = RUNNING
-                identity = job.worker = w.identity
+                identity = job.worker = w.identity  # (running: its state)
                 inflight = w.inflight
                 if not inflight:
                     w.progress_s = now  # the hung clock starts when it gets work
@@ -450,8 +451,7 @@ class WorkerHandler:
         q = table.queue(w.model)
         for key in sorted(w.inflight):  # keys grow with arrival: keep arrival order
             job = table.by_key[key]
-            job.state = JobState.QUEUED
-            job.worker = None
+            job.worker = None  # (queued again: its state)
             if failed:
                 job.attempts += 1
             if job.verdict is not None:

@@ -49,7 +49,9 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.logprobs import TokenLogprob
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Iteration, Message, Op, Rejected, Results
-from protocol.request import _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, to_wire
+from protocol.request import (
+    _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, from_wire_plain, to_wire,
+)
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -360,6 +362,7 @@ def _record(cls: type) -> Decoder:
 _MAX_SHAPES = 64
 """Most type signatures of its values a record decoder remembers (see :func:`_record`)."""
 
+_STR_ONLY = frozenset({str})
 _COLUMNS_FROM = 4
 """Fewest records an array of them must hold to be checked a column at a time (see :func:`_records`)."""
 
@@ -377,23 +380,34 @@ def _records(cls: type) -> Decoder:
     plan = tuple((_as_is_types(hints[name]),
                   hints[name]._value2member_map_ if isinstance(hints[name], type)
                   and issubclass(hints[name], enum.Enum) else None) for name in cls._fields)
-    str_only = frozenset({str})
 
     def check(v: Any, name: str) -> tuple:
         if type(v) is not tuple:
             raise _bad(name, "an array", v)
-        if len(v) < _COLUMNS_FROM or _count_of(map(type, v), tuple) != len(v) or set(map(len, v)) != {full}:
+        if len(v) < _COLUMNS_FROM or _count_of(map(type, v), tuple) != len(v):
             return tuple([one(x, name) for x in v])
-        columns = list(zip(*v))
+        try:
+            columns = list(zip(*v, strict=True))  # (ValueError: records of several lengths)
+        except ValueError:
+            columns = ()
+        if len(columns) != full:
+            return tuple([one(x, name) for x in v])
         for i, (as_is, members) in enumerate(plan):
-            kinds = set(map(type, columns[i]))
-            if kinds <= as_is:
-                continue
-            if members is not None and kinds == str_only:
-                column = tuple(map(members.get, columns[i]))
-                if None not in column:  # (every value one of the enum's)
-                    columns[i] = column
+            if members is None or as_is:
+                kinds = set(map(type, columns[i]))
+                if kinds <= as_is:
                     continue
+                if members is None or kinds != _STR_ONLY:
+                    return tuple([one(x, name) for x in v])
+            # An enum field's strings turned into its members at once: its members' strings are the
+            # only keys, and msgpack gives no other value equal to a str (an unhashable one raises).
+            try:
+                column = tuple(map(members.get, columns[i]))
+            except TypeError:
+                column = (None,)
+            if None not in column:  # (every value one of the enum's)
+                columns[i] = column
+                continue
             return tuple([one(x, name) for x in v])
         return tuple(map(_tuple_new, itertools.repeat(cls, len(v)), zip(*columns)))  # (no partial: a call less each)
     return check
@@ -458,6 +472,9 @@ def _envelopes(v: Any, name: str) -> tuple[Envelope | Rejected, ...]:
     :func:`~protocol.request.from_wire` accepts -- one call per request less, on every hop."""
     if type(v) is not tuple:
         raise _bad(name, "an array", v)
+    plain = _plain_envelopes(v)
+    if plain is not None:
+        return plain
     out = []
     add = out.append
     for x in v:
@@ -472,6 +489,26 @@ def _envelopes(v: Any, name: str) -> tuple[Envelope | Rejected, ...]:
                     pass  # (_envelope below says why, in its Rejected entry)
         add(_envelope(x, name))
     return tuple(out)
+
+
+def _plain_envelopes(v: tuple) -> tuple[Envelope, ...] | None:
+    """Every envelope of ``v`` when all are fresh plain requests as a client sends them --
+    ``[int id, [token-id prompt, max_tokens, stop_token]]`` (:func:`~protocol.request.from_wire_plain`)
+    -- else None. A column at a time, as :func:`_records`: a submit's requests are mostly alike."""
+    n = len(v)
+    if not n or _count_of(map(type, v), tuple) != n:
+        return None
+    try:
+        rids, arrays = zip(*v, strict=True)  # (ValueError: not all of 2 values)
+    except ValueError:
+        return None
+    if _count_of(map(type, rids), int) != n:
+        return None
+    params = from_wire_plain(arrays)
+    if params is None:
+        return None
+    return tuple(map(_tuple_new, itertools.repeat(Envelope, n), zip(rids, params, itertools.repeat((), n),
+                                                                     itertools.repeat(None, n))))
 
 
 def _message(cls: type) -> Callable[[dict, str], Message]:

@@ -106,6 +106,29 @@ class PriorityQueue(Generic[T]):
             heapq.heappush(self._heap, (rank, ticket, item))
         return True
 
+    def push_many(self, items: list[T], priority: int) -> bool:
+        """:meth:`push` each of ``items`` with ``priority``, in order; False (nothing queued) when
+        they do not all fit. Items arriving in rank order (the queue's common case: one priority)
+        join the FIFO store in two ``extend`` calls, their tickets given in one tight loop: a
+        broker's ``submit`` queues hundreds at once."""
+        n = len(items)
+        if self.max_size is not None and self._live + n > self.max_size:
+            return False
+        ranks = self._fifo_ranks
+        start = self._pushed
+        first = start + priority * self.aging_window  # (ranks grow by one per push: in order if the first is)
+        if ranks and first < ranks[-1]:
+            for item in items:
+                self.push(item, priority)
+            return True
+        for ticket, item in enumerate(items, start):
+            item.queue_seq = ticket
+        self._pushed = start + n
+        self._live += n
+        self._fifo.extend(items)
+        ranks.extend(range(first, first + n))
+        return True
+
     def push_head(self, item: T) -> None:
         """Queue ``item`` ahead of every ranked item (after earlier head items)."""
         self._head.append((self._ticket(item), item))

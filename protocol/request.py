@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import json
 import operator
+from array import array
 from collections.abc import Mapping
+from itertools import chain as _chain
 from itertools import compress as _compress
+from itertools import repeat as _repeat
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
 from protocol.enums import RequestKind
@@ -47,7 +50,7 @@ from protocol.validation import (
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
            "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage",
            "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
-           "split_stop", "to_wire"]
+           "from_wire_plain", "split_stop", "to_wire"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -780,6 +783,40 @@ def from_wire(values: tuple) -> RequestParams:
                 return _tuple_new(RequestParams, values)
             return _tuple_new(RequestParams, (tokens, max_tokens, stop) + _AFTER_STOP_DEFAULTS)
     return _checked(RequestParams, values, _NO_OPTIONS)  # (_build's hot paths would miss it too)
+
+
+def from_wire_plain(arrays: tuple) -> list[RequestParams] | None:
+    """:func:`from_wire` of each of ``arrays`` (decoded values), when every one is a plain request as
+    :func:`to_wire` sends it -- ``[token-id prompt, max_tokens, stop_token]`` with no stop token or
+    one id -- else None (the caller then decodes each alone, which says what is wrong with which).
+
+    The same values and types as :func:`from_wire` gives each, checked a column at a time: the
+    types, lengths and bounds of all prompts, budgets and stop tokens in a few C passes (the ids of
+    every prompt and stop token in one ``array('Q')``, which takes exactly the ints in
+    ``[0, 2**64)``) instead of a Python call per request: a ``submit`` carries hundreds of requests,
+    and this is every one of them on every hop (``python -m bench.broker_profile``)."""
+    n = len(arrays)
+    if not n or _count_of(map(type, arrays), tuple) != n:
+        return None
+    try:
+        prompts, budgets, stops = zip(*arrays, strict=True)  # (ValueError: not all of 3 values)
+    except ValueError:
+        return None
+    if _count_of(map(type, prompts), tuple) != n or min(map(len, prompts)) < 1:
+        return None
+    ids = prompts + (budgets,)  # (the budgets checked with the ids: ints in range; then >= 1)
+    if _count_of(stops, ()) != n:  # (() is one object: a C pass of identity tests)
+        if _count_of(map(type, stops), tuple) != n or max(map(len, stops)) > 1:
+            return None
+        ids += stops
+    ids = tuple(_chain.from_iterable(ids))
+    if _count_of(map(type, ids), int) != len(ids) or min(budgets) < 1:  # (bool is not int here: refused)
+        return None
+    try:
+        array("Q", ids)
+    except OverflowError:
+        return None
+    return list(map(_tuple_new, _repeat(RequestParams, n), map(operator.add, arrays, _repeat(_AFTER_STOP_DEFAULTS, n))))
 
 
 _NO_OPTIONS: dict[str, Any] = {}

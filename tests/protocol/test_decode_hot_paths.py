@@ -167,3 +167,54 @@ def test_stop_token_alone_agrees_with_the_general_path(prompt, max_tokens, stop_
     assert _outcome(lambda *a: RequestParams(*a[:2], stop_token=a[2]), prompt, max_tokens, stop_token) == _outcome(
         lambda *a: rq._build(RequestParams, a[:2], {"stop_token": a[2], "priority": 0}), prompt, max_tokens,
         stop_token)
+
+
+# A short request array as to_wire sends a plain one, [prompt, max_tokens, stop_token], or one that
+# misses that path in one value (a text, empty or out-of-range prompt, a bool or float budget, a
+# stop token that is not () or one id).
+PLAIN = st.tuples(
+    st.one_of(st.lists(st.integers(0, 9), min_size=1, max_size=3).map(tuple),
+              st.sampled_from([(), (-1,), (2**64,), (2**64 - 1,), (True,), (1.0,), "text", None, [1]])),
+    st.sampled_from([4, 4, 1, 2**64 - 1, 0, -1, 2**64, True, 4.0]),
+    st.sampled_from([(), (), (3,), (0,), (2**64 - 1,), (2**64,), (-1,), (True,), (2, 1), None, 5, "default"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(PLAIN, max_size=6))
+def test_plain_request_arrays_decode_as_each_alone(arrays):
+    """:func:`protocol.request.from_wire_plain` gives what :func:`~protocol.request.from_wire` gives
+    each array (field types included) when every one is on the plain path, else None."""
+    arrays = tuple(arrays)
+    got = rq.from_wire_plain(arrays)
+    each = [_outcome(rq.from_wire, a) for a in arrays]
+
+    def plain(a, outcome):  # valid, and as to_wire sends it: id tuples, an int budget, no stop token or one
+        return (type(outcome[0]) is RequestParams and type(a[0]) is tuple and type(a[1]) is int
+                and type(a[2]) is tuple and len(a[2]) <= 1 and all(type(x) is int for x in a[0] + a[2]))
+
+    if arrays and all(map(plain, arrays, each)):
+        assert got is not None
+    if got is not None:
+        assert [(p, _types(p)) for p in got] == each
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.integers(0, 9), st.sampled_from([-1, 2**64 - 1, "x", "", True, None, 1.0])),
+                          PLAIN), max_size=6))
+def test_plain_envelope_arrays_decode_as_each_envelope_alone(entries):
+    """A submit of plain requests (the column path, :func:`protocol.codec._plain_envelopes`) decodes
+    as each envelope alone: the same envelopes, Rejected entries and errors."""
+    entries = tuple(entries)
+
+    def each(v, name):
+        return tuple(codec._envelope(x, name) for x in v)
+
+    assert _outcome(codec._envelopes, entries, "requests") == _outcome(each, entries, "requests")
+
+
+def test_a_submit_of_plain_requests_takes_the_column_path():
+    entries = tuple((i, ((i + 1, 2, 3), 4, () if i % 2 else (7,))) for i in range(5))
+    got = codec._plain_envelopes(entries)
+    assert got == tuple(Envelope(i, RequestParams([i + 1, 2, 3], 4, stop_token=() if i % 2 else 7)) for i in range(5))
+    assert all(type(e) is Envelope and type(e.params) is RequestParams for e in got)
+    assert codec._plain_envelopes(entries[:4] + ((4, ((5, 2, -3), 4, ())),)) is None  # one bad id: each alone

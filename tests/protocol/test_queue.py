@@ -102,3 +102,35 @@ def test_matches_a_sorted_list_oracle(ops, window):
                 head = [i for i in head if i is not victim]
                 ranked = [e for e in ranked if e[2] is not victim]
         assert len(q) == len(head) + len(ranked)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("push"), st.integers(-1, 1)),
+                          st.tuples(st.just("many"), st.integers(-1, 1), st.integers(0, 4)),
+                          st.just(("pop",)), st.just(("head",))), max_size=12),
+       st.sampled_from([None, 3, 8]))
+def test_push_many_is_push_of_each(ops, bound):
+    """``push_many(items, p)`` queues as ``push(item, p)`` of each (the same order out, the same
+    tickets), or nothing at all when they do not all fit."""
+    def run(many):
+        q, names, out = PriorityQueue(aging_window=2, max_size=bound), iter(range(1000)), []
+        for op in ops:
+            if op[0] == "push":
+                out.append(q.push(Item(next(names)), op[1]))
+            elif op[0] == "many":
+                items = [Item(next(names)) for _ in range(op[2])]
+                if many:
+                    out.append(q.push_many(items, op[1]))
+                else:
+                    fits = bound is None or len(q) + len(items) <= bound
+                    out.append(fits and all([q.push(it, op[1]) for it in items]))
+            elif op[0] == "pop":
+                it = q.pop()
+                out.append(None if it is None else it.name)
+            else:
+                q.push_head(Item(next(names)))
+        while (it := q.pop()) is not None:
+            out.append(it.name)
+        return out, len(q)
+
+    assert run(True) == run(False)
