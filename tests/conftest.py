@@ -3,10 +3,34 @@ helpers shared across folders are in tests/support/), and the fast lane's guard:
 test that each room's conftest.py did not mark ``process`` fails if it starts one
 (tests/support/lanes.py)."""
 
+import os
 import platform
+import sys
 from contextlib import nullcontext
 
 import pytest
+
+
+def _share_cores() -> None:
+    """Under pytest-xdist (``-n``, pyproject's addopts), each of the N test processes gets
+    ``cores // N`` torch threads, and the processes its tests start inherit that
+    (``OMP_NUM_THREADS``): N processes of one thread per core each would oversubscribe the cores,
+    and a torch operation whose threads the OS deschedules waits a time slice for each
+    (docs/models.md#threads). A value set by whoever runs the tests is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    if "torch" in sys.modules:  # (imported already: its OpenMP read the environment then)
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_cores()
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one test process per core, at most 4 (the model tests peak at ~5.5 GB each)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 from tests.support.lanes import refuse_processes
 from tests.support.tiny_text import make_tiny_text_model
