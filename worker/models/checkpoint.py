@@ -367,8 +367,7 @@ def _stored(raw, fmt: str, name: str, processor, mapping):
     ValueError where it changes values (it would need the fp32 weights)."""
     import numpy as np
 
-    from worker.models.gguf_blocks import unpack
-    from worker.models.llama.quantized import QuantizedWeight
+    from worker.models.gguf_blocks import stored_weight
 
     index = np.arange(len(raw), dtype=np.int64).reshape(-1, 1)
     order = processor.process(weights=index, name=name, tensor_key_mapping=mapping, parsed_parameters={}).weights
@@ -378,7 +377,7 @@ def _stored(raw, fmt: str, name: str, processor, mapping):
                          f"its row order; load it at a precision other than gguf")
     if not np.array_equal(order, index[:, 0]):
         raw = raw[order]  # a copy of the stored bytes (a few MiB), not of the weights
-    return QuantizedWeight(*unpack(raw, fmt), fmt)
+    return stored_weight(raw, fmt)
 
 
 def _release(blob, start: int, length: int) -> None:

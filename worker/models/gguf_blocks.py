@@ -97,12 +97,7 @@ def unpack(raw: np.ndarray, qtype) -> tuple:
 
     from worker.models.llama.quantized import GroupScales
 
-    fmt = getattr(qtype, "name", qtype)
-    if fmt not in _SIZES:
-        raise ValueError(f"GGUF type {fmt} is not one slotserve reads quantised; it reads {', '.join(FORMATS)}")
-    block, size, group = _SIZES[fmt]
-    if raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] % size:
-        raise ValueError(f"{fmt}: rows of whole {size}-byte blocks expected, got {raw.dtype} {raw.shape}")
+    fmt, (block, size, group) = _checked(raw, qtype)
     rows, k = raw.shape[0], raw.shape[1] // size * block
     per_row = k // block  # blocks a row
     codes = np.empty((rows, k), dtype=np.int8)
@@ -125,6 +120,57 @@ def unpack(raw: np.ndarray, qtype) -> tuple:
     scales = GroupScales(t[0], t[1], sub)
     offsets = None if t[2] is None else GroupScales(t[2], t[3], block // group if t[3] is not None else 1)
     return torch.from_numpy(codes), scales, offsets, group
+
+
+def stored_weight(raw: np.ndarray, qtype):
+    """A quantised tensor's stored rows (as :func:`unpack` takes them) as a
+    :class:`~worker.models.llama.quantized.QuantizedWeight`.
+
+    Where the compiled kernel runs here (:func:`worker.models.llama.qkernel.load`), read straight
+    into its blocked layout, prepared (``qkernel.cpp``'s ``unpack_blocked``: one pass over the
+    bytes, parallel over 16-row blocks; no row-major codes, no numpy temporaries): the same
+    tensors, bit for bit, as ``QuantizedWeight(*unpack(raw)).prepare()`` (tested per format).
+    Qwen2.5-Coder-1.5B Q4_K_M: 0.3 s for its 198 tensors against 7.3 s by numpy then
+    :meth:`~worker.models.llama.quantized.QuantizedWeight.prepare` (2 cores, load 2-4). The
+    codes' kind and ``low`` are those of the format's whole range first
+    (:data:`CODE_RANGE`); where the codes read span less (a Q4_K tensor without a 0, a Q8_0 one
+    within [-64, 63]) and that changes their layout, they are read again. Elsewhere
+    ``QuantizedWeight(*unpack(raw))``, row-major (numpy). Raises ValueError as :func:`unpack`.
+    """
+    from worker.models.llama import qkernel
+    from worker.models.llama.quantized import GroupScales, QuantizedWeight
+
+    fmt, (block, size, group) = _checked(raw, qtype)
+    module = qkernel.load()
+    if module is None or not len(raw):
+        return QuantizedWeight(*unpack(raw, fmt), fmt)
+    n, k = raw.shape[0], raw.shape[1] // size * block
+    low, high = CODE_RANGE[fmt]
+    for _ in range(2):  # the second read, where one is needed, is of the codes' own range: it fits
+        kind = qkernel.code_kind(k % 2 == 0 and high - low < 16, low, high, k, group)
+        packed, sd, sq, od, oq, low_seen, high_seen = module.unpack_blocked(raw, FORMATS.index(fmt), kind, low)
+        seen = qkernel.code_kind(k % 2 == 0 and high_seen - low_seen < 16, low_seen, high_seen, k, group)
+        fits = seen == kind and (kind in (qkernel.MAGIC, qkernel.WIDE) or low_seen == low)  # (they store codes)
+        low, high = low_seen, high_seen
+        if fits:
+            break
+    sub = block // group
+    scales = GroupScales(sd, sq if sq.numel() else None, sub if sq.numel() else 1)
+    offsets = None if not od.numel() else GroupScales(od, oq if oq.numel() else None, sub if oq.numel() else 1)
+    return QuantizedWeight.from_blocked(packed, scales, offsets, (n, k), group, fmt, low, high)
+
+
+def _checked(raw: np.ndarray, qtype) -> tuple[str, tuple[int, int, int]]:
+    """``(format name, (columns per block, bytes per block, columns per group))`` of ``qtype`` (a
+    ``gguf.GGMLQuantizationType`` or its name); ValueError for a format not in :data:`FORMATS` or
+    ``raw`` not uint8 rows of whole blocks."""
+    fmt = getattr(qtype, "name", qtype)
+    if fmt not in _SIZES:
+        raise ValueError(f"GGUF type {fmt} is not one slotserve reads quantised; it reads {', '.join(FORMATS)}")
+    size = _SIZES[fmt][1]
+    if raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] % size:
+        raise ValueError(f"{fmt}: rows of whole {size}-byte blocks expected, got {raw.dtype} {raw.shape}")
+    return fmt, _SIZES[fmt]
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
