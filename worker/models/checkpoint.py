@@ -361,8 +361,8 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bo
 
 def _stored(raw, fmt: str, name: str, processor, mapping):
     """A quantised tensor's rows as a :class:`~worker.models.llama.quantized.QuantizedWeight`, as
-    stored: its codes and scales (:func:`~worker.models.gguf_blocks.unpack`), never its fp32
-    weights. The per-architecture processor's change (Llama's q/k un-permutation) is a permutation
+    stored: its codes and scales (:func:`~worker.models.gguf_blocks.stored_weight`: in the compiled
+    kernel's layout where it runs), never its fp32 weights. The per-architecture processor's change (Llama's q/k un-permutation) is a permutation
     of rows, found by running the processor on the row numbers and applied to the stored rows;
     ValueError where it changes values (it would need the fp32 weights)."""
     import numpy as np

@@ -444,8 +444,9 @@ torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::
 
 // ---- Packing: int8 codes, row-major, into the layout above (at load: qkernel.py's blocked(),
 // gguf_blocks.stored_weight). A 16-row block's rows are first put in the kind's per-row form
-// (NIB: a byte per column pair; SIX: three bytes per 4 columns; MAGIC, WIDE: the codes), then
-// transposed 16 x 16 bytes at a time (SSE2 unpacks), so every step runs on whole vectors.
+// (NIB: a byte per column pair; SIX: three bytes per 4 columns; MAGIC, WIDE: the even columns'
+// codes, then the odd ones'), then transposed 16 x 16 bytes at a time (SSE2 unpacks), so every step
+// runs on whole vectors.
 namespace {
 
 // bytes a row takes in kind's per-row form, per K columns
@@ -454,14 +455,19 @@ constexpr int64_t row_bytes_of(int64_t kind, int64_t K) { return kind == NIB ? K
 // Row c (int8 codes [K]) in kind's per-row form at r. NIB: byte p = u(2p) | u(2p + 1) << 4. SIX:
 // per 4 columns q, bytes q, K / 4 + q and K / 2 + q: u0 | u1 << 4 and u2 | u3 << 4 of the low
 // nibbles, and the four high bit pairs (qkernel.py's blocked()). u = (code - low) & 63 (& 15 for
-// NIB), as pack_six always computed it.
+// NIB), as pack_six always computed it. MAGIC, WIDE: the even columns' codes, then the odd ones'.
 void row_form(int64_t kind, const int8_t* c, int64_t K, int64_t low, uint8_t* r) {
+    int64_t k = 0;
     if (kind == MAGIC || kind == WIDE) {
-        std::memcpy(r, c, K);
+        for (; k + 64 <= K; k += 64) {  // 64 codes as 16-bit lanes (even | odd << 8): each byte apart
+            const __m512i v = _mm512_loadu_si512(c + k);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k / 2), _mm512_cvtepi16_epi8(v));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + K / 2 + k / 2), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
+        }
+        for (; k < K; k += 2) { r[k / 2] = static_cast<uint8_t>(c[k]); r[K / 2 + k / 2] = static_cast<uint8_t>(c[k + 1]); }
         return;
     }
     const __m512i lowv = _mm512_set1_epi8(static_cast<char>(low)), six = _mm512_set1_epi8(63);
-    int64_t k = 0;
     if (kind == NIB) {
         for (; k + 64 <= K; k += 64) {  // 64 codes -> 32 bytes, as 16-bit lanes (even | odd << 8)
             const __m512i u = _mm512_sub_epi8(_mm512_loadu_si512(c + k), lowv);
@@ -522,9 +528,15 @@ void pack_block(int64_t kind, const uint8_t* rows, int64_t K, uint8_t* out) {
         transpose16(rows, K / 2, K / 2, out, 16);
     } else if (kind == SIX) {  // per 4 columns 48 bytes: the three per-row parts' columns side by side
         for (int part = 0; part < 3; ++part) transpose16(rows + part * (K / 4), 3 * K / 4, K / 4, out + part * 16, 48);
-    } else {  // each row's even and odd column side by side: 16-bit units
-        for (int64_t p = 0; p < K / 2; ++p)
-            for (int j = 0; j < 16; ++j) std::memcpy(out + (p * 16 + j) * 2, rows + j * K + 2 * p, 2);
+    } else {  // per column pair 32 bytes: the even columns' 16 bytes and the odd ones', then interleaved
+        transpose16(rows, K, K / 2, out, 32);
+        transpose16(rows + K / 2, K, K / 2, out + 16, 32);
+        for (int64_t p = 0; p < K / 2; ++p) {
+            __m128i* unit = reinterpret_cast<__m128i*>(out + p * 32);
+            const __m128i even = _mm_loadu_si128(unit), odd = _mm_loadu_si128(unit + 1);
+            _mm_storeu_si128(unit, _mm_unpacklo_epi8(even, odd));
+            _mm_storeu_si128(unit + 1, _mm_unpackhi_epi8(even, odd));
+        }
     }
 }
 

@@ -13,6 +13,8 @@ codes and scales into the kernel's blocked layout (16 output rows a block;
 see ``qkernel.cpp``), in place: the weight is held once, in that layout. The scales and offsets
 stay as the file holds them (fp16 ``d`` per block or super-block, (u)int8 sub-block factors;
 :class:`~worker.models.llama.quantized.GroupScales`), multiplied out per group in the kernel.
+A GGUF file's tensors are read into that layout directly (``unpack_blocked``, through
+:func:`worker.models.gguf_blocks.stored_weight`): the same tensors as ``prepare`` makes.
 """
 
 from __future__ import annotations

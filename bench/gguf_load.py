@@ -1,0 +1,104 @@
+"""bench/gguf_load.py -- where a GGUF model's start goes: the load's phases, the warm-up, RSS and its peak.
+
+Loads ``--model`` (default ``qwen2.5-coder-1.5b``) with slotserve's runner at precision ``gguf``
+under ``cProfile``, then warms it up as a worker does (:func:`worker.warmup.warm_up` on an engine
+of ``--slots`` slots, not profiled), in this process. Reported, in seconds: the imports before the
+load (``torch`` and ``worker.models``: a worker process pays them too), the load's wall time and
+the cumulative time of each phase in :data:`PHASES` (a function's calls, under the profiler: its
+overhead inflates Python-heavy phases such as imports), the warm-up's wall time; the process's
+RSS after the load and after the warm-up, and its peak (``/proc/self/status`` VmRSS, VmHWM: MiB);
+the 1-minute load average before and after (a shared machine). ``--top N`` prints the profile's
+N functions of most own time as well. Start to ready in a worker process (its spawn, imports,
+load, warm-up and registration) is ``bench/model.py``'s ``start_to_ready_s``.
+
+``python -m bench.gguf_load [--model qwen2.5-coder-0.5b] [--threads 2] [--slots 8] [--top 20]``.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.perf_counter()
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench.common import load_avg  # noqa: E402
+from worker.models import load_model  # noqa: E402
+
+PHASES = (
+    ("read the file's header (metadata, tensor table)", "gguf_header.py", "read_table"),
+    ("transformers' config object", "checkpoint.py", "gguf_config"),
+    ("tensors: read, unpack, repack (all)", "checkpoint.py", "_tensors"),
+    ("  quantised tensors into the kernel's layout (C++)", "gguf_blocks.py", "stored_weight"),
+    ("  quantised tensors unpacked by numpy (no kernel)", "gguf_blocks.py", "unpack"),
+    ("  their file pages dropped (madvise)", "checkpoint.py", "_release"),
+    ("  F32/F16 tensors dequantised", "quants.py", "dequantize"),
+    ("tokenizer (kept conversion)", "gguf_tokenizer.py", "gguf_tokenizer"),
+    ("the compiled kernels' import (qkernel)", "qkernel.py", "load"),
+    ("model build (worker.models.llama.from_source)", "llama/__init__.py", "from_source"),
+    ("  q/k/v, gate/up fused (QuantizedWeight.cat)", "quantized.py", "cat"),
+    ("  repack into the kernel's layout (prepare)", "quantized.py", "prepare"),
+    ("freed memory returned", "heap.py", "return_freed_memory"),
+)
+"""(label, file name, function name): a phase and the function whose cumulative time it is."""
+
+
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` field in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+    return -1
+
+
+def phase_times(stats: pstats.Stats) -> list[tuple[str, float]]:
+    """``(label, cumulative seconds)`` of each of :data:`PHASES` in ``stats``: the largest among the
+    functions of that name in that file (methods of one name nest, ``QuantizedWeight.cat`` calling
+    ``GroupScales.cat``: the outer one); 0 where none was called."""
+    return [(label, max((row[3] for (path, _, func), row in stats.stats.items()
+                         if func == name and path.endswith("/" + file)), default=0.0))
+            for label, file, name in PHASES]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--top", type=int, default=0, help="also print the N functions of most own time")
+    args = parser.parse_args()
+    imports_s = time.perf_counter() - STARTED
+    before = load_avg()
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    model = load_model(args.model, precision="gguf", runner="slotserve", num_threads=args.threads, prefix_cache_mb=0)
+    profile.disable()
+    load_s = time.perf_counter() - t0
+    rss_load, peak_load = _status("VmRSS"), _status("VmHWM")
+    from worker.engine import BatchInferenceEngine
+    from worker.warmup import warm_up
+
+    engine = BatchInferenceEngine(model, args.slots)
+    warm_s = warm_up(engine).seconds
+    stats = pstats.Stats(profile)
+    print(f"{args.model}, {torch.get_num_threads()} threads, {getattr(model.weights, 'linear_kind', '')}")
+    print(f"{'imports (torch, worker.models)':55s} {imports_s:6.2f}")
+    print(f"{'load (load_model, profiled)':55s} {load_s:6.2f}")
+    for label, seconds in phase_times(stats):
+        print(f"  {label:53s} {seconds:6.2f}")
+    print(f"{'warm-up (' + str(args.slots) + ' slots)':55s} {warm_s:6.2f}")
+    print(f"{'load + warm-up':55s} {load_s + warm_s:6.2f}")
+    print(f"RSS MiB: after load {rss_load} (peak {peak_load}), after warm-up {_status('VmRSS')} "
+          f"(peak {_status('VmHWM')}); load average {before} -> {load_avg()}")
+    if args.top:
+        stats.sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
