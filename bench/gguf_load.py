@@ -33,7 +33,7 @@ PHASES = (
     ("read the file's header (metadata, tensor table)", "gguf_header.py", "read_table"),
     ("transformers' config object", "checkpoint.py", "gguf_config"),
     ("tensors: read, unpack, repack (all)", "checkpoint.py", "_tensors"),
-    ("  quantised tensors into the kernel's layout (C++)", "gguf_blocks.py", "stored_weight"),
+    ("  quantised tensors into the kernel's layout (C++)", "gguf_blocks.py", "stored_weights"),
     ("  quantised tensors unpacked by numpy (no kernel)", "gguf_blocks.py", "unpack"),
     ("  their file pages dropped (madvise)", "checkpoint.py", "_release"),
     ("  F32/F16 tensors dequantised", "quants.py", "dequantize"),

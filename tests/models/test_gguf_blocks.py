@@ -184,9 +184,9 @@ NARROW = {"Q4_0": (2, None, -7), "Q4_K": (16, None, 1), "Q5_0": (2, 6, -16), "Q5
 1), so that the codes span 16 values."""
 
 
-def _narrow(fmt: str) -> np.ndarray:
+def _narrow(fmt: str, rows: int = 20, cols: int = 512) -> np.ndarray:
     """Random blocks of ``fmt`` whose codes lack the format's lowest or span 16 values (:data:`NARROW`)."""
-    raw = random_blocks(fmt, 20, 512, seed=5)
+    raw = random_blocks(fmt, rows, cols, seed=5)
     blocks = raw.reshape(-1, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]][1])  # a view: raw changes
     a, b, _ = NARROW[fmt]
     if b is None:
@@ -217,14 +217,33 @@ def test_q8_0_codes_are_held_in_as_few_bits_as_their_span_needs(kernel, lo, hi, 
 
 
 @needs_kernel
-def test_prepared_parts_fuse_as_their_blocks_stacked(kernel):
-    """Parts read prepared fuse into a prepared weight holding what fusing numpy's parts, then
-    prepare(), holds; a first part of rows past whole blocks (padding inside) fuses row-major."""
+def test_parts_read_as_one_fuse_without_a_copy(kernel):
+    """q/k/v-like parts read as one (``stored_weights``) hold what each read alone holds, and fuse
+    into a view of their shared tensors holding what fusing numpy's parts, then prepare(), holds."""
     raws = [random_blocks("Q4_K", n, 256, seed=n) for n in (48, 32, 20)]
-    parts = [gguf_blocks.stored_weight(r, "Q4_K") for r in raws]
+    parts = gguf_blocks.stored_weights(raws, "Q4_K")
+    for raw, part in zip(raws, parts):
+        _assert_same(part, gguf_blocks.stored_weight(raw, "Q4_K"))
     fused = QuantizedWeight.cat(parts)
     assert fused.blocked and fused.kernel is not None
+    assert fused.packed.data_ptr() == parts[0].packed.data_ptr()  # a view: no copy
     _assert_same(fused, QuantizedWeight.cat([QuantizedWeight(*unpack(r, "Q4_K"), "Q4_K") for r in raws]).prepare())
-    uneven = QuantizedWeight.cat(parts[::-1])
-    assert not uneven.blocked
-    assert torch.equal(uneven.dequantize(), torch.cat([p.dequantize() for p in parts[::-1]]))
+    apart = QuantizedWeight.cat([gguf_blocks.stored_weight(r, "Q4_K") for r in raws])  # fused by a copy
+    assert apart.packed.data_ptr() != fused.packed.data_ptr()
+    _assert_same(apart, fused)
+
+
+@needs_kernel
+def test_parts_that_do_not_read_as_one_still_fuse_exactly(kernel):
+    """A part whose codes span less is read again alone (its own ``low``), and a first part of rows
+    past whole blocks is read apart: either way the parts fuse row-major, as numpy's parts do."""
+    narrow = [random_blocks("Q4_K", 48, 256, seed=1), _narrow("Q4_K", 32, 256)]
+    uneven = [random_blocks("Q4_K", n, 256, seed=n) for n in (20, 48)]
+    for raws, low in ((narrow, 1), (uneven, 0)):
+        parts = gguf_blocks.stored_weights(raws, "Q4_K")
+        for raw, part in zip(raws, parts):
+            _assert_same(part, QuantizedWeight(*unpack(raw, "Q4_K"), "Q4_K").prepare())
+        assert parts[1].low == low
+        fused = QuantizedWeight.cat(parts)
+        assert not fused.blocked
+        assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))

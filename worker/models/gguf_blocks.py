@@ -129,40 +129,67 @@ def unpack(raw: np.ndarray, qtype) -> tuple:
 
 def stored_weight(raw: np.ndarray, qtype):
     """A quantised tensor's stored rows (as :func:`unpack` takes them) as a
-    :class:`~worker.models.llama.quantized.QuantizedWeight`.
+    :class:`~worker.models.llama.quantized.QuantizedWeight`: :func:`stored_weights` of one."""
+    return stored_weights([raw], qtype)[0]
+
+
+def stored_weights(raws: list[np.ndarray], qtype) -> list:
+    """Quantised tensors' stored rows (each as :func:`unpack` takes them) of one format as
+    :class:`~worker.models.llama.quantized.QuantizedWeight` each.
 
     Where the compiled kernel runs here (:func:`worker.models.llama.qkernel.load`), read straight
     into its blocked layout, prepared (``qkernel.cpp``'s ``unpack_blocked``: one pass over the
-    bytes, parallel over 16-row blocks; no row-major codes, no numpy temporaries): the same
-    tensors, bit for bit, as ``QuantizedWeight(*unpack(raw)).prepare()`` (tested per format).
-    Qwen2.5-Coder-1.5B Q4_K_M: 0.3 s for its 198 tensors against 7.3 s by numpy then
-    :meth:`~worker.models.llama.quantized.QuantizedWeight.prepare` (2 cores, load 2-4). The
-    codes' kind and ``low`` are those of the format's whole range first
-    (:data:`CODE_RANGE`); where the codes read span less (a Q4_K tensor without a 0, a Q8_0 one
-    within [-64, 63]) and that changes their layout, they are read again. Elsewhere
-    ``QuantizedWeight(*unpack(raw))``, row-major (numpy). Raises ValueError as :func:`unpack`.
+    bytes, 16 rows at a time; no row-major codes, no numpy temporaries): the same tensors, bit for
+    bit, as ``QuantizedWeight(*unpack(raw)).prepare()`` (tested per format). Tensors of one width
+    (q/k/v, gate/up: what the runner fuses), every one but the last of whole 16-row blocks, are
+    read as one: each weight's tensors are slices of shared ones, so fusing them
+    (``QuantizedWeight.cat``) takes a view, not a copy of the layer. The codes' kind and ``low``
+    are those of the format's whole range first (:data:`CODE_RANGE`); a tensor whose codes span
+    less (a Q4_K tensor without a 0, a Q8_0 one within [-64, 63]), in a way that changes their
+    layout, is read again alone. Elsewhere ``QuantizedWeight(*unpack(raw))``, row-major (numpy).
+    Raises ValueError as :func:`unpack`.
     """
     from worker.models.llama import qkernel
+    from worker.models.llama.quantized import QuantizedWeight
+
+    fmt, (block, size, group) = _checked(raws[0], qtype)
+    for raw in raws[1:]:
+        _checked(raw, fmt)
+    module = qkernel.load()
+    if module is None or not all(len(raw) for raw in raws):
+        return [QuantizedWeight(*unpack(raw, fmt), fmt) for raw in raws]
+    if len({raw.shape[1] for raw in raws}) > 1 or any(len(raw) % qkernel.BLOCK for raw in raws[:-1]):
+        return [w for raw in raws for w in stored_weights([raw], fmt)]  # not one tensor: each alone
+    k = raws[0].shape[1] // size * block
+
+    def read(parts: list[np.ndarray], low: int, high: int) -> tuple[list, list]:
+        """``(weights, fits)``: ``parts`` read for the codes' kind of ``low .. high``; ``fits[i]``:
+        part ``i``'s own codes give that kind (and ``low`` where the layout holds ``code - low``)."""
+        kind = qkernel.code_kind(k % 2 == 0 and high - low < 16, low, high, k, group)
+        *tensors, ranges = module.unpack_blocked(parts, FORMATS.index(fmt), kind, low)
+        weights, fits, start = [], [], 0
+        for part, (lo, hi) in zip(parts, ranges):
+            end = start + -(-len(part) // qkernel.BLOCK)
+            weights.append(_blocked_weight([t[start:end] if t.numel() else t for t in tensors], fmt, block, group,
+                                           (len(part), k), lo, hi))
+            fits.append(qkernel.code_kind(k % 2 == 0 and hi - lo < 16, lo, hi, k, group) == kind
+                        and (kind in (qkernel.MAGIC, qkernel.WIDE) or lo == low))  # (these hold the codes)
+            start = end
+        return weights, fits
+
+    weights, fits = read(raws, *CODE_RANGE[fmt])
+    return [w if fit else read([raw], w.low, w.high)[0][0] for raw, w, fit in zip(raws, weights, fits)]
+
+
+def _blocked_weight(tensors: list, fmt: str, block: int, group: int, shape: tuple, low: int, high: int):
+    """A prepared QuantizedWeight of ``unpack_blocked``'s ``(packed, sd, sq, od, oq)`` (empty: absent)."""
     from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
-    fmt, (block, size, group) = _checked(raw, qtype)
-    module = qkernel.load()
-    if module is None or not len(raw):
-        return QuantizedWeight(*unpack(raw, fmt), fmt)
-    n, k = raw.shape[0], raw.shape[1] // size * block
-    low, high = CODE_RANGE[fmt]
-    for _ in range(2):  # the second read, where one is needed, is of the codes' own range: it fits
-        kind = qkernel.code_kind(k % 2 == 0 and high - low < 16, low, high, k, group)
-        packed, sd, sq, od, oq, low_seen, high_seen = module.unpack_blocked(raw, FORMATS.index(fmt), kind, low)
-        seen = qkernel.code_kind(k % 2 == 0 and high_seen - low_seen < 16, low_seen, high_seen, k, group)
-        fits = seen == kind and (kind in (qkernel.MAGIC, qkernel.WIDE) or low_seen == low)  # (they store codes)
-        low, high = low_seen, high_seen
-        if fits:
-            break
-    sub = block // group
+    packed, sd, sq, od, oq = tensors
+    sub = block // group  # groups per d where a sub-block factor q goes with it (K formats), else 1
     scales = GroupScales(sd, sq if sq.numel() else None, sub if sq.numel() else 1)
     offsets = None if not od.numel() else GroupScales(od, oq if oq.numel() else None, sub if oq.numel() else 1)
-    return QuantizedWeight.from_blocked(packed, scales, offsets, (n, k), group, fmt, low, high)
+    return QuantizedWeight.from_blocked(packed, scales, offsets, shape, group, fmt, low, high)
 
 
 def _checked(raw: np.ndarray, qtype) -> tuple[str, tuple[int, int, int]]:

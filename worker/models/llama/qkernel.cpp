@@ -667,25 +667,38 @@ FactorOut factor_out(const torch::Tensor& t, int64_t per) {
 
 }  // namespace
 
-// raw: uint8 [N, row_bytes], a GGUF tensor's stored rows of format fmt (a Format; read where they
-// lie, e.g. in the mapped file), into kind's layout with u = code - low (NIB, SIX). Returns
-// (packed, sd, sq, od, oq, lowest code, highest code): the codes as blocked() lays them out, the
+// parts: the stored rows of one or more GGUF tensors of format fmt (a Format) and one width, each
+// uint8 [N_i, row_bytes] (read where they lie, e.g. in the mapped file; every part but the last
+// whole 16-row blocks), read as one tensor of their rows stacked (the runner fuses q/k/v and
+// gate/up: a part is then a slice of whole blocks) into kind's layout with u = code - low (NIB,
+// SIX). Returns (packed, sd, sq, od, oq, ranges): the codes as blocked() lays them out, the
 // scales' and offsets' factors as blocked_groups() does (fp16 d [N / 16, K / cols, 16]; sq, oq
-// [N / 16, K / group, 16]; empty where the format has none; rows past N zero), and the range of
-// the codes read (the caller reads again where it disagrees with kind and low). One pass over
-// the bytes, 16 rows at a time (at::parallel_for over 16-row blocks), without the GIL.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t>
-unpack_blocked(py::buffer raw, int64_t fmt, int64_t kind, int64_t low) {
-    const py::buffer_info info = raw.request();
+// [N / 16, K / group, 16]; empty where the format has none; rows past N zero), and each part's
+// (lowest, highest) code (the caller reads a part again where that disagrees with kind and low).
+// One pass over the bytes, 16 rows at a time (at::parallel_for over 16-row blocks), without the GIL.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, std::vector<std::pair<int64_t, int64_t>>>
+unpack_blocked(std::vector<py::buffer> parts, int64_t fmt, int64_t kind, int64_t low) {
     TORCH_CHECK(fmt >= Q4_0 && fmt <= Q6_K, "fmt: 0 .. 7 (gguf_blocks.FORMATS)");
     TORCH_CHECK(kind >= NIB && kind <= SIX, "kind: 0, 1, 2 or 3");
+    TORCH_CHECK(!parts.empty(), "parts: at least one");
     const Spec sp = SPECS[fmt];
-    TORCH_CHECK(info.ndim == 2 && info.itemsize == 1 && info.strides[1] == 1 && info.strides[0] == info.shape[1] &&
-                info.shape[1] % sp.bytes == 0, "raw: contiguous uint8 [N, row_bytes] of whole blocks");
-    const int64_t N = info.shape[0], K = info.shape[1] / sp.bytes * sp.cols, blocks = (N + 15) / 16;
+    std::vector<const uint8_t*> srcs;
+    std::vector<int64_t> first_block{0}, first_row{0};  // per part, and past the last
+    int64_t stride = -1;
+    for (py::buffer& part : parts) {
+        const py::buffer_info info = part.request();
+        TORCH_CHECK(info.ndim == 2 && info.itemsize == 1 && info.strides[1] == 1 && info.strides[0] == info.shape[1] &&
+                    info.shape[1] % sp.bytes == 0 && (stride < 0 || info.shape[1] == stride),
+                    "parts: contiguous uint8 [N, row_bytes] of whole blocks, one row_bytes");
+        TORCH_CHECK(first_row.back() % 16 == 0, "parts: all but the last of whole 16-row blocks");
+        stride = info.shape[1];
+        srcs.push_back(static_cast<const uint8_t*>(info.ptr));
+        first_row.push_back(first_row.back() + info.shape[0]);
+        first_block.push_back((first_row.back() + 15) / 16);
+    }
+    const int64_t N = first_row.back(), K = stride / sp.bytes * sp.cols, blocks = first_block.back();
     TORCH_CHECK(K % 4 == 0 || kind != SIX, "SIX: K must be a multiple of 4");
-    const uint8_t* src = static_cast<const uint8_t*>(info.ptr);
-    const int64_t stride = info.shape[1], dn = K / sp.cols, gn = K / sp.group, W = row_bytes_of(kind, K);
+    const int64_t dn = K / sp.cols, gn = K / sp.group, W = row_bytes_of(kind, K);
     const bool k_fmt = fmt >= Q4_K, offsets = fmt == Q4_1 || fmt == Q5_1 || fmt == Q4_K || fmt == Q5_K;
     auto bytes = torch::TensorOptions().dtype(torch::kByte);
     auto half = torch::TensorOptions().dtype(torch::kHalf);
@@ -706,15 +719,16 @@ unpack_blocked(py::buffer raw, int64_t fmt, int64_t kind, int64_t low) {
             std::vector<int8_t> codes(K);
             std::vector<uint8_t> rows(16 * W);
             for (int64_t b = b0; b < b1; ++b) {
+                const size_t part = std::upper_bound(first_block.begin(), first_block.end(), b) - first_block.begin() - 1;
                 int8_t lo = 127, hi = -128;
                 for (int j = 0; j < 16; ++j) {
-                    const int64_t row = b * 16 + j;
-                    if (row >= N) {  // padding: zero codes (u = 0) and factors
+                    const int64_t row = b * 16 + j - first_row[part];  // in its part
+                    if (row >= first_row[part + 1] - first_row[part]) {  // padding: zero codes (u = 0) and factors
                         std::memset(rows.data() + j * W, 0, W);
                         for (const FactorOut& f : fo) f.zero_lane(b, j);
                         continue;
                     }
-                    decode(src + row * stride, K, codes.data(),
+                    decode(srcs[part] + row * stride, K, codes.data(),
                            Lanes{reinterpret_cast<uint16_t*>(fo[0].lane(b, j)), fo[1].lane(b, j),
                                  reinterpret_cast<uint16_t*>(fo[2].lane(b, j)), fo[3].lane(b, j)});
                     for (int64_t k = 0; k < K; ++k) { lo = std::min(lo, codes[k]); hi = std::max(hi, codes[k]); }
@@ -726,9 +740,14 @@ unpack_blocked(py::buffer raw, int64_t fmt, int64_t kind, int64_t low) {
             }
         });
     }
-    const int64_t lowest = N ? *std::min_element(lows.begin(), lows.end()) : 0;
-    const int64_t highest = N ? *std::max_element(highs.begin(), highs.end()) : 0;
-    return {packed, sd, sq, od, oq, lowest, highest};
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // (0, 0) for a part of no rows, as QuantizedWeight's
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const auto b0 = lows.begin() + first_block[i], b1 = lows.begin() + first_block[i + 1];
+        const bool rows = first_block[i + 1] > first_block[i];
+        ranges.emplace_back(rows ? *std::min_element(b0, b1) : 0,
+                            rows ? *std::max_element(highs.begin() + first_block[i], highs.begin() + first_block[i + 1]) : 0);
+    }
+    return {packed, sd, sq, od, oq, ranges};
 }
 
 bool has_amx() { return amx_ready(); }
@@ -737,6 +756,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AMX-BF16 or AVX-512 BF16)");
     m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
     m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
-    m.def("unpack_blocked", &unpack_blocked, "a GGUF tensor's stored rows -> the blocked codes and factors, and the codes' range");
+    m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (asks the OS once)");
 }

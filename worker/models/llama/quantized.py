@@ -113,8 +113,8 @@ class GroupScales:
         :meth:`like` each other)."""
         first = parts[0]
         out = GroupScales.__new__(GroupScales)
-        out.d, out.sub = torch.cat([p.d for p in parts]), first.sub
-        out.q = None if first.q is None else torch.cat([p.q for p in parts])
+        out.d, out.sub = stack([p.d for p in parts]), first.sub
+        out.q = None if first.q is None else stack([p.q for p in parts])
         return out
 
 
@@ -240,7 +240,7 @@ class QuantizedWeight:
             return None
         scales = GroupScales.cat([p.scales for p in parts])
         offsets = None if first.offsets is None else GroupScales.cat([p.offsets for p in parts])
-        out = cls._of(first, torch.cat([p.packed for p in parts]), scales, offsets, bias)
+        out = cls._of(first, stack([p.packed for p in parts]), scales, offsets, bias)
         out.out_features, out.high = sum(p.out_features for p in parts), high
         out.blocked, out.kernel = True, qkernel.Kernel(first.kernel.module, out)
         return out
@@ -337,6 +337,18 @@ class QuantizedEmbedding:
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
+
+
+def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)`` (along dim 0): a view where they lie one after another in one storage,
+    contiguous (parts read as one: :func:`worker.models.gguf_blocks.stored_weights`), else a copy."""
+    first = tensors[0]
+    if (all(t.is_contiguous() and t.shape[1:] == first.shape[1:]
+            and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for t in tensors)
+            and all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(tensors, tensors[1:]))):
+        return first.as_strided((sum(len(t) for t in tensors), *first.shape[1:]), first.stride(),
+                                first.storage_offset())
+    return torch.cat(tensors)
 
 
 def _fits(f: GroupScales, n: int, groups: int) -> bool:
