@@ -26,7 +26,7 @@ import pstats  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.common import load_avg  # noqa: E402
+from bench.common import load_avg, own_memory_mib  # noqa: E402
 from worker.models import load_model  # noqa: E402
 
 PHASES = (
@@ -45,15 +45,6 @@ PHASES = (
     ("freed memory returned", "heap.py", "return_freed_memory"),
 )
 """(label, file name, function name): a phase and the function whose cumulative time it is."""
-
-
-def _status(field: str) -> int:
-    """A ``/proc/self/status`` field in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) // 1024
-    return -1
 
 
 def phase_times(stats: pstats.Stats) -> list[tuple[str, float]]:
@@ -80,7 +71,7 @@ def main() -> None:
     model = load_model(args.model, precision="gguf", runner="slotserve", num_threads=args.threads, prefix_cache_mb=0)
     profile.disable()
     load_s = time.perf_counter() - t0
-    rss_load, peak_load = _status("VmRSS"), _status("VmHWM")
+    rss_load, peak_load = own_memory_mib("VmRSS"), own_memory_mib("VmHWM")
     from worker.engine import BatchInferenceEngine
     from worker.warmup import warm_up
 
@@ -94,8 +85,8 @@ def main() -> None:
         print(f"  {label:53s} {seconds:6.2f}")
     print(f"{'warm-up (' + str(args.slots) + ' slots)':55s} {warm_s:6.2f}")
     print(f"{'load + warm-up':55s} {load_s + warm_s:6.2f}")
-    print(f"RSS MiB: after load {rss_load} (peak {peak_load}), after warm-up {_status('VmRSS')} "
-          f"(peak {_status('VmHWM')}); load average {before} -> {load_avg()}")
+    print(f"RSS MiB: after load {rss_load} (peak {peak_load}), after warm-up {own_memory_mib('VmRSS')} "
+          f"(peak {own_memory_mib('VmHWM')}); load average {before} -> {load_avg()}")
     if args.top:
         stats.sort_stats("tottime").print_stats(args.top)
 

@@ -113,8 +113,8 @@ class GroupScales:
         :meth:`like` each other)."""
         first = parts[0]
         out = GroupScales.__new__(GroupScales)
-        out.d, out.sub = stack([p.d for p in parts]), first.sub
-        out.q = None if first.q is None else stack([p.q for p in parts])
+        out.d, out.sub = _stack([p.d for p in parts]), first.sub
+        out.q = None if first.q is None else _stack([p.q for p in parts])
         return out
 
 
@@ -240,7 +240,7 @@ class QuantizedWeight:
             return None
         scales = GroupScales.cat([p.scales for p in parts])
         offsets = None if first.offsets is None else GroupScales.cat([p.offsets for p in parts])
-        out = cls._of(first, stack([p.packed for p in parts]), scales, offsets, bias)
+        out = cls._of(first, _stack([p.packed for p in parts]), scales, offsets, bias)
         out.out_features, out.high = sum(p.out_features for p in parts), high
         out.blocked, out.kernel = True, qkernel.Kernel(first.kernel.module, out)
         return out
@@ -339,7 +339,7 @@ class QuantizedEmbedding:
         return self.weight.nbytes
 
 
-def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(tensors)`` (along dim 0): a view where they lie one after another in one storage,
     contiguous (parts read as one: :func:`worker.models.gguf_blocks.stored_weights`), else a copy."""
     first = tensors[0]
