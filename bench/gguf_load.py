@@ -8,10 +8,15 @@ the cumulative time of each phase in :data:`PHASES` (a function's calls, under t
 overhead inflates Python-heavy phases such as imports), the warm-up's wall time; the process's
 RSS after the load and after the warm-up, and its peak (``/proc/self/status`` VmRSS, VmHWM: MiB);
 the 1-minute load average before and after (a shared machine). ``--top N`` prints the profile's
-N functions of most own time as well. Start to ready in a worker process (its spawn, imports,
-load, warm-up and registration) is ``bench/model.py``'s ``start_to_ready_s``.
+N functions of most own time as well.
 
-``python -m bench.gguf_load [--model qwen2.5-coder-0.5b] [--threads 2] [--slots 8] [--top 20]``.
+``--worker``: start to ready instead, as ``bench/model.py`` measures it (``start_to_ready_s``) but
+without its reference model loaded first in this process (minutes of load on the machine): a
+broker and one worker process serving the model at ``gguf`` (``slotserve.launcher.LocalCluster``,
+``--slots`` slots, ``--threads``), from the cluster's start until the worker registered (spawned,
+imported, loaded and warmed up); then the worker's RSS and its peak (``/proc/<pid>/status``).
+
+``python -m bench.gguf_load [--model qwen2.5-coder-0.5b] [--threads 2] [--slots 8] [--top 20] [--worker]``.
 """
 
 from __future__ import annotations
@@ -56,13 +61,38 @@ def phase_times(stats: pstats.Stats) -> list[tuple[str, float]]:
             for label, file, name in PHASES]
 
 
+def worker_start(model: str, threads: int, slots: int) -> None:
+    """Print start to ready of a worker process serving ``model`` at ``gguf`` (see the module docstring)."""
+    from bench.common import ANY_PORT
+    from broker import BrokerConfig
+    from slotserve.launcher import ClusterConfig, LocalCluster
+    from worker.config import WorkerConfig
+    from worker.models import ModelOptions
+
+    options = ModelOptions(device="cpu", runner="slotserve", precision="gguf", num_threads=threads)
+    config = ClusterConfig(broker=BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT), start_timeout_s=900.0,
+                           workers=(WorkerConfig(model=model, num_slots=slots, model_options=options),))
+    before = load_avg()
+    started = time.monotonic()
+    with LocalCluster(config) as cluster:
+        ready_s = time.monotonic() - started
+        with open(f"/proc/{cluster.worker_processes[0].pid}/status") as f:
+            memory = {k: int(v.split()[0]) // 1024 for k, v in (line.split(":", 1) for line in f)
+                      if k in ("VmRSS", "VmHWM")}
+    print(f"{model}: start to ready {ready_s:.2f} s ({slots} slots, {threads} threads); worker RSS "
+          f"{memory['VmRSS']} MiB, peak {memory['VmHWM']} MiB; load average {before} -> {load_avg()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--top", type=int, default=0, help="also print the N functions of most own time")
+    parser.add_argument("--worker", action="store_true", help="start to ready of a worker process instead")
     args = parser.parse_args()
+    if args.worker:
+        return worker_start(args.model, args.threads, args.slots)
     imports_s = time.perf_counter() - STARTED
     before = load_avg()
     profile = cProfile.Profile()
