@@ -41,7 +41,7 @@ Rows are unpacked :data:`CHUNK_CODES` codes at a time, so the temporaries stay
 small whatever the tensor's size; the codes are written into one int8 array.
 
 Where the compiled kernel runs (:mod:`worker.models.llama.qkernel`), a file's tensors are read by
-:func:`stored_weight` instead: the same formats decoded in C++ (``qkernel.cpp``), straight into
+:func:`stored_weights` instead: the same formats decoded in C++ (``qkernel.cpp``), straight into
 the kernel's blocked layout, 16 rows at a time; :func:`unpack` (numpy) stays the reference and the
 path without it.
 """
