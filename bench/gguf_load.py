@@ -8,7 +8,8 @@ the cumulative time of each phase in :data:`PHASES` (a function's calls, under t
 overhead inflates Python-heavy phases such as imports), the warm-up's wall time; the process's
 RSS after the load and after the warm-up, and its peak (``/proc/self/status`` VmRSS, VmHWM: MiB);
 the 1-minute load average before and after (a shared machine). ``--top N`` prints the profile's
-N functions of most own time as well.
+N functions of most own time as well; ``--no-profile`` loads without the profiler (the load's wall
+time alone, no phases).
 
 ``--worker``: start to ready instead, as ``bench/model.py`` measures it (``start_to_ready_s``) but
 without its reference model loaded first in this process (minutes of load on the machine): a
@@ -83,42 +84,49 @@ def worker_start(model: str, threads: int, slots: int) -> None:
           f"{memory['VmRSS']} MiB, peak {memory['VmHWM']} MiB; load average {before} -> {load_avg()}")
 
 
+def in_process(model_name: str, threads: int, slots: int, profile: bool, top: int) -> None:
+    """Print the load's phases (``profile``), the warm-up, RSS and its peak, in this process (module docstring)."""
+    imports_s = time.perf_counter() - STARTED
+    before = load_avg()
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    if profile:
+        profiler.enable()
+    model = load_model(model_name, precision="gguf", runner="slotserve", num_threads=threads, prefix_cache_mb=0)
+    profiler.disable()
+    load_s = time.perf_counter() - t0
+    rss_load, peak_load = own_memory_mib("VmRSS"), own_memory_mib("VmHWM")
+    from worker.engine import BatchInferenceEngine
+    from worker.warmup import warm_up
+
+    warm_s = warm_up(BatchInferenceEngine(model, slots)).seconds
+    print(f"{model_name}, {torch.get_num_threads()} threads, {getattr(model.weights, 'linear_kind', '')}")
+    print(f"{'imports (torch, worker.models)':55s} {imports_s:6.2f}")
+    print(f"{'load (load_model' + (', profiled)' if profile else ')'):55s} {load_s:6.2f}")
+    stats = pstats.Stats(profiler) if profile else None
+    for label, seconds in phase_times(stats) if profile else ():
+        print(f"  {label:53s} {seconds:6.2f}")
+    print(f"{'warm-up (' + str(slots) + ' slots)':55s} {warm_s:6.2f}")
+    print(f"{'load + warm-up':55s} {load_s + warm_s:6.2f}")
+    print(f"RSS MiB: after load {rss_load} (peak {peak_load}), after warm-up {own_memory_mib('VmRSS')} "
+          f"(peak {own_memory_mib('VmHWM')}); load average {before} -> {load_avg()}")
+    if top and stats is not None:
+        stats.sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--top", type=int, default=0, help="also print the N functions of most own time")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="load without the profiler")
     parser.add_argument("--worker", action="store_true", help="start to ready of a worker process instead")
     args = parser.parse_args()
     if args.worker:
-        return worker_start(args.model, args.threads, args.slots)
-    imports_s = time.perf_counter() - STARTED
-    before = load_avg()
-    profile = cProfile.Profile()
-    t0 = time.perf_counter()
-    profile.enable()
-    model = load_model(args.model, precision="gguf", runner="slotserve", num_threads=args.threads, prefix_cache_mb=0)
-    profile.disable()
-    load_s = time.perf_counter() - t0
-    rss_load, peak_load = own_memory_mib("VmRSS"), own_memory_mib("VmHWM")
-    from worker.engine import BatchInferenceEngine
-    from worker.warmup import warm_up
-
-    engine = BatchInferenceEngine(model, args.slots)
-    warm_s = warm_up(engine).seconds
-    stats = pstats.Stats(profile)
-    print(f"{args.model}, {torch.get_num_threads()} threads, {getattr(model.weights, 'linear_kind', '')}")
-    print(f"{'imports (torch, worker.models)':55s} {imports_s:6.2f}")
-    print(f"{'load (load_model, profiled)':55s} {load_s:6.2f}")
-    for label, seconds in phase_times(stats):
-        print(f"  {label:53s} {seconds:6.2f}")
-    print(f"{'warm-up (' + str(args.slots) + ' slots)':55s} {warm_s:6.2f}")
-    print(f"{'load + warm-up':55s} {load_s + warm_s:6.2f}")
-    print(f"RSS MiB: after load {rss_load} (peak {peak_load}), after warm-up {own_memory_mib('VmRSS')} "
-          f"(peak {own_memory_mib('VmHWM')}); load average {before} -> {load_avg()}")
-    if args.top:
-        stats.sort_stats("tottime").print_stats(args.top)
+        worker_start(args.model, args.threads, args.slots)
+    else:
+        in_process(args.model, args.threads, args.slots, args.profile, args.top)
 
 
 if __name__ == "__main__":
