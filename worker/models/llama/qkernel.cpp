@@ -714,6 +714,8 @@ unpack_blocked(std::vector<py::buffer> parts, int64_t fmt, int64_t kind, int64_t
     uint8_t* out = static_cast<uint8_t*>(packed.data_ptr());
     const DecodeRow decode = DECODERS[fmt];
     {
+        // torch's threads: on 2 idle cores 0.23 s for the 1.5B's tensors against 0.40 s on one
+        // (on a machine loaded past its cores, 1.3-2.0 s against 0.7 s: the threads wait on each other)
         py::gil_scoped_release unlocked;
         at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
             std::vector<int8_t> codes(K);
