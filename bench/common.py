@@ -6,7 +6,7 @@
 - the machine and load record: :func:`machine_record`, :func:`load_avg`;
 - the results format: :func:`write_results` and :func:`read_results`;
 - readings of other processes: :func:`cpu_s` (CPU seconds) and :class:`RssPeak`
-  (peak resident memory while a block runs);
+  (peak resident memory while a block runs); of this one: :func:`own_memory_mib`;
 - :data:`ANY_PORT` (a free loopback port for a broker's sockets) and :data:`RESULTS`.
 
 Results format (every ``bench/results/*.json`` a script writes): one JSON
@@ -181,6 +181,16 @@ def read_results(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- other processes
+
+
+def own_memory_mib(field: str) -> int:
+    """A ``/proc/self/status`` memory field of this process in MiB (``VmRSS``: resident now,
+    ``VmHWM``: its peak); -1 where the field is not there."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+    return -1
 
 
 def cpu_s(pid: int) -> float:

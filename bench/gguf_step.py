@@ -19,18 +19,9 @@ import time
 
 import torch
 
-from bench.common import humaneval_problems, load_avg
+from bench.common import humaneval_problems, load_avg, own_memory_mib
 from worker.models import load_model
 from worker.models.base import SlotInput
-
-
-def _status(field: str) -> int:
-    """A ``/proc/self/status`` field in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) // 1024
-    return -1
 
 
 def decode_run(runner, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
@@ -81,7 +72,7 @@ def main() -> None:
     print({"model": args.model, "threads": torch.get_num_threads(), "load_s": round(load_s, 2),
            "held_mb": None if weights is None else round(weights.nbytes / 1e6, 1),
            "linear_kind": getattr(weights, "linear_kind", None),
-           "rss_mib": _status("VmRSS"), "peak_rss_mib": _status("VmHWM"),
+           "rss_mib": own_memory_mib("VmRSS"), "peak_rss_mib": own_memory_mib("VmHWM"),
            "decode_step_ms": round(min(steps), 2), "decode_step_cpu_ms": round(min(cpus), 2),
            "load_avg_before_after": [before, load_avg()]})
 

@@ -5,7 +5,10 @@ must give back ``gguf.dequantize(raw)`` bit for bit (compared as int32, so
 signed zeros count), for all rows and for a subset, on random blocks (random
 bytes, the fp16 fields set to finite values: normal, subnormal, zero, negative)
 and on ``gguf.quantize``'s own output where gguf can quantise to the format;
-and its product must match ``F.linear`` on the dequantised weight.
+and its product must match ``F.linear`` on the dequantised weight. Where the compiled kernel runs,
+:func:`~worker.models.gguf_blocks.stored_weight` reads the blocks straight into its layout (C++):
+it must hold exactly what numpy's read then ``prepare()`` hold, for every format, and for codes
+spanning less than their format's range (held in fewer bits: read again).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ np = pytest.importorskip("numpy")
 
 import torch.nn.functional as F  # noqa: E402
 
+from tests.support.kernels import built_or_skip  # noqa: E402
 from tests.support.tiny_gguf import random_blocks  # noqa: E402
 from worker.models import gguf_blocks  # noqa: E402
 from worker.models.gguf_blocks import FORMATS, unpack  # noqa: E402
+from worker.models.llama import qkernel  # noqa: E402
 from worker.models.llama.quantized import GroupScales, QuantizedWeight  # noqa: E402
 
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # what gguf.quantize writes
@@ -130,3 +135,120 @@ def test_cat_stacks_rows_and_repacks_only_where_packings_differ():
 def test_an_unread_format_is_refused():
     with pytest.raises(ValueError, match="Q2_K"):
         unpack(np.zeros((1, 84), dtype=np.uint8), gguf.GGMLQuantizationType.Q2_K)
+
+
+# ---- the compiled read (qkernel.cpp's unpack_blocked, through stored_weight) against numpy's
+
+needs_kernel = pytest.mark.skipif(not qkernel.cpu_has_avx512_bf16(), reason="no avx512_bf16 on this CPU")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return built_or_skip(qkernel.load, "avx512_bf16", "weights are read by numpy, row-major")
+
+
+def _held(w: QuantizedWeight) -> list:
+    """Everything a weight holds: its sizes, code range and packing, and its tensors."""
+    factors = [t for f in (w.scales, w.offsets) for t in ((None, None) if f is None else (f.d, f.q))]
+    return [(w.fmt, w.group, w.out_features, w.in_features, w.low, w.high, w.nibbles, w.blocked,
+             qkernel.kind(w), w.scales.sub, None if w.offsets is None else w.offsets.sub), w.packed, *factors]
+
+
+def _assert_same(got: QuantizedWeight, want: QuantizedWeight) -> None:
+    for a, b in zip(_held(got), _held(want), strict=True):
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        else:
+            assert a == b
+
+
+def _read_both(fmt: str, raw: np.ndarray) -> QuantizedWeight:
+    """``stored_weight(raw)``, checked to hold what numpy's read then ``prepare()`` holds, and to
+    dequantise as gguf does."""
+    got = gguf_blocks.stored_weight(raw, fmt)
+    _assert_same(got, QuantizedWeight(*unpack(raw, fmt), fmt).prepare())
+    _assert_bits(got.dequantize(), gguf.dequantize(raw, gguf.GGMLQuantizationType[fmt]))
+    return got
+
+
+# (format, rows, columns): 100 and 37 rows end in a part block (padding); 96 columns (the 32-column
+# formats) are rows of codes not whole 64-code vectors and 6-bit units not whole 16-column transposes
+READS = [(fmt, n, k) for fmt in FORMATS for n, k in ((48, 512), (100, 512), (37, 96))
+         if k % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]][0] == 0]
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt, n, k", READS)
+def test_the_compiled_read_holds_what_numpy_and_prepare_hold(kernel, fmt, n, k):
+    assert _read_both(fmt, random_blocks(fmt, n, k, seed=n)).blocked
+
+
+NARROW = {"Q4_0": (2, None, -7), "Q4_K": (16, None, 1), "Q5_0": (2, 6, -16), "Q5_K": (16, 48, 0), "Q6_K": (128, 192, -16)}
+"""format -> (a, b, the lowest code then): :func:`_narrow` sets every nibble from byte ``a`` on to 1..15
+(``b`` None: no code is the format's lowest), or the high bits in bytes ``[a, b)`` to 0 (Q6_K: pairs of
+1), so that the codes span 16 values."""
+
+
+def _narrow(fmt: str, rows: int = 20, cols: int = 512) -> np.ndarray:
+    """Random blocks of ``fmt`` whose codes lack the format's lowest or span 16 values (:data:`NARROW`)."""
+    raw = random_blocks(fmt, rows, cols, seed=5)
+    blocks = raw.reshape(-1, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]][1])  # a view: raw changes
+    a, b, _ = NARROW[fmt]
+    if b is None:
+        low, high = np.random.default_rng(6).integers(1, 16, (2, len(blocks), blocks.shape[1] - a), dtype=np.uint8)
+        blocks[:, a:] = low | high << 4
+    else:
+        blocks[:, a:b] = 0x55 if fmt == "Q6_K" else 0
+    return raw
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", NARROW)
+def test_codes_of_a_narrower_span_are_read_again_in_their_own_layout(kernel, fmt):
+    """The first read assumes the format's whole range; codes that span less (a lowest code above
+    the format's, or Q5/Q6 codes of 4 bits) are held with their own ``low``, in 4 bits, as numpy's
+    read then ``prepare()`` hold them."""
+    w = _read_both(fmt, _narrow(fmt))
+    assert (qkernel.kind(w), w.low) == (qkernel.NIBBLES, NARROW[fmt][2])
+
+
+@needs_kernel
+@pytest.mark.parametrize("lo, hi, kind", [(-64, 64, qkernel.MAGIC), (-20, 31, qkernel.SIX), (-3, 12, qkernel.NIBBLES)])
+def test_q8_0_codes_are_held_in_as_few_bits_as_their_span_needs(kernel, lo, hi, kind):
+    raw = random_blocks("Q8_0", 20, 512, seed=7)
+    blocks = raw.reshape(-1, 34)
+    blocks[:, 2:] = np.random.default_rng(8).integers(lo, hi, blocks[:, 2:].shape).astype(np.int8).view(np.uint8)
+    assert qkernel.kind(_read_both("Q8_0", raw)) == kind
+
+
+@needs_kernel
+def test_parts_read_as_one_fuse_without_a_copy(kernel):
+    """q/k/v-like parts read as one (``stored_weights``) hold what each read alone holds, and fuse
+    into a view of their shared tensors holding what fusing numpy's parts, then prepare(), holds."""
+    raws = [random_blocks("Q4_K", n, 256, seed=n) for n in (48, 32, 20)]
+    parts = gguf_blocks.stored_weights(raws, "Q4_K")
+    for raw, part in zip(raws, parts):
+        _assert_same(part, gguf_blocks.stored_weight(raw, "Q4_K"))
+    fused = QuantizedWeight.cat(parts)
+    assert fused.blocked and fused.kernel is not None
+    assert fused.packed.data_ptr() == parts[0].packed.data_ptr()  # a view: no copy
+    _assert_same(fused, QuantizedWeight.cat([QuantizedWeight(*unpack(r, "Q4_K"), "Q4_K") for r in raws]).prepare())
+    apart = QuantizedWeight.cat([gguf_blocks.stored_weight(r, "Q4_K") for r in raws])  # fused by a copy
+    assert apart.packed.data_ptr() != fused.packed.data_ptr()
+    _assert_same(apart, fused)
+
+
+@needs_kernel
+def test_parts_that_do_not_read_as_one_still_fuse_exactly(kernel):
+    """A part whose codes span less is read again alone (its own ``low``), and a first part of rows
+    past whole blocks is read apart: either way the parts fuse row-major, as numpy's parts do."""
+    narrow = [random_blocks("Q4_K", 48, 256, seed=1), _narrow("Q4_K", 32, 256)]
+    uneven = [random_blocks("Q4_K", n, 256, seed=n) for n in (20, 48)]
+    for raws, low in ((narrow, 1), (uneven, 0)):
+        parts = gguf_blocks.stored_weights(raws, "Q4_K")
+        for raw, part in zip(raws, parts):
+            _assert_same(part, QuantizedWeight(*unpack(raw, "Q4_K"), "Q4_K").prepare())
+        assert parts[1].low == low
+        fused = QuantizedWeight.cat(parts)
+        assert not fused.blocked
+        assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))

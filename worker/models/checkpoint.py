@@ -310,7 +310,9 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bo
     q/k un-permutation, Gemma's norm ``w - 1``), as ``load_gguf_checkpoint`` does: the same
     tensors bit for bit (tested). ``quantized``: a 2-D tensor of a block format in
     :data:`~worker.models.gguf_blocks.FORMATS` is a
-    :class:`~worker.models.llama.quantized.QuantizedWeight` instead (:func:`_stored`)."""
+    :class:`~worker.models.llama.quantized.QuantizedWeight` instead
+    (:func:`~worker.models.gguf_blocks.stored_weights`; a fused linear's parts read as one:
+    :func:`_read_together`)."""
     import gguf
     import numpy as np
     import torch
@@ -318,7 +320,7 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bo
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map)
 
-    from worker.models.gguf_blocks import FORMATS
+    from worker.models.gguf_blocks import FORMATS, stored_weights
     from worker.models.llama.source import family_parts
 
     arch = table.metadata["general.architecture"]
@@ -339,36 +341,74 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bo
 
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config_dict)
     mapping = get_gguf_hf_weights_map(_Names(), processor)
+    entries = {entry[0]: entry for entry in table.entries if entry[0] in mapping}
+    together = _read_together(entries, mapping, model_type, num_layers) if quantized else {}
+    later = {name for names in together.values() for name in names[1:]}
     tensors = {}
     # the bar transformers' own GGUF loader shows (same text), on stderr: the longest step of a load
     for name, shape, ggml_type, start in tqdm(table.entries, desc="Converting and de-quantizing GGUF tensors..."):
-        if name not in mapping:
+        if name not in mapping or name in later:  # (later: read with its fused linear's first part)
             continue
         qtype = gguf.GGMLQuantizationType(ggml_type)
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        row_bytes = shape[-1] // block * size
-        rows = int(np.prod(shape[:-1], dtype=np.int64))
-        raw = table.blob[start:start + row_bytes * rows]
         if quantized and qtype.name in FORMATS and len(shape) == 2:
-            tensors[mapping[name]] = _stored(raw.reshape(rows, row_bytes), qtype.name, name, processor, mapping)
-        else:
-            weights = gguf.dequantize(raw.reshape(*shape[:-1], row_bytes), qtype)
-            result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters={})
-            tensors[mapping[result.name]] = torch.from_numpy(np.copy(result.weights))
-        _release(table.blob, start, len(raw))
+            group = together.get(name, [name])
+            raws = [_raw(table, *entries[n][1:]) for n in group]
+            rows = [_stored_rows(raw, n, processor, mapping) for n, raw in zip(group, raws)]
+            for n, raw, weight in zip(group, raws, stored_weights(rows, qtype.name)):
+                tensors[mapping[n]] = weight
+                _release(table.blob, entries[n][3], raw.nbytes)
+            continue
+        raw = _raw(table, shape, ggml_type, start)
+        weights = gguf.dequantize(raw.reshape(*shape[:-1], raw.shape[-1]), qtype)
+        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters={})
+        tensors[mapping[result.name]] = torch.from_numpy(np.copy(result.weights))
+        _release(table.blob, start, raw.nbytes)
     return tensors
 
 
-def _stored(raw, fmt: str, name: str, processor, mapping):
-    """A quantised tensor's rows as a :class:`~worker.models.llama.quantized.QuantizedWeight`, as
-    stored: its codes and scales (:func:`~worker.models.gguf_blocks.unpack`), never its fp32
-    weights. The per-architecture processor's change (Llama's q/k un-permutation) is a permutation
+def _raw(table: GGUFTable, shape, ggml_type: int, start: int):
+    """A tensor's stored bytes in the mapped file, uint8 ``[rows, row_bytes]`` (rows: all but the last dim)."""
+    import gguf
+    import numpy as np
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    row_bytes = shape[-1] // block * size
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return table.blob[start:start + row_bytes * rows].reshape(rows, row_bytes)
+
+
+def _read_together(entries: dict, mapping: dict, model_type: str, num_layers: int) -> dict:
+    """``{GGUF name of a fused linear's first part: the GGUF names of its parts}``: each layer's
+    q/k/v and gate/up (:data:`~worker.models.llama.family.FUSED`) where the file stores them 2-D in
+    one block format read quantised, read as one (:func:`~worker.models.gguf_blocks.stored_weights`:
+    fusing them then takes no copy). ``entries``: GGUF name -> its table entry."""
+    import gguf
+
+    from worker.models.gguf_blocks import FORMATS
+    from worker.models.llama.family import FUSED
+    from worker.models.llama.source import family_parts
+
+    parts, by_hf = family_parts(model_type), {mapping[name]: name for name in entries}
+    together = {}
+    for i in range(num_layers):
+        for keys in FUSED:
+            names = [by_hf.get(f"model.layers.{i}.{parts[key]}.weight") for key in keys if key in parts]
+            if len(names) < 2 or None in names:
+                continue
+            types = {entries[n][2] for n in names}
+            if (len(types) == 1 and gguf.GGMLQuantizationType(types.pop()).name in FORMATS
+                    and all(len(entries[n][1]) == 2 for n in names)):
+                together[names[0]] = names
+    return together
+
+
+def _stored_rows(raw, name: str, processor, mapping):
+    """A quantised tensor's stored rows (uint8 ``[rows, row_bytes]``) in transformers' row order,
+    for :func:`~worker.models.gguf_blocks.stored_weights` (its codes and scales, never its fp32
+    weights). The per-architecture processor's change (Llama's q/k un-permutation) is a permutation
     of rows, found by running the processor on the row numbers and applied to the stored rows;
     ValueError where it changes values (it would need the fp32 weights)."""
     import numpy as np
-
-    from worker.models.gguf_blocks import unpack
-    from worker.models.llama.quantized import QuantizedWeight
 
     index = np.arange(len(raw), dtype=np.int64).reshape(-1, 1)
     order = processor.process(weights=index, name=name, tensor_key_mapping=mapping, parsed_parameters={}).weights
@@ -378,7 +418,7 @@ def _stored(raw, fmt: str, name: str, processor, mapping):
                          f"its row order; load it at a precision other than gguf")
     if not np.array_equal(order, index[:, 0]):
         raw = raw[order]  # a copy of the stored bytes (a few MiB), not of the weights
-    return QuantizedWeight(*unpack(raw, fmt), fmt)
+    return raw
 
 
 def _release(blob, start: int, length: int) -> None:

@@ -43,8 +43,6 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     the build fails (logged once as a warning ending in ``fallback``, what runs instead)."""
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
-    from torch.utils import cpp_extension
-
     key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
     name = f"slotserve_{prefix}_{key}"
@@ -57,6 +55,8 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
             return module
         except ImportError:  # unreadable or foreign: the builder below rebuilds it
             pass
+    from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
+
     folder.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],

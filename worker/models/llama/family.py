@@ -42,6 +42,10 @@ LLAMA_PARTS = {  # source layer key -> transformers' module path inside a decode
     "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
     "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",  # where the family has them
 }
+FUSED = (("q", "k", "v"), ("gate", "up"))
+"""Source layer keys the runner fuses into one linear each (qkv, gate_up; :func:`~worker.models.llama.weights.layer_weights`),
+in their order there; a GGUF file's quantised parts of one are read as one
+(:func:`worker.models.gguf_blocks.stored_weights`)."""
 GEMMA_PARTS = {**LLAMA_PARTS, "ln2": "pre_feedforward_layernorm", "post_attn": "post_attention_layernorm",
                "post_mlp": "post_feedforward_layernorm"}
 PHI3_PARTS = {k: v for k, v in LLAMA_PARTS.items() if k not in ("q", "k", "v", "gate", "up")} | {

@@ -13,6 +13,8 @@ codes and scales into the kernel's blocked layout (16 output rows a block;
 see ``qkernel.cpp``), in place: the weight is held once, in that layout. The scales and offsets
 stay as the file holds them (fp16 ``d`` per block or super-block, (u)int8 sub-block factors;
 :class:`~worker.models.llama.quantized.GroupScales`), multiplied out per group in the kernel.
+A GGUF file's tensors are read into that layout directly (``unpack_blocked``, through
+:func:`worker.models.gguf_blocks.stored_weight`): the same tensors as ``prepare`` makes.
 """
 
 from __future__ import annotations
@@ -97,11 +99,16 @@ and two bits apart (as ggml's Q6_K), decoded as the bf16 numbers ``128 + u`` (on
 
 def kind(w) -> int:
     """:data:`NIBBLES`, :data:`SIX`, :data:`MAGIC` or :data:`WIDE` for a QuantizedWeight ``w``."""
-    if w.nibbles:
+    return code_kind(w.nibbles, w.low, w.high, w.in_features, w.group)
+
+
+def code_kind(nibbles: bool, low: int, high: int, in_features: int, group: int) -> int:
+    """:func:`kind` of a weight whose codes span ``low .. high`` (``nibbles``: held two a byte)."""
+    if nibbles:
         return NIBBLES
-    if w.high - w.low < 64 and w.in_features % 4 == 0 and w.group % 4 == 0:
+    if high - low < 64 and in_features % 4 == 0 and group % 4 == 0:
         return SIX
-    return MAGIC if -64 <= w.low and w.high <= 63 else WIDE
+    return MAGIC if -64 <= low and high <= 63 else WIDE
 
 
 def factor_args(w) -> tuple:

@@ -109,11 +109,12 @@ class GroupScales:
 
     @staticmethod
     def cat(parts: list[GroupScales]) -> GroupScales:
-        """Rows of row-major ``parts`` stacked (they must be :meth:`like` each other)."""
+        """Rows of row-major ``parts`` stacked, or 16-row blocks of blocked ones (they must be
+        :meth:`like` each other)."""
         first = parts[0]
         out = GroupScales.__new__(GroupScales)
-        out.d, out.sub = torch.cat([p.d for p in parts]), first.sub
-        out.q = None if first.q is None else torch.cat([p.q for p in parts])
+        out.d, out.sub = _stack([p.d for p in parts]), first.sub
+        out.q = None if first.q is None else _stack([p.q for p in parts])
         return out
 
 
@@ -169,10 +170,30 @@ class QuantizedWeight:
         return self
 
     @classmethod
+    def from_blocked(cls, packed: torch.Tensor, scales: GroupScales, offsets: GroupScales | None, shape: tuple,
+                     group: int, fmt: str, low: int, high: int) -> QuantizedWeight:
+        """A weight whose tensors are already in the compiled kernel's blocked layout, as :meth:`prepare`
+        leaves them (``packed`` for :func:`~worker.models.llama.qkernel.code_kind` of ``low`` ..
+        ``high``, the factors as :func:`~worker.models.llama.qkernel.blocked_groups` lays them out),
+        ``shape`` ``(N, K)``: what :func:`worker.models.gguf_blocks.stored_weight` reads from a file.
+        The kernel checks the sizes when it multiplies (RuntimeError)."""
+        from worker.models.llama import qkernel
+
+        out = cls.__new__(cls)
+        out.fmt, out.group, (out.out_features, out.in_features) = fmt, group, shape
+        out.low, out.high = low, high
+        out.nibbles = out.in_features % 2 == 0 and high - low < 16
+        out.packed, out.scales, out.offsets, out.bias = packed, scales, offsets, None
+        out.blocked, out.kernel = True, qkernel.Kernel(qkernel.load(), out)
+        return out
+
+    @classmethod
     def cat(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
         """One weight of ``parts`` stacked along the output rows (q, k, v -> qkv; gate, up ->
-        gate_up), biases alike (zeros for a part without), not prepared (:meth:`prepare` it after);
-        the codes, scales and offsets as they are, repacked only where the parts' packings differ.
+        gate_up), biases alike (zeros for a part without); the codes, scales and offsets as they
+        are, repacked only where the parts' packings differ. Prepared where every part is and their
+        blocked tensors stack as they are (one code kind and ``low``, every part but the last whole
+        16-row blocks: :meth:`_cat_blocked`), else not (:meth:`prepare` it after).
 
         Raises ValueError unless every part has the same format, group and ``in_features``
         (a fused linear of mixed formats runs its parts one by one instead:
@@ -188,6 +209,9 @@ class QuantizedWeight:
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+        fused = cls._cat_blocked(parts, bias)
+        if fused is not None:
+            return fused
         rows = [p._rows(None) for p in parts]  # row-major, also of a prepared part
         scales = GroupScales.cat([r[1] for r in rows])
         offsets = None if first.offsets is None else GroupScales.cat([r[2] for r in rows])
@@ -197,6 +221,29 @@ class QuantizedWeight:
             out.high = max(p.high for p in parts)
             return out
         return cls(torch.cat([p.codes() for p in parts]), scales, offsets, first.group, first.fmt, bias)
+
+    @classmethod
+    def _cat_blocked(cls, parts: list[QuantizedWeight], bias: torch.Tensor | None) -> QuantizedWeight | None:
+        """:meth:`cat` of prepared ``parts`` as their blocked tensors stacked (each 16-row block is
+        its own slab of every tensor, so blocks of whole parts stack as they lie), or None where
+        that does not hold: a part not prepared, a part but the last with rows past whole blocks
+        (padding inside), or parts whose codes differ in ``low`` or in kind, or whose stack would be
+        of another kind than theirs (its ``high`` is the largest)."""
+        from worker.models.llama import qkernel
+
+        first = parts[0]
+        high = max(p.high for p in parts)
+        kinds = {qkernel.kind(p) for p in parts}
+        if (not all(p.blocked for p in parts) or any(p.out_features % qkernel.BLOCK for p in parts[:-1])
+                or len({(p.nibbles, p.low) for p in parts}) > 1 or len(kinds) > 1
+                or qkernel.code_kind(first.nibbles, first.low, high, first.in_features, first.group) not in kinds):
+            return None
+        scales = GroupScales.cat([p.scales for p in parts])
+        offsets = None if first.offsets is None else GroupScales.cat([p.offsets for p in parts])
+        out = cls._of(first, _stack([p.packed for p in parts]), scales, offsets, bias)
+        out.out_features, out.high = sum(p.out_features for p in parts), high
+        out.blocked, out.kernel = True, qkernel.Kernel(first.kernel.module, out)
+        return out
 
     def with_bias(self, bias: torch.Tensor | None) -> QuantizedWeight:
         """This weight (its tensors shared, not copied; prepared if it is) with ``bias`` (fp32) added
@@ -290,6 +337,18 @@ class QuantizedEmbedding:
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)`` (along dim 0): a view where they lie one after another in one storage,
+    contiguous (parts read as one: :func:`worker.models.gguf_blocks.stored_weights`), else a copy."""
+    first = tensors[0]
+    if (all(t.is_contiguous() and t.shape[1:] == first.shape[1:]
+            and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for t in tensors)
+            and all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(tensors, tensors[1:]))):
+        return first.as_strided((sum(len(t) for t in tensors), *first.shape[1:]), first.stride(),
+                                first.storage_offset())
+    return torch.cat(tensors)
 
 
 def _fits(f: GroupScales, n: int, groups: int) -> bool:

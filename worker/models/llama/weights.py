@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.llama import attnkernel
-from worker.models.llama.family import Family, describe
+from worker.models.llama.family import FUSED, Family, describe
 from worker.models.llama.linear import ConcatLinear, DenseLinear, cpu_linear_kind, make_linear
 from worker.models.llama.quantized import QuantizedEmbedding, QuantizedWeight
 from worker.models.llama.screen import ScreenedHead, screened_head
@@ -262,8 +262,8 @@ def layer_weights(layer: dict, precision: str, device: str, kind: str | None, ac
     def norm(key: str):
         return None if key not in layer else _norm_copy(layer[key], device, act, norm_offset)
 
-    return LayerWeights(norm("ln1"), fused("q", "k", "v"), fused("o"), norm("ln2"), fused("gate", "up"),
-                        fused("down"), norm("q_norm"), norm("k_norm"), norm("post_attn"), norm("post_mlp"))
+    qkv, gate_up = FUSED
+    return LayerWeights(norm("ln1"), fused(*qkv), fused("o"), norm("ln2"), fused(*gate_up), fused("down"), norm("q_norm"), norm("k_norm"), norm("post_attn"), norm("post_mlp"))
 
 
 def fused_linear(layer: dict, keys: tuple[str, ...], precision: str, device: str, kind: str | None):
