@@ -63,7 +63,7 @@ def test_a_loaded_machine_moves_the_count_down_and_a_quiet_one_back_up():
     # busy from step 400: the count is 1 within a probe interval (max_interval 256) and a probe
     switched = current.index(1)
     assert 400 < switched < 400 + 256 + 10 and set(current[switched:900]) == {1}
-    assert used[switched:900].count(1) >= 0.95 * (900 - switched)  # (the rest: probes at 2)
+    assert used[switched:900].count(1) >= 0.9 * (900 - switched)  # (the rest: probes at 2, every 8, 16, ... steps)
     # quiet again from 900: back to 2 within a probe interval and a probe
     back = current.index(2, 900)
     assert back < 900 + 256 + 10 and set(current[back:]) == {2} and t.changes == 2
@@ -75,7 +75,7 @@ def test_a_quiet_machine_keeps_every_core_and_probes_ever_less_often():
     assert t.current == 2 and t.changes == 0
     assert t.interval == 256
     probes = used[2000:].count(1)  # one step at 1 thread per probing round, `rounds` rounds per probe
-    assert probes <= 3 * (3000 // 256 + 1)  # ~1 % of the steps once the interval is at its cap
+    assert probes <= t.rounds * (3000 // 256 + 1)  # ~2 % of the steps once the interval is at its cap
 
 
 def test_noise_below_the_margin_does_not_move_the_count():

@@ -17,8 +17,8 @@ step beside a step at the current count. A round counts when its steps had the s
 cost is the median over the rounds of its step's time over the current count's. A neighbour at
 least ``margin`` cheaper becomes the current count. Probes start ``first_interval`` steps after the
 last one; the interval doubles, up to ``max_interval``, while probes keep the count, and starts
-over after a change, so a quiet machine pays a probe's extra cost rarely (1 probing round in
-every ~100 steps at the cap) and a change of load is answered within about ``max_interval`` steps.
+over after a change, so a quiet machine pays a probe's extra cost rarely (5 steps at another
+count in every ~260 at the cap) and a change of load is answered within about ``max_interval`` steps.
 
 This is a feedback controller in the spirit of the hill-climbing thread controller of .NET's
 thread pool (Hellerstein et al., "Optimizing Concurrency Levels in the .NET ThreadPool", FeBID
@@ -62,8 +62,8 @@ class ThreadTuner:
     ValueError for counts or intervals below 1 or a margin outside ``[0, 1)``.
     """
 
-    def __init__(self, max_threads: int, *, first_interval: int = 8, max_interval: int = 256, rounds: int = 3,
-                 margin: float = 0.1) -> None:
+    def __init__(self, max_threads: int, *, first_interval: int = 8, max_interval: int = 256, rounds: int = 5,
+                 margin: float = 0.15) -> None:
         self.candidates = thread_counts(max_threads)
         if min(first_interval, max_interval, rounds) < 1 or first_interval > max_interval:
             raise ValueError(f"need 1 <= first_interval <= max_interval and rounds >= 1, got {first_interval}, "

@@ -136,7 +136,7 @@ class LlamaRunner:
         self.prefix_cache_mb: float | None = None  # read at bind_slots: None sized from the machine, 0 off
         self.prefix_cache: PrefixCache | None = None  # worker.models.llama.prefix_cache
         self._seqs: dict[int, list[int]] = {}  # cache row -> its occupant's tokens (the prefix cache stores them)
-        self._shape = (0, 0, 0)  # the last forward's decode rows, prompt tokens and draft tokens
+        self._shape = (0, 0, 0)  # the last forward's shape: decode rows (a power of two), prompt and draft tokens
         self.thread_tuner: ThreadTuner | None = None  # set by the loader where the thread count may vary (threads.py)
 
     # -- SlotModel ---------------------------------------------------------
@@ -341,8 +341,10 @@ class LlamaRunner:
                 prefill[i] = _Prefill(fresh, row, cached)
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._chunks(batch, prefill, chunks)
-        # the step's shape, for the thread tuner: decode rows, prompt tokens, draft tokens
-        self._shape = (len(decode), sum(c.count for c in chunks), sum(len(d.tokens) for d in self._drafts.values()))
+        # the step's shape, for the thread tuner (steps of one shape cost alike): decode rows rounded up to
+        # a power of two (a decode step streams the same weights for 7 rows as for 8), prompt tokens, drafts
+        self._shape = (1 << (len(decode) - 1).bit_length() if decode else 0, sum(c.count for c in chunks),
+                       sum(len(d.tokens) for d in self._drafts.values()))
         self._prompt_logits, self._prompt_spans = None, ()
         with torch.inference_mode():
             result = self._run(batch, decode, chunks, greedy_only)
