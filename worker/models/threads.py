@@ -14,8 +14,10 @@ it took (:meth:`~ThreadTuner.record`). It runs the current count, and now and th
 rounds in which each count next to the current one in :attr:`~ThreadTuner.candidates` runs one
 step beside a step at the current count. A round counts when its steps had the same shape (the
 ``key``: e.g. decode rows and prompt tokens), so a probe compares like with like; each neighbour's
-cost is the median over the rounds of its step's time over the current count's. A neighbour at
-least ``margin`` cheaper becomes the current count. Probes start ``first_interval`` steps after the
+cost is its steps' time over the current count's steps' time, summed over the rounds (a mean, so
+the long tails of a collapsing count weigh as they cost). A neighbour at least ``margin`` cheaper
+becomes the current count; one step of a neighbour :data:`COLLAPSE` times the current's ends the
+probe at once. Probes start ``first_interval`` steps after the
 last one; the interval doubles, up to ``max_interval``, while probes keep the count, and starts
 over after a change, so a quiet machine pays a probe's extra cost rarely (5 steps at another
 count in every ~260 at the cap) and a change of load is answered within about ``max_interval`` steps.
@@ -31,8 +33,16 @@ attention split their work by output rows and heads, tested bitwise-equal at 1 a
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Hashable
+
+
+COLLAPSE = 3.0
+"""A probe ends at once when, in a comparable round, a neighbour's step takes this many times the
+current count's (the count is kept) or the current count's takes this many times a neighbour's
+(the neighbour is taken): a count that collapses under the load of the moment costs as much as
+many steps, and more rounds of it would cost more than a decision could gain (measured: HE32
+beside two busy processes, in process, ran at 56-66 tokens/s with probes that waited for all their
+rounds, 27 steps at 2 threads taking 11.8 of its 31 s; 85 tokens/s at a fixed thread)."""
 
 
 def thread_counts(max_threads: int) -> tuple[int, ...]:
@@ -62,7 +72,7 @@ class ThreadTuner:
     ValueError for counts or intervals below 1 or a margin outside ``[0, 1)``.
     """
 
-    def __init__(self, max_threads: int, *, first_interval: int = 8, max_interval: int = 256, rounds: int = 5,
+    def __init__(self, max_threads: int, *, first_interval: int = 2, max_interval: int = 256, rounds: int = 5,
                  margin: float = 0.15) -> None:
         self.candidates = thread_counts(max_threads)
         if min(first_interval, max_interval, rounds) < 1 or first_interval > max_interval:
@@ -77,7 +87,7 @@ class ThreadTuner:
         self._until_probe = first_interval
         self._plan: list[int] = []  # the counts of the probe round under way, in order; [] outside a probe
         self._round: list[tuple[int, Hashable, float]] = []  # (count, key, seconds) of its steps so far
-        self._ratios: dict[int, list[float]] = {}  # neighbour -> its step time / the current count's, per round
+        self._ratios: dict[int, list[tuple[float, float]]] = {}  # neighbour -> (its step's s, the current's), per round
         self._rounds_tried = 0
         self._pending: int | None = None  # the count given for the step being run
 
@@ -107,25 +117,31 @@ class ThreadTuner:
         if len(self._round) < len(self._plan):
             return
         steps, self._round = self._round, []
+        clear = None  # a neighbour that collapses (keep the count) or the current count does (take it)
         if len({k for _, k, _ in steps}) == 1:  # comparable: one shape
             times = {c: s for c, _, s in steps}
             base = times[self.current]
-            if base > 0:
-                for c, s in times.items():
-                    if c != self.current:
-                        self._ratios.setdefault(c, []).append(s / base)
+            for c, s in times.items():
+                if c != self.current:
+                    self._ratios.setdefault(c, []).append((s, base))
+                    if s >= COLLAPSE * base:
+                        clear = self.current
+                    elif s * COLLAPSE <= base:
+                        clear = c
         done = min((len(r) for r in self._ratios.values()), default=0) >= self.rounds
-        if done or self._rounds_tried >= 4 * self.rounds:
+        if clear is not None:
+            self._decide(False, clear)
+        elif done or self._rounds_tried >= 4 * self.rounds:
             self._decide(done)
         else:
             self._plan = []  # the next round starts at the next step
             self._until_probe = 0
 
-    def _decide(self, enough: bool) -> None:
-        best, cost = self.current, 1.0 - self.margin
+    def _decide(self, enough: bool, best: int | None = None) -> None:
+        best, cost = self.current if best is None else best, 1.0 - self.margin
         if enough:
-            for c, ratios in self._ratios.items():
-                r = statistics.median(ratios)
+            for c, pairs in self._ratios.items():
+                r = sum(s for s, _ in pairs) / max(sum(b for _, b in pairs), 1e-9)
                 if r < cost:
                     best, cost = c, r
         if best != self.current:
