@@ -28,9 +28,9 @@ import sys
 import time
 from contextlib import contextmanager
 
-from bench.common import RESULTS, he32, load_avg, machine_record, write_results
+from bench.common import RESULTS, load_avg, machine_record, write_results
 
-MODEL = "smollm2-135m"
+MODEL = "smollm2-135m"  # (bench.model.smollm2_he32 tokenizes for it)
 
 
 @contextmanager
@@ -51,8 +51,7 @@ def run_mode(mode: str, prompts, max_tokens, slots: int) -> dict:
     from bench.model import run_slotserve_broker
 
     threads = None if mode == "default" else int(mode.removeprefix("fixed-"))
-    precision = "auto"
-    run = run_slotserve_broker(prompts, max_tokens, slots, precision=precision, threads=threads, model=MODEL)
+    run = run_slotserve_broker(prompts, max_tokens, slots, precision="auto", threads=threads, model=MODEL)
     tokens = sum(len(o) for o in run.outputs)
     return {"tokens": tokens, "wall_s": round(run.wall_s, 2), "tokens_per_s": round(tokens / run.wall_s, 1)}
 
@@ -67,10 +66,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(RESULTS / "threads.json"))
     args = ap.parse_args(argv)
     machine = machine_record()
-    from worker.models import load_model
+    from bench.model import smollm2_he32
 
-    codec = load_model(MODEL, runner="hf").tokenizer
-    prompts, max_tokens = he32(codec, args.prompts)
+    prompts, max_tokens = smollm2_he32(args.prompts)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     runs = []
     for _ in range(args.repeats):

@@ -169,15 +169,7 @@ class _ThinkingLink(ScriptedLink):
 @pytest.mark.parametrize("option, split", [(None, True), ("none", False), ("deepseek_r1", True)])
 def test_the_models_own_format_is_the_default_and_the_option_overrides_it(monkeypatch, option, split):
     monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
-    client = OutputClient()
-    with TestClient(handlers_app(Tokenizers(None), _ThinkingLink(client), GatewayConfig(reasoning_parser=option))) \
-            as http:
-        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
-        kw = dict(model="m", messages=[{"role": "user", "content": "think_text"}], max_tokens=100)
-        whole = sdk.chat.completions.create(**kw).choices[0].message
-        streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kw, stream=True))
-    for t in client.threads:
-        t.join(10)
+    whole, streamed = _think_text_whole_and_streamed(_ThinkingLink, GatewayConfig(reasoning_parser=option))
     assert whole.content == streamed
     if split:
         assert whole.content == "It is noon." and whole.model_extra["reasoning_content"].strip() == \
@@ -218,12 +210,19 @@ def test_a_parser_name_this_gateway_does_not_know_from_a_worker_is_no_parser(mon
             return super().model_info(model)._replace(reasoning="future_parser")
 
     monkeypatch.setitem(OUTPUTS, "think_text", THOUGHT + "It is noon.")
+    whole, streamed = _think_text_whole_and_streamed(FutureLink, GatewayConfig())
+    assert whole.content == streamed == THOUGHT + "It is noon."
+
+
+def _think_text_whole_and_streamed(link_class, config: GatewayConfig):
+    """The chat answer to ``think_text`` through the SDK, whole (its message) and streamed (the
+    content deltas joined), from a gateway over ``link_class(OutputClient())`` with ``config``."""
     client = OutputClient()
-    with TestClient(handlers_app(Tokenizers(None), FutureLink(client), GatewayConfig())) as http:
+    with TestClient(handlers_app(Tokenizers(None), link_class(client), config)) as http:
         sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
         kw = dict(model="m", messages=[{"role": "user", "content": "think_text"}], max_tokens=100)
         whole = sdk.chat.completions.create(**kw).choices[0].message
         streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kw, stream=True))
     for t in client.threads:
         t.join(10)
-    assert whole.content == streamed == THOUGHT + "It is noon."
+    return whole, streamed

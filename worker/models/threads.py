@@ -87,7 +87,7 @@ class ThreadTuner:
         self._until_probe = first_interval
         self._plan: list[int] = []  # the counts of the probe round under way, in order; [] outside a probe
         self._round: list[tuple[int, Hashable, float]] = []  # (count, key, seconds) of its steps so far
-        self._ratios: dict[int, list[tuple[float, float]]] = {}  # neighbour -> (its step's s, the current's), per round
+        self._pairs: dict[int, list[tuple[float, float]]] = {}  # neighbour -> (its step's s, the current's), per round
         self._rounds_tried = 0
         self._pending: int | None = None  # the count given for the step being run
 
@@ -123,12 +123,12 @@ class ThreadTuner:
             base = times[self.current]
             for c, s in times.items():
                 if c != self.current:
-                    self._ratios.setdefault(c, []).append((s, base))
+                    self._pairs.setdefault(c, []).append((s, base))
                     if s >= COLLAPSE * base:
                         clear = self.current
                     elif s * COLLAPSE <= base:
                         clear = c
-        done = min((len(r) for r in self._ratios.values()), default=0) >= self.rounds
+        done = min((len(r) for r in self._pairs.values()), default=0) >= self.rounds
         if clear is not None:
             self._decide(False, clear)
         elif done or self._rounds_tried >= 4 * self.rounds:
@@ -140,7 +140,7 @@ class ThreadTuner:
     def _decide(self, enough: bool, best: int | None = None) -> None:
         best, cost = self.current if best is None else best, 1.0 - self.margin
         if enough:
-            for c, pairs in self._ratios.items():
+            for c, pairs in self._pairs.items():
                 r = sum(s for s, _ in pairs) / max(sum(b for _, b in pairs), 1e-9)
                 if r < cost:
                     best, cost = c, r
@@ -149,5 +149,5 @@ class ThreadTuner:
             self.changes += 1
         else:
             self.interval = min(2 * self.interval, self.max_interval)
-        self._plan, self._ratios, self._rounds_tried = [], {}, 0
+        self._plan, self._pairs, self._rounds_tried = [], {}, 0
         self._until_probe = self.interval
