@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -28,7 +29,7 @@ from broker import BrokerConfig  # noqa: E402
 from client import Client  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from slotserve.launcher import ClusterConfig, LocalCluster  # noqa: E402
-from tests.support.cluster import ANY_PORT, ThreadWorker, registered  # noqa: E402
+from tests.support.cluster import ANY_PORT, ThreadWorker, on_worker, registered  # noqa: E402
 from tests.support.tiny_text import ScriptedTextModel  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
@@ -166,6 +167,9 @@ def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, tiny_text_d
     # the first step after both requests have the emoji's first byte blocks (one may have joined a
     # step later than the other: the other is then a byte further, still inside the emoji)
     hanging.hang_at_output, hanging.hang_rows = j + 1, 2
+    # and neither starts before the broker has both on the worker: a request a whole script
+    # ahead (its 30 tokens done before the other's first) would never share the blocking step
+    hanging.gate = threading.Event()
     healthy = ScriptedTextModel(tiny_text_dir, SCRIPT, len(PROMPT))
     codec = hanging.tokenizer
     with Client(cluster.frontend, model="migrating") as c, text_worker(cluster.backend, "migrating", hanging) as a:
@@ -173,6 +177,8 @@ def test_text_after_a_migration_is_the_decode_of_the_tokens(cluster, tiny_text_d
         streamed = {n: ([], []) for n in ("plain", "stop")}
         h = {n: c.submit_request(PROMPT, 30, on_token=streamed[n][0].append, on_text=streamed[n][1].append,
                                  **({"stop": [" 😀 日"]} if n == "stop" else {})) for n in streamed}
+        wait_until(lambda: on_worker(c, a.name) == 2, what="both requests on the hanging worker")
+        hanging.gate.set()
         assert hanging.hanging.wait(30)
         wait_until(lambda: all(len(x.tokens) >= j + 1 for x in h.values()), what="the emoji's first byte")
         assert all(len(x.tokens) <= j + 3 for x in h.values())  # inside the emoji (byte tokens j..j+3)

@@ -38,6 +38,12 @@ def registered(client, name: str) -> bool:
     return any(w.name == name for w in client.status().workers)
 
 
+def on_worker(client, name: str) -> int:
+    """How many requests the broker ``client`` talks to has assigned to the worker ``name`` (0 when
+    it lists no such worker)."""
+    return sum(w.inflight for w in client.status().workers if w.name == name)
+
+
 class ThreadWorker:
     """A real worker (engine, I/O thread, sockets) on a thread of this process,
     started at once: ``llm`` (a model object, default a SimulatedLLM) served

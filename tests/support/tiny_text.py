@@ -76,7 +76,10 @@ class ScriptedTextModel:
     chosen token. ``hang_at_output`` (with ``hang_rows``): instead, the first
     step of ``hang_rows`` sequences that all have at least that many output
     tokens blocks (requests that joined in different steps are then all past
-    the chosen token). ``step_s``: a slower model (seconds per step).
+    the chosen token). ``gate``: when given (an Event), the first step waits
+    for it: a test that submits several requests sets it once the broker has
+    them all on this worker, so none starts a script ahead of the others.
+    ``step_s``: a slower model (seconds per step).
     """
 
     def __init__(self, model_dir: str, text: str, prompt_len: int, *, hang_after: int | None = None,
@@ -100,11 +103,14 @@ class ScriptedTextModel:
         self.calls = 0
         self.release = threading.Event()
         self.hanging = threading.Event()
+        self.gate: threading.Event | None = None
 
     def next_tokens(self, sequences):
         import time
 
         self.calls += 1
+        if self.gate is not None and self.calls == 1:
+            self.gate.wait()
         at_output = self.hang_at_output is not None and len(sequences) == self.hang_rows and all(
             len(s) - self.prompt_len >= self.hang_at_output for s in sequences)
         if (self.hang_after is not None and self.calls == self.hang_after + 1) or (
