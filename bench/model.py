@@ -41,7 +41,7 @@ limits (minutes for a larger model).
 Per model, a table of the served systems (``served`` in the results, printed
 last; :func:`served_table`): ``slotserve-broker[P]`` for each ``--precisions``
 entry (any precision the worker's ``--precision`` takes: ModelOptions checks
-them) and ``llamacpp``, each with its best run's threads (``--threads 1,2``
+them; ``gguf-int8`` and ``gguf-bf16`` with the worker's ``--gguf-activations``) and ``llamacpp``, each with its best run's threads (``--threads 1,2``
 and ``--llamacpp-threads 1,2``: best of 1 and 2), useful tokens/s, the
 serving process's RSS after the run (MiB), how many of the N outputs equal
 the greedy reference's (hf-alone: HF ``generate`` on the dequantized fp32
@@ -132,14 +132,16 @@ def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
 
 def model_options(precision: str, threads: int):
     """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner;
-    ``P+specK``: precision P with ``speculative_tokens=K``)."""
+    ``P+specK``: precision P with ``speculative_tokens=K``; ``gguf-int8`` / ``gguf-bf16``: precision gguf
+    with ``gguf_activations`` int8 / bf16)."""
     from worker.models import ModelOptions
 
     if precision == "hf":
         return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads)
     precision, _, spec = precision.partition("+spec")
+    precision, _, activations = precision.partition("-")
     return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads,
-                        speculative_tokens=int(spec or 0))
+                        speculative_tokens=int(spec or 0), gguf_activations=activations or "auto")
 
 
 def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2, *, model=MODEL,

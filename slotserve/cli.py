@@ -175,17 +175,19 @@ def _plan_workers(model: str, workers: int | None, model_options):
 
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
-    --prefix-cache-mb/--kv-cache-dtype/--max-model-len/--chat-template/--pooling, passed on as one ``model_options``."""
+    --prefix-cache-mb/--kv-cache-dtype/--gguf-activations/--max-model-len/--chat-template/--pooling, passed on as one ``model_options``."""
     from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
-    from worker.models.options import DEFAULT_MAX_MODEL_LEN, KV_CACHE_DTYPES, POOLING_MODES
+    from worker.models.options import DEFAULT_MAX_MODEL_LEN, GGUF_ACTIVATIONS, KV_CACHE_DTYPES, POOLING_MODES
 
     @functools.wraps(command)
     def with_options(*args, device, precision, runner, max_prefill_tokens, speculative_tokens, cpu_linear, threads,
-                     prefix_cache_mb, kv_cache_dtype, max_model_len, chat_template, pooling, **kwargs):
+                     prefix_cache_mb, kv_cache_dtype, gguf_activations, max_model_len, chat_template, pooling,
+                     **kwargs):
         options = _config(ModelOptions, device=device, precision=precision, runner=runner,
                           max_prefill_tokens=max_prefill_tokens, speculative_tokens=speculative_tokens,
                           cpu_linear=cpu_linear, num_threads=threads, prefix_cache_mb=prefix_cache_mb,
-                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, chat_template=chat_template,
+                          kv_cache_dtype=kv_cache_dtype, gguf_activations=gguf_activations,
+                          max_model_len=max_model_len, chat_template=chat_template,
                           pooling=pooling)
         return command(*args, model_options=options, **kwargs)
 
@@ -230,6 +232,11 @@ def _model_options(command):
                      help="Element type of the KV and prefix caches (slotserve runner): bf16 halves the bytes "
                           "per slot (CPU; attention still computes in fp32), fp32, or auto (the activations': "
                           "fp32 on CPU, the precision's on CUDA)."),
+        click.option("--gguf-activations", type=click.Choice(GGUF_ACTIVATIONS, case_sensitive=False),
+                     default=_default(ModelOptions, "gguf_activations"), show_envvar=True,
+                     help="Precision gguf: the activations rounded to int8 per group (llama.cpp's Q8; VNNI and "
+                          "AMX-INT8, the faster), to bf16 (closer to fp32), or auto (int8 where the CPU has "
+                          "AVX-512 VNNI and VBMI). Speed and agreement of each: docs/models.md."),
         click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
                      help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
                           "many; a longer request is refused. At most the model's context. Default: the "

@@ -77,17 +77,20 @@ def test_no_quantised_tensor_is_dequantised_at_load(quantized_file, monkeypatch)
     assert set(seen) <= {"F32", "F16"}
 
 
-@pytest.fixture(params=["torch", "kernel"])
+@pytest.fixture(params=["torch", "kernel", "kernel-int8"])
 def product(request, monkeypatch):
     """What multiplies the stored weights: pure torch (fp32 on the dequantised weights: the file's
-    weights exactly), or the compiled kernel (bf16 activations; skipped where it does not run here)."""
+    weights exactly), or the compiled kernel with bf16 activations, or with int8 ones (skipped where
+    it does not run here)."""
     from worker.models.llama import qkernel
 
     if request.param == "torch":
         monkeypatch.setenv("SLOTSERVE_NO_KERNELS", "1")
     qkernel.load.cache_clear()
-    if request.param == "kernel" and qkernel.load() is None:
+    if request.param != "torch" and qkernel.load() is None:
         pytest.skip("the compiled GGUF kernel does not run here (no avx512_bf16 or no compiler)")
+    if request.param == "kernel-int8" and not qkernel.load().has_q8():
+        pytest.skip("int8 activations need AVX-512 VNNI and VBMI")
     yield request.param
     monkeypatch.delenv("SLOTSERVE_NO_KERNELS", raising=False)
     qkernel.load.cache_clear()
@@ -95,18 +98,23 @@ def product(request, monkeypatch):
 
 def _close(got, want, product):
     """Pure torch: fp32 tolerance. The kernel rounds activations to bf16 (8 bits of mantissa): within
-    2 % of the logits' norm (measured: 0.5 and 0.7 % on these files, AMX)."""
+    2 % of the logits' norm (measured: 0.5 and 0.7 % on these files, AMX); to int8 per group of the
+    weight: within 30 % (measured: up to 9 % on the random llama file, 22 % on the random qwen2 one, whose
+    activations have the larger outliers; 5-10 % on the real Qwen2.5-Coder-0.5B's HumanEval prompts). A
+    broken product is off by ~100 %; the product itself is checked exactly in test_qkernel."""
     if product == "torch":
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     else:
-        assert float((got - want).norm() / want.norm()) < 2e-2
+        assert float((got - want).norm() / want.norm()) < (2e-2 if product == "kernel" else 0.3)
 
 
 def test_gguf_logits_match_transformers_at_every_position(quantized_file, product):
     """A 24-token prompt then 6 decode steps at precision gguf, against transformers' fp32 forward."""
     arch, path, ref = quantized_file
-    model = load_model(path, precision="gguf")
+    activations = {"torch": "auto", "kernel": "bf16", "kernel-int8": "int8"}[product]
+    model = load_model(path, precision="gguf", gguf_activations=activations)
     assert ("pure torch" in model.weights.linear_kind) == (product == "torch")
+    assert ("int8 activations" in model.weights.linear_kind) == (product == "kernel-int8")
     w = model.weights
     assert w.precision == "gguf" and w.act_dtype == torch.float32 and w.greedy_head is None
     assert isinstance(w.embed, QuantizedEmbedding)

@@ -15,9 +15,10 @@ __all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotMode
            "load_model"]
 
 _RUNNER_OPTIONS = ("device", "precision", "runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear",
-                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "max_model_len", "chat_template", "pooling")
+                   "num_threads", "prefix_cache_mb", "kv_cache_dtype", "gguf_activations", "max_model_len", "chat_template",
+                   "pooling")
 _DECODER_OPTIONS = ("runner", "max_prefill_tokens", "speculative_tokens", "cpu_linear", "prefix_cache_mb",
-                    "kv_cache_dtype", "chat_template")
+                    "kv_cache_dtype", "gguf_activations", "chat_template")
 """The options of the decoder runners, which an embedding model does not take."""
 
 
@@ -92,6 +93,11 @@ def _load_real(name: str, options: dict):
                                       and _kernel_runs())
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear,
                                  opts.kv_cache_dtype, stored)
+    if runner is not None and runner.weights.precision == "gguf":
+        runner.weights.set_gguf_activations(opts.gguf_activations)
+    elif opts.gguf_activations != "auto":
+        raise ValueError(f"gguf_activations={opts.gguf_activations!r} applies to precision gguf (a GGUF file's "
+                         f"block-quantised weights as stored); {name!r} does not run at gguf here")
     if runner is None:
         if precision == "gguf":
             raise ValueError(f"precision gguf serves a GGUF file's own block-quantised weights; {name!r} is not a "

@@ -16,6 +16,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
 RUNNERS = ("auto", "slotserve", "hf")
 CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+GGUF_ACTIVATIONS = ("auto", "int8", "bf16")
 POOLING_MODES = ("last", "mean", "cls")
 """``--pooling``: the modes of :data:`worker.models.pooling.MODES`, the decoders' usual one first."""
 """``--kv-cache-dtype`` (vLLM's flag name): the KV cache's element type; auto is the activations'."""
@@ -74,6 +75,12 @@ class ModelOptions:
       CPU attention still computes in fp32, reading the keys and values
       upcast), or ``"auto"`` (the activations': fp32 on CPU, the precision's on
       CUDA, where only auto or that dtype is accepted, checked at load).
+    - ``gguf_activations``: how precision ``gguf``'s compiled kernel meets the stored codes
+      (:meth:`worker.models.llama.qkernel.Kernel.set_activations`): ``"int8"``, the activations
+      rounded to int8 per row and group of the weight (llama.cpp's Q8 activations; AVX-512 VNNI, and
+      AMX-INT8 tiles where the CPU has them), ``"bf16"``, rounded to bf16 (closer to the fp32
+      reference, slower), or ``"auto"``: int8 where this CPU runs it (VNNI and VBMI) for the 4- and
+      6-bit formats, else bf16. Either way every row's result is independent of the rows beside it.
     - ``max_model_len``: tokens per slot (prompt + ``max_tokens``; vLLM's
       ``--max-model-len``, llama.cpp's ``-c``), int >= 2, at most the model's
       trained context (ValueError at load past it); None: the context, at most
@@ -104,13 +111,15 @@ class ModelOptions:
     num_threads: int | None = None
     prefix_cache_mb: float | None = None
     kv_cache_dtype: str = "auto"
+    gguf_activations: str = "auto"
     max_model_len: int | None = None
     chat_template: str | None = None
     pooling: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("precision", PRECISIONS), ("runner", RUNNERS),
-                              ("cpu_linear", CPU_LINEARS), ("kv_cache_dtype", KV_CACHE_DTYPES)):
+                              ("cpu_linear", CPU_LINEARS), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("gguf_activations", GGUF_ACTIVATIONS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -134,6 +143,9 @@ class ModelOptions:
             raise ValueError(f"max_model_len must be None or an int >= 2 (tokens per slot), got {self.max_model_len!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):
             raise ValueError("chat_template must be a Jinja template's text or a file's path, not empty")
+        if self.gguf_activations != "auto" and self.precision not in ("auto", "gguf"):
+            raise ValueError(f"gguf_activations={self.gguf_activations!r} applies to precision gguf (a GGUF file's "
+                             f"stored weights), not {self.precision}")
         if self.kv_cache_dtype != "auto" and self.runner == "hf":
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs the slotserve runner (the hf runner's "
                              "cache has the weights' dtype); use kv_cache_dtype='auto'")

@@ -386,6 +386,269 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     return y;
 }
 
+// ---- int8 activations: the codes as unsigned bytes on VNNI (vpdpbusd) or AMX-INT8 (tdpbsud)
+//
+// x is rounded per row and group to int8 (llama.cpp's Q8 activations, one scale per group of the
+// weight: xs = max|x| / 127, xq = nearest(x / xs), so |x - xs * xq| <= xs / 2), each code is
+// u + low (u unsigned: NIB's nibble, SIX's 6 bits), and
+//     y[m, n] = sum_g (scale[n, g] * xs[m, g]) * (sum_{k in g} u[n, k] * xq[m, k])
+//             + (offset[n, g] + low * scale[n, g]) * (sum_{k in g} x[m, k])
+// The integer sums are exact, so both instruction sets give the same int32 per group, and every
+// row the same result whatever the rows beside it (the float epilogue is one code path).
+// The weights' codes stay in the layout above; each 16-row block is decoded once into "quads"
+// (wbuf: per 4 columns a zmm, dword j = row j's 4 codes as bytes, the B tiles' layout), NIB's in
+// the order (0, 2, 4, 6), (1, 3, 5, 7) per 8 columns (x's bytes are laid out to match, qrows()).
+// MAGIC and WIDE hold int8 codes: u = code + 128 (the sign bit flipped), so low is -128 there.
+namespace {
+
+constexpr int QR = 8;  // VNNI: activation rows in registers at once
+
+// quads of one 16-row block from its codes: K / 4 zmm
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512vbmi")))
+void quads_block(const uint8_t* w, int64_t K, __m512i* wbuf) {
+    if constexpr (KIND == NIB) {  // per 8 columns 64 bytes: pair i's 16 rows at 16 i
+        alignas(64) uint8_t idx[64];
+        for (int j = 0; j < 16; ++j)
+            for (int i = 0; i < 4; ++i) idx[4 * j + i] = static_cast<uint8_t>(16 * i + j);
+        const __m512i perm = _mm512_load_si512(idx), nib = _mm512_set1_epi8(15);
+        for (int64_t t = 0; t < K / 8; ++t) {
+            _mm_prefetch(reinterpret_cast<const char*>(w + K * 8 + t * 64), _MM_HINT_T1);  // the next block's
+            const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + t * 64));
+            _mm512_store_si512(wbuf + 2 * t, _mm512_and_si512(v, nib));
+            _mm512_store_si512(wbuf + 2 * t + 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+        }
+    } else if constexpr (KIND == WIDE || KIND == MAGIC) {  // int8 codes, per column pair 32 bytes (row j: 2j, 2j + 1)
+        alignas(64) uint8_t idx[64];
+        for (int j = 0; j < 16; ++j)  // dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
+            for (int i = 0; i < 4; ++i) idx[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
+        const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+        for (int64_t q = 0; q < K / 4; ++q) {  // u = code + 128: the sign bit flipped
+            _mm_prefetch(reinterpret_cast<const char*>(w + K * 16 + q * 64), _MM_HINT_T1);
+            const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + q * 64));
+            _mm512_store_si512(wbuf + q, _mm512_xor_si512(v, flip));
+        }
+    } else {  // SIX, per 4 columns 48 bytes: A (columns 0, 1), B (2, 3) nibble pairs, H high bit pairs
+        alignas(64) uint8_t idx[64], cn[64], ch[64];
+        for (int j = 0; j < 16; ++j) {  // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded)
+            idx[4 * j] = static_cast<uint8_t>(j); idx[4 * j + 1] = static_cast<uint8_t>(16 + j);
+            idx[4 * j + 2] = static_cast<uint8_t>(32 + j); idx[4 * j + 3] = 63;
+            for (int t = 0; t < 4; ++t) {  // bit offsets in the qword: nibble t at 4 t; h_t to bits 4-5
+                cn[4 * j + t] = static_cast<uint8_t>((j & 1) * 32 + 4 * t);
+                ch[4 * j + t] = static_cast<uint8_t>((j & 1) * 32 + 12 + 2 * t);
+            }
+        }
+        const __m512i perm = _mm512_load_si512(idx), ctrl_n = _mm512_load_si512(cn), ctrl_h = _mm512_load_si512(ch);
+        const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63);
+        for (int64_t q = 0; q < K / 4; ++q) {
+            _mm_prefetch(reinterpret_cast<const char*>(w + K * 12 + q * 48), _MM_HINT_T1);
+            const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, w + q * 48));
+            const __m512i n = _mm512_multishift_epi64_epi8(ctrl_n, v), h = _mm512_multishift_epi64_epi8(ctrl_h, v);
+            // low 4 bits from n, bits 4-5 from h
+            _mm512_store_si512(wbuf + q, _mm512_and_si512(_mm512_ternarylogic_epi32(n, h, low4, 0xE4), six));
+        }
+    }
+}
+
+struct QRows {
+    const int8_t* xq;    // [M, K], each group's bytes in its quads' order
+    const float* xs;     // [M, groups]
+    const float* xsum;   // [M, groups]
+    int64_t K, group, groups;
+};
+
+// the shared epilogue of a group: tot[r] += acc[r] * (scale * xs) + xsum * (offset + low * scale)
+template <int R>
+inline void q8_epilogue(const QRows& a, const Block& b, int64_t g, const __m512i* acc, __m512* tot) {
+    const __m512 s = _mm512_load_ps(b.sc + g * 16), o = _mm512_load_ps(b.of + g * 16);
+    for (int r = 0; r < R; ++r) {
+        const __m512 f = _mm512_mul_ps(s, _mm512_set1_ps(a.xs[r * a.groups + g]));
+        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), f, tot[r]);
+        tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
+    }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf) {
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t quads = a.group / 4;
+    for (int64_t g = 0; g < a.groups; ++g) {
+        __m512i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+        for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
+            const __m512i wv = _mm512_load_si512(wbuf + q);
+            for (int r = 0; r < R; ++r) {
+                int32_t xp;
+                std::memcpy(&xp, a.xq + r * a.K + 4 * q, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], wv, _mm512_set1_epi32(xp));
+            }
+        }
+        q8_epilogue<R>(a, b, g, acc, tot);
+    }
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+}
+
+// tiles: 0, 3 = C (rows x 16 int32), 1 = A (rows x group int8), 2 = B (group / 4 quads x 16 rows x 4)
+inline void amx8_config(int rows, int64_t group) {  // (the file's flags: -mamx-tile)
+    TileConfig c;
+    c.rows[0] = rows; c.colsb[0] = 64;
+    c.rows[3] = rows; c.colsb[3] = 64;
+    c.rows[1] = rows; c.colsb[1] = static_cast<uint16_t>(group);
+    c.rows[2] = static_cast<uint8_t>(group / 4); c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+template <int R>
+inline void q8_from(const QRows& a, const Block& b, int64_t g, const int32_t* cbuf, __m512* tot) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_load_si512(cbuf + r * 16);
+    q8_epilogue<R>(a, b, g, acc, tot);
+}
+
+// Group g's product runs on C tile g % 2 while group g - 1's tile is stored and group g - 2's
+// stored sums are scaled: the loads of a tile's store then find it written.
+template <int R>
+__attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
+void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf) {
+    alignas(64) int32_t cbuf[2][16 * 16];
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t quads = a.group / 4;
+    for (int64_t g = 0; g < a.groups; ++g) {
+        _tile_loadd(1, a.xq + g * a.group, a.K);
+        _tile_loadd(2, wbuf + g * quads, 64);
+        if (g % 2 == 0) {
+            _tile_zero(0);
+            _tile_dpbsud(0, 1, 2);
+            if (g) _tile_stored(3, cbuf[1], 64);
+        } else {
+            _tile_zero(3);
+            _tile_dpbsud(3, 1, 2);
+            _tile_stored(0, cbuf[0], 64);
+        }
+        if (g >= 2) q8_from<R>(a, b, g - 2, cbuf[g % 2], tot);
+    }
+    const int64_t last = a.groups - 1;
+    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
+    else _tile_stored(3, cbuf[1], 64);
+    if (last >= 1) q8_from<R>(a, b, last - 1, cbuf[(last - 1) % 2], tot);
+    q8_from<R>(a, b, last, cbuf[last % 2], tot);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+}
+
+// x fp32 [M, K] -> QRows' arrays: per row and group the scale, the int8 values (NIB: per 8 columns
+// the even ones, then the odd ones) and the sum of x
+void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t* xq, float* xs, float* xsum) {
+    const int64_t groups = K / group;
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    for (int64_t m = 0; m < M; ++m) {
+        for (int64_t g = 0; g < groups; ++g) {
+            const float* v = x + m * K + g * group;
+            __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+            for (int64_t k = 0; k < group; k += 16) {
+                const __m512 t = _mm512_loadu_ps(v + k);
+                amax = _mm512_max_ps(amax, _mm512_abs_ps(t));
+                sum = _mm512_add_ps(sum, t);
+            }
+            const float mx = _mm512_reduce_max_ps(amax);
+            xs[m * groups + g] = mx / 127.0f;
+            xsum[m * groups + g] = _mm512_reduce_add_ps(sum);
+            const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            int8_t* out = xq + m * K + g * group;
+            for (int64_t k = 0; k < group; k += 16) {
+                __m128i b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + k), inv)));
+                if (kind == NIB) b = _mm_shuffle_epi8(b, order);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), b);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+bool has_q8() {  // the CPU's VNNI and VBMI (the AMX-INT8 tiles as has_amx())
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+}
+
+// qmm with x rounded to int8 per row and group (above): x fp32 [M, K]; any kind; amx: rows
+// above vnni_rows on AMX-INT8 tiles (M <= 16 or a multiple of 16 there), else all on VNNI.
+torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
+                   int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N,
+                   bool amx, int64_t vnni_rows) {
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x: contiguous fp32 [M, K]");
+    TORCH_CHECK(has_q8(), "int8 activations need AVX-512 VNNI and VBMI");
+    TORCH_CHECK(kind >= NIB && kind <= SIX, "kind: 0, 1, 2 or 3");
+    const int64_t base = kind == NIB || kind == SIX ? low : -128;  // code = u + base (MAGIC, WIDE: u = code + 128)
+    const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
+    TORCH_CHECK(group % 16 == 0 && K % group == 0 && (kind != NIB || group % 8 == 0), "K: whole groups of 16 or 32 columns");
+    TORCH_CHECK(sd.numel() > 0, "scales: d is required");
+    const Factors sf = factors(sd, sq, sshift, blocks, groups, "scales"), of = factors(od, oq, oshift, blocks, groups, "offsets");
+    TORCH_CHECK(packed.numel() == blocks * K * column_bytes(kind), "codes do not fit the blocked layout");
+    const bool tiles = amx && M > vnni_rows;
+    if (tiles) {
+        TORCH_CHECK(group <= 64, "AMX: groups of at most 64 columns");
+        TORCH_CHECK(M <= 16 || M % 16 == 0, "AMX: up to 16 rows, or a multiple of 16");
+        TORCH_CHECK(amx_ready(), "AMX: the OS refused the tile state (arch_prctl)");
+    }
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    auto xq = torch::empty({M, K}, x.options().dtype(torch::kChar));
+    auto xf = torch::empty({2, M, groups}, x.options());
+    qrows(x.data_ptr<float>(), M, K, group, static_cast<int>(kind), xq.data_ptr<int8_t>(), xf[0].data_ptr<float>(),
+          xf[1].data_ptr<float>());
+    const QRows a{xq.data_ptr<int8_t>(), xf[0].data_ptr<float>(), xf[1].data_ptr<float>(), K, group, groups};
+    const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const int64_t block_bytes = K * column_bytes(kind);
+    at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+        std::unique_ptr<__m512i, decltype(&std::free)> wbuf(
+            static_cast<__m512i*>(std::aligned_alloc(64, K / 4 * sizeof(__m512i))), &std::free);
+        std::unique_ptr<float, decltype(&std::free)> fbuf(
+            static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
+        float* sbuf = fbuf.get();
+        float* obuf = sbuf + groups * 16;
+        if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        for (int64_t i = b0; i < b1; ++i) {
+            const int64_t valid = std::min<int64_t>(16, N - i * 16);
+            expand(sf.of_block(i), of.of_block(i), -static_cast<float>(base), groups, sbuf, obuf);
+            switch (kind) {
+                case NIB: quads_block<NIB>(wp + i * block_bytes, K, wbuf.get()); break;
+                case SIX: quads_block<SIX>(wp + i * block_bytes, K, wbuf.get()); break;
+                default: quads_block<WIDE>(wp + i * block_bytes, K, wbuf.get());
+            }
+            const Block b{nullptr, sbuf, obuf, yp + i * 16, N, static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
+            const int64_t step = tiles ? 16 : QR;
+            for (int64_t m0 = 0; m0 < M; m0 += step) {
+                QRows part = a;
+                part.xq = a.xq + m0 * K;
+                part.xs = a.xs + m0 * groups;
+                part.xsum = a.xsum + m0 * groups;
+                Block out = b;
+                out.y = b.y + m0 * N;
+                const int64_t r = std::min<int64_t>(step, M - m0);
+                if (tiles) {
+                    switch (r) {
+#define CASE(n) case n: amx8_chunk<n>(part, out, wbuf.get()); break;
+                        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+                        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
+                    }
+                } else {
+                    switch (r) {
+#define CASE(n) case n: vnni_block<n>(part, out, wbuf.get()); break;
+                        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+                    }
+                }
+            }
+        }
+        if (tiles) _tile_release();
+    });
+    return y;
+}
+
 // The transposed weight W.T [K, N] (fp32: exactly dequantize()'s values, fl(scale * code) + offset;
 // or those rounded to bf16, nearest even), for products with many rows on a GEMM library.
 torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
@@ -759,5 +1022,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
     m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
     m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
+    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX-512 VNNI or AMX-INT8)");
+    m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (AVX-512 VNNI and VBMI)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (asks the OS once)");
 }

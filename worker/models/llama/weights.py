@@ -214,7 +214,7 @@ class LlamaWeights:
         self.embed, self.head = embedding_and_head(source, self.layers[0].qkv, precision, device, act, head_kind)
         if precision == "gguf":
             prepare_stored(self.head)
-            self.linear_kind += stored_product()
+            self.set_gguf_activations("auto")
         self.greedy_head = greedy_head(source, self.embed, self.head, precision, on_cpu, screen_head)
         self.scaling = fam.scaling
         self.consts = StepConsts.of(source.config, self.scaling, on_cpu, shape.head_dim)
@@ -230,6 +230,28 @@ class LlamaWeights:
         # the compiled decode attention (worker.models.llama.attnkernel; built here, not at the first step),
         # or None: batched products. The forward uses it where it runs the cache (attnkernel.runs).
         self.attention_kernel = attnkernel.load() if on_cpu and act == torch.float32 else None
+
+    def set_gguf_activations(self, activations: str) -> None:
+        """At precision ``gguf``: how every compiled product meets the stored codes
+        (``ModelOptions.gguf_activations``; :meth:`~worker.models.llama.qkernel.Kernel.set_activations`),
+        said in :attr:`linear_kind`. ValueError as that method (``"int8"`` where it does not run)."""
+        kernels = [w.kernel for w in self.stored_weights() if w.kernel is not None]
+        if activations != "auto" and not kernels:
+            raise ValueError(f"gguf_activations={activations!r} needs the compiled kernel, which does not run here "
+                             "(the stored weights multiply in pure torch)")
+        for k in kernels:
+            k.set_activations(activations)
+        self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(sum(k.int8 for k in kernels), len(kernels))
+
+    def stored_weights(self) -> list:
+        """The QuantizedWeights this model multiplies (layers' parts and the head), each once."""
+        out, seen = [], set()
+        for linear in [w for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [self.head]:
+            for w in getattr(linear, "parts", (linear,)):
+                if isinstance(w, QuantizedWeight) and id(w) not in seen:
+                    seen.add(id(w))
+                    out.append(w)
+        return out
 
     @property
     def nbytes(self) -> int:
@@ -304,14 +326,22 @@ def prepare_stored(linear) -> None:
             w.prepare()
 
 
-def stored_product() -> str:
-    """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`."""
+def stored_product(int8: int = 0, kernels: int = 0) -> str:
+    """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`: ``int8`` of the
+    ``kernels`` compiled products with int8 activations (:meth:`LlamaWeights.set_gguf_activations`)."""
     from worker.models.llama import qkernel
 
     module = qkernel.load()
     if module is None:
         return " (pure torch: fp32 on the dequantised weights)"
-    return " (compiled kernel, AMX-BF16)" if module.has_amx() else " (compiled kernel, AVX-512 BF16)"
+    amx = module.has_amx()
+    bf16 = "AMX-BF16" if amx else "AVX-512 BF16"
+    if not int8:
+        return f" (compiled kernel, bf16 activations, {bf16})"
+    int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
+    if int8 == kernels:
+        return f" (compiled kernel, int8 activations, {int8_kind})"
+    return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16})"
 
 
 def stored_formats(source: LlamaSource) -> str:
