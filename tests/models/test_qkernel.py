@@ -225,3 +225,21 @@ def test_activations_are_checked(module):
         w.kernel.set_activations("fp8")
     w.kernel.set_activations("bf16")
     assert not w.kernel.int8
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2], LAYOUTS[3], LAYOUTS[6]])  # NIB, SIX, WIDE, SIX 5-bit
+@pytest.mark.parametrize("n", [48, 100])  # 100: a last pair of blocks with one of 4 rows
+def test_prefill_rows_run_on_the_bf16_rounded_weights_over_all_of_k(module, layout, n):
+    """Above TILE_ROWS rows (int8 activations, AMX) the product is bf16 x times the file's weight
+    rounded to bf16 (dequant_t's bf16), fp32 sums: one C tile over all of K."""
+    if not module.has_amx():
+        pytest.skip("no AMX tiles in this process")
+    w = weight(*layout, n, K, seed=n).prepare()
+    w.kernel.set_activations("int8")
+    m = qkernel.TILE_ROWS + 13
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(5))
+    want = x.bfloat16().double() @ w.kernel.transposed(True).double()
+    got = w(x)
+    assert got.shape == (m, n)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()

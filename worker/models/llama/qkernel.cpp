@@ -649,6 +649,130 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     return y;
 }
 
+// ---- Many rows (a prefill chunk): each 16-row block's weights decoded once into bf16 B tiles with
+// their scales and offsets applied (bf16(fl(scale * code) + offset): the file's weight rounded to
+// bf16, as dequant_t(bf16) gives it), then every 16 activation rows multiply them over all of K in
+// one C tile (tdpbf16ps per 32 columns, no per-group work): the products of a GEMM library on a
+// bf16 weight, with the weight at rest still as stored.
+namespace {
+
+// pair p of a block as two fp32 vectors (columns 2p, 2p + 1; lane j = row j), codes only
+inline void codes_f32(int64_t kind, const uint8_t* w, int64_t p, int64_t low, __m512* c) {
+    const __m512i low_v = _mm512_set1_epi32(static_cast<int>(low));
+    if (kind == SIX) {
+        const __m512i u = six_u(w, p);
+        c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)), low_v));
+        c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(u, 16), low_v));
+    } else if (kind == NIB) {
+        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + p * 16)));
+        c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(d, _mm512_set1_epi32(15)), low_v));
+        c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(d, 4), low_v));
+    } else {
+        const __m512i d = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32)));
+        c[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 16), 16));
+        c[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(d, 16));
+    }
+}
+
+// one block's weights as bf16 B tiles: wbuf[p] = pair p's 16 rows x (column 2p, 2p + 1)
+void bf16_block(int64_t kind, const uint8_t* w, int64_t K, int64_t group, int64_t low, const Factor& sf,
+                const Factor& of, bool off, __m512i* wbuf) {
+    const int64_t pairs = group / 2, bytes = K * column_bytes(kind);
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t g = 0; g < K / group; ++g) {
+        const __m512 s = factor(sf, g);
+        const __m512 o = off ? factor(of, g) : _mm512_setzero_ps();
+        for (int64_t p = g * pairs; p < (g + 1) * pairs; ++p) {
+            if (p % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + p * 2 * column_bytes(kind)), _MM_HINT_T1);
+            __m512 c[2];
+            codes_f32(kind, w, p, low, c);
+            __m512 v0 = _mm512_mul_ps(c[0], s), v1 = _mm512_mul_ps(c[1], s);  // then the offset, as dequantize()
+            if (off) { v0 = _mm512_add_ps(v0, o); v1 = _mm512_add_ps(v1, o); }
+            // cvtne2ps: v0's 16 bf16 low, v1's high; interleave to (v0[j], v1[j]) pairs
+            _mm512_store_si512(wbuf + p, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(v1, v0)));
+        }
+    }
+}
+
+}  // namespace
+
+// x: bf16 [M, K], M a multiple of 16; the weight as qmm takes it. Returns fp32 [M, N]: x times the
+// weight rounded to bf16, fp32 sums (AMX-BF16).
+torch::Tensor qmm_tiles(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd,
+                        torch::Tensor sq, int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift,
+                        int64_t group, int64_t N) {
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [M, K]");
+    const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
+    TORCH_CHECK(M % 16 == 0, "rows: a multiple of 16");
+    TORCH_CHECK(group % 2 == 0 && K % group == 0 && K % 32 == 0, "K: whole groups, a multiple of 32");
+    TORCH_CHECK(kind >= NIB && kind <= SIX && (kind != SIX || group % 4 == 0), "kind: 0, 1, 2 or 3");
+    TORCH_CHECK(packed.numel() == blocks * K * column_bytes(kind), "codes do not fit the blocked layout");
+    TORCH_CHECK(sd.numel() > 0, "scales: d is required");
+    TORCH_CHECK(amx_ready(), "AMX: the OS refused the tile state (arch_prctl)");
+    const Factors sf = factors(sd, sq, sshift, blocks, groups, "scales"), of = factors(od, oq, oshift, blocks, groups, "offsets");
+    const bool off = od.numel() > 0;
+    auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
+    if (M == 0 || N == 0) return y;
+    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const int64_t block_bytes = K * column_bytes(kind);
+    // two weight blocks (32 output columns) a task: 2 x 2 C tiles, so each A and B tile loaded serves two
+    // tile products
+    at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+        std::unique_ptr<__m512i, decltype(&std::free)> wbuf(
+            static_cast<__m512i*>(std::aligned_alloc(64, K * sizeof(__m512i))), &std::free);
+        __m512i* wb[2] = {wbuf.get(), wbuf.get() + K / 2};
+        alignas(64) float cbuf[16 * 16];
+        TileConfig c;  // 0-3 = C (16 x 16 fp32: rows h, block b at 2 h + b); 4, 5 = A (16 rows x 32 bf16); 6, 7 = B
+        for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
+        _tile_loadconfig(&c);
+        for (int64_t pr = p0; pr < p1; ++pr) {
+            const int64_t i0 = 2 * pr, nb = std::min<int64_t>(2, blocks - i0);
+            for (int64_t b = 0; b < 2; ++b)  // a missing second block: zero weights, its sums unused
+                if (b < nb) bf16_block(kind, wp + (i0 + b) * block_bytes, K, group, low, sf.of_block(i0 + b),
+                                       of.of_block(i0 + b), off, wb[b]);
+                else std::memset(static_cast<void*>(wb[b]), 0, K / 2 * sizeof(__m512i));
+            for (int64_t m0 = 0; m0 < M; m0 += 32) {
+                const bool two = m0 + 16 < M;
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                for (int64_t t = 0; t < K / 32; ++t) {
+                    _tile_loadd(6, wb[0] + t * 16, 64);
+                    _tile_loadd(7, wb[1] + t * 16, 64);
+                    _tile_loadd(4, xp + m0 * K + t * 32, K * 2);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (two) {
+                        _tile_loadd(5, xp + (m0 + 16) * K + t * 32, K * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                for (int h = 0; h < (two ? 2 : 1); ++h)
+                    for (int64_t b = 0; b < nb; ++b) {
+                        const int64_t valid = std::min<int64_t>(16, N - (i0 + b) * 16);
+                        float* out = yp + (m0 + 16 * h) * N + (i0 + b) * 16;
+                        float* dst = valid == 16 ? out : cbuf;
+                        const int64_t ld = valid == 16 ? N * 4 : 64;
+                        switch (2 * h + b) {  // tile numbers are immediates
+                            case 0: _tile_stored(0, dst, ld); break;
+                            case 1: _tile_stored(1, dst, ld); break;
+                            case 2: _tile_stored(2, dst, ld); break;
+                            default: _tile_stored(3, dst, ld);
+                        }
+                        if (valid < 16)
+                            for (int r = 0; r < 16; ++r)
+                                _mm512_mask_storeu_ps(out + r * N, static_cast<__mmask16>((1u << valid) - 1),
+                                                      _mm512_load_ps(cbuf + r * 16));
+                    }
+            }
+        }
+        _tile_release();
+    });
+    return y;
+}
+
 // The transposed weight W.T [K, N] (fp32: exactly dequantize()'s values, fl(scale * code) + offset;
 // or those rounded to bf16, nearest even), for products with many rows on a GEMM library.
 torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
@@ -666,7 +790,6 @@ torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::
     char* outp = static_cast<char*>(out.data_ptr());
     const int64_t esize = bf16 ? 2 : 4, block_bytes = K * column_bytes(kind);
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        const __m512i low_v = _mm512_set1_epi32(static_cast<int>(low)), nib = _mm512_set1_epi32(15);
         for (int64_t b = b0; b < b1; ++b) {
             const int64_t valid = std::min<int64_t>(16, N - b * 16);
             const __mmask16 m = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
@@ -677,20 +800,7 @@ torch::Tensor dequant_t(torch::Tensor packed, int64_t kind, int64_t low, torch::
                 const __m512 o = off ? factor(bo, g) : _mm512_setzero_ps();
                 for (int64_t p = g * pairs; p < (g + 1) * pairs; ++p) {
                     __m512 c[2];
-                    if (kind == SIX) {  // dword j = row j's (even, odd) u as 16-bit words
-                        const __m512i u = six_u(w, p);
-                        c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)), low_v));
-                        c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(u, 16), low_v));
-                    } else if (kind == NIB) {
-                        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + p * 16)));
-                        c[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_and_si512(d, nib), low_v));
-                        c[1] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(d, 4), low_v));
-                    } else {
-                        // dword j = row j's (even, odd) codes as int16 words: split by shifts
-                        __m512i d = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32)));
-                        c[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 16), 16));
-                        c[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(d, 16));
-                    }
+                    codes_f32(kind, w, p, low, c);
                     for (int h = 0; h < 2; ++h) {
                         __m512 v = _mm512_mul_ps(c[h], s);  // then the offset: two roundings, as dequantize()
                         if (off) v = _mm512_add_ps(v, o);
@@ -1022,6 +1132,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
     m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
     m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
+    m.def("qmm_tiles", &qmm_tiles, "y = x @ W.T for many rows: W decoded to bf16 tiles per block, AMX-BF16 over all of K");
     m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX-512 VNNI or AMX-INT8)");
     m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (AVX-512 VNNI and VBMI)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (asks the OS once)");

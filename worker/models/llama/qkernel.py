@@ -67,7 +67,7 @@ class Kernel:
     def set_activations(self, activations: str) -> None:
         """``"int8"``: the activations rounded to int8 per row and group (``qmm8``: VNNI, AMX-INT8
         tiles above :data:`VNNI_ROWS` rows where the process may use them), as llama.cpp's Q8
-        activations; ``"bf16"``: rounded to bf16 (``qmm``); ``"auto"``: int8 where it runs (this
+        activations, and above :data:`TILE_ROWS` rows (AMX) bf16 tiles of the weights (``qmm_tiles``); ``"bf16"``: rounded to bf16 (``qmm``); ``"auto"``: int8 where it runs (this
         CPU has AVX-512 VNNI and VBMI; groups of 16 or 32 columns: every GGUF block format).
         ValueError for ``"int8"`` where it does not run, or another value."""
         if activations not in ACTIVATIONS:
@@ -81,6 +81,13 @@ class Kernel:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, m = self.weight, x.shape[0]
+        if self.int8 and self.amx and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
+            xb = x.to(torch.bfloat16)
+            if m % 16:
+                xb = torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])])
+            y = self.module.qmm_tiles(xb.contiguous(), w.packed, kind(w), w.low, *factor_args(w), w.group,
+                                      w.out_features)
+            return y[:m] if m % 16 else y
         if self.int8 and (self.amx or m <= self.rows):
             return self._qmm8(x.to(torch.float32).contiguous())
         xb = x.to(torch.bfloat16).contiguous()
@@ -120,6 +127,12 @@ _EMPTY = torch.empty(0)
 
 ACTIVATIONS = ("auto", "int8", "bf16")
 """``ModelOptions.gguf_activations``: how the activations meet the codes (:meth:`Kernel.set_activations`)."""
+
+TILE_ROWS = 64
+"""With int8 activations on AMX: above this many rows (a prefill chunk) the product runs on the
+weights decoded per 16-row block to bf16 tiles (``qmm_tiles``: the file's weights rounded to bf16,
+bf16 activations, fp32 sums over all of K), up to it on int8 activations. Decode batches of up to 64
+rows are then row-invariant; a prompt's rows follow their chunk's size."""
 
 VNNI_ROWS = 8
 """Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured: at 8
