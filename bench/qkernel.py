@@ -9,6 +9,9 @@ fp16 d per 256 and an int8 scale per 16), multiplied by ``rows`` activation rows
 - ``kernel``: the compiled product on the codes as stored (:mod:`worker.models.llama.qkernel`;
   AMX-BF16 tiles where the process may use them), activations rounded to bf16; ``avx512``: its
   AVX-512 BF16 product (what a CPU without AMX runs), up to 64 rows;
+- ``int8``: what ``--gguf-activations int8`` (auto, where the CPU has VNNI and VBMI) runs: activations
+  rounded to int8 per group on VNNI (up to 8 rows) or AMX-INT8 tiles (up to 64), above 64 rows (AMX)
+  the weights decoded to bf16 tiles per block (``qmm_tiles``);
 - ``wide-bf16`` / ``wide-fp32``: the layer dequantised for the call (``W.T``)
   and one ``torch.mm`` (bf16: oneDNN's AMX / AVX-512 BF16 product);
 - ``bf16-dense``: a bf16 weight at rest, ``F.linear`` (what ``--precision bf16`` runs);
@@ -68,13 +71,17 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
         return lambda: [f(i, x) for i, x in enumerate(xs)]
 
     table = {
-        "kernel Q4_K": run(lambda i, x: q4[i].kernel(x)),  # what serving runs (AMX where the process may)
-        "kernel Q6_K": run(lambda i, x: q6[i].kernel(x)),
+        # what serving runs (AMX where the process may), with int8 and with bf16 activations
+        "kernel Q4_K": run(lambda i, x: q4[i].kernel._qmm(x.bfloat16().contiguous(), q4[i].kernel.amx)),
+        "kernel Q6_K": run(lambda i, x: q6[i].kernel._qmm(x.bfloat16().contiguous(), q6[i].kernel.amx)),
         "wide-bf16 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, True)),
         "wide-fp32 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, False)),
         "bf16-dense": run(lambda i, x: F.linear(x.bfloat16(), dense[i])),
         "int4pack": run(lambda i, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[i], 32, sz[i])),
     }
+    if q4[0].kernel.int8:  # int8 activations (--gguf-activations auto where the CPU has VNNI and VBMI)
+        table["int8 Q4_K"] = run(lambda i, x: q4[i].kernel(x))
+        table["int8 Q6_K"] = run(lambda i, x: q6[i].kernel(x))
     if q4[0].kernel.amx and rows <= 64:  # the AVX-512 BF16 product that CPUs without AMX run
         table["avx512 Q4_K"] = run(lambda i, x: q4[i].kernel._qmm(x.bfloat16().contiguous(), False))
     return table
