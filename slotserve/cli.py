@@ -234,9 +234,9 @@ def _model_options(command):
                           "fp32 on CPU, the precision's on CUDA)."),
         click.option("--gguf-activations", type=click.Choice(GGUF_ACTIVATIONS, case_sensitive=False),
                      default=_default(ModelOptions, "gguf_activations"), show_envvar=True,
-                     help="Precision gguf: the activations rounded to int8 per group (llama.cpp's Q8; VNNI and "
-                          "AMX-INT8, the faster), to bf16 (closer to fp32), or auto (int8 where the CPU has "
-                          "AVX-512 VNNI and VBMI). Speed and agreement of each: docs/models.md."),
+                     help="Precision gguf: the activations rounded to bf16 times the file's weights exactly "
+                          "(auto), or to int8 per group (llama.cpp's Q8; AVX-512 VNNI and AMX-INT8: 1.1-1.4x "
+                          "the tokens/s, further from fp32). Speed and agreement of each: docs/models.md."),
         click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
                      help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
                           "many; a longer request is refused. At most the model's context. Default: the "
