@@ -9,7 +9,7 @@ fp16 d per 256 and an int8 scale per 16), multiplied by ``rows`` activation rows
 - ``kernel``: the compiled product on the codes as stored (:mod:`worker.models.llama.qkernel`;
   AMX-BF16 tiles where the process may use them), activations rounded to bf16; ``avx512``: its
   AVX-512 BF16 product (what a CPU without AMX runs), up to 64 rows;
-- ``int8``: what ``--gguf-activations int8`` (auto, where the CPU has VNNI and VBMI) runs: activations
+- ``int8``: what ``--gguf-activations int8`` (where the CPU has VNNI and VBMI) runs: activations
   rounded to int8 per group on VNNI (up to 8 rows) or AMX-INT8 tiles (up to 64), above 64 rows (AMX)
   the weights decoded to bf16 tiles per block (``qmm_tiles``);
 - ``wide-bf16`` / ``wide-fp32``: the layer dequantised for the call (``W.T``)
@@ -79,9 +79,12 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
         "bf16-dense": run(lambda i, x: F.linear(x.bfloat16(), dense[i])),
         "int4pack": run(lambda i, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[i], 32, sz[i])),
     }
-    if q4[0].kernel.int8:  # int8 activations (--gguf-activations auto where the CPU has VNNI and VBMI)
-        table["int8 Q4_K"] = run(lambda i, x: q4[i].kernel(x))
-        table["int8 Q6_K"] = run(lambda i, x: q6[i].kernel(x))
+    if q4[0].kernel.module.has_q8():  # int8 activations (--gguf-activations int8: VNNI and VBMI)
+        q4i, q6i = layer("Q4_K", gen), layer("Q6_K", gen)
+        for w in q4i + q6i:
+            w.kernel.set_activations("int8")
+        table["int8 Q4_K"] = run(lambda i, x: q4i[i].kernel(x))
+        table["int8 Q6_K"] = run(lambda i, x: q6i[i].kernel(x))
     if q4[0].kernel.amx and rows <= 64:  # the AVX-512 BF16 product that CPUs without AMX run
         table["avx512 Q4_K"] = run(lambda i, x: q4[i].kernel._qmm(x.bfloat16().contiguous(), False))
     return table
