@@ -230,16 +230,30 @@ def test_activations_are_checked(module):
 @needs_q8
 @pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2], LAYOUTS[3], LAYOUTS[6]])  # NIB, SIX, WIDE, SIX 5-bit
 @pytest.mark.parametrize("n", [48, 100])  # 100: a last pair of blocks with one of 4 rows
-def test_prefill_rows_run_on_the_bf16_rounded_weights_over_all_of_k(module, layout, n):
-    """Above TILE_ROWS rows (int8 activations, AMX) the product is bf16 x times the file's weight
-    rounded to bf16 (dequant_t's bf16), fp32 sums: one C tile over all of K."""
+@pytest.mark.parametrize("activations", ["auto", "int8"])
+def test_prefill_rows_run_on_the_bf16_rounded_weights_over_all_of_k(module, layout, n, activations):
+    """Above TILE_ROWS rows (activations auto or int8, AMX) the product is bf16 x times the file's
+    weight rounded to bf16 (dequant_t's bf16), fp32 sums: one C tile over all of K."""
     if not module.has_amx():
         pytest.skip("no AMX tiles in this process")
     w = weight(*layout, n, K, seed=n).prepare()
-    w.kernel.set_activations("int8")
+    w.kernel.set_activations(activations)
     m = qkernel.TILE_ROWS + 13
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(5))
     want = x.bfloat16().double() @ w.kernel.transposed(True).double()
     got = w(x)
     assert got.shape == (m, n)
     assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_kernel
+def test_auto_decodes_on_the_files_weights_exactly(module):
+    """``auto`` (the default): up to TILE_ROWS rows the exact product of ``bf16`` (the file's weights
+    times bf16 activations), bit for bit."""
+    w = weight(0, 16, 32, True, "k", 100, K, seed=3).prepare()
+    x = torch.randn(qkernel.TILE_ROWS, K, generator=torch.Generator().manual_seed(6))
+    w.kernel.set_activations("auto")
+    got = [w(x[:m]) for m in (1, 8, qkernel.TILE_ROWS)]
+    w.kernel.set_activations("bf16")
+    for y in got:
+        assert torch.equal(y, w(x[:y.shape[0]]))

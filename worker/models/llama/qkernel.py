@@ -56,12 +56,12 @@ class Kernel:
     Otherwise the AVX-512 BF16 product (``amx=False``) up to ``rows`` rows, and above that :meth:`wide`.
     """
 
-    __slots__ = ("module", "weight", "rows", "amx", "int8")
+    __slots__ = ("module", "weight", "rows", "amx", "int8", "tiles")
 
     def __init__(self, module, weight, rows: int = KERNEL_ROWS, activations: str = "auto") -> None:
         self.module, self.weight, self.rows = module, weight, rows
         self.amx = bool(module.has_amx())
-        self.int8 = False
+        self.int8 = self.tiles = False
         self.set_activations(activations)
 
     def set_activations(self, activations: str) -> None:
@@ -69,10 +69,12 @@ class Kernel:
         tiles above :data:`VNNI_ROWS` rows where the process may use them), as llama.cpp's Q8
         activations, and above :data:`TILE_ROWS` rows (AMX) bf16 tiles of the weights
         (``qmm_tiles``); runs where the CPU has AVX-512 VNNI and VBMI (every GGUF block format).
-        ``"bf16"`` or ``"auto"``: rounded to bf16 (``qmm``), the file's weights exactly at every row
-        count (auto is bf16: on HE32 int8 kept fewer greedy answers identical to fp32 than
-        llama.cpp on SmolLM2 and Qwen2.5-Coder-0.5B, 9 and 24 against 12 and 25, bf16 more, 26
-        and 30). ValueError for ``"int8"`` where it does not run, or another value."""
+        ``"bf16"``: rounded to bf16 (``qmm``), the file's weights exactly at every row count.
+        ``"auto"`` (the default): bf16 up to :data:`TILE_ROWS` rows (decode: the file's weights
+        exactly), above them (a prefill chunk, AMX) the bf16 tiles as int8's (on HE32 int8 kept
+        fewer greedy answers identical to fp32 than llama.cpp on SmolLM2 and Qwen2.5-Coder-0.5B,
+        9 and 24 against 12 and 25; bf16 activations more, 26 and 30). ValueError for ``"int8"``
+        where it does not run, or another value."""
         if activations not in ACTIVATIONS:
             raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         w = self.weight
@@ -81,10 +83,11 @@ class Kernel:
             raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI (and groups of a "
                              f"multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
         self.int8 = activations == "int8"
+        self.tiles = activations != "bf16" and self.amx
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, m = self.weight, x.shape[0]
-        if self.int8 and self.amx and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
+        if self.tiles and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
             xb = x.to(torch.bfloat16)
             if m % 16:
                 xb = torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])])
@@ -132,10 +135,11 @@ ACTIVATIONS = ("auto", "int8", "bf16")
 """``ModelOptions.gguf_activations``: how the activations meet the codes (:meth:`Kernel.set_activations`)."""
 
 TILE_ROWS = 64
-"""With int8 activations on AMX: above this many rows (a prefill chunk) the product runs on the
-weights decoded per 16-row block to bf16 tiles (``qmm_tiles``: the file's weights rounded to bf16,
-bf16 activations, fp32 sums over all of K), up to it on int8 activations. Decode batches of up to 64
-rows are then row-invariant; a prompt's rows follow their chunk's size."""
+"""On AMX, with activations ``auto`` or ``int8``: above this many rows (a prefill chunk) the product
+runs on the weights decoded per 16-row block to bf16 tiles (``qmm_tiles``: the file's weights
+rounded to bf16, bf16 activations, fp32 sums over all of K), up to it on the mode's decode product.
+Decode batches of up to 64 rows are then row-invariant; a prompt's rows follow their chunk's size
+(``bf16``: every row count on the exact product)."""
 
 VNNI_ROWS = 8
 """Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured: at 8

@@ -241,7 +241,8 @@ class LlamaWeights:
                              "(the stored weights multiply in pure torch)")
         for k in kernels:
             k.set_activations(activations)
-        self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(sum(k.int8 for k in kernels), len(kernels))
+        self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(
+            sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels))
 
     def stored_weights(self) -> list:
         """The QuantizedWeights this model multiplies (layers' parts and the head), each once."""
@@ -326,9 +327,10 @@ def prepare_stored(linear) -> None:
             w.prepare()
 
 
-def stored_product(int8: int = 0, kernels: int = 0) -> str:
+def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False) -> str:
     """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`: ``int8`` of the
-    ``kernels`` compiled products with int8 activations (:meth:`LlamaWeights.set_gguf_activations`)."""
+    ``kernels`` compiled products with int8 activations, ``tiles`` prefill chunks on bf16 tiles
+    (:meth:`LlamaWeights.set_gguf_activations`)."""
     from worker.models.llama import qkernel
 
     module = qkernel.load()
@@ -336,12 +338,13 @@ def stored_product(int8: int = 0, kernels: int = 0) -> str:
         return " (pure torch: fp32 on the dequantised weights)"
     amx = module.has_amx()
     bf16 = "AMX-BF16" if amx else "AVX-512 BF16"
+    prefill = "; prefill chunks on bf16 tiles" if tiles else ""
     if not int8:
-        return f" (compiled kernel, bf16 activations, {bf16})"
+        return f" (compiled kernel, bf16 activations, {bf16}{prefill})"
     int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
     if int8 == kernels:
-        return f" (compiled kernel, int8 activations, {int8_kind})"
-    return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16})"
+        return f" (compiled kernel, int8 activations, {int8_kind}{prefill})"
+    return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16}{prefill})"
 
 
 def stored_formats(source: LlamaSource) -> str:
