@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from worker.models.threads import ThreadTuner, thread_counts
+from worker.models.threads import ThreadTuner, others_busy, thread_counts
 
 
 def drive(tuner: ThreadTuner, cost, steps: int, key=lambda i: (8, 0, 0)) -> list[int]:
@@ -67,6 +67,41 @@ def test_a_loaded_machine_moves_the_count_down_and_a_quiet_one_back_up():
     # quiet again from 900: back to 2 within a probe interval and a probe
     back = current.index(2, 900)
     assert back < 900 + 256 + 10 and set(current[back:]) == {2} and t.changes == 2
+
+
+def test_while_other_processes_are_busy_more_threads_are_not_probed():
+    """The loaded machine of the test above, with ``busy`` saying so during the load: once the count
+    is down, no step runs on 2 threads (a probe of more threads is what pays the collapse tails)
+    until the load ends; then the count climbs back as before."""
+    load = range(100, 900)
+
+    def cost(n, i):
+        if i in load:
+            return {1: 0.10, 2: 0.30}[n]
+        return {1: 0.06, 2: 0.04}[n]
+
+    now = [0]  # the step being run, for busy()
+    t = ThreadTuner(2, busy=lambda threads: now[0] in load)
+    used = drive(t, lambda n, i: now.__setitem__(0, i + 1) or cost(n, i), 1200)
+    down = next(i for i in load if all(u == 1 for u in used[i:i + 20]))
+    assert down < 100 + 256 + 10
+    assert all(u == 1 for u in used[down:900])  # held at 1 thread: no probe of 2 while busy
+    assert used[-1] == 2 and t.changes >= 2  # the quiet machine after the load: back to 2
+
+
+def test_busy_reads_the_load_average_less_the_own_threads(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.1, 2.0, 1.0))
+    assert others_busy(1) and others_busy(2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.4, 2.0, 1.0))
+    assert not others_busy(1)
+
+    def unreadable():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", unreadable)
+    assert not others_busy(1)
 
 
 def test_a_quiet_machine_keeps_every_core_and_probes_ever_less_often():

@@ -121,9 +121,9 @@ def _thread_tuner(runner, opts: ModelOptions):
     if opts.num_threads is not None or runner.device != "cpu" or runner.precision != "gguf" \
             or torch.get_num_threads() < 2 or runner.weights.attention_kernel is None or not _kernel_runs():
         return None
-    from worker.models.threads import ThreadTuner
+    from worker.models.threads import ThreadTuner, others_busy
 
-    return ThreadTuner(torch.get_num_threads())
+    return ThreadTuner(torch.get_num_threads(), busy=others_busy)
 
 
 def _model_len(opts: ModelOptions, max_cache_len):

@@ -33,7 +33,8 @@ attention split their work by output rows and heads, tested bitwise-equal at 1 a
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import os
+from collections.abc import Callable, Hashable
 
 
 COLLAPSE = 3.0
@@ -43,6 +44,18 @@ current count's (the count is kept) or the current count's takes this many times
 many steps, and more rounds of it would cost more than a decision could gain (measured: HE32
 beside two busy processes, in process, ran at 56-66 tokens/s with probes that waited for all their
 rounds, 27 steps at 2 threads taking 11.8 of its 31 s; 85 tokens/s at a fixed thread)."""
+
+
+def others_busy(threads: int) -> bool:
+    """Whether other processes keep at least a core busy: the 1-minute load average (``os.getloadavg``),
+    less the ``threads`` this process's steps run on, is 1 or more (False where it cannot be read).
+    A probe of more threads then waits: beside busy processes a step on more threads collapses now
+    and then (0.5-1.2 s against 50-100 ms), and those tails are what the probes cost (measured:
+    ``bench/threads.py``, the default's busy rounds at 60-102 tokens/s against 122 at 1 thread)."""
+    try:
+        return os.getloadavg()[0] - threads >= 1.0
+    except OSError:
+        return False
 
 
 def thread_counts(max_threads: int) -> tuple[int, ...]:
@@ -68,12 +81,15 @@ class ThreadTuner:
       count) after ``4 * rounds`` rounds without enough comparable ones.
     - ``margin``: how much cheaper (a fraction of the current count's step time) a neighbour must
       be to be chosen, so noise does not flip the count back and forth.
+    - ``busy``: called with the current count before a probe; while it says True only fewer
+      threads are probed (:func:`others_busy` for a worker; None: never, as in the tests' cost
+      models).
 
     ValueError for counts or intervals below 1 or a margin outside ``[0, 1)``.
     """
 
     def __init__(self, max_threads: int, *, first_interval: int = 2, max_interval: int = 256, rounds: int = 5,
-                 margin: float = 0.15) -> None:
+                 margin: float = 0.15, busy: Callable[[int], bool] | None = None) -> None:
         self.candidates = thread_counts(max_threads)
         if min(first_interval, max_interval, rounds) < 1 or first_interval > max_interval:
             raise ValueError(f"need 1 <= first_interval <= max_interval and rounds >= 1, got {first_interval}, "
@@ -82,6 +98,7 @@ class ThreadTuner:
             raise ValueError(f"margin must be in [0, 1), got {margin!r}")
         self.current = max_threads
         self.first_interval, self.max_interval, self.rounds, self.margin = first_interval, max_interval, rounds, margin
+        self.busy = busy
         self.interval = first_interval
         self.changes = 0  # how many times the count changed (for logs and tests)
         self._until_probe = first_interval
@@ -90,20 +107,33 @@ class ThreadTuner:
         self._pairs: dict[int, list[tuple[float, float]]] = {}  # neighbour -> (its step's s, the current's), per round
         self._rounds_tried = 0
         self._pending: int | None = None  # the count given for the step being run
+        self._up_held = False  # this probe leaves out more threads (busy said so at its start)
 
     def _neighbours(self) -> list[int]:
         i = self.candidates.index(self.current)
-        return [c for c in self.candidates[max(0, i - 1):i + 2] if c != self.current]
+        out = [c for c in self.candidates[max(0, i - 1):i + 2] if c != self.current]
+        if self.busy is not None and self._rounds_tried == 0 and any(c > self.current for c in out) \
+                and self.busy(self.current):
+            self._up_held = True  # decided at a probe's first round, kept for its rounds
+        return [c for c in out if c < self.current] if self._up_held else out
 
     def next_threads(self) -> int:
         """The thread count for the next step (then :meth:`record` it)."""
         if not self._plan and self._until_probe <= 0 and len(self.candidates) > 1:
+            neighbours = self._neighbours()
+            if not neighbours:  # only more threads to try, and other processes busy: wait a whole interval
+                self._up_held = False
+                self._until_probe = self.interval
+                return self._give(self.current)
             self._rounds_tried += 1
-            self._plan = [self.current, *self._neighbours()]
+            self._plan = [self.current, *neighbours]
             if self._rounds_tried % 2 == 0:  # alternate which goes first (a step can warm caches for the next)
                 self._plan.reverse()
-        self._pending = self._plan[len(self._round)] if self._plan else self.current
-        return self._pending
+        return self._give(self._plan[len(self._round)] if self._plan else self.current)
+
+    def _give(self, count: int) -> int:
+        self._pending = count
+        return count
 
     def record(self, key: Hashable, seconds: float) -> None:
         """The step just run had shape ``key`` (steps of equal keys do equal work) and took ``seconds``."""
@@ -149,5 +179,5 @@ class ThreadTuner:
             self.changes += 1
         else:
             self.interval = min(2 * self.interval, self.max_interval)
-        self._plan, self._pairs, self._rounds_tried = [], {}, 0
+        self._plan, self._pairs, self._rounds_tried, self._up_held = [], {}, 0, False
         self._until_probe = self.interval
