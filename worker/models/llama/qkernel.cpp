@@ -403,15 +403,21 @@ namespace {
 
 constexpr int QR = 8;  // VNNI: activation rows in registers at once
 
+struct alignas(64) Bytes64 {  // a byte table filled once (a function-local static: built on first use)
+    uint8_t b[64];
+    template <class Fill> explicit Bytes64(Fill fill) { fill(b); }
+};
+
 // quads of one 16-row block from its codes: K / 4 zmm
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 void quads_block(const uint8_t* w, int64_t K, __m512i* wbuf) {
     if constexpr (KIND == NIB) {  // per 8 columns 64 bytes: pair i's 16 rows at 16 i
-        alignas(64) uint8_t idx[64];
-        for (int j = 0; j < 16; ++j)
-            for (int i = 0; i < 4; ++i) idx[4 * j + i] = static_cast<uint8_t>(16 * i + j);
-        const __m512i perm = _mm512_load_si512(idx), nib = _mm512_set1_epi8(15);
+        static const Bytes64 idx([](uint8_t* t) {
+            for (int j = 0; j < 16; ++j)
+                for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>(16 * i + j);
+        });
+        const __m512i perm = _mm512_load_si512(idx.b), nib = _mm512_set1_epi8(15);
         for (int64_t t = 0; t < K / 8; ++t) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 8 + t * 64), _MM_HINT_T1);  // the next block's
             const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + t * 64));
@@ -419,26 +425,31 @@ void quads_block(const uint8_t* w, int64_t K, __m512i* wbuf) {
             _mm512_store_si512(wbuf + 2 * t + 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
         }
     } else if constexpr (KIND == WIDE || KIND == MAGIC) {  // int8 codes, per column pair 32 bytes (row j: 2j, 2j + 1)
-        alignas(64) uint8_t idx[64];
-        for (int j = 0; j < 16; ++j)  // dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
-            for (int i = 0; i < 4; ++i) idx[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
-        const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+        static const Bytes64 idx([](uint8_t* t) {  // dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
+            for (int j = 0; j < 16; ++j)
+                for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
+        });
+        const __m512i perm = _mm512_load_si512(idx.b), flip = _mm512_set1_epi8(static_cast<char>(0x80));
         for (int64_t q = 0; q < K / 4; ++q) {  // u = code + 128: the sign bit flipped
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 16 + q * 64), _MM_HINT_T1);
             const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + q * 64));
             _mm512_store_si512(wbuf + q, _mm512_xor_si512(v, flip));
         }
     } else {  // SIX, per 4 columns 48 bytes: A (columns 0, 1), B (2, 3) nibble pairs, H high bit pairs
-        alignas(64) uint8_t idx[64], cn[64], ch[64];
-        for (int j = 0; j < 16; ++j) {  // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded)
-            idx[4 * j] = static_cast<uint8_t>(j); idx[4 * j + 1] = static_cast<uint8_t>(16 + j);
-            idx[4 * j + 2] = static_cast<uint8_t>(32 + j); idx[4 * j + 3] = 63;
-            for (int t = 0; t < 4; ++t) {  // bit offsets in the qword: nibble t at 4 t; h_t to bits 4-5
-                cn[4 * j + t] = static_cast<uint8_t>((j & 1) * 32 + 4 * t);
-                ch[4 * j + t] = static_cast<uint8_t>((j & 1) * 32 + 12 + 2 * t);
+        static const Bytes64 idx([](uint8_t* t) {  // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded)
+            for (int j = 0; j < 16; ++j) {
+                t[4 * j] = static_cast<uint8_t>(j); t[4 * j + 1] = static_cast<uint8_t>(16 + j);
+                t[4 * j + 2] = static_cast<uint8_t>(32 + j); t[4 * j + 3] = 63;
             }
-        }
-        const __m512i perm = _mm512_load_si512(idx), ctrl_n = _mm512_load_si512(cn), ctrl_h = _mm512_load_si512(ch);
+        });
+        // bit offsets in the qword of rows j, j + 1: nibble t at 4 t; h_t to bits 4-5
+        static const Bytes64 cn([](uint8_t* t) {
+            for (int j = 0; j < 64; ++j) t[j] = static_cast<uint8_t>((j >> 2 & 1) * 32 + 4 * (j & 3));
+        });
+        static const Bytes64 ch([](uint8_t* t) {
+            for (int j = 0; j < 64; ++j) t[j] = static_cast<uint8_t>((j >> 2 & 1) * 32 + 12 + 2 * (j & 3));
+        });
+        const __m512i perm = _mm512_load_si512(idx.b), ctrl_n = _mm512_load_si512(cn.b), ctrl_h = _mm512_load_si512(ch.b);
         const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63);
         for (int64_t q = 0; q < K / 4; ++q) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 12 + q * 48), _MM_HINT_T1);

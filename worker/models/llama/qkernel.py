@@ -78,7 +78,7 @@ class Kernel:
         if activations not in ACTIVATIONS:
             raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         w = self.weight
-        runs = bool(self.module.has_q8()) and w.group % 16 == 0 and (kind(w) != NIBBLES or w.group % 8 == 0)
+        runs = bool(self.module.has_q8()) and w.group % 16 == 0
         if activations == "int8" and not runs:
             raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI (and groups of a "
                              f"multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
@@ -88,29 +88,18 @@ class Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, m = self.weight, x.shape[0]
         if self.tiles and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
-            xb = x.to(torch.bfloat16)
-            if m % 16:
-                xb = torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])])
-            y = self.module.qmm_tiles(xb.contiguous(), w.packed, kind(w), w.low, *factor_args(w), w.group,
-                                      w.out_features)
-            return y[:m] if m % 16 else y
+            y = self.module.qmm_tiles(_tile_rows(x.to(torch.bfloat16).contiguous()), w.packed, kind(w), w.low,
+                                      *factor_args(w), w.group, w.out_features)
+            return y[:m]
         if self.int8 and (self.amx or m <= self.rows):
-            return self._qmm8(x.to(torch.float32).contiguous())
+            x32 = x.to(torch.float32).contiguous()
+            y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, w.packed, kind(w), w.low,
+                                 *factor_args(w), w.group, w.out_features, self.amx, VNNI_ROWS)
+            return y[:m]
         xb = x.to(torch.bfloat16).contiguous()
         if self.amx and w.group in (16, 32):
-            if m > 16 and m % 16:  # AMX takes up to 16 rows, or a multiple of 16
-                return self._qmm(torch.cat([xb, xb.new_zeros(-m % 16, xb.shape[1])]), True)[:m]
-            return self._qmm(xb, True)
+            return self._qmm(_tile_rows(xb), True)[:m]
         return self.wide(x) if m > self.rows else self._qmm(xb, False)
-
-    def _qmm8(self, x: torch.Tensor) -> torch.Tensor:
-        w, m = self.weight, x.shape[0]
-        tiles = self.amx and m > VNNI_ROWS
-        if tiles and m > 16 and m % 16:  # AMX takes up to 16 rows, or a multiple of 16
-            x = torch.cat([x, x.new_zeros(-m % 16, x.shape[1])])
-        y = self.module.qmm8(x, w.packed, kind(w), w.low, *factor_args(w), w.group, w.out_features, self.amx,
-                             VNNI_ROWS)
-        return y[:m] if y.shape[0] != m else y
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
         w = self.weight
@@ -130,6 +119,13 @@ class Kernel:
 
 
 _EMPTY = torch.empty(0)
+
+
+def _tile_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as AMX tiles take rows: up to 16, or a multiple of 16 (zero rows appended; slice the
+    product's first ``len(x)`` rows)."""
+    m = x.shape[0]
+    return x if m <= 16 or m % 16 == 0 else torch.cat([x, x.new_zeros(-m % 16, x.shape[1])])
 
 ACTIVATIONS = ("auto", "int8", "bf16")
 """``ModelOptions.gguf_activations``: how the activations meet the codes (:meth:`Kernel.set_activations`)."""
