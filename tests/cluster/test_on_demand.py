@@ -112,7 +112,10 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
             assert states == {"model-a": "unloaded", "model-b": "unloaded"}
             sdk = openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="x", max_retries=0, timeout=60)
             for m in ("model-b", "model-a"):
-                out = sdk.completions.create(model=m, prompt=[1, 2, 3], max_tokens=3)
+                # the tiny model's weights are random: greedy and past its EOS, so that 3 tokens are "length"
+                # on every run (at OpenAI's default temperature 1 its EOS came within 3 tokens in CI stop 40)
+                out = sdk.completions.create(model=m, prompt=[1, 2, 3], max_tokens=3, temperature=0,
+                                             extra_body={"ignore_eos": True})
                 assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 3
             states = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
             assert states["model-a"] == "loaded" and states["model-b"] in ("unloaded", "loaded")  # b: going away

@@ -137,7 +137,8 @@ def test_a_model_without_fim_tokens_is_400_naming_them(cluster, oai, models, mod
     assert err["param"] == "input_suffix" and "fill-in-the-middle" in err["message"]
     r = _infill(cluster, models[mode], input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=4, stream=True)
     assert error_of(r, 400)["param"] == "input_suffix"  # before the stream starts
-    assert oai.completions.create(model=models[mode], prompt=PREFIX, max_tokens=2).usage.completion_tokens == 2
+    assert oai.completions.create(model=models[mode], prompt=PREFIX, max_tokens=2, temperature=0,
+                                  extra_body={"ignore_eos": True}).usage.completion_tokens == 2
 
 
 def test_suffix_refusals(cluster, oai, models):
