@@ -3,7 +3,7 @@
 One batched decode step of slotserve's Llama runner (:class:`~worker.models.llama.runner.LlamaRunner`)
 at 1, 8 and 32 slots, each slot holding ``--context`` (160) cached tokens, per precision
 (``fp32``, ``bf16``, ``gguf``: the GGUF file's own block-quantised weights, where the GGUF kernel
-runs) and thread count, split into:
+runs; ``gguf-int8`` / ``gguf-bf16``: with that ``--gguf-activations``) and thread count, split into:
 
 - ``linear``: the decoder layers' products (q/k/v, o, gate/up, down), whatever kernel runs them;
 - ``head``: the LM head (the screened head's bf16 screen and exact rows at fp32);
@@ -222,9 +222,11 @@ def measure(runner, prompts, slots: int, context: int, steps: int, profiled: int
 
 
 def load(name: str, precision: str):
+    """``precision``: fp32, bf16, gguf, or ``gguf-int8`` / ``gguf-bf16`` (gguf with that ``gguf_activations``)."""
     from worker.models import load_model
 
-    return load_model(name, precision=precision, runner="slotserve")
+    precision, _, activations = precision.partition("-")
+    return load_model(name, precision=precision, runner="slotserve", gguf_activations=activations or "auto")
 
 
 ATTENTION = ("fused", "batched")

@@ -137,9 +137,13 @@ rounded to bf16, bf16 activations, fp32 sums over all of K), up to it on the mod
 Decode batches of up to 64 rows are then row-invariant; a prompt's rows follow their chunk's size
 (``bf16``: every row count on the exact product)."""
 
-VNNI_ROWS = 8
-"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured: at 8
-rows VNNI 2.5 ms a Qwen2.5-1.5B layer against the tiles' 2.6, at 16 rows 3.9 against 3.4)."""
+VNNI_ROWS = 5
+"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured on a
+Qwen2.5-1.5B layer's shapes, 2 threads, best of 15, both in one run: Q4_K at 5 rows VNNI 1.34 ms
+against the tiles' 1.31, at 6 rows 1.43 against 1.31, at 8 rows 1.73 against 1.50; Q6_K at 5 rows
+1.96 against 2.13, at 6 rows 2.25 against 2.23, at 8 rows 2.55 against 2.53; at 1 row VNNI 0.88 and
+1.21 against 1.09 and 1.67. The tiles decode the next block during a block's products; VNNI decodes
+each block first.)"""
 
 NIBBLES, MAGIC, WIDE, SIX = 0, 1, 2, 3
 """How the kernel holds and decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table;
