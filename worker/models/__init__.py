@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from protocol.request import SamplingParams
 from worker.models.base import BatchPlan, SlotInput, SlotModel, StatelessModel, StepOutput
-from worker.models.heap import bound_onednn_caches, return_freed_memory
+from worker.models.heap import bound_onednn_caches, return_freed_memory, reuse_freed_memory
 from worker.models.options import ModelOptions
 
 __all__ = ["BatchPlan", "ModelOptions", "SamplingParams", "SlotInput", "SlotModel", "StatelessModel", "StepOutput",
@@ -53,6 +53,7 @@ def load_model(name: str, **options):
 
         template = chat_template_text(template)  # (a bad one fails before minutes of loading)
     model = _load_real(name, options)
+    reuse_freed_memory()  # from here, the iterations' temporaries reuse the heap's pages
     if template is not None:
         codec = getattr(model, "tokenizer", None)
         if not callable(getattr(codec, "with_chat_template", None)):

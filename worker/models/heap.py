@@ -1,5 +1,5 @@
-"""Handing freed heap memory back to the OS (glibc's ``malloc_trim``), and
-bounding oneDNN's per-shape caches.
+"""Handing freed heap memory back to the OS (glibc's ``malloc_trim``), keeping a serving
+loop's large temporaries on the heap (``mallopt``), and bounding oneDNN's per-shape caches.
 
 glibc keeps freed blocks on its heaps: after a large free it raises its mmap
 threshold, so later temporaries of that size (a prefill's activations) come
@@ -29,6 +29,35 @@ def trim_heap() -> None:
             _libc = False
     if _libc:
         _libc(0)
+
+
+REUSED_BYTES = 1 << 28
+"""glibc's mmap and trim thresholds while serving (256 MiB; :func:`reuse_freed_memory`)."""
+
+
+def reuse_freed_memory() -> None:
+    """Serve temporaries of up to :data:`REUSED_BYTES` from the heap and keep what they free there
+    (glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``); a no-op without glibc.
+
+    glibc maps a block above its mmap threshold afresh at each allocation and unmaps it at its
+    free; the threshold rises with the blocks freed, but to 32 MiB at most. So a temporary past
+    it (Qwen2.5-Coder-1.5B's gate/up product for a 512-token prefill chunk: 512 x 17920 fp32,
+    35 MiB) page-faulted all its pages at every layer. With both thresholds at 256 MiB such
+    temporaries come from the heap, and the pages they free stay there for the next ones (not
+    always: ``posix_memalign`` asks a little more than the block it freed, so a freed block is
+    reused once its neighbours are free too); the runner hands free pages back when it goes idle
+    (:func:`trim_heap`). Measured, the 1.5B at int8, 2 threads, one process each, two rounds: a
+    512-token prefill took 1,160-1,330 ms against 1,480-1,950 without; over 12 prefills of
+    97-512 tokens, 9 % less time, the RSS the same after each (1,402 -> 1,954 MiB both, the KV
+    cache filling). Called after a model loads (``load_model``), so the load's own large blocks
+    are mapped as before and unmapped when freed.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, REUSED_BYTES)  # M_MMAP_THRESHOLD
+    mallopt(-1, REUSED_BYTES)  # M_TRIM_THRESHOLD
 
 
 def return_freed_memory() -> None:
