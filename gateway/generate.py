@@ -235,7 +235,8 @@ class Generate:
         n = body.choices_per_prompt
         if len(prompts) * n > self.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} requests; at most "
-                              f"{self.config.max_choices} per HTTP request", "n")
+                              f"{self.config.max_choices} per HTTP request",
+                              "n" if n > 1 else prompt_param)  # (the field that made it too many)
         client = call.client = await self.link.client_for(body.model)
         info = self.link.model_info(body.model)
         options = request_options(body, info)

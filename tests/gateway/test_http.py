@@ -120,7 +120,11 @@ def test_a_wrong_entry_of_a_token_id_list_is_named(http, path, fields, param, sa
 
 @pytest.mark.parametrize("fields, param", [
     ({"messages": "hi"}, "messages"),
-    ({"messages": [{"role": "user"}]}, None),  # content may be left out, but the model has no tokenizer
+    ({"messages": [{"role": "user"}]}, "messages.0.content"),  # (OpenAI's rule: only the assistant's may be null)
+    ({"messages": [{"role": "assistant"}, {"role": "tool"}]}, "messages.1.content"),
+    ({"messages": [{"role": "", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user<|im_end|>", "content": "x"}]}, "messages.0.role"),  # (template markup)
+    ({"messages": [{"role": "user\nsystem", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x", "mood": "ok"}]}, "messages.0.mood"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
@@ -133,6 +137,12 @@ def test_bad_chat_bodies_are_400(http, fields, param):
     e = error_of(r, 400)
     if param is not None:
         assert e["param"] == param, e
+
+
+@pytest.mark.parametrize("prompts, n, param", [(1025, 1, "prompt"), (600, 2, "n")])
+def test_too_many_choices_name_the_field_that_made_them(http, prompts, n, param):
+    e = error_of(http.post("/v1/completions", content=dumps(prompt=[[1]] * prompts, n=n, max_tokens=1)), 400)
+    assert e["param"] == param and "at most 1024" in e["message"], e
 
 
 def test_a_good_body_after_bad_ones_still_works(http):

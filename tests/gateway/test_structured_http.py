@@ -77,6 +77,8 @@ def test_vllm_and_llamacpp_fields(cluster, text_model, extra, holds, path):
     ({"grammar": "root ::= ("}, "grammar"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format"),  # compiles, but no output can start it (was a 500 at its first token)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
      "response_format.json_schema.schema"),  # the edge's checks
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}, "response_format.json_schema.name"),

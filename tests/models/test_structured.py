@@ -96,6 +96,29 @@ def test_a_spec_that_does_not_compile_queues_nothing_and_the_batch_goes_on(smol)
     assert good.finish_reason == FinishReason.STOP and good.text in ("yes", "no")
 
 
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},  # only itself: no finite instance
+    {"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}},
+])
+def test_a_schema_with_no_output_the_engine_can_produce_is_a_bad_request(smol, schema):
+    """Kind "compiles, then fails at its first token" (a break-it pass sent these: HTTP 500 with the
+    engine's own text): refused at submit, as a spec that does not compile is, the batch untouched."""
+    engine = BatchInferenceEngine(smol, batch_size=2, stop_token="model")
+    good = engine.submit_request(ASK, 30, structured={"choice": ["yes", "no"]})
+    with pytest.raises(GrammarError, match="admits no output") as ei:
+        engine.submit_request(ASK, 10, structured={"json_schema": schema})
+    assert ei.value.code == "bad_request" and "<state>" not in str(ei.value)
+    engine.run()
+    assert good.finish_reason == FinishReason.STOP and good.text in ("yes", "no")
+
+
+def test_an_error_reply_keeps_the_detail_after_the_first_line():
+    from worker.models.grammar import _first_lines
+
+    error = "regex parse error:\n    ([\n     ^\nerror: unclosed character class\n<state>\nrows: 3\n</state>"
+    assert _first_lines(error) == "regex parse error: ([ ^ error: unclosed character class"
+
+
 def test_a_second_request_with_the_same_schema_compiles_nothing(smol):
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7}}, "required": ["n"],
               "additionalProperties": False}

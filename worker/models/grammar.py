@@ -191,6 +191,17 @@ class Grammars:
         matcher = llguidance.LLMatcher(self._llg(), grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{where} does not compile: {_first_lines(matcher.get_error())}")
+        # its first mask, on a copy: a spec that compiles can still fail there (a schema that only
+        # refers to itself, {"$ref": "#"}; a lexer past llguidance's item limit), which once ended
+        # the request at its first token as a model error (HTTP 500), not as a bad request
+        probe = matcher.deep_copy()
+        bits = self._fill([probe])
+        if probe.is_error():
+            raise GrammarError(f"{where} admits no output the grammar engine can produce (a schema with no "
+                               f"finite instance, such as one that only refers to itself, or too large a "
+                               f"lexer): {_first_lines(probe.get_error())}")
+        if not bool(bits.any()) and not probe.is_accepting():
+            raise GrammarError(f"{where} admits no output: no token can start it")
         return matcher
 
     # ---- slots
@@ -460,8 +471,10 @@ def _piece_spelling(data: dict):
 
 
 def _first_lines(message: str, limit: int = 400) -> str:
-    """An llguidance error, short enough for an error reply: its first line (what went wrong),
-    never the parser state llguidance appends after it (``<state>`` ... ``</state>``, rows, lexer
-    counters, the grammar), which is the engine's internals, not the client's business."""
-    message = message.strip().split("\n<state>", 1)[0].split("\n", 1)[0].strip()
+    """An llguidance error, short enough for an error reply: what it says before the parser state
+    llguidance appends (``<state>`` ... ``</state>``, rows, lexer counters, the grammar: the
+    engine's internals, not the client's business), its lines joined with spaces (a regex error's
+    detail follows its first line: ``regex parse error: ([ ^ error: unclosed character class``)."""
+    head = message.strip().split("\n<state>", 1)[0]
+    message = " ".join(" ".join(line.split()) for line in head.splitlines() if line.strip())
     return message if len(message) <= limit else message[:limit] + " ..."
