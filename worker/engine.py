@@ -37,7 +37,7 @@ from protocol.defaults import AGING_WINDOW
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_callbacks, check_vocab
 from worker.callbacks import complete, stream_text, stream_tokens
-from protocol.errors import UnsupportedError
+from protocol.errors import ContextLengthError, UnsupportedError
 from worker.errors import ModelError
 from worker.models.base import SlotModel
 from worker.planner import NO_CHUNKS, plan_chunks
@@ -239,10 +239,12 @@ class BatchInferenceEngine:
         return req
 
     def _tokenize(self, params: RequestParams) -> tuple[int, ...]:
-        """A text or chat prompt as token ids, by the model's tokenizer."""
+        """A text or chat prompt as token ids, by the model's tokenizer (ContextLengthError first,
+        untokenised, for a text whose bytes alone need more tokens than the context holds)."""
         tok = self._tokenizer
         if tok is None:
             raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        self._refuse_long_text(params, getattr(tok, "max_token_bytes", None))
         if params.suffix is not None:  # fill in the middle, in the model's own FIM tokens (worker/models/fim.py)
             infill = getattr(tok, "infill", None)
             if infill is None:
@@ -258,6 +260,25 @@ class BatchInferenceEngine:
                 kwargs["template_kwargs"] = json.loads(params.chat_template_kwargs)
             ids = tok.apply_chat_template(messages, **kwargs)
         return as_tokens(ids, "the tokenised prompt", allow_empty=False)
+
+    def _refuse_long_text(self, params: RequestParams, token_bytes: int | None) -> None:
+        """ContextLengthError when the prompt's text (with a chat's contents and a FIM suffix) has
+        more than ``max_seq_len x token_bytes`` UTF-8 bytes: at least that many tokens, whatever the
+        tokenizer does (``token_bytes``: the most bytes one token stands for,
+        ``HFTextCodec.max_token_bytes``; None: no bound). Tokenising 8 MB of text took 3.9 s of the
+        worker's loop (a break-it pass), to refuse it anyway."""
+        limit = self._limits.max_seq_len
+        if limit is None or not token_bytes:
+            return
+        prompt = params.prompt
+        texts = [prompt] if type(prompt) is str else [m.content for m in prompt if type(m.content) is str]
+        nbytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts + [params.suffix or ""])
+        at_least = -(-nbytes // token_bytes)
+        if at_least > limit:  # (worded as ModelLimits.check words the exact count)
+            what = "leaves no room to generate in" if params.clamp_max_tokens else "exceeds"
+            raise ContextLengthError(f"prompt (at least {at_least} tokens: {nbytes} bytes of text, at most "
+                                     f"{token_bytes} bytes a token) {what} the model's context of {limit} "
+                                     f"tokens; shorten the prompt")
 
     def cancel(self, request_id) -> bool:
         """End a queued or running request as ``"cancelled"``; thread-safe.

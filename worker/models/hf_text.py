@@ -10,6 +10,7 @@ tokens is never emitted in pieces.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 from collections.abc import Sequence
@@ -264,6 +265,18 @@ class HFTextCodec:
 
                 self._decoding = Tokenizer.from_str(markers_as_text(self._backend.to_str()))
         return self._decoding
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """An upper bound on the text bytes one token stands for: the longest vocabulary entry's
+        UTF-8 length (added tokens included; byte-level BPE's ``Ġ`` and SentencePiece's ``▁`` take
+        more bytes than the byte they stand for, so it only over-counts), or None where the
+        tokenizer normalises its input first (a normaliser may drop characters, so text bytes would
+        bound nothing). A text of ``n`` bytes is then at least ``n / max_token_bytes`` tokens
+        (``BatchInferenceEngine`` refuses a prompt that is too long by this before tokenising it)."""
+        if self._backend.normalizer is not None:
+            return None
+        return max((len(t.encode("utf-8")) for t in self._tok.get_vocab()), default=0) or None
 
     def tokenizer_json(self) -> str:
         """The tokenizer as the tokenizers library's JSON (added tokens included; padding and
