@@ -462,7 +462,8 @@ _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
 def _check_json_body_headers(headers: Headers) -> None:
     """Refuse a body declared as anything but plain JSON (400 ``unsupported_media_type``).
 
-    ``application/json`` passes with any parameters (``; charset=utf-8``).
+    ``application/json`` passes with any parameters but a charset other than UTF-8 (JSON's encoding,
+    RFC 8259 section 8.1: a Latin-1 body was read as UTF-8 and refused as an invalid code point).
     Another type is refused before the body is read, as vLLM does (its
     answer is 400 with "Only 'application/json' is allowed"): ``curl -d``
     sends ``application/x-www-form-urlencoded``, and serving that as JSON
@@ -482,9 +483,14 @@ def _check_json_body_headers(headers: Headers) -> None:
     if len(types) > 1:
         raise _not_plain_json(f"one Content-Type header, not {len(types)}")
     if types:
-        media_type = types[0].split(";", 1)[0].strip().lower()
-        if media_type != "application/json":
+        media_type, _, params = types[0].partition(";")
+        if media_type.strip().lower() != "application/json":
             raise _not_plain_json(f"not {types[0][:80]!r}")
+        for param in params.split(";"):  # JSON is UTF-8 (RFC 8259 section 8.1): another charset is refused by name
+            name, _, value = param.partition("=")
+            charset = value.strip().strip('"').lower()
+            if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+                raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {value.strip()[:40]!r}")
     codings = [c.strip().lower() for v in headers.getlist("content-encoding") for c in v.split(",")]
     if any(c not in ("", "identity") for c in codings):
         shown = ", ".join(headers.getlist("content-encoding"))[:80]

@@ -32,3 +32,18 @@ def test_plain_json_passes():
     check()
     check(("content-type", "Application/JSON; charset=utf-8"))
     check(("content-type", "application/json"), ("content-encoding", "identity"))
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", '"utf-16"', "windows-1252"])
+def test_a_charset_other_than_utf8_is_refused_by_name(charset):
+    """JSON is UTF-8 (RFC 8259): a Latin-1 body was read as UTF-8 and refused as "invalid unicode
+    code point", where the docs said charset parameters were fine (a break-it pass)."""
+    with pytest.raises(APIError) as e:
+        check(("content-type", f"application/json; charset={charset}"))
+    assert (e.value.status, e.value.code) == (400, "unsupported_media_type")
+    assert charset.strip('"') in e.value.message and "UTF-8" in e.value.message
+
+
+def test_utf8_spelled_either_way_passes():
+    for value in ("application/json; charset=UTF-8", 'application/json;charset="utf8"', "application/json; q=1"):
+        check(("content-type", value))
