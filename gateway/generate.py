@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from email.message import Message
 
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
@@ -483,14 +484,13 @@ def _check_json_body_headers(headers: Headers) -> None:
     if len(types) > 1:
         raise _not_plain_json(f"one Content-Type header, not {len(types)}")
     if types:
-        media_type, _, params = types[0].partition(";")
-        if media_type.strip().lower() != "application/json":
+        if types[0].split(";", 1)[0].strip().lower() != "application/json":
             raise _not_plain_json(f"not {types[0][:80]!r}")
-        for param in params.split(";"):  # JSON is UTF-8 (RFC 8259 section 8.1): another charset is refused by name
-            name, _, value = param.partition("=")
-            charset = value.strip().strip('"').lower()
-            if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
-                raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {value.strip()[:40]!r}")
+        declared = Message()  # (the standard library reads the parameters: quoting, case, spaces)
+        declared["content-type"] = types[0]
+        charset = declared.get_param("charset")  # JSON is UTF-8 (RFC 8259 section 8.1): another is refused by name
+        if isinstance(charset, str) and charset.lower() not in ("utf-8", "utf8"):
+            raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {charset[:40]!r}")
     codings = [c.strip().lower() for v in headers.getlist("content-encoding") for c in v.split(",")]
     if any(c not in ("", "identity") for c in codings):
         shown = ", ".join(headers.getlist("content-encoding"))[:80]

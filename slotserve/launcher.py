@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import socket
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -395,7 +394,7 @@ class LocalCluster:
             return []
         killed = []
         for i, p in alive:
-            name = self.config.workers[i].name or f"{socket.gethostname()}:{p.pid}"  # (the worker's default name)
+            name = self.config.workers[i].name_of(p.pid)
             seen = self._listed.get(i)
             if name in listed:
                 self._listed[i] = (p.pid, now)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -103,6 +104,11 @@ class WorkerConfig:
             raise ValueError(f"model_options must be a ModelOptions, got {self.model_options!r}")
         if self.broker_liveness_s <= self.heartbeat_interval_s:
             raise ValueError("broker_liveness_s must exceed heartbeat_interval_s")
+
+    def name_of(self, pid: int) -> str:
+        """The name the process ``pid`` running this worker registers under (``slotserve status``):
+        :attr:`name`, or ``host:pid`` by default."""
+        return self.name or f"{socket.gethostname()}:{pid}"
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -98,7 +97,7 @@ class WorkerProcess:
         self.model = self.engine = self.tokenizer = self.info = None
         if model is not None:
             self._setup(model)
-        self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = config.name_of(os.getpid())
         self.curve_keys = None if config.curve_secret_file is None else load_peer_keys(
             (config.curve_secret_file, config.curve_broker_key_file), "worker")
         self.identity = uuid.uuid4().bytes

@@ -13,22 +13,24 @@ took 4 ms.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import os
 
-_libc = None
+@functools.cache
+def _glibc(function: str):
+    """glibc's ``function`` (through ctypes), or None without glibc (another libc, another OS)."""
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), function)
+    except (OSError, AttributeError):
+        return None
 
 
 def trim_heap() -> None:
     """``malloc_trim(0)``: return whole free heap pages to the OS; a no-op without glibc."""
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc(0)
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 REUSED_BYTES = 1 << 28
@@ -52,9 +54,8 @@ def reuse_freed_memory() -> None:
     cache filling). Called after a model loads (``load_model``), so the load's own large blocks
     are mapped as before and unmapped when freed.
     """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return
     mallopt(-3, REUSED_BYTES)  # M_MMAP_THRESHOLD
     mallopt(-1, REUSED_BYTES)  # M_TRIM_THRESHOLD

@@ -513,7 +513,7 @@ inline void dpbusd(__m512i& acc, __m512i w, __m512i x) {
 
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf, const NextBlock& next) {
+void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf) {
     __m512 tot[R];
     for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
     const int64_t quads = a.group / 4;
@@ -529,7 +529,6 @@ void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf, const NextB
             }
         }
         q8_epilogue<R>(a, b, g, acc, tot);
-        next.part(g);
     }
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
 }
@@ -649,18 +648,20 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     const int64_t block_bytes = K * column_bytes(kind);
     const auto decoder = kind == NIB ? quads_range<NIB> : kind == SIX ? quads_range<SIX> : quads_range<WIDE>;
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        // two blocks' quads and factors: this block's, and the next one's (decoded during this one's products)
+        // the tiles: two blocks' quads, this block's and the next one's (decoded during this one's products)
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
-            static_cast<__m512i*>(std::aligned_alloc(64, 2 * (K / 4) * sizeof(__m512i))), &std::free);
-        std::unique_ptr<float, decltype(&std::free)> fmem(
-            static_cast<float*>(std::aligned_alloc(64, 4 * groups * 16 * sizeof(float))), &std::free);
-        if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
-        if (tiles) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
+            static_cast<__m512i*>(std::aligned_alloc(64, (tiles ? 2 : 1) * (K / 4) * sizeof(__m512i))), &std::free);
+        std::unique_ptr<float, decltype(&std::free)> fbuf(
+            static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
+        float* sbuf = fbuf.get();
+        float* obuf = sbuf + groups * 16;
+        if (tiles) {
+            amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+            decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
+        }
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = tiles ? (i - b0) % 2 : 0;
             __m512i* wbuf = wmem.get() + cur * (K / 4);
-            float* sbuf = fmem.get() + cur * 2 * groups * 16;
-            float* obuf = sbuf + groups * 16;
             expand(sf.of_block(i), of.of_block(i), -static_cast<float>(base), groups, sbuf, obuf);
             // VNNI (a few rows, the memory the bound): the block decoded whole first (decoding the next
             // block during the products measured slower there: 0.96 against 0.86 ms a layer at 1 row)
@@ -677,8 +678,8 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 Block out = b;
                 out.y = b.y + m0 * N;
                 const int64_t r = std::min<int64_t>(step, M - m0);
-                const NextBlock& during = m0 == 0 ? next : NextBlock{};
                 if (tiles) {
+                    const NextBlock& during = m0 == 0 ? next : NextBlock{};
                     switch (r) {
 #define CASE(n) case n: amx8_chunk<n>(part, out, wbuf, during); break;
                         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -687,7 +688,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                     }
                 } else {
                     switch (r) {
-#define CASE(n) case n: vnni_block<n>(part, out, wbuf, during); break;
+#define CASE(n) case n: vnni_block<n>(part, out, wbuf); break;
                         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
                     }
