@@ -145,9 +145,13 @@ class Client:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"slotserve-{name}-callbacks",
                                             daemon=True)
-        self._dispatcher.start()
         self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
                                 name=name, curve=curve_keys, on_failure=self._on_connection_failed)
+        # The dispatcher starts once _conn exists: the connection's I/O thread may hear a welcome (the
+        # broker answers its first heartbeat) before Connection() has returned; the message waits in
+        # the inbox. (Started before, the welcome's handler once read a _conn not yet assigned, under
+        # load in CI: the model never resolved and every submit was refused as malformed.)
+        self._dispatcher.start()
         self._conn.send(Hello(name))
         welcomed = self._welcomed.wait(connect_timeout_s)
         if self._refused is not None:
