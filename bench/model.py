@@ -132,16 +132,25 @@ def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
 
 def model_options(precision: str, threads: int):
     """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner;
-    ``P+specK``: precision P with ``speculative_tokens=K``; ``gguf-int8`` / ``gguf-bf16``: precision gguf
+    ``P+specK``: precision P with ``speculative_tokens=K``; ``P+kvD``: with ``kv_cache_dtype=D``; ``gguf-int8`` / ``gguf-bf16``: precision gguf
     with ``gguf_activations`` int8 / bf16)."""
     from worker.models import ModelOptions
 
     if precision == "hf":
         return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads)
-    precision, _, spec = precision.partition("+spec")
+    precision, *extras = precision.split("+")
+    spec = kv = None
+    for extra in extras:
+        if extra.startswith("spec"):
+            spec = int(extra[4:])
+        elif extra.startswith("kv"):
+            kv = extra[2:]
+        else:
+            raise ValueError(f"{extra!r}: +specK or +kvDTYPE")
     precision, _, activations = precision.partition("-")
     return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads,
-                        speculative_tokens=int(spec or 0), gguf_activations=activations or "auto")
+                        speculative_tokens=spec or 0, gguf_activations=activations or "auto",
+                        kv_cache_dtype=kv or "auto")
 
 
 def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2, *, model=MODEL,

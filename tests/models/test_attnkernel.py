@@ -43,7 +43,7 @@ def batched(q, kv, lengths, window, softcap, scaling, layer=0):
 
 @needs_kernel
 @pytest.mark.parametrize("heads, kv_heads, d", SHAPES)
-@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 50.0), (5, 30.0)])
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (20, None), (None, 50.0), (5, 30.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_it_equals_the_batched_path_over_ragged_rows(kernel, heads, kv_heads, d, window, softcap, dtype):
     gen = torch.Generator().manual_seed(heads * d)

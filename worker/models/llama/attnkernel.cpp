@@ -38,13 +38,89 @@ void write_new(T* k, T* v, const int64_t* ks, const float* new_kv, int64_t new_s
   }
 }
 
+// r[i] = the sum of a[i]'s 16 lanes, i = 0..15: a transposing tree (unpack, in-lane shuffle,
+// 128-bit lane shuffle), 45 operations for 16 sums where one horizontal reduce each takes ~8 in a
+// dependent chain
+inline __m512 reduce16(const __m512* a) {
+  __m512 x[8], y[4], z[2];
+  for (int i = 0; i < 8; i++)  // per 128-bit lane: a[2i] (0+2), a[2i+1] (0+2), a[2i] (1+3), a[2i+1] (1+3)
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; i++)  // per 128-bit lane: the lane's sums of a[4i .. 4i + 3]
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; i++)  // lanes: y[2i] (0+1), y[2i] (2+3), y[2i+1] (0+1), y[2i+1] (2+3)
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0x88), _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+}
+
+constexpr int KB = 16;  // keys scored at once (one reduce16)
+
+// scores[g * count + i] = qs_g . k_i, i < 16, for the group's heads; kb: 16 keys of d fp32 each,
+// kstride apart
+inline void score16(const float* qs, const float* kb, int64_t kstride, int64_t group, int64_t d, float* scores,
+                    int64_t count) {
+  for (int64_t g = 0; g < group; g++) {
+    __m512 a[KB];
+#pragma GCC unroll 16
+    for (int i = 0; i < KB; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 qv = _mm512_loadu_ps(qs + g * d + c);
+#pragma GCC unroll 16
+      for (int i = 0; i < KB; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + i * kstride + c), a[i]);
+    }
+    _mm512_storeu_ps(scores + g * count, reduce16(a));
+  }
+}
+
+// out[g][c0 .. c0 + 16 CB) = sum_j p[g][j] v_j[c0 ..], for GB heads of the group from g0: the sums in
+// registers (GB * CB <= 16 zmm), one pass over the keys
+template <int GB, int CB, typename T>
+inline void values_block(const float* p, int64_t count, const T* vr, int64_t vstride, int64_t c0, float* o,
+                         int64_t d) {
+  __m512 acc[GB][CB];
+  for (int g = 0; g < GB; g++)
+    for (int c = 0; c < CB; c++) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; j++) {
+    const T* vj = vr + j * vstride + c0;
+    __m512 v[CB];
+    for (int c = 0; c < CB; c++) v[c] = __m512(load(vj + 16 * c));
+    for (int g = 0; g < GB; g++) {
+      const __m512 pg = _mm512_set1_ps(p[g * count + j]);
+      for (int c = 0; c < CB; c++) acc[g][c] = _mm512_fmadd_ps(pg, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; g++)
+    for (int c = 0; c < CB; c++) _mm512_storeu_ps(o + g * d + c0 + 16 * c, acc[g][c]);
+}
+
+template <int GB, typename T>
+inline void values_cb(int64_t cb, const float* p, int64_t count, const T* vr, int64_t vstride, int64_t c0, float* o,
+                      int64_t d) {
+  switch (cb) {
+    case 1: values_block<GB, 1>(p, count, vr, vstride, c0, o, d); break;
+    case 2: values_block<GB, 2>(p, count, vr, vstride, c0, o, d); break;
+    case 3: values_block<GB, 3>(p, count, vr, vstride, c0, o, d); break;
+    default: values_block<GB, 4>(p, count, vr, vstride, c0, o, d); break;
+  }
+}
+
+// 16 keys (stride apart) as fp32 for score16: fp32 read in place (stride unchanged); bf16 widened
+// once into buf (stride d), for every head of the group
+inline const float* keys_fp32(const float* k, int64_t&, int64_t, float*) { return k; }
+inline const float* keys_fp32(const at::BFloat16* k, int64_t& stride, int64_t d, float* buf) {
+  for (int64_t i = 0; i < KB; i++)
+    for (int64_t c = 0; c < d; c += 16) load(k + i * stride + c).store(buf + i * d + c);
+  stride = d;
+  return buf;
+}
+
 template <typename T>
 void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int64_t* ks, const int64_t* rows, const int64_t* lengths,
             float* out, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, float scaling, int64_t window,
             float softcap) {
   const int64_t group = heads / kv_heads, dv = d / Vec::size();
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qs(group * d);
+    std::vector<float> scores, qs(group * d), kbuf(KB * d);
     std::vector<Vec> acc(group * dv);
     for (int64_t task = begin; task < end; task++) {
       const int64_t e = task / kv_heads, h = task % kv_heads, len = lengths[e];
@@ -59,48 +135,55 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
       const T* kr = k + rows[e] * ks[0] + h * ks[1] + start * ks[2];
       const T* vr = v + rows[e] * ks[0] + h * ks[1] + start * ks[2];
       scores.resize(group * count);
-      for (int64_t j = 0; j < count; j++) {  // scores[g][j] = (q_g * scaling) . k_j
+      int64_t j = 0;
+      for (; j + KB <= count; j += KB) {  // scores[g][j] = (q_g * scaling) . k_j, 16 keys at a time
+        int64_t stride = ks[2];
+        const float* kb = keys_fp32(kr + j * ks[2], stride, d, kbuf.data());
+        score16(qs.data(), kb, stride, group, d, &scores[j], count);
+      }
+      for (; j < count; j++) {  // the last keys one by one
         const T* kj = kr + j * ks[2];
         for (int64_t g = 0; g < group; g++) acc[g] = Vec(0.0f);
         for (int64_t c = 0; c < dv; c++) {
           Vec kc = load(kj + c * Vec::size());
           for (int64_t g = 0; g < group; g++) acc[g] = at::vec::fmadd(load(&qs[g * d + c * Vec::size()]), kc, acc[g]);
         }
-        for (int64_t g = 0; g < group; g++) {
-          float s = _mm512_reduce_add_ps(acc[g]);
-          scores[g * count + j] = softcap > 0 ? std::tanh(s / softcap) * softcap : s;
-        }
+        for (int64_t g = 0; g < group; g++) scores[g * count + j] = _mm512_reduce_add_ps(acc[g]);
       }
-      for (int64_t g = 0; g < group; g++) {  // softmax over the row's keys
+      for (int64_t g = 0; g < group; g++) {  // soft cap, then the softmax over the row's keys
         float* s = &scores[g * count];
+        if (softcap > 0)
+          for (int64_t i = 0; i < count; i++) s[i] = std::tanh(s[i] / softcap) * softcap;
         float top = *std::max_element(s, s + count), sum = 0.0f;
-        int64_t j = 0;
+        int64_t i = 0;
         Vec top_v(top), sum_v(0.0f);
-        for (; j + Vec::size() <= count; j += Vec::size()) {
-          Vec p = (Vec::loadu(s + j) - top_v).exp_u20();
-          p.store(s + j);
+        for (; i + Vec::size() <= count; i += Vec::size()) {
+          Vec p = (Vec::loadu(s + i) - top_v).exp_u20();
+          p.store(s + i);
           sum_v = sum_v + p;
         }
-        if (j < count) {
-          Vec p = (Vec::loadu(s + j, count - j) - top_v).exp_u20();
-          p.store(s + j, count - j);
-          sum_v = sum_v + Vec::set(Vec(0.0f), p, count - j);
+        if (i < count) {
+          Vec p = (Vec::loadu(s + i, count - i) - top_v).exp_u20();
+          p.store(s + i, count - i);
+          sum_v = sum_v + Vec::set(Vec(0.0f), p, count - i);
         }
         sum = _mm512_reduce_add_ps(sum_v);
         float inv = 1.0f / sum;
-        for (int64_t i = 0; i < count; i++) s[i] *= inv;
+        for (int64_t t = 0; t < count; t++) s[t] *= inv;
       }
-      for (int64_t i = 0; i < group * dv; i++) acc[i] = Vec(0.0f);
-      for (int64_t j = 0; j < count; j++) {  // out_g = sum_j p[g][j] v_j
-        const T* vj = vr + j * ks[2];
-        for (int64_t c = 0; c < dv; c++) {
-          Vec vc = load(vj + c * Vec::size());
-          for (int64_t g = 0; g < group; g++)
-            acc[g * dv + c] = at::vec::fmadd(Vec(scores[g * count + j]), vc, acc[g * dv + c]);
+      // out_g = sum_j p[g][j] v_j: up to 4 heads x 64 columns at a time in registers
+      for (int64_t g0 = 0; g0 < group; g0 += 4) {
+        const float* p = &scores[g0 * count];
+        for (int64_t c = 0; c < dv; c += 4) {
+          const int64_t cb = std::min<int64_t>(4, dv - c);
+          switch (std::min<int64_t>(4, group - g0)) {
+            case 1: values_cb<1>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 2: values_cb<2>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 3: values_cb<3>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            default: values_cb<4>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
+          }
         }
       }
-      for (int64_t g = 0; g < group; g++)
-        for (int64_t c = 0; c < dv; c++) acc[g * dv + c].store(o + g * d + c * Vec::size());
     }
   });
 }

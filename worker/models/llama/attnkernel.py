@@ -13,7 +13,11 @@ operations (an indexed write, views, ``baddbmm``, ``softmax``, ``bmm``):
    positions, no mask -- with one pass over the keys for the whole group,
    soft-caps the scores where the family does, takes the softmax (fp32,
    ``exp`` to within 2 ulp: ATen's ``exp_u20``) and the weighted sum of the
-   values in a second pass.
+   values in a second pass. Keys are scored 16 at a time (16 dot products'
+   lanes summed by one transposing tree, not a horizontal sum each), and the
+   weighted sum keeps up to 4 heads x 64 columns in registers: at 8 rows and
+   160 keys, Qwen2.5-1.5B's 28 layers took 4.9 ms against 7.0 with a
+   horizontal sum per key and the sums in memory (fp32 cache, 2 threads).
 
 Each entry's result depends on its own query, keys and length only (never on
 the other rows of the batch or on the longest row), so it is batch-invariant
