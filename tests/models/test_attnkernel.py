@@ -44,7 +44,7 @@ def batched(q, kv, lengths, window, softcap, scaling, layer=0):
 @needs_kernel
 @pytest.mark.parametrize("heads, kv_heads, d", SHAPES)
 @pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (20, None), (None, 50.0), (5, 30.0)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_it_equals_the_batched_path_over_ragged_rows(kernel, heads, kv_heads, d, window, softcap, dtype):
     gen = torch.Generator().manual_seed(heads * d)
     kv = torch.randn(2, 2, 7, kv_heads, 48, d, generator=gen).to(dtype)  # layers, K/V, rows, heads, capacity, D
@@ -71,7 +71,7 @@ def test_each_row_is_batch_invariant(kernel):
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_it_stores_the_new_keys_and_values_first_as_an_indexed_write_does(kernel, dtype):
     gen = torch.Generator().manual_seed(2)
     cache = torch.randn(2, 4, 2, 32, 16, generator=gen).to(dtype)
@@ -111,7 +111,8 @@ def test_it_refuses_what_it_cannot_run(kernel):
         kernel.decode_attention(torch.zeros(1, 2, 8), torch.zeros(2, 1, 1, 8, 8), *no_write(1, 8), rows, lengths,
                                 1.0, 0, 0.0)
     assert not attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 8), torch.float32)  # D not a multiple of 16
-    assert not attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.float16), torch.float32)
+    assert not attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.float64), torch.float32)
+    assert attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.float16), torch.float32)
     assert attnkernel.runs(torch.zeros(1, 2, 1, 1, 8, 16, dtype=torch.bfloat16), torch.float32)
 
 

@@ -30,26 +30,29 @@ def bound(runner, slots=2):
     return runner
 
 
-@pytest.mark.parametrize("kv, dtype", [("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("kv, dtype", [("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                       ("fp16", torch.float16)])
 def test_the_option_sets_the_cache_and_prefix_pool_dtype(tiny, kv, dtype):
     runner = bound(llama.from_hf(tiny, max_cache_len=64, kv_cache_dtype=kv))
     assert runner.kv_dtype == runner.kv_cache.kv.dtype == runner.prefix_cache.pool.dtype == dtype
     assert runner.weights.act_dtype == torch.float32  # activations stay fp32 on CPU
 
 
-def test_bf16_halves_the_bytes_of_the_cache_and_of_each_prefix_block(tiny):
+@pytest.mark.parametrize("kv", ["bf16", "fp16"])
+def test_a_16_bit_cache_halves_the_bytes_of_the_cache_and_of_each_prefix_block(tiny, kv):
     fp32 = bound(llama.from_hf(tiny, max_cache_len=64, kv_cache_dtype="fp32"))
-    bf16 = bound(llama.from_hf(tiny, max_cache_len=64, kv_cache_dtype="bf16"))
+    bf16 = bound(llama.from_hf(tiny, max_cache_len=64, kv_cache_dtype=kv))
     assert bf16.kv_cache.nbytes * 2 == fp32.kv_cache.nbytes > 0
     assert bf16.kv_bytes_per_slot * 2 == fp32.kv_bytes_per_slot == 2 * 2 * 2 * 16 * 64 * 4  # K+V, layers, heads, D
     assert bf16.prefix_cache.block_bytes * 2 == fp32.prefix_cache.block_bytes
     assert bf16.prefix_cache.root != fp32.prefix_cache.root  # a block of one dtype is never another's
 
 
-def test_decode_attention_over_a_bf16_cache_is_fp32_attention_over_its_rounded_values():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_attention_over_a_16_bit_cache_is_fp32_attention_over_its_rounded_values(dtype):
     torch.manual_seed(0)
     kv = torch.randn(2, 2, 3, 2, 16, 8)  # layers, K/V, rows, kv heads, capacity, D
-    rounded = kv.to(torch.bfloat16)
+    rounded = kv.to(dtype)
     lengths = torch.tensor([5, 16 - 1, 1])
     q = torch.randn(3, 4, 8)
     for window in (None, 4):
@@ -102,7 +105,7 @@ def test_speculative_decoding_over_a_bf16_cache_gives_its_draft_free_tokens(tiny
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"kv_cache_dtype": "fp16"}, "kv_cache_dtype must be one of auto, fp32, bf16"),
+    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype must be one of auto, fp32, bf16, fp16"),
     ({"kv_cache_dtype": "bf16", "runner": "hf"}, "needs the slotserve runner"),
     ({"kv_cache_dtype": None}, "kv_cache_dtype must be one of"),
 ])

@@ -15,7 +15,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
 RUNNERS = ("auto", "slotserve", "hf")
 CPU_LINEARS = ("auto", "dense", "mkl", "onednn")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 GGUF_ACTIVATIONS = ("auto", "int8", "bf16")
 POOLING_MODES = ("last", "mean", "cls")
 """``--pooling``: the modes of :data:`worker.models.pooling.MODES`, the decoders' usual one first."""
@@ -71,9 +71,10 @@ class ModelOptions:
       off, None (the default) sizes it from the machine (10 % of RAM on CPU,
       of free GPU memory on CUDA, at most 4 GiB).
     - ``kv_cache_dtype``: the KV cache's (and the prefix cache's) element type
-      (slotserve runner): ``"fp32"``, ``"bf16"`` (half the bytes per slot; on
-      CPU attention still computes in fp32, reading the keys and values
-      upcast), or ``"auto"`` (the activations': fp32 on CPU, the precision's on
+      (slotserve runner): ``"fp32"``, ``"bf16"`` or ``"fp16"`` (half the bytes
+      per slot; on CPU attention still computes in fp32, reading the keys and
+      values upcast; fp16, llama.cpp's default cache type, keeps 3 more bits of
+      each value than bf16 and holds up to 65,504), or ``"auto"`` (the activations': fp32 on CPU, the precision's on
       CUDA, where only auto or that dtype is accepted, checked at load).
     - ``gguf_activations``: how precision ``gguf``'s compiled kernel meets the stored codes
       (:meth:`worker.models.llama.qkernel.Kernel.set_activations`): ``"bf16"``, the activations

@@ -136,7 +136,7 @@ def kv_dtype(kv_cache_dtype: str, weights):
     the activations' (the CUDA decode graphs are captured and tested at that one)."""
     import torch
 
-    dtypes = {"auto": weights.act_dtype, "fp32": torch.float32, "bf16": torch.bfloat16}
+    dtypes = {"auto": weights.act_dtype, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if kv_cache_dtype not in dtypes:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(dtypes)}; got {kv_cache_dtype!r}")
     dtype = dtypes[kv_cache_dtype]

@@ -92,7 +92,7 @@ def decode_attention(q, views: DecodeViews, layer: int, scaling, window: int | N
         placed = q.new_zeros(places, heads, d).index_copy_(0, views.slots, q * scaling)
         qg = placed.view(-1, t, kv, heads // kv, d).transpose(1, 2).reshape(places // t * kv, -1, d)
     keys_t, values = views.keys_t[layer], views.values[layer]
-    if keys_t.dtype != qg.dtype:  # a bf16 cache, fp32 activations: the products stay fp32
+    if keys_t.dtype != qg.dtype:  # a 16-bit cache, fp32 activations: the products stay fp32
         keys_t, values = keys_t.transpose(1, 2).to(qg.dtype).transpose(1, 2), values.to(qg.dtype)
     if softcap is None:
         scores = torch.baddbmm(bias, qg, keys_t)  # [rows * kv_heads, t * group, window]
@@ -124,7 +124,7 @@ def prefill_attention(q, k, v, cache, span, mask, scaling, softcap: float | None
     if start == 0:  # a fresh prompt: its keys are the new ones
         ks = k[offset:offset + count].transpose(0, 1)[None]
         vs = v[offset:offset + count].transpose(0, 1)[None]
-        if cache.dtype != ks.dtype:  # as stored (a bf16 cache): what a later chunk or a prefix hit reads
+        if cache.dtype != ks.dtype:  # as stored (a 16-bit cache): what a later chunk or a prefix hit reads
             ks, vs = ks.to(cache.dtype).to(ks.dtype), vs.to(cache.dtype).to(vs.dtype)
     else:  # a later chunk: the whole prefix is in the cache row
         end = start + count

@@ -20,7 +20,14 @@ inline Vec load(const at::BFloat16* p) {  // bf16 -> fp32 is exact: the bits shi
   return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
 }
 
+inline Vec load(const at::Half* p) {  // fp16 -> fp32 is exact (F16C)
+  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+
 inline void store(float* dst, const float* src, int64_t d) { std::copy(src, src + d, dst); }
+inline void store(at::Half* dst, const float* src, int64_t d) {  // round to nearest even, as Tensor.to
+  for (int64_t i = 0; i < d; i++) dst[i] = c10::Half(src[i]);
+}
 inline void store(at::BFloat16* dst, const float* src, int64_t d) {  // round to nearest even, as Tensor.to
   for (int64_t i = 0; i < d; i++) dst[i] = c10::BFloat16(src[i]);
 }
@@ -107,7 +114,8 @@ inline void values_cb(int64_t cb, const float* p, int64_t count, const T* vr, in
 // 16 keys (stride apart) as fp32 for score16: fp32 read in place (stride unchanged); bf16 widened
 // once into buf (stride d), for every head of the group
 inline const float* keys_fp32(const float* k, int64_t&, int64_t, float*) { return k; }
-inline const float* keys_fp32(const at::BFloat16* k, int64_t& stride, int64_t d, float* buf) {
+template <typename T>
+inline const float* keys_fp32(const T* k, int64_t& stride, int64_t d, float* buf) {
   for (int64_t i = 0; i < KB; i++)
     for (int64_t c = 0; c < d; c += 16) load(k + i * stride + c).store(buf + i * d + c);
   stride = d;
@@ -190,7 +198,7 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
 
 }  // namespace
 
-// cache: one layer's [2, rows, kv_heads, capacity, D] (keys, values; fp32 or bf16, unit stride on D).
+// cache: one layer's [2, rows, kv_heads, capacity, D] (keys, values; fp32, bf16 or fp16, unit stride on D).
 // new_kv: [N, 2, kv_heads, D] fp32, stored at (write_rows[i], write_pos[i]) first. Then for the
 // first n = q.size(0) entries (q [n, heads, D] fp32): attention over cache row rows[i]'s keys
 // [max(0, lengths[i] - window), lengths[i]) (window <= 0: all), scores scaled by `scaling` and
@@ -214,26 +222,113 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor cache, torch::Tens
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "indices: contiguous int64");
   auto out = torch::empty({n, heads, d}, q.options());
   const int64_t ks[3] = {cache.stride(1), cache.stride(2), cache.stride(3)};
+  auto run = [&](auto* k) {  // k: the keys (the cache's element type), the values one stride(0) on
+    auto* v = k + cache.stride(0);
+    write_new(k, v, ks, new_kv.data_ptr<float>(), new_kv.stride(0), write_rows.data_ptr<int64_t>(),
+              write_pos.data_ptr<int64_t>(), write_rows.numel(), kv_heads, d);
+    attend(q.data_ptr<float>(), q.stride(0), k, v, ks, rows.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(),
+           out.data_ptr<float>(), n, heads, kv_heads, d, (float)scaling, window, (float)softcap);
+  };
   AT_DISPATCH_SWITCH(cache.scalar_type(), "decode_attention",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      auto* k = cache.data_ptr<float>();
-      auto* v = k + cache.stride(0);
-      write_new(k, v, ks, new_kv.data_ptr<float>(), new_kv.stride(0), write_rows.data_ptr<int64_t>(), write_pos.data_ptr<int64_t>(),
-                write_rows.numel(), kv_heads, d);
-      attend(q.data_ptr<float>(), q.stride(0), k, v, ks, rows.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(),
-             out.data_ptr<float>(), n, heads, kv_heads, d, (float)scaling, window, (float)softcap);
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      auto* k = cache.data_ptr<at::BFloat16>();
-      auto* v = k + cache.stride(0);
-      write_new(k, v, ks, new_kv.data_ptr<float>(), new_kv.stride(0), write_rows.data_ptr<int64_t>(), write_pos.data_ptr<int64_t>(),
-                write_rows.numel(), kv_heads, d);
-      attend(q.data_ptr<float>(), q.stride(0), k, v, ks, rows.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(),
-             out.data_ptr<float>(), n, heads, kv_heads, d, (float)scaling, window, (float)softcap);
-    }));
+    AT_DISPATCH_CASE(at::kFloat, [&] { run(cache.data_ptr<float>()); })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] { run(cache.data_ptr<at::BFloat16>()); })
+    AT_DISPATCH_CASE(at::kHalf, [&] { run(cache.data_ptr<at::Half>()); }));
   return out;
+}
+
+// ---- the layer's small operations, one call each instead of a handful of ATen ones (issue 32: ~80
+// operations a layer, at ~2-5 us each, were most of a small model's decode step). Built with
+// -ffp-contract=off: each product and sum rounds as ATen's separate operations round.
+
+// RMSNorm (Zhang & Sennrich 2019) of x fp32 [N, H] (rows contiguous): y = (x * r) * weight with
+// r = 1 / sqrt(sum(x^2) * inv + eps) per row (inv: fp32 1 / H), as model.py's _rms_norm computes it
+// (the sum of squares in another order: within fp32 rounding of it). Returns fp32 [N, H].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double inv, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "x: fp32 [N, H], unit stride on H");
+  TORCH_CHECK(weight.dim() == 1 && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+              weight.size(0) == x.size(1), "weight: fp32 [H]");
+  const int64_t n = x.size(0), h = x.size(1), xs = x.stride(0);
+  auto y = torch::empty({n, h}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float fi = static_cast<float>(inv), fe = static_cast<float>(eps);
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+      const float* xr = xp + r * xs;
+      float* yr = yp + r * h;
+      __m512 acc = _mm512_setzero_ps();
+      int64_t c = 0;
+      for (; c + 16 <= h; c += 16) {
+        const __m512 v = _mm512_loadu_ps(xr + c);
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+      }
+      const __mmask16 tail = static_cast<__mmask16>((1u << (h - c)) - 1);
+      if (c < h) {
+        const __m512 v = _mm512_maskz_loadu_ps(tail, xr + c);
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+      }
+      const float ss = _mm512_reduce_add_ps(acc);
+      const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(ss * fi + fe));
+      for (c = 0; c + 16 <= h; c += 16)
+        _mm512_storeu_ps(yr + c, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + c), scale), _mm512_loadu_ps(wp + c)));
+      if (c < h)
+        _mm512_mask_storeu_ps(yr + c, tail, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, xr + c), scale),
+                                                          _mm512_maskz_loadu_ps(tail, wp + c)));
+    }
+  });
+  return y;
+}
+
+// In place in qkv fp32 [N, W] (unit stride on W): columns [kv_from, W) (the new keys and values)
+// made finite (NaN and +-inf -> 0, as nan_to_num_(0, 0, 0)), then RoPE on the first `heads` heads
+// of D columns (the queries and keys) at each row's cos and sin_signed (fp32 [N, D] rows, sin with
+// its second half negated): per head, with x1, x2 its halves, x1 <- x1 * cos1 + x2 * sin_signed2 and
+// x2 <- x2 * cos2 + x1 * sin_signed1, each product and the sum rounded as model.py's _rope_ rounds
+// them (transformers' apply_rotary_pos_emb, bit for bit).
+void rope_finite_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, int64_t heads, int64_t d,
+                  int64_t kv_from) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1, "qkv: fp32 [N, W], unit stride on W");
+  const int64_t n = qkv.size(0), w = qkv.size(1), half = d / 2;
+  TORCH_CHECK(d % 32 == 0 && heads * d <= w && kv_from <= w, "heads of D columns (a multiple of 32) within qkv");
+  for (auto* t : {&cos, &sin_signed})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == n * d && t->is_contiguous(), "cos, sin_signed: fp32 [N, D]");
+  float* q = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin_signed.data_ptr<float>();
+  const int64_t qs = qkv.stride(0);
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t r = begin; r < end; r++) {
+      float* row = q + r * qs;
+      int64_t c = kv_from;
+      for (; c + 16 <= w; c += 16) {
+        const __m512 v = _mm512_loadu_ps(row + c);
+        const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
+        _mm512_storeu_ps(row + c, _mm512_maskz_mov_ps(finite, v));
+      }
+      for (; c < w; c++)
+        if (!std::isfinite(row[c])) row[c] = 0.0f;
+      const float* cr = cp + r * d;
+      const float* sr = sp + r * d;
+      for (int64_t hd = 0; hd < heads; hd++) {
+        float* x = row + hd * d;
+        for (int64_t i = 0; i < half; i += 16) {
+          const __m512 x1 = _mm512_loadu_ps(x + i), x2 = _mm512_loadu_ps(x + half + i);
+          const __m512 a = _mm512_add_ps(_mm512_mul_ps(x1, _mm512_loadu_ps(cr + i)),
+                                         _mm512_mul_ps(x2, _mm512_loadu_ps(sr + half + i)));
+          const __m512 b = _mm512_add_ps(_mm512_mul_ps(x2, _mm512_loadu_ps(cr + half + i)),
+                                         _mm512_mul_ps(x1, _mm512_loadu_ps(sr + i)));
+          _mm512_storeu_ps(x + i, a);
+          _mm512_storeu_ps(x + half + i, b);
+        }
+      }
+    }
+  });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over per-row lengths, with the KV write");
+  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
+  m.def("rope_finite_", &rope_finite_, "the new keys and values made finite, RoPE on the queries and keys, in place");
 }

@@ -6,7 +6,7 @@ operations (an indexed write, views, ``baddbmm``, ``softmax``, ``bmm``):
 
 1. it stores the iteration's new keys and values (every entry, decode and
    prefill) at their cache rows and positions, rounded to the cache's dtype
-   as ``Tensor.to`` rounds (fp32 or bf16 caches);
+   as ``Tensor.to`` rounds (fp32, bf16 or fp16 caches);
 2. for each decode entry and key/value head (one task each, spread over
    torch's intra-op threads), it scores the group's query heads against the
    entry's own keys ``[max(0, length - window), length)`` only -- no padded
@@ -43,7 +43,7 @@ from worker.models.llama import extension
 
 SOURCE = Path(__file__).with_name("attnkernel.cpp")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
-         "-DCPU_CAPABILITY=AVX512", "-fopenmp"]
+         "-DCPU_CAPABILITY=AVX512", "-fopenmp", "-ffp-contract=off"]
 LANES = 16
 """fp32 lanes of one AVX-512 register: the head dimension must be a multiple of it."""
 
@@ -62,7 +62,7 @@ def load():
 
 def runs(kv: torch.Tensor, act_dtype: torch.dtype) -> bool:
     """Whether the kernel runs a cache like ``kv`` (``[layers, 2, rows, kv_heads, capacity, D]``) for
-    activations of ``act_dtype``: on CPU, fp32 activations, an fp32 or bf16 cache, ``D`` a
+    activations of ``act_dtype``: on CPU, fp32 activations, an fp32, bf16 or fp16 cache, ``D`` a
     multiple of :data:`LANES`."""
-    return (kv.device.type == "cpu" and act_dtype == torch.float32 and kv.dtype in (torch.float32, torch.bfloat16)
+    return (kv.device.type == "cpu" and act_dtype == torch.float32 and kv.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and kv.shape[-1] % LANES == 0)

@@ -63,15 +63,17 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     x = w.embed(plan.ids)
     if w.embed_scale is not None:  # Gemma
         x = x * w.embed_scale
+    glue = it.fused  # the compiled module's small operations (RMSNorm, RoPE) where it runs, else None
     for layer, lw in enumerate(w.layers):
         if lw.post_attn is None:  # pre-norm only (Llama): the residual add fused into the product
-            x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c), it))  # x + o(attention)
-            x = lw.down.add(x, _mlp(w, lw, _rms_norm(x, lw.ln2, c)))
+            x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it))  # x + o(attention)
+            x = lw.down.add(x, _mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue)))
         else:  # Gemma's sandwich: the outputs normed before the residual add
-            x = x + _rms_norm(lw.o(_attention(w, layer, _rms_norm(x, lw.ln1, c), it)), lw.post_attn, c)
-            x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c))), lw.post_mlp, c)
+            x = x + _rms_norm(lw.o(_attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it)), lw.post_attn, c,
+                              glue=glue)
+            x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue))), lw.post_mlp, c, glue=glue)
     failed = ~torch.isfinite(x).all(dim=-1)
-    x = _rms_norm(x[plan.logits_at], w.norm, c)
+    x = _rms_norm(x[plan.logits_at], w.norm, c, glue=glue)
     logits = _logits(w, x, plan.greedy)
     cap = w.family.final_softcap
     return (logits if cap is None else _softcap_logits(logits, cap)), failed
@@ -127,13 +129,16 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     q_end, k_end = s.heads * d, (s.heads + s.kv_heads) * d
     qkv = lw.qkv(h)
     new_kv = qkv[:, q_end:]
-    new_kv.nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
-    if lw.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm per head of q and k, before RoPE
-        for part, weight in ((qkv[:, :q_end].view(n, s.heads, d), lw.q_norm),
-                             (qkv[:, q_end:k_end].view(n, s.kv_heads, d), lw.k_norm)):
-            part.copy_(_rms_norm(part, weight, w.consts, per_head=True))
     cos, sin_signed = it.local_rope if fam.local_rope[layer] else it.rope
-    _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin_signed)
+    if it.fused is not None and lw.q_norm is None and d % 32 == 0:  # both in one compiled call
+        it.fused.rope_finite_(qkv, cos, sin_signed, s.heads + s.kv_heads, d, q_end)
+    else:
+        new_kv.nan_to_num_(0.0, 0.0, 0.0)  # a non-finite key/value never reaches the cache
+        if lw.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm per head of q and k, before RoPE
+            for part, weight in ((qkv[:, :q_end].view(n, s.heads, d), lw.q_norm),
+                                 (qkv[:, q_end:k_end].view(n, s.kv_heads, d), lw.k_norm)):
+                part.copy_(_rms_norm(part, weight, w.consts, per_head=True))
+        _rope_(qkv[:, :k_end].view(n, s.heads + s.kv_heads, d), cos, sin_signed)
     cache = it.layer_kv[layer]
     q = qkv[:, :q_end].view(n, s.heads, d)
     window, cap = fam.windows[layer], fam.attn_softcap
@@ -181,9 +186,11 @@ def _softcap_logits(logits: torch.Tensor, cap: float) -> torch.Tensor:
     return torch.where(torch.isfinite(logits), capped, logits)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts, per_head: bool = False) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts, per_head: bool = False,
+              glue=None) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (Llama's RMSNorm, Zhang & Sennrich 2019);
-    ``per_head``: over ``head_dim`` (q/k norms), else over ``hidden``.
+    ``per_head``: over ``head_dim`` (q/k norms), else over ``hidden``. ``glue``: the compiled
+    module (:mod:`worker.models.llama.attnkernel`) where it runs: one call, the same formula.
 
     On CPU as a sum of squares times ``1 / hidden`` (seven small ops): ``F.rms_norm``
     (whose ``mean`` alone cost 16 us of its 36 us at 8 rows) made this 6 % of a
@@ -192,6 +199,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, c: StepConsts, per_head: bo
     """
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), weight, c.eps_value)
+    if glue is not None and not per_head and x.dtype == weight.dtype == torch.float32 and x.dim() == 2:
+        return glue.rms_norm(x, weight, c.inv_hidden_value, c.eps_value)
     ss = (x * x).sum(-1, keepdim=True)
     return (x * torch.rsqrt(ss.mul_(c.inv_head_dim if per_head else c.inv_hidden).add_(c.eps))).mul_(weight)
 

@@ -56,10 +56,14 @@ class Kernel:
     Otherwise the AVX-512 BF16 product (``amx=False``) up to ``rows`` rows, and above that :meth:`wide`.
     """
 
-    __slots__ = ("module", "weight", "rows", "amx", "int8", "tiles")
+    __slots__ = ("module", "weight", "rows", "amx", "int8", "tiles", "args")
 
     def __init__(self, module, weight, rows: int = KERNEL_ROWS, activations: str = "auto") -> None:
         self.module, self.weight, self.rows = module, weight, rows
+        # the kernels' arguments after x, formed once (a Python tuple per call cost ~5 us of a
+        # SmolLM2 decode step's ~150 products)
+        self.args = (weight.packed, kind(weight), weight.low, *factor_args(weight), weight.group,
+                     weight.out_features)
         self.amx = bool(module.has_amx())
         self.int8 = self.tiles = False
         self.set_activations(activations)
@@ -88,22 +92,20 @@ class Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, m = self.weight, x.shape[0]
         if self.tiles and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
-            y = self.module.qmm_tiles(_tile_rows(x.to(torch.bfloat16).contiguous()), w.packed, kind(w), w.low,
-                                      *factor_args(w), w.group, w.out_features)
-            return y[:m]
+            y = self.module.qmm_tiles(_tile_rows(x.to(torch.bfloat16).contiguous()), *self.args)
+            return y if len(y) == m else y[:m]
         if self.int8 and (self.amx or m <= self.rows):
             x32 = x.to(torch.float32).contiguous()
-            y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, w.packed, kind(w), w.low,
-                                 *factor_args(w), w.group, w.out_features, self.amx, VNNI_ROWS)
-            return y[:m]
+            y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, *self.args, self.amx,
+                                 VNNI_ROWS)
+            return y if len(y) == m else y[:m]
         xb = x.to(torch.bfloat16).contiguous()
         if self.amx and w.group in (16, 32):
             return self._qmm(_tile_rows(xb), True)[:m]
         return self.wide(x) if m > self.rows else self._qmm(xb, False)
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
-        w = self.weight
-        return self.module.qmm(xb, w.packed, kind(w), w.low, *factor_args(w), w.group, w.out_features, amx)
+        return self.module.qmm(xb, *self.args, amx)
 
     def wide(self, x: torch.Tensor, bf16: bool = True) -> torch.Tensor:
         """``x @ W.T`` for many rows: the layer's weight dequantised for this call (``W.T``, bf16 by

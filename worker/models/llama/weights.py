@@ -141,8 +141,9 @@ class StepConsts:
     inv_hidden: torch.Tensor | float
     eps: torch.Tensor | float
     scaling: torch.Tensor | float
-    eps_value: float  # for F.rms_norm on CUDA
+    eps_value: float  # for F.rms_norm on CUDA and the compiled one on CPU
     inv_head_dim: torch.Tensor | float  # of the per-head q/k norms
+    inv_hidden_value: float = 0.0  # 1 / hidden as a float (the compiled RMSNorm's argument)
 
     @classmethod
     def of(cls, cfg, scaling: float, on_cpu: bool, head_dim: int = 1) -> StepConsts:
@@ -158,7 +159,8 @@ class StepConsts:
             return torch.tensor(v, dtype=torch.float32) if on_cpu else v
 
         return cls(const(1.0 / cfg.hidden_size), const(float(cfg.rms_norm_eps)), const(scaling),
-                   eps_value=float(cfg.rms_norm_eps), inv_head_dim=const(1.0 / head_dim))
+                   eps_value=float(cfg.rms_norm_eps), inv_head_dim=const(1.0 / head_dim),
+                   inv_hidden_value=1.0 / cfg.hidden_size)
 
 
 class LlamaWeights:
