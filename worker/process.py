@@ -437,10 +437,11 @@ def run_worker(config: WorkerConfig, *, stop: threading.Event | None = None, mod
 
 def runs_of(model) -> str:
     """What ``model`` runs as, for ``ModelInfo.runs``: slotserve's runner gives its precision and
-    linear kinds (``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel, AMX-BF16)"``), an embedding model
-    its own ``runs`` (``"fp32: transformers BertModel, mean pooling, normalised"``); ``""`` otherwise."""
+    linear kinds, then its KV cache's element type (``"gguf: Q4_K x 169, Q6_K x 29 (compiled kernel,
+    AMX-BF16); KV cache fp16"``), an embedding model its own ``runs`` (``"fp32: transformers BertModel, mean pooling, normalised"``); ``""`` otherwise."""
     weights = getattr(model, "weights", None)
     if weights is None or not hasattr(weights, "linear_kind"):
         runs = getattr(model, "runs", "") if getattr(model, "embedding_size", None) is not None else ""
         return runs[:200] if isinstance(runs, str) else ""
-    return f"{weights.precision}: {weights.linear_kind}"[:200]
+    kv = str(getattr(model, "kv_dtype", "")).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
+    return (f"{weights.precision}: {weights.linear_kind}"[:180] + (f"; KV cache {kv}" if kv else ""))[:200]

@@ -38,8 +38,9 @@ def test_the_limit_is_the_models_max_model_len(cluster, text_model):
     (entry,) = [m for m in httpx.get(cluster.http_url + "/v1/models", timeout=10).json()["data"]
                 if m["id"] == text_model]
     assert entry["max_model_len"] == LIMIT
-    # what runs: the worker's precision (auto -> fp32 for this tiny full-precision model) and its linears
-    assert entry["runs"].startswith("fp32: ")
+    # what runs: the worker's precision (auto -> fp32 for this tiny full-precision model), its linears
+    # and its KV cache's element type (the fixture's kv_cache_dtype)
+    assert entry["runs"].startswith("fp32: ") and entry["runs"].endswith("; KV cache bf16"), entry["runs"]
 
 
 def test_the_python_client_gets_the_wire_code(cluster, text_model):

@@ -135,3 +135,17 @@ def test_a_model_on_the_hf_runner_refuses_it(tmp_path):
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="whose KV cache has the weights' dtype"):
         load_model(str(tmp_path), kv_cache_dtype="bf16")
+
+
+@pytest.mark.parametrize("precision, device, want", [
+    ("gguf", "cpu", torch.float16),  # a GGUF as stored: llama.cpp's default cache type
+    ("fp32", "cpu", torch.float32),  # the exact reference keeps its fp32 cache
+    ("bf16", "cpu", torch.float32),  # (fp32 activations on CPU)
+    ("gguf", "cuda", torch.bfloat16),  # off the CPU: the activations'
+])
+def test_auto_is_fp16_for_a_gguf_on_cpu_else_the_activations_dtype(precision, device, want):
+    from types import SimpleNamespace
+
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    weights = SimpleNamespace(precision=precision, device=device, act_dtype=act)
+    assert llama.kv_dtype("auto", weights) == want

@@ -74,7 +74,8 @@ class ModelOptions:
       (slotserve runner): ``"fp32"``, ``"bf16"`` or ``"fp16"`` (half the bytes
       per slot; on CPU attention still computes in fp32, reading the keys and
       values upcast; fp16, llama.cpp's default cache type, keeps 3 more bits of
-      each value than bf16 and holds up to 65,504), or ``"auto"`` (the activations': fp32 on CPU, the precision's on
+      each value than bf16 and holds up to 65,504), or ``"auto"`` (fp16 for precision ``gguf`` on CPU, llama.cpp's
+      default for a GGUF; else the activations': fp32 on CPU, the precision's on
       CUDA, where only auto or that dtype is accepted, checked at load).
     - ``gguf_activations``: how precision ``gguf``'s compiled kernel meets the stored codes
       (:meth:`worker.models.llama.qkernel.Kernel.set_activations`): ``"bf16"``, the activations

@@ -131,12 +131,16 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
 
 
 def kv_dtype(kv_cache_dtype: str, weights):
-    """The KV cache's torch dtype for ``ModelOptions.kv_cache_dtype`` (``"auto"``: the activations',
-    ``weights.act_dtype``). Raises ValueError for another name, or off the CPU for a dtype other than
-    the activations' (the CUDA decode graphs are captured and tested at that one)."""
+    """The KV cache's torch dtype for ``ModelOptions.kv_cache_dtype`` (``"auto"``: fp16 for precision
+    ``gguf`` on CPU, as llama.cpp's server and Ollama keep a GGUF's cache by default, half fp32's
+    bytes per slot and per step; else the activations', ``weights.act_dtype``). Raises ValueError
+    for another name, or off the CPU for a dtype other than the activations' (the CUDA decode graphs
+    are captured and tested at that one)."""
     import torch
 
-    dtypes = {"auto": weights.act_dtype, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    auto = (torch.float16 if weights.precision == "gguf" and torch.device(weights.device).type == "cpu"
+            else weights.act_dtype)
+    dtypes = {"auto": auto, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if kv_cache_dtype not in dtypes:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(dtypes)}; got {kv_cache_dtype!r}")
     dtype = dtypes[kv_cache_dtype]
