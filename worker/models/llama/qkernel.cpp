@@ -340,12 +340,53 @@ Factors factors(const torch::Tensor& d, const torch::Tensor& q, int64_t shift, i
 
 }  // namespace
 
-// x: bf16 [M, K] (on AMX: M <= 16 or a multiple of 16); packed: the codes (layout above, kind 0/1/2
+namespace {
+
+// fp32 [M, K] -> bf16, nearest even (as Tensor.to)
+torch::Tensor bf16_rows(const torch::Tensor& x) {
+    auto out = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+    const float* s = x.data_ptr<float>();
+    uint16_t* d = reinterpret_cast<uint16_t*>(out.data_ptr());
+    const int64_t n = x.numel();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + i)));
+    for (; i < n; ++i) {
+        const c10::BFloat16 v(s[i]);
+        d[i] = v.x;
+    }
+    return out;
+}
+
+// bf16 [M, K] -> fp32 [M, K / group]: each group's sum, in order
+torch::Tensor group_sums(const torch::Tensor& xb, int64_t groups, int64_t group) {
+    const int64_t M = xb.size(0);
+    auto out = torch::empty({M, groups}, xb.options().dtype(torch::kFloat32));
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+    float* d = out.data_ptr<float>();
+    for (int64_t i = 0; i < M * groups; ++i) {
+        const uint16_t* v = s + i * group;
+        __m512 acc = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 16 <= group; k += 16)
+            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + k))), 16)));
+        float t = _mm512_reduce_add_ps(acc);
+        for (; k < group; ++k) t += c10::detail::f32_from_bits(v[k]);
+        d[i] = t;
+    }
+    return out;
+}
+
+}  // namespace
+
+// x: bf16 or fp32 [M, K] (fp32: rounded to bf16 here; on AMX: M <= 16 or a multiple of 16); packed: the codes (layout above, kind 0/1/2
 // = NIB/MAGIC/WIDE); the scales' factors sd, sq (empty: none), sshift and the offsets' od (empty:
 // no offsets), oq, oshift (Factors above). Returns fp32 [M, N].
 torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
                   int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N, bool amx) {
-    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [M, K]");
+    TORCH_CHECK((x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32) && x.dim() == 2 &&
+                x.is_contiguous(), "x: contiguous bf16 or fp32 [M, K]");
     const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
     TORCH_CHECK(group % 2 == 0 && K % group == 0, "K must be a multiple of the (even) group");
     TORCH_CHECK(kind >= NIB && kind <= SIX, "kind: 0, 1, 2 or 3");
@@ -361,9 +402,13 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     const bool off = od.numel() > 0;
     auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
     if (M == 0 || N == 0) return y;  // a step with no rows for this weight (no logits wanted)
+    // x as bf16 (fp32 rounded here, nearest even) and, where the epilogue needs it, each group's sum
+    // of those bf16 values: in this call, not as ATen operations (three a call cost ~10 us of a
+    // SmolLM2 product's ~40 at 8 rows)
+    torch::Tensor xb = x.scalar_type() == torch::kBFloat16 ? x : bf16_rows(x);
     torch::Tensor xsum;
-    if (needs_sum(static_cast<int>(kind), off)) xsum = x.to(torch::kFloat32).view({M, groups, group}).sum(-1).contiguous();
-    const Rows a{reinterpret_cast<const uint16_t*>(x.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
+    if (needs_sum(static_cast<int>(kind), off)) xsum = group_sums(xb, groups, group);
+    const Rows a{reinterpret_cast<const uint16_t*>(xb.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
                  K, group, groups};
     const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());  // uint8 nibbles or int8 codes
     float* yp = y.data_ptr<float>();

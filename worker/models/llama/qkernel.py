@@ -99,10 +99,10 @@ class Kernel:
             y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, *self.args, self.amx,
                                  VNNI_ROWS)
             return y if len(y) == m else y[:m]
-        xb = x.to(torch.bfloat16).contiguous()
-        if self.amx and w.group in (16, 32):
-            return self._qmm(_tile_rows(xb), True)[:m]
-        return self.wide(x) if m > self.rows else self._qmm(xb, False)
+        if self.amx and w.group in (16, 32):  # fp32 x: the kernel rounds it to bf16 itself (one op less)
+            y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
+            return y if len(y) == m else y[:m]
+        return self.wide(x) if m > self.rows else self._qmm(x.to(torch.bfloat16).contiguous(), False)
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
         return self.module.qmm(xb, *self.args, amx)
