@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 using Vec = at::vec::Vectorized<float>;  // 16 fp32 lanes (built with CPU_CAPABILITY_AVX512)
@@ -62,28 +63,61 @@ inline __m512 reduce16(const __m512* a) {
 
 constexpr int KB = 16;  // keys scored at once (one reduce16)
 
-// scores[g * count + i] = qs_g . k_i, i < 16, for the group's heads; kb: 16 keys of d fp32 each,
-// kstride apart
-inline void score16(const float* qs, const float* kb, int64_t kstride, int64_t group, int64_t d, float* scores,
-                    int64_t count) {
-  for (int64_t g = 0; g < group; g++) {
-    __m512 a[KB];
-#pragma GCC unroll 16
-    for (int i = 0; i < KB; i++) a[i] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < d; c += 16) {
-      const __m512 qv = _mm512_loadu_ps(qs + g * d + c);
-#pragma GCC unroll 16
-      for (int i = 0; i < KB; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + i * kstride + c), a[i]);
-    }
-    _mm512_storeu_ps(scores + g * count, reduce16(a));
-  }
+// r[0 .. 8) = the sums of a[0 .. 8)'s 16 lanes (reduce16's tree, on 8)
+inline __m256 reduce8(const __m512* a) {
+  __m512 x[4], y[2];
+  for (int i = 0; i < 4; i++)
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 2; i++)
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // lanes: y[0] (0+1), y[0] (2+3), y[1] (0+1), y[1] (2+3); then lanes 0+1 and 2+3
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+  const __m512 t = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, 0xB1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm512_extractf32x4_ps(t, 0)), _mm512_extractf32x4_ps(t, 2), 1);
 }
 
-// out[g][c0 .. c0 + 16 CB) = sum_j p[g][j] v_j[c0 ..], for GB heads of the group from g0: the sums in
-// registers (GB * CB <= 16 zmm), one pass over the keys
+// s[g * count + i] = qs_g . k_i for GB heads of the group (qs: the first one's d values, the next d
+// apart) and 8 keys (kstride apart): each key's columns loaded once for the GB heads
+template <int GB>
+inline void score8(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
+  __m512 acc[GB][8];
+  for (int g = 0; g < GB; g++)
+    for (int i = 0; i < 8; i++) acc[g][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += 16) {
+    __m512 qv[GB];
+    for (int g = 0; g < GB; g++) qv[g] = _mm512_loadu_ps(qs + g * d + c);
+    for (int i = 0; i < 8; i++) {
+      const __m512 kv = _mm512_loadu_ps(kb + i * kstride + c);
+      for (int g = 0; g < GB; g++) acc[g][i] = _mm512_fmadd_ps(qv[g], kv, acc[g][i]);
+    }
+  }
+  for (int g = 0; g < GB; g++) _mm256_storeu_ps(s + g * count, reduce8(acc[g]));
+}
+
+// scores[g * count + i] = qs_g . k_i, i < 16, for the group's heads (up to 3 at a time, each key
+// loaded once for them); kb: 16 keys of d fp32 each, kstride apart
+inline void score16(const float* qs, const float* kb, int64_t kstride, int64_t group, int64_t d, float* scores,
+                    int64_t count) {
+  for (int64_t half = 0; half < 16; half += 8)
+    for (int64_t g0 = 0; g0 < group; g0 += 3) {
+      const float* q = qs + g0 * d;
+      const float* k = kb + half * kstride;
+      float* s = scores + g0 * count + half;
+      switch (std::min<int64_t>(3, group - g0)) {
+        case 1: score8<1>(q, k, kstride, d, s, count); break;
+        case 2: score8<2>(q, k, kstride, d, s, count); break;
+        default: score8<3>(q, k, kstride, d, s, count);
+      }
+    }
+}
+
+// out[g][c0 .. c0 + 16 CB) = inv[g] * sum_j p[g][j] v_j[c0 ..], for GB heads of the group from g0 (p:
+// the softmax's numerators, inv: 1 / their sum): the sums in registers (GB * CB <= 16 zmm), one pass
+// over the keys
 template <int GB, int CB, typename T>
-inline void values_block(const float* p, int64_t count, const T* vr, int64_t vstride, int64_t c0, float* o,
-                         int64_t d) {
+inline void values_block(const float* p, const float* inv, int64_t count, const T* vr, int64_t vstride, int64_t c0,
+                         float* o, int64_t d) {
   __m512 acc[GB][CB];
   for (int g = 0; g < GB; g++)
     for (int c = 0; c < CB; c++) acc[g][c] = _mm512_setzero_ps();
@@ -97,17 +131,18 @@ inline void values_block(const float* p, int64_t count, const T* vr, int64_t vst
     }
   }
   for (int g = 0; g < GB; g++)
-    for (int c = 0; c < CB; c++) _mm512_storeu_ps(o + g * d + c0 + 16 * c, acc[g][c]);
+    for (int c = 0; c < CB; c++)
+      _mm512_storeu_ps(o + g * d + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
 }
 
 template <int GB, typename T>
-inline void values_cb(int64_t cb, const float* p, int64_t count, const T* vr, int64_t vstride, int64_t c0, float* o,
-                      int64_t d) {
+inline void values_cb(int64_t cb, const float* p, const float* inv, int64_t count, const T* vr, int64_t vstride,
+                      int64_t c0, float* o, int64_t d) {
   switch (cb) {
-    case 1: values_block<GB, 1>(p, count, vr, vstride, c0, o, d); break;
-    case 2: values_block<GB, 2>(p, count, vr, vstride, c0, o, d); break;
-    case 3: values_block<GB, 3>(p, count, vr, vstride, c0, o, d); break;
-    default: values_block<GB, 4>(p, count, vr, vstride, c0, o, d); break;
+    case 1: values_block<GB, 1>(p, inv, count, vr, vstride, c0, o, d); break;
+    case 2: values_block<GB, 2>(p, inv, count, vr, vstride, c0, o, d); break;
+    case 3: values_block<GB, 3>(p, inv, count, vr, vstride, c0, o, d); break;
+    default: values_block<GB, 4>(p, inv, count, vr, vstride, c0, o, d); break;
   }
 }
 
@@ -128,7 +163,7 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
             float softcap) {
   const int64_t group = heads / kv_heads, dv = d / Vec::size();
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qs(group * d), kbuf(KB * d);
+    std::vector<float> scores, qs(group * d), kbuf(KB * d), inv(group);
     std::vector<Vec> acc(group * dv);
     for (int64_t task = begin; task < end; task++) {
       const int64_t e = task / kv_heads, h = task % kv_heads, len = lengths[e];
@@ -162,8 +197,12 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
         float* s = &scores[g * count];
         if (softcap > 0)
           for (int64_t i = 0; i < count; i++) s[i] = std::tanh(s[i] / softcap) * softcap;
-        float top = *std::max_element(s, s + count), sum = 0.0f;
         int64_t i = 0;
+        Vec max_v(-std::numeric_limits<float>::infinity());
+        for (; i + Vec::size() <= count; i += Vec::size()) max_v = at::vec::maximum(max_v, Vec::loadu(s + i));
+        float top = _mm512_reduce_max_ps(max_v), sum = 0.0f;
+        for (; i < count; i++) top = std::max(top, s[i]);
+        i = 0;
         Vec top_v(top), sum_v(0.0f);
         for (; i + Vec::size() <= count; i += Vec::size()) {
           Vec p = (Vec::loadu(s + i) - top_v).exp_u20();
@@ -176,8 +215,7 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
           sum_v = sum_v + Vec::set(Vec(0.0f), p, count - i);
         }
         sum = _mm512_reduce_add_ps(sum_v);
-        float inv = 1.0f / sum;
-        for (int64_t t = 0; t < count; t++) s[t] *= inv;
+        inv[g] = 1.0f / sum;  // (applied to the weighted sums, not to each of the count numerators)
       }
       // out_g = sum_j p[g][j] v_j: up to 4 heads x 64 columns at a time in registers
       for (int64_t g0 = 0; g0 < group; g0 += 4) {
@@ -185,10 +223,10 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
         for (int64_t c = 0; c < dv; c += 4) {
           const int64_t cb = std::min<int64_t>(4, dv - c);
           switch (std::min<int64_t>(4, group - g0)) {
-            case 1: values_cb<1>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            case 2: values_cb<2>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            case 3: values_cb<3>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            default: values_cb<4>(cb, p, count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 1: values_cb<1>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 2: values_cb<2>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 3: values_cb<3>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            default: values_cb<4>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
           }
         }
       }

@@ -13,11 +13,16 @@ operations (an indexed write, views, ``baddbmm``, ``softmax``, ``bmm``):
    positions, no mask -- with one pass over the keys for the whole group,
    soft-caps the scores where the family does, takes the softmax (fp32,
    ``exp`` to within 2 ulp: ATen's ``exp_u20``) and the weighted sum of the
-   values in a second pass. Keys are scored 16 at a time (16 dot products'
-   lanes summed by one transposing tree, not a horizontal sum each), and the
-   weighted sum keeps up to 4 heads x 64 columns in registers: at 8 rows and
-   160 keys, Qwen2.5-1.5B's 28 layers took 4.9 ms against 7.0 with a
-   horizontal sum per key and the sums in memory (fp32 cache, 2 threads).
+   values in a second pass. Keys are scored 8 at a time for up to 3 heads of
+   the group (each key's columns loaded once for them; the 8 dot products'
+   lanes summed by one transposing tree, not a horizontal sum each), the
+   softmax's max is a vector one and its 1 / sum scales the weighted sums, not
+   each numerator, and the weighted sum keeps up to 4 heads x 64 columns in
+   registers. At 8 rows and 160 keys, Qwen2.5-1.5B's 28 layers took 4.9 ms
+   with 16 keys a head at a time, against 7.0 with a horizontal sum per key
+   and the sums in memory (fp32 cache, 2 threads); at 200 keys over an fp16
+   cache, the 3 heads a key: SmolLM2's 30 layers 2.27 -> 1.91 ms, the 0.5B's
+   2.02 -> 1.68, the 1.5B's 3.75 -> 3.26 (same process, best of 15).
 
 Each entry's result depends on its own query, keys and length only (never on
 the other rows of the batch or on the longest row), so it is batch-invariant
