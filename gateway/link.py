@@ -72,6 +72,11 @@ class BrokerConnections:
         self._control = None
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, c.close) for c in clients))
+        if self._refreshing is not None:  # a status query the close woke: its end is awaited here, so
+            try:                          # asyncio never reports it as an exception nobody retrieved
+                await self._refreshing
+            except Exception:  # noqa: BLE001 -- (its callers got their 503 from _query_status)
+                pass
 
     async def _maintain(self) -> None:
         while not self._closed:
@@ -114,11 +119,16 @@ class BrokerConnections:
     async def _query_status(self) -> Status:
         if self._control is None:
             raise self.no_broker()
+        control = self._control
         try:
-            st = await _on_a_thread(self._control.status, self.config.connect_timeout_s)
+            st = await _on_a_thread(control.status, self.config.connect_timeout_s)
         except BrokerUnavailable:
             self.broker_ok = False
             raise self.no_broker() from None
+        except RuntimeError:
+            if not self._closed:
+                raise
+            raise unavailable("the gateway is stopping") from None  # close() closed the client mid-query
         self.status, self.broker_ok = st, True
         return st
 

@@ -27,7 +27,7 @@ def test_bad_values_are_usage_errors(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": [1, 2], "max_tokens": 2}\n')
     for cmd in (["worker"], ["up"], ["run", str(rows), "-o", str(tmp_path / "out.jsonl")]):
-        for flag, bad in (("--max-model-len", "1"), ("--max-model-len", "lots"), ("--kv-cache-dtype", "fp16"),
+        for flag, bad in (("--max-model-len", "1"), ("--max-model-len", "lots"), ("--kv-cache-dtype", "fp8"),
                           ("--kv-cache-dtype", "int8")):
             r = CliRunner().invoke(main, [*cmd, flag, bad])
             assert r.exit_code == 2 and flag in r.output, (cmd, flag, bad, r.output)
