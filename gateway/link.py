@@ -72,11 +72,6 @@ class BrokerConnections:
         self._control = None
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, c.close) for c in clients))
-        if self._refreshing is not None:  # a status query the close woke: its end is awaited here, so
-            try:                          # asyncio never reports it as an exception nobody retrieved
-                await self._refreshing
-            except Exception:  # noqa: BLE001 -- (its callers got their 503 from _query_status)
-                pass
 
     async def _maintain(self) -> None:
         while not self._closed:
@@ -113,15 +108,14 @@ class BrokerConnections:
         """Ask the broker for its status now (concurrent callers share one query).
         Raises :class:`APIError` 503 when no broker answers."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._query_status())
+            self._refreshing = _shared(asyncio.ensure_future(self._query_status()))
         return await asyncio.shield(self._refreshing)
 
     async def _query_status(self) -> Status:
         if self._control is None:
             raise self.no_broker()
-        control = self._control
         try:
-            st = await _on_a_thread(control.status, self.config.connect_timeout_s)
+            st = await _on_a_thread(self._control.status, self.config.connect_timeout_s)
         except BrokerUnavailable:
             self.broker_ok = False
             raise self.no_broker() from None
@@ -216,7 +210,7 @@ class BrokerConnections:
             return self._control
         fut = self._connecting.get(model)
         if fut is None:
-            fut = self._connecting[model] = _on_a_thread(self._new_client, model, "gateway")
+            fut = self._connecting[model] = _shared(_on_a_thread(self._new_client, model, "gateway"))
         try:
             c = await asyncio.shield(fut)
         except BrokerUnavailable:
@@ -226,6 +220,15 @@ class BrokerConnections:
                 self._connecting.pop(model, None)
         self._clients.setdefault(model, c)
         return self._clients[model]
+
+
+def _shared(fut: asyncio.Future) -> asyncio.Future:
+    """``fut``, awaited through ``asyncio.shield`` by whoever needs it: its exception is marked read
+    when it ends, since every waiter may be gone by then (cancelled, or the gateway stopping: a
+    status query or a connect that close() ended), and asyncio would otherwise log "exception was
+    never retrieved" at ERROR. The waiters still get the exception."""
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return fut
 
 
 def _on_a_thread(fn, *args) -> asyncio.Future:

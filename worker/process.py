@@ -443,5 +443,7 @@ def runs_of(model) -> str:
     if weights is None or not hasattr(weights, "linear_kind"):
         runs = getattr(model, "runs", "") if getattr(model, "embedding_size", None) is not None else ""
         return runs[:200] if isinstance(runs, str) else ""
-    kv = str(getattr(model, "kv_dtype", "")).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
+    from worker.models.llama import kv_dtype_name
+
+    kv = kv_dtype_name(model.kv_dtype) if getattr(model, "kv_dtype", None) is not None else ""
     return (f"{weights.precision}: {weights.linear_kind}"[:180] + (f"; KV cache {kv}" if kv else ""))[:200]

@@ -139,3 +139,40 @@ def test_the_runner_gives_the_batched_paths_tokens(kernel, kv_cache_dtype):
         engine.run()
         runs[fused] = [h.tokens for h in handles]
     assert runs[True] == runs[False]
+
+
+@needs_kernel
+def test_its_rope_is_the_forwards_bit_for_bit_after_the_keys_and_values_are_made_finite(kernel):
+    from worker.models.llama.model import _rope_
+
+    gen = torch.Generator().manual_seed(4)
+    n, heads, kv_heads, d = 5, 4, 2, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen) * 3
+    qkv[1, heads * d + 3] = float("nan")  # a key
+    qkv[2, (heads + kv_heads) * d + 7] = float("-inf")  # a value
+    qkv[3, 5] = float("inf")  # a query: RoPE's business, not made finite
+    cos, sin = torch.randn(n, 1, d, generator=gen), torch.randn(n, 1, d, generator=gen)
+    want = qkv.clone()
+    want[:, heads * d:].nan_to_num_(0.0, 0.0, 0.0)
+    _rope_(want[:, :(heads + kv_heads) * d].view(n, heads + kv_heads, d), cos, sin)
+    got = qkv.clone()
+    kernel.rope_finite_(got, cos, sin, heads + kv_heads, d, heads * d)
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))  # (NaN where RoPE meets the inf query)
+    assert torch.isfinite(got[:, heads * d:]).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [576, 100])  # 100: a masked tail of 4 columns
+def test_its_rms_norm_is_the_forwards_formula(kernel, hidden):
+    from types import SimpleNamespace
+
+    from worker.models.llama.model import _rms_norm
+    from worker.models.llama.weights import StepConsts
+
+    gen = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(9, hidden, generator=gen) * 4, torch.randn(hidden, generator=gen)
+    consts = StepConsts.of(SimpleNamespace(hidden_size=hidden, rms_norm_eps=1e-5), 0.125, on_cpu=True)
+    want = _rms_norm(x, weight, consts)
+    got = kernel.rms_norm(x, weight, consts.inv_hidden_value, consts.eps_value)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)  # (the sum of squares in another order)
+    assert torch.equal(_rms_norm(x, weight, consts, glue=kernel), got)  # the forward calls it where it runs

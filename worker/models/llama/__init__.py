@@ -130,6 +130,18 @@ def from_source(source, tokenizer=None, *, device: str = "cpu", precision: str =
                        max_prefill_tokens=max_prefill_tokens, kv_dtype=kv_dtype(kv_cache_dtype, weights))
 
 
+def _kv_dtypes() -> dict:
+    """``ModelOptions.kv_cache_dtype`` names (all but ``"auto"``) -> torch dtypes."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def kv_dtype_name(dtype) -> str:
+    """The ``kv_cache_dtype`` name of a KV cache's torch dtype (``str(dtype)`` for another)."""
+    return next((name for name, d in _kv_dtypes().items() if d == dtype), str(dtype))
+
+
 def kv_dtype(kv_cache_dtype: str, weights):
     """The KV cache's torch dtype for ``ModelOptions.kv_cache_dtype`` (``"auto"``: fp16 for precision
     ``gguf`` on CPU, as llama.cpp's server and Ollama keep a GGUF's cache by default, half fp32's
@@ -140,7 +152,7 @@ def kv_dtype(kv_cache_dtype: str, weights):
 
     auto = (torch.float16 if weights.precision == "gguf" and torch.device(weights.device).type == "cpu"
             else weights.act_dtype)
-    dtypes = {"auto": auto, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {"auto": auto, **_kv_dtypes()}
     if kv_cache_dtype not in dtypes:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(dtypes)}; got {kv_cache_dtype!r}")
     dtype = dtypes[kv_cache_dtype]

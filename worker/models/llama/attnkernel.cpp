@@ -46,24 +46,11 @@ void write_new(T* k, T* v, const int64_t* ks, const float* new_kv, int64_t new_s
   }
 }
 
-// r[i] = the sum of a[i]'s 16 lanes, i = 0..15: a transposing tree (unpack, in-lane shuffle,
-// 128-bit lane shuffle), 45 operations for 16 sums where one horizontal reduce each takes ~8 in a
-// dependent chain
-inline __m512 reduce16(const __m512* a) {
-  __m512 x[8], y[4], z[2];
-  for (int i = 0; i < 8; i++)  // per 128-bit lane: a[2i] (0+2), a[2i+1] (0+2), a[2i] (1+3), a[2i+1] (1+3)
-    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; i++)  // per 128-bit lane: the lane's sums of a[4i .. 4i + 3]
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int i = 0; i < 2; i++)  // lanes: y[2i] (0+1), y[2i] (2+3), y[2i+1] (0+1), y[2i+1] (2+3)
-    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0x88), _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
-}
+constexpr int KB = 16;  // keys a 16-bit cache widens at once (score16: two score8 calls)
 
-constexpr int KB = 16;  // keys scored at once (one reduce16)
-
-// r[0 .. 8) = the sums of a[0 .. 8)'s 16 lanes (reduce16's tree, on 8)
+// r[0 .. 8) = the sums of a[0 .. 8)'s 16 lanes: a transposing tree (unpack, in-lane shuffle, 128-bit
+// lane shuffle), 25 operations for 8 sums where one horizontal reduce each takes ~8 in a dependent
+// chain
 inline __m256 reduce8(const __m512* a) {
   __m512 x[4], y[2];
   for (int i = 0; i < 4; i++)
