@@ -44,6 +44,14 @@ namespace {
 enum Kind { NIB = 0, MAGIC = 1, WIDE = 2, SIX = 3 };
 constexpr float MAGIC_ZERO = 192.0f;  // what MAGIC decoding adds to a code (SIX: 128 - low)
 constexpr int MR = 8;  // AVX-512 path: activation rows in registers at once (2 * MR accumulators)
+// The tiles' rings (amx_chunk, amx8_chunk): groups decoded AHEAD groups ahead into RING_SLOTS
+// slots. A tile load of weights the vector stores wrote waits until those stores have left the
+// store buffer; int8 quads decoded one group ahead, the decode and the tile products ran one after
+// the other (Qwen2.5-1.5B, int8, all its products: 67.9 ms at 1 row, 79.5 at 8; two groups ahead
+// 61.0 and 74.8, three 59.3 and 72.8, six 59.0 and 73.7; 2 threads, one run). bf16 pairs (twice the
+// bytes a group) measured best one group ahead (Qwen2.5-Coder-0.5B's products at 8 rows: 26.2 ms
+// against 28.4 two ahead; SmolLM2 7.0 against 7.1; the 1.5B 82.2 against 80.3, within its spread).
+constexpr int BF16_AHEAD = 1, INT8_AHEAD = 3, RING_SLOTS = 4;
 
 inline __m512i bf16_lut(int64_t low) {  // nibble -> bf16 of (low + nibble): small integers, exact
     alignas(64) uint16_t t[32];
@@ -132,7 +140,7 @@ struct NextBlock {
     __m512i* wbuf = nullptr;
     __m512i lut = __m512i{};
     void part(int64_t g) const {
-        if (w) fn(w, K, wbuf, g * per, (g + 1) * per, lut);
+        if (w) fn(w, K, wbuf + g * per, g * per, (g + 1) * per, lut);
     }
 };
 
@@ -231,16 +239,18 @@ inline void amx_config(int rows, int64_t group) {
     _tile_loadconfig(&c);
 }
 
-// The block's weights, decoded once into wbuf ([K / 2] zmm: pair p's 16 rows x 2 columns, the B
-// tiles' layout), then every chunk of up to 16 activation rows multiplies them group by group. Two
-// C tiles alternate, so a group's product runs while the previous group's sums are scaled.
+// Above 16 rows, the block's weights are decoded once into wbuf ([K / 2] zmm: pair p's 16 rows x 2
+// columns, the B tiles' layout), then every chunk of up to 16 activation rows multiplies them group by
+// group; up to 16 rows, a group at a time into a ring (amx_chunk). Two C tiles alternate, so a
+// group's product runs while the previous group's sums are scaled. decode_range writes pairs
+// p0 .. p1 - 1 to wbuf[0 .. p1 - p0).
 template <int KIND>
 void decode_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t p0, int64_t p1, __m512i lut) {
     // pairs p0 .. p1 - 1; the next block's codes (where this thread goes next) are fetched meanwhile
     const int64_t bytes = K * column_bytes(KIND), pair = 2 * column_bytes(KIND);
     for (int64_t p = p0; p < p1; ++p) {  // one prefetch per 64 bytes decoded, spread through the loop
         if ((p * pair) % 64 < pair) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + (p * pair) / 64 * 64), _MM_HINT_T1);
-        _mm512_store_si512(wbuf + p, (__m512i)decode<KIND>(w, p, lut));
+        _mm512_store_si512(wbuf + (p - p0), (__m512i)decode<KIND>(w, p, lut));
     }
 }
 
@@ -254,16 +264,25 @@ inline void scale_group(const Rows& a, const Block& b, int64_t g, const float* c
     }
 }
 
-// R <= 16 rows of x (a.x points at the chunk's first row), sums in registers, into b.y's rows
-template <int R, int KIND, bool OFF>
-void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlock& next) {
+// R <= 16 rows of x (a.x points at the chunk's first row), sums in registers, into b.y's rows.
+// RING (the block's only chunk: a decode step's few rows): the block's weights are not decoded whole
+// first; group g + BF16_AHEAD's are decoded into a ring while group g's product runs, so the B
+// tiles are read from L1. (Decoded whole into wbuf -- K / 2 zmm a block, two blocks held, 57 KB at
+// K = 896, 311 KB at 4,864 -- every decoded pair went out to L2 and back: the ring took a
+// Qwen2.5-Coder-0.5B step's products from 29.3 to 26.3 ms and its Q8_0 head from 10.0 to 8.6 ms at
+// 8 rows, 2 threads.)
+template <int R, int KIND, bool OFF, bool RING>
+void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlock& next, __m512i lut) {
     alignas(64) float cbuf[16 * 16];
+    alignas(64) __m512i ring[RING ? RING_SLOTS : 1][16];  // a group's pairs: group <= 32 (qmm checks)
     __m512 tot[R];
     for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
     const int64_t pairs = a.group / 2;
+    if constexpr (RING)
+        for (int64_t g = 0; g < BF16_AHEAD && g < a.groups; ++g) decode_range<KIND>(b.w, a.K, ring[g], g * pairs, (g + 1) * pairs, lut);
     for (int64_t g = 0; g < a.groups; ++g) {
         _tile_loadd(1, a.x + g * a.group, a.K * 2);
-        _tile_loadd(2, wbuf + g * pairs, 64);
+        _tile_loadd(2, RING ? ring[g % RING_SLOTS] : wbuf + g * pairs, 64);
         if (g % 2 == 0) {
             _tile_zero(0);
             _tile_dpbf16ps(0, 1, 2);
@@ -274,7 +293,12 @@ void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlo
             _tile_stored(0, cbuf, 64);
             scale_group<R, KIND, OFF>(a, b, g - 1, cbuf, tot);
         }
-        next.part(g);
+        if constexpr (RING) {
+            const int64_t d = g + BF16_AHEAD;
+            if (d < a.groups) decode_range<KIND>(b.w, a.K, ring[d % RING_SLOTS], d * pairs, (d + 1) * pairs, lut);
+        } else {
+            next.part(g);
+        }
     }
     if ((a.groups - 1) % 2 == 0) _tile_stored(0, cbuf, 64);  // tile numbers are immediates
     else _tile_stored(3, cbuf, 64);
@@ -283,15 +307,24 @@ void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlo
 }
 
 template <int KIND, bool OFF>
-void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, const NextBlock& next) {
-    for (int64_t m0 = 0; m0 < M; m0 += 16) {  // M <= 16 or a multiple of 16
+void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, const NextBlock& next, __m512i lut) {
+    if (M <= 16) {  // one chunk: its weights through the ring
+        switch (M) {
+#define CASE(n) case n: amx_chunk<n, KIND, OFF, true>(a, b, nullptr, NextBlock{}, lut); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+            CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+#undef CASE
+        }
+        return;
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {  // a multiple of 16
         Rows part = a;
         part.x = a.x + m0 * a.K;
         part.xsum = a.xsum ? a.xsum + m0 * a.groups : nullptr;
         Block out = b;
         out.y = b.y + m0 * b.ldy;
         switch (std::min<int64_t>(16, M - m0)) {
-#define CASE(n) case n: amx_chunk<n, KIND, OFF>(part, out, wbuf, m0 == 0 ? next : NextBlock{}); break;
+#define CASE(n) case n: amx_chunk<n, KIND, OFF, false>(part, out, wbuf, m0 == 0 ? next : NextBlock{}, lut); break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
             CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
 #undef CASE
@@ -301,7 +334,7 @@ void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, con
 
 template <int KIND, bool OFF>
 void rows(bool amx, int64_t M, const Rows& a, const Block& b, __m512i lut, const __m512i* wbuf, const NextBlock& next) {
-    if (amx) amx_rows<KIND, OFF>(M, a, b, wbuf, next);
+    if (amx) amx_rows<KIND, OFF>(M, a, b, wbuf, next, lut);
     else avx_rows<KIND, OFF>(M, a, b, lut);
 }
 
@@ -418,27 +451,26 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     const bool sums = needs_sum(static_cast<int>(kind), off);
     const auto decoder = kind == NIB ? decode_range<NIB> : kind == MAGIC ? decode_range<MAGIC>
                        : kind == WIDE ? decode_range<WIDE> : decode_range<SIX>;
+    const bool whole = amx && M > 16;  // blocks decoded whole (several chunks of rows share them), else the ring
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        // AMX: two blocks' decoded weights (K / 2 zmm each), this block's and the next one's (NextBlock)
+        // above 16 rows: two blocks' decoded weights (K / 2 zmm each), this block's and the next one's (NextBlock)
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
-            amx ? static_cast<__m512i*>(std::aligned_alloc(64, 2 * (K / 2) * sizeof(__m512i))) : nullptr, &std::free);
+            whole ? static_cast<__m512i*>(std::aligned_alloc(64, 2 * (K / 2) * sizeof(__m512i))) : nullptr, &std::free);
         // one block's scales and additive terms, fp32 [groups, 16] each
         std::unique_ptr<float, decltype(&std::free)> fbuf(
             static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
         float* obuf = sums ? sbuf + groups * 16 : nullptr;
-        if (amx) {
-            amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
-            decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
-        }
+        if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        if (whole) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = (i - b0) % 2;
             expand(sf.of_block(i), of.of_block(i), zero, groups, sbuf, obuf);
             const Block b{wp + i * block_bytes, sbuf, obuf, yp + i * 16, N,
                           static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
-            const __m512i* wbuf = amx ? wmem.get() + cur * (K / 2) : nullptr;
+            const __m512i* wbuf = whole ? wmem.get() + cur * (K / 2) : nullptr;
             NextBlock next;
-            if (amx && i + 1 < b1) next = NextBlock{decoder, wp + (i + 1) * block_bytes, K, group / 2, wmem.get() + (1 - cur) * (K / 2), lut};
+            if (whole && i + 1 < b1) next = NextBlock{decoder, wp + (i + 1) * block_bytes, K, group / 2, wmem.get() + (1 - cur) * (K / 2), lut};
             switch (kind * 2 + off) {
                 case NIB * 2: rows<NIB, false>(amx, M, a, b, lut, wbuf, next); break;
                 case NIB * 2 + 1: rows<NIB, true>(amx, M, a, b, lut, wbuf, next); break;
@@ -490,8 +522,8 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
         for (int64_t t = q0 / 2; t < q1 / 2; ++t) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 8 + t * 64), _MM_HINT_T1);  // the next block's
             const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + t * 64));
-            _mm512_store_si512(wbuf + 2 * t, _mm512_and_si512(v, nib));
-            _mm512_store_si512(wbuf + 2 * t + 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+            _mm512_store_si512(wbuf + (2 * t - q0), _mm512_and_si512(v, nib));
+            _mm512_store_si512(wbuf + (2 * t + 1 - q0), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
         }
     } else if constexpr (KIND == WIDE || KIND == MAGIC) {  // int8 codes, per column pair 32 bytes (row j: 2j, 2j + 1)
         static const Bytes64 idx([](uint8_t* t) {  // dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
@@ -502,7 +534,7 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
         for (int64_t q = q0; q < q1; ++q) {  // u = code + 128: the sign bit flipped
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 16 + q * 64), _MM_HINT_T1);
             const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + q * 64));
-            _mm512_store_si512(wbuf + q, _mm512_xor_si512(v, flip));
+            _mm512_store_si512(wbuf + (q - q0), _mm512_xor_si512(v, flip));
         }
     } else {  // SIX, per 4 columns 48 bytes: A (columns 0, 1), B (2, 3) nibble pairs, H high bit pairs
         static const Bytes64 idx([](uint8_t* t) {  // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded)
@@ -525,7 +557,7 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
             const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, w + q * 48));
             const __m512i n = _mm512_multishift_epi64_epi8(ctrl_n, v), h = _mm512_multishift_epi64_epi8(ctrl_h, v);
             // low 4 bits from n, bits 4-5 from h
-            _mm512_store_si512(wbuf + q, _mm512_and_si512(_mm512_ternarylogic_epi32(n, h, low4, 0xE4), six));
+            _mm512_store_si512(wbuf + (q - q0), _mm512_and_si512(_mm512_ternarylogic_epi32(n, h, low4, 0xE4), six));
         }
     }
 }
@@ -596,17 +628,23 @@ inline void q8_from(const QRows& a, const Block& b, int64_t g, const int32_t* cb
 }
 
 // Group g's product runs on C tile g % 2 while group g - 1's tile is stored and group g - 2's
-// stored sums are scaled: the loads of a tile's store then find it written.
-template <int R>
+// stored sums are scaled: the loads of a tile's store then find it written. RING: as amx_chunk's
+// (the block's only chunk, its quads decoded INT8_AHEAD groups ahead into the ring from the codes at
+// w by decoder; else its quads are wbuf and next decodes the next block's during the products).
+template <int R, bool RING>
 __attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
-void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextBlock& next) {
+void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextBlock& next, const uint8_t* w,
+                void (*decoder)(const uint8_t*, int64_t, __m512i*, int64_t, int64_t, __m512i)) {
     alignas(64) int32_t cbuf[2][16 * 16];
+    alignas(64) __m512i ring[RING ? RING_SLOTS : 1][16];  // a group's quads: group <= 64 (qmm8 checks)
     __m512 tot[R];
     for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
     const int64_t quads = a.group / 4;
+    if constexpr (RING)
+        for (int64_t g = 0; g < INT8_AHEAD && g < a.groups; ++g) decoder(w, a.K, ring[g], g * quads, (g + 1) * quads, __m512i{});
     for (int64_t g = 0; g < a.groups; ++g) {
         _tile_loadd(1, a.xq + g * a.group, a.K);
-        _tile_loadd(2, wbuf + g * quads, 64);
+        _tile_loadd(2, RING ? ring[g % RING_SLOTS] : wbuf + g * quads, 64);
         if (g % 2 == 0) {
             _tile_zero(0);
             _tile_dpbsud(0, 1, 2);
@@ -617,7 +655,12 @@ void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextB
             _tile_stored(0, cbuf[0], 64);
         }
         if (g >= 2) q8_from<R>(a, b, g - 2, cbuf[g % 2], tot);
-        next.part(g);
+        if constexpr (RING) {
+            const int64_t d = g + INT8_AHEAD;
+            if (d < a.groups) decoder(w, a.K, ring[d % RING_SLOTS], d * quads, (d + 1) * quads, __m512i{});
+        } else {
+            next.part(g);
+        }
     }
     const int64_t last = a.groups - 1;
     if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
@@ -692,27 +735,28 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     float* yp = y.data_ptr<float>();
     const int64_t block_bytes = K * column_bytes(kind);
     const auto decoder = kind == NIB ? quads_range<NIB> : kind == SIX ? quads_range<SIX> : quads_range<WIDE>;
+    const bool ring = tiles && M <= 16;  // the tiles' one chunk of rows: its quads through amx8_chunk's ring
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        // the tiles: two blocks' quads, this block's and the next one's (decoded during this one's products)
+        // the tiles above 16 rows: two blocks' quads, this block's and the next one's (decoded during this
+        // one's products); VNNI: one block's
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
-            static_cast<__m512i*>(std::aligned_alloc(64, (tiles ? 2 : 1) * (K / 4) * sizeof(__m512i))), &std::free);
+            ring ? nullptr : static_cast<__m512i*>(std::aligned_alloc(64, (tiles ? 2 : 1) * (K / 4) * sizeof(__m512i))),
+            &std::free);
         std::unique_ptr<float, decltype(&std::free)> fbuf(
             static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
         float* obuf = sbuf + groups * 16;
-        if (tiles) {
-            amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
-            decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
-        }
+        if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        if (tiles && !ring) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = tiles ? (i - b0) % 2 : 0;
-            __m512i* wbuf = wmem.get() + cur * (K / 4);
+            __m512i* wbuf = ring ? nullptr : wmem.get() + cur * (K / 4);
             expand(sf.of_block(i), of.of_block(i), -static_cast<float>(base), groups, sbuf, obuf);
             // VNNI (a few rows, the memory the bound): the block decoded whole first (decoding the next
             // block during the products measured slower there: 0.96 against 0.86 ms a layer at 1 row)
             NextBlock next;
             if (!tiles) decoder(wp + i * block_bytes, K, wbuf, 0, K / 4, __m512i{});
-            else if (i + 1 < b1) next = NextBlock{decoder, wp + (i + 1) * block_bytes, K, group / 4, wmem.get() + (1 - cur) * (K / 4), __m512i{}};
+            else if (!ring && i + 1 < b1) next = NextBlock{decoder, wp + (i + 1) * block_bytes, K, group / 4, wmem.get() + (1 - cur) * (K / 4), __m512i{}};
             const Block b{nullptr, sbuf, obuf, yp + i * 16, N, static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
             const int64_t step = tiles ? 16 : QR;
             for (int64_t m0 = 0; m0 < M; m0 += step) {
@@ -725,8 +769,10 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 const int64_t r = std::min<int64_t>(step, M - m0);
                 if (tiles) {
                     const NextBlock& during = m0 == 0 ? next : NextBlock{};
-                    switch (r) {
-#define CASE(n) case n: amx8_chunk<n>(part, out, wbuf, during); break;
+                    const uint8_t* w = wp + i * block_bytes;
+                    switch (r + (ring ? 16 : 0)) {
+#define CASE(n) case n: amx8_chunk<n, false>(part, out, wbuf, during, w, decoder); break; \
+                    case n + 16: amx8_chunk<n, true>(part, out, wbuf, during, w, decoder); break;
                         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
                         CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
 #undef CASE

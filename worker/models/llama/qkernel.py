@@ -139,13 +139,13 @@ rounded to bf16, bf16 activations, fp32 sums over all of K), up to it on the mod
 Decode batches of up to 64 rows are then row-invariant; a prompt's rows follow their chunk's size
 (``bf16``: every row count on the exact product)."""
 
-VNNI_ROWS = 5
-"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured on a
-Qwen2.5-1.5B layer's shapes, 2 threads, best of 15, both in one run: Q4_K at 5 rows VNNI 1.34 ms
-against the tiles' 1.31, at 6 rows 1.43 against 1.31, at 8 rows 1.73 against 1.50; Q6_K at 5 rows
-1.96 against 2.13, at 6 rows 2.25 against 2.23, at 8 rows 2.55 against 2.53; at 1 row VNNI 0.88 and
-1.21 against 1.09 and 1.67. The tiles decode the next block during a block's products; VNNI decodes
-each block first.)"""
+VNNI_ROWS = 2
+"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured on all of
+Qwen2.5-Coder-1.5B's products, head included, 2 threads, best of 5, both in one run, after the tiles
+took a decode step's rows through a ring (qkernel.cpp, INT8_AHEAD): at 1 row VNNI 56.5 ms against
+the tiles' 60.1, 2 rows 62.4 against 63.0, 3 rows 68.1 against 64.7, 4 rows 74.0 against 66.7,
+5 rows 78.7 against 68.0. Before the ring the tiles decoded the next block whole during a block's
+products, and VNNI led up to 5 rows. VNNI decodes each block first.)"""
 
 NIBBLES, MAGIC, WIDE, SIX = 0, 1, 2, 3
 """How the kernel holds and decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table;
