@@ -219,6 +219,22 @@ def test_int8_rows_are_the_same_whatever_rows_run_beside_them(module, layout):
         assert torch.equal(w(x[:m]), alone[:m]), m
 
 
+@needs_q8
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2], LAYOUTS[3], LAYOUTS[9]])  # NIB, SIX (16), WIDE (32, 16)
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 32])
+def test_int8_tiles_sum_what_vnni_sums(module, layout, m):
+    """The AMX-INT8 paths (two groups a tile product up to 8 rows, a ring of groups up to 16, whole
+    blocks above) and VNNI form the same integer sums and one epilogue: the same bits."""
+    if not module.has_amx():
+        pytest.skip("no AMX tiles here")
+    w = weight(*layout, 100, K, seed=11).prepare()
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    args = w.kernel.args
+    tiles = module.qmm8(x, *args, True, 0)
+    vnni = module.qmm8(x, *args, False, 0)
+    assert torch.equal(tiles, vnni)
+
+
 def test_activations_are_checked(module):
     w = weight(0, 16, 32, True, "k", 40, 256).prepare()
     with pytest.raises(ValueError, match="gguf_activations must be one of"):

@@ -670,6 +670,72 @@ void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextB
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
 }
 
+// Up to 8 rows (the ring's rows, an even number of groups of at most 32 columns): two groups per tile
+// product. A tile product's cost does not depend on its rows, and at a decode step's rows the tile
+// operations (two loads, a zero, the product, a store: about 50 cycles a group, measured) were as
+// long as the decode and the memory. So the A tile stacks the rows twice, block-diagonally, over
+// two groups' columns (x2: rows 0 .. R - 1 = [x of group 2h, 0], rows R .. 2R - 1 = [0, x of group
+// 2h + 1]) and the B tile holds both groups' quads: C's rows 0 .. R - 1 are group 2h's integer
+// sums and rows R .. 2R - 1 group 2h + 1's, the same integers as one group at a time.
+inline void amx8_stack_config(int rows, int64_t group) {
+    TileConfig c;
+    c.rows[0] = static_cast<uint8_t>(2 * rows); c.colsb[0] = 64;
+    c.rows[3] = static_cast<uint8_t>(2 * rows); c.colsb[3] = 64;
+    c.rows[1] = static_cast<uint8_t>(2 * rows); c.colsb[1] = static_cast<uint16_t>(2 * group);
+    c.rows[2] = static_cast<uint8_t>(group / 2); c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+// x2 for qmm8's stacked tiles: int8 [groups / 2, 2 M, 2 group], from xq [M, K]
+void stack_rows(const int8_t* xq, int64_t M, int64_t K, int64_t group, int8_t* x2) {
+    std::memset(x2, 0, static_cast<size_t>(K * 2 * M));
+    for (int64_t h = 0; h < K / group / 2; ++h) {
+        int8_t* t = x2 + h * 2 * M * 2 * group;
+        for (int64_t r = 0; r < M; ++r) {
+            std::memcpy(t + r * 2 * group, xq + r * K + 2 * h * group, group);
+            std::memcpy(t + (M + r) * 2 * group + group, xq + r * K + (2 * h + 1) * group, group);
+        }
+    }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
+void amx8_stack(const QRows& a, const Block& b, const int8_t* x2, const uint8_t* w,
+                void (*decoder)(const uint8_t*, int64_t, __m512i*, int64_t, int64_t, __m512i)) {
+    alignas(64) int32_t cbuf[2][16 * 16];
+    alignas(64) __m512i ring[RING_SLOTS][16];  // two groups' quads: group <= 32
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t quads = a.group / 4, pairs = a.groups / 2, tile_bytes = 2 * R * 2 * a.group;
+    for (int64_t h = 0; h < INT8_AHEAD && h < pairs; ++h) decoder(w, a.K, ring[h], 2 * h * quads, (2 * h + 2) * quads, __m512i{});
+    auto scale = [&](int64_t h, const int32_t* c) {
+        q8_from<R>(a, b, 2 * h, c, tot);
+        q8_from<R>(a, b, 2 * h + 1, c + R * 16, tot);
+    };
+    for (int64_t h = 0; h < pairs; ++h) {
+        _tile_loadd(1, x2 + h * tile_bytes, 2 * a.group);
+        _tile_loadd(2, ring[h % RING_SLOTS], 64);
+        if (h % 2 == 0) {
+            _tile_zero(0);
+            _tile_dpbsud(0, 1, 2);
+            if (h) _tile_stored(3, cbuf[1], 64);
+        } else {
+            _tile_zero(3);
+            _tile_dpbsud(3, 1, 2);
+            _tile_stored(0, cbuf[0], 64);
+        }
+        if (h >= 2) scale(h - 2, cbuf[h % 2]);
+        const int64_t d = h + INT8_AHEAD;
+        if (d < pairs) decoder(w, a.K, ring[d % RING_SLOTS], 2 * d * quads, (2 * d + 2) * quads, __m512i{});
+    }
+    const int64_t last = pairs - 1;
+    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
+    else _tile_stored(3, cbuf[1], 64);
+    if (last >= 1) scale(last - 1, cbuf[(last - 1) % 2]);
+    scale(last, cbuf[last % 2]);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+}
+
 // x fp32 [M, K] -> QRows' arrays: per row and group the scale, the int8 values (NIB: per 8 columns
 // the even ones, then the odd ones) and the sum of x
 void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t* xq, float* xs, float* xsum) {
@@ -736,6 +802,12 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     const int64_t block_bytes = K * column_bytes(kind);
     const auto decoder = kind == NIB ? quads_range<NIB> : kind == SIX ? quads_range<SIX> : quads_range<WIDE>;
     const bool ring = tiles && M <= 16;  // the tiles' one chunk of rows: its quads through amx8_chunk's ring
+    const bool stack = ring && M <= 8 && groups % 2 == 0 && group <= 32;  // and two groups a tile product
+    torch::Tensor x2;
+    if (stack) {
+        x2 = torch::empty({K * 2 * M}, x.options().dtype(torch::kChar));
+        stack_rows(a.xq, M, K, group, x2.data_ptr<int8_t>());
+    }
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         // the tiles above 16 rows: two blocks' quads, this block's and the next one's (decoded during this
         // one's products); VNNI: one block's
@@ -746,7 +818,8 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
             static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
         float* obuf = sbuf + groups * 16;
-        if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        if (stack) amx8_stack_config(static_cast<int>(M), group);
+        else if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (tiles && !ring) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = tiles ? (i - b0) % 2 : 0;
@@ -767,7 +840,15 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 Block out = b;
                 out.y = b.y + m0 * N;
                 const int64_t r = std::min<int64_t>(step, M - m0);
-                if (tiles) {
+                if (stack) {
+                    const uint8_t* w = wp + i * block_bytes;
+                    const int8_t* xs2 = x2.data_ptr<int8_t>();
+                    switch (r) {
+#define CASE(n) case n: amx8_stack<n>(part, out, xs2, w, decoder); break;
+                        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+                    }
+                } else if (tiles) {
                     const NextBlock& during = m0 == 0 ? next : NextBlock{};
                     const uint8_t* w = wp + i * block_bytes;
                     switch (r + (ring ? 16 : 0)) {

@@ -139,13 +139,13 @@ rounded to bf16, bf16 activations, fp32 sums over all of K), up to it on the mod
 Decode batches of up to 64 rows are then row-invariant; a prompt's rows follow their chunk's size
 (``bf16``: every row count on the exact product)."""
 
-VNNI_ROWS = 2
-"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too (measured on all of
-Qwen2.5-Coder-1.5B's products, head included, 2 threads, best of 5, both in one run, after the tiles
-took a decode step's rows through a ring (qkernel.cpp, INT8_AHEAD): at 1 row VNNI 56.5 ms against
-the tiles' 60.1, 2 rows 62.4 against 63.0, 3 rows 68.1 against 64.7, 4 rows 74.0 against 66.7,
-5 rows 78.7 against 68.0. Before the ring the tiles decoded the next block whole during a block's
-products, and VNNI led up to 5 rows. VNNI decodes each block first.)"""
+VNNI_ROWS = 0
+"""Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too: none. Measured on
+all of Qwen2.5-Coder-1.5B's products, head included, 2 threads, best of 5, both in one run: with the
+tiles' ring and two groups a tile product up to 8 rows (qkernel.cpp, amx8_stack), VNNI 58.6 ms at
+1 row against the tiles' 56.8, 61.8 against 57.4 at 2 rows, 73.4 against 74.3 at 8 (the same
+kernel above 2 rows). With the ring alone VNNI led at 1 row (56.5 against 60.1); before the ring, up
+to 5 rows. VNNI decodes each block first; it runs where the process may not use the tiles."""
 
 NIBBLES, MAGIC, WIDE, SIX = 0, 1, 2, 3
 """How the kernel holds and decodes a weight's codes (``qkernel.cpp``): 4-bit pairs through a table;
