@@ -235,6 +235,20 @@ def test_int8_tiles_sum_what_vnni_sums(module, layout, m):
     assert torch.equal(tiles, vnni)
 
 
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[1], LAYOUTS[2], LAYOUTS[9]])  # 32 and 16 columns a group
+def test_bf16_rows_are_the_same_whatever_rows_run_beside_them(module, layout):
+    """On AMX every bf16 path (two 16-column groups a tile product up to 8 rows, a ring of groups up
+    to 16, whole blocks above) gives a row the same bits as alone."""
+    if not module.has_amx():
+        pytest.skip("no AMX tiles here")
+    w = weight(*layout, 100, K, seed=5).prepare()
+    w.kernel.set_activations("bf16")
+    x = torch.randn(48, K, generator=torch.Generator().manual_seed(6))
+    alone = torch.cat([w(x[i:i + 1]) for i in range(48)])
+    for m in (2, 7, 8, 9, 16, 32, 48):
+        assert torch.equal(w(x[:m]), alone[:m]), m
+
+
 def test_activations_are_checked(module):
     w = weight(0, 16, 32, True, "k", 40, 256).prepare()
     with pytest.raises(ValueError, match="gguf_activations must be one of"):

@@ -148,6 +148,7 @@ struct Rows {
     const uint16_t* x;   // bf16 [M, K]
     const float* xsum;   // [M, groups] or null: sum of each group's (bf16) activations
     int64_t K, group, groups;
+    const uint16_t* x2 = nullptr;  // amx_stack's A tiles ([groups / 2, 2 M, 2 group] bf16), or null
 };
 
 // the group's additive term: the offset, and zero * scale taken back off for MAGIC and SIX codes
@@ -306,8 +307,82 @@ void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlo
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
 }
 
+// Up to 8 rows of a 16-column-group weight (Q6_K): two groups a tile product, as amx8_stack (the
+// int8 product's) does: the A tile holds the rows twice, block-diagonally over two groups' 32
+// columns (Rows::x2, stack_rows), the B tile both groups' pairs; C's rows 0 .. R - 1 are group 2h's
+// sums, R .. 2R - 1 group 2h + 1's. The zeros add exact zeros, so the sums are those of one group a
+// tile product, bit for bit.
+template <int R, int KIND, bool OFF>
+void amx_stack(const Rows& a, const Block& b, __m512i lut) {
+    alignas(64) float cbuf[2][16 * 16];
+    alignas(64) __m512i ring[RING_SLOTS][16];  // two groups' pairs: group 16
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t pairs = a.group, halves = a.groups / 2, tile = 2 * R * 2 * a.group;  // pairs of two groups
+    for (int64_t h = 0; h < BF16_AHEAD && h < halves; ++h) decode_range<KIND>(b.w, a.K, ring[h], h * pairs, (h + 1) * pairs, lut);
+    auto scale = [&](int64_t h) {  // group 2h's sums and 2h + 1's, stored at h + 1 (two tiles' sums held)
+        const float* c = cbuf[h % 2];
+        scale_group<R, KIND, OFF>(a, b, 2 * h, c, tot);
+        scale_group<R, KIND, OFF>(a, b, 2 * h + 1, c + R * 16, tot);
+    };
+    for (int64_t h = 0; h < halves; ++h) {
+        _tile_loadd(1, a.x2 + h * tile, 4 * a.group);
+        _tile_loadd(2, ring[h % RING_SLOTS], 64);
+        if (h % 2 == 0) {
+            _tile_zero(0);
+            _tile_dpbf16ps(0, 1, 2);
+            if (h) _tile_stored(3, cbuf[1], 64);
+        } else {
+            _tile_zero(3);
+            _tile_dpbf16ps(3, 1, 2);
+            _tile_stored(0, cbuf[0], 64);
+        }
+        if (h >= 2) scale(h - 2);
+        const int64_t d = h + BF16_AHEAD;
+        if (d < halves) decode_range<KIND>(b.w, a.K, ring[d % RING_SLOTS], d * pairs, (d + 1) * pairs, lut);
+    }
+    const int64_t last = halves - 1;
+    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
+    else _tile_stored(3, cbuf[1], 64);
+    if (last >= 1) scale(last - 1);
+    scale(last);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+}
+
+// two groups' tile configuration (amx_stack, amx8_stack): rows activation rows, group columns a
+// group, bytes bytes a column (bf16 2, int8 1)
+inline void stack_config(int rows, int64_t group, int bytes) {
+    TileConfig c;
+    c.rows[0] = static_cast<uint8_t>(2 * rows); c.colsb[0] = 64;
+    c.rows[3] = static_cast<uint8_t>(2 * rows); c.colsb[3] = 64;
+    c.rows[1] = static_cast<uint8_t>(2 * rows); c.colsb[1] = static_cast<uint16_t>(2 * group * bytes);
+    c.rows[2] = static_cast<uint8_t>(2 * group * bytes / 4); c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+// the A tiles of two groups a tile product: T [groups / 2, 2 M, 2 group] from x T [M, K]
+template <class T>
+void stack_rows(const T* x, int64_t M, int64_t K, int64_t group, T* x2) {
+    std::memset(static_cast<void*>(x2), 0, static_cast<size_t>(K * 2 * M) * sizeof(T));
+    for (int64_t h = 0; h < K / group / 2; ++h) {
+        T* t = x2 + h * 2 * M * 2 * group;
+        for (int64_t r = 0; r < M; ++r) {
+            std::memcpy(t + r * 2 * group, x + r * K + 2 * h * group, group * sizeof(T));
+            std::memcpy(t + (M + r) * 2 * group + group, x + r * K + (2 * h + 1) * group, group * sizeof(T));
+        }
+    }
+}
+
 template <int KIND, bool OFF>
 void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, const NextBlock& next, __m512i lut) {
+    if (a.x2) {  // up to 8 rows, two groups a tile product
+        switch (M) {
+#define CASE(n) case n: amx_stack<n, KIND, OFF>(a, b, lut); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+        }
+        return;
+    }
     if (M <= 16) {  // one chunk: its weights through the ring
         switch (M) {
 #define CASE(n) case n: amx_chunk<n, KIND, OFF, true>(a, b, nullptr, NextBlock{}, lut); break;
@@ -441,8 +516,15 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     torch::Tensor xb = x.scalar_type() == torch::kBFloat16 ? x : bf16_rows(x);
     torch::Tensor xsum;
     if (needs_sum(static_cast<int>(kind), off)) xsum = group_sums(xb, groups, group);
-    const Rows a{reinterpret_cast<const uint16_t*>(xb.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
-                 K, group, groups};
+    Rows a{reinterpret_cast<const uint16_t*>(xb.data_ptr()), xsum.defined() ? xsum.data_ptr<float>() : nullptr,
+           K, group, groups};
+    const bool stack = amx && M <= 8 && group == 16 && groups % 2 == 0;  // amx_stack
+    torch::Tensor x2;
+    if (stack) {
+        x2 = torch::empty({K * 2 * M}, xb.options());
+        stack_rows<uint16_t>(a.x, M, K, group, reinterpret_cast<uint16_t*>(x2.data_ptr()));
+        a.x2 = reinterpret_cast<const uint16_t*>(x2.data_ptr());
+    }
     const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());  // uint8 nibbles or int8 codes
     float* yp = y.data_ptr<float>();
     const int64_t block_bytes = K * column_bytes(kind);  // 16 rows x K codes, 4, 6 or 8 bits each
@@ -461,7 +543,8 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
             static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
         float* obuf = sums ? sbuf + groups * 16 : nullptr;
-        if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
+        if (stack) stack_config(static_cast<int>(M), group, 2);
+        else if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (whole) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = (i - b0) % 2;
@@ -677,27 +760,6 @@ void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextB
 // two groups' columns (x2: rows 0 .. R - 1 = [x of group 2h, 0], rows R .. 2R - 1 = [0, x of group
 // 2h + 1]) and the B tile holds both groups' quads: C's rows 0 .. R - 1 are group 2h's integer
 // sums and rows R .. 2R - 1 group 2h + 1's, the same integers as one group at a time.
-inline void amx8_stack_config(int rows, int64_t group) {
-    TileConfig c;
-    c.rows[0] = static_cast<uint8_t>(2 * rows); c.colsb[0] = 64;
-    c.rows[3] = static_cast<uint8_t>(2 * rows); c.colsb[3] = 64;
-    c.rows[1] = static_cast<uint8_t>(2 * rows); c.colsb[1] = static_cast<uint16_t>(2 * group);
-    c.rows[2] = static_cast<uint8_t>(group / 2); c.colsb[2] = 64;
-    _tile_loadconfig(&c);
-}
-
-// x2 for qmm8's stacked tiles: int8 [groups / 2, 2 M, 2 group], from xq [M, K]
-void stack_rows(const int8_t* xq, int64_t M, int64_t K, int64_t group, int8_t* x2) {
-    std::memset(x2, 0, static_cast<size_t>(K * 2 * M));
-    for (int64_t h = 0; h < K / group / 2; ++h) {
-        int8_t* t = x2 + h * 2 * M * 2 * group;
-        for (int64_t r = 0; r < M; ++r) {
-            std::memcpy(t + r * 2 * group, xq + r * K + 2 * h * group, group);
-            std::memcpy(t + (M + r) * 2 * group + group, xq + r * K + (2 * h + 1) * group, group);
-        }
-    }
-}
-
 template <int R>
 __attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
 void amx8_stack(const QRows& a, const Block& b, const int8_t* x2, const uint8_t* w,
@@ -806,7 +868,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     torch::Tensor x2;
     if (stack) {
         x2 = torch::empty({K * 2 * M}, x.options().dtype(torch::kChar));
-        stack_rows(a.xq, M, K, group, x2.data_ptr<int8_t>());
+        stack_rows<int8_t>(a.xq, M, K, group, x2.data_ptr<int8_t>());
     }
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         // the tiles above 16 rows: two blocks' quads, this block's and the next one's (decoded during this
@@ -818,7 +880,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
             static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
         float* obuf = sbuf + groups * 16;
-        if (stack) amx8_stack_config(static_cast<int>(M), group);
+        if (stack) stack_config(static_cast<int>(M), group, 1);
         else if (tiles) amx8_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (tiles && !ring) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 4, __m512i{});
         for (int64_t i = b0; i < b1; ++i) {
