@@ -92,16 +92,59 @@ def test_while_other_processes_are_busy_more_threads_are_not_probed():
 def test_busy_reads_the_load_average_less_the_own_threads(monkeypatch):
     import os
 
+    from worker.models import threads
+
+    monkeypatch.setattr(threads, "runnable_others", lambda: 0)
     monkeypatch.setattr(os, "getloadavg", lambda: (3.1, 2.0, 1.0))
     assert others_busy(1) and others_busy(2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.4, 2.0, 1.0))
     assert not others_busy(1)
+    monkeypatch.setattr(threads, "runnable_others", lambda: 1)  # a task runnable now: busy at once
+    assert others_busy(1)
 
     def unreadable():
         raise OSError("no load average here")
 
+    monkeypatch.setattr(threads, "runnable_others", lambda: 0)
     monkeypatch.setattr(os, "getloadavg", unreadable)
     assert not others_busy(1)
+
+
+def test_a_process_that_starts_spinning_is_seen_at_once():
+    """The load average lags a minute; the runnable count sees a spinning process the moment it runs."""
+    import subprocess
+    import sys
+
+    from worker.models.threads import runnable_others
+
+    spin = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert spin.stdout.readline().strip() == "spinning"
+        assert runnable_others() >= 1  # the spinner is running or waiting for a CPU: state R
+        assert others_busy(64)  # whatever the load average says
+    finally:
+        spin.kill()
+        spin.wait()
+        spin.stdout.close()
+
+
+def test_own_threads_are_not_counted_as_others(monkeypatch):
+    """This process's own runnable threads (the reader itself at least) are taken off the count."""
+    import builtins
+    import io
+
+    from worker.models import threads
+
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/loadavg":
+            return io.StringIO("0.50 0.40 0.30 1/120 4242\n")  # one runnable task: the reader
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert threads.runnable_others() == 0
 
 
 def test_a_quiet_machine_keeps_every_core_and_probes_ever_less_often():

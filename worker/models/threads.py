@@ -47,15 +47,41 @@ rounds, 27 steps at 2 threads taking 11.8 of its 31 s; 85 tokens/s at a fixed th
 
 
 def others_busy(threads: int) -> bool:
-    """Whether other processes keep at least a core busy: the 1-minute load average (``os.getloadavg``),
-    less the ``threads`` this process's steps run on, is 1 or more (False where it cannot be read).
-    A probe of more threads then waits: beside busy processes a step on more threads collapses now
-    and then (0.5-1.2 s against 50-100 ms), and those tails are what the probes cost (measured:
-    ``bench/threads.py``, the default's busy rounds at 60-102 tokens/s against 122 at 1 thread)."""
+    """Whether other processes keep at least a core busy: the 1-minute load average
+    (``os.getloadavg``) less the ``threads`` this process's steps run on is 1 or more, or, now, at
+    least one other task is runnable (:func:`runnable_others`; the load average takes a minute to
+    follow a process that starts spinning). False where neither can be read. A probe of more
+    threads then waits: beside busy processes a step on more threads collapses now and then
+    (0.5-1.2 s against 50-100 ms), and those tails are what the probes cost (measured:
+    ``bench/threads.py``, the default's busy rounds at 60-102 tokens/s against 122 at 1 thread; with
+    the load average alone, the first busy round after a quiet one stayed at 101 tokens/s against
+    fixed-1's 174: its first ~30 s read as quiet). A task runnable by chance at the moment of reading
+    holds a probe of more threads back one interval, which costs a quiet machine little."""
     try:
-        return os.getloadavg()[0] - threads >= 1.0
+        if os.getloadavg()[0] - threads >= 1.0:
+            return True
     except OSError:
-        return False
+        pass
+    return runnable_others() >= 1
+
+
+def runnable_others() -> int:
+    """Tasks runnable now (running or waiting for a CPU) that are not this process's threads: the
+    system's count (``/proc/loadavg``'s fourth field, ``runnable/total``) less this process's
+    threads in state ``R`` (``/proc/self/task/*/stat``). 0 where ``/proc`` cannot be read."""
+    try:
+        with open("/proc/loadavg") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    own += f.read().rpartition(")")[2].split()[0] == "R"
+            except OSError:  # a thread that ended meanwhile
+                continue
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, runnable - own)
 
 
 def thread_counts(max_threads: int) -> tuple[int, ...]:
