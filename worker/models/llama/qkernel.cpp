@@ -307,6 +307,64 @@ void amx_chunk(const Rows& a, const Block& b, const __m512i* wbuf, const NextBlo
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
 }
 
+// 32 rows (a step verifying speculative drafts: 8 rows and their drafts, padded to 32): two chunks of
+// 16 rows over one ring, so the block's weights are decoded once and read from L1 by both chunks'
+// tile products (A tiles 1 and 4, C tiles 0 / 3 and 5 / 6 alternating). Each row's sums are those
+// of amx_chunk's, in the same order: the same bits.
+inline void amx_config32(int64_t group) {
+    TileConfig c;
+    for (int t : {0, 3, 5, 6}) { c.rows[t] = 16; c.colsb[t] = 64; }
+    for (int t : {1, 4}) { c.rows[t] = 16; c.colsb[t] = static_cast<uint16_t>(group * 2); }
+    c.rows[2] = static_cast<uint8_t>(group / 2); c.colsb[2] = 64;
+    _tile_loadconfig(&c);
+}
+
+template <int KIND, bool OFF>
+void amx_ring32(const Rows& a, const Block& b, __m512i lut) {
+    alignas(64) float cbuf[2][16 * 16];
+    alignas(64) __m512i ring[RING_SLOTS][16];
+    __m512 tot[16], tot2[16];
+    for (int r = 0; r < 16; ++r) tot[r] = tot2[r] = _mm512_setzero_ps();
+    Rows a2 = a;  // rows 16 .. 31
+    a2.x = a.x + 16 * a.K;
+    a2.xsum = a.xsum ? a.xsum + 16 * a.groups : nullptr;
+    const int64_t pairs = a.group / 2;
+    for (int64_t g = 0; g < BF16_AHEAD && g < a.groups; ++g) decode_range<KIND>(b.w, a.K, ring[g], g * pairs, (g + 1) * pairs, lut);
+    auto scale = [&](int64_t g) {
+        scale_group<16, KIND, OFF>(a, b, g, cbuf[0], tot);
+        scale_group<16, KIND, OFF>(a2, b, g, cbuf[1], tot2);
+    };
+    for (int64_t g = 0; g < a.groups; ++g) {
+        _tile_loadd(2, ring[g % RING_SLOTS], 64);
+        _tile_loadd(1, a.x + g * a.group, a.K * 2);
+        _tile_loadd(4, a2.x + g * a.group, a.K * 2);
+        if (g % 2 == 0) {
+            _tile_zero(0);
+            _tile_zero(5);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(5, 4, 2);
+            if (g) { _tile_stored(3, cbuf[0], 64); _tile_stored(6, cbuf[1], 64); scale(g - 1); }
+        } else {
+            _tile_zero(3);
+            _tile_zero(6);
+            _tile_dpbf16ps(3, 1, 2);
+            _tile_dpbf16ps(6, 4, 2);
+            _tile_stored(0, cbuf[0], 64);
+            _tile_stored(5, cbuf[1], 64);
+            scale(g - 1);
+        }
+        const int64_t d = g + BF16_AHEAD;
+        if (d < a.groups) decode_range<KIND>(b.w, a.K, ring[d % RING_SLOTS], d * pairs, (d + 1) * pairs, lut);
+    }
+    if ((a.groups - 1) % 2 == 0) { _tile_stored(0, cbuf[0], 64); _tile_stored(5, cbuf[1], 64); }
+    else { _tile_stored(3, cbuf[0], 64); _tile_stored(6, cbuf[1], 64); }
+    scale(a.groups - 1);
+    for (int r = 0; r < 16; ++r) {
+        _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+        _mm512_mask_storeu_ps(b.y + (16 + r) * b.ldy, b.valid, tot2[r]);
+    }
+}
+
 // Up to 8 rows of a 16-column-group weight (Q6_K): two groups a tile product, as amx8_stack (the
 // int8 product's) does: the A tile holds the rows twice, block-diagonally over two groups' 32
 // columns (Rows::x2, stack_rows), the B tile both groups' pairs; C's rows 0 .. R - 1 are group 2h's
@@ -381,6 +439,10 @@ void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, con
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
+        return;
+    }
+    if (M == 32) {  // two chunks over one ring
+        amx_ring32<KIND, OFF>(a, b, lut);
         return;
     }
     if (M <= 16) {  // one chunk: its weights through the ring
@@ -533,7 +595,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     const bool sums = needs_sum(static_cast<int>(kind), off);
     const auto decoder = kind == NIB ? decode_range<NIB> : kind == MAGIC ? decode_range<MAGIC>
                        : kind == WIDE ? decode_range<WIDE> : decode_range<SIX>;
-    const bool whole = amx && M > 16;  // blocks decoded whole (several chunks of rows share them), else the ring
+    const bool whole = amx && M > 32;  // blocks decoded whole (several chunks of rows share them), else a ring
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         // above 16 rows: two blocks' decoded weights (K / 2 zmm each), this block's and the next one's (NextBlock)
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
@@ -544,6 +606,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
         float* sbuf = fbuf.get();
         float* obuf = sums ? sbuf + groups * 16 : nullptr;
         if (stack) stack_config(static_cast<int>(M), group, 2);
+        else if (amx && M == 32) amx_config32(group);
         else if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (whole) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
         for (int64_t i = b0; i < b1; ++i) {
