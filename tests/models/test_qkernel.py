@@ -249,6 +249,25 @@ def test_bf16_rows_are_the_same_whatever_rows_run_beside_them(module, layout):
         assert torch.equal(w(x[:m]), alone[:m]), m
 
 
+@pytest.mark.parametrize("group, k", [(16, 16), (16, 48), (32, 32), (32, 96), (16, 64)])  # 1 or 3 groups, 2, 4
+@pytest.mark.parametrize("activations", ["bf16", "int8"])
+def test_every_row_path_holds_at_odd_and_single_group_counts(module, group, k, activations):
+    """The ring, the stacked tiles (even group counts only), the 32-row ring and whole blocks at K
+    of one to four groups: each row as alone, and near the fp64 product of its rounded activations."""
+    if not module.has_amx():
+        pytest.skip("no AMX tiles here")
+    if activations == "int8" and not module.has_q8():
+        pytest.skip("no VNNI/VBMI here")
+    w = weight(-32, 32, group, False, "f16", 40, k, seed=k).prepare()
+    w.kernel.set_activations(activations)
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(group))
+    alone = torch.cat([w(x[i:i + 1]) for i in range(40)])
+    for m in (3, 8, 16, 24, 32, 40):
+        assert torch.equal(w(x[:m]), alone[:m]), m
+    exact = F.linear(x.double(), w.dequantize().double())
+    assert (alone.double() - exact).norm() <= 0.05 * exact.norm()
+
+
 def test_activations_are_checked(module):
     w = weight(0, 16, 32, True, "k", 40, 256).prepare()
     with pytest.raises(ValueError, match="gguf_activations must be one of"):
