@@ -365,6 +365,46 @@ void amx_ring32(const Rows& a, const Block& b, __m512i lut) {
     }
 }
 
+// The loop of the stacked tile products (amx_stack, amx8_stack), per half h (groups 2h, 2h + 1):
+// the A tile at a2 + h * tile_bytes (rows a_stride bytes apart), the B tile from a ring that
+// decode(h, slot) fills AHEAD halves ahead; C tiles 0 and 3 alternate, and each half's sums
+// (fp32, or int32 with INT8: tdpbsud, else tdpbf16ps) are scaled a half later, scale(h, sums, tot),
+// so their loads find the tile's store written. store(tot) writes the R rows.
+template <int R, bool INT8, int AHEAD, class Decode, class Scale, class Store>
+__attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
+void stacked_loop(int64_t halves, const void* a2, int64_t tile_bytes, int64_t a_stride, Decode decode,
+                  Scale scale, Store store) {
+    alignas(64) int32_t cbuf[2][16 * 16];
+    alignas(64) __m512i ring[RING_SLOTS][16];  // a half's weights: two groups' tiles
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const char* ap = static_cast<const char*>(a2);
+    for (int64_t h = 0; h < AHEAD && h < halves; ++h) decode(h, ring[h]);
+    for (int64_t h = 0; h < halves; ++h) {
+        _tile_loadd(1, ap + h * tile_bytes, a_stride);
+        _tile_loadd(2, ring[h % RING_SLOTS], 64);
+        if (h % 2 == 0) {
+            _tile_zero(0);
+            if constexpr (INT8) _tile_dpbsud(0, 1, 2);
+            else _tile_dpbf16ps(0, 1, 2);
+            if (h) _tile_stored(3, cbuf[1], 64);
+        } else {
+            _tile_zero(3);
+            if constexpr (INT8) _tile_dpbsud(3, 1, 2);
+            else _tile_dpbf16ps(3, 1, 2);
+            _tile_stored(0, cbuf[0], 64);
+        }
+        if (h >= 2) scale(h - 2, cbuf[h % 2], tot);
+        if (h + AHEAD < halves) decode(h + AHEAD, ring[(h + AHEAD) % RING_SLOTS]);
+    }
+    const int64_t last = halves - 1;
+    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
+    else _tile_stored(3, cbuf[1], 64);
+    if (last >= 1) scale(last - 1, cbuf[(last - 1) % 2], tot);
+    scale(last, cbuf[last % 2], tot);
+    store(tot);
+}
+
 // Up to 8 rows of a 16-column-group weight (Q6_K): two groups a tile product, as amx8_stack (the
 // int8 product's) does: the A tile holds the rows twice, block-diagonally over two groups' 32
 // columns (Rows::x2, stack_rows), the B tile both groups' pairs; C's rows 0 .. R - 1 are group 2h's
@@ -372,39 +412,16 @@ void amx_ring32(const Rows& a, const Block& b, __m512i lut) {
 // tile product, bit for bit.
 template <int R, int KIND, bool OFF>
 void amx_stack(const Rows& a, const Block& b, __m512i lut) {
-    alignas(64) float cbuf[2][16 * 16];
-    alignas(64) __m512i ring[RING_SLOTS][16];  // two groups' pairs: group 16
-    __m512 tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
-    const int64_t pairs = a.group, halves = a.groups / 2, tile = 2 * R * 2 * a.group;  // pairs of two groups
-    for (int64_t h = 0; h < BF16_AHEAD && h < halves; ++h) decode_range<KIND>(b.w, a.K, ring[h], h * pairs, (h + 1) * pairs, lut);
-    auto scale = [&](int64_t h) {  // group 2h's sums and 2h + 1's, stored at h + 1 (two tiles' sums held)
-        const float* c = cbuf[h % 2];
-        scale_group<R, KIND, OFF>(a, b, 2 * h, c, tot);
-        scale_group<R, KIND, OFF>(a, b, 2 * h + 1, c + R * 16, tot);
-    };
-    for (int64_t h = 0; h < halves; ++h) {
-        _tile_loadd(1, a.x2 + h * tile, 4 * a.group);
-        _tile_loadd(2, ring[h % RING_SLOTS], 64);
-        if (h % 2 == 0) {
-            _tile_zero(0);
-            _tile_dpbf16ps(0, 1, 2);
-            if (h) _tile_stored(3, cbuf[1], 64);
-        } else {
-            _tile_zero(3);
-            _tile_dpbf16ps(3, 1, 2);
-            _tile_stored(0, cbuf[0], 64);
-        }
-        if (h >= 2) scale(h - 2);
-        const int64_t d = h + BF16_AHEAD;
-        if (d < halves) decode_range<KIND>(b.w, a.K, ring[d % RING_SLOTS], d * pairs, (d + 1) * pairs, lut);
-    }
-    const int64_t last = halves - 1;
-    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
-    else _tile_stored(3, cbuf[1], 64);
-    if (last >= 1) scale(last - 1);
-    scale(last);
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+    const int64_t pairs = a.group;  // two groups' column pairs: a half
+    stacked_loop<R, false, BF16_AHEAD>(
+        a.groups / 2, a.x2, 2 * R * 2 * a.group * 2, 4 * a.group,
+        [&](int64_t h, __m512i* slot) { decode_range<KIND>(b.w, a.K, slot, h * pairs, (h + 1) * pairs, lut); },
+        [&](int64_t h, const int32_t* c, __m512* tot) {
+            const float* sums = reinterpret_cast<const float*>(c);
+            scale_group<R, KIND, OFF>(a, b, 2 * h, sums, tot);
+            scale_group<R, KIND, OFF>(a, b, 2 * h + 1, sums + R * 16, tot);
+        },
+        [&](const __m512* tot) { for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]); });
 }
 
 // two groups' tile configuration (amx_stack, amx8_stack): rows activation rows, group columns a
@@ -824,41 +841,17 @@ void amx8_chunk(const QRows& a, const Block& b, const __m512i* wbuf, const NextB
 // 2h + 1]) and the B tile holds both groups' quads: C's rows 0 .. R - 1 are group 2h's integer
 // sums and rows R .. 2R - 1 group 2h + 1's, the same integers as one group at a time.
 template <int R>
-__attribute__((target("avx512f,avx512bw,amx-tile,amx-int8")))
 void amx8_stack(const QRows& a, const Block& b, const int8_t* x2, const uint8_t* w,
                 void (*decoder)(const uint8_t*, int64_t, __m512i*, int64_t, int64_t, __m512i)) {
-    alignas(64) int32_t cbuf[2][16 * 16];
-    alignas(64) __m512i ring[RING_SLOTS][16];  // two groups' quads: group <= 32
-    __m512 tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
-    const int64_t quads = a.group / 4, pairs = a.groups / 2, tile_bytes = 2 * R * 2 * a.group;
-    for (int64_t h = 0; h < INT8_AHEAD && h < pairs; ++h) decoder(w, a.K, ring[h], 2 * h * quads, (2 * h + 2) * quads, __m512i{});
-    auto scale = [&](int64_t h, const int32_t* c) {
-        q8_from<R>(a, b, 2 * h, c, tot);
-        q8_from<R>(a, b, 2 * h + 1, c + R * 16, tot);
-    };
-    for (int64_t h = 0; h < pairs; ++h) {
-        _tile_loadd(1, x2 + h * tile_bytes, 2 * a.group);
-        _tile_loadd(2, ring[h % RING_SLOTS], 64);
-        if (h % 2 == 0) {
-            _tile_zero(0);
-            _tile_dpbsud(0, 1, 2);
-            if (h) _tile_stored(3, cbuf[1], 64);
-        } else {
-            _tile_zero(3);
-            _tile_dpbsud(3, 1, 2);
-            _tile_stored(0, cbuf[0], 64);
-        }
-        if (h >= 2) scale(h - 2, cbuf[h % 2]);
-        const int64_t d = h + INT8_AHEAD;
-        if (d < pairs) decoder(w, a.K, ring[d % RING_SLOTS], 2 * d * quads, (2 * d + 2) * quads, __m512i{});
-    }
-    const int64_t last = pairs - 1;
-    if (last % 2 == 0) _tile_stored(0, cbuf[0], 64);
-    else _tile_stored(3, cbuf[1], 64);
-    if (last >= 1) scale(last - 1, cbuf[(last - 1) % 2]);
-    scale(last, cbuf[last % 2]);
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+    const int64_t quads = a.group / 4;
+    stacked_loop<R, true, INT8_AHEAD>(
+        a.groups / 2, x2, 2 * R * 2 * a.group, 2 * a.group,
+        [&](int64_t h, __m512i* slot) { decoder(w, a.K, slot, 2 * h * quads, (2 * h + 2) * quads, __m512i{}); },
+        [&](int64_t h, const int32_t* c, __m512* tot) {
+            q8_from<R>(a, b, 2 * h, c, tot);
+            q8_from<R>(a, b, 2 * h + 1, c + R * 16, tot);
+        },
+        [&](const __m512* tot) { for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]); });
 }
 
 // x fp32 [M, K] -> QRows' arrays: per row and group the scale, the int8 values (NIB: per 8 columns
