@@ -154,7 +154,7 @@ class InfillEndpoint:
             gen.drain.add(call)
             body = await self._parse(request)
             call.check_ended()
-            call.model = self._model(body)
+            call.model = await self._model(body)
             await self._submit(body, call)
             await wait_for(request, call, lambda: all(g.finished or (body.stream and g.handle.first_token_s is not None)
                                                       for g in call.gens))
@@ -182,10 +182,11 @@ class InfillEndpoint:
         except ValidationError as e:
             raise from_validation(e.errors(include_url=False, include_context=False)) from None
 
-    def _model(self, body: InfillRequest) -> str:
+    async def _model(self, body: InfillRequest) -> str:
         """The model the body names, else the one served (400 when several are, 503 when none is)."""
         if body.model is not None:
             return body.model
+        await self.gen.link.first_contact()  # (a gateway that just started: what is served is not known yet)
         served = self.gen.link.served()
         if len(served) == 1:
             return next(iter(served))

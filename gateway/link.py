@@ -51,6 +51,8 @@ class BrokerConnections:
         self._refreshing: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._answered = asyncio.Event()
+        """Set once a status query was first answered (the gateway has heard from the broker)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -61,6 +63,7 @@ class BrokerConnections:
     async def close(self) -> None:
         """Stop polling and close every connection; the broker cancels what they still run."""
         self._closed = True
+        self._answered.set()  # (nothing waits for a first answer any more)
         if self._task is not None:
             self._task.cancel()
             try:
@@ -87,7 +90,7 @@ class BrokerConnections:
                     await asyncio.sleep(self.config.status_interval_s)
                     continue
             try:
-                await self.refresh()
+                await self._refresh_now()
             except APIError:
                 pass  # broker_ok is False; requests get 503 until it answers again
             except Exception:  # noqa: BLE001 -- the poller must survive anything
@@ -104,9 +107,26 @@ class BrokerConnections:
 
     # ------------------------------------------------------------------ status
 
+    async def first_contact(self) -> None:
+        """Until the broker first answered (a gateway that just started, its control connection
+        still connecting), wait for that answer, up to ``connect_timeout_s``; at once after. So a
+        request sent as soon as the HTTP port listens is served, not refused 503 "no broker" for
+        the time the connection takes; a broker that does not answer in time still gets that 503."""
+        if self.status is not None or self._closed:
+            return
+        try:
+            await asyncio.wait_for(self._answered.wait(), self.config.connect_timeout_s)
+        except TimeoutError:
+            pass
+
     async def refresh(self) -> Status:
-        """Ask the broker for its status now (concurrent callers share one query).
-        Raises :class:`APIError` 503 when no broker answers."""
+        """Ask the broker for its status now (concurrent callers share one query); before the first
+        answer, wait for it (:meth:`first_contact`). Raises :class:`APIError` 503 when no broker answers."""
+        if self._control is None:  # (still connecting: the answer comes from the connecting side's poll)
+            await self.first_contact()
+        return await self._refresh_now()
+
+    async def _refresh_now(self) -> Status:
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = _shared(asyncio.ensure_future(self._query_status()))
         return await asyncio.shield(self._refreshing)
@@ -124,6 +144,7 @@ class BrokerConnections:
                 raise
             raise unavailable("the gateway is stopping") from None  # close() closed the client mid-query
         self.status, self.broker_ok = st, True
+        self._answered.set()
         return st
 
     def no_broker(self) -> APIError:
@@ -183,6 +204,7 @@ class BrokerConnections:
         """The shared client for ``model`` (for an alias, its model's). Raises
         :class:`APIError`: 503 when no broker answers or no worker serves
         ``model`` right now, 404 when the broker has never had a worker for it."""
+        await self.first_contact()
         if not self.broker_ok:
             raise self.no_broker()
         model = self.served_name(model)

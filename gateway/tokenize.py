@@ -110,6 +110,7 @@ class TokenizeEndpoints:
 
     async def _tokenizer(self, model: str | None) -> tuple[str, Tokenizer]:
         """The model a request names (or the one served) and its tokenizer; 400/404/503 else."""
+        await self.link.first_contact()  # (a gateway that just started: what is served is not known yet)
         served = self.link.served()
         if not served and self.link.broker_ok is False and self.tokenizers.name is None:
             raise self.link.no_broker()

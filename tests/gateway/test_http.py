@@ -248,6 +248,44 @@ def test_no_broker_is_503():
     assert not t.is_alive()
 
 
+def test_a_request_sent_as_the_gateway_starts_waits_for_its_first_answer_from_the_broker():
+    """The gateway listens before its control connection has heard from the broker (a cluster just
+    started, a loaded machine): a request in that window waits for the first answer (up to
+    ``connect_timeout_s``) and is served, instead of a 503 "no broker" that a retry a moment later
+    would not get. (CI once saw this: an on-demand request sent as the cluster came up never queued.)"""
+    from broker import BrokerConfig
+    from slotserve.launcher import ClusterConfig, LocalCluster
+    from tests.support.cluster import ANY_PORT
+    from tests.support.gateway import CallInFlight
+
+    cluster = LocalCluster(ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
+                                         (WorkerConfig(num_slots=1, warmup=False),), start_timeout_s=60.0))
+    cluster.start()
+    stop, ready = threading.Event(), []
+    t = None
+    try:
+        os.kill(cluster.broker_process.pid, signal.SIGSTOP)  # the broker answers nobody until SIGCONT
+        t = threading.Thread(target=run, args=(GatewayConfig(broker=cluster.frontend, port=0, connect_timeout_s=60.0),),
+                             kwargs={"stop": stop, "on_ready": ready.append})
+        t.start()
+        url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
+        call = CallInFlight(url, "/v1/completions", {"model": "simulated", "prompt": [1, 2], "max_tokens": 3})
+        wait_until(lambda: call.done or metric(url, "slotserve_http_requests_in_flight") == 1, 10,
+                   "the request in the gateway")
+        assert not call.done, (call.status, call.json)  # the broker has not answered yet: it waits
+        os.kill(cluster.broker_process.pid, signal.SIGCONT)
+        call.wait(60)
+        assert call.status == 200, call.json
+        assert len(call.json["choices"][0]["token_ids"]) == 3
+    finally:
+        os.kill(cluster.broker_process.pid, signal.SIGCONT)
+        stop.set()
+        if t is not None:
+            t.join(30)
+        cluster.stop()
+    assert t is not None and not t.is_alive()
+
+
 BIN = Path(sys.executable).parent
 
 

@@ -130,6 +130,9 @@ class ScriptedLink:
     def __init__(self, client: ScriptedClient) -> None:
         self.client = client
 
+    async def first_contact(self) -> None:  # (the broker has answered)
+        pass
+
     async def client_for(self, model: str) -> ScriptedClient:
         return self.client
 
