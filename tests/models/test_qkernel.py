@@ -268,6 +268,38 @@ def test_every_row_path_holds_at_odd_and_single_group_counts(module, group, k, a
     assert (alone.double() - exact).norm() <= 0.05 * exact.norm()
 
 
+SIX_LAYOUTS = [LAYOUTS[2], LAYOUTS[4], LAYOUTS[6], LAYOUTS[7]]  # 6-bit codes: Q6_K, Q5_K, Q5_0, Q5_1
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", SIX_LAYOUTS)
+@pytest.mark.parametrize("amx", [False, True])
+def test_six_bit_codes_decode_to_the_same_bits_on_vbmi(module, layout, amx):
+    """6-bit codes decoded two pairs at a time by VBMI's byte gathers (SixVbmi) give every product
+    the bits of the decode without them (six_u), on every path (AVX-512 up to 8 rows a block, the
+    AMX ring, stacked tiles and whole blocks), and equal the bf16 x times the file's weights."""
+    if amx and not module.has_amx():
+        pytest.skip("no AMX tiles in this process")
+    if not qkernel.extension.cpu_has("avx512vbmi"):
+        pytest.skip("no VBMI on this CPU")
+    w = weight(*layout, 100, K, seed=3).prepare()
+    ref = w.dequantize().double()
+    x = torch.randn(48, K, generator=torch.Generator().manual_seed(4)).bfloat16()
+    args = (w.packed, qkernel.kind(w), w.low, *qkernel.factor_args(w), w.group, 100)
+    try:
+        for m in (1, 3, 8, 11, 16, 21, 32, 48):
+            xm = qkernel._tile_rows(x[:m]) if amx else x[:m].contiguous()  # (tiles: 16 rows or a multiple)
+            module.six_vbmi(True)
+            fast = module.qmm(xm, *args, amx)[:m]
+            module.six_vbmi(False)
+            plain = module.qmm(xm, *args, amx)[:m]
+            assert torch.equal(fast, plain), m
+            want = F.linear(x[:m].double(), ref)
+            assert (fast.double() - want).abs().max() <= 1e-5 * want.abs().max(), m
+    finally:
+        module.six_vbmi(True)
+
+
 def test_activations_are_checked(module):
     w = weight(0, 16, 32, True, "k", 40, 256).prepare()
     with pytest.raises(ValueError, match="gguf_activations must be one of"):

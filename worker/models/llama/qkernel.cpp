@@ -78,6 +78,69 @@ inline __m512i six_u(const uint8_t* w, int64_t p) {
     return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
 }
 
+// SIX where the CPU has VBMI (every AMX CPU, Zen 4; not Cooper Lake): a unit's two pairs as bf16
+// bits 0x4300 | u in 9 operations, where six_u and the OR take ~10 a pair. The unit's 48 bytes are
+// gathered per row (dword j = A_j, B_j, H_j, 0: as the int8 quads gather them), then each output
+// byte's bits are taken from its row's qword by multishift, once for the nibbles (n) and once with
+// the high bit pair at bits 4-5 (h): bf16 bits = ((SEL ? n : h) & 0x3F) | 0x43 in the high byte
+// (the high bytes read the zero byte).
+struct alignas(64) SixTables {
+    uint8_t perm[64], n[2][64], h[2][64];
+    SixTables() {
+        for (int j = 0; j < 16; ++j) {  // A_j, B_j, H_j, then byte 63 (past the 48 loaded: zero)
+            perm[4 * j] = static_cast<uint8_t>(j); perm[4 * j + 1] = static_cast<uint8_t>(16 + j);
+            perm[4 * j + 2] = static_cast<uint8_t>(32 + j); perm[4 * j + 3] = 63;
+        }
+        // bit offsets in the qword of rows j, j + 1 (32 r: the row's dword), for pair t: the even
+        // column's low byte (byte 0 of the row's dword), the odd column's (byte 2); bytes 1, 3: 24
+        for (int i = 0; i < 64; ++i) {
+            const int base = (i >> 2 & 1) * 32, b = i & 3;
+            for (int t = 0; t < 2; ++t) {
+                n[t][i] = static_cast<uint8_t>(base + (b == 0 ? 8 * t : b == 2 ? 8 * t + 4 : 24));
+                h[t][i] = static_cast<uint8_t>(base + (b == 0 ? 12 + 4 * t : b == 2 ? 14 + 4 * t : 24));
+            }
+        }
+    }
+};
+
+struct SixVbmi {  // SixTables in registers
+    __m512i perm, cn0, cn1, ch0, ch1;
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) SixVbmi() {
+        static const SixTables t;
+        perm = _mm512_load_si512(t.perm);
+        cn0 = _mm512_load_si512(t.n[0]); cn1 = _mm512_load_si512(t.n[1]);
+        ch0 = _mm512_load_si512(t.h[0]); ch1 = _mm512_load_si512(t.h[1]);
+    }
+    // unit u's pairs 2u, 2u + 1 (codes at w) as bf16 bits
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"), always_inline))
+    inline void pairs(const uint8_t* w, int64_t u, __m512i& p0, __m512i& p1) const {
+        const __m512i sel = _mm512_set1_epi32(0x000F000F), keep = _mm512_set1_epi32(0x003F003F),
+                      bits = _mm512_set1_epi32(0x43004300);
+        const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, w + u * 48));
+        const __m512i m0 = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(cn0, v),
+                                                     _mm512_multishift_epi64_epi8(ch0, v), sel, 0xE4);
+        const __m512i m1 = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(cn1, v),
+                                                     _mm512_multishift_epi64_epi8(ch1, v), sel, 0xE4);
+        p0 = _mm512_ternarylogic_epi32(m0, keep, bits, 0xEA);  // (m & keep) | bits
+        p1 = _mm512_ternarylogic_epi32(m1, keep, bits, 0xEA);
+    }
+};
+
+bool SIX_VBMI = [] {  // (a static initializer: the CPU model is read first); six_vbmi() sets it
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi") != 0;
+}();
+
+// pairs p0 .. p1 - 1 (both even: groups and K are whole units) into wbuf, as decode_range
+__attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline))
+void six_pairs_vbmi(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t p0, int64_t p1) {
+    const SixVbmi six;
+    for (int64_t u = p0 / 2; u < p1 / 2; ++u) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + K * 12 + u * 48), _MM_HINT_T1);  // the next block's
+        six.pairs(w, u, wbuf[2 * u - p0], wbuf[2 * u + 1 - p0]);
+    }
+}
+
 // 32 bf16 weights: column pair p of a 16-row block (codes at w)
 template <int KIND>
 inline __m512bh decode(const uint8_t* w, int64_t p, __m512i lut) {
@@ -200,6 +263,37 @@ void avx_block(const Rows& a, const Block& b, __m512i lut) {
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
 }
 
+// avx_block for SIX on VBMI: a unit (two pairs) decoded at a time (SixVbmi), the same sums in the
+// same order
+template <int R, bool OFF>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
+void avx_block_six(const Rows& a, const Block& b) {
+    const SixVbmi six;
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    const int64_t units = a.group / 4;
+    for (int64_t g = 0; g < a.groups; ++g) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t u = g * units; u < (g + 1) * units; ++u) {
+            __m512i wv[2];
+            six.pairs(b.w, u, wv[0], wv[1]);
+            for (int t = 0; t < 2; ++t) {
+                for (int r = 0; r < R; ++r) {
+                    uint32_t xp;
+                    std::memcpy(&xp, a.x + r * a.K + 4 * u + 2 * t, 4);
+                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp), (__m512bh)wv[t]);
+                }
+            }
+        }
+        const __m512 s = _mm512_load_ps(b.sc + g * 16);
+        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(acc[r], s, tot[r]);
+        const __m512 o = group_offset<SIX, OFF>(b, g, s);
+        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+}
+
 template <int KIND, bool OFF>
 void avx_rows(int64_t M, const Rows& a, const Block& b, __m512i lut) {
     for (int64_t m0 = 0; m0 < M; m0 += MR) {
@@ -209,7 +303,9 @@ void avx_rows(int64_t M, const Rows& a, const Block& b, __m512i lut) {
         Block out = b;
         out.y = b.y + m0 * b.ldy;
         switch (std::min<int64_t>(MR, M - m0)) {
-#define CASE(n) case n: avx_block<n, KIND, OFF>(part, out, lut); break;
+#define CASE(n) case n: \
+            if (KIND == SIX && SIX_VBMI) avx_block_six<n, OFF>(part, out); else avx_block<n, KIND, OFF>(part, out, lut); \
+            break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
@@ -244,10 +340,13 @@ inline void amx_config(int rows, int64_t group) {
 // columns, the B tiles' layout), then every chunk of up to 16 activation rows multiplies them group by
 // group; up to 16 rows, a group at a time into a ring (amx_chunk). Two C tiles alternate, so a
 // group's product runs while the previous group's sums are scaled. decode_range writes pairs
-// p0 .. p1 - 1 to wbuf[0 .. p1 - p0).
+// p0 .. p1 - 1 to wbuf[0 .. p1 - p0) (SIX on VBMI: six_pairs_vbmi).
 template <int KIND>
 void decode_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t p0, int64_t p1, __m512i lut) {
     // pairs p0 .. p1 - 1; the next block's codes (where this thread goes next) are fetched meanwhile
+    if constexpr (KIND == SIX) {
+        if (SIX_VBMI) return six_pairs_vbmi(w, K, wbuf, p0, p1);
+    }
     const int64_t bytes = K * column_bytes(KIND), pair = 2 * column_bytes(KIND);
     for (int64_t p = p0; p < p1; ++p) {  // one prefetch per 64 bytes decoded, spread through the loop
         if ((p * pair) % 64 < pair) _mm_prefetch(reinterpret_cast<const char*>(w + bytes + (p * pair) / 64 * 64), _MM_HINT_T1);
@@ -1468,7 +1567,17 @@ unpack_blocked(std::vector<py::buffer> parts, int64_t fmt, int64_t kind, int64_t
 
 bool has_amx() { return amx_ready(); }
 
+// The SIX decode on VBMI (SixVbmi) or not (six_u), for tests comparing the two: sets it where the
+// CPU has VBMI; returns what it was.
+bool six_vbmi(bool on) {
+    const bool was = SIX_VBMI;
+    __builtin_cpu_init();
+    SIX_VBMI = on && __builtin_cpu_supports("avx512vbmi");
+    return was;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("six_vbmi", &six_vbmi, "use the VBMI decode of 6-bit codes where the CPU has it (tests); returns the last setting");
     m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AMX-BF16 or AVX-512 BF16)");
     m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
     m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
