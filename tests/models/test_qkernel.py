@@ -268,6 +268,30 @@ def test_every_row_path_holds_at_odd_and_single_group_counts(module, group, k, a
     assert (alone.double() - exact).norm() <= 0.05 * exact.norm()
 
 
+def rows_of(w: QuantizedWeight, lo: int, hi: int) -> QuantizedWeight:
+    """A weight of ``w``'s rows ``lo .. hi - 1`` (row-major ``w``, before prepare())."""
+    def part(f):
+        return None if f is None else GroupScales(f.d[lo:hi].clone(), None if f.q is None else f.q[lo:hi].clone(), f.sub)
+    return QuantizedWeight(w.codes()[lo:hi].clone(), part(w.scales), part(w.offsets), w.group, "test")
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [1, 5, 8, 13])
+def test_a_block_gets_the_same_bits_alone_or_beside_another(module, layout, m):
+    """On AVX-512 two 16-row blocks share a call (each broadcast of x feeds both) where the kind
+    allows: a block's rows get the bits they get from a weight of that block alone."""
+    w = weight(*layout, 48, K, seed=m)  # blocks 0 and 1 together, block 2 alone
+    alone = [rows_of(w, 16 * i, 16 * i + 16).prepare() for i in range(3)]
+    w.prepare()
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).bfloat16()
+    for k in [w.kernel] + [a.kernel for a in alone]:
+        k.set_activations("bf16")
+    whole = module.qmm(x, *w.kernel.args, False)
+    for i, a in enumerate(alone):
+        assert torch.equal(whole[:, 16 * i:16 * i + 16], module.qmm(x, *a.kernel.args, False)), i
+
+
 SIX_LAYOUTS = [LAYOUTS[2], LAYOUTS[4], LAYOUTS[6], LAYOUTS[7]]  # 6-bit codes: Q6_K, Q5_K, Q5_0, Q5_1
 
 

@@ -236,75 +236,90 @@ inline void expand(const Factor& s, const Factor& o, float zero, int64_t groups,
 constexpr bool needs_sum(int kind, bool off) { return off || kind == MAGIC || kind == SIX; }
 
 
-// ---- AVX-512 BF16: R <= MR rows, sums in registers; each column pair decoded once per call
-template <int R, int KIND, bool OFF>
-void avx_block(const Rows& a, const Block& b, __m512i lut) {
-    __m512 tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
-    const int64_t pairs = a.group / 2;
-    for (int64_t g = 0; g < a.groups; ++g) {
-        __m512 acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-        for (int64_t p = g * pairs; p < (g + 1) * pairs; ++p) {
-            const __m512bh wv = decode<KIND>(b.w, p, lut);
-            for (int r = 0; r < R; ++r) {
-                uint32_t xp;
-                std::memcpy(&xp, a.x + r * a.K + 2 * p, 4);
-                acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp), wv);
-            }
-        }
-        const __m512 s = _mm512_load_ps(b.sc + g * 16);
-        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(acc[r], s, tot[r]);
-        if constexpr (needs_sum(KIND, OFF)) {
-            const __m512 o = group_offset<KIND, OFF>(b, g, s);
-            for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
-        }
+// ---- AVX-512 BF16: R <= MR rows of x times NB (1 or 2) 16-row blocks, the group's sums in
+// registers; each column pair decoded once per call. Two blocks a call use each broadcast of x
+// twice: on Zen 4 the broadcasts (a load each, one vdpbf16ps each) bound a one-block product
+// (8 rows: 3.66 G vdpbf16ps/s a core with a broadcast each, 9.7 G without; measured). A row's
+// sums run in the same order whatever NB and R (the same bits either way).
+template <int KIND>
+struct PairDecode {  // a unit is one column pair (decode<KIND>)
+    static constexpr int U = 1;
+    __m512i lut;
+    inline void operator()(const uint8_t* w, int64_t unit, __m512i* out) const {
+        out[0] = (__m512i)decode<KIND>(w, unit, lut);
     }
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
-}
+};
 
-// avx_block for SIX on VBMI: a unit (two pairs) decoded at a time (SixVbmi), the same sums in the
-// same order
-template <int R, bool OFF>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
-void avx_block_six(const Rows& a, const Block& b) {
-    const SixVbmi six;
-    __m512 tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
-    const int64_t units = a.group / 4;
+struct SixUnitDecode {  // SIX on VBMI: a unit is two column pairs (SixVbmi)
+    static constexpr int U = 2;
+    SixVbmi six;
+    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+    inline void operator()(const uint8_t* w, int64_t unit, __m512i* out) const { six.pairs(w, unit, out[0], out[1]); }
+};
+
+// (inlined whole into its callers by their flatten: the VBMI decode only into a VBMI function)
+template <int R, int NB, bool SUM, class Decode>
+inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
+    constexpr int U = Decode::U;
+    alignas(64) float tot[NB][R][16];
+    for (int nb = 0; nb < NB; ++nb)
+        for (int r = 0; r < R; ++r) _mm512_store_ps(tot[nb][r], _mm512_setzero_ps());
+    const int64_t units = a.group / 2 / U;
     for (int64_t g = 0; g < a.groups; ++g) {
-        __m512 acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        __m512 acc[NB][R];
+        for (int nb = 0; nb < NB; ++nb)
+            for (int r = 0; r < R; ++r) acc[nb][r] = _mm512_setzero_ps();
         for (int64_t u = g * units; u < (g + 1) * units; ++u) {
-            __m512i wv[2];
-            six.pairs(b.w, u, wv[0], wv[1]);
-            for (int t = 0; t < 2; ++t) {
+            __m512i wv[NB][U];
+            for (int nb = 0; nb < NB; ++nb) dec(bs[nb].w, u, wv[nb]);
+            for (int c = 0; c < U; ++c) {
                 for (int r = 0; r < R; ++r) {
                     uint32_t xp;
-                    std::memcpy(&xp, a.x + r * a.K + 4 * u + 2 * t, 4);
-                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(xp), (__m512bh)wv[t]);
+                    std::memcpy(&xp, a.x + r * a.K + 2 * (u * U + c), 4);
+                    const __m512bh xv = (__m512bh)_mm512_set1_epi32(xp);
+                    for (int nb = 0; nb < NB; ++nb) acc[nb][r] = _mm512_dpbf16_ps(acc[nb][r], xv, (__m512bh)wv[nb][c]);
                 }
             }
         }
-        const __m512 s = _mm512_load_ps(b.sc + g * 16);
-        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(acc[r], s, tot[r]);
-        const __m512 o = group_offset<SIX, OFF>(b, g, s);
-        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
+        for (int nb = 0; nb < NB; ++nb) {
+            const __m512 s = _mm512_load_ps(bs[nb].sc + g * 16);
+            for (int r = 0; r < R; ++r) {
+                __m512 t = _mm512_fmadd_ps(acc[nb][r], s, _mm512_load_ps(tot[nb][r]));
+                if constexpr (SUM)
+                    t = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), _mm512_load_ps(bs[nb].of + g * 16), t);
+                _mm512_store_ps(tot[nb][r], t);
+            }
+        }
     }
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(b.y + r * b.ldy, b.valid, tot[r]);
+    for (int nb = 0; nb < NB; ++nb)
+        for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(bs[nb].y + r * bs[nb].ldy, bs[nb].valid, _mm512_load_ps(tot[nb][r]));
 }
 
-template <int KIND, bool OFF>
-void avx_rows(int64_t M, const Rows& a, const Block& b, __m512i lut) {
+template <int R, int NB, int KIND, bool OFF>
+__attribute__((flatten)) void avx_block(const Rows& a, const Block* bs, __m512i lut) {
+    avx_blocks<R, NB, needs_sum(KIND, OFF)>(a, bs, PairDecode<KIND>{lut});
+}
+
+template <int R, int NB, bool OFF>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma"), flatten))
+void avx_block_six(const Rows& a, const Block* bs) {
+    avx_blocks<R, NB, true>(a, bs, SixUnitDecode{});
+}
+
+template <int KIND, bool OFF, int NB>
+void avx_rows(int64_t M, const Rows& a, const Block* bs, __m512i lut) {
     for (int64_t m0 = 0; m0 < M; m0 += MR) {
         Rows part = a;
         part.x = a.x + m0 * a.K;
         part.xsum = a.xsum ? a.xsum + m0 * a.groups : nullptr;
-        Block out = b;
-        out.y = b.y + m0 * b.ldy;
+        Block out[NB];
+        for (int nb = 0; nb < NB; ++nb) {
+            out[nb] = bs[nb];
+            out[nb].y = bs[nb].y + m0 * bs[nb].ldy;
+        }
         switch (std::min<int64_t>(MR, M - m0)) {
 #define CASE(n) case n: \
-            if (KIND == SIX && SIX_VBMI) avx_block_six<n, OFF>(part, out); else avx_block<n, KIND, OFF>(part, out, lut); \
+            if (KIND == SIX && SIX_VBMI) avx_block_six<n, NB, OFF>(part, out); else avx_block<n, NB, KIND, OFF>(part, out, lut); \
             break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
@@ -585,10 +600,13 @@ void amx_rows(int64_t M, const Rows& a, const Block& b, const __m512i* wbuf, con
     }
 }
 
+// nb (1, or 2 on AVX-512) blocks at bs
 template <int KIND, bool OFF>
-void rows(bool amx, int64_t M, const Rows& a, const Block& b, __m512i lut, const __m512i* wbuf, const NextBlock& next) {
-    if (amx) amx_rows<KIND, OFF>(M, a, b, wbuf, next, lut);
-    else avx_rows<KIND, OFF>(M, a, b, lut);
+void rows(bool amx, int64_t M, const Rows& a, const Block* bs, int nb, __m512i lut, const __m512i* wbuf,
+          const NextBlock& next) {
+    if (amx) amx_rows<KIND, OFF>(M, a, bs[0], wbuf, next, lut);
+    else if (nb == 2) avx_rows<KIND, OFF, 2>(M, a, bs, lut);
+    else avx_rows<KIND, OFF, 1>(M, a, bs, lut);
 }
 
 // a layer's factor (quantized.py's GroupScales in the blocked layout): d fp16 [N / 16, groups >> shift, 16],
@@ -716,33 +734,42 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
         // above 16 rows: two blocks' decoded weights (K / 2 zmm each), this block's and the next one's (NextBlock)
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
             whole ? static_cast<__m512i*>(std::aligned_alloc(64, 2 * (K / 2) * sizeof(__m512i))) : nullptr, &std::free);
-        // one block's scales and additive terms, fp32 [groups, 16] each
+        // two blocks' scales and additive terms, fp32 [groups, 16] each (AVX-512: two blocks a call)
         std::unique_ptr<float, decltype(&std::free)> fbuf(
-            static_cast<float*>(std::aligned_alloc(64, 2 * groups * 16 * sizeof(float))), &std::free);
-        float* sbuf = fbuf.get();
-        float* obuf = sums ? sbuf + groups * 16 : nullptr;
+            static_cast<float*>(std::aligned_alloc(64, 4 * groups * 16 * sizeof(float))), &std::free);
         if (stack) stack_config(static_cast<int>(M), group, 2);
         else if (amx && M == 32) amx_config32(group);
         else if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (whole) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
-        for (int64_t i = b0; i < b1; ++i) {
-            const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = (i - b0) % 2;
-            expand(sf.of_block(i), of.of_block(i), zero, groups, sbuf, obuf);
-            const Block b{wp + i * block_bytes, sbuf, obuf, yp + i * 16, N,
-                          static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
+        for (int64_t i = b0; i < b1;) {
+            // two blocks a call on AVX-512, but for SIX (its two-pair units and two blocks' sums spill:
+            // a Q6_K layer at 8 rows 3.95 -> 3.98 ms, 32 rows 12.5 -> 13.9; Q4_K 2.97 -> 2.60, 9.55 ->
+            // 8.94; 2-core EPYC, 2 threads); the AMX paths a block at a time
+            const int nb = !amx && kind != SIX && i + 1 < b1 ? 2 : 1;
+            Block bs[2];
+            for (int j = 0; j < nb; ++j) {
+                const int64_t valid = std::min<int64_t>(16, N - (i + j) * 16);
+                float* sbuf = fbuf.get() + j * 2 * groups * 16;
+                float* obuf = sums ? sbuf + groups * 16 : nullptr;
+                expand(sf.of_block(i + j), of.of_block(i + j), zero, groups, sbuf, obuf);
+                bs[j] = Block{wp + (i + j) * block_bytes, sbuf, obuf, yp + (i + j) * 16, N,
+                              static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
+            }
+            const int64_t cur = (i - b0) % 2;
             const __m512i* wbuf = whole ? wmem.get() + cur * (K / 2) : nullptr;
             NextBlock next;
             if (whole && i + 1 < b1) next = NextBlock{decoder, wp + (i + 1) * block_bytes, K, group / 2, wmem.get() + (1 - cur) * (K / 2), lut};
             switch (kind * 2 + off) {
-                case NIB * 2: rows<NIB, false>(amx, M, a, b, lut, wbuf, next); break;
-                case NIB * 2 + 1: rows<NIB, true>(amx, M, a, b, lut, wbuf, next); break;
-                case MAGIC * 2: rows<MAGIC, false>(amx, M, a, b, lut, wbuf, next); break;
-                case MAGIC * 2 + 1: rows<MAGIC, true>(amx, M, a, b, lut, wbuf, next); break;
-                case WIDE * 2: rows<WIDE, false>(amx, M, a, b, lut, wbuf, next); break;
-                case WIDE * 2 + 1: rows<WIDE, true>(amx, M, a, b, lut, wbuf, next); break;
-                case SIX * 2: rows<SIX, false>(amx, M, a, b, lut, wbuf, next); break;
-                default: rows<SIX, true>(amx, M, a, b, lut, wbuf, next);
+                case NIB * 2: rows<NIB, false>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case NIB * 2 + 1: rows<NIB, true>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case MAGIC * 2: rows<MAGIC, false>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case MAGIC * 2 + 1: rows<MAGIC, true>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case WIDE * 2: rows<WIDE, false>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case WIDE * 2 + 1: rows<WIDE, true>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                case SIX * 2: rows<SIX, false>(amx, M, a, bs, nb, lut, wbuf, next); break;
+                default: rows<SIX, true>(amx, M, a, bs, nb, lut, wbuf, next);
             }
+            i += nb;
         }
         if (amx) _tile_release();
     });

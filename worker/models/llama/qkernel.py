@@ -32,7 +32,7 @@ FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-
 BLOCK = 16
 """Output rows per block: one zmm of fp32 lanes."""
 
-KERNEL_ROWS = 64
+KERNEL_ROWS = int(__import__("os").environ.get("SLOTSERVE_KERNEL_ROWS", "64"))
 """Rows up to which the kernel runs; more rows (a prefill chunk) multiply the layer dequantised for
 the call (:meth:`Kernel.wide`)."""
 
