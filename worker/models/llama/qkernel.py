@@ -32,9 +32,14 @@ FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-
 BLOCK = 16
 """Output rows per block: one zmm of fp32 lanes."""
 
-KERNEL_ROWS = int(__import__("os").environ.get("SLOTSERVE_KERNEL_ROWS", "64"))
-"""Rows up to which the kernel runs; more rows (a prefill chunk) multiply the layer dequantised for
-the call (:meth:`Kernel.wide`)."""
+KERNEL_ROWS = 512
+"""Rows up to which the kernel runs where it has no AMX tiles (AVX-512: every prefill chunk of the
+default ``max_prefill_tokens``, 512); more rows multiply the layer dequantised for the call
+(:meth:`Kernel.wide`). Measured on a 2-core AMD EPYC (Zen 4), a layer of Qwen2.5-1.5B's shapes, 2
+threads (bench/qkernel.py): Q4_K kernel against dequantised bf16 ``torch.mm`` at 64 rows 20.2 / 44.1 ms,
+128 rows 36.1 / 57.4, 256 69.3 / 86.9, 512 142.2 / 165.3; Q6_K's kernel 24.6, 45.8, 91.3, 190.4
+(the last above the bf16 product). At 64 rows (before), HE32 on Qwen2.5-Coder-1.5B served
+36.3 tokens/s, at 512 39.4, and prefill on the file's weights, not their bf16 rounding."""
 
 
 def cpu_has_avx512_bf16() -> bool:
