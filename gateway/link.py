@@ -51,8 +51,9 @@ class BrokerConnections:
         self._refreshing: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
-        self._answered = asyncio.Event()
-        """Set once a status query was first answered (the gateway has heard from the broker)."""
+        self._first_try = asyncio.Event()
+        """Set once the first try to reach the broker ended (its connect and status query, answered or
+        not), or on close."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -63,7 +64,7 @@ class BrokerConnections:
     async def close(self) -> None:
         """Stop polling and close every connection; the broker cancels what they still run."""
         self._closed = True
-        self._answered.set()  # (nothing waits for a first answer any more)
+        self._first_try.set()  # (nothing waits for it any more)
         if self._task is not None:
             self._task.cancel()
             try:
@@ -84,9 +85,11 @@ class BrokerConnections:
                     log.info("gateway connected to the broker at %s", self.config.broker)
                 except BrokerUnavailable as e:
                     log.warning("%s (retrying)", e)
+                    self._first_try.set()
                     continue  # the connect timeout paces the retries
                 except Exception:  # noqa: BLE001 -- e.g. unreadable CURVE keys: say so, keep trying
                     log.exception("gateway cannot connect to the broker at %s (retrying)", self.config.broker)
+                    self._first_try.set()
                     await asyncio.sleep(self.config.status_interval_s)
                     continue
             try:
@@ -95,6 +98,7 @@ class BrokerConnections:
                 pass  # broker_ok is False; requests get 503 until it answers again
             except Exception:  # noqa: BLE001 -- the poller must survive anything
                 log.exception("gateway status poll failed")
+            self._first_try.set()
             await asyncio.sleep(self.config.status_interval_s)  # the poll interval (a period, not a wait on a condition)
 
     def _new_client(self, model: str, name: str) -> Client:
@@ -108,14 +112,16 @@ class BrokerConnections:
     # ------------------------------------------------------------------ status
 
     async def first_contact(self) -> None:
-        """Until the broker first answered (a gateway that just started, its control connection
-        still connecting), wait for that answer, up to ``connect_timeout_s``; at once after. So a
-        request sent as soon as the HTTP port listens is served, not refused 503 "no broker" for
-        the time the connection takes; a broker that does not answer in time still gets that 503."""
-        if self.status is not None or self._closed:
+        """While the gateway's first try to reach the broker runs (it just started: the control
+        connection still connecting, or its first status query in flight), wait for that try to
+        end, up to ``connect_timeout_s`` and a status query's; at once after. So a request sent as
+        soon as the HTTP port listens is served, not refused 503 "no broker" for the time the
+        connection takes; with no broker there, requests get that 503 once the first try failed
+        (and at once from then on)."""
+        if self.status is not None or self._closed or self._first_try.is_set():
             return
         try:
-            await asyncio.wait_for(self._answered.wait(), self.config.connect_timeout_s)
+            await asyncio.wait_for(self._first_try.wait(), 2 * self.config.connect_timeout_s)
         except TimeoutError:
             pass
 
@@ -144,7 +150,6 @@ class BrokerConnections:
                 raise
             raise unavailable("the gateway is stopping") from None  # close() closed the client mid-query
         self.status, self.broker_ok = st, True
-        self._answered.set()
         return st
 
     def no_broker(self) -> APIError:

@@ -226,8 +226,12 @@ def test_a_client_leaving_a_stream_cancels_its_requests(cluster, http, n):
 
 
 def test_no_broker_is_503():
+    """No broker: 503 at once once the gateway's first try to reach one failed (a request during
+    that first try waits for it, up to connect_timeout_s; none waits after it)."""
+    import time
+
     stop, ready = threading.Event(), []
-    cfg = GatewayConfig(broker=f"tcp://127.0.0.1:{free_port()}", port=0, connect_timeout_s=0.2)
+    cfg = GatewayConfig(broker=f"tcp://127.0.0.1:{free_port()}", port=0, connect_timeout_s=3.0)
     t = threading.Thread(target=run, args=(cfg,), kwargs={"stop": stop, "on_ready": ready.append})
     t.start()
     try:
@@ -235,9 +239,12 @@ def test_no_broker_is_503():
         with httpx.Client(base_url=url, timeout=10) as c:
             h = c.get("/health")
             assert h.status_code == 503 and h.json()["status"] == "unavailable"
+            error_of(c.post("/v1/completions", json={"model": "m", "prompt": [1]}), 503)  # (the first try's end)
             for path, body in (("/v1/completions", {"model": "m", "prompt": [1]}),
                                ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]})):
+                t0 = time.monotonic()
                 r = c.post(path, json=body)
+                assert time.monotonic() - t0 < cfg.connect_timeout_s / 2  # not another connect timeout's wait
                 e = error_of(r, 503)
                 assert e["type"] == "service_unavailable_error" and "no slotserve broker" in e["message"]
                 assert r.headers["retry-after"] == "1"
