@@ -103,10 +103,15 @@ struct alignas(64) SixTables {
     }
 };
 
+inline const SixTables& six_tables() {  // (built on first use; the int8 quads' gather is its perm too)
+    static const SixTables t;
+    return t;
+}
+
 struct SixVbmi {  // SixTables in registers
     __m512i perm, cn0, cn1, ch0, ch1;
     __attribute__((target("avx512f,avx512bw,avx512vbmi"))) SixVbmi() {
-        static const SixTables t;
+        const SixTables& t = six_tables();
         perm = _mm512_load_si512(t.perm);
         cn0 = _mm512_load_si512(t.n[0]); cn1 = _mm512_load_si512(t.n[1]);
         ch0 = _mm512_load_si512(t.h[0]); ch1 = _mm512_load_si512(t.h[1]);
@@ -236,8 +241,8 @@ inline void expand(const Factor& s, const Factor& o, float zero, int64_t groups,
 constexpr bool needs_sum(int kind, bool off) { return off || kind == MAGIC || kind == SIX; }
 
 
-// ---- AVX-512 BF16: R <= MR rows of x times NB (1 or 2) 16-row blocks, the group's sums in
-// registers; each column pair decoded once per call. Two blocks a call use each broadcast of x
+// ---- AVX-512 BF16: R <= MR rows of x times NB (1 or 2) 16-row blocks, each group's sums in
+// registers (the running totals in an L1 buffer); each column pair decoded once per call. Two blocks a call use each broadcast of x
 // twice: on Zen 4 the broadcasts (a load each, one vdpbf16ps each) bound a one-block product
 // (8 rows: 3.66 G vdpbf16ps/s a core with a broadcast each, 9.7 G without; measured). A row's
 // sums run in the same order whatever NB and R (the same bits either way).
@@ -826,12 +831,6 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
             _mm512_store_si512(wbuf + (q - q0), _mm512_xor_si512(v, flip));
         }
     } else {  // SIX, per 4 columns 48 bytes: A (columns 0, 1), B (2, 3) nibble pairs, H high bit pairs
-        static const Bytes64 idx([](uint8_t* t) {  // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded)
-            for (int j = 0; j < 16; ++j) {
-                t[4 * j] = static_cast<uint8_t>(j); t[4 * j + 1] = static_cast<uint8_t>(16 + j);
-                t[4 * j + 2] = static_cast<uint8_t>(32 + j); t[4 * j + 3] = 63;
-            }
-        });
         // bit offsets in the qword of rows j, j + 1: nibble t at 4 t; h_t to bits 4-5
         static const Bytes64 cn([](uint8_t* t) {
             for (int j = 0; j < 64; ++j) t[j] = static_cast<uint8_t>((j >> 2 & 1) * 32 + 4 * (j & 3));
@@ -839,7 +838,9 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
         static const Bytes64 ch([](uint8_t* t) {
             for (int j = 0; j < 64; ++j) t[j] = static_cast<uint8_t>((j >> 2 & 1) * 32 + 12 + 2 * (j & 3));
         });
-        const __m512i perm = _mm512_load_si512(idx.b), ctrl_n = _mm512_load_si512(cn.b), ctrl_h = _mm512_load_si512(ch.b);
+        // dword j = A_j, B_j, H_j, 0 (byte 63 lies past the 48 loaded): SixTables' gather
+        const __m512i perm = _mm512_load_si512(six_tables().perm), ctrl_n = _mm512_load_si512(cn.b),
+                      ctrl_h = _mm512_load_si512(ch.b);
         const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63);
         for (int64_t q = q0; q < q1; ++q) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 12 + q * 48), _MM_HINT_T1);
