@@ -277,13 +277,26 @@ def test_a_request_sent_as_the_gateway_starts_waits_for_its_first_answer_from_th
         t.start()
         url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
         call = CallInFlight(url, "/v1/completions", {"model": "simulated", "prompt": [1, 2], "max_tokens": 3})
-        wait_until(lambda: call.done or metric(url, "slotserve_http_requests_in_flight") == 1, 10,
-                   "the request in the gateway")
+        # every other entry point that reads what the broker serves (refused 503 "no broker" at once before)
+        models = []
+        lister = threading.Thread(target=lambda: models.append(httpx.get(url + "/v1/models", timeout=60)))
+        lister.start()
+        others = {path: CallInFlight(url, path, body) for path, body in (
+            ("/tokenize", {"model": "simulated", "prompt": "x"}),  # (simulated: no tokenizer, a 400)
+            ("/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 2}))}  # (no model named)
+        wait_until(lambda: call.done or metric(url, "slotserve_http_requests_in_flight") == 2, 10,
+                   "the completion and the infill in the gateway")
         assert not call.done, (call.status, call.json)  # the broker has not answered yet: it waits
+        assert not any(c.done for c in others.values()) and not models, {p: (c.status, c.json) for p, c in others.items()}
         os.kill(cluster.broker_process.pid, signal.SIGCONT)
         call.wait(60)
         assert call.status == 200, call.json
         assert len(call.json["choices"][0]["token_ids"]) == 3
+        lister.join(60)
+        assert models[0].status_code == 200 and [m["id"] for m in models[0].json()["data"]] == ["simulated"]
+        for path, c in others.items():
+            c.wait(60)
+            assert c.status == 400 and "tokenizer" in c.json["error"]["message"], (path, c.json)  # past the link
     finally:
         os.kill(cluster.broker_process.pid, signal.SIGCONT)
         stop.set()
