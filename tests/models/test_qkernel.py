@@ -292,6 +292,21 @@ def test_a_block_gets_the_same_bits_alone_or_beside_another(module, layout, m):
         assert torch.equal(whole[:, 16 * i:16 * i + 16], module.qmm(x, *a.kernel.args, False)), i
 
 
+@needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_avx512_rows_are_the_same_whether_the_blocks_are_decoded_per_call_or_per_eight_rows(module, layout):
+    """On AVX-512 a call of many rows (a prefill chunk) decodes each block once into a buffer that
+    every eight rows read (6-bit and wide codes above 8 rows, the others above 48); a few rows
+    decode in registers. Either way a row gets the bits it gets alone, on blocks of 16 and of 4."""
+    w = weight(*layout, 36, K, seed=7).prepare()  # two blocks together, then one of 4 rows
+    x = torch.randn(64, K, generator=torch.Generator().manual_seed(8)).bfloat16()
+    alone = torch.cat([module.qmm(x[i:i + 1].contiguous(), *w.kernel.args, False) for i in range(64)])
+    for m in (8, 9, 16, 48, 49, 64):
+        assert torch.equal(module.qmm(x[:m].contiguous(), *w.kernel.args, False), alone[:m]), m
+    exact = F.linear(x.double(), w.dequantize().double())
+    assert (alone.double() - exact).norm() <= 0.01 * exact.norm()
+
+
 SIX_LAYOUTS = [LAYOUTS[2], LAYOUTS[4], LAYOUTS[6], LAYOUTS[7]]  # 6-bit codes: Q6_K, Q5_K, Q5_0, Q5_1
 
 
