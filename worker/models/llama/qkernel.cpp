@@ -44,12 +44,15 @@ namespace {
 enum Kind { NIB = 0, MAGIC = 1, WIDE = 2, SIX = 3 };
 constexpr float MAGIC_ZERO = 192.0f;  // what MAGIC decoding adds to a code (SIX: 128 - low)
 constexpr int MR = 8;  // AVX-512 path: activation rows in registers at once (2 * MR accumulators)
-// AVX-512 path: above this many rows each block is decoded once per call (Decoded): 6-bit and wide
-// int8 codes above MR rows, nibbles and small int8 codes (a decode of one or two operations) above 48.
-// Measured (2-core EPYC Zen 4, 2 threads, a Qwen2.5-1.5B layer, decoded per MR rows -> once):
-// Q6_K 16 rows 6.85 -> 5.81 ms, 64 rows 23.9 -> 19.4, 512 rows 197 -> 157; Q4_K 16 rows 5.51 ->
-// 5.85, 48 rows 13.89 -> 13.84, 128 rows 34.9 -> 33.4, 512 rows 150 -> 144. The same bits either way.
-constexpr int64_t decoded_rows(int64_t kind) { return kind == SIX || kind == WIDE ? MR : 48; }
+// AVX-512 path: above this many rows each block is decoded once per call (Decoded), else in
+// registers per MR rows: 6-bit codes always (their decode takes 9 operations per two pairs and two
+// blocks' worth spill registers), the others above 48 rows. Measured (2-core EPYC Zen 4, 2 threads,
+// a Qwen2.5-1.5B layer, in registers -> decoded): Q6_K 1 row 1.93 -> 1.89 ms, 4 rows 2.87 -> 2.55,
+// 8 rows 3.76 -> 3.60, 16 rows 6.85 -> 5.81, 64 rows 23.9 -> 19.4, 512 rows 197 -> 157; Q4_K 16 rows
+// 5.51 -> 5.85, 48 rows 13.89 -> 13.84, 128 rows 34.9 -> 33.4, 512 rows 150 -> 144; Q8_0 (wide
+// codes) 1 row 1.50 -> 1.81, 8 rows 2.72 -> 3.52, 16 rows 4.79 -> 5.34, 64 and 128 rows even.
+// The same bits either way.
+constexpr int64_t decoded_rows(int64_t kind) { return kind == SIX ? 0 : 48; }
 // The tiles' rings (amx_chunk, amx8_chunk): groups decoded AHEAD groups ahead into RING_SLOTS
 // slots. A tile load of weights the vector stores wrote waits until those stores have left the
 // store buffer; int8 quads decoded one group ahead, the decode and the tile products ran one after
@@ -223,6 +226,7 @@ struct Rows {
     const float* xsum;   // [M, groups] or null: sum of each group's (bf16) activations
     int64_t K, group, groups;
     const uint16_t* x2 = nullptr;  // amx_stack's A tiles ([groups / 2, 2 M, 2 group] bf16), or null
+    float zero = 0.0f;             // what decoding adds to a code (expand()'s zero)
 };
 
 // the group's additive term: the offset, and zero * scale taken back off for MAGIC and SIX codes
@@ -245,6 +249,9 @@ inline void expand(const Factor& s, const Factor& o, float zero, int64_t groups,
 }
 
 constexpr bool needs_sum(int kind, bool off) { return off || kind == MAGIC || kind == SIX; }
+// AVX-512 path: a group's sums start at -zero * sum(x) (MAGIC, SIX without offsets: one fmadd a
+// group and row, not two)
+constexpr bool zero_first(int kind, bool off) { return !off && (kind == MAGIC || kind == SIX); }
 
 
 // ---- AVX-512 BF16: R <= MR rows of x times NB (1 or 2) 16-row blocks, each group's sums in
@@ -261,15 +268,8 @@ struct PairDecode {  // a unit is one column pair (decode<KIND>)
     }
 };
 
-struct SixUnitDecode {  // SIX on VBMI: a unit is two column pairs (SixVbmi)
-    static constexpr int U = 2;
-    SixVbmi six;
-    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
-    inline void operator()(const uint8_t* w, int64_t unit, __m512i* out) const { six.pairs(w, unit, out[0], out[1]); }
-};
-
 // (inlined whole into its callers by their flatten: the VBMI decode only into a VBMI function)
-template <int R, int NB, bool SUM, class Decode>
+template <int R, int NB, bool SUM, bool ZINIT, class Decode>
 inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
     constexpr int U = Decode::U;
     alignas(64) float tot[NB][R][16];
@@ -278,8 +278,10 @@ inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
     const int64_t units = a.group / 2 / U;
     for (int64_t g = 0; g < a.groups; ++g) {
         __m512 acc[NB][R];
-        for (int nb = 0; nb < NB; ++nb)
-            for (int r = 0; r < R; ++r) acc[nb][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; ++r) {  // ZINIT: the sums start at -zero * sum(x) (the zero taken back off)
+            const __m512 z = ZINIT ? _mm512_set1_ps(-a.zero * a.xsum[r * a.groups + g]) : _mm512_setzero_ps();
+            for (int nb = 0; nb < NB; ++nb) acc[nb][r] = z;
+        }
         for (int64_t u = g * units; u < (g + 1) * units; ++u) {
             __m512i wv[NB][U];
             for (int nb = 0; nb < NB; ++nb) dec(bs[nb].w, u, wv[nb]);
@@ -296,7 +298,7 @@ inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
             const __m512 s = _mm512_load_ps(bs[nb].sc + g * 16);
             for (int r = 0; r < R; ++r) {
                 __m512 t = _mm512_fmadd_ps(acc[nb][r], s, _mm512_load_ps(tot[nb][r]));
-                if constexpr (SUM)
+                if constexpr (SUM && !ZINIT)
                     t = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), _mm512_load_ps(bs[nb].of + g * 16), t);
                 _mm512_store_ps(tot[nb][r], t);
             }
@@ -308,13 +310,7 @@ inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
 
 template <int R, int NB, int KIND, bool OFF>
 __attribute__((flatten)) void avx_block(const Rows& a, const Block* bs, __m512i lut) {
-    avx_blocks<R, NB, needs_sum(KIND, OFF)>(a, bs, PairDecode<KIND>{lut});
-}
-
-template <int R, int NB, bool OFF>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma"), flatten))
-void avx_block_six(const Rows& a, const Block* bs) {
-    avx_blocks<R, NB, true>(a, bs, SixUnitDecode{});
+    avx_blocks<R, NB, needs_sum(KIND, OFF), zero_first(KIND, OFF)>(a, bs, PairDecode<KIND>{lut});
 }
 
 // A prefill chunk's weights: each block decoded once (decode_range, the same bf16 pairs) into a
@@ -326,9 +322,9 @@ struct Decoded {
     }
 };
 
-template <int R, int NB, bool SUM>
+template <int R, int NB, bool SUM, bool ZINIT>
 __attribute__((flatten)) void avx_block_decoded(const Rows& a, const Block* bs) {
-    avx_blocks<R, NB, SUM>(a, bs, Decoded{});
+    avx_blocks<R, NB, SUM, ZINIT>(a, bs, Decoded{});
 }
 
 template <int KIND, bool OFF, int NB>
@@ -344,8 +340,7 @@ void avx_rows(int64_t M, const Rows& a, const Block* bs, __m512i lut, bool decod
         }
         switch (std::min<int64_t>(MR, M - m0)) {
 #define CASE(n) case n: \
-            if (decoded) avx_block_decoded<n, NB, needs_sum(KIND, OFF)>(part, out); \
-            else if (KIND == SIX && SIX_VBMI) avx_block_six<n, NB, OFF>(part, out); \
+            if (decoded) avx_block_decoded<n, NB, needs_sum(KIND, OFF), zero_first(KIND, OFF)>(part, out); \
             else avx_block<n, NB, KIND, OFF>(part, out, lut); \
             break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -753,6 +748,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
     const int64_t block_bytes = K * column_bytes(kind);  // 16 rows x K codes, 4, 6 or 8 bits each
     const __m512i lut = bf16_lut(low);
     const float zero = kind == SIX ? static_cast<float>(128 - low) : kind == MAGIC ? MAGIC_ZERO : 0.0f;
+    a.zero = zero;
     const bool sums = needs_sum(static_cast<int>(kind), off);
     const auto decoder = kind == NIB ? decode_range<NIB> : kind == MAGIC ? decode_range<MAGIC>
                        : kind == WIDE ? decode_range<WIDE> : decode_range<SIX>;
@@ -772,10 +768,9 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
         else if (amx) amx_config(static_cast<int>(std::min<int64_t>(M, 16)), group);
         if (whole) decoder(wp + b0 * block_bytes, K, wmem.get(), 0, K / 2, lut);
         for (int64_t i = b0; i < b1;) {
-            // two blocks a call on AVX-512, but for SIX (its two-pair units and two blocks' sums spill:
-            // a Q6_K layer at 8 rows 3.95 -> 3.98 ms, 32 rows 12.5 -> 13.9; Q4_K 2.97 -> 2.60, 9.55 ->
-            // 8.94; 2-core EPYC, 2 threads); the AMX paths a block at a time
-            const int nb = !amx && (kind != SIX || decoded) && i + 1 < b1 ? 2 : 1;
+            // two blocks a call on AVX-512 (Q4_K layer, 8 rows: 2.97 -> 2.60 ms, 32 rows 9.55 -> 8.94;
+            // 2-core EPYC, 2 threads); the AMX paths a block at a time
+            const int nb = !amx && i + 1 < b1 ? 2 : 1;
             Block bs[2];
             for (int j = 0; j < nb; ++j) {
                 const int64_t valid = std::min<int64_t>(16, N - (i + j) * 16);
