@@ -140,6 +140,11 @@ struct SixVbmi {  // SixTables in registers
     }
 };
 
+bool NIB_VBMI = [] {  // NibQuadDecode where the CPU has VBMI
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi") != 0;
+}();
+
 bool SIX_VBMI = [] {  // (a static initializer: the CPU model is read first); six_vbmi() sets it
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vbmi") != 0;
@@ -259,12 +264,47 @@ constexpr bool zero_first(int kind, bool off) { return !off && (kind == MAGIC ||
 // twice: on Zen 4 the broadcasts (a load each, one vdpbf16ps each) bound a one-block product
 // (8 rows: 3.66 G vdpbf16ps/s a core with a broadcast each, 9.7 G without; measured). A row's
 // sums run in the same order whatever NB and R (the same bits either way).
+// A Decode gives a unit of U column pairs in two stages, load(w, unit) then pair(state, c) for
+// c < U, so that only a pair per block is held in registers at once.
 template <int KIND>
 struct PairDecode {  // a unit is one column pair (decode<KIND>)
     static constexpr int U = 1;
+    struct State { const uint8_t* w; int64_t unit; };
     __m512i lut;
-    inline void operator()(const uint8_t* w, int64_t unit, __m512i* out) const {
-        out[0] = (__m512i)decode<KIND>(w, unit, lut);
+    inline State load(const uint8_t* w, int64_t unit) const { return State{w, unit}; }
+    inline __m512i pair(const State& s, int) const { return (__m512i)decode<KIND>(s.w, s.unit, lut); }
+};
+
+// NIB on VBMI: a unit is four pairs (their 64 bytes), gathered once so that each qword holds the
+// bytes of its two rows for the four pairs (vpermb); each pair is then one multishift (byte 4 j + 2 t
+// of a row's dword: the pair's byte shifted right 0 or 4, its high bits garbage) and the table
+// lookup, whose index is the word's low 5 bits (bf16_lut repeats its 16 values at 16-31). The same
+// bf16 values as decode<NIB>, in 2 operations a pair (and a quarter of a load and of a vpermb)
+// where decode<NIB> takes 4. Used up to 4 rows: at 8 its registers spill. Q4_K layer (Qwen2.5-1.5B's
+// shapes, Zen 4, 2 threads, decode<NIB> -> this): 1 row 1.65 -> 1.55 ms, 2 rows 1.82 -> 1.73, 4 rows
+// 2.40 -> 2.20; 8 rows 2.54 -> 2.73 (not used there).
+struct NibQuadDecode {
+    static constexpr int U = 4;
+    using State = __m512i;
+    __m512i lut, gather, shift[4];
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) explicit NibQuadDecode(__m512i table) : lut(table) {
+        alignas(64) uint8_t g[64], m[4][64];
+        for (int t = 0; t < 8; ++t)  // qword t: rows 2t, 2t + 1 of pairs 0-3, byte 8t + 2c + s
+            for (int c = 0; c < 4; ++c)
+                for (int s = 0; s < 2; ++s) g[8 * t + 2 * c + s] = static_cast<uint8_t>(16 * c + 2 * t + s);
+        for (int c = 0; c < 4; ++c)  // output byte 4s + 2h of a qword: row s's byte of pair c, >> 4h
+            for (int i = 0; i < 64; ++i)
+                m[c][i] = static_cast<uint8_t>(8 * (2 * c + (i >> 2 & 1)) + 4 * (i >> 1 & 1));
+        gather = _mm512_load_si512(g);
+        for (int c = 0; c < 4; ++c) shift[c] = _mm512_load_si512(m[c]);
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+    inline State load(const uint8_t* w, int64_t unit) const {
+        return _mm512_permutexvar_epi8(gather, _mm512_loadu_si512(w + unit * 64));
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+    inline __m512i pair(const State& v, int c) const {
+        return _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(shift[c], v), lut);
     }
 };
 
@@ -283,14 +323,16 @@ inline void avx_blocks(const Rows& a, const Block* bs, const Decode& dec) {
             for (int nb = 0; nb < NB; ++nb) acc[nb][r] = z;
         }
         for (int64_t u = g * units; u < (g + 1) * units; ++u) {
-            __m512i wv[NB][U];
-            for (int nb = 0; nb < NB; ++nb) dec(bs[nb].w, u, wv[nb]);
+            typename Decode::State st[NB];
+            for (int nb = 0; nb < NB; ++nb) st[nb] = dec.load(bs[nb].w, u);
             for (int c = 0; c < U; ++c) {
+                __m512i wv[NB];
+                for (int nb = 0; nb < NB; ++nb) wv[nb] = dec.pair(st[nb], c);
                 for (int r = 0; r < R; ++r) {
                     uint32_t xp;
                     std::memcpy(&xp, a.x + r * a.K + 2 * (u * U + c), 4);
                     const __m512bh xv = (__m512bh)_mm512_set1_epi32(xp);
-                    for (int nb = 0; nb < NB; ++nb) acc[nb][r] = _mm512_dpbf16_ps(acc[nb][r], xv, (__m512bh)wv[nb][c]);
+                    for (int nb = 0; nb < NB; ++nb) acc[nb][r] = _mm512_dpbf16_ps(acc[nb][r], xv, (__m512bh)wv[nb]);
                 }
             }
         }
@@ -313,13 +355,19 @@ __attribute__((flatten)) void avx_block(const Rows& a, const Block* bs, __m512i 
     avx_blocks<R, NB, needs_sum(KIND, OFF), zero_first(KIND, OFF)>(a, bs, PairDecode<KIND>{lut});
 }
 
+template <int R, int NB, bool OFF>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma"), flatten))
+void avx_block_nib4(const Rows& a, const Block* bs, __m512i lut) {
+    avx_blocks<R, NB, needs_sum(NIB, OFF), false>(a, bs, NibQuadDecode(lut));
+}
+
 // A prefill chunk's weights: each block decoded once (decode_range, the same bf16 pairs) into a
 // buffer that every MR rows of the chunk read, rather than decoded again per MR rows; b.w is the buffer
 struct Decoded {
     static constexpr int U = 1;
-    inline void operator()(const uint8_t* w, int64_t unit, __m512i* out) const {
-        out[0] = _mm512_load_si512(reinterpret_cast<const __m512i*>(w) + unit);
-    }
+    using State = const __m512i*;
+    inline State load(const uint8_t* w, int64_t unit) const { return reinterpret_cast<const __m512i*>(w) + unit; }
+    inline __m512i pair(const State& s, int) const { return _mm512_load_si512(s); }
 };
 
 template <int R, int NB, bool SUM, bool ZINIT>
@@ -341,6 +389,7 @@ void avx_rows(int64_t M, const Rows& a, const Block* bs, __m512i lut, bool decod
         switch (std::min<int64_t>(MR, M - m0)) {
 #define CASE(n) case n: \
             if (decoded) avx_block_decoded<n, NB, needs_sum(KIND, OFF), zero_first(KIND, OFF)>(part, out); \
+            else if (KIND == NIB && n <= 4 && NIB_VBMI && a.group % 8 == 0) avx_block_nib4<n, NB, OFF>(part, out, lut); \
             else avx_block<n, NB, KIND, OFF>(part, out, lut); \
             break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
