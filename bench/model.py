@@ -26,7 +26,11 @@ code is bench/systems.py's, shared with bench/gpu.py):
 - ``hf-cb``: transformers' continuous batching (``generate_batch``'s
   manager, per-request ``max_new_tokens``, explicit small cache sizes);
 - ``hf-alone``: ``model.generate`` per prompt (batch 1) -- the greedy
-  reference for the identical-output count;
+  reference for the identical-output count; its outputs are kept in
+  ``~/.cache/slotserve/bench`` (``$XDG_CACHE_HOME``), keyed by everything they
+  depend on (:func:`reference_key`), and a later run with the same key reads
+  them back (a Qwen2.5-Coder-1.5B reference takes ~14 min on 2 cores;
+  ``--fresh-reference`` runs it again);
 - ``llamacpp``: llama.cpp's ``llama-server`` on the same GGUF, 8 slots,
   token-id prompts, greedy, ``ignore_eos`` with each request's length =
   the useful length of this run's greedy reference (hf-alone, else
@@ -85,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import resource
@@ -206,6 +211,51 @@ def run_hf_cb(hf, prompts, max_tokens, eos, slots) -> Run:
                                       allow_block_sharing=False)
     run = hf_cb(hf, prompts, max_tokens, slots, config=config, eos=eos, max_new_tokens=128, warm="manager")
     run.note = "init_continuous_batching: page_size 64, 64 blocks, 512 batch tokens, 8 requests per batch"
+    return run
+
+
+REFERENCE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "bench"
+"""Where hf-alone's outputs are kept (:func:`cached_hf_alone`)."""
+
+
+def reference_key(name: str, prompts, max_tokens, eos, pad_id, threads: int) -> str:
+    """A hex digest of what hf-alone's greedy outputs depend on: the model (``--model``: an alias
+    names one checked file; a path adds each file's size and modification time), the prompts'
+    token ids, each request's max_tokens, the stop ids, the pad id, the thread count (fp32 sums
+    split by thread) and the torch and transformers versions."""
+    import transformers
+
+    files = []
+    path = Path(name)
+    if path.exists():
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file():
+                st = f.stat()
+                files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    ident = {"model": name, "files": files, "prompts": [list(map(int, p)) for p in prompts],
+             "max_tokens": list(map(int, max_tokens)), "eos": sorted(map(int, eos)), "pad_id": int(pad_id),
+             "threads": threads, "torch": torch.__version__, "transformers": transformers.__version__}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cached_hf_alone(he: "Workload", threads: int, fresh: bool = False, cache: Path | None = None) -> Run:
+    """hf-alone's run, read from ``cache`` (default :data:`REFERENCE_CACHE`) where a run with the
+    same :func:`reference_key` was kept, else run (``fresh``: always) and kept there."""
+    folder = cache or REFERENCE_CACHE
+    key = reference_key(he.name, he.prompts, he.max_tokens, he.eos, he.pad_id, threads)
+    path = folder / f"hf-alone-{key}.json"
+    if path.exists() and not fresh:
+        kept = json.loads(path.read_text())
+        run = Run("hf-alone")
+        run.outputs, run.first_s, run.last_s, run.wall_s = kept["outputs"], kept["first_s"], kept["last_s"], kept["wall_s"]
+        run.note = f"generate per prompt, batch 1 (greedy reference), read from {path} (run {kept['when']})"
+        return run
+    run = run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"outputs": run.outputs, "first_s": run.first_s, "last_s": run.last_s,
+                               "wall_s": run.wall_s, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}))
+    tmp.replace(path)
     return run
 
 
@@ -543,6 +593,9 @@ def parser() -> argparse.ArgumentParser:
                     help="seconds a broker run waits for its worker to load the model (default 900)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system and thread count, fastest reported (llama.cpp too; hf-alone runs once; default 1)")
+    ap.add_argument("--fresh-reference", action="store_true",
+                    help="run hf-alone even where its outputs for this model, workload and thread count are kept "
+                         "(~/.cache/slotserve/bench)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     return ap
 
@@ -615,7 +668,8 @@ def load_he(prompts: int, threads: int, name: str = MODEL, max_tokens_cap: int |
     return Workload(model, prompts, max_tokens, eos, pad_id, name)
 
 
-def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: float = 900.0) -> dict:
+def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: float = 900.0,
+            fresh_reference: bool = False) -> dict:
     """Name -> a function of the thread count that runs that system once (in this order)."""
     def slotserve_fp32(_threads):
         from worker.models import llama
@@ -630,7 +684,7 @@ def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: fl
             start_timeout_s=start_timeout_s)) for p in precisions},
         "hf-static": lambda _threads: run_hf_static(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id, slots),
         "hf-cb": lambda _threads: run_hf_cb(he.hf, he.prompts, he.max_tokens, he.eos, slots),
-        "hf-alone": lambda _threads: run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id),
+        "hf-alone": lambda threads: cached_hf_alone(he, threads, fresh_reference),
     }
 
 
@@ -639,7 +693,8 @@ def run_systems(he: Workload, precisions: list[str], args, thread_counts: list[i
     HF model run first, and the worker processes after that model is dropped when nothing else needs
     it (``--no-limits``): a 1.5B model's fp32 copy here next to a worker loading its own (~14 GB at
     its peak) would come close to a 24 GB machine's memory."""
-    chosen = {name: run_once for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s).items()
+    chosen = {name: run_once for name, run_once in systems(he, precisions, args.slots, args.start_timeout_s,
+                                                           args.fresh_reference).items()
               if name.split("[")[0] not in skip}
     done = {name: best_run(name, run_once, thread_counts, args.repeats)
             for name, run_once in chosen.items() if not name.startswith("slotserve-broker")}

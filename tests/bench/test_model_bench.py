@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -145,3 +146,43 @@ def test_shapes_and_tiny_need_random_weights():
                                                                               "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2
     assert "--random-weights only" in done.stderr
+
+
+def test_the_greedy_reference_is_kept_and_read_back_for_the_same_key_only(tmp_path, monkeypatch):
+    """hf-alone (a 1.5B model's reference takes ~14 min on 2 cores) runs once per key: a second run of
+    the same model, workload and thread count reads its outputs back; another thread count, another
+    workload, a changed model file or --fresh-reference runs it again."""
+    calls = []
+
+    def fake_run(hf, prompts, max_tokens, eos, pad_id):
+        calls.append(len(calls))
+        run = model.Run("hf-alone")
+        run.outputs = [[len(calls), 5, 6][:m] for m in max_tokens]
+        run.first_s, run.last_s, run.wall_s = [0.5] * len(prompts), [1.0] * len(prompts), 2.0
+        return run
+
+    monkeypatch.setattr(model, "run_hf_alone", fake_run)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF one")
+    he = model.Workload(SimpleNamespace(model="the transformers module"), [[1, 2, 3], [4]], [3, 2], {2}, 2, str(gguf))
+    cache = tmp_path / "cache"
+
+    first = model.cached_hf_alone(he, 2, cache=cache)
+    again = model.cached_hf_alone(he, 2, cache=cache)
+    assert calls == [0] and again.outputs == first.outputs == [[1, 5, 6], [1, 5]]
+    assert (again.first_s, again.last_s, again.wall_s) == (first.first_s, first.last_s, first.wall_s)
+    assert "read from" in again.note and "read from" not in first.note
+
+    model.cached_hf_alone(he, 1, cache=cache)  # another thread count
+    assert len(calls) == 2
+    he.max_tokens = [3, 1]  # another workload
+    model.cached_hf_alone(he, 2, cache=cache)
+    assert len(calls) == 3
+    gguf.write_bytes(b"GGUF two, longer")  # the model file changed
+    model.cached_hf_alone(he, 2, cache=cache)
+    assert len(calls) == 4
+    assert model.cached_hf_alone(he, 2, cache=cache).outputs == [[4, 5, 6], [4]]  # kept: no run
+    assert len(calls) == 4
+    model.cached_hf_alone(he, 2, fresh=True, cache=cache)
+    assert len(calls) == 5
+    assert not list(cache.glob("*.tmp"))
