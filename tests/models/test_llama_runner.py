@@ -109,6 +109,30 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode(model_dir, refer
     assert long_seq[len(long):] == generate_alone(reference, long, 1)
 
 
+def test_a_step_names_its_decode_rows_to_the_products(model_dir, monkeypatch):
+    """forward tells the GGUF products how many of a step's leading rows are decode rows (those a
+    prompt chunk's faster product must not touch: qkernel.leading_exact_rows), 0 when no prompt
+    chunk shares the step."""
+    from worker.models.llama import model as forward_module
+
+    said, real = [], forward_module.qkernel.leading_exact_rows
+
+    def record(n):
+        said.append(n)
+        return real(n)
+
+    monkeypatch.setattr(forward_module.qkernel, "leading_exact_rows", record)
+    model = load_model(model_dir, max_prefill_tokens=16)
+    model.bind_slots(3)
+    a, b = [5, 6, 7], [8, 9]
+    for _ in range(2):  # two prompts (no decode rows), then two decode rows alone
+        ta, tb = step_tokens(model, [SlotInput(0, a), SlotInput(1, b)])
+        a.append(ta)
+        b.append(tb)
+    step_tokens(model, [SlotInput(0, a), SlotInput(1, b), SlotInput(2, random_prompts(1, seed=3, max_len=40)[0])])
+    assert said == [0, 0, 2]
+
+
 def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, reference):
     """A chunked prompt reserves its whole length when its first chunk runs (one growth while the
     cache is small, not one per capacity step with ever larger copies); tokens stay exact."""

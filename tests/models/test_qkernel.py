@@ -377,3 +377,46 @@ def test_auto_decodes_on_the_files_weights_exactly(module):
     w.kernel.set_activations("bf16")
     for y in got:
         assert torch.equal(y, w(x[:y.shape[0]]))
+
+
+class _TilesHere:
+    """The compiled module as an AMX CPU's process sees it, on any CPU with the kernel: the tile
+    product of a prefill chunk gives a marker value, the decode product runs on AVX-512."""
+
+    MARK = 7.0
+
+    def __init__(self, real):
+        self.real = real
+
+    def has_amx(self):
+        return True
+
+    def has_q8(self):
+        return self.real.has_q8()
+
+    def qmm_tiles(self, xb, *args):
+        return torch.full((xb.shape[0], args[-1]), self.MARK)
+
+    def qmm(self, x, *args):
+        return self.real.qmm(x, *args[:-1], False)
+
+
+@needs_kernel
+def test_a_decode_row_beside_a_prompt_chunk_gets_the_exact_product(module):
+    """In a step of more than TILE_ROWS rows (decode rows, then a prompt chunk) the chunk runs on
+    the AMX tiles (the weights rounded to bf16), but the step's decode rows (leading_exact_rows)
+    get the decode product's bits, the same as in a step without the chunk."""
+    w = weight(0, 16, 32, True, "k", 48, K, seed=9).prepare()
+    kernel = qkernel.Kernel(_TilesHere(module), w)
+    m = qkernel.TILE_ROWS + 6
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(10))
+    decode_alone = module.qmm(x[:5].contiguous(), *w.kernel.args, False)
+    assert torch.equal(kernel(x), torch.full((m, 48), _TilesHere.MARK))  # no decode rows said
+    with qkernel.leading_exact_rows(5):
+        y = kernel(x)
+        assert torch.equal(kernel(x[:5]), decode_alone)  # a step of decode rows only
+    assert torch.equal(y[:5], decode_alone)
+    assert torch.equal(y[5:], torch.full((m - 5, 48), _TilesHere.MARK))
+    with qkernel.leading_exact_rows(qkernel.TILE_ROWS + 1):  # a decode batch above TILE_ROWS: the tiles'
+        assert torch.equal(kernel(x), torch.full((m, 48), _TilesHere.MARK))
+    assert qkernel._EXACT_ROWS.get() == 0

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.models.llama import attnkernel
+from worker.models.llama import attnkernel, qkernel
 from worker.models.llama.attention import (DecodeViews, chunk_mask, decode_attention, decode_views,
                                            prefill_attention)
 from worker.models.llama.plan import StepPlan
@@ -64,6 +64,19 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     if w.embed_scale is not None:  # Gemma
         x = x * w.embed_scale
     glue = it.fused  # the compiled module's small operations (RMSNorm, RoPE) where it runs, else None
+    with qkernel.leading_exact_rows(plan.n_decode if plan.prefill else 0):
+        x = _layers(w, x, it, glue)
+    failed = ~torch.isfinite(x).all(dim=-1)
+    x = _rms_norm(x[plan.logits_at], w.norm, c, glue=glue)
+    logits = _logits(w, x, plan.greedy)
+    cap = w.family.final_softcap
+    return (logits if cap is None else _softcap_logits(logits, cap)), failed
+
+
+def _layers(w: LlamaWeights, x: torch.Tensor, it: _Iteration, glue) -> torch.Tensor:
+    """The decoder layers over the iteration's hidden states ``x`` ``[N, hidden]``; ``glue``: the
+    compiled module's small operations, or None."""
+    c = w.consts
     for layer, lw in enumerate(w.layers):
         if lw.post_attn is None:  # pre-norm only (Llama): the residual add fused into the product
             x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it))  # x + o(attention)
@@ -72,11 +85,7 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
             x = x + _rms_norm(lw.o(_attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it)), lw.post_attn, c,
                               glue=glue)
             x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue))), lw.post_mlp, c, glue=glue)
-    failed = ~torch.isfinite(x).all(dim=-1)
-    x = _rms_norm(x[plan.logits_at], w.norm, c, glue=glue)
-    logits = _logits(w, x, plan.greedy)
-    cap = w.family.final_softcap
-    return (logits if cap is None else _softcap_logits(logits, cap)), failed
+    return x
 
 
 @dataclass(slots=True)
