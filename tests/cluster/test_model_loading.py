@@ -55,6 +55,11 @@ def loading(c: Client, model: str) -> int:
     return 0 if m is None else m.loading
 
 
+def serving(c: Client, model: str) -> bool:
+    m = c.status().models.get(model)
+    return m is not None and m.workers >= 1
+
+
 def start_loader(cl: ThreadCluster, loader, model: str = "big") -> ThreadWorker:
     w = ThreadWorker(cl.backend, process_cls=loader, load=True, keep_error=True, model=model, num_slots=4)
     cl.workers.append(w)
@@ -106,7 +111,10 @@ def test_an_unserved_model_fails_at_once_listing_served_and_loading_models():
         start_loader(cl, Loader)
         try:
             with Client(cl.frontend, model="nope") as c:
-                wait_until(lambda: loading(c, "big") == 1, 10, "the loading announcement")
+                # both workers known to the broker (the served one registers on its own thread: asked
+                # before that, the broker rightly lists no served model)
+                wait_until(lambda: loading(c, "big") == 1 and serving(c, "simulated"), 10,
+                           "the loading announcement and the served model")
                 with pytest.raises(UnknownModelError) as e:
                     c.wait_for_model(60)  # not after 60 s: at once
                 assert e.value.code is ErrorCode.UNKNOWN_MODEL and isinstance(e.value, ValueError)
