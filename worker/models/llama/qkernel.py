@@ -52,8 +52,8 @@ def leading_exact_rows(n: int):
     """While the block runs, the first ``n`` rows of a product are decode rows (a step's decode
     entries come before its prompt chunks): where a product of more than :data:`TILE_ROWS` rows
     runs on AMX bf16 tiles (the weights rounded to bf16), those rows are multiplied again on the
-    decode product (the file's weights exactly) and replace theirs, so a decode row's result does
-    not depend on a prompt chunk sharing its step. ``n`` 0 (the default): no such rows; above
+    mode's decode product (``auto``: the file's weights exactly; ``int8``: its int8 product) and
+    replace theirs, so a decode row's result does not depend on a prompt chunk sharing its step. ``n`` 0 (the default): no such rows; above
     :data:`TILE_ROWS` (a decode batch that large) the tiles' results stand."""
     token = _EXACT_ROWS.set(n)
     try:
