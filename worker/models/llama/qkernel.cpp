@@ -260,10 +260,12 @@ constexpr bool zero_first(int kind, bool off) { return !off && (kind == MAGIC ||
 
 
 // ---- AVX-512 BF16: R <= MR rows of x times NB (1 or 2) 16-row blocks, each group's sums in
-// registers (the running totals in an L1 buffer); each column pair decoded once per call. Two blocks a call use each broadcast of x
-// twice: on Zen 4 the broadcasts (a load each, one vdpbf16ps each) bound a one-block product
-// (8 rows: 3.66 G vdpbf16ps/s a core with a broadcast each, 9.7 G without; measured). A row's
-// sums run in the same order whatever NB and R (the same bits either way).
+// registers (the running totals in an L1 buffer); each column pair decoded once per call. Two
+// blocks a call use each broadcast of x and each decode's loop twice (a Q4_K layer at 8 rows 2.97
+// -> 2.60 ms on Zen 4). There a 512-bit vdpbf16ps (and vpdpbusd) runs one a cycle, ~3.65 G/s a
+// core, with or without broadcasts (measured with distinct inputs; stop 44's "9.7 G/s" came from
+// unchanging operands), so the products here run at 55-80 % of that bound. A row's sums run in
+// the same order whatever NB and R (the same bits either way).
 // A Decode gives a unit of U column pairs in two stages, load(w, unit) then pair(state, c) for
 // c < U, so that only a pair per block is held in registers at once.
 template <int KIND>
