@@ -263,7 +263,7 @@ constexpr bool zero_first(int kind, bool off) { return !off && (kind == MAGIC ||
 // registers (the running totals in an L1 buffer); each column pair decoded once per call. Two
 // blocks a call use each broadcast of x and each decode's loop twice (a Q4_K layer at 8 rows 2.97
 // -> 2.60 ms on Zen 4). There a 512-bit vdpbf16ps (and vpdpbusd) runs one a cycle, ~3.65 G/s a
-// core, with or without broadcasts (measured with distinct inputs; stop 44's "9.7 G/s" came from
+// core, with or without broadcasts (measured with distinct inputs; an earlier "9.7 G/s" came from
 // unchanging operands), so the products here run at 55-80 % of that bound. A row's sums run in
 // the same order whatever NB and R (the same bits either way).
 // A Decode gives a unit of U column pairs in two stages, load(w, unit) then pair(state, c) for
