@@ -285,20 +285,28 @@ struct PairDecode {  // a unit is one column pair (decode<KIND>)
 // where decode<NIB> takes 4. Used up to 4 rows: at 8 its registers spill. Q4_K layer (Qwen2.5-1.5B's
 // shapes, Zen 4, 2 threads, decode<NIB> -> this): 1 row 1.65 -> 1.55 ms, 2 rows 1.82 -> 1.73, 4 rows
 // 2.40 -> 2.20; 8 rows 2.54 -> 2.73 (not used there).
-struct NibQuadDecode {
-    static constexpr int U = 4;
-    using State = __m512i;
-    __m512i lut, gather, shift[4];
-    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) explicit NibQuadDecode(__m512i table) : lut(table) {
-        alignas(64) uint8_t g[64], m[4][64];
+struct alignas(64) NibQuadTables {  // (constants: NIB_QUAD_TABLES)
+    uint8_t g[64], m[4][64];
+    constexpr NibQuadTables() : g(), m() {
         for (int t = 0; t < 8; ++t)  // qword t: rows 2t, 2t + 1 of pairs 0-3, byte 8t + 2c + s
             for (int c = 0; c < 4; ++c)
                 for (int s = 0; s < 2; ++s) g[8 * t + 2 * c + s] = static_cast<uint8_t>(16 * c + 2 * t + s);
         for (int c = 0; c < 4; ++c)  // output byte 4s + 2h of a qword: row s's byte of pair c, >> 4h
             for (int i = 0; i < 64; ++i)
                 m[c][i] = static_cast<uint8_t>(8 * (2 * c + (i >> 2 & 1)) + 4 * (i >> 1 & 1));
-        gather = _mm512_load_si512(g);
-        for (int c = 0; c < 4; ++c) shift[c] = _mm512_load_si512(m[c]);
+    }
+};
+
+constexpr NibQuadTables NIB_QUAD_TABLES{};
+
+struct NibQuadDecode {
+    static constexpr int U = 4;
+    using State = __m512i;
+    __m512i lut, gather, shift[4];
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) explicit NibQuadDecode(__m512i table) : lut(table) {
+        const NibQuadTables& t = NIB_QUAD_TABLES;
+        gather = _mm512_load_si512(t.g);
+        for (int c = 0; c < 4; ++c) shift[c] = _mm512_load_si512(t.m[c]);
     }
     __attribute__((target("avx512f,avx512bw,avx512vbmi")))
     inline State load(const uint8_t* w, int64_t unit) const {
@@ -880,32 +888,68 @@ struct alignas(64) Bytes64 {  // a byte table filled once (a function-local stat
     template <class Fill> explicit Bytes64(Fill fill) { fill(b); }
 };
 
+struct alignas(64) Table64 { uint8_t b[64]; };
+constexpr Table64 NIB_QUAD_PERM = [] {  // NIB: dword j = row j's byte of pairs 0-3
+    Table64 t{};
+    for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 4; ++i) t.b[4 * j + i] = static_cast<uint8_t>(16 * i + j);
+    return t;
+}();
+constexpr Table64 WIDE_QUAD_PERM = [] {  // int8 codes: dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
+    Table64 t{};
+    for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 4; ++i) t.b[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
+    return t;
+}();
+
+// A 16-row block's int8 quads in two stages, load(w, unit) then quad(state, c) for the unit's U
+// quads: what quads_range stores, and what vnni_blocks multiplies in registers.
+struct NibQuads {  // per 8 columns 64 bytes (pair i's 16 rows at 16 i): quads (0, 2, 4, 6), (1, 3, 5, 7)
+    static constexpr int U = 2;
+    using State = __m512i;
+    __m512i perm, nib;
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) NibQuads()
+        : perm(_mm512_load_si512(NIB_QUAD_PERM.b)), nib(_mm512_set1_epi8(15)) {}
+    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+    inline State load(const uint8_t* w, int64_t unit) const {
+        return _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + unit * 64));
+    }
+    __attribute__((target("avx512f,avx512bw")))
+    inline __m512i quad(const State& v, int c) const {
+        return _mm512_and_si512(c ? _mm512_srli_epi16(v, 4) : v, nib);
+    }
+};
+
+struct WideQuads {  // int8 codes, per column pair 32 bytes (row j: 2j, 2j + 1); u = code + 128
+    static constexpr int U = 1;
+    using State = __m512i;
+    __m512i perm, flip;
+    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) WideQuads()
+        : perm(_mm512_load_si512(WIDE_QUAD_PERM.b)), flip(_mm512_set1_epi8(static_cast<char>(0x80))) {}
+    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+    inline State load(const uint8_t* w, int64_t unit) const {  // u = code + 128: the sign bit flipped
+        return _mm512_xor_si512(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + unit * 64)), flip);
+    }
+    inline __m512i quad(const State& v, int) const { return v; }
+};
+
 // quads q0 .. q1 - 1 of one 16-row block from its codes (all of them: K / 4 zmm; NIB: q0, q1 even)
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t q1, __m512i) {
-    if constexpr (KIND == NIB) {  // per 8 columns 64 bytes: pair i's 16 rows at 16 i
-        static const Bytes64 idx([](uint8_t* t) {
-            for (int j = 0; j < 16; ++j)
-                for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>(16 * i + j);
-        });
-        const __m512i perm = _mm512_load_si512(idx.b), nib = _mm512_set1_epi8(15);
+    if constexpr (KIND == NIB) {
+        const NibQuads dec;
         for (int64_t t = q0 / 2; t < q1 / 2; ++t) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 8 + t * 64), _MM_HINT_T1);  // the next block's
-            const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + t * 64));
-            _mm512_store_si512(wbuf + (2 * t - q0), _mm512_and_si512(v, nib));
-            _mm512_store_si512(wbuf + (2 * t + 1 - q0), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
+            const __m512i v = dec.load(w, t);
+            _mm512_store_si512(wbuf + (2 * t - q0), dec.quad(v, 0));
+            _mm512_store_si512(wbuf + (2 * t + 1 - q0), dec.quad(v, 1));
         }
-    } else if constexpr (KIND == WIDE || KIND == MAGIC) {  // int8 codes, per column pair 32 bytes (row j: 2j, 2j + 1)
-        static const Bytes64 idx([](uint8_t* t) {  // dword j = row j's columns 0, 1 (pair 0), 2, 3 (pair 1)
-            for (int j = 0; j < 16; ++j)
-                for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
-        });
-        const __m512i perm = _mm512_load_si512(idx.b), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-        for (int64_t q = q0; q < q1; ++q) {  // u = code + 128: the sign bit flipped
+    } else if constexpr (KIND == WIDE || KIND == MAGIC) {
+        const WideQuads dec;
+        for (int64_t q = q0; q < q1; ++q) {
             _mm_prefetch(reinterpret_cast<const char*>(w + K * 16 + q * 64), _MM_HINT_T1);
-            const __m512i v = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + q * 64));
-            _mm512_store_si512(wbuf + (q - q0), _mm512_xor_si512(v, flip));
+            _mm512_store_si512(wbuf + (q - q0), dec.load(w, q));
         }
     } else {  // SIX, per 4 columns 48 bytes: A (columns 0, 1), B (2, 3) nibble pairs, H high bit pairs
         // bit offsets in the qword of rows j, j + 1: nibble t at 4 t; h_t to bits 4-5
@@ -978,49 +1022,11 @@ void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf) {
 }
 
 // ---- VNNI, a decode step's few rows: R rows times NB (1 or 2) 16-row blocks with each block's quads
-// decoded in registers as the products need them (quads_range's values and order), so each
-// broadcast of x feeds both blocks and no block goes through a buffer. The epilogue is
-// q8_epilogue's, in its order (the same bits as vnni_block). A Decode gives a unit of U quads in two
-// stages, load(w, unit) then quad(state, c). Measured against vnni_block on a block decoded whole
+// decoded in registers as the products need them (NibQuads, WideQuads: what quads_range stores), so
+// each broadcast of x feeds both blocks and no block goes through a buffer. The epilogue is
+// q8_epilogue's, in its order (the same bits as vnni_block). Measured against vnni_block on a block decoded whole
 // first (2-core EPYC Zen 4, 2 threads, a Qwen2.5-1.5B layer): Q4_K 1 row 0.81 -> 0.45 ms, 4 rows
 // 1.24 -> 0.89, 8 rows 1.96 -> 1.65; Q8_0 1 row 1.79 -> 1.28, 8 rows 2.95 -> 2.52.
-struct NibQuads {  // per 8 columns 64 bytes: quads (0, 2, 4, 6), (1, 3, 5, 7)
-    static constexpr int U = 2;
-    using State = __m512i;
-    __m512i perm, nib;
-    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) NibQuads() : nib(_mm512_set1_epi8(15)) {
-        alignas(64) uint8_t t[64];
-        for (int j = 0; j < 16; ++j)
-            for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>(16 * i + j);
-        perm = _mm512_load_si512(t);
-    }
-    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
-    inline State load(const uint8_t* w, int64_t unit) const {
-        return _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + unit * 64));
-    }
-    __attribute__((target("avx512f,avx512bw")))
-    inline __m512i quad(const State& v, int c) const {
-        return _mm512_and_si512(c ? _mm512_srli_epi16(v, 4) : v, nib);
-    }
-};
-
-struct WideQuads {  // int8 codes, per 4 columns 64 bytes; u = code + 128
-    static constexpr int U = 1;
-    using State = __m512i;
-    __m512i perm, flip;
-    __attribute__((target("avx512f,avx512bw,avx512vbmi"))) WideQuads() : flip(_mm512_set1_epi8(static_cast<char>(0x80))) {
-        alignas(64) uint8_t t[64];
-        for (int j = 0; j < 16; ++j)
-            for (int i = 0; i < 4; ++i) t[4 * j + i] = static_cast<uint8_t>((i >> 1) * 32 + 2 * j + (i & 1));
-        perm = _mm512_load_si512(t);
-    }
-    __attribute__((target("avx512f,avx512bw,avx512vbmi")))
-    inline State load(const uint8_t* w, int64_t unit) const {
-        return _mm512_xor_si512(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(w + unit * 64)), flip);
-    }
-    inline __m512i quad(const State& v, int) const { return v; }
-};
-
 template <int R, int NB, class Decode>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma"), flatten))
 void vnni_blocks(const QRows& a, const Block* bs) {
