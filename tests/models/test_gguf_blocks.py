@@ -147,10 +147,17 @@ def kernel():
     return built_or_skip(qkernel.load, "avx512_bf16", "weights are read by numpy, row-major")
 
 
+@pytest.fixture(params=[True, False], ids=["six-bits", "bytes"])
+def six_bits(request, monkeypatch):
+    """6-bit spans held in 6 bits (SIX) and a byte each (MAGIC), whatever this CPU would choose."""
+    monkeypatch.setattr(qkernel, "SIX_BITS", request.param)
+    return request.param
+
+
 def _held(w: QuantizedWeight) -> list:
     """Everything a weight holds: its sizes, code range and packing, and its tensors."""
     factors = [t for f in (w.scales, w.offsets) for t in ((None, None) if f is None else (f.d, f.q))]
-    return [(w.fmt, w.group, w.out_features, w.in_features, w.low, w.high, w.nibbles, w.blocked,
+    return [(w.fmt, w.group, w.out_features, w.in_features, w.low, w.high, w.nibbles, w.blocked, w.six,
              qkernel.kind(w), w.scales.sub, None if w.offsets is None else w.offsets.sub), w.packed, *factors]
 
 
@@ -179,8 +186,9 @@ READS = [(fmt, n, k) for fmt in FORMATS for n, k in ((48, 512), (100, 512), (37,
 
 @needs_kernel
 @pytest.mark.parametrize("fmt, n, k", READS)
-def test_the_compiled_read_holds_what_numpy_and_prepare_hold(kernel, fmt, n, k):
-    assert _read_both(fmt, random_blocks(fmt, n, k, seed=n)).blocked
+def test_the_compiled_read_holds_what_numpy_and_prepare_hold(kernel, six_bits, fmt, n, k):
+    w = _read_both(fmt, random_blocks(fmt, n, k, seed=n))
+    assert w.blocked and w.six == six_bits
 
 
 NARROW = {"Q4_0": (2, None, -7), "Q4_K": (16, None, 1), "Q5_0": (2, 6, -16), "Q5_K": (16, 48, 0), "Q6_K": (128, 192, -16)}
@@ -214,11 +222,11 @@ def test_codes_of_a_narrower_span_are_read_again_in_their_own_layout(kernel, fmt
 
 @needs_kernel
 @pytest.mark.parametrize("lo, hi, kind", [(-64, 64, qkernel.MAGIC), (-20, 31, qkernel.SIX), (-3, 12, qkernel.NIBBLES)])
-def test_q8_0_codes_are_held_in_as_few_bits_as_their_span_needs(kernel, lo, hi, kind):
+def test_q8_0_codes_are_held_in_as_few_bits_as_their_span_needs(kernel, six_bits, lo, hi, kind):
     raw = random_blocks("Q8_0", 20, 512, seed=7)
     blocks = raw.reshape(-1, 34)
     blocks[:, 2:] = np.random.default_rng(8).integers(lo, hi, blocks[:, 2:].shape).astype(np.int8).view(np.uint8)
-    assert qkernel.kind(_read_both("Q8_0", raw)) == kind
+    assert qkernel.kind(_read_both("Q8_0", raw)) == (kind if kind != qkernel.SIX or six_bits else qkernel.MAGIC)
 
 
 @needs_kernel

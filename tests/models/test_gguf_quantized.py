@@ -26,6 +26,7 @@ from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.base import SlotInput  # noqa: E402
 from worker.models.checkpoint import read_gguf  # noqa: E402
 from worker.models.gguf_blocks import FORMATS  # noqa: E402
+from worker.models.llama import qkernel  # noqa: E402
 from worker.models.llama.linear import ConcatLinear, Int8Linear  # noqa: E402
 from worker.models.llama.quantized import QuantizedEmbedding, QuantizedWeight  # noqa: E402
 
@@ -127,6 +128,7 @@ def test_gguf_logits_match_transformers_at_every_position(quantized_file, produc
         assert w.nbytes == sum(x.nbytes for lw in w.layers for x in (lw.qkv, lw.o, lw.gate_up, lw.down)) \
             + w.embed.nbytes
     assert "Q6_K x" in w.linear_kind and ("fp32 x 1" in w.linear_kind) == (arch == "llama")
+    assert ("6-bit codes a byte each" in w.linear_kind) == (product != "torch" and not qkernel.six_bits())
     model.bind_slots(1)
     seq = [int(t) for t in torch.randint(2, 300, (24,), generator=torch.Generator().manual_seed(1))]
     with torch.inference_mode():

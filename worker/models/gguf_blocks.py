@@ -164,18 +164,19 @@ def stored_weights(raws: list[np.ndarray], qtype) -> list:
     if len({raw.shape[1] for raw in raws}) > 1 or any(len(raw) % qkernel.BLOCK for raw in raws[:-1]):
         return [w for raw in raws for w in stored_weights([raw], fmt)]  # not one tensor: each alone
     k = raws[0].shape[1] // size * block
+    six = qkernel.six_bits()
 
     def read(parts: list[np.ndarray], low: int, high: int) -> tuple[list, list]:
         """``(weights, fits)``: ``parts`` read for the codes' kind of ``low .. high``; ``fits[i]``:
         part ``i``'s own codes give that kind (and ``low`` where the layout holds ``code - low``)."""
-        kind = qkernel.code_kind(k % 2 == 0 and high - low < 16, low, high, k, group)
+        kind = qkernel.code_kind(k % 2 == 0 and high - low < 16, low, high, k, group, six)
         *tensors, ranges = module.unpack_blocked(parts, FORMATS.index(fmt), kind, low)
         weights, fits, start = [], [], 0
         for part, (lo, hi) in zip(parts, ranges):
             end = start + -(-len(part) // qkernel.BLOCK)
             weights.append(_blocked_weight([t[start:end] if t.numel() else t for t in tensors], fmt, block, group,
-                                           (len(part), k), lo, hi))
-            fits.append(qkernel.code_kind(k % 2 == 0 and hi - lo < 16, lo, hi, k, group) == kind
+                                           (len(part), k), lo, hi, six))
+            fits.append(qkernel.code_kind(k % 2 == 0 and hi - lo < 16, lo, hi, k, group, six) == kind
                         and (kind in (qkernel.MAGIC, qkernel.WIDE) or lo == low))  # (these hold the codes)
             start = end
         return weights, fits
@@ -184,15 +185,16 @@ def stored_weights(raws: list[np.ndarray], qtype) -> list:
     return [w if fit else read([raw], w.low, w.high)[0][0] for raw, w, fit in zip(raws, weights, fits)]
 
 
-def _blocked_weight(tensors: list, fmt: str, block: int, group: int, shape: tuple, low: int, high: int):
-    """A prepared QuantizedWeight of ``unpack_blocked``'s ``(packed, sd, sq, od, oq)`` (empty: absent)."""
+def _blocked_weight(tensors: list, fmt: str, block: int, group: int, shape: tuple, low: int, high: int, six: bool):
+    """A prepared QuantizedWeight of ``unpack_blocked``'s ``(packed, sd, sq, od, oq)`` (empty: absent),
+    its codes laid out for ``code_kind(..., six)``."""
     from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
     packed, sd, sq, od, oq = tensors
     sub = block // group  # groups per d where a sub-block factor q goes with it (K formats), else 1
     scales = GroupScales(sd, sq if sq.numel() else None, sub if sq.numel() else 1)
     offsets = None if not od.numel() else GroupScales(od, oq if oq.numel() else None, sub if oq.numel() else 1)
-    return QuantizedWeight.from_blocked(packed, scales, offsets, shape, group, fmt, low, high)
+    return QuantizedWeight.from_blocked(packed, scales, offsets, shape, group, fmt, low, high, six)
 
 
 def _checked(raw: np.ndarray, qtype) -> tuple[str, tuple[int, int, int]]:

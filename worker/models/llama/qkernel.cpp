@@ -872,7 +872,8 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
 // weight: xs = max|x| / 127, xq = nearest(x / xs), so |x - xs * xq| <= xs / 2), each code is
 // u + low (u unsigned: NIB's nibble, SIX's 6 bits), and
 //     y[m, n] = sum_g (scale[n, g] * xs[m, g]) * (sum_{k in g} u[n, k] * xq[m, k])
-//             + (offset[n, g] + low * scale[n, g]) * (sum_{k in g} x[m, k])
+//             + (offset[n, g] + low * scale[n, g]) * (xs[m, g] * sum_{k in g} xq[m, k]),
+// the file's weights times the rounded x (up to the fp32 epilogue's roundings).
 // The integer sums are exact, so both instruction sets give the same int32 per group, and every
 // row the same result whatever the rows beside it (the float epilogue is one code path).
 // The weights' codes stay in the layout above; each 16-row block is decoded once into "quads"
@@ -976,7 +977,7 @@ void quads_range(const uint8_t* w, int64_t K, __m512i* wbuf, int64_t q0, int64_t
 struct QRows {
     const int8_t* xq;    // [M, K], each group's bytes in its quads' order
     const float* xs;     // [M, groups]
-    const float* xsum;   // [M, groups]
+    const float* xsum;   // [M, groups]: xs * sum(xq), the rounded x's sum
     int64_t K, group, groups;
 };
 
@@ -1159,29 +1160,33 @@ void amx8_stack(const QRows& a, const Block& b, const int8_t* x2, const uint8_t*
 }
 
 // x fp32 [M, K] -> QRows' arrays: per row and group the scale, the int8 values (NIB: per 8 columns
-// the even ones, then the odd ones) and the sum of x
+// the even ones, then the odd ones) and the sum of the rounded x (xs * sum(xq))
 void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t* xq, float* xs, float* xsum) {
     const int64_t groups = K / group;
     const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* v = x + m * K + g * group;
-            __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-            for (int64_t k = 0; k < group; k += 16) {
-                const __m512 t = _mm512_loadu_ps(v + k);
-                amax = _mm512_max_ps(amax, _mm512_abs_ps(t));
-                sum = _mm512_add_ps(sum, t);
-            }
+            __m512 amax = _mm512_setzero_ps();
+            for (int64_t k = 0; k < group; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + k)));
             const float mx = _mm512_reduce_max_ps(amax);
             xs[m * groups + g] = mx / 127.0f;
-            xsum[m * groups + g] = _mm512_reduce_add_ps(sum);
             const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
             int8_t* out = xq + m * K + g * group;
+            __m512i isum = _mm512_setzero_si512();
             for (int64_t k = 0; k < group; k += 16) {
-                __m128i b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + k), inv)));
+                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + k), inv));
+                isum = _mm512_add_epi32(isum, q);
+                __m128i b = _mm512_cvtsepi32_epi8(q);
                 if (kind == NIB) b = _mm_shuffle_epi8(b, order);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), b);
             }
+            // the sum of the rounded values, xs * sum(xq), as llama.cpp's Q8_1 s and Q8_K bsums: the
+            // base and offset terms then multiply what the codes' sums multiply, so that a code
+            // held as u = code - base loses nothing to base (Q6_K codes held as bytes, u = code +
+            // 128: sum(x) here put 128 * scale * sum(x - xs * xq) into the result, ~8 % of a random
+            // layer's product where the rounding's own error is ~1 %)
+            xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(_mm512_reduce_add_epi32(isum));
         }
     }
 }

@@ -130,7 +130,7 @@ class QuantizedWeight:
     """
 
     __slots__ = ("fmt", "group", "out_features", "in_features", "scales", "offsets", "packed", "low", "nibbles",
-                 "high", "bias", "kernel", "blocked")
+                 "high", "bias", "kernel", "blocked", "six")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group: int,
                  fmt: str, bias: torch.Tensor | None = None) -> None:
@@ -152,17 +152,20 @@ class QuantizedWeight:
         self.bias = None if bias is None else bias.to(torch.float32)
         self.kernel = None  # set by prepare() when a compiled kernel runs this weight
         self.blocked = False  # True: packed/scales/offsets in the kernel's layout (qkernel.blocked)
+        self.six = None  # blocked: whether a span of <= 64 codes is held in 6 bits (qkernel.six_bits)
 
     def prepare(self) -> QuantizedWeight:
         """Hand this weight to the compiled kernel where one runs here
         (:func:`worker.models.llama.qkernel.load`): its codes, scales and offsets move into the
         kernel's blocked layout, in place (held once; int8 codes that span at most 64 values --
-        Q5_0, Q5_1, Q5_K, Q6_K -- in 6 bits, :data:`~worker.models.llama.qkernel.SIX`). Returns self."""
+        Q5_0, Q5_1, Q5_K, Q6_K -- in 6 bits, :data:`~worker.models.llama.qkernel.SIX`, where
+        :func:`~worker.models.llama.qkernel.six_bits` says so, else a byte each). Returns self."""
         from worker.models.llama import qkernel
 
         module = qkernel.load()
         if module is None or self.blocked or self.group % 2:
             return self
+        self.six = qkernel.six_bits()
         self.packed = qkernel.blocked(self.packed, qkernel.kind(self), self.low)
         self.scales = self.scales.map(qkernel.blocked_groups)
         self.offsets = None if self.offsets is None else self.offsets.map(qkernel.blocked_groups)
@@ -171,10 +174,10 @@ class QuantizedWeight:
 
     @classmethod
     def from_blocked(cls, packed: torch.Tensor, scales: GroupScales, offsets: GroupScales | None, shape: tuple,
-                     group: int, fmt: str, low: int, high: int) -> QuantizedWeight:
+                     group: int, fmt: str, low: int, high: int, six: bool) -> QuantizedWeight:
         """A weight whose tensors are already in the compiled kernel's blocked layout, as :meth:`prepare`
         leaves them (``packed`` for :func:`~worker.models.llama.qkernel.code_kind` of ``low`` ..
-        ``high``, the factors as :func:`~worker.models.llama.qkernel.blocked_groups` lays them out),
+        ``high`` and ``six``, the factors as :func:`~worker.models.llama.qkernel.blocked_groups` lays them out),
         ``shape`` ``(N, K)``: what :func:`worker.models.gguf_blocks.stored_weight` reads from a file.
         The kernel checks the sizes when it multiplies (RuntimeError)."""
         from worker.models.llama import qkernel
@@ -184,7 +187,8 @@ class QuantizedWeight:
         out.low, out.high = low, high
         out.nibbles = out.in_features % 2 == 0 and high - low < 16
         out.packed, out.scales, out.offsets, out.bias = packed, scales, offsets, None
-        out.blocked, out.kernel = True, qkernel.Kernel(qkernel.load(), out)
+        out.blocked, out.six = True, six
+        out.kernel = qkernel.Kernel(qkernel.load(), out)
         return out
 
     @classmethod
@@ -235,8 +239,9 @@ class QuantizedWeight:
         high = max(p.high for p in parts)
         kinds = {qkernel.kind(p) for p in parts}
         if (not all(p.blocked for p in parts) or any(p.out_features % qkernel.BLOCK for p in parts[:-1])
-                or len({(p.nibbles, p.low) for p in parts}) > 1 or len(kinds) > 1
-                or qkernel.code_kind(first.nibbles, first.low, high, first.in_features, first.group) not in kinds):
+                or len({(p.nibbles, p.low, p.six) for p in parts}) > 1 or len(kinds) > 1
+                or qkernel.code_kind(first.nibbles, first.low, high, first.in_features, first.group, first.six)
+                not in kinds):
             return None
         scales = GroupScales.cat([p.scales for p in parts])
         offsets = None if first.offsets is None else GroupScales.cat([p.offsets for p in parts])
@@ -259,7 +264,7 @@ class QuantizedWeight:
         """A row-major weight packed as ``like`` (format, group, sizes, packing) from these tensors, no checks."""
         out = cls.__new__(cls)
         out.fmt, out.group, out.out_features, out.in_features = like.fmt, like.group, like.out_features, like.in_features
-        out.low, out.high, out.nibbles = like.low, like.high, like.nibbles
+        out.low, out.high, out.nibbles, out.six = like.low, like.high, like.nibbles, like.six
         out.packed, out.scales, out.offsets, out.bias = packed, scales, offsets, bias
         out.kernel, out.blocked = None, False
         return out

@@ -243,8 +243,10 @@ class LlamaWeights:
                              "(the stored weights multiply in pure torch)")
         for k in kernels:
             k.set_activations(activations)
+        bytes_six = any(w.kernel is not None and w.six is False and w.high - w.low < 64 and not w.nibbles
+                        for w in self.stored_weights())
         self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(
-            sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels))
+            sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels), bytes_six)
 
     def stored_weights(self) -> list:
         """The QuantizedWeights this model multiplies (layers' parts and the head), each once."""
@@ -329,10 +331,11 @@ def prepare_stored(linear) -> None:
             w.prepare()
 
 
-def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False) -> str:
+def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_six: bool = False) -> str:
     """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`: ``int8`` of the
     ``kernels`` compiled products with int8 activations, ``tiles`` prefill chunks on bf16 tiles
-    (:meth:`LlamaWeights.set_gguf_activations`)."""
+    (:meth:`LlamaWeights.set_gguf_activations`), ``bytes_six`` 6-bit codes held a byte each
+    (:func:`~worker.models.llama.qkernel.six_bits`)."""
     from worker.models.llama import qkernel
 
     module = qkernel.load()
@@ -340,7 +343,7 @@ def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False) -> str:
         return " (pure torch: fp32 on the dequantised weights)"
     amx = module.has_amx()
     bf16 = "AMX-BF16" if amx else "AVX-512 BF16"
-    prefill = "; prefill chunks on bf16 tiles" if tiles else ""
+    prefill = ("; prefill chunks on bf16 tiles" if tiles else "") + ("; 6-bit codes a byte each" if bytes_six else "")
     if not int8:
         return f" (compiled kernel, bf16 activations, {bf16}{prefill})"
     int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
