@@ -46,9 +46,12 @@ from protocol.request import RequestId
 __all__ = ["COUNTERS", "BrokerCore"]
 
 COUNTERS = ("submitted", "dispatched", "completed", "cancelled", "deadline", "errors",
-            "queue_full", "requeued", "duplicates", "workers_lost", "workers_hung", "clients_lost",
+            "queue_full", "requeued", "duplicates", "workers_lost", "workers_left", "workers_hung", "clients_lost",
             "tokens_out", "bad_messages", "control_too_large", "internal_errors")
 """Names of the totals reported in ``status`` (all since broker start).
+``workers_lost``: workers that died or hung (their requests count an attempt);
+``workers_left``: workers that left cleanly (stopped, drained, unloaded on
+demand, or re-registered: their requests move on without counting one);
 ``bad_messages``: frames received that could not be decoded;
 ``control_too_large``: control messages (welcome, status, error: none names a
 request) not sent because they exceed their receiver's frame limit -- a

@@ -12,7 +12,9 @@ HTTP thread only reads them (prometheus-client's metrics are thread-safe).
 - ``slotserve_requests_total{event}``: submitted, completed, cancelled,
   deadline, errors, queue_full, requeued, duplicates (monotonic).
 - ``slotserve_tokens_total``: generated tokens routed to clients.
-- ``slotserve_workers_lost_total``: workers that died, hung or left.
+- ``slotserve_workers_lost_total``: workers that died or hung.
+- ``slotserve_workers_left_total``: workers that left cleanly (stopped, drained, a
+  model unloaded on demand), not an alert.
 - ``slotserve_ttft_seconds`` / ``slotserve_request_latency_seconds``: time to
   first token and end-to-end latency as the broker sees them (arrival of the
   submit to the routing of the first token / the ending).
@@ -53,7 +55,9 @@ class BrokerMetrics:
         self.workers = Gauge("slotserve_workers", "Registered workers", ["model"], registry=r)
         self.requests = Counter("slotserve_requests", "Request events since broker start", ["event"], registry=r)
         self.tokens = Counter("slotserve_tokens", "Generated tokens routed to clients", registry=r)
-        self.workers_lost = Counter("slotserve_workers_lost", "Workers that died, hung or left", registry=r)
+        self.workers_lost = Counter("slotserve_workers_lost", "Workers that died or hung", registry=r)
+        self.workers_left = Counter("slotserve_workers_left", "Workers that left cleanly (stopped, drained, unloaded)",
+                                    registry=r)
         self.ttft = Histogram("slotserve_ttft_seconds", "Time to first token seen by the broker",
                               buckets=_BUCKETS_S, registry=r)
         self.latency = Histogram("slotserve_request_latency_seconds", "Submit to ending, seen by the broker",
@@ -76,6 +80,7 @@ class BrokerMetrics:
             self.requests.labels(event).inc(c[event] - self._last.get(event, 0))
         self.tokens.inc(c["tokens_out"] - self._last.get("tokens_out", 0))
         self.workers_lost.inc(c["workers_lost"] - self._last.get("workers_lost", 0))
+        self.workers_left.inc(c["workers_left"] - self._last.get("workers_left", 0))
         self._last = dict(c)
         for v in core.take_timings("ttft"):
             self.ttft.observe(v)

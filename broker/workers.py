@@ -154,7 +154,9 @@ class WorkerHandler:
             lw.last_seen_s = now
             if isinstance(msg, Bye):
                 log.warning("worker %s stopped while loading model %r: %s", lw.name, lw.model, msg.reason)
-                self._loader_gone(lw, out)
+                # the waiting requests' error says why (a bad option, a file that cannot load, memory)
+                self._loader_gone(lw, out, f"the worker loading it ({lw.name}) stopped: {msg.reason}"
+                                  if msg.reason else None)
                 if lw.model in self.config.on_demand_models:
                     self._models.fail_load(lw.model, f"the worker loading model {lw.model!r} stopped "
                                                      f"({msg.reason or 'no reason given'})", out)
@@ -446,7 +448,7 @@ class WorkerHandler:
         self.registry.remove(w.identity)
         if self.prefixes is not None:
             self.prefixes.forget(w.identity)  # its cache is gone or will be rebuilt
-        self.counters["workers_lost"] += 1
+        self.counters["workers_lost" if failed else "workers_left"] += 1
         table = self._jobs
         q = table.queue(w.model)
         for key in sorted(w.inflight):  # keys grow with arrival: keep arrival order

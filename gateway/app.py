@@ -97,10 +97,15 @@ class ServiceEndpoints:
         except APIError as e:
             return json_response({"status": "unavailable", "reason": e.message}, 503)
         served = self.link.served(st)
-        if not served:
+        on_demand = list(self.link.config.on_demand_models)
+        if not served and not on_demand:
             return json_response({"status": "unavailable", "reason": "the broker answers but no worker serves a model"},
                                  503)
-        return json_response({"status": "ok", "models": served})
+        if not on_demand:
+            return json_response({"status": "ok", "models": served})
+        # models loaded on a request's demand: ready with none loaded, as llama.cpp's router and Ollama are
+        # (else a readiness probe would never send the request that loads one)
+        return json_response({"status": "ok", "models": served, "on_demand": on_demand})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if self.link.config.on_demand_models:

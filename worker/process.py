@@ -207,7 +207,10 @@ class WorkerProcess:
                 what = "warm up"
                 warm_up(self.engine, stop)
         except BaseException as e:
-            self.goodbye = f"cannot {what} model {self.config.model!r}: {e}"
+            from worker.errors import ModelLoadError
+
+            # (a ModelLoadError names the model already: _load's)
+            self.goodbye = str(e) if isinstance(e, ModelLoadError) else f"cannot {what} model {self.config.model!r}: {e}"
             raise
 
     def _serve(self, pipe: zmq.Socket, stop: threading.Event) -> None:

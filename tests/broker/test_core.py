@@ -116,6 +116,7 @@ def test_bye_migrates_at_once_and_max_attempts_ends_with_worker_failed():
     register(core, W2, slots=1)
     out = core.on_backend(W1, Bye("stopping"), 1.0)      # a clean exit is not a failure
     assert [s.request_id for s in assigned(out, W2)] == [spec.request_id]
+    assert (core.counters["workers_left"], core.counters["workers_lost"]) == (1, 0)
     register(core, W1, slots=1, now=1.1)
     core.tick(2.05)                                      # W2 silent: failure 1, x goes to W1
     core.on_backend(W1, Heartbeat(), 2.5)

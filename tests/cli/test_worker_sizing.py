@@ -135,6 +135,11 @@ def test_up_serves_a_gguf_under_its_stem_and_prints_the_plan(monkeypatch, tmp_pa
     assert r.exit_code == 0, r.output
     assert len(clusters[-1].workers) == 3 and clusters[-1].workers[0].model_options.num_threads == 1
     assert "starting 3 workers (--workers), 1 thread each" in r.output
+    # two models on demand: none starts now, so no plan of started workers is printed
+    r = CliRunner().invoke(main, ["up", "--model", path, "--model", "simulated", "--no-warmup"])
+    assert r.exit_code == 0, r.output
+    assert clusters[-1].workers == () and len(clusters[-1].on_demand) == 2
+    assert "slotserve: starting" not in r.output and "models on demand" in r.output
 
 
 def test_the_gateway_loads_a_tokenizer_through_the_alias():

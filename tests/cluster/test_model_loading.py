@@ -141,6 +141,9 @@ def test_a_loader_that_gives_up_fails_the_requests_waiting_for_it():
             h.result(10)
             assert h.finish_reason is FinishReason.ERROR and h.error.code is ErrorCode.UNKNOWN_MODEL
             assert "stopped" in h.error.message and "served: simulated" in h.error.message
+            # why, once: the load error names the model already (the worker's goodbye adds nothing)
+            assert h.error.message.count("cannot load model 'big': out of memory") == 1, h.error.message
+            assert h.error.message.count("cannot load model") == 1, h.error.message
             w.thread.join(10)
             assert isinstance(w.error, ModelLoadError)
 

@@ -110,6 +110,10 @@ def test_through_http_a_model_loads_on_its_first_request_and_v1_models_says_each
         try:
             states = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
             assert states == {"model-a": "unloaded", "model-b": "unloaded"}
+            # ready with no model loaded: a readiness probe must let the request that loads one through
+            health = httpx.get(cluster.http_url + "/health")
+            assert health.status_code == 200 and health.json() == {"status": "ok", "models": {},
+                                                                   "on_demand": ["model-a", "model-b"]}
             sdk = openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="x", max_retries=0, timeout=60)
             for m in ("model-b", "model-a"):
                 # the tiny model's weights are random: greedy and past its EOS, so that 3 tokens are "length"

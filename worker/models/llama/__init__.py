@@ -93,8 +93,9 @@ def from_hf(model, tokenizer=None, *, device: str = "cpu", precision: str = "fp3
     - ``cpu_linear``: ``ModelOptions.cpu_linear`` (fp32/bf16 on CPU).
     - ``screen_head``: fp32 greedy picks through a bf16 screen (see
       :class:`~worker.models.llama.weights.LlamaWeights`; None: when measured faster).
-    - ``kv_cache_dtype``: ``ModelOptions.kv_cache_dtype``: ``"auto"`` (the activations'),
-      ``"fp32"`` or ``"bf16"``; on CUDA only auto or the activations' own (ValueError).
+    - ``kv_cache_dtype``: ``ModelOptions.kv_cache_dtype``: ``"auto"`` (fp16 at precision gguf
+      on CPU, else the activations'), ``"fp32"``, ``"bf16"`` or ``"fp16"``; on CUDA only auto or
+      the activations' own (ValueError).
 
     Raises ValueError when :func:`supports` says no, or for bad options.
     """

@@ -58,6 +58,9 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
 
     folder.mkdir(parents=True, exist_ok=True)
+    # (a warning, so that it shows at the default log level: a first start is otherwise silent for a minute)
+    log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
+                "(cached in %s)", source.name, folder.parent)
     try:
         return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                   build_directory=str(folder), verbose=False)
