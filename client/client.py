@@ -515,7 +515,7 @@ class Client:
                 continue
             try:
                 fn(value)
-            except Exception as e:  # noqa: BLE001 -- the request ends with it as error
+            except BaseException as e:  # noqa: BLE001 -- the request ends with it as error (_deliver: why Base)
                 log.warning("%s of request %r raised", "on_token" if fn is h.on_token else "on_text", h.request_id,
                             exc_info=e)
                 self._call(core.stream_failed, h, e)
@@ -539,12 +539,15 @@ class Client:
 
     def _deliver(self, h: ClientHandle) -> None:
         """Run the completion callback of ``h`` (ended already), then settle it.
-        An exception it raises is recorded on the handle, as in the engine."""
+        An exception it raises is recorded on the handle, as in the engine; so are ``SystemExit``
+        and ``KeyboardInterrupt`` (``sys.exit()`` in a callback): on this thread, the client's
+        callback thread, they would end no program, only the thread that delivers every result
+        (a break-it pass: every later request then waited forever)."""
         self._delivering = h
         error = None
         try:
             h.callback(h.result())
-        except Exception as e:  # noqa: BLE001 -- recorded on the handle
+        except BaseException as e:  # noqa: BLE001 -- recorded on the handle
             log.warning("callback of request %r raised", h.request_id, exc_info=e)
             error = e
         finally:

@@ -207,7 +207,7 @@ class InfillEndpoint:
                 max_tokens = max(1, min(max_tokens, info.max_seq_len))
             options["clamp_max_tokens"] = True  # (a default: what the context leaves after the prompt lowers it)
         elif max_tokens == 0:
-            raise bad_request("n_predict must be >= 1, or -1 for the default budget", "n_predict")
+            raise bad_request("n_predict must be >= 1, or negative (-1, as llama.cpp) for the default budget", "n_predict")
         g = Generation(0, call.signal)
         call.gens.append(g)
         call.prompts = 1

@@ -25,10 +25,15 @@ from worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEMAND_POLL_S", "DemandSupervisor"]
+__all__ = ["DEMAND_POLL_S", "STOP_KILL_S", "DemandSupervisor"]
 
 DEMAND_POLL_S = 0.2
 """Seconds between two passes of the models on demand (a broker status query each)."""
+
+STOP_KILL_S = 30.0
+"""Seconds a model's worker told to stop (SIGTERM: it says goodbye, then exits) may take before it
+is killed: a frozen one (SIGSTOP, a deadlock) never exits, and held its model's memory and its place
+among ``--max-loaded-models``."""
 
 
 class DemandSupervisor:
@@ -58,6 +63,7 @@ class DemandSupervisor:
         self._spawn, self._connect, self._orders, self._timeout_s = spawn, connect, orders, timeout_s
         self.running: dict[str, mp.Process] = {}  # model -> its worker (started, maybe not registered yet)
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
+        self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
         self._client: Client | None = None
 
     @property
@@ -84,11 +90,16 @@ class DemandSupervisor:
             log.info("models on demand: no broker status now (%s)", exc)
             self.close()
             return []
+        now = time.monotonic() if now is None else now
         for name, p in list(self.stopping.items()):
             if not p.is_alive():
                 p.join()
                 del self.stopping[name]
-        now = time.monotonic() if now is None else now
+                self._stop_since.pop(name, None)
+            elif now - self._stop_since.setdefault(name, now) > STOP_KILL_S:  # frozen: SIGTERM waits for SIGCONT
+                log.warning("the worker of model %r (on demand) has not stopped %.0f s after it was told to: "
+                            "killing it", name, now - self._stop_since[name])
+                p.kill()
         folded = _fold_aliases(st, {n: w.served_names for n, w in self.configs.items()})
         for name, p in list(self.running.items()):
             if not p.is_alive():
@@ -112,10 +123,20 @@ class DemandSupervisor:
                 if p is not None:
                     p.terminate()  # the worker says goodbye; the broker migrates what it ran (only with turn_s)
                     self.stopping[a.model] = p
+                    self._stop_since[a.model] = now
             elif isinstance(a, Refuse):
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
                             a.model, a.why)
         return actions
+
+    def kill_frozen(self, model: str) -> None:
+        """Kill the worker of ``model``, found frozen (alive, silent: the broker dropped it), and
+        forget it, not as a failed load: the model loads again as soon as it is wanted (its requests,
+        requeued by the broker, want it)."""
+        p = self.running.pop(model, None)
+        if p is not None:
+            p.kill()
+            p.join(self._timeout_s)
 
     def _take_orders(self, now: float) -> None:
         """The gateway's ``POST /models/load`` and ``/models/unload`` orders since the last pass (served
@@ -141,6 +162,7 @@ class DemandSupervisor:
         procs = list(self.running.values()) + list(self.stopping.values())
         self.running.clear()
         self.stopping.clear()
+        self._stop_since.clear()
         return procs
 
     def close(self) -> None:

@@ -190,7 +190,8 @@ class LocalCluster:
         self._gateway_halt = _ctx.Event() if config.gateway is not None else None  # set: end the drain at once
         self._should_stop: Callable[[], bool] = _never
         self._watch: Client | None = None  # the broker's worker list, for _kill_lost_workers
-        self._listed: dict[int, tuple[int, float]] = {}  # worker index -> (its pid, when the broker last listed it)
+        # worker index (a model's name, on demand) -> (its pid, when the broker last listed it)
+        self._listed: dict[int | str, tuple[int, float]] = {}
         self._next_watch = 0.0
         self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
         self._demand: DemandSupervisor | None = None  # the models on demand
@@ -378,9 +379,14 @@ class LocalCluster:
         process that exits is restarted (:meth:`supervise`), so those requests waited for a worker
         that never came back (a break-it pass froze one: its request waited forever). Looks at most
         every half ``worker_liveness_s``; nothing while the broker does not answer (it restarts).
-        Returns the indices killed."""
+        A model's worker on demand is watched alike (keyed by the model's name): killed, it is
+        forgotten, and the model loads again for the requests the broker requeued (a break-it pass
+        froze one: its requests, and with ``--max-loaded-models 1`` every other model's, waited
+        forever). Returns the indices (names, on demand) killed."""
         now = time.monotonic() if now is None else now
-        alive = [(i, p) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
+        alive = [(i, p, self.config.workers[i]) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
+        if self._demand is not None:  # a model's on demand, keyed by its name (killed, it loads again when wanted)
+            alive += [(m, p, self._demand.configs[m]) for m, p in self._demand.running.items() if p.is_alive()]
         if now < self._next_watch or not alive or self.frontend is None:
             return []
         liveness = self._broker_cfg.worker_liveness_s
@@ -393,15 +399,19 @@ class LocalCluster:
         except (ConnectionError, TimeoutError, RuntimeError):
             return []
         killed = []
-        for i, p in alive:
-            name = self.config.workers[i].name_of(p.pid)
+        for i, p, cfg in alive:
+            name = cfg.name_of(p.pid)
             seen = self._listed.get(i)
             if name in listed:
                 self._listed[i] = (p.pid, now)
             elif seen is not None and seen[0] == p.pid and now - seen[1] > LOST_GRACE * liveness:
-                log.warning("worker %d (pid %d) is alive but has not answered the broker for %.0f s (frozen?): "
-                            "killing it, to start it again", i, p.pid, now - seen[1])
-                p.kill()
+                what = f"worker {i}" if isinstance(i, int) else f"the worker of model {i!r} (on demand)"
+                log.warning("%s (pid %d) is alive but has not answered the broker for %.0f s (frozen?): "
+                            "killing it, to start it again", what, p.pid, now - seen[1])
+                if isinstance(i, int):
+                    p.kill()
+                else:
+                    self._demand.kill_frozen(i)
                 del self._listed[i]
                 killed.append(i)
         return killed

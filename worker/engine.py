@@ -455,15 +455,18 @@ class BatchInferenceEngine:
         self._finish(ended)
 
     def _finish(self, ended: list[Request]) -> None:
-        """Run the callbacks of FINISHED requests, then free the slots of those that had one."""
-        complete(ended, self._completion, self._clock())
-        freed = [req.slot for req in ended if req.slot is not None] if self._slot_aware else ()
-        self._slots.vacate(ended)
-        for slot in freed:
-            try:
-                self.model.release_slot(slot)
-            except Exception:
-                log.exception("model.release_slot(%d) raised", slot)
+        """Run the callbacks of FINISHED requests, then free the slots of those that had one (also
+        when a callback's KeyboardInterrupt or SystemExit comes back from :func:`complete`)."""
+        try:
+            complete(ended, self._completion, self._clock())
+        finally:
+            freed = [req.slot for req in ended if req.slot is not None] if self._slot_aware else ()
+            self._slots.vacate(ended)
+            for slot in freed:
+                try:
+                    self.model.release_slot(slot)
+                except Exception:
+                    log.exception("model.release_slot(%d) raised", slot)
 
     def _fail_batch(self, exc: Exception) -> None:
         """The model raised: every running request ends with ``"error"``."""

@@ -265,3 +265,67 @@ def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not
     with TestClient(control_app(None)) as http:
         r = http.post("/models/load", json={"model": "model-a"})
         assert r.status_code == 400 and "slotserve up" in r.json()["error"]["message"]
+
+
+class _FakeProcess:
+    """A worker process as DemandSupervisor sees it; ``frozen``: SIGTERM does not end it (SIGSTOPped)."""
+
+    def __init__(self, frozen: bool = False) -> None:
+        self.alive, self.frozen, self.signals, self.exitcode = True, frozen, [], None
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+        self.alive = self.frozen
+
+    def kill(self) -> None:
+        self.signals.append("KILL")
+        self.alive = False
+
+    def join(self, timeout=None) -> None:
+        pass
+
+
+def test_a_worker_that_does_not_stop_when_told_is_killed_and_a_frozen_one_is_not_a_failed_load(monkeypatch):
+    """The supervisor's side (slotserve/demand_supervisor.py), on a fake broker: an unloaded model's
+    worker that outlives STOP_KILL_S after its SIGTERM (frozen: it never exits) is killed, so that its
+    memory and place come back; a running worker killed as frozen (kill_frozen) is forgotten and its
+    model loads again at once when its requests want it, with no back-off."""
+    import types
+
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import STOP_KILL_S, DemandSupervisor
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr("psutil.virtual_memory", lambda: types.SimpleNamespace(total=64 * GIB, available=32 * GIB))
+    lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
+    broker = types.SimpleNamespace(status=lambda timeout_s: status(**lines), close=lambda: None)
+    spawned = []
+    spawn = lambda model, config: spawned.append((model, _FakeProcess(frozen=True))) or spawned[-1][1]  # noqa: E731
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
+    sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: broker)
+    assert sup.run_pass(0.0) == [Load("a")]
+    lines.update(a=(0, 1, 1))  # registered, busy
+    sup.run_pass(1.0)
+    # frozen, found by the launcher and killed: forgotten, and a queued request loads it again at once
+    first = sup.running["a"]
+    sup.kill_frozen("a")
+    assert first.signals == ["KILL"] and "a" not in sup.running
+    lines.update(a=(1, 0, 0))
+    assert sup.run_pass(2.0) == [Load("a")] and sup.running["a"] is not first
+    # b is wanted: a (idle) is unloaded, SIGTERM, but it is frozen and does not exit
+    lines.update(a=(0, 0, 1))
+    sup.run_pass(2.5)  # registered, idle
+    lines.update(b=(1, 0, 0))
+    assert [type(x) for x in sup.run_pass(3.0)] == [Unload]
+    stuck = sup.stopping["a"]
+    assert stuck.signals == ["TERM"] and stuck.is_alive()
+    sup.run_pass(3.0 + STOP_KILL_S / 2)
+    assert stuck.signals == ["TERM"]  # still within its time to stop
+    sup.run_pass(4.0 + STOP_KILL_S)
+    assert stuck.signals == ["TERM", "KILL"] and not stuck.is_alive()
+    sup.run_pass(5.0 + STOP_KILL_S)
+    assert "a" not in sup.stopping

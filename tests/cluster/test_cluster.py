@@ -120,6 +120,25 @@ def test_callbacks_may_submit_more_requests(cluster):
     assert done == [0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
+def test_a_callback_that_exits_is_recorded_and_later_requests_still_arrive(cluster, stop):
+    """sys.exit() (or a KeyboardInterrupt raised) in a callback, on the client's callback thread:
+    recorded on the handle as any exception; the thread lives on (a break-it pass: it died, and every
+    later request waited forever)."""
+    def bad(_):
+        raise stop(0) if stop is SystemExit else stop()
+
+    with Client(cluster.frontend) as c:
+        h1 = c.submit_request([1, 2], 2, callback=bad)
+        h2 = c.submit_request([3, 4], 2, on_token=lambda t: (_ for _ in ()).throw(stop()))
+        h1.result(timeout=30)
+        h3 = c.submit_request([5, 6], 2, callback=lambda s: None)
+        c.run(timeout=30)
+    assert isinstance(h1.error, stop) and h1.finish_reason is not FinishReason.ERROR
+    assert isinstance(h2.error, stop) and h2.finish_reason is FinishReason.ERROR  # a streaming callback ends it
+    assert h3.done() and h3.error is None and len(h3.tokens) == 2
+
+
 def test_bad_requests_get_errors_while_others_complete(cluster):
     good = random_requests(100, seed=3)
     expected = engine_results(good)

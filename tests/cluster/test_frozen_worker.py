@@ -41,3 +41,40 @@ def test_a_frozen_worker_is_restarted_and_its_requeued_request_served():
             supervisor.join(30)
             if frozen.is_alive():  # (the test failed: do not leave a stopped process behind)
                 os.kill(frozen.pid, signal.SIGKILL)
+
+
+def test_a_frozen_worker_of_a_model_on_demand_is_killed_and_the_model_loads_again():
+    """Models on demand: a frozen worker (SIGSTOP) is killed as a fixed one is, forgotten (not as a
+    failed load), and its model loads again for the request the broker requeued; with room for one
+    model, the other model's request is served too (a break-it pass: both waited forever, the frozen
+    worker holding the only place)."""
+    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=0.6,
+                          register_grace_s=0.5)
+    on_demand = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, step_delay_ms=5.0,
+                                   heartbeat_interval_s=0.1, broker_liveness_s=5.0, warmup=False)
+                      for name in ("model-a", "model-b"))
+    config = ClusterConfig(broker, (), on_demand=on_demand, max_loaded_models=1, start_timeout_s=60.0,
+                           stop_timeout_s=5.0)
+    with LocalCluster(config) as cluster:
+        stop = threading.Event()
+        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), kwargs={"poll_s": 0.1},
+                                      daemon=True)
+        supervisor.start()
+        frozen = None
+        try:
+            with Client(cluster.frontend, model="model-a") as c, Client(cluster.frontend, model="model-b") as cb:
+                assert c.submit_request([1, 2], 3, stop_token=None).result(timeout=60)  # model-a loads
+                frozen = cluster.loaded_on_demand["model-a"]
+                wait_until(lambda: cluster._listed.get("model-a", (None,))[0] == frozen.pid, 20,
+                           "the launcher to see model-a's worker listed")
+                os.kill(frozen.pid, signal.SIGSTOP)
+                h = c.submit_request([1, 2, 3], 20, stop_token=None)
+                other = cb.submit_request([4, 5], 5, stop_token=None)
+                assert h.result(timeout=60) and h.finish_reason is FinishReason.LENGTH and len(h.tokens) == 20
+                assert other.result(timeout=60) and other.finish_reason is FinishReason.LENGTH
+            assert not frozen.is_alive()
+        finally:
+            stop.set()
+            supervisor.join(30)
+            if frozen is not None and frozen.is_alive():  # (the test failed: do not leave a stopped process behind)
+                os.kill(frozen.pid, signal.SIGKILL)

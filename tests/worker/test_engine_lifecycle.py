@@ -192,6 +192,56 @@ def test_raising_completion_callback_is_isolated():
     assert b.result() == spec_reference(engine.model, [2], 5)[0]
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_in_a_completion_callback_stops_run_and_leaves_the_engine_whole(stop):
+    """Ctrl-C while a completion callback runs, or sys.exit() in one: run() raises it, once every
+    request ending in that iteration has ended and had its callback; their slots are free, and the
+    next run() serves what is left (a break-it pass: the slots stayed taken and the next run() spun
+    forever)."""
+    engine = BatchInferenceEngine(_sim(), batch_size=3)
+    results = []
+
+    def bad(_):
+        raise stop()
+
+    a = engine.submit_request([1], 3, callback=bad)
+    b = engine.submit_request([2], 3, callback=results.append)  # ends in the same iteration, after a
+    c = engine.submit_request([3], 6, callback=results.append)
+    d = engine.submit_request([4], 2, callback=results.append)  # queued: a slot frees after a and b
+    with pytest.raises(stop):
+        engine.run()
+    assert a.done() and a.finish_reason == "length" and isinstance(a.error, stop)
+    assert b.done() and b.error is None and b.result() == spec_reference(engine.model, [2], 3)[0]
+    assert engine.num_running == 1  # c, still running: a's and b's slots were freed
+    engine.run()  # returns: c and d finish
+    assert c.result() == spec_reference(engine.model, [3], 6)[0] and d.done() and d.error is None
+    assert engine.num_running == engine.num_queued == 0 and len(results) == 3
+
+
+def test_ctrl_c_in_a_last_on_text_stops_run_and_leaves_the_engine_whole(tmp_path):
+    """The same for a request's last ``on_text`` (its text's end, handed over as it finishes)."""
+    pytest.importorskip("transformers")
+    from tests.support.tiny_text import ScriptedTextModel, make_tiny_text_model
+
+    engine = BatchInferenceEngine(ScriptedTextModel(make_tiny_text_model(tmp_path), "a😀b", 12), batch_size=2)
+    ended = []
+
+    def bad(piece):
+        if a.finish_reason is not None:  # its last piece (it ended: complete() hands over the rest)
+            raise KeyboardInterrupt
+
+    # (2 tokens: part of a character, held back until the end, when the last on_text gets it)
+    a = engine.submit_request([5, 6], 2, on_text=bad, callback=ended.append)
+    b = engine.submit_request([7, 8], 2, callback=ended.append)
+    c = engine.submit_request([9], 3, callback=ended.append)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert a.done() and isinstance(a.error, KeyboardInterrupt) and b.done() and b.error is None
+    assert len(ended) == 2 and engine.num_running == 0  # a's callback ran too
+    engine.run()
+    assert c.done() and c.error is None and len(ended) == 3
+
+
 def test_raising_on_token_ends_only_that_request_with_error():
     engine = BatchInferenceEngine(_sim(), batch_size=2)
     results = []
