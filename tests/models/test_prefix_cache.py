@@ -191,8 +191,8 @@ def test_hits_with_speculative_decoding_and_other_precisions_give_the_cold_runs_
     block format, ``quantized_gguf``, with an fp32 KV cache: with gguf's default fp16 one, hits and
     cold runs of this batch differ by up to ~0.005 in a logprob, enough to flip this tiny model's
     near-ties; with fp32 and bf16 caches they agree bit for bit here. The cause: a hit prefills the
-    rest in other chunks, and torch's CPU SDPA sums over keys in blocks of the chunk's own key count,
-    docs/architecture.md "Prefix cache and routing")."""
+    rest in other chunks, and a row of torch's CPU SDPA depends on the call's rows and keys:
+    docs/architecture.md, "Prefix cache and routing")."""
     prompts = shared_prompts(4, seed=9)
     path = request.getfixturevalue("quantized_gguf") if precision == "gguf" else model_dir
     kv = {"kv_cache_dtype": "fp32"} if precision == "gguf" else {}
