@@ -1185,7 +1185,7 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t
             // base and offset terms then multiply what the codes' sums multiply, so that a code
             // held as u = code - base loses nothing to base (Q6_K codes held as bytes, u = code +
             // 128: sum(x) here put 128 * scale * sum(x - xs * xq) into the result, ~8 % of a random
-            // layer's product where the rounding's own error is ~1 %)
+            // layer's product where the rounding's own error is up to 1.5 %)
             xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(_mm512_reduce_add_epi32(isum));
         }
     }
