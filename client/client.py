@@ -250,7 +250,7 @@ class Client:
 
         Returns True when it is in flight (its callback then fires once,
         with the tokens so far, unless it finished anyway meanwhile), False
-        when unknown or already ended.
+        when unknown, already ended or already cancelled (as the engine's).
         """
         with self._lock:
             if not self._core.cancel(request_id):

@@ -78,8 +78,10 @@ class Ledger:
 
     def cancel(self, request_id) -> bool:
         """Note a cancel for ``request_id``: True when it is open (send the
-        cancel), False when it is unknown or ended (send nothing)."""
-        if request_id not in self.handles:
+        cancel), False when it is unknown, ended or already being cancelled
+        (send nothing; as the engine's ``cancel``, which says False for a
+        request already ending)."""
+        if request_id not in self.handles or request_id in self._cancelling:
             return False
         self._cancelling.add(request_id)
         return True

@@ -285,6 +285,7 @@ def test_a_cancel_before_any_result_ends_the_request_when_the_broker_confirms():
     core = ClientCore()
     h = submit(core, "a")
     assert core.cancel("a")
+    assert not core.cancel("a")  # already being cancelled: nothing more to send (the engine's answer too)
     assert h.finish_reason is None  # the broker decides: it may have finished meanwhile
     plain(core, Results(finished=(Finished("a", FinishReason.CANCELLED),)), 1.0)
     assert h.finish_reason is FinishReason.CANCELLED and h.tokens == [] and h.done()
