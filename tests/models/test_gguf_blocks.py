@@ -150,7 +150,7 @@ def kernel():
 @pytest.fixture(params=[True, False], ids=["six-bits", "bytes"])
 def six_bits(request, monkeypatch):
     """6-bit spans held in 6 bits (SIX) and a byte each (MAGIC), whatever this CPU would choose."""
-    monkeypatch.setattr(qkernel, "SIX_BITS", request.param)
+    monkeypatch.setattr(qkernel, "six_bits", lambda: request.param)
     return request.param
 
 

@@ -13,6 +13,8 @@ from tests.support.kernels import built_or_skip
 from worker.models.llama import qkernel
 from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
+CPU_SIX_BITS = qkernel.six_bits  # this CPU's choice (the fixture below replaces it in every test)
+
 needs_kernel = pytest.mark.skipif(not qkernel.cpu_has_avx512_bf16(), reason="no avx512_bf16 on this CPU")
 
 # (lowest code, highest + 1, group, offsets, factors): Q4_0, Q4_K, Q6_K, Q8_0, Q5_K, Q4_1, Q5_0, Q5_1's
@@ -56,7 +58,7 @@ def module():
 def six_bits(request, monkeypatch):
     """Every test with 6-bit spans held in 6 bits (SIX, the choice where AMX tiles run) and a byte
     each (MAGIC, the choice elsewhere: qkernel.six_bits), whatever this CPU would choose."""
-    monkeypatch.setattr(qkernel, "SIX_BITS", request.param)
+    monkeypatch.setattr(qkernel, "six_bits", lambda: request.param)
     return request.param
 
 
@@ -177,13 +179,12 @@ def test_codes_are_held_in_as_few_bits_as_their_span_needs(module, six_bits, lo,
 def test_six_bits_are_chosen_where_amx_tiles_run(module, monkeypatch):
     """6-bit codes are held in 6 bits where the process may use AMX tiles, else a byte each
     (qkernel.six_bits); a weight keeps the layout it was prepared with when the choice changes."""
-    monkeypatch.setattr(qkernel, "SIX_BITS", None)
-    assert qkernel.six_bits() == bool(module.has_amx())
-    monkeypatch.setattr(qkernel, "SIX_BITS", True)
+    assert CPU_SIX_BITS() == bool(module.has_amx())
+    monkeypatch.setattr(qkernel, "six_bits", lambda: True)
     w = weight(-32, 32, 16, False, "k6", 48, 512).prepare()
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
     before = w(x)
-    monkeypatch.setattr(qkernel, "SIX_BITS", False)
+    monkeypatch.setattr(qkernel, "six_bits", lambda: False)
     assert qkernel.kind(w) == qkernel.SIX and torch.equal(w(x), before)
     assert qkernel.kind(weight(-32, 32, 16, False, "k6", 48, 512).prepare()) == qkernel.MAGIC
 

@@ -218,6 +218,30 @@ def test_ctrl_c_in_a_completion_callback_stops_run_and_leaves_the_engine_whole(s
     assert engine.num_running == engine.num_queued == 0 and len(results) == 3
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_in_a_streaming_on_token_stops_run_and_the_next_run_finishes_every_request(stop):
+    """The same from ``on_token`` mid-stream: run() raises it at once, and the next run() serves
+    every request to its end with the tokens a run without it gives."""
+    engine = BatchInferenceEngine(_sim(), batch_size=2)
+    calls, ended = [], []
+
+    def bad(t):
+        calls.append(t)
+        if len(calls) == 2:
+            raise stop()
+
+    a = engine.submit_request([5, 6], 6, on_token=bad, callback=ended.append)
+    b = engine.submit_request([7, 8], 6, callback=ended.append)
+    c = engine.submit_request([9], 4, callback=ended.append)
+    with pytest.raises(stop):
+        engine.run()
+    assert not a.done() and engine.num_running == 2
+    engine.run()
+    for h, prompt, n in ((a, [5, 6], 6), (b, [7, 8], 6), (c, [9], 4)):
+        assert h.done() and h.error is None and h.result() == spec_reference(engine.model, prompt, n)[0]
+    assert len(ended) == 3 and engine.num_running == engine.num_queued == 0
+
+
 def test_ctrl_c_in_a_last_on_text_stops_run_and_leaves_the_engine_whole(tmp_path):
     """The same for a request's last ``on_text`` (its text's end, handed over as it finishes)."""
     pytest.importorskip("transformers")

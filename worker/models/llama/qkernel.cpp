@@ -1055,7 +1055,9 @@ void vnni_blocks(const QRows& a, const Block* bs) {
                 }
             }
         }
-        for (int nb = 0; nb < NB; ++nb) {  // q8_epilogue's arithmetic
+        // q8_epilogue's arithmetic, written out on the totals in L1: through q8_epilogue on a register
+        // copy of them, 8 rows measured 8-10 % slower (Q4_K layer 1.75 -> 1.90 ms, Q8_0 2.55 -> 2.73)
+        for (int nb = 0; nb < NB; ++nb) {
             const __m512 sc = _mm512_load_ps(bs[nb].sc + g * 16), o = _mm512_load_ps(bs[nb].of + g * 16);
             for (int r = 0; r < R; ++r) {
                 const __m512 f = _mm512_mul_ps(sc, _mm512_set1_ps(a.xs[r * a.groups + g]));

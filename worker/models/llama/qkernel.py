@@ -187,12 +187,6 @@ codes spanning at most 64 values (Q5_0, Q5_1, Q5_K, Q6_K) as 6 bits ``u = code -
 and two bits apart (as ggml's Q6_K), decoded as the bf16 numbers ``128 + u`` (one or)."""
 
 
-SIX_BITS: bool | None = None
-"""Whether codes spanning at most 64 values are held in 6 bits (:data:`SIX`) rather than a byte
-each (:data:`MAGIC`); None (the default): as :func:`six_bits` chooses for this CPU. A weight keeps
-the choice it was laid out with (``QuantizedWeight.six``)."""
-
-
 def six_bits() -> bool:
     """Whether 6-bit codes (Q5_0, Q5_1, Q5_K, Q6_K) are held in 6 bits (:data:`SIX`) here: where
     the process may use AMX tiles, which multiply while the vector ports decode, so the bytes
@@ -202,10 +196,8 @@ def six_bits() -> bool:
     ``vdpbf16ps``, measured), and a byte decodes in 2 operations a column pair where 6 bits take
     4.5. Measured on a 2-core AMD EPYC (Zen 4), a Qwen2.5-1.5B layer of Q6_K codes, 2 threads,
     both in one process, 6 bits -> a byte: 1 row 1.77 -> 1.55 ms, 4 rows 2.35 -> 2.02, 8 rows 3.32
-    -> 2.85, 16 rows 5.41 -> 4.93, 64 and 512 rows even (int8 activations: even).
-    :data:`SIX_BITS` overrides it."""
-    if SIX_BITS is not None:
-        return SIX_BITS
+    -> 2.85, 16 rows 5.41 -> 4.93, 64 and 512 rows even (int8 activations: even). A weight keeps
+    the choice it was laid out with (``QuantizedWeight.six``)."""
     module = load()
     return bool(module is not None and module.has_amx())
 

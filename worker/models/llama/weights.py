@@ -237,14 +237,17 @@ class LlamaWeights:
         """At precision ``gguf``: how every compiled product meets the stored codes
         (``ModelOptions.gguf_activations``; :meth:`~worker.models.llama.qkernel.Kernel.set_activations`),
         said in :attr:`linear_kind`. ValueError as that method (``"int8"`` where it does not run)."""
+        from worker.models.llama import qkernel
+
         kernels = [w.kernel for w in self.stored_weights() if w.kernel is not None]
         if activations != "auto" and not kernels:
             raise ValueError(f"gguf_activations={activations!r} needs the compiled kernel, which does not run here "
                              "(the stored weights multiply in pure torch)")
         for k in kernels:
             k.set_activations(activations)
-        bytes_six = any(w.kernel is not None and w.six is False and w.high - w.low < 64 and not w.nibbles
-                        for w in self.stored_weights())
+        # a 6-bit span that six_bits() held a byte each (MAGIC where 6 bits would be SIX)
+        bytes_six = any(w.kernel is not None and qkernel.kind(w) != qkernel.code_kind(
+            w.nibbles, w.low, w.high, w.in_features, w.group, True) for w in self.stored_weights())
         self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(
             sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels), bytes_six)
 
@@ -343,13 +346,13 @@ def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_s
         return " (pure torch: fp32 on the dequantised weights)"
     amx = module.has_amx()
     bf16 = "AMX-BF16" if amx else "AVX-512 BF16"
-    prefill = ("; prefill chunks on bf16 tiles" if tiles else "") + ("; 6-bit codes a byte each" if bytes_six else "")
+    extra = ("; prefill chunks on bf16 tiles" if tiles else "") + ("; 6-bit codes a byte each" if bytes_six else "")
     if not int8:
-        return f" (compiled kernel, bf16 activations, {bf16}{prefill})"
+        return f" (compiled kernel, bf16 activations, {bf16}{extra})"
     int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
     if int8 == kernels:
-        return f" (compiled kernel, int8 activations, {int8_kind}{prefill})"
-    return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16}{prefill})"
+        return f" (compiled kernel, int8 activations, {int8_kind}{extra})"
+    return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16}{extra})"
 
 
 def stored_formats(source: LlamaSource) -> str:
