@@ -238,10 +238,10 @@ def _model_options(command):
                           "fp32 cache's bytes per slot; attention still computes in fp32)."),
         click.option("--gguf-activations", type=click.Choice(GGUF_ACTIVATIONS, case_sensitive=False),
                      default=_default(ModelOptions, "gguf_activations"), show_envvar=True,
-                     help="Precision gguf: bf16 activations times the file's weights exactly (bf16; auto: "
-                          "for decode, prefill chunks over 64 rows on the weights rounded to bf16), or int8 "
-                          "activations per group (llama.cpp's Q8; AVX-512 VNNI and AMX-INT8: 1.1-1.4x the "
-                          "tokens/s, further from fp32). Speed and agreement of each: docs/models.md."),
+                     help="Precision gguf: int8 activations per group (llama.cpp's Q8; AVX-512 VNNI and "
+                          "VBMI, AMX-INT8), or bf16 activations times the file's weights exactly (slower, "
+                          "closer to fp32); auto: int8 where the CPU runs it, else bf16. Speed and "
+                          "agreement of each: docs/models.md."),
         click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
                      help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
                           "many; a longer request is refused. At most the model's context. Default: the "

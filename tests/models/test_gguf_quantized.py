@@ -188,13 +188,16 @@ def test_gguf_is_refused_where_it_cannot_run(model_dir):
     assert ModelOptions(precision="gguf").resolve() == ("cpu", "gguf")  # device auto: CPU even with a GPU
 
 
-def test_gguf_activations_default_to_bf16_and_apply_to_gguf_only(quantized_file):
-    """``gguf_activations``: auto is bf16 (the file's weights exactly); another precision refuses it."""
+def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(quantized_file):
+    """``gguf_activations``: auto is int8 where the CPU runs it (llama.cpp's Q8), else bf16 (the
+    file's weights exactly); another precision refuses it."""
     from worker.models.llama import qkernel
 
     _, path, _ = quantized_file
-    if qkernel.load() is not None:
-        assert "bf16 activations" in load_model(path, precision="gguf").weights.linear_kind
+    module = qkernel.load()
+    if module is not None:
+        kind = load_model(path, precision="gguf").weights.linear_kind
+        assert ("int8 activations" if module.has_q8() else "bf16 activations") in kind, kind
     for precision in ("fp32", "bf16", "int4"):
         with pytest.raises(ValueError, match="applies to precision gguf"):
             load_model(path, precision=precision, gguf_activations="int8")

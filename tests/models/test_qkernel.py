@@ -400,14 +400,17 @@ def test_prefill_rows_run_on_the_bf16_rounded_weights_over_all_of_k(module, layo
 
 
 @needs_kernel
-def test_auto_decodes_on_the_files_weights_exactly(module):
-    """``auto`` (the default): up to TILE_ROWS rows the exact product of ``bf16`` (the file's weights
-    times bf16 activations), bit for bit."""
-    w = weight(0, 16, 32, True, "k", 100, K, seed=3).prepare()
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2], (-8, 8, 8, False, "f16")])  # Q4_K, Q6_K, 8 columns a group
+def test_auto_is_int8_where_it_runs_else_bf16(module, layout):
+    """``auto`` (the default): up to TILE_ROWS rows the product of ``int8`` where the CPU runs it
+    (VNNI and VBMI, groups of a multiple of 16 columns), else of ``bf16``, bit for bit."""
+    w = weight(*layout, 100, K, seed=3).prepare()
     x = torch.randn(qkernel.TILE_ROWS, K, generator=torch.Generator().manual_seed(6))
     w.kernel.set_activations("auto")
     got = [w(x[:m]) for m in (1, 8, qkernel.TILE_ROWS)]
-    w.kernel.set_activations("bf16")
+    int8 = bool(module.has_q8()) and layout[2] % 16 == 0
+    assert w.kernel.int8 == int8
+    w.kernel.set_activations("int8" if int8 else "bf16")
     for y in got:
         assert torch.equal(y, w(x[:y.shape[0]]))
 
@@ -433,17 +436,22 @@ class _TilesHere:
     def qmm(self, x, *args):
         return self.real.qmm(x, *args[:-1], False)
 
+    def qmm8(self, x, *args):  # (..., amx, vnni_rows): on VNNI
+        return self.real.qmm8(x, *args[:-2], False, args[-1])
+
 
 @needs_kernel
 def test_a_decode_row_beside_a_prompt_chunk_gets_the_exact_product(module):
     """In a step of more than TILE_ROWS rows (decode rows, then a prompt chunk) the chunk runs on
     the AMX tiles (the weights rounded to bf16), but the step's decode rows (leading_exact_rows)
-    get the decode product's bits, the same as in a step without the chunk."""
+    get the decode product's bits (auto's: int8 where it runs, else bf16), the same as in a step
+    without the chunk."""
     w = weight(0, 16, 32, True, "k", 48, K, seed=9).prepare()
     kernel = qkernel.Kernel(_TilesHere(module), w)
     m = qkernel.TILE_ROWS + 6
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(10))
-    decode_alone = module.qmm(x[:5].contiguous(), *w.kernel.args, False)
+    decode_alone = w.kernel(x[:5].contiguous())  # this CPU's decode product, the same activations
+    assert kernel.int8 == w.kernel.int8
     assert torch.equal(kernel(x), torch.full((m, 48), _TilesHere.MARK))  # no decode rows said
     with qkernel.leading_exact_rows(5):
         y = kernel(x)

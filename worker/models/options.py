@@ -78,13 +78,12 @@ class ModelOptions:
       default for a GGUF; else the activations': fp32 on CPU, the precision's on
       CUDA, where only auto or that dtype is accepted, checked at load).
     - ``gguf_activations``: how precision ``gguf``'s compiled kernel meets the stored codes
-      (:meth:`worker.models.llama.qkernel.Kernel.set_activations`): ``"bf16"``, the activations
-      rounded to bf16 times the file's weights exactly, at every row count; ``"auto"`` (default),
-      that up to 64 rows (decode) and prefill chunks above on the weights rounded to bf16 (AMX);
-      ``"int8"``, rounded to int8 per row and group of the weight (llama.cpp's Q8 activations;
-      AVX-512 VNNI and AMX-INT8, prefill chunks as auto's): 1.1-1.4x the tokens/s, fewer greedy
-      answers identical to fp32 (docs/models.md). Each way a decode row's result (up to 64 rows)
-      is independent of the rows beside it.
+      (:meth:`worker.models.llama.qkernel.Kernel.set_activations`): ``"int8"``, rounded to int8 per
+      row and group of the weight (llama.cpp's Q8 activations; AVX-512 VNNI and VBMI, AMX-INT8 where
+      there, prefill chunks over 64 rows on the weights rounded to bf16 with AMX); ``"bf16"``, the
+      activations rounded to bf16 times the file's weights exactly, at every row count (slower, more
+      greedy answers identical to fp32: docs/models.md); ``"auto"`` (default), int8 where it runs, else
+      bf16. Each way a decode row's result (up to 64 rows) is independent of the rows beside it.
     - ``max_model_len``: tokens per slot (prompt + ``max_tokens``; vLLM's
       ``--max-model-len``, llama.cpp's ``-c``), int >= 2, at most the model's
       trained context (ValueError at load past it); None: the context, at most

@@ -99,11 +99,14 @@ class Kernel:
         activations, and above :data:`TILE_ROWS` rows (AMX) bf16 tiles of the weights
         (``qmm_tiles``); runs where the CPU has AVX-512 VNNI and VBMI (every GGUF block format).
         ``"bf16"``: rounded to bf16 (``qmm``), the file's weights exactly at every row count.
-        ``"auto"`` (the default): bf16 up to :data:`TILE_ROWS` rows (decode: the file's weights
-        exactly), above them (a prefill chunk, AMX) the bf16 tiles as int8's (on HE32 int8 kept
-        fewer greedy answers identical to fp32 than llama.cpp on SmolLM2 and Qwen2.5-Coder-0.5B,
-        9 and 24 against 12 and 25; bf16 activations more, 26 and 30). ValueError for ``"int8"``
-        where it does not run, or another value."""
+        ``"auto"`` (the default): ``"int8"`` where it runs, else ``"bf16"`` -- llama.cpp's choice,
+        faster at every decode size measured and, since its base and offset terms multiply the
+        rounded x (``qrows``), at or above llama.cpp's greedy agreement with fp32 on HE32 (2-core
+        Zen 4: SmolLM2 17, Qwen2.5-Coder-0.5B 25, -1.5B 25 of 32 against llama.cpp's 14, 24 and
+        17-18; bf16 activations 27, 30, 32). Decode steps at 8 slots, in turns in one process
+        (2 threads, 160 cached tokens a slot), bf16 -> int8: SmolLM2 14.7 -> 13.3 ms, the 0.5B 41.1
+        -> 38.2, the 1.5B 105.0 -> 90.6. ValueError for ``"int8"`` where it does not run, or another
+        value."""
         if activations not in ACTIVATIONS:
             raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         w = self.weight
@@ -111,7 +114,7 @@ class Kernel:
         if activations == "int8" and not runs:
             raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI (and groups of a "
                              f"multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
-        self.int8 = activations == "int8"
+        self.int8 = activations == "int8" or (activations == "auto" and runs)
         self.tiles = activations != "bf16" and self.amx
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +134,11 @@ class Kernel:
         if self.amx and w.group in (16, 32):  # fp32 x: the kernel rounds it to bf16 itself (one op less)
             y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
             return y if len(y) == m else y[:m]
-        return self.wide(x) if m > self.rows else self._qmm(x.to(torch.bfloat16).contiguous(), False)
+        if m > self.rows:
+            return self.wide(x)
+        # fp32 x as it is: the kernel rounds it to bf16 (nearest even, as torch's cast) in the call,
+        # where a cast here cost ~4 dispatched operations a product
+        return self._qmm((x if x.dtype == torch.bfloat16 else x.to(torch.float32)).contiguous(), False)
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
         return self.module.qmm(xb, *self.args, amx)
@@ -167,10 +174,9 @@ runs on the weights decoded per 16-row block to bf16 tiles (``qmm_tiles``: the f
 rounded to bf16, bf16 activations, fp32 sums over all of K), up to it on the mode's decode product.
 Decode batches of up to 64 rows are then row-invariant, also beside a prompt chunk in one step
 (:func:`leading_exact_rows`); a prompt's rows follow their chunk's size (``bf16``: every row count
-on the exact product). Without AMX, int8 activations for prompt chunks (``qmm8``; ``vpdpbusd`` does
-64 products an instruction where ``vdpbf16ps`` does 32, each one a cycle on Zen 4) served SmolLM2's
-HE32 5 % faster (307 against 292 tokens/s) but kept 13 of 32 greedy answers identical to fp32
-against bf16's 27 (llama.cpp: 15), so prompt chunks stay on the bf16 product there."""
+on the exact product). Without AMX, ``int8`` (and ``auto``, where int8 runs) multiplies prompt chunks
+of up to :data:`KERNEL_ROWS` rows on ``qmm8`` too (``vpdpbusd`` does 64 products an instruction where
+``vdpbf16ps`` does 32, each one a cycle on Zen 4)."""
 
 VNNI_ROWS = 0
 """Rows up to which int8 products run on VNNI where AMX-INT8 tiles are there too: none. Measured on
