@@ -197,20 +197,19 @@ needs_q8 = pytest.mark.skipif(not (qkernel.cpu_has_avx512_bf16() and qkernel.ext
 
 def int8_reference(w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
     """What qmm8 computes, in float64 from the row-major weight ``w`` (before prepare): x rounded to
-    int8 per row and group (xs = max|x| / 127, nearest even), the integer sums of u = code - base
-    times xq, then sum_g scale * xs * isum + (offset + base * scale) * xs * sum(xq): the file's
-    weights times the rounded x."""
+    int8 per row and group (xs = max|x| / 127, nearest even), the integer sums of the codes times xq
+    (the kernel: of u = code - base, started at base * sum(xq)), then sum_g scale * xs * isum +
+    offset * xs * sum(xq): the file's weights times the rounded x."""
     n, k = w.out_features, w.in_features
     group, g = w.group, w.in_features // w.group
     m = x.shape[0]
     xg = x.view(m, g, group)
     mx = xg.abs().amax(-1, keepdim=True)
     xq = torch.round(xg * torch.where(mx > 0, 127.0 / mx, torch.zeros_like(mx))).double()
-    base = w.low if qkernel.kind(w) in (qkernel.NIBBLES, qkernel.SIX) else -128
-    u = (w.codes().double() - base).view(n, g, group)
+    codes = w.codes().double().view(n, g, group)
     scale = w.scales.values().double()
-    const = base * scale + (0 if w.offsets is None else w.offsets.values().double())
-    isum = torch.einsum("mgk,ngk->mng", xq, u)
+    const = torch.zeros_like(scale) if w.offsets is None else w.offsets.values().double()
+    isum = torch.einsum("mgk,ngk->mng", xq, codes)
     xs = (mx / 127.0).double().squeeze(-1)
     return (isum * scale[None] * xs[:, None, :]).sum(-1) + torch.einsum("mg,ng->mn", xs * xq.sum(-1), const)
 

@@ -992,17 +992,28 @@ struct QRows {
     const int8_t* xq;    // [M, K], each group's bytes in its quads' order
     const float* xs;     // [M, groups]
     const float* xsum;   // [M, groups]: xs * sum(xq), the rounded x's sum
+    const int32_t* qbase;  // [M, groups]: base * sum(xq), what the codes' base adds to a group's integer sum
     int64_t K, group, groups;
+    bool based;            // base != 0 (qbase not all zeros)
 };
 
-// the shared epilogue of a group: tot[r] += acc[r] * (scale * xs) + xsum * (offset + low * scale)
+// A group's integer sum starts at base * sum(xq) (VNNI: the accumulator's first value; the AMX
+// tiles: added to the C tile's sums, q8_from), so that it is sum(code * xq) exactly, whatever base
+// the codes are held from (u = code - base); the epilogue then scales it and, for a format with
+// offsets (Q4_1, Q5_1, the K formats' mins), adds xsum * offset:
+//     tot[r] += acc[r] * (scale * xs) [+ xsum * offset]
+// (before, the base went into the offset term in fp32, one fmadd a group and row more: Q5_0, Q6_K
+// and Q8_0, without offsets, now take none; see qmm8's measurement.)
 template <int R>
 inline void q8_epilogue(const QRows& a, const Block& b, int64_t g, const __m512i* acc, __m512* tot) {
-    const __m512 s = _mm512_load_ps(b.sc + g * 16), o = _mm512_load_ps(b.of + g * 16);
+    const __m512 s = _mm512_load_ps(b.sc + g * 16);
     for (int r = 0; r < R; ++r) {
         const __m512 f = _mm512_mul_ps(s, _mm512_set1_ps(a.xs[r * a.groups + g]));
         tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), f, tot[r]);
-        tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
+    }
+    if (b.of) {
+        const __m512 o = _mm512_load_ps(b.of + g * 16);
+        for (int r = 0; r < R; ++r) tot[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, tot[r]);
     }
 }
 
@@ -1022,7 +1033,7 @@ void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf) {
     const int64_t quads = a.group / 4;
     for (int64_t g = 0; g < a.groups; ++g) {
         __m512i acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(a.qbase[r * a.groups + g]);
         for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
             const __m512i wv = _mm512_load_si512(wbuf + q);
             for (int r = 0; r < R; ++r) {
@@ -1042,7 +1053,7 @@ void vnni_block(const QRows& a, const Block& b, const __m512i* wbuf) {
 // q8_epilogue's, in its order (the same bits as vnni_block). Measured against vnni_block on a block decoded whole
 // first (2-core EPYC Zen 4, 2 threads, a Qwen2.5-1.5B layer): Q4_K 1 row 0.81 -> 0.45 ms, 4 rows
 // 1.24 -> 0.89, 8 rows 1.96 -> 1.65; Q8_0 1 row 1.79 -> 1.28, 8 rows 2.95 -> 2.52.
-template <int R, int NB, class Decode>
+template <int R, int NB, class Decode, bool OFF, bool BASED>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma"), flatten))
 void vnni_blocks(const QRows& a, const Block* bs) {
     const Decode dec;
@@ -1081,12 +1092,18 @@ void vnni_blocks(const QRows& a, const Block* bs) {
         }
         // q8_epilogue's arithmetic, written out on the totals in L1: through q8_epilogue on a register
         // copy of them, 8 rows measured 8-10 % slower (Q4_K layer 1.75 -> 1.90 ms, Q8_0 2.55 -> 2.73)
+        // (BASED: the base's integers added here, not as the accumulators' first value, the same
+        // integers; and OFF, BASED template arguments, not branches: either measured slower, a Q4_K
+        // layer of the 1.5B at 8 rows 1.62 -> 1.75-1.88 ms)
         for (int nb = 0; nb < NB; ++nb) {
-            const __m512 sc = _mm512_load_ps(bs[nb].sc + g * 16), o = _mm512_load_ps(bs[nb].of + g * 16);
+            const __m512 sc = _mm512_load_ps(bs[nb].sc + g * 16);
             for (int r = 0; r < R; ++r) {
                 const __m512 f = _mm512_mul_ps(sc, _mm512_set1_ps(a.xs[r * a.groups + g]));
-                __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[nb][r]), f, _mm512_load_ps(tot[nb][r]));
-                t = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), o, t);
+                __m512i sum = acc[nb][r];
+                if constexpr (BASED) sum = _mm512_add_epi32(sum, _mm512_set1_epi32(a.qbase[r * a.groups + g]));
+                __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, _mm512_load_ps(tot[nb][r]));
+                if constexpr (OFF)
+                    t = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[r * a.groups + g]), _mm512_load_ps(bs[nb].of + g * 16), t);
                 _mm512_store_ps(tot[nb][r], t);
             }
         }
@@ -1095,10 +1112,11 @@ void vnni_blocks(const QRows& a, const Block* bs) {
         for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(bs[nb].y + r * bs[nb].ldy, bs[nb].valid, _mm512_load_ps(tot[nb][r]));
 }
 
-template <class Decode>
+template <class Decode, bool OFF, bool BASED>
 void vnni_step(int64_t M, const QRows& a, const Block* bs, int nb) {
     switch (M * 2 + (nb - 1)) {
-#define CASE(n) case 2 * n: vnni_blocks<n, 1, Decode>(a, bs); break; case 2 * n + 1: vnni_blocks<n, 2, Decode>(a, bs); break;
+#define CASE(n) case 2 * n: vnni_blocks<n, 1, Decode, OFF, BASED>(a, bs); break; \
+                case 2 * n + 1: vnni_blocks<n, 2, Decode, OFF, BASED>(a, bs); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
@@ -1116,8 +1134,9 @@ inline void amx8_config(int rows, int64_t group) {  // (the file's flags: -mamx-
 
 template <int R>
 inline void q8_from(const QRows& a, const Block& b, int64_t g, const int32_t* cbuf, __m512* tot) {
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_load_si512(cbuf + r * 16);
+    __m512i acc[R];  // the tile's sums plus the base's (q8_epilogue): the integers VNNI's accumulator ends at
+    for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_add_epi32(_mm512_load_si512(cbuf + r * 16), _mm512_set1_epi32(a.qbase[r * a.groups + g]));
     q8_epilogue<R>(a, b, g, acc, tot);
 }
 
@@ -1186,8 +1205,9 @@ void amx8_stack(const QRows& a, const Block& b, const int8_t* x2, const uint8_t*
 }
 
 // x fp32 [M, K] -> QRows' arrays: per row and group the scale, the int8 values (NIB: per 8 columns
-// the even ones, then the odd ones) and the sum of the rounded x (xs * sum(xq))
-void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t* xq, float* xs, float* xsum) {
+// the even ones, then the odd ones), the sum of the rounded x (xs * sum(xq)) and base * sum(xq)
+void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_t base, int8_t* xq, float* xs,
+           float* xsum, int32_t* qbase) {
     const int64_t groups = K / group;
     const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     for (int64_t m = 0; m < M; ++m) {
@@ -1212,7 +1232,9 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int8_t
             // held as u = code - base loses nothing to base (Q6_K codes held as bytes, u = code +
             // 128: sum(x) here put 128 * scale * sum(x - xs * xq) into the result, ~8 % of a random
             // layer's product where the rounding's own error is up to 1.5 %)
-            xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(_mm512_reduce_add_epi32(isum));
+            const int32_t total = _mm512_reduce_add_epi32(isum);  // |total| <= 127 * group
+            xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(total);
+            qbase[m * groups + g] = base * total;
         }
     }
 }
@@ -1263,11 +1285,14 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     // their views cost ~6 dispatched operations each (SmolLM2 at 8 slots: 1,612 operations a step
     // against bf16's 1,006)
     const int64_t q_bytes = (M * K + 63) / 64 * 64;
-    uint8_t* scratch = q8_scratch(q_bytes + 2 * M * groups * static_cast<int64_t>(sizeof(float)));
+    uint8_t* scratch = q8_scratch(q_bytes + 3 * M * groups * static_cast<int64_t>(sizeof(float)));
     int8_t* xq = reinterpret_cast<int8_t*>(scratch);
     float* xs = reinterpret_cast<float*>(scratch + q_bytes);
-    qrows(x.data_ptr<float>(), M, K, group, static_cast<int>(kind), xq, xs, xs + M * groups);
-    const QRows a{xq, xs, xs + M * groups, K, group, groups};
+    int32_t* qbase = reinterpret_cast<int32_t*>(xs + 2 * M * groups);
+    qrows(x.data_ptr<float>(), M, K, group, static_cast<int>(kind), static_cast<int32_t>(base), xq, xs, xs + M * groups,
+          qbase);
+    const QRows a{xq, xs, xs + M * groups, qbase, K, group, groups, base != 0};
+    const bool off = od.numel() > 0;  // offsets (a group's additive term; the base is in the integer sums)
     const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
     float* yp = y.data_ptr<float>();
     const int64_t block_bytes = K * column_bytes(kind);
@@ -1293,7 +1318,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         std::unique_ptr<float, decltype(&std::free)> fbuf(
             static_cast<float*>(std::aligned_alloc(64, 4 * groups * 16 * sizeof(float))), &std::free);
         float* sbuf = fbuf.get();
-        float* obuf = sbuf + groups * 16;
+        float* obuf = off ? sbuf + groups * 16 : nullptr;
         if (in_registers) {  // two blocks a call (each broadcast of x feeds both), quads decoded in registers
             for (int64_t i = b0; i < b1;) {
                 const int nb = i + 1 < b1 ? 2 : 1;
@@ -1301,12 +1326,18 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 for (int j = 0; j < nb; ++j) {
                     const int64_t valid = std::min<int64_t>(16, N - (i + j) * 16);
                     float* sj = sbuf + j * 2 * groups * 16;
-                    expand(sf.of_block(i + j), of.of_block(i + j), -static_cast<float>(base), groups, sj, sj + groups * 16);
-                    bs[j] = Block{wp + (i + j) * block_bytes, sj, sj + groups * 16, yp + (i + j) * 16, N,
+                    float* oj = off ? sj + groups * 16 : nullptr;
+                    expand(sf.of_block(i + j), of.of_block(i + j), 0.0f, groups, sj, oj);
+                    bs[j] = Block{wp + (i + j) * block_bytes, sj, oj, yp + (i + j) * 16, N,
                                   static_cast<__mmask16>(valid >= 16 ? 0xFFFF : (1u << valid) - 1)};
                 }
-                if (kind == NIB) vnni_step<NibQuads>(M, a, bs, nb);
-                else vnni_step<WideQuads>(M, a, bs, nb);
+                // the formats' cases: 4-bit codes with offsets from base 0 (Q4_1, Q4_K) or none from -8
+                // (Q4_0); bytes from base -128 with offsets (Q5_1, Q5_K) or none (Q5_0, Q6_K, Q8_0)
+                if (kind == NIB && off && !a.based) vnni_step<NibQuads, true, false>(M, a, bs, nb);
+                else if (kind == NIB && off) vnni_step<NibQuads, true, true>(M, a, bs, nb);
+                else if (kind == NIB) vnni_step<NibQuads, false, true>(M, a, bs, nb);
+                else if (off) vnni_step<WideQuads, true, true>(M, a, bs, nb);
+                else vnni_step<WideQuads, false, true>(M, a, bs, nb);
                 i += nb;
             }
             return;
@@ -1317,7 +1348,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         for (int64_t i = b0; i < b1; ++i) {
             const int64_t valid = std::min<int64_t>(16, N - i * 16), cur = tiles ? (i - b0) % 2 : 0;
             __m512i* wbuf = ring ? nullptr : wmem.get() + cur * (K / 4);
-            expand(sf.of_block(i), of.of_block(i), -static_cast<float>(base), groups, sbuf, obuf);
+            expand(sf.of_block(i), of.of_block(i), 0.0f, groups, sbuf, obuf);
             // VNNI (a few rows, the memory the bound): the block decoded whole first (decoding the next
             // block during the products measured slower there: 0.96 against 0.86 ms a layer at 1 row)
             NextBlock next;
@@ -1330,6 +1361,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 part.xq = a.xq + m0 * K;
                 part.xs = a.xs + m0 * groups;
                 part.xsum = a.xsum + m0 * groups;
+                part.qbase = a.qbase + m0 * groups;
                 Block out = b;
                 out.y = b.y + m0 * N;
                 const int64_t r = std::min<int64_t>(step, M - m0);
