@@ -236,20 +236,23 @@ class LlamaWeights:
     def set_gguf_activations(self, activations: str) -> None:
         """At precision ``gguf``: how every compiled product meets the stored codes
         (``ModelOptions.gguf_activations``; :meth:`~worker.models.llama.qkernel.Kernel.set_activations`),
-        said in :attr:`linear_kind`. ValueError as that method (``"int8"`` where it does not run)."""
+        said in :attr:`linear_kind`. ``"auto"``: the layers' products int8 where it runs, the LM head's
+        bf16 (:data:`HEAD_ACTIVATIONS`). ValueError as that method (``"int8"`` where it does not run)."""
         from worker.models.llama import qkernel
 
         kernels = [w.kernel for w in self.stored_weights() if w.kernel is not None]
         if activations != "auto" and not kernels:
             raise ValueError(f"gguf_activations={activations!r} needs the compiled kernel, which does not run here "
                              "(the stored weights multiply in pure torch)")
+        head = {id(w.kernel) for w in getattr(self.head, "parts", (self.head,)) if getattr(w, "kernel", None)}
         for k in kernels:
-            k.set_activations(activations)
+            k.set_activations(HEAD_ACTIVATIONS if activations == "auto" and id(k) in head else activations)
         # a 6-bit span that six_bits() held a byte each (MAGIC where 6 bits would be SIX)
         bytes_six = any(w.kernel is not None and qkernel.kind(w) != qkernel.code_kind(
             w.nibbles, w.low, w.high, w.in_features, w.group, True) for w in self.stored_weights())
+        head_bf16 = any(id(k) in head and not k.int8 for k in kernels) and any(k.int8 for k in kernels)
         self.linear_kind = self.linear_kind.split(" (")[0] + stored_product(
-            sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels), bytes_six)
+            sum(k.int8 for k in kernels), len(kernels), any(k.tiles for k in kernels), bytes_six, head_bf16)
 
     def stored_weights(self) -> list:
         """The QuantizedWeights this model multiplies (layers' parts and the head), each once."""
@@ -326,6 +329,14 @@ def stored_fused(parts: list):
     return ConcatLinear(parts)
 
 
+HEAD_ACTIVATIONS = "bf16"
+"""The LM head's activations under ``gguf_activations="auto"`` (the layers': int8 where it runs). The
+logits pick the token, and the head is one product of a step's ~100-200: greedy answers identical to
+fp32 on HE32 (2-core Zen 4, one run each), int8 head -> bf16 head: SmolLM2 17 -> 21, Qwen2.5-Coder-0.5B
+25 -> 28, -1.5B 30 -> 27 (72 -> 76 of 96; llama.cpp's server 15, 24-26 and 17-20 in that day's runs);
+the 1.5B's step ~2 % slower (its Q6_K head)."""
+
+
 def prepare_stored(linear) -> None:
     """Hand a gguf linear's stored weights (a QuantizedWeight, or a ConcatLinear's) to the compiled
     kernel where one runs here (``QuantizedWeight.prepare``: in place, after any fusing)."""
@@ -334,11 +345,13 @@ def prepare_stored(linear) -> None:
             w.prepare()
 
 
-def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_six: bool = False) -> str:
+def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_six: bool = False,
+                   head_bf16: bool = False) -> str:
     """What multiplies the stored weights here, for :attr:`LlamaWeights.linear_kind`: ``int8`` of the
     ``kernels`` compiled products with int8 activations, ``tiles`` prefill chunks on bf16 tiles
     (:meth:`LlamaWeights.set_gguf_activations`), ``bytes_six`` 6-bit codes held a byte each
-    (:func:`~worker.models.llama.qkernel.six_bits`)."""
+    (:func:`~worker.models.llama.qkernel.six_bits`), ``head_bf16`` the LM head alone on bf16
+    activations (``auto``'s choice)."""
     from worker.models.llama import qkernel
 
     module = qkernel.load()
@@ -352,6 +365,8 @@ def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_s
     int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
     if int8 == kernels:
         return f" (compiled kernel, int8 activations, {int8_kind}{extra})"
+    if head_bf16 and int8 == kernels - 1:
+        return f" (compiled kernel, int8 activations, {int8_kind}; the LM head's bf16, {bf16}{extra})"
     return f" (compiled kernel, int8 activations, {int8_kind}; bf16 on {kernels - int8} of {kernels}, {bf16}{extra})"
 
 
