@@ -105,8 +105,9 @@ class Kernel:
         Zen 4: SmolLM2 17, Qwen2.5-Coder-0.5B 25, -1.5B 25 of 32 against llama.cpp's 14, 24 and
         17-18; bf16 activations 27, 30, 32). Decode steps at 8 slots, in turns in one process
         (2 threads, 160 cached tokens a slot), bf16 -> int8: SmolLM2 14.7 -> 13.3 ms, the 0.5B 41.1
-        -> 38.2, the 1.5B 105.0 -> 90.6. ValueError for ``"int8"`` where it does not run, or another
-        value."""
+        -> 38.2, the 1.5B 105.0 -> 90.6. (A model's LM head takes ``"bf16"`` under its ``"auto"``:
+        :data:`worker.models.llama.weights.HEAD_ACTIVATIONS`.) ValueError for ``"int8"`` where it does
+        not run, or another value."""
         if activations not in ACTIVATIONS:
             raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         w = self.weight
