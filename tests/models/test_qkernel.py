@@ -460,3 +460,23 @@ def test_a_decode_row_beside_a_prompt_chunk_gets_the_exact_product(module):
     with qkernel.leading_exact_rows(qkernel.TILE_ROWS + 1):  # a decode batch above TILE_ROWS: the tiles'
         assert torch.equal(kernel(x), torch.full((m, 48), _TilesHere.MARK))
     assert qkernel._EXACT_ROWS.get() == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("activations", ["int8", "bf16"])
+def test_a_non_finite_activation_makes_its_row_non_finite_and_no_other(module, layout, activations):
+    """A NaN or an inf in a row of x gives that row no finite output (the engine then ends that
+    request alone) and leaves the other rows' bits as they are alone: at a decode step's rows and a
+    prefill chunk's. (int8 once rounded a NaN to -128 and returned finite sums.)"""
+    if activations == "int8" and not module.has_q8():
+        pytest.skip("no AVX-512 VNNI and VBMI here")
+    w = weight(*layout, 40, K, seed=1).prepare()
+    w.kernel.set_activations(activations)
+    for m in (3, 8, 20):
+        x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+        x[1, 5], x[2, K - 1] = float("nan"), float("inf")
+        y = w(x)
+        assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any(), m
+        clean = [i for i in range(m) if i not in (1, 2)]
+        assert torch.equal(y[clean], torch.cat([w(x[i:i + 1]) for i in clean])), m

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -1214,8 +1215,15 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_
         for (int64_t g = 0; g < groups; ++g) {
             const float* v = x + m * K + g * group;
             __m512 amax = _mm512_setzero_ps();
-            for (int64_t k = 0; k < group; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + k)));
-            const float mx = _mm512_reduce_max_ps(amax);
+            __mmask16 nan = 0;  // vmaxps drops a NaN (it returns its second operand): found apart
+            for (int64_t k = 0; k < group; k += 16) {
+                const __m512 vk = _mm512_loadu_ps(v + k);
+                amax = _mm512_max_ps(amax, _mm512_abs_ps(vk));
+                nan |= _mm512_cmp_ps_mask(vk, vk, _CMP_UNORD_Q);
+            }
+            // a NaN in the group makes its scale NaN, so the row's products are NaN (as the bf16
+            // product's are), not the finite sums of a NaN rounded to -128; an inf makes it inf (0 * inf)
+            const float mx = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax);
             xs[m * groups + g] = mx / 127.0f;
             const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
             int8_t* out = xq + m * K + g * group;
