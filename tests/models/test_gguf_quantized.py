@@ -211,3 +211,31 @@ def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(q
             load_model(path, precision=precision, gguf_activations="int8")
     with pytest.raises(ValueError, match="gguf_activations must be one of"):
         load_model(path, precision="gguf", gguf_activations="fp8")
+
+
+def test_a_nan_row_ends_its_request_alone_on_the_default_product(quantized_file, monkeypatch):
+    """A request whose activations turn NaN (its embedding row, here) ends with an error at the
+    default ``gguf_activations`` (int8 for the layers where the CPU runs it), and the request beside
+    it in the same steps gets the tokens it gets alone. (A NaN in part of a row, as an MLP's
+    intermediate can hold, is test_qkernel's non-finite test: int8 once made finite sums of it.)"""
+    from worker import BatchInferenceEngine, FinishReason
+
+    _, path, _ = quantized_file
+    model = load_model(path, precision="gguf")
+    poisoned, real = 7, QuantizedEmbedding.__call__
+    good, bad = [3, 4, 5, 6], [3, 4, 5, poisoned]
+    alone = BatchInferenceEngine(model, batch_size=1)
+    ref = alone.submit_request(good, 4)
+    alone.run()
+
+    def poisoned_rows(self, ids):
+        out = real(self, ids)
+        out[ids == poisoned] = float("nan")
+        return out
+
+    monkeypatch.setattr(QuantizedEmbedding, "__call__", poisoned_rows)
+    engine = BatchInferenceEngine(model, batch_size=2)
+    handles = [engine.submit_request(p, 4) for p in (bad, good)]
+    engine.run()
+    assert handles[0].finish_reason == FinishReason.ERROR and "non-finite" in str(handles[0].error)
+    assert handles[1].finish_reason == FinishReason.LENGTH and handles[1].tokens == ref.tokens
