@@ -480,3 +480,20 @@ def test_a_non_finite_activation_makes_its_row_non_finite_and_no_other(module, l
         assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any(), m
         clean = [i for i in range(m) if i not in (1, 2)]
         assert torch.equal(y[clean], torch.cat([w(x[i:i + 1]) for i in clean])), m
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_rows_of_denormal_activations_stay_within_their_products_bound(module, layout):
+    """A group whose largest |x| is a denormal (127 / max|x| overflows to inf) once rounded every
+    value, zeros and positives too, to -128: products far past |x| max * sum|w| and of either sign.
+    Such a group now rounds to zeros; every row stays within its bound, the normal row unchanged."""
+    w = weight(*layout, 40, K, seed=1).prepare()
+    w.kernel.set_activations("int8")
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(0))
+    x[1] *= 2.0 ** -130
+    x[2] = 1e-40
+    y = w(x)
+    bound = x.abs().amax(1, keepdim=True).double() * w.dequantize().abs().sum(1).double()[None]
+    assert (y.double().abs() <= 1.01 * bound).all()
+    assert torch.equal(y[:1], w(x[:1]))

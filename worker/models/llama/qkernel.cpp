@@ -1225,7 +1225,10 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_
             // product's are), not the finite sums of a NaN rounded to -128; an inf makes it inf (0 * inf)
             const float mx = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax);
             xs[m * groups + g] = mx / 127.0f;
-            const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            // a group whose largest |x| is below ~127 / FLT_MAX (denormals) rounds to zeros: 127 / mx
+            // is inf there, and x * inf rounded every value, zeros and positives too, to -128
+            const float rcp = 127.0f / mx;
+            const __m512 inv = _mm512_set1_ps(mx > 0.0f && rcp <= std::numeric_limits<float>::max() ? rcp : 0.0f);
             int8_t* out = xq + m * K + g * group;
             __m512i isum = _mm512_setzero_si512();
             for (int64_t k = 0; k < group; k += 16) {
@@ -1242,7 +1245,8 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_
             // layer's product where the rounding's own error is up to 1.5 %)
             const int32_t total = _mm512_reduce_add_epi32(isum);  // |total| <= 127 * group
             xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(total);
-            qbase[m * groups + g] = base * total;
+            // (in int64: a row with an inf sums INT_MIN codes; its products are non-finite anyway)
+            qbase[m * groups + g] = static_cast<int32_t>(static_cast<int64_t>(base) * total);
         }
     }
 }

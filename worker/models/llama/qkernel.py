@@ -137,8 +137,8 @@ class Kernel:
             return y if len(y) == m else y[:m]
         if m > self.rows:
             return self.wide(x)
-        # fp32 x as it is: the kernel rounds it to bf16 (nearest even, as torch's cast) in the call,
-        # where a cast here cost ~4 dispatched operations a product
+        # fp32 x as it is: the kernel rounds it to bf16 in the call (nearest even, as torch's cast,
+        # but a denormal x becomes 0), where a cast here cost ~4 dispatched operations a product
         return self._qmm((x if x.dtype == torch.bfloat16 else x.to(torch.float32)).contiguous(), False)
 
     def _qmm(self, xb: torch.Tensor, amx: bool) -> torch.Tensor:
