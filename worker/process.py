@@ -40,6 +40,7 @@ from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Lo
     PrefixCacheUsage, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
+from worker.errors import ModelLoadError
 from worker.link import READY, STOP, WAKE, serve_broker
 from worker.warmup import needs_warmup, warm_up
 
@@ -119,7 +120,6 @@ class WorkerProcess:
     def _load(self) -> None:
         """Load ``config.model`` (main thread, slow: 10-60 s for a real model on
         2 cores). Raises :class:`~worker.errors.ModelLoadError`."""
-        from worker.errors import ModelLoadError
         from worker.models import load_model
 
         name = self.config.model
@@ -207,8 +207,6 @@ class WorkerProcess:
                 what = "warm up"
                 warm_up(self.engine, stop)
         except BaseException as e:
-            from worker.errors import ModelLoadError
-
             # (a ModelLoadError names the model already: _load's)
             self.goodbye = str(e) if isinstance(e, ModelLoadError) else f"cannot {what} model {self.config.model!r}: {e}"
             raise

@@ -886,9 +886,10 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
 // x is rounded per row and group to int8 (llama.cpp's Q8 activations, one scale per group of the
 // weight: xs = max|x| / 127, xq = nearest(x / xs), so |x - xs * xq| <= xs / 2), each code is
 // u + low (u unsigned: NIB's nibble, SIX's 6 bits), and
-//     y[m, n] = sum_g (scale[n, g] * xs[m, g]) * (sum_{k in g} u[n, k] * xq[m, k])
-//             + (offset[n, g] + low * scale[n, g]) * (xs[m, g] * sum_{k in g} xq[m, k]),
-// the file's weights times the rounded x (up to the fp32 epilogue's roundings).
+//     y[m, n] = sum_g (scale[n, g] * xs[m, g]) * (sum_{k in g} u[n, k] * xq[m, k] + low * sum_{k in g} xq[m, k])
+//             + offset[n, g] * (xs[m, g] * sum_{k in g} xq[m, k]),
+// the integer sum in the first line being sum(code * xq) exactly (q8_epilogue): the file's weights
+// times the rounded x (up to the fp32 epilogue's roundings).
 // The integer sums are exact, so both instruction sets give the same int32 per group, and every
 // row the same result whatever the rows beside it (the float epilogue is one code path).
 // The weights' codes stay in the layout above; each 16-row block is decoded once into "quads"
@@ -998,8 +999,8 @@ struct QRows {
     bool based;            // base != 0 (qbase not all zeros)
 };
 
-// A group's integer sum starts at base * sum(xq) (VNNI: the accumulator's first value; the AMX
-// tiles: added to the C tile's sums, q8_from), so that it is sum(code * xq) exactly, whatever base
+// A group's integer sum includes base * sum(xq) (vnni_block: the accumulators' first value;
+// vnni_blocks and the AMX tiles, q8_from: added to the sums), so that it is sum(code * xq) exactly, whatever base
 // the codes are held from (u = code - base); the epilogue then scales it and, for a format with
 // offsets (Q4_1, Q5_1, the K formats' mins), adds xsum * offset:
 //     tot[r] += acc[r] * (scale * xs) [+ xsum * offset]
@@ -1238,11 +1239,11 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_
                 if (kind == NIB) b = _mm_shuffle_epi8(b, order);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), b);
             }
-            // the sum of the rounded values, xs * sum(xq), as llama.cpp's Q8_1 s and Q8_K bsums: the
-            // base and offset terms then multiply what the codes' sums multiply, so that a code
-            // held as u = code - base loses nothing to base (Q6_K codes held as bytes, u = code +
-            // 128: sum(x) here put 128 * scale * sum(x - xs * xq) into the result, ~8 % of a random
-            // layer's product where the rounding's own error is up to 1.5 %)
+            // the sum of the rounded values, as llama.cpp's Q8_1 s and Q8_K bsums: base * sum(xq) goes
+            // into the integer sums and xs * sum(xq) meets the offsets, so both multiply what the codes'
+            // sums multiply, and a code held as u = code - base loses nothing to base (Q6_K codes held as
+            // bytes, u = code + 128: sum(x) here once put 128 * scale * sum(x - xs * xq) into the result,
+            // ~8 % of a random layer's product where the rounding's own error is up to 1.5 %)
             const int32_t total = _mm512_reduce_add_epi32(isum);  // |total| <= 127 * group
             xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(total);
             // (in int64: a row with an inf sums INT_MIN codes; its products are non-finite anyway)
