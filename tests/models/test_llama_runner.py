@@ -310,6 +310,32 @@ def test_quantised_linears_match_their_dequantised_weight(kind):
         assert err < bound, f"{kind}, {rows} rows: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_decode_row_beside_more_prompt_rows_than_the_kernels_keeps_the_kernels_bits(kind):
+    """Above ``KERNEL_ROWS`` prompt rows an int kind multiplies by its dequantised weight, but a
+    step's decode rows (``leading_exact_rows``, first) get the kernel's bits, as in a step without
+    the prompt; a step of no more prompt rows than ``KERNEL_ROWS`` (decode rows beside) stays on the kernel."""
+    from worker.models.llama import qkernel
+    from worker.models.llama.linear import Int4Linear, Int8Linear
+
+    torch.manual_seed(2)
+    w, bias = torch.randn(48, 128) * 0.05, torch.randn(48)
+    lin = Int8Linear(w, bias) if kind == "int8" else Int4Linear(w, bias)
+    rows = lin.KERNEL_ROWS
+    x = torch.randn(rows + 3, 128)
+    alone = lin(x[:3])  # the decode rows in a step of their own: the kernel
+    wide = lin(x)  # no decode rows said: all on the dequantised weight
+    assert not torch.equal(wide[:3], alone)
+    with qkernel.leading_exact_rows(3):
+        assert torch.equal(lin(x[:3]), alone)
+        beside = lin(x)  # rows prompt rows beside the 3: still the kernel, every row
+        more = lin(torch.cat([x, x[:1]]))  # rows + 1 prompt rows: the dequantised weight, but the 3
+    exact = x @ lin.dequantize().t() + bias
+    assert torch.equal(beside[:3], alone) and not torch.allclose(beside[3:], exact[3:], rtol=0, atol=1e-5)
+    assert torch.equal(more[:3], alone)
+    torch.testing.assert_close(more[3:-1], exact[3:], rtol=1e-5, atol=1e-5)  # the dequantised weight's
+
+
 def test_int4_gets_4_bit_weights_back_exactly():
     """Weights that already were 4-bit with 32-column blocks (a Q4_1 GGUF's) come back exactly,
     up to the bf16 rounding of scales and zeros the kernel needs."""

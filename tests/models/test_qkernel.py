@@ -462,6 +462,43 @@ def test_a_decode_row_beside_a_prompt_chunk_gets_the_exact_product(module):
     assert qkernel._EXACT_ROWS.get() == 0
 
 
+class _NoTiles:
+    """The compiled module as a CPU without AMX tiles sees it (the products on AVX-512)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def has_amx(self):
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@needs_kernel
+def test_without_tiles_decode_rows_beside_more_prompt_rows_than_the_kernels_keep_the_kernels_bits(
+        module, monkeypatch):
+    """Without AMX, bf16 activations: above ``rows`` prompt rows the layer is multiplied dequantised
+    (``Kernel.wide``), but a step's decode rows (``leading_exact_rows``) get the kernel's bits, and a
+    step of ``rows`` prompt rows with decode rows beside stays on the kernel. int8 activations run
+    ``qmm8`` at every row count (no wide product: every row's bits whatever shares its step)."""
+    monkeypatch.setattr(qkernel.Kernel, "wide", lambda self, x, bf16=True: torch.full((x.shape[0], 48), 7.0))
+    w = weight(0, 16, 32, True, "k", 48, K, seed=11).prepare()
+    kernel = qkernel.Kernel(_NoTiles(module), w, rows=8, activations="bf16")
+    x = torch.randn(14, K, generator=torch.Generator().manual_seed(12))
+    one = torch.cat([kernel(x[i:i + 1].contiguous()) for i in range(14)])  # each row alone: the kernel
+    assert torch.equal(kernel(x), torch.full((14, 48), 7.0))  # 14 prompt rows: wide
+    with qkernel.leading_exact_rows(5):  # 9 prompt rows: wide, the 5 decode rows the kernel's
+        y = kernel(x)
+    assert torch.equal(y[:5], one[:5]) and torch.equal(y[5:], torch.full((9, 48), 7.0))
+    with qkernel.leading_exact_rows(6):  # 8 prompt rows: the kernel, every row
+        assert torch.equal(kernel(x), one)
+    if module.has_q8():
+        kernel.set_activations("int8")
+        one = torch.cat([kernel(x[i:i + 1].contiguous()) for i in range(14)])
+        assert torch.equal(kernel(x), one)
+
+
 @needs_kernel
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("activations", ["int8", "bf16"])

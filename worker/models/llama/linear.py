@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.heap import bound_onednn_caches
+from worker.models.llama import qkernel
 from worker.models.llama.quantized import QuantizedWeight
 
 
@@ -242,18 +243,26 @@ def _cpu_linear(weight, bias, kind: str, dtype: torch.dtype):
 
 
 class _Quantised:
-    """Shared by the int kinds: the kernel up to ``KERNEL_ROWS`` rows, the dequantised weight above."""
+    """Shared by the int kinds: the kernel up to ``KERNEL_ROWS`` prompt rows, the dequantised weight
+    above, but for a step's decode rows (:func:`~worker.models.llama.qkernel.leading_exact_rows`),
+    which keep the kernel's bits whatever prompt chunk shares their step."""
 
     __slots__ = ()
     KERNEL_ROWS: int  # set by each kind, measured
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.KERNEL_ROWS:
+        n = qkernel.exact_rows()
+        if x.shape[0] - n > self.KERNEL_ROWS:
             y = F.linear(x.float(), self.dequantize())
-        else:
-            y = self._kernel(x.to(torch.bfloat16))
-            if y.shape[1] != self.out_features:
-                y = y[:, : self.out_features]
+            if self.bias is not None:
+                y = y + self.bias
+            y = y.to(x.dtype)
+            if 0 < n <= self.KERNEL_ROWS:
+                y[:n] = self(x[:n])
+            return y
+        y = self._kernel(x.to(torch.bfloat16))
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)

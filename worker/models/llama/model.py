@@ -23,8 +23,15 @@ attention tells them apart:
   (:mod:`worker.models.llama.attnkernel`) stores every entry's new key and
   value and attends each decode entry over its own length only (no mask,
   no padded positions); elsewhere an indexed write and batched products.
-- prefill: each sequence attends causally over its own keys: the new ones
-  (a fresh prompt) or its cache row (a later chunk of a long prompt).
+- prefill: each sequence attends causally over its own keys. Where the
+  compiled call runs, in that same call: a prompt token at position ``p`` is
+  one more entry over its row's keys ``0 .. p`` (its length ``p + 1``), so it
+  attends exactly as its decode would and a prompt gives the same bits whole,
+  in chunks of any size or after a prefix hit (with SDPA per chunk a row's
+  sums followed the call's size, and int8 activations amplified that into
+  greedy tokens that followed the serving timing); elsewhere
+  ``F.scaled_dot_product_attention`` over the new keys (a fresh prompt) or
+  its cache row (a later chunk of a long prompt).
 
 Per-iteration Python work is one loop over the layers (:func:`_attention`
 and :func:`_mlp` per layer) plus one small loop over prefill sequences;
@@ -107,18 +114,21 @@ class _Iteration:
         s, windows = w.shape, w.family.windowed
         fused = w.attention_kernel if w.attention_kernel is not None and attnkernel.runs(kv, w.act_dtype) else None
         rows = lengths = decode = None
-        if fused is not None:  # one call per layer: the KV write and the decode attention
+        if fused is not None:  # one call per layer: the KV write and the attention of every entry
             rows = plan.write_rows[:plan.n_decode]
             if not plan.n_decode:
                 lengths = rows  # (empty)
             else:
                 lengths = plan.lengths if plan.decode_slots is None else plan.lengths[plan.decode_slots]
+            if plan.prefill:  # a prompt token at position p sees keys 0 .. p of its row, as its decode would
+                n = plan.n_decode
+                rows, lengths = torch.cat((rows, plan.write_rows[n:])), torch.cat((lengths, plan.write_pos[n:] + 1))
         elif plan.n_decode:
             decode = decode_views(kv, len(plan.lengths) // plan.queries, plan.window, plan.lengths, plan.queries,
                                   s.heads // s.kv_heads, plan.decode_slots, windows, w.act_dtype)
         device = plan.ids.device
-        masks = {win: [chunk_mask(p.count, p.start, device, win) if p.start or win else None
-                       for p in plan.prefill] for win in windows}
+        masks = {} if fused is not None else {win: [chunk_mask(p.count, p.start, device, win) if p.start or win else None
+                                                    for p in plan.prefill] for win in windows}
         local = None if w.local_rope is None else tuple(t[plan.positions][:, None] for t in w.local_rope)
         return cls(plan, (w.cos[plan.positions][:, None], w.sin_signed[plan.positions][:, None]), local,
                    kv.unbind(0), decode, masks, fused, rows, lengths)
@@ -151,11 +161,10 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     cache = it.layer_kv[layer]
     q = qkv[:, :q_end].view(n, s.heads, d)
     window, cap = fam.windows[layer], fam.attn_softcap
-    if it.fused is not None:  # the KV write (every entry) and the decode attention in one call
-        out = it.fused.decode_attention(q[: plan.n_decode], cache, new_kv.view(n, 2, s.kv_heads, d), plan.write_rows,
-                                        plan.write_pos, it.decode_rows, it.decode_lengths, w.scaling, window or 0,
-                                        cap or 0.0)
-        parts = [out] if plan.n_decode else []
+    if it.fused is not None:  # the KV write and every entry's attention (decode and prefill) in one call
+        return it.fused.decode_attention(q[: len(it.decode_rows)], cache, new_kv.view(n, 2, s.kv_heads, d),
+                                         plan.write_rows, plan.write_pos, it.decode_rows, it.decode_lengths, w.scaling,
+                                         window or 0, cap or 0.0).reshape(n, q_end)
     else:
         # (a bf16 cache of fp32 activations: rounded as stored, read upcast by the attention)
         cache[:, plan.write_rows, :, plan.write_pos] = new_kv.view(n, 2, s.kv_heads, d).to(cache.dtype)

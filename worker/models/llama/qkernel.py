@@ -35,9 +35,12 @@ BLOCK = 16
 """Output rows per block: one zmm of fp32 lanes."""
 
 KERNEL_ROWS = 512
-"""Rows up to which the kernel runs where it has no AMX tiles (AVX-512: every prefill chunk of the
-default ``max_prefill_tokens``, 512); more rows multiply the layer dequantised for the call
-(:meth:`Kernel.wide`). Measured on a 2-core AMD EPYC (Zen 4), a layer of Qwen2.5-1.5B's shapes, 2
+"""Prompt rows up to which the bf16-activation kernel runs where it has no AMX tiles (AVX-512: every
+prefill chunk of the default ``max_prefill_tokens``, 512, with the step's decode rows beside it); more
+multiply the layer dequantised for the call (:meth:`Kernel.wide`), the step's decode rows
+(:func:`leading_exact_rows`) still on the kernel. int8 activations run ``qmm8`` at every row count
+(its 512 rows of a Qwen2.5-1.5B layer: 86-97 ms, against the wide product's 165; and every row's
+result whatever shares its step). Measured on a 2-core AMD EPYC (Zen 4), a layer of Qwen2.5-1.5B's shapes, 2
 threads (bench/qkernel.py): Q4_K kernel against dequantised bf16 ``torch.mm`` at 64 rows 20.2 / 44.1 ms,
 128 rows 36.1 / 57.4, 256 69.3 / 86.9, 512 142.2 / 165.3; Q6_K's kernel 24.6, 45.8, 91.3, 190.4
 (the last above the bf16 product). At 64 rows (before), HE32 on Qwen2.5-Coder-1.5B served
@@ -47,14 +50,22 @@ threads (bench/qkernel.py): Q4_K kernel against dequantised bf16 ``torch.mm`` at
 _EXACT_ROWS = contextvars.ContextVar("exact_rows", default=0)
 
 
+def exact_rows() -> int:
+    """The ``n`` of the :func:`leading_exact_rows` block running now (0 outside one)."""
+    return _EXACT_ROWS.get()
+
+
 @contextlib.contextmanager
 def leading_exact_rows(n: int):
     """While the block runs, the first ``n`` rows of a product are decode rows (a step's decode
-    entries come before its prompt chunks): where a product of more than :data:`TILE_ROWS` rows
-    runs on AMX bf16 tiles (the weights rounded to bf16), those rows are multiplied again on the
-    mode's decode product (``auto``: the file's weights exactly; ``int8``: its int8 product) and
-    replace theirs, so a decode row's result does not depend on a prompt chunk sharing its step. ``n`` 0 (the default): no such rows; above
-    :data:`TILE_ROWS` (a decode batch that large) the tiles' results stand."""
+    entries come before its prompt chunks): where a product's prompt rows take another product than
+    its decode rows would alone -- AMX bf16 tiles above :data:`TILE_ROWS` rows (the weights rounded
+    to bf16), the wide product above :data:`KERNEL_ROWS` prompt rows (bf16 activations), the
+    dequantised weight above a torch int kind's ``KERNEL_ROWS`` (:mod:`worker.models.llama.linear`)
+    -- those rows are multiplied again on the mode's decode product (``auto``: the file's weights
+    exactly; ``int8``: its int8 product) and replace theirs, so a decode row's result does not
+    depend on a prompt chunk sharing its step. ``n`` 0 (the default): no such rows; above those
+    row counts (a decode batch that large) the other product's results stand."""
     token = _EXACT_ROWS.set(n)
     try:
         yield
@@ -128,7 +139,7 @@ class Kernel:
             if 0 < n <= TILE_ROWS:  # its step's decode rows on the decode product (leading_exact_rows)
                 y[:n] = self(x[:n])
             return y
-        if self.int8 and (self.amx or m <= self.rows):
+        if self.int8:  # every row count: past 512 rows still faster than the wide product, and row-invariant
             x32 = x.to(torch.float32).contiguous()
             y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, *self.args, self.amx,
                                  VNNI_ROWS)
@@ -136,8 +147,12 @@ class Kernel:
         if self.amx and w.group in (16, 32):  # fp32 x: the kernel rounds it to bf16 itself (one op less)
             y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
             return y if len(y) == m else y[:m]
-        if m > self.rows:
-            return self.wide(x)
+        n = _EXACT_ROWS.get()
+        if m - n > self.rows:  # more prompt rows than rows: the wide product, but not for the step's decode rows
+            y = self.wide(x)
+            if 0 < n <= self.rows:  # (as the AMX tiles above: a decode row's result whatever shares its step)
+                y[:n] = self(x[:n])
+            return y
         # fp32 x as it is: the kernel rounds it to bf16 in the call (nearest even, as torch's cast,
         # but a denormal x becomes 0), where a cast here cost ~4 dispatched operations a product
         return self._qmm((x if x.dtype == torch.bfloat16 else x.to(torch.float32)).contiguous(), False)
