@@ -189,9 +189,9 @@ def test_gguf_is_refused_where_it_cannot_run(model_dir):
 
 
 def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(quantized_file):
-    """``gguf_activations``: auto is int8 for the layers where the CPU runs it (llama.cpp's Q8) and
-    bf16 for the LM head, else bf16 (the file's weights exactly); int8 is int8 for the head too;
-    another precision refuses it."""
+    """``gguf_activations``: auto is int8 where the CPU runs it (llama.cpp's Q8), the LM head's product
+    too (``weights.HEAD_ACTIVATIONS``), else bf16 (the file's weights exactly); a head set apart is
+    said in the linear kind; another precision refuses it."""
     from worker.models.llama import qkernel
 
     _, path, _ = quantized_file
@@ -201,9 +201,19 @@ def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(q
         kernels = [w.kernel for w in weights.stored_weights() if w.kernel is not None]
         head = getattr(weights.head, "parts", (weights.head,))[0].kernel
         q8 = bool(module.has_q8())
-        assert not head.int8 and all(k.int8 == q8 for k in kernels if k is not head)
-        assert (("LM head's bf16" if q8 else "bf16 activations") in weights.linear_kind), weights.linear_kind
+        assert all(k.int8 == q8 for k in kernels) and head in kernels
+        assert ("int8 activations" if q8 else "bf16 activations") in weights.linear_kind, weights.linear_kind
+        assert "LM head" not in weights.linear_kind
         if q8:
+            from worker.models.llama import weights as weights_module
+
+            weights_module.HEAD_ACTIVATIONS = "bf16"
+            try:
+                weights.set_gguf_activations("auto")
+            finally:
+                weights_module.HEAD_ACTIVATIONS = "auto"
+            assert not head.int8 and all(k.int8 for k in kernels if k is not head)
+            assert "LM head's bf16" in weights.linear_kind, weights.linear_kind
             weights.set_gguf_activations("int8")
             assert all(k.int8 for k in kernels) and "LM head" not in weights.linear_kind
     for precision in ("fp32", "bf16", "int4"):

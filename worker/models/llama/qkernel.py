@@ -112,12 +112,12 @@ class Kernel:
         ``"bf16"``: rounded to bf16 (``qmm``), the file's weights exactly at every row count.
         ``"auto"`` (the default): ``"int8"`` where it runs, else ``"bf16"`` -- llama.cpp's choice,
         faster at every decode size measured and, since its base and offset terms multiply the
-        rounded x (``qrows``) and its sums hold the codes' base exactly, about llama.cpp's greedy
-        agreement with fp32 on HE32 or above (2-core Zen 4, int8 everywhere: SmolLM2 17,
-        Qwen2.5-Coder-0.5B 25, -1.5B 29-30 of 32 against llama.cpp's 14-15, 24-26 and 17-20; bf16
+        rounded x (``qrows``) and its sums hold the codes' base exactly, above llama.cpp's greedy
+        agreement with fp32 on HE32 (2-core Zen 4, int8 everywhere: SmolLM2 16, Qwen2.5-Coder-0.5B
+        27, -1.5B 29 of 32, the same every run, against llama.cpp's 14-15, 23-26 and 17-20; bf16
         activations 27, 30, 32). Decode steps at 8 slots, in turns in one process (2 threads, 160
         cached tokens a slot), bf16 -> int8, before the decode prefetch: SmolLM2 14.7 -> 13.3 ms, the
-        0.5B 41.1 -> 38.2, the 1.5B 105.0 -> 90.6. (A model's LM head takes ``"bf16"`` under its ``"auto"``:
+        0.5B 41.1 -> 38.2, the 1.5B 105.0 -> 90.6. (A model's LM head under its ``"auto"``:
         :data:`worker.models.llama.weights.HEAD_ACTIVATIONS`.) ValueError for ``"int8"`` where it does
         not run, or another value."""
         if activations not in ACTIVATIONS:

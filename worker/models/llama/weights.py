@@ -236,8 +236,8 @@ class LlamaWeights:
     def set_gguf_activations(self, activations: str) -> None:
         """At precision ``gguf``: how every compiled product meets the stored codes
         (``ModelOptions.gguf_activations``; :meth:`~worker.models.llama.qkernel.Kernel.set_activations`),
-        said in :attr:`linear_kind`. ``"auto"``: the layers' products int8 where it runs, the LM head's
-        bf16 (:data:`HEAD_ACTIVATIONS`). ValueError as that method (``"int8"`` where it does not run)."""
+        said in :attr:`linear_kind`. ``"auto"``: int8 where it runs, the LM head as
+        :data:`HEAD_ACTIVATIONS` says. ValueError as that method (``"int8"`` where it does not run)."""
         from worker.models.llama import qkernel
 
         kernels = [w.kernel for w in self.stored_weights() if w.kernel is not None]
@@ -329,13 +329,15 @@ def stored_fused(parts: list):
     return ConcatLinear(parts)
 
 
-HEAD_ACTIVATIONS = "bf16"
-"""The LM head's activations under ``gguf_activations="auto"`` (the layers': int8 where it runs). The
-logits pick the token, and the head is one product of a step's ~100-200: greedy answers identical to
-fp32 on HE32 (2-core Zen 4, one run each), int8 head -> bf16 head: SmolLM2 17 -> 21, Qwen2.5-Coder-0.5B
-25 -> 28, -1.5B 29-30 -> 27-28 (about 72 -> 76 of 96; llama.cpp's server 14-15, 24-26 and 17-20 in that
-day's runs; with the int8 head the 0.5B fell below llama.cpp's count once). Decode steps at 8 slots in
-one process, bf16 head against int8: the 1.5B 81.3 against 80.8 ms, SmolLM2 14.4 against 13.7."""
+HEAD_ACTIVATIONS = "auto"
+"""The LM head's activations under ``gguf_activations="auto"``: ``"auto"``, as the layers' (int8 where it
+runs, as llama.cpp's Q8 activations), since a prompt's attention is its decode's and greedy answers no
+longer follow the serving timing. HE32, greedy answers identical to fp32 (2-core Zen 4, the same in
+every run), bf16 head -> int8 head: SmolLM2 17 -> 16, Qwen2.5-Coder-0.5B 28 -> 27, -1.5B 30 -> 29
+(llama.cpp's server 15, 23, 20 in that run; 14-15, 24-26 and 17-20 in earlier ones); decode steps at 8
+slots, in turns in one process: SmolLM2 17.6 -> 16.8 ms, the 0.5B 34.6 -> 30.3, the 1.5B 75.8 -> 70.1
+(the head is the largest product of a step: the 0.5B's 151,936 x 896). ``"bf16"`` here puts the head
+alone on bf16 activations: the first answers at the first costs."""
 
 
 def prepare_stored(linear) -> None:
