@@ -263,10 +263,17 @@ def test_a_prompt_gives_the_same_logits_whole_in_chunks_token_by_token_and_besid
     tokens followed the timing that made its chunks.)"""
     from worker.models.llama import attnkernel
 
-    _, path, _ = quantized_file
+    from worker.models.llama.linear import PackedLinear, cpu_linear_candidates
+
+    arch, path, _ = quantized_file
     if qkernel.load() is None or attnkernel.load() is None:
         pytest.skip("the compiled kernels do not run here")
     model = load_model(path, precision="gguf", gguf_activations=activations)
+    stored_f16 = [p for lw in model.weights.layers for lin in (lw.qkv, lw.o, lw.gate_up, lw.down)
+                  for p in getattr(lin, "parts", (lin,)) if isinstance(p, PackedLinear)]
+    if "onednn" in cpu_linear_candidates(torch.float32):  # llama's F16 matrix: oneDNN's row-invariant
+        assert all(p.kind == "onednn" for p in stored_f16)  # fp32 product, never a timing pick
+        assert stored_f16 or arch == "qwen2"
     gen = torch.Generator().manual_seed(4)
     prompt = torch.randint(3, 200, (40,), generator=gen).tolist()
     other = torch.randint(3, 200, (50,), generator=gen).tolist()

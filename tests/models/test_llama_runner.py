@@ -111,8 +111,9 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode(model_dir, refer
 
 def test_a_step_names_its_decode_rows_to_the_products(model_dir, monkeypatch):
     """forward tells the GGUF products how many of a step's leading rows are decode rows (those a
-    prompt chunk's faster product must not touch: qkernel.leading_exact_rows), 0 when no prompt
-    chunk shares the step."""
+    prompt chunk's faster product must not touch: qkernel.leading_exact_rows), at every step: a step
+    of decode rows only says all of them (so that more decode rows than a kernel's take the product
+    they take beside a prompt too), one of prompts only 0."""
     from worker.models.llama import model as forward_module
 
     said, real = [], forward_module.qkernel.leading_exact_rows
@@ -130,7 +131,7 @@ def test_a_step_names_its_decode_rows_to_the_products(model_dir, monkeypatch):
         a.append(ta)
         b.append(tb)
     step_tokens(model, [SlotInput(0, a), SlotInput(1, b), SlotInput(2, random_prompts(1, seed=3, max_len=40)[0])])
-    assert said == [0, 0, 2]
+    assert said == [0, 2, 2]
 
 
 def test_the_cache_grows_once_for_a_long_prompt_at_its_first_chunk(model_dir, reference):
@@ -334,6 +335,12 @@ def test_a_decode_row_beside_more_prompt_rows_than_the_kernels_keeps_the_kernels
     assert torch.equal(beside[:3], alone) and not torch.allclose(beside[3:], exact[3:], rtol=0, atol=1e-5)
     assert torch.equal(more[:3], alone)
     torch.testing.assert_close(more[3:-1], exact[3:], rtol=1e-5, atol=1e-5)  # the dequantised weight's
+    many = rows + 2  # more decode rows than KERNEL_ROWS: the dequantised weight, with a prompt beside or not
+    x = torch.randn(many + 4, 128)
+    with qkernel.leading_exact_rows(many):
+        decode_only, with_prompt = lin(x[:many]), lin(x)
+    assert torch.equal(with_prompt[:many], decode_only)  # (a 4-row prompt once put all on the kernel)
+    torch.testing.assert_close(decode_only, x[:many] @ lin.dequantize().t() + bias, rtol=1e-5, atol=1e-5)
 
 
 def test_int4_gets_4_bit_weights_back_exactly():

@@ -493,6 +493,9 @@ def test_without_tiles_decode_rows_beside_more_prompt_rows_than_the_kernels_keep
     assert torch.equal(y[:5], one[:5]) and torch.equal(y[5:], torch.full((9, 48), 7.0))
     with qkernel.leading_exact_rows(6):  # 8 prompt rows: the kernel, every row
         assert torch.equal(kernel(x), one)
+    with qkernel.leading_exact_rows(10):  # more decode rows than rows: wide, a prompt beside or not
+        assert torch.equal(kernel(x[:10]), torch.full((10, 48), 7.0))
+        assert torch.equal(kernel(x), torch.full((14, 48), 7.0))
     if module.has_q8():
         kernel.set_activations("int8")
         one = torch.cat([kernel(x[i:i + 1].contiguous()) for i in range(14)])

@@ -252,7 +252,7 @@ class _Quantised:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = qkernel.exact_rows()
-        if x.shape[0] - n > self.KERNEL_ROWS:
+        if x.shape[0] - n > self.KERNEL_ROWS or n > self.KERNEL_ROWS:
             y = F.linear(x.float(), self.dequantize())
             if self.bias is not None:
                 y = y + self.bias
@@ -400,6 +400,10 @@ def make_linear(weight, bias: torch.Tensor | None, precision: str, device: str, 
         if isinstance(weight, QuantizedWeight):
             return weight if bias is None else weight.with_bias(bias)
         precision = "fp32"
+        if kind is None and "onednn" in cpu_linear_candidates(torch.float32):
+            # oneDNN's: a row's bits whatever the rows beside it (dense and MKL's packed GEMM moved by
+            # up to 5e-3 between a prompt whole and in chunks), as gguf's compiled products
+            kind = "onednn"
     elif isinstance(weight, QuantizedWeight):
         weight = weight.dequantize()
     if precision in ("fp32", "bf16"):

@@ -26,8 +26,9 @@ attention tells them apart:
 - prefill: each sequence attends causally over its own keys. Where the
   compiled call runs, in that same call: a prompt token at position ``p`` is
   one more entry over its row's keys ``0 .. p`` (its length ``p + 1``), so it
-  attends exactly as its decode would and a prompt gives the same bits whole,
-  in chunks of any size or after a prefix hit (with SDPA per chunk a row's
+  attends exactly as its decode would, and where the products are
+  row-invariant (``gguf``, bf16) a prompt gives the same bits whole, in chunks
+  of any size or after a prefix hit (with SDPA per chunk a row's
   sums followed the call's size, and int8 activations amplified that into
   greedy tokens that followed the serving timing); elsewhere
   ``F.scaled_dot_product_attention`` over the new keys (a fresh prompt) or
@@ -71,7 +72,7 @@ def forward(w: LlamaWeights, kv: torch.Tensor, plan: StepPlan) -> tuple[torch.Te
     if w.embed_scale is not None:  # Gemma
         x = x * w.embed_scale
     glue = it.fused  # the compiled module's small operations (RMSNorm, RoPE) where it runs, else None
-    with qkernel.leading_exact_rows(plan.n_decode if plan.prefill else 0):
+    with qkernel.leading_exact_rows(plan.n_decode):
         x = _layers(w, x, it, glue)
     failed = ~torch.isfinite(x).all(dim=-1)
     x = _rms_norm(x[plan.logits_at], w.norm, c, glue=glue)

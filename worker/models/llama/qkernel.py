@@ -57,15 +57,16 @@ def exact_rows() -> int:
 
 @contextlib.contextmanager
 def leading_exact_rows(n: int):
-    """While the block runs, the first ``n`` rows of a product are decode rows (a step's decode
-    entries come before its prompt chunks): where a product's prompt rows take another product than
-    its decode rows would alone -- AMX bf16 tiles above :data:`TILE_ROWS` rows (the weights rounded
-    to bf16), the wide product above :data:`KERNEL_ROWS` prompt rows (bf16 activations), the
-    dequantised weight above a torch int kind's ``KERNEL_ROWS`` (:mod:`worker.models.llama.linear`)
-    -- those rows are multiplied again on the mode's decode product (``auto``: the file's weights
-    exactly; ``int8``: its int8 product) and replace theirs, so a decode row's result does not
-    depend on a prompt chunk sharing its step. ``n`` 0 (the default): no such rows; above those
-    row counts (a decode batch that large) the other product's results stand."""
+    """While the block runs, the first ``n`` rows of a product are a step's decode rows (its decode
+    entries come before its prompt chunks; :func:`~worker.models.llama.model.forward` says them at
+    every step, a step of decode rows only included), and they get the product their count alone
+    would pick, whatever prompt rows share the step: where the prompt rows take another product --
+    AMX bf16 tiles above :data:`TILE_ROWS` rows (the weights rounded to bf16), the wide product
+    above :data:`KERNEL_ROWS` prompt rows (bf16 activations), the dequantised weight above a torch
+    int kind's ``KERNEL_ROWS`` (:mod:`worker.models.llama.linear`) -- the decode rows are multiplied
+    again on the mode's decode product (``auto``: int8 where it runs; ``bf16``: the file's weights
+    exactly) and replace theirs; more decode rows than that take the other product, prompt or
+    not. ``n`` 0 (the default): no such rows."""
     token = _EXACT_ROWS.set(n)
     try:
         yield
@@ -148,9 +149,9 @@ class Kernel:
             y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
             return y if len(y) == m else y[:m]
         n = _EXACT_ROWS.get()
-        if m - n > self.rows:  # more prompt rows than rows: the wide product, but not for the step's decode rows
-            y = self.wide(x)
-            if 0 < n <= self.rows:  # (as the AMX tiles above: a decode row's result whatever shares its step)
+        if m - n > self.rows or n > self.rows:  # the wide product, but a step's decode rows as they would be
+            y = self.wide(x)                    # alone (as the AMX tiles above): whatever shares their step
+            if 0 < n <= self.rows:
                 y[:n] = self(x[:n])
             return y
         # fp32 x as it is: the kernel rounds it to bf16 in the call (nearest even, as torch's cast,
