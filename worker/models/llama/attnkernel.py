@@ -38,8 +38,9 @@ so a prompt's attention is its decode's whatever the chunks. Against
 ``F.scaled_dot_product_attention`` over a 512-token chunk (Qwen2.5-1.5B's 12
 heads and 2 key/value heads, fp16 cache, 2 threads, one layer): 10.3 against
 9.8 ms at the start of a prompt, 49 against 43 ms at 1,536 cached keys, 102
-against 86 ms at 3,584 (SDPA's figures include widening the cache's keys to fp32). It agrees with the batched path to fp32 rounding (measured
-~5e-7 absolute on unit-normal data; tested).
+against 86 ms at 3,584 (SDPA's figures include widening the cache's keys to
+fp32). It agrees with the batched path to fp32 rounding (measured ~5e-7
+absolute on unit-normal data; tested).
 
 :func:`load` compiles it with torch's C++ extension builder the first time a
 process needs it (minutes on a busy 2-core machine; cached under

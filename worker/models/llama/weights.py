@@ -337,7 +337,7 @@ every run), bf16 head -> int8 head: SmolLM2 17 -> 16, Qwen2.5-Coder-0.5B 28 -> 2
 (llama.cpp's server 15, 23, 20 in that run; 14-15, 24-26 and 17-20 in earlier ones); decode steps at 8
 slots, in turns in one process: SmolLM2 17.6 -> 16.8 ms, the 0.5B 34.6 -> 30.3, the 1.5B 75.8 -> 70.1
 (the head is the largest product of a step: the 0.5B's 151,936 x 896). ``"bf16"`` here puts the head
-alone on bf16 activations: the first answers at the first costs."""
+alone on bf16 activations: the bf16 head's answers and step times above."""
 
 
 def prepare_stored(linear) -> None:
