@@ -240,8 +240,8 @@ def _model_options(command):
                      default=_default(ModelOptions, "gguf_activations"), show_envvar=True,
                      help="Precision gguf: int8 activations per group (llama.cpp's Q8; AVX-512 VNNI and "
                           "VBMI, AMX-INT8), or bf16 activations times the file's weights exactly (slower, "
-                          "closer to fp32); auto: int8 for the layers where the CPU runs it and bf16 "
-                          "for the LM head, else bf16. Speed and agreement of each: docs/models.md."),
+                          "closer to fp32); auto: int8 where the CPU runs it (the LM head too), else bf16. "
+                          "Speed and agreement of each: docs/models.md."),
         click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
                      help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
                           "many; a longer request is refused. At most the model's context. Default: the "

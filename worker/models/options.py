@@ -82,9 +82,9 @@ class ModelOptions:
       row and group of the weight (llama.cpp's Q8 activations; AVX-512 VNNI and VBMI, AMX-INT8 where
       there, prefill chunks over 64 rows on the weights rounded to bf16 with AMX); ``"bf16"``, the
       activations rounded to bf16 times the file's weights exactly, at every row count (slower, more
-      greedy answers identical to fp32: docs/models.md); ``"auto"`` (default), int8 for the layers where
-      it runs and bf16 for the LM head, else bf16. Each way a decode row's result (up to 64 rows) is
-      independent of the rows beside it.
+      greedy answers identical to fp32: docs/models.md); ``"auto"`` (default), int8 where it runs (the LM
+      head too: ``weights.HEAD_ACTIVATIONS``), else bf16. Each way a decode row's result (up to 64 rows) is
+      independent of the rows beside it, and a prompt's of its chunks (docs/architecture.md).
     - ``max_model_len``: tokens per slot (prompt + ``max_tokens``; vLLM's
       ``--max-model-len``, llama.cpp's ``-c``), int >= 2, at most the model's
       trained context (ValueError at load past it); None: the context, at most
