@@ -251,15 +251,10 @@ class _Quantised:
     KERNEL_ROWS: int  # set by each kind, measured
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        n = qkernel.exact_rows()
-        if x.shape[0] - n > self.KERNEL_ROWS or n > self.KERNEL_ROWS:
+        if qkernel.past(self.KERNEL_ROWS, x.shape[0]):
             y = F.linear(x.float(), self.dequantize())
-            if self.bias is not None:
-                y = y + self.bias
-            y = y.to(x.dtype)
-            if 0 < n <= self.KERNEL_ROWS:
-                y[:n] = self(x[:n])
-            return y
+            y = (y if self.bias is None else y + self.bias).to(x.dtype)
+            return qkernel.own_decode_rows(y, x, self.KERNEL_ROWS, self)
         y = self._kernel(x.to(torch.bfloat16))
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]

@@ -50,9 +50,20 @@ threads (bench/qkernel.py): Q4_K kernel against dequantised bf16 ``torch.mm`` at
 _EXACT_ROWS = contextvars.ContextVar("exact_rows", default=0)
 
 
-def exact_rows() -> int:
-    """The ``n`` of the :func:`leading_exact_rows` block running now (0 outside one)."""
-    return _EXACT_ROWS.get()
+def past(limit: int, m: int) -> bool:
+    """Whether a product of ``m`` rows goes past ``limit`` to its other product: more prompt rows than
+    ``limit``, or more decode rows (the :func:`leading_exact_rows` block's ``n``)."""
+    n = _EXACT_ROWS.get()
+    return m - n > limit or n > limit
+
+
+def own_decode_rows(y: torch.Tensor, x: torch.Tensor, limit: int, own) -> torch.Tensor:
+    """``y`` (the other product of ``x``) with the step's decode rows (up to ``limit`` of them) replaced
+    by ``own(x[:n])``, the product they take alone (:func:`leading_exact_rows`)."""
+    n = _EXACT_ROWS.get()
+    if 0 < n <= limit:
+        y[:n] = own(x[:n])
+    return y
 
 
 @contextlib.contextmanager
@@ -135,11 +146,7 @@ class Kernel:
         w, m = self.weight, x.shape[0]
         if self.tiles and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
             y = self.module.qmm_tiles(_tile_rows(x.to(torch.bfloat16).contiguous()), *self.args)
-            y = y if len(y) == m else y[:m]
-            n = _EXACT_ROWS.get()
-            if 0 < n <= TILE_ROWS:  # its step's decode rows on the decode product (leading_exact_rows)
-                y[:n] = self(x[:n])
-            return y
+            return own_decode_rows(y if len(y) == m else y[:m], x, TILE_ROWS, self)  # decode rows: theirs
         if self.int8:  # every row count: past 512 rows still faster than the wide product, and row-invariant
             x32 = x.to(torch.float32).contiguous()
             y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, *self.args, self.amx,
@@ -148,12 +155,8 @@ class Kernel:
         if self.amx and w.group in (16, 32):  # fp32 x: the kernel rounds it to bf16 itself (one op less)
             y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
             return y if len(y) == m else y[:m]
-        n = _EXACT_ROWS.get()
-        if m - n > self.rows or n > self.rows:  # the wide product, but a step's decode rows as they would be
-            y = self.wide(x)                    # alone (as the AMX tiles above): whatever shares their step
-            if 0 < n <= self.rows:
-                y[:n] = self(x[:n])
-            return y
+        if past(self.rows, m):  # the wide product, but a step's decode rows as they would be alone
+            return own_decode_rows(self.wide(x), x, self.rows, self)
         # fp32 x as it is: the kernel rounds it to bf16 in the call (nearest even, as torch's cast,
         # but a denormal x becomes 0), where a cast here cost ~4 dispatched operations a product
         return self._qmm((x if x.dtype == torch.bfloat16 else x.to(torch.float32)).contiguous(), False)
