@@ -188,7 +188,7 @@ def test_gguf_is_refused_where_it_cannot_run(model_dir):
     assert ModelOptions(precision="gguf").resolve() == ("cpu", "gguf")  # device auto: CPU even with a GPU
 
 
-def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(quantized_file):
+def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(quantized_file, monkeypatch):
     """``gguf_activations``: auto is int8 where the CPU runs it (llama.cpp's Q8), the LM head's product
     too (``weights.HEAD_ACTIVATIONS``), else bf16 (the file's weights exactly); a head set apart is
     said in the linear kind; another precision refuses it."""
@@ -207,11 +207,8 @@ def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(q
         if q8:
             from worker.models.llama import weights as weights_module
 
-            weights_module.HEAD_ACTIVATIONS = "bf16"
-            try:
-                weights.set_gguf_activations("auto")
-            finally:
-                weights_module.HEAD_ACTIVATIONS = "auto"
+            monkeypatch.setattr(weights_module, "HEAD_ACTIVATIONS", "bf16")
+            weights.set_gguf_activations("auto")
             assert not head.int8 and all(k.int8 for k in kernels if k is not head)
             assert "LM head's bf16" in weights.linear_kind, weights.linear_kind
             weights.set_gguf_activations("int8")
