@@ -240,14 +240,15 @@ def test_int8_product_is_the_int8_rounded_activations_times_the_files_codes(modu
 @pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[1], LAYOUTS[2], LAYOUTS[3], LAYOUTS[8]])  # NIB, SIX, WIDE, MAGIC
 def test_int8_rows_are_the_same_whatever_rows_run_beside_them(module, layout):
     """VNNI (up to VNNI_ROWS rows) and the AMX-INT8 tiles (more) sum the same integers, and on VNNI
-    up to 8 rows the quads decoded in registers (two blocks a call) sum what a block decoded whole
-    sums above 8: every row's result is bit for bit the same alone, in a decode batch or in a
+    the quads decoded in registers (two blocks a call, 8 rows at a time: 4-bit codes at every row
+    count, byte codes up to 64 rows) sum what a block decoded whole sums (6-bit codes; byte codes
+    above 64 rows): every row's result is bit for bit the same alone, in a decode batch or in a
     prefill chunk."""
     w = weight(*layout, 100, K, seed=7).prepare()
     w.kernel.set_activations("int8")
-    x = torch.randn(40, K, generator=torch.Generator().manual_seed(4))
-    alone = torch.cat([w(x[i:i + 1]) for i in range(40)])
-    for m in (3, 8, 9, 16, 21, 40):
+    x = torch.randn(72, K, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([w(x[i:i + 1]) for i in range(72)])
+    for m in (3, 8, 9, 16, 21, 40, 64, 65, 72):
         assert torch.equal(w(x[:m]), alone[:m]), m
 
 

@@ -899,6 +899,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t l
 namespace {
 
 constexpr int QR = 8;  // VNNI: activation rows in registers at once
+constexpr int64_t IN_REGISTER_ROWS = 64;  // VNNI: byte codes decoded in registers up to this many rows (qmm8)
 
 struct alignas(64) Bytes64 {  // a byte table filled once (a function-local static: built on first use)
     uint8_t b[64];
@@ -1320,12 +1321,21 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         x2 = torch::empty({K * 2 * M}, x.options().dtype(torch::kChar));
         stack_rows<int8_t>(a.xq, M, K, group, x2.data_ptr<int8_t>());
     }
-    // VNNI, a decode step's rows: vnni_blocks, but for 6-bit codes (their in-register decode measured
-    // slower than a block decoded whole first: a Q6_K layer at 8 rows 2.90 -> 3.25 ms, 1 row 1.49 -> 1.65)
-    const bool in_registers = !tiles && M <= QR && kind != SIX;
+    // VNNI: vnni_blocks per QR rows, each pair of blocks decoded in registers again for every QR rows
+    // (the decode's operations run beside the dot products': taking them out left a layer's time
+    // unchanged), but for 6-bit codes (their in-register decode measured slower than a block decoded
+    // whole first: a Q6_K layer at 8 rows 2.90 -> 3.25 ms, 1 row 1.49 -> 1.65). Up to IN_REGISTER_ROWS
+    // rows for byte codes, every row count for 4-bit ones; else each block decoded whole into wbuf
+    // first, then vnni_block per QR rows (one block a broadcast of x). Measured on a Qwen2.5-1.5B
+    // layer (2-core Zen 4, 2 threads, both in one process, decoded whole -> in registers): Q4_K 16
+    // rows 3.40 -> 2.83 ms, 64 rows 11.7 -> 10.6, 100 rows 17.4 -> 16.3, 128 rows 22.0 -> 20.9, 512
+    // rows 96.2 -> 93.6; Q6_K codes as bytes 16 rows 4.42 -> 3.57, 64 rows 13.3 -> 12.8, 100 rows
+    // 19.3 -> 19.6, 512 rows 104.5 -> 110.7; 8 rows (in registers before too) even. The same
+    // integers and epilogue either way, so the same bits.
+    const bool in_registers = !tiles && kind != SIX && (kind == NIB || M <= IN_REGISTER_ROWS);
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         // the tiles above 16 rows: two blocks' quads, this block's and the next one's (decoded during this
-        // one's products); VNNI above QR rows: one block's
+        // one's products); VNNI with the blocks decoded whole: one block's
         std::unique_ptr<__m512i, decltype(&std::free)> wmem(
             ring || in_registers ? nullptr
                                  : static_cast<__m512i*>(std::aligned_alloc(64, (tiles ? 2 : 1) * (K / 4) * sizeof(__m512i))),
@@ -1349,11 +1359,21 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 }
                 // the formats' cases: 4-bit codes with offsets from base 0 (Q4_1, Q4_K) or none from -8
                 // (Q4_0); bytes from base -128 with offsets (Q5_1, Q5_K) or none (Q5_0, Q6_K, Q8_0)
-                if (kind == NIB && off && !a.based) vnni_step<NibQuads, true, false>(M, a, bs, nb);
-                else if (kind == NIB && off) vnni_step<NibQuads, true, true>(M, a, bs, nb);
-                else if (kind == NIB) vnni_step<NibQuads, false, true>(M, a, bs, nb);
-                else if (off) vnni_step<WideQuads, true, true>(M, a, bs, nb);
-                else vnni_step<WideQuads, false, true>(M, a, bs, nb);
+                for (int64_t m0 = 0; m0 < M; m0 += QR) {  // QR rows a call, the blocks' codes from L1
+                    const int64_t r = std::min<int64_t>(QR, M - m0);
+                    QRows part = a;
+                    part.xq = a.xq + m0 * K;
+                    part.xs = a.xs + m0 * groups;
+                    part.xsum = a.xsum + m0 * groups;
+                    part.qbase = a.qbase + m0 * groups;
+                    Block out[2] = {bs[0], bs[1]};
+                    for (int j = 0; j < nb; ++j) out[j].y = bs[j].y + m0 * N;
+                    if (kind == NIB && off && !a.based) vnni_step<NibQuads, true, false>(r, part, out, nb);
+                    else if (kind == NIB && off) vnni_step<NibQuads, true, true>(r, part, out, nb);
+                    else if (kind == NIB) vnni_step<NibQuads, false, true>(r, part, out, nb);
+                    else if (off) vnni_step<WideQuads, true, true>(r, part, out, nb);
+                    else vnni_step<WideQuads, false, true>(r, part, out, nb);
+                }
                 i += nb;
             }
             return;
