@@ -220,7 +220,8 @@ def _model_options(command):
         click.option("--cpu-linear", type=click.Choice(CPU_LINEARS, case_sensitive=False),
                      default=_default(ModelOptions, "cpu_linear"), show_envvar=True,
                      help="GEMM library of fp32/bf16 CPU linears: dense, mkl (fp32), onednn, or auto "
-                          "(the fastest here, measured at load)."),
+                          "(onednn where torch has it: its rows do not depend on the batch; else the "
+                          "fastest here, measured at load)."),
         click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model, fixed (default: up to one per core; on a GGUF's own "

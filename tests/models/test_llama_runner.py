@@ -260,20 +260,45 @@ def test_packed_linear_is_the_plain_product_at_every_row_count(kind, dtype):
                 assert torch.allclose(lin.add(r, x).double(), want + r.double(), **tol)
 
 
-def test_cpu_linear_kind_is_measured_once_or_named():
-    """Unnamed: one of the candidates, measured once per shapes and then kept; named: that
-    kind, and a clear error for a kind this torch cannot run for the dtype."""
+def test_cpu_linear_kind_is_onednn_or_measured_once_or_named(monkeypatch):
+    """Unnamed: oneDNN's where torch has it (its rows are batch-invariant), else one of the
+    candidates, measured once per shapes and then kept; named: that kind, and a clear error for
+    a kind this torch cannot run for the dtype."""
     from worker.models.llama import linear
 
     shapes = ((48, 32), (32, 48))
+    for dtype in (torch.float32, torch.bfloat16):
+        if "onednn" in cpu_linear_candidates(dtype):
+            assert cpu_linear_kind(dtype, shapes) == "onednn"
+    monkeypatch.setattr(linear, "cpu_linear_candidates", lambda dtype: tuple(
+        k for k in FP32_KINDS if k != "onednn"))
     misses = linear._fastest.cache_info().misses
     first = cpu_linear_kind(torch.float32, shapes)
-    assert first in FP32_KINDS and linear._fastest.cache_info().misses == misses + 1
+    assert first in FP32_KINDS and first != "onednn" and linear._fastest.cache_info().misses == misses + 1
     assert cpu_linear_kind(torch.float32, shapes) == first and linear._fastest.cache_info().misses == misses + 1
+    monkeypatch.undo()
     for kind in FP32_KINDS:
         assert cpu_linear_kind(torch.float32, shapes, kind) == kind
     with pytest.raises(ValueError, match="fp32 only" if torch._C.has_mkl else "cpu_linear"):
         cpu_linear_kind(torch.bfloat16, shapes, "mkl")
+
+
+@pytest.mark.skipif("onednn" not in cpu_linear_candidates(torch.float32), reason="torch without oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [576, 1536])  # above 1024 columns oneDNN's one-row path sums differently
+def test_a_onednn_row_alone_gets_the_bits_it_gets_beside_other_rows(dtype, k):
+    """A decode row's product does not depend on the rows beside it (batch invariance): one row
+    runs as two (oneDNN's one-row path differs in the last bits), and from two rows on oneDNN's
+    rows are its rows alone."""
+    from worker.models.llama.linear import PackedLinear
+
+    gen = torch.Generator().manual_seed(k)
+    lin = PackedLinear(torch.randn(96, k, generator=gen) * 0.02, None, "onednn", dtype)
+    x = torch.randn(40, k, generator=gen).to(dtype)
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(40)])
+    for m in (2, 3, 8, 17, 40):
+        assert torch.equal(lin(x[:m]), alone[:m]), m
+    assert torch.equal(lin.add(x[:1, :96].float(), x[:1]), lin(x[:1]) + x[:1, :96].float())
 
 
 @pytest.mark.parametrize("value,options", [("blas9000", {}), ("onednn", {"runner": "hf"}),

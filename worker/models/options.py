@@ -62,8 +62,9 @@ class ModelOptions:
       default) is off, as in vLLM and TGI. The slotserve runner on CPU only.
     - ``cpu_linear``: the GEMM library of fp32/bf16 linears on CPU (slotserve
       runner): ``"dense"`` (``F.linear``), ``"mkl"`` (MKL's packed sgemm, fp32
-      only), ``"onednn"`` (oneDNN's packed layout), or ``"auto"``: the one
-      measured fastest on this CPU at load
+      only), ``"onednn"`` (oneDNN's packed layout), or ``"auto"``: ``"onednn"``
+      where torch has it (its rows do not depend on the rows beside them), else
+      the one measured fastest on this CPU at load
       (:func:`worker.models.llama.linear.cpu_linear_kind`).
     - ``num_threads``: torch CPU threads for the process (None: torch's default).
     - ``prefix_cache_mb``: MiB of KV kept for prefix caching

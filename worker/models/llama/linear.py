@@ -20,10 +20,10 @@ stored and which kernel multiplies it:
   :class:`ConcatLinear` runs a fused q/k/v or gate/up whose parts the file
   stores in different formats.
 
-On CPU, fp32 and bf16 use whichever of ``dense``, ``mkl`` and ``onednn`` is
-measured fastest on the CPU at hand for the model's layer shapes
-(:func:`cpu_linear_kind`, once per process): the order flips between CPUs
-(measured below and in :class:`PackedLinear`).
+On CPU, fp32 and bf16 use ``onednn`` where torch has it (the kind whose rows do not depend on
+the rows beside them), else whichever of ``dense`` and ``mkl`` is measured fastest on the CPU at
+hand for the model's layer shapes (:func:`cpu_linear_kind`, once per process): the order flips
+between CPUs (measured below and in :class:`PackedLinear`).
 
 The weight-only kernels take bf16 activations (their fp32 CPU paths are not
 vectorised: tens of times slower, measured), so ``x`` is rounded to bf16 on
@@ -117,8 +117,8 @@ class PackedLinear:
       activations: ``x`` is rounded on the way in and the product returned in
       ``x``'s dtype.
 
-    Which one a runner uses is measured on the CPU at hand
-    (:func:`cpu_linear_kind`): on a 2-core Ice Lake Xeon MKL's packed fp32 was
+    Which one a runner uses: oneDNN's where it exists (:func:`cpu_linear_kind`: its rows are
+    batch-invariant), or the one named. Measured: on a 2-core Ice Lake Xeon MKL's packed fp32 was
     the faster (a decode step at 8 slots 86 -> 59 ms; oneDNN's fused residual
     add alone cost 15 ms of the 86, so the add is a separate in-place op), on a
     2-core AMD EPYC with avx512_bf16 oneDNN's (30 layers of SmolLM2-135M at 8
@@ -149,6 +149,14 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.weight, self._shape, self.bias, x.numel() // self.in_features)
+        if x.dim() == 2 and x.shape[0] == 1:
+            # oneDNN multiplies one row on another path (a matrix-vector product) whose sums
+            # differ in the last bits from that row's among others (fp32 and bf16, K above 1024,
+            # measured on a 2-core Zen 4: every row of 12 in fp32, 1-3 of 12 in bf16), and from
+            # two rows on a row's result does not depend on the rows beside it (the same bits
+            # at 2 to 600 rows): so one row runs as two, and a request's tokens do not depend
+            # on whether it decoded alone (batch invariance)
+            return self(x.expand(2, -1))[:1]
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
@@ -184,9 +192,17 @@ def cpu_linear_candidates(dtype: torch.dtype) -> tuple[str, ...]:
 
 def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], named: str | None = None,
                     rows: tuple[int, ...] = (1, 8, 64)) -> str:
-    """The CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``: ``named``, or the fastest.
+    """The CPU linear kind for ``dtype`` weights of ``shapes`` ``(N, K)``: ``named``, else
+    ``"onednn"`` where this build has it, else the fastest.
 
-    Without ``named``, each candidate (:func:`cpu_linear_candidates`)
+    oneDNN's is the one kind whose row does not depend on the rows beside it (with
+    :class:`PackedLinear` running one row as two): ``dense`` and MKL's packed GEMM move a row
+    by up to ~2e-6 (fp32) with the call's row count, so a request's greedy tokens could follow
+    what it was batched with, and a prompt's logits how it was chunked (a prefix-cache hit).
+    It is also the fastest measured on a 2-core AMD EPYC (fp32 and bf16); on a 2-core Intel
+    Ice Lake MKL's packed fp32 was ~25 % faster at 1-8 rows (``--cpu-linear mkl`` names it).
+
+    Without oneDNN, each candidate (:func:`cpu_linear_candidates`)
     multiplies random weights of ``shapes`` by ``rows``-row activations; the
     lowest sum over ``rows`` of the best of 6 passes wins. The candidates take
     turns pass by pass, so a burst of load from elsewhere slows all of them
@@ -198,6 +214,8 @@ def cpu_linear_kind(dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], nam
     bound_onednn_caches()  # before the first oneDNN product: the libraries read it once
     candidates = cpu_linear_candidates(dtype)
     if named is None:
+        if "onednn" in candidates:
+            return "onednn"
         return _fastest(candidates, dtype, tuple(shapes), tuple(rows))
     if named not in candidates:
         why = "MKL's packed GEMM is fp32 only" if named == "mkl" and torch._C.has_mkl else (

@@ -276,8 +276,9 @@ class LlamaWeights:
 
 def cpu_kind(precision: str, shape: LlamaShape, device: str, cpu_linear: str) -> str | None:
     """The CPU linear kind for ``precision`` (``"bf16"``, else fp32) weights of ``shape``'s layers:
-    ``cpu_linear``, or with ``"auto"`` the GEMM library measured fastest for those shapes on this
-    CPU (:func:`~worker.models.llama.linear.cpu_linear_kind`, once per process); None off the CPU.
+    ``cpu_linear``, or with ``"auto"`` oneDNN's where torch has it, else the GEMM library measured
+    fastest for those shapes on this CPU (:func:`~worker.models.llama.linear.cpu_linear_kind`, once
+    per process); None off the CPU.
     Raises ValueError for a kind this torch cannot run."""
     if torch.device(device).type != "cpu":
         return None
