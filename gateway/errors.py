@@ -8,7 +8,7 @@ status  ``type``                        when
 ======  ==============================  =============================================
 400     ``invalid_request_error``       malformed JSON, wrong types, unknown fields,
                                         values the client or worker validation refuses;
-                                        prompt + ``max_tokens`` over the model's context
+                                        prompt + ``max_tokens`` over the served context
                                         (``context_length_exceeded``, OpenAI's code, whichever
                                         side found it: the client for token ids, the worker
                                         for text and chat); a body declared as anything but

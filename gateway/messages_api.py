@@ -11,7 +11,8 @@ Messages field              on the chat path
                             ``text`` (joined), an assistant's ``tool_use`` (its ``tool_calls``,
                             ``input`` as the JSON text of the arguments), a user's
                             ``tool_result`` (a ``tool`` message before the user's text, its
-                            ``content`` a string or ``text`` blocks); an assistant's
+                            ``content`` a string or ``text`` blocks; its ``tool_use_id`` that
+                            of an earlier ``tool_use``); an assistant's
                             ``thinking`` / ``redacted_thinking`` blocks are left out
 ``max_tokens`` (required)   ``max_tokens``
 ``stop_sequences``          ``stop`` (at most 4, the chat path's bound)
@@ -117,8 +118,10 @@ _PARAMS = ((r"messages(\..*)?", "messages"), (r"stop", "stop_sequences"),
 
 def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list[dict]:
     """The chat messages of ``system`` and ``messages`` (see the module's table); 400 naming the
-    field for a block it does not take."""
+    field for a block it does not take, or for a ``tool_result`` whose ``tool_use_id`` is the id of
+    no ``tool_use`` block before it (Anthropic refuses it: a result must answer a call)."""
     out: list[dict] = []
+    call_ids: set[str] = set()  # the ids of the tool_use blocks so far
     if system is not None:
         out.append({"role": "system", "content": _text(system, "system")})
     for i, m in enumerate(messages):
@@ -141,8 +144,14 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
             elif kind == "tool_use" and role == "assistant":
                 calls.append({"id": string_field(block, "id", at), "type": "function", "function": {
                     "name": string_field(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
+                call_ids.add(calls[-1]["id"])
             elif kind == "tool_result" and role == "user":
-                results.append({"role": "tool", "tool_call_id": string_field(block, "tool_use_id", at),
+                use_id = string_field(block, "tool_use_id", at)
+                if use_id not in call_ids:
+                    raise bad_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {use_id:.80}. Each "
+                                      "`tool_result` block must answer a `tool_use` block of an earlier assistant "
+                                      "message", f"{at}.tool_use_id")
+                results.append({"role": "tool", "tool_call_id": use_id,
                                 "content": _text(block.get("content", ""), f"{at}.content")})
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
                 allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"

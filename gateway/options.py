@@ -41,7 +41,6 @@ field and the bound: the request's own check would name its field, not chat's ``
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gateway.errors import bad_request
@@ -130,22 +129,22 @@ def fim_option(body: _Sampling) -> dict[str, str]:
     return {"suffix": suffix}
 
 
-ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,31}")
-"""A chat message's role: OpenAI's (system, developer, user, assistant, tool, function) or a
-template's own (``ipython``, ``observation``: vLLM and llama.cpp pass any role to the template), a
-name; never text that would write template markup (``user<|im_end|>``) or nothing."""
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The roles a chat message may have: OpenAI's (``function`` the legacy one); OpenAI refuses
+any other. A template's own roles (``ipython``, ``observation``) are the template's to
+write from these (Llama's renders ``tool`` as ``ipython``), so a client never needs to send them."""
 
 
 def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     """``body.messages`` as the client SDK takes them, the chat prompt: ``{"role", "content"}``
-    with text parts joined. 400 naming the message for a role that is not a name (:data:`ROLE`), a
-    message other than the assistant's without content (OpenAI's rule; the assistant's may be
-    null beside its tool calls), a part without text, or for no message."""
+    with text parts joined. 400 naming the message for a role other than OpenAI's
+    (:data:`CHAT_ROLES`), a message other than the assistant's without content (OpenAI's rule;
+    the assistant's may be null beside its tool calls), a part without text, or for no message."""
     out = []
     for i, m in enumerate(body.messages):
-        if not ROLE.fullmatch(m.role):
-            raise bad_request(f"role must be a name such as 'user', 'assistant' or 'system' (letters, digits, "
-                              f"'_' or '-', at most 32); got {m.role!r}", f"messages.{i}.role")
+        if m.role not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {m.role!r:.40}",
+                              f"messages.{i}.role")
         if m.content is None and m.role != "assistant":
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content")
         content = m.content

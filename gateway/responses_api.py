@@ -11,8 +11,9 @@ Responses field            on the chat path
                            ``developer`` as ``system``; content a string or ``input_text`` /
                            ``output_text`` parts), ``function_call`` items (the assistant's
                            ``tool_calls``, joined to the assistant message before them),
-                           ``function_call_output`` items (``tool`` messages); ``reasoning``
-                           items are left out (chat templates drop past thinking)
+                           ``function_call_output`` items (``tool`` messages; each answers a
+                           ``function_call`` before it, here or in the previous response);
+                           ``reasoning`` items are left out (chat templates drop past thinking)
 ``instructions``           a ``system`` message first (not carried to the next response)
 ``previous_response_id``   the stored conversation first (:mod:`gateway.response_store`)
 ``max_output_tokens``      ``max_tokens``
@@ -62,7 +63,7 @@ from gateway.errors import APIError, bad_request
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
-from gateway.schemas import ChatCompletionRequest
+from gateway.schemas import ChatCompletionRequest, Metadata
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
     string_field, unsupported_field
 
@@ -89,7 +90,7 @@ class ResponsesRequest(BaseModel):
     stream: bool | None = None
     store: bool | None = None
     # accepted, not used
-    metadata: dict[str, str] | None = None
+    metadata: Metadata = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     user: str | None = None
@@ -130,11 +131,14 @@ _PARAMS = (
 )
 
 
-def input_messages(value: str | list[dict]) -> list[dict]:
-    """The chat messages of ``input`` (see the module's table); 400 naming ``input.N...`` for an
-    item it does not take."""
+def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) -> list[dict]:
+    """The chat messages of ``input`` (see the module's table), which continue the chat messages
+    ``earlier`` (the stored conversation of ``previous_response_id``); 400 naming ``input.N...`` for
+    an item it does not take, or for a ``function_call_output`` whose ``call_id`` is the id of no
+    ``function_call`` before it, in ``input`` or ``earlier`` (OpenAI's rule and message)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
+    call_ids = {call["id"] for m in earlier for call in m.get("tool_calls") or ()}
     out: list[dict] = []
     for i, item in enumerate(value):
         where = f"input.{i}"
@@ -153,8 +157,13 @@ def input_messages(value: str | list[dict]) -> list[dict]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            call_ids.add(call["id"])
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": string_field(item, "call_id", where),
+            call_id = string_field(item, "call_id", where)
+            if call_id not in call_ids:
+                raise bad_request(f"No tool call found for function call output with call_id {call_id:.80}.",
+                                  f"{where}.call_id")
+            out.append({"role": "tool", "tool_call_id": call_id,
                         "content": _text(item.get("output"), f"{where}.output")})
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
@@ -245,7 +254,7 @@ class ResponsesTranslation:
             raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
         if body.input is None:
             raise bad_request("Missing required parameter: 'input'", "input", "missing_required_parameter")
-        self.history += input_messages(body.input)
+        self.history += input_messages(body.input, self.history)
         system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
         chat = chat_request({
             "model": body.model, "messages": system + self.history, "max_tokens": body.max_output_tokens,

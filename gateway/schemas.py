@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
@@ -119,6 +119,32 @@ def _logit_bias(value: Any) -> Any:
     return value
 
 
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+"""OpenAI's bounds on ``metadata`` (its API reference, "Metadata"): at most 16 pairs, keys of at
+most 64 characters, string values of at most 512."""
+
+
+def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """``metadata`` within OpenAI's bounds (after its type: a map of strings), else the error saying which."""
+    if value is None:
+        return value
+    if len(value) > MAX_METADATA_KEYS:
+        raise PydanticCustomError("invalid_value", f"metadata holds {len(value)} keys; at most "
+                                  f"{MAX_METADATA_KEYS} are allowed")
+    for key, text in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise PydanticCustomError("invalid_value", f"a metadata key ({key[:24]!r}...) is {len(key)} "
+                                      f"characters long; at most {MAX_METADATA_KEY_CHARS} are allowed")
+        if len(text) > MAX_METADATA_VALUE_CHARS:
+            raise PydanticCustomError("invalid_value", f"metadata[{key!r}] is {len(text)} characters long; at most "
+                                      f"{MAX_METADATA_VALUE_CHARS} are allowed")
+    return value
+
+
+Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata)]
+"""A body's ``metadata`` (the caller's tags, not used): string keys and values within OpenAI's bounds."""
+
+
 def _neutral(value: Any, allowed: tuple) -> bool:
     """True when ``value`` is one of ``allowed`` with the same type (so ``0`` is not ``False``)."""
     return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
@@ -181,7 +207,7 @@ class _Sampling(BaseModel):
     # OpenAI fields slotserve does not implement: refused unless neutral
     service_tier: Any = None
     store: Any = None
-    metadata: dict[str, str] | None = None    # the caller's tags; not used
+    metadata: Metadata = None                 # the caller's tags; not used
 
     def unsupported(self) -> str | None:
         """The first field set to a value slotserve cannot honour, else None."""

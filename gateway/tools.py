@@ -164,19 +164,28 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
     assistant message's ``tool_calls`` (``raw[i].tool_calls``, OpenAI's shape) checked and carried
     (the worker renders them), a ``tool`` message's ``tool_call_id`` checked and carried, and a
     message's ``name`` carried (templates read them: Mistral's the id, others the tool's name;
-    :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id."""
+    :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id, or
+    for a tool message whose ``tool_call_id`` is the id of no call in an earlier assistant message
+    (OpenAI refuses it: a result must answer a call the model made; a call sent without an id,
+    which is taken, may be answered by any)."""
     out = []
+    call_ids: set[str] = set()  # the ids of the assistant's calls so far ("" for a call sent without one)
     for i, (m, r) in enumerate(zip(messages, raw)):
         calls = getattr(r, "tool_calls", None)
         if calls:
             if m["role"] != "assistant" or not isinstance(calls, list):
                 raise bad_request("tool_calls belong to assistant messages, as a list", f"messages.{i}.tool_calls")
             m = {**m, "tool_calls": [_checked_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(calls)]}
+            call_ids.update(c["id"] for c in m["tool_calls"])
         if m["role"] == "tool":
             call_id = getattr(r, "tool_call_id", None)
             if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_NAME_CHARS:
                 raise bad_request("a tool message needs the tool_call_id of the call it answers (a string of "
                                   f"at most {MAX_MESSAGE_NAME_CHARS} characters)", f"messages.{i}.tool_call_id")
+            if call_id not in call_ids and "" not in call_ids:
+                raise bad_request(f"messages[{i}].tool_call_id {call_id!r:.80} is the id of no tool call in an "
+                                  "earlier assistant message: give the id of the call this message answers (and "
+                                  "the assistant message with that call before it)", f"messages.{i}.tool_call_id")
             m = {**m, "tool_call_id": call_id}
         name = getattr(r, "name", None)
         if name:

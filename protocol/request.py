@@ -1030,12 +1030,13 @@ class ModelLimits:
         if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
             if prompt_len < max_seq_len:
                 return  # (the engine lowers max_tokens to what the context leaves: fit())
-            raise ContextLengthError(f"prompt ({prompt_len} tokens) leaves no room to generate in the model's "
-                                     f"context of {max_seq_len} tokens; shorten the prompt")
+            raise ContextLengthError(f"prompt ({prompt_len} tokens) leaves no room to generate in the served "
+                                     f"context of {max_seq_len} tokens (--max-model-len); shorten the prompt")
         if max_seq_len is not None and prompt_len is not None and prompt_len + params.max_tokens > max_seq_len:
             raise ContextLengthError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
-                f"exceeds the model's context of {max_seq_len} tokens; shorten the prompt or lower max_tokens")
+                f"exceeds the served context of {max_seq_len} tokens (--max-model-len); shorten the prompt or lower "
+                "max_tokens")
 
     def fit(self, params: RequestParams, prompt_len: int) -> RequestParams:
         """``params`` whose ``max_tokens`` fits the context after a prompt of ``prompt_len`` tokens

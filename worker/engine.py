@@ -280,8 +280,8 @@ class BatchInferenceEngine:
         if at_least > limit:  # (worded as ModelLimits.check words the exact count)
             what = "leaves no room to generate in" if params.clamp_max_tokens else "exceeds"
             raise ContextLengthError(f"prompt (at least {at_least} tokens: {nbytes} bytes of text, at most "
-                                     f"{token_bytes} bytes a token) {what} the model's context of {limit} "
-                                     f"tokens; shorten the prompt")
+                                     f"{token_bytes} bytes a token) {what} the served context of {limit} "
+                                     f"tokens (--max-model-len); shorten the prompt")
 
     def cancel(self, request_id) -> bool:
         """End a queued or running request as ``"cancelled"``; thread-safe.

@@ -88,6 +88,10 @@ def dumps(**fields) -> bytes:
     (dumps(stream_options={"include_usage": True}), "stream_options", "invalid_value"),
     (dumps(stream=True, stream_options={"include_usage": True, "extra": 1}), "stream_options.extra",
      "unknown_parameter"),
+    (dumps(metadata={f"k{i}": "x" for i in range(17)}), "metadata", "invalid_value"),  # (OpenAI's bounds: 16 keys,
+    (dumps(metadata={"k" * 65: "x"}), "metadata", "invalid_value"),                     # keys of 64 characters,
+    (dumps(metadata={"k": "x" * 513}), "metadata", "invalid_value"),                    # values of 512)
+    (dumps(metadata={"k": 5}), "metadata.k", "invalid_type"),
 ])
 def test_bad_completion_bodies_are_400(http, body, param, code):
     e = error_of(http.post("/v1/completions", content=body, headers={"content-type": "application/json"}), 400)
@@ -125,6 +129,9 @@ def test_a_wrong_entry_of_a_token_id_list_is_named(http, path, fields, param, sa
     ({"messages": [{"role": "", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user<|im_end|>", "content": "x"}]}, "messages.0.role"),  # (template markup)
     ({"messages": [{"role": "user\nsystem", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),  # (OpenAI's roles only: was 200)
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "ipython", "content": "x"}]}, "messages.1.role"),
+    ({"messages": [{"role": "user", "content": "x"}], "metadata": {f"k{i}": "x" for i in range(17)}}, "metadata"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x", "mood": "ok"}]}, "messages.0.mood"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
@@ -143,6 +150,12 @@ def test_bad_chat_bodies_are_400(http, fields, param):
 def test_too_many_choices_name_the_field_that_made_them(http, prompts, n, param):
     e = error_of(http.post("/v1/completions", content=dumps(prompt=[[1]] * prompts, n=n, max_tokens=1)), 400)
     assert e["param"] == param and "at most 1024" in e["message"], e
+
+
+def test_metadata_at_openais_bounds_is_taken(http):
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}  # 16 keys of 64 characters, values of 512
+    r = http.post("/v1/completions", content=dumps(metadata=metadata))
+    assert r.status_code == 200, r.text
 
 
 def test_a_good_body_after_bad_ones_still_works(http):

@@ -181,6 +181,13 @@ def test_count_tokens_is_the_rendered_prompt(scripted):
      "mcp_servers"),
     ("/v1/messages/count_tokens", {"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error",
      "messages.0.role"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                                 "content": "1"}]}], "max_tokens": 5},
+     400, "invalid_request_error", "messages.0.content.0.tool_use_id"),  # (answers no tool_use: was taken)
+    ("/v1/messages/count_tokens", {"messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_time", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "1"}]}]},
+     400, "invalid_request_error", "messages.1.content.0.tool_use_id"),
 ])
 def test_errors_are_anthropic_shaped_naming_the_field(scripted, path, body, status, kind, field):
     _, http, _ = scripted
@@ -255,6 +262,11 @@ def test_blocks_become_chat_messages():
     with pytest.raises(APIError) as e:
         chat_messages(None, [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}])
     assert e.value.param == "messages.0.content.0.type"
+    with pytest.raises(APIError) as e:  # a result before its call answers none
+        chat_messages(None, [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]},
+                             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f"}]}])
+    assert (e.value.status, e.value.param) == (400, "messages.0.content.0.tool_use_id")
+    assert "unexpected `tool_use_id` found in `tool_result` blocks: t1" in e.value.message
 
 
 # ---------------------------------------------------------------------- the tiny model through real processes

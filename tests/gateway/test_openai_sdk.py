@@ -270,7 +270,7 @@ def test_context_exceeded_is_the_same_400_on_every_path(cluster, text_model, str
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", param), e
-    assert "exceeds the model's context of 512 tokens" in e["message"]
+    assert "exceeds the served context of 512 tokens (--max-model-len)" in e["message"]
 
 
 def test_text_for_a_model_without_tokenizer_is_400(oai):

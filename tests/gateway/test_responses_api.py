@@ -167,11 +167,35 @@ def test_get_delete_and_unknown_ids(scripted):
     ({"input": None}, "input", "missing_required_parameter"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", None),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}]}, "input", None),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input.0.call_id",
+     "invalid_value"),  # (answers no call: was taken)
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"},
+                {"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "{}"}]},
+     "input.0.call_id", "invalid_value"),  # (the call comes after its output)
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "invalid_value"),  # OpenAI's bounds: 16 keys,
+    ({"metadata": {"k" * 65: "v"}}, "metadata", "invalid_value"),                    # keys of 64 characters,
+    ({"metadata": {"k": "v" * 513}}, "metadata", "invalid_value"),                   # values of 512
 ])
 def test_bad_bodies_are_400_naming_the_responses_field(scripted, extra, param, code):
     _, http, _ = scripted
     err = error_of(http.post("/v1/responses", json={"model": "m", "input": "plain", **extra}), 400)
     assert err["param"] == param and (code is None or err["code"] == code), err
+
+
+def test_an_output_answering_no_call_says_so_as_openai_does(scripted):
+    _, http, client = scripted
+    first = {"type": "function_call", "call_id": "call_a", "name": "get_time", "arguments": "{}"}
+    body = {"model": "m", "tools": FUNCTIONS, "max_output_tokens": 100, "store": False,
+            "input": [first, {"type": "function_call_output", "call_id": "call_b", "output": "1"}]}
+    err = error_of(http.post("/v1/responses", json=body), 400)
+    assert err["message"] == "No tool call found for function call output with call_id call_b.", err
+    assert err["param"] == "input.1.call_id" and not client.submitted
+
+
+def test_metadata_at_openais_bounds_is_echoed(scripted):
+    sdk, _, _ = scripted
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}  # 16 keys of 64 characters, values of 512
+    assert sdk.responses.create(model="m", input="plain", max_output_tokens=100, metadata=metadata).metadata == metadata
 
 
 def test_structured_output_reaches_the_chat_path(scripted):
@@ -263,6 +287,14 @@ def test_input_items_become_chat_messages():
     with pytest.raises(APIError) as e:
         input_messages([{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}])
     assert e.value.param == "input.0.call_id"
+    # an output answers a call of the conversation it continues (previous_response_id's), or none: a 400
+    output = {"type": "function_call_output", "call_id": "c9", "output": "1"}
+    earlier = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    assert input_messages([output], earlier) == [{"role": "tool", "tool_call_id": "c9", "content": "1"}]
+    with pytest.raises(APIError) as e:
+        input_messages([output], [{"role": "user", "content": "hi"}])
+    assert e.value.param == "input.0.call_id" and e.value.status == 400
 
 
 def test_the_store_is_bounded_by_count_and_age():

@@ -237,8 +237,8 @@ class WorkerRefusesTextOverContext(ScriptedClient):
 
         if isinstance(h.params.prompt, str):
             h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, (
-                f"prompt (64 tokens) + max_tokens ({h.params.max_tokens}) = 65 exceeds the model's context of 64 "
-                "tokens; shorten the prompt or lower max_tokens")), 0.0)
+                f"prompt (64 tokens) + max_tokens ({h.params.max_tokens}) = 65 exceeds the served context of 64 "
+                "tokens (--max-model-len); shorten the prompt or lower max_tokens")), 0.0)
             h.callback([])
             h._done = True
             return

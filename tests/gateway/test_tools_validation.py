@@ -114,6 +114,28 @@ def test_a_call_given_as_an_object_or_without_id_and_type_is_taken(http):
     assert object_call.arguments == '{"city": "Zürich"}' and bare_call == ("", "get_weather", "{}")
 
 
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+     "messages.1.tool_call_id"),                                                  # no call at all
+    (history(good_call(id="c2")), "messages.2.tool_call_id"),                      # another call's id
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+      {"role": "assistant", "content": None, "tool_calls": [good_call()]}], "messages.1.tool_call_id"),  # call after
+])
+def test_a_tool_message_answering_no_earlier_call_is_a_400(http, messages, param):
+    # was taken and rendered as the result of a call the model never made (OpenAI refuses it)
+    e = error_of(chat(http, tools=[WEATHER], messages=messages), 400)
+    assert (e["param"], e["code"]) == (param, "invalid_value") and "'c1'" in e["message"], e
+    assert not http.scripted.submitted
+
+
+def test_tool_messages_answering_earlier_calls_are_taken(http):
+    two = [good_call(), good_call(id="c2")]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": two},
+                {"role": "tool", "tool_call_id": "c2", "content": "1"}, {"role": "user", "content": "and?"},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]  # (any earlier call, in any order)
+    assert chat(http, tools=[WEATHER], messages=messages).status_code == 200
+
+
 @pytest.mark.parametrize("arguments", ["", "  ", None, "absent"])
 def test_a_call_without_arguments_in_the_history_is_taken_as_empty(http, arguments):
     """Kind "a history field a client may leave empty" (issue 33): a call without arguments sent

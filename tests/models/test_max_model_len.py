@@ -76,7 +76,7 @@ def test_the_simulated_model_refuses_it():
 def test_the_engine_refuses_a_request_over_it_as_over_the_context(path, runner):
     engine = BatchInferenceEngine(load_model(path, runner=runner, max_model_len=32), batch_size=2)
     with pytest.raises(ContextLengthError, match=r"prompt \(20 tokens\) \+ max_tokens \(13\) = 33 exceeds the "
-                                                 r"model's context of 32 tokens; shorten the prompt or lower max_tokens"):
+                                                 r"served context of 32 tokens \(--max-model-len\); shorten the prompt or lower max_tokens"):
         engine.submit_request(list(range(2, 22)), 13)
     assert ContextLengthError.code.value == "context_length_exceeded"
     fits = engine.submit_request(list(range(2, 22)), 12)  # exactly 32

@@ -433,7 +433,7 @@ def test_context_exceeded_has_its_own_code_for_every_prompt_kind(params, prompt_
     from protocol.errors import ContextLengthError
     from protocol.request import ModelLimits
 
-    with pytest.raises(ContextLengthError, match="exceeds the model's context of 4 tokens") as e:
+    with pytest.raises(ContextLengthError, match=r"exceeds the served context of 4 tokens \(--max-model-len\)") as e:
         ModelLimits(max_seq_len=4).check(params, prompt_len)
     assert isinstance(e.value, ValueError) and e.value.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
     ModelLimits(max_seq_len=5).check(params, prompt_len)  # exactly full is fine

@@ -61,7 +61,7 @@ BAD_REQUESTS = [
     (([1], 5), {"resume_tokens": [VOCAB]}, "outside the model's vocabulary"),
     (([1], 5), {"callback": 42}, "callback must be callable"),
     (([1], 5), {"on_token": "print"}, "on_token must be callable"),
-    (([1] * 60, 41), {}, "exceeds the model's context of 100 tokens"),
+    (([1] * 60, 41), {}, "exceeds the served context of 100 tokens"),
 ]
 
 
