@@ -129,8 +129,6 @@ def test_a_wrong_entry_of_a_token_id_list_is_named(http, path, fields, param, sa
     ({"messages": [{"role": "", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user<|im_end|>", "content": "x"}]}, "messages.0.role"),  # (template markup)
     ({"messages": [{"role": "user\nsystem", "content": "x"}]}, "messages.0.role"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),  # (OpenAI's roles only: was 200)
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "ipython", "content": "x"}]}, "messages.1.role"),
     ({"messages": [{"role": "user", "content": "x"}], "metadata": {f"k{i}": "x" for i in range(17)}}, "metadata"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x", "mood": "ok"}]}, "messages.0.mood"),

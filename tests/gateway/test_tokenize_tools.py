@@ -103,7 +103,6 @@ def test_without_the_generation_prompt_the_calls_are_still_rendered(setup):
      "messages.1.tool_calls.0.function.arguments"),
     ({"prompt": "hello", "tools": TOOLS}, "tools"),
     ({"messages": [HISTORY[0], {**HISTORY[2], "tool_call_id": "call_9"}]}, "messages.1.tool_call_id"),  # no call 9
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),  # (OpenAI's roles only, as chat)
 ])
 def test_malformed_tool_parts_are_a_400_naming_them(setup, body, param):
     http, _, _ = setup
