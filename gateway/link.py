@@ -35,6 +35,17 @@ CONTROL_MODEL = "simulated"
 serves requests for that model, so a simulated cluster needs one connection."""
 
 
+def not_found(model: str, names: dict[str, str]) -> str:
+    """The 404 message for ``model``, a name no worker serves nor any model on demand: the names a
+    request may give (``names``: name -> ``"loaded"`` or the state of a model on demand, as
+    :meth:`BrokerConnections.model_states`) and, where one differs from ``model`` only in case, that
+    one (model names are case-sensitive, as OpenAI's)."""
+    same = [n for n in names if n.lower() == model.lower()]
+    hint = f"; did you mean `{same[0]}`?" if same else ""
+    listed = ", ".join(n if state == "loaded" else f"{n} ({state})" for n, state in sorted(names.items()))
+    return f"The model `{model:.200}` does not exist: no slotserve worker serves it (models: {listed or 'none'}){hint}"
+
+
 class BrokerConnections:
     """Connections, the last broker status, and per-model clients (event loop only)."""
 
@@ -221,9 +232,7 @@ class BrokerConnections:
             model = st.aliases.get(model, model)
             c = self._clients.get(model)
             if model not in st.models:
-                served = ", ".join(sorted(self.served(st))) or "none"
-                raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it "
-                                    f"(served now: {served})", param="model", code="model_not_found")
+                raise APIError(404, not_found(model, self.model_states(st)), param="model", code="model_not_found")
             if st.models[model].workers == 0 and model not in self.config.on_demand_models:
                 raise unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
         if c is not None:

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_value_error, unavailable
-from gateway.link import BrokerConnections
+from gateway.link import BrokerConnections, not_found
 from gateway.options import chat_messages, template_option
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
@@ -133,8 +133,8 @@ class TokenizeEndpoints:
                               "request or POST /models/load loads it (GET /v1/models says when); retry then")
         elif served and model not in served and model not in (served := self.link.served(await self.link.refresh())):
             # (refreshed first: the last poll may predate the model's first worker, as client_for does)
-            raise APIError(404, f"The model `{model}` does not exist: no slotserve worker serves it (served now: "
-                                f"{', '.join(sorted(served))})", param="model", code="model_not_found")
+            names = {**{n: "unloaded" for n in self.link.config.on_demand_models}, **dict.fromkeys(served, "loaded")}
+            raise APIError(404, not_found(model, names), param="model", code="model_not_found")
         tok = await self.tokenizers.get(self.link.served_name(model))
         if tok is None:
             raise bad_request(f"/tokenize and /detokenize need the model's tokenizer, and "

@@ -111,7 +111,7 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
         where = f"tools.{i}"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
             raise bad_request(f"{where} must be {{\"type\": \"function\", \"function\": {{name, description, "
-                              "parameters}}}}", where)
+                              f"parameters}}}}", where)
         fn = tool["function"]
         if set(tool) != {"type", "function"}:
             extra = sorted(set(tool) - {"type", "function"})[0]

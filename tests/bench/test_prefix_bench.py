@@ -54,11 +54,16 @@ def test_summary_prefilled_and_hit_rate_come_from_cached_tokens():
 
 
 def test_rss_peak_sees_memory_touched_inside_the_block():
+    import mmap
+
     with prefix.RssPeak([os.getpid()], interval_s=0.01) as rss:
-        block = bytearray(64 * 2**20)  # 64 MiB, every page written (zeroed)
+        # 64 MiB of fresh pages, each written: an anonymous mapping of its own (a bytearray came from
+        # the heap, whose freed pages stay resident once a test has set worker.models.heap's
+        # reuse_freed_memory: RSS did not grow, and the test failed after such a test)
+        block = mmap.mmap(-1, 64 * 2**20)
         block[:: 4096] = b"x" * len(block[:: 4096])
     report = rss.report(1000.0)
-    del block
+    block.close()
     assert report["rss_growth_mb"][0] >= 48  # the sampler's last look is at exit, after the touch
     assert report["within_budget"] is True
     assert prefix.RssPeak([os.getpid()]).report(1.0).get("within_budget") is True  # no growth yet

@@ -118,6 +118,32 @@ def test_a_model_on_demand_not_loaded_now_is_503_not_404_and_keeps_a_tokenizer_i
         assert http.post(path, json={**body, "model": "m"}).json() == served
 
 
+
+def test_an_unknown_model_is_told_every_name_and_the_one_it_differs_from_in_case():
+    """The 404 lists the models a request may name, those loaded on demand with their state, and
+    a name that differs from the one given only in case (names are case-sensitive)."""
+    import dataclasses
+
+    link = RefreshingLink(ScriptedClient())
+    link.config = dataclasses.replace(GatewayConfig(), on_demand_models=("Lazy-1B",))
+    app, _ = app_for(Tokenizers(letters), link)
+    with TestClient(app) as http:
+        r = http.post("/tokenize", json={"prompt": "ab", "model": "lazy-1b"})
+    error = r.json()["error"]
+    assert r.status_code == 404 and error["code"] == "model_not_found", r.text
+    assert "(models: Lazy-1B (unloaded), m)" in error["message"] and error["message"].endswith(
+        "did you mean `Lazy-1B`?"), error["message"]
+
+
+def test_the_not_found_message_lists_loaded_and_on_demand_names_and_hints_only_at_a_case_match():
+    from gateway.link import not_found
+
+    names = {"smollm2-135m": "loaded", "qwen2.5-coder-0.5b": "unloaded", "big": "loading"}
+    message = not_found("qwen2.5-coder-0.5B", names)
+    assert "(models: big (loading), qwen2.5-coder-0.5b (unloaded), smollm2-135m)" in message
+    assert message.endswith("did you mean `qwen2.5-coder-0.5b`?")
+    assert "did you mean" not in not_found("gpt-4", names) and "(models: none)" in not_found("x", {})
+
 class GatedCodec(LetterCodec):
     """``encode`` / ``apply_chat_template`` wait (up to 5 s) for a ``decode`` to happen meanwhile: on the
     event loop they would block the ``/detokenize`` that releases them, so the wait would time out."""

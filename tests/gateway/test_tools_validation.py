@@ -292,3 +292,11 @@ def test_a_structured_spec_nested_past_the_recursion_limit_is_a_400(http):
             check_structured(spec)
     e = error_of(chat(http, structured_outputs={"json": DEEP}), 400)
     assert e["param"].startswith("structured_outputs") and "not valid JSON" in e["message"]
+
+
+def test_a_tool_without_the_function_wrapper_is_told_the_shape_it_needs(http):
+    """The message shows the expected shape with single braces (its format string once left
+    ``}}}}`` in the text)."""
+    e = error_of(chat(http, tools=[{"name": "f", "parameters": {"type": "object"}}]), 400)
+    assert e["param"] == "tools.0"
+    assert e["message"].endswith('{"type": "function", "function": {name, description, parameters}}'), e["message"]
