@@ -299,6 +299,7 @@ def test_a_onednn_row_alone_gets_the_bits_it_gets_beside_other_rows(dtype, k):
     for m in (2, 3, 8, 17, 40):
         assert torch.equal(lin(x[:m]), alone[:m]), m
     assert torch.equal(lin.add(x[:1, :96].float(), x[:1]), lin(x[:1]) + x[:1, :96].float())
+    assert torch.equal(lin(x[0]), alone[0]) and torch.equal(lin(x[:1].view(1, 1, k)), alone[:1].view(1, 1, 96))
 
 
 @pytest.mark.parametrize("value,options", [("blas9000", {}), ("onednn", {"runner": "hf"}),

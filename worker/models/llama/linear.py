@@ -149,14 +149,14 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.weight, self._shape, self.bias, x.numel() // self.in_features)
-        if x.dim() == 2 and x.shape[0] == 1:
+        if x.numel() == self.in_features and x.dim() >= 1:  # one row, whatever its leading shape ([K], [1, 1, K])
             # oneDNN multiplies one row on another path (a matrix-vector product) whose sums
             # differ in the last bits from that row's among others (fp32 and bf16, K above 1024,
             # measured on a 2-core Zen 4: every row of 12 in fp32, 1-3 of 12 in bf16), and from
             # two rows on a row's result does not depend on the rows beside it (the same bits
             # at 2 to 600 rows): so one row runs as two, and a request's tokens do not depend
             # on whether it decoded alone (batch invariance)
-            return self(x.expand(2, -1))[:1]
+            return self(x.reshape(1, -1).expand(2, -1))[:1].reshape(*x.shape[:-1], self.out_features)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
