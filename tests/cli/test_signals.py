@@ -319,7 +319,8 @@ def test_run_against_a_broker_with_a_stalled_stdin_stops_and_leaves_the_cluster_
 
 def _has_tokens(front) -> bool:
     with Client(front, connect_timeout_s=5) as c:
-        return c.status().models["simulated"].running > 0
+        model = c.status().models.get("simulated")  # (absent until the worker has registered)
+        return model is not None and model.running > 0
 
 
 def test_timeout_stops_like_a_signal(tmp_path):

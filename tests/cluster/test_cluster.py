@@ -278,7 +278,8 @@ def test_broker_restart_resumes_every_request_without_gap_or_duplicate(slow_clus
         assert c.broker_id != old_id
         # Both workers register with the new broker (each as soon as it hears
         # it is unknown there, within a heartbeat plus a reconnect).
-        wait_until(lambda: c.status().models["simulated"].workers == 2, 10, "both workers to re-register")
+        wait_until(lambda: getattr(c.status().models.get("simulated"), "workers", 0) == 2, 10,  # (absent at first)
+                   "both workers to re-register")
     assert [(h.result(), h.finish_reason) for h in hs] == expected
     for i, h in enumerate(hs):
         assert streamed[i] == h.tokens

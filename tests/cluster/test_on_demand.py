@@ -162,7 +162,8 @@ def test_a_request_in_flight_when_the_cluster_stops_still_gets_its_model_loaded(
         asker = threading.Thread(target=ask)
         asker.start()
         with Client(cluster.frontend, model="model-a", connect_timeout_s=10) as c:  # queued; no pass ran
-            wait_until(lambda: c.status().models["model-a"].queued, 30, "the request queued for model-a",
+            wait_until(lambda: getattr(c.status().models.get("model-a"), "queued", 0), 30,  # (absent until it arrives)
+                       "the request queued for model-a",
                        show=lambda: [(a.status_code, a.text) for a in answers])
     finally:
         t0 = time.monotonic()
