@@ -176,6 +176,66 @@ def test_only_steps_of_one_shape_are_compared():
     assert t.changes == 0 and t.current == 2
 
 
+def _drive_told(tuner: ThreadTuner, cost, keys) -> list[tuple[int, int, tuple]]:
+    """As :func:`drive`, the runner telling each step's shape beforehand: ``[(count, current, key)]``
+    (``current``: the tuner's count when the step was asked for)."""
+    used = []
+    for key in keys:
+        current = tuner.current
+        n = tuner.next_threads(key)
+        used.append((n, current, key))
+        tuner.record(key, cost(n, key))
+    return used
+
+
+def test_told_shapes_a_probe_runs_only_on_steps_of_one_shape():
+    """Decode steps with a prefill of another size every 4th step, on a loaded machine where 1 thread
+    is 3x cheaper: no prefill runs at a probed count, and the probes still find 1 thread."""
+    keys = [(8, 0, 0) if i % 4 else (8, 40 + i % 97, 0) for i in range(1500)]
+
+    def cost(n, key):
+        return (0.10 if n == 1 else 0.30) * (1 + key[1] / 10)
+
+    t = ThreadTuner(2)
+    used = _drive_told(t, cost, keys)
+    assert all(n == current for n, current, key in used if key[1])  # prefills: always the current count
+    probed = [key for n, current, key in used if n != current]
+    assert len(probed) >= t.rounds and set(probed) == {(8, 0, 0)}
+    assert t.current == 1 and t.changes == 1
+    assert [n for n, _, _ in used[-500:]].count(1) >= 480
+
+
+def test_told_shapes_a_probe_waits_for_a_steady_step():
+    """Every step another shape: a probe never starts (it could not compare), so every step runs at
+    the current count."""
+    t = ThreadTuner(2)
+    used = _drive_told(t, lambda n, key: 0.04, [(8, i, 0) for i in range(1, 600)])
+    assert {n for n, _, _ in used} == {2} and t.changes == 0
+
+
+def test_a_quiet_machine_ends_a_probe_after_one_clearly_slower_round():
+    """``busy`` says quiet: each probe runs one step at 1 thread (2x slower) and keeps 2 threads; with
+    ``busy`` unknown (None) each probe runs its ``rounds`` rounds."""
+    def cost(n, i):
+        return {1: 0.08, 2: 0.04}[n]
+
+    quiet = ThreadTuner(2, busy=lambda threads: False)
+    unknown = ThreadTuner(2)
+    used_quiet, used_unknown = drive(quiet, cost, 2000), drive(unknown, cost, 2000)
+    assert quiet.current == unknown.current == 2 and quiet.changes == unknown.changes == 0
+    probes = sum(1 for a, b in zip(used_quiet, used_quiet[1:]) if a == 2 and b == 1) + (used_quiet[0] == 1)
+    assert used_quiet.count(1) == probes  # one step a probe
+    assert used_unknown.count(1) >= unknown.rounds * probes
+
+
+def test_a_quiet_machine_still_takes_fewer_threads_that_are_faster():
+    """Quiet, but fewer threads are faster (a small model on many cores): the early end does not
+    apply, the probe runs its rounds and moves down."""
+    t = ThreadTuner(8, busy=lambda threads: False)
+    drive(t, lambda n, i: {1: 0.08, 2: 0.03, 4: 0.05, 8: 0.07}[n], 3000)
+    assert t.current == 2
+
+
 def test_one_thread_has_nothing_to_choose():
     t = ThreadTuner(1)
     assert drive(t, lambda n, i: 0.05, 100) == [1] * 100
@@ -261,9 +321,10 @@ def test_the_step_runs_at_the_tuners_count_with_the_same_tokens(gguf_path):
 
         class Flip:
             def __init__(self):
-                self.seen, self.n = [], 1
+                self.seen, self.told, self.n = [], [], 1
 
-            def next_threads(self):
+            def next_threads(self, key=None):
+                self.told.append(key)
                 self.n = 3 - self.n
                 return self.n
 
@@ -276,6 +337,7 @@ def test_the_step_runs_at_the_tuners_count_with_the_same_tokens(gguf_path):
         assert all(n == running for n, running, _, _ in flip.seen)
         keys = [key for _, _, key, _ in flip.seen]
         assert keys[0] == (0, 3 + 4 + 5 + 6, 0) and keys[1:] == [(4, 0, 0)] * 5  # prompts, then 4 decode rows
+        assert flip.told == keys  # each step's shape, told before it ran
         assert all(seconds > 0 for *_, seconds in flip.seen)
     finally:
         runner.thread_tuner = None

@@ -22,6 +22,19 @@ last one; the interval doubles, up to ``max_interval``, while probes keep the co
 over after a change, so a quiet machine pays a probe's extra cost rarely (5 steps at another
 count in every ~260 at the cap) and a change of load is answered within about ``max_interval`` steps.
 
+Two rules keep a quiet machine's probes cheap (measured: Qwen2.5-Coder-0.5B's GGUF, HE32 in
+process, 8 slots, 2 threads on a 2-core EPYC: the tuner of before this rule took 5 % longer than a
+fixed 2 threads, 38 of its 316 steps at 1 thread, 4 of them prefills that could never be compared):
+
+- When the runner says what the coming step is (``next_threads(key)``), a probe runs its counts only
+  on steps of one shape: a round begins on a step of the last step's shape (a steady state, not a
+  prompt's prefill) and takes only steps of its first step's shape; the others run at the current
+  count and are not the probe's.
+- While ``busy`` says the other processes are quiet, a round in which every neighbour took at least
+  :data:`QUIET_SLOWER` times the current count's step ends the probe, keeping the count. The long
+  tails that a mean over rounds is there to weigh come from other processes' preemption; on a
+  quiet machine one such round already rules the neighbour out (the margin asks for 15 % faster).
+
 This is a feedback controller in the spirit of the hill-climbing thread controller of .NET's
 thread pool (Hellerstein et al., "Optimizing Concurrency Levels in the .NET ThreadPool", FeBID
 2008): measure throughput at neighbouring concurrency levels, move towards the better one.
@@ -45,6 +58,11 @@ many steps, and more rounds of it would cost more than a decision could gain (me
 beside two busy processes, in process, ran at 56-66 tokens/s with probes that waited for all their
 rounds, 27 steps at 2 threads taking 11.8 of its 31 s; 85 tokens/s at a fixed thread)."""
 
+QUIET_SLOWER = 1.5
+"""On a quiet machine (``busy`` says no at a probe's start), a round in which each neighbour's step
+took this many times the current count's ends the probe and keeps the count (module docstring).
+One thread against two on a quiet 2-core machine measures 1.7-2x per step."""
+
 
 def others_busy(threads: int) -> bool:
     """Whether other processes keep at least a core busy: the 1-minute load average
@@ -55,14 +73,18 @@ def others_busy(threads: int) -> bool:
     (0.5-1.2 s against 50-100 ms), and those tails are what the probes cost (measured:
     ``bench/threads.py``, the default's busy rounds at 60-102 tokens/s against 122 at 1 thread; with
     the load average alone, the first busy round after a quiet one stayed at 101 tokens/s against
-    fixed-1's 174: its first ~30 s read as quiet). A task runnable by chance at the moment of reading
-    holds a probe of more threads back one interval, which costs a quiet machine little."""
+    fixed-1's 174: its first ~30 s read as quiet). The runnable count is read three times and the
+    least taken: a process that spins is runnable in every reading, a task that wakes for a moment
+    (or one of this process's threads going to sleep between the two files' reads) seldom in all
+    three (right after a 2-thread matmul, 13 of 300 single readings saw one, 5 of 300 triples);
+    such a reading would hold a probe of more threads back one interval and give a quiet machine's
+    probe all its rounds."""
     try:
         if os.getloadavg()[0] - threads >= 1.0:
             return True
     except OSError:
         pass
-    return runnable_others() >= 1
+    return min(runnable_others() for _ in range(3)) >= 1  # a spinning process is in every reading
 
 
 def runnable_others() -> int:
@@ -107,9 +129,9 @@ class ThreadTuner:
       count) after ``4 * rounds`` rounds without enough comparable ones.
     - ``margin``: how much cheaper (a fraction of the current count's step time) a neighbour must
       be to be chosen, so noise does not flip the count back and forth.
-    - ``busy``: called with the current count before a probe; while it says True only fewer
-      threads are probed (:func:`others_busy` for a worker; None: never, as in the tests' cost
-      models).
+    - ``busy``: called with the current count at a probe's start; while it says True only fewer
+      threads are probed, while it says False a neighbour :data:`QUIET_SLOWER` times slower ends
+      the probe (:func:`others_busy` for a worker; None: neither, as in the tests' cost models).
 
     ValueError for counts or intervals below 1 or a margin outside ``[0, 1)``.
     """
@@ -134,17 +156,30 @@ class ThreadTuner:
         self._rounds_tried = 0
         self._pending: int | None = None  # the count given for the step being run
         self._up_held = False  # this probe leaves out more threads (busy said so at its start)
+        self._quiet = False  # busy said no at this probe's start
+        self._last_key: Hashable | None = None  # the shape next_threads was told for the last step
+        self._round_key: Hashable | None = None  # the shape of the probe round under way's first step
+        self._outside = False  # the step being run is not the probe's (another shape): record skips it
 
     def _neighbours(self) -> list[int]:
         i = self.candidates.index(self.current)
         out = [c for c in self.candidates[max(0, i - 1):i + 2] if c != self.current]
-        if self.busy is not None and self._rounds_tried == 0 and any(c > self.current for c in out) \
-                and self.busy(self.current):
-            self._up_held = True  # decided at a probe's first round, kept for its rounds
+        if self.busy is not None and self._rounds_tried == 0:  # decided at a probe's first round, kept
+            busy = self.busy(self.current)
+            self._up_held = busy and any(c > self.current for c in out)
+            self._quiet = not busy
         return [c for c in out if c < self.current] if self._up_held else out
 
-    def next_threads(self) -> int:
-        """The thread count for the next step (then :meth:`record` it)."""
+    def next_threads(self, key: Hashable | None = None) -> int:
+        """The thread count for the next step (then :meth:`record` it). ``key``: the step's shape where
+        the caller knows it beforehand (what it will give :meth:`record`); None: any step may be a
+        probe's."""
+        last, self._last_key = self._last_key, key
+        if key is not None and (self._round_key is not None and key != self._round_key
+                                or self._round_key is None and key != last) \
+                and (self._plan or self._until_probe <= 0) and len(self.candidates) > 1:
+            self._outside = True  # a probe waits for a step of its round's shape (or of the last step's)
+            return self._give(self.current)
         if not self._plan and self._until_probe <= 0 and len(self.candidates) > 1:
             neighbours = self._neighbours()
             if not neighbours:  # only more threads to try, and other processes busy: wait a whole interval
@@ -155,6 +190,8 @@ class ThreadTuner:
             self._plan = [self.current, *neighbours]
             if self._rounds_tried % 2 == 0:  # alternate which goes first (a step can warm caches for the next)
                 self._plan.reverse()
+        if self._plan and not self._round:
+            self._round_key = key
         return self._give(self._plan[len(self._round)] if self._plan else self.current)
 
     def _give(self, count: int) -> int:
@@ -166,13 +203,16 @@ class ThreadTuner:
         count, self._pending = self._pending, None
         if count is None:
             raise RuntimeError("record() without next_threads() first")
+        if self._outside:
+            self._outside = False
+            return
         if not self._plan:
             self._until_probe -= 1
             return
         self._round.append((count, key, seconds))
         if len(self._round) < len(self._plan):
             return
-        steps, self._round = self._round, []
+        steps, self._round, self._round_key = self._round, [], None
         clear = None  # a neighbour that collapses (keep the count) or the current count does (take it)
         if len({k for _, k, _ in steps}) == 1:  # comparable: one shape
             times = {c: s for c, _, s in steps}
@@ -184,6 +224,9 @@ class ThreadTuner:
                         clear = self.current
                     elif s * COLLAPSE <= base:
                         clear = c
+            if clear is None and self._quiet and all(s >= QUIET_SLOWER * base for c, s in times.items()
+                                                     if c != self.current):
+                clear = self.current
         done = min((len(r) for r in self._pairs.values()), default=0) >= self.rounds
         if clear is not None:
             self._decide(False, clear)
@@ -205,5 +248,5 @@ class ThreadTuner:
             self.changes += 1
         else:
             self.interval = min(2 * self.interval, self.max_interval)
-        self._plan, self._pairs, self._rounds_tried, self._up_held = [], {}, 0, False
+        self._plan, self._pairs, self._rounds_tried, self._up_held, self._quiet = [], {}, 0, False, False
         self._until_probe = self.interval

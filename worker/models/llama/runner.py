@@ -102,9 +102,9 @@ class LlamaRunner:
     default) turns it off.
 
     ``thread_tuner`` (attribute, None: the thread count is left as it is): a
-    :class:`~worker.models.threads.ThreadTuner` that sets torch's thread count before each
-    step and is told its shape and time after it (the loader sets one where the count cannot
-    change the results: :func:`worker.models.load_model`).
+    :class:`~worker.models.threads.ThreadTuner` that is told each step's shape once its rows are
+    known, sets torch's thread count for the rest of it, and is told its time after it (the
+    loader sets one where the count cannot change the results: :func:`worker.models.load_model`).
     """
 
     gives_logprobs = True
@@ -138,6 +138,7 @@ class LlamaRunner:
         self._seqs: dict[int, list[int]] = {}  # cache row -> its occupant's tokens (the prefix cache stores them)
         self._shape = (0, 0, 0)  # the last forward's shape: decode rows (a power of two), prompt and draft tokens
         self.thread_tuner: ThreadTuner | None = None  # set by the loader where the thread count may vary (threads.py)
+        self._step_start: float | None = None  # perf_counter() when this step's tuned part began
 
     # -- SlotModel ---------------------------------------------------------
 
@@ -196,15 +197,10 @@ class LlamaRunner:
         Raises ValueError if a sequence outgrows ``max_seq_len``, RuntimeError
         before :meth:`bind_slots`.
         """
-        tuner = self.thread_tuner
-        if tuner is not None:
-            n = tuner.next_threads()
-            if n != torch.get_num_threads():
-                torch.set_num_threads(n)
-            start = time.perf_counter()
+        self._step_start = None  # set by forward_batch once the tuner has given the step's threads
         out = self._step(plan)
-        if tuner is not None:
-            tuner.record(self._shape, time.perf_counter() - start)
+        if self.thread_tuner is not None and self._step_start is not None:
+            self.thread_tuner.record(self._shape, time.perf_counter() - self._step_start)
         return out
 
     def _step(self, plan: BatchPlan) -> StepOutput:
@@ -345,6 +341,12 @@ class LlamaRunner:
         # a power of two (a decode step streams the same weights for 7 rows as for 8), prompt tokens, drafts
         self._shape = (1 << (len(decode) - 1).bit_length() if decode else 0, sum(c.count for c in chunks),
                        sum(len(d.tokens) for d in self._drafts.values()))
+        tuner = self.thread_tuner
+        if tuner is not None:  # told the shape first: its probes compare steps of one shape (threads.py)
+            n = tuner.next_threads(self._shape)
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
+            self._step_start = time.perf_counter()
         self._prompt_logits, self._prompt_spans = None, ()
         with torch.inference_mode():
             result = self._run(batch, decode, chunks, greedy_only)
