@@ -76,6 +76,9 @@ keeps the fastest of N runs of every system but hf-alone (the reference; the
 least disturbed run counts), listing all of them. The VM also loses time to
 its neighbours without that showing in the load average (steal time): the
 same system's wall time has varied by up to 1.9x between runs minutes apart.
+``--interleave`` (with ``--repeats N``) runs the worker systems and llama.cpp in N rounds, one
+run of each a round, so a machine that slows for some minutes slows every system alike (the
+other systems run once, in the first round).
 
 Usage: ``python -m bench.model [--model gemma3-270m] [--prompts 32] [--repeats 2]
 [--systems slotserve,llamacpp] [--skip hf-alone,slotserve-broker]``;
@@ -593,6 +596,9 @@ def parser() -> argparse.ArgumentParser:
                     help="seconds a broker run waits for its worker to load the model (default 900)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per system and thread count, fastest reported (llama.cpp too; hf-alone runs once; default 1)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="with --repeats N: the worker systems and llama.cpp in N rounds, one run of each a round "
+                         "(the other systems once), rather than each system's N runs in a row")
     ap.add_argument("--fresh-reference", action="store_true",
                     help="run hf-alone even where its outputs for this model, workload and thread count are kept "
                          "(~/.cache/slotserve/bench)")
@@ -706,6 +712,42 @@ def run_systems(he: Workload, precisions: list[str], args, thread_counts: list[i
     return [done[name] for name in chosen]
 
 
+def interleaved(he: Workload, precisions: list[str], args, thread_counts: list[int], skip: set[str]
+                ) -> tuple[list[Run], dict]:
+    """``--interleave``: ``args.repeats`` rounds; the first runs every chosen system once
+    (:func:`run_systems`, then llama.cpp), each later one only the worker systems and llama.cpp
+    (the others' model may be dropped by then). Returns :func:`run_systems`' runs with llama.cpp's
+    appended, each system's fastest run listing every round's wall times, and llama.cpp's details
+    (``extra``) of its fastest round."""
+    first = argparse.Namespace(**{**vars(args), "repeats": 1})
+    later = argparse.Namespace(**{**vars(first), "fresh_reference": False})  # the first round kept it
+    once = {"slotserve", "hf-static", "hf-cb"}  # (hf-alone: read back each round, llama.cpp's lengths)
+    rounds: list[list[Run]] = []
+    details: list[dict] = []
+    for i in range(args.repeats):
+        print(f"round {i + 1} of {args.repeats}", flush=True)
+        opts = first if i == 0 else later
+        runs = run_systems(he, precisions, opts, thread_counts, skip if i == 0 else skip | once)
+        torch.set_num_threads(thread_counts[0])
+        extra: dict = {}
+        if "llamacpp" not in skip:
+            llamacpp_last(runs, he, opts, extra)
+        rounds.append(runs)
+        details.append(extra)
+    merged = []
+    for run in rounds[0]:
+        tries = [r for runs in rounds for r in runs if r.name == run.name] if run.name != "hf-alone" else [run]
+        best = min(tries, key=lambda r: r.wall_s)
+        best.all_wall_s = [w for r in tries for w in (r.all_wall_s or [round(r.wall_s, 2)])]
+        merged.append(best)
+    if "llamacpp" not in skip:
+        measured = [(r.wall_s, extra) for runs, extra in zip(rounds, details) for r in runs if r.name == "llamacpp"]
+        extra = min(measured, key=lambda m: m[0])[1] if measured else details[0]
+    else:
+        extra = details[0]
+    return merged, extra
+
+
 def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run:
     """The fastest of ``repeats`` runs per thread count (hf-alone: one), all of them listed in it."""
     tries = []
@@ -788,11 +830,14 @@ def main() -> None:
     machine = machine_record()
     precisions = [p for p in args.precisions.split(",") if p]
     he = load_he(args.prompts, thread_counts[0], args.model, args.max_tokens)
-    runs = run_systems(he, precisions, args, thread_counts, skip)
-    torch.set_num_threads(thread_counts[0])
-    extra = {}
-    if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
-        llamacpp_last(runs, he, args, extra)
+    if args.interleave and args.repeats > 1:
+        runs, extra = interleaved(he, precisions, args, thread_counts, skip)
+    else:
+        runs = run_systems(he, precisions, args, thread_counts, skip)
+        torch.set_num_threads(thread_counts[0])
+        extra = {}
+        if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
+            llamacpp_last(runs, he, args, extra)
     extra["stop_token_ids"] = sorted(he.eos)
     limits = None if args.no_limits else limits_at(he, precisions, args.slots, extra)
     rows, ideal_s = summary_rows(runs, he, limits, extra)

@@ -186,3 +186,44 @@ def test_the_greedy_reference_is_kept_and_read_back_for_the_same_key_only(tmp_pa
     model.cached_hf_alone(he, 2, fresh=True, cache=cache)
     assert len(calls) == 5
     assert not list(cache.glob("*.tmp"))
+
+
+def test_interleave_runs_the_worker_systems_and_llamacpp_in_rounds(monkeypatch):
+    """``--interleave --repeats 3``: round 1 runs every chosen system, rounds 2 and 3 only the
+    worker and llama.cpp (hf-alone read back for llama.cpp's lengths); each keeps its fastest run
+    and lists every round's wall time; llama.cpp's details are its fastest round's."""
+    from bench.systems import Run
+
+    order, walls = [], {"slotserve-broker[gguf]": iter([3.0, 2.0, 2.5]), "llamacpp": iter([9.0, 8.0, 8.5]),
+                        "slotserve": iter([5.0]), "hf-alone": iter([7.0, 7.0, 7.0])}
+
+    def fake_systems(he, precisions, slots, start_timeout_s=900.0, fresh_reference=False):
+        def runner(name):
+            def run_once(threads):
+                order.append(name)
+                return Run(name, wall_s=next(walls[name]), outputs=[[1]])
+            return run_once
+        return {n: runner(n) for n in ("slotserve", "slotserve-broker[gguf]", "hf-alone")}
+
+    def fake_llamacpp_last(runs, he, args, extra):
+        assert any(r.name == "hf-alone" for r in runs)  # its lengths come from the reference
+        order.append("llamacpp")
+        wall = next(walls["llamacpp"])
+        runs.append(Run("llamacpp", wall_s=wall, outputs=[[1]], all_wall_s=[wall]))
+        extra["llamacpp"] = {"wall": wall}
+
+    monkeypatch.setattr(model, "systems", fake_systems)
+    monkeypatch.setattr(model, "llamacpp_last", fake_llamacpp_last)
+    he = SimpleNamespace(model=object(), prompts=[[1]], max_tokens=[1], eos={0}, pad_id=0, name="m")
+    args = SimpleNamespace(repeats=3, slots=8, start_timeout_s=1.0, fresh_reference=True, no_limits=True,
+                           interleave=True, llamacpp_threads="2")
+    runs, extra = model.interleaved(he, ["gguf"], args, [2], set())
+    assert order == ["slotserve", "hf-alone", "slotserve-broker[gguf]", "llamacpp",
+                     "hf-alone", "slotserve-broker[gguf]", "llamacpp",
+                     "hf-alone", "slotserve-broker[gguf]", "llamacpp"]
+    by_name = {r.name: r for r in runs}
+    assert by_name["slotserve-broker[gguf]"].wall_s == 2.0
+    assert by_name["slotserve-broker[gguf]"].all_wall_s == [3.0, 2.0, 2.5]
+    assert by_name["llamacpp"].wall_s == 8.0 and by_name["llamacpp"].all_wall_s == [9.0, 8.0, 8.5]
+    assert by_name["slotserve"].all_wall_s == [5.0] and by_name["hf-alone"].all_wall_s == [7.0]
+    assert extra == {"llamacpp": {"wall": 8.0}}
