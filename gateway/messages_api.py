@@ -27,9 +27,14 @@ Messages field              on the chat path
 ``output_config.format``    ``response_format`` ``json_schema`` (``{"type": "json_schema",
                             "schema"}``, structured outputs)
 ``stream``                  the chat stream, written as Anthropic's events
+``metadata``                checked as Anthropic checks it, then not used: an object whose one
+                            key is ``user_id`` (a string of at most 256 characters, or null);
+                            another key, another type or a longer id is a 400 naming the field
+                            (``metadata.foo: Extra inputs are not permitted``). ``count_tokens``
+                            takes no ``metadata`` (nor does Anthropic's): a 400 there
 =========================== ==================================================================
 
-Accepted and not used: ``metadata``, ``output_config.effort``, ``inference_geo``, ``speed``,
+Accepted and not used: ``output_config.effort``, ``inference_geo``, ``speed``,
 ``thinking`` (the model thinks as its chat template says; ``--reasoning-parser`` splits it into
 ``thinking`` blocks), ``service_tier``, ``cache_control`` (top-level, on blocks and tools), and a
 ``tool_result``'s ``is_error`` (its content is shown as any result's). Refused with a 400 naming
@@ -50,10 +55,10 @@ translation, tools included (``/tokenize``'s count, :mod:`gateway.tokenize`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
-from pydantic_core import to_json
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic_core import PydanticCustomError, to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -67,6 +72,39 @@ from gateway.translation import chat_request, chunk_pieces, completion_pieces, p
 __all__ = ["CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
 
 _WHAT = "/v1/messages"
+
+
+MAX_USER_ID_CHARS = 256
+"""The longest ``metadata.user_id`` Anthropic takes, in characters (its API's OpenAPI schema,
+``Metadata.user_id``: ``maxLength: 256``)."""
+
+
+def _metadata(value: Any) -> Any:
+    """Anthropic's ``metadata`` (its ``Metadata`` object: no other key): null, or an object whose
+    one key is ``user_id``, a string of at most :data:`MAX_USER_ID_CHARS` characters or null.
+    Else the error naming the field first, in the words of Anthropic's own 400s; the field is
+    not used after (an opaque id for Anthropic's abuse detection)."""
+    if value is None:
+        return value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("invalid_type", f"metadata: Input should be an object with one key, user_id; got "
+                                  f"{json.dumps(value)[:40]}")
+    extra = next((key for key in value if key != "user_id"), None)
+    if extra is not None:
+        raise PydanticCustomError("invalid_value", f"metadata.{extra:.40}: Extra inputs are not permitted "
+                                  "(metadata takes one key, user_id)")
+    user_id = value.get("user_id")
+    if user_id is not None and type(user_id) is not str:
+        raise PydanticCustomError("invalid_type", f"metadata.user_id: Input should be a valid string or null; got "
+                                  f"{json.dumps(user_id)[:40]}")
+    if user_id is not None and len(user_id) > MAX_USER_ID_CHARS:
+        raise PydanticCustomError("invalid_value", f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} "
+                                  f"characters, got {len(user_id)}; send an opaque id (a uuid or a hash)")
+    return value
+
+
+Metadata = Annotated[dict[str, Any] | None, BeforeValidator(_metadata)]
+"""A Messages body's ``metadata``: ``{"user_id": str | null}`` within Anthropic's bound (:func:`_metadata`)."""
 
 
 class CountTokensRequest(BaseModel):
@@ -98,8 +136,8 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = None
     stream: bool | None = None
     output_config: dict[str, Any] | None = None  # format: structured output; effort: not used
+    metadata: Metadata = None  # checked as Anthropic does, not used
     # accepted, not used
-    metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
     inference_geo: str | None = None

@@ -32,7 +32,7 @@ from gateway.auth import APIKeys  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.errors import APIError  # noqa: E402
 from gateway.generate import Generate  # noqa: E402
-from gateway.messages_api import MessagesEndpoints, chat_messages  # noqa: E402
+from gateway.messages_api import MAX_USER_ID_CHARS, MessagesEndpoints, chat_messages  # noqa: E402
 from gateway.messages_output import stop_reason  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
@@ -195,6 +195,37 @@ def test_errors_are_anthropic_shaped_naming_the_field(scripted, path, body, stat
     assert r.status_code == status, r.text
     assert r.json()["type"] == "error" and set(r.json()["error"]) == {"type", "message"}
     assert r.json()["error"]["type"] == kind and field in r.json()["error"]["message"], r.json()
+
+
+@pytest.mark.parametrize("metadata, message", [
+    ({"foo": "x"}, "metadata.foo: Extra inputs are not permitted"),
+    ({"user_id": "u-1", "session_id": "s"}, "metadata.session_id: Extra inputs are not permitted"),
+    ({"user_id": 5}, "metadata.user_id: Input should be a valid string or null; got 5"),
+    ({"user_id": ["u-1"]}, "metadata.user_id: Input should be a valid string or null"),
+    ({"user_id": "x" * (MAX_USER_ID_CHARS + 1)},
+     f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} characters, got {MAX_USER_ID_CHARS + 1}"),
+    ("u-1", "metadata: Input should be an object with one key, user_id"),
+])
+def test_metadata_is_checked_as_anthropic_checks_it(scripted, metadata, message):
+    """``metadata`` is Anthropic's ``Metadata``: one key, ``user_id``, a string of at most 256
+    characters or null; anything else is a 400 whose message starts with the field at fault."""
+    _, http, client = scripted
+    body = {"model": "m", "max_tokens": 5, "messages": user("plain"), "metadata": metadata}
+    r = http.post("/v1/messages", json=body, headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"].startswith(message), \
+        r.json()
+    assert not client.threads  # refused before anything was submitted
+
+
+def test_metadata_within_anthropics_bounds_is_taken_and_count_tokens_takes_none(scripted):
+    sdk, http, _ = scripted
+    for metadata in ({"user_id": "x" * MAX_USER_ID_CHARS}, {"user_id": None}, {}):
+        assert sdk.messages.create(model="m", messages=user("plain"), max_tokens=5, metadata=metadata).content
+    # Anthropic's count_tokens has no metadata field: refused by name, as any unknown field
+    r = http.post("/v1/messages/count_tokens", json={"model": "m", "messages": user("plain"),
+                                                     "metadata": {"user_id": "u-1"}}, headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("metadata: "), r.text
 
 
 def test_a_chat_path_error_names_the_messages_field_once(scripted):
