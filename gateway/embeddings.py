@@ -17,8 +17,10 @@ llama.cpp serve it).
   renormalised to unit length, :func:`protocol.embedding.truncate`); 400 ``invalid_value`` for
   any other model (a truncated embedding of a model not trained for it is a worse embedding, so
   it is refused rather than silently made).
-- Too long an input (over the model's ``max_seq_len`` tokens, 256 for all-MiniLM-L6-v2): 400
-  ``context_length_exceeded``, as OpenAI answers; never silently truncated.
+- Too long an input (over the served context: the model's ``max_seq_len`` tokens, 256 for
+  all-MiniLM-L6-v2, or ``--max-model-len`` when lower): 400 ``context_length_exceeded``, as OpenAI
+  answers, worded as the generation paths word it ("exceeds the served context of N tokens
+  (--max-model-len)"); never silently truncated.
 - A model that generates (no embeddings): 400 ``unsupported``; an unknown one: 404
   ``model_not_found``; empty input: 400 ``invalid_value``.
 

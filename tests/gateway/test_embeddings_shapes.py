@@ -150,7 +150,8 @@ def test_dimensions_cut_a_matryoshka_embedding_and_renormalise_it(http):
     ({"model": "m", "input": "north", "encoding_format": "hex"}, "encoding_format", "float"),
     ({"model": "m", "input": "north", "truncate": True}, "truncate", "Unrecognized"),
     ({"input": "north"}, "model", "Missing required parameter"),
-    ({"model": "m", "input": "north up east down"}, "input", "maximum of 3 tokens"),
+    ({"model": "m", "input": "north up east down"}, "input",
+     "input (4 tokens) exceeds the served context of 3 tokens (--max-model-len)"),
     ({"model": "m", "input": [9]}, "input", "vocabulary"),
 ])
 def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param, words):
@@ -158,6 +159,8 @@ def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param,
     assert e["param"] == param and words in e["message"], e
     if "empty" in words:
         assert e["code"] == "invalid_value"
+    if "served context" in words:  # (worded as the generation paths word it; OpenAI's code)
+        assert e["code"] == "context_length_exceeded"
 
 
 def test_rerank_orders_by_cosine_similarity(http):

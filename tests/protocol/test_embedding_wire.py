@@ -4,6 +4,7 @@ bytes, Matryoshka truncation and cosine similarity, and :class:`ModelLimits`' ki
 
 from __future__ import annotations
 
+import re
 import struct
 
 import pytest
@@ -71,7 +72,7 @@ def test_model_limits_refuse_the_kind_a_model_does_not_serve_and_an_embedding_ov
         ModelLimits(10, 64, embeds=True).check(generate)
     ModelLimits(10, 64).check(embed)  # (unknown: not checked)
     ModelLimits(10, 3, embeds=True).check(embed)  # the prompt alone must fit: 3 <= 3
-    with pytest.raises(ContextLengthError, match="exceeds the model's maximum of 2 tokens"):
+    with pytest.raises(ContextLengthError, match=re.escape("input (3 tokens) exceeds the served context of 2 tokens (--max-model-len)")):
         ModelLimits(10, 2, embeds=True).check(embed)
     with pytest.raises(ContextLengthError):
         ModelLimits(10, 30, embeds=True).check(RequestParams("text", 1, kind="embed"), prompt_len=31)
