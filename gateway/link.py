@@ -37,9 +37,9 @@ serves requests for that model, so a simulated cluster needs one connection."""
 
 def not_found(model: str, names: dict[str, str]) -> str:
     """The 404 message for ``model``, a name no worker serves nor any model on demand: the names a
-    request may give (``names``: name -> ``"loaded"`` or the state of a model on demand, as
-    :meth:`BrokerConnections.model_states`) and, where one differs from ``model`` only in case, that
-    one (model names are case-sensitive, as OpenAI's)."""
+    request may give (``names``: name -> ``"loaded"``, ``"loading"`` or ``"unloaded"``, as
+    :meth:`BrokerConnections.model_not_found` gathers them) and, where one differs from ``model``
+    only in case, that one (model names are case-sensitive, as OpenAI's)."""
     same = [n for n in names if n.lower() == model.lower()]
     hint = f"; did you mean `{same[0]}`?" if same else ""
     listed = ", ".join(n if state == "loaded" else f"{n} ({state})" for n, state in sorted(names.items()))
@@ -191,6 +191,27 @@ class BrokerConnections:
                 states[name] = "loading" if m is not None and m.loading else "unloaded"
         return states
 
+    def knows(self, model: str, status: Status) -> bool:
+        """True when ``status`` lists ``model`` (or the model it is an alias of): served, loading, on
+        demand, or served before. A request for a name it does not know is a 404
+        (:meth:`model_not_found`); one for a known model without a worker now is not."""
+        return status.aliases.get(model, model) in status.models
+
+    def model_not_found(self, model: str, status: Status) -> APIError:
+        """The 404 ``model_not_found`` for ``model``, a name ``status`` does not know (:meth:`knows`),
+        the one every route answers: :func:`not_found`'s message over the names a request may give,
+        :meth:`model_states`'s and any model whose first worker is loading now (``"loading"``)."""
+        names = self.model_states(status)
+        for name, primary in {**{n: n for n in status.models}, **status.aliases}.items():
+            m = status.models.get(primary)
+            if name not in names and m is not None and m.loading and not m.workers:
+                names[name] = "loading"
+        return APIError(404, not_found(model, names), param="model", code="model_not_found")
+
+    def no_worker(self, model: str) -> APIError:
+        """The 503 for a known model (not one on demand) that no worker serves right now."""
+        return unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
+
     def served_name(self, model: str) -> str:
         """The primary name of the model a request for ``model`` is for (``model``
         itself unless it is an alias, as the last status says)."""
@@ -232,9 +253,9 @@ class BrokerConnections:
             model = st.aliases.get(model, model)
             c = self._clients.get(model)
             if model not in st.models:
-                raise APIError(404, not_found(model, self.model_states(st)), param="model", code="model_not_found")
+                raise self.model_not_found(model, st)
             if st.models[model].workers == 0 and model not in self.config.on_demand_models:
-                raise unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
+                raise self.no_worker(model)
         if c is not None:
             return c
         if model == CONTROL_MODEL and self._control is not None:

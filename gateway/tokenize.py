@@ -16,8 +16,11 @@ Both need the model's tokenizer (:mod:`gateway.tokenizer`); without one
 they answer 400 ``unsupported`` saying why. API keys apply as to ``/v1``
 (:mod:`gateway.auth`), and so does the body's Content-Type check (plain JSON,
 :func:`gateway.generate._check_json_body_headers`). A model no worker serves
-is 404 ``model_not_found``, as on ``/v1``, even when the gateway has one
-``--tokenizer`` for every model. Errors are OpenAI-shaped (:mod:`gateway.errors`).
+is 404 ``model_not_found``, the very answer of ``/v1`` (its message lists the names a request
+may give, :meth:`gateway.link.BrokerConnections.model_not_found`), even when the gateway has one
+``--tokenizer`` for every model or serves only models on demand, none loaded; a model it knows
+without a worker now answers with the tokenizer it had, else 503. Errors are OpenAI-shaped
+(:mod:`gateway.errors`).
 
 The tokenizer's work (encoding, the chat template, decoding, the id checks)
 runs on a thread, never on the event loop: a body of several MB takes
@@ -34,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_value_error, unavailable
-from gateway.link import BrokerConnections, not_found
+from gateway.link import BrokerConnections
 from gateway.options import chat_messages, template_option
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
@@ -123,23 +126,32 @@ class TokenizeEndpoints:
                 names = ", ".join(sorted(served))
                 raise bad_request(f"model is required: this gateway serves several ({names})", "model",
                                   "missing_required_parameter")
-        elif model in self.link.config.on_demand_models and model not in served and \
-                model not in (served := self.link.served(await self.link.refresh())):
-            # a model on demand that is not loaded: its tokenizer is found once its worker says its names
-            tok = self.tokenizers.loaded(self.link.served_name(model))  # (one it had before stays)
-            if tok is not None:
-                return model, tok
-            raise unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation "
-                              "request or POST /models/load loads it (GET /v1/models says when); retry then")
-        elif served and model not in served and model not in (served := self.link.served(await self.link.refresh())):
+        elif model not in served:
             # (refreshed first: the last poll may predate the model's first worker, as client_for does)
-            names = {**{n: "unloaded" for n in self.link.config.on_demand_models}, **dict.fromkeys(served, "loaded")}
-            raise APIError(404, not_found(model, names), param="model", code="model_not_found")
+            status = await self.link.refresh()
+            if model not in self.link.served(status):
+                return model, self._unserved(model, status)
         tok = await self.tokenizers.get(self.link.served_name(model))
         if tok is None:
             raise bad_request(f"/tokenize and /detokenize need the model's tokenizer, and "
                               f"{self.tokenizers.why_none(model)}", "model", "unsupported")
         return model, tok
+
+    def _unserved(self, model: str, status) -> Tokenizer:
+        """The tokenizer of ``model``, which no worker serves in ``status``: the 404 that generation
+        answers for a name ``status`` does not know (with the same list of names); for a known model
+        (on demand and not loaded, or loading), the tokenizer it had already, else 503 saying why.
+        None is looked up by name here: its worker has not told its names yet, and a failed lookup
+        would stay cached."""
+        if not self.link.knows(model, status):
+            raise self.link.model_not_found(model, status)
+        tok = self.tokenizers.loaded(self.link.served_name(model))  # (one it had before stays)
+        if tok is not None:
+            return tok
+        if model in self.link.config.on_demand_models:
+            raise unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation "
+                              "request or POST /models/load loads it (GET /v1/models says when); retry then")
+        raise self.link.no_worker(model)
 
 
 def _worker_messages(messages: list[dict]) -> list[dict]:

@@ -5,7 +5,9 @@ client of test_logprobs_shapes (no sockets, no processes):
 - ``/tokenize`` and ``/detokenize`` served a body sent as ``text/plain`` (or gzip-labelled), which
   ``/v1`` refuses (400 ``unsupported_media_type``);
 - they answered 200 for a model no worker serves when the gateway had one ``--tokenizer`` (which
-  ``slotserve up`` always passes), where ``/v1`` answers 404 ``model_not_found``;
+  ``slotserve up`` always passes), where ``/v1`` answers 404 ``model_not_found``; and again (a tokenizer
+  for every name) while only models on demand were configured, none loaded; their 404 called a model
+  on demand that was loading "unloaded", and a known model without a worker "does not exist";
 - they ran the tokenizer on the event loop: a 7 MB ``/tokenize`` stalled every other stream for 39 s
   (measured on SmolLM2 through ``slotserve up``);
 - ``prompt_logprobs`` with ``stream: true`` was computed by the worker and silently dropped; vLLM
@@ -15,6 +17,7 @@ client of test_logprobs_shapes (no sockets, no processes):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -29,30 +32,59 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gateway import GatewayConfig  # noqa: E402
 from gateway.generate import Generate  # noqa: E402
+from gateway.link import BrokerConnections  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
+from protocol.messages import ModelStatus, Status  # noqa: E402
 from tests.gateway.test_logprobs_shapes import (  # noqa: E402
     MESSAGES, LetterCodec, ScriptedClient, ScriptedLink, handlers_app,
 )
 
 
 class RefreshingLink(ScriptedLink):
-    """The scripted link with the broker-status refresh that ``/tokenize`` asks for an unknown name:
-    ``later`` is a model whose first worker registered after the last poll."""
+    """The scripted link over a broker status, read by the gateway link's own methods, with the
+    refresh that ``/tokenize`` asks for a name the last poll did not serve: ``m`` served, the models
+    on demand of ``config`` known without a worker (as the broker lists them); ``later`` a model
+    whose first worker registered after the last poll (served once refreshed)."""
+
+    served = BrokerConnections.served
+    model_states = BrokerConnections.model_states
+    knows = BrokerConnections.knows
+    model_not_found = BrokerConnections.model_not_found
+    no_worker = BrokerConnections.no_worker
 
     def __init__(self, client: ScriptedClient, later: str | None = None) -> None:
         super().__init__(client)
         self.later = later
         self.refreshes = 0
-        self.status = None
 
-    def served(self, status=None) -> dict:
-        return {"m": 1, **({self.later: 1} if status == "fresh" and self.later else {})}
+    @property
+    def status(self) -> Status:
+        models = {"m": ModelStatus(0, 0, 1, 0, 4), **({self.later: ModelStatus(0, 0, 1, 0, 4)}
+                                                       if self.refreshes and self.later else {})}
+        models.update({n: ModelStatus(0, 0, 0, 0, 0) for n in self.config.on_demand_models if n not in models})
+        return Status("broker", 1.0, models, (), 0, {})
 
-    async def refresh(self):
+    async def refresh(self) -> Status:
         self.refreshes += 1
-        return "fresh"
+        return self.status
+
+
+class StatusLink(BrokerConnections):
+    """The gateway's own broker link (its 404 and 503 checks, ``client_for`` included) over a broker
+    status the test gives (``models``: ``{name: ModelStatus}``; ``on_demand``: the names loaded on
+    demand); no broker, no socket: a check that gets past the status fails the test."""
+
+    def __init__(self, models: dict, on_demand: tuple[str, ...] = ()) -> None:
+        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand))
+        self.status, self.broker_ok = Status("broker", 1.0, models, (), 0, {}), True
+
+    async def refresh(self) -> Status:
+        return self.status
+
+    def _new_client(self, model: str, name: str):
+        raise AssertionError(f"a client for {model!r} was asked for: the status checks let the request through")
 
 
 def app_for(tokenizers: Tokenizers, link: ScriptedLink | None = None) -> tuple[Starlette, ScriptedClient]:
@@ -133,6 +165,52 @@ def test_an_unknown_model_is_told_every_name_and_the_one_it_differs_from_in_case
     assert r.status_code == 404 and error["code"] == "model_not_found", r.text
     assert "(models: Lazy-1B (unloaded), m)" in error["message"] and error["message"].endswith(
         "did you mean `Lazy-1B`?"), error["message"]
+
+
+def model(workers: int = 0, loading: int = 0) -> ModelStatus:
+    return ModelStatus(0, 0, workers, 0, 4 * workers, loading)
+
+
+# what the broker's status says: only models on demand, none loaded (one loading); or a model served
+# beside them, and one not on demand whose first worker is loading (``slotserve up`` starting)
+ONLY_ON_DEMAND = ({"lazy": model(), "big": model(loading=1)}, ("lazy", "big"),
+                  "(models: big (loading), lazy (unloaded))")
+SERVED_TOO = ({"m": model(1), "lazy": model(), "big": model(loading=1), "boot": model(loading=1)}, ("lazy", "big"),
+              "(models: big (loading), boot (loading), lazy (unloaded), m)")
+TOKENIZER_PATHS = [("/tokenize", {"prompt": "ab"}), ("/tokenize", {"messages": MESSAGES}),
+                   ("/detokenize", {"tokens": [0, 1]})]
+
+
+@pytest.mark.parametrize("one_tokenizer", [None, "letters-folder"])
+@pytest.mark.parametrize("models, on_demand, listed", [ONLY_ON_DEMAND, SERVED_TOO], ids=["only-on-demand", "served"])
+def test_an_unknown_model_is_the_404_of_v1_on_tokenize_and_detokenize(models, on_demand, listed, one_tokenizer):
+    """``/tokenize`` and ``/detokenize`` answer a name no model has with generation's very 404 (status,
+    code, message, the list of names): also when only models on demand are configured and none is
+    loaded, where they answered 200 (a tokenizer for every name), and a model loading now is listed
+    "loading", where they called every model on demand "unloaded"."""
+    app = handlers_app(Tokenizers(letters, one_tokenizer), StatusLink(models, on_demand))
+    with TestClient(app) as http:
+        v1 = http.post("/v1/completions", json={"model": "nope", "prompt": [1], "max_tokens": 1})
+        assert v1.status_code == 404 and v1.json()["error"]["code"] == "model_not_found", v1.text
+        assert listed in v1.json()["error"]["message"], v1.text
+        chat = http.post("/v1/chat/completions", json={"model": "nope", "messages": MESSAGES, "max_tokens": 1})
+        assert (chat.status_code, chat.json()) == (404, v1.json())
+        for path, body in TOKENIZER_PATHS:
+            r = http.post(path, json={**body, "model": "nope"})
+            assert (r.status_code, r.json()) == (404, v1.json()), (path, r.text)
+
+
+@pytest.mark.parametrize("one_tokenizer", [None, "letters-folder"])
+def test_a_known_model_without_a_worker_is_the_503_of_v1_not_a_404(one_tokenizer):
+    """A model the broker knows whose first worker is still loading exists: ``/tokenize`` answers
+    generation's 503 (retry), not a 404 saying it does not exist."""
+    app = handlers_app(Tokenizers(letters, one_tokenizer), StatusLink(*SERVED_TOO[:2]))
+    with TestClient(app) as http:
+        v1 = http.post("/v1/completions", json={"model": "boot", "prompt": [1], "max_tokens": 1})
+        assert v1.status_code == 503 and "no worker serves model `boot` right now" in v1.json()["error"]["message"]
+        for path, body in TOKENIZER_PATHS:
+            r = http.post(path, json={**body, "model": "boot"})
+            assert (r.status_code, r.json()) == (503, v1.json()), (path, r.text)
 
 
 def test_the_not_found_message_lists_loaded_and_on_demand_names_and_hints_only_at_a_case_match():
