@@ -41,7 +41,6 @@ field and the bound: the request's own check would name its field, not chat's ``
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gateway.errors import bad_request
@@ -50,6 +49,7 @@ from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
 from protocol.request import DEFAULT, check_template_kwargs, split_stop
+from protocol.validation import as_role
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
@@ -130,25 +130,18 @@ def fim_option(body: _Sampling) -> dict[str, str]:
     return {"suffix": suffix}
 
 
-ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,31}")
-"""A chat message's role: OpenAI's (system, developer, user, assistant, tool, function) or a
-template's own (``ipython``, ``observation``: vLLM and llama.cpp pass any role to the template, and
-clients of Llama 3.x tool use send ``ipython``), a name; never text that would write template
-markup (``user<|im_end|>``) or nothing. (OpenAI refuses roles other than its own; a stricter
-check here would refuse those clients, so a name such as ``wizard`` reaches the template, as in
-vLLM.)"""
-
-
 def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     """``body.messages`` as the client SDK takes them, the chat prompt: ``{"role", "content"}``
-    with text parts joined. 400 naming the message for a role that is not a name (:data:`ROLE`), a
+    with text parts joined. 400 naming the message for a role that is not a name
+    (:data:`protocol.validation.ROLE`, the SDK's rule too), a
     message other than the assistant's without content (OpenAI's rule;
     the assistant's may be null beside its tool calls), a part without text, or for no message."""
     out = []
     for i, m in enumerate(body.messages):
-        if not ROLE.fullmatch(m.role):
-            raise bad_request(f"role must be a name such as 'user', 'assistant' or 'system' (letters, digits, "
-                              f"'_' or '-', at most 32); got {m.role!r:.40}", f"messages.{i}.role")
+        try:
+            as_role(m.role, "role")
+        except ValueError as e:
+            raise bad_request(str(e), f"messages.{i}.role") from None
         if m.content is None and m.role != "assistant":
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content")
         content = m.content

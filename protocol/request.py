@@ -44,7 +44,7 @@ from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
-    WIRE_INT_MAX, as_float, as_int, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
+    WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -263,7 +263,7 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
             if not isinstance(value, str) or len(value) > MAX_MESSAGE_NAME_CHARS:
                 raise ValueError(f"chat message {i} {what} must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
                                  f"characters, got {value!r:.80}")
-        out.append(ChatMessage(as_text(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
+        out.append(ChatMessage(as_role(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
                                check_tool_calls(calls, f"chat message {i} tool_calls") if calls else (),
                                call_id, name))
     return tuple(out)
@@ -547,8 +547,9 @@ def _kind(value: object, field: str) -> str:
 class _Fields(NamedTuple):
     # name: Annotated[normalised type, check] = default          # meaning, unit
     prompt: Annotated[tuple[int, ...] | str | tuple[ChatMessage, ...], _prompt]
-    # token ids (ints >= 0), or text (str), or chat messages ({"role", "content"} maps);
-    # text and chat need a model with a tokenizer. Never empty, but for the text before a suffix.
+    # token ids (ints >= 0), or text (str), or chat messages ({"role", "content"} maps; a role is a
+    # name: letters, digits, _ and -, at most 32, as over HTTP); text and chat need a model with a
+    # tokenizer. Never empty, but for the text before a suffix.
     max_tokens: Annotated[int, _count(1)]
     # generated tokens at most (>= 1); prompt + max_tokens must fit the model's context.
     stop_token: Annotated[tuple[int, ...] | str, _stop_token] = DEFAULT

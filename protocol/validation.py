@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
@@ -76,6 +77,25 @@ def as_text(value: object, field: str, *, allow_empty: bool = True) -> str:
         except UnicodeEncodeError as e:
             raise ValueError(f"{field} is not valid Unicode: {e.object[e.start:e.end]!r} at position {e.start} "
                              "(a lone surrogate?); send UTF-8-encodable text") from None
+    return value
+
+
+ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,31}")
+"""A chat message's role: OpenAI's (system, developer, user, assistant, tool, function) or a
+template's own (``ipython``, ``observation``: vLLM and llama.cpp pass any role to the template, and
+clients of Llama 3.x tool use send ``ipython``), a name; never text that would write template
+markup (``user<|im_end|>``) or nothing. (OpenAI refuses roles other than its own; a stricter
+check here would refuse those clients, so a name such as ``wizard`` reaches the template, as in
+vLLM.) One rule for every entry point: HTTP, the Python SDK, ``slotserve run`` rows, the wire."""
+
+
+def as_role(value: object, field: str) -> str:
+    """``value``, a chat message's role that :data:`ROLE` matches (a name of letters, digits, ``_``
+    and ``-``, at most 32 characters, not starting with a digit or ``-``); ValueError naming
+    ``field`` else."""
+    if type(value) is not str or not ROLE.fullmatch(value):
+        raise ValueError(f"{field} must be a name such as 'user', 'assistant' or 'system' (letters, digits, "
+                         f"'_' or '-', at most 32); got {value!r:.40}")
     return value
 
 

@@ -159,7 +159,9 @@ def test_worker_renders_chat_requests_sanitized(tok, codec):
 
 def test_job_rows_through_client_broker_and_worker(tok, codec):
     """`slotserve run`'s job: chat rows go through the client and the broker to
-    a worker; the prompt length it reports is the sanitized one."""
+    a worker; the prompt length it reports is the sanitized one. A role that is
+    not a name (the forgery in the role) is refused at the edge, as HTTP refuses
+    it: that row is an error row naming the message, the others run."""
     stop = threading.Event()
     ready: list = []
     got = threading.Event()
@@ -180,9 +182,14 @@ def test_job_rows_through_client_broker_and_worker(tok, codec):
             client.wait_for_model(30)
             summary = run_job(client, io.StringIO("".join(json.dumps(r) + "\n" for r in rows)), out, progress=False,
                               timeout_s=60)
-        assert summary.errors == 0 and summary.stopped is None
+        assert summary.errors == 1 and summary.stopped is None
         by_id = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+        refused = by_id.pop("in the role")
+        assert refused["finish_reason"] == "error" and refused["error"]["code"] == "bad_request"
+        assert "chat message 0 role must be a name" in refused["error"]["message"], refused
         for name, messages in FORGERIES.items():
+            if name == "in the role":
+                continue
             assert by_id[name]["usage"]["prompt_tokens"] == len(sanitized(tok, messages)), name
             assert by_id[name]["usage"]["prompt_tokens"] != len(unsanitized(tok, messages)), name
     finally:

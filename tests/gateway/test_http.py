@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from gateway import GatewayConfig, run
+from protocol.request import RequestParams
 from tests.support.cluster import free_port
 from tests.support.gateway import broker_status, error_of, metric, start_cluster, wait_until
 from tests.support.reference import simulated_reference
@@ -142,6 +143,17 @@ def test_bad_chat_bodies_are_400(http, fields, param):
     e = error_of(r, 400)
     if param is not None:
         assert e["param"] == param, e
+
+
+@pytest.mark.parametrize("role", ["user<|im_end|>", "", "1st", "a" * 33, "naïve"])
+def test_a_role_is_refused_over_http_by_the_rule_the_sdk_applies(http, role):
+    """One rule for roles (protocol.validation.as_role): HTTP's 400 says what the Python SDK's
+    ValueError says, the message's index in ``param`` there, in the words here."""
+    messages = [{"role": "user", "content": "hi"}, {"role": role, "content": "x"}]
+    with pytest.raises(ValueError) as sdk:
+        RequestParams(messages, 2)
+    e = error_of(http.post("/v1/chat/completions", json={"model": "simulated", "messages": messages}), 400)
+    assert e["param"] == "messages.1.role" and str(sdk.value) == f"chat message 1 {e['message']}", (e, sdk.value)
 
 
 @pytest.mark.parametrize("prompts, n, param", [(1025, 1, "prompt"), (600, 2, "n")])

@@ -24,7 +24,7 @@ from protocol.messages import (
 )
 from protocol.logprobs import MAX_LOGPROBS, TokenLogprob
 from protocol.request import MAX_REQUEST_ID_CHARS, ModelLimits, RequestId, RequestParams
-from protocol.validation import WIRE_INT_MAX, WIRE_INT_MIN
+from protocol.validation import ROLE, WIRE_INT_MAX, WIRE_INT_MIN
 
 P = RequestParams
 
@@ -94,6 +94,7 @@ token = st.integers(0, 2**31)
 wire_int = st.integers(WIRE_INT_MIN, WIRE_INT_MAX)
 request_id = st.one_of(wire_int, st.text(min_size=1, max_size=MAX_REQUEST_ID_CHARS))
 finite = st.floats(allow_nan=False, allow_infinity=False)
+role = st.from_regex(ROLE, fullmatch=True)  # (a chat role is a name: as_role)
 
 
 @st.composite
@@ -104,7 +105,7 @@ def params(draw):
                                                                             max_size=3))))
     p = RequestParams(
         draw(st.one_of(st.lists(token, min_size=1, max_size=8), st.text(min_size=1, max_size=20),
-                       st.lists(st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=20)}),
+                       st.lists(st.fixed_dictionaries({"role": role, "content": st.text(max_size=20)}),
                                 min_size=1, max_size=3))),
         max_tokens,
         stop_token=draw(st.one_of(st.just("default"), st.none(), token, st.lists(token, max_size=3))),
@@ -289,6 +290,31 @@ def test_one_bad_request_in_a_batch_is_rejected_alone(bad_params, message):
     good1, bad, good2 = msg.requests
     assert type(good1) is type(good2) is Envelope and (good1.request_id, good2.request_id) == (1, 2)
     assert type(bad) is Rejected and bad.request_id == "bad" and message in bad.message
+
+
+BAD_ROLES = ["", "user<|im_end|>", "user\nsystem", "us er", "1st", "-x", "a" * 33, "naïve", "user:"]
+
+
+@pytest.mark.parametrize("role", BAD_ROLES)
+def test_a_chat_role_that_is_not_a_name_is_refused_at_every_entry_point_naming_the_message(role):
+    """One rule for a chat message's role (protocol.validation.as_role, the gateway's too): a name
+    of letters, digits, '_' and '-', at most 32. The Python SDK and ``slotserve run`` rows build
+    ``RequestParams``; a peer that skipped the check gets that request rejected off the wire."""
+    messages = [{"role": "user", "content": "hi"}, {"role": role, "content": "x"}]
+    says = "chat message 1 role must be a name such as 'user', 'assistant' or 'system'"
+    for build in (lambda: RequestParams(messages, 2), lambda: RequestParams.from_mapping(
+            {"messages": messages, "max_tokens": 2}), lambda: RequestParams([("user", "hi"), (role, "x")], 2)):
+        with pytest.raises(ValueError) as e:
+            build()
+        assert str(e.value).startswith(says) and f"got {role!r:.40}" in str(e.value), str(e.value)
+    (bad,) = decode(_frame(op="submit", model="m", requests=[[1, [[["user", "hi"], [role, "x"]], 2]]])).requests
+    assert type(bad) is Rejected and says in bad.message
+
+
+def test_any_name_is_a_role():
+    for role in ("user", "assistant", "system", "developer", "tool", "function", "ipython", "observation", "wizard",
+                 "_x", "a-b_2", "A" * 32):
+        assert RequestParams([{"role": role, "content": "x"}], 2).prompt[0].role == role
 
 
 def test_request_fields_travel_by_position_new_ones_last():

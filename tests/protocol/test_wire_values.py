@@ -30,6 +30,7 @@ from client import Client
 from protocol.codec import decode, encode
 from protocol.messages import Envelope, Submit
 from protocol.request import DEFAULT, RequestParams
+from protocol.validation import ROLE
 from slotserve.job import run_job
 from slotserve.launcher import ClusterConfig, LocalCluster
 from worker import BatchInferenceEngine, SimulatedLLM
@@ -156,12 +157,14 @@ anything = st.one_of(st.integers(), st.floats(), st.text(alphabet=st.characters(
 option_names = [n for n in RequestParams._fields if n not in ("prompt", "max_tokens")]
 
 
+any_text = st.text(alphabet=st.characters(blacklist_categories=()), max_size=6)
+roles = st.one_of(st.from_regex(ROLE, fullmatch=True), any_text)  # (names, and text that is refused)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=st.one_of(st.lists(st.integers(), min_size=1, max_size=4),
                         st.text(alphabet=st.characters(blacklist_categories=()), min_size=1, max_size=6),
-                        st.lists(st.fixed_dictionaries({"role": st.text(alphabet=st.characters(
-                            blacklist_categories=()), max_size=3), "content": st.text(alphabet=st.characters(
-                                blacklist_categories=()), max_size=6)}), min_size=1, max_size=2)),
+                        st.lists(st.fixed_dictionaries({"role": roles, "content": any_text}), min_size=1, max_size=2)),
        max_tokens=st.integers(), options=st.dictionaries(st.sampled_from(option_names), anything, max_size=4))
 def test_whatever_is_accepted_travels_unchanged(prompt, max_tokens, options):
     try:
