@@ -213,6 +213,20 @@ def test_a_known_model_without_a_worker_is_the_503_of_v1_not_a_404(one_tokenizer
             assert (r.status_code, r.json()) == (503, v1.json()), (path, r.text)
 
 
+def test_a_model_on_demand_gets_a_503_that_says_whether_it_is_loading():
+    """``lazy`` (on demand, not loaded) is told how to load it; ``big`` (on demand, loading now) is
+    told it is loading, not that a request would load it."""
+    app = handlers_app(Tokenizers(letters, None), StatusLink(*ONLY_ON_DEMAND[:2]))
+    with TestClient(app) as http:
+        for path, body in TOKENIZER_PATHS:
+            lazy = http.post(path, json={**body, "model": "lazy"})
+            big = http.post(path, json={**body, "model": "big"})
+            assert lazy.status_code == big.status_code == 503, (path, lazy.text, big.text)
+            assert "is not loaded now: a generation request or POST /models/load loads it" \
+                in lazy.json()["error"]["message"]
+            assert "is loading now; retry when GET /v1/models says it is loaded" in big.json()["error"]["message"]
+
+
 def test_the_not_found_message_lists_loaded_and_on_demand_names_and_hints_only_at_a_case_match():
     from gateway.link import not_found
 
