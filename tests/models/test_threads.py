@@ -89,6 +89,17 @@ def test_while_other_processes_are_busy_more_threads_are_not_probed():
     assert used[-1] == 2 and t.changes >= 2  # the quiet machine after the load: back to 2
 
 
+def test_while_held_by_busy_processes_the_check_grows_rarer():
+    """At 1 thread with only more threads to try and other processes busy throughout, the busy check
+    (three /proc readings) runs at ever longer intervals, as a probe that keeps the count would."""
+    calls = []
+    t = ThreadTuner(2, busy=lambda threads: calls.append(threads) or True)
+    drive(t, lambda n, i: {1: 0.10, 2: 0.30}[n], 2000)
+    assert t.current == 1 and t.changes == 1
+    held = [c for c in calls if c == 1]  # the checks made at 1 thread
+    assert 5 <= len(held) <= 20 and t.interval == t.max_interval
+
+
 def test_busy_reads_the_load_average_less_the_own_threads(monkeypatch):
     import os
 

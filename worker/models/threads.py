@@ -182,9 +182,10 @@ class ThreadTuner:
             return self._give(self.current)
         if not self._plan and self._until_probe <= 0 and len(self.candidates) > 1:
             neighbours = self._neighbours()
-            if not neighbours:  # only more threads to try, and other processes busy: wait a whole interval
-                self._up_held = False
+            if not neighbours:  # only more threads to try, and other processes busy: wait a whole interval,
+                self._up_held = False  # and the next one twice that, as a probe that keeps the count
                 self._until_probe = self.interval
+                self.interval = min(2 * self.interval, self.max_interval)
                 return self._give(self.current)
             self._rounds_tried += 1
             self._plan = [self.current, *neighbours]
