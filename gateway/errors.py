@@ -85,10 +85,14 @@ class APIError(Exception):
     def anthropic_body(self) -> dict:
         """The error in Anthropic's shape (its API reference, "Errors"): ``{"type": "error", "error":
         {"type", "message"}}``, the type by status (:data:`ANTHROPIC_TYPES`); Anthropic's error has no
-        ``param``, so the message starts with the field at fault."""
+        ``param``, so the message starts with the field at fault. An unknown field (code
+        ``unknown_parameter``) is worded as Anthropic words it: ``"<field>: Extra inputs are not
+        permitted"``."""
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         message = self.message
-        if self.param is not None and not message.lstrip("'`").startswith(self.param):
+        if self.code == "unknown_parameter" and self.param is not None:  # in Anthropic's own words
+            message = f"{self.param}: Extra inputs are not permitted"
+        elif self.param is not None and not message.lstrip("'`").startswith(self.param):
             message = f"{self.param}: {message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
 

@@ -225,7 +225,18 @@ def test_metadata_within_anthropics_bounds_is_taken_and_count_tokens_takes_none(
     # Anthropic's count_tokens has no metadata field: refused by name, as any unknown field
     r = http.post("/v1/messages/count_tokens", json={"model": "m", "messages": user("plain"),
                                                      "metadata": {"user_id": "u-1"}}, headers={"x-api-key": KEY})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("metadata: "), r.text
+    assert r.status_code == 400 and r.json()["error"]["message"] == "metadata: Extra inputs are not permitted", r.text
+
+
+def test_an_unknown_field_is_refused_in_anthropics_words(scripted):
+    """Anthropic answers an unknown body field with ``"<field>: Extra inputs are not permitted"``
+    (the OpenAI routes keep OpenAI's ``Unrecognized request argument supplied``: test_http.py)."""
+    _, http, _ = scripted
+    for path, body in (("/v1/messages", {"model": "m", "max_tokens": 5, "messages": user("plain"), "foo": 1}),
+                       ("/v1/messages/count_tokens", {"model": "m", "messages": user("plain"), "foo": 1})):
+        r = http.post(path, json=body, headers={"x-api-key": KEY})
+        assert r.status_code == 400 and r.json() == {"type": "error", "error": {
+            "type": "invalid_request_error", "message": "foo: Extra inputs are not permitted"}}, (path, r.text)
 
 
 def test_a_chat_path_error_names_the_messages_field_once(scripted):
