@@ -149,8 +149,7 @@ class TokenizeEndpoints:
         if tok is not None:
             return tok
         if model in self.link.config.on_demand_models:
-            m = status.models.get(status.aliases.get(model, model))
-            if m is not None and m.loading:
+            if self.link.model_states(status).get(model) == "loading":
                 raise unavailable(f"model `{model}` is loaded on demand and is loading now; retry when GET "
                                   "/v1/models says it is loaded")
             raise unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation "

@@ -174,11 +174,10 @@ class ThreadTuner:
         """The thread count for the next step (then :meth:`record` it). ``key``: the step's shape where
         the caller knows it beforehand (what it will give :meth:`record`); None: any step may be a
         probe's."""
-        last, self._last_key = self._last_key, key
-        if key is not None and (self._round_key is not None and key != self._round_key
-                                or self._round_key is None and key != last) \
-                and (self._plan or self._until_probe <= 0) and len(self.candidates) > 1:
-            self._outside = True  # a probe waits for a step of its round's shape (or of the last step's)
+        wanted = self._last_key if self._round_key is None else self._round_key  # round under way, else last step
+        self._last_key = key
+        if key is not None and key != wanted and (self._plan or self._until_probe <= 0) and len(self.candidates) > 1:
+            self._outside = True  # a probe waits for a step of that shape
             return self._give(self.current)
         if not self._plan and self._until_probe <= 0 and len(self.candidates) > 1:
             neighbours = self._neighbours()
