@@ -8,8 +8,9 @@ bench/model.py defines it:
 
 - prompts are token ids (both systems see identical input; no chat template,
   no BOS added by the server to an id prompt);
-- greedy (``temperature`` 0, ``top_k`` 1), ``cache_prompt`` off (slotserve
-  has no prefix cache);
+- greedy (``temperature`` 0, ``top_k`` 1), ``cache_prompt`` off (and
+  slotserve's prefix cache off in bench/model.py: neither reuses a prompt the
+  warm-up sent);
 - ``ignore_eos`` with ``n_predict`` = that request's length, so every request
   generates exactly its bench length (bench/model.py passes the useful
   lengths of its greedy reference, i.e. the same work slotserve does);
@@ -283,8 +284,8 @@ class Completion:
 
 def complete(url: str, prompt: list[int], n_predict: int, t0: float, *, cache_prompt: bool = False) -> Completion:
     """POST one streaming ``/completion``; greedy, ``ignore_eos``, exactly ``n_predict`` tokens;
-    ``cache_prompt``: the server may reuse a cached prefix of the prompt (off: slotserve's
-    bench/model.py has no prefix cache; on: bench/prefix.py).
+    ``cache_prompt``: the server may reuse a cached prefix of the prompt (off: bench/model.py,
+    where slotserve's prefix cache is off too; on: bench/prefix.py).
 
     Server-sent events (``data: {json}`` lines) are read as they arrive;
     each carries the new token ids (``return_tokens``). Raises

@@ -141,11 +141,13 @@ def run_slotserve(model, prompts, max_tokens, slots, eos) -> Run:
 def model_options(precision: str, threads: int):
     """The worker's ModelOptions for a ``--precisions`` entry (``hf``: the transformers-forward runner;
     ``P+specK``: precision P with ``speculative_tokens=K``; ``P+kvD``: with ``kv_cache_dtype=D``; ``gguf-int8`` / ``gguf-bf16``: precision gguf
-    with ``gguf_activations`` int8 / bf16)."""
+    with ``gguf_activations`` int8 / bf16). The prefix cache is off (``prefix_cache_mb=0``), as
+    llama.cpp's ``cache_prompt`` is here: neither system takes the warm-up's prompts from a cache
+    (:func:`bench.systems.slotserve`)."""
     from worker.models import ModelOptions
 
     if precision == "hf":
-        return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads)
+        return ModelOptions(device="cpu", runner="hf", precision="fp32", num_threads=threads, prefix_cache_mb=0)
     precision, *extras = precision.split("+")
     spec = kv = None
     for extra in extras:
@@ -158,7 +160,7 @@ def model_options(precision: str, threads: int):
     precision, _, activations = precision.partition("-")
     return ModelOptions(device="cpu", runner="slotserve", precision=precision, num_threads=threads,
                         speculative_tokens=spec or 0, gguf_activations=activations or "auto",
-                        kv_cache_dtype=kv or "auto")
+                        kv_cache_dtype=kv or "auto", prefix_cache_mb=0)
 
 
 def run_slotserve_broker(prompts, max_tokens, slots, precision="fp32", threads=2, *, model=MODEL,

@@ -105,8 +105,10 @@ def main(argv=None) -> None:
 
     chunks = [ModelOptions(max_prefill_tokens=int(c)).max_prefill_tokens for c in args.chunks.split(",") if c]
     rows = []
-    # One model for every chunk size: the runner reads max_prefill_tokens at each iteration.
-    model = load_model(MODEL, num_threads=args.threads, precision="fp32")
+    # One model for every chunk size: the runner reads max_prefill_tokens at each iteration. Its
+    # prefix cache is off: every run prefills the same long prompt (the warm-up its first 64
+    # tokens), which a cache would hand the later runs instead of the chunks measured.
+    model = load_model(MODEL, num_threads=args.threads, precision="fp32", prefix_cache_mb=0)
     short, long = prompts(model.tokenizer, args.long_tokens)
     for chunk in chunks:
         model.max_prefill_tokens = chunk

@@ -227,3 +227,30 @@ def test_interleave_runs_the_worker_systems_and_llamacpp_in_rounds(monkeypatch):
     assert by_name["llamacpp"].wall_s == 8.0 and by_name["llamacpp"].all_wall_s == [9.0, 8.0, 8.5]
     assert by_name["slotserve"].all_wall_s == [5.0] and by_name["hf-alone"].all_wall_s == [7.0]
     assert extra == {"llamacpp": {"wall": 8.0}}
+
+
+@pytest.mark.parametrize("entry", ["hf", "fp32", "gguf", "gguf-int8", "gguf+spec3", "bf16+kvbf16"])
+def test_the_worker_systems_run_without_the_prefix_cache(entry):
+    """The warm-up sends the first prompts; llama.cpp runs with ``cache_prompt`` off, so the worker
+    must not take those prompts' prefill from its prefix cache either (the 0.5B's HE32: 736 of
+    2,955 prompt tokens, 9 % of its wall time, before this was off)."""
+    assert model.model_options(entry, 2).prefix_cache_mb == 0
+
+
+def test_the_in_process_engine_runs_without_the_prefix_cache(tmp_path):
+    """:func:`bench.systems.slotserve` warms up on the prompts it then measures: with the runner's
+    default prefix cache on, their prefill would come from the cache; it runs with the cache off."""
+    import random
+
+    from bench import systems
+    from tests.support.slot_models import TINY_LLAMA_VOCAB, save_tiny_llama
+    from worker.models import load_model
+
+    save_tiny_llama(tmp_path)
+    runner = load_model(str(tmp_path))
+    assert runner.prefix_cache_mb is None  # the default: sized from the machine, on
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, TINY_LLAMA_VOCAB) for _ in range(40)] for _ in range(3)]
+    run = systems.slotserve(runner, prompts, [3, 3, 3], slots=2)
+    assert runner.prefix_cache is None and runner.prefix_cache_mb == 0
+    assert [len(out) for out in run.outputs] == [3, 3, 3]
