@@ -20,7 +20,9 @@ llama.cpp serve it).
 - Too long an input (over the served context: the model's ``max_seq_len`` tokens, 256 for
   all-MiniLM-L6-v2, or ``--max-model-len`` when lower): 400 ``context_length_exceeded``, as OpenAI
   answers, worded as the generation paths word it ("exceeds the served context of N tokens
-  (--max-model-len)"); never silently truncated.
+  (--max-model-len)"); never silently truncated. An error about one entry of a list names it as
+  the body does (``input[3] (70 tokens) exceeds ...``, ``documents[2] contains token id ...``),
+  whichever side found it (:func:`_about`).
 - A model that generates (no embeddings): 400 ``unsupported``; an unknown one: 404
   ``model_not_found``; empty input: 400 ``invalid_value``.
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -171,8 +174,7 @@ class EmbeddingEndpoints:
         body = await self._parse(request, EmbeddingsRequest)
         client = await self.link.client_for(body.model)
         size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
-        inputs = _inputs(body.input)
-        vectors, tokens = await _embed(client, inputs, ["input"] * len(inputs), request)
+        vectors, tokens = await _embed(client, *_inputs(body.input), request)
         data = []
         for i, raw in enumerate(vectors):
             if size is not None:
@@ -191,7 +193,7 @@ class EmbeddingEndpoints:
             raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
         client = await self.link.client_for(body.model)
         vectors, tokens = await _embed(client, [body.query, *body.documents],
-                                       ["query"] + ["documents"] * len(body.documents), request)
+                                       ["query"] + [f"documents[{i}]" for i in range(len(body.documents))], request)
         query = unpack(vectors[0])
         scores = [cosine(query, unpack(v)) for v in vectors[1:]]
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
@@ -207,12 +209,13 @@ class EmbeddingEndpoints:
         return await parse_body(request, schema, self.max_body_bytes)
 
 
-async def _embed(client: Client, prompts: list, params: list[str], request: Request) -> tuple[list[bytes], list[int]]:
+async def _embed(client: Client, prompts: list, names: list[str], request: Request) -> tuple[list[bytes], list[int]]:
     """Each prompt's embedding (float32 bytes) and length in tokens, in order, through ``client``
-    (the model's shared one), every request submitted at once. ``params``: the body field each prompt
-    came from. Raises :class:`APIError`: the client's refusal (400), or the first failed request's
-    code (:func:`gateway.errors.from_remote`), naming that prompt's field; ClientGone when the HTTP
-    client disconnects first. The requests not ended are cancelled whatever happens."""
+    (the model's shared one), every request submitted at once. ``names``: each prompt's place in the
+    body (``input``, ``input[3]``, ``query``, ``documents[2]``). Raises :class:`APIError`: the
+    client's refusal (400), or the first failed request's code (:func:`gateway.errors.from_remote`),
+    naming that prompt (:func:`_about`); ClientGone when the HTTP client disconnects first. The
+    requests not ended are cancelled whatever happens."""
     signal = Signal(asyncio.get_running_loop())
     handles: list = []
     watch = None
@@ -221,15 +224,12 @@ async def _embed(client: Client, prompts: list, params: list[str], request: Requ
             for prompt in prompts:
                 handles.append(client.embed(prompt, signal.poke))  # (the completion callback wakes the loop)
         except ValueError as e:  # refused at submission (the model is known: e.g. it generates)
-            error = from_value_error(e, params[len(handles)])
-            if error.param == "prompt":
-                error.param = params[len(handles)]
-            raise error from None
+            raise _about(from_value_error(e), names[len(handles)]) from None
         watch = _Watch(request, signal)
         # Until every request ended, or one failed (the answer is its error: the rest are cancelled).
         # (finish_reason is set before the completion callback runs: no poke is missed.)
         while True:
-            failed = next(((h, p) for h, p in zip(handles, params) if h.finish_reason not in _RUNNING_OR_STOP), None)
+            failed = next(((h, n) for h, n in zip(handles, names) if h.finish_reason not in _RUNNING_OR_STOP), None)
             if failed is not None or all(h.finish_reason is not None for h in handles):
                 break
             await signal.wait()
@@ -242,13 +242,10 @@ async def _embed(client: Client, prompts: list, params: list[str], request: Requ
             if h.finish_reason is None:
                 client.cancel(h.request_id)
     if failed is not None:
-        h, param = failed
+        h, name = failed
         err = h.error
         if isinstance(err, RemoteError):
-            error = from_remote(err.code, err.message, param)
-            if error.status == 400 and error.param is None:  # (e.g. context_length_exceeded: this prompt)
-                error.param = param
-            raise error
+            raise _about(from_remote(err.code, err.message), name)
         raise APIError(500, f"an embedding request ended {h.finish_reason}: {err}", code="internal")
     if any(h.embedding_bytes is None for h in handles):  # (a worker that broke the protocol)
         raise APIError(500, "a worker ended an embedding request without its vector", code="model_error")
@@ -257,12 +254,31 @@ async def _embed(client: Client, prompts: list, params: list[str], request: Requ
 
 _RUNNING_OR_STOP = (None, FinishReason.STOP)
 
+_SUBJECT = re.compile(r"(input|prompt)\b")
+"""How the client's and the worker's checks name the one prompt they check (its first word)."""
 
-def _inputs(value: str | list) -> list:
-    """``input`` as a list of prompts: one string or token-id list, or each entry of a list of them."""
+
+def _about(error: APIError, name: str) -> APIError:
+    """``error``, a refusal of the prompt at ``name`` (``input``, ``input[3]``, ``query``,
+    ``documents[2]``), naming it: a 400's ``param`` is its body field, and its message says which
+    entry -- the checks' own subject (``input``, ``prompt``) becomes ``name`` (``input[3] (70 tokens)
+    exceeds the served context ...``), or ``name`` leads. Not an ``unsupported`` 400 (the model's
+    kind, the same for every entry) nor another status: they are about no one entry."""
+    if error.status != 400:
+        return error
+    error.param = name.split("[", 1)[0]
+    if error.code != "unsupported":
+        subject = _SUBJECT.match(error.message)
+        error.message = (name + error.message[subject.end():]) if subject else f"{name}: {error.message}"
+    return error
+
+
+def _inputs(value: str | list) -> tuple[list, list[str]]:
+    """``input`` as a list of prompts -- one string or token-id list, or each entry of a list of
+    them -- and each one's name in the body (``input``; ``input[0]``, ``input[1]``, ... for a list)."""
     if type(value) is str or (value and type(value[0]) is int):
-        return [value]
-    return list(value)
+        return [value], ["input"]
+    return list(value), [f"input[{i}]" for i in range(len(value))]
 
 
 def _dimensions(dimensions: int | None, info: ModelInfo | None, model: str) -> int | None:

@@ -139,6 +139,9 @@ def test_bad_requests_are_openai_shaped_400s(cluster):
     assert error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": []}), 400)["param"] == "input"
     long = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": "word " * 300}), 400)
     assert long["code"] == "context_length_exceeded" and "256" in long["message"] and long["param"] == "input"
+    listed = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": ["a", "word " * 300]}), 400)
+    assert (listed["code"], listed["param"]) == ("context_length_exceeded", "input")  # (the worker's refusal,
+    assert listed["message"].startswith("input[1] (") and "256" in listed["message"], listed  # naming the entry)
     dims = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 128}), 400)
     assert dims["param"] == "dimensions" and "Matryoshka" in dims["message"]
     same = _post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 384})

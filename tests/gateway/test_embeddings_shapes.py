@@ -20,10 +20,12 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
+from client.errors import RemoteError  # noqa: E402
 from gateway.drain import Drain  # noqa: E402
 from gateway.embeddings import MAX_INPUTS, EmbeddingEndpoints  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from protocol.embedding import pack  # noqa: E402
+from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from protocol.messages import ModelInfo  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
 from worker.embeddings import EmbeddingEngine  # noqa: E402
@@ -161,6 +163,63 @@ def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param,
         assert e["code"] == "invalid_value"
     if "served context" in words:  # (worded as the generation paths word it; OpenAI's code)
         assert e["code"] == "context_length_exceeded"
+
+
+class WorkerSideClient(EngineClient):
+    """:class:`EngineClient` as a worker refuses text: what the engine refuses at submission ends the
+    request with that error's code (``context_length_exceeded``, ...) as a :class:`RemoteError`, as
+    worker/process.py answers it, instead of raising in the gateway."""
+
+    def embed(self, prompt, callback):
+        try:
+            return super().embed(prompt, callback)
+        except ValueError as e:
+            return RefusedHandle(RemoteError(getattr(e, "code", ErrorCode.BAD_REQUEST), str(e)))
+
+
+class RefusedHandle:
+    """A request a worker refused: ended ``error`` with ``error``."""
+
+    def __init__(self, error: RemoteError) -> None:
+        self.request_id, self.finish_reason, self.error = None, FinishReason.ERROR, error
+        self.embedding_bytes = self.prompt_tokens = None
+
+
+@pytest.mark.parametrize("side", [EngineClient, WorkerSideClient], ids=["client-side", "worker-side"])
+@pytest.mark.parametrize("path, fields, param, says", [
+    ("/v1/embeddings", {"input": ["north", "east", "north up east down"]}, "input",
+     "input[2] (4 tokens) exceeds the served context of 3 tokens (--max-model-len); shorten it or split it into "
+     "several inputs"),
+    ("/v1/embeddings", {"input": [[0], [1, 2, 3, 0]]}, "input",
+     "input[1] (4 tokens) exceeds the served context of 3 tokens (--max-model-len)"),
+    ("/v1/embeddings", {"input": [[0], [1], [9]]}, "input", "input[2] contains token id 9, outside the model's "
+     "vocabulary [0, 4)"),
+    ("/v1/embeddings", {"input": [[0], [-1]]}, "input", "input[1] contains negative token id -1"),
+    ("/v1/embeddings", {"input": ["north", "  "]}, "input", "input[1]: the tokenised prompt must not be empty"),
+    ("/v1/embeddings", {"input": [9]}, "input", "input contains token id 9, outside"),  # (one list: "input")
+    ("/v1/embeddings", {"input": "north up east down"}, "input", "input (4 tokens) exceeds the served context"),
+    ("/v1/rerank", {"query": "north", "documents": ["east", "north up east down"]}, "documents",
+     "documents[1] (4 tokens) exceeds the served context of 3 tokens"),
+    ("/v1/rerank", {"query": "north up east down", "documents": ["east"]}, "query",
+     "query (4 tokens) exceeds the served context of 3 tokens"),
+])
+def test_an_error_about_one_entry_names_its_index(side, path, fields, param, says):
+    """The over-length message said "input (N tokens)" for any entry of a list: which one was
+    left to guess. Either side's refusal (the client's for token ids, the worker's for text) names it."""
+    link = Link()
+    link.client.stop()
+    link.client = side()
+    endpoints = EmbeddingEndpoints(link, Drain(), 1 << 20, GatewayMetrics())
+    app = Starlette(routes=[Route("/v1/embeddings", endpoints.embeddings, methods=["POST"]),
+                            Route("/v1/rerank", endpoints.rerank, methods=["POST"])])
+    try:
+        with TestClient(app) as http:
+            e = error_of(http.post(path, json={"model": "m", **fields}), 400)
+    finally:
+        link.client.stop()
+    assert e["param"] == param and e["message"].startswith(says), e
+    assert e["code"] == ("context_length_exceeded" if "served context" in says else
+                         "invalid_value" if side is EngineClient else "bad_request"), e
 
 
 def test_rerank_orders_by_cosine_similarity(http):
