@@ -24,8 +24,12 @@ Messages field              on the chat path
 ``tool_choice``             ``auto`` / ``any`` (``required``) / ``tool`` + ``name`` (that
                             function) / ``none``; ``disable_parallel_tool_use: true`` is
                             ``parallel_tool_calls: false``
-``output_config.format``    ``response_format`` ``json_schema`` (``{"type": "json_schema",
-                            "schema"}``, structured outputs)
+``output_config``           ``format``: ``response_format`` ``json_schema`` (``{"type":
+                            "json_schema", "schema"}``, structured outputs); ``effort`` (one
+                            of :data:`OUTPUT_EFFORTS`, or null) checked, not used; another key
+                            a 400 (``output_config.foo: Extra inputs are not permitted``).
+                            ``count_tokens`` takes and checks it too (as Anthropic's does); the
+                            count is the prompt's (the schema is a grammar, not prompt text)
 ``stream``                  the chat stream, written as Anthropic's events
 ``metadata``                checked as Anthropic checks it, then not used: an object whose one
                             key is ``user_id`` (a string of at most 256 characters, or null);
@@ -66,10 +70,11 @@ from gateway.errors import APIError, bad_request, from_validation
 from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
+from gateway.structured import structured_option
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
     string_field, unsupported_field
 
-__all__ = ["CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
+__all__ = ["OUTPUT_EFFORTS", "CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
 
 _WHAT = "/v1/messages"
 
@@ -106,6 +111,36 @@ def _metadata(value: Any) -> Any:
 Metadata = Annotated[dict[str, Any] | None, BeforeValidator(_metadata)]
 """A Messages body's ``metadata``: ``{"user_id": str | null}`` within Anthropic's bound (:func:`_metadata`)."""
 
+OUTPUT_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+"""The values of ``output_config.effort`` Anthropic takes (its API's ``OutputConfig.effort``; the
+anthropic SDK's ``OutputConfigParam``)."""
+
+
+def _output_config(value: Any) -> Any:
+    """Anthropic's ``output_config`` (its ``OutputConfig`` object: ``format`` and ``effort``, no
+    other key): null, or such an object whose ``effort`` is one of :data:`OUTPUT_EFFORTS` or null;
+    ``format`` is checked where it is translated (:func:`_response_format`). Else the error naming
+    the field first, in the words of Anthropic's own 400s."""
+    if value is None:
+        return value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("invalid_type", "output_config: Input should be an object (format, effort); got "
+                                  f"{json.dumps(value)[:40]}")
+    extra = next((key for key in value if key not in ("format", "effort")), None)
+    if extra is not None:
+        raise PydanticCustomError("invalid_value", f"output_config.{extra:.40}: Extra inputs are not permitted "
+                                  "(output_config takes format and effort)")
+    effort = value.get("effort")
+    if effort is not None and (type(effort) is not str or effort not in OUTPUT_EFFORTS):
+        raise PydanticCustomError("invalid_value", "output_config.effort: Input should be "
+                                  f"{', '.join(map(repr, OUTPUT_EFFORTS[:-1]))} or {OUTPUT_EFFORTS[-1]!r}; got "
+                                  f"{json.dumps(effort)[:40]}")
+    return value
+
+
+OutputConfig = Annotated[dict[str, Any] | None, BeforeValidator(_output_config)]
+"""A Messages body's ``output_config`` (:func:`_output_config`), shared by ``count_tokens``."""
+
 
 class CountTokensRequest(BaseModel):
     """``POST /v1/messages/count_tokens``'s body (strict, unknown fields 400)."""
@@ -116,7 +151,9 @@ class CountTokensRequest(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    output_config: OutputConfig = None  # format: structured output; effort: not used
     thinking: dict[str, Any] | None = None  # accepted, not used
+    cache_control: dict[str, Any] | None = None  # accepted, not used
     # refused unless absent
     mcp_servers: Any = None
     context_management: Any = None
@@ -135,11 +172,9 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = None
     top_k: int | None = None
     stream: bool | None = None
-    output_config: dict[str, Any] | None = None  # format: structured output; effort: not used
     metadata: Metadata = None  # checked as Anthropic does, not used
     # accepted, not used
     service_tier: str | None = None
-    cache_control: dict[str, Any] | None = None
     inference_geo: str | None = None
     speed: str | None = None
     # refused unless absent
@@ -261,13 +296,15 @@ def _response_format(config: dict | None) -> dict | None:
 
 
 def _chat_fields(body: CountTokensRequest) -> dict:
-    """The chat request's fields that a count and a message share (the prompt and its tools)."""
+    """The chat request's fields that a count and a message share (the prompt, its tools, its output
+    format), so that both check them alike."""
     name = body.unsupported()
     if name is not None:
         raise unsupported_field(name, _WHAT)
     choice, parallel = _tool_choice(body.tool_choice)
     return {"model": body.model, "messages": chat_messages(body.system, body.messages), "tools": _tools(body.tools),
-            "tool_choice": choice, "parallel_tool_calls": parallel}
+            "tool_choice": choice, "parallel_tool_calls": parallel,
+            "response_format": _response_format(body.output_config)}
 
 
 class MessagesTranslation:
@@ -285,7 +322,6 @@ class MessagesTranslation:
         chat = chat_request({
             **_chat_fields(body), "max_tokens": body.max_tokens, "stop": body.stop_sequences,
             "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stream": body.stream,
-            "response_format": _response_format(body.output_config),
             "stream_options": {"include_usage": True, "continuous_usage_stats": True} if body.stream else None},
             _PARAMS)
         self.on_chat_path = True
@@ -380,6 +416,7 @@ class MessagesEndpoints:
         except APIError as e:
             return anthropic_error(e)
         try:
+            structured_option(chat)  # (the output format checked as a message's is; it adds no prompt token)
             _, ids, _ = await self.tokenize.tokens(TokenizeRequest(model=chat.model, messages=chat.messages,
                                                                    tools=chat.tools, tool_choice=chat.tool_choice))
         except APIError as e:

@@ -163,6 +163,39 @@ def test_count_tokens_is_the_rendered_prompt(scripted):
     assert count.input_tokens == len("sbe brief.uhello world.a")
 
 
+def test_count_tokens_takes_output_config_and_cache_control_as_anthropics_does(scripted):
+    """Anthropic's count_tokens takes ``output_config`` and ``cache_control`` (its
+    ``MessageCountTokensParams``): they were refused as unknown fields. The format is checked as
+    /v1/messages checks it and changes no count (a grammar, not prompt text)."""
+    sdk, _, _ = scripted
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    plain = sdk.messages.count_tokens(model="m", messages=user("hello world")).input_tokens
+    assert sdk.messages.count_tokens(model="m", messages=user("hello world"), cache_control={"type": "ephemeral"},
+                                     output_config={"format": {"type": "json_schema", "schema": schema},
+                                                    "effort": "low"}).input_tokens == plain
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("output_config, message", [
+    ({"format": {"type": "yaml"}}, 'output_config.format must be {"type": "json_schema", "schema": {...}}'),
+    ({"format": {"type": "json_schema", "schema": 5}}, "output_config.format.schema"),  # (the chat path's check)
+    ({"foo": 1}, "output_config.foo: Extra inputs are not permitted (output_config takes format and effort)"),
+    ({"effort": "extreme"}, "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'; "
+                            'got "extreme"'),
+    ({"effort": 3}, "output_config.effort: Input should be"),
+    ("json", "output_config: Input should be an object (format, effort)"),
+])
+def test_output_config_is_checked_alike_by_a_message_and_a_count(scripted, path, output_config, message):
+    _, http, client = scripted
+    body = {"model": "m", "messages": user("plain"), "output_config": output_config,
+            **({"max_tokens": 5} if path == "/v1/messages" else {})}
+    r = http.post(path, json=body, headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"].startswith(message), \
+        r.json()
+    assert not client.threads  # refused before anything was submitted
+
+
 @pytest.mark.parametrize("path, body, status, kind, field", [
     ("/v1/messages", {"messages": user("plain")}, 400, "invalid_request_error", "max_tokens"),
     ("/v1/messages", {"messages": user("plain"), "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
