@@ -10,7 +10,9 @@
   bi-encoder reranking with an embedding model (:mod:`gateway.embeddings`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
-- ``GET /v1/models``: models with a worker now. ``GET /health``: 200 when the
+- ``GET /v1/models``: models with a worker now, and those whose first worker is loading
+  (``"status": {"value": "loading"}``; every model says its state where some load on demand).
+  ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
 - Anything else: 404 / 405 in OpenAI's error shape.
@@ -77,7 +79,9 @@ class ServiceEndpoints:
         for name in sorted(states):
             info = self.link.model_info(name)
             entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
-            if self.link.config.on_demand_models:  # (llama.cpp's router mode says each model's state)
+            # llama.cpp's router mode says each model's state; elsewhere a model says it only while its
+            # first worker loads (the 404 lists it as loading: a model named here is not unknown)
+            if self.link.config.on_demand_models or states[name] != "loaded":
                 entry["status"] = {"value": states[name]}
             if info is not None and info.max_seq_len is not None:
                 entry["max_model_len"] = info.max_seq_len

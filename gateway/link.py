@@ -179,16 +179,24 @@ class BrokerConnections:
         return served
 
     def model_states(self, status: Status | None = None) -> dict[str, str]:
-        """Every model a request may name -> ``"loaded"`` (a worker serves it), ``"loading"`` (one is
-        starting) or ``"unloaded"`` (a model on demand that no worker runs now), from the last status."""
+        """Every model a request may name -> ``"loaded"`` (a worker serves it), ``"loading"`` (its
+        first worker is starting: a model on demand, or one a worker was started for, as ``slotserve
+        up`` starts) or ``"unloaded"`` (a model on demand that no worker runs now), from the last
+        status; each alias as its model."""
         st = status or self.status
         if st is None:
             return {}
         states = {n: "loaded" for n in self.served(st)}
-        for name in self.config.on_demand_models:
-            m = st.models.get(st.aliases.get(name, name))
-            if name not in states:
-                states[name] = "loading" if m is not None and m.loading else "unloaded"
+        names = {**{n: n for n in st.models}, **st.aliases}  # every name -> its model's
+        names.update({n: st.aliases.get(n, n) for n in self.config.on_demand_models})
+        for name, primary in names.items():
+            if name in states:
+                continue
+            m = st.models.get(primary)
+            if m is not None and m.loading:
+                states[name] = "loading"
+            elif name in self.config.on_demand_models:
+                states[name] = "unloaded"
         return states
 
     def knows(self, model: str, status: Status) -> bool:
@@ -200,13 +208,8 @@ class BrokerConnections:
     def model_not_found(self, model: str, status: Status) -> APIError:
         """The 404 ``model_not_found`` for ``model``, a name ``status`` does not know (:meth:`knows`),
         the one every route answers: :func:`not_found`'s message over the names a request may give,
-        :meth:`model_states`'s and any model whose first worker is loading now (``"loading"``)."""
-        names = self.model_states(status)
-        for name, primary in {**{n: n for n in status.models}, **status.aliases}.items():
-            m = status.models.get(primary)
-            if name not in names and m is not None and m.loading and not m.workers:
-                names[name] = "loading"
-        return APIError(404, not_found(model, names), param="model", code="model_not_found")
+        :meth:`model_states`'s (as ``GET /v1/models`` lists them)."""
+        return APIError(404, not_found(model, self.model_states(status)), param="model", code="model_not_found")
 
     def no_worker(self, model: str) -> APIError:
         """The 503 for a known model (not one on demand) that no worker serves right now."""

@@ -16,7 +16,8 @@
   prefix cache); the broker's ``slotserve_prefix_cache_*`` series count per worker.
 - ``slotserve_model_loaded{model}``: with models on demand (``slotserve up`` with several models),
   1 while a worker serves the model, 0 while it is loading or unloaded (set at each scrape from
-  the gateway's last broker status, as ``/v1/models`` says them).
+  the gateway's last broker status, as ``/v1/models`` says them; a model ``/v1/models`` no longer
+  lists has no series).
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ class GatewayMetrics:
         self._children: dict[tuple, object] = {}
 
     def set_model_states(self, states: dict[str, str]) -> None:
-        """``slotserve_model_loaded`` from ``{model: "loaded" | "loading" | "unloaded"}``."""
+        """``slotserve_model_loaded`` from ``{model: "loaded" | "loading" | "unloaded"}``: a model no
+        longer listed (one whose first worker failed to load it, or whose workers all left) loses its
+        series, rather than keeping the last value it had (a 1 for a model no worker serves)."""
         for model, state in states.items():
             self._child(self.model_loaded, model).set(1 if state == "loaded" else 0)
+        for key in [k for k in self._children if k[0] == id(self.model_loaded) and k[1] not in states]:
+            self.model_loaded.remove(key[1])
+            del self._children[key]
 
     def _child(self, metric, *labels):
         """``metric.labels(*labels)``, cached (labels() takes a lock and builds a key each call)."""

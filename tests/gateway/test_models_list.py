@@ -1,0 +1,91 @@
+"""``GET /v1/models`` and ``slotserve_model_loaded`` over broker statuses the tests give (the gateway's
+own link and handlers, no broker, no socket). A model whose first worker is loading (``slotserve up``
+starting, not a model on demand) was left out of ``/v1/models`` while the 404 for an unknown name
+listed it as loading; and the gauge kept the last value of a model that was no longer listed."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.app import ServiceEndpoints  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.drain import Drain  # noqa: E402
+from gateway.link import BrokerConnections  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from protocol.messages import ModelStatus, Status  # noqa: E402
+
+
+def model(workers: int = 0, loading: int = 0) -> ModelStatus:
+    return ModelStatus(0, 0, workers, 0, 4 * workers, loading)
+
+
+class StatusLink(BrokerConnections):
+    """The gateway's link over the status the test sets (``link.status``); no broker."""
+
+    def __init__(self, on_demand: tuple[str, ...] = ()) -> None:
+        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand))
+        self.broker_ok = True
+
+    def show(self, models: dict, aliases: dict | None = None) -> None:
+        self.status = Status("broker", 1.0, models, (), 0, {}, aliases or {})
+
+    async def refresh(self) -> Status:
+        return self.status
+
+
+@pytest.fixture
+def served():
+    """``(link, http)``: ``/v1/models`` and ``/metrics`` over a :class:`StatusLink`."""
+
+    def start(on_demand: tuple[str, ...] = ()):
+        link = StatusLink(on_demand)
+        service = ServiceEndpoints(link, GatewayMetrics(), Drain())
+        app = Starlette(routes=[Route("/v1/models", service.models, methods=["GET"]),
+                                Route("/metrics", service.metrics_endpoint, methods=["GET"])])
+        return link, TestClient(app)
+
+    return start
+
+
+def listed(http) -> dict[str, str | None]:
+    """``/v1/models`` as ``{id: status value, or None without one}``."""
+    return {m["id"]: m.get("status", {}).get("value") for m in http.get("/v1/models").json()["data"]}
+
+
+def gauge(http) -> dict[str, float]:
+    return {m: float(v) for m, v in re.findall(r'^slotserve_model_loaded\{model="([^"]+)"\} (\S+)$',
+                                                http.get("/metrics").text, re.M)}
+
+
+def test_a_model_whose_first_worker_loads_is_listed_as_loading_then_as_any_served_model(served):
+    link, http = served()
+    link.show({"m": model(1), "boot": model(loading=1)}, {"boot-chat": "boot"})
+    with http:
+        assert listed(http) == {"m": None, "boot": "loading", "boot-chat": "loading"}
+        # the 404 of a name no model has lists the same names, in the same states
+        assert "(models: boot (loading), boot-chat (loading), m)" in link.model_not_found("nope", link.status).message
+        link.show({"m": model(1), "boot": model(1)}, {"boot-chat": "boot"})  # registered
+        assert listed(http) == {"m": None, "boot": None, "boot-chat": None}
+        assert gauge(http) == {}  # (the gauge is for gateways with models on demand)
+
+
+def test_with_models_on_demand_every_state_is_listed_and_the_gauge_follows_the_list(served):
+    link, http = served(("lazy", "big"))
+    link.show({"m": model(1), "lazy": model(), "big": model(loading=1), "boot": model(loading=1)})
+    with http:
+        assert listed(http) == {"m": "loaded", "lazy": "unloaded", "big": "loading", "boot": "loading"}
+        assert gauge(http) == {"m": 1.0, "lazy": 0.0, "big": 0.0, "boot": 0.0}
+        # boot's worker failed to load it, m's worker left: neither is listed, nor keeps a series
+        # (m's stayed at 1 before, a loaded model that no worker served)
+        link.show({"m": model(0), "lazy": model(), "big": model(1), "boot": model()})
+        assert listed(http) == {"lazy": "unloaded", "big": "loaded"}
+        assert gauge(http) == {"lazy": 0.0, "big": 1.0}
