@@ -163,7 +163,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
     responses = ResponsesEndpoints(generate, ResponseStore(config.responses_store_max,
                                                            config.responses_store_max_age_s))
     messages = MessagesEndpoints(generate, tokenize)
-    control = ModelControl(model_orders, config.on_demand_models, config.max_body_bytes)
+    control = ModelControl(link, model_orders, config.max_body_bytes)
     embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes, metrics)
 
     @contextlib.asynccontextmanager

@@ -7,7 +7,10 @@ waits until the model is idle (a model with requests queued or running is never 
 ``GET /v1/models`` (each model's ``status``) for the result. The gateway hands the order to the
 supervisor that owns the worker processes (``orders(op, model)``, a queue the launcher reads);
 a gateway without one (``slotserve serve``, or ``up`` with one model) answers 400 saying so.
-An unknown model is a 404 ``model_not_found``; a malformed body a 400.
+A name no model has is the 404 ``model_not_found`` that every ``/v1`` route answers
+(:meth:`BrokerConnections.model_not_found <gateway.link.BrokerConnections.model_not_found>`: the
+names a request may give, with their states); a model that is served but not on demand (its workers
+run as long as the cluster) a 400 naming the models on demand; a malformed body a 400.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, invalid_json
 from gateway.generate import _check_json_body_headers, read_body
+from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response
 
 __all__ = ["ModelControl"]
@@ -29,11 +33,13 @@ Orders = Callable[[str, str], None]
 
 
 class ModelControl:
-    """The two endpoints over ``orders`` (None: no supervisor) for ``models`` (the served names on demand)."""
+    """The two endpoints over ``orders`` (None: no supervisor) for the models on demand of ``link``'s
+    config (their served names); ``link`` words the 404 of a name no model has, as for ``/v1``."""
 
-    def __init__(self, orders: Orders | None, models: tuple[str, ...], max_body_bytes: int) -> None:
+    def __init__(self, link: BrokerConnections, orders: Orders | None, max_body_bytes: int) -> None:
+        self.link = link
         self.orders = orders
-        self.models = models
+        self.models = link.config.on_demand_models
         self.max_body_bytes = max_body_bytes
 
     async def load(self, request: Request) -> Response:
@@ -57,9 +63,17 @@ class ModelControl:
                 raise bad_request(f"/models/{op} applies to models loaded on demand, which `slotserve up` runs "
                                   "when given several models (--model repeated, or --models-dir)", "model")
             if model not in self.models:
-                raise APIError(404, f"The model `{model:.200}` is not one of the models on demand "
-                                    f"({', '.join(self.models)})", param="model", code="model_not_found")
+                raise await self._not_on_demand(model, op)
             self.orders(op, model)
             return json_response({"success": True})
         except APIError as e:
             return error_response(e)
+
+    async def _not_on_demand(self, model: str, op: str) -> APIError:
+        """The error for ``model``, not a model on demand: the ``/v1`` routes' 404 for a name the
+        broker does not know (503 when no broker answers), else a 400 (it is served, always)."""
+        status = await self.link.refresh()
+        if not self.link.knows(model, status):
+            return self.link.model_not_found(model, status)
+        return bad_request(f"model `{model:.200}` is not loaded on demand: its workers run as long as the cluster "
+                           f"does; /models/{op} applies to the models on demand ({', '.join(self.models)})", "model")

@@ -237,32 +237,47 @@ def test_the_last_order_wins_a_load_after_an_unload_keeps_the_model():
 
 
 def control_app(orders):
+    """``/models/load`` and ``/models/unload`` over ``orders``, with two models on demand; the broker's
+    status (for the names that are none of theirs) lists them and ``always``, a model served always."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     from gateway.model_control import ModelControl
+    from tests.support.gateway import GivenStatusLink, model_status
 
-    control = ModelControl(orders, ("model-a", "model-b"), 1024)
+    link = GivenStatusLink(("model-a", "model-b"))
+    link.show({"model-a": model_status(), "model-b": model_status(1), "always": model_status(1)})
+    control = ModelControl(link, orders, 1024)
     return Starlette(routes=[Route("/models/load", control.load, methods=["POST"]),
-                             Route("/models/unload", control.unload, methods=["POST"])])
+                             Route("/models/unload", control.unload, methods=["POST"])]), link
 
 
 def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not_theirs():
     from starlette.testclient import TestClient
 
     got = []
-    with TestClient(control_app(lambda op, model: got.append((op, model)))) as http:
+    app, link = control_app(lambda op, model: got.append((op, model)))
+    with TestClient(app) as http:
         assert http.post("/models/load", json={"model": "model-b"}).json() == {"success": True}
         assert http.post("/models/unload", json={"model": "model-a"}).json() == {"success": True}
-        r = http.post("/models/load", json={"model": "nope"})
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        for op in ("load", "unload"):  # a name no model has: the /v1 routes' very 404 (their builder's)
+            r = http.post(f"/models/{op}", json={"model": "Model-A"})
+            assert r.status_code == 404 and r.json()["error"] == link.model_not_found("Model-A", link.status).body()[
+                "error"], r.text
+            assert "(models: always, model-a (unloaded), model-b)" in r.json()["error"]["message"]
+            assert r.json()["error"]["message"].endswith("did you mean `model-a`?")
+            r = http.post(f"/models/{op}", json={"model": "always"})  # served, but not on demand
+            assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+            assert r.json()["error"]["message"] == (f"model `always` is not loaded on demand: its workers run as long "
+                                                    f"as the cluster does; /models/{op} applies to the models on "
+                                                    "demand (model-a, model-b)")
         for body in ({}, {"model": 3}, ["model-a"]):
             r = http.post("/models/load", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == "model"
         r = http.post("/models/load", content=b"{", headers={"content-type": "application/json"})
         assert r.status_code == 400
     assert got == [("load", "model-b"), ("unload", "model-a")]
-    with TestClient(control_app(None)) as http:
+    with TestClient(control_app(None)[0]) as http:
         r = http.post("/models/load", json={"model": "model-a"})
         assert r.status_code == 400 and "slotserve up" in r.json()["error"]["message"]
 

@@ -5,7 +5,6 @@ listed it as loading; and the gauge kept the last value of a model that was no l
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -17,37 +16,18 @@ from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.app import ServiceEndpoints  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
 from gateway.drain import Drain  # noqa: E402
-from gateway.link import BrokerConnections  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
-from protocol.messages import ModelStatus, Status  # noqa: E402
-
-
-def model(workers: int = 0, loading: int = 0) -> ModelStatus:
-    return ModelStatus(0, 0, workers, 0, 4 * workers, loading)
-
-
-class StatusLink(BrokerConnections):
-    """The gateway's link over the status the test sets (``link.status``); no broker."""
-
-    def __init__(self, on_demand: tuple[str, ...] = ()) -> None:
-        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand))
-        self.broker_ok = True
-
-    def show(self, models: dict, aliases: dict | None = None) -> None:
-        self.status = Status("broker", 1.0, models, (), 0, {}, aliases or {})
-
-    async def refresh(self) -> Status:
-        return self.status
+from tests.support.gateway import GivenStatusLink  # noqa: E402
+from tests.support.gateway import model_status as model  # noqa: E402
 
 
 @pytest.fixture
 def served():
-    """``(link, http)``: ``/v1/models`` and ``/metrics`` over a :class:`StatusLink`."""
+    """``start(on_demand) -> (link, http)``: ``/v1/models`` and ``/metrics`` over a link whose status the test gives."""
 
     def start(on_demand: tuple[str, ...] = ()):
-        link = StatusLink(on_demand)
+        link = GivenStatusLink(on_demand)
         service = ServiceEndpoints(link, GatewayMetrics(), Drain())
         app = Starlette(routes=[Route("/v1/models", service.models, methods=["GET"]),
                                 Route("/metrics", service.metrics_endpoint, methods=["GET"])])

@@ -5,6 +5,7 @@ the server under it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -15,6 +16,8 @@ import httpx
 from broker import BrokerConfig
 from client import Client
 from gateway import GatewayConfig
+from gateway.link import BrokerConnections
+from protocol.messages import ModelStatus, Status
 from slotserve.launcher import ClusterConfig, LocalCluster
 from tests.support.cluster import ANY_PORT
 from tests.support.waits import wait_until as _wait_until
@@ -39,6 +42,27 @@ def start_cluster(workers: tuple[WorkerConfig, ...], *, max_queue: int = 100_000
         cluster.stop()
         raise
     return cluster
+
+
+class GivenStatusLink(BrokerConnections):
+    """The gateway's own broker link over a broker status the test gives (:meth:`show`), with the
+    models on demand ``on_demand``; no broker, no socket (``refresh`` answers the given status)."""
+
+    def __init__(self, on_demand: tuple[str, ...] = ()) -> None:
+        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand))
+        self.broker_ok = True
+
+    def show(self, models: dict[str, ModelStatus], aliases: dict[str, str] | None = None) -> None:
+        """The status to answer from now on: ``models`` (name -> ModelStatus), ``aliases`` (alias -> model)."""
+        self.status = Status("broker", 1.0, models, (), 0, {}, aliases or {})
+
+    async def refresh(self) -> Status:
+        return self.status
+
+
+def model_status(workers: int = 0, loading: int = 0) -> ModelStatus:
+    """A model's line in a status: ``workers`` registered (4 slots each), ``loading`` starting."""
+    return ModelStatus(0, 0, workers, 0, 4 * workers, loading)
 
 
 def broker_status(cluster: LocalCluster):
