@@ -1,8 +1,11 @@
-"""worker/models/llama/extension.py: a kernel's first build says so; later processes import it silently."""
+"""worker/models/llama/extension.py: a kernel's first build says so; later processes import it silently;
+a new build removes its kernel's builds that have not been used for a day."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import pytest
 
@@ -38,3 +41,109 @@ def test_a_first_build_says_what_it_compiles_and_where_it_caches_it(tmp_path, mo
                                                                       "machine and torch version, about a minute on 2 cores",
                                                                       "k.cpp not built"]
     assert caplog.records[1].getMessage().endswith("pure torch runs")
+
+
+DAY_S = 24 * 3600.0
+
+
+def aged(path, age_s: float) -> None:
+    """Set the times of ``path`` and, for a folder, of its files to ``age_s`` seconds ago (files first:
+    writing one sets its folder's time)."""
+    when = time.time() - age_s
+    for f in (path.iterdir() if path.is_dir() else ()):
+        os.utime(f, (when, when))
+    os.utime(path, (when, when))
+
+
+def a_build(kernels, key: str, prefix: str, age_s: float, *, failed: bool = False):
+    """A build folder as torch's builder leaves it: its ``build.ninja`` naming the extension and, unless
+    the build ``failed``, the ``.so``; aged ``age_s``."""
+    folder = kernels / key
+    folder.mkdir(parents=True)
+    (folder / "build.ninja").write_text(f"cflags = -DTORCH_EXTENSION_NAME=slotserve_{prefix}_{key} -O3\n")
+    if not failed:
+        (folder / f"slotserve_{prefix}_{key}.so").write_bytes(b"\x7fELF")
+    aged(folder, age_s)
+    return folder
+
+
+@pytest.fixture
+def kernels(tmp_path, monkeypatch):
+    """``(kernels folder, build())``: a cache under ``tmp_path``; ``build()`` builds kernel ``k`` of a
+    source there with the compiler stubbed (it records each load's folder in ``build.folders``)."""
+    from torch.utils import cpp_extension
+
+    source = tmp_path / "k.cpp"
+    source.write_text("// a kernel\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SLOTSERVE_NO_KERNELS", raising=False)
+    monkeypatch.setattr(extension, "cpu_has", lambda flag: True)
+    folders = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: folders.append(kw["build_directory"]) or "module")
+
+    def build():
+        return extension.build("k", source, ["-O3"], "avx512_bf16", "pure torch runs")
+
+    build.folders = folders
+    return tmp_path / "cache" / "slotserve" / "kernels", build
+
+
+def test_a_new_build_removes_its_kernels_other_builds_unused_for_a_day(kernels):
+    """Every edit of a kernel's source made a build kept forever (~2 MB each, a hundred on a developer's
+    machine). A new build removes its kernel's builds that no process has used for a day, and nothing else."""
+    cache, build = kernels
+    stale = a_build(cache, "a" * 16, "k", 2 * DAY_S)
+    failed = a_build(cache, "b" * 16, "k", 2 * DAY_S, failed=True)  # (no .so: its build.ninja names it)
+    recent = a_build(cache, "c" * 16, "k", DAY_S - 3600)  # (another torch's, say: used an hour ago)
+    other_kernel = a_build(cache, "d" * 16, "k2", 2 * DAY_S)
+    unknown = cache / ("e" * 16)  # (says whose it is nowhere)
+    unknown.mkdir()
+    aged(unknown, 2 * DAY_S)
+    not_a_build = cache / "notes"
+    not_a_build.mkdir()
+    aged(not_a_build, 2 * DAY_S)
+    leftover = a_build(cache, ".removing-" + "f" * 16 + ".1", "k", 0)  # (a prune that stopped midway)
+    assert build() == "module"
+    current = build.folders[0].rsplit("/", 1)[1]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [current, recent.name, other_kernel.name, unknown.name, not_a_build.name])
+    assert not stale.exists() and not failed.exists() and not leftover.exists()
+
+
+def test_an_import_marks_its_build_used_so_another_build_keeps_it(kernels, monkeypatch):
+    """A process importing a build touches its folder first: a build of the same kernel made elsewhere
+    meanwhile (another checkout's source) does not remove a build in use, however old it is."""
+    cache, build = kernels
+    build()  # (the stubbed compiler: the folder, without the .so)
+    folder = cache / build.folders[0].rsplit("/", 1)[1]
+    (folder / f"slotserve_k_{folder.name}.so").write_bytes(b"\x7fELF")
+    aged(folder, 30 * DAY_S)
+    imported = []
+    monkeypatch.setattr(extension, "_import", lambda name, built: imported.append(name) or "imported module")
+    assert build() == "imported module" and imported == [f"slotserve_k_{folder.name}"]
+    assert len(build.folders) == 1  # (imported, not built again)
+    assert time.time() - folder.stat().st_mtime < 3600
+    assert extension.prune(cache, "k", keep="0" * 16) == []  # a new build of k elsewhere keeps it
+    assert folder.exists()
+    aged(folder, 30 * DAY_S)
+    assert extension.prune(cache, "k", keep="0" * 16) == [folder.name] and not folder.exists()
+
+
+def test_a_build_gone_meanwhile_is_skipped(kernels, monkeypatch):
+    """Two processes building at once both prune: the folder one of them renamed away is skipped by the
+    other (its rename fails), not an error of the build."""
+    cache, build = kernels
+    gone = a_build(cache, "a" * 16, "k", 2 * DAY_S)
+    taken = a_build(cache, "b" * 16, "k", 2 * DAY_S)
+    rename = type(gone).rename
+
+    def raced(self, target):
+        if self.name == gone.name:  # another process moved it first
+            rename(self, self.with_name(".removing-" + self.name + ".other"))
+            raise FileNotFoundError(self)
+        return rename(self, target)
+
+    monkeypatch.setattr(type(gone), "rename", raced)
+    assert build() == "module"
+    assert not taken.exists() and not gone.exists()
+    assert [p.name for p in cache.glob(".removing-*")] == [f".removing-{gone.name}.other"]  # (the other's to delete)

@@ -9,6 +9,17 @@ builder holds ``<key>/lock``, and the ``.so`` may be half written) is waited for
 builder rather than imported. Where it cannot run -- the CPU lacks the instructions, no C++
 compiler, or ``SLOTSERVE_NO_KERNELS`` is set -- it returns None and the caller takes its pure-torch
 path.
+
+Every changed source makes a new build, so a new build removes the same kernel's builds of other
+keys that no process has used for :data:`STALE_AFTER_S` (:func:`prune`; they were kept forever, ~2 MB
+each). Used means imported or built: an import touches its folder first (:func:`_mark_used`), and a
+build writes into its own, so a folder's newest time is its last use. The age, not a lock, is what
+keeps this safe beside other processes, since a process may import a build at any time without
+asking: one that runs another torch (or an older checkout) keeps its build while it uses it; a build
+under way is minutes old; and a folder is renamed away (atomic) before it is deleted, so no process
+sees half of one. If an import of a build unused for a day races its removal, the import fails and
+that process builds it again (slower, still correct); a process that already imported it keeps its
+copy (the loaded library stays mapped).
 """
 
 from __future__ import annotations
@@ -18,11 +29,20 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
+import shutil
+import time
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
+
+STALE_AFTER_S = 24 * 3600.0
+"""A build of another key unused for this long (seconds) is removed when a new build of its kernel is made."""
+
+_KEY = re.compile(r"[0-9a-f]{16}")  # a build folder's name: its key
+_TRASH = ".removing-"  # a build folder renamed away, being deleted
 
 
 def cpu_has(flag: str) -> bool:
@@ -44,15 +64,14 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
     key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels" / key
+    kernels = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels"
+    folder = kernels / key
     name = f"slotserve_{prefix}_{key}"
     built = folder / f"{name}.so"
     if built.exists() and not (folder / "lock").exists():
+        _mark_used(folder)  # (before the import: a prune elsewhere sees it in use)
         try:
-            spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
+            return _import(name, built)
         except ImportError:  # unreadable or foreign: the builder below rebuilds it
             pass
     from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
@@ -62,9 +81,79 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
                 "(cached in %s)", source.name, folder.parent)
     try:
-        return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(folder), verbose=False)
+        module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                    build_directory=str(folder), verbose=False)
     except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed
         log.warning("%s not built (%s); %s", source.name, str(exc).splitlines()[0] if str(exc) else
                     type(exc).__name__, fallback)
         return None
+    removed = prune(kernels, prefix, key)
+    if removed:
+        log.info("removed %d build(s) of %s unused for %.0f h from %s", len(removed), source.name,
+                 STALE_AFTER_S / 3600, kernels)
+    return module
+
+
+def _import(name: str, built: Path):
+    """The extension module ``name`` from its built ``.so`` (ImportError when it cannot be loaded)."""
+    spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(built)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mark_used(folder: Path) -> None:
+    """Set ``folder``'s time to now: it is in use (:func:`prune` keeps it). Nothing where the cache
+    cannot be written (a read-only cache is never pruned either)."""
+    try:
+        os.utime(folder)
+    except OSError:
+        pass
+
+
+def prune(kernels: Path, prefix: str, keep: str, stale_after_s: float = STALE_AFTER_S) -> list[str]:
+    """Remove from ``kernels`` (the cache folder) the builds of kernel ``prefix`` other than ``keep``
+    (a key) that have not been used for ``stale_after_s`` seconds; return their keys. A folder is
+    ``prefix``'s when it holds ``slotserve_<prefix>_<key>.so`` or, for a build that failed, a
+    ``build.ninja`` naming it; a folder that says neither is left alone. Each is renamed away first,
+    then deleted (see the module's docstring for why this is safe beside other processes); what an
+    earlier prune left renamed is deleted too. Errors (a folder gone already: another process
+    pruned it) skip that folder."""
+    now_s = time.time()  # (wall-clock: file times are; not a duration measured by this process)
+    removed: list[str] = []
+    try:
+        entries = list(kernels.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(_TRASH):  # (a prune that stopped midway: no process can use it)
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        if entry.name == keep or not _KEY.fullmatch(entry.name) or not _is_build_of(entry, prefix):
+            continue
+        trash = kernels / f"{_TRASH}{entry.name}.{os.getpid()}"
+        try:
+            if now_s - _last_used_s(entry) < stale_after_s:
+                continue
+            entry.rename(trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
+
+
+def _is_build_of(folder: Path, prefix: str) -> bool:
+    """Whether ``folder`` is a build of kernel ``prefix`` (its ``.so``, or its ``build.ninja``'s name)."""
+    name = f"slotserve_{prefix}_{folder.name}"
+    if (folder / f"{name}.so").exists():
+        return True
+    try:
+        return f"TORCH_EXTENSION_NAME={name} " in (folder / "build.ninja").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _last_used_s(folder: Path) -> float:
+    """The newest time of ``folder`` and its files (its last import or build, :func:`_mark_used`)."""
+    return max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.iterdir())])
