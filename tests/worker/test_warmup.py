@@ -203,7 +203,11 @@ def test_health_says_unavailable_while_the_model_warms_up_and_ok_once_warm():
             # The gateway reaches the broker, which lists the model as loading: not ready.
             r = wait_until(lambda: (r := http.get("/health")).status_code == 503
                            and "no worker serves" in r.json()["reason"] and r, 20, "the broker's answer")
-            assert r.json()["status"] == "unavailable" and http.get("/v1/models").json()["data"] == []
+            assert r.json()["status"] == "unavailable"
+            # /v1/models lists it as loading (as the 404 of an unknown name does), not yet as served
+            assert [(m["id"], m.get("status")) for m in http.get("/v1/models").json()["data"]] == \
+                [("gated", {"value": "loading"})]
             model.release.set()
             r = wait_until(lambda: (r := http.get("/health")).status_code == 200 and r, 20, "/health 200")
             assert r.json() == {"status": "ok", "models": {"gated": 1}}
+            assert [(m["id"], m.get("status")) for m in http.get("/v1/models").json()["data"]] == [("gated", None)]
