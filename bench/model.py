@@ -9,8 +9,11 @@ uniformly from [16, 128] with ``random.Random(0)`` in prompt order
 stops (the model's EOS ids plus :data:`EXTRA_STOPS`: Gemma's ``<end_of_turn>``,
 given to every system as the request's ``stop_token`` ids / ``eos_token_id``),
 8 concurrent sequences. Every request arrives at t0, so TTFT includes
-queueing. Systems, in one run on the same loaded weights (the baselines'
-code is bench/systems.py's, shared with bench/gpu.py):
+queueing. slotserve runs with its prefix cache off, as llama.cpp runs with
+``cache_prompt`` off and transformers has none: each system's warm-up sends
+the first prompts, which a cache would hand the measured run. Systems, in one
+run on the same loaded weights (the baselines' code is bench/systems.py's,
+shared with bench/gpu.py):
 
 - ``slotserve``: the in-process :class:`worker.BatchInferenceEngine` (after a
   warm-up), 8 slots, slotserve's Llama runner at fp32;
