@@ -9,13 +9,24 @@ outside JSON strings returns to zero, and their text passes through as the model
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
-__all__ = ["CallStream", "merged"]
+__all__ = ["CallStream", "json_text", "merged"]
 
 _WS = " \t\n\r"  # JSON's whitespace
 _MORE = object()  # _header: the block may still become a call
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (a lone one: Python's str holds no pair)
+
+
+def json_text(value: object) -> str:
+    """``value``, read from the model's output (its Python or typed values), as JSON text
+    (``ensure_ascii=False``), a lone surrogate in it written as its escape: the model may write
+    ``"\\ud800"``, which Python's parsers read as one, and no answer could hold it as UTF-8
+    (pydantic's writer failed the answer: a 500, a stream cut off). ValueError as :func:`json.dumps`."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class CallStream:

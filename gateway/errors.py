@@ -44,6 +44,7 @@ from pydantic_core import to_json
 
 from protocol.enums import ErrorCode
 from protocol.request import RequestParams
+from protocol.validation import surrogate_escape_message, unpaired_surrogate
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
@@ -203,61 +204,20 @@ def invalid_json(raw: object, detail: str) -> APIError:
     ("unexpected end of hex escape", "lone leading surrogate" for a trailing half) point elsewhere."""
     lone = _unpaired_surrogate(raw)
     if lone is not None:
-        escape, line, column = lone
-        return bad_request(f"the body is not valid JSON: it contains an unpaired surrogate escape '{escape}' at line "
-                           f"{line} column {column} (half of a UTF-16 surrogate pair, which is no character); send "
-                           "the character itself as UTF-8, or both halves of its pair", None, "invalid_json")
+        return bad_request(surrogate_escape_message("the body", lone, "send the character itself as UTF-8, or both "
+                                                                      "halves of its pair"), None, "invalid_json")
     detail = detail.removeprefix("Invalid JSON: ")  # (pydantic's prefix: the message says so already)
     return bad_request(f"the body is not valid JSON: {detail}", None, "invalid_json")
 
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string literal
-_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # one escape in it; group 1: a \uXXXX's code unit
-
-
 def _unpaired_surrogate(raw: object) -> tuple[str, int, int] | None:
-    """The first escape of ``raw`` (JSON text: UTF-8 bytes or a string) that is half a surrogate pair -- a high
-    half (``\\ud800``-``\\udbff``) not followed at once by a low one, or a low half (``\\udc00``-
-    ``\\udfff``) after none -- as ``(escape, line, column)`` (1-based, in characters), when it comes
-    before the body's first syntax error; else None. (The standard library's parser takes such
-    escapes, so its error position, if any, bounds the search.)"""
-    if isinstance(raw, str):
-        text = raw
-    elif isinstance(raw, (bytes, bytearray)):
+    """:func:`protocol.validation.unpaired_surrogate` of ``raw``, a body (UTF-8 bytes, or a string)."""
+    if isinstance(raw, (bytes, bytearray)):
         try:
-            text = raw.decode("utf-8")
+            raw = raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    else:
-        return None
-    try:
-        json.loads(text)
-        end = len(text)
-    except json.JSONDecodeError as e:
-        end = e.pos
-    except (ValueError, RecursionError):
-        end = len(text)
-    for literal in _STRING.finditer(text, 0, end):
-        high = None  # a high half's escape, waiting for its low half
-        for m in _ESCAPE.finditer(text, literal.start(), literal.end()):
-            unit = int(m.group(1), 16) if m.group(1) else None
-            if high is not None:
-                if unit is not None and 0xDC00 <= unit <= 0xDFFF and m.start() == high.end():
-                    high = None
-                    continue
-                return _located(text, high)
-            if unit is not None and 0xD800 <= unit <= 0xDBFF:
-                high = m
-            elif unit is not None and 0xDC00 <= unit <= 0xDFFF:
-                return _located(text, m)
-        if high is not None:
-            return _located(text, high)
-    return None
-
-
-def _located(text: str, m: re.Match) -> tuple[str, int, int]:
-    line = text.count("\n", 0, m.start()) + 1
-    return m.group(0), line, m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+    return unpaired_surrogate(raw) if isinstance(raw, str) else None
 
 
 def _is_union_tag(part) -> bool:

@@ -215,6 +215,8 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
             if kind == "text":
                 texts.append(_text([block], at))
             elif kind == "tool_use" and role == "assistant":
+                if not isinstance(block.get("input", {}), dict):  # (JSON text in a string is not Anthropic's)
+                    raise bad_request(f"{at}.input must be an object (the call's arguments)", f"{at}.input")
                 calls.append({"id": string_field(block, "id", at), "type": "function", "function": {
                     "name": string_field(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
                 call_ids.add(calls[-1]["id"])

@@ -64,6 +64,7 @@ from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest, Metadata
+from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
     string_field, unsupported_field
 
@@ -153,6 +154,7 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
             call = {"id": string_field(item, "call_id", where), "type": "function",
                     "function": {"name": string_field(item, "name", where),
                                  "arguments": string_field(item, "arguments", where)}}
+            check_arguments(call["function"]["arguments"], f"{where}.arguments")  # (named as the item's field)
             if out and out[-1]["role"] == "assistant":  # (one assistant turn: its text, then its calls)
                 out[-1].setdefault("tool_calls", []).append(call)
             else:

@@ -82,11 +82,18 @@ def structured_option(body) -> dict[str, Constraint]:
     return {} if constraint is None else {"structured": constraint}
 
 
-def _checked(value: Any, field: str) -> Constraint | None:
+def _checked(value: dict, field: str) -> Constraint | None:
+    """``check_structured(value)`` (``value``: ``{kind: spec}``), its refusal a 400 naming the body's
+    ``field`` alone: the request's check words it "structured <kind> ...", "<field> <kind>" here,
+    where the field says the kind already."""
     try:
         return check_structured(value, field)
     except ValueError as e:
-        raise bad_request(str(e), field) from None
+        (kind,) = value
+        message = str(e)
+        if message.startswith(f"{field} {kind}"):
+            message = field + message[len(f"{field} {kind}"):]
+        raise bad_request(message, field) from None
 
 
 def _response_format(value: Any) -> Constraint | None:

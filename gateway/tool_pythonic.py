@@ -22,7 +22,7 @@ import json
 import re
 import warnings
 
-from gateway.call_stream import _WS, CallStream
+from gateway.call_stream import _WS, CallStream, json_text
 
 __all__ = ["PythonicStream", "literal_json"]
 
@@ -196,7 +196,7 @@ def literal_json(text: str) -> str | None:
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             node = ast.parse(text.strip(), mode="eval").body
-        return json.dumps(_literal(node), ensure_ascii=False, allow_nan=False)
+        return json_text(_literal(node))
     except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
         return None
 

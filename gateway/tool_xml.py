@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start
+from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, json_text
 
 __all__ = ["Qwen3CoderStream", "param_is_text"]
 
@@ -198,7 +198,7 @@ def _escaped(text: str) -> str:
 def _typed(text: str) -> str:
     """A typed parameter's value text as JSON: itself where it is JSON, else as a string."""
     try:
-        return json.dumps(json.loads(text, parse_constant=_refuse), ensure_ascii=False)
+        return json_text(json.loads(text, parse_constant=_refuse))
     except (ValueError, RecursionError):
         return json.dumps(text, ensure_ascii=False)
 

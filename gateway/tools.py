@@ -55,9 +55,10 @@ from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
+from protocol.validation import check_json_text
 
-__all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "parse_tool_calls", "render_messages", "stream_choices",
-           "tool_plan"]
+__all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
+           "shown", "stream_choices", "tool_plan"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -212,14 +213,35 @@ def _checked_call(call: Any, where: str) -> dict:
         args = "{}"  # what some clients send for a call without arguments ("", null, or none at all)
     if isinstance(args, dict):
         args = json.dumps(args, ensure_ascii=False)
+    check_arguments(args, f"{where}.function.arguments")
+    return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
+            "function": {"name": fn["name"], "arguments": args}}
+
+
+def check_arguments(args: Any, param: str) -> None:
+    """400 naming ``param`` (a body field, ``messages.1.tool_calls.0.function.arguments``) unless
+    ``args`` is the JSON text of an object whose strings UTF-8 can encode: the escape of half a
+    surrogate pair (``"\\ud800"``), which Python's parser reads as a lone surrogate, is named with its
+    line and column in ``args`` (no chat template could render it). Blank text is ``{}`` (what some
+    clients send for a call without arguments)."""
+    if isinstance(args, str) and not args.strip():
+        return
     try:  # JSON: NaN and Infinity, which json.loads takes, are not
         parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
     except (ValueError, RecursionError):  # (nested deeper than Python's recursion limit: not a 500)
         parsed = None
     if not isinstance(parsed, dict):
-        raise bad_request("a tool call's arguments must be the JSON text of an object", f"{where}.function.arguments")
-    return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
-            "function": {"name": fn["name"], "arguments": args}}
+        raise bad_request("a tool call's arguments must be the JSON text of an object", param)
+    try:
+        check_json_text(args, shown(param))
+    except ValueError as e:
+        raise bad_request(str(e), param) from None
+
+
+def shown(param: str) -> str:
+    """A body field's path as messages write it, list indexes in brackets (``messages[1].tool_calls[0]``;
+    ``param`` writes them as keys, ``messages.1.tool_calls.0``)."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", param)
 
 
 def _not_json(constant: str):

@@ -95,12 +95,30 @@ def chunk_pieces(chunk: dict) -> list[Piece]:
 
 
 def call_input(arguments: str) -> dict:
-    """A call's arguments (JSON text) as an object: ``{}`` when they are not one (cut by ``max_tokens``)."""
+    """A call's arguments (JSON text) as an object: ``{}`` when they are not one (cut by ``max_tokens``).
+    A lone surrogate the model's text escapes (``"\\ud800"``: no character, and no UTF-8 answer
+    can hold it) is U+FFFD, as the detokenizer writes bytes that are no character."""
     try:
         value = json.loads(arguments) if arguments else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: nested deeper than Python's limit)
         return {}
-    return value if isinstance(value, dict) else {}
+    if not isinstance(value, dict):
+        return {}
+    return value if "\\u" not in arguments else _replaced(value)  # (only an escape makes a surrogate)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (a lone one: Python's str holds no pair)
+
+
+def _replaced(value):
+    """``value`` (parsed JSON) with every lone surrogate of its strings, keys included, as U+FFFD."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replaced(v) for v in value]
+    return value
 
 
 def parse_body(schema: type[BaseModel], raw: bytes) -> BaseModel:

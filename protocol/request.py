@@ -44,7 +44,8 @@ from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
-    WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_vocab, is_sequence, plain_tokens,
+    WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_json_text, check_json_unicode, check_vocab,
+    is_sequence, plain_tokens,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -263,6 +264,8 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
             if not isinstance(value, str) or len(value) > MAX_MESSAGE_NAME_CHARS:
                 raise ValueError(f"chat message {i} {what} must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
                                  f"characters, got {value!r:.80}")
+            if value:
+                as_text(value, f"chat message {i} {what}")
         out.append(ChatMessage(as_role(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
                                check_tool_calls(calls, f"chat message {i} tool_calls") if calls else (),
                                call_id, name))
@@ -478,9 +481,11 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         if len(value) > MAX_TEMPLATE_KWARGS_CHARS:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TEMPLATE_KWARGS_CHARS}")
         try:
-            value = json.loads(value)
+            parsed = json.loads(value)
         except (ValueError, RecursionError):
             raise ValueError(f"{field} must be a JSON object of template variables") from None
+        check_json_text(value, field)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
+        value = parsed
     if not isinstance(value, Mapping):
         raise ValueError(f"{field} must be an object of chat template variables, e.g. {{\"enable_thinking\": false}}; "
                          f"got {type(value).__name__}")
@@ -496,6 +501,7 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"{field} must hold JSON values: {e}") from None
+    check_json_unicode(text, value, field)
     if len(text) > MAX_TEMPLATE_KWARGS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TEMPLATE_KWARGS_CHARS}")
     return text

@@ -47,7 +47,7 @@ import json
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from protocol.validation import as_text, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
 
@@ -145,23 +145,28 @@ def _schema_text(spec: object, where: str) -> str:
     if isinstance(spec, str):
         as_text(spec, where)
         try:
-            spec = json.loads(spec)
+            parsed = json.loads(spec)
         except (ValueError, RecursionError) as e:  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{where} is not valid JSON: {e}") from None
+        check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
+        spec = parsed
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {spec!r:.60}")
     try:
-        return json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"{where} must hold JSON values only: {e}") from None
+    return check_json_unicode(text, spec, where)
 
 
 def _choice_text(spec: object, where: str) -> str:
     if isinstance(spec, str):
         try:
-            spec = json.loads(spec)
+            parsed = json.loads(spec)
         except (ValueError, RecursionError):
             raise ValueError(f"{where} must be a list of strings, got a str that is no JSON list") from None
+        check_json_text(spec, where)
+        spec = parsed
     if not is_sequence(spec) or isinstance(spec, (str, bytes)):
         raise ValueError(f"{where} must be a non-empty list of strings, got {type(spec).__name__}")
     items = list(spec)  # type: ignore[call-overload]

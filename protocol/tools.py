@@ -16,6 +16,12 @@ An assistant :class:`~protocol.request.ChatMessage` may carry the calls it
 made (:class:`ToolCall`: ``id``, function ``name``, ``arguments`` as the JSON
 text of an object), so a chat template that renders ``tool_calls`` renders
 them itself. On the wire a call is the array ``[id, name, arguments]``.
+
+JSON given as text (``tools``, a call's ``arguments``) must not escape half a
+UTF-16 surrogate pair (``"\\ud800"``: Python's parser reads it as a lone
+surrogate, which neither the wire nor a tokenizer takes), and objects must not
+hold a lone surrogate (:func:`protocol.validation.check_json_text`,
+:func:`~protocol.validation.check_json_unicode`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from protocol.validation import as_text, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
 __all__ = ["MAX_TOOLS_CHARS", "ToolCall", "check_tool_calls", "check_tools"]
 
@@ -59,9 +65,11 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         if len(value) > MAX_TOOLS_CHARS:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TOOLS_CHARS}")
         try:
-            value = json.loads(value)
+            parsed = json.loads(value)
         except (ValueError, RecursionError):  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{field} must be a JSON list of tool definitions") from None
+        check_json_text(value, field)  # ("\ud800": a string UTF-8 cannot encode)
+        value = parsed
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{field} must be a non-empty list of {{\"type\": \"function\", \"function\": {{...}}}}")
     names = set()
@@ -83,6 +91,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"{field} must be JSON: {e}") from None
+    check_json_unicode(text, value, field)
     if len(text) > MAX_TOOLS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TOOLS_CHARS}")
     return text
@@ -112,14 +121,20 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         call_id = as_text(call_id, f"{where} id")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
+        given = args
         try:  # JSON: NaN and Infinity, which json.loads takes, are not; nor is what nests past the recursion limit
             if isinstance(args, Mapping):
                 args = json.dumps(args, ensure_ascii=False)
-            parsed = json.loads(as_text(args, f"{where} arguments"), parse_constant=_not_json)
+            parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
         except (TypeError, ValueError, RecursionError):
-            raise ValueError(f"{where} arguments must be the JSON text of an object") from None
+            parsed = None
         if not isinstance(parsed, dict):
             raise ValueError(f"{where} arguments must be the JSON text of an object")
+        if isinstance(given, Mapping):  # (a lone surrogate in a string of the caller's object)
+            check_json_unicode(args, given, f"{where} arguments")
+        else:  # (a lone surrogate itself, or the escape "\ud800", which parses to one)
+            as_text(args, f"{where} arguments")
+            check_json_text(args, f"{where} arguments")
         out.append(ToolCall(call_id, name, args))
     return tuple(out)
 

@@ -5,7 +5,10 @@ Python ints, tuples), or raises :class:`ValueError` naming the field and what
 to send instead. They accept exactly what the msgpack codec can carry:
 integers in msgpack's 64-bit range ``[-2**63, 2**64)`` and strings that
 UTF-8 can encode (no lone surrogates such as ``"\\ud83d"``), so a value that
-passes here can never fail later in an encoder.
+passes here can never fail later in an encoder. JSON text inside a string (a tool
+call's arguments, a schema) is checked for what parses to a lone surrogate, the
+escape ``\\ud800`` (:func:`check_json_text`), and the JSON text of a caller's
+objects for a lone surrogate in any of their strings (:func:`check_json_unicode`).
 
 Integer rules (docs/architecture.md, "One request, defined once"): an "int"
 is anything with ``__index__`` -- Python ints and numpy integers -- except
@@ -16,6 +19,7 @@ instead of as a strange generation.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import re
@@ -78,6 +82,104 @@ def as_text(value: object, field: str, *, allow_empty: bool = True) -> str:
             raise ValueError(f"{field} is not valid Unicode: {e.object[e.start:e.end]!r} at position {e.start} "
                              "(a lone surrogate?); send UTF-8-encodable text") from None
     return value
+
+
+_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")  # a \uXXXX escape of a surrogate (or an escaped backslash before one)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string literal
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # one escape in it; group 1: a \uXXXX's code unit
+
+
+def unpaired_surrogate(text: str) -> tuple[str, int, int] | None:
+    """The first escape of ``text`` (JSON text) that is half a UTF-16 surrogate pair -- a high half
+    (``\\ud800``-``\\udbff``) not followed at once by a low one, or a low half (``\\udc00``-``\\udfff``)
+    after none -- as ``(escape, line, column)`` (1-based, in characters), when it comes before the
+    text's first syntax error; else None. Python's :func:`json.loads` takes such an escape and gives
+    a str holding a lone surrogate, which UTF-8 (the wire, a tokenizer, an HTTP answer) cannot
+    encode; RFC 8259 (section 8.2) leaves its meaning undefined. Text without a surrogate escape
+    costs one regular-expression scan."""
+    if not _SURROGATE_HINT.search(text):
+        return None
+    try:
+        json.loads(text)
+        end = len(text)
+    except json.JSONDecodeError as e:  # (the parser's error position bounds the search)
+        end = e.pos
+    except (ValueError, RecursionError):
+        end = len(text)
+    for literal in _STRING.finditer(text, 0, end):
+        high = None  # a high half's escape, waiting for its low half
+        for m in _ESCAPE.finditer(text, literal.start(), literal.end()):
+            unit = int(m.group(1), 16) if m.group(1) else None
+            if high is not None:
+                if unit is not None and 0xDC00 <= unit <= 0xDFFF and m.start() == high.end():
+                    high = None
+                    continue
+                return _located(text, high)
+            if unit is not None and 0xD800 <= unit <= 0xDBFF:
+                high = m
+            elif unit is not None and 0xDC00 <= unit <= 0xDFFF:
+                return _located(text, m)
+        if high is not None:
+            return _located(text, high)
+    return None
+
+
+def _located(text: str, m: re.Match) -> tuple[str, int, int]:
+    line = text.count("\n", 0, m.start()) + 1
+    return m.group(0), line, m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+
+
+def surrogate_escape_message(what: str, found: tuple[str, int, int], fix: str) -> str:
+    """The words for an unpaired surrogate escape ``found`` (:func:`unpaired_surrogate`'s) in the JSON
+    text ``what`` names (``"the body"``, a field), ``fix`` saying how to send the character."""
+    escape, line, column = found
+    return (f"{what} is not valid JSON: it contains an unpaired surrogate escape '{escape}' at line {line} "
+            f"column {column} (half of a UTF-16 surrogate pair, which is no character); {fix}")
+
+
+def check_json_text(text: str, field: str) -> None:
+    """ValueError naming ``field`` when ``text``, JSON text a caller wrote inside a string (a tool
+    call's arguments, a schema, tool definitions), has an unpaired surrogate escape such as
+    ``"\\ud800"`` (:func:`unpaired_surrogate`): it parses to a string UTF-8 cannot encode."""
+    found = unpaired_surrogate(text)
+    if found is not None:
+        raise ValueError(surrogate_escape_message(field, found, "write the character itself, or both halves "
+                                                                "of its pair"))
+
+
+def check_json_unicode(text: str, value: object, field: str) -> str:
+    """``text``, the JSON text of ``value`` (written with ``ensure_ascii=False``), when UTF-8 can
+    encode it; else ValueError naming the first string of ``value`` (a value or a key) that holds a
+    lone surrogate, by its path under ``field`` (``tools[0].function.description``)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                _refuse_surrogates(value, field)
+            except RecursionError:  # (nested about as deep as json.dumps goes: the words below)
+                pass
+            raise ValueError(f"{field} is not valid Unicode (a lone surrogate?); send UTF-8-encodable text") \
+                from None  # (the walk found none: a type json.dumps writes by another rule)
+    return text
+
+
+def _refuse_surrogates(value: object, path: str) -> None:
+    """:func:`as_text` of every string of ``value`` (nested maps and sequences), named by its path."""
+    if isinstance(value, str):
+        as_text(value, path)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str):
+                as_text(key, f"a key of {path}")
+            _refuse_surrogates(item, f"{path}.{key}" if isinstance(key, str) and _KEY.fullmatch(key)
+                               else f"{path}[{json.dumps(key)}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_surrogates(item, f"{path}[{i}]")
+
+
+_KEY = re.compile(r"[A-Za-z0-9_-]+")  # a key written after a dot in a path; others as ["..."]
 
 
 ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,31}")

@@ -277,7 +277,7 @@ def test_a_chat_path_error_names_the_messages_field_once(scripted):
     and keys are not the body's), and a message that names its field already is not prefixed again."""
     _, http, _ = scripted
     bad_call = [{"role": "user", "content": "x"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": 1}]}]
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "not a name", "input": {}}]}]
     r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": bad_call},
                   headers={"x-api-key": KEY})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages: "), r.text

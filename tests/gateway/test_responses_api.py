@@ -166,7 +166,8 @@ def test_get_delete_and_unknown_ids(scripted):
     ({"frequency": 1}, "frequency", "unknown_parameter"),
     ({"input": None}, "input", "missing_required_parameter"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", None),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}]}, "input", None),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}]},
+     "input.0.arguments", "invalid_value"),  # (was "input": the chat path's check, its message index not the item's)
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input.0.call_id",
      "invalid_value"),  # (answers no call: was taken)
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"},

@@ -227,3 +227,122 @@ def test_a_decoded_stop_token_is_checked_as_a_keyword_one(stop_token):
         return
     got = RequestParams(*full)
     assert got == expected and list(map(type, got)) == list(map(type, expected))
+
+
+# ---------------------------------------------------------------------- JSON text inside a string
+
+# Fields that hold JSON (tool definitions, a call's arguments, template variables, a schema): given as
+# text, Python's parser reads the escape of half a surrogate pair ("\ud800" written in the text) as a
+# lone surrogate; given as objects, their strings may hold one. RequestParams took both: the JSON text
+# of tools, template variables and schemas then held the surrogate (the client's I/O thread or the
+# broker failed to encode it: "UnicodeEncodeError: 'utf-8' codec can't encode character"), and a call's
+# arguments travelled as text and failed the worker's chat template ("TextEncodeInput must be
+# Union[...]", the tokenizer library's words). Each is a ValueError naming the field.
+ESCAPE = "\\ud800"  # the six characters of the escape, as JSON text writes it
+HISTORY = [{"role": "user", "content": "hi"}]
+
+
+def _called(arguments) -> list[dict]:
+    return HISTORY + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}]
+
+
+def _tool(description: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "description": description}}]
+
+
+TOOLS_TEXT = '[{"type": "function", "function": {"name": "f", "description": "' + ESCAPE + '"}}]'
+IN_JSON = [  # (args, options, the words the ValueError starts with)
+    pytest.param((_called('{"a": "' + ESCAPE + '"}'), 4), {},
+                 "chat message 1 tool_calls[0] arguments is not valid JSON: it contains an unpaired surrogate escape "
+                 "'\\ud800' at line 1 column 8", id="call-arguments-text"),
+    pytest.param((_called({"a": LONE}), 4), {}, "chat message 1 tool_calls[0] arguments.a is not valid Unicode",
+                 id="call-arguments-object"),
+    pytest.param((_called({LONE: 1}), 4), {}, "a key of chat message 1 tool_calls[0] arguments is not valid Unicode",
+                 id="call-arguments-key"),
+    pytest.param((HISTORY, 4), {"tools": TOOLS_TEXT}, "tools is not valid JSON: it contains an unpaired surrogate "
+                 f"escape '\\ud800' at line 1 column {TOOLS_TEXT.index(ESCAPE) + 1} (half of a UTF-16 surrogate pair, "
+                 "which is no character); write the character itself, or both halves of its pair", id="tools-text"),
+    pytest.param((HISTORY, 4), {"tools": _tool(LONE)}, "tools[0].function.description is not valid Unicode",
+                 id="tools-object"),
+    pytest.param((HISTORY, 4), {"chat_template_kwargs": '{"a": ["' + ESCAPE + '"]}'},
+                 "chat_template_kwargs is not valid JSON: it contains an unpaired surrogate escape", id="kwargs-text"),
+    pytest.param((HISTORY, 4), {"chat_template_kwargs": {"a": [LONE]}}, "chat_template_kwargs.a[0] is not valid Unicode",
+                 id="kwargs-object"),
+    pytest.param((HISTORY, 4), {"structured": {"json_schema": '{"enum": ["' + ESCAPE + '"]}'}},
+                 "structured json_schema is not valid JSON: it contains an unpaired surrogate escape", id="schema-text"),
+    pytest.param((HISTORY, 4), {"structured": {"json_schema": {"enum": [LONE]}}},
+                 "structured json_schema.enum[0] is not valid Unicode", id="schema-object"),
+    pytest.param((HISTORY, 4), {"structured": {"choice": '["' + ESCAPE + '"]'}},
+                 "structured choice is not valid JSON: it contains an unpaired surrogate escape", id="choice-text"),
+    pytest.param((HISTORY + [{"role": "tool", "content": "ok", "tool_call_id": "c\ud800"}], 4), {},
+                 "chat message 1 tool_call_id is not valid Unicode", id="tool_call_id"),
+    pytest.param(([{"role": "user", "content": "hi", "name": "n\udfff"}], 4), {},
+                 "chat message 0 name is not valid Unicode", id="name"),
+]
+
+
+@pytest.mark.parametrize("args, options, words", IN_JSON)
+def test_request_params_refuse_a_lone_surrogate_in_json_fields_naming_them(args, options, words):
+    with pytest.raises(ValueError) as e:
+        RequestParams(*args, **options)
+    assert str(e.value).startswith(words), str(e.value)
+
+
+@pytest.mark.parametrize("args, options, words", IN_JSON)
+def test_the_client_refuses_a_lone_surrogate_in_json_fields_and_keeps_working(client, args, options, words):
+    with pytest.raises(ValueError) as e:
+        client.submit_request(*args, **options)
+    assert str(e.value).startswith(words), str(e.value)
+    _still_works(client)
+
+
+def _forged(params: RequestParams, name: str, value) -> list:
+    """``params`` as the wire carries them, with field ``name`` set to ``value`` unchecked (a peer's)."""
+    wire = list(params)
+    wire[RequestParams._fields.index(name)] = value
+    return wire
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("prompt", [["user", "hi"], ["assistant", "", [["c1", "f", '{"a": "' + ESCAPE + '"}']]]],
+     "chat message 1 tool_calls[0] arguments is not valid JSON"),
+    ("tools", json.dumps(_tool("x")).replace('"x"', '"' + ESCAPE + '"'), "tools is not valid JSON"),
+    ("chat_template_kwargs", '{"a": "' + ESCAPE + '"}', "chat_template_kwargs is not valid JSON"),
+    ("structured", ["json_schema", '{"enum": ["' + ESCAPE + '"]}'], "structured json_schema is not valid JSON"),
+])
+def test_a_peers_request_with_such_text_is_rejected_alone_off_the_wire(name, value, words):
+    """The broker and the worker decode a request with the codec: one whose JSON text holds the
+    escape (ASCII: msgpack carries it) is a Rejected entry (the receiver ends it ``bad_request``
+    with these words), its neighbour decoded. Was: decoded, then the broker failed to encode it for
+    the worker ("the broker could not send this request's assign message: ... UnicodeEncodeError"),
+    or the worker's tokenizer refused the rendered chat in its own words."""
+    import msgpack
+
+    from protocol.messages import PROTOCOL_VERSION, Rejected
+
+    good = RequestParams(HISTORY, 4)
+    frame = msgpack.packb({"v": PROTOCOL_VERSION, "op": "submit", "model": "m", "requests": [
+        [1, _forged(good, name, value)], [2, list(good)]]}, use_bin_type=True)
+    bad, fine = decode(frame).requests
+    assert isinstance(bad, Rejected) and bad.request_id == 1 and bad.message.startswith(words), bad
+    assert isinstance(fine, Envelope) and fine.params == good
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=any_text, as_object=st.booleans())
+def test_json_fields_accepted_are_carried_and_rendered(text, as_object):
+    """Whatever text a call's arguments or a tool's description holds, as an object or as JSON text
+    (``json.dumps`` writes a lone surrogate as its escape): refused, or it travels unchanged and the
+    worker's chat template input (``template_dict``) and tools are UTF-8 text."""
+    arguments = {"a": text} if as_object else json.dumps({"a": text})
+    tools = _tool(text) if as_object else json.dumps(_tool(text))
+    try:
+        params = RequestParams(_called(arguments), 4, tools=tools, chat_template_kwargs={"k": text})
+    except ValueError:
+        assert any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+        return
+    msg = Submit("m", [Envelope(1, params)])
+    assert decode(encode(msg)) == msg
+    json.dumps([m.template_dict() for m in params.prompt], ensure_ascii=False).encode("utf-8")
+    params.tools.encode("utf-8")
