@@ -30,6 +30,9 @@ status  ``type``                        when
                                         end of its shutdown timeout; :mod:`gateway.drain`)
 ======  ==============================  =============================================
 
+An error can always be written: a lone surrogate in its message or field name (which UTF-8,
+and so pydantic's JSON writer, cannot encode) is kept as its escape (:func:`writable`).
+
 The ``openai`` SDK retries 429 and 5xx by default; 501 carries
 ``x-should-retry: false`` (the SDK's own header) because retrying a missing
 feature cannot succeed.
@@ -66,12 +69,28 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(writable(message))
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, text: str) -> None:  # (so that every way of writing the error can: body, events, logs)
+        self._message = writable(text)
+
+    @property
+    def param(self) -> str | None:
+        return self._param
+
+    @param.setter
+    def param(self, name: str | None) -> None:
+        self._param = None if name is None else writable(name)
 
     @property
     def type(self) -> str:
@@ -97,6 +116,15 @@ class APIError(Exception):
         elif self.param is not None and not message.lstrip("'`").startswith(self.param):
             message = f"{self.param}: {message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def writable(text: str) -> str:
+    """``text`` as UTF-8 can write it: a lone surrogate (``"\\ud800"``: half a UTF-16 pair, which UTF-8
+    cannot encode, so pydantic's JSON writer refused the whole error) becomes its escape, the six
+    characters ``\\ud800`` ('backslashreplace'); any other text is itself."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
