@@ -20,6 +20,7 @@ answers 503, or its stream sends what it has, a final error event and
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from email.message import Message
@@ -272,9 +273,7 @@ class Generate:
                                                      **for_choice(options, c))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
-            err = from_value_error(e, prompt_param)
-            err.param = _body_field(err.param, body, call)
-            raise _said_of_max_tokens_0(err, hidden) from None
+            raise _said_of_max_tokens_0(_body_field(from_value_error(e, prompt_param), body, call), hidden) from None
         except RuntimeError as e:  # the client was closed: the gateway is stopping
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
@@ -349,9 +348,8 @@ class Generate:
             if reason is FinishReason.ERROR:
                 err = g.error
                 if isinstance(err, RemoteError):
-                    e = from_remote(err.code, err.message, prompt_param)
-                    e.param = _body_field(e.param, body, call)  # (the worker's compile error names 'structured')
-                    raise _said_of_max_tokens_0(e, g.hidden)
+                    e = from_remote(err.code, err.message, prompt_param)  # (a compile error names 'structured')
+                    raise _said_of_max_tokens_0(_body_field(e, body, call), g.hidden)
                 raise APIError(500, f"the request failed: {err}", code="internal")
             if reason is FinishReason.CANCELLED:
                 raise unavailable("the request was cancelled by slotserve (the gateway is stopping or lost "
@@ -613,13 +611,19 @@ def _said_of_max_tokens_0(e: APIError, hidden: bool) -> APIError:
     return e
 
 
-def _body_field(param: str | None, body: _Sampling, call: _Call) -> str | None:
-    """``param`` as the body names it: the request's ``structured`` constraint came from the body's
-    structured-output field, or (tool_choice required or named) from ``tools``, whose parameters
-    schemas made the grammar; any other param is the body's own."""
-    if param != "structured":
-        return param
-    return "tools" if call.tools is not None and call.tools.constraint is not None else field_of(body)
+def _body_field(e: APIError, body: _Sampling, call: _Call) -> APIError:
+    """``e`` (returned; changed in place) naming the body's field: the request's ``structured``
+    constraint came from the body's structured-output field, or (tool_choice required or named)
+    from ``tools``, whose parameters schemas made the grammar, and a refusal of it says so in its
+    words too ("structured json_schema does not compile: ..." is the worker's); any other param is
+    the body's own."""
+    if e.param != "structured":
+        return e
+    e.param = "tools" if call.tools is not None and call.tools.constraint is not None else field_of(body)
+    said = re.match(r"structured [a-z_]+\b", e.message)
+    if said and e.param is not None:
+        e.message = e.param + e.message[said.end():]
+    return e
 
 
 def _any_failed(call: _Call) -> bool:

@@ -71,7 +71,7 @@ from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.structured import structured_option
-from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
+from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 
 __all__ = ["OUTPUT_EFFORTS", "CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
@@ -391,9 +391,10 @@ def _usage(usage: dict | None) -> dict:
 
 
 def anthropic_error(e: APIError, chat_named: bool = False) -> Response:
-    """``e`` in Anthropic's error shape (``chat_named``: its ``param`` is a chat field, renamed)."""
+    """``e`` in Anthropic's error shape (``chat_named``: it names a chat field, renamed:
+    :func:`~gateway.translation.renamed_error`)."""
     if chat_named:
-        e.param = renamed(e.param, _PARAMS)
+        renamed_error(e, _PARAMS)
     return json_response(e.anthropic_body(), e.status, e.headers)
 
 

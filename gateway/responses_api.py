@@ -65,7 +65,7 @@ from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest, Metadata
 from gateway.tools import check_arguments
-from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed, \
+from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 
 __all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_messages"]
@@ -314,7 +314,7 @@ class ResponsesTranslation:
 
     def error(self, e: APIError) -> Response:
         if self.on_chat_path:
-            e.param = renamed(e.param, _PARAMS)
+            renamed_error(e, _PARAMS)
         return error_response(e)
 
     def _finish(self, items: OutputItems, reason: str | None, usage: dict | None) -> dict:

@@ -27,7 +27,7 @@ from gateway.errors import APIError, bad_request, from_validation
 from gateway.schemas import ChatCompletionRequest
 
 __all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
-           "renamed", "string_field", "unsupported_field"]
+           "renamed", "renamed_error", "string_field", "unsupported_field"]
 
 
 class Translation(Protocol):
@@ -135,9 +135,7 @@ def chat_request(fields: dict, params: tuple[tuple[str, str], ...]) -> ChatCompl
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
-        err = from_validation(e.errors(include_url=False, include_context=False))
-        err.param = renamed(err.param, params)
-        raise err from None
+        raise renamed_error(from_validation(e.errors(include_url=False, include_context=False)), params) from None
 
 
 def unsupported_field(field: str, what: str) -> APIError:
@@ -152,6 +150,18 @@ def string_field(item: dict, key: str, where: str) -> str:
     if not isinstance(value, str):
         raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
+
+
+def renamed_error(e: APIError, table: tuple[tuple[str, str], ...]) -> APIError:
+    """``e``, an error of the chat path, naming the vendor's field alone (returned; changed in place):
+    its ``param`` (:func:`renamed`), and its message where that starts with the chat field's name, as
+    the chat path's checks write it ("response_format.json_schema.schema must be ...": a Messages
+    client sent ``output_config.format.schema``, and was told both names)."""
+    chat = e.param
+    e.param = renamed(chat, table)
+    if chat is not None and e.param != chat and re.match(re.escape(chat) + r"(?![\w.\[])", e.message):
+        e.message = e.param + e.message[len(chat):]
+    return e
 
 
 def renamed(param: str | None, table: tuple[tuple[str, str], ...]) -> str | None:

@@ -178,7 +178,15 @@ def test_count_tokens_takes_output_config_and_cache_control_as_anthropics_does(s
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
 @pytest.mark.parametrize("output_config, message", [
     ({"format": {"type": "yaml"}}, 'output_config.format must be {"type": "json_schema", "schema": {...}}'),
-    ({"format": {"type": "json_schema", "schema": 5}}, "output_config.format.schema"),  # (the chat path's check)
+    # the chat path's checks, named by the Messages field alone (was "output_config.format.schema:
+    # response_format.json_schema.schema json_schema must be ...": the chat field and the request's kind too)
+    ({"format": {"type": "json_schema", "schema": 5}},
+     "output_config.format.schema must be a JSON schema, a JSON object; got int 5"),
+    ({"format": {"type": "json_schema", "schema": "{"}}, "output_config.format.schema is not valid JSON: Expecting"),
+    ({"format": {"type": "json_schema", "schema": '{"enum": ["\\ud800"]}'}},  # (counted: 200 before)
+     "output_config.format.schema is not valid JSON: it contains an unpaired surrogate escape '\\ud800' at line 1 "
+     "column 12 (half of a UTF-16 surrogate pair, which is no character); write the character itself, or both "
+     "halves of its pair"),
     ({"foo": 1}, "output_config.foo: Extra inputs are not permitted (output_config takes format and effort)"),
     ({"effort": "extreme"}, "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'; "
                             'got "extreme"'),
@@ -193,6 +201,7 @@ def test_output_config_is_checked_alike_by_a_message_and_a_count(scripted, path,
     assert r.status_code == 400 and r.json()["type"] == "error", r.text
     assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"].startswith(message), \
         r.json()
+    assert "response_format" not in r.text and "json_schema json_schema" not in r.text
     assert not client.threads  # refused before anything was submitted
 
 
@@ -248,6 +257,7 @@ def test_metadata_is_checked_as_anthropic_checks_it(scripted, metadata, message)
     assert r.status_code == 400 and r.json()["type"] == "error", r.text
     assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"].startswith(message), \
         r.json()
+    assert "response_format" not in r.text and "json_schema json_schema" not in r.text
     assert not client.threads  # refused before anything was submitted
 
 
@@ -403,6 +413,16 @@ def test_live_forced_call_round_trips(claude, text_model):
         {"role": "assistant", "content": [b.model_dump() for b in r.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "12:00"}]}])
     assert again.usage.input_tokens > r.usage.input_tokens
+
+
+def test_live_schema_the_worker_cannot_compile_names_the_messages_field(cluster, text_model):
+    """The worker's words for it ("structured json_schema does not compile: ...") name the body's
+    field alone: was "output_config.format.schema: structured json_schema does not compile: ..."."""
+    r = httpx.post(cluster.http_url + "/v1/messages", timeout=60, json={
+        "model": text_model, "messages": user("x"), "max_tokens": 5,
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["message"].startswith("output_config.format.schema does not compile: "), r.text
 
 
 def test_live_unknown_model_is_anthropic_shaped(claude, cluster):

@@ -183,6 +183,17 @@ def test_bad_bodies_are_400_naming_the_responses_field(scripted, extra, param, c
     assert err["param"] == param and (code is None or err["code"] == code), err
 
 
+def test_a_bad_schema_is_named_by_the_responses_field_alone(scripted):
+    """The chat path's check words it with the chat field ("response_format.json_schema.schema
+    json_schema must be ...", param text.format.schema): the message names the Responses field."""
+    _, http, client = scripted
+    err = error_of(http.post("/v1/responses", json={"model": "m", "input": "plain", "text": {
+        "format": {"type": "json_schema", "name": "x", "schema": 5}}}), 400)
+    assert (err["param"], err["message"]) == \
+        ("text.format.schema", "text.format.schema must be a JSON schema, a JSON object; got int 5"), err
+    assert not client.submitted
+
+
 def test_an_output_answering_no_call_says_so_as_openai_does(scripted):
     _, http, client = scripted
     first = {"type": "function_call", "call_id": "call_a", "name": "get_time", "arguments": "{}"}

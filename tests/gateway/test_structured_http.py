@@ -101,6 +101,23 @@ def test_bad_specs_are_400_naming_the_field_and_the_neighbours_are_served(cluste
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "fine"
 
 
+@pytest.mark.parametrize("extra, words", [
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs does not compile: "),
+    ({"grammar": "root ::= ("}, "grammar does not compile: "),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format does not compile: "),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format admits no output"),
+    ({"guided_choice": []}, "guided_choice must be a non-empty list of strings"),  # (the edge's: was
+])                                                                                  # "guided_choice choice must")
+def test_a_refused_spec_is_named_by_the_body_field_in_the_message_too(cluster, text_model, extra, words):
+    """The worker's words name the request's field ("structured regex does not compile: ..."),
+    which no HTTP body has: the message names the body's."""
+    r = httpx.post(cluster.http_url + "/v1/chat/completions", timeout=60,
+                   json={"model": text_model, "messages": MESSAGES, "max_tokens": 4, **extra})
+    assert error_of(r, 400)["message"].startswith(words), r.text
+
+
 def test_text_response_format_is_no_constraint(oai, text_model):
     free = oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=6, temperature=0)
     text = oai.chat.completions.create(model=text_model, messages=MESSAGES, max_tokens=6, temperature=0,
