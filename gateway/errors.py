@@ -25,7 +25,9 @@ status  ``type``                        when
 501     ``invalid_request_error``       an OpenAI feature slotserve does not implement
                                         (``unsupported``; ``x-should-retry: false``)
 503     ``service_unavailable_error``   no broker answers, no worker serves the model
-                                        right now, or the gateway is shutting down (a new
+                                        right now (its first worker loading, or none:
+                                        ``BrokerConnections.no_worker``, one message for
+                                        every route), or the gateway is shutting down (a new
                                         request while it drains, or one still open at the
                                         end of its shutdown timeout; :mod:`gateway.drain`)
 ======  ==============================  =============================================

@@ -211,8 +211,21 @@ class BrokerConnections:
         :meth:`model_states`'s (as ``GET /v1/models`` lists them)."""
         return APIError(404, not_found(model, self.model_states(status)), param="model", code="model_not_found")
 
-    def no_worker(self, model: str) -> APIError:
-        """The 503 for a known model (not one on demand) that no worker serves right now."""
+    def no_worker(self, model: str, status: Status | None = None) -> APIError:
+        """The 503 for ``model``, a name ``status`` (default: the last) knows, that no worker serves
+        right now, the one every route answers, saying why by its :meth:`model_states` state: its
+        first worker is loading (on demand, or as ``slotserve up`` starts), a model on demand not
+        loaded now (a generation request waits for it instead: only the tokenizer routes say so),
+        or none (its workers left)."""
+        state = self.model_states(status).get(model)
+        on_demand = model in self.config.on_demand_models
+        if state == "loading":
+            how = "is loaded on demand and is loading now" if on_demand else \
+                "is loading now (its first worker is starting)"
+            return unavailable(f"model `{model}` {how}; retry when GET /v1/models says it is loaded")
+        if state == "unloaded":
+            return unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation request "
+                               "or POST /models/load loads it (GET /v1/models says when); retry then")
         return unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
 
     def served_name(self, model: str) -> str:
@@ -258,7 +271,7 @@ class BrokerConnections:
             if model not in st.models:
                 raise self.model_not_found(model, st)
             if st.models[model].workers == 0 and model not in self.config.on_demand_models:
-                raise self.no_worker(model)
+                raise self.no_worker(model, st)
         if c is not None:
             return c
         if model == CONTROL_MODEL and self._control is not None:
@@ -266,7 +279,7 @@ class BrokerConnections:
                 try:
                     await _on_a_thread(self._control.wait_for_model, self.config.connect_timeout_s)
                 except TimeoutError:
-                    raise unavailable(f"no worker serves model `{model}` right now; retry") from None
+                    raise self.no_worker(model) from None
             return self._control
         fut = self._connecting.get(model)
         if fut is None:

@@ -148,13 +148,7 @@ class TokenizeEndpoints:
         tok = self.tokenizers.loaded(self.link.served_name(model))  # (one it had before stays)
         if tok is not None:
             return tok
-        if model in self.link.config.on_demand_models:
-            if self.link.model_states(status).get(model) == "loading":
-                raise unavailable(f"model `{model}` is loaded on demand and is loading now; retry when GET "
-                                  "/v1/models says it is loaded")
-            raise unavailable(f"model `{model}` is loaded on demand and is not loaded now: a generation "
-                              "request or POST /models/load loads it (GET /v1/models says when); retry then")
-        raise self.link.no_worker(model)
+        raise self.link.no_worker(model, status)  # (loading, a model on demand not loaded, or none now)
 
 
 def _worker_messages(messages: list[dict]) -> list[dict]:

@@ -207,10 +207,50 @@ def test_a_known_model_without_a_worker_is_the_503_of_v1_not_a_404(one_tokenizer
     app = handlers_app(Tokenizers(letters, one_tokenizer), StatusLink(*SERVED_TOO[:2]))
     with TestClient(app) as http:
         v1 = http.post("/v1/completions", json={"model": "boot", "prompt": [1], "max_tokens": 1})
-        assert v1.status_code == 503 and "no worker serves model `boot` right now" in v1.json()["error"]["message"]
+        assert v1.status_code == 503 and "model `boot` is loading now" in v1.json()["error"]["message"]
         for path, body in TOKENIZER_PATHS:
             r = http.post(path, json={**body, "model": "boot"})
             assert (r.status_code, r.json()) == (503, v1.json()), (path, r.text)
+
+
+NAMED = [("/v1/completions", {"prompt": [1], "max_tokens": 1}), ("/v1/chat/completions", {"messages": MESSAGES}),
+         ("/v1/responses", {"input": "hi"}), ("/v1/messages", {"messages": MESSAGES, "max_tokens": 1}),
+         ("/v1/messages/count_tokens", {"messages": MESSAGES}), ("/infill", {"input_prefix": "a", "input_suffix": "b"}),
+         ("/tokenize", {"prompt": "ab"}), ("/tokenize", {"messages": MESSAGES}), ("/detokenize", {"tokens": [0]}),
+         ("/v1/embeddings", {"input": "hi"}), ("/v1/rerank", {"query": "q", "documents": ["a"]})]
+"""Every route that names a model, with a body it takes."""
+
+
+class GivenApp(StatusLink):
+    """:class:`StatusLink` as the whole app's link (no poller: the status is the test's)."""
+
+    async def start(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("model, words", [
+    ("boot", "model `boot` is loading now (its first worker is starting); retry when GET /v1/models says it is "
+             "loaded"),  # (was "no worker serves model `boot` right now; retry when one has registered")
+    ("gone", "no worker serves model `gone` right now; retry when one has registered"),  # (its workers left)
+])
+def test_a_model_without_a_worker_gets_one_503_that_says_whether_it_is_loading_on_every_route(monkeypatch, model,
+                                                                                            words):
+    """``boot``'s first worker is loading (``slotserve up`` starting; not a model on demand): every
+    route says so, as a model on demand that is loading is told; ``gone`` had workers, none now.
+    One builder (``BrokerConnections.no_worker``), the same words in each route's shape."""
+    import gateway.app
+
+    link = GivenApp({"m": ModelStatus(0, 0, 1, 0, 4), "boot": ModelStatus(0, 0, 0, 0, 0, 1),
+                     "gone": ModelStatus(0, 0, 0, 0, 0)})
+    monkeypatch.setattr(gateway.app, "BrokerConnections", lambda config: link)
+    with TestClient(gateway.app.create_app(GatewayConfig())) as http:
+        for path, body in NAMED:
+            r = http.post(path, json={**body, "model": model})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", (path, r.text)
+            if path.startswith("/v1/messages"):
+                assert r.json() == {"type": "error", "error": {"type": "overloaded_error", "message": words}}, path
+            else:
+                assert r.json()["error"]["message"] == words, (path, r.text)
 
 
 def test_a_model_on_demand_gets_a_503_that_says_whether_it_is_loading():
