@@ -84,7 +84,7 @@ def as_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     return value
 
 
-_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")  # a \uXXXX escape of a surrogate (or an escaped backslash before one)
+_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")  # a surrogate's \uXXXX escape (or a "\\" before one)
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string literal
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # one escape in it; group 1: a \uXXXX's code unit
 

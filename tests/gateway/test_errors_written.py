@@ -25,8 +25,9 @@ def test_writable_escapes_only_what_utf8_cannot_encode():
 
 def test_every_shape_of_an_error_with_a_lone_surrogate_is_written():
     e = bad_request(f"field {LONE} is wrong, é", f"messages.0.{LONE}")
-    assert json.loads(e.to_json())["error"] == {"message": "field \\ud800 is wrong, é", "type": "invalid_request_error",
-                                                "param": "messages.0.\\ud800", "code": "invalid_value"}
+    assert json.loads(e.to_json())["error"] == {
+        "message": "field \\ud800 is wrong, é", "type": "invalid_request_error", "param": "messages.0.\\ud800",
+        "code": "invalid_value"}
     assert json.loads(error_response(e).body)["error"]["message"] == "field \\ud800 is wrong, é"
     assert json.loads(sse(e.body())[len(b"data: "):])["error"]["param"] == "messages.0.\\ud800"  # a stream's error
     assert json.loads(json_response(e.anthropic_body()).body) == {"type": "error", "error": {

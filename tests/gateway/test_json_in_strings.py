@@ -99,7 +99,8 @@ OPENAI_CASES = [  # (path, body, param, message)
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]},
      "input.1.arguments", escape_words("input[1].arguments")),
     ("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": ARGUMENTS}}},
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "w", "schema": ARGUMENTS}}},
      "response_format.json_schema.schema", escape_words("response_format.json_schema.schema")),
     ("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
                               "structured_outputs": {"choice": '["' + ESCAPE + '"]'}},
@@ -130,7 +131,8 @@ def test_a_tool_use_input_that_is_no_object_is_a_400_naming_it(scripted, path):
         **({"max_tokens": 4} if path == "/v1/messages" else {})}
     r = http.post(path, json=body)
     assert r.status_code == 400 and r.json() == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "messages.1.content.0.input must be an object (the call's arguments)"}}
+        "type": "invalid_request_error",
+        "message": "messages.1.content.0.input must be an object (the call's arguments)"}}
     assert not client.submitted
 
 
