@@ -628,7 +628,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
             run_gateway(cfg, stop=sig.flag, halt=sig.flag.repeated, load_tokenizer=loader_for(cfg),
                         on_ready=lambda url: click.echo(
-                f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. Ctrl-C stops.", err=True))
+                f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. {sig.stop_hint()}", err=True))
     except OSError as e:
         raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
 
@@ -733,7 +733,7 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
         try:
             cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), {what}"
-                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + ". Ctrl-C stops.",
+                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + f". {sig.stop_hint()}",
                        err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping..." if gateway is None else

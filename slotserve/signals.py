@@ -98,6 +98,16 @@ class StopSignals:
         os.close(self._r)
         os.close(self._w)
 
+    def stop_hint(self) -> str:
+        """How to stop the command, for its banner: "Ctrl-C stops." where SIGINT reaches it, else
+        which signal does -- SIGINT ignored when the command started (a background job of a
+        script: ``slotserve up ... &``) would make "Ctrl-C stops" untrue, and the command deaf to
+        it without a word."""
+        if signal.SIGINT in self._previous or not self._previous:  # (not the main thread: none installed)
+            return "Ctrl-C stops."
+        return (f"SIGINT is ignored in this process (started in the background by a script), so Ctrl-C does not "
+                f"stop it; SIGTERM does (kill {os.getpid()}).")
+
     def _on_signal(self, signum, frame) -> None:  # only sets the flag
         self.flag.set(signum)
 

@@ -379,3 +379,32 @@ def test_stop_signals_set_a_flag_wake_the_loop_and_respect_ignored_signals():
         assert signal.getsignal(signal.SIGTERM) is previous_term
     finally:
         signal.signal(signal.SIGHUP, previous_hup)
+
+
+def test_the_banner_says_how_to_stop_when_sigint_is_ignored():
+    """A command started with SIGINT ignored (``slotserve up ... &`` from a script) keeps it ignored;
+    its banner then names SIGTERM rather than saying "Ctrl-C stops"."""
+    with StopSignals() as sig:
+        assert sig.stop_hint() == "Ctrl-C stops."
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as sig:
+            hint = sig.stop_hint()
+        assert "Ctrl-C does not stop it" in hint and f"kill {os.getpid()}" in hint and "SIGTERM" in hint
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_up_started_with_sigint_ignored_says_sigterm_stops_it(tmp_path):
+    """`slotserve up ... &` from a script: SIGINT stays ignored, and the banner says so and names
+    SIGTERM (it said "Ctrl-C stops."); SIGTERM then stops it."""
+    proc = start(["up", "--frontend", "tcp://127.0.0.1:*", "--backend", "tcp://127.0.0.1:*", "--workers", "1",
+                  "--slots", "2"], sigint_ignored=True)
+    try:
+        banner = stderr_line(proc, "slotserve up:", 60)
+        assert "Ctrl-C does not stop it" in banner and f"kill {proc.pid}" in banner, banner
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == 0
+    finally:
+        reap(proc, [])
