@@ -13,11 +13,12 @@ import json
 import re
 import uuid
 
+from protocol.validation import LONE_SURROGATE
+
 __all__ = ["CallStream", "json_text", "merged"]
 
 _WS = " \t\n\r"  # JSON's whitespace
 _MORE = object()  # _header: the block may still become a call
-_SURROGATE = re.compile("[\ud800-\udfff]")  # (a lone one: Python's str holds no pair)
 
 
 def json_text(value: object) -> str:
@@ -26,7 +27,7 @@ def json_text(value: object) -> str:
     ``"\\ud800"``, which Python's parsers read as one, and no answer could hold it as UTF-8
     (pydantic's writer failed the answer: a 500, a stream cut off). ValueError as :func:`json.dumps`."""
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text if text.isascii() else LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class CallStream:

@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation
 from gateway.schemas import ChatCompletionRequest
+from protocol.validation import LONE_SURROGATE
 
 __all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
            "renamed", "renamed_error", "string_field", "unsupported_field"]
@@ -107,13 +108,12 @@ def call_input(arguments: str) -> dict:
     return value if "\\u" not in arguments else _replaced(value)  # (only an escape makes a surrogate)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # (a lone one: Python's str holds no pair)
 
 
 def _replaced(value):
     """``value`` (parsed JSON) with every lone surrogate of its strings, keys included, as U+FFFD."""
     if isinstance(value, str):
-        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
         return {_replaced(k): _replaced(v) for k, v in value.items()}
     if isinstance(value, list):

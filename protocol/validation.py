@@ -84,6 +84,9 @@ def as_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     return value
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate in a Python str (a str holds no pair: a parsed ``"\\ud800"`` escape), which UTF-8 cannot encode."""
+
 _SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")  # a surrogate's \uXXXX escape (or a "\\" before one)
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string literal
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # one escape in it; group 1: a \uXXXX's code unit
