@@ -143,6 +143,10 @@ CALLS = {  # parser -> (the model's output: one get_weather call whose value esc
     "qwen3_coder": ('<tool_call>\n<function=get_weather>\n<parameter=days>\n["' + ESCAPE + '", 1]\n</parameter>\n'
                     '</function>\n</tool_call>', '{"days": ["' + ESCAPE + '", 1]}'),
     "pythonic": ('[get_weather(city="' + ESCAPE + '")]', ARGUMENTS),
+    "llama3_json": ('{"name": "get_weather", "parameters": ' + ARGUMENTS + '}', ARGUMENTS),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": ' + ARGUMENTS + '}]', ARGUMENTS),
+    "openai": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>' + ARGUMENTS + '<|call|>',
+               ARGUMENTS),
 }
 
 
