@@ -128,8 +128,55 @@ def test_cat_stacks_rows_and_repacks_only_where_packings_differ():
     assert torch.equal(mixed.dequantize(), torch.cat([parts[0].dequantize(), narrow.dequantize()]))
     wide = [QuantizedWeight(*unpack(random_blocks("Q5_0", 4, 256, seed=s), "Q5_0"), "Q5_0") for s in (1, 2)]
     assert torch.equal(QuantizedWeight.cat(wide).dequantize(), torch.cat([p.dequantize() for p in wide]))
-    with pytest.raises(ValueError, match="one format"):
+    with pytest.raises(ValueError, match="one group, width and kind of scales and offsets; got Q4_K 8x256, Q5_0"):
         QuantizedWeight.cat([parts[0], wide[0]])
+
+
+@pytest.mark.parametrize("six", [True, False], ids=["six-bits", "bytes"])
+def test_formats_with_the_same_factors_stack_where_no_codes_widen(monkeypatch, six):
+    """Q5_0 beside Q8_0 (an fp16 d per 32 columns each, no offsets): one weight where both are held a
+    byte a code (``fmt`` names both; the same weights), not where Q5_0 is held in 6 bits; never
+    Q4_1's nibbles beside Q5_1's bytes (offsets alike, but the nibbles would widen), nor Q5_0 beside
+    Q4_1 (offsets against none)."""
+    monkeypatch.setattr(qkernel, "six_bits", lambda: six)
+    q5 = [QuantizedWeight(*unpack(random_blocks("Q5_0", n, 256, seed=n), "Q5_0"), "Q5_0") for n in (8, 4)]
+    q8 = QuantizedWeight(*unpack(random_blocks("Q8_0", 4, 256, seed=9), "Q8_0"), "Q8_0")
+    assert q5[0].stacks_with(q8) is (not six) and q5[0].stacks_with(q5[1])
+    if six:
+        with pytest.raises(ValueError, match="Q5_0 8x256, Q5_0 4x256, Q8_0 4x256"):
+            QuantizedWeight.cat(q5 + [q8])
+    else:
+        fused = QuantizedWeight.cat(q5 + [q8])
+        assert fused.fmt == "Q5_0+Q8_0" and fused.out_features == 16
+        assert qkernel.kind(fused) == qkernel.WIDE
+        assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in q5 + [q8]]))
+    q41 = QuantizedWeight(*unpack(random_blocks("Q4_1", 4, 256, seed=3), "Q4_1"), "Q4_1")
+    q51 = QuantizedWeight(*unpack(random_blocks("Q5_1", 4, 256, seed=4), "Q5_1"), "Q5_1")
+    assert q41.nibbles and not q51.nibbles
+    assert not q41.stacks_with(q51) and not q51.stacks_with(q41) and not q5[0].stacks_with(q41)
+
+
+@pytest.mark.parametrize("fmts, runs", [
+    (("Q4_K", "Q4_K", "Q6_K"), [("Q4_K", 12), ("Q6_K", 4)]),  # a Q4_K_M layer: q and k as one, v apart
+    (("Q6_K", "Q4_K", "Q4_K"), [("Q6_K", 8), ("Q4_K", 8)]),
+    (("Q5_0", "Q5_0", "Q8_0"), [("Q5_0+Q8_0", 16)]),  # Qwen2.5-Coder-0.5B's q, k, v (bytes)
+    (("Q4_0", "Q8_0", "Q4_0"), [("Q4_0", 8), ("Q8_0", 4), ("Q4_0", 4)]),  # nibbles never widen
+])
+def test_fused_linears_hold_each_run_of_stackable_parts_as_one_weight(monkeypatch, fmts, runs):
+    """``stored_fused``: the parts in their order, each run of consecutive parts one weight can hold as
+    one product (a ConcatLinear of the runs where there are several); the same product either way."""
+    from worker.models.llama.linear import ConcatLinear
+    from worker.models.llama.weights import stored_fused
+
+    monkeypatch.setattr(qkernel, "six_bits", lambda: False)
+    parts = [QuantizedWeight(*unpack(random_blocks(f, n, 256, seed=i), f), f)
+             for i, (f, n) in enumerate(zip(fmts, (8, 4, 4)))]
+    fused = stored_fused(parts)
+    held = fused.parts if isinstance(fused, ConcatLinear) else [fused]
+    assert isinstance(fused, ConcatLinear) == (len(runs) > 1)
+    assert [(p.fmt, p.out_features) for p in held] == runs
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(fused(x), torch.cat([p(x) for p in parts], dim=-1), rtol=1e-5, atol=1e-5)
 
 
 def test_an_unread_format_is_refused():

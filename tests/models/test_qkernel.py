@@ -539,3 +539,36 @@ def test_int8_rows_of_denormal_activations_stay_within_their_products_bound(modu
     bound = x.abs().amax(1, keepdim=True).double() * w.dequantize().abs().sum(1).double()[None]
     assert (y.double().abs() <= 1.01 * bound).all()
     assert torch.equal(y[:1], w(x[:1]))
+
+
+@needs_q8
+@pytest.mark.parametrize("m", [1, 8, 99])
+def test_q5_0_and_q8_0_stacked_give_each_parts_own_bits(module, six_bits, m):
+    """Q5_0 q and k beside a Q8_0 v (Qwen2.5-Coder-0.5B) held as one weight where both are a byte a code
+    (``QuantizedWeight.stacks_with``): one product, int8 activations, bit for bit each part's alone,
+    since the integer sums are exact whatever base the codes are held from and the epilogue is one."""
+    parts = [weight(-16, 16, 32, False, "f16", 64, K, seed=1), weight(-16, 16, 32, False, "f16", 16, K, seed=2),
+             weight(-128, 128, 32, False, "f16", 16, K, seed=3)]
+    for p, fmt in zip(parts, ("Q5_0", "Q5_0", "Q8_0")):
+        p.fmt = fmt
+    if six_bits:  # Q5_0 in 6 bits would widen to bytes stacked: kept apart
+        assert not parts[0].stacks_with(parts[2])
+        return
+    fused = QuantizedWeight.cat(parts).prepare()
+    assert qkernel.kind(fused) == qkernel.WIDE and fused.kernel is not None
+    for p in parts:
+        p.prepare().kernel.set_activations("int8")
+    fused.kernel.set_activations("int8")
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
+
+
+@needs_kernel
+def test_a_residual_add_is_the_sum_and_leaves_the_residual(module):
+    """``QuantizedWeight.add`` sums into the product's own tensor: ``residual + w(x)`` bit for bit, the
+    residual unchanged."""
+    w = weight(-16, 16, 32, False, "f16", 64, K, seed=4).prepare()
+    x, residual = torch.randn(8, K), torch.randn(8, 64)
+    before = residual.clone()
+    assert torch.equal(w.add(residual, x), residual + w(x))
+    assert torch.equal(residual, before)

@@ -146,15 +146,16 @@ class Kernel:
         w, m = self.weight, x.shape[0]
         if self.tiles and m > TILE_ROWS:  # a prefill chunk: bf16 tiles over all of K
             y = self.module.qmm_tiles(_tile_rows(x.to(torch.bfloat16).contiguous()), *self.args)
-            return own_decode_rows(y if len(y) == m else y[:m], x, TILE_ROWS, self)  # decode rows: theirs
+            return own_decode_rows(y if y.shape[0] == m else y[:m], x, TILE_ROWS, self)  # decode rows: theirs
         if self.int8:  # every row count: past 512 rows still faster than the wide product, and row-invariant
-            x32 = x.to(torch.float32).contiguous()
-            y = self.module.qmm8(_tile_rows(x32) if self.amx and m > VNNI_ROWS else x32, *self.args, self.amx,
+            if x.dtype != torch.float32 or not x.is_contiguous():  # (a decode step's x is both: no call)
+                x = x.to(torch.float32).contiguous()
+            y = self.module.qmm8(_tile_rows(x) if self.amx and m > VNNI_ROWS else x, *self.args, self.amx,
                                  VNNI_ROWS)
-            return y if len(y) == m else y[:m]
+            return y if y.shape[0] == m else y[:m]
         if self.amx and w.group in (16, 32):  # fp32 x: the kernel rounds it to bf16 itself (one op less)
             y = self._qmm(_tile_rows(x.to(torch.float32).contiguous()), True)
-            return y if len(y) == m else y[:m]
+            return y if y.shape[0] == m else y[:m]
         if past(self.rows, m):  # the wide product, but a step's decode rows as they would be alone
             return own_decode_rows(self.wide(x), x, self.rows, self)
         # fp32 x as it is: the kernel rounds it to bf16 in the call (nearest even, as torch's cast,

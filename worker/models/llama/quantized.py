@@ -199,32 +199,50 @@ class QuantizedWeight:
         blocked tensors stack as they are (one code kind and ``low``, every part but the last whole
         16-row blocks: :meth:`_cat_blocked`), else not (:meth:`prepare` it after).
 
-        Raises ValueError unless every part has the same format, group and ``in_features``
-        (a fused linear of mixed formats runs its parts one by one instead:
+        Formats may differ where their factors do not (:meth:`stacks_with`: Q5_0 beside Q8_0, each
+        an fp16 ``d`` per 32 columns; ``fmt`` then names both, ``"Q5_0+Q8_0"``): the codes then take
+        the kind their joined range needs (int8 ones for Q8_0's), and each row's int8-activation
+        product is the same integers and epilogue as its part's alone, so the same bits.
+
+        Raises ValueError unless every part :meth:`stacks_with` the first (a fused linear of
+        formats whose factors differ runs its parts one by one instead:
         :class:`~worker.models.llama.linear.ConcatLinear`).
         """
         first = parts[0]
-        if any((p.fmt, p.group, p.in_features, p.offsets is None) != (first.fmt, first.group, first.in_features,
-                                                                       first.offsets is None)
-               or not p.scales.like(first.scales) or (p.offsets is not None and not p.offsets.like(first.offsets))
-               for p in parts):
-            raise ValueError("QuantizedWeight.cat needs parts of one format, group and width; got "
+        if not all(first.stacks_with(p) for p in parts):
+            raise ValueError("QuantizedWeight.cat needs parts of one group, width and kind of scales and offsets; got "
                              + ", ".join(f"{p.fmt} {p.out_features}x{p.in_features}" for p in parts))
+        fmt = "+".join(dict.fromkeys(p.fmt for p in parts))
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
         fused = cls._cat_blocked(parts, bias)
         if fused is not None:
+            fused.fmt = fmt
             return fused
         rows = [p._rows(None) for p in parts]  # row-major, also of a prepared part
         scales = GroupScales.cat([r[1] for r in rows])
         offsets = None if first.offsets is None else GroupScales.cat([r[2] for r in rows])
         if all((p.nibbles, p.low) == (first.nibbles, first.low) for p in parts):
             out = cls._of(first, torch.cat([r[0] for r in rows]), scales, offsets, bias)
-            out.out_features = sum(p.out_features for p in parts)
+            out.fmt, out.out_features = fmt, sum(p.out_features for p in parts)
             out.high = max(p.high for p in parts)
             return out
-        return cls(torch.cat([p.codes() for p in parts]), scales, offsets, first.group, first.fmt, bias)
+        return cls(torch.cat([p.codes() for p in parts]), scales, offsets, first.group, fmt, bias)
+
+    def stacks_with(self, other: QuantizedWeight) -> bool:
+        """Whether one weight can hold this one's rows and ``other``'s (:meth:`cat`): the same group and
+        ``in_features``, and scales and offsets (or none) of the same kind (:meth:`GroupScales.like`).
+        The format may differ where both hold a byte a code (:data:`~worker.models.llama.qkernel.MAGIC`,
+        :data:`~worker.models.llama.qkernel.WIDE`: Q5_0 and Q8_0 without AMX), so that no part's codes
+        take more bytes stacked than alone (4-bit or 6-bit codes would widen to bytes)."""
+        from worker.models.llama import qkernel
+
+        if not ((self.group, self.in_features, self.offsets is None) == (other.group, other.in_features,
+                                                                          other.offsets is None)
+                and self.scales.like(other.scales) and (self.offsets is None or self.offsets.like(other.offsets))):
+            return False
+        return self.fmt == other.fmt or {qkernel.kind(self), qkernel.kind(other)} <= {qkernel.MAGIC, qkernel.WIDE}
 
     @classmethod
     def _cat_blocked(cls, parts: list[QuantizedWeight], bias: torch.Tensor | None) -> QuantizedWeight | None:
@@ -317,11 +335,15 @@ class QuantizedWeight:
             y = F.linear(x.float(), self.dequantize())
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)  # (a cast to its own dtype still costs a dispatch)
 
     def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``residual + self(x)``."""
-        return residual + self(x)
+        """``residual + self(x)``, in the product's own new tensor where it has the residual's dtype and
+        shape (the same sums: fp32 addition commutes; no third tensor)."""
+        y = self(x)
+        if y.dtype == residual.dtype and y.shape == residual.shape:
+            return y.add_(residual)
+        return residual + y
 
 
 class QuantizedEmbedding:
