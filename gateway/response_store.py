@@ -15,6 +15,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.responses_origins import Origin
 
 __all__ = ["ResponseStore", "StoredResponse"]
 
@@ -23,10 +27,12 @@ __all__ = ["ResponseStore", "StoredResponse"]
 class StoredResponse:
     """One stored answer: ``response`` (the Response object as it was answered) and ``messages``
     (the conversation up to and including its output, as chat messages, without ``instructions``,
-    which OpenAI does not carry over to the next response)."""
+    which OpenAI does not carry over to the next response) and ``origins`` (the Responses items each
+    of ``messages`` was made of, for the errors of a request that replays them; none where unknown)."""
 
     response: dict
     messages: tuple[dict, ...]
+    origins: tuple[Origin, ...] = ()
 
 
 class ResponseStore:

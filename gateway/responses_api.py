@@ -45,13 +45,16 @@ The answer is the Response object: ``output`` items (:mod:`gateway.responses_out
 the items' events, then ``response.completed`` (or ``response.incomplete``) with the whole
 response; each event has ``event:`` and ``data:`` lines and a ``sequence_number`` from 0; a request
 that fails once streaming ends with ``response.failed`` (its ``error``). Errors before that are
-OpenAI's error shape (:mod:`gateway.errors`), naming the Responses field.
+OpenAI's error shape (:mod:`gateway.errors`), naming the Responses field: the chat path's errors
+about a message name the item it came from, this request's or a stored response's
+(:mod:`gateway.responses_origins`).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -61,6 +64,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.responses import STREAM_END, error_response, json_response, new_id
+from gateway.responses_origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest, Metadata
@@ -68,7 +72,7 @@ from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 
-__all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_messages"]
+__all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_items", "input_messages"]
 
 _WHAT = "/v1/responses"
 
@@ -124,7 +128,8 @@ class ResponsesRequest(BaseModel):
 
 
 # chat fields -> Responses fields, for the chat path's errors (a chat message's index is not an input
-# item's -- instructions and the stored conversation come first -- nor are its keys, so all is "input")
+# item's -- instructions and the stored conversation come first -- nor are its keys: a message's field
+# is its item's, gateway.responses_origins; what names no message's item is "input")
 _PARAMS = (
     (r"messages(\..*)?", "input"), (r"max_tokens", "max_output_tokens"),
     (r"response_format(\.json_schema)?", "text.format"),
@@ -137,10 +142,16 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
     ``earlier`` (the stored conversation of ``previous_response_id``); 400 naming ``input.N...`` for
     an item it does not take, or for a ``function_call_output`` whose ``call_id`` is the id of no
     ``function_call`` before it, in ``input`` or ``earlier`` (OpenAI's rule and message)."""
+    return input_items(value, earlier)[0]
+
+
+def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tuple[list[dict], list[Origin]]:
+    """:func:`input_messages`, and the input items each message was made of (one :class:`Origin` a message)."""
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return [{"role": "user", "content": value}], [Origin("input")]
     call_ids = {call["id"] for m in earlier for call in m.get("tool_calls") or ()}
     out: list[dict] = []
+    origins: list[Origin] = []
     for i, item in enumerate(value):
         where = f"input.{i}"
         kind = item.get("type", "message")
@@ -150,6 +161,7 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
                 raise bad_request("a message item's role must be user, assistant, system or developer", f"{where}.role")
             out.append({"role": "system" if role == "developer" else role,
                         "content": _text(item.get("content"), f"{where}.content")})
+            origins.append(Origin(where))
         elif kind == "function_call":
             call = {"id": string_field(item, "call_id", where), "type": "function",
                     "function": {"name": string_field(item, "name", where),
@@ -157,8 +169,10 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
             check_arguments(call["function"]["arguments"], f"{where}.arguments")  # (named as the item's field)
             if out and out[-1]["role"] == "assistant":  # (one assistant turn: its text, then its calls)
                 out[-1].setdefault("tool_calls", []).append(call)
+                origins[-1] = replace(origins[-1], calls=origins[-1].calls + (where,))
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origins.append(Origin(None, (where,)))
             call_ids.add(call["id"])
         elif kind == "function_call_output":
             call_id = string_field(item, "call_id", where)
@@ -167,10 +181,11 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
                                   f"{where}.call_id")
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": _text(item.get("output"), f"{where}.output")})
+            origins.append(Origin(where, kind=ItemKind.TOOL_OUTPUT))
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
                                     f"function_call_output, reasoning; not {kind!r:.40})")
-    return out
+    return out, origins
 
 
 def _text(content: Any, where: str) -> str:
@@ -236,6 +251,7 @@ class ResponsesTranslation:
         self.store = store
         self.body: ResponsesRequest | None = None
         self.history: list[dict] = []  # the conversation before this response's output, without instructions
+        self.origins: list[Origin] = []  # the items of each message of history (gateway.responses_origins)
         self.id = new_id("resp", "_")
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.created_at = int(time.time())
@@ -252,19 +268,26 @@ class ResponsesTranslation:
                                   "stored, deleted, or dropped from the gateway's in-memory store)",
                                   "previous_response_id", "previous_response_not_found")
             self.history = list(previous.messages)
+            self.origins = list(previous.origins)
         if body.max_output_tokens is not None and body.max_output_tokens < 1:
             raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
         if body.input is None:
             raise bad_request("Missing required parameter: 'input'", "input", "missing_required_parameter")
-        self.history += input_messages(body.input, self.history)
+        messages, origins = input_items(body.input, self.history)
+        self.history += messages
+        self.origins += origins
         system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
-        chat = chat_request({
+        fields = {
             "model": body.model, "messages": system + self.history, "max_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "tools": _tools(body.tools),
             "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
             "response_format": _response_format(body.text), "stream": body.stream,
             "reasoning_effort": body.reasoning.get("effort") if isinstance(body.reasoning, dict) else None,
-            "stream_options": {"include_usage": True} if body.stream else None}, _PARAMS)
+            "stream_options": {"include_usage": True} if body.stream else None}
+        try:
+            chat = chat_request(fields, ())  # (renamed here: a message's field as its item's)
+        except APIError as e:
+            raise self._renamed(e) from None
         self.on_chat_path = True
         return chat
 
@@ -314,8 +337,16 @@ class ResponsesTranslation:
 
     def error(self, e: APIError) -> Response:
         if self.on_chat_path:
-            renamed_error(e, _PARAMS)
+            self._renamed(e)
         return error_response(e)
+
+    def _renamed(self, e: APIError) -> APIError:
+        """``e``, an error of the chat path, naming the Responses field: a chat message's field as
+        the item it came from (:func:`~gateway.responses_origins.renamed_to_items`), others by ``_PARAMS``."""
+        first = [Origin("instructions", kind=ItemKind.INSTRUCTIONS)] if self.body.instructions is not None else []
+        if not renamed_to_items(e, first + self.origins):
+            renamed_error(e, _PARAMS)
+        return e
 
     def _finish(self, items: OutputItems, reason: str | None, usage: dict | None) -> dict:
         """The whole response, once the chat answer ended with ``reason``; stored unless ``store: false``."""
@@ -325,7 +356,9 @@ class ResponsesTranslation:
         if cut:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         if self.body.store is not False:
-            self.store.put(self.id, StoredResponse(response, tuple(self.history + _assistant(items.items))))
+            origins = [o if o.response is not None else replace(o, response=self.id) for o in self.origins]
+            self.store.put(self.id, StoredResponse(response, tuple(self.history + _assistant(items.items)),
+                                                   tuple(origins + [_output_origin(items.items, self.id)])))
         return response
 
     def _response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
@@ -356,6 +389,15 @@ def _assistant(items: list[dict]) -> list[dict]:
                                                                       "arguments": item["arguments"]}}
              for item in items if item["type"] == "function_call"]
     return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
+
+
+def _output_origin(items: list[dict], response_id: str) -> Origin:
+    """The output items the message of :func:`_assistant` was made of: its text's (the first message
+    item; else the first item, or ``output`` for none), its calls'."""
+    kinds = [item["type"] for item in items]
+    text = f"output.{kinds.index('message')}" if "message" in kinds else "output.0" if items else "output"
+    return Origin(text, tuple(f"output.{k}" for k, kind in enumerate(kinds) if kind == "function_call"),
+                  response=response_id)
 
 
 class ResponsesEndpoints:

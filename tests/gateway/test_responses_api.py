@@ -173,6 +173,13 @@ def test_get_delete_and_unknown_ids(scripted):
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"},
                 {"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "{}"}]},
      "input.0.call_id", "invalid_value"),  # (the call comes after its output)
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "bad name",
+                                                   "arguments": "{}"}], "instructions": "Be brief."},
+     "input.1", "invalid_value"),  # (the chat path's check: its message index -- 2 -- as the item's; was "input")
+    ({"input": [{"type": "function_call", "call_id": "c" * 300, "name": "get_time", "arguments": "{}"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call_output", "call_id": "c" * 300, "output": "1"}]},
+     "input.2.call_id", "invalid_value"),  # (the chat path's: a tool_call_id is at most 256 characters)
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "invalid_value"),  # OpenAI's bounds: 16 keys,
     ({"metadata": {"k" * 65: "v"}}, "metadata", "invalid_value"),                    # keys of 64 characters,
     ({"metadata": {"k": "v" * 513}}, "metadata", "invalid_value"),                   # values of 512
@@ -192,6 +199,92 @@ def test_a_bad_schema_is_named_by_the_responses_field_alone(scripted):
     assert (err["param"], err["message"]) == \
         ("text.format.schema", "text.format.schema must be a JSON schema, a JSON object; got int 5"), err
     assert not client.submitted
+
+
+BAD_CALLS = {  # an output whose call the chat path refuses when it is replayed -> (max_output_tokens, the words)
+    "lone_escape": (100, "is not valid JSON: it contains an unpaired surrogate escape '\\ud800' at line 1 column 11 "
+                         "(half of a UTF-16 surrogate pair, which is no character); write the character itself, or "
+                         "both halves of its pair"),
+    "cut": (20, ": a tool call's arguments must be the JSON text of an object"),  # (cut inside its arguments)
+}
+STORED_HINT = ("; previous_response_id replays the stored response as it is: send that conversation as input items "
+               "instead (store: false), with this item corrected")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_a_stored_call_the_chat_path_refuses_is_named_as_the_stored_item(scripted, monkeypatch, name, stream):
+    """A call the model wrote that the chat path refuses once it is history (its arguments escape a
+    lone surrogate, or were cut): continuing its response by ``previous_response_id`` is a 400 whose
+    message names the stored response's output item (was: ``messages[3].tool_calls[0]...``, the chat's
+    message index, which instructions and the earlier turns shift; or no item at all)."""
+    sdk, http, client = scripted
+    monkeypatch.setitem(OUTPUTS, "lone_escape", '<tool_call>{"name": "get_time", "arguments": {"zone": "\\ud800"}}'
+                                                '</tool_call>')
+    max_tokens, words = BAD_CALLS[name]
+    first = sdk.responses.create(model="m", input="plain", max_output_tokens=100)
+    second = sdk.responses.create(model="m", input=name, previous_response_id=first.id, tools=FUNCTIONS,
+                                  max_output_tokens=max_tokens)
+    (k, call), = [(k, item) for k, item in enumerate(second.output) if item.type == "function_call"]
+    assert k == (1 if name == "cut" else 0)  # (the cut answer's text comes first)
+    submitted = len(client.submitted)
+    r = http.post("/v1/responses", json={
+        "model": "m", "previous_response_id": second.id, "tools": FUNCTIONS, "instructions": "Be brief.",
+        "input": [{"type": "function_call_output", "call_id": call.call_id, "output": "1"}], "stream": stream})
+    err = error_of(r, 400)
+    assert err["param"] == "input" and err["type"] == "invalid_request_error", err
+    where = f"output[{k}].arguments of stored response {second.id}"
+    assert err["message"] == where + (" " if name == "lone_escape" else "") + words + STORED_HINT, err
+    assert len(client.submitted) == submitted  # refused before anything was submitted
+
+
+def test_a_chat_messages_error_names_the_item_it_came_from():
+    """Every chat message's field, as the item it came from: this request's input items (a message
+    item, a function_call item joined to the assistant message before it, a function_call_output
+    item), the instructions, and the stored conversation's items (input and output, with the id of
+    the response that held them). A field no item holds keeps the chat path's renaming ("input")."""
+    from gateway.responses_api import ResponsesTranslation
+
+    store = ResponseStore(4, 60.0)
+    first = ResponsesTranslation(store)
+    first.chat_body(json.dumps({"model": "m", "input": [
+        {"role": "user", "content": "hi"}, {"type": "reasoning", "id": "rs", "summary": []},
+        {"role": "assistant", "content": "let me see"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": "2"}]}).encode())
+    first.answer({"choices": [{"finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "ok", "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+    later = ResponsesTranslation(store)
+    later.chat_body(json.dumps({"model": "m", "instructions": "Be brief.", "previous_response_id": first.id,
+                                "input": [{"type": "function_call_output", "call_id": "c3", "output": "3"},
+                                          {"type": "function_call", "call_id": "c4", "name": "f", "arguments": "{}"},
+                                          {"role": "user", "content": "more"}]}).encode())
+    later.on_chat_path = True
+    # the chat: instructions, hi, let me see + c1 + c2, tool c2, ok + c3 (output 0, 1), tool c3, c4, more
+    stored = f" of stored response {first.id}"
+    for param, message, want_param, want_message in [
+        ("messages.0.content", "messages[0].content is bad", "instructions", "instructions is bad"),
+        ("messages.1.content", "messages.1.content is bad", "input", f"input[0].content{stored} is bad"),
+        ("messages.2.tool_calls.1.function.arguments", "bad", "input", f"input[4].arguments{stored}: bad"),
+        ("messages.2.tool_calls", "bad", "input", f"input[3]{stored}: bad"),
+        ("messages.2.role", "bad", "input", f"input[2].role{stored}: bad"),
+        ("messages.3.tool_call_id", "bad", "input", f"input[5].call_id{stored}: bad"),
+        ("messages.4.content", "bad", "input", f"output[0].content{stored}: bad"),
+        ("messages.4.tool_calls.0.id", "bad", "input", f"output[1].call_id{stored}: bad"),
+        ("messages.5.content", "bad", "input.0.output", "input[0].output: bad"),
+        ("messages.6.tool_calls.0.function.name", "bad", "input.1.name", "input[1].name: bad"),
+        ("messages.6", "bad", "input.1", "input[1]: bad"),
+        ("messages.7.content.0", "bad", "input.2.content", "input[2].content: bad"),
+        ("messages.8.content", "messages.8.content is bad", "input", "input is bad"),  # (no message 8)
+        ("messages", "messages is bad", "input", "input is bad"),
+        ("max_tokens", "max_tokens is bad", "max_output_tokens", "max_output_tokens is bad"),
+    ]:
+        body = json.loads(later.error(APIError(400, message, param=param)).body)["error"]
+        hint = STORED_HINT if stored in want_message else ""
+        assert (body["param"], body["message"]) == (want_param, want_message + hint), param
 
 
 def test_an_output_answering_no_call_says_so_as_openai_does(scripted):
