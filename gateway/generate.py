@@ -614,16 +614,30 @@ def _said_of_max_tokens_0(e: APIError, hidden: bool) -> APIError:
 def _body_field(e: APIError, body: _Sampling, call: _Call) -> APIError:
     """``e`` (returned; changed in place) naming the body's field: the request's ``structured``
     constraint came from the body's structured-output field, or (tool_choice required or named)
-    from ``tools``, whose parameters schemas made the grammar, and a refusal of it says so in its
-    words too ("structured json_schema does not compile: ..." is the worker's); any other param is
-    the body's own."""
+    from ``tools``, whose parameters schemas made the grammar (:func:`_grammar_tools` names them),
+    and a refusal of it says so in its words too ("structured json_schema does not compile: ..." is
+    the worker's; a position in the gateway's own tool grammar is left out); any other param is the
+    body's own."""
     if e.param != "structured":
         return e
-    e.param = "tools" if call.tools is not None and call.tools.constraint is not None else field_of(body)
+    plan = call.tools if call.tools is not None and call.tools.constraint is not None else None
+    e.param = field_of(body) if plan is None else _grammar_tools(plan)
     said = re.match(r"structured [a-z_]+\b", e.message)
     if said and e.param is not None:
-        e.message = e.param + e.message[said.end():]
+        rest = e.message[said.end():]
+        if plan is not None:  # (a line and column of the gateway's own grammar, which the client never saw)
+            rest = re.sub(r"^ does not compile: at \d+\(\d+\): ", " does not compile: ", rest)
+        e.message = e.param + rest
     return e
+
+
+def _grammar_tools(plan: ToolPlan) -> str:
+    """The body field a refusal of ``plan``'s grammar names: the parameters of the one function it
+    calls (a named ``tool_choice``, or one tool), else ``tools`` (its schemas are all in it)."""
+    names = list(plan.functions)
+    if plan.choice != "required":
+        return f"tools.{names.index(plan.choice)}.function.parameters"
+    return "tools.0.function.parameters" if len(names) == 1 else "tools"
 
 
 def _any_failed(call: _Call) -> bool:

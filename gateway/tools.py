@@ -55,6 +55,7 @@ from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
+from protocol.tools import parameters_error
 from protocol.validation import check_json_text
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
@@ -134,6 +135,9 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
             # (a call's arguments are an object: a string schema was written as content, never a call)
             raise bad_request(f"{where}.function.parameters must be the JSON schema of an object "
                               "({\"type\": \"object\", \"properties\": {...}})", f"{where}.function.parameters")
+        problem = parameters_error(params, f"{where}.function.parameters")
+        if problem is not None:
+            raise bad_request(problem[1], problem[0])
         functions[name] = {"name": name, "description": fn.get("description", ""), "parameters": params}
     parallel = getattr(body, "parallel_tool_calls", None) is not False  # (/tokenize has none)
     if choice is None or choice == "auto":  # (a bare JSON answer is the user's when they asked for JSON)

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
-__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "check_tool_calls", "check_tools"]
+__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "check_tool_calls", "check_tools", "parameters_error"]
 
 MAX_TOOLS_CHARS = 200_000
 """Longest ``tools`` text, in characters (it is rendered into the prompt of every request that has it)."""
@@ -87,6 +87,9 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         if not isinstance(params, Mapping) or params.get("type", "object") != "object":
             raise ValueError(f"{field}[{i}].function.parameters must be the JSON schema of an object "
                              "(a call's arguments are one)")
+        problem = parameters_error(params, f"{field}[{i}].function.parameters")
+        if problem is not None:
+            raise ValueError(problem[1])
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
@@ -95,6 +98,30 @@ def check_tools(value: object, field: str = "tools") -> str | None:
     if len(text) > MAX_TOOLS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TOOLS_CHARS}")
     return text
+
+
+def parameters_error(params: Mapping, field: str) -> tuple[str, str] | None:
+    """What is wrong with the shape of a function's ``parameters`` (the JSON schema of an object,
+    ``field`` its name): ``(the field at fault, the message)``, or None. JSON Schema's own rules
+    for the parts every tool-call grammar and parser reads: ``properties`` an object of schemas
+    (objects, or ``true``/``false``), ``required`` a list of property names, a property's ``enum``
+    a non-empty list. The rest of the schema is the grammar engine's to judge."""
+    props, required = params.get("properties"), params.get("required")
+    if props is not None:
+        if not isinstance(props, Mapping):
+            return f"{field}.properties", f"{field}.properties must be an object of JSON schemas, got {props!r:.80}"
+        for name, prop in props.items():
+            if not isinstance(prop, (Mapping, bool)):
+                return (f"{field}.properties", f"{field}.properties gives {name!r:.64} {prop!r:.80}, which is not a "
+                        "JSON schema (an object)")
+            enum = prop.get("enum", [None]) if isinstance(prop, Mapping) else [None]
+            if not isinstance(enum, (list, tuple)) or not enum:
+                return (f"{field}.properties", f"{field}.properties gives {name!r:.64} the enum {enum!r:.80}; an "
+                        "enum must be a non-empty list of the values allowed")
+    if required is not None and (not isinstance(required, (list, tuple))
+                                 or not all(isinstance(r, str) for r in required)):
+        return f"{field}.required", f"{field}.required must be a list of property names, got {required!r:.80}"
+    return None
 
 
 def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:

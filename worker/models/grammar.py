@@ -49,6 +49,7 @@ engine reports it.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -473,8 +474,18 @@ def _piece_spelling(data: dict):
 def _first_lines(message: str, limit: int = 400) -> str:
     """An llguidance error, short enough for an error reply: what it says before the parser state
     llguidance appends (``<state>`` ... ``</state>``, rows, lexer counters, the grammar: the
-    engine's internals, not the client's business), its lines joined with spaces (a regex error's
-    detail follows its first line: ``regex parse error: ([ ^ error: unclosed character class``)."""
+    engine's internals, not the client's business), without the grammar's source lines a Lark
+    error quotes after its position (``at 2(7): ...`` then ``   2 | call: %json {...}`` and a
+    caret: the gateway's own tool-call grammar, for a tool whose schema fails), its lines joined
+    with spaces (a regex error's detail follows its first line: ``regex parse error: ([ ^ error:
+    unclosed character class``)."""
     head = message.strip().split("\n<state>", 1)[0]
-    message = " ".join(" ".join(line.split()) for line in head.splitlines() if line.strip())
+    lines = head.splitlines()
+    if lines and _LARK_AT.match(lines[0]):
+        lines = [line for line in lines if not _QUOTED_SOURCE.match(line)]
+    message = " ".join(" ".join(line.split()) for line in lines if line.strip())
     return message if len(message) <= limit else message[:limit] + " ..."
+
+
+_LARK_AT = re.compile(r"at \d+\(\d+\): ")  # a Lark grammar's error: its line(column) first
+_QUOTED_SOURCE = re.compile(r"\s*(\d+ \| |\^\s*$)")  # then the grammar's lines around it, a caret under
