@@ -22,7 +22,9 @@ llama.cpp serve it).
   answers, worded as the generation paths word it ("exceeds the served context of N tokens
   (--max-model-len)"); never silently truncated. An error about one entry of a list names it as
   the body does (``input[3] (70 tokens) exceeds ...``, ``documents[2] contains token id ...``),
-  whichever side found it (:func:`_about`).
+  whichever side found it, with the same code (:func:`_about`): ``context_length_exceeded``, or
+  ``invalid_value`` for another bad value (a token id outside the vocabulary, an input that
+  tokenises to nothing), as the gateway's own checks code a bad value.
 - A model that generates (no embeddings): 400 ``unsupported``; an unknown one: 404
   ``model_not_found``; empty input: 400 ``invalid_value``.
 
@@ -63,7 +65,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response, new_id
 from gateway.schemas import _bad_type, _check_ids, _shown
 from protocol.embedding import cosine, pack, truncate, unpack
-from protocol.enums import FinishReason
+from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import ModelInfo
 
 MAX_INPUTS = 2048
@@ -262,11 +264,17 @@ def _about(error: APIError, name: str) -> APIError:
     """``error``, a refusal of the prompt at ``name`` (``input``, ``input[3]``, ``query``,
     ``documents[2]``), naming it: a 400's ``param`` is its body field, and its message says which
     entry -- the checks' own subject (``input``, ``prompt``) becomes ``name`` (``input[3] (70 tokens)
-    exceeds the served context ...``), or ``name`` leads. Not an ``unsupported`` 400 (the model's
-    kind, the same for every entry) nor another status: they are about no one entry."""
+    exceeds the served context ...``), or ``name`` leads. Its code is the same whichever side found
+    it: a worker's ``bad_request`` (its wire code for a check without a code of its own) is the
+    client's ``invalid_value`` (:func:`~gateway.errors.from_value_error`'s for the same checks, and the
+    code of the gateway's own checks of a value, as on the chat and completions routes). Not an
+    ``unsupported`` 400 (the model's kind, the same for every entry) nor another status: they are
+    about no one entry."""
     if error.status != 400:
         return error
     error.param = name.split("[", 1)[0]
+    if error.code == ErrorCode.BAD_REQUEST.value:
+        error.code = "invalid_value"
     if error.code != "unsupported":
         subject = _SUBJECT.match(error.message)
         error.message = (name + error.message[subject.end():]) if subject else f"{name}: {error.message}"

@@ -142,6 +142,10 @@ def test_bad_requests_are_openai_shaped_400s(cluster):
     listed = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": ["a", "word " * 300]}), 400)
     assert (listed["code"], listed["param"]) == ("context_length_exceeded", "input")  # (the worker's refusal,
     assert listed["message"].startswith("input[1] (") and "256" in listed["message"], listed  # naming the entry)
+    ids = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": [[101, 102], [10 ** 6]]}), 400)
+    # (the client's refusal; a worker's of the same kind has the same code: tests/gateway/test_embeddings_shapes.py)
+    assert (ids["code"], ids["param"]) == ("invalid_value", "input"), ids
+    assert ids["message"].startswith("input[1] contains token id 1000000"), ids
     dims = error_of(_post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 128}), 400)
     assert dims["param"] == "dimensions" and "Matryoshka" in dims["message"]
     same = _post(cluster, "/v1/embeddings", {"model": MODEL, "input": "a", "dimensions": 384})

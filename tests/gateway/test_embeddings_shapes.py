@@ -202,10 +202,15 @@ class RefusedHandle:
      "documents[1] (4 tokens) exceeds the served context of 3 tokens"),
     ("/v1/rerank", {"query": "north up east down", "documents": ["east"]}, "query",
      "query (4 tokens) exceeds the served context of 3 tokens"),
+    ("/v1/rerank", {"query": "north", "documents": ["east", "  "]}, "documents",
+     "documents[1]: the tokenised prompt must not be empty"),
+    ("/v1/rerank", {"query": " ", "documents": ["east"]}, "query", "query: the tokenised prompt must not be empty"),
 ])
 def test_an_error_about_one_entry_names_its_index(side, path, fields, param, says):
     """The over-length message said "input (N tokens)" for any entry of a list: which one was
-    left to guess. Either side's refusal (the client's for token ids, the worker's for text) names it."""
+    left to guess. Either side's refusal (the client's for token ids, the worker's for text) names it,
+    with the same code: ``context_length_exceeded``, else ``invalid_value`` (the worker's was
+    ``bad_request``, its wire code, where the client's was ``invalid_value`` for the same check)."""
     link = Link()
     link.client.stop()
     link.client = side()
@@ -218,8 +223,8 @@ def test_an_error_about_one_entry_names_its_index(side, path, fields, param, say
     finally:
         link.client.stop()
     assert e["param"] == param and e["message"].startswith(says), e
-    assert e["code"] == ("context_length_exceeded" if "served context" in says else
-                         "invalid_value" if side is EngineClient else "bad_request"), e
+    assert e["code"] == ("context_length_exceeded" if "served context" in says else "invalid_value"), e
+    assert e["type"] == "invalid_request_error"
 
 
 def test_rerank_orders_by_cosine_similarity(http):
