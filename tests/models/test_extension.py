@@ -1,5 +1,6 @@
 """worker/models/llama/extension.py: a kernel's first build says so; later processes import it silently;
-a new build removes its kernel's builds that have not been used for a day."""
+a new build removes its kernel's builds, and the abandoned builds of any kernel, that have not been used
+for a day."""
 
 from __future__ import annotations
 
@@ -81,17 +82,34 @@ def test_a_first_build_says_what_it_compiles_and_where_it_caches_it(kernels, mon
     assert caplog.records[1].getMessage().endswith("pure torch runs")
 
 
+def abandoned(kernels, key: str, age_s: float, *files: str):
+    """A build folder whose build died before torch's builder wrote its ``build.ninja`` (killed while
+    starting): empty, or holding ``files`` (the ``lock`` the builder takes first); aged ``age_s``."""
+    folder = kernels / key
+    folder.mkdir(parents=True)
+    for name in files:
+        (folder / name).write_bytes(b"")
+    aged(folder, age_s)
+    return folder
+
+
 def test_a_new_build_removes_its_kernels_other_builds_unused_for_a_day(kernels):
     """Every edit of a kernel's source made a build kept forever (~2 MB each, a hundred on a developer's
-    machine). A new build removes its kernel's builds that no process has used for a day, and nothing else."""
+    machine). A new build removes its kernel's builds that no process has used for a day, and the builds of
+    any kernel that died before naming it (they were kept forever too), and nothing else."""
     cache, build = kernels
     stale = a_build(cache, "a" * 16, "k", 2 * DAY_S)
     failed = a_build(cache, "b" * 16, "k", 2 * DAY_S, failed=True)  # (no .so: its build.ninja names it)
     recent = a_build(cache, "c" * 16, "k", DAY_S - 3600)  # (another torch's, say: used an hour ago)
     other_kernel = a_build(cache, "d" * 16, "k2", 2 * DAY_S)
-    unknown = cache / ("e" * 16)  # (says whose it is nowhere)
-    unknown.mkdir()
-    aged(unknown, 2 * DAY_S)
+    other_failed = a_build(cache, "1" * 16, "k2", 2 * DAY_S, failed=True)  # (k2's: its build.ninja says so)
+    empty = abandoned(cache, "e" * 16, 2 * DAY_S)  # (says whose it is nowhere: its build died at once)
+    locked = abandoned(cache, "2" * 16, 2 * DAY_S, "lock")  # (died holding the builder's lock)
+    starting = abandoned(cache, "3" * 16, 60.0, "lock")  # (a build starting in another process, a minute ago)
+    just_made = abandoned(cache, "4" * 16, 0.0)  # (... or this instant: not locked yet)
+    a_file = cache / ("5" * 16)  # (a file, not a build folder)
+    a_file.write_bytes(b"")
+    aged(a_file, 2 * DAY_S)
     not_a_build = cache / "notes"
     not_a_build.mkdir()
     aged(not_a_build, 2 * DAY_S)
@@ -99,8 +117,41 @@ def test_a_new_build_removes_its_kernels_other_builds_unused_for_a_day(kernels):
     assert build() == "module"
     current = build.folders[0].rsplit("/", 1)[1]
     assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [current, recent.name, other_kernel.name, unknown.name, not_a_build.name])
-    assert not stale.exists() and not failed.exists() and not leftover.exists()
+        [current, recent.name, other_kernel.name, other_failed.name, starting.name, just_made.name, a_file.name,
+         not_a_build.name])
+    assert not any(p.exists() for p in (stale, failed, empty, locked, leftover))
+
+
+def test_a_prune_of_another_kernel_removes_abandoned_builds_too(tmp_path):
+    """An abandoned build names no kernel: whichever kernel builds next removes it (once a day old), and
+    says so; a build of its own key keeps it (it is the folder that build uses)."""
+    old = abandoned(tmp_path, "a" * 16, 2 * DAY_S, "lock")
+    mine = abandoned(tmp_path, "b" * 16, 2 * DAY_S)
+    assert extension.prune(tmp_path, "k2", keep=mine.name) == [old.name]
+    assert not old.exists() and mine.exists() and [p.name for p in tmp_path.iterdir()] == [mine.name]
+    assert extension.prune(tmp_path, "k", keep="0" * 16, stale_after_s=3 * DAY_S) == [] and mine.exists()
+
+
+def test_a_build_starting_in_an_abandoned_folder_marks_it_used_first(kernels, monkeypatch):
+    """A build whose key's folder was abandoned a day ago (its build killed while starting) uses it
+    again: it is marked used before the builder runs, so another process's prune meanwhile (its own
+    new build of another kernel) keeps it rather than removing the folder under the build."""
+    from torch.utils import cpp_extension
+
+    cache, build = kernels
+    build()  # (the stubbed compiler: the key's folder, empty)
+    folder = cache / build.folders[0].rsplit("/", 1)[1]
+    aged(folder, 2 * DAY_S)
+    pruned = []
+    load = cpp_extension.load
+
+    def load_while_another_process_prunes(**kw):
+        pruned.append(extension.prune(cache, "k2", keep="0" * 16))
+        return load(**kw)
+
+    monkeypatch.setattr(cpp_extension, "load", load_while_another_process_prunes)
+    assert build() == "module" and build.folders == [str(folder)] * 2
+    assert pruned == [[]] and folder.exists()
 
 
 def test_an_import_marks_its_build_used_so_another_build_keeps_it(kernels, monkeypatch):

@@ -12,14 +12,19 @@ path.
 
 Every changed source makes a new build, so a new build removes the same kernel's builds of other
 keys that no process has used for :data:`STALE_AFTER_S` (:func:`prune`; they were kept forever, ~2 MB
-each). Used means imported or built: an import touches its folder first (:func:`_mark_used`), and a
-build writes into its own, so a folder's newest time is its last use. The age, not a lock, is what
-keeps this safe beside other processes, since a process may import a build at any time without
-asking: one that runs another torch (or an older checkout) keeps its build while it uses it; a build
-under way is minutes old; and a folder is renamed away (atomic) before it is deleted, so no process
-sees half of one. If an import of a build unused for a day races its removal, the import fails and
+each), and the folders of builds that died before writing anything that names their kernel (no
+``.so``, no ``build.ninja``: the process was killed while starting the build), whatever kernel
+builds. Used means imported or built: an import touches its folder first (:func:`_mark_used`), a
+build too, and then writes into its own, so a folder's newest time is its last use. The age, not a
+lock, is what keeps this safe beside other processes, since a process may import a build at any
+time without asking: one that runs another torch (or an older checkout) keeps its build while it
+uses it; a build under way is minutes old (one starting in an abandoned folder of its own key made
+it new first); and a folder is renamed away (atomic) before it is deleted, so no process sees half
+of one. If an import of a build unused for a day races its removal, the import fails and
 that process builds it again (slower, still correct); a process that already imported it keeps its
-copy (the loaded library stays mapped).
+copy (the loaded library stays mapped). If a build starting in an abandoned folder unused for a day
+races its removal (the instant between the prune's look at its age and its rename), the builder
+finds its folder gone and that process runs its pure-torch path (slower, still correct).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
 
     folder.mkdir(parents=True, exist_ok=True)
+    _mark_used(folder)  # (an old abandoned folder of this key is in use again: a prune elsewhere keeps it)
     # (a warning, so that it shows at the default log level: a first start is otherwise silent for a minute)
     log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
                 "(cached in %s)", source.name, folder.parent)
@@ -89,8 +95,8 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
         return None
     removed = prune(kernels, prefix, key)
     if removed:
-        log.info("removed %d build(s) of %s unused for %.0f h from %s", len(removed), source.name,
-                 STALE_AFTER_S / 3600, kernels)
+        log.info("removed %d build(s) of %s or abandoned ones, unused for %.0f h, from %s", len(removed),
+                 source.name, STALE_AFTER_S / 3600, kernels)
     return module
 
 
@@ -113,12 +119,13 @@ def _mark_used(folder: Path) -> None:
 
 def prune(kernels: Path, prefix: str, keep: str, stale_after_s: float = STALE_AFTER_S) -> list[str]:
     """Remove from ``kernels`` (the cache folder) the builds of kernel ``prefix`` other than ``keep``
-    (a key) that have not been used for ``stale_after_s`` seconds; return their keys. A folder is
-    ``prefix``'s when it holds ``slotserve_<prefix>_<key>.so`` or, for a build that failed, a
-    ``build.ninja`` naming it; a folder that says neither is left alone. Each is renamed away first,
-    then deleted (see the module's docstring for why this is safe beside other processes); what an
-    earlier prune left renamed is deleted too. Errors (a folder gone already: another process
-    pruned it) skip that folder."""
+    (a key) that have not been used for ``stale_after_s`` seconds, and the abandoned builds of any
+    kernel as old; return their keys. A folder is ``prefix``'s when it holds
+    ``slotserve_<prefix>_<key>.so`` or, for a build that failed, a ``build.ninja`` naming it; it is
+    abandoned when it holds neither a ``.so`` nor a ``build.ninja`` (:func:`_is_abandoned`); another
+    kernel's folder is left alone. Each is renamed away first, then deleted (see the module's
+    docstring for why this is safe beside other processes); what an earlier prune left renamed is
+    deleted too. Errors (a folder gone already: another process pruned it) skip that folder."""
     now_s = time.time()  # (wall-clock: file times are; not a duration measured by this process)
     removed: list[str] = []
     try:
@@ -129,7 +136,9 @@ def prune(kernels: Path, prefix: str, keep: str, stale_after_s: float = STALE_AF
         if entry.name.startswith(_TRASH):  # (a prune that stopped midway: no process can use it)
             shutil.rmtree(entry, ignore_errors=True)
             continue
-        if entry.name == keep or not _KEY.fullmatch(entry.name) or not _is_build_of(entry, prefix):
+        if entry.name == keep or not _KEY.fullmatch(entry.name):
+            continue
+        if not (_is_build_of(entry, prefix) or _is_abandoned(entry)):
             continue
         trash = kernels / f"{_TRASH}{entry.name}.{os.getpid()}"
         try:
@@ -150,6 +159,19 @@ def _is_build_of(folder: Path, prefix: str) -> bool:
         return True
     try:
         return f"TORCH_EXTENSION_NAME={name} " in (folder / "build.ninja").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _is_abandoned(folder: Path) -> bool:
+    """Whether ``folder`` is a build that died before it wrote a ``build.ninja`` (torch's builder
+    writes it first, once it holds the folder's ``lock``) and so a ``.so``: it names no kernel, and
+    no process can import it. Such a folder is empty, or holds the ``lock`` its dead builder left
+    (which a build of that key would wait on forever: torch's builder waits for a lock to go)."""
+    try:
+        if not folder.is_dir() or (folder / "build.ninja").exists():
+            return False
+        return not any(f.suffix == ".so" for f in folder.iterdir())
     except OSError:
         return False
 
