@@ -290,15 +290,20 @@ def _inputs(value: str | list) -> tuple[list, list[str]]:
 
 
 def _dimensions(dimensions: int | None, info: ModelInfo | None, model: str) -> int | None:
-    """The length to cut the embeddings to (None: as they are), or 400 for a ``dimensions`` the model does not allow."""
-    if dimensions is None:
+    """The length to cut the embeddings to (None: as they are), or 400 for a ``dimensions`` the model does
+    not allow. None too for a model known to generate (no embedding size): the request's own refusal
+    (:func:`_embed`: "this model generates text and gives no embeddings ...") says what is wrong."""
+    if dimensions is None or (info is not None and info.embedding_size is None):
         return None
-    size = None if info is None else info.embedding_size
+    if info is None:
+        raise bad_request(f"dimensions {dimensions}: the size of model `{model}`'s embeddings is not known yet (no "
+                          "worker has registered it); leave dimensions out, or retry once it is loaded", "dimensions")
+    size = info.embedding_size
     if dimensions == size:
         return None
-    if info is not None and dimensions in info.matryoshka_dims:
+    if dimensions in info.matryoshka_dims:
         return dimensions
-    if info is None or not info.matryoshka_dims:
+    if not info.matryoshka_dims:
         raise bad_request(f"dimensions {dimensions}: model `{model}` gives embeddings of {size} values and is no "
                           "Matryoshka model, whose embeddings may be cut shorter; leave dimensions out", "dimensions")
     raise bad_request(f"dimensions {dimensions}: model `{model}` gives embeddings of {size} values, and may cut them "

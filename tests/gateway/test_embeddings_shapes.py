@@ -239,3 +239,47 @@ def test_rerank_orders_by_cosine_similarity(http):
                        ({"documents": ["north", 3]}, "documents"), ({"query": "north up east down"}, "query"),
                        ({"documents": ["north", "up up up up"]}, "documents")):
         assert error_of(http.post("/v1/rerank", json={**body, **bad}), 400)["param"] == param
+
+
+class GeneratingLink:
+    """A stand-in link to one generation model, ``g``: its info has no embedding size, and its client
+    refuses an embedding at submission as the SDK does (:class:`protocol.request.ModelLimits`)."""
+
+    def __init__(self) -> None:
+        from protocol.request import ModelLimits, RequestKind, RequestParams
+
+        limits = ModelLimits(4, 3, True, embeds=False)
+
+        class Refusing:
+            def embed(self, prompt, callback):
+                limits.check(RequestParams(prompt, 1, kind=RequestKind.EMBED))
+
+        self.client = Refusing()
+
+    async def client_for(self, model: str):
+        return self.client
+
+    def model_info(self, model: str) -> ModelInfo:
+        return ModelInfo(vocab_size=4, max_seq_len=3, has_tokenizer=True)
+
+
+@pytest.mark.parametrize("dimensions", [None, 0, 2, 384])
+def test_dimensions_for_a_generation_model_get_its_kinds_refusal(dimensions):
+    # was, with dimensions: 'dimensions 0: model `g` gives embeddings of None values and is no Matryoshka model ...'
+    endpoints = EmbeddingEndpoints(GeneratingLink(), Drain(), 1 << 20, METRICS)
+    app = Starlette(routes=[Route("/v1/embeddings", endpoints.embeddings, methods=["POST"])])
+    with TestClient(app) as client:
+        body = {"model": "g", "input": "up", **({} if dimensions is None else {"dimensions": dimensions})}
+        e = error_of(client.post("/v1/embeddings", json=body), 400)
+    assert e["code"] == "unsupported" and e["param"] == "input", e
+    assert e["message"].startswith("this model generates text and gives no embeddings") and "None" not in e["message"]
+
+
+def test_dimensions_before_the_model_is_known_say_so():
+    from gateway.embeddings import _dimensions
+    from gateway.errors import APIError
+
+    with pytest.raises(APIError) as caught:
+        _dimensions(2, None, "m")
+    assert caught.value.param == "dimensions" and "not known yet" in caught.value.message
+    assert "None" not in caught.value.message
