@@ -251,7 +251,9 @@ class Client:
         Returns True when it is in flight (its callback then fires once,
         with the tokens so far, unless it finished anyway meanwhile), False
         when unknown, already ended or already cancelled (as the engine's).
+        ValueError for what can be no request's id (:func:`~protocol.request.check_request_id`).
         """
+        request_id = check_request_id(request_id)
         with self._lock:
             if not self._core.cancel(request_id):
                 return False

@@ -1086,4 +1086,7 @@ def check_request_id(value: object) -> RequestId:
         if not 0 < len(value) <= MAX_REQUEST_ID_CHARS:
             raise ValueError(f"request_id must be 1..{MAX_REQUEST_ID_CHARS} characters, got {len(value)}")
         return as_text(value, "request_id")
+    if not hasattr(value, "__index__") or isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise ValueError(f"request_id must be an int or a str of 1..{MAX_REQUEST_ID_CHARS} characters, got "
+                         f"{type(value).__name__} {value!r:.50}")
     return as_int(value, "request_id")

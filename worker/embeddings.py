@@ -146,7 +146,9 @@ class EmbeddingEngine:
         return req
 
     def cancel(self, request_id) -> bool:
-        """End a queued request as ``cancelled`` at the next step; False when unknown or ended."""
+        """End a queued request as ``cancelled`` at the next step; False when unknown or ended.
+        ValueError for what can be no request's id (:func:`~protocol.request.check_request_id`)."""
+        request_id = check_request_id(request_id)
         with self._lock:
             req = self._live.get(request_id)
             if req is None or req.ending is not None:

@@ -290,7 +290,9 @@ class BatchInferenceEngine:
         at the start of the next iteration; its callback fires once with the
         tokens so far), False when it is unknown or already finished -- also
         when it finished in the iteration that is delivering its callbacks.
+        ValueError for what can be no request's id (:func:`~protocol.request.check_request_id`).
         """
+        request_id = check_request_id(request_id)
         with self._lock:
             if not self._book.cancel(request_id):
                 return False
