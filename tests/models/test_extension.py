@@ -1,6 +1,6 @@
 """worker/models/llama/extension.py: a kernel's first build says so; later processes import it silently;
 a new build removes its kernel's builds, and the abandoned builds of any kernel, that have not been used
-for a day."""
+for a day; a build under way in another process is waited for, a build whose process died is built again."""
 
 from __future__ import annotations
 
@@ -191,3 +191,158 @@ def test_a_build_gone_meanwhile_is_skipped(kernels, monkeypatch):
     assert build() == "module"
     assert not taken.exists() and not gone.exists()
     assert [p.name for p in cache.glob(".removing-*")] == [f".removing-{gone.name}.other"]  # (the other's to delete)
+
+
+def like_torchs_builder(folders):
+    """A stub of ``cpp_extension.load`` that takes torch's builder's lock as it does (``FileBaton`` on the
+    build folder's ``lock``) and records the folder; where that file is there already, torch's builder
+    would poll for it forever: the stub raises instead (the test fails rather than hangs)."""
+    from torch.utils.file_baton import FileBaton
+
+    def load(**kw):
+        baton = FileBaton(os.path.join(kw["build_directory"], "lock"))
+        if not baton.try_acquire():
+            raise AssertionError(f"torch's builder would wait forever on {baton.lock_file_path}")
+        folders.append(kw["build_directory"])
+        baton.release()
+        return "module"
+
+    return load
+
+
+def test_a_build_killed_during_its_build_leaves_a_lock_that_the_next_build_removes(kernels, monkeypatch, caplog):
+    """A worker killed (SIGKILL, the OOM killer) during its first kernel build left torch's builder's
+    ``lock``, and every later process of that key waited for it forever in cpp_extension.load. Holding
+    our own OS lock, a build knows that no live builder holds torch's: it removes the stale one, says so,
+    and builds."""
+    from torch.utils import cpp_extension
+
+    cache, build = kernels
+    build()  # (the stubbed compiler: the key's folder)
+    folder = cache / build.folders[0].rsplit("/", 1)[1]
+    (folder / f"slotserve_k_{folder.name}.so").write_bytes(b"\x7fELF")  # (maybe half written: not imported)
+    (folder / "lock").write_bytes(b"")
+    loads = []
+    monkeypatch.setattr(cpp_extension, "load", like_torchs_builder(loads))
+    monkeypatch.setattr(extension, "_import", lambda name, built: pytest.fail("imported a build that died"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=extension.__name__):
+        assert build() == "module"
+    assert loads == [str(folder)] and not (folder / "lock").exists()
+    assert [r.getMessage().split(" for this")[0] for r in caplog.records] == [
+        f"removed the lock of a build of k.cpp that died in {folder}: building again", "compiling k.cpp"]
+
+
+HOLDER = """
+import fcntl, os, sys
+folder = sys.argv[1]
+fd = os.open(os.path.join(folder, sys.argv[2]), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(os.path.join(folder, "lock"), "w").close()  # (torch's builder's, taken as a build starts)
+print("building", flush=True)
+if sys.stdin.readline() == "finish\\n":
+    open(os.path.join(folder, sys.argv[3]), "wb").write(b"ELF")
+    os.remove(os.path.join(folder, "lock"))
+"""
+
+
+@pytest.fixture
+def another_build(kernels):
+    """``(folder, process)``: another process building kernel ``k`` in its key's folder, holding the build
+    lock and torch's ``lock``; it writes ``finish`` to its stdin to end the build (the ``.so`` written,
+    the lock removed), or is killed. Always reaped."""
+    import subprocess
+    import sys
+
+    cache, build = kernels
+    build()  # (the stubbed compiler: the key's folder)
+    folder = cache / build.folders.pop().rsplit("/", 1)[1]
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), extension.BUILD_LOCK,
+                                f"slotserve_k_{folder.name}.so"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout.readline() == "building\n"
+        yield folder, process
+    finally:
+        process.kill()
+        process.wait()
+        process.stdin.close()
+        process.stdout.close()
+
+
+def build_in_a_thread(build):
+    """``(thread, result, waiting)``: ``build()`` running in a thread, its return value appended to
+    ``result``; ``waiting`` is set when it logs that it waits for another process's build."""
+    import threading
+
+    waiting = threading.Event()
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("waiting for another process's build of k.cpp"):
+                waiting.set()
+
+    handler = Waiting()
+    extension.log.addHandler(handler)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(build()), daemon=True)
+    thread.start()
+    thread.handler = handler
+    return thread, result, waiting
+
+
+def test_a_build_under_way_in_another_process_is_waited_for_and_imported(kernels, another_build, monkeypatch):
+    """A second process starting while the first builds waits (no second build at once), then imports
+    what the first built."""
+    cache, build = kernels
+    folder, process = another_build
+    imported = []
+    monkeypatch.setattr(extension, "_import", lambda name, built: imported.append(built) or "imported module")
+    thread, result, waiting = build_in_a_thread(build)
+    try:
+        assert waiting.wait(timeout=30)
+        assert build.folders == [] and imported == [] and thread.is_alive()
+        process.stdin.write("finish\n")
+        process.stdin.flush()
+        thread.join(timeout=30)
+        assert result == ["imported module"] and build.folders == []
+        assert imported == [folder / f"slotserve_k_{folder.name}.so"]
+    finally:
+        extension.log.removeHandler(thread.handler)
+
+
+def test_a_build_waited_for_whose_process_dies_is_built_again(kernels, another_build, monkeypatch):
+    """A second process waiting for a build whose process is killed (torch's ``lock`` left behind) does
+    not wait forever: it removes that lock and builds."""
+    from torch.utils import cpp_extension
+
+    cache, build = kernels
+    folder, process = another_build
+    monkeypatch.setattr(cpp_extension, "load", like_torchs_builder(build.folders))
+    thread, result, waiting = build_in_a_thread(build)
+    try:
+        assert waiting.wait(timeout=30)
+        process.kill()
+        process.wait()
+        thread.join(timeout=30)
+        assert result == ["module"] and build.folders == [str(folder)] and not (folder / "lock").exists()
+    finally:
+        extension.log.removeHandler(thread.handler)
+
+
+def test_where_no_os_lock_can_be_had_a_lock_of_torchs_is_left_alone(kernels, monkeypatch):
+    """On a filesystem without flock the build runs unlocked, as before: it cannot tell a stale ``lock``
+    from a live build's, so it leaves it to torch's builder."""
+    import errno
+    import fcntl
+
+    from torch.utils import cpp_extension
+
+    cache, build = kernels
+    build()
+    folder = cache / build.folders[0].rsplit("/", 1)[1]
+    (folder / "lock").write_bytes(b"")
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(OSError(errno.ENOLCK, "no locks")))
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append((folder / "lock").exists()) or "module")
+    assert build() == "module" and seen == [True]

@@ -5,8 +5,15 @@ with torch's C++ extension builder, cached, and imported directly afterwards.
 2-core machine) into ``~/.cache/slotserve/kernels/<key>`` (``$XDG_CACHE_HOME`` if set), keyed by
 the source, torch's version and the flags, so a changed kernel or another torch builds anew and
 later processes import the ``.so`` in milliseconds, without ninja. A build under way (torch's
-builder holds ``<key>/lock``, and the ``.so`` may be half written) is waited for through the
-builder rather than imported. Where it cannot run -- the CPU lacks the instructions, no C++
+builder holds ``<key>/lock``, and the ``.so`` may be half written) is waited for rather than
+imported, on an OS lock of our own (:func:`_build_lock`: ``flock`` on ``<key>/slotserve-build.lock``,
+held around the call into torch's builder) that the kernel releases when its holder dies, then its
+``.so`` is imported. Torch's own lock is a file that only its builder removes: one killed during its
+build (a SIGKILL, the OOM killer) left it, and every later builder of that key waited for it to go,
+polling forever (a worker that never became ready). Whoever holds our lock knows that no live
+slotserve builder holds torch's, so a ``lock`` found then is stale and is removed before building
+(a builder of an older slotserve without our lock, building the same key at the same instant, is not
+seen: both would build). Where it cannot run -- the CPU lacks the instructions, no C++
 compiler, or ``SLOTSERVE_NO_KERNELS`` is set -- it returns None and the caller takes its pure-torch
 path.
 
@@ -29,6 +36,9 @@ finds its folder gone and that process runs its pure-torch path (slower, still c
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -37,6 +47,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -48,6 +59,17 @@ STALE_AFTER_S = 24 * 3600.0
 
 _KEY = re.compile(r"[0-9a-f]{16}")  # a build folder's name: its key
 _TRASH = ".removing-"  # a build folder renamed away, being deleted
+BUILD_LOCK = "slotserve-build.lock"
+"""The file in a build folder that a build holds an exclusive ``flock`` on (:func:`_build_lock`)."""
+_TORCH_LOCK = "lock"  # torch's builder's lock file (torch.utils.file_baton.FileBaton) in its build folder
+
+
+class Held(enum.Enum):
+    """How :func:`_build_lock` holds a build folder's lock."""
+
+    AT_ONCE = "at once"  # no other process was building that key
+    AFTER_WAIT = "after waiting"  # another process held it: it built, or failed, or died
+    NOT_HELD = "not held"  # the lock file cannot be made or locked (a read-only cache, no flock there)
 
 
 def cpu_has(flag: str) -> bool:
@@ -65,7 +87,9 @@ def cpu_has(flag: str) -> bool:
 def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str):
     """The compiled module of ``source`` (named ``slotserve_<prefix>_<key>``), or None where it cannot
     run here: the CPU lacks ``needs`` (a ``/proc/cpuinfo`` flag), ``SLOTSERVE_NO_KERNELS`` is set, or
-    the build fails (logged once as a warning ending in ``fallback``, what runs instead)."""
+    the build fails (logged once as a warning ending in ``fallback``, what runs instead). Another
+    process's build of the same key is waited for until it ends (its ``.so`` is then imported) or its
+    process dies (then this one builds)."""
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
     key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
@@ -73,31 +97,91 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     folder = kernels / key
     name = f"slotserve_{prefix}_{key}"
     built = folder / f"{name}.so"
-    if built.exists() and not (folder / "lock").exists():
+    if built.exists() and not (folder / _TORCH_LOCK).exists():
         _mark_used(folder)  # (before the import: a prune elsewhere sees it in use)
         try:
             return _import(name, built)
         except ImportError:  # unreadable or foreign: the builder below rebuilds it
             pass
-    from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
-
     folder.mkdir(parents=True, exist_ok=True)
     _mark_used(folder)  # (an old abandoned folder of this key is in use again: a prune elsewhere keeps it)
-    # (a warning, so that it shows at the default log level: a first start is otherwise silent for a minute)
-    log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
-                "(cached in %s)", source.name, folder.parent)
-    try:
-        module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                    build_directory=str(folder), verbose=False)
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed
-        log.warning("%s not built (%s); %s", source.name, str(exc).splitlines()[0] if str(exc) else
-                    type(exc).__name__, fallback)
+    with _build_lock(folder, source.name) as held:
+        stale = held is not Held.NOT_HELD and _remove_stale_lock(folder, source.name)
+        if held is Held.AFTER_WAIT and not stale and built.exists():  # (built by the process waited for)
+            try:
+                return _import(name, built)
+            except ImportError:
+                pass
+        module = _compile(name, source, flags, folder, fallback)
+    if module is None:
         return None
     removed = prune(kernels, prefix, key)
     if removed:
         log.info("removed %d build(s) of %s or abandoned ones, unused for %.0f h, from %s", len(removed),
                  source.name, STALE_AFTER_S / 3600, kernels)
     return module
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path, what: str) -> Iterator[Held]:
+    """Hold an exclusive ``flock`` on ``folder``'s :data:`BUILD_LOCK` for the block (made if missing),
+    waiting, however long, while another process holds it (a live build of that key: ``what``, the
+    source's name, is logged as waited for); the kernel releases it when its holder exits or dies, so
+    no wait outlasts a dead build. Yields how it is held; :attr:`Held.NOT_HELD` (the block runs
+    unlocked, as before this lock existed) where the file cannot be opened or locked (``OSError``)."""
+    try:
+        fd = os.open(folder / BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        log.debug("cannot lock %s (%s): building without the lock", folder, exc)
+        yield Held.NOT_HELD
+        return
+    try:
+        held = Held.AT_ONCE
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process's build of %s in %s", what, folder)
+            held = Held.AFTER_WAIT
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:  # (a filesystem without flock)
+            log.debug("cannot lock %s (%s): building without the lock", folder, exc)
+            held = Held.NOT_HELD
+        yield held
+    finally:
+        os.close(fd)  # (releases the flock)
+
+
+def _remove_stale_lock(folder: Path, what: str) -> bool:
+    """Remove torch's builder's ``lock`` from ``folder`` if it is there, and say whether it was. Call
+    only while holding :func:`_build_lock`: then no live builder holds it, its builder died during the
+    build of ``what`` (the source's name), and torch's next builder would wait for it forever."""
+    try:
+        (folder / _TORCH_LOCK).unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # (the builder below finds it and fails or waits: nothing better to do here)
+        log.warning("cannot remove the stale build lock %s (%s)", folder / _TORCH_LOCK, exc)
+        return False
+    log.warning("removed the lock of a build of %s that died in %s: building again", what, folder)
+    return True
+
+
+def _compile(name: str, source: Path, flags: list[str], folder: Path, fallback: str):
+    """The extension module ``name`` of ``source`` built by torch's builder in ``folder``, or None
+    where the build fails (logged as a warning ending in ``fallback``). Call while holding
+    :func:`_build_lock`, with no stale ``lock`` of torch's in ``folder``."""
+    from torch.utils import cpp_extension  # here, not above: it imports setuptools (~0.15 s of a load)
+
+    # (a warning, so that it shows at the default log level: a first start is otherwise silent for a minute)
+    log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
+                "(cached in %s)", source.name, folder.parent)
+    try:
+        return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                  build_directory=str(folder), verbose=False)
+    except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed
+        log.warning("%s not built (%s); %s", source.name, str(exc).splitlines()[0] if str(exc) else
+                    type(exc).__name__, fallback)
+        return None
 
 
 def _import(name: str, built: Path):
@@ -166,8 +250,8 @@ def _is_build_of(folder: Path, prefix: str) -> bool:
 def _is_abandoned(folder: Path) -> bool:
     """Whether ``folder`` is a build that died before it wrote a ``build.ninja`` (torch's builder
     writes it first, once it holds the folder's ``lock``) and so a ``.so``: it names no kernel, and
-    no process can import it. Such a folder is empty, or holds the ``lock`` its dead builder left
-    (which a build of that key would wait on forever: torch's builder waits for a lock to go)."""
+    no process can import it. Such a folder is empty, or holds the locks its dead builder left (our
+    :data:`BUILD_LOCK`, torch's ``lock``: a build of that key would remove the stale one)."""
     try:
         if not folder.is_dir() or (folder / "build.ninja").exists():
             return False
