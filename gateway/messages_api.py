@@ -51,7 +51,9 @@ The answer is a Message: ``content`` blocks (:mod:`gateway.messages_output`), ``
 already known: the prompt was read before the first token), the blocks' events, ``message_delta``
 (``stop_reason``, ``usage``), ``message_stop``, each with its ``event:`` line, as Anthropic sends
 them; a request that fails once streaming ends with an ``error`` event. Every error on these routes
-is Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``, :meth:`APIError.anthropic_body`).
+is Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``, :meth:`APIError.anthropic_body`),
+naming the Messages field: the chat path's errors about a message name the message, block or
+``system`` it came from (``messages.2.content.1.input``, :mod:`gateway.origins`).
 ``count_tokens`` answers ``{"input_tokens": N}``: the chat template's tokens of the same
 translation, tools included (``/tokenize``'s count, :mod:`gateway.tokenize`).
 """
@@ -68,13 +70,15 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation
 from gateway.messages_output import ContentBlocks, stop_reason
+from gateway.origins import Api, ItemKind, Origin, renamed_to_items
 from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.structured import structured_option
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 
-__all__ = ["OUTPUT_EFFORTS", "CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_messages"]
+__all__ = ["OUTPUT_EFFORTS", "CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_items",
+           "chat_messages", "renamed_to_messages"]
 
 _WHAT = "/v1/messages"
 
@@ -182,7 +186,8 @@ class MessagesRequest(CountTokensRequest):
 
 
 # chat fields -> Messages fields, for the chat path's errors (a chat message's index is not a Messages
-# message's -- the system prompt, tool results split off -- nor are its keys, so all is "messages")
+# message's -- the system prompt, tool results split off -- nor are its keys: a message's field is its
+# message's or block's, gateway.origins; what names no message's is "messages")
 _PARAMS = ((r"messages(\..*)?", "messages"), (r"stop", "stop_sequences"),
            (r"response_format(\.json_schema)?(\.schema)?", "output_config.format.schema"),
            (r"tools\.(\d+)\.function\.parameters", r"tools.\1.input_schema"), (r"tools\.(\d+)\.function", r"tools.\1"),
@@ -193,10 +198,18 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
     """The chat messages of ``system`` and ``messages`` (see the module's table); 400 naming the
     field for a block it does not take, or for a ``tool_result`` whose ``tool_use_id`` is the id of
     no ``tool_use`` block before it (Anthropic refuses it: a result must answer a call)."""
+    return chat_items(system, messages)[0]
+
+
+def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[list[dict], list[Origin]]:
+    """:func:`chat_messages`, and what each chat message was made of (one :class:`Origin` a message:
+    ``system``, a message, a ``tool_result`` block; an assistant message's calls its ``tool_use`` blocks)."""
     out: list[dict] = []
+    origins: list[Origin] = []
     call_ids: set[str] = set()  # the ids of the tool_use blocks so far
     if system is not None:
         out.append({"role": "system", "content": _text(system, "system")})
+        origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
     for i, m in enumerate(messages):
         where = f"messages.{i}"
         role, content = m.get("role"), m.get("content")
@@ -205,10 +218,11 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
                               f"{where}.role")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
+            origins.append(Origin(where))
             continue
         if not isinstance(content, list):
             raise bad_request("content must be a string or a list of content blocks", f"{where}.content")
-        texts, calls, results = [], [], []
+        texts, calls, results, uses, answers = [], [], [], [], []  # (uses, answers: the blocks of calls, results)
         for j, block in enumerate(content):
             at = f"{where}.content.{j}"
             kind = block.get("type") if isinstance(block, dict) else None
@@ -220,6 +234,7 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
                 calls.append({"id": string_field(block, "id", at), "type": "function", "function": {
                     "name": string_field(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
                 call_ids.add(calls[-1]["id"])
+                uses.append(at)
             elif kind == "tool_result" and role == "user":
                 use_id = string_field(block, "tool_use_id", at)
                 if use_id not in call_ids:
@@ -228,13 +243,16 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
                                       "message", f"{at}.tool_use_id")
                 results.append({"role": "tool", "tool_call_id": use_id,
                                 "content": _text(block.get("content", ""), f"{at}.content")})
+                answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
                 allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {kind!r:.40})")
         out += results
+        origins += answers
         if texts or calls or not results:
             out.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
-    return out
+            origins.append(Origin(where, tuple(uses)))
+    return out, origins
 
 
 def _text(content: Any, where: str) -> str:
@@ -297,16 +315,34 @@ def _response_format(config: dict | None) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def _chat_fields(body: CountTokensRequest) -> dict:
+def _chat_fields(body: CountTokensRequest) -> tuple[dict, list[Origin]]:
     """The chat request's fields that a count and a message share (the prompt, its tools, its output
-    format), so that both check them alike."""
+    format), so that both check them alike, and what each chat message came from (:func:`chat_items`)."""
     name = body.unsupported()
     if name is not None:
         raise unsupported_field(name, _WHAT)
     choice, parallel = _tool_choice(body.tool_choice)
-    return {"model": body.model, "messages": chat_messages(body.system, body.messages), "tools": _tools(body.tools),
-            "tool_choice": choice, "parallel_tool_calls": parallel,
-            "response_format": _response_format(body.output_config)}
+    messages, origins = chat_items(body.system, body.messages)
+    return {"model": body.model, "messages": messages, "tools": _tools(body.tools), "tool_choice": choice,
+            "parallel_tool_calls": parallel, "response_format": _response_format(body.output_config)}, origins
+
+
+def _chat_request(fields: dict, origins: list[Origin]) -> ChatCompletionRequest:
+    """:func:`~gateway.translation.chat_request` of ``fields``, its errors naming the Messages field
+    (:func:`renamed_to_messages`)."""
+    try:
+        return chat_request(fields, ())
+    except APIError as e:
+        raise renamed_to_messages(e, origins) from None
+
+
+def renamed_to_messages(e: APIError, origins: list[Origin]) -> APIError:
+    """``e``, an error of the chat path (returned; changed in place), naming the Messages field: a
+    chat message's field as the message, block or ``system`` it came from (``origins``, one per chat
+    message: :func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``."""
+    if not renamed_to_items(e, origins, Api.MESSAGES):
+        renamed_error(e, _PARAMS)
+    return e
 
 
 class MessagesTranslation:
@@ -316,16 +352,18 @@ class MessagesTranslation:
         self.body: MessagesRequest | None = None
         self.id = new_id("msg", "_")
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
+        self.origins: list[Origin] = []  # what each chat message came from (gateway.origins)
 
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
         body = self.body = parse_body(MessagesRequest, raw)
         if body.max_tokens < 1:
             raise bad_request(f"max_tokens must be >= 1, got {body.max_tokens}", "max_tokens")
-        chat = chat_request({
-            **_chat_fields(body), "max_tokens": body.max_tokens, "stop": body.stop_sequences,
+        fields, self.origins = _chat_fields(body)
+        chat = _chat_request({
+            **fields, "max_tokens": body.max_tokens, "stop": body.stop_sequences,
             "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stream": body.stream,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True} if body.stream else None},
-            _PARAMS)
+            self.origins)
         self.on_chat_path = True
         return chat
 
@@ -365,7 +403,7 @@ class MessagesTranslation:
             for kind, data in blocks.take():
                 yield event(kind, data)
         if failure is not None:
-            yield event("error", failure.anthropic_body())
+            yield event("error", renamed_to_messages(failure, self.origins).anthropic_body())
             return
         blocks.close()
         for kind, data in blocks.take():
@@ -377,7 +415,9 @@ class MessagesTranslation:
         yield event("message_stop", {"type": "message_stop"})
 
     def error(self, e: APIError) -> Response:
-        return anthropic_error(e, self.on_chat_path)
+        if self.on_chat_path:
+            renamed_to_messages(e, self.origins)
+        return anthropic_error(e)
 
     def _message(self, content: list[dict], reason: str | None, sequence: str | None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.body.model, "content": content,
@@ -390,11 +430,8 @@ def _usage(usage: dict | None) -> dict:
     return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
 
-def anthropic_error(e: APIError, chat_named: bool = False) -> Response:
-    """``e`` in Anthropic's error shape (``chat_named``: it names a chat field, renamed:
-    :func:`~gateway.translation.renamed_error`)."""
-    if chat_named:
-        renamed_error(e, _PARAMS)
+def anthropic_error(e: APIError) -> Response:
+    """``e`` in Anthropic's error shape (naming a Messages field already: :func:`renamed_to_messages`)."""
     return json_response(e.anthropic_body(), e.status, e.headers)
 
 
@@ -415,7 +452,8 @@ class MessagesEndpoints:
         try:
             _check_json_body_headers(request.headers)
             body = parse_body(CountTokensRequest, await read_body(request, self.generate.config.max_body_bytes))
-            chat = chat_request(_chat_fields(body), _PARAMS)
+            fields, origins = _chat_fields(body)
+            chat = _chat_request(fields, origins)
         except APIError as e:
             return anthropic_error(e)
         try:
@@ -423,5 +461,5 @@ class MessagesEndpoints:
             _, ids, _ = await self.tokenize.tokens(TokenizeRequest(model=chat.model, messages=chat.messages,
                                                                    tools=chat.tools, tool_choice=chat.tool_choice))
         except APIError as e:
-            return anthropic_error(e, chat_named=True)
+            return anthropic_error(renamed_to_messages(e, origins))
         return json_response({"input_tokens": len(ids)})

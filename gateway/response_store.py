@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.responses_origins import Origin
+    from gateway.origins import Origin
 
 __all__ = ["ResponseStore", "StoredResponse"]
 

@@ -47,7 +47,7 @@ response; each event has ``event:`` and ``data:`` lines and a ``sequence_number`
 that fails once streaming ends with ``response.failed`` (its ``error``). Errors before that are
 OpenAI's error shape (:mod:`gateway.errors`), naming the Responses field: the chat path's errors
 about a message name the item it came from, this request's or a stored response's
-(:mod:`gateway.responses_origins`).
+(:mod:`gateway.origins`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request
 from gateway.responses import STREAM_END, error_response, json_response, new_id
-from gateway.responses_origins import ItemKind, Origin, renamed_to_items
+from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest, Metadata
@@ -129,7 +129,7 @@ class ResponsesRequest(BaseModel):
 
 # chat fields -> Responses fields, for the chat path's errors (a chat message's index is not an input
 # item's -- instructions and the stored conversation come first -- nor are its keys: a message's field
-# is its item's, gateway.responses_origins; what names no message's item is "input")
+# is its item's, gateway.origins; what names no message's item is "input")
 _PARAMS = (
     (r"messages(\..*)?", "input"), (r"max_tokens", "max_output_tokens"),
     (r"response_format(\.json_schema)?", "text.format"),
@@ -251,7 +251,7 @@ class ResponsesTranslation:
         self.store = store
         self.body: ResponsesRequest | None = None
         self.history: list[dict] = []  # the conversation before this response's output, without instructions
-        self.origins: list[Origin] = []  # the items of each message of history (gateway.responses_origins)
+        self.origins: list[Origin] = []  # the items of each message of history (gateway.origins)
         self.id = new_id("resp", "_")
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.created_at = int(time.time())
@@ -342,7 +342,7 @@ class ResponsesTranslation:
 
     def _renamed(self, e: APIError) -> APIError:
         """``e``, an error of the chat path, naming the Responses field: a chat message's field as
-        the item it came from (:func:`~gateway.responses_origins.renamed_to_items`), others by ``_PARAMS``."""
+        the item it came from (:func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``."""
         first = [Origin("instructions", kind=ItemKind.INSTRUCTIONS)] if self.body.instructions is not None else []
         if not renamed_to_items(e, first + self.origins):
             renamed_error(e, _PARAMS)

@@ -204,9 +204,12 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
 
 def _checked_call(call: Any, where: str) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request("a tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                           "\"arguments\"}}", where)
+    if not _NAME.match(fn["name"]):  # (its own field: a Messages tool_use block's name, a function_call item's)
+        raise bad_request(f"a tool call's name must be 1-64 letters, digits, '_' or '-', got {fn['name']!r:.80}",
+                          f"{where}.function.name")
     if call.get("type", "function") != "function":
         raise bad_request("a tool call's type must be \"function\"", f"{where}.type")
     call_id = call.get("id")

@@ -283,17 +283,137 @@ def test_an_unknown_field_is_refused_in_anthropics_words(scripted):
 
 
 def test_a_chat_path_error_names_the_messages_field_once(scripted):
-    """An error the chat path finds in a translated message names ``messages`` (a chat message's index
-    and keys are not the body's), and a message that names its field already is not prefixed again."""
+    """An error the chat path finds in a translated message names the block it came from (a chat
+    message's index and keys are not the body's), and a message that names its field already is not
+    prefixed again."""
     _, http, _ = scripted
     bad_call = [{"role": "user", "content": "x"},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "not a name", "input": {}}]}]
     r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": bad_call},
                   headers={"x-api-key": KEY})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages: "), r.text
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "messages.1.content.0.name: a tool call's name must be 1-64 letters, digits, '_' or '-', got 'not a name'"), \
+        r.text
     r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {}}]}]}, headers={"x-api-key": KEY})
     assert r.json()["error"]["message"].startswith("'messages.0.content.0.type' is not supported"), r.text
+
+
+def use(name="get_time", id_="t1", input_="{}"):
+    """A ``tool_use`` block as JSON text (``input_`` too: a number such as 1e400 goes as written)."""
+    return f'{{"type": "tool_use", "id": {json.dumps(id_)}, "name": {json.dumps(name)}, "input": {input_}}}'
+
+
+def result(id_="t1"):
+    return f'{{"type": "tool_result", "tool_use_id": {json.dumps(id_)}, "content": "1"}}'
+
+
+TEXT = '{"type": "text", "text": "x"}'
+HUGE = '{"n": 1e400}'  # (a float's infinity once parsed: no JSON once written out again)
+CHAT_ERRORS = {  # a history the chat path refuses -> (the Messages field it names, the words after it)
+    # (the chat: system, user, assistant a + calls, tool results, user text; its indexes are not the client's)
+    "a tool_use block's name": (f'[{TEXT}, {use()}, {use("not a name", "t2")}]', f'[{result()}]',
+                                "messages.1.content.2.name", "a tool call's name must be 1-64 letters, digits, "
+                                "'_' or '-', got 'not a name'"),
+    "an empty name": (f'[{use("")}]', f'[{result()}]', "messages.1.content.0.name",
+                      "a tool call's name must be 1-64 letters, digits, '_' or '-', got ''"),
+    "an input the chat path cannot carry": (f'[{TEXT}, {use(input_=HUGE)}]', f'[{result()}]',
+                                            "messages.1.content.1.input",
+                                            "a tool call's arguments must be the JSON text of an object"),
+    "a tool_use_id longer than a tool_call_id": (f'[{use()}, {use(id_="c" * 300)}]',
+                                                 f'[{result()}, {result("c" * 300)}, {TEXT}]',
+                                                 "messages.2.content.1.tool_use_id", "a tool message needs the "
+                                                 "tool_call_id of the call it answers (a string of at most 256 "
+                                                 "characters)"),
+    "an empty tool_use_id": (f'[{use(id_="")}]', f'[{TEXT}, {result("")}]', "messages.2.content.1.tool_use_id",
+                             "a tool message needs the tool_call_id of the call it answers (a string of at most "
+                             "256 characters)"),
+}
+
+
+@pytest.mark.parametrize("path, stream", [("/v1/messages", False), ("/v1/messages", True),
+                                          ("/v1/messages/count_tokens", None)])
+@pytest.mark.parametrize("name", sorted(CHAT_ERRORS))
+def test_a_chat_path_error_about_a_message_names_the_block_the_client_sent(scripted, name, path, stream):
+    """Each check of the chat path that a translated message can fail names the Messages field it came
+    from -- the block of a tool_use or tool_result, its key in Anthropic's words -- where it named the
+    chat's message and keys (``messages: ...``, or ``messages[1].tool_calls[0].function.arguments``:
+    the system prompt, the text before a call and the results split off shift the index), whole or
+    streamed, and in ``count_tokens``."""
+    _, http, client = scripted
+    calls, results, field, words = CHAT_ERRORS[name]
+    messages = f'[{{"role": "user", "content": "x"}}, {{"role": "assistant", "content": {calls}}}, ' \
+               f'{{"role": "user", "content": {results}}}]'
+    extra = "" if stream is None else f', "max_tokens": 5, "stream": {json.dumps(stream)}'
+    r = http.post(path, content=f'{{"model": "m", "system": "Be brief.", "messages": {messages}{extra}}}',
+                  headers={"x-api-key": KEY, "content-type": "application/json"})
+    assert r.status_code == 400 and r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": f"{field}: {words}"}}, r.text
+    assert not client.threads  # refused before anything was submitted
+
+
+def test_every_chat_field_of_a_message_is_named_as_the_field_it_came_from():
+    """Every chat message's field, as the Messages field it came from: ``system``, a message whose
+    content is a string, an assistant message's text and each ``tool_use`` block (a call's keys in
+    Anthropic's words), each ``tool_result`` block, the user's text after its results; in the param
+    and the message's words, whole and in a stream's ``error`` event. A field no message holds keeps
+    the chat path's renaming (``messages``)."""
+    import asyncio
+
+    from gateway.messages_api import MessagesTranslation, renamed_to_messages
+    from gateway.responses import STREAM_END
+    from tests.gateway.test_responses_api import chat_stream, chunk
+
+    tr = MessagesTranslation()
+    tr.chat_body(json.dumps({"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "Be brief."}],
+                             "stream": True, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                          {"type": "text", "text": "let me see"},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                                          {"type": "tool_use", "id": "t2", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "2"},
+                                     {"type": "text", "text": "and"},
+                                     {"type": "tool_result", "tool_use_id": "t1", "content": "1"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": "3"}]},
+    ]}).encode())
+    # the chat: system, hi, let me see + t1 + t2, tool t2, tool t1, and, t3, tool t3
+    for param, message, want_param, want_message in [
+        ("messages.0.content", "messages[0].content is bad", "system", "system is bad"),
+        ("messages.1.content", "messages.1.content is bad", "messages.0.content", "messages.0.content is bad"),
+        ("messages.1.role", "bad", "messages.0.role", "messages.0.role: bad"),
+        ("messages.2.content", "bad", "messages.1.content", "messages.1.content: bad"),
+        ("messages.2.tool_calls.1.function.arguments", "messages[2].tool_calls[1].function.arguments is bad",
+         "messages.1.content.3.input", "messages.1.content.3.input is bad"),
+        ("messages.2.tool_calls.0.function.name", "bad", "messages.1.content.2.name", "messages.1.content.2.name: bad"),
+        ("messages.2.tool_calls.0.id", "bad", "messages.1.content.2.id", "messages.1.content.2.id: bad"),
+        ("messages.2.tool_calls.1.type", "bad", "messages.1.content.3.type", "messages.1.content.3.type: bad"),
+        ("messages.2.tool_calls.1", "bad", "messages.1.content.3", "messages.1.content.3: bad"),
+        ("messages.2.tool_calls", "bad", "messages.1.content.2", "messages.1.content.2: bad"),
+        ("messages.3.tool_call_id", "bad", "messages.2.content.0.tool_use_id", "messages.2.content.0.tool_use_id: bad"),
+        ("messages.4.content", "bad", "messages.2.content.2.content", "messages.2.content.2.content: bad"),
+        ("messages.5.content", "bad", "messages.2.content", "messages.2.content: bad"),
+        ("messages.6.tool_calls.0.function.arguments", "bad", "messages.3.content.0.input",
+         "messages.3.content.0.input: bad"),
+        ("messages.6", "bad", "messages.3", "messages.3: bad"),
+        ("messages.7.tool_call_id", "bad", "messages.4.content.0.tool_use_id", "messages.4.content.0.tool_use_id: bad"),
+        ("messages.8.content", "messages.8.content is bad", "messages", "messages is bad"),  # (no message 8)
+        ("messages", "messages is bad", "messages", "messages is bad"),
+        ("stop", "stop is bad", "stop_sequences", "stop_sequences is bad"),
+    ]:
+        e = renamed_to_messages(APIError(400, message, param=param), tr.origins)
+        assert (e.param, e.message) == (want_param, want_message), param
+        tr.on_chat_path = True
+        assert json.loads(tr.error(APIError(400, message, param=param)).body)["error"]["message"] == want_message
+
+        async def run():
+            stream = chat_stream(chunk({"role": "assistant", "content": ""}), APIError(400, message, param=param),
+                                 STREAM_END)
+            return [e async for e in tr.events(stream)]
+
+        last = asyncio.run(run())[-1].decode().split("\n")
+        assert last[0] == "event: error" and json.loads(last[1][len("data: "):])["error"]["message"] == want_message
 
 
 def test_keys_by_either_header_and_a_refusal_in_anthropic_shape(scripted):

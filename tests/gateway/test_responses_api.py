@@ -175,7 +175,7 @@ def test_get_delete_and_unknown_ids(scripted):
      "input.0.call_id", "invalid_value"),  # (the call comes after its output)
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "bad name",
                                                    "arguments": "{}"}], "instructions": "Be brief."},
-     "input.1", "invalid_value"),  # (the chat path's check: its message index -- 2 -- as the item's; was "input")
+     "input.1.name", "invalid_value"),  # (the chat path's check: its message index -- 2 -- as the item's; was "input")
     ({"input": [{"type": "function_call", "call_id": "c" * 300, "name": "get_time", "arguments": "{}"},
                 {"type": "reasoning", "id": "rs_1", "summary": []},
                 {"type": "function_call_output", "call_id": "c" * 300, "output": "1"}]},
