@@ -82,6 +82,21 @@ def test_a_first_build_says_what_it_compiles_and_where_it_caches_it(kernels, mon
     assert caplog.records[1].getMessage().endswith("pure torch runs")
 
 
+def test_a_cache_that_cannot_hold_the_build_folder_falls_back_without_a_crash(kernels, tmp_path, monkeypatch, caplog):
+    """Where the build folder cannot be made (a read-only or full cache; here a file where a folder of
+    its path goes, which stops root too), the kernel is not built and the warning says what runs
+    instead: the worker starts on the fallback, as where the compiler fails."""
+    _, build = kernels
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    with caplog.at_level(logging.WARNING, logger=extension.__name__):
+        assert build() is None
+    assert build.folders == []  # no compile tried
+    (record,) = caplog.records
+    assert record.getMessage().startswith("k.cpp not built: cannot make its build folder " + str(tmp_path))
+    assert record.getMessage().endswith("pure torch runs")
+
+
 def abandoned(kernels, key: str, age_s: float, *files: str):
     """A build folder whose build died before torch's builder wrote its ``build.ninja`` (killed while
     starting): empty, or holding ``files`` (the ``lock`` the builder takes first); aged ``age_s``."""

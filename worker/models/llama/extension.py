@@ -87,7 +87,8 @@ def cpu_has(flag: str) -> bool:
 def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str):
     """The compiled module of ``source`` (named ``slotserve_<prefix>_<key>``), or None where it cannot
     run here: the CPU lacks ``needs`` (a ``/proc/cpuinfo`` flag), ``SLOTSERVE_NO_KERNELS`` is set, or
-    the build fails (logged once as a warning ending in ``fallback``, what runs instead). Another
+    the build fails or its folder cannot be made (a read-only cache: logged once as a warning ending
+    in ``fallback``, what runs instead). Another
     process's build of the same key is waited for until it ends (its ``.so`` is then imported) or its
     process dies (then this one builds)."""
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
@@ -103,7 +104,12 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
             return _import(name, built)
         except ImportError:  # unreadable or foreign: the builder below rebuilds it
             pass
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a read-only or full cache, a file where the folder goes): no build, no crash
+        log.warning("%s not built: cannot make its build folder %s (%s); %s", source.name, folder,
+                    exc.strerror or type(exc).__name__, fallback)
+        return None
     _mark_used(folder)  # (an old abandoned folder of this key is in use again: a prune elsewhere keeps it)
     with _build_lock(folder, source.name) as held:
         stale = held is not Held.NOT_HELD and _remove_stale_lock(folder, source.name)
