@@ -133,6 +133,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
     return APIError(400, message, param=param, code=code)
 
 
+def empty_content(param: str, part: str, *, null: bool = False) -> APIError:
+    """400 for a message's content given as an empty array, naming ``param`` (OpenAI's rule: an array of
+    at least one part, ``Invalid 'messages[0].content': empty array``); ``part``: what one part is
+    (``"text part"``), ``null``: whether null is the way to send no content (an assistant's, beside its
+    tool calls)."""
+    instead = f"a string{', null' if null else ''} or a list of at least one {part}"
+    return bad_request(f"{param} is an empty array: an empty turn is refused; send {instead}", param)
+
+
 def unsupported(param: str, message: str) -> APIError:
     """501 for a valid OpenAI parameter that slotserve does not implement (never retried)."""
     return APIError(501, message, param=param, code="unsupported", headers={"x-should-retry": "false"})

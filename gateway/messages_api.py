@@ -13,7 +13,8 @@ Messages field              on the chat path
                             ``tool_result`` (a ``tool`` message before the user's text, its
                             ``content`` a string or ``text`` blocks; its ``tool_use_id`` that
                             of an earlier ``tool_use``); an assistant's
-                            ``thinking`` / ``redacted_thinking`` blocks are left out
+                            ``thinking`` / ``redacted_thinking`` blocks are left out; empty
+                            content (``""``, ``[]``) only in a final assistant message
 ``max_tokens`` (required)   ``max_tokens``
 ``stop_sequences``          ``stop`` (at most 4, the chat path's bound)
 ``temperature``, ``top_p``, the same
@@ -196,8 +197,10 @@ _PARAMS = ((r"messages(\..*)?", "messages"), (r"stop", "stop_sequences"),
 
 def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list[dict]:
     """The chat messages of ``system`` and ``messages`` (see the module's table); 400 naming the
-    field for a block it does not take, or for a ``tool_result`` whose ``tool_use_id`` is the id of
-    no ``tool_use`` block before it (Anthropic refuses it: a result must answer a call)."""
+    field for a block it does not take, for a message with empty content (``""`` or ``[]``) other than
+    a final assistant message (Anthropic's rule: an empty turn), or for a ``tool_result`` whose
+    ``tool_use_id`` is the id of no ``tool_use`` block before it (Anthropic refuses it: a result must
+    answer a call)."""
     return chat_items(system, messages)[0]
 
 
@@ -216,6 +219,10 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
         if role not in ("user", "assistant"):
             raise bad_request("a message's role must be user or assistant (the system prompt is 'system')",
                               f"{where}.role")
+        if content in ("", []) and not (role == "assistant" and i == len(messages) - 1):  # (Anthropic's words)
+            raise bad_request("all messages must have non-empty content except for the optional final assistant "
+                              "message; send a string or at least one block, or leave the message out",
+                              f"{where}.content")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             origins.append(Origin(where))

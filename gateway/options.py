@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import bad_request
+from gateway.errors import bad_request, empty_content
 from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Sampling
 from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
@@ -135,7 +135,8 @@ def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     with text parts joined. 400 naming the message for a role that is not a name
     (:data:`protocol.validation.ROLE`, the SDK's rule too), a
     message other than the assistant's without content (OpenAI's rule;
-    the assistant's may be null beside its tool calls), a part without text, or for no message."""
+    the assistant's may be null beside its tool calls), content given as an empty array (OpenAI's rule,
+    every role's: an array holds at least one part; ``""`` is taken), a part without text, or for no message."""
     out = []
     for i, m in enumerate(body.messages):
         try:
@@ -146,6 +147,8 @@ def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content")
         content = m.content
         if isinstance(content, list):
+            if not content:  # (an empty turn the client did not mean: OpenAI refuses it, as Anthropic does)
+                raise empty_content(f"messages.{i}.content", "text part", null=m.role == "assistant")
             texts = [p.get("text") for p in content]
             if not all(isinstance(t, str) for t in texts):
                 raise bad_request("a text content part needs a string 'text'", f"messages.{i}.content")

@@ -9,7 +9,8 @@ Responses field            on the chat path
 ``input`` (string)         one ``user`` message
 ``input`` (items)          ``message`` items (roles ``user``, ``assistant``, ``system``,
                            ``developer`` as ``system``; content a string or ``input_text`` /
-                           ``output_text`` parts), ``function_call`` items (the assistant's
+                           ``output_text`` parts, at least one: ``[]`` is a 400, as OpenAI
+                           answers), ``function_call`` items (the assistant's
                            ``tool_calls``, joined to the assistant message before them),
                            ``function_call_output`` items (``tool`` messages; each answers a
                            ``function_call`` before it, here or in the previous response);
@@ -62,7 +63,7 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, empty_content
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
@@ -140,8 +141,9 @@ _PARAMS = (
 def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) -> list[dict]:
     """The chat messages of ``input`` (see the module's table), which continue the chat messages
     ``earlier`` (the stored conversation of ``previous_response_id``); 400 naming ``input.N...`` for
-    an item it does not take, or for a ``function_call_output`` whose ``call_id`` is the id of no
-    ``function_call`` before it, in ``input`` or ``earlier`` (OpenAI's rule and message)."""
+    an item it does not take, a message item whose content is an empty array (OpenAI's rule), or for a
+    ``function_call_output`` whose ``call_id`` is the id of no ``function_call`` before it, in ``input``
+    or ``earlier`` (OpenAI's rule and message)."""
     return input_items(value, earlier)[0]
 
 
@@ -159,6 +161,8 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise bad_request("a message item's role must be user, assistant, system or developer", f"{where}.role")
+            if item.get("content") == []:  # (OpenAI's rule: an empty turn the client did not mean)
+                raise empty_content(f"{where}.content", "input_text part")
             out.append({"role": "system" if role == "developer" else role,
                         "content": _text(item.get("content"), f"{where}.content")})
             origins.append(Origin(where))

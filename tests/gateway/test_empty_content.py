@@ -1,0 +1,152 @@
+"""Content given as an empty array is refused as an empty turn on every route that takes content
+arrays (an adversarial pass found ``"content": []`` taken as ``""``): ``/v1/chat/completions`` and
+``/tokenize`` (OpenAI's rule, every role: an array holds at least one part), a Responses message item,
+``/v1/messages`` and its ``count_tokens`` (Anthropic's rule: empty content, ``""`` too, only in a
+final assistant message); a 400 naming the field, whole and streamed, before anything is submitted.
+What OpenAI takes stays taken: ``""``, an assistant's null content beside its tool calls. The Python
+SDK takes string content only: an array is a ValueError. Over the handlers apps with scripted broker
+clients (tests/gateway/test_logprobs_shapes, test_messages_api, test_responses_api), no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("openai")
+pytest.importorskip("anthropic")
+pytest.importorskip("transformers")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.response_store import ResponseStore  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from protocol.request import RequestParams  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
+from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
+from tests.gateway.test_responses_api import responses_app  # noqa: E402
+from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
+from tests.support.gateway import error_of  # noqa: E402
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+EMPTY = "is an empty array: an empty turn is refused; send a string"
+ANTHROPIC = "all messages must have non-empty content except for the optional final assistant message"
+
+
+@pytest.fixture
+def chat_http():
+    client = ScriptedClient()
+    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)
+
+
+def chat_history(role: str, content) -> tuple[list[dict], int]:
+    """A chat whose message of ``role`` has ``content``, and that message's index."""
+    if role == "tool":
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": content}], 2
+    if role == "assistant":
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content},
+                {"role": "user", "content": "and?"}], 1
+    return [{"role": role, "content": content}, {"role": "user", "content": "hi"}][:1 if role == "user" else 2], 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool"])
+def test_chat_content_of_an_empty_array_is_a_400_naming_it(chat_http, role, stream):
+    messages, i = chat_history(role, [])
+    r = chat_http.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2, "stream": stream,
+                                                      "messages": messages})
+    e = error_of(r, 400)
+    assert (e["param"], e["code"], e["type"]) == (f"messages.{i}.content", "invalid_value", "invalid_request_error")
+    assert e["message"].startswith(f"messages.{i}.content {EMPTY}"), e
+    assert ("null" in e["message"]) == (role == "assistant"), e  # (null: the assistant's way to send no text)
+    e = error_of(chat_http.post("/tokenize", json={"model": "m", "messages": messages}), 400)
+    assert e["param"] == f"messages.{i}.content", e
+    assert not chat_http.scripted.submitted
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_content_openai_takes_is_still_taken(chat_http, stream):
+    """``""`` (any role) and an assistant's null content beside its calls (or alone) are OpenAI's."""
+    for messages in (chat_history("tool", "")[0], chat_history("assistant", "")[0], chat_history("assistant", None)[0],
+                     [{"role": "system", "content": ""}, {"role": "user", "content": ""}],
+                     [{"role": "user", "content": [{"type": "text", "text": ""}]}]):
+        r = chat_http.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2, "stream": stream,
+                                                          "messages": messages})
+        assert r.status_code == 200, (messages, r.text)
+
+
+@pytest.fixture
+def messages_http():
+    client = OutputClient()
+    with TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)
+
+
+def messages_body(path: str, stream: bool | None, messages: list[dict]) -> dict:
+    return {"model": "m", "messages": messages, **({} if stream is None else {"max_tokens": 5, "stream": stream})}
+
+
+MESSAGES_PATHS = [("/v1/messages", False), ("/v1/messages", True), ("/v1/messages/count_tokens", None)]
+
+
+@pytest.mark.parametrize("path, stream", MESSAGES_PATHS)
+@pytest.mark.parametrize("content", [[], ""], ids=["array", "string"])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_messages_empty_content_is_anthropics_400_but_in_a_final_assistant_message(messages_http, path, stream,
+                                                                                   content, at):
+    """A user's, or an assistant's before the end: Anthropic's error (its words, the field first)."""
+    messages = [{"role": "user", "content": "plain"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "plain"}]
+    messages[at] = {**messages[at], "content": content}
+    r = messages_http.post(path, json=messages_body(path, stream, messages), headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["error"]["message"].startswith(f"messages.{at}.content: {ANTHROPIC}; "), r.text
+    assert not messages_http.scripted.submitted
+
+
+@pytest.mark.parametrize("content", [[], ""], ids=["array", "string"])
+def test_messages_a_final_assistant_message_may_be_empty(messages_http, content):
+    messages = [{"role": "user", "content": "plain"}, {"role": "assistant", "content": content}]
+    r = messages_http.post("/v1/messages/count_tokens", json=messages_body("", None, messages),
+                           headers={"x-api-key": KEY})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+
+
+@pytest.fixture
+def responses_http():
+    client = OutputClient()
+    with TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("role", ["user", "assistant", "system", "developer"])
+def test_responses_message_item_content_of_an_empty_array_is_a_400_naming_it(responses_http, role, stream):
+    items = [{"role": "user", "content": "plain"}, {"type": "message", "role": role, "content": []},
+             {"role": "user", "content": "plain"}]
+    e = error_of(responses_http.post("/v1/responses", json={"model": "m", "input": items, "stream": stream}), 400)
+    assert (e["param"], e["code"]) == ("input.1.content", "invalid_value"), e
+    assert e["message"].startswith(f"input.1.content {EMPTY} or a list of at least one input_text part"), e
+    assert not responses_http.scripted.submitted
+
+
+@pytest.mark.parametrize("messages", [[{"role": "user", "content": []}],
+                                      [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}],
+                                      [("user", [])]])
+def test_the_sdk_refuses_array_content_with_a_value_error(messages):
+    """The SDK's chat messages hold string content (``""`` for none): an array, empty or not, is a ValueError
+    naming the message, before a client sends anything."""
+    with pytest.raises(ValueError, match=rf"chat message {len(messages) - 1} must have string 'role' and 'content'"):
+        RequestParams(messages, 2)
