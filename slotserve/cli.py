@@ -545,7 +545,8 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
 
     It announces the model to the broker at once (requests for it wait),
     loads and warms it up (--warmup), then registers it under its served
-    names: /health and wait_for_model say ready from then on.
+    names: /health and wait_for_model say ready from then on. Ctrl-C,
+    SIGTERM or SIGHUP stop it (exit status 0), during the load too.
     """
     from worker.process import run_worker
 

@@ -6,6 +6,8 @@ the Event's lock, and a handler runs on the main thread between two
 bytecodes, possibly while that same thread holds the lock inside
 ``Event.wait``: a deadlock.) Loops notice the flag at their next tick, or at
 once through the wakeup pipe that :func:`signal.set_wakeup_fd` writes to.
+The one exception, :meth:`SignalStopFlag.interrupting`, also raises on the
+main thread, for a model load that checks no flag (a worker's).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import wait as wait_for_handles
 
 log = logging.getLogger(__name__)
@@ -36,16 +40,39 @@ class SignalStopFlag:
     :meth:`repeated` (a second Ctrl-C) asks for a stop at once, where the
     first one lets work in flight finish (the HTTP gateway's drain)."""
 
-    __slots__ = ("reason", "count")
+    __slots__ = ("reason", "count", "_interrupt")
 
     def __init__(self) -> None:
         self.reason: int | str | None = None
         self.count = 0  # a handler and a thread setting it at once may lose one count, never the stop
+        self._interrupt: type[BaseException] | None = None  # raised by set() on the main thread (interrupting)
 
     def set(self, reason: int | str = "stop") -> None:
         if self.reason is None:
             self.reason = reason
         self.count += 1
+        interrupt = self._interrupt
+        if interrupt is not None and threading.current_thread() is threading.main_thread():
+            self._interrupt = None  # once: the unwinding (a build's subprocess killed, a lock released) runs on
+            raise interrupt(f"stop asked for ({self.reason})")
+
+    @contextmanager
+    def interrupting(self, exc: type[BaseException]) -> Iterator[None]:
+        """While inside, a stop set on the main thread -- a signal handler's -- also raises ``exc``
+        (with a message naming the reason) there, once, as Python's default Ctrl-C raises
+        KeyboardInterrupt; raises it at once when the flag is set already. For a step that checks no
+        flag and may take minutes, a model's load (C code, a kernel build's compiler subprocess, a lock
+        wait): it then ends at the interpreter's next bytecode, or at once from a blocking call that a
+        signal interrupts (a read, a wait, a lock), its ``finally`` blocks and context managers run. The
+        one place a handler does more than set the flag (STYLE rule 9): nothing else can end such a
+        step cleanly. A set from another thread (:func:`watch_parent`) raises nothing."""
+        if self.is_set():
+            raise exc(f"stop asked for ({self.reason})")
+        self._interrupt = exc
+        try:
+            yield
+        finally:
+            self._interrupt = None
 
     def is_set(self) -> bool:
         return self.reason is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from protocol.enums import ErrorCode
 
-__all__ = ["DuplicateRequestError", "ModelError", "ModelLoadError", "QueueFullError"]
+__all__ = ["DuplicateRequestError", "LoadInterrupted", "ModelError", "ModelLoadError", "QueueFullError"]
 
 
 class QueueFullError(RuntimeError):
@@ -40,3 +40,10 @@ class ModelError(RuntimeError):
 class ModelLoadError(ValueError):
     """The worker's model could not be loaded (unknown name, missing file,
     no hub access); the message names the model and the cause."""
+
+
+class LoadInterrupted(BaseException):
+    """A stop signal ended the worker's model load or warm-up part-way (raised on the main thread by
+    :meth:`slotserve.signals.SignalStopFlag.interrupting`). A BaseException, as KeyboardInterrupt is, so
+    that a loader's ``except Exception`` cannot take it for a failed load; the worker catches it and
+    stops as a signal asks (no load error, exit status 0)."""

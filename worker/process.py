@@ -26,6 +26,7 @@ the new broker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -40,7 +41,7 @@ from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Lo
     PrefixCacheUsage, Rejected, Started, Text
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
-from worker.errors import ModelLoadError
+from worker.errors import LoadInterrupted, ModelLoadError
 from worker.link import READY, STOP, WAKE, serve_broker
 from worker.warmup import needs_warmup, warm_up
 
@@ -198,14 +199,23 @@ class WorkerProcess:
             ctx.term()
 
     def _prepare(self, stop: threading.Event) -> None:
-        """Load the model (unless it was given) and warm it up (unless it needs none)."""
+        """Load the model (unless it was given) and warm it up (unless it needs none). A stop asked for
+        meanwhile ends both at once where ``stop`` can interrupt the main thread (its ``interrupting``,
+        :meth:`slotserve.signals.SignalStopFlag.interrupting`: the CLI's and the launcher's flags):
+        a load checks no flag and takes seconds to minutes (a first start builds kernels), longer than
+        a process manager waits between SIGTERM and SIGKILL. Returns then with ``stop`` set, as
+        :meth:`run` expects."""
         what = "load"
+        interrupting = getattr(stop, "interrupting", None)
         try:
-            if self.engine is None:
-                self._load()
-            if self._cold():
-                what = "warm up"
-                warm_up(self.engine, stop)
+            with interrupting(LoadInterrupted) if interrupting is not None else contextlib.nullcontext():
+                if self.engine is None:
+                    self._load()
+                if self._cold():
+                    what = "warm up"
+                    warm_up(self.engine, stop)
+        except LoadInterrupted:
+            log.info("stopped during the model's %s", what)  # (the goodbye says "worker stopping")
         except BaseException as e:
             # (a ModelLoadError names the model already: _load's)
             self.goodbye = str(e) if isinstance(e, ModelLoadError) else f"cannot {what} model {self.config.model!r}: {e}"
