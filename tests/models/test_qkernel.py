@@ -572,3 +572,19 @@ def test_a_residual_add_is_the_sum_and_leaves_the_residual(module):
     before = residual.clone()
     assert torch.equal(w.add(residual, x), residual + w(x))
     assert torch.equal(residual, before)
+
+
+@needs_q8
+@pytest.mark.parametrize("m", [8, 99])
+def test_int8_rows_rounded_on_several_threads_keep_each_rows_bits(module, m):
+    """qrows rounds the rows on torch's threads where there are enough values (QROWS_GRAIN: here 4,096
+    columns, 8 rows a thread): each row's product is the one it gets alone, whatever thread rounded it."""
+    w = weight(-16, 16, 32, False, "f16", 48, 4096, seed=5).prepare()
+    w.kernel.set_activations("int8")
+    x = torch.randn(m, 4096, generator=torch.Generator().manual_seed(8))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(w(x), torch.cat([w(x[i:i + 1]) for i in range(m)]))
+    finally:
+        torch.set_num_threads(threads)
