@@ -78,7 +78,7 @@ def stopped_cleanly(child, front: str, name: str) -> None:
     wait_until(lambda: loading(front, name) == 0, 30, "the broker to hear the worker left")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_slotserve_worker_stops_at_once_during_its_model_load(broker, fifo, sig):
     front, back = broker
     name = f"held-{sig.name.lower()}"
