@@ -6,12 +6,15 @@ Fields from Anthropic's API reference ("Messages" > "Create a Message", "Count M
 =========================== ==================================================================
 Messages field              on the chat path
 =========================== ==================================================================
-``system``                  a ``system`` message first (a string, or ``text`` blocks joined)
+``system``                  a ``system`` message first (a string, or ``text`` blocks joined;
+                            ``[]`` is a 400)
 ``messages``                ``user`` / ``assistant`` messages; content a string or blocks:
-                            ``text`` (joined), an assistant's ``tool_use`` (its ``tool_calls``,
+                            ``text`` (joined; empty text is a 400 wherever a block is, in
+                            Anthropic's words), an assistant's ``tool_use`` (its ``tool_calls``,
                             ``input`` as the JSON text of the arguments), a user's
                             ``tool_result`` (a ``tool`` message before the user's text, its
-                            ``content`` a string or ``text`` blocks; its ``tool_use_id`` that
+                            ``content`` a string or ``text`` blocks, none or ``[]`` taken as
+                            Anthropic takes them; its ``tool_use_id`` that
                             of an earlier ``tool_use``); an assistant's
                             ``thinking`` / ``redacted_thinking`` blocks are left out; empty
                             content (``""``, ``[]``) only in a final assistant message
@@ -27,7 +30,7 @@ Messages field              on the chat path
                             ``parallel_tool_calls: false``
 ``output_config``           ``format``: ``response_format`` ``json_schema`` (``{"type":
                             "json_schema", "schema"}``, structured outputs); ``effort`` (one
-                            of :data:`OUTPUT_EFFORTS`, or null) checked, not used; another key
+                            of ``OUTPUT_EFFORTS``, or null) checked, not used; another key
                             a 400 (``output_config.foo: Extra inputs are not permitted``).
                             ``count_tokens`` takes and checks it too (as Anthropic's does); the
                             count is the prompt's (the schema is a grammar, not prompt text)
@@ -39,12 +42,14 @@ Messages field              on the chat path
                             takes no ``metadata`` (nor does Anthropic's): a 400 there
 =========================== ==================================================================
 
-Accepted and not used: ``output_config.effort``, ``inference_geo``, ``speed``,
-``thinking`` (the model thinks as its chat template says; ``--reasoning-parser`` splits it into
-``thinking`` blocks), ``service_tier``, ``cache_control`` (top-level, on blocks and tools), and a
-``tool_result``'s ``is_error`` (its content is shown as any result's). Refused with a 400 naming
-the field: ``container``, ``mcp_servers``, ``context_management``, image and document blocks,
-server tools.
+Checked as Anthropic checks them (a wrong type or value is a 400 naming the field, in the words
+of Anthropic's 400s: :mod:`gateway.messages_body`), then not used: ``metadata``,
+``output_config.effort``, ``thinking`` (``budget_tokens`` an int of at least 1024 and below
+``max_tokens``; the model thinks as its chat template says, ``--reasoning-parser`` splits it into
+``thinking`` blocks), ``service_tier``, ``speed``, ``cache_control`` (top-level, on blocks and
+tools). Accepted and not used: ``inference_geo`` (a string), a ``tool_result``'s ``is_error``
+(its content is shown as any result's). Refused with a 400 naming the field: ``container``,
+``mcp_servers``, ``context_management``, image and document blocks, server tools.
 
 The answer is a Message: ``content`` blocks (:mod:`gateway.messages_output`), ``stop_reason``
 (``end_turn``, ``max_tokens``, ``stop_sequence`` with ``stop_sequence``, ``tool_use``) and
@@ -62,128 +67,28 @@ translation, tools included (``/tokenize``'s count, :mod:`gateway.tokenize`).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
-from pydantic_core import PydanticCustomError, to_json
+from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, from_validation
+from gateway.errors import APIError, bad_request
+from gateway.messages_body import CountTokensRequest, MessagesRequest, cache_control_error, json_shown
 from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.origins import Api, ItemKind, Origin, renamed_to_items
 from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.structured import structured_option
+from gateway.tools import is_tool_name
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
+from protocol.request import MAX_MESSAGE_NAME_CHARS
 
-__all__ = ["OUTPUT_EFFORTS", "CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_items",
-           "chat_messages", "renamed_to_messages"]
+__all__ = ["CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_items", "chat_messages",
+           "renamed_to_messages"]
 
 _WHAT = "/v1/messages"
-
-
-MAX_USER_ID_CHARS = 256
-"""The longest ``metadata.user_id`` Anthropic takes, in characters (its API's OpenAPI schema,
-``Metadata.user_id``: ``maxLength: 256``)."""
-
-
-def _metadata(value: Any) -> Any:
-    """Anthropic's ``metadata`` (its ``Metadata`` object: no other key): null, or an object whose
-    one key is ``user_id``, a string of at most :data:`MAX_USER_ID_CHARS` characters or null.
-    Else the error naming the field first, in the words of Anthropic's own 400s; the field is
-    not used after (an opaque id for Anthropic's abuse detection)."""
-    if value is None:
-        return value
-    if not isinstance(value, dict):
-        raise PydanticCustomError("invalid_type", f"metadata: Input should be an object with one key, user_id; got "
-                                  f"{json.dumps(value)[:40]}")
-    extra = next((key for key in value if key != "user_id"), None)
-    if extra is not None:
-        raise PydanticCustomError("invalid_value", f"metadata.{extra:.40}: Extra inputs are not permitted "
-                                  "(metadata takes one key, user_id)")
-    user_id = value.get("user_id")
-    if user_id is not None and type(user_id) is not str:
-        raise PydanticCustomError("invalid_type", f"metadata.user_id: Input should be a valid string or null; got "
-                                  f"{json.dumps(user_id)[:40]}")
-    if user_id is not None and len(user_id) > MAX_USER_ID_CHARS:
-        raise PydanticCustomError("invalid_value", f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} "
-                                  f"characters, got {len(user_id)}; send an opaque id (a uuid or a hash)")
-    return value
-
-
-Metadata = Annotated[dict[str, Any] | None, BeforeValidator(_metadata)]
-"""A Messages body's ``metadata``: ``{"user_id": str | null}`` within Anthropic's bound (:func:`_metadata`)."""
-
-OUTPUT_EFFORTS = ("low", "medium", "high", "xhigh", "max")
-"""The values of ``output_config.effort`` Anthropic takes (its API's ``OutputConfig.effort``; the
-anthropic SDK's ``OutputConfigParam``)."""
-
-
-def _output_config(value: Any) -> Any:
-    """Anthropic's ``output_config`` (its ``OutputConfig`` object: ``format`` and ``effort``, no
-    other key): null, or such an object whose ``effort`` is one of :data:`OUTPUT_EFFORTS` or null;
-    ``format`` is checked where it is translated (:func:`_response_format`). Else the error naming
-    the field first, in the words of Anthropic's own 400s."""
-    if value is None:
-        return value
-    if not isinstance(value, dict):
-        raise PydanticCustomError("invalid_type", "output_config: Input should be an object (format, effort); got "
-                                  f"{json.dumps(value)[:40]}")
-    extra = next((key for key in value if key not in ("format", "effort")), None)
-    if extra is not None:
-        raise PydanticCustomError("invalid_value", f"output_config.{extra:.40}: Extra inputs are not permitted "
-                                  "(output_config takes format and effort)")
-    effort = value.get("effort")
-    if effort is not None and (type(effort) is not str or effort not in OUTPUT_EFFORTS):
-        raise PydanticCustomError("invalid_value", "output_config.effort: Input should be "
-                                  f"{', '.join(map(repr, OUTPUT_EFFORTS[:-1]))} or {OUTPUT_EFFORTS[-1]!r}; got "
-                                  f"{json.dumps(effort)[:40]}")
-    return value
-
-
-OutputConfig = Annotated[dict[str, Any] | None, BeforeValidator(_output_config)]
-"""A Messages body's ``output_config`` (:func:`_output_config`), shared by ``count_tokens``."""
-
-
-class CountTokensRequest(BaseModel):
-    """``POST /v1/messages/count_tokens``'s body (strict, unknown fields 400)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    output_config: OutputConfig = None  # format: structured output; effort: not used
-    thinking: dict[str, Any] | None = None  # accepted, not used
-    cache_control: dict[str, Any] | None = None  # accepted, not used
-    # refused unless absent
-    mcp_servers: Any = None
-    context_management: Any = None
-
-    def unsupported(self) -> str | None:
-        return next((name for name in ("mcp_servers", "context_management", "container")
-                     if getattr(self, name, None) is not None), None)
-
-
-class MessagesRequest(CountTokensRequest):
-    """``POST /v1/messages``'s body (Anthropic's ``MessageCreateParams``)."""
-
-    max_tokens: int
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stream: bool | None = None
-    metadata: Metadata = None  # checked as Anthropic does, not used
-    # accepted, not used
-    service_tier: str | None = None
-    inference_geo: str | None = None
-    speed: str | None = None
-    # refused unless absent
-    container: Any = None
 
 
 # chat fields -> Messages fields, for the chat path's errors (a chat message's index is not a Messages
@@ -210,6 +115,9 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
     out: list[dict] = []
     origins: list[Origin] = []
     call_ids: set[str] = set()  # the ids of the tool_use blocks so far
+    if system == []:  # (as content [] is: an empty system prompt the client did not mean)
+        raise bad_request("system is an empty array: send a string or at least one text block, or leave system "
+                          "out", "system")
     if system is not None:
         out.append({"role": "system", "content": _text(system, "system")})
         origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
@@ -234,22 +142,13 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
             at = f"{where}.content.{j}"
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
-                texts.append(_text([block], at))
+                texts.append(_text_block(block, at))
             elif kind == "tool_use" and role == "assistant":
-                if not isinstance(block.get("input", {}), dict):  # (JSON text in a string is not Anthropic's)
-                    raise bad_request(f"{at}.input must be an object (the call's arguments)", f"{at}.input")
-                calls.append({"id": string_field(block, "id", at), "type": "function", "function": {
-                    "name": string_field(block, "name", at), "arguments": json.dumps(block.get("input", {}))}})
+                calls.append(_tool_use(block, at))
                 call_ids.add(calls[-1]["id"])
                 uses.append(at)
             elif kind == "tool_result" and role == "user":
-                use_id = string_field(block, "tool_use_id", at)
-                if use_id not in call_ids:
-                    raise bad_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {use_id:.80}. Each "
-                                      "`tool_result` block must answer a `tool_use` block of an earlier assistant "
-                                      "message", f"{at}.tool_use_id")
-                results.append({"role": "tool", "tool_call_id": use_id,
-                                "content": _text(block.get("content", ""), f"{at}.content")})
+                results.append(_tool_result(block, at, call_ids))
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
                 allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
@@ -263,19 +162,80 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
 
 
 def _text(content: Any, where: str) -> str:
-    """A string, or the text of ``text`` blocks, joined."""
+    """A string, or the text of ``text`` blocks (:func:`_text_block`, ``where.N``), joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of text blocks", where)
-    texts = []
-    for block in content:
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise unsupported_field(where, f"{_WHAT} (text blocks only here)")
-        if not isinstance(block.get("text"), str):
-            raise bad_request("a text block needs a string 'text'", where)
-        texts.append(block["text"])
-    return "".join(texts)
+    return "".join(_text_block(block, f"{where}.{j}") for j, block in enumerate(content))
+
+
+def _text_block(block: Any, at: str) -> str:
+    """The text of the ``text`` block ``block`` (the field ``at``): 400 for another block, for text
+    that is no string, or empty (Anthropic's rule and words: "text content blocks must be
+    non-empty", wherever the block is: a message, ``system``, a ``tool_result``'s content), or
+    for a ``cache_control`` Anthropic would refuse."""
+    if not isinstance(block, dict) or block.get("type") != "text":
+        kind = block.get("type") if isinstance(block, dict) else None
+        raise unsupported_field(f"{at}.type", f"{_WHAT} (text blocks only here, not {kind!r:.40})")
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise bad_request(f"a text block's text must be a string; got {json_shown(text)}", f"{at}.text")
+    if not text:
+        raise bad_request("text content blocks must be non-empty; write the text, or leave the block out",
+                          f"{at}.text")
+    _check_cache_control(block, at)
+    return text
+
+
+def _tool_use(block: dict, at: str) -> dict:
+    """The chat tool call of the ``tool_use`` block ``block`` (the field ``at``); 400 naming its
+    field, in the Messages API's words, for an id that is no string or empty, a name no tool can
+    have, an ``input`` that is no object (JSON text in a string is not Anthropic's) or holds a
+    number JSON cannot write back (``1e400``: infinity once read; ``NaN``, which the body's parser takes)."""
+    call_id, name = string_field(block, "id", at), string_field(block, "name", at)
+    if not call_id:
+        raise bad_request("a tool_use block's id must not be empty: it is what its tool_result's tool_use_id "
+                          "names", f"{at}.id")
+    if not is_tool_name(name):
+        raise bad_request(f"a tool_use block's name must be 1-64 letters, digits, '_' or '-', got {name!r:.80}",
+                          f"{at}.name")
+    arguments = block.get("input", {})
+    if not isinstance(arguments, dict):
+        raise bad_request(f"{at}.input must be an object (the call's arguments)", f"{at}.input")
+    try:
+        arguments = json.dumps(arguments, allow_nan=False)
+    except ValueError:
+        raise bad_request("a number in this tool_use block's input is no JSON number: NaN, Infinity, or one past a "
+                          "double's range (about 1.8e308: 1e400 reads as infinity); send it within range, or as a "
+                          "string", f"{at}.input") from None
+    _check_cache_control(block, at)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
+    """The chat ``tool`` message of the ``tool_result`` block ``block`` (the field ``at``); 400 naming
+    its field, in the Messages API's words, for a ``tool_use_id`` that is empty, longer than
+    :data:`MAX_MESSAGE_NAME_CHARS` or the id of no ``tool_use`` block before it (``call_ids``: Anthropic
+    refuses it), or content that is neither a string nor text blocks. No content, ``""`` and ``[]`` are
+    taken: Anthropic's ``content`` is optional, with no least length (a tool may answer nothing)."""
+    use_id = string_field(block, "tool_use_id", at)
+    if not use_id or len(use_id) > MAX_MESSAGE_NAME_CHARS:
+        raise bad_request(f"a tool_result block's tool_use_id must be the id of the tool_use block it answers, 1 to "
+                          f"{MAX_MESSAGE_NAME_CHARS} characters; got {len(use_id)}", f"{at}.tool_use_id")
+    if use_id not in call_ids:
+        raise bad_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {use_id:.80}. Each "
+                          "`tool_result` block must answer a `tool_use` block of an earlier assistant "
+                          "message", f"{at}.tool_use_id")
+    _check_cache_control(block, at)
+    return {"role": "tool", "tool_call_id": use_id, "content": _text(block.get("content", ""), f"{at}.content")}
+
+
+def _check_cache_control(block: dict, at: str) -> None:
+    """400 naming ``at.cache_control`` for a block's or tool's ``cache_control`` Anthropic would refuse."""
+    error = cache_control_error(block.get("cache_control"))
+    if error is not None:
+        raise bad_request(f"{at}.cache_control{error}", f"{at}.cache_control")
 
 
 def _tools(tools: list[dict] | None) -> list[dict] | None:
@@ -287,6 +247,7 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
         if tool.get("type", "custom") != "custom":
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (client tools only; server tools such as "
                                     f"{tool.get('type')!r:.40} run on Anthropic's servers)")
+        _check_cache_control(tool, f"tools.{i}")
         fn = {("parameters" if k == "input_schema" else k): v for k, v in tool.items()
               if k not in ("type", "cache_control")}
         out.append({"type": "function", "function": fn})
@@ -365,6 +326,11 @@ class MessagesTranslation:
         body = self.body = parse_body(MessagesRequest, raw)
         if body.max_tokens < 1:
             raise bad_request(f"max_tokens must be >= 1, got {body.max_tokens}", "max_tokens")
+        budget = (body.thinking or {}).get("budget_tokens")
+        if budget is not None and budget >= body.max_tokens:  # (Anthropic's rule: the thinking is in max_tokens)
+            raise bad_request(f"max_tokens must be greater than thinking.budget_tokens ({body.max_tokens} <= "
+                              f"{budget}): the thinking counts in max_tokens; raise max_tokens or lower the budget",
+                              "thinking.budget_tokens")
         fields, self.origins = _chat_fields(body)
         chat = _chat_request({
             **fields, "max_tokens": body.max_tokens, "stop": body.stop_sequences,

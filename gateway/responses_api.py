@@ -13,7 +13,8 @@ Responses field            on the chat path
                            answers), ``function_call`` items (the assistant's
                            ``tool_calls``, joined to the assistant message before them),
                            ``function_call_output`` items (``tool`` messages; each answers a
-                           ``function_call`` before it, here or in the previous response);
+                           ``function_call`` before it, here or in the previous response;
+                           ``output`` a string, ``""`` taken, or parts: ``[]`` is a 400);
                            ``reasoning`` items are left out (chat templates drop past thinking)
 ``instructions``           a ``system`` message first (not carried to the next response)
 ``previous_response_id``   the stored conversation first (:mod:`gateway.response_store`)
@@ -30,10 +31,11 @@ Responses field            on the chat path
 ========================== ==================================================================
 
 ``reasoning.effort`` becomes the chat's ``reasoning_effort`` (the template variable of that name,
-:func:`gateway.options.template_option`); the rest of ``reasoning`` is accepted and not used (the
-model thinks as its chat template says; the thinking is split off by the reasoning parser). Accepted
-and not used: ``include``, ``metadata`` (echoed back), ``user``,
-``safety_identifier``, ``prompt_cache_key``, ``stream_options``, ``text.verbosity``.
+:func:`gateway.options.template_option`); the rest of ``reasoning`` is checked and not used (the
+model thinks as its chat template says; the thinking is split off by the reasoning parser). Checked
+as OpenAI checks them (a value it refuses is a 400 naming the field: :func:`check_unused`), then not
+used: ``include``, ``text.verbosity``, ``reasoning``, ``stream_options``. Accepted and not used:
+``metadata`` (echoed back), ``user``, ``safety_identifier``, ``prompt_cache_key``.
 Refused with a 400 naming the field: ``background: true``, ``conversation``, ``prompt``,
 ``max_tool_calls``, ``top_logprobs``, ``truncation: "auto"``, a ``service_tier`` other than
 ``auto`` / ``default``, built-in tools and their ``tool_choice``, input items other than the above
@@ -54,6 +56,7 @@ about a message name the item it came from, this request's or a stored response'
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -73,7 +76,8 @@ from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 
-__all__ = ["ResponsesEndpoints", "ResponsesRequest", "input_items", "input_messages"]
+__all__ = ["INCLUDABLES", "REASONING_KEYS", "VERBOSITIES", "ResponsesEndpoints", "ResponsesRequest", "check_unused",
+           "input_items", "input_messages"]
 
 _WHAT = "/v1/responses"
 
@@ -183,6 +187,8 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
             if call_id not in call_ids:
                 raise bad_request(f"No tool call found for function call output with call_id {call_id:.80}.",
                                   f"{where}.call_id")
+            if item.get("output") == []:  # (as a message's content []: OpenAI's rule, an array of at least one part)
+                raise empty_content(f"{where}.output", "input_text part")
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": _text(item.get("output"), f"{where}.output")})
             origins.append(Origin(where, kind=ItemKind.TOOL_OUTPUT))
@@ -248,6 +254,61 @@ def _response_format(text: dict | None) -> dict | None:
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
+INCLUDABLES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+               "message.input_image.image_url", "computer_call_output.output.image_url",
+               "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
+"""The values of ``include`` OpenAI takes (its API's ``ResponseIncludable``; the openai SDK's)."""
+
+VERBOSITIES = ("low", "medium", "high")
+"""The values of ``text.verbosity`` OpenAI takes (``ResponseTextConfig.verbosity``)."""
+
+REASONING_KEYS = {"effort": None, "summary": ("auto", "concise", "detailed"),
+                  "generate_summary": ("auto", "concise", "detailed"), "context": ("auto", "current_turn", "all_turns"),
+                  "mode": None}
+"""The keys of ``reasoning`` OpenAI takes (its ``Reasoning`` object) and the values of each one that
+is an enum (``effort`` is the chat path's ``reasoning_effort``, checked there; ``mode`` any string)."""
+
+
+def check_unused(body: ResponsesRequest) -> None:
+    """400 naming the field for a value of the fields taken and not used that OpenAI would refuse:
+    ``include`` (each one of :data:`INCLUDABLES`), ``text.verbosity`` (:data:`VERBOSITIES`),
+    ``reasoning`` (:data:`REASONING_KEYS`), ``stream_options`` (``include_obfuscation``, a bool).
+    Each value, a wrong type included, in OpenAI's words: ``Invalid value: 'x'. Supported values are: ...``."""
+    for i, value in enumerate(body.include or ()):
+        _one_of(value, INCLUDABLES, f"include.{i}")
+    _one_of((body.text or {}).get("verbosity"), VERBOSITIES, "text.verbosity")
+    if body.reasoning is not None:
+        extra = sorted(set(body.reasoning) - set(REASONING_KEYS))
+        if extra:
+            raise bad_request(f"Unknown parameter: 'reasoning.{extra[0]:.40}' (reasoning takes "
+                              f"{', '.join(REASONING_KEYS)})", f"reasoning.{extra[0]:.40}", "unknown_parameter")
+        for key, values in REASONING_KEYS.items():
+            if values is not None:
+                _one_of(body.reasoning.get(key), values, f"reasoning.{key}")
+        mode = body.reasoning.get("mode")
+        if mode is not None and type(mode) is not str:
+            raise bad_request(f"Invalid type for 'reasoning.mode': expected a string, but got {type(mode).__name__} "
+                              "instead.", "reasoning.mode", "invalid_type")
+    if body.stream_options is not None:
+        extra = sorted(set(body.stream_options) - {"include_obfuscation"})
+        if extra:
+            raise bad_request(f"Unknown parameter: 'stream_options.{extra[0]:.40}' (stream_options takes "
+                              "include_obfuscation)", f"stream_options.{extra[0]:.40}", "unknown_parameter")
+        obfuscation = body.stream_options.get("include_obfuscation")
+        if obfuscation is not None and type(obfuscation) is not bool:
+            raise bad_request("Invalid type for 'stream_options.include_obfuscation': expected a boolean, but got "
+                              f"{type(obfuscation).__name__} instead.", "stream_options.include_obfuscation",
+                              "invalid_type")
+
+
+def _one_of(value: Any, values: tuple[str, ...], field: str) -> None:
+    """400 naming ``field`` unless ``value`` is null (absent) or one of ``values``, in OpenAI's words."""
+    if value is not None and (type(value) is not str or value not in values):
+        shown = f"'{value:.60}'" if isinstance(value, str) else json.dumps(value)[:60]
+        supported = f"{', '.join(map(repr, values[:-1]))}{',' if len(values) > 2 else ''} and {values[-1]!r}"
+        raise bad_request(f"Invalid value: {shown}. Supported values are: {supported}.", field)
+
+
 class ResponsesTranslation:
     """One ``/v1/responses`` request on the chat path (:class:`gateway.translation.Translation`)."""
 
@@ -265,6 +326,7 @@ class ResponsesTranslation:
         name = body.unsupported()
         if name is not None:
             raise unsupported_field(name, _WHAT)
+        check_unused(body)
         if body.previous_response_id is not None:
             previous = self.store.get(body.previous_response_id)
             if previous is None:

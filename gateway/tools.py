@@ -59,7 +59,7 @@ from protocol.tools import parameters_error
 from protocol.validation import check_json_text
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
-           "shown", "stream_choices", "tool_plan"]
+           "is_tool_name", "shown", "stream_choices", "tool_plan"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -223,6 +223,12 @@ def _checked_call(call: Any, where: str) -> dict:
     check_arguments(args, f"{where}.function.arguments")
     return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
             "function": {"name": fn["name"], "arguments": args}}
+
+
+def is_tool_name(name: object) -> bool:
+    """Whether ``name`` is a string a tool may be named by: 1-64 letters, digits, ``_`` or ``-``
+    (OpenAI's rule for function names, which Anthropic's tool names follow too), nothing after."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 def check_arguments(args: Any, param: str) -> None:

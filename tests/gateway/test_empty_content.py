@@ -3,7 +3,10 @@ arrays (an adversarial pass found ``"content": []`` taken as ``""``): ``/v1/chat
 ``/tokenize`` (OpenAI's rule, every role: an array holds at least one part), a Responses message item,
 ``/v1/messages`` and its ``count_tokens`` (Anthropic's rule: empty content, ``""`` too, only in a
 final assistant message); a 400 naming the field, whole and streamed, before anything is submitted.
-What OpenAI takes stays taken: ``""``, an assistant's null content beside its tool calls. The Python
+The same kind, after: an empty text block anywhere on /v1/messages (Anthropic's "text content blocks
+must be non-empty"), ``system: []``, a Responses ``function_call_output``'s ``output: []``.
+What the vendors take stays taken: ``""``, an assistant's null content beside its tool calls, a
+``tool_result``'s ``[]`` / ``""`` / no content (Anthropic's is optional), ``output: ""``. The Python
 SDK takes string content only: an array is a ValueError. Over the handlers apps with scripted broker
 clients (tests/gateway/test_logprobs_shapes, test_messages_api, test_responses_api), no sockets."""
 
@@ -150,3 +153,98 @@ def test_the_sdk_refuses_array_content_with_a_value_error(messages):
     naming the message, before a client sends anything."""
     with pytest.raises(ValueError, match=rf"chat message {len(messages) - 1} must have string 'role' and 'content'"):
         RequestParams(messages, 2)
+
+
+# ---------------------------------------------------------------------- empty blocks, system, tool outputs
+
+NON_EMPTY = "text content blocks must be non-empty; write the text, or leave the block out"
+EMPTY_TEXT = {"type": "text", "text": ""}
+USE = {"type": "tool_use", "id": "t1", "name": "get_time", "input": {}}
+
+
+def empty_text_at(place: str) -> tuple[dict, str]:
+    """A Messages body (its ``system`` and ``messages``) with an empty text block at ``place``, and
+    that block's field."""
+    plain = {"type": "text", "text": "plain"}
+    if place == "system":
+        return {"system": [{"type": "text", "text": "Be brief."}, EMPTY_TEXT], "messages": [
+            {"role": "user", "content": "plain"}]}, "system.1.text"
+    if place == "user":
+        return {"messages": [{"role": "user", "content": [plain, EMPTY_TEXT]}]}, "messages.0.content.1.text"
+    if place in ("assistant", "final assistant"):  # (a final assistant message may be empty, not its blocks)
+        messages = [{"role": "user", "content": "plain"}, {"role": "assistant", "content": [EMPTY_TEXT]},
+                    {"role": "user", "content": "plain"}]
+        return {"messages": messages[:2] if place == "final assistant" else messages}, "messages.1.content.0.text"
+    if place == "beside a call":  # (what a client that stored a reply's empty text block sends back)
+        return {"messages": [{"role": "user", "content": "plain"}, {"role": "assistant", "content": [EMPTY_TEXT, USE]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                           "content": "1"}, plain]}]}, "messages.1.content.0.text"
+    assert place == "tool_result"
+    return {"messages": [{"role": "user", "content": "plain"}, {"role": "assistant", "content": [USE]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                       "content": [EMPTY_TEXT]}, plain]}]}, \
+        "messages.2.content.0.content.0.text"
+
+
+@pytest.mark.parametrize("path, stream", MESSAGES_PATHS)
+@pytest.mark.parametrize("place", ["system", "user", "assistant", "final assistant", "beside a call", "tool_result"])
+def test_messages_an_empty_text_block_is_anthropics_400_naming_it(messages_http, path, stream, place):
+    """``{"type": "text", "text": ""}`` anywhere -- a message, ``system``, a ``tool_result``'s content --
+    is Anthropic's 400 ("text content blocks must be non-empty"), naming the block's text: it was
+    taken as no text."""
+    body, field = empty_text_at(place)
+    body = {**messages_body(path, stream, body["messages"]), **({"system": body["system"]} if "system" in body else {})}
+    r = messages_http.post(path, json=body, headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": f"{field}: {NON_EMPTY}"}}, r.text
+    assert not messages_http.scripted.submitted
+
+
+@pytest.mark.parametrize("path, stream", MESSAGES_PATHS)
+def test_messages_system_of_an_empty_array_is_a_400(messages_http, path, stream):
+    """``system: []`` is an empty system prompt the client did not mean (it was an empty system message);
+    a string, ``""`` too, is taken as before."""
+    body = {**messages_body(path, stream, [{"role": "user", "content": "plain"}]), "system": []}
+    r = messages_http.post(path, json=body, headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "system is an empty array: send a string or at least one text block, or leave system out"), r.text
+    assert not messages_http.scripted.submitted
+    r = messages_http.post(path, json={**body, "system": ""}, headers={"x-api-key": KEY})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, stream", MESSAGES_PATHS)
+@pytest.mark.parametrize("content", [[], "", None], ids=["array", "string", "none"])
+def test_messages_a_tool_result_may_be_empty_as_anthropics_may(messages_http, path, stream, content):
+    """A ``tool_result``'s ``content`` is optional in Anthropic's API, with no least length (a tool may
+    answer nothing): ``[]``, ``""`` and none at all are taken, as a tool message with no text."""
+    result = {"type": "tool_result", "tool_use_id": "t1", **({} if content is None else {"content": content})}
+    messages = [{"role": "user", "content": "plain"}, {"role": "assistant", "content": [USE]},
+                {"role": "user", "content": [result, {"type": "text", "text": "plain"}]}]
+    r = messages_http.post(path, json=messages_body(path, stream, messages), headers={"x-api-key": KEY})
+    assert r.status_code == 200, r.text
+    if stream is not None:
+        prompt = messages_http.scripted.submitted[-1].prompt
+        assert [(m.role, m.content) for m in prompt][2:] == [("tool", ""), ("user", "plain")]
+
+
+CALLED = [{"role": "user", "content": "plain"},
+          {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": "{}"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_function_call_output_of_an_empty_array_is_a_400_naming_it(responses_http, stream):
+    """A ``function_call_output``'s ``output`` ``[]`` is refused as a message item's content ``[]`` is
+    (OpenAI's rule: an array of at least one part); ``""`` stays taken (a string, as a chat tool
+    message's ``""``: a tool may answer nothing)."""
+    items = CALLED + [{"type": "function_call_output", "call_id": "c1", "output": []},
+                      {"role": "user", "content": "plain"}]
+    e = error_of(responses_http.post("/v1/responses", json={"model": "m", "input": items, "stream": stream}), 400)
+    assert (e["param"], e["code"]) == ("input.2.output", "invalid_value"), e
+    assert e["message"].startswith(f"input.2.output {EMPTY} or a list of at least one input_text part"), e
+    assert not responses_http.scripted.submitted
+    items[2]["output"] = ""
+    r = responses_http.post("/v1/responses", json={"model": "m", "input": items, "stream": stream})
+    assert r.status_code == 200, r.text
+    assert [(m.role, m.content) for m in responses_http.scripted.submitted[-1].prompt][2:] == [
+        ("tool", ""), ("user", "plain")]

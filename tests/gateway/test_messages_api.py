@@ -32,7 +32,8 @@ from gateway.auth import APIKeys  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.errors import APIError  # noqa: E402
 from gateway.generate import Generate  # noqa: E402
-from gateway.messages_api import MAX_USER_ID_CHARS, MessagesEndpoints, chat_messages  # noqa: E402
+from gateway.messages_api import MessagesEndpoints, chat_messages  # noqa: E402
+from gateway.messages_body import MAX_USER_ID_CHARS  # noqa: E402
 from gateway.messages_output import stop_reason  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
@@ -292,8 +293,8 @@ def test_a_chat_path_error_names_the_messages_field_once(scripted):
     r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": bad_call},
                   headers={"x-api-key": KEY})
     assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "messages.1.content.0.name: a tool call's name must be 1-64 letters, digits, '_' or '-', got 'not a name'"), \
-        r.text
+        "messages.1.content.0.name: a tool_use block's name must be 1-64 letters, digits, '_' or '-', got 'not a "
+        "name'"), r.text
     r = http.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {}}]}]}, headers={"x-api-key": KEY})
     assert r.json()["error"]["message"].startswith("'messages.0.content.0.type' is not supported"), r.text
@@ -310,24 +311,36 @@ def result(id_="t1"):
 
 TEXT = '{"type": "text", "text": "x"}'
 HUGE = '{"n": 1e400}'  # (a float's infinity once parsed: no JSON once written out again)
-CHAT_ERRORS = {  # a history the chat path refuses -> (the Messages field it names, the words after it)
+OUT_OF_RANGE = ("a number in this tool_use block's input is no JSON number: NaN, Infinity, or one past a double's "
+                "range (about 1.8e308: 1e400 reads as infinity); send it within range, or as a string")
+CHAT_ERRORS = {  # a history the chat path cannot carry -> (the Messages field named, the words after it: the
+    # Messages API's, not the chat's -- "a tool call's arguments", "a tool message needs the tool_call_id")
     # (the chat: system, user, assistant a + calls, tool results, user text; its indexes are not the client's)
     "a tool_use block's name": (f'[{TEXT}, {use()}, {use("not a name", "t2")}]', f'[{result()}]',
-                                "messages.1.content.2.name", "a tool call's name must be 1-64 letters, digits, "
+                                "messages.1.content.2.name", "a tool_use block's name must be 1-64 letters, digits, "
                                 "'_' or '-', got 'not a name'"),
     "an empty name": (f'[{use("")}]', f'[{result()}]', "messages.1.content.0.name",
-                      "a tool call's name must be 1-64 letters, digits, '_' or '-', got ''"),
-    "an input the chat path cannot carry": (f'[{TEXT}, {use(input_=HUGE)}]', f'[{result()}]',
-                                            "messages.1.content.1.input",
-                                            "a tool call's arguments must be the JSON text of an object"),
+                      "a tool_use block's name must be 1-64 letters, digits, '_' or '-', got ''"),
+    "a name with a newline after it": (f'[{use("get_time" + chr(10))}]', f'[{result()}]', "messages.1.content.0.name",
+                                       "a tool_use block's name must be 1-64 letters, digits, '_' or '-', got "
+                                       "'get_time\\n'"),
+    "an input past a double's range": (f'[{TEXT}, {use(input_=HUGE)}]', f'[{result()}]',
+                                       "messages.1.content.1.input", OUT_OF_RANGE),
+    "an input below a double's range": (f'[{use(input_=HUGE.replace("1e400", "-1e400"))}]', f'[{result()}]',
+                                        "messages.1.content.0.input", OUT_OF_RANGE),
+    "an input holding NaN": (f'[{use(input_=HUGE.replace("1e400", "NaN"))}]', f'[{result()}]',
+                             "messages.1.content.0.input", OUT_OF_RANGE),
     "a tool_use_id longer than a tool_call_id": (f'[{use()}, {use(id_="c" * 300)}]',
                                                  f'[{result()}, {result("c" * 300)}, {TEXT}]',
-                                                 "messages.2.content.1.tool_use_id", "a tool message needs the "
-                                                 "tool_call_id of the call it answers (a string of at most 256 "
-                                                 "characters)"),
-    "an empty tool_use_id": (f'[{use(id_="")}]', f'[{TEXT}, {result("")}]', "messages.2.content.1.tool_use_id",
-                             "a tool message needs the tool_call_id of the call it answers (a string of at most "
-                             "256 characters)"),
+                                                 "messages.2.content.1.tool_use_id", "a tool_result block's "
+                                                 "tool_use_id must be the id of the tool_use block it answers, 1 to "
+                                                 "256 characters; got 300"),
+    "an empty tool_use_id": (f'[{use()}]', f'[{TEXT}, {result("")}]', "messages.2.content.1.tool_use_id",
+                             "a tool_result block's tool_use_id must be the id of the tool_use block it answers, 1 "
+                             "to 256 characters; got 0"),
+    "an empty tool_use id": (f'[{use(id_="")}]', f'[{TEXT}, {result("")}]', "messages.1.content.0.id",
+                             "a tool_use block's id must not be empty: it is what its tool_result's tool_use_id "
+                             "names"),
 }
 
 
@@ -339,7 +352,9 @@ def test_a_chat_path_error_about_a_message_names_the_block_the_client_sent(scrip
     from -- the block of a tool_use or tool_result, its key in Anthropic's words -- where it named the
     chat's message and keys (``messages: ...``, or ``messages[1].tool_calls[0].function.arguments``:
     the system prompt, the text before a call and the results split off shift the index), whole or
-    streamed, and in ``count_tokens``."""
+    streamed, and in ``count_tokens``; and says what is wrong in the Messages API's words (the block
+    is checked before the chat path: "a tool_use block's name", a number out of range, not "a tool
+    call's arguments must be the JSON text of an object" for an object whose number is ``1e400``)."""
     _, http, client = scripted
     calls, results, field, words = CHAT_ERRORS[name]
     messages = f'[{{"role": "user", "content": "x"}}, {{"role": "assistant", "content": {calls}}}, ' \
