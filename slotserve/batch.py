@@ -8,7 +8,8 @@ Exit status (:class:`ExitStatus`; 2 is click's usage error):
 
 - 0: every row ran and none ended with ``finish_reason`` ``"error"``;
 - 1: the job could not run: no broker, a cluster that failed to start or
-  kept crashing, an input that could not be read;
+  kept crashing, an input that could not be read, an output that could not
+  be written (the job stops at the first row that fails);
 - 3: the job ran, but some rows ended ``"error"`` (bad rows included);
 - 124: ``timeout_s`` passed (as coreutils ``timeout``);
 - 128+N: stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM), the
@@ -89,7 +90,7 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
                            on_finish=signals.wake, close_input=close_input).start()
             try:
                 def should_stop() -> bool:
-                    return job.finished or stop_reason() is not None
+                    return job.finished or job.output_error is not None or stop_reason() is not None
 
                 if local is not None:  # restarts a child that dies; RuntimeError on a crash loop
                     local.supervise(should_stop, wakeup_fd=signals.fileno(), poll_s=poll_s)
@@ -117,6 +118,8 @@ def _outcome(job: BatchJob | None, failure: str | None, signum: int | None) -> B
         return BatchOutcome(summary, ExitStatus.SIGNALLED + signum, f"stopped by {signal.Signals(signum).name}")
     if failure is not None:
         return BatchOutcome(summary, ExitStatus.FAILED, failure)
+    if job.output_error is not None:
+        return BatchOutcome(summary, ExitStatus.FAILED, f"cannot write the results: {job.output_error}")
     if job.failure is not None:
         return BatchOutcome(summary, ExitStatus.FAILED, f"cannot read the input: {job.failure}")
     if summary.stopped is not None:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sys
 
 import click
 
@@ -828,7 +829,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     \b
     Exit status:
       0    every row ran, none ended with finish_reason "error"
-      1    the job could not run (no broker, the cluster failed, unreadable input)
+      1    the job could not run (no broker, the cluster failed, unreadable input,
+           an output that cannot be written)
       2    bad usage
       3    some rows ended with "error" (bad rows included; see their "error")
       124  --timeout-s passed
@@ -839,6 +841,9 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     if broker_addr is not None and served_model_names:
         raise click.UsageError("--served-model-name names the embedded workers' model; with --broker, give the "
                                "name to ask for as --model")
+    if _same_file(input_path, output):  # opening -o empties it: the rows would be gone before they were read
+        raise click.BadParameter(f"{output} is the input file IN.jsonl: writing the results there would erase "
+                                 "the rows before they are read; name another file", param_hint="'-o' / '--output'")
     # The stop signals are caught first, before anything slow (imports, counting
     # the input, starting the cluster): from here on a signal at any phase only
     # sets the flag, and run_batch ends as it does mid-run -- children stopped,
@@ -871,19 +876,54 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
         except OSError as e:
             inp.close()
             raise click.ClickException(f"cannot write {output}: {e}") from None
-        with out:
+        try:
             if cluster is not None:
                 click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
             outcome = run_batch(inp, out, signals=sig, model=asked, broker=broker_addr, cluster=cluster,
                                 curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
                                 timeout_s=timeout_s, close_input=True)
+        finally:
+            close_error = _close_output(out, output)
     if outcome.summary is not None:
         click.echo(outcome.summary.format(), err=True)
+    if close_error is not None and outcome.exit_status != 1:  # (a job whose output failed says so already)
+        raise click.ClickException(f"cannot write the results to {output}: {close_error}")
     if outcome.exit_status == 1:
         raise click.ClickException(outcome.message)
     if outcome.message:
         click.echo(outcome.message, err=True)
     ctx.exit(outcome.exit_status)
+
+
+def _same_file(input_path: str, output: str) -> bool:
+    """Whether ``output`` names the file ``input_path`` is (a link or another spelling included).
+    Standard input and output (``-``) are never compared: a shell's redirections are the shell's."""
+    if input_path == "-" or output == "-":
+        return False
+    try:
+        return os.path.samefile(input_path, output)
+    except OSError:  # (-o does not exist yet: it is no other file)
+        return False
+
+
+def _close_output(out, output: str) -> OSError | None:
+    """Close ``run``'s output (standard output, ``-``: flush it, never close it); return the
+    OSError its last flush raised (a full disk, a closed pipe), else None. Standard output whose
+    flush failed is pointed at /dev/null, or the interpreter's exit would try the flush again and
+    print a BrokenPipeError of its own (what Python's documentation of SIGPIPE advises)."""
+    try:
+        if output == "-":
+            out.flush()
+            sys.stdout.flush()
+        else:
+            out.close()
+    except OSError as e:
+        if output == "-":
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return e
+    return None
 
 
 @main.command()

@@ -39,6 +39,12 @@ an error row (code ``bad_request``, with the line number as id when the row
 gives none) and the job goes on. A job that is stopped (a signal, a timeout)
 cancels what is in flight and still writes one row for every row it
 submitted; rows after the last line read get none.
+
+An output that cannot be written (a full disk, a closed pipe: ``slotserve run
+... -o - | head``) stops the job the same way, at the first row that fails:
+what is in flight is cancelled, no further line is read nor row written, and
+the error is kept in :attr:`BatchJob.output_error` (``slotserve run`` exits 1
+naming it).
 """
 
 from __future__ import annotations
@@ -135,7 +141,8 @@ class BatchJob:
     - ``total``: rows expected, for the progress bar (tqdm on stderr when
       ``progress``).
     - ``on_finish``: called (from any thread) once :attr:`finished` turns
-      true, e.g. to wake a supervising loop.
+      true, and once the output fails (:attr:`output_error`), e.g. to wake
+      a supervising loop (which then stops the job: :meth:`stop`).
     - ``close_input``: close ``inp`` once it is read to the end (or the job
       stopped reading it).
 
@@ -171,6 +178,7 @@ class BatchJob:
         self.read_all = False
         self.stopped: str | None = None
         self.failure: BaseException | None = None
+        self.output_error: OSError | None = None  # writing or flushing ``out`` failed: the job stops
         self._finished = False
         self._t0 = self._t1 = None
         self._feeder = threading.Thread(target=self._feed, name="slotserve-run-feeder", daemon=True)
@@ -189,9 +197,11 @@ class BatchJob:
         return self._finished
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until :attr:`finished` or ``timeout_s`` seconds; return :attr:`finished`."""
+        """Block until :attr:`finished`, the output fails (:attr:`output_error`: then
+        :meth:`stop` the job) or ``timeout_s`` seconds pass; return :attr:`finished`."""
         with self.cond:
-            return self.cond.wait_for(lambda: self._finished, timeout_s)
+            self.cond.wait_for(lambda: self._finished or self.output_error is not None, timeout_s)
+            return self._finished
 
     def stop(self, reason: str, drain_timeout_s: float = 5.0) -> None:
         """End the job early: read no further, cancel every request in flight,
@@ -268,8 +278,12 @@ class BatchJob:
     # ------------------------------------------------------------------ rows
 
     def write(self, row: dict) -> None:  # under self.cond
-        self.out.write(json.dumps(row) + "\n")
-        self.out.flush()  # a row is on disk when its request ends, whatever happens to this process later
+        if self.output_error is None:
+            try:
+                self.out.write(json.dumps(row) + "\n")
+                self.out.flush()  # a row is on disk when its request ends, whatever happens to this process later
+            except OSError as e:  # a full disk, a closed pipe: no row can be kept any more
+                self._output_failed(e)
         self.requests += 1
         reason = row["finish_reason"]
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
@@ -280,6 +294,17 @@ class BatchJob:
         self.completion_tokens += row["usage"]["completion_tokens"]
         if self.bar is not None:
             self.bar.update(1)
+
+    def _output_failed(self, e: OSError) -> None:  # under self.cond
+        """The output failed: stop the job (read no further; the caller cancels what is in flight,
+        told through ``on_finish``), and write no more rows."""
+        self.output_error = e
+        log.error("cannot write the job's results (%s): stopping the job", e)
+        if self.stopped is None and not self._finished:
+            self.stopped = f"the output cannot be written ({e})"
+        self.cond.notify_all()
+        if self.on_finish is not None:
+            self.on_finish()
 
     def bad_row(self, n: int, row_id: Any, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
         """Write the error row of input line ``n`` (not once the job is stopped)."""
@@ -424,15 +449,22 @@ def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: i
 
     Returns a :class:`JobSummary`. Bad rows become error rows. Raises
     ValueError for a bad ``max_in_flight``; a failure to read ``inp`` or to
-    submit (a closed client) is re-raised after the rows in flight ended.
+    submit (a closed client) is re-raised after the rows in flight ended;
+    a failure to write ``out`` (OSError) stops the job (what is in flight is
+    cancelled) and is re-raised.
     """
     job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress)
     try:
         job.start()
-        if not job.wait(timeout_s):
+        finished = job.wait(timeout_s)
+        if job.output_error is not None:
+            job.stop(job.stopped or "the output cannot be written")
+        elif not finished:
             job.stop(f"timeout after {timeout_s:g} s")
     finally:
         job.close()
+    if job.output_error is not None:
+        raise job.output_error
     if job.failure is not None:
         raise job.failure
     return job.summary()

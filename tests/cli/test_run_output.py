@@ -1,0 +1,154 @@
+"""Blast radius, kind "the output of `slotserve run`": whatever -o is, the job
+ends promptly with a clear word, and the input is never harmed. Members: an
+output that fails while the job runs (a closed pipe, `-o - | head`; a full
+disk, /dev/full; a write error in the programmatic run_job), which stopped
+nothing and hung the job forever with a traceback (the row's callback raised,
+so the job never finished); and -o naming the input file itself (or a link
+to it), which emptied the input before a row was read and exited 0."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from broker import BrokerConfig, run_broker
+from client import Client
+from slotserve.job import BatchJob, run_job
+from tests.support.waits import wait_until
+from worker import SimulatedLLM
+from worker.config import WorkerConfig
+from worker.process import run_worker
+
+SLOTSERVE = [sys.executable, "-m", "slotserve"]
+
+
+def rows(n: int, max_tokens: int = 4) -> str:
+    return "".join(json.dumps({"prompt": [i % 900 + 1, 2], "max_tokens": max_tokens}) + "\n" for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def frontend():
+    """A broker and one worker on threads of this process, 2 ms per iteration."""
+    stop = threading.Event()
+    ready: list = []
+    bound = threading.Event()
+    broker = threading.Thread(target=run_broker, args=(BrokerConfig("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),),
+                              kwargs={"stop": stop, "on_ready": lambda f, b: (ready.append((f, b)), bound.set())},
+                              daemon=True)
+    broker.start()
+    assert bound.wait(30)
+    worker = threading.Thread(target=run_worker, args=(WorkerConfig(broker=ready[0][1], num_slots=4, step_delay_ms=2),),
+                              kwargs={"stop": stop, "model": SimulatedLLM()}, daemon=True)
+    worker.start()
+    yield ready[0][0]
+    stop.set()
+    worker.join(10)
+    broker.join(10)
+
+
+class FailingOutput(io.StringIO):
+    """An output whose ``fail_at``-th write raises ``error`` (and every later one: a closed pipe stays closed)."""
+
+    def __init__(self, fail_at: int, error: OSError) -> None:
+        super().__init__()
+        self.fail_at, self.error, self.writes = fail_at, error, 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        if self.writes >= self.fail_at:
+            raise self.error
+        return super().write(text)
+
+
+@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), OSError(28, "No space left on device")],
+                         ids=["broken-pipe", "disk-full"])
+def test_run_job_stops_and_raises_when_its_output_fails(frontend, error):
+    """Two short rows are written, the third fails; the long rows in flight (100,000 tokens: minutes
+    at 2 ms an iteration) are cancelled at once, not left running on the broker."""
+    long = "".join(json.dumps({"prompt": [i + 1], "max_tokens": 100_000, "stop_token": None}) + "\n"
+                   for i in range(6))
+    out = FailingOutput(3, error)
+    with Client(frontend, connect_timeout_s=20) as client:
+        client.wait_for_model(20)
+        with pytest.raises(OSError) as raised:
+            run_job(client, io.StringIO(rows(3, max_tokens=1) + long), out, progress=False, timeout_s=60)
+        assert raised.value is error
+        wait_until(lambda: client.status().models["simulated"].running == 0, 20,
+                   "the job's requests to end after its output failed", pause_s=0.05)
+    assert [json.loads(line)["finish_reason"] for line in out.getvalue().splitlines()] == ["length"] * 2
+
+
+def test_a_job_whose_output_fails_finishes_and_reads_no_further(frontend):
+    out = FailingOutput(1, BrokenPipeError(32, "Broken pipe"))
+    woken = threading.Event()
+    with Client(frontend, connect_timeout_s=20) as client:
+        client.wait_for_model(20)
+        job = BatchJob(client, io.StringIO(rows(2000)), out, progress=False, max_in_flight=4,
+                       on_finish=woken.set).start()
+        assert woken.wait(30), "the supervising loop was not told the output failed"
+        assert isinstance(job.output_error, BrokenPipeError)
+        job.stop("stopped")
+        assert job.wait(30) and job.finished
+        summary = job.summary()
+    assert summary.stopped.startswith("the output cannot be written")
+    assert summary.lines_read < 2000
+    assert out.getvalue() == ""
+
+
+def run_cli(args, **kw):
+    return subprocess.run(SLOTSERVE + ["run", "--no-progress", *args], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_output_on_a_full_disk_exits_1_at_once_without_a_traceback(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(rows(50))
+    r = run_cli([str(inp), "-o", "/dev/full"])
+    assert r.returncode == 1, r.stderr
+    assert "Error: cannot write the results: [Errno 28] No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_output_to_a_closed_pipe_exits_1_at_once_without_a_traceback(tmp_path):
+    """``slotserve run in.jsonl -o - | head -1``: the reader goes, the job stops (it hung forever)."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(rows(3000))
+    p = subprocess.Popen(SLOTSERVE + ["run", "--no-progress", str(inp), "-o", "-"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        p.stdout.close()  # as head does once it has its line
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert json.loads(first)["finish_reason"] in ("stop", "length")
+    assert p.returncode == 1, err
+    assert "cannot write the results: [Errno 32] Broken pipe" in err
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+@pytest.mark.parametrize("how", ["same", "link", "spelled"])
+def test_cli_output_naming_the_input_is_a_usage_error_and_leaves_it_whole(tmp_path, how):
+    inp = tmp_path / "in.jsonl"
+    text = rows(3)
+    inp.write_text(text)
+    if how == "link":
+        out = tmp_path / "link.jsonl"
+        out.symlink_to(inp)
+    elif how == "spelled":
+        out = tmp_path / "." / ".." / tmp_path.name / "in.jsonl"
+    else:
+        out = inp
+    r = run_cli([str(inp), "-o", str(out)])
+    assert r.returncode == 2, r.stderr
+    assert "is the input file IN.jsonl" in r.stderr and "Traceback" not in r.stderr
+    assert inp.read_text() == text
