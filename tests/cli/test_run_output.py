@@ -1,4 +1,4 @@
-"""Blast radius, kind "the output of `slotserve run`": whatever -o is, the job
+"""Blast radius, kind "the output of `slotserve run` (and `humaneval`)": whatever -o is, the job
 ends promptly with a clear word, and the input is never harmed. Members: an
 output that fails while the job runs (a closed pipe, `-o - | head`; a full
 disk, /dev/full; a write error in the programmatic run_job), which stopped
@@ -8,6 +8,7 @@ to it), which emptied the input before a row was read and exited 0."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -152,3 +153,32 @@ def test_cli_output_naming_the_input_is_a_usage_error_and_leaves_it_whole(tmp_pa
     assert r.returncode == 2, r.stderr
     assert "is the input file IN.jsonl" in r.stderr and "Traceback" not in r.stderr
     assert inp.read_text() == text
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_humaneval_output_on_a_full_disk_is_one_clear_error():
+    """The same kind in `slotserve humaneval`: its file's close raised OSError out of click (a traceback)."""
+    r = subprocess.run(SLOTSERVE + ["humaneval", "-n", "3", "-o", "/dev/full"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert "Error: cannot write the rows to /dev/full: [Errno 28] No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_humaneval_output_to_a_closed_pipe_is_one_clear_error():
+    p = subprocess.Popen(SLOTSERVE + ["humaneval", "-n", "164"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    if hasattr(fcntl, "F_SETPIPE_SZ"):  # (the rows, ~100 KB, must not all fit in the pipe: one page)
+        fcntl.fcntl(p.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+    try:
+        first = p.stdout.readline()
+        p.stdout.close()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert json.loads(first)["id"] == "HumanEval/0"
+    assert p.returncode == 1
+    assert "Error: cannot write the rows to -: [Errno 32] Broken pipe" in err
+    assert "Traceback" not in err and "Exception ignored" not in err
