@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import sys
 
@@ -41,12 +42,24 @@ class StopTokenType(click.ParamType):
             n = int(v)
         except ValueError:
             self.fail(f"{value!r} is not 'model', 'none' or a token id", param, ctx)
-        if n < 0:
-            self.fail(f"token ids are >= 0, got {n}", param, ctx)
+        if not 0 <= n < 2**64:
+            self.fail(f"token ids are >= 0 and below 2**64 (the wire's integer range), got {n}", param, ctx)
         return n
 
 
 STOP_TOKEN = StopTokenType()
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange`` without NaN and infinities, which its bounds let through (``nan``
+    compares false with every bound; ``inf`` has no upper one): a sleep of ``inf`` ms raised in
+    every worker's loop, a ``--timeout-s nan`` never passed. Every float option is one."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
 
 
 def _broker_curve(curve_dir: str | None) -> dict:
@@ -146,7 +159,7 @@ _model = click.option("--model", default=_default(WorkerConfig, "model"), show_e
 _slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
                       show_envvar=True,
                       help="Slots (batch size) per worker.")
-_step_delay = click.option("--step-delay-ms", type=click.FloatRange(min=0),
+_step_delay = click.option("--step-delay-ms", type=FiniteFloatRange(min=0),
                            default=_default(WorkerConfig, "step_delay_ms"), show_envvar=True,
                            help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
 _stop_token = click.option("--stop-token", type=STOP_TOKEN, default=_default(WorkerConfig, "stop_token"),
@@ -228,7 +241,7 @@ def _model_options(command):
                      help="CPU threads for the model, fixed (default: up to one per core; on a GGUF's own "
                           "weights the count is chosen per step by timing steps, so a busy machine does not "
                           "collapse the step)."),
-        click.option("--prefix-cache-mb", type=click.FloatRange(min=0), default=None, show_envvar=True,
+        click.option("--prefix-cache-mb", type=FiniteFloatRange(min=0), default=None, show_envvar=True,
                      help="MiB of KV cache kept for prefix caching (slotserve runner): a prompt reuses the "
                           "KV of its longest cached prefix and prefills only the rest. 0: off. Default: 10 % "
                           "of RAM (CPU) or of free GPU memory (CUDA), at most 4096."),
@@ -304,7 +317,7 @@ def _responses_store_options(command):
                                                "responses_store_max_age_s": responses_store_max_age_s}, **kwargs)
 
     with_options = click.option(
-        "--responses-store-max-age-s", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+        "--responses-store-max-age-s", type=FiniteFloatRange(min=0, min_open=True), default=3600.0,
         show_default=True, show_envvar=True,
         help="Seconds a stored /v1/responses answer is kept for previous_response_id and GET.")(with_options)
     return click.option(
@@ -355,11 +368,11 @@ def _broker_options(command):
         click.option("--max-queue", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_queue"),
                      show_envvar=True,
                      help="Queued requests per model before new ones get queue_full (requests)."),
-        click.option("--heartbeat-interval-s", type=click.FloatRange(min=MIN_HEARTBEAT_INTERVAL_S),
+        click.option("--heartbeat-interval-s", type=FiniteFloatRange(min=MIN_HEARTBEAT_INTERVAL_S),
                      default=_default(BrokerConfig, "heartbeat_interval_s"), show_envvar=True,
                      help="Seconds between heartbeats: the broker's, and (announced to them) its workers' and "
                           "clients'."),
-        click.option("--worker-liveness-s", type=click.FloatRange(min=0, min_open=True),
+        click.option("--worker-liveness-s", type=FiniteFloatRange(min=0, min_open=True),
                      default=_default(BrokerConfig, "worker_liveness_s"), show_envvar=True,
                      help="Seconds of silence after which a worker is dead: its requests migrate (>= 3 heartbeats)."),
         click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
@@ -367,18 +380,18 @@ def _broker_options(command):
                           "(default: off; no API keys)."),
         click.option("--metrics-host", default=_default(BrokerConfig, "metrics_host"), show_envvar=True,
                      help="Address the broker's metrics endpoint binds."),
-        click.option("--client-liveness-s", type=click.FloatRange(min=0, min_open=True),
+        click.option("--client-liveness-s", type=FiniteFloatRange(min=0, min_open=True),
                      default=_default(BrokerConfig, "client_liveness_s"), show_envvar=True,
                      help="Seconds of silence after which a client is gone: its requests end client_silent "
                           "(>= 3 heartbeats)."),
-        click.option("--worker-hung-s", type=click.FloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
+        click.option("--worker-hung-s", type=FiniteFloatRange(min=0), default=_default(BrokerConfig, "worker_hung_s"),
                      show_envvar=True,
                      help="Seconds a worker may hold requests without completing an iteration before it counts as "
                           "hung and its requests migrate (must exceed the longest model step; 0 = never)."),
         click.option("--max-attempts", type=click.IntRange(min=1), default=_default(BrokerConfig, "max_attempts"),
                      show_envvar=True,
                      help="Failed workers a request may be lost on before it ends with worker_failed."),
-        click.option("--register-grace-s", type=click.FloatRange(min=0),
+        click.option("--register-grace-s", type=FiniteFloatRange(min=0),
                      default=_default(BrokerConfig, "register_grace_s"), show_envvar=True,
                      help="Seconds after start in which requests for a model no worker serves or loads yet wait "
                           "for one (not unknown_model). A model a worker is loading is waited for anyway."),
@@ -489,7 +502,7 @@ def _shutdown_timeout_option(command):
         return command(*args, shutdown_timeout_s=shutdown_timeout_s, shutdown_timeout_given=given, **kwargs)
 
     return click.option(
-        "--shutdown-timeout-s", type=click.FloatRange(min=0), default=_default(GatewayConfig, "shutdown_timeout_s"),
+        "--shutdown-timeout-s", type=FiniteFloatRange(min=0), default=_default(GatewayConfig, "shutdown_timeout_s"),
         show_envvar=True,
         help="Seconds the HTTP requests and streams in flight get to finish after Ctrl-C, SIGTERM or SIGHUP "
              "(new ones get 503, /health 503); then a stream gets a final error event and [DONE], a request a "
@@ -648,7 +661,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--max-loaded-models", type=click.IntRange(min=1), default=3, show_envvar=True,
               help="With several models: at most this many loaded at once (default 3, Ollama's on a CPU); the least "
                    "recently used idle one is unloaded to make room, a busy one never.")
-@click.option("--idle-unload-s", type=click.FloatRange(min=0), default=300.0, show_envvar=True,
+@click.option("--idle-unload-s", type=FiniteFloatRange(min=0), default=300.0, show_envvar=True,
               help="With several models: unload a model after this many seconds without requests (default 300, "
                    "Ollama's keep_alive; 0: never).")
 @_step_delay
@@ -799,7 +812,7 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
 @_stop_token
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=10_000, show_envvar=True,
               help="Requests submitted and not yet finished, at most.")
-@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=None, show_envvar=True,
+@click.option("--timeout-s", type=FiniteFloatRange(min=0, min_open=True), default=None, show_envvar=True,
               help="Stop the job after this many seconds, as a signal would (exit status 124; default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
 @_curve_dir
@@ -929,7 +942,7 @@ def _close_output(out, output: str) -> OSError | None:
 @main.command()
 @click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_STATUS_BROKER",
               show_envvar=True, help="The broker's client endpoint.")
-@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
+@click.option("--timeout-s", type=FiniteFloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
               help="Seconds to wait for the broker.")
 @click.option("--json", "as_json", is_flag=True, default=False, envvar="SLOTSERVE_STATUS_JSON", show_envvar=True,
               help="Print raw JSON.")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -81,11 +82,12 @@ class WorkerConfig:
         if self.prefetch is not None and (type(self.prefetch) is not int or self.prefetch < 0):
             raise ValueError(f"prefetch must be None or an int >= 0, got {self.prefetch!r}")
         if isinstance(self.step_delay_ms, bool) or not isinstance(self.step_delay_ms, (int, float)) \
-                or not self.step_delay_ms >= 0:
-            raise ValueError(f"step_delay_ms must be a number of milliseconds >= 0, got {self.step_delay_ms!r}")
+                or not 0 <= self.step_delay_ms < math.inf:
+            raise ValueError(f"step_delay_ms must be a finite number of milliseconds >= 0, got {self.step_delay_ms!r}")
         if not (self.stop_token is None or self.stop_token == "model"
-                or (type(self.stop_token) is int and self.stop_token >= 0)):
-            raise ValueError(f"stop_token must be 'model', None or a token id >= 0, got {self.stop_token!r}")
+                or (type(self.stop_token) is int and 0 <= self.stop_token < 2**64)):
+            raise ValueError(f"stop_token must be 'model', None or a token id >= 0 (below 2**64, the wire's "
+                             f"integer range), got {self.stop_token!r}")
         for n in ("heartbeat_interval_s", "broker_liveness_s"):
             as_seconds(getattr(self, n), n)
         if (self.curve_secret_file is None) != (self.curve_broker_key_file is None):

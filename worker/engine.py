@@ -115,10 +115,14 @@ class BatchInferenceEngine:
         self._clock = clock
         self._active = False  # step() or run() in progress
         # Owned by the thread running step()/run(); no lock needed.
-        self._slots = SlotTable(batch_size, self._slot_aware, self.stop_tokens, self._limits.vocab_size)
-        self._completion = Completion(None if self._tokenizer is None else self._tokenizer.decode)
-        if self._slot_aware:
-            model.bind_slots(batch_size)
+        try:  # (a batch_size no memory holds is bad input as any other: 10**12 slots)
+            self._slots = SlotTable(batch_size, self._slot_aware, self.stop_tokens, self._limits.vocab_size)
+            self._completion = Completion(None if self._tokenizer is None else self._tokenizer.decode)
+            if self._slot_aware:
+                model.bind_slots(batch_size)
+        except MemoryError:
+            raise ValueError(f"batch_size {batch_size}: there is not enough memory for that many slots; "
+                             "use fewer") from None
 
     # ---- public, any thread -------------------------------------------------
 

@@ -135,7 +135,10 @@ class WorkerProcess:
                      name, weights.precision, weights.device, weights.linear_kind,
                      "" if getattr(weights, "greedy_head", None) is None else ", greedy picks through a bf16-screened head",
                      model.max_seq_len, str(model.kv_dtype).removeprefix("torch."), model.kv_bytes_per_slot / 2**20)
-        self._setup(model)
+        try:
+            self._setup(model)
+        except ValueError as e:  # the options do not fit the model (a stop token outside its vocabulary, too many slots)
+            raise ModelLoadError(f"cannot serve model {name!r}: {e}") from e
 
     def _cold(self) -> bool:
         """Whether the model is to be warmed up before it is served."""
