@@ -193,7 +193,9 @@ def _plan_workers(model: str, workers: int | None, model_options, say: bool = Tr
 def _model_options(command):
     """--device/--precision/--runner/--max-prefill-tokens/--speculative-tokens/--cpu-linear/--threads/
     --prefix-cache-mb/--kv-cache-dtype/--gguf-activations/--max-model-len/--chat-template/--pooling, passed on as one ``model_options``."""
-    from worker.models.options import CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, PRECISIONS, RUNNERS, ModelOptions
+    from worker.models.options import (
+        CPU_LINEARS, DEVICES, MAX_SPECULATIVE_TOKENS, MAX_THREADS, PRECISIONS, RUNNERS, ModelOptions,
+    )
     from worker.models.options import DEFAULT_MAX_MODEL_LEN, GGUF_ACTIVATIONS, KV_CACHE_DTYPES, POOLING_MODES
 
     @functools.wraps(command)
@@ -236,7 +238,7 @@ def _model_options(command):
                      help="GEMM library of fp32/bf16 CPU linears: dense, mkl (fp32), onednn, or auto "
                           "(onednn where torch has it: its rows do not depend on the batch; else the "
                           "fastest here, measured at load)."),
-        click.option("--threads", type=click.IntRange(min=1), default=_default(ModelOptions, "num_threads"),
+        click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model, fixed (default: up to one per core; on a GGUF's own "
                           "weights the count is chosen per step by timing steps, so a busy machine does not "

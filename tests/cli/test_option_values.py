@@ -9,7 +9,8 @@ parameter); a stop token beyond the wire's integer range (a traceback in each
 worker); a stop token outside the model's vocabulary and more slots than memory
 holds (known once the model is there: a ValueError or MemoryError traceback in
 each worker, now a ModelLoadError's one line; the engine's own `batch_size`
-likewise a ValueError, in process)."""
+likewise a ValueError, in process); `--threads 100000` (the worker died of a
+segmentation fault in torch's OpenMP runtime: now at most MAX_THREADS)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from slotserve.cli import FiniteFloatRange, main
 from tests.support.cluster import free_port
 from worker import BatchInferenceEngine, SimulatedLLM
 from worker.config import WorkerConfig
+from worker.models.options import MAX_THREADS, ModelOptions
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
@@ -93,3 +95,21 @@ def test_worker_options_the_model_refuses_are_one_line_and_exit_1(args, words):
     assert r.returncode == 1, r.stderr
     assert f"cannot serve model 'simulated': {words}" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "worker", "up"])
+def test_more_threads_than_any_machine_is_a_usage_error(tmp_path, command):
+    args = [command, "--threads", "100000"]
+    if command == "run":
+        inp = tmp_path / "in.jsonl"
+        inp.write_text('{"prompt": [1], "max_tokens": 1}\n')
+        args = [command, str(inp), "-o", str(tmp_path / "out.jsonl"), "--threads", "100000"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert f"100000 is not in the range 1<=x<={MAX_THREADS}" in r.output
+
+
+def test_model_options_bound_the_threads():
+    assert ModelOptions(num_threads=MAX_THREADS).num_threads == MAX_THREADS
+    with pytest.raises(ValueError, match=f"num_threads must be None or an int in \\[1, {MAX_THREADS}\\]"):
+        ModelOptions(num_threads=MAX_THREADS + 1)

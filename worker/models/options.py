@@ -35,6 +35,12 @@ per slot (CPU: address space, backed as written; CUDA keeps its 4096, allocated 
 MAX_SPECULATIVE_TOKENS = 16
 """Most draft tokens per request and iteration (each costs a row of every linear)."""
 
+MAX_THREADS = 1024
+"""The most CPU threads (``num_threads``, ``--threads``) a worker's model may be given: more than the
+largest machines' hardware threads (two 192-core CPUs with SMT: 768), and well below the counts
+at which torch's OpenMP runtime cannot create its threads (measured with torch 2.x on Linux: 4,096
+ran, 16,384 ended in libgomp's "Thread creation failed", 100,000 in a segmentation fault of the worker)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ModelOptions:
@@ -139,8 +145,9 @@ class ModelOptions:
             raise ValueError(f"cpu_linear={self.cpu_linear!r} needs the slotserve runner on CPU")
         if self.cpu_linear == "mkl" and self.precision == "bf16":
             raise ValueError("cpu_linear='mkl' is fp32 only (MKL's packed sgemm); bf16 runs on dense or onednn")
-        if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
-            raise ValueError(f"num_threads must be None or an int >= 1, got {self.num_threads!r}")
+        if self.num_threads is not None and (type(self.num_threads) is not int
+                                             or not 1 <= self.num_threads <= MAX_THREADS):
+            raise ValueError(f"num_threads must be None or an int in [1, {MAX_THREADS}], got {self.num_threads!r}")
         mb = self.prefix_cache_mb
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < 2**40):
             raise ValueError(f"prefix_cache_mb must be None or a number of MiB >= 0 (0 = off), got {mb!r}")
