@@ -116,6 +116,7 @@ from bench.systems import Run, StepTimes, TokenTimes, hf_cb, hf_static, truncate
 from bench.systems import slotserve as slotserve_engine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.base import BatchPlan, SlotInput  # noqa: E402
+from worker.models.cache_root import cache_root  # noqa: E402
 
 MODEL = "smollm2-135m"
 """The default ``--model`` (its results are ``model.json``; another model's ``model_<name>.json``)."""
@@ -222,7 +223,7 @@ def run_hf_cb(hf, prompts, max_tokens, eos, slots) -> Run:
     return run
 
 
-REFERENCE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "bench"
+REFERENCE_CACHE = cache_root() / "bench"
 """Where hf-alone's outputs are kept (:func:`cached_hf_alone`)."""
 
 

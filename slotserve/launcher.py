@@ -31,6 +31,7 @@ from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
 from protocol.validation import as_seconds
 from slotserve.demand_supervisor import DEMAND_POLL_S, DemandSupervisor
+from slotserve.logs import configure_logging
 from slotserve.on_demand import DEFAULT_IDLE_UNLOAD_S
 from slotserve.signals import PARENT_GONE, SignalStopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
@@ -54,7 +55,7 @@ def _child_setup(title: str, log_level: str, stop_timeout_s: float) -> SignalSto
     from setproctitle import setproctitle
 
     setproctitle(title)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
+    configure_logging(log_level, "%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
     stop = SignalStopFlag()  # the loops check it every tick
     child_signals(stop)
     watch_parent(stop, grace_s=stop_timeout_s)

