@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import defaults
+from protocol.endpoints import check_endpoint
 from protocol.validation import as_seconds
 
 MIN_HEARTBEATS_PER_WINDOW = 3
@@ -109,9 +110,7 @@ class BrokerConfig:
         if type(self.prefix_routing) is not bool:
             raise ValueError(f"prefix_routing must be True or False, got {self.prefix_routing!r}")
         for name in ("frontend", "backend"):
-            v = getattr(self, name)
-            if not isinstance(v, str) or "://" not in v:
-                raise ValueError(f"{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {v!r}")
+            check_endpoint(getattr(self, name), bind=True, name=name)
         for name in ("max_queue", "aging_window", "max_attempts", "max_message_bytes", "send_hwm", "max_pending_per_peer"):
             v = getattr(self, name)
             least = defaults.MIN_MESSAGE_BYTES if name == "max_message_bytes" else 1

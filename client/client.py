@@ -34,6 +34,7 @@ from client.handle import ClientHandle
 from protocol import defaults
 from protocol.codec import encode
 from protocol.curve import load_peer_keys
+from protocol.endpoints import check_endpoint
 from protocol.enums import ErrorCode
 from protocol.messages import (
     Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
@@ -78,7 +79,10 @@ class _Broken(_Failed):
 class Client:
     """Submit generation requests to a slotserve broker; results come back on handles.
 
-    - ``address``: the broker's client endpoint (default ``tcp://127.0.0.1:5555``).
+    - ``address``: the broker's client endpoint (default ``tcp://127.0.0.1:5555``); one that can
+      never work (a port past 65535, ``tcp://256.1.1.1:5``, another transport: see
+      :func:`protocol.endpoints.check_endpoint`) is a ValueError at once, a broker not up yet is
+      waited for (``connect_timeout_s``).
     - ``model``: the model name workers registered, or one of its aliases
       (their ``--served-model-name``). None (default): the broker's only
       model, when exactly one is served or loading; with several,
@@ -116,6 +120,7 @@ class Client:
         name = as_text(name, "name")
         as_seconds(connect_timeout_s, "connect_timeout_s")
         as_seconds(heartbeat_interval_s, "heartbeat_interval_s")
+        check_endpoint(address, bind=False, name="address")
         curve_keys = None if curve is None else load_peer_keys(curve, "client")
         self.address = address
         self.model: str | None = model

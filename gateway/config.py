@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from protocol import defaults
+from protocol.endpoints import check_endpoint
 from protocol.validation import as_seconds
 
 DEFAULT_BROKER = defaults.CLIENT_ENDPOINT
@@ -99,8 +100,7 @@ class GatewayConfig:
     tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.broker, str) or "://" not in self.broker:
-            raise ValueError(f"broker must be a ZeroMQ endpoint like {DEFAULT_BROKER}, got {self.broker!r}")
+        check_endpoint(self.broker, bind=False, name="broker")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be a non-empty address, got {self.host!r}")
         if type(self.port) is not int or not 0 <= self.port <= 65535:

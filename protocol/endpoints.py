@@ -1,4 +1,12 @@
-"""ZeroMQ TCP endpoints: which address family a socket needs (IPv4, IPv6).
+"""ZeroMQ endpoints: which can work at all (:func:`check_endpoint`), and which
+address family a TCP socket needs (IPv4, IPv6).
+
+An endpoint that can never work is refused before any socket sees it:
+libzmq itself takes ``tcp://127.0.0.1:99999`` (it keeps the port's low 16
+bits, ``ip_resolver.cpp``) and ``tcp://256.1.1.1:5`` (a host name to it,
+looked up again on every retry), and a worker or client pointed there would
+retry forever. A well-formed endpoint whose broker is not up yet is taken:
+the process keeps waiting for it, as it should.
 
 A ZeroMQ socket speaks IPv4 only until its ``IPV6`` option is set; with it,
 ``tcp://[::1]:5555`` binds and connects, and ``tcp://*:5555`` binds the
@@ -23,7 +31,117 @@ maps socket attributes to options), so this module does not import zmq.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+
+from protocol.validation import echo
+
+SCHEMES = ("tcp", "ipc")
+"""The transports the broker, workers and clients can meet on. ``inproc://`` reaches only sockets
+of one ZeroMQ context, and each of them has its own; the others (pgm, tipc, vmci, ws) are for other
+socket types or libzmq builds."""
+
+MAX_IPC_PATH_BYTES = 107
+"""The longest ``ipc://`` path (bytes): a Unix socket's ``sun_path`` holds 108, its NUL included."""
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # a host name's label (RFC 1123; _ as Docker's names)
+_EXAMPLE = "tcp://127.0.0.1:5555"
+
+
+def check_endpoint(endpoint, *, bind: bool, name: str | None = None) -> str:
+    """``endpoint`` itself if a socket can bind (``bind=True``) or connect to it; else ValueError
+    saying why, after ``name`` (the parameter, when given).
+
+    Taken: ``tcp://HOST:PORT`` with HOST an IPv4 literal, an IPv6 literal (bracketed or not, a
+    zone id allowed), or a host name (RFC 1123 labels, ``_`` allowed; a binding socket's interface
+    name, e.g. ``eth0``, has the same form), PORT 1-65535 (binding: 0-65535 or ``*``, any free one;
+    HOST ``*`` too, every interface); a connect's source address before a ``;``
+    (``tcp://SRC;HOST:PORT``); ``ipc://PATH`` (at most :data:`MAX_IPC_PATH_BYTES` bytes; binding:
+    ``ipc://*`` too). Whether a host name resolves is not checked: one may come up later.
+    """
+    what = f"{name}: " if name else ""
+    if not isinstance(endpoint, str):
+        raise ValueError(f"{what}a ZeroMQ endpoint is a string like {_EXAMPLE}, got {type(endpoint).__name__}")
+    problem = _problem(endpoint, bind=bind)
+    if problem:
+        raise ValueError(f"{what}{echo(endpoint)} is not a ZeroMQ endpoint that can work: {problem}")
+    return endpoint
+
+
+def _problem(endpoint: str, *, bind: bool) -> str | None:
+    """Why ``endpoint`` can never work, or None."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        return f"it has no transport (write it like {_EXAMPLE} or ipc:///path/to/socket)"
+    if scheme not in SCHEMES:
+        if scheme == "inproc":
+            return ("inproc:// reaches only sockets in the same ZeroMQ context, and the broker, each worker "
+                    "and each client has its own: use tcp:// or ipc://")
+        return f"the transport {echo(scheme)} is not one of {', '.join(s + '://' for s in SCHEMES)}"
+    if scheme == "ipc":
+        if not rest:
+            return "ipc:// needs a path (ipc:///path/to/socket)"
+        if rest == "*":
+            return None if bind else "ipc://* only binds (a fresh path); connect to the path the broker bound"
+        if len(rest.encode("utf-8", "surrogatepass")) > MAX_IPC_PATH_BYTES:
+            return f"an ipc:// path is at most {MAX_IPC_PATH_BYTES} bytes (a Unix socket's limit)"
+        return None
+    source, semi, target = rest.rpartition(";")
+    if semi:
+        if bind:
+            return "a source address (SRC;HOST:PORT) is for connecting only"
+        problem = _tcp_problem(source, bind=True, port_required=False)
+        if problem:
+            return f"its source address: {problem}"
+    return _tcp_problem(target, bind=bind, port_required=True)
+
+
+def _tcp_problem(address: str, *, bind: bool, port_required: bool) -> str | None:
+    """Why ``HOST:PORT`` (the part after ``tcp://``) can never work, or None."""
+    host, sep, port = address.rpartition(":")  # the last colon: IPv6 hosts hold colons too
+    no_port = not sep or (not port_required and (address.endswith("]") or (":" in host and host[:1] != "[")))
+    if no_port:  # (a source address may have none; an unbracketed IPv6 one then has none)
+        host, port = address, None
+    if port is None:
+        if port_required:
+            return f"it needs a port (tcp://HOST:PORT, like {_EXAMPLE})"
+    elif port == "*":
+        if not bind:
+            return "the port * only binds (any free port); connect to the port the broker bound"
+    elif not (port.isascii() and port.isdigit()):
+        return f"the port {echo(port)} is not a number"
+    elif int(port) > 65535:
+        return f"the port {int(port)} is beyond 65535"
+    elif int(port) == 0 and not bind:
+        return "the port 0 only binds (any free port); connect to the port the broker bound"
+    return _host_problem(host, bind=bind)
+
+
+def _host_problem(host: str, *, bind: bool) -> str | None:
+    """Why ``host`` (an endpoint's host part, brackets kept) can never be bound or reached, or None."""
+    if not host:
+        return f"it has no host (tcp://HOST:PORT, like {_EXAMPLE})"
+    if host == "*":
+        return None if bind else "the host * only binds (every interface); connect to the broker's host"
+    if host.startswith("[") or ":" in host:
+        literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return f"the host {echo(host)} is not an IPv6 address"
+        return None
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if all(label.isascii() and label.isdigit() for label in labels):  # a dotted number: an IPv4 address
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"the host {echo(host)} is not an IPv4 address (four numbers 0-255)"
+        return None
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return f"the host {echo(host)} is neither an IP address nor a host name"
+    if labels[-1].isdigit():
+        return f"the host {echo(host)} is neither an IP address nor a host name (its last label is a number)"
+    return None
 
 
 def endpoint_host(endpoint: str) -> str | None:

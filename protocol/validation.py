@@ -34,6 +34,21 @@ WIRE_INT_MAX = 2**64 - 1
 
 _count_of = operator.countOf
 
+ECHO_MAX_CHARS = 100
+"""The most characters of a caller's value an error message echoes (:func:`echo`)."""
+
+
+def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """``value`` as an error message shows it: its ``repr`` (a string quoted, escaped), or for a string of
+    more than ``limit`` characters the repr of its first ``limit`` and ``… (N characters)``; any other
+    repr past ``limit`` characters is cut likewise. Every message that echoes what a client sent (a
+    model name, an id, a field's value; on the wire, over HTTP, in a ValueError) goes through this, so
+    a 100 KB name comes back as 100 characters and its length."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else f"{text[:limit]}… ({len(text)} characters)"
+
 
 def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
     """``value`` as a Python int in ``[minimum, 2**64)``; ValueError for bool, float, str and friends."""

@@ -134,6 +134,29 @@ class _Group(click.Group):
         super().add_command(cmd, name)
 
 
+class EndpointType(click.ParamType):
+    """A ZeroMQ endpoint to bind (``bind=True``) or connect to, by :func:`protocol.endpoints.check_endpoint`:
+    one that can never work (``tcp://127.0.0.1:99999``, ``tcp://256.1.1.1:5``, ``http://...``) is a usage
+    error, where libzmq would take it and the command retry forever. Every endpoint option is one."""
+
+    name = "ENDPOINT"
+
+    def __init__(self, *, bind: bool) -> None:
+        self.bind = bind
+
+    def convert(self, value, param, ctx):
+        from protocol.endpoints import check_endpoint
+
+        try:
+            return check_endpoint(value, bind=self.bind)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+BIND_ENDPOINT = EndpointType(bind=True)
+CONNECT_ENDPOINT = EndpointType(bind=False)
+
+
 @click.group(cls=_Group, params=[_log_level_option(on_group=True)],
              context_settings={"auto_envvar_prefix": "SLOTSERVE", "show_default": True,
                                "help_option_names": ["-h", "--help"]})
@@ -147,9 +170,9 @@ def main() -> None:
     """
 
 
-_frontend = click.option("--frontend", default=DEFAULT_FRONTEND, show_envvar=True,
+_frontend = click.option("--frontend", type=BIND_ENDPOINT, default=DEFAULT_FRONTEND, show_envvar=True,
                          help="ZeroMQ endpoint the broker binds for clients.")
-_backend = click.option("--backend", default=DEFAULT_BACKEND, show_envvar=True,
+_backend = click.option("--backend", type=BIND_ENDPOINT, default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
 _ALIASES = ", ".join(repr(a) for a in ALIASES)  # the models registry packages install (docs/models.md)
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
@@ -540,7 +563,8 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
 
 
 @main.command()
-@click.option("--broker", "broker_addr", default=DEFAULT_BACKEND, envvar="SLOTSERVE_WORKER_BROKER", show_envvar=True,
+@click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
+              default=DEFAULT_BACKEND, envvar="SLOTSERVE_WORKER_BROKER", show_envvar=True,
               help="The broker's worker endpoint.")
 @_model
 @_slots
@@ -587,7 +611,8 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
 
     bcfg = _config(BrokerConfig, frontend=frontend, backend=backend, **broker_options, **_broker_curve(curve_dir))
     extra = {} if model_options is None else {"model_options": model_options}
-    wcfg = _config(WorkerConfig, broker=backend, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
+    # (the workers' broker: the launcher sets the backend's bound endpoint, a '*' port resolved)
+    wcfg = _config(WorkerConfig, model=model, num_slots=slots, step_delay_ms=step_delay_ms,
                    stop_token=stop_token, max_message_bytes=bcfg.max_message_bytes, **extra,
                    served_model_names=served_model_names, warmup=warmup, **_worker_curve(curve_dir))
     return _config(ClusterConfig, broker=bcfg, workers=(wcfg,) * workers, log_level=log_level,
@@ -595,7 +620,8 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
 
 
 @main.command()
-@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_SERVE_BROKER", show_envvar=True,
+@click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
+              default=DEFAULT_FRONTEND, envvar="SLOTSERVE_SERVE_BROKER", show_envvar=True,
               help="The broker's client endpoint.")
 @click.option("--host", default="127.0.0.1", show_envvar=True,
               help="Address the HTTP server binds (0.0.0.0: every interface).")
@@ -802,7 +828,8 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
               help="Where to write the result rows (JSONL; - for stdout); created (empty) once the arguments are "
                    "checked, before the cluster starts, so a job stopped before any row ended still leaves one, "
                    "and a usage error leaves an existing file alone.")
-@click.option("--broker", "broker_addr", default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
+@click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
+              default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
               help=f"Model to run: 'simulated', an alias ({_ALIASES}), a .gguf file or a Hugging Face model directory. "
@@ -942,7 +969,8 @@ def _close_output(out, output: str) -> OSError | None:
 
 
 @main.command()
-@click.option("--broker", "broker_addr", default=DEFAULT_FRONTEND, envvar="SLOTSERVE_STATUS_BROKER",
+@click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
+              default=DEFAULT_FRONTEND, envvar="SLOTSERVE_STATUS_BROKER",
               show_envvar=True, help="The broker's client endpoint.")
 @click.option("--timeout-s", type=FiniteFloatRange(min=0, min_open=True), default=5.0, show_envvar=True,
               help="Seconds to wait for the broker.")

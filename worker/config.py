@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from protocol import defaults
+from protocol.endpoints import check_endpoint
 from protocol.validation import as_seconds
 from worker.models.options import ModelOptions
 
@@ -73,8 +74,7 @@ class WorkerConfig:
     warmup: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.broker, str) or "://" not in self.broker:
-            raise ValueError(f"broker must be a ZeroMQ endpoint like {defaults.WORKER_ENDPOINT}, got {self.broker!r}")
+        check_endpoint(self.broker, bind=False, name="broker")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty name, got {self.model!r}")
         if type(self.num_slots) is not int or self.num_slots < 1:
