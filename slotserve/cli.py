@@ -19,6 +19,7 @@ import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
+from slotserve.logs import configure_logging
 from worker.config import WorkerConfig
 from worker.models.checkpoint import ALIASES
 
@@ -105,7 +106,7 @@ def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None
         return  # not given after the subcommand: the group's level (flag, variable or default) stands
     level = value.upper()
     ctx.find_root().meta[_LOG_LEVEL] = level
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(level, "%(asctime)s %(name)s %(levelname)s %(message)s")
     if after:  # basicConfig has run already (for the group's level): set the level itself
         logging.getLogger().setLevel(level)
 
@@ -177,8 +178,8 @@ _backend = click.option("--backend", type=BIND_ENDPOINT, default=DEFAULT_BACKEND
 _ALIASES = ", ".join(repr(a) for a in ALIASES)  # the models registry packages install (docs/models.md)
 _model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
                       help=f"Model to serve: 'simulated' (SimulatedLLM defaults), an alias ({_ALIASES}: each "
-                           "installed with its package, see docs/models.md), a .gguf file or a Hugging Face model "
-                           "directory (a hub id only where a hub is reachable; nothing is downloaded otherwise).")
+                           "installed with its package, see docs/models.md), a .gguf file, a Hugging Face model "
+                           "directory, or a hub id in the local Hugging Face cache (nothing is downloaded).")
 _slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
                       show_envvar=True,
                       help="Slots (batch size) per worker.")
@@ -199,10 +200,29 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None, s
                              "workers split the cores between them (--threads each).")
 
 
+def _check_model(model: str) -> None:
+    """A ``--model`` that names no model here is one line and exit status 1 (ClickException) before
+    anything starts or is written: the worker's own resolution, done here first
+    (:func:`worker.models.checkpoint.resolve_model_path`: a missing or non-model path, an unknown
+    name with the nearest alias, a hub id not in the local cache, an alias whose package is
+    missing; nothing is downloaded). What it makes once (an alias's assembled GGUF) the workers find."""
+    if model == "simulated":
+        return
+    from worker.models.checkpoint import resolve_model_path
+
+    try:
+        resolve_model_path(model)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
 def _plan_workers(model: str, workers: int | None, model_options, say: bool = True):
     """``(workers, model_options)`` for an embedded cluster: ``--workers`` or as many as fit, and
-    the threads each (:func:`slotserve.sizing.plan_workers`); the decision is printed (``say``)."""
+    the threads each (:func:`slotserve.sizing.plan_workers`); the decision is printed (``say``).
+    ClickException for a model that is not here (:func:`_check_model`), before anything is printed."""
     from slotserve.sizing import Machine, estimate_model, plan_workers
+
+    _check_model(model)
 
     simulated = model == "simulated"
     size = None if simulated or workers is not None else estimate_model(model, model_options.precision)
@@ -594,6 +614,7 @@ def worker(broker_addr: str, model: str, slots: int, step_delay_ms: float, stop_
                   stop_token=stop_token, name=name, model_options=model_options,
                   served_model_names=served_model_names, warmup=warmup,
                   **_worker_curve(curve_dir, curve_secret_key, curve_broker_key))
+    _check_model(model)  # (before the broker is told of it)
     from slotserve.signals import StopSignals
 
     try:
@@ -680,8 +701,8 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_workers
 @_slots
 @click.option("--model", "models", multiple=True, envvar="SLOTSERVE_UP_MODEL", show_envvar=True,
-              help=f"Model to serve: 'simulated' (default), an alias ({_ALIASES}), a .gguf file or a Hugging Face "
-                   "model directory. Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
+              help=f"Model to serve: 'simulated' (default), an alias ({_ALIASES}), a .gguf file, a Hugging Face "
+                   "model directory or a hub id in the local Hugging Face cache (nothing is downloaded). Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
                    "loaded when a request names it and unloaded when idle (--max-loaded-models, --idle-unload-s).")
 @click.option("--models-dir", type=click.Path(exists=True, file_okay=False), default=None, show_envvar=True,
               help="Serve every model in this folder on demand: each .gguf file and each model folder (one with a "
@@ -832,7 +853,8 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
               default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
 @click.option("--model", default=None, show_envvar=True,
-              help=f"Model to run: 'simulated', an alias ({_ALIASES}), a .gguf file or a Hugging Face model directory. "
+              help=f"Model to run: 'simulated', an alias ({_ALIASES}), a .gguf file, a Hugging Face model directory or "
+                   "a hub id in the local Hugging Face cache (nothing is downloaded). "
                    "Default: with --broker, the broker's only model (an error lists them when it serves several, "
                    "and a model nobody serves or loads fails at once, listing those served); else 'simulated'.")
 @_workers

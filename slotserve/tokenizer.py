@@ -37,7 +37,10 @@ def load_tokenizer(name: str, *, explicit: bool = False):
     from worker.models.checkpoint import resolve_model_path
     from worker.models.hf_text import HFTextCodec
 
-    path, gguf_file = resolve_model_path(name)
+    try:
+        path, gguf_file = resolve_model_path(name)
+    except ValueError as e:  # (explicit: a name that is no model here, said as the worker says it)
+        raise ValueError(f"cannot load a tokenizer from {name!r}: {e}") from None
     tok = None
     if gguf_file is not None:
         from worker.models.gguf_tokenizer import gguf_tokenizer

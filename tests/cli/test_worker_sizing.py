@@ -122,7 +122,8 @@ def test_the_estimate_of_a_folder_reads_its_weight_files(tmp_path):
 def test_up_serves_a_gguf_under_its_stem_and_prints_the_plan(monkeypatch, tmp_path):
     clusters = record_clusters(monkeypatch)
     path = str(tmp_path / "Tiny-Q8_0.gguf")
-    open(path, "wb").close()  # no header: the size is unknown, cores decide
+    with open(path, "wb") as f:
+        f.write(b"GGUF")  # GGUF's magic and no header: a GGUF by its name check, its size unknown, cores decide
     r = CliRunner().invoke(main, ["up", "--model", path, "--no-warmup"])
     assert r.exit_code == 0, r.output
     cfg = clusters[-1]
