@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 
 from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
 from gateway.errors import APIError, unavailable
+from gateway.threads import on_a_daemon_thread
 from protocol.messages import ModelInfo, Status
 
 log = logging.getLogger(__name__)
@@ -305,34 +305,9 @@ def _shared(fut: asyncio.Future) -> asyncio.Future:
 
 
 def _on_a_thread(fn, *args) -> asyncio.Future:
-    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop.
-
-    For the calls that wait on the broker (connect, status, wait_for_model: up to
-    ``connect_timeout_s`` each): on the loop's default executor, the event loop's
-    shutdown would wait for them (asyncio joins that executor's threads), so a
-    gateway stopping while the broker is down, or while a status query was out,
-    took that long to exit. Closing the clients ends status and wait_for_model at
-    once; a connect in flight ends at its timeout, after the gateway is gone."""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-
-    def settle(result, error) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as e:  # noqa: BLE001 -- the awaiting coroutine raises it
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass  # the event loop is closed: nobody waits any more
-
-    threading.Thread(target=run, name="slotserve-gateway-broker-call", daemon=True).start()
-    return fut
+    """``fn(*args)`` on a daemon thread (:func:`gateway.threads.on_a_daemon_thread`): the calls that
+    wait on the broker (connect, status, wait_for_model: up to ``connect_timeout_s`` each), which on
+    the loop's default executor held a stopping gateway for that long (the broker down, a status query
+    out). Closing the clients ends status and wait_for_model at once; a connect in flight ends at its
+    timeout, after the gateway is gone."""
+    return on_a_daemon_thread(fn, *args, name="slotserve-gateway-broker-call")

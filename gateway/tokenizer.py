@@ -20,6 +20,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from gateway.threads import on_a_daemon_thread
+
 log = logging.getLogger(__name__)
 
 
@@ -155,7 +157,8 @@ Loader = Callable[[str], "Tokenizer | None"]
 
 
 class Tokenizers:
-    """The tokenizer of each served model, loaded once per name on a thread (event loop only).
+    """The tokenizer of each served model, loaded once per name on a daemon thread (event loop only):
+    a gateway that stops (its parent gone included) never waits for a load under way.
 
     ``load``: the CLI's loader, or None (no tokenizer for any model). ``name``:
     the one tokenizer to load for every model (``--tokenizer``), or None (each
@@ -188,7 +191,8 @@ class Tokenizers:
         if fut is None or names != self._tried[key] and fut.done() and not fut.cancelled() and \
                 fut.exception() is None and fut.result() is None:
             self._tried[key] = names
-            self._futures[key] = asyncio.get_running_loop().run_in_executor(None, self._load_one, key, names)
+            # (a daemon thread: a gateway stopping never waits for a load, seconds to minutes for a download)
+            self._futures[key] = on_a_daemon_thread(self._load_one, key, names, name="slotserve-gateway-tokenizer")
 
     def _load_one(self, key: str, names: Sequence[str]) -> Tokenizer | None:
         """The first of ``names`` that loads (a model's own name, then its aliases), or None."""

@@ -7,7 +7,10 @@ bytecodes, possibly while that same thread holds the lock inside
 ``Event.wait``: a deadlock.) Loops notice the flag at their next tick, or at
 once through the wakeup pipe that :func:`signal.set_wakeup_fd` writes to.
 The one exception, :meth:`SignalStopFlag.interrupting`, also raises on the
-main thread, for a model load that checks no flag (a worker's).
+main thread, for a model load that checks no flag (a worker's); a stop that
+another thread finds (:func:`watch_parent`: the parent is gone) reaches such a
+load through :meth:`SignalStopFlag.interrupt_main`, a real SIGTERM delivered
+to the main thread.
 """
 
 from __future__ import annotations
@@ -65,14 +68,29 @@ class SignalStopFlag:
         wait): it then ends at the interpreter's next bytecode, or at once from a blocking call that a
         signal interrupts (a read, a wait, a lock), its ``finally`` blocks and context managers run. The
         one place a handler does more than set the flag (STYLE rule 9): nothing else can end such a
-        step cleanly. A set from another thread (:func:`watch_parent`) raises nothing."""
-        if self.is_set():
-            raise exc(f"stop asked for ({self.reason})")
-        self._interrupt = exc
+        step cleanly. A set from another thread raises nothing by itself: that thread then calls
+        :meth:`interrupt_main` (:func:`watch_parent` does)."""
+        self._interrupt = exc  # (before the look at the flag: a thread that sets it meanwhile sees this)
         try:
+            if self.is_set():
+                raise exc(f"stop asked for ({self.reason})")
             yield
         finally:
             self._interrupt = None
+
+    def interrupt_main(self) -> bool:
+        """From another thread, after :meth:`set`: while the main thread is inside :meth:`interrupting`,
+        deliver SIGTERM to the main thread itself (``signal.pthread_kill``), whose handler -- which must
+        set this flag, as :func:`child_signals`' does -- then raises there; a blocking call the main
+        thread is in (a subprocess's wait, a read, a lock, a sleep) returns at once (EINTR) to let it.
+        (A signal sent to the process may be taken by another thread, leaving the main thread's call
+        blocked; ``_thread.interrupt_main`` wakes no blocking call at all.) Returns whether it sent one:
+        not outside :meth:`interrupting`, nor where SIGTERM has no Python handler (it would end the
+        process). The handler's set counts, so the flag is then :meth:`repeated`: stop at once."""
+        if self._interrupt is None or not callable(signal.getsignal(signal.SIGTERM)):
+            return False
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        return True
 
     def is_set(self) -> bool:
         return self.reason is not None
@@ -186,6 +204,15 @@ def watch_parent(stop: SignalStopFlag, grace_s: float) -> threading.Thread | Non
     ``os._exit(1)``. Returns the watching (daemon) thread, or None when this
     process has no multiprocessing parent.
 
+    Where the main thread is inside ``stop``'s :meth:`~SignalStopFlag.interrupting`
+    (a worker loading its model or building its kernels, which checks no flag
+    and may take minutes), it is also interrupted at once
+    (:meth:`~SignalStopFlag.interrupt_main`: ``stop`` must be the flag that
+    SIGTERM's handler sets, :func:`child_signals`'), as by the SIGTERM the
+    parent can no longer send: the load ends cleanly (a build's processes
+    killed, locks released) well before ``grace_s``. Anywhere else the loops
+    notice ``stop`` at their next tick, as before.
+
     Why the parent sentinel and not ``prctl(PR_SET_PDEATHSIG)``: the sentinel
     is the read end of a pipe whose write end only the parent holds, so it
     turns readable exactly when the parent *process* is gone; PDEATHSIG fires
@@ -202,6 +229,8 @@ def watch_parent(stop: SignalStopFlag, grace_s: float) -> threading.Thread | Non
         wait_for_handles([parent.sentinel])
         log.warning("the parent process %s is gone: stopping", parent.pid)
         stop.set(PARENT_GONE)
+        if stop.interrupt_main():
+            log.info("interrupting the main thread's model load (SIGTERM to it)")
         time.sleep(grace_s)  # a deadline, not synchronisation: the main thread exits first when it can
         log.error("did not stop within %.1f s of the parent's end: exiting", grace_s)
         os._exit(1)
