@@ -361,3 +361,86 @@ def test_where_no_os_lock_can_be_had_a_lock_of_torchs_is_left_alone(kernels, mon
     seen = []
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append((folder / "lock").exists()) or "module")
     assert build() == "module" and seen == [True]
+
+
+FAKE_CXX = """
+import subprocess, sys
+if "-c" not in sys.argv:  # (torch's builder asks the compiler's version first)
+    print("12.2.0")
+    sys.exit(0)
+# the compiler proper, as g++ runs cc1plus: a child of the driver, here reading the test's FIFO to its end
+subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb').read()", {fifo!r}])
+"""
+
+
+class Interrupted(BaseException):
+    pass
+
+
+def test_an_interrupted_build_ends_the_compilers_ninja_started(tmp_path, monkeypatch):
+    """A build stopped during its compile (a worker's stop during its first load: the stop flag's
+    ``interrupting`` raises in torch's wait for ninja) left the compilers ninja had started running on
+    their own: torch's ``subprocess.run`` SIGKILLs ninja, whose jobs (each in its own process group)
+    outlive it. Now ninja gets SIGTERM, stops its jobs' process groups and waits for them: no process of
+    the build is left. Real torch builder, real ninja, a fake slow compiler (the driver and its child,
+    held on a FIFO the test holds); the stop comes as :func:`slotserve.signals.watch_parent`'s does."""
+    import shutil
+    import sys
+    import threading
+
+    psutil = pytest.importorskip("psutil")
+    if shutil.which("ninja") is None:
+        pytest.skip("no ninja")
+    from slotserve.signals import StopSignals
+    from tests.support.waits import wait_until
+
+    fifo = str(tmp_path / "cc.fifo")
+    os.mkfifo(fifo)
+    writer = [os.open(fifo, os.O_RDWR)]  # (the compiler's read waits on it until closed)
+    cxx = tmp_path / "bin" / "g++"  # (a name torch's builder accepts without a warning)
+    cxx.parent.mkdir()
+    cxx.write_text(f"#!{sys.executable}\n" + FAKE_CXX.format(fifo=fifo))
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("MAX_JOBS", "1")
+    source = tmp_path / "k.cpp"
+    source.write_text("// a kernel\n")
+    (tmp_path / "build").mkdir()
+
+    def build_processes():  # (ninja's job: its shell, the fake compiler, its child: each names tmp_path)
+        return [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+                and any(str(tmp_path) in a for a in p.info["cmdline"] or ())]
+
+    def let_go():  # (the compiler's read ends: a build that was not stopped ends by itself, the test fails)
+        if writer:
+            os.close(writer.pop())
+
+    returned = threading.Event()
+    try:
+        with StopSignals() as sig:
+            def stop_when_compiling():
+                try:
+                    wait_until(lambda: any(fifo in p.info["cmdline"] for p in build_processes()), 120,
+                               "the fake compiler's child", pause_s=0.05)
+                    sig.flag.set("test")
+                    assert sig.flag.interrupt_main()
+                finally:
+                    if not returned.wait(60):
+                        let_go()
+
+            stopper = threading.Thread(target=stop_when_compiling)
+            stopper.start()
+            try:
+                with pytest.raises(Interrupted):
+                    with sig.flag.interrupting(Interrupted):
+                        extension._compile("slotserve_k_interrupted", source, [], tmp_path / "build", "pure torch")
+            finally:
+                returned.set()
+                stopper.join(130)
+        assert writer, "the build was not stopped: it ended when the test let its compiler go"
+        wait_until(lambda: not build_processes(), 10, "the build's processes to end", show=build_processes,
+                   pause_s=0.05)
+    finally:
+        let_go()
+        for p in build_processes():
+            p.kill()

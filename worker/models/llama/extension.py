@@ -17,6 +17,14 @@ seen: both would build). Where it cannot run -- the CPU lacks the instructions, 
 compiler, or ``SLOTSERVE_NO_KERNELS`` is set -- it returns None and the caller takes its pure-torch
 path.
 
+A build interrupted (a worker's stop during its load raises in torch's wait for ninja:
+:meth:`slotserve.signals.SignalStopFlag.interrupting`) ends its whole process tree: torch's builder
+runs ninja with ``subprocess.run``, which SIGKILLs ninja when its wait raises, and ninja's jobs (each
+in a process group of its own) then compiled on for a minute, orphaned. During :func:`_compile` the
+builder's ``subprocess`` is :data:`_BUILDER_SUBPROCESS`, whose ``run`` sends ninja SIGTERM instead:
+ninja's own way to stop a build, which signals each job's process group (the compiler driver and its
+``cc1plus``, ``as``) and waits for them before it exits (:func:`_run_stopping_tree`).
+
 Every changed source makes a new build, so a new build removes the same kernel's builds of other
 keys that no process has used for :data:`STALE_AFTER_S` (:func:`prune`; they were kept forever, ~2 MB
 each), and the folders of builds that died before writing anything that names their kernel (no
@@ -46,7 +54,10 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,12 +193,76 @@ def _compile(name: str, source: Path, flags: list[str], folder: Path, fallback: 
     log.warning("compiling %s for this machine: once per machine and torch version, about a minute on 2 cores "
                 "(cached in %s)", source.name, folder.parent)
     try:
-        return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(folder), verbose=False)
+        with _stopping_trees(cpp_extension):
+            return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags,
+                                      extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
     except (OSError, RuntimeError, ImportError) as exc:  # no compiler, or it failed
         log.warning("%s not built (%s); %s", source.name, str(exc).splitlines()[0] if str(exc) else
                     type(exc).__name__, fallback)
         return None
+
+
+NINJA_STOP_S = 3.0
+"""Seconds an interrupted build's ninja gets to stop its jobs after SIGTERM before it is killed."""
+
+
+def _run_stopping_tree(*popenargs, input=None, capture_output=False, timeout=None, check=False, **kwargs):
+    """:func:`subprocess.run`, except where its wait raises (a stop's exception, a timeout): the process
+    gets SIGTERM, up to :data:`NINJA_STOP_S` seconds to end, then SIGKILL (``subprocess.run`` sends
+    SIGKILL at once), and the exception goes on. ninja, on SIGTERM, signals each of its jobs' process
+    groups and waits for them: no compiler outlives the build. Returns a CompletedProcess; raises
+    CalledProcessError with ``check`` where the process exits non-zero, as ``subprocess.run`` does."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with subprocess.Popen(*popenargs, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except BaseException:
+            process.terminate()
+            try:
+                process.wait(NINJA_STOP_S)
+            except subprocess.TimeoutExpired:
+                log.warning("the build process %d did not stop within %.0f s of SIGTERM: killing it", process.pid,
+                            NINJA_STOP_S)
+                process.kill()
+            raise
+    if check and process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, process.args, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+class _BuilderSubprocess(types.ModuleType):
+    """The :mod:`subprocess` module as torch's builder sees it during a build: the real one's names,
+    with ``run`` stopping the whole process tree when interrupted (:func:`_run_stopping_tree`)."""
+
+    run = staticmethod(_run_stopping_tree)
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+
+_BUILDER_SUBPROCESS = _BuilderSubprocess("subprocess")
+_builds_lock = threading.Lock()
+_builds = 0  # builds under way in this process (threads): the last one to end puts subprocess back; _builds_lock
+
+
+@contextlib.contextmanager
+def _stopping_trees(cpp_extension) -> Iterator[None]:
+    """For the block, torch's builder (the module ``cpp_extension``) runs its subprocesses through
+    :data:`_BUILDER_SUBPROCESS`. Only torch's builder's name is rebound, never :mod:`subprocess`
+    itself; builds on several threads at once share it until the last one ends. Where a later torch runs
+    ninja some other way, the builder simply does not use it (as before: ninja killed, its jobs left)."""
+    global _builds
+    with _builds_lock:
+        _builds += 1
+        cpp_extension.subprocess = _BUILDER_SUBPROCESS
+    try:
+        yield
+    finally:
+        with _builds_lock:
+            _builds -= 1
+            if _builds == 0:
+                cpp_extension.subprocess = subprocess
 
 
 def _import(name: str, built: Path):
