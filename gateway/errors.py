@@ -44,10 +44,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 from pydantic_core import to_json
 
 from protocol.enums import ErrorCode
+from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
 from protocol.request import RequestParams
 from protocol.validation import surrogate_escape_message, unpaired_surrogate
 
@@ -247,6 +250,28 @@ def invalid_json(raw: object, detail: str) -> APIError:
                                                                       "halves of its pair"), None, "invalid_json")
     detail = detail.removeprefix("Invalid JSON: ")  # (pydantic's prefix: the message says so already)
     return bad_request(f"the body is not valid JSON: {detail}", None, "invalid_json")
+
+
+def nonfinite_number(raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> APIError | None:
+    """400 ``invalid_value`` naming, as its ``param`` (``metadata.x``, ``tools.0.function.parameters.maximum``),
+    the first number of the JSON body ``raw`` that no double holds: ``NaN``, ``Infinity`` (not JSON, yet
+    pydantic's parser takes them) or one such as ``1e400``, which reads as infinity
+    (:mod:`protocol.json_numbers`); None when there is none, or when ``raw`` does not parse (the schema's
+    parser says why). ``owned(body, path)``: whether the route refuses the number at ``path`` of the
+    parsed ``body`` itself, in its own words (passed over here). One check for every field of every
+    route: the free-form ones (schemas, tools, template variables, metadata) failed in a library's
+    words or with a 500 (a JSON answer cannot hold NaN)."""
+    try:
+        body, found = loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not found:  # (the usual body: no walk)
+        return None
+    for path, number in nonfinite(body):
+        if owned is None or not owned(body, path):
+            where = path_text("", path, dotted=True) or "the body"
+            return bad_request(nonfinite_words(where, number), where if path else None)
+    return None
 
 
 def _unpaired_surrogate(raw: object) -> tuple[str, int, int] | None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from email.message import Message
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -33,8 +33,8 @@ from starlette.responses import Response, StreamingResponse
 from client import RemoteError
 from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
-from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down, \
-    unavailable, unsupported
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down, unavailable, \
+    unsupported
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
@@ -48,7 +48,7 @@ from gateway.split_stream import SplitStream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
-from gateway.translation import Translation
+from gateway.translation import Translation, parse_body as validated_body
 from protocol.enums import FinishReason
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -530,14 +530,12 @@ async def wait_for(request: Request, call: _Call, done: Callable[[], bool]) -> N
 async def parse_body(request: Request, schema: type[BaseModel], limit: int, parse=None) -> BaseModel:
     """The request's JSON body as ``schema`` (a pydantic model; ``parse(raw)`` instead when given: a
     translation's own, :mod:`gateway.translation`): 400 for a body declared as anything but JSON
-    (:func:`_check_json_body_headers`) or one ``schema`` refuses (:func:`gateway.errors.from_validation`),
-    413 past ``limit`` bytes (:func:`read_body`). Every endpoint's body is read so."""
+    (:func:`_check_json_body_headers`), one ``schema`` refuses or one holding a number no double holds
+    (:func:`gateway.translation.parse_body`), 413 past ``limit`` bytes (:func:`read_body`). Every endpoint's
+    body is read so."""
     _check_json_body_headers(request.headers)
     raw = await read_body(request, limit)  # (never more than the limit in memory)
-    try:
-        return schema.model_validate_json(raw) if parse is None else parse(raw)
-    except ValidationError as e:
-        raise from_validation(e.errors(include_url=False, include_context=False)) from None
+    return validated_body(schema, raw) if parse is None else parse(raw)
 
 
 def _not_plain_json(detail: str) -> APIError:

@@ -44,17 +44,17 @@ import asyncio
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from client import RemoteError
 from gateway.drain import REFUSED
-from gateway.errors import APIError, bad_request, from_remote, from_validation, from_value_error, shutting_down, \
-    unavailable
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down, unavailable
 from gateway.generate import ClientGone, Generate, _Call, _check_json_body_headers, _EventStream, read_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.responses import error_response, json_response, sse
+from gateway.translation import parse_body
 from protocol.enums import FinishReason
 
 LLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -176,11 +176,7 @@ class InfillEndpoint:
 
     async def _parse(self, request: Request) -> InfillRequest:
         _check_json_body_headers(request.headers)
-        raw = await read_body(request, self.gen.config.max_body_bytes)
-        try:
-            return InfillRequest.model_validate_json(raw)
-        except ValidationError as e:
-            raise from_validation(e.errors(include_url=False, include_context=False)) from None
+        return parse_body(InfillRequest, await read_body(request, self.gen.config.max_body_bytes))
 
     async def _model(self, body: InfillRequest) -> str:
         """The model the body names, else the one served (400 when several are, 503 when none is)."""

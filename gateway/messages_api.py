@@ -213,6 +213,20 @@ def _tool_use(block: dict, at: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def in_tool_use_input(body: object, path: tuple) -> bool:
+    """Whether ``path`` (keys and indexes into the parsed ``body``) lies in a ``tool_use`` block's
+    ``input``: :func:`_tool_use` refuses a number there that no double holds in the Messages API's
+    words, naming the block's input (the body's own check, :func:`gateway.errors.nonfinite_number`,
+    passes over it)."""
+    if len(path) < 5 or path[0] != "messages" or path[2] != "content" or path[4] != "input":
+        return False
+    try:
+        block = body["messages"][path[1]]["content"][path[3]]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return isinstance(block, dict) and block.get("type") == "tool_use"
+
+
 def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
     """The chat ``tool`` message of the ``tool_result`` block ``block`` (the field ``at``); 400 naming
     its field, in the Messages API's words, for a ``tool_use_id`` that is empty, longer than
@@ -323,7 +337,7 @@ class MessagesTranslation:
         self.origins: list[Origin] = []  # what each chat message came from (gateway.origins)
 
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
-        body = self.body = parse_body(MessagesRequest, raw)
+        body = self.body = parse_body(MessagesRequest, raw, in_tool_use_input)
         if body.max_tokens < 1:
             raise bad_request(f"max_tokens must be >= 1, got {body.max_tokens}", "max_tokens")
         budget = (body.thinking or {}).get("budget_tokens")
@@ -424,7 +438,8 @@ class MessagesEndpoints:
 
         try:
             _check_json_body_headers(request.headers)
-            body = parse_body(CountTokensRequest, await read_body(request, self.generate.config.max_body_bytes))
+            body = parse_body(CountTokensRequest, await read_body(request, self.generate.config.max_body_bytes),
+                              in_tool_use_input)
             fields, origins = _chat_fields(body)
             chat = _chat_request(fields, origins)
         except APIError as e:

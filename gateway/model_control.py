@@ -21,7 +21,7 @@ from pydantic_core import from_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, invalid_json
+from gateway.errors import APIError, bad_request, invalid_json, nonfinite_number
 from gateway.generate import _check_json_body_headers, read_body
 from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response
@@ -56,6 +56,9 @@ class ModelControl:
                 body = from_json(raw)  # (the parser of every other route: a lone surrogate escape is refused)
             except ValueError as e:
                 raise invalid_json(raw, str(e)) from None
+            nonfinite = nonfinite_number(raw)  # (as every route: NaN anywhere in the body is no JSON)
+            if nonfinite is not None:
+                raise nonfinite
             model = body.get("model") if isinstance(body, dict) else None
             if not isinstance(model, str) or not model:
                 raise bad_request('the body must be {"model": "<name>"}', "model")

@@ -55,7 +55,7 @@ from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
-from protocol.tools import parameters_error
+from protocol.tools import arguments_problem, parameters_error
 from protocol.validation import check_json_text
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
@@ -233,18 +233,16 @@ def is_tool_name(name: object) -> bool:
 
 def check_arguments(args: Any, param: str) -> None:
     """400 naming ``param`` (a body field, ``messages.1.tool_calls.0.function.arguments``) unless
-    ``args`` is the JSON text of an object whose strings UTF-8 can encode: the escape of half a
+    ``args`` is the JSON text of an object whose numbers JSON holds (NaN, Infinity and 1e400 are named:
+    :func:`protocol.tools.arguments_problem`) and whose strings UTF-8 can encode: the escape of half a
     surrogate pair (``"\\ud800"``), which Python's parser reads as a lone surrogate, is named with its
     line and column in ``args`` (no chat template could render it). Blank text is ``{}`` (what some
     clients send for a call without arguments)."""
     if isinstance(args, str) and not args.strip():
         return
-    try:  # JSON: NaN and Infinity, which json.loads takes, are not
-        parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
-    except (ValueError, RecursionError):  # (nested deeper than Python's recursion limit: not a 500)
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise bad_request("a tool call's arguments must be the JSON text of an object", param)
+    why = arguments_problem(args)  # (NaN, Infinity and 1e400 are no JSON numbers: named where they are)
+    if why is not None:
+        raise bad_request(f"a tool call's arguments must be the JSON text of an object{why}", param)
     try:
         check_json_text(args, shown(param))
     except ValueError as e:
@@ -255,10 +253,6 @@ def shown(param: str) -> str:
     """A body field's path as messages write it, list indexes in brackets (``messages[1].tool_calls[0]``;
     ``param`` writes them as keys, ``messages.1.tool_calls.0``)."""
     return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", param)
-
-
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not JSON")
 
 
 def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, from_validation
+from gateway.errors import APIError, bad_request, from_validation, nonfinite_number
 from gateway.schemas import ChatCompletionRequest
 from protocol.validation import LONE_SURROGATE
 
@@ -121,8 +121,13 @@ def _replaced(value):
     return value
 
 
-def parse_body(schema: type[BaseModel], raw: bytes) -> BaseModel:
-    """``raw`` validated by the vendor's ``schema``: 400 naming the first bad field (:func:`from_validation`)."""
+def parse_body(schema: type[BaseModel], raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> BaseModel:
+    """``raw`` validated by ``schema`` (a route's body): 400 naming the first bad field (:func:`from_validation`),
+    or the first number no double holds, anywhere in the body (NaN, Infinity, 1e400: :func:`nonfinite_number`;
+    ``owned`` passes over those the route refuses in its own words). Every route's body is read so."""
+    error = nonfinite_number(raw, owned)
+    if error is not None:
+        raise error
     try:
         return schema.model_validate_json(raw)
     except ValidationError as e:

@@ -40,6 +40,7 @@ from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
 from protocol.enums import RequestKind
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
+from protocol.json_numbers import loads as _json_loads, nonfinite_message
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
@@ -481,7 +482,7 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         if len(value) > MAX_TEMPLATE_KWARGS_CHARS:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TEMPLATE_KWARGS_CHARS}")
         try:
-            parsed = json.loads(value)
+            parsed, _ = _json_loads(value)  # (a NaN or 1e400 kept as written, for the words below)
         except (ValueError, RecursionError):
             raise ValueError(f"{field} must be a JSON object of template variables") from None
         check_json_text(value, field)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
@@ -499,8 +500,8 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         return None
     try:
         text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{field} must hold JSON values: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+        raise ValueError(nonfinite_message(value, field) or f"{field} must hold JSON values: {e}") from None
     check_json_unicode(text, value, field)
     if len(text) > MAX_TEMPLATE_KWARGS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TEMPLATE_KWARGS_CHARS}")

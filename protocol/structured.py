@@ -47,6 +47,7 @@ import json
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from protocol.json_numbers import loads, nonfinite_message
 from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
@@ -144,8 +145,8 @@ def _not_text(spec: object, where: str) -> str:
 def _schema_text(spec: object, where: str) -> str:
     if isinstance(spec, str):
         as_text(spec, where)
-        try:
-            parsed = json.loads(spec)
+        try:  # (a NaN or 1e400 kept as written, for the words below)
+            parsed, _ = loads(spec)
         except (ValueError, RecursionError) as e:  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{where} is not valid JSON: {e}") from None
         check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
@@ -154,8 +155,8 @@ def _schema_text(spec: object, where: str) -> str:
         raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {spec!r:.60}")
     try:
         text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{where} must hold JSON values only: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+        raise ValueError(nonfinite_message(spec, where) or f"{where} must hold JSON values only: {e}") from None
     return check_json_unicode(text, spec, where)
 
 

@@ -31,9 +31,10 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from protocol.json_numbers import first_nonfinite, loads, nonfinite_message, nonfinite_words, path_text
 from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
-__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "check_tool_calls", "check_tools", "parameters_error"]
+__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "parameters_error"]
 
 MAX_TOOLS_CHARS = 200_000
 """Longest ``tools`` text, in characters (it is rendered into the prompt of every request that has it)."""
@@ -65,7 +66,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         if len(value) > MAX_TOOLS_CHARS:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TOOLS_CHARS}")
         try:
-            parsed = json.loads(value)
+            parsed, _ = loads(value)  # (a NaN or 1e400 kept as written, for the words below)
         except (ValueError, RecursionError):  # (RecursionError: nested deeper than Python's limit)
             raise ValueError(f"{field} must be a JSON list of tool definitions") from None
         check_json_text(value, field)  # ("\ud800": a string UTF-8 cannot encode)
@@ -92,8 +93,8 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(problem[1])
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{field} must be JSON: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+        raise ValueError(nonfinite_message(value, field) or f"{field} must be JSON: {e}") from None
     check_json_unicode(text, value, field)
     if len(text) > MAX_TOOLS_CHARS:
         raise ValueError(f"{field} is {len(text)} characters as JSON; at most {MAX_TOOLS_CHARS}")
@@ -149,14 +150,14 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
         given = args
-        try:  # JSON: NaN and Infinity, which json.loads takes, are not; nor is what nests past the recursion limit
+        try:
             if isinstance(args, Mapping):
                 args = json.dumps(args, ensure_ascii=False)
-            parsed = json.loads(args, parse_constant=_not_json) if isinstance(args, str) else None
         except (TypeError, ValueError, RecursionError):
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise ValueError(f"{where} arguments must be the JSON text of an object")
+            args = None
+        why = arguments_problem(args)
+        if why is not None:
+            raise ValueError(f"{where} arguments must be the JSON text of an object{why}")
         if isinstance(given, Mapping):  # (a lone surrogate in a string of the caller's object)
             check_json_unicode(args, given, f"{where} arguments")
         else:  # (a lone surrogate itself, or the escape "\ud800", which parses to one)
@@ -166,5 +167,20 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not JSON")
+def arguments_problem(args: object) -> str | None:
+    """None when ``args`` is the JSON text of an object whose numbers JSON holds; else what to add to
+    "the arguments must be the JSON text of an object": ``""`` for no such text (not a string, not
+    JSON, not an object, or nested past Python's recursion limit), or ", with JSON numbers only: ..."
+    naming the first NaN, Infinity or number past a double's range (``1e400``, infinity once read:
+    a template's ``tojson`` wrote ``Infinity`` into the prompt) by its place in the object
+    (:mod:`protocol.json_numbers`)."""
+    try:
+        parsed, nonfinite = loads(args) if isinstance(args, str) else (None, False)
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(parsed, dict):
+        return ""
+    found = first_nonfinite(parsed) if nonfinite else None
+    if found is None:
+        return None
+    return f", with JSON numbers only: {nonfinite_words(path_text('', found[0]), found[1])}"

@@ -36,9 +36,10 @@ shows as ``-9999.0``, as vLLM's OpenAI server does (``max(logprob, -9999.0)``).
 
 A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
 an error row (code ``bad_request``, with the line number as id when the row
-gives none) and the job goes on. A job that is stopped (a signal, a timeout)
-cancels what is in flight and still writes one row for every row it
-submitted; rows after the last line read get none.
+gives none, or gives one that holds a number no JSON row can write back:
+``NaN``, ``Infinity``, ``1e400``) and the job goes on. A job that is stopped
+(a signal, a timeout) cancels what is in flight and still writes one row for
+every row it submitted; rows after the last line read get none.
 
 An output that cannot be written (a full disk, a closed pipe: ``slotserve run
 ... -o - | head``) stops the job the same way, at the first row that fails:
@@ -60,6 +61,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from client import Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
+from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
 
@@ -342,7 +344,7 @@ class BatchJob:
             self.bad_row(n, n, f"line {n}: not valid UTF-8 (at character {e.start})")
             return
         try:
-            row = json.loads(line)
+            row, _ = json_loads(line)  # (NaN, Infinity, 1e400: kept as written, for the words below)
         except json.JSONDecodeError as e:
             self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
@@ -354,6 +356,11 @@ class BatchJob:
         row_id = row.get("id")
         if row_id is None:
             row_id = n
+        unwritable = first_nonfinite(row_id)  # (its result row, which echoes it, would be no JSON)
+        if unwritable is not None:
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: {nonfinite_words(path_text('id', unwritable[0]), unwritable[1])}")
+            return
         duplicate = self._claim_id(n, row_id)
         if duplicate is not None:
             self.bad_row(n, row_id, duplicate)

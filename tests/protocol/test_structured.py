@@ -33,7 +33,7 @@ def test_accepted_constraints_are_normalised(value, kind, spec):
     ({"json_schema": [1, 2]}, "JSON object"),
     ({"json_schema": True}, "JSON object"),
     ({"json_schema": "{nope"}, "not valid JSON"),
-    ({"json_schema": {"x": float("nan")}}, "JSON values"),
+    ({"json_schema": {"x": float("nan")}}, "json_schema.x is NaN, which is no JSON number"),
     ({"choice": []}, "empty list"),
     ({"choice": ["a", ""]}, "choice[1]"),
     ({"choice": ["a", 3]}, "choice[1]"),
