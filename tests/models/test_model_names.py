@@ -241,3 +241,21 @@ def test_assembled_and_extracted_models_follow_xdg_cache_home(tmp_path, monkeypa
     split = ALIASES["qwen2.5-coder-0.5b"]
     assert split.path() == tmp_path / "xdg" / "slotserve" / "models" / split.file_name
     assert ALIASES["all-minilm-l6-v2"].cache_dir() == tmp_path / "xdg" / "slotserve" / "models"
+
+
+def test_the_kernels_are_built_under_the_same_cache_root(tmp_path, monkeypatch):
+    """(A relative XDG_CACHE_HOME is ignored there too: it was taken as is, a cache in the working folder.)"""
+    from torch.utils import cpp_extension
+
+    from worker.models.llama import extension
+
+    source = tmp_path / "k.cpp"
+    source.write_text("// a kernel\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-cache")
+    monkeypatch.delenv("SLOTSERVE_NO_KERNELS", raising=False)
+    monkeypatch.setattr(extension, "cpu_has", lambda flag: True)
+    folders = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: folders.append(kw["build_directory"]) or "module")
+    assert extension.build("k", source, ["-O3"], "avx512_bf16", "pure torch runs") == "module"
+    assert Path(folders[0]).parent == cache_root() / "kernels" == tmp_path / ".cache" / "slotserve" / "kernels"

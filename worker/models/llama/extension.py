@@ -2,7 +2,8 @@
 with torch's C++ extension builder, cached, and imported directly afterwards.
 
 :func:`build` compiles a source the first time a process needs it (20 s to minutes on a busy
-2-core machine) into ``~/.cache/slotserve/kernels/<key>`` (``$XDG_CACHE_HOME`` if set), keyed by
+2-core machine) into ``~/.cache/slotserve/kernels/<key>`` (under ``$XDG_CACHE_HOME`` if set:
+:func:`~worker.models.cache_root.cache_root`), keyed by
 the source, torch's version and the flags, so a changed kernel or another torch builds anew and
 later processes import the ``.so`` in milliseconds, without ninja. A build under way (torch's
 builder holds ``<key>/lock``, and the ``.so`` may be half written) is waited for rather than
@@ -63,6 +64,8 @@ from pathlib import Path
 
 import torch
 
+from worker.models.cache_root import cache_root
+
 log = logging.getLogger(__name__)
 
 STALE_AFTER_S = 24 * 3600.0
@@ -105,7 +108,7 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
     key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
-    kernels = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "slotserve" / "kernels"
+    kernels = cache_root() / "kernels"
     folder = kernels / key
     name = f"slotserve_{prefix}_{key}"
     built = folder / f"{name}.so"
