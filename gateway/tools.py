@@ -55,14 +55,14 @@ from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
-from protocol.tools import arguments_problem, parameters_error
+from protocol.tools import arguments_problem, is_tool_name, parameters_error
 from protocol.validation import check_json_text
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
            "is_tool_name", "shown", "stream_choices", "tool_plan"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
 
 @dataclass(frozen=True)
 class ToolPlan:
@@ -122,7 +122,7 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
         if unknown:
             raise bad_request(f"{where}.function does not take {unknown}", f"{where}.function.{unknown[0]}")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not is_tool_name(name):
             raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'", f"{where}.function.name")
         if name in functions:
             raise bad_request(f"{where}.function.name {name!r} is given twice", f"{where}.function.name")
@@ -207,7 +207,7 @@ def _checked_call(call: Any, where: str) -> dict:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request("a tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                           "\"arguments\"}}", where)
-    if not _NAME.match(fn["name"]):  # (its own field: a Messages tool_use block's name, a function_call item's)
+    if not is_tool_name(fn["name"]):  # (its own field: a Messages tool_use block's name, a function_call item's)
         raise bad_request(f"a tool call's name must be 1-64 letters, digits, '_' or '-', got {fn['name']!r:.80}",
                           f"{where}.function.name")
     if call.get("type", "function") != "function":
@@ -223,12 +223,6 @@ def _checked_call(call: Any, where: str) -> dict:
     check_arguments(args, f"{where}.function.arguments")
     return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
             "function": {"name": fn["name"], "arguments": args}}
-
-
-def is_tool_name(name: object) -> bool:
-    """Whether ``name`` is a string a tool may be named by: 1-64 letters, digits, ``_`` or ``-``
-    (OpenAI's rule for function names, which Anthropic's tool names follow too), nothing after."""
-    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 def check_arguments(args: Any, param: str) -> None:

@@ -34,12 +34,21 @@ from typing import NamedTuple
 from protocol.json_numbers import first_nonfinite, loads, nonfinite_message, nonfinite_words, path_text
 from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
 
-__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "parameters_error"]
+__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "is_tool_name",
+           "parameters_error"]
 
 MAX_TOOLS_CHARS = 200_000
 """Longest ``tools`` text, in characters (it is rendered into the prompt of every request that has it)."""
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names (whole: fullmatch, never a
+# $-anchored match, whose $ also matches before a final newline: "get_time\n" passed as a name)
+
+
+def is_tool_name(name: object) -> bool:
+    """Whether ``name`` is a string a tool may be named by: 1-64 letters, digits, ``_`` or ``-``
+    (OpenAI's rule for function names, which Anthropic's tool names follow too), nothing after, not
+    even a newline. One rule for every entry point: HTTP (chat, Responses, Messages), the SDK, the wire."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 class ToolCall(NamedTuple):
@@ -80,7 +89,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(f"{field}[{i}] must be {{\"type\": \"function\", \"function\": {{name, description, "
                              "parameters}}}}")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name) or name in names:
+        if not is_tool_name(name) or name in names:
             raise ValueError(f"{field}[{i}].function.name must be 1-64 letters, digits, '_' or '-', "
                              f"each name once; got {name!r:.80}")
         names.add(name)
@@ -147,7 +156,7 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         else:
             raise ValueError(f"{where} must be a tool call, got {call!r:.80}")
         call_id = as_text(call_id, f"{where} id")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not is_tool_name(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
         given = args
         try:
