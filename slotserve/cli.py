@@ -1039,7 +1039,7 @@ def _prefix_cache_line(usage) -> str:
 
 @main.command()
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=32, show_envvar=True,
-              help="Number of problems, from the first (164 in all).")
+              help="Number of problems, from the first (164 in all; more is a usage error).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_envvar=True,
               help="max_tokens of every row (generated tokens).")
 @click.option("--format", "fmt", type=click.Choice(["chat", "completion"]), default="chat", show_envvar=True,
@@ -1061,6 +1061,8 @@ def humaneval(limit: int, max_tokens: int, fmt: str, output: str) -> None:
         rows = list(humaneval_rows(limit, max_tokens=max_tokens, chat=fmt == "chat"))
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None
+    except ValueError as e:  # (-n past the problems there are: refused, not cut short, before -o is touched)
+        raise click.BadParameter(str(e), param_hint="'-n' / '--limit'") from None
     try:  # (only once the rows are at hand: a missing data set leaves an existing -o alone)
         out = click.open_file(output, "w")
     except OSError as e:

@@ -46,7 +46,9 @@ def humaneval_rows(limit: int | None = None, *, max_tokens: int | tuple[int, int
     range drawn per row with ``random.Random(seed)`` in prompt order (the
     HE32 workload of bench/model.py uses ``(16, 128)`` and seed 0).
 
-    Raises ``ValueError`` for ``limit < 1`` or a bad range.
+    Raises ``ValueError`` for ``limit < 1``, a ``limit`` past the problems there are (164: a job
+    asked for 1,000 rows and silently given 164 measures something else than its user thinks),
+    or a bad range; before any row.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -61,13 +63,14 @@ def humaneval_rows(limit: int | None = None, *, max_tokens: int | tuple[int, int
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         draw = lambda: max_tokens  # noqa: E731
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if limit is not None and i >= limit:
-                return
-            problem = json.loads(line)
-            row = {"id": problem["task_id"], "max_tokens": draw()}
-            if chat:
-                row["messages"] = [{"role": "user", "content": CHAT_INSTRUCTION.format(prompt=problem["prompt"])}]
-            else:
-                row["prompt"] = problem["prompt"]
-            yield row
+        lines = [line for line in f if line.strip()]  # (164 problems, 0.2 MB)
+    if limit is not None and limit > len(lines):
+        raise ValueError(f"limit {limit} is past the {len(lines)} HumanEval problems: ask for at most {len(lines)}")
+    for line in lines[:limit]:
+        problem = json.loads(line)
+        row = {"id": problem["task_id"], "max_tokens": draw()}
+        if chat:
+            row["messages"] = [{"role": "user", "content": CHAT_INSTRUCTION.format(prompt=problem["prompt"])}]
+        else:
+            row["prompt"] = problem["prompt"]
+        yield row

