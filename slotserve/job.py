@@ -349,6 +349,11 @@ class BatchJob:
             self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
             return
+        except RecursionError:  # (nested deeper than Python's recursion limit: the row, not the job)
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: nested too deeply to read (over {sys.getrecursionlimit()} levels of "
+                               "arrays or objects)")
+            return
         if not isinstance(row, dict):
             self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: a row must be a JSON object")

@@ -113,6 +113,23 @@ def test_duplicate_ids_refuse_the_later_row(frontend):
     assert summary.errors == 5
 
 
+def test_a_row_nested_past_the_recursion_limit_is_an_error_row_and_the_job_goes_on(frontend):
+    """A line whose JSON nests deeper than Python's recursion limit made the reader raise RecursionError,
+    which ended the whole job ("cannot read the input"), the rows after it never read: it is that line's
+    error row, as any line that does not parse."""
+    deep = sys.getrecursionlimit() * 2
+    lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}),
+             '{"id": "deep", "prompt": [3], "extra": ' + "[" * deep + "]" * deep + "}",
+             json.dumps({"id": "b", "prompt": [4], "max_tokens": 3})]
+    rows, summary = job_rows(frontend, "\n".join(lines) + "\n")
+    got = by_id(rows)
+    assert len(rows) == 3 and summary.errors == 1
+    assert got['"a"']["tokens"] == expected([1, 2], 3) and got['"b"']["tokens"] == expected([4], 3)
+    bad = got["2"]  # (its id unread: the line number)
+    assert bad["error"]["code"] == "bad_request" and bad["tokens"] == []
+    assert bad["error"]["message"].startswith("line 2: nested too deeply to read")
+
+
 def test_a_chat_role_that_is_not_a_name_is_an_error_row_naming_line_and_message(frontend):
     """A row's chat role follows the gateway's rule (a name: letters, digits, '_' and '-', at most 32):
     another is that row's error row, as any row that fails validation; the job goes on."""
