@@ -15,16 +15,25 @@ through the engine's public interface only (``submit_request`` and
    a tokenizer its prompt is the chat :data:`CHAT` (the template) and its
    text is streamed (the detokenizer), as every request of a worker with a
    tokenizer is; without, :data:`PROMPT_TOKENS` token ids;
-2. ``num_slots`` requests of :data:`BATCH_PROMPT_TOKENS` token ids at once
-   (another prompt than 1.'s, so none is a prefix-cache hit): their prefills
-   (together, beside the decoding of the first ones, as under load), then
-   decode steps at every batch size from ``num_slots`` down to 1: request
-   ``i`` generates one token more than request ``i - 1``, so one slot frees
-   per step. Their prompts are short: nothing a first call sets up depends
-   on a prefill's length (the shapes of later prompts are theirs), and
+2. ``min(num_slots, MAX_BATCH)`` requests of :data:`BATCH_PROMPT_TOKENS`
+   token ids at once (another prompt than 1.'s, so none is a prefix-cache
+   hit): their prefills (together, beside the decoding of the first ones, as
+   under load), then decode steps at the batch sizes of :func:`batch_sizes`,
+   from the largest down: the requests end in groups, one group per step.
+   Their prompts are short: nothing a first call sets up depends on a
+   prefill's length (the shapes of later prompts are theirs), and
    ``num_slots`` prefills of :data:`PROMPT_TOKENS` each made most of the
    warm-up's time on a larger model (Qwen2.5-Coder-1.5B at gguf on 2 cores:
    2.1 s of its 4.6 s).
+
+Its cost is bounded whatever ``num_slots``: at most :data:`MAX_BATCH`
+requests and ``len(batch_sizes(...))`` decode levels. It once decoded at
+every batch size from ``num_slots`` down to 1, one slot freed per step: a
+quadratic cost (256 slots of SmolLM2-135M took 236 s on a loaded 2-core
+machine, 16 slots 7 s) under which ``--slots 100000`` never became ready.
+Past :data:`MAX_BATCH` a step's first-call set-up is small beside the step
+itself; on CUDA the graph of a batch wider than that is captured by the
+first step that needs it.
 
 It leaves no trace: every request ends and frees its slot (the model's
 ``release_slot``, as for any request), nothing stays queued or in the
@@ -41,6 +50,7 @@ between calls: :func:`needs_warmup` says False for them.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -58,6 +68,14 @@ enough for a real prefill, within the smallest decode window of the CUDA graphs.
 
 BATCH_PROMPT_TOKENS = 16
 """Prompt length of the ``num_slots`` requests of phase 2 (tokens)."""
+
+MAX_BATCH = 256
+"""Most requests of phase 2: the largest decode batch the warm-up runs (the largest of the CUDA
+graphs' own sizes, :data:`worker.models.llama.cuda_graphs.BATCH_SIZES`)."""
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""The decode batch sizes phase 2 steps through below its width: the CUDA graphs' (one graph
+each, a step padded to the next), which also spread the CPU's shapes."""
 
 DECODE_TOKENS = 4
 """Tokens the request alone generates (the first from its prefill), and the
@@ -82,6 +100,21 @@ class WarmupReport:
     stopped: bool = False
 
 
+def batch_sizes(num_slots: int) -> list[int]:
+    """The decode batch sizes of phase 2 for ``num_slots`` slots, ascending: those of
+    :data:`BATCH_SIZES` below its width ``min(num_slots, MAX_BATCH)``, then the width."""
+    width = min(num_slots, MAX_BATCH)
+    return [b for b in BATCH_SIZES if b < width] + [width]
+
+
+def _budgets(num_slots: int, budget: int) -> list[int]:
+    """Tokens each request of phase 2 generates (at most ``budget``): request ``i`` lives through
+    the decode levels whose batch size is above ``i``, so the batch steps down :func:`batch_sizes`
+    from the widest (the first request lives longest)."""
+    sizes = batch_sizes(num_slots)
+    return [min(DECODE_TOKENS + len(sizes) - 1 - bisect.bisect_right(sizes, i), budget) for i in range(sizes[-1])]
+
+
 def needs_warmup(model) -> bool:
     """Whether ``model`` keeps state a warm-up sets up: slot-aware models do
     (a KV cache, CUDA graphs, kernels by shape), and so do embedding models
@@ -96,7 +129,7 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
     cancelled and end in the next step. Logs its duration at INFO.
 
     An :class:`~worker.embeddings.EmbeddingEngine` (an embedding model) is warmed with one step
-    of ``batch_size`` requests instead: its forwards at full width, at two lengths (short and
+    of ``min(batch_size, MAX_BATCH)`` requests instead: its forwards at that width, at two lengths (short and
     :data:`PROMPT_TOKENS`), as a step of requests of mixed lengths makes them."""
     t0 = time.monotonic()
     if getattr(engine.model, "embedding_size", None) is not None:
@@ -106,7 +139,7 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
     prompt, budget = _prompt(engine)
     short = _prompt(engine, BATCH_PROMPT_TOKENS, shift=1)[0]
     phases = (("alone", [(CHAT if tokenizer is not None else prompt, min(DECODE_TOKENS, budget))]),
-              ("all", [(short, min(DECODE_TOKENS + i, budget)) for i in range(engine.batch_size)]))
+              ("all", [(short, n) for n in _budgets(engine.batch_size, budget)]))
     steps = failed = 0
     stopped = False
     for name, requests in phases:
@@ -120,10 +153,11 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
     cache = getattr(engine.model, "prefix_cache", None)  # (worker.models.llama.prefix_cache)
     if cache is not None:
         cache.reset_stats()
-    report = WarmupReport(time.monotonic() - t0, steps, engine.batch_size, failed, stopped)
+    sizes = batch_sizes(engine.batch_size)
+    report = WarmupReport(time.monotonic() - t0, steps, sizes[-1], failed, stopped)
     log.info("warm-up %s in %.2f s: %d iterations (a prefill alone, then %d of %d tokens at once), decode at "
-             "batch sizes 1 to %d%s", "stopped" if stopped else "done", report.seconds, steps, engine.batch_size,
-             len(short), engine.batch_size, f"; {failed} warm-up requests failed" if failed else "")
+             "batch sizes %s%s", "stopped" if stopped else "done", report.seconds, steps, sizes[-1],
+             len(short), ", ".join(map(str, sizes)), f"; {failed} warm-up requests failed" if failed else "")
     return report
 
 
@@ -133,11 +167,11 @@ def _warm_up_embeddings(engine, stop: threading.Event | None, t0: float) -> Warm
     short, _ = _prompt(engine, min(BATCH_PROMPT_TOKENS, limit))
     long, _ = _prompt(engine, min(PROMPT_TOKENS, limit), shift=1)
     handles = [engine.submit_request(long if i % 2 else short, request_id=f"warmup-embed-{i}")
-               for i in range(engine.batch_size)]
+               for i in range(min(engine.batch_size, MAX_BATCH))]
     steps, stopped = _drain(engine, handles, stop)
-    report = WarmupReport(time.monotonic() - t0, steps, engine.batch_size, _report_failures(handles), stopped)
+    report = WarmupReport(time.monotonic() - t0, steps, len(handles), _report_failures(handles), stopped)
     log.info("warm-up %s in %.2f s: %d embedding requests in %d step(s)", "stopped" if stopped else "done",
-             report.seconds, engine.batch_size, steps)
+             report.seconds, len(handles), steps)
     return report
 
 
@@ -146,7 +180,7 @@ def _prompt(engine: BatchInferenceEngine, length: int = PROMPT_TOKENS, shift: in
     most tokens a warm-up request may generate, within the model's vocabulary and context."""
     vocab = getattr(engine.model, "vocab_size", None) or 256
     limit = getattr(engine.model, "max_seq_len", None)
-    longest = DECODE_TOKENS + engine.batch_size  # what the last request of phase 2 generates
+    longest = DECODE_TOKENS + len(batch_sizes(engine.batch_size))  # more than phase 2's longest generates
     if limit is not None:
         length = max(1, min(length, limit - longest))
         longest = min(longest, limit - length)

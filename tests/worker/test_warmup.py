@@ -1,5 +1,6 @@
 """Ready means warm (issue 22, item 2): a worker warms its model up -- a prefill
-and decode steps at every batch size up to its slots -- before it registers, so
+and decode steps at the batch sizes of worker.warmup.batch_sizes, up to its slots
+or MAX_BATCH, so its cost is bounded whatever --slots -- before it registers, so
 the broker lists the model as loading until then (``wait_for_model`` waits, a
 request waits in the queue); the warm-up leaves no trace in the engine, the
 model or the broker; ``warmup=False`` and stateless models skip it."""
@@ -19,7 +20,7 @@ from worker import BatchInferenceEngine, SimulatedLLM
 from worker.config import WorkerConfig
 from worker.models.base import StepOutput
 from worker.process import WorkerProcess
-from worker.warmup import needs_warmup, warm_up
+from worker.warmup import DECODE_TOKENS, MAX_BATCH, batch_sizes, needs_warmup, warm_up
 
 
 class SlotSim:
@@ -71,12 +72,12 @@ class GatedSlotSim(SlotSim):
 # ---------------------------------------------------------------------- the warm-up itself
 
 
-def test_warm_up_decodes_at_every_batch_size_and_leaves_the_engine_as_it_was():
+def test_warm_up_decodes_at_its_batch_sizes_and_leaves_the_engine_as_it_was():
     model = SlotSim()
     engine = BatchInferenceEngine(model, 5, stop_token=None)
     report = warm_up(engine)
     decode_sizes = sorted({rows for rows, prefill in model.steps if prefill == 0})
-    assert decode_sizes == [1, 2, 3, 4, 5]                # every batch size the worker will see
+    assert decode_sizes == batch_sizes(5) == [1, 2, 4, 5]  # the CUDA graphs' sizes below the slots, and the slots
     assert (1, 1) in model.steps and (5, 5) in model.steps  # a prefill alone, and all slots' at once
     assert report.iterations == len(model.steps) and report.max_batch == 5
     assert not report.stopped and report.failed == 0 and report.seconds > 0
@@ -88,6 +89,20 @@ def test_warm_up_decodes_at_every_batch_size_and_leaves_the_engine_as_it_was():
     engine.run()
     assert h.request_id == "req-0"
     assert (h.tokens, h.finish_reason.value) == simulated_reference([4, 5, 6], 6, stop_token=None)
+
+
+def test_the_warm_up_of_many_slots_is_bounded():
+    """--slots 100000 never became ready: the warm-up decoded at every batch size from 100000 down
+    to 1, one slot freed per step (quadratic: 256 slots of SmolLM2-135M took 236 s, 100000 never
+    ended). Now at most MAX_BATCH requests and one step per size of batch_sizes."""
+    model = SlotSim()
+    engine = BatchInferenceEngine(model, 100_000, stop_token=None)
+    report = warm_up(engine)
+    assert batch_sizes(100_000)[-1] == MAX_BATCH == report.max_batch
+    assert max(rows for rows, _ in model.steps) == MAX_BATCH
+    assert report.iterations == len(model.steps) <= DECODE_TOKENS + 2 * len(batch_sizes(100_000)) + 2
+    assert sorted({rows for rows, prefill in model.steps if prefill == 0}) == batch_sizes(100_000)
+    assert (engine.num_free_slots, engine.num_queued, engine.num_running) == (100_000, 0, 0)
 
 
 def test_a_stop_during_the_warm_up_ends_it_at_once_with_every_slot_free():

@@ -90,7 +90,12 @@ class SlotKVCache:
         self.values: list[torch.Tensor] = []
         self.lengths = [0] * num_slots
         self._pass: _RowsPass | _PackedPass | None = None
-        self._ensure_capacity(min(capacity_step, max_len))
+        from worker.models.llama.cache import check_fits  # (the runner's cache's rule, for this one's first buffers)
+
+        first = min(capacity_step, max_len)
+        check_fits(num_slots, 2 * num_layers * num_kv_heads * first * head_dim * dtype.itemsize, "cpu",
+                   "its first buffers (allocated at once)")
+        self._ensure_capacity(first)
 
     # -- bookkeeping -------------------------------------------------------
 

@@ -43,6 +43,12 @@ grows, when a row needs more, to the larger of what it needs and
 new cache held at once while it copies). This is also the fallback where the
 whole mapping is refused (strict overcommit). Bytes mapped:
 ``2 * layers * rows * kv_heads * capacity * head_dim * itemsize``.
+
+Rows that memory cannot hold are refused when the cache is made (:func:`least_bytes`): on CPU a
+row holding one token has written a page of each of its ``2 * layers * kv_heads`` blocks, so
+``rows`` of them busy at once take at least that many pages each (SmolLM2-135M: 720 KiB a row);
+on CUDA the cache is allocated whole. Past the memory available, a worker could never serve its
+slots (``--slots 100000`` of SmolLM2-135M: 69 GiB at the least): a ValueError saying how many fit.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class SlotCache:
                  dtype: torch.dtype, device: str, capacity_step: int | None = 64) -> None:
         if min(layers, rows, kv_heads, head_dim) < 1 or max_len < 2:
             raise ValueError("SlotCache sizes must be >= 1 (max_len >= 2)")
+        cpu = torch.device(device).type == "cpu"
+        check_fits(rows, least_bytes(layers, kv_heads, head_dim, max_len, dtype, device), device,
+                   "a token" if cpu else "its whole context (allocated at once)")
         self.layers, self.rows, self.kv_heads, self.head_dim = layers, rows, kv_heads, head_dim
         self.max_len, self.dtype, self.device, self.capacity_step = max_len, dtype, device, capacity_step
         self.lengths = [0] * rows
@@ -131,6 +140,50 @@ class SlotCache:
         if self.capacity:
             kv[..., : self.capacity, :].copy_(self.kv)
         self.kv, self.capacity = kv, capacity
+
+
+PAGE_BYTES = mmap.PAGESIZE
+"""The kernel's page: the least memory a written position of a block takes (CPU)."""
+
+
+def least_bytes(layers: int, kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype, device: str) -> int:
+    """The least memory one row takes once it holds a token (bytes): on CPU one page of each of its
+    ``2 * layers * kv_heads`` blocks (a block smaller than a page: itself); elsewhere its whole
+    ``max_len`` positions (the cache is allocated whole)."""
+    block = max_len * head_dim * dtype.itemsize
+    if torch.device(device).type == "cpu":
+        block = min(block, PAGE_BYTES)
+    return 2 * layers * kv_heads * block
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory the cache may take (bytes): CUDA's free device memory, else Linux's MemAvailable
+    (``/proc/meminfo``); None where unknown (no check then)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    if dev.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(rows: int, per_row: int, device: str, where: str) -> None:
+    """ValueError when ``rows`` rows of ``per_row`` bytes at the least (once a row holds ``where``)
+    exceed the memory available (:func:`available_bytes`)."""
+    available = available_bytes(device)
+    if available is None or rows * per_row <= available:
+        return
+    raise ValueError(f"{rows} slots do not fit: each slot's KV cache takes at least {per_row / 2**20:.2f} MiB once "
+                     f"it holds {where}, {rows * per_row / 2**30:.1f} GiB for {rows}, beyond the "
+                     f"{available / 2**30:.1f} GiB of {device} memory available; at most {available // per_row} "
+                     "slots fit here (fewer leave room for longer sequences)")
 
 
 def _anonymous_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
