@@ -24,6 +24,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import Envelope, Finished, Rejected
 from protocol.queue import PriorityQueue
 from protocol.request import RequestId, RequestParams
+from protocol.validation import echo
 
 ENDING_COUNTER = {FinishReason.STOP: "completed", FinishReason.LENGTH: "completed",
                   FinishReason.CANCELLED: "cancelled", FinishReason.DEADLINE: "deadline",
@@ -132,7 +133,7 @@ class JobTable:
             job.model = model
             if not into.push(job, job.params.priority):
                 self.finish(job, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
-                            f"model {model!r} has {into.max_size} requests queued; retry later", out)
+                            f"model {echo(model)} has {into.max_size} requests queued; retry later", out)
 
     @property
     def by_client(self) -> dict[tuple[bytes, RequestId], int]:
@@ -216,7 +217,7 @@ class JobTable:
                     self.counters["queue_full"] += 1
                     out.result(client).finished.append(Finished(
                         entry.request_id, FinishReason.ERROR, ErrorCode.QUEUE_FULL,
-                        f"model {model!r} has {q.max_size} requests queued; retry later"))
+                        f"model {echo(model)} has {q.max_size} requests queued; retry later"))
                     continue
             by_key[key] = job
             attached[rid] = key

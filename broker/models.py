@@ -26,6 +26,7 @@ from broker.outbox import Outbox, Side
 from broker.registry import WorkerRegistry
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import ModelInfo, Register, Welcome
+from protocol.validation import echo, start_hint
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,10 @@ class ServedModels:
         """The ``unknown_model`` message for ``model``: what is there, what to do."""
         served, loading, aliases = self.view()
         names = sorted(served) + sorted(a for a, m in aliases.items() if m in served)
-        return (f"no worker serves or loads model {model!r} (served: {', '.join(names) or 'none'}; "
-                f"loading: {', '.join(loading) or 'none'}); start one (slotserve worker --model {model}) "
-                "or check the name")
+        there = f"served: {', '.join(names) or 'none'}; loading: {', '.join(loading) or 'none'}"
+        if not model:
+            return f"the request names no model (an empty name); name one ({there})"
+        return f"no worker serves or loads model {echo(model)} ({there}); {start_hint(model)} or check the name"
 
     def welcome(self, now: float, registering: Register | None = None) -> Welcome:
         """The welcome to send now; with ``registering``, the one its worker gets

@@ -41,7 +41,7 @@ from protocol.messages import (
 )
 from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
-from protocol.validation import as_seconds, as_text, check_callbacks
+from protocol.validation import as_seconds, as_text, check_callbacks, echo
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class Client:
                     raise UnknownModelError(model, self.address, self.models, self.loading)
                 if now >= deadline:
                     state = "is still loading" if model in self.loading else "has no worker yet"
-                    raise TimeoutError(f"model {model or '(any)'!r} {state} after {timeout_s:g} s")
+                    raise TimeoutError(f"model {echo(model) if model else '(any)'} {state} after {timeout_s:g} s")
                 if now >= ask_s:  # in case a change was missed (a broker restart): ask, less and less often
                     self._conn.send(Hello())
                     backoff_s = min(2 * backoff_s, 8.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from protocol.enums import ErrorCode
+from protocol.validation import echo, start_hint
 
 
 class RemoteError(Exception):
@@ -36,7 +37,8 @@ class UnknownModelError(RemoteError, ValueError):
         self.model = model
         self.served = tuple(sorted(served))
         self.loading = tuple(sorted(loading))
+        there = f"served: {', '.join(self.served) or 'none'}; loading: {', '.join(self.loading) or 'none'}"
         super().__init__(ErrorCode.UNKNOWN_MODEL,
-                         f"no worker serves or loads model {model!r} at {address} (served: "
-                         f"{', '.join(self.served) or 'none'}; loading: {', '.join(self.loading) or 'none'}); "
-                         f"start one (slotserve worker --model {model}) or pick a served model")
+                         f"no model named at {address} (an empty name); name one ({there})" if not model else
+                         f"no worker serves or loads model {echo(model)} at {address} ({there}); "
+                         f"{start_hint(model)} or pick a served model")

@@ -52,7 +52,7 @@ from pydantic_core import to_json
 from protocol.enums import ErrorCode
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
 from protocol.request import RequestParams
-from protocol.validation import surrogate_escape_message, unpaired_surrogate
+from protocol.validation import clip, surrogate_escape_message, unpaired_surrogate
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
@@ -234,7 +234,7 @@ def from_validation(errors: list[dict]) -> APIError:
     if kind in ("invalid_type", "invalid_value"):  # gateway.schemas' own checks: their message says it all
         return bad_request(e.get("msg", "invalid"), loc, kind)
     got = e.get("input")
-    shown = json.dumps(got)[:60] if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__
+    shown = clip(json.dumps(got)) if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__
     return bad_request(f"Invalid value for '{loc}': {e.get('msg', 'invalid')} (got {shown})", loc,
                        "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value")
 

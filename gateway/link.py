@@ -27,6 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import APIError, unavailable
 from gateway.threads import on_a_daemon_thread
 from protocol.messages import ModelInfo, Status
+from protocol.validation import clip
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,12 @@ def not_found(model: str, names: dict[str, str]) -> str:
     request may give (``names``: name -> ``"loaded"``, ``"loading"`` or ``"unloaded"``, as
     :meth:`BrokerConnections.model_not_found` gathers them) and, where one differs from ``model``
     only in case, that one (model names are case-sensitive, as OpenAI's)."""
+    listed = ", ".join(n if state == "loaded" else f"{n} ({state})" for n, state in sorted(names.items()))
+    if not model:
+        return f"The request names no model (an empty name): name one (models: {listed or 'none'})"
     same = [n for n in names if n.lower() == model.lower()]
     hint = f"; did you mean `{same[0]}`?" if same else ""
-    listed = ", ".join(n if state == "loaded" else f"{n} ({state})" for n, state in sorted(names.items()))
-    return f"The model `{model:.200}` does not exist: no slotserve worker serves it (models: {listed or 'none'}){hint}"
+    return f"The model `{clip(model)}` does not exist: no slotserve worker serves it (models: {listed or 'none'}){hint}"
 
 
 class BrokerConnections:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gateway.threads import on_a_daemon_thread
+from protocol.validation import echo
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +225,8 @@ class Tokenizers:
     def why_none(self, model: str) -> str:
         key = self._key(model)
         if key in self._failed:
-            return f"its tokenizer {key!r} failed to load ({self._failed[key]})"
+            return f"its tokenizer {echo(key)} failed to load ({self._failed[key]})"
         if self._load is None:
             return "this gateway was started without a tokenizer"
-        return (f"no tokenizer is known for {key!r} (a local model's alias, folder or .gguf file is; "
+        return (f"no tokenizer is known for {echo(key)} (a local model's alias, folder or .gguf file is; "
                 "start the gateway with --tokenizer)")

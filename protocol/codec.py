@@ -52,6 +52,7 @@ from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Envelope, Iterati
 from protocol.request import (
     _AFTER_STOP_DEFAULTS, MAX_REQUEST_ID_CHARS, RequestId, RequestParams, from_wire, from_wire_plain, to_wire,
 )
+from protocol.validation import echo
 
 _count_of = operator.countOf
 _ENVELOPE_FIELDS = len(Envelope._fields)
@@ -278,7 +279,7 @@ def _enum(cls: type[enum.Enum]) -> Decoder:
     def check(v: Any, name: str) -> Any:
         member = members.get(v) if type(v) is str else None
         if member is None:
-            raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: unknown value {v!r:.40}")
+            raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: unknown value {echo(v, 40)}")
         return member
     return check
 

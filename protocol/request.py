@@ -46,7 +46,7 @@ from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_json_text, check_json_unicode, check_vocab,
-    is_sequence, plain_tokens,
+    echo, is_sequence, plain_tokens,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -709,7 +709,7 @@ class RequestParams(_Fields):
         for key, value in fields.items():
             name = ROW_ALIASES.get(key, key)
             if name not in _NAMES:
-                raise ValueError(f"unknown field {key!r}; allowed: {sorted(_NAMES | set(ROW_ALIASES))}")
+                raise ValueError(f"unknown field {echo(key)}; allowed: {sorted(_NAMES | set(ROW_ALIASES))}")
             if name in kwargs:
                 both = sorted(k for k in fields if ROW_ALIASES.get(k, k) == name)
                 raise ValueError(f"give one of {both}, not both")

@@ -35,19 +35,30 @@ WIRE_INT_MAX = 2**64 - 1
 _count_of = operator.countOf
 
 ECHO_MAX_CHARS = 100
-"""The most characters of a caller's value an error message echoes (:func:`echo`)."""
+"""The most characters of a caller's value an error message echoes (:func:`echo`, :func:`clip`)."""
+
+
+def clip(text: str, limit: int = ECHO_MAX_CHARS) -> str:
+    """``text`` as an error message echoes it unquoted: whole up to ``limit`` characters, else its
+    first ``limit`` and ``… (N characters)``. Every message that echoes what a client sent (a model
+    name, a key, a field's value; on the wire, over HTTP, in a ValueError) goes through this or
+    :func:`echo`, so a 100 KB model name comes back as 100 characters and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def start_hint(model: str) -> str:
+    """What an ``unknown_model`` message suggests: ``start one (slotserve worker --model NAME)``, or
+    without the command for a name too long to echo whole (:data:`ECHO_MAX_CHARS`)."""
+    return f"start one (slotserve worker --model {model})" if len(model) <= ECHO_MAX_CHARS else "start a worker for it"
 
 
 def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
-    """``value`` as an error message shows it: its ``repr`` (a string quoted, escaped), or for a string of
-    more than ``limit`` characters the repr of its first ``limit`` and ``… (N characters)``; any other
-    repr past ``limit`` characters is cut likewise. Every message that echoes what a client sent (a
-    model name, an id, a field's value; on the wire, over HTTP, in a ValueError) goes through this, so
-    a 100 KB name comes back as 100 characters and its length."""
+    """``value`` as an error message quotes it: its ``repr`` (a string quoted, escaped), or for a
+    string of more than ``limit`` characters the repr of its first ``limit`` and ``… (N characters)``;
+    any other repr past ``limit`` characters is cut likewise (:func:`clip`)."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}… ({len(value)} characters)"
-    text = repr(value)
-    return text if len(text) <= limit + 2 else f"{text[:limit]}… ({len(text)} characters)"
+    return clip(repr(value), limit + 2)
 
 
 def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
