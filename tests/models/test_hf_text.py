@@ -163,7 +163,7 @@ def test_chat_template_kwargs_reach_the_template_through_the_engine(tiny_text_di
                                           ({"chat_template": "x"}, "set by the server"),
                                           ({"add_generation_prompt": False}, "set by the server"),
                                           ({"not an identifier": 1}, "identifier"),
-                                          ({"x": float("nan")}, "JSON values"),
+                                          ({"x": float("nan")}, r"chat_template_kwargs\.x is NaN, which is no JSON number"),
                                           ([["x", 1]], "object of chat template variables"),
                                           ("[1]", "object of chat template variables"),
                                           ("{", "JSON object")])
