@@ -4,10 +4,9 @@ A decode step of a small model is a few hundred tiny kernels; launched one by
 one from Python, the GPU waits on the CPU. Here the step is captured once per
 (batch size, window) pair and replayed:
 
-- batch sizes: :func:`batch_sizes`, :data:`BATCH_SIZES` and past them half
-  again each step, up to the number of slots; a step with ``n`` decode rows
-  runs the smallest captured size >= ``n`` (the extra rows are padding: token
-  0 written to the cache's scratch position, see
+- batch sizes: :data:`BATCH_SIZES` up to the number of slots; a step with
+  ``n`` decode rows runs the smallest captured size >= ``n`` (the extra rows
+  are padding: token 0 written to the cache's scratch position, see
   :mod:`worker.models.llama.cache`);
 - windows (keys each row looks at): powers of two from 256 up to the cache
   capacity, the smallest >= the longest row; shorter rows are masked.
@@ -40,22 +39,6 @@ from worker.models.llama.weights import LlamaWeights
 from worker.models.transfer import to_device
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def batch_sizes(rows: int) -> list[int]:
-    """The batch sizes captured for ``rows`` slots, ascending, ending at ``rows``: :data:`BATCH_SIZES`
-    below it, then past 256 half again a step (384, 512, 768, 1024, ...) below it. So a step pads at
-    most a third of the rows it replays past 256 (with the sizes stopping at 256, a step of 300 rows on
-    2,048 slots replayed all 2,048). Graphs are captured when first needed, so sizes never used cost
-    nothing."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    sizes, b = [size for size in BATCH_SIZES if size < rows], BATCH_SIZES[-1]
-    while True:
-        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3  # 256 -> 384 -> 512 -> 768 -> 1024 ...
-        if b >= rows:
-            return sizes + [rows]
-        sizes.append(b)
 MIN_WINDOW = 256
 
 
@@ -82,7 +65,7 @@ class DecodeGraphs:
     def __init__(self, weights: LlamaWeights, cache: SlotCache) -> None:
         self.weights, self.cache = weights, cache
         rows = cache.rows
-        self.batch_sizes = batch_sizes(rows)
+        self.batch_sizes = [b for b in BATCH_SIZES if b < rows] + [rows]
         windows, w = [], MIN_WINDOW
         while w < cache.capacity:
             windows.append(w)
