@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 
-from client import BrokerUnavailable, Client
+from client import BrokerUnavailable, Client, UnknownModelError
 from gateway.config import GatewayConfig
 from gateway.errors import APIError, unavailable
 from gateway.threads import on_a_daemon_thread
@@ -278,10 +278,12 @@ class BrokerConnections:
         if c is not None:
             return c
         if model == CONTROL_MODEL and self._control is not None:
-            if model not in self._control.models:  # registered after the control connected: fetch its info
+            # registered after the control connected: fetch its info -- unless it is a model on demand,
+            # whose requests wait in its queue while it loads, as any other model on demand's
+            if model not in self._control.models and model not in self.config.on_demand_models:
                 try:
                     await _on_a_thread(self._control.wait_for_model, self.config.connect_timeout_s)
-                except TimeoutError:
+                except (TimeoutError, UnknownModelError):  # (its workers left since the status)
                     raise self.no_worker(model) from None
             return self._control
         fut = self._connecting.get(model)

@@ -171,3 +171,39 @@ def test_a_request_in_flight_when_the_cluster_stops_still_gets_its_model_loaded(
     asker.join(30)
     assert answers and answers[0].status_code == 200, answers and answers[0].text
     assert time.monotonic() - t0 < 15  # not the whole shutdown timeout
+
+
+def test_through_http_a_model_on_demand_named_simulated_loads_on_its_first_request():
+    """``slotserve up --model simulated --model ...``: the gateway's control connection serves the name
+    ``simulated``, and waited for its worker, so each request for it before its load was a 500 (the
+    connection cut) rather than waiting in its queue; now it loads it, streamed or not."""
+    import threading
+
+    import httpx
+
+    from gateway.config import GatewayConfig
+
+    workers = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, warmup=False)
+                    for name in ("simulated", "model-b"))
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.2,
+                                     register_grace_s=0.5),
+                        workers=(), on_demand=workers, start_timeout_s=60.0, max_loaded_models=1,
+                        gateway=GatewayConfig(port=0))
+    with LocalCluster(cfg) as cluster:
+        stop = threading.Event()
+        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), daemon=True)
+        supervisor.start()
+        try:
+            body = {"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True}
+            for model in ("simulated", "model-b", "simulated"):  # (room for one: each loads in turn)
+                r = httpx.post(cluster.http_url + "/v1/completions", json={**body, "model": model}, timeout=60)
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+            httpx.post(cluster.http_url + "/models/unload", json={"model": "simulated"})
+            wait_until(lambda: "simulated" not in cluster.loaded_on_demand, 30, "simulated to unload")
+            with httpx.stream("POST", cluster.http_url + "/v1/completions", timeout=60,
+                              json={**body, "model": "simulated", "stream": True}) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            assert r.status_code == 200 and lines[-1] == "data: [DONE]" and '"finish_reason":"length"' in lines[-2]
+        finally:
+            stop.set()
+            supervisor.join(30)
