@@ -264,4 +264,5 @@ class BrokerCore:
                                      w.prefix_cache)
                         for w in self.workers)
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
-                      dict(self.counters), self._models.known_aliases())
+                      dict(self.counters), self._models.known_aliases(),
+                      {lw.name: lw.model for lw in self.workers.loading.values()})

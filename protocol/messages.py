@@ -49,7 +49,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -73,6 +73,8 @@ worker would take an embedding request for a generation one). 11: ``chat_templat
 (the template a worker's ``--chat-template`` gave it, which the gateway's ``/tokenize`` and
 ``--tool-call-parser auto`` read), a field a v10 peer would refuse to decode; and the constraint
 ``think`` ``"openai_gptoss"`` (:mod:`protocol.structured`), which a v10 worker would refuse.
+12: ``loading_workers`` in ``status`` (which worker loads which model: a supervisor finds one frozen in
+its load by it), a field a v11 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -528,6 +530,8 @@ class Status(_Message):
     - ``clients``: clients seen within the liveness window.
     - ``counters``: ``{name: int}`` totals since start (submitted, finished, errors, requeued, ...).
     - ``aliases``: ``{alias: model}`` as in :class:`Welcome` (the models of ``models``).
+    - ``loading_workers``: ``{worker name: model}`` of the workers loading a model (announced, not
+      registered yet, not silent): what a supervisor watches to find a worker frozen in its load.
     """
 
     op: ClassVar[Op] = Op.STATUS
@@ -538,6 +542,7 @@ class Status(_Message):
     clients: int
     counters: dict[str, int]
     aliases: dict[str, str] = field(default_factory=dict)
+    loading_workers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

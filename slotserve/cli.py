@@ -1024,6 +1024,8 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     for w in st.workers:
         click.echo(f"  worker {w.name:<22} {w.model:<16} {w.inflight}/{w.num_slots} in flight/slots"
                    + _prefix_cache_line(w.prefix_cache))
+    for name, model in sorted(st.loading_workers.items()):
+        click.echo(f"  worker {name:<22} {model:<16} loading")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
 
 

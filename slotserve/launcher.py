@@ -383,7 +383,11 @@ class LocalCluster:
         A model's worker on demand is watched alike (keyed by the model's name): killed, it is
         forgotten, and the model loads again for the requests the broker requeued (a break-it pass
         froze one: its requests, and with ``--max-loaded-models 1`` every other model's, waited
-        forever). Returns the indices (names, on demand) killed."""
+        forever). A worker loading its model counts as listed while the broker lists it loading
+        (``Status.loading_workers``): one frozen in its load, which the broker then drops as silent, is
+        killed alike (a break-it pass froze one during its load on demand: it was never killed, and its
+        model's requests, and with ``--max-loaded-models 1`` every other model's, waited forever).
+        Returns the indices (names, on demand) killed."""
         now = time.monotonic() if now is None else now
         alive = [(i, p, self.config.workers[i]) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
         if self._demand is not None:  # a model's on demand, keyed by its name (killed, it loads again when wanted)
@@ -396,7 +400,8 @@ class LocalCluster:
             if self._watch is None:
                 self._watch = Client(self.frontend, connect_timeout_s=self.config.stop_timeout_s, name="launcher-watch",
                                      curve=self.config.client_curve)
-            listed = {w.name for w in self._watch.status(timeout_s=self.config.stop_timeout_s).workers}
+            st = self._watch.status(timeout_s=self.config.stop_timeout_s)
+            listed = {w.name for w in st.workers} | set(st.loading_workers)  # (registered or loading)
         except (ConnectionError, TimeoutError, RuntimeError):
             return []
         killed = []

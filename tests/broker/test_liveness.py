@@ -196,3 +196,52 @@ def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_r
     core.on_backend(W2, Loading("lazy", "w2"), 1.0)
     out = core.on_frontend(C1, Submit("lazy", [envelope("c", [1], 5)]), 1.1) + core.tick(30.0)
     assert finished(out) == {} and core.status(30.0).models["lazy"].queued == 1
+
+
+def test_status_names_each_worker_loading_until_it_registers_or_falls_silent():
+    """``status.loading_workers`` names each worker loading (its model): what the launcher watches to
+    kill one frozen in its load. A registered worker is listed in ``workers`` instead; a loading one
+    the broker drops as silent is in neither (the launcher then kills it)."""
+    core = make_core(on_demand_models=("lazy",))
+    core.on_backend(W1, Loading("lazy", "w1"), 0.0)
+    core.on_backend(W2, Loading("simulated", "w2"), 0.0)
+    assert core.status(0.1).loading_workers == {"w1": "lazy", "w2": "simulated"}
+    core.on_backend(W2, Register("simulated", 2, 2, INFO, "w2"), 0.2)
+    st = core.status(0.2)
+    assert st.loading_workers == {"w1": "lazy"} and [w.name for w in st.workers] == ["w2"]
+    core.on_backend(W2, Heartbeat(), 29.0)
+    core.tick(30.0)  # w1 silent past its liveness window
+    assert core.status(30.0).loading_workers == {}
+
+
+def test_slotserve_status_lists_a_worker_loading(monkeypatch):
+    """``slotserve status`` shows each worker still loading its model (and --json its map)."""
+    import json
+
+    from click.testing import CliRunner
+
+    import client
+    from protocol.messages import ModelStatus, Status
+    from slotserve.cli import main
+
+    st = Status("b", 1.0, {"lazy": ModelStatus(1, 0, 0, 0, 0, 1)}, (), 0, {}, {}, {"vm:42": "lazy"})
+
+    class _Client:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def status(self, timeout_s: float) -> Status:
+            return st
+
+    monkeypatch.setattr(client, "Client", _Client)
+    r = CliRunner().invoke(main, ["status"])
+    assert r.exit_code == 0 and any(line.split() == ["worker", "vm:42", "lazy", "loading"]
+                                    for line in r.output.splitlines()), r.output
+    r = CliRunner().invoke(main, ["status", "--json"])
+    assert json.loads(r.output)["loading_workers"] == {"vm:42": "lazy"}

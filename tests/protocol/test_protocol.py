@@ -59,6 +59,7 @@ SAMPLES = [
     Status("b", 1.5, {"m": ModelStatus(1, 2, 3, 4, 5), "n": ModelStatus(0, 0, 0, 0, 0, 2)},
            [WorkerStatus("w", "m", 4, 2, 10, False)], 2,
            {"submitted": 3}),
+    Status("b", 1.5, {"m": ModelStatus(0, 0, 0, 0, 0, 1)}, (), 0, {}, {}, {"vm:7": "m"}),  # a worker loading
     Bye("done"),
     Register("simulated", 4, 5, ModelInfo(100, 64, (0, 1), True), "w1"),
     Register("simulated", 4, 5, ModelInfo(), "w1", 1 << 20),

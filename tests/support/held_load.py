@@ -10,6 +10,8 @@ the load under way in the process table (:func:`load_child`).
   (``worker --broker ...``), the loader held.
 - :func:`held_worker_main`: :func:`slotserve.launcher.worker_main` (what ``slotserve up`` / ``serve``
   start), the loader held, as a ``spawn`` process's target.
+- :func:`held_launched_worker_main`: the same in ``worker_main``'s place (a LocalCluster's workers,
+  on demand too), the FIFO named by ``$SLOTSERVE_TEST_HELD_FIFO``.
 - :func:`held_gateway_main`: :func:`slotserve.launcher.gateway_main`, its tokenizer loads held (in
   process, on the gateway's loading thread).
 - ``python -m tests.support.held_load --parent worker|gateway FIFO ENDPOINT GRACE_S``: a parent as
@@ -57,6 +59,23 @@ def held_worker_main(fifo: str, config, log_level: str = "WARNING", stop_timeout
 
     hold_loads(fifo)
     worker_main(config, log_level, stop_timeout_s=stop_timeout_s)
+
+
+HELD_FIFO_ENV = "SLOTSERVE_TEST_HELD_FIFO"
+"""The variable naming the FIFO that :func:`held_launched_worker_main` holds its loads on."""
+
+
+def held_launched_worker_main(config, log_level: str = "WARNING", index: int = 0, stop_timeout_s: float = 5.0) -> None:
+    """:func:`slotserve.launcher.worker_main` with its very signature (a test puts it in
+    ``slotserve.launcher.worker_main``'s place, so that a LocalCluster starts it, models on demand
+    included), its loads held on the FIFO that ``$SLOTSERVE_TEST_HELD_FIFO`` names (a ``spawn``
+    child inherits the variable)."""
+    import os
+
+    from slotserve.launcher import worker_main
+
+    hold_loads(os.environ[HELD_FIFO_ENV])
+    worker_main(config, log_level, index, stop_timeout_s)
 
 
 def held_gateway_main(fifo: str, config, log_level: str = "WARNING", stop_timeout_s: float = 5.0) -> None:
