@@ -755,7 +755,7 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
     from slotserve.launcher import LocalCluster
     from slotserve.signals import StopSignals
 
-    models = tuple(dict.fromkeys(models + (_models_in(models_dir) if models_dir else ())))
+    models = _distinct_models(models + (_models_in(models_dir) if models_dir else ()))
     several = len(models) > 1  # each on demand (slotserve.on_demand), one worker each
     if several and (served_model_names or workers is not None):
         raise click.UsageError("--served-model-name and --workers apply to one model; with several, each is "
@@ -823,18 +823,50 @@ def _models_in(folder: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def _distinct_models(models: tuple[str, ...]) -> tuple[str, ...]:
+    """``models`` (``--model`` values, then ``--models-dir``'s), each model once in the order given:
+    a file or folder named twice by one path, however spelt (``m.gguf``, ``./m.gguf``, its absolute
+    path), counts once, as its first spelling. (A link is another name: two models.)"""
+    import os
+
+    seen: dict[str, str] = {}
+    for model in models:
+        seen.setdefault(os.path.abspath(model) if os.path.exists(model) else model, model)
+    return tuple(seen.values())
+
+
+def _on_demand_names(model: str) -> tuple[str, ...]:
+    """The names a model on demand is served by (each model's own, ``--served-model-name`` not
+    applying): a model folder's name, with the path as given as an alias (as a ``.gguf`` file's stem
+    is, by default); () for the defaults of anything else (a file's stem, an alias, a hub id)."""
+    import os
+
+    if os.path.isdir(model):
+        name = os.path.basename(os.path.normpath(model))
+        return (name,) if name == model else (name, model)
+    return ()
+
+
 def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
                       backend, broker_options, curve_dir, gateway, model_options, warmup):
     """The cluster of ``up`` with several models: none started, each on demand with one worker
-    (its threads sized as one worker's), its served name its own."""
+    (its threads sized as one worker's), its served name its own (:func:`_on_demand_names`).
+    UsageError when two models would be served by one name."""
     from slotserve.launcher import ClusterConfig
 
-    configs = []
+    configs, claimed = [], {}
     for model in models:
         _, options = _plan_workers(model, 1, model_options, say=False)  # (none starts now: "up" says so)
         configs.append(_cluster_config(frontend, backend, 1, model, slots, step_delay_ms, stop_token,
-                                       _log_level(ctx), curve_dir, None, options, (), warmup,
+                                       _log_level(ctx), curve_dir, None, options, _on_demand_names(model), warmup,
                                        **broker_options).workers[0])
+        for name in configs[-1].served_names:
+            other = claimed.setdefault(name, model)
+            if other != model:
+                raise click.UsageError(
+                    f"the models {other} and {model} would both be served as {name!r}: with several models "
+                    "each is served by its own name (a file's stem, a folder's name), and --served-model-name "
+                    "does not apply; rename one, or link it under another name")
     base = _cluster_config(frontend, backend, 1, models[0], slots, step_delay_ms, stop_token, _log_level(ctx),
                            curve_dir, gateway, model_options, (), warmup, **broker_options)
     return _config(ClusterConfig, broker=base.broker, workers=(), log_level=base.log_level,

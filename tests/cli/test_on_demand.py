@@ -344,3 +344,57 @@ def test_a_worker_that_does_not_stop_when_told_is_killed_and_a_frozen_one_is_not
     assert stuck.signals == ["TERM", "KILL"] and not stuck.is_alive()
     sup.run_pass(5.0 + STOP_KILL_S)
     assert "a" not in sup.stopping
+
+
+def _on_demand_names_of(monkeypatch, tmp_path, *args) -> tuple:
+    """``slotserve up ARGS`` up to its cluster: (exit code, output, each model on demand's served names)."""
+    from click.testing import CliRunner
+
+    from slotserve import launcher
+    from slotserve.cli import main
+
+    seen = []
+
+    class _Cluster:  # (records the config; starts nothing)
+        def __init__(self, cfg) -> None:
+            seen.append(tuple(w.served_names for w in cfg.on_demand))
+            raise RuntimeError("not started: a test")
+
+    monkeypatch.setattr(launcher, "LocalCluster", _Cluster)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["up", *args])
+    return result.exit_code, result.output, seen[0] if seen else None
+
+
+def test_up_serves_a_model_named_twice_by_one_path_once(monkeypatch, tmp_path):
+    """``m.gguf``, ``./m.gguf`` and its absolute path are one model (was: 'each model on demand once:
+    got ['simulated', 'm', 'm']', exit 2)."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    code, out, names = _on_demand_names_of(monkeypatch, tmp_path, "--model", "simulated", "--model", "m.gguf",
+                                           "--model", "./m.gguf", "--model", str(tmp_path / "m.gguf"))
+    assert names == (("simulated",), ("m", "m.gguf")), out
+
+
+def test_up_serves_a_model_folder_on_demand_by_its_folder_name(monkeypatch, tmp_path):
+    """As docs/cluster.md and --models-dir's help say (was: by its whole path, '/.../models/tiny')."""
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "tiny" / "config.json").write_text("{}")
+    (tmp_path / "models" / "b.gguf").write_bytes(b"GGUF")
+    code, out, names = _on_demand_names_of(monkeypatch, tmp_path, "--models-dir", "models")
+    assert names == (("b", "models/b.gguf"), ("tiny", "models/tiny")), out
+    code, out, names = _on_demand_names_of(monkeypatch, tmp_path, "--model", "simulated", "--model", "models/tiny/")
+    assert names == (("simulated",), ("tiny", "models/tiny/")), out
+
+
+@pytest.mark.parametrize("second", ["other/m.gguf", "other/m"])
+def test_up_refuses_two_models_that_would_be_served_by_one_name(monkeypatch, tmp_path, second):
+    """Two files with one stem, or a file and a folder of that name, with several models (where
+    --served-model-name does not apply): a usage error naming both (was 'each model on demand once:
+    got ['m', 'm']')."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "other" / "m").mkdir(parents=True)
+    (tmp_path / "other" / "m" / "config.json").write_text("{}")
+    (tmp_path / "other" / "m.gguf").write_bytes(b"GGUF")
+    code, out, names = _on_demand_names_of(monkeypatch, tmp_path, "--model", "m.gguf", "--model", second)
+    assert code == 2 and names is None
+    assert f"the models m.gguf and {second} would both be served as 'm'" in out and "rename one" in out, out
