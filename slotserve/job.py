@@ -34,7 +34,8 @@ Logprobs are natural logs of the model's raw distribution (see
 :mod:`protocol.logprobs`); JSON has no ``-inf``, so a token of probability 0
 shows as ``-9999.0``, as vLLM's OpenAI server does (``max(logprob, -9999.0)``).
 
-A line that is not valid UTF-8 or JSON, or a row that fails validation, gets
+A line that is not valid UTF-8 or JSON (or that Python's reader cannot read: nested
+past its recursion limit, an integer past its digit limit), or a row that fails validation, gets
 an error row (code ``bad_request``, with the line number as id when the row
 gives none, or gives one that holds a number no JSON row can write back:
 ``NaN``, ``Infinity``, ``1e400``) and the job goes on. A job that is stopped
@@ -348,6 +349,11 @@ class BatchJob:
         except json.JSONDecodeError as e:
             self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
+            return
+        except ValueError:  # an integer past Python's digit limit for int(): the row, not the job
+            self._claim_id(n, n)
+            self.bad_row(n, n, f"line {n}: it holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                               "which no field takes (token ids and counts are below 2**64)")
             return
         except RecursionError:  # (nested deeper than Python's recursion limit: the row, not the job)
             self._claim_id(n, n)

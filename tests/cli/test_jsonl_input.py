@@ -130,6 +130,22 @@ def test_a_row_nested_past_the_recursion_limit_is_an_error_row_and_the_job_goes_
     assert bad["error"]["message"].startswith("line 2: nested too deeply to read")
 
 
+def test_a_row_with_an_integer_past_pythons_digit_limit_is_an_error_row_and_the_job_goes_on(frontend):
+    """A line holding an integer of more digits than Python's int() converts (4,300 by default) made the
+    reader raise a ValueError that is no JSONDecodeError, which ended the whole job ("cannot read the
+    input: Exceeds the limit ..."), the rows after it never read: it is that line's error row."""
+    lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}),
+             '{"id": "big", "prompt": [1' + "0" * (sys.get_int_max_str_digits() + 1) + '], "max_tokens": 3}',
+             json.dumps({"id": "b", "prompt": [4], "max_tokens": 3})]
+    rows, summary = job_rows(frontend, "\n".join(lines) + "\n")
+    got = by_id(rows)
+    assert len(rows) == 3 and summary.errors == 1
+    assert got['"a"']["tokens"] == expected([1, 2], 3) and got['"b"']["tokens"] == expected([4], 3)
+    bad = got["2"]  # (its id unread: the line number)
+    assert bad["error"]["code"] == "bad_request" and bad["tokens"] == []
+    assert bad["error"]["message"].startswith("line 2: it holds an integer of more than")
+
+
 def test_a_chat_role_that_is_not_a_name_is_an_error_row_naming_line_and_message(frontend):
     """A row's chat role follows the gateway's rule (a name: letters, digits, '_' and '-', at most 32):
     another is that row's error row, as any row that fails validation; the job goes on."""
