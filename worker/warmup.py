@@ -75,7 +75,9 @@ graphs' own sizes, :data:`worker.models.llama.cuda_graphs.BATCH_SIZES`)."""
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 """The decode batch sizes phase 2 steps through below its width: the CUDA graphs' (one graph
-each, a step padded to the next), which also spread the CPU's shapes."""
+each, a step padded to the next), which also spread the CPU's shapes. A copy of
+:data:`worker.models.llama.cuda_graphs.BATCH_SIZES`, which imports torch (this module may not);
+``tests/worker/test_warmup.py`` keeps the two equal."""
 
 DECODE_TOKENS = 4
 """Tokens the request alone generates (the first from its prefill), and the

@@ -18,13 +18,10 @@ import threading
 
 import pytest
 
-from broker import BrokerConfig, run_broker
 from client import Client
 from slotserve.job import BatchJob, run_job
+from tests.support.cluster import ThreadCluster
 from tests.support.waits import wait_until
-from worker import SimulatedLLM
-from worker.config import WorkerConfig
-from worker.process import run_worker
 
 SLOTSERVE = [sys.executable, "-m", "slotserve"]
 
@@ -36,21 +33,9 @@ def rows(n: int, max_tokens: int = 4) -> str:
 @pytest.fixture(scope="module")
 def frontend():
     """A broker and one worker on threads of this process, 2 ms per iteration."""
-    stop = threading.Event()
-    ready: list = []
-    bound = threading.Event()
-    broker = threading.Thread(target=run_broker, args=(BrokerConfig("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),),
-                              kwargs={"stop": stop, "on_ready": lambda f, b: (ready.append((f, b)), bound.set())},
-                              daemon=True)
-    broker.start()
-    assert bound.wait(30)
-    worker = threading.Thread(target=run_worker, args=(WorkerConfig(broker=ready[0][1], num_slots=4, step_delay_ms=2),),
-                              kwargs={"stop": stop, "model": SimulatedLLM()}, daemon=True)
-    worker.start()
-    yield ready[0][0]
-    stop.set()
-    worker.join(10)
-    broker.join(10)
+    with ThreadCluster() as cluster:
+        cluster.add_worker(num_slots=4, step_delay_ms=2)
+        yield cluster.frontend
 
 
 class FailingOutput(io.StringIO):

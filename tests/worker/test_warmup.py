@@ -20,7 +20,7 @@ from worker import BatchInferenceEngine, SimulatedLLM
 from worker.config import WorkerConfig
 from worker.models.base import StepOutput
 from worker.process import WorkerProcess
-from worker.warmup import DECODE_TOKENS, MAX_BATCH, batch_sizes, needs_warmup, warm_up
+from worker.warmup import BATCH_SIZES, DECODE_TOKENS, MAX_BATCH, batch_sizes, needs_warmup, warm_up
 
 
 class SlotSim:
@@ -103,6 +103,13 @@ def test_the_warm_up_of_many_slots_is_bounded():
     assert report.iterations == len(model.steps) <= DECODE_TOKENS + 2 * len(batch_sizes(100_000)) + 2
     assert sorted({rows for rows, prefill in model.steps if prefill == 0}) == batch_sizes(100_000)
     assert (engine.num_free_slots, engine.num_queued, engine.num_running) == (100_000, 0, 0)
+
+
+def test_the_warm_up_steps_through_the_cuda_graphs_own_sizes():
+    """warmup.BATCH_SIZES is a copy of the CUDA graphs' ladder (worker.warmup may not import torch): on CUDA
+    the warm-up is what captures those graphs, so the two may never drift apart."""
+    cuda_graphs = pytest.importorskip("worker.models.llama.cuda_graphs")
+    assert BATCH_SIZES == cuda_graphs.BATCH_SIZES and MAX_BATCH == max(cuda_graphs.BATCH_SIZES)
 
 
 def test_a_stop_during_the_warm_up_ends_it_at_once_with_every_slot_free():
