@@ -7,7 +7,7 @@ Fields from Anthropic's API reference ("Messages" > "Create a Message", "Count M
 Messages field              on the chat path
 =========================== ==================================================================
 ``system``                  a ``system`` message first (a string, or ``text`` blocks joined;
-                            ``[]`` is a 400)
+                            ``[]``: none, as absent)
 ``messages``                ``user`` / ``assistant`` messages; content a string or blocks:
                             ``text`` (joined; empty text is a 400 wherever a block is, in
                             Anthropic's words), an assistant's ``tool_use`` (its ``tool_calls``,
@@ -115,10 +115,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
     out: list[dict] = []
     origins: list[Origin] = []
     call_ids: set[str] = set()  # the ids of the tool_use blocks so far
-    if system == []:  # (as content [] is: an empty system prompt the client did not mean)
-        raise bad_request("system is an empty array: send a string or at least one text block, or leave system "
-                          "out", "system")
-    if system is not None:
+    if system is not None and system != []:  # ([]: no system prompt, as Anthropic takes it; clients send it)
         out.append({"role": "system", "content": _text(system, "system")})
         origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
     for i, m in enumerate(messages):

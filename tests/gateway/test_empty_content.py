@@ -4,8 +4,8 @@ arrays (an adversarial pass found ``"content": []`` taken as ``""``): ``/v1/chat
 ``/v1/messages`` and its ``count_tokens`` (Anthropic's rule: empty content, ``""`` too, only in a
 final assistant message); a 400 naming the field, whole and streamed, before anything is submitted.
 The same kind, after: an empty text block anywhere on /v1/messages (Anthropic's "text content blocks
-must be non-empty"), ``system: []``, a Responses ``function_call_output``'s ``output: []``.
-What the vendors take stays taken: ``""``, an assistant's null content beside its tool calls, a
+must be non-empty"), a Responses ``function_call_output``'s ``output: []``.
+What the vendors take stays taken: ``""``, ``system: []`` (no system prompt), an assistant's null content beside its tool calls, a
 ``tool_result``'s ``[]`` / ``""`` / no content (Anthropic's is optional), ``output: ""``. The Python
 SDK takes string content only: an array is a ValueError. Over the handlers apps with scripted broker
 clients (tests/gateway/test_logprobs_shapes, test_messages_api, test_responses_api), no sockets."""
@@ -201,15 +201,19 @@ def test_messages_an_empty_text_block_is_anthropics_400_naming_it(messages_http,
 
 
 @pytest.mark.parametrize("path, stream", MESSAGES_PATHS)
-def test_messages_system_of_an_empty_array_is_a_400(messages_http, path, stream):
-    """``system: []`` is an empty system prompt the client did not mean (it was an empty system message);
-    a string, ``""`` too, is taken as before."""
-    body = {**messages_body(path, stream, [{"role": "user", "content": "plain"}]), "system": []}
-    r = messages_http.post(path, json=body, headers={"x-api-key": KEY})
-    assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "system is an empty array: send a string or at least one text block, or leave system out"), r.text
-    assert not messages_http.scripted.submitted
-    r = messages_http.post(path, json={**body, "system": ""}, headers={"x-api-key": KEY})
+def test_messages_system_of_an_empty_array_is_no_system_prompt(messages_http, path, stream):
+    """``system: []`` is taken as Anthropic takes it (``system`` is a string or text blocks, with no least
+    length; clients send ``[]`` for "no system prompt"): no system message, as if ``system`` were left
+    out. It was an empty system message, then (27873b8) a 400 that refused what Anthropic answers.
+    A string, ``""`` too, is taken as before."""
+    plain = messages_body(path, stream, [{"role": "user", "content": "plain"}])
+    r = messages_http.post(path, json={**plain, "system": []}, headers={"x-api-key": KEY})
+    assert r.status_code == 200, r.text
+    if stream is not None:
+        assert [(m.role, m.content) for m in messages_http.scripted.submitted[-1].prompt] == [("user", "plain")]
+    else:  # (count_tokens: the count of the body without system)
+        assert r.json() == messages_http.post(path, json=plain, headers={"x-api-key": KEY}).json()
+    r = messages_http.post(path, json={**plain, "system": ""}, headers={"x-api-key": KEY})
     assert r.status_code == 200, r.text
 
 
