@@ -183,12 +183,13 @@ class InfillEndpoint:
         if body.model is not None:
             return body.model
         await self.gen.link.first_contact()  # (a gateway that just started: what is served is not known yet)
-        served = self.gen.link.served()
-        if len(served) == 1:
-            return next(iter(served))
+        served, only = self.gen.link.served(), self.gen.link.only_model()
+        if only is not None:
+            return only
         if not served:
             raise unavailable("no worker serves a model right now; retry, or name the model")
-        raise bad_request(f"model is required: this gateway serves several ({', '.join(sorted(served))})", "model",
+        names = ", ".join(sorted({self.gen.link.served_name(n) for n in served}))  # (each model once)
+        raise bad_request(f"model is required: this gateway serves several ({names})", "model",
                           "missing_required_parameter")
 
     async def _submit(self, body: InfillRequest, call: _Call) -> None:

@@ -231,6 +231,15 @@ class BrokerConnections:
                                "or POST /models/load loads it (GET /v1/models says when); retry then")
         return unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
 
+    def only_model(self, status: Status | None = None) -> str | None:
+        """The primary name of the one model with a worker (:meth:`served` less its aliases), or None
+        when none or several are: what a request that names no model is for. (Counting
+        :meth:`served`'s names, a model served under a file's stem or folder's name and its path as
+        given counted as two, and a request without a model was told to name one.)"""
+        st = status or self.status
+        models = {n for n, m in st.models.items() if m.workers > 0} if st is not None else set()
+        return next(iter(models)) if len(models) == 1 else None
+
     def served_name(self, model: str) -> str:
         """The primary name of the model a request for ``model`` is for (``model``
         itself unless it is an alias, as the last status says)."""

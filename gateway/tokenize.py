@@ -118,12 +118,13 @@ class TokenizeEndpoints:
         if not served and self.link.broker_ok is False and self.tokenizers.name is None:
             raise self.link.no_broker()
         if model is None:
-            if len(served) == 1 or (self.tokenizers.name is not None and not served):
-                model = next(iter(served), self.tokenizers.name)
+            only = self.link.only_model()
+            if only is not None or (self.tokenizers.name is not None and not served):
+                model = only if only is not None else self.tokenizers.name
             elif not served:
                 raise unavailable("no worker serves a model right now; retry, or name the model")
             else:
-                names = ", ".join(sorted(served))
+                names = ", ".join(sorted({self.link.served_name(n) for n in served}))  # (each model once)
                 raise bad_request(f"model is required: this gateway serves several ({names})", "model",
                                   "missing_required_parameter")
         elif model not in served:

@@ -835,30 +835,19 @@ def _distinct_models(models: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(seen.values())
 
 
-def _on_demand_names(model: str) -> tuple[str, ...]:
-    """The names a model on demand is served by (each model's own, ``--served-model-name`` not
-    applying): a model folder's name, with the path as given as an alias (as a ``.gguf`` file's stem
-    is, by default); () for the defaults of anything else (a file's stem, an alias, a hub id)."""
-    import os
-
-    if os.path.isdir(model):
-        name = os.path.basename(os.path.normpath(model))
-        return (name,) if name == model else (name, model)
-    return ()
-
-
 def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token, frontend,
                       backend, broker_options, curve_dir, gateway, model_options, warmup):
     """The cluster of ``up`` with several models: none started, each on demand with one worker
-    (its threads sized as one worker's), its served name its own (:func:`_on_demand_names`).
-    UsageError when two models would be served by one name."""
+    (its threads sized as one worker's), served by its own names (``--served-model-name`` not
+    applying: :func:`worker.config.default_served_names`, a file's stem or a folder's name, the path
+    as given an alias). UsageError when two models would be served by one name."""
     from slotserve.launcher import ClusterConfig
 
     configs, claimed = [], {}
     for model in models:
         _, options = _plan_workers(model, 1, model_options, say=False)  # (none starts now: "up" says so)
         configs.append(_cluster_config(frontend, backend, 1, model, slots, step_delay_ms, stop_token,
-                                       _log_level(ctx), curve_dir, None, options, _on_demand_names(model), warmup,
+                                       _log_level(ctx), curve_dir, None, options, (), warmup,
                                        **broker_options).workers[0])
         for name in configs[-1].served_names:
             other = claimed.setdefault(name, model)

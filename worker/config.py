@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -127,8 +128,9 @@ class WorkerConfig:
 def default_served_names(model: str) -> tuple[str, ...]:
     """The names a model is served under when none are given (``--served-model-name``): for a
     ``.gguf`` file its stem first, then the path as given (still accepted, as before: it is an
-    alias); any other name (``simulated``, an alias such as ``smollm2-135m``, a directory, a hub
-    id) alone.
+    alias); for a model folder that exists here its folder's name first, then the path as given
+    (as ``slotserve up`` with several models and ``--models-dir`` name folders); any other name
+    (``simulated``, an alias such as ``smollm2-135m``, a hub id) alone.
 
     The stem (``Qwen2.5-Coder-0.5B-Instruct-Q4_K_M`` for
     ``/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf``) rather than the file's
@@ -141,4 +143,7 @@ def default_served_names(model: str) -> tuple[str, ...]:
     path = PurePath(model)
     if path.suffix.lower() == ".gguf" and path.stem and path.stem != model:
         return (path.stem, model)
+    if os.path.isdir(model):
+        name = os.path.basename(os.path.abspath(model))  # (abspath: "." and ".." have names too)
+        return (name, model) if name and name != model else (model,)
     return (model,)

@@ -33,7 +33,7 @@ GiB, MiB = 2**30, 2**20
     ("tiny.GGUF", ("tiny", "tiny.GGUF")),
     ("smollm2-135m", ("smollm2-135m",)),
     ("simulated", ("simulated",)),
-    ("/models/Qwen2.5-0.5B-Instruct", ("/models/Qwen2.5-0.5B-Instruct",)),  # a folder: as vLLM serves it
+    ("/models/Qwen2.5-0.5B-Instruct", ("/models/Qwen2.5-0.5B-Instruct",)),  # no such folder here: as given
     ("Qwen/Qwen2.5-0.5B-Instruct", ("Qwen/Qwen2.5-0.5B-Instruct",)),  # a hub id
     (".gguf", (".gguf",)),
 ])
@@ -41,6 +41,21 @@ def test_a_gguf_file_is_served_under_its_stem_and_its_path(model, names):
     assert default_served_names(model) == names
     assert WorkerConfig(model=model).served_names == names
     assert WorkerConfig(model=model, served_model_names=("mine",)).served_names == ("mine",)
+
+
+@pytest.mark.parametrize("spelt", ["{dir}", "{dir}/", "./{rel}"])
+def test_a_model_folder_is_served_under_its_name_and_its_path(tmp_path, monkeypatch, spelt):
+    """A folder that exists is served by its name first, the path as given an alias (as a file's stem
+    is, and as `up` with several models and --models-dir name folders); it was served by its whole path
+    alone with one model, by its name with several."""
+    folder = tmp_path / "Qwen2.5-0.5B-Instruct"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    model = spelt.format(dir=folder, rel=folder.name)
+    assert default_served_names(model) == ("Qwen2.5-0.5B-Instruct", model)
+    assert WorkerConfig(model=model).served_names == ("Qwen2.5-0.5B-Instruct", model)
+    monkeypatch.chdir(folder)
+    assert default_served_names(".") == (folder.name, ".")  # (the name of the folder "." is)
 
 
 def _size(steady_mib: float, peak_mib: float) -> ModelSize:

@@ -57,7 +57,8 @@ def test_a_worker_killed_mid_json_hands_both_requests_on_whole(cluster, tiny_tex
     victim = cluster.worker_processes[0]
     streamed = {"whole": [], "cut": []}
     with Client(cluster.frontend, model=tiny_text_dir, heartbeat_interval_s=0.1) as c:
-        wait_until(lambda: c.status().models[tiny_text_dir].workers == 2, 60, "both workers to register")
+        name = os.path.basename(tiny_text_dir)  # (a model folder's primary name; its path an alias)
+        wait_until(lambda: c.status().models[name].workers == 2, 60, "both workers to register")
         h = submit_pair(c, streamed)
 
         def victim_streams_both():

@@ -142,6 +142,9 @@ class ScriptedLink:
     def served(self, status=None) -> dict:
         return {"m": 1}
 
+    def only_model(self, status=None) -> str:
+        return "m"
+
     def served_name(self, model: str) -> str:
         return model
 

@@ -49,6 +49,7 @@ class RefreshingLink(ScriptedLink):
     whose first worker registered after the last poll (served once refreshed)."""
 
     served = BrokerConnections.served
+    only_model = BrokerConnections.only_model
     model_states = BrokerConnections.model_states
     knows = BrokerConnections.knows
     model_not_found = BrokerConnections.model_not_found
@@ -420,3 +421,36 @@ def test_max_tokens_0_over_the_context_says_it_runs_as_1_token(prompt, stream):
         assert e["code"] == "context_length_exceeded" and "max_tokens 0" not in e["message"], e
         ok = http.post("/v1/completions", json={**body, "prompt": prompt[:63], "max_tokens": 0, "stream": False})
         assert ok.status_code == 200 or isinstance(prompt, str)  # (the scripted worker refuses every text)
+
+
+def _aliased_link(models: dict[str, int]) -> StatusLink:
+    """A status serving ``models`` (name -> workers), each under its name and a path as given (as a
+    ``.gguf`` file's stem and path, or a model folder's name and path, are served)."""
+    link = StatusLink({m: ModelStatus(0, 0, w, 0, 4) for m, w in models.items()})
+    link.status = dataclasses.replace(link.status, aliases={f"/models/{m}.gguf": m for m in models})
+    return link
+
+
+def test_a_request_without_a_model_is_for_the_one_model_served_whatever_its_aliases():
+    """/tokenize (and /infill) may leave out ``model`` when one model is served; a model served under
+    two names (a file's stem and its path) counted as two, and the request was told to name one."""
+    link = _aliased_link({"m": 1})
+    assert link.only_model() == "m"
+    with TestClient(handlers_app(Tokenizers(letters), link)) as http:
+        r = http.post("/tokenize", json={"prompt": "ab"})
+        assert r.status_code == 200 and r.json()["tokens"] == letters("m").encode("ab"), r.text
+
+    from gateway.infill import InfillEndpoint, InfillRequest
+
+    endpoint = InfillEndpoint(type("Gen", (), {"link": link})())
+    assert asyncio.run(endpoint._model(InfillRequest(input_prefix="a"))) == "m"
+
+
+def test_a_request_without_a_model_among_several_names_each_model_once():
+    link = _aliased_link({"m": 1, "n": 1, "idle": 0})  # (a model without a worker is not served)
+    assert link.only_model() is None
+    with TestClient(handlers_app(Tokenizers(letters), link)) as http:
+        r = http.post("/tokenize", json={"prompt": "ab"})
+        assert r.status_code == 400 and r.json()["error"]["message"] == \
+            "model is required: this gateway serves several (m, n)", r.text
+    assert _aliased_link({"idle": 0}).only_model() is None
