@@ -4,6 +4,7 @@ worker: its requeued request waited forever, since only a process that exits was
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -16,15 +17,49 @@ from tests.support.cluster import ANY_PORT
 from tests.support.waits import wait_until
 from worker.config import WorkerConfig
 
+BROKER = {"frontend": ANY_PORT, "backend": ANY_PORT, "heartbeat_interval_s": 0.1, "worker_liveness_s": 0.6}
 
-def test_a_frozen_worker_is_restarted_and_its_requeued_request_served():
-    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=0.6)
-    workers = (WorkerConfig(num_slots=2, step_delay_ms=5.0, heartbeat_interval_s=0.1, broker_liveness_s=5.0),)
-    with LocalCluster(ClusterConfig(broker, workers, start_timeout_s=60.0, stop_timeout_s=5.0)) as cluster:
+
+def _one_worker(**options) -> ClusterConfig:
+    """One fixed simulated worker (2 slots), heartbeats every 0.1 s, silent after 0.6 s."""
+    workers = (WorkerConfig(num_slots=2, step_delay_ms=5.0, heartbeat_interval_s=0.1, broker_liveness_s=5.0,
+                            **options),)
+    return ClusterConfig(BrokerConfig(**BROKER), workers, start_timeout_s=60.0, stop_timeout_s=5.0)
+
+
+def _two_models_room_for_one() -> ClusterConfig:
+    """Two simulated models on demand (``model-a``, ``model-b``), room for one loaded at a time."""
+    on_demand = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, step_delay_ms=5.0,
+                                   heartbeat_interval_s=0.1, broker_liveness_s=5.0, warmup=False)
+                      for name in ("model-a", "model-b"))
+    return ClusterConfig(BrokerConfig(**BROKER, register_grace_s=0.5), (), on_demand=on_demand, max_loaded_models=1,
+                         start_timeout_s=60.0, stop_timeout_s=5.0)
+
+
+@contextlib.contextmanager
+def _supervised(config: ClusterConfig):
+    """The cluster of ``config`` with its launcher's supervise loop on a thread (polling every 0.1 s) for
+    the block."""
+    with LocalCluster(config) as cluster:
         stop = threading.Event()
         supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), kwargs={"poll_s": 0.1},
                                       daemon=True)
         supervisor.start()
+        try:
+            yield cluster
+        finally:
+            stop.set()
+            supervisor.join(30)
+
+
+def _kill_if_left(process) -> None:
+    """(A test that failed: no stopped process is left behind.)"""
+    if process is not None and process.is_alive():
+        os.kill(process.pid, signal.SIGKILL)
+
+
+def test_a_frozen_worker_is_restarted_and_its_requeued_request_served():
+    with _supervised(_one_worker()) as cluster:
         frozen = cluster.worker_processes[0]
         try:
             with Client(cluster.frontend) as c:
@@ -37,10 +72,7 @@ def test_a_frozen_worker_is_restarted_and_its_requeued_request_served():
             assert st.counters["workers_lost"] >= 1
             assert not frozen.is_alive() and cluster.worker_processes[0].pid != frozen.pid
         finally:
-            stop.set()
-            supervisor.join(30)
-            if frozen.is_alive():  # (the test failed: do not leave a stopped process behind)
-                os.kill(frozen.pid, signal.SIGKILL)
+            _kill_if_left(frozen)
 
 
 def test_a_frozen_worker_of_a_model_on_demand_is_killed_and_the_model_loads_again():
@@ -48,18 +80,7 @@ def test_a_frozen_worker_of_a_model_on_demand_is_killed_and_the_model_loads_agai
     failed load), and its model loads again for the request the broker requeued; with room for one
     model, the other model's request is served too (a break-it pass: both waited forever, the frozen
     worker holding the only place)."""
-    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=0.6,
-                          register_grace_s=0.5)
-    on_demand = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, step_delay_ms=5.0,
-                                   heartbeat_interval_s=0.1, broker_liveness_s=5.0, warmup=False)
-                      for name in ("model-a", "model-b"))
-    config = ClusterConfig(broker, (), on_demand=on_demand, max_loaded_models=1, start_timeout_s=60.0,
-                           stop_timeout_s=5.0)
-    with LocalCluster(config) as cluster:
-        stop = threading.Event()
-        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), kwargs={"poll_s": 0.1},
-                                      daemon=True)
-        supervisor.start()
+    with _supervised(_two_models_room_for_one()) as cluster:
         frozen = None
         try:
             with Client(cluster.frontend, model="model-a") as c, Client(cluster.frontend, model="model-b") as cb:
@@ -74,10 +95,7 @@ def test_a_frozen_worker_of_a_model_on_demand_is_killed_and_the_model_loads_agai
                 assert other.result(timeout=60) and other.finish_reason is FinishReason.LENGTH
             assert not frozen.is_alive()
         finally:
-            stop.set()
-            supervisor.join(30)
-            if frozen is not None and frozen.is_alive():  # (the test failed: do not leave a stopped process behind)
-                os.kill(frozen.pid, signal.SIGKILL)
+            _kill_if_left(frozen)
 
 
 def test_a_worker_frozen_while_it_loads_its_model_on_demand_is_killed_and_the_model_loads_again(tmp_path, monkeypatch):
@@ -96,18 +114,7 @@ def test_a_worker_frozen_while_it_loads_its_model_on_demand_is_killed_and_the_mo
     writer = os.open(fifo, os.O_RDWR)  # the load waits on the FIFO until the test lets go
     monkeypatch.setenv(held_load.HELD_FIFO_ENV, fifo)
     monkeypatch.setattr(launcher, "worker_main", held_load.held_launched_worker_main)
-    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=0.6,
-                          register_grace_s=0.5)
-    on_demand = tuple(WorkerConfig(model="simulated", served_model_names=(name,), num_slots=2, step_delay_ms=5.0,
-                                   heartbeat_interval_s=0.1, broker_liveness_s=5.0, warmup=False)
-                      for name in ("model-a", "model-b"))
-    config = ClusterConfig(broker, (), on_demand=on_demand, max_loaded_models=1, start_timeout_s=60.0,
-                           stop_timeout_s=5.0)
-    with LocalCluster(config) as cluster:
-        stop = threading.Event()
-        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), kwargs={"poll_s": 0.1},
-                                      daemon=True)
-        supervisor.start()
+    with _supervised(_two_models_room_for_one()) as cluster:
         frozen = None
         try:
             with Client(cluster.frontend, model="model-a") as c, Client(cluster.frontend, model="model-b") as cb:
@@ -128,12 +135,9 @@ def test_a_worker_frozen_while_it_loads_its_model_on_demand_is_killed_and_the_mo
                 assert other.result(timeout=60) and other.finish_reason is FinishReason.LENGTH
             assert not frozen.is_alive()
         finally:
-            stop.set()
-            supervisor.join(30)
             if writer is not None:
                 os.close(writer)
-            if frozen is not None and frozen.is_alive():  # (the test failed: do not leave a stopped process behind)
-                os.kill(frozen.pid, signal.SIGKILL)
+            _kill_if_left(frozen)
 
 
 def test_a_restarted_worker_frozen_while_it_loads_is_killed_and_started_again(tmp_path, monkeypatch):
@@ -149,15 +153,8 @@ def test_a_restarted_worker_frozen_while_it_loads_is_killed_and_started_again(tm
     gate.write_bytes(b"")  # the first load goes through at once
     monkeypatch.setenv(held_load.HELD_FIFO_ENV, str(gate))
     monkeypatch.setattr(launcher, "worker_main", held_load.held_launched_worker_main)
-    broker = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1, worker_liveness_s=0.6)
-    workers = (WorkerConfig(num_slots=2, step_delay_ms=5.0, heartbeat_interval_s=0.1, broker_liveness_s=5.0,
-                            warmup=False),)
     writer = frozen = None
-    with LocalCluster(ClusterConfig(broker, workers, start_timeout_s=60.0, stop_timeout_s=5.0)) as cluster:
-        stop = threading.Event()
-        supervisor = threading.Thread(target=cluster.supervise, args=(stop.is_set,), kwargs={"poll_s": 0.1},
-                                      daemon=True)
-        supervisor.start()
+    with _supervised(_one_worker(warmup=False)) as cluster:
         try:
             gate.unlink()
             os.mkfifo(gate)
@@ -181,9 +178,6 @@ def test_a_restarted_worker_frozen_while_it_loads_is_killed_and_started_again(tm
                 assert h.result(timeout=60) and h.finish_reason is FinishReason.LENGTH and len(h.tokens) == 20
             assert not frozen.is_alive()
         finally:
-            stop.set()
-            supervisor.join(30)
             if writer is not None:
                 os.close(writer)
-            if frozen is not None and frozen.is_alive():
-                os.kill(frozen.pid, signal.SIGKILL)
+            _kill_if_left(frozen)
