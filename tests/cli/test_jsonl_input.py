@@ -113,13 +113,23 @@ def test_duplicate_ids_refuse_the_later_row(frontend):
     assert summary.errors == 5
 
 
-def test_a_row_nested_past_the_recursion_limit_is_an_error_row_and_the_job_goes_on(frontend):
-    """A line whose JSON nests deeper than Python's recursion limit made the reader raise RecursionError,
-    which ended the whole job ("cannot read the input"), the rows after it never read: it is that line's
-    error row, as any line that does not parse."""
-    deep = sys.getrecursionlimit() * 2
-    lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}),
-             '{"id": "deep", "prompt": [3], "extra": ' + "[" * deep + "]" * deep + "}",
+UNREADABLE_LINES = {  # a line Python's JSON reader raises on with something other than JSONDecodeError
+    "nested past the recursion limit": ('{"id": "deep", "prompt": [3], "extra": ' + "[" * (sys.getrecursionlimit() * 2)
+                                        + "]" * (sys.getrecursionlimit() * 2) + "}",
+                                        "line 2: nested too deeply to read"),
+    "an integer past the digit limit": ('{"id": "big", "prompt": [1' + "0" * (sys.get_int_max_str_digits() + 1)
+                                        + '], "max_tokens": 3}', "line 2: it holds an integer of more than"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_LINES))
+def test_a_line_the_reader_raises_on_is_an_error_row_and_the_job_goes_on(frontend, kind):
+    """A line whose JSON nests deeper than Python's recursion limit (RecursionError), or holds an integer
+    of more digits than Python's int() converts (4,300 by default: a ValueError that is no
+    JSONDecodeError), ended the whole job ("cannot read the input: ..."), the rows after it never read:
+    it is that line's error row, as any line that does not parse."""
+    line, says = UNREADABLE_LINES[kind]
+    lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}), line,
              json.dumps({"id": "b", "prompt": [4], "max_tokens": 3})]
     rows, summary = job_rows(frontend, "\n".join(lines) + "\n")
     got = by_id(rows)
@@ -127,23 +137,7 @@ def test_a_row_nested_past_the_recursion_limit_is_an_error_row_and_the_job_goes_
     assert got['"a"']["tokens"] == expected([1, 2], 3) and got['"b"']["tokens"] == expected([4], 3)
     bad = got["2"]  # (its id unread: the line number)
     assert bad["error"]["code"] == "bad_request" and bad["tokens"] == []
-    assert bad["error"]["message"].startswith("line 2: nested too deeply to read")
-
-
-def test_a_row_with_an_integer_past_pythons_digit_limit_is_an_error_row_and_the_job_goes_on(frontend):
-    """A line holding an integer of more digits than Python's int() converts (4,300 by default) made the
-    reader raise a ValueError that is no JSONDecodeError, which ended the whole job ("cannot read the
-    input: Exceeds the limit ..."), the rows after it never read: it is that line's error row."""
-    lines = [json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 3}),
-             '{"id": "big", "prompt": [1' + "0" * (sys.get_int_max_str_digits() + 1) + '], "max_tokens": 3}',
-             json.dumps({"id": "b", "prompt": [4], "max_tokens": 3})]
-    rows, summary = job_rows(frontend, "\n".join(lines) + "\n")
-    got = by_id(rows)
-    assert len(rows) == 3 and summary.errors == 1
-    assert got['"a"']["tokens"] == expected([1, 2], 3) and got['"b"']["tokens"] == expected([4], 3)
-    bad = got["2"]  # (its id unread: the line number)
-    assert bad["error"]["code"] == "bad_request" and bad["tokens"] == []
-    assert bad["error"]["message"].startswith("line 2: it holds an integer of more than")
+    assert bad["error"]["message"].startswith(says)
 
 
 def test_a_chat_role_that_is_not_a_name_is_an_error_row_naming_line_and_message(frontend):
