@@ -37,7 +37,7 @@ def _metadata(value: Any) -> Any:
         return value
     if not isinstance(value, dict):
         raise PydanticCustomError("invalid_type", f"metadata: Input should be an object with one key, user_id; got "
-                                  f"{json.dumps(value)[:40]}")
+                                  f"{json_shown(value)}")
     extra = next((key for key in value if key != "user_id"), None)
     if extra is not None:
         raise PydanticCustomError("invalid_value", f"metadata.{extra:.40}: Extra inputs are not permitted "
@@ -45,7 +45,7 @@ def _metadata(value: Any) -> Any:
     user_id = value.get("user_id")
     if user_id is not None and type(user_id) is not str:
         raise PydanticCustomError("invalid_type", f"metadata.user_id: Input should be a valid string or null; got "
-                                  f"{json.dumps(user_id)[:40]}")
+                                  f"{json_shown(user_id)}")
     if user_id is not None and len(user_id) > MAX_USER_ID_CHARS:
         raise PydanticCustomError("invalid_value", f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} "
                                   f"characters, got {len(user_id)}; send an opaque id (a uuid or a hash)")
@@ -69,7 +69,7 @@ def _output_config(value: Any) -> Any:
         return value
     if not isinstance(value, dict):
         raise PydanticCustomError("invalid_type", "output_config: Input should be an object (format, effort); got "
-                                  f"{json.dumps(value)[:40]}")
+                                  f"{json_shown(value)}")
     extra = next((key for key in value if key not in ("format", "effort")), None)
     if extra is not None:
         raise PydanticCustomError("invalid_value", f"output_config.{extra:.40}: Extra inputs are not permitted "
