@@ -24,6 +24,19 @@ every socket that binds or connects (broker, worker, client):
   ``127.0.0.1``), else its IPv6 address; a name that does not resolve (yet)
   or a network interface name keeps the IPv4 default.
 
+An IPv4 literal is what libzmq's resolver takes: it hands the host to the
+system's ``getaddrinfo`` (``AI_NUMERICHOST`` when binding), which reads an
+IPv4 literal as ``inet_aton`` does, so the shorthand forms work as well as
+the dotted quad: ``127.1`` (127.0.0.1), ``10.1.2`` (10.1.0.2), one number
+(``2130706433``), hexadecimal parts (``0x7f.1``). Those are taken
+(:func:`ipv4_literal`). Two kinds are refused: a dotted number that is no
+address (``256.1.1.1``, ``1.2.3.4.5``: libzmq looks it up as a host name on
+every retry, and none ever answers), and a part written with a leading zero
+(``010.0.0.1``), which the resolver reads as octal (8.0.0.1) where a reader
+sees decimal; the error names the address the resolver would have reached,
+so the endpoint can be written in dotted decimal. (Python's ``ipaddress``
+refuses leading zeros for the same ambiguity, CVE-2021-29921.)
+
 Stdlib only: the socket is passed in and its ``ipv6`` attribute set (pyzmq
 maps socket attributes to options), so this module does not import zmq.
 """
@@ -45,6 +58,8 @@ MAX_IPC_PATH_BYTES = 107
 """The longest ``ipc://`` path (bytes): a Unix socket's ``sun_path`` holds 108, its NUL included."""
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # a host name's label (RFC 1123; _ as Docker's names)
+_NUMBER = re.compile(r"0[xX][0-9A-Fa-f]*|[0-9]+")  # a part of inet_aton's IPv4 literal: hex, octal or decimal
+_OCTAL = re.compile(r"0[0-9]")  # a part inet_aton reads as octal (leading zero)
 _EXAMPLE = "tcp://127.0.0.1:5555"
 
 
@@ -52,7 +67,8 @@ def check_endpoint(endpoint, *, bind: bool, name: str | None = None) -> str:
     """``endpoint`` itself if a socket can bind (``bind=True``) or connect to it; else ValueError
     saying why, after ``name`` (the parameter, when given).
 
-    Taken: ``tcp://HOST:PORT`` with HOST an IPv4 literal, an IPv6 literal (bracketed or not, a
+    Taken: ``tcp://HOST:PORT`` with HOST an IPv4 literal (the shorthand forms too, ``127.1``:
+    :func:`ipv4_literal`), an IPv6 literal (bracketed or not, a
     zone id allowed), or a host name (RFC 1123 labels, ``_`` allowed; a binding socket's interface
     name, e.g. ``eth0``, has the same form), PORT 1-65535 (binding: 0-65535 or ``*``, any free one;
     HOST ``*`` too, every interface); a connect's source address before a ``;``
@@ -130,18 +146,34 @@ def _host_problem(host: str, *, bind: bool) -> str | None:
         except ValueError:
             return f"the host {echo(host)} is not an IPv6 address"
         return None
-    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
-    if all(label.isascii() and label.isdigit() for label in labels):  # a dotted number: an IPv4 address
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return f"the host {echo(host)} is not an IPv4 address (four numbers 0-255)"
+    address = ipv4_literal(host)
+    if address is not None:
+        if any(_OCTAL.match(part) for part in host.split(".")):
+            return (f"the host {echo(host)} has a part with a leading 0, which the system's resolver reads as "
+                    f"octal: it means {address}; write that (or the decimal address meant) without leading zeros")
         return None
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if all(label.isascii() and label.isdigit() for label in labels):  # a dotted number, but no address
+        return (f"the host {echo(host)} is not an IPv4 address (four numbers 0-255 like 127.0.0.1, "
+                "or a shorthand like 127.1)")
     if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
         return f"the host {echo(host)} is neither an IP address nor a host name"
     if labels[-1].isdigit():
         return f"the host {echo(host)} is neither an IP address nor a host name (its last label is a number)"
     return None
+
+
+def ipv4_literal(host: str) -> str | None:
+    """The dotted quad (``"127.0.0.1"``) that the system's resolver, and so libzmq, reads ``host``
+    as when it is an IPv4 literal in any of ``inet_aton``'s forms (``127.1``, ``10.1.2``,
+    ``2130706433``, ``0x7f.1``, ``0177.0.0.1``); None for anything else (a host name, an IPv6
+    literal, a dotted number out of range such as ``256.1.1.1``). Never raises."""
+    if not isinstance(host, str) or not all(_NUMBER.fullmatch(part) for part in host.split(".")):
+        return None  # (inet_aton also skips trailing blanks and text after them; getaddrinfo does not)
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except (OSError, ValueError):
+        return None
 
 
 def endpoint_host(endpoint: str) -> str | None:
@@ -166,10 +198,8 @@ def wants_ipv6(endpoint: str, *, bind: bool) -> bool:
         return True
     if host == "*":
         return bind
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        pass  # a host name (or an interface name, when binding)
+    if ipv4_literal(host) is not None:
+        return False
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):

@@ -17,12 +17,13 @@ import subprocess
 import sys
 
 import pytest
+import zmq
 from click.testing import CliRunner
 
 from broker import BrokerConfig
 from client import AsyncClient, BrokerUnavailable, Client
 from gateway.config import GatewayConfig
-from protocol.endpoints import MAX_IPC_PATH_BYTES, check_endpoint
+from protocol.endpoints import MAX_IPC_PATH_BYTES, check_endpoint, endpoint_host, ipv4_literal
 from slotserve.cli import EndpointType, main
 from tests.support.cluster import free_port
 from worker.config import WorkerConfig
@@ -34,7 +35,12 @@ NEVER = [
     ("tcp://127.0.0.1:99999", "the port 99999 is beyond 65535"),
     ("tcp://127.0.0.1:65536", "the port 65536 is beyond 65535"),
     ("tcp://256.1.1.1:5", "'256.1.1.1' is not an IPv4 address"),
-    ("tcp://1.2.3:5", "'1.2.3' is not an IPv4 address"),
+    ("tcp://1.2.3.4.5:5", "'1.2.3.4.5' is not an IPv4 address"),
+    ("tcp://4294967296:5", "'4294967296' is not an IPv4 address"),   # one number past 32 bits
+    ("tcp://127.0.0.1.:5", "'127.0.0.1.' is not an IPv4 address"),
+    ("tcp://0x100.1:5", "its last label is a number"),                 # a hex part past its byte
+    ("tcp://010.0.0.1:5", "reads as octal: it means 8.0.0.1"),         # taken by libzmq, not as written
+    ("tcp://0177.1:5", "reads as octal: it means 127.0.0.1"),
     ("tcp://host.123:5", "its last label is a number"),
     ("tcp://bad host:5", "neither an IP address nor a host name"),
     ("tcp://-host:5", "neither an IP address nor a host name"),
@@ -59,9 +65,11 @@ BIND_ONLY = [
     ("tcp://*:5555", "the host * only binds"),
     ("ipc://*", "ipc://* only binds"),
 ]
-WORKS = ["tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://broker_1.internal:65535", "tcp://[::1]:5555",
-         "tcp://::1:5555", "tcp://[fe80::1%lo]:5555", "tcp://0.0.0.0:5555", "ipc:///tmp/slotserve.sock",
-         "tcp://name-that-does-not-resolve.invalid:5555"]  # (may resolve later: waited for, not refused)
+SHORTHAND_IPV4 = ["tcp://127.1:5555", "tcp://127.1.2:5555", "tcp://2130706433:5555", "tcp://0x7f.1:5555",
+                  "tcp://0x7f000001:5555", "tcp://0.0.0.0:5555", "tcp://127.1.65535:5555"]  # inet_aton's forms
+WORKS = SHORTHAND_IPV4 + ["tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://broker_1.internal:65535",
+                          "tcp://[::1]:5555", "tcp://::1:5555", "tcp://0xdead.0xbeef:5", "tcp://10.1.2:5", "tcp://[fe80::1%lo]:5555", "ipc:///tmp/slotserve.sock",
+                          "tcp://name-that-does-not-resolve.invalid:5555"]  # (may resolve later: waited for, not refused)
 
 
 @pytest.mark.parametrize("endpoint, why", NEVER + BIND_ONLY)
@@ -87,6 +95,30 @@ def test_a_bind_endpoint_that_can_work_is_taken(endpoint):
                                               "tcp://10.0.0.1:0;127.0.0.1:5"])
 def test_a_connect_endpoint_that_can_work_is_taken(endpoint):
     assert check_endpoint(endpoint, bind=False) == endpoint
+
+
+@pytest.mark.parametrize("endpoint", SHORTHAND_IPV4 + [e for e, why in NEVER if "IPv4" in why or "127.0.0.1" in why])
+def test_an_ipv4_literal_is_what_libzmq_binds(endpoint):
+    """The rule is libzmq's own (getaddrinfo, so inet_aton's forms): a host taken as an IPv4
+    literal binds at ipv4_literal's address; one refused as no address does not bind; one refused
+    as octal binds at the address the error names, not the one written. (Loopback addresses: one
+    this machine has.)"""
+    host = endpoint_host(endpoint)
+    with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as sock:
+        sock.linger = 0
+        try:
+            sock.bind(f"tcp://{host}:0")
+        except zmq.ZMQError:
+            bound = None
+        else:
+            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT).removeprefix("tcp://").rpartition(":")[0]
+    assert bound == ipv4_literal(host)
+    try:
+        check_endpoint(endpoint, bind=True)
+    except ValueError as e:
+        assert bound is None or f"it means {bound}" in str(e)
+    else:
+        assert bound is not None
 
 
 def test_a_source_address_is_checked_and_only_connects():
@@ -115,6 +147,18 @@ def test_every_config_and_the_sdk_refuse_it(endpoint, why):
         for field in ("frontend", "backend"):
             with pytest.raises(ValueError, match=f"^{field}: .*{re.escape(why)}"):
                 BrokerConfig(**{field: endpoint})
+
+
+def test_every_config_and_the_sdk_take_a_shorthand_ipv4_address():
+    """tcp://127.1:PORT (libzmq's 127.0.0.1) was refused as 'not an IPv4 address (four numbers)'."""
+    endpoint = f"tcp://127.1:{free_port()}"
+    assert WorkerConfig(broker=endpoint).broker == endpoint
+    assert GatewayConfig(broker=endpoint).broker == endpoint
+    assert BrokerConfig(frontend=endpoint).frontend == endpoint
+    with pytest.raises(BrokerUnavailable, match="no slotserve broker answered"):  # checked, then waited for
+        Client(endpoint, connect_timeout_s=0.2)
+    r = CliRunner().invoke(main, ["status", "--broker", endpoint, "--timeout-s", "0.2"])
+    assert r.exit_code == 1 and "no slotserve broker answered at tcp://127.1:" in r.output, r.output
 
 
 def test_a_well_formed_endpoint_without_a_broker_is_still_waited_for():

@@ -41,6 +41,7 @@ needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine h
     ("tcp://*:5555", True, True),                   # wildcard bind: both families
     ("tcp://127.0.0.1:*", True, False),
     ("tcp://127.0.0.1:5555", False, False),
+    ("tcp://127.1:5555", False, False),             # inet_aton's shorthand for 127.0.0.1, as libzmq reads it
     ("tcp://0.0.0.0:5555", True, False),
     ("tcp://10.0.0.1;[::1]:5555", False, True),     # a connect with a source address: the target decides
     ("ipc:///tmp/x.sock", True, False),
