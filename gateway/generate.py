@@ -50,6 +50,7 @@ from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_ch
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from gateway.translation import Translation, parse_body as validated_body
 from protocol.enums import FinishReason
+from protocol.validation import echo
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default ``max_tokens`` for ``/v1/completions``."""
@@ -483,16 +484,16 @@ def _check_json_body_headers(headers: Headers) -> None:
         raise _not_plain_json(f"one Content-Type header, not {len(types)}")
     if types:
         if types[0].split(";", 1)[0].strip().lower() != "application/json":
-            raise _not_plain_json(f"not {types[0][:80]!r}")
+            raise _not_plain_json(f"not {echo(types[0])}")
         declared = Message()  # (the standard library reads the parameters: quoting, case, spaces)
         declared["content-type"] = types[0]
         charset = declared.get_param("charset")  # JSON is UTF-8 (RFC 8259 section 8.1): another is refused by name
         if isinstance(charset, str) and charset.lower() not in ("utf-8", "utf8"):
-            raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {charset[:40]!r}")
+            raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {echo(charset)}")
     codings = [c.strip().lower() for v in headers.getlist("content-encoding") for c in v.split(",")]
     if any(c not in ("", "identity") for c in codings):
-        shown = ", ".join(headers.getlist("content-encoding"))[:80]
-        raise _not_plain_json(f"uncompressed: Content-Encoding {shown!r} is not supported")
+        shown = ", ".join(headers.getlist("content-encoding"))
+        raise _not_plain_json(f"uncompressed: Content-Encoding {echo(shown)} is not supported")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -84,6 +84,7 @@ from gateway.tools import is_tool_name
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
 from protocol.request import MAX_MESSAGE_NAME_CHARS
+from protocol.validation import clip, echo
 
 __all__ = ["CountTokensRequest", "MessagesEndpoints", "MessagesRequest", "chat_items", "chat_messages",
            "renamed_to_messages"]
@@ -149,7 +150,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
                 allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
-                raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {kind!r:.40})")
+                raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
         out += results
         origins += answers
         if texts or calls or not results:
@@ -174,7 +175,7 @@ def _text_block(block: Any, at: str) -> str:
     for a ``cache_control`` Anthropic would refuse."""
     if not isinstance(block, dict) or block.get("type") != "text":
         kind = block.get("type") if isinstance(block, dict) else None
-        raise unsupported_field(f"{at}.type", f"{_WHAT} (text blocks only here, not {kind!r:.40})")
+        raise unsupported_field(f"{at}.type", f"{_WHAT} (text blocks only here, not {echo(kind)})")
     text = block.get("text")
     if not isinstance(text, str):
         raise bad_request(f"a text block's text must be a string; got {json_shown(text)}", f"{at}.text")
@@ -195,7 +196,7 @@ def _tool_use(block: dict, at: str) -> dict:
         raise bad_request("a tool_use block's id must not be empty: it is what its tool_result's tool_use_id "
                           "names", f"{at}.id")
     if not is_tool_name(name):
-        raise bad_request(f"a tool_use block's name must be 1-64 letters, digits, '_' or '-', got {name!r:.80}",
+        raise bad_request(f"a tool_use block's name must be 1-64 letters, digits, '_' or '-', got {echo(name)}",
                           f"{at}.name")
     arguments = block.get("input", {})
     if not isinstance(arguments, dict):
@@ -235,7 +236,7 @@ def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
         raise bad_request(f"a tool_result block's tool_use_id must be the id of the tool_use block it answers, 1 to "
                           f"{MAX_MESSAGE_NAME_CHARS} characters; got {len(use_id)}", f"{at}.tool_use_id")
     if use_id not in call_ids:
-        raise bad_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {use_id:.80}. Each "
+        raise bad_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {clip(use_id)}. Each "
                           "`tool_result` block must answer a `tool_use` block of an earlier assistant "
                           "message", f"{at}.tool_use_id")
     _check_cache_control(block, at)
@@ -257,7 +258,7 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
     for i, tool in enumerate(tools):
         if tool.get("type", "custom") != "custom":
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (client tools only; server tools such as "
-                                    f"{tool.get('type')!r:.40} run on Anthropic's servers)")
+                                    f"{echo(tool.get('type'))} run on Anthropic's servers)")
         _check_cache_control(tool, f"tools.{i}")
         fn = {("parameters" if k == "input_schema" else k): v for k, v in tool.items()
               if k not in ("type", "cache_control")}

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
+from protocol.validation import clip
+
 __all__ = ["CACHE_TTLS", "MAX_USER_ID_CHARS", "MIN_THINKING_BUDGET", "OUTPUT_EFFORTS", "SERVICE_TIERS", "SPEEDS",
            "THINKING_DISPLAYS", "THINKING_KEYS", "CountTokensRequest", "MessagesRequest", "cache_control_error",
            "json_shown"]
@@ -40,7 +42,7 @@ def _metadata(value: Any) -> Any:
                                   f"{json_shown(value)}")
     extra = next((key for key in value if key != "user_id"), None)
     if extra is not None:
-        raise PydanticCustomError("invalid_value", f"metadata.{extra:.40}: Extra inputs are not permitted "
+        raise PydanticCustomError("invalid_value", f"metadata.{clip(extra)}: Extra inputs are not permitted "
                                   "(metadata takes one key, user_id)")
     user_id = value.get("user_id")
     if user_id is not None and type(user_id) is not str:
@@ -72,7 +74,7 @@ def _output_config(value: Any) -> Any:
                                   f"{json_shown(value)}")
     extra = next((key for key in value if key not in ("format", "effort")), None)
     if extra is not None:
-        raise PydanticCustomError("invalid_value", f"output_config.{extra:.40}: Extra inputs are not permitted "
+        raise PydanticCustomError("invalid_value", f"output_config.{clip(extra)}: Extra inputs are not permitted "
                                   "(output_config takes format and effort)")
     effort = value.get("effort")
     if effort is not None and (type(effort) is not str or effort not in OUTPUT_EFFORTS):
@@ -91,8 +93,9 @@ def _either(values: tuple[str, ...]) -> str:
 
 
 def json_shown(value: Any) -> str:
-    """``value`` (parsed JSON) as an error shows what the client sent: its JSON, at most 40 characters."""
-    return json.dumps(value)[:40]
+    """``value`` (parsed JSON) as an error shows what the client sent: its JSON, cut as every echoed
+    client value is (:func:`protocol.validation.clip`)."""
+    return clip(json.dumps(value))
 
 
 def _one_of(field: str, values: tuple[str, ...]) -> Any:
@@ -128,7 +131,7 @@ def cache_control_error(value: Any) -> str | None:
         return f".type: Input should be 'ephemeral'; got {json_shown(value.get('type'))}"
     extra = next((key for key in value if key not in ("type", "ttl")), None)
     if extra is not None:
-        return f".{extra:.40}: Extra inputs are not permitted (cache_control takes type and ttl)"
+        return f".{clip(extra)}: Extra inputs are not permitted (cache_control takes type and ttl)"
     if "ttl" in value and (type(value["ttl"]) is not str or value["ttl"] not in CACHE_TTLS):
         return f".ttl: Input should be {_either(CACHE_TTLS)}; got {json_shown(value['ttl'])}"
     return None
@@ -175,7 +178,7 @@ def _thinking(value: Any) -> Any:
         raise PydanticCustomError("invalid_value", f"thinking.type: Input should be {_either(kinds)}; got {json_shown(kind)}")
     extra = next((key for key in value if key not in THINKING_KEYS[kind]), None)
     if extra is not None:
-        raise PydanticCustomError("invalid_value", f"thinking.{extra:.40}: Extra inputs are not permitted (thinking of "
+        raise PydanticCustomError("invalid_value", f"thinking.{clip(extra)}: Extra inputs are not permitted (thinking of "
                                   f"type {kind} takes {', '.join(THINKING_KEYS[kind])})")
     budget = value.get("budget_tokens")
     if kind == "enabled" and "budget_tokens" not in value:

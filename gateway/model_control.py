@@ -25,6 +25,7 @@ from gateway.errors import APIError, bad_request, invalid_json, nonfinite_number
 from gateway.generate import _check_json_body_headers, read_body
 from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response
+from protocol.validation import clip
 
 __all__ = ["ModelControl"]
 
@@ -78,5 +79,5 @@ class ModelControl:
         status = await self.link.refresh()
         if not self.link.knows(model, status):
             return self.link.model_not_found(model, status)
-        return bad_request(f"model `{model:.200}` is not loaded on demand: its workers run as long as the cluster "
+        return bad_request(f"model `{clip(model)}` is not loaded on demand: its workers run as long as the cluster "
                            f"does; /models/{op} applies to the models on demand ({', '.join(self.models)})", "model")

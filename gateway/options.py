@@ -49,7 +49,7 @@ from gateway.structured import structured_option
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
 from protocol.request import DEFAULT, check_template_kwargs, split_stop
-from protocol.validation import as_role
+from protocol.validation import as_role, echo
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
@@ -106,7 +106,7 @@ def template_option(body) -> dict[str, str]:
     if kwargs is None and effort is None:
         return {}
     if effort is not None and effort not in REASONING_EFFORTS:
-        raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r:.40}",
+        raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {echo(effort)}",
                           "reasoning_effort")
     if effort is not None and isinstance(kwargs, dict):
         kwargs = {"reasoning_effort": effort, **kwargs}

@@ -75,6 +75,7 @@ from gateway.schemas import ChatCompletionRequest, Metadata
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
+from protocol.validation import clip, echo
 
 __all__ = ["INCLUDABLES", "REASONING_KEYS", "VERBOSITIES", "ResponsesEndpoints", "ResponsesRequest", "check_unused",
            "input_items", "input_messages"]
@@ -185,7 +186,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
         elif kind == "function_call_output":
             call_id = string_field(item, "call_id", where)
             if call_id not in call_ids:
-                raise bad_request(f"No tool call found for function call output with call_id {call_id:.80}.",
+                raise bad_request(f"No tool call found for function call output with call_id {clip(call_id)}.",
                                   f"{where}.call_id")
             if item.get("output") == []:  # (as a message's content []: OpenAI's rule, an array of at least one part)
                 raise empty_content(f"{where}.output", "input_text part")
@@ -194,7 +195,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
             origins.append(Origin(where, kind=ItemKind.TOOL_OUTPUT))
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
-                                    f"function_call_output, reasoning; not {kind!r:.40})")
+                                    f"function_call_output, reasoning; not {echo(kind)})")
     return out, origins
 
 
@@ -208,7 +209,7 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text"):
-            raise unsupported_field(f"{where}.{j}.type", f"{_WHAT} (text parts only, not {kind!r:.40})")
+            raise unsupported_field(f"{where}.{j}.type", f"{_WHAT} (text parts only, not {echo(kind)})")
         if not isinstance(part.get("text"), str):
             raise bad_request("a text part needs a string 'text'", f"{where}.{j}.text")
         texts.append(part["text"])
@@ -223,7 +224,7 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (function tools only; built-in tools such as "
-                                    f"{tool.get('type')!r:.40} need OpenAI's servers)")
+                                    f"{echo(tool.get('type'))} need OpenAI's servers)")
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
     return out
 
@@ -280,8 +281,8 @@ def check_unused(body: ResponsesRequest) -> None:
     if body.reasoning is not None:
         extra = sorted(set(body.reasoning) - set(REASONING_KEYS))
         if extra:
-            raise bad_request(f"Unknown parameter: 'reasoning.{extra[0]:.40}' (reasoning takes "
-                              f"{', '.join(REASONING_KEYS)})", f"reasoning.{extra[0]:.40}", "unknown_parameter")
+            raise bad_request(f"Unknown parameter: 'reasoning.{clip(extra[0])}' (reasoning takes "
+                              f"{', '.join(REASONING_KEYS)})", f"reasoning.{clip(extra[0])}", "unknown_parameter")
         for key, values in REASONING_KEYS.items():
             if values is not None:
                 _one_of(body.reasoning.get(key), values, f"reasoning.{key}")
@@ -292,8 +293,8 @@ def check_unused(body: ResponsesRequest) -> None:
     if body.stream_options is not None:
         extra = sorted(set(body.stream_options) - {"include_obfuscation"})
         if extra:
-            raise bad_request(f"Unknown parameter: 'stream_options.{extra[0]:.40}' (stream_options takes "
-                              "include_obfuscation)", f"stream_options.{extra[0]:.40}", "unknown_parameter")
+            raise bad_request(f"Unknown parameter: 'stream_options.{clip(extra[0])}' (stream_options takes "
+                              "include_obfuscation)", f"stream_options.{clip(extra[0])}", "unknown_parameter")
         obfuscation = body.stream_options.get("include_obfuscation")
         if obfuscation is not None and type(obfuscation) is not bool:
             raise bad_request("Invalid type for 'stream_options.include_obfuscation': expected a boolean, but got "
@@ -304,7 +305,7 @@ def check_unused(body: ResponsesRequest) -> None:
 def _one_of(value: Any, values: tuple[str, ...], field: str) -> None:
     """400 naming ``field`` unless ``value`` is null (absent) or one of ``values``, in OpenAI's words."""
     if value is not None and (type(value) is not str or value not in values):
-        shown = f"'{value:.60}'" if isinstance(value, str) else json.dumps(value)[:60]
+        shown = f"'{clip(value)}'" if isinstance(value, str) else clip(json.dumps(value))
         supported = f"{', '.join(map(repr, values[:-1]))}{',' if len(values) > 2 else ''} and {values[-1]!r}"
         raise bad_request(f"Invalid value: {shown}. Supported values are: {supported}.", field)
 
@@ -330,7 +331,7 @@ class ResponsesTranslation:
         if body.previous_response_id is not None:
             previous = self.store.get(body.previous_response_id)
             if previous is None:
-                raise bad_request(f"Previous response with id '{body.previous_response_id:.80}' not found (never "
+                raise bad_request(f"Previous response with id '{clip(body.previous_response_id)}' not found (never "
                                   "stored, deleted, or dropped from the gateway's in-memory store)",
                                   "previous_response_id", "previous_response_not_found")
             self.history = list(previous.messages)
@@ -490,5 +491,5 @@ class ResponsesEndpoints:
 
 
 def _not_found(response_id: str) -> Response:
-    return error_response(APIError(404, f"Response with id '{response_id:.80}' not found (never stored, deleted, "
+    return error_response(APIError(404, f"Response with id '{clip(response_id)}' not found (never stored, deleted, "
                                         "or dropped from the gateway's in-memory store)", code="response_not_found"))

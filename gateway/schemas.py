@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
 from protocol.request import split_stop
+from protocol.validation import clip, echo
 
 MAX_N = 128
 """Most choices per prompt (OpenAI's bound for ``n``)."""
@@ -42,7 +43,7 @@ def _bad_type(message: str) -> PydanticCustomError:
 
 
 def _shown(value: Any) -> str:
-    return json.dumps(value)[:40] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+    return clip(json.dumps(value)) if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
 
 
 def _check_ids(ids: list, where: str) -> None:
@@ -133,7 +134,7 @@ def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
                                   f"{MAX_METADATA_KEYS} are allowed")
     for key, text in value.items():
         if len(key) > MAX_METADATA_KEY_CHARS:
-            raise PydanticCustomError("invalid_value", f"a metadata key ({key[:24]!r}...) is {len(key)} "
+            raise PydanticCustomError("invalid_value", f"a metadata key {echo(key)} is {len(key)} "
                                       f"characters long; at most {MAX_METADATA_KEY_CHARS} are allowed")
         if len(text) > MAX_METADATA_VALUE_CHARS:
             raise PydanticCustomError("invalid_value", f"metadata[{key!r}] is {len(text)} characters long; at most "

@@ -32,6 +32,7 @@ from typing import Any
 
 from gateway.errors import bad_request
 from protocol.structured import Constraint, check_structured
+from protocol.validation import echo
 
 __all__ = ["FIELDS", "field_of", "structured_option"]
 
@@ -110,7 +111,7 @@ def _response_format(value: Any) -> Constraint | None:
     if kind == "json_object":
         return _checked({"json_object": True}, field)
     if kind != "json_schema":
-        raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r:.40}",
+        raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {echo(kind)}",
                           f"{field}.type")
     spec = value.get("json_schema")
     where = f"{field}.json_schema"

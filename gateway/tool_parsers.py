@@ -43,6 +43,7 @@ import string
 
 from gateway.call_stream import _MORE, _NAME_CHARS, _WS, CallStream, _header
 from gateway.tool_stream import ToolStream
+from protocol.validation import echo
 
 __all__ = ["AUTO", "CHOICES", "DEFAULT", "PARSERS", "Llama3JsonStream", "MistralStream", "detect_parser",
            "parser_class"]
@@ -234,13 +235,13 @@ def parser_class(name: str) -> type[CallStream]:
     try:
         return _CLASSES[name]
     except (KeyError, TypeError):
-        raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {name!r:.80}") from None
+        raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {echo(name)}") from None
 
 
 def check_choice(name: object) -> str:
     """``name`` if it is one of :data:`CHOICES` (a parser's or ``auto``); ValueError naming them."""
     if name not in CHOICES:
-        raise ValueError(f"tool_call_parser must be one of {', '.join(CHOICES)}, got {name!r:.80}")
+        raise ValueError(f"tool_call_parser must be one of {', '.join(CHOICES)}, got {echo(name)}")
     return name
 
 

@@ -56,7 +56,7 @@ from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 from protocol.tools import arguments_problem, is_tool_name, parameters_error
-from protocol.validation import check_json_text
+from protocol.validation import check_json_text, clip, echo
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
            "is_tool_name", "shown", "stream_choices", "tool_plan"]
@@ -117,7 +117,7 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
         fn = tool["function"]
         if set(tool) != {"type", "function"}:
             extra = sorted(set(tool) - {"type", "function"})[0]
-            raise bad_request(f"{where} does not take {extra!r:.64}", f"{where}.{extra:.64}")
+            raise bad_request(f"{where} does not take {echo(extra)}", f"{where}.{clip(extra)}")
         unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
         if unknown:
             raise bad_request(f"{where}.function does not take {unknown}", f"{where}.function.{unknown[0]}")
@@ -149,7 +149,7 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if not isinstance(name, str) or name not in functions:  # (a list or object name is unhashable)
-            raise bad_request(f"tool_choice names function {name!r:.64}, which is not in tools", "tool_choice")
+            raise bad_request(f"tool_choice names function {echo(name)}, which is not in tools", "tool_choice")
         names = [name]
     else:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
@@ -188,7 +188,7 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
                 raise bad_request("a tool message needs the tool_call_id of the call it answers (a string of "
                                   f"at most {MAX_MESSAGE_NAME_CHARS} characters)", f"messages.{i}.tool_call_id")
             if call_id not in call_ids and "" not in call_ids:
-                raise bad_request(f"messages[{i}].tool_call_id {call_id!r:.80} is the id of no tool call in an "
+                raise bad_request(f"messages[{i}].tool_call_id {echo(call_id)} is the id of no tool call in an "
                                   "earlier assistant message: give the id of the call this message answers (and "
                                   "the assistant message with that call before it)", f"messages.{i}.tool_call_id")
             m = {**m, "tool_call_id": call_id}
@@ -208,7 +208,7 @@ def _checked_call(call: Any, where: str) -> dict:
         raise bad_request("a tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                           "\"arguments\"}}", where)
     if not is_tool_name(fn["name"]):  # (its own field: a Messages tool_use block's name, a function_call item's)
-        raise bad_request(f"a tool call's name must be 1-64 letters, digits, '_' or '-', got {fn['name']!r:.80}",
+        raise bad_request(f"a tool call's name must be 1-64 letters, digits, '_' or '-', got {echo(fn['name'])}",
                           f"{where}.function.name")
     if call.get("type", "function") != "function":
         raise bad_request("a tool call's type must be \"function\"", f"{where}.type")

@@ -120,12 +120,12 @@ def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = 
     v = d.pop("v", None)
     if v != PROTOCOL_VERSION or type(v) is not int:
         raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
-                            f"protocol version {v!r:.20} is not supported; this peer speaks v{PROTOCOL_VERSION}")
+                            f"protocol version {echo(v)} is not supported; this peer speaks v{PROTOCOL_VERSION}")
     op = d.pop("op", None)
     try:
         op = Op(op)
     except (ValueError, TypeError):
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r:.40}") from None
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {echo(op)}") from None
     if allowed is not None and op not in allowed:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"op {op.value!r} is not accepted on this socket")
     return _DECODERS[MESSAGE_TYPES[op]](d, op.value)
@@ -522,7 +522,7 @@ def _message(cls: type) -> Callable[[dict, str], Message]:
     def check(d: dict, op: str) -> Message:
         unknown = [k for k in d if k not in fields]
         if unknown:
-            raise ProtocolError(ErrorCode.MALFORMED, f"{op!r} has no field {unknown[0]!r:.40}")
+            raise ProtocolError(ErrorCode.MALFORMED, f"{op!r} has no field {echo(unknown[0])}")
         missing = required.difference(d)
         if missing:
             raise ProtocolError(ErrorCode.MALFORMED, f"{op!r} is missing field {sorted(missing)[0]!r}")

@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from protocol.validation import clip
+
 __all__ = ["WrittenNumber", "check_finite", "first_nonfinite", "loads", "nonfinite", "nonfinite_message", "nonfinite_words",
            "path_text"]
 
@@ -102,7 +104,7 @@ def nonfinite_words(where: str, number: float) -> str:
     if text.lstrip("-") in ("NaN", "Infinity"):
         return (f"{where} is {text}, which is no JSON number (JSON has no NaN or Infinity, RFC 8259); send a "
                 "finite number, or the value as a string")
-    return (f"{where} is {text:.40}, past a double's range (about 1.8e308: it reads as infinity); send a number "
+    return (f"{where} is {clip(text)}, past a double's range (about 1.8e308: it reads as infinity); send a number "
             "within range, or the value as a string")
 
 

@@ -48,6 +48,7 @@ from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_M
 from protocol.enums import ErrorCode, FinishReason
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
+from protocol.validation import echo
 
 PROTOCOL_VERSION = 12
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
@@ -459,7 +460,7 @@ def _check_logprobs(ids: tuple[RequestId, ...], records: tuple[Logprobs, ...]) -
     tokens = collections.Counter(ids)
     for rid, n in entries.items():
         if tokens[rid] != n:
-            raise ValueError(f"request {rid!r:.40} has {tokens[rid]} tokens and {n} logprobs entries in this "
+            raise ValueError(f"request {echo(rid)} has {tokens[rid]} tokens and {n} logprobs entries in this "
                              "message; each token needs one")
 
 
@@ -601,11 +602,11 @@ class Register(_Message):
         if (vocab is not None and vocab < 1) or (seq is not None and seq < 1):
             raise ValueError(f"need info.vocab_size and info.max_seq_len >= 1 or None, got {vocab}, {seq}")
         if eos and (min(eos) < 0 or (vocab is not None and max(eos) >= vocab)):
-            raise ValueError(f"info.eos_token_ids must lie in [0, vocab_size), got {eos!r:.80}")
+            raise ValueError(f"info.eos_token_ids must lie in [0, vocab_size), got {echo(eos)}")
         size, dims = self.info.embedding_size, self.info.matryoshka_dims
         if (size is not None and size < 1) or (dims and (size is None or min(dims) < 1 or max(dims) > size)):
             raise ValueError(f"need info.embedding_size >= 1 or None, and info.matryoshka_dims in [1, embedding_size], "
-                             f"got {size}, {dims!r:.80}")
+                             f"got {size}, {echo(dims)}")
 
 
 @dataclass(frozen=True, slots=True)

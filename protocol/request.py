@@ -258,13 +258,13 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
         elif isinstance(m, (list, tuple)) and 2 <= len(m) <= 5:  # a ChatMessage, or one off the wire (any shape)
             role, content, calls, call_id, name = (*m, *((None, "", "")[len(m) - 2:]))
         else:
-            raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {m!r:.80}")
+            raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {echo(m)}")
         if not isinstance(role, str) or not isinstance(content, str):
-            raise ValueError(f"chat message {i} must have string 'role' and 'content', got {m!r:.80}")
+            raise ValueError(f"chat message {i} must have string 'role' and 'content', got {echo(m)}")
         for what, value in (("tool_call_id", call_id), ("name", name)):
             if not isinstance(value, str) or len(value) > MAX_MESSAGE_NAME_CHARS:
                 raise ValueError(f"chat message {i} {what} must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
-                                 f"characters, got {value!r:.80}")
+                                 f"characters, got {echo(value)}")
             if value:
                 as_text(value, f"chat message {i} {what}")
         out.append(ChatMessage(as_role(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
@@ -291,7 +291,7 @@ def _stop_token(value: object, field: str) -> tuple[int, ...] | str:
     if isinstance(value, str):
         if value == DEFAULT:
             return DEFAULT
-        raise ValueError(f"{field} must be an int, a list of ints, None or {DEFAULT!r}, got {value!r:.50}")
+        raise ValueError(f"{field} must be an int, a list of ints, None or {DEFAULT!r}, got {echo(value)}")
     if is_sequence(value) or isinstance(value, (set, frozenset)):
         if type(value) is tuple and len(value) < 2:  # () or one id: already sorted and unique
             return as_tokens(value, field)
@@ -342,7 +342,7 @@ def _flag(value: object, field: str) -> bool:
         return value
     if type(value).__name__ == "bool_":  # numpy's
         return bool(value)
-    raise ValueError(f"{field} must be true or false, got {type(value).__name__} {value!r:.50}")
+    raise ValueError(f"{field} must be true or false, got {type(value).__name__} {echo(value)}")
 
 
 def _timeout(value: object, field: str) -> float | None:
@@ -430,14 +430,14 @@ def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
     out: dict[int, float] = {}
     for pair in pairs:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise ValueError(f"{field} entries must be (token id, bias) pairs, got {pair!r:.50}")
+            raise ValueError(f"{field} entries must be (token id, bias) pairs, got {echo(pair)}")
         token, bias = pair
         if type(token) is str and token.isascii() and token.isdigit() and len(token) <= _ID_DIGITS:
             token = int(token)
         elif type(token) is not int:
             if isinstance(token, str):
                 raise ValueError(f"{field} keys must be token ids (ints, or decimal strings as OpenAI sends "
-                                 f"them), got {token!r:.50}")
+                                 f"them), got {echo(token)}")
             token = as_int(token, f"{field} key", minimum=0)  # (bools refused; numpy ints taken)
         if not 0 <= token <= WIRE_INT_MAX:
             raise ValueError(f"{field} keys must be token ids (ints >= 0), got {token!r}")
@@ -492,7 +492,7 @@ def check_template_kwargs(value: object, field: str) -> str | None:
                          f"got {type(value).__name__}")
     for name in value:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"{field}: each name must be a template variable name (an identifier), got {name!r:.80}")
+            raise ValueError(f"{field}: each name must be a template variable name (an identifier), got {echo(name)}")
         if name in TEMPLATE_RESERVED:
             raise ValueError(f"{field}: {name!r} is set by the server, not by a request (reserved: "
                              f"{', '.join(sorted(TEMPLATE_RESERVED))})")
@@ -534,7 +534,7 @@ def _input_extra(value: object, field: str) -> tuple[tuple[str, str], ...]:
         elif isinstance(chunk, (list, tuple)) and len(chunk) == 2:
             name, text = chunk
         else:
-            raise ValueError(f"{field}[{i}] must be {{\"filename\": str, \"text\": str}}, got {chunk!r:.80}")
+            raise ValueError(f"{field}[{i}] must be {{\"filename\": str, \"text\": str}}, got {echo(chunk)}")
         out.append((as_text(name, f"{field}[{i}].filename"), as_text(text, f"{field}[{i}].text")))
     return tuple(out)
 
@@ -545,7 +545,7 @@ def _kind(value: object, field: str) -> str:
     try:
         return RequestKind(value).value
     except ValueError:
-        raise ValueError(f"{field} must be one of {[k.value for k in RequestKind]}, got {value!r:.40}") from None
+        raise ValueError(f"{field} must be one of {[k.value for k in RequestKind]}, got {echo(value)}") from None
 
 
 # --------------------------------------------------------------------------- the definition
@@ -715,7 +715,7 @@ class RequestParams(_Fields):
                 raise ValueError(f"give one of {both}, not both")
             if key == "messages" and not (isinstance(value, (list, tuple)) and value
                                           and isinstance(value[0], Mapping)):
-                raise ValueError(f"messages must be a non-empty list of chat messages, got {value!r:.80}")
+                raise ValueError(f"messages must be a non-empty list of chat messages, got {echo(value)}")
             kwargs[name] = value
         missing = [n for n in _Fields._fields if n not in _Fields._field_defaults and n not in kwargs]
         if missing:
@@ -1089,5 +1089,5 @@ def check_request_id(value: object) -> RequestId:
         return as_text(value, "request_id")
     if not hasattr(value, "__index__") or isinstance(value, bool) or type(value).__name__ == "bool_":
         raise ValueError(f"request_id must be an int or a str of 1..{MAX_REQUEST_ID_CHARS} characters, got "
-                         f"{type(value).__name__} {value!r:.50}")
+                         f"{type(value).__name__} {echo(value)}")
     return as_int(value, "request_id")

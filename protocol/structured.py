@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import loads, nonfinite_message
-from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
 
@@ -105,25 +105,25 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
     if isinstance(value, Mapping):
         if len(value) != 1:
             raise ValueError(f"{field} must be a map with exactly one key, the kind (one of {list(KINDS)}), "
-                             f"got keys {sorted(map(str, value))[:8]}")
+                             f"got keys {echo(sorted(map(str, value)))}")
         ((kind, spec),) = value.items()
         think = ""
     elif isinstance(value, (list, tuple)) and len(value) in (2, 3):
         kind, spec, think = (*value, "")[:3]
         if think not in THINKS:
-            raise ValueError(f"{field} think must be one of {list(THINKS)}, got {think!r:.40}")
+            raise ValueError(f"{field} think must be one of {list(THINKS)}, got {echo(think)}")
     else:
         raise ValueError(f"{field} must be a map {{kind: spec}} or a (kind, spec) pair, kind one of "
-                         f"{list(KINDS)}; got {type(value).__name__} {value!r:.60}")
+                         f"{list(KINDS)}; got {type(value).__name__} {echo(value)}")
     if not isinstance(kind, str):
         raise ValueError(f"{field} kind must be a str, one of {list(KINDS)}, got {type(kind).__name__}")
     kind = _ALIASES.get(kind, kind)
     if kind not in KINDS:
-        raise ValueError(f"{field} kind must be one of {list(KINDS)}, got {kind!r:.40}")
+        raise ValueError(f"{field} kind must be one of {list(KINDS)}, got {echo(kind)}")
     where = f"{field} {kind}"
     if kind == "json_object":
         if spec not in ("", True, None) and not (isinstance(spec, Mapping) and not spec):
-            raise ValueError(f"{where} takes no spec (give true or \"\"), got {spec!r:.60}")
+            raise ValueError(f"{where} takes no spec (give true or \"\"), got {echo(spec)}")
         return JSON_OBJECT._replace(think=think) if think else JSON_OBJECT
     if kind == "json_schema":
         text = _schema_text(spec, where)
@@ -152,7 +152,7 @@ def _schema_text(spec: object, where: str) -> str:
         check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
         spec = parsed
     if not isinstance(spec, Mapping):
-        raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {spec!r:.60}")
+        raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {echo(spec)}")
     try:
         text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
@@ -177,6 +177,6 @@ def _choice_text(spec: object, where: str) -> str:
         raise ValueError(f"{where} holds {len(items)} strings; at most {MAX_CHOICES} are allowed")
     for i, s in enumerate(items):
         if not isinstance(s, str) or not s:
-            raise ValueError(f"{where}[{i}] must be a non-empty str, got {s!r:.40}")
+            raise ValueError(f"{where}[{i}] must be a non-empty str, got {echo(s)}")
         as_text(s, f"{where}[{i}]")
     return json.dumps(items, ensure_ascii=False)

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import first_nonfinite, loads, nonfinite_message, nonfinite_words, path_text
-from protocol.validation import as_text, check_json_text, check_json_unicode, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence
 
 __all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "is_tool_name",
            "parameters_error"]
@@ -91,7 +91,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         name = fn.get("name")
         if not is_tool_name(name) or name in names:
             raise ValueError(f"{field}[{i}].function.name must be 1-64 letters, digits, '_' or '-', "
-                             f"each name once; got {name!r:.80}")
+                             f"each name once; got {echo(name)}")
         names.add(name)
         params = fn.get("parameters", {})
         if not isinstance(params, Mapping) or params.get("type", "object") != "object":
@@ -119,18 +119,18 @@ def parameters_error(params: Mapping, field: str) -> tuple[str, str] | None:
     props, required = params.get("properties"), params.get("required")
     if props is not None:
         if not isinstance(props, Mapping):
-            return f"{field}.properties", f"{field}.properties must be an object of JSON schemas, got {props!r:.80}"
+            return f"{field}.properties", f"{field}.properties must be an object of JSON schemas, got {echo(props)}"
         for name, prop in props.items():
             if not isinstance(prop, (Mapping, bool)):
-                return (f"{field}.properties", f"{field}.properties gives {name!r:.64} {prop!r:.80}, which is not a "
+                return (f"{field}.properties", f"{field}.properties gives {echo(name)} {echo(prop)}, which is not a "
                         "JSON schema (an object)")
             enum = prop.get("enum", [None]) if isinstance(prop, Mapping) else [None]
             if not isinstance(enum, (list, tuple)) or not enum:
-                return (f"{field}.properties", f"{field}.properties gives {name!r:.64} the enum {enum!r:.80}; an "
+                return (f"{field}.properties", f"{field}.properties gives {echo(name)} the enum {echo(enum)}; an "
                         "enum must be a non-empty list of the values allowed")
     if required is not None and (not isinstance(required, (list, tuple))
                                  or not all(isinstance(r, str) for r in required)):
-        return f"{field}.required", f"{field}.required must be a list of property names, got {required!r:.80}"
+        return f"{field}.required", f"{field}.required must be a list of property names, got {echo(required)}"
     return None
 
 
@@ -154,7 +154,7 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         elif isinstance(call, (list, tuple)) and len(call) == 3:
             call_id, name, args = call
         else:
-            raise ValueError(f"{where} must be a tool call, got {call!r:.80}")
+            raise ValueError(f"{where} must be a tool call, got {echo(call)}")
         call_id = as_text(call_id, f"{where} id")
         if not is_tool_name(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")

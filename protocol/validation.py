@@ -69,7 +69,7 @@ def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
         try:
             value = operator.index(value)
         except TypeError:
-            raise ValueError(f"{field} must be an int, got {type(value).__name__} {value!r:.50}") from None
+            raise ValueError(f"{field} must be an int, got {type(value).__name__} {echo(value)}") from None
     if not minimum <= value <= WIRE_INT_MAX:
         if value < minimum:
             raise ValueError(f"{field} must be >= {minimum}, got {value}")
@@ -82,7 +82,7 @@ def as_float(value: object, field: str) -> float:
     if type(value) is float and math.isfinite(value):
         return value
     if isinstance(value, (bool, str, bytes)) or type(value).__name__ == "bool_":
-        raise ValueError(f"{field} must be a number, got {type(value).__name__} {value!r:.50}")
+        raise ValueError(f"{field} must be a number, got {type(value).__name__} {echo(value)}")
     try:
         out = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
@@ -226,7 +226,7 @@ def as_role(value: object, field: str) -> str:
     ``field`` else."""
     if type(value) is not str or not ROLE.fullmatch(value):
         raise ValueError(f"{field} must be a name such as 'user', 'assistant' or 'system' (letters, digits, "
-                         f"'_' or '-', at most 32); got {value!r:.40}")
+                         f"'_' or '-', at most 32); got {echo(value)}")
     return value
 
 
@@ -317,5 +317,5 @@ def as_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
         seconds = math.nan
     if not (seconds >= 0 if allow_zero else seconds > 0):
         raise ValueError(f"{field} must be a finite number of seconds {'>=' if allow_zero else '>'} 0, "
-                         f"got {value!r:.50}")
+                         f"got {echo(value)}")
     return seconds

@@ -8,15 +8,22 @@ a JSONL row's unknown field, an unknown enum value on the wire, an endpoint."""
 
 from __future__ import annotations
 
+import pathlib
+import re
+
+import msgpack
 import pytest
 
 from broker.outbox import Side
 from client.errors import UnknownModelError
 from gateway.link import not_found
+from protocol.codec import decode
 from protocol.enums import ErrorCode
-from protocol.messages import Results, Submit
+from protocol.errors import ProtocolError
+from protocol.messages import PROTOCOL_VERSION, Results, Submit
 from protocol.request import RequestParams
-from protocol.validation import ECHO_MAX_CHARS, clip, echo
+from protocol.structured import check_structured
+from protocol.validation import ECHO_MAX_CHARS, as_int, clip, echo
 from tests.support.cores import C1, make_core, sent
 from tests.support.messages import envelope
 
@@ -66,3 +73,82 @@ def test_a_rows_unknown_field_is_echoed_short():
     with pytest.raises(ValueError) as e:
         RequestParams.from_mapping({"max_tokens": 1, "prompt": [1], LONG: 1})
     assert "(100000 characters)" in str(e.value) and len(str(e.value)) < 2000
+
+
+# Silent cuts (the kind's second pass): a client's value shown in an error was cut short at 20-200
+# characters with no mark, by a slice (json_shown's json.dumps(value)[:40], the Responses API's
+# _one_of at 60, a Content-Type at 80) or a format precision ({value!r:.80}); each now goes through
+# clip / echo, so a cut value says it was cut and how long it was.
+
+_SOURCES = ("gateway", "protocol", "broker", "worker", "client", "slotserve")
+_SILENT_CUT = re.compile(r"""
+      ![rsa]:\.\d+\}            # {value!r:.80}: a repr cut by precision
+    | \{[^{}:!]+:\.\d+\}        # {value:.40}: a string cut by precision (a float's has a type: {x:.2f})
+    | \[:\d+\]!r\}              # {value[:80]!r}
+    | json\.dumps\([^()]*\)\[:\d+\]   # json.dumps(value)[:40]
+    | \(map\(str,\ [^()]*\)\)\[:\d+\]  # sorted(map(str, keys))[:8]
+""", re.X)
+
+
+def test_no_error_message_cuts_a_value_without_saying_so():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}" for folder in _SOURCES
+             for path in sorted((root / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if _SILENT_CUT.search(line)]
+    assert not found, "cut with clip/echo (protocol.validation), which mark the cut:\n" + "\n".join(found)
+
+
+def _marked(words: str, length: int) -> bool:
+    return f"… ({length} characters)" in words and len(words) < 1000
+
+
+def test_json_shown_and_the_bodies_shown_values_mark_the_cut():
+    from gateway.messages_body import json_shown
+    from gateway.schemas import _shown
+
+    assert json_shown("short") == '"short"' and _shown(5) == "5"  # short: whole, as before
+    assert _marked(json_shown(LONG), len(LONG) + 2) and _marked(_shown(LONG), len(LONG) + 2)
+
+
+def test_the_responses_api_one_of_marks_the_cut():
+    from gateway.errors import APIError
+    from gateway.responses_api import _one_of
+
+    with pytest.raises(APIError) as e:
+        _one_of(LONG, ("auto", "none"), "truncation")
+    assert e.value.message.startswith(f"Invalid value: '{'m' * ECHO_MAX_CHARS}… (100000 characters)'.")
+    with pytest.raises(APIError) as e:
+        _one_of(["x" * 500], ("auto", "none"), "truncation")
+    assert _marked(e.value.message, 504)
+
+
+@pytest.mark.parametrize("headers, length", [
+    ({"content-type": "text/" + "x" * 500}, 505),
+    ({"content-type": "application/json; charset=" + "x" * 500}, 500),
+    ({"content-type": "application/json", "content-encoding": "x" * 500}, 500),
+])
+def test_the_gateways_header_refusals_mark_the_cut(headers, length):
+    from starlette.datastructures import Headers
+
+    from gateway.errors import APIError
+    from gateway.generate import _check_json_body_headers
+
+    with pytest.raises(APIError) as e:
+        _check_json_body_headers(Headers(headers))
+    assert _marked(e.value.message, length)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: RequestParams.from_mapping({"max_tokens": 1, "messages": [LONG]}),                 # protocol.request
+    lambda: RequestParams.from_mapping({"max_tokens": 1, "prompt": [1], "include_stop_str_in_output": LONG}),
+    lambda: check_structured({LONG: 1, "b": 2}),                                               # protocol.structured
+    lambda: check_structured({"choice": ["a", [LONG]]}),
+    lambda: check_structured({LONG: True}),
+    lambda: as_int(LONG, "n"),                                                                  # protocol.validation
+    lambda: decode(msgpack.packb({"v": PROTOCOL_VERSION, "op": LONG})),                        # protocol.codec
+    lambda: decode(msgpack.packb({"v": LONG, "op": "submit"})),
+])
+def test_each_protocol_refusal_marks_the_cut(build):
+    with pytest.raises((ValueError, ProtocolError)) as e:
+        build()
+    assert "characters)" in str(e.value) and len(str(e.value)) < 1000, str(e.value)[:300]

@@ -60,6 +60,7 @@ import torch
 from protocol.enums import ErrorCode
 from protocol.request import SamplingParams
 from protocol.structured import HARMONY_ANALYSIS, Constraint
+from protocol.validation import echo
 from worker.errors import ModelError
 from worker.models.base import SlotInput
 
@@ -388,7 +389,7 @@ def after_thinking(grammar: str, think: str) -> str:
     import json
 
     if think not in _THINKING:
-        raise ValueError(f"think must be one of {sorted(_THINKING)}, got {think!r:.40}")
+        raise ValueError(f"think must be one of {sorted(_THINKING)}, got {echo(think)}")
     try:
         top = json.loads(grammar)
     except ValueError:  # (grammar_from gives some formats as Lark text)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from protocol.validation import echo
+
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
 RUNNERS = ("auto", "slotserve", "hf")
@@ -210,7 +212,7 @@ def chat_template_text(value: str) -> str:
         with open(value, encoding="utf-8") as f:
             text = f.read()
     elif "{{" not in value and "{%" not in value:
-        raise ValueError(f"chat_template: {value[:80]!r} is no file, and no Jinja template ({{{{ ... }}}} or "
+        raise ValueError(f"chat_template: {echo(value)} is no file, and no Jinja template ({{{{ ... }}}} or "
                          "{% ... %}) either")
     import jinja2
 
