@@ -21,6 +21,7 @@ from typing import Callable
 
 from client import Client
 from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
+from worker import host_memory
 from worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -50,13 +51,11 @@ class DemandSupervisor:
     def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
                  spawn: Callable[[str, WorkerConfig], mp.Process], connect: Callable[[], Client],
                  orders=None, timeout_s: float = 5.0) -> None:
-        import psutil
-
         self.configs: dict[str, WorkerConfig] = {w.served_names[0]: w for w in configs}
         needs = {n: estimate_bytes(w.model) for n, w in self.configs.items()}
-        total = psutil.virtual_memory().total
+        total = host_memory.total_bytes()
         for name, need in needs.items():
-            if need > total:
+            if total is not None and need > total:
                 raise ValueError(f"model {name!r} needs about {need / 2**20:,.0f} MiB (its files x 1.25 + "
                                  f"400 MiB) and this machine has {total / 2**20:,.0f} MiB of memory in all")
         self.core = OnDemand(needs, max_loaded, idle_unload_s)
@@ -78,8 +77,6 @@ class DemandSupervisor:
         names (requests for an alias wait under the alias until its worker registers it). A worker that
         died is forgotten: the model loads again when it is wanted, after a back-off when it died before
         registering (its load failed)."""
-        import psutil
-
         from client.errors import BrokerUnavailable
 
         try:
@@ -111,7 +108,7 @@ class DemandSupervisor:
                     self.core.failed(name, now)
         self._take_orders(now)
         starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
-        actions = self.core.decide(folded, now, psutil.virtual_memory().available, starting,
+        actions = self.core.decide(folded, now, host_memory.available_bytes(), starting,
                                    frozenset(self.stopping))
         for a in actions:
             if isinstance(a, Load):

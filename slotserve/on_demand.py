@@ -47,6 +47,7 @@ The rules, each pass (:meth:`OnDemand.decide`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from protocol.messages import Status
@@ -173,12 +174,12 @@ class OnDemand:
 
     # ------------------------------------------------------------------ the pass
 
-    def decide(self, status: Status, now: float, available_bytes: int, starting: frozenset[str] = frozenset(),
+    def decide(self, status: Status, now: float, available_bytes: int | None, starting: frozenset[str] = frozenset(),
                stopping: frozenset[str] = frozenset()) -> list[Load | Unload | Refuse]:
         """The actions for this pass, given the broker's ``status``, the time ``now`` (seconds, any
-        monotonic clock), the memory the machine has available (bytes, e.g. psutil's
-        ``virtual_memory().available``), the models whose workers the supervisor has started and
-        that have not registered yet (``starting``) and those whose workers it is stopping
+        monotonic clock), the memory the machine has available (bytes,
+        :func:`worker.host_memory.available_bytes`; None: unknown, the limit on loaded models alone
+        decides), the models whose workers the supervisor has started and that have not registered yet (``starting``) and those whose workers it is stopping
         (``stopping``: they hold their memory and their place until they are gone). A model is
         loaded only in a pass that unloads nothing to make room for it: the memory of what is
         unloaded counts once its processes have exited (a later pass)."""
@@ -203,7 +204,7 @@ class OnDemand:
             elif not wanted:
                 m.wanted_since, m.refused = None, False
         actions: list[Load | Unload | Refuse] = self._idle_unloads(now)
-        free = available_bytes
+        free = available_bytes if available_bytes is not None else math.inf
         for name in sorted((n for n, m in self._state.items()
                             if m.wanted_since is not None and m.state == "unloaded" and now >= m.retry_s),
                            key=lambda n: (self._state[n].wanted_since, n)):
@@ -225,7 +226,7 @@ class OnDemand:
                 out.append(Unload(name, f"idle for {now - m.last_used_s:.0f} s (idle_unload_s {self.idle_unload_s:g})"))
         return out
 
-    def _make_room(self, name: str, free: int, now: float, actions: list) -> int:
+    def _make_room(self, name: str, free: float, now: float, actions: list) -> float:
         """Load ``name`` if it fits now, else unload the least recently used idle models it needs
         gone (it loads in a later pass, once they are); refuse it (once) when even unloading every
         idle model would not make it fit. Returns the memory still available in this pass."""
@@ -259,7 +260,7 @@ class OnDemand:
             self._take_turn(name, now, slots, room, actions)
         return free  # loads once what is unloading is gone; if every loaded model is busy, its requests wait
 
-    def _take_turn(self, name: str, now: float, slots: int, room: int, actions: list) -> None:
+    def _take_turn(self, name: str, now: float, slots: int, room: float, actions: list) -> None:
         """``name``'s requests waited ``turn_s`` for busy models: unload those loaded longest (each
         loaded ``turn_s`` at least) until it fits; each goes to the back of the line (its requests,
         migrated by the broker, wait from now)."""

@@ -34,6 +34,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from worker import host_memory
+
 MAX_WORKERS = 8
 """Most workers started by default on CPU; with more cores each gets several threads (a guess
 where nothing was measured: one broker dispatching to a handful of workers; ``--workers`` and
@@ -58,7 +60,8 @@ per 32 values; ``auto`` is fp32 on CPU). Another precision keeps the file's stor
 @dataclass(frozen=True, slots=True)
 class Machine:
     """What the workers run on: ``cores`` this process may use, ``available_bytes`` of memory
-    (Linux's MemAvailable; None: unknown), ``gpu``: an NVIDIA device is present."""
+    (:func:`worker.host_memory.available_bytes`: MemAvailable, less under a cgroup limit; None:
+    unknown), ``gpu``: an NVIDIA device is present."""
 
     cores: int
     available_bytes: int | None
@@ -66,12 +69,12 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
-        """This machine (CPU affinity, ``/proc/meminfo``, ``/dev/nvidiactl``)."""
+        """This machine (CPU affinity, :mod:`worker.host_memory`, ``/dev/nvidiactl``)."""
         try:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
             cores = os.cpu_count() or 1
-        return cls(cores, _available_bytes(), os.path.exists("/dev/nvidiactl"))
+        return cls(cores, host_memory.available_bytes(), os.path.exists("/dev/nvidiactl"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,18 +206,3 @@ def _folder_params(path: str) -> tuple[int, int]:
     dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
     return stored // itemsize, stored
-
-
-def _available_bytes() -> int | None:
-    """MemAvailable from ``/proc/meminfo`` (free plus reclaimable cache), else free pages, else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None

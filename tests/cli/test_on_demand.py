@@ -312,10 +312,12 @@ def test_a_worker_that_does_not_stop_when_told_is_killed_and_a_frozen_one_is_not
 
     from slotserve import demand_supervisor
     from slotserve.demand_supervisor import STOP_KILL_S, DemandSupervisor
+    from worker import host_memory
     from worker.config import WorkerConfig
 
     monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
-    monkeypatch.setattr("psutil.virtual_memory", lambda: types.SimpleNamespace(total=64 * GIB, available=32 * GIB))
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
     lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
     broker = types.SimpleNamespace(status=lambda timeout_s: status(**lines), close=lambda: None)
     spawned = []

@@ -59,6 +59,8 @@ import sys
 
 import torch
 
+from worker import host_memory
+
 GROWTH = 1.125
 """Least factor by which the capacity grows (see the module docstring)."""
 
@@ -157,21 +159,15 @@ def least_bytes(layers: int, kv_heads: int, head_dim: int, max_len: int, dtype: 
 
 
 def available_bytes(device: str) -> int | None:
-    """Memory the cache may take (bytes): CUDA's free device memory, else Linux's MemAvailable
-    (``/proc/meminfo``); None where unknown (no check then)."""
+    """Memory the cache may take (bytes): CUDA's free device memory, else the host memory this
+    process may still take (:func:`worker.host_memory.available_bytes`: MemAvailable, less under a
+    cgroup limit); None where unknown (no check then)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.cuda.mem_get_info(dev)[0]
     if dev.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return host_memory.available_bytes()
 
 
 def check_fits(rows: int, per_row: int, device: str, where: str) -> None:

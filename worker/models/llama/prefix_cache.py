@@ -45,12 +45,13 @@ never reused by another.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from worker import host_memory
 
 BLOCK_TOKENS = 16
 """Tokens per cached block (vLLM's default block size)."""
@@ -64,12 +65,15 @@ DEFAULT_CAP_MB = 4096
 
 def default_budget_mb(device: str) -> int:
     """The ``--prefix-cache-mb`` default: :data:`DEFAULT_FRACTION` of the machine's memory
-    (physical RAM on CPU, free memory of the current GPU on CUDA), at most :data:`DEFAULT_CAP_MB`."""
+    (on CPU the host's memory, a cgroup's limit if smaller: :func:`worker.host_memory.total_bytes`;
+    free memory of the current GPU on CUDA), at most :data:`DEFAULT_CAP_MB` (that where unknown)."""
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info()
         total = free
     else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = host_memory.total_bytes()
+        if total is None:
+            return DEFAULT_CAP_MB
     return int(min(DEFAULT_CAP_MB, total * DEFAULT_FRACTION / 2**20))
 
 
