@@ -10,19 +10,20 @@ a gateway without one (``slotserve serve``, or ``up`` with one model) answers 40
 A name no model has is the 404 ``model_not_found`` that every ``/v1`` route answers
 (:meth:`BrokerConnections.model_not_found <gateway.link.BrokerConnections.model_not_found>`: the
 names a request may give, with their states); a model that is served but not on demand (its workers
-run as long as the cluster) a 400 naming the models on demand; a malformed body a 400.
+run as long as the cluster) a 400 naming the models on demand; a malformed body a 400, read as every
+route's body is (:func:`gateway.generate.parse_body`: strict, an unknown field refused by name).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from pydantic_core import from_json
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, invalid_json, nonfinite_number
-from gateway.generate import _check_json_body_headers, read_body
+from gateway.errors import APIError, bad_request
+from gateway.generate import parse_body
 from gateway.link import BrokerConnections
 from gateway.responses import error_response, json_response
 from protocol.validation import clip
@@ -31,6 +32,14 @@ __all__ = ["ModelControl"]
 
 Orders = Callable[[str, str], None]
 """``orders(op, model)``: hand ``"load"`` or ``"unload"`` of ``model`` to the supervisor."""
+
+
+class ModelOrder(BaseModel):
+    """The body of ``POST /models/load`` and ``/models/unload`` (llama.cpp's): ``model``, a served
+    name of a model on demand. Strict, as every route's body: another field is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str
 
 
 class ModelControl:
@@ -51,18 +60,9 @@ class ModelControl:
 
     async def _order(self, request: Request, op: str) -> Response:
         try:
-            _check_json_body_headers(request.headers)
-            raw = await read_body(request, self.max_body_bytes)
-            try:
-                body = from_json(raw)  # (the parser of every other route: a lone surrogate escape is refused)
-            except ValueError as e:
-                raise invalid_json(raw, str(e)) from None
-            nonfinite = nonfinite_number(raw)  # (as every route: NaN anywhere in the body is no JSON)
-            if nonfinite is not None:
-                raise nonfinite
-            model = body.get("model") if isinstance(body, dict) else None
-            if not isinstance(model, str) or not model:
-                raise bad_request('the body must be {"model": "<name>"}', "model")
+            model = (await parse_body(request, ModelOrder, self.max_body_bytes)).model
+            if not model:
+                raise bad_request('the body must be {"model": "<name>"}, a name not empty', "model")
             if self.orders is None:
                 raise bad_request(f"/models/{op} applies to models loaded on demand, which `slotserve up` runs "
                                   "when given several models (--model repeated, or --models-dir)", "model")

@@ -205,7 +205,7 @@ def test_every_post_route_refuses_one_naming_its_place(app, http, written):
 
 
 def test_models_load_no_longer_takes_one_in_a_key_it_ignores(http):
-    assert post(http, "/models/load", '{"model": "lazy", "x": 1}').status_code == 200  # (an order, as before)
+    assert error_of(post(http, "/models/load", '{"model": "lazy", "x": 1}'), 400)["param"] == "x"  # (unknown)
     err = error_of(post(http, "/models/load", '{"model": "lazy", "x": NaN}'), 400)
     assert (err["param"], err["message"]) == ("x", words("x", "NaN"))
 
