@@ -762,6 +762,13 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
                                "served by its own name (file stem or folder name) with one worker")
     if several and tokenizer is not None:
         raise click.UsageError("--tokenizer applies to one model; with several, each model's own is used")
+    given = [f"--{name.replace('_', '-')}" for name in ("max_loaded_models", "idle_unload_s")
+             if ctx.get_parameter_source(name) in (click.core.ParameterSource.COMMANDLINE,
+                                                   click.core.ParameterSource.ENVIRONMENT)]
+    if given and not several:
+        raise click.UsageError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to several models "
+                               "(loaded on demand); one model's "
+                               "workers run as long as the cluster: give --model more than once, or --models-dir")
     model = models[0] if models else _default(WorkerConfig, "model")
     gateway = None
     if http_port is not None:

@@ -210,6 +210,24 @@ def test_up_with_several_models_refuses_what_applies_to_one(tmp_path, extra, say
     assert result.exit_code == 2 and says in result.output, result.output
 
 
+@pytest.mark.parametrize("args, env, says", [
+    (["--max-loaded-models", "2"], {}, "--max-loaded-models applies to several models"),
+    (["--idle-unload-s", "5"], {}, "--idle-unload-s applies to several models"),
+    (["--max-loaded-models", "1", "--idle-unload-s", "0"], {}, "--max-loaded-models and --idle-unload-s apply"),
+    ([], {"SLOTSERVE_UP_MAX_LOADED_MODELS": "2"}, "--max-loaded-models applies to several models"),
+])
+def test_up_with_one_model_refuses_what_applies_to_several(args, env, says):
+    """--max-loaded-models and --idle-unload-s with one model were ignored in silence (its workers
+    started and ran as long as the cluster); a usage error now, as the options of one model with
+    several are (the test above)."""
+    from click.testing import CliRunner
+
+    from slotserve.cli import main
+
+    result = CliRunner().invoke(main, ["up", "--model", "simulated", *args], env=env)
+    assert result.exit_code == 2 and says in result.output and "--models-dir" in result.output, result.output
+
+
 def test_release_unloads_once_idle_never_while_busy():
     c = core(max_loaded=2, idle=0.0)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
@@ -271,9 +289,16 @@ def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not
             assert r.json()["error"]["message"] == (f"model `always` is not loaded on demand: its workers run as long "
                                                     f"as the cluster does; /models/{op} applies to the models on "
                                                     "demand (model-a, model-b)")
-        for body in ({}, {"model": 3}, ["model-a"]):
+        for body in ({}, {"model": 3}, {"model": ""}):
             r = http.post("/models/load", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        r = http.post("/models/load", json=["model-a"])
+        assert r.status_code == 400 and r.json()["error"]["message"] == "the body must be a JSON object"
+        for op in ("load", "unload"):  # an unknown field: refused by name, as every route's body (was taken silently)
+            r = http.post(f"/models/{op}", json={"model": "model-b", "force": True})
+            assert r.status_code == 400 and r.json()["error"] == {
+                "message": "Unrecognized request argument supplied: force", "type": "invalid_request_error",
+                "param": "force", "code": "unknown_parameter"}, r.text
         r = http.post("/models/load", content=b"{", headers={"content-type": "application/json"})
         assert r.status_code == 400
     assert got == [("load", "model-b"), ("unload", "model-a")]
