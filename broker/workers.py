@@ -50,10 +50,12 @@ def _logprob_ids(rec: Logprobs) -> Iterator[int]:
     yield from rec.prompt_ids or ()
 
 
-def _overrun(w: WorkerState, job) -> str:
-    """The error message of a request ``w`` gave more tokens than its ``max_tokens``."""
-    return (f"worker {w.name} sent {len(job.tokens)} tokens for a request of max_tokens "
-            f"{job.params.max_tokens}; check that worker")
+def _overrun(w: WorkerState, job, withheld: int) -> str:
+    """The error message of a request ``w`` gave more tokens than its ``max_tokens`` (the job's
+    tokens and ``withheld``, those past it, which the broker did not relay)."""
+    return (f"worker {w.name} sent {len(job.tokens) + withheld} tokens for a request of max_tokens "
+            f"{job.params.max_tokens}; those past it were not relayed and the request was ended there; "
+            "check that worker")
 
 
 class WorkerHandler:
@@ -243,7 +245,9 @@ class WorkerHandler:
     def _route_tokens(self, w: WorkerState, msg: Iteration, now: float, out: Outbox) -> None:
         """Append each new token to its job and to its client's results (the hot
         loop: one pass per token, locals only; the last client's draft lists kept at hand, as
-        an iteration's tokens mostly go to few clients)."""
+        an iteration's tokens mostly go to few clients). The broker is the trust boundary: a
+        token past a request's ``max_tokens`` (a faulty worker's) is never appended nor relayed,
+        and its request ends ``model_error`` (:meth:`_overran`)."""
         table = self._jobs
         jobs = table.by_key
         me = w.identity
@@ -251,15 +255,23 @@ class WorkerHandler:
         ttft = table.timings["ttft"] if table.record_timings else None
         stale = 0
         last = add_id = add_token = None
+        over: dict[int, int] | None = None  # broker key -> tokens withheld past its max_tokens
         for key, tok in zip(msg.ids, msg.tokens):
             job = jobs.get(key)
             if job is None or job.worker != me:
                 stale += 1  # the job migrated or ended meanwhile (counted, not its tokens: the rare case)
                 continue
+            tokens = job.tokens
+            if len(tokens) >= job.params[1]:  # (max_tokens) a token past it: withheld
+                if over is None:
+                    over = {}
+                over[key] = over.get(key, 0) + 1
+                stale += 1
+                continue
             if ttft is not None and job.first_token_s is None:
                 job.first_token_s = now
                 ttft.append(now - job.arrival_s)
-            job.tokens.append(tok)
+            tokens.append(tok)
             client = job.client
             if client is not None:
                 if client != last:
@@ -273,6 +285,24 @@ class WorkerHandler:
         self.counters["tokens_out"] += n
         if n:
             w.iterations += 1
+        if over:
+            self._overran(w, over, now, out)
+
+    def _overran(self, w: WorkerState, over: dict[int, int], now: float, out: Outbox) -> None:
+        """``w`` sent tokens past ``max_tokens`` for the requests of ``over`` (broker key -> the
+        tokens withheld): each ends now, ``model_error`` (its tokens up to ``max_tokens`` were
+        relayed; none of its other output in the iteration is), and is cancelled on ``w``, its
+        credit back; the other requests are served as before. Logged once per worker."""
+        self._faulty(w, "tokens past max_tokens")
+        table = self._jobs
+        cancels: list[int] = []
+        for key, withheld in over.items():
+            job = table.by_key[key]
+            w.inflight.discard(key)
+            cancels.append(key)
+            table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job, withheld), out)
+        out.cancels({w.identity: cancels})
+        self.dispatch(w.model, now, out)
 
     def _endings(self, w: WorkerState, finished: tuple[Finished, ...], now: float, out: Outbox) -> None:
         """Requests ``w`` reports ended: each gives back its credit and ends (with
@@ -298,9 +328,6 @@ class WorkerHandler:
             add_job(job)
             if job.verdict is not None:  # the broker ended it already (the worker's word comes after)
                 add_end(Finished(job.rid, _ERROR, *job.verdict))
-            elif len(job.tokens) > params[1]:  # (max_tokens; counted here, off the per-token loop)
-                self._faulty(w, "tokens past max_tokens")
-                add_end(Finished(job.rid, _ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job)))
             else:
                 prompt = params[0]
                 if not (prompt_tokens is not None and type(prompt) is not str and type(prompt[0]) is int
@@ -441,7 +468,7 @@ class WorkerHandler:
 
     def lost(self, w: WorkerState, now: float, out: Outbox, *, failed: bool) -> None:
         """Remove a worker; migrate its requests to the head of their queue (one holding its
-        ``max_tokens`` tokens is complete: it ends ``length``; holding more, ``model_error``).
+        ``max_tokens`` tokens is complete: it ends ``length``; none holds more, :meth:`_route_tokens`).
 
         ``failed``: it died or hung (counts toward each request's
         ``max_attempts``), rather than leaving or re-registering cleanly."""
@@ -458,11 +485,8 @@ class WorkerHandler:
                 job.attempts += 1
             if job.verdict is not None:
                 table.finish(job, FinishReason.ERROR, *job.verdict, out)
-            elif len(job.tokens) >= job.params.max_tokens:  # complete: a resume would be refused
-                if len(job.tokens) == job.params.max_tokens:
-                    table.finish(job, FinishReason.LENGTH, None, None, out)
-                else:
-                    table.finish(job, FinishReason.ERROR, ErrorCode.MODEL_ERROR, _overrun(w, job), out)
+            elif len(job.tokens) == job.params.max_tokens:  # complete: a resume would be refused
+                table.finish(job, FinishReason.LENGTH, None, None, out)  # (never more: _route_tokens)
             elif job.cancel_requested or job.client is None:
                 table.finish(job, FinishReason.CANCELLED, None, None, out)
             elif job.attempts >= self.config.max_attempts:

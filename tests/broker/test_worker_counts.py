@@ -227,27 +227,50 @@ def test_an_ending_whose_code_contradicts_its_reason_is_made_consistent(sent_end
 
 
 
-def test_a_request_ended_past_its_max_tokens_ends_model_error():
-    """No request generates more than ``max_tokens`` (resumed ones included). The broker does not
-    count on the hot path (the tokens are relayed as they come), but a worker's ending after more is
-    not relayed as a success: it ends ``model_error``; the others end as the worker says."""
+def test_a_worker_sending_past_max_tokens_never_gets_them_relayed():
+    """The broker is the trust boundary: no request's client gets more than ``max_tokens``
+    tokens, whatever a worker sends. A token past it is withheld, the request ends ``model_error``
+    at once (the worker's own ending, in the same iteration or later, is ignored) and is cancelled
+    on the worker, its credit back; the other request's tokens and ending arrive. Was: all six
+    relayed, then the error."""
     core, (k1, k2) = serving()  # max_tokens 4
-    out = core.on_backend(W1, Iteration(ids=[k1, k2, k2, k2, k2, k2], tokens=[9, 1, 2, 3, 4, 5], finished=[
-        Finished(k2, FinishReason.LENGTH), Finished(k1, FinishReason.STOP)]), 1.0)
-    fin = relayed(out)[0]
+    out = core.on_backend(W1, Iteration(ids=[k1, k2, k2, k2, k2, k2, k2], tokens=[9, 1, 2, 3, 4, 5, 6], texts=[
+        (k2, "text of six")], finished=[Finished(k2, FinishReason.LENGTH), Finished(k1, FinishReason.STOP)]), 1.0)
+    fin, _, tokens = relayed(out)
+    assert tokens == [9, 1, 2, 3, 4]  # k2's first four, never its fifth and sixth
     assert fin[1].finish_reason is FinishReason.ERROR and fin[1].code is ErrorCode.MODEL_ERROR
-    assert "5 tokens" in fin[1].message and fin[0].finish_reason is FinishReason.STOP
+    assert "sent 6 tokens for a request of max_tokens 4; those past it were not relayed" in fin[1].message
+    assert fin[0].finish_reason is FinishReason.STOP
+    assert not [t for r in sent(out, Side.FRONTEND, C1, Results) for t in r.texts]  # (nor its text)
+    assert [c.request_ids for c in sent(out, Side.BACKEND, W1, Cancel)] == [(k2,)]
+    assert [s.request_id for s in assigned(out)] == [2]  # the credit came back: the queued request runs
+
+
+def test_tokens_past_max_tokens_are_withheld_across_iterations():
+    """Counted per request over its iterations: three, then three more of which one fits."""
+    core, (k1, k2) = serving()  # max_tokens 4
+    fin, _, tokens = relayed(core.on_backend(W1, Iteration(ids=[k2, k2, k2], tokens=[1, 2, 3]), 1.0))
+    assert tokens == [1, 2, 3] and fin == {}
+    out = core.on_backend(W1, Iteration(ids=[k1, k2, k2, k2], tokens=[9, 4, 5, 6]), 2.0)
+    fin, _, tokens = relayed(out)
+    assert tokens == [9, 4] and list(fin) == [1] and fin[1].code is ErrorCode.MODEL_ERROR
+    assert "sent 6 tokens" in fin[1].message
+    later = core.on_backend(W1, Iteration(ids=[k2, k1], tokens=[7, 8], finished=[
+        Finished(k2, FinishReason.LENGTH)]), 3.0)
+    fin, _, tokens = relayed(later)
+    assert tokens == [8] and fin == {}  # (the worker goes on: still nothing of k2's)
 
 
 def test_a_request_lost_with_all_its_tokens_ends_instead_of_migrating():
     """A request holding its ``max_tokens`` tokens when its worker is lost is complete: it ends
     ``length`` (a resume with them is refused as complete, ``bad_request``, on the next worker);
-    one holding more ends ``model_error``; one with room left migrates."""
+    one sent more ended ``model_error`` as they came (none holds more); one with room left migrates."""
     core, (k1, k2, k3) = serving(slots=3)
     core.on_backend(W2, Register("simulated", 3, 3, INFO, W2.decode()), 0.0)
-    core.on_backend(W1, Iteration(ids=[k1] + [k2] * 4 + [k3] * 5, tokens=[9] + [1] * 4 + [2] * 5), 1.0)
+    out = core.on_backend(W1, Iteration(ids=[k1] + [k2] * 4 + [k3] * 5, tokens=[9] + [1] * 4 + [2] * 5), 1.0)
+    fin = relayed(out)[0]
+    assert list(fin) == [2] and fin[2].finish_reason is FinishReason.ERROR and fin[2].code is ErrorCode.MODEL_ERROR
     out = core.on_backend(W1, Bye(), 2.0)
     fin = relayed(out)[0]
-    assert fin[1].finish_reason is FinishReason.LENGTH and fin[1].code is None
-    assert fin[2].finish_reason is FinishReason.ERROR and fin[2].code is ErrorCode.MODEL_ERROR
+    assert list(fin) == [1] and fin[1].finish_reason is FinishReason.LENGTH and fin[1].code is None
     assert [(e.request_id, e.resume_tokens) for e in assigned(out, W2)] == [(k1, (9,))]
