@@ -91,7 +91,9 @@ def product(request, monkeypatch):
     if request.param != "torch" and qkernel.load() is None:
         pytest.skip("the compiled GGUF kernel does not run here (no avx512_bf16 or no compiler)")
     if request.param == "kernel-int8" and not qkernel.load().has_q8():
-        pytest.skip("int8 activations need AVX-512 VNNI and VBMI")
+        pytest.skip("int8 activations need AVX-512 VNNI and VBMI, or AVX2")
+    if request.param == "kernel" and qkernel.isa() == "avx2":
+        pytest.skip("bf16 activations need AVX-512 BF16 (an AVX2 CPU runs the stored weights on int8 ones)")
     yield request.param
     monkeypatch.delenv("SLOTSERVE_NO_KERNELS", raising=False)
     qkernel.load.cache_clear()
@@ -204,7 +206,10 @@ def test_gguf_activations_default_to_int8_where_it_runs_and_apply_to_gguf_only(q
         assert all(k.int8 == q8 for k in kernels) and head in kernels
         assert ("int8 activations" if q8 else "bf16 activations") in weights.linear_kind, weights.linear_kind
         assert "LM head" not in weights.linear_kind
-        if q8:
+        if q8 and qkernel.isa() == "avx2":  # int8 only: a bf16 head is refused in words
+            with pytest.raises(ValueError, match="needs a CPU with AVX-512 BF16"):
+                weights.set_gguf_activations("bf16")
+        elif q8:
             from worker.models.llama import weights as weights_module
 
             monkeypatch.setattr(weights_module, "HEAD_ACTIVATIONS", "bf16")

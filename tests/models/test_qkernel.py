@@ -57,7 +57,10 @@ def module():
 @pytest.fixture(autouse=True, params=[True, False], ids=["six-bits", "bytes"])
 def six_bits(request, monkeypatch):
     """Every test with 6-bit spans held in 6 bits (SIX, the choice where AMX tiles run) and a byte
-    each (MAGIC, the choice elsewhere: qkernel.six_bits), whatever this CPU would choose."""
+    each (MAGIC, the choice elsewhere: qkernel.six_bits), whatever this CPU would choose (on AVX2,
+    which never holds 6 bits and whose product does not take them, a byte each only)."""
+    if request.param and qkernel.isa() == "avx2":
+        pytest.skip("6-bit codes are held only where AMX tiles run; never on AVX2")
     monkeypatch.setattr(qkernel, "six_bits", lambda: request.param)
     return request.param
 
@@ -191,8 +194,8 @@ def test_six_bits_are_chosen_where_amx_tiles_run(module, monkeypatch):
 
 # ---- int8 activations (qmm8: VNNI, AMX-INT8)
 
-needs_q8 = pytest.mark.skipif(not (qkernel.cpu_has_avx512_bf16() and qkernel.extension.cpu_has("avx512_vnni")
-                                   and qkernel.extension.cpu_has("avx512vbmi")), reason="no AVX-512 VNNI and VBMI here")
+needs_q8 = pytest.mark.skipif(not (qkernel.isa() == "avx2" or qkernel.cpu_has_avx512_bf16() and qkernel.extension.cpu_has(
+    "avx512_vnni") and qkernel.extension.cpu_has("avx512vbmi")), reason="no AVX-512 VNNI and VBMI, nor AVX2, here")
 
 
 def int8_reference(w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
@@ -377,8 +380,33 @@ def test_activations_are_checked(module):
     w = weight(0, 16, 32, True, "k", 40, 256).prepare()
     with pytest.raises(ValueError, match="gguf_activations must be one of"):
         w.kernel.set_activations("fp8")
+    if qkernel.isa() == "avx2":  # int8 activations only: bf16 is refused in words, and the product stays int8
+        with pytest.raises(ValueError, match="needs a CPU with AVX-512 BF16.*use 'int8' or 'auto'"):
+            w.kernel.set_activations("bf16")
+        assert w.kernel.int8
+        return
     w.kernel.set_activations("bf16")
     assert not w.kernel.int8
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_sums_hold_at_the_codes_and_activations_extremes(module, layout):
+    """Every code at its format's lowest or highest value and every rounded activation at +-127, signed so
+    that each group's products add up (the largest integer sums a group can have): the sums are exact,
+    with nothing saturated (AVX2 sums byte products in int16 pairs, vpmaddubsw, before widening)."""
+    lo, hi, group, offsets, kind = layout
+    gen = torch.Generator().manual_seed(12)
+    codes = torch.where(torch.rand(32, K, generator=gen) < 0.5, lo, hi - 1).to(torch.int8)
+    codes[4], codes[5] = hi - 1, lo  # rows of the highest and of the lowest code
+    w = QuantizedWeight(codes, factor(kind, 32, K // group, group, gen),
+                        factor(kind, 32, K // group, group, gen, True) if offsets else None, group, "test")
+    x = torch.full((8, K), 2.0)  # rows 4-7: every rounded value 127
+    x[:4] = torch.where(codes[:4] >= 0, 1.0, -1.0) * torch.randint(1, 3, (4, K), generator=gen)  # row r: code row r's signs
+    want = int8_reference(w, x)
+    w.prepare().kernel.set_activations("int8")
+    got = w(x)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
 @needs_q8

@@ -98,6 +98,17 @@ def cpu_has(flag: str) -> bool:
     return False
 
 
+_LOCAL_INCLUDE = re.compile(rb'^#include "([^"]+)"', re.M)
+
+
+def _source_bytes(source: Path) -> bytes:
+    """``source``'s bytes and those of the headers it includes from its own folder (``#include "x.h"``,
+    one level: qkernel.cpp and qkernel_avx2.cpp share ``qkernel_pack.h``), so that a changed header
+    makes a new build key as a changed source does."""
+    text = source.read_bytes()
+    return text + b"".join((source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text))
+
+
 def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str):
     """The compiled module of ``source`` (named ``slotserve_<prefix>_<key>``), or None where it cannot
     run here: the CPU lacks ``needs`` (a ``/proc/cpuinfo`` flag), ``SLOTSERVE_NO_KERNELS`` is set, or
@@ -107,7 +118,7 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     process dies (then this one builds)."""
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
-    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    key = hashlib.sha256(_source_bytes(source) + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
     kernels = cache_root() / "kernels"
     folder = kernels / key
     name = f"slotserve_{prefix}_{key}"

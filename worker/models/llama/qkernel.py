@@ -31,6 +31,10 @@ from worker.models.llama import extension
 SOURCE = Path(__file__).with_name("qkernel.cpp")
 FLAGS = ["-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
          "-mamx-tile", "-mamx-bf16", "-fopenmp"]
+SOURCE_AVX2 = Path(__file__).with_name("qkernel_avx2.cpp")
+"""The product where the CPU has AVX2 but no AVX-512 BF16 (AMD Zen 2/3, Intel Haswell to Alder Lake): int8
+activations only (``qmm8``, the same bits as qkernel.cpp's), so ``gguf_activations`` ``bf16`` does not run there."""
+FLAGS_AVX2 = ["-O3", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 BLOCK = 16
 """Output rows per block: one zmm of fp32 lanes."""
 
@@ -90,9 +94,20 @@ def cpu_has_avx512_bf16() -> bool:
     return extension.cpu_has("avx512_bf16")
 
 
+def isa() -> str:
+    """Which product :func:`load` builds here: ``"avx512"`` (``qkernel.cpp``: a CPU with AVX-512 BF16),
+    ``"avx2"`` (``qkernel_avx2.cpp``: AVX2, FMA and F16C without it), or ``""`` (neither)."""
+    if cpu_has_avx512_bf16():
+        return "avx512"
+    return "avx2" if all(extension.cpu_has(f) for f in ("avx2", "fma", "f16c")) else ""
+
+
 @functools.lru_cache(maxsize=1)
 def load():
-    """The compiled module (``qmm``), or None where it cannot be built or run here (module docstring)."""
+    """The compiled module (``qmm8``; ``qmm`` and the rest on AVX-512), or None where it cannot be built
+    or run here (module docstring; :func:`isa`)."""
+    if isa() == "avx2":
+        return extension.build("qkernel_avx2", SOURCE_AVX2, FLAGS_AVX2, "avx2", "quantised products run in pure torch")
     return extension.build("qkernel", SOURCE, FLAGS, "avx512_bf16", "quantised products run in pure torch")
 
 
@@ -137,8 +152,11 @@ class Kernel:
         w = self.weight
         runs = bool(self.module.has_q8()) and w.group % 16 == 0
         if activations == "int8" and not runs:
-            raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI (and groups of a "
-                             f"multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
+            raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI, or AVX2 (and groups "
+                             f"of a multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
+        if activations == "bf16" and not hasattr(self.module, "qmm"):
+            raise ValueError("gguf_activations='bf16' needs a CPU with AVX-512 BF16; this one runs the stored "
+                             "weights on AVX2 with int8 activations: use 'int8' or 'auto'")
         self.int8 = activations == "int8" or (activations == "auto" and runs)
         self.tiles = activations != "bf16" and self.amx
 
@@ -228,6 +246,12 @@ def six_bits() -> bool:
     the choice it was laid out with (``QuantizedWeight.six``)."""
     module = load()
     return bool(module is not None and module.has_amx())
+
+
+def takes(module, group: int) -> bool:
+    """Whether ``module`` (:func:`load`'s) multiplies a weight of ``group`` columns a group: an even
+    group on AVX-512 (``qmm``), a multiple of 16 on AVX2 (``qmm8`` alone; every GGUF format's)."""
+    return group % 2 == 0 and (hasattr(module, "qmm") or group % 16 == 0)
 
 
 def kind(w) -> int:

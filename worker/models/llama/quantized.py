@@ -163,7 +163,7 @@ class QuantizedWeight:
         from worker.models.llama import qkernel
 
         module = qkernel.load()
-        if module is None or self.blocked or self.group % 2:
+        if module is None or self.blocked or not qkernel.takes(module, self.group):
             return self
         self.six = qkernel.six_bits()
         self.packed = qkernel.blocked(self.packed, qkernel.kind(self), self.low)

@@ -374,7 +374,7 @@ def stored_product(int8: int = 0, kernels: int = 0, tiles: bool = False, bytes_s
     extra = ("; prefill chunks on bf16 tiles" if tiles else "") + ("; 6-bit codes a byte each" if bytes_six else "")
     if not int8:
         return f" (compiled kernel, bf16 activations, {bf16}{extra})"
-    int8_kind = "VNNI + AMX-INT8" if amx else "VNNI"
+    int8_kind = "VNNI + AMX-INT8" if amx else "AVX2" if qkernel.isa() == "avx2" else "VNNI"
     if int8 == kernels:
         return f" (compiled kernel, int8 activations, {int8_kind}{extra})"
     if head_bf16 and int8 == kernels - 1:

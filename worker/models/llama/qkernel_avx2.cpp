@@ -1,0 +1,323 @@
+// y = x @ W.T for a GGUF block-quantised W in qkernel.cpp's blocked layout (16 output rows a
+// block; qkernel_pack.h packs and loads it), on a CPU with AVX2, FMA and F16C but no AVX-512 (AMD
+// Zen 2/3, Intel Haswell to Alder Lake): what qkernel.cpp's qmm8 computes, with int8 activations.
+//
+// x is rounded per row and group to int8 exactly as qkernel.cpp's qrows rounds it (xs = max|x| /
+// 127, xq = nearest(x / xs); the same operations, so the same bytes), the integer sums
+// sum_{k in g} code[n, k] * xq[m, k] are exact, and the epilogue is qmm8's in its order:
+//     tot += fp32(isum) * (scale[n, g] * xs[m, g]);  tot += xsum[m, g] * offset[n, g]
+// (fp32, no contraction: -ffp-contract=off, FMA where qkernel.cpp has one), so a row's result has
+// the same bits here as on AVX-512 VNNI, whatever rows run beside it.
+//
+// The integer sums use vpmaddubsw (unsigned codes u = code - base times signed xq, pairs summed to
+// int16 with saturation) then vpmaddwd by ones (int16 pairs to int32), llama.cpp's AVX2 dot
+// product. A pair sum must stay inside int16: 4-bit codes (u <= 15) keep up to 8 quads (32
+// columns) in int16 before widening (8 * 2 * 15 * 127 = 30,480); byte codes in [-64, 63] are held
+// from base low (u <= 127: one quad a widening); any int8 code (WIDE, Q8_0) multiplies |code| by
+// xq carrying the code's sign (vpsignb, as llama.cpp's mul_sum_i8_pairs: |code| <= 128, so a pair
+// sum <= 32,512). Each 16-row block is decoded once per call into quads (dword j = row j's 4
+// codes, two ymm of 8 rows a quad) in a per-thread buffer, then every QR rows multiply it.
+// 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include "qkernel_pack.h"  // the layout's kinds, Factors, packing and GGUF loading (shared with qkernel.cpp)
+
+namespace {
+
+constexpr int QR = 4;  // activation rows a pass: 2 QR accumulators of 8 lanes, with the quad and x in 16 ymm
+
+// a per-group factor of one 16-row block, rows h * 8 .. h * 8 + 7: fp32(d[g >> shift]) * fp32(q[g])
+inline __m256 factor8(const Factor& f, int64_t g, int h) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.d + (g >> f.shift) * 16 + h * 8)));
+    if (!f.q) return d;
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.q + g * 16 + h * 8));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(f.q_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
+}
+
+// One block's scales and offsets as fp32 [groups, 16] (qkernel.cpp's expand with zero 0)
+void expand(const Factor& s, const Factor& o, int64_t groups, float* sbuf, float* obuf) {
+    for (int64_t g = 0; g < groups; ++g)
+        for (int h = 0; h < 2; ++h) {
+            _mm256_store_ps(sbuf + g * 16 + h * 8, factor8(s, g, h));
+            if (obuf) _mm256_store_ps(obuf + g * 16 + h * 8, factor8(o, g, h));
+        }
+}
+
+// quads of one 16-row block: wbuf[2 q + h] = quad q's rows 8 h .. 8 h + 7 (dword j = row's 4 codes
+// as unsigned bytes; WIDE: signed codes, with their absolute values at wbuf[2 (K / 4) + 2 q + h])
+void decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* wbuf) {
+    if (kind == NIB) {  // per 8 columns 4 pairs x 16 rows: quads (0, 2, 4, 6) and (1, 3, 5, 7)
+        const __m256i nib = _mm256_set1_epi8(15);
+        for (int64_t t = 0; t < K / 8; ++t) {
+            const uint8_t* u = w + t * 64;
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u)),
+                          b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16)),
+                          c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 32)),
+                          d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 48));
+            const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+            const __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+            // rows 0-7 and 8-15: dword j = pair 0..3's bytes of row j
+            const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
+            const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
+            _mm256_store_si256(wbuf + 4 * t, _mm256_and_si256(lo, nib));
+            _mm256_store_si256(wbuf + 4 * t + 1, _mm256_and_si256(hi, nib));
+            _mm256_store_si256(wbuf + 4 * t + 2, _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib));
+            _mm256_store_si256(wbuf + 4 * t + 3, _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib));
+        }
+        return;
+    }
+    // MAGIC, WIDE: per column pair 32 bytes (row j: its even and odd column); a quad is two pairs
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(-base));  // MAGIC: u = code - base
+    const int64_t quads = K / 4;
+    for (int64_t q = 0; q < quads; ++q) {
+        const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
+        const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
+        const __m256i l = _mm256_unpacklo_epi16(p0, p1), h = _mm256_unpackhi_epi16(p0, p1);  // rows 0-3 | 8-11, 4-7 | 12-15
+        __m256i r0 = _mm256_permute2x128_si256(l, h, 0x20), r1 = _mm256_permute2x128_si256(l, h, 0x31);
+        if (kind == MAGIC) {
+            r0 = _mm256_add_epi8(r0, shift);
+            r1 = _mm256_add_epi8(r1, shift);
+        } else {
+            _mm256_store_si256(wbuf + 2 * quads + 2 * q, _mm256_abs_epi8(r0));
+            _mm256_store_si256(wbuf + 2 * quads + 2 * q + 1, _mm256_abs_epi8(r1));
+        }
+        _mm256_store_si256(wbuf + 2 * q, r0);
+        _mm256_store_si256(wbuf + 2 * q + 1, r1);
+    }
+}
+
+struct QRows {
+    const int8_t* xq;      // [M, K], NIB: per 8 columns the even ones, then the odd ones
+    const float* xs;       // [M, groups]
+    const float* xsum;     // [M, groups]: xs * sum(xq)
+    const int32_t* qbase;  // [M, groups]: base * sum(xq)
+    int64_t K, group, groups;
+};
+
+struct Block {
+    const __m256i* wbuf;  // decode_block's quads
+    const float* sc;      // [groups, 16]
+    const float* of;      // [groups, 16] or null
+    float* y;             // y[0, n0]
+    int64_t ldy, valid;   // rows of the block that exist
+};
+
+inline int32_t x_quad(const QRows& a, int r, int64_t q) {
+    int32_t v;
+    std::memcpy(&v, a.xq + r * a.K + 4 * q, 4);
+    return v;
+}
+
+// R rows of x times one block: the integer sums per group, then qmm8's epilogue
+template <int R, int KIND, bool OFF>
+void rows_block(const QRows& a, const Block& b) {
+    alignas(32) float tot[R][16] = {};
+    const int64_t quads = a.group / 4, all = a.K / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < a.groups; ++g) {
+        __m256i acc[R][2];
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        if constexpr (KIND == NIB) {  // int16 sums, widened every 8 quads (32 columns)
+            for (int64_t q0 = g * quads; q0 < (g + 1) * quads; q0 += 8) {
+                __m256i s16[R][2];
+                for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+                for (int64_t q = q0; q < std::min(q0 + 8, (g + 1) * quads); ++q) {
+                    const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i xv = _mm256_set1_epi32(x_quad(a, r, q));
+                        s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(w0, xv));
+                        s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(w1, xv));
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], ones));
+            }
+        } else {
+            for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
+                const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
+                __m256i a0, a1;
+                if constexpr (KIND == WIDE) {
+                    a0 = _mm256_load_si256(b.wbuf + 2 * all + 2 * q);
+                    a1 = _mm256_load_si256(b.wbuf + 2 * all + 2 * q + 1);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const __m256i xv = _mm256_set1_epi32(x_quad(a, r, q));
+                    __m256i p0, p1;
+                    if constexpr (KIND == WIDE) {  // |code| times xq with the code's sign
+                        p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, w0));
+                        p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, w1));
+                    } else {
+                        p0 = _mm256_maddubs_epi16(w0, xv);
+                        p1 = _mm256_maddubs_epi16(w1, xv);
+                    }
+                    acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
+                    acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256 sc = _mm256_load_ps(b.sc + g * 16 + h * 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 f = _mm256_mul_ps(sc, _mm256_set1_ps(a.xs[r * a.groups + g]));
+                const __m256i sum = _mm256_add_epi32(acc[r][h], _mm256_set1_epi32(a.qbase[r * a.groups + g]));
+                __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, _mm256_load_ps(tot[r] + h * 8));
+                if constexpr (OFF)
+                    t = _mm256_fmadd_ps(_mm256_set1_ps(a.xsum[r * a.groups + g]), _mm256_load_ps(b.of + g * 16 + h * 8), t);
+                _mm256_store_ps(tot[r] + h * 8, t);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) std::memcpy(b.y + r * b.ldy, tot[r], b.valid * sizeof(float));
+}
+
+template <int KIND, bool OFF>
+void rows_step(int64_t r, const QRows& a, const Block& b) {
+    switch (r) {
+        case 1: rows_block<1, KIND, OFF>(a, b); break;
+        case 2: rows_block<2, KIND, OFF>(a, b); break;
+        case 3: rows_block<3, KIND, OFF>(a, b); break;
+        default: rows_block<4, KIND, OFF>(a, b); break;
+    }
+}
+
+inline float reduce_max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+inline int32_t reduce_add8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// qkernel.cpp's qrows on 8 lanes: the same operations per value, so the same xq, xs, xsum, qbase
+constexpr int64_t QROWS_GRAIN = 32768;
+void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_t base, int8_t* xq, float* xs,
+           float* xsum, int32_t* qbase) {
+    const int64_t groups = K / group;
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    at::parallel_for(0, M, std::max<int64_t>(1, QROWS_GRAIN / K), [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m) {
+            for (int64_t g = 0; g < groups; ++g) {
+                const float* v = x + m * K + g * group;
+                __m256 amax = _mm256_setzero_ps();
+                int nan = 0;
+                for (int64_t k = 0; k < group; k += 8) {
+                    const __m256 vk = _mm256_loadu_ps(v + k);
+                    amax = _mm256_max_ps(amax, _mm256_and_ps(vk, absmask));
+                    nan |= _mm256_movemask_ps(_mm256_cmp_ps(vk, vk, _CMP_UNORD_Q));
+                }
+                const float mx = nan ? std::numeric_limits<float>::quiet_NaN() : reduce_max8(amax);
+                xs[m * groups + g] = mx / 127.0f;
+                const float rcp = 127.0f / mx;
+                const __m256 inv = _mm256_set1_ps(mx > 0.0f && rcp <= std::numeric_limits<float>::max() ? rcp : 0.0f);
+                int8_t* out = xq + m * K + g * group;
+                __m256i isum = _mm256_setzero_si256();
+                for (int64_t k = 0; k < group; k += 8) {
+                    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + k), inv));
+                    isum = _mm256_add_epi32(isum, q);
+                    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+                    __m128i b = _mm_packs_epi16(w, w);  // (saturating twice: int32 -> int8 saturated)
+                    if (kind == NIB) b = _mm_shuffle_epi8(b, order);
+                    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), b);
+                }
+                const int32_t total = reduce_add8(isum);
+                xsum[m * groups + g] = xs[m * groups + g] * static_cast<float>(total);
+                qbase[m * groups + g] = static_cast<int32_t>(static_cast<int64_t>(base) * total);
+            }
+        }
+    });
+}
+
+// n bytes (32-aligned) of the calling thread's scratch, kept between calls and grown as needed
+uint8_t* scratch(int slot, int64_t n) {
+    thread_local std::unique_ptr<uint8_t, decltype(&std::free)> mem[2] = {{nullptr, &std::free}, {nullptr, &std::free}};
+    thread_local int64_t size[2] = {0, 0};
+    if (n > size[slot]) {
+        size[slot] = (n + 4095) / 4096 * 4096;
+        mem[slot].reset(static_cast<uint8_t*>(std::aligned_alloc(64, size[slot])));
+        TORCH_CHECK(mem[slot], "qmm8: could not allocate ", size[slot], " bytes of scratch");
+    }
+    return mem[slot].get();
+}
+
+}  // namespace
+
+bool has_q8() { return true; }  // (this module is built only where the CPU has AVX2, FMA and F16C)
+bool has_amx() { return false; }
+
+// qkernel.cpp's qmm8 (the same arguments; amx and vnni_rows ignored): x fp32 [M, K] -> fp32 [M, N]
+torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
+                   int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N,
+                   bool, int64_t) {
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x: contiguous fp32 [M, K]");
+    TORCH_CHECK(kind == NIB || kind == MAGIC || kind == WIDE, "kind: 0, 1 or 2 (6-bit codes are held only for AMX)");
+    TORCH_CHECK(kind != MAGIC || (low >= -64 && low <= 63), "MAGIC: codes in [-64, 63]");
+    // code = u + base: NIB u = code - low; MAGIC u = code - low (<= 127); WIDE the signed codes themselves
+    const int64_t base = kind == WIDE ? 0 : low;
+    const int64_t M = x.size(0), K = x.size(1), blocks = (N + 15) / 16, groups = K / group;
+    TORCH_CHECK(group % 16 == 0 && K % group == 0 && (kind != NIB || group % 8 == 0), "K: whole groups of 16 or 32 columns");
+    TORCH_CHECK(sd.numel() > 0, "scales: d is required");
+    const Factors sf = factors(sd, sq, sshift, blocks, groups, "scales"), of = factors(od, oq, oshift, blocks, groups, "offsets");
+    TORCH_CHECK(packed.numel() == blocks * K * column_bytes(kind), "codes do not fit the blocked layout");
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const int64_t q_bytes = (M * K + 63) / 64 * 64;
+    uint8_t* rounded = scratch(0, q_bytes + 3 * M * groups * static_cast<int64_t>(sizeof(float)));
+    int8_t* xq = reinterpret_cast<int8_t*>(rounded);
+    float* xs = reinterpret_cast<float*>(rounded + q_bytes);
+    int32_t* qbase = reinterpret_cast<int32_t*>(xs + 2 * M * groups);
+    qrows(x.data_ptr<float>(), M, K, group, static_cast<int>(kind), static_cast<int32_t>(base), xq, xs, xs + M * groups,
+          qbase);
+    const QRows a{xq, xs, xs + M * groups, qbase, K, group, groups};
+    const bool off = od.numel() > 0;
+    const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const int64_t block_bytes = K * column_bytes(kind);
+    const int64_t wbuf_bytes = (kind == WIDE ? 4 : 2) * (K / 4) * 32;
+    at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+        uint8_t* mem = scratch(1, wbuf_bytes + 2 * groups * 16 * static_cast<int64_t>(sizeof(float)));
+        __m256i* wbuf = reinterpret_cast<__m256i*>(mem);
+        float* sbuf = reinterpret_cast<float*>(mem + wbuf_bytes);
+        float* obuf = off ? sbuf + groups * 16 : nullptr;
+        for (int64_t i = b0; i < b1; ++i) {
+            if (i + 1 < b1) _mm_prefetch(reinterpret_cast<const char*>(wp + (i + 1) * block_bytes), _MM_HINT_T0);
+            decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
+            expand(sf.of_block(i), of.of_block(i), groups, sbuf, obuf);
+            for (int64_t m0 = 0; m0 < M; m0 += QR) {
+                QRows part = a;
+                part.xq = a.xq + m0 * K;
+                part.xs = a.xs + m0 * groups;
+                part.xsum = a.xsum + m0 * groups;
+                part.qbase = a.qbase + m0 * groups;
+                const Block b{wbuf, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
+                const int64_t r = std::min<int64_t>(QR, M - m0);
+                if (kind == NIB && off) rows_step<NIB, true>(r, part, b);
+                else if (kind == NIB) rows_step<NIB, false>(r, part, b);
+                else if (kind == MAGIC && off) rows_step<MAGIC, true>(r, part, b);
+                else if (kind == MAGIC) rows_step<MAGIC, false>(r, part, b);
+                else if (off) rows_step<WIDE, true>(r, part, b);
+                else rows_step<WIDE, false>(r, part, b);
+            }
+        }
+    });
+    return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
+    m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
+    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX2)");
+    m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (here: always)");
+    m.def("has_amx", &has_amx, "whether this process may use AMX tiles (never, on this module)");
+}
