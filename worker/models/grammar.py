@@ -187,21 +187,24 @@ class Grammars:
             else:
                 grammar = llguidance.grammar_from(_FORMATS[kind], spec)
         except ValueError as e:  # a GBNF grammar that does not convert, a schema llguidance refuses
-            raise GrammarError(f"{where} does not compile: {e}") from None
+            raise GrammarError(f"{where} does not compile{_said(str(e), constraint)}") from None
+        answer = grammar
         if think:
             grammar = after_thinking(grammar, think)
         matcher = llguidance.LLMatcher(self._llg(), grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"{where} does not compile: {_first_lines(matcher.get_error())}")
+            raise GrammarError(f"{where} does not compile{_said(matcher.get_error(), constraint)}")
         # its first mask, on a copy: a spec that compiles can still fail there (a schema that only
         # refers to itself, {"$ref": "#"}; a lexer past llguidance's item limit), which once ended
-        # the request at its first token as a model error (HTTP 500), not as a bad request
-        probe = matcher.deep_copy()
+        # the request at its first token as a model error (HTTP 500), not as a bad request. After a
+        # thinking format the first mask is the thinking's, which hides such an answer (the request
+        # then thinks, and can never answer, up to max_tokens): the answer's grammar is probed alone.
+        probe = matcher.deep_copy() if not think else llguidance.LLMatcher(self._llg(), answer, log_level=0)
         bits = self._fill([probe])
         if probe.is_error():
             raise GrammarError(f"{where} admits no output the grammar engine can produce (a schema with no "
                                f"finite instance, such as one that only refers to itself, or too large a "
-                               f"lexer): {_first_lines(probe.get_error())}")
+                               f"lexer){_said(probe.get_error(), constraint)}")
         if not bool(bits.any()) and not probe.is_accepting():
             raise GrammarError(f"{where} admits no output: no token can start it")
         return matcher
@@ -488,5 +491,43 @@ def _first_lines(message: str, limit: int = 400) -> str:
     return message if len(message) <= limit else message[:limit] + " ..."
 
 
+def _said(message: str, constraint: Constraint) -> str:
+    """llguidance's error about ``constraint`` in words that refer only to what the client wrote,
+    as the tail of a refusal (``": ..."``, or ``""`` when nothing of it is left):
+    :func:`_first_lines` of it, then
+
+    - a Lark position (``at 1(8): ``) dropped unless the spec is the client's own Lark grammar:
+      for a regex, a choice, a JSON schema or a GBNF grammar it is a line and column of the Lark
+      llguidance wrote from it (``at 1(8): invalid regex ...`` for the regex ``(?=a)``), which the
+      client never saw (a tool-call grammar's is the gateway's, which drops it there);
+    - serde_json's ``recursion limit exceeded at line 1 column 3026`` (a line and column of the JSON
+      text llguidance read, the schema inside its own wrapping) said as what it means;
+    - a bare identifier (``NoExtensionBias``: the name of llguidance's internal error variant, all
+      it says of a grammar with no finite output) left out: the refusal's own words say it."""
+    said = _first_lines(message)
+    at = _LARK_AT.match(said)
+    if at and not _own_lark(constraint):
+        said = said[at.end():]
+    said = _JSON_DEPTH.sub(_JSON_DEPTH_WORDS, said)
+    return "" if not said or _IDENTIFIER.fullmatch(said) else f": {said}"
+
+
+def _own_lark(constraint: Constraint) -> bool:
+    """Whether ``constraint``'s spec is Lark text that llguidance reads as written (kind ``grammar``,
+    not a GBNF grammar it converts), so positions in its errors are the client's lines."""
+    if constraint.kind != "grammar":
+        return False
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return any_to_lark(constraint.spec) == constraint.spec
+    except Exception:  # noqa: BLE001 -- (only on the error path) a text the converter chokes on: not plain Lark
+        return False
+
+
+_JSON_DEPTH = re.compile(r"recursion limit exceeded at line \d+ column \d+")
+_JSON_DEPTH_WORDS = ("nested too deeply: the grammar engine reads JSON at most 128 levels of objects and arrays "
+                     "deep, its own wrapping of the schema included")
+_IDENTIFIER = re.compile(r"[A-Z][A-Za-z0-9]*")
 _LARK_AT = re.compile(r"at \d+\(\d+\): ")  # a Lark grammar's error: its line(column) first
 _QUOTED_SOURCE = re.compile(r"\s*(\d+ \| |\^\s*$)")  # then the grammar's lines around it, a caret under
