@@ -114,7 +114,7 @@ inline int32_t x_quad(const QRows& a, int r, int64_t q) {
 }
 
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
-template <int R, int KIND, bool OFF>
+template <int R, int KIND, bool OFF, bool BASED>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
     const int64_t quads = a.group / 4, all = a.K / 4;
@@ -164,7 +164,8 @@ void rows_block(const QRows& a, const Block& b) {
             const __m256 sc = _mm256_load_ps(b.sc + g * 16 + h * 8);
             for (int r = 0; r < R; ++r) {
                 const __m256 f = _mm256_mul_ps(sc, _mm256_set1_ps(a.xs[r * a.groups + g]));
-                const __m256i sum = _mm256_add_epi32(acc[r][h], _mm256_set1_epi32(a.qbase[r * a.groups + g]));
+                __m256i sum = acc[r][h];
+                if constexpr (BASED) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(a.qbase[r * a.groups + g]));
                 __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, _mm256_load_ps(tot[r] + h * 8));
                 if constexpr (OFF)
                     t = _mm256_fmadd_ps(_mm256_set1_ps(a.xsum[r * a.groups + g]), _mm256_load_ps(b.of + g * 16 + h * 8), t);
@@ -175,13 +176,13 @@ void rows_block(const QRows& a, const Block& b) {
     for (int r = 0; r < R; ++r) std::memcpy(b.y + r * b.ldy, tot[r], b.valid * sizeof(float));
 }
 
-template <int KIND, bool OFF>
+template <int KIND, bool OFF, bool BASED>
 void rows_step(int64_t r, const QRows& a, const Block& b) {
     switch (r) {
-        case 1: rows_block<1, KIND, OFF>(a, b); break;
-        case 2: rows_block<2, KIND, OFF>(a, b); break;
-        case 3: rows_block<3, KIND, OFF>(a, b); break;
-        default: rows_block<4, KIND, OFF>(a, b); break;
+        case 1: rows_block<1, KIND, OFF, BASED>(a, b); break;
+        case 2: rows_block<2, KIND, OFF, BASED>(a, b); break;
+        case 3: rows_block<3, KIND, OFF, BASED>(a, b); break;
+        default: rows_block<4, KIND, OFF, BASED>(a, b); break;
     }
 }
 
@@ -291,7 +292,6 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         float* sbuf = reinterpret_cast<float*>(mem + wbuf_bytes);
         float* obuf = off ? sbuf + groups * 16 : nullptr;
         for (int64_t i = b0; i < b1; ++i) {
-            if (i + 1 < b1) _mm_prefetch(reinterpret_cast<const char*>(wp + (i + 1) * block_bytes), _MM_HINT_T0);
             decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
             expand(sf.of_block(i), of.of_block(i), groups, sbuf, obuf);
             for (int64_t m0 = 0; m0 < M; m0 += QR) {
@@ -302,12 +302,16 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 part.qbase = a.qbase + m0 * groups;
                 const Block b{wbuf, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
                 const int64_t r = std::min<int64_t>(QR, M - m0);
-                if (kind == NIB && off) rows_step<NIB, true>(r, part, b);
-                else if (kind == NIB) rows_step<NIB, false>(r, part, b);
-                else if (kind == MAGIC && off) rows_step<MAGIC, true>(r, part, b);
-                else if (kind == MAGIC) rows_step<MAGIC, false>(r, part, b);
-                else if (off) rows_step<WIDE, true>(r, part, b);
-                else rows_step<WIDE, false>(r, part, b);
+                // the formats' cases: 4-bit codes with offsets from base 0 (Q4_1, Q4_K) or none from -8
+                // (Q4_0); bytes from their lowest code with offsets (Q5_1, Q5_K) or none (Q5_0, Q6_K);
+                // any int8 (Q8_0) signed, base 0 (the base's integers added only where base is not 0)
+                if (kind == NIB && off && base == 0) rows_step<NIB, true, false>(r, part, b);
+                else if (kind == NIB && off) rows_step<NIB, true, true>(r, part, b);
+                else if (kind == NIB) rows_step<NIB, false, true>(r, part, b);
+                else if (kind == MAGIC && off) rows_step<MAGIC, true, true>(r, part, b);
+                else if (kind == MAGIC) rows_step<MAGIC, false, true>(r, part, b);
+                else if (off) rows_step<WIDE, true, false>(r, part, b);
+                else rows_step<WIDE, false, false>(r, part, b);
             }
         }
     });
