@@ -335,7 +335,10 @@ class Generate:
             raise bad_request(f"max_tokens ({a}) and max_completion_tokens ({b}) disagree; give one",
                               "max_completion_tokens")
         if a is not None or b is not None:
-            return a if a is not None else b
+            name, value = ("max_tokens", a) if a is not None else ("max_completion_tokens", b)
+            if value < 1:  # (0 too: chat has no echo, so nothing would be shown; OpenAI and vLLM refuse it)
+                raise bad_request(f"{name} must be >= 1, got {value}", name)
+            return value
         default = self.config.default_chat_max_tokens
         if info is not None and info.max_seq_len is not None:
             default = max(1, min(default, info.max_seq_len))  # (and at most what the prompt leaves: clamp_max_tokens)
