@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.core import BrokerCore
+from protocol.endpoints import bind_error
 from protocol.messages import PrefixCacheUsage, Status
 
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -44,7 +45,8 @@ _EVENTS = ("submitted", "completed", "cancelled", "deadline", "errors", "queue_f
 
 class BrokerMetrics:
     """The broker's metrics and their HTTP endpoint. Call :meth:`update` from the
-    broker loop; :meth:`close` stops the endpoint."""
+    broker loop; :meth:`close` stops the endpoint. Raises
+    :class:`~protocol.endpoints.BindError` when ``host:port`` cannot be bound."""
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.registry = CollectorRegistry()
@@ -65,7 +67,11 @@ class BrokerMetrics:
         self._last = {}
         self.prefix_caches = PrefixCacheCollector()
         r.register(self.prefix_caches)
-        self._server, self._thread = start_http_server(port, addr=host, registry=r)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=r)
+        except OSError as e:  # taken, or a host not this machine's (socket.gaierror for a name)
+            raise bind_error("the broker's metrics endpoint (--metrics-port)", f"{host}:{port}", e.errno,
+                             e.strerror or str(e)) from None
         self.port = self._server.server_port
 
     def update(self, core: BrokerCore, now: float) -> None:

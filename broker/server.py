@@ -45,7 +45,7 @@ from broker.core import BrokerCore
 from broker.outbox import Send, Side
 from protocol.codec import decode, encode, peek_request_ids
 from protocol.curve import load_key_pair
-from protocol.endpoints import set_ipv6
+from protocol.endpoints import bind_error, set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import fit
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 _RECV_BATCH = 512  # messages drained per socket per pass (keeps both sockets served)
 _ZAP_DOMAIN = {Side.FRONTEND: "slotserve-clients", Side.BACKEND: "slotserve-workers"}
+_BIND_WHAT = {Side.FRONTEND: "the broker's client endpoint (--frontend)",
+              Side.BACKEND: "the broker's worker endpoint (--backend)"}  # what a BindError names
 
 
 class BrokerServer:
@@ -62,7 +64,8 @@ class BrokerServer:
 
     Binding happens in the constructor, so :attr:`frontend` and :attr:`backend`
     hold the actual endpoints (a ``*`` port resolved) before serving starts.
-    Raises ``zmq.ZMQError`` when an endpoint cannot be bound (port in use).
+    Raises :class:`~protocol.endpoints.BindError` (an OSError) naming the endpoint or metrics port
+    that cannot be bound (another process listens there, a host that is not this machine's).
     """
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -91,7 +94,10 @@ class BrokerServer:
                 # gets a too_large reply; past this zmq drops the connection.
                 s.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
                 set_ipv6(s, endpoint, bind=True)
-                s.bind(endpoint)
+                try:
+                    s.bind(endpoint)
+                except zmq.ZMQError as e:
+                    raise bind_error(_BIND_WHAT[side], endpoint, e.errno, e.strerror) from None
         except Exception:
             self.close()
             raise
@@ -335,7 +341,7 @@ def run_broker(config: BrokerConfig, *, stop: threading.Event | None = None,
     """Run a broker until ``stop`` is set (forever when None).
 
     ``on_ready(frontend, backend)`` is called once both sockets are bound,
-    with the actual endpoints. Raises ``zmq.ZMQError`` if binding fails.
+    with the actual endpoints. Raises :class:`~protocol.endpoints.BindError` if binding fails.
     """
     stop = stop or threading.Event()
     with BrokerServer(config) as server:

@@ -15,6 +15,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S, HALTED, TICK_S, Drain, deadline_passed
+from protocol.endpoints import bind_error
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,16 @@ LISTEN_BACKLOG = 2048
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``port=0`` picks a free one).
-    Raises OSError when the address is taken or invalid."""
+    Raises :class:`~protocol.endpoints.BindError` (an OSError) when the address is taken or is not
+    this machine's, or the host does not resolve."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    try:
+        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    except OSError as e:  # socket.gaierror (a host name that does not resolve) included
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # create_server adds '(while attempting to bind on address ...)' to the reason: the address is said once
+        reason = (e.strerror or str(e)).partition(" (while attempting")[0]
+        raise bind_error("the HTTP server", address, e.errno, reason) from None
 
 
 class StopFlag(Protocol):
@@ -52,7 +60,7 @@ def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[
 
     ``on_ready(url)`` is called once the socket listens, with the bound
     ``http://host:port``; connections made from then on are queued until the
-    server accepts them. Raises OSError when the address cannot be bound.
+    server accepts them. Raises :class:`~protocol.endpoints.BindError` when the address cannot be bound.
     ``load_tokenizer``: the CLI's tokenizer loader, ``model_orders``: the supervisor's orders for
     the models on demand (see :func:`gateway.app.create_app`).
     """

@@ -43,11 +43,13 @@ maps socket attributes to options), so this module does not import zmq.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import re
 import socket
 
-from protocol.validation import echo
+from protocol.validation import clip, echo
 
 SCHEMES = ("tcp", "ipc")
 """The transports the broker, workers and clients can meet on. ``inproc://`` reaches only sockets
@@ -212,3 +214,30 @@ def set_ipv6(sock, endpoint: str, *, bind: bool) -> None:
     """Set ``sock``'s ZeroMQ ``IPV6`` option for ``endpoint`` (call before
     ``sock.bind(endpoint)`` / ``sock.connect(endpoint)``)."""
     sock.ipv6 = wants_ipv6(endpoint, bind=bind)
+
+
+class BindError(OSError):
+    """An address a slotserve process listens on (the broker's endpoints, its metrics port, the
+    HTTP server's port) could not be bound. ``str()`` is one line for a person: what listens, the
+    address, the system's reason and what to do; ``errno`` is the system's code (None when unknown).
+    Made by :func:`bind_error`."""
+
+
+def bind_error(what: str, address: str, code: int | None, reason: str) -> BindError:
+    """The :class:`BindError` for binding ``address`` (``tcp://127.0.0.1:5555``, ``127.0.0.1:8000``)
+    for ``what`` (``"the broker's client endpoint (--frontend)"``), which failed with the system's
+    ``code`` (an ``errno`` value; ZeroMQ uses the same) and ``reason`` (its words, used where
+    ``code`` is no errno value, as getaddrinfo's codes are; a known code is said as ``os.strerror``
+    says it, without what pyzmq and ``socket.create_server`` add to it)."""
+    if code in errno.errorcode:
+        reason = os.strerror(code)
+    hint = {
+        errno.EADDRINUSE: "another process listens there (another slotserve up, broker or serve?): "
+                          "stop it, or choose another port",
+        errno.EADDRNOTAVAIL: "that host is not an address of this machine: bind one it has (127.0.0.1, or 0.0.0.0 "
+                             "for every interface)",
+        errno.EACCES: "this user may not listen there (ports below 1024 need privileges): choose a port above 1023",
+    }.get(code)
+    e = BindError(f"{what} cannot listen on {clip(address)}: {reason}" + (f"; {hint}" if hint else ""))
+    e.errno = code
+    return e

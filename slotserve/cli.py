@@ -19,6 +19,7 @@ import click
 
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
+from protocol.endpoints import BindError
 from slotserve.logs import configure_logging
 from worker.config import WorkerConfig
 from worker.models.checkpoint import ALIASES
@@ -578,7 +579,7 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP stop it
             tune_gc()  # (this process runs only the broker)
             run_broker(cfg, stop=sig.flag)
-    except ValueError as e:
+    except (BindError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 
 
@@ -693,8 +694,8 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
             run_gateway(cfg, stop=sig.flag, halt=sig.flag.repeated, load_tokenizer=loader_for(cfg),
                         on_ready=lambda url: click.echo(
                 f"slotserve serve: {url}/v1 (OpenAI API{keys}) -> broker {broker_addr}. {sig.stop_hint()}", err=True))
-    except OSError as e:
-        raise click.ClickException(f"cannot serve HTTP on {host}:{port}: {e}") from None
+    except BindError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command()

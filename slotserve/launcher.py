@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import queue
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -29,6 +30,7 @@ from broker.server import tune_gc
 from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S
+from protocol.endpoints import BindError
 from protocol.validation import as_seconds
 from slotserve.demand_supervisor import DEMAND_POLL_S, DemandSupervisor
 from slotserve.logs import configure_logging
@@ -46,6 +48,15 @@ listing it) is killed and restarted (:meth:`LocalCluster._kill_lost_workers`); 1
 top of the liveness window in which the broker declared it dead."""
 
 _ctx = mp.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """What a child puts on its ready queue in place of its address when it cannot listen
+    (a :class:`~protocol.endpoints.BindError`): ``reason``, its one line, which the parent raises
+    as its RuntimeError (no traceback in the child's log)."""
+
+    reason: str
 
 
 # ---------------------------------------------------------------------- child entry points
@@ -75,7 +86,11 @@ def broker_main(config: BrokerConfig, ready, log_level: str = "WARNING", stop_ti
         ready.put((frontend, backend))
 
     tune_gc()  # (this process runs only the broker)
-    run_broker(config, stop=stop, on_ready=on_ready)
+    try:
+        run_broker(config, stop=stop, on_ready=on_ready)
+    except BindError as e:  # one line, said by the parent
+        ready.put(StartFailed(str(e)))
+        raise SystemExit(1) from None
 
 
 def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0, stop_timeout_s: float = 5.0) -> None:
@@ -114,8 +129,12 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
     from slotserve.tokenizer import loader_for
 
     model_orders = None if orders is None else (lambda op, model: orders.put((op, model)))
-    run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config),
-        model_orders=model_orders)
+    try:
+        run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config),
+            model_orders=model_orders)
+    except BindError as e:  # one line, said by the parent
+        ready.put(StartFailed(str(e)))
+        raise SystemExit(1) from None
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -270,21 +289,24 @@ class LocalCluster:
 
     def _await_ready(self, p, ready, what: str):
         """What child ``p`` puts on ``ready`` once it has bound its sockets.
-        RuntimeError if it exits first or takes longer than ``start_timeout_s``;
-        a stop request (signal) interrupts the wait."""
+        RuntimeError if it cannot bind them (the :class:`StartFailed` reason it sent), exits
+        first or takes longer than ``start_timeout_s``; a stop request (signal) interrupts the wait."""
         deadline = time.monotonic() + self.config.start_timeout_s
         while True:
+            alive = p.is_alive()  # before the read: what a child put, its exit flushes before it ends
             try:
                 value = ready.get(timeout=0.2)
                 break
-            except Exception:  # queue.Empty: check the child is still alive, then wait on
+            except queue.Empty:  # check the child is still alive, then wait on
                 self._check_stop()
-                if not p.is_alive():
+                if not alive:
                     raise RuntimeError(f"{what} exited with code {p.exitcode} while starting "
-                                       "(port in use? see its log above)") from None
+                                       "(see its log above)") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{what} did not bind within the start timeout") from None
         ready.close()
+        if isinstance(value, StartFailed):
+            raise RuntimeError(value.reason)
         return value
 
     def _start_gateway(self) -> None:
