@@ -59,6 +59,16 @@ from gateway.tokenizer import Loader, Tokenizers
 log = logging.getLogger(__name__)
 
 
+def listing_order(names, aliases: dict[str, str]) -> list[str]:
+    """``names`` in ``GET /v1/models``'s order: by model (its primary name), each model's primary
+    name first and then its aliases in the order given (``aliases``: alias -> primary, as the
+    broker's status holds them). A client that takes the first entry (vLLM's examples do) gets a
+    primary name: a GGUF file's stem, not its path (``/models/m.gguf`` sorted before ``m``), and the
+    first ``--served-model-name``, as vLLM lists them."""
+    given = {a: i for i, a in enumerate(aliases)}
+    return sorted(names, key=lambda n: (aliases.get(n, n), n in aliases, given.get(n, 0), n))
+
+
 class ServiceEndpoints:
     """The endpoints that generate nothing: models, health, metrics."""
 
@@ -76,7 +86,7 @@ class ServiceEndpoints:
             return error_response(e)
         data = []
         states = self.link.model_states(st)
-        for name in sorted(states):
+        for name in listing_order(states, st.aliases):
             info = self.link.model_info(name)
             entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
             # llama.cpp's router mode says each model's state; elsewhere a model says it only while its

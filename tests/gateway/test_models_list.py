@@ -69,3 +69,14 @@ def test_with_models_on_demand_every_state_is_listed_and_the_gauge_follows_the_l
         link.show({"m": model(0), "lazy": model(), "big": model(1), "boot": model()})
         assert listed(http) == {"lazy": "unloaded", "big": "loaded"}
         assert gauge(http) == {"lazy": 0.0, "big": 1.0}
+
+
+def test_each_model_is_listed_by_its_primary_name_first_then_its_aliases_as_given(served):
+    """A GGUF file served by its stem with its path as an alias listed the path first (sorted:
+    '/models/m.gguf' before 'm'), and ``--served-model-name b --served-model-name B/x`` listed the
+    alias first, so a client that takes ``data[0]`` (vLLM's examples) asked by the path or the alias.
+    Now models by their primary names, each primary first and then its aliases in the given order."""
+    link, http = served()
+    link.show({"m": model(1), "b": model(1)}, {"/models/m.gguf": "m", "zz": "b", "B/x": "b"})
+    with http:
+        assert list(listed(http)) == ["b", "zz", "B/x", "m", "/models/m.gguf"]
