@@ -3,7 +3,7 @@
 sliding windows, soft-capping, bf16 caches, several queries per row (speculative decoding), the
 KV write it does first, and batch invariance; and the runner's tokens with and without it.
 
-Skipped where the kernel cannot run (no avx512f, no compiler). The first test builds it (about a
+Skipped where the kernel cannot run (neither avx512f nor AVX2 with FMA and F16C, no compiler). The first test builds it (about a
 minute on 2 cores, once per machine: cached).
 """
 
@@ -17,7 +17,8 @@ from tests.support.kernels import built_or_skip  # noqa: E402
 from worker.models.llama import attnkernel  # noqa: E402
 from worker.models.llama.attention import decode_attention, decode_views  # noqa: E402
 
-needs_kernel = pytest.mark.skipif(not attnkernel.cpu_has_avx512(), reason="no avx512f on this CPU")
+needs_kernel = pytest.mark.skipif(not (attnkernel.cpu_has_avx512() or all(
+    attnkernel.extension.cpu_has(f) for f in ("avx2", "fma", "f16c"))), reason="neither avx512f nor AVX2 on this CPU")
 
 # (heads, kv heads, head_dim): SmolLM2-135M (9/3/64), Qwen2.5-0.5B (14/2/64), multi-head, Gemma's 256
 SHAPES = [(9, 3, 64), (14, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 16)]
@@ -26,7 +27,7 @@ NO_WRITE = (torch.empty(0, 2, 1, 16), torch.empty(0, dtype=torch.long), torch.em
 
 @pytest.fixture(scope="module")
 def kernel():
-    return built_or_skip(attnkernel.load, "avx512f", "the batched path runs")
+    return built_or_skip(attnkernel.load, "avx512f or AVX2", "the batched path runs")
 
 
 def no_write(kv_heads, d):

@@ -50,7 +50,10 @@ def test_gguf_serves_the_file_as_stored_and_greedy_agrees_with_fp32():
     fp32 = load_model("smollm2-135m", precision="fp32")
     assert w.nbytes < fp32.weights.nbytes / 4
     want = greedy(fp32)
-    exact = greedy(load_model("smollm2-135m", gguf_activations="bf16"))
-    assert sum(a == b for a, b in zip(exact, want)) >= 3, (exact, want)
+    from worker.models.llama import qkernel
+
+    if qkernel.isa() != "avx2":  # (an AVX2 CPU runs int8 activations only)
+        exact = greedy(load_model("smollm2-135m", gguf_activations="bf16"))
+        assert sum(a == b for a, b in zip(exact, want)) >= 3, (exact, want)
     int8 = stored.weights.layers[0].o.kernel.int8  # the default: int8 where the CPU runs it
     assert sum(a == b for a, b in zip(got, want)) >= (2 if int8 else 3), (got, want)

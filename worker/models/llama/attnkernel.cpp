@@ -11,11 +11,50 @@
 #include <limits>
 #include <vector>
 
-using Vec = at::vec::Vectorized<float>;  // 16 fp32 lanes (built with CPU_CAPABILITY_AVX512)
+// Built for AVX-512 (CPU_CAPABILITY_AVX512: Vec and the raw vectors 16 fp32 lanes) or, on a CPU
+// without it, for AVX2 with FMA and F16C (CPU_CAPABILITY_AVX2: 8 lanes; attnkernel.py picks): the
+// same algorithm, each vector operation at the register's width (W lanes).
+using Vec = at::vec::Vectorized<float>;
 
 namespace {
 
+#if defined(__AVX512F__)
+using V = __m512;  // W fp32 lanes
+constexpr int W = 16;
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vset1(float x) { return _mm512_set1_ps(x); }
+inline V vloadu(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstoreu(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
+#else
+using V = __m256;
+constexpr int W = 8;
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vset1(float x) { return _mm256_set1_ps(x); }
+inline V vloadu(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstoreu(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V vfmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline float hsum(V v) {  // (lanes 0-3 + 4-7, then pairs, then the last two)
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+inline float hmax(V v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+#endif
+static_assert(W == Vec::size(), "Vec and the raw vectors: one width");
+
 inline Vec load(const float* p) { return Vec::loadu(p); }
+#if defined(__AVX512F__)
 inline Vec load(const at::BFloat16* p) {  // bf16 -> fp32 is exact: the bits shifted up
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
@@ -24,6 +63,14 @@ inline Vec load(const at::BFloat16* p) {  // bf16 -> fp32 is exact: the bits shi
 inline Vec load(const at::Half* p) {  // fp16 -> fp32 is exact (F16C)
   return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 }
+#else
+inline Vec load(const at::BFloat16* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+}
+
+inline Vec load(const at::Half* p) { return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
+#endif
 
 inline void store(float* dst, const float* src, int64_t d) { std::copy(src, src + d, dst); }
 inline void store(at::Half* dst, const float* src, int64_t d) {  // round to nearest even, as Tensor.to
@@ -48,9 +95,10 @@ void write_new(T* k, T* v, const int64_t* ks, const float* new_kv, int64_t new_s
 
 constexpr int KB = 16;  // keys a 16-bit cache widens at once (score16: two score8 calls)
 
-// r[0 .. 8) = the sums of a[0 .. 8)'s 16 lanes: a transposing tree (unpack, in-lane shuffle, 128-bit
+// r[0 .. 8) = the sums of a[0 .. 8)'s W lanes: a transposing tree (unpack, in-lane shuffle, 128-bit
 // lane shuffle), 25 operations for 8 sums where one horizontal reduce each takes ~8 in a dependent
 // chain
+#if defined(__AVX512F__)
 inline __m256 reduce8(const __m512* a) {
   __m512 x[4], y[2];
   for (int i = 0; i < 4; i++)
@@ -63,20 +111,29 @@ inline __m256 reduce8(const __m512* a) {
   const __m512 t = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, 0xB1));
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm512_extractf32x4_ps(t, 0)), _mm512_extractf32x4_ps(t, 2), 1);
 }
+#else
+inline __m256 reduce8(const __m256* a) {  // (hadd pairs, then the 128-bit halves)
+  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // s0123: lanes (0 1 2 3 | 0 1 2 3) of a[0..3]'s low and high halves
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#endif
 
 // s[g * count + i] = qs_g . k_i for GB heads of the group (qs: the first one's d values, the next d
 // apart) and 8 keys (kstride apart): each key's columns loaded once for the GB heads
 template <int GB>
 inline void score8(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
-  __m512 acc[GB][8];
+  V acc[GB][8];
   for (int g = 0; g < GB; g++)
-    for (int i = 0; i < 8; i++) acc[g][i] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; c += 16) {
-    __m512 qv[GB];
-    for (int g = 0; g < GB; g++) qv[g] = _mm512_loadu_ps(qs + g * d + c);
+    for (int i = 0; i < 8; i++) acc[g][i] = vzero();
+  for (int64_t c = 0; c < d; c += W) {
+    V qv[GB];
+    for (int g = 0; g < GB; g++) qv[g] = vloadu(qs + g * d + c);
     for (int i = 0; i < 8; i++) {
-      const __m512 kv = _mm512_loadu_ps(kb + i * kstride + c);
-      for (int g = 0; g < GB; g++) acc[g][i] = _mm512_fmadd_ps(qv[g], kv, acc[g][i]);
+      const V kv = vloadu(kb + i * kstride + c);
+      for (int g = 0; g < GB; g++) acc[g][i] = vfmadd(qv[g], kv, acc[g][i]);
     }
   }
   for (int g = 0; g < GB; g++) _mm256_storeu_ps(s + g * count, reduce8(acc[g]));
@@ -99,27 +156,27 @@ inline void score16(const float* qs, const float* kb, int64_t kstride, int64_t g
     }
 }
 
-// out[g][c0 .. c0 + 16 CB) = inv[g] * sum_j p[g][j] v_j[c0 ..], for GB heads of the group from g0 (p:
-// the softmax's numerators, inv: 1 / their sum): the sums in registers (GB * CB <= 16 zmm), one pass
+// out[g][c0 .. c0 + W CB) = inv[g] * sum_j p[g][j] v_j[c0 ..], for GB heads of the group from g0 (p:
+// the softmax's numerators, inv: 1 / their sum): the sums in registers (GB * CB <= 16), one pass
 // over the keys
 template <int GB, int CB, typename T>
 inline void values_block(const float* p, const float* inv, int64_t count, const T* vr, int64_t vstride, int64_t c0,
                          float* o, int64_t d) {
-  __m512 acc[GB][CB];
+  V acc[GB][CB];
   for (int g = 0; g < GB; g++)
-    for (int c = 0; c < CB; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int c = 0; c < CB; c++) acc[g][c] = vzero();
   for (int64_t j = 0; j < count; j++) {
     const T* vj = vr + j * vstride + c0;
-    __m512 v[CB];
-    for (int c = 0; c < CB; c++) v[c] = __m512(load(vj + 16 * c));
+    V v[CB];
+    for (int c = 0; c < CB; c++) v[c] = V(load(vj + W * c));
     for (int g = 0; g < GB; g++) {
-      const __m512 pg = _mm512_set1_ps(p[g * count + j]);
-      for (int c = 0; c < CB; c++) acc[g][c] = _mm512_fmadd_ps(pg, v[c], acc[g][c]);
+      const V pg = vset1(p[g * count + j]);
+      for (int c = 0; c < CB; c++) acc[g][c] = vfmadd(pg, v[c], acc[g][c]);
     }
   }
   for (int g = 0; g < GB; g++)
     for (int c = 0; c < CB; c++)
-      _mm512_storeu_ps(o + g * d + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
+      vstoreu(o + g * d + c0 + W * c, vmul(acc[g][c], vset1(inv[g])));
 }
 
 template <int GB, typename T>
@@ -139,7 +196,7 @@ inline const float* keys_fp32(const float* k, int64_t&, int64_t, float*) { retur
 template <typename T>
 inline const float* keys_fp32(const T* k, int64_t& stride, int64_t d, float* buf) {
   for (int64_t i = 0; i < KB; i++)
-    for (int64_t c = 0; c < d; c += 16) load(k + i * stride + c).store(buf + i * d + c);
+    for (int64_t c = 0; c < d; c += W) load(k + i * stride + c).store(buf + i * d + c);
   stride = d;
   return buf;
 }
@@ -178,7 +235,7 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
           Vec kc = load(kj + c * Vec::size());
           for (int64_t g = 0; g < group; g++) acc[g] = at::vec::fmadd(load(&qs[g * d + c * Vec::size()]), kc, acc[g]);
         }
-        for (int64_t g = 0; g < group; g++) scores[g * count + j] = _mm512_reduce_add_ps(acc[g]);
+        for (int64_t g = 0; g < group; g++) scores[g * count + j] = hsum(V(acc[g]));
       }
       for (int64_t g = 0; g < group; g++) {  // soft cap, then the softmax over the row's keys
         float* s = &scores[g * count];
@@ -187,7 +244,7 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
         int64_t i = 0;
         Vec max_v(-std::numeric_limits<float>::infinity());
         for (; i + Vec::size() <= count; i += Vec::size()) max_v = at::vec::maximum(max_v, Vec::loadu(s + i));
-        float top = _mm512_reduce_max_ps(max_v), sum = 0.0f;
+        float top = hmax(V(max_v)), sum = 0.0f;
         for (; i < count; i++) top = std::max(top, s[i]);
         i = 0;
         Vec top_v(top), sum_v(0.0f);
@@ -201,19 +258,19 @@ void attend(const float* q, int64_t q_stride, const T* k, const T* v, const int6
           p.store(s + i, count - i);
           sum_v = sum_v + Vec::set(Vec(0.0f), p, count - i);
         }
-        sum = _mm512_reduce_add_ps(sum_v);
+        sum = hsum(V(sum_v));
         inv[g] = 1.0f / sum;  // (applied to the weighted sums, not to each of the count numerators)
       }
-      // out_g = sum_j p[g][j] v_j: up to 4 heads x 64 columns at a time in registers
+      // out_g = sum_j p[g][j] v_j: up to 4 heads x 4 W columns at a time in registers
       for (int64_t g0 = 0; g0 < group; g0 += 4) {
         const float* p = &scores[g0 * count];
         for (int64_t c = 0; c < dv; c += 4) {
           const int64_t cb = std::min<int64_t>(4, dv - c);
           switch (std::min<int64_t>(4, group - g0)) {
-            case 1: values_cb<1>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            case 2: values_cb<2>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            case 3: values_cb<3>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
-            default: values_cb<4>(cb, p, &inv[g0], count, vr, ks[2], c * 16, o + g0 * d, d); break;
+            case 1: values_cb<1>(cb, p, &inv[g0], count, vr, ks[2], c * W, o + g0 * d, d); break;
+            case 2: values_cb<2>(cb, p, &inv[g0], count, vr, ks[2], c * W, o + g0 * d, d); break;
+            case 3: values_cb<3>(cb, p, &inv[g0], count, vr, ks[2], c * W, o + g0 * d, d); break;
+            default: values_cb<4>(cb, p, &inv[g0], count, vr, ks[2], c * W, o + g0 * d, d); break;
           }
         }
       }
@@ -238,7 +295,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor cache, torch::Tens
               new_kv.stride(2) == new_kv.size(3) && new_kv.stride(1) == new_kv.size(2) * new_kv.size(3),
               "new_kv: fp32 [N, 2, kv_heads, D], each entry's keys and values contiguous");
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = cache.size(2);
-  TORCH_CHECK(cache.size(4) == d && d % Vec::size() == 0 && heads % kv_heads == 0, "head shapes");
+  TORCH_CHECK(cache.size(4) == d && d % 16 == 0 && heads % kv_heads == 0, "head shapes");  // (16: attnkernel.LANES)
   TORCH_CHECK(new_kv.size(0) == write_rows.numel() && new_kv.size(1) == 2 && new_kv.size(2) == kv_heads &&
               new_kv.size(3) == d && write_rows.numel() == write_pos.numel(),
               "new_kv: [N, 2, kv_heads, D] with N write rows and positions");
@@ -282,6 +339,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double inv, double
     for (int64_t r = begin; r < end; r++) {
       const float* xr = xp + r * xs;
       float* yr = yp + r * h;
+#if defined(__AVX512F__)
       __m512 acc = _mm512_setzero_ps();
       int64_t c = 0;
       for (; c + 16 <= h; c += 16) {
@@ -300,6 +358,21 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double inv, double
       if (c < h)
         _mm512_mask_storeu_ps(yr + c, tail, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, xr + c), scale),
                                                           _mm512_maskz_loadu_ps(tail, wp + c)));
+#else
+      __m256 acc = _mm256_setzero_ps();
+      int64_t c = 0;
+      for (; c + 8 <= h; c += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + c);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+      }
+      float ss = hsum(acc);
+      for (; c < h; c++) ss += xr[c] * xr[c];
+      const float sc = 1.0f / std::sqrt(ss * fi + fe);
+      const __m256 scale = _mm256_set1_ps(sc);
+      for (c = 0; c + 8 <= h; c += 8)
+        _mm256_storeu_ps(yr + c, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + c), scale), _mm256_loadu_ps(wp + c)));
+      for (; c < h; c++) yr[c] = (xr[c] * sc) * wp[c];
+#endif
     }
   });
   return y;
@@ -323,14 +396,18 @@ void rope_finite_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed
   const float* sp = sin_signed.data_ptr<float>();
   const int64_t qs = qkv.stride(0);
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    const __m512 zero = _mm512_setzero_ps();
+    const V zero = vzero();
     for (int64_t r = begin; r < end; r++) {
       float* row = q + r * qs;
       int64_t c = kv_from;
-      for (; c + 16 <= w; c += 16) {
-        const __m512 v = _mm512_loadu_ps(row + c);
+      for (; c + W <= w; c += W) {  // (v - v is 0 where v is finite, NaN elsewhere)
+        const V v = vloadu(row + c);
+#if defined(__AVX512F__)
         const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
         _mm512_storeu_ps(row + c, _mm512_maskz_mov_ps(finite, v));
+#else
+        _mm256_storeu_ps(row + c, _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(v, v), zero, _CMP_EQ_OQ), v));
+#endif
       }
       for (; c < w; c++)
         if (!std::isfinite(row[c])) row[c] = 0.0f;
@@ -338,14 +415,12 @@ void rope_finite_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed
       const float* sr = sp + r * d;
       for (int64_t hd = 0; hd < heads; hd++) {
         float* x = row + hd * d;
-        for (int64_t i = 0; i < half; i += 16) {
-          const __m512 x1 = _mm512_loadu_ps(x + i), x2 = _mm512_loadu_ps(x + half + i);
-          const __m512 a = _mm512_add_ps(_mm512_mul_ps(x1, _mm512_loadu_ps(cr + i)),
-                                         _mm512_mul_ps(x2, _mm512_loadu_ps(sr + half + i)));
-          const __m512 b = _mm512_add_ps(_mm512_mul_ps(x2, _mm512_loadu_ps(cr + half + i)),
-                                         _mm512_mul_ps(x1, _mm512_loadu_ps(sr + i)));
-          _mm512_storeu_ps(x + i, a);
-          _mm512_storeu_ps(x + half + i, b);
+        for (int64_t i = 0; i < half; i += W) {
+          const V x1 = vloadu(x + i), x2 = vloadu(x + half + i);
+          const V a = vadd(vmul(x1, vloadu(cr + i)), vmul(x2, vloadu(sr + half + i)));
+          const V b = vadd(vmul(x2, vloadu(cr + half + i)), vmul(x1, vloadu(sr + i)));
+          vstoreu(x + i, a);
+          vstoreu(x + half + i, b);
         }
       }
     }

@@ -46,7 +46,8 @@ absolute on unit-normal data; tested).
 process needs it (minutes on a busy 2-core machine; cached under
 ``~/.cache/slotserve/kernels`` keyed by the source, torch's version and the
 flags, so later processes import it in milliseconds) and returns None where
-it cannot run: a CPU without AVX-512 (``avx512f``), no C++ compiler, or
+it cannot run: a CPU with neither AVX-512 (``avx512f``) nor AVX2 with FMA and F16C (built then
+with :data:`FLAGS_AVX2`: the same algorithm on 8-lane vectors), no C++ compiler, or
 ``SLOTSERVE_NO_KERNELS`` set; the runner then takes the batched path.
 """
 
@@ -62,8 +63,11 @@ from worker.models.llama import extension
 SOURCE = Path(__file__).with_name("attnkernel.cpp")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
          "-DCPU_CAPABILITY=AVX512", "-fopenmp", "-ffp-contract=off"]
+FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2", "-fopenmp",
+              "-ffp-contract=off"]
+"""The same source on a CPU with AVX2, FMA and F16C but no AVX-512 (8 lanes a vector)."""
 LANES = 16
-"""fp32 lanes of one AVX-512 register: the head dimension must be a multiple of it."""
+"""fp32 lanes of one AVX-512 register (two AVX2 ones): the head dimension must be a multiple of it."""
 
 
 def cpu_has_avx512() -> bool:
@@ -75,6 +79,8 @@ def cpu_has_avx512() -> bool:
 def load():
     """The compiled module (``decode_attention``), or None where it cannot be built or run here
     (see the module docstring)."""
+    if not cpu_has_avx512() and all(extension.cpu_has(f) for f in ("avx2", "fma", "f16c")):
+        return extension.build("attnkernel_avx2", SOURCE, FLAGS_AVX2, "avx2", "decode attention runs as batched products")
     return extension.build("attnkernel", SOURCE, FLAGS, "avx512f", "decode attention runs as batched products")
 
 
