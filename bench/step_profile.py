@@ -289,6 +289,7 @@ def main() -> None:
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"{precision}: skipped ({exc})")
             continue
+        runner.thread_tuner = None  # each row at its --threads count (the tuner would choose per step)
         if prompts is None:
             prompts = he32(runner.tokenizer)[0]
         print(f"{precision}: {runner.weights.linear_kind}", flush=True)
