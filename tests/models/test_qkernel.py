@@ -145,6 +145,18 @@ def test_without_the_kernel_the_weight_multiplies_in_pure_torch(monkeypatch):
         qkernel.load.cache_clear()
 
 
+@pytest.mark.skipif(not qkernel.isa(), reason="neither AVX-512 BF16 nor AVX2 on this CPU")
+def test_a_weight_of_groups_the_kernel_does_not_take_multiplies_in_pure_torch(module):
+    """4-bit codes in groups of 64 columns: AVX-512 multiplies them (either activations); the AVX2
+    product does not (its int16 sums hold 32 columns), so the weight stays row-major there and
+    multiplies in pure torch, not handed to the kernel to be refused at its first product."""
+    w = weight(-8, 8, 64, False, "f16", 32, 256).prepare()
+    assert (w.kernel is not None) == (qkernel.isa() == "avx512")
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
+    exact = F.linear(x.double(), w.dequantize().double())
+    assert (w(x).double() - exact).norm() <= 0.03 * exact.norm()
+
+
 def test_a_shape_that_does_not_fit_is_a_value_error():
     with pytest.raises(ValueError, match="do not fit"):
         QuantizedWeight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3), None, 32, "Q4_0")
@@ -238,6 +250,66 @@ def test_int8_product_is_the_int8_rounded_activations_times_the_files_codes(modu
     rounded = (torch.round(x.view(m, -1, w.group) * torch.where(mx > 0, torch.full_like(mx, 127.0) / mx, 0.0))
                * (mx / 127.0)).view(m, K)
     assert (got.double() - F.linear(rounded.double(), w.dequantize().double())).abs().max() <= 1e-5 * want.abs().max()
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 ``a * b + c`` rounded once (vfmadd), for finite fp32 tensors: the product is exact in fp64,
+    the sum's fp64 rounding error is found exactly (TwoSum), and where the fp64 sum lies on a midpoint
+    of two fp32 values that error decides the side (else the fp64 sum rounds as the exact one)."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)  # s + err == p + c exactly
+    r = s.float()
+    towards = torch.where(s > r.double(), torch.full_like(r, float("inf")), torch.full_like(r, -float("inf")))
+    other = torch.nextafter(r, towards)  # the fp32 value on s's other side
+    tie = (s != r.double()) & ((r.double() + other.double()) / 2 == s) & (err != 0)
+    up = (other > r) == (err > 0)  # the other value lies on the exact sum's side of the midpoint
+    return torch.where(tie & up, other, r)
+
+
+def qmm8_bits(w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
+    """qmm8's result for finite ``x``, operation by operation as qkernel.cpp computes it (qrows' fp32
+    rounding of x, the exact integer sums, then per group in order vnni_blocks' epilogue:
+    ``tot = fma(fp32(isum), scale * xs, tot)`` and, with offsets, ``tot = fma(xsum, offset - 0 * scale,
+    tot)``), from the row-major ``w``: what every instruction set's product must give bit for bit."""
+    n, k, group = w.out_features, w.in_features, w.group
+    g, m = k // group, x.shape[0]
+    xg = x.view(m, g, group)
+    mx = xg.abs().amax(-1)
+    c127 = torch.full_like(mx, 127.0)
+    xs, rcp = mx / c127, c127 / mx
+    inv = torch.where((mx > 0) & (rcp <= torch.finfo(torch.float32).max), rcp, torch.zeros_like(rcp))
+    xq = torch.round(xg * inv[..., None])
+    xsum = xs * xq.double().sum(-1).float()  # (the sum exact: at most 127 * group)
+    isum = torch.einsum("mgk,ngk->mng", xq.double(), w.codes().double().view(n, g, group)).float()  # exact
+    scale = w.scales.values()
+    f = scale[None] * xs[:, None, :]
+    offset = None if w.offsets is None else w.offsets.values() + -(0.0 * scale)
+    tot = torch.zeros(m, n)
+    for i in range(g):
+        tot = fma32(isum[..., i], f[..., i], tot)
+        if offset is not None:
+            tot = fma32(xsum[:, None, i].expand(m, n), offset[None, :, i].expand(m, n), tot)
+    return tot
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [1, 5, 13])
+def test_int8_product_has_the_bits_of_its_epilogue_computed_exactly(module, layout, m):
+    """The int8 product equals, bit for bit, its rounded x, integer sums and fp32 epilogue computed
+    one operation at a time (qmm8_bits): AVX-512 VNNI (qkernel.cpp) and AVX2 (qkernel_avx2.cpp, whose
+    int16 pair sums and codes held from another base must not change an integer) give one result."""
+    w = weight(*layout, 40, K, seed=20 + m)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    x[0, :64] *= 1e-3  # groups of small and of mixed magnitudes
+    want = qmm8_bits(w, x)
+    w.prepare().kernel.set_activations("int8")
+    got = w(x)
+    assert torch.isfinite(want).all()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (got - want).abs().max()
 
 
 @needs_q8
@@ -532,7 +604,7 @@ def test_without_tiles_decode_rows_beside_more_prompt_rows_than_the_kernels_keep
         assert torch.equal(kernel(x), one)
 
 
-@needs_kernel
+@pytest.mark.skipif(not qkernel.isa(), reason="neither AVX-512 BF16 nor AVX2 on this CPU")
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("activations", ["int8", "bf16"])
 def test_a_non_finite_activation_makes_its_row_non_finite_and_no_other(module, layout, activations):
@@ -541,6 +613,8 @@ def test_a_non_finite_activation_makes_its_row_non_finite_and_no_other(module, l
     prefill chunk's. (int8 once rounded a NaN to -128 and returned finite sums.)"""
     if activations == "int8" and not module.has_q8():
         pytest.skip("no AVX-512 VNNI and VBMI here")
+    if activations == "bf16" and qkernel.isa() == "avx2":
+        pytest.skip("bf16 activations need AVX-512 BF16 (an AVX2 CPU runs int8 ones)")
     w = weight(*layout, 40, K, seed=1).prepare()
     w.kernel.set_activations(activations)
     for m in (3, 8, 20):
@@ -550,6 +624,24 @@ def test_a_non_finite_activation_makes_its_row_non_finite_and_no_other(module, l
         assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any(), m
         clean = [i for i in range(m) if i not in (1, 2)]
         assert torch.equal(y[clean], torch.cat([w(x[i:i + 1]) for i in clean])), m
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", [LAYOUTS[5], LAYOUTS[7]])  # offsets: Q4_1 (4-bit codes), Q5_1 (a byte or 6 bits)
+def test_an_infinite_scale_with_an_offset_makes_its_output_nan_on_every_instruction_set(module, layout):
+    """A weight row whose fp16 scale is inf (a d past fp16's range) with an offset gives NaN at every
+    activation row, as AVX-512's epilogue does (its additive term is offset - 0 * scale, one fnmadd:
+    NaN), and the other rows' bits are unchanged. (The AVX2 product took the offset alone and gave
+    +-inf there: the two instruction sets' results differed.)"""
+    plain, broken = weight(*layout, 40, K, seed=2), weight(*layout, 40, K, seed=2)
+    broken.scales.d[3, 1] = float("inf")  # row 3, group 1
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(9))
+    for w in (plain, broken):
+        w.prepare().kernel.set_activations("int8")
+    got, want = broken(x), plain(x)
+    assert torch.isnan(got[:, 3]).all(), got[:, 3]
+    others = [i for i in range(40) if i != 3]
+    assert torch.equal(got[:, others], want[:, others])
 
 
 @needs_q8

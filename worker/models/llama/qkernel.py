@@ -2,10 +2,12 @@
 
 :func:`load` compiles ``qkernel.cpp`` with torch's C++ extension builder the
 first time a process needs it (about a minute on 2 cores; cached under
-``~/.cache/slotserve/kernels`` keyed by the source, torch's version and the
-compiler flags, so later processes load it in milliseconds) and returns None
-where it cannot run: a CPU without AVX-512 BF16 (``avx512_bf16`` in
-``/proc/cpuinfo``), no C++ compiler, or ``SLOTSERVE_NO_KERNELS`` set. The
+``~/.cache/slotserve/kernels`` keyed by the source, its local headers, torch's version and the
+compiler flags, so later processes load it in milliseconds). On a CPU with AVX2, FMA and F16C but
+without AVX-512 BF16 it builds ``qkernel_avx2.cpp`` instead (:func:`isa`): int8 activations only
+(``qmm8``; no ``qmm``, ``qmm_tiles`` or ``dequant_t``, so ``gguf_activations`` ``bf16`` is refused
+there). It returns None where neither runs (``/proc/cpuinfo``), with no C++ compiler, or with
+``SLOTSERVE_NO_KERNELS`` set. The
 weights then multiply in pure torch (:class:`~worker.models.llama.quantized.QuantizedWeight`).
 
 :func:`prepare` moves a :class:`~worker.models.llama.quantized.QuantizedWeight`'s
@@ -135,8 +137,10 @@ class Kernel:
         """``"int8"``: the activations rounded to int8 per row and group (``qmm8``: VNNI, AMX-INT8
         tiles above :data:`VNNI_ROWS` rows where the process may use them), as llama.cpp's Q8
         activations, and above :data:`TILE_ROWS` rows (AMX) bf16 tiles of the weights
-        (``qmm_tiles``); runs where the CPU has AVX-512 VNNI and VBMI (every GGUF block format).
-        ``"bf16"``: rounded to bf16 (``qmm``), the file's weights exactly at every row count.
+        (``qmm_tiles``); runs where the CPU has AVX-512 VNNI and VBMI, or AVX2 (``qkernel_avx2.cpp``:
+        the same bits), every GGUF block format.
+        ``"bf16"``: rounded to bf16 (``qmm``), the file's weights exactly at every row count; needs
+        AVX-512 BF16 (ValueError on the AVX2 build).
         ``"auto"`` (the default): ``"int8"`` where it runs, else ``"bf16"`` -- llama.cpp's choice,
         faster at every decode size measured and, since its base and offset terms multiply the
         rounded x (``qrows``) and its sums hold the codes' base exactly, above llama.cpp's greedy
@@ -250,8 +254,10 @@ def six_bits() -> bool:
 
 def takes(module, group: int) -> bool:
     """Whether ``module`` (:func:`load`'s) multiplies a weight of ``group`` columns a group: an even
-    group on AVX-512 (``qmm``), a multiple of 16 on AVX2 (``qmm8`` alone; every GGUF format's)."""
-    return group % 2 == 0 and (hasattr(module, "qmm") or group % 16 == 0)
+    group on AVX-512 (``qmm``), 16 or 32 on AVX2 (``qmm8`` alone, whose 4-bit codes' int16 sums hold
+    at most 32 columns; every GGUF format's group), so that no weight it is handed is refused at its
+    first product."""
+    return group % 2 == 0 and (hasattr(module, "qmm") or group in (16, 32))
 
 
 def kind(w) -> int:
