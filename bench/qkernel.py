@@ -11,7 +11,9 @@ fp16 d per 256 and an int8 scale per 16), multiplied by ``rows`` activation rows
   AVX-512 BF16 product (what a CPU without AMX runs), up to 64 rows;
 - ``int8``: what ``--gguf-activations int8`` (where the CPU has VNNI and VBMI) runs: activations
   rounded to int8 per group on VNNI (up to 8 rows) or AMX-INT8 tiles (up to 64), above 64 rows (AMX)
-  the weights decoded to bf16 tiles per block (``qmm_tiles``);
+  the weights decoded to bf16 tiles per block (``qmm_tiles``); on an AVX2 CPU (no AVX-512 BF16)
+  ``qkernel_avx2.cpp``'s product, the only compiled kind there (``kernel``, ``avx512`` and ``wide-*``
+  are absent: they need ``qkernel.cpp``);
 - ``wide-bf16`` / ``wide-fp32``: the layer dequantised for the call (``W.T``)
   and one ``torch.mm`` (bf16: oneDNN's AMX / AVX-512 BF16 product);
 - ``bf16-dense``: a bf16 weight at rest, ``F.linear`` (what ``--precision bf16`` runs);
@@ -60,7 +62,8 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
     """name -> a no-argument callable running one layer's products at ``rows`` rows."""
     q4, q6 = layer("Q4_K", gen), layer("Q6_K", gen)
     if q4[0].kernel is None:
-        raise SystemExit("the GGUF kernel does not run here (no avx512_bf16 or no compiler)")
+        raise SystemExit("the GGUF kernel does not run here (neither AVX-512 BF16 nor AVX2, or no compiler)")
+    bf16 = hasattr(q4[0].kernel.module, "qmm")  # (an AVX2 CPU's module multiplies int8 activations alone)
     xs = [torch.randn(rows, k, generator=gen) for _, k in SHAPES]
     dense = [torch.randn(n, k, generator=gen).bfloat16() for n, k in SHAPES]
     packed = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
@@ -76,10 +79,12 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
         "kernel Q6_K": run(lambda i, x: q6[i].kernel._qmm(x.bfloat16().contiguous(), q6[i].kernel.amx)),
         "wide-bf16 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, True)),
         "wide-fp32 Q4_K": run(lambda i, x: q4[i].kernel.wide(x, False)),
+    } if bf16 else {}
+    table |= {
         "bf16-dense": run(lambda i, x: F.linear(x.bfloat16(), dense[i])),
         "int4pack": run(lambda i, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed[i], 32, sz[i])),
     }
-    if q4[0].kernel.module.has_q8():  # int8 activations (--gguf-activations int8: VNNI and VBMI)
+    if q4[0].kernel.module.has_q8():  # int8 activations (--gguf-activations int8: VNNI and VBMI, or AVX2)
         q4i, q6i = layer("Q4_K", gen), layer("Q6_K", gen)
         for w in q4i + q6i:
             w.kernel.set_activations("int8")
