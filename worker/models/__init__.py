@@ -93,7 +93,8 @@ def _load_real(name: str, options: dict):
     if options:
         raise ValueError(f"unknown model options {sorted(options)} (runner-specific ones need runner='hf')")
     # auto: gguf if the file is quantised and the compiled kernel runs here (without it the stored
-    # weights multiply in pure torch, many times slower than fp32: a CPU without avx512_bf16)
+    # weights multiply in pure torch, many times slower than fp32: a CPU with neither AVX-512 BF16 nor
+    # AVX2, or no compiler)
     stored = precision == "gguf" or (opts.precision == "auto" and device == "cpu" and _is_gguf(name)
                                       and _kernel_runs())
     runner = _load_gguf_directly(name, device, precision, max_cache_len, opts.max_prefill_tokens, opts.cpu_linear,
