@@ -16,6 +16,7 @@ from worker.models.llama.quantized import GroupScales, QuantizedWeight
 CPU_SIX_BITS = qkernel.six_bits  # this CPU's choice (the fixture below replaces it in every test)
 
 needs_kernel = pytest.mark.skipif(not qkernel.cpu_has_avx512_bf16(), reason="no avx512_bf16 on this CPU")
+needs_any_kernel = pytest.mark.skipif(not qkernel.isa(), reason="neither avx512_bf16 nor AVX2 on this CPU")
 
 # (lowest code, highest + 1, group, offsets, factors): Q4_0, Q4_K, Q6_K, Q8_0, Q5_K, Q4_1, Q5_0, Q5_1's
 # ranges and scale layouts, and the edges of the kernel's decodings (4-bit pairs; 6 bits, a span of 64;
@@ -118,6 +119,18 @@ def test_no_rows_give_an_empty_product(module, amx):
     x = torch.empty(0, 256, dtype=torch.bfloat16)
     y = module.qmm(x, w.packed, qkernel.kind(w), w.low, *qkernel.factor_args(w), w.group, 40, amx)
     assert y.shape == (0, 40)
+
+
+@needs_any_kernel
+def test_no_rows_give_an_empty_int8_product(module):
+    """qmm8 (AVX-512 VNNI or AVX2) of no rows: an empty [0, N] product, on every code kind."""
+    if not module.has_q8():
+        pytest.skip("no int8 product on this CPU")
+    for layout in (LAYOUTS[1], LAYOUTS[3], LAYOUTS[8]):  # NIB, WIDE, MAGIC (a byte each: the six-bits fixture's)
+        w = weight(*layout, 40, 256).prepare()
+        y = module.qmm8(torch.empty(0, 256), w.packed, qkernel.kind(w), w.low, *qkernel.factor_args(w), w.group, 40,
+                        False, 0)
+        assert y.shape == (0, 40)
 
 
 @needs_kernel
@@ -683,7 +696,7 @@ def test_q5_0_and_q8_0_stacked_give_each_parts_own_bits(module, six_bits, m):
     assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
 
 
-@needs_kernel
+@needs_any_kernel
 def test_a_residual_add_is_the_sum_and_leaves_the_residual(module):
     """``QuantizedWeight.add`` sums into the product's own tensor: ``residual + w(x)`` bit for bit, the
     residual unchanged."""
