@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import machine_record, write_results
+from worker.models.llama import qkernel
 from worker.models.llama.linear import best_times
 from worker.models.llama.quantized import GroupScales, QuantizedWeight
 
@@ -63,7 +64,7 @@ def kinds(rows: int, gen: torch.Generator) -> dict:
     q4, q6 = layer("Q4_K", gen), layer("Q6_K", gen)
     if q4[0].kernel is None:
         raise SystemExit("the GGUF kernel does not run here (neither AVX-512 BF16 nor AVX2, or no compiler)")
-    bf16 = hasattr(q4[0].kernel.module, "qmm")  # (an AVX2 CPU's module multiplies int8 activations alone)
+    bf16 = qkernel.runs_bf16(q4[0].kernel.module)  # (an AVX2 CPU's module multiplies int8 activations alone)
     xs = [torch.randn(rows, k, generator=gen) for _, k in SHAPES]
     dense = [torch.randn(n, k, generator=gen).bfloat16() for n, k in SHAPES]
     packed = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, k), dtype=torch.int32), 1)

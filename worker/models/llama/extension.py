@@ -109,6 +109,11 @@ def _source_bytes(source: Path) -> bytes:
     return text + b"".join((source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text))
 
 
+def cpu_has_avx2() -> bool:
+    """Whether the CPU has AVX2 with FMA and F16C (what the kernels' AVX2 builds compile for)."""
+    return all(cpu_has(f) for f in ("avx2", "fma", "f16c"))
+
+
 def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str):
     """The compiled module of ``source`` (named ``slotserve_<prefix>_<key>``), or None where it cannot
     run here: the CPU lacks ``needs`` (a ``/proc/cpuinfo`` flag), ``SLOTSERVE_NO_KERNELS`` is set, or

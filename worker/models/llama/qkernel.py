@@ -101,7 +101,7 @@ def isa() -> str:
     ``"avx2"`` (``qkernel_avx2.cpp``: AVX2, FMA and F16C without it), or ``""`` (neither)."""
     if cpu_has_avx512_bf16():
         return "avx512"
-    return "avx2" if all(extension.cpu_has(f) for f in ("avx2", "fma", "f16c")) else ""
+    return "avx2" if extension.cpu_has_avx2() else ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -158,7 +158,7 @@ class Kernel:
         if activations == "int8" and not runs:
             raise ValueError("gguf_activations='int8' needs a CPU with AVX-512 VNNI and VBMI, or AVX2 (and groups "
                              f"of a multiple of 16 columns; this weight: {w.fmt}); use 'bf16'")
-        if activations == "bf16" and not hasattr(self.module, "qmm"):
+        if activations == "bf16" and not runs_bf16(self.module):
             raise ValueError("gguf_activations='bf16' needs a CPU with AVX-512 BF16; this one runs the stored "
                              "weights on AVX2 with int8 activations: use 'int8' or 'auto'")
         self.int8 = activations == "int8" or (activations == "auto" and runs)
@@ -252,12 +252,18 @@ def six_bits() -> bool:
     return bool(module is not None and module.has_amx())
 
 
+def runs_bf16(module) -> bool:
+    """Whether ``module`` (:func:`load`'s) has the bf16-activation product (``qmm``: the AVX-512 build;
+    the AVX2 build multiplies int8 activations alone)."""
+    return hasattr(module, "qmm")
+
+
 def takes(module, group: int) -> bool:
     """Whether ``module`` (:func:`load`'s) multiplies a weight of ``group`` columns a group: an even
     group on AVX-512 (``qmm``), 16 or 32 on AVX2 (``qmm8`` alone, whose 4-bit codes' int16 sums hold
     at most 32 columns; every GGUF format's group), so that no weight it is handed is refused at its
     first product."""
-    return group % 2 == 0 and (hasattr(module, "qmm") or group in (16, 32))
+    return group % 2 == 0 and (runs_bf16(module) or group in (16, 32))
 
 
 def kind(w) -> int:
