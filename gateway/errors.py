@@ -198,6 +198,35 @@ def param_of(message: str, default: str | None = None) -> str | None:
     return _PARAMS.get(m.group(0), default) if m else default
 
 
+_FIELD_TOKEN = re.compile(r"(?<![\w.\[\]])[A-Za-z_]\w*(?:\.\w+|\[\d+\])*")
+"""A field's name as a message writes it: a word, with dotted keys and bracketed indexes
+(``stop_token``, ``stop_sequences[0]``, ``tools.0.function.name``)."""
+
+
+def reworded(e: APIError, table: tuple[tuple[str, str], ...]) -> APIError:
+    """``e`` (returned; changed in place) with each field its message names written as the client's body
+    names it: a field name (:data:`_FIELD_TOKEN`, wherever it stands) that the first of ``table``'s
+    ``(pattern, replacement)`` matching its start (a regular expression ending at a name's boundary:
+    ``tools\\.(\\d+)\\.function`` matches ``tools.0.function.name``, ``stop`` never ``stop_token``)
+    rewrites. The client SDK's and the worker's checks word their messages in the request's own names
+    (:class:`protocol.request.RequestParams`: ``stop_token``, ``stop_sequences[0]``, ``max_tokens``), and
+    a route's body may name them otherwise (``stop_token_ids``, ``stop[1]``, ``max_output_tokens``)."""
+    if not table:
+        return e
+    compiled = [(re.compile(rf"^(?:{pattern})(?![\w\[])"), replacement) for pattern, replacement in table]
+
+    def one(m: re.Match) -> str:
+        name = m.group(0)
+        for pattern, replacement in compiled:
+            new, n = pattern.subn(replacement, name, count=1)
+            if n:
+                return new
+        return name
+
+    e.message = _FIELD_TOKEN.sub(one, e.message)
+    return e
+
+
 def from_value_error(e: ValueError, default_param: str | None = None) -> APIError:
     """A request the client SDK refused at submission (400, the SDK's message; the
     code is the error's own when it has one, e.g. ``unsupported``, as a worker's refusal would say)."""

@@ -33,8 +33,8 @@ from starlette.responses import Response, StreamingResponse
 from client import RemoteError
 from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
-from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down, unavailable, \
-    unsupported
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, \
+    unavailable, unsupported
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
@@ -619,7 +619,8 @@ def _body_field(e: APIError, body: _Sampling, call: _Call) -> APIError:
     from ``tools``, whose parameters schemas made the grammar (:func:`_grammar_tools` names them),
     and a refusal of it says so in its words too ("structured json_schema does not compile: ..." is
     the worker's; a position in the gateway's own tool grammar is left out); any other param is the
-    body's own."""
+    body's own, and its message names the body's fields (:func:`body_names`)."""
+    reworded(e, body_names(body))
     if e.param != "structured":
         return e
     plan = call.tools if call.tools is not None and call.tools.constraint is not None else None
@@ -631,6 +632,28 @@ def _body_field(e: APIError, body: _Sampling, call: _Call) -> APIError:
             rest = re.sub(r"^ does not compile: at \d+\(\d+\): ", " does not compile: ", rest)
         e.message = e.param + rest
     return e
+
+
+def body_names(body: _Sampling) -> tuple[tuple[str, str], ...]:
+    """The request's field names that ``body`` names otherwise, as :func:`gateway.errors.reworded`'s table
+    (each an exact name): ``stop_token`` is ``stop_token_ids``; ``stop`` is shared out into the text
+    strings (the request's ``stop[i]``) and the token-id lists (its ``stop_sequences[i]``), each the body's
+    ``stop[j]`` at its own place in the list (``stop`` alone when it is one string), and ``stop_sequences``
+    alone the token-id lists of ``stop``; ``max_tokens`` is ``max_completion_tokens`` where a chat body gave
+    that one. Was: "stop_token contains token id 99999, ..." for ``stop_token_ids``, "stop_sequences[0]
+    contains ..." for ``"stop": ["a", [99999]]``."""
+    names = {"stop_token": "stop_token_ids", "stop_sequences": "stop"}
+    if isinstance(body, ChatCompletionRequest) and body.max_tokens is None and body.max_completion_tokens is not None:
+        names["max_tokens"] = "max_completion_tokens"
+    stop = body.stop
+    if isinstance(stop, str):
+        names["stop[0]"] = "stop"
+    elif stop:
+        texts = [j for j, entry in enumerate(stop) if isinstance(entry, str)]
+        lists = [j for j, entry in enumerate(stop) if not isinstance(entry, str)]
+        names.update({f"stop[{i}]": f"stop[{j}]" for i, j in enumerate(texts)})
+        names.update({f"stop_sequences[{i}]": f"stop[{j}]" for i, j in enumerate(lists)})
+    return tuple((re.escape(name), given) for name, given in names.items())
 
 
 def _grammar_tools(plan: ToolPlan) -> str:

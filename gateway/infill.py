@@ -50,7 +50,7 @@ from starlette.responses import Response
 
 from client import RemoteError
 from gateway.drain import REFUSED
-from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down, unavailable
+from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, unavailable
 from gateway.generate import ClientGone, Generate, _Call, _check_json_body_headers, _EventStream, read_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.responses import error_response, json_response, sse
@@ -314,10 +314,17 @@ def _fields(out: dict, fields: list[str] | None) -> dict:
     return kept
 
 
+_WORDS = ((r"max_tokens", "n_predict"), (r"repetition_penalty", "repeat_penalty"), (r"suffix", "input_suffix"))
+"""The request's fields this body names otherwise, wherever an error's message names them
+(:func:`gateway.errors.reworded`; ``prompt`` is left as it is: the body's ``prompt`` is a part of the request's)."""
+
+
 def _renamed(err: APIError, message: str) -> APIError:
-    """``err`` with ``param`` as this body names it (the request's ``suffix`` is ``input_suffix``, ...)."""
+    """``err`` with ``param`` as this body names it (the request's ``suffix`` is ``input_suffix``, ...), and
+    its message naming the body's fields (was: "repetition_penalty must be > 0" for ``repeat_penalty``,
+    "max_tokens must be < 2**64" for ``n_predict``)."""
     err.param = _PARAMS.get(err.param, err.param) if err.param is not None else None
     if message.startswith("suffix:"):
         err.param = "input_suffix"
-    return err
+    return reworded(err, _WORDS)
 

@@ -73,7 +73,7 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, reworded
 from gateway.messages_body import CountTokensRequest, MessagesRequest, cache_control_error, json_shown
 from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.origins import Api, ItemKind, Origin, renamed_to_items
@@ -99,6 +99,12 @@ _PARAMS = ((r"messages(\..*)?", "messages"), (r"stop", "stop_sequences"),
            (r"response_format(\.json_schema)?(\.schema)?", "output_config.format.schema"),
            (r"tools\.(\d+)\.function\.parameters", r"tools.\1.input_schema"), (r"tools\.(\d+)\.function", r"tools.\1"),
            (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"))
+_WORDS = ((r"stop\[(\d+)\]", r"stop_sequences[\1]"), (r"response_format\.json_schema\.schema", "output_config.format.schema"),
+          (r"response_format(\.json_schema)?", "output_config.format"),
+          (r"tools\.(\d+)\.function\.parameters", r"tools.\1.input_schema"), (r"tools\.(\d+)\.function", r"tools.\1"),
+          (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"))
+"""Chat fields -> Messages fields wherever an error's message names them (:func:`gateway.errors.reworded`):
+a stop string's index is its own (``stop_sequences`` is the chat request's ``stop``, in order)."""
 
 
 def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list[dict]:
@@ -319,10 +325,11 @@ def _chat_request(fields: dict, origins: list[Origin]) -> ChatCompletionRequest:
 def renamed_to_messages(e: APIError, origins: list[Origin]) -> APIError:
     """``e``, an error of the chat path (returned; changed in place), naming the Messages field: a
     chat message's field as the message, block or ``system`` it came from (``origins``, one per chat
-    message: :func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``."""
+    message: :func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``; the chat fields its
+    message names elsewhere by ``_WORDS`` (was: "stop_sequences: stop[0] has 5000 characters; ...")."""
     if not renamed_to_items(e, origins, Api.MESSAGES):
         renamed_error(e, _PARAMS)
-    return e
+    return reworded(e, _WORDS)
 
 
 class MessagesTranslation:

@@ -66,7 +66,7 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, empty_content
+from gateway.errors import APIError, bad_request, empty_content, reworded
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
@@ -141,6 +141,9 @@ _PARAMS = (
     (r"response_format(\.json_schema)?", "text.format"),
     (r"tools\.(\d+)\.function", r"tools.\1"), (r"reasoning_effort", "reasoning.effort"),
 )
+_WORDS = ((r"max_tokens", "max_output_tokens"), (r"response_format(\.json_schema)?", "text.format"),
+          (r"tools\.(\d+)\.function", r"tools.\1"), (r"reasoning_effort", "reasoning.effort"))
+"""Chat fields -> Responses fields wherever an error's message names them (:func:`gateway.errors.reworded`)."""
 
 
 def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) -> list[dict]:
@@ -409,11 +412,13 @@ class ResponsesTranslation:
 
     def _renamed(self, e: APIError) -> APIError:
         """``e``, an error of the chat path, naming the Responses field: a chat message's field as
-        the item it came from (:func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``."""
+        the item it came from (:func:`~gateway.origins.renamed_to_items`), others by ``_PARAMS``; the chat
+        fields its message names elsewhere by ``_WORDS`` (was: "prompt (60 tokens) + max_tokens (8) = 68
+        exceeds ..." for ``max_output_tokens: 8``)."""
         first = [Origin("instructions", kind=ItemKind.INSTRUCTIONS)] if self.body.instructions is not None else []
         if not renamed_to_items(e, first + self.origins):
             renamed_error(e, _PARAMS)
-        return e
+        return reworded(e, _WORDS)
 
     def _finish(self, items: OutputItems, reason: str | None, usage: dict | None) -> dict:
         """The whole response, once the chat answer ended with ``reason``; stored unless ``store: false``."""
