@@ -12,7 +12,9 @@ integers: prompt[1] is 2.0", not with the error of the union's first member.
 
 OpenAI fields that slotserve does not implement are declared so that they can
 be refused by name: :meth:`_Sampling.unsupported` names the first one set to
-anything but its neutral value (answered with 501).
+anything but its neutral value (answered with 501). Each is declared with OpenAI's type, so a value of
+another type is the 400 of any wrong type (``"parallel_tool_calls": "yes"``, ``"store": 1``), not a 501
+saying the feature is missing.
 """
 
 from __future__ import annotations
@@ -205,9 +207,9 @@ class _Sampling(BaseModel):
     guided_grammar: Any = None
     json_schema: Any = None
     grammar: Any = None
-    # OpenAI fields slotserve does not implement: refused unless neutral
-    service_tier: Any = None
-    store: Any = None
+    # OpenAI fields slotserve does not implement: refused unless neutral (typed as OpenAI types them)
+    service_tier: str | None = None
+    store: bool | None = None
     metadata: Metadata = None                 # the caller's tags; not used
 
     def unsupported(self) -> str | None:
@@ -235,7 +237,7 @@ class CompletionRequest(_Sampling):
     echo: bool | None = None                  # the prompt before the completion (with logprobs: its tokens' first)
     top_logprobs: Any = None                  # a chat field: refused unless null or 0 (gateway.options)
     suffix: str | None = None
-    best_of: Any = None
+    best_of: int | None = None
 
     def unsupported(self) -> str | None:
         if "best_of" not in self.model_fields_set:
@@ -265,8 +267,8 @@ class ChatMessageParam(BaseModel):
     refusal: str | None = None
     tool_calls: Any = None
     tool_call_id: Any = None
-    function_call: Any = None
-    audio: Any = None
+    function_call: dict[str, Any] | None = None  # (OpenAI's deprecated {name, arguments})
+    audio: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -279,15 +281,15 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None           # with logprobs: the N most likely alternatives too (0..20)
     tools: Any = None
     tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-    parallel_tool_calls: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None   # false: the answer's first call only (gateway.tools)
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
     reasoning_effort: Any = None              # OpenAI's; the template variable reasoning_effort (gateway.options)
     chat_template_kwargs: Any = None          # vLLM's and llama.cpp's: extra chat template variables
-    web_search_options: Any = None
+    web_search_options: dict[str, Any] | None = None
 
     def unsupported(self) -> str | None:
         # tools and tool_choice: gateway.tools; reasoning_effort and chat_template_kwargs: gateway.options
@@ -299,8 +301,6 @@ class ChatCompletionRequest(_Sampling):
                 return name
         if not _neutral(self.modalities, (None, ["text"])):
             return "modalities"
-        if not _neutral(self.parallel_tool_calls, (None, True, False)):
-            return "parallel_tool_calls"
         for i, m in enumerate(self.messages):
             for name in ("function_call", "audio"):  # (tool_calls, tool_call_id: gateway.tools)
                 if not _neutral(getattr(m, name), (None, [])):
