@@ -168,6 +168,8 @@ class Generate:
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
                 call.tools = tool_plan(body, await self._tool_parser(body))
+            if tr is not None:
+                tr.check_reasoning(self._reasoning_parser(body))
             if body.stream:
                 return await self._start_stream(request, body, call, tr)
             await self._submit(body, call, stream=False)

@@ -359,6 +359,9 @@ class MessagesTranslation:
         self.on_chat_path = True
         return chat
 
+    def check_reasoning(self, parser: str | None) -> None:
+        """Nothing to refuse: the thinking becomes ``thinking`` blocks."""
+
     def answer(self, completion: dict) -> Response:
         blocks = ContentBlocks()
         for piece in completion_pieces(completion):

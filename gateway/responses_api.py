@@ -36,8 +36,13 @@ model thinks as its chat template says; the thinking is split off by the reasoni
 as OpenAI checks them (a value it refuses is a 400 naming the field: :func:`check_unused`), then not
 used: ``include``, ``text.verbosity``, ``reasoning``, ``stream_options``. Accepted and not used:
 ``metadata`` (echoed back), ``user``, ``safety_identifier``, ``prompt_cache_key``.
+``include: ["message.output_text.logprobs"]`` asks the chat path for logprobs (``top_logprobs`` 0..20
+alternatives each): the ``output_text`` part has one entry per token of the text, and each text
+delta its tokens' (:mod:`gateway.responses_output`); refused (400 naming ``include.N``) beside tools
+or for a model whose thinking is split off (:meth:`ResponsesTranslation.check_reasoning`): which
+tokens wrote the message would be a guess. ``top_logprobs`` alone is echoed and asks nothing.
 Refused with a 400 naming the field: ``background: true``, ``conversation``, ``prompt``,
-``max_tool_calls``, ``top_logprobs``, ``truncation: "auto"``, a ``service_tier`` other than
+``max_tool_calls``, ``truncation: "auto"``, a ``service_tier`` other than
 ``auto`` / ``default``, built-in tools and their ``tool_choice``, input items other than the above
 (images, files, item references).
 
@@ -75,6 +80,7 @@ from gateway.schemas import ChatCompletionRequest, Metadata
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
+from protocol.logprobs import MAX_LOGPROBS
 from protocol.validation import clip, echo
 
 __all__ = ["INCLUDABLES", "REASONING_KEYS", "VERBOSITIES", "ResponsesEndpoints", "ResponsesRequest", "check_unused",
@@ -115,7 +121,7 @@ class ResponsesRequest(BaseModel):
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
-    top_logprobs: Any = None
+    top_logprobs: int | None = None  # 0..20 alternatives per token, with include message.output_text.logprobs
 
     def unsupported(self) -> str | None:
         """The first field set to something slotserve does not serve, else None."""
@@ -124,8 +130,6 @@ class ResponsesRequest(BaseModel):
         for name in ("conversation", "prompt", "max_tool_calls"):
             if getattr(self, name) is not None:
                 return name
-        if self.top_logprobs not in (None, 0):
-            return "top_logprobs"
         if self.truncation not in (None, "disabled"):
             return "truncation"
         if self.service_tier not in (None, "auto", "default"):
@@ -339,6 +343,7 @@ class ResponsesTranslation:
                                   "previous_response_id", "previous_response_not_found")
             self.history = list(previous.messages)
             self.origins = list(previous.origins)
+        logprobs = self._logprobs(body)
         if body.max_output_tokens is not None and body.max_output_tokens < 1:
             raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
         if body.input is None:
@@ -353,13 +358,41 @@ class ResponsesTranslation:
             "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
             "response_format": _response_format(body.text), "stream": body.stream,
             "reasoning_effort": body.reasoning.get("effort") if isinstance(body.reasoning, dict) else None,
-            "stream_options": {"include_usage": True} if body.stream else None}
+            "stream_options": {"include_usage": True} if body.stream else None, **logprobs}
         try:
             chat = chat_request(fields, ())  # (renamed here: a message's field as its item's)
         except APIError as e:
             raise self._renamed(e) from None
         self.on_chat_path = True
         return chat
+
+    @staticmethod
+    def _logprobs(body: ResponsesRequest) -> dict:
+        """The chat request's logprobs fields: with ``include: ["message.output_text.logprobs"]``,
+        ``logprobs: true`` and ``top_logprobs`` (0 when absent); else none (``top_logprobs`` alone is
+        echoed and asks nothing, as OpenAI answers it: ``logprobs: []``). 400 naming ``top_logprobs``
+        outside [0, 20] (OpenAI's bound), and naming ``include`` beside tools (a tool call's tokens are
+        the model's text too: which are the message's cannot be told apart)."""
+        top = body.top_logprobs
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
+        if "message.output_text.logprobs" not in (body.include or ()):
+            return {}
+        if body.tools and body.tool_choice != "none":
+            where = f"include.{body.include.index('message.output_text.logprobs')}"
+            raise unsupported_field(where, f"{_WHAT} with tools (message.output_text.logprobs is served for "
+                                    "answers without tools, or with tool_choice none)")
+        return {"logprobs": True, "top_logprobs": top or 0}
+
+    def check_reasoning(self, parser: str | None) -> None:
+        """400 naming ``include`` for ``message.output_text.logprobs`` where the model's thinking is split
+        off the answer (the thinking's tokens and the message's are one text), as OpenAI's reasoning
+        models refuse logprobs."""
+        include = self.body.include or ()
+        if parser is not None and "message.output_text.logprobs" in include:
+            raise unsupported_field(f"include.{include.index('message.output_text.logprobs')}",
+                                    f"{_WHAT} for a model that thinks (reasoning parser {parser}: message."
+                                    "output_text.logprobs is served where no thinking is split off)")
 
     def answer(self, completion: dict) -> Response:
         items = OutputItems()
@@ -443,6 +476,7 @@ class ResponsesTranslation:
                 "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
                 "store": body.store is not False, "temperature": body.temperature, "text": {"format": fmt},
                 "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "top_p": body.top_p,
+                "top_logprobs": body.top_logprobs,
                 "truncation": "disabled", "usage": response_usage(usage), "user": body.user,
                 "metadata": body.metadata or {}}
 

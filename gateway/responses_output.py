@@ -3,13 +3,17 @@
 Shapes from OpenAI's API reference ("Responses" > "The response object", "Streaming events") as
 the ``openai`` SDK's types spell them (``openai.types.responses``): output items ``reasoning``
 (``content: [{"type": "reasoning_text", "text"}]``, ``summary: []``), ``message`` (one
-``output_text`` part: ``text``, ``annotations: []``, ``logprobs: []``) and ``function_call``
+``output_text`` part: ``text``, ``annotations: []``, ``logprobs``: ``[]``, or with ``include:
+["message.output_text.logprobs"]`` one ``{"token", "bytes", "logprob", "top_logprobs": [{"token",
+"bytes", "logprob"}]}`` per token of the text, ``ResponseOutputText.Logprob``) and ``function_call``
 (``call_id``, ``name``, ``arguments`` the JSON text, ``id`` an item id of its own). Per item the
 stream says ``response.output_item.added`` (status ``in_progress``, nothing in it yet), then for
 text ``response.content_part.added``, ``response.output_text.delta`` ... ``.done``,
 ``response.content_part.done`` (reasoning: ``response.reasoning_text.delta`` / ``.done``), for a
 call ``response.function_call_arguments.delta`` ... ``.done``, then ``response.output_item.done``
-with the whole item. :class:`OutputItems` is fed the same pieces for a whole answer as for a stream
+with the whole item; ``response.output_text.delta`` and ``.done`` carry their tokens' logprobs as
+``{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}`` (``ResponseTextDeltaEvent.Logprob``).
+:class:`OutputItems` is fed the same pieces for a whole answer as for a stream
 (:mod:`gateway.translation`), so the items a stream ends with are the answer's.
 """
 
@@ -55,6 +59,8 @@ class OutputItems:
                                        "call_id": piece.call_id, "name": piece.name, "arguments": ""})
             return
         if piece.kind == "text":
+            if not piece.text and self._message is None:
+                return  # (logprobs of a token that wrote nothing, with no text before: the answer has none)
             if other is not None and other["type"] == "reasoning":
                 self._end(other, "completed")
                 self._other = None
@@ -66,8 +72,12 @@ class OutputItems:
                 self._end(other, "completed")
                 self._other = other = self._start_text("reasoning_text", "rs", {"type": "reasoning", "summary": []})
             item, delta = other, "response.reasoning_text.delta"
-        item["content"][0]["text"] += piece.text
-        logprobs = {"logprobs": []} if item is self._message else {}
+        part = item["content"][0]
+        part["text"] += piece.text
+        logprobs = {}
+        if item is self._message:
+            part["logprobs"] = part["logprobs"] + [_part_entry(e) for e in piece.logprobs]  # (a new list: snapshots)
+            logprobs = {"logprobs": [_event_entry(e) for e in piece.logprobs]}
         self._event(delta, item, content_index=0, delta=piece.text, **logprobs)
 
     def close(self, status: str = "completed") -> None:
@@ -85,7 +95,8 @@ class OutputItems:
         else:
             part = item["content"][0]
             if item["type"] == "message":
-                self._event("response.output_text.done", item, content_index=0, text=part["text"], logprobs=[])
+                self._event("response.output_text.done", item, content_index=0, text=part["text"],
+                            logprobs=[_event_entry(e) for e in part["logprobs"]])
             else:
                 self._event("response.reasoning_text.done", item, content_index=0, text=part["text"])
             self._event("response.content_part.done", item, content_index=0, part=dict(part))
@@ -113,6 +124,19 @@ class OutputItems:
             event["item_id"] = item["id"]
         event.update(fields)
         self._events.append(event)
+
+
+def _part_entry(entry: dict) -> dict:
+    """A chat logprobs entry as an ``output_text`` part's (the same keys: token, bytes, logprob, top_logprobs)."""
+    return {"token": entry["token"], "bytes": entry["bytes"], "logprob": entry["logprob"],
+            "top_logprobs": [{"token": t["token"], "bytes": t["bytes"], "logprob": t["logprob"]}
+                             for t in entry["top_logprobs"]]}
+
+
+def _event_entry(entry: dict) -> dict:
+    """A logprobs entry as a text delta / done event's (no bytes: ``ResponseTextDeltaEvent.Logprob``)."""
+    return {"token": entry["token"], "logprob": entry["logprob"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in entry["top_logprobs"]]}
 
 
 def _copy(item: dict) -> dict:

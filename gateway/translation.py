@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -50,27 +50,38 @@ class Translation(Protocol):
         """``e`` in the vendor's error shape, naming the vendor's field (``e.param`` is the vendor's
         when the body was refused before it became a chat request, else the chat path's)."""
 
+    def check_reasoning(self, parser: str | None) -> None:
+        """Before the chat request is submitted: the chat path will split the answer's thinking off with
+        ``parser`` (a :data:`gateway.reasoning.PARSERS` name; None: it will not). :class:`APIError`
+        (400) when the vendor's request cannot be served so."""
+
 
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One piece of a chat answer, in the order generated: ``kind`` is ``"reasoning"`` or
     ``"text"`` (``text`` the text), ``"call"`` (a tool call begins: ``call_id``, ``name``) or
-    ``"arguments"`` (``text`` more of the current call's arguments, JSON text as the model wrote it)."""
+    ``"arguments"`` (``text`` more of the current call's arguments, JSON text as the model wrote it).
+    ``logprobs``: the chat logprobs entries (``{"token", "logprob", "bytes", "top_logprobs"}``) of
+    the tokens that came with the piece, when the chat request asked for them (a stream's chunk gives
+    its tokens' to its first piece, as the chat path does; a whole answer all of them to its text)."""
 
     kind: str
     text: str = ""
     call_id: str = ""
     name: str = ""
+    logprobs: tuple[dict, ...] = ()
 
 
 def completion_pieces(completion: dict) -> list[Piece]:
-    """The pieces of a whole chat completion's first choice: its reasoning, its content, its calls."""
-    message = completion["choices"][0]["message"]
+    """The pieces of a whole chat completion's first choice: its reasoning, its content (with the
+    answer's logprobs entries, when asked), its calls."""
+    choice = completion["choices"][0]
+    message = choice["message"]
     pieces = []
     if message.get("reasoning_content"):
         pieces.append(Piece("reasoning", message["reasoning_content"]))
     if message.get("content"):
-        pieces.append(Piece("text", message["content"]))
+        pieces.append(Piece("text", message["content"], logprobs=_entries(choice)))
     for call in message.get("tool_calls") or ():
         pieces.append(Piece("call", call_id=call["id"], name=call["function"]["name"]))
         if call["function"]["arguments"]:
@@ -79,9 +90,12 @@ def completion_pieces(completion: dict) -> list[Piece]:
 
 
 def chunk_pieces(chunk: dict) -> list[Piece]:
-    """The pieces of one chat stream chunk (none for the role chunk and the usage chunk)."""
+    """The pieces of one chat stream chunk (none for the role chunk and the usage chunk); the chunk's
+    logprobs entries ride on its first piece, or on a text piece of no text when it has none (the
+    answer's last token, which writes nothing)."""
     pieces = []
     for choice in chunk["choices"]:
+        first = len(pieces)
         delta = choice["delta"]
         if delta.get("reasoning_content"):
             pieces.append(Piece("reasoning", delta["reasoning_content"]))
@@ -92,7 +106,18 @@ def chunk_pieces(chunk: dict) -> list[Piece]:
                 pieces.append(Piece("call", call_id=call["id"], name=call["function"]["name"]))
             if call["function"].get("arguments"):
                 pieces.append(Piece("arguments", call["function"]["arguments"]))
+        entries = _entries(choice)
+        if entries and len(pieces) == first:
+            pieces.append(Piece("text", "", logprobs=entries))
+        elif entries:
+            pieces[first] = replace(pieces[first], logprobs=entries)
     return pieces
+
+
+def _entries(choice: dict) -> tuple[dict, ...]:
+    """A chat choice's logprobs entries (``logprobs.content``), ``()`` when none were asked."""
+    logprobs = choice.get("logprobs")
+    return tuple(logprobs.get("content") or ()) if isinstance(logprobs, dict) else ()
 
 
 def call_input(arguments: str) -> dict:
