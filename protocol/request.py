@@ -979,16 +979,22 @@ class ModelLimits:
     (text or chat prompts, text stop strings) only when ``has_tokenizer``
     (None: unknown, not checked), and requests of its kind only: embeddings
     (``kind`` embed) when ``embeds``, generation when not (None: unknown).
+    ``undefined``: ``((start, stop), ...)``, sorted half-open ranges of ids in ``[0, vocab_size)``
+    that the model's tokenizer does not define (its vocabulary padded to the embedding's rows:
+    Qwen2.5's ids 151,665-151,935; the worker's engine knows them, from its tokenizer); a
+    ``logit_bias`` on one of them is refused (the model, never trained to write them, would).
     Built once per model (an engine, a client that knows the model); immutable."""
 
-    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "embeds", "_token_ids")
+    __slots__ = ("vocab_size", "max_seq_len", "has_tokenizer", "embeds", "undefined", "_token_ids")
 
     def __init__(self, vocab_size: int | None = None, max_seq_len: int | None = None,
-                 has_tokenizer: bool | None = None, embeds: bool | None = None) -> None:
+                 has_tokenizer: bool | None = None, embeds: bool | None = None,
+                 undefined: tuple[tuple[int, int], ...] = ()) -> None:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
         self.has_tokenizer = has_tokenizer
         self.embeds = embeds
+        self.undefined = undefined
         # frozenset(range(vocab_size)): a prompt's check is then one membership test per token,
         # faster than max() (measured); none past 2**18 ids (the set's memory).
         self._token_ids = None if vocab_size is None or vocab_size > 2**18 else frozenset(range(vocab_size))
@@ -1029,6 +1035,8 @@ class ModelLimits:
         if vocab_size is not None and params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
             raise ValueError(f"logit_bias holds token id {params.logit_bias[-1][0]}, outside the model's "
                              f"vocabulary [0, {vocab_size})")
+        if self.undefined and params.logit_bias:
+            self._check_defined(params.logit_bias)
         max_seq_len = self.max_seq_len
         if params.kind == RequestKind.EMBED:  # (no token is generated: the prompt alone must fit)
             if max_seq_len is not None and prompt_len is not None and prompt_len > max_seq_len:
@@ -1045,6 +1053,16 @@ class ModelLimits:
                 f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {prompt_len + params.max_tokens} "
                 f"exceeds the served context of {max_seq_len} tokens (--max-model-len); shorten the prompt or lower "
                 "max_tokens")
+
+    def _check_defined(self, logit_bias: tuple[tuple[int, float], ...]) -> None:
+        """ValueError naming the first id of ``logit_bias`` (sorted by id) in a range of ``undefined``."""
+        for token, _ in logit_bias:
+            for start, stop in self.undefined:
+                if start <= token < stop:
+                    raise ValueError(f"logit_bias holds token id {token}, which the model's tokenizer does not "
+                                     f"define (ids {start}..{stop - 1} only pad its vocabulary to the model's "
+                                     f"{self.vocab_size} rows: no text is written as them); bias ids the "
+                                     "tokenizer defines")
 
     def fit(self, params: RequestParams, prompt_len: int) -> RequestParams:
         """``params`` whose ``max_tokens`` fits the context after a prompt of ``prompt_len`` tokens

@@ -94,9 +94,12 @@ class BatchInferenceEngine:
         self._token_bytes = getattr(self._tokenizer, "max_token_bytes", None)
         self._grammars = getattr(model, "grammars", None) if self._slot_aware else None  # worker.models.grammar
         self._gives_logprobs = self._slot_aware and getattr(model, "gives_logprobs", False) is True
-        self._limits = ModelLimits(_optional_positive_int(model, "vocab_size"),
-                                   _optional_positive_int(model, "max_seq_len"), self._tokenizer is not None,
-                                   embeds=False)
+        vocab_size = _optional_positive_int(model, "vocab_size")
+        # the ids its tokenizer does not define (a padded vocabulary): a logit_bias on one is refused
+        undefined = getattr(self._tokenizer, "undefined_ids", None)
+        self._limits = ModelLimits(vocab_size, _optional_positive_int(model, "max_seq_len"),
+                                   self._tokenizer is not None, embeds=False,
+                                   undefined=undefined(vocab_size) if undefined is not None and vocab_size else ())
         if isinstance(stop_token, str) and stop_token == "model":
             stop_token = getattr(model, "eos_token_ids", None)
             if stop_token is None:

@@ -278,6 +278,30 @@ class HFTextCodec:
             return None
         return max((len(t.encode("utf-8")) for t in self._tok.get_vocab()), default=0) or None
 
+    def undefined_ids(self, vocab_size: int) -> tuple[tuple[int, int], ...]:
+        """The ids in ``[0, vocab_size)`` (the model's embedding rows) that this tokenizer does not
+        define, as sorted half-open ranges ``((start, stop), ...)``: ids it has no token for (a
+        checkpoint's vocabulary padded to a multiple of 64 or 128: Qwen2.5's 151,665 tokens in 151,936
+        rows), and ids whose token is llama.cpp's padding of such an id, ``[PAD<id>]`` at that id
+        (``convert_hf_to_gguf.py`` writes one, of type UNUSED, for each id the original tokenizer
+        lacked, and transformers' GGUF conversion reads it as an ordinary token). Reads the
+        vocabulary once (~0.2 s for Qwen's); ``()`` when every id is defined."""
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        defined = bytearray(vocab_size)
+        for token, i in vocab.items():
+            if 0 <= i < vocab_size and not (token.startswith("[PAD") and token == f"[PAD{i}]"):
+                defined[i] = 1
+        ranges, start = [], None
+        for i, known in enumerate(defined):
+            if not known and start is None:
+                start = i
+            elif known and start is not None:
+                ranges.append((start, i))
+                start = None
+        if start is not None:
+            ranges.append((start, vocab_size))
+        return tuple(ranges)
+
     def tokenizer_json(self) -> str:
         """The tokenizer as the tokenizers library's JSON (added tokens included; padding and
         truncation off), what llguidance builds its tokenizer from (:mod:`worker.models.grammar`)."""
