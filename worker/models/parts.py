@@ -9,12 +9,12 @@ own code never runs), writes the concatenation into the cache once and
 checks its SHA-256.
 
 Invariant: a file at :meth:`SplitGGUF.path` was only ever put there by an
-atomic ``os.replace`` of a complete temporary file whose hash matched. So a
-reader (another worker starting at the same moment) sees no file or a whole
-one, never half of one, and a file of the expected size there is taken as it
-is (hashing 1.1 GB again costs seconds on every start). Writers take an
-exclusive ``flock`` on ``<file>.lock`` so that two workers starting at once
-assemble it once: the second waits, then finds the file.
+atomic ``os.replace`` of a complete temporary file whose hash matched
+(:func:`worker.models.cache_file.write_once`, under an exclusive ``flock`` on
+``<file>.lock``, so two workers starting at once assemble it once). So a
+reader sees no file or a whole one, never half of one, and a file of the
+expected size there is taken as it is (hashing 1.1 GB again costs seconds on
+every start).
 
 :func:`assemble` raises ``ValueError`` (the model loader's error for a model
 that cannot be found) naming the pip command for a missing or wrong part.
@@ -22,14 +22,13 @@ that cannot be found) naming the pip command for a missing or wrong part.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
 
 CHUNK_BYTES = 16 * 2**20
@@ -120,29 +119,18 @@ def assemble(split: SplitGGUF, cache_dir: Path | None = None) -> Path:
     if _complete(target, split):
         return target
     sources = part_files(split)  # before any lock or write: a missing part leaves nothing behind
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
-        if _complete(target, split):  # another process wrote it while this one waited
-            return target
-        for stale in target.parent.glob(f".{target.name}.*.tmp"):  # a writer that died: none runs now
-            stale.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                digest = _concatenate(sources, out)
-                out.flush()
-                os.fsync(out.fileno())
-            if digest != split.sha256:
-                raise ValueError(f"the parts of {split.file_name} concatenate to sha256 {digest}, expected "
-                                 f"{split.sha256}: a part is damaged or not the published one; reinstall them: "
-                                 f"{split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
-            os.chmod(tmp, 0o644)  # mkstemp made it 0600: readable by every user, as an installed file is
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return target
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as out:
+            digest = _concatenate(sources, out)
+            out.flush()
+            os.fsync(out.fileno())
+        if digest != split.sha256:
+            raise ValueError(f"the parts of {split.file_name} concatenate to sha256 {digest}, expected "
+                             f"{split.sha256}: a part is damaged or not the published one; reinstall them: "
+                             f"{split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
+
+    return write_once(target, write, lambda path: _complete(path, split))
 
 
 def _complete(target: Path, split: SplitGGUF) -> bool:
