@@ -293,7 +293,8 @@ class WorkerHandler:
         tokens withheld): each ends now, ``model_error`` (its tokens up to ``max_tokens`` were
         relayed; none of its other output in the iteration is), and is cancelled on ``w``, its
         credit back; the other requests are served as before. Logged once per worker."""
-        self._faulty(w, "tokens past max_tokens")
+        self._faulty(w, "tokens past max_tokens", "the tokens past it were withheld and each request that overran "
+                     "ended model_error (cancelled on the worker); its other requests are served as before")
         table = self._jobs
         cancels: list[int] = []
         for key, withheld in over.items():
@@ -335,7 +336,8 @@ class WorkerHandler:
                         and (cached is None or 0 <= cached <= prompt_tokens)):  # (sound as it comes, mostly)
                     prompt_tokens, cached = self._counts(w, prompt_tokens, cached, params)
                 if (reason is _ERROR) is (code is None):  # (an error, and only one, has a code)
-                    self._faulty(w, "error codes")
+                    self._faulty(w, "error codes", "each ending's code was made to agree with its finish_reason "
+                                 "(an error with none: internal); its requests are served as before")
                     if code is None:
                         code, message = ErrorCode.INTERNAL, message or f"worker {w.name} ended it with an unnamed error"
                     else:
@@ -359,17 +361,19 @@ class WorkerHandler:
                 prompt_tokens if prompt_tokens is not None else known if known is not None else -1):
             bad, cached_tokens = True, None
         if bad:
-            self._faulty(w, "token counts")
+            self._faulty(w, "token counts", "the counts were dropped (unknown to the client); its requests are "
+                         "served as before")
         return prompt_tokens, cached_tokens
 
-    def _faulty(self, w: WorkerState, what: str) -> None:
-        """Log, once per worker, that it reported ``what`` that cannot be true (they were dropped,
-        or an ending's code made to agree with its ``finish_reason``)."""
+    def _faulty(self, w: WorkerState, what: str, done: str) -> None:
+        """Log, once per worker, that it reported ``what`` that cannot be true, and ``done``: what the
+        broker did about it, its requests included (the counts dropped and the requests served as
+        before; the requests that overran ``max_tokens`` ended ``model_error``)."""
         if what not in w.faults:
             w.faults.add(what)
-            log.warning("worker %s reported impossible %s (negative, a part larger than its whole, or "
-                        "contradicting what it said before): dropped or made consistent, and its requests are "
-                        "served as before; is it a slotserve worker of this version?", w.name, what)
+            log.warning("worker %s reported impossible %s (negative, a part larger than its whole, past a "
+                        "request's max_tokens, or contradicting what it said before): %s; is it a slotserve worker "
+                        "of this version?", w.name, what, done)
 
     def heartbeat(self, w: WorkerState, msg: Heartbeat, now: float, out: Outbox) -> None:
         """A heartbeat whose ``progress`` moved is progress (a long model step
@@ -382,7 +386,8 @@ class WorkerHandler:
             old = w.prefix_cache  # (its counts are cumulative, its blocks within the budget)
             if min(pc) < 0 or pc.hits > pc.queries or pc.used_bytes > pc.budget_bytes or (
                     old is not None and (pc.queries < old.queries or pc.hits < old.hits)):
-                self._faulty(w, "prefix-cache numbers")  # (the last sound report stays)
+                self._faulty(w, "prefix-cache numbers", "they were dropped (its last sound report stays); its "
+                             "requests are served as before")
             else:
                 w.prefix_cache = pc
         p = msg.progress

@@ -274,3 +274,27 @@ def test_a_request_lost_with_all_its_tokens_ends_instead_of_migrating():
     fin = relayed(out)[0]
     assert list(fin) == [1] and fin[1].finish_reason is FinishReason.LENGTH and fin[1].code is None
     assert [(e.request_id, e.resume_tokens) for e in assigned(out, W2)] == [(k1, (9,))]
+
+
+@pytest.mark.parametrize("kind, send, says", [
+    ("tokens past max_tokens", lambda k: Iteration(ids=[k] * 5, tokens=[1, 2, 3, 4, 5]),  # (max_tokens 4)
+     "the tokens past it were withheld and each request that overran ended model_error (cancelled on the worker); "
+     "its other requests are served as before"),
+    ("token counts", lambda k: Iteration(ids=[k], tokens=[5], started=[Started(k, 10, 11)]),
+     "the counts were dropped (unknown to the client); its requests are served as before"),
+    ("error codes", lambda k: Iteration(ids=[k], tokens=[5], finished=[Finished(k, FinishReason.ERROR)]),
+     "each ending's code was made to agree with its finish_reason (an error with none: internal); its requests "
+     "are served as before"),
+    ("prefix-cache numbers", lambda k: Heartbeat(progress=1, prefix_cache=PrefixCacheUsage(1, 2, 0, 0)),
+     "they were dropped (its last sound report stays); its requests are served as before"),
+])
+def test_each_faults_log_line_says_what_was_done(caplog, kind, send, says):
+    """Was: every kind said "dropped or made consistent, and its requests are served as before", untrue
+    of a request ended for overrunning its max_tokens."""
+    core, (k, _) = serving()
+    with caplog.at_level(logging.WARNING, logger="broker.workers"):
+        out = core.on_backend(W1, send(k), 1.0)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"worker {W1.decode()} reported impossible {kind} (" in line and f"): {says}; is it a slotserve" in line
+    if kind == "tokens past max_tokens":  # (what the line says is what happened)
+        assert relayed(out)[0][0].code is ErrorCode.MODEL_ERROR
