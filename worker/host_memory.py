@@ -18,12 +18,14 @@ process's cgroup and of each ancestor under the mount (the tightest one binds); 
 controller's own hierarchy): ``memory.stat``'s ``hierarchical_memory_limit`` (ancestors included)
 and ``total_inactive_file``, and ``memory.usage_in_bytes``. The cgroup is found from
 ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` (a mount's root: a container sees its own
-cgroup as ``/``). v1's "no limit" is a number near 2**63 and v2's is ``max``: no limit then.
+cgroup as ``/``), once per process (:func:`_located`: reading both files was ~370 of a call's ~740
+µs; a process does not move between cgroups on its own), its numbers at each call. v1's "no limit" is a number near 2**63 and v2's is ``max``: no limit then.
 Stdlib and psutil only (no torch), so the CLI may call it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -79,7 +81,7 @@ def cgroup_memory(root: str = "/") -> Cgroup | None:
 
 
 def _v1(root: str) -> Cgroup | None:
-    where = _cgroup_dir(root, "cgroup", lambda controllers: "memory" in controllers.split(","))
+    where = _located(root, "cgroup", os.getpid())
     if where is None:
         return None
     directory, _mount = where
@@ -92,7 +94,7 @@ def _v1(root: str) -> Cgroup | None:
 
 
 def _v2(root: str) -> Cgroup | None:
-    where = _cgroup_dir(root, "cgroup2", lambda controllers: controllers == "")
+    where = _located(root, "cgroup2", os.getpid())
     if where is None:
         return None
     directory, mount = where
@@ -109,6 +111,16 @@ def _v2(root: str) -> Cgroup | None:
     if not limits:
         return None
     return Cgroup(min(c.limit_bytes for c in limits), min(c.available for c in limits))
+
+
+@functools.cache
+def _located(root: str, fstype: str, pid: int) -> tuple[str, str] | None:
+    """:func:`_cgroup_dir` of the memory controller's hierarchy mounted with ``fstype`` (v1's
+    ``cgroup``, whose line names ``memory``; v2's ``cgroup2``, whose line names none), found once
+    per process (``pid``: a forked child finds its own) and ``root``."""
+    if fstype == "cgroup":
+        return _cgroup_dir(root, fstype, lambda controllers: "memory" in controllers.split(","))
+    return _cgroup_dir(root, fstype, lambda controllers: controllers == "")
 
 
 def _cgroup_dir(root: str, fstype: str, wanted) -> tuple[str, str] | None:
