@@ -145,6 +145,30 @@ def empty_content(param: str, part: str, *, null: bool = False) -> APIError:
     return bad_request(f"{param} is an empty array: an empty turn is refused; send {instead}", param)
 
 
+def entry_type(entry: Any, where: str, what: str, kinds: str, default: str | None = None) -> str:
+    """The ``type`` of ``entry``, an entry of a list whose entries a body tags by type (a content part
+    or block, an input item, a tool) at the field ``where`` (``messages.0.content.1``), for the caller to
+    serve or refuse as a feature slotserve lacks. 400 naming ``where`` when the entry is no object, and
+    ``where.type`` when its type is missing (unless ``default``, the type an untagged entry has), null or
+    no string: the client's malformed entry, not a feature to leave out. ``what``: the entry in words
+    (``"a content block"``); ``kinds``: the types the route serves there, in words (``"text or
+    tool_result"``)."""
+    if not isinstance(entry, dict):
+        shown = type(entry).__name__ if isinstance(entry, list) else clip(json.dumps(entry))
+        raise bad_request(f"{what} must be an object whose \"type\" says what it is ({kinds}); got {shown}", where,
+                          "invalid_type")
+    if "type" not in entry and default is not None:
+        return default
+    kind = entry.get("type")
+    if "type" not in entry:
+        raise bad_request(f"{what} needs a \"type\" saying what it is ({kinds})", f"{where}.type",
+                          "missing_required_parameter")
+    if type(kind) is not str:
+        raise bad_request(f"{what}'s \"type\" must be a string ({kinds}); got {clip(json.dumps(kind))}",
+                          f"{where}.type", "invalid_type")
+    return kind
+
+
 def unsupported(param: str, message: str) -> APIError:
     """501 for a valid OpenAI parameter that slotserve does not implement (never retried)."""
     return APIError(501, message, param=param, code="unsupported", headers={"x-should-retry": "false"})

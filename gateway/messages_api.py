@@ -73,7 +73,7 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, reworded
+from gateway.errors import APIError, bad_request, entry_type, reworded
 from gateway.messages_body import CountTokensRequest, MessagesRequest, cache_control_error, json_shown
 from gateway.messages_output import ContentBlocks, stop_reason
 from gateway.origins import Api, ItemKind, Origin, renamed_to_items
@@ -142,9 +142,10 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
         if not isinstance(content, list):
             raise bad_request("content must be a string or a list of content blocks", f"{where}.content")
         texts, calls, results, uses, answers = [], [], [], [], []  # (uses, answers: the blocks of calls, results)
+        allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
         for j, block in enumerate(content):
             at = f"{where}.content.{j}"
-            kind = block.get("type") if isinstance(block, dict) else None
+            kind = entry_type(block, at, "a content block", f"{role} content blocks: {allowed}")
             if kind == "text":
                 texts.append(_text_block(block, at))
             elif kind == "tool_use" and role == "assistant":
@@ -155,7 +156,6 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 results.append(_tool_result(block, at, call_ids))
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
-                allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
         out += results
         origins += answers
@@ -175,12 +175,13 @@ def _text(content: Any, where: str) -> str:
 
 
 def _text_block(block: Any, at: str) -> str:
-    """The text of the ``text`` block ``block`` (the field ``at``): 400 for another block, for text
+    """The text of the ``text`` block ``block`` (the field ``at``): 400 for another block (or no block:
+    :func:`~gateway.errors.entry_type`), for text
     that is no string, or empty (Anthropic's rule and words: "text content blocks must be
     non-empty", wherever the block is: a message, ``system``, a ``tool_result``'s content), or
     for a ``cache_control`` Anthropic would refuse."""
-    if not isinstance(block, dict) or block.get("type") != "text":
-        kind = block.get("type") if isinstance(block, dict) else None
+    kind = entry_type(block, at, "a content block", "text blocks only here")
+    if kind != "text":
         raise unsupported_field(f"{at}.type", f"{_WHAT} (text blocks only here, not {echo(kind)})")
     text = block.get("text")
     if not isinstance(text, str):

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
+from gateway.schemas import text_or_objects
 from protocol.validation import clip
 
 __all__ = ["CACHE_TTLS", "MAX_USER_ID_CHARS", "MIN_THINKING_BUDGET", "OUTPUT_EFFORTS", "SERVICE_TIERS", "SPEEDS",
@@ -207,7 +208,7 @@ class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
+    system: Annotated[str | list[dict[str, Any]] | None, text_or_objects("system", "text blocks")] = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     output_config: OutputConfig = None  # format: structured output; effort: not used

@@ -64,19 +64,19 @@ import itertools
 import json
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, empty_content, reworded
+from gateway.errors import APIError, bad_request, empty_content, entry_type, reworded
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
-from gateway.schemas import ChatCompletionRequest, Metadata
+from gateway.schemas import ChatCompletionRequest, Metadata, text_or_objects
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field
@@ -94,7 +94,7 @@ class ResponsesRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
-    input: str | list[dict[str, Any]] | None = None
+    input: Annotated[str | list[dict[str, Any]] | None, text_or_objects("input", "input items")] = None
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = None
@@ -168,7 +168,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
     origins: list[Origin] = []
     for i, item in enumerate(value):
         where = f"input.{i}"
-        kind = item.get("type", "message")
+        kind = entry_type(item, where, "an input item", _ITEMS, default="message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -201,9 +201,12 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
                         "content": _text(item.get("output"), f"{where}.output")})
             origins.append(Origin(where, kind=ItemKind.TOOL_OUTPUT))
         elif kind != "reasoning":
-            raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: message, function_call, "
-                                    f"function_call_output, reasoning; not {echo(kind)})")
+            raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: {_ITEMS}; not {echo(kind)})")
     return out, origins
+
+
+_ITEMS = "message, function_call, function_call_output, reasoning"
+"""The input items the Responses API takes here, in words."""
 
 
 def _text(content: Any, where: str) -> str:
@@ -214,7 +217,7 @@ def _text(content: Any, where: str) -> str:
         raise bad_request(f"{where} must be a string or a list of input_text parts", where)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = entry_type(part, f"{where}.{j}", "a content part", "input_text or output_text")
         if kind not in ("input_text", "output_text", "text"):
             raise unsupported_field(f"{where}.{j}.type", f"{_WHAT} (text parts only, not {echo(kind)})")
         if not isinstance(part.get("text"), str):
@@ -229,7 +232,7 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
+        if entry_type(tool, f"tools.{i}", "a tool", "function tools") != "function":
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (function tools only; built-in tools such as "
                                     f"{echo(tool.get('type'))} need OpenAI's servers)")
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})

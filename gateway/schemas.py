@@ -102,6 +102,24 @@ def _stop(value: Any) -> Any:
     return value
 
 
+def text_or_objects(field: str, entries: str) -> BeforeValidator:
+    """The type of a field that is a string or a list of ``entries`` (objects: content parts, blocks,
+    input items), its shape checked before its union type: a value of another type, or a list entry
+    that is no object, is named (``content[0] is "hi"``), where the union's error would be its first
+    member's, "Input should be a valid string (got list)"."""
+    def check(value: Any) -> Any:
+        if type(value) is list:
+            for i, entry in enumerate(value):
+                if not isinstance(entry, dict):
+                    raise _bad_type(f"{field} must be a string or a list of {entries} (objects); {field}[{i}] is "
+                                    f"{_shown(entry)}")
+        elif value is not None and type(value) is not str:
+            raise _bad_type(f"{field} must be a string or a list of {entries}; got {_shown(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
 _ID_DIGITS = 20
 """The most digits a token id's key may have: 2**64 - 1, the wire's largest integer, has 20 (the
 request checks the range; this bound keeps a 5,000-digit key from int(), which refuses past 4,300)."""
@@ -262,7 +280,7 @@ class ChatMessageParam(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, text_or_objects("content", "content parts")] = None
     name: str | None = None
     refusal: str | None = None
     tool_calls: Any = None
@@ -305,8 +323,6 @@ class ChatCompletionRequest(_Sampling):
             for name in ("function_call", "audio"):  # (tool_calls, tool_call_id: gateway.tools)
                 if not _neutral(getattr(m, name), (None, [])):
                     return f"messages.{i}.{name}"
-            if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
-                return f"messages.{i}.content"
         return super().unsupported()
 
 

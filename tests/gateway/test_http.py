@@ -133,7 +133,7 @@ def test_a_wrong_entry_of_a_token_id_list_is_named(http, path, fields, param, sa
     ({"messages": [{"role": "user", "content": "x"}], "metadata": {f"k{i}": "x" for i in range(17)}}, "metadata"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x", "mood": "ok"}]}, "messages.0.mood"),
-    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
     ({"messages": [], "max_tokens": 2}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "max_completion_tokens": 3},
      "max_completion_tokens"),
