@@ -46,7 +46,7 @@ from gateway.embeddings import EmbeddingEndpoints
 from gateway.errors import APIError, shutting_down
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
-from gateway.link import BrokerConnections
+from gateway.link import BrokerConnections, listing_order
 from gateway.messages_api import MessagesEndpoints
 from gateway.metrics import GatewayMetrics
 from gateway.model_control import ModelControl
@@ -57,16 +57,6 @@ from gateway.tokenize import TokenizeEndpoints
 from gateway.tokenizer import Loader, Tokenizers
 
 log = logging.getLogger(__name__)
-
-
-def listing_order(names, aliases: dict[str, str]) -> list[str]:
-    """``names`` in ``GET /v1/models``'s order: by model (its primary name), each model's primary
-    name first and then its aliases in the order given (``aliases``: alias -> primary, as the
-    broker's status holds them). A client that takes the first entry (vLLM's examples do) gets a
-    primary name: a GGUF file's stem, not its path (``/models/m.gguf`` sorted before ``m``), and the
-    first ``--served-model-name``, as vLLM lists them."""
-    given = {a: i for i, a in enumerate(aliases)}
-    return sorted(names, key=lambda n: (aliases.get(n, n), n in aliases, given.get(n, 0), n))
 
 
 class ServiceEndpoints:
@@ -86,7 +76,7 @@ class ServiceEndpoints:
             return error_response(e)
         data = []
         states = self.link.model_states(st)
-        for name in listing_order(states, st.aliases):
+        for name in listing_order(states, self.link.aliases(st)):
             info = self.link.model_info(name)
             entry = {"id": name, "object": "model", "created": self.link.started_s, "owned_by": "slotserve"}
             # llama.cpp's router mode says each model's state; elsewhere a model says it only while its

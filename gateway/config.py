@@ -43,6 +43,11 @@ class GatewayConfig:
       is not running waits in the broker's queue while it loads (no 503),
       and ``/v1/models`` lists each with its ``status`` (loaded, loading,
       unloaded), as llama.cpp's router mode does.
+    - ``on_demand_aliases``: ``((alias, primary), ...)``: which of ``on_demand_models`` name one
+      model (each model's served names, its primary first: ``slotserve up`` gives them), so that
+      ``/v1/models`` and the 404's list put each model's primary name first while it is unloaded
+      (the broker learns a model's aliases only when its worker registers); each name one of
+      ``on_demand_models``.
     - ``tool_call_parser``: the syntax a chat answer's tool calls are read in, and
       the one ``tool_choice: "required"`` enforces (:mod:`gateway.tool_parsers`):
       ``"hermes"`` (the default: Qwen2.5, Hermes), ``"llama3_json"``,
@@ -95,6 +100,7 @@ class GatewayConfig:
     tokenizer: str | None = None
     reasoning_parser: str | None = None
     on_demand_models: tuple[str, ...] = ()
+    on_demand_aliases: tuple[tuple[str, str], ...] = ()
     responses_store_max: int = 1000
     responses_store_max_age_s: float = 3600.0
     tool_call_parser: str = "hermes"
@@ -120,6 +126,11 @@ class GatewayConfig:
             if self.reasoning_parser not in (*PARSERS, "none"):
                 raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)}, none or None (the "
                                  f"model's own), got {self.reasoning_parser!r}")
+        pairs = self.on_demand_aliases
+        if not isinstance(pairs, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(n in self.on_demand_models for n in p) for p in pairs):
+            raise ValueError("on_demand_aliases must be a tuple of (alias, primary) pairs of on_demand_models' names, "
+                             f"got {pairs!r}")
         from gateway.tool_parsers import check_choice
 
         check_choice(self.tool_call_parser)

@@ -36,12 +36,25 @@ CONTROL_MODEL = "simulated"
 serves requests for that model, so a simulated cluster needs one connection."""
 
 
-def not_found(model: str, names: dict[str, str]) -> str:
+def listing_order(names, aliases: dict[str, str]) -> list[str]:
+    """``names`` in ``GET /v1/models``'s order (and the 404's): by model (its primary name), each
+    model's primary name first and then its aliases in the order given (``aliases``: alias ->
+    primary, the broker's status's and the models on demand's, :meth:`BrokerConnections.aliases`).
+    A client that takes the first entry (vLLM's examples do) gets a primary name: a GGUF file's stem,
+    not its path (``/models/m.gguf`` sorted before ``m``), and the first ``--served-model-name``, as
+    vLLM lists them."""
+    given = {a: i for i, a in enumerate(aliases)}
+    return sorted(names, key=lambda n: (aliases.get(n, n), n in aliases, given.get(n, 0), n))
+
+
+def not_found(model: str, names: dict[str, str], aliases: dict[str, str] | None = None) -> str:
     """The 404 message for ``model``, a name no worker serves nor any model on demand: the names a
     request may give (``names``: name -> ``"loaded"``, ``"loading"`` or ``"unloaded"``, as
-    :meth:`BrokerConnections.model_not_found` gathers them) and, where one differs from ``model``
-    only in case, that one (model names are case-sensitive, as OpenAI's)."""
-    listed = ", ".join(n if state == "loaded" else f"{n} ({state})" for n, state in sorted(names.items()))
+    :meth:`BrokerConnections.model_not_found` gathers them), in :func:`listing_order` (``aliases``:
+    alias -> primary), and, where one differs from ``model`` only in case, that one (model names are
+    case-sensitive, as OpenAI's)."""
+    listed = ", ".join(n if names[n] == "loaded" else f"{n} ({names[n]})"
+                       for n in listing_order(names, aliases or {}))
     if not model:
         return f"The request names no model (an empty name): name one (models: {listed or 'none'})"
     same = [n for n in names if n.lower() == model.lower()]
@@ -190,8 +203,9 @@ class BrokerConnections:
         if st is None:
             return {}
         states = {n: "loaded" for n in self.served(st)}
+        aliases = self.aliases(st)
         names = {**{n: n for n in st.models}, **st.aliases}  # every name -> its model's
-        names.update({n: st.aliases.get(n, n) for n in self.config.on_demand_models})
+        names.update({n: aliases.get(n, n) for n in self.config.on_demand_models})
         for name, primary in names.items():
             if name in states:
                 continue
@@ -202,6 +216,13 @@ class BrokerConnections:
                 states[name] = "unloaded"
         return states
 
+    def aliases(self, status: Status | None = None) -> dict[str, str]:
+        """Every alias -> its model's primary name: the status's (the models whose workers registered
+        them), and the models on demand's (``config.on_demand_aliases``: known before a worker of the
+        model registers; the status's win where both name one)."""
+        st = status or self.status
+        return {**dict(self.config.on_demand_aliases), **({} if st is None else st.aliases)}
+
     def knows(self, model: str, status: Status) -> bool:
         """True when ``status`` lists ``model`` (or the model it is an alias of): served, loading, on
         demand, or served before. A request for a name it does not know is a 404
@@ -211,8 +232,9 @@ class BrokerConnections:
     def model_not_found(self, model: str, status: Status) -> APIError:
         """The 404 ``model_not_found`` for ``model``, a name ``status`` does not know (:meth:`knows`),
         the one every route answers: :func:`not_found`'s message over the names a request may give,
-        :meth:`model_states`'s (as ``GET /v1/models`` lists them)."""
-        return APIError(404, not_found(model, self.model_states(status)), param="model", code="model_not_found")
+        :meth:`model_states`'s, in ``GET /v1/models``'s order (:func:`listing_order`)."""
+        return APIError(404, not_found(model, self.model_states(status), self.aliases(status)), param="model",
+                        code="model_not_found")
 
     def no_worker(self, model: str, status: Status | None = None) -> APIError:
         """The 503 for ``model``, a name ``status`` (default: the last) knows, that no worker serves

@@ -70,6 +70,12 @@ class DemandSupervisor:
         """Every served name of every model on demand (the broker's and the gateway's ``on_demand_models``)."""
         return tuple(n for w in self.configs.values() for n in w.served_names)
 
+    @property
+    def aliases(self) -> tuple[tuple[str, str], ...]:
+        """``(alias, primary)`` for every alias of every model on demand (the gateway's
+        ``on_demand_aliases``: its lists put each model's primary name first while it is unloaded)."""
+        return tuple((alias, w.served_names[0]) for w in self.configs.values() for alias in w.served_names[1:])
+
     def run_pass(self, now: float | None = None) -> list:
         """One pass: the broker's status -> :meth:`OnDemand.decide` -> start or stop worker processes;
         returns the actions taken ([] when the broker does not answer now). ``now``: the pass's

@@ -223,8 +223,9 @@ class LocalCluster:
                 orders=self._orders, timeout_s=config.stop_timeout_s)
             names = self._demand.served_names
             self._broker_cfg = replace(config.broker, on_demand_models=names)
-            if self._gateway_cfg is not None:
-                self._gateway_cfg = replace(self._gateway_cfg, on_demand_models=names)
+            if self._gateway_cfg is not None:  # (each model's names grouped: its primary first while unloaded)
+                self._gateway_cfg = replace(self._gateway_cfg, on_demand_models=names,
+                                            on_demand_aliases=self._demand.aliases)
 
     def __enter__(self) -> "LocalCluster":
         self.start()

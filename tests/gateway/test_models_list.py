@@ -26,8 +26,8 @@ from tests.support.gateway import model_status as model  # noqa: E402
 def served():
     """``start(on_demand) -> (link, http)``: ``/v1/models`` and ``/metrics`` over a link whose status the test gives."""
 
-    def start(on_demand: tuple[str, ...] = ()):
-        link = GivenStatusLink(on_demand)
+    def start(on_demand: tuple[str, ...] = (), aliases: tuple[tuple[str, str], ...] = ()):
+        link = GivenStatusLink(on_demand, aliases)
         service = ServiceEndpoints(link, GatewayMetrics(), Drain())
         app = Starlette(routes=[Route("/v1/models", service.models, methods=["GET"]),
                                 Route("/metrics", service.metrics_endpoint, methods=["GET"])])
@@ -80,3 +80,57 @@ def test_each_model_is_listed_by_its_primary_name_first_then_its_aliases_as_give
     link.show({"m": model(1), "b": model(1)}, {"/models/m.gguf": "m", "zz": "b", "B/x": "b"})
     with http:
         assert list(listed(http)) == ["b", "zz", "B/x", "m", "/models/m.gguf"]
+
+
+ON_DEMAND = ("m", "/models/m.gguf", "b", "zz", "B/x")
+GROUPS = (("/models/m.gguf", "m"), ("zz", "b"), ("B/x", "b"))  # (as slotserve up gives them: served names)
+
+
+def test_an_unloaded_model_on_demand_is_listed_by_its_primary_name_first_too(served):
+    """Its aliases are the broker's only once its worker registers them: unloaded, its path sorted
+    before its stem ('/models/m.gguf', 'B/x', 'b', 'm', 'zz'). The gateway now knows each model on
+    demand's names from ``on_demand_aliases``; loading, an alias says its model's state."""
+    link, http = served(ON_DEMAND, GROUPS)
+    link.show({n: model() for n in ON_DEMAND})  # (requests for each name wait under it)
+    with http:
+        assert list(listed(http)) == ["b", "zz", "B/x", "m", "/models/m.gguf"]
+        assert set(listed(http).values()) == {"unloaded"}
+        link.show({**{n: model() for n in ON_DEMAND}, "m": model(loading=1)})
+        assert listed(http)["/models/m.gguf"] == "loading"  # (its model's state, before its worker says so)
+        link.show({"m": model(1), "b": model()}, {"/models/m.gguf": "m"})  # m registered; b not loaded
+        assert list(listed(http)) == ["b", "zz", "B/x", "m", "/models/m.gguf"]
+
+
+@pytest.mark.parametrize("on_demand, groups, states, aliases, names", [
+    ((), (), {"m": model(1), "b": model(1)}, {"/models/m.gguf": "m", "zz": "b", "B/x": "b"},
+     "b, zz, B/x, m, /models/m.gguf"),  # (was sorted: /models/m.gguf, B/x, b, m, zz)
+    (ON_DEMAND, GROUPS, {n: model() for n in ON_DEMAND}, {},
+     "b (unloaded), zz (unloaded), B/x (unloaded), m (unloaded), /models/m.gguf (unloaded)"),
+])
+def test_the_404s_list_is_in_v1_models_order(served, on_demand, groups, states, aliases, names):
+    link, http = served(on_demand, groups)
+    link.show(states, aliases)
+    with http:
+        assert ", ".join(listed(http)) == re.sub(r" \(unloaded\)", "", names)
+    assert f"(models: {names})" in link.model_not_found("nope", link.status).message
+
+
+@pytest.mark.parametrize("pairs", [(("m", "nope"),), (("m",),), [("/models/m.gguf", "m")], (("x", "m"),)])
+def test_on_demand_aliases_name_models_on_demand(pairs):
+    from gateway.config import GatewayConfig
+
+    with pytest.raises(ValueError, match="on_demand_aliases must be a tuple of \\(alias, primary\\) pairs"):
+        GatewayConfig(on_demand_models=ON_DEMAND, on_demand_aliases=pairs)
+
+
+def test_slotserve_up_gives_the_gateway_each_model_on_demands_names(monkeypatch):
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import DemandSupervisor
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: 1)
+    configs = (WorkerConfig(model="simulated", served_model_names=("b", "zz", "B/x")),
+               WorkerConfig(model="simulated", served_model_names=("m", "/models/m.gguf")))
+    sup = DemandSupervisor(configs, 1, 300.0, spawn=None, connect=None)
+    assert sup.aliases == (("zz", "b"), ("B/x", "b"), ("/models/m.gguf", "m"))
+    assert sup.served_names == ("b", "zz", "B/x", "m", "/models/m.gguf")

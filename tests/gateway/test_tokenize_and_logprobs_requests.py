@@ -51,6 +51,7 @@ class RefreshingLink(ScriptedLink):
     served = BrokerConnections.served
     only_model = BrokerConnections.only_model
     model_states = BrokerConnections.model_states
+    aliases = BrokerConnections.aliases
     knows = BrokerConnections.knows
     model_not_found = BrokerConnections.model_not_found
     no_worker = BrokerConnections.no_worker

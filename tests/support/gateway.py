@@ -46,10 +46,11 @@ def start_cluster(workers: tuple[WorkerConfig, ...], *, max_queue: int = 100_000
 
 class GivenStatusLink(BrokerConnections):
     """The gateway's own broker link over a broker status the test gives (:meth:`show`), with the
-    models on demand ``on_demand``; no broker, no socket (``refresh`` answers the given status)."""
+    models on demand ``on_demand`` (``aliases``: their ``(alias, primary)`` pairs, as ``slotserve up``
+    gives them); no broker, no socket (``refresh`` answers the given status)."""
 
-    def __init__(self, on_demand: tuple[str, ...] = ()) -> None:
-        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand))
+    def __init__(self, on_demand: tuple[str, ...] = (), aliases: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand, on_demand_aliases=aliases))
         self.broker_ok = True
 
     def show(self, models: dict[str, ModelStatus], aliases: dict[str, str] | None = None) -> None:
