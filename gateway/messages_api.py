@@ -82,7 +82,7 @@ from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.structured import structured_option
 from gateway.tools import is_tool_name
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
-    string_field, unsupported_field
+    string_field, unsupported_field, vendor_tool
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.validation import clip, echo
 
@@ -257,16 +257,38 @@ def _check_cache_control(block: dict, at: str) -> None:
         raise bad_request(f"{at}.cache_control{error}", f"{at}.cache_control")
 
 
+_TOOL_KEYS = frozenset({"type", "name", "description", "input_schema", "strict", "cache_control"})
+"""The keys of Anthropic's client tool (``ToolParam``) that the chat path takes (``input_schema`` as its
+``parameters``; ``type`` and ``cache_control`` checked here)."""
+
+_UNUSED_TOOL_KEYS = {
+    "eager_input_streaming": (lambda v: v is None or type(v) is bool, "true, false or null"),
+    "defer_loading": (lambda v: type(v) is bool, "true or false"),
+    "input_examples": (lambda v: type(v) is list and all(isinstance(e, dict) for e in v), "a list of objects"),
+    "allowed_callers": (lambda v: type(v) is list and all(type(c) is str for c in v), "a list of strings"),
+}
+"""The other keys of Anthropic's ``ToolParam`` (the ``anthropic`` SDK's), which change nothing here: the
+tool's input streams as the model writes it (``input_json_delta``), a deferred tool is rendered as any
+other (no tool search here), examples and callers are not shown to the model. Checked as typed, not used."""
+
+
 def _tools(tools: list[dict] | None) -> list[dict] | None:
-    """Anthropic's client tools as chat's function tools (other keys kept, for the chat path's check to name)."""
+    """Anthropic's client tools as chat's function tools: ``type`` custom (or null, its default), an
+    ``input_schema`` (required, as Anthropic's), the keys the chat path takes kept for its checks to
+    name (:func:`~gateway.translation.vendor_tool`: the others checked and left out, an unknown one refused)."""
     if tools is None:
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type", "custom") != "custom":
+        if tool.get("type") not in ("custom", None):
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (client tools only; server tools such as "
                                     f"{echo(tool.get('type'))} run on Anthropic's servers)")
         _check_cache_control(tool, f"tools.{i}")
+        tool = vendor_tool(tool, f"tools.{i}", _TOOL_KEYS, _UNUSED_TOOL_KEYS)
+        if "input_schema" not in tool:
+            raise bad_request("Field required: a tool needs an input_schema, the JSON schema of its input "
+                              "({\"type\": \"object\", \"properties\": {...}})", f"tools.{i}.input_schema",
+                              "missing_required_parameter")
         fn = {("parameters" if k == "input_schema" else k): v for k, v in tool.items()
               if k not in ("type", "cache_control")}
         out.append({"type": "function", "function": fn})

@@ -79,7 +79,7 @@ from gateway.response_store import ResponseStore, StoredResponse
 from gateway.schemas import ChatCompletionRequest, Metadata, text_or_objects
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
-    string_field, unsupported_field
+    string_field, unsupported_field, vendor_tool
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.validation import clip, echo
 
@@ -226,8 +226,27 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+"""The keys of the Responses API's function tool (``FunctionToolParam``) that the chat path takes."""
+
+_UNUSED_TOOL_KEYS = {
+    "defer_loading": (lambda v: type(v) is bool, "true or false"),
+    "allowed_callers": (lambda v: v is None or type(v) is list and all(type(c) is str for c in v),
+                        "a list of strings or null"),
+    "output_schema": (lambda v: v is None or isinstance(v, dict), "a JSON schema (an object) or null"),
+    "async": (lambda v: type(v) is bool, "true or false"),
+}
+"""The other keys of the Responses API's ``FunctionToolParam`` (the ``openai`` SDK's), which change nothing
+here: a deferred tool is rendered as any other (no tool search here), callers and the output's schema
+are not shown to the model, and every call's output is awaited as the next request's input. Checked as
+typed, not used."""
+
+
 def _tools(tools: list[dict] | None) -> list[dict] | None:
-    """Responses function tools as chat's (other keys kept, for the chat path's check to name)."""
+    """Responses function tools as chat's: the keys the chat path takes kept for its checks to name, a
+    null ``description``, ``parameters`` or ``strict`` as absent (OpenAI's types allow null: no
+    description, a function of no parameters, the default), the others checked and left out
+    (:func:`~gateway.translation.vendor_tool`; an unknown one refused)."""
     if tools is None:
         return None
     out = []
@@ -235,7 +254,8 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
         if entry_type(tool, f"tools.{i}", "a tool", "function tools") != "function":
             raise unsupported_field(f"tools.{i}.type", f"{_WHAT} (function tools only; built-in tools such as "
                                     f"{echo(tool.get('type'))} need OpenAI's servers)")
-        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+        tool = vendor_tool(tool, f"tools.{i}", _TOOL_KEYS, _UNUSED_TOOL_KEYS)
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type" and v is not None}})
     return out
 
 

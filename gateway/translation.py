@@ -25,10 +25,10 @@ from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation, nonfinite_number
 from gateway.schemas import ChatCompletionRequest
-from protocol.validation import LONE_SURROGATE
+from protocol.validation import LONE_SURROGATE, clip
 
 __all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
-           "renamed", "renamed_error", "string_field", "unsupported_field"]
+           "renamed", "renamed_error", "string_field", "unsupported_field", "vendor_tool"]
 
 
 class Translation(Protocol):
@@ -172,6 +172,33 @@ def unsupported_field(field: str, what: str) -> APIError:
     """400 for a field of the vendor's API that slotserve does not serve on its translation, naming it."""
     return bad_request(f"'{field}' is not supported by slotserve's {what}; leave it out", field,
                        "unsupported_parameter")
+
+
+KeyCheck = tuple[Callable[[Any], bool], str]
+"""A key's check: whether a value is of the key's type, and that type in words (``"true or false"``)."""
+
+
+def vendor_tool(tool: dict, where: str, chat_keys: frozenset[str], unused: dict[str, KeyCheck]) -> dict:
+    """``tool``, a function tool of the vendor's body at the field ``where`` (``tools.0``), with its keys
+    that the chat path does not take left out: those in ``unused`` (the vendor's keys that change
+    nothing here: a deferred tool is rendered as any other, a streaming or caller hint is moot) once
+    checked as the vendor types them, else a 400 naming the key. Another key than ``chat_keys`` and
+    ``unused`` is the 400 of an unknown field (``unknown_parameter``: on ``/v1/messages`` Anthropic's
+    "tools.0.foo: Extra inputs are not permitted"), not the chat path's "tools.0 does not take"."""
+    for key, value in tool.items():
+        if key in unused:
+            check, words = unused[key]
+            if not check(value):
+                raise bad_request(f"{where}.{key} must be {words}; got {_shown(value)}", f"{where}.{key}",
+                                  "invalid_type")
+        elif key not in chat_keys:
+            field = f"{where}.{clip(key)}"
+            raise bad_request(f"Unrecognized request argument supplied: {field}", field, "unknown_parameter")
+    return {k: v for k, v in tool.items() if k not in unused}
+
+
+def _shown(value: Any) -> str:
+    return clip(json.dumps(value)) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
 
 
 def string_field(item: dict, key: str, where: str) -> str:

@@ -165,13 +165,14 @@ TOOLS_M = [{"name": "f", "input_schema": {"type": "object"}}]
 
 
 @pytest.mark.parametrize("path, extra, words", [
-    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "foo": 1}]}, "tools.0 does not take ['foo']"),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "foo": 1}]},
+     "Unrecognized request argument supplied: tools.0.foo"),
     ("/v1/responses", {"tools": TOOLS_R, "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
      "give no text.format with it"),
     ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "a", "schema": {}, "foo": 1}}},
      "text.format takes name, schema, strict and description, not ['foo']"),
     ("/v1/messages", {"tools": [{"name": "f", "foo": 1, "input_schema": {"type": "object"}}]},
-     "tools.0 does not take ['foo']"),
+     "tools.0.foo: Extra inputs are not permitted"),
     ("/v1/messages", {"tools": TOOLS_M, "tool_choice": {"type": "any"},
                       "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
      "give no output_config.format with it"),
