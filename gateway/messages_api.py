@@ -47,8 +47,10 @@ of Anthropic's 400s: :mod:`gateway.messages_body`), then not used: ``metadata``,
 ``output_config.effort``, ``thinking`` (``budget_tokens`` an int of at least 1024 and below
 ``max_tokens``; the model thinks as its chat template says, ``--reasoning-parser`` splits it into
 ``thinking`` blocks), ``service_tier``, ``speed``, ``cache_control`` (top-level, on blocks and
-tools). Accepted and not used: ``inference_geo`` (a string), a ``tool_result``'s ``is_error``
-(its content is shown as any result's). Refused with a 400 naming the field: ``container``,
+tools), a ``tool_result``'s ``is_error`` (a boolean; its content is shown as any result's), an
+assistant's ``thinking`` and ``redacted_thinking`` blocks (``thinking`` and ``signature``, ``data``:
+strings, required). Accepted and not used: ``inference_geo`` (a string). A ``tool_use`` block needs
+its ``input``. Refused with a 400 naming the field: ``container``,
 ``mcp_servers``, ``context_management``, image and document blocks, server tools.
 
 The answer is a Message: ``content`` blocks (:mod:`gateway.messages_output`), ``stop_reason``
@@ -155,7 +157,9 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
             elif kind == "tool_result" and role == "user":
                 results.append(_tool_result(block, at, call_ids))
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
-            elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                _check_fields(block, at, _THINKING[kind])  # (left out of the chat: checked, not used)
+            else:
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
         out += results
         origins += answers
@@ -205,7 +209,8 @@ def _tool_use(block: dict, at: str) -> dict:
     if not is_tool_name(name):
         raise bad_request(f"a tool_use block's name must be 1-64 letters, digits, '_' or '-', got {echo(name)}",
                           f"{at}.name")
-    arguments = block.get("input", {})
+    _check_fields(block, at, _TOOL_USE)
+    arguments = block["input"]
     if not isinstance(arguments, dict):
         raise bad_request(f"{at}.input must be an object (the call's arguments)", f"{at}.input")
     try:
@@ -238,6 +243,7 @@ def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
     :data:`MAX_MESSAGE_NAME_CHARS` or the id of no ``tool_use`` block before it (``call_ids``: Anthropic
     refuses it), or content that is neither a string nor text blocks. No content, ``""`` and ``[]`` are
     taken: Anthropic's ``content`` is optional, with no least length (a tool may answer nothing)."""
+    _check_fields(block, at, _TOOL_RESULT)
     use_id = string_field(block, "tool_use_id", at)
     if not use_id or len(use_id) > MAX_MESSAGE_NAME_CHARS:
         raise bad_request(f"a tool_result block's tool_use_id must be the id of the tool_use block it answers, 1 to "
@@ -248,6 +254,32 @@ def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
                           "message", f"{at}.tool_use_id")
     _check_cache_control(block, at)
     return {"role": "tool", "tool_call_id": use_id, "content": _text(block.get("content", ""), f"{at}.content")}
+
+
+_THINKING = {"thinking": {"thinking": (True, str, "a string"), "signature": (True, str, "a string")},
+             "redacted_thinking": {"data": (True, str, "a string")}}
+_TOOL_USE = {"input": (True, None, "an object (the call's arguments)")}
+_TOOL_RESULT = {"is_error": (False, bool, "true or false")}
+"""Fields of Anthropic's blocks (``ThinkingBlockParam``, ``RedactedThinkingBlockParam``, ``ToolUseBlockParam``,
+``ToolResultBlockParam``) that the chat path takes without looking at them, or needs present: field ->
+(required, type or None: any, the type in words), for :func:`_check_fields`."""
+
+
+def _check_fields(block: dict, at: str, fields: dict[str, tuple[bool, type | None, str]]) -> None:
+    """400 naming ``at.<field>`` in Anthropic's words for a required field of ``block`` that is missing
+    ("Field required") or a field of another type than Anthropic's ("Input should be ..."; null is
+    absent where the field is optional): a thinking block's ``thinking`` and ``signature``, a redacted
+    one's ``data`` (replayed, not shown to the model), a ``tool_use``'s ``input``, a ``tool_result``'s
+    ``is_error`` (its content is shown as any result's)."""
+    for name, (required, kind, words) in fields.items():
+        value = block.get(name)
+        if name not in block or value is None and not required:
+            if required:
+                raise bad_request(f"Field required: a {block['type']} block needs {name}, {words}", f"{at}.{name}",
+                                  "missing_required_parameter")
+            continue
+        if kind is not None and type(value) is not kind:
+            raise bad_request(f"Input should be {words}; got {json_shown(value)}", f"{at}.{name}", "invalid_type")
 
 
 def _check_cache_control(block: dict, at: str) -> None:
