@@ -56,7 +56,7 @@ void expand(const Factor& s, const Factor& o, int64_t groups, float* sbuf, float
 
 // quads of one 16-row block: wbuf[2 q + h] = quad q's rows 8 h .. 8 h + 7 (dword j = row's 4 codes
 // as unsigned bytes; WIDE: signed codes, with their absolute values at wbuf[2 (K / 4) + 2 q + h])
-void decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* wbuf) {
+int decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* wbuf) {
     if (kind == NIB) {  // per 8 columns 4 pairs x 16 rows: quads (0, 2, 4, 6) and (1, 3, 5, 7)
         const __m256i nib = _mm256_set1_epi8(15);
         for (int64_t t = 0; t < K / 8; ++t) {
@@ -75,11 +75,12 @@ void decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* 
             _mm256_store_si256(wbuf + 4 * t + 2, _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib));
             _mm256_store_si256(wbuf + 4 * t + 3, _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib));
         }
-        return;
+        return 15;
     }
     // MAGIC, WIDE: per column pair 32 bytes (row j: its even and odd column); a quad is two pairs
     const __m256i shift = _mm256_set1_epi8(static_cast<char>(-base));  // MAGIC: u = code - base
     const int64_t quads = K / 4;
+    __m256i top = _mm256_setzero_si256();  // MAGIC: the block's largest u
     for (int64_t q = 0; q < quads; ++q) {
         const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
         const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
@@ -88,6 +89,7 @@ void decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* 
         if (kind == MAGIC) {
             r0 = _mm256_add_epi8(r0, shift);
             r1 = _mm256_add_epi8(r1, shift);
+            top = _mm256_max_epu8(top, _mm256_max_epu8(r0, r1));
         } else {
             _mm256_store_si256(wbuf + 2 * quads + 2 * q, _mm256_abs_epi8(r0));
             _mm256_store_si256(wbuf + 2 * quads + 2 * q + 1, _mm256_abs_epi8(r1));
@@ -95,6 +97,10 @@ void decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* 
         _mm256_store_si256(wbuf + 2 * q, r0);
         _mm256_store_si256(wbuf + 2 * q + 1, r1);
     }
+    if (kind != MAGIC) return 255;
+    alignas(32) uint8_t t[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), top);
+    return *std::max_element(t, t + 32);
 }
 
 struct QRows {
@@ -130,7 +136,7 @@ inline __m256i x_at(const QRows& a, const Block& b, int r, int64_t q) {
 }
 
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
-template <int R, int KIND, bool OFF, bool BASED, bool XMEM>
+template <int R, int KIND, bool OFF, bool BASED, bool XMEM, bool PAIR = false>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
     const int64_t quads = a.group / 4, all = a.K / 4;
@@ -155,6 +161,19 @@ void rows_block(const QRows& a, const Block& b) {
                 for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_madd_epi16(s16[r][h], ones);
         } else {
             for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+            if constexpr (PAIR) {  // MAGIC, u <= 63: two quads' pair sums in int16 (2 * 2 * 63 * 127 = 32,004), one widening
+                for (int64_t q = g * quads; q < (g + 1) * quads; q += 2) {
+                    const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
+                    const __m256i v0 = _mm256_load_si256(b.wbuf + 2 * q + 2), v1 = _mm256_load_si256(b.wbuf + 2 * q + 3);
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i x0 = x_at<XMEM>(a, b, r, q), x1 = x_at<XMEM>(a, b, r, q + 1);
+                        const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(v0, x1));
+                        const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w1, x0), _mm256_maddubs_epi16(v1, x1));
+                        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
+                        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
+                    }
+                }
+            } else
             for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
                 const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                 __m256i a0, a1;
@@ -194,15 +213,15 @@ void rows_block(const QRows& a, const Block& b) {
 }
 
 // r rows (at most QR) of x times one block; a pass of QR rows takes x from b.xb where it is built
-template <int KIND, bool OFF, bool BASED>
+template <int KIND, bool OFF, bool BASED, bool PAIR = false>
 void rows_step(int64_t r, const QRows& a, const Block& b) {
     switch (r) {
-        case 1: rows_block<1, KIND, OFF, BASED, false>(a, b); break;
-        case 2: rows_block<2, KIND, OFF, BASED, false>(a, b); break;
-        case 3: rows_block<3, KIND, OFF, BASED, false>(a, b); break;
+        case 1: rows_block<1, KIND, OFF, BASED, false, PAIR>(a, b); break;
+        case 2: rows_block<2, KIND, OFF, BASED, false, PAIR>(a, b); break;
+        case 3: rows_block<3, KIND, OFF, BASED, false, PAIR>(a, b); break;
         default:
-            if (b.xb) rows_block<QR, KIND, OFF, BASED, true>(a, b);
-            else rows_block<QR, KIND, OFF, BASED, false>(a, b);
+            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, PAIR>(a, b);
+            else rows_block<QR, KIND, OFF, BASED, false, PAIR>(a, b);
     }
 }
 
@@ -328,7 +347,9 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         float* sbuf = reinterpret_cast<float*>(mem + wbuf_bytes);
         float* obuf = off ? sbuf + groups * 16 : nullptr;
         for (int64_t i = b0; i < b1; ++i) {
-            decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
+            const int top = decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
+            // MAGIC blocks whose u fit 6 bits (all of Q6_K's, Q5's) sum two quads before widening
+            const bool pair = top <= 63 && group % 8 == 0;
             expand(sf.of_block(i), of.of_block(i), groups, sbuf, obuf);
             for (int64_t m0 = 0; m0 < M; m0 += QR) {
                 QRows part = a;
@@ -345,7 +366,9 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 if (kind == NIB && off && base == 0) rows_step<NIB, true, false>(r, part, b);
                 else if (kind == NIB && off) rows_step<NIB, true, true>(r, part, b);
                 else if (kind == NIB) rows_step<NIB, false, true>(r, part, b);
+                else if (kind == MAGIC && off && pair) rows_step<MAGIC, true, true, true>(r, part, b);
                 else if (kind == MAGIC && off) rows_step<MAGIC, true, true>(r, part, b);
+                else if (kind == MAGIC && pair) rows_step<MAGIC, false, true, true>(r, part, b);
                 else if (kind == MAGIC) rows_step<MAGIC, false, true>(r, part, b);
                 else if (off) rows_step<WIDE, true, false>(r, part, b);
                 else rows_step<WIDE, false, false>(r, part, b);
