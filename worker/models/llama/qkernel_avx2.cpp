@@ -13,11 +13,14 @@
 // int16 with saturation) then vpmaddwd by ones (int16 pairs to int32), llama.cpp's AVX2 dot
 // product. A pair sum must stay inside int16: 4-bit codes (u <= 15) keep up to 8 quads (32
 // columns) in int16 before widening (8 * 2 * 15 * 127 = 30,480); byte codes in [-64, 63] are held
-// from base low (u <= 127: one quad a widening); any int8 code (WIDE, Q8_0) multiplies |code| by
-// xq carrying the code's sign (vpsignb, as llama.cpp's mul_sum_i8_pairs: |code| <= 128, so a pair
-// sum <= 32,512). Each 16-row block is decoded once per call into quads (dword j = row j's 4
-// codes, two ymm of 8 rows a quad) in a per-thread buffer, then every QR rows multiply it.
-// 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
+// from base low (u <= 127: one quad a widening; a block whose u are all <= 63, as Q6_K's and Q5's,
+// two quads: 2 * 2 * 63 * 127 = 32,004); any int8 code (WIDE, Q8_0) multiplies |code| by xq
+// carrying the code's sign (vpsignb, as llama.cpp's mul_sum_i8_pairs: |code| <= 128, so a pair sum
+// <= 32,512; vpmaddwd on int16 codes instead measured 7-40 % slower). Each 16-row block is decoded
+// once per call into quads (dword j = row j's 4 codes, two ymm of 8 rows a quad) in a per-thread
+// buffer, then every QR rows multiply it; in decode-sized calls x comes broadcast from memory
+// (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only where AMX tiles run
+// (qkernel.six_bits), never here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
