@@ -222,14 +222,22 @@ def param_of(message: str, default: str | None = None) -> str | None:
     return _PARAMS.get(m.group(0), default) if m else default
 
 
-_FIELD_TOKEN = re.compile(r"(?<![\w.\[\]])[A-Za-z_]\w*(?:\.\w+|\[\d+\])*")
+_FIELD_TOKEN = re.compile(r"(?<![\w.\[\]-])[A-Za-z_]\w*(?:\.\w+|\[\d+\])*")
 """A field's name as a message writes it: a word, with dotted keys and bracketed indexes
-(``stop_token``, ``stop_sequences[0]``, ``tools.0.function.name``)."""
+(``stop_token``, ``stop_sequences[0]``, ``tools.0.function.name``), not the tail of a hyphenated word."""
+
+_QUOTED = re.compile(r"""(?<![\w'])'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|<[^<>\s]*>""")
+"""What a message quotes of the client's or the model's, never a field's name to reword: a value as
+:func:`protocol.validation.echo` (``repr``: ``'max_tokens'``) or JSON writes it (``"stop"``; an
+apostrophe inside a word, ``model's``, opens none), or a special token (``<fim-suffix>``)."""
+
+_QUOTED_OR_FIELD = re.compile(f"({_QUOTED.pattern})|{_FIELD_TOKEN.pattern}")
 
 
 def reworded(e: APIError, table: tuple[tuple[str, str], ...]) -> APIError:
     """``e`` (returned; changed in place) with each field its message names written as the client's body
-    names it: a field name (:data:`_FIELD_TOKEN`, wherever it stands) that the first of ``table``'s
+    names it: a field name (:data:`_FIELD_TOKEN`, wherever it stands but inside what the message quotes,
+    :data:`_QUOTED`: a tool named ``max_tokens`` stays ``'max_tokens'``) that the first of ``table``'s
     ``(pattern, replacement)`` matching its start (a regular expression ending at a name's boundary:
     ``tools\\.(\\d+)\\.function`` matches ``tools.0.function.name``, ``stop`` never ``stop_token``)
     rewrites. The client SDK's and the worker's checks word their messages in the request's own names
@@ -241,13 +249,15 @@ def reworded(e: APIError, table: tuple[tuple[str, str], ...]) -> APIError:
 
     def one(m: re.Match) -> str:
         name = m.group(0)
+        if m.group(1) is not None:  # (quoted: the client's own words, kept as sent)
+            return name
         for pattern, replacement in compiled:
             new, n = pattern.subn(replacement, name, count=1)
             if n:
                 return new
         return name
 
-    e.message = _FIELD_TOKEN.sub(one, e.message)
+    e.message = _QUOTED_OR_FIELD.sub(one, e.message)
     return e
 
 

@@ -203,3 +203,39 @@ def test_reworded_renames_whole_names_only():
     table = (("stop", "stop_sequences"), (r"tools\.(\d+)\.function", r"tools.\1"))
     e = reworded(APIError(400, "stop_token and stop: tools.1.function.name, xstop, a.stop, tools.1.functions"), table)
     assert e.message == "stop_token and stop_sequences: tools.1.name, xstop, a.stop, tools.1.functions"
+
+
+def test_reworded_keeps_what_the_message_quotes_as_sent():
+    """A name inside what a message quotes (the client's value as ``echo`` or JSON writes it, a special
+    token) is no field of the request's: it was rewritten too ('max_tokens' -> 'max_output_tokens',
+    <fim-suffix> -> <fim-input_suffix>)."""
+    table = (("max_tokens", "max_output_tokens"), ("suffix", "input_suffix"))
+    e = reworded(APIError(400, "tools.1.function.name 'max_tokens' is given twice; got \"max_tokens\" and "
+                               "'a max_tokens' in the model's max_tokens; none of <fim-suffix>, fim-suffix; suffix"), table)
+    assert e.message == ("tools.1.function.name 'max_tokens' is given twice; got \"max_tokens\" and 'a max_tokens' "
+                         "in the model's max_output_tokens; none of <fim-suffix>, fim-suffix; input_suffix")
+
+
+TWICE = [{"type": "function", "name": "max_tokens", "parameters": {"type": "object"}}] * 2
+
+
+@pytest.mark.parametrize("path, extra, words", [
+    ("/v1/responses", {"tools": TWICE}, "tools.1.name 'max_tokens' is given twice"),  # (was 'max_output_tokens')
+    ("/v1/responses", {"tools": TWICE[:1], "tool_choice": {"type": "function", "name": "reasoning_effort"}},
+     "tool_choice names function 'reasoning_effort', which is not in tools"),  # (was 'reasoning.effort')
+    ("/v1/messages", {"tools": [{"name": "parallel_tool_calls", "input_schema": {"type": "object"}}] * 2},
+     "tools.1.name 'parallel_tool_calls' is given twice"),  # (was 'tool_choice.disable_parallel_tool_use')
+])
+def test_a_tool_named_as_a_chat_field_is_quoted_as_sent(path, extra, words):
+    message, _ = refusal(path, extra)
+    assert words in message, message
+
+
+def test_infill_keeps_the_fim_tokens_the_worker_looked_for():
+    from worker.models.fim import missing_message
+
+    said = missing_message({})
+    assert "<fim-suffix>" in said and said.startswith("suffix: ")
+    message, param = refusal("/infill", {}, WorkerRefuses(ErrorCode.UNSUPPORTED, said))
+    assert message == "input_suffix" + said.removeprefix("suffix").replace("leave suffix out", "leave input_suffix out") \
+        and param == "input_suffix", message  # (was '<fim-input_suffix>' for SantaCoder's token)
