@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from gateway.errors import APIError, bad_request, from_validation, nonfinite_number
-from gateway.schemas import ChatCompletionRequest
+from gateway.schemas import ChatCompletionRequest, _shown
 from protocol.validation import LONE_SURROGATE, clip
 
 __all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
@@ -195,10 +195,6 @@ def vendor_tool(tool: dict, where: str, chat_keys: frozenset[str], unused: dict[
             field = f"{where}.{clip(key)}"
             raise bad_request(f"Unrecognized request argument supplied: {field}", field, "unknown_parameter")
     return {k: v for k, v in tool.items() if k not in unused}
-
-
-def _shown(value: Any) -> str:
-    return clip(json.dumps(value)) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
 
 
 def string_field(item: dict, key: str, where: str) -> str:
