@@ -37,7 +37,7 @@ class EngineChecks(ScriptedClient):
         super().__init__()
         self.engine = BatchInferenceEngine(Padded(codec, rows), 2, max_queue=1000)
         self.rows = rows
-        self.refused: dict[int, str] = {}
+        self.refused: dict[ClientHandle, str] = {}  # (by the handle itself: an id() is reused once it is freed)
 
     def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
         params = ModelLimits(self.rows, None, True).build(prompt, max_tokens, **options)  # (the client's check)
@@ -45,7 +45,7 @@ class EngineChecks(ScriptedClient):
         try:  # (the prompt is the scripted client's to answer: the engine meets the options alone)
             self.engine.submit(params._replace(prompt=(1,)))
         except ValueError as e:
-            self.refused[id(h)] = str(e)
+            self.refused[h] = str(e)
         self.submitted.append(params)
         t = threading.Thread(target=self._run, args=(h,))
         self.threads.append(t)
@@ -53,7 +53,7 @@ class EngineChecks(ScriptedClient):
         return h
 
     def _script(self, h: ClientHandle) -> None:
-        message = self.refused.get(id(h))
+        message = self.refused.get(h)
         if message is None:
             return super()._script(h)
         h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.BAD_REQUEST, message), time.monotonic())
