@@ -84,6 +84,16 @@ void row_form(int64_t kind, const int8_t* c, int64_t K, int64_t low, uint8_t* r)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k / 2), _mm512_cvtepi16_epi8(v));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + K / 2 + k / 2), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
         }
+#elif defined(__AVX2__)
+        const __m256i byte = _mm256_set1_epi16(0x00FF);
+        for (; k + 64 <= K; k += 64) {  // the same on 2 x 32 codes: packus per 128-bit lane, then the lanes in order
+            const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + k));
+            const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + k + 32));
+            const __m256i even = _mm256_packus_epi16(_mm256_and_si256(v0, byte), _mm256_and_si256(v1, byte));
+            const __m256i odd = _mm256_packus_epi16(_mm256_srli_epi16(v0, 8), _mm256_srli_epi16(v1, 8));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k / 2), _mm256_permute4x64_epi64(even, 0xD8));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + K / 2 + k / 2), _mm256_permute4x64_epi64(odd, 0xD8));
+        }
 #endif
         for (; k < K; k += 2) { r[k / 2] = static_cast<uint8_t>(c[k]); r[K / 2 + k / 2] = static_cast<uint8_t>(c[k + 1]); }
         return;
@@ -98,6 +108,17 @@ void row_form(int64_t kind, const int8_t* c, int64_t K, int64_t low, uint8_t* r)
             const __m512i w = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi16(0x000F)),
                                               _mm512_and_si512(_mm512_srli_epi16(u, 4), _mm512_set1_epi16(0x00F0)));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k / 2), _mm512_cvtepi16_epi8(w));
+        }
+#elif defined(__AVX2__)
+        const __m256i lowv = _mm256_set1_epi8(static_cast<char>(low));
+        for (; k + 64 <= K; k += 64) {  // the same on 2 x 32 codes (packus per 128-bit lane, then the lanes in order)
+            __m256i w[2];
+            for (int h = 0; h < 2; ++h) {
+                const __m256i u = _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + k + 32 * h)), lowv);
+                w[h] = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi16(0x000F)),
+                                       _mm256_and_si256(_mm256_srli_epi16(u, 4), _mm256_set1_epi16(0x00F0)));
+            }
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k / 2), _mm256_permute4x64_epi64(_mm256_packus_epi16(w[0], w[1]), 0xD8));
         }
 #endif
         for (; k < K; k += 2) r[k / 2] = static_cast<uint8_t>(((c[k] - low) & 15) | ((c[k + 1] - low) & 15) << 4);
