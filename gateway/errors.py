@@ -281,6 +281,34 @@ def from_remote(code: ErrorCode, message: str, prompt_param: str = "prompt") -> 
     return APIError(status, message, param=param, code=code.value, headers=headers)
 
 
+INPUT_FIELDS: dict[str, str] = {"prompt": "/v1/completions'", "messages": "/v1/chat/completions' and /v1/messages'",
+                                "input": "/v1/responses'"}
+"""Each generation route's input field -> the routes that take it (possessive, as a message names them)."""
+
+
+def misplaced_input(field: str, sent: object) -> str | None:
+    """Another route's input field (:data:`INPUT_FIELDS`) that the body ``sent`` (the parsed JSON object)
+    holds (not null) where its route's input ``field`` is absent, else None. A Responses prompt template
+    (``prompt``: an object) is no completions prompt, and is not counted."""
+    if field not in INPUT_FIELDS or not isinstance(sent, dict) or field in sent:
+        return None
+    return next((other for other in INPUT_FIELDS if other != field and sent.get(other) is not None
+                 and not (other == "prompt" and isinstance(sent[other], dict))), None)
+
+
+def missing_parameter(field: str, sent: object) -> APIError:
+    """400 ``missing_required_parameter`` for the body ``sent`` (the parsed JSON object) lacking ``field``
+    (``param``: ``field``). Where ``sent`` holds another route's input instead (:func:`misplaced_input`:
+    chat given ``prompt``, completions given ``messages``), one more sentence names the route that takes
+    it: the bare "Missing required parameter: 'messages'" did not tell a client that sent a completions
+    body to chat where it belongs."""
+    message = f"Missing required parameter: '{field}'"
+    other = misplaced_input(field, sent)
+    if other is not None:
+        message += f"; '{other}' is {INPUT_FIELDS[other]} field; this route takes '{field}'"
+    return bad_request(message, field, "missing_required_parameter")
+
+
 def from_validation(errors: list[dict]) -> APIError:
     """pydantic's ``ValidationError.errors()`` -> one 400 naming the first bad field."""
     e = errors[0]
@@ -293,7 +321,7 @@ def from_validation(errors: list[dict]) -> APIError:
     if kind == "extra_forbidden":
         return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
     if kind == "missing":
-        return bad_request(f"Missing required parameter: '{loc}'", loc, "missing_required_parameter")
+        return missing_parameter(loc, e.get("input"))
     if kind in ("invalid_type", "invalid_value"):  # gateway.schemas' own checks: their message says it all
         return bad_request(e.get("msg", "invalid"), loc, kind)
     got = e.get("input")

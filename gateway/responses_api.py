@@ -71,7 +71,8 @@ from pydantic_core import to_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, empty_content, entry_type, reworded
+from gateway.errors import INPUT_FIELDS, APIError, bad_request, empty_content, entry_type, misplaced_input, \
+    missing_parameter, reworded
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
@@ -353,7 +354,16 @@ class ResponsesTranslation:
         self.created_at = int(time.time())
 
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
-        body = self.body = parse_body(ResponsesRequest, raw)
+        try:
+            body = self.body = parse_body(ResponsesRequest, raw)
+        except APIError as e:  # (chat's messages here: unknown to this schema, yet the input misplaced)
+            if e.code == "unknown_parameter" and e.param in INPUT_FIELDS:
+                sent = json.loads(raw)  # (it parsed: pydantic refused a field, not the JSON)
+                if misplaced_input("input", sent) is not None:
+                    raise missing_parameter("input", sent) from None
+            raise
+        if body.input is None and misplaced_input("input", {"prompt": body.prompt}) is not None:
+            raise missing_parameter("input", {"prompt": body.prompt})  # (a completions prompt, before its refusal)
         name = body.unsupported()
         if name is not None:
             raise unsupported_field(name, _WHAT)
@@ -370,7 +380,7 @@ class ResponsesTranslation:
         if body.max_output_tokens is not None and body.max_output_tokens < 1:
             raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
         if body.input is None:
-            raise bad_request("Missing required parameter: 'input'", "input", "missing_required_parameter")
+            raise missing_parameter("input", None)
         messages, origins = input_items(body.input, self.history)
         self.history += messages
         self.origins += origins
