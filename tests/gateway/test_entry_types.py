@@ -19,11 +19,10 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 from tests.gateway.test_json_in_strings import handlers  # noqa: E402
 from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import error_of, served  # noqa: E402
 
 C, T, R, M, K = "/v1/chat/completions", "/tokenize", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"
 ANTHROPIC = (M, K)
@@ -97,10 +96,8 @@ CASES = [(path, body, field, code, says) for paths, body, field, code, says in M
 @pytest.fixture(scope="module")
 def http():
     client = OutputClient()
-    with TestClient(handlers(client)) as h:
+    with served(handlers(client), client) as h:
         yield h
-    for t in client.threads:
-        t.join(10)
 
 
 @pytest.mark.parametrize("path, body, field, code, says", CASES,

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 from tests.gateway.test_json_in_strings import handlers  # noqa: E402
 from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
+from tests.support.gateway import served  # noqa: E402
 
 M, K = "/v1/messages", "/v1/messages/count_tokens"
 USE = {"type": "tool_use", "id": "a", "name": "f", "input": {}}
@@ -56,10 +56,8 @@ REFUSED = [  # (messages, the field named, the words after it)
 @pytest.fixture(scope="module")
 def http():
     client = OutputClient()
-    with TestClient(handlers(client)) as h:
+    with served(handlers(client), client) as h:
         yield h
-    for t in client.threads:
-        t.join(10)
 
 
 def post(http, path: str, messages: list[dict]):

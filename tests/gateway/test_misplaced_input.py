@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 from tests.gateway.test_error_field_names import MESSAGES, routes_app  # noqa: E402
 from tests.gateway.test_logprobs_shapes import ScriptedClient  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import error_of, served  # noqa: E402
 
 C, P, R, M = "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"
 ROUTE_OF = {"prompt": "/v1/completions'", "messages": "/v1/chat/completions' and /v1/messages'",
@@ -25,10 +24,8 @@ SENT = {"prompt": "hi", "messages": MESSAGES, "input": "hi"}
 @pytest.fixture(scope="module")
 def http():
     client = ScriptedClient()
-    with TestClient(routes_app(client)) as h:
+    with served(routes_app(client), client) as h:
         yield h
-    for t in client.threads:
-        t.join(10)
 
 
 def refusal(http, path: str, fields: dict) -> tuple[str, str | None]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
 
 from tests.gateway.test_error_field_names import BODIES, routes_app  # noqa: E402
 from tests.gateway.test_logprobs_shapes import ScriptedClient  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import error_of, served  # noqa: E402
 
 C, P, R, M, I = "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/infill"
 TOOL_M = {"name": "f", "input_schema": {"type": "object"}}
@@ -58,10 +57,8 @@ BOOLEANS = [  # (route, field as the error names it, the body's fields with the 
 @pytest.fixture(scope="module")
 def http():
     client = ScriptedClient()
-    with TestClient(routes_app(client)) as h:
+    with served(routes_app(client), client) as h:
         yield h
-    for t in client.threads:
-        t.join(10)
 
 
 def post(http, path: str, fields: dict):

@@ -5,6 +5,7 @@ the server under it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -77,6 +78,19 @@ def metric(url: str, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     m = re.search(rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+@contextlib.contextmanager
+def served(app, client):
+    """A Starlette ``TestClient`` over ``app`` (a gateway app made on the in-process ``client``, a
+    scripted broker client with ``threads``), entered; on leaving, the client's threads are joined
+    (10 s each), so a module's requests end before the next module's start."""
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as h:
+        yield h
+    for t in client.threads:
+        t.join(10)
 
 
 def error_of(r: httpx.Response, status: int) -> dict:
