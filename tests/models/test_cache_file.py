@@ -44,11 +44,12 @@ def package(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setitem(names.ALIASES, "fake-gemma", "fake_gemma_gguf")
     import importlib
-
-    module = importlib.import_module("fake_gemma_gguf")
-    yield module, tmp_path / "xdg" / "slotserve" / "models" / "fake_gemma_gguf"
     import sys
 
+    sys.modules.pop("fake_gemma_gguf", None)  # (test_model_names' fake package of the same name may be loaded)
+    importlib.invalidate_caches()
+    module = importlib.import_module("fake_gemma_gguf")
+    yield module, tmp_path / "xdg" / "slotserve" / "models" / "fake_gemma_gguf"
     sys.modules.pop("fake_gemma_gguf", None)
 
 

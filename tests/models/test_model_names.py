@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -260,11 +261,15 @@ def test_a_package_that_assembles_its_gguf_writes_it_in_the_same_cache(tmp_path,
     monkeypatch.syspath_prepend(str(tmp_path / "lib"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setitem(checkpoint.ALIASES, "fake-gemma", "fake_gemma_gguf")
-    for xdg, root in ((str(tmp_path / "xdg"), tmp_path / "xdg"), ("", tmp_path / "home" / ".cache")):
-        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
-        folder = root / "slotserve" / "models" / "fake_gemma_gguf"
-        assert checkpoint.resolve_model_path("fake-gemma") == (str(folder), "gemma.gguf")
-        assert (folder / "gemma.gguf").read_bytes() == b"GGUF"
+    sys.modules.pop("fake_gemma_gguf", None)  # (another test's fake package of the same name: not this one)
+    try:
+        for xdg, root in ((str(tmp_path / "xdg"), tmp_path / "xdg"), ("", tmp_path / "home" / ".cache")):
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+            folder = root / "slotserve" / "models" / "fake_gemma_gguf"
+            assert checkpoint.resolve_model_path("fake-gemma") == (str(folder), "gemma.gguf")
+            assert (folder / "gemma.gguf").read_bytes() == b"GGUF"
+    finally:
+        sys.modules.pop("fake_gemma_gguf", None)  # (leave no module of this folder to the next test)
     assert not (tmp_path / "home" / ".cache" / "fake_gemma_gguf").exists()  # (the package's own default: unused)
 
 
