@@ -37,21 +37,35 @@ class CallStream:
     is the same parser fed the whole output at once, so a stream and the answer say the same
     thing however the text is cut (vLLM #56263 is a bug where they differ).
 
-    Built as ``cls(functions, parallel=True, bare=False)``: ``functions`` the request's tools (name
-    -> definition with its ``parameters`` schema); ``parallel`` False (OpenAI's
+    Built as ``cls(functions, parallel=True, bare=False, forced=False)``: ``functions`` the request's
+    tools (name -> definition with its ``parameters`` schema); ``parallel`` False (OpenAI's
     ``parallel_tool_calls: false``) keeps the first call only; ``bare`` whether what the family's
     models write without their marker is read too (off under a ``response_format``: Hermes'
     bare call objects; Llama 3's syntax has no marker and is always read; Qwen3-Coder's
-    ``<function=`` without ``<tool_call>`` is read either way, as vLLM's parser reads it). A
-    subclass gives :meth:`_step` (consume what ``_buf`` allows; True when its state changed) and
-    :meth:`_whole` (whether the calls it holds are whole, for the finish reason)."""
+    ``<function=`` without ``<tool_call>`` is read either way, as vLLM's parser reads it);
+    ``forced`` whether ``tool_choice`` forces a call (``required`` or a named function: the
+    output is one call by its grammar). A subclass gives :meth:`_step` (consume what ``_buf``
+    allows; True when its state changed) and :meth:`_whole` (whether the calls it holds are
+    whole, for the finish reason).
 
-    __slots__ = ("functions", "parallel", "bare", "calls", "_said", "_buf", "_ws", "_depth", "_in_str", "_esc")
+    A call cut off before it became one (its arguments not begun) is no content: at
+    :meth:`finish`, when the output was cut -- by ``max_tokens`` (``length``), or anyhow under a
+    forced choice, whose grammar lets the model end only after the whole call -- text held back
+    because it may still become a call (the family's marker and a call's header so far, a
+    markerless call's start whose name is a start of a function's) is dropped: neither content nor
+    a call, as OpenAI never shows its call syntax. Under a forced choice a marker's own start
+    (``<tool_c``) is dropped too; otherwise it stays content (``a <`` may be just text)."""
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
+    __slots__ = ("functions", "parallel", "bare", "forced", "calls", "_said", "_buf", "_ws", "_depth", "_in_str",
+                 "_esc", "_cut")
+
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
         self.functions = functions
         self.parallel = parallel
         self.bare = bare
+        self.forced = forced
+        self._cut = False  # finish: the output was cut, so a call's start held back is dropped
         self.calls = 0  # calls begun so far
         self._said = False  # whether content was sent
         self._buf = ""  # text not consumed yet
@@ -69,8 +83,10 @@ class CallStream:
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
         """The output ended with OpenAI's ``reason``: the deltas still held, and the choice's finish
         reason (``"tool_calls"`` for one that stopped with whole calls: one whose arguments a stop
-        string or token cut keeps ``"stop"``, one cut by ``max_tokens`` ``"length"``)."""
+        string or token cut keeps ``"stop"``, one cut by ``max_tokens`` ``"length"``). A call's
+        start held back is dropped when the output was cut (the class's docstring)."""
         out: list[dict] = []
+        self._cut = self.forced or reason == "length"
         while self._step(out, final=True):
             pass
         complete = self.calls and self._whole()
@@ -142,6 +158,8 @@ class CallStream:
             self._ws = buf[len(sent):at]
             return at, marker
         if final:
+            if self.forced:  # (a marker's start: under a forced choice, the call's)
+                buf = buf[:len(buf) - max((_tag_start(buf, m) for m in markers), default=0)]
             if buf.strip() or not self.calls:
                 self._say(out, buf)
             self._buf = ""
@@ -162,6 +180,11 @@ def _tag_start(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
+
+
+def is_name_start(text: str, functions: dict[str, dict]) -> bool:
+    """Whether ``text`` (a call's name as read so far) may still become one of ``functions``' names."""
+    return any(name.startswith(text) for name in functions)
 
 
 def _expect(s: str, i: object, lit: str) -> object:
@@ -193,7 +216,7 @@ def _header(s: str, functions: dict[str, dict]) -> object:
         return i
     j = _NAME_CHARS.match(s, i).end()
     if j == len(s):
-        return _MORE if j - i <= 64 else None
+        return _MORE if is_name_start(s[i:j], functions) else None
     name = s[i:j]
     if s[j] != '"' or name not in functions:
         return None

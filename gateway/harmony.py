@@ -173,8 +173,9 @@ class HarmonyStream(CallStream):
 
     __slots__ = ("_state", "_marker", "_header")
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, bare)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, bare, forced)
         self._state = _START
         self._marker = ""  # the call message's <|start|>, or "" (content again if it is no call)
         self._header = ""  # the header read and its <|message|> (content again if it is no call)
@@ -204,6 +205,9 @@ class HarmonyStream(CallStream):
             at = buf.find(MESSAGE)
             if at < 0 and not final and _may_be_header(buf):
                 return False
+            if at < 0 and self._cut and buf.strip() and _may_be_header(buf) and \
+                    (self.forced or self._marker or "<|channel|>" in buf or "to=" in buf):
+                return self._cut_off()  # (auto: a header's start before a whole marker may be text)
             header = parse_header(buf[:at]) if at >= 0 else None
             if header is None or header.function not in self.functions:
                 return self._no_call(out)
@@ -214,6 +218,8 @@ class HarmonyStream(CallStream):
             rest = buf.lstrip(_WS)
             if not rest and not final:
                 return False
+            if not rest and self._cut:
+                return self._cut_off()
             if not rest.startswith("{"):
                 self._buf = self._header + buf
                 return self._no_call(out)
@@ -246,6 +252,11 @@ class HarmonyStream(CallStream):
             return False
         at, marker = min(found)
         self._buf, self._state = buf[at:] if marker == START else buf[at + len(marker):], _TEXT
+        return True
+
+    def _cut_off(self) -> bool:
+        """The output was cut in a call message's header (:class:`CallStream`): it is dropped."""
+        self._buf, self._ws, self._marker, self._header, self._state = "", "", "", "", _SKIP
         return True
 
     def _no_call(self, out: list[dict]) -> bool:

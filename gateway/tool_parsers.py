@@ -41,7 +41,7 @@ import random
 import re
 import string
 
-from gateway.call_stream import _MORE, _NAME_CHARS, _WS, CallStream, _header
+from gateway.call_stream import _MORE, _NAME_CHARS, _WS, CallStream, _header, is_name_start
 from gateway.tool_stream import ToolStream
 from protocol.validation import echo
 
@@ -68,8 +68,9 @@ class Llama3JsonStream(ToolStream):
     SEPARATORS = ";"
     PREFIX = "<|python_tag|>"
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, True)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, True, forced)
 
 
 class MistralStream(CallStream):
@@ -99,8 +100,9 @@ class MistralStream(CallStream):
     __slots__ = ("_state", "_array", "_brace")
     MARK = "[TOOL_CALLS]"
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, bare)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, bare, forced)
         self._state = _TEXT
         self._array = False  # the calls are a JSON array (before v11)
         self._brace = False  # TAIL: the call object's "}" is still to come
@@ -119,6 +121,9 @@ class MistralStream(CallStream):
             head = _array_head(rest, self.functions) if rest.startswith("[") else None
             if not final and (not rest or head is _MORE):
                 return False
+            if head is _MORE and self._cut:  # a call cut off before its arguments (CallStream)
+                self._buf, self._state = "", _DROP
+                return True
             self.bare = False
             if isinstance(head, tuple):
                 self._ws, self._buf, self._state = self._buf[:len(self._buf) - len(rest)], rest, _HEAD
@@ -141,6 +146,9 @@ class MistralStream(CallStream):
                 head = (head[0], head[1] + skip, head[2], True) if isinstance(head, tuple) else head
             if head is _MORE and not final:
                 return False
+            if head is _MORE and self._cut:  # a call cut off before its arguments (CallStream)
+                self._buf, self._ws, self._state = "", "", _DROP
+                return True
             if not isinstance(head, tuple):
                 if state == _NEXT:  # (in the array after a call: not a call, the rest is dropped)
                     self._buf, self._state = "", _DROP
@@ -212,7 +220,7 @@ def _v11_head(s: str, functions: dict[str, dict]) -> object:
     False)`` (``end`` the index of the ``{``), _MORE, or None (not that form, an unknown name)."""
     i = _NAME_CHARS.match(s).end()
     if i == len(s):
-        return _MORE if i <= 64 else None
+        return _MORE if is_name_start(s, functions) else None
     name = s[:i]
     for tag, chars in (("[CALL_ID]", _ID_CHARS), ("[ARGS]", None)):
         if i == len(s):

@@ -22,7 +22,7 @@ import json
 import re
 import warnings
 
-from gateway.call_stream import _WS, CallStream, json_text
+from gateway.call_stream import _WS, CallStream, is_name_start, json_text
 
 __all__ = ["PythonicStream", "literal_json"]
 
@@ -52,8 +52,9 @@ class PythonicStream(CallStream):
 
     __slots__ = ("_state", "_args_said", "_open")
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, bare)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, bare, forced)
         self._state = _START
         self._args_said = 0  # keyword arguments sent in the current call
         self._open = False  # a call's "{" went out and its "}" has not
@@ -67,6 +68,10 @@ class PythonicStream(CallStream):
             head = _list_head(buf, self.functions)
             if head is None and not final:
                 return False
+            said = buf.strip()  # (auto: the start of <|python_tag|> alone may be text; the whole tag is a marker)
+            if head is None and self._cut and said and (self.forced or said == _PREFIX or not _PREFIX.startswith(said)):
+                self._buf, self._state = "", _DROP  # a call cut off before its arguments (CallStream)
+                return True
             if not head:
                 self._state = _TEXT
                 return True
@@ -155,7 +160,7 @@ def _list_head(s: str, functions: dict[str, dict]) -> int | bool | None:
     j = i + 1 + len(s[i + 1:]) - len(s[i + 1:].lstrip(_WS))
     k = _NAME.match(s, j).end()
     if k == len(s):
-        return None if k - j <= 64 else False
+        return None if is_name_start(s[j:k], functions) else False
     return j if s[k] == "(" and s[j:k] in functions else False
 
 

@@ -42,7 +42,9 @@ class ToolStream(CallStream):
       as it arrives, exactly as the model wrote it (their concatenation is the answer's
       ``arguments`` string), its end found by bracket depth outside JSON strings (protocol glue,
       not a JSON parser). A block that does not get that far in the grammar (not JSON, another
-      key order, an unknown function) stays content, whole, as does one still open at the end;
+      key order, an unknown function) stays content, whole, as does one still open at the end
+      of an output the model ended itself; one the output cut off is dropped
+      (:class:`~gateway.call_stream.CallStream`);
     - a call is not taken back: once its arguments started, a block that then breaks the grammar
       keeps the arguments it sent and the rest of the block is dropped; arguments cut by
       ``max_tokens`` stay cut (finish reason ``length``), and so do arguments a stop string or a stop
@@ -71,8 +73,9 @@ class ToolStream(CallStream):
     PREFIX = ""
     """A marker that may come before the bare calls at the answer's start (dropped with them)."""
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, bare)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, bare, forced)
         # bare: still possible: nothing said yet and no call (then, after a bare call, the next one)
         self._in_bare = False  # the call being read has no tags
         self._fenced = False  # the bare calls are inside a ```json fence (its end is dropped too)
@@ -83,7 +86,7 @@ class ToolStream(CallStream):
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
         out, reason = super().finish(reason)
         if self._state == _TEXT:
-            self._content_until(out, (), True)
+            self._content_until(out, tuple(m for m in (self.OPEN, self.PREFIX) if m), True)
         return out, reason
 
     def _whole(self) -> bool:
@@ -97,8 +100,14 @@ class ToolStream(CallStream):
             if self.PREFIX and not self.calls:  # (the marker before the first call goes with the calls)
                 if rest.startswith(self.PREFIX):
                     rest = rest[len(self.PREFIX):].lstrip(_WS)
+                    if final and self._cut and not rest:  # (the marker alone: a call cut off)
+                        self._buf, self._state = "", _DROP
+                        return True
                 elif self.PREFIX.startswith(rest) and not final:
                     return False
+                elif rest and self.PREFIX.startswith(rest) and self.forced:  # (the marker's start, cut off)
+                    self._buf, self._state = "", _DROP
+                    return True
             closed = self._fenced and rest.startswith(_FENCE)  # the fence's end, after the calls
             if closed:
                 rest = rest[len(_FENCE):]
@@ -130,6 +139,9 @@ class ToolStream(CallStream):
             head = _header(buf, self.functions)
             if head is _MORE and not final:
                 return False
+            if head is _MORE and self._cut:  # a call cut off before its arguments: neither content nor a call
+                self._buf, self._ws, self._state = "", "", _DROP
+                return True
             if head is None or head is _MORE:  # not a call: the block is content, and read on as text
                 self._say(out, self._ws + ("" if self._in_bare else self.OPEN))
                 self._ws, self._state, self.bare, self._in_bare = "", _TEXT, False, False

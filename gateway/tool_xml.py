@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, json_text
+from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, is_name_start, json_text
 
 __all__ = ["Qwen3CoderStream", "param_is_text"]
 
@@ -52,8 +52,9 @@ class Qwen3CoderStream(CallStream):
 
     __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args")
 
-    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False) -> None:
-        super().__init__(functions, parallel, bare)
+    def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                 forced: bool = False) -> None:
+        super().__init__(functions, parallel, bare, forced)
         self._state = _TEXT
         self._tagged = False  # the call opened with <tool_call> (so it closes with </tool_call>)
         self._fn: dict = {}  # the called function's definition
@@ -82,6 +83,9 @@ class Qwen3CoderStream(CallStream):
             head = _head(buf, self._tagged, self.functions)
             if head is None and not final:
                 return False
+            if head is None and self._cut:  # a call cut off before its parameters (CallStream)
+                self._buf, self._ws, self._state = "", "", _SKIP
+                return True
             if not head:  # not a call: the block is content, and read on as text
                 self._say(out, self._ws + (_OPEN if self._tagged else _FN))
                 self._ws, self._state = "", _TEXT
@@ -171,7 +175,7 @@ def _head(s: str, tagged: bool, functions: dict[str, dict]) -> tuple[str, int] |
         i += len(_FN)
     j = _NAME_CHARS.match(s, i).end()
     if j == len(s):
-        return None if j - i <= 64 else False
+        return None if is_name_start(s[i:j], functions) else False
     if s[j] != ">" or s[i:j] not in functions:
         return False
     return s[i:j], j + 1

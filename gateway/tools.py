@@ -89,8 +89,9 @@ class ToolPlan:
         return self.constraint is not None and self.parser == "openai"
 
     def stream(self) -> CallStream:
-        """A fresh parser of one choice's output under this plan."""
-        return parser_class(self.parser)(self.functions, self.parallel, self.bare)
+        """A fresh parser of one choice's output under this plan (``forced`` when ``constraint``
+        makes the output one call: ``required`` or a named function)."""
+        return parser_class(self.parser)(self.functions, self.parallel, self.bare, self.constraint is not None)
 
     def definitions(self) -> list[dict]:
         """The tools as the request's ``tools`` field takes them (OpenAI's definitions, normalised)."""
@@ -249,16 +250,18 @@ def shown(param: str) -> str:
     return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", param)
 
 
-def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True,
-                     bare: bool = False, parser: str = DEFAULT) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(text: str, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
+                     parser: str = DEFAULT, *, reason: str | None = None,
+                     forced: bool = False) -> tuple[str | None, list[dict]]:
     """``(content, calls)`` of a whole output: ``parser``'s :class:`~gateway.call_stream.CallStream`
-    fed it at once (so a stream of the same output says the same). ``calls`` in OpenAI's shape
-    (``id``, ``type``, ``function: {name, arguments}``, the arguments the JSON text the model
-    wrote); ``content`` the text outside them, None when empty and there are calls. No call:
-    ``(text, [])``."""
-    stream = parser_class(parser)(functions, parallel, bare)
+    fed it at once (so a stream of the same output says the same), ending with the finish
+    ``reason`` (``"length"``: cut by ``max_tokens``), under a ``forced`` tool choice or not.
+    ``calls`` in OpenAI's shape (``id``, ``type``, ``function: {name, arguments}``, the arguments
+    the JSON text the model wrote); ``content`` the text outside them, None when empty and there
+    are calls. No call: ``(text, [])``, less a call's start that the output cut off."""
+    stream = parser_class(parser)(functions, parallel, bare, forced)
     deltas = stream.feed(text)
-    deltas += stream.finish(None)[0]
+    deltas += stream.finish(reason)[0]
     return merged(deltas)
 
 
@@ -266,20 +269,24 @@ def apply_tool_calls(completion: dict, plan: ToolPlan) -> dict:
     """A chat completion's choices with their tool calls parsed (in place; returns it): a choice
     with calls gets ``message.tool_calls``, and ``finish_reason: "tool_calls"`` when it ended
     ``stop`` with whole calls (one cut by ``max_tokens`` stays ``length``, one whose last call's
-    arguments a stop string or token cut stays ``stop``: :meth:`CallStream.finish`)."""
+    arguments a stop string or token cut stays ``stop``: :meth:`CallStream.finish`); a call cut
+    off before its arguments began is left out of ``message.content`` (the parser drops it)."""
     for choice in completion["choices"]:
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
             continue
         message = choice["message"]
         stream = plan.stream()  # (the parse and the finish reason a stream of it gives)
-        deltas = stream.feed(message.get("content") or "")
+        text = message.get("content") or ""
+        deltas = stream.feed(text)
         more, final = stream.finish(reason)
         content, calls = merged(deltas + more)
         if calls:
             message["content"] = content
             message["tool_calls"] = calls
             choice["finish_reason"] = final
+        elif content != text:  # (a call's start cut off: dropped, as a stream of it drops it)
+            message["content"] = content
     return completion
 
 

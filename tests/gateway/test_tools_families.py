@@ -259,6 +259,74 @@ def test_a_pythonic_value_goes_out_whole_so_one_cut_by_max_tokens_is_not_sent():
     assert stream.feed("ris', ") == [{"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"'}}]}]
 
 
+# parser -> (what its tool_choice grammar makes the model write, the marker a call starts with): one whole call
+FORCED = {
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "<tool_call>"),
+    "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "<|python_tag|>"),
+    "llama3_json_untagged": ('{"name": "get_weather", "parameters": {"city": "Paris"}}', "{"),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "[TOOL_CALLS]"),
+    "mistral_v11": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "[TOOL_CALLS]"),
+    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                    "</tool_call>", "<tool_call>"),
+    "openai": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+               "<|channel|>"),
+    "pythonic": ('[get_weather(city="Paris")]', "["),
+    "pythonic_tagged": ('<|python_tag|>[get_weather(city="Paris")]', "<|python_tag|>"),
+}
+
+
+def _parser(case: str) -> str:
+    return case.rsplit("_", 1)[0] if case.endswith(("_untagged", "_v11", "_tagged")) else case
+
+
+@pytest.mark.parametrize("case", sorted(FORCED))
+def test_a_call_cut_before_its_arguments_is_neither_content_nor_a_call(case):
+    # a forced call cut by max_tokens was its markup as the answer's content ('<tool_call>\n{"name":'), in
+    # every family; now, however it is cut, the content has none of it (OpenAI never shows its call syntax)
+    parser, (text, marker) = _parser(case), FORCED[case]
+    for n in range(1, len(text)):
+        for reason, forced in (("length", True), ("stop", True), ("length", False)):
+            if not forced and n < len(marker):  # (auto: a marker's start may be text, "a <", and stays content)
+                continue
+            content, calls = parse_tool_calls(text[:n], FUNCTIONS, bare=parser == "llama3_json", parser=parser,
+                                              reason=reason, forced=forced)
+            assert content in ("", None), (n, reason, forced, content)
+            assert [c["function"]["name"] for c in calls] in ([], ["get_weather"]), (n, calls)
+            stream = parser_class(parser)(FUNCTIONS, bare=parser == "llama3_json", forced=forced)
+            deltas = [d for k in range(n) for d in stream.feed(text[k])]  # (a character a delta)
+            more, said = stream.finish(reason)
+            assert said in (reason, "tool_calls") and all(deltas + more), (n, deltas + more)
+            got_content, got_calls = merged(deltas + more)
+            assert (got_content, calls_of(got_calls)) == (content, calls_of(calls)), (n, reason, forced)
+
+
+@pytest.mark.parametrize("case", sorted(FORCED))
+def test_the_whole_call_or_a_stop_in_auto_is_read_as_before(case):
+    parser, (text, marker) = _parser(case), FORCED[case]
+    content, calls = parse_tool_calls(text, FUNCTIONS, bare=parser == "llama3_json", parser=parser, forced=True,
+                                      reason="stop")
+    assert content is None and calls_of(calls) == [("get_weather", '{"city": "Paris"}')]
+    head = text[:text.index("get_weather") + 7]  # "...get_wea": the name not yet whole
+    assert parse_tool_calls(head, FUNCTIONS, bare=parser == "llama3_json", parser=parser, reason="stop") == (head, [])
+    assert parse_tool_calls(marker[:2], FUNCTIONS, parser=parser, reason="length") == (marker[:2], []) or \
+        marker[:2] in ("[", "{")  # (auto: a marker's start stays content; "[" and "{" are markers whole)
+
+
+@pytest.mark.parametrize("parser, answer", [
+    ("hermes", '<tool_call>{"name": "Alice", "age": 3}'), ("llama3_json", '{"name": "Alice", "age": 3}'),
+    ("mistral", '[{"name": "Alice", "age": 3}]'), ("qwen3_coder", "<function=Alice> and"),
+    ("pythonic", "[Alice(age=3)]")])
+def test_an_answer_that_names_no_function_stays_content_however_cut(parser, answer):
+    # once its name is no function's start, it is content at once (it was held up to 64 characters), so a cut
+    # there keeps it
+    at = answer.index("Alice") + 1
+    for n in range(at, len(answer) + 1):
+        got = parse_tool_calls(answer[:n], FUNCTIONS, bare=True, parser=parser, reason="length")
+        assert got == (answer[:n], []), n
+    stream = parser_class(parser)(FUNCTIONS, bare=True)
+    assert merged(stream.feed(answer[:at]))[0], "the answer was held back"
+
+
 @pytest.mark.parametrize("value, want", [("'a\\nb'", '"a\\nb"'), ("1e999", None), ("1j", None), ("b'x'", None),
                                          ("f(x)", None), ("__import__('os')", None), ("{1: 2}", None),
                                          ("[" * 5000 + "]" * 5000, None), ("-.5", "-0.5"), ("(1,)", "[1]"),
