@@ -77,7 +77,7 @@ from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
-from gateway.schemas import ChatCompletionRequest, Metadata, text_or_objects
+from gateway.schemas import MAX_TEMPERATURE, ChatCompletionRequest, Metadata, in_range, text_or_objects
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field, vendor_tool
@@ -99,7 +99,7 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
+    temperature: Annotated[float | None, in_range("temperature", 0, MAX_TEMPERATURE, " (0 = greedy)")] = None
     top_p: float | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

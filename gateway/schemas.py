@@ -5,7 +5,9 @@ Strict: unknown fields are refused (400, as OpenAI answers "Unrecognized
 request argument"), and no type is coerced (``"5"`` is not an int, ``true``
 is not a number). Ranges and the rules shared with the Python SDK (token ids,
 ``max_tokens >= 1``, ``top_p`` in (0, 1], ...) are checked once, by the client
-SDK at submission, so HTTP and Python callers get the same messages. The
+SDK at submission, so HTTP and Python callers get the same messages; where a
+vendor's range is narrower than the request's (``temperature`` in [0, 2] on
+OpenAI's routes, any >= 0 in Python), the body's field checks it (:func:`in_range`). The
 token-id lists (``prompt``, ``stop``, ``stop_token_ids``) are checked entry by
 entry before their union types, so ``[1, 2.0]`` is answered "token ids must be
 integers: prompt[1] is 2.0", not with the error of the union's first member.
@@ -22,7 +24,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidatorFunctionWrapHandler, \
+    WrapValidator
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
@@ -34,6 +37,10 @@ MAX_N = 128
 
 MAX_STOP = 4
 """Most stop entries (OpenAI's bound for ``stop``)."""
+
+MAX_TEMPERATURE = 2.0
+"""The highest ``temperature`` OpenAI's routes take (OpenAI's range is [0, 2]; the Python SDK and
+JSONL rows take any temperature >= 0, as vLLM does)."""
 
 _INT64_MAX = 2**63 - 1
 
@@ -166,6 +173,20 @@ Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata)]
 """A body's ``metadata`` (the caller's tags, not used): string keys and values within OpenAI's bounds."""
 
 
+def in_range(field: str, low: float, high: float, note: str = "") -> WrapValidator:
+    """The check of a number field that must lie in [``low``, ``high``] (null: absent), after its type's:
+    another value is a 400 naming ``field``, ``"temperature must be in [0, 2] (0 = greedy), got 5"``
+    (``note`` the parenthesis; the value as the client sent it). For the vendors' ranges that the
+    request itself (:mod:`protocol.request`) is wider than."""
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        number = handler(value)
+        if number is not None and not low <= number <= high:
+            raise PydanticCustomError("invalid_value", f"{field} must be in [{low:g}, {high:g}]{note}, got {value!r}")
+        return number
+
+    return WrapValidator(check)
+
+
 def _neutral(value: Any, allowed: tuple) -> bool:
     """True when ``value`` is one of ``allowed`` with the same type (so ``0`` is not ``False``)."""
     return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
@@ -192,7 +213,8 @@ class _Sampling(BaseModel):
 
     model: str
     max_tokens: int | None = None
-    temperature: float | None = None          # OpenAI's default: 1
+    temperature: Annotated[float | None, in_range("temperature", 0, MAX_TEMPERATURE, " (0 = greedy)")] = None
+    # ^ OpenAI's default: 1
     top_p: float | None = None                # OpenAI's default: 1
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     seed: int | None = Field(default=None, ge=0, le=_INT64_MAX)
