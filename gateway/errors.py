@@ -49,6 +49,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from gateway.json_body import body_problem, value_kind
 from protocol.enums import ErrorCode
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
 from protocol.request import RequestParams
@@ -317,7 +318,8 @@ def from_validation(errors: list[dict]) -> APIError:
     if kind == "json_invalid":
         return invalid_json(e.get("input"), e.get("msg", ""))
     if kind == "model_type" and not loc:
-        return bad_request("the body must be a JSON object", None, "invalid_type")
+        return bad_request(f"the body must be a JSON object ({{\"model\": ...}}), got {value_kind(e.get('input'))}",
+                           None, "invalid_type")
     if kind == "extra_forbidden":
         return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
     if kind == "missing":
@@ -332,15 +334,16 @@ def from_validation(errors: list[dict]) -> APIError:
 
 def invalid_json(raw: object, detail: str) -> APIError:
     """400 ``invalid_json`` for a body that does not parse (``raw``: its bytes; ``detail``: the parser's
-    reason). A string escape of half a UTF-16 surrogate pair (``"\\ud800"`` alone: no character, and
-    refused by the parser) is named with its line and column, as the parser's own words for it
-    ("unexpected end of hex escape", "lone leading surrogate" for a trailing half) point elsewhere."""
+    reason), in slotserve's words (:func:`gateway.json_body.body_problem`: never the parser's). A
+    string escape of half a UTF-16 surrogate pair (``"\\ud800"`` alone: no character, and refused by
+    the parser) is named with its line and column, as the parser's own words for it ("unexpected
+    end of hex escape", "lone leading surrogate" for a trailing half) point elsewhere."""
     lone = _unpaired_surrogate(raw)
     if lone is not None:
         return bad_request(surrogate_escape_message("the body", lone, "send the character itself as UTF-8, or both "
                                                                       "halves of its pair"), None, "invalid_json")
-    detail = detail.removeprefix("Invalid JSON: ")  # (pydantic's prefix: the message says so already)
-    return bad_request(f"the body is not valid JSON: {detail}", None, "invalid_json")
+    message = body_problem(raw, detail) if isinstance(raw, (bytes, bytearray, str)) else "the body is not valid JSON"
+    return bad_request(message, None, "invalid_json")
 
 
 def nonfinite_number(raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> APIError | None:

@@ -14,6 +14,7 @@ stream's deltas add up to the answer.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -149,7 +150,10 @@ def _replaced(value):
 def parse_body(schema: type[BaseModel], raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> BaseModel:
     """``raw`` validated by ``schema`` (a route's body): 400 naming the first bad field (:func:`from_validation`),
     or the first number no double holds, anywhere in the body (NaN, Infinity, 1e400: :func:`nonfinite_number`;
-    ``owned`` passes over those the route refuses in its own words). Every route's body is read so."""
+    ``owned`` passes over those the route refuses in its own words). Every route's body is read so.
+    A UTF-8 byte order mark before the JSON is ignored, as RFC 8259 (section 8.1) lets a parser do,
+    and as Python's :func:`json.loads` and ``slotserve run`` read one."""
+    raw = raw.removeprefix(codecs.BOM_UTF8)
     error = nonfinite_number(raw, owned)
     if error is not None:
         raise error

@@ -46,7 +46,7 @@ from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_json_text, check_json_unicode, check_vocab,
-    echo, is_sequence, plain_tokens,
+    echo, is_sequence, plain_tokens, too_deep,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -500,7 +500,9 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         return None
     try:
         text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+    except RecursionError:
+        raise ValueError(too_deep(field)) from None
+    except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(value, field) or f"{field} must hold JSON values: {e}") from None
     check_json_unicode(text, value, field)
     if len(text) > MAX_TEMPLATE_KWARGS_CHARS:

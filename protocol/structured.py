@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import loads, nonfinite_message
-from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence, too_deep
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
 
@@ -147,7 +147,9 @@ def _schema_text(spec: object, where: str) -> str:
         as_text(spec, where)
         try:  # (a NaN or 1e400 kept as written, for the words below)
             parsed, _ = loads(spec)
-        except (ValueError, RecursionError) as e:  # (RecursionError: nested deeper than Python's limit)
+        except RecursionError:  # (nested deeper than Python's limit: not its words)
+            raise ValueError(too_deep(where)) from None
+        except ValueError as e:  # (json's syntax error, with its line and column)
             raise ValueError(f"{where} is not valid JSON: {e}") from None
         check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
         spec = parsed
@@ -155,7 +157,9 @@ def _schema_text(spec: object, where: str) -> str:
         raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {echo(spec)}")
     try:
         text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+    except RecursionError:
+        raise ValueError(too_deep(where)) from None
+    except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(spec, where) or f"{where} must hold JSON values only: {e}") from None
     return check_json_unicode(text, spec, where)
 

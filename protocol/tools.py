@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import first_nonfinite, loads, nonfinite_message, nonfinite_words, path_text
-from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence
+from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence, too_deep
 
 __all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "is_tool_name",
            "parameters_error"]
@@ -102,7 +102,9 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(problem[1])
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:  # (NaN, infinity: named where they are)
+    except RecursionError:
+        raise ValueError(too_deep(field)) from None
+    except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(value, field) or f"{field} must be JSON: {e}") from None
     check_json_unicode(text, value, field)
     if len(text) > MAX_TOOLS_CHARS:

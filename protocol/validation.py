@@ -23,6 +23,7 @@ import json
 import math
 import operator
 import re
+import sys
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
@@ -164,6 +165,15 @@ def surrogate_escape_message(what: str, found: tuple[str, int, int], fix: str) -
     escape, line, column = found
     return (f"{what} is not valid JSON: it contains an unpaired surrogate escape '{escape}' at line {line} "
             f"column {column} (half of a UTF-16 surrogate pair, which is no character); {fix}")
+
+
+def too_deep(field: str) -> str:
+    """The words for a value of ``field`` (JSON text, or Python values to write as JSON) nested past
+    what Python's JSON reader and writer take (its recursion limit: :class:`RecursionError`, whose
+    own words, "maximum recursion depth exceeded while decoding a JSON array from a unicode
+    string", are the library's, not the caller's)."""
+    return (f"{field} nests arrays and objects too deeply to read (about {sys.getrecursionlimit()} levels or more); "
+            "flatten it")
 
 
 def check_json_text(text: str, field: str) -> None:

@@ -84,8 +84,101 @@ def test_a_syntax_error_before_a_lone_surrogate_is_the_one_named_and_a_pair_is_n
     for path in post_routes(app):
         r = http.post(path, content=b'{"model": "lazy" "prompt": "\\ud800"}', headers={"content-type": "application/json"})
         message = error_message(r, path)
-        assert "surrogate" not in message and message.startswith("the body is not valid JSON: ") and \
+        assert "surrogate" not in message and message.startswith("the body is not valid JSON at line 1 ") and \
             "Invalid JSON" not in message, (path, message)  # (pydantic's prefix, said twice before)
         paired = http.post(path, content=b'{"model": "lazy", "prompt": "\\ud83d\\ude00"}',
                            headers={"content-type": "application/json"})
         assert "not valid JSON" not in paired.text, (path, paired.text)
+
+
+# ---------------------------------------------------------------------- every other way a body is no JSON object
+
+PARSER_WORDS = ("Invalid JSON", "EOF", "recursion", "ident", "`", "unicode code point", "trailing characters",
+                "hex escape")  # (pydantic's JSON parser's own: never in a message)
+BAD = {  # name -> (body, the message, or its start where a place follows)
+    "syntax": (b'{"model": "lazy" "prompt": "x"}',
+               "the body is not valid JSON at line 1 column 18: expected ',' or '}' in an object"),
+    "syntax_after_accents": ('{"model": "\u00e9\u00e9\u00e9\u00e9" x}'.encode(),
+                             "the body is not valid JSON at line 1 column 18: expected ',' or '}' in an object"),
+    "second_line": (b'{\n  "model": "lazy",\n  "n": tru, "x": 1\n}', "the body is not valid JSON at line 3 column 11: expected a "
+                    "value (true, false and null are lower case)"),
+    "trailing": (b'{"model": "lazy"} x', "the body is not valid JSON at line 1 column 19: more text after the JSON value"),
+    "trailing_comma": (b'{"model": "lazy",}', "the body is not valid JSON at line 1 column 18: a comma before the "
+                       "closing bracket"),
+    "cut_in_a_string": (b'{"model": "la', "the body is not valid JSON at line 1 column 13: it ends inside a string"),
+    "cut_in_an_object": (b'{"model": "lazy"', "the body is not valid JSON at line 1 column 16: it ends inside an object"),
+    "key_not_string": (b'{model: 1}', "the body is not valid JSON at line 1 column 2: an object's key must be a string"),
+    "control_char": (b'{"model": "a\x01b"}', "the body is not valid JSON at line 1 column 13: a string holds a control "
+                     "character (U+0000 to U+001F); write it as an escape (\\n, \\t, \\u0001)"),
+    "bad_escape": (b'{"model": "\\x41"}', "the body is not valid JSON at line 1 column 13: a string holds an invalid "
+                   "escape (JSON's are \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)"),
+    "huge_integer": (b'{"model": "lazy", "n": 1' + b"0" * 5000 + b"}",
+                     "the body is not valid JSON at line 1 column 4325: a number too large to read"),
+    "nested_arrays": (b"[" * 5000 + b"]" * 5000, "the body nests arrays and objects more than 200 levels deep (at line "
+                      "1 column 202); slotserve reads at most 200 levels inside the body's object"),
+    "nested_in_a_field": (b'{"model": "lazy", "prompt": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+                          "the body nests arrays and objects more than 200 levels deep (at line 1 column 229); "
+                          "slotserve reads at most 200 levels inside the body's object"),
+    "latin1": ('{"model": "caf\u00e9"}'.encode("latin-1"), "the body is not valid UTF-8: byte 0xe9 at line 1 column 15 "
+               "(byte 15); send the JSON encoded in UTF-8"),
+    "bad_utf8_in_a_key": (b'{"mo\xc3del": "lazy"}', "the body is not valid UTF-8: byte 0xc3 at line 1 column 5 (byte 5);"
+                          " send the JSON encoded in UTF-8"),
+    "bad_utf8_after_accents": ('{"model": "\u00e9",\n "x": "'.encode() + b'\xff"}',
+                               "the body is not valid UTF-8: byte 0xff at line 2 column 8 (byte 24); send the JSON "
+                               "encoded in UTF-8"),
+    "empty": (b"", "the body is empty: send a JSON object"),
+    "blank": (b" \n\t ", "the body is empty: send a JSON object"),
+}
+NOT_OBJECTS = {b"[1, 2]": "an array", b'"hi"': "a string", b"5": "a number", b"null": "null", b"true": "a boolean",
+               b"{}": None}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_body_that_is_no_json_is_told_in_slotserve_s_words_on_every_route(app, http, name):
+    # the parser's words were the message: 'the body is not valid JSON: recursion limit exceeded at line 1 column
+    # 202', 'EOF while parsing a value at line 1 column 0' for an empty body, 'invalid unicode code point' for
+    # bytes that are no UTF-8, a column counted in bytes after accented letters
+    raw, want = BAD[name]
+    for path in post_routes(app):
+        message = error_message(http.post(path, content=raw, headers={"content-type": "application/json"}), path)
+        assert message == want, (path, message)
+        assert not any(w in message for w in PARSER_WORDS), (path, message)
+
+
+@pytest.mark.parametrize("raw", sorted(NOT_OBJECTS))
+def test_json_that_is_no_object_says_what_it_is(app, http, raw):
+    for path in post_routes(app):
+        r = http.post(path, content=raw, headers={"content-type": "application/json"})
+        if NOT_OBJECTS[raw] is None:  # ({}: an object, its fields missing or defaults)
+            assert "not valid JSON" not in r.text and "must be a JSON object" not in r.text, (path, r.text)
+            continue
+        assert r.status_code == 400, (path, r.text)
+        body = r.json()
+        message = body["error"]["message"]
+        assert message == f'the body must be a JSON object ({{"model": ...}}), got {NOT_OBJECTS[raw]}', (path, message)
+        if path not in ANTHROPIC:
+            assert (body["error"]["param"], body["error"]["code"]) == (None, "invalid_type"), body
+
+
+def test_the_depth_the_parser_reads_is_the_one_the_message_gives(app, http):
+    from gateway.json_body import MAX_DEPTH
+
+    def nested(levels: int) -> bytes:
+        return b'{"model": "lazy", "x": ' + b"[" * levels + b"]" * levels + b"}"
+
+    for path in ("/v1/completions", "/v1/messages"):
+        assert "levels deep" not in http.post(path, content=nested(MAX_DEPTH), headers=JSON).text
+        assert f"more than {MAX_DEPTH} levels deep" in http.post(path, content=nested(MAX_DEPTH + 1), headers=JSON).text
+
+
+def test_a_byte_order_mark_before_the_json_is_ignored(app, http):
+    # (RFC 8259 section 8.1 lets a parser ignore it, as Python's json.loads and slotserve run do): it was
+    # 'the body is not valid JSON: expected value at line 1 column 1'
+    raw = b'{"model": "lazy", "unknown_field": 1}'
+    for path in post_routes(app):
+        with_mark = http.post(path, content=b"\xef\xbb\xbf" + raw, headers=JSON)
+        assert "not valid JSON" not in with_mark.text, (path, with_mark.text)
+        assert with_mark.json() == http.post(path, content=raw, headers=JSON).json(), path
+
+
+JSON = {"content-type": "application/json"}

@@ -80,3 +80,31 @@ def test_a_jsonl_row_takes_the_field():
     row = json.loads('{"prompt": [1], "max_tokens": 3, "structured": {"choice": ["a", "b"]}}')
     assert P.from_mapping(row).structured == Constraint("choice", '["a", "b"]')
     assert P([1], 2, structured={"json_object": True}).structured is JSON_OBJECT
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {"a": None}
+    inner = value
+    for _ in range(levels):
+        inner["a"] = {"a": None}
+        inner = inner["a"]
+    return value
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"structured": {"json_schema": _nested(5000)}}, "structured json_schema"),
+    ({"structured": {"json": "[" * 5000 + "]" * 5000}}, "structured json_schema"),
+    ({"chat_template_kwargs": {"x": _nested(5000)}}, "chat_template_kwargs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": _nested(5000)}}}}]}, "tools"),
+])
+def test_json_nested_past_python_s_limit_is_told_in_our_words(options, field):
+    # Python's json said it: 'structured json_schema is not valid JSON: maximum recursion depth exceeded while
+    # decoding a JSON array from a unicode string' (on /v1/chat/completions too), '... while encoding a JSON object'
+    with pytest.raises(ValueError) as e:
+        P(CHAT, 4, **options)
+    message = str(e.value)
+    assert message.startswith(f"{field} nests arrays and objects too deeply to read") and "recursion" not in message
