@@ -267,13 +267,15 @@ _TOOL_RESULT = {"is_error": (False, bool, "true or false")}
 
 def _check_fields(block: dict, at: str, fields: dict[str, tuple[bool, type | None, str]]) -> None:
     """400 naming ``at.<field>`` in Anthropic's words for a required field of ``block`` that is missing
-    ("Field required") or a field of another type than Anthropic's ("Input should be ..."; null is
-    absent where the field is optional): a thinking block's ``thinking`` and ``signature``, a redacted
-    one's ``data`` (replayed, not shown to the model), a ``tool_use``'s ``input``, a ``tool_result``'s
-    ``is_error`` (its content is shown as any result's)."""
+    ("Field required") or a field of another type than Anthropic's ("Input should be ..."): a thinking
+    block's ``thinking`` and ``signature``, a redacted one's ``data`` (replayed, not shown to the
+    model), a ``tool_use``'s ``input``, a ``tool_result``'s ``is_error`` (its content is shown as any
+    result's). Null is a value of another type, not an absent field: none of these is nullable in
+    Anthropic's types (the ``anthropic`` SDK's ``ToolResultBlockParam.is_error: bool``; its nullable
+    fields are ``Optional``, as ``cache_control``), so an optional one is left out or given, never null."""
     for name, (required, kind, words) in fields.items():
         value = block.get(name)
-        if name not in block or value is None and not required:
+        if name not in block:
             if required:
                 raise bad_request(f"Field required: a {block['type']} block needs {name}, {words}", f"{at}.{name}",
                                   "missing_required_parameter")

@@ -2,7 +2,8 @@
 checked as Anthropic types them, whole and in ``count_tokens``: a ``tool_result``'s ``is_error`` (a
 boolean), an assistant's ``thinking`` block's ``thinking`` and ``signature`` and a ``redacted_thinking``
 block's ``data`` (strings, required: they are replayed, not shown to the model), a ``tool_use`` block's
-``input`` (required). Anthropic refuses each ("Input should be a valid boolean", "Field required").
+``input`` (required). Anthropic refuses each ("Input should be a valid boolean", "Field required");
+null is no value of any of them (``is_error: null`` is refused, and leaving it out is served).
 
 Before, each was taken silently: ``"is_error": "yes"`` answered 200, a thinking block of ``"thinking":
 5`` or without a signature too, and a ``tool_use`` block without ``input`` became a call with ``{}``
@@ -42,6 +43,8 @@ NO_INPUT = {k: v for k, v in USE.items() if k != "input"}
 REFUSED = [  # (messages, the field named, the words after it)
     (result(is_error="yes"), "messages.2.content.0.is_error", 'Input should be true or false; got "yes"'),
     (result(is_error=1), "messages.2.content.0.is_error", "Input should be true or false; got 1"),
+    # null was taken as absent; Anthropic's type (the SDK's ToolResultBlockParam.is_error: bool) has no null
+    (result(is_error=None), "messages.2.content.0.is_error", "Input should be true or false; got null"),
     (thought({**THINKING, "thinking": 5}), "messages.1.content.0.thinking", "Input should be a string; got 5"),
     (thought({k: v for k, v in THINKING.items() if k != "signature"}), "messages.1.content.0.signature",
      "Field required"),
@@ -72,7 +75,7 @@ def test_a_block_field_anthropic_refuses_is_a_400_naming_it(http, path, messages
     assert r.json()["error"]["message"].startswith(f"{field}: {says}"), r.text
 
 
-@pytest.mark.parametrize("messages", [result(is_error=True), result(is_error=False), result(is_error=None),
+@pytest.mark.parametrize("messages", [result(is_error=True), result(is_error=False), result(),
                                       thought(THINKING), thought({**THINKING, "signature": ""}), thought(REDACTED)])
 def test_well_typed_block_fields_are_served(http, messages):
     r = post(http, M, messages)
