@@ -19,9 +19,11 @@ llama.cpp serve it).
   it is refused rather than silently made).
 - Too long an input (over the served context: the model's ``max_seq_len`` tokens, 256 for
   all-MiniLM-L6-v2, or ``--max-model-len`` when lower): 400 ``context_length_exceeded``, as OpenAI
-  answers, worded as the generation paths word it ("exceeds the served context of N tokens
-  (--max-model-len)"); never silently truncated. An error about one entry of a list names it as
-  the body does (``input[3] (70 tokens) exceeds ...``, ``documents[2] contains token id ...``),
+  answers, naming what the client can change ("input (300 tokens) exceeds the 256 tokens this
+  model embeds at most (the model's own limit, or a lower --max-model-len); shorten it or split
+  it": ``--max-model-len`` only ever lowers it); never silently truncated. An error about one
+  entry of a list names it as the body does (``input[3] (70 tokens) exceeds ...``, ``documents[2]
+  contains token id ...``),
   whichever side found it, with the same code (:func:`_about`): ``context_length_exceeded``, or
   ``invalid_value`` for another bad value (a token id outside the vocabulary, an input that
   tokenises to nothing), as the gateway's own checks code a bad value.
@@ -264,7 +266,7 @@ def _about(error: APIError, name: str) -> APIError:
     """``error``, a refusal of the prompt at ``name`` (``input``, ``input[3]``, ``query``,
     ``documents[2]``), naming it: a 400's ``param`` is its body field, and its message says which
     entry -- the checks' own subject (``input``, ``prompt``) becomes ``name`` (``input[3] (70 tokens)
-    exceeds the served context ...``), or ``name`` leads. Its code is the same whichever side found
+    exceeds the 64 tokens this model embeds at most ...``), or ``name`` leads. Its code is the same whichever side found
     it: a worker's ``bad_request`` (its wire code for a check without a code of its own) is the
     client's ``invalid_value`` (:func:`~gateway.errors.from_value_error`'s for the same checks, and the
     code of the gateway's own checks of a value, as on the chat and completions routes). Not an

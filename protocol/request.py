@@ -1042,8 +1042,9 @@ class ModelLimits:
         max_seq_len = self.max_seq_len
         if params.kind == RequestKind.EMBED:  # (no token is generated: the prompt alone must fit)
             if max_seq_len is not None and prompt_len is not None and prompt_len > max_seq_len:
-                raise ContextLengthError(f"input ({prompt_len} tokens) exceeds the served context of {max_seq_len} "
-                                         "tokens (--max-model-len); shorten it or split it into several inputs")
+                raise ContextLengthError(  # (--max-model-len only lowers an embedding model's limit: no remedy)
+                    f"input ({prompt_len} tokens) exceeds the {max_seq_len} tokens this model embeds at most (the "
+                    "model's own limit, or a lower --max-model-len); shorten it or split it into several inputs")
             return
         if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
             if prompt_len < max_seq_len:

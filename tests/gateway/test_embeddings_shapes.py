@@ -153,7 +153,8 @@ def test_dimensions_cut_a_matryoshka_embedding_and_renormalise_it(http):
     ({"model": "m", "input": "north", "truncate": True}, "truncate", "Unrecognized"),
     ({"input": "north"}, "model", "Missing required parameter"),
     ({"model": "m", "input": "north up east down"}, "input",
-     "input (4 tokens) exceeds the served context of 3 tokens (--max-model-len)"),
+     "input (4 tokens) exceeds the 3 tokens this model embeds at most (the model's own limit, or a lower "
+     "--max-model-len); shorten it or split it into several inputs"),
     ({"model": "m", "input": [9]}, "input", "vocabulary"),
 ])
 def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param, words):
@@ -161,7 +162,7 @@ def test_malformed_embedding_bodies_are_400s_naming_the_field(http, body, param,
     assert e["param"] == param and words in e["message"], e
     if "empty" in words:
         assert e["code"] == "invalid_value"
-    if "served context" in words:  # (worded as the generation paths word it; OpenAI's code)
+    if "embeds at most" in words:  # (OpenAI's code)
         assert e["code"] == "context_length_exceeded"
 
 
@@ -188,20 +189,20 @@ class RefusedHandle:
 @pytest.mark.parametrize("side", [EngineClient, WorkerSideClient], ids=["client-side", "worker-side"])
 @pytest.mark.parametrize("path, fields, param, says", [
     ("/v1/embeddings", {"input": ["north", "east", "north up east down"]}, "input",
-     "input[2] (4 tokens) exceeds the served context of 3 tokens (--max-model-len); shorten it or split it into "
-     "several inputs"),
+     "input[2] (4 tokens) exceeds the 3 tokens this model embeds at most (the model's own limit, or a lower "
+     "--max-model-len); shorten it or split it into several inputs"),
     ("/v1/embeddings", {"input": [[0], [1, 2, 3, 0]]}, "input",
-     "input[1] (4 tokens) exceeds the served context of 3 tokens (--max-model-len)"),
+     "input[1] (4 tokens) exceeds the 3 tokens this model embeds at most"),
     ("/v1/embeddings", {"input": [[0], [1], [9]]}, "input", "input[2] contains token id 9, outside the model's "
      "vocabulary [0, 4)"),
     ("/v1/embeddings", {"input": [[0], [-1]]}, "input", "input[1] contains negative token id -1"),
     ("/v1/embeddings", {"input": ["north", "  "]}, "input", "input[1]: the tokenised prompt must not be empty"),
     ("/v1/embeddings", {"input": [9]}, "input", "input contains token id 9, outside"),  # (one list: "input")
-    ("/v1/embeddings", {"input": "north up east down"}, "input", "input (4 tokens) exceeds the served context"),
+    ("/v1/embeddings", {"input": "north up east down"}, "input", "input (4 tokens) exceeds the 3 tokens this model embeds at most"),
     ("/v1/rerank", {"query": "north", "documents": ["east", "north up east down"]}, "documents",
-     "documents[1] (4 tokens) exceeds the served context of 3 tokens"),
+     "documents[1] (4 tokens) exceeds the 3 tokens this model embeds at most"),
     ("/v1/rerank", {"query": "north up east down", "documents": ["east"]}, "query",
-     "query (4 tokens) exceeds the served context of 3 tokens"),
+     "query (4 tokens) exceeds the 3 tokens this model embeds at most"),
     ("/v1/rerank", {"query": "north", "documents": ["east", "  "]}, "documents",
      "documents[1]: the tokenised prompt must not be empty"),
     ("/v1/rerank", {"query": " ", "documents": ["east"]}, "query", "query: the tokenised prompt must not be empty"),
@@ -223,7 +224,7 @@ def test_an_error_about_one_entry_names_its_index(side, path, fields, param, say
     finally:
         link.client.stop()
     assert e["param"] == param and e["message"].startswith(says), e
-    assert e["code"] == ("context_length_exceeded" if "served context" in says else "invalid_value"), e
+    assert e["code"] == ("context_length_exceeded" if "embeds at most" in says else "invalid_value"), e
     assert e["type"] == "invalid_request_error"
 
 

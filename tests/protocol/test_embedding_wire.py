@@ -72,7 +72,9 @@ def test_model_limits_refuse_the_kind_a_model_does_not_serve_and_an_embedding_ov
         ModelLimits(10, 64, embeds=True).check(generate)
     ModelLimits(10, 64).check(embed)  # (unknown: not checked)
     ModelLimits(10, 3, embeds=True).check(embed)  # the prompt alone must fit: 3 <= 3
-    with pytest.raises(ContextLengthError, match=re.escape("input (3 tokens) exceeds the served context of 2 tokens (--max-model-len)")):
+    with pytest.raises(ContextLengthError, match=re.escape("input (3 tokens) exceeds the 2 tokens this model embeds at most "
+                                                           "(the model's own limit, or a lower --max-model-len); shorten "
+                                                           "it or split it into several inputs")):
         ModelLimits(10, 2, embeds=True).check(embed)
     with pytest.raises(ContextLengthError):
         ModelLimits(10, 30, embeds=True).check(RequestParams("text", 1, kind="embed"), prompt_len=31)

@@ -148,7 +148,10 @@ def test_the_engine_refuses_what_it_cannot_embed_and_queues_nothing():
     engine = EmbeddingEngine(StandIn(), 2)
     with pytest.raises(UnsupportedError, match="generates no tokens"):
         engine.submit(RequestParams([1, 2], 4))
-    with pytest.raises(ContextLengthError, match=re.escape("input (9 tokens) exceeds the served context of 8 tokens (--max-model-len)")):
+    # (it said "exceeds the served context of 8 tokens (--max-model-len)", a flag that only lowers the limit)
+    with pytest.raises(ContextLengthError, match=re.escape("input (9 tokens) exceeds the 8 tokens this model embeds at "
+                                                           "most (the model's own limit, or a lower --max-model-len); "
+                                                           "shorten it or split it into several inputs")):
         engine.submit_request(list(range(1, 10)))
     with pytest.raises(ValueError, match="outside the vocabulary|vocabulary"):
         engine.submit_request([100])
