@@ -293,7 +293,8 @@ def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not
             r = http.post("/models/load", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == "model"
         r = http.post("/models/load", json=["model-a"])
-        assert r.status_code == 400 and r.json()["error"]["message"] == "the body must be a JSON object"
+        assert r.status_code == 400 and r.json()["error"]["message"] == \
+            'the body must be a JSON object ({"model": ...}), got an array'
         for op in ("load", "unload"):  # an unknown field: refused by name, as every route's body (was taken silently)
             r = http.post(f"/models/{op}", json={"model": "model-b", "force": True})
             assert r.status_code == 400 and r.json()["error"] == {
