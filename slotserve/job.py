@@ -422,9 +422,10 @@ class BatchJob:
             if prompt is not None and len(prompt) == len(h.prompt_logprobs):
                 out["prompt_logprobs"] = [None if e is None else _scored(t, e)
                                           for t, e in zip(prompt, h.prompt_logprobs)]
-        if err is not None:
-            code = err.code.value if isinstance(err, RemoteError) else ErrorCode.INTERNAL.value
-            out["error"] = {"code": code, "message": str(err)}
+        if err is not None:  # (a RemoteError's str() is "code: message": the code is its own key here)
+            remote = isinstance(err, RemoteError)
+            out["error"] = {"code": err.code.value if remote else ErrorCode.INTERNAL.value,
+                            "message": err.message if remote else str(err)}
         self.write(out)
         self.cond.notify_all()  # room in the window
 

@@ -381,7 +381,7 @@ class WorkerProcess:
                     continue
                 except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, a tokenizer failure
                     refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.INTERNAL),
-                                            f"{type(e).__name__}: {e}"))
+                                            error_words(e)))
                     continue
                 self._live[live.eid] = live
                 if not entry.params.is_token_prompt:
@@ -426,6 +426,16 @@ class WorkerProcess:
             self.engine.cancel(live.eid)
 
 
+def error_words(err: BaseException) -> str:
+    """The message a ``finished`` record carries for ``err``: its own words when it is one of
+    slotserve's errors, whose ``code`` (an :class:`ErrorCode`, sent beside it) already says its kind
+    (``model_error`` with "model failed: RuntimeError: ...", not "ModelError: model failed: ..."),
+    else its type's name first, the only clue to what failed (``KeyError: 'x'``)."""
+    if isinstance(getattr(err, "code", None), ErrorCode):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
 def _finished(key: int, handle) -> Finished:
     """The ``finished`` record of broker key ``key``'s ended request (an error
     ending carries its error's code, else ``internal``)."""
@@ -436,7 +446,7 @@ def _finished(key: int, handle) -> Finished:
         code = getattr(err, "code", None)
         if not isinstance(code, ErrorCode):
             code = ErrorCode.INTERNAL
-        message = f"{type(err).__name__}: {err}" if err is not None else "failed"
+        message = error_words(err) if err is not None else "failed"
     return Finished(key, reason, code, message, handle.prompt_tokens, handle.stop_reason, handle.cached_tokens)
 
 

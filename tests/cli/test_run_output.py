@@ -167,3 +167,41 @@ def test_humaneval_output_to_a_closed_pipe_is_one_clear_error():
     assert p.returncode == 1
     assert "Error: cannot write the rows to -: [Errno 32] Broken pipe" in err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+# ---------------------------------------------------------------------- an error row says its code once
+
+class FailsOn999:
+    """A stateless model that raises for a batch holding a sequence that starts with token 999."""
+
+    def next_tokens(self, sequences):
+        if any(s[0] == 999 for s in sequences):
+            raise RuntimeError("the scripted model fails on token 999")
+        return [(s[-1] + 1) % 50 for s in sequences]
+
+
+def test_an_error_row_s_message_does_not_repeat_its_code():
+    # it was {"code": "model_error", "message": "model_error: ModelError: model failed: RuntimeError: ..."}: the
+    # RemoteError's str() ("code: message") and the worker's class name before its own words
+    text = json.dumps({"id": "fails", "prompt": [999, 2], "max_tokens": 3}) + "\n" + \
+        json.dumps({"id": "bad", "prompt": [1], "max_tokens": 0}) + "\n"
+    out = io.StringIO()
+    with ThreadCluster() as cluster:
+        cluster.add_worker(FailsOn999(), num_slots=2)
+        with Client(cluster.frontend, connect_timeout_s=20) as client:
+            client.wait_for_model(20)
+            run_job(client, io.StringIO(text), out, progress=False, timeout_s=60)
+    got = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert got["fails"]["error"] == {"code": "model_error",
+                                     "message": "model failed: RuntimeError: the scripted model fails on token 999"}
+    bad = got["bad"]["error"]  # (the client's refusal: its own words, as before)
+    assert bad["code"] == "bad_request" and bad["message"].startswith("line 2: max_tokens must be"), bad
+
+
+def test_a_worker_error_s_words_are_its_own_when_its_code_says_its_kind():
+    from worker.errors import ModelError, QueueFullError
+    from worker.process import error_words
+
+    assert error_words(ModelError("model failed: RuntimeError: boom")) == "model failed: RuntimeError: boom"
+    assert error_words(QueueFullError("the worker's queue is full")) == "the worker's queue is full"
+    assert error_words(KeyError("k")) == "KeyError: 'k'"  # (no code of its own: its type is the clue)
