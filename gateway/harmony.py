@@ -205,9 +205,10 @@ class HarmonyStream(CallStream):
             at = buf.find(MESSAGE)
             if at < 0 and not final and _may_be_header(buf):
                 return False
-            if at < 0 and self._cut and buf.strip() and _may_be_header(buf) and \
+            if at < 0 and self._cut and (buf.strip() or self._marker) and _may_be_header(buf) and \
                     (self.forced or self._marker or "<|channel|>" in buf or "to=" in buf):
-                return self._cut_off()  # (auto: a header's start before a whole marker may be text)
+                return self._cut_off()  # (auto: a header's start before a whole marker may be text; a
+                # <|start|> alone, cut off, is a message's start: the second call's, after a first)
             header = parse_header(buf[:at]) if at >= 0 else None
             if header is None or header.function not in self.functions:
                 return self._no_call(out)

@@ -300,6 +300,47 @@ def test_a_call_cut_before_its_arguments_is_neither_content_nor_a_call(case):
             assert (got_content, calls_of(got_calls)) == (content, calls_of(calls)), (n, reason, forced)
 
 
+# parser -> (two calls, the second a parallel call of get_time, as the family writes them; what starts the second)
+TWO_CALLS = {
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+               '{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>', "\n<tool_call>"),
+    "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": '
+                    '{"zone": "utc"}}', "; "),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", '
+                '"arguments": {"zone": "utc"}}]', "}, "),
+    "mistral_v11": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"zone": "utc"}',
+                    "}[TOOL_CALLS]"),
+    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                    "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\n</function>\n"
+                    "</tool_call>", "\n<tool_call>"),
+    "openai": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+               '<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>'
+               '{"zone": "utc"}<|call|>', "<|start|>"),
+    "pythonic": ('[get_weather(city="Paris"), get_time(zone="utc")]', ", "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TWO_CALLS))
+def test_parallel_calls_cut_in_the_second_call_s_header_are_the_first_call_alone(case):
+    # harmony's second call cut right after its <|start|> answered '<|start|>' as the content beside the first call
+    # (forced or not, whole and streamed): the marker alone was taken for a message that is no call
+    parser, (text, second) = _parser(case), TWO_CALLS[case]
+    start = text.index(second) + len(second)
+    args = text.index("zone")  # (where the second call's arguments begin: cut before, it is no call yet)
+    for n in range(start, args):
+        for reason, forced in (("length", True), ("stop", True), ("length", False)):
+            content, calls = parse_tool_calls(text[:n], FUNCTIONS, bare=parser == "llama3_json", parser=parser,
+                                              reason=reason, forced=forced)
+            assert content in ("", None), (n, reason, forced, content)
+            assert calls_of(calls)[0] == ("get_weather", '{"city": "Paris"}'), (n, calls)
+            assert [c["function"]["name"] for c in calls[1:]] in ([], ["get_time"]), (n, calls)
+            stream = parser_class(parser)(FUNCTIONS, bare=parser == "llama3_json", forced=forced)
+            deltas = [d for k in range(n) for d in stream.feed(text[k])]
+            more, _ = stream.finish(reason)
+            got_content, got_calls = merged(deltas + more)
+            assert (got_content, calls_of(got_calls)) == (content, calls_of(calls)), (n, reason, forced)
+
+
 @pytest.mark.parametrize("case", sorted(FORCED))
 def test_the_whole_call_or_a_stop_in_auto_is_read_as_before(case):
     parser, (text, marker) = _parser(case), FORCED[case]
