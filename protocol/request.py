@@ -483,7 +483,9 @@ def check_template_kwargs(value: object, field: str) -> str | None:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TEMPLATE_KWARGS_CHARS}")
         try:
             parsed, _ = _json_loads(value)  # (a NaN or 1e400 kept as written, for the words below)
-        except (ValueError, RecursionError):
+        except RecursionError:  # (nested deeper than Python's limit: a JSON object all the same)
+            raise ValueError(too_deep(field)) from None
+        except ValueError:
             raise ValueError(f"{field} must be a JSON object of template variables") from None
         check_json_text(value, field)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
         value = parsed

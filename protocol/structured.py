@@ -168,7 +168,9 @@ def _choice_text(spec: object, where: str) -> str:
     if isinstance(spec, str):
         try:
             parsed = json.loads(spec)
-        except (ValueError, RecursionError):
+        except RecursionError:  # (nested deeper than Python's limit: JSON all the same)
+            raise ValueError(too_deep(where)) from None
+        except ValueError:
             raise ValueError(f"{where} must be a list of strings, got a str that is no JSON list") from None
         check_json_text(spec, where)
         spec = parsed

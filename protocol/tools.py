@@ -76,7 +76,9 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(f"{field} is {len(value)} characters; at most {MAX_TOOLS_CHARS}")
         try:
             parsed, _ = loads(value)  # (a NaN or 1e400 kept as written, for the words below)
-        except (ValueError, RecursionError):  # (RecursionError: nested deeper than Python's limit)
+        except RecursionError:  # (nested deeper than Python's limit: a JSON list all the same)
+            raise ValueError(too_deep(field)) from None
+        except ValueError:
             raise ValueError(f"{field} must be a JSON list of tool definitions") from None
         check_json_text(value, field)  # ("\ud800": a string UTF-8 cannot encode)
         value = parsed
@@ -164,7 +166,9 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         try:
             if isinstance(args, Mapping):
                 args = json.dumps(args, ensure_ascii=False)
-        except (TypeError, ValueError, RecursionError):
+        except RecursionError:
+            raise ValueError(too_deep(f"{where} arguments")) from None
+        except (TypeError, ValueError):
             args = None
         why = arguments_problem(args)
         if why is not None:
@@ -181,13 +185,16 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
 def arguments_problem(args: object) -> str | None:
     """None when ``args`` is the JSON text of an object whose numbers JSON holds; else what to add to
     "the arguments must be the JSON text of an object": ``""`` for no such text (not a string, not
-    JSON, not an object, or nested past Python's recursion limit), or ", with JSON numbers only: ..."
-    naming the first NaN, Infinity or number past a double's range (``1e400``, infinity once read:
-    a template's ``tojson`` wrote ``Infinity`` into the prompt) by its place in the object
-    (:mod:`protocol.json_numbers`)."""
+    JSON, not an object), ``"; this one nests ..."`` for one nested past Python's recursion limit
+    (:func:`~protocol.validation.too_deep`: it is an object, too deep to read), or ", with JSON
+    numbers only: ..." naming the first NaN, Infinity or number past a double's range (``1e400``,
+    infinity once read: a template's ``tojson`` wrote ``Infinity`` into the prompt) by its place in
+    the object (:mod:`protocol.json_numbers`)."""
     try:
         parsed, nonfinite = loads(args) if isinstance(args, str) else (None, False)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        return f"; {too_deep('this one')}"
+    except ValueError:
         return ""
     if not isinstance(parsed, dict):
         return ""

@@ -56,10 +56,16 @@ def start_hint(model: str) -> str:
 def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     """``value`` as an error message quotes it: its ``repr`` (a string quoted, escaped), or for a
     string of more than ``limit`` characters the repr of its first ``limit`` and ``… (N characters)``;
-    any other repr past ``limit`` characters is cut likewise (:func:`clip`)."""
+    any other repr past ``limit`` characters is cut likewise (:func:`clip`). A value nested past
+    Python's recursion limit (a Python caller's: JSON off the wire is read shallower), which has no
+    repr, is named by its type (``a dict nested too deeply to show``)."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}… ({len(value)} characters)"
-    return clip(repr(value), limit + 2)
+    try:
+        text = repr(value)
+    except RecursionError:  # (repr's own words, "maximum recursion depth exceeded ...", are Python's)
+        return f"a {type(value).__name__} nested too deeply to show"
+    return clip(text, limit + 2)
 
 
 def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:

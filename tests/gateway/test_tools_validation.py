@@ -282,7 +282,10 @@ def test_arguments_nested_past_the_recursion_limit_are_a_400(http):
     call = good_call(function={"name": "get_weather", "arguments": DEEP})
     e = error_of(chat(http, tools=[WEATHER], messages=history(call)), 400)
     assert e["param"] == "messages.1.tool_calls.0.function.arguments"
-    with pytest.raises(ValueError, match="JSON text of an object"):
+    # (it said 'must be the JSON text of an object' alone, which it is: too deep to read, as the schema's words say)
+    assert e["message"].startswith("a tool call's arguments must be the JSON text of an object; this one nests arrays "
+                                   "and objects too deeply to read (about ") and "recursion" not in e["message"], e
+    with pytest.raises(ValueError, match="JSON text of an object; this one nests arrays and objects too deeply"):
         check_tool_calls([["c", "f", DEEP]], "m")
 
 

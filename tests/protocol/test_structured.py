@@ -108,3 +108,39 @@ def test_json_nested_past_python_s_limit_is_told_in_our_words(options, field):
         P(CHAT, 4, **options)
     message = str(e.value)
     assert message.startswith(f"{field} nests arrays and objects too deeply to read") and "recursion" not in message
+
+
+DEEP_TEXT = "[" * 5000 + "]" * 5000
+CALLED = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def _called(arguments) -> list[dict]:
+    """A chat whose assistant message called ``f`` with ``arguments`` (JSON text, or a mapping)."""
+    return CHAT + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": arguments}}]}, {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+
+
+@pytest.mark.parametrize("prompt, options, says", [
+    (CHAT, {"tools": '[{"type": "function", "function": {"name": "f"}}, ' + DEEP_TEXT + "]"},
+     "tools nests arrays and objects too deeply to read"),
+    (CHAT, {"chat_template_kwargs": '{"x": ' + DEEP_TEXT + "}"},
+     "chat_template_kwargs nests arrays and objects too deeply to read"),
+    (CHAT, {"structured": {"choice": DEEP_TEXT}}, "structured choice nests arrays and objects too deeply to read"),
+    (_called(_nested(5000)), {"tools": CALLED},
+     "chat message 1 tool_calls[0] arguments nests arrays and objects too deeply to read"),
+    (_called('{"a": ' + DEEP_TEXT + "}"), {"tools": CALLED},
+     "chat message 1 tool_calls[0] arguments must be the JSON text of an object; this one nests arrays and objects too "
+     "deeply to read"),
+    (CHAT + [{"role": "user", "content": _nested(5000)}], {},
+     "chat message 1 must have string 'role' and 'content', got a dict nested too deeply to show"),
+])
+def test_json_text_and_values_nested_past_python_s_limit_are_told_so_in_every_field(prompt, options, says):
+    # the text forms said what they are not ('tools must be a JSON list of tool definitions', 'chat_template_kwargs
+    # must be a JSON object of template variables', 'structured choice ... got a str that is no JSON list', 'arguments
+    # must be the JSON text of an object': each is one, too deep to read), a mapping of arguments too, and a message
+    # holding such a value raised Python's RecursionError from echo ('maximum recursion depth exceeded while getting
+    # the repr of an object'), no ValueError
+    with pytest.raises(ValueError) as e:
+        P(prompt, 4, **options)
+    message = str(e.value)
+    assert message.startswith(says) and "recursion" not in message, message
