@@ -13,10 +13,11 @@
 // int16 with saturation) then vpmaddwd by ones (int16 pairs to int32), llama.cpp's AVX2 dot
 // product. A pair sum must stay inside int16: 4-bit codes (u <= 15) keep up to 8 quads (32
 // columns) in int16 before widening (8 * 2 * 15 * 127 = 30,480); byte codes in [-64, 63] are held
-// from base low (u <= 127: one quad a widening; a block whose u are all <= 63, as Q6_K's and Q5's,
-// two quads: 2 * 2 * 63 * 127 = 32,004); any int8 code (WIDE, Q8_0) multiplies |code| by xq
-// carrying the code's sign (vpsignb, as llama.cpp's mul_sum_i8_pairs: |code| <= 128, so a pair sum
-// <= 32,512; vpmaddwd on int16 codes instead measured 7-40 % slower). Each 16-row block is decoded
+// from base low (u <= 127: one quad a widening; a block whose u are all <= 63, as Q6_K's, two quads:
+// 2 * 2 * 63 * 127 = 32,004; all <= 31, as Q5's, four: 4 * 2 * 31 * 127 = 31,496); any int8 code
+// (WIDE, Q8_0) multiplies |code| by xq carrying the code's sign (vpsignb, as llama.cpp's
+// mul_sum_i8_pairs: |code| <= 128, so a pair sum <= 32,512; vpmaddwd on int16 codes instead
+// measured 7-40 % slower, and code + 128's two nibbles each summed as NIB's 5-11 % slower). Each 16-row block is decoded
 // once per call into quads (dword j = row j's 4 codes, two ymm of 8 rows a quad) in a per-thread
 // buffer, then every QR rows multiply it; in decode-sized calls x comes broadcast from memory
 // (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only where AMX tiles run
@@ -189,7 +190,7 @@ __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block
 #undef SS_ASM_ACC
 
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
-template <int R, int KIND, bool OFF, bool BASED, bool XMEM, bool PAIR = false>
+template <int R, int KIND, bool OFF, bool BASED, bool XMEM, int SPAN = 1>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
     const int64_t quads = a.group / 4, all = a.K / 4;
@@ -216,7 +217,15 @@ void rows_block(const QRows& a, const Block& b) {
                 for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_madd_epi16(s16[r][h], ones);
         } else {
             for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-            if constexpr (PAIR) {  // MAGIC, u <= 63: two quads' pair sums in int16 (2 * 2 * 63 * 127 = 32,004), one widening
+            if constexpr (SPAN == 4 && R == 4) {  // MAGIC, u <= 31: four quads' pair sums in int16 (4 * 2 * 31 * 127 = 31,496), NIB's loop
+                for (int64_t q = g * quads; q < (g + 1) * quads; q += 4) {
+                    __m256i s16[4][2];
+                    for (int r = 0; r < 4; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+                    nib_rows4<XMEM>(a, b, q, q + 4, s16);
+                    for (int r = 0; r < 4; ++r)
+                        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], ones));
+                }
+            } else if constexpr (SPAN >= 2) {  // MAGIC, u <= 63: two quads' pair sums in int16 (2 * 2 * 63 * 127 = 32,004), one widening
                 for (int64_t q = g * quads; q < (g + 1) * quads; q += 2) {
                     const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                     const __m256i v0 = _mm256_load_si256(b.wbuf + 2 * q + 2), v1 = _mm256_load_si256(b.wbuf + 2 * q + 3);
@@ -268,15 +277,15 @@ void rows_block(const QRows& a, const Block& b) {
 }
 
 // r rows (at most QR) of x times one block; a pass of QR rows takes x from b.xb where it is built
-template <int KIND, bool OFF, bool BASED, bool PAIR = false>
+template <int KIND, bool OFF, bool BASED, int SPAN = 1>
 void rows_step(int64_t r, const QRows& a, const Block& b) {
     switch (r) {
-        case 1: rows_block<1, KIND, OFF, BASED, false, PAIR>(a, b); break;
-        case 2: rows_block<2, KIND, OFF, BASED, false, PAIR>(a, b); break;
-        case 3: rows_block<3, KIND, OFF, BASED, false, PAIR>(a, b); break;
+        case 1: rows_block<1, KIND, OFF, BASED, false, SPAN>(a, b); break;
+        case 2: rows_block<2, KIND, OFF, BASED, false, SPAN>(a, b); break;
+        case 3: rows_block<3, KIND, OFF, BASED, false, SPAN>(a, b); break;
         default:
-            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, PAIR>(a, b);
-            else rows_block<QR, KIND, OFF, BASED, false, PAIR>(a, b);
+            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, SPAN>(a, b);
+            else rows_block<QR, KIND, OFF, BASED, false, SPAN>(a, b);
     }
 }
 
@@ -405,6 +414,9 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
             const int top = decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
             // MAGIC blocks whose u fit 6 bits (all of Q6_K's, Q5's) sum two quads before widening
             const bool pair = top <= 63 && group % 8 == 0;
+            // and those whose u fit 5 bits (Q5_0, Q5_1, Q5_K's) four, in NIB's loop (a Q5_0 product of
+            // 4,864 x 896, one thread, Zen 3: 8 rows 0.626 -> 0.585 ms, 32 rows 2.14 -> 2.02; 512 rows 1 %)
+            const bool four = top <= 31 && group % 16 == 0;
             expand(sf.of_block(i), of.of_block(i), groups, sbuf, obuf);
             for (int64_t m0 = 0; m0 < M; m0 += QR) {
                 QRows part = a;
@@ -421,9 +433,11 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 if (kind == NIB && off && base == 0) rows_step<NIB, true, false>(r, part, b);
                 else if (kind == NIB && off) rows_step<NIB, true, true>(r, part, b);
                 else if (kind == NIB) rows_step<NIB, false, true>(r, part, b);
-                else if (kind == MAGIC && off && pair) rows_step<MAGIC, true, true, true>(r, part, b);
+                else if (kind == MAGIC && off && four) rows_step<MAGIC, true, true, 4>(r, part, b);
+                else if (kind == MAGIC && off && pair) rows_step<MAGIC, true, true, 2>(r, part, b);
                 else if (kind == MAGIC && off) rows_step<MAGIC, true, true>(r, part, b);
-                else if (kind == MAGIC && pair) rows_step<MAGIC, false, true, true>(r, part, b);
+                else if (kind == MAGIC && four) rows_step<MAGIC, false, true, 4>(r, part, b);
+                else if (kind == MAGIC && pair) rows_step<MAGIC, false, true, 2>(r, part, b);
                 else if (kind == MAGIC) rows_step<MAGIC, false, true>(r, part, b);
                 else if (off) rows_step<WIDE, true, false>(r, part, b);
                 else rows_step<WIDE, false, false>(r, part, b);
