@@ -45,8 +45,8 @@ from protocol.logprobs import MAX_LOGPROBS
 from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
-    WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_json_text, check_json_unicode, check_vocab,
-    echo, is_sequence, plain_tokens, too_deep,
+    WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_depth, check_json_text, check_json_unicode,
+    check_vocab, echo, is_sequence, plain_tokens, too_deep,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -492,6 +492,7 @@ def check_template_kwargs(value: object, field: str) -> str | None:
     if not isinstance(value, Mapping):
         raise ValueError(f"{field} must be an object of chat template variables, e.g. {{\"enable_thinking\": false}}; "
                          f"got {type(value).__name__}")
+    check_depth(value, field)
     for name in value:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{field}: each name must be a template variable name (an identifier), got {echo(name)}")
@@ -502,8 +503,6 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         return None
     try:
         text = json.dumps(dict(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
-    except RecursionError:
-        raise ValueError(too_deep(field)) from None
     except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(value, field) or f"{field} must hold JSON values: {e}") from None
     check_json_unicode(text, value, field)

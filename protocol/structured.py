@@ -48,7 +48,9 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import loads, nonfinite_message
-from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence, too_deep
+from protocol.validation import (
+    as_text, check_depth, check_json_text, check_json_unicode, echo, is_sequence, too_deep,
+)
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
 
@@ -155,10 +157,9 @@ def _schema_text(spec: object, where: str) -> str:
         spec = parsed
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {echo(spec)}")
+    check_depth(spec, where)
     try:
         text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except RecursionError:
-        raise ValueError(too_deep(where)) from None
     except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(spec, where) or f"{where} must hold JSON values only: {e}") from None
     return check_json_unicode(text, spec, where)

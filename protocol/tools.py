@@ -32,7 +32,9 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from protocol.json_numbers import first_nonfinite, loads, nonfinite_message, nonfinite_words, path_text
-from protocol.validation import as_text, check_json_text, check_json_unicode, echo, is_sequence, too_deep
+from protocol.validation import (
+    MAX_JSON_DEPTH, as_text, check_depth, check_json_text, check_json_unicode, echo, is_sequence, json_depth, too_deep,
+)
 
 __all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "is_tool_name",
            "parameters_error"]
@@ -84,6 +86,7 @@ def check_tools(value: object, field: str = "tools") -> str | None:
         value = parsed
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{field} must be a non-empty list of {{\"type\": \"function\", \"function\": {{...}}}}")
+    check_depth(value, field)
     names = set()
     for i, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, Mapping) and tool.get("type") == "function" else None
@@ -104,8 +107,6 @@ def check_tools(value: object, field: str = "tools") -> str | None:
             raise ValueError(problem[1])
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except RecursionError:
-        raise ValueError(too_deep(field)) from None
     except (TypeError, ValueError) as e:  # (NaN, infinity: named where they are)
         raise ValueError(nonfinite_message(value, field) or f"{field} must be JSON: {e}") from None
     check_json_unicode(text, value, field)
@@ -163,13 +164,12 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
         if not is_tool_name(name):
             raise ValueError(f"{where} needs a function name of 1-64 letters, digits, '_' or '-'")
         given = args
-        try:
-            if isinstance(args, Mapping):
+        if isinstance(args, Mapping):
+            check_depth(args, f"{where} arguments")  # (then json.dumps, which recurses, can write it)
+            try:
                 args = json.dumps(args, ensure_ascii=False)
-        except RecursionError:
-            raise ValueError(too_deep(f"{where} arguments")) from None
-        except (TypeError, ValueError):
-            args = None
+            except (TypeError, ValueError):
+                args = None
         why = arguments_problem(args)
         if why is not None:
             raise ValueError(f"{where} arguments must be the JSON text of an object{why}")
@@ -185,8 +185,9 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
 def arguments_problem(args: object) -> str | None:
     """None when ``args`` is the JSON text of an object whose numbers JSON holds; else what to add to
     "the arguments must be the JSON text of an object": ``""`` for no such text (not a string, not
-    JSON, not an object), ``"; this one nests ..."`` for one nested past Python's recursion limit
-    (:func:`~protocol.validation.too_deep`: it is an object, too deep to read), or ", with JSON
+    JSON, not an object), ``"; this one nests ..."`` for one nested past
+    :data:`~protocol.validation.MAX_JSON_DEPTH` (:func:`~protocol.validation.too_deep`: it is an
+    object, too deep to read), or ", with JSON
     numbers only: ..." naming the first NaN, Infinity or number past a double's range (``1e400``,
     infinity once read: a template's ``tojson`` wrote ``Infinity`` into the prompt) by its place in
     the object (:mod:`protocol.json_numbers`)."""
@@ -198,6 +199,8 @@ def arguments_problem(args: object) -> str | None:
         return ""
     if not isinstance(parsed, dict):
         return ""
+    if json_depth(parsed) > MAX_JSON_DEPTH:
+        return f"; {too_deep('this one')}"
     found = first_nonfinite(parsed) if nonfinite else None
     if found is None:
         return None

@@ -23,7 +23,6 @@ import json
 import math
 import operator
 import re
-import sys
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
@@ -173,13 +172,47 @@ def surrogate_escape_message(what: str, found: tuple[str, int, int], fix: str) -
             f"column {column} (half of a UTF-16 surrogate pair, which is no character); {fix}")
 
 
+MAX_JSON_DEPTH = 200
+"""How many levels of arrays and objects a request's JSON values may nest (tools, template
+variables, a call's arguments, a schema), counting the value's own: the HTTP body's bound (its
+parser reads 200 levels inside the body's object, :data:`gateway.json_body.MAX_DEPTH`) for every
+entry point, text inside a string and the Python SDK's values included, so what one takes the
+worker can render: transformers' chat-template walk recurses twice a level, and tools 480 levels
+deep ended there in Python's RecursionError ("maximum recursion depth exceeded")."""
+
+
 def too_deep(field: str) -> str:
     """The words for a value of ``field`` (JSON text, or Python values to write as JSON) nested past
-    what Python's JSON reader and writer take (its recursion limit: :class:`RecursionError`, whose
-    own words, "maximum recursion depth exceeded while decoding a JSON array from a unicode
-    string", are the library's, not the caller's)."""
-    return (f"{field} nests arrays and objects too deeply to read (about {sys.getrecursionlimit()} levels or more); "
-            "flatten it")
+    :data:`MAX_JSON_DEPTH` levels (:func:`check_depth`), or past what Python's JSON reader and
+    writer take (:class:`RecursionError`, whose own words, "maximum recursion depth exceeded while
+    decoding a JSON array from a unicode string", are the library's, not the caller's)."""
+    return (f"{field} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; slotserve reads at most "
+            f"{MAX_JSON_DEPTH}: flatten it")
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """How many levels of mappings, lists and tuples ``value`` nests (0 for a scalar, 1 for ``[1]``),
+    counted up to ``limit + 1`` (the walk stops there). Iterative: any depth."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, level = stack.pop()
+        if isinstance(v, Mapping):
+            items = v.values()
+        elif isinstance(v, (list, tuple)):
+            items = v
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            break
+        stack.extend((item, level + 1) for item in items)
+    return deepest
+
+
+def check_depth(value: object, field: str) -> None:
+    """ValueError :func:`too_deep` naming ``field`` when ``value`` nests more than :data:`MAX_JSON_DEPTH` levels."""
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(too_deep(field))
 
 
 def check_json_text(text: str, field: str) -> None:

@@ -231,3 +231,39 @@ def test_every_name_the_template_kwargs_meet_on_their_way_to_the_template_is_res
         names |= {n for n, p in inspect.signature(fn).parameters.items() if p.kind is not p.VAR_KEYWORD
                   and p.kind is not p.VAR_POSITIONAL}
     assert names - TEMPLATE_RESERVED == set()
+
+
+TOOLS_TEMPLATE = ("{% if tools %}{{ tools | tojson }}\n{% endif %}{% for m in messages %}<|{{ m['role'] }}|>"
+                  "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _tools(levels: int) -> list[dict]:
+    """One tool whose parameters nest ``levels`` levels of arrays and objects (the tools list's own too)."""
+    inner: object = 1
+    for _ in range(levels - 4):  # (the list, the tool, its function and its parameters are 4)
+        inner = [inner]
+    return [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": inner}}}]
+
+
+def test_tools_as_deep_as_a_request_takes_render_and_deeper_ones_are_refused_in_our_words(tiny_text_dir):
+    # tools 500 levels deep (the Python SDK's, a JSONL row's, or JSON text) were taken, and the worker's template
+    # render failed in Python's words: 'chat template rejected the messages: maximum recursion depth exceeded'
+    # (transformers' mark_control_tokens recurses twice a level); a request now nests at most MAX_JSON_DEPTH
+    from protocol.validation import MAX_JSON_DEPTH, json_depth
+    from worker import BatchInferenceEngine
+    from worker.models import load_model
+
+    engine = BatchInferenceEngine(load_model(tiny_text_dir, chat_template=TOOLS_TEMPLATE), batch_size=1,
+                                  stop_token=None)
+    chat = [{"role": "user", "content": "hi"}]
+    deepest = _tools(MAX_JSON_DEPTH)
+    assert json_depth(deepest) == MAX_JSON_DEPTH
+    h = engine.submit_request(chat, 1, tools=deepest)
+    engine.run()
+    assert h.finish_reason == "length" and len(h.prompt) > 2 * MAX_JSON_DEPTH  # (the tools rendered: "[[[...]]]")
+    for levels in (MAX_JSON_DEPTH + 1, 500):
+        with pytest.raises(ValueError) as e:
+            engine.submit_request(chat, 1, tools=_tools(levels))
+        assert str(e.value).startswith("tools nests arrays and objects more than 200 levels deep"), e.value
+        assert "recursion" not in str(e.value)
+    assert engine.num_queued == 0

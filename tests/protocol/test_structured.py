@@ -107,7 +107,8 @@ def test_json_nested_past_python_s_limit_is_told_in_our_words(options, field):
     with pytest.raises(ValueError) as e:
         P(CHAT, 4, **options)
     message = str(e.value)
-    assert message.startswith(f"{field} nests arrays and objects too deeply to read") and "recursion" not in message
+    assert message.startswith(f"{field} nests arrays and objects more than 200 levels deep"), message
+    assert "recursion" not in message
 
 
 DEEP_TEXT = "[" * 5000 + "]" * 5000
@@ -122,15 +123,16 @@ def _called(arguments) -> list[dict]:
 
 @pytest.mark.parametrize("prompt, options, says", [
     (CHAT, {"tools": '[{"type": "function", "function": {"name": "f"}}, ' + DEEP_TEXT + "]"},
-     "tools nests arrays and objects too deeply to read"),
+     "tools nests arrays and objects more than 200 levels deep"),
     (CHAT, {"chat_template_kwargs": '{"x": ' + DEEP_TEXT + "}"},
-     "chat_template_kwargs nests arrays and objects too deeply to read"),
-    (CHAT, {"structured": {"choice": DEEP_TEXT}}, "structured choice nests arrays and objects too deeply to read"),
+     "chat_template_kwargs nests arrays and objects more than 200 levels deep"),
+    (CHAT, {"structured": {"choice": DEEP_TEXT}},
+     "structured choice nests arrays and objects more than 200 levels deep"),
     (_called(_nested(5000)), {"tools": CALLED},
-     "chat message 1 tool_calls[0] arguments nests arrays and objects too deeply to read"),
+     "chat message 1 tool_calls[0] arguments nests arrays and objects more than 200 levels deep"),
     (_called('{"a": ' + DEEP_TEXT + "}"), {"tools": CALLED},
-     "chat message 1 tool_calls[0] arguments must be the JSON text of an object; this one nests arrays and objects too "
-     "deeply to read"),
+     "chat message 1 tool_calls[0] arguments must be the JSON text of an object; this one nests arrays and objects "
+     "more than 200 levels deep"),
     (CHAT + [{"role": "user", "content": _nested(5000)}], {},
      "chat message 1 must have string 'role' and 'content', got a dict nested too deeply to show"),
 ])
@@ -144,3 +146,39 @@ def test_json_text_and_values_nested_past_python_s_limit_are_told_so_in_every_fi
         P(prompt, 4, **options)
     message = str(e.value)
     assert message.startswith(says) and "recursion" not in message, message
+
+
+def _levels(n: int) -> object:
+    """A JSON value nesting ``n`` levels of arrays (``[[1]]`` for 2)."""
+    value: object = 1
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+def _deep_fields(n: int) -> dict[str, tuple[list, dict]]:
+    """Each field of a request that holds JSON of its own, its value ``n`` levels deep: (prompt, options)."""
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": _levels(n - 4)}}}]
+    return {
+        "tools": (CHAT, {"tools": tool}), "tools as text": (CHAT, {"tools": json.dumps(tool)}),
+        "chat_template_kwargs": (CHAT, {"chat_template_kwargs": {"x": _levels(n - 1)}}),
+        "chat_template_kwargs as text": (CHAT, {"chat_template_kwargs": json.dumps({"x": _levels(n - 1)})}),
+        "json_schema": (CHAT, {"structured": {"json_schema": {"x": _levels(n - 1)}}}),
+        "json_schema as text": (CHAT, {"structured": {"json": json.dumps({"x": _levels(n - 1)})}}),
+        "arguments": (_called({"a": _levels(n - 1)}), {"tools": CALLED}),
+        "arguments as text": (_called(json.dumps({"a": _levels(n - 1)})), {"tools": CALLED}),
+    }
+
+
+@pytest.mark.parametrize("field", sorted(_deep_fields(8)))
+def test_every_field_of_json_nests_at_most_max_json_depth_levels(field):
+    # the HTTP body's bound (200 levels): past it, tools were taken to ~990 levels (Python's recursion limit) and the
+    # worker's template render then failed in Python's words ('maximum recursion depth exceeded', from about 480)
+    from protocol.validation import MAX_JSON_DEPTH, json_depth
+
+    prompt, options = _deep_fields(MAX_JSON_DEPTH)[field]
+    P(prompt, 4, **options)  # (at the bound: taken)
+    prompt, options = _deep_fields(MAX_JSON_DEPTH + 1)[field]
+    with pytest.raises(ValueError, match=f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"):
+        P(prompt, 4, **options)
+    assert json_depth(_levels(MAX_JSON_DEPTH)) == MAX_JSON_DEPTH and json_depth({"a": 1}) == 1 and json_depth(1) == 0
