@@ -114,14 +114,20 @@ class APIError(Exception):
         {"type", "message"}}``, the type by status (:data:`ANTHROPIC_TYPES`); Anthropic's error has no
         ``param``, so the message starts with the field at fault. An unknown field (code
         ``unknown_parameter``) is worded as Anthropic words it: ``"<field>: Extra inputs are not
-        permitted"``."""
+        permitted"``; a value of another type as ``"<field>: Input should be a valid number (got
+        ...)"`` (the field once: not the OpenAI shape's ``Invalid value for '<field>': ...``)."""
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         message = self.message
         if self.code == "unknown_parameter" and self.param is not None:  # in Anthropic's own words
             message = f"{self.param}: Extra inputs are not permitted"
         elif self.param is not None and not message.lstrip("'`").startswith(self.param):
-            message = f"{self.param}: {message}"
+            message = f"{self.param}: {message.removeprefix(_invalid_value_for(self.param))}"
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _invalid_value_for(param: str) -> str:
+    """How :func:`from_validation` starts the message of a value of another type than ``param``'s."""
+    return f"Invalid value for '{param}': "
 
 
 def writable(text: str) -> str:
@@ -328,7 +334,7 @@ def from_validation(errors: list[dict]) -> APIError:
         return bad_request(e.get("msg", "invalid"), loc, kind)
     got = e.get("input")
     shown = clip(json.dumps(got)) if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__
-    return bad_request(f"Invalid value for '{loc}': {e.get('msg', 'invalid')} (got {shown})", loc,
+    return bad_request(f"{_invalid_value_for(loc)}{e.get('msg', 'invalid')} (got {shown})", loc,
                        "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value")
 
 

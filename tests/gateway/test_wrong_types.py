@@ -109,3 +109,17 @@ def test_a_messages_unimplemented_field_of_another_type_is_a_400(http, field, wr
 @pytest.mark.parametrize("value", [True, False])
 def test_parallel_tool_calls_true_or_false_is_served(http, value):
     assert post(http, C, {"parallel_tool_calls": value}).status_code == 200
+
+
+@pytest.mark.parametrize("field, body", [
+    ("temperature", {"temperature": "0.5"}), ("temperature", {"temperature": True}), ("top_p", {"top_p": "1"}),
+    ("top_k", {"top_k": 1.5}), ("max_tokens", {"max_tokens": "5"}), ("stream", {"stream": "yes"}),
+    ("metadata.user_id", {"metadata": {"user_id": 5}}),
+])
+def test_a_messages_field_of_another_type_names_it_once_in_anthropic_s_words(http, field, body):
+    # it was 'temperature: Invalid value for 'temperature': Input should be a valid number (got "0.5")': the field
+    # twice, the second time in OpenAI's words; Anthropic says 'temperature: Input should be a valid number'
+    r = post(http, M, body)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith(f"{field}: Input should be ") and "Invalid value" not in message, message
