@@ -16,6 +16,8 @@ told to stop.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -70,6 +72,11 @@ def _child_setup(title: str, log_level: str, stop_timeout_s: float) -> SignalSto
     stop = SignalStopFlag()  # the loops check it every tick
     child_signals(stop)
     watch_parent(stop, grace_s=stop_timeout_s)
+    # At exit the interpreter collects garbage again and again as it clears the modules, each pass
+    # over every object: ~1.1 s CPU of a worker's exit with torch and transformers loaded, ~0.2 s
+    # with every object frozen first (measured, niced on a busy 2-core host). Atexit handlers run
+    # before that; refcounting and the modules' teardown still free what they free.
+    atexit.register(gc.freeze)
     return stop
 
 

@@ -382,3 +382,16 @@ def test_stop_token_rule_client_default_request_override_and_zero(cluster):
     assert c.tokens == toks[:toks.index(other) + 1] and c.finish_reason is FinishReason.STOP
     assert d.tokens == a.tokens
     assert e.tokens == toks[:min(toks.index(other), first_zero) + 1]
+
+
+def test_a_child_freezes_its_objects_at_exit():
+    """The launcher's children freeze every object at exit (the interpreter's collections as it
+    clears the modules then cost a worker with torch loaded ~1 s CPU): a handler registered before
+    the child's setup runs after its freeze and sees it."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0)); "
+            "from slotserve.launcher import _child_setup; _child_setup('slotserve test', 'WARNING', 1.0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["frozen", "True"], out.stdout + out.stderr
