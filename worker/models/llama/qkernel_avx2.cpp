@@ -17,11 +17,11 @@
 // 2 * 2 * 63 * 127 = 32,004; all <= 31, as Q5's, four: 4 * 2 * 31 * 127 = 31,496); any int8 code
 // (WIDE, Q8_0) multiplies |code| by xq carrying the code's sign (vpsignb, as llama.cpp's
 // mul_sum_i8_pairs: |code| <= 128, so a pair sum <= 32,512; vpmaddwd on int16 codes instead
-// measured 7-40 % slower, and code + 128's two nibbles each summed as NIB's 5-11 % slower). Each 16-row block is decoded
-// once per call into quads (dword j = row j's 4 codes, two ymm of 8 rows a quad) in a per-thread
-// buffer, then every QR rows multiply it; in decode-sized calls x comes broadcast from memory
-// (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only where AMX tiles run
-// (qkernel.six_bits), never here.
+// measured 7-40 % slower, and code + 128's two nibbles each summed as NIB's 5-11 % slower). Each
+// 16-row block is decoded once per call into quads (dword j = row j's 4 codes, two ymm of 8 rows a
+// quad) in a per-thread buffer, then every QR rows multiply it; in decode-sized calls x comes
+// broadcast from memory (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only
+// where AMX tiles run (qkernel.six_bits), never here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
