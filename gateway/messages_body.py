@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
-from gateway.schemas import text_or_objects
+from gateway.schemas import in_range, text_or_objects
 from protocol.validation import clip
 
 __all__ = ["CACHE_TTLS", "MAX_USER_ID_CHARS", "MIN_THINKING_BUDGET", "OUTPUT_EFFORTS", "SERVICE_TIERS", "SPEEDS",
@@ -97,24 +97,6 @@ def json_shown(value: Any) -> str:
     """``value`` (parsed JSON) as an error shows what the client sent: its JSON, cut as every echoed
     client value is (:func:`protocol.validation.clip`)."""
     return clip(json.dumps(value))
-
-
-def _at_least(field: str, low: float, high: float | None = None) -> Any:
-    """The type of a number field (``float``, or ``int`` when ``low`` is one) that Anthropic takes in
-    [``low``, ``high``] (no ``high``: no upper bound), or null (absent): another value is a 400
-    naming ``field``, in the words of Anthropic's own 400s (``temperature: Input should be less
-    than or equal to 1; got 5``)."""
-    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        number = handler(value)  # (its type's check first; the error shows the value as sent)
-        if number is not None and number < low:
-            raise PydanticCustomError("invalid_value", f"{field}: Input should be greater than or equal to {low:g}; "
-                                      f"got {json_shown(value)}")
-        if number is not None and high is not None and number > high:
-            raise PydanticCustomError("invalid_value", f"{field}: Input should be less than or equal to {high:g}; "
-                                      f"got {json_shown(value)}")
-        return number
-
-    return Annotated[(int if isinstance(low, int) else float) | None, WrapValidator(check)]
 
 
 def _one_of(field: str, values: tuple[str, ...]) -> Any:
@@ -250,9 +232,9 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: list[str] | None = None
     # Anthropic's ranges (its API reference's MessageCreateParams): temperature and top_p in [0, 1], top_k
     # >= 0 (the chat path's top_k -1, vLLM's "off", is no Anthropic value)
-    temperature: _at_least("temperature", 0.0, 1.0) = None
-    top_p: _at_least("top_p", 0.0, 1.0) = None
-    top_k: _at_least("top_k", 0) = None
+    temperature: Annotated[float | None, in_range("temperature", 0, 1, words="anthropic")] = None
+    top_p: Annotated[float | None, in_range("top_p", 0, 1, words="anthropic")] = None
+    top_k: Annotated[int | None, in_range("top_k", 0, words="anthropic")] = None
     stream: bool | None = None
     metadata: Metadata = None  # checked as Anthropic does, not used
     service_tier: _one_of("service_tier", SERVICE_TIERS) = None  # checked, not used

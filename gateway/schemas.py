@@ -173,15 +173,36 @@ Metadata = Annotated[dict[str, str] | None, AfterValidator(_metadata)]
 """A body's ``metadata`` (the caller's tags, not used): string keys and values within OpenAI's bounds."""
 
 
-def in_range(field: str, low: float, high: float, note: str = "") -> WrapValidator:
-    """The check of a number field that must lie in [``low``, ``high``] (null: absent), after its type's:
-    another value is a 400 naming ``field``, ``"temperature must be in [0, 2] (0 = greedy), got 5"``
-    (``note`` the parenthesis; the value as the client sent it). For the vendors' ranges that the
-    request itself (:mod:`protocol.request`) is wider than."""
+def in_range(field: str, low: float, high: float | None = None, note: str = "", *,
+             words: str = "openai") -> WrapValidator:
+    """The check of a number field that must lie in [``low``, ``high``] (no ``high``: no upper bound;
+    null: absent), after its type's: another value is a 400 naming ``field`` in its vendor's
+    ``words``, the value as JSON writes it and cut as every echo is (:func:`_shown`):
+
+    - ``"openai"``: ``"temperature must be in [0, 2] (0 = greedy), got 5"`` (``note`` the parenthesis);
+    - ``"anthropic"``: Anthropic's own 400s, ``"temperature: Input should be less than or equal to 1;
+      got 5"`` (``note`` unused).
+
+    The one check of the vendors' ranges that the request itself (:mod:`protocol.request`) is wider
+    than: OpenAI's ``temperature`` on its routes, Anthropic's ``temperature``, ``top_p`` and ``top_k``
+    on /v1/messages. ValueError for ``words`` of another vendor."""
+    if words not in ("openai", "anthropic"):
+        raise ValueError(f"words must be 'openai' or 'anthropic', got {words!r}")
+
+    def refusal(value: Any, number: Any) -> str | None:
+        if number is None or (low <= number and (high is None or number <= high)):
+            return None
+        if words == "openai":
+            bounds = f"[{low:g}, {high:g}]" if high is not None else f">= {low:g}"
+            return f"{field} must be {'in ' if high is not None else ''}{bounds}{note}, got {_shown(value)}"
+        which = "greater than or equal to" if number < low else "less than or equal to"
+        return f"{field}: Input should be {which} {low if number < low else high:g}; got {_shown(value)}"
+
     def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        number = handler(value)
-        if number is not None and not low <= number <= high:
-            raise PydanticCustomError("invalid_value", f"{field} must be in [{low:g}, {high:g}]{note}, got {value!r}")
+        number = handler(value)  # (its type's check first; the error shows the value as sent)
+        message = refusal(value, number)
+        if message is not None:
+            raise PydanticCustomError("invalid_value", message)
         return number
 
     return WrapValidator(check)

@@ -8,7 +8,11 @@ served. Over the handlers apps with a scripted broker client, no sockets."""
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+
 import pytest
+from pydantic import ValidationError
 
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
@@ -88,3 +92,54 @@ def test_a_number_outside_the_vendor_s_range_is_a_400_naming_it(apps, route, fie
 def test_each_bound_is_served(apps, route, field, value):
     r = post(apps, route, field, value)
     assert r.status_code == 200, r.text
+
+
+LONG = int("9" * 300)  # a number past the 100 characters an error echoes (protocol.validation.ECHO_MAX_CHARS)
+
+
+@pytest.mark.parametrize("route, field", [("chat", "temperature"), ("completions", "temperature"),
+                                          ("responses", "temperature"), ("messages", "temperature"),
+                                          ("messages", "top_p")])
+def test_a_long_number_is_echoed_cut_as_every_echo_is(apps, route, field):
+    # OpenAI's temperature echoed all 300 digits (Python's repr, uncut); Anthropic's ranges cut it
+    r = post(apps, route, field, LONG)
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "9" * 100 + "… (300 characters)" in message and "9" * 101 not in message, message
+
+
+@pytest.mark.parametrize("route", sorted(BODIES))
+@pytest.mark.parametrize("text", ["1e308", "5.0", "-2.5E1", "3"])
+def test_the_number_refused_is_shown_as_json_writes_it(apps, route, text):
+    # the echo is the number's JSON (json.dumps: 1e308 is '1e+308', valid JSON, as JavaScript's JSON.stringify
+    # writes it too), never a Python spelling such as inf or nan; it reads back as the number sent
+    http, path, (_, body, headers) = apps[0][route], BODIES[route][0], BODIES[route]
+    raw = json.dumps(body)[:-1] + f', "temperature": {text}}}'
+    r = http.post(path, content=raw, headers={**headers, "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    shown = r.json()["error"]["message"].rsplit("got ", 1)[1]
+    assert json.loads(shown) == json.loads(text), shown
+
+
+def test_one_range_check_words_each_vendor_s_refusal():
+    from pydantic import BaseModel
+
+    from gateway.schemas import in_range
+
+    class Body(BaseModel):
+        openai: Annotated[float | None, in_range("openai", 0, 2, " (0 = greedy)")] = None
+        anthropic: Annotated[float | None, in_range("anthropic", 0, 1, words="anthropic")] = None
+        floor: Annotated[int | None, in_range("floor", 0, words="anthropic")] = None
+
+    def message(**field):
+        with pytest.raises(ValidationError) as e:
+            Body(**field)
+        return e.value.errors()[0]["msg"]
+
+    assert message(openai=5) == "openai must be in [0, 2] (0 = greedy), got 5"
+    assert message(anthropic=1.5) == "anthropic: Input should be less than or equal to 1; got 1.5"
+    assert message(anthropic=-0.5) == "anthropic: Input should be greater than or equal to 0; got -0.5"
+    assert message(floor=-1) == "floor: Input should be greater than or equal to 0; got -1"
+    assert Body(openai=2, anthropic=0, floor=10**9) == Body(openai=2.0, anthropic=0.0, floor=10**9)
+    assert Body(openai=None).openai is None
+    with pytest.raises(ValueError, match="words must be 'openai' or 'anthropic'"):
+        in_range("x", 0, 1, words="other")
