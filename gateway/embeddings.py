@@ -69,6 +69,7 @@ from gateway.schemas import _bad_type, _check_ids, _shown
 from protocol.embedding import cosine, pack, truncate, unpack
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import ModelInfo
+from protocol.validation import echo
 
 MAX_INPUTS = 2048
 """Most inputs per ``/v1/embeddings`` request, and documents per rerank (OpenAI's bound for ``input``)."""
@@ -194,7 +195,7 @@ class EmbeddingEndpoints:
         if not body.query:
             raise bad_request("query must not be empty", "query")
         if body.top_n is not None and body.top_n < 1:
-            raise bad_request(f"top_n must be >= 1 (or left out: every document), got {body.top_n}", "top_n")
+            raise bad_request(f"top_n must be >= 1 (or left out: every document), got {echo(body.top_n)}", "top_n")
         client = await self.link.client_for(body.model)
         vectors, tokens = await _embed(client, [body.query, *body.documents],
                                        ["query"] + [f"documents[{i}]" for i in range(len(body.documents))], request)

@@ -334,12 +334,12 @@ class Generate:
             return COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         a, b = body.max_tokens, body.max_completion_tokens
         if a is not None and b is not None and a != b:
-            raise bad_request(f"max_tokens ({a}) and max_completion_tokens ({b}) disagree; give one",
+            raise bad_request(f"max_tokens ({echo(a)}) and max_completion_tokens ({echo(b)}) disagree; give one",
                               "max_completion_tokens")
         if a is not None or b is not None:
             name, value = ("max_tokens", a) if a is not None else ("max_completion_tokens", b)
             if value < 1:  # (0 too: chat has no echo, so nothing would be shown; OpenAI and vLLM refuse it)
-                raise bad_request(f"{name} must be >= 1, got {value}", name)
+                raise bad_request(f"{name} must be >= 1, got {echo(value)}", name)
             return value
         default = self.config.default_chat_max_tokens
         if info is not None and info.max_seq_len is not None:

@@ -401,11 +401,11 @@ class MessagesTranslation:
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
         body = self.body = parse_body(MessagesRequest, raw, in_tool_use_input)
         if body.max_tokens < 1:
-            raise bad_request(f"max_tokens must be >= 1, got {body.max_tokens}", "max_tokens")
+            raise bad_request(f"max_tokens must be >= 1, got {echo(body.max_tokens)}", "max_tokens")
         budget = (body.thinking or {}).get("budget_tokens")
         if budget is not None and budget >= body.max_tokens:  # (Anthropic's rule: the thinking is in max_tokens)
-            raise bad_request(f"max_tokens must be greater than thinking.budget_tokens ({body.max_tokens} <= "
-                              f"{budget}): the thinking counts in max_tokens; raise max_tokens or lower the budget",
+            raise bad_request(f"max_tokens must be greater than thinking.budget_tokens ({echo(body.max_tokens)} <= "
+                              f"{echo(budget)}): the thinking counts in max_tokens; raise max_tokens or lower the budget",
                               "thinking.budget_tokens")
         fields, self.origins = _chat_fields(body)
         chat = _chat_request({

@@ -190,7 +190,7 @@ def _thinking(value: Any) -> Any:
                                   f"{json_shown(budget)}")
     if kind == "enabled" and budget < MIN_THINKING_BUDGET:
         raise PydanticCustomError("invalid_value", "thinking.budget_tokens: Input should be greater than or equal to "
-                                  f"{MIN_THINKING_BUDGET}; got {budget}")
+                                  f"{MIN_THINKING_BUDGET}; got {json_shown(budget)}")
     display = value.get("display")
     if display is not None and (type(display) is not str or display not in THINKING_DISPLAYS):
         raise PydanticCustomError("invalid_value", f"thinking.display: Input should be {_either(THINKING_DISPLAYS)} "

@@ -182,7 +182,7 @@ def _part_text(part: Any, where: str) -> str:
 
 def _count(value: int | None, field: str, extra: str = "") -> int | None:
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise bad_request(f"{field} must be an integer in [0, {MAX_LOGPROBS}]{extra}, got {value}", field)
+        raise bad_request(f"{field} must be an integer in [0, {MAX_LOGPROBS}]{extra}, got {echo(value)}", field)
     return value
 
 

@@ -378,7 +378,7 @@ class ResponsesTranslation:
             self.origins = list(previous.origins)
         logprobs = self._logprobs(body)
         if body.max_output_tokens is not None and body.max_output_tokens < 1:
-            raise bad_request(f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens")
+            raise bad_request(f"max_output_tokens must be >= 1, got {echo(body.max_output_tokens)}", "max_output_tokens")
         if body.input is None:
             raise missing_parameter("input", None)
         messages, origins = input_items(body.input, self.history)
@@ -408,7 +408,7 @@ class ResponsesTranslation:
         the model's text too: which are the message's cannot be told apart)."""
         top = body.top_logprobs
         if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {echo(top)}", "top_logprobs")
         if "message.output_text.logprobs" not in (body.include or ()):
             return {}
         if body.tools and body.tool_choice != "none":

@@ -18,6 +18,8 @@ import sys
 from array import array
 from typing import Iterable, Sequence
 
+from protocol.validation import echo
+
 _SWAP = sys.byteorder == "big"  # array("f") packs in the machine's order; the wire's is little-endian
 
 
@@ -45,7 +47,7 @@ def truncate(values: Sequence[float], dimensions: int) -> list[float]:
     Kusupati et al. 2022: a prefix of the embedding is an embedding; OpenAI's ``dimensions``).
     A zero prefix stays zero. ValueError unless 1 <= ``dimensions`` <= ``len(values)``."""
     if not 1 <= dimensions <= len(values):
-        raise ValueError(f"dimensions must be in [1, {len(values)}], got {dimensions}")
+        raise ValueError(f"dimensions must be in [1, {len(values)}], got {echo(dimensions)}")
     head = [float(v) for v in values[:dimensions]]
     norm = math.sqrt(math.fsum(v * v for v in head))
     return head if norm == 0.0 else [v / norm for v in head]

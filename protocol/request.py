@@ -349,13 +349,13 @@ def _timeout(value: object, field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, (str, bool)) or type(value).__name__ == "bool_":
-        raise ValueError(f"{field} must be a number of seconds or None, got {value!r}")
+        raise ValueError(f"{field} must be a number of seconds or None, got {echo(value)}")
     try:
         t = as_float(value, field)
     except ValueError:
-        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {value!r}") from None
+        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {echo(value)}") from None
     if not t > 0:
-        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {value!r}")
+        raise ValueError(f"{field} must be a finite number of seconds > 0 or None, got {echo(value)}")
     return t
 
 
@@ -364,7 +364,7 @@ def _temperature(value: object, field: str) -> float:
         return value
     t = as_float(value, field)
     if t < 0:
-        raise ValueError(f"{field} must be >= 0 (0 = greedy), got {value!r}")
+        raise ValueError(f"{field} must be >= 0 (0 = greedy), got {echo(value)}")
     return t
 
 
@@ -373,7 +373,7 @@ def _top_p(value: object, field: str) -> float:
         return value
     p = as_float(value, field)
     if not 0 < p <= 1:
-        raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+        raise ValueError(f"{field} must be in (0, 1], got {echo(value)}")
     return p
 
 
@@ -384,7 +384,7 @@ def _seed(value: object, field: str) -> int | None:
 def _min_p(value: object, field: str) -> float:
     p = as_float(value, field)
     if not 0 <= p <= 1:
-        raise ValueError(f"{field} must be in [0, 1] (0 = off), got {value!r}")
+        raise ValueError(f"{field} must be in [0, 1] (0 = off), got {echo(value)}")
     return p
 
 
@@ -395,21 +395,21 @@ def _logprob_count(value: object, field: str) -> int | None:
     n = as_int(value, field, minimum=0) if type(value) is not int or value < 0 else value
     if n > MAX_LOGPROBS:
         raise ValueError(f"{field} must be in [0, {MAX_LOGPROBS}] (alternatives per token) or None (off), "
-                         f"got {value!r}")
+                         f"got {echo(value)}")
     return n
 
 
 def _penalty(value: object, field: str) -> float:
     p = as_float(value, field)
     if not -PENALTY_BOUND <= p <= PENALTY_BOUND:
-        raise ValueError(f"{field} must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off), got {value!r}")
+        raise ValueError(f"{field} must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off), got {echo(value)}")
     return p
 
 
 def _repetition_penalty(value: object, field: str) -> float:
     p = as_float(value, field)
     if not p > 0:
-        raise ValueError(f"{field} must be > 0 (1 = off), got {value!r}")
+        raise ValueError(f"{field} must be > 0 (1 = off), got {echo(value)}")
     return p
 
 
@@ -440,13 +440,13 @@ def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
                                  f"them), got {echo(token)}")
             token = as_int(token, f"{field} key", minimum=0)  # (bools refused; numpy ints taken)
         if not 0 <= token <= WIRE_INT_MAX:
-            raise ValueError(f"{field} keys must be token ids (ints >= 0), got {token!r}")
+            raise ValueError(f"{field} keys must be token ids (ints >= 0), got {echo(token)}")
         if token in out:
             raise ValueError(f"{field} gives token {token} twice")
         b = as_float(bias, f"{field}[{token}]")
         if not -LOGIT_BIAS_BOUND <= b <= LOGIT_BIAS_BOUND:
             raise ValueError(f"{field}[{token}] must be in [-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}], "
-                             f"got {bias!r}")
+                             f"got {echo(bias)}")
         out[token] = b
     return tuple(sorted((t, b) for t, b in out.items() if b != 0.0))
 
@@ -930,7 +930,7 @@ def _check_embed(params: RequestParams) -> None:
     if type(params.prompt) is not str and type(params.prompt[0]) is not int:
         raise ValueError("prompt: an embedding takes text or token ids, not chat messages")
     if params.max_tokens != 1:
-        raise ValueError(f"max_tokens: an embedding generates no token; send max_tokens=1, got {params.max_tokens}")
+        raise ValueError(f"max_tokens: an embedding generates no token; send max_tokens=1, got {echo(params.max_tokens)}")
     given = [name for name, _, default in _CHECKS if name not in _EMBED_FIELDS and getattr(params, name) != default]
     if given:
         raise ValueError(f"{given[0]}: a generation option, which an embedding request (kind 'embed') cannot "

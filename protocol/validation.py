@@ -57,14 +57,23 @@ def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     string of more than ``limit`` characters the repr of its first ``limit`` and ``… (N characters)``;
     any other repr past ``limit`` characters is cut likewise (:func:`clip`). A value nested past
     Python's recursion limit (a Python caller's: JSON off the wire is read shallower), which has no
-    repr, is named by its type (``a dict nested too deeply to show``)."""
+    repr, is named by its type (``a dict nested too deeply to show``), and an int past Python's limit
+    on the digits ``str`` writes (:func:`sys.get_int_max_str_digits`, 4,300 by default) by its size
+    (``an int of about 5,001 digits``): neither has a repr, and Python's words are no client's."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}… ({len(value)} characters)"
     try:
         text = repr(value)
     except RecursionError:  # (repr's own words, "maximum recursion depth exceeded ...", are Python's)
         return f"a {type(value).__name__} nested too deeply to show"
+    except ValueError:  # ("Exceeds the limit (4300 digits) for integer string conversion")
+        if not isinstance(value, int):
+            raise
+        return f"an int of about {int(abs(value).bit_length() * _LOG10_2) + 1:,} digits"
     return clip(text, limit + 2)
+
+
+_LOG10_2 = math.log10(2)
 
 
 def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
@@ -78,8 +87,8 @@ def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
             raise ValueError(f"{field} must be an int, got {type(value).__name__} {echo(value)}") from None
     if not minimum <= value <= WIRE_INT_MAX:
         if value < minimum:
-            raise ValueError(f"{field} must be >= {minimum}, got {value}")
-        raise ValueError(f"{field} must be < 2**64 (the wire's integer range), got {value}")
+            raise ValueError(f"{field} must be >= {minimum}, got {echo(value)}")
+        raise ValueError(f"{field} must be < 2**64 (the wire's integer range), got {echo(value)}")
     return value
 
 
@@ -91,10 +100,13 @@ def as_float(value: object, field: str) -> float:
         raise ValueError(f"{field} must be a number, got {type(value).__name__} {echo(value)}")
     try:
         out = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:  # (an int past a double's range: "int too large to convert to float")
+        raise ValueError(f"{field} must be a finite number, got {echo(value)}, past a double's range (about "
+                         "1.8e308)") from None
+    except (TypeError, ValueError):
         raise ValueError(f"{field} must be a number, got {type(value).__name__}") from None
     if not math.isfinite(out):
-        raise ValueError(f"{field} must be finite, got {value!r}")
+        raise ValueError(f"{field} must be finite, got {echo(value)}")
     return out
 
 

@@ -240,6 +240,8 @@ def test_rerank_orders_by_cosine_similarity(http):
                        ({"documents": ["north", 3]}, "documents"), ({"query": "north up east down"}, "query"),
                        ({"documents": ["north", "up up up up"]}, "documents")):
         assert error_of(http.post("/v1/rerank", json={**body, **bad}), 400)["param"] == param
+    e = error_of(http.post("/v1/rerank", json={**body, "top_n": -int("9" * 300)}), 400)  # (was echoed whole)
+    assert e["param"] == "top_n" and e["message"].endswith("9" * 100 + "… (301 characters)"), e
 
 
 class GeneratingLink:

@@ -143,3 +143,22 @@ def test_one_range_check_words_each_vendor_s_refusal():
     assert Body(openai=None).openai is None
     with pytest.raises(ValueError, match="words must be 'openai' or 'anthropic'"):
         in_range("x", 0, 1, words="other")
+
+
+# route -> (field, value, more): the gateway's own number checks, and the request's behind them
+LONG_REFUSALS = [("chat", "max_tokens", -LONG, {}), ("chat", "max_completion_tokens", -LONG, {}),
+                 ("chat", "max_completion_tokens", LONG, {"max_tokens": LONG - 1}),  # (the two disagree)
+                 ("chat", "top_logprobs", LONG, {"logprobs": True}), ("chat", "seed", -LONG, {}),
+                 ("completions", "logprobs", LONG, {}), ("completions", "max_tokens", LONG, {}),
+                 ("responses", "max_output_tokens", -LONG, {}), ("responses", "top_logprobs", LONG, {}),
+                 ("messages", "max_tokens", -LONG, {}), ("messages", "top_k", LONG, {}),
+                 ("messages", "thinking", {"type": "enabled", "budget_tokens": -LONG}, {}),
+                 ("messages", "thinking", {"type": "enabled", "budget_tokens": LONG}, {})]  # (over max_tokens)
+
+
+@pytest.mark.parametrize("route, field, value, more", LONG_REFUSALS)
+def test_each_number_check_echoes_a_long_number_cut(apps, route, field, value, more):
+    # each wrote the number whole (f"{value}"): 300 digits in the message
+    r = post(apps, route, field, value, **more)
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "… (30" in message and "9" * 103 not in message, message

@@ -152,3 +152,44 @@ def test_each_protocol_refusal_marks_the_cut(build):
     with pytest.raises((ValueError, ProtocolError)) as e:
         build()
     assert "characters)" in str(e.value) and len(str(e.value)) < 1000, str(e.value)[:300]
+
+
+# Kind "a client's number echoed whole in an error": the request's range checks and the gateway's own
+# wrote a 300-digit number whole (f"{value}", f"{value!r}"), and an int past Python's limit on the digits
+# str() writes (4,300) failed their f-string with Python's words ("Exceeds the limit (4300 digits) for
+# integer string conversion; use sys.set_int_max_str_digits() ..."), or "must be a number, got int".
+NUMBER, HUGE = 10**300, 10**5000
+_FIELDS = ("max_tokens", "min_tokens", "top_k", "seed", "temperature", "top_p", "min_p", "presence_penalty",
+           "frequency_penalty", "repetition_penalty", "logprobs", "prompt_logprobs", "timeout_s")
+
+
+@pytest.mark.parametrize("field", _FIELDS)
+@pytest.mark.parametrize("number", [NUMBER, -NUMBER, HUGE, -HUGE], ids=["long", "-long", "huge", "-huge"])
+def test_each_request_number_is_echoed_cut_or_by_its_size(field, number):
+    try:
+        RequestParams.from_mapping({"max_tokens": 3, "prompt": [1], field: number})
+    except ValueError as e:
+        words = str(e)
+        assert words.startswith(field) and len(words) < 300 and "sys." not in words, words
+        assert "… (30" in words or "an int of about 5,001 digits" in words, words
+        assert "got int" not in words, words
+    else:  # (a huge positive temperature, timeout or repetition penalty is one the request takes)
+        assert number == NUMBER and field in ("temperature", "timeout_s", "repetition_penalty")
+
+
+def test_echo_names_an_int_too_long_to_write_by_its_size():
+    assert echo(HUGE) == "an int of about 5,001 digits" and echo(-HUGE) == "an int of about 5,001 digits"
+    assert echo(10**4299) == clip(str(10**4299), ECHO_MAX_CHARS + 2)  # (within the limit: its digits, cut)
+    with pytest.raises(ValueError, match=r"got an int of about 5,001 digits"):
+        as_int(HUGE, "n")
+    with pytest.raises(ValueError, match=r"n must be a finite number, got an int of about 5,001 digits, past a double"):
+        from protocol.validation import as_float
+        as_float(HUGE, "n")
+
+
+def test_an_embedding_s_dimensions_are_echoed_cut():
+    from protocol.embedding import truncate
+
+    with pytest.raises(ValueError) as e:
+        truncate([1.0, 2.0], NUMBER)
+    assert _marked(str(e.value), 301)
