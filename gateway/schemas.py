@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidatorFunctionWrapHandler, \
-    WrapValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, \
+    ValidatorFunctionWrapHandler, WrapValidator, field_validator
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
@@ -37,6 +37,10 @@ MAX_N = 128
 
 MAX_STOP = 4
 """Most stop entries (OpenAI's bound for ``stop``)."""
+
+MAX_BEST_OF = 20
+"""Most ``best_of`` candidates per prompt (OpenAI's bound: its OpenAPI spec's ``CreateCompletionRequest``,
+``best_of`` minimum 0, maximum 20; it must also be at least ``n``, as vLLM's ``SamplingParams`` checks)."""
 
 MAX_TEMPERATURE = 2.0
 """The highest ``temperature`` OpenAI's routes take (OpenAI's range is [0, 2]; the Python SDK and
@@ -298,12 +302,23 @@ class CompletionRequest(_Sampling):
     echo: bool | None = None                  # the prompt before the completion (with logprobs: its tokens' first)
     top_logprobs: Any = None                  # a chat field: refused unless null or 0 (gateway.options)
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = None  # candidates of which the best n are returned: only n itself is served (501)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """``best_of`` within OpenAI's range, [``n``, :data:`MAX_BEST_OF`], else a 400 naming it (a value
+        in range other than ``n`` is valid and not implemented: :meth:`unsupported`'s 501)."""
+        n = info.data.get("n") or 1
+        if value is not None and not n <= value <= MAX_BEST_OF:
+            raise PydanticCustomError("invalid_value", f"best_of must be in [{n}, {MAX_BEST_OF}] (at least n: the best n "
+                                      f"of best_of candidates are returned), got {_shown(value)}")
+        return value
 
     def unsupported(self) -> str | None:
         if "best_of" not in self.model_fields_set:
             return super().unsupported()
-        if not _neutral(self.best_of, (None, 1, self.choices_per_prompt)):
+        if not _neutral(self.best_of, (None, self.choices_per_prompt)):
             return "best_of"
         return super().unsupported()
 

@@ -42,7 +42,7 @@ OPENAI = {"temperature": ([5, 2.0001, -1, -0.5], [0, 2, 0.7]),
 # (field, bad values, served values) per route; where a field needs another beside it, ``EXTRA``
 RANGES = {
     "chat": {**OPENAI, "top_logprobs": ([21, -1], [0, 20])},
-    "completions": {**OPENAI, "logprobs": ([21, -1], [0, 20])},
+    "completions": {**OPENAI, "logprobs": ([21, -1], [0, 20]), "best_of": ([0, -1, 21, 10**6], [1])},
     "responses": {"temperature": OPENAI["temperature"], "top_p": OPENAI["top_p"], "top_logprobs": ([21, -1], [0, 20]),
                   "max_output_tokens": ([0, -1], [1])},
     "messages": {"temperature": ([5, 1.0001, -1], [0, 1, 0.5]), "top_p": ([1.5, -0.5], [1, 0.5]),
@@ -162,3 +162,17 @@ def test_each_number_check_echoes_a_long_number_cut(apps, route, field, value, m
     r = post(apps, route, field, value, **more)
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and "… (30" in message and "9" * 103 not in message, message
+
+
+@pytest.mark.parametrize("n, best_of, status", [(2, 1, 400), (3, 2, 400), (2, 21, 400), (25, 20, 400),
+                                                (2, 2, 200), (2, 3, 501), (1, 20, 501)])
+def test_best_of_below_n_or_past_20_is_a_400_and_other_values_in_range_a_501(apps, n, best_of, status):
+    # best_of 0, -1 or 21 was the 501 of a valid value not implemented, and best_of 1 with n 2 was served
+    r = post(apps, "completions", "best_of", best_of, n=n)
+    assert r.status_code == status, r.text
+    if status != 200:
+        e = r.json()["error"]
+        assert e["param"] == "best_of" and e["code"] == ("invalid_value" if status == 400 else "unsupported"), e
+    if status == 400:
+        assert e["message"] == (f"best_of must be in [{n}, 20] (at least n: the best n of best_of candidates are "
+                                f"returned), got {best_of}"), e
