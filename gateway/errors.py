@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from gateway.json_body import body_problem, value_kind
+from gateway.json_body import body_problem, not_an_object, value_kind
 from protocol.enums import ErrorCode
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
 from protocol.request import RequestParams
@@ -324,8 +324,7 @@ def from_validation(errors: list[dict]) -> APIError:
     if kind == "json_invalid":
         return invalid_json(e.get("input"), e.get("msg", ""))
     if kind == "model_type" and not loc:
-        return bad_request(f"the body must be a JSON object ({{\"model\": ...}}), got {value_kind(e.get('input'))}",
-                           None, "invalid_type")
+        return bad_request(not_an_object(value_kind(e.get("input"))), None, "invalid_type")
     if kind == "extra_forbidden":
         return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
     if kind == "missing":
@@ -349,7 +348,7 @@ def invalid_json(raw: object, detail: str) -> APIError:
         return bad_request(surrogate_escape_message("the body", lone, "send the character itself as UTF-8, or both "
                                                                       "halves of its pair"), None, "invalid_json")
     message = body_problem(raw, detail) if isinstance(raw, (bytes, bytearray, str)) else "the body is not valid JSON"
-    return bad_request(message, None, "invalid_json")
+    return bad_request(message, None, "invalid_type" if message == not_an_object("an array") else "invalid_json")
 
 
 def nonfinite_number(raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> APIError | None:

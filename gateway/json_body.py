@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_DEPTH", "body_problem", "value_kind"]
+__all__ = ["MAX_DEPTH", "body_problem", "not_an_object", "outer_kind", "value_kind"]
 
 MAX_DEPTH = 200
 """How deep a body may nest arrays and objects inside its outermost object: the JSON parser's limit
@@ -48,7 +48,8 @@ def body_problem(raw: bytes | str, detail: str) -> str:
     message, ``"Invalid JSON: expected value at line 1 column 7"``): a sentence starting ``the
     body`` (``"the body is not valid JSON at line 1 column 7: expected a value"``). Bytes that are
     no UTF-8, a blank body and one nested past :data:`MAX_DEPTH` are told apart from syntax
-    errors; a place is given as line and column in characters."""
+    errors; a place is given as line and column in characters. An array nested past it is told
+    that the body must be an object (:func:`not_an_object`), as a shallower one is."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
     try:
         text = data.decode("utf-8")
@@ -64,10 +65,24 @@ def body_problem(raw: bytes | str, detail: str) -> str:
     line, column = _column_in_characters(data, int(m["line"]), int(m["column"]))
     where = f"at line {line} column {column}"
     if m["what"] == "recursion limit exceeded":  # (valid JSON, nested past what the parser reads)
+        if outer_kind(text) is not None:  # (an array: no body's object to count levels in; what to fix is
+            return not_an_object(outer_kind(text))  # that it is none, as for any body that is no object)
         return (f"the body nests arrays and objects more than {MAX_DEPTH} levels deep ({where}); slotserve reads "
                 f"at most {MAX_DEPTH} levels inside the body's object")
     what = _WORDS.get(m["what"])
     return f"the body is not valid JSON {where}" + (f": {what}" if what else "")
+
+
+def outer_kind(text: str) -> str | None:
+    """``"an array"`` when the outermost value of ``text`` (a body or a JSONL row too deep to parse) is
+    one, read from its first character after a UTF-8 byte order mark and blanks; else None (an
+    object, or no value). Only an array, of the values that are no object, can nest."""
+    return "an array" if text.removeprefix("\ufeff").lstrip(" \t\r\n")[:1] == "[" else None
+
+
+def not_an_object(kind: str) -> str:
+    """The refusal of a body whose JSON is ``kind`` (:func:`value_kind`'s words), not an object."""
+    return f"the body must be a JSON object ({{\"model\": ...}}), got {kind}"
 
 
 def value_kind(value: object) -> str:

@@ -357,6 +357,9 @@ class BatchJob:
             return
         except RecursionError:  # (nested deeper than Python's recursion limit: the row, not the job)
             self._claim_id(n, n)
+            if line.lstrip(" \t\r\n").startswith("["):  # (an array: no row's object to count levels in)
+                self.bad_row(n, n, f"line {n}: a row must be a JSON object")
+                return
             self.bad_row(n, n, f"line {n}: nested too deeply to read (over {sys.getrecursionlimit()} levels of "
                                "arrays or objects)")
             return

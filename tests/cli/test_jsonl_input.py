@@ -117,6 +117,8 @@ UNREADABLE_LINES = {  # a line Python's JSON reader raises on with something oth
     "nested past the recursion limit": ('{"id": "deep", "prompt": [3], "extra": ' + "[" * (sys.getrecursionlimit() * 2)
                                         + "]" * (sys.getrecursionlimit() * 2) + "}",
                                         "line 2: nested too deeply to read"),
+    "an array nested past the recursion limit": ("[" * sys.getrecursionlimit() * 2 + "]" * sys.getrecursionlimit() * 2,
+                                                 "line 2: a row must be a JSON object"),  # (was 'nested too deeply')
     "an integer past the digit limit": ('{"id": "big", "prompt": [1' + "0" * (sys.get_int_max_str_digits() + 1)
                                         + '], "max_tokens": 3}', "line 2: it holds an integer of more than"),
 }
