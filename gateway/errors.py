@@ -51,6 +51,7 @@ from pydantic_core import to_json
 
 from gateway.json_body import body_problem, not_an_object, value_kind
 from protocol.enums import ErrorCode
+from protocol.errors import error_code
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
 from protocol.request import RequestParams
 from protocol.validation import clip, surrogate_escape_message, unpaired_surrogate
@@ -272,8 +273,8 @@ def from_value_error(e: ValueError, default_param: str | None = None) -> APIErro
     """A request the client SDK refused at submission (400, the SDK's message; the
     code is the error's own when it has one, e.g. ``unsupported``, as a worker's refusal would say)."""
     msg = str(e)
-    code = getattr(e, "code", None)
-    return bad_request(msg, param_of(msg, default_param), code.value if isinstance(code, ErrorCode) else "invalid_value")
+    code = error_code(e, None)
+    return bad_request(msg, param_of(msg, default_param), "invalid_value" if code is None else code.value)
 
 
 def from_remote(code: ErrorCode, message: str, prompt_param: str = "prompt") -> APIError:

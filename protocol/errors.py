@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from protocol.enums import ErrorCode
 
+__all__ = ["ContextLengthError", "ProtocolError", "StopEntryError", "UnsupportedError", "error_code"]
+
+
+def error_code(err: BaseException | None, default: ErrorCode | None) -> ErrorCode | None:
+    """The wire code of ``err``: its ``code`` when that is an :class:`ErrorCode` (slotserve's errors
+    carry one: :class:`UnsupportedError`, :class:`ContextLengthError`, a worker's ``ModelError``),
+    else ``default``. Another exception's ``code`` is no wire code -- an HTTP status
+    (``urllib.error.HTTPError.code``: 404), an exit status, a library's own string -- and a record
+    carrying it could not be encoded, or read by the peer (``malformed``)."""
+    code = getattr(err, "code", None)
+    return code if isinstance(code, ErrorCode) else default
+
 
 class ProtocolError(Exception):
     """A message could not be decoded or broke the wire contract.

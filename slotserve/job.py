@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from client import Client, RemoteError
 from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import error_code
 from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
@@ -391,7 +392,7 @@ class BatchJob:
                 self.handles[n] = self.client.submit(params, lambda seq, rid=n: self.done(rid), request_id=n)
                 self.rows[n] = row_id
         except ValueError as e:  # (e.g. UnsupportedError: text for a model without a tokenizer)
-            self.bad_row(n, row_id, f"line {n}: {e}", getattr(e, "code", ErrorCode.BAD_REQUEST))
+            self.bad_row(n, row_id, f"line {n}: {e}", error_code(e, ErrorCode.BAD_REQUEST))
 
     def done(self, rid: int) -> None:
         """The request's callback (client callback thread)."""

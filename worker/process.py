@@ -37,6 +37,7 @@ import zmq
 
 from protocol.curve import load_peer_keys
 from protocol.enums import ErrorCode, FinishReason
+from protocol.errors import error_code
 from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Logprobs, ModelInfo, \
     PrefixCacheUsage, Rejected, Started, Text
 from worker.config import WorkerConfig
@@ -376,11 +377,10 @@ class WorkerProcess:
                                                      resume_tokens=entry.resume_tokens,
                                                      time_left_s=entry.time_left_s)
                 except ValueError as e:  # bad_request, or the error's own code (unsupported, duplicate)
-                    refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.BAD_REQUEST),
-                                            str(e)))
+                    refused.append(Finished(key, FinishReason.ERROR, error_code(e, ErrorCode.BAD_REQUEST), str(e)))
                     continue
                 except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, a tokenizer failure
-                    refused.append(Finished(key, FinishReason.ERROR, getattr(e, "code", ErrorCode.INTERNAL),
+                    refused.append(Finished(key, FinishReason.ERROR, error_code(e, ErrorCode.INTERNAL),
                                             error_words(e)))
                     continue
                 self._live[live.eid] = live
@@ -431,7 +431,7 @@ def error_words(err: BaseException) -> str:
     slotserve's errors, whose ``code`` (an :class:`ErrorCode`, sent beside it) already says its kind
     (``model_error`` with "model failed: RuntimeError: ...", not "ModelError: model failed: ..."),
     else its type's name first, the only clue to what failed (``KeyError: 'x'``)."""
-    if isinstance(getattr(err, "code", None), ErrorCode):
+    if error_code(err, None) is not None:
         return str(err)
     return f"{type(err).__name__}: {err}"
 
@@ -443,9 +443,7 @@ def _finished(key: int, handle) -> Finished:
     code = message = None
     if reason is FinishReason.ERROR:
         err = handle.error
-        code = getattr(err, "code", None)
-        if not isinstance(code, ErrorCode):
-            code = ErrorCode.INTERNAL
+        code = error_code(err, ErrorCode.INTERNAL)
         message = error_words(err) if err is not None else "failed"
     return Finished(key, reason, code, message, handle.prompt_tokens, handle.stop_reason, handle.cached_tokens)
 

@@ -205,3 +205,21 @@ def test_a_worker_error_s_words_are_its_own_when_its_code_says_its_kind():
     assert error_words(ModelError("model failed: RuntimeError: boom")) == "model failed: RuntimeError: boom"
     assert error_words(QueueFullError("the worker's queue is full")) == "the worker's queue is full"
     assert error_words(KeyError("k")) == "KeyError: 'k'"  # (no code of its own: its type is the clue)
+
+
+def test_a_refusal_whose_code_is_no_error_code_is_a_bad_request_row():
+    # a ValueError carrying a code of its own ('E42') at submission wrote no row: the job read code.value of a str
+    from slotserve.job import BatchJob
+
+    class Refusal(ValueError):
+        code = "E42"
+
+    class RefusingClient:
+        def submit(self, *args, **kwargs):
+            raise Refusal("a foreign refusal")
+
+    out = io.StringIO()
+    BatchJob(RefusingClient(), io.StringIO(""), out, progress=False).submit(1, json.dumps({"id": "x", "prompt": [1],
+                                                                                          "max_tokens": 2}))
+    (row,) = map(json.loads, out.getvalue().splitlines())
+    assert row["id"] == "x" and row["error"] == {"code": "bad_request", "message": "line 1: a foreign refusal"}

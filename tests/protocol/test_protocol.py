@@ -466,3 +466,13 @@ def test_context_exceeded_has_its_own_code_for_every_prompt_kind(params, prompt_
     ModelLimits(max_seq_len=5).check(params, prompt_len)  # exactly full is fine
     fin = Finished(1, FinishReason.ERROR, e.value.code, str(e.value))
     assert decode(encode(Results(ids=[], tokens=[], finished=[fin]))).finished == (fin,)
+
+
+def test_error_code_takes_an_error_code_only():
+    from protocol.errors import ContextLengthError, error_code
+
+    assert error_code(ContextLengthError("long"), ErrorCode.INTERNAL) is ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    for foreign in (type("E", (ValueError,), {"code": "E42"})(), type("H", (OSError,), {"code": 404})(), KeyError("k"),
+                    None):
+        assert error_code(foreign, ErrorCode.INTERNAL) is ErrorCode.INTERNAL
+        assert error_code(foreign, None) is None

@@ -132,3 +132,35 @@ def test_dropped_work_never_leaks_and_keys_can_be_reused():
     per, _, fin = merged([x for x in its if x[0] == wp._epoch])
     assert len(per[1]) == 3 and fin[1].finish_reason is FinishReason.LENGTH
     assert not wp._live
+
+
+class _Coded(ValueError):
+    code = "E42"  # a library's own code: no ErrorCode
+
+
+class _Numbered(RuntimeError):
+    code = 404  # an HTTP status, as urllib.error.HTTPError carries
+
+
+def test_a_foreign_error_s_code_is_mapped_to_an_error_code_the_wire_carries():
+    # WorkerProcess.assign passed e.code on as it was: a Finished with code 'E42' or 404, which the broker could
+    # not read ("field 'code': unknown value 'E42'", "expected NoneType or str, got int"), malformed
+    from types import SimpleNamespace
+
+    from protocol.codec import encode
+    from protocol.messages import Iteration
+    from worker.process import _finished
+
+    for err, code in ((_Coded("bad thing"), ErrorCode.BAD_REQUEST), (_Numbered("boom"), ErrorCode.INTERNAL)):
+        wp = WorkerProcess(WorkerConfig(num_slots=2), model=SimulatedLLM())
+
+        def submit(*args, **kwargs):
+            raise err
+
+        wp.engine.submit = submit
+        (refused,) = wp.assign([envelope(1, [1, 2], 3)])
+        assert refused.code is code and refused.finish_reason is FinishReason.ERROR, refused
+        assert decode(encode(Iteration(finished=(refused,)))).finished == (refused,)
+        ended = _finished(7, SimpleNamespace(finish_reason=FinishReason.ERROR, error=err, prompt_tokens=2,
+                                             stop_reason=None, cached_tokens=None))
+        assert ended.code is ErrorCode.INTERNAL and decode(encode(Iteration(finished=(ended,)))).finished == (ended,)
