@@ -113,8 +113,8 @@ def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = 
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
         d: Any = msgpack.unpackb(data, raw=False, use_list=False)
-    except (ValueError, TypeError) as e:  # msgpack's errors: ExtraData, FormatError, StackError, ...
-        raise ProtocolError(ErrorCode.MALFORMED, f"not a msgpack message ({type(e).__name__})") from None
+    except (ValueError, TypeError, RecursionError) as e:  # msgpack's errors: ExtraData, FormatError, StackError, ...
+        raise ProtocolError(ErrorCode.MALFORMED, f"not a msgpack message: {unreadable(e)}") from None
     if type(d) is not dict:
         raise ProtocolError(ErrorCode.MALFORMED, "a message must be a msgpack map")
     v = d.pop("v", None)
@@ -129,6 +129,34 @@ def decode(data: bytes, allowed: Collection[Op] | None = None, max_bytes: int = 
     if allowed is not None and op not in allowed:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"op {op.value!r} is not accepted on this socket")
     return _DECODERS[MESSAGE_TYPES[op]](d, op.value)
+
+
+MAX_MSGPACK_DEPTH = 1024
+"""How many levels of arrays and maps a frame may nest: msgpack's C unpacker's stack (deeper raises
+its ``StackError``); far past what any message holds (a request's JSON values nest at most
+:data:`~protocol.validation.MAX_JSON_DEPTH` levels)."""
+
+
+def unreadable(err: Exception) -> str:
+    """Why msgpack could not read a frame (``err``, what :func:`msgpack.unpackb` raised), in our
+    words: its exceptions' names and texts (``StackError``, ``ExtraData``, "Unpack failed: incomplete
+    input") are the library's, never a peer's to read."""
+    if isinstance(err, (msgpack.StackError, RecursionError)):  # (RecursionError: the pure-Python fallback's)
+        return f"it nests arrays and maps more than {MAX_MSGPACK_DEPTH:,} levels deep"
+    if isinstance(err, msgpack.ExtraData):
+        return "more bytes follow its value (a frame holds one msgpack map)"
+    if isinstance(err, msgpack.FormatError):
+        return "it holds a byte that starts no msgpack value"
+    if isinstance(err, UnicodeDecodeError):
+        return "a string in it is not valid UTF-8"
+    text = str(err)
+    if "incomplete input" in text:
+        return "it ends inside a value (the frame is cut short)"
+    if "not allowed for map key" in text:
+        return "a map's key is an array or a map (keys are strings or numbers)"
+    if "exceeds max_" in text:
+        return "an array, map, string or binary claims more entries or bytes than the frame holds"
+    return "its bytes are no msgpack value"
 
 
 def as_plain(value: Any) -> Any:

@@ -476,3 +476,47 @@ def test_error_code_takes_an_error_code_only():
                     None):
         assert error_code(foreign, ErrorCode.INTERNAL) is ErrorCode.INTERNAL
         assert error_code(foreign, None) is None
+
+
+_HEAD = b"\x82\xa1v" + bytes([PROTOCOL_VERSION]) + b"\xa2op"  # a map of two: v, then op's value follows
+UNREADABLE = {  # a frame msgpack cannot read -> our words for it (msgpack's: StackError, ExtraData, ...)
+    "nested past 1,024 levels": (_HEAD + b"\x91" * 1100 + b"\xc0", "it nests arrays and maps more than 1,024 levels"),
+    "maps nested past it": (b"\x81\xa1a" * 1100 + b"\xc0", "it nests arrays and maps more than 1,024 levels"),
+    "a reserved byte": (b"\xc1", "it holds a byte that starts no msgpack value"),
+    "bytes after the map": (msgpack.packb({"v": PROTOCOL_VERSION, "op": "hello"}) + b"\x00", "more bytes follow"),
+    "empty": (b"", "it ends inside a value"),
+    "cut in a string": (_HEAD + b"\xa5hel", "it ends inside a value"),
+    "a string that is no UTF-8": (_HEAD + b"\xa1\xed", "a string in it is not valid UTF-8"),
+    "an array as a key": (b"\x81\x91\x01\x01", "a map's key is an array or a map"),
+    "a length past the frame": (b"\xdd\xff\xff\xff\xff", "an array, map, string or binary claims more entries"),
+    "a bad timestamp": (b"\xd5\xff\x00\x00", "its bytes are no msgpack value"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_a_frame_msgpack_cannot_read_is_malformed_in_our_words(name):
+    # a frame nested past msgpack's 1,024 levels answered 'not a msgpack message (StackError)': a library's
+    # exception name reached the peer (ExtraData, FormatError, ValueError likewise)
+    data, says = UNREADABLE[name]
+    with pytest.raises(ProtocolError) as e:
+        decode(data)
+    assert e.value.code is ErrorCode.MALFORMED and e.value.message.startswith("not a msgpack message: " + says), \
+        e.value.message
+    assert not any(w in e.value.message for w in ("Error", "ExtraData", "Unpack", "strict_map_key", "max_")), \
+        e.value.message
+
+
+def test_the_broker_answers_an_unreadable_frame_in_our_words_on_both_sockets():
+    from broker.outbox import Side
+    from protocol.messages import Error
+    from tests.support.cores import C1, W1, make_core, sent
+
+    data = UNREADABLE["nested past 1,024 levels"][0]
+    with pytest.raises(ProtocolError) as e:
+        decode(data)
+    core = make_core()
+    for side, answer in ((Side.FRONTEND, core.on_frontend_error), (Side.BACKEND, core.on_backend_error)):
+        peer = C1 if side is Side.FRONTEND else W1
+        (reply,) = sent(answer(peer, e.value, peek_request_ids(data), 0.5), side, peer, Error)
+        assert reply.code is ErrorCode.MALFORMED and "StackError" not in reply.message, reply
+        assert reply.message == "not a msgpack message: it nests arrays and maps more than 1,024 levels deep", reply
