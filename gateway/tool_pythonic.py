@@ -8,11 +8,14 @@ params_name2=params_value2...), func_name2(params)]")::
     [get_weather(city="Paris", days=3), get_time(zone='UTC')]
 
 as the whole answer (``<|python_tag|>`` before it allowed, as Llama 3.x's ipython turns write
-it), keyword arguments only, each value a Python literal: strings in either quotes, numbers,
-``True``/``False``/``None``, lists, tuples and dicts of them (JSON's ``true``/``false``/``null``
-are taken too: what a JSON-minded model writes, and what the ``tool_choice`` grammar asks for).
-A call's ``arguments`` are the JSON object of its keyword arguments, in the order written.
-Values are read with :mod:`ast` (never evaluated), as vLLM's ``PythonicToolParser`` reads them.
+it), keyword arguments only, each once, each value a Python literal: strings in either quotes,
+numbers, ``True``/``False``/``None``, lists, tuples and dicts of them (JSON's
+``true``/``false``/``null`` are taken too: what a JSON-minded model writes, and what the
+``tool_choice`` grammar asks for). A call's ``arguments`` are the JSON object of its keyword
+arguments, in the order written. Values are read with :mod:`ast` (never evaluated), as vLLM's
+``PythonicToolParser`` reads them. A call that is not this syntax (a positional argument, ``*x``,
+a value that is no literal, a keyword given twice) is no call: the arguments a client gets are
+always a whole JSON object, never text that breaks off.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _START, _HEAD, _ARG, _VALUE, _AFTER, _TEXT, _DROP = "start", "head", "arg", "val
 _KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=")  # a keyword argument's "k="
 _PARTIAL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*[ \t]*")  # its start
 _NAME = re.compile(r"[A-Za-z0-9_-]*")
+_SPACE = re.compile(f"[{_WS}]*")
 _PREFIX = "<|python_tag|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
@@ -39,28 +43,35 @@ class PythonicStream(CallStream):
     """The incremental parser of pythonic calls (the syntax: :mod:`gateway.tool_pythonic`).
 
     An answer that starts (after whitespace and an optional ``<|python_tag|>``) with ``[`` and a
-    call ``N(`` of one of ``functions`` is calls: held back until that header says so, then the
-    call's first delta (``index``, ``id``, ``type``, ``name``) and ``{``; each keyword argument
-    goes out as ``"k": <JSON>`` once its value ends (the ``,`` or ``)`` after it, outside brackets
-    and strings), ``}`` at the call's ``)``; calls are separated by ``,``, and the list ends at
-    ``]``, after which text is content. Any other answer is content, whole (as Llama 3's JSON: the
-    syntax has no marker, so it is read at the answer's start only, ``bare`` or not, and a call
-    needs a given function's name). A call that breaks the syntax after it began (a positional
-    argument, a value that is no literal) keeps what it sent and the rest of the answer is
-    dropped, as is every call after the first when ``parallel`` is False. Calls are whole
-    (``finish_reason: "tool_calls"``) once their ``}`` went out."""
+    call ``N(`` of one of ``functions`` may be calls. Each call is read whole before it goes out --
+    its name, each keyword argument, its ``)`` -- and then sent as two deltas: its first (``index``,
+    ``id``, ``type``, ``name``) and its ``arguments``, the JSON object of its keyword arguments.
+    Calls are separated by ``,``, and the list ends at ``]``, after which text is content. Any
+    other answer is content, whole (as Llama 3's JSON: the syntax has no marker, so it is read at
+    the answer's start only, ``bare`` or not, and a call needs a given function's name).
 
-    __slots__ = ("_state", "_args_said", "_open")
+    A call that breaks the syntax (a positional argument or ``*x``, a value that is no literal, a
+    keyword given twice, a wrong bracket, an output that ended inside the call on its own) is no
+    call: when it is the answer's first the whole answer is content, as vLLM's parser answers an
+    output it cannot read; after a whole call it and the rest of the answer are dropped, as is
+    every call after the first when ``parallel`` is False. A call the output was cut in
+    (``max_tokens``, or anyhow under a forced choice) is dropped, neither content nor call
+    (:class:`~gateway.call_stream.CallStream`). So a call's arguments are always a whole JSON
+    object; what a stream gives up is their arrival in pieces."""
+
+    __slots__ = ("_state", "_at", "_name", "_key", "_parts", "_keys")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
         super().__init__(functions, parallel, bare, forced)
         self._state = _START
-        self._args_said = 0  # keyword arguments sent in the current call
-        self._open = False  # a call's "{" went out and its "}" has not
+        self._at = 0  # where the call being read continues in _buf (its text stays there until it is whole)
+        self._name = self._key = ""  # the call being read, and the keyword whose value is being read
+        self._parts: list[str] = []  # its keyword arguments read, each as '"k": <JSON>'
+        self._keys: set[str] = set()
 
     def _whole(self) -> bool:
-        return not self._open
+        return True  # (a call goes out whole, or not at all)
 
     def _step(self, out: list[dict], final: bool) -> bool:
         buf, state = self._buf, self._state
@@ -75,54 +86,45 @@ class PythonicStream(CallStream):
             if not head:
                 self._state = _TEXT
                 return True
-            self._buf, self._state = buf[head:], _HEAD
+            self._at, self._state = head, _HEAD  # (the answer's text stays: content, should the call break)
             return True
         if state == _HEAD:  # at a call's name: "N("
-            i = len(buf) - len(buf.lstrip(_WS))
+            i = _SPACE.match(buf, self._at).end()
             j = _NAME.match(buf, i).end()
-            if j == len(buf) and not final:
-                return False
-            if buf[i:j] not in self.functions or buf[j:j + 1] != "(":
-                self._state = _DROP  # (after a call: the rest is no call, and dropped)
-                return True
-            self._begin(out, buf[i:j])
-            self._args(out, "{")
-            self._open, self._args_said = True, 0
-            self._buf, self._state = buf[j + 1:], _ARG
+            if j == len(buf):
+                return False if not final else self._broken(more=True)
+            if buf[i:j] not in self.functions or buf[j] != "(":
+                return self._broken()
+            self._name, self._parts, self._keys = buf[i:j], [], set()
+            self._at, self._state = j + 1, _ARG
             return True
         if state == _ARG:  # "k=" or ")"
-            rest = buf.lstrip(_WS)
-            if rest.startswith(")"):
-                self._args(out, "}")
-                self._open = False
-                self._buf, self._state = rest[1:], _AFTER
+            i = _SPACE.match(buf, self._at).end()
+            if buf.startswith(")", i):
+                self._begin(out, self._name)
+                self._args(out, "{" + ", ".join(self._parts) + "}")
+                self._buf, self._at, self._state = buf[i + 1:], 0, _AFTER
                 return True
-            m = _KEY.match(rest)
+            m = _KEY.match(buf, i)
             if m is None:
-                if not final and (not rest or _PARTIAL_KEY.fullmatch(rest)):
-                    self._buf = rest
-                    return False
-                self._state = _DROP
-                return True
-            self._buf, self._state = rest[m.end():], _VALUE
-            self._args(out, (", " if self._args_said else "") + json.dumps(m.group(1)) + ": ")
-            self._args_said += 1
+                if i == len(buf) or _PARTIAL_KEY.fullmatch(buf, i):
+                    return False if not final else self._broken(more=True)
+                return self._broken()  # (a positional argument, *x, a stray bracket)
+            if m.group(1) in self._keys:
+                return self._broken()  # (a keyword given twice: no Python call, and no one JSON object)
+            self._key, self._at, self._state = m.group(1), m.end(), _VALUE
             return True
         if state == _VALUE:
-            end = _value_end(buf)
+            end = _value_end(buf[self._at:])
             if end is None:
-                if final:
-                    self._state = _DROP
-                    return True
-                return False
-            value = literal_json(buf[:end])
+                return False if not final else self._broken(more=True)
+            value = literal_json(buf[self._at:self._at + end])
             if value is None:
-                self._state = _DROP
-                return True
-            self._args(out, value)
-            tail = buf[end:]
-            self._buf = tail[1:] if tail.startswith(",") else tail  # (")" is read as the call's end)
-            self._state = _ARG
+                return self._broken()
+            self._parts.append(json.dumps(self._key) + ": " + value)
+            self._keys.add(self._key)
+            end += self._at
+            self._at, self._state = end + 1 if buf.startswith(",", end) else end, _ARG  # (")" ends the call, in _ARG)
             return True
         if state == _AFTER:  # "," and the next call, or "]"
             rest = buf.lstrip(_WS)
@@ -132,7 +134,7 @@ class PythonicStream(CallStream):
             if rest[0] == "]":
                 self._buf, self._state = rest[1:], _TEXT
             elif rest[0] == "," and self.parallel:
-                self._buf, self._state = rest[1:], _HEAD
+                self._buf, self._at, self._state = rest[1:], 0, _HEAD
             else:
                 self._state = _DROP
             return True
@@ -141,6 +143,17 @@ class PythonicStream(CallStream):
             return False
         self._buf = ""  # _DROP
         return False
+
+    def _broken(self, more: bool = False) -> bool:
+        """The call being read is none. ``more``: the output ended where more text might have made
+        it one -- dropped when the output was cut (:class:`~gateway.call_stream.CallStream`), else
+        broken like any call that breaks the syntax: the answer's first makes the whole answer
+        content (its text is all still in ``_buf``), a later one is dropped with the rest."""
+        if (more and self._cut) or self.calls:
+            self._buf, self._state = "", _DROP
+        else:
+            self._at, self._state = 0, _TEXT
+        return True
 
 
 def _list_head(s: str, functions: dict[str, dict]) -> int | bool | None:

@@ -124,7 +124,16 @@ CASES = {
         "mention": ("Call [get_time()] later.", ("Call [get_time()] later.", [])),
         "json_answer": ('["Paris", "Rome"]', ('["Paris", "Rome"]', [])),
         "unknown": ("[nope(x=1)]", ("[nope(x=1)]", [])),
-        "broken": ('[get_weather(city="Paris", days=three)]', (None, [("get_weather", '{"city": "Paris", "days": ')])),
+        # a call that breaks the syntax is no call (its arguments were the text before the break: '{"city": "Paris",
+        # "days": ', '{' for [get_time(1)]): the answer's first makes the answer content, whole; a later one is dropped
+        "broken": ('[get_weather(city="Paris", days=three)]', ('[get_weather(city="Paris", days=three)]', [])),
+        "positional": ("[get_time('utc')]", ("[get_time('utc')]", [])),
+        "positional_after": ("[get_time(zone='utc', 2)]", ("[get_time(zone='utc', 2)]", [])),
+        "starred": ("<|python_tag|>[get_time(**zones)]", ("<|python_tag|>[get_time(**zones)]", [])),
+        "twice": ("[get_time(zone='a', zone='b')]", ("[get_time(zone='a', zone='b')]", [])),
+        "wrong_bracket": ("[get_time(zone='a']", ("[get_time(zone='a']", [])),
+        "ended_inside": ("[get_time(zone='a'", ("[get_time(zone='a'", [])),
+        "broken_second": ("[get_time(zone='a'), get_weather(1)] Done.", (None, [("get_time", '{"zone": "a"}')])),
     },
 }
 ALL = [(parser, case) for parser, cases in CASES.items() for case in cases]
@@ -164,8 +173,8 @@ def test_the_parse_of_the_family_s_own_syntax(parser, case):
     assert (got_content, calls_of(got_calls)) == (content, calls)
     for call in got_calls:
         assert call["type"] == "function" and call["id"]
-        if case != "broken":
-            json.loads(call["function"]["arguments"])
+        if not (parser != "pythonic" and case == "broken"):  # (pythonic's arguments are always a whole object)
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
 @pytest.mark.parametrize("parser, case", [(p, c) for p, cases in BARE_CASES.items() for c in cases])
@@ -248,15 +257,33 @@ def test_a_call_cut_by_max_tokens_stays_cut_and_says_length(parser, text):
     assert call["function"]["name"] == "get_weather" and call["function"]["arguments"].endswith('"city": "Pa')
 
 
-def test_a_pythonic_value_goes_out_whole_so_one_cut_by_max_tokens_is_not_sent():
+def test_a_pythonic_call_goes_out_whole_so_one_cut_by_max_tokens_is_not_sent():
+    # a call went out as it was read, so one cut or broken had arguments that broke off: '{"days": 3, "city": '
     cut = {"choices": [{"finish_reason": "length", "message": {"content": '[get_weather(days=3, city="Pa'}}]}
     (choice,) = apply_tool_calls(cut, ToolPlan(FUNCTIONS, "auto", None, parser="pythonic"))["choices"]
-    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
-    assert calls_of(choice["message"]["tool_calls"]) == [("get_weather", '{"days": 3, "city": ')]
-    stream = parser_class("pythonic")(FUNCTIONS)  # (each value at its end, so a cut one is never half sent)
-    assert [d["tool_calls"][0]["function"] for d in stream.feed("[get_weather(city='Pa")] == [
-        {"name": "get_weather", "arguments": ""}, {"arguments": "{"}, {"arguments": '"city": '}]
-    assert stream.feed("ris', ") == [{"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"'}}]}]
+    assert choice["finish_reason"] == "length" and not choice["message"]["content"]
+    assert not choice["message"].get("tool_calls")  # (neither content nor a call: CallStream's cut rule)
+    stream = parser_class("pythonic")(FUNCTIONS)
+    assert stream.feed("[get_weather(city='Pa") == [] and stream.feed("ris', days=3") == []  # (held until its ")")
+    (first, arguments) = stream.feed(")")
+    assert first["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert arguments == {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris", "days": 3}'}}]}
+    assert stream.feed(", get_time(") == [] and stream.feed(")]") != []
+
+
+@pytest.mark.parametrize("reason", ["stop", "length"])
+@pytest.mark.parametrize("text", ["[get_time(1)]", "[get_time(zone=x)]", "[get_time(zone='a', 2)]",
+                                  "[get_time(zone='a'), get_weather(*c)]", "[get_time(zone='a', zone='b')]"])
+def test_a_pythonic_call_s_arguments_are_a_json_object_however_the_text_is_cut(text, reason):
+    # '[get_time(1)]' was a call of get_time whose arguments were '{': no JSON (and the Messages API's input {})
+    whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser="pythonic", reason=reason)
+    assert whole_content in (text, None, "") and [name for name, _ in calls_of(whole_calls)] in ([], ["get_time"])
+    for n in range(1, len(text) + 1):  # (the output cut after n characters, fed a character at a time)
+        stream = parser_class("pythonic")(FUNCTIONS)
+        deltas = [d for k in range(n) for d in stream.feed(text[k])]
+        content, calls = merged(deltas + stream.finish(reason)[0])
+        assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls), (n, calls)
+        assert content in ("", None, text[:n]) or content == text[:n].lstrip(), (n, content)
 
 
 # parser -> (what its tool_choice grammar makes the model write, the marker a call starts with): one whole call

@@ -1,0 +1,152 @@
+"""A tool call's arguments are a whole JSON object on /v1/chat/completions, /v1/responses and /v1/messages,
+whole and streamed, for the parsers that build the arguments' JSON themselves: a pythonic call that breaks
+the syntax (a positional argument, a value that is no literal, a keyword given twice) was a call whose
+arguments broke off where the syntax did ('[get_weather(1)]' gave arguments '{', and the Messages API a
+tool_use whose input was {}); now it is no call, and the answer's text is content. Over the handlers apps
+with a scripted broker client (4 characters a token), no sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("transformers")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.response_store import ResponseStore  # noqa: E402
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
+from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
+from tests.gateway.test_responses_api import responses_app  # noqa: E402
+from protocol.enums import FinishReason  # noqa: E402
+from tests.gateway.test_tools_stream import TOKEN_CHARS, OutputClient  # noqa: E402
+
+OUTPUTS = {  # the user's message -> the model's output: (parser, output, the calls it holds, whether it is text)
+    "positional": ("pythonic", "[get_weather(1)]", [], True),
+    "positional_after": ("pythonic", "[get_weather(city='Paris', 2)]", [], True),
+    "not_literal": ("pythonic", "[get_weather(city=paris)]", [], True),
+    "twice": ("pythonic", "[get_weather(city='a', city='b')]", [], True),
+    "second_broken": ("pythonic", "[get_weather(city='Paris'), get_weather(*places)]",
+                      [("get_weather", {"city": "Paris"})], False),
+    "whole": ("pythonic", "[get_weather(city='Paris', days=3)]", [("get_weather", {"city": "Paris", "days": 3})],
+              False),
+}
+
+
+class ArgumentsClient(OutputClient):
+    """Writes ``OUTPUTS[last message's content]``'s output, TOKEN_CHARS characters a token, ending ``stop``."""
+
+    def _script(self, h) -> None:
+        text = OUTPUTS[h.params.prompt[-1].content][1]
+        h._prompt_tokens = 5
+        h.first_token_s = time.monotonic()
+        for i in range(0, len(text), TOKEN_CHARS):
+            h.read.clear()
+            h._tokens.append(i % 50)
+            h._text.append(text[i:i + TOKEN_CHARS])
+            if h.on_token is not None:
+                h.on_token(i % 50)
+                h.read.wait(10)
+        h._end(FinishReason.STOP, None, None, time.monotonic())
+        h.callback(h.tokens)
+        h._done = True
+
+
+@pytest.fixture(scope="module")
+def apps():
+    """``{parser: {route: TestClient}}``, over one client."""
+    client = ArgumentsClient()
+    with contextlib.ExitStack() as stack:
+        out = {}
+        for parser in sorted({p for p, *_ in OUTPUTS.values()}):
+            config = dataclasses.replace(GatewayConfig(), tool_call_parser=parser)
+            out[parser] = {
+                "chat": stack.enter_context(TestClient(handlers_app(Tokenizers(None), ScriptedLink(client), config))),
+                "responses": stack.enter_context(TestClient(responses_app(ScriptedLink(client), config,
+                                                                          ResponseStore(8, 60.0)))),
+                "messages": stack.enter_context(TestClient(messages_app(ScriptedLink(client), config)))}
+        yield out
+    for t in client.threads:
+        t.join(10)
+
+
+def sse(http, path: str, body: dict, **kw) -> list[dict]:
+    with http.stream("POST", path, json={**body, "stream": True}, **kw) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def chat(http, case: str) -> tuple[tuple, tuple]:
+    """(text, [(name, arguments)]) of the whole answer and of the stream."""
+    body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    (c,) = r.json()["choices"]
+    whole = (c["message"]["content"] or "", [(t["function"]["name"], t["function"]["arguments"])
+                                             for t in c["message"].get("tool_calls") or []])
+    text, streamed = "", {}
+    for chunk in sse(http, "/v1/chat/completions", body):
+        for ch in chunk["choices"]:
+            text += ch["delta"].get("content") or ""
+            for t in ch["delta"].get("tool_calls") or []:
+                name, args = streamed.get(t["index"], ("", ""))
+                streamed[t["index"]] = (name + (t["function"].get("name") or ""), args + t["function"]["arguments"])
+    return whole, (text, list(streamed.values()))
+
+
+def responses(http, case: str) -> tuple[tuple, tuple]:
+    body = {"model": "m", "input": case, "max_output_tokens": 100,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}
+    r = http.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+
+    def read(out):
+        return ("".join(p["text"] for i in out["output"] if i["type"] == "message" for p in i["content"]),
+                [(i["name"], i["arguments"]) for i in out["output"] if i["type"] == "function_call"])
+
+    events = sse(http, "/v1/responses", body)
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    streamed = read(events[-1]["response"])
+    assert deltas == "".join(a for _, a in streamed[1])  # (the deltas add up to the items' arguments)
+    return read(r.json()), streamed
+
+
+def messages(http, case: str) -> tuple[tuple, tuple]:
+    body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    headers = {"x-api-key": KEY}
+    r = http.post("/v1/messages", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    whole = ("".join(b["text"] for b in out["content"] if b["type"] == "text"),
+             [(b["name"], json.dumps(b["input"])) for b in out["content"] if b["type"] == "tool_use"])
+    events = sse(http, "/v1/messages", body, headers=headers)
+    text, calls = "", []
+    for e in events:
+        if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
+            calls.append([e["content_block"]["name"], ""])
+        elif e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta":
+            text += e["delta"]["text"]
+        elif e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+            calls[-1][1] += e["delta"]["partial_json"]
+    return whole, (text, [(name, json.dumps(json.loads(args))) for name, args in calls])
+
+
+ROUTES = {"chat": chat, "responses": responses, "messages": messages}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("case", sorted(OUTPUTS))
+def test_a_call_s_arguments_are_a_whole_json_object_or_there_is_no_call(apps, route, case):
+    parser, output, want, is_text = OUTPUTS[case]
+    for text, calls in ROUTES[route](apps[parser][route], case):  # (the whole answer, then the stream)
+        assert [(name, json.loads(args)) for name, args in calls] == want, (route, case, calls)
+        assert text == (output if is_text else ""), (route, case, text)
