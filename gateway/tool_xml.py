@@ -31,6 +31,7 @@ __all__ = ["Qwen3CoderStream", "param_is_text"]
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _FN, _FN_END = "<function=", "</function>"
 _P, _P_END = "<parameter=", "</parameter>"
+_MAX_NAME = 256  # the longest parameter name read: a "<parameter=" without ">" in so many characters names none
 _TEXT, _HEAD, _PARAMS, _PNAME, _VSTART, _VALUE, _TAIL, _SKIP = (
     "text", "head", "params", "pname", "vstart", "value", "tail", "skip")  # Qwen3CoderStream's states
 
@@ -45,10 +46,14 @@ class Qwen3CoderStream(CallStream):
     built as they come: ``{`` at once, ``"P": `` when a parameter's name is read, a string
     value's characters (escaped) as they are generated (holding back only what may be the start
     of ``\\n</parameter>``), any other value whole at its ``</parameter>``, ``}`` at
-    ``</function>``. A call broken after it began keeps what it sent and the rest of its block is
-    dropped (to ``</tool_call>``, or ``</function>`` for one without it); so is every call after
-    the first when ``parallel`` is False. Calls are whole (``finish_reason: "tool_calls"``) once
-    their ``}`` went out."""
+    ``</function>`` (or at the block's ``</tool_call>``, should the model leave ``</function>``
+    out). Text between the tags that is no parameter (a stray word, a ``<parameter=`` with no
+    name) is read past, as vLLM's parser finds parameters by their tags: the arguments are always
+    the JSON object of the parameters read whole, never text that breaks off -- except in a call
+    the output ended inside (cut by ``max_tokens``, a stop string, or ended by the model), which
+    keeps what it sent, as every family's cut call does. Every call after the first is dropped
+    when ``parallel`` is False. Calls are whole (``finish_reason: "tool_calls"``) once their ``}``
+    went out."""
 
     __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args")
 
@@ -96,28 +101,37 @@ class Qwen3CoderStream(CallStream):
             self._fn, self._params, self._open_args = self.functions[name], 0, True
             self._buf, self._state = buf[end:], _PARAMS
             return True
-        if state == _PARAMS:
-            rest = buf.lstrip(_WS)
-            for tag, then in ((_P, _PNAME), (_FN_END, _TAIL if self._tagged else _TEXT)):
-                if rest.startswith(tag):
-                    if tag == _FN_END:
-                        self._args(out, "}")
-                        self._open_args = False
-                    self._buf, self._state = rest[len(tag):], then
+        if state == _PARAMS:  # the next <parameter=, the </function> (or the block's </tool_call>) that ends them
+            ends = (_P, _FN_END, _CLOSE) if self._tagged else (_P, _FN_END)
+            found = [(at, tag) for tag in ends if (at := buf.find(tag)) >= 0]
+            if not found:  # (text between the tags is no parameter: read past, as vLLM's parser reads them by tag)
+                if final:  # the output ended inside the call: it keeps what it sent, as a cut call
+                    self._buf, self._state = "", _SKIP
                     return True
-            if not final and (_P.startswith(rest) or _FN_END.startswith(rest)):
-                self._buf = rest
+                self._buf = buf[len(buf) - max(_tag_start(buf, tag) for tag in ends):]
                 return False
-            self._buf, self._state = rest, _SKIP  # the call broke its syntax: it keeps what it sent
+            at, tag = min(found)
+            if tag == _P:
+                self._buf, self._state = buf[at + len(tag):], _PNAME
+                return True
+            self._args(out, "}")  # (a </tool_call> without </function>: the call ends there too)
+            self._open_args = False
+            self._buf, self._state = buf[at + len(tag):], _TAIL if tag == _FN_END and self._tagged else _TEXT
             return True
         if state == _PNAME:
             end = buf.find(">")
             if end < 0:
-                if final or len(buf) > 256 or "<" in buf:
+                if final:
                     self._state = _SKIP
+                    return True
+                if len(buf) > _MAX_NAME or "<" in buf:  # no parameter's name: read on past it, to the next tag
+                    self._state = _PARAMS
                     return True
                 return False
             name = buf[:end]
+            if len(name) > _MAX_NAME or "<" in name:  # (as above, seen whole)
+                self._state = _PARAMS
+                return True
             self._text_value = param_is_text(self._fn, name)
             key = json.dumps(name, ensure_ascii=False) + ": " + ('"' if self._text_value else "")
             self._args(out, (", " if self._params else "") + key)

@@ -2,8 +2,10 @@
 whole and streamed, for the parsers that build the arguments' JSON themselves: a pythonic call that breaks
 the syntax (a positional argument, a value that is no literal, a keyword given twice) was a call whose
 arguments broke off where the syntax did ('[get_weather(1)]' gave arguments '{', and the Messages API a
-tool_use whose input was {}); now it is no call, and the answer's text is content. Over the handlers apps
-with a scripted broker client (4 characters a token), no sockets."""
+tool_use whose input was {}); now it is no call, and the answer's text is content. Qwen3-Coder's arguments
+broke off at text between its tags, or at a </tool_call> without </function>; now such text is read past
+and </tool_call> ends the call. Over the handlers apps with a scripted broker client (4 characters a token),
+no sockets."""
 
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ OUTPUTS = {  # the user's message -> the model's output: (parser, output, the ca
                       [("get_weather", {"city": "Paris"})], False),
     "whole": ("pythonic", "[get_weather(city='Paris', days=3)]", [("get_weather", {"city": "Paris", "days": 3})],
               False),
+    # Qwen3-Coder's parameters: text between the tags was where the arguments broke off ('{"city": "Paris"')
+    "qwen_stray": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                   "oops\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+                   [("get_weather", {"city": "Paris", "days": "3"})], False),
+    "qwen_no_function_end": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                             "</parameter>\n</tool_call>", [("get_weather", {"city": "Paris"})], False),
 }
 
 

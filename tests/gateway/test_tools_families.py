@@ -81,8 +81,17 @@ CASES = {
         "plain": ("Use <b>bold</b> or a <tool>.", ("Use <b>bold</b> or a <tool>.", [])),
         "unknown": ("<tool_call>\n<function=nope>\n</function>\n</tool_call>",
                     ("<tool_call>\n<function=nope>\n</function>\n</tool_call>", [])),
+        # text between the tags that is no parameter is read past (its arguments broke off there: '{"zone": "utc"'),
+        # a </tool_call> ends a call that left </function> out, as vLLM's parser finds parameters by their tags
         "broken": ("<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\noops</tool_call>\nok",
-                   ("ok", [("get_time", '{"zone": "utc"')])),
+                   ("ok", [("get_time", '{"zone": "utc"}')])),
+        "stray_text": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\nand then\n"
+                       "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+                       (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
+        "nameless": ("<tool_call>\n<function=get_time>\n<parameter=</function>\n</tool_call>",
+                     (None, [("get_time", "{}")])),
+        "long_name": ("<function=get_time>\n<parameter=" + "z" * 300 + "\n<parameter=zone>\nutc\n</parameter>\n"
+                      "</function>", (None, [("get_time", '{"zone": "utc"}')])),
     },
     "openai": {  # gpt-oss's harmony (openai/harmony docs/format.md); the stop tokens <|call|>, <|return|> are no text
         "first": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
@@ -173,7 +182,7 @@ def test_the_parse_of_the_family_s_own_syntax(parser, case):
     assert (got_content, calls_of(got_calls)) == (content, calls)
     for call in got_calls:
         assert call["type"] == "function" and call["id"]
-        if not (parser != "pythonic" and case == "broken"):  # (pythonic's arguments are always a whole object)
+        if not (parser not in ("pythonic", "qwen3_coder") and case == "broken"):  # (theirs are always whole objects)
             assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
@@ -206,7 +215,7 @@ def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, bare, pa
         got_content, got_calls = merged(deltas)
         assert (got_content, calls_of(got_calls)) == whole, cuts
         assert all(d for d in deltas), "an empty delta"
-        whole_calls = calls and case != "broken" or (parser, case) == ("mistral", "broken")
+        whole_calls = calls and (case != "broken" or parser in ("mistral", "qwen3_coder"))
         assert reason == ("tool_calls" if whole_calls else "stop"), cuts
 
 
