@@ -341,6 +341,58 @@ def test_int8_rows_are_the_same_whatever_rows_run_beside_them(module, layout):
         assert torch.equal(w(x[:m]), alone[:m]), m
 
 
+@needs_any_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [40, 100])  # 100: a last block of 4 rows
+def test_prepared_codes_read_back_as_the_files_on_every_build(module, layout, n):
+    """Whichever layout this machine's build takes (AVX-512's column pairs; AVX2's quad layout, where
+    MAGIC holds u = code - low), the prepared weight's codes and dequantised weights, all rows or
+    picked ones, are the file's, bit for bit."""
+    w = weight(*layout, n, K, seed=n)
+    ref, codes, rows = w.dequantize().clone(), w.codes().clone(), torch.tensor([0, 17, n - 1, 5])
+    ref_rows = w.dequantize(rows).clone()
+    w.prepare()
+    bits = {qkernel.NIBBLES: 4, qkernel.SIX: 6}.get(qkernel.kind(w), 8)
+    assert w.blocked and w.packed.numel() == -(-n // 16) * 16 * K * bits // 8
+    assert torch.equal(w.codes(), codes) and torch.equal(w.codes(rows), codes[rows])
+    assert torch.equal(w.dequantize().view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(w.dequantize(rows).view(torch.int32), ref_rows.view(torch.int32))
+
+
+@needs_q8
+@pytest.mark.parametrize("layout", [LAYOUTS[i] for i in (0, 1, 2, 6, 8, 3)])  # NIB; MAGIC u <= 63, 31, 127; WIDE
+def test_int8_product_is_the_same_wherever_its_codes_lie(module, layout):
+    """AVX2 multiplies MAGIC blocks, and 4-bit ones up to 32 rows, where they lie in the quad layout;
+    the rest decoded into a buffer first. Told the codes' largest u (kernel_kind) or not (found per
+    block), and with the codes at an address that is not 32-byte aligned (every block decoded into
+    the buffer), the product has the same bits, at 1, 8, 33 and 40 rows."""
+    if not qkernel.quad_layout():
+        pytest.skip("the quad layout is the AVX2 build's")
+    w = weight(*layout, 100, K, seed=3).prepare()
+    args = w.kernel.args
+    kind = qkernel.kind(w)
+    assert args[1] == (kind | (w.high - w.low + 1) << 8 if kind == qkernel.MAGIC else kind)
+    moved = torch.empty(args[0].numel() + 1, dtype=torch.uint8)[1:].view(args[0].dtype).view(args[0].shape)
+    moved.copy_(args[0])
+    for m in (1, 8, 33, 40):
+        x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+        want = module.qmm8(x, *args, False, 0)
+        assert torch.equal(want, w(x))
+        assert torch.equal(module.qmm8(x, args[0], kind, *args[2:], False, 0), want), m
+        assert torch.equal(module.qmm8(x, moved, *args[1:], False, 0), want), m
+
+
+def test_a_largest_u_goes_with_magic_codes_alone(module):
+    """qmm8's kind carries a largest u for MAGIC only, at most 127 (RuntimeError otherwise)."""
+    if not qkernel.quad_layout():
+        pytest.skip("the quad layout is the AVX2 build's")
+    for layout, told in ((LAYOUTS[0], 16), (LAYOUTS[3], 256), (LAYOUTS[6], 129)):
+        w = weight(*layout, 16, K).prepare()
+        args = w.kernel.args
+        with pytest.raises(RuntimeError, match="largest u"):
+            module.qmm8(torch.randn(1, K), args[0], qkernel.kind(w) | told << 8, *args[2:], False, 0)
+
+
 @needs_q8
 @pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2], LAYOUTS[3], LAYOUTS[9]])  # NIB, SIX (16), WIDE (32, 16)
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 32])

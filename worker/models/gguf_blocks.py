@@ -164,7 +164,7 @@ def stored_weights(raws: list[np.ndarray], qtype) -> list:
     if len({raw.shape[1] for raw in raws}) > 1 or any(len(raw) % qkernel.BLOCK for raw in raws[:-1]):
         return [w for raw in raws for w in stored_weights([raw], fmt)]  # not one tensor: each alone
     k = raws[0].shape[1] // size * block
-    six = qkernel.six_bits()
+    six, quad = qkernel.six_bits(), qkernel.quad_layout()  # (MAGIC holds u = code - low in the quad layout)
 
     def read(parts: list[np.ndarray], low: int, high: int) -> tuple[list, list]:
         """``(weights, fits)``: ``parts`` read for the codes' kind of ``low .. high``; ``fits[i]``:
@@ -176,8 +176,9 @@ def stored_weights(raws: list[np.ndarray], qtype) -> list:
             end = start + -(-len(part) // qkernel.BLOCK)
             weights.append(_blocked_weight([t[start:end] if t.numel() else t for t in tensors], fmt, block, group,
                                            (len(part), k), lo, hi, six))
+            holds_codes = kind == qkernel.WIDE or (kind == qkernel.MAGIC and not quad)  # (the others: code - low)
             fits.append(qkernel.code_kind(k % 2 == 0 and hi - lo < 16, lo, hi, k, group, six) == kind
-                        and (kind in (qkernel.MAGIC, qkernel.WIDE) or lo == low))  # (these hold the codes)
+                        and (holds_codes or lo == low))
             start = end
         return weights, fits
 

@@ -127,7 +127,7 @@ class Kernel:
         self.module, self.weight, self.rows = module, weight, rows
         # the kernels' arguments after x, formed once (a Python tuple per call cost ~5 us of a
         # SmolLM2 decode step's ~150 products)
-        self.args = (weight.packed, kind(weight), weight.low, *factor_args(weight), weight.group,
+        self.args = (weight.packed, kernel_kind(weight), weight.low, *factor_args(weight), weight.group,
                      weight.out_features)
         self.amx = bool(module.has_amx())
         self.int8 = self.tiles = False
@@ -271,6 +271,15 @@ def kind(w) -> int:
     return code_kind(w.nibbles, w.low, w.high, w.in_features, w.group, w.six)
 
 
+def kernel_kind(w) -> int:
+    """:func:`kind` of a QuantizedWeight ``w`` as :func:`load`'s products take it: in the quad layout
+    (:func:`quad_layout`) :data:`MAGIC` carries ``1 + high - low``, one more than the largest
+    ``u = code - low``, in bits 8 and up, so that ``qmm8`` multiplies its blocks where they lie
+    without a pass over each to find its own (``qkernel_avx2.cpp``)."""
+    k = kind(w)
+    return k | (w.high - w.low + 1) << 8 if k == MAGIC and quad_layout() else k
+
+
 def code_kind(nibbles: bool, low: int, high: int, in_features: int, group: int, six: bool | None = None) -> int:
     """:func:`kind` of a weight whose codes span ``low .. high`` (``nibbles``: held two a byte;
     ``six``: whether a span of at most 64 values takes 6 bits, None: :func:`six_bits`)."""
@@ -291,15 +300,32 @@ def factor_args(w) -> tuple:
     return tuple(out)
 
 
+def quad_layout() -> bool:
+    """Whether this machine's module (:func:`load`) takes :data:`NIBBLES`, :data:`MAGIC` and
+    :data:`WIDE` codes in the quad layout (the AVX2 build, ``qkernel_pack.h``: rows as dwords, so a
+    block's 4-column quads load as they lie) rather than by column pairs (the AVX-512 build)."""
+    module = load()
+    return bool(module is not None and hasattr(module, "quad_layout") and module.quad_layout())
+
+
 def blocked(rows: torch.Tensor, code_kind: int, low: int = 0) -> torch.Tensor:
     """Row-major codes (``[N, K / 2]`` nibble pairs for :data:`NIBBLES`, else ``[N, K]`` int8) -> the
     kernel's layout for ``code_kind``, rows padded with zeros to a multiple of :data:`BLOCK`:
     ``[N / 16, K / 2, 16]`` bytes (nibbles), ``[N / 16, K / 2, 16, 2]`` int8 (each row's even and odd
     column; MAGIC, WIDE), or ``[N / 16, K / 4, 48]`` bytes (:data:`SIX`: per 4 columns the two pairs'
-    low nibbles, 16 bytes each, then 16 bytes of high bit pairs; ``u = code - low``)."""
+    low nibbles, 16 bytes each, then 16 bytes of high bit pairs; ``u = code - low``). In the quad
+    layout (:func:`quad_layout`) ``[N / 16, K / 8, 16, 4]`` bytes (nibbles: per 8 columns each row's 4
+    pair bytes) or ``[N / 16, K / 4, 16, 4]`` int8 (each row's 4 columns: MAGIC ``u = code - low``, WIDE
+    the codes); there K is a multiple of 8."""
     if code_kind == SIX:  # the compiled module packs them (a Q6_K head: 233M codes)
         return load().pack_six(rows.contiguous(), low)
     n, width = rows.shape
+    if quad_layout():
+        if width % 4:
+            raise ValueError(f"the quad layout takes whole 4-byte units a row; got rows of {width} bytes")
+        if code_kind == MAGIC:  # (rows past N: u = 0, as unpack_blocked pads)
+            rows = (rows.to(torch.int16) - low).to(torch.int8)
+        return _pad_rows(rows).view(-1, BLOCK, width // 4, 4).transpose(1, 2).contiguous()
     padded = _pad_rows(rows)
     if code_kind == NIBBLES:
         return padded.view(-1, BLOCK, width).transpose(1, 2).contiguous()
@@ -320,11 +346,13 @@ def row_major(blocks: torch.Tensor, n: int, code_kind: int, rows: torch.Tensor |
         if rows is None:  # [NB, K / 4, 16, 4] -> [NB, 16, K / 4, 4]
             u = u.permute(0, 2, 1, 3).reshape(-1, blocks.shape[1] * 4)[:n]
         return (u.reshape(u.shape[0], -1).to(torch.int16) + low).to(torch.int8)
-    nibbles = code_kind == NIBBLES
     if rows is not None:  # gather the rows' bytes where they lie: no copy of the whole table
-        picked = blocks[rows // BLOCK, :, rows % BLOCK]  # [R, K / 2] or [R, K / 2, 2]
-        return picked.reshape(len(rows), -1)
-    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1] * (1 if nibbles else 2))[:n]
+        out = blocks[rows // BLOCK, :, rows % BLOCK].reshape(len(rows), -1)  # of [R, K / 2], [R, K / 2, 2], [R, U, 4]
+    else:
+        out = blocks.transpose(1, 2).reshape(blocks.shape[0] * BLOCK, -1)[:n]
+    if code_kind == MAGIC and quad_layout():  # held as u = code - low
+        out = (out.to(torch.int16) + low).to(torch.int8)
+    return out
 
 
 def blocked_groups(values: torch.Tensor) -> torch.Tensor:

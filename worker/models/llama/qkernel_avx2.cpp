@@ -17,11 +17,18 @@
 // 2 * 2 * 63 * 127 = 32,004; all <= 31, as Q5's, four: 4 * 2 * 31 * 127 = 31,496); any int8 code
 // (WIDE, Q8_0) multiplies |code| by xq carrying the code's sign (vpsignb, as llama.cpp's
 // mul_sum_i8_pairs: |code| <= 128, so a pair sum <= 32,512; vpmaddwd on int16 codes instead
-// measured 7-40 % slower, and code + 128's two nibbles each summed as NIB's 5-11 % slower). Each
-// 16-row block is decoded once per call into quads (dword j = row j's 4 codes, two ymm of 8 rows a
-// quad) in a per-thread buffer, then every QR rows multiply it; in decode-sized calls x comes
-// broadcast from memory (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only
-// where AMX tiles run (qkernel.six_bits), never here.
+// measured 7-40 % slower, and code + 128's two nibbles each summed as NIB's 5-11 % slower).
+// vpmaddubsw takes quads: dword j = row j's 4 codes, two ymm of 8 rows a quad. The codes are held in
+// the quad layout (qkernel_pack.h's SS_QUAD_LAYOUT: rows as dwords, MAGIC as u = code - low), where a
+// block's MAGIC quads are its bytes as they lie and its 4-bit quads an AND (or a shift and an AND)
+// away: MAGIC blocks, and 4-bit ones in calls of up to NIB_DIRECT_ROWS rows, multiply where they
+// lie; the others (WIDE, which needs |code| too; 4-bit codes in prefill) are decoded once per call
+// into a per-thread buffer that every QR rows then multiply. Against the column-pair layout with
+// every block decoded first (a 4 x 16 transpose a quad), one thread, 2-core AMD EPYC Zen 3: Q4_K
+// 8,960 x 1,536 at 1 row 0.59 -> 0.35 ms, 8 rows 1.61 -> 1.36, 32 rows even; Q6_K 1,536 x 8,960 at 1
+// row 0.78 -> 0.45, 8 rows 2.21 -> 1.76; Q5_0 4,864 x 896 at 1 row 0.172 -> 0.104, 8 rows 0.54 ->
+// 0.44; Q8_0 even. In decode-sized calls x comes broadcast from memory (qmm8's XMEM), vpmaddubsw's
+// load operand. 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -29,6 +36,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#define SS_QUAD_LAYOUT  // rows as dwords (qkernel_pack.h): a block's quads are its bytes as they lie
 #include "qkernel_pack.h"  // the layout's kinds, Factors, packing and GGUF loading (shared with qkernel.cpp)
 
 namespace {
@@ -36,6 +44,10 @@ namespace {
 constexpr int QR = 4;  // activation rows a pass: 2 QR accumulators of 8 lanes, with the quad and x in 16 ymm
 constexpr int64_t XMEM_K = 4096;    // the longest rows, and
 constexpr int64_t XMEM_ROWS = 64;   // the most rows, of an x broadcast in memory (qmm8)
+// the most rows whose products decode 4-bit codes in the loop (qmm8), each 4-row pass again; above,
+// a block is decoded once into the buffer (Q4_K 8,960 x 1,536, one thread, Zen 3: in the loop 16 rows
+// 2.61 ms against 3.00, 32 rows 5.32 against 5.76; 512 rows 80.7 against 76.7)
+constexpr int64_t NIB_DIRECT_ROWS = 32;
 
 // a per-group factor of one 16-row block, rows h * 8 .. h * 8 + 7: fp32(d[g >> shift]) * fp32(q[g])
 inline __m256 factor8(const Factor& f, int64_t g, int h) {
@@ -60,20 +72,12 @@ void expand(const Factor& s, const Factor& o, int64_t groups, float* sbuf, float
 
 // quads of one 16-row block: wbuf[2 q + h] = quad q's rows 8 h .. 8 h + 7 (dword j = row's 4 codes
 // as unsigned bytes; WIDE: signed codes, with their absolute values at wbuf[2 (K / 4) + 2 q + h])
-int decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* wbuf) {
-    if (kind == NIB) {  // per 8 columns 4 pairs x 16 rows: quads (0, 2, 4, 6) and (1, 3, 5, 7)
+int decode_block(int kind, const uint8_t* w, int64_t K, __m256i* wbuf) {
+    const __m256i* v = reinterpret_cast<const __m256i*>(w);  // the quad layout: rows 0-7 and 8-15 of a unit
+    if (kind == NIB) {  // per 8 columns (a unit of 4 pair bytes a row): quads (0, 2, 4, 6) and (1, 3, 5, 7)
         const __m256i nib = _mm256_set1_epi8(15);
         for (int64_t t = 0; t < K / 8; ++t) {
-            const uint8_t* u = w + t * 64;
-            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u)),
-                          b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16)),
-                          c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 32)),
-                          d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 48));
-            const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
-            const __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
-            // rows 0-7 and 8-15: dword j = pair 0..3's bytes of row j
-            const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
-            const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
+            const __m256i lo = _mm256_loadu_si256(v + 2 * t), hi = _mm256_loadu_si256(v + 2 * t + 1);
             _mm256_store_si256(wbuf + 4 * t, _mm256_and_si256(lo, nib));
             _mm256_store_si256(wbuf + 4 * t + 1, _mm256_and_si256(hi, nib));
             _mm256_store_si256(wbuf + 4 * t + 2, _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib));
@@ -81,18 +85,12 @@ int decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* w
         }
         return 15;
     }
-    // MAGIC, WIDE: per column pair 32 bytes (row j: its even and odd column); a quad is two pairs
-    const __m256i shift = _mm256_set1_epi8(static_cast<char>(-base));  // MAGIC: u = code - base
+    // MAGIC, WIDE: per quad (4 columns) rows 0-7 and 8-15, dword j = row j's 4 u (MAGIC) or codes (WIDE)
     const int64_t quads = K / 4;
     __m256i top = _mm256_setzero_si256();  // MAGIC: the block's largest u
     for (int64_t q = 0; q < quads; ++q) {
-        const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
-        const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
-        const __m256i l = _mm256_unpacklo_epi16(p0, p1), h = _mm256_unpackhi_epi16(p0, p1);  // rows 0-3 | 8-11, 4-7 | 12-15
-        __m256i r0 = _mm256_permute2x128_si256(l, h, 0x20), r1 = _mm256_permute2x128_si256(l, h, 0x31);
+        const __m256i r0 = _mm256_loadu_si256(v + 2 * q), r1 = _mm256_loadu_si256(v + 2 * q + 1);
         if (kind == MAGIC) {
-            r0 = _mm256_add_epi8(r0, shift);
-            r1 = _mm256_add_epi8(r1, shift);
             top = _mm256_max_epu8(top, _mm256_max_epu8(r0, r1));
         } else {
             _mm256_store_si256(wbuf + 2 * quads + 2 * q, _mm256_abs_epi8(r0));
@@ -102,6 +100,16 @@ int decode_block(int kind, const uint8_t* w, int64_t K, int64_t base, __m256i* w
         _mm256_store_si256(wbuf + 2 * q + 1, r1);
     }
     if (kind != MAGIC) return 255;
+    alignas(32) uint8_t t[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), top);
+    return *std::max_element(t, t + 32);
+}
+
+// the largest u of a MAGIC block in the quad layout (K * 16 bytes)
+int block_top(const uint8_t* w, int64_t K) {
+    const __m256i* v = reinterpret_cast<const __m256i*>(w);
+    __m256i top = _mm256_setzero_si256();
+    for (int64_t i = 0; i < K / 2; ++i) top = _mm256_max_epu8(top, _mm256_loadu_si256(v + i));
     alignas(32) uint8_t t[32];
     _mm256_store_si256(reinterpret_cast<__m256i*>(t), top);
     return *std::max_element(t, t + 32);
@@ -157,32 +165,47 @@ inline __m256i x_at(const QRows& a, const Block& b, int r, int64_t q) {
     [s00] "+x"(s00), [s01] "+x"(s01), [s10] "+x"(s10), [s11] "+x"(s11), [s20] "+x"(s20), [s21] "+x"(s21), \
     [s30] "+x"(s30), [s31] "+x"(s31)
 
-// 4 rows' NIB pair sums over quads q0 .. q1 - 1, added to s[r][h] (int16 lanes)
-template <bool XMEM>
+// 4 rows' NIB pair sums over quads q0 .. q1 - 1, added to s[r][h] (int16 lanes). DIRECT: b.wbuf is
+// the block in the quad layout (unit t = quads 2t, 2t + 1: its low nibbles, then its high ones; q0
+// even), decoded here, a unit's two loads for both quads
+template <bool XMEM, bool DIRECT>
 __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block& b, int64_t q0, int64_t q1, __m256i (&s)[4][2]) {
     __m256i s00 = s[0][0], s01 = s[0][1], s10 = s[1][0], s11 = s[1][1], s20 = s[2][0], s21 = s[2][1],
             s30 = s[3][0], s31 = s[3][1];
     const int64_t n = a.K / 4;  // a row's quads
-    for (int64_t q = q0; q < q1; ++q) {
-        const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
-        __m256i t0, t1;
-        if constexpr (XMEM) {
-            const __m256i* x = b.xb + q;
-            asm(SS_ASM_NIB_ROW("%[x0]", "%[s00]", "%[s01]") SS_ASM_NIB_ROW("%[x1]", "%[s10]", "%[s11]")
-                SS_ASM_NIB_ROW("%[x2]", "%[s20]", "%[s21]") SS_ASM_NIB_ROW("%[x3]", "%[s30]", "%[s31]")
-                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1)
-                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n]));
-        } else {
-            const int32_t* x = reinterpret_cast<const int32_t*>(a.xq) + q;
-            __m256i v;
-            asm("vpbroadcastd %[x0], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s00]", "%[s01]")
-                "vpbroadcastd %[x1], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s10]", "%[s11]")
-                "vpbroadcastd %[x2], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s20]", "%[s21]")
-                "vpbroadcastd %[x3], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s30]", "%[s31]")
-                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1), [v] "=&x"(v)
-                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n]));
-        }
+#define SS_NIB_QUAD(Q, W0, W1)                                                                                        \
+    {                                                                                                                 \
+        const __m256i w0 = (W0), w1 = (W1);                                                                           \
+        __m256i t0, t1;                                                                                               \
+        if constexpr (XMEM) {                                                                                         \
+            const __m256i* x = b.xb + (Q);                                                                            \
+            asm(SS_ASM_NIB_ROW("%[x0]", "%[s00]", "%[s01]") SS_ASM_NIB_ROW("%[x1]", "%[s10]", "%[s11]")               \
+                SS_ASM_NIB_ROW("%[x2]", "%[s20]", "%[s21]") SS_ASM_NIB_ROW("%[x3]", "%[s30]", "%[s31]")               \
+                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1)                                                          \
+                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n])); \
+        } else {                                                                                                      \
+            const int32_t* x = reinterpret_cast<const int32_t*>(a.xq) + (Q);                                         \
+            __m256i v;                                                                                                \
+            asm("vpbroadcastd %[x0], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s00]", "%[s01]")                              \
+                "vpbroadcastd %[x1], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s10]", "%[s11]")                              \
+                "vpbroadcastd %[x2], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s20]", "%[s21]")                              \
+                "vpbroadcastd %[x3], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s30]", "%[s31]")                              \
+                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1), [v] "=&x"(v)                                           \
+                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n])); \
+        }                                                                                                             \
     }
+    if constexpr (DIRECT) {
+        const __m256i nib = _mm256_set1_epi8(15);
+        for (int64_t q = q0; q < q1; q += 2) {
+            const __m256i lo = _mm256_load_si256(b.wbuf + q), hi = _mm256_load_si256(b.wbuf + q + 1);
+            SS_NIB_QUAD(q, _mm256_and_si256(lo, nib), _mm256_and_si256(hi, nib))
+            SS_NIB_QUAD(q + 1, _mm256_and_si256(_mm256_srli_epi16(lo, 4), nib), _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib))
+        }
+    } else {
+        for (int64_t q = q0; q < q1; ++q)
+            SS_NIB_QUAD(q, _mm256_load_si256(b.wbuf + 2 * q), _mm256_load_si256(b.wbuf + 2 * q + 1))
+    }
+#undef SS_NIB_QUAD
     s[0][0] = s00; s[0][1] = s01; s[1][0] = s10; s[1][1] = s11; s[2][0] = s20; s[2][1] = s21; s[3][0] = s30; s[3][1] = s31;
 }
 
@@ -190,7 +213,8 @@ __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block
 #undef SS_ASM_ACC
 
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
-template <int R, int KIND, bool OFF, bool BASED, bool XMEM, int SPAN = 1>
+// (DIRECT: NIB's b.wbuf is the block in the quad layout, decoded in the loop: nib_rows4)
+template <int R, int KIND, bool OFF, bool BASED, bool XMEM, int SPAN = 1, bool DIRECT = false>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
     const int64_t quads = a.group / 4, all = a.K / 4;
@@ -203,8 +227,22 @@ void rows_block(const QRows& a, const Block& b) {
             // 1.84 ms without, 32 rows 6.9 -> 6.2, 2-core AMD EPYC Zen 3)
             __m256i s16[R][2];
             for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-            if constexpr (R == 4) nib_rows4<XMEM>(a, b, g * quads, (g + 1) * quads, s16);
-            else
+            if constexpr (R == 4) nib_rows4<XMEM, DIRECT>(a, b, g * quads, (g + 1) * quads, s16);
+            else if constexpr (DIRECT) {
+                const __m256i nib = _mm256_set1_epi8(15);
+                for (int64_t q = g * quads; q < (g + 1) * quads; q += 2) {
+                    const __m256i lo = _mm256_load_si256(b.wbuf + q), hi = _mm256_load_si256(b.wbuf + q + 1);
+                    const __m256i w[2][2] = {{_mm256_and_si256(lo, nib), _mm256_and_si256(hi, nib)},
+                                             {_mm256_and_si256(_mm256_srli_epi16(lo, 4), nib),
+                                              _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib)}};
+                    for (int e = 0; e < 2; ++e)
+                        for (int r = 0; r < R; ++r) {
+                            const __m256i xv = x_at<XMEM>(a, b, r, q + e);
+                            s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(w[e][0], xv));
+                            s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(w[e][1], xv));
+                        }
+                }
+            } else
             for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
                 const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                 for (int r = 0; r < R; ++r) {
@@ -221,7 +259,7 @@ void rows_block(const QRows& a, const Block& b) {
                 for (int64_t q = g * quads; q < (g + 1) * quads; q += 4) {
                     __m256i s16[4][2];
                     for (int r = 0; r < 4; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-                    nib_rows4<XMEM>(a, b, q, q + 4, s16);
+                    nib_rows4<XMEM, false>(a, b, q, q + 4, s16);
                     for (int r = 0; r < 4; ++r)
                         for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], ones));
                 }
@@ -277,15 +315,15 @@ void rows_block(const QRows& a, const Block& b) {
 }
 
 // r rows (at most QR) of x times one block; a pass of QR rows takes x from b.xb where it is built
-template <int KIND, bool OFF, bool BASED, int SPAN = 1>
+template <int KIND, bool OFF, bool BASED, int SPAN = 1, bool DIRECT = false>
 void rows_step(int64_t r, const QRows& a, const Block& b) {
     switch (r) {
-        case 1: rows_block<1, KIND, OFF, BASED, false, SPAN>(a, b); break;
-        case 2: rows_block<2, KIND, OFF, BASED, false, SPAN>(a, b); break;
-        case 3: rows_block<3, KIND, OFF, BASED, false, SPAN>(a, b); break;
+        case 1: rows_block<1, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
+        case 2: rows_block<2, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
+        case 3: rows_block<3, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
         default:
-            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, SPAN>(a, b);
-            else rows_block<QR, KIND, OFF, BASED, false, SPAN>(a, b);
+            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, SPAN, DIRECT>(a, b);
+            else rows_block<QR, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b);
     }
 }
 
@@ -361,11 +399,16 @@ uint8_t* scratch(int slot, int64_t n) {
 bool has_q8() { return true; }  // (this module is built only where the CPU has AVX2, FMA and F16C)
 bool has_amx() { return false; }
 
-// qkernel.cpp's qmm8 (the same arguments; amx and vnni_rows ignored): x fp32 [M, K] -> fp32 [M, N]
+// qkernel.cpp's qmm8 (the same arguments; amx and vnni_rows ignored): x fp32 [M, K] -> fp32 [M, N].
+// MAGIC's kind may carry 1 + the codes' largest u in bits 8 and up (qkernel.py's kernel_kind): its
+// blocks are then multiplied where they lie, without a pass to find each block's own.
 torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t low, torch::Tensor sd, torch::Tensor sq,
                    int64_t sshift, torch::Tensor od, torch::Tensor oq, int64_t oshift, int64_t group, int64_t N,
                    bool, int64_t) {
     TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x: contiguous fp32 [M, K]");
+    const int64_t told = kind >> 8;  // 1 + the largest u (MAGIC), or 0: found per block
+    kind &= 255;
+    TORCH_CHECK(told == 0 || (kind == MAGIC && told <= 128), "kind: a largest u (bits 8 and up) goes with MAGIC, at most 127");
     TORCH_CHECK(kind == NIB || kind == MAGIC || kind == WIDE, "kind: 0, 1 or 2 (6-bit codes are held only for AMX)");
     TORCH_CHECK(kind != MAGIC || (low >= -64 && low <= 63), "MAGIC: codes in [-64, 63]");
     // code = u + base: NIB u = code - low; MAGIC u = code - low (<= 127); WIDE the signed codes themselves
@@ -411,7 +454,15 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         float* sbuf = reinterpret_cast<float*>(mem + wbuf_bytes);
         float* obuf = off ? sbuf + groups * 16 : nullptr;
         for (int64_t i = b0; i < b1; ++i) {
-            const int top = decode_block(static_cast<int>(kind), wp + i * block_bytes, K, base, wbuf);
+            // MAGIC's u multiply as they lie (no copy: a Q5_0 product of 4,864 x 896, one thread, Zen 3, 1 row
+            // 0.174 -> 0.104 ms, 8 rows 0.58 -> 0.45); the others' quads decoded into wbuf
+            const uint8_t* codes = wp + i * block_bytes;
+            const bool aligned = reinterpret_cast<uintptr_t>(codes) % 32 == 0;
+            const bool direct = aligned && (kind == MAGIC || (kind == NIB && M <= NIB_DIRECT_ROWS));
+            const bool nib_direct = direct && kind == NIB;
+            const int top = !direct ? decode_block(static_cast<int>(kind), codes, K, wbuf)
+                          : kind == NIB ? 15 : told ? static_cast<int>(told - 1) : block_top(codes, K);
+            const __m256i* quads = direct ? reinterpret_cast<const __m256i*>(codes) : wbuf;
             // MAGIC blocks whose u fit 6 bits (all of Q6_K's, Q5's) sum two quads before widening
             const bool pair = top <= 63 && group % 8 == 0;
             // and those whose u fit 5 bits (Q5_0, Q5_1, Q5_K's) four, in NIB's loop (a Q5_0 product of
@@ -425,12 +476,15 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 part.xsum = a.xsum + m0 * groups;
                 part.qbase = a.qbase + m0 * groups;
                 const __m256i* xb = broadcast ? reinterpret_cast<const __m256i*>(broadcast) + m0 * (K / 4) : nullptr;
-                const Block b{wbuf, xb, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
+                const Block b{quads, xb, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
                 const int64_t r = std::min<int64_t>(QR, M - m0);
                 // the formats' cases: 4-bit codes with offsets from base 0 (Q4_1, Q4_K) or none from -8
                 // (Q4_0); bytes from their lowest code with offsets (Q5_1, Q5_K) or none (Q5_0, Q6_K);
                 // any int8 (Q8_0) signed, base 0 (the base's integers added only where base is not 0)
-                if (kind == NIB && off && base == 0) rows_step<NIB, true, false>(r, part, b);
+                if (kind == NIB && nib_direct && off && base == 0) rows_step<NIB, true, false, 1, true>(r, part, b);
+                else if (kind == NIB && nib_direct && off) rows_step<NIB, true, true, 1, true>(r, part, b);
+                else if (kind == NIB && nib_direct) rows_step<NIB, false, true, 1, true>(r, part, b);
+                else if (kind == NIB && off && base == 0) rows_step<NIB, true, false>(r, part, b);
                 else if (kind == NIB && off) rows_step<NIB, true, true>(r, part, b);
                 else if (kind == NIB) rows_step<NIB, false, true>(r, part, b);
                 else if (kind == MAGIC && off && four) rows_step<MAGIC, true, true, 4>(r, part, b);
@@ -453,4 +507,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX2)");
     m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (here: always)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (never, on this module)");
+    m.def("quad_layout", []() { return true; }, "whether NIB, MAGIC and WIDE codes are in the quad layout (qkernel_pack.h): here, always");
 }

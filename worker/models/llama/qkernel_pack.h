@@ -2,6 +2,14 @@
 // (unpack_blocked), shared by the AVX-512 product (qkernel.cpp, whose header comment describes the
 // layout) and the AVX2 one (qkernel_avx2.cpp). Portable x86-64: SSE2 transposes; row_form's 64-code
 // loops where the file is compiled for AVX-512 BW, its scalar loop otherwise (the same bytes).
+//
+// SS_QUAD_LAYOUT (defined by qkernel_avx2.cpp before including this): NIB, MAGIC and WIDE codes are
+// laid out with rows as dwords instead, the quad layout (qkernel.py's quad_layout()): per 4 bytes of a
+// row's per-row form (NIB: 8 columns' nibble pairs; MAGIC: 4 columns' u = code - low, WIDE: their
+// codes, in column order) 64 bytes, row j's 4 bytes at 4 * j, so that two 32-byte loads are the
+// quads of rows 0-7 and 8-15 that vpmaddubsw takes (NIB: after an AND, or a shift and an AND; MAGIC:
+// as they lie) where the column-pair layout takes a 4 x 16 transpose a quad. [N / 16, K / 8, 16, 4]
+// bytes (NIB) or [N / 16, K / 4, 16, 4] int8 (MAGIC, WIDE): a block's bytes, in another order.
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -77,6 +85,16 @@ constexpr int64_t row_bytes_of(int64_t kind, int64_t K) { return kind == NIB ? K
 // NIB), as pack_six always computed it. MAGIC, WIDE: the even columns' codes, then the odd ones'.
 void row_form(int64_t kind, const int8_t* c, int64_t K, int64_t low, uint8_t* r) {
     int64_t k = 0;
+#ifdef SS_QUAD_LAYOUT
+    if (kind == WIDE) {  // the codes in column order
+        std::memcpy(r, c, K);
+        return;
+    }
+    if (kind == MAGIC) {  // u = code - low in column order (0 .. 127: MAGIC's codes lie in [-64, 63])
+        for (int64_t j = 0; j < K; ++j) r[j] = static_cast<uint8_t>(c[j] - low);
+        return;
+    }
+#endif
     if (kind == MAGIC || kind == WIDE) {
 #if defined(__AVX512BW__)
         for (; k + 64 <= K; k += 64) {  // 64 codes as 16-bit lanes (even | odd << 8): each byte apart
@@ -172,6 +190,28 @@ void transpose16(const uint8_t* rows, int64_t ld, int64_t width, uint8_t* out, i
 // W = row_bytes_of(kind, K); a row past N all zero bytes: u = 0 for NIB and SIX, code 0 for
 // MAGIC and WIDE, as blocked() pads).
 void pack_block(int64_t kind, const uint8_t* rows, int64_t K, uint8_t* out) {
+#ifdef SS_QUAD_LAYOUT
+    if (kind != SIX) {  // per 4 bytes of the per-row form 64: rows 0-3, 4-7, 8-11, 12-15 as 4 x 4 dword transposes
+        const int64_t W = row_bytes_of(kind, K), units = W / 4;
+        int64_t u = 0;
+        for (; u + 4 <= units; u += 4)
+            for (int j = 0; j < 16; j += 4) {
+                const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + j * W + 4 * u)),
+                              b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + (j + 1) * W + 4 * u)),
+                              c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + (j + 2) * W + 4 * u)),
+                              d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + (j + 3) * W + 4 * u));
+                const __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
+                const __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + u * 64 + 4 * j), _mm_unpacklo_epi64(ab0, cd0));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (u + 1) * 64 + 4 * j), _mm_unpackhi_epi64(ab0, cd0));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (u + 2) * 64 + 4 * j), _mm_unpacklo_epi64(ab1, cd1));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (u + 3) * 64 + 4 * j), _mm_unpackhi_epi64(ab1, cd1));
+            }
+        for (; u < units; ++u)
+            for (int j = 0; j < 16; ++j) std::memcpy(out + u * 64 + 4 * j, rows + j * W + 4 * u, 4);
+        return;
+    }
+#endif
     if (kind == NIB) {
         transpose16(rows, K / 2, K / 2, out, 16);
     } else if (kind == SIX) {  // per 4 columns 48 bytes: the three per-row parts' columns side by side
@@ -350,9 +390,16 @@ unpack_blocked(std::vector<py::buffer> parts, int64_t fmt, int64_t kind, int64_t
     const bool k_fmt = fmt >= Q4_K, offsets = fmt == Q4_1 || fmt == Q5_1 || fmt == Q4_K || fmt == Q5_K;
     auto bytes = torch::TensorOptions().dtype(torch::kByte);
     auto half = torch::TensorOptions().dtype(torch::kHalf);
+#ifdef SS_QUAD_LAYOUT
+    TORCH_CHECK(kind == SIX || K % 8 == 0, "the quad layout: K must be a multiple of 8");
+    torch::Tensor packed = kind == NIB ? torch::empty({blocks, K / 8, 16, 4}, bytes)
+                         : kind == SIX ? torch::empty({blocks, K / 4, 48}, bytes)
+                         : torch::empty({blocks, K / 4, 16, 4}, bytes.dtype(torch::kChar));
+#else
     torch::Tensor packed = kind == NIB ? torch::empty({blocks, K / 2, 16}, bytes)
                          : kind == SIX ? torch::empty({blocks, K / 4, 48}, bytes)
                          : torch::empty({blocks, K / 2, 16, 2}, bytes.dtype(torch::kChar));
+#endif
     torch::Tensor sd = torch::empty({blocks, dn, 16}, half), none = torch::empty({0}, bytes);
     torch::Tensor sq = k_fmt ? torch::empty({blocks, gn, 16}, bytes.dtype(fmt == Q6_K ? torch::kChar : torch::kByte)) : none;
     torch::Tensor od = offsets ? torch::empty({blocks, dn, 16}, half) : none;
