@@ -362,8 +362,8 @@ def test_prepared_codes_read_back_as_the_files_on_every_build(module, layout, n)
 @needs_q8
 @pytest.mark.parametrize("layout", [LAYOUTS[i] for i in (0, 1, 2, 6, 8, 3)])  # NIB; MAGIC u <= 63, 31, 127; WIDE
 def test_int8_product_is_the_same_wherever_its_codes_lie(module, layout):
-    """AVX2 multiplies MAGIC blocks, and 4-bit ones up to 32 rows, where they lie in the quad layout;
-    the rest decoded into a buffer first. Told the codes' largest u (kernel_kind) or not (found per
+    """AVX2 multiplies MAGIC blocks, and 4-bit and int8 ones up to 32 rows, where they lie in the quad
+    layout; the rest decoded into a buffer first. Told the codes' largest u (kernel_kind) or not (found per
     block), and with the codes at an address that is not 32-byte aligned (every block decoded into
     the buffer), the product has the same bits, at 1, 8, 33 and 40 rows."""
     if not qkernel.quad_layout():

@@ -21,14 +21,15 @@
 // vpmaddubsw takes quads: dword j = row j's 4 codes, two ymm of 8 rows a quad. The codes are held in
 // the quad layout (qkernel_pack.h's SS_QUAD_LAYOUT: rows as dwords, MAGIC as u = code - low), where a
 // block's MAGIC quads are its bytes as they lie and its 4-bit quads an AND (or a shift and an AND)
-// away: MAGIC blocks, and 4-bit ones in calls of up to NIB_DIRECT_ROWS rows, multiply where they
-// lie; the others (WIDE, which needs |code| too; 4-bit codes in prefill) are decoded once per call
-// into a per-thread buffer that every QR rows then multiply. Against the column-pair layout with
+// away: MAGIC blocks, and 4-bit and int8 ones (WIDE, |code| taken in the loop) in calls of up to
+// 32 rows, multiply where they lie; in longer calls (prefill) those are decoded once per call into a
+// per-thread buffer that every QR rows then multiply. Against the column-pair layout with
 // every block decoded first (a 4 x 16 transpose a quad), one thread, 2-core AMD EPYC Zen 3: Q4_K
 // 8,960 x 1,536 at 1 row 0.59 -> 0.35 ms, 8 rows 1.61 -> 1.36, 32 rows even; Q6_K 1,536 x 8,960 at 1
 // row 0.78 -> 0.45, 8 rows 2.21 -> 1.76; Q5_0 4,864 x 896 at 1 row 0.172 -> 0.104, 8 rows 0.54 ->
-// 0.44; Q8_0 even. In decode-sized calls x comes broadcast from memory (qmm8's XMEM), vpmaddubsw's
-// load operand. 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
+// 0.44; Q8_0 4,864 x 896 at 1 row 0.235 -> 0.112, 8 rows 0.74 -> 0.63. In decode-sized calls x comes
+// broadcast from memory (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only
+// where AMX tiles run (qkernel.six_bits), never here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -48,6 +49,9 @@ constexpr int64_t XMEM_ROWS = 64;   // the most rows, of an x broadcast in memor
 // a block is decoded once into the buffer (Q4_K 8,960 x 1,536, one thread, Zen 3: in the loop 16 rows
 // 2.61 ms against 3.00, 32 rows 5.32 against 5.76; 512 rows 80.7 against 76.7)
 constexpr int64_t NIB_DIRECT_ROWS = 32;
+// and int8 codes (WIDE: |code| taken in the loop; Q8_0 4,864 x 896: 1 row 0.235 -> 0.112 ms, 8 rows
+// 0.739 -> 0.627, 16 1.33 -> 1.25, 32 even; 64 rows 5.19 against 4.97, 512 rows 39.1 against 38.4)
+constexpr int64_t WIDE_DIRECT_ROWS = 32;
 
 // a per-group factor of one 16-row block, rows h * 8 .. h * 8 + 7: fp32(d[g >> shift]) * fp32(q[g])
 inline __m256 factor8(const Factor& f, int64_t g, int h) {
@@ -279,7 +283,10 @@ void rows_block(const QRows& a, const Block& b) {
             for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
                 const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                 __m256i a0, a1;
-                if constexpr (KIND == WIDE) {
+                if constexpr (KIND == WIDE && DIRECT) {  // the codes as they lie: |code| here
+                    a0 = _mm256_abs_epi8(w0);
+                    a1 = _mm256_abs_epi8(w1);
+                } else if constexpr (KIND == WIDE) {
                     a0 = _mm256_load_si256(b.wbuf + 2 * all + 2 * q);
                     a1 = _mm256_load_si256(b.wbuf + 2 * all + 2 * q + 1);
                 }
@@ -455,13 +462,14 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
         float* obuf = off ? sbuf + groups * 16 : nullptr;
         for (int64_t i = b0; i < b1; ++i) {
             // MAGIC's u multiply as they lie (no copy: a Q5_0 product of 4,864 x 896, one thread, Zen 3, 1 row
-            // 0.174 -> 0.104 ms, 8 rows 0.58 -> 0.45); the others' quads decoded into wbuf
+            // 0.174 -> 0.104 ms, 8 rows 0.58 -> 0.45), and NIB's and WIDE's up to their rows; else decoded into wbuf
             const uint8_t* codes = wp + i * block_bytes;
             const bool aligned = reinterpret_cast<uintptr_t>(codes) % 32 == 0;
-            const bool direct = aligned && (kind == MAGIC || (kind == NIB && M <= NIB_DIRECT_ROWS));
-            const bool nib_direct = direct && kind == NIB;
+            const bool direct = aligned && (kind == MAGIC || (kind == NIB && M <= NIB_DIRECT_ROWS)
+                                            || (kind == WIDE && M <= WIDE_DIRECT_ROWS));
+            const bool nib_direct = direct && kind == NIB, wide_direct = direct && kind == WIDE;
             const int top = !direct ? decode_block(static_cast<int>(kind), codes, K, wbuf)
-                          : kind == NIB ? 15 : told ? static_cast<int>(told - 1) : block_top(codes, K);
+                          : kind != MAGIC ? 255 : told ? static_cast<int>(told - 1) : block_top(codes, K);
             const __m256i* quads = direct ? reinterpret_cast<const __m256i*>(codes) : wbuf;
             // MAGIC blocks whose u fit 6 bits (all of Q6_K's, Q5's) sum two quads before widening
             const bool pair = top <= 63 && group % 8 == 0;
@@ -493,6 +501,8 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 else if (kind == MAGIC && four) rows_step<MAGIC, false, true, 4>(r, part, b);
                 else if (kind == MAGIC && pair) rows_step<MAGIC, false, true, 2>(r, part, b);
                 else if (kind == MAGIC) rows_step<MAGIC, false, true>(r, part, b);
+                else if (wide_direct && off) rows_step<WIDE, true, false, 1, true>(r, part, b);
+                else if (wide_direct) rows_step<WIDE, false, false, 1, true>(r, part, b);
                 else if (off) rows_step<WIDE, true, false>(r, part, b);
                 else rows_step<WIDE, false, false>(r, part, b);
             }
