@@ -32,8 +32,8 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _FN, _FN_END = "<function=", "</function>"
 _P, _P_END = "<parameter=", "</parameter>"
 _MAX_NAME = 256  # the longest parameter name read: a "<parameter=" without ">" in so many characters names none
-_TEXT, _HEAD, _PARAMS, _PNAME, _VSTART, _VALUE, _TAIL, _SKIP = (
-    "text", "head", "params", "pname", "vstart", "value", "tail", "skip")  # Qwen3CoderStream's states
+_TEXT, _HEAD, _PARAMS, _PNAME, _VSTART, _VALUE, _AGAIN, _TAIL, _SKIP = (
+    "text", "head", "params", "pname", "vstart", "value", "again", "tail", "skip")  # Qwen3CoderStream's states
 
 
 class Qwen3CoderStream(CallStream):
@@ -48,14 +48,18 @@ class Qwen3CoderStream(CallStream):
     of ``\\n</parameter>``), any other value whole at its ``</parameter>``, ``}`` at
     ``</function>`` (or at the block's ``</tool_call>``, should the model leave ``</function>``
     out). Text between the tags that is no parameter (a stray word, a ``<parameter=`` with no
-    name) is read past, as vLLM's parser finds parameters by their tags: the arguments are always
-    the JSON object of the parameters read whole, never text that breaks off -- except in a call
-    the output ended inside (cut by ``max_tokens``, a stop string, or ended by the model), which
-    keeps what it sent, as every family's cut call does. Every call after the first is dropped
-    when ``parallel`` is False. Calls are whole (``finish_reason: "tool_calls"``) once their ``}``
-    went out."""
+    name) is read past, as vLLM's parser finds parameters by their tags; so is a parameter given
+    again (its first value stands, as it went out when read: an object names each key once;
+    vLLM's whole answer keeps the last value, its stream sends both). The arguments are always
+    the JSON object of the parameters read, never text that breaks off: a call the output ended
+    inside (the model's end, a stop string) is closed there, its last value what was written of
+    it (vLLM's parser reads a parameter or function the output ended inside to the end); only
+    one cut by ``max_tokens`` keeps what it sent, as every family's call cut so does. Every call
+    after the first is dropped when ``parallel`` is False. Calls are whole (``finish_reason:
+    "tool_calls"``) once their ``}`` went out at ``</function>`` or ``</tool_call>``; one closed
+    at the output's end was cut short (``stop``)."""
 
-    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args")
+    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args", "_names", "_short", "_length")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -66,9 +70,16 @@ class Qwen3CoderStream(CallStream):
         self._params = 0  # parameters begun in the current call
         self._text_value = False  # VALUE: the value is a string, streamed as it comes
         self._open_args = False  # a call's arguments began and their "}" has not gone out
+        self._names: set[str] = set()  # the parameters of the current call read so far
+        self._short = False  # a call was closed at the output's end (cut short: not "tool_calls")
+        self._length = False  # finish: max_tokens cut the output (a call open then keeps what it sent)
+
+    def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
+        self._length = reason == "length"
+        return super().finish(reason)
 
     def _whole(self) -> bool:
-        return not self._open_args
+        return not self._open_args and not self._short
 
     def _step(self, out: list[dict], final: bool) -> bool:
         buf, state = self._buf, self._state
@@ -98,16 +109,15 @@ class Qwen3CoderStream(CallStream):
             name, end = head
             self._begin(out, name)
             self._args(out, "{")
-            self._fn, self._params, self._open_args = self.functions[name], 0, True
+            self._fn, self._params, self._open_args, self._names = self.functions[name], 0, True, set()
             self._buf, self._state = buf[end:], _PARAMS
             return True
         if state == _PARAMS:  # the next <parameter=, the </function> (or the block's </tool_call>) that ends them
             ends = (_P, _FN_END, _CLOSE) if self._tagged else (_P, _FN_END)
             found = [(at, tag) for tag in ends if (at := buf.find(tag)) >= 0]
             if not found:  # (text between the tags is no parameter: read past, as vLLM's parser reads them by tag)
-                if final:  # the output ended inside the call: it keeps what it sent, as a cut call
-                    self._buf, self._state = "", _SKIP
-                    return True
+                if final:
+                    return self._ended_inside(out)
                 self._buf = buf[len(buf) - max(_tag_start(buf, tag) for tag in ends):]
                 return False
             at, tag = min(found)
@@ -122,8 +132,7 @@ class Qwen3CoderStream(CallStream):
             end = buf.find(">")
             if end < 0:
                 if final:
-                    self._state = _SKIP
-                    return True
+                    return self._ended_inside(out)
                 if len(buf) > _MAX_NAME or "<" in buf:  # no parameter's name: read on past it, to the next tag
                     self._state = _PARAMS
                     return True
@@ -132,6 +141,10 @@ class Qwen3CoderStream(CallStream):
             if len(name) > _MAX_NAME or "<" in name:  # (as above, seen whole)
                 self._state = _PARAMS
                 return True
+            if name in self._names:  # given again: read past to its </parameter> (the first value stands)
+                self._buf, self._state = buf[end + 1:], _AGAIN
+                return True
+            self._names.add(name)
             self._text_value = param_is_text(self._fn, name)
             key = json.dumps(name, ensure_ascii=False) + ": " + ('"' if self._text_value else "")
             self._args(out, (", " if self._params else "") + key)
@@ -141,11 +154,15 @@ class Qwen3CoderStream(CallStream):
         if state == _VSTART:  # one newline after <parameter=P> is the syntax's, not the value's
             if not buf and not final:
                 return False
+            if not buf:
+                return self._ended_inside(out, "")
             self._buf, self._state = buf[1:] if buf.startswith("\n") else buf, _VALUE
             return True
         if state == _VALUE:
             at = buf.find(_P_END)
             if at < 0:
+                if final and not self._length:
+                    return self._ended_inside(out, buf)
                 if self._text_value:
                     # (the end tag may follow a newline or the value itself, an empty one too)
                     keep = 0 if final else max(_tag_start(buf, "\n" + _P_END), _tag_start(buf, _P_END))
@@ -156,6 +173,15 @@ class Qwen3CoderStream(CallStream):
                 return False
             value = buf[:at - 1] if buf[:at].endswith("\n") else buf[:at]
             self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
+            self._buf, self._state = buf[at + len(_P_END):], _PARAMS
+            return True
+        if state == _AGAIN:
+            at = buf.find(_P_END)
+            if at < 0:
+                if final:
+                    return self._ended_inside(out)
+                self._buf = buf[len(buf) - _tag_start(buf, _P_END):]
+                return False
             self._buf, self._state = buf[at + len(_P_END):], _PARAMS
             return True
         if state == _TAIL:
@@ -174,6 +200,20 @@ class Qwen3CoderStream(CallStream):
             self._buf = "" if final else buf[len(buf) - _tag_start(buf, close):]
             return False
         self._buf, self._state = buf[at + len(close):], _TEXT
+        return True
+
+    def _ended_inside(self, out: list[dict], value: str = "") -> bool:
+        """The output ended inside the call's parameters: unless ``max_tokens`` cut it (then it
+        keeps what it sent), the call is closed -- a value open in it (its text not sent yet,
+        ``value``) ends, less what may have been the start of its ``\\n</parameter>``, then ``}``
+        -- and it was cut short (``stop``, not ``tool_calls``)."""
+        if not self._length:
+            if self._state in (_VSTART, _VALUE):
+                value = value[:len(value) - max(_tag_start(value, "\n" + _P_END), _tag_start(value, _P_END))]
+                self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
+            self._args(out, "}")
+            self._open_args, self._short = False, True
+        self._buf, self._state = "", _SKIP
         return True
 
 

@@ -54,7 +54,12 @@ PIPELINE = {  # raw output -> (reasoning, content, calls) through openai_gptoss 
         (ANALYSIS, "2 + 2 = 4.", []),
     "<|channel|>final<|message|>Use <|start|> to open a message.":
         (None, "Use <|start|> to open a message.", []),
+    # a call message that ends before its arguments close: they end there (they held the marker and the answer after)
+    "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json"
+    '<|message|>{"city": "Pa<|end|><|start|>assistant<|channel|>final<|message|>Done.':
+        ("x", "Done.", [("get_weather", '{"city": "Pa')]),
 }
+CUT_SHORT = {text for text, (_, _, calls) in PIPELINE.items() if any(not a.endswith("}") for _, a in calls)}
 
 
 def cuttings(text: str) -> list[list[int]]:
@@ -105,7 +110,7 @@ def test_reasoning_then_tool_calls_at_every_cut(text):
         got_content, got_calls = merged(deltas + more)
         assert ("".join(thought) or None, got_content,
                 [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls]) == want, cuts
-        assert all(deltas + more) and reason == ("tool_calls" if want[2] else "stop")
+        assert all(deltas + more) and reason == ("tool_calls" if want[2] and text not in CUT_SHORT else "stop")
 
 
 def test_parallel_tool_calls_false_drops_a_second_call_message():

@@ -4,8 +4,10 @@ the syntax (a positional argument, a value that is no literal, a keyword given t
 arguments broke off where the syntax did ('[get_weather(1)]' gave arguments '{', and the Messages API a
 tool_use whose input was {}); now it is no call, and the answer's text is content. Qwen3-Coder's arguments
 broke off at text between its tags, or at a </tool_call> without </function>; now such text is read past
-and </tool_call> ends the call. Over the handlers apps with a scripted broker client (4 characters a token),
-no sockets."""
+and </tool_call> ends the call. A Qwen3-Coder parameter given again gave the key twice (now its first value
+stands), and an output the model ended inside a value left '{"city": "Paris", "days": ' (now the call is closed
+there). A harmony message's end marker before its arguments closed was argument text, with every message after
+it; now it ends them. Over the handlers apps with a scripted broker client (4 characters a token), no sockets."""
 
 from __future__ import annotations
 
@@ -42,17 +44,34 @@ OUTPUTS = {  # the user's message -> the model's output: (parser, output, the ca
     # Qwen3-Coder's parameters: text between the tags was where the arguments broke off ('{"city": "Paris"')
     "qwen_stray": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                    "oops\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-                   [("get_weather", {"city": "Paris", "days": "3"})], False),
+                   [("get_weather", {"city": "Paris", "days": 3})], False),
     "qwen_no_function_end": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
                              "</parameter>\n</tool_call>", [("get_weather", {"city": "Paris"})], False),
+    # a parameter given again was the key twice ('{"city": "Paris", "city": "Rome"}'); the first value stands
+    "qwen_twice": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                   "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+                   [("get_weather", {"city": "Paris"})], False),
+    # the model ended inside a typed value: the arguments were '{"city": "Paris", "days": '; the call is closed there
+    "qwen_ended_in_value": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                            "</parameter>\n<parameter=days>\n3",
+                            [("get_weather", {"city": "Paris", "days": 3})], False),
 }
+# a harmony call whose message ended inside its arguments: (parser, output, [(name, arguments text)]); its
+# arguments were '{"city": "Pa<|call|><|start|>assistant...' to the output's end, the second call in them
+CUT_SHORT = {
+    "harmony_marker": ("openai", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+                       '"Pa<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
+                       '<|message|>{"city": "Rome"}',
+                       [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
+}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 
 
 class ArgumentsClient(OutputClient):
     """Writes ``OUTPUTS[last message's content]``'s output, TOKEN_CHARS characters a token, ending ``stop``."""
 
     def _script(self, h) -> None:
-        text = OUTPUTS[h.params.prompt[-1].content][1]
+        text = {**OUTPUTS, **CUT_SHORT}[h.params.prompt[-1].content][1]
         h._prompt_tokens = 5
         h.first_token_s = time.monotonic()
         for i in range(0, len(text), TOKEN_CHARS):
@@ -73,7 +92,7 @@ def apps():
     client = ArgumentsClient()
     with contextlib.ExitStack() as stack:
         out = {}
-        for parser in sorted({p for p, *_ in OUTPUTS.values()}):
+        for parser in sorted({p for p, *_ in [*OUTPUTS.values(), *CUT_SHORT.values()]}):
             config = dataclasses.replace(GatewayConfig(), tool_call_parser=parser)
             out[parser] = {
                 "chat": stack.enter_context(TestClient(handlers_app(Tokenizers(None), ScriptedLink(client), config))),
@@ -94,7 +113,7 @@ def sse(http, path: str, body: dict, **kw) -> list[dict]:
 def chat(http, case: str) -> tuple[tuple, tuple]:
     """(text, [(name, arguments)]) of the whole answer and of the stream."""
     body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
-            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]}
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     (c,) = r.json()["choices"]
@@ -112,7 +131,7 @@ def chat(http, case: str) -> tuple[tuple, tuple]:
 
 def responses(http, case: str) -> tuple[tuple, tuple]:
     body = {"model": "m", "input": case, "max_output_tokens": 100,
-            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}
+            "tools": [{"type": "function", "name": "get_weather", "parameters": SCHEMA}]}
     r = http.post("/v1/responses", json=body)
     assert r.status_code == 200, r.text
 
@@ -129,7 +148,7 @@ def responses(http, case: str) -> tuple[tuple, tuple]:
 
 def messages(http, case: str) -> tuple[tuple, tuple]:
     body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
-            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+            "tools": [{"name": "get_weather", "input_schema": SCHEMA}]}
     headers = {"x-api-key": KEY}
     r = http.post("/v1/messages", json=body, headers=headers)
     assert r.status_code == 200, r.text
@@ -158,3 +177,28 @@ def test_a_call_s_arguments_are_a_whole_json_object_or_there_is_no_call(apps, ro
     for text, calls in ROUTES[route](apps[parser][route], case):  # (the whole answer, then the stream)
         assert [(name, json.loads(args)) for name, args in calls] == want, (route, case, calls)
         assert text == (output if is_text else ""), (route, case, text)
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_harmony_message_that_ends_inside_its_arguments_ends_them_there(apps, route):
+    parser, _, want = CUT_SHORT["harmony_marker"]
+    for text, calls in ROUTES[route](apps[parser][route], "harmony_marker"):  # (the whole answer, then the stream)
+        assert (text, calls) == ("", want), (route, text, calls)
+    if route == "chat":  # (a call cut short: not "tool_calls")
+        body = {"model": "m", "messages": [{"role": "user", "content": "harmony_marker"}], "max_tokens": 100,
+                "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]}
+        (choice,) = apps[parser][route].post("/v1/chat/completions", json=body).json()["choices"]
+        assert choice["finish_reason"] == "stop"
+
+
+def test_a_harmony_message_that_ends_inside_its_arguments_on_the_messages_api(apps):
+    http, headers = apps["openai"]["messages"], {"x-api-key": KEY}
+    body = {"model": "m", "messages": [{"role": "user", "content": "harmony_marker"}], "max_tokens": 100,
+            "tools": [{"name": "get_weather", "input_schema": SCHEMA}]}
+    out = http.post("/v1/messages", json=body, headers=headers).json()
+    assert [(b["type"], b.get("input")) for b in out["content"]] == [("tool_use", {}), ("tool_use", {"city": "Rome"})]
+    assert out["stop_reason"] == "end_turn"  # (the first call's input is no object: {} as a cut call's)
+    events = sse(http, "/v1/messages", body, headers=headers)
+    partial = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(partial) == '{"city": "Pa{"city": "Rome"}'
+    assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["end_turn"]

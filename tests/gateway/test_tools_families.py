@@ -92,6 +92,13 @@ CASES = {
                      (None, [("get_time", "{}")])),
         "long_name": ("<function=get_time>\n<parameter=" + "z" * 300 + "\n<parameter=zone>\nutc\n</parameter>\n"
                       "</function>", (None, [("get_time", '{"zone": "utc"}')])),
+        # a parameter given again: its first value stands (the object had the key twice: '{"city": "Paris", "city"...')
+        "twice": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=city>\n"
+                  "Rome\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+                  (None, [("get_weather", '{"city": "Paris", "days": 2}')])),
+        # the model ended inside a typed value: closed there (its arguments were '{"city": "Paris", "days": ')
+        "ended_in_value": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                           "<parameter=days>\n3", (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
     },
     "openai": {  # gpt-oss's harmony (openai/harmony docs/format.md); the stop tokens <|call|>, <|return|> are no text
         "first": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
@@ -117,6 +124,12 @@ CASES = {
                      ("Hi.<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>now", [])),
         "broken": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa',
                    (None, [("get_weather", '{"city": "Pa')])),
+        # a marker that ends the message before the arguments close ends them (they held it and every message after)
+        "marker_in_args": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"'
+                           '<|call|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json'
+                           '<|message|>{}<|call|>', (None, [("get_weather", '{"city": "Paris"'), ("get_time", "{}")])),
+        "end_in_string": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa'
+                          '<|end|>Then.', ("Then.", [("get_weather", '{"city": "Pa')])),
     },
     "pythonic": {  # Llama 3.2's: "[func_name1(params_name1=params_value1, params_name2=params_value2...), ...]"
         "one": ('[get_weather(city="Paris", days=3)]', (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
@@ -146,6 +159,8 @@ CASES = {
     },
 }
 ALL = [(parser, case) for parser, cases in CASES.items() for case in cases]
+ARGS_CUT = {("openai", "broken"), ("openai", "marker_in_args"), ("openai", "end_in_string")}  # (JSON cut off)
+CUT_SHORT = ARGS_CUT | {("qwen3_coder", "ended_in_value")}  # calls their message or the output ended inside: "stop"
 BARE_CASES = {  # read with bare=True (no response_format): what the family's models write without the marker
     "mistral": {
         "bare_two": ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
@@ -182,7 +197,7 @@ def test_the_parse_of_the_family_s_own_syntax(parser, case):
     assert (got_content, calls_of(got_calls)) == (content, calls)
     for call in got_calls:
         assert call["type"] == "function" and call["id"]
-        if not (parser not in ("pythonic", "qwen3_coder") and case == "broken"):  # (theirs are always whole objects)
+        if (parser, case) not in ARGS_CUT:
             assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
@@ -215,7 +230,7 @@ def test_every_cut_into_deltas_adds_up_to_the_whole_parse(parser, case, bare, pa
         got_content, got_calls = merged(deltas)
         assert (got_content, calls_of(got_calls)) == whole, cuts
         assert all(d for d in deltas), "an empty delta"
-        whole_calls = calls and (case != "broken" or parser in ("mistral", "qwen3_coder"))
+        whole_calls = calls and (parser, case) not in CUT_SHORT
         assert reason == ("tool_calls" if whole_calls else "stop"), cuts
 
 
@@ -293,6 +308,60 @@ def test_a_pythonic_call_s_arguments_are_a_json_object_however_the_text_is_cut(t
         content, calls = merged(deltas + stream.finish(reason)[0])
         assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls), (n, calls)
         assert content in ("", None, text[:n]) or content == text[:n].lstrip(), (n, content)
+
+
+QWEN_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris\n</parameter>\n<parameter=days>\n12\n"
+             "</parameter>\n<parameter=city>\nRome\n</parameter>\n<parameter=detail>\n{\"a\": [1]}\n</parameter>\n"
+             "</function>\n</tool_call>")
+
+
+def streamed(parser: str, text: str, reason: str) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    """``text`` fed a character at a time, ending ``reason``: (content, calls, finish reason)."""
+    stream = parser_class(parser)(FUNCTIONS)
+    deltas = [d for c in text for d in stream.feed(c)]
+    more, said = stream.finish(reason)
+    assert all(deltas + more), "an empty delta"
+    content, calls = merged(deltas + more)
+    return content, calls_of(calls), said
+
+
+def test_a_qwen3_coder_call_the_output_ended_inside_is_a_json_object_unless_max_tokens_cut_it():
+    # ended inside a value, between parameters or in a parameter given again, the arguments broke off
+    # ('{"city": "Pa\\"ris", "days": '); a stop (the model's end, a stop string) now closes the call there, its last
+    # value as far as it was written, as vLLM's parser reads it; max_tokens keeps what was sent (e1b80a0's rule)
+    whole = json.loads(parse_tool_calls(QWEN_CALL, FUNCTIONS, parser="qwen3_coder")[1][0]["function"]["arguments"])
+    assert whole == {"city": 'Pa"ris', "days": 12, "detail": {"a": [1]}}
+    for n in range(QWEN_CALL.index("<parameter="), QWEN_CALL.index("</function>")):
+        text = QWEN_CALL[:n]
+        content, calls, said = streamed("qwen3_coder", text, "stop")
+        whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser="qwen3_coder", reason="stop")
+        assert (content, calls) == (whole_content, calls_of(whole_calls)) and said == "stop", n
+        ((name, arguments),) = calls
+        value = json.loads(arguments)
+        assert name == "get_weather" and isinstance(value, dict) and set(value) <= set(whole), (n, value)
+        assert 'Pa"ris'.startswith(value.get("city", "")), (n, value)  # (the first value stands, never Rome)
+        _, cut, said = streamed("qwen3_coder", text, "length")
+        assert said == "length" and cut[0][0] == "get_weather", (n, cut)
+        with pytest.raises(ValueError):  # (cut, not closed)
+            json.loads(cut[0][1])
+
+
+HARMONY_ARGS = '{"city": "Pa<ris", "days": [3]}'
+
+
+@pytest.mark.parametrize("marker", ["<|call|>", "<|end|>", "<|return|>", ""])
+def test_a_harmony_marker_before_the_arguments_close_ends_them(marker):
+    # '{"city": "Pa<|call|>' was the call's arguments, and the messages after the marker with them (their calls lost);
+    # a message's end marker ends it there (vLLM reads the tokens so), and the call was cut short: "stop"
+    head = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    second = "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}"
+    for n in range(1, len(HARMONY_ARGS) + 1):
+        text = head + HARMONY_ARGS[:n] + marker + second
+        content, calls, said = streamed("openai", text, "stop")
+        whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser="openai", reason="stop")
+        assert (content, calls) == (whole_content, calls_of(whole_calls)), n
+        assert content is None and calls == [("get_weather", HARMONY_ARGS[:n]), ("get_time", "{}")], (n, calls)
+        assert said == ("tool_calls" if n == len(HARMONY_ARGS) else "stop"), n
 
 
 # parser -> (what its tool_choice grammar makes the model write, the marker a call starts with): one whole call
