@@ -18,7 +18,8 @@ family's parser reads it:
 - ``qwen3_coder``: ``<tool_call>\\n<function=N>\\n`` then each parameter as
   ``<parameter=P>\\nVALUE\\n</parameter>\\n`` in the schema's order (``required`` ones always,
   the others optional), then ``</function>\\n</tool_call>``; a value the parser reads as text
-  (:func:`gateway.tool_xml.param_is_text`) is any text up to the first ``\\n</parameter>``, one
+  (:func:`gateway.tool_xml.param_is_text`) is any text up to ``\\n</parameter>`` that holds no tag
+  the parser ends a value at (``</parameter>``, ``<parameter=``, ``</function>``, ``</tool_call>``), one
   lexeme with that end tag (llguidance's lexer is greedy and does not backtrack: a text lexeme
   before a literal end tag would eat the newline the tag needs, and a ``stop`` rule loses the
   bytes after the tag in the token that ends it, Qwen's ``>\\n``), or one of its ``enum``; any
@@ -58,7 +59,8 @@ def call_grammar(functions: dict[str, dict], names: list[str], parser: str) -> s
         named = " | ".join(f"fn{i}" for i in range(len(names)))
         rules = "".join(_xml_function(i, functions[n]) for i, n in enumerate(names))
         return (f'start: "<tool_call>\\n<function=" ({named}) "</function>\\n</tool_call>"\n{rules}'
-                'TEXT: /(.|\\n)*\\n<\\/parameter>/ & ~/(.|\\n)*\\n<\\/parameter>(.|\\n)+/\n')
+                'TEXT: /(.|\\n)*\\n<\\/parameter>/ & '
+                '~/(.|\\n)*(<\\/parameter>|<parameter=|<\\/function>|<\\/tool_call>)(.|\\n)+/\n')
     if parser == "openai":
         named = " | ".join(f"fn{i}" for i in range(len(names)))
         rules = "".join(f'fn{i}: {_lit(n + " <|constrain|>json<|message|>")} %json {_schema(_arguments(functions[n]))}\n'

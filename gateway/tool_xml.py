@@ -14,10 +14,14 @@ The syntax, as Qwen3-Coder's chat template renders a call and asks for one::
     </tool_call>
 
 A value is the text between ``<parameter=P>`` and ``</parameter>``, less one newline at either
-end; its JSON type is the function's schema's for ``P`` (vLLM's ``qwen3coder_tool_parser.py``,
-``_convert_param_value``): a parameter the schema types ``string``, types not at all, or does not
-list keeps the text as a string; any other type takes the text as JSON (``3``, ``true``,
-``{"a": 1}``, ``null``), and the text as a string where it is not JSON.
+end; a value the model left without its ``</parameter>`` ends at the next tag of the call (the
+next ``<parameter=``, ``</function>``, the block's ``</tool_call>``), as vLLM's
+``qwen3coder_tool_parser.py`` reads it (``tool_call_parameter_regex``). Its JSON type is the
+function's schema's for ``P`` (vLLM's ``_convert_param_value``): a parameter the schema types
+``string``, types not at all, or does not list keeps the text as a string; any other type (its
+``anyOf`` branches' where it has no ``type``) takes the text as JSON (``3``, ``true``,
+``{"a": 1}``, ``null``), else as the Python literal it is (``True``, ``None``, ``['a']``: the
+chat template writes the history's values in Python's spelling), else as a string.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 
 from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, is_name_start, json_text
+from gateway.tool_pythonic import literal_json
 
 __all__ = ["Qwen3CoderStream", "param_is_text"]
 
@@ -45,21 +50,24 @@ class Qwen3CoderStream(CallStream):
     the block is content, tag and all); its ``arguments`` are the JSON object of its parameters,
     built as they come: ``{`` at once, ``"P": `` when a parameter's name is read, a string
     value's characters (escaped) as they are generated (holding back only what may be the start
-    of ``\\n</parameter>``), any other value whole at its ``</parameter>``, ``}`` at
-    ``</function>`` (or at the block's ``</tool_call>``, should the model leave ``</function>``
-    out). Text between the tags that is no parameter (a stray word, a ``<parameter=`` with no
-    name) is read past, as vLLM's parser finds parameters by their tags; so is a parameter given
-    again (its first value stands, as it went out when read: an object names each key once;
-    vLLM's whole answer keeps the last value, its stream sends both). The arguments are always
-    the JSON object of the parameters read, never text that breaks off: a call the output ended
-    inside (the model's end, a stop string) is closed there, its last value what was written of
-    it (vLLM's parser reads a parameter or function the output ended inside to the end); only
-    one cut by ``max_tokens`` keeps what it sent, as every family's call cut so does. Every call
-    after the first is dropped when ``parallel`` is False. Calls are whole (``finish_reason:
-    "tool_calls"``) once their ``}`` went out at ``</function>`` or ``</tool_call>``; one closed
-    at the output's end was cut short (``stop``)."""
+    of a tag that ends it, ``\\n</parameter>`` or another), any other value whole at its end,
+    ``}`` at ``</function>`` (or at the block's ``</tool_call>``, should the model leave
+    ``</function>`` out). A value without its ``</parameter>`` ends at the next ``<parameter=``
+    or at one of these tags, as vLLM's parser reads it. Text between the tags that is no
+    parameter (a stray word, a ``<parameter=`` with no name) is read past, as vLLM's parser finds
+    parameters by their tags; so is a parameter given again (its first value stands, as it went
+    out when read: an object names each key once; vLLM's whole answer keeps the last value, its
+    stream sends both). The arguments are always the JSON object of the parameters read, never
+    text that breaks off: a call the output ended inside (the model's end, a stop string) is
+    closed there, its last value what was written of it (vLLM's parser reads a parameter or
+    function the output ended inside to the end); only one cut by ``max_tokens`` keeps what it
+    sent, as every family's call cut so does. Every call after the first is dropped when
+    ``parallel`` is False. Calls are whole (``finish_reason: "tool_calls"``) once their ``}``
+    went out at ``</function>`` or ``</tool_call>``; one closed at the output's end was cut short
+    (``stop``)."""
 
-    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args", "_names", "_short", "_length")
+    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args", "_names", "_short", "_length",
+                 "_seen")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -73,6 +81,7 @@ class Qwen3CoderStream(CallStream):
         self._names: set[str] = set()  # the parameters of the current call read so far
         self._short = False  # a call was closed at the output's end (cut short: not "tool_calls")
         self._length = False  # finish: max_tokens cut the output (a call open then keeps what it sent)
+        self._seen = 0  # VALUE, AGAIN: the characters of _buf searched for an end tag without one found
 
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
         self._length = reason == "length"
@@ -113,14 +122,14 @@ class Qwen3CoderStream(CallStream):
             self._buf, self._state = buf[end:], _PARAMS
             return True
         if state == _PARAMS:  # the next <parameter=, the </function> (or the block's </tool_call>) that ends them
-            ends = (_P, _FN_END, _CLOSE) if self._tagged else (_P, _FN_END)
-            found = [(at, tag) for tag in ends if (at := buf.find(tag)) >= 0]
+            ends = self._tags()
+            found = _first(buf, ends)
             if not found:  # (text between the tags is no parameter: read past, as vLLM's parser reads them by tag)
                 if final:
                     return self._ended_inside(out)
                 self._buf = buf[len(buf) - max(_tag_start(buf, tag) for tag in ends):]
                 return False
-            at, tag = min(found)
+            at, tag = found
             if tag == _P:
                 self._buf, self._state = buf[at + len(tag):], _PNAME
                 return True
@@ -141,8 +150,8 @@ class Qwen3CoderStream(CallStream):
             if len(name) > _MAX_NAME or "<" in name:  # (as above, seen whole)
                 self._state = _PARAMS
                 return True
-            if name in self._names:  # given again: read past to its </parameter> (the first value stands)
-                self._buf, self._state = buf[end + 1:], _AGAIN
+            if name in self._names:  # given again: read past to its end (the first value stands)
+                self._buf, self._state, self._seen = buf[end + 1:], _AGAIN, 0
                 return True
             self._names.add(name)
             self._text_value = param_is_text(self._fn, name)
@@ -156,33 +165,34 @@ class Qwen3CoderStream(CallStream):
                 return False
             if not buf:
                 return self._ended_inside(out, "")
-            self._buf, self._state = buf[1:] if buf.startswith("\n") else buf, _VALUE
+            self._buf, self._state, self._seen = buf[1:] if buf.startswith("\n") else buf, _VALUE, 0
             return True
-        if state == _VALUE:
-            at = buf.find(_P_END)
-            if at < 0:
+        if state in (_VALUE, _AGAIN):  # to its </parameter>, or to a tag that ends it without one (vLLM's reading)
+            ends = (_P_END, *self._tags())
+            found = _first(buf, ends, self._seen)
+            # (a typed value is held whole: the next search starts where a tag may still begin; none is longer)
+            self._seen = max(0, len(buf) - len(_P_END))
+            if not found and state == _AGAIN:
+                if final:
+                    return self._ended_inside(out)
+                self._buf, self._seen = buf[len(buf) - _held(buf, ends):], 0
+                return False
+            if not found:
                 if final and not self._length:
                     return self._ended_inside(out, buf)
                 if self._text_value:
-                    # (the end tag may follow a newline or the value itself, an empty one too)
-                    keep = 0 if final else max(_tag_start(buf, "\n" + _P_END), _tag_start(buf, _P_END))
+                    keep = 0 if final else _held(buf, ends)
                     self._args(out, _escaped(buf[:len(buf) - keep]))
-                    self._buf = buf[len(buf) - keep:]
+                    self._buf, self._seen = buf[len(buf) - keep:], 0
                 elif final:
                     self._buf = ""  # a typed value cut before its end: it is not sent
                 return False
-            value = buf[:at - 1] if buf[:at].endswith("\n") else buf[:at]
-            self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
-            self._buf, self._state = buf[at + len(_P_END):], _PARAMS
-            return True
-        if state == _AGAIN:
-            at = buf.find(_P_END)
-            if at < 0:
-                if final:
-                    return self._ended_inside(out)
-                self._buf = buf[len(buf) - _tag_start(buf, _P_END):]
-                return False
-            self._buf, self._state = buf[at + len(_P_END):], _PARAMS
+            at, tag = found
+            if state == _VALUE:  # (less the newline before its end, which is the syntax's)
+                value = buf[:at - 1] if buf[:at].endswith("\n") else buf[:at]
+                self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
+            # (a tag that ends the value without </parameter> is read on as the parameters' own)
+            self._buf, self._state = buf[at + len(_P_END):] if tag == _P_END else buf[at:], _PARAMS
             return True
         if state == _TAIL:
             rest = buf.lstrip(_WS)
@@ -205,16 +215,34 @@ class Qwen3CoderStream(CallStream):
     def _ended_inside(self, out: list[dict], value: str = "") -> bool:
         """The output ended inside the call's parameters: unless ``max_tokens`` cut it (then it
         keeps what it sent), the call is closed -- a value open in it (its text not sent yet,
-        ``value``) ends, less what may have been the start of its ``\\n</parameter>``, then ``}``
-        -- and it was cut short (``stop``, not ``tool_calls``)."""
+        ``value``) ends, less what may have been the start of a tag that ends it (``\\n</parameter>``,
+        ``\\n<parameter=``, ...), then ``}`` -- and it was cut short (``stop``, not ``tool_calls``)."""
         if not self._length:
             if self._state in (_VSTART, _VALUE):
-                value = value[:len(value) - max(_tag_start(value, "\n" + _P_END), _tag_start(value, _P_END))]
+                value = value[:len(value) - _held(value, (_P_END, *self._tags()))]
                 self._args(out, _escaped(value) + '"' if self._text_value else _typed(value))
             self._args(out, "}")
             self._open_args, self._short = False, True
         self._buf, self._state = "", _SKIP
         return True
+
+    def _tags(self) -> tuple[str, ...]:
+        """The tags that end a call's parameters (and a value without its ``</parameter>``): the
+        next ``<parameter=``, ``</function>``, and the ``</tool_call>`` of a block that opened with
+        ``<tool_call>`` (vLLM's parser reads the call inside its block)."""
+        return (_P, _FN_END, _CLOSE) if self._tagged else (_P, _FN_END)
+
+
+def _first(buf: str, tags: tuple[str, ...], start: int = 0) -> tuple[int, str] | None:
+    """``(index, tag)`` of the first of ``tags`` in ``buf`` from ``start`` on, or None."""
+    found = [(at, tag) for tag in tags if (at := buf.find(tag, start)) >= 0]
+    return min(found) if found else None
+
+
+def _held(value: str, tags: tuple[str, ...]) -> int:
+    """How many characters at the end of ``value`` (a value's text so far) may be the start of one
+    of ``tags`` that would end it, with the newline before it (the syntax's, not the value's)."""
+    return max(max(_tag_start(value, "\n" + tag), _tag_start(value, tag)) for tag in tags)
 
 
 def _head(s: str, tagged: bool, functions: dict[str, dict]) -> tuple[str, int] | None | bool:
@@ -238,14 +266,30 @@ def _head(s: str, tagged: bool, functions: dict[str, dict]) -> tuple[str, int] |
 def param_is_text(function: dict, name: str) -> bool:
     """Whether parameter ``name`` of ``function`` (a definition with its ``parameters`` schema) takes
     the value's text as a string: typed ``string`` (alone or with ``null``), not typed, or not in
-    the schema (vLLM's rule)."""
+    the schema (vLLM's rule). Its type is the schema's ``type``, or where it has none the types of
+    its ``anyOf`` (or ``oneOf``) branches (vLLM reads ``anyOf`` so: ``Optional[int]`` in pydantic's
+    schema is ``{"anyOf": [{"type": "integer"}, {"type": "null"}]}``); of several types, ``null``
+    aside, it takes none (the text stays a string)."""
     props = function.get("parameters", {}).get("properties")
     prop = props.get(name) if isinstance(props, dict) else None
-    kind = prop.get("type") if isinstance(prop, dict) else None
-    if isinstance(kind, list):
-        kind = [k for k in kind if k != "null"]
-        kind = kind[0] if len(kind) == 1 else None
-    return kind in (None, "string")
+    kinds = _types(prop)
+    kinds = [k for k in kinds if k != "null"] if len(kinds) > 1 else kinds
+    return len(kinds) != 1 or kinds[0] == "string"
+
+
+def _types(prop: object) -> list:
+    """The JSON types a parameter's schema ``prop`` names: its ``type`` (one or a list), else those
+    of its ``anyOf`` or ``oneOf`` branches; [] where it names none."""
+    if not isinstance(prop, dict):
+        return []
+    kind = prop.get("type")
+    if kind is not None:
+        return kind if isinstance(kind, list) else [kind]
+    branches = prop.get("anyOf", prop.get("oneOf"))
+    if not isinstance(branches, list):
+        return []
+    kinds = [_types(b) for b in branches]
+    return [] if any(not k for k in kinds) else [k for ks in kinds for k in ks]
 
 
 def _escaped(text: str) -> str:
@@ -254,11 +298,15 @@ def _escaped(text: str) -> str:
 
 
 def _typed(text: str) -> str:
-    """A typed parameter's value text as JSON: itself where it is JSON, else as a string."""
+    """A typed parameter's value text as JSON: itself where it is JSON, else the Python literal it
+    is (``True``, ``None``, ``['a', 'b']``: Qwen3-Coder's chat template writes a call's values of
+    the history with Jinja's ``string``, Python's spelling; vLLM's parser reads them with
+    ``ast.literal_eval``), else the text as a string."""
     try:
         return json_text(json.loads(text, parse_constant=_refuse))
     except (ValueError, RecursionError):
-        return json.dumps(text, ensure_ascii=False)
+        literal = literal_json(text)
+        return literal if literal is not None else json.dumps(text, ensure_ascii=False)
 
 
 def _refuse(constant: str):

@@ -4,10 +4,12 @@ the syntax (a positional argument, a value that is no literal, a keyword given t
 arguments broke off where the syntax did ('[get_weather(1)]' gave arguments '{', and the Messages API a
 tool_use whose input was {}); now it is no call, and the answer's text is content. Qwen3-Coder's arguments
 broke off at text between its tags, or at a </tool_call> without </function>; now such text is read past
-and </tool_call> ends the call. A Qwen3-Coder parameter given again gave the key twice (now its first value
-stands), and an output the model ended inside a value left '{"city": "Paris", "days": ' (now the call is closed
-there). A harmony message's end marker before its arguments closed was argument text, with every message after
-it; now it ends them. Over the handlers apps with a scripted broker client (4 characters a token), no sockets."""
+and </tool_call> ends the call. A Qwen3-Coder value without its </parameter> ran on over the next parameter
+(or to the output's end); now it ends at the next <parameter=, </function> or </tool_call>, as vLLM reads it.
+A Qwen3-Coder parameter given again gave the key twice (now its first value stands), and an output the
+model ended inside a value left '{"city": "Paris", "days": ' (now the call is closed there). A harmony
+message's end marker before its arguments closed was argument text, with every message after it; now it ends
+them. Over the handlers apps with a scripted broker client (4 characters a token), no sockets."""
 
 from __future__ import annotations
 
@@ -55,6 +57,14 @@ OUTPUTS = {  # the user's message -> the model's output: (parser, output, the ca
     "qwen_ended_in_value": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
                             "</parameter>\n<parameter=days>\n3",
                             [("get_weather", {"city": "Paris", "days": 3})], False),
+    # a value without its </parameter> ran on to the next one ('{"city": "Paris\\n<parameter=days>\\n3"}') or to the
+    # output's end ('{"city": "Paris", "days": "3\\n</function>\\n</tool_call>"}'); it ends at the next tag, as in vLLM
+    "qwen_no_parameter_end": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                              "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+                              [("get_weather", {"city": "Paris", "days": 3})], False),
+    "qwen_no_parameter_end_at_function": ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                                          "Paris\n</parameter>\n<parameter=days>\n3\n</function>\n</tool_call>",
+                                          [("get_weather", {"city": "Paris", "days": 3})], False),
 }
 # a harmony call whose message ended inside its arguments: (parser, output, [(name, arguments text)]); its
 # arguments were '{"city": "Pa<|call|><|start|>assistant...' to the output's end, the second call in them

@@ -20,7 +20,8 @@ from gateway.tools import ToolPlan, apply_tool_calls, parse_tool_calls
 FUNCTIONS = {
     "get_weather": {"name": "get_weather", "description": "", "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "detail": {"type": "object"},
-        "metric": {"type": ["boolean", "null"]}}, "required": ["city"]}},
+        "metric": {"type": ["boolean", "null"]}, "hours": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
+        "required": ["city"]}},
     "get_time": {"name": "get_time", "description": "", "parameters": {"type": "object", "properties": {
         "zone": {"type": "string"}}}},
 }
@@ -99,6 +100,28 @@ CASES = {
         # the model ended inside a typed value: closed there (its arguments were '{"city": "Paris", "days": ')
         "ended_in_value": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                            "<parameter=days>\n3", (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
+        # a value without its </parameter> ends at the next <parameter=, </function> or </tool_call>, as vLLM's
+        # parser reads it: it ran on to the next </parameter> ('{"city": "Paris\\n<parameter=days>\\n3"}'), or to the
+        # output's end ('{"days": "3\\n</function>\\n</tool_call>"}', finish stop)
+        "no_param_end": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n3\n"
+                         "</parameter>\n</function>\n</tool_call>",
+                         (None, [("get_weather", '{"city": "Paris", "days": 3}')])),
+        "no_param_end_typed": ("<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n<parameter=city>\nParis\n"
+                               "</function>\n</tool_call>", (None, [("get_weather", '{"days": 3, "city": "Paris"}')])),
+        "no_param_end_in_block": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>\nok",
+                                  ("ok", [("get_weather", '{"city": "Paris"}')])),
+        "no_param_end_no_tag": ("<function=get_time>\n<parameter=zone>\nutc</function>\nok",
+                                ("ok", [("get_time", '{"zone": "utc"}')])),
+        "no_param_end_twice": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                               "<parameter=city>\nRome\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+                               (None, [("get_weather", '{"city": "Paris", "days": 2}')])),
+        # typed values in Python's spelling, as Qwen3-Coder's template writes the history's (Jinja's | string), and a
+        # type in anyOf (pydantic's Optional[int]): they were strings ('{"metric": "True", "hours": "4"}')
+        "python_literals": ("<tool_call>\n<function=get_weather>\n<parameter=metric>\nTrue\n</parameter>\n"
+                            "<parameter=detail>\n{'a': [None, False]}\n</parameter>\n<parameter=days>\nNone\n"
+                            "</parameter>\n<parameter=hours>\n4\n</parameter>\n</function>\n</tool_call>",
+                            (None, [("get_weather", '{"metric": true, "detail": {"a": [null, false]}, "days": null, '
+                                                    '"hours": 4}')])),
     },
     "openai": {  # gpt-oss's harmony (openai/harmony docs/format.md); the stop tokens <|call|>, <|return|> are no text
         "first": ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
@@ -344,6 +367,45 @@ def test_a_qwen3_coder_call_the_output_ended_inside_is_a_json_object_unless_max_
         assert said == "length" and cut[0][0] == "get_weather", (n, cut)
         with pytest.raises(ValueError):  # (cut, not closed)
             json.loads(cut[0][1])
+
+
+QWEN_UNCLOSED = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa<ris\n<parameter=days>\n12\n"
+                 "<parameter=detail>\n{\"a\": \"</x>\"}\n</function>\n</tool_call>")
+
+
+def test_a_qwen3_coder_value_without_its_end_tag_ends_at_the_next_tag_however_the_text_is_cut():
+    # a value the model left without </parameter> ran on to the next </parameter> or the output's end, the tags
+    # after it in its text ('{"city": "Pa<ris\\n<parameter=days>\\n12\\n<parameter=detail>..."}'); vLLM's parser
+    # ends it at the next <parameter= or </function>, less the newline before it
+    whole_content, whole_calls = parse_tool_calls(QWEN_UNCLOSED, FUNCTIONS, parser="qwen3_coder")
+    assert whole_content is None
+    assert [(n, json.loads(a)) for n, a in calls_of(whole_calls)] == [
+        ("get_weather", {"city": "Pa<ris", "days": 12, "detail": {"a": "</x>"}})]
+    for n in range(QWEN_UNCLOSED.index("<parameter="), len(QWEN_UNCLOSED) + 1):  # (every prefix, a character a delta)
+        text = QWEN_UNCLOSED[:n]
+        content, calls, said = streamed("qwen3_coder", text, "stop")
+        whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser="qwen3_coder", reason="stop")
+        assert (content, calls) == (whole_content, calls_of(whole_calls)), n
+        ((name, arguments),) = calls
+        value = json.loads(arguments)
+        assert not any(tag in str(v) for v in value.values() for tag in ("<parameter=", "</function>")), (n, value)
+        assert 'Pa<ris'.startswith(value.get("city", "")), (n, value)
+        assert said == ("tool_calls" if n >= QWEN_UNCLOSED.index("</function>") + len("</function>") else "stop"), n
+
+
+@pytest.mark.parametrize("prop, text", [
+    ({"type": "string"}, True), (None, True), ({"description": "x"}, True), ({"type": ["string", "null"]}, True),
+    ({"type": "integer"}, False), ({"type": ["integer", "null"]}, False), ({"type": ["integer", "string"]}, True),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, False), ({"oneOf": [{"type": "number"}]}, False),
+    ({"anyOf": [{"type": "string"}, {"type": "null"}]}, True),
+    ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, True),  # (of several types it takes none, as a type list)
+    ({"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}, True), ({"anyOf": "x"}, True)])
+def test_a_qwen3_coder_parameter_s_type_is_its_schema_s_or_its_branches(prop, text):
+    # a type in anyOf (pydantic's Optional[int]) was no type: the value a string ('{"hours": "4"}'), as vLLM reads it
+    from gateway.tool_xml import param_is_text
+
+    function = {"name": "f", "parameters": {"type": "object", "properties": {} if prop is None else {"p": prop}}}
+    assert param_is_text(function, "p") is text
 
 
 HARMONY_ARGS = '{"city": "Pa<ris", "days": [3]}'

@@ -18,6 +18,7 @@ parser of the same family reads the constrained output as the call.
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import pytest
@@ -128,6 +129,35 @@ def test_the_grammar_refuses_another_function_and_plain_text(parser):
     for text in CALLS[parser][:1] + ["It is sunny."]:
         m = matcher(tok, grammar)
         assert not m.consume_tokens(tok.encode(text, add_special_tokens=False).ids) or not m.is_accepting()
+
+
+QWEN_HEAD = "<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+
+
+@pytest.mark.parametrize("value", ["a <parameter=days>\n3", "a </function> b", "a</parameter>b", "x </tool_call>"])
+def test_the_qwen3_coder_grammar_keeps_the_tags_that_end_a_value_out_of_a_text_value(value):
+    # the parser ends a value at such a tag (as vLLM's does, with or without </parameter>), so a forced call whose
+    # text value held one was read as another call than the grammar let through ('{"city": "a", "days": 3}')
+    tok, grammar = byte_level(True), call_grammar(FUNCTIONS, ["get_weather"], "qwen3_coder")
+    for text, taken in ((f"{QWEN_HEAD}{value}\n</parameter>\n</function>\n</tool_call>", False),
+                        (f"{QWEN_HEAD}{value.replace('<', '< ')}\n</parameter>\n</function>\n</tool_call>", True)):
+        m = matcher(tok, grammar)
+        assert bool(m.consume_tokens(tok.encode(text, add_special_tokens=False).ids) and m.is_accepting()) is taken
+
+
+def test_the_qwen3_coder_grammar_asks_json_of_a_type_in_any_of():
+    # pydantic's Optional[int] (anyOf) was a text value: the forced call's '4' came back as the string "4"
+    functions = {"f": {"name": "f", "parameters": {"type": "object", "required": ["n"], "properties": {
+        "n": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}}}
+    tok, grammar = byte_level(True), call_grammar(functions, ["f"], "qwen3_coder")
+    for value, want in (("4", 4), ("null", None), ("four", "refused")):
+        text = f"<tool_call>\n<function=f>\n<parameter=n>\n{value}\n</parameter>\n</function>\n</tool_call>"
+        m = matcher(tok, grammar)
+        taken = m.consume_tokens(tok.encode(text, add_special_tokens=False).ids) and m.is_accepting()
+        assert bool(taken) is (want != "refused"), value
+        if taken:
+            (call,) = parse_tool_calls(text, functions, parser="qwen3_coder")[1]
+            assert json.loads(call["function"]["arguments"]) == {"n": want}
 
 
 def test_a_special_marker_is_decoded_as_its_text_and_eos_is_not():
