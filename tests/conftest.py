@@ -34,6 +34,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 from tests.support.lanes import refuse_processes
+from tests.support.schedule import heaviest_first
 from tests.support.tiny_text import make_tiny_text_model
 
 
@@ -48,6 +49,12 @@ def tiny_text_dir(tmp_path_factory) -> str:
 # The standard library finds the processor by running `uname -p`, once per process; the openai SDK
 # asks on its first request (for its headers). Asked here, before any test, so that no test starts it.
 platform.processor()
+
+
+def pytest_collection_modifyitems(items):
+    """The files heaviest first, each file's tests in their order (tests/support/schedule.py): the
+    order pytest-xdist hands them out in."""
+    items[:] = heaviest_first(items)
 
 
 def _unless_marked(item):
