@@ -38,10 +38,11 @@ from tests.support.schedule import heaviest_first
 from tests.support.tiny_text import make_tiny_text_model
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_text_dir(tmp_path_factory) -> str:
     """The folder of the tiny text model (a real byte-level BPE tokenizer, a tiny
-    random GPT-2): :func:`tests.support.tiny_text.make_tiny_text_model`. Needs
+    random Llama): :func:`tests.support.tiny_text.make_tiny_text_model`, made once for the
+    test process. Read-only: a test that changes the model makes its own. Needs
     transformers and tokenizers."""
     return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
 

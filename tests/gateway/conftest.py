@@ -2,7 +2,10 @@
 
 import pytest
 
+from tests.support.gateway import SharedClusters
 from tests.support.lanes import mark_lanes
+
+_SHARED = SharedClusters()  # (the test process's: closed by the hook below, or at the session's end)
 
 
 @pytest.fixture(scope="module")
@@ -11,20 +14,37 @@ def text_model(tiny_text_dir) -> str:
     return tiny_text_dir
 
 
+@pytest.fixture(scope="session")
+def long_text_model(tmp_path_factory) -> str:
+    """The tiny text model with a 2,048-token context (the tools' prompts take ~900 of its tokens), made
+    once for the test process; read-only. A module serves it as its ``text_model``."""
+    from tests.support.tiny_text import make_tiny_text_model
+
+    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-text-2048"), max_positions=2048)
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """The clusters the modules run in a row share (:class:`tests.support.gateway.SharedClusters`);
+    what is left runs until the session's end."""
+    try:
+        yield _SHARED
+    finally:
+        _SHARED.close()
+
+
 @pytest.fixture(scope="module")
-def cluster(text_model):
-    """A broker, one worker (4 slots) serving ``text_model`` and the gateway on a free port, for the
-    module (a module that needs another cluster defines its own ``cluster``)."""
+def cluster(text_model, shared_cluster):
+    """A broker, one worker (4 slots) serving ``text_model`` and the gateway on a free port, shared with
+    the modules run next to this one that use it with the same ``text_model`` (the suite's order puts
+    them side by side: tests/support/schedule.py); a module that needs another cluster, or a fresh
+    one, defines its own ``cluster``."""
     from gateway.config import GatewayConfig
     from tests.support.gateway import start_cluster
     from worker.config import WorkerConfig
 
-    c = start_cluster((WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0),
-                      models=(text_model,))
-    try:
-        yield c
-    finally:
-        c.stop()
+    return shared_cluster.get(text_model, lambda: start_cluster(
+        (WorkerConfig(model=text_model, num_slots=4),), gateway=GatewayConfig(port=0), models=(text_model,)))
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +54,27 @@ def oai(cluster):
 
     with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
         yield c
+
+
+_SHARING: dict[str, bool] = {}  # test file -> whether a test of it uses the shared clusters
+
+
+def _shares(item) -> bool:
+    """True when a test of ``item``'s file uses the shared clusters (``shared_cluster``), as
+    tests/support/schedule.py groups the files."""
+    if not _SHARING:
+        for i in item.session.items:
+            path = i.nodeid.split("::")[0]
+            _SHARING[path] = _SHARING.get(path, False) or "shared_cluster" in i.fixturenames
+    return _SHARING.get(item.nodeid.split("::")[0], False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last file in a row that uses the shared clusters (its module's fixtures torn down
+    already): stop them, so that they do not run on beside the files that follow."""
+    if nextitem is None or not _shares(nextitem):
+        _SHARED.close()
 
 
 def pytest_itemcollected(item):

@@ -493,11 +493,9 @@ def test_blocks_become_chat_messages():
 
 
 @pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
+def text_model(long_text_model):
     """The tiny text model with a longer context: the tools' prompt takes ~900 of its tokens."""
-    from tests.support.tiny_text import make_tiny_text_model
-
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-messages"), max_positions=2048)
+    return long_text_model
 
 
 @pytest.fixture(scope="module")

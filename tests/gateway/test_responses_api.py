@@ -426,11 +426,9 @@ def test_the_store_is_bounded_by_count_and_age():
 
 
 @pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
+def text_model(long_text_model):
     """The tiny text model with a longer context: the tools' prompt takes ~900 of its tokens."""
-    from tests.support.tiny_text import make_tiny_text_model
-
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-responses"), max_positions=2048)
+    return long_text_model
 
 
 def test_live_stream_equals_the_answer_and_the_conversation_continues(oai, text_model):

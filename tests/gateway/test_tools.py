@@ -32,11 +32,9 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
+def text_model(long_text_model):
     """The tiny text model with a longer context: the tiny tokenizer spends ~900 tokens on the tools' prompt."""
-    from tests.support.tiny_text import make_tiny_text_model
-
-    return make_tiny_text_model(tmp_path_factory.mktemp("tiny-tools"), max_positions=2048)
+    return long_text_model
 
 
 def check_calls(message, names):

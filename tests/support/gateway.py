@@ -45,6 +45,41 @@ def start_cluster(workers: tuple[WorkerConfig, ...], *, max_queue: int = 100_000
     return cluster
 
 
+class SharedClusters:
+    """Clusters that the test modules run in a row on one test process share, one per key: a cluster
+    started costs ~7 s (a broker, a worker loading its model, the gateway), so modules that only send
+    requests and read their own answers need not each start theirs. :meth:`get` gives the running
+    cluster of a key (started on first use, and again if one of its processes has died); :meth:`close`
+    stops them all, which the owner does when the next test wants none (tests/gateway/conftest.py).
+    Shared means not fresh: what a module leaves (prefix-cache entries, stored responses, counters
+    on /metrics) the next one sees, so a module that reads such state starts its own."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[object, LocalCluster] = {}
+
+    def get(self, key, start) -> LocalCluster:
+        """The cluster of ``key`` (hashable); ``start()`` makes one (started, healthy) when none runs."""
+        cluster = self._clusters.get(key)
+        if cluster is not None and not _alive(cluster):
+            del self._clusters[key]
+            cluster.stop()
+            cluster = None
+        if cluster is None:
+            cluster = self._clusters[key] = start()
+        return cluster
+
+    def close(self) -> None:
+        """Stop every cluster held (none: nothing to do)."""
+        while self._clusters:
+            self._clusters.popitem()[1].stop()
+
+
+def _alive(cluster: LocalCluster) -> bool:
+    """True when the cluster's broker, workers and gateway all still run."""
+    procs = [cluster.broker_process, cluster.gateway_process, *cluster.worker_processes]
+    return all(p is not None and p.is_alive() for p in procs)
+
+
 class GivenStatusLink(BrokerConnections):
     """The gateway's own broker link over a broker status the test gives (:meth:`show`), with the
     models on demand ``on_demand`` (``aliases``: their ``(alias, primary)`` pairs, as ``slotserve up``
