@@ -17,15 +17,10 @@ from pydantic import ValidationError
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.response_store import ResponseStore  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
-from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
-from tests.gateway.test_responses_api import responses_app  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.gateway.test_logprobs_shapes import ScriptedClient, letters  # noqa: E402
+from tests.gateway.test_messages_api import KEY  # noqa: E402
+from tests.support.gateway import error_of, vendor_routes  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 BODIES = {  # route -> (path, a body that is served, headers)
@@ -56,13 +51,8 @@ SERVED = [(route, field, v) for route, fields in RANGES.items() for field, (_, o
 @pytest.fixture(scope="module")
 def apps():
     client = ScriptedClient()
-    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as openai_routes, \
-            TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as responses, \
-            TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as messages:
-        yield {"chat": openai_routes, "completions": openai_routes, "responses": responses,
-               "messages": messages}, client
-    for t in client.threads:
-        t.join(10)
+    with vendor_routes(client, Tokenizers(letters)) as routes:
+        yield routes, client
 
 
 def post(apps, route: str, field: str, value, **more):

@@ -8,8 +8,6 @@ tests/gateway/test_tools_stream.py (4 characters a token), no sockets."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("openai")
@@ -17,15 +15,10 @@ pytest.importorskip("anthropic")
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.response_store import ResponseStore  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
-from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
-from tests.gateway.test_responses_api import responses_app  # noqa: E402
+from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, TOKEN_CHARS, OutputClient  # noqa: E402
+from tests.support.gateway import sse, vendor_routes  # noqa: E402
 
 ARGS_AT = OUTPUTS["one"].index('"arguments": ') + len('"arguments": ')  # where the call's arguments begin
 BEFORE = sorted({1, 3, 5, ARGS_AT // TOKEN_CHARS})  # max_tokens that cut the call before its arguments
@@ -37,19 +30,8 @@ OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parame
 @pytest.fixture(scope="module")
 def apps():
     """``{route: TestClient}`` over one :class:`OutputClient`."""
-    client = OutputClient()
-    with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as chat, \
-            TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as responses, \
-            TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as messages:
-        yield {"chat": chat, "responses": responses, "messages": messages}
-    for t in client.threads:
-        t.join(10)
-
-
-def sse(http, path: str, body: dict, **kw) -> list[dict]:
-    with http.stream("POST", path, json={**body, "stream": True}, **kw) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    with vendor_routes(OutputClient(), Tokenizers(None)) as routes:
+        yield routes
 
 
 def chat(http, max_tokens: int, choice) -> tuple[tuple, tuple]:

@@ -128,6 +128,40 @@ def served(app, client):
         t.join(10)
 
 
+@contextlib.contextmanager
+def vendor_routes(client, tokenizers, config: GatewayConfig | None = None):
+    """``{route: TestClient}`` of the generation routes of both vendors' shapes over the in-process
+    ``client`` (a scripted broker client with ``threads``; no sockets), each app on its own
+    ``ScriptedLink`` to it, under ``config`` (default ``GatewayConfig()``): "chat" and "completions"
+    (one app: the OpenAI handlers, with ``tokenizers``, a :class:`gateway.tokenizer.Tokenizers`),
+    "responses" (a store of 8 responses kept 60 s) and "messages" (Anthropic's; requests need the
+    header ``x-api-key: tests.gateway.test_messages_api.KEY``). Entered; on leaving, the client's
+    threads are joined, as :func:`served` does."""
+    from starlette.testclient import TestClient
+
+    from gateway.response_store import ResponseStore
+    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
+    from tests.gateway.test_messages_api import messages_app
+    from tests.gateway.test_responses_api import responses_app
+
+    config = config or GatewayConfig()
+    with TestClient(handlers_app(tokenizers, ScriptedLink(client), config)) as openai_routes, \
+            TestClient(responses_app(ScriptedLink(client), config, ResponseStore(8, 60.0))) as responses, \
+            TestClient(messages_app(ScriptedLink(client), config)) as messages:
+        yield {"chat": openai_routes, "completions": openai_routes, "responses": responses, "messages": messages}
+    for t in client.threads:
+        t.join(10)
+
+
+def sse(http, path: str, body: dict, **kw) -> list[dict]:
+    """The ``data:`` events of ``body`` POSTed to ``path`` with ``stream: true`` over ``http`` (a
+    TestClient; ``kw``: more of ``stream``'s arguments, such as headers), JSON-decoded, ``[DONE]``
+    left out; asserts the status is 200."""
+    with http.stream("POST", path, json={**body, "stream": True}, **kw) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
 def error_of(r: httpx.Response, status: int) -> dict:
     """The ``error`` object of an OpenAI-shaped error reply with HTTP ``status``
     (asserting the status and the shape: exactly message, type, param, code)."""
