@@ -11,6 +11,14 @@ from contextlib import nullcontext
 
 import pytest
 
+# pytest rewrites each test module's asserts as it imports it (~9 s CPU of a test process's collection of
+# the whole suite, niced on the 2-core host) and keeps the result in __pycache__ for the next run, as Python
+# keeps the bytecode of the modules the tests import (~2 s more); PYTHONDONTWRITEBYTECODE, which containers
+# often set, stopped both, so every test process of every run rewrote and compiled it all anew. The test
+# processes write them whatever it says (__pycache__ is git-ignored; a folder they cannot write to is
+# skipped, as always).
+sys.dont_write_bytecode = False
+
 
 def _share_cores() -> None:
     """Under pytest-xdist (``-n``, pyproject's addopts), each of the N test processes gets
