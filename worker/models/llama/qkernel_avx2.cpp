@@ -217,7 +217,8 @@ __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block
 #undef SS_ASM_ACC
 
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
-// (DIRECT: NIB's b.wbuf is the block in the quad layout, decoded in the loop: nib_rows4)
+// (DIRECT: b.wbuf is the block in the quad layout as it lies: NIB's quads decoded in the loop, as in
+// nib_rows4; WIDE's |code| taken there)
 template <int R, int KIND, bool OFF, bool BASED, bool XMEM, int SPAN = 1, bool DIRECT = false>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
