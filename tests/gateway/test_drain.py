@@ -1,7 +1,8 @@
 """Graceful drain (issue 22, item 1) of the gateway itself: :func:`gateway.run`
 on a thread of the test, stopped by its ``stop`` and ``halt`` flags, over a
 broker and a slow worker on threads (20 ms per iteration, so a 150-token
-stream takes 3 s).
+stream takes 3 s), whose model the drain test holds (:class:`HoldingSim`) so
+that nothing in flight can finish before the test has looked at the drain.
 
 Once ``stop`` is set: new requests get 503 in OpenAI's shape with
 ``Retry-After`` (and ``Connection: close``), ``/health`` 503 ``draining``;
@@ -31,6 +32,7 @@ from gateway.drain import END_GRACE_S, HALTED, Drain
 from tests.support.cluster import ThreadCluster
 from tests.support.gateway import CallInFlight, broker_status, error_of, metric, wait_until
 from tests.support.reference import simulated_reference
+from worker.models.simulated import SimulatedLLM
 
 STEP_MS = 20.0
 PROMPT = [5, 6]
@@ -44,10 +46,39 @@ def reference(max_tokens: int) -> list[int]:
     return simulated_reference(PROMPT, max_tokens, stop_token=None)[0]
 
 
+class HoldingSim(SimulatedLLM):
+    """SimulatedLLM whose steps can be held: while :attr:`hold_from` (a sequence length,
+    prompt plus generated tokens) is set, a step with a sequence that long blocks until
+    :attr:`release` is set (which :class:`ThreadWorker`'s close sets too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_from: int | None = None
+        self.release = threading.Event()
+
+    def next_tokens(self, sequences):
+        if self.hold_from is not None and max(map(len, sequences)) >= self.hold_from:
+            self.release.wait()
+        return super().next_tokens(sequences)
+
+
+@contextlib.contextmanager
+def held_at(model: HoldingSim, tokens: int):
+    """Within the block, no sequence of ``model`` gets past ``tokens`` generated tokens
+    (after PROMPT) until the block sets ``model.release``; on leaving it is released."""
+    model.release.clear()
+    model.hold_from = len(PROMPT) + tokens
+    try:
+        yield model
+    finally:
+        model.hold_from = None
+        model.release.set()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with ThreadCluster(heartbeat_interval_s=0.2) as c:
-        c.add_worker(num_slots=8, step_delay_ms=STEP_MS)
+        c.add_worker(HoldingSim(), num_slots=8, step_delay_ms=STEP_MS)
         yield c
 
 
@@ -127,13 +158,18 @@ def assert_refused_while_draining(url: str) -> None:
 
 
 def test_a_drain_lets_streams_and_requests_finish_and_refuses_new_ones(cluster, no_errors_logged):
-    with gateway(cluster, shutdown_timeout_s=30) as gw:
+    # The model holds at 60 tokens until the drain was looked at: the 120-token request takes 2.4 s, and
+    # the drain's /health polls and its five checks had to end before it did, which a busy machine need not grant.
+    # The stream goes first, so it is the one that meets the hold: neither can finish before the release.
+    with gateway(cluster, shutdown_timeout_s=30) as gw, held_at(cluster.workers[0].model, 60) as model:
         stream = CallInFlight(gw.url, "/v1/completions", completion(150, True))
+        wait_until(lambda: len(stream.streamed_tokens()) >= 3, 20, "the stream's first tokens")
         plain = CallInFlight(gw.url, "/v1/completions", completion(120, False))
-        wait_until(lambda: len(stream.events) >= 3 and running(cluster) == 2, 20, "both requests on the worker")
+        wait_until(lambda: running(cluster) == 2, 20, "both requests on the worker")
         t0 = gw.drain()
         assert_refused_while_draining(gw.url)
-        assert not stream.done and not plain.done, "the test's requests ended before the drain was checked"
+        assert not stream.done and not plain.done, "the drain ended the requests in flight"
+        model.release.set()
         stream.wait(30)
         plain.wait(30)
         t_end = gw.join(10)
