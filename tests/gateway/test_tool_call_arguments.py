@@ -23,16 +23,12 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
 from gateway.config import GatewayConfig  # noqa: E402
-from gateway.response_store import ResponseStore  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
-from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
-from tests.gateway.test_responses_api import responses_app  # noqa: E402
+from tests.gateway.test_messages_api import KEY  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from tests.gateway.test_tools_stream import TOKEN_CHARS, OutputClient  # noqa: E402
+from tests.support.gateway import chat_stream, sse, vendor_routes  # noqa: E402
 
 OUTPUTS = {  # the user's message -> the model's output: (parser, output, the calls it holds, whether it is text)
     "positional": ("pythonic", "[get_weather(1)]", [], True),
@@ -100,24 +96,11 @@ class ArgumentsClient(OutputClient):
 def apps():
     """``{parser: {route: TestClient}}``, over one client."""
     client = ArgumentsClient()
+    parsers = sorted({p for p, *_ in [*OUTPUTS.values(), *CUT_SHORT.values()]})
     with contextlib.ExitStack() as stack:
-        out = {}
-        for parser in sorted({p for p, *_ in [*OUTPUTS.values(), *CUT_SHORT.values()]}):
-            config = dataclasses.replace(GatewayConfig(), tool_call_parser=parser)
-            out[parser] = {
-                "chat": stack.enter_context(TestClient(handlers_app(Tokenizers(None), ScriptedLink(client), config))),
-                "responses": stack.enter_context(TestClient(responses_app(ScriptedLink(client), config,
-                                                                          ResponseStore(8, 60.0)))),
-                "messages": stack.enter_context(TestClient(messages_app(ScriptedLink(client), config)))}
-        yield out
-    for t in client.threads:
-        t.join(10)
-
-
-def sse(http, path: str, body: dict, **kw) -> list[dict]:
-    with http.stream("POST", path, json={**body, "stream": True}, **kw) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+        yield {parser: stack.enter_context(vendor_routes(
+            client, Tokenizers(None), dataclasses.replace(GatewayConfig(), tool_call_parser=parser)))
+            for parser in parsers}
 
 
 def chat(http, case: str) -> tuple[tuple, tuple]:
@@ -129,14 +112,8 @@ def chat(http, case: str) -> tuple[tuple, tuple]:
     (c,) = r.json()["choices"]
     whole = (c["message"]["content"] or "", [(t["function"]["name"], t["function"]["arguments"])
                                              for t in c["message"].get("tool_calls") or []])
-    text, streamed = "", {}
-    for chunk in sse(http, "/v1/chat/completions", body):
-        for ch in chunk["choices"]:
-            text += ch["delta"].get("content") or ""
-            for t in ch["delta"].get("tool_calls") or []:
-                name, args = streamed.get(t["index"], ("", ""))
-                streamed[t["index"]] = (name + (t["function"].get("name") or ""), args + t["function"]["arguments"])
-    return whole, (text, list(streamed.values()))
+    text, streamed, _ = chat_stream(sse(http, "/v1/chat/completions", body))
+    return whole, (text, streamed)
 
 
 def responses(http, case: str) -> tuple[tuple, tuple]:

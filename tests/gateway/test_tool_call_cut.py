@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, TOKEN_CHARS, OutputClient  # noqa: E402
-from tests.support.gateway import sse, vendor_routes  # noqa: E402
+from tests.support.gateway import chat_stream, sse, vendor_routes  # noqa: E402
 
 ARGS_AT = OUTPUTS["one"].index('"arguments": ') + len('"arguments": ')  # where the call's arguments begin
 BEFORE = sorted({1, 3, 5, ARGS_AT // TOKEN_CHARS})  # max_tokens that cut the call before its arguments
@@ -43,15 +43,7 @@ def chat(http, max_tokens: int, choice) -> tuple[tuple, tuple]:
     (c,) = r.json()["choices"]
     calls = [(t["function"]["name"], t["function"]["arguments"]) for t in c["message"].get("tool_calls") or []]
     whole = (c["message"]["content"] or "", calls, c["finish_reason"])
-    text, streamed, finish = "", {}, None
-    for chunk in sse(http, "/v1/chat/completions", body):
-        for ch in chunk["choices"]:
-            text += ch["delta"].get("content") or ""
-            for t in ch["delta"].get("tool_calls") or []:
-                name, args = streamed.get(t["index"], ("", ""))
-                streamed[t["index"]] = (name + (t["function"].get("name") or ""), args + t["function"]["arguments"])
-            finish = ch["finish_reason"] or finish
-    return whole, (text, list(streamed.values()), finish)
+    return whole, chat_stream(sse(http, "/v1/chat/completions", body))
 
 
 def responses(http, max_tokens: int, choice) -> tuple[tuple, tuple]:

@@ -162,6 +162,21 @@ def sse(http, path: str, body: dict, **kw) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
 
 
+def chat_stream(chunks: list[dict]) -> tuple[str, list[tuple[str, str]], str | None]:
+    """``(content, [(name, arguments)], finish_reason)`` that a chat completion's stream of
+    ``chunks`` (:func:`sse`'s events) adds up to: the content deltas joined, each tool call's name
+    and arguments deltas joined by its ``index``, the last finish reason given."""
+    text, calls, finish = "", {}, None
+    for chunk in chunks:
+        for ch in chunk["choices"]:
+            text += ch["delta"].get("content") or ""
+            for t in ch["delta"].get("tool_calls") or []:
+                name, args = calls.get(t["index"], ("", ""))
+                calls[t["index"]] = (name + (t["function"].get("name") or ""), args + t["function"]["arguments"])
+            finish = ch["finish_reason"] or finish
+    return text, list(calls.values()), finish
+
+
 def error_of(r: httpx.Response, status: int) -> dict:
     """The ``error`` object of an OpenAI-shaped error reply with HTTP ``status``
     (asserting the status and the shape: exactly message, type, param, code)."""
