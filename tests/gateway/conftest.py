@@ -4,6 +4,7 @@ import pytest
 
 from tests.support.gateway import SharedClusters
 from tests.support.lanes import mark_lanes
+from tests.support.schedule import file_of, files_using
 
 _SHARED = SharedClusters()  # (the test process's: closed by the hook below, or at the session's end)
 
@@ -56,17 +57,15 @@ def oai(cluster):
         yield c
 
 
-_SHARING: dict[str, bool] = {}  # test file -> whether a test of it uses the shared clusters
+_SHARING: list[set[str]] = []  # [the files of which a test uses the shared clusters], once read
 
 
 def _shares(item) -> bool:
     """True when a test of ``item``'s file uses the shared clusters (``shared_cluster``), as
     tests/support/schedule.py groups the files."""
     if not _SHARING:
-        for i in item.session.items:
-            path = i.nodeid.split("::")[0]
-            _SHARING[path] = _SHARING.get(path, False) or "shared_cluster" in i.fixturenames
-    return _SHARING.get(item.nodeid.split("::")[0], False)
+        _SHARING.append(files_using(item.session.items, "shared_cluster"))
+    return file_of(item) in _SHARING[0]
 
 
 @pytest.hookimpl(trylast=True)

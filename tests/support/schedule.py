@@ -39,6 +39,16 @@ def estimate_s(items: list[pytest.Item]) -> float:
             + PROCESS_TEST_S * process + TEST_S * (len(items) - model - process))
 
 
+def file_of(item: pytest.Item) -> str:
+    """The test file of ``item``, as its node id names it (``tests/gateway/test_x.py``)."""
+    return item.nodeid.split("::")[0]
+
+
+def files_using(items: list[pytest.Item], fixture: str) -> set[str]:
+    """The files (:func:`file_of`) of which a test among ``items`` uses ``fixture``."""
+    return {file_of(i) for i in items if fixture in getattr(i, "fixturenames", ())}
+
+
 def _shares(items: list[pytest.Item]) -> tuple[str, ...]:
     """The :data:`SHARED` fixtures the tests ``items`` use (a file's group: () for none)."""
     return tuple(name for name in SHARED if any(name in getattr(i, "fixturenames", ()) for i in items))
@@ -50,7 +60,7 @@ def heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     next to each other in the order collected. Ties keep the order collected."""
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
-        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+        files.setdefault(file_of(item), []).append(item)
     groups: dict[tuple, list[list[pytest.Item]]] = {}
     for path, its in files.items():
         shared = _shares(its)
