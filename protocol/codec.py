@@ -38,6 +38,7 @@ import enum
 import itertools
 import math
 import operator
+import re
 import types
 import typing
 from typing import Any, Callable, Collection, Union
@@ -137,6 +138,12 @@ its ``StackError``); far past what any message holds (a request's JSON values ne
 :data:`~protocol.validation.MAX_JSON_DEPTH` levels)."""
 
 
+_KEY_TYPE = re.compile(r"(\w+) is not allowed for map key")  # msgpack's words: the key's Python type first
+_KEY_KINDS = {"bool": "a boolean", "int": "an integer", "float": "a float", "NoneType": "nil", "tuple": "an array",
+              "list": "an array", "dict": "a map", "ExtType": "an extension value", "Timestamp": "a timestamp"}
+"""A map key's Python type (as msgpack names it refusing the key) -> the msgpack kind in words."""
+
+
 def unreadable(err: Exception) -> str:
     """Why msgpack could not read a frame (``err``, what :func:`msgpack.unpackb` raised), in our
     words: its exceptions' names and texts (``StackError``, ``ExtraData``, "Unpack failed: incomplete
@@ -152,8 +159,10 @@ def unreadable(err: Exception) -> str:
     text = str(err)
     if "incomplete input" in text:
         return "it ends inside a value (the frame is cut short)"
-    if "not allowed for map key" in text:
-        return "a map's key is an array or a map (keys are strings or numbers)"
+    key = _KEY_TYPE.match(text)
+    if key:  # (msgpack's strict_map_key, its default: a key is a string, or bytes)
+        kind = _KEY_KINDS.get(key[1])
+        return f"a map's key is {kind}, not a string" if kind else "a map's key is not a string"
     if "exceeds max_" in text:
         return "an array, map, string or binary claims more entries or bytes than the frame holds"
     return "its bytes are no msgpack value"

@@ -487,7 +487,13 @@ UNREADABLE = {  # a frame msgpack cannot read -> our words for it (msgpack's: St
     "empty": (b"", "it ends inside a value"),
     "cut in a string": (_HEAD + b"\xa5hel", "it ends inside a value"),
     "a string that is no UTF-8": (_HEAD + b"\xa1\xed", "a string in it is not valid UTF-8"),
-    "an array as a key": (b"\x81\x91\x01\x01", "a map's key is an array or a map"),
+    "an array as a key": (b"\x81\x91\x01\x01", "a map's key is an array, not a string"),
+    # (each said 'a map's key is an array or a map (keys are strings or numbers)': msgpack takes string keys alone)
+    "an integer as a key": (msgpack.packb({1: 2}), "a map's key is an integer, not a string"),
+    "a float as a key": (msgpack.packb({1.5: 2}), "a map's key is a float, not a string"),
+    "nil as a key": (msgpack.packb({None: 2}), "a map's key is nil, not a string"),
+    "a boolean as a key": (msgpack.packb({True: 2}), "a map's key is a boolean, not a string"),
+    "a map as a key": (b"\x81\x81\xa1a\x01\x01", "a map's key is a map, not a string"),
     "a length past the frame": (b"\xdd\xff\xff\xff\xff", "an array, map, string or binary claims more entries"),
     "a bad timestamp": (b"\xd5\xff\x00\x00", "its bytes are no msgpack value"),
 }
