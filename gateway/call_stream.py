@@ -57,7 +57,7 @@ class CallStream:
     (``<tool_c``) is dropped too; otherwise it stays content (``a <`` may be just text)."""
 
     __slots__ = ("functions", "parallel", "bare", "forced", "calls", "_said", "_buf", "_ws", "_depth", "_in_str",
-                 "_esc", "_cut")
+                 "_esc", "_cut", "_short")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -71,6 +71,7 @@ class CallStream:
         self._buf = ""  # text not consumed yet
         self._ws = ""  # the whitespace before a marker (content again if what follows is no call)
         self._depth, self._in_str, self._esc = 0, False, False  # the scan of argument text (_scan)
+        self._short = False  # a call was cut short inside the output (its arguments broken off): not "tool_calls"
 
     def feed(self, text: str) -> list[dict]:
         """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
@@ -89,7 +90,7 @@ class CallStream:
         self._cut = self.forced or reason == "length"
         while self._step(out, final=True):
             pass
-        complete = self.calls and self._whole()
+        complete = self.calls and self._whole() and not self._short
         return out, ("tool_calls" if complete and reason == "stop" else reason)
 
     def _step(self, out: list[dict], final: bool) -> bool:
@@ -142,6 +143,30 @@ class CallStream:
                     return i + 1
         self._depth, self._in_str, self._esc = depth, in_str, esc
         return len(buf)
+
+    def _args_until(self, out: list[dict], ends: tuple[str, ...], final: bool) -> bool | None:
+        """Send the argument text at the start of ``_buf`` (a call's JSON arguments, from their ``{``)
+        up to the brace that closes them (:meth:`_scan`), or up to the first of ``ends`` should one
+        come before it: the family's markers that end a call's message or block wherever they stand,
+        in a JSON string too, as the model's special tokens do and vLLM's parsers read them (a marker
+        is never argument text, nor is every message after it). The possible start of a marker at
+        the end of ``_buf`` is held back until more text says what it is. Returns True when the
+        arguments closed, False when a marker cut them short (the marker then starts ``_buf``; the
+        call was cut short, ``_short``: it keeps what it sent and is not whole), None while more
+        text is needed."""
+        buf = self._buf
+        found = [at for m in ends if (at := buf.find(m)) >= 0]
+        keep = 0 if final or found else max((_tag_start(buf, m) for m in ends), default=0)
+        upto = min(found) if found else len(buf) - keep
+        i = self._scan(buf[:upto])
+        self._args(out, buf[:i])
+        self._buf = buf[i:]
+        if i and not self._depth:
+            return True
+        if not found:
+            return None
+        self._depth, self._in_str, self._esc, self._short = 0, False, False, True
+        return False
 
     def _content_until(self, out: list[dict], markers: tuple[str, ...], final: bool) -> tuple[int, str] | None:
         """Send the content of ``_buf`` up to the first of ``markers``: ``(index, marker)`` of it

@@ -173,10 +173,11 @@ class HarmonyStream(CallStream):
     ``<|return|>``, ``<|start|>``) before its arguments close ends them there, as it ends the
     message for vLLM's token-level reading and for :class:`HarmonyThink`: it is never argument
     text, and the messages after it are read on; that call keeps what it sent and was cut short,
-    as one the output ended inside (no ``"tool_calls"`` finish reason: :meth:`_whole`). ``bare``
-    changes nothing: the format always marks its calls."""
+    as one the output ended inside (no ``"tool_calls"`` finish reason:
+    :meth:`~gateway.call_stream.CallStream._args_until`). ``bare`` changes nothing: the format
+    always marks its calls."""
 
-    __slots__ = ("_state", "_marker", "_header", "_short")
+    __slots__ = ("_state", "_marker", "_header")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -184,10 +185,9 @@ class HarmonyStream(CallStream):
         self._state = _START
         self._marker = ""  # the call message's <|start|>, or "" (content again if it is no call)
         self._header = ""  # the header read and its <|message|> (content again if it is no call)
-        self._short = False  # a call's message ended inside its arguments (cut short: not "tool_calls")
 
     def _whole(self) -> bool:
-        return self._state != _ARGS and not self._short
+        return self._state != _ARGS
 
     def _step(self, out: list[dict], final: bool) -> bool:
         buf, state = self._buf, self._state
@@ -234,18 +234,10 @@ class HarmonyStream(CallStream):
             self._depth, self._in_str, self._esc = 0, False, False
             self._buf, self._state = rest, _ARGS
             return True
-        if state == _ARGS:  # to the "}" that closes them, or a marker that ends the message before it
-            found = [at for m in (*_ENDS, START) if (at := buf.find(m)) >= 0]  # (in a JSON string too: gpt-oss's
+        if state == _ARGS:  # to the "}" that closes them, or a marker that ends the message before it (gpt-oss's
             # special tokens end a message wherever they come, and HarmonyThink ends it there as well)
-            keep = 0 if final or found else max(_tag_start(buf, m) for m in (*_ENDS, START))
-            upto = min(found) if found else len(buf) - keep
-            i = self._scan(buf[:upto])
-            self._args(out, buf[:i])
-            self._buf = buf[i:]
-            if self._depth and not found:
+            if self._args_until(out, (*_ENDS, START), final) is None:
                 return False
-            if self._depth:  # (the message ended inside its arguments: the call was cut short there)
-                self._depth, self._in_str, self._esc, self._short = 0, False, False, True
             self._state = _TAIL
             return True
         if state == _TAIL:  # the message's end marker, the next message, or the answer's end

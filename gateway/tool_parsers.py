@@ -87,8 +87,11 @@ class MistralStream(CallStream):
     follows the marker that is not a call of one of ``functions`` stays content, marker and all.
     After the calls, text is content (v11) or, after the array's ``]``, too. A call broken after
     its arguments began keeps what it sent; the rest of the answer is dropped, as it is after the
-    first call when ``parallel`` is False. Call ids are 9 letters and digits: Mistral's templates
-    and ``mistral-common`` refuse others in the history the next turn sends back.
+    first call when ``parallel`` is False. A ``[TOOL_CALLS]`` before a call's arguments close
+    (a special token: vLLM's parser splits the output at each) ends them there, in a JSON string
+    too: the call keeps what it sent (finish reason ``stop``) and the next call is read on. Call
+    ids are 9 letters and digits: Mistral's templates and ``mistral-common`` refuse others in the
+    history the next turn sends back.
 
     ``bare=True`` (issue 33, item 5): an answer that *starts* with the array form without
     ``[TOOL_CALLS]`` -- ``[{"name": N, "arguments": {...}}, ...]``, what Mistral models write when
@@ -165,13 +168,11 @@ class MistralStream(CallStream):
                 self._args(out, "{}")
                 self._state, self._brace = _TAIL, False
             return True
-        if state == _ARGS:
-            i = self._scan(self._buf)
-            self._args(out, self._buf[:i])
-            self._buf = self._buf[i:]
-            if self._depth:
+        if state == _ARGS:  # to the "}" that closes them, or a [TOOL_CALLS] before it (the next call's)
+            ended = self._args_until(out, (self.MARK,), final)
+            if ended is None:
                 return False
-            self._state, self._brace = (_TAIL, True) if self._array else (_TEXT, False)
+            self._state, self._brace = (_TAIL, True) if ended and self._array else (_TEXT, False)
             return True
         if state == _TAIL:  # (the array's) "}" of the call, then "," and the next call, or "]"
             rest = self._buf.lstrip(_WS)

@@ -46,7 +46,11 @@ class ToolStream(CallStream):
       of an output the model ended itself; one the output cut off is dropped
       (:class:`~gateway.call_stream.CallStream`);
     - a call is not taken back: once its arguments started, a block that then breaks the grammar
-      keeps the arguments it sent and the rest of the block is dropped; arguments cut by
+      keeps the arguments it sent and the rest of the block is dropped; a ``</tool_call>`` (or
+      the next block's ``<tool_call>``) before the arguments close ends them there, in a JSON string
+      too (Qwen2.5's and Hermes' special tokens, and vLLM's parser ends the block at the first
+      one): it is never argument text, the call keeps what it sent (finish reason ``stop``), and
+      the text after it is read on; arguments cut by
       ``max_tokens`` stay cut (finish reason ``length``), and so do arguments a stop string or a stop
       token cut (finish reason ``stop``, not ``tool_calls``, which says the calls are whole).
       OpenAI's own ``arguments`` are not guaranteed to be valid JSON either: callers validate them
@@ -158,14 +162,17 @@ class ToolStream(CallStream):
                 if not close:
                     self._state, self._in_bare = _TEXT, False
             return True
-        if state == _ARGS:
-            i = self._scan(buf)
-            self._args(out, buf[:i])
-            self._buf = buf[i:]
-            if self._depth == 0:
+        if state == _ARGS:  # to the "}" that closes them; in a block, a <tool_call> or </tool_call> before it ends them
+            ended = self._args_until(out, () if self._in_bare else (_CLOSE, _OPEN), final)
+            if ended is None:
+                return False
+            if ended:
                 self._state, self._tail = _TAIL, "}" + ("" if self._in_bare else _CLOSE)
                 return True
-            return False
+            # (cut short: its </tool_call> ends the block, a <tool_call> starts the next one)
+            self._buf = self._buf.removeprefix(_CLOSE)
+            self._state = _TEXT
+            return True
         if state == _TAIL:
             rest, need = buf, self._tail
             while need:

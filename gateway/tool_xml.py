@@ -66,8 +66,7 @@ class Qwen3CoderStream(CallStream):
     went out at ``</function>`` or ``</tool_call>``; one closed at the output's end was cut short
     (``stop``)."""
 
-    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args", "_names", "_short", "_length",
-                 "_seen")
+    __slots__ = ("_state", "_tagged", "_fn", "_params", "_text_value", "_open_args", "_names", "_length", "_seen")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -79,7 +78,6 @@ class Qwen3CoderStream(CallStream):
         self._text_value = False  # VALUE: the value is a string, streamed as it comes
         self._open_args = False  # a call's arguments began and their "}" has not gone out
         self._names: set[str] = set()  # the parameters of the current call read so far
-        self._short = False  # a call was closed at the output's end (cut short: not "tool_calls")
         self._length = False  # finish: max_tokens cut the output (a call open then keeps what it sent)
         self._seen = 0  # VALUE, AGAIN: the characters of _buf searched for an end tag without one found
 
@@ -88,7 +86,7 @@ class Qwen3CoderStream(CallStream):
         return super().finish(reason)
 
     def _whole(self) -> bool:
-        return not self._open_args and not self._short
+        return not self._open_args  # (and one closed at the output's end was cut short: CallStream._short)
 
     def _step(self, out: list[dict], final: bool) -> bool:
         buf, state = self._buf, self._state

@@ -9,7 +9,8 @@ and </tool_call> ends the call. A Qwen3-Coder value without its </parameter> ran
 A Qwen3-Coder parameter given again gave the key twice (now its first value stands), and an output the
 model ended inside a value left '{"city": "Paris", "days": ' (now the call is closed there). A harmony
 message's end marker before its arguments closed was argument text, with every message after it; now it ends
-them. Over the handlers apps with a scripted broker client (4 characters a token), no sockets."""
+them, as Hermes' </tool_call> or <tool_call> and Mistral's [TOOL_CALLS] there now do too. Over the handlers
+apps with a scripted broker client (4 characters a token), no sockets."""
 
 from __future__ import annotations
 
@@ -62,13 +63,19 @@ OUTPUTS = {  # the user's message -> the model's output: (parser, output, the ca
                                           "Paris\n</parameter>\n<parameter=days>\n3\n</function>\n</tool_call>",
                                           [("get_weather", {"city": "Paris", "days": 3})], False),
 }
-# a harmony call whose message ended inside its arguments: (parser, output, [(name, arguments text)]); its
-# arguments were '{"city": "Pa<|call|><|start|>assistant...' to the output's end, the second call in them
+# a call whose message (or block) a marker ended inside its arguments: (parser, output, [(name, arguments text)]);
+# its arguments were '{"city": "Pa<|call|><|start|>assistant...' to the output's end, the second call in them
+# (Hermes' '{"city": "Pa</tool_call>\n<tool_call>...', Mistral's '{"city": "Pa[TOOL_CALLS]...' likewise)
 CUT_SHORT = {
     "harmony_marker": ("openai", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
                        '"Pa<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
                        '<|message|>{"city": "Rome"}',
                        [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
+    "hermes_marker": ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa</tool_call>\n'
+                      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+                      [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
+    "mistral_marker": ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa[TOOL_CALLS]get_weather[ARGS]'
+                       '{"city": "Rome"}', [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
 }
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 
@@ -167,20 +174,22 @@ def test_a_call_s_arguments_are_a_whole_json_object_or_there_is_no_call(apps, ro
 
 
 @pytest.mark.parametrize("route", ["chat", "responses"])
-def test_a_harmony_message_that_ends_inside_its_arguments_ends_them_there(apps, route):
-    parser, _, want = CUT_SHORT["harmony_marker"]
-    for text, calls in ROUTES[route](apps[parser][route], "harmony_marker"):  # (the whole answer, then the stream)
+@pytest.mark.parametrize("case", sorted(CUT_SHORT))
+def test_a_marker_that_ends_a_call_inside_its_arguments_ends_them_there(apps, route, case):
+    parser, _, want = CUT_SHORT[case]
+    for text, calls in ROUTES[route](apps[parser][route], case):  # (the whole answer, then the stream)
         assert (text, calls) == ("", want), (route, text, calls)
     if route == "chat":  # (a call cut short: not "tool_calls")
-        body = {"model": "m", "messages": [{"role": "user", "content": "harmony_marker"}], "max_tokens": 100,
+        body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
                 "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]}
         (choice,) = apps[parser][route].post("/v1/chat/completions", json=body).json()["choices"]
         assert choice["finish_reason"] == "stop"
 
 
-def test_a_harmony_message_that_ends_inside_its_arguments_on_the_messages_api(apps):
-    http, headers = apps["openai"]["messages"], {"x-api-key": KEY}
-    body = {"model": "m", "messages": [{"role": "user", "content": "harmony_marker"}], "max_tokens": 100,
+@pytest.mark.parametrize("case", sorted(CUT_SHORT))
+def test_a_marker_that_ends_a_call_inside_its_arguments_on_the_messages_api(apps, case):
+    http, headers = apps[CUT_SHORT[case][0]]["messages"], {"x-api-key": KEY}
+    body = {"model": "m", "messages": [{"role": "user", "content": case}], "max_tokens": 100,
             "tools": [{"name": "get_weather", "input_schema": SCHEMA}]}
     out = http.post("/v1/messages", json=body, headers=headers).json()
     assert [(b["type"], b.get("input")) for b in out["content"]] == [("tool_use", {}), ("tool_use", {"city": "Rome"})]

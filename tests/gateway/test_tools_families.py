@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -449,6 +450,41 @@ def test_a_harmony_marker_before_the_arguments_close_ends_them(marker):
         assert (content, calls) == (whole_content, calls_of(whole_calls)), n
         assert content is None and calls == [("get_weather", HARMONY_ARGS[:n]), ("get_time", "{}")], (n, calls)
         assert said == ("tool_calls" if n == len(HARMONY_ARGS) else "stop"), n
+
+
+JSON_ARGS = '{"city": "Pa<ris", "days": [3]}'
+# case -> (parser, the call up to its arguments, a marker after them, the next call): the marker, or the next call's
+# own, ends the arguments before they close, as harmony's do (test above)
+MARKED = {
+    "hermes_end": ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": ', "</tool_call>",
+                   '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    "hermes_next": ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": ', "",
+                    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    "mistral_v11": ("mistral", "[TOOL_CALLS]get_weather[ARGS]", "", "[TOOL_CALLS]get_time[ARGS]{}"),
+    "mistral_array": ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": ', "",
+                      '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]'),
+}
+_MARKERS = re.compile(r"(</?tool_call>|\[TOOL_CALLS\])")
+
+
+@pytest.mark.parametrize("case", sorted(MARKED))
+def test_a_json_family_s_marker_before_the_arguments_close_ends_them(case):
+    # '{"city": "Pa</tool_call>\n<tool_call>\n{"name": "get_time"...' was the first call's arguments to the output's
+    # end, the second call lost in them (Mistral's [TOOL_CALLS] likewise), as harmony's markers were: Qwen2.5's and
+    # Mistral's markers are special tokens, and vLLM's parsers end the call at them; the call was cut short: "stop"
+    parser, head, marker, second = MARKED[case]
+    for n in range(1, len(JSON_ARGS)):  # (every point inside the arguments)
+        text = head + JSON_ARGS[:n] + marker + second
+        content, calls, said = streamed(parser, text, "stop")
+        whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser=parser, reason="stop")
+        assert (content, calls) == (whole_content, calls_of(whole_calls)), n
+        assert content is None and calls == [("get_weather", JSON_ARGS[:n]), ("get_time", "{}")], (n, calls)
+        assert said == "stop", n
+        stream = parser_class(parser)(FUNCTIONS)  # (each marker one piece, as a vocabulary with it as a token gives it)
+        deltas = [d for part in _MARKERS.split(text) for piece in ([part] if _MARKERS.fullmatch(part) else part)
+                  for d in stream.feed(piece)]
+        more, said = stream.finish("stop")
+        assert (merged(deltas + more)[0], calls_of(merged(deltas + more)[1]), said) == (content, calls, "stop"), n
 
 
 # parser -> (what its tool_choice grammar makes the model write, the marker a call starts with): one whole call
