@@ -319,6 +319,47 @@ def test_a_pythonic_call_goes_out_whole_so_one_cut_by_max_tokens_is_not_sent():
     assert stream.feed(", get_time(") == [] and stream.feed(")]") != []
 
 
+class _Counted(str):
+    """A text that counts how many times its characters are read (``looked``, by index or slice)."""
+
+    looked = 0
+
+    def __getitem__(self, key):
+        _Counted.looked += 1
+        return str.__getitem__(self, key)
+
+
+@pytest.mark.parametrize("value", ["'" + "ab" * 1000 + "', days=3)", '"""' + "x'\\'" * 400 + '""")',
+                                   "[1, (2, ')'), {'k': \"]\"}] " * 80 + ")"])
+def test_a_pythonic_value_is_searched_for_its_end_once_however_it_is_fed(value):
+    # its end was searched from the value's start at every delta: time quadratic in its length (a 32 kB string fed 4
+    # characters a delta took ~23 s of CPU, on the gateway's event loop); each character is now read once (counted,
+    # not timed), and the end found is the one the whole text gives, however the text is cut
+    from gateway.tool_pythonic import _ValueScan
+
+    want = _ValueScan(0).end(value)
+    assert want is not None and value[want] in ",)"
+    for step in (1, 4, 13):
+        scan, _Counted.looked, got = _ValueScan(0), 0, None
+        for n in range(step, len(value) + step, step):
+            got = scan.end(_Counted(value[:n]))
+            if got is not None:
+                break
+        assert got == want and _Counted.looked <= 3 * len(value), (step, got, _Counted.looked)
+
+
+@pytest.mark.parametrize("value", ["''", "'''a'''", "'a\\'b'", "''''''", '"a""b"', "[')', (']',)]", "'''x''' "])
+def test_a_pythonic_value_cut_anywhere_ends_where_the_whole_text_says(value):
+    from gateway.tool_pythonic import _ValueScan
+
+    text = value + ", days=1)"
+    want = _ValueScan(0).end(text)
+    assert text[want:].startswith(", days"), (value, want)
+    for cut in range(1, len(text)):  # (the text so far at the cut, then all of it)
+        scan = _ValueScan(0)
+        assert next(e for e in (scan.end(text[:c]) for c in (cut, len(text))) if e is not None) == want, (value, cut)
+
+
 @pytest.mark.parametrize("reason", ["stop", "length"])
 @pytest.mark.parametrize("text", ["[get_time(1)]", "[get_time(zone=x)]", "[get_time(zone='a', 2)]",
                                   "[get_time(zone='a'), get_weather(*c)]", "[get_time(zone='a', zone='b')]"])
