@@ -25,6 +25,15 @@ through the engine's public interface only (``submit_request`` and
    ``num_slots`` prefills of :data:`PROMPT_TOKENS` each made most of the
    warm-up's time on a larger model (Qwen2.5-Coder-1.5B at gguf on 2 cores:
    2.1 s of its 4.6 s).
+3. a model with structured outputs (``model.grammars``,
+   :mod:`worker.models.grammar`) builds its llguidance tokenizer
+   (:meth:`~worker.models.grammar.Grammars.prepare`): built by the first
+   constrained request instead, on the worker's I/O thread and holding the
+   GIL (Qwen2.5's 151,665 tokens: 5-8.5 s on a loaded 2-core machine), it
+   silenced the worker's heartbeats, the broker declared the worker lost
+   and moved every request it held. A tokenizer llguidance cannot read is
+   logged, and the model is served anyway (its constrained requests fail
+   as before).
 
 Its cost is bounded whatever ``num_slots``: at most :data:`MAX_BATCH`
 requests and ``len(batch_sizes(...))`` decode levels. It once decoded at
@@ -152,6 +161,8 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
         failed += _report_failures(handles)
         if stopped:
             break
+    if not stopped:
+        _prepare_grammars(engine.model)
     cache = getattr(engine.model, "prefix_cache", None)  # (worker.models.llama.prefix_cache)
     if cache is not None:
         cache.reset_stats()
@@ -161,6 +172,20 @@ def warm_up(engine: BatchInferenceEngine, stop: threading.Event | None = None) -
              "batch sizes %s%s", "stopped" if stopped else "done", report.seconds, steps, sizes[-1],
              len(short), ", ".join(map(str, sizes)), f"; {failed} warm-up requests failed" if failed else "")
     return report
+
+
+def _prepare_grammars(model) -> None:
+    """Phase 3 (see the module docstring): ``model.grammars.prepare()``, where the model has one."""
+    grammars = getattr(model, "grammars", None)
+    if grammars is None:
+        return
+    try:
+        seconds = grammars.prepare()
+    except Exception as e:  # noqa: BLE001 -- the model is served anyway; its constrained requests say why
+        log.warning("warm-up: the structured outputs' tokenizer could not be built (%s: %s); the model is "
+                    "served anyway", type(e).__name__, e)
+        return
+    log.info("warm-up: the structured outputs' tokenizer built in %.2f s", seconds)
 
 
 def _warm_up_embeddings(engine, stop: threading.Event | None, t0: float) -> WarmupReport:

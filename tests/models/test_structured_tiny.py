@@ -236,3 +236,46 @@ def test_a_finished_grammar_ends_the_request_when_its_stop_tokens_leave_eos_out(
     else:
         jsonschema.validate(json.loads(text), SCHEMA)
     assert free.finish_reason is FinishReason.LENGTH  # (its EOS, were it drawn, would not stop it)
+
+
+def test_the_warm_up_builds_the_grammar_tokenizer_so_no_request_does(tiny_text_dir, monkeypatch):
+    """The llguidance tokenizer holds the GIL while it is built (Qwen2.5's: up to 4.2 s in one call
+    on a loaded machine); built by the first constrained request, on the worker's I/O thread where
+    requests are submitted, it silenced the worker's heartbeats past the broker's liveness and the
+    worker was declared lost. The warm-up builds it, before the model is served; a request builds none."""
+    import llguidance
+
+    from worker.warmup import warm_up
+
+    built = []
+    real = llguidance.LLTokenizer
+    monkeypatch.setattr(llguidance, "LLTokenizer", lambda *a, **k: built.append(1) or real(*a, **k))
+    engine = BatchInferenceEngine(load_model(tiny_text_dir), batch_size=2, stop_token="model")  # its own: unbuilt
+    assert not warm_up(engine).failed
+    assert len(built) == 1
+    assert engine.model.grammars.prepare() == 0.0  # built already
+    h = engine.submit_request("hello", 30, structured={"json_schema": SCHEMA})
+    engine.run()
+    assert len(built) == 1
+    if h.finish_reason is FinishReason.STOP:
+        jsonschema.validate(json.loads(h.text), SCHEMA)
+
+
+def test_a_grammar_tokenizer_the_warm_up_cannot_build_is_logged_and_the_model_served(tiny_text_dir, monkeypatch,
+                                                                                      caplog):
+    import llguidance
+
+    from worker.warmup import warm_up
+
+    def refuse(*args, **kwargs):
+        raise ValueError("no such tokenizer")
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", refuse)
+    engine = BatchInferenceEngine(load_model(tiny_text_dir), batch_size=2, stop_token="model")
+    with caplog.at_level("WARNING", logger="worker.warmup"):
+        report = warm_up(engine)
+    assert not report.failed and not report.stopped
+    assert any("could not be built (ValueError: no such tokenizer)" in r.getMessage() for r in caplog.records)
+    h = engine.submit_request("hello", 4)  # unconstrained requests are served
+    engine.run()
+    assert h.finish_reason is FinishReason.LENGTH and len(h.tokens) == 4

@@ -11,8 +11,14 @@ One :class:`Grammars` per model (a runner's ``grammars`` attribute, shared
 with its :class:`~worker.models.sampling.Sampler`):
 
 - its llguidance tokenizer is built from the model's tokenizer (the
-  tokenizers library's JSON, its EOS tokens the model's), once, at the first
-  constrained request (~0.25 s for SmolLM2's 49,152 tokens);
+  tokenizers library's JSON, its EOS tokens the model's), once:
+  :meth:`Grammars.prepare`, which the worker's warm-up calls
+  (:mod:`worker.warmup`), else the first constrained request. It holds the
+  GIL throughout (~0.25 s for SmolLM2's 49,152 tokens; Qwen2.5's 151,665
+  took 5-8.5 s on a loaded 2-core machine, up to 4.2 s in one call), so built
+  by a request's submit on the worker's I/O thread it silenced that
+  worker's heartbeats past the broker's 5 s liveness: the worker was
+  declared lost and the requests it held were moved;
 - :meth:`Grammars.compile` turns a :class:`~protocol.structured.Constraint`
   into a pristine matcher, cached by constraint (the cache is the model's, so
   the key is (model, grammar)) with a bound of ``cache_entries``: a second
@@ -144,6 +150,17 @@ class Grammars:
         self.compile_s = self.mask_s = 0.0
 
     # ---- compiling
+
+    def prepare(self) -> float:
+        """Build the llguidance tokenizer now (seconds it took; 0.0 when built already), so that
+        no request pays it: the worker's warm-up calls this before the model is served. Raises what
+        llguidance raises for a tokenizer it cannot read (the first compile would raise it too)."""
+        with self._lock:
+            if self._tokenizer is not None:
+                return 0.0
+            start = time.perf_counter()
+            self._llg()
+            return time.perf_counter() - start
 
     def _llg(self):
         """The llguidance tokenizer and executor, built at first use."""
