@@ -38,6 +38,15 @@ also llama.cpp's). Bandwidth (:func:`stream_bandwidth`): one large fp32
 tensor summed (read) and copied (read + write) in torch, the fastest of a
 few passes, at ``--threads``.
 
+The int8 compute floor of the same step (:func:`int8_peak`, :func:`step_macs`,
+:func:`compute_floor_ms`): the CPU's int8 multiply-add instruction (AVX-512
+VNNI's ``vpdpbusd``, else AVX2's ``vpmaddubsw`` + ``vpaddw``, the pair the
+AVX2 product's 4-bit loop issues) timed on ``--threads`` threads in a probe
+compiled from ``bench/int8_peak.c``, and a ``gguf`` step's products at
+``--slots`` rows at that rate: the least time a quantized product with int8
+activations could take here, whatever its scales cost. A step at many rows
+is compute-bound where this exceeds its memory floor.
+
 ``--tiny``: 2 small layers and few passes, to test the plumbing, not speed.
 Writes ``roofline[_tiny].json`` in ``--out``.
 
@@ -48,6 +57,7 @@ Writes ``roofline[_tiny].json`` in ``--out``.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,28 +172,38 @@ def stream_bandwidth(mib: int = 1024, passes: int = 5) -> dict:
             "read_gb_s": round(src.nbytes / read_ms / 1e6, 2), "copy_gb_s": round(2 * src.nbytes / copy_ms / 1e6, 2)}
 
 
-def step_weight_bytes(gguf_path, precision: str) -> int:
-    """Bytes of weights one decode step reads for the model in the GGUF file at ``gguf_path`` served
-    at ``precision`` (a key of :data:`BYTES_PER_PARAM`, or ``"gguf"``): every tensor but the token
-    embedding (a step reads only its rows), plus the embedding again as the LM head when the file
-    has no ``output.weight`` (tied). Read from the header alone. Raises ValueError for another
-    precision."""
-    import gguf
-
+def step_tensors(gguf_path) -> list[tuple[tuple[int, ...], int]]:
+    """``(shape, ggml_type)`` of each tensor one decode step reads whole, for the model in the GGUF
+    file at ``gguf_path``: every tensor but the token embedding (a step reads only its rows), plus
+    the embedding again as the LM head when the file has no ``output.weight`` (tied). Read from
+    the header alone."""
     from worker.models.gguf_header import read_table
+
+    entries = {name: (tuple(int(d) for d in shape), ggml_type)
+               for name, shape, ggml_type, _ in read_table(str(gguf_path)).entries}
+    if "output.weight" not in entries and "token_embd.weight" in entries:
+        entries["output.weight"] = entries["token_embd.weight"]  # tied: the head reads the embedding whole
+    return [entry for name, entry in entries.items() if name != "token_embd.weight"]
+
+
+def step_macs(gguf_path) -> int:
+    """Multiply-adds of one decode row's products for the model in the GGUF file at ``gguf_path``:
+    one per element of every matrix (2-D tensor) :func:`step_tensors` lists (norm vectors and
+    attention over the cache not counted)."""
+    return sum(math.prod(shape) for shape, _ in step_tensors(gguf_path) if len(shape) == 2)
+
+
+def step_weight_bytes(gguf_path, precision: str) -> int:
+    """Bytes of weights one decode step reads (:func:`step_tensors`) for the model in the GGUF file
+    at ``gguf_path`` served at ``precision`` (a key of :data:`BYTES_PER_PARAM`, or ``"gguf"``).
+    Raises ValueError for another precision."""
+    import gguf
 
     if precision != "gguf" and precision not in BYTES_PER_PARAM:
         raise ValueError(f"precision {precision!r}: one of {sorted(BYTES_PER_PARAM)} or 'gguf'")
-    entries = {name: (shape, ggml_type) for name, shape, ggml_type, _ in read_table(str(gguf_path)).entries}
-    if "output.weight" not in entries and "token_embd.weight" in entries:
-        entries["output.weight"] = entries["token_embd.weight"]  # tied: the head reads the embedding whole
     total = 0.0
-    for name, (shape, ggml_type) in entries.items():
-        if name == "token_embd.weight":
-            continue
-        count = 1
-        for d in shape:
-            count *= int(d)
+    for shape, ggml_type in step_tensors(gguf_path):
+        count = math.prod(shape)
         if precision == "gguf":
             block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
             total += count // block * size
@@ -200,10 +220,22 @@ def decode_floor_ms(weight_bytes: int, read_gb_s: float) -> float:
     return weight_bytes / (read_gb_s * 1e9) * 1000
 
 
-def model_floors(models: list[str], precisions: list[str], read_gb_s: float) -> dict:
+def compute_floor_ms(macs_per_row: int, rows: int, gmac_s: float) -> float:
+    """The least time (ms) ``rows`` decode rows' products can take at ``gmac_s`` (1e9 multiply-adds
+    a second, e.g. :func:`int8_peak`'s ``gmac_s``): the compute roofline of one step, memory not counted."""
+    if gmac_s <= 0 or rows < 1:
+        raise ValueError(f"gmac_s must be > 0 and rows >= 1, got {gmac_s} and {rows}")
+    return macs_per_row * rows / (gmac_s * 1e9) * 1000
+
+
+def model_floors(models: list[str], precisions: list[str], read_gb_s: float, rows: int = 8,
+                 int8_gmac_s: float | None = None) -> dict:
     """``{model: {precision: {"weight_mb", "floor_ms", "tokens_per_s_per_slot"}}}``: each model's
     (alias or ``.gguf`` path) decode-step floor at each precision (:func:`step_weight_bytes`,
-    :func:`decode_floor_ms`); ``tokens_per_s_per_slot``: one sequence's decode rate at the floor."""
+    :func:`decode_floor_ms`); ``tokens_per_s_per_slot``: one sequence's decode rate at the floor.
+    With ``int8_gmac_s`` (:func:`int8_peak`), ``gguf`` also gets ``compute_floor_ms``, its products
+    at ``rows`` rows (int8 activations, as the gguf worker runs them) at that peak
+    (:func:`compute_floor_ms`), and ``macs_per_row``."""
     from worker.models.checkpoint import resolve_model_path
 
     out = {}
@@ -217,7 +249,72 @@ def model_floors(models: list[str], precisions: list[str], read_gb_s: float) -> 
             floor = decode_floor_ms(nbytes, read_gb_s)
             out[model][precision] = {"weight_mb": round(nbytes / 2**20, 1), "floor_ms": round(floor, 2),
                                      "tokens_per_s_per_slot": round(1000 / floor, 1)}
+            if precision == "gguf" and int8_gmac_s:
+                macs = step_macs(Path(folder) / name)
+                out[model][precision].update(macs_per_row=macs, rows=rows,
+                                             compute_floor_ms=round(compute_floor_ms(macs, rows, int8_gmac_s), 2))
     return out
+
+
+PEAK_SOURCE = Path(__file__).with_name("int8_peak.c")
+"""The int8 multiply-add probes :func:`int8_peak` compiles and runs."""
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's flags in ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def int8_peak(threads: int, seconds: float = 0.3, passes: int = 3) -> dict:
+    """This CPU's int8 multiply-add peak: :data:`PEAK_SOURCE` compiled with the C compiler (``$CC``,
+    else ``cc``) and its probe for the CPU's best int8 instruction (AVX-512 VNNI's ``vpdpbusd``, else
+    AVX2's ``vpmaddubsw`` + ``vpaddw``; AMX tiles not measured) run for about ``seconds`` on
+    ``threads`` threads at once (ctypes lets go of the GIL), the best of ``passes``.
+
+    Returns ``{"instruction", "threads", "per_thread_gmac_s", "gmac_s"}`` (1e9 multiply-adds a
+    second: a thread's, and all threads' summed), or ``{"skipped": why}`` where the CPU has neither
+    instruction set or no compiler runs."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    flags = cpu_flags()
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        probe, instruction, macs = "int8_peak_vnni", "vpdpbusd zmm (AVX-512 VNNI)", 8 * 64
+    elif "avx2" in flags:
+        probe, instruction, macs = "int8_peak_avx2", "vpmaddubsw + vpaddw ymm (AVX2)", 6 * 32
+    else:
+        return {"skipped": "the CPU has neither AVX2 nor AVX-512 VNNI"}
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return {"skipped": "no C compiler (cc, or $CC) on PATH"}
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = Path(tmp) / "int8_peak.so"
+        built = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(PEAK_SOURCE)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            return {"skipped": f"{cc} failed: {built.stderr.strip()[-300:]}"}
+        fn = getattr(ctypes.CDLL(str(lib)), probe)
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_long]
+    iters = max(1000, int(seconds * fn(100_000) / macs))  # calibrated by a short run
+    best = []
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(passes):
+            rates = list(pool.map(fn, [iters] * threads))
+            if sum(rates) > sum(best):
+                best = rates
+    return {"instruction": instruction, "threads": threads, "per_thread_gmac_s": round(min(best) / 1e9, 1),
+            "gmac_s": round(sum(best) / 1e9, 1)}
 
 
 def main(argv=None) -> None:
@@ -253,11 +350,13 @@ def main(argv=None) -> None:
     payload["he32_floor"] = he32_floor(cfg, payload["read_gb_s"], payload["fp32_gemm_gflop_s"], args.prompt_tokens,
                                        args.output_tokens, args.requests, args.slots)
     payload["stream"] = stream_bandwidth(64 if args.tiny else args.stream_mib, passes)
+    payload["int8_peak"] = int8_peak(args.threads, 0.05 if args.tiny else 0.3, passes)
     models = [m for m in args.models.split(",") if m]
     if models:
         try:
             payload["decode_floor"] = model_floors(models, [p for p in args.precisions.split(",") if p],
-                                                   payload["stream"]["read_gb_s"])
+                                                   payload["stream"]["read_gb_s"], args.slots,
+                                                   payload["int8_peak"].get("gmac_s"))
         except ValueError as exc:
             ap.error(str(exc))
     payload["total_s"] = round(time.monotonic() - t, 1)
@@ -272,10 +371,18 @@ def main(argv=None) -> None:
           f"{f['decode_step_ms']} ms ({f['decode_step_bound']}-bound) = {f['total_s']} s")
     st = payload["stream"]
     print(f"stream: sum {st['read_gb_s']} GB/s, copy {st['copy_gb_s']} GB/s ({st['tensor_mib']} MiB fp32 tensor)")
+    peak = payload["int8_peak"]
+    print(f"int8 multiply-add peak: {peak['skipped']}" if "skipped" in peak else
+          f"int8 multiply-add peak, {peak['instruction']}: {peak['gmac_s']} GMAC/s on {peak['threads']} thread(s) "
+          f"({peak['per_thread_gmac_s']} a thread)")
     for model, by_precision in payload.get("decode_floor", {}).items():
         print(f"decode-step memory floor of {model}: " + "; ".join(
             f"{p} {v['weight_mb']} MiB -> {v['floor_ms']} ms ({v['tokens_per_s_per_slot']} tokens/s a slot)"
             for p, v in by_precision.items()))
+        gguf = by_precision.get("gguf", {})
+        if "compute_floor_ms" in gguf:
+            print(f"  its int8 products at {gguf['rows']} rows at that peak: {gguf['compute_floor_ms']} ms "
+                  f"({gguf['macs_per_row'] / 1e9:.2f} GMAC a row)")
     path = write_results(args.out / f"roofline{'_tiny' if args.tiny else ''}.json", payload, machine)
     print(f"wrote {path}")
 

@@ -393,6 +393,11 @@ def bench_model_random_cuda_2(d: dict) -> str:
 
 @_bench("roofline.json", "Roofline")
 def bench_roofline(d: dict) -> str:
+    return _roofline(d)
+
+
+def _roofline(d: dict) -> str:
+    """bench/roofline.py's fp32 kinds and HE32 floor (every roofline results file has them)."""
     rows_n = sorted({int(n) for k in d["kinds"].values() for n in k["ms"]})
     gb_n = sorted({int(n) for k in d["kinds"].values() for n in k.get("implied_gb_s", {})})
     rows = [[f"`{kind}`", *(v["ms"].get(str(n)) for n in rows_n), *(v.get("implied_gb_s", {}).get(str(n)) for n in gb_n),
@@ -405,6 +410,24 @@ def bench_roofline(d: dict) -> str:
               f"{d['fp32_gemm_gflop_s']:g} GFLOP/s: HE32's floor is {f['total_s']:g} s (prefill {f['prefill_s']:g} s "
               f"at the peak, {f['decode_steps']:g} decode steps {f['decode_step_bound']}-bound at "
               f"{f['decode_step_ms']:g} ms). Load {_run_load(d)}.")
+
+
+@_bench("roofline_avx2.json", "Roofline")
+def bench_roofline_avx2(d: dict) -> str:
+    peak = d["int8_peak"]
+    st = d["stream"]
+    rows = []
+    for model, by_precision in d["decode_floor"].items():
+        g = by_precision["gguf"]
+        rows.append([f"`{model}`", f"{g['weight_mb']:,.1f}", g["floor_ms"], f"{g['macs_per_row'] / 1e9:.2f}",
+                     g["compute_floor_ms"], f"{g['compute_floor_ms'] / g['floor_ms']:.2f}x"])
+    rows_n = rows and d["decode_floor"][next(iter(d["decode_floor"]))]["gguf"]["rows"]
+    return (_roofline(d) + "\n\n"
+            + _table(["model (gguf)", "weights a step reads, MiB", "memory floor ms", "GMAC a row",
+                      f"int8 compute floor at {rows_n} rows, ms", "compute / memory"], rows)
+            + f"\n\nStreaming reads {st['read_gb_s']:g} GB/s on {st['threads']} threads ({st['tensor_mib']} MiB "
+              f"tensor); int8 multiply-add peak {peak['gmac_s']:g} GMAC/s ({peak['instruction']}, "
+              f"{peak['per_thread_gmac_s']:g} a thread).")
 
 
 @_bench("fim.json", "Fill in the middle")

@@ -63,6 +63,8 @@ def test_tiny_run_writes_every_kind_and_a_floor(tmp_path):
     assert payload["read_gb_s"] > 0
     assert payload["fp32_gemm_gflop_s"] == max(payload["kinds"][k]["gflop_s_512"] for k in fp32_kinds)
     assert payload["he32_floor"]["total_s"] > 0 and "floor" in done.stdout.lower()
+    assert "int8 multiply-add peak" in done.stdout and ("skipped" in payload["int8_peak"]
+                                                        or payload["int8_peak"]["gmac_s"] > 0)
 
 
 def _tiny_gguf(path, tied: bool) -> None:
@@ -94,6 +96,33 @@ def test_a_decode_step_reads_every_weight_but_the_embedding_and_the_head_whole(t
     assert roofline.step_weight_bytes(path, "gguf") == 2 * 64 * 32 + (4 if tied else 2) * 16 * 32
     with pytest.raises(ValueError, match="fp8"):
         roofline.step_weight_bytes(path, "fp8")
+    # one multiply-add per element of each matrix a step multiplies: the weight and the head
+    assert roofline.step_macs(path) == params
+    floors = roofline.model_floors([str(path)], ["gguf", "bf16"], 10.0, rows=4, int8_gmac_s=1.0)[str(path)]
+    assert floors["gguf"]["compute_floor_ms"] == pytest.approx(round(4 * params / 1e9 * 1000, 2))
+    assert floors["gguf"]["rows"] == 4 and "compute_floor_ms" not in floors["bf16"]
+
+
+def test_the_compute_floor_is_multiply_adds_over_the_peak():
+    assert roofline.compute_floor_ms(1_500_000_000, 8, 300.0) == pytest.approx(40.0)
+    for bad in ((1, 8, 0.0), (1, 0, 1.0)):
+        with pytest.raises(ValueError):
+            roofline.compute_floor_ms(*bad)
+
+
+def test_the_int8_peak_is_measured_where_the_cpu_and_a_compiler_allow():
+    import shutil
+
+    one = roofline.int8_peak(1, seconds=0.02, passes=1)
+    flags = roofline.cpu_flags()
+    if not ({"avx2"} <= flags or {"avx512f", "avx512bw", "avx512_vnni"} <= flags) or shutil.which("cc") is None:
+        assert set(one) == {"skipped"}
+        return
+    assert one["threads"] == 1 and one["gmac_s"] == one["per_thread_gmac_s"] > 0
+    assert ("VNNI" in one["instruction"]) == ("avx512_vnni" in flags)
+    two = roofline.int8_peak(2, seconds=0.02, passes=1)
+    # every thread's rate counted: at least the slowest thread's twice
+    assert two["threads"] == 2 and two["gmac_s"] >= 2 * two["per_thread_gmac_s"] > 0
 
 
 def test_the_decode_floor_is_bytes_over_bandwidth():
