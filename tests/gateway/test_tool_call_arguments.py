@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -27,8 +26,7 @@ pytest.importorskip("transformers")
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from tests.gateway.test_messages_api import KEY  # noqa: E402
-from protocol.enums import FinishReason  # noqa: E402
-from tests.gateway.test_tools_stream import TOKEN_CHARS, OutputClient  # noqa: E402
+from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import chat_stream, sse, vendor_routes  # noqa: E402
 
 OUTPUTS = {  # the user's message -> the model's output: (parser, output, the calls it holds, whether it is text)
@@ -80,29 +78,11 @@ CUT_SHORT = {
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 
 
-class ArgumentsClient(OutputClient):
-    """Writes ``OUTPUTS[last message's content]``'s output, TOKEN_CHARS characters a token, ending ``stop``."""
-
-    def _script(self, h) -> None:
-        text = {**OUTPUTS, **CUT_SHORT}[h.params.prompt[-1].content][1]
-        h._prompt_tokens = 5
-        h.first_token_s = time.monotonic()
-        for i in range(0, len(text), TOKEN_CHARS):
-            h.read.clear()
-            h._tokens.append(i % 50)
-            h._text.append(text[i:i + TOKEN_CHARS])
-            if h.on_token is not None:
-                h.on_token(i % 50)
-                h.read.wait(10)
-        h._end(FinishReason.STOP, None, None, time.monotonic())
-        h.callback(h.tokens)
-        h._done = True
-
-
 @pytest.fixture(scope="module")
 def apps():
-    """``{parser: {route: TestClient}}``, over one client."""
-    client = ArgumentsClient()
+    """``{parser: {route: TestClient}}``, over one client that writes each case's output (4 characters a token,
+    ``stop``: each is shorter than the requests' 100 tokens)."""
+    client = OutputClient({case: output for case, (_, output, *_) in {**OUTPUTS, **CUT_SHORT}.items()})
     parsers = sorted({p for p, *_ in [*OUTPUTS.values(), *CUT_SHORT.values()]})
     with contextlib.ExitStack() as stack:
         yield {parser: stack.enter_context(vendor_routes(

@@ -168,9 +168,14 @@ class LockstepHandle(ClientHandle):
 
 
 class OutputClient(ScriptedClient):
-    """Writes ``OUTPUTS[last message's content]``, TOKEN_CHARS characters a token, and ends ``stop``
-    (``length`` when ``max_tokens`` tokens came first). A streamed request's next token waits (up
-    to 10 s) until the gateway has read the text so far: each token makes its own stream delta."""
+    """Writes ``outputs[last message's content]`` (default :data:`OUTPUTS` and :data:`BARE`),
+    TOKEN_CHARS characters a token, and ends ``stop`` (``length`` when ``max_tokens`` tokens came
+    first). A streamed request's next token waits (up to 10 s) until the gateway has read the text
+    so far: each token makes its own stream delta."""
+
+    def __init__(self, outputs: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.outputs = outputs  # (None: OUTPUTS and BARE as they are when a request comes: tests patch them)
 
     def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
         params = ModelLimits(VOCAB, 4096, True).build(prompt, max_tokens, **options)
@@ -183,7 +188,7 @@ class OutputClient(ScriptedClient):
         return h
 
     def _script(self, h: ClientHandle) -> None:
-        text = {**OUTPUTS, **BARE}[h.params.prompt[-1].content]
+        text = ({**OUTPUTS, **BARE} if self.outputs is None else self.outputs)[h.params.prompt[-1].content]
         pieces = [text[i:i + TOKEN_CHARS] for i in range(0, len(text), TOKEN_CHARS)]
         h._prompt_tokens = 5
         h.first_token_s = time.monotonic()
