@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tests.support.schedule import estimate_s, heaviest_first
+from tests.support.schedule import estimate_s, file_of, heaviest_first
 
 
 def _item(nodeid: str, *lanes: str, fixtures: tuple[str, ...] = ()):
@@ -17,7 +17,7 @@ def _item(nodeid: str, *lanes: str, fixtures: tuple[str, ...] = ()):
 def _files(items) -> list[str]:
     out: list[str] = []
     for i in items:
-        path = i.nodeid.split("::")[0]
+        path = file_of(i)
         if not out or out[-1] != path:
             out.append(path)
     return out

@@ -51,7 +51,7 @@ def files_using(items: list[pytest.Item], fixture: str) -> set[str]:
 
 def _shares(items: list[pytest.Item]) -> tuple[str, ...]:
     """The :data:`SHARED` fixtures the tests ``items`` use (a file's group: () for none)."""
-    return tuple(name for name in SHARED if any(name in getattr(i, "fixturenames", ()) for i in items))
+    return tuple(name for name in SHARED if files_using(items, name))
 
 
 def heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
