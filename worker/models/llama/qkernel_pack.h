@@ -73,7 +73,8 @@ Factors factors(const torch::Tensor& d, const torch::Tensor& q, int64_t shift, i
 // gguf_blocks.stored_weight). A 16-row block's rows are first put in the kind's per-row form
 // (NIB: a byte per column pair; SIX: three bytes per 4 columns; MAGIC, WIDE: the even columns'
 // codes, then the odd ones'), then transposed 16 x 16 bytes at a time (SSE2 unpacks), so every step
-// runs on whole vectors.
+// runs on whole vectors. In the quad layout (SS_QUAD_LAYOUT) MAGIC's and WIDE's rows are in column
+// order, MAGIC's as u = code - low, and a block is 4 x 4 dword transposes of them.
 namespace {
 
 // bytes a row takes in kind's per-row form, per K columns
@@ -82,7 +83,8 @@ constexpr int64_t row_bytes_of(int64_t kind, int64_t K) { return kind == NIB ? K
 // Row c (int8 codes [K]) in kind's per-row form at r. NIB: byte p = u(2p) | u(2p + 1) << 4. SIX:
 // per 4 columns q, bytes q, K / 4 + q and K / 2 + q: u0 | u1 << 4 and u2 | u3 << 4 of the low
 // nibbles, and the four high bit pairs (qkernel.py's blocked()). u = (code - low) & 63 (& 15 for
-// NIB), as pack_six always computed it. MAGIC, WIDE: the even columns' codes, then the odd ones'.
+// NIB), as pack_six always computed it. MAGIC, WIDE: the even columns' codes, then the odd ones'
+// (SS_QUAD_LAYOUT: in column order, MAGIC's as u = code - low).
 void row_form(int64_t kind, const int8_t* c, int64_t K, int64_t low, uint8_t* r) {
     int64_t k = 0;
 #ifdef SS_QUAD_LAYOUT
@@ -187,8 +189,8 @@ void transpose16(const uint8_t* rows, int64_t ld, int64_t width, uint8_t* out, i
 }
 
 // One 16-row block's codes in kind's layout, from its rows' per-row forms (row j at rows + j * W,
-// W = row_bytes_of(kind, K); a row past N all zero bytes: u = 0 for NIB and SIX, code 0 for
-// MAGIC and WIDE, as blocked() pads).
+// W = row_bytes_of(kind, K); a row past N all zero bytes: u = 0 for NIB and SIX (and MAGIC in the
+// quad layout), code 0 for WIDE (and MAGIC in the column-pair layout), as blocked() pads).
 void pack_block(int64_t kind, const uint8_t* rows, int64_t K, uint8_t* out) {
 #ifdef SS_QUAD_LAYOUT
     if (kind != SIX) {  // per 4 bytes of the per-row form 64: rows 0-3, 4-7, 8-11, 12-15 as 4 x 4 dword transposes
@@ -359,10 +361,11 @@ FactorOut factor_out(const torch::Tensor& t, int64_t per) {
 // uint8 [N_i, row_bytes] (read where they lie, e.g. in the mapped file; every part but the last
 // whole 16-row blocks), read as one tensor of their rows stacked (the runner fuses q/k/v and
 // gate/up: a part is then a slice of whole blocks) into kind's layout with u = code - low (NIB,
-// SIX). Returns (packed, sd, sq, od, oq, ranges): the codes as blocked() lays them out, the
-// scales' and offsets' factors as blocked_groups() does (fp16 d [N / 16, K / cols, 16]; sq, oq
-// [N / 16, K / group, 16]; empty where the format has none; rows past N zero), and each part's
-// (lowest, highest) code (the caller reads a part again where that disagrees with kind and low).
+// SIX; MAGIC too in the quad layout). Returns (packed, sd, sq, od, oq, ranges): the codes as
+// blocked() lays them out, the scales' and offsets' factors as blocked_groups() does (fp16 d
+// [N / 16, K / cols, 16]; sq, oq [N / 16, K / group, 16]; empty where the format has none; rows
+// past N zero), and each part's (lowest, highest) code (the caller reads a part again where that
+// disagrees with kind and low).
 // One pass over the bytes, 16 rows at a time (at::parallel_for over 16-row blocks), without the GIL.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, std::vector<std::pair<int64_t, int64_t>>>
 unpack_blocked(std::vector<py::buffer> parts, int64_t fmt, int64_t kind, int64_t low) {
