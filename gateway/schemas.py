@@ -311,6 +311,10 @@ class CompletionRequest(_Sampling):
         in range other than ``n`` is valid and not implemented: :meth:`unsupported`'s 501)."""
         n = info.data.get("n") or 1
         if value is not None and not n <= value <= MAX_BEST_OF:
+            if n > MAX_BEST_OF:  # (no value is in [n, 20]: "[25, 20]" named an empty range)
+                raise PydanticCustomError("invalid_value", f"best_of must be at least n ({n}) and at most {MAX_BEST_OF}, "
+                                          f"which no value is: leave best_of out for n above {MAX_BEST_OF}, "
+                                          f"got {_shown(value)}")
             raise PydanticCustomError("invalid_value", f"best_of must be in [{n}, {MAX_BEST_OF}] (at least n: the best n "
                                       f"of best_of candidates are returned), got {_shown(value)}")
         return value

@@ -163,6 +163,15 @@ def test_best_of_below_n_or_past_20_is_a_400_and_other_values_in_range_a_501(app
     if status != 200:
         e = r.json()["error"]
         assert e["param"] == "best_of" and e["code"] == ("invalid_value" if status == 400 else "unsupported"), e
-    if status == 400:
+    if status == 400 and n <= 20:
         assert e["message"] == (f"best_of must be in [{n}, 20] (at least n: the best n of best_of candidates are "
                                 f"returned), got {best_of}"), e
+
+
+@pytest.mark.parametrize("best_of", [20, 25, 1])
+def test_best_of_with_n_above_20_is_told_to_leave_best_of_out(apps, best_of):
+    # it said 'best_of must be in [25, 20]': a range no value is in
+    e = post(apps, "completions", "best_of", best_of, n=25).json()["error"]
+    assert e["message"] == ("best_of must be at least n (25) and at most 20, which no value is: leave best_of out for n "
+                            f"above 20, got {best_of}") and e["param"] == "best_of" and e["code"] == "invalid_value", e
+    assert post(apps, "completions", "max_tokens", 2, n=25).status_code == 200  # (n 25 alone is served)
