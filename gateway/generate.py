@@ -38,7 +38,7 @@ from gateway.errors import APIError, bad_request, from_remote, from_value_error,
 from gateway.generation import Generation, Signal
 from gateway.link import BrokerConnections
 from gateway.metrics import GatewayMetrics
-from gateway.options import chat_messages, for_choice, request_options
+from gateway.options import chat_messages, for_choice, model_eos, request_options
 from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error_response, finish_reason, \
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -245,6 +245,7 @@ class Generate:
         client = call.client = await self.link.client_for(body.model)
         info = self.link.model_info(body.model)
         options = request_options(body, info)
+        eos_ids = model_eos(body, info)
         if call.tools is not None and call.tools.constraint is not None:  # tool_choice required or named
             if "structured" in options:
                 raise bad_request("tool_choice required or a named function constrains the output; give no "
@@ -270,7 +271,7 @@ class Generate:
                 echo_tokens, echo_text = shown[i]
                 for c in range(n):
                     g = Generation(i * n + c, call.signal, hidden)
-                    g.echo_tokens, g.echo_text = echo_tokens, echo_text
+                    g.echo_tokens, g.echo_text, g.eos_ids = echo_tokens, echo_text, eos_ids
                     call.gens.append(g)
                     g.handle = client.submit_request(prompt, max_tokens, g.on_end, on_token=on_token,
                                                      **for_choice(options, c))

@@ -78,11 +78,13 @@ class Generation:
     ``echo``: one token is generated and dropped, with its text and logprob).
     ``echo_tokens`` / ``echo_text``: a token-id prompt's ids (else None: see
     :attr:`prompt_ids`) and the text that an ``echo`` shows before the output; ``text_offset``: where the
-    next streamed token's text starts (:mod:`gateway.logprobs`).
+    next streamed token's text starts (:mod:`gateway.logprobs`). ``eos_ids``: the model's EOS token ids
+    the gateway put in the request's ``stop_token`` itself (``stop_token_ids`` without ``ignore_eos``:
+    :func:`gateway.options.model_eos`), which :attr:`stop_reason` reports as None, as vLLM does.
     """
 
-    __slots__ = ("index", "handle", "finished", "hidden", "echo_tokens", "echo_text", "text_offset", "_signal",
-                 "_sent_tokens", "_sent_text", "_reported")
+    __slots__ = ("index", "handle", "finished", "hidden", "echo_tokens", "echo_text", "text_offset", "eos_ids",
+                 "_signal", "_sent_tokens", "_sent_text", "_reported")
 
     def __init__(self, index: int, signal: Signal, hidden: bool = False) -> None:
         self.index = index
@@ -92,6 +94,7 @@ class Generation:
         self.echo_tokens: list[int] | None = None
         self.echo_text: str | None = None
         self.text_offset = 0
+        self.eos_ids: frozenset[int] = frozenset()
         self._signal = signal
         self._sent_tokens = 0
         self._sent_text = 0
@@ -146,8 +149,13 @@ class Generation:
 
     @property
     def stop_reason(self):
-        """The handle's ``stop_reason`` once finished (None for a hidden output)."""
-        return None if self.hidden or not self.finished else self.handle.stop_reason
+        """The handle's ``stop_reason`` once finished: the stop string, sequence or token id that
+        ended it; None for a hidden output, and for the model's EOS (vLLM's "None if the completion
+        finished for some other reason including encountering the EOS token")."""
+        if self.hidden or not self.finished:
+            return None
+        reason = self.handle.stop_reason
+        return None if type(reason) is int and reason in self.eos_ids else reason
 
     @property
     def error(self) -> BaseException | None:

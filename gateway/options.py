@@ -55,6 +55,16 @@ DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default ``temperature`` (the Python SDK's is 0, greedy)."""
 
 
+def model_eos(body: _Sampling, info: ModelInfo | None) -> frozenset[int]:
+    """The model's EOS token ids that :func:`request_options` puts in ``stop_token`` on the
+    caller's behalf (``stop_token_ids`` without ``ignore_eos``), empty when it puts none. A choice
+    ended by one reports ``stop_reason`` None, as vLLM (which checks EOS before ``stop_token_ids``,
+    so an EOS id listed there reads None too); with ``ignore_eos`` every stop token is the caller's."""
+    if body.ignore_eos or not body.stop_token_ids or info is None:
+        return frozenset()
+    return frozenset(info.eos_token_ids)
+
+
 def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
     """``body``'s sampling and stopping fields as ``RequestParams`` keyword
     arguments, the same for every choice (see :func:`for_choice`).

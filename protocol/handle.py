@@ -43,8 +43,10 @@ class RequestHandle:
       string that may still match; see :mod:`worker.text`). None for models
       without a tokenizer.
     - ``finish_reason``: None until the request ends, then a :class:`FinishReason`.
-    - ``stop_reason``: for ``"stop"``, the stop token (int), stop sequence
-      (tuple) or stop string (str) that matched, as vLLM's ``stop_reason``; else None.
+    - ``stop_reason``: for ``"stop"``, the stop token (int) the request named in its own
+      ``stop_token``, stop sequence (tuple) or stop string (str) that matched, as vLLM's
+      ``stop_reason``; else None -- also when the serving side's default end tokens (the
+      model's EOS) stopped it.
     - ``error``: None, or the exception that ended the request (or that its
       completion callback raised).
     - ``usage``: :class:`Usage`; ``prompt_tokens`` is its first half.

@@ -141,8 +141,9 @@ class Finished(NamedTuple):
     - ``message``: human-readable detail for an error, else ``None``.
     - ``prompt_tokens``: prompt length in tokens when the worker knows it
       (text prompts are tokenised there), else ``None``.
-    - ``stop_reason``: for ``stop``, the stop token (int), stop sequence (ids) or text stop
-      string (str) that matched, as vLLM's ``stop_reason``.
+    - ``stop_reason``: for ``stop``, the stop token (int) the request named in its own
+      ``stop_token``, stop sequence (ids) or text stop string (str) that matched, as vLLM's
+      ``stop_reason``; None when the default end tokens (the model's EOS) stopped it.
     - ``cached_tokens``: prompt tokens whose KV the worker that finished the request took from
       its prefix cache instead of prefilling them (0: a miss, or a model without a prefix
       cache), as OpenAI's ``usage.prompt_tokens_details.cached_tokens``; None when that worker

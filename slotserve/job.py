@@ -20,7 +20,8 @@ match on ``id``)::
 
     {"id", "tokens": generated ids only, "finish_reason",
      "usage": {"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens"}},
-     "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"),
+     "stop_reason": the stop string, token or sequence that matched (finish_reason "stop"; a token
+        only when the row named it in "stop_token": left out when the model's EOS ended it, as vLLM),
      "error": {"code", "message"} when there is one, "text" when the model has a tokenizer,
      "logprobs": [{"token": id, "logprob": x, "top_logprobs": [[id, x], ...]}, ...] when the row
      asked ("logprobs": N), one per generated token,

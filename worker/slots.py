@@ -487,9 +487,13 @@ class SlotTable:
         if stop and (one in tokens if one is not None else not stop.isdisjoint(tokens)):
             for i in [i for i, t in enumerate(tokens) if t in stop]:
                 req = reqs[i]
-                if tokens[i] in req.stop_tokens and req.state is _RUNNING \
-                        and req.num_generated >= req.params.min_tokens:
-                    req.reason, req.stop_match = _STOP, tokens[i]
+                t = tokens[i]
+                if t in req.stop_tokens and req.state is _RUNNING and req.num_generated >= req.params.min_tokens:
+                    # stop_reason, as vLLM's: the id of a stop token the request named (its own
+                    # stop_token), None for the model's end tokens applied by default (EOS, a
+                    # grammar's end, a FIM middle's end): "None ... including encountering the EOS token".
+                    named = req.params.stop_token
+                    req.reason, req.stop_match = _STOP, t if type(named) is tuple and t in named else None
                     finished.append(req)
         for req in self._matching:
             if skipped and req in skipped:

@@ -29,7 +29,7 @@ def test_stop_token_and_sequences_wait_for_min_tokens():
     exact = engine.submit_request([1], 8, min_tokens=2)
     seq = engine.submit_request([1], 8, stop_token=None, stop_sequences=[[0, 5], [7, 0]], min_tokens=3)
     engine.run()
-    assert plain.tokens == [0] and plain.stop_reason == 0
+    assert plain.tokens == [0] and plain.stop_reason is None  # (the engine's default stop token: its EOS)
     assert held.tokens == [0, 5, 0] and held.finish_reason == "stop"
     assert exact.tokens == [0, 5, 0]
     assert seq.tokens == [0, 5, 0, 6, 7, 0] and seq.stop_reason == (7, 0)  # [0, 5] matched too early

