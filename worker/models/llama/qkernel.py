@@ -316,7 +316,8 @@ def blocked(rows: torch.Tensor, code_kind: int, low: int = 0) -> torch.Tensor:
     low nibbles, 16 bytes each, then 16 bytes of high bit pairs; ``u = code - low``). In the quad
     layout (:func:`quad_layout`) ``[N / 16, K / 8, 16, 4]`` bytes (nibbles: per 8 columns each row's 4
     pair bytes) or ``[N / 16, K / 4, 16, 4]`` int8 (each row's 4 columns: MAGIC ``u = code - low``, WIDE
-    the codes); there K is a multiple of 8."""
+    the codes); there a row's bytes come in whole 4-byte units (K a multiple of 8 for nibbles, of 4
+    for int8; ValueError otherwise)."""
     if code_kind == SIX:  # the compiled module packs them (a Q6_K head: 233M codes)
         return load().pack_six(rows.contiguous(), low)
     n, width = rows.shape
