@@ -673,6 +673,9 @@ _INDEX_ONLY = {
     "model_qwen2.5-coder-1.5b_smoke.json": "smoke run of the Qwen table (2 prompts, 8 tokens, load ~9): plumbing only",
     "model_qwen2.5-coder-0.5b_avx2.json": "HE32 on a 2-core AMD EPYC Zen 3 (AVX2 only): the AVX2 product ([models](models.md#on-avx2))",
     "model_qwen2.5-coder-1.5b_avx2.json": "HE32 on the AVX2-only EPYC, no HF reference ([models](models.md#on-avx2))",
+    "model_qwen2.5-coder-1.5b_avx2_reference.json": "HE32 on the AVX2-only EPYC with the HF fp32 greedy reference: "
+                                                    "agreement 26/32 against llama.cpp's 21 (other work running, load "
+                                                    "6.3-10.2: its times are not comparable) ([models](models.md#on-avx2))",
     "model_smollm2_gguf_avx2.json": "HE32 on the AVX2-only EPYC ([models](models.md#on-avx2))",
     "step_profile_gguf_qwen2.5-coder-1.5b_avx2.json": "decode steps on the AVX2-only EPYC ([models](models.md#on-avx2))",
     "threads_avx2.json": "quiet and busy throughput on the AVX2-only EPYC ([models](models.md#on-avx2))",
