@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from gateway.json_body import body_problem, not_an_object, value_kind
+from gateway.json_body import BodyProblem, body_problem, not_an_object, value_kind
 from protocol.enums import ErrorCode
 from protocol.errors import error_code
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
@@ -348,8 +348,9 @@ def invalid_json(raw: object, detail: str) -> APIError:
     if lone is not None:
         return bad_request(surrogate_escape_message("the body", lone, "send the character itself as UTF-8, or both "
                                                                       "halves of its pair"), None, "invalid_json")
-    message = body_problem(raw, detail) if isinstance(raw, (bytes, bytearray, str)) else "the body is not valid JSON"
-    return bad_request(message, None, "invalid_type" if message == not_an_object("an array") else "invalid_json")
+    problem = body_problem(raw, detail) if isinstance(raw, (bytes, bytearray, str)) else \
+        BodyProblem("the body is not valid JSON")
+    return bad_request(problem.message, None, problem.code)
 
 
 def nonfinite_number(raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> APIError | None:

@@ -10,12 +10,22 @@ characters; a reason this table does not know is the place alone ("at line 1 col
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
-__all__ = ["MAX_DEPTH", "body_problem", "not_an_object", "outer_kind", "value_kind"]
+__all__ = ["MAX_DEPTH", "BodyProblem", "body_problem", "not_an_object", "outer_kind", "value_kind"]
 
 MAX_DEPTH = 200
 """How deep a body may nest arrays and objects inside its outermost object: the JSON parser's limit
 (pydantic's jiter stops past 200 levels; tests/gateway/test_body_json.py pins it)."""
+
+class BodyProblem(NamedTuple):
+    """What :func:`body_problem` found: ``message``, a sentence starting ``the body``, and ``code``,
+    the HTTP error code it is answered with (``invalid_json``; ``invalid_type`` for valid JSON that
+    is no object)."""
+
+    message: str
+    code: str = "invalid_json"
+
 
 _PLACE = re.compile(r"(?P<what>.*) at line (?P<line>\d+) column (?P<column>\d+)", re.S)
 
@@ -43,34 +53,38 @@ _WORDS = {  # the parser's reason -> ours
 }
 
 
-def body_problem(raw: bytes | str, detail: str) -> str:
+def body_problem(raw: bytes | str, detail: str) -> BodyProblem:
     """What is wrong with ``raw``, a body that did not parse, given the parser's ``detail`` (its
     message, ``"Invalid JSON: expected value at line 1 column 7"``): a sentence starting ``the
-    body`` (``"the body is not valid JSON at line 1 column 7: expected a value"``). Bytes that are
-    no UTF-8, a blank body and one nested past :data:`MAX_DEPTH` are told apart from syntax
-    errors; a place is given as line and column in characters. An array nested past it is told
-    that the body must be an object (:func:`not_an_object`), as a shallower one is."""
+    body`` (``"the body is not valid JSON at line 1 column 7: expected a value"``) and its code
+    (:class:`BodyProblem`). Bytes that are no UTF-8, a blank body and one nested past
+    :data:`MAX_DEPTH` are told apart from syntax errors; a place is given as line and column in
+    characters. An array nested past it is told
+    that the body must be an object (:func:`not_an_object`, code ``invalid_type``), as a shallower
+    one is."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line, column = _place(data, e.start)
-        return (f"the body is not valid UTF-8: byte 0x{data[e.start]:02x} at line {line} column {column} (byte "
-                f"{e.start + 1}); send the JSON encoded in UTF-8")
+        return BodyProblem(f"the body is not valid UTF-8: byte 0x{data[e.start]:02x} at line {line} column {column} "
+                           f"(byte {e.start + 1}); send the JSON encoded in UTF-8")
     if not text.strip():
-        return "the body is empty: send a JSON object"
+        return BodyProblem("the body is empty: send a JSON object")
     m = _PLACE.fullmatch(detail.removeprefix("Invalid JSON: "))
     if m is None:
-        return "the body is not valid JSON"
+        return BodyProblem("the body is not valid JSON")
     line, column = _column_in_characters(data, int(m["line"]), int(m["column"]))
     where = f"at line {line} column {column}"
     if m["what"] == "recursion limit exceeded":  # (valid JSON, nested past what the parser reads)
-        if outer_kind(text) is not None:  # (an array: no body's object to count levels in; what to fix is
-            return not_an_object(outer_kind(text))  # that it is none, as for any body that is no object)
-        return (f"the body nests arrays and objects more than {MAX_DEPTH} levels deep ({where}); slotserve reads "
-                f"at most {MAX_DEPTH} levels inside the body's object")
+        # (an array: no body's object to count levels in; what to fix is that it is none, as for any body
+        # that is no object)
+        if outer_kind(text) is not None:
+            return BodyProblem(not_an_object(outer_kind(text)), "invalid_type")
+        return BodyProblem(f"the body nests arrays and objects more than {MAX_DEPTH} levels deep ({where}); "
+                           f"slotserve reads at most {MAX_DEPTH} levels inside the body's object")
     what = _WORDS.get(m["what"])
-    return f"the body is not valid JSON {where}" + (f": {what}" if what else "")
+    return BodyProblem(f"the body is not valid JSON {where}" + (f": {what}" if what else ""))
 
 
 def outer_kind(text: str) -> str | None:
