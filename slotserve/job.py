@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
 from client import Client, RemoteError
+from gateway.json_body import outer_kind
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import error_code
 from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text
@@ -359,7 +360,7 @@ class BatchJob:
             return
         except RecursionError:  # (nested deeper than Python's recursion limit: the row, not the job)
             self._claim_id(n, n)
-            if line.lstrip(" \t\r\n").startswith("["):  # (an array: no row's object to count levels in)
+            if outer_kind(line) is not None:  # (an array: no row's object to count levels in)
                 self.bad_row(n, n, f"line {n}: a row must be a JSON object")
                 return
             self.bad_row(n, n, f"line {n}: nested too deeply to read (over {sys.getrecursionlimit()} levels of "
