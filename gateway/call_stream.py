@@ -1,5 +1,7 @@
-"""The interface every tool-call parser has, :class:`CallStream`, and the JSON call reading the JSON
-syntaxes share (Hermes', Llama 3's and Mistral's call objects: :func:`_header`).
+"""The interface every tool-call parser has, :class:`CallStream`, the JSON call reading the JSON
+syntaxes share (Hermes', Llama 3's and Mistral's call objects: :func:`_header`), and the value
+reading the other syntaxes share (a Python literal as JSON, :func:`literal_json`: pythonic calls'
+values, Qwen3-Coder's typed parameters).
 
 Protocol-level glue between generated text and OpenAI's chat deltas (content and ``tool_calls``),
 for streamed and whole answers alike (:mod:`gateway.tools`); the parsers are named in
@@ -9,16 +11,19 @@ outside JSON strings returns to zero, and their text passes through as the model
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
+import warnings
 
 from protocol.validation import LONE_SURROGATE
 
-__all__ = ["CallStream", "json_text", "merged"]
+__all__ = ["CallStream", "json_text", "literal_json", "merged"]
 
 _WS = " \t\n\r"  # JSON's whitespace
 _MORE = object()  # _header: the block may still become a call
+_JSON_NAMES = {"true": True, "false": False, "null": None}  # literal_json: JSON's names for Python's constants
 
 
 def json_text(value: object) -> str:
@@ -28,6 +33,39 @@ def json_text(value: object) -> str:
     (pydantic's writer failed the answer: a 500, a stream cut off). ValueError as :func:`json.dumps`."""
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return text if text.isascii() else LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def literal_json(text: str) -> str | None:
+    """The Python literal ``text`` (an argument value as the model wrote it) as JSON text, or None
+    when it is none: parsed with :func:`ast.parse` and converted node by node (constants, lists,
+    tuples, sets, dicts, signed numbers, and JSON's ``true``/``false``/``null``); never evaluated."""
+    try:
+        with warnings.catch_warnings():  # ("\d" in a string: Python warns of the escape, and reads it)
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            node = ast.parse(text.strip(), mode="eval").body
+        return json_text(_literal(node))
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
+
+
+def _literal(node: ast.AST) -> object:
+    """The JSON value of one literal node; ValueError for any other node."""
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float, bool))):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and \
+            isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        keys = [_literal(k) for k in node.keys]
+        if not all(isinstance(k, str) for k in keys):
+            raise ValueError("a dict key that is no string")
+        return dict(zip(keys, (_literal(v) for v in node.values)))
+    raise ValueError(f"not a literal: {type(node).__name__}")
 
 
 class CallStream:

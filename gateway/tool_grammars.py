@@ -118,7 +118,7 @@ def _pythonic_function(i: int, function: dict) -> str:
     """Rule ``fn{i}``: ``N(k=V, ...)`` of ``function`` in the pythonic syntax: its schema's
     parameters in order as keyword arguments (``required`` ones always, the others optional, ", "
     between those written), each value the JSON its schema allows (JSON's literals are Python's
-    but ``true``/``false``/``null``, which the parser takes: :func:`gateway.tool_pythonic.literal_json`)."""
+    but ``true``/``false``/``null``, which the parser takes: :func:`gateway.call_stream.literal_json`)."""
     params = list((function["parameters"].get("properties") or {}).items())
     required = set(function["parameters"].get("required") or ())
     rules = [f'p{i}_{j}: {_lit(name + "=")} %json {_schema(prop if isinstance(prop, dict) else {})}\n'

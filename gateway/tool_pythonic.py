@@ -12,22 +12,20 @@ it), keyword arguments only, each once, each value a Python literal: strings in 
 numbers, ``True``/``False``/``None``, lists, tuples and dicts of them (JSON's
 ``true``/``false``/``null`` are taken too: what a JSON-minded model writes, and what the
 ``tool_choice`` grammar asks for). A call's ``arguments`` are the JSON object of its keyword
-arguments, in the order written. Values are read with :mod:`ast` (never evaluated), as vLLM's
-``PythonicToolParser`` reads them. A call that is not this syntax (a positional argument, ``*x``,
+arguments, in the order written. Values are read with :mod:`ast` (never evaluated;
+:func:`gateway.call_stream.literal_json`), as vLLM's ``PythonicToolParser`` reads them. A call that is not this syntax (a positional argument, ``*x``,
 a value that is no literal, a keyword given twice) is no call: the arguments a client gets are
 always a whole JSON object, never text that breaks off.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import re
-import warnings
 
-from gateway.call_stream import _WS, CallStream, is_name_start, json_text
+from gateway.call_stream import _WS, CallStream, is_name_start, literal_json
 
-__all__ = ["PythonicStream", "literal_json"]
+__all__ = ["PythonicStream"]
 
 _START, _HEAD, _ARG, _VALUE, _AFTER, _TEXT, _DROP = "start", "head", "arg", "value", "after", "text", "drop"
 _KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=")  # a keyword argument's "k="
@@ -35,7 +33,6 @@ _PARTIAL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*[ \t]*")  # its start
 _NAME = re.compile(r"[A-Za-z0-9_-]*")
 _SPACE = re.compile(f"[{_WS}]*")
 _PREFIX = "<|python_tag|>"
-_JSON_NAMES = {"true": True, "false": False, "null": None}
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 
@@ -224,36 +221,3 @@ class _ValueScan:
             i += 1
         self._i, self._quote = i, quote
         return None
-
-
-def literal_json(text: str) -> str | None:
-    """The Python literal ``text`` (an argument value as the model wrote it) as JSON text, or None
-    when it is none: parsed with :func:`ast.parse` and converted node by node (constants, lists,
-    tuples, sets, dicts, signed numbers, and JSON's ``true``/``false``/``null``); never evaluated."""
-    try:
-        with warnings.catch_warnings():  # ("\d" in a string: Python warns of the escape, and reads it)
-            warnings.simplefilter("ignore", SyntaxWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            node = ast.parse(text.strip(), mode="eval").body
-        return json_text(_literal(node))
-    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
-        return None
-
-
-def _literal(node: ast.AST) -> object:
-    """The JSON value of one literal node; ValueError for any other node."""
-    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float, bool))):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
-        return _JSON_NAMES[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and \
-            isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
-        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [_literal(e) for e in node.elts]
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        keys = [_literal(k) for k in node.keys]
-        if not all(isinstance(k, str) for k in keys):
-            raise ValueError("a dict key that is no string")
-        return dict(zip(keys, (_literal(v) for v in node.values)))
-    raise ValueError(f"not a literal: {type(node).__name__}")

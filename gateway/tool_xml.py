@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, is_name_start, json_text
-from gateway.tool_pythonic import literal_json
+from gateway.call_stream import _NAME_CHARS, _WS, CallStream, _tag_start, is_name_start, json_text, literal_json
 
 __all__ = ["Qwen3CoderStream", "param_is_text"]
 

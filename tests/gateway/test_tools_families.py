@@ -642,7 +642,7 @@ def test_an_answer_that_names_no_function_stays_content_however_cut(parser, answ
                                          ("[" * 5000 + "]" * 5000, None), ("-.5", "-0.5"), ("(1,)", "[1]"),
                                          ("{'a': null}", '{"a": null}'), ("'\\d'", '"\\\\d"')])
 def test_a_pythonic_value_is_read_as_a_literal_never_run(value, want):
-    from gateway.tool_pythonic import literal_json
+    from gateway.call_stream import literal_json
 
     assert literal_json(value) == want
 
