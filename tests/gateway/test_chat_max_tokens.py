@@ -14,8 +14,8 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

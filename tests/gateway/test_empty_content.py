@@ -25,11 +25,10 @@ from gateway.config import GatewayConfig  # noqa: E402
 from gateway.response_store import ResponseStore  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
-from tests.gateway.test_messages_api import KEY, messages_app  # noqa: E402
-from tests.gateway.test_responses_api import responses_app  # noqa: E402
 from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import (  # noqa: E402
+    KEY, ScriptedClient, ScriptedLink, handlers_app, letters, messages_app, responses_app)
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 EMPTY = "is an empty array: an empty turn is refused; send a string"

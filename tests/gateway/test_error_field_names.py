@@ -33,8 +33,8 @@ from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from protocol.request import ModelLimits  # noqa: E402
-from tests.gateway.test_logprobs_shapes import VOCAB, ScriptedClient, ScriptedLink, letters  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import VOCAB, ScriptedClient, ScriptedLink, letters  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BODIES = {"/v1/completions": {"model": "m", "prompt": "hi", "max_tokens": 2},

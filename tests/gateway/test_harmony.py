@@ -274,7 +274,7 @@ def harmony_sdk(monkeypatch):
     from gateway.config import GatewayConfig
     from gateway.tokenizer import Tokenizers
     from tests.gateway import test_tools_stream
-    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
+    from tests.support.scripted import ScriptedLink, handlers_app
 
     class HarmonyLink(ScriptedLink):
         def model_info(self, model: str):

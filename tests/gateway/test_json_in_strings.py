@@ -38,9 +38,9 @@ from gateway.response_store import ResponseStore  # noqa: E402
 from gateway.responses_api import ResponsesEndpoints  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, letters  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedLink, letters  # noqa: E402
 
 ESCAPE = "\\ud800"  # the six characters of the escape, as JSON text writes it
 ARGUMENTS = '{"city": "' + ESCAPE + '"}'

@@ -37,8 +37,8 @@ from gateway.responses_api import ResponsesEndpoints  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from tests.gateway.test_body_json import ANTHROPIC, app, http, post_routes  # noqa: E402,F401
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, letters  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedClient, ScriptedLink, letters  # noqa: E402
 
 NAN_WORDS = "which is no JSON number (JSON has no NaN or Infinity, RFC 8259); send a finite number, or the value as a string"
 RANGE_WORDS = "past a double's range (about 1.8e308: it reads as infinity); send a number within range, or the value as a string"

@@ -22,8 +22,8 @@ from client.handle import ClientHandle  # noqa: E402
 from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from protocol.request import ModelLimits  # noqa: E402
 from tests.gateway.test_error_field_names import BODIES, routes_app  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedClient  # noqa: E402
 from tests.worker.test_padded_vocabulary import Padded, padded  # noqa: E402,F401 (the fixture)
 from worker import BatchInferenceEngine  # noqa: E402
 

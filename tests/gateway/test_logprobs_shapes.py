@@ -9,9 +9,6 @@ runs the same shapes end to end in test_openai_sdk.py."""
 from __future__ import annotations
 
 import json
-import math
-import threading
-import time
 
 import pytest
 
@@ -24,143 +21,11 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from client.handle import ClientHandle  # noqa: E402
-from gateway import GatewayConfig  # noqa: E402
-from gateway.generate import Generate  # noqa: E402
 from gateway.logprobs import FLOOR  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
-from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
-from protocol.enums import FinishReason  # noqa: E402
-from protocol.logprobs import TokenLogprob  # noqa: E402
-from protocol.messages import ModelInfo  # noqa: E402
-from protocol.request import ModelLimits, RequestParams  # noqa: E402
-
-VOCAB = 40
-LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789 .!?"
-
-
-class LetterCodec:
-    """A TextCodec stand-in: token ``i`` is the character ``LETTERS[i]``; id 39 (``?``) is special
-    (left out of text unless asked)."""
-
-    def encode(self, text: str) -> list[int]:
-        if not isinstance(text, str) or not text:
-            raise ValueError("prompt text must not be empty")
-        return [LETTERS.index(c) for c in text]
-
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return self.encode("".join(f"{m['role'][0]}{m['content']}." for m in messages) + "a")
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(LETTERS[i] for i in ids if not (skip_special_tokens and i == 39))
-
-
-def entry(token: int, n: int) -> TokenLogprob:
-    """A token's scripted entry: its logprob, and ``n`` alternatives (token+1 first, then the token
-    itself, then -inf ones: the chosen token ranks second)."""
-    top = [(token + 1) % VOCAB, token] + [(token + 2 + k) % VOCAB for k in range(n)]
-    lps = [-0.25, -0.5] + [-math.inf] * n
-    return TokenLogprob(-0.5, tuple(zip(top, lps))[:n])
-
-
-def generated(prompt_ids: list[int], k: int) -> list[int]:
-    """The scripted model's output: the prompt's last token + 1, + 2, ..."""
-    return [(prompt_ids[-1] + 1 + i) % 39 for i in range(k)]
-
-
-class ScriptedClient:
-    """Ends each request on a thread: ``max_tokens`` tokens (:func:`generated`), finish ``length``,
-    the logprobs entries the request asked for, text by :class:`LetterCodec`."""
-
-    def __init__(self) -> None:
-        self.threads: list[threading.Thread] = []
-        self.submitted: list[RequestParams] = []
-        self.codec = LetterCodec()
-
-    def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
-        params = ModelLimits(VOCAB, 64, True).build(prompt, max_tokens, **options)  # as the client checks
-        self.submitted.append(params)
-        h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
-        t = threading.Thread(target=self._run, args=(h,))
-        self.threads.append(t)
-        t.start()
-        return h
-
-    def _run(self, h: ClientHandle) -> None:
-        try:
-            self._script(h)
-        except BaseException as e:  # a broken script fails its request (the test), never hangs it
-            h._end(FinishReason.ERROR, None, e, time.monotonic())
-            h.callback([])
-            h._done = True
-            raise
-
-    def _script(self, h: ClientHandle) -> None:
-        p = h.params.prompt
-        ids = list(p) if h.params.is_token_prompt else (
-            self.codec.encode(p) if isinstance(p, str) else self.codec.apply_chat_template([m._asdict() for m in p]))
-        h._prompt_tokens = len(ids)
-        if h.params.prompt_logprobs is not None:
-            h.prompt_logprobs = [None] + [entry(t, h.params.prompt_logprobs) for t in ids[1:]]
-            if not h.params.is_token_prompt:
-                h._prompt_ids = ids  # the worker's tokens of a text or chat prompt come with its logprobs
-        h.first_token_s = time.monotonic()
-        for t in generated(ids, h.params.max_tokens):
-            if h.logprobs is not None:
-                h.logprobs.append(entry(t, h.params.logprobs))
-            h._tokens.append(t)
-            h._text.append(self.codec.decode([t]))
-            if h.on_token is not None:
-                h.on_token(t)
-        h._end(FinishReason.LENGTH, None, None, time.monotonic())
-        h.callback((h.prompt or []) + h.tokens)
-        h._done = True
-
-    def cancel(self, request_id) -> None:
-        pass
-
-
-class ScriptedLink:
-    """A stand-in for :class:`gateway.link.BrokerConnections`: one model ``m``."""
-
-    broker_ok = True
-    config = GatewayConfig()
-
-    def __init__(self, client: ScriptedClient) -> None:
-        self.client = client
-
-    async def first_contact(self) -> None:  # (the broker has answered)
-        pass
-
-    async def client_for(self, model: str) -> ScriptedClient:
-        return self.client
-
-    def model_info(self, model: str) -> ModelInfo:
-        return ModelInfo(vocab_size=VOCAB, max_seq_len=64, eos_token_ids=(39,), has_tokenizer=True)
-
-    def served(self, status=None) -> dict:
-        return {"m": 1}
-
-    def only_model(self, status=None) -> str:
-        return "m"
-
-    def served_name(self, model: str) -> str:
-        return model
-
-
-def letters(name: str) -> Tokenizer | None:
-    return Tokenizer(LetterCodec()) if name == "m" else None
-
-
-def handlers_app(tokenizers: Tokenizers, link, config: GatewayConfig | None = None) -> Starlette:
-    """The gateway's generation and tokenizer handlers over ``link`` (a stand-in for the broker link)."""
-    gen = Generate(config or GatewayConfig(), link, GatewayMetrics(), tokenizers=tokenizers)
-    tok = TokenizeEndpoints(link, tokenizers)
-    return Starlette(routes=[Route("/v1/completions", gen.completions, methods=["POST"]),
-                             Route("/v1/chat/completions", gen.chat_completions, methods=["POST"]),
-                             Route("/tokenize", tok.tokenize, methods=["POST"]),
-                             Route("/detokenize", tok.detokenize, methods=["POST"])])
+from gateway.tokenizer import Tokenizers  # noqa: E402
+from tests.support.scripted import (  # noqa: E402
+    LETTERS, LetterCodec, ScriptedClient, ScriptedLink, entry, generated, handlers_app, letters)
 
 
 @pytest.fixture(params=["tokenizer", "none"])

@@ -23,37 +23,19 @@ pytest.importorskip("transformers")
 
 from anthropic.types import Message, RawMessageStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.middleware import Middleware  # noqa: E402
-from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from gateway.auth import APIKeys  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.errors import APIError  # noqa: E402
-from gateway.generate import Generate  # noqa: E402
-from gateway.messages_api import MessagesEndpoints, chat_messages  # noqa: E402
+from gateway.messages_api import chat_messages  # noqa: E402
 from gateway.messages_body import MAX_USER_ID_CHARS  # noqa: E402
 from gateway.messages_output import stop_reason  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
-from gateway.tokenize import TokenizeEndpoints  # noqa: E402
-from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, letters  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, WEATHER, OutputClient  # noqa: E402
+from tests.support.scripted import KEY, ScriptedLink, messages_app  # noqa: E402
 
 EVENTS = TypeAdapter(RawMessageStreamEvent)
 TOOLS = [{"name": n, "input_schema": {"type": "object"}} for n in ("get_weather", "get_time")]
 THOUGHT = "<think>\nI should call get_time.\n</think>\n\n"
-KEY = "sk-test-messages"
-
-
-def messages_app(link, config: GatewayConfig) -> Starlette:
-    tokenizers = Tokenizers(letters)
-    gen = Generate(config, link, GatewayMetrics(), tokenizers=tokenizers)
-    api = MessagesEndpoints(gen, TokenizeEndpoints(link, tokenizers))
-    return Starlette(routes=[Route("/v1/messages", api.create, methods=["POST"]),
-                             Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"])],
-                     middleware=[Middleware(APIKeys, api_keys=(KEY,))])
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("starlette")
 
 from tests.gateway.test_error_field_names import MESSAGES, routes_app  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient  # noqa: E402
 from tests.support.gateway import error_of, served  # noqa: E402
+from tests.support.scripted import ScriptedClient  # noqa: E402
 
 C, P, R, M = "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"
 ROUTE_OF = {"prompt": "/v1/completions'", "messages": "/v1/chat/completions' and /v1/messages'",

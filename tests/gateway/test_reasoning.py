@@ -18,8 +18,8 @@ from starlette.testclient import TestClient  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.reasoning import ThinkStream, split_reasoning  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
 from tests.gateway.test_tools_stream import BARE, OUTPUTS, TOOLS, OutputClient  # noqa: E402
+from tests.support.scripted import ScriptedLink, handlers_app  # noqa: E402
 
 THINK = "Two and two.\nThat makes four."
 CASES = {  # output -> (parser -> (reasoning, answer))
@@ -109,7 +109,7 @@ def test_whole_and_streamed_answers_split_the_thinking_alike(sdk, name):
 def recorded():
     """``(sdk, client)``: the openai SDK on the handlers over a :class:`ScriptedClient`, which keeps
     every submitted request's params (``client.submitted``)."""
-    from tests.gateway.test_logprobs_shapes import ScriptedClient
+    from tests.support.scripted import ScriptedClient
 
     client = ScriptedClient()
     with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
@@ -183,7 +183,7 @@ def test_a_constraint_applies_after_the_thinking_of_the_models_parser(option, th
     """Structured outputs and tool grammars apply to the answer: the request's constraint says the
     thinking format (protocol.structured ``think``; the worker's grammar lets the model think first,
     tests/models/test_structured_after_thinking.py)."""
-    from tests.gateway.test_logprobs_shapes import ScriptedClient
+    from tests.support.scripted import ScriptedClient
 
     client = ScriptedClient()
     with TestClient(handlers_app(Tokenizers(None), _ThinkingLink(client), GatewayConfig(reasoning_parser=option))) \

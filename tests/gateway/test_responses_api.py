@@ -23,32 +23,19 @@ pytest.importorskip("transformers")
 
 from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.errors import APIError  # noqa: E402
-from gateway.generate import Generate  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.response_store import ResponseStore, StoredResponse  # noqa: E402
-from gateway.responses_api import ResponsesEndpoints, input_messages  # noqa: E402
-from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink  # noqa: E402
+from gateway.responses_api import input_messages  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, WEATHER, OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedLink, responses_app  # noqa: E402
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 FUNCTIONS = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("get_weather", "get_time")]
 THOUGHT = "<think>\nI should call get_time.\n</think>\n\n"
-
-
-def responses_app(link, config: GatewayConfig, store: ResponseStore) -> Starlette:
-    gen = Generate(config, link, GatewayMetrics(), tokenizers=Tokenizers(None))
-    api = ResponsesEndpoints(gen, store)
-    return Starlette(routes=[Route("/v1/responses", api.create, methods=["POST"]),
-                             Route("/v1/responses/{response_id}", api.retrieve, methods=["GET"]),
-                             Route("/v1/responses/{response_id}", api.delete, methods=["DELETE"])])
 
 
 @pytest.fixture

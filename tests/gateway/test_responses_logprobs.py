@@ -30,8 +30,8 @@ from gateway.responses_api import ResponsesEndpoints  # noqa: E402
 from gateway.responses_output import OutputItems  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from gateway.translation import Piece, chunk_pieces, completion_pieces  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, letters  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedClient, ScriptedLink, letters  # noqa: E402
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 INCLUDE = ["message.output_text.logprobs"]

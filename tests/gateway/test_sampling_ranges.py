@@ -18,9 +18,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, letters  # noqa: E402
-from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.support.gateway import error_of, vendor_routes  # noqa: E402
+from tests.support.scripted import KEY, ScriptedClient, letters  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 BODIES = {  # route -> (path, a body that is served, headers)

@@ -37,9 +37,8 @@ from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
 from protocol.messages import ModelStatus, Status  # noqa: E402
-from tests.gateway.test_logprobs_shapes import (  # noqa: E402
-    MESSAGES, LetterCodec, ScriptedClient, ScriptedLink, handlers_app,
-)
+from tests.gateway.test_logprobs_shapes import MESSAGES  # noqa: E402
+from tests.support.scripted import LetterCodec, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 
 
 class RefreshingLink(ScriptedLink):

@@ -20,9 +20,9 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from tests.gateway.test_tools_template import TOOLS_TEMPLATE  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
 
 ZONE = {"type": "object", "properties": {"zone": {"type": "string"}}}

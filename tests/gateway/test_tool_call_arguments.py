@@ -25,9 +25,9 @@ pytest.importorskip("transformers")
 
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import chat_stream, sse, vendor_routes  # noqa: E402
+from tests.support.scripted import KEY  # noqa: E402
 
 OUTPUTS = {  # the user's message -> the model's output: (parser, output, the calls it holds, whether it is text)
     "positional": ("pythonic", "[get_weather(1)]", [], True),

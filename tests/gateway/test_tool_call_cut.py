@@ -16,9 +16,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, TOKEN_CHARS, OutputClient  # noqa: E402
 from tests.support.gateway import chat_stream, sse, vendor_routes  # noqa: E402
+from tests.support.scripted import KEY  # noqa: E402
 
 ARGS_AT = OUTPUTS["one"].index('"arguments": ') + len('"arguments": ')  # where the call's arguments begin
 BEFORE = sorted({1, 3, 5, ARGS_AT // TOKEN_CHARS})  # max_tokens that cut the call before its arguments

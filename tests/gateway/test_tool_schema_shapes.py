@@ -7,22 +7,18 @@ handlers apps with scripted broker clients (no sockets), and llguidance for the 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("starlette")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from client import RemoteError  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from gateway.tool_parsers import PARSERS  # noqa: E402
-from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import RefusingClient, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 
 STRING = {"type": "string"}
 # (parameters, the field named, words of the message)
@@ -109,8 +105,7 @@ def test_messages_and_responses_name_their_own_fields():
     pytest.importorskip("anthropic")
     pytest.importorskip("transformers")
     from gateway.response_store import ResponseStore
-    from tests.gateway.test_messages_api import KEY, messages_app
-    from tests.gateway.test_responses_api import responses_app
+    from tests.support.scripted import KEY, messages_app, responses_app
 
     client = ScriptedClient()
     bad = {"type": "object", "properties": {"a": STRING}, "required": 5}
@@ -166,19 +161,6 @@ def test_a_tool_grammar_that_does_not_compile_is_refused_without_its_text():
         assert "x-guidance" not in said and "start" not in said, said
 
 
-class RefusingClient(ScriptedClient):
-    """The scripted client, except that a constrained request ends ``bad_request`` with the worker's
-    words for a Lark grammar that does not compile (:data:`LARK_ERROR` as ``_first_lines`` keeps it)."""
-
-    def _script(self, h) -> None:
-        if h.params.structured is None:
-            return super()._script(h)
-        words = "structured grammar does not compile: at 2(7): failed to compile JSON schema: Invalid type: nonsense"
-        h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.BAD_REQUEST, words), time.monotonic())
-        h.callback([])
-        h._done = True
-
-
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("tools, choice, field", [
     (["f"], "required", "tools.0.function.parameters"),
@@ -186,7 +168,9 @@ class RefusingClient(ScriptedClient):
     (["f", "g"], "required", "tools"),
 ])
 def test_the_refusal_names_the_functions_parameters_not_a_grammar_position(tools, choice, field, stream):
-    client = RefusingClient()
+    # (the worker's words for a Lark grammar that does not compile: LARK_ERROR as _first_lines keeps it)
+    client = RefusingClient("structured grammar does not compile: at 2(7): failed to compile JSON schema: "
+                            "Invalid type: nonsense")
     with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": stream,
                 "tools": [{"type": "function", "function": {"name": n}} for n in tools], "tool_choice": choice}

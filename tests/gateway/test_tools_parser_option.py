@@ -16,9 +16,9 @@ from starlette.testclient import TestClient  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from tests.gateway import test_tools_stream  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app  # noqa: E402
 from tests.gateway.test_tools_stream import TOOLS, OutputClient  # noqa: E402
 from tests.support.launcher import record_clusters  # noqa: E402
+from tests.support.scripted import ScriptedLink, handlers_app  # noqa: E402
 
 MISTRAL = 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time[ARGS]{}'
 QWEN3 = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"

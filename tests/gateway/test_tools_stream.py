@@ -25,7 +25,7 @@ from gateway.tool_stream import ToolStream, merged  # noqa: E402
 from gateway.tools import parse_tool_calls  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.request import ModelLimits  # noqa: E402
-from tests.gateway.test_logprobs_shapes import VOCAB, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
+from tests.support.scripted import VOCAB, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 
 FUNCTIONS = {"get_weather": {}, "get_time": {}}
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in FUNCTIONS]

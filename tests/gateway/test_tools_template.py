@@ -110,7 +110,7 @@ def test_the_gateway_sends_the_tools_and_calls(tiny_text_dir):
 
     from gateway.tokenizer import Tokenizers
     from tests.gateway.test_tools_stream import OutputClient
-    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
+    from tests.support.scripted import ScriptedLink, handlers_app
 
     client = OutputClient()
     with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:
@@ -156,8 +156,8 @@ def test_the_gateway_sends_a_tool_message_s_call_id_and_name():
     from starlette.testclient import TestClient
 
     from gateway.tokenizer import Tokenizers
-    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
     from tests.gateway.test_tools_stream import OutputClient
+    from tests.support.scripted import ScriptedLink, handlers_app
 
     client = OutputClient()
     with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as http:

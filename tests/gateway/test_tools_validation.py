@@ -15,34 +15,21 @@ pytest.importorskip("starlette")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from client import RemoteError  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
-from protocol.enums import ErrorCode, FinishReason  # noqa: E402
+from protocol.enums import FinishReason  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
 from protocol.tools import check_tool_calls  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import RefusingClient, ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
 COMPILE_ERROR = "structured grammar does not compile: failed to compile JSON schema: Invalid type: objectx"
 
 
-class RefusingClient(ScriptedClient):
-    """The scripted client, except that a request with a ``structured`` constraint ends ``error``
-    ``bad_request`` before its first token, as a worker whose grammar does not compile answers."""
-
-    def _script(self, h) -> None:
-        if h.params.structured is None:
-            return super()._script(h)
-        h._end(FinishReason.ERROR, None, RemoteError(ErrorCode.BAD_REQUEST, COMPILE_ERROR), time.monotonic())
-        h.callback([])
-        h._done = True
-
-
 @pytest.fixture
 def http():
-    client = RefusingClient()
+    client = RefusingClient(COMPILE_ERROR)
     with TestClient(handlers_app(Tokenizers(None), ScriptedLink(client))) as c:
         c.scripted = client  # what was submitted: c.scripted.submitted
         yield c

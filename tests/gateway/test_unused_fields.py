@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 from gateway.messages_body import MIN_THINKING_BUDGET  # noqa: E402
 from gateway.responses_api import INCLUDABLES  # noqa: E402
 from tests.gateway.test_empty_content import MESSAGES_PATHS, messages_http, responses_http  # noqa: E402,F401
-from tests.gateway.test_messages_api import KEY  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
+from tests.support.scripted import KEY  # noqa: E402
 
 USER = [{"role": "user", "content": "plain"}]
 ENABLED = {"type": "enabled", "budget_tokens": MIN_THINKING_BUDGET}

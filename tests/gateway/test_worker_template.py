@@ -20,9 +20,9 @@ from gateway.tokenizer import Tokenizer, Tokenizers  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 from protocol.messages import ModelInfo, Register  # noqa: E402
 from tests.gateway import test_tools_stream  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient, ScriptedLink, handlers_app  # noqa: E402
 from tests.gateway.test_tools_parser_option import MISTRAL, TEMPLATES  # noqa: E402
 from tests.gateway.test_tools_stream import TOOLS, OutputClient  # noqa: E402
+from tests.support.scripted import ScriptedLink, handlers_app  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
 
 OPTION = "{% for m in messages %}[[{{ m.role }}]] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[[bot]]" \

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("starlette")
 
 from tests.gateway.test_error_field_names import BODIES, routes_app  # noqa: E402
-from tests.gateway.test_logprobs_shapes import ScriptedClient  # noqa: E402
 from tests.support.gateway import error_of, served  # noqa: E402
+from tests.support.scripted import ScriptedClient  # noqa: E402
 
 C, P, R, M, I = "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/infill"
 TOOL_M = {"name": "f", "input_schema": {"type": "object"}}

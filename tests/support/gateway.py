@@ -135,14 +135,12 @@ def vendor_routes(client, tokenizers, config: GatewayConfig | None = None):
     ``ScriptedLink`` to it, under ``config`` (default ``GatewayConfig()``): "chat" and "completions"
     (one app: the OpenAI handlers, with ``tokenizers``, a :class:`gateway.tokenizer.Tokenizers`),
     "responses" (a store of 8 responses kept 60 s) and "messages" (Anthropic's; requests need the
-    header ``x-api-key: tests.gateway.test_messages_api.KEY``). Entered; on leaving, the client's
+    header ``x-api-key: tests.support.scripted.KEY``). Entered; on leaving, the client's
     threads are joined, as :func:`served` does."""
     from starlette.testclient import TestClient
 
     from gateway.response_store import ResponseStore
-    from tests.gateway.test_logprobs_shapes import ScriptedLink, handlers_app
-    from tests.gateway.test_messages_api import messages_app
-    from tests.gateway.test_responses_api import responses_app
+    from tests.support.scripted import ScriptedLink, handlers_app, messages_app, responses_app
 
     config = config or GatewayConfig()
     with TestClient(handlers_app(tokenizers, ScriptedLink(client), config)) as openai_routes, \
