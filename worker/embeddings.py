@@ -108,9 +108,11 @@ class EmbeddingEngine:
 
     def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
                on_token: Callable | None = None, on_text: Callable | None = None, request_id=None,
-               resume_tokens=(), time_left_s: float | None = None) -> EmbeddingRequest:
+               resume_tokens=(), time_left_s: float | None = None,
+               prompt_ids: tuple[int, ...] | None = None) -> EmbeddingRequest:
         """Queue a request built already. ``on_token`` / ``on_text`` are accepted and never called (an
-        embedding has no token); ``time_left_s`` replaces ``params.timeout_s`` (seconds from now).
+        embedding has no token); ``time_left_s`` replaces ``params.timeout_s`` (seconds from now);
+        ``prompt_ids``: a text prompt's ids as :meth:`prepare` returned them.
 
         Raises :class:`~protocol.errors.UnsupportedError` for a generation request (or text for a
         model without a tokenizer), :class:`~protocol.errors.ContextLengthError` for a prompt over
@@ -125,9 +127,7 @@ class EmbeddingEngine:
             raise ValueError("resume_tokens: an embedding request has no tokens to resume")
         prompt = params.prompt
         if type(prompt) is str:
-            if self._tokenize is None:
-                raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
-            prompt = as_tokens(self._tokenize(prompt), "the tokenised prompt", allow_empty=False)
+            prompt = self.prepare(params) if prompt_ids is None else prompt_ids
         self._limits.check(params, len(prompt))
         rid = None if request_id is None else check_request_id(request_id)
         timeout_s = params.timeout_s if time_left_s is None else time_left_s
@@ -144,6 +144,20 @@ class EmbeddingEngine:
             self._queue.append(req)
             self._work.notify_all()
         return req
+
+    def needs_preparing(self, params: RequestParams) -> bool:
+        """Whether :meth:`prepare` has work to do (a text prompt to tokenise: time that grows with
+        the text, which the worker's I/O thread leaves to another)."""
+        return type(params.prompt) is str
+
+    def prepare(self, params: RequestParams) -> tuple[int, ...] | None:
+        """A text prompt's token ids (None for token ids), on any thread, queueing nothing; raises
+        UnsupportedError without a tokenizer, ValueError for a text that tokenises to nothing."""
+        if type(params.prompt) is not str:
+            return None
+        if self._tokenize is None:
+            raise UnsupportedError("this model has no tokenizer: send the prompt as token ids, not text")
+        return as_tokens(self._tokenize(params.prompt), "the tokenised prompt", allow_empty=False)
 
     def cancel(self, request_id) -> bool:
         """End a queued request as ``cancelled`` at the next step; False when unknown or ended.

@@ -182,17 +182,46 @@ class BatchInferenceEngine:
 
     def submit(self, params: RequestParams, callback: Callable[[list[int]], object] | None = None, *,
                on_token: Callable[[int], object] | None = None, on_text: Callable[[str], object] | None = None,
-               request_id=None, resume_tokens=(), time_left_s: float | None = None) -> Request:
+               request_id=None, resume_tokens=(), time_left_s: float | None = None,
+               prompt_ids: tuple[int, ...] | None = None) -> Request:
         """Queue a request built already (:class:`~protocol.request.RequestParams`);
         ``time_left_s`` replaces ``params.timeout_s`` when it waited elsewhere
-        before (seconds from now). Otherwise, and for errors, as :meth:`submit_request`.
+        before (seconds from now); ``prompt_ids``: a text or chat prompt's ids as
+        :meth:`prepare` returned them (not tokenised again). Otherwise, and for errors, as
+        :meth:`submit_request`.
         """
         if not isinstance(params, RequestParams):
             raise TypeError(f"params must be a RequestParams, got {type(params).__name__}")
-        return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, time_left_s, False)
+        return self._submit(params, callback, on_token, on_text, request_id, resume_tokens, time_left_s, False,
+                            prompt_ids)
+
+    def needs_preparing(self, params: RequestParams) -> bool:
+        """Whether :meth:`prepare` has work to do for ``params``, work that grows with what a client
+        sent and holds the calling thread for seconds at the limits (a text or chat prompt to
+        tokenise, a structured constraint to compile): the worker's I/O thread leaves it to another."""
+        return params.structured is not None or not params.is_token_prompt
+
+    def prepare(self, params: RequestParams) -> tuple[int, ...] | None:
+        """The slow part of :meth:`submit`, on any thread, queueing nothing: compiles ``params``'
+        structured constraint into the model's grammar cache, and returns a text or chat prompt's
+        token ids for ``submit(..., prompt_ids=...)`` (None for a token-id prompt). Raises as
+        :meth:`submit` does for these (GrammarError, ContextLengthError, UnsupportedError, ...)."""
+        if params.structured is not None:
+            self._compile(params)
+        if params.is_token_prompt:
+            return None
+        return self._tokenize(params)
+
+    def _compile(self, params: RequestParams) -> None:
+        """``params.structured`` compiled (worker.models.grammar's cache): a bad spec queues nothing."""
+        grammars = getattr(self.model, "grammars", None)
+        if grammars is None:
+            raise UnsupportedError(f"structured: this model ({type(self.model).__name__}) cannot constrain its "
+                                   "output: that needs a model with logits and a tokenizer")
+        grammars.compile(params.structured)  # GrammarError (bad_request) when it does not compile
 
     def _submit(self, params: RequestParams, callback, on_token, on_text, request_id, resume_tokens,
-                time_left_s: float | None, checked: bool) -> Request:
+                time_left_s: float | None, checked: bool, prompt_ids: tuple[int, ...] | None = None) -> Request:
         """``checked``: ``params`` of token ids were checked against the model already."""
         check_callbacks(callback=callback, on_token=on_token, on_text=on_text)
         if on_text is not None and self._tokenizer is None:
@@ -201,18 +230,14 @@ class BatchInferenceEngine:
             field = "logprobs" if params.logprobs is not None else "prompt_logprobs"
             raise ValueError(f"{field}: this model gives no logprobs (it has no logits: "
                              f"{type(self.model).__name__}); leave {field} unset")
-        if params.structured is not None:  # compiled now (worker.models.grammar): a bad spec queues nothing
-            grammars = getattr(self.model, "grammars", None)
-            if grammars is None:
-                raise UnsupportedError(f"structured: this model ({type(self.model).__name__}) cannot constrain its "
-                                       "output: that needs a model with logits and a tokenizer")
-            grammars.compile(params.structured)  # GrammarError (bad_request) when it does not compile
+        if params.structured is not None:  # (a cache hit after prepare)
+            self._compile(params)
         prompt = params.prompt
         if type(prompt) is not str and type(prompt[0]) is int:  # token ids
             if not checked:
                 self._limits.check(params)
         else:  # text or chat
-            prompt = self._tokenize(params)
+            prompt = self._tokenize(params) if prompt_ids is None else prompt_ids
             self._limits.check(params, len(prompt))
         if params.clamp_max_tokens:
             params = self._limits.fit(params, len(prompt))

@@ -6,8 +6,9 @@ the model when loading starts (``loading``: requests for it wait in the
 broker's queue meanwhile), registers once loaded and warmed up (model and
 its served names, slots, credits),
 hands assigned requests and cancellations to its worker (:class:`LinkedWorker`:
-the :class:`~worker.process.WorkerProcess`, which submits them straight into
-the engine: ``submit_request`` is thread-safe), sends heartbeats at the broker's
+the :class:`~worker.process.WorkerProcess`, which submits them into the engine:
+``submit`` is thread-safe; a text prompt to tokenise or a constraint to compile
+waits for the admission thread, :mod:`worker.admission`), sends heartbeats at the broker's
 interval (announced in its ``welcome``), and forwards the main thread's
 iterations, split to fit the broker's frame limit. A long model step (or the
 model's load) never blocks it, so heartbeats keep flowing.
@@ -77,19 +78,24 @@ class LinkedWorker(Protocol):
     def prefix_cache_usage(self) -> PrefixCacheUsage | None: ...
 
 
-def serve_broker(wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event) -> None:
+def serve_broker(wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event,
+                 admitted: zmq.Socket | None = None) -> None:
     """The I/O thread's body: link ``wp`` to the broker until the main thread
-    sends :data:`STOP`. A failure here stops the worker (sets ``stop``), loudly;
-    ``pipe`` and the DEALER are closed either way."""
+    sends :data:`STOP`. ``admitted``: its end of the admission thread's PAIR
+    (:mod:`worker.admission`: :data:`WAKE` when an ending waits in the outbox), or None.
+    A failure here stops the worker (sets ``stop``), loudly; ``pipe``, ``admitted``
+    and the DEALER are closed either way."""
     link = None
     try:
-        link = BrokerLink(wp, ctx, pipe)
+        link = BrokerLink(wp, ctx, pipe, admitted)
         link.loop()
     except Exception:  # noqa: BLE001 -- a dead I/O thread must stop the worker, loudly
         log.exception("worker I/O thread failed; stopping the worker")
         stop.set()
     finally:
         pipe.close(0)
+        if admitted is not None:
+            admitted.close(0)
         if link is not None and not link.sock.closed:
             link.sock.close(0)
 
@@ -102,10 +108,12 @@ class BrokerLink:
     (``register`` sent / welcomed). Heartbeats and the broker's liveness
     window follow the broker's interval from its welcome."""
 
-    def __init__(self, wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket) -> None:
+    def __init__(self, wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, admitted: zmq.Socket | None = None
+                 ) -> None:
         self.wp = wp
         self.cfg = wp.config
         self.pipe = pipe
+        self.admitted = admitted
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, wp.identity)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -179,6 +187,8 @@ class BrokerLink:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.pipe, zmq.POLLIN)
+        if self.admitted is not None:
+            poller.register(self.admitted, zmq.POLLIN)
         if self.ready:
             self.register()
         else:
@@ -188,6 +198,8 @@ class BrokerLink:
             if self.pipe in events and self._from_main_thread():
                 self._say_goodbye()
                 return
+            if self.admitted is not None and self.admitted in events:
+                self._from_admission()
             if self.sock in events:
                 self._receive()
             self._keep_alive()
@@ -206,6 +218,15 @@ class BrokerLink:
                 self.register()
         self._forward(self.wp.take_outbox())
         return stopping
+
+    def _from_admission(self) -> None:
+        """Read the admission thread's wake-ups and forward what waits in the outbox (its endings)."""
+        while True:
+            try:
+                self.admitted.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        self._forward(self.wp.take_outbox())
 
     def _say_goodbye(self) -> None:
         try:

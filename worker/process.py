@@ -27,6 +27,7 @@ the new broker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -40,6 +41,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import error_code
 from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Logprobs, ModelInfo, \
     PrefixCacheUsage, Rejected, Started, Text
+from worker.admission import AdmissionThread
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.errors import LoadInterrupted, ModelLoadError
@@ -112,6 +114,9 @@ class WorkerProcess:
         self._unstarted: list[_Live] = []       # text prompts whose length is not sent yet; guarded by _submit_lock
         self._scored: list[_Live] = []          # requests that ask for logprobs; guarded by _submit_lock
         self._done: list[int] = []              # engine ids ended this iteration (main thread)
+        # engine ids queued for the admission thread -> cancelled meanwhile; guarded by _submit_lock
+        self._admitting: dict[int, bool] = {}
+        self._admission: AdmissionThread | None = None  # while run() runs: prepares text and structured requests
         self._submit_lock = threading.Lock()
         self._epoch = 0
         self._out_lock = threading.Lock()
@@ -183,8 +188,11 @@ class WorkerProcess:
         io_end.bind(pipe_addr)
         main_end = ctx.socket(zmq.PAIR)
         main_end.connect(pipe_addr)
-        io = threading.Thread(target=serve_broker, args=(self, ctx, io_end, stop), name="slotserve-worker-io",
-                              daemon=True)
+        admitted = ctx.socket(zmq.PAIR)  # (the I/O thread's end of the admission thread's wake-ups)
+        admitted.bind(pipe_addr + "-admission")
+        self._admission = AdmissionThread(ctx, pipe_addr + "-admission")
+        io = threading.Thread(target=serve_broker, args=(self, ctx, io_end, stop, admitted),
+                              name="slotserve-worker-io", daemon=True)
         io.start()
         try:
             if not self.ready:  # the I/O thread announced the model; heartbeats flow while it loads and warms up
@@ -199,6 +207,8 @@ class WorkerProcess:
             except zmq.Again:
                 pass  # the I/O thread is gone already
             io.join(10.0)
+            self._admission.close()
+            self._admission = None
             main_end.close(0)
             ctx.term()
 
@@ -357,49 +367,90 @@ class WorkerProcess:
         return [it for e, it in items if e == epoch]
 
     def assign(self, entries: tuple[Envelope | Rejected, ...]) -> list[Finished]:
-        """Submit assigned requests into the engine (I/O thread); return the
-        immediate endings of those it refused."""
+        """Take assigned requests (I/O thread); return the immediate endings of those refused.
+
+        A token-id request is submitted into the engine at once. One with work that grows with what
+        the client sent (a text or chat prompt to tokenise, a structured constraint to compile:
+        :meth:`~worker.BatchInferenceEngine.needs_preparing`) is queued for the admission thread
+        while :meth:`run` runs (:mod:`worker.admission`: seconds there sent no heartbeat), which
+        submits it or posts its refusal to the outbox; without that thread, at once too."""
         refused = []
-        text = self.tokenizer is not None  # then every request streams its text (token-id prompts too)
+        admission = self._admission
         with self._submit_lock:
-            epoch_base = self._epoch << _EPOCH_SHIFT
+            epoch = self._epoch
             for entry in entries:
                 key = entry.request_id
                 if type(entry) is Rejected or type(key) is not int:
                     message = entry.message if type(entry) is Rejected else "a broker key must be an int"
                     refused.append(Finished(key, FinishReason.ERROR, ErrorCode.BAD_REQUEST, message))
-                    continue
-                live = _Live(key, key + epoch_base, self._done)
-                try:
-                    live.handle = self.engine.submit(entry.params, live.on_end, on_token=live.tokens.append,
-                                                     on_text=live.texts.append if text else None,
-                                                     request_id=live.eid,
-                                                     resume_tokens=entry.resume_tokens,
-                                                     time_left_s=entry.time_left_s)
-                except ValueError as e:  # bad_request, or the error's own code (unsupported, duplicate)
-                    refused.append(Finished(key, FinishReason.ERROR, error_code(e, ErrorCode.BAD_REQUEST), str(e)))
-                    continue
-                except Exception as e:  # noqa: BLE001 -- e.g. QueueFullError, a tokenizer failure
-                    refused.append(Finished(key, FinishReason.ERROR, error_code(e, ErrorCode.INTERNAL),
-                                            error_words(e)))
-                    continue
-                self._live[live.eid] = live
-                if not entry.params.is_token_prompt:
-                    self._unstarted.append(live)
-                if entry.params.logprobs is not None or entry.params.prompt_logprobs is not None:
-                    self._scored.append(live)
+                elif admission is not None and self.engine.needs_preparing(entry.params):
+                    self._admitting[key + (epoch << _EPOCH_SHIFT)] = False
+                    admission.put(functools.partial(self._admit, entry, epoch))
+                else:
+                    ended = self._take(entry, epoch, None)
+                    if ended is not None:
+                        refused.append(ended)
         return refused
 
+    def _admit(self, entry: Envelope, epoch: int) -> bool:
+        """(Admission thread) prepare ``entry`` outside the submit lock, then submit it, unless it was
+        cancelled (it ends ``cancelled``), abandoned or of an older epoch (dropped: the broker was
+        told) meanwhile. True when an ending was posted to the outbox and the I/O thread must wake."""
+        error = ids = None
+        try:
+            ids = self.engine.prepare(entry.params)
+        except Exception as e:  # noqa: BLE001 -- the request's own refusal, as assign's
+            error = e
+        key = entry.request_id
+        with self._submit_lock:
+            cancelled = self._admitting.pop(key + (epoch << _EPOCH_SHIFT), None)
+            if cancelled is None or epoch != self._epoch:
+                return False
+            if cancelled:
+                ended = Finished(key, FinishReason.CANCELLED)
+            elif error is not None:
+                ended = _refusal(key, error)
+            else:
+                ended = self._take(entry, epoch, ids)
+        return ended is not None and self._post((epoch, Iteration(finished=(ended,))))
+
+    def _take(self, entry: Envelope, epoch: int, prompt_ids: tuple[int, ...] | None) -> Finished | None:
+        """(Under the submit lock) submit ``entry`` into the engine and follow it; its refusal, or None."""
+        key = entry.request_id
+        live = _Live(key, key + (epoch << _EPOCH_SHIFT), self._done)
+        try:
+            live.handle = self.engine.submit(entry.params, live.on_end, on_token=live.tokens.append,
+                                             on_text=live.texts.append if self.tokenizer is not None else None,
+                                             request_id=live.eid, resume_tokens=entry.resume_tokens,
+                                             time_left_s=entry.time_left_s, prompt_ids=prompt_ids)
+        except Exception as e:  # noqa: BLE001 -- e.g. a ValueError, QueueFullError, a tokenizer failure
+            return _refusal(key, e)
+        self._live[live.eid] = live
+        if not entry.params.is_token_prompt:
+            self._unstarted.append(live)
+        if entry.params.logprobs is not None or entry.params.prompt_logprobs is not None:
+            self._scored.append(live)
+        return None
+
     def cancel(self, keys: list[int]) -> None:
-        """Cancel the requests of broker keys ``keys`` in the engine (unknown keys: nothing)."""
+        """Cancel the requests of broker keys ``keys`` in the engine, or before it where the admission
+        thread holds them (they end ``cancelled`` from there); unknown keys: nothing."""
         base = self._epoch << _EPOCH_SHIFT
-        for key in keys:
-            if type(key) is int:
-                self.engine.cancel(key + base)
+        eids = [key + base for key in keys if type(key) is int]
+        if self._admitting:
+            with self._submit_lock:
+                for eid in eids:
+                    if eid in self._admitting:
+                        self._admitting[eid] = True
+        for eid in eids:
+            self.engine.cancel(eid)
 
     def holds(self, key) -> bool:
         """Whether broker key ``key`` names a request in the engine now."""
-        return type(key) is int and (key + (self._epoch << _EPOCH_SHIFT)) in self._live
+        if type(key) is not int:
+            return False
+        eid = key + (self._epoch << _EPOCH_SHIFT)
+        return eid in self._live or eid in self._admitting
 
     def abandon(self, keys: list) -> None:
         """End these requests here without reporting their end (the broker was
@@ -407,6 +458,9 @@ class WorkerProcess:
         base = self._epoch << _EPOCH_SHIFT
         with self._submit_lock:
             lives = [self._live.get(k + base) for k in keys if type(k) is int]
+            for k in keys:  # (still with the admission thread: dropped there)
+                if type(k) is int:
+                    self._admitting.pop(k + base, None)
             for live in lives:
                 if live is not None:
                     live.stale = True
@@ -419,6 +473,7 @@ class WorkerProcess:
         them in the engine and mark their output stale; new keys get a new epoch."""
         with self._submit_lock:
             self._epoch += 1
+            self._admitting.clear()  # (the admission thread drops what it still holds: an older epoch)
             lives = list(self._live.values())
             for live in lives:
                 live.stale = True
@@ -434,6 +489,14 @@ def error_words(err: BaseException) -> str:
     if error_code(err, None) is not None:
         return str(err)
     return f"{type(err).__name__}: {err}"
+
+
+def _refusal(key: int, err: BaseException) -> Finished:
+    """The ending of broker key ``key``'s request that the engine refused with ``err``: a ValueError's
+    code is ``bad_request`` (or its own: unsupported, duplicate), any other's ``internal``."""
+    if isinstance(err, ValueError):
+        return Finished(key, FinishReason.ERROR, error_code(err, ErrorCode.BAD_REQUEST), str(err))
+    return Finished(key, FinishReason.ERROR, error_code(err, ErrorCode.INTERNAL), error_words(err))
 
 
 def _finished(key: int, handle) -> Finished:

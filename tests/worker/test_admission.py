@@ -1,0 +1,134 @@
+"""The slow part of taking a request runs off the worker's I/O thread (worker.admission).
+
+Tokenising a text or chat prompt and compiling a structured constraint take time that grows with
+what a client sent (a 109,588-character GBNF grammar: 8-9.7 s; 4 MB of text: 3.7 s with Qwen2.5's
+tokenizer, on the loaded 2-core machine). On the I/O thread that time sent no heartbeat, so past
+the broker's worker liveness (5 s) the worker was declared lost and its requests requeued (the
+kind of a941b61's tokenizer build). Each test holds that work on a gate and checks that the I/O
+thread still serves meanwhile: a token-id request assigned after it runs to its end, the held one
+ends once released, and the work ran on the admission thread. Before, the token-id request waited
+behind the gate (the I/O thread never read its assignment)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from client import Client  # noqa: E402
+from protocol.enums import FinishReason  # noqa: E402
+from tests.gateway.test_stop_reason_eos import SMOLLM2, TEXT, EndingModel, kept_tokenizer  # noqa: E402
+from tests.support.cluster import ThreadCluster  # noqa: E402
+from tests.support.waits import wait_until  # noqa: E402
+
+ADMISSION = "slotserve-worker-admission"
+
+
+class Gate:
+    """Holds each call of the wrapped callable until :attr:`open` is set (up to 30 s), noting the
+    calling threads' names in :attr:`threads` and setting :attr:`entered` on the first call."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.open, self.entered = threading.Event(), threading.Event()
+        self.threads: list[str] = []
+
+    def __call__(self, *args, **kwargs):
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        self.open.wait(30)
+        return self.fn(*args, **kwargs)
+
+
+class GatedCodec:
+    """A text codec whose ``encode`` and ``apply_chat_template`` pass through a :class:`Gate`."""
+
+    def __init__(self, codec, gate_of) -> None:
+        self._codec = codec
+        self.encode = gate_of(codec.encode)
+        self.apply_chat_template = gate_of(codec.apply_chat_template)
+
+    def __getattr__(self, name):
+        return getattr(self._codec, name)
+
+
+class GatedGrammars:
+    """Stands in for a model's :class:`worker.models.grammar.Grammars`: ``compile`` through a gate
+    (the scripted model picks its tokens itself: nothing is masked)."""
+
+    def __init__(self, eos: int, gate_of) -> None:
+        self.eos_token_ids = (eos,)
+        self.compile = gate_of(lambda constraint: None)
+
+
+@contextlib.contextmanager
+def opened(gates: list[Gate]):
+    """Opens every gate on leaving (a failed test must not leave the worker held on one)."""
+    try:
+        yield
+    finally:
+        for g in gates:
+            g.open.set()
+
+
+@pytest.fixture
+def model():
+    tok = kept_tokenizer(SMOLLM2)
+    if tok is None:
+        pytest.skip("SmolLM2's tokenizer is not installed")
+    return EndingModel(tok)
+
+
+@pytest.mark.parametrize("work", ["text prompt", "chat prompt", "structured"])
+def test_slow_request_work_leaves_the_io_thread_serving(model, work):
+    gates: list[Gate] = []
+
+    def gate_of(fn):
+        gates.append(Gate(fn))
+        return gates[-1]
+
+    if work == "structured":
+        model.grammars = GatedGrammars(model.script[-1], gate_of)
+        slow_args = ([7, 8], 40), {"structured": {"json_schema": {"type": "object"}}}
+    else:
+        model.tokenizer = GatedCodec(model.tokenizer, gate_of)
+        slow_args = ("hi" if work == "text prompt" else [{"role": "user", "content": "hi"}], 40), {}
+    with ThreadCluster() as cluster, opened(gates):
+        cluster.add_worker(model, model="m")
+        with Client(cluster.frontend, model="m") as c:
+            c.wait_for_model(30)
+            slow = c.submit_request(*slow_args[0], **slow_args[1])
+            wait_until(lambda: any(g.entered.is_set() for g in gates), 30, "the slow work to start")
+            fast = c.submit_request([7, 8], 40)
+            assert fast.result(timeout=30) == [7, 8, *model.script]  # served while the slow work is held
+            assert slow.finish_reason is None
+            for g in gates:
+                g.open.set()
+            slow.result(timeout=30)
+    assert slow.finish_reason is FinishReason.STOP and slow.tokens == model.script
+    if work != "structured":
+        assert slow.text == TEXT
+    assert {t for g in gates for t in g.threads} == {ADMISSION}
+
+
+def test_a_request_cancelled_while_it_is_prepared_ends_cancelled(model):
+    gates: list[Gate] = []
+    model.tokenizer = GatedCodec(model.tokenizer, lambda fn: gates.append(Gate(fn)) or gates[-1])
+    with ThreadCluster() as cluster, opened(gates):
+        cluster.add_worker(model, model="m")
+        with Client(cluster.frontend, model="m") as c:
+            c.wait_for_model(30)
+            slow = c.submit_request("hi", 40)
+            wait_until(lambda: any(g.entered.is_set() for g in gates), 30, "the tokenisation to start")
+            assert c.cancel(slow.request_id)
+            wp = cluster.workers[0].wp
+            wait_until(lambda: True in wp._admitting.values(), 30, "the worker to hear of the cancel")
+            for g in gates:
+                g.open.set()
+            slow.result(timeout=30)
+            after = c.submit_request([7, 8], 40)  # the worker goes on serving
+            assert after.result(timeout=30) == [7, 8, *model.script]
+    assert slow.finish_reason is FinishReason.CANCELLED and slow.tokens == []
