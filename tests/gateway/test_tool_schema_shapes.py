@@ -147,7 +147,7 @@ def test_a_tool_grammar_that_does_not_compile_is_refused_without_its_text():
     pytest.importorskip("llguidance")
     from gateway.tool_grammars import call_grammar
     from protocol.structured import Constraint
-    from tests.gateway.test_tools_grammars import EOS, byte_level
+    from tests.support.vocab import EOS, byte_level
     from worker.models.grammar import GrammarError, Grammars
 
     tok = byte_level(False)

