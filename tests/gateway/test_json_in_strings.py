@@ -39,7 +39,7 @@ from gateway.responses_api import ResponsesEndpoints  # noqa: E402
 from gateway.tokenize import TokenizeEndpoints  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, OutputClient  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import error_of, sse  # noqa: E402
 from tests.support.scripted import ScriptedLink, letters  # noqa: E402
 
 ESCAPE = "\\ud800"  # the six characters of the escape, as JSON text writes it
@@ -165,9 +165,7 @@ def test_a_call_the_model_writes_with_the_escape_is_answered(monkeypatch, parser
         assert r.status_code == 200, r.text
         (call,) = r.json()["choices"][0]["message"]["tool_calls"]
         assert call["function"]["arguments"] == arguments
-        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
-            assert s.status_code == 200
-            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+        events = sse(http, "/v1/chat/completions", body)
         streamed = "".join(c["function"].get("arguments", "") for e in events for ch in e["choices"]
                            for c in ch["delta"].get("tool_calls") or ())
         assert streamed == arguments and events[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -10,8 +10,6 @@ handlers and the scripted client of test_logprobs_shapes.py (each token's entry 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -30,7 +28,7 @@ from gateway.responses_api import ResponsesEndpoints  # noqa: E402
 from gateway.responses_output import OutputItems  # noqa: E402
 from gateway.tokenizer import Tokenizers  # noqa: E402
 from gateway.translation import Piece, chunk_pieces, completion_pieces  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import error_of, sse  # noqa: E402
 from tests.support.scripted import ScriptedClient, ScriptedLink, letters  # noqa: E402
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -102,11 +100,7 @@ def test_top_logprobs_alone_is_echoed_and_asks_nothing(http):
 
 def test_a_streams_deltas_add_up_to_the_answers_logprobs(http):
     body = {"model": "m", "input": "hi", "max_output_tokens": 4, "include": INCLUDE, "top_logprobs": 2}
-    events = []
-    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[len("data: "):]))
+    events = sse(http, "/v1/responses", body)
     for e in events:
         EVENTS.validate_python(e)  # (every event the SDK's type)
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]

@@ -133,8 +133,7 @@ def test_messages_api_ends_end_turn_with_no_stop_sequence_at_eos(stack, stream):
     http, _, _ = stack
     body = {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]}
     if stream:
-        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
-            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        events = sse(http, "/v1/messages", body)
         delta = next(e["delta"] for e in events if e["type"] == "message_delta")
         assert (delta["stop_reason"], delta["stop_sequence"]) == ("end_turn", None)
     else:

@@ -26,7 +26,7 @@ from gateway.metrics import GatewayMetrics  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
 from protocol.messages import ModelInfo  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
-from tests.support.gateway import error_of, start_cluster  # noqa: E402
+from tests.support.gateway import error_of, sse, start_cluster  # noqa: E402
 from tests.support.reference import simulated_reference  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 
@@ -42,14 +42,6 @@ def cluster(text_model):
         yield c
     finally:
         c.stop()
-
-
-def sse_events(r: httpx.Response) -> list[dict]:
-    """The JSON events of an SSE body (``[DONE]`` checked last and left out)."""
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
-    data = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(d) for d in data[:-1]]
 
 
 # ---------------------------------------------------------------------- the role chunk
@@ -69,8 +61,9 @@ def test_the_first_chat_chunk_is_the_role_chunk_through_the_sdk(oai, text_model)
 
 
 def test_the_first_chat_chunk_is_the_role_chunk_over_raw_http(cluster, text_model):
-    body = {"model": text_model, "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "n": 2, "stream": True}
-    events = sse_events(httpx.post(cluster.http_url + "/v1/chat/completions", json=body, timeout=60))
+    body = {"model": text_model, "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "n": 2}
+    with httpx.Client(base_url=cluster.http_url, timeout=60) as http:
+        events = sse(http, "/v1/chat/completions", body, done=True)
     # one role chunk per choice, first, as vLLM sends them; nothing generated in them
     for i, e in enumerate(events[:2]):
         assert e["object"] == "chat.completion.chunk" and "usage" not in e
@@ -83,8 +76,9 @@ def test_the_first_chat_chunk_is_the_role_chunk_over_raw_http(cluster, text_mode
 
 
 def test_completions_have_no_role_chunk(cluster):
-    body = {"model": "simulated", "prompt": [4, 5], "max_tokens": 5, "stream": True}
-    events = sse_events(httpx.post(cluster.http_url + "/v1/completions", json=body, timeout=60))
+    body = {"model": "simulated", "prompt": [4, 5], "max_tokens": 5}
+    with httpx.Client(base_url=cluster.http_url, timeout=60) as http:
+        events = sse(http, "/v1/completions", body, done=True)
     tokens = [t for e in events for c in e["choices"] for t in c["token_ids"]]
     assert tokens == simulated_reference([4, 5], 5)[0] and events[0]["choices"][0]["token_ids"] != []
 
@@ -152,12 +146,11 @@ def test_continuous_usage_is_on_every_chat_chunk_the_role_chunk_included():
     gen = Generate(GatewayConfig(), OneModelLink(client), GatewayMetrics())
     app = Starlette(routes=[Route("/v1/chat/completions", gen.chat_completions, methods=["POST"])])
     with TestClient(app) as http:
-        r = http.post("/v1/chat/completions", json={
-            "model": "m", "messages": MESSAGES, "max_tokens": 4, "n": 2, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        events = sse(http, "/v1/chat/completions", {
+            "model": "m", "messages": MESSAGES, "max_tokens": 4, "n": 2,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, done=True)
     for t in client.threads:
         t.join(10)
-    events = sse_events(r)
     assert [e["choices"][0]["delta"] for e in events[:2]] == [ROLE_DELTA, ROLE_DELTA]
     for e in events[:2]:
         assert e["usage"] == {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9,

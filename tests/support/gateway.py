@@ -151,13 +151,18 @@ def vendor_routes(client, tokenizers, config: GatewayConfig | None = None):
         t.join(10)
 
 
-def sse(http, path: str, body: dict, **kw) -> list[dict]:
+def sse(http, path: str, body: dict, *, done: bool = False, **kw) -> list[dict]:
     """The ``data:`` events of ``body`` POSTed to ``path`` with ``stream: true`` over ``http`` (a
-    TestClient; ``kw``: more of ``stream``'s arguments, such as headers), JSON-decoded, ``[DONE]``
-    left out; asserts the status is 200."""
+    TestClient, or an ``httpx.Client`` with a ``base_url``; ``kw``: more of ``stream``'s arguments,
+    such as headers), JSON-decoded, ``[DONE]`` left out; asserts the status is 200 and the body an
+    event stream, and with ``done`` that its last event is ``[DONE]`` (OpenAI's chat and completions
+    streams end so)."""
     with http.stream("POST", path, json={**body, "stream": True}, **kw) as r:
         assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+        assert r.headers["content-type"].startswith("text/event-stream"), r.headers
+        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert not done or data[-1:] == ["[DONE]"], data[-1:]
+    return [json.loads(d) for d in data if d != "[DONE]"]
 
 
 def chat_stream(chunks: list[dict]) -> tuple[str, list[tuple[str, str]], str | None]:
