@@ -359,7 +359,7 @@ def test_every_chat_field_of_a_message_is_named_as_the_field_it_came_from():
 
     from gateway.messages_api import MessagesTranslation, renamed_to_messages
     from gateway.responses import STREAM_END
-    from tests.gateway.test_responses_api import chat_stream, chunk
+    from tests.support.gateway import async_items, chat_chunk
 
     tr = MessagesTranslation()
     tr.chat_body(json.dumps({"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "Be brief."}],
@@ -405,7 +405,7 @@ def test_every_chat_field_of_a_message_is_named_as_the_field_it_came_from():
         assert json.loads(tr.error(APIError(400, message, param=param)).body)["error"]["message"] == want_message
 
         async def run():
-            stream = chat_stream(chunk({"role": "assistant", "content": ""}), APIError(400, message, param=param),
+            stream = async_items(chat_chunk({"role": "assistant", "content": ""}), APIError(400, message, param=param),
                                  STREAM_END)
             return [e async for e in tr.events(stream)]
 
@@ -429,13 +429,13 @@ def test_a_failure_after_the_start_is_an_error_event():
 
     from gateway.messages_api import MessagesTranslation
     from gateway.responses import STREAM_END
-    from tests.gateway.test_responses_api import chat_stream, chunk
+    from tests.support.gateway import async_items, chat_chunk
 
     tr = MessagesTranslation()
     tr.chat_body(b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stream": true}')
 
     async def run():
-        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}),
+        stream = async_items(chat_chunk({"role": "assistant", "content": ""}), chat_chunk({"content": "Hel"}),
                              APIError(503, "no worker", code="unavailable"), STREAM_END)
         return [e async for e in tr.events(stream)]
 

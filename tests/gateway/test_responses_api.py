@@ -30,7 +30,7 @@ from gateway.errors import APIError  # noqa: E402
 from gateway.response_store import ResponseStore, StoredResponse  # noqa: E402
 from gateway.responses_api import input_messages  # noqa: E402
 from tests.gateway.test_tools_stream import OUTPUTS, WEATHER, OutputClient  # noqa: E402
-from tests.support.gateway import error_of  # noqa: E402
+from tests.support.gateway import async_items, chat_chunk, error_of  # noqa: E402
 from tests.support.scripted import ScriptedLink, responses_app  # noqa: E402
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -311,19 +311,6 @@ def test_reasoning_effort_reaches_the_template(scripted):
 # ---------------------------------------------------------------------- the translation and the store alone
 
 
-def chat_stream(*items):
-    """An async chat stream of ``items`` (chunk bodies, an APIError, STREAM_END), as the chat path yields them."""
-    async def gen():
-        for item in items:
-            yield item
-    return gen()
-
-
-def chunk(delta: dict, finish: str | None = None) -> dict:
-    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": None}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
-
-
 def sse_events(raw: list[bytes]) -> list[dict]:
     out = []
     for event in raw:
@@ -344,7 +331,7 @@ def test_a_failure_after_the_start_ends_the_stream_with_response_failed():
     failure = APIError(500, "the model failed", code="internal")
 
     async def run():
-        stream = chat_stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), failure,
+        stream = async_items(chat_chunk({"role": "assistant", "content": ""}), chat_chunk({"content": "Hel"}), failure,
                              STREAM_END)
         return [e async for e in tr.events(stream)]
 

@@ -165,6 +165,21 @@ def sse(http, path: str, body: dict, *, done: bool = False, **kw) -> list[dict]:
     return [json.loads(d) for d in data if d != "[DONE]"]
 
 
+def async_items(*items):
+    """An async iterator over ``items`` (chunk bodies, an APIError, STREAM_END), as the chat path
+    yields them to a translation (:class:`gateway.responses_api.ResponsesTranslation`, Messages')."""
+    async def gen():
+        for item in items:
+            yield item
+    return gen()
+
+
+def chat_chunk(delta: dict, finish: str | None = None) -> dict:
+    """A chat completion chunk's body: choice 0 with ``delta`` and ``finish``, and a usage of 3 + 1 tokens."""
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
 def chat_stream(chunks: list[dict]) -> tuple[str, list[tuple[str, str]], str | None]:
     """``(content, [(name, arguments)], finish_reason)`` that a chat completion's stream of
     ``chunks`` (:func:`sse`'s events) adds up to: the content deltas joined, each tool call's name
