@@ -8,7 +8,7 @@ must be non-empty"), a Responses ``function_call_output``'s ``output: []``.
 What the vendors take stays taken: ``""``, ``system: []`` (no system prompt), an assistant's null content beside its tool calls, a
 ``tool_result``'s ``[]`` / ``""`` / no content (Anthropic's is optional), ``output: ""``. The Python
 SDK takes string content only: an array is a ValueError. Over the handlers apps with scripted broker
-clients (tests/gateway/test_logprobs_shapes, test_messages_api, test_responses_api), no sockets."""
+clients (tests/support/scripted.py), no sockets."""
 
 from __future__ import annotations
 

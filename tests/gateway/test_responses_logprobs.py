@@ -6,7 +6,7 @@ delta and ``.done`` event with its tokens' (no ``bytes``); ``top_logprobs`` alon
 nothing (``logprobs: []``). Was: ``top_logprobs`` above 0 a 400 "not supported", and
 ``logprobs: []`` whatever ``include`` said. Refused, naming ``include.N``, where which tokens wrote the
 message would be a guess: beside tools, or for a model whose thinking is split off. Over the gateway's
-handlers and the scripted client of test_logprobs_shapes.py (each token's entry known): no sockets."""
+handlers and the scripted client of tests/support/scripted.py (each token's entry known): no sockets."""
 
 from __future__ import annotations
 

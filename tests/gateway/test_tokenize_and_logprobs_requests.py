@@ -1,6 +1,6 @@
 """Faults found by trying issue 20's HTTP features as a careless or hostile user would, one test per
 member of each fault (all fields, both endpoints), on the gateway's handlers over the scripted broker
-client of test_logprobs_shapes (no sockets, no processes):
+client of tests/support/scripted.py (no sockets, no processes):
 
 - ``/tokenize`` and ``/detokenize`` served a body sent as ``text/plain`` (or gzip-labelled), which
   ``/v1`` refuses (400 ``unsupported_media_type``);

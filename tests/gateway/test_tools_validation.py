@@ -2,7 +2,7 @@
 protocol/tools.py): each malformed part of ``tools``, ``tool_choice`` or an assistant message's
 ``tool_calls`` is an OpenAI-shaped 400 naming the field, never a 500 and never silently dropped,
 and a worker's refusal of the grammar built from the tools names ``tools``. Over the handlers app
-with a scripted broker client (tests/gateway/test_logprobs_shapes), no sockets."""
+with a scripted broker client (tests/support/scripted.py), no sockets."""
 
 from __future__ import annotations
 
