@@ -62,7 +62,7 @@ from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
 from gateway.generate import ClientGone, _Watch, parse_body
 from gateway.generation import Signal
-from gateway.link import BrokerConnections
+from gateway.link import BrokerConnections, resolve_model
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response, new_id
 from gateway.schemas import _bad_type, _check_ids, _shown
@@ -124,7 +124,7 @@ class EmbeddingsRequest(BaseModel):
     """``/v1/embeddings``' body (OpenAI's fields; ``user`` accepted and unused). Strict, unknown fields refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
+    model: str | None = None  # None: the one model served
     input: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(_input)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -135,7 +135,7 @@ class RerankRequest(BaseModel):
     """``/v1/rerank``'s body (Cohere's and Jina's fields, as vLLM takes them). Strict, unknown fields refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
+    model: str | None = None  # None: the one model served
     query: str
     documents: Annotated[list[str], BeforeValidator(_documents)]
     top_n: int | None = None
@@ -211,7 +211,10 @@ class EmbeddingEndpoints:
     async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
         if self.drain.draining:
             raise shutting_down(REFUSED)
-        return await parse_body(request, schema, self.max_body_bytes)
+        body = await parse_body(request, schema, self.max_body_bytes)
+        if body.model is None:  # the one model served (400 naming them when several are)
+            body.model = await resolve_model(self.link, None)
+        return body
 
 
 async def _embed(client: Client, prompts: list, names: list[str], request: Request) -> tuple[list[bytes], list[int]]:

@@ -36,7 +36,7 @@ from gateway.drain import REFUSED, Drain
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, \
     unavailable, unsupported
 from gateway.generation import Generation, Signal
-from gateway.link import BrokerConnections
+from gateway.link import BrokerConnections, resolve_model
 from gateway.metrics import GatewayMetrics
 from gateway.options import chat_messages, for_choice, model_eos, request_options
 from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error_response, finish_reason, \
@@ -221,6 +221,10 @@ class Generate:
             raise unsupported(name, f"'{name}' is not supported by slotserve; leave it out")
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if body.model is None:  # the one model served (400 naming them when several are)
+            body.model = await resolve_model(self.link, None)
+            if tr is not None:
+                tr.resolved(body.model)
         return body
 
     def _response_builder(self, body: _Sampling, call: _Call, builder: type[ResponseBuilder] = ResponseBuilder

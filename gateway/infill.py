@@ -53,6 +53,7 @@ from gateway.drain import REFUSED
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, unavailable
 from gateway.generate import ClientGone, Generate, _Call, _check_json_body_headers, _EventStream, read_body, wait_for
 from gateway.generation import Generation, Signal
+from gateway.link import resolve_model
 from gateway.responses import error_response, json_response, sse
 from gateway.translation import parse_body
 from protocol.enums import FinishReason
@@ -180,17 +181,7 @@ class InfillEndpoint:
 
     async def _model(self, body: InfillRequest) -> str:
         """The model the body names, else the one served (400 when several are, 503 when none is)."""
-        if body.model is not None:
-            return body.model
-        await self.gen.link.first_contact()  # (a gateway that just started: what is served is not known yet)
-        served, only = self.gen.link.served(), self.gen.link.only_model()
-        if only is not None:
-            return only
-        if not served:
-            raise unavailable("no worker serves a model right now; retry, or name the model")
-        names = ", ".join(sorted({self.gen.link.served_name(n) for n in served}))  # (each model once)
-        raise bad_request(f"model is required: this gateway serves several ({names})", "model",
-                          "missing_required_parameter")
+        return await resolve_model(self.gen.link, body.model)
 
     async def _submit(self, body: InfillRequest, call: _Call) -> None:
         gen = self.gen

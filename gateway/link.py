@@ -24,7 +24,7 @@ import time
 
 from client import BrokerUnavailable, Client, UnknownModelError
 from gateway.config import GatewayConfig
-from gateway.errors import APIError, unavailable
+from gateway.errors import APIError, bad_request, unavailable
 from gateway.threads import on_a_daemon_thread
 from protocol.messages import ModelInfo, Status
 from protocol.validation import clip
@@ -347,3 +347,21 @@ def _on_a_thread(fn, *args) -> asyncio.Future:
     out). Closing the clients ends status and wait_for_model at once; a connect in flight ends at its
     timeout, after the gateway is gone."""
     return on_a_daemon_thread(fn, *args, name="slotserve-gateway-broker-call")
+
+
+async def resolve_model(link, model: str | None) -> str:
+    """``model`` as a request named it, else the one model ``link`` (a :class:`BrokerConnections`)
+    serves (:meth:`~BrokerConnections.only_model`), as llama.cpp (which ignores the field) and vLLM
+    (which defaults it to the served model) do. Raises :class:`APIError` 400
+    ``missing_required_parameter`` naming each model served when several are, 503 when none is."""
+    if model is not None:
+        return model
+    await link.first_contact()  # (a gateway that just started: what is served is not known yet)
+    served, only = link.served(), link.only_model()
+    if only is not None:
+        return only
+    if not served:
+        raise unavailable("no worker serves a model right now; retry, or name the model")
+    names = ", ".join(sorted({link.served_name(n) for n in served}))  # (each model once)
+    raise bad_request(f"model is required: this gateway serves several ({names})", "model",
+                      "missing_required_parameter")

@@ -398,6 +398,9 @@ class MessagesTranslation:
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.origins: list[Origin] = []  # what each chat message came from (gateway.origins)
 
+    def resolved(self, model: str) -> None:
+        self.body.model = model
+
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
         body = self.body = parse_body(MessagesRequest, raw, in_tool_use_input)
         if body.max_tokens < 1:

@@ -206,7 +206,7 @@ class CountTokensRequest(BaseModel):
     """``POST /v1/messages/count_tokens``'s body (strict, unknown fields 400)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
+    model: str | None = None  # None: the one model served
     messages: list[dict[str, Any]]
     system: Annotated[str | list[dict[str, Any]] | None, text_or_objects("system", "text blocks")] = None
     tools: list[dict[str, Any]] | None = None

@@ -94,7 +94,7 @@ class ResponsesRequest(BaseModel):
     """``POST /v1/responses``'s body (OpenAI's ``ResponseCreateParams``; strict, unknown fields 400)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
+    model: str | None = None  # None: the one model served
     input: Annotated[str | list[dict[str, Any]] | None, text_or_objects("input", "input items")] = None
     instructions: str | None = None
     previous_response_id: str | None = None
@@ -352,6 +352,9 @@ class ResponsesTranslation:
         self.id = new_id("resp", "_")
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.created_at = int(time.time())
+
+    def resolved(self, model: str) -> None:
+        self.body.model = model
 
     def chat_body(self, raw: bytes) -> ChatCompletionRequest:
         try:

@@ -236,7 +236,7 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str
+    model: str | None = None  # None: the one model served (gateway.link.BrokerConnections.resolve)
     max_tokens: int | None = None
     temperature: Annotated[float | None, in_range("temperature", 0, MAX_TEMPERATURE, " (0 = greedy)")] = None
     # ^ OpenAI's default: 1

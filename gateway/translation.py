@@ -51,6 +51,10 @@ class Translation(Protocol):
         """``e`` in the vendor's error shape, naming the vendor's field (``e.param`` is the vendor's
         when the body was refused before it became a chat request, else the chat path's)."""
 
+    def resolved(self, model: str) -> None:
+        """The body named no model: the chat path serves ``model`` (the one served), which the
+        vendor's answer names."""
+
     def check_reasoning(self, parser: str | None) -> None:
         """Before the chat request is submitted: the chat path will split the answer's thinking off with
         ``parser`` (a :data:`gateway.reasoning.PARSERS` name; None: it will not). :class:`APIError`

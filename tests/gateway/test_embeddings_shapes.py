@@ -151,7 +151,7 @@ def test_dimensions_cut_a_matryoshka_embedding_and_renormalise_it(http):
     ({"model": "m", "input": ["a"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
     ({"model": "m", "input": "north", "encoding_format": "hex"}, "encoding_format", "float"),
     ({"model": "m", "input": "north", "truncate": True}, "truncate", "Unrecognized"),
-    ({"input": "north"}, "model", "Missing required parameter"),
+    ({"model": "m"}, "input", "Missing required parameter"),  # (no model: the one served, test_model_optional)
     ({"model": "m", "input": "north up east down"}, "input",
      "input (4 tokens) exceeds the 3 tokens this model embeds at most (the model's own limit, or a lower "
      "--max-model-len); shorten it or split it into several inputs"),
