@@ -20,8 +20,9 @@ pytest.importorskip("transformers")
 
 from client import Client  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
-from tests.gateway.test_stop_reason_eos import SMOLLM2, TEXT, EndingModel, kept_tokenizer  # noqa: E402
+from tests.gateway.test_stop_reason_eos import TEXT, EndingModel  # noqa: E402
 from tests.support.cluster import ThreadCluster  # noqa: E402
+from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 
 ADMISSION = "slotserve-worker-admission"
