@@ -50,6 +50,7 @@ from typing import Any
 from pydantic_core import to_json
 
 from gateway.json_body import BodyProblem, body_problem, not_an_object, value_kind
+from gateway.schemas import _shown
 from protocol.enums import ErrorCode
 from protocol.errors import error_code
 from protocol.json_numbers import loads, nonfinite, nonfinite_words, path_text
@@ -332,9 +333,7 @@ def from_validation(errors: list[dict]) -> APIError:
         return missing_parameter(loc, e.get("input"))
     if kind in ("invalid_type", "invalid_value"):  # gateway.schemas' own checks: their message says it all
         return bad_request(e.get("msg", "invalid"), loc, kind)
-    got = e.get("input")
-    shown = clip(json.dumps(got)) if isinstance(got, (int, float, str, bool, type(None))) else type(got).__name__
-    return bad_request(f"{_invalid_value_for(loc)}{e.get('msg', 'invalid')} (got {shown})", loc,
+    return bad_request(f"{_invalid_value_for(loc)}{e.get('msg', 'invalid')} (got {_shown(e.get('input'))})", loc,
                        "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value")
 
 
