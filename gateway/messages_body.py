@@ -95,7 +95,10 @@ def _either(values: tuple[str, ...]) -> str:
 
 def json_shown(value: Any) -> str:
     """``value`` (parsed JSON) as an error shows what the client sent: its JSON, cut as every echoed
-    client value is (:func:`protocol.validation.clip`)."""
+    client value is (:func:`protocol.validation.clip`). The Messages checks' ``...; got <value>``
+    shows an array or object as its JSON (``got [1]``), where :func:`gateway.schemas._shown` (the
+    OpenAI-shaped routes' echo, and :func:`gateway.errors.from_validation`'s) names its type
+    (``got list``); scalars read the same in both."""
     return clip(json.dumps(value))
 
 
