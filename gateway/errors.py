@@ -163,7 +163,7 @@ def entry_type(entry: Any, where: str, what: str, kinds: str, default: str | Non
     (``"a content block"``); ``kinds``: the types the route serves there, in words (``"text or
     tool_result"``)."""
     if not isinstance(entry, dict):
-        shown = type(entry).__name__ if isinstance(entry, list) else clip(json.dumps(entry))
+        shown = value_kind(entry) if isinstance(entry, list) else clip(json.dumps(entry))
         raise bad_request(f"{what} must be an object whose \"type\" says what it is ({kinds}); got {shown}", where,
                           "invalid_type")
     if "type" not in entry and default is not None:

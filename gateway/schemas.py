@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
 from protocol.request import split_stop
+from gateway.json_body import value_kind
 from protocol.validation import clip, echo
 
 MAX_N = 128
@@ -58,12 +59,12 @@ def _bad_type(message: str) -> PydanticCustomError:
 def _shown(value: Any) -> str:
     """``value`` (parsed JSON) as an OpenAI-shaped route's error shows what the client sent: a
     scalar as its JSON, cut as every echoed client value is (:func:`protocol.validation.clip`);
-    an array or object by its type alone (``list``, ``dict``), as
-    :func:`gateway.errors.from_validation` echoes pydantic's errors (``(got list)``, this function).
+    an array or object by its JSON kind alone (``an array``, ``an object``: never Python's type
+    names), as :func:`gateway.errors.from_validation` echoes pydantic's errors (``(got an array)``, this function).
     Not :func:`gateway.messages_body.json_shown`, which writes an array or object as its JSON: the
     two differ there only, and each family of messages keeps the words its clients have read
     (one function for both would change what one of them says)."""
-    return clip(json.dumps(value)) if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+    return clip(json.dumps(value)) if isinstance(value, (int, float, str, bool, type(None))) else value_kind(value)
 
 
 def _check_ids(ids: list, where: str) -> None:

@@ -123,3 +123,16 @@ def test_a_messages_field_of_another_type_names_it_once_in_anthropic_s_words(htt
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
     message = r.json()["error"]["message"]
     assert message.startswith(f"{field}: Input should be ") and "Invalid value" not in message, message
+
+
+@pytest.mark.parametrize("path, body, kind", [
+    (P, {"stop": {"a": 1}}, "an object"),
+    (C, {"temperature": [1]}, "an array"),
+    (C, {"seed": {"n": 1}}, "an object"),
+    (R, {"temperature": {}}, "an object"),
+    (R, {"input": [{"role": "user", "content": [["x"]]}]}, "an array"),
+])
+def test_a_value_of_another_type_is_named_in_json_s_words_never_python_s(http, path, body, kind):
+    # an array or object a client sent was shown by its Python type ('got dict', '(got list)'); it is a JSON value
+    message = error_of(post(http, path, body), 400)["message"]
+    assert f"got {kind}" in message and not any(f"got {t}" in message for t in ("dict", "list")), message
