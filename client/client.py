@@ -16,7 +16,10 @@ Failures stay with the requests they concern: a message that cannot be
 sent or read, or whose handling raises, ends the requests it names with an
 error (a code and a message on each handle) and nothing else; if the
 connection itself fails, every request ends with an error and the client
-refuses new ones. No request is left waiting.
+refuses new ones. No request is left waiting. A request with a ``timeout_s``
+ends ``deadline`` at its deadline even when the broker does not end it (the
+broker is gone or frozen: silent for ``DEADLINE_GRACE_HEARTBEATS`` heartbeat
+intervals), with the tokens received, and is cancelled there.
 """
 
 from __future__ import annotations
@@ -60,6 +63,20 @@ def _limits(info: ModelInfo | None) -> ModelLimits | None:
 
 _REFUSALS = (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE)
 """Error codes that, answering a client's hello, mean the broker cannot serve it."""
+
+DEADLINE_GRACE_HEARTBEATS = 3
+"""Heartbeat intervals the broker must have been silent before the client ends a request whose
+deadline passed itself (:meth:`~client.core.ClientCore.overdue`): the broker's own liveness windows
+are at least 3 intervals, so a broker silent that long is taken for gone, as it takes its peers."""
+
+
+class _Overdue:
+    """Inbox item: ``handles`` (with callbacks) passed their deadline while the broker was silent."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[ClientHandle]) -> None:
+        self.handles = handles
 
 
 class _Failed:
@@ -148,10 +165,12 @@ class Client:
         self._status_reply: Status | None = None
         self._status_event = threading.Event()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._next_expiry_s = 0.0  # (I/O thread) when to look for overdue requests next
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"slotserve-{name}-callbacks",
                                             daemon=True)
         self._conn = Connection(address, model, self._on_io_message, heartbeat_interval_s=heartbeat_interval_s,
-                                name=name, curve=curve_keys, on_failure=self._on_connection_failed)
+                                name=name, curve=curve_keys, on_failure=self._on_connection_failed,
+                                on_tick=self._on_tick)
         # The dispatcher starts once _conn exists: the connection's I/O thread may hear a welcome (the
         # broker answers its first heartbeat) before Connection() has returned; the message waits in
         # the inbox. (Started before, the welcome's handler once read a _conn not yet assigned, under
@@ -445,6 +464,29 @@ class Client:
                     self._wake_waiters()
         return rest
 
+    def _on_tick(self, now: float, heard_s: float, interval_s: float) -> None:
+        """(I/O thread, every turn of its loop) End the requests whose deadline passed while the
+        broker is silent (:meth:`~client.core.ClientCore.overdue`), once a heartbeat interval:
+        those without callbacks here (this thread alone applies their results), the others on the
+        callback thread, in order after the news it holds for them."""
+        if now < self._next_expiry_s:
+            return
+        self._next_expiry_s = now + interval_s
+        try:
+            with self._lock:
+                due = self._core.overdue(now, heard_s, DEADLINE_GRACE_HEARTBEATS * interval_s)
+            if not due:
+                return
+            plain, others = [], []
+            for h in due:
+                (plain if h.callback is None and h.on_token is None and h.on_text is None else others).append(h)
+            if plain:
+                self._call(self._core.expire, plain, now)  # (nothing to deliver: they have no callback)
+            if others:
+                self._inbox.put(_Overdue(others))
+        except Exception:  # noqa: BLE001 -- the I/O loop must survive it; the next turn looks again
+            log.exception("client failed to end the requests past their deadline")
+
     def _on_connection_failed(self, error: BaseException) -> None:
         """(I/O thread, its last act) the connection is dead: end everything."""
         self._inbox.put(_Broken(None, error))
@@ -472,6 +514,8 @@ class Client:
                 elif isinstance(msg, Status):
                     self._status_reply = msg
                     self._status_event.set()
+                elif isinstance(msg, _Overdue):
+                    self._call(core.expire, msg.handles, time.monotonic())
                 elif isinstance(msg, _Broken):
                     self._call(core.broken, msg.error, time.monotonic())
                 elif isinstance(msg, _Failed):

@@ -62,6 +62,10 @@ class Connection:
       or None for a plain connection.
     - ``on_failure(exc)``: called once if the I/O loop itself fails (the
       connection is then dead).
+    - ``on_tick(now, heard_s, interval_s)``: called on the I/O thread at every turn of its loop,
+      at least once a heartbeat interval whatever the broker does (``now``: the monotonic clock;
+      ``heard_s``: when a frame last came from the broker; ``interval_s``: the heartbeat
+      interval); must be quick.
 
     Thread-safe: :meth:`submit`, :meth:`cancel`, :meth:`send`, :meth:`close`.
     """
@@ -69,7 +73,8 @@ class Connection:
     def __init__(self, address: str, model: str | None, on_message: Callable[[Message], None], *,
                  heartbeat_interval_s: float, name: str = "client",
                  curve: tuple[bytes, bytes, bytes] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_tick: Callable[[float, float, float], None] | None = None) -> None:
         self.address = address
         self.model = model
         self.identity = uuid.uuid4().bytes  # stable across reconnects: the broker's key for us
@@ -82,6 +87,7 @@ class Connection:
         self.last_recv_s = time.monotonic()
         self._on_message = on_message
         self._on_failure = on_failure
+        self._on_tick = on_tick
         self._lock = threading.Lock()
         self._entries: list[Envelope] = []
         self._cancels: list = []
@@ -219,6 +225,8 @@ class Connection:
                 return
             if sock in events:
                 self._receive(sock)
+            if self._on_tick is not None:
+                self._on_tick(now, self.last_recv_s, self.heartbeat_interval_s)
 
     def _frame(self, msg: Message, out: list[bytes]) -> None:
         """Append ``msg``'s frames to ``out``, split to fit the broker's limit;

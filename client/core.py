@@ -20,7 +20,8 @@ ending, settling, cancels -- is called under the shell's one lock.
 
 Invariants: every submitted request gets exactly one ending (see
 :mod:`client.ledger`), whatever arrives: results, an error naming it, the
-connection's end, a broker restart, ``close()``; an error or a failure
+connection's end, a broker restart, its deadline passing while the broker
+is silent, ``close()``; an error or a failure
 names the requests it ends, and ends nothing else.
 """
 
@@ -315,6 +316,27 @@ class ClientCore:
         out.hello, out.submit = True, entries
         out.cancel = self.ledger.cancelling(e.request_id for e in entries)
         self.resubmitted += len(entries)
+        return out
+
+    def overdue(self, now: float, heard_s: float, grace_s: float) -> list[ClientHandle]:
+        """The open requests whose deadline passed (``timeout_s`` seconds after submission) while
+        the broker is silent: nothing heard from it since ``heard_s`` and at least ``grace_s``
+        seconds before ``now`` (the client's monotonic clock). A broker that answers ends each
+        request at its deadline itself (queued or running, with the tokens so far); one that is
+        gone (killed, stopped, cut off) never would, and a request with a deadline must not wait
+        past it for a broker that may never come back. Each is handed out once, for
+        :meth:`expire`; [] while the broker is heard from."""
+        if now - heard_s < grace_s:
+            return []
+        return self.ledger.overdue(now)
+
+    def expire(self, handles: list[ClientHandle], now: float) -> Outcome:
+        """End each of ``handles`` (from :meth:`overdue`) still open ``deadline`` with the tokens
+        received, as the broker would have, and cancel it there (a broker that comes back then
+        frees its slot; its later news about it finds nothing)."""
+        open_ = [h for h in handles if self.ledger.handles.get(h.request_id) is h]
+        out = self._end_each(((h, FinishReason.DEADLINE) for h in open_), None, now)
+        out.cancel = [h.request_id for h in open_]
         return out
 
     def settle(self, h: ClientHandle, callback_error: BaseException | None = None) -> None:

@@ -14,11 +14,16 @@ Invariants (kept here, pinned by ``tests/client/test_ledger.py``):
 - every opened request ends exactly once: :meth:`~Ledger.end` answers
   False for every later ending, whoever reports it;
 - a cancel is pending from :meth:`~Ledger.cancel` until its request ends
-  (after a broker restart, the pending ones are sent again).
+  (after a broker restart, the pending ones are sent again);
+- an open request with a ``timeout_s`` has its deadline (submission +
+  ``timeout_s``, on the client's clock) in a heap until :meth:`~Ledger.overdue`
+  hands it out once (ended requests' entries are dropped there, or when the
+  heap outgrows the open requests).
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import Callable, Iterable
 
@@ -39,7 +44,7 @@ class Ledger:
     ``handle.text``; None for a ledger driven without a client, as in tests).
     """
 
-    __slots__ = ("handles", "in_flight", "closed", "broken", "_ids", "_cancelling", "_owner")
+    __slots__ = ("handles", "in_flight", "closed", "broken", "_ids", "_cancelling", "_owner", "_deadlines", "_order")
 
     def __init__(self, owner=None) -> None:
         self.handles: dict[RequestId, ClientHandle] = {}
@@ -49,6 +54,8 @@ class Ledger:
         self._ids = itertools.count()
         self._cancelling: set[RequestId] = set()  # open requests with a cancel sent
         self._owner = owner
+        self._deadlines: list[tuple[float, int, RequestId]] = []  # heap: (deadline_s, order, id) of timed requests
+        self._order = itertools.count()  # (ties in the heap never compare ids, which may mix ints and strs)
 
     def open(self, params: RequestParams, callback: Callable | None, on_token: Callable | None,
              on_text: Callable | None, request_id: RequestId | None, now: float) -> ClientHandle:
@@ -74,7 +81,24 @@ class Ledger:
         h = ClientHandle(rid, params, callback, on_token, now, self._owner, on_text)
         handles[rid] = h
         self.in_flight += 1
+        if params.timeout_s is not None:
+            deadlines = self._deadlines
+            if len(deadlines) > 2 * len(handles) + 64:  # mostly ended requests' entries: keep the open ones
+                deadlines[:] = [e for e in deadlines if e[2] in handles]
+                heapq.heapify(deadlines)
+            heapq.heappush(deadlines, (now + params.timeout_s, next(self._order), rid))
         return h
+
+    def overdue(self, now: float) -> list[ClientHandle]:
+        """The open requests whose deadline (``timeout_s`` after submission) is at or before
+        ``now``, each handed out once, earliest deadline first."""
+        deadlines, handles, out = self._deadlines, self.handles, {}
+        while deadlines and deadlines[0][0] <= now:
+            _, _, rid = heapq.heappop(deadlines)
+            h = handles.get(rid)  # (an id ended and used again: that request's own deadline counts)
+            if h is not None and h.params.timeout_s is not None and h.submitted_s + h.params.timeout_s <= now:
+                out[rid] = h
+        return list(out.values())
 
     def cancel(self, request_id) -> bool:
         """Note a cancel for ``request_id``: True when it is open (send the

@@ -337,3 +337,68 @@ def test_an_ending_drops_its_pending_cancel():
     submit(core, "a")  # the id is used again
     out = core.broker_seen("B", 2.0)
     assert [e.request_id for e in out.submit] == ["a"] and list(out.cancel) == []  # the old cancel is not the new one's
+
+
+# ---------------------------------------------------------------------- deadlines with a silent broker
+
+
+def test_a_deadline_passed_while_the_broker_is_silent_ends_the_request_with_its_tokens():
+    """A broker ends a request at its deadline; one that is gone never does: the client then ends
+    it ``deadline`` itself (with the tokens received) and cancels it there, once the broker has
+    been silent for the grace. Before: such a request waited for a broker that never came back
+    (over HTTP, a stream with ``timeout_s: 8`` hung until the HTTP client gave up)."""
+    core = ClientCore()
+    core.broker_seen("A", 0.0)
+    done = []
+    timed = RequestParams([1], 10, stop_token=None, timeout_s=1.0)
+    a = submit(core, "a", timed)
+    b = submit(core, 7, timed, callback=done.append)  # (ids of both kinds share the heap)
+    c = submit(core, "c")  # no deadline: it waits for the broker as before
+    d = submit(core, "d", RequestParams([1], 10, timeout_s=5.0))
+    plain(core, Results(("a",), (4,)), 0.5)
+    assert core.overdue(0.9, 0.0, 0.5) == []  # no deadline passed yet
+    assert core.overdue(2.0, 1.8, 0.5) == []  # the broker was heard 0.2 s ago: it decides
+    due = core.overdue(2.0, 1.0, 0.5)
+    assert due == [a, b]
+    out = deliver(core, core.expire(due, 2.0))
+    assert a.finish_reason is FinishReason.DEADLINE and a.tokens == [4] and a.error is None and a.done()
+    assert b.finish_reason is FinishReason.DEADLINE and done == [[1]] and ended(out) == [7] and out.settled == 1
+    assert list(out.cancel) == ["a", 7] and core.in_flight == 2
+    assert core.overdue(3.0, 1.0, 0.5) == []  # each is handed out once
+    plain(core, Results(("a",), (5,), finished=(Finished("a", FinishReason.LENGTH),)), 3.0)  # the broker, late
+    assert a.tokens == [4] and a.finish_reason is FinishReason.DEADLINE
+    assert c.finish_reason is None and d.finish_reason is None
+    assert core.overdue(6.0, 1.0, 0.5) == [d]
+
+
+def test_an_overdue_request_that_ended_meanwhile_keeps_its_ending():
+    core = ClientCore()
+    core.broker_seen("A", 0.0)
+    a = submit(core, "a", RequestParams([1], 10, timeout_s=1.0))
+    due = core.overdue(2.0, 0.0, 0.5)
+    plain(core, Results(("a",), (4,), finished=(Finished("a", FinishReason.STOP),)), 2.0)  # it came first
+    out = core.expire(due, 2.0)
+    assert nothing(out) and a.finish_reason is FinishReason.STOP and a.tokens == [4]
+
+
+def test_an_id_used_again_has_its_own_deadline():
+    core = ClientCore()
+    core.broker_seen("A", 0.0)
+    submit(core, "a", RequestParams([1], 10, timeout_s=1.0))
+    plain(core, Results(finished=(Finished("a", FinishReason.LENGTH),)), 0.5)
+    again = submit(core, "a", RequestParams([1], 10, timeout_s=10.0), now=0.6)
+    untimed = submit(core, "b", RequestParams([1], 10, timeout_s=1.0))
+    plain(core, Results(finished=(Finished("b", FinishReason.LENGTH),)), 0.5)
+    submit(core, "b", now=0.7)  # used again without a deadline: never overdue
+    assert core.overdue(5.0, 0.0, 0.5) == [] and untimed.finish_reason is FinishReason.LENGTH
+    assert core.overdue(11.0, 0.0, 0.5) == [again]
+
+
+def test_the_deadline_heap_keeps_only_open_requests_when_it_outgrows_them():
+    core = ClientCore()
+    for i in range(500):
+        submit(core, i, RequestParams([1], 10, timeout_s=100.0), now=float(i))
+        plain(core, Results(finished=(Finished(i, FinishReason.LENGTH),)), float(i))
+    assert len(core.ledger._deadlines) <= 2 * len(core.ledger.handles) + 65
+    last = submit(core, "last", RequestParams([1], 10, timeout_s=1.0), now=600.0)
+    assert core.overdue(1000.0, 0.0, 0.5) == [last]
