@@ -44,6 +44,11 @@ stream's error event and ``[DONE]``: milliseconds, unless a client stopped readi
 HALTED = "the gateway was stopped at once (a second stop signal): this request was cancelled; retry"
 """The message of a request ended by a second stop signal."""
 
+PARENT_GONE = ("the gateway was stopped at once (the process that started it, slotserve up, is gone, and its "
+               "broker and workers with it): this request was cancelled; retry")
+"""The message of a request ended because the gateway's parent process is gone (``slotserve up``
+killed): no drain, nothing could finish."""
+
 
 class AbortableCall(Protocol):
     """A request being served: :meth:`end` aborts it (event loop only; once; it then answers

@@ -42,7 +42,7 @@ class StopFlag(Protocol):
     def is_set(self) -> bool: ...
 
 
-def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[], bool] | None = None,
+def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[], bool | str] | None = None,
         on_ready: Callable[[str], None] | None = None, load_tokenizer=None, model_orders=None) -> None:
     """Serve ``config`` until ``stop`` is set, then drain and return.
 
@@ -52,7 +52,9 @@ def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[
     ended (a stream's final error event and ``[DONE]``, or a 503) and their
     broker requests cancelled; then the server and its broker connections
     close. ``halt()`` (checked while draining; e.g. a second signal) ends
-    the wait at once.
+    the wait at once; what it returns, when a str, is the message the
+    requests it ends get (:data:`~gateway.drain.PARENT_GONE`), else
+    :data:`~gateway.drain.HALTED` (a second stop signal).
 
     With ``stop`` the caller owns the signals (its handlers set ``stop``,
     and make ``halt()`` true on a second one); without it, when called from
@@ -111,7 +113,8 @@ class _Shutdown:
     """The stop sequence, on the server's event loop: wait for ``stop()``, drain for up to
     ``timeout_s`` (or until ``halt()``), end what is left, then let uvicorn exit."""
 
-    def __init__(self, drain: Drain, timeout_s: float, stop: Callable[[], bool], halt: Callable[[], bool]) -> None:
+    def __init__(self, drain: Drain, timeout_s: float, stop: Callable[[], bool],
+                 halt: Callable[[], bool | str]) -> None:
         self.drain = drain
         self.timeout_s = timeout_s
         self.stop = stop
@@ -133,8 +136,8 @@ class _Shutdown:
                         "(stop again to end them now)", n, self.timeout_s)
         if await drain.wait_idle(self.timeout_s, self.halt):
             return
-        halted = self.halt()
-        n = drain.end_all(HALTED if halted else deadline_passed(self.timeout_s))
+        halted = self.halt()  # (a str: why, in the words the requests it ends get)
+        n = drain.end_all(halted if isinstance(halted, str) else HALTED if halted else deadline_passed(self.timeout_s))
         log.warning("stopping: %d request(s) %s: ended with 503 or a stream's final error event", n,
                     "stopped at once" if halted else f"still open after {self.timeout_s:g} s")
         if await drain.wait_idle(END_GRACE_S):

@@ -31,7 +31,7 @@ from broker import BrokerConfig, run_broker
 from broker.server import tune_gc
 from client import Client
 from gateway.config import GatewayConfig
-from gateway.drain import END_GRACE_S
+from gateway.drain import END_GRACE_S, PARENT_GONE as PARENT_GONE_MESSAGE
 from protocol.endpoints import BindError
 from protocol.validation import as_seconds
 from slotserve.demand_supervisor import DEMAND_POLL_S, DemandSupervisor
@@ -112,6 +112,15 @@ def worker_main(config: WorkerConfig, log_level: str = "WARNING", index: int = 0
         raise SystemExit(1) from None
 
 
+def gateway_halt(stop: SignalStopFlag, halt=None) -> bool | str:
+    """Whether the gateway child ends its drain at once, and why (:func:`gateway.run`'s ``halt``):
+    its parent is gone (the message its requests get: nothing could finish, the broker and workers
+    stop too), a second SIGTERM or the parent's ``halt`` event (a second stop signal: True), else False."""
+    if stop.reason == PARENT_GONE:
+        return PARENT_GONE_MESSAGE
+    return stop.repeated() or (halt is not None and halt.is_set())
+
+
 def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0,
                  halt=None, orders=None) -> None:
     """Child process body: run the HTTP gateway; put its ``http://host:port`` on
@@ -130,8 +139,8 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
         setproctitle(f"slotserve gateway {url} broker={config.broker}")  # port 0 resolved
         ready.put(url)
 
-    def should_halt() -> bool:
-        return stop.repeated() or stop.reason == PARENT_GONE or (halt is not None and halt.is_set())
+    def should_halt() -> bool | str:
+        return gateway_halt(stop, halt)
 
     from slotserve.tokenizer import loader_for
 

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from gateway import GatewayConfig, run
-from gateway.drain import END_GRACE_S, HALTED, Drain
+from gateway.drain import END_GRACE_S, HALTED, PARENT_GONE, Drain
 from tests.support.cluster import ThreadCluster
 from tests.support.gateway import CallInFlight, broker_status, error_of, metric, wait_until
 from tests.support.reference import simulated_reference
@@ -93,14 +93,18 @@ class Gateway:
 
     def __init__(self, cluster, **config) -> None:
         self.stop, self.halt = threading.Event(), threading.Event()
+        self.halt_reason: str | None = None  # what halt() says once set (None: True, a second stop signal)
         ready: list[str] = []
         cfg = GatewayConfig(broker=cluster.frontend, port=0, status_interval_s=0.2, **config)
         self.thread = threading.Thread(target=run, args=(cfg,), daemon=True,
-                                       kwargs={"stop": self.stop, "halt": self.halt.is_set, "on_ready": ready.append})
+                                       kwargs={"stop": self.stop, "halt": self._halted, "on_ready": ready.append})
         self.thread.start()
         self.url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
         wait_until(lambda: httpx.get(self.url + "/health", timeout=5).status_code == 200, 30, "/health 200")
         self.stopped_s: float | None = None
+
+    def _halted(self) -> bool | str:
+        return self.halt.is_set() and (self.halt_reason or True)
 
     def drain(self) -> float:
         """Set ``stop``; returns when ``/health`` says draining (the monotonic time of the stop)."""
@@ -202,8 +206,12 @@ def test_at_the_timeout_a_stream_ends_with_an_error_event_and_a_request_with_503
     wait_until(lambda: running(cluster) == 0, 10, "the ended requests to be cancelled on the worker")
 
 
-def test_a_halt_ends_the_drain_at_once(cluster, no_errors_logged):
+@pytest.mark.parametrize("reason, message", [(None, HALTED), (PARENT_GONE, PARENT_GONE)])
+def test_a_halt_ends_the_drain_at_once(cluster, no_errors_logged, reason, message):
+    """A halt's reason is what the requests it ends are told: a second stop signal (HALTED), or
+    the parent gone (slotserve up killed: its gateway child said "a second stop signal" before)."""
     with gateway(cluster, shutdown_timeout_s=30) as gw:
+        gw.halt_reason = reason
         stream = CallInFlight(gw.url, "/v1/completions", completion(5000, True))
         plain = CallInFlight(gw.url, "/v1/completions", completion(5000, False))
         wait_until(lambda: len(stream.events) >= 3 and running(cluster) == 2, 20, "both requests on the worker")
@@ -215,8 +223,8 @@ def test_a_halt_ends_the_drain_at_once(cluster, no_errors_logged):
         plain.wait(10)
         t_end = gw.join(10)
     assert t_end - t0 < 3.0
-    assert stream.events[-1] == "[DONE]" and stream.events[-2]["error"]["message"] == HALTED
-    assert plain.status == 503 and plain.json["error"]["message"] == HALTED
+    assert stream.events[-1] == "[DONE]" and stream.events[-2]["error"]["message"] == message
+    assert plain.status == 503 and plain.json["error"]["message"] == message
     wait_until(lambda: running(cluster) == 0, 10, "the ended requests to be cancelled on the worker")
 
 
@@ -284,3 +292,22 @@ def test_the_registry_ends_a_call_that_comes_after_the_end_and_wait_idle_obeys_h
         assert await drain.wait_idle(0.0) and drain.in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_the_gateway_child_halts_with_the_reason_its_requests_get():
+    """``slotserve up``'s gateway child (launcher.gateway_halt): its parent gone is said so, a second
+    SIGTERM or the parent's halt event is a second stop signal, one SIGTERM drains."""
+    from slotserve.launcher import gateway_halt
+    from slotserve.signals import PARENT_GONE as PARENT_GONE_REASON, SignalStopFlag
+
+    stop, halt = SignalStopFlag(), threading.Event()
+    assert gateway_halt(stop, halt) is False
+    stop.set(15)
+    assert gateway_halt(stop, halt) is False  # one SIGTERM: the drain runs
+    halt.set()
+    assert gateway_halt(stop, halt) is True
+    stop.set(15)
+    assert gateway_halt(stop) is True
+    gone = SignalStopFlag()
+    gone.set(PARENT_GONE_REASON)
+    assert gateway_halt(gone) == PARENT_GONE
