@@ -39,8 +39,11 @@ a document's ``relevance_score`` is the **cosine similarity** of its embedding a
 document) pair in one forward, are not served. ``return_documents`` (default true, as vLLM)
 adds each document's text.
 
-Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503. A client
-that disconnects cancels the requests of its inputs (499 in the metrics), as for generation.
+Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503; one in
+flight is in the drain's registry from its start to its end, as a generation request is: the drain
+waits for it, and when the drain ends it (:meth:`_Call.end`) it answers 503 and its requests are
+cancelled. A client that disconnects cancels the requests of its inputs (499 in the metrics), as for
+generation.
 """
 
 from __future__ import annotations
@@ -142,6 +145,23 @@ class RerankRequest(BaseModel):
     return_documents: bool = True
 
 
+class _Call:
+    """An embeddings or rerank request being served, in the drain's registry
+    (:class:`gateway.drain.AbortableCall`): :meth:`end` (the gateway stopping) wakes its wait on
+    ``signal``, which then answers 503 with the message (:func:`_embed`)."""
+
+    __slots__ = ("signal", "ended")
+
+    def __init__(self, signal: Signal) -> None:
+        self.signal = signal
+        self.ended: str | None = None
+
+    def end(self, message: str) -> None:
+        if self.ended is None:
+            self.ended = message
+            self.signal.set()
+
+
 class EmbeddingEndpoints:
     """The handlers, over the gateway's broker link (one shared client per model), its drain and its
     metrics (``slotserve_http_requests_total`` and the latency by path, prompt tokens by model)."""
@@ -159,11 +179,16 @@ class EmbeddingEndpoints:
         return await self._answer(request, self._rerank)
 
     async def _answer(self, request: Request, handler) -> Response:
-        """``handler(request) -> (body, model, prompt tokens)`` answered as JSON, or its APIError; observed."""
+        """``handler(request, call) -> (body, model, prompt tokens)`` answered as JSON, or its APIError;
+        observed; ``call`` in the drain's registry meanwhile (a draining gateway refuses it first)."""
         t0, path = time.monotonic(), request.scope["path"]
+        call = _Call(Signal(asyncio.get_running_loop()))
         self.metrics.in_flight.inc()
         try:
-            out, model, tokens = await handler(request)
+            if self.drain.draining:
+                raise shutting_down(REFUSED)
+            self.drain.add(call)
+            out, model, tokens = await handler(request, call)
         except APIError as e:
             self.metrics.observe(path, e.status)
             return error_response(e)
@@ -171,15 +196,16 @@ class EmbeddingEndpoints:
             self.metrics.observe(path, 499)
             return Response(status_code=499)
         finally:
+            self.drain.discard(call)
             self.metrics.in_flight.dec()
         self.metrics.observe(path, 200, latency_s=time.monotonic() - t0, model=model, prompt_tokens=tokens)
         return json_response(out)
 
-    async def _embeddings(self, request: Request) -> tuple[dict, str, int]:
+    async def _embeddings(self, request: Request, call: _Call) -> tuple[dict, str, int]:
         body = await self._parse(request, EmbeddingsRequest)
         client = await self.link.client_for(body.model)
         size = _dimensions(body.dimensions, self.link.model_info(body.model), body.model)
-        vectors, tokens = await _embed(client, *_inputs(body.input), request)
+        vectors, tokens = await _embed(client, *_inputs(body.input), request, call)
         data = []
         for i, raw in enumerate(vectors):
             if size is not None:
@@ -190,7 +216,7 @@ class EmbeddingEndpoints:
         usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}
         return {"object": "list", "data": data, "model": body.model, "usage": usage}, body.model, sum(tokens)
 
-    async def _rerank(self, request: Request) -> tuple[dict, str, int]:
+    async def _rerank(self, request: Request, call: _Call) -> tuple[dict, str, int]:
         body = await self._parse(request, RerankRequest)
         if not body.query:
             raise bad_request("query must not be empty", "query")
@@ -198,7 +224,8 @@ class EmbeddingEndpoints:
             raise bad_request(f"top_n must be >= 1 (or left out: every document), got {echo(body.top_n)}", "top_n")
         client = await self.link.client_for(body.model)
         vectors, tokens = await _embed(client, [body.query, *body.documents],
-                                       ["query"] + [f"documents[{i}]" for i in range(len(body.documents))], request)
+                                       ["query"] + [f"documents[{i}]" for i in range(len(body.documents))], request,
+                                       call)
         query = unpack(vectors[0])
         scores = [cosine(query, unpack(v)) for v in vectors[1:]]
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:body.top_n]
@@ -209,22 +236,22 @@ class EmbeddingEndpoints:
                  "results": results}, body.model, sum(tokens))
 
     async def _parse(self, request: Request, schema: type[BaseModel]) -> Any:
-        if self.drain.draining:
-            raise shutting_down(REFUSED)
         body = await parse_body(request, schema, self.max_body_bytes)
         if body.model is None:  # the one model served (400 naming them when several are)
             body.model = await resolve_model(self.link, None)
         return body
 
 
-async def _embed(client: Client, prompts: list, names: list[str], request: Request) -> tuple[list[bytes], list[int]]:
+async def _embed(client: Client, prompts: list, names: list[str], request: Request,
+                 call: _Call) -> tuple[list[bytes], list[int]]:
     """Each prompt's embedding (float32 bytes) and length in tokens, in order, through ``client``
     (the model's shared one), every request submitted at once. ``names``: each prompt's place in the
     body (``input``, ``input[3]``, ``query``, ``documents[2]``). Raises :class:`APIError`: the
     client's refusal (400), or the first failed request's code (:func:`gateway.errors.from_remote`),
-    naming that prompt (:func:`_about`); ClientGone when the HTTP client disconnects first. The
-    requests not ended are cancelled whatever happens."""
-    signal = Signal(asyncio.get_running_loop())
+    naming that prompt (:func:`_about`), or the 503 of ``call`` ended by the gateway's stop;
+    ClientGone when the HTTP client disconnects first. The requests not ended are cancelled whatever
+    happens."""
+    signal = call.signal
     handles: list = []
     watch = None
     try:
@@ -240,6 +267,8 @@ async def _embed(client: Client, prompts: list, names: list[str], request: Reque
             failed = next(((h, n) for h, n in zip(handles, names) if h.finish_reason not in _RUNNING_OR_STOP), None)
             if failed is not None or all(h.finish_reason is not None for h in handles):
                 break
+            if call.ended is not None:  # the gateway stops: the drain ended this request
+                raise shutting_down(call.ended)
             await signal.wait()
             if watch.gone:
                 raise ClientGone

@@ -286,3 +286,71 @@ def test_dimensions_before_the_model_is_known_say_so():
         _dimensions(2, None, "m")
     assert caught.value.param == "dimensions" and "not known yet" in caught.value.message
     assert "None" not in caught.value.message
+
+
+class HeldClient:
+    """A stand-in client whose embeddings do not end (a long batch on the worker) until :meth:`release`:
+    ``embed`` hands out open handles; ``cancel`` notes the id."""
+
+    def __init__(self) -> None:
+        self.cancelled: list = []
+        self.held: list = []
+
+    @property
+    def submitted(self) -> int:
+        return len(self.held)
+
+    def embed(self, prompt, callback):
+        handle = RefusedHandle(None)
+        handle.request_id, handle.finish_reason = len(self.held) + 1, None
+        self.held.append((handle, callback))
+        return handle
+
+    def cancel(self, request_id) -> bool:
+        self.cancelled.append(request_id)
+        return True
+
+    def release(self) -> None:
+        """End every request held (``stop``, a vector each), as the worker would."""
+        for handle, callback in self.held:
+            handle.embedding_bytes, handle.prompt_tokens, handle.finish_reason = pack([1.0, 0, 0, 0]), 1, \
+                FinishReason.STOP
+            callback([])
+
+
+@pytest.mark.parametrize("path, fields", [("/v1/embeddings", {"input": ["north", "up"]}),
+                                          ("/v1/rerank", {"query": "north", "documents": ["up"]})])
+def test_a_drain_waits_for_an_embedding_request_and_ends_it_with_503(path, fields):
+    """An embeddings or rerank request in flight is in the drain's registry, as a generation request
+    is: the drain counts it (and waits for it), and ending it answers 503 with the drain's message and
+    cancels its requests. A break-it pass: a rerank in flight when ``slotserve up`` got SIGTERM was not
+    counted, so the gateway stopped at once; uvicorn cancelled it 2 s later, logging "Exception in ASGI
+    application" with a traceback, and its client lost the connection with no answer."""
+    from tests.support.gateway import wait_until
+
+    link = Link()
+    link.client.stop()
+    link.client = HeldClient()
+    drain = Drain()
+    endpoints = EmbeddingEndpoints(link, drain, 1 << 20, GatewayMetrics())
+    app = Starlette(routes=[Route(path, endpoints.embeddings if path == "/v1/embeddings" else endpoints.rerank,
+                                  methods=["POST"])])
+    answers: list = []
+    with TestClient(app) as http:
+        asking = threading.Thread(target=lambda: answers.append(http.post(path, json={"model": "m", **fields})))
+        asking.start()
+        try:
+            wait_until(lambda: link.client.submitted == 2, 10, "the request's embeddings submitted")
+            assert drain.in_flight == 1, "the request in flight is not in the drain's registry"
+            assert http.portal.call(drain.begin) == 1
+            refused = error_of(http.post(path, json={"model": "m", **fields}), 503)  # a new one, while draining
+            assert "takes no new requests" in refused["message"]
+            assert http.portal.call(drain.end_all, "the gateway is stopping: test") == 1
+            asking.join(10)
+        finally:
+            link.client.release()  # (a request the drain failed to end ends now: the test fails, not hangs)
+            asking.join(10)
+    e = error_of(answers[0], 503)
+    assert e["message"] == "the gateway is stopping: test" and e["code"] == "unavailable", e
+    assert answers[0].headers["connection"] == "close" and sorted(link.client.cancelled) == [1, 2]
+    assert drain.in_flight == 0
