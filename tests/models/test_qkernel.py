@@ -5,6 +5,11 @@ test builds it (about a minute on 2 cores, once per machine: cached).
 """
 
 
+import re
+import threading
+import time
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -773,3 +778,50 @@ def test_int8_rows_rounded_on_several_threads_keep_each_rows_bits(module, m):
         assert torch.equal(w(x), torch.cat([w(x[i:i + 1]) for i in range(m)]))
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_q8
+def test_the_product_lets_other_python_threads_run_while_it_computes(module):
+    """qmm8 lets go of the GIL while it computes (``py::call_guard<py::gil_scoped_release>``, as torch's
+    own operators do): a worker's I/O thread sends its heartbeats while a long product runs, where
+    holding it had a starved machine's prefill keep the broker from hearing the worker (declared lost,
+    its requests requeued). Another thread runs one long product (one torch thread, so a core is
+    left); this thread, woken as that one starts it, must run before the product is half done (it
+    could run only after the product, were the GIL held)."""
+    w = weight(0, 16, 32, True, "k", 8960, 1536).prepare()  # Q4_K's layout
+    w.kernel.set_activations("int8")
+    x = torch.randn(4096, 1536, generator=torch.Generator().manual_seed(3))
+    started, times = threading.Event(), {}
+
+    def product():
+        times["start"] = time.perf_counter()
+        started.set()
+        w(x)
+        times["end"] = time.perf_counter()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        other = threading.Thread(target=product)
+        other.start()
+        started.wait()
+        ran = time.perf_counter()
+        other.join()
+    finally:
+        torch.set_num_threads(threads)
+    took = times["end"] - times["start"]
+    assert ran - times["start"] < took / 2, (ran - times["start"], took)
+
+
+def test_every_compiled_entry_that_computes_lets_go_of_the_gil():
+    """Each kernel module's functions that take tensors release the GIL (the test above shows why);
+    only the ones that answer a question about the CPU or the build keep it."""
+    here = Path(qkernel.__file__).parent
+    asks = {"has_q8", "has_amx", "quad_layout", "six_vbmi"}
+    for source in ("qkernel.cpp", "qkernel_avx2.cpp", "attnkernel.cpp"):
+        defs = re.findall(r'm\.def\("(\w+)"(.*)\);', (here / source).read_text())
+        assert defs, source
+        for name, rest in defs:
+            # (unpack_blocked lets go of it inside, around its parallel loop: qkernel_pack.h)
+            if name not in asks | {"unpack_blocked"}:
+                assert "py::call_guard<py::gil_scoped_release>()" in rest, f"{source}: {name}"

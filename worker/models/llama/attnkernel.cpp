@@ -428,7 +428,7 @@ void rope_finite_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "decode attention over per-row lengths, with the KV write");
-  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows");
-  m.def("rope_finite_", &rope_finite_, "the new keys and values made finite, RoPE on the queries and keys, in place");
+  m.def("decode_attention", &decode_attention, "decode attention over per-row lengths, with the KV write", py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows", py::call_guard<py::gil_scoped_release>());
+  m.def("rope_finite_", &rope_finite_, "the new keys and values made finite, RoPE on the queries and keys, in place", py::call_guard<py::gil_scoped_release>());
 }

@@ -1577,12 +1577,12 @@ bool six_vbmi(bool on) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("six_vbmi", &six_vbmi, "use the VBMI decode of 6-bit codes where the CPU has it (tests); returns the last setting");
-    m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AMX-BF16 or AVX-512 BF16)");
-    m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors");
-    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
+    m.def("qmm", &qmm, "y = x @ W.T, W GGUF-quantised as codes and per-group scales (AMX-BF16 or AVX-512 BF16)", py::call_guard<py::gil_scoped_release>());
+    m.def("dequant_t", &dequant_t, "W.T [K, N] as fp32 (exact) or bf16, from the blocked codes and scale factors", py::call_guard<py::gil_scoped_release>());
+    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)", py::call_guard<py::gil_scoped_release>());
     m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
-    m.def("qmm_tiles", &qmm_tiles, "y = x @ W.T for many rows: W decoded to bf16 tiles per block, AMX-BF16 over all of K");
-    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX-512 VNNI or AMX-INT8)");
+    m.def("qmm_tiles", &qmm_tiles, "y = x @ W.T for many rows: W decoded to bf16 tiles per block, AMX-BF16 over all of K", py::call_guard<py::gil_scoped_release>());
+    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX-512 VNNI or AMX-INT8)", py::call_guard<py::gil_scoped_release>());
     m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (AVX-512 VNNI and VBMI)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (asks the OS once)");
 }

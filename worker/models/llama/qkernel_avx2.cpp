@@ -513,9 +513,9 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)");
+    m.def("pack_six", &pack_six, "int8 codes [N, K] -> the 6-bit blocked layout (u = code - low)", py::call_guard<py::gil_scoped_release>());
     m.def("unpack_blocked", &unpack_blocked, "GGUF tensors' stored rows, stacked -> the blocked codes and factors, and each part's code range");
-    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX2)");
+    m.def("qmm8", &qmm8, "y = x @ W.T with x rounded to int8 per row and group (AVX2)", py::call_guard<py::gil_scoped_release>());
     m.def("has_q8", &has_q8, "whether this CPU runs qmm8 (here: always)");
     m.def("has_amx", &has_amx, "whether this process may use AMX tiles (never, on this module)");
     m.def("quad_layout", []() { return true; }, "whether NIB, MAGIC and WIDE codes are in the quad layout (qkernel_pack.h): here, always");
