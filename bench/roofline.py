@@ -260,22 +260,11 @@ PEAK_SOURCE = Path(__file__).with_name("int8_peak.c")
 """The int8 multiply-add probes :func:`int8_peak` compiles and runs."""
 
 
-def cpu_flags() -> set[str]:
-    """The first CPU's flags in ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
 def int8_peak(threads: int, seconds: float = 0.3, passes: int = 3) -> dict:
     """This CPU's int8 multiply-add peak: :data:`PEAK_SOURCE` compiled with the C compiler (``$CC``,
     else ``cc``) and its probe for the CPU's best int8 instruction (AVX-512 VNNI's ``vpdpbusd``, else
-    AVX2's ``vpmaddubsw`` + ``vpaddw``; AMX tiles not measured) run for about ``seconds`` on
+    AVX2's ``vpmaddubsw`` + ``vpaddw``, by ``/proc/cpuinfo``'s flags:
+    :func:`worker.models.llama.extension.cpu_has`; AMX tiles not measured) run for about ``seconds`` on
     ``threads`` threads at once (ctypes lets go of the GIL), the best of ``passes``.
 
     Returns ``{"instruction", "threads", "per_thread_gmac_s", "gmac_s"}`` (1e9 multiply-adds a
@@ -288,10 +277,11 @@ def int8_peak(threads: int, seconds: float = 0.3, passes: int = 3) -> dict:
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
-    flags = cpu_flags()
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+    from worker.models.llama.extension import cpu_has
+
+    if all(cpu_has(f) for f in ("avx512f", "avx512bw", "avx512_vnni")):
         probe, instruction, macs = "int8_peak_vnni", "vpdpbusd zmm (AVX-512 VNNI)", 8 * 64
-    elif "avx2" in flags:
+    elif cpu_has("avx2"):
         probe, instruction, macs = "int8_peak_avx2", "vpmaddubsw + vpaddw ymm (AVX2)", 6 * 32
     else:
         return {"skipped": "the CPU has neither AVX2 nor AVX-512 VNNI"}
