@@ -267,3 +267,23 @@ def test_tools_as_deep_as_a_request_takes_render_and_deeper_ones_are_refused_in_
         assert str(e.value).startswith("tools nests arrays and objects more than 200 levels deep"), e.value
         assert "recursion" not in str(e.value)
     assert engine.num_queued == 0
+
+
+def test_tokenizer_json_has_padding_and_truncation_off_and_leaves_the_codec_as_it_was(codec):
+    """llguidance's input: the tokenizers library's JSON with padding and truncation off. Where the
+    kept tokenizer has them off already it is written as it is (no copy: a copy is a JSON round trip,
+    ~0.5 s of a Qwen warm-up); where they are on, a copy has them switched off, the codec's own not."""
+    import json
+
+    backend = codec._backend
+    assert backend.padding is None and backend.truncation is None
+    assert codec.tokenizer_json() == backend.to_str()
+    backend.enable_padding(pad_id=0, pad_token="<eos>")
+    backend.enable_truncation(max_length=8)
+    try:
+        data = json.loads(codec.tokenizer_json())
+        assert data["padding"] is None and data["truncation"] is None
+        assert backend.padding is not None and backend.truncation is not None
+    finally:
+        backend.no_padding()
+        backend.no_truncation()

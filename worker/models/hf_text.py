@@ -309,10 +309,15 @@ class HFTextCodec:
 
     def tokenizer_json(self) -> str:
         """The tokenizer as the tokenizers library's JSON (added tokens included; padding and
-        truncation off), what llguidance builds its tokenizer from (:mod:`worker.models.grammar`)."""
-        backend = copy.copy(self._backend)
-        backend.no_padding()
-        backend.no_truncation()
+        truncation off), what llguidance builds its tokenizer from (:mod:`worker.models.grammar`).
+        Written from the kept tokenizer where both are off already (as transformers leaves them):
+        a copy to switch them off costs a JSON round trip in the tokenizers library (~0.5 s for
+        Qwen2.5's 151,665 tokens on a 2-core AMD EPYC), which every worker's warm-up paid."""
+        backend = self._backend
+        if backend.padding is not None or backend.truncation is not None:
+            backend = copy.copy(backend)
+            backend.no_padding()
+            backend.no_truncation()
         return backend.to_str()
 
 
