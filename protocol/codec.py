@@ -140,8 +140,17 @@ its ``StackError``); far past what any message holds (a request's JSON values ne
 
 _KEY_TYPE = re.compile(r"(\w+) is not allowed for map key")  # msgpack's words: the key's Python type first
 _KEY_KINDS = {"bool": "a boolean", "int": "an integer", "float": "a float", "NoneType": "nil", "tuple": "an array",
-              "list": "an array", "dict": "a map", "ExtType": "an extension value", "Timestamp": "a timestamp"}
-"""A map key's Python type (as msgpack names it refusing the key) -> the msgpack kind in words."""
+              "list": "an array", "dict": "a map", "ExtType": "an extension value", "Timestamp": "a timestamp",
+              "str": "a string", "bytes": "binary data"}
+"""A decoded value's Python type (as msgpack names it refusing a map key; a field's value by its
+type) -> the msgpack kind in words."""
+
+
+def _kind(tp: type) -> str:
+    """The msgpack kind of the values of type ``tp`` in words (:data:`_KEY_KINDS`; a type msgpack has
+    no word for, such as a record, by its name): what a malformed field's message says was expected
+    and was got, never Python's name for it (``got tuple`` named no value a peer sends)."""
+    return _KEY_KINDS.get(tp.__name__, tp.__name__)
 
 
 def unreadable(err: Exception) -> str:
@@ -234,13 +243,13 @@ def _note_id(rid: Any, ids: dict) -> None:
 
 
 def _bad(name: str, expected: str, value: Any) -> ProtocolError:
-    return ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: expected {expected}, got {type(value).__name__}")
+    return ProtocolError(ErrorCode.MALFORMED, f"field {name!r}: expected {expected}, got {_kind(type(value))}")
 
 
 def _exact(tp: type) -> Decoder:
     def check(v: Any, name: str) -> Any:
         if type(v) is not tp:
-            raise _bad(name, tp.__name__, v)
+            raise _bad(name, _kind(tp), v)
         return v
     return check
 
@@ -291,12 +300,15 @@ def _request_id(v: Any, name: str) -> RequestId:
     t = type(v)
     if t is int or (t is str and 0 < len(v) <= MAX_REQUEST_ID_CHARS):
         return v
-    raise _bad(name, f"an int or a str of 1..{MAX_REQUEST_ID_CHARS} chars (request id)", v)
+    raise _bad(name, f"a request id (an integer, or a string of 1..{MAX_REQUEST_ID_CHARS} characters)", v)
 
 
 def _int_tuple(v: Any, name: str) -> tuple[int, ...]:
-    if type(v) is not tuple or _count_of(map(type, v), int) != len(v):  # C speed: these can be long
-        raise _bad(name, "an array of ints", v)
+    if type(v) is not tuple:
+        raise _bad(name, "an array of integers", v)
+    if _count_of(map(type, v), int) != len(v):  # C speed: these can be long
+        i = next(i for i, x in enumerate(v) if type(x) is not int)
+        raise _bad(f"{name}[{i}]", "an integer", v[i])
     return v
 
 
@@ -306,7 +318,10 @@ def _id_tuple(v: Any, name: str) -> tuple[RequestId, ...]:
     types_ = set(map(type, v))
     if not _ID_TYPES.issuperset(types_) or (
             str in types_ and not all(0 < len(x) <= MAX_REQUEST_ID_CHARS for x in v if type(x) is str)):
-        raise _bad(name, "an array of request ids", v)
+        i = next(i for i, x in enumerate(v)
+                 if not (type(x) is int or type(x) is str and 0 < len(x) <= MAX_REQUEST_ID_CHARS))
+        raise _bad(f"{name}[{i}]", f"a request id (an integer, or a string of 1..{MAX_REQUEST_ID_CHARS} characters)",
+                   v[i])
     return v
 
 
@@ -355,7 +370,7 @@ def _union(arms: tuple) -> Decoder:
     def check(v: Any, name: str) -> Any:
         dec = by_type.get(type(v))
         if dec is None:
-            raise _bad(name, " or ".join(sorted(t.__name__ for t in by_type)), v)
+            raise _bad(name, " or ".join(sorted(map(_kind, by_type))), v)
         return dec(v, name)
     return check
 

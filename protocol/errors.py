@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from protocol.enums import ErrorCode
+from protocol.validation import kind_of
 
 __all__ = ["ContextLengthError", "ProtocolError", "StopEntryError", "UnsupportedError", "error_code"]
 
@@ -66,6 +67,6 @@ class StopEntryError(ValueError):
 
     def __init__(self, index: int, entry: object) -> None:
         super().__init__(f"stop[{index}] must be a str (a text stop string) or a list of token ids (a stop "
-                         f"sequence), got {type(entry).__name__} (for one sequence of ids pass [[...]])")
+                         f"sequence), got {kind_of(entry)} (for one sequence of ids pass [[...]])")
         self.index = index
         self.entry = entry

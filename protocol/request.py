@@ -46,7 +46,7 @@ from protocol.structured import Constraint, check_structured
 from protocol.tools import ToolCall, check_tool_calls, check_tools
 from protocol.validation import (
     WIRE_INT_MAX, as_float, as_int, as_role, as_text, as_tokens, check_depth, check_json_text, check_json_unicode,
-    check_vocab, echo, is_sequence, plain_tokens, too_deep,
+    check_vocab, described, echo, is_sequence, kind_of, plain_tokens, too_deep,
 )
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
@@ -242,7 +242,7 @@ def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMess
         return as_text(value, field)
     if not is_sequence(value):
         raise ValueError(f"{field} must be a list of token ids, a str or a list of chat messages, "
-                         f"got {type(value).__name__}")
+                         f"got {kind_of(value)}")
     items = value if isinstance(value, (list, tuple)) else list(value)  # type: ignore[call-overload]
     if items and isinstance(items[0], (Mapping, list, tuple)):  # maps, ChatMessages, [role, content] pairs
         return _messages(items, field)
@@ -303,11 +303,11 @@ def _stop_sequences(value: object, field: str) -> tuple[tuple[int, ...], ...]:
     if type(value) is tuple and not value:
         return ()
     if not is_sequence(value):
-        raise ValueError(f"{field} must be a list of token lists, got {type(value).__name__}")
+        raise ValueError(f"{field} must be a list of token lists, got {kind_of(value)}")
     out: list[tuple[int, ...]] = []
     for i, seq in enumerate(value):  # type: ignore[arg-type]
         if not is_sequence(seq):
-            raise ValueError(f"{field}[{i}] must be a list of int token ids, got {type(seq).__name__} "
+            raise ValueError(f"{field}[{i}] must be a list of int token ids, got {kind_of(seq)} "
                              "(for one sequence pass [[...]])")
         toks = as_tokens(seq, f"{field}[{i}]", allow_empty=False)
         if toks not in out:
@@ -321,12 +321,12 @@ def _stop_strings(value: object, field: str) -> tuple[str, ...]:
     elif value is None:
         return ()
     elif not is_sequence(value):
-        raise ValueError(f"{field} must be a str or a list of str, got {type(value).__name__}")
+        raise ValueError(f"{field} must be a str or a list of str, got {kind_of(value)}")
     out: list[str] = []
     for i, text in enumerate(value):  # type: ignore[arg-type]
         if not isinstance(text, str):
             hint = " (token-id sequences go in stop_sequences)" if is_sequence(text) else ""
-            raise ValueError(f"{field}[{i}] must be a str, got {type(text).__name__}{hint}")
+            raise ValueError(f"{field}[{i}] must be a str, got {kind_of(text)}{hint}")
         text = as_text(text, f"{field}[{i}]", allow_empty=False)
         if len(text) > MAX_STOP_CHARS:
             raise ValueError(f"{field}[{i}] has {len(text)} characters; at most {MAX_STOP_CHARS} are allowed")
@@ -342,7 +342,7 @@ def _flag(value: object, field: str) -> bool:
         return value
     if type(value).__name__ == "bool_":  # numpy's
         return bool(value)
-    raise ValueError(f"{field} must be true or false, got {type(value).__name__} {echo(value)}")
+    raise ValueError(f"{field} must be true or false, got {described(value)}")
 
 
 def _timeout(value: object, field: str) -> float | None:
@@ -424,7 +424,7 @@ def _logit_bias(value: object, field: str) -> tuple[tuple[int, float], ...]:
     elif is_sequence(value):
         pairs = list(value)  # type: ignore[call-overload]
     else:
-        raise ValueError(f"{field} must be a map of token id -> bias, got {type(value).__name__}")
+        raise ValueError(f"{field} must be a map of token id -> bias, got {kind_of(value)}")
     if len(pairs) > MAX_LOGIT_BIAS:
         raise ValueError(f"{field} holds {len(pairs)} entries; at most {MAX_LOGIT_BIAS} are allowed")
     out: dict[int, float] = {}
@@ -491,7 +491,7 @@ def check_template_kwargs(value: object, field: str) -> str | None:
         value = parsed
     if not isinstance(value, Mapping):
         raise ValueError(f"{field} must be an object of chat template variables, e.g. {{\"enable_thinking\": false}}; "
-                         f"got {type(value).__name__}")
+                         f"got {kind_of(value)}")
     check_depth(value, field)
     for name in value:
         if not isinstance(name, str) or not name.isidentifier():
@@ -522,7 +522,7 @@ def _input_extra(value: object, field: str) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
     if not is_sequence(value):
-        raise ValueError(f"{field} must be a list of {{\"filename\": str, \"text\": str}}, got {type(value).__name__}")
+        raise ValueError(f"{field} must be a list of {{\"filename\": str, \"text\": str}}, got {kind_of(value)}")
     items = list(value)  # type: ignore[call-overload]
     if len(items) > MAX_EXTRA_CHUNKS:
         raise ValueError(f"{field} holds {len(items)} chunks; at most {MAX_EXTRA_CHUNKS} are allowed")
@@ -953,7 +953,7 @@ def split_stop(value: object) -> tuple[list[str], list[Any]]:
     if isinstance(value, str):
         return [value], []
     if not is_sequence(value):
-        raise ValueError(f"stop must be a str, a list or None, got {type(value).__name__}")
+        raise ValueError(f"stop must be a str, a list or None, got {kind_of(value)}")
     texts, sequences = [], []
     for i, entry in enumerate(value):  # type: ignore[arg-type]
         if isinstance(entry, str):
@@ -1111,5 +1111,5 @@ def check_request_id(value: object) -> RequestId:
         return as_text(value, "request_id")
     if not hasattr(value, "__index__") or isinstance(value, bool) or type(value).__name__ == "bool_":
         raise ValueError(f"request_id must be an int or a str of 1..{MAX_REQUEST_ID_CHARS} characters, got "
-                         f"{type(value).__name__} {echo(value)}")
+                         f"{described(value)}")
     return as_int(value, "request_id")

@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 from protocol.json_numbers import loads, nonfinite_message
 from protocol.validation import (
-    as_text, check_depth, check_json_text, check_json_unicode, echo, is_sequence, too_deep,
+    as_text, check_depth, check_json_text, check_json_unicode, described, echo, is_sequence, kind_of, too_deep,
 )
 
 __all__ = ["HARMONY_ANALYSIS", "JSON_OBJECT", "KINDS", "MAX_CHOICES", "MAX_SPEC_CHARS", "Constraint", "check_structured"]
@@ -116,9 +116,9 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
             raise ValueError(f"{field} think must be one of {list(THINKS)}, got {echo(think)}")
     else:
         raise ValueError(f"{field} must be a map {{kind: spec}} or a (kind, spec) pair, kind one of "
-                         f"{list(KINDS)}; got {type(value).__name__} {echo(value)}")
+                         f"{list(KINDS)}; got {described(value)}")
     if not isinstance(kind, str):
-        raise ValueError(f"{field} kind must be a str, one of {list(KINDS)}, got {type(kind).__name__}")
+        raise ValueError(f"{field} kind must be a str, one of {list(KINDS)}, got {kind_of(kind)}")
     kind = _ALIASES.get(kind, kind)
     if kind not in KINDS:
         raise ValueError(f"{field} kind must be one of {list(KINDS)}, got {echo(kind)}")
@@ -141,7 +141,7 @@ def check_structured(value: object, field: str = "structured") -> Constraint | N
 
 
 def _not_text(spec: object, where: str) -> str:
-    raise ValueError(f"{where} must be a str, got {type(spec).__name__}")
+    raise ValueError(f"{where} must be a str, got {kind_of(spec)}")
 
 
 def _schema_text(spec: object, where: str) -> str:
@@ -156,7 +156,7 @@ def _schema_text(spec: object, where: str) -> str:
         check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
         spec = parsed
     if not isinstance(spec, Mapping):
-        raise ValueError(f"{where} must be a JSON schema, a JSON object; got {type(spec).__name__} {echo(spec)}")
+        raise ValueError(f"{where} must be a JSON schema, a JSON object; got {described(spec)}")
     check_depth(spec, where)
     try:
         text = json.dumps(spec, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -172,11 +172,11 @@ def _choice_text(spec: object, where: str) -> str:
         except RecursionError:  # (nested deeper than Python's limit: JSON all the same)
             raise ValueError(too_deep(where)) from None
         except ValueError:
-            raise ValueError(f"{where} must be a list of strings, got a str that is no JSON list") from None
+            raise ValueError(f"{where} must be a list of strings, got a string that is no JSON list") from None
         check_json_text(spec, where)
         spec = parsed
     if not is_sequence(spec) or isinstance(spec, (str, bytes)):
-        raise ValueError(f"{where} must be a non-empty list of strings, got {type(spec).__name__}")
+        raise ValueError(f"{where} must be a non-empty list of strings, got {kind_of(spec)}")
     items = list(spec)  # type: ignore[call-overload]
     if not items:
         raise ValueError(f"{where} must be a non-empty list of strings, got an empty list")

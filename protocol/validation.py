@@ -76,15 +76,54 @@ def echo(value: object, limit: int = ECHO_MAX_CHARS) -> str:
 _LOG10_2 = math.log10(2)
 
 
+_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+          bytes: "binary data", list: "an array", tuple: "an array", dict: "an object"}
+
+
+def kind_of(value: object) -> str:
+    """What ``value`` is, in the words of the values a client can send (JSON's, which msgpack's
+    match), never Python's type names: ``"null"``, ``"a boolean"``, ``"an integer"``, ``"a number"``
+    (a float), ``"a string"``, ``"binary data"`` (bytes), ``"an array"`` (a list, or a tuple: an
+    array off the wire), ``"an object"`` (a mapping). Validation messages say ``got <kind>``: they
+    reach clients of every entry point (HTTP bodies and JSONL rows are JSON, ZeroMQ frames msgpack),
+    where ``got tuple`` named no value the client sent. Any other type (a set, a numpy array: only
+    a Python caller in process sends one) is named by its type's name, as precise as it was."""
+    kind = _KINDS.get(type(value))
+    if kind is not None:
+        return kind
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, bool):
+        return "a boolean"
+    return type(value).__name__
+
+
+def described(value: object) -> str:
+    """``value`` as a message's ``got ...`` shows a value of the wrong type: its kind
+    (:func:`kind_of`) and its :func:`echo`, an array or object as its JSON (an array off the wire is a
+    tuple, whose repr ``(1,)`` is Python's), ``null`` for None and ``true`` / ``false`` for a boolean
+    (whose kind their words say): ``got a string '5'``, ``got an array [1]``, ``got true``."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, Mapping)):
+        try:
+            return f"{kind_of(value)} {clip(json.dumps(value, default=repr))}"
+        except (TypeError, ValueError, RecursionError):  # (keys JSON cannot write, a big int, deep nesting)
+            pass
+    return f"{kind_of(value)} {echo(value)}"
+
+
 def as_int(value: object, field: str, *, minimum: int = WIRE_INT_MIN) -> int:
     """``value`` as a Python int in ``[minimum, 2**64)``; ValueError for bool, float, str and friends."""
     if type(value) is not int:
         if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
-            raise ValueError(f"{field} must be an int, got bool {value!r}")
+            raise ValueError(f"{field} must be an int, got {described(bool(value))}")
         try:
             value = operator.index(value)
         except TypeError:
-            raise ValueError(f"{field} must be an int, got {type(value).__name__} {echo(value)}") from None
+            raise ValueError(f"{field} must be an int, got {described(value)}") from None
     if not minimum <= value <= WIRE_INT_MAX:
         if value < minimum:
             raise ValueError(f"{field} must be >= {minimum}, got {echo(value)}")
@@ -97,14 +136,14 @@ def as_float(value: object, field: str) -> float:
     if type(value) is float and math.isfinite(value):
         return value
     if isinstance(value, (bool, str, bytes)) or type(value).__name__ == "bool_":
-        raise ValueError(f"{field} must be a number, got {type(value).__name__} {echo(value)}")
+        raise ValueError(f"{field} must be a number, got {described(value)}")
     try:
         out = float(value)  # type: ignore[arg-type]
     except OverflowError:  # (an int past a double's range: "int too large to convert to float")
         raise ValueError(f"{field} must be a finite number, got {echo(value)}, past a double's range (about "
                          "1.8e308)") from None
     except (TypeError, ValueError):
-        raise ValueError(f"{field} must be a number, got {type(value).__name__}") from None
+        raise ValueError(f"{field} must be a number, got {kind_of(value)}") from None
     if not math.isfinite(out):
         raise ValueError(f"{field} must be finite, got {echo(value)}")
     return out
@@ -115,7 +154,7 @@ def as_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     for lone surrogates (they cannot travel: msgpack strings are UTF-8)."""
     if type(value) is not str:
         if not isinstance(value, str):
-            raise ValueError(f"{field} must be a str, got {type(value).__name__}")
+            raise ValueError(f"{field} must be a str, got {kind_of(value)}")
         value = str(value)
     if not value and not allow_empty:
         raise ValueError(f"{field} must not be empty")
@@ -311,7 +350,7 @@ def as_tokens(value: object, field: str, *, allow_empty: bool = True) -> tuple[i
     elif is_sequence(value):
         tokens = list(value)  # type: ignore[call-overload]
     else:
-        raise ValueError(f"{field} must be a list of int token ids, got {type(value).__name__}")
+        raise ValueError(f"{field} must be a list of int token ids, got {kind_of(value)}")
     if not tokens:
         if not allow_empty:
             raise ValueError(f"{field} must not be empty")

@@ -15,8 +15,8 @@ from protocol.request import check_request_id
 from tests.support.cluster import ThreadCluster
 from worker import BatchInferenceEngine, SimulatedLLM
 
-NOT_IDS = [([1], "got list [1]"), (1.5, "got float 1.5"), ({}, "got dict {}"), (True, "got bool True"),
-           (None, "got NoneType None"), ("", "1..256 characters, got 0"), ("x" * 257, "got 257")]
+NOT_IDS = [([1], "got an array [1]"), (1.5, "got a number 1.5"), ({}, "got an object {}"), (True, "got true"),
+           (None, "got null"), ("", "1..256 characters, got 0"), ("x" * 257, "got 257")]
 
 
 @pytest.mark.parametrize("value, says", NOT_IDS)

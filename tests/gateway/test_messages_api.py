@@ -164,7 +164,7 @@ def test_count_tokens_takes_output_config_and_cache_control_as_anthropics_does(s
     # the chat path's checks, named by the Messages field alone (was "output_config.format.schema:
     # response_format.json_schema.schema json_schema must be ...": the chat field and the request's kind too)
     ({"format": {"type": "json_schema", "schema": 5}},
-     "output_config.format.schema must be a JSON schema, a JSON object; got int 5"),
+     "output_config.format.schema must be a JSON schema, a JSON object; got an integer 5"),
     ({"format": {"type": "json_schema", "schema": "{"}}, "output_config.format.schema is not valid JSON: Expecting"),
     ({"format": {"type": "json_schema", "schema": '{"enum": ["\\ud800"]}'}},  # (counted: 200 before)
      "output_config.format.schema is not valid JSON: it contains an unpaired surrogate escape '\\ud800' at line 1 "

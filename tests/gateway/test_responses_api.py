@@ -184,7 +184,7 @@ def test_a_bad_schema_is_named_by_the_responses_field_alone(scripted):
     err = error_of(http.post("/v1/responses", json={"model": "m", "input": "plain", "text": {
         "format": {"type": "json_schema", "name": "x", "schema": 5}}}), 400)
     assert (err["param"], err["message"]) == \
-        ("text.format.schema", "text.format.schema must be a JSON schema, a JSON object; got int 5"), err
+        ("text.format.schema", "text.format.schema must be a JSON schema, a JSON object; got an integer 5"), err
     assert not client.submitted
 
 

@@ -22,14 +22,14 @@ BAD_REQUESTS = [
     (({1, 2}, 5), {}, "prompt must be a list"),
     (([1, "2"], 5), {}, "must be an int"),
     (([1, 2.0], 5), {}, "must be an int"),
-    (([1, True], 5), {}, "got bool"),
+    (([1, True], 5), {}, "got true"),
     (([1, -1], 5), {}, "negative token id"),
     (([1, VOCAB], 5), {}, "outside the model's vocabulary"),
     (([1], 0), {}, "max_tokens must be >= 1"),
     (([1], -3), {}, "max_tokens must be >= 1"),
     (([1], 2.0), {}, "max_tokens must be an int"),
     (([1], "5"), {}, "max_tokens must be an int"),
-    (([1], True), {}, "got bool"),
+    (([1], True), {}, "got true"),
     (([1], None), {}, "max_tokens must be an int"),
     (([1], 5), {"stop_sequences": [[]]}, "must not be empty"),
     (([1], 5), {"stop_sequences": [1, 2]}, "for one sequence pass"),
@@ -38,7 +38,7 @@ BAD_REQUESTS = [
     (([1], 5), {"stop_token": VOCAB}, "outside the model's vocabulary"),
     (([1], 5), {"stop_token": -1}, "stop_token must be >= 0"),
     (([1], 5), {"stop_token": 1.5}, "stop_token must be an int"),
-    (([1], 5), {"stop_token": True}, "got bool"),
+    (([1], 5), {"stop_token": True}, "got true"),
     (([1], 5), {"priority": 1.5}, "priority must be an int"),
     (([1], 5), {"priority": "high"}, "priority must be an int"),
     (([1], 5), {"timeout_s": 0}, "timeout_s must be a finite number"),
@@ -105,11 +105,11 @@ def test_numpy_integers_accepted_everywhere_as_plain_ints():
 
 
 def test_numpy_bools_and_floats_rejected():
-    with pytest.raises(ValueError, match="bool"):
+    with pytest.raises(ValueError, match="must be an int, got true"):
         RequestParams([np.True_], 1)
     with pytest.raises(ValueError, match="max_tokens must be an int"):
         RequestParams([1], np.float64(3.0))
-    with pytest.raises(ValueError, match="bool"):
+    with pytest.raises(ValueError, match="max_tokens must be an int, got true"):
         RequestParams([1], np.bool_(True))
 
 
