@@ -43,9 +43,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import bad_request, empty_content, entry_type, unsupported
+from gateway.errors import APIError, bad_request, unsupported
 from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Sampling
 from gateway.structured import structured_option
+from protocol.chat import ContentError, Fault, content_text
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
 from protocol.request import DEFAULT, check_template_kwargs, split_stop
@@ -140,20 +141,16 @@ def fim_option(body: _Sampling) -> dict[str, str]:
     return {"suffix": suffix}
 
 
-OPENAI_PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
-"""The types of a chat message's content parts in OpenAI's API (its ``ChatCompletionContentPartParam``
-and an assistant's ``refusal`` part); slotserve serves ``text``."""
-
-
 def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     """``body.messages`` as the client SDK takes them, the chat prompt: ``{"role", "content"}``
-    with text parts joined (the chat route's and ``/tokenize``'s, alike). 400 naming the message for a
+    with text parts joined (the chat route's and ``/tokenize``'s, alike), by the rule every entry point
+    applies (:func:`protocol.chat.content_text`: OpenAI's). 400 naming the message for a
     role that is not a name (:data:`protocol.validation.ROLE`, the SDK's rule too), a
     message other than the assistant's without content (OpenAI's rule;
     the assistant's may be null beside its tool calls), content given as an empty array (OpenAI's rule,
     every role's: an array holds at least one part; ``""`` is taken), or for no message; and naming
     the part (``messages.0.content.1.type``, ``.text``) for a part without a type, one whose type is
-    none of :data:`OPENAI_PART_TYPES`, or a text part without text. 501 naming the part's type for one
+    none of :data:`protocol.chat.PART_TYPES`, or a text part without text. 501 naming the part's type for one
     of OpenAI's other parts (an image, audio, a file, a refusal): slotserve serves text."""
     out = []
     for i, m in enumerate(body.messages):
@@ -161,33 +158,25 @@ def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
             as_role(m.role, "role")
         except ValueError as e:
             raise bad_request(str(e), f"messages.{i}.role") from None
-        if m.content is None and m.role != "assistant":
-            raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content")
-        content = m.content
-        if isinstance(content, list):
-            if not content:  # (an empty turn the client did not mean: OpenAI refuses it, as Anthropic does)
-                raise empty_content(f"messages.{i}.content", "text part", null=m.role == "assistant")
-            content = "".join(_part_text(part, f"messages.{i}.content.{j}") for j, part in enumerate(content))
-        out.append({"role": m.role, "content": "" if content is None else content})
+        try:
+            content = content_text(m.content, m.role)
+        except ContentError as e:
+            raise content_error(e, f"messages.{i}.content") from None
+        out.append({"role": m.role, "content": content})
     if not out:
         raise bad_request("messages must not be empty", "messages")
     return out
 
 
-def _part_text(part: Any, where: str) -> str:
-    """The text of the content part ``part`` (the field ``where``), which must be a text part."""
-    kind = entry_type(part, where, "a content part", "text")
-    if kind in OPENAI_PART_TYPES[1:]:
-        raise unsupported(f"{where}.type", f"{kind} content parts are not supported by slotserve (text parts "
-                                           "only); send the content as text, or leave the part out")
-    if kind != "text":
-        raise bad_request(f"a content part's type is one of {', '.join(OPENAI_PART_TYPES)} (OpenAI's; slotserve "
-                          f"serves text), not {echo(kind)}", f"{where}.type")
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise bad_request("a text content part needs a string 'text'", f"{where}.text",
-                          "invalid_type" if "text" in part else "missing_required_parameter")
-    return text
+def content_error(e: ContentError, content: str) -> APIError:
+    """The HTTP error of ``e``, a refusal of the message content whose field is ``content``
+    (``messages.0.content``): its part's field in ``param`` (``messages.0.content.1.type``), 501
+    ``unsupported`` for a part slotserve does not serve, else 400 with the fault's code."""
+    param = ".".join((content, *map(str, e.path)))
+    message = e.named(param) if e.leads else e.words
+    if e.fault is Fault.UNSUPPORTED:
+        return unsupported(param, message)
+    return bad_request(message, param, e.fault.value)
 
 
 def _count(value: int | None, field: str, extra: str = "") -> int | None:

@@ -55,7 +55,7 @@ from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
-from protocol.tools import arguments_problem, is_tool_name, parameters_error
+from protocol.tools import arguments_problem, call_arguments, is_tool_name, parameters_error
 from protocol.validation import check_json_text, clip, echo
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
@@ -216,9 +216,7 @@ def _checked_call(call: Any, where: str) -> dict:
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise bad_request("a tool call's id must be a string", f"{where}.id")
-    args = fn.get("arguments")
-    if args is None or isinstance(args, str) and not args.strip():
-        args = "{}"  # what some clients send for a call without arguments ("", null, or none at all)
+    args = call_arguments(fn.get("arguments"))  # ("", null or none at all: "{}", as every entry point takes it)
     if isinstance(args, dict):
         args = json.dumps(args, ensure_ascii=False)
     check_arguments(args, f"{where}.function.arguments")

@@ -38,6 +38,7 @@ from itertools import compress as _compress
 from itertools import repeat as _repeat
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
+from protocol.chat import ContentError, Fault, content_text
 from protocol.enums import RequestKind
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.json_numbers import loads as _json_loads, nonfinite_message
@@ -92,7 +93,10 @@ class ChatMessage(NamedTuple):
     OpenAI's ``tool_calls`` list); ``tool_call_id``: the call a ``tool``
     message answers (``""``: none); ``name``: the message's ``name`` (a
     ``tool`` message's function, as some clients send it; ``""``: none) --
-    Mistral's templates read the id, Llama 3's and others the name. On the
+    Mistral's templates read the id, Llama 3's and others the name. A
+    message given as OpenAI's (a mapping) may hold its content as text parts
+    or, an assistant's, null (:func:`protocol.chat.content_text`): the
+    ChatMessage holds the text, joined (``""`` for none). On the
     wire a message is ``[role, content, tool_calls, tool_call_id, name]``;
     the older shapes ``[role, content]`` and ``[role, content, tool_calls]``
     decode with the rest empty."""
@@ -259,8 +263,13 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
             role, content, calls, call_id, name = (*m, *((None, "", "")[len(m) - 2:]))
         else:
             raise ValueError(f"chat message {i} must be a map with 'role' and 'content', got {echo(m)}")
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise ValueError(f"chat message {i} must have string 'role' and 'content', got {echo(m)}")
+        if not isinstance(role, str):
+            raise ValueError(f"chat message {i} must have a string 'role', got {echo(m)}")
+        try:  # (OpenAI's content: a string, text parts, an assistant's null; protocol.chat)
+            content = content_text(content, role)
+        except ContentError as e:
+            raise (UnsupportedError if e.fault is Fault.UNSUPPORTED else ValueError)(
+                e.named(e.at(f"chat message {i} content"))) from None
         for what, value in (("tool_call_id", call_id), ("name", name)):
             if not isinstance(value, str) or len(value) > MAX_MESSAGE_NAME_CHARS:
                 raise ValueError(f"chat message {i} {what} must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
@@ -558,8 +567,9 @@ class _Fields(NamedTuple):
     # name: Annotated[normalised type, check] = default          # meaning, unit
     prompt: Annotated[tuple[int, ...] | str | tuple[ChatMessage, ...], _prompt]
     # token ids (ints >= 0), or text (str), or chat messages ({"role", "content"} maps; a role is a
-    # name: letters, digits, _ and -, at most 32, as over HTTP); text and chat need a model with a
-    # tokenizer. Never empty, but for the text before a suffix.
+    # name: letters, digits, _ and -, at most 32, as over HTTP; content a string, text parts or, an
+    # assistant's, null, as OpenAI's); text and chat need a model with a tokenizer. Never empty, but
+    # for the text before a suffix.
     max_tokens: Annotated[int, _count(1)]
     # generated tokens at most (>= 1); prompt + max_tokens must fit the model's context.
     stop_token: Annotated[tuple[int, ...] | str, _stop_token] = DEFAULT

@@ -36,8 +36,8 @@ from protocol.validation import (
     MAX_JSON_DEPTH, as_text, check_depth, check_json_text, check_json_unicode, echo, is_sequence, json_depth, too_deep,
 )
 
-__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "check_tool_calls", "check_tools", "is_tool_name",
-           "parameters_error"]
+__all__ = ["MAX_TOOLS_CHARS", "ToolCall", "arguments_problem", "call_arguments", "check_tool_calls", "check_tools",
+           "is_tool_name", "parameters_error"]
 
 MAX_TOOLS_CHARS = 200_000
 """Longest ``tools`` text, in characters (it is rendered into the prompt of every request that has it)."""
@@ -141,8 +141,9 @@ def parameters_error(params: Mapping, field: str) -> tuple[str, str] | None:
 
 def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
     """An assistant message's calls: OpenAI's ``[{"id", "type": "function", "function": {"name",
-    "arguments"}}]`` (arguments a JSON object's text, or the object) or :class:`ToolCall` arrays
-    (off the wire), as ToolCalls. None or empty: ``()``. ValueError naming ``field``."""
+    "arguments"}}]`` (arguments a JSON object's text, or the object; none, null or blank text is
+    ``{}``: :func:`call_arguments`) or :class:`ToolCall` arrays (off the wire), as ToolCalls. None
+    or empty: ``()``. ValueError naming ``field``."""
     if value is None:
         return ()
     if not is_sequence(value) or isinstance(value, (str, Mapping)):
@@ -155,7 +156,7 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
             if not isinstance(fn, Mapping):
                 raise ValueError(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                  "\"arguments\"}}}}")
-            call_id, name, args = call.get("id") or "", fn.get("name"), fn.get("arguments", "{}")
+            call_id, name, args = call.get("id") or "", fn.get("name"), call_arguments(fn.get("arguments"))
         elif isinstance(call, (list, tuple)) and len(call) == 3:
             call_id, name, args = call
         else:
@@ -180,6 +181,16 @@ def check_tool_calls(value: object, field: str) -> tuple[ToolCall, ...]:
             check_json_text(args, f"{where} arguments")
         out.append(ToolCall(call_id, name, args))
     return tuple(out)
+
+
+def call_arguments(value: object) -> object:
+    """A call's ``function.arguments`` as given (OpenAI's: the JSON text of an object), or ``"{}"``
+    for none: left out, null or blank text, as clients send a call without arguments. The one rule of
+    every entry point (the HTTP gateway's chat history, the SDK, JSONL rows); the value is checked
+    after (:func:`arguments_problem`)."""
+    if value is None or isinstance(value, str) and not value.strip():
+        return "{}"
+    return value
 
 
 def arguments_problem(args: object) -> str | None:

@@ -7,8 +7,8 @@ The same kind, after: an empty text block anywhere on /v1/messages (Anthropic's 
 must be non-empty"), a Responses ``function_call_output``'s ``output: []``.
 What the vendors take stays taken: ``""``, ``system: []`` (no system prompt), an assistant's null content beside its tool calls, a
 ``tool_result``'s ``[]`` / ``""`` / no content (Anthropic's is optional), ``output: ""``. The Python
-SDK takes string content only: an array is a ValueError. Over the handlers apps with scripted broker
-clients (tests/support/scripted.py), no sockets."""
+SDK takes content by the chat route's rule (protocol.chat.content_text): an empty array is a ValueError
+in its words. Over the handlers apps with scripted broker clients (tests/support/scripted.py), no sockets."""
 
 from __future__ import annotations
 
@@ -147,10 +147,10 @@ def test_responses_message_item_content_of_an_empty_array_is_a_400_naming_it(res
 @pytest.mark.parametrize("messages", [[{"role": "user", "content": []}],
                                       [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}],
                                       [("user", [])]])
-def test_the_sdk_refuses_array_content_with_a_value_error(messages):
-    """The SDK's chat messages hold string content (``""`` for none): an array, empty or not, is a ValueError
-    naming the message, before a client sends anything."""
-    with pytest.raises(ValueError, match=rf"chat message {len(messages) - 1} must have string 'role' and 'content'"):
+def test_the_sdk_refuses_an_empty_array_of_content_with_a_value_error(messages):
+    """An empty array is a ValueError naming the message, in the chat route's words, before a client sends
+    anything (a list of text parts is taken, as OpenAI's: tests/gateway/test_chat_content_everywhere.py)."""
+    with pytest.raises(ValueError, match=rf"^chat message {len(messages) - 1} content {EMPTY}"):
         RequestParams(messages, 2)
 
 

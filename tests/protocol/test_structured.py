@@ -134,7 +134,7 @@ def _called(arguments) -> list[dict]:
      "chat message 1 tool_calls[0] arguments must be the JSON text of an object; this one nests arrays and objects "
      "more than 200 levels deep"),
     (CHAT + [{"role": "user", "content": _nested(5000)}], {},
-     "chat message 1 must have string 'role' and 'content', got a dict nested too deeply to show"),
+     "chat message 1 content must be a string or a list of text parts; got an object"),
 ])
 def test_json_text_and_values_nested_past_python_s_limit_are_told_so_in_every_field(prompt, options, says):
     # the text forms said what they are not ('tools must be a JSON list of tool definitions', 'chat_template_kwargs

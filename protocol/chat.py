@@ -1,0 +1,122 @@
+"""A chat message's content as OpenAI's API takes it, checked once for every entry point.
+
+OpenAI's ``ChatCompletionMessageParam``: ``content`` is a string, a list of content parts
+(``{"type": "text", "text": ...}``; a chat template renders their texts joined), or null for an
+assistant message (beside its tool calls: "Required unless ``tool_calls`` or ``function_call`` is
+specified"). :func:`content_text` is the one rule: the HTTP gateway's chat routes and ``/tokenize``
+(:func:`gateway.options.chat_messages`, which names the field of a refusal in its 4xx), the Python
+SDK, ``slotserve run``'s rows and the wire (:class:`protocol.request.RequestParams`' chat prompt,
+whose :class:`~protocol.request.ChatMessage` holds the joined text, ``""`` for none), so each takes
+what the others take.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+
+from protocol.validation import clip, echo, is_sequence, kind_of
+
+__all__ = ["PART_TYPES", "ContentError", "Fault", "content_text"]
+
+PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
+"""The types of a chat message's content parts in OpenAI's API (its ``ChatCompletionContentPartParam``
+and an assistant's ``refusal`` part); slotserve serves ``text``."""
+
+
+class Fault(enum.Enum):
+    """What kind of refusal a :class:`ContentError` is (an HTTP answer's code; ``unsupported``: a
+    part OpenAI takes and slotserve does not serve, 501 over HTTP and the wire's ``unsupported``)."""
+
+    TYPE = "invalid_type"
+    MISSING = "missing_required_parameter"
+    VALUE = "invalid_value"
+    UNSUPPORTED = "unsupported"
+
+
+class ContentError(ValueError):
+    """A message's content refused by :func:`content_text`.
+
+    - ``path``: the field at fault below the content, as keys: ``()`` the content itself, ``(1,)``
+      its part 1, ``(1, "type")`` that part's type;
+    - ``fault``: :class:`Fault`;
+    - ``words``: what is wrong and what to send; they start after the field's name when ``leads``
+      (``"is an empty array: ..."``), else they stand alone.
+
+    ``str(e)`` names the field as ``content[1].type``; each caller names it as its clients do
+    (:meth:`at`, :meth:`named`)."""
+
+    def __init__(self, path: tuple, fault: Fault, words: str, *, leads: bool = False) -> None:
+        self.path, self.fault, self.words, self.leads = path, fault, words, leads
+        super().__init__(self.named(self.at("content")))
+
+    def at(self, content: str) -> str:
+        """The field at fault, below ``content`` (the content's own name, ``chat message 1 content``):
+        ``chat message 1 content[1].type``."""
+        return content + "".join(f"[{k}]" if type(k) is int else f".{k}" for k in self.path)
+
+    def named(self, field: str) -> str:
+        """The message, the field at fault written ``field``."""
+        return f"{field} {self.words}" if self.leads else f"{field}: {self.words}"
+
+
+def content_text(content: object, role: str) -> str:
+    """The text a chat template renders of a message's ``content`` (see the module's docstring): a
+    string as it is; null as ``""`` for an assistant message; the texts of a list of text parts,
+    joined. :class:`ContentError` for null in another role's message, an empty list (OpenAI's rule:
+    an array holds at least one part; ``""`` is taken), another type of content, or a part that is
+    no object, has no string ``type``, is none of :data:`PART_TYPES` (:attr:`Fault.VALUE`), is one
+    of OpenAI's other parts (an image, audio, a file, a refusal: :attr:`Fault.UNSUPPORTED`, slotserve
+    serves text), or a text part without a string ``text``. Lone surrogates are the caller's to
+    refuse (:func:`protocol.validation.as_text`)."""
+    if type(content) is str:
+        return content
+    if content is None:
+        if role == "assistant":
+            return ""
+        raise ContentError((), Fault.VALUE, f"a {role} message needs content")
+    null = ", null" if role == "assistant" else ""
+    if isinstance(content, (str, bytes, Mapping)) or not is_sequence(content):
+        raise ContentError((), Fault.TYPE, f"must be a string{null} or a list of text parts; got {kind_of(content)}",
+                           leads=True)
+    parts = list(content)  # type: ignore[call-overload]
+    if not parts:  # (an empty turn the client did not mean: OpenAI refuses it, as Anthropic does)
+        raise ContentError((), Fault.VALUE, f"is an empty array: an empty turn is refused; send a string{null} or a "
+                           "list of at least one text part", leads=True)
+    return "".join(_part_text(part, j) for j, part in enumerate(parts))
+
+
+def _part_text(part: object, j: int) -> str:
+    """The text of the content part ``part`` (the content's entry ``j``), which must be a text part."""
+    if not isinstance(part, Mapping):
+        raise ContentError((j,), Fault.TYPE, 'a content part must be an object whose "type" says what it is (text); '
+                           f"got {_shown(part)}")
+    if "type" not in part:
+        raise ContentError((j, "type"), Fault.MISSING, 'a content part needs a "type" saying what it is (text)')
+    kind = part["type"]
+    if type(kind) is not str:
+        raise ContentError((j, "type"), Fault.TYPE, f'a content part\'s "type" must be a string (text); got '
+                           f"{_shown(kind)}")
+    if kind in PART_TYPES[1:]:
+        raise ContentError((j, "type"), Fault.UNSUPPORTED, f"{kind} content parts are not supported by slotserve "
+                           "(text parts only); send the content as text, or leave the part out")
+    if kind != "text":
+        raise ContentError((j, "type"), Fault.VALUE, f"a content part's type is one of {', '.join(PART_TYPES)} "
+                           f"(OpenAI's; slotserve serves text), not {echo(kind)}")
+    text = part.get("text")
+    if type(text) is not str:
+        raise ContentError((j, "text"), Fault.TYPE if "text" in part else Fault.MISSING,
+                           "a text content part needs a string 'text'")
+    return text
+
+
+def _shown(value: object) -> str:
+    """``value`` (not an object) as a refusal shows it: an array by its kind, else its JSON, cut as
+    every echo is (a value JSON cannot write, which only a Python caller sends: its repr)."""
+    if isinstance(value, (list, tuple)):
+        return kind_of(value)
+    try:
+        return clip(json.dumps(value))
+    except (TypeError, ValueError):
+        return echo(value)
