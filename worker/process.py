@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import logging
 import os
 import threading
@@ -114,8 +115,10 @@ class WorkerProcess:
         self._unstarted: list[_Live] = []       # text prompts whose length is not sent yet; guarded by _submit_lock
         self._scored: list[_Live] = []          # requests that ask for logprobs; guarded by _submit_lock
         self._done: list[int] = []              # engine ids ended this iteration (main thread)
-        # engine ids queued for the admission thread -> cancelled meanwhile; guarded by _submit_lock
-        self._admitting: dict[int, bool] = {}
+        # engine ids queued for the admission thread -> their deadline (monotonic seconds, or None), until
+        # it takes them or they end (a cancel, their deadline: at once) or are dropped; guarded by _submit_lock
+        self._admitting: dict[int, float | None] = {}
+        self._admit_deadlines: list[tuple[float, int]] = []  # heap of (deadline_s, engine id); guarded by _submit_lock
         self._admission: AdmissionThread | None = None  # while run() runs: prepares text and structured requests
         self._submit_lock = threading.Lock()
         self._epoch = 0
@@ -241,6 +244,10 @@ class WorkerProcess:
         engine = self.engine
         delay_s = self.config.step_delay_ms / 1000.0
         while not stop.is_set():
+            if self._admit_deadlines:  # (a racy read: a miss is seen next turn)
+                late = self._expire_admitting(time.monotonic())
+                if late is not None and self._post(late):
+                    pipe.send(WAKE)
             if not engine.wait_for_work(0.1):
                 continue
             engine.step()
@@ -376,6 +383,7 @@ class WorkerProcess:
         submits it or posts its refusal to the outbox; without that thread, at once too."""
         refused = []
         admission = self._admission
+        now = time.monotonic()
         with self._submit_lock:
             epoch = self._epoch
             for entry in entries:
@@ -384,45 +392,82 @@ class WorkerProcess:
                     message = entry.message if type(entry) is Rejected else "a broker key must be an int"
                     refused.append(Finished(key, FinishReason.ERROR, ErrorCode.BAD_REQUEST, message))
                 elif admission is not None and self.engine.needs_preparing(entry.params):
-                    self._admitting[key + (epoch << _EPOCH_SHIFT)] = False
+                    self._hold(key + (epoch << _EPOCH_SHIFT), entry, now)
                     admission.put(functools.partial(self._admit, entry, epoch))
                 else:
-                    ended = self._take(entry, epoch, None)
+                    ended = self._take(entry, epoch, None, entry.time_left_s)
                     if ended is not None:
                         refused.append(ended)
         return refused
 
+    def _hold(self, eid: int, entry: Envelope, now: float) -> None:
+        """(Under the submit lock) note ``entry`` as with the admission thread: its deadline runs from
+        ``now`` (``time_left_s``, else the request's ``timeout_s``), while it waits there too."""
+        left = entry.time_left_s if entry.time_left_s is not None else entry.params.timeout_s
+        deadline_s = None if left is None else now + left
+        self._admitting[eid] = deadline_s
+        if deadline_s is not None:
+            heap = self._admit_deadlines
+            if len(heap) > 2 * len(self._admitting) + 64:  # mostly taken or ended ones: keep those still held
+                heap[:] = [e for e in heap if e[1] in self._admitting]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (deadline_s, eid))
+
     def _admit(self, entry: Envelope, epoch: int) -> bool:
-        """(Admission thread) prepare ``entry`` outside the submit lock, then submit it, unless it was
-        cancelled (it ends ``cancelled``), abandoned or of an older epoch (dropped: the broker was
-        told) meanwhile. True when an ending was posted to the outbox and the I/O thread must wake."""
+        """(Admission thread) prepare ``entry`` outside the submit lock, then submit it with the time
+        left to its deadline. One that ended meanwhile (cancelled, past its deadline: :meth:`cancel`,
+        :meth:`_expire_admitting`), was abandoned or is of an older epoch (dropped: the broker was
+        told) is not prepared, or not submitted; one whose deadline passed while it was prepared ends
+        ``deadline``. True when an ending was posted to the outbox and the I/O thread must wake."""
+        key = entry.request_id
+        eid = key + (epoch << _EPOCH_SHIFT)
+        if eid not in self._admitting:  # (a racy read: one that ends now is not submitted below)
+            return False
         error = ids = None
         try:
             ids = self.engine.prepare(entry.params)
         except Exception as e:  # noqa: BLE001 -- the request's own refusal, as assign's
             error = e
-        key = entry.request_id
         with self._submit_lock:
-            cancelled = self._admitting.pop(key + (epoch << _EPOCH_SHIFT), None)
-            if cancelled is None or epoch != self._epoch:
+            if eid not in self._admitting or epoch != self._epoch:
                 return False
-            if cancelled:
-                ended = Finished(key, FinishReason.CANCELLED)
-            elif error is not None:
+            deadline_s = self._admitting.pop(eid)
+            left_s = None if deadline_s is None else deadline_s - time.monotonic()
+            if error is not None:
                 ended = _refusal(key, error)
+            elif left_s is not None and left_s <= 0:
+                ended = Finished(key, FinishReason.DEADLINE)
             else:
-                ended = self._take(entry, epoch, ids)
+                ended = self._take(entry, epoch, ids, left_s)
         return ended is not None and self._post((epoch, Iteration(finished=(ended,))))
 
-    def _take(self, entry: Envelope, epoch: int, prompt_ids: tuple[int, ...] | None) -> Finished | None:
-        """(Under the submit lock) submit ``entry`` into the engine and follow it; its refusal, or None."""
+    def _expire_admitting(self, now: float) -> tuple[int, Iteration] | None:
+        """(Main thread) End ``deadline`` the requests the admission thread still holds whose deadline
+        is at or before ``now`` (monotonic seconds): queued behind a slow one there, or slow
+        themselves, they end at their deadline as in the engine, not when that thread reaches them
+        (it then drops them). The iteration that says so, or None."""
+        ended = []
+        with self._submit_lock:
+            heap, admitting, base = self._admit_deadlines, self._admitting, self._epoch << _EPOCH_SHIFT
+            while heap and heap[0][0] <= now:
+                deadline_s, eid = heapq.heappop(heap)
+                if admitting.get(eid) == deadline_s:  # (else taken, ended or dropped already)
+                    del admitting[eid]
+                    ended.append(Finished(eid - base, FinishReason.DEADLINE))
+            epoch = self._epoch
+        return (epoch, Iteration(finished=tuple(ended))) if ended else None
+
+    def _take(self, entry: Envelope, epoch: int, prompt_ids: tuple[int, ...] | None,
+              time_left_s: float | None) -> Finished | None:
+        """(Under the submit lock) submit ``entry`` into the engine with ``time_left_s`` seconds to its
+        deadline (None: the request's ``timeout_s``) and follow it; its refusal, or None."""
         key = entry.request_id
         live = _Live(key, key + (epoch << _EPOCH_SHIFT), self._done)
         try:
             live.handle = self.engine.submit(entry.params, live.on_end, on_token=live.tokens.append,
                                              on_text=live.texts.append if self.tokenizer is not None else None,
                                              request_id=live.eid, resume_tokens=entry.resume_tokens,
-                                             time_left_s=entry.time_left_s, prompt_ids=prompt_ids)
+                                             time_left_s=time_left_s, prompt_ids=prompt_ids)
         except Exception as e:  # noqa: BLE001 -- e.g. a ValueError, QueueFullError, a tokenizer failure
             return _refusal(key, e)
         self._live[live.eid] = live
@@ -432,18 +477,24 @@ class WorkerProcess:
             self._scored.append(live)
         return None
 
-    def cancel(self, keys: list[int]) -> None:
-        """Cancel the requests of broker keys ``keys`` in the engine, or before it where the admission
-        thread holds them (they end ``cancelled`` from there); unknown keys: nothing."""
+    def cancel(self, keys: list[int]) -> list[Finished]:
+        """Cancel the requests of broker keys ``keys`` in the engine; those the admission thread still
+        holds end ``cancelled`` at once (their endings are returned, for the I/O thread to send: the
+        thread then drops them unprepared); unknown keys: nothing."""
         base = self._epoch << _EPOCH_SHIFT
-        eids = [key + base for key in keys if type(key) is int]
-        if self._admitting:
-            with self._submit_lock:
-                for eid in eids:
-                    if eid in self._admitting:
-                        self._admitting[eid] = True
+        ended, eids = [], []
+        with self._submit_lock:
+            for key in keys:
+                if type(key) is not int:
+                    continue
+                if key + base in self._admitting:
+                    del self._admitting[key + base]
+                    ended.append(Finished(key, FinishReason.CANCELLED))
+                else:
+                    eids.append(key + base)
         for eid in eids:
             self.engine.cancel(eid)
+        return ended
 
     def holds(self, key) -> bool:
         """Whether broker key ``key`` names a request in the engine now."""
@@ -474,6 +525,7 @@ class WorkerProcess:
         with self._submit_lock:
             self._epoch += 1
             self._admitting.clear()  # (the admission thread drops what it still holds: an older epoch)
+            self._admit_deadlines.clear()
             lives = list(self._live.values())
             for live in lives:
                 live.stale = True

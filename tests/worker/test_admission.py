@@ -115,21 +115,43 @@ def test_slow_request_work_leaves_the_io_thread_serving(model, work):
     assert {t for g in gates for t in g.threads} == {ADMISSION}
 
 
-def test_a_request_cancelled_while_it_is_prepared_ends_cancelled(model):
+def held_text(model) -> list[Gate]:
+    """Gates ``model``'s text codec (:class:`GatedCodec`): its gates, ``encode``'s first."""
     gates: list[Gate] = []
     model.tokenizer = GatedCodec(model.tokenizer, lambda fn: gates.append(Gate(fn)) or gates[-1])
+    return gates
+
+
+@pytest.mark.parametrize("end", ["cancel", "deadline"])
+@pytest.mark.parametrize("where", ["being prepared", "queued behind another"])
+def test_a_request_the_admission_thread_holds_ends_at_its_cancel_or_deadline(model, end, where):
+    """It ends at once (cancelled, or at its deadline: ``deadline``), while the admission thread is
+    still held: before, a cancel took effect, and a deadline was looked at, only once that thread
+    reached the request (after the slow work ahead of it, a 9 s grammar), and a request whose
+    deadline had passed meanwhile was then tokenised and run with its whole timeout_s again (it
+    ended ``stop`` with its tokens). One queued behind is never tokenised."""
+    gates = held_text(model)
     with ThreadCluster() as cluster, opened(gates):
         cluster.add_worker(model, model="m")
+        wp = cluster.workers[0].wp
         with Client(cluster.frontend, model="m") as c:
             c.wait_for_model(30)
-            slow = c.submit_request("hi", 40)
-            wait_until(lambda: any(g.entered.is_set() for g in gates), 30, "the tokenisation to start")
-            assert c.cancel(slow.request_id)
-            wp = cluster.workers[0].wp
-            wait_until(lambda: True in wp._admitting.values(), 30, "the worker to hear of the cancel")
+            timed = {"timeout_s": 0.2} if end == "deadline" else {}
+            first = c.submit_request("hi", 40, **(timed if where == "being prepared" else {}))
+            wait_until(lambda: gates[0].entered.is_set(), 30, "the tokenisation to start")
+            held = first if where == "being prepared" else c.submit_request("hello", 40, **timed)
+            wait_until(lambda: len(wp._admitting) == (1 if where == "being prepared" else 2), 30,
+                       "the worker to hold the request")
+            if end == "cancel":
+                assert c.cancel(held.request_id)
+            held.result(timeout=30)  # (the gate is still closed)
+            assert held.finish_reason is (FinishReason.CANCELLED if end == "cancel" else FinishReason.DEADLINE)
+            assert held.tokens == []
             for g in gates:
                 g.open.set()
-            slow.result(timeout=30)
+            if held is not first:
+                assert first.result(timeout=30) == model.script and first.finish_reason is FinishReason.STOP
             after = c.submit_request([7, 8], 40)  # the worker goes on serving
             assert after.result(timeout=30) == [7, 8, *model.script]
-    assert slow.finish_reason is FinishReason.CANCELLED and slow.tokens == []
+            wait_until(lambda: not wp._admitting, 30, "the admission thread to drop the ended request")
+    assert len(gates[0].threads) == 1  # the request held behind was never tokenised
