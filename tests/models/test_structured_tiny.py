@@ -279,3 +279,40 @@ def test_a_grammar_tokenizer_the_warm_up_cannot_build_is_logged_and_the_model_se
     h = engine.submit_request("hello", 4)  # unconstrained requests are served
     engine.run()
     assert h.finish_reason is FinishReason.LENGTH and len(h.tokens) == 4
+
+
+def test_a_grammar_being_built_holds_no_other_constrained_request(tiny, monkeypatch):
+    """A build runs outside the grammar cache's lock: a request whose constraint is compiled runs
+    to its end while another constraint is being built (held here; a 109,588-character GBNF grammar
+    takes 8-9.7 s, on the worker's admission thread). Before, the engine loop waited for that build
+    when the request took its slot (its cached matcher is looked up under that lock), every slot
+    with it: the run below ended only after the build."""
+    import threading
+
+    g = tiny.grammars
+    engine = BatchInferenceEngine(tiny, batch_size=2, stop_token="model")
+    ready = engine.submit_request("hello", 8, structured={"regex": "[a-e]{2,6}"})  # compiled at submit
+    entered, release = threading.Event(), threading.Event()
+    build = g._build
+
+    def held_build(constraint):
+        if constraint[0] == "regex" and constraint[1] == "[0-9]{3,5}":
+            entered.set()
+            release.wait(30)
+        return build(constraint)
+
+    monkeypatch.setattr(g, "_build", held_build)
+    slow: list = []
+    builder = threading.Thread(
+        target=lambda: slow.append(engine.submit_request("x", 6, structured={"regex": "[0-9]{3,5}"})))
+    builder.start()
+    try:
+        assert entered.wait(30)
+        engine.run()  # the compiled request alone
+        assert builder.is_alive()  # (the build is still held)
+        assert ready.finish_reason is not None and re.fullmatch("[a-e]{2,6}", ready.text), ready.text
+    finally:
+        release.set()
+        builder.join(30)
+    engine.run()
+    assert re.fullmatch("[0-9]{3,5}", slow[0].text), slow[0].text

@@ -134,7 +134,10 @@ class Grammars:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.cache_entries = cache_entries
-        self._lock = threading.Lock()  # compile may run on a submitting thread, masks on the loop's
+        # guards the cache, held for lookups and inserts only: a build runs outside it (seconds for a
+        # large grammar, on the admission thread) while the engine loop's rows look theirs up
+        self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()  # the llguidance tokenizer is built once
         self._tokenizer = None
         self._executor = None
         self._cache: OrderedDict[Constraint, object] = OrderedDict()
@@ -155,38 +158,48 @@ class Grammars:
         """Build the llguidance tokenizer now (seconds it took; 0.0 when built already), so that
         no request pays it: the worker's warm-up calls this before the model is served. Raises what
         llguidance raises for a tokenizer it cannot read (the first compile would raise it too)."""
-        with self._lock:
-            if self._tokenizer is not None:
-                return 0.0
-            start = time.perf_counter()
-            self._llg()
-            return time.perf_counter() - start
+        if self._tokenizer is not None:
+            return 0.0
+        start = time.perf_counter()
+        self._llg()
+        return time.perf_counter() - start
 
     def _llg(self):
-        """The llguidance tokenizer and executor, built at first use."""
+        """The llguidance tokenizer and executor, built at first use (once, whichever thread asks)."""
         if self._tokenizer is None:
-            import llguidance
+            with self._tokenizer_lock:
+                if self._tokenizer is None:
+                    import llguidance
 
-            eos = list(self.eos_token_ids) or None
-            self._tokenizer = llguidance.LLTokenizer(text_added_tokens(self._tokenizer_json()),
-                                                     n_vocab=self.vocab_size, eos_token=eos)
-            self._executor = llguidance.LLExecutor()
+                    eos = list(self.eos_token_ids) or None
+                    tokenizer = llguidance.LLTokenizer(text_added_tokens(self._tokenizer_json()),
+                                                       n_vocab=self.vocab_size, eos_token=eos)
+                    self._executor = llguidance.LLExecutor()
+                    self._tokenizer = tokenizer  # (last: a thread that sees it sees the executor)
         return self._tokenizer
 
     def compile(self, constraint: Constraint):
         """A pristine llguidance ``LLMatcher`` for ``constraint`` (the cached one: copy it before
-        feeding it tokens). Raises :class:`GrammarError` when the spec does not compile."""
+        feeding it tokens). Raises :class:`GrammarError` when the spec does not compile.
+
+        The build runs outside the cache's lock: it takes seconds for a large grammar (a 109,588-
+        character GBNF grammar: 8-9.7 s, on the worker's admission thread), and held there it stalled
+        the engine loop, whose rows look their compiled constraint up here when a constrained request
+        takes a slot: every slot waited for another request's build. Two threads building one
+        constraint at once build it twice; the first one cached is kept."""
         with self._lock:
             matcher = self._cache.get(constraint)
             if matcher is not None:
                 self._cache.move_to_end(constraint)
                 self.hits += 1
                 return matcher
-            start = time.perf_counter()
-            matcher = self._build(constraint)
+        start = time.perf_counter()
+        built = self._build(constraint)
+        with self._lock:
             self.compile_s += time.perf_counter() - start
             self.compiles += 1
-            self._cache[constraint] = matcher
+            matcher = self._cache.setdefault(constraint, built)
+            self._cache.move_to_end(constraint)
             if len(self._cache) > self.cache_entries:
                 self._cache.popitem(last=False)
             return matcher
