@@ -15,7 +15,8 @@ Messages field              on the chat path
                             ``tool_result`` (a ``tool`` message before the user's text, its
                             ``content`` a string or ``text`` blocks, none or ``[]`` taken as
                             Anthropic takes them; its ``tool_use_id`` that
-                            of an earlier ``tool_use``); an assistant's
+                            of an earlier ``tool_use``, one result a call; a
+                            ``tool_use`` id is used once); an assistant's
                             ``thinking`` / ``redacted_thinking`` blocks are left out; empty
                             content (``""``, ``[]``) only in a final assistant message
 ``max_tokens`` (required)   ``max_tokens``
@@ -112,9 +113,11 @@ a stop string's index is its own (``stop_sequences`` is the chat request's ``sto
 def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list[dict]:
     """The chat messages of ``system`` and ``messages`` (see the module's table); 400 naming the
     field for a block it does not take, for a message with empty content (``""`` or ``[]``) other than
-    a final assistant message (Anthropic's rule: an empty turn), or for a ``tool_result`` whose
+    a final assistant message (Anthropic's rule: an empty turn), for a ``tool_result`` whose
     ``tool_use_id`` is the id of no ``tool_use`` block before it (Anthropic refuses it: a result must
-    answer a call)."""
+    answer a call), for a ``tool_use`` block whose id an earlier one has, and for a second
+    ``tool_result`` of one call (Anthropic refuses both, in these words: "`tool_use` ids must be
+    unique", "each tool_use must have a single result")."""
     return chat_items(system, messages)[0]
 
 
@@ -124,6 +127,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
     out: list[dict] = []
     origins: list[Origin] = []
     call_ids: set[str] = set()  # the ids of the tool_use blocks so far
+    answered: set[str] = set()  # the tool_use_ids of the tool_result blocks so far
     if system is not None and system != []:  # ([]: no system prompt, as Anthropic takes it; clients send it)
         out.append({"role": "system", "content": _text(system, "system")})
         origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
@@ -152,10 +156,18 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 texts.append(_text_block(block, at))
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_tool_use(block, at))
+                if calls[-1]["id"] in call_ids:  # (Anthropic's rule and words: a result names its call by id)
+                    raise bad_request(f"`tool_use` ids must be unique: {clip(calls[-1]['id'])} is the id of an "
+                                      "earlier tool_use block; give each call its own id", at)
                 call_ids.add(calls[-1]["id"])
                 uses.append(at)
             elif kind == "tool_result" and role == "user":
                 results.append(_tool_result(block, at, call_ids))
+                if results[-1]["tool_call_id"] in answered:  # (Anthropic's rule and words)
+                    raise bad_request(f"each tool_use must have a single result: {clip(results[-1]['tool_call_id'])} "
+                                      "is answered by an earlier tool_result block; send one result per call",
+                                      f"{at}.tool_use_id")
+                answered.add(results[-1]["tool_call_id"])
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 _check_fields(block, at, _THINKING[kind])  # (left out of the chat: checked, not used)

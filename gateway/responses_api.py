@@ -156,7 +156,8 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
     ``earlier`` (the stored conversation of ``previous_response_id``); 400 naming ``input.N...`` for
     an item it does not take, a message item whose content is an empty array (OpenAI's rule), or for a
     ``function_call_output`` whose ``call_id`` is the id of no ``function_call`` before it, in ``input``
-    or ``earlier`` (OpenAI's rule and message)."""
+    or ``earlier`` (OpenAI's rule and message), or whose call an earlier output answers already (the
+    chat path's rule, OpenAI's: one answer a call)."""
     return input_items(value, earlier)[0]
 
 
@@ -165,6 +166,8 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
     if isinstance(value, str):
         return [{"role": "user", "content": value}], [Origin("input")]
     call_ids = {call["id"] for m in earlier for call in m.get("tool_calls") or ()}
+    answered: dict[str, str] = {m["tool_call_id"]: "the stored conversation (previous_response_id)"
+                                for m in earlier if m.get("role") == "tool"}  # a call's id -> where it is answered
     out: list[dict] = []
     origins: list[Origin] = []
     for i, item in enumerate(value):
@@ -191,11 +194,17 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 origins.append(Origin(None, (where,)))
             call_ids.add(call["id"])
+            answered.pop(call["id"], None)  # (a call made again may be answered again)
         elif kind == "function_call_output":
             call_id = string_field(item, "call_id", where)
             if call_id not in call_ids:
                 raise bad_request(f"No tool call found for function call output with call_id {clip(call_id)}.",
                                   f"{where}.call_id")
+            if call_id in answered:  # (as the chat path refuses a second tool message, OpenAI's rule)
+                raise bad_request(f"Duplicate value for 'call_id' of {echo(call_id)}: {answered[call_id]} answers this "
+                                  "call already; one function_call_output answers a call, leave the second out",
+                                  f"{where}.call_id")
+            answered[call_id] = f"input[{i}]"
             if item.get("output") == []:  # (as a message's content []: OpenAI's rule, an array of at least one part)
                 raise empty_content(f"{where}.output", "input_text part")
             out.append({"role": "tool", "tool_call_id": call_id,
