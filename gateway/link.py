@@ -254,13 +254,20 @@ class BrokerConnections:
         return unavailable(f"no worker serves model `{model}` right now; retry when one has registered")
 
     def only_model(self, status: Status | None = None) -> str | None:
-        """The primary name of the one model with a worker (:meth:`served` less its aliases), or None
-        when none or several are: what a request that names no model is for. (Counting
-        :meth:`served`'s names, a model served under a file's stem or folder's name and its path as
-        given counted as two, and a request without a model was told to name one.)"""
-        st = status or self.status
-        models = {n for n, m in st.models.items() if m.workers > 0} if st is not None else set()
+        """The primary name of the one model a request may name (:meth:`models`), or None when none
+        or several are: what a request that names no model is for, loaded or not (one loading is
+        answered as a request naming it is). (Counting :meth:`served`'s names, a model served under
+        a file's stem or folder's name and its path as given counted as two, and a request without
+        a model was told to name one; counting the models with a worker alone, one loaded among
+        several on demand took every such request, each time another.)"""
+        models = self.models(status)
         return next(iter(models)) if len(models) == 1 else None
+
+    def models(self, status: Status | None = None) -> set[str]:
+        """The primary names of the models a request may name, as ``GET /v1/models`` lists them
+        (:meth:`model_states`: served, loading, or on demand and not loaded), from the last status."""
+        aliases = self.aliases(status)
+        return {aliases.get(n, n) for n in self.model_states(status)}
 
     def served_name(self, model: str) -> str:
         """The primary name of the model a request for ``model`` is for (``model``
@@ -353,15 +360,16 @@ async def resolve_model(link, model: str | None) -> str:
     """``model`` as a request named it, else the one model ``link`` (a :class:`BrokerConnections`)
     serves (:meth:`~BrokerConnections.only_model`), as llama.cpp (which ignores the field) and vLLM
     (which defaults it to the served model) do. Raises :class:`APIError` 400
-    ``missing_required_parameter`` naming each model served when several are, 503 when none is."""
+    ``missing_required_parameter`` naming each model a request may name when several are (models on
+    demand too, loaded or not: :meth:`~BrokerConnections.models`), 503 when none is."""
     if model is not None:
         return model
     await link.first_contact()  # (a gateway that just started: what is served is not known yet)
-    served, only = link.served(), link.only_model()
+    only = link.only_model()
     if only is not None:
         return only
-    if not served:
+    models = link.models()
+    if not models:
         raise unavailable("no worker serves a model right now; retry, or name the model")
-    names = ", ".join(sorted({link.served_name(n) for n in served}))  # (each model once)
-    raise bad_request(f"model is required: this gateway serves several ({names})", "model",
+    raise bad_request(f"model is required: this gateway serves several ({', '.join(sorted(models))})", "model",
                       "missing_required_parameter")

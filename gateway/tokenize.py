@@ -3,7 +3,8 @@
 - ``/tokenize``: ``{"prompt": str}`` (``add_special_tokens``, default true) or
   ``{"messages": [...]}`` (the chat template, as a chat request's prompt:
   ``add_generation_prompt`` default true, ``add_special_tokens`` default
-  false; ``tools`` and ``tool_choice``, an assistant's ``tool_calls`` and
+  false, ``continue_final_message`` (vLLM's: the final message left open, no
+  generation prompt; both true is a 400, as there); ``tools`` and ``tool_choice``, an assistant's ``tool_calls`` and
   ``tool`` messages rendered as the chat request renders them, so the
   count is its ``prompt_tokens``), ``model`` optional when one model is
   served, ``return_token_strs``
@@ -36,14 +37,14 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import APIError, bad_request, from_value_error, unavailable
-from gateway.link import BrokerConnections
-from gateway.options import chat_messages, template_option
+from gateway.errors import APIError, bad_request, from_value_error
+from gateway.link import BrokerConnections, resolve_model
+from gateway.options import chat_ending_option, chat_messages, template_option
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
 from gateway.tools import render_messages, tool_plan
-from protocol.request import ChatMessage
+from protocol.request import ChatMessage, continued_calls
 from protocol.tools import check_tool_calls
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -75,8 +76,11 @@ class TokenizeEndpoints:
             raise bad_request("give one of prompt (text) or messages (a chat)",
                               "prompt" if body.prompt is None else "messages")
         model, tok = await self._tokenizer(body.model)
-        if body.prompt is not None and body.add_generation_prompt is not None:
-            raise bad_request("add_generation_prompt applies to messages, not prompt", "add_generation_prompt")
+        if body.prompt is not None and (body.add_generation_prompt is not None
+                                        or body.continue_final_message is not None):
+            field = "add_generation_prompt" if body.add_generation_prompt is not None else "continue_final_message"
+            raise bad_request(f"{field} applies to messages, not prompt", field)
+        chat_ending_option(body)  # (both true: vLLM's 400)
         if body.prompt is not None and (body.tools is not None or body.tool_choice is not None
                                         or body.chat_template_kwargs is not None):
             field = next(f for f in ("tools", "tool_choice", "chat_template_kwargs") if getattr(body, f) is not None)
@@ -84,6 +88,8 @@ class TokenizeEndpoints:
         messages, tools, extra = None, None, None
         if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
             messages = _worker_messages(render_messages(chat_messages(body), body.messages))
+            if body.continue_final_message and messages[-1].get("tool_calls"):  # (the request's rule)
+                raise bad_request(continued_calls(len(messages) - 1), "continue_final_message")
             plan = tool_plan(body)
             tools = None if plan is None else plan.definitions()
             text = template_option(body).get("chat_template_kwargs")
@@ -117,17 +123,12 @@ class TokenizeEndpoints:
         served = self.link.served()
         if not served and self.link.broker_ok is False and self.tokenizers.name is None:
             raise self.link.no_broker()
-        if model is None:
-            only = self.link.only_model()
-            if only is not None or (self.tokenizers.name is not None and not served):
-                model = only if only is not None else self.tokenizers.name
-            elif not served:
-                raise unavailable("no worker serves a model right now; retry, or name the model")
-            else:
-                names = ", ".join(sorted({self.link.served_name(n) for n in served}))  # (each model once)
-                raise bad_request(f"model is required: this gateway serves several ({names})", "model",
-                                  "missing_required_parameter")
-        elif model not in served:
+        own = model is None and not served and self.tokenizers.name is not None
+        if own:  # (the gateway's own tokenizer, while no worker serves a model)
+            model = self.tokenizers.name
+        elif model is None:
+            model = await resolve_model(self.link, None)  # (the one model, loaded or not; else 400/503)
+        if not own and model not in served:
             # (refreshed first: the last poll may predate the model's first worker, as client_for does)
             status = await self.link.refresh()
             if model not in self.link.served(status):
@@ -167,8 +168,9 @@ def _tokenize(tok: Tokenizer, body: TokenizeRequest, messages: list[dict] | None
     if messages is None:
         ids = tok.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
     else:
-        ids = tok.chat(messages, body.add_generation_prompt is not False, bool(body.add_special_tokens), tools,
-                       template_kwargs, template)
+        cont = bool(body.continue_final_message)  # (no generation prompt then, unless asked: chat_ending_option)
+        ids = tok.chat(messages, body.add_generation_prompt is not False and not cont, bool(body.add_special_tokens),
+                       tools, template_kwargs, template, continue_final_message=cont)
     return ids, ([tok.token_str(t) for t in ids] if body.return_token_strs else None)
 
 

@@ -49,6 +49,7 @@ class RefreshingLink(ScriptedLink):
 
     served = BrokerConnections.served
     only_model = BrokerConnections.only_model
+    models = BrokerConnections.models
     model_states = BrokerConnections.model_states
     aliases = BrokerConnections.aliases
     knows = BrokerConnections.knows
@@ -454,3 +455,46 @@ def test_a_request_without_a_model_among_several_names_each_model_once():
         assert r.status_code == 400 and r.json()["error"]["message"] == \
             "model is required: this gateway serves several (m, n)", r.text
     assert _aliased_link({"idle": 0}).only_model() is None
+
+
+UNNAMED = [(path, body) for path, body in NAMED if path != "/detokenize"]
+"""Every route that may leave ``model`` out (/detokenize: with its ids, the one tokenizer served)."""
+
+
+@pytest.mark.parametrize("models, on_demand", [
+    ({"a": model(1), "b": model()}, ("a", "b")),  # one of two on demand loaded: was served by it
+    ({"a": model(), "b": model(loading=1)}, ("a", "b")),  # one loading, none loaded: was 503 "retry"
+    ({"a": model(), "b": model()}, ("a", "b")),  # none loaded: was 503 "retry", forever
+], ids=["one-loaded", "one-loading", "none-loaded"])
+def test_a_request_without_a_model_among_several_on_demand_is_told_to_name_one(monkeypatch, models, on_demand):
+    """The models a request may name are those ``GET /v1/models`` lists, loaded or not: with
+    several on demand, a request without ``model`` went to whichever was loaded then (each time
+    another, as they were loaded and unloaded), and with none loaded got 503 'retry', which no
+    retry changed (nothing loads a model no request names)."""
+    import gateway.app
+
+    link = GivenApp(models, on_demand)
+    monkeypatch.setattr(gateway.app, "BrokerConnections", lambda config: link)
+    assert link.only_model() is None
+    with TestClient(gateway.app.create_app(GatewayConfig())) as http:
+        for path, body in UNNAMED:
+            r = http.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"]["message"] == "model is required: this gateway serves several (a, b)", path
+
+
+def test_a_request_without_a_model_while_the_one_model_loads_is_told_it_loads(monkeypatch):
+    """The one model a request may name is loading (``slotserve up`` starting): a request without
+    ``model`` is answered as one naming it (503, it is loading), not 'no worker serves a model right
+    now; retry, or name the model', as if naming it could help."""
+    import gateway.app
+
+    link = GivenApp({"boot": model(loading=1)})
+    monkeypatch.setattr(gateway.app, "BrokerConnections", lambda config: link)
+    assert link.only_model() == "boot"
+    with TestClient(gateway.app.create_app(GatewayConfig())) as http:
+        for path, body in UNNAMED:
+            named = http.post(path, json={**body, "model": "boot"})
+            r = http.post(path, json=body)
+            assert r.status_code == named.status_code == 503, (path, r.text)
+            assert r.json() == named.json() and "model `boot` is loading now" in r.text, (path, r.text)
