@@ -11,7 +11,8 @@
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now, and those whose first worker is loading
-  (``"status": {"value": "loading"}``; every model says its state where some load on demand).
+  (``"status": {"value": "loading"}``; every model says its state where some load on demand);
+  ``GET /v1/models/{model}``: one of them, by any name listed.
   ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
@@ -22,7 +23,7 @@ With ``config.api_keys`` every ``/v1/*`` request (and ``/tokenize``, ``/detokeni
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 
 While the gateway stops, ``app.state.drain`` (:mod:`gateway.drain`) is
-draining: generation and ``/v1/models`` answer 503 (``Retry-After``),
+draining: generation and ``/v1/models`` (and ``/v1/models/{model}``) answer 503 (``Retry-After``),
 ``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
 """
 
@@ -55,6 +56,7 @@ from gateway.responses_api import ResponsesEndpoints
 from gateway.response_store import ResponseStore
 from gateway.tokenize import TokenizeEndpoints
 from gateway.tokenizer import Loader, Tokenizers
+from protocol.messages import Status
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +70,37 @@ class ServiceEndpoints:
         self.drain = drain
 
     async def models(self, request: Request) -> Response:
-        if self.drain.draining:
-            return error_response(shutting_down(REFUSED))
+        """``GET /v1/models``: ``{"object": "list", "data": [model, ...]}`` (:meth:`_listing`)."""
         try:
-            st = await self.link.refresh()
+            data, _ = await self._listing()
         except APIError as e:
             return error_response(e)
+        return json_response({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}`` (OpenAI's retrieve, the SDK's ``client.models.retrieve``, as
+        Ollama serves it): the entry ``GET /v1/models`` lists under that name, any name it lists (a
+        primary name or an alias, ``/`` included, served, loading or on demand); another name is
+        the 404 ``model_not_found`` every route answers, and draining the 503 of ``/v1/models``."""
+        name = request.path_params["model"]
+        try:
+            data, st = await self._listing()
+        except APIError as e:
+            return error_response(e)
+        for entry in data:
+            if entry["id"] == name:
+                return json_response(entry)
+        return error_response(self.link.model_not_found(name, st))
+
+    async def _listing(self) -> tuple[list[dict], Status]:
+        """The models a request may name, in ``GET /v1/models``'s order (each primary name, then its
+        aliases), each ``{"id", "object": "model", "created", "owned_by"}`` with its ``status``
+        where some model loads on demand or it is not loaded, its ``max_model_len`` (tokens) and
+        ``runs`` where its workers said them; and the broker status they come from. Raises
+        :class:`APIError`: 503 while draining or when no broker answers."""
+        if self.drain.draining:
+            raise shutting_down(REFUSED)
+        st = await self.link.refresh()
         data = []
         states = self.link.model_states(st)
         for name in listing_order(states, self.link.aliases(st)):
@@ -88,7 +115,7 @@ class ServiceEndpoints:
             if info is not None and info.runs:
                 entry["runs"] = info.runs  # precision and kernels (a field of slotserve's own)
             data.append(entry)
-        return json_response({"object": "list", "data": data})
+        return data, st
 
     async def health(self, request: Request) -> Response:
         if self.drain.draining:  # a load balancer's probe: send new work elsewhere
@@ -193,6 +220,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
         Route("/v1/models", service.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", service.model, methods=["GET"]),
         Route("/models/load", control.load, methods=["POST"]),
         Route("/models/unload", control.unload, methods=["POST"]),
         Route("/health", service.health, methods=["GET"]),

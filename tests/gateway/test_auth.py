@@ -26,13 +26,14 @@ METRICS_KEY = "scrape-4f1c"
 CHAT = [{"role": "user", "content": "hi"}]
 ROUTES = [  # (method, path, body): every /v1 route, plain and streamed
     ("GET", "/v1/models", None),
+    ("GET", "/v1/models/simulated", None),
     ("POST", "/v1/completions", {"model": "simulated", "prompt": [1, 2], "max_tokens": 3}),
     ("POST", "/v1/completions", {"model": "simulated", "prompt": [1, 2], "max_tokens": 3, "stream": True}),
     ("POST", "/v1/chat/completions", {"model": "simulated", "messages": CHAT, "max_tokens": 3}),
     ("POST", "/v1/chat/completions", {"model": "simulated", "messages": CHAT, "max_tokens": 3, "stream": True}),
     ("GET", "/v1/no-such-route", None),
 ]
-ROUTE_IDS = ["models", "completions", "completions-stream", "chat", "chat-stream", "unknown"]
+ROUTE_IDS = ["models", "model", "completions", "completions-stream", "chat", "chat-stream", "unknown"]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,8 @@ def test_every_v1_route_serves_a_right_key(cluster, method, path, body, key):
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported", r.text
     elif path == "/v1/models":
         assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["simulated"]
+    elif path == "/v1/models/simulated":
+        assert r.status_code == 200 and r.json()["id"] == "simulated"
     elif body.get("stream"):
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert r.status_code == 200 and events[-1] == "[DONE]", r.text

@@ -1,4 +1,4 @@
-"""``GET /v1/models`` and ``slotserve_model_loaded`` over broker statuses the tests give (the gateway's
+"""``GET /v1/models``, ``GET /v1/models/{model}`` and ``slotserve_model_loaded`` over broker statuses the tests give (the gateway's
 own link and handlers, no broker, no socket). A model whose first worker is loading (``slotserve up``
 starting, not a model on demand) was left out of ``/v1/models`` while the 404 for an unknown name
 listed it as loading; and the gauge kept the last value of a model that was no longer listed."""
@@ -24,12 +24,14 @@ from tests.support.gateway import model_status as model  # noqa: E402
 
 @pytest.fixture
 def served():
-    """``start(on_demand) -> (link, http)``: ``/v1/models`` and ``/metrics`` over a link whose status the test gives."""
+    """``start(on_demand, aliases, drain) -> (link, http)``: ``/v1/models``, ``/v1/models/{model}`` and
+    ``/metrics`` over a link whose status the test gives."""
 
-    def start(on_demand: tuple[str, ...] = (), aliases: tuple[tuple[str, str], ...] = ()):
+    def start(on_demand: tuple[str, ...] = (), aliases: tuple[tuple[str, str], ...] = (), drain: Drain | None = None):
         link = GivenStatusLink(on_demand, aliases)
-        service = ServiceEndpoints(link, GatewayMetrics(), Drain())
+        service = ServiceEndpoints(link, GatewayMetrics(), drain or Drain())
         app = Starlette(routes=[Route("/v1/models", service.models, methods=["GET"]),
+                                Route("/v1/models/{model:path}", service.model, methods=["GET"]),
                                 Route("/metrics", service.metrics_endpoint, methods=["GET"])])
         return link, TestClient(app)
 
@@ -134,3 +136,45 @@ def test_slotserve_up_gives_the_gateway_each_model_on_demands_names(monkeypatch)
     sup = DemandSupervisor(configs, 1, 300.0, spawn=None, connect=None)
     assert sup.aliases == (("zz", "b"), ("B/x", "b"), ("/models/m.gguf", "m"))
     assert sup.served_names == ("b", "zz", "B/x", "m", "/models/m.gguf")
+
+
+@pytest.mark.parametrize("on_demand, groups, states, aliases", [
+    ((), (), {"m": model(1), "b": model(1), "boot": model(loading=1)}, {"/models/m.gguf": "m", "zz": "b", "B/x": "b"}),
+    (ON_DEMAND, GROUPS, {**{n: model() for n in ON_DEMAND}, "m": model(loading=1), "b": model(1)}, {}),
+])
+def test_each_listed_name_is_retrieved_as_listed_and_another_is_the_routes_404(served, on_demand, groups, states,
+                                                                              aliases):
+    """OpenAI's retrieve (the SDK's ``client.models.retrieve``, Ollama's ``/v1/models/{model}``) was a
+    404 ``GET /v1/models/m: Not Found`` for every name. Now each name the list gives, a primary or an
+    alias, ``/`` in it or not (sent as ``%2F`` too, as the SDK sends it), served, loading or on
+    demand, answers its list entry; another name the 404 every route gives for it."""
+    from urllib.parse import quote
+
+    link, http = served(on_demand, groups)
+    link.show(states, aliases)
+    with http:
+        data = http.get("/v1/models").json()["data"]
+        assert {m["id"] for m in data} >= {"m", "/models/m.gguf", "b", "zz", "B/x"}
+        for entry in data:
+            for path in ("/v1/models/" + entry["id"], "/v1/models/" + quote(entry["id"], safe="")):
+                r = http.get(path)
+                assert (r.status_code, r.json()) == (200, entry), path
+        for name in ("nope", "M", "b/"):
+            r = http.get("/v1/models/" + name)
+            assert r.status_code == 404, name
+            want = link.model_not_found(name, link.status)
+            assert r.json() == {"error": {"message": want.message, "type": "invalid_request_error",
+                                          "param": "model", "code": "model_not_found"}}
+
+
+def test_retrieving_a_model_while_draining_is_the_503_of_the_list(served):
+    drain = Drain()
+    link, http = served(drain=drain)
+    link.show({"m": model(1)})
+    with http:
+        assert http.get("/v1/models/m").status_code == 200
+        drain.begin()
+        for path in ("/v1/models", "/v1/models/m", "/v1/models/nope"):
+            r = http.get(path)
+            assert r.status_code == 503 and r.headers["connection"] == "close", path
+            assert r.json()["error"] == http.get("/v1/models").json()["error"]

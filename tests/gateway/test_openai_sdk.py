@@ -344,6 +344,11 @@ def test_models_health_and_metrics(oai, cluster, text_model):
     assert {m.id for m in models.data} == {"simulated", name, text_model}
     for tiny in (m for m in models.data if m.id in (name, text_model)):
         assert tiny.owned_by == "slotserve" and tiny.max_model_len == 512
+    for m in models.data:  # OpenAI's retrieve, by each listed name (the folder's path: its / sent as %2F)
+        assert oai.models.retrieve(m.id) == m
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("no-such-model")
+    assert e.value.code == "model_not_found" and "(models: " in e.value.message
     h = httpx.get(cluster.http_url + "/health")
     assert h.status_code == 200 and h.json()["models"] == {"simulated": 1, name: 1, text_model: 1}
     before = metric(cluster.http_url, "slotserve_http_completion_tokens_total", model="simulated")
