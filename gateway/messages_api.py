@@ -18,7 +18,10 @@ Messages field              on the chat path
                             of an earlier ``tool_use``, one result a call; a
                             ``tool_use`` id is used once); an assistant's
                             ``thinking`` / ``redacted_thinking`` blocks are left out; empty
-                            content (``""``, ``[]``) only in a final assistant message
+                            content (``""``, ``[]``) only in a final assistant message, which
+                            the answer continues (Anthropic's prefill: ``continue_final_message``;
+                            the answer's content is the new text; a final text ending in
+                            whitespace and a final ``tool_use`` are Anthropic's 400s)
 ``max_tokens`` (required)   ``max_tokens``
 ``stop_sequences``          ``stop`` (at most 4, the chat path's bound)
 ``temperature``, ``top_p``, the same
@@ -141,19 +144,24 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
             raise bad_request("all messages must have non-empty content except for the optional final assistant "
                               "message; send a string or at least one block, or leave the message out",
                               f"{where}.content")
+        final = role == "assistant" and i == len(messages) - 1  # (a prefill: the answer continues it)
         if isinstance(content, str):
+            if final:
+                _check_prefill(content, f"{where}.content")
             out.append({"role": role, "content": content})
             origins.append(Origin(where))
             continue
         if not isinstance(content, list):
             raise bad_request("content must be a string or a list of content blocks", f"{where}.content")
         texts, calls, results, uses, answers = [], [], [], [], []  # (uses, answers: the blocks of calls, results)
+        last_text = f"{where}.content"  # (the field of the message's text's end)
         allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
         for j, block in enumerate(content):
             at = f"{where}.content.{j}"
             kind = entry_type(block, at, "a content block", f"{role} content blocks: {allowed}")
             if kind == "text":
                 texts.append(_text_block(block, at))
+                last_text = f"{at}.text"
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_tool_use(block, at))
                 if calls[-1]["id"] in call_ids:  # (Anthropic's rule and words: a result names its call by id)
@@ -173,12 +181,33 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 _check_fields(block, at, _THINKING[kind])  # (left out of the chat: checked, not used)
             else:
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
+        if final:
+            if calls:  # (a continued message ends at its text: a template writes the calls after it)
+                raise bad_request(f"`tool_use` ids were found without `tool_result` blocks immediately after: "
+                                  f"{clip(', '.join(c['id'] for c in calls))}. Each `tool_use` block must have a "
+                                  "corresponding `tool_result` block in the next message; send the results in a user "
+                                  "message after this one", where)
+            _check_prefill("".join(texts), last_text)
         out += results
         origins += answers
         if texts or calls or not results:
             out.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
             origins.append(Origin(where, tuple(uses)))
     return out, origins
+
+
+def _check_prefill(text: str, field: str) -> None:
+    """400 naming ``field`` (the final assistant message's content, or its last text block's text)
+    when ``text``, the message the answer continues, ends with whitespace: Anthropic refuses it, in
+    these words ("final assistant content cannot end with trailing whitespace")."""
+    if text != text.rstrip():
+        raise bad_request("final assistant content cannot end with trailing whitespace; end the prefill at its "
+                          "last word (the model writes the space or line break that follows)", field)
+
+
+def is_prefill(messages: list[dict]) -> bool:
+    """Whether ``messages`` (a Messages body's) end with an assistant message: the answer continues it."""
+    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"
 
 
 def _text(content: Any, where: str) -> str:
@@ -379,7 +408,8 @@ def _chat_fields(body: CountTokensRequest) -> tuple[dict, list[Origin]]:
     choice, parallel = _tool_choice(body.tool_choice)
     messages, origins = chat_items(body.system, body.messages)
     return {"model": body.model, "messages": messages, "tools": _tools(body.tools), "tool_choice": choice,
-            "parallel_tool_calls": parallel, "response_format": _response_format(body.output_config)}, origins
+            "parallel_tool_calls": parallel, "response_format": _response_format(body.output_config),
+            "continue_final_message": is_prefill(body.messages) or None}, origins
 
 
 def _chat_request(fields: dict, origins: list[Origin]) -> ChatCompletionRequest:
@@ -526,8 +556,9 @@ class MessagesEndpoints:
             return anthropic_error(e)
         try:
             structured_option(chat)  # (the output format checked as a message's is; it adds no prompt token)
-            _, ids, _ = await self.tokenize.tokens(TokenizeRequest(model=chat.model, messages=chat.messages,
-                                                                   tools=chat.tools, tool_choice=chat.tool_choice))
+            _, ids, _ = await self.tokenize.tokens(TokenizeRequest(
+                model=chat.model, messages=chat.messages, tools=chat.tools, tool_choice=chat.tool_choice,
+                continue_final_message=chat.continue_final_message))
         except APIError as e:
             return anthropic_error(renamed_to_messages(e, origins))
         return json_response({"input_tokens": len(ids)})

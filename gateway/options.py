@@ -31,6 +31,8 @@ HTTP field                      ``RequestParams`` field
 ``echo`` with ``logprobs``      ``prompt_logprobs`` = N as well (the prompt tokens' entries come first)
 ``prompt_logprobs``             ``prompt_logprobs`` (vLLM's extra, 0..20; the larger of the two with echo)
 ``suffix`` (completions)        ``suffix`` (fill in the middle; ``""`` or null: none; not with ``echo``)
+``continue_final_message``      ``continue_final_message`` (chat, vLLM's: the final message continued)
+``add_generation_prompt``       ``add_generation_prompt`` (chat, vLLM's: false only; both true: 400)
 =============================== ==============================================================
 
 :func:`logprob_options` checks the logprob fields' bounds and combinations (400 naming the
@@ -98,6 +100,7 @@ def request_options(body: _Sampling, info: ModelInfo | None) -> dict[str, Any]:
         **structured_option(body),  # response_format & co. (gateway.structured)
         **fim_option(body),
         **template_option(body),
+        **chat_ending_option(body),
     }
 
 
@@ -128,6 +131,20 @@ def template_option(body) -> dict[str, str]:
     except ValueError as exc:
         raise bad_request(str(exc), "chat_template_kwargs") from None
     return {} if text is None else {"chat_template_kwargs": text}
+
+
+def chat_ending_option(body) -> dict[str, bool]:
+    """How a chat body's prompt ends (vLLM's fields) as the request's: ``continue_final_message`` true
+    leaves the final message open for the model to continue (the prefill idiom; the answer is the new
+    text only), with no generation prompt unless ``add_generation_prompt`` says otherwise, which is
+    then a 400 in vLLM's words; ``add_generation_prompt`` false ends the prompt without the assistant's
+    header. Absent for a body that sets neither (or another route's body)."""
+    cont, gen = getattr(body, "continue_final_message", None), getattr(body, "add_generation_prompt", None)
+    if cont and gen:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                          "continue_final_message")
+    return {**({"continue_final_message": True} if cont else {}),
+            **({"add_generation_prompt": False} if gen is False else {})}
 
 
 def fim_option(body: _Sampling) -> dict[str, str]:

@@ -361,7 +361,9 @@ class ChatMessageParam(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` (OpenAI's newer
-    name) and ``max_tokens`` mean the same; giving both with different values is a 400."""
+    name) and ``max_tokens`` mean the same; giving both with different values is a 400.
+    ``continue_final_message`` and ``add_generation_prompt``: vLLM's, how the prompt ends
+    (:func:`gateway.options.chat_ending_option`)."""
 
     messages: list[ChatMessageParam]
     max_completion_tokens: int | None = None
@@ -377,6 +379,8 @@ class ChatCompletionRequest(_Sampling):
     prediction: dict[str, Any] | None = None
     reasoning_effort: Any = None              # OpenAI's; the template variable reasoning_effort (gateway.options)
     chat_template_kwargs: Any = None          # vLLM's and llama.cpp's: extra chat template variables
+    continue_final_message: bool | None = None  # vLLM's: the final message left open, continued (a prefill)
+    add_generation_prompt: bool | None = None  # vLLM's: default true (false when continue_final_message)
     web_search_options: dict[str, Any] | None = None
 
     def unsupported(self) -> str | None:
@@ -398,9 +402,9 @@ class ChatCompletionRequest(_Sampling):
 
 class TokenizeRequest(BaseModel):
     """``POST /tokenize`` (vLLM's shapes): ``prompt`` (text; ``add_special_tokens`` default true)
-    or ``messages`` (the chat template's tokens; ``add_generation_prompt`` default true,
-    ``add_special_tokens`` default false; ``tools`` and ``tool_choice`` as a chat request's), one of
-    them. ``model``: optional when one model is served. ``return_token_strs``: also each token's string."""
+    or ``messages`` (the chat template's tokens; ``add_generation_prompt`` default true, false with
+    ``continue_final_message`` (the final message left open, as a chat request's), ``add_special_tokens``
+    default false; ``tools`` and ``tool_choice`` as a chat request's), one of them. ``model``: optional when one model is served. ``return_token_strs``: also each token's string."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
@@ -408,6 +412,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessageParam] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     return_token_strs: bool | None = None
     tools: Any = None        # with messages: as a chat request's (gateway.tools), shown as the chat shows them
     tool_choice: Any = None

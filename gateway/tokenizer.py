@@ -37,8 +37,7 @@ class Tokenizer:
     - ``codec``: a ``TextCodec`` (``worker.models.base``: ``encode(text)``,
       ``apply_chat_template(messages)``, ``decode(ids, skip_special_tokens)``).
     - ``hf``: the transformers tokenizer under it, or None; it adds the
-      options of ``/tokenize`` (``add_special_tokens=False``,
-      ``add_generation_prompt=False``), which a bare codec refuses.
+      option of ``/tokenize`` ``add_special_tokens=True`` for a chat, which a bare codec refuses.
 
     :meth:`token_str` is the decode of one token, special tokens kept (as
     vLLM's ``decoded_token``), cached: a vocabulary is a few 10,000 entries;
@@ -97,8 +96,11 @@ class Tokenizer:
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True,
              add_special_tokens: bool = False, tools: list[dict] | None = None,
-             template_kwargs: dict | None = None, template: str = "") -> list[int]:
+             template_kwargs: dict | None = None, template: str = "", *,
+             continue_final_message: bool = False) -> list[int]:
         """The chat template's token ids (as a chat request's prompt is, with the generation prompt);
+        ``continue_final_message``: the final message left open instead (a chat request's field of
+        that name: pass ``add_generation_prompt=False`` with it);
         ``add_special_tokens``: the tokenizer's own BOS/EOS around them too (vLLM's, default off).
         ``messages`` as the worker renders them (an assistant's ``tool_calls`` with mapping arguments:
         :meth:`protocol.request.ChatMessage.template_dict`), ``tools`` OpenAI's definitions or None,
@@ -106,15 +108,20 @@ class Tokenizer:
         ``template`` the Jinja text the model's worker renders with in place of the tokenizer's
         (``ModelInfo.chat_template``, its ``--chat-template``), ``""`` for the tokenizer's own."""
         codec = self._codec_for(template)
-        if add_generation_prompt and not add_special_tokens:
+        if not add_special_tokens:  # (the worker's rendering: its TextCodec, each flag only when it is set)
             kwargs = {"tools": tools} if tools else {}
             if template_kwargs:
                 kwargs["template_kwargs"] = template_kwargs
+            if not add_generation_prompt:
+                kwargs["add_generation_prompt"] = False
+            if continue_final_message:
+                kwargs["continue_final_message"] = True
             return list(codec.apply_chat_template(messages, **kwargs))
         if self.hf is None:
-            raise ValueError("add_generation_prompt=false and add_special_tokens=true need the model's "
-                             "transformers tokenizer")
+            raise ValueError("add_special_tokens=true needs the model's transformers tokenizer")
         messages, kwargs = codec.chat_inputs(messages, tools, template_kwargs)  # checked; as the codec's
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         try:  # (transformers tokenizes the chat with add_special_tokens=False itself: passing it again is a
             # TypeError, "got multiple values for keyword argument 'add_special_tokens'", so they are added after)
             enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,

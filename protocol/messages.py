@@ -50,7 +50,7 @@ from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 from protocol.validation import echo
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -75,7 +75,9 @@ worker would take an embedding request for a generation one). 11: ``chat_templat
 ``--tool-call-parser auto`` read), a field a v10 peer would refuse to decode; and the constraint
 ``think`` ``"openai_gptoss"`` (:mod:`protocol.structured`), which a v10 worker would refuse.
 12: ``loading_workers`` in ``status`` (which worker loads which model: a supervisor finds one frozen in
-its load by it), a field a v11 peer would refuse to decode.
+its load by it), a field a v11 peer would refuse to decode. 13: the request fields
+``continue_final_message`` and ``add_generation_prompt`` (how a chat prompt ends: the final message
+continued, a prefill), which a v12 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 

@@ -52,8 +52,8 @@ from protocol.validation import (
 
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
            "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage",
-           "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token", "from_wire",
-           "from_wire_plain", "split_stop", "to_wire"]
+           "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token",
+           "continued_calls", "from_wire", "from_wire_plain", "split_stop", "to_wire"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -354,6 +354,10 @@ def _flag(value: object, field: str) -> bool:
     raise ValueError(f"{field} must be true or false, got {described(value)}")
 
 
+def _optional_flag(value: object, field: str) -> bool | None:
+    return None if value is None else _flag(value, field)
+
+
 def _timeout(value: object, field: str) -> float | None:
     if value is None:
         return None
@@ -648,6 +652,16 @@ class _Fields(NamedTuple):
     # An embedding takes a token-id or text prompt (its ids as given: no special token added; a text is
     # tokenised with them), max_tokens 1, and no generation option; its prompt must fit the model's
     # max_seq_len (context_length_exceeded otherwise: never truncated).
+    continue_final_message: Annotated[bool, _flag] = False
+    # True: the chat's final message is left open and the model continues it (the "prefill" idiom: the
+    # output is the rest of that message, e.g. an assistant's "Sure, here is"), as vLLM's and transformers'
+    # continue_final_message; needs a chat prompt whose final message has no tool calls. False: the chat
+    # as the template closes it.
+    add_generation_prompt: Annotated[bool | None, _optional_flag] = None
+    # True: the template's generation prompt (the header of the assistant's turn) ends the prompt; False:
+    # none (vLLM's add_generation_prompt). None = True, but for a request that continues its final
+    # message (continue_final_message), which cannot take one: True with it is refused, as vLLM does.
+    # Needs a chat prompt.
 
 
 _NAMES = frozenset(_Fields._fields)
@@ -736,6 +750,14 @@ class RequestParams(_Fields):
         return cls(**kwargs)
 
     # ---- derived views
+
+    @property
+    def generation_prompt(self) -> bool:
+        """Whether a chat prompt ends with the template's generation prompt: ``add_generation_prompt``,
+        which left out (None) means not when the final message is continued, else yes."""
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
 
     @property
     def is_token_prompt(self) -> bool:
@@ -919,6 +941,8 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
     if params.chat_template_kwargs is not None and (
             type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage):
         raise ValueError("chat_template_kwargs need a chat prompt (a list of messages), not text or token ids")
+    if params.continue_final_message or params.add_generation_prompt is not None:
+        _check_chat_ending(params)
     if params.suffix is None:
         if params.prompt == "":
             raise ValueError("prompt must not be empty")
@@ -929,6 +953,34 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
     if params.kind == RequestKind.EMBED:
         _check_embed(params)
     return params
+
+
+def _check_chat_ending(params: RequestParams) -> None:
+    """The rules of ``continue_final_message`` and ``add_generation_prompt``: ValueError naming the
+    field for either on a prompt that is no chat, both true (vLLM's rule and words: the prompt cannot
+    both continue its final message and open a new one), or a continued final message with tool calls
+    (a template writes them after the message's text, where the continuation cuts it: they would be
+    lost)."""
+    name = "continue_final_message" if params.continue_final_message else "add_generation_prompt"
+    if type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage:
+        raise ValueError(f"{name} needs a chat prompt (a list of messages), not text or token ids")
+    if not params.continue_final_message:
+        return
+    if params.add_generation_prompt:
+        raise ValueError("continue_final_message: cannot set both `continue_final_message` and `add_generation_prompt` "
+                         "to true: the prompt either continues its final message or opens a new one; leave "
+                         "add_generation_prompt out")
+    if params.prompt[-1].tool_calls:
+        raise ValueError(continued_calls(len(params.prompt) - 1))
+
+
+def continued_calls(index: int) -> str:
+    """The words for a chat whose final message, ``chat message index``, has tool calls and is to be
+    continued (``continue_final_message``): refused, as its calls would be lost (every entry point that
+    renders a chat: the request, ``/tokenize``)."""
+    return (f"continue_final_message: the final message (chat message {index}) has tool calls, which a continued "
+            "message cannot keep (the template writes them after its text); continue a message without calls, or "
+            "answer the calls in a tool message")
 
 
 _EMBED_FIELDS = frozenset({"prompt", "max_tokens", "stop_token", "priority", "timeout_s", "kind"})

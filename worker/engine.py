@@ -293,6 +293,10 @@ class BatchInferenceEngine:
             kwargs = {} if params.tools is None else {"tools": json.loads(params.tools)}  # (validated JSON)
             if params.chat_template_kwargs is not None:
                 kwargs["template_kwargs"] = json.loads(params.chat_template_kwargs)
+            if params.continue_final_message:  # (the prefill idiom: the output continues the final message)
+                kwargs["continue_final_message"] = True
+            if not params.generation_prompt:
+                kwargs["add_generation_prompt"] = False
             ids = tok.apply_chat_template(messages, **kwargs)
         return as_tokens(ids, "the tokenised prompt", allow_empty=False)
 

@@ -282,7 +282,7 @@ def test_malformed_raises_protocol_error_with_code(data, code):
     ([[1], 2, "sometimes"], "stop_token must be"),
     ([[[1, 2]], 2], "chat message 0"),
     ([[1], 2, "default", [], 0, None, 0.0, 1.0, 0, None, 0, [], False, [], 1.0, 0.0, 0.0, 0.0, None, None, None, None,
-      None, [], False, None, "generate", "extra"], "upgrade this one"),
+      None, [], False, None, "generate", False, None, "extra"], "upgrade this one"),
     ([[1]], "the first two required"),
     ("not an array", "expected an array"),
 ])

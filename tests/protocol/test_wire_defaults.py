@@ -32,7 +32,7 @@ OPTIONS = {  # one value other than the default per option
     "logit_bias": {5: -1.5}, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
     "min_p": 0.05, "logprobs": 0, "prompt_logprobs": 2, "structured": {"regex": "a+"}, "tools": None, "clamp_max_tokens": True,
     "suffix": "\n    return x", "input_extra": [{"filename": "a.py", "text": "x = 1"}], "kind": "embed",
-    "chat_template_kwargs": '{"enable_thinking":false}',
+    "chat_template_kwargs": '{"enable_thinking":false}', "continue_final_message": True, "add_generation_prompt": False,
 }
 
 
@@ -54,8 +54,8 @@ def test_every_option_is_dropped_at_its_default_and_kept_otherwise():
         if name == "tools":
             params = RequestParams([{"role": "user", "content": "hi"}], 4, tools='[{"type": "function", '
                                    '"function": {"name": "f", "parameters": {"type": "object"}}}]')
-        elif name == "chat_template_kwargs":  # (a chat prompt)
-            params = RequestParams([{"role": "user", "content": "hi"}], 4, chat_template_kwargs=value)
+        elif name in ("chat_template_kwargs", "continue_final_message", "add_generation_prompt"):  # (a chat prompt)
+            params = RequestParams([{"role": "user", "content": "hi"}], 4, **{name: value})
         elif name == "kind":  # (an embedding: max_tokens 1)
             params = RequestParams([1, 2, 3], 1, kind=value)
         elif name in ("suffix", "input_extra"):  # (fill in the middle: a text prompt, and a suffix)

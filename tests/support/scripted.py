@@ -44,8 +44,14 @@ class LetterCodec:
             raise ValueError("prompt text must not be empty")
         return [LETTERS.index(c) for c in text]
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return self.encode("".join(f"{m['role'][0]}{m['content']}." for m in messages) + "a")
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """Each message as its role's initial, its content and ``.`` (the final one open, without its
+        ``.``, when continued), then ``a`` (the generation prompt, unless none is asked for)."""
+        text = "".join(f"{m['role'][0]}{m['content']}." for m in messages)
+        if continue_final_message:
+            return self.encode(text[:-1])
+        return self.encode(text + ("a" if add_generation_prompt else ""))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(LETTERS[i] for i in ids if not (skip_special_tokens and i == 39))
@@ -94,7 +100,9 @@ class ScriptedClient:
     def _script(self, h: ClientHandle) -> None:
         p = h.params.prompt
         ids = list(p) if h.params.is_token_prompt else (
-            self.codec.encode(p) if isinstance(p, str) else self.codec.apply_chat_template([m._asdict() for m in p]))
+            self.codec.encode(p) if isinstance(p, str) else self.codec.apply_chat_template(
+                [m._asdict() for m in p], add_generation_prompt=h.params.generation_prompt,
+                continue_final_message=h.params.continue_final_message))
         h._prompt_tokens = len(ids)
         if h.params.prompt_logprobs is not None:
             h.prompt_logprobs = [None] + [entry(t, h.params.prompt_logprobs) for t in ids[1:]]

@@ -217,11 +217,14 @@ class TextCodec(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, *,
-                            template_kwargs: dict | None = None) -> list[int]:
+                            template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
         """The chat prompt's ids: ``messages`` as :meth:`protocol.request.ChatMessage.template_dict`
         gives them; ``tools`` (OpenAI's definitions) is passed only when the request has tools,
         ``template_kwargs`` (extra template variables: the request's ``chat_template_kwargs``) only
-        when it has them."""
+        when it has them; ``add_generation_prompt=False`` (no generation prompt) and
+        ``continue_final_message=True`` (the final message left open, to be continued: transformers'
+        argument) only when the request asks for them."""
         ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -46,7 +46,9 @@ class HFTextCodec:
     - ``encode(text) -> list[int]``: as ``tokenizer.encode`` (adds the
       model's special tokens, if its tokenizer is configured to).
     - ``apply_chat_template(messages, tools=None) -> list[int]``: the model's chat
-      template with the generation prompt appended; ``messages`` is a list of
+      template with the generation prompt appended (``add_generation_prompt=False``: none;
+      ``continue_final_message=True``: none, and the final message left open for the model to
+      continue, transformers' ``continue_final_message``); ``messages`` is a list of
       ``{"role": str, "content": str}`` (an assistant's may add ``tool_calls``,
       :meth:`protocol.request.ChatMessage.template_dict`); ``tools``: OpenAI's
       tool definitions. A template that renders ``tools`` (its Jinja source uses
@@ -107,11 +109,14 @@ class HFTextCodec:
         return list(self._tok.encode(text))
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, *,
-                            template_kwargs: dict | None = None) -> list[int]:
+                            template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
         messages, kwargs = self.chat_inputs(messages, tools, template_kwargs)
+        if continue_final_message:  # (transformers refuses it beside a generation prompt: the protocol does first)
+            kwargs["continue_final_message"] = True
         try:
             enc = self._tok.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True,
                 sanitize_control_tokens=True, **kwargs,
             )
         except Exception as exc:  # jinja errors, raise_exception() in templates
