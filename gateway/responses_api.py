@@ -34,8 +34,8 @@ Responses field            on the chat path
 :func:`gateway.options.template_option`); the rest of ``reasoning`` is checked and not used (the
 model thinks as its chat template says; the thinking is split off by the reasoning parser). Checked
 as OpenAI checks them (a value it refuses is a 400 naming the field: :func:`check_unused`), then not
-used: ``include``, ``text.verbosity``, ``reasoning``, ``stream_options``. Accepted and not used:
-``metadata`` (echoed back), ``user``, ``safety_identifier``, ``prompt_cache_key``.
+used: ``include``, ``text.verbosity``, ``prompt_cache_retention``, ``reasoning``, ``stream_options``.
+Accepted and not used: ``metadata`` (echoed back), ``user``, ``safety_identifier``, ``prompt_cache_key``.
 ``include: ["message.output_text.logprobs"]`` asks the chat path for logprobs (``top_logprobs`` 0..20
 alternatives each): the ``output_text`` part has one entry per token of the text, and each text
 delta its tokens' (:mod:`gateway.responses_output`); refused (400 naming ``include.N``) beside tools
@@ -77,7 +77,8 @@ from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
 from gateway.response_store import ResponseStore, StoredResponse
-from gateway.schemas import MAX_TEMPERATURE, ChatCompletionRequest, Metadata, in_range, text_or_objects
+from gateway.schemas import MAX_TEMPERATURE, PROMPT_CACHE_RETENTIONS, VERBOSITIES, ChatCompletionRequest, Metadata, \
+    in_range, not_one_of, text_or_objects
 from gateway.tools import check_arguments
 from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field, vendor_tool
@@ -114,6 +115,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Any = None  # checked (check_unused), not used
     stream_options: dict[str, Any] | None = None
     service_tier: str | None = None
     truncation: str | None = None
@@ -300,9 +302,6 @@ INCLUDABLES = ("file_search_call.results", "web_search_call.results", "web_searc
                "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
 """The values of ``include`` OpenAI takes (its API's ``ResponseIncludable``; the openai SDK's)."""
 
-VERBOSITIES = ("low", "medium", "high")
-"""The values of ``text.verbosity`` OpenAI takes (``ResponseTextConfig.verbosity``)."""
-
 REASONING_KEYS = {"effort": None, "summary": ("auto", "concise", "detailed"),
                   "generate_summary": ("auto", "concise", "detailed"), "context": ("auto", "current_turn", "all_turns"),
                   "mode": None}
@@ -313,11 +312,13 @@ is an enum (``effort`` is the chat path's ``reasoning_effort``, checked there; `
 def check_unused(body: ResponsesRequest) -> None:
     """400 naming the field for a value of the fields taken and not used that OpenAI would refuse:
     ``include`` (each one of :data:`INCLUDABLES`), ``text.verbosity`` (:data:`VERBOSITIES`),
-    ``reasoning`` (:data:`REASONING_KEYS`), ``stream_options`` (``include_obfuscation``, a bool).
+    ``prompt_cache_retention`` (:data:`PROMPT_CACHE_RETENTIONS`), ``reasoning`` (:data:`REASONING_KEYS`),
+    ``stream_options`` (``include_obfuscation``, a bool).
     Each value, a wrong type included, in OpenAI's words: ``Invalid value: 'x'. Supported values are: ...``."""
     for i, value in enumerate(body.include or ()):
         _one_of(value, INCLUDABLES, f"include.{i}")
     _one_of((body.text or {}).get("verbosity"), VERBOSITIES, "text.verbosity")
+    _one_of(body.prompt_cache_retention, PROMPT_CACHE_RETENTIONS, "prompt_cache_retention")
     if body.reasoning is not None:
         extra = sorted(set(body.reasoning) - set(REASONING_KEYS))
         if extra:
@@ -343,11 +344,11 @@ def check_unused(body: ResponsesRequest) -> None:
 
 
 def _one_of(value: Any, values: tuple[str, ...], field: str) -> None:
-    """400 naming ``field`` unless ``value`` is null (absent) or one of ``values``, in OpenAI's words."""
-    if value is not None and (type(value) is not str or value not in values):
-        shown = f"'{clip(value)}'" if isinstance(value, str) else clip(json.dumps(value))
-        supported = f"{', '.join(map(repr, values[:-1]))}{',' if len(values) > 2 else ''} and {values[-1]!r}"
-        raise bad_request(f"Invalid value: {shown}. Supported values are: {supported}.", field)
+    """400 naming ``field`` unless ``value`` is null (absent) or one of ``values``, in OpenAI's words
+    (:func:`gateway.schemas.not_one_of`, the chat body's too)."""
+    message = not_one_of(value, values)
+    if message is not None:
+        raise bad_request(message, field)
 
 
 class ResponsesTranslation:

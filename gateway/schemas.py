@@ -220,6 +220,37 @@ def in_range(field: str, low: float, high: float | None = None, note: str = "", 
     return WrapValidator(check)
 
 
+VERBOSITIES = ("low", "medium", "high")
+"""The values of OpenAI's ``verbosity`` (chat) and ``text.verbosity`` (Responses) it takes."""
+
+PROMPT_CACHE_RETENTIONS = ("in_memory", "24h")
+"""The values of OpenAI's ``prompt_cache_retention`` (chat and Responses) it takes."""
+
+
+def not_one_of(value: Any, values: tuple[str, ...]) -> str | None:
+    """OpenAI's words for ``value`` of an enum field that is not one of ``values`` (None when it is,
+    or is null: absent): ``Invalid value: 'x'. Supported values are: 'low', 'medium', and 'high'.``,
+    the value cut as every echo is."""
+    if value is None or (type(value) is str and value in values):
+        return None
+    shown = f"'{clip(value)}'" if isinstance(value, str) else clip(json.dumps(value))
+    supported = f"{', '.join(map(repr, values[:-1]))}{',' if len(values) > 2 else ''} and {values[-1]!r}"
+    return f"Invalid value: {shown}. Supported values are: {supported}."
+
+
+def one_of(values: tuple[str, ...]) -> AfterValidator:
+    """The check of a string field OpenAI types as an enum of ``values`` (null: absent), after its
+    type's: another string is a 400 naming the field in OpenAI's words (:func:`not_one_of`)."""
+
+    def check(value: str | None) -> str | None:
+        message = not_one_of(value, values)
+        if message is not None:
+            raise PydanticCustomError("invalid_value", message)
+        return value
+
+    return AfterValidator(check)
+
+
 def _neutral(value: Any, allowed: tuple) -> bool:
     """True when ``value`` is one of ``allowed`` with the same type (so ``0`` is not ``False``)."""
     return any(value is a or (type(value) is type(a) and value == a) for a in allowed)
@@ -363,7 +394,10 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` (OpenAI's newer
     name) and ``max_tokens`` mean the same; giving both with different values is a 400.
     ``continue_final_message`` and ``add_generation_prompt``: vLLM's, how the prompt ends
-    (:func:`gateway.options.chat_ending_option`)."""
+    (:func:`gateway.options.chat_ending_option`). OpenAI's ``safety_identifier``,
+    ``prompt_cache_key`` (strings), ``prompt_cache_retention`` (:data:`PROMPT_CACHE_RETENTIONS`) and
+    ``verbosity`` (:data:`VERBOSITIES`) are checked as OpenAI types them and not used, as on
+    ``/v1/responses`` (the prefix cache keeps what it keeps; the model writes as it writes)."""
 
     messages: list[ChatMessageParam]
     max_completion_tokens: int | None = None
@@ -382,6 +416,11 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool | None = None  # vLLM's: the final message left open, continued (a prefill)
     add_generation_prompt: bool | None = None  # vLLM's: default true (false when continue_final_message)
     web_search_options: dict[str, Any] | None = None
+    # OpenAI's, checked as OpenAI types them and not used (as /v1/responses takes them)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Annotated[str | None, one_of(PROMPT_CACHE_RETENTIONS)] = None
+    verbosity: Annotated[str | None, one_of(VERBOSITIES)] = None
 
     def unsupported(self) -> str | None:
         # tools and tool_choice: gateway.tools; reasoning_effort and chat_template_kwargs: gateway.options

@@ -4,7 +4,10 @@ adversarial pass found them taken unchecked: ``thinking: {"type": "bogus"}``, ``
 takes the field): ``thinking`` (Anthropic's ``ThinkingConfigParam``: ``enabled`` with an int
 ``budget_tokens`` >= 1024 and below ``max_tokens``, ``disabled``, ``adaptive``, ``between_tools``),
 ``service_tier``, ``speed``, ``cache_control`` (top-level, a block's, a tool's); ``/v1/responses``:
-``include``, ``text.verbosity``, ``reasoning``, ``stream_options``. A wrong type or value is a 400
+``include``, ``text.verbosity``, ``prompt_cache_retention``, ``reasoning``, ``stream_options``;
+``/v1/chat/completions``: ``safety_identifier``, ``prompt_cache_key``, ``prompt_cache_retention``,
+``verbosity`` (the chat route answered them 'Unrecognized request argument supplied', which the
+openai SDK's chat.completions.create sends, while /v1/responses took the first two). A wrong type or value is a 400
 naming the field, in the vendor's shape and words, whole and streamed, before anything is submitted;
 every value the vendor takes stays taken. Over the handlers apps with scripted broker clients
 (tests/gateway/test_empty_content's fixtures), no sockets."""
@@ -20,7 +23,7 @@ pytest.importorskip("transformers")
 
 from gateway.messages_body import MIN_THINKING_BUDGET  # noqa: E402
 from gateway.responses_api import INCLUDABLES  # noqa: E402
-from tests.gateway.test_empty_content import MESSAGES_PATHS, messages_http, responses_http  # noqa: E402,F401
+from tests.gateway.test_empty_content import MESSAGES_PATHS, chat_http, messages_http, responses_http  # noqa: E402,F401
 from tests.support.gateway import error_of  # noqa: E402
 from tests.support.scripted import KEY  # noqa: E402
 
@@ -143,6 +146,9 @@ RESPONSES_FIELDS = [  # (field, value, param, message)
      "Invalid type for 'stream_options.include_obfuscation': expected a boolean, but got str instead."),
     ("stream_options", {"include_usage": True}, "stream_options.include_usage",
      "Unknown parameter: 'stream_options.include_usage'"),
+    ("prompt_cache_retention", "1h", "prompt_cache_retention",
+     "Invalid value: '1h'. Supported values are: 'in_memory' and '24h'."),
+    ("prompt_cache_retention", 24, "prompt_cache_retention", "Invalid value: 24."),
 ]
 
 
@@ -164,6 +170,52 @@ def test_responses_every_value_openai_takes_is_taken(responses_http, stream):
                          ("text", {"verbosity": None}), ("reasoning", {"effort": "low", "summary": "auto",
                                                                        "generate_summary": None, "context": "auto",
                                                                        "mode": "standard"}),
-                         ("stream_options", {"include_obfuscation": False}), ("stream_options", {})]:
+                         ("stream_options", {"include_obfuscation": False}), ("stream_options", {}),
+                         ("prompt_cache_retention", "in_memory"), ("prompt_cache_retention", "24h"),
+                         ("prompt_cache_retention", None), ("prompt_cache_key", "k"), ("safety_identifier", "u")]:
         r = responses_http.post("/v1/responses", json={"model": "m", "input": "plain", "stream": stream, field: value})
         assert r.status_code == 200, (field, value, r.text)
+
+
+CHAT_FIELDS = [  # (field, value, code, message)
+    ("verbosity", "loud", "invalid_value", "Invalid value: 'loud'. Supported values are: 'low', 'medium', and 'high'."),
+    ("verbosity", 1, "invalid_type", "Invalid value for 'verbosity': Input should be a valid string"),
+    ("prompt_cache_retention", "1h", "invalid_value", "Invalid value: '1h'. Supported values are: 'in_memory' and "
+                                                      "'24h'."),
+    ("prompt_cache_retention", True, "invalid_type",
+     "Invalid value for 'prompt_cache_retention': Input should be a valid string"),
+    ("prompt_cache_key", 5, "invalid_type", "Invalid value for 'prompt_cache_key': Input should be a valid string"),
+    ("safety_identifier", ["u"], "invalid_type",
+     "Invalid value for 'safety_identifier': Input should be a valid string"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("field, value, code, message", CHAT_FIELDS,
+                         ids=[f"{f}-{i}" for i, (f, *_) in enumerate(CHAT_FIELDS)])
+def test_chat_a_field_taken_unused_is_checked_as_openai_checks_it(chat_http, stream, field, value, code, message):
+    r = chat_http.post("/v1/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 2,
+                                                      "stream": stream, field: value})
+    e = error_of(r, 400)
+    assert (e["param"], e["code"], e["type"]) == (field, code, "invalid_request_error"), e
+    assert e["message"].startswith(message), e
+    assert not chat_http.scripted.submitted
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_every_value_openai_takes_is_taken(chat_http, stream):
+    """Each field the openai SDK's ``chat.completions.create`` sends that the chat path does not use:
+    the SDK's own call, each value its types allow."""
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=chat_http,
+                       max_retries=0) as sdk:
+        for field, value in [("verbosity", "low"), ("verbosity", "medium"), ("verbosity", "high"), ("verbosity", None),
+                             ("prompt_cache_retention", "in_memory"), ("prompt_cache_retention", "24h"),
+                             ("prompt_cache_retention", None), ("prompt_cache_key", "k"), ("prompt_cache_key", ""),
+                             ("safety_identifier", "u-1"), ("safety_identifier", None)]:
+            r = sdk.chat.completions.create(model="m", messages=USER, max_tokens=2, stream=stream, **{field: value})
+            if stream:
+                r = list(r)
+                assert r[-1].choices[0].finish_reason is not None, (field, value)
+            else:
+                assert r.choices[0].finish_reason is not None, (field, value)
