@@ -1,7 +1,8 @@
-"""``GET /v1/models``, ``GET /v1/models/{model}`` and ``slotserve_model_loaded`` over broker statuses the tests give (the gateway's
-own link and handlers, no broker, no socket). A model whose first worker is loading (``slotserve up``
-starting, not a model on demand) was left out of ``/v1/models`` while the 404 for an unknown name
-listed it as loading; and the gauge kept the last value of a model that was no longer listed."""
+"""``GET /v1/models``, ``GET /v1/models/{model}`` and ``slotserve_model_loaded`` over broker statuses
+the tests give (the gateway's own link and handlers, no broker, no socket). A model whose first
+worker is loading (``slotserve up`` starting, not a model on demand) was left out of ``/v1/models``
+while the 404 for an unknown name listed it as loading; and the gauge kept the last value of a model
+that was no longer listed."""
 
 from __future__ import annotations
 
