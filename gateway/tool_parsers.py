@@ -223,6 +223,8 @@ def _v11_head(s: str, functions: dict[str, dict]) -> object:
     if i == len(s):
         return _MORE if is_name_start(s, functions) else None
     name = s[:i]
+    if name not in functions:  # (a whole name: no call, whatever follows, as the text cut after its start said)
+        return None
     for tag, chars in (("[CALL_ID]", _ID_CHARS), ("[ARGS]", None)):
         if i == len(s):
             return _MORE
@@ -234,7 +236,7 @@ def _v11_head(s: str, functions: dict[str, dict]) -> object:
             return _MORE
     if i == len(s):
         return _MORE
-    if s[i] != "{" or name not in functions:
+    if s[i] != "{":
         return None
     return name, i, True, False
 

@@ -651,3 +651,17 @@ def test_every_parser_has_a_name_and_an_unknown_one_is_refused():
     assert PARSERS == ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "openai")
     with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json"):
         parser_class("llama")
+
+
+def test_a_mistral_marker_before_a_name_no_function_has_is_content_however_the_text_is_cut():
+    # '[TOOL_CALLS]hi[' read whole waited on '[' (it may start [ARGS]) and dropped the rest at a forced choice's end,
+    # where read a character at a time 'h' already said no call: the marker and the rest were content
+    for text in ("ok[TOOL_CALLS]hi[", "ok[TOOL_CALLS]hi[ARGS]", "ok[TOOL_CALLS]hi[CALL_ID]x"):
+        for forced in (False, True):
+            stream = parser_class("mistral")(FUNCTIONS, forced=forced)
+            deltas = [d for c in text for d in stream.feed(c)]
+            more, said = stream.finish("length")
+            whole = parse_tool_calls(text, FUNCTIONS, parser="mistral", reason="length", forced=forced)
+            assert merged(deltas + more) == whole, (text, forced)
+            # (content, marker and all; a forced choice drops a marker's start at the end: "[" may be [TOOL_CALLS]'s)
+            assert whole == (text[:-1] if forced and text.endswith("[") else text, []), (text, forced)
