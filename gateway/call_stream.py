@@ -95,7 +95,7 @@ class CallStream:
     (``<tool_c``) is dropped too; otherwise it stays content (``a <`` may be just text)."""
 
     __slots__ = ("functions", "parallel", "bare", "forced", "calls", "_said", "_buf", "_ws", "_depth", "_in_str",
-                 "_esc", "_cut", "_short")
+                 "_esc", "_cut", "_short", "_arg_parts")
 
     def __init__(self, functions: dict[str, dict], parallel: bool = True, bare: bool = False,
                  forced: bool = False) -> None:
@@ -110,6 +110,7 @@ class CallStream:
         self._ws = ""  # the whitespace before a marker (content again if what follows is no call)
         self._depth, self._in_str, self._esc = 0, False, False  # the scan of argument text (_scan)
         self._short = False  # a call was cut short inside the output (its arguments broken off): not "tool_calls"
+        self._arg_parts: list[str] = []  # the argument text of the call being read (_args_until)
 
     def feed(self, text: str) -> list[dict]:
         """The deltas ``text`` (the output's next piece) makes ready (maybe none)."""
@@ -149,6 +150,7 @@ class CallStream:
         out.append({"tool_calls": [{"index": self.calls, "id": self._new_id(), "type": "function",
                                     "function": {"name": name, "arguments": ""}}]})
         self.calls += 1
+        self._arg_parts = []
 
     @staticmethod
     def _new_id() -> str:
@@ -191,15 +193,22 @@ class CallStream:
         the end of ``_buf`` is held back until more text says what it is. Returns True when the
         arguments closed, False when a marker cut them short (the marker then starts ``_buf``; the
         call was cut short, ``_short``: it keeps what it sent and is not whole), None while more
-        text is needed."""
+        text is needed. Arguments that closed but are no JSON object (``{"city": x}``, a ``]`` that
+        closes the ``{``: :meth:`_scan` counts brackets only) were broken too: the call keeps what it
+        sent and is not whole, as one a marker cut short (they ended "tool_calls", and
+        ``/v1/messages`` read them as the input ``{}``, ``tool_use``)."""
         buf = self._buf
         found = [at for m in ends if (at := buf.find(m)) >= 0]
         keep = 0 if final or found else max((_tag_start(buf, m) for m in ends), default=0)
         upto = min(found) if found else len(buf) - keep
         i = self._scan(buf[:upto])
         self._args(out, buf[:i])
+        self._arg_parts.append(buf[:i])
         self._buf = buf[i:]
         if i and not self._depth:
+            if not _json_object("".join(self._arg_parts)):
+                self._short = True
+            self._arg_parts = []
             return True
         if not found:
             return None
@@ -235,6 +244,14 @@ class CallStream:
 
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def _json_object(text: str) -> bool:
+    """Whether ``text`` is the JSON text of an object (one nested past Python's recursion limit is not)."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _tag_start(text: str, tag: str) -> int:

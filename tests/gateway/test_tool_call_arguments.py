@@ -9,8 +9,10 @@ and </tool_call> ends the call. A Qwen3-Coder value without its </parameter> ran
 A Qwen3-Coder parameter given again gave the key twice (now its first value stands), and an output the
 model ended inside a value left '{"city": "Paris", "days": ' (now the call is closed there). A harmony
 message's end marker before its arguments closed was argument text, with every message after it; now it ends
-them, as Hermes' </tool_call> or <tool_call> and Mistral's [TOOL_CALLS] there now do too. Over the handlers
-apps with a scripted broker client (4 characters a token), no sockets."""
+them, as Hermes' </tool_call> or <tool_call> and Mistral's [TOOL_CALLS] there now do too. A JSON family's
+arguments that closed but are no JSON object ('{"city": Paris}') ended "tool_calls" as if whole; now the call
+keeps what it sent and the answer ends stop, as one a marker cut short. Over the handlers apps with a
+scripted broker client (4 characters a token), no sockets."""
 
 from __future__ import annotations
 
@@ -74,6 +76,17 @@ CUT_SHORT = {
                       [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
     "mistral_marker": ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa[TOOL_CALLS]get_weather[ARGS]'
                        '{"city": "Rome"}', [("get_weather", '{"city": "Pa'), ("get_weather", '{"city": "Rome"}')]),
+    # arguments that closed but are no JSON object (a bare word, a "]" closing the "{"): they ended "tool_calls"
+    # (/v1/messages: tool_use with the input {}), as if whole
+    "harmony_no_json": ("openai", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+                        'Paris}<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>'
+                        'json<|message|>{"city": "Rome"}', [("get_weather", '{"city": Paris}'),
+                                                           ("get_weather", '{"city": "Rome"}')]),
+    "hermes_no_json": ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>\n'
+                       '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+                       [("get_weather", '{"city": Paris}'), ("get_weather", '{"city": "Rome"}')]),
+    "mistral_no_json": ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"][TOOL_CALLS]get_weather[ARGS]'
+                        '{"city": "Rome"}', [("get_weather", '{"city": "Paris"]'), ("get_weather", '{"city": "Rome"}')]),
 }
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 
@@ -176,5 +189,5 @@ def test_a_marker_that_ends_a_call_inside_its_arguments_on_the_messages_api(apps
     assert out["stop_reason"] == "end_turn"  # (the first call's input is no object: {} as a cut call's)
     events = sse(http, "/v1/messages", body, headers=headers)
     partial = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
-    assert "".join(partial) == '{"city": "Pa{"city": "Rome"}'
+    assert "".join(partial) == "".join(args for _, args in CUT_SHORT[case][2])
     assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["end_turn"]

@@ -653,6 +653,30 @@ def test_every_parser_has_a_name_and_an_unknown_one_is_refused():
         parser_class("llama")
 
 
+# parser -> the call up to its arguments, and after them: arguments that close but are no JSON object follow
+NO_JSON_CALLS = {
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": ', "}\n</tool_call>"),
+    "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": ', "}"),
+    "mistral": ("[TOOL_CALLS]get_weather[ARGS]", ""),
+    "openai": ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>", "<|call|>"),
+}
+NO_JSON_ARGS = ['{"city": Paris}', '{"city": "Paris"]', '{"a": [1}]', '{"city" "Paris"}', '{"city": "Paris",}', "{]"]
+
+
+@pytest.mark.parametrize("parser", sorted(NO_JSON_CALLS))
+def test_a_json_family_s_arguments_that_close_as_no_json_object_are_no_whole_call(parser):
+    # _scan closes the arguments at the bracket that ends their depth, so '{"city": Paris}' or '{"city": "x"]' was a
+    # whole call: "tool_calls" (and /v1/messages read its input as {}, stop_reason tool_use); now it is broken, as one
+    # a marker cut short: it keeps what it sent, "stop"
+    head, tail = NO_JSON_CALLS[parser]
+    for args in NO_JSON_ARGS + ['{"city": "Paris"}']:
+        text = head + args + tail
+        content, calls, said = streamed(parser, text, "stop")
+        whole_content, whole_calls = parse_tool_calls(text, FUNCTIONS, parser=parser, reason="stop")
+        assert (content, calls) == (whole_content, calls_of(whole_calls)) == (None, [("get_weather", args)]), args
+        assert said == ("tool_calls" if args == '{"city": "Paris"}' else "stop"), args
+
+
 def test_a_mistral_marker_before_a_name_no_function_has_is_content_however_the_text_is_cut():
     # '[TOOL_CALLS]hi[' read whole waited on '[' (it may start [ARGS]) and dropped the rest at a forced choice's end,
     # where read a character at a time 'h' already said no call: the marker and the rest were content
