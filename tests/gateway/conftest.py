@@ -79,3 +79,40 @@ def pytest_runtest_teardown(item, nextitem):
 def pytest_itemcollected(item):
     """Marks the room's tests ``process`` and ``model`` by what each uses (tests/support/lanes.py)."""
     mark_lanes(item)
+
+
+@pytest.fixture
+def chat_http():
+    """The handlers app (chat, completions, ``/tokenize``) over a scripted broker client, no sockets
+    (:mod:`tests.support.scripted`): a ``TestClient`` whose ``scripted`` is the client (what it was
+    sent: ``submitted``), the letters tokenizer."""
+    from starlette.testclient import TestClient
+
+    from gateway.tokenizer import Tokenizers
+    from tests.support.scripted import ScriptedClient, ScriptedLink, handlers_app, letters
+
+    client = ScriptedClient()
+    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.fixture
+def messages_http():
+    """The Messages API app over a scripted broker client that answers with a set output, no sockets
+    (:class:`tests.gateway.test_tools_stream.OutputClient`): a ``TestClient`` whose ``scripted`` is
+    the client."""
+    from starlette.testclient import TestClient
+
+    from gateway.config import GatewayConfig
+    from tests.gateway.test_tools_stream import OutputClient
+    from tests.support.scripted import ScriptedLink, messages_app
+
+    client = OutputClient()
+    with TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)

@@ -15,13 +15,9 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from gateway.tokenizer import Tokenizers  # noqa: E402
 from protocol.errors import UnsupportedError  # noqa: E402
 from protocol.request import RequestParams, from_wire, to_wire  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import ScriptedClient, ScriptedLink, handlers_app, letters  # noqa: E402
 
 
 def _call(arguments=..., cid: str = "c1") -> dict:
@@ -41,16 +37,6 @@ TAKEN = {
                                                            "tool_calls": [_call(""), _call(None, "c2"), _call(cid="c3")]},
                         {"role": "tool", "tool_call_id": "c1", "content": "noon"}],
 }
-
-
-@pytest.fixture
-def chat_http():
-    client = ScriptedClient()
-    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 @pytest.mark.parametrize("case", sorted(TAKEN))

@@ -19,11 +19,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.response_store import ResponseStore  # noqa: E402
-from gateway.tokenizer import Tokenizers  # noqa: E402
-from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import (  # noqa: E402
-    KEY, ScriptedClient, ScriptedLink, handlers_app, letters, messages_app, responses_app)
+from tests.support.scripted import KEY, ScriptedClient, ScriptedLink, responses_app  # noqa: E402
 
 TOOLS = [{"name": "get_time", "input_schema": {"type": "object"}}]
 
@@ -34,16 +31,6 @@ def _use(uid: str) -> dict:
 
 def _result(uid: str) -> dict:
     return {"type": "tool_result", "tool_use_id": uid, "content": "noon"}
-
-
-@pytest.fixture
-def messages_http():
-    client = OutputClient()
-    with TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 ASK = {"role": "user", "content": "time?"}
@@ -89,16 +76,6 @@ def test_messages_still_takes_distinct_ids_each_answered_once(messages_http):
         r = messages_http.post(path, json={"model": "m", "messages": messages, **extra},
                                headers={"x-api-key": KEY})
         assert r.status_code == 200, r.text
-
-
-@pytest.fixture
-def chat_http():
-    client = ScriptedClient()
-    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 def _calls(*ids: str) -> dict:

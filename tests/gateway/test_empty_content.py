@@ -23,26 +23,14 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.response_store import ResponseStore  # noqa: E402
-from gateway.tokenizer import Tokenizers  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
 from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import (  # noqa: E402
-    KEY, ScriptedClient, ScriptedLink, handlers_app, letters, messages_app, responses_app)
+from tests.support.scripted import KEY, ScriptedLink, responses_app  # noqa: E402
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 EMPTY = "is an empty array: an empty turn is refused; send a string"
 ANTHROPIC = "all messages must have non-empty content except for the optional final assistant message"
-
-
-@pytest.fixture
-def chat_http():
-    client = ScriptedClient()
-    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 def chat_history(role: str, content) -> tuple[list[dict], int]:
@@ -80,16 +68,6 @@ def test_chat_content_openai_takes_is_still_taken(chat_http, stream):
         r = chat_http.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2, "stream": stream,
                                                           "messages": messages})
         assert r.status_code == 200, (messages, r.text)
-
-
-@pytest.fixture
-def messages_http():
-    client = OutputClient()
-    with TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 def messages_body(path: str, stream: bool | None, messages: list[dict]) -> dict:
