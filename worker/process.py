@@ -244,7 +244,8 @@ class WorkerProcess:
         engine = self.engine
         delay_s = self.config.step_delay_ms / 1000.0
         while not stop.is_set():
-            if self._admit_deadlines:  # (a racy read: a miss is seen next turn)
+            due = self._admit_deadlines[:1]  # (a racy read: a miss is seen next turn)
+            if due and due[0][0] <= time.monotonic():
                 late = self._expire_admitting(time.monotonic())
                 if late is not None and self._post(late):
                     pipe.send(WAKE)
