@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 
 from gateway.messages_body import MIN_THINKING_BUDGET  # noqa: E402
 from gateway.responses_api import INCLUDABLES  # noqa: E402
-from tests.gateway.test_empty_content import MESSAGES_PATHS, chat_http, messages_http, responses_http  # noqa: E402,F401
+from tests.gateway.test_empty_content import MESSAGES_PATHS, responses_http  # noqa: E402,F401
 from tests.support.gateway import error_of  # noqa: E402
 from tests.support.scripted import KEY  # noqa: E402
 
