@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gateway.threads import on_a_daemon_thread
+from protocol.chat import template_error
 from protocol.validation import echo
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class Tokenizer:
             enc = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                               return_dict=True, sanitize_control_tokens=True, **kwargs)
         except Exception as exc:  # noqa: BLE001 -- jinja errors, raise_exception() in templates
-            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+            raise template_error(exc, continue_final_message) from exc
         ids = list(enc["input_ids"])
         return self._with_special_tokens(ids) if add_special_tokens else ids
 

@@ -120,3 +120,19 @@ def _shown(value: object) -> str:
         return clip(json.dumps(value))
     except (TypeError, ValueError):
         return echo(value)
+
+
+def template_error(exc: Exception, continue_final_message: bool = False) -> ValueError:
+    """What a chat that transformers' ``apply_chat_template`` refused says to the client: the
+    template's own words (a Jinja error, its ``raise_exception``), except transformers' refusals of
+    ``continue_final_message``, which are said here: one of them carries the whole rendered chat
+    (after ``Rendered chat:``, the system prompt and the template's text), which is no client's to read."""
+    text = str(exc)
+    if continue_final_message and text.startswith("continue_final_message"):
+        if "does not appear in the chat" in text:
+            return ValueError("continue_final_message: the chat template changes or drops the final message's "
+                              "text, so the reply cannot continue it; send the conversation without it")
+        if "no text to continue" in text or "could not find any text" in text or "has no" in text:
+            return ValueError("continue_final_message: the final message has no text to continue")
+        return ValueError("continue_final_message: this chat template cannot continue the final message")
+    return ValueError(f"chat template rejected the messages: {text}")

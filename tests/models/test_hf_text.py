@@ -287,3 +287,35 @@ def test_tokenizer_json_has_padding_and_truncation_off_and_leaves_the_codec_as_i
     finally:
         backend.no_padding()
         backend.no_truncation()
+
+
+DROPS_ASSISTANT = (  # renders the users' turns only: a final assistant message never appears in the chat
+    "SYSTEM PROMPT NOT FOR CLIENTS\n{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n"
+    "{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("entry", ["worker codec", "gateway tokenizer"])
+def test_a_final_message_the_template_drops_is_refused_in_our_words_without_the_rendered_chat(codec, entry):
+    """transformers refuses continue_final_message when the template drops the final message, with
+    the whole rendered chat in its message (the template's own text): the worker's codec and the
+    gateway's tokenizer (its add_special_tokens path, transformers' renderer) say it in our words."""
+    from gateway.tokenizer import Tokenizer
+
+    chat = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "The answer is"}]
+    dropping = codec.with_chat_template(DROPS_ASSISTANT)
+    with pytest.raises(ValueError) as info:
+        if entry == "worker codec":
+            dropping.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+        else:
+            Tokenizer(dropping, hf=codec._tok).chat(chat, add_generation_prompt=False, add_special_tokens=True,
+                                                   template=DROPS_ASSISTANT, continue_final_message=True)
+    said = str(info.value)
+    assert said.startswith("continue_final_message: the chat template changes or drops the final message's text")
+    assert "SYSTEM PROMPT" not in said and "Rendered chat" not in said
+
+
+def test_a_template_error_without_continue_final_message_keeps_the_templates_words(codec):
+    raising = codec.with_chat_template("{{ raise_exception('Conversation roles must alternate') }}")
+    with pytest.raises(ValueError, match="chat template rejected the messages: Conversation roles must alternate"):
+        raising.apply_chat_template([{"role": "user", "content": "hi"}])

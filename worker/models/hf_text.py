@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
 
+from protocol.chat import template_error
 from worker.models.fim import render as fim_render
 from worker.models.hermes import hermes_messages
 
@@ -120,7 +121,7 @@ class HFTextCodec:
                 sanitize_control_tokens=True, **kwargs,
             )
         except Exception as exc:  # jinja errors, raise_exception() in templates
-            raise ValueError(f"chat template rejected the messages: {exc}") from exc
+            raise template_error(exc, continue_final_message) from exc
         return list(enc["input_ids"])
 
     @property
