@@ -94,7 +94,7 @@ class ServedModels:
             aliases.update(self._claimable(registering.model, registering.aliases, warn=False))
         grace_left = 0.0 if self.grace_over else max(0.0, self.config.register_grace_s - (now - self.started_s))
         return Welcome(self.broker_id, self.config.heartbeat_interval_s, models, self.config.max_message_bytes,
-                       loading, grace_left, aliases)
+                       loading, grace_left, aliases, self.config.on_demand_models)
 
     def claim(self, model: str, aliases: tuple[str, ...], worker: str, out: Outbox) -> None:
         """A worker loads or registers ``model`` under ``aliases`` too: each

@@ -102,8 +102,9 @@ class Client:
       waited for (``connect_timeout_s``).
     - ``model``: the model name workers registered, or one of its aliases
       (their ``--served-model-name``). None (default): the broker's only
-      model, when exactly one is served or loading; with several,
-      submitting raises ValueError listing them (``status()`` works either way).
+      model, when exactly one is served, loading or loaded on demand; with
+      several (models on demand too, loaded or not), submitting raises
+      ValueError listing them (``status()`` works either way).
     - ``stop_token``: default stop token(s) for this client's requests: an
       int, a list of ints, None (none) or :data:`~protocol.request.DEFAULT`
       (the worker's: the model's EOS tokens or its ``--stop-token``).
@@ -150,6 +151,9 @@ class Client:
         """Models being loaded by a worker, from the broker's last welcome (their aliases too)."""
         self.aliases: dict[str, str] = {}
         """Alias -> the primary name of its model, from the broker's last welcome."""
+        self.on_demand: tuple[str, ...] = ()
+        """Models the broker's supervisor loads when a request names them, loaded now or not (every
+        name each is served under), from the broker's last welcome."""
         self._grace_end_s = 0.0  # monotonic end of the broker's start-up grace (unknown models wait till then)
         self._models_changed = threading.Condition()
         self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
@@ -331,7 +335,7 @@ class Client:
         if self._ledger.closed:
             raise RuntimeError("this client is closed")
 
-    def wait_for_model(self, timeout_s: float = 30.0) -> ModelInfo:
+    def wait_for_model(self, timeout_s: float = 30.0) -> ModelInfo | None:
         """Block until a worker serving this client's model has registered
         (one that is loading it is waited for); return its
         :class:`~protocol.messages.ModelInfo`.
@@ -339,10 +343,13 @@ class Client:
         Waits on the broker's welcomes (it sends a fresh one to every client
         when the models served or loading change), asking again only with a
         backoff (1, 2, 4, 8 s): it never spins. Without ``model=``: waits for
-        the broker's only model. Raises :class:`UnknownModelError` (a
-        ValueError) at once when no worker serves or loads the model and the
-        broker's start-up grace is over (the message lists the models served
-        and loading), ValueError when no ``model=`` was given and several are
+        the broker's only model. Returns None for a model the broker loads on
+        demand that no worker serves or loads now (:attr:`on_demand`): its
+        first request loads it, and waits in the queue meanwhile. Raises
+        :class:`UnknownModelError` (a ValueError) at once when no worker serves
+        or loads the model, nor would on demand, and the broker's start-up
+        grace is over (the message lists the models served, loading and on
+        demand), ValueError when no ``model=`` was given and several are
         served, ``TimeoutError`` after ``timeout_s`` seconds, RuntimeError when the
         client is closed (by another thread too, while this waits).
         """
@@ -356,9 +363,11 @@ class Client:
                 model = self.model if self.model is not None else self._resolve_model(wait=True)
                 if model is not None and model in self.models:
                     return self.models[model]
+                if model is not None and model in self.on_demand and model not in self.loading:
+                    return None  # (loaded by its first request: nothing else would load it)
                 now = time.monotonic()
                 if model is not None and model not in self.loading and now >= self._grace_end_s:
-                    raise UnknownModelError(model, self.address, self.models, self.loading)
+                    raise UnknownModelError(model, self.address, self.models, self.loading, self.on_demand)
                 if now >= deadline:
                     state = "is still loading" if model in self.loading else "has no worker yet"
                     raise TimeoutError(f"model {echo(model) if model else '(any)'} {state} after {timeout_s:g} s")
@@ -372,10 +381,12 @@ class Client:
                 self._models_changed.wait(wake - now)
 
     def _resolve_model(self, *, wait: bool) -> str | None:
-        """This client's model when none was given: the broker's only one (served
-        or loading). None when there is none yet and ``wait``; ValueError when
+        """This client's model when none was given: the broker's only one (served,
+        loading or on demand: with several models on demand, one loaded is not
+        the only one). None when there is none yet and ``wait``; ValueError when
         there are several, or none and not ``wait``."""
-        names = sorted({self.aliases.get(n, n) for n in (*self.models, *self.loading)})  # one model, several names
+        # (one model, several names: its aliases)
+        names = sorted({self.aliases.get(n, n) for n in (*self.models, *self.loading, *self.on_demand)})
         if len(names) == 1:
             self.model = self._conn.model = names[0]
             self._limits = _limits(self.models.get(names[0]))
@@ -530,9 +541,10 @@ class Client:
             self.aliases = aliases
             self.models = {**msg.models, **{a: msg.models[m] for a, m in aliases.items() if m in msg.models}}
             self.loading = msg.loading + tuple(sorted(a for a, m in aliases.items() if m in msg.loading))
+            self.on_demand = msg.on_demand
             self._grace_end_s = time.monotonic() + msg.register_grace_s
             self._limits = _limits(self.models.get(self.model) if self.model is not None else None)
-            if self.model is None and len(set(msg.models) | set(msg.loading)) == 1:
+            if self.model is None and len(set(msg.models) | set(msg.loading) | set(msg.on_demand)) == 1:
                 self._resolve_model(wait=True)
             self._models_changed.notify_all()
         self._call(self._core.broker_seen, msg.broker_id, time.monotonic())

@@ -31,13 +31,17 @@ class UnknownModelError(RemoteError, ValueError):
     """No worker serves or loads ``model`` at the broker (code ``unknown_model``):
     raised by :meth:`Client.wait_for_model <client.Client.wait_for_model>` at
     once, not after a timeout. The message lists the models the broker
-    serves and the ones being loaded; ``served`` and ``loading`` hold them."""
+    serves, the ones being loaded and those it loads on demand (when there are
+    any); ``served``, ``loading`` and ``on_demand`` hold them."""
 
-    def __init__(self, model: str, address: str, served, loading) -> None:
+    def __init__(self, model: str, address: str, served, loading, on_demand=()) -> None:
         self.model = model
         self.served = tuple(sorted(served))
         self.loading = tuple(sorted(loading))
+        self.on_demand = tuple(sorted(on_demand))
         there = f"served: {', '.join(self.served) or 'none'}; loading: {', '.join(self.loading) or 'none'}"
+        if self.on_demand:
+            there += f"; on demand: {', '.join(self.on_demand)}"
         super().__init__(ErrorCode.UNKNOWN_MODEL,
                          f"no model named at {address} (an empty name); name one ({there})" if not model else
                          f"no worker serves or loads model {echo(model)} at {address} ({there}); "

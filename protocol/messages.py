@@ -50,7 +50,7 @@ from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 from protocol.validation import echo
 
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -77,7 +77,9 @@ worker would take an embedding request for a generation one). 11: ``chat_templat
 12: ``loading_workers`` in ``status`` (which worker loads which model: a supervisor finds one frozen in
 its load by it), a field a v11 peer would refuse to decode. 13: the request fields
 ``continue_final_message`` and ``add_generation_prompt`` (how a chat prompt ends: the final message
-continued, a prefill), which a v12 peer would refuse to decode.
+continued, a prefill), which a v12 peer would refuse to decode. 14: ``on_demand`` in ``welcome``
+(the models a supervisor loads when a request names them: a client resolves and waits for its
+model by them), a field a v13 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -365,6 +367,10 @@ class Welcome(_Message):
     - ``aliases``: ``{alias: model}`` the other names of the models in
       ``models`` and ``loading`` (their workers' ``aliases``): a request for
       an alias is served as one for its model (named by its primary name).
+    - ``on_demand``: the names of the models a supervisor loads when a request
+      names them (the broker's ``on_demand_models``: ``slotserve up`` with
+      several models), loaded now or not: requests for one wait in its queue
+      while it loads, never ``unknown_model`` (protocol 14).
     """
 
     op: ClassVar[Op] = Op.WELCOME
@@ -375,6 +381,7 @@ class Welcome(_Message):
     loading: tuple[str, ...] = ()
     register_grace_s: float = 0.0
     aliases: dict[str, str] = field(default_factory=dict)
+    on_demand: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())

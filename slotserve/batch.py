@@ -134,8 +134,10 @@ def _wait_for_model(client: Client, timeout_s: float, should_stop) -> None:
     """``client.wait_for_model`` that gives up when ``should_stop()`` turns true
     (RuntimeError). It waits in short steps so a signal ends it promptly;
     each step waits on the broker's welcomes (no polling of the broker). A
-    model nobody serves or loads raises :class:`~client.UnknownModelError`
-    (a ValueError) at once, listing the models served."""
+    model nobody serves or loads, nor would on demand, raises
+    :class:`~client.UnknownModelError` (a ValueError) at once, listing the
+    models served; one loaded on demand returns at once (the job's first rows
+    load it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
