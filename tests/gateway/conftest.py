@@ -116,3 +116,23 @@ def messages_http():
         yield http
     for t in client.threads:
         t.join(10)
+
+
+@pytest.fixture
+def responses_http():
+    """The Responses API app (a store of 8 responses, 60 s) over a scripted broker client that answers
+    with a set output, no sockets (:class:`tests.gateway.test_tools_stream.OutputClient`): a
+    ``TestClient`` whose ``scripted`` is the client."""
+    from starlette.testclient import TestClient
+
+    from gateway.config import GatewayConfig
+    from gateway.response_store import ResponseStore
+    from tests.gateway.test_tools_stream import OutputClient
+    from tests.support.scripted import ScriptedLink, responses_app
+
+    client = OutputClient()
+    with TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)

@@ -15,12 +15,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.response_store import ResponseStore  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import KEY, ScriptedClient, ScriptedLink, responses_app  # noqa: E402
+from tests.support.scripted import KEY  # noqa: E402
 
 TOOLS = [{"name": "get_time", "input_schema": {"type": "object"}}]
 
@@ -109,16 +105,6 @@ def test_chat_still_takes_a_call_made_again_and_answered_again(chat_http):
     r = chat_http.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2, "messages": messages,
                                                       "tools": CHAT_TOOLS})
     assert r.status_code == 200, r.text
-
-
-@pytest.fixture
-def responses_http():
-    client = ScriptedClient()
-    with TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 def test_responses_refuses_a_call_output_given_twice(responses_http):

@@ -19,14 +19,9 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.response_store import ResponseStore  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
-from tests.gateway.test_tools_stream import OutputClient  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import KEY, ScriptedLink, responses_app  # noqa: E402
+from tests.support.scripted import KEY  # noqa: E402
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 EMPTY = "is an empty array: an empty turn is refused; send a string"
@@ -99,16 +94,6 @@ def test_messages_a_final_assistant_message_may_be_empty(messages_http, content)
     r = messages_http.post("/v1/messages/count_tokens", json=messages_body("", None, messages),
                            headers={"x-api-key": KEY})
     assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
-
-
-@pytest.fixture
-def responses_http():
-    client = OutputClient()
-    with TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -4,7 +4,7 @@ defaults it to the served model; llama.cpp ignores it); the answer names the mod
 several served it stays a 400 naming each, in the route's own error shape.
 
 One in-process stack per case (broker and workers on threads, the gateway's whole app), the
-workers serving :class:`tests.gateway.test_stop_reason_eos.EndingModel` (SmolLM2's tokenizer)."""
+workers serving :class:`tests.support.scripted_text.ScriptedText` (SmolLM2's tokenizer)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from starlette.testclient import TestClient  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizer  # noqa: E402
-from tests.gateway.test_stop_reason_eos import TEXT, EndingModel  # noqa: E402
 from tests.support.cluster import ThreadCluster  # noqa: E402
 from tests.support.gateway import sse  # noqa: E402
+from tests.support.scripted_text import TEXT, ScriptedText  # noqa: E402
 from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
@@ -45,7 +45,7 @@ def http(request):
         pytest.skip("SmolLM2's tokenizer is not installed")
     with ThreadCluster() as cluster:
         for name in request.param:
-            cluster.add_worker(EndingModel(tok), model=name)
+            cluster.add_worker(ScriptedText(tok), model=name)
         codec = HFTextCodec(tok)
         with TestClient(create_app(GatewayConfig(broker=cluster.frontend), lambda name: Tokenizer(codec))) as h:
             wait_until(lambda: len(h.get("/v1/models").json()["data"]) == len(request.param), 30,

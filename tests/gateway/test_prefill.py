@@ -24,60 +24,23 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from client import Client  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.tokenizer import Tokenizer  # noqa: E402
 from protocol.request import RequestParams  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
-from tests.support.cluster import ThreadCluster  # noqa: E402
 from tests.support.gateway import sse  # noqa: E402
-from tests.support.vocab import QWEN, SMOLLM2, kept_tokenizer  # noqa: E402
-from tests.support.waits import wait_until  # noqa: E402
+from tests.support.scripted_text import scripted_stack  # noqa: E402
 
 TEXT = " forty-two."
 PREFILL = "The answer is"
 CHAT = [{"role": "user", "content": "What is the answer?"}, {"role": "assistant", "content": PREFILL}]
 
 
-class RecordingModel:
-    """A model with a real tokenizer that writes :data:`TEXT`'s tokens then its EOS, and records each
-    prompt it is given (a sequence whose last token is none of the script's: a request's first step)."""
-
-    def __init__(self, tok) -> None:
-        from worker.models.hf_text import HFTextCodec
-
-        self.tokenizer = HFTextCodec(tok)
-        self.vocab_size = len(tok)
-        self.eos_token_ids = (tok.eos_token_id,)
-        self.script = [*self.tokenizer.encode(TEXT), tok.eos_token_id]
-        assert len(set(self.script)) == len(self.script)  # (each token's successor is one)
-        self._next = {t: self.script[(i + 1) % len(self.script)] for i, t in enumerate(self.script)}
-        self.prompts: list[tuple[int, ...]] = []
-
-    def next_tokens(self, sequences):
-        self.prompts += [tuple(s) for s in sequences if s[-1] not in self._next]
-        return [self._next.get(s[-1], self.script[0]) for s in sequences]
-
-
 @pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
 def stack(request):
-    """``(http, client, model, tok)``: the gateway app (TestClient) and a client over a broker and a
-    worker serving :class:`RecordingModel` as ``"m"``, and the transformers tokenizer under it."""
-    tok = kept_tokenizer(SMOLLM2 if request.param == "smollm2" else QWEN)
-    if tok is None:
-        pytest.skip(f"{request.param}'s tokenizer is not installed")
-    model = RecordingModel(tok)
-    with ThreadCluster() as cluster:
-        cluster.add_worker(model, model="m")
-        with Client(cluster.frontend, model="m") as c, \
-                TestClient(create_app(GatewayConfig(broker=cluster.frontend),
-                                      lambda name: Tokenizer(model.tokenizer, tok))) as http:
-            c.wait_for_model(30)
-            wait_until(lambda: http.get("/v1/models").json()["data"], 30, "the gateway to see the model")
-            yield http, c, model, tok
+    """``(http, client, model, tok)``: the gateway app (TestClient, rendering with the model's tokenizer)
+    and a client over a broker and a worker serving a :class:`~tests.support.scripted_text.ScriptedText`
+    of :data:`TEXT` (it records each prompt) as ``"m"``, and the transformers tokenizer under it."""
+    with scripted_stack(request.param, TEXT, gateway_tokenizer=True) as parts:
+        yield parts
 
 
 def continued(tok, messages=CHAT) -> tuple[int, ...]:

@@ -18,54 +18,17 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from client import Client  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
 from slotserve.job import run_job  # noqa: E402
-from tests.support.cluster import ThreadCluster  # noqa: E402
 from tests.support.gateway import sse  # noqa: E402
-from tests.support.vocab import QWEN, SMOLLM2, kept_tokenizer  # noqa: E402
-from tests.support.waits import wait_until  # noqa: E402
-
-TEXT = "Hello there, friend."
-
-
-class EndingModel:
-    """A model with a real tokenizer that writes :data:`TEXT`'s tokens, then its EOS, then again
-    (past an ignored EOS): the next token follows the sequence's last one in that script, its first
-    after any token not in it (a prompt's last token: none of the script's)."""
-
-    def __init__(self, tok) -> None:
-        from worker.models.hf_text import HFTextCodec
-
-        self.tokenizer = HFTextCodec(tok)
-        self.vocab_size = len(tok)
-        self.eos_token_ids = (tok.eos_token_id,)
-        self.script = [*self.tokenizer.encode(TEXT), tok.eos_token_id]
-        assert len(set(self.script)) == len(self.script)  # (each token's successor is one)
-        self._next = {t: self.script[(i + 1) % len(self.script)] for i, t in enumerate(self.script)}
-
-    def next_tokens(self, sequences):
-        return [self._next.get(s[-1], self.script[0]) for s in sequences]
+from tests.support.scripted_text import TEXT, scripted_stack  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
 def stack(request):
-    """``(http, client, model)``: the gateway app (TestClient) and a client over a broker and a
-    worker serving :class:`EndingModel` as ``"m"``."""
-    tok = kept_tokenizer(SMOLLM2 if request.param == "smollm2" else QWEN)
-    if tok is None:
-        pytest.skip(f"{request.param}'s tokenizer is not installed")
-    model = EndingModel(tok)
-    with ThreadCluster() as cluster:
-        cluster.add_worker(model, model="m")
-        with Client(cluster.frontend, model="m") as c, \
-                TestClient(create_app(GatewayConfig(broker=cluster.frontend))) as http:
-            c.wait_for_model(30)
-            wait_until(lambda: http.get("/v1/models").json()["data"], 30, "the gateway to see the model")
-            yield http, c, model
+    """``(http, client, model)``: the gateway app (TestClient) and a client over a broker and a worker
+    serving a :class:`~tests.support.scripted_text.ScriptedText` of :data:`TEXT` as ``"m"``."""
+    with scripted_stack(request.param, TEXT) as (http, c, model, _):
+        yield http, c, model
 
 
 def test_the_model_ends_at_its_eos_with_no_stop_reason_from_the_client(stack):

@@ -10,7 +10,7 @@ takes the field): ``thinking`` (Anthropic's ``ThinkingConfigParam``: ``enabled``
 openai SDK's chat.completions.create sends, while /v1/responses took the first two). A wrong type or value is a 400
 naming the field, in the vendor's shape and words, whole and streamed, before anything is submitted;
 every value the vendor takes stays taken. Over the handlers apps with scripted broker clients
-(tests/gateway/test_empty_content's fixtures), no sockets."""
+(tests/gateway/conftest.py's fixtures), no sockets."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 
 from gateway.messages_body import MIN_THINKING_BUDGET  # noqa: E402
 from gateway.responses_api import INCLUDABLES  # noqa: E402
-from tests.gateway.test_empty_content import MESSAGES_PATHS, responses_http  # noqa: E402,F401
+from tests.gateway.test_empty_content import MESSAGES_PATHS  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
 from tests.support.scripted import KEY  # noqa: E402
 

@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 
 from client import Client  # noqa: E402
 from protocol.enums import FinishReason  # noqa: E402
-from tests.gateway.test_stop_reason_eos import TEXT, EndingModel  # noqa: E402
 from tests.support.cluster import ThreadCluster  # noqa: E402
+from tests.support.scripted_text import TEXT, ScriptedText  # noqa: E402
 from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 
@@ -80,7 +80,7 @@ def model():
     tok = kept_tokenizer(SMOLLM2)
     if tok is None:
         pytest.skip("SmolLM2's tokenizer is not installed")
-    return EndingModel(tok)
+    return ScriptedText(tok)
 
 
 @pytest.mark.parametrize("work", ["text prompt", "chat prompt", "structured"])
