@@ -132,7 +132,7 @@ def template_error(exc: Exception, continue_final_message: bool = False) -> Valu
         if "does not appear in the chat" in text:
             return ValueError("continue_final_message: the chat template changes or drops the final message's "
                               "text, so the reply cannot continue it; send the conversation without it")
-        if "no text to continue" in text or "could not find any text" in text or "has no" in text:
+        if "has no" in text or "could not find any text" in text:  # (no such field; none of its text)
             return ValueError("continue_final_message: the final message has no text to continue")
         return ValueError("continue_final_message: this chat template cannot continue the final message")
     return ValueError(f"chat template rejected the messages: {text}")
