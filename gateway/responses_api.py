@@ -185,7 +185,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
                         "content": _text(item.get("content"), f"{where}.content")})
             origins.append(Origin(where))
         elif kind == "function_call":
-            call = {"id": string_field(item, "call_id", where), "type": "function",
+            call = {"id": _call_id(item, where), "type": "function",
                     "function": {"name": string_field(item, "name", where),
                                  "arguments": string_field(item, "arguments", where)}}
             check_arguments(call["function"]["arguments"], f"{where}.arguments")  # (named as the item's field)
@@ -198,7 +198,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
             call_ids.add(call["id"])
             answered.pop(call["id"], None)  # (a call made again may be answered again)
         elif kind == "function_call_output":
-            call_id = string_field(item, "call_id", where)
+            call_id = _call_id(item, where)
             if call_id not in call_ids:
                 raise bad_request(f"No tool call found for function call output with call_id {clip(call_id)}.",
                                   f"{where}.call_id")
@@ -215,6 +215,17 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: {_ITEMS}; not {echo(kind)})")
     return out, origins
+
+
+def _call_id(item: dict, where: str) -> str:
+    """The ``call_id`` of a ``function_call`` or ``function_call_output`` item: 400 naming it when it
+    is no string or empty (an output names its call by it; the chat path's rule, :class:`protocol.chat.Answers`,
+    would refuse it later in a chat message's words)."""
+    call_id = string_field(item, "call_id", where)
+    if not call_id:
+        raise bad_request(f"{where}.call_id must not be empty: a function_call_output names the "
+                          "function_call it answers by its call_id", f"{where}.call_id")
+    return call_id
 
 
 _ITEMS = "message, function_call, function_call_output, reasoning"

@@ -53,6 +53,7 @@ from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
 from gateway.tool_stream import CallStream, ToolStream, merged
+from protocol.chat import AnswerError, Answers
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 from protocol.tools import arguments_problem, call_arguments, is_tool_name, parameters_error
@@ -171,38 +172,27 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
     (the worker renders them), a ``tool`` message's ``tool_call_id`` checked and carried, and a
     message's ``name`` carried (templates read them: Mistral's the id, others the tool's name;
     :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id,
-    for a tool message whose ``tool_call_id`` is the id of no call in an earlier assistant message
-    (OpenAI refuses it: a result must answer a call the model made; a call sent without an id,
-    which is taken, may be answered by any), and for a second tool message answering one call
-    (OpenAI refuses it: "Invalid parameter: Duplicate value for 'tool_call_id' of 'X', in messages[2]
-    and messages[3]."; a call made again later, by its id, may be answered again)."""
+    and for a tool message that breaks the rule of answers every entry point keeps
+    (:class:`protocol.chat.Answers`: no ``tool_call_id``, the id of no call in an earlier assistant
+    message, a call answered twice), in its words, the messages named ``messages[3]``."""
     out = []
-    call_ids: set[str] = set()  # the ids of the assistant's calls so far ("" for a call sent without one)
-    answered: dict[str, int] = {}  # a call's id -> the tool message that answered it, since the call was made
+    answers = Answers()
     for i, (m, r) in enumerate(zip(messages, raw)):
         calls = getattr(r, "tool_calls", None)
         if calls:
             if m["role"] != "assistant" or not isinstance(calls, list):
                 raise bad_request("tool_calls belong to assistant messages, as a list", f"messages.{i}.tool_calls")
             m = {**m, "tool_calls": [_checked_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(calls)]}
-            call_ids.update(c["id"] for c in m["tool_calls"])
-            for c in m["tool_calls"]:
-                answered.pop(c["id"], None)
+        call_id = getattr(r, "tool_call_id", None)
+        if call_id is not None and (not isinstance(call_id, str) or len(call_id) > MAX_MESSAGE_NAME_CHARS):
+            raise bad_request(f"messages[{i}].tool_call_id must be a string of at most {MAX_MESSAGE_NAME_CHARS} "
+                              f"characters, got {echo(call_id)}", f"messages.{i}.tool_call_id")
+        try:
+            answers.check(i, m["role"], (c["id"] for c in m.get("tool_calls", ())), call_id or "")
+        except AnswerError as e:
+            raise bad_request(e.said(lambda j: f"messages[{j}]", f"messages[{i}].tool_call_id"),
+                              f"messages.{i}.tool_call_id") from None
         if m["role"] == "tool":
-            call_id = getattr(r, "tool_call_id", None)
-            if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_NAME_CHARS:
-                raise bad_request("a tool message needs the tool_call_id of the call it answers (a string of "
-                                  f"at most {MAX_MESSAGE_NAME_CHARS} characters)", f"messages.{i}.tool_call_id")
-            if call_id not in call_ids and "" not in call_ids:
-                raise bad_request(f"messages[{i}].tool_call_id {echo(call_id)} is the id of no tool call in an "
-                                  "earlier assistant message: give the id of the call this message answers (and "
-                                  "the assistant message with that call before it)", f"messages.{i}.tool_call_id")
-            if call_id in answered:  # (OpenAI's words; a call sent without an id is answered by any, unchecked)
-                raise bad_request(f"Invalid parameter: Duplicate value for 'tool_call_id' of {echo(call_id)}, in "
-                                  f"messages[{answered[call_id]}] and messages[{i}]: one tool message answers a call; "
-                                  "leave the second out", f"messages.{i}.tool_call_id")
-            if call_id in call_ids:
-                answered[call_id] = i
             m = {**m, "tool_call_id": call_id}
         name = getattr(r, "name", None)
         if name:

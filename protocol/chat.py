@@ -7,18 +7,19 @@ specified"). :func:`content_text` is the one rule: the HTTP gateway's chat route
 (:func:`gateway.options.chat_messages`, which names the field of a refusal in its 4xx), the Python
 SDK, ``slotserve run``'s rows and the wire (:class:`protocol.request.RequestParams`' chat prompt,
 whose :class:`~protocol.request.ChatMessage` holds the joined text, ``""`` for none), so each takes
-what the others take.
+what the others take. :class:`Answers` is the rule of a ``tool`` message's ``tool_call_id`` for the
+same entry points, in the same words.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from protocol.validation import clip, echo, is_sequence, kind_of
 
-__all__ = ["PART_TYPES", "ContentError", "Fault", "content_text"]
+__all__ = ["PART_TYPES", "AnswerError", "Answers", "ContentError", "Fault", "content_text", "template_error"]
 
 PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
 """The types of a chat message's content parts in OpenAI's API (its ``ChatCompletionContentPartParam``
@@ -136,3 +137,60 @@ def template_error(exc: Exception, continue_final_message: bool = False) -> Valu
             return ValueError("continue_final_message: the final message has no text to continue")
         return ValueError("continue_final_message: this chat template cannot continue the final message")
     return ValueError(f"chat template rejected the messages: {text}")
+
+
+class AnswerError(ValueError):
+    """A ``tool`` message refused by :class:`Answers`: ``index``, the message; ``call_id``, its
+    ``tool_call_id`` (``""``: none); ``earlier``, for a call answered twice the index of the tool
+    message that answered it first (else None). ``str(e)`` names the messages as the Python SDK
+    and the wire do (``chat message 3 tool_call_id: ...``); :meth:`said` as another entry point does."""
+
+    def __init__(self, index: int, call_id: str, earlier: int | None = None) -> None:
+        self.index, self.call_id, self.earlier = index, call_id, earlier
+        super().__init__(self.said(lambda i: f"chat message {i}", f"chat message {index} tool_call_id"))
+
+    def said(self, message: Callable[[int], str], field: str) -> str:
+        """The refusal, a message named ``message(i)`` (``messages[2]``) and the tool message's
+        ``tool_call_id`` named ``field`` (``messages[3].tool_call_id``)."""
+        if not self.call_id:
+            return (f"{field}: a tool message needs the tool_call_id of the call it answers; give the id of that "
+                    "call (the assistant message's tool_calls[].id)")
+        if self.earlier is None:
+            return (f"{field}: {echo(self.call_id)} is the id of no tool call in an earlier assistant message: give "
+                    "the id of the call this message answers (and the assistant message with that call before it)")
+        return (f"{field}: Duplicate value for 'tool_call_id' of {echo(self.call_id)}, in {message(self.earlier)} and "
+                f"{message(self.index)}: one tool message answers a call; leave the second out")
+
+
+class Answers:
+    """The rule of a ``tool`` message's ``tool_call_id``, fed a chat's messages in order
+    (:meth:`check`), one rule at every entry point: the HTTP chat route and ``/tokenize``
+    (:func:`gateway.tools.render_messages`), the Python SDK, ``slotserve run``'s rows and the wire
+    (:class:`protocol.request.RequestParams`' chat prompt).
+
+    A tool message names the call it answers: a ``tool_call_id`` (OpenAI requires it) that is the
+    id of a call of an earlier assistant message (OpenAI and Anthropic refuse a result that answers
+    no call the model made; a call sent without an id, ``""``, may be answered by any id), and one
+    tool message answers a call (OpenAI: "Duplicate value for 'tool_call_id'"); a call made again
+    later, by its id, may be answered again. The ``/v1/responses`` and ``/v1/messages`` routes check
+    their items first, in their vendors' words."""
+
+    def __init__(self) -> None:
+        self.made: set[str] = set()  # the ids of the calls so far ("" for a call sent without one)
+        self.answered: dict[str, int] = {}  # a call's id -> the tool message that answered it, since the call was made
+
+    def check(self, i: int, role: str, call_ids: Iterable[str], tool_call_id: str) -> None:
+        """Take chat message ``i``: its ``role``, the ids of its tool calls, its ``tool_call_id``
+        (``""``: none). :class:`AnswerError` for a tool message without an id, with the id of no
+        earlier call, or answering a call a tool message answered already."""
+        for call_id in call_ids:
+            self.made.add(call_id)
+            self.answered.pop(call_id, None)
+        if role != "tool":
+            return
+        if not tool_call_id or tool_call_id not in self.made and "" not in self.made:
+            raise AnswerError(i, tool_call_id)
+        if tool_call_id in self.answered:
+            raise AnswerError(i, tool_call_id, self.answered[tool_call_id])
+        if tool_call_id in self.made:
+            self.answered[tool_call_id] = i

@@ -38,7 +38,7 @@ from itertools import compress as _compress
 from itertools import repeat as _repeat
 from typing import Annotated, Any, Callable, NamedTuple, Union, get_type_hints
 
-from protocol.chat import ContentError, Fault, content_text
+from protocol.chat import Answers, ContentError, Fault, content_text
 from protocol.enums import RequestKind
 from protocol.errors import ContextLengthError, StopEntryError, UnsupportedError
 from protocol.json_numbers import loads as _json_loads, nonfinite_message
@@ -255,8 +255,7 @@ def _prompt(value: object, field: str) -> tuple[int, ...] | str | tuple[ChatMess
 
 def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
     out = []
-    made: set[str] = set()  # the ids of the calls so far
-    answered: dict[str, int] = {}  # a call's id -> the tool message that answered it, since the call was made
+    answers = Answers()  # (the rule of a tool message's tool_call_id, every entry point's: protocol.chat)
     for i, m in enumerate(items):
         if isinstance(m, Mapping):
             role, content, calls = m.get("role"), m.get("content"), m.get("tool_calls")
@@ -281,29 +280,8 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
         out.append(ChatMessage(as_role(role, f"chat message {i} role"), as_text(content, f"chat message {i} content"),
                                check_tool_calls(calls, f"chat message {i} tool_calls") if calls else (),
                                call_id, name))
-        _check_answer(i, out[-1], made, answered)
+        answers.check(i, out[-1].role, (c.id for c in out[-1].tool_calls), call_id)
     return tuple(out)
-
-
-def _check_answer(i: int, m: ChatMessage, made: set[str], answered: dict[str, int]) -> None:
-    """The rule of a call's answers for ``m``, chat message ``i`` (``made``: the ids of the calls of
-    the messages before it; ``answered``: a call's id -> the index of the tool message that answered
-    it since the call was made; both kept across the chat, updated here):
-    ValueError for a second tool message answering one call, as OpenAI refuses it ("Duplicate value
-    for 'tool_call_id'"; the gateway's chat route and ``/tokenize`` say the same,
-    :func:`gateway.tools.render_messages`). A call made again later, by its id, may be answered again;
-    an id no earlier call has, or ``""``, is not checked here."""
-    for call in m.tool_calls:
-        made.add(call.id)
-        answered.pop(call.id, None)
-    if m.role != "tool" or not m.tool_call_id:
-        return
-    if m.tool_call_id in answered:
-        raise ValueError(f"chat message {i} tool_call_id: Duplicate value for 'tool_call_id' of {echo(m.tool_call_id)}, "
-                         f"in chat messages {answered[m.tool_call_id]} and {i}: one tool message answers a call; "
-                         "leave the second out")
-    if m.tool_call_id in made:
-        answered[m.tool_call_id] = i
 
 
 def _count(minimum: int) -> Callable[[object, str], int]:

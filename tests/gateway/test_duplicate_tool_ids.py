@@ -95,8 +95,8 @@ def test_chat_refuses_a_call_answered_twice_in_openai_s_words(chat_http, path, m
     body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS, **({"max_tokens": 2} if "chat" in path else {})}
     e = error_of(chat_http.post(path, json=body), 400)
     assert e["param"] == f"messages.{second}.tool_call_id", e
-    assert e["message"].startswith(f"Invalid parameter: Duplicate value for 'tool_call_id' of 'c1', in "
-                                   f"messages[{first}] and messages[{second}]"), e
+    assert e["message"].startswith(f"messages[{second}].tool_call_id: Duplicate value for 'tool_call_id' of 'c1', "
+                                   f"in messages[{first}] and messages[{second}]"), e
     assert not chat_http.scripted.submitted
 
 
