@@ -31,7 +31,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 HISTORY = [{"role": "user", "content": "What time is it?"},
            {"role": "assistant", "content": "", "tool_calls": [
                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
-           {"role": "tool", "content": "12:00"}]
+           {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +139,18 @@ def test_a_tool_message_s_call_id_and_name_reach_the_template(codecs, tiny_text_
     tok = transformers.AutoTokenizer.from_pretrained(tiny_text_dir)
     tok.chat_template = TOOLS_TEMPLATE.replace("RESULT {{ m.content }}",
                                                "RESULT[{{ m.tool_call_id }}|{{ m.name }}] {{ m.content }}")
-    history = HISTORY[:2] + [{**HISTORY[2], "tool_call_id": "a1B2c3D4e", "name": "get_time"}]
+    call = {**HISTORY[1]["tool_calls"][0], "id": "a1B2c3D4e"}
+    history = [HISTORY[0], {**HISTORY[1], "tool_calls": [call]}, {**HISTORY[2], "tool_call_id": "a1B2c3D4e",
+                                                                  "name": "get_time"}]
     params = RequestParams(history, 8, tools=TOOLS)
     assert params.prompt[2].tool_call_id == "a1B2c3D4e" and params.prompt[2].name == "get_time"
     (env,) = codec.decode(codec.encode(Submit(model="m", requests=(Envelope("r", params, (), None),)))).requests
     assert env.params == params
     assert "<|tool|>RESULT[a1B2c3D4e|get_time] 12:00" in rendered(HFTextCodec(tok), env.params)
-    old = RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["tool", "12:00"]], 8)
-    assert old.prompt[2] == ("tool", "12:00", (), "", "") and old.prompt[1].tool_calls[0].name == "get_time"
+    old = RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["user", "and?"]], 8)
+    assert old.prompt[2] == ("user", "and?", (), "", "") and old.prompt[1].tool_calls[0].name == "get_time"
+    with pytest.raises(ValueError, match="a tool message needs the tool_call_id"):  # (a tool message names its call)
+        RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["tool", "12:00"]], 8)
     with pytest.raises(ValueError, match="tool_call_id must be a string"):
         RequestParams(HISTORY[:2] + [{**HISTORY[2], "tool_call_id": 7}], 8)
 
