@@ -12,8 +12,11 @@ token-id lists (``"stop": ["\n\n", [13, 13]]``): strings are text stop strings
 
 A row without an ``id`` (or with ``"id": null``) gets its line number (an
 int, counting from 1, blank lines included) as its id. Ids are unique within
-a job: a later row reusing an id gets an error row (``bad_request``) and is
-not run.
+a job: a later row reusing an id gets an error row (``bad_request``, with
+that id) and is not run. A line whose id cannot be read (see below) claims
+no id: its error row carries its line number, and a row that names that
+number as its own id still runs (the error row is told apart by its
+``"error"``, as a refused duplicate's is).
 
 Output rows, each written and flushed as its request ends (completion order;
 match on ``id``)::
@@ -344,22 +347,18 @@ class BatchJob:
         try:
             line.encode("utf-8")
         except UnicodeEncodeError as e:  # undecodable bytes, kept as surrogates by the reader
-            self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: not valid UTF-8 (at character {e.start})")
             return
         try:
             row, _ = json_loads(line)  # (NaN, Infinity, 1e400: kept as written, for the words below)
         except json.JSONDecodeError as e:
-            self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
             return
         except ValueError:  # an integer past Python's digit limit for int(): the row, not the job
-            self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: it holds an integer of more than {sys.get_int_max_str_digits()} digits, "
                                "which no field takes (token ids and counts are below 2**64)")
             return
         except RecursionError:  # (nested deeper than Python's recursion limit: the row, not the job)
-            self._claim_id(n, n)
             if outer_kind(line) is not None:  # (an array: no row's object to count levels in)
                 self.bad_row(n, n, f"line {n}: a row must be a JSON object")
                 return
@@ -367,7 +366,6 @@ class BatchJob:
                                "arrays or objects)")
             return
         if not isinstance(row, dict):
-            self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: a row must be a JSON object")
             return
         row_id = row.get("id")
@@ -375,7 +373,6 @@ class BatchJob:
             row_id = n
         unwritable = first_nonfinite(row_id)  # (its result row, which echoes it, would be no JSON)
         if unwritable is not None:
-            self._claim_id(n, n)
             self.bad_row(n, n, f"line {n}: {nonfinite_words(path_text('id', unwritable[0]), unwritable[1])}")
             return
         duplicate = self._claim_id(n, row_id)

@@ -113,6 +113,32 @@ def test_duplicate_ids_refuse_the_later_row(frontend):
     assert summary.errors == 5
 
 
+BAD_LINES = {  # a line whose id cannot be read: its error row carries its line number (line 3 here)
+    "not JSON": '{"id": 3, "prompt": [1], "max_tokens": ',
+    "not an object": "[1, 2]",
+    "an id no JSON row can write back": '{"id": NaN, "prompt": [1], "max_tokens": 2}',
+    "nested past the recursion limit": "[" * sys.getrecursionlimit() * 2 + "]" * sys.getrecursionlimit() * 2,
+    "an integer past the digit limit": '{"id": 1' + "0" * sys.get_int_max_str_digits() + ', "prompt": [1]}',
+    "not UTF-8": '{"id": 3, "prompt": "\udcff", "max_tokens": 2}',  # (a byte open_input kept as a surrogate)
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_LINES))
+def test_a_bad_line_claims_no_id_so_the_row_naming_its_number_still_runs(frontend, kind):
+    """Ids counted from 0 (line n holds id n - 1) and one bad line: its error row's id is its line
+    number, 3, which it claimed, so the next row, whose id is 3, was refused as a duplicate ('line 4:
+    duplicate id 3 (line 3 has it)'): one bad line cost a good one its run. Now it runs; the two rows
+    with id 3 are told apart by the error row's "error"."""
+    lines = [json.dumps({"id": i, "prompt": [i + 1], "max_tokens": 2}) for i in range(5)]
+    lines[2] = BAD_LINES[kind]
+    rows, summary = job_rows(frontend, "\n".join(lines) + "\n")
+    assert len(rows) == 5 and summary.errors == 1
+    error, = [r for r in rows if "error" in r]
+    assert error["id"] == 3 and error["error"]["message"].startswith("line 3: ") and error["tokens"] == []
+    assert {r["id"]: r["tokens"] for r in rows if "error" not in r} == \
+        {i: expected([i + 1], 2) for i in (0, 1, 3, 4)}
+
+
 UNREADABLE_LINES = {  # a line Python's JSON reader raises on with something other than JSONDecodeError
     "nested past the recursion limit": ('{"id": "deep", "prompt": [3], "extra": ' + "[" * (sys.getrecursionlimit() * 2)
                                         + "]" * (sys.getrecursionlimit() * 2) + "}",
