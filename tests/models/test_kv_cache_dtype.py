@@ -97,6 +97,7 @@ def test_speculative_decoding_over_a_bf16_cache_gives_its_draft_free_tokens(tiny
     for drafts in (0, 4):
         runner = llama.from_hf(tiny, max_cache_len=128, kv_cache_dtype="bf16")
         runner.speculative_tokens = drafts
+        runner.draft_costs = None  # every draft the lookup finds
         engine = BatchInferenceEngine(runner, batch_size=2)
         h = engine.submit_request(prompt, 16)
         engine.run()

@@ -19,6 +19,7 @@ from tests.support.slot_models import CountingSteps, generate_alone, random_prom
 from worker import BatchInferenceEngine, FinishReason  # noqa: E402
 from worker.models import ModelOptions, load_model  # noqa: E402
 from worker.models.llama import LlamaRunner  # noqa: E402
+from worker.models.llama.draft_policy import DraftCosts  # noqa: E402
 from worker.models.llama.lookup import PromptLookup  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -152,3 +153,40 @@ def test_a_non_finite_pick_after_accepted_drafts_keeps_them(model_dir, reference
         results[k] = (handle.tokens, counting.several)
     assert results[4][0] == results[0][0] == cont[:at + 1]  # through the poisoned token, then the error
     assert results[4][1] > 0  # drafts were accepted on the way
+
+
+class _FixedCost(DraftCosts):
+    """The draft policy with a step cost given, not measured (the choice then depends on no clock)."""
+
+    def record_step(self, rows, seconds):
+        pass
+
+
+@pytest.mark.parametrize("fixed,per_row", [(1.0, 0.0), (0.0, 1.0)])
+def test_the_draft_policy_keeps_what_pays_and_the_tokens_are_the_same(model_dir, reference, fixed, per_row):  # noqa: F811
+    """Drafts that cost nothing are all verified; drafts that cost a whole row each (a step with no
+    fixed part) are never made. Either way the tokens are greedy decoding's, and every verified
+    draft is counted by its match length."""
+    runner = load_model(model_dir, max_prefill_tokens=512)
+    runner.speculative_tokens = 3
+    runner.draft_costs = costs = _FixedCost()
+    costs.set_cost(fixed, per_row)
+    drafted, step = [], runner.step
+
+    def counting(plan):
+        out = step(plan)
+        drafted.append(sum(len(d.tokens) for d in runner._drafts.values()))
+        return out
+
+    runner.step = counting
+    prompts = repetitive_prompts(4, seed=5)
+    engine = BatchInferenceEngine(runner, batch_size=4)
+    handles = [engine.submit_request(p, 24) for p in prompts]
+    engine.run()
+    for p, h in zip(prompts, handles):
+        assert h.tokens == generate_alone(reference, p, 24)
+    tried = sum(v for (n, t), v in costs._tried.items() if t == 1)
+    if per_row:
+        assert sum(drafted) == 0 and tried == 0
+    else:
+        assert sum(drafted) > 0 and tried > 0 and all(n >= 2 for n, _ in costs._tried)

@@ -142,11 +142,11 @@ def test_speculative_decoding_on_keeps_the_constrained_and_free_outputs(smol):
     requests = [(ASK, 32, {"structured": {"json_schema": PERSON}}), ("1, 2, 3, 4, 1, 2, 3, 4, 1, 2,", 12, {}),
                 (ASK, 12, {"structured": {"regex": r"[a-z]+( [a-z]+){0,4}"}})]
     off = run(smol, requests)
-    smol.speculative_tokens = 4
+    smol.speculative_tokens, costs, smol.draft_costs = 4, smol.draft_costs, None  # every draft found
     try:
         on = run(smol, requests)
     finally:
-        smol.speculative_tokens = 0
+        smol.speculative_tokens, smol.draft_costs = 0, costs
     assert [h.tokens for h in on] == [h.tokens for h in off]
     jsonschema.validate(json.loads(on[0].text), PERSON)
 

@@ -89,6 +89,8 @@ class CountingSteps:
 
     def __init__(self, runner) -> None:
         self.runner = runner
+        if hasattr(runner, "draft_costs"):  # every draft the lookup finds, not the ones that pay: the tests
+            runner.draft_costs = None       # verify as many as can be (the policy: test_draft_policy.py)
         for name in ("vocab_size", "max_seq_len", "eos_token_ids", "tokenizer"):
             setattr(self, name, getattr(runner, name))
         self.several = 0  # entries with several tokens (drafts accepted)

@@ -38,10 +38,11 @@ class PromptLookup:
     engine only appends).
     """
 
-    __slots__ = ("max_ngram", "min_ngram", "_index", "_indexed")
+    __slots__ = ("max_ngram", "min_ngram", "matched", "_index", "_indexed")
 
     def __init__(self, rows: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matched = 0  # the length of the tail that the last proposal matched (0: none)
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(rows)]
         self._indexed = [0] * rows  # n-grams ending before this position are in the index
 
@@ -50,7 +51,8 @@ class PromptLookup:
         self._indexed[row] = 0
 
     def propose(self, row: int, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching tail."""
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching tail
+        (its length goes to ``matched``: the draft policy's acceptance estimates are per match length)."""
         index, n_max, end = self._index[row], self.max_ngram, len(tokens)
         # every n-gram that has a follower, i.e. ends at e <= end - 1; latest occurrence wins
         for e in range(max(self._indexed[row], 1), end):
@@ -60,8 +62,10 @@ class PromptLookup:
         for n in range(min(n_max, end), self.min_ngram - 1, -1):
             at = index.get(tuple(tokens[end - n:]))
             if at is not None:
+                self.matched = n
                 draft = list(tokens[at:at + k])
                 while len(draft) < k:  # the match repeats with period end - at: continue the period
                     draft.append(draft[len(draft) - (end - at)])
                 return draft
+        self.matched = 0
         return []

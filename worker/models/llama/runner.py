@@ -29,7 +29,10 @@ after the tokens before it, so the output is what decoding without drafts
 gives, up to floating-point rounding of the batched products (tested equal
 to transformers' greedy ``generate``). A step then costs more (every
 linear has a row per draft token: measured at 8 slots and 4 drafts, 65 vs
-42 ms) and gives each row 1 to ``1 + speculative_tokens`` tokens.
+42 ms) and gives each row 1 to ``1 + speculative_tokens`` tokens, so the
+drafts a step keeps are those expected to raise its tokens per second
+(``draft_costs``, :mod:`worker.models.llama.draft_policy`: the step's cost
+fitted from its decode-only steps, the acceptance counted per match length).
 
 Logprobs (``SlotInput.logprobs``): the sampler scores the rows that ask
 (:meth:`~worker.models.sampling.Sampler.pick_scored`, from the raw logits),
@@ -62,6 +65,7 @@ from worker.models.base import BatchPlan, SlotInput, StepOutput
 from worker.models.grammar import grammars_for
 from worker.models.heap import trim_heap
 from worker.models.llama.cache import SlotCache
+from worker.models.llama.draft_policy import DraftCosts
 from worker.models.llama.lookup import PromptLookup
 from worker.models.llama.model import forward
 from worker.models.llama.plan import Chunk, Draft, add_prefill, decode_inputs, step_plan
@@ -101,6 +105,10 @@ class LlamaRunner:
     (its accepted drafts and one more), see :mod:`worker.models.base`. 0 (the
     default) turns it off.
 
+    ``draft_costs`` (attribute): the :class:`~worker.models.llama.draft_policy.DraftCosts` that
+    chooses which draft tokens a step keeps and learns from the steps; None keeps every draft the
+    lookup finds.
+
     ``thread_tuner`` (attribute, None: the thread count is left as it is): a
     :class:`~worker.models.threads.ThreadTuner` that is told each step's shape once its rows are
     known, sets torch's thread count for the rest of it, and is told its time after it (the
@@ -123,6 +131,10 @@ class LlamaRunner:
         self.speculative_tokens = speculative_tokens
         self._lookup = PromptLookup(0)
         self._drafts: dict[int, Draft] = {}  # this iteration's, by batch index
+        self._matched: dict[int, int] = {}  # this iteration's drafts' match lengths, by batch index
+        # which drafts pay (worker.models.llama.draft_policy); None: every draft the lookup finds
+        self.draft_costs: DraftCosts | None = DraftCosts()
+        self._query_rows = 0  # the last forward's decode rows and draft tokens
         self._cached: dict[int, int] = {}  # this iteration's prefix cache hits: batch index -> prompt tokens
         self._capacity_step = capacity_step
         self._sampler = Sampler()
@@ -198,9 +210,13 @@ class LlamaRunner:
         before :meth:`bind_slots`.
         """
         self._step_start = None  # set by forward_batch once the tuner has given the step's threads
+        start = time.perf_counter()
         out = self._step(plan)
+        end = time.perf_counter()
         if self.thread_tuner is not None and self._step_start is not None:
-            self.thread_tuner.record(self._shape, time.perf_counter() - self._step_start)
+            self.thread_tuner.record(self._shape, end - self._step_start)
+        if self.speculative_tokens and self.draft_costs is not None and self._query_rows and not self._shape[1]:
+            self.draft_costs.record_step(self._query_rows, end - start)  # a decode-only step's cost
         return out
 
     def _step(self, plan: BatchPlan) -> StepOutput:
@@ -284,9 +300,10 @@ class LlamaRunner:
             drafts = () if spec is None else spec.tokens
             got, first = picks[j:j + len(drafts) + 1], j
             j += len(drafts) + 1
-            accepted = []
+            accepted, finite = [], True
             for t, tok in enumerate(got):
                 if type(tok) is not int:  # non-finite after input t
+                    finite = False
                     break
                 accepted.append(tok)
                 if t == len(drafts) or tok != drafts[t]:
@@ -301,6 +318,8 @@ class LlamaRunner:
                 out.errors[i] = got[0]
             if spec is not None:
                 lengths[spec.row] = spec.pos + max(len(accepted), 1)
+                if self.draft_costs is not None and finite:
+                    self.draft_costs.record_drafts(self._matched[i], len(drafts), len(accepted) - 1)
 
     def forward_batch(self, batch: Sequence[SlotInput], greedy_only: bool = False,
                       chunks: dict[int, int] | None = None) -> tuple[torch.Tensor | None, list[int]]:
@@ -337,6 +356,7 @@ class LlamaRunner:
                 prefill[i] = _Prefill(fresh, row, cached)
         self._drafts = self._propose(batch, decode) if self.speculative_tokens and self._graphs is None else {}
         chunks = self._chunks(batch, prefill, chunks)
+        self._query_rows = len(decode) + sum(len(d.tokens) for d in self._drafts.values())
         # the step's shape, for the thread tuner (steps of one shape cost alike): decode rows rounded up to
         # a power of two (a decode step streams the same weights for 7 rows as for 8), prompt tokens, drafts
         self._shape = (1 << (len(decode) - 1).bit_length() if decode else 0, sum(c.count for c in chunks),
@@ -373,6 +393,7 @@ class LlamaRunner:
         At most ``speculative_tokens`` each, and none past ``max_seq_len - 2``
         (the last position is the cache's scratch position)."""
         k, limit, drafts, lengths = self.speculative_tokens, self.max_seq_len - 2, {}, self.kv_cache.lengths
+        self._matched = {}
         for row, i in decode.items():
             item = batch[i]
             pos = lengths[row]  # the row's token is at pos; its drafts would go to pos + 1 ..
@@ -381,6 +402,10 @@ class LlamaRunner:
                 tokens = self._lookup.propose(row, item.tokens, room)
                 if tokens:
                     drafts[i] = Draft(row, pos, tokens)
+                    self._matched[i] = self._lookup.matched
+        if self.draft_costs is not None and drafts:
+            kept = self.draft_costs.choose({i: (self._matched[i], d.tokens) for i, d in drafts.items()}, len(decode))
+            drafts = {i: d._replace(tokens=d.tokens[:kept[i]]) for i, d in drafts.items() if i in kept}
         return drafts
 
     def _chunks(self, batch, prefill: dict[int, _Prefill], planned: dict[int, int] | None) -> list[Chunk]:
