@@ -160,6 +160,17 @@ class BrokerCore:
         self._failures.bad_worker_frame(identity, err, keys, now, out)
         return out.done()
 
+    def restart_silence_timers(self, now: float) -> None:
+        """The broker's own loop was stalled until ``now`` (suspended, SIGSTOPped, starved: its socket
+        loop's :class:`~protocol.liveness.StallWatch` saw a turn come late), so it heard nobody
+        meanwhile and nobody's silence counts: every worker's, loader's and client's silence timer,
+        every worker's progress timer (``worker_hung_s``) and the start-up grace
+        (``register_grace_s``) restart at ``now``, each a fresh window. Sends nothing."""
+        self.workers.heard_all(now)
+        for cs in self.clients.values():
+            cs.last_seen_s = now
+        self._models.restart_grace(now)
+
     def tick(self, now: float) -> list[Send]:
         """Periodic work: end the start-up grace, end queued requests past their
         deadline, drop dead or hung workers (migrating their requests) and

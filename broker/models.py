@@ -138,6 +138,12 @@ class ServedModels:
         for identity in self._clients:
             out.send(Side.FRONTEND, identity, welcome)
 
+    def restart_grace(self, now: float) -> None:
+        """A start-up grace not over yet starts again at ``now`` (monotonic): the workers it waits for
+        get a whole ``register_grace_s`` after the broker's own stall."""
+        if not self.grace_over:
+            self.started_s = now
+
     def end_grace(self, now: float, out: Outbox) -> None:
         """Once the start-up grace is over, requests for models nobody serves or loads end."""
         if not self.grace_over and now - self.started_s >= self.config.register_grace_s:

@@ -146,6 +146,15 @@ class WorkerRegistry:
         """Workers holding requests whose last progress is older than ``cutoff_s``."""
         return [w for w in self._workers.values() if w.inflight and w.progress_s < cutoff_s]
 
+    def heard_all(self, now: float) -> None:
+        """Count every worker and loader as heard from at ``now`` (monotonic), its progress too: their
+        silence and progress timers restart (a fresh window after the broker's own stall,
+        :meth:`broker.core.BrokerCore.restart_silence_timers`)."""
+        for w in self._workers.values():
+            w.last_seen_s = w.progress_s = now
+        for lw in self.loading.values():
+            lw.last_seen_s = now
+
     def silent_since(self, cutoff_s: float) -> list[WorkerState]:
         """Workers whose last message is older than ``cutoff_s`` (monotonic)."""
         return [w for w in self._workers.values() if w.last_seen_s < cutoff_s]

@@ -49,6 +49,7 @@ from protocol.endpoints import bind_error, set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import fit
+from protocol.liveness import StallWatch
 from protocol.messages import CLIENT_TO_BROKER, WORKER_TO_BROKER, Error, Message, Results
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,12 @@ class BrokerServer:
     hold the actual endpoints (a ``*`` port resolved) before serving starts.
     Raises :class:`~protocol.endpoints.BindError` (an OSError) naming the endpoint or metrics port
     that cannot be bound (another process listens there, a host that is not this machine's).
+    ``clock``: the monotonic clock its loop reads (seconds; :func:`time.monotonic`, a test's own).
     """
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock
         self.broker_id = uuid.uuid4().hex
         self._ctx = zmq.Context()
         self._sockets: dict[Side, zmq.Socket] = {}
@@ -103,7 +106,7 @@ class BrokerServer:
             raise
         self.frontend = self._sockets[Side.FRONTEND].getsockopt(zmq.LAST_ENDPOINT).decode()
         self.backend = self._sockets[Side.BACKEND].getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.core = BrokerCore(config, self.broker_id, time.monotonic())
+        self.core = BrokerCore(config, self.broker_id, clock())
         self.metrics = None
         if config.metrics_port is not None:
             from broker.metrics import BrokerMetrics
@@ -162,17 +165,27 @@ class BrokerServer:
         One message's failure never ends the loop: a message whose handling
         raises ends the requests it names with ``internal``
         (:meth:`BrokerCore.handling_failed`); a failed housekeeping pass is
-        logged, counted and tried again on the next tick."""
+        logged, counted and tried again on the next tick. A turn that comes late (the broker was
+        stalled: suspended, SIGSTOPped, starved; :class:`~protocol.liveness.StallWatch`, against the
+        shorter liveness window) restarts every peer's silence timer before the tick judges them
+        (:meth:`BrokerCore.restart_silence_timers`)."""
         front = self._sockets[Side.FRONTEND]
         back = self._sockets[Side.BACKEND]
         poller = zmq.Poller()
         poller.register(front, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
-        tick_s = self.config.tick_s
-        next_tick = time.monotonic()
+        cfg = self.config
+        tick_s = cfg.tick_s
+        clock = self._clock
+        next_tick = clock()
+        stalls = StallWatch(min(cfg.worker_liveness_s, cfg.client_liveness_s), next_tick, period_s=tick_s)
         log.info("broker %s serving clients on %s, workers on %s", self.broker_id[:8], self.frontend, self.backend)
         while not stop.is_set():
-            now = time.monotonic()
+            now = clock()
+            if (stalled_s := stalls.stalled(now)) is not None:
+                log.warning("the broker was stalled for %.1f s (suspended or starved): every worker and client "
+                            "gets a fresh liveness window", stalled_s)
+                self.core.restart_silence_timers(now)
             if now >= next_tick:
                 next_tick = now + tick_s
                 try:
@@ -197,7 +210,7 @@ class BrokerServer:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            now = time.monotonic()
+            now = self._clock()
             identity = frames[0]
             if len(frames) != 2:
                 err = ProtocolError(ErrorCode.MALFORMED, f"expected one frame per message, got {len(frames) - 1}")
@@ -248,7 +261,7 @@ class BrokerServer:
             for data, part in framed.frames:
                 self._send(side, identity, data, part)
             if framed.refused:
-                work.extend(core.undeliverable(side, identity, framed.refused, time.monotonic()))
+                work.extend(core.undeliverable(side, identity, framed.refused, self._clock()))
 
     def _send(self, side: Side, identity: bytes, data: bytes, msg: Message) -> None:
         key = (side, identity)
@@ -315,7 +328,7 @@ class BrokerServer:
         if side is Side.FRONTEND:
             self._work.extend(self.core.client_unreachable(identity, code, discarded))
         else:
-            self._work.extend(self.core.worker_unreachable(identity, time.monotonic()))
+            self._work.extend(self.core.worker_unreachable(identity, self._clock()))
 
 
 GC_THRESHOLDS = (100_000, 20, 20)

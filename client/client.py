@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Callable
 
-from client.connection import Connection
+from client.connection import DEADLINE_GRACE_HEARTBEATS, Connection
 from client.core import ClientCore, Outcome
 from client.errors import BrokerUnavailable, RemoteError, UnknownModelError
 from client.handle import ClientHandle
@@ -63,11 +63,6 @@ def _limits(info: ModelInfo | None) -> ModelLimits | None:
 
 _REFUSALS = (ErrorCode.UNSUPPORTED_VERSION, ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE)
 """Error codes that, answering a client's hello, mean the broker cannot serve it."""
-
-DEADLINE_GRACE_HEARTBEATS = 3
-"""Heartbeat intervals the broker must have been silent before the client ends a request whose
-deadline passed itself (:meth:`~client.core.ClientCore.overdue`): the broker's own liveness windows
-are at least 3 intervals, so a broker silent that long is taken for gone, as it takes its peers."""
 
 
 class _Overdue:

@@ -35,11 +35,18 @@ from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
+from protocol.liveness import StallWatch
 from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Error, Heartbeat, Message, Submit, Welcome
 
 log = logging.getLogger(__name__)
 
 _RETRY_MS = 20  # retry interval for frames the socket could not take yet (no peer connected)
+
+DEADLINE_GRACE_HEARTBEATS = 3
+"""Heartbeat intervals the broker must have been silent before the client ends a request whose
+deadline passed itself (:meth:`~client.core.ClientCore.overdue`): the broker's own liveness windows
+are at least 3 intervals, so a broker silent that long is taken for gone, as it takes its peers.
+The window against which :class:`Connection` times its own stalls."""
 
 MAX_REQUESTS_PER_SUBMIT = 2048
 """Requests per ``submit`` message: large enough to amortise per-message cost,
@@ -64,8 +71,12 @@ class Connection:
       connection is then dead).
     - ``on_tick(now, heard_s, interval_s)``: called on the I/O thread at every turn of its loop,
       at least once a heartbeat interval whatever the broker does (``now``: the monotonic clock;
-      ``heard_s``: when a frame last came from the broker; ``interval_s``: the heartbeat
-      interval); must be quick.
+      ``heard_s``: when a frame last came from the broker, or when the loop's latest stall ended,
+      if later: a turn that came more than :class:`~protocol.liveness.StallWatch`'s threshold
+      after the previous one, against :data:`DEADLINE_GRACE_HEARTBEATS` intervals -- the process
+      was suspended or starved, heard nothing, and the broker gets a fresh window;
+      ``interval_s``: the heartbeat interval); must be quick.
+    - ``clock``: the monotonic clock the loop reads (seconds; :func:`time.monotonic`, a test's own).
 
     Thread-safe: :meth:`submit`, :meth:`cancel`, :meth:`send`, :meth:`close`.
     """
@@ -74,8 +85,10 @@ class Connection:
                  heartbeat_interval_s: float, name: str = "client",
                  curve: tuple[bytes, bytes, bytes] | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 on_tick: Callable[[float, float, float], None] | None = None) -> None:
+                 on_tick: Callable[[float, float, float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.address = address
+        self._clock = clock
         self.model = model
         self.identity = uuid.uuid4().bytes  # stable across reconnects: the broker's key for us
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -84,7 +97,9 @@ class Connection:
         """The largest frame the broker decodes (bytes), from its welcome."""
         self._max_recv_bytes = MAX_MESSAGE_BYTES
         self._curve = curve
-        self.last_recv_s = time.monotonic()
+        self.last_recv_s = clock()
+        self._stalls = StallWatch(DEADLINE_GRACE_HEARTBEATS * heartbeat_interval_s, self.last_recv_s,
+                                  period_s=heartbeat_interval_s)
         self._on_message = on_message
         self._on_failure = on_failure
         self._on_tick = on_tick
@@ -189,7 +204,7 @@ class Connection:
         # they wait here, in order, and the loop stays responsive (close()).
         backlog: deque[bytes] = deque()
         while True:
-            wait_ms = max(0.0, (last_sent + self.heartbeat_interval_s - time.monotonic()) * 1000)
+            wait_ms = max(0.0, (last_sent + self.heartbeat_interval_s - self._clock()) * 1000)
             if backlog:
                 wait_ms = min(wait_ms, _RETRY_MS)
             events = dict(poller.poll(wait_ms))
@@ -210,7 +225,11 @@ class Connection:
                 self._frame(Cancel(tuple(cancels)), out)
             if closing:
                 self._frame(Bye("client closed"), out)
-            now = time.monotonic()
+            now = self._clock()
+            if (stalled_s := self._stalls.stalled(now)) is not None:
+                log.warning("this client was stalled for %.1f s (suspended or starved): the broker gets a fresh "
+                            "liveness window", stalled_s)
+                self.last_recv_s = now
             if not out and not backlog and now - last_sent >= self.heartbeat_interval_s:
                 self._frame(Heartbeat(), out)
             backlog.extend(out)
@@ -247,7 +266,7 @@ class Connection:
                 data = sock.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            self.last_recv_s = time.monotonic()
+            self.last_recv_s = self._clock()
             try:
                 msg = decode(data, BROKER_TO_CLIENT, self._max_recv_bytes)
             except ProtocolError as e:
@@ -274,6 +293,8 @@ class Connection:
         self.max_send_bytes = msg.max_message_bytes
         self._max_recv_bytes = max(MAX_MESSAGE_BYTES, msg.max_message_bytes)
         self.heartbeat_interval_s = min(self._own_heartbeat_s, msg.heartbeat_interval_s)
+        self._stalls.window_s = DEADLINE_GRACE_HEARTBEATS * self.heartbeat_interval_s
+        self._stalls.period_s = self.heartbeat_interval_s
 
     def _deliver(self, msg: Message) -> None:
         try:

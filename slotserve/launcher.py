@@ -33,6 +33,7 @@ from client import Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S, PARENT_GONE as PARENT_GONE_MESSAGE
 from protocol.endpoints import BindError
+from protocol.liveness import StallWatch
 from protocol.validation import as_seconds
 from slotserve.demand_supervisor import DEMAND_POLL_S, DemandSupervisor
 from slotserve.logs import configure_logging
@@ -229,6 +230,9 @@ class LocalCluster:
         # worker index (a model's name, on demand) -> (its pid, when the broker last listed it)
         self._listed: dict[int | str, tuple[int, float]] = {}
         self._next_watch = 0.0
+        # the watch's own stalls (the launcher suspended): the broker's lists meanwhile do not count. From
+        # the first watch on (start() may load models for minutes before it).
+        self._stalls: StallWatch | None = None
         self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
         self._demand: DemandSupervisor | None = None  # the models on demand
         if config.on_demand:
@@ -426,8 +430,19 @@ class LocalCluster:
         (``Status.loading_workers``): one frozen in its load, which the broker then drops as silent, is
         killed alike (a break-it pass froze one during its load on demand: it was never killed, and its
         model's requests, and with ``--max-loaded-models 1`` every other model's, waited forever).
+        A call that comes late (the launcher itself was stalled: suspended, SIGSTOPped with the whole
+        cluster, starved; :class:`~protocol.liveness.StallWatch`, against ``LOST_GRACE`` x
+        ``worker_liveness_s``) counts every worker as listed now instead (a fresh window): the launcher
+        did not watch meanwhile (a break-it pass froze a whole cluster 172 s: it killed a worker as
+        frozen). ``now``: the monotonic clock (seconds; :func:`time.monotonic`'s by default).
         Returns the indices (names, on demand) killed."""
         now = time.monotonic() if now is None else now
+        if self._stalls is None:
+            self._stalls = StallWatch(LOST_GRACE * self._broker_cfg.worker_liveness_s, now)
+        elif (stalled_s := self._stalls.stalled(now)) is not None:
+            log.warning("the launcher did not watch its workers for %.1f s (suspended, starved or busy): each "
+                        "gets a fresh window before it counts as frozen", stalled_s)
+            self._listed = {i: (pid, now) for i, (pid, _) in self._listed.items()}
         alive = [(i, p, self.config.workers[i]) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
         if self._demand is not None:  # a model's on demand, keyed by its name (killed, it loads again when wanted)
             alive += [(m, p, self._demand.configs[m]) for m, p in self._demand.running.items() if p.is_alive()]

@@ -31,7 +31,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 import zmq
 
@@ -40,6 +40,7 @@ from protocol.endpoints import set_ipv6
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
+from protocol.liveness import StallWatch
 from protocol.messages import (
     BROKER_TO_WORKER, Assign, Bye, Cancel, Envelope, Error, Finished, Heartbeat, Iteration, Loading, Message,
     ModelInfo, PrefixCacheUsage, Register, Rejected, Welcome,
@@ -106,11 +107,13 @@ class BrokerLink:
     Phases: *loading* (the model is loading or warming up: ``loading`` sent,
     heartbeats once the broker answered), then *registering* / *registered*
     (``register`` sent / welcomed). Heartbeats and the broker's liveness
-    window follow the broker's interval from its welcome."""
+    window follow the broker's interval from its welcome. ``clock``: the monotonic clock the
+    loop reads (seconds; :func:`time.monotonic`, a test's own)."""
 
-    def __init__(self, wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, admitted: zmq.Socket | None = None
-                 ) -> None:
+    def __init__(self, wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, admitted: zmq.Socket | None = None,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
         self.wp = wp
+        self._clock = clock
         self.cfg = wp.config
         self.pipe = pipe
         self.admitted = admitted
@@ -134,7 +137,9 @@ class BrokerLink:
         self.broker_liveness_s = self.cfg.broker_liveness_s
         self.max_send_bytes = self.cfg.max_message_bytes  # until the broker's welcome says its own
         self.last_sent = 0.0
-        self.last_recv = time.monotonic()
+        self.last_recv = clock()
+        # the loop's own stalls (a frozen process): the broker's silence meanwhile does not count
+        self.stalls = StallWatch(self.broker_liveness_s, self.last_recv, period_s=self.heartbeat_s)
         self.usage_sent = None      # the PrefixCacheUsage of the latest heartbeat
         self.usage_checked_s = 0.0  # when the prefix cache's numbers were last compared with it
 
@@ -151,7 +156,7 @@ class BrokerLink:
                 log.error("broker not reading (send buffer full): dropping all work and registering again")
                 self.reregister()
                 return
-            self.last_sent = time.monotonic()
+            self.last_sent = self._clock()
         for part, code, reason in framed.refused:
             keys = request_ids(part)
             log.error("cannot send a %s message (%s)%s", type(part).__name__, reason,
@@ -194,7 +199,7 @@ class BrokerLink:
         else:
             self.announce()
         while True:
-            events = dict(poller.poll(max(0.0, self.last_sent + self.heartbeat_s - time.monotonic()) * 1000))
+            events = dict(poller.poll(max(0.0, self.last_sent + self.heartbeat_s - self._clock()) * 1000))
             if self.pipe in events and self._from_main_thread():
                 self._say_goodbye()
                 return
@@ -238,8 +243,14 @@ class BrokerLink:
     def _keep_alive(self) -> None:
         """Register again after ``broker_liveness_s`` of silence from the broker;
         else heartbeat when nothing was sent for a heartbeat interval, or (a busy
-        worker with a prefix cache) when its numbers changed in the last interval."""
-        now = time.monotonic()
+        worker with a prefix cache) when its numbers changed in the last interval.
+        After a stall of this loop (:attr:`stalls`: the process was suspended or starved,
+        and heard nothing) the broker's silence starts over instead (a fresh window)."""
+        now = self._clock()
+        if (stalled_s := self.stalls.stalled(now)) is not None:
+            log.warning("this worker was stalled for %.1f s (suspended or starved): the broker gets a fresh "
+                        "liveness window", stalled_s)
+            self.last_recv = now
         if now - self.last_recv > self.broker_liveness_s:
             log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
             self.last_recv = now
@@ -280,7 +291,7 @@ class BrokerLink:
                 data = self.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.last_recv = time.monotonic()
+            self.last_recv = self._clock()
             try:
                 msg = decode(data, BROKER_TO_WORKER, self.cfg.max_message_bytes)
             except ProtocolError as e:
@@ -332,6 +343,7 @@ class BrokerLink:
         self.max_send_bytes = msg.max_message_bytes
         self.heartbeat_s = min(self.cfg.heartbeat_interval_s, msg.heartbeat_interval_s)
         self.broker_liveness_s = max(self.cfg.broker_liveness_s, _BROKER_BEATS_PER_WINDOW * msg.heartbeat_interval_s)
+        self.stalls.window_s, self.stalls.period_s = self.broker_liveness_s, self.heartbeat_s
         self.welcomed = True
         if not self.ready:
             log.info("broker %s knows this worker is loading model %r", msg.broker_id[:8], self.model)

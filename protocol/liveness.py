@@ -1,0 +1,70 @@
+"""Silence judged on the judge's own clock: a judge that was stalled itself gives its peers a fresh window.
+
+Every liveness judge in slotserve (the broker of its workers and clients, a worker's link of its
+broker, the client's I/O thread of its broker, the launcher of its worker processes) declares a peer
+dead after a window of silence measured on its own monotonic clock. When the judge's own process
+stops -- the whole cluster SIGSTOPped (Ctrl-Z then ``fg`` of ``slotserve up``), a laptop suspended,
+a VM paused, a host that starves it -- it wakes to find every peer silent past its window, and cannot
+tell their silence from its own: it heard nothing because it listened to nothing (a break-it pass
+froze a cluster for 20-170 s: the launcher killed a worker as frozen, the broker ended two requests
+``client_silent``, and could take workers for lost and move their requests).
+
+So each judge times its own loop with a :class:`StallWatch`: a turn that comes more than
+:meth:`StallWatch.threshold_s` after the previous one ends a stall of the judge, and the judge
+restarts its peers' silence timers at that turn (a fresh window) instead of judging them. A peer
+that stays silent after that is declared dead one window later, as before. The threshold is
+:data:`STALL_FRACTION` of the shortest window the judge applies: a stall shorter than that cannot
+make a live peer look dead, since a peer heartbeats at least 3 times a window
+(``MIN_HEARTBEATS_PER_WINDOW``), so its last word before the stall was at most a third of a window
+earlier. It is never less than twice the longest wait the loop makes on purpose between turns (its
+poll timeout), so a loop that turns as meant is never taken for stalled.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["STALL_FRACTION", "StallWatch"]
+
+STALL_FRACTION = 0.5
+"""A judge's turn that comes more than this fraction of its silence window after the previous one
+ends a stall of the judge (see the module's docstring for why a half)."""
+
+
+class StallWatch:
+    """A liveness judge's watch on its own loop (one per judge; not thread-safe: the judge's thread only).
+
+    - ``window_s``: the shortest silence window the judge applies (seconds, > 0); may be changed
+      later (a peer announcing its heartbeat interval changes the window).
+    - ``now``: the judge's monotonic clock at its start (seconds), the first turn.
+    - ``period_s``: the longest the judge's loop waits on purpose between two turns (seconds, >= 0:
+      its poll timeout); 0 when it is small against the window.
+
+    Raises ValueError for a window that is not a positive finite number of seconds or a negative
+    or non-finite period.
+    """
+
+    __slots__ = ("window_s", "period_s", "_last_s")
+
+    def __init__(self, window_s: float, now: float, period_s: float = 0.0) -> None:
+        if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be a finite number of seconds > 0, got {window_s!r}")
+        if not (isinstance(period_s, (int, float)) and math.isfinite(period_s) and period_s >= 0):
+            raise ValueError(f"period_s must be a finite number of seconds >= 0, got {period_s!r}")
+        self.window_s = window_s
+        self.period_s = period_s
+        self._last_s = now
+
+    @property
+    def threshold_s(self) -> float:
+        """The longest gap between two turns that is no stall (seconds):
+        ``max(STALL_FRACTION * window_s, 2 * period_s)``."""
+        return max(STALL_FRACTION * self.window_s, 2.0 * self.period_s)
+
+    def stalled(self, now: float) -> float | None:
+        """Record a turn of the judge's loop at ``now`` (its monotonic clock, seconds). Returns the
+        gap since the previous turn (seconds) when it exceeds :attr:`threshold_s` -- the judge was
+        stalled, and restarts its peers' silence timers at ``now`` before it judges them -- else None."""
+        gap = now - self._last_s
+        self._last_s = max(self._last_s, now)
+        return gap if gap > self.threshold_s else None

@@ -1,0 +1,338 @@
+"""Silence judged on the judge's own clock (:mod:`protocol.liveness`): every liveness judge whose own
+loop was stalled past its peers' window (the whole cluster SIGSTOPped and resumed, a suspended laptop
+or VM) gives its peers a fresh window instead of declaring them dead, and one that ran normally still
+declares a silent peer dead a window after its last word. A break-it pass froze a whole ``slotserve
+up`` for 20-172 s and resumed it: the launcher killed a worker as 'alive but has not answered the
+broker for 172 s (frozen?)', two requests ended 'no heartbeat from this client for 10 s', and the
+broker could take workers for lost and move their requests.
+
+One test per judge, each on an injected clock, no sleeps: the broker's core and its socket loop (of
+its workers, loaders and clients, their progress, the start-up grace), a worker's link (of its
+broker), the client's I/O thread (of its broker: the deadline of a request the broker does not end),
+the launcher (of its worker processes)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+
+import pytest
+import zmq
+
+from broker import BrokerConfig
+from broker.server import BrokerServer
+from client.connection import DEADLINE_GRACE_HEARTBEATS, Connection
+from protocol.codec import decode, encode
+from protocol.liveness import STALL_FRACTION, StallWatch
+from protocol.messages import (
+    BROKER_TO_CLIENT, BROKER_TO_WORKER, Heartbeat, Hello, Loading, Register, Submit, Welcome,
+)
+from tests.support import cores
+from tests.support.cluster import ANY_PORT
+from tests.support.cores import C1, INFO, W1, W2, assigned
+from tests.support.messages import envelope
+from tests.support.waits import Deadline, wait_until
+from worker import SimulatedLLM
+from worker.config import WorkerConfig
+from worker.link import BrokerLink
+from worker.process import WorkerProcess
+
+T0 = 1000.0
+"""Where the injected clocks start (seconds; steps of 0.25 stay exact)."""
+
+
+class FakeClock:
+    """A monotonic clock the test moves (:meth:`advance`); read from any thread."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, dt: float) -> float:
+        self.now += dt
+        return self.now
+
+
+# ---------------------------------------------------------------------- the shared helper
+
+
+def test_a_turn_later_than_half_the_window_is_a_stall_and_one_within_it_is_not():
+    watch = StallWatch(2.0, T0)
+    assert watch.threshold_s == STALL_FRACTION * 2.0 == 1.0
+    assert watch.stalled(T0 + 1.0) is None  # exactly the threshold: no stall
+    assert watch.stalled(T0 + 2.5) == 1.5  # the gap since the previous turn
+    assert watch.stalled(T0 + 2.5) is None and watch.stalled(T0 + 3.0) is None
+    # never less than twice the loop's own wait between turns: a loop that turns as meant is no stall
+    slow = StallWatch(1.5, T0, period_s=1.0)
+    assert slow.threshold_s == 2.0 and slow.stalled(T0 + 2.0) is None and slow.stalled(T0 + 4.5) == 2.5
+    watch.window_s = 6.0  # a peer announced a longer interval
+    assert watch.stalled(T0 + 5.9) is None and watch.stalled(T0 + 9.1) == pytest.approx(3.2)
+    for bad in (0, -1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="window_s"):
+            StallWatch(bad, T0)
+    with pytest.raises(ValueError, match="period_s"):
+        StallWatch(1.0, T0, period_s=-0.1)
+
+
+# ---------------------------------------------------------------------- the broker
+
+
+make_core = functools.partial(cores.make_core, heartbeat_interval_s=0.25, worker_liveness_s=1.0,
+                              client_liveness_s=2.0, worker_hung_s=3.0, register_grace_s=2.0)
+
+
+def _busy_core():
+    """A core with a worker holding a request (W1), a worker loading (W2), a client (C1) with a
+    request for a model nobody serves yet (waiting out the start-up grace), all last heard at 0.5."""
+    core = make_core()
+    core.on_backend(W1, Register("simulated", 1, 1, INFO, "w1"), 0.0)
+    core.on_backend(W2, Loading("lazy", "w2"), 0.0)
+    (spec,) = assigned(core.on_frontend(C1, Submit("simulated", [envelope("a", [1], 5)]), 0.0), W1)
+    core.on_frontend(C1, Submit("later", [envelope("b", [1], 5)]), 0.0)
+    core.on_backend(W1, Heartbeat(progress=0), 0.5)
+    core.on_backend(W2, Heartbeat(), 0.5)
+    core.on_frontend(C1, Heartbeat(), 0.5)
+    return core, spec
+
+
+def _judged(core) -> dict:
+    return {k: core.counters[k] for k in ("workers_lost", "workers_hung", "clients_lost", "requeued", "errors")}
+
+
+NOTHING = {"workers_lost": 0, "workers_hung": 0, "clients_lost": 0, "requeued": 0, "errors": 0}
+
+
+def test_the_broker_core_gives_everyone_a_fresh_window_after_its_own_stall():
+    """Stalled for 3 x its longest window: every worker, loader and client, every progress timer and
+    the start-up grace start over; silent for a window after that, each is judged as before."""
+    core, spec = _busy_core()
+    stall_end = 0.5 + 3 * 3.0  # 3 x worker_hung_s, the longest window
+    core.restart_silence_timers(stall_end)
+    core.tick(stall_end)
+    assert _judged(core) == NOTHING
+    assert core.workers.get(W1).inflight == {spec.request_id} and "w2" in core.status(stall_end).loading_workers
+    assert core.queues["later"] and C1 in core.clients  # still within the (restarted) grace
+    # then running normally, everyone silent: the worker and the loader are dead one window later
+    core.tick(stall_end + 0.75)
+    assert _judged(core) == NOTHING
+    core.tick(stall_end + 1.25)
+    assert core.counters["workers_lost"] == 1 and core.counters["requeued"] == 1 and core.workers.get(W1) is None
+    assert core.status(stall_end + 1.25).loading_workers == {}
+    core.tick(stall_end + 2.25)  # the client too, and the grace is over
+    assert core.counters["clients_lost"] == 1 and C1 not in core.clients and "later" not in core.queues
+
+
+def test_the_broker_core_that_ran_normally_judges_silence_as_before():
+    """(The same peers, no stall of the judge: the worker is lost one window after its last word.)"""
+    core, spec = _busy_core()
+    t = 0.5
+    while t <= 1.5:  # silent for a whole window, not past it
+        core.tick(t)
+        t += 0.25
+    assert _judged(core) == NOTHING
+    core.tick(1.75)
+    assert core.counters["workers_lost"] == 1 and core.counters["requeued"] == 1 and core.workers.get(W1) is None
+
+
+def _recv(sock: zmq.Socket, kinds, timeout_s: float = 10.0):
+    """The next message on ``sock`` (a DEALER to the broker), decoded as ``kinds``; AssertionError
+    after ``timeout_s``."""
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
+        if sock.poll(max(1, int(deadline.left_s() * 1000))):
+            return decode(sock.recv(), kinds)
+    raise AssertionError(f"nothing from the broker within {timeout_s} s")
+
+
+def test_the_broker_loop_times_its_own_stalls():
+    """The socket loop on an injected clock, with a worker and a client that register and fall
+    silent: a jump of 3 windows (the broker's stall) leaves both registered (they get the next
+    heartbeat); steps of a quarter window (the broker running, no word from them) lose both."""
+    clock = FakeClock()
+    cfg = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.25, worker_liveness_s=1.0,
+                       client_liveness_s=1.0)
+    server = BrokerServer(cfg, clock=clock)
+    stop = threading.Event()
+    loop = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    ctx = zmq.Context()
+    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        loop.start()
+        for s, to in ((worker, server.backend), (client, server.frontend)):
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.ROUTING_ID, b"silent-" + to.encode())
+            s.connect(to)
+        worker.send(encode(Register("simulated", 1, 1, INFO, "w")))
+        assert type(_recv(worker, BROKER_TO_WORKER)) is Welcome
+        client.send(encode(Hello("c")))
+        assert type(_recv(client, BROKER_TO_CLIENT)) is Welcome
+        core = server.core
+        clock.advance(3 * cfg.worker_liveness_s)  # the broker stalled (its peers too)
+        assert type(_recv(worker, BROKER_TO_WORKER)) is Heartbeat  # (the tick after the stall kept it)
+        assert type(_recv(client, BROKER_TO_CLIENT)) is Heartbeat
+        assert core.counters["workers_lost"] == 0 and len(core.workers) == 1 and len(core.clients) == 1
+        for _ in range(4):  # running, a quarter window a turn: silent for a whole window, not past it
+            clock.advance(0.25)
+            assert type(_recv(worker, BROKER_TO_WORKER)) is Heartbeat
+            assert type(_recv(client, BROKER_TO_CLIENT)) is Heartbeat
+        clock.advance(0.25)
+        wait_until(lambda: core.counters["workers_lost"] == 1 and not core.clients, 10,
+                   "the silent worker and client to be judged gone", lambda: (core.counters, len(core.clients)))
+    finally:
+        stop.set()
+        loop.join(10)
+        worker.close(0)
+        client.close(0)
+        ctx.term()
+        server.close()
+
+
+# ---------------------------------------------------------------------- a worker's link to its broker
+
+
+def _linked(clock: FakeClock) -> tuple[BrokerLink, list]:
+    """A registered worker link on ``clock`` (broker window 1 s, heartbeats every 0.25 s), its
+    sends recorded."""
+    wp = WorkerProcess(WorkerConfig(broker="tcp://127.0.0.1:1", heartbeat_interval_s=0.25, broker_liveness_s=1.0),
+                       SimulatedLLM())
+    ctx = zmq.Context.instance()
+    pipe = ctx.socket(zmq.PAIR)
+    link = BrokerLink(wp, ctx, pipe, clock=clock)
+    pipe.close(0)
+    sent: list = []
+    link.send = sent.append
+    link.ready = link.welcomed = link.registered = True
+    return link, sent
+
+
+def test_a_worker_gives_its_broker_a_fresh_window_after_its_own_stall():
+    """Stalled for 3 x the broker's window: no re-registration (which drops every request it holds:
+    the broker moves them); then running and the broker silent: it registers again after a window."""
+    clock = FakeClock()
+    link, sent = _linked(clock)
+    try:
+        clock.advance(3 * link.broker_liveness_s)
+        link._keep_alive()
+        assert link.registered and not [m for m in sent if type(m) is Register]
+        assert sent == [Heartbeat(progress=0)]  # what a stall ends with: its heartbeat, due long ago
+        for _ in range(4):
+            clock.advance(0.25)
+            link._keep_alive()
+        assert link.registered and not [m for m in sent if type(m) is Register]
+        clock.advance(0.25)
+        link._keep_alive()
+        assert not link.registered and type(sent[-1]) is Register
+    finally:
+        link.sock.close(0)
+
+
+def test_a_worker_that_ran_normally_registers_again_after_the_brokers_window():
+    clock = FakeClock()
+    link, sent = _linked(clock)
+    try:
+        for _ in range(5):
+            clock.advance(0.25)
+            link._keep_alive()
+        assert not link.registered and type(sent[-1]) is Register
+    finally:
+        link.sock.close(0)
+
+
+# ---------------------------------------------------------------------- the client's view of its broker
+
+
+def test_the_client_gives_its_broker_a_fresh_window_after_its_own_stall():
+    """The client's I/O loop on an injected clock (heartbeats every 0.25 s, the broker's window 3 of
+    them): after a jump of 3 windows, the broker counts as heard at the jump (the deadline judge,
+    :meth:`ClientCore.overdue`, waits a window more); running on with no word from it, the broker's
+    silence grows from there as before."""
+    clock = FakeClock()
+    ticks: list = []
+    conn = Connection("tcp://127.0.0.1:1", "m", lambda msg: None, heartbeat_interval_s=0.25,
+                      on_tick=lambda now, heard_s, interval_s: ticks.append((now, heard_s)), clock=clock)
+    window = DEADLINE_GRACE_HEARTBEATS * 0.25
+
+    def turn_at(now: float) -> tuple:
+        conn.send(Heartbeat())  # wakes the loop: a turn at ``now``
+        return wait_until(lambda: next((t for t in reversed(ticks) if t[0] == now), None), 10, f"a turn at {now}")
+
+    try:
+        turn_at(T0)
+        now, heard = turn_at(clock.advance(3 * window))
+        assert heard == now  # (without the stall watch: T0, 3 windows of silence)
+        for _ in range(2):
+            now, heard = turn_at(clock.advance(0.25))
+            assert now - heard < window
+        now, heard = turn_at(clock.advance(0.25))
+        assert heard == T0 + 3 * window and now - heard >= window  # a broker silent a window: judged
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------- the launcher of its workers
+
+
+class _Process:
+    """A worker process as the launcher's watch sees it: alive until killed."""
+
+    pid = 4242
+    exitcode = None
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def is_alive(self) -> bool:
+        return not self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def _watched_worker() -> tuple:
+    """A launcher (started nothing) watching one alive worker process that its broker (a fake
+    status) stops listing after the first look: (cluster, the process, the broker's list)."""
+    from slotserve.launcher import ClusterConfig, LocalCluster
+
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.25,
+                                     worker_liveness_s=1.0), (WorkerConfig(name="w0"),))
+    cluster = LocalCluster(cfg)
+    proc, listed = _Process(), {"w0"}
+    cluster.frontend = "tcp://127.0.0.1:1"
+    cluster._workers = [proc]
+    cluster._watch = types.SimpleNamespace(
+        status=lambda timeout_s: types.SimpleNamespace(workers=[types.SimpleNamespace(name=n) for n in listed],
+                                                       loading_workers={}))
+    assert cluster._kill_lost_workers(T0) == [] and cluster._listed[0] == (proc.pid, T0)
+    listed.clear()  # the broker dropped it
+    return cluster, proc
+
+
+def test_the_launcher_gives_its_workers_a_fresh_window_after_its_own_stall():
+    """Stalled for 3 x its window (LOST_GRACE x worker_liveness_s: 3 s): the unlisted worker is not
+    killed on waking; watched on every half liveness window after, it is killed once unlisted for
+    the window (was: killed at once, 'has not answered the broker for 9 s (frozen?)')."""
+    from slotserve.launcher import LOST_GRACE
+
+    cluster, proc = _watched_worker()
+    window = LOST_GRACE * 1.0
+    now = T0 + 3 * window
+    assert cluster._kill_lost_workers(now) == [] and not proc.killed
+    woke = now
+    while now - woke <= window:
+        now += 0.5
+        killed = cluster._kill_lost_workers(now)
+        assert killed == ([0] if now - woke > window else []) and proc.killed is bool(killed)
+
+
+def test_the_launcher_that_ran_normally_kills_a_worker_unlisted_for_its_window():
+    from slotserve.launcher import LOST_GRACE
+
+    cluster, proc = _watched_worker()
+    now = T0
+    while not proc.killed:
+        now += 0.5
+        cluster._kill_lost_workers(now)
+    assert now == T0 + LOST_GRACE * 1.0 + 0.5
