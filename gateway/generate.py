@@ -43,12 +43,13 @@ from gateway.responses import ChunkBodies, ResponseBuilder, cached_tokens, error
     json_response, prompt_tokens, usage
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from gateway.structured import field_of
-from gateway.reasoning import PARSERS as REASONING_PARSERS, split_reasoning, think_stream
+from gateway.reasoning import PARSERS as REASONING_PARSERS, continued_parser, split_reasoning, think_stream
 from gateway.split_stream import SplitStream
 from gateway.tool_parsers import AUTO, DEFAULT as DEFAULT_TOOL_PARSER, detect_parser
 from gateway.tools import ToolPlan, apply_tool_calls, render_messages, stream_choices, tool_plan
 from gateway.tokenizer import Tokenizer, Tokenizers, token_id_string
 from gateway.translation import Translation, parse_body as validated_body
+from protocol.chat import ContentError, content_text
 from protocol.enums import FinishReason
 from protocol.validation import echo
 
@@ -320,14 +321,27 @@ class Generate:
 
     def _reasoning_parser(self, body: _Sampling) -> str | None:
         """The reasoning parser of a chat answer of ``body.model``: ``--reasoning-parser``'s, else the
-        model's own (``ModelInfo.reasoning``, read by its worker from the chat template); None for none."""
+        model's own (``ModelInfo.reasoning``, read by its worker from the chat template); None for none.
+        For a reply that continues the final message (``continue_final_message``) the parser of where
+        that message's text leaves it (:func:`gateway.reasoning.continued_parser`; 400 naming the
+        message where it cannot be told)."""
         chosen = self.config.reasoning_parser
         if chosen is None:
             info = self.link.model_info(body.model)
             chosen = getattr(info, "reasoning", "") or None
             if chosen not in REASONING_PARSERS:  # (a worker's word: a newer one may name a parser unknown here)
                 return None
-        return None if chosen == "none" else chosen
+        if chosen == "none":
+            return None
+        if getattr(body, "continue_final_message", None) and body.messages:
+            final = body.messages[-1]
+            try:
+                return continued_parser(chosen, content_text(final.content, final.role))
+            except ContentError:  # (refused as the chat's content when the prompt is built)
+                return None
+            except ValueError as e:
+                raise bad_request(str(e), f"messages.{len(body.messages) - 1}") from None
+        return chosen
 
     def _max_tokens(self, body: _Sampling, info) -> object:
         if not isinstance(body, ChatCompletionRequest):

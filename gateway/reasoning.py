@@ -17,6 +17,10 @@ its parsers:
   ``analysis`` messages are reasoning, the ``final`` (and ``commentary``) ones the answer, calls
   to functions passed on to the tool-call parser (:class:`gateway.harmony.HarmonyThink`).
 
+A reply that continues the final assistant message (``continue_final_message``, Anthropic's
+prefill) starts where that message's text ends, not after the generation prompt that opens the
+thinking: :func:`continued_parser` says how it splits.
+
 The answer after ``</think>`` starts at its first non-blank character. Tool calls and
 everything else the gateway reads in an answer are read in the answer only. Not a text
 parser beyond the two tags: the split is :class:`ThinkStream`'s, for whole and streamed
@@ -28,7 +32,7 @@ from __future__ import annotations
 from gateway.harmony import HarmonyThink
 from gateway.split_stream import SplitStream
 
-__all__ = ["PARSERS", "ThinkStream", "split_reasoning", "think_stream"]
+__all__ = ["PARSERS", "ThinkStream", "continued_parser", "split_reasoning", "think_stream"]
 
 PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 """The parsers' names."""
@@ -119,3 +123,19 @@ def split_reasoning(text: str, parser: str) -> tuple[str | None, str]:
     pieces = stream.feed(text) + stream.finish()
     reasoning = "".join(t for k, t in pieces if k == "reasoning")
     return (reasoning or None), "".join(t for k, t in pieces if k == "content")
+
+
+def continued_parser(parser: str, text: str) -> str | None:
+    """The parser of a reply that continues a final assistant message whose text is ``text``, on a
+    model whose replies ``parser`` splits (``continue_final_message``: the prompt ends with ``text``,
+    with no generation prompt, so a ``deepseek_r1`` template's ``<think>`` is not in it and the reply
+    does not start inside the thinking). ``"deepseek_r1"`` (the reply starts inside the thinking:
+    reasoning up to ``</think>``) when ``text`` opens a ``<think>`` it does not close; None (the
+    reply is answer, all of it) when it does not. ValueError for ``openai_gptoss``: which harmony
+    channel the template writes the message's text into is the template's, so the reply cannot be
+    told apart."""
+    if parser == "openai_gptoss":
+        raise ValueError("a final assistant message cannot be continued on a model that answers in harmony "
+                         "channels (reasoning parser openai_gptoss): the reply's channel is unknown; send the "
+                         "conversation without the final assistant message")
+    return "deepseek_r1" if text.rfind(_OPEN) > text.rfind(_CLOSE) else None
