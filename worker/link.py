@@ -199,7 +199,7 @@ class BrokerLink:
         else:
             self.announce()
         while True:
-            events = dict(poller.poll(max(0.0, self.last_sent + self.heartbeat_s - self._clock()) * 1000))
+            events = dict(poller.poll(self._wait_ms()))
             if self.pipe in events and self._from_main_thread():
                 self._say_goodbye()
                 return
@@ -208,6 +208,16 @@ class BrokerLink:
             if self.sock in events:
                 self._receive()
             self._keep_alive()
+
+    def _wait_ms(self) -> float:
+        """How long the loop's poll may wait (milliseconds): until the next heartbeat is due once the
+        broker welcomed us; before that (nothing is sent until it answers) until its window ends,
+        at most a heartbeat interval. (It waited for a heartbeat that is never sent before the
+        welcome: 0 ms, a busy loop of ~65,000 turns a second while the broker was down or had not
+        answered yet.)"""
+        now = self._clock()
+        due = self.last_sent + self.heartbeat_s if self.welcomed else self.last_recv + self.broker_liveness_s
+        return max(0.0, min(due - now, self.heartbeat_s)) * 1000
 
     def _from_main_thread(self) -> bool:
         """Read the pipe's signals and forward the iterations waiting; True when told to stop."""

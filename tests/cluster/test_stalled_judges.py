@@ -241,6 +241,26 @@ def test_a_worker_that_ran_normally_registers_again_after_the_brokers_window():
         link.sock.close(0)
 
 
+def test_a_worker_waiting_for_its_brokers_answer_polls_instead_of_spinning():
+    """Before the broker's welcome no heartbeat is sent, so the loop waits until the broker's window
+    ends (at most a heartbeat interval) rather than for a heartbeat due long ago (0 ms: ~65,000 turns a
+    second while the broker was down); once welcomed, until the next heartbeat is due."""
+    clock = FakeClock()
+    link, sent = _linked(clock)
+    try:
+        link.welcomed = link.registered = False
+        link.last_sent = T0  # its register left
+        clock.advance(0.5)  # a heartbeat interval passed long ago: 0 ms before
+        assert link._wait_ms() == 250.0
+        clock.advance(0.375)
+        assert link._wait_ms() == 125.0  # the broker's window ends first
+        link.welcomed = True
+        link.last_sent = clock() - 0.125
+        assert link._wait_ms() == 125.0
+    finally:
+        link.sock.close(0)
+
+
 # ---------------------------------------------------------------------- the client's view of its broker
 
 
