@@ -74,6 +74,7 @@ def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[
     # uvicorn's own graceful timeout is only a backstop: the drain has ended every request before it applies
     ucfg = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning", access_log=config.access_log,
                           timeout_graceful_shutdown=END_GRACE_S)
+    _access_log(config.access_log)
     server = _Server(ucfg, capture_signals=stop is None)
     if stop is None:
         should_stop, should_halt = (lambda: server.stops >= 1), (lambda: server.stops >= 2)
@@ -86,6 +87,17 @@ def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[
 
 def _never() -> bool:
     return False
+
+
+def _access_log(on: bool) -> None:
+    """Let uvicorn's access log (one INFO line a request: client, method, path, status) through when
+    ``on``: uvicorn's config sets its logger to the server's level, WARNING, which dropped every line,
+    and a server run before in this process with the log off left it not propagating to the root
+    logger's handler (slotserve's, whatever ``--log-level``)."""
+    if on:
+        access = logging.getLogger("uvicorn.access")
+        access.setLevel(logging.INFO)
+        access.propagate = True
 
 
 class _Server(uvicorn.Server):

@@ -641,6 +641,12 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
                    client_curve=curve_dir, gateway=gateway)
 
 
+_access_log_option = click.option(
+    "--access-log/--no-access-log", default=False, show_envvar=True,
+    help="Log every HTTP request, one line each (client, method, path, status), whatever --log-level (costs CPU "
+         "at high request rates).")
+
+
 @main.command()
 @click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
               default=DEFAULT_FRONTEND, envvar="SLOTSERVE_SERVE_BROKER", show_envvar=True,
@@ -651,8 +657,7 @@ def _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, sto
               help="TCP port of the HTTP server (0 picks a free one).")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024, show_envvar=True,
               help="Larger HTTP request bodies get 413 (bytes).")
-@click.option("--access-log/--no-access-log", default=False, show_envvar=True,
-              help="Log every HTTP request (costs CPU at high request rates).")
+@_access_log_option
 @click.option("--tokenizer", default=None, show_envvar=True,
               help="Tokenizer for logprobs' token strings, echo and /tokenize: a model alias, folder or .gguf "
                    "(default: each served model's own, when its name is a local model; else token ids are "
@@ -723,6 +728,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
               help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
 @click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
+@_access_log_option
 @click.option("--tokenizer", default=None, show_envvar=True,
               help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
                    "or .gguf (default: --model's).")
@@ -736,7 +742,8 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @click.pass_context
 def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max_loaded_models: int,
        idle_unload_s: float, step_delay_ms: float, stop_token, frontend: str, backend: str,
-       broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, tokenizer: str | None,
+       broker_options: dict, curve_dir: str | None, http_port: int | None, http_host: str, access_log: bool,
+       tokenizer: str | None,
        reasoning_parser: str | None, tool_call_parser: str | None, responses_store: dict, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
        served_model_names: tuple, warmup: bool) -> None:
@@ -777,7 +784,8 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
 
         if tokenizer is None and model != "simulated" and not several:
             tokenizer = model  # the served model's own (whatever --served-model-name calls it)
-        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, api_keys=api_keys,
+        gateway = _config(GatewayConfig, host=http_host, port=http_port, curve=curve_dir, access_log=access_log,
+                          api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
                           tokenizer=tokenizer, reasoning_parser=reasoning_parser,
                           **_tool_call_parser(tool_call_parser), **responses_store)
@@ -789,6 +797,8 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
                                "give --http-port too")
     elif shutdown_timeout_given:
         raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
+    elif access_log:
+        raise click.UsageError("--access-log logs the HTTP server's requests: give --http-port too")
     if several:
         cfg = _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
                                 frontend, backend, broker_options, curve_dir, gateway, model_options, warmup)
