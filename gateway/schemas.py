@@ -259,6 +259,7 @@ def _neutral(value: Any, allowed: tuple) -> bool:
 _NEUTRAL = {
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
+    "skip_special_tokens": (None, True),
 }
 
 
@@ -297,6 +298,10 @@ class _Sampling(BaseModel):
     timeout_s: float | None = None            # deadline, seconds from arrival
     repetition_penalty: float | None = None   # vLLM's: > 0, 1 = off
     min_p: float | None = None                # vLLM's: in [0, 1], 0 = off
+    skip_special_tokens: bool | None = None   # vLLM's; true (its default) is how the worker decodes (the special
+    # ^ tokens left out of the text, but the markers its tool and reasoning parsers read); false: 501 (_NEUTRAL)
+    spaces_between_special_tokens: bool | None = None  # vLLM's: taken, no effect either way (fast tokenizers; vLLM's
+    # ^ own decoding of a fast tokenizer's tokens does not read it either)
     # sampling controls (OpenAI's); their ranges are the request's (protocol.request), checked at submission
     logit_bias: Annotated[dict[str, float] | None, BeforeValidator(_logit_bias)] = None
     presence_penalty: float | None = None
