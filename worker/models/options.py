@@ -204,7 +204,8 @@ class ModelOptions:
 def chat_template_text(value: str) -> str:
     """The template ``value`` (:attr:`ModelOptions.chat_template`) names: the file's text when it is
     a file's path, else ``value`` itself when it is Jinja (holds ``{{`` or ``{%``). ValueError for
-    neither, or for a template Jinja cannot parse (the line and why)."""
+    neither (a template's name, as llama.cpp's ``--chat-template chatml``, is neither: the message
+    says so), or for a template Jinja cannot parse (the line and why)."""
     import os
 
     text = value
@@ -213,7 +214,8 @@ def chat_template_text(value: str) -> str:
             text = f.read()
     elif "{{" not in value and "{%" not in value:
         raise ValueError(f"chat_template: {echo(value)} is no file, and no Jinja template ({{{{ ... }}}} or "
-                         "{% ... %}) either")
+                         "{% ... %}) either: give the template's file or its text (the names of the templates "
+                         "built into llama.cpp, such as chatml or llama3, are not known here)")
     import jinja2
 
     try:
