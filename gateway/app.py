@@ -36,6 +36,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -227,6 +228,10 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
         Route("/metrics", service.metrics_endpoint, methods=["GET"]),
     ]
     middleware = []
+    if config.allowed_origins:  # (outside the key check: a preflight carries no key)
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                                     allow_methods=list(config.allowed_methods),
+                                     allow_headers=list(config.allowed_headers)))
     if config.api_keys or config.metrics_api_keys:  # no keys: no per-request check at all
         middleware.append(Middleware(APIKeys, api_keys=config.api_keys, metrics_api_keys=config.metrics_api_keys))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,

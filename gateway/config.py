@@ -70,6 +70,13 @@ class GatewayConfig:
       :mod:`gateway.auth`). ``/health`` stays open for probes.
     - ``metrics_api_keys``: when not empty, ``/metrics`` needs one of these
       keys the same way (a scraper's keys, apart from the API's); else it is open.
+    - ``allowed_origins``: the origins a browser page may call the server from
+      (CORS, Starlette's ``CORSMiddleware``: ``"*"`` any, else exact origins such
+      as ``"https://app.example"``); ``()`` (the default): no CORS headers, so
+      browsers refuse other origins' pages (the server listens on 127.0.0.1,
+      without keys by default: a page a browser opens would reach it; vLLM
+      allows every origin). ``allowed_methods`` / ``allowed_headers``: what a
+      preflight may ask for (``"*"``: any), with ``allowed_origins`` only.
     - ``tokenizer``: the tokenizer that renders token strings (logprobs, echo)
       and serves ``/tokenize``: a model alias, folder or ``.gguf`` file, loaded
       by the loader the CLI gives :func:`gateway.run` (:mod:`gateway.tokenizer`);
@@ -104,6 +111,9 @@ class GatewayConfig:
     responses_store_max: int = 1000
     responses_store_max_age_s: float = 3600.0
     tool_call_parser: str = "hermes"
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         check_endpoint(self.broker, bind=False, name="broker")
@@ -136,6 +146,10 @@ class GatewayConfig:
         check_choice(self.tool_call_parser)
         for name in ("api_keys", "metrics_api_keys"):
             object.__setattr__(self, name, _keys(name, getattr(self, name)))
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple) or not all(isinstance(x, str) and x.strip() == x and x for x in v):
+                raise ValueError(f"{name} must be a tuple of non-empty strings ('*': any), got {v!r}")
 
 
 _BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1, b64token

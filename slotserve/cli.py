@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -372,6 +373,52 @@ def _responses_store_options(command):
              "first).")(with_options)
 
 
+def _cors_options(command):
+    """--allowed-origins, --allowed-methods, --allowed-headers (vLLM's names): `serve`'s and `up`'s
+    CORS, passed on as ``cors`` (a dict of :class:`~gateway.config.GatewayConfig` fields). Each is
+    repeatable and takes vLLM's JSON list too (``'["https://a.example"]'``)."""
+
+    @functools.wraps(command)
+    def with_options(*args, allowed_origins, allowed_methods, allowed_headers, **kwargs):
+        cors = {"allowed_origins": _listed(allowed_origins, "--allowed-origins")}
+        if allowed_methods:
+            cors["allowed_methods"] = _listed(allowed_methods, "--allowed-methods")
+        if allowed_headers:
+            cors["allowed_headers"] = _listed(allowed_headers, "--allowed-headers")
+        if not cors["allowed_origins"] and len(cors) > 1:
+            raise click.UsageError("--allowed-methods and --allowed-headers need --allowed-origins (CORS is off "
+                                   "without it)")
+        return command(*args, cors=cors, **kwargs)
+
+    for name, what in (("--allowed-headers", "request headers a preflight may ask for (default: any, *)"),
+                       ("--allowed-methods", "HTTP methods a preflight may ask for (default: any, *)"),
+                       ("--allowed-origins", "origins whose browser pages may call the server (CORS): * for any, "
+                                             "else exact origins such as https://app.example; repeatable, or "
+                                             "vLLM's JSON list. Default: none, no CORS headers (vLLM allows "
+                                             "every origin)")):
+        with_options = click.option(name, multiple=True, metavar="VALUE", show_envvar=True, help=what)(with_options)
+    return with_options
+
+
+def _listed(values: tuple[str, ...], option: str) -> tuple[str, ...]:
+    """``values`` of a repeatable option, a value given as a JSON list (vLLM's form) taken as its items."""
+    out: list[str] = []
+    for v in values:
+        if v.lstrip().startswith("["):
+            try:
+                items = json.loads(v)
+            except ValueError:
+                items = None
+            if not isinstance(items, list) or not all(isinstance(x, str) and x for x in items):
+                raise click.BadParameter(f"{v!r} is no JSON list of strings", param_hint=option)
+            out += items
+        elif v.strip():
+            out.append(v.strip())
+        else:
+            raise click.BadParameter("an empty value", param_hint=option)
+    return tuple(out)
+
+
 def _serving_options(command):
     """--served-model-name (repeatable) and --warmup/--no-warmup: one definition for `slotserve worker`,
     `up` and `run`, passed on as ``served_model_names`` (a tuple) and ``warmup``
@@ -666,11 +713,12 @@ _access_log_option = click.option(
 @_responses_store_options
 @_tool_call_parser_option
 @_key_options
+@_cors_options
 @_shutdown_timeout_option
 @_curve_dir
 def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_log: bool, tokenizer: str | None,
           reasoning_parser: str | None, tool_call_parser: str | None, responses_store: dict, api_keys: tuple, metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool,
-          curve_dir: str | None) -> None:
+          curve_dir: str | None, cors: dict) -> None:
     """Run the OpenAI-compatible HTTP server in the foreground (Ctrl-C stops it).
 
     Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (OpenAI's Responses
@@ -692,7 +740,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
     cfg = _config(GatewayConfig, broker=broker_addr, host=host, port=port, curve=curve_dir,
                   max_body_bytes=max_body_bytes, access_log=access_log, api_keys=api_keys,
                   metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s, tokenizer=tokenizer,
-                  reasoning_parser=reasoning_parser, **_tool_call_parser(tool_call_parser), **responses_store)
+                  reasoning_parser=reasoning_parser, **_tool_call_parser(tool_call_parser), **responses_store, **cors)
     keys = f", {len(api_keys)} API key(s) required" if api_keys else ""
     try:
         with StopSignals() as sig:  # SIGINT, SIGTERM, SIGHUP drain it; a second one halts it
@@ -736,6 +784,7 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_responses_store_options
 @_tool_call_parser_option
 @_key_options
+@_cors_options
 @_shutdown_timeout_option
 @_serving_options
 @_model_options
@@ -746,7 +795,7 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
        tokenizer: str | None,
        reasoning_parser: str | None, tool_call_parser: str | None, responses_store: dict, api_keys: tuple,
        metrics_api_keys: tuple, shutdown_timeout_s: float, shutdown_timeout_given: bool, model_options,
-       served_model_names: tuple, warmup: bool) -> None:
+       served_model_names: tuple, warmup: bool, cors: dict) -> None:
     """Run a broker and WORKERS workers (and with --http-port the HTTP
     server) as supervised child processes.
 
@@ -788,13 +837,16 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
                           api_keys=api_keys,
                           metrics_api_keys=metrics_api_keys, shutdown_timeout_s=shutdown_timeout_s,
                           tokenizer=tokenizer, reasoning_parser=reasoning_parser,
-                          **_tool_call_parser(tool_call_parser), **responses_store)
+                          **_tool_call_parser(tool_call_parser), **responses_store, **cors)
     elif tokenizer is not None or reasoning_parser is not None or tool_call_parser is not None:
         raise click.UsageError("--tokenizer, --reasoning-parser and --tool-call-parser are the HTTP server's: "
                                "give --http-port too")
     elif api_keys or metrics_api_keys:
         raise click.UsageError("--api-key, --api-key-file and --metrics-api-key protect the HTTP server: "
                                "give --http-port too")
+    elif cors["allowed_origins"]:
+        raise click.UsageError("--allowed-origins (and its methods and headers) are the HTTP server's: give "
+                               "--http-port too")
     elif shutdown_timeout_given:
         raise click.UsageError("--shutdown-timeout-s is the HTTP server's drain: give --http-port too")
     elif access_log:
