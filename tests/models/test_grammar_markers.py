@@ -113,3 +113,64 @@ def test_a_tokenizer_with_only_special_added_tokens_is_unchanged():
     source = tok.backend_tokenizer.to_str()
     assert json.loads(source)["added_tokens"] and all(t["special"] for t in json.loads(source)["added_tokens"])
     assert text_added_tokens(source) == source
+
+
+def _small_tokenizer_json() -> str:
+    """A byte-level BPE tokenizer with a plain added token (moved into the vocabulary for
+    llguidance) and a special one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(sorted(set(bytes_to_unicode().values())))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens([tokenizers.AddedToken("<tool_call>", special=False, normalized=False)])
+    tok.add_special_tokens(["<|end|>"])
+    return tok.to_str()
+
+
+def test_llguidance_s_tokenizer_json_is_computed_once_and_read_back(tmp_path, monkeypatch):
+    from worker.models import grammar
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)  # (small tokenizers are not cached)
+    source = _small_tokenizer_json()
+    want = text_added_tokens(source)
+    assert want != source  # (the plain added token moved: a result that is not its input)
+    assert grammar.llguidance_json(source) == want
+    files = list((tmp_path / "slotserve" / "llguidance").glob("*.json"))
+    assert len(files) == 1 and files[0].read_text(encoding="utf-8") == want
+
+    def computed(_):
+        raise AssertionError("computed again: the cached file was not read")
+
+    monkeypatch.setattr(grammar, "text_added_tokens", computed)
+    assert grammar.llguidance_json(source) == want  # read back
+    other = source.replace("<tool_call>", "<tool_cal>")
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)
+    assert grammar.llguidance_json(other) == text_added_tokens(other)  # another tokenizer: its own file
+    assert len(list((tmp_path / "slotserve" / "llguidance").glob("*.json"))) == 2
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_json(tmp_path, monkeypatch):
+    from worker.models import grammar
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # <file>/slotserve/llguidance cannot be made
+    monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)
+    source = _small_tokenizer_json()
+    assert grammar.llguidance_json(source) == text_added_tokens(source)
+
+
+def test_a_small_tokenizer_is_not_cached(tmp_path, monkeypatch):
+    from worker.models import grammar
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = _small_tokenizer_json()
+    assert len(source) < grammar.CACHE_MIN_CHARS
+    assert grammar.llguidance_json(source) == text_added_tokens(source)
+    assert not (tmp_path / "slotserve").exists()

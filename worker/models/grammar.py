@@ -172,7 +172,7 @@ class Grammars:
                     import llguidance
 
                     eos = list(self.eos_token_ids) or None
-                    tokenizer = llguidance.LLTokenizer(text_added_tokens(self._tokenizer_json()),
+                    tokenizer = llguidance.LLTokenizer(llguidance_json(self._tokenizer_json()),
                                                        n_vocab=self.vocab_size, eos_token=eos)
                     self._executor = llguidance.LLExecutor()
                     self._tokenizer = tokenizer  # (last: a thread that sees it sees the executor)
@@ -442,6 +442,55 @@ def _allow(bits: torch.Tensor, i: int, tokens: Sequence[int], vocab: int) -> Non
         if 0 <= t < vocab:
             word = (int(bits[i, t >> 5]) & 0xFFFFFFFF) | (1 << (t & 31))
             bits[i, t >> 5] = word - (1 << 32) if word >= 1 << 31 else word
+
+
+CACHE_MIN_CHARS = 1 << 20
+"""Tokenizer JSONs shorter than this (characters) are not cached (:func:`llguidance_json`): they
+cost little (SmolLM2's 49,152 tokens, 1.5 M characters: 0.06 s), and tests' small tokenizers would
+fill the cache."""
+
+
+def llguidance_json(tokenizer_json: str) -> str:
+    """:func:`text_added_tokens` of ``tokenizer_json``, kept in slotserve's cache (``<cache
+    root>/llguidance/<key>.json``, :mod:`worker.models.cache_root`) so that a worker starting
+    again with the same tokenizer reads it instead of computing it: for Qwen2.5's 151,665 tokens
+    (4.6 M characters of JSON) the standard library's parse and dump took 0.5-0.8 s of every
+    worker's warm-up on a 2-core AMD EPYC, the cached file's read and the key 0.04 s. The key is
+    the SHA-256 of the tokenizer JSON and of this module's and
+    :mod:`worker.models.tool_markers`' sources (what decides the result), so a changed tokenizer
+    or rule never reads another's file. The file is written whole, once
+    (:func:`worker.models.cache_file.write_once`); a cache that cannot be read or written is
+    passed by (the result is computed), never an error."""
+    import hashlib
+    from pathlib import Path
+
+    from worker.models import tool_markers
+    from worker.models.cache_file import write_once
+    from worker.models.cache_root import cache_root
+
+    if len(tokenizer_json) < CACHE_MIN_CHARS:
+        return text_added_tokens(tokenizer_json)
+    digest = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass"))
+    try:
+        for source in (__file__, tool_markers.__file__):
+            digest.update(Path(source).read_bytes())
+    except OSError:  # (sources not on disk: no cache)
+        return text_added_tokens(tokenizer_json)
+    target = cache_root() / "llguidance" / f"{digest.hexdigest()[:40]}.json"
+    try:
+        return target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    result = text_added_tokens(tokenizer_json)
+
+    def write(path: Path) -> None:
+        path.write_text(result, encoding="utf-8")
+
+    try:
+        write_once(target, write, Path.is_file)
+    except OSError as exc:
+        log.info("llguidance's tokenizer JSON not cached (%s): computed at each start", exc)
+    return result
 
 
 def text_added_tokens(tokenizer_json: str) -> str:
