@@ -305,8 +305,9 @@ def _model_options(command):
                           "closer to fp32); auto: int8 where the CPU runs it (the LM head too), else bf16. "
                           "Speed and agreement of each: docs/models.md."),
         click.option("--max-model-len", type=click.IntRange(min=2), default=None, show_envvar=True,
-                     help="Tokens per slot (prompt + max_tokens; llama.cpp's -c): each slot reserves this "
-                          "many; a longer request is refused. At most the model's context. Default: the "
+                     help="Tokens per slot (prompt + max_tokens; llama.cpp's -c divided by its -np: its -c is "
+                          "the whole cache, shared out among its slots): each slot reserves this many; a longer "
+                          "request is refused. At most the model's context. Default: the "
                           f"context, at most {DEFAULT_MAX_MODEL_LEN} (4096 on CUDA)."),
         click.option("--chat-template", default=None, show_envvar=True, metavar="FILE|JINJA",
                      help="A Jinja chat template replacing the model's (a file's path, or the template itself; "
