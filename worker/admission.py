@@ -7,11 +7,18 @@ rules: 8-9.7 s in llguidance's GBNF conversion; a 178,924-character schema of 6,
 properties: 3.9 s; 4 MB of text: 3.7 s with Qwen2.5's tokenizer, on the loaded 2-core machine). On
 the I/O thread (:mod:`worker.link`) that time sent no heartbeat, and past the broker's worker
 liveness (5 s) the worker was declared lost and its requests requeued, as a941b61's tokenizer
-build did. Here one thread does it, in the order the requests came; the I/O thread only queues.
+build did. Here it runs on admission threads; the I/O thread only queues.
 
-Each job is a callable run on this thread; it returns True when the I/O thread must be woken (an
-outcome waits in the worker's outbox), which this thread does with one :data:`~worker.link.WAKE`
-on its own inproc PAIR (a socket has one owning thread: the main thread's PAIR is not this one's).
+Two lanes, a thread each, each in the order its requests came: ``text`` (tokenising a prompt) and
+``structured`` (a request with a constraint to compile, then its prompt). With one thread for both,
+one client's 9 s grammar held every text and chat request assigned to that worker behind it (a
+break-it pass: token-id requests still passed); now a slow grammar holds only the structured
+requests behind it, and a long prompt only the prompts behind it.
+
+Each job is a callable run on its lane's thread; it returns True when the I/O thread must be woken
+(an outcome waits in the worker's outbox), which that thread does with one
+:data:`~worker.link.WAKE` on its own inproc PUSH socket (a socket has one owning thread), all of
+them connected to the I/O thread's one PULL.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import Callable
 
 import zmq
@@ -29,46 +37,59 @@ WAKE = b"w"
 """The one-byte wake-up this thread sends (:data:`worker.link.WAKE`: the same byte)."""
 
 
-class AdmissionThread:
-    """Runs queued jobs on one thread, in order (:meth:`put`, any thread); wakes the I/O thread
-    over a PAIR it connects to ``address`` (bound by the I/O thread's side first) when a job returns
-    True. :meth:`close` ends it after the job under way (the queued ones are dropped: the worker is
-    stopping and its goodbye hands them back to the broker)."""
+LANES = ("text", "structured")
+"""The admission lanes (see the module docstring), each its own thread; a job names its lane."""
+
+
+class Admission:
+    """Runs queued jobs on one thread per lane (:data:`LANES`), each lane in order (:meth:`put`, any
+    thread); wakes the I/O thread over a PUSH socket per lane, connected to ``address`` (the I/O
+    thread's PULL, bound first) when a job returns True. :meth:`close` ends the lanes after their
+    jobs under way (the queued ones are dropped: the worker is stopping and its goodbye hands them
+    back to the broker). Threads are named ``name`` (the text lane) and ``name-structured``."""
 
     def __init__(self, ctx: zmq.Context, address: str, name: str = "slotserve-worker-admission") -> None:
-        self._jobs: collections.deque[Callable[[], bool]] = collections.deque()
+        self._jobs: dict[str, collections.deque[Callable[[], bool]]] = {lane: collections.deque() for lane in LANES}
         self._cond = threading.Condition()
         self._closing = False
         self._ctx, self._address = ctx, address
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(lane,), daemon=True,
+                                          name=name if lane == LANES[0] else f"{name}-{lane}") for lane in LANES]
+        for t in self._threads:
+            t.start()
 
-    def put(self, job: Callable[[], bool]) -> None:
-        """Queue ``job`` (any thread)."""
+    def put(self, job: Callable[[], bool], lane: str = "text") -> None:
+        """Queue ``job`` on ``lane`` (any thread). Raises ValueError for a lane not in :data:`LANES`."""
+        if lane not in self._jobs:
+            raise ValueError(f"lane must be one of {', '.join(LANES)}, got {lane!r}")
         with self._cond:
-            self._jobs.append(job)
-            self._cond.notify()
+            self._jobs[lane].append(job)
+            self._cond.notify_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop after the job under way; wait for the thread up to ``timeout_s`` seconds."""
+        """Stop after the jobs under way; wait for the threads up to ``timeout_s`` seconds in all."""
         with self._cond:
             self._closing = True
-            self._jobs.clear()
-            self._cond.notify()
-        self._thread.join(timeout_s)
+            for jobs in self._jobs.values():
+                jobs.clear()
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        pipe = self._ctx.socket(zmq.PAIR)
+    def _run(self, lane: str) -> None:
+        jobs = self._jobs[lane]
+        pipe = self._ctx.socket(zmq.PUSH)
         pipe.setsockopt(zmq.LINGER, 0)
         pipe.connect(self._address)
         try:
             while True:
                 with self._cond:
-                    while not self._jobs and not self._closing:
+                    while not jobs and not self._closing:
                         self._cond.wait()
                     if self._closing:
                         return
-                    job = self._jobs.popleft()
+                    job = jobs.popleft()
                 try:
                     wake = job()
                 except Exception:  # noqa: BLE001 -- one request must not stop admission (jobs end their own)

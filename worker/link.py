@@ -82,7 +82,7 @@ class LinkedWorker(Protocol):
 def serve_broker(wp: LinkedWorker, ctx: zmq.Context, pipe: zmq.Socket, stop: threading.Event,
                  admitted: zmq.Socket | None = None) -> None:
     """The I/O thread's body: link ``wp`` to the broker until the main thread
-    sends :data:`STOP`. ``admitted``: its end of the admission thread's PAIR
+    sends :data:`STOP`. ``admitted``: its PULL end of the admission lanes' wake-ups
     (:mod:`worker.admission`: :data:`WAKE` when an ending waits in the outbox), or None.
     A failure here stops the worker (sets ``stop``), loudly; ``pipe``, ``admitted``
     and the DEALER are closed either way."""
@@ -235,7 +235,7 @@ class BrokerLink:
         return stopping
 
     def _from_admission(self) -> None:
-        """Read the admission thread's wake-ups and forward what waits in the outbox (its endings)."""
+        """Read the admission lanes' wake-ups and forward what waits in the outbox (their endings)."""
         while True:
             try:
                 self.admitted.recv(zmq.NOBLOCK)

@@ -42,7 +42,7 @@ from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import error_code
 from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Logprobs, ModelInfo, \
     PrefixCacheUsage, Rejected, Started, Text
-from worker.admission import AdmissionThread
+from worker.admission import Admission
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
 from worker.errors import LoadInterrupted, ModelLoadError
@@ -119,7 +119,7 @@ class WorkerProcess:
         # it takes them or they end (a cancel, their deadline: at once) or are dropped; guarded by _submit_lock
         self._admitting: dict[int, float | None] = {}
         self._admit_deadlines: list[tuple[float, int]] = []  # heap of (deadline_s, engine id); guarded by _submit_lock
-        self._admission: AdmissionThread | None = None  # while run() runs: prepares text and structured requests
+        self._admission: Admission | None = None  # while run() runs: prepares text and structured requests
         self._submit_lock = threading.Lock()
         self._epoch = 0
         self._out_lock = threading.Lock()
@@ -191,9 +191,9 @@ class WorkerProcess:
         io_end.bind(pipe_addr)
         main_end = ctx.socket(zmq.PAIR)
         main_end.connect(pipe_addr)
-        admitted = ctx.socket(zmq.PAIR)  # (the I/O thread's end of the admission thread's wake-ups)
+        admitted = ctx.socket(zmq.PULL)  # (the I/O thread's end of the admission lanes' wake-ups)
         admitted.bind(pipe_addr + "-admission")
-        self._admission = AdmissionThread(ctx, pipe_addr + "-admission")
+        self._admission = Admission(ctx, pipe_addr + "-admission")
         io = threading.Thread(target=serve_broker, args=(self, ctx, io_end, stop, admitted),
                               name="slotserve-worker-io", daemon=True)
         io.start()
@@ -379,9 +379,10 @@ class WorkerProcess:
 
         A token-id request is submitted into the engine at once. One with work that grows with what
         the client sent (a text or chat prompt to tokenise, a structured constraint to compile:
-        :meth:`~worker.BatchInferenceEngine.needs_preparing`) is queued for the admission thread
-        while :meth:`run` runs (:mod:`worker.admission`: seconds there sent no heartbeat), which
-        submits it or posts its refusal to the outbox; without that thread, at once too."""
+        :meth:`~worker.BatchInferenceEngine.needs_preparing`) is queued for an admission lane (one
+        with a constraint on the structured lane, any other on the text lane) while :meth:`run`
+        runs (:mod:`worker.admission`: seconds there sent no heartbeat), which submits it or posts
+        its refusal to the outbox; without those threads, at once too."""
         refused = []
         admission = self._admission
         now = time.monotonic()
@@ -394,7 +395,8 @@ class WorkerProcess:
                     refused.append(Finished(key, FinishReason.ERROR, ErrorCode.BAD_REQUEST, message))
                 elif admission is not None and self.engine.needs_preparing(entry.params):
                     self._hold(key + (epoch << _EPOCH_SHIFT), entry, now)
-                    admission.put(functools.partial(self._admit, entry, epoch))
+                    admission.put(functools.partial(self._admit, entry, epoch),
+                                  "text" if entry.params.structured is None else "structured")
                 else:
                     ended = self._take(entry, epoch, None, entry.time_left_s)
                     if ended is not None:

@@ -112,7 +112,7 @@ def test_slow_request_work_leaves_the_io_thread_serving(model, work):
     assert slow.finish_reason is FinishReason.STOP and slow.tokens == model.script
     if work != "structured":
         assert slow.text == TEXT
-    assert {t for g in gates for t in g.threads} == {ADMISSION}
+    assert {t for g in gates for t in g.threads} == {ADMISSION if work != "structured" else f"{ADMISSION}-structured"}
 
 
 def held_text(model) -> list[Gate]:
@@ -155,3 +155,23 @@ def test_a_request_the_admission_thread_holds_ends_at_its_cancel_or_deadline(mod
             assert after.result(timeout=30) == [7, 8, *model.script]
             wait_until(lambda: not wp._admitting, 30, "the admission thread to drop the ended request")
     assert len(gates[0].threads) == 1  # the request held behind was never tokenised
+
+
+def test_a_slow_grammar_holds_no_text_request_behind_it(model):
+    """A structured request's compile (held on a gate, as a 9 s grammar) and a text prompt assigned
+    after it: the text request runs to its end meanwhile (it waited behind the grammar when one
+    admission thread took both, in order), then the structured one."""
+    gates: list[Gate] = []
+    model.grammars = GatedGrammars(model.script[-1], lambda fn: gates.append(Gate(fn)) or gates[-1])
+    with ThreadCluster() as cluster, opened(gates):
+        cluster.add_worker(model, model="m")
+        with Client(cluster.frontend, model="m") as c:
+            c.wait_for_model(30)
+            slow = c.submit_request([7, 8], 40, structured={"json_schema": {"type": "object"}})
+            wait_until(lambda: gates[0].entered.is_set(), 30, "the grammar's compile to start")
+            text = c.submit_request("hi", 40)
+            assert text.result(timeout=30) == model.script and text.text == TEXT
+            assert slow.finish_reason is None  # (still held)
+            gates[0].open.set()
+            assert slow.result(timeout=30) == [7, 8, *model.script]
+    assert set(gates[0].threads) == {f"{ADMISSION}-structured"}
