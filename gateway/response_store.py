@@ -7,6 +7,13 @@ by age (``max_age_s`` since it was stored; an expired one is gone as if deleted)
 Nothing survives the gateway's restart, and each gateway replica has its own store: behind a load
 balancer, a client that continues a conversation by id needs sticky sessions (or sends the whole
 conversation, ``store: false``).
+
+A response being generated is *running* here from its start (:meth:`ResponseStore.begin`) until it
+is stored (:meth:`ResponseStore.put`) or fails (:meth:`ResponseStore.abandon`): ``GET`` answers it
+as OpenAI does, ``status: "in_progress"``; ``DELETE`` deletes it (it is not stored when it ends);
+``previous_response_id`` refuses it as still in progress (its output is not known yet). Running
+responses are bounded as stored ones are, so one whose end is never told (its client went away
+mid-answer) is forgotten in time.
 """
 
 from __future__ import annotations
@@ -48,13 +55,38 @@ class ResponseStore:
         self.max_age_s = max_age_s
         self._clock = clock
         self._items: OrderedDict[str, tuple[float, StoredResponse]] = OrderedDict()  # oldest first
+        self._running: OrderedDict[str, tuple[float, dict | None]] = OrderedDict()  # (None: deleted meanwhile)
 
     def __len__(self) -> int:
         self._expire()
         return len(self._items)
 
+    def begin(self, response_id: str, in_progress: dict) -> None:
+        """``response_id`` is being generated (``in_progress``: the Response object ``GET`` answers
+        meanwhile) and is to be stored when it ends."""
+        self._running.pop(response_id, None)
+        self._running[response_id] = (self._clock(), in_progress)
+        while len(self._running) > self.max_responses:
+            self._running.popitem(last=False)
+        self._expire()
+
+    def running(self, response_id: str) -> dict | None:
+        """The in-progress Response object of ``response_id`` while it is generated (not deleted), or None."""
+        self._expire()
+        entry = self._running.get(response_id)
+        return None if entry is None else entry[1]
+
+    def abandon(self, response_id: str) -> None:
+        """``response_id`` ended without an answer to store (it failed): no longer running. A no-op
+        for one stored or unknown."""
+        self._running.pop(response_id, None)
+
     def put(self, response_id: str, stored: StoredResponse) -> None:
-        """Store ``stored`` under ``response_id`` (the newest), dropping the oldest past the bounds."""
+        """Store ``stored`` under ``response_id`` (the newest), dropping the oldest past the bounds;
+        nothing when ``response_id`` was deleted while it ran."""
+        entry = self._running.pop(response_id, None)
+        if entry is not None and entry[1] is None:
+            return
         self._items.pop(response_id, None)
         self._items[response_id] = (self._clock(), stored)
         while len(self._items) > self.max_responses:
@@ -68,12 +100,21 @@ class ResponseStore:
         return None if entry is None else entry[1]
 
     def delete(self, response_id: str) -> bool:
-        """Forget ``response_id``; whether it was there."""
+        """Forget ``response_id``, stored or running (then it is not stored when it ends); whether it
+        was there."""
         self._expire()
-        return self._items.pop(response_id, None) is not None
+        if self._items.pop(response_id, None) is not None:
+            return True
+        entry = self._running.get(response_id)
+        if entry is None or entry[1] is None:
+            return False
+        self._running[response_id] = (entry[0], None)
+        return True
 
     def _expire(self) -> None:
         horizon = self._clock() - self.max_age_s
+        while self._running and next(iter(self._running.values()))[0] <= horizon:
+            self._running.popitem(last=False)
         while self._items:
             stored_at, _ = next(iter(self._items.values()))
             if stored_at > horizon:

@@ -394,6 +394,10 @@ class ResponsesTranslation:
         check_unused(body)
         if body.previous_response_id is not None:
             previous = self.store.get(body.previous_response_id)
+            if previous is None and self.store.running(body.previous_response_id) is not None:
+                raise bad_request(f"Previous response with id '{clip(body.previous_response_id)}' is still in "
+                                  "progress: continue from it once it has completed (GET /v1/responses/{id} says "
+                                  "its status)", "previous_response_id", "previous_response_in_progress")
             if previous is None:
                 raise bad_request(f"Previous response with id '{clip(body.previous_response_id)}' not found (never "
                                   "stored, deleted, or dropped from the gateway's in-memory store)",
@@ -421,6 +425,8 @@ class ResponsesTranslation:
         except APIError as e:
             raise self._renamed(e) from None
         self.on_chat_path = True
+        if body.store is not False:  # (GET answers it in progress; a DELETE meanwhile keeps it from the store)
+            self.store.begin(self.id, self._response("in_progress", []))
         return chat
 
     @staticmethod
@@ -471,16 +477,20 @@ class ResponsesTranslation:
         items, reason, usage, failure = OutputItems(), None, None, None
         yield event("response.created", response=self._response("in_progress", []))
         yield event("response.in_progress", response=self._response("in_progress", []))
-        async for chunk in chunks:  # (read to its end: the chat stream records the call as it ends)
-            if isinstance(chunk, APIError):
-                failure = chunk
-            elif chunk is not STREAM_END:
-                for piece in chunk_pieces(chunk):
-                    items.feed(piece)
-                for e in taken():
-                    yield e
-                reason = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), reason)
-                usage = chunk.get("usage") or usage
+        try:
+            async for chunk in chunks:  # (read to its end: the chat stream records the call as it ends)
+                if isinstance(chunk, APIError):
+                    failure = chunk
+                elif chunk is not STREAM_END:
+                    for piece in chunk_pieces(chunk):
+                        items.feed(piece)
+                    for e in taken():
+                        yield e
+                    reason = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), reason)
+                    usage = chunk.get("usage") or usage
+        finally:
+            if failure is not None or reason is None:  # failed, or its client went away: nothing to store
+                self.store.abandon(self.id)
         if failure is not None:
             items.close("incomplete")
             for e in taken():
@@ -496,6 +506,7 @@ class ResponsesTranslation:
                     response=response)
 
     def error(self, e: APIError) -> Response:
+        self.store.abandon(self.id)
         if self.on_chat_path:
             self._renamed(e)
         return error_response(e)
@@ -571,13 +582,20 @@ class ResponsesEndpoints:
         self.store = store
 
     async def create(self, request: Request) -> Response:
-        return await self.generate.translated(request, ResponsesTranslation(self.store))
+        tr = ResponsesTranslation(self.store)
+        response = await self.generate.translated(request, tr)
+        if response.status_code == 499:  # (its client went away before the answer: nothing will be stored)
+            self.store.abandon(tr.id)
+        return response
 
     async def retrieve(self, request: Request) -> Response:
-        stored = self.store.get(request.path_params["response_id"])
-        if stored is None:
-            return _not_found(request.path_params["response_id"])
-        return json_response(stored.response)
+        """The stored response, or one being generated as ``status: "in_progress"`` (OpenAI's); else 404."""
+        response_id = request.path_params["response_id"]
+        stored = self.store.get(response_id)
+        if stored is not None:
+            return json_response(stored.response)
+        running = self.store.running(response_id)
+        return _not_found(response_id) if running is None else json_response(running)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]

@@ -13,6 +13,8 @@ first answer), ``GET`` / ``DELETE``.
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -135,6 +137,106 @@ def test_get_delete_and_unknown_ids(scripted):
     assert (err["param"], err["code"]) == ("previous_response_id", "previous_response_not_found")
     unstored = sdk.responses.create(model="m", input="plain", max_output_tokens=100, store=False)
     assert error_of(http.get(f"/v1/responses/{unstored.id}"), 404)
+
+
+class HeldOutputClient(OutputClient):
+    """:class:`OutputClient` whose requests start writing only once ``release`` is set (``started``:
+    one has been submitted), so a response is in progress as long as a test needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def _script(self, h) -> None:
+        self.started.set()
+        assert self.release.wait(10)
+        super()._script(h)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("delete", [False, True])
+def test_a_response_in_progress_is_answered_deleted_and_not_continued(monkeypatch, stream, delete):
+    """While a response was generated, GET answered 404 'not found (never stored, deleted, or dropped
+    ...)', previous_response_id the same, and DELETE 404 -- after which the response was stored
+    anyway when it ended. Now GET answers it in progress (OpenAI's status), previous_response_id is
+    refused as still in progress, and DELETE deletes it: it is not stored when it ends."""
+    ids = iter(["resp_held", "resp_2", "resp_3"])  # (the held response's id first)
+    monkeypatch.setattr("gateway.responses_api.new_id", lambda prefix, sep="-": next(ids) if prefix == "resp" else "x")
+    rid = "resp_held"
+    client = HeldOutputClient()
+    store = ResponseStore(8, 60.0)
+    app = responses_app(ScriptedLink(client), GatewayConfig(), store)
+    body = {"model": "m", "input": "plain", "max_output_tokens": 100, "stream": stream}
+    with TestClient(app) as http, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http.post, "/v1/responses", json=body)
+        assert client.started.wait(10)
+        running = http.get(f"/v1/responses/{rid}")
+        assert running.status_code == 200 and Response.model_validate(running.json()).status == "in_progress"
+        err = error_of(http.post("/v1/responses", json={"model": "m", "input": "plain",
+                                                        "previous_response_id": rid}), 400)
+        assert (err["param"], err["code"]) == ("previous_response_id", "previous_response_in_progress")
+        if delete:
+            assert http.delete(f"/v1/responses/{rid}").json() == {"id": rid, "object": "response.deleted",
+                                                                  "deleted": True}
+            assert error_of(http.get(f"/v1/responses/{rid}"), 404)["code"] == "response_not_found"
+        client.release.set()
+        done = answer.result(10)
+        assert done.status_code == 200 and rid in done.text
+        got = http.get(f"/v1/responses/{rid}")
+        if delete:
+            assert error_of(got, 404)["code"] == "response_not_found"
+        else:
+            assert got.status_code == 200 and got.json()["status"] == "completed"
+        assert store.running(rid) is None
+    for t in client.threads:
+        t.join(10)
+
+
+def test_a_running_response_that_fails_or_loses_its_client_is_not_kept():
+    import asyncio
+
+    from gateway.responses import STREAM_END
+    from gateway.responses_api import ResponsesTranslation
+
+    store = ResponseStore(4, 60.0)
+    failed = ResponsesTranslation(store)
+    failed.chat_body(b'{"model": "m", "input": "hi"}')
+    assert store.running(failed.id)["status"] == "in_progress"
+    failed.error(APIError(404, "no such model", code="model_not_found"))
+    assert store.running(failed.id) is None and store.get(failed.id) is None
+
+    gone = ResponsesTranslation(store)
+    gone.chat_body(b'{"model": "m", "input": "hi", "stream": true}')
+
+    async def read_two():  # the client goes away after two events: the stream is closed
+        events = gone.events(async_items(chat_chunk({"role": "assistant", "content": ""}),
+                                         chat_chunk({"content": "Hel"}), STREAM_END))
+        got = [await events.__anext__(), await events.__anext__(), await events.__anext__()]
+        await events.aclose()
+        return got
+
+    assert len(asyncio.run(read_two())) == 3
+    assert store.running(gone.id) is None and store.get(gone.id) is None
+    unstored = ResponsesTranslation(store)
+    unstored.chat_body(b'{"model": "m", "input": "hi", "store": false}')
+    assert store.running(unstored.id) is None
+
+
+def test_running_responses_are_bounded_as_stored_ones():
+    now = [0.0]
+    store = ResponseStore(2, 10.0, clock=lambda: now[0])
+    for i in range(3):
+        store.begin(f"r{i}", {"id": f"r{i}"})
+        now[0] += 1.0
+    assert store.running("r0") is None and store.running("r2") == {"id": "r2"}
+    now[0] = 11.5  # r1 began at 1.0
+    assert store.running("r1") is None and store.running("r2") == {"id": "r2"}
+    assert store.delete("r2") and not store.delete("r2") and store.running("r2") is None
+    store.put("r2", StoredResponse({}, ()))
+    assert store.get("r2") is None  # deleted while it ran: not stored
+    store.begin("r3", {"id": "r3"})
+    store.abandon("r3")
+    assert store.running("r3") is None and not store.delete("r3")
 
 
 @pytest.mark.parametrize("extra, param, code", [
