@@ -16,7 +16,8 @@
   ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
-- Anything else: 404 / 405 in OpenAI's error shape.
+- Anything else: 404 / 405 in OpenAI's error shape; the 404 of a route of llama.cpp's or Ollama's own
+  API names the route to call here (:mod:`gateway.foreign_routes`).
 
 With ``config.api_keys`` every ``/v1/*`` request (and ``/tokenize``, ``/detokenize``) needs one of them as
 ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
@@ -46,6 +47,7 @@ from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
 from gateway.embeddings import EmbeddingEndpoints
 from gateway.errors import APIError, shutting_down
+from gateway.foreign_routes import instead
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
 from gateway.link import BrokerConnections, listing_order
@@ -146,7 +148,10 @@ class ServiceEndpoints:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    if exc.status_code == 404 and (words := instead(request.url.path)) is not None:
+        message += f" ({words})"  # a route of llama.cpp's or Ollama's own API: the one to call here
+    return error_response(APIError(exc.status_code, message,
                                    code="not_found" if exc.status_code == 404 else "method_not_allowed"))
 
 

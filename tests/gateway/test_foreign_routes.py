@@ -1,0 +1,70 @@
+"""A route of llama.cpp's or Ollama's own API that the gateway does not serve is a 404 that names
+the route to call here (found by a newcomer pass with llama-server habits: ``POST /completion``,
+``GET /props``, ``GET /slots`` answered only ``... : Not Found``); any other unknown route keeps its
+404, and a served route's 405 is unchanged. The app runs in this process, its broker link never
+started (an unknown route never reaches it)."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.foreign_routes import instead
+
+# (method, path as the other server's client sends it, what the 404 must name)
+FOREIGN = [
+    ("POST", "/completion", "POST /v1/completions"),
+    ("POST", "/completions", "POST /v1/completions"),
+    ("POST", "/embedding", "POST /v1/embeddings"),
+    ("POST", "/embeddings", "POST /v1/embeddings"),
+    ("GET", "/props", "GET /v1/models"),
+    ("POST", "/props", "GET /v1/models"),
+    ("GET", "/slots", "slotserve status"),
+    ("GET", "/slots?fail_on_no_slot=1", "slotserve status"),
+    ("POST", "/slots/0?action=save", "prefix cache"),
+    ("GET", "/v1/health", "GET /health"),
+    ("POST", "/apply-template", "POST /tokenize"),
+    ("POST", "/reranking", "POST /v1/rerank"),
+    ("POST", "/v1/reranking", "POST /v1/rerank"),
+    ("GET", "/models", "GET /v1/models"),
+    ("GET", "/props/", "GET /v1/models"),
+    ("POST", "/api/chat", "POST /v1/chat/completions"),
+    ("POST", "/api/generate", "POST /v1/completions"),
+    ("GET", "/api/tags", "GET /v1/models"),
+    ("POST", "/api/embed", "POST /v1/embeddings"),
+]
+
+
+@pytest.fixture(scope="module")
+def http():
+    return TestClient(create_app(GatewayConfig(broker="tcp://127.0.0.1:1")))  # (no lifespan: no link)
+
+
+@pytest.mark.parametrize("method, path, names", FOREIGN, ids=[f"{m} {p}" for m, p, _ in FOREIGN])
+def test_a_route_of_llama_cpp_or_ollama_names_the_one_to_call(http, method, path, names):
+    r = http.request(method, path, json={"prompt": "x"} if method == "POST" else None)
+    assert r.status_code == 404, r.text
+    e = r.json()["error"]
+    assert (e["type"], e["param"], e["code"]) == ("invalid_request_error", None, "not_found"), e
+    route = path.partition("?")[0]
+    assert e["message"].startswith(f"{method} {route}: Not Found (") and e["message"].endswith(")"), e
+    assert names in e["message"], e
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/completion/x"),
+                                          ("GET", "/apis/chat"), ("GET", "/v1/slots")])
+def test_any_other_unknown_route_keeps_its_404(http, method, path):
+    r = http.request(method, path)
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == f"{method} {path}: Not Found"
+    assert instead(path) is None
+
+
+def test_a_served_route_with_another_method_keeps_its_405(http):
+    for method, path in (("GET", "/infill"), ("GET", "/tokenize"), ("GET", "/models/load")):
+        r = http.request(method, path)
+        assert r.status_code == 405, (path, r.text)
+        e = r.json()["error"]
+        assert e["code"] == "method_not_allowed" and e["message"] == f"{method} {path}: Method Not Allowed", e
