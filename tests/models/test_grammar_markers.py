@@ -174,3 +174,23 @@ def test_a_small_tokenizer_is_not_cached(tmp_path, monkeypatch):
     assert len(source) < grammar.CACHE_MIN_CHARS
     assert grammar.llguidance_json(source) == text_added_tokens(source)
     assert not (tmp_path / "slotserve").exists()
+
+
+def test_a_cache_with_no_home_to_be_found_still_gives_the_json(monkeypatch):
+    """HOME unset, no XDG_CACHE_HOME and a uid with no passwd entry (a container run as an arbitrary
+    uid with a cleared environment): no cache folder can be named (pathlib's RuntimeError), and the
+    JSON is computed as without a cache (failed before: the RuntimeError, and the model had no
+    structured outputs)."""
+    import pwd
+
+    from worker.models import grammar
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)
+    source = _small_tokenizer_json()
+    assert grammar.llguidance_json(source) == text_added_tokens(source)

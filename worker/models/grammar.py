@@ -459,8 +459,8 @@ def llguidance_json(tokenizer_json: str) -> str:
     the SHA-256 of the tokenizer JSON and of this module's and
     :mod:`worker.models.tool_markers`' sources (what decides the result), so a changed tokenizer
     or rule never reads another's file. The file is written whole, once
-    (:func:`worker.models.cache_file.write_once`); a cache that cannot be read or written is
-    passed by (the result is computed), never an error."""
+    (:func:`worker.models.cache_file.write_once`); a cache that cannot be named (no home folder to
+    be found), read or written is passed by (the result is computed), never an error."""
     import hashlib
     from pathlib import Path
 
@@ -474,9 +474,10 @@ def llguidance_json(tokenizer_json: str) -> str:
     try:
         for source in (__file__, tool_markers.__file__):
             digest.update(Path(source).read_bytes())
-    except OSError:  # (sources not on disk: no cache)
+        root = cache_root()
+    except (OSError, RuntimeError):  # (sources not on disk; no home folder to be found: pathlib's RuntimeError)
         return text_added_tokens(tokenizer_json)
-    target = cache_root() / "llguidance" / f"{digest.hexdigest()[:40]}.json"
+    target = root / "llguidance" / f"{digest.hexdigest()[:40]}.json"
     try:
         return target.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
