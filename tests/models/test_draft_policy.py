@@ -110,3 +110,30 @@ def test_a_slope_that_comes_out_negative_makes_drafts_free():
 def test_bad_measurements_are_value_errors(call):
     with pytest.raises(ValueError):
         call(DraftCosts())
+
+
+def test_a_row_count_no_longer_seen_leaves_the_fit():
+    """A warm-up's first decode steps at one row (3.2 and 3.6 s on a loaded machine, 0.1 s after),
+    then 2,000 steps at 8-32 rows costing 0.09 + 0.01 * rows s: the fit is theirs and keeps what
+    their cost keeps (failed before: the one-row mean stayed, (0.19, 0.0054), every draft kept)."""
+    c = DraftCosts()
+    for rows, seconds in [(1, 3.18), (1, 3.62), (1, 0.107), (8, 0.195), (8, 0.216), (8, 0.225), (4, 0.139)]:
+        c.record_step(rows, seconds)
+    assert c.cost[1] == 0.0  # (the one-row steps make the slope come out negative: drafts look free)
+    for step in range(2000):
+        rows = 8 + step * 7 % 25
+        c.record_step(rows, 0.09 + 0.01 * rows)
+    a, b = c.cost
+    assert a == pytest.approx(0.09, rel=0.01) and b == pytest.approx(0.01, rel=0.01)
+    cands = {i: (2, [1, 2, 3]) for i in range(8)}
+    assert c.choose(cands, 8) == costs(0.09, 0.01).choose(cands, 8) != {i: 3 for i in range(8)}
+
+
+def test_a_row_count_seen_again_after_it_left_the_fit_starts_afresh():
+    c = DraftCosts()
+    c.record_step(1, 5.0)
+    for _ in range(200):
+        c.record_step(8, 0.02)
+    c.record_step(1, 0.01)  # (the 5 s of long ago is not in its mean: the line through (1, 0.01) and (8, 0.02))
+    a, b = c.cost
+    assert b == pytest.approx(0.01 / 7) and a == pytest.approx(0.01 - 0.01 / 7)

@@ -21,7 +21,9 @@ estimates:
   their draft tokens), fitted by weighted least squares over the mean time of
   decode-only steps at each row count seen (each mean an exponential moving
   average, so the fit follows a cache that grows; the worker's warm-up decodes
-  at several batch sizes, so a fit exists before the first request). Until two
+  at several batch sizes, so a fit exists before the first request). A row
+  count not seen in the last :data:`STALE_STEPS` decode-only steps is forgotten:
+  its mean is of a cache, a load or a first call that are past. Until two
   row counts are seen, ``a = PRIOR_FIXED_ROWS * b``;
 - the **acceptance** of a draft token by the length ``n`` of the match that
   proposed it and its depth ``t`` (1: the first draft token): ``P(n, t)``, the
@@ -63,6 +65,15 @@ at a step of 8 rows when accepted more than ~67 % of the time)."""
 DECAY = 0.05
 """Weight of a new decode-only step's time in its row count's moving average."""
 
+STALE_STEPS = 200
+"""A row count's mean leaves the fit once this many decode-only steps passed without one of its own
+(seen again, it starts afresh). Kept for ever, a mean whose row count no longer comes up held the fit
+where it was: a worker's warm-up on a loaded 2-core AMD EPYC (SmolLM2, 8 slots, K = 3) took 3.2 and
+3.6 s for its first two decode steps at one row and 0.1 s for the third, which left a slope of 0
+(every draft free), and 2,000 steps of ``0.09 + 0.01 * rows`` s at 8-32 rows later (as measured
+there) the fit was ``(0.19, 0.0054)``: all 24 drafts of 8 rows after 2-token matches kept, where
+the steps' own cost keeps 8."""
+
 
 class DraftCosts:
     """The running estimates above and the choice they make (one per runner).
@@ -74,10 +85,11 @@ class DraftCosts:
     counts were seen.
     """
 
-    __slots__ = ("_times", "_tried", "_kept", "_cost")
+    __slots__ = ("_times", "_tried", "_kept", "_cost", "_steps")
 
     def __init__(self) -> None:
-        self._times: dict[int, list[float]] = {}  # rows -> [moving mean seconds, steps seen]
+        self._times: dict[int, list[float]] = {}  # rows -> [moving mean seconds, steps seen, last step]
+        self._steps = 0  # decode-only steps recorded
         self._tried: dict[tuple[int, int], float] = {}  # (n, depth) -> draft tokens of that depth made
         self._kept: dict[tuple[int, int], float] = {}  # (n, depth) -> of them, accepted with all before
         self._cost: tuple[float, float] | None = None
@@ -89,12 +101,17 @@ class DraftCosts:
         ``rows < 1`` or a time that is not a finite non-negative number."""
         if rows < 1 or not 0.0 <= seconds < float("inf"):
             raise ValueError(f"a step needs rows >= 1 and a finite time >= 0, got {rows} rows, {seconds} s")
+        self._steps += 1
         seen = self._times.get(rows)
         if seen is None:
-            self._times[rows] = [seconds, 1]
+            self._times[rows] = [seconds, 1, self._steps]
         else:
             seen[0] += DECAY * (seconds - seen[0]) if seen[1] >= 1 / DECAY else (seconds - seen[0]) / (seen[1] + 1)
             seen[1] += 1
+            seen[2] = self._steps
+        stale = [r for r, (_, _, last) in self._times.items() if self._steps - last >= STALE_STEPS]
+        for r in stale:
+            del self._times[r]
         self._cost = self._fit()
 
     def set_cost(self, fixed: float, per_row: float) -> None:
@@ -115,7 +132,7 @@ class DraftCosts:
         if len(self._times) < 2:
             return self._cost
         sw = sx = sy = sxx = sxy = 0.0
-        for rows, (mean, count) in self._times.items():
+        for rows, (mean, count, _) in self._times.items():
             w = min(count, 1 / DECAY)
             sw += w
             sx += w * rows
