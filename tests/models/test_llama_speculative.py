@@ -190,3 +190,42 @@ def test_the_draft_policy_keeps_what_pays_and_the_tokens_are_the_same(model_dir,
         assert sum(drafted) == 0 and tried == 0
     else:
         assert sum(drafted) > 0 and tried > 0 and all(n >= 2 for n, _ in costs._tried)
+
+
+class _Recording(DraftCosts):
+    """The draft policy, its step times recorded as they are told (rows only: the clock's are not asserted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.told = []
+
+    def record_step(self, rows, seconds):
+        self.told.append(rows)
+        super().record_step(rows, seconds)
+
+
+def test_the_draft_policy_is_told_the_decode_only_steps_and_their_query_rows(model_dir):
+    """Each step without prompt tokens is told once, with its decode rows and draft tokens; a step
+    with a prompt chunk (its cost is the prompt's) never: the policy's cost model is of decode steps."""
+    runner = load_model(model_dir, max_prefill_tokens=16)
+    runner.speculative_tokens = 3
+    runner.draft_costs = costs = _Recording()
+    costs.set_cost(1.0, 0.0)  # (drafts free: every one found is kept, and verified)
+    steps, step = [], runner.step
+
+    def watching(plan):
+        told = len(costs.told)
+        out = step(plan)
+        drafted = sum(len(d.tokens) for d in runner._drafts.values())
+        steps.append((runner._shape[1], len(plan.batch) + drafted, costs.told[told:], drafted))
+        return out
+
+    runner.step = watching
+    prompts = repetitive_prompts(6, seed=7)
+    engine = BatchInferenceEngine(runner, batch_size=4)
+    for p in prompts:
+        engine.submit_request(p, 24)
+    engine.run()
+    assert any(prompt for prompt, *_ in steps) and any(d for *_, d in steps)  # (both kinds of step ran)
+    for prompt_tokens, rows, told, _ in steps:
+        assert told == ([] if prompt_tokens else [rows])
