@@ -414,9 +414,9 @@ class LocalCluster:
                 self._note_restart(max_restarts_per_min, f"HTTP gateway (exit code {self._gateway.exitcode})")
                 self._gateway.join()
                 self._start_gateway()
-            self._kill_lost_workers()  # (a frozen one: killed here, restarted above on the next pass)
+            self._kill_lost_workers(period_s=poll_s)  # (a frozen one: killed here, restarted above on the next pass)
 
-    def _kill_lost_workers(self, now: float | None = None) -> list[int]:
+    def _kill_lost_workers(self, now: float | None = None, period_s: float = 0.0) -> list[int]:
         """Kill each worker process that is alive but that the broker stopped listing, more than
         :data:`LOST_GRACE` x its ``worker_liveness_s`` ago, after it had listed it: a frozen process
         (SIGSTOP, a deadlock) that the broker declared dead, whose requests it requeued. Only a
@@ -435,11 +435,15 @@ class LocalCluster:
         ``worker_liveness_s``) counts every worker as listed now instead (a fresh window): the launcher
         did not watch meanwhile (a break-it pass froze a whole cluster 172 s: it killed a worker as
         frozen). ``now``: the monotonic clock (seconds; :func:`time.monotonic`'s by default).
+        ``period_s``: the longest the caller waits on purpose between two calls (seconds: the supervise
+        loop's ``poll_s``), never taken for a stall (with ``worker_liveness_s`` 0.6 the stall threshold
+        was 0.9 s, under the loop's 1 s: every call was a stall, and a frozen worker was never killed).
         Returns the indices (names, on demand) killed."""
         now = time.monotonic() if now is None else now
         if self._stalls is None:
             self._stalls = StallWatch(LOST_GRACE * self._broker_cfg.worker_liveness_s, now)
-        elif (stalled_s := self._stalls.stalled(now)) is not None:
+        self._stalls.period_s = period_s
+        if (stalled_s := self._stalls.stalled(now)) is not None:
             log.warning("the launcher did not watch its workers for %.1f s (suspended, starved or busy): each "
                         "gets a fresh window before it counts as frozen", stalled_s)
             self._listed = {i: (pid, now) for i, (pid, _) in self._listed.items()}

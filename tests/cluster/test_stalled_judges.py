@@ -356,3 +356,39 @@ def test_the_launcher_that_ran_normally_kills_a_worker_unlisted_for_its_window()
         now += 0.5
         cluster._kill_lost_workers(now)
     assert now == T0 + LOST_GRACE * 1.0 + 0.5
+
+
+def test_the_launchers_supervise_loop_with_a_short_liveness_still_kills_a_frozen_worker(monkeypatch):
+    """worker_liveness_s 0.6 (heartbeats 0.1 s, as the frozen-worker tests run) under ``slotserve
+    up``'s supervise loop, which looks once a second (its ``poll_s``): a second between two looks is
+    the loop's own wait, no stall, so the worker the broker stopped listing is killed once unlisted
+    for LOST_GRACE x 0.6 s (failed before: the stall threshold, half of 1.8 s, was under the loop's
+    wait, every look was a stall that gave the worker a fresh window, and it was never killed)."""
+    from slotserve import launcher
+    from slotserve.launcher import LOST_GRACE, ClusterConfig, LocalCluster
+
+    clock = [T0]
+
+    def waited(handles, timeout):  # (the supervise loop's wait: the time passes, nothing happens)
+        clock[0] += timeout
+        return []
+
+    monkeypatch.setattr(launcher, "wait_for_sentinels", waited)
+    monkeypatch.setattr(launcher, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.1,
+                                     worker_liveness_s=0.6), (WorkerConfig(name="w0"),))
+    cluster = LocalCluster(cfg)
+    proc, listed, looks = _Process(), {"w0"}, []
+    proc.sentinel = -1
+    cluster.frontend = "tcp://127.0.0.1:1"
+    cluster._workers = [proc]
+
+    def status(timeout_s):
+        looks.append(clock[0])
+        shown = set(listed)
+        listed.clear()  # (listed at the first look only: then frozen, the broker dropped it)
+        return types.SimpleNamespace(workers=[types.SimpleNamespace(name=n) for n in shown], loading_workers={})
+
+    cluster._watch = types.SimpleNamespace(status=status)
+    cluster.supervise(lambda: proc.killed or clock[0] > T0 + 30)
+    assert proc.killed and clock[0] - looks[0] <= LOST_GRACE * 0.6 + 2.0
