@@ -151,18 +151,49 @@ class ServedModels:
             self.fail_unknown(out, "the broker's start-up grace is over")
 
     def fail_load(self, model: str, why: str, out: Outbox) -> None:
-        """A worker of ``model`` (on demand) said goodbye while loading it -- its load failed: its
-        supervisor stops a loading worker only when everything stops, and one that dies says
-        nothing (its requests wait for the next load). Unless another worker serves or loads it,
+        """A worker of ``model`` (on demand) said goodbye while loading it, or can never register
+        it -- its load failed: its supervisor stops a loading worker only when everything stops
+        (one that dies says nothing: :meth:`load_died`). Unless another worker serves or loads it,
         the requests waiting for it end ``worker_failed`` with ``why`` (rather than waiting, their
         demand loading it again and again)."""
-        if self._registry.for_model(model) or model in self._registry.loading_models():
+        if self._serving_or_loading(model):
             return
         for name in [model] + [a for a, m in self.aliases.items() if m == model]:
             q = self._jobs.queues.pop(name, None)
             while q is not None and (job := q.pop()) is not None:
                 self._jobs.finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED,
                                   f"{why}; see the server's log, fix the model or remove it", out)
+
+    def load_died(self, model: str, worker: str, out: Outbox) -> None:
+        """``worker``, loading ``model`` (on demand), fell silent past its liveness window: it died
+        without a goodbye (SIGKILL, the OOM killer) or froze, and the broker dropped it. Unless
+        another worker serves or loads ``model``, each request waiting for it counts a failed
+        attempt, as one lost with a worker does (``Job.attempts``): one at ``max_attempts`` ends
+        ``worker_failed`` saying so, the others wait for the next load. So a model whose every load
+        dies fails its requests after ``max_attempts`` loads (its supervisor's back-off between
+        them) rather than keeping them, and reloading itself for them, forever; while a load that
+        froze once (its supervisor kills it and loads the model again) still serves them."""
+        if self._serving_or_loading(model):
+            return
+        limit = self.config.max_attempts
+        queues = self._jobs.queues
+        ending = []
+        for name in [model] + [a for a, m in self.aliases.items() if m == model]:
+            q = queues.get(name)
+            for job in list(q) if q else ():
+                job.attempts += 1
+                if job.attempts >= limit:
+                    q.remove(job)
+                    ending.append(job)
+        for job in sorted(ending, key=lambda j: j.key):  # (arrival order)
+            self._jobs.finish(job, FinishReason.ERROR, ErrorCode.WORKER_FAILED, (
+                f"the worker loading model {model!r} ({worker}) fell silent while loading it: it died or was "
+                f"killed (out of memory?) or froze; {job.attempts} loads failed so while this request waited; "
+                "see the server's log (and the kernel's, for the OOM killer), free memory or fix the model"), out)
+
+    def _serving_or_loading(self, model: str) -> bool:
+        """A worker serves ``model`` (registered) or is loading it."""
+        return bool(self._registry.for_model(model)) or model in self._registry.loading_models()
 
     def fail_unknown(self, out: Outbox, why: str) -> None:
         """End requests still waiting for a model that no worker registered or

@@ -123,6 +123,10 @@ class WorkerHandler:
         if lw is not None:
             self._loader_gone(lw, out, f"the worker loading it ({lw.name}) cannot register (its "
                                        "max_message_bytes is too small for the broker's welcome)")
+            if lw.model in self.config.on_demand_models:  # (it would try again, and be refused again, forever)
+                self._models.fail_load(lw.model, f"the worker loading model {lw.model!r} ({lw.name}) cannot "
+                                                 f"register it: its max_message_bytes ({limit}) is too small for "
+                                                 f"the broker's welcome ({size} bytes)", out)
 
     def loading(self, identity: bytes, msg: Loading, now: float, out: Outbox) -> None:
         """A worker starts loading ``msg.model``: until it registers (or stops,
@@ -511,8 +515,10 @@ class WorkerHandler:
         for w in self.registry.silent_since(cutoff):
             self.lost(w, now, out, failed=True)
         for lw in [x for x in self.registry.loading.values() if x.last_seen_s < cutoff]:
-            log.warning("worker %s fell silent while loading model %r", lw.name, lw.model)
+            log.warning("worker %s fell silent while loading model %r (died, killed or frozen)", lw.name, lw.model)
             self._loader_gone(lw, out)
+            if lw.model in self.config.on_demand_models:
+                self._models.load_died(lw.model, lw.name, out)
         hung_s = self.config.worker_hung_s
         if hung_s is None:
             return

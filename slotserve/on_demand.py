@@ -39,7 +39,9 @@ The rules, each pass (:meth:`OnDemand.decide`):
   not loaded again for a while (:meth:`OnDemand.failed`: 1 s, doubling with each failure in a
   row, at most ``MAX_RETRY_S``), and a ``POST /models/load`` order for it is dropped: a model
   that cannot load is not reloaded in a loop. (The broker ends the requests waiting for it
-  when its worker said why it stopped.)
+  when its worker said why it stopped; a worker that died silently while loading, which the
+  broker drops once it is silent past its liveness window, costs each waiting request a failed
+  attempt, so they end ``worker_failed`` at ``max_attempts`` such loads: ``ServedModels.load_died``.)
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.

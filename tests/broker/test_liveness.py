@@ -182,7 +182,8 @@ def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_r
     """A worker that stops while loading a model on demand failed to load it (its supervisor stops
     a loading worker only when everything stops): the requests waiting for it end ``worker_failed``
     with the worker's reason, rather than waiting forever while their demand reloads it in a loop.
-    One that dies silently says nothing: its requests wait for the next load."""
+    One that dies silently says nothing: its requests wait for the next load (they count it as a
+    failed attempt: :func:`test_a_model_on_demand_whose_loads_die_silently_fails_its_requests_after_max_attempts`)."""
     core = make_core(on_demand_models=("lazy", "alias"))
     core.on_backend(W1, Loading("lazy", "w1", ("alias",)), 0.0)
     out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
@@ -196,6 +197,80 @@ def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_r
     core.on_backend(W2, Loading("lazy", "w2"), 1.0)
     out = core.on_frontend(C1, Submit("lazy", [envelope("c", [1], 5)]), 1.1) + core.tick(30.0)
     assert finished(out) == {} and core.status(30.0).models["lazy"].queued == 1
+
+
+def _silent_load(core, worker, t, model="lazy"):
+    """``worker`` starts loading ``model`` at ``t`` and dies silently (SIGKILL, the OOM killer): the
+    sends of the tick that finds it silent past its liveness window (0.5 s)."""
+    core.on_backend(worker, Loading(model, worker.decode()), t)
+    return core.tick(t + 0.6)
+
+
+def test_a_model_on_demand_whose_loads_die_silently_fails_its_requests_after_max_attempts():
+    """A worker killed while it loads a model on demand (SIGKILL, the OOM killer) says no goodbye; the
+    broker drops it once it is silent past its liveness window. Each request waiting for the model then
+    counts a failed attempt, as one lost with a worker does: one frozen load (killed and loaded again by
+    its supervisor) still serves it, and at ``max_attempts`` (3) it ends ``worker_failed`` saying the
+    loader died or was killed (before: it waited forever, and its demand reloaded the model each time).
+    A request that came after the first death counts only the loads it waited through."""
+    core = make_core(on_demand_models=("lazy", "alias"))
+    core.on_backend(W1, Loading("lazy", "w1", ("alias",)), 0.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
+    out += core.on_frontend(C1, Submit("alias", [envelope("b", [1], 5)]), 0.1)
+    out += core.tick(0.7)  # w1 silent past its window: a first failed load
+    assert finished(out) == {} and core.status(0.7).models["lazy"].queued == 2
+    out = core.on_frontend(C1, Submit("lazy", [envelope("c", [1], 5)]), 0.8)
+    out += _silent_load(core, W2, 1.0)  # the second
+    assert finished(out) == {} and core.status(1.6).models["lazy"].queued == 3
+    out = _silent_load(core, W1, 2.0)  # the third: a and b end, c has waited through two
+    ended = finished(out)
+    assert set(ended) == {"a", "b"} and {f.code for f in ended.values()} == {ErrorCode.WORKER_FAILED}
+    assert {f.finish_reason for f in ended.values()} == {FinishReason.ERROR}
+    assert "the worker loading model 'lazy' (worker-1) fell silent while loading it" in ended["a"].message
+    assert "died or was killed (out of memory?)" in ended["a"].message and "3 loads" in ended["a"].message
+    assert core.status(2.6).models["lazy"].queued == 1
+    out = _silent_load(core, W2, 3.0)
+    assert set(finished(out)) == {"c"} and core.status(3.6).models["lazy"].queued == 0
+    assert core.counters["errors"] == 3
+
+
+def test_a_silent_loader_costs_no_attempt_while_another_worker_serves_or_loads_its_model():
+    """Only a load that leaves the model with no worker serving or loading it costs the waiting
+    requests an attempt; with ``max_attempts`` 1 that load ends them at once. A model that is not on
+    demand is untouched (past the grace, a model never served ends ``unknown_model`` as before)."""
+    core = make_core(on_demand_models=("lazy",), max_attempts=1)
+    core.on_backend(W1, Loading("lazy", "w1"), 0.0)
+    core.on_backend(W2, Loading("lazy", "w2"), 0.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
+    out += core.on_backend(W2, Heartbeat(), 0.5) + core.tick(0.7)  # w1 silent, w2 still loading
+    assert finished(out) == {} and core.status(0.7).models["lazy"].queued == 1
+    out = core.tick(1.2)  # w2 silent too: nobody loads it now
+    assert finished(out)["a"].code is ErrorCode.WORKER_FAILED
+    core.on_backend(W1, Register("lazy", 1, 1, INFO, "w1"), 2.0)  # served: a silent loader beside it costs nothing
+    core.on_backend(W1, Heartbeat(), 2.5)
+    core.on_backend(W2, Loading("lazy", "w2"), 2.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("b", [1], 5), envelope("c", [1], 5)]), 2.1)
+    out += core.on_backend(W1, Heartbeat(), 2.6) + core.tick(2.7)
+    assert finished(out) == {} and len(core.queues["lazy"]) == 1
+    other = make_core(register_grace_s=1.0, max_attempts=1)
+    other.on_backend(W1, Loading("fixed", "w1"), 0.0)
+    out = other.on_frontend(C1, Submit("fixed", [envelope("f", [1], 5)]), 0.1) + other.tick(0.7)
+    assert finished(out) == {}  # within the grace: it waits
+    assert finished(other.tick(1.1))["f"].code is ErrorCode.UNKNOWN_MODEL
+
+
+def test_a_model_on_demand_whose_loader_cannot_register_fails_its_waiting_requests():
+    """A worker loading a model on demand whose frame limit cannot hold the broker's welcome can never
+    register (it tries again and is refused again): the requests waiting for the model end
+    ``worker_failed`` saying why, as on a goodbye (before: they waited forever)."""
+    many = tuple(f"model-{i:03d}-" + "x" * 60 for i in range(20))  # (a welcome of some 1.5 KiB)
+    core = make_core(on_demand_models=("lazy",) + many)
+    core.on_backend(W1, Loading("lazy", "w1"), 0.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
+    out += core.on_backend(W1, Register("lazy", 2, 2, INFO, "w1", max_message_bytes=1024), 0.2)
+    (f,) = finished(out).values()
+    assert f.code is ErrorCode.WORKER_FAILED and "cannot register" in f.message
+    assert core.status(0.2).models["lazy"].queued == 0
 
 
 def test_status_names_each_worker_loading_until_it_registers_or_falls_silent():

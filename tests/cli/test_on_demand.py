@@ -426,3 +426,54 @@ def test_up_refuses_two_models_that_would_be_served_by_one_name(monkeypatch, tmp
     code, out, names = _on_demand_names_of(monkeypatch, tmp_path, "--model", "m.gguf", "--model", second)
     assert code == 2 and names is None
     assert f"the models m.gguf and {second} would both be served as 'm'" in out and "rename one" in out, out
+
+
+def test_a_model_whose_every_load_dies_silently_ends_its_requests_after_backed_off_loads(monkeypatch):
+    """The supervisor (slotserve/demand_supervisor.py) over a real broker core (injected clocks): each
+    worker it starts for model ``a`` announces its load and is then killed silently (SIGKILL, the OOM
+    killer: no goodbye). It starts no other while the broker still lists the dead one loading (until its
+    liveness window ends), then waits out its back-off (1 s, 2 s, ...); the broker counts each dropped
+    loader as a failed attempt of the waiting request, which ends ``worker_failed`` at the third
+    (``max_attempts``), and with nothing waiting no load follows (before: the request waited forever and
+    the model was loaded again after each back-off, in a loop)."""
+    import types
+
+    from broker.config import BrokerConfig
+    from broker.core import BrokerCore
+    from protocol.enums import ErrorCode
+    from protocol.messages import Loading, Results, Submit
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import DemandSupervisor
+    from tests.support.messages import envelope
+    from worker import host_memory
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
+    broker = BrokerCore(BrokerConfig(heartbeat_interval_s=0.1, worker_liveness_s=0.5, on_demand_models=("a", "b")),
+                        "broker", 0.0)
+    clock = [0.0]
+    loads = []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        loads.append(clock[0])
+        broker.on_backend(b"w%d" % len(loads), Loading(model, f"w{len(loads)}"), clock[0])
+        p = _FakeProcess()
+        p.alive, p.exitcode = False, -9  # killed during its load
+        return p
+
+    link = types.SimpleNamespace(status=lambda timeout_s: broker.status(clock[0]), close=lambda: None)
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
+    sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: link)
+    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
+    ended = []
+    for step in range(300):  # 30 s, a pass and a tick each 0.1 s
+        clock[0] = now = step / 10
+        ended += [(now, f) for s in broker.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
+        sup.run_pass(now)
+    assert loads == [0.0, 1.1, 3.2]  # each after the dead loader's window (0.5 s) and its back-off (1 s, 2 s)
+    ((when, f),) = ended
+    assert when == 3.8 and f.request_id == "r" and f.code is ErrorCode.WORKER_FAILED
+    assert "fell silent while loading it: it died or was killed (out of memory?)" in f.message
+    assert sup.core.state("a") == "unloaded" and broker.status(30.0).models["a"].queued == 0
