@@ -97,6 +97,27 @@ def test_a_cache_that_cannot_hold_the_build_folder_falls_back_without_a_crash(ke
     assert record.getMessage().endswith("pure torch runs")
 
 
+def test_without_a_home_folder_the_kernel_falls_back_without_a_crash(kernels, monkeypatch, caplog):
+    """HOME unset, no XDG_CACHE_HOME and a uid with no passwd entry: no cache folder can be named, and
+    the kernel is not built, as where its folder cannot be made (failed before: pathlib's RuntimeError
+    failed the model's load)."""
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    _, build = kernels
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    with caplog.at_level(logging.WARNING, logger=extension.__name__):
+        assert build() is None
+    assert build.folders == []  # no compile tried
+    (record,) = caplog.records
+    assert record.getMessage().startswith("k.cpp not built: no cache folder for slotserve")
+    assert "set XDG_CACHE_HOME or HOME" in record.getMessage() and record.getMessage().endswith("pure torch runs")
+
+
 def abandoned(kernels, key: str, age_s: float, *files: str):
     """A build folder whose build died before torch's builder wrote its ``build.ninja`` (killed while
     starting): empty, or holding ``files`` (the ``lock`` the builder takes first); aged ``age_s``."""

@@ -235,6 +235,25 @@ def test_the_cache_root_is_under_the_home_folder_without_an_absolute_xdg_cache_h
     assert cache_root() == tmp_path / ".cache" / "slotserve"
 
 
+def test_without_a_home_folder_the_cache_root_says_which_variable_to_set(monkeypatch):
+    """HOME unset, no XDG_CACHE_HOME and a uid with no passwd entry: an OSError naming the variables
+    (failed before: pathlib's RuntimeError 'Could not determine home directory.', which no cache
+    caller passes by); an absolute XDG_CACHE_HOME alone still names the folder."""
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    for call in (cache_root, models_cache):
+        with pytest.raises(OSError, match="set XDG_CACHE_HOME or HOME"):
+            call()
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert cache_root() == Path("/xdg/slotserve")
+
+
 def test_assembled_and_extracted_models_follow_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_root() == tmp_path / "xdg" / "slotserve"

@@ -475,7 +475,7 @@ def llguidance_json(tokenizer_json: str) -> str:
         for source in (__file__, tool_markers.__file__):
             digest.update(Path(source).read_bytes())
         root = cache_root()
-    except (OSError, RuntimeError):  # (sources not on disk; no home folder to be found: pathlib's RuntimeError)
+    except OSError:  # (sources not on disk; no cache folder: cache_root's FileNotFoundError)
         return text_added_tokens(tokenizer_json)
     target = root / "llguidance" / f"{digest.hexdigest()[:40]}.json"
     try:

@@ -124,7 +124,11 @@ def build(prefix: str, source: Path, flags: list[str], needs: str, fallback: str
     if os.environ.get("SLOTSERVE_NO_KERNELS") or not cpu_has(needs):
         return None
     key = hashlib.sha256(_source_bytes(source) + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
-    kernels = cache_root() / "kernels"
+    try:
+        kernels = cache_root() / "kernels"
+    except OSError as exc:  # (no home folder to be found): no build, no crash
+        log.warning("%s not built: %s; %s", source.name, exc.strerror, fallback)
+        return None
     folder = kernels / key
     name = f"slotserve_{prefix}_{key}"
     built = folder / f"{name}.so"
