@@ -95,11 +95,12 @@ def test_the_step_cost_is_fitted_from_decode_steps_at_several_row_counts():
     assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.0013, rel=0.05)
 
 
-def test_a_slope_that_comes_out_negative_makes_drafts_free():
+def test_a_slope_that_comes_out_negative_leaves_the_prior():
     c = DraftCosts()
     c.record_step(8, 0.02)
     c.record_step(16, 0.019)
-    assert c.cost == (pytest.approx(0.0195), 0.0)
+    assert c.cost is None  # (not "every draft free": the prior's a = 4 b decides)
+    assert c.choose({0: (2, [1, 2, 3])}, 8) == DraftCosts().choose({0: (2, [1, 2, 3])}, 8)
 
 
 @pytest.mark.parametrize("call", [
@@ -119,7 +120,7 @@ def test_a_row_count_no_longer_seen_leaves_the_fit():
     c = DraftCosts()
     for rows, seconds in [(1, 3.18), (1, 3.62), (1, 0.107), (8, 0.195), (8, 0.216), (8, 0.225), (4, 0.139)]:
         c.record_step(rows, seconds)
-    assert c.cost[1] == 0.0  # (the one-row steps make the slope come out negative: drafts look free)
+    assert c.cost is None  # (the one-row steps make the slope come out negative: the prior stands)
     for step in range(2000):
         rows = 8 + step * 7 % 25
         c.record_step(rows, 0.09 + 0.01 * rows)

@@ -127,8 +127,9 @@ class DraftCosts:
 
     def _fit(self) -> tuple[float, float] | None:
         """Weighted least squares of the mean step time against rows (weight: steps seen, at most
-        1 / DECAY), clamped to a, b >= 0; None before two row counts. A fit whose slope comes out
-        negative (noise) keeps the mean as a and b = 0: every draft then looks free."""
+        1 / DECAY), clamped to a >= 0; None before two row counts. A slope that does not come out
+        positive (noise, or first calls' times: more rows measured no dearer than fewer) says nothing
+        of a row's cost, so the prior stands (None) rather than every draft looking free."""
         if len(self._times) < 2:
             return self._cost
         sw = sx = sy = sxx = sxy = 0.0
@@ -144,7 +145,7 @@ class DraftCosts:
             return self._cost
         b = (sxy * sw - sx * sy) / var
         if b <= 0:
-            return (sy / sw, 0.0)
+            return None
         return (max((sy - b * sx) / sw, 0.0), b)
 
     # -- acceptance
