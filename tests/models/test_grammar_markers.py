@@ -194,3 +194,19 @@ def test_a_cache_with_no_home_to_be_found_still_gives_the_json(monkeypatch):
     monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)
     source = _small_tokenizer_json()
     assert grammar.llguidance_json(source) == text_added_tokens(source)
+
+
+@pytest.mark.parametrize("torn", ["", "{\"version\": \"1.0\", \"model\": {\"vocab\": {"])
+def test_a_cached_file_left_torn_is_written_again_not_read(tmp_path, monkeypatch, torn):
+    """A power cut after the rename on a disk that lost the file's last writes leaves it empty or
+    cut short: it is computed and written again (before, every later start gave it to llguidance)."""
+    from worker.models import grammar
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(grammar, "CACHE_MIN_CHARS", 0)
+    source = _small_tokenizer_json()
+    want = grammar.llguidance_json(source)
+    (cached,) = (tmp_path / "slotserve" / "llguidance").glob("*.json")
+    cached.write_text(torn, encoding="utf-8")
+    assert grammar.llguidance_json(source) == want == text_added_tokens(source)
+    assert cached.read_text(encoding="utf-8") == want

@@ -55,6 +55,7 @@ engine reports it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -479,19 +480,37 @@ def llguidance_json(tokenizer_json: str) -> str:
         return text_added_tokens(tokenizer_json)
     target = root / "llguidance" / f"{digest.hexdigest()[:40]}.json"
     try:
-        return target.read_text(encoding="utf-8")
+        text = target.read_text(encoding="utf-8")
+        if _whole_object(text):
+            return text
     except (OSError, UnicodeDecodeError):
         pass
     result = text_added_tokens(tokenizer_json)
 
     def write(path: Path) -> None:
-        path.write_text(result, encoding="utf-8")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(result)
+            out.flush()
+            os.fsync(out.fileno())  # (on disk before the rename: a power cut leaves no empty file)
+
+    def complete(path: Path) -> bool:
+        try:
+            return _whole_object(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return False
 
     try:
-        write_once(target, write, Path.is_file)
+        write_once(target, write, complete)
     except OSError as exc:
         log.info("llguidance's tokenizer JSON not cached (%s): computed at each start", exc)
     return result
+
+
+def _whole_object(text: str) -> bool:
+    """Whether a cached tokenizer JSON was written whole: a JSON object's text, from its opening brace
+    to its closing one (a file torn on a disk that lost its last writes is empty or cut short: it is
+    written again, never given to llguidance)."""
+    return text.startswith("{") and text.rstrip().endswith("}")
 
 
 def text_added_tokens(tokenizer_json: str) -> str:
