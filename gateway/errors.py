@@ -49,6 +49,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from gateway.foreign_fields import Route, hint
 from gateway.json_body import BodyProblem, body_problem, not_an_object, value_kind
 from gateway.schemas import _shown
 from protocol.enums import ErrorCode
@@ -116,15 +117,22 @@ class APIError(Exception):
         {"type", "message"}}``, the type by status (:data:`ANTHROPIC_TYPES`); Anthropic's error has no
         ``param``, so the message starts with the field at fault. An unknown field (code
         ``unknown_parameter``) is worded as Anthropic words it: ``"<field>: Extra inputs are not
-        permitted"``; a value of another type as ``"<field>: Input should be a valid number (got
-        ...)"`` (the field once: not the OpenAI shape's ``Invalid value for '<field>': ...``)."""
+        permitted"`` (and :func:`from_validation`'s hint, if any); a value of another type as ``"<field>:
+        Input should be a valid number (got ...)"`` (the field once: not the OpenAI shape's ``Invalid
+        value for '<field>': ...``)."""
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         message = self.message
-        if self.code == "unknown_parameter" and self.param is not None:  # in Anthropic's own words
-            message = f"{self.param}: Extra inputs are not permitted"
+        if self.code == "unknown_parameter" and self.param is not None:  # in Anthropic's own words (+ any hint)
+            said = f"{UNRECOGNIZED}{self.param}"
+            message = f"{self.param}: Extra inputs are not permitted" + \
+                (message[len(said):] if message.startswith(f"{said} (") else "")
         elif self.param is not None and not message.lstrip("'`").startswith(self.param):
             message = f"{self.param}: {message.removeprefix(_invalid_value_for(self.param))}"
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+UNRECOGNIZED = "Unrecognized request argument supplied: "
+"""How the 400 of an unknown body field starts (OpenAI's words), the field's name after it."""
 
 
 def _invalid_value_for(param: str) -> str:
@@ -318,8 +326,11 @@ def missing_parameter(field: str, sent: object) -> APIError:
     return bad_request(message, field, "missing_required_parameter")
 
 
-def from_validation(errors: list[dict]) -> APIError:
-    """pydantic's ``ValidationError.errors()`` -> one 400 naming the first bad field."""
+def from_validation(errors: list[dict], route: Route | None = None) -> APIError:
+    """pydantic's ``ValidationError.errors()`` -> one 400 naming the first bad field. An unknown field
+    (``unknown_parameter``) is "Unrecognized request argument supplied: <field>", and on ``route`` (the
+    body's, if a generation route's) a llama.cpp or Ollama field also says, in parentheses, what to
+    send instead (:func:`gateway.foreign_fields.hint`); status, type, param and code are the same."""
     e = errors[0]
     kind = e.get("type", "")
     loc = ".".join(str(p) for p in e.get("loc", ()) if not _is_union_tag(p))
@@ -328,7 +339,8 @@ def from_validation(errors: list[dict]) -> APIError:
     if kind == "model_type" and not loc:
         return bad_request(not_an_object(value_kind(e.get("input"))), None, "invalid_type")
     if kind == "extra_forbidden":
-        return bad_request(f"Unrecognized request argument supplied: {loc}", loc, "unknown_parameter")
+        instead = hint(loc, route)
+        return bad_request(f"{UNRECOGNIZED}{loc}{'' if instead is None else f' ({instead})'}", loc, "unknown_parameter")
     if kind == "missing":
         return missing_parameter(loc, e.get("input"))
     if kind in ("invalid_type", "invalid_value"):  # gateway.schemas' own checks: their message says it all

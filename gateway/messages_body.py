@@ -13,11 +13,12 @@ The values come from Anthropic's API reference and the ``anthropic`` SDK's types
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
+from gateway.foreign_fields import Route
 from gateway.schemas import in_range, text_or_objects
 from protocol.validation import clip
 
@@ -230,6 +231,8 @@ class CountTokensRequest(BaseModel):
 
 class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``'s body (Anthropic's ``MessageCreateParams``)."""
+
+    hint_route: ClassVar[Route] = Route.MESSAGES  # a llama.cpp or Ollama field's 400 says what to send
 
     max_tokens: int
     stop_sequences: list[str] | None = None

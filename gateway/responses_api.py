@@ -64,7 +64,7 @@ import itertools
 import json
 import time
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import to_json
@@ -73,6 +73,7 @@ from starlette.responses import Response
 
 from gateway.errors import INPUT_FIELDS, APIError, bad_request, empty_content, entry_type, misplaced_input, \
     missing_parameter, reworded
+from gateway.foreign_fields import Route
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
@@ -93,6 +94,8 @@ _WHAT = "/v1/responses"
 
 class ResponsesRequest(BaseModel):
     """``POST /v1/responses``'s body (OpenAI's ``ResponseCreateParams``; strict, unknown fields 400)."""
+
+    hint_route: ClassVar[Route] = Route.RESPONSES  # a llama.cpp or Ollama field's 400 says what to send
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None  # None: the one model served

@@ -22,7 +22,7 @@ saying the feature is missing.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, \
     ValidatorFunctionWrapHandler, WrapValidator, field_validator
@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from protocol.errors import StopEntryError
 from protocol.request import split_stop
+from gateway.foreign_fields import Route
 from gateway.json_body import value_kind
 from protocol.validation import clip, echo
 
@@ -341,6 +342,8 @@ class CompletionRequest(_Sampling):
     ``""`` or null: none): fill in the middle, each text prompt being the code
     before the gap (the request's ``suffix``, :mod:`worker.models.fim`)."""
 
+    hint_route: ClassVar[Route] = Route.COMPLETIONS  # a llama.cpp or Ollama field's 400 says what to send
+
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(_prompt)]
     logprobs: int | None = None               # N alternatives per token (0..20; OpenAI's bound is 5, vLLM's 20)
     echo: bool | None = None                  # the prompt before the completion (with logprobs: its tokens' first)
@@ -403,6 +406,8 @@ class ChatCompletionRequest(_Sampling):
     ``prompt_cache_key`` (strings), ``prompt_cache_retention`` (:data:`PROMPT_CACHE_RETENTIONS`) and
     ``verbosity`` (:data:`VERBOSITIES`) are checked as OpenAI types them and not used, as on
     ``/v1/responses`` (the prefix cache keeps what it keeps; the model writes as it writes)."""
+
+    hint_route: ClassVar[Route] = Route.CHAT  # a llama.cpp or Ollama field's 400 says what to send
 
     messages: list[ChatMessageParam]
     max_completion_tokens: int | None = None

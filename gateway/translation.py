@@ -154,7 +154,9 @@ def _replaced(value):
 def parse_body(schema: type[BaseModel], raw: bytes, owned: Callable[[Any, tuple], bool] | None = None) -> BaseModel:
     """``raw`` validated by ``schema`` (a route's body): 400 naming the first bad field (:func:`from_validation`),
     or the first number no double holds, anywhere in the body (NaN, Infinity, 1e400: :func:`nonfinite_number`;
-    ``owned`` passes over those the route refuses in its own words). Every route's body is read so.
+    ``owned`` passes over those the route refuses in its own words); a llama.cpp or Ollama field unknown to
+    ``schema`` is told what to send instead when the schema names its route (``hint_route``, a
+    :class:`gateway.foreign_fields.Route`). Every route's body is read so.
     A UTF-8 byte order mark before the JSON is ignored, as RFC 8259 (section 8.1) lets a parser do,
     and as Python's :func:`json.loads` and ``slotserve run`` read one."""
     raw = raw.removeprefix(codecs.BOM_UTF8)
@@ -164,7 +166,8 @@ def parse_body(schema: type[BaseModel], raw: bytes, owned: Callable[[Any, tuple]
     try:
         return schema.model_validate_json(raw)
     except ValidationError as e:
-        raise from_validation(e.errors(include_url=False, include_context=False)) from None
+        raise from_validation(e.errors(include_url=False, include_context=False),
+                              getattr(schema, "hint_route", None)) from None
 
 
 def chat_request(fields: dict, params: tuple[tuple[str, str], ...]) -> ChatCompletionRequest:
