@@ -77,7 +77,7 @@ from gateway.foreign_fields import Route
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
-from gateway.response_store import ResponseStore, StoredResponse
+from gateway.response_store import ResponseStore, Running, StoredResponse
 from gateway.schemas import MAX_TEMPERATURE, PROMPT_CACHE_RETENTIONS, VERBOSITIES, ChatCompletionRequest, Metadata, \
     in_range, not_one_of, text_or_objects
 from gateway.tools import check_arguments
@@ -374,6 +374,7 @@ class ResponsesTranslation:
         self.history: list[dict] = []  # the conversation before this response's output, without instructions
         self.origins: list[Origin] = []  # the items of each message of history (gateway.origins)
         self.id = new_id("resp", "_")
+        self.run: Running | None = None  # (its handle in the store while it runs; none for store: false)
         self.on_chat_path = False  # the body became a chat request: errors name chat fields from here on
         self.created_at = int(time.time())
 
@@ -429,7 +430,7 @@ class ResponsesTranslation:
             raise self._renamed(e) from None
         self.on_chat_path = True
         if body.store is not False:  # (GET answers it in progress; a DELETE meanwhile keeps it from the store)
-            self.store.begin(self.id, self._response("in_progress", []))
+            self.run = self.store.begin(self.id, self._response("in_progress", []))
         return chat
 
     @staticmethod
@@ -493,7 +494,7 @@ class ResponsesTranslation:
                     usage = chunk.get("usage") or usage
         finally:
             if failure is not None or reason is None:  # failed, or its client went away: nothing to store
-                self.store.abandon(self.id)
+                self.abandon()
         if failure is not None:
             items.close("incomplete")
             for e in taken():
@@ -508,8 +509,14 @@ class ResponsesTranslation:
         yield event("response.completed" if response["status"] == "completed" else "response.incomplete",
                     response=response)
 
+    def abandon(self) -> None:
+        """This response ended without an answer to store (it failed, or its client went away): no
+        longer running. A no-op for one not running (``store: false``, refused before it began)."""
+        if self.run is not None:
+            self.store.end(self.run, None)
+
     def error(self, e: APIError) -> Response:
-        self.store.abandon(self.id)
+        self.abandon()
         if self.on_chat_path:
             self._renamed(e)
         return error_response(e)
@@ -531,10 +538,10 @@ class ResponsesTranslation:
         response = self._response("incomplete" if cut else "completed", items.items, usage)
         if cut:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
-        if self.body.store is not False:
+        if self.run is not None:  # (unless deleted while it ran)
             origins = [o if o.response is not None else replace(o, response=self.id) for o in self.origins]
-            self.store.put(self.id, StoredResponse(response, tuple(self.history + _assistant(items.items)),
-                                                   tuple(origins + [_output_origin(items.items, self.id)])))
+            self.store.end(self.run, StoredResponse(response, tuple(self.history + _assistant(items.items)),
+                                                    tuple(origins + [_output_origin(items.items, self.id)])))
         return response
 
     def _response(self, status: str, output: list[dict], usage: dict | None = None) -> dict:
@@ -588,7 +595,7 @@ class ResponsesEndpoints:
         tr = ResponsesTranslation(self.store)
         response = await self.generate.translated(request, tr)
         if response.status_code == 499:  # (its client went away before the answer: nothing will be stored)
-            self.store.abandon(tr.id)
+            tr.abandon()
         return response
 
     async def retrieve(self, request: Request) -> Response:

@@ -154,17 +154,20 @@ class HeldOutputClient(OutputClient):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("delete", [False, True])
-def test_a_response_in_progress_is_answered_deleted_and_not_continued(monkeypatch, stream, delete):
+@pytest.mark.parametrize("delete, dropped", [(False, False), (True, False), (True, True), (False, True)])
+def test_a_response_in_progress_is_answered_deleted_and_not_continued(monkeypatch, stream, delete, dropped):
     """While a response was generated, GET answered 404 'not found (never stored, deleted, or dropped
     ...)', previous_response_id the same, and DELETE 404 -- after which the response was stored
     anyway when it ended. Now GET answers it in progress (OpenAI's status), previous_response_id is
-    refused as still in progress, and DELETE deletes it: it is not stored when it ends."""
+    refused as still in progress, and DELETE deletes it: it is not stored when it ends, also where
+    its running entry was then ``dropped`` by the store's age bound (it was stored: the deletion went
+    with the entry); one dropped but not deleted is stored when it ends."""
     ids = iter(["resp_held", "resp_2", "resp_3"])  # (the held response's id first)
     monkeypatch.setattr("gateway.responses_api.new_id", lambda prefix, sep="-": next(ids) if prefix == "resp" else "x")
     rid = "resp_held"
     client = HeldOutputClient()
-    store = ResponseStore(8, 60.0)
+    now = [0.0]
+    store = ResponseStore(8, 10.0, clock=lambda: now[0])
     app = responses_app(ScriptedLink(client), GatewayConfig(), store)
     body = {"model": "m", "input": "plain", "max_output_tokens": 100, "stream": stream}
     with TestClient(app) as http, ThreadPoolExecutor(1) as pool:
@@ -178,6 +181,9 @@ def test_a_response_in_progress_is_answered_deleted_and_not_continued(monkeypatc
         if delete:
             assert http.delete(f"/v1/responses/{rid}").json() == {"id": rid, "object": "response.deleted",
                                                                   "deleted": True}
+            assert error_of(http.get(f"/v1/responses/{rid}"), 404)["code"] == "response_not_found"
+        if dropped:  # older than the age bound: forgotten as running
+            now[0] = 10.5
             assert error_of(http.get(f"/v1/responses/{rid}"), 404)["code"] == "response_not_found"
         client.release.set()
         done = answer.result(10)
@@ -225,18 +231,64 @@ def test_a_running_response_that_fails_or_loses_its_client_is_not_kept():
 def test_running_responses_are_bounded_as_stored_ones():
     now = [0.0]
     store = ResponseStore(2, 10.0, clock=lambda: now[0])
+    runs = []
     for i in range(3):
-        store.begin(f"r{i}", {"id": f"r{i}"})
+        runs.append(store.begin(f"r{i}", {"id": f"r{i}"}))
         now[0] += 1.0
     assert store.running("r0") is None and store.running("r2") == {"id": "r2"}
     now[0] = 11.5  # r1 began at 1.0
     assert store.running("r1") is None and store.running("r2") == {"id": "r2"}
     assert store.delete("r2") and not store.delete("r2") and store.running("r2") is None
-    store.put("r2", StoredResponse({}, ()))
+    store.end(runs[2], StoredResponse({}, ()))
     assert store.get("r2") is None  # deleted while it ran: not stored
-    store.begin("r3", {"id": "r3"})
-    store.abandon("r3")
-    assert store.running("r3") is None and not store.delete("r3")
+    r3 = store.begin("r3", {"id": "r3"})
+    store.end(r3, None)  # failed: nothing stored
+    assert store.running("r3") is None and not store.delete("r3") and store.get("r3") is None
+    old = store.begin("r4", {"id": "r4"})
+    again = store.begin("r4", {"id": "r4"})  # the id begun anew: the old run's end leaves the new one be
+    store.end(old, None)
+    assert store.running("r4") == {"id": "r4"}
+    store.end(again, StoredResponse({"id": "r4"}, ()))
+    assert store.running("r4") is None and store.get("r4").response == {"id": "r4"}
+
+
+@pytest.mark.parametrize("bound", ["count", "age"])
+@pytest.mark.parametrize("delete", [True, False])
+def test_a_running_response_dropped_by_the_bounds_is_stored_unless_it_was_deleted(bound, delete):
+    """A response deleted while it ran, whose running entry the count or age bound then dropped, was
+    stored when it ended (the deletion went with the entry); now it is not, whatever the bounds did.
+    One dropped but not deleted is stored when it ends (as before the store held running ones)."""
+    import asyncio
+
+    from gateway.responses import STREAM_END
+    from gateway.responses_api import ResponsesTranslation
+
+    now = [0.0]
+    store = ResponseStore(1, 10.0, clock=lambda: now[0])
+    first = ResponsesTranslation(store)
+    first.chat_body(b'{"model": "m", "input": "hi", "stream": true}')
+    if delete:
+        assert store.delete(first.id) and store.running(first.id) is None
+    if bound == "count":  # another response begins: the one running slot is its
+        other = ResponsesTranslation(store)
+        other.chat_body(b'{"model": "m", "input": "hi", "stream": true}')
+        assert store.running(other.id)["status"] == "in_progress"
+    else:
+        now[0] = 10.5
+    assert store.running(first.id) is None and not store.delete(first.id)  # dropped: unknown now
+
+    async def read_all():
+        return [e async for e in first.events(async_items(chat_chunk({"role": "assistant", "content": "Hel"}),
+                                                          chat_chunk({"content": "lo"}, "stop"), STREAM_END))]
+
+    assert b"response.completed" in asyncio.run(read_all())[-1]
+    stored = store.get(first.id)
+    if delete:
+        assert stored is None and len(store) == 0
+    else:
+        assert stored.response["status"] == "completed" and stored.messages[-1]["content"] == "Hello"
+    if bound == "count":  # the other one still runs, unharmed
+        assert store.running(other.id)["status"] == "in_progress"
 
 
 @pytest.mark.parametrize("extra, param, code", [
