@@ -1,7 +1,9 @@
 """Prometheus metrics of the gateway (prometheus-client, its own registry), served at ``/metrics``.
 
-- ``slotserve_http_requests_total{endpoint, status}``: HTTP requests answered,
-  by endpoint path and status code (``499``: the client disconnected first).
+- ``slotserve_http_requests_total{endpoint, status}``: requests answered on the model routes
+  (completions, chat, responses, messages, infill, embeddings, rerank), by endpoint path and
+  status code (``499``: the client disconnected first); not ``/tokenize``, ``/health``,
+  ``/metrics``, ``/v1/models``, nor a request refused before its route (401, 404).
 - ``slotserve_http_requests_in_flight``: HTTP requests being handled now.
 - ``slotserve_http_ttft_seconds{endpoint}``: arrival of the HTTP request to
   its first generated token (streamed or not).
@@ -34,7 +36,9 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("slotserve_http_requests", "HTTP requests answered", ["endpoint", "status"],
+        self.requests = Counter("slotserve_http_requests", "Requests answered on the model routes (generation, "
+                                "embeddings, rerank; not /tokenize, /health, nor a 401 or 404 before a route)",
+                                ["endpoint", "status"],
                                 registry=r)
         self.in_flight = Gauge("slotserve_http_requests_in_flight", "HTTP requests being handled", registry=r)
         self.ttft = Histogram("slotserve_http_ttft_seconds", "HTTP request arrival to first generated token",
