@@ -138,3 +138,16 @@ def test_a_row_count_seen_again_after_it_left_the_fit_starts_afresh():
     c.record_step(1, 0.01)  # (the 5 s of long ago is not in its mean: the line through (1, 0.01) and (8, 0.02))
     a, b = c.cost
     assert b == pytest.approx(0.01 / 7) and a == pytest.approx(0.01 - 0.01 / 7)
+
+
+def test_a_deeper_draft_measured_likelier_than_a_shallower_one_is_still_offered_in_order():
+    """Depth 2's own counts above depth 1's (few drafts that deep): the row's depths are offered
+    falling, so free drafts keep all three (before: depth 2 came first, was skipped for its
+    missing depth 1, and never offered again)."""
+    c = costs(0.01, 0.0)
+    for _ in range(30):
+        c.record_drafts(2, 1, 0)  # depth 1 tried alone, refused: its share falls
+    for _ in range(30):
+        c.record_drafts(2, 3, 3)  # three drafts all taken: depths 2 and 3 only ever seen taken
+    assert c.accept_rate(2, 2) > c.accept_rate(2, 1)
+    assert c.choose({0: (2, [1, 2, 3])}, 8) == {0: 3}

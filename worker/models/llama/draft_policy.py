@@ -169,6 +169,17 @@ class DraftCosts:
         return ((self._kept.get(key, 0.0) + PRIOR_WEIGHT * prior)
                 / (self._tried.get(key, 0.0) + PRIOR_WEIGHT))
 
+    def _reach(self, n: int, depth: int) -> list[float]:
+        """:meth:`accept_rate` at depths ``1 .. depth``, each at most the one before it: a token is
+        accepted only with every draft before it, so the share cannot rise with depth, and each
+        depth's own counts can say it does (few drafts that deep; the prior's weight). Falling, the
+        offers of a row come in its depths' order, so the choice always takes a prefix."""
+        out, low = [], 1.0
+        for t in range(1, depth + 1):
+            low = min(low, self.accept_rate(n, t))
+            out.append(low)
+        return out
+
     # -- the choice
 
     def choose(self, candidates: Mapping[int, tuple[int, Sequence[int]]], decode_rows: int) -> dict[int, int]:
@@ -179,13 +190,11 @@ class DraftCosts:
         if not candidates:
             return {}
         a, b = self._cost if self._cost is not None else (PRIOR_FIXED_ROWS, 1.0)
-        offers = sorted(((-self.accept_rate(n, t), t, i) for i, (n, tokens) in candidates.items()
-                         for t in range(1, len(tokens) + 1)))
+        offers = sorted((-p, t, i) for i, (n, tokens) in candidates.items()
+                        for t, p in enumerate(self._reach(n, len(tokens)), 1))
         kept: dict[int, int] = {}
         gain, drafts = 0.0, 0  # A and D
         for neg_p, t, i in offers:
-            if kept.get(i, 0) != t - 1:  # (a row's depths in order: a shallower one was refused)
-                continue
             p = -neg_p
             if p * (a + b * (decode_rows + drafts)) <= b * (decode_rows + gain):
                 break
