@@ -81,22 +81,28 @@ def pytest_itemcollected(item):
     mark_lanes(item)
 
 
+def _served(app, client):
+    """``app`` in a ``TestClient`` whose ``scripted`` is ``client`` (the scripted broker client it sends
+    to), yielded; then the client's answering threads joined."""
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as http:
+        http.scripted = client
+        yield http
+    for t in client.threads:
+        t.join(10)
+
+
 @pytest.fixture
 def chat_http():
     """The handlers app (chat, completions, ``/tokenize``) over a scripted broker client, no sockets
     (:mod:`tests.support.scripted`): a ``TestClient`` whose ``scripted`` is the client (what it was
     sent: ``submitted``), the letters tokenizer."""
-    from starlette.testclient import TestClient
-
     from gateway.tokenizer import Tokenizers
     from tests.support.scripted import ScriptedClient, ScriptedLink, handlers_app, letters
 
     client = ScriptedClient()
-    with TestClient(handlers_app(Tokenizers(letters), ScriptedLink(client))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
+    yield from _served(handlers_app(Tokenizers(letters), ScriptedLink(client)), client)
 
 
 @pytest.fixture
@@ -104,18 +110,12 @@ def messages_http():
     """The Messages API app over a scripted broker client that answers with a set output, no sockets
     (:class:`tests.gateway.test_tools_stream.OutputClient`): a ``TestClient`` whose ``scripted`` is
     the client."""
-    from starlette.testclient import TestClient
-
     from gateway.config import GatewayConfig
     from tests.gateway.test_tools_stream import OutputClient
     from tests.support.scripted import ScriptedLink, messages_app
 
     client = OutputClient()
-    with TestClient(messages_app(ScriptedLink(client), GatewayConfig())) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
+    yield from _served(messages_app(ScriptedLink(client), GatewayConfig()), client)
 
 
 @pytest.fixture
@@ -123,16 +123,10 @@ def responses_http():
     """The Responses API app (a store of 8 responses, 60 s) over a scripted broker client that answers
     with a set output, no sockets (:class:`tests.gateway.test_tools_stream.OutputClient`): a
     ``TestClient`` whose ``scripted`` is the client."""
-    from starlette.testclient import TestClient
-
     from gateway.config import GatewayConfig
     from gateway.response_store import ResponseStore
     from tests.gateway.test_tools_stream import OutputClient
     from tests.support.scripted import ScriptedLink, responses_app
 
     client = OutputClient()
-    with TestClient(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0))) as http:
-        http.scripted = client
-        yield http
-    for t in client.threads:
-        t.join(10)
+    yield from _served(responses_app(ScriptedLink(client), GatewayConfig(), ResponseStore(8, 60.0)), client)

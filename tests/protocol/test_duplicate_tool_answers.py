@@ -39,12 +39,8 @@ def _over_the_wire(messages: list[dict]) -> Rejected | Envelope:
     return request
 
 
-@pytest.mark.parametrize("messages", [
-    [ASK, CALLS, NOON, NOON],
-    [ASK, {**CALLS, "tool_calls": [_call(), _call("c2")]}, NOON, {**NOON, "tool_call_id": "c2"}, NOON],
-])
-def test_every_entry_point_refuses_a_call_answered_twice(messages):
-    says = SAYS.format(i=len(messages) - 1)
+def _refused_everywhere(messages, says):
+    """The Python SDK, a row and the wire refuse ``messages``, each in the words ``says``."""
     with pytest.raises(ValueError) as sdk:
         RequestParams(messages, 4)
     with pytest.raises(ValueError) as row:
@@ -53,6 +49,15 @@ def test_every_entry_point_refuses_a_call_answered_twice(messages):
     assert isinstance(wire, Rejected), wire
     assert str(sdk.value) == str(row.value) == says, sdk.value
     assert says in wire.message, wire.message
+
+
+@pytest.mark.parametrize("messages", [
+    [ASK, CALLS, NOON, NOON],
+    [ASK, {**CALLS, "tool_calls": [_call(), _call("c2")]}, NOON, {**NOON, "tool_call_id": "c2"}, NOON],
+])
+def test_every_entry_point_refuses_a_call_answered_twice(messages):
+    says = SAYS.format(i=len(messages) - 1)
+    _refused_everywhere(messages, says)
 
 
 NO_CALL = ("chat message {i} tool_call_id: {id} is the id of no tool call in an earlier assistant message: give the "
@@ -71,14 +76,7 @@ NO_ID = ("chat message {i} tool_call_id: a tool message needs the tool_call_id o
     ([ASK, CALLS, {**NOON, "tool_call_id": None}], NO_ID.format(i=2)),
 ])
 def test_every_entry_point_refuses_a_tool_message_that_answers_no_call(messages, says):
-    with pytest.raises(ValueError) as sdk:
-        RequestParams(messages, 4)
-    with pytest.raises(ValueError) as row:
-        RequestParams.from_mapping({"messages": messages, "max_tokens": 4})
-    wire = _over_the_wire(messages)
-    assert isinstance(wire, Rejected), wire
-    assert str(sdk.value) == str(row.value) == says, sdk.value
-    assert says in wire.message, wire.message
+    _refused_everywhere(messages, says)
 
 
 def test_a_chat_message_pair_off_the_wire_is_held_to_the_rule():
