@@ -74,6 +74,7 @@ from starlette.responses import Response
 from gateway.errors import INPUT_FIELDS, APIError, bad_request, empty_content, entry_type, misplaced_input, \
     missing_parameter, reworded
 from gateway.foreign_fields import Route
+from gateway.json_body import value_kind
 from gateway.responses import STREAM_END, error_response, json_response, new_id
 from gateway.origins import ItemKind, Origin, renamed_to_items
 from gateway.responses_output import OutputItems, response_usage
@@ -328,7 +329,9 @@ def check_unused(body: ResponsesRequest) -> None:
     ``include`` (each one of :data:`INCLUDABLES`), ``text.verbosity`` (:data:`VERBOSITIES`),
     ``prompt_cache_retention`` (:data:`PROMPT_CACHE_RETENTIONS`), ``reasoning`` (:data:`REASONING_KEYS`),
     ``stream_options`` (``include_obfuscation``, a bool).
-    Each value, a wrong type included, in OpenAI's words: ``Invalid value: 'x'. Supported values are: ...``."""
+    Each value, a wrong type included, in OpenAI's words: ``Invalid value: 'x'. Supported values are: ...``,
+    ``Invalid type for 'reasoning.mode': expected a string, but got a number instead.`` (the value's kind
+    in JSON's words, :func:`gateway.json_body.value_kind`, never Python's type name)."""
     for i, value in enumerate(body.include or ()):
         _one_of(value, INCLUDABLES, f"include.{i}")
     _one_of((body.text or {}).get("verbosity"), VERBOSITIES, "text.verbosity")
@@ -343,7 +346,7 @@ def check_unused(body: ResponsesRequest) -> None:
                 _one_of(body.reasoning.get(key), values, f"reasoning.{key}")
         mode = body.reasoning.get("mode")
         if mode is not None and type(mode) is not str:
-            raise bad_request(f"Invalid type for 'reasoning.mode': expected a string, but got {type(mode).__name__} "
+            raise bad_request(f"Invalid type for 'reasoning.mode': expected a string, but got {value_kind(mode)} "
                               "instead.", "reasoning.mode", "invalid_type")
     if body.stream_options is not None:
         extra = sorted(set(body.stream_options) - {"include_obfuscation"})
@@ -353,7 +356,7 @@ def check_unused(body: ResponsesRequest) -> None:
         obfuscation = body.stream_options.get("include_obfuscation")
         if obfuscation is not None and type(obfuscation) is not bool:
             raise bad_request("Invalid type for 'stream_options.include_obfuscation': expected a boolean, but got "
-                              f"{type(obfuscation).__name__} instead.", "stream_options.include_obfuscation",
+                              f"{value_kind(obfuscation)} instead.", "stream_options.include_obfuscation",
                               "invalid_type")
 
 
