@@ -160,16 +160,20 @@ class BrokerCore:
         self._failures.bad_worker_frame(identity, err, keys, now, out)
         return out.done()
 
-    def restart_silence_timers(self, now: float) -> None:
+    def restart_silence_timers(self, now: float, since_s: float = float("-inf")) -> None:
         """The broker's own loop was stalled until ``now`` (suspended, SIGSTOPped, starved: its socket
         loop's :class:`~protocol.liveness.StallWatch` saw a turn come late), so it heard nobody
         meanwhile and nobody's silence counts: every worker's, loader's and client's silence timer,
         every worker's progress timer (``worker_hung_s``) and the start-up grace
-        (``register_grace_s``) restart at ``now``, each a fresh window. Sends nothing."""
-        self.workers.heard_all(now)
+        (``register_grace_s``) restart at ``now``, each a fresh window -- each that started after
+        ``since_s``, the previous stall's end (:meth:`StallWatch.excuses
+        <protocol.liveness.StallWatch.excuses>`: a slow broker, stalled at every turn, still
+        judges a silent peer). Sends nothing."""
+        self.workers.heard_all(now, since_s)
         for cs in self.clients.values():
-            cs.last_seen_s = now
-        self._models.restart_grace(now)
+            if cs.last_seen_s > since_s:
+                cs.last_seen_s = now
+        self._models.restart_grace(now, since_s)
 
     def tick(self, now: float) -> list[Send]:
         """Periodic work: end the start-up grace, end queued requests past their

@@ -138,10 +138,11 @@ class ServedModels:
         for identity in self._clients:
             out.send(Side.FRONTEND, identity, welcome)
 
-    def restart_grace(self, now: float) -> None:
+    def restart_grace(self, now: float, since_s: float = float("-inf")) -> None:
         """A start-up grace not over yet starts again at ``now`` (monotonic): the workers it waits for
-        get a whole ``register_grace_s`` after the broker's own stall."""
-        if not self.grace_over:
+        get a whole ``register_grace_s`` after the broker's own stall -- once (unless it started after
+        ``since_s``, the previous stall's end: a slow broker's grace still ends)."""
+        if not self.grace_over and self.started_s > since_s:
             self.started_s = now
 
     def end_grace(self, now: float, out: Outbox) -> None:

@@ -146,14 +146,20 @@ class WorkerRegistry:
         """Workers holding requests whose last progress is older than ``cutoff_s``."""
         return [w for w in self._workers.values() if w.inflight and w.progress_s < cutoff_s]
 
-    def heard_all(self, now: float) -> None:
+    def heard_all(self, now: float, since_s: float = float("-inf")) -> None:
         """Count every worker and loader as heard from at ``now`` (monotonic), its progress too: their
         silence and progress timers restart (a fresh window after the broker's own stall,
-        :meth:`broker.core.BrokerCore.restart_silence_timers`)."""
+        :meth:`broker.core.BrokerCore.restart_silence_timers`), each one that started after
+        ``since_s`` (the previous stall's end: one the previous stall restarted, and nothing since,
+        is not restarted twice)."""
         for w in self._workers.values():
-            w.last_seen_s = w.progress_s = now
+            if w.last_seen_s > since_s:
+                w.last_seen_s = now
+            if w.progress_s > since_s:
+                w.progress_s = now
         for lw in self.loading.values():
-            lw.last_seen_s = now
+            if lw.last_seen_s > since_s:
+                lw.last_seen_s = now
 
     def silent_since(self, cutoff_s: float) -> list[WorkerState]:
         """Workers whose last message is older than ``cutoff_s`` (monotonic)."""

@@ -168,7 +168,7 @@ class BrokerServer:
         logged, counted and tried again on the next tick. A turn that comes late (the broker was
         stalled: suspended, SIGSTOPped, starved; :class:`~protocol.liveness.StallWatch`, against the
         shorter liveness window) restarts every peer's silence timer before the tick judges them
-        (:meth:`BrokerCore.restart_silence_timers`)."""
+        (:meth:`BrokerCore.restart_silence_timers`), each one that the previous stall did not restart."""
         front = self._sockets[Side.FRONTEND]
         back = self._sockets[Side.BACKEND]
         poller = zmq.Poller()
@@ -185,7 +185,7 @@ class BrokerServer:
             if (stalled_s := stalls.stalled(now)) is not None:
                 log.warning("the broker was stalled for %.1f s (suspended or starved): every worker and client "
                             "gets a fresh liveness window", stalled_s)
-                self.core.restart_silence_timers(now)
+                self.core.restart_silence_timers(now, stalls.previous_s)
             if now >= next_tick:
                 next_tick = now + tick_s
                 try:

@@ -74,7 +74,8 @@ class Connection:
       ``heard_s``: when a frame last came from the broker, or when the loop's latest stall ended,
       if later: a turn that came more than :class:`~protocol.liveness.StallWatch`'s threshold
       after the previous one, against :data:`DEADLINE_GRACE_HEARTBEATS` intervals -- the process
-      was suspended or starved, heard nothing, and the broker gets a fresh window;
+      was suspended or starved, heard nothing, and the broker gets a fresh window, unless the
+      previous stall gave it one and it said nothing since;
       ``interval_s``: the heartbeat interval); must be quick.
     - ``clock``: the monotonic clock the loop reads (seconds; :func:`time.monotonic`, a test's own).
 
@@ -229,7 +230,8 @@ class Connection:
             if (stalled_s := self._stalls.stalled(now)) is not None:
                 log.warning("this client was stalled for %.1f s (suspended or starved): the broker gets a fresh "
                             "liveness window", stalled_s)
-                self.last_recv_s = now
+                if self._stalls.excuses(self.last_recv_s):  # (once: a slow client still judges its broker)
+                    self.last_recv_s = now
             if not out and not backlog and now - last_sent >= self.heartbeat_interval_s:
                 self._frame(Heartbeat(), out)
             backlog.extend(out)

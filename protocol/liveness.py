@@ -18,6 +18,15 @@ make a live peer look dead, since a peer heartbeats at least 3 times a window
 (``MIN_HEARTBEATS_PER_WINDOW``), so its last word before the stall was at most a third of a window
 earlier. It is never less than twice the longest wait the loop makes on purpose between turns (its
 poll timeout), so a loop that turns as meant is never taken for stalled.
+
+A stall excuses a peer's silence once (:meth:`StallWatch.excuses`): a timer that started before the
+previous stall ended -- its peer said nothing since that stall gave it a fresh window -- is not
+restarted again. A frozen judge stalls once, and its live peers speak within a heartbeat interval of
+waking, so they are excused at its next freeze too; but a judge that is slow, not frozen (every turn,
+or every other, later than the threshold: a starved or overloaded process), would otherwise restart
+a dead peer's timer at every slow turn and never declare it dead. So a peer that stays silent is
+declared dead at most two windows after its last word (one excused, then one judged), however
+often its judge stalls, as long as the judge turns at all.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ class StallWatch:
     or non-finite period.
     """
 
-    __slots__ = ("window_s", "period_s", "_last_s")
+    __slots__ = ("window_s", "period_s", "_last_s", "_ended_s", "_previous_s")
 
     def __init__(self, window_s: float, now: float, period_s: float = 0.0) -> None:
         if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
@@ -54,6 +63,7 @@ class StallWatch:
         self.window_s = window_s
         self.period_s = period_s
         self._last_s = now
+        self._ended_s = self._previous_s = -math.inf  # when the latest stall ended, and the one before
 
     @property
     def threshold_s(self) -> float:
@@ -64,7 +74,26 @@ class StallWatch:
     def stalled(self, now: float) -> float | None:
         """Record a turn of the judge's loop at ``now`` (its monotonic clock, seconds). Returns the
         gap since the previous turn (seconds) when it exceeds :attr:`threshold_s` -- the judge was
-        stalled, and restarts its peers' silence timers at ``now`` before it judges them -- else None."""
+        stalled, and restarts at ``now`` each silence timer the stall :meth:`excuses` before it judges
+        its peers -- else None."""
         gap = now - self._last_s
         self._last_s = max(self._last_s, now)
-        return gap if gap > self.threshold_s else None
+        if gap <= self.threshold_s:
+            return None
+        self._previous_s, self._ended_s = self._ended_s, now
+        return gap
+
+    @property
+    def previous_s(self) -> float:
+        """When the stall before the latest one ended (the judge's clock, seconds; ``-inf``: none):
+        a timer started at or before it is not excused by the latest (:meth:`excuses`)."""
+        return self._previous_s
+
+    def excuses(self, started_s: float) -> bool:
+        """Whether the latest stall (reported by :meth:`stalled`) gives a timer that started at
+        ``started_s`` (a peer's last word, its last progress, a grace's start: the judge's clock,
+        seconds) a fresh window: only if it started after the previous stall ended. A timer that the
+        previous stall restarted, and that its peer has not restarted since, is not excused twice, so
+        a judge that stalls again and again (slow, not frozen) still declares a silent peer dead (see
+        the module's docstring)."""
+        return started_s > self._previous_s

@@ -432,7 +432,8 @@ class LocalCluster:
         model's requests, and with ``--max-loaded-models 1`` every other model's, waited forever).
         A call that comes late (the launcher itself was stalled: suspended, SIGSTOPped with the whole
         cluster, starved; :class:`~protocol.liveness.StallWatch`, against ``LOST_GRACE`` x
-        ``worker_liveness_s``) counts every worker as listed now instead (a fresh window): the launcher
+        ``worker_liveness_s``) counts every worker as listed now instead (a fresh window; not twice in a
+        row for one the broker has not listed since: a slow launcher still kills): the launcher
         did not watch meanwhile (a break-it pass froze a whole cluster 172 s: it killed a worker as
         frozen). ``now``: the monotonic clock (seconds; :func:`time.monotonic`'s by default).
         ``period_s``: the longest the caller waits on purpose between two calls (seconds: the supervise
@@ -446,7 +447,8 @@ class LocalCluster:
         if (stalled_s := self._stalls.stalled(now)) is not None:
             log.warning("the launcher did not watch its workers for %.1f s (suspended, starved or busy): each "
                         "gets a fresh window before it counts as frozen", stalled_s)
-            self._listed = {i: (pid, now) for i, (pid, _) in self._listed.items()}
+            self._listed = {i: (pid, now if self._stalls.excuses(seen) else seen)
+                            for i, (pid, seen) in self._listed.items()}
         alive = [(i, p, self.config.workers[i]) for i, p in enumerate(self._workers) if p is not None and p.is_alive()]
         if self._demand is not None:  # a model's on demand, keyed by its name (killed, it loads again when wanted)
             alive += [(m, p, self._demand.configs[m]) for m, p in self._demand.running.items() if p.is_alive()]

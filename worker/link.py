@@ -255,12 +255,14 @@ class BrokerLink:
         else heartbeat when nothing was sent for a heartbeat interval, or (a busy
         worker with a prefix cache) when its numbers changed in the last interval.
         After a stall of this loop (:attr:`stalls`: the process was suspended or starved,
-        and heard nothing) the broker's silence starts over instead (a fresh window)."""
+        and heard nothing) the broker's silence starts over instead (a fresh window), unless the
+        previous stall restarted it and the broker said nothing since."""
         now = self._clock()
         if (stalled_s := self.stalls.stalled(now)) is not None:
             log.warning("this worker was stalled for %.1f s (suspended or starved): the broker gets a fresh "
                         "liveness window", stalled_s)
-            self.last_recv = now
+            if self.stalls.excuses(self.last_recv):  # (once: a slow link still registers again)
+                self.last_recv = now
         if now - self.last_recv > self.broker_liveness_s:
             log.warning("no word from the broker for %.1f s: registering again", now - self.last_recv)
             self.last_recv = now

@@ -392,3 +392,116 @@ def test_the_launchers_supervise_loop_with_a_short_liveness_still_kills_a_frozen
     cluster._watch = types.SimpleNamespace(status=status)
     cluster.supervise(lambda: proc.killed or clock[0] > T0 + 30)
     assert proc.killed and clock[0] - looks[0] <= LOST_GRACE * 0.6 + 2.0
+
+
+# ---------------------------------------------------------------------- a judge slow, not frozen
+
+
+SLOW = 0.6
+"""A turn of a slow judge every 0.6 of its window: each one later than the stall threshold (half)."""
+
+
+def test_a_stall_gives_a_timer_one_fresh_window_until_its_peer_speaks_again():
+    """A judge stalled again and again (slow, not frozen) excuses a peer's silence once: a timer that
+    started before the previous stall ended (its peer said nothing since) is not excused again."""
+    watch = StallWatch(1.0, T0)
+    assert watch.stalled(T0 + 0.6) == pytest.approx(0.6) and watch.excuses(T0)  # the first stall: a fresh window
+    assert watch.stalled(T0 + 1.2) == pytest.approx(0.6)
+    assert not watch.excuses(T0 + 0.6)  # restarted at the previous stall, silent since
+    assert watch.excuses(T0 + 0.7)  # spoke after it
+    assert watch.stalled(T0 + 1.3) is None and watch.excuses(T0 + 0.7)  # (a turn within the threshold changes nothing)
+
+
+def test_a_slow_broker_loop_still_declares_a_silent_worker_dead():
+    """The socket loop on an injected clock, each turn SLOW x the worker's window after the last (a
+    broker starved or busy, never frozen: it keeps reading its sockets), a client that heartbeats and
+    a worker that registered and fell silent: the worker is lost within two windows of its last word
+    (before: every turn was a stall that gave it a fresh window, and it was never lost)."""
+    clock = FakeClock()
+    cfg = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.25, worker_liveness_s=1.0,
+                       client_liveness_s=1.0)
+    server = BrokerServer(cfg, clock=clock)
+    stop = threading.Event()
+    loop = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    ctx = zmq.Context()
+    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        loop.start()
+        for s, to in ((worker, server.backend), (client, server.frontend)):
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(to)
+        worker.send(encode(Register("simulated", 1, 1, INFO, "w")))
+        assert type(_recv(worker, BROKER_TO_WORKER)) is Welcome
+        client.send(encode(Hello("c")))
+        assert type(_recv(client, BROKER_TO_CLIENT)) is Welcome
+        core = server.core
+        lost_at = None
+        for _ in range(6):
+            clock.advance(SLOW * cfg.worker_liveness_s)
+            assert type(_recv(client, BROKER_TO_CLIENT)) is Heartbeat  # (the turn at this time is done)
+            client.send(encode(Heartbeat()))
+            if lost_at is None and core.counters["workers_lost"]:
+                lost_at = clock()
+        assert lost_at is not None and lost_at - T0 <= 2 * cfg.worker_liveness_s, core.counters
+        assert len(core.clients) == 1  # the client, which spoke, kept its place
+    finally:
+        stop.set()
+        loop.join(10)
+        worker.close(0)
+        client.close(0)
+        ctx.term()
+        server.close()
+
+
+def test_a_slow_worker_link_still_registers_again_when_its_broker_is_silent():
+    """Each turn of the link SLOW x the broker's window after the last: it registers again within two
+    windows of the broker's last word (before: never)."""
+    clock = FakeClock()
+    link, sent = _linked(clock)
+    try:
+        for _ in range(6):
+            clock.advance(SLOW * link.broker_liveness_s)
+            link._keep_alive()
+            if not link.registered:
+                break
+        assert not link.registered and type(sent[-1]) is Register
+        assert clock() - T0 <= 2 * link.broker_liveness_s
+    finally:
+        link.sock.close(0)
+
+
+def test_a_slow_client_loop_still_judges_a_silent_broker():
+    """Each turn of the client's I/O loop 0.6 s after the last (its stall threshold is 0.5 s: twice
+    its heartbeat interval, more than half its window of 0.75 s): the broker's silence reaches the
+    window within two windows (before: heard at every turn, never judged)."""
+    clock = FakeClock()
+    ticks: list = []
+    conn = Connection("tcp://127.0.0.1:1", "m", lambda msg: None, heartbeat_interval_s=0.25,
+                      on_tick=lambda now, heard_s, interval_s: ticks.append((now, heard_s)), clock=clock)
+    window = DEADLINE_GRACE_HEARTBEATS * 0.25
+    try:
+        silent = []
+        for _ in range(6):
+            now = clock.advance(0.6)
+            conn.send(Heartbeat())  # wakes the loop: a turn at ``now``
+            _, heard = wait_until(lambda: next((t for t in reversed(ticks) if t[0] == now), None), 10,
+                                  f"a turn at {now}")
+            silent.append(now - heard >= window)
+        assert any(silent) and silent.index(True) <= 2, silent
+    finally:
+        conn.close()
+
+
+def test_a_slow_launcher_still_kills_a_worker_unlisted_for_its_window():
+    """Each look SLOW x its window (LOST_GRACE x worker_liveness_s) after the last: the worker the
+    broker stopped listing is killed within two windows (before: never)."""
+    from slotserve.launcher import LOST_GRACE
+
+    cluster, proc = _watched_worker()
+    window = LOST_GRACE * 1.0
+    now = T0
+    for _ in range(6):
+        now += SLOW * window
+        if cluster._kill_lost_workers(now):
+            break
+    assert proc.killed and now - T0 <= 2 * window
