@@ -135,6 +135,15 @@ UNRECOGNIZED = "Unrecognized request argument supplied: "
 """How the 400 of an unknown body field starts (OpenAI's words), the field's name after it."""
 
 
+def unknown_key(where: str, key: str, takes: str) -> APIError:
+    """400 ``unknown_parameter`` for the key ``key`` of the object at ``where`` (``"tools.0.function"``),
+    which takes only ``takes`` (words: ``"name, description, parameters and strict"``), named as an
+    unknown top-level field is (:data:`UNRECOGNIZED`): ``param`` and the message's field are
+    ``where.key``, the key clipped (:func:`~protocol.validation.clip`) as every echo of the client's text."""
+    field = f"{where}.{clip(key)}"
+    return bad_request(f"{UNRECOGNIZED}{field} ({where} takes {takes})", field, "unknown_parameter")
+
+
 def _invalid_value_for(param: str) -> str:
     """How :func:`from_validation` starts the message of a value of another type than ``param``'s."""
     return f"Invalid value for '{param}': "

@@ -295,21 +295,32 @@ def _tool_choice(choice: str | dict | None) -> str | dict | None:
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
+_FORMAT_KEYS = {"text": ("type",), "json_object": ("type",),
+                "json_schema": ("type", "name", "schema", "strict", "description")}
+"""The keys of ``text.format`` by its type (OpenAI's ``ResponseFormatTextConfig``)."""
+
+
 def _response_format(text: dict | None) -> dict | None:
     if text is None:
         return None
     extra = sorted(set(text) - {"format", "verbosity"})
     if extra:
-        raise bad_request(f"text takes format and verbosity, not {extra}", f"text.{extra[0]}")
+        raise _unknown("text", extra[0], "format and verbosity")
     fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
         raise bad_request("text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                           "{\"type\": \"json_schema\", \"name\", \"schema\", \"strict\"}", "text.format")
+    keys = _FORMAT_KEYS[fmt["type"]]
+    unknown = sorted(set(fmt) - set(keys))
+    if unknown:  # (here, in this route's words: the chat path's would say what response_format takes)
+        raise _unknown("text.format", unknown[0], f"{', '.join(keys[:-1])} and {keys[-1]}" if len(keys) > 1
+                       else f"type alone with type {fmt['type']}")
     if fmt["type"] != "json_schema":
         return {**fmt}
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+
 
 
 INCLUDABLES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
@@ -339,8 +350,7 @@ def check_unused(body: ResponsesRequest) -> None:
     if body.reasoning is not None:
         extra = sorted(set(body.reasoning) - set(REASONING_KEYS))
         if extra:
-            raise bad_request(f"Unknown parameter: 'reasoning.{clip(extra[0])}' (reasoning takes "
-                              f"{', '.join(REASONING_KEYS)})", f"reasoning.{clip(extra[0])}", "unknown_parameter")
+            raise _unknown("reasoning", extra[0], ", ".join(REASONING_KEYS))
         for key, values in REASONING_KEYS.items():
             if values is not None:
                 _one_of(body.reasoning.get(key), values, f"reasoning.{key}")
@@ -351,13 +361,20 @@ def check_unused(body: ResponsesRequest) -> None:
     if body.stream_options is not None:
         extra = sorted(set(body.stream_options) - {"include_obfuscation"})
         if extra:
-            raise bad_request(f"Unknown parameter: 'stream_options.{clip(extra[0])}' (stream_options takes "
-                              "include_obfuscation)", f"stream_options.{clip(extra[0])}", "unknown_parameter")
+            raise _unknown("stream_options", extra[0], "include_obfuscation")
         obfuscation = body.stream_options.get("include_obfuscation")
         if obfuscation is not None and type(obfuscation) is not bool:
             raise bad_request("Invalid type for 'stream_options.include_obfuscation': expected a boolean, but got "
                               f"{value_kind(obfuscation)} instead.", "stream_options.include_obfuscation",
                               "invalid_type")
+
+
+def _unknown(where: str, key: str, takes: str) -> APIError:
+    """400 ``unknown_parameter`` for the key ``key`` of the object ``where``, which takes ``takes``, in
+    OpenAI's Responses words (``Unknown parameter: 'text.foo' (text takes format and verbosity)``), the
+    key clipped in the message and ``param`` as every echo of the client's text."""
+    field = f"{where}.{clip(key)}"
+    return bad_request(f"Unknown parameter: '{field}' ({where} takes {takes})", field, "unknown_parameter")
 
 
 def _one_of(value: Any, values: tuple[str, ...], field: str) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import bad_request
+from gateway.errors import bad_request, unknown_key
 from protocol.structured import Constraint, check_structured
 from protocol.validation import echo
 
@@ -105,7 +105,7 @@ def _response_format(value: Any) -> Constraint | None:
     kind = value["type"]
     extra = sorted(set(value) - {"type", "json_schema"})
     if extra:
-        raise bad_request(f"response_format takes 'type' and 'json_schema', not {extra}", f"{field}.{extra[0]}")
+        raise unknown_key(field, extra[0], "type and json_schema")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -120,8 +120,7 @@ def _response_format(value: Any) -> Constraint | None:
                           where)
     unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
     if unknown:
-        raise bad_request(f"response_format.json_schema takes name, schema, strict and description, not {unknown}",
-                          f"{where}.{unknown[0]}")
+        raise unknown_key(where, unknown[0], "name, schema, strict and description")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("response_format.json_schema.name must be a non-empty string (OpenAI requires it)",
@@ -141,8 +140,7 @@ def _structured_outputs(value: Any) -> Constraint | None:
                           "json_object", field)
     unknown = sorted(set(value) - set(_VLLM_KINDS) - _VLLM_IGNORED)
     if unknown:
-        raise bad_request(f"structured_outputs does not take {unknown}; give one of {sorted(_VLLM_KINDS)}",
-                          f"{field}.{unknown[0]}")
+        raise unknown_key(field, unknown[0], f"one of {', '.join(sorted(_VLLM_KINDS))}")
     kinds = [k for k in _VLLM_KINDS if value.get(k) not in (None, False)]
     if len(kinds) != 1:
         raise bad_request(f"structured_outputs needs exactly one of {sorted(_VLLM_KINDS)}, got {kinds}", field)

@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import bad_request
+from gateway.errors import bad_request, unknown_key
 from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
@@ -57,7 +57,7 @@ from protocol.chat import AnswerError, Answers
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.structured import Constraint
 from protocol.tools import arguments_problem, call_arguments, is_tool_name, parameters_error
-from protocol.validation import check_json_text, clip, echo
+from protocol.validation import check_json_text, echo
 
 __all__ = ["ToolPlan", "ToolStream", "apply_tool_calls", "check_arguments", "parse_tool_calls", "render_messages",
            "is_tool_name", "shown", "stream_choices", "tool_plan"]
@@ -118,11 +118,10 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
                               f"parameters}}}}", where)
         fn = tool["function"]
         if set(tool) != {"type", "function"}:
-            extra = sorted(set(tool) - {"type", "function"})[0]
-            raise bad_request(f"{where} does not take {echo(extra)}", f"{where}.{clip(extra)}")
+            raise unknown_key(where, sorted(set(tool) - {"type", "function"})[0], "type and function")
         unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
         if unknown:
-            raise bad_request(f"{where}.function does not take {unknown}", f"{where}.function.{unknown[0]}")
+            raise unknown_key(f"{where}.function", unknown[0], "name, description, parameters and strict")
         name = fn.get("name")
         if not is_tool_name(name):
             raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'", f"{where}.function.name")

@@ -170,7 +170,7 @@ TOOLS_M = [{"name": "f", "input_schema": {"type": "object"}}]
     ("/v1/responses", {"tools": TOOLS_R, "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
      "give no text.format with it"),
     ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "a", "schema": {}, "foo": 1}}},
-     "text.format takes name, schema, strict and description, not ['foo']"),
+     "Unknown parameter: 'text.format.foo' (text.format takes type, name, schema, strict and description)"),
     ("/v1/messages", {"tools": [{"name": "f", "foo": 1, "input_schema": {"type": "object"}}]},
      "tools.0.foo: Extra inputs are not permitted"),
     ("/v1/messages", {"tools": TOOLS_M, "tool_choice": {"type": "any"},
