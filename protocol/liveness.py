@@ -27,6 +27,13 @@ or every other, later than the threshold: a starved or overloaded process), woul
 a dead peer's timer at every slow turn and never declare it dead. So a peer that stays silent is
 declared dead at most two windows after its last word (one excused, then one judged), however
 often its judge stalls, as long as the judge turns at all.
+
+Other timers, decided one by one by what the user expects after a freeze: those of the models on
+demand that kill a worker told to stop and unload an idle model (or a busy one for another's turn)
+do not count a stall of their supervisor either (:class:`slotserve.demand_supervisor.DemandSupervisor`,
+on a StallWatch of its own). A request's deadline (``timeout_s``: the broker's queue, the worker's
+engine, the client) does count it: it is the client's wall-clock limit, past which the answer is no
+use to it, frozen or not.
 """
 
 from __future__ import annotations

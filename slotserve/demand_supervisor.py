@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Callable
 
 from client import Client
+from protocol.liveness import StallWatch
 from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
 from worker import host_memory
 from worker.config import WorkerConfig
@@ -34,7 +35,8 @@ DEMAND_POLL_S = 0.2
 STOP_KILL_S = 30.0
 """Seconds a model's worker told to stop (SIGTERM: it says goodbye, then exits) may take before it
 is killed: a frozen one (SIGSTOP, a deadlock) never exits, and held its model's memory and its place
-among ``--max-loaded-models``."""
+among ``--max-loaded-models``. A stall of the supervisor does not count (its workers were frozen
+too, with no time to exit): see :class:`DemandSupervisor`."""
 
 
 class DemandSupervisor:
@@ -46,6 +48,26 @@ class DemandSupervisor:
     a broker client for the status queries; ``orders``: the gateway's queue of ``(op, model)``
     orders, or None; ``timeout_s``: how long a status query may take. ValueError for a model
     larger than the machine's whole memory (its :func:`estimate_bytes`).
+
+    Which of its timers count a stall of its own loop (a pass that comes late:
+    :class:`~protocol.liveness.StallWatch`, against its shortest timer -- :data:`STOP_KILL_S`,
+    ``idle_unload_s``, the core's ``turn_s`` -- and twice a pass's longest wait, ``DEMAND_POLL_S``
+    plus ``timeout_s``; the whole ``slotserve up`` SIGSTOPped, a suspended laptop or VM), decided
+    per timer by what happened meanwhile:
+
+    - :data:`STOP_KILL_S` (a worker told to stop is killed): not counted. Its worker was frozen too
+      and had no time to exit; killed on waking it would die without its goodbye (its requests
+      count a failed attempt). It gets the rest of its time after the stall.
+    - ``idle_unload_s`` and ``turn_s`` (:meth:`OnDemand.stalled`): not counted. Nobody used a
+      model or was served meanwhile, and the first pass after the stall may not see yet the
+      requests that queued up.
+    - The back-off of a failed load: counted (waking, the model may load at once).
+    - A request's deadline (the broker's, the worker's and the client's): counted, and not the
+      supervisor's. It is the client's wall-clock promise: past it the answer is of no use to the
+      client, who waited through the stall whether or not anything was frozen.
+
+    Each timer gets one stall excused until it starts again (as a liveness judge's peers,
+    :meth:`StallWatch.excuses`), so a supervisor slow at every pass still kills and unloads.
     """
 
     def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
@@ -64,6 +86,9 @@ class DemandSupervisor:
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
         self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
         self._client: Client | None = None
+        windows = [STOP_KILL_S] + [s for s in (idle_unload_s, self.core.turn_s) if s]
+        self._stalls_window_s = min(windows)
+        self._stalls: StallWatch | None = None  # from the first pass (the supervisor's clock then)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -85,6 +110,8 @@ class DemandSupervisor:
         registering (its load failed)."""
         from client.errors import BrokerUnavailable
 
+        now = time.monotonic() if now is None else now
+        self._watch_stalls(now)
         try:
             if self._client is None:
                 self._client = self._connect()
@@ -93,7 +120,6 @@ class DemandSupervisor:
             log.info("models on demand: no broker status now (%s)", exc)
             self.close()
             return []
-        now = time.monotonic() if now is None else now
         for name, p in list(self.stopping.items()):
             if not p.is_alive():
                 p.join()
@@ -131,6 +157,21 @@ class DemandSupervisor:
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
                             a.model, a.why)
         return actions
+
+    def _watch_stalls(self, now: float) -> None:
+        """A pass that came late (the supervisor was stalled): its stop-kill timers and its core's
+        idle and turn timers move as much later (see the class docstring)."""
+        if self._stalls is None:
+            self._stalls = StallWatch(self._stalls_window_s, now, period_s=DEMAND_POLL_S + self._timeout_s)
+            return
+        self._stalls.window_s = min([self._stalls_window_s] + ([self.core.turn_s] if self.core.turn_s else []))
+        if (gap_s := self._stalls.stalled(now)) is None:
+            return
+        log.warning("models on demand: the supervisor was stalled for %.1f s (suspended or starved): it counts "
+                    "for no idle unload nor stop timeout", gap_s)
+        since_s = self._stalls.previous_s
+        self.core.stalled(gap_s, since_s)
+        self._stop_since = {n: s + gap_s if s > since_s else s for n, s in self._stop_since.items()}
 
     def kill_frozen(self, model: str) -> None:
         """Kill the worker of ``model``, found frozen (alive, silent: the broker dropped it), and

@@ -45,6 +45,12 @@ The rules, each pass (:meth:`OnDemand.decide`):
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.
+- A stall of the supervisor's own loop (:meth:`OnDemand.stalled`: the whole
+  ``slotserve up`` SIGSTOPped, a suspended laptop or VM) counts as neither idle
+  time nor time waited for a turn: nobody used a model or was served while it
+  lasted, and its first pass may not see yet the requests that queued up (so
+  an idle model is not unloaded, nor a busy one for a turn, on waking). The
+  back-off of a failed load counts it (waking, a model may load at once).
 """
 
 from __future__ import annotations
@@ -166,6 +172,20 @@ class OnDemand:
         m.asked = False
         m.failures += 1
         m.retry_s = now + min(MAX_RETRY_S, 2.0 ** (m.failures - 1))
+
+    def stalled(self, gap_s: float, since_s: float = float("-inf")) -> None:
+        """The supervisor's loop was stalled for ``gap_s`` seconds (its
+        :class:`~protocol.liveness.StallWatch`): each model's idle, wanted and loaded times move
+        ``gap_s`` later, each that started after ``since_s`` (the previous stall's end: one the
+        previous stall moved, and nothing since, is not moved twice, so a supervisor slow at every
+        pass still unloads), so the stall counts as neither idle time nor time waited for a turn."""
+        for m in self._state.values():
+            if m.last_used_s > since_s:
+                m.last_used_s += gap_s
+            if m.wanted_since is not None and m.wanted_since > since_s:
+                m.wanted_since += gap_s
+            if m.loaded_since is not None and m.loaded_since > since_s:
+                m.loaded_since += gap_s
 
     def state(self, model: str) -> str:
         """``"loaded"``, ``"loading"`` or ``"unloaded"`` (as of the last pass). KeyError for an unknown model."""

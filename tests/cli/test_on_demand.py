@@ -366,9 +366,9 @@ def test_a_worker_that_does_not_stop_when_told_is_killed_and_a_frozen_one_is_not
     assert [type(x) for x in sup.run_pass(3.0)] == [Unload]
     stuck = sup.stopping["a"]
     assert stuck.signals == ["TERM"] and stuck.is_alive()
-    sup.run_pass(3.0 + STOP_KILL_S / 2)
+    _passes(sup, 3.2, 3.0 + STOP_KILL_S)
     assert stuck.signals == ["TERM"]  # still within its time to stop
-    sup.run_pass(4.0 + STOP_KILL_S)
+    _passes(sup, 3.2 + STOP_KILL_S, 4.0 + STOP_KILL_S)
     assert stuck.signals == ["TERM", "KILL"] and not stuck.is_alive()
     sup.run_pass(5.0 + STOP_KILL_S)
     assert "a" not in sup.stopping
@@ -477,3 +477,79 @@ def test_a_model_whose_every_load_dies_silently_ends_its_requests_after_backed_o
     assert when == 3.8 and f.request_id == "r" and f.code is ErrorCode.WORKER_FAILED
     assert "fell silent while loading it: it died or was killed (out of memory?)" in f.message
     assert sup.core.state("a") == "unloaded" and broker.status(30.0).models["a"].queued == 0
+
+
+def _supervised(monkeypatch, lines: dict, idle_s: float = 300.0, frozen: bool = True):
+    """A DemandSupervisor of models a and b (1 GiB each, room for one) over a fake broker whose
+    status is ``lines`` (model -> (queued, running, workers)); its workers are _FakeProcesses."""
+    import types
+
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import DemandSupervisor
+    from worker import host_memory
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
+    broker = types.SimpleNamespace(status=lambda timeout_s: status(**lines), close=lambda: None)
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
+    return DemandSupervisor(configs, 1, idle_s, spawn=lambda model, config: _FakeProcess(frozen=frozen),
+                            connect=lambda: broker)
+
+
+def _passes(sup, start: float, end: float, step: float = 0.2, *, first: bool = False) -> list:
+    """Passes every ``step`` s from ``start`` to ``end`` (the supervise loop's, unstalled), or
+    (``first``) to the first that acts: ``(now, action)`` for each action taken."""
+    out, n = [], 0
+    while (now := round(start + n * step, 6)) <= end and not (first and out):
+        out += [(now, a) for a in sup.run_pass(now)]
+        n += 1
+    return out
+
+
+def test_a_stall_of_the_supervisor_kills_no_worker_told_to_stop_and_unloads_no_idle_model(monkeypatch):
+    """The supervisor's own timers do not count a stall of its loop (the whole ``slotserve up``
+    SIGSTOPped, a suspended laptop: its workers were frozen too and had no time to exit, nobody could
+    use a model): after one longer than STOP_KILL_S, a worker told to stop is not killed at the first
+    pass (it gets the rest of its STOP_KILL_S), and after one longer than idle_unload_s an idle model is
+    not unloaded (it is once idle that long besides the stall). Before: killed, and unloaded, at once."""
+    from slotserve.demand_supervisor import STOP_KILL_S
+
+    lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
+    sup = _supervised(monkeypatch, lines, idle_s=60.0)
+    assert _passes(sup, 0.0, 0.0) == [(0.0, Load("a"))]
+    lines.update(a=(0, 1, 1))  # registered, busy until 1.0, then idle
+    _passes(sup, 0.2, 1.0)
+    lines.update(a=(0, 0, 1))
+    assert _passes(sup, 1.2, 10.0) == []
+    assert sup.run_pass(10.0 + 120.0) == []  # stalled 120 s, idle 9 s before: not unloaded
+    ((when, unload),) = _passes(sup, 130.2, 200.0, first=True)
+    assert type(unload) is Unload and unload.model == "a" and when - 120.0 - 1.0 == pytest.approx(60.0, abs=0.3)
+    # a frozen worker told to stop (SIGTERM waits for SIGCONT), then the supervisor stalls too
+    stuck = sup.stopping["a"]
+    assert stuck.signals == ["TERM"]
+    _passes(sup, when + 0.2, when + 10.0)
+    t = when + 10.0 + 2 * STOP_KILL_S
+    sup.run_pass(t)
+    assert stuck.signals == ["TERM"]  # not killed on waking: 10 s of its 30 s have passed
+    _passes(sup, t + 0.2, t + STOP_KILL_S - 10.0 - 0.4)
+    assert stuck.signals == ["TERM"]
+    _passes(sup, t + STOP_KILL_S - 10.0 - 0.2, t + STOP_KILL_S - 10.0 + 0.4)
+    assert stuck.signals == ["TERM", "KILL"]
+
+
+def test_a_stall_of_the_supervisor_does_not_count_as_time_waited_for_a_turn(monkeypatch):
+    """With turns (``turn_s``), a busy model is unloaded for another that waited ``turn_s`` for it;
+    a stall of the supervisor is no wait (nobody was served meanwhile): the busy model keeps its
+    place at the first pass after one, and is unloaded once the other waited turn_s besides it."""
+    lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
+    sup = _supervised(monkeypatch, lines)
+    sup.core.turn_s = 30.0
+    _passes(sup, 0.0, 0.0)
+    lines.update(a=(1, 1, 1), b=(1, 0, 0))  # a loaded and busy, b waits from 0.2
+    assert _passes(sup, 0.2, 20.0) == []
+    assert sup.run_pass(20.0 + 100.0) == []  # stalled 100 s
+    ((when, unload),) = _passes(sup, 120.2, 160.0, first=True)
+    assert unload == Unload("a", "requests for 'b' waited 30 s (turn_s) for it")
+    assert when - 100.0 == pytest.approx(30.2, abs=0.3)
