@@ -24,6 +24,7 @@ from protocol.liveness import StallWatch
 from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
 from worker import host_memory
 from worker.config import WorkerConfig
+from worker.link import announce_dead_load
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,11 @@ class DemandSupervisor:
     ``max_loaded``, ``idle_unload_s``: :class:`OnDemand`'s; ``spawn(model, config)``: start a
     worker process for ``model`` (the cluster's: its index, its broker endpoint); ``connect()``:
     a broker client for the status queries; ``orders``: the gateway's queue of ``(op, model)``
-    orders, or None; ``timeout_s``: how long a status query may take. ValueError for a model
-    larger than the machine's whole memory (its :func:`estimate_bytes`).
+    orders, or None; ``timeout_s``: how long a status query may take; ``announce(model, config,
+    worker_name)``: tell the broker that a worker of ``model`` started loading it and fall silent,
+    for one whose process ended before the broker ever listed it (:func:`worker.link.announce_dead_load`
+    by default). ValueError for a model larger than the machine's whole memory (its
+    :func:`estimate_bytes`).
 
     Which of its timers count a stall of its own loop (a pass that comes late:
     :class:`~protocol.liveness.StallWatch`, against its shortest timer -- :data:`STOP_KILL_S`,
@@ -72,7 +76,8 @@ class DemandSupervisor:
 
     def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
                  spawn: Callable[[str, WorkerConfig], mp.Process], connect: Callable[[], Client],
-                 orders=None, timeout_s: float = 5.0) -> None:
+                 orders=None, timeout_s: float = 5.0,
+                 announce: Callable[[str, WorkerConfig, str], None] | None = None) -> None:
         self.configs: dict[str, WorkerConfig] = {w.served_names[0]: w for w in configs}
         needs = {n: estimate_bytes(w.model) for n, w in self.configs.items()}
         total = host_memory.total_bytes()
@@ -85,6 +90,8 @@ class DemandSupervisor:
         self.running: dict[str, mp.Process] = {}  # model -> its worker (started, maybe not registered yet)
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
         self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
+        self._heard: set[str] = set()  # models whose running worker the broker has listed (loading or served)
+        self._announce = announce or (lambda model, config, name: announce_dead_load(config, name, timeout_s))
         self._client: Client | None = None
         windows = [STOP_KILL_S] + [s for s in (idle_unload_s, self.core.turn_s) if s]
         self._stalls_window_s = min(windows)
@@ -107,7 +114,11 @@ class DemandSupervisor:
         clock (seconds, ``time.monotonic()``'s by default). A model's status is summed over its served
         names (requests for an alias wait under the alias until its worker registers it). A worker that
         died is forgotten: the model loads again when it is wanted, after a back-off when it died before
-        registering (its load failed)."""
+        registering (its load failed). One that died before the broker ever listed it (killed or
+        crashed while its process started, before it announced its load) is announced to the broker
+        for it (``announce``), so that the broker counts it as it counts a loader that died: a failed
+        attempt of each request waiting for the model, which ends ``worker_failed`` at
+        ``max_attempts`` such loads rather than waiting forever while the model reloads."""
         from client.errors import BrokerUnavailable
 
         now = time.monotonic() if now is None else now
@@ -131,6 +142,8 @@ class DemandSupervisor:
                 p.kill()
         folded = _fold_aliases(st, {n: w.served_names for n, w in self.configs.items()})
         for name, p in list(self.running.items()):
+            if folded.models[name].workers or folded.models[name].loading:
+                self._heard.add(name)
             if not p.is_alive():
                 log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
                             name, p.exitcode)
@@ -138,6 +151,9 @@ class DemandSupervisor:
                 del self.running[name]
                 if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
                     self.core.failed(name, now)
+                    if name not in self._heard:  # nor announced its load: the broker would never count it
+                        self._announce_dead(name, p)
+                self._heard.discard(name)
         self._take_orders(now)
         starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
         actions = self.core.decide(folded, now, host_memory.available_bytes(), starting,
@@ -145,6 +161,7 @@ class DemandSupervisor:
         for a in actions:
             if isinstance(a, Load):
                 log.info("models on demand: loading %r", a.model)
+                self._heard.discard(a.model)
                 self.running[a.model] = self._spawn(a.model, self.configs[a.model])
             elif isinstance(a, Unload):
                 p = self.running.pop(a.model, None)
@@ -157,6 +174,16 @@ class DemandSupervisor:
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
                             a.model, a.why)
         return actions
+
+    def _announce_dead(self, name: str, p: mp.Process) -> None:
+        """Announce the load of ``name``'s worker ``p``, dead before it could, to the broker (which
+        drops it once silent past its window, as any dead loader)."""
+        config = self.configs[name]
+        worker_name = f"{config.name_of(p.pid)}, exited with code {p.exitcode} before it announced its load"
+        try:
+            self._announce(name, config, worker_name)
+        except Exception:  # noqa: BLE001 -- a broker unreachable now: its next load is counted instead
+            log.exception("models on demand: could not tell the broker of the dead load of %r", name)
 
     def _watch_stalls(self, now: float) -> None:
         """A pass that came late (the supervisor was stalled): its stop-kill timers and its core's
@@ -178,6 +205,7 @@ class DemandSupervisor:
         forget it, not as a failed load: the model loads again as soon as it is wanted (its requests,
         requeued by the broker, want it)."""
         p = self.running.pop(model, None)
+        self._heard.discard(model)
         if p is not None:
             p.kill()
             p.join(self._timeout_s)

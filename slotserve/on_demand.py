@@ -41,7 +41,8 @@ The rules, each pass (:meth:`OnDemand.decide`):
   that cannot load is not reloaded in a loop. (The broker ends the requests waiting for it
   when its worker said why it stopped; a worker that died silently while loading, which the
   broker drops once it is silent past its liveness window, costs each waiting request a failed
-  attempt, so they end ``worker_failed`` at ``max_attempts`` such loads: ``ServedModels.load_died``.)
+  attempt, so they end ``worker_failed`` at ``max_attempts`` such loads: ``ServedModels.load_died``;
+  one that died before it announced its load is announced by the supervisor for it.)
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.

@@ -376,3 +376,29 @@ class BrokerLink:
                 self.reregister()
         else:
             log.warning("broker error: %s: %s", msg.code.value, msg.message)
+
+
+def announce_dead_load(config: WorkerConfig, worker_name: str, timeout_s: float = 5.0) -> None:
+    """Tell ``config``'s broker that a worker of ``config`` (named ``worker_name``) started loading
+    its model, and fall silent: for a worker process that died before it could say so itself
+    (SIGKILL or a crash while the process starts: its supervisor saw it end, and the broker never
+    heard of it). The broker then counts that load as it counts a loader that dies after its
+    ``loading``, once it is silent past ``worker_liveness_s``: a failed attempt of each request
+    waiting for the model (:meth:`broker.models.ServedModels.load_died` is the broker's; this
+    module only speaks the worker's side). Sent with the worker's own CURVE keys; waits at most
+    ``timeout_s`` seconds for the message to leave (a broker that is down never gets it: its
+    requests are resubmitted to the next one, which knows nothing of this load either)."""
+    from protocol.curve import load_peer_keys
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        if config.curve_secret_file is not None:
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = load_peer_keys(
+                (config.curve_secret_file, config.curve_broker_key_file), "worker")
+        set_ipv6(sock, config.broker, bind=False)
+        sock.connect(config.broker)
+        model, *aliases = config.served_names
+        sock.send(encode(Loading(model, worker_name, tuple(aliases))), zmq.NOBLOCK)
+    finally:
+        sock.close(linger=int(timeout_s * 1000))

@@ -553,3 +553,107 @@ def test_a_stall_of_the_supervisor_does_not_count_as_time_waited_for_a_turn(monk
     ((when, unload),) = _passes(sup, 120.2, 160.0, first=True)
     assert unload == Unload("a", "requests for 'b' waited 30 s (turn_s) for it")
     assert when - 100.0 == pytest.approx(30.2, abs=0.3)
+
+
+def test_a_model_whose_every_worker_dies_before_it_announces_its_load_ends_its_requests(monkeypatch):
+    """As above, but each worker is killed before it could even announce its load (SIGKILL or a
+    crash while the process starts: the broker never heard of it). The supervisor, which saw its
+    process end without the broker ever listing it, announces the load for it and falls silent
+    (``announce``), so the broker counts it as any dead loader: the waiting request ends
+    ``worker_failed`` at the third such load (``max_attempts``), and no load follows (before: it
+    waited forever, the model loaded again after each back-off, at most a minute apart)."""
+    import types
+
+    from broker.config import BrokerConfig
+    from broker.core import BrokerCore
+    from protocol.enums import ErrorCode
+    from protocol.messages import Loading, Results, Submit
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import DemandSupervisor
+    from tests.support.messages import envelope
+    from worker import host_memory
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
+    broker = BrokerCore(BrokerConfig(heartbeat_interval_s=0.1, worker_liveness_s=0.5, on_demand_models=("a", "b")),
+                        "broker", 0.0)
+    clock = [0.0]
+    loads, announced = [], []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        loads.append(clock[0])
+        p = _FakeProcess()
+        p.alive, p.exitcode, p.pid = False, -9, 100 + len(loads)  # killed before it said a word
+        return p
+
+    def announce(model: str, config, worker_name: str) -> None:
+        announced.append((clock[0], worker_name))
+        broker.on_backend(b"ghost%d" % len(announced), Loading(model, worker_name), clock[0])
+
+    link = types.SimpleNamespace(status=lambda timeout_s: broker.status(clock[0]), close=lambda: None)
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,), name=f"w-{n}") for n in ("a", "b"))
+    sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: link, announce=announce)
+    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
+    ended = []
+    for step in range(300):  # 30 s, a pass and a tick each 0.1 s
+        clock[0] = now = step / 10
+        ended += [(now, f) for s in broker.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
+        sup.run_pass(now)
+    assert loads == [0.0, 1.1, 3.2]  # each after its announced loader's window (0.5 s) and its back-off (1 s, 2 s)
+    assert [t for t, _ in announced] == [0.1, 1.2, 3.3]
+    assert announced[0][1] == "w-a, exited with code -9 before it announced its load"
+    ((when, f),) = ended
+    assert when == 3.9 and f.request_id == "r" and f.code is ErrorCode.WORKER_FAILED
+    assert ("the worker loading model 'a' (w-a, exited with code -9 before it announced its load) fell silent "
+            "while loading it: it died or was killed (out of memory?)") in f.message
+    assert sup.core.state("a") == "unloaded" and broker.status(30.0).models["a"].queued == 0
+
+
+def test_a_worker_the_broker_listed_loading_is_not_announced_again(monkeypatch):
+    """A worker that announced its load itself, then died, is the broker's to count (its own
+    silence): the supervisor announces nothing for it."""
+    lines = {"a": (1, 0, 0, 0), "b": (0, 0, 0)}
+    announced = []
+    sup = _supervised(monkeypatch, lines, frozen=False)
+    sup._announce = lambda model, config, name: announced.append(model)
+    assert sup.run_pass(0.0) == [Load("a")]
+    lines.update(a=(1, 0, 0, 1))  # the broker lists it loading
+    sup.run_pass(0.2)
+    sup.running["a"].alive = False
+    sup.run_pass(0.4)
+    assert "a" not in sup.running and announced == []
+
+
+def test_a_dead_load_is_announced_to_a_real_broker_as_a_loader_that_then_falls_silent():
+    """:func:`worker.link.announce_dead_load` over real sockets (a broker's socket loop in a thread):
+    the broker lists the loader under its model and aliases, then drops it once silent past its window."""
+    import threading
+
+    from broker import BrokerConfig
+    from broker.server import BrokerServer
+    from client import Client
+    from tests.support.cluster import ANY_PORT
+    from tests.support.waits import wait_until
+    from worker.config import WorkerConfig
+    from worker.link import announce_dead_load
+
+    server = BrokerServer(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.05,
+                                       worker_liveness_s=0.2, on_demand_models=("a",)))
+    stop = threading.Event()
+    loop = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    loop.start()
+    client = None
+    try:
+        client = Client(server.frontend, connect_timeout_s=10)
+        announce_dead_load(WorkerConfig(broker=server.backend, served_model_names=("a", "alias")), "ghost")
+        st = wait_until(lambda: (s := client.status(timeout_s=10)).loading_workers and s, 10, "the loader listed")
+        assert st.loading_workers == {"ghost": "a"} and st.aliases == {"alias": "a"}
+        wait_until(lambda: not client.status(timeout_s=10).loading_workers, 10, "the silent loader dropped")
+    finally:
+        if client is not None:
+            client.close()
+        stop.set()
+        loop.join(10)
+        server.close()
