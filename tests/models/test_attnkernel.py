@@ -21,7 +21,9 @@ needs_kernel = pytest.mark.skipif(not (attnkernel.cpu_has_avx512() or attnkernel
                                   reason="neither avx512f nor AVX2 on this CPU")
 
 # (heads, kv heads, head_dim): SmolLM2-135M (9/3/64), Qwen2.5-0.5B (14/2/64), multi-head, Gemma's 256
-SHAPES = [(9, 3, 64), (14, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 16)]
+SHAPES = [(9, 3, 64), (14, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 16), (10, 2, 32), (12, 2, 48), (12, 3, 64)]
+# (groups of 3, 7, 1, 8, 2, 5, 6 and 4 query heads a key head: on AVX2 the values run over even runs of at most
+# 4 heads, 7 as 3 and 4, 5 as 2 and 3; D of 16 to 256 columns, 48 a last block of 2 vectors)
 NO_WRITE = (torch.empty(0, 2, 1, 16), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
 
 
