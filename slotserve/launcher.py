@@ -41,6 +41,7 @@ from slotserve.on_demand import DEFAULT_IDLE_UNLOAD_S
 from slotserve.signals import PARENT_GONE, SignalStopFlag, child_signals, watch_parent
 from worker.errors import ModelLoadError
 from worker.config import WorkerConfig
+from worker.link import announce_dead_load
 from worker.process import run_worker
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class LocalCluster:
                 config.on_demand, config.max_loaded_models, config.idle_unload_s, spawn=self._spawn_on_demand,
                 connect=lambda: Client(self.frontend, connect_timeout_s=config.stop_timeout_s,
                                        name="launcher-on-demand", curve=config.client_curve),
-                orders=self._orders, timeout_s=config.stop_timeout_s)
+                orders=self._orders, timeout_s=config.stop_timeout_s, announce=self._announce_on_demand)
             names = self._demand.served_names
             self._broker_cfg = replace(config.broker, on_demand_models=names)
             if self._gateway_cfg is not None:  # (each model's names grouped: its primary first while unloaded)
@@ -501,6 +502,11 @@ class LocalCluster:
                          name=f"slotserve-worker-{index}", daemon=True)
         p.start()
         return p
+
+    def _announce_on_demand(self, model: str, config: WorkerConfig, worker_name: str) -> None:
+        """Announce to the broker the load of ``model``'s worker that died before it could (as
+        :meth:`_spawn_on_demand` started it: on the cluster's backend)."""
+        announce_dead_load(replace(config, broker=self.backend), worker_name, self.config.stop_timeout_s)
 
     def restart_broker(self) -> None:
         """Start the broker again on the same endpoints (after a test killed it)."""

@@ -6,6 +6,7 @@ The decisions themselves are tested without processes in tests/cli/test_on_deman
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -207,3 +208,45 @@ def test_through_http_a_model_on_demand_named_simulated_loads_on_its_first_reque
         finally:
             stop.set()
             supervisor.join(30)
+
+
+def _killed_at_start() -> None:
+    """A worker process killed before it says a word (SIGKILL while it starts: the OOM killer)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_model_whose_workers_are_killed_before_they_announce_their_load_fails_its_request():
+    """Each worker of model-b dies at once, before it announces its load (the broker never hears
+    of it): the launcher announces each such load for it on the cluster's backend, the broker
+    counts each as a dead loader, and the request ends worker_failed after max_attempts (3) loads;
+    model-a still serves (before: the request waited forever, model-b reloaded after each back-off)."""
+    import multiprocessing as mp
+
+    cfg = config(max_loaded_models=1)
+    cfg = ClusterConfig(replace(cfg.broker, worker_liveness_s=0.6, heartbeat_interval_s=0.1), (),
+                        on_demand=cfg.on_demand, max_loaded_models=1, start_timeout_s=60.0)
+    with LocalCluster(cfg) as cluster:
+        real, loads = cluster._demand._spawn, []
+
+        def spawn(model, worker_config):
+            loads.append(model)
+            if model != "model-b":
+                return real(model, worker_config)
+            p = mp.get_context("spawn").Process(target=_killed_at_start, daemon=True)
+            p.start()
+            return p
+
+        cluster._demand._spawn = spawn
+        with Client(cluster.frontend, model="model-b", connect_timeout_s=10) as cb, \
+                Client(cluster.frontend, model="model-a", connect_timeout_s=10) as ca:
+            h = cb.submit_request([1, 2], 3)
+            drive(cluster, [h])
+            assert h.finish_reason.value == "error" and h.error.code.value == "worker_failed", h.error
+            assert "exited with code -9 before it announced its load" in str(h.error)
+            assert "3 loads failed" in str(h.error) and loads == ["model-b"] * 3
+            ha = ca.submit_request([1, 2], 3)
+            drive(cluster, [ha])
+            assert ha.finish_reason.value == "length" and loads == ["model-b"] * 3 + ["model-a"]
