@@ -14,6 +14,7 @@ processes, the broker connection and the clock.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import time
 from dataclasses import replace
@@ -71,7 +72,12 @@ class DemandSupervisor:
       client, who waited through the stall whether or not anything was frozen.
 
     Each timer gets one stall excused until it starts again (as a liveness judge's peers,
-    :meth:`StallWatch.excuses`), so a supervisor slow at every pass still kills and unloads.
+    :meth:`StallWatch.excuses`), so a supervisor slow at every pass still kills and unloads, or
+    until the supervisor has run on time for its window (its shortest timer) since that stall: the
+    next one is a freeze again (a laptop suspended each night), not a slow supervisor, and nothing
+    restarts an idle model's timer as a live peer's word restarts its silence timer (excused once,
+    it counted the second freeze as idle time). A timer excused again so has counted at least a
+    window since its previous excuse, so it still fires however often the supervisor stalls.
     """
 
     def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
@@ -197,6 +203,8 @@ class DemandSupervisor:
         log.warning("models on demand: the supervisor was stalled for %.1f s (suspended or starved): it counts "
                     "for no idle unload nor stop timeout", gap_s)
         since_s = self._stalls.previous_s
+        if now - gap_s - since_s >= self._stalls.window_s:  # on time for a window since the previous stall
+            since_s = -math.inf  # (a freeze again, not a slow supervisor: see the class docstring)
         self.core.stalled(gap_s, since_s)
         self._stop_since = {n: s + gap_s if s > since_s else s for n, s in self._stop_since.items()}
 

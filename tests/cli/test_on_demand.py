@@ -555,6 +555,40 @@ def test_a_stall_of_the_supervisor_does_not_count_as_time_waited_for_a_turn(monk
     assert when - 100.0 == pytest.approx(30.2, abs=0.3)
 
 
+def test_a_second_stall_after_a_window_on_time_is_not_counted_either(monkeypatch):
+    """``slotserve up`` suspended twice (a laptop each night): an idle model's timer is not restarted
+    by anything while it stays idle, so excused once (as a liveness judge's silent peer) it counted
+    the second stall as idle time and was unloaded on waking (idle 49 s awake of its 60). A stall that
+    follows at least the supervisor's window (its shortest timer, 30 s) of passes on time is a freeze
+    again and excused again; a supervisor stalled at every pass still unloads (below)."""
+    lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
+    sup = _supervised(monkeypatch, lines, idle_s=60.0)
+    _passes(sup, 0.0, 0.0)
+    lines.update(a=(0, 1, 1))  # registered, busy until 1.0, then idle
+    _passes(sup, 0.2, 1.0)
+    lines.update(a=(0, 0, 1))
+    assert _passes(sup, 1.2, 10.0) == []
+    assert sup.run_pass(10.0 + 120.0) == []  # stalled 120 s, idle 9 s before
+    assert _passes(sup, 130.2, 170.0) == []  # 40 s on time: idle 49 s
+    assert sup.run_pass(170.0 + 120.0) == []  # stalled 120 s again: not unloaded (before: at once)
+    ((when, unload),) = _passes(sup, 290.2, 400.0, first=True)
+    assert unload.model == "a" and when - 240.0 - 1.0 == pytest.approx(60.0, abs=0.3)
+
+
+def test_a_supervisor_stalled_at_every_pass_still_unloads_an_idle_model(monkeypatch):
+    """Slow, not frozen (every pass later than the stall threshold): the idle model's timer gets
+    one stall excused, then counts (unloaded at the first pass 60 s after its excused stall)."""
+    lines = {"a": (1, 0, 0), "b": (0, 0, 0)}
+    sup = _supervised(monkeypatch, lines, idle_s=60.0)
+    _passes(sup, 0.0, 0.0)
+    lines.update(a=(0, 1, 1))
+    _passes(sup, 0.2, 1.0)
+    lines.update(a=(0, 0, 1))
+    assert sup._stalls.threshold_s == pytest.approx(15.0)
+    unloads = [(t, a) for t in (1.0 + 20.0 * k for k in range(1, 10)) for a in sup.run_pass(t)]
+    assert unloads == [(81.0, Unload("a", "idle for 60 s (idle_unload_s 60)"))]
+
+
 def test_a_model_whose_every_worker_dies_before_it_announces_its_load_ends_its_requests(monkeypatch):
     """As above, but each worker is killed before it could even announce its load (SIGKILL or a
     crash while the process starts: the broker never heard of it). The supervisor, which saw its
