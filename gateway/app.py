@@ -5,7 +5,9 @@
 - ``POST /v1/responses`` (``GET`` / ``DELETE /v1/responses/{id}``): OpenAI's Responses API
   (:mod:`gateway.responses_api`); ``POST /v1/messages`` and ``/v1/messages/count_tokens``:
   Anthropic's Messages API (:mod:`gateway.messages_api`); both translations onto the chat path.
-- ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`).
+- ``POST /infill``: code infilling in llama.cpp's shape (:mod:`gateway.infill`); ``POST /completion``
+  (and ``/completions``): llama.cpp's native completion (:mod:`gateway.llama_completion`); ``GET /props``:
+  llama.cpp's server properties of a model (:mod:`gateway.llama_props`).
 - ``POST /v1/embeddings``, ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): embeddings and
   bi-encoder reranking with an embedding model (:mod:`gateway.embeddings`).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's tokenizer endpoints
@@ -19,12 +21,12 @@
 - Anything else: 404 / 405 in OpenAI's error shape; the 404 of a route of llama.cpp's or Ollama's own
   API names the route to call here (:mod:`gateway.foreign_routes`).
 
-With ``config.api_keys`` every ``/v1/*`` request (and ``/tokenize``, ``/detokenize``) needs one of them as
-``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
+With ``config.api_keys`` every ``/v1/*`` request (and ``/tokenize``, ``/detokenize``, llama.cpp's routes) needs
+one of them as ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys``
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 
 While the gateway stops, ``app.state.drain`` (:mod:`gateway.drain`) is
-draining: generation and ``/v1/models`` (and ``/v1/models/{model}``) answer 503 (``Retry-After``),
+draining: generation, ``/v1/models`` (and ``/v1/models/{model}``) and ``/props`` answer 503 (``Retry-After``),
 ``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
 """
 
@@ -50,6 +52,8 @@ from gateway.errors import APIError, shutting_down
 from gateway.foreign_routes import instead
 from gateway.generate import Generate
 from gateway.infill import InfillEndpoint
+from gateway.llama_completion import LlamaCompletionEndpoint
+from gateway.llama_props import PropsEndpoint
 from gateway.link import BrokerConnections, listing_order
 from gateway.messages_api import MessagesEndpoints
 from gateway.metrics import GatewayMetrics
@@ -198,6 +202,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
     messages = MessagesEndpoints(generate, tokenize)
     control = ModelControl(link, model_orders, config.max_body_bytes)
     embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes, metrics)
+    llama = LlamaCompletionEndpoint(generate)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -221,6 +226,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
         Route("/v1/messages", messages.create, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
+        *(Route(path, llama.handle, methods=["POST"]) for path in ("/completion", "/completions")),
+        Route("/props", PropsEndpoint(link, tokenizers, drain).props, methods=["GET"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),

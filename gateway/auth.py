@@ -5,7 +5,7 @@
 unknown ``/v1`` path answers 401 before 404: a caller without a key learns
 nothing about the routes). ``/health`` is never checked (probes carry no
 key); ``/tokenize``, ``/detokenize``, ``/rerank``, ``/v2/rerank`` (vLLM's paths, outside ``/v1``),
-``/infill`` and ``/models/*`` (llama.cpp's) as ``/v1``;
+``/infill``, ``/completion``, ``/completions``, ``/props`` and ``/models/*`` (llama.cpp's) as ``/v1``;
 ``/metrics`` only when the gateway has ``metrics_api_keys`` (a
 scraper's credential, apart from the API's: a leaked scrape key cannot
 generate, an API key cannot read the metrics).
@@ -78,7 +78,8 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None  # "Bearer " alone (an SDK given api_key="") is no key
 
 
-_TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/infill", "/rerank", "/v2/rerank"})
+_TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/infill", "/completion", "/completions", "/props", "/rerank",
+                              "/v2/rerank"})
 """Outside ``/v1`` (vLLM's and llama.cpp's paths, rerank's among them), and guarded by the API keys all the same."""
 
 _ANTHROPIC = "/v1/messages"

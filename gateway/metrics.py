@@ -1,9 +1,9 @@
 """Prometheus metrics of the gateway (prometheus-client, its own registry), served at ``/metrics``.
 
 - ``slotserve_http_requests_total{endpoint, status}``: requests answered on the model routes
-  (completions, chat, responses, messages, infill, embeddings, rerank), by endpoint path and
-  status code (``499``: the client disconnected first); not ``/tokenize``, ``/health``,
-  ``/metrics``, ``/v1/models``, nor a request refused before its route (401, 404).
+  (completions, chat, responses, messages, llama.cpp's completion and infill, embeddings, rerank),
+  by endpoint path and status code (``499``: the client disconnected first); not ``/tokenize``,
+  ``/health``, ``/metrics``, ``/v1/models``, ``/props``, nor a request refused before its route (401, 404).
 - ``slotserve_http_requests_in_flight``: HTTP requests being handled now.
 - ``slotserve_http_ttft_seconds{endpoint}``: arrival of the HTTP request to
   its first generated token (streamed or not).

@@ -29,7 +29,7 @@ def access_lines(caplog, access_log: bool) -> list[str]:
         url = wait_until(lambda: ready and ready[0], 10, "the gateway to bind")
         with httpx.Client(base_url=url, timeout=30) as c:  # (the line is logged before the answer is sent)
             assert c.get("/metrics").status_code == 200
-            assert c.post("/completion", json={"prompt": "x"}).status_code == 404
+            assert c.post("/nope", json={"prompt": "x"}).status_code == 404
             assert c.get("/metrics?x=1").status_code == 200
     finally:
         stop.set()
@@ -44,7 +44,7 @@ def test_the_access_log_has_a_line_a_request_whatever_the_level_and_none_when_of
     lines = access_lines(caplog, access_log=True)
     assert len(lines) == 3, lines
     assert lines[0].startswith("127.0.0.1:") and lines[0].endswith('"GET /metrics HTTP/1.1" 200'), lines
-    assert lines[1].endswith('"POST /completion HTTP/1.1" 404'), lines
+    assert lines[1].endswith('"POST /nope HTTP/1.1" 404'), lines
     assert lines[2].endswith('"GET /metrics?x=1 HTTP/1.1" 200'), lines
     assert access_lines(caplog, access_log=False) == []
 

@@ -1,8 +1,9 @@
 """A route of llama.cpp's or Ollama's own API that the gateway does not serve is a 404 that names
-the route to call here (found by a newcomer pass with llama-server habits: ``POST /completion``,
-``GET /props``, ``GET /slots`` answered only ``... : Not Found``); any other unknown route keeps its
-404, and a served route's 405 is unchanged. The app runs in this process, its broker link never
-started (an unknown route never reaches it)."""
+the route to call here (found by a newcomer pass with llama-server habits: ``GET /slots``,
+``POST /embedding`` answered only ``... : Not Found``); any other unknown route keeps its 404, and a
+served route's 405 is unchanged (llama.cpp's ``/completion`` and ``/props`` are served now:
+tests/gateway/test_llama_completion.py). The app runs in this process, its broker link never started
+(an unknown route never reaches it)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,8 @@ from gateway.foreign_routes import instead
 
 # (method, path as the other server's client sends it, what the 404 must name)
 FOREIGN = [
-    ("POST", "/completion", "POST /v1/completions"),
-    ("POST", "/completions", "POST /v1/completions"),
     ("POST", "/embedding", "POST /v1/embeddings"),
     ("POST", "/embeddings", "POST /v1/embeddings"),
-    ("GET", "/props", "GET /v1/models"),
-    ("POST", "/props", "GET /v1/models"),
     ("GET", "/slots", "slotserve status"),
     ("GET", "/slots?fail_on_no_slot=1", "slotserve status"),
     ("POST", "/slots/0?action=save", "prefix cache"),
@@ -29,7 +26,7 @@ FOREIGN = [
     ("POST", "/reranking", "POST /v1/rerank"),
     ("POST", "/v1/reranking", "POST /v1/rerank"),
     ("GET", "/models", "GET /v1/models"),
-    ("GET", "/props/", "GET /v1/models"),
+    ("GET", "/slots/", "slotserve status"),
     ("POST", "/api/chat", "POST /v1/chat/completions"),
     ("POST", "/api/generate", "POST /v1/completions"),
     ("GET", "/api/tags", "GET /v1/models"),
@@ -63,7 +60,8 @@ def test_any_other_unknown_route_keeps_its_404(http, method, path):
 
 
 def test_a_served_route_with_another_method_keeps_its_405(http):
-    for method, path in (("GET", "/infill"), ("GET", "/tokenize"), ("GET", "/models/load")):
+    for method, path in (("GET", "/infill"), ("GET", "/tokenize"), ("GET", "/models/load"), ("GET", "/completion"),
+                         ("GET", "/completions"), ("POST", "/props")):
         r = http.request(method, path)
         assert r.status_code == 405, (path, r.text)
         e = r.json()["error"]

@@ -218,6 +218,7 @@ def test_a_known_model_without_a_worker_is_the_503_of_v1_not_a_404(one_tokenizer
 NAMED = [("/v1/completions", {"prompt": [1], "max_tokens": 1}), ("/v1/chat/completions", {"messages": MESSAGES}),
          ("/v1/responses", {"input": "hi"}), ("/v1/messages", {"messages": MESSAGES, "max_tokens": 1}),
          ("/v1/messages/count_tokens", {"messages": MESSAGES}), ("/infill", {"input_prefix": "a", "input_suffix": "b"}),
+         ("/completion", {"prompt": "ab"}),
          ("/tokenize", {"prompt": "ab"}), ("/tokenize", {"messages": MESSAGES}), ("/detokenize", {"tokens": [0]}),
          ("/v1/embeddings", {"input": "hi"}), ("/v1/rerank", {"query": "q", "documents": ["a"]})]
 """Every route that names a model, with a body it takes."""

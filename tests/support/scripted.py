@@ -72,15 +72,17 @@ def generated(prompt_ids: list[int], k: int) -> list[int]:
 
 class ScriptedClient:
     """Ends each request on a thread: ``max_tokens`` tokens (:func:`generated`), finish ``length``,
-    the logprobs entries the request asked for, text by :class:`LetterCodec`."""
+    the logprobs entries the request asked for, text by :class:`LetterCodec`. ``limits``: what the
+    client checks a request against (default: :data:`VOCAB` tokens, a 64-token context)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ModelLimits | None = None) -> None:
         self.threads: list[threading.Thread] = []
         self.submitted: list[RequestParams] = []
         self.codec = LetterCodec()
+        self.limits = ModelLimits(VOCAB, 64, True) if limits is None else limits
 
     def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
-        params = ModelLimits(VOCAB, 64, True).build(prompt, max_tokens, **options)  # as the client checks
+        params = self.limits.build(prompt, max_tokens, **options)  # as the client checks
         self.submitted.append(params)
         h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
         t = threading.Thread(target=self._run, args=(h,))
