@@ -14,6 +14,10 @@ Exit status (:class:`ExitStatus`; 2 is click's usage error):
 - 124: ``timeout_s`` passed (as coreutils ``timeout``);
 - 128+N: stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM), the
   shell's convention for a command ended by a signal.
+
+A resumed job (``previous``) is judged over its whole output: the rows kept from
+before count as rows of this run (3 when one of them ended ``"error"``), so a job
+resumed to its end exits as one run of the whole input would have.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Iterable, TextIO
 from client import BrokerUnavailable, Client
 from slotserve.job import BatchJob, JobSummary
 from slotserve.launcher import ClusterConfig, LocalCluster
+from slotserve.resume import Previous
 from slotserve.signals import StopSignals
 
 
@@ -53,13 +58,14 @@ class BatchOutcome:
 def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: str | None, broker: str | None = None,
               cluster: ClusterConfig | None = None, curve=None, max_in_flight: int = 10_000,
               total: int | None = None, progress: bool = True, timeout_s: float | None = None,
-              wait_for_model_s: float = 60.0, poll_s: float = 0.25, close_input: bool = False) -> BatchOutcome:
+              wait_for_model_s: float = 60.0, poll_s: float = 0.25, close_input: bool = False,
+              previous: Previous | None = None) -> BatchOutcome:
     """Run the job ``inp`` -> ``out`` against ``broker`` (a client endpoint) or
     an embedded ``cluster`` (exactly one), stopping early on ``signals``
     (installed by the caller, on the main thread) or after ``timeout_s``
     seconds. ``curve``, ``model``: as for :class:`~client.Client` (``model``
     None: the broker's only model);
-    ``max_in_flight``, ``total``, ``progress``, ``close_input``: as for :class:`BatchJob`;
+    ``max_in_flight``, ``total``, ``progress``, ``close_input``, ``previous``: as for :class:`BatchJob`;
     ``wait_for_model_s``: seconds a worker for ``model`` may take to appear;
     ``poll_s``: how often the loop checks the deadline (signals and the
     job's end wake it at once). Raises ValueError unless exactly one of
@@ -87,7 +93,7 @@ def run_batch(inp: Iterable[str], out: TextIO, *, signals: StopSignals, model: s
         with Client(broker, model=model, name="slotserve-run", curve=curve) as client:
             _wait_for_model(client, wait_for_model_s, lambda: stop_reason() is not None)
             job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress,
-                           on_finish=signals.wake, close_input=close_input).start()
+                           on_finish=signals.wake, close_input=close_input, previous=previous).start()
             try:
                 def should_stop() -> bool:
                     return job.finished or job.output_error is not None or stop_reason() is not None
@@ -124,9 +130,11 @@ def _outcome(job: BatchJob | None, failure: str | None, signum: int | None) -> B
         return BatchOutcome(summary, ExitStatus.FAILED, f"cannot read the input: {job.failure}")
     if summary.stopped is not None:
         return BatchOutcome(summary, ExitStatus.TIMEOUT, f"stopped: {summary.stopped}")
-    if summary.errors:
+    errors = summary.errors + summary.already_errors
+    if errors:
+        before = f", {summary.already_errors} of them before this run" if summary.already_errors else ""
         return BatchOutcome(summary, ExitStatus.ROW_ERRORS,
-                            f"{summary.errors} row(s) ended with finish_reason 'error' (see their \"error\")")
+                            f"{errors} row(s) ended with finish_reason 'error'{before} (see their \"error\")")
     return BatchOutcome(summary, ExitStatus.OK)
 
 

@@ -940,7 +940,7 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
               show_envvar=True,
               help="Where to write the result rows (JSONL; - for stdout); created (empty) once the arguments are "
                    "checked, before the cluster starts, so a job stopped before any row ended still leaves one, "
-                   "and a usage error leaves an existing file alone.")
+                   "and a usage error leaves an existing file alone. With --resume: kept, and appended to.")
 @click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
               default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
@@ -958,12 +958,23 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
 @click.option("--timeout-s", type=FiniteFloatRange(min=0, min_open=True), default=None, show_envvar=True,
               help="Stop the job after this many seconds, as a signal would (exit status 124; default: no limit).")
 @click.option("--progress/--no-progress", default=True, show_envvar=True, help="Progress bar on stderr.")
+@click.option("--resume", is_flag=True, default=False, show_envvar=True,
+              help="Go on with a job that was stopped or killed (Ctrl-C, --timeout-s, SIGKILL, a crash, a reboot): "
+                   "-o OUT.jsonl is kept and appended to, and only the rows of IN.jsonl whose id has no result "
+                   "there yet run. A last line cut off mid-write is removed. Rows that ended \"cancelled\" (the stop) "
+                   "or with an error of the run rather than of the row (worker_failed, model_error, queue_full, "
+                   "internal, ...) run again, their old rows removed from OUT.jsonl first; rows refused for what "
+                   "they hold (bad_request, context_length_exceeded, unsupported, too_large) and rows that ended by "
+                   "their own timeout_s (\"deadline\") are kept and not run again. Rows without \"id\" are matched "
+                   "by line number: IN.jsonl must be unchanged. The exit status counts the rows kept (3 if one "
+                   "ended \"error\"), as one run of the whole input would. An OUT.jsonl that does not exist starts "
+                   "afresh; not with -o -.")
 @_curve_dir
 @_serving_options
 @_model_options
 @click.pass_context
 def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_ms, stop_token, max_in_flight,
-        timeout_s, progress, curve_dir, served_model_names, warmup, model_options) -> None:
+        timeout_s, progress, resume, curve_dir, served_model_names, warmup, model_options) -> None:
     """Run the batch job IN.jsonl and write results to -o OUT.jsonl.
 
     Rows: {"id", "prompt": [token ids] or "text" (or "messages": chat
@@ -981,6 +992,7 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     Ctrl-C, SIGTERM, SIGHUP or --timeout-s stop the job: requests in flight
     are cancelled, every submitted row still gets its result row, the
     summary is printed, the embedded cluster stops; later lines are not read.
+    The same command with --resume then runs only what is missing.
 
     \b
     Exit status:
@@ -988,7 +1000,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
       1    the job could not run (no broker, the cluster failed, unreadable input,
            an output that cannot be written)
       2    bad usage
-      3    some rows ended with "error" (bad rows included; see their "error")
+      3    some rows ended with "error" (bad rows included; see their "error";
+           with --resume, the rows kept from before included)
       124  --timeout-s passed
       128+N  stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)
     """
@@ -1000,6 +1013,9 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     if _same_file(input_path, output):  # opening -o empties it: the rows would be gone before they were read
         raise click.BadParameter(f"{output} is the input file IN.jsonl: writing the results there would erase "
                                  "the rows before they are read; name another file", param_hint="'-o' / '--output'")
+    if resume and output == "-":
+        raise click.UsageError("--resume reads the rows an earlier run wrote to -o and appends to them: it needs a "
+                               "file, not - (standard output)")
     # The stop signals are caught first, before anything slow (imports, counting
     # the input, starting the cluster): from here on a signal at any phase only
     # sets the flag, and run_batch ends as it does mid-run -- children stopped,
@@ -1027,17 +1043,22 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
             inp = open_input(input_path)
         except OSError as e:
             raise click.ClickException(f"cannot read {input_path}: {e}") from None
+        previous = None
         try:  # only now: an error in the arguments above leaves an existing -o as it was
-            out = click.open_file(output, "w")
-        except OSError as e:
+            if resume:
+                previous = _read_previous(output)
+            out = click.open_file(output, "a" if resume else "w")
+        except (OSError, ValueError) as e:
             inp.close()
-            raise click.ClickException(f"cannot write {output}: {e}") from None
+            if isinstance(e, ValueError):
+                raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
+            raise click.ClickException(f"cannot {'resume' if resume else 'write'} {output}: {e}") from None
         try:
             if cluster is not None:
                 click.echo(f"slotserve run: starting a local cluster ({workers} x {model} worker(s))...", err=True)
             outcome = run_batch(inp, out, signals=sig, model=asked, broker=broker_addr, cluster=cluster,
                                 curve=curve_dir, max_in_flight=max_in_flight, total=total, progress=progress,
-                                timeout_s=timeout_s, close_input=True)
+                                timeout_s=timeout_s, close_input=True, previous=previous)
         finally:
             close_error = _close_output(out, output)
     if outcome.summary is not None:
@@ -1049,6 +1070,28 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     if outcome.message:
         click.echo(outcome.message, err=True)
     ctx.exit(outcome.exit_status)
+
+
+def _read_previous(output: str):
+    """``--resume``'s reading of ``output`` (:func:`slotserve.resume.read_previous`), said on stderr:
+    a missing file (None: the job starts afresh), a cut last line removed, the rows kept and those
+    that run again. Raises what it raises (ValueError: not a job's output; OSError)."""
+    from slotserve.resume import read_previous
+
+    previous = read_previous(output)
+    say = functools.partial(click.echo, err=True)
+    if previous is None:
+        say(f"slotserve run --resume: {output} does not exist: starting afresh")
+        return None
+    if previous.cut is not None:
+        cut = previous.cut
+        say(f"slotserve run --resume: the last line of {output} (line {cut.line}, {cut.size} bytes, {cut.why}) was "
+            "cut off mid-write: removed, the file truncated back to its last complete row (that request runs again)")
+    again = sum(previous.again.values())
+    why = ", ".join(f"{k} {v}" for k, v in sorted(previous.again.items()))
+    say(f"slotserve run --resume: {previous.rows} rows already done in {output} ({previous.errors} errors): not run "
+        "again" + (f"; {again} rows to run again ({why}), their rows removed from it" if again else ""))
+    return previous
 
 
 def _same_file(input_path: str, output: str) -> bool:

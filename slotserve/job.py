@@ -51,6 +51,10 @@ An output that cannot be written (a full disk, a closed pipe: ``slotserve run
 what is in flight is cancelled, no further line is read nor row written, and
 the error is kept in :attr:`BatchJob.output_error` (``slotserve run`` exits 1
 naming it).
+
+A job given ``previous`` (``slotserve run --resume``: :func:`slotserve.resume.read_previous` of
+its output, which it appends to) skips each input row whose id a row of the output answers, and
+each line whose refusal row is there, writing nothing for them; every other row runs as above.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from protocol.errors import error_code
 from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
+from slotserve.resume import Previous, id_key
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,9 @@ class JobSummary:
     ``stopped``: why the job ended before its input did (``"SIGTERM"``,
     ``"timeout after 30 s"``, ...), None when it ran to the end;
     ``lines_read``: input lines read (the last one when stopped early);
-    ``cached_tokens``: prompt tokens the workers' prefix caches gave (the sum of the rows')."""
+    ``cached_tokens``: prompt tokens the workers' prefix caches gave (the sum of the rows');
+    ``already_done``, ``already_errors``: with ``--resume``, the rows the output held before this
+    run (not run again), and how many of them ended ``error``; the other counts are this run's."""
 
     requests: int
     errors: int
@@ -96,6 +103,8 @@ class JobSummary:
     stopped: str | None = None
     lines_read: int = 0
     cached_tokens: int = 0
+    already_done: int = 0
+    already_errors: int = 0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -106,7 +115,9 @@ class JobSummary:
         def ms(v):
             return "-" if v is None else format_duration(v / 1000)
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.finish_reasons.items()))
-        rows = [
+        rows = [("already done", f"{self.already_done} rows in the output before this run "
+                                 f"({self.already_errors} errors): not run again")] if self.already_done else []
+        rows += [
             ("requests", f"{self.requests} ({self.errors} errors)"),
             ("finish reasons", reasons or "-"),
             ("tokens", f"{self.prompt_tokens} prompt ({self.cached_tokens} cached), "
@@ -154,6 +165,8 @@ class BatchJob:
       a supervising loop (which then stops the job: :meth:`stop`).
     - ``close_input``: close ``inp`` once it is read to the end (or the job
       stopped reading it).
+    - ``previous``: the rows ``out`` held before (``--resume``): the input
+      rows they answer are skipped (:mod:`slotserve.resume`).
 
     Use :meth:`start`, then :meth:`wait` or :attr:`finished`; :meth:`stop`
     ends it early; :meth:`summary` at the end.
@@ -161,7 +174,8 @@ class BatchJob:
 
     def __init__(self, client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,
                  total: int | None = None, progress: bool = True,
-                 on_finish: Callable[[], None] | None = None, close_input: bool = False) -> None:
+                 on_finish: Callable[[], None] | None = None, close_input: bool = False,
+                 previous: Previous | None = None) -> None:
         if type(max_in_flight) is not int or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.client = client
@@ -170,6 +184,7 @@ class BatchJob:
         self.max_in_flight = max_in_flight
         self.on_finish = on_finish
         self.close_input = close_input
+        self.previous = previous
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -184,6 +199,7 @@ class BatchJob:
         self.reasons: dict[str, int] = {}
         self.requests = self.errors = self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.lines_read = 0
+        self.skipped = 0  # input rows answered by ``previous``: not run
         self.read_all = False
         self.stopped: str | None = None
         self.failure: BaseException | None = None
@@ -245,7 +261,9 @@ class BatchJob:
                 p99_latency_ms=None if not lat else _percentile(lat, 99) * 1000,
                 p50_ttft_ms=None if not ttft else _percentile(ttft, 50) * 1000,
                 finish_reasons=dict(self.reasons), stopped=self.stopped, lines_read=self.lines_read,
-                cached_tokens=self.cached_tokens)
+                cached_tokens=self.cached_tokens,
+                already_done=0 if self.previous is None else self.previous.rows,
+                already_errors=0 if self.previous is None else self.previous.errors)
 
     def close(self) -> None:
         """Close the progress bar."""
@@ -316,9 +334,13 @@ class BatchJob:
             self.on_finish()
 
     def bad_row(self, n: int, row_id: Any, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
-        """Write the error row of input line ``n`` (not once the job is stopped)."""
+        """Write the error row of input line ``n`` (not once the job is stopped, nor when the
+        output holds it from before: ``previous``)."""
         with self.cond:
             if self._refused_when_stopped(n):
+                return
+            if self.previous is not None and n in self.previous.refused_lines:
+                self._skip()
                 return
             self.write({"id": row_id, "tokens": [], "finish_reason": FinishReason.ERROR.value,
                         "usage": {"prompt_tokens": 0, "completion_tokens": 0,
@@ -331,10 +353,14 @@ class BatchJob:
         self.lines_read = min(self.lines_read, n - 1)  # line n got no row
         return True
 
-    def _claim_id(self, n: int, row_id: Any) -> str | None:
-        """Record ``row_id`` as used by line ``n``; return why not when an
-        earlier line used it."""
-        key = json.dumps(row_id, sort_keys=True)
+    def _skip(self) -> None:  # under self.cond
+        self.skipped += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _claim_id(self, n: int, key: str) -> str | None:
+        """Record the row id whose :func:`~slotserve.resume.id_key` is ``key`` as used by line
+        ``n``; return why not when an earlier line used it."""
         with self.cond:
             first = self.ids_seen.setdefault(key, n)
         if first != n:
@@ -375,9 +401,15 @@ class BatchJob:
         if unwritable is not None:
             self.bad_row(n, n, f"line {n}: {nonfinite_words(path_text('id', unwritable[0]), unwritable[1])}")
             return
-        duplicate = self._claim_id(n, row_id)
+        key = id_key(row_id)
+        duplicate = self._claim_id(n, key)
         if duplicate is not None:
             self.bad_row(n, row_id, duplicate)
+            return
+        if self.previous is not None and key in self.previous.done_ids:  # (claimed first: a later reuse is refused)
+            with self.cond:
+                if not self._refused_when_stopped(n):
+                    self._skip()
             return
         try:  # every other key is a request parameter (unknown ones are refused: a typo cannot pass)
             params = RequestParams.from_mapping({k: v for k, v in row.items() if k != "id"})
@@ -459,7 +491,8 @@ def open_input(path: str) -> io.TextIOWrapper:
 
 
 def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: int = 10_000,
-            total: int | None = None, progress: bool = True, timeout_s: float | None = None) -> JobSummary:
+            total: int | None = None, progress: bool = True, timeout_s: float | None = None,
+            previous: Previous | None = None) -> JobSummary:
     """Run every row of ``inp`` through ``client``; write result rows to ``out``.
 
     - ``max_in_flight``: requests submitted and not yet finished, at most
@@ -468,6 +501,8 @@ def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: i
     - ``progress``: show a tqdm progress bar on stderr.
     - ``timeout_s``: stop the job after this many seconds: what is in flight
       is cancelled and the summary's ``stopped`` says so.
+    - ``previous``: what ``out`` held before, for a resumed job (``out`` is
+      then open for appending): :func:`slotserve.resume.read_previous`.
 
     Returns a :class:`JobSummary`. Bad rows become error rows. Raises
     ValueError for a bad ``max_in_flight``; a failure to read ``inp`` or to
@@ -475,7 +510,8 @@ def run_job(client: Client, inp: Iterable[str], out: TextIO, *, max_in_flight: i
     a failure to write ``out`` (OSError) stops the job (what is in flight is
     cancelled) and is re-raised.
     """
-    job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress)
+    job = BatchJob(client, inp, out, max_in_flight=max_in_flight, total=total, progress=progress,
+                   previous=previous)
     try:
         job.start()
         finished = job.wait(timeout_s)
