@@ -280,15 +280,17 @@ def test_the_not_found_message_lists_loaded_and_on_demand_names_and_hints_only_a
     assert "did you mean" not in not_found("gpt-4", names) and "(models: none)" in not_found("x", {})
 
 class GatedCodec(LetterCodec):
-    """``encode`` / ``apply_chat_template`` wait (up to 5 s) for a ``decode`` to happen meanwhile: on the
-    event loop they would block the ``/detokenize`` that releases them, so the wait would time out."""
+    """``encode`` / ``apply_chat_template`` wait for a ``decode`` to happen meanwhile: on the event loop
+    they would block the ``/detokenize`` that releases them, so the wait would run out. The wait is a
+    deadlock's bound, not a timing: 60 s (5 s ran out on a machine loaded to 3.8 on 2 cores, with the
+    code right), which only a broken gateway waits through."""
 
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.released: list[bool] = []
 
     def encode(self, text):
-        self.released.append(self.gate.wait(5))
+        self.released.append(self.gate.wait(60))
         return super().encode(text)
 
     def decode(self, ids, skip_special_tokens=True):
