@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from broker import BrokerConfig, run_broker
 from broker.server import tune_gc
-from client import Client
+from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S, PARENT_GONE as PARENT_GONE_MESSAGE
 from protocol.endpoints import BindError
@@ -354,7 +354,8 @@ class LocalCluster:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until every worker is registered with the broker (loaded and warmed up; RuntimeError
-        after ``timeout_s``)."""
+        after ``timeout_s``). A status query the broker leaves unanswered (starved or frozen a while:
+        a busy machine, a stopped process group) is asked again until then."""
         deadline = time.monotonic() + timeout_s
         expected: dict[str, int] = {}
         for w in self.config.workers:
@@ -364,15 +365,23 @@ class LocalCluster:
                     curve=self.config.client_curve) as c:
             while True:
                 self._check_stop()
-                st = c.status()
-                if all(m in st.models and st.models[m].workers >= n for m, n in expected.items()):
+                try:
+                    st = c.status()
+                except BrokerUnavailable:
+                    st = None
+                if st is not None and all(m in st.models and st.models[m].workers >= n
+                                          for m, n in expected.items()):
                     return
                 for i, p in enumerate(self._workers):
                     if p is not None and not p.is_alive():
                         raise RuntimeError(f"worker {i} exited with code {p.exitcode} while starting "
                                            "(see its log above)")
+                if self._broker is not None and not self._broker.is_alive():
+                    raise RuntimeError(f"the broker exited with code {self._broker.exitcode} while the workers "
+                                       "started (see its log above)")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"workers did not register within {timeout_s} s")
+                    raise RuntimeError(f"workers did not register within {timeout_s} s"
+                                       + ("" if st is not None else " (the broker did not answer its status query)"))
                 wait_for_sentinels([p.sentinel for p in self.worker_processes], timeout=0.05)
 
     def supervise(self, should_stop: Callable[[], bool], *, max_restarts_per_min: int = 10,

@@ -505,3 +505,74 @@ def test_a_slow_launcher_still_kills_a_worker_unlisted_for_its_window():
         if cluster._kill_lost_workers(now):
             break
     assert proc.killed and now - T0 <= 2 * window
+
+
+class _StatusClient:
+    """The launcher's readiness client: ``answers`` in turn, each a status or an exception to raise."""
+
+    def __init__(self, answers: list) -> None:
+        self.answers, self.asked = answers, 0
+
+    def __call__(self, *args, **kwargs) -> "_StatusClient":
+        return self
+
+    def __enter__(self) -> "_StatusClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def status(self, timeout_s: float = 5.0):
+        answer = self.answers[min(self.asked, len(self.answers) - 1)]
+        self.asked += 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _starting_cluster(monkeypatch, answers: list, broker_alive: bool = True) -> tuple:
+    """A launcher (started nothing) waiting for one worker of model 'm', its broker's status queries
+    answered by ``answers``: (cluster, the readiness client)."""
+    from slotserve import launcher
+    from slotserve.launcher import ClusterConfig, LocalCluster
+
+    cluster = LocalCluster(ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT),
+                                         (WorkerConfig(name="w0", served_model_names=("m",)),)))
+    worker = _Process()  # it runs
+    worker.sentinel = None
+    cluster.frontend, cluster._workers = "tcp://127.0.0.1:1", [worker]
+    cluster._broker = types.SimpleNamespace(is_alive=lambda: broker_alive, exitcode=None if broker_alive else 1)
+    monkeypatch.setattr(launcher, "wait_for_sentinels", lambda handles, timeout: [])  # (no exit to wait on)
+    client = _StatusClient(answers)
+    monkeypatch.setattr(launcher, "Client", client)
+    return cluster, client
+
+
+def test_the_launcher_asks_again_when_its_broker_left_a_status_query_unanswered(monkeypatch):
+    """A broker starved or frozen past a status query's 5 s while the workers load (a busy machine, a
+    SIGSTOP) is asked again: the start goes on (was: BrokerUnavailable's traceback out of `slotserve up`,
+    exit status 1, found with the broker alone SIGSTOPped for 8 s during a load)."""
+    from client import BrokerUnavailable
+
+    ready = types.SimpleNamespace(models={"m": types.SimpleNamespace(workers=1)})
+    cluster, client = _starting_cluster(monkeypatch, [BrokerUnavailable("no answer within 5.0 s"), ready])
+    cluster.wait_ready(60.0)
+    assert client.asked == 2
+
+
+def test_the_launcher_waiting_on_a_silent_broker_says_so_at_its_deadline(monkeypatch):
+    from client import BrokerUnavailable
+
+    cluster, _ = _starting_cluster(monkeypatch, [BrokerUnavailable("no answer within 5.0 s")])
+    with pytest.raises(RuntimeError, match=r"did not register within 0.0 s \(the broker did not answer"):
+        cluster.wait_ready(0.0)
+
+
+def test_the_launcher_whose_broker_exited_while_the_workers_started_says_so(monkeypatch):
+    from client import BrokerUnavailable
+
+    cluster, client = _starting_cluster(monkeypatch, [BrokerUnavailable("no answer within 5.0 s")],
+                                        broker_alive=False)
+    with pytest.raises(RuntimeError, match="the broker exited with code 1 while the workers started"):
+        cluster.wait_ready(60.0)
+    assert client.asked == 1
