@@ -3,8 +3,9 @@
 Every liveness judge in slotserve (the broker of its workers and clients, a worker's link of its
 broker, the client's I/O thread of its broker, the launcher of its worker processes) declares a peer
 dead after a window of silence measured on its own monotonic clock. When the judge's own process
-stops -- the whole cluster SIGSTOPped (Ctrl-Z then ``fg`` of ``slotserve up``), a laptop suspended,
-a VM paused, a host that starves it -- it wakes to find every peer silent past its window, and cannot
+stops -- the whole cluster SIGSTOPped (Ctrl-Z then ``fg`` of ``slotserve up``), a VM paused, a host
+that starves it (a laptop's suspend is not seen: CLOCK_MONOTONIC stops with it) -- it wakes to find
+every peer silent past its window, and cannot
 tell their silence from its own: it heard nothing because it listened to nothing (a break-it pass
 froze a cluster for 20-170 s: the launcher killed a worker as frozen, the broker ended two requests
 ``client_silent``, and could take workers for lost and move their requests).

@@ -57,7 +57,8 @@ class DemandSupervisor:
     Which of its timers count a stall of its own loop (a pass that comes late:
     :class:`~protocol.liveness.StallWatch`, against its shortest timer -- :data:`STOP_KILL_S`,
     ``idle_unload_s``, the core's ``turn_s`` -- and twice a pass's longest wait, ``DEMAND_POLL_S``
-    plus ``timeout_s``; the whole ``slotserve up`` SIGSTOPped, a suspended laptop or VM), decided
+    plus ``timeout_s``; the whole ``slotserve up`` SIGSTOPped, a paused VM; a laptop's suspend stops the
+    monotonic clock too), decided
     per timer by what happened meanwhile:
 
     - :data:`STOP_KILL_S` (a worker told to stop is killed): not counted. Its worker was frozen too
@@ -74,7 +75,7 @@ class DemandSupervisor:
     Each timer gets one stall excused until it starts again (as a liveness judge's peers,
     :meth:`StallWatch.excuses`), so a supervisor slow at every pass still kills and unloads, or
     until the supervisor has run on time for its window (its shortest timer) since that stall: the
-    next one is a freeze again (a laptop suspended each night), not a slow supervisor, and nothing
+    next one is a freeze again (``slotserve up`` stopped each night), not a slow supervisor, and nothing
     restarts an idle model's timer as a live peer's word restarts its silence timer (excused once,
     it counted the second freeze as idle time). A timer excused again so has counted at least a
     window since its previous excuse, so it still fires however often the supervisor stalls.
