@@ -9,9 +9,11 @@ What llama.cpp's server answers there (its README, ``tools/server/README.md``, a
   defaults (``temperature`` 0.8, ``top_k`` 40, ``top_p`` 0.95, ``min_p`` 0.05, ``repeat_penalty``,
   ``presence_penalty``, ``frequency_penalty``, ``seed`` (-1 or 4294967295: none), ``stop`` (a list of
   strings), ``ignore_eos``); ``model`` optional with one model; slotserve's ``priority`` and
-  ``timeout_s``. Accepted and not used: ``cache_prompt`` (the prefix cache is always on), ``id_slot``,
-  ``samplers``, ``n_indent``, ``t_max_prompt_ms``, ``t_max_predict_ms``, ``n_probs`` (0 only),
-  ``timings_per_token``; ``return_tokens`` is the route's (:meth:`LlamaEndpoint.show_tokens`).
+  ``timeout_s``. llama.cpp's other fields (``n_probs``, ``logit_bias``, ``json_schema``, ``grammar``,
+  ``samplers``, its other samplers at the values that leave them off, ``cache_prompt``, ``id_slot``
+  ...) are :mod:`gateway.llama_fields`'s: mapped to the request's options, accepted where they change
+  nothing here, a 400 saying what is supported where they would; ``return_tokens`` is the route's
+  (:meth:`LlamaEndpoint.show_tokens`).
   ``response_fields`` keeps only the fields named (``"a/b"``: a nested one,
   under the key ``"a/b"``), as llama.cpp does. Anything else is a 400 naming it
   (``unknown_parameter``; no hint, :mod:`gateway.foreign_fields`: these routes take llama.cpp's own fields).
@@ -25,7 +27,9 @@ What llama.cpp's server answers there (its README, ``tools/server/README.md``, a
   context. A stream sends ``data: {"index", "content", "tokens", "stop": false, "id_slot": -1,
   "tokens_predicted", "tokens_evaluated"}`` events as tokens come (several prompts: interleaved, each
   by its ``index``), then each prompt's final object with ``"content": ""`` and ``"tokens": []``,
-  and no ``[DONE]``, as llama.cpp.
+  and no ``[DONE]``, as llama.cpp. With ``n_probs`` N > 0, each event and a whole answer carry its
+  tokens' ``completion_probabilities`` (:func:`gateway.llama_fields.llama_probs`; a stream's final
+  object none, as llama.cpp's).
 - Errors are OpenAI-shaped (:mod:`gateway.errors`), ``param`` and message naming this body's fields
   (``n_predict``, not the request's ``max_tokens``). A failure before the first token is the HTTP
   error; one after it, in a stream, is a last ``data: {"error": ...}`` event.
@@ -34,10 +38,10 @@ What llama.cpp's server answers there (its README, ``tools/server/README.md``, a
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -47,7 +51,11 @@ from gateway.errors import APIError, bad_request, from_remote, from_value_error,
 from gateway.generate import ClientGone, Generate, _Call, _EventStream, parse_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.link import resolve_model
+from gateway.llama_fields import LlamaFields, llama_probs, logit_bias, refusal, sampler_overrides
+from gateway.logprobs import utf8_bytes
 from gateway.responses import error_response, json_response, sse
+from gateway.structured import structured_option
+from gateway.tokenizer import token_id_string
 from protocol.enums import FinishReason
 
 LLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -57,10 +65,10 @@ _NO_SEED = (-1, 0xFFFFFFFF)
 """llama.cpp's "random seed" values (``LLAMA_DEFAULT_SEED`` is 0xFFFFFFFF)."""
 
 
-class LlamaBody(BaseModel):
-    """The fields of every llama.cpp native generation body (see the module docstring)."""
+class LlamaBody(LlamaFields):
+    """The fields of every llama.cpp native generation body (see the module docstring; llama.cpp's
+    other samplers, probabilities, logit bias and grammars: :class:`gateway.llama_fields.LlamaFields`)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     n_predict: int | None = None
     stream: bool = False
@@ -77,25 +85,16 @@ class LlamaBody(BaseModel):
     priority: int | None = None
     timeout_s: float | None = None
     response_fields: list[str] | None = None
-    # accepted, not used (see the module docstring)
-    cache_prompt: bool | None = None
-    id_slot: int | None = None
-    samplers: list[str] | str | None = None
-    n_indent: int | None = None
-    t_max_prompt_ms: int | None = None
-    t_max_predict_ms: int | None = None
-    n_probs: Literal[0] | None = None
-    timings_per_token: bool | None = None
     return_tokens: bool | None = None  # (the route's: :meth:`LlamaEndpoint.show_tokens`)
 
 
 _SAMPLING_PARAMS = {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "temperature": "temperature", "seed": "seed",
                     "stop": "stop", "repetition_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
                     "max_tokens": "n_predict", "frequency_penalty": "frequency_penalty", "priority": "priority",
-                    "timeout_s": "timeout_s"}
+                    "timeout_s": "timeout_s", "logprobs": "n_probs", "logit_bias": "logit_bias"}
 """A request field named by an error -> the body's field, for the fields every llama.cpp body shares."""
 
-_SAMPLING_WORDS = ((r"max_tokens", "n_predict"), (r"repetition_penalty", "repeat_penalty"))
+_SAMPLING_WORDS = ((r"max_tokens", "n_predict"), (r"repetition_penalty", "repeat_penalty"), (r"logprobs", "n_probs"))
 """The request's fields the bodies name otherwise, wherever an error's message names them
 (:func:`gateway.errors.reworded`)."""
 
@@ -117,6 +116,7 @@ def sampling_options(body: LlamaBody) -> dict[str, Any]:
                         ("timeout_s", "timeout_s")):
         if getattr(body, field) is not None:
             opts[name] = getattr(body, field)
+    opts.update(sampler_overrides(body))  # (samplers left out, repeat_last_n 0: off)
     return opts
 
 
@@ -130,7 +130,9 @@ def generation_settings(body: LlamaBody, n_predict: int) -> dict[str, Any]:
             "repeat_penalty": opts.get("repetition_penalty", 1.0),
             "presence_penalty": opts.get("presence_penalty", 0.0),
             "frequency_penalty": opts.get("frequency_penalty", 0.0), "stop": body.stop or [],
-            "max_tokens": n_predict, "ignore_eos": bool(body.ignore_eos), "stream": body.stream, "n_probs": 0}
+            "max_tokens": n_predict, "ignore_eos": bool(body.ignore_eos), "stream": body.stream,
+            "n_probs": body.n_probs or 0, "grammar": body.grammar or "", "mirostat": 0, "typical_p": 1.0,
+            "min_keep": 0, "repeat_last_n": -1 if body.repeat_last_n is None else body.repeat_last_n}
 
 
 class Budget:
@@ -205,9 +207,13 @@ class LlamaEndpoint:
     async def _submit(self, body: LlamaBody, call: _Call) -> list[str]:
         """Submit one request per prompt; the prompts' texts (the answers' ``prompt``)."""
         gen = self.gen
+        refused = refusal(body)
+        if refused is not None:
+            raise refused
         client = call.client = await gen.link.client_for(call.model)
         budget = self.budget(body, gen.link.model_info(call.model))
         prompts = await self.prompts(body, call.model)
+        more = await self._options(body, call)
         if len(prompts) > gen.config.max_choices:
             raise bad_request(f"{len(prompts)} prompts; at most {gen.config.max_choices} per HTTP request",
                               self.prompt_param)
@@ -219,7 +225,7 @@ class LlamaEndpoint:
                 call.gens.append(g)
                 g.handle = client.submit_request(prompt, budget.max_tokens, g.on_end,
                                                  on_token=call.signal.poke if body.stream else None,
-                                                 **options, **extra)
+                                                 **options, **more, **extra)
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
             raise self._renamed(from_value_error(e, self.prompt_param), str(e)) from None
@@ -227,6 +233,34 @@ class LlamaEndpoint:
             call.gens.pop()
             raise unavailable(f"the gateway is stopping ({e})") from None
         return [text for _, text, _ in prompts]
+
+    async def _options(self, body: LlamaBody, call: _Call) -> dict[str, Any]:
+        """The request options of ``n_probs`` (``logprobs``), ``logit_bias`` and ``json_schema`` or
+        ``grammar`` (``structured``): :mod:`gateway.llama_fields`. Loads ``call.tokenizer`` when the
+        answer shows token strings or a bias gives a text."""
+        opts: dict[str, Any] = {}
+        bias = body.logit_bias
+        if body.n_probs or _gives_text(bias):
+            call.tokenizer = await self.gen.tokenizers.get(self.gen.link.served_name(call.model))
+        if body.n_probs:
+            opts["logprobs"] = body.n_probs
+        if bias is not None:
+            tok = call.tokenizer
+            encode = None if tok is None else (lambda text: tok.encode(text, add_special_tokens=False))
+            try:
+                biases = await asyncio.to_thread(logit_bias, bias, encode)
+            except ValueError as e:  # (the tokenizer's refusal of a text)
+                raise bad_request(f"logit_bias: {e}", "logit_bias") from None
+            if biases:
+                opts["logit_bias"] = biases
+        opts.update(structured_option(body))
+        return opts
+
+    def _probs(self, call: _Call, tokens: list[int], entries: list | None) -> list[dict]:
+        """llama.cpp's ``completion_probabilities`` of ``tokens`` (:func:`gateway.llama_fields.llama_probs`)."""
+        tok = call.tokenizer
+        token_str = token_id_string if tok is None else tok.token_str
+        return llama_probs(tokens, entries or [], token_str, utf8_bytes(token_str) if tok is None else tok.token_bytes)
 
     def _raise_failure(self, gens: list[Generation]) -> None:
         for g in gens:
@@ -243,6 +277,12 @@ class LlamaEndpoint:
         """``err`` with ``param`` as this body names it, and its message naming the body's fields (was:
         "repetition_penalty must be > 0" for ``repeat_penalty``, "max_tokens must be < 2**64" for
         ``n_predict``); ``message``: the refusal's own words."""
+        if err.param == "structured":  # (json_schema or grammar made the constraint: "structured gbnf ...")
+            said = re.match(r"structured ([a-z_]+)\b", err.message)
+            err.param = "grammar" if said is not None and said.group(1) == "gbnf" else "json_schema"
+            if said is not None:
+                err.message = err.param + err.message[said.end():]
+            return err
         err.param = self.params.get(err.param, err.param) if err.param is not None else None
         return reworded(err, self.words)
 
@@ -256,8 +296,13 @@ class LlamaEndpoint:
                 if d is None:
                     continue
                 if d.tokens or d.text:
-                    yield sse({"index": g.index, "content": d.text, "tokens": d.tokens, "stop": False, "id_slot": -1,
-                               "tokens_predicted": g.streamed_tokens, "tokens_evaluated": g.prompt_tokens or 0})
+                    event = {"index": g.index, "content": d.text, "tokens": d.tokens, "stop": False, "id_slot": -1,
+                             "tokens_predicted": g.streamed_tokens, "tokens_evaluated": g.prompt_tokens or 0}
+                    if body.n_probs and d.tokens:
+                        event["completion_probabilities"] = self._probs(call, d.tokens, d.logprobs)
+                    if body.timings_per_token:
+                        event["timings"] = _timings(g, g.streamed_tokens)
+                    yield sse(event)
                 if d.finished:
                     try:
                         self._raise_failure([g])
@@ -287,17 +332,12 @@ class LlamaEndpoint:
         h = g.handle
         text = g.text
         prompt_n = g.prompt_tokens or 0
-        cached = g.cached_tokens or 0
         predicted = len(g.tokens)
         stop_type, word = _stop_type(g)
-        first = h.first_token_s
-        end = h.finished_s if h.finished_s is not None else time.monotonic()
-        prompt_ms = 1000.0 * (first - h.submitted_s) if first is not None else 0.0
-        predicted_ms = 1000.0 * (end - first) if first is not None else 0.0
         info = self.gen.link.model_info(call.model)
         n_ctx = None if info is None else info.max_seq_len
         n_predict = 0 if g.hidden else h.params.max_tokens
-        return {
+        out = {
             "index": g.index, "content": "" if streamed else text,
             "tokens": [] if streamed or not self.show_tokens(body) else g.tokens, "id_slot": 0,
             "stop": True, "model": call.model, "tokens_predicted": predicted, "tokens_evaluated": prompt_n,
@@ -305,15 +345,38 @@ class LlamaEndpoint:
             "has_new_line": "\n" in text,
             "truncated": g.finish_reason is FinishReason.LENGTH and n_ctx is not None and prompt_n + predicted >= n_ctx,
             "stop_type": stop_type, "stopping_word": word, "tokens_cached": prompt_n + predicted,
-            "timings": {
-                "cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / max(1, prompt_n - cached),
-                "prompt_per_second": 1000.0 * (prompt_n - cached) / prompt_ms if prompt_ms else 0.0,
-                "predicted_n": predicted, "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": predicted_ms / max(1, predicted),
-                "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0,
-            },
+            "timings": _timings(g, predicted),
         }
+        if body.n_probs and not streamed and g.tokens:  # (a stream's events carried them)
+            out["completion_probabilities"] = self._probs(call, g.tokens, g.logprobs)
+        return out
+
+
+def _timings(g: Generation, predicted: int) -> dict[str, float]:
+    """llama.cpp's ``timings`` of ``g`` with ``predicted`` tokens generated so far (milliseconds; the
+    prompt's from submission to the first token, the generation's from then to the end or now)."""
+    h = g.handle
+    prompt_n = g.prompt_tokens or 0
+    cached = g.cached_tokens or 0
+    first = h.first_token_s
+    end = h.finished_s if h.finished_s is not None else time.monotonic()
+    prompt_ms = 1000.0 * (first - h.submitted_s) if first is not None else 0.0
+    predicted_ms = 1000.0 * (end - first) if first is not None else 0.0
+    return {
+        "cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / max(1, prompt_n - cached),
+        "prompt_per_second": 1000.0 * (prompt_n - cached) / prompt_ms if prompt_ms else 0.0,
+        "predicted_n": predicted, "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / max(1, predicted),
+        "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0,
+    }
+
+
+def _gives_text(bias: Any) -> bool:
+    """Whether llama.cpp's ``logit_bias`` ``bias`` names a token by its text (the tokenizer is needed)."""
+    if isinstance(bias, dict):
+        return any(not k.lstrip("-").isdigit() for k in bias)
+    return isinstance(bias, list) and any(isinstance(e, list) and e and isinstance(e[0], str) for e in bias)
 
 
 def _stop_type(g: Generation) -> tuple[str, str]:

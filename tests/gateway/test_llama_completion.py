@@ -35,7 +35,7 @@ from protocol.enums import FinishReason  # noqa: E402
 from protocol.messages import ModelInfo, ModelStatus, Status  # noqa: E402
 from protocol.request import ModelLimits  # noqa: E402
 from tests.support.gateway import error_of  # noqa: E402
-from tests.support.scripted import LETTERS, VOCAB, LetterCodec, ScriptedClient, generated  # noqa: E402
+from tests.support.scripted import LETTERS, VOCAB, LetterCodec, ScriptedClient, entry, generated  # noqa: E402
 
 KEY = "sk-llama"
 BOS = LETTERS.index(".")
@@ -85,9 +85,13 @@ class Stops(ScriptedClient):
                 reason, why = FinishReason.STOP, word
                 break
             h._text.append(self.codec.decode([t]))
+            if h.logprobs is not None:
+                h.logprobs.append(entry(t, h.params.logprobs))
             if h.on_token is not None:
                 h.on_token(t)
             if t == 38 and h.params.stop_token != ():  # ("!" then the EOS token ends it, unless ignore_eos)
+                if h.logprobs is not None:
+                    h.logprobs.append(entry(39, h.params.logprobs))
                 h._tokens.append(39)
                 reason, why = FinishReason.STOP, 39
                 break
@@ -278,7 +282,7 @@ def test_sampling_fields_and_llama_cpps_defaults(served):
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed) == (0.8, 40, 0.95, 0.05, None)
     out = complete(http, prompt="ab", n_predict=1, temperature=0.5, top_k=7, top_p=0.5, min_p=0.1, seed=42,
                    repeat_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.25, cache_prompt=True, n_probs=0,
-                   id_slot=-1, samplers=["top_k"], timings_per_token=False, n_indent=0, priority=1, timeout_s=30)
+                   id_slot=-1, timings_per_token=False, n_indent=0, priority=1, timeout_s=30)
     p = client.submitted[-1]
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.repetition_penalty, p.presence_penalty,
             p.frequency_penalty, p.priority) == (0.5, 7, 0.5, 0.1, 42, 1.2, 0.5, 0.25, 1)
@@ -300,7 +304,11 @@ WRONG = [  # (field, a value of the wrong type); each answered as /infill answer
     ("stop", "x"), ("stop", [1]), ("repeat_penalty", "x"), ("presence_penalty", {}), ("frequency_penalty", "x"),
     ("ignore_eos", 1), ("priority", "x"), ("timeout_s", "x"), ("response_fields", "x"), ("cache_prompt", 1),
     ("id_slot", "x"), ("samplers", 1), ("n_indent", "x"), ("t_max_prompt_ms", "x"), ("t_max_predict_ms", "x"),
-    ("n_probs", "x"), ("n_probs", 3), ("timings_per_token", 1), ("return_tokens", "yes"),
+    ("n_probs", "x"), ("n_probs", 21), ("n_probs", -1), ("timings_per_token", 1), ("return_tokens", "yes"),
+    ("mirostat", "x"), ("typical_p", "x"), ("repeat_last_n", 1.5), ("repeat_last_n", -2), ("grammar", 1),
+    ("image_data", "x"), ("dry_sequence_breakers", [1]), ("api_key", 1), ("slot_id", "x"), ("n_keep", "x"),
+    ("post_sampling_probs", 1), ("logit_bias", "x"), ("logit_bias", [[1]]), ("logit_bias", [[1, True]]),
+    ("logit_bias", {"1": "x"}), ("logit_bias", [[1, 500]]), ("json_schema", 5), ("samplers", ["top_q"]),
     ("temperature", -1), ("top_p", 2), ("n_predict", 2 ** 70), ("repeat_penalty", 0), ("timeout_s", -1),
 ]
 
@@ -312,7 +320,10 @@ def test_a_wrong_value_of_a_field_is_the_400_infill_answers(served, field, value
     stream = got if field == "stream" else \
         error_of(http.post("/completion", json={"prompt": "ab", "n_predict": 2, field: value, "stream": True}), 400)
     infill = error_of(http.post("/infill", json={"input_prefix": "ab", "n_predict": 2, field: value}), 400)
-    assert got == stream == infill and got["param"] == (field if field != "stop" or value == "x" else "stop.0"), got
+    param = {"stop": "stop" if value == "x" else "stop.0", "logit_bias": "logit_bias" if value in ("x", [[1, 500]]) else
+             "logit_bias.1" if isinstance(value, dict) else "logit_bias[0]",
+             "dry_sequence_breakers": "dry_sequence_breakers.0"}.get(field, field)
+    assert got == stream == infill and got["param"] == param, got
     assert "max_tokens" not in got["message"] and "repetition_penalty" not in got["message"], got
     assert not client.submitted
 
@@ -337,7 +348,7 @@ def test_missing_prompt_and_unknown_fields_are_400s(served):
     http, _ = served
     e = error_of(http.post("/completion", json={"n_predict": 2}), 400)
     assert (e["param"], e["code"]) == ("prompt", "missing_required_parameter"), e
-    for field in ("typical_p", "mirostat", "max_tokens", "n_keep"):
+    for field in ("max_tokens", "logprobs", "mirostat_mode"):
         e = error_of(http.post("/completion", json={"prompt": "a", field: 1}), 400)
         assert (e["param"], e["code"], e["message"]) == (field, "unknown_parameter",
                                                          f"Unrecognized request argument supplied: {field}"), e
@@ -438,6 +449,12 @@ def test_a_mixed_prompt_is_tokenised_with_the_models_real_tokenizer(tiny_text_di
         assert out["prompt"] == tok.decode([*first, 5, *last])
         http.post("/completion", json={"prompt": [5, "Hello"], "n_predict": 1})
         assert list(client.submitted[-1].prompt) == [5, *tok("Hello", add_special_tokens=False)["input_ids"]]
+        # a logit_bias text is its tokens without BOS; completion_probabilities show the tokens' strings and bytes
+        out = http.post("/completion", json={"prompt": [5, 6], "n_predict": 2, "n_probs": 1, "return_tokens": True,
+                                             "logit_bias": [[" world", 2]]}).json()
+        assert client.submitted[-1].logit_bias == tuple(sorted((t, 2.0 * last.count(t)) for t in set(last)))
+        assert [(p["id"], p["token"], p["bytes"]) for p in out["completion_probabilities"]] == \
+            [(t, real.token_str(t), real.token_bytes(t)) for t in out["tokens"]]
     for t in client.threads:
         t.join(10)
 
@@ -467,3 +484,212 @@ def test_the_gateways_app_serves_them_behind_its_keys(monkeypatch):
             assert r.status_code == 200 and r.json()["content"] == "cd", r.text
     for t in client.threads:
         t.join(10)
+
+
+# ---------------------------------------------------------------- llama.cpp's other fields (gateway.llama_fields)
+
+class AnyText(LetterCodec):
+    """The letters codec reading any text (a character outside :data:`LETTERS` as a space), so that a
+    client's own prompt (capitals, newlines, colons) can be sent as it is."""
+
+    def encode(self, text: str) -> list[int]:
+        return [LETTERS.index(c) if c in LETTERS else LETTERS.index(" ") for c in text.lower()]
+
+
+WEB_UI = {  # llama.cpp's web UI (tools/server/public_legacy/index.html: params, then chat()'s runLlama and
+    # completion.js's paramDefaults): what it POSTs to /completion for the user's message "hi"
+    "stream": True, "n_predict": 400, "temperature": 0.7, "repeat_last_n": 256, "repeat_penalty": 1.18,
+    "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "top_k": 40,
+    "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1,
+    "grammar": "", "n_probs": 0, "min_keep": 0, "image_data": [], "cache_prompt": True, "api_key": "",
+    "slot_id": -1, "stop": ["</s>", "Llama:", "User:"],
+    "prompt": "This is a conversation between User and Llama, a friendly chatbot. Llama is helpful, kind, honest, "
+              "good at writing, and never fails to answer any requests immediately and with precision.\n\n"
+              "User: hi\nLlama:",
+}
+
+NO_OPS = {  # every llama.cpp field at a value that changes nothing (its older web UI's tfs_z and penalize_nl too)
+    "tfs_z": 1, "penalize_nl": False, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_n_sigma": -1,
+    "adaptive_target": -1, "adaptive_decay": 0.9, "dry_sequence_breakers": ["\n", ":"], "n_keep": 0, "n_discard": 0,
+    "id_slot": -1, "n_cache_reuse": 0, "n_cmpl": 1, "lora": [], "return_progress": False, "sse_ping_interval": 10,
+    "post_sampling_probs": False, "timings_per_token": False, "t_max_prompt_ms": 0, "t_max_predict_ms": 0,
+    "n_indent": 0, "ignore_eos": False, "logit_bias": [], "xtc_probability": 0.5, "xtc_threshold": 0.6,
+    "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+}
+
+
+def test_llama_cpps_web_ui_body_streams_with_its_sampling():
+    client = Stops(ModelLimits(VOCAB, 1024, True))
+    client.codec = AnyText()
+    with TestClient(llama_app(Link(client)), headers={"Authorization": f"Bearer {KEY}"}) as http:
+        out = events(http.post("/completion", json=WEB_UI))
+    assert out[-1]["stop"] is True and out[-1]["stop_type"] in ("limit", "eos") and out[0]["content"], out[-1]
+    p = client.submitted[-1]
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.stop, p.logit_bias,
+            p.logprobs, p.structured) == (400, 0.7, 40, 0.95, 0.05, 1.18, ("</s>", "Llama:", "User:"), (), None, None)
+    for t in client.threads:
+        t.join(10)
+
+
+def test_every_field_at_its_no_op_value_is_the_plain_request_on_both_routes(served):
+    http, client = served
+    for path, plain in (("/completion", {"prompt": "ab", "n_predict": 3}),
+                        ("/infill", {"input_prefix": "ab", "n_predict": 3})):
+        assert http.post(path, json=plain).status_code == 200
+        bare = client.submitted[-1]
+        ui = {k: v for k, v in WEB_UI.items() if k != "prompt"}
+        for body in ({**ui, **NO_OPS, **plain, "stop": [], "stream": False}, {**plain, **NO_OPS}):
+            r = http.post(path, json=body)
+            assert r.status_code == 200, r.text
+            p = client.submitted[-1]
+            assert p.sampling._replace(temperature=bare.temperature, repetition_penalty=1.0) == bare.sampling, path
+            assert p.stop_token == bare.stop_token and p.max_tokens == 3
+
+
+EFFECTFUL = [  # (field, value, what the 400 says)
+    ("mirostat", 2, "mirostat 2: mirostat sampling is not supported; use temperature, top_k, top_p and min_p"),
+    ("dynatemp_range", 0.5, "dynamic temperature is not supported"), ("typical_p", 0.9, "locally typical sampling"),
+    ("tfs_z", 0.95, "tail-free sampling is not supported"), ("top_n_sigma", 1.5, "top-n-sigma sampling"),
+    ("dry_multiplier", 0.8, "DRY sampling is not supported; use repeat_penalty"),
+    ("xtc_probability", 0.5, "XTC sampling is not supported"), ("adaptive_target", 0.5, "adaptive-p sampling"),
+    ("min_keep", 5, "min_keep > 1 is not supported"), ("n_cmpl", 2, "send the prompt several times"),
+    ("image_data", [{"data": "AAAA", "id": 10}], "no multimodal model is served"),
+    ("lora", [{"id": 0, "scale": 1.0}], "LoRA adapters are not supported"),
+    ("return_progress", True, "prompt progress events are not supported"),
+    ("post_sampling_probs", True, "post-sampling probabilities are not supported"),
+    ("samplers", ["top_k", "mirostat"], "samplers[1] 'mirostat' is no sampler of llama.cpp's"),
+    ("samplers", "kz", "unknown sampler letter 'z'"),
+]
+
+
+@pytest.mark.parametrize("field, value, words", EFFECTFUL, ids=[f"{f}={v!r}" for f, v, _ in EFFECTFUL])
+def test_a_sampler_slotserve_has_not_is_a_400_naming_it_on_both_routes(served, field, value, words):
+    http, client = served
+    for path, body in (("/completion", {"prompt": "ab"}), ("/infill", {"input_prefix": "ab"})):
+        for stream in (False, True):
+            e = error_of(http.post(path, json={**body, field: value, "stream": stream}), 400)
+            assert e["param"] == field and words in e["message"], e
+    assert not client.submitted
+
+
+def test_samplers_left_out_are_off_and_repeat_last_n_0_turns_the_penalties_off(served):
+    http, client = served
+    base = {"prompt": "ab", "n_predict": 1, "temperature": 0.5, "repeat_penalty": 1.2, "presence_penalty": 0.5}
+    out = complete(http, **base, samplers=["top_k", "typ_p", "infill"])
+    p = client.submitted[-1]
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty) == \
+        (1.0, 40, 1.0, 0.0, 1.0, 0.0)
+    assert (out["generation_settings"]["temperature"], out["generation_settings"]["top_p"]) == (1.0, 1.0)
+    complete(http, **base, samplers="ekpmt")  # (llama.cpp's letters: all of them on)
+    p = client.submitted[-1]
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty) == (0.5, 40, 0.95, 0.05, 1.2)
+    complete(http, **base, samplers=["Top-K", "nucleus", "temp"])  # (alternative names, as llama.cpp reads them)
+    p = client.submitted[-1]
+    assert (p.temperature, p.top_p, p.min_p, p.repetition_penalty) == (0.5, 0.95, 0.0, 1.0)
+    complete(http, **base, repeat_last_n=0)
+    assert (client.submitted[-1].repetition_penalty, client.submitted[-1].presence_penalty) == (1.0, 0.0)
+    complete(http, **base, repeat_last_n=64)
+    assert (client.submitted[-1].repetition_penalty, client.submitted[-1].presence_penalty) == (1.2, 0.5)
+
+
+B, C = LETTERS.index("b"), LETTERS.index("c")
+
+
+@pytest.mark.parametrize("bias, want", [
+    ([[5, 1.5]], ((5, 1.5),)), ([[5, False]], ((5, -100.0),)), ({"5": -2}, ((5, -2.0),)),
+    ([["bc", -1]], ((B, -1.0), (C, -1.0))),  # (the text's tokens, no BOS)
+    ({"bcb": 2}, ((B, 4.0), (C, 2.0))),  # (a token twice: its biases add up, as llama.cpp's entries)
+    ([[B, False], ["b", 3]], ((B, -100.0),)), ([], ()), ([["", 1]], ()),
+])
+def test_logit_bias_in_llama_cpps_forms_on_both_routes(served, bias, want):
+    http, client = served
+    complete(http, prompt="ab", n_predict=1, logit_bias=bias)
+    assert client.submitted[-1].logit_bias == want
+    assert http.post("/infill", json={"input_prefix": "ab", "n_predict": 1, "logit_bias": bias}).status_code == 200
+    assert client.submitted[-1].logit_bias == want
+
+
+def test_a_logit_bias_text_without_the_models_tokenizer_is_a_400_saying_so():
+    client = Stops()
+    with TestClient(llama_app(Link(client), Tokenizers(lambda name: None)),
+                    headers={"Authorization": f"Bearer {KEY}"}) as http:
+        e = error_of(http.post("/completion", json={"prompt": [1, 2], "logit_bias": [["ab", 1]]}), 400)
+        assert e["param"] == "logit_bias[0]" and "tokenizer" in e["message"], e
+        r = http.post("/completion", json={"prompt": [1, 2], "n_predict": 1, "logit_bias": {"5": 1}})
+        assert r.status_code == 200 and client.submitted[-1].logit_bias == ((5, 1.0),), r.text
+
+
+PROB_KEYS = {"id", "token", "bytes", "logprob", "top_logprobs"}
+
+
+def check_probs(probs: list[dict], tokens: list[int], n: int) -> None:
+    """llama.cpp's ``completion_probabilities`` of ``tokens`` (the scripted entries: tests.support.scripted.entry)."""
+    assert [p["id"] for p in probs] == tokens
+    for p, t in zip(probs, tokens):
+        want = entry(t, n)
+        assert set(p) == PROB_KEYS and p["token"] == LETTERS[t] and p["bytes"] == list(LETTERS[t].encode()), p
+        assert p["logprob"] == want.logprob
+        assert [(q["id"], q["logprob"]) for q in p["top_logprobs"]] == [(i, max(lp, -9999.0)) for i, lp in want.top]
+        assert all(set(q) == {"id", "token", "bytes", "logprob"} for q in p["top_logprobs"])
+
+
+@pytest.mark.parametrize("path, body", [("/completion", {"prompt": "ab"}), ("/infill", {"input_prefix": "ab"})])
+def test_n_probs_gives_completion_probabilities_whole_and_per_stream_event(served, path, body):
+    http, client = served
+    r = http.post(path, json={**body, "n_predict": 3, "n_probs": 2})
+    out = r.json()
+    assert r.status_code == 200 and client.submitted[-1].logprobs == 2, r.text
+    check_probs(out["completion_probabilities"], [C, C + 1, C + 2], 2)
+    assert out["generation_settings"]["n_probs"] == 2
+    got = events(http.post(path, json={**body, "n_predict": 3, "n_probs": 3, "stream": True}))
+    assert "completion_probabilities" not in got[-1] and got[-1]["stop"] is True
+    for e in got[:-1]:
+        check_probs(e["completion_probabilities"], e["tokens"], 3)
+    assert [t for e in got[:-1] for t in e["tokens"]] == [C, C + 1, C + 2]
+    assert "completion_probabilities" not in complete(http, prompt="ab", n_predict=2)
+
+
+def test_json_schema_and_grammar_constrain_the_output(served):
+    http, client = served
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    complete(http, prompt="ab", n_predict=2, json_schema=schema)
+    c = client.submitted[-1].structured
+    assert (c.kind, json.loads(c.spec)) == ("json_schema", schema)
+    complete(http, prompt="ab", n_predict=2, json_schema={})  # (llama.cpp's "any JSON")
+    assert client.submitted[-1].structured.kind == "json_schema"
+    assert http.post("/infill", json={"input_prefix": "ab", "n_predict": 2, "grammar": 'root ::= "x"'}).status_code \
+        == 200
+    assert tuple(client.submitted[-1].structured[:2]) == ("gbnf", 'root ::= "x"')
+    complete(http, prompt="ab", n_predict=2, grammar="")
+    assert client.submitted[-1].structured is None
+    e = error_of(http.post("/completion", json={"prompt": "ab", "json_schema": schema, "grammar": 'root ::= "x"'}), 400)
+    assert e["param"] == "grammar" and "not several" in e["message"], e
+
+
+@pytest.mark.parametrize("field, spec, words, said", [
+    ("grammar", 'root ::= "x', "structured gbnf does not compile: unterminated string",
+     "grammar does not compile: unterminated string"),
+    ("json_schema", {"type": "nope"}, "structured json_schema does not compile: unknown type",
+     "json_schema does not compile: unknown type"),
+])
+def test_a_grammar_the_worker_cannot_compile_is_a_400_naming_the_field(field, spec, words, said):
+    from tests.support.scripted import RefusingClient
+
+    client = RefusingClient(words)
+    with TestClient(llama_app(Link(client)), headers={"Authorization": f"Bearer {KEY}"}) as http:
+        for stream in (False, True):
+            e = error_of(http.post("/completion", json={"prompt": "ab", field: spec, "stream": stream}), 400)
+            assert (e["param"], e["message"]) == (field, said), e
+    for t in client.threads:
+        t.join(10)
+
+
+def test_timings_per_token_puts_the_timings_so_far_in_each_stream_event(served):
+    http, _ = served
+    got = events(http.post("/completion", json={"prompt": "ab", "n_predict": 3, "stream": True,
+                                                "timings_per_token": True}))
+    assert all(set(e["timings"]) == TIMING_KEYS and e["timings"]["predicted_n"] == e["tokens_predicted"]
+               for e in got), got
+    assert all("timings" not in e for e in events(http.post("/completion", json={"prompt": "ab", "n_predict": 3,
+                                                                                 "stream": True}))[:-1])
