@@ -8,7 +8,8 @@ as editors call it (llama.vscode, llama.vim); the fields, answer and stream it s
   ``""``), ``input_extra`` (other files' chunks, ``[{"filename", "text"}]``), ``prompt`` (text
   appended to the prefix -- llama.cpp's code puts it there, after ``input_prefix``, though its README
   says after the middle token), ``n_predict`` (-1 or absent: the default budget,
-  ``default_chat_max_tokens`` within the context; 0 is a 400), and the shared fields. Accepted and not
+  ``default_chat_max_tokens`` within the context; 0 the prompt evaluated and cached, nothing shown, as
+  ``/completion``: llama.vscode's and llama.vim's prefetch of other files' chunks), and the shared fields. Accepted and not
   used: ``return_tokens`` (an answer's ``tokens`` are always there).
 - The prompt is rendered by the worker with the model's own FIM tokens (the request's ``suffix``
   and ``input_extra``, :mod:`worker.models.fim`), so a keystroke's request reuses the KV of the file
@@ -25,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError
 from gateway.llama_native import _SAMPLING_PARAMS, _SAMPLING_WORDS, LLAMA_DEFAULTS, Budget, LlamaBody, \
     LlamaEndpoint, sampling_options
 
@@ -74,14 +75,9 @@ class InfillEndpoint(LlamaEndpoint):
     async def prompts(self, body: InfillRequest, model: str) -> list[tuple[str, str, dict[str, Any]]]:
         return [(body.input_prefix + body.prompt, "", infill_options(body))]
 
-    def budget(self, body: InfillRequest, info) -> Budget:
-        """-1 or absent: the chat default (``default_chat_max_tokens``) within the context, lowered
-        to what the prompt leaves; 0: a 400."""
-        if body.n_predict is not None and body.n_predict >= 0:
-            if body.n_predict == 0:
-                raise bad_request("n_predict must be >= 1, or negative (-1, as llama.cpp) for the default budget",
-                                  "n_predict")
-            return Budget(body.n_predict)
+    def default_budget(self, info) -> Budget:
+        """The chat default (``default_chat_max_tokens``) within the context, lowered to what the
+        prompt leaves."""
         max_tokens = self.gen.config.default_chat_max_tokens
         if info is not None and info.max_seq_len is not None:
             max_tokens = max(1, min(max_tokens, info.max_seq_len))

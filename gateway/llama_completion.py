@@ -113,12 +113,10 @@ class LlamaCompletionEndpoint(LlamaEndpoint):
         options = sampling_options(body)
         return [(p, text, options) for p, text in shown]
 
-    def budget(self, body: LlamaCompletionRequest, info) -> Budget:
-        n = body.n_predict
-        if n is None or n < 0:  # llama.cpp's -1: until a stop or the end of the context
-            max_seq_len = None if info is None else info.max_seq_len
-            return Budget(self.gen.config.default_chat_max_tokens if max_seq_len is None else max_seq_len, clamp=True)
-        return Budget(1, hidden=True) if n == 0 else Budget(n)
+    def default_budget(self, info) -> Budget:
+        """llama.cpp's -1: until a stop or the end of the context."""
+        max_seq_len = None if info is None else info.max_seq_len
+        return Budget(self.gen.config.default_chat_max_tokens if max_seq_len is None else max_seq_len, clamp=True)
 
 
 def _shown_prompts(tok: Tokenizer | None, prompts: list) -> list[tuple[str | list[int], str]]:

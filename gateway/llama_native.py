@@ -4,8 +4,8 @@
 What llama.cpp's server answers there (its README, ``tools/server/README.md``, and its source,
 ``to_json_non_oaicompat`` of ``server_task_result_cmpl_partial`` and ``_final``):
 
-- Request: ``n_predict`` (tokens to generate; what -1 or absent means is the route's,
-  :meth:`LlamaEndpoint.budget`), ``stream``, and the sampling options of ``/completion`` with its
+- Request: ``n_predict`` (tokens to generate; 0: the prompt evaluated and nothing generated shown;
+  what -1 or absent means is the route's, :meth:`LlamaEndpoint.default_budget`), ``stream``, and the sampling options of ``/completion`` with its
   defaults (``temperature`` 0.8, ``top_k`` 40, ``top_p`` 0.95, ``min_p`` 0.05, ``repeat_penalty``,
   ``presence_penalty``, ``frequency_penalty``, ``seed`` (-1 or 4294967295: none), ``stop`` (a list of
   strings), ``ignore_eos``); ``model`` optional with one model; slotserve's ``priority`` and
@@ -165,7 +165,17 @@ class LlamaEndpoint:
         raise NotImplementedError
 
     def budget(self, body: LlamaBody, info) -> Budget:
-        """The body's ``n_predict`` as a :class:`Budget` (``info``: the model's ``ModelInfo`` or None)."""
+        """The body's ``n_predict`` as a :class:`Budget` (``info``: the model's ``ModelInfo`` or None):
+        N >= 1 at most N tokens; 0 the prompt evaluated (and cached) and nothing shown (llama.vscode's
+        and llama.vim's prefetch sends it to ``/infill``), one token generated and dropped; -1 or absent
+        the route's default (:meth:`default_budget`)."""
+        n = body.n_predict
+        if n is None or n < 0:
+            return self.default_budget(info)
+        return Budget(1, hidden=True) if n == 0 else Budget(n)
+
+    def default_budget(self, info) -> Budget:
+        """The budget of ``n_predict`` -1 or absent (``info``: the model's ``ModelInfo`` or None)."""
         raise NotImplementedError
 
     async def handle(self, request: Request) -> Response:

@@ -151,8 +151,24 @@ def test_suffix_refusals(cluster, oai, models):
     assert e.value.body["param"] == "echo"
     assert error_of(_infill(cluster, fim, input_prefix=5), 400)["param"] == "input_prefix"
     assert error_of(_infill(cluster, fim, input_prefix="a", unknown_field=1), 400)["param"] == "unknown_field"
-    assert error_of(_infill(cluster, fim, input_prefix="a", n_predict=0), 400)["param"] == "n_predict"
     assert error_of(_infill(cluster, fim, input_extra=[{"file": "x"}]), 400)["param"].startswith("input_extra")
+
+
+def test_the_editors_prefetch_n_predict_0_is_served(cluster, models):
+    """llama.vim's and llama.vscode's prefetch (other files' chunks, empty prefix and suffix, ``n_predict``
+    0, to have them evaluated and cached): the prompt alone, nothing generated shown (was a 400)."""
+    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]
+    for stream in (False, True):
+        r = _infill(cluster, models["special"], input_prefix="", input_suffix="", input_extra=extra, prompt="",
+                    n_predict=0, samplers=[], cache_prompt=True, t_max_prompt_ms=1, t_max_predict_ms=1, stream=stream)
+        assert r.status_code == 200, r.text
+        out = r.json() if not stream else \
+            [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+        if stream:
+            assert len(out) == 1, out  # (the final object alone)
+            out = out[0]
+        assert (out["content"], out["tokens_predicted"], out["stop"], out["stop_type"]) == ("", 0, True, "limit"), out
+        assert out["tokens_evaluated"] > 10 and set(out["timings"]) == TIMING_KEYS
 
 
 def test_an_empty_prefix_is_served(cluster, models):

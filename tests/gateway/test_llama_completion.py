@@ -263,16 +263,42 @@ def test_n_predict_minus_one_or_absent_runs_to_the_end_of_the_context(served, n_
     assert out["tokens_predicted"] == 60 and out["stop_type"] == "limit" and out["truncated"] is True
 
 
-def test_n_predict_0_evaluates_the_prompt_and_shows_nothing(served):
+PREFETCH = {"input_prefix": "ab", "input_suffix": "c", "input_extra": [{"filename": "a.py", "text": "abc"}],
+            "prompt": "d", "n_predict": 0, "temperature": 0.0, "stream": False, "samplers": [], "cache_prompt": True,
+            "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
+"""The shape of llama.vim's and llama.vscode's prefetch: ``/infill`` with ``n_predict`` 0 to have the
+server evaluate (cache) the prompt and other files' chunks (the editors send an empty prefix and suffix
+too, which the worker renders with the model's FIM tokens; the scripted model here cannot encode ""),
+answered as ``/completion``'s ``n_predict`` 0."""
+
+
+@pytest.mark.parametrize("path, body", [("/completion", {"prompt": "abc"}),
+                                        ("/infill", {"input_prefix": "abc", "input_suffix": "de"})])
+def test_n_predict_0_is_the_prompt_alone_on_both_routes(served, path, body):
+    """``n_predict`` 0 evaluates the prompt and shows nothing, whole and streamed, on both routes
+    (``/infill`` answered it 400 before)."""
     http, client = served
     for stream in (False, True):
-        r = http.post("/completion", json={"prompt": "abc", "n_predict": 0, "stream": stream})
+        r = http.post(path, json={**body, "n_predict": 0, "stream": stream})
         out = events(r)[-1] if stream else r.json()
-        assert (out["content"], out["tokens_predicted"], out["stop_type"]) == ("", 0, "limit"), out
-        assert out["tokens_evaluated"] == 3 and out["generation_settings"]["n_predict"] == 0
+        assert r.status_code == 200, r.text
+        assert (out["content"], out["tokens"], out["tokens_predicted"], out["stop"], out["stop_type"]) == \
+            ("", [], 0, True, "limit"), out
+        assert out["generation_settings"]["n_predict"] == 0 and out["timings"]["predicted_n"] == 0
+        assert out["tokens_evaluated"] == 3  # ("abc": the scripted model reads the prefix alone)
+        assert set(out) == FINAL_KEYS and set(out["timings"]) == TIMING_KEYS
         if stream:
             assert len(events(r)) == 1
-    assert client.submitted[-1].max_tokens == 1
+        assert client.submitted[-1].max_tokens == 1  # (one token generated and dropped)
+    r = http.post(path, json={**body, "n_predict": 0, "ignore_eos": True, "stream": True})
+    assert [e["content"] for e in events(r)] == [""]
+
+
+def test_the_editors_prefetch_body_is_served(served):
+    http, client = served
+    r = http.post("/infill", json=PREFETCH)
+    assert r.status_code == 200 and r.json() == {}, r.text  # (response_fields [""]: nothing kept)
+    assert client.submitted[-1].max_tokens == 1 and client.submitted[-1].input_extra == (("a.py", "abc"),)
 
 
 def test_sampling_fields_and_llama_cpps_defaults(served):
