@@ -483,8 +483,16 @@ class _EventStream(StreamingResponse):
 _FAILED = (FinishReason.ERROR, FinishReason.CANCELLED)
 
 
-def _check_json_body_headers(headers: Headers) -> None:
-    """Refuse a body declared as anything but plain JSON (400 ``unsupported_media_type``).
+LLAMA_BODY_TYPES = ("text/plain", "application/x-www-form-urlencoded")
+"""The media types llama.cpp's native routes (``/completion``, ``/completions``, ``/infill``) read as
+JSON besides ``application/json``, as ``llama-server`` parses any body as JSON: ``curl -d`` without
+``-H`` sends the form type, and some editors' HTTP clients ``text/plain``."""
+
+
+def _check_json_body_headers(headers: Headers, also: tuple[str, ...] = ()) -> str | None:
+    """Refuse a body declared as anything but plain JSON (400 ``unsupported_media_type``); ``also``:
+    other media types (lower case) read as JSON on this route (:data:`LLAMA_BODY_TYPES`). Returns the
+    declared type when it is one of ``also`` (so a body that is no JSON can be told why), else None.
 
     ``application/json`` passes with any parameters but a charset other than UTF-8 (JSON's encoding,
     RFC 8259 section 8.1: a Latin-1 body was read as UTF-8 and refused as an invalid code point).
@@ -494,7 +502,9 @@ def _check_json_body_headers(headers: Headers) -> None:
     would hide the client's mistake. A body with no Content-Type at all is
     read as JSON, unlike vLLM: RFC 9110 (section 8.3) lets the recipient
     examine such data, and ``requests.post(url, data=json.dumps(body))``
-    sends none; the openai SDK always sends ``application/json``.
+    sends none; the openai SDK always sends ``application/json``. llama.cpp's
+    routes take ``also`` too (``llama-server`` reads any body as JSON, and
+    what was written for it sends them); the charset rule holds for those.
 
     Content-Type is one header (RFC 9110 section 5.3): sent twice, which one
     a proxy or we would read is a guess, so it is refused. A
@@ -506,9 +516,13 @@ def _check_json_body_headers(headers: Headers) -> None:
     types = headers.getlist("content-type")
     if len(types) > 1:
         raise _not_plain_json(f"one Content-Type header, not {len(types)}")
+    lenient = None
     if types:
-        if types[0].split(";", 1)[0].strip().lower() != "application/json":
-            raise _not_plain_json(f"not {echo(types[0])}")
+        media = types[0].split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            if media not in also:
+                raise _not_plain_json(f"not {echo(types[0])}")
+            lenient = media
         declared = Message()  # (the standard library reads the parameters: quoting, case, spaces)
         declared["content-type"] = types[0]
         charset = declared.get_param("charset")  # JSON is UTF-8 (RFC 8259 section 8.1): another is refused by name
@@ -518,6 +532,7 @@ def _check_json_body_headers(headers: Headers) -> None:
     if any(c not in ("", "identity") for c in codings):
         shown = ", ".join(headers.getlist("content-encoding"))
         raise _not_plain_json(f"uncompressed: Content-Encoding {echo(shown)} is not supported")
+    return lenient
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -552,15 +567,22 @@ async def wait_for(request: Request, call: _Call, done: Callable[[], bool]) -> N
         watch.stop()
 
 
-async def parse_body(request: Request, schema: type[BaseModel], limit: int, parse=None) -> BaseModel:
+async def parse_body(request: Request, schema: type[BaseModel], limit: int, parse=None,
+                     also: tuple[str, ...] = ()) -> BaseModel:
     """The request's JSON body as ``schema`` (a pydantic model; ``parse(raw)`` instead when given: a
-    translation's own, :mod:`gateway.translation`): 400 for a body declared as anything but JSON
-    (:func:`_check_json_body_headers`), one ``schema`` refuses or one holding a number no double holds
+    translation's own, :mod:`gateway.translation`): 400 for a body declared as anything but JSON or
+    one of the media types ``also`` (:func:`_check_json_body_headers`; such a body that is no JSON is
+    told it was read as JSON), one ``schema`` refuses or one holding a number no double holds
     (:func:`gateway.translation.parse_body`), 413 past ``limit`` bytes (:func:`read_body`). Every endpoint's
     body is read so."""
-    _check_json_body_headers(request.headers)
+    lenient = _check_json_body_headers(request.headers, also)
     raw = await read_body(request, limit)  # (never more than the limit in memory)
-    return validated_body(schema, raw) if parse is None else parse(raw)
+    try:
+        return validated_body(schema, raw) if parse is None else parse(raw)
+    except APIError as e:
+        if lenient is not None and e.code == "invalid_json":
+            e.message += f" (the body, sent as {lenient}, is read as JSON, as llama.cpp's server reads it)"
+        raise
 
 
 def _not_plain_json(detail: str) -> APIError:

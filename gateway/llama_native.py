@@ -30,6 +30,10 @@ What llama.cpp's server answers there (its README, ``tools/server/README.md``, a
   and no ``[DONE]``, as llama.cpp. With ``n_probs`` N > 0, each event and a whole answer carry its
   tokens' ``completion_probabilities`` (:func:`gateway.llama_fields.llama_probs`; a stream's final
   object none, as llama.cpp's).
+- A body is read as JSON when it is sent as ``application/json``, with no Content-Type, or as
+  ``text/plain`` or ``application/x-www-form-urlencoded`` (:data:`gateway.generate.LLAMA_BODY_TYPES`:
+  ``llama-server`` reads any body as JSON, and ``curl -d`` without ``-H`` sends the form type); the
+  OpenAI routes take ``application/json`` alone (or none), as OpenAI and vLLM.
 - Errors are OpenAI-shaped (:mod:`gateway.errors`), ``param`` and message naming this body's fields
   (``n_predict``, not the request's ``max_tokens``). A failure before the first token is the HTTP
   error; one after it, in a stream, is a last ``data: {"error": ...}`` event.
@@ -48,7 +52,7 @@ from starlette.responses import Response
 from client import RemoteError
 from gateway.drain import REFUSED
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, unavailable
-from gateway.generate import ClientGone, Generate, _Call, _EventStream, parse_body, wait_for
+from gateway.generate import LLAMA_BODY_TYPES, ClientGone, Generate, _Call, _EventStream, parse_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.link import resolve_model
 from gateway.llama_fields import LlamaFields, llama_probs, logit_bias, refusal, sampler_overrides
@@ -186,7 +190,7 @@ class LlamaEndpoint:
             if gen.drain.draining:
                 raise shutting_down(REFUSED)
             gen.drain.add(call)
-            body = await parse_body(request, self.schema, gen.config.max_body_bytes)
+            body = await parse_body(request, self.schema, gen.config.max_body_bytes, also=LLAMA_BODY_TYPES)
             call.check_ended()
             call.model = await self._model(body)
             texts = await self._submit(body, call)

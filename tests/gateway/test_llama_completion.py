@@ -719,3 +719,39 @@ def test_timings_per_token_puts_the_timings_so_far_in_each_stream_event(served):
                for e in got), got
     assert all("timings" not in e for e in events(http.post("/completion", json={"prompt": "ab", "n_predict": 3,
                                                                                  "stream": True}))[:-1])
+
+
+LLAMA_ROUTES = [("/completion", {"prompt": "ab", "n_predict": 2}), ("/completions", {"prompt": "ab", "n_predict": 2}),
+                ("/infill", {"input_prefix": "ab", "n_predict": 2})]
+
+
+@pytest.mark.parametrize("path, body", LLAMA_ROUTES)
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          "text/plain; charset=utf-8", None])
+def test_a_json_body_sent_as_text_or_form_is_read_as_llama_cpp_reads_it(served, path, body, content_type):
+    """``curl -d '{...}'`` without ``-H`` (the form type) and ``text/plain`` bodies: llama-server parses
+    any body as JSON (was a 400 ``unsupported_media_type`` here, as on the OpenAI routes), whole and
+    streamed."""
+    http, client = served
+    headers = {} if content_type is None else {"content-type": content_type}
+    for stream in (False, True):
+        r = http.post(path, content=json.dumps({**body, "stream": stream}).encode(), headers=headers)
+        out = events(r)[-1] if stream else r.json()
+        assert r.status_code == 200 and out["tokens_predicted"] == 2, (content_type, r.text)
+
+
+@pytest.mark.parametrize("path, body", LLAMA_ROUTES)
+def test_llama_routes_still_refuse_what_is_no_json(served, path, body):
+    http, _ = served
+    raw = json.dumps(body).encode()
+    for headers in ({"content-type": "application/xml"}, {"content-type": "multipart/form-data; boundary=x"},
+                    {"content-type": "text/plain; charset=latin-1"},
+                    {"content-type": "text/plain", "content-encoding": "gzip"}):
+        assert error_of(http.post(path, content=raw, headers=headers), 400)["code"] == "unsupported_media_type"
+    e = error_of(http.post(path, content=b"prompt=ab&n_predict=2",
+                           headers={"content-type": "application/x-www-form-urlencoded"}), 400)
+    assert e["code"] == "invalid_json" and e["message"] == (
+        "the body is not valid JSON at line 1 column 1: expected a value (the body, sent as "
+        "application/x-www-form-urlencoded, is read as JSON, as llama.cpp's server reads it)"), e
+    e = error_of(http.post(path, content=b'{"n_predict": 2,}', headers={"content-type": "application/json"}), 400)
+    assert e["code"] == "invalid_json" and "sent as" not in e["message"]  # (declared JSON: no note)
