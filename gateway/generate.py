@@ -515,23 +515,23 @@ def _check_json_body_headers(headers: Headers, also: tuple[str, ...] = ()) -> st
     """
     types = headers.getlist("content-type")
     if len(types) > 1:
-        raise _not_plain_json(f"one Content-Type header, not {len(types)}")
+        raise _not_plain_json(f"one Content-Type header, not {len(types)}", also)
     lenient = None
     if types:
         media = types[0].split(";", 1)[0].strip().lower()
         if media != "application/json":
             if media not in also:
-                raise _not_plain_json(f"not {echo(types[0])}")
+                raise _not_plain_json(f"not {echo(types[0])}", also)
             lenient = media
         declared = Message()  # (the standard library reads the parameters: quoting, case, spaces)
         declared["content-type"] = types[0]
         charset = declared.get_param("charset")  # JSON is UTF-8 (RFC 8259 section 8.1): another is refused by name
         if isinstance(charset, str) and charset.lower() not in ("utf-8", "utf8"):
-            raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {echo(charset)}")
+            raise _not_plain_json(f"UTF-8 (JSON's encoding, RFC 8259), not charset {echo(charset)}", also)
     codings = [c.strip().lower() for v in headers.getlist("content-encoding") for c in v.split(",")]
     if any(c not in ("", "identity") for c in codings):
         shown = ", ".join(headers.getlist("content-encoding"))
-        raise _not_plain_json(f"uncompressed: Content-Encoding {echo(shown)} is not supported")
+        raise _not_plain_json(f"uncompressed: Content-Encoding {echo(shown)} is not supported", also)
     return lenient
 
 
@@ -585,8 +585,13 @@ async def parse_body(request: Request, schema: type[BaseModel], limit: int, pars
         raise
 
 
-def _not_plain_json(detail: str) -> APIError:
-    return bad_request(f"the body must be JSON sent as 'Content-Type: application/json', {detail} "
+def _not_plain_json(detail: str, also: tuple[str, ...] = ()) -> APIError:
+    """The 400 of a body not declared as plain JSON; ``also``: the other media types the route reads
+    as JSON (named in the message, as what the route takes too)."""
+    takes = "'Content-Type: application/json'"
+    if also:  # (a llama.cpp route)
+        takes += f" (or {', '.join(also)}, read as JSON as llama.cpp's server reads them)"
+    return bad_request(f"the body must be JSON sent as {takes}, {detail} "
                        "(with curl: -H 'Content-Type: application/json')", None, "unsupported_media_type")
 
 

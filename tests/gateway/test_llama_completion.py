@@ -747,7 +747,9 @@ def test_llama_routes_still_refuse_what_is_no_json(served, path, body):
     for headers in ({"content-type": "application/xml"}, {"content-type": "multipart/form-data; boundary=x"},
                     {"content-type": "text/plain; charset=latin-1"},
                     {"content-type": "text/plain", "content-encoding": "gzip"}):
-        assert error_of(http.post(path, content=raw, headers=headers), 400)["code"] == "unsupported_media_type"
+        e = error_of(http.post(path, content=raw, headers=headers), 400)
+        assert e["code"] == "unsupported_media_type", e
+        assert "(or text/plain, application/x-www-form-urlencoded, read as JSON" in e["message"], e  # what it takes
     e = error_of(http.post(path, content=b"prompt=ab&n_predict=2",
                            headers={"content-type": "application/x-www-form-urlencoded"}), 400)
     assert e["code"] == "invalid_json" and e["message"] == (
