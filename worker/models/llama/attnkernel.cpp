@@ -93,7 +93,7 @@ void write_new(T* k, T* v, const int64_t* ks, const float* new_kv, int64_t new_s
   }
 }
 
-constexpr int KB = 16;  // keys a 16-bit cache widens at once (score16: two score8 calls)
+constexpr int KB = 16;  // keys a 16-bit cache widens at once (score16: tiles of TK keys)
 // keys and values are prefetched a block (KB keys) and VALUES_AHEAD rows ahead: in a decode step each
 // layer's cache comes from memory (a step reads every layer's); 24 layers' caches in turn, 8 rows of
 // 2,048 fp16 keys, 2 threads, 2-core AMD EPYC Zen 3: SmolLM2's 785 -> 612 us a layer, Qwen2.5-0.5B's
@@ -101,10 +101,12 @@ constexpr int KB = 16;  // keys a 16-bit cache widens at once (score16: two scor
 constexpr int64_t VALUES_AHEAD = 8;
 constexpr int64_t HB = 4;  // heads whose weighted sums of values run at a time, at most (values_block: HB x 4 sums)
 
+#if defined(__AVX512F__)
+constexpr int64_t TK = 8;  // keys a score tile (score_keys)
+
 // r[0 .. 8) = the sums of a[0 .. 8)'s W lanes: a transposing tree (unpack, in-lane shuffle, 128-bit
 // lane shuffle), 25 operations for 8 sums where one horizontal reduce each takes ~8 in a dependent
 // chain
-#if defined(__AVX512F__)
 inline __m256 reduce8(const __m512* a) {
   __m512 x[4], y[2];
   for (int i = 0; i < 4; i++)
@@ -117,20 +119,11 @@ inline __m256 reduce8(const __m512* a) {
   const __m512 t = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, 0xB1));
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm512_extractf32x4_ps(t, 0)), _mm512_extractf32x4_ps(t, 2), 1);
 }
-#else
-inline __m256 reduce8(const __m256* a) {  // (hadd pairs, then the 128-bit halves)
-  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-  // s0123: lanes (0 1 2 3 | 0 1 2 3) of a[0..3]'s low and high halves
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-#endif
 
 // s[g * count + i] = qs_g . k_i for GB heads of the group (qs: the first one's d values, the next d
 // apart) and 8 keys (kstride apart): each key's columns loaded once for the GB heads
 template <int GB>
-inline void score8(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
+inline void score_keys(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
   V acc[GB][8];
   for (int g = 0; g < GB; g++)
     for (int i = 0; i < 8; i++) acc[g][i] = vzero();
@@ -145,22 +138,24 @@ inline void score8(const float* qs, const float* kb, int64_t kstride, int64_t d,
   for (int g = 0; g < GB; g++) _mm256_storeu_ps(s + g * count, reduce8(acc[g]));
 }
 
-#if !defined(__AVX512F__)
+#else
+constexpr int64_t TK = 4;  // keys a score tile (score_keys)
+
 // r[0 .. 4) = the sums of a[0 .. 4)'s 8 lanes (hadd pairs, then the 128-bit halves)
 inline __m128 reduce4(const __m256* a) {
   const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// score8 on 16 ymm registers: 4 keys a tile, so that GB (<= 3) heads' 4 GB sums, their queries and
-// a key's columns fit without spills (8 keys by 3 heads are 24 sums: score8<3> spilled on every
+// AVX2's tile of 4 keys (16 ymm registers), so that GB (<= 3) heads' 4 GB sums, their queries and
+// a key's columns fit without spills (8 keys by 3 heads are 24 sums: that tile spilled on every
 // column). With values_block's AVX2 order, a layer's decode attention at 8 slots, fp16 cache, 2
 // threads, 2-core AMD EPYC Zen 3, the kernels in turns in one process (us, 190 / 2,048 cached keys):
 // SmolLM2 (9 heads over 3, D 64) 64.1 -> 47.3 / 578.9 -> 415.2, Qwen2.5-0.5B (14 over 2) 81.5 ->
 // 65.5 / 783.9 -> 618.3, -1.5B (12 over 2, D 128) 117.1 -> 87.1 / 1,191.5 -> 847.9; one thread
 // 1.27-1.48x
 template <int GB>
-inline void score4(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
+inline void score_keys(const float* qs, const float* kb, int64_t kstride, int64_t d, float* s, int64_t count) {
   __m256 acc[GB][4];
   for (int g = 0; g < GB; g++)
     for (int i = 0; i < 4; i++) acc[g][i] = _mm256_setzero_ps();
@@ -180,29 +175,15 @@ inline void score4(const float* qs, const float* kb, int64_t kstride, int64_t d,
 // loaded once for them); kb: 16 keys of d fp32 each, kstride apart
 inline void score16(const float* qs, const float* kb, int64_t kstride, int64_t group, int64_t d, float* scores,
                     int64_t count) {
-#if !defined(__AVX512F__)
-  for (int64_t quarter = 0; quarter < 16; quarter += 4)
+  for (int64_t i0 = 0; i0 < 16; i0 += TK)
     for (int64_t g0 = 0; g0 < group; g0 += 3) {
       const float* q = qs + g0 * d;
-      const float* k = kb + quarter * kstride;
-      float* s = scores + g0 * count + quarter;
+      const float* k = kb + i0 * kstride;
+      float* s = scores + g0 * count + i0;
       switch (std::min<int64_t>(3, group - g0)) {
-        case 1: score4<1>(q, k, kstride, d, s, count); break;
-        case 2: score4<2>(q, k, kstride, d, s, count); break;
-        default: score4<3>(q, k, kstride, d, s, count);
-      }
-    }
-  return;
-#endif
-  for (int64_t half = 0; half < 16; half += 8)
-    for (int64_t g0 = 0; g0 < group; g0 += 3) {
-      const float* q = qs + g0 * d;
-      const float* k = kb + half * kstride;
-      float* s = scores + g0 * count + half;
-      switch (std::min<int64_t>(3, group - g0)) {
-        case 1: score8<1>(q, k, kstride, d, s, count); break;
-        case 2: score8<2>(q, k, kstride, d, s, count); break;
-        default: score8<3>(q, k, kstride, d, s, count);
+        case 1: score_keys<1>(q, k, kstride, d, s, count); break;
+        case 2: score_keys<2>(q, k, kstride, d, s, count); break;
+        default: score_keys<3>(q, k, kstride, d, s, count);
       }
     }
 }
