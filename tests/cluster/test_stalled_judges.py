@@ -13,6 +13,7 @@ the launcher (of its worker processes)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import types
@@ -147,11 +148,11 @@ def _recv(sock: zmq.Socket, kinds, timeout_s: float = 10.0):
     raise AssertionError(f"nothing from the broker within {timeout_s} s")
 
 
-def test_the_broker_loop_times_its_own_stalls():
-    """The socket loop on an injected clock, with a worker and a client that register and fall
-    silent: a jump of 3 windows (the broker's stall) leaves both registered (they get the next
-    heartbeat); steps of a quarter window (the broker running, no word from them) lose both."""
-    clock = FakeClock()
+@contextlib.contextmanager
+def _broker_loop(clock: FakeClock):
+    """A broker's socket loop on ``clock`` (heartbeats every 0.25 s, worker and client windows 1 s) on
+    its own thread, with a worker and a client that registered and said hello: yields ``(config,
+    core, worker, client)``, the two DEALER sockets; stops and closes everything after."""
     cfg = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.25, worker_liveness_s=1.0,
                        client_liveness_s=1.0)
     server = BrokerServer(cfg, clock=clock)
@@ -169,7 +170,22 @@ def test_the_broker_loop_times_its_own_stalls():
         assert type(_recv(worker, BROKER_TO_WORKER)) is Welcome
         client.send(encode(Hello("c")))
         assert type(_recv(client, BROKER_TO_CLIENT)) is Welcome
-        core = server.core
+        yield cfg, server.core, worker, client
+    finally:
+        stop.set()
+        loop.join(10)
+        worker.close(0)
+        client.close(0)
+        ctx.term()
+        server.close()
+
+
+def test_the_broker_loop_times_its_own_stalls():
+    """The socket loop on an injected clock, with a worker and a client that register and fall
+    silent: a jump of 3 windows (the broker's stall) leaves both registered (they get the next
+    heartbeat); steps of a quarter window (the broker running, no word from them) lose both."""
+    clock = FakeClock()
+    with _broker_loop(clock) as (cfg, core, worker, client):
         clock.advance(3 * cfg.worker_liveness_s)  # the broker stalled (its peers too)
         assert type(_recv(worker, BROKER_TO_WORKER)) is Heartbeat  # (the tick after the stall kept it)
         assert type(_recv(client, BROKER_TO_CLIENT)) is Heartbeat
@@ -181,13 +197,6 @@ def test_the_broker_loop_times_its_own_stalls():
         clock.advance(0.25)
         wait_until(lambda: core.counters["workers_lost"] == 1 and not core.clients, 10,
                    "the silent worker and client to be judged gone", lambda: (core.counters, len(core.clients)))
-    finally:
-        stop.set()
-        loop.join(10)
-        worker.close(0)
-        client.close(0)
-        ctx.term()
-        server.close()
 
 
 # ---------------------------------------------------------------------- a worker's link to its broker
@@ -418,23 +427,7 @@ def test_a_slow_broker_loop_still_declares_a_silent_worker_dead():
     a worker that registered and fell silent: the worker is lost within two windows of its last word
     (before: every turn was a stall that gave it a fresh window, and it was never lost)."""
     clock = FakeClock()
-    cfg = BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.25, worker_liveness_s=1.0,
-                       client_liveness_s=1.0)
-    server = BrokerServer(cfg, clock=clock)
-    stop = threading.Event()
-    loop = threading.Thread(target=server.serve, args=(stop,), daemon=True)
-    ctx = zmq.Context()
-    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
-    try:
-        loop.start()
-        for s, to in ((worker, server.backend), (client, server.frontend)):
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(to)
-        worker.send(encode(Register("simulated", 1, 1, INFO, "w")))
-        assert type(_recv(worker, BROKER_TO_WORKER)) is Welcome
-        client.send(encode(Hello("c")))
-        assert type(_recv(client, BROKER_TO_CLIENT)) is Welcome
-        core = server.core
+    with _broker_loop(clock) as (cfg, core, worker, client):
         lost_at = None
         for _ in range(6):
             clock.advance(SLOW * cfg.worker_liveness_s)
@@ -444,13 +437,6 @@ def test_a_slow_broker_loop_still_declares_a_silent_worker_dead():
                 lost_at = clock()
         assert lost_at is not None and lost_at - T0 <= 2 * cfg.worker_liveness_s, core.counters
         assert len(core.clients) == 1  # the client, which spoke, kept its place
-    finally:
-        stop.set()
-        loop.join(10)
-        worker.close(0)
-        client.close(0)
-        ctx.term()
-        server.close()
 
 
 def test_a_slow_worker_link_still_registers_again_when_its_broker_is_silent():
