@@ -428,6 +428,41 @@ def test_up_refuses_two_models_that_would_be_served_by_one_name(monkeypatch, tmp
     assert f"the models m.gguf and {second} would both be served as 'm'" in out and "rename one" in out, out
 
 
+def _core_of_a_and_b(monkeypatch):
+    """A real broker core with models a and b on demand (heartbeats 0.1 s, a loader's window 0.5 s;
+    1 GiB each, room for both), the clock ``[now]`` its supervisor's passes set, and a link whose status
+    is the core's then: ``(broker, clock, link)``."""
+    import types
+
+    from broker.config import BrokerConfig
+    from broker.core import BrokerCore
+    from slotserve import demand_supervisor
+    from worker import host_memory
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
+    broker = BrokerCore(BrokerConfig(heartbeat_interval_s=0.1, worker_liveness_s=0.5, on_demand_models=("a", "b")),
+                        "broker", 0.0)
+    clock = [0.0]
+    return broker, clock, types.SimpleNamespace(status=lambda timeout_s: broker.status(clock[0]), close=lambda: None)
+
+
+def _one_request_for_a(broker, clock: list, sup) -> list:
+    """Request ``r`` for model a at 0 s, then 30 s of a supervisor pass and a broker tick each 0.1 s:
+    ``(time, Finished)`` of each request that ended."""
+    from protocol.messages import Results, Submit
+    from tests.support.messages import envelope
+
+    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
+    ended = []
+    for step in range(300):
+        clock[0] = now = step / 10
+        ended += [(now, f) for s in broker.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
+        sup.run_pass(now)
+    return ended
+
+
 def test_a_model_whose_every_load_dies_silently_ends_its_requests_after_backed_off_loads(monkeypatch):
     """The supervisor (slotserve/demand_supervisor.py) over a real broker core (injected clocks): each
     worker it starts for model ``a`` announces its load and is then killed silently (SIGKILL, the OOM
@@ -436,24 +471,12 @@ def test_a_model_whose_every_load_dies_silently_ends_its_requests_after_backed_o
     loader as a failed attempt of the waiting request, which ends ``worker_failed`` at the third
     (``max_attempts``), and with nothing waiting no load follows (before: the request waited forever and
     the model was loaded again after each back-off, in a loop)."""
-    import types
-
-    from broker.config import BrokerConfig
-    from broker.core import BrokerCore
     from protocol.enums import ErrorCode
-    from protocol.messages import Loading, Results, Submit
-    from slotserve import demand_supervisor
+    from protocol.messages import Loading
     from slotserve.demand_supervisor import DemandSupervisor
-    from tests.support.messages import envelope
-    from worker import host_memory
     from worker.config import WorkerConfig
 
-    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
-    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
-    broker = BrokerCore(BrokerConfig(heartbeat_interval_s=0.1, worker_liveness_s=0.5, on_demand_models=("a", "b")),
-                        "broker", 0.0)
-    clock = [0.0]
+    broker, clock, link = _core_of_a_and_b(monkeypatch)
     loads = []
 
     def spawn(model: str, config) -> _FakeProcess:
@@ -463,15 +486,9 @@ def test_a_model_whose_every_load_dies_silently_ends_its_requests_after_backed_o
         p.alive, p.exitcode = False, -9  # killed during its load
         return p
 
-    link = types.SimpleNamespace(status=lambda timeout_s: broker.status(clock[0]), close=lambda: None)
     configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
     sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: link)
-    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
-    ended = []
-    for step in range(300):  # 30 s, a pass and a tick each 0.1 s
-        clock[0] = now = step / 10
-        ended += [(now, f) for s in broker.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
-        sup.run_pass(now)
+    ended = _one_request_for_a(broker, clock, sup)
     assert loads == [0.0, 1.1, 3.2]  # each after the dead loader's window (0.5 s) and its back-off (1 s, 2 s)
     ((when, f),) = ended
     assert when == 3.8 and f.request_id == "r" and f.code is ErrorCode.WORKER_FAILED
@@ -596,24 +613,12 @@ def test_a_model_whose_every_worker_dies_before_it_announces_its_load_ends_its_r
     (``announce``), so the broker counts it as any dead loader: the waiting request ends
     ``worker_failed`` at the third such load (``max_attempts``), and no load follows (before: it
     waited forever, the model loaded again after each back-off, at most a minute apart)."""
-    import types
-
-    from broker.config import BrokerConfig
-    from broker.core import BrokerCore
     from protocol.enums import ErrorCode
-    from protocol.messages import Loading, Results, Submit
-    from slotserve import demand_supervisor
+    from protocol.messages import Loading
     from slotserve.demand_supervisor import DemandSupervisor
-    from tests.support.messages import envelope
-    from worker import host_memory
     from worker.config import WorkerConfig
 
-    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
-    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: 32 * GIB)
-    broker = BrokerCore(BrokerConfig(heartbeat_interval_s=0.1, worker_liveness_s=0.5, on_demand_models=("a", "b")),
-                        "broker", 0.0)
-    clock = [0.0]
+    broker, clock, link = _core_of_a_and_b(monkeypatch)
     loads, announced = [], []
 
     def spawn(model: str, config) -> _FakeProcess:
@@ -626,15 +631,9 @@ def test_a_model_whose_every_worker_dies_before_it_announces_its_load_ends_its_r
         announced.append((clock[0], worker_name))
         broker.on_backend(b"ghost%d" % len(announced), Loading(model, worker_name), clock[0])
 
-    link = types.SimpleNamespace(status=lambda timeout_s: broker.status(clock[0]), close=lambda: None)
     configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,), name=f"w-{n}") for n in ("a", "b"))
     sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: link, announce=announce)
-    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
-    ended = []
-    for step in range(300):  # 30 s, a pass and a tick each 0.1 s
-        clock[0] = now = step / 10
-        ended += [(now, f) for s in broker.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
-        sup.run_pass(now)
+    ended = _one_request_for_a(broker, clock, sup)
     assert loads == [0.0, 1.1, 3.2]  # each after its announced loader's window (0.5 s) and its back-off (1 s, 2 s)
     assert [t for t, _ in announced] == [0.1, 1.2, 3.3]
     assert announced[0][1] == "w-a, exited with code -9 before it announced its load"
