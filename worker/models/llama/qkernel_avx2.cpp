@@ -27,9 +27,13 @@
 // every block decoded first (a 4 x 16 transpose a quad), one thread, 2-core AMD EPYC Zen 3: Q4_K
 // 8,960 x 1,536 at 1 row 0.59 -> 0.35 ms, 8 rows 1.61 -> 1.36, 32 rows even; Q6_K 1,536 x 8,960 at 1
 // row 0.78 -> 0.45, 8 rows 2.21 -> 1.76; Q5_0 4,864 x 896 at 1 row 0.172 -> 0.104, 8 rows 0.54 ->
-// 0.44; Q8_0 4,864 x 896 at 1 row 0.235 -> 0.112, 8 rows 0.74 -> 0.63. In decode-sized calls x comes
-// broadcast from memory (qmm8's XMEM), vpmaddubsw's load operand. 6-bit codes (SIX) are held only
-// where AMX tiles run (qkernel.six_bits), never here.
+// 0.44; Q8_0 4,864 x 896 at 1 row 0.235 -> 0.112, 8 rows 0.74 -> 0.63. x's quads are broadcast in
+// the loop (vpbroadcastd from the rounded row). A copy of x broadcast in memory for decode-sized
+// calls (vpmaddubsw's load operand, no broadcast operation) was faster on one weight called again
+// and again, but slower in a model's sequence of products, where its M * K * 8 bytes compete with the
+// streamed weights for L2 (a step's linears in turns, 2 threads, Zen 3, without it: Qwen2.5-0.5B at 8
+// rows 1.04-1.21x, 32 rows 1.04-1.05x; the 1.5B 1.06x and 1.05-1.08x; SmolLM2 1.10x; its LM heads
+// 1.00-1.13x): gone. 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -43,8 +47,6 @@
 namespace {
 
 constexpr int QR = 4;  // activation rows a pass: 2 QR accumulators of 8 lanes, with the quad and x in 16 ymm
-constexpr int64_t XMEM_K = 4096;    // the longest rows, and
-constexpr int64_t XMEM_ROWS = 64;   // the most rows, of an x broadcast in memory (qmm8)
 // the most rows whose products decode 4-bit codes in the loop (qmm8), each 4-row pass again; above,
 // a block is decoded once into the buffer (Q4_K 8,960 x 1,536, one thread, Zen 3: in the loop 16 rows
 // 2.61 ms against 3.00, 32 rows 5.32 against 5.76; 512 rows 80.7 against 76.7)
@@ -140,7 +142,6 @@ struct QRows {
 
 struct Block {
     const __m256i* wbuf;  // decode_block's quads
-    const __m256i* xb;    // XMEM passes: [R, K / 4], each row's quads broadcast (quad q in all 8 dwords)
     const float* sc;      // [groups, 16]
     const float* of;      // [groups, 16] or null
     float* y;             // y[0, n0]
@@ -155,14 +156,8 @@ inline int32_t x_quad(const QRows& a, int r, int64_t q) {
     return v;
 }
 
-// row r's quad q of x in all 8 dwords: XMEM, the broadcast row in memory (vpmaddubsw's load form
-// takes it as its signed operand: no broadcast operation); else broadcast here (vpbroadcastd, which
-// costs a vector operation on Zen 3 besides its load)
-template <bool XMEM>
-inline __m256i x_at(const QRows& a, const Block& b, int r, int64_t q) {
-    if constexpr (XMEM) return _mm256_load_si256(b.xb + r * (a.K / 4) + q);
-    else return _mm256_set1_epi32(x_quad(a, r, q));
-}
+// row r's quad q of x in all 8 dwords (vpbroadcastd)
+inline __m256i x_at(const QRows& a, int r, int64_t q) { return _mm256_set1_epi32(x_quad(a, r, q)); }
 
 // The NIB inner loop of a 4-row pass (QR rows: every pass of decode and prefill past 3 rows) as
 // inline assembly. Compiled from the intrinsics (rows_block's loop, which R < 4 still runs), GCC 12
@@ -185,7 +180,7 @@ inline __m256i x_at(const QRows& a, const Block& b, int r, int64_t q) {
 // 4 rows' NIB pair sums over quads q0 .. q1 - 1, added to s[r][h] (int16 lanes). DIRECT: b.wbuf is
 // the block in the quad layout (unit t = quads 2t, 2t + 1: its low nibbles, then its high ones; q0
 // even), decoded here, a unit's two loads for both quads
-template <bool XMEM, bool DIRECT>
+template <bool DIRECT>
 __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block& b, int64_t q0, int64_t q1, __m256i (&s)[4][2]) {
     __m256i s00 = s[0][0], s01 = s[0][1], s10 = s[1][0], s11 = s[1][1], s20 = s[2][0], s21 = s[2][1],
             s30 = s[3][0], s31 = s[3][1];
@@ -193,23 +188,14 @@ __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block
 #define SS_NIB_QUAD(Q, W0, W1)                                                                                        \
     {                                                                                                                 \
         const __m256i w0 = (W0), w1 = (W1);                                                                           \
-        __m256i t0, t1;                                                                                               \
-        if constexpr (XMEM) {                                                                                         \
-            const __m256i* x = b.xb + (Q);                                                                            \
-            asm(SS_ASM_NIB_ROW("%[x0]", "%[s00]", "%[s01]") SS_ASM_NIB_ROW("%[x1]", "%[s10]", "%[s11]")               \
-                SS_ASM_NIB_ROW("%[x2]", "%[s20]", "%[s21]") SS_ASM_NIB_ROW("%[x3]", "%[s30]", "%[s31]")               \
-                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1)                                                          \
-                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n])); \
-        } else {                                                                                                      \
-            const int32_t* x = reinterpret_cast<const int32_t*>(a.xq) + (Q);                                         \
-            __m256i v;                                                                                                \
-            asm("vpbroadcastd %[x0], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s00]", "%[s01]")                              \
-                "vpbroadcastd %[x1], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s10]", "%[s11]")                              \
-                "vpbroadcastd %[x2], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s20]", "%[s21]")                              \
-                "vpbroadcastd %[x3], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s30]", "%[s31]")                              \
-                : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1), [v] "=&x"(v)                                           \
-                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n])); \
-        }                                                                                                             \
+        __m256i t0, t1, v;                                                                                            \
+        const int32_t* x = reinterpret_cast<const int32_t*>(a.xq) + (Q);                                             \
+        asm("vpbroadcastd %[x0], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s00]", "%[s01]")                                  \
+            "vpbroadcastd %[x1], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s10]", "%[s11]")                                  \
+            "vpbroadcastd %[x2], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s20]", "%[s21]")                                  \
+            "vpbroadcastd %[x3], %[v]\n\t" SS_ASM_NIB_ROW("%[v]", "%[s30]", "%[s31]")                                  \
+            : SS_ASM_ACC, [t0] "=&x"(t0), [t1] "=&x"(t1), [v] "=&x"(v)                                               \
+            : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(x[0]), [x1] "m"(x[n]), [x2] "m"(x[2 * n]), [x3] "m"(x[3 * n]));     \
     }
     if constexpr (DIRECT) {
         const __m256i nib = _mm256_set1_epi8(15);
@@ -232,7 +218,7 @@ __attribute__((always_inline)) inline void nib_rows4(const QRows& a, const Block
 // R rows of x times one block: the integer sums per group, then qmm8's epilogue
 // (DIRECT: b.wbuf is the block in the quad layout as it lies: NIB's quads decoded in the loop, as in
 // nib_rows4; WIDE's |code| taken there)
-template <int R, int KIND, bool OFF, bool BASED, bool XMEM, int SPAN = 1, bool DIRECT = false>
+template <int R, int KIND, bool OFF, bool BASED, int SPAN = 1, bool DIRECT = false>
 void rows_block(const QRows& a, const Block& b) {
     alignas(32) float tot[R][16] = {};
     const int64_t quads = a.group / 4, all = a.K / 4;
@@ -248,7 +234,7 @@ void rows_block(const QRows& a, const Block& b) {
             // 1.84 ms without, 32 rows 6.9 -> 6.2, 2-core AMD EPYC Zen 3)
             __m256i s16[R][2];
             for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-            if constexpr (R == 4) nib_rows4<XMEM, DIRECT>(a, b, g * quads, (g + 1) * quads, s16);
+            if constexpr (R == 4) nib_rows4<DIRECT>(a, b, g * quads, (g + 1) * quads, s16);
             else if constexpr (DIRECT) {
                 const __m256i nib = _mm256_set1_epi8(15);
                 for (int64_t q = g * quads; q < (g + 1) * quads; q += 2) {
@@ -258,7 +244,7 @@ void rows_block(const QRows& a, const Block& b) {
                                               _mm256_and_si256(_mm256_srli_epi16(hi, 4), nib)}};
                     for (int e = 0; e < 2; ++e)
                         for (int r = 0; r < R; ++r) {
-                            const __m256i xv = x_at<XMEM>(a, b, r, q + e);
+                            const __m256i xv = x_at(a, r, q + e);
                             s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(w[e][0], xv));
                             s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(w[e][1], xv));
                         }
@@ -267,7 +253,7 @@ void rows_block(const QRows& a, const Block& b) {
             for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
                 const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                 for (int r = 0; r < R; ++r) {
-                    const __m256i xv = x_at<XMEM>(a, b, r, q);
+                    const __m256i xv = x_at(a, r, q);
                     s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(w0, xv));
                     s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(w1, xv));
                 }
@@ -280,7 +266,7 @@ void rows_block(const QRows& a, const Block& b) {
                 for (int64_t q = g * quads; q < (g + 1) * quads; q += 4) {
                     __m256i s16[4][2];
                     for (int r = 0; r < 4; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-                    nib_rows4<XMEM, false>(a, b, q, q + 4, s16);
+                    nib_rows4<false>(a, b, q, q + 4, s16);
                     for (int r = 0; r < 4; ++r)
                         for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], ones));
                 }
@@ -289,7 +275,7 @@ void rows_block(const QRows& a, const Block& b) {
                     const __m256i w0 = _mm256_load_si256(b.wbuf + 2 * q), w1 = _mm256_load_si256(b.wbuf + 2 * q + 1);
                     const __m256i v0 = _mm256_load_si256(b.wbuf + 2 * q + 2), v1 = _mm256_load_si256(b.wbuf + 2 * q + 3);
                     for (int r = 0; r < R; ++r) {
-                        const __m256i x0 = x_at<XMEM>(a, b, r, q), x1 = x_at<XMEM>(a, b, r, q + 1);
+                        const __m256i x0 = x_at(a, r, q), x1 = x_at(a, r, q + 1);
                         const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(v0, x1));
                         const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w1, x0), _mm256_maddubs_epi16(v1, x1));
                         acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
@@ -308,7 +294,7 @@ void rows_block(const QRows& a, const Block& b) {
                     a1 = _mm256_load_si256(b.wbuf + 2 * all + 2 * q + 1);
                 }
                 for (int r = 0; r < R; ++r) {
-                    const __m256i xv = x_at<XMEM>(a, b, r, q);
+                    const __m256i xv = x_at(a, r, q);
                     __m256i p0, p1;
                     if constexpr (KIND == WIDE) {  // |code| times xq with the code's sign
                         p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, w0));
@@ -338,16 +324,14 @@ void rows_block(const QRows& a, const Block& b) {
     for (int r = 0; r < R; ++r) std::memcpy(b.y + r * b.ldy, tot[r], b.valid * sizeof(float));
 }
 
-// r rows (at most QR) of x times one block; a pass of QR rows takes x from b.xb where it is built
+// r rows (at most QR) of x times one block
 template <int KIND, bool OFF, bool BASED, int SPAN = 1, bool DIRECT = false>
 void rows_step(int64_t r, const QRows& a, const Block& b) {
     switch (r) {
-        case 1: rows_block<1, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
-        case 2: rows_block<2, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
-        case 3: rows_block<3, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b); break;
-        default:
-            if (b.xb) rows_block<QR, KIND, OFF, BASED, true, SPAN, DIRECT>(a, b);
-            else rows_block<QR, KIND, OFF, BASED, false, SPAN, DIRECT>(a, b);
+        case 1: rows_block<1, KIND, OFF, BASED, SPAN, DIRECT>(a, b); break;
+        case 2: rows_block<2, KIND, OFF, BASED, SPAN, DIRECT>(a, b); break;
+        case 3: rows_block<3, KIND, OFF, BASED, SPAN, DIRECT>(a, b); break;
+        default: rows_block<QR, KIND, OFF, BASED, SPAN, DIRECT>(a, b);
     }
 }
 
@@ -407,9 +391,8 @@ void qrows(const float* x, int64_t M, int64_t K, int64_t group, int kind, int32_
 
 // n bytes (32-aligned) of the calling thread's scratch, kept between calls and grown as needed
 uint8_t* scratch(int slot, int64_t n) {
-    thread_local std::unique_ptr<uint8_t, decltype(&std::free)> mem[3] = {
-        {nullptr, &std::free}, {nullptr, &std::free}, {nullptr, &std::free}};
-    thread_local int64_t size[3] = {0, 0, 0};
+    thread_local std::unique_ptr<uint8_t, decltype(&std::free)> mem[2] = {{nullptr, &std::free}, {nullptr, &std::free}};
+    thread_local int64_t size[2] = {0, 0};
     if (n > size[slot]) {
         size[slot] = (n + 4095) / 4096 * 4096;
         mem[slot].reset(static_cast<uint8_t*>(std::aligned_alloc(64, size[slot])));
@@ -458,20 +441,6 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
     float* yp = y.data_ptr<float>();
     const int64_t block_bytes = K * column_bytes(kind);
     const int64_t wbuf_bytes = (kind == WIDE ? 4 : 2) * (K / 4) * 32;
-    // x broadcast in memory (XMEM: x_at) for decode-sized calls whose rows stay in L2 (M * K * 8 bytes,
-    // at most 2 MB, a pass's QR rows at most 128 KB): a Q4_K product of 8,960 x 1,536, one thread, 8
-    // rows 1.83 -> 1.69 ms, 32 rows 6.5 -> 6.1; none at K = 8,960 (1,536 x 8,960: 8 rows 1.89 -> 1.93)
-    // nor at 512 rows (94.6 -> 97.3, in chunks of 64 rows), so not there (2-core AMD EPYC Zen 3)
-    const bool xmem = M >= QR && M <= XMEM_ROWS && K <= XMEM_K;
-    uint8_t* broadcast = nullptr;
-    if (xmem) {  // one copy for every thread, built here (M * K / 4 stores)
-        broadcast = scratch(2, M * K * 8);
-        __m256i* xb = reinterpret_cast<__m256i*>(broadcast);
-        at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-            for (int64_t m = m0; m < m1; ++m)
-                for (int64_t q = 0; q < K / 4; ++q) _mm256_store_si256(xb + m * (K / 4) + q, _mm256_set1_epi32(x_quad(a, static_cast<int>(m), q)));
-        });
-    }
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         uint8_t* mem = scratch(1, wbuf_bytes + 2 * groups * 16 * static_cast<int64_t>(sizeof(float)));
         __m256i* wbuf = reinterpret_cast<__m256i*>(mem);
@@ -500,8 +469,7 @@ torch::Tensor qmm8(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t 
                 part.xs = a.xs + m0 * groups;
                 part.xsum = a.xsum + m0 * groups;
                 part.qbase = a.qbase + m0 * groups;
-                const __m256i* xb = broadcast ? reinterpret_cast<const __m256i*>(broadcast) + m0 * (K / 4) : nullptr;
-                Block b{quads, xb, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
+                Block b{quads, sbuf, obuf, yp + m0 * N + i * 16, N, std::min<int64_t>(16, N - i * 16)};
                 if (m0 == 0 && M <= PREFETCH_ROWS && i + 1 < b1) {  // the next block this thread multiplies
                     b.next = wp + (i + 1) * block_bytes;
                     b.next_bytes = block_bytes / groups;
