@@ -24,6 +24,7 @@ import asyncio
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from gateway.errors import bad_request, from_value_error
 from gateway.llama_native import Budget, LlamaBody, LlamaEndpoint, sampling_options
@@ -41,12 +42,16 @@ def _one_prompt(value: list) -> bool:
 
 def _check_pieces(pieces: list, where: str) -> None:
     """Every entry of the one-prompt list ``pieces`` a string or an integer token id, else the error
-    naming it (``2.0`` and ``true`` are not token ids)."""
+    naming it (``2.0`` and ``true`` are not token ids); an empty string is refused naming it (it has
+    no tokens, and the tokenizers refuse it; llama.cpp reads it as nothing, or a BOS alone first)."""
     if not pieces:
         raise _bad_type(f"{where} must not be empty")
     for i, p in enumerate(pieces):
         if type(p) not in (int, str):
             raise _bad_type(f"token ids must be integers: {where}[{i}] is {_shown(p)}")
+        if p == "":
+            raise PydanticCustomError("invalid_value",
+                                      f"{where}[{i}] is an empty string, which has no tokens: leave it out")
 
 
 def _prompt(value: Any) -> Any:
@@ -112,6 +117,9 @@ class LlamaCompletionEndpoint(LlamaEndpoint):
             raise from_value_error(e, "prompt") from None
         options = sampling_options(body)
         return [(p, text, options) for p, text in shown]
+
+    def prompt_count(self, body: LlamaCompletionRequest) -> int:
+        return len(body.prompts())
 
     def default_budget(self, info) -> Budget:
         """llama.cpp's -1: until a stop or the end of the context."""

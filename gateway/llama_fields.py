@@ -15,7 +15,9 @@ field                                     here
                                           sampling: :mod:`protocol.logprobs`)
 ``logit_bias``                            ``logit_bias``: ``[[id, bias]]``, ``[["text", bias]]`` (each
                                           token of the text, tokenised without special tokens),
-                                          ``{"id" or "text": bias}``; a bias ``false`` bans the token
+                                          ``{"id" or "text": bias}`` (a key is an id when it is
+                                          ASCII digits, as llama.cpp's ``strtol`` reads it: ``"５"``
+                                          is a text); a bias ``false`` bans the token
                                           (-100, OpenAI's floor); entries for one token add up
 ``json_schema``, ``grammar`` (GBNF)       ``structured`` (:mod:`gateway.structured`); ``grammar: ""``:
                                           none
@@ -52,7 +54,9 @@ letters ``"kypmxt"``)                     ``min_p`` (0), ``temperature`` (1, the
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
@@ -62,9 +66,9 @@ from gateway.errors import APIError, bad_request
 from gateway.logprobs import clamp, utf8_bytes
 from protocol.logprobs import MAX_LOGPROBS, TokenLogprob
 from protocol.request import LOGIT_BIAS_BOUND
-from protocol.validation import echo
+from protocol.validation import clip, described, echo
 
-__all__ = ["LlamaFields", "llama_probs", "logit_bias", "refusal", "sampler_overrides", "samplers_on"]
+__all__ = ["LlamaFields", "gives_text", "llama_probs", "logit_bias", "refusal", "sampler_overrides", "samplers_on"]
 
 BAN = -LOGIT_BIAS_BOUND
 """The bias a ``false`` gives (llama.cpp's -inf): OpenAI's floor, which no token overcomes."""
@@ -133,7 +137,9 @@ _PENALTIES = "use repeat_penalty, presence_penalty and frequency_penalty"
 
 
 def _off(field: str, value: Any, off: Callable[[Any], bool], says: str) -> APIError | None:
-    return None if value is None or off(value) else bad_request(f"{field} {echo(value)}: {says}", field)
+    """The 400 of ``field``'s ``value`` unless it is absent or ``off(value)``; the value shown as its
+    JSON, as the client wrote it (``return_progress true``, ``image_data [{"data": ...}]``)."""
+    return None if value is None or off(value) else bad_request(f"{field} {clip(json.dumps(value))}: {says}", field)
 
 
 def refusal(body: LlamaFields) -> APIError | None:
@@ -168,8 +174,8 @@ def refusal(body: LlamaFields) -> APIError | None:
             return e
     if body.xtc_probability is not None and body.xtc_probability != 0 and \
             (body.xtc_threshold is None or body.xtc_threshold <= 0.5):
-        return bad_request(f"xtc_probability {echo(body.xtc_probability)}: XTC sampling is not supported; {_USE} "
-                           "(xtc_probability 0 is off)", "xtc_probability")
+        return bad_request(f"xtc_probability {clip(json.dumps(body.xtc_probability))}: XTC sampling is not supported; "
+                           f"{_USE} (xtc_probability 0 is off)", "xtc_probability")
     return None
 
 
@@ -220,18 +226,18 @@ def logit_bias(value: Any, encode: Callable[[str], list[int]] | None) -> dict[in
         pairs = []
         for i, entry in enumerate(value):
             if not isinstance(entry, list) or len(entry) != 2 or type(entry[0]) not in (int, str):
-                raise bad_request(f"logit_bias[{i}] must be [token id or text, bias], got {echo(entry)}",
+                raise bad_request(f"logit_bias[{i}] must be [token id or text, bias], got {described(entry)}",
                                   f"logit_bias[{i}]")
             pairs.append((f"logit_bias[{i}]", entry[0], entry[1]))
     else:
         raise bad_request("logit_bias must be a list of [token id or text, bias] or an object {token id or text: "
-                          f"bias}}, got {echo(value)}", "logit_bias")
+                          f"bias}}, got {described(value)}", "logit_bias")
     out: dict[int, float] = {}
     for where, key, bias in pairs:
         if bias is False:
             bias = BAN
         elif type(bias) not in (int, float) or not math.isfinite(bias):
-            raise bad_request(f"{where} must be a number, or false to ban the token, got {echo(bias)}", where)
+            raise bad_request(f"{where} must be a number, or false to ban the token, got {described(bias)}", where)
         if isinstance(key, str):
             if encode is None:
                 raise bad_request(f"{where} gives a text, which the gateway tokenises with the model's tokenizer, "
@@ -245,12 +251,24 @@ def logit_bias(value: Any, encode: Callable[[str], list[int]] | None) -> dict[in
     return out
 
 
+_TOKEN_ID = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+"""An object key that names a token id: what C's ``strtol(key, &end, 10)`` reads whole, as llama.cpp
+reads the keys (ASCII blanks before, a sign, ASCII digits), where Python's ``int`` reads ``"５"``,
+``"²"`` (no: a ValueError) and ``"1_000"`` too."""
+
+
 def _key(key: str) -> int | str:
-    """An object key: a token id when it is an integer's text, else a text (llama.cpp's)."""
-    try:
-        return int(key)
-    except ValueError:
-        return key
+    """An object key: a token id when it is an integer's text (:data:`_TOKEN_ID`), else a text
+    (llama.cpp's)."""
+    return int(key) if _TOKEN_ID.fullmatch(key) else key
+
+
+def gives_text(bias: Any) -> bool:
+    """Whether llama.cpp's ``logit_bias`` ``bias`` names a token by its text (the tokenizer is needed
+    to read it): a key or an entry's first item that :func:`logit_bias` reads as a text."""
+    if isinstance(bias, dict):
+        return any(isinstance(_key(k), str) for k in bias)
+    return isinstance(bias, list) and any(isinstance(e, list) and e and isinstance(e[0], str) for e in bias)
 
 
 def llama_probs(tokens: Sequence[int], entries: Sequence[TokenLogprob], token_str: Callable[[int], str],

@@ -55,7 +55,7 @@ from gateway.errors import APIError, bad_request, from_remote, from_value_error,
 from gateway.generate import LLAMA_BODY_TYPES, ClientGone, Generate, _Call, _EventStream, parse_body, wait_for
 from gateway.generation import Generation, Signal
 from gateway.link import resolve_model
-from gateway.llama_fields import LlamaFields, llama_probs, logit_bias, refusal, sampler_overrides
+from gateway.llama_fields import LlamaFields, gives_text, llama_probs, logit_bias, refusal, sampler_overrides
 from gateway.logprobs import utf8_bytes
 from gateway.responses import error_response, json_response, sse
 from gateway.structured import structured_option
@@ -168,6 +168,10 @@ class LlamaEndpoint:
         """Per prompt: ``(prompt, its text as the answer's "prompt" shows it, the request's options)``."""
         raise NotImplementedError
 
+    def prompt_count(self, body: LlamaBody) -> int:
+        """How many prompts (one request each) ``body`` gives, read before :meth:`prompts` tokenises them."""
+        return 1
+
     def budget(self, body: LlamaBody, info) -> Budget:
         """The body's ``n_predict`` as a :class:`Budget` (``info``: the model's ``ModelInfo`` or None):
         N >= 1 at most N tokens; 0 the prompt evaluated (and cached) and nothing shown (llama.vscode's
@@ -224,13 +228,13 @@ class LlamaEndpoint:
         refused = refusal(body)
         if refused is not None:
             raise refused
+        count = self.prompt_count(body)  # (before any is tokenised: a body of a million prompts is refused at once)
+        if count > gen.config.max_choices:
+            raise bad_request(f"{count} prompts; at most {gen.config.max_choices} per HTTP request", self.prompt_param)
         client = call.client = await gen.link.client_for(call.model)
         budget = self.budget(body, gen.link.model_info(call.model))
         prompts = await self.prompts(body, call.model)
         more = await self._options(body, call)
-        if len(prompts) > gen.config.max_choices:
-            raise bad_request(f"{len(prompts)} prompts; at most {gen.config.max_choices} per HTTP request",
-                              self.prompt_param)
         extra = {"clamp_max_tokens": True} if budget.clamp else {}
         call.prompts = len(prompts)
         try:
@@ -254,7 +258,7 @@ class LlamaEndpoint:
         answer shows token strings or a bias gives a text."""
         opts: dict[str, Any] = {}
         bias = body.logit_bias
-        if body.n_probs or _gives_text(bias):
+        if body.n_probs or gives_text(bias):
             call.tokenizer = await self.gen.tokenizers.get(self.gen.link.served_name(call.model))
         if body.n_probs:
             opts["logprobs"] = body.n_probs
@@ -384,13 +388,6 @@ def _timings(g: Generation, predicted: int) -> dict[str, float]:
         "predicted_per_token_ms": predicted_ms / max(1, predicted),
         "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0,
     }
-
-
-def _gives_text(bias: Any) -> bool:
-    """Whether llama.cpp's ``logit_bias`` ``bias`` names a token by its text (the tokenizer is needed)."""
-    if isinstance(bias, dict):
-        return any(not k.lstrip("-").isdigit() for k in bias)
-    return isinstance(bias, list) and any(isinstance(e, list) and e and isinstance(e[0], str) for e in bias)
 
 
 def _stop_type(g: Generation) -> tuple[str, str]:

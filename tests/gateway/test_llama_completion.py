@@ -362,6 +362,9 @@ def test_a_wrong_value_of_a_field_is_the_400_infill_answers(served, field, value
     ([[1], 7], "prompt[1] must be a string, a list of token ids or a list mixing strings and token ids, got 7"),
     ([["a"], []], "prompt[1] must not be empty"), ({"prompt_string": "a"}, "no multimodal model is served"),
     ("", "empty"), ([1, 99], "99"), ([[1], [-1]], "-1"),
+    # an empty string in a mixed prompt, named (was the tokenizer's "prompt text must be a non-empty str")
+    ([1, ""], "prompt[1] is an empty string, which has no tokens: leave it out"), (["", 1], "prompt[0] is an empty"),
+    ([[1, ""], "ab"], "prompt[0][1] is an empty string"),
 ])
 def test_a_bad_prompt_is_a_400_naming_it(served, prompt, words):
     http, client = served
@@ -757,3 +760,72 @@ def test_llama_routes_still_refuse_what_is_no_json(served, path, body):
         "application/x-www-form-urlencoded, is read as JSON, as llama.cpp's server reads it)"), e
     e = error_of(http.post(path, content=b'{"n_predict": 2,}', headers={"content-type": "application/json"}), 400)
     assert e["code"] == "invalid_json" and "sent as" not in e["message"]  # (declared JSON: no note)
+
+
+class AnyHf(HfLike):
+    """:class:`HfLike` reading any text without special tokens (a character outside :data:`LETTERS` as
+    a space, 36), as a real tokenizer reads any text."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if add_special_tokens:
+            return super().encode(text)
+        return [LETTERS.index(c) if c in LETTERS else LETTERS.index(" ") for c in text]
+
+
+@pytest.mark.parametrize("key, want", [
+    ("5", ((5, 1.0),)), (" 5", ((5, 1.0),)), ("+5", ((5, 1.0),)),  # (what llama.cpp's strtol reads as an id)
+    ("\uff15", ((36, 1.0),)), ("\u00b2", ((36, 1.0),)), ("1_0", ((26, 1.0), (27, 1.0), (36, 1.0))),  # (texts)
+])
+def test_a_logit_bias_key_is_an_id_only_as_llama_cpp_reads_one(key, want):
+    """An object key is a token id when C's strtol reads it whole (ASCII digits), else a text: a
+    fullwidth "５" was token 5 and "1_0" token 10 (Python's int reads them), and a superscript "²" was
+    told the model has no tokenizer (a text, read as neither)."""
+    client = Stops()
+    with TestClient(llama_app(Link(client), Tokenizers(lambda name: Tokenizer(BosLetters(), AnyHf()))),
+                    headers={"Authorization": f"Bearer {KEY}"}) as http:
+        complete(http, prompt="ab", n_predict=1, logit_bias={key: 1})
+    assert client.submitted[-1].logit_bias == tuple(sorted(want)), client.submitted[-1].logit_bias
+    for t in client.threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("logit_bias", [[1, None]], "logit_bias[0] must be a number, or false to ban the token, got null"),
+    ("logit_bias", {"5": True}, "logit_bias.5 must be a number, or false to ban the token, got true"),
+    ("logit_bias", [[None, 1]], "logit_bias[0] must be [token id or text, bias], got an array [null, 1]"),
+    ("logit_bias", "x", "bias}, got a string 'x'"),
+    ("return_progress", True, "return_progress true: prompt progress events"),
+    ("image_data", [{"data": "AA", "id": None}], 'image_data [{"data": "AA", "id": null}]: images are not'),
+    ("lora", [{"id": 0, "scale": False}], 'lora [{"id": 0, "scale": false}]: LoRA adapters'),
+])
+def test_a_refused_value_is_shown_as_the_json_the_client_sent(served, field, value, words):
+    """Python's notation of a value (True, None, a dict's repr) never reaches a client: each refusal
+    shows the JSON it was sent as (the four logit_bias ones and the three others said True, None,
+    [None, 1] and [{'data': 'AA', 'id': None}])."""
+    http, client = served
+    e = error_of(http.post("/completion", json={"prompt": "ab", field: value}), 400)
+    assert words in e["message"], e
+    assert not client.submitted
+
+
+def test_too_many_prompts_are_refused_before_any_is_tokenised():
+    """max_choices + 1 token prompts: the 400 comes before the gateway decodes each for its answer's
+    prompt (a body of a million prompts cost a decode each, then the same 400)."""
+    decoded = []
+
+    class Counting(BosLetters):
+        def decode(self, ids, skip_special_tokens: bool = True) -> str:
+            decoded.append(ids)
+            return super().decode(ids, skip_special_tokens)
+
+    client = Stops()
+    with TestClient(llama_app(Link(client), Tokenizers(lambda name: Tokenizer(Counting(), HfLike()))),
+                    headers={"Authorization": f"Bearer {KEY}"}) as http:
+        n = GatewayConfig().max_choices + 1
+        e = error_of(http.post("/completion", json={"prompt": [[1, "b"]] * n, "n_predict": 1}), 400)
+        assert (e["param"], e["message"]) == ("prompt", f"{n} prompts; at most {n - 1} per HTTP request"), e
+        assert not decoded and not client.submitted
+        assert http.post("/completion", json={"prompt": [[1, "b"]] * 2, "n_predict": 1}).status_code == 200
+        assert len(decoded) == 2  # (served: each prompt decoded for its answer)
+    for t in client.threads:
+        t.join(10)
