@@ -1043,12 +1043,19 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
             inp = open_input(input_path)
         except OSError as e:
             raise click.ClickException(f"cannot read {input_path}: {e}") from None
-        previous = None
+        previous = lock = None
         try:  # only now: an error in the arguments above leaves an existing -o as it was
+            if output != "-":  # (one run per file: a second is refused before it reads or empties it)
+                from slotserve.output_lock import OutputLock
+
+                existed = os.path.exists(output)
+                lock = OutputLock(output)
             if resume:
-                previous = _read_previous(output)
+                previous = _read_previous(output, lock) if existed else _afresh(output)
             out = click.open_file(output, "a" if resume else "w")
         except (OSError, ValueError) as e:
+            if lock is not None:
+                lock.close()
             inp.close()
             if isinstance(e, ValueError):
                 raise click.BadParameter(str(e), param_hint="'-o' / '--output'") from None
@@ -1061,6 +1068,8 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
                                 timeout_s=timeout_s, close_input=True, previous=previous)
         finally:
             close_error = _close_output(out, output)
+            if lock is not None:
+                lock.close()
     if outcome.summary is not None:
         click.echo(outcome.summary.format(), err=True)
     if close_error is not None and outcome.exit_status != 1:  # (a job whose output failed says so already)
@@ -1072,17 +1081,22 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     ctx.exit(outcome.exit_status)
 
 
-def _read_previous(output: str):
-    """``--resume``'s reading of ``output`` (:func:`slotserve.resume.read_previous`), said on stderr:
+def _afresh(output: str) -> None:
+    """``--resume`` of a missing ``output``, said on stderr: None (the job starts afresh)."""
+    click.echo(f"slotserve run --resume: {output} does not exist: starting afresh", err=True)
+
+
+def _read_previous(output: str, lock=None):
+    """``--resume``'s reading of ``output`` (:func:`slotserve.resume.read_previous`; ``lock``, the
+    run's :class:`~slotserve.output_lock.OutputLock`, holds the file it leaves), said on stderr:
     a missing file (None: the job starts afresh), a cut last line removed, the rows kept and those
     that run again. Raises what it raises (ValueError: not a job's output; OSError)."""
     from slotserve.resume import read_previous
 
-    previous = read_previous(output)
+    previous = read_previous(output, lock)
     say = functools.partial(click.echo, err=True)
     if previous is None:
-        say(f"slotserve run --resume: {output} does not exist: starting afresh")
-        return None
+        return _afresh(output)
     if previous.cut is not None:
         cut = previous.cut
         say(f"slotserve run --resume: the last line of {output} (line {cut.line}, {cut.size} bytes, {cut.why}) was "

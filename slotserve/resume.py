@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from protocol.enums import ErrorCode, FinishReason
+from slotserve.output_lock import OutputLock, lock_fd
 
 KEPT_ERRORS = frozenset({ErrorCode.BAD_REQUEST.value, ErrorCode.CONTEXT_LENGTH_EXCEEDED.value,
                          ErrorCode.UNSUPPORTED.value, ErrorCode.TOO_LARGE.value})
@@ -90,12 +91,14 @@ class NotResultRows(ValueError):
     line): it is no job's output, or was edited; nothing was changed."""
 
 
-def read_previous(path: str) -> Previous | None:
+def read_previous(path: str, lock: OutputLock | None = None) -> Previous | None:
     """Read the output ``path`` of an earlier run of the job; remove from it a last line cut off
     mid-write (the file is truncated back to the last complete row) and the rows that run again
     (the file is rewritten without them: a temporary file beside it, fsynced, then renamed over it,
     keeping its permissions; a link is followed). Return None when ``path`` does not exist (the
-    job starts afresh).
+    job starts afresh). ``lock``: the run's lock of ``path`` (:mod:`slotserve.output_lock`), which
+    then holds the rewritten file (locked before it is renamed over the old one, so that no other
+    run can take it between).
 
     Raises :class:`NotResultRows` (a ValueError) when a line other than the last is not a result
     row (JSON with ``"id"`` and ``"finish_reason"``), or the last is JSON but no such row; a
@@ -112,7 +115,7 @@ def read_previous(path: str) -> Previous | None:
     with open(real, "rb") as f:
         scan = _scan(f, path)
     if scan.drop:
-        _rewrite(real, scan.drop, scan.complete_lines, stat.S_IMODE(st.st_mode))
+        _rewrite(real, scan.drop, scan.complete_lines, stat.S_IMODE(st.st_mode), lock)
     elif scan.cut is not None:
         os.truncate(real, scan.complete_bytes)
     return Previous(done_ids=frozenset(scan.done_ids), refused_lines=frozenset(scan.refused_lines),
@@ -184,12 +187,15 @@ def _classify(scan: _Scan, n: int, row: Any, path: str) -> None:
         scan.done_ids.add(id_key(row["id"]))
 
 
-def _rewrite(real: str, drop: set[int], lines: int, mode: int) -> None:
+def _rewrite(real: str, drop: set[int], lines: int, mode: int, lock: OutputLock | None) -> None:
     """Rewrite ``real`` with its first ``lines`` lines but those in ``drop``, atomically: written to
     a temporary file in the same folder (so the rename stays on one file system), fsynced, given
-    ``mode``, renamed over ``real``, and the folder fsynced so the rename is on disk too."""
+    ``mode``, renamed over ``real``, and the folder fsynced so the rename is on disk too. The new
+    file is locked before the rename and ``lock`` holds it after (:meth:`OutputLock.moved`)."""
     folder, name = os.path.split(real)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".resume.tmp")
+    lock_fd(fd)  # (a file no one else has open: taken at once)
+    held = os.dup(fd)  # (the lock lives while one descriptor of it is open)
     try:
         with os.fdopen(fd, "wb") as dst, open(real, "rb") as src:
             for n, raw in enumerate(src, start=1):
@@ -202,11 +208,16 @@ def _rewrite(real: str, drop: set[int], lines: int, mode: int) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, real)
     except BaseException:
+        os.close(held)
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+    if lock is not None:
+        lock.moved(held)
+    else:
+        os.close(held)
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

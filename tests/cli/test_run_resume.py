@@ -295,3 +295,54 @@ def test_cli_resume_of_an_output_that_is_no_jobs_is_a_usage_error_and_leaves_it(
     assert r.exit_code == 2, r.output
     assert "not a result row of slotserve run" in r.stderr and "Traceback" not in r.output
     assert out.read_text() == text
+
+
+# ------------------------------------------------------------------------ one run per output file
+
+
+def test_a_run_on_an_output_another_run_holds_is_refused_and_leaves_it(frontend, tmp_path):
+    """A second run on the output of a running one, with --resume or without, exits 2 before it reads,
+    empties or rewrites it (it lost rows before: a resume's rewrite renamed a new file over the one the
+    first run was appending to, a plain run emptied it, two resumes wrote the missing rows twice); once
+    the first run ends, the file is the next run's."""
+    from slotserve.output_lock import OutputLock
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "prompt": [i + 1, 2], "max_tokens": 2}) + "\n" for i in range(3)))
+    text = json.dumps(row(0)) + "\n" + json.dumps(row(1, "cancelled")) + "\n"
+    out.write_text(text)
+    inode = os.stat(out).st_ino
+    with OutputLock(str(out)):  # (the first run)
+        for args in (["--resume"], []):
+            r = cli(frontend, inp, "-o", out, *args)
+            assert r.exit_code == 2, r.output
+            assert f"{out} is being written by another slotserve run" in r.stderr and "Traceback" not in r.output
+            assert out.read_text() == text and os.stat(out).st_ino == inode
+    r = cli(frontend, inp, "-o", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert sorted(x["id"] for x in result_rows(out)) == [0, 1, 2]
+
+
+def test_a_resume_that_rewrites_the_output_holds_the_new_file_locked(tmp_path):
+    """read_previous renames a new file over the output (rows removed): the run's lock holds that new
+    file, locked before the rename, so no other run can take it; a missing output is created and
+    locked; a path that is no regular file (/dev/null, a FIFO) is not locked."""
+    from slotserve.output_lock import OutputBusy, OutputLock
+
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps(row(0)) + "\n" + json.dumps(row(1, "cancelled")) + "\n")
+    with OutputLock(str(out)) as lock:
+        before = os.fstat(lock.fd).st_ino
+        previous = read_previous(str(out), lock)
+        assert previous.again == {"cancelled": 1} and os.stat(out).st_ino != before  # (rewritten: a new file)
+        assert os.path.samestat(os.fstat(lock.fd), os.stat(out))
+        with pytest.raises(OutputBusy, match="is being written by another slotserve run"):
+            OutputLock(str(out))
+    OutputLock(str(out)).close()  # (released)
+    with OutputLock(str(tmp_path / "new.jsonl")):
+        assert (tmp_path / "new.jsonl").read_text() == ""
+        with pytest.raises(OutputBusy):
+            OutputLock(str(tmp_path / "new.jsonl"))
+    os.mkfifo(tmp_path / "fifo")
+    with OutputLock(str(tmp_path / "fifo")) as a, OutputLock(str(tmp_path / "fifo")) as b:
+        assert a.fd is None and b.fd is None
