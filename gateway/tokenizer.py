@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.threads import on_a_daemon_thread
 from protocol.chat import template_error
-from protocol.validation import echo
+from protocol.validation import echo, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,10 @@ class Tokenizer:
         if not add_special_tokens:
             if self.hf is None:
                 raise ValueError("add_special_tokens=false needs the model's transformers tokenizer")
-            if not isinstance(text, str) or not text:
-                raise ValueError("prompt text must be a non-empty str")
+            if not isinstance(text, str):
+                raise ValueError(f"prompt text must be a string, got {kind_of(text)}")
+            if not text:  # (the words of the codec's own refusal, with special tokens)
+                raise ValueError("prompt text must not be empty")
             return list(self.hf.encode(text, add_special_tokens=False))
         return list(self.codec.encode(text))
 

@@ -501,3 +501,23 @@ def test_a_request_without_a_model_while_the_one_model_loads_is_told_it_loads(mo
             r = http.post(path, json=body)
             assert r.status_code == named.status_code == 503, (path, r.text)
             assert r.json() == named.json() and "model `boot` is loading now" in r.text, (path, r.text)
+
+
+class HfLetters:
+    """A transformers tokenizer's stand-in over the letters (what ``add_special_tokens`` false reads)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return LetterCodec().encode(text)
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_an_empty_prompt_to_tokenize_is_told_so_in_the_same_words_either_way(special):
+    """``add_special_tokens`` false said "prompt text must be a non-empty str" (Python's type name),
+    true "prompt text must not be empty"."""
+    app, _ = app_for(Tokenizers(lambda name: Tokenizer(LetterCodec(), HfLetters())))
+    with TestClient(app) as http:
+        r = http.post("/tokenize", json={"prompt": "", "add_special_tokens": special})
+        e = r.json()["error"]
+        assert r.status_code == 400 and (e["param"], e["message"]) == ("prompt", "prompt text must not be empty"), e
+        r = http.post("/tokenize", json={"prompt": "ab", "add_special_tokens": special})
+        assert r.status_code == 200 and r.json()["tokens"] == [0, 1], r.text
