@@ -34,6 +34,14 @@
 // streamed weights for L2 (a step's linears in turns, 2 threads, Zen 3, without it: Qwen2.5-0.5B at 8
 // rows 1.04-1.21x, 32 rows 1.04-1.05x; the 1.5B 1.06x and 1.05-1.08x; SmolLM2 1.10x; its LM heads
 // 1.00-1.13x): gone. 6-bit codes (SIX) are held only where AMX tiles run (qkernel.six_bits), never here.
+//
+// What bounds it (2-core AMD EPYC Zen 3, one thread, 2026-12-07): a Q5_0 block held in L1 and multiplied
+// again and again runs 28-31 multiply-adds a cycle at 8 rows, about what blocks streamed from memory
+// run (25-29; Q6_K 22-26, Q8_0 20-22): the products are bound in the core, not by memory. The same loop
+// alone (4 rows x 16 outputs, widened every 4 quads, no groups or epilogue), in a standalone test, ran
+// 47 a cycle with x from memory and 63 without the widening (vpmaddubsw's peak, 2 a cycle); a build
+// without the fp32 epilogue ran a step's linears 1.14-1.17x faster. The rest is vector operations a
+// quad besides vpmaddubsw (a vpaddw each, a broadcast per row, the widening) on Zen 3's 4 pipes.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
