@@ -873,7 +873,7 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping..." if gateway is None else
                        f"stopping: the HTTP server lets the requests in flight finish (up to {shutdown_timeout_s:g} s; "
-                       "Ctrl-C again: at once), then the workers and the broker stop...", err=True)
+                       f"{sig.again_hint()}), then the workers and the broker stop...", err=True)
         except (RuntimeError, ValueError) as e:
             if not sig.is_set():
                 raise click.ClickException(str(e)) from None

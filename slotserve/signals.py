@@ -153,6 +153,14 @@ class StopSignals:
         return (f"SIGINT is ignored in this process (started in the background by a script), so Ctrl-C does not "
                 f"stop it; SIGTERM does (kill {os.getpid()}).")
 
+    def again_hint(self) -> str:
+        """How to cut a started stop short, for the "stopping" line: "Ctrl-C again" where SIGINT reaches
+        the command, else "SIGTERM again" (SIGINT ignored when it started: "Ctrl-C again" would be
+        untrue, as :meth:`stop_hint` says in the banner)."""
+        if signal.SIGINT in self._previous or not self._previous:
+            return "Ctrl-C again: at once"
+        return f"SIGTERM again (kill {os.getpid()}): at once"
+
     def _on_signal(self, signum, frame) -> None:  # only sets the flag
         self.flag.set(signum)
 

@@ -383,14 +383,17 @@ def test_stop_signals_set_a_flag_wake_the_loop_and_respect_ignored_signals():
 
 def test_the_banner_says_how_to_stop_when_sigint_is_ignored():
     """A command started with SIGINT ignored (``slotserve up ... &`` from a script) keeps it ignored;
-    its banner then names SIGTERM rather than saying "Ctrl-C stops"."""
+    its banner then names SIGTERM rather than saying "Ctrl-C stops", and so does the line that says how
+    to cut the drain short (it said "Ctrl-C again: at once" to a command deaf to Ctrl-C)."""
     with StopSignals() as sig:
         assert sig.stop_hint() == "Ctrl-C stops."
+        assert sig.again_hint() == "Ctrl-C again: at once"
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with StopSignals() as sig:
-            hint = sig.stop_hint()
+            hint, again = sig.stop_hint(), sig.again_hint()
         assert "Ctrl-C does not stop it" in hint and f"kill {os.getpid()}" in hint and "SIGTERM" in hint
+        assert again == f"SIGTERM again (kill {os.getpid()}): at once", again
     finally:
         signal.signal(signal.SIGINT, previous)
 
