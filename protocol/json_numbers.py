@@ -21,7 +21,7 @@ from typing import Any
 from protocol.validation import clip
 
 __all__ = ["WrittenNumber", "check_finite", "first_nonfinite", "loads", "nonfinite", "nonfinite_message", "nonfinite_words",
-           "path_text"]
+           "path_text", "syntax_problem"]
 
 
 class WrittenNumber(float):
@@ -51,6 +51,31 @@ def loads(text: str | bytes) -> tuple[Any, bool]:
         return x if x - x == 0.0 else written(s)  # (inf - inf and NaN - NaN are NaN: not 0)
 
     return json.loads(text, parse_constant=written, parse_float=number), bool(seen)
+
+
+_SYNTAX_WORDS = (  # the start of json's reason -> ours (CPython's json.decoder and its C scanner)
+    ("Expecting value", "expected a value"),
+    ("Expecting property name enclosed in double quotes", "expected an object's key in double quotes"),
+    ("Expecting ':' delimiter", "expected ':' after an object's key"),
+    ("Expecting ',' delimiter", "expected ',' or a closing bracket"),
+    ("Unterminated string", "a string that starts there never ends"),
+    ("Invalid control character", "a string holds a control character (U+0000 to U+001F); write it as an escape "
+                                  "(\\n, \\t, \\u0001)"),
+    ("Invalid \\uXXXX escape", "an invalid \\u escape"),
+    ("Invalid \\escape", "a string holds an invalid escape (JSON's are \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)"),
+    ("Extra data", "more text after the JSON value"),
+    ("Illegal trailing comma", "a comma before the closing bracket"),
+)
+
+
+def syntax_problem(e: json.JSONDecodeError, one_line: bool = False) -> str:
+    """Where and what :func:`loads` (:func:`json.loads`) found wrong, in our words, never the
+    parser's ("Expecting value"): ``"at line 1 column 7: expected a value"`` (line and column from
+    1, in characters; ``one_line``, a JSONL row: ``"at column 7: ..."``); a reason not known here
+    is the place alone."""
+    where = f"at column {e.colno}" if one_line and e.lineno == 1 else f"at line {e.lineno} column {e.colno}"
+    words = next((ours for theirs, ours in _SYNTAX_WORDS if e.msg.startswith(theirs)), None)
+    return where if words is None else f"{where}: {words}"
 
 
 def first_nonfinite(value: Any) -> tuple[tuple[str | int, ...], float] | None:

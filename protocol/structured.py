@@ -44,10 +44,12 @@ On the wire a constraint is the array ``[kind, spec]`` or ``[kind, spec, think]`
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from protocol.json_numbers import loads, nonfinite_message
+from protocol.json_numbers import (loads, nonfinite_message,
+                                    syntax_problem)
 from protocol.validation import (
     as_text, check_depth, check_json_text, check_json_unicode, described, echo, is_sequence, kind_of, too_deep,
 )
@@ -151,8 +153,11 @@ def _schema_text(spec: object, where: str) -> str:
             parsed, _ = loads(spec)
         except RecursionError:  # (nested deeper than Python's limit: not its words)
             raise ValueError(too_deep(where)) from None
-        except ValueError as e:  # (json's syntax error, with its line and column)
-            raise ValueError(f"{where} is not valid JSON: {e}") from None
+        except json.JSONDecodeError as e:  # (json's syntax error, with its line and column)
+            raise ValueError(f"{where} is not valid JSON {syntax_problem(e)}") from None
+        except ValueError:  # (an integer past Python's digit limit for int(): not its words)
+            raise ValueError(f"{where} holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                             "which no schema needs") from None
         check_json_text(spec, where)  # (the escape of a lone surrogate: a string UTF-8 cannot encode)
         spec = parsed
     if not isinstance(spec, Mapping):

@@ -72,7 +72,7 @@ from client import Client, RemoteError
 from gateway.json_body import outer_kind
 from protocol.enums import ErrorCode, FinishReason
 from protocol.errors import error_code
-from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text
+from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text, syntax_problem
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
 from slotserve.resume import Previous, id_key
@@ -378,7 +378,7 @@ class BatchJob:
         try:
             row, _ = json_loads(line)  # (NaN, Infinity, 1e400: kept as written, for the words below)
         except json.JSONDecodeError as e:
-            self.bad_row(n, n, f"line {n}: not valid JSON ({e.msg})")
+            self.bad_row(n, n, f"line {n}: not valid JSON ({syntax_problem(e, one_line=True)})")
             return
         except ValueError:  # an integer past Python's digit limit for int(): the row, not the job
             self.bad_row(n, n, f"line {n}: it holds an integer of more than {sys.get_int_max_str_digits()} digits, "

@@ -147,6 +147,9 @@ UNREADABLE_LINES = {  # a line Python's JSON reader raises on with something oth
                                                  "line 2: a row must be a JSON object"),  # (was 'nested too deeply')
     "an integer past the digit limit": ('{"id": "big", "prompt": [1' + "0" * (sys.get_int_max_str_digits() + 1)
                                         + '], "max_tokens": 3}', "line 2: it holds an integer of more than"),
+    # a syntax error, in our words (was Python's json's: "line 2: not valid JSON (Expecting ',' delimiter)")
+    "a syntax error": ('{"id": "x", "prompt": [1 2]}', "line 2: not valid JSON (at column 26: expected ',' or a "
+                                                        "closing bracket)"),
 }
 
 

@@ -797,6 +797,8 @@ def test_a_logit_bias_key_is_an_id_only_as_llama_cpp_reads_one(key, want):
     ("return_progress", True, "return_progress true: prompt progress events"),
     ("image_data", [{"data": "AA", "id": None}], 'image_data [{"data": "AA", "id": null}]: images are not'),
     ("lora", [{"id": 0, "scale": False}], 'lora [{"id": 0, "scale": false}]: LoRA adapters'),
+    # (json's own words before: "json_schema is not valid JSON: Expecting value: line 1 column 1 (char 0)")
+    ("json_schema", "x", "json_schema is not valid JSON at line 1 column 1: expected a value"),
 ])
 def test_a_refused_value_is_shown_as_the_json_the_client_sent(served, field, value, words):
     """Python's notation of a value (True, None, a dict's repr) never reaches a client: each refusal

@@ -165,7 +165,8 @@ def test_count_tokens_takes_output_config_and_cache_control_as_anthropics_does(s
     # response_format.json_schema.schema json_schema must be ...": the chat field and the request's kind too)
     ({"format": {"type": "json_schema", "schema": 5}},
      "output_config.format.schema must be a JSON schema, a JSON object; got an integer 5"),
-    ({"format": {"type": "json_schema", "schema": "{"}}, "output_config.format.schema is not valid JSON: Expecting"),
+    ({"format": {"type": "json_schema", "schema": "{"}},
+     "output_config.format.schema is not valid JSON at line 1 column 2: expected an object's key in double quotes"),
     ({"format": {"type": "json_schema", "schema": '{"enum": ["\\ud800"]}'}},  # (counted: 200 before)
      "output_config.format.schema is not valid JSON: it contains an unpaired surrogate escape '\\ud800' at line 1 "
      "column 12 (half of a UTF-16 surrogate pair, which is no character); write the character itself, or both "

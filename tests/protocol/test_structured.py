@@ -32,7 +32,10 @@ def test_accepted_constraints_are_normalised(value, kind, spec):
 @pytest.mark.parametrize("value, words", [
     ({"json_schema": [1, 2]}, "JSON object"),
     ({"json_schema": True}, "JSON object"),
-    ({"json_schema": "{nope"}, "not valid JSON"),
+    ({"json_schema": "{nope"}, "structured json_schema is not valid JSON at line 1 column 2: expected an object's "
+                               "key in double quotes"),  # (was json's words: "Expecting property name ...")
+    ({"json_schema": '{"a":\n 1 2}'}, "is not valid JSON at line 2 column 4: expected ',' or a closing bracket"),
+    ({"json_schema": '{"a": 1' + "0" * 5000 + "}"}, "structured json_schema holds an integer of more than"),
     ({"json_schema": {"x": float("nan")}}, "json_schema.x is NaN, which is no JSON number"),
     ({"choice": []}, "empty list"),
     ({"choice": ["a", ""]}, "choice[1]"),
