@@ -75,6 +75,7 @@ from protocol.errors import error_code
 from protocol.json_numbers import first_nonfinite, loads as json_loads, nonfinite_words, path_text, syntax_problem
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestParams
+from protocol.validation import clip
 from slotserve.resume import Previous, id_key
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,10 @@ class JobSummary:
     ``lines_read``: input lines read (the last one when stopped early);
     ``cached_tokens``: prompt tokens the workers' prefix caches gave (the sum of the rows');
     ``already_done``, ``already_errors``: with ``--resume``, the rows the output held before this
-    run (not run again), and how many of them ended ``error``; the other counts are this run's."""
+    run (not run again), and how many of them ended ``error``; ``foreign_ids``: how many ids those
+    rows answer that no line of the input has (a whole input read: the output was written for
+    another input, or the input changed), ``foreign_example`` one of them (JSON); the other counts
+    are this run's."""
 
     requests: int
     errors: int
@@ -105,6 +109,8 @@ class JobSummary:
     cached_tokens: int = 0
     already_done: int = 0
     already_errors: int = 0
+    foreign_ids: int = 0
+    foreign_example: str | None = None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -127,6 +133,11 @@ class JobSummary:
             ("latency p50 / p99", f"{ms(self.p50_latency_ms)} / {ms(self.p99_latency_ms)}"),
             ("TTFT p50", ms(self.p50_ttft_ms)),
         ]
+        if self.foreign_ids:
+            rows.append(("not in the input", f"{self.foreign_ids} ids answered in the output before this run are on no "
+                                              f"line of the input (id {self.foreign_example}): was the output written "
+                                              "for another input? (their rows were kept; rows without an id match by "
+                                              "line number, so only an unchanged input resumes right)"))
         if self.stopped is not None:
             rows.append(("stopped", f"{self.stopped}, after input line {self.lines_read}: unfinished requests "
                                     "were cancelled; later lines were not read"))
@@ -263,7 +274,16 @@ class BatchJob:
                 finish_reasons=dict(self.reasons), stopped=self.stopped, lines_read=self.lines_read,
                 cached_tokens=self.cached_tokens,
                 already_done=0 if self.previous is None else self.previous.rows,
-                already_errors=0 if self.previous is None else self.previous.errors)
+                already_errors=0 if self.previous is None else self.previous.errors,
+                **self._foreign())
+
+    def _foreign(self) -> dict:  # under self.cond
+        """``foreign_ids`` and ``foreign_example`` of :class:`JobSummary` (none while the input is not
+        read to its end: its later lines may have them)."""
+        if self.previous is None or self.stopped is not None or self.failure is not None or not self.read_all:
+            return {}
+        foreign = self.previous.done_ids - self.ids_seen.keys()
+        return {"foreign_ids": len(foreign), "foreign_example": clip(min(foreign))} if foreign else {}
 
     def close(self) -> None:
         """Close the progress bar."""

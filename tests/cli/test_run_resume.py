@@ -346,3 +346,20 @@ def test_a_resume_that_rewrites_the_output_holds_the_new_file_locked(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with OutputLock(str(tmp_path / "fifo")) as a, OutputLock(str(tmp_path / "fifo")) as b:
         assert a.fd is None and b.fd is None
+
+
+def test_cli_resume_with_another_input_says_the_ids_it_does_not_have(frontend, tmp_path):
+    """A resume whose output answers ids that no line of the input has (the output written for
+    another input) said nothing: it ran the input's rows beside them. Now the summary says how many
+    and one of them; an output of this input's ids says nothing of the kind."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "prompt": [i + 1, 2], "max_tokens": 2}) + "\n" for i in range(3)))
+    out.write_text(json.dumps(row(0)) + "\n" + json.dumps(row("other-7")) + "\n" + json.dumps(row("other-9")) + "\n")
+    r = cli(frontend, inp, "-o", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert "not in the input " in r.stderr and '2 ids answered in the output before this run are on no line of ' \
+           'the input (id "other-7"): was the output written for another input?' in r.stderr, r.stderr
+    assert sorted(map(str, (x["id"] for x in result_rows(out)))) == ["0", "1", "2", "other-7", "other-9"]
+    out.write_text(json.dumps(row(0)) + "\n")
+    r = cli(frontend, inp, "-o", out, "--resume")
+    assert r.exit_code == 0 and "not in the input" not in r.stderr, r.stderr
