@@ -8,10 +8,11 @@ the field can be left out, so the 400 says what to do next ("Unrecognized reques
 n_predict (llama.cpp's n_predict is max_tokens here)"). The fields are those of llama.cpp's server
 README (``tools/server/README.md``: ``POST /completion``'s options, which its OpenAI routes also read)
 and of Ollama's API reference (``docs/api.md``: a request's ``options`` and its top-level fields);
-docs/llama-cpp.md gives the same mapping. One table for every route that refuses unknown fields;
-a route's body schema says which route it is (``hint_route``, a :class:`Route`), and a schema
-without one (``/tokenize``, ``/v1/embeddings``, ``/infill``, which takes llama.cpp's own fields)
-gets no hints.
+docs/llama-cpp.md gives the same mapping. One table for every generation route that refuses unknown
+fields, and one for ``/tokenize``, whose name is llama.cpp's but whose body is vLLM's (llama.cpp's
+``content``, ``add_special``, ``with_pieces``: its README's ``POST /tokenize``); a route's body schema
+says which route it is (``hint_route``, a :class:`Route`), and a schema without one
+(``/v1/embeddings``, ``/infill``, which takes llama.cpp's own fields) gets no hints.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Route(enum.Enum):
     CHAT = "/v1/chat/completions"
     RESPONSES = "/v1/responses"
     MESSAGES = "/v1/messages"
+    TOKENIZE = "/tokenize"
 
 
 _OPENAI = (Route.COMPLETIONS, Route.CHAT)
@@ -99,12 +101,24 @@ _OLLAMA: dict[str, str | dict[Route, str]] = {
 """Ollama's field -> what this route takes instead (as :data:`_LLAMA_CPP`)."""
 
 
+_LLAMA_CPP_TOKENIZE = {
+    "content": "is prompt here (the text to tokenize)",
+    "add_special": "is add_special_tokens here",
+    "with_pieces": "is return_token_strs here (each token's string as token_strs)",
+}
+"""llama.cpp's ``/tokenize`` field -> what ``/tokenize`` takes here (vLLM's names): the only hints of
+that route, which has no sampling fields."""
+
+
 def hint(field: str, route: Route | None) -> str | None:
     """The words to add, in parentheses, to the 400 of the unknown top-level body field ``field`` on
     ``route`` (``"llama.cpp's n_predict is max_tokens here"``), or None: no route, a nested field
     (``messages.0.n_predict``), or a field no other server's client sends."""
     if route is None:
         return None
+    if route is Route.TOKENIZE:
+        words = _LLAMA_CPP_TOKENIZE.get(field)
+        return None if words is None else f"llama.cpp's {field} {words}"
     for whose, table in (("llama.cpp's", _LLAMA_CPP), ("Ollama's", _OLLAMA)):
         words = table.get(field)
         if isinstance(words, dict):

@@ -456,6 +456,7 @@ class TokenizeRequest(BaseModel):
     default false; ``tools`` and ``tool_choice`` as a chat request's), one of them. ``model``: optional when one model is served. ``return_token_strs``: also each token's string."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    hint_route: ClassVar[Route] = Route.TOKENIZE  # llama.cpp's content, add_special, with_pieces: say the names here
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessageParam] | None = None

@@ -16,8 +16,10 @@ from gateway.foreign_fields import Route, hint
 MESSAGES = [{"role": "user", "content": "hi"}]
 BODIES = {Route.COMPLETIONS: {"model": "m", "prompt": "hi"}, Route.CHAT: {"model": "m", "messages": MESSAGES},
           Route.RESPONSES: {"model": "m", "input": "hi"},
-          Route.MESSAGES: {"model": "m", "max_tokens": 5, "messages": MESSAGES}}
+          Route.MESSAGES: {"model": "m", "max_tokens": 5, "messages": MESSAGES},
+          Route.TOKENIZE: {"model": "m", "prompt": "hi"}}
 OPENAI = (Route.COMPLETIONS, Route.CHAT)
+GENERATION = (Route.COMPLETIONS, Route.CHAT, Route.RESPONSES, Route.MESSAGES)
 
 # (field, value as its client sends it, the routes, what the 400's message must name)
 HINTED = [
@@ -29,13 +31,13 @@ HINTED = [
     ("n_probs", 3, (Route.COMPLETIONS,), "llama.cpp's n_probs is logprobs here"),
     ("n_probs", 3, (Route.CHAT,), "llama.cpp's n_probs is top_logprobs here, with logprobs: true"),
     ("n_probs", 3, (Route.RESPONSES,), "llama.cpp's n_probs is top_logprobs here, with include"),
-    ("cache_prompt", True, tuple(Route), "the prefix cache is always on; leave it out"),
-    ("id_slot", 0, tuple(Route), "slots are assigned by the broker; leave it out"),
-    ("n_keep", 4, tuple(Route), "llama.cpp's n_keep is not supported"),
+    ("cache_prompt", True, GENERATION, "the prefix cache is always on; leave it out"),
+    ("id_slot", 0, GENERATION, "slots are assigned by the broker; leave it out"),
+    ("n_keep", 4, GENERATION, "llama.cpp's n_keep is not supported"),
     ("samplers", ["top_k", "temperature"], OPENAI, "llama.cpp's samplers is not supported"),
-    ("typical_p", 0.9, tuple(Route), "llama.cpp's typical_p sampler is not supported; leave it out"),
+    ("typical_p", 0.9, GENERATION, "llama.cpp's typical_p sampler is not supported; leave it out"),
     ("tfs_z", 1.0, OPENAI, "llama.cpp's tfs_z sampler is not supported"),
-    ("mirostat", 2, tuple(Route), "llama.cpp's mirostat sampler is not supported"),
+    ("mirostat", 2, GENERATION, "llama.cpp's mirostat sampler is not supported"),
     ("mirostat_tau", 5.0, OPENAI, "llama.cpp's mirostat_tau sampler is not supported"),
     ("mirostat_eta", 0.1, OPENAI, "llama.cpp's mirostat_eta sampler is not supported"),
     ("dry_multiplier", 0.8, OPENAI, "llama.cpp's dry_multiplier sampler is not supported"),
@@ -50,9 +52,13 @@ HINTED = [
                                             "max_tokens for num_predict"),
     ("options", {"num_predict": 8}, (Route.RESPONSES,), "max_output_tokens for num_predict"),
     ("num_predict", 8, OPENAI, "Ollama's num_predict is max_tokens here"),
-    ("num_ctx", 4096, tuple(Route), "Ollama's num_ctx is the server's, not a request's: slotserve up --max-model-len"),
-    ("keep_alive", "5m", tuple(Route), "Ollama's keep_alive is not needed"),
+    ("num_ctx", 4096, GENERATION, "Ollama's num_ctx is the server's, not a request's: slotserve up --max-model-len"),
+    ("keep_alive", "5m", GENERATION, "Ollama's keep_alive is not needed"),
     ("format", "json", OPENAI, "Ollama's format is response_format here"),
+    # /tokenize: llama.cpp's body there (found by a newcomer pass: {"content": ...} was a bare 400)
+    ("content", "hi", (Route.TOKENIZE,), "llama.cpp's content is prompt here"),
+    ("add_special", True, (Route.TOKENIZE,), "llama.cpp's add_special is add_special_tokens here"),
+    ("with_pieces", True, (Route.TOKENIZE,), "llama.cpp's with_pieces is return_token_strs here"),
 ]
 CASES = [(field, value, route, words) for field, value, routes, words in HINTED for route in routes]
 
@@ -105,7 +111,8 @@ def test_a_field_served_under_its_llama_cpp_name_is_taken_not_hinted(route):
 
 def test_a_nested_field_or_a_route_without_hints_keeps_its_words(http):
     """Only a top-level field of a generation route is hinted: a message's ``n_predict`` is no request
-    field, and ``/tokenize`` (no sampling) and ``/infill`` (llama.cpp's own fields) get none."""
+    field, ``/tokenize`` (no sampling) hints only llama.cpp's own tokenize fields, and ``/infill``
+    (llama.cpp's own fields) gets none."""
     assert hint("messages.0.n_predict", Route.CHAT) is None and hint("n_predict", None) is None
     r = http.post(Route.CHAT.value, json={"model": "m", "messages": [{"role": "user", "content": "hi",
                                                                        "n_predict": 1}]})
