@@ -21,6 +21,7 @@ import click
 from broker import DEFAULT_BACKEND, DEFAULT_FRONTEND, BrokerConfig
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.endpoints import BindError
+from slotserve.llama_flags import LlamaFlagsCommand, WordOption
 from slotserve.logs import configure_logging
 from worker.config import WorkerConfig
 from worker.models.checkpoint import ALIASES
@@ -132,6 +133,8 @@ def _log_level(ctx: click.Context) -> str:
 class _Group(click.Group):
     """The ``slotserve`` group: each subcommand also takes the group's --log-level, after its name."""
 
+    command_class = LlamaFlagsCommand  # (llama-server's flags named as typed, with what to give here)
+
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         cmd.params.append(_log_level_option(on_group=False))
         super().add_command(cmd, name)
@@ -178,13 +181,18 @@ _frontend = click.option("--frontend", type=BIND_ENDPOINT, default=DEFAULT_FRONT
 _backend = click.option("--backend", type=BIND_ENDPOINT, default=DEFAULT_BACKEND, show_envvar=True,
                         help="ZeroMQ endpoint the broker binds for workers.")
 _ALIASES = ", ".join(repr(a) for a in ALIASES)  # the models registry packages install (docs/models.md)
-_model = click.option("--model", default=_default(WorkerConfig, "model"), show_envvar=True,
+_model = click.option("--model", "-m", "model", cls=WordOption, default=_default(WorkerConfig, "model"),
+                      show_envvar=True,
                       help=f"Model to serve: 'simulated' (SimulatedLLM defaults), an alias ({_ALIASES}: each "
                            "installed with its package, see docs/models.md), a .gguf file, a Hugging Face model "
                            "directory, or a hub id in the local Hugging Face cache (nothing is downloaded).")
-_slots = click.option("--slots", type=click.IntRange(min=1), default=_default(WorkerConfig, "num_slots"),
-                      show_envvar=True,
-                      help="Slots (batch size) per worker.")
+_slots = click.option("--slots", "-np", "--parallel", "slots", type=click.IntRange(min=1),
+                      default=_default(WorkerConfig, "num_slots"), show_envvar=True,
+                      help="Slots (batch size) per worker: the requests it runs at once (llama-server's -np; "
+                           "--workers 1 -np N is one model with N slots, as llama-server -np N).")
+_cont_batching = click.option(
+    "-cb", "--cont-batching", is_flag=True, expose_value=False, hidden=True, allow_from_autoenv=False,
+    help="llama-server's flag, taken and ignored: slotserve always batches continuously.")
 _step_delay = click.option("--step-delay-ms", type=FiniteFloatRange(min=0),
                            default=_default(WorkerConfig, "step_delay_ms"), show_envvar=True,
                            help="Extra cost added to every iteration, in milliseconds (simulates a slower model).")
@@ -283,7 +291,8 @@ def _model_options(command):
                      help="GEMM library of fp32/bf16 CPU linears: dense, mkl (fp32), onednn, or auto "
                           "(onednn where torch has it: its rows do not depend on the batch; else the "
                           "fastest here, measured at load)."),
-        click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=_default(ModelOptions, "num_threads"),
+        click.option("--threads", "-t", "threads", cls=WordOption, type=click.IntRange(1, MAX_THREADS),
+                     default=_default(ModelOptions, "num_threads"),
                      show_envvar=True,
                      help="CPU threads for the model, fixed (default: up to one per core; on a GGUF's own "
                           "weights the count is chosen per step by timing steps, so a busy machine does not "
@@ -555,6 +564,8 @@ def _key_options(command):
 
         _refuse_blank_key_variables(click.get_current_context(), ("api_key", "api_key_file", "metrics_api_key"))
 
+        # a value may list keys comma-separated, as llama-server's --api-key does (no key holds a comma)
+        api_key, metrics_api_key = ([k for v in given for k in v.split(",")] for given in (api_key, metrics_api_key))
         for option, given in (("--api-key", api_key), ("--metrics-api-key", metrics_api_key)):
             for i, key in enumerate(given, 1):
                 if not is_api_key(key):
@@ -568,7 +579,8 @@ def _key_options(command):
     for option in reversed([
         click.option("--api-key", multiple=True, metavar="KEY", show_envvar=True, show_default=False,
                      help="Require 'Authorization: Bearer KEY' on every /v1 request (else 401); repeat for "
-                          "several keys (the variable takes them space-separated). /health stays open. "
+                          "several keys, or list them comma-separated (llama-server's form; the variable takes "
+                          "them space-separated too). /health stays open. "
                           "Prefer the variable or --api-key-file: a command line is visible in ps. Default: no "
                           "keys, every request is served."),
         click.option("--api-key-file", multiple=True, type=click.Path(dir_okay=False), show_envvar=True,
@@ -577,7 +589,7 @@ def _key_options(command):
                           "skipped; repeatable."),
         click.option("--metrics-api-key", multiple=True, metavar="KEY", show_envvar=True, show_default=False,
                      help="Require this key on GET /metrics (a scraper's, apart from the API keys); "
-                          "repeatable. Default: /metrics is open."),
+                          "repeatable, or comma-separated. Default: /metrics is open."),
     ]):
         with_keys = option(with_keys)
     return with_keys
@@ -637,6 +649,7 @@ def broker(frontend: str, backend: str, broker_options: dict, curve_dir: str | N
               help="The broker's worker endpoint.")
 @_model
 @_slots
+@_cont_batching
 @_step_delay
 @_stop_token
 @click.option("--name", default="", show_envvar=True, help="Name shown in `slotserve status` (default host:pid).")
@@ -755,7 +768,9 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @main.command()
 @_workers
 @_slots
-@click.option("--model", "models", multiple=True, envvar="SLOTSERVE_UP_MODEL", show_envvar=True,
+@_cont_batching
+@click.option("--model", "-m", "models", cls=WordOption, multiple=True, envvar="SLOTSERVE_UP_MODEL",
+              show_envvar=True,
               help=f"Model to serve: 'simulated' (default), an alias ({_ALIASES}), a .gguf file, a Hugging Face "
                    "model directory or a hub id in the local Hugging Face cache (nothing is downloaded). Repeat it (or give --models-dir) to serve several models behind one endpoint, each "
                    "loaded when a request names it and unloaded when idle (--max-loaded-models, --idle-unload-s).")
@@ -774,9 +789,11 @@ def serve(broker_addr: str, host: str, port: int, max_body_bytes: int, access_lo
 @_backend
 @_broker_options
 @_curve_dir
-@click.option("--http-port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
-              help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none).")
-@click.option("--http-host", default="127.0.0.1", show_envvar=True, help="Address the HTTP server binds.")
+@click.option("--http-port", "--port", "http_port", type=click.IntRange(0, 65535), default=None, show_envvar=True,
+              help="Also run the OpenAI-compatible HTTP server (`slotserve serve`) on this port (default: none; "
+                   "--port is llama-server's name).")
+@click.option("--http-host", "--host", "http_host", default="127.0.0.1", show_envvar=True,
+              help="Address the HTTP server binds (--host is llama-server's name).")
 @_access_log_option
 @click.option("--tokenizer", default=None, show_envvar=True,
               help="The HTTP server's tokenizer (logprobs' token strings, echo, /tokenize): a model alias, folder "
@@ -944,7 +961,7 @@ def _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step
 @click.option("--broker", "broker_addr", type=CONNECT_ENDPOINT,
               default=None, envvar="SLOTSERVE_RUN_BROKER", show_envvar=True,
               help="Use a running broker at this client endpoint instead of an embedded cluster.")
-@click.option("--model", default=None, show_envvar=True,
+@click.option("--model", "-m", "model", cls=WordOption, default=None, show_envvar=True,
               help=f"Model to run: 'simulated', an alias ({_ALIASES}), a .gguf file, a Hugging Face model directory or "
                    "a hub id in the local Hugging Face cache (nothing is downloaded). "
                    "Default: with --broker, the broker's only model (an error lists them when it serves several, "

@@ -73,8 +73,8 @@ def test_version_comes_from_the_package_metadata():
 
 
 def test_every_subcommand_takes_log_level_after_its_name():
-    ctx = click.Context(main, info_name="slotserve")
-    for name, cmd in main.commands.items():
+    ctx = click.Context(main, info_name="slotserve", **main.context_settings)  # (click keeps each command's
+    for name, cmd in main.commands.items():  # help option as first made: without -h, later tests' -h were unknown)
         assert "--log-level" in [o for p in cmd.params for o in getattr(p, "opts", [])], name
         cmd.make_context(name, ["--log-level", "info", *(["DIR"] if name == "keygen" else []),
                                 *(["-o", "x"] if name == "run" else [])], parent=ctx, resilient_parsing=True)
