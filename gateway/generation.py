@@ -162,6 +162,11 @@ class Generation:
         return self.handle.error if self.finished else None
 
     @property
+    def ended_s(self) -> float | None:
+        """When the answer ended, on the handle's clock (its ``finished_s``), None while it runs."""
+        return self.handle.finished_s
+
+    @property
     def prompt_tokens(self) -> int | None:
         """The prompt's length in tokens, or None while unknown (a text or chat
         prompt no worker has tokenised for this request)."""

@@ -44,8 +44,10 @@ letters ``"kypmxt"``)                     ``min_p`` (0), ``temperature`` (1, the
 ``n_discard``, ``id_slot``, ``slot_id``,  slotserve never shifts a context, so nothing is discarded;
 ``cache_prompt``, ``n_cache_reuse``,      the broker places requests and the prefix cache is always
 ``api_key``, ``sse_ping_interval``        on; the API key is the ``Authorization`` header's)
-``t_max_prompt_ms``, ``t_max_predict_ms``,  accepted, not applied (llama.vscode sends them)
-``n_indent``
+``n_indent`` (>= 0),                      applied as llama.cpp applies them (:mod:`gateway.line_limits`):
+``t_max_predict_ms`` (>= 0; -1: off)      a line indented less, or the first newline past the time
+                                          limit, ends the generation (``stop_type`` ``limit``)
+``t_max_prompt_ms``                       any: no effect (llama.cpp does not apply it either)
 ========================================  ============================================================
 
 :func:`refusal` gives the 400 of the first effectful value; :func:`sampler_overrides` and
@@ -167,6 +169,8 @@ def refusal(body: LlamaFields) -> APIError | None:
                                                  "the model's probabilities before sampling; send false"),
         ("n_probs", lambda v: 0 <= v <= MAX_LOGPROBS, f"n_probs must be in 0..{MAX_LOGPROBS}"),
         ("repeat_last_n", lambda v: v >= -1, "repeat_last_n must be >= -1 (-1: the whole context, 0: no penalties)"),
+        ("n_indent", lambda v: v >= 0, "n_indent must be >= 0 (the least indentation of a generated line; 0: off)"),
+        ("t_max_predict_ms", lambda v: v >= -1, "t_max_predict_ms must be >= 0 (milliseconds; 0 or -1: off)"),
     )
     for field, off, says in checks:
         e = _off(field, getattr(body, field), off, says)

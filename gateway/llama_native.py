@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -54,6 +55,7 @@ from gateway.drain import REFUSED
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, unavailable
 from gateway.generate import LLAMA_BODY_TYPES, ClientGone, Generate, _Call, _EventStream, parse_body, wait_for
 from gateway.generation import Generation, Signal
+from gateway.line_limits import LimitedGeneration, LineLimits
 from gateway.link import resolve_model
 from gateway.llama_fields import LlamaFields, gives_text, llama_probs, logit_bias, refusal, sampler_overrides
 from gateway.logprobs import utf8_bytes
@@ -161,8 +163,9 @@ class LlamaEndpoint:
     params: ClassVar[dict[str, str]] = _SAMPLING_PARAMS
     words: ClassVar[tuple[tuple[str, str], ...]] = _SAMPLING_WORDS
 
-    def __init__(self, generate: Generate) -> None:
+    def __init__(self, generate: Generate, clock: Callable[[], float] = time.monotonic) -> None:
         self.gen = generate
+        self.clock = clock  # (t_max_predict_ms's: seconds, monotonic; tests pass a fake one)
 
     async def prompts(self, body: LlamaBody, model: str) -> list[tuple[str | list[int], str, dict[str, Any]]]:
         """Per prompt: ``(prompt, its text as the answer's "prompt" shows it, the request's options)``."""
@@ -238,12 +241,22 @@ class LlamaEndpoint:
         extra = {"clamp_max_tokens": True} if budget.clamp else {}
         call.prompts = len(prompts)
         try:
+            info = gen.link.model_info(call.model)
+            limited = not budget.hidden and LineLimits.active(body.n_indent, body.t_max_predict_ms) and \
+                (info is None or info.has_tokenizer)  # (no text, nothing to judge)
             for i, (prompt, _, options) in enumerate(prompts):
-                g = Generation(i, call.signal, budget.hidden)
+                if limited:  # (n_indent, t_max_predict_ms: judged as the text comes, the rest cancelled)
+                    g = LimitedGeneration(i, call.signal, LineLimits(body.n_indent or 0, body.t_max_predict_ms or 0,
+                                                                     self.clock), body.stream)
+                    watch = {"on_token": g.on_token, "on_text": g.on_text}
+                else:
+                    g = Generation(i, call.signal, budget.hidden)
+                    watch = {"on_token": call.signal.poke if body.stream else None}
                 call.gens.append(g)
-                g.handle = client.submit_request(prompt, budget.max_tokens, g.on_end,
-                                                 on_token=call.signal.poke if body.stream else None,
+                g.handle = client.submit_request(prompt, budget.max_tokens, g.on_end, **watch,
                                                  **options, **more, **extra)
+                if limited:
+                    g.arm(lambda rid=g.handle.request_id: client.cancel(rid))
         except ValueError as e:
             call.gens.pop()  # the one that was refused (nothing was sent for it)
             raise self._renamed(from_value_error(e, self.prompt_param), str(e)) from None
@@ -377,7 +390,7 @@ def _timings(g: Generation, predicted: int) -> dict[str, float]:
     prompt_n = g.prompt_tokens or 0
     cached = g.cached_tokens or 0
     first = h.first_token_s
-    end = h.finished_s if h.finished_s is not None else time.monotonic()
+    end = g.ended_s if g.ended_s is not None else time.monotonic()
     prompt_ms = 1000.0 * (first - h.submitted_s) if first is not None else 0.0
     predicted_ms = 1000.0 * (end - first) if first is not None else 0.0
     return {

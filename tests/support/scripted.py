@@ -72,7 +72,8 @@ def generated(prompt_ids: list[int], k: int) -> list[int]:
 
 class ScriptedClient:
     """Ends each request on a thread: ``max_tokens`` tokens (:func:`generated`), finish ``length``,
-    the logprobs entries the request asked for, text by :class:`LetterCodec`. ``limits``: what the
+    the logprobs entries the request asked for, text by :class:`LetterCodec` (``on_token`` and
+    ``on_text`` per token). ``limits``: what the
     client checks a request against (default: :data:`VOCAB` tokens, a 64-token context)."""
 
     def __init__(self, limits: ModelLimits | None = None) -> None:
@@ -81,10 +82,10 @@ class ScriptedClient:
         self.codec = LetterCodec()
         self.limits = ModelLimits(VOCAB, 64, True) if limits is None else limits
 
-    def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, **options):
+    def submit_request(self, prompt, max_tokens, callback=None, *, on_token=None, on_text=None, **options):
         params = self.limits.build(prompt, max_tokens, **options)  # as the client checks
         self.submitted.append(params)
-        h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None)
+        h = ClientHandle(len(self.threads), params, callback, on_token, time.monotonic(), None, on_text)
         t = threading.Thread(target=self._run, args=(h,))
         self.threads.append(t)
         t.start()
@@ -118,6 +119,8 @@ class ScriptedClient:
             h._text.append(self.codec.decode([t]))
             if h.on_token is not None:
                 h.on_token(t)
+            if h.on_text is not None:  # (after its token, as the client delivers them)
+                h.on_text(h._text[-1])
         h._end(FinishReason.LENGTH, None, None, time.monotonic())
         h.callback((h.prompt or []) + h.tokens)
         h._done = True
