@@ -98,6 +98,7 @@ class DemandSupervisor:
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
         self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
         self._heard: set[str] = set()  # models whose running worker the broker has listed (loading or served)
+        self._broker_id: str | None = None  # that broker's (a new one, restarted, has heard of no worker)
         self._announce = announce or (lambda model, config, name: announce_dead_load(config, name, timeout_s))
         self._client: Client | None = None
         windows = [STOP_KILL_S] + [s for s in (idle_unload_s, self.core.turn_s) if s]
@@ -122,7 +123,8 @@ class DemandSupervisor:
         names (requests for an alias wait under the alias until its worker registers it). A worker that
         died is forgotten: the model loads again when it is wanted, after a back-off when it died before
         registering (its load failed). One that died before the broker ever listed it (killed or
-        crashed while its process started, before it announced its load) is announced to the broker
+        crashed while its process started, before it announced its load; or after, to a broker that
+        has restarted since: a new ``broker_id``, which heard of none of it) is announced to the broker
         for it (``announce``), so that the broker counts it as it counts a loader that died: a failed
         attempt of each request waiting for the model, which ends ``worker_failed`` at
         ``max_attempts`` such loads rather than waiting forever while the model reloads."""
@@ -138,6 +140,9 @@ class DemandSupervisor:
             log.info("models on demand: no broker status now (%s)", exc)
             self.close()
             return []
+        if st.broker_id != self._broker_id:  # a broker restarted: what the old one heard is lost with it
+            self._heard.clear()
+            self._broker_id = st.broker_id
         for name, p in list(self.stopping.items()):
             if not p.is_alive():
                 p.join()

@@ -659,6 +659,55 @@ def test_a_worker_the_broker_listed_loading_is_not_announced_again(monkeypatch):
     assert "a" not in sup.running and announced == []
 
 
+def test_after_a_broker_restart_a_worker_only_the_old_broker_heard_of_is_announced_when_it_dies(monkeypatch):
+    """What the supervisor believes the broker has heard is the broker's it asked: a worker that
+    announced its load to a broker that then restarted, and died before it reached the new one, is
+    announced to the new one, which counts it at once as a failed load of the request resubmitted there
+    (before: taken as heard, it was never counted there, and the request ended one load later)."""
+    from broker.core import BrokerCore
+    from protocol.enums import ErrorCode
+    from protocol.messages import Loading, Results, Submit
+    from slotserve.demand_supervisor import DemandSupervisor
+    from tests.support.messages import envelope
+    from worker.config import WorkerConfig
+
+    old, clock, link = _core_of_a_and_b(monkeypatch)
+    brokers, procs, announced = [old], [], []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        procs.append(p := _FakeProcess())
+        p.pid = 100 + len(procs)
+        return p
+
+    def announce(model: str, config, worker_name: str) -> None:
+        announced.append((clock[0], worker_name))
+        brokers[-1].on_backend(b"ghost%d" % len(announced), Loading(model, worker_name), clock[0])
+
+    link.status = lambda timeout_s: brokers[-1].status(clock[0])
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,), name=f"w-{n}") for n in ("a", "b"))
+    sup = DemandSupervisor(configs, 1, 300.0, spawn=spawn, connect=lambda: link, announce=announce)
+    old.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.0)
+    assert sup.run_pass(0.0) == [Load("a")]
+    old.on_backend(b"w1", Loading("a", "w1"), 0.05)  # the worker announces its load
+    sup.run_pass(0.1)  # (the broker lists it loading)
+    new = BrokerCore(old.config, "broker-2", 0.2)  # the broker restarts; the client resubmits r there
+    brokers.append(new)
+    new.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.2)
+    procs[0].alive, procs[0].exitcode = False, -9  # killed before it reached the new broker
+    ended = []
+    for step in range(3, 300):
+        clock[0] = now = step / 10
+        ended += [(now, f) for s in new.tick(now) if isinstance(s.message, Results) for f in s.message.finished]
+        sup.run_pass(now)
+        for p in procs[1:]:  # every later worker dies before it announces its load
+            p.alive, p.exitcode = False, -9
+    assert announced[0] == (0.3, "w-a, exited with code -9 before it announced its load")  # (before: none)
+    assert [t for t, _ in announced] == [0.3, 1.4, 3.5]  # (before: 1.4, 3.5, 7.6)
+    ((when, f),) = ended
+    assert len(procs) == 3 and when == 4.1  # the third load, as without the restart (before: a fourth, 8.2 s)
+    assert f.request_id == "r" and f.code is ErrorCode.WORKER_FAILED
+
+
 def test_a_dead_load_is_announced_to_a_real_broker_as_a_loader_that_then_falls_silent():
     """:func:`worker.link.announce_dead_load` over real sockets (a broker's socket loop in a thread):
     the broker lists the loader under its model and aliases, then drops it once silent past its window."""
