@@ -53,9 +53,12 @@ class WordOption(click.Option):
 
     def add_to_parser(self, parser, ctx: click.Context) -> None:
         super().add_to_parser(parser, ctx)
+        short, long = getattr(parser, "_short_opt", None), getattr(parser, "_long_opt", None)
+        if not isinstance(short, dict) or not isinstance(long, dict):  # (a click whose parser differs: its reading)
+            return
         for opt in self.opts:
-            if opt in parser._short_opt:
-                parser._long_opt[opt] = parser._short_opt.pop(opt)
+            if opt in short:
+                long[opt] = short.pop(opt)
 
 
 class LlamaFlagsCommand(click.Command):

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from slotserve.cli import main
-from slotserve.llama_flags import LLAMA_NOT_TAKEN, LLAMA_TAKEN
+from slotserve.llama_flags import LLAMA_NOT_TAKEN, LLAMA_TAKEN, WordOption
 from tests.support.launcher import record_clusters
 
 TAKERS = {  # llama-server's flag -> the commands that take it
@@ -170,3 +170,20 @@ def test_api_keys_comma_separated_as_llama_server_lists_them(clusters):
     assert clusters[-1].gateway.api_keys == ("k1", "k2", "k3") and clusters[-1].gateway.metrics_api_keys == ("m1", "m2")
     r = invoke("up", "--port", "0", "--api-key", "k1,")
     assert r.exit_code == 2 and "key 2 given is not a usable API key" in r.output
+
+
+def test_a_click_whose_parser_keeps_no_name_tables_still_takes_the_option():
+    """WordOption moves names between click's parser tables (private to click); a click whose parser
+    has none leaves the option as click adds it, rather than failing every command line."""
+
+    class Parser:  # (a parser with add_option and no _short_opt / _long_opt)
+        def __init__(self) -> None:
+            self.added = []
+
+        def add_option(self, obj, opts, dest, action=None, nargs=1, const=None):
+            self.added.append(tuple(opts))
+
+    parser = Parser()
+    option = WordOption(["-m", "--model"])
+    option.add_to_parser(parser, click.Context(click.Command("x")))
+    assert parser.added == [("-m", "--model")]
