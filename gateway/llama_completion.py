@@ -72,6 +72,8 @@ def _prompt(value: Any) -> Any:
             _check_pieces(p, f"prompt[{i}]")
         elif type(p) is not str:
             raise _bad_type(f"prompt[{i}] must be {_ONE}, got {_shown(p)}")
+        elif not p:  # (named here, before any prompt is sent)
+            raise PydanticCustomError("invalid_value", f"prompt[{i}] must not be empty")
     return value
 
 

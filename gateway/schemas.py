@@ -93,7 +93,14 @@ def _prompt(value: Any) -> Any:
         if type(value) is not str:
             raise _bad_type(f"{_PROMPT_SHAPES}, got {_shown(value)}")
         return value
-    if not value or all(type(p) is str for p in value):
+    if not value:
+        return value
+    texts, lists = (all(type(p) is t for p in value) for t in (str, list))
+    if texts or lists:  # several prompts: an empty one is named before any is sent
+        for i, p in enumerate(value):
+            if not p:
+                raise PydanticCustomError("invalid_value", f"prompt[{i}] must not be empty")
+    if texts:
         return value
     if all(type(p) is list for p in value):
         for i, ids in enumerate(value):

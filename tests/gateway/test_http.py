@@ -99,6 +99,15 @@ def test_bad_completion_bodies_are_400(http, body, param, code):
     assert (e["param"], e["code"], e["type"]) == (param, code, "invalid_request_error"), e
 
 
+@pytest.mark.parametrize("prompt, index", [(["ab", ""], 1), (["", "ab"], 0), ([[1], []], 1), ([[], [2]], 0)])
+def test_an_empty_prompt_among_several_is_named(http, prompt, index):
+    # ["ab", ""] was refused only when its second prompt reached the wire ("prompt must not be empty",
+    # no index: the first already sent, then cancelled); now named from the body, before any is sent
+    e = error_of(http.post("/v1/completions", json={"model": "simulated", "max_tokens": 2, "prompt": prompt}), 400)
+    assert (e["param"], e["code"]) == ("prompt", "invalid_value"), e
+    assert e["message"] == f"prompt[{index}] must not be empty", e
+
+
 @pytest.mark.parametrize("path, fields, param, says", [
     ("/v1/completions", {"prompt": [1, 2.0]}, "prompt", "token ids must be integers: prompt[1] is 2.0"),
     ("/v1/completions", {"prompt": [1, True]}, "prompt", "token ids must be integers: prompt[1] is true"),

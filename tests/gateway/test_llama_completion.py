@@ -365,6 +365,8 @@ def test_a_wrong_value_of_a_field_is_the_400_infill_answers(served, field, value
     # an empty string in a mixed prompt, named (was the tokenizer's "prompt text must be a non-empty str")
     ([1, ""], "prompt[1] is an empty string, which has no tokens: leave it out"), (["", 1], "prompt[0] is an empty"),
     ([[1, ""], "ab"], "prompt[0][1] is an empty string"),
+    # an empty string among several prompts, named (was 'prompt must not be empty', after the first was sent)
+    (["ab", ""], "prompt[1] must not be empty"), (["", [1]], "prompt[0] must not be empty"),
 ])
 def test_a_bad_prompt_is_a_400_naming_it(served, prompt, words):
     http, client = served
