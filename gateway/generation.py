@@ -106,7 +106,8 @@ class Generation:
         self._signal.poke()
 
     def take(self) -> Delta | None:
-        """New tokens and text since the last call, or None when nothing is new (event loop)."""
+        """New tokens and text since the last call (of :attr:`tokens` and :attr:`text`, those shown), or
+        None when nothing is new (event loop)."""
         if self._reported:
             return None
         finished = self.finished  # read first: once True, everything below is complete
@@ -116,14 +117,14 @@ class Generation:
                 return None
             self._reported = True
             return Delta([], "", True, None if h.logprobs is None else [])
-        new_tokens = h.tokens[self._sent_tokens:]
+        new_tokens = self.tokens[self._sent_tokens:]  # (the shown ones: a subclass may show fewer)
         entries = None
         if h.logprobs is not None:  # tokens first: each token's entry is appended before the token
             entries = h.logprobs[self._sent_tokens:self._sent_tokens + len(new_tokens)]
             if len(entries) < len(new_tokens):  # (defensive) a token whose entry is not there yet waits
                 new_tokens = new_tokens[:len(entries)]
         self._sent_tokens += len(new_tokens)
-        text = h.text or ""
+        text = self.text
         new_text = text[self._sent_text:]
         self._sent_text = len(text)
         if finished:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gateway.generation import Delta, Generation, Signal
+from gateway.generation import Generation, Signal
 from protocol.enums import FinishReason
 
 __all__ = ["LimitedGeneration", "LineLimits"]
@@ -209,26 +209,3 @@ class LimitedGeneration(Generation):
     @property
     def ended_s(self) -> float | None:
         return self.cut_s if self.cut else self.handle.finished_s
-
-    def take(self):
-        """As :meth:`Generation.take`, over the shown tokens and text."""
-        if self._reported:
-            return None
-        finished = self.finished  # read first: once True, what is shown is complete
-        tokens = self.tokens
-        new_tokens = tokens[self._sent_tokens:]
-        entries = None
-        lp = self.handle.logprobs
-        if lp is not None:
-            entries = lp[self._sent_tokens:self._sent_tokens + len(new_tokens)]
-            if len(entries) < len(new_tokens):
-                new_tokens = new_tokens[:len(entries)]
-        self._sent_tokens += len(new_tokens)
-        text = self.text
-        new_text = text[self._sent_text:]
-        self._sent_text = len(text)
-        if finished:
-            self._reported = True
-        elif not new_tokens and not new_text:
-            return None
-        return Delta(new_tokens, new_text, finished, entries)
