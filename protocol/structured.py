@@ -48,8 +48,7 @@ import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from protocol.json_numbers import (loads, nonfinite_message,
-                                    syntax_problem)
+from protocol.json_numbers import loads, nonfinite_message, syntax_problem
 from protocol.validation import (
     as_text, check_depth, check_json_text, check_json_unicode, described, echo, is_sequence, kind_of, too_deep,
 )
