@@ -179,3 +179,46 @@ def test_its_rms_norm_is_the_forwards_formula(kernel, hidden):
     got = kernel.rms_norm(x, weight, consts.inv_hidden_value, consts.eps_value)
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)  # (the sum of squares in another order)
     assert torch.equal(_rms_norm(x, weight, consts, glue=kernel), got)  # the forward calls it where it runs
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows, ffn", [(8, 1536), (3, 4864), (5, 1000), (2, 7)])  # 1000, 7: ATen's scalar tail
+def test_its_silu_mul_is_the_forwards_swiglu_bit_for_bit(kernel, rows, ffn):
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(6)
+    for scale in (1.0, 30.0):
+        gu = torch.randn(rows, 2 * ffn, generator=gen) * scale
+        specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-40, -88.5, 89.0])
+        gu[0, :min(ffn, 8)] = specials[:min(ffn, 8)]  # gates: exp's overflow, underflow and NaN
+        gu[-1, -3:] = specials[:3]  # ups
+        want = F.silu(gu[:, :ffn]).mul_(gu[:, ffn:])  # model._mlp's SwiGLU in ATen
+        got = kernel.silu_mul(gu, ffn)
+        assert got.shape == (rows, ffn) and got.dtype == torch.float32
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    with pytest.raises(RuntimeError, match="gu: fp32"):
+        kernel.silu_mul(torch.randn(2, 9), 4)  # not two halves
+
+
+@needs_kernel
+def test_the_forwards_mlp_calls_silu_mul_where_the_module_runs(kernel):
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from worker.models.llama.model import _mlp
+
+    gen = torch.Generator().manual_seed(7)
+    gu = torch.randn(4, 2 * 96, generator=gen)
+    calls = []
+
+    class Glue:
+        def silu_mul(self, t, f):
+            calls.append(f)
+            return kernel.silu_mul(t, f)
+
+    w = SimpleNamespace(shape=SimpleNamespace(ffn=96), act=F.silu)
+    lw = SimpleNamespace(gate_up=lambda h: gu)
+    assert torch.equal(_mlp(w, lw, None, Glue()), _mlp(w, lw, None)) and calls == [96]
+    gelu = SimpleNamespace(shape=w.shape, act=lambda t: F.gelu(t, approximate="tanh"))  # Gemma's GeGLU: ATen's
+    assert torch.equal(_mlp(gelu, lw, None, Glue()), _mlp(gelu, lw, None)) and calls == [96]

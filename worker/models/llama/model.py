@@ -88,11 +88,12 @@ def _layers(w: LlamaWeights, x: torch.Tensor, it: _Iteration, glue) -> torch.Ten
     for layer, lw in enumerate(w.layers):
         if lw.post_attn is None:  # pre-norm only (Llama): the residual add fused into the product
             x = lw.o.add(x, _attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it))  # x + o(attention)
-            x = lw.down.add(x, _mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue)))
+            x = lw.down.add(x, _mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue), glue))
         else:  # Gemma's sandwich: the outputs normed before the residual add
             x = x + _rms_norm(lw.o(_attention(w, layer, _rms_norm(x, lw.ln1, c, glue=glue), it)), lw.post_attn, c,
                               glue=glue)
-            x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue))), lw.post_mlp, c, glue=glue)
+            x = x + _rms_norm(lw.down(_mlp(w, lw, _rms_norm(x, lw.ln2, c, glue=glue), glue)), lw.post_mlp, c,
+                              glue=glue)
     return x
 
 
@@ -178,10 +179,13 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(n, q_end)
 
 
-def _mlp(w: LlamaWeights, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+def _mlp(w: LlamaWeights, lw: LayerWeights, h: torch.Tensor, glue=None) -> torch.Tensor:
     """The gated MLP's hidden activations ``act(gate) * up``, ``[N, ffn]`` (the down projection comes
-    after): SwiGLU (``silu``) or Gemma's GeGLU (tanh ``gelu``), as ``w.act``."""
+    after): SwiGLU (``silu``) or Gemma's GeGLU (tanh ``gelu``), as ``w.act``; SwiGLU in one call of
+    ``glue`` (the compiled module's ``silu_mul``, the same bits) where it runs."""
     gu, ffn = lw.gate_up(h), w.shape.ffn
+    if glue is not None and w.act is F.silu:
+        return glue.silu_mul(gu, ffn)
     return w.act(gu[:, :ffn]).mul_(gu[:, ffn:])
 
 
