@@ -87,6 +87,16 @@ def load():
     return extension.build("attnkernel", SOURCE, FLAGS, "avx512f", "decode attention runs as batched products")
 
 
+@functools.lru_cache(maxsize=1)
+def swiglu_exact() -> bool:
+    """Whether the module's ``silu_mul`` rounds as ATen's ``silu`` does in this process: ATen's CPU
+    kernels run at the vector width the module was built for (``torch.backends.cpu.get_cpu_capability()``
+    ``"AVX512"`` for the AVX-512 build, ``"AVX2"`` for the AVX2 one; ``ATEN_CPU_CAPABILITY`` can move
+    ATen to another, whose ``exp`` and scalar tail differ). Elsewhere the forward keeps ATen's two
+    operations."""
+    return torch.backends.cpu.get_cpu_capability() == ("AVX512" if cpu_has_avx512() else "AVX2")
+
+
 def runs(kv: torch.Tensor, act_dtype: torch.dtype) -> bool:
     """Whether the kernel runs a cache like ``kv`` (``[layers, 2, rows, kv_heads, capacity, D]``) for
     activations of ``act_dtype``: on CPU, fp32 activations, an fp32, bf16 or fp16 cache, ``D`` a

@@ -182,9 +182,10 @@ def _attention(w: LlamaWeights, layer: int, h: torch.Tensor, it: _Iteration) -> 
 def _mlp(w: LlamaWeights, lw: LayerWeights, h: torch.Tensor, glue=None) -> torch.Tensor:
     """The gated MLP's hidden activations ``act(gate) * up``, ``[N, ffn]`` (the down projection comes
     after): SwiGLU (``silu``) or Gemma's GeGLU (tanh ``gelu``), as ``w.act``; SwiGLU in one call of
-    ``glue`` (the compiled module's ``silu_mul``, the same bits) where it runs."""
+    ``glue`` (the compiled module's ``silu_mul``, the same bits) where it runs at ATen's width
+    (:func:`attnkernel.swiglu_exact`)."""
     gu, ffn = lw.gate_up(h), w.shape.ffn
-    if glue is not None and w.act is F.silu:
+    if glue is not None and w.act is F.silu and attnkernel.swiglu_exact():
         return glue.silu_mul(gu, ffn)
     return w.act(gu[:, :ffn]).mul_(gu[:, ffn:])
 
