@@ -59,6 +59,9 @@ def test_the_real_qwen_coder_runs_greedy_as_hf_generate(alias):
     with gguf_parsed_once():  # transformers reads the metadata thrice (tokenizer, config, weights)
         model = load_model(alias, precision="fp32")  # auto would serve the Q4_K_M file as stored (gguf)
         assert isinstance(model, LlamaRunner) and model.weights.family.model_type == "qwen2"
+        # its EOS (<|im_end|>) and its other ends, as llama.cpp's (<|endoftext|> too, the second EOS of
+        # Qwen's generation_config.json; before, the file's declared EOS alone)
+        assert model.eos_token_ids == (151645, 151643, 151662, 151663, 151664)
         reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
         prompts = [model.tokenizer.encode(p) for p in PROMPTS]
         assert prompts == [reference_tokenizer(p)["input_ids"] for p in PROMPTS]

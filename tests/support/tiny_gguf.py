@@ -59,31 +59,34 @@ def random_blocks(fmt: str, rows: int, cols: int, seed: int = 0, scale: float = 
     return raw.reshape(rows, -1)
 
 
-def _tokenizer_fields(writer) -> int:
-    """A byte-level BPE (base bytes, a few merges, padding tokens, two specials) of
-    TINY_LLAMA_VOCAB tokens; returns that size."""
+def _tokenizer_fields(writer, specials: tuple[str, ...] = ()) -> int:
+    """A byte-level BPE (base bytes, a few merges, padding tokens, ``specials`` and two more
+    specials, ``<|end|>`` the EOS and ``<|start|>`` the BOS, last) of TINY_LLAMA_VOCAB tokens;
+    returns that size."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     merges = ["Ġ t", "h e", "Ġt he", "Ġ c", "a t", "Ġc at"]
     tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges]
-    tokens += [f"Ġpad{i}" for i in range(TINY_LLAMA_VOCAB - 2 - len(tokens))] + ["<|end|>", "<|start|>"]
+    last = [*specials, "<|end|>", "<|start|>"]
+    tokens += [f"Ġpad{i}" for i in range(TINY_LLAMA_VOCAB - len(last) - len(tokens))] + last
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+    writer.add_token_types([1] * (len(tokens) - len(last)) + [3] * len(last))
     writer.add_token_merges(merges)
     writer.add_eos_token_id(len(tokens) - 2)
     writer.add_bos_token_id(len(tokens) - 1)
     return len(tokens)
 
 
-def write_quantized_gguf(path: str, arch: str = "llama", seed: int = 0) -> None:
-    """The tiny ``arch`` (``"llama"`` or ``"qwen2"``) model at ``path`` (see module docstring)."""
+def write_quantized_gguf(path: str, arch: str = "llama", seed: int = 0, specials: tuple[str, ...] = ()) -> None:
+    """The tiny ``arch`` (``"llama"`` or ``"qwen2"``) model at ``path`` (see module docstring);
+    ``specials``: more special (control) tokens, just before its EOS and BOS, the last ids."""
     import gguf
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
-    vocab = _tokenizer_fields(w)
+    vocab = _tokenizer_fields(w, specials)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(LAYERS)

@@ -61,6 +61,7 @@ from types import SimpleNamespace
 
 from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
+from worker.models.end_tokens import gguf_end_ids
 from worker.models.gguf_header import GGUFTable, read_table
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
                                  QWEN_CODER_15B, locate_model)  # table's names, as they were here)
@@ -182,7 +183,8 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     ``"bfloat16"`` or ``"float16"``. ``attn_implementation``: transformers'
     (``"sdpa"``: an architecture without an SDPA path, such as Gemma 2, gets
     ``"eager"``). The codec is None when the tokenizer is missing or not a fast
-    one (token ids only).
+    one (token ids only). A GGUF file's model ends at its end-of-generation tokens
+    (``generation_config.eos_token_id``: :func:`worker.models.end_tokens.gguf_end_ids`).
 
     Raises ``ValueError`` for an unknown dtype or a model that cannot be
     found or loaded (the message names the cause).
@@ -217,6 +219,11 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     except (OSError, ValueError, TypeError):
         tokenizer = None  # e.g. a weights-only directory: token ids only
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
+    if gguf_file:  # (a GGUF file has no generation config: its end-of-generation tokens, as llama.cpp's)
+        declared = model.generation_config.eos_token_id
+        ends = gguf_end_ids(read_table(str(Path(path) / gguf_file)).metadata, _special_tokens(tokenizer))
+        model.generation_config.eos_token_id = list(dict.fromkeys(
+            [*([declared] if isinstance(declared, int) else declared or []), *ends]))
     return model.eval(), codec
 
 
@@ -234,7 +241,9 @@ def read_gguf(path: str, quantized: bool = False):
     One pass over the header (:func:`~worker.models.gguf_header.read_table`) gives the metadata
     and the tensor table, and says no to another architecture before anything is converted; each
     tensor is then dequantised once. ``tokenizer``: a transformers fast tokenizer
-    (:func:`worker.models.gguf_tokenizer.gguf_tokenizer`), or None when the file has none.
+    (:func:`worker.models.gguf_tokenizer.gguf_tokenizer`), or None when the file has none. The source's
+    ``eos_token_ids``: the config's EOS and the file's end-of-generation tokens, as llama.cpp's
+    (:func:`worker.models.end_tokens.gguf_end_ids`).
 
     Raises ValueError for a file that is not a readable GGUF, and
     :class:`~worker.models.llama.family.Unsupported` (a ValueError) for a file with a feature
@@ -263,7 +272,16 @@ def read_gguf(path: str, quantized: bool = False):
     source = from_state_dict(config, tensors)
     from worker.models.gguf_tokenizer import gguf_tokenizer
 
-    return None if source is None else (source, gguf_tokenizer(path, table.digest))
+    if source is None:
+        return None
+    tokenizer = gguf_tokenizer(path, table.digest)
+    source.eos_token_ids = [*source.eos_token_ids, *gguf_end_ids(table.metadata, _special_tokens(tokenizer))]
+    return source, tokenizer
+
+
+def _special_tokens(tokenizer) -> dict[str, int]:
+    """``tokenizer``'s special tokens, text -> id (``{}`` for None: a GGUF file without a tokenizer)."""
+    return {} if tokenizer is None else {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
 
 
 def gguf_config_dict(metadata: dict, names) -> dict:
