@@ -54,7 +54,8 @@ of Anthropic's 400s: :mod:`gateway.messages_body`), then not used: ``metadata``,
 tools), a ``tool_result``'s ``is_error`` (a boolean; its content is shown as any result's), an
 assistant's ``thinking`` and ``redacted_thinking`` blocks (``thinking`` and ``signature``, ``data``:
 strings, required). Accepted and not used: ``inference_geo`` (a string). A ``tool_use`` block needs
-its ``input``. Refused with a 400 naming the field: ``container``,
+its ``input``. A key of a message or block that Anthropic's type has not is a 400, as Anthropic's own
+(``messages.0.name: Extra inputs are not permitted``: :data:`_KEYS`). Refused with a 400 naming the field: ``container``,
 ``mcp_servers``, ``context_management``, image and document blocks, server tools.
 
 The answer is a Message: ``content`` blocks (:mod:`gateway.messages_output`), ``stop_reason``
@@ -87,7 +88,7 @@ from gateway.responses import STREAM_END, json_response, new_id
 from gateway.schemas import ChatCompletionRequest, TokenizeRequest
 from gateway.structured import structured_option
 from gateway.tools import is_tool_name
-from gateway.translation import chat_request, chunk_pieces, completion_pieces, parse_body, renamed_error, \
+from gateway.translation import chat_request, check_keys, chunk_pieces, completion_pieces, parse_body, renamed_error, \
     string_field, unsupported_field, vendor_tool
 from protocol.request import MAX_MESSAGE_NAME_CHARS
 from protocol.validation import clip, echo
@@ -136,6 +137,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
         origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
     for i, m in enumerate(messages):
         where = f"messages.{i}"
+        _check_keys(m, where, "message")
         role, content = m.get("role"), m.get("content")
         if role not in ("user", "assistant"):
             raise bad_request("a message's role must be user or assistant (the system prompt is 'system')",
@@ -178,6 +180,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 answered.add(results[-1]["tool_call_id"])
                 answers.append(Origin(at, kind=ItemKind.TOOL_RESULT))
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                _check_keys(block, at, kind)
                 _check_fields(block, at, _THINKING[kind])  # (left out of the chat: checked, not used)
             else:
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
@@ -228,6 +231,7 @@ def _text_block(block: Any, at: str) -> str:
     kind = entry_type(block, at, "a content block", "text blocks only here")
     if kind != "text":
         raise unsupported_field(f"{at}.type", f"{_WHAT} (text blocks only here, not {echo(kind)})")
+    _check_keys(block, at, "text")
     text = block.get("text")
     if not isinstance(text, str):
         raise bad_request(f"a text block's text must be a string; got {json_shown(text)}", f"{at}.text")
@@ -243,6 +247,7 @@ def _tool_use(block: dict, at: str) -> dict:
     field, in the Messages API's words, for an id that is no string or empty, a name no tool can
     have, an ``input`` that is no object (JSON text in a string is not Anthropic's) or holds a
     number JSON cannot write back (``1e400``: infinity once read; ``NaN``, which the body's parser takes)."""
+    _check_keys(block, at, "tool_use")
     call_id, name = string_field(block, "id", at), string_field(block, "name", at)
     if not call_id:
         raise bad_request("a tool_use block's id must not be empty: it is what its tool_result's tool_use_id "
@@ -284,6 +289,7 @@ def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
     :data:`MAX_MESSAGE_NAME_CHARS` or the id of no ``tool_use`` block before it (``call_ids``: Anthropic
     refuses it), or content that is neither a string nor text blocks. No content, ``""`` and ``[]`` are
     taken: Anthropic's ``content`` is optional, with no least length (a tool may answer nothing)."""
+    _check_keys(block, at, "tool_result")
     _check_fields(block, at, _TOOL_RESULT)
     use_id = string_field(block, "tool_use_id", at)
     if not use_id or len(use_id) > MAX_MESSAGE_NAME_CHARS:
@@ -295,6 +301,38 @@ def _tool_result(block: dict, at: str, call_ids: set[str]) -> dict:
                           "message", f"{at}.tool_use_id")
     _check_cache_control(block, at)
     return {"role": "tool", "tool_call_id": use_id, "content": _text(block.get("content", ""), f"{at}.content")}
+
+
+_KEYS = {"message": ("role", "content"),
+         "text": ("type", "text", "cache_control", "citations"),
+         "tool_use": ("type", "id", "name", "input", "cache_control", "caller", "toolset_name"),
+         "tool_result": ("type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"),
+         "thinking": ("type", "thinking", "signature"),
+         "redacted_thinking": ("type", "data")}
+"""The keys of Anthropic's ``MessageParam`` and of each block it takes here (the ``anthropic`` SDK's
+``TextBlockParam``, ``ToolUseBlockParam``, ``ToolResultBlockParam``, ``ThinkingBlockParam``,
+``RedactedThinkingBlockParam``): another key is a 400, as Anthropic's own
+(``messages.0.name: Extra inputs are not permitted``), never taken silently (a ``tool_result``'s
+``contents`` for ``content`` was an empty result; an OpenAI-style ``name`` or ``tool_calls`` was lost)."""
+
+_UNUSED_KEYS = {
+    "citations": (lambda v: v is None or type(v) is list and all(isinstance(c, dict) for c in v),
+                  "a list of citation objects or null"),
+    "caller": (lambda v: v is None or isinstance(v, dict), 'an object ({"type": "direct"}, ...) or null'),
+    "toolset_name": (lambda v: v is None or type(v) is str, "a string or null"),
+}
+"""The keys of those blocks that change nothing here, checked as the SDK types them: a text block's
+``citations`` (a replayed answer's; the text is shown as is), a ``tool_use``'s ``caller`` (who called:
+every call here is the model's) and ``toolset_name`` (a tool's family; the name is the tool's). Null is
+taken for each: an answer's blocks dumped whole (``block.model_dump()``) carry them as null."""
+
+
+def _check_keys(obj: dict, at: str, kind: str) -> None:
+    """400 naming ``at.<key>`` for a key of ``obj`` (a message, or a block of type ``kind``) that
+    Anthropic's type has not (:data:`_KEYS`), or one of :data:`_UNUSED_KEYS` of another type."""
+    keys = _KEYS[kind]
+    check_keys(obj, at, frozenset(keys) - set(_UNUSED_KEYS), {k: v for k, v in _UNUSED_KEYS.items() if k in keys},
+               f"{', '.join(keys[:-1])} and {keys[-1]}")
 
 
 _THINKING = {"thinking": {"thinking": (True, str, "a string"), "signature": (True, str, "a string")},

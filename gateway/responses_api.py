@@ -36,6 +36,8 @@ model thinks as its chat template says; the thinking is split off by the reasoni
 as OpenAI checks them (a value it refuses is a 400 naming the field: :func:`check_unused`), then not
 used: ``include``, ``text.verbosity``, ``prompt_cache_retention``, ``reasoning``, ``stream_options``.
 Accepted and not used: ``metadata`` (echoed back), ``user``, ``safety_identifier``, ``prompt_cache_key``.
+An input item's or content part's key OpenAI's types have not is a 400 (``Unknown parameter``), those
+that change nothing here are checked as typed (:data:`_ITEM_KEYS`).
 ``include: ["message.output_text.logprobs"]`` asks the chat path for logprobs (``top_logprobs`` 0..20
 alternatives each): the ``output_text`` part has one entry per token of the text, and each text
 delta its tokens' (:mod:`gateway.responses_output`); refused (400 naming ``include.N``) beside tools
@@ -179,6 +181,8 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
     for i, item in enumerate(value):
         where = f"input.{i}"
         kind = entry_type(item, where, "an input item", _ITEMS, default="message")
+        if kind in _ITEM_KEYS:
+            _check_keys(item, where, _ITEM_KEYS[kind])
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -235,6 +239,51 @@ def _call_id(item: dict, where: str) -> str:
 _ITEMS = "message, function_call, function_call_output, reasoning"
 """The input items the Responses API takes here, in words."""
 
+_STATUS = ("in_progress", "completed", "incomplete")
+_STRING = ("a string", lambda v: type(v) is str)
+_OBJECT = ("an object", lambda v: isinstance(v, dict))
+_ARRAY = ("an array", lambda v: type(v) is list)
+
+_ITEM_KEYS = {
+    "message": (("type", "role", "content"), {"id": _STRING, "status": _STATUS, "phase": ("commentary", "final_answer")}),
+    "function_call": (("type", "call_id", "name", "arguments"),
+                      {"id": _STRING, "status": _STATUS, "caller": _OBJECT, "namespace": _STRING}),
+    "function_call_output": (("type", "call_id", "output"), {"id": _STRING, "status": _STATUS, "caller": _OBJECT,
+                                                             "name": _STRING, "namespace": _STRING}),
+    "reasoning": (("type",), {"id": _STRING, "status": _STATUS, "summary": _ARRAY, "content": _ARRAY,
+                              "encrypted_content": _STRING}),
+}
+_PART_KEYS = {"input_text": (("type", "text"), {"prompt_cache_breakpoint": _OBJECT}),
+              "output_text": (("type", "text"), {"annotations": _ARRAY, "logprobs": _ARRAY}),
+              "text": (("type", "text"), {})}
+"""The keys of each input item and content part the Responses API takes here (the ``openai`` SDK's
+``EasyInputMessageParam``, ``ResponseInputParam.Message``, ``ResponseOutputMessageParam``,
+``ResponseFunctionToolCallParam``, ``FunctionCallOutput``, ``ResponseReasoningItemParam``,
+``ResponseInputTextParam``, ``ResponseOutputTextParam``): the keys used, and those checked as OpenAI
+types them and not used (an enum's values, or a JSON kind; null taken as absent) -- ids and statuses
+a replayed output carries, a message's ``phase``, a call's ``caller`` and ``namespace``, a reasoning
+item's content (left out of the chat), a part's annotations, logprobs and cache breakpoint. Another key
+is a 400, as OpenAI's own (``Unknown parameter: 'input[0].foo'.``), never taken silently: a chat
+message's ``tool_calls`` on an assistant item dropped its calls, a ``content`` for an output's
+``output`` refused in other words."""
+
+
+def _check_keys(obj: dict, where: str, keys: tuple[tuple[str, ...], dict]) -> None:
+    """400 naming ``where.<key>`` for a key of ``obj`` (an input item or content part) that is not one
+    of ``keys`` (:data:`_ITEM_KEYS`' used keys, then the unused ones and their types), in OpenAI's words:
+    ``Unknown parameter``, ``Invalid type for ...``, ``Invalid value: ...``."""
+    used, unused = keys
+    for key, value in obj.items():
+        if key in unused and value is not None:
+            kind = unused[key]
+            if not callable(kind[1]):  # (an enum's values)
+                _one_of(value, kind, f"{where}.{key}")
+            elif not kind[1](value):
+                raise bad_request(f"Invalid type for '{where}.{key}': expected {kind[0]}, but got {value_kind(value)} "
+                                  "instead.", f"{where}.{key}", "invalid_type")
+        elif key not in used and key not in unused:
+            raise _unknown(where, key, ", ".join((*used, *unused)))
+
 
 def _text(content: Any, where: str) -> str:
     """A content string, or the text of its ``input_text`` / ``output_text`` parts, joined."""
@@ -247,6 +296,7 @@ def _text(content: Any, where: str) -> str:
         kind = entry_type(part, f"{where}.{j}", "a content part", "input_text or output_text")
         if kind not in ("input_text", "output_text", "text"):
             raise unsupported_field(f"{where}.{j}.type", f"{_WHAT} (text parts only, not {echo(kind)})")
+        _check_keys(part, f"{where}.{j}", _PART_KEYS[kind])
         if not isinstance(part.get("text"), str):
             raise bad_request("a text part needs a string 'text'", f"{where}.{j}.text")
         texts.append(part["text"])

@@ -28,8 +28,8 @@ from gateway.errors import APIError, bad_request, from_validation, nonfinite_num
 from gateway.schemas import ChatCompletionRequest, _shown
 from protocol.validation import LONE_SURROGATE, clip
 
-__all__ = ["Piece", "Translation", "call_input", "chat_request", "chunk_pieces", "completion_pieces", "parse_body",
-           "renamed", "renamed_error", "string_field", "unsupported_field", "vendor_tool"]
+__all__ = ["Piece", "Translation", "call_input", "chat_request", "check_keys", "chunk_pieces", "completion_pieces",
+           "parse_body", "renamed", "renamed_error", "string_field", "unsupported_field", "vendor_tool"]
 
 
 class Translation(Protocol):
@@ -196,16 +196,28 @@ def vendor_tool(tool: dict, where: str, chat_keys: frozenset[str], unused: dict[
     checked as the vendor types them, else a 400 naming the key. Another key than ``chat_keys`` and
     ``unused`` is the 400 of an unknown field (``unknown_parameter``: on ``/v1/messages`` Anthropic's
     "tools.0.foo: Extra inputs are not permitted"), not the chat path's "tools.0 does not take"."""
-    for key, value in tool.items():
+    check_keys(tool, where, chat_keys, unused)
+    return {k: v for k, v in tool.items() if k not in unused}
+
+
+def check_keys(obj: dict, where: str, known: frozenset[str], unused: dict[str, KeyCheck],
+               takes: str | None = None) -> None:
+    """400 for a key of ``obj`` (the vendor's object at the field ``where``: a tool, a message, a content
+    block) that the route would otherwise take silently, as the vendor refuses it: a key in ``unused``
+    (the vendor's, which change nothing here) whose value is not of the vendor's type (``invalid_type``),
+    or a key neither ``known`` nor in ``unused``: an unknown field (``unknown_parameter``, named
+    ``where.key``, clipped; ``takes``: what the object takes, in words, said after it). On
+    ``/v1/messages`` the latter reads as Anthropic's "messages.0.foo: Extra inputs are not permitted"."""
+    for key, value in obj.items():
         if key in unused:
             check, words = unused[key]
             if not check(value):
                 raise bad_request(f"{where}.{key} must be {words}; got {_shown(value)}", f"{where}.{key}",
                                   "invalid_type")
-        elif key not in chat_keys:
+        elif key not in known:
             field = f"{where}.{clip(key)}"
-            raise bad_request(f"Unrecognized request argument supplied: {field}", field, "unknown_parameter")
-    return {k: v for k, v in tool.items() if k not in unused}
+            raise bad_request(f"Unrecognized request argument supplied: {field}" + (f" ({where} takes {takes})"
+                              if takes else ""), field, "unknown_parameter")
 
 
 def string_field(item: dict, key: str, where: str) -> str:
