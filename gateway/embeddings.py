@@ -305,7 +305,7 @@ def _about(error: APIError, name: str) -> APIError:
     code of the gateway's own checks of a value, as on the chat and completions routes). Not an
     ``unsupported`` 400 (the model's kind, the same for every entry) nor another status: they are
     about no one entry."""
-    if error.status != 400:
+    if error.status != 400 or error.param == "model":  # (the model's kind: no entry's fault)
         return error
     error.param = name.split("[", 1)[0]
     if error.code == ErrorCode.BAD_REQUEST.value:

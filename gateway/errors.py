@@ -238,6 +238,7 @@ _PARAMS = {
     "stop_sequences": "stop", "priority": "priority", "timeout_s": "timeout_s", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "seed": "seed", "chat": "messages", "messages": "messages",
     "stop": "stop", "min_tokens": "min_tokens", "include_stop_str_in_output": "include_stop_str_in_output",
+    "model": "model",  # (a request of the kind its model does not serve: protocol.request.KIND_REFUSALS)
 }
 _FIRST_WORD = re.compile(r"[A-Za-z_]+")
 

@@ -50,10 +50,11 @@ from protocol.validation import (
     check_vocab, described, echo, is_sequence, kind_of, plain_tokens, too_deep,
 )
 
-__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS", "MAX_REQUEST_ID_CHARS",
-           "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND", "ROW_ALIASES", "ChatMessage",
-           "ModelLimits", "RequestId", "RequestParams", "SamplingParams", "check_request_id", "check_stop_token",
-           "continued_calls", "from_wire", "from_wire_plain", "split_stop", "to_wire"]
+__all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "KIND_REFUSALS", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS",
+           "MAX_REQUEST_ID_CHARS", "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND",
+           "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
+           "check_request_id", "check_stop_token", "continued_calls", "from_wire", "from_wire_plain", "split_stop",
+           "to_wire"]
 
 DEFAULT = "default"
 """``stop_token`` not given: the serving side's default stop tokens apply (the
@@ -1040,6 +1041,19 @@ def _row_stop(value: object, has_sequences: bool) -> dict[str, Any]:
     return {"stop": texts, **({"stop_sequences": sequences} if sequences else {})}
 
 
+KIND_REFUSALS = {
+    True: "model names an embedding model, which generates no tokens: send completions and chats to a generation "
+          "model, and embedding requests (/v1/embeddings, /v1/rerank) to this one",
+    False: "model names a model that generates text and gives no embeddings: send embedding requests to an "
+           "embedding model (a sentence-transformers folder such as all-minilm-l6-v2, or a model served with "
+           "--pooling)",
+}
+"""What a request of the kind its model does not serve is refused with (:class:`~protocol.errors.UnsupportedError`,
+by whoever knows the model: the worker, a client told its kind), by whether the model embeds. The fault is
+the model the request names, not its prompt: the words start with ``model``, the field an HTTP answer
+names (``param``)."""
+
+
 class ModelLimits:
     """What a model accepts: token ids in ``[0, vocab_size)``, prompt +
     ``max_tokens`` within ``max_seq_len`` tokens (None: unbounded), and text
@@ -1075,11 +1089,7 @@ class ModelLimits:
         skips the context check for text)."""
         embeds = self.embeds
         if embeds is not None and (params.kind == RequestKind.EMBED) is not embeds:
-            raise UnsupportedError(
-                "this model is an embedding model and generates no tokens: send completions and chats to a "
-                "generation model, and embeddings (kind 'embed', /v1/embeddings) here" if embeds else
-                "this model generates text and gives no embeddings: send embedding requests to an embedding "
-                "model (a sentence-transformers folder such as all-minilm-l6-v2, or a model served with --pooling)")
+            raise UnsupportedError(KIND_REFUSALS[embeds])
         vocab_size = self.vocab_size
         prompt = params.prompt
         if type(prompt) is not str and type(prompt[0]) is int:

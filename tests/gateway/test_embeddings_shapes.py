@@ -274,8 +274,9 @@ def test_dimensions_for_a_generation_model_get_its_kinds_refusal(dimensions):
     with TestClient(app) as client:
         body = {"model": "g", "input": "up", **({} if dimensions is None else {"dimensions": dimensions})}
         e = error_of(client.post("/v1/embeddings", json=body), 400)
-    assert e["code"] == "unsupported" and e["param"] == "input", e
-    assert e["message"].startswith("this model generates text and gives no embeddings") and "None" not in e["message"]
+    assert e["code"] == "unsupported" and e["param"] == "model", e
+    assert e["message"].startswith("model names a model that generates text and gives no embeddings") and \
+        "None" not in e["message"]
 
 
 def test_dimensions_before_the_model_is_known_say_so():

@@ -72,7 +72,7 @@ def test_a_request_without_a_model(http, path):
         return
     if path in ("/v1/embeddings", "/v1/rerank"):  # (sent to "m", a model that generates: its own 400)
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported", r.text
-        assert _message(r).startswith("this model generates text and gives no embeddings")
+        assert _message(r).startswith("model names a model that generates text and gives no embeddings")
         return
     assert r.status_code == 200, r.text
     out = r.json()
