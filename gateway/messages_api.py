@@ -434,6 +434,9 @@ def _response_format(config: dict | None) -> dict | None:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or set(fmt) != {"type", "schema"}:
         raise bad_request("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
                           "output_config.format")
+    if fmt["schema"] is None:  # (Anthropic's schema is required, not nullable: chat's null would be any JSON)
+        raise bad_request("Input should be an object (a JSON schema); got null", "output_config.format.schema",
+                          "invalid_type")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 

@@ -369,6 +369,10 @@ def _response_format(text: dict | None) -> dict | None:
                        else f"type alone with type {fmt['type']}")
     if fmt["type"] != "json_schema":
         return {**fmt}
+    if fmt.get("schema") is None:  # (OpenAI's text.format requires it, where chat's response_format does not)
+        raise (missing_parameter("text.format.schema", None) if "schema" not in fmt else
+               bad_request("Invalid type for 'text.format.schema': expected an object (a JSON schema), but got null "
+                           "instead.", "text.format.schema", "invalid_type"))
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
