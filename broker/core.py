@@ -13,6 +13,7 @@ set of counters:
   credits, workers lost or hung (their state in :mod:`broker.registry`);
 - :mod:`broker.jobs`: the requests held, their queues, and how each ends;
 - :mod:`broker.models`: the models served or loading, and the welcomes;
+- :mod:`broker.demand`: the models on demand's states and the orders for them (the supervisor's);
 - :mod:`broker.failures`: frames that do not decode, parts that cannot be
   sent, handlers that raise: the requests they name end with a code;
 - :mod:`broker.outbox`: what one event sends.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from broker.clients import ClientHandler, ClientState
 from broker.config import BrokerConfig
+from broker.demand import DemandBoard
 from broker.failures import FailureHandler
 from broker.jobs import ENDING_COUNTER, JobTable
 from broker.models import ServedModels
@@ -38,8 +40,8 @@ from protocol.enums import ErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import Refused
 from protocol.messages import (
-    Bye, Cancel, Finished, Heartbeat, Hello, Iteration, Loading, Message, ModelStatus, Register, Status,
-    StatusQuery, Submit, WorkerStatus,
+    Bye, Cancel, Demand, Finished, Heartbeat, Hello, Iteration, Loading, Message, ModelOrder, ModelStatus,
+    Register, Status, StatusQuery, Submit, WorkerStatus,
 )
 from protocol.request import RequestId
 
@@ -70,7 +72,8 @@ class BrokerCore:
     :class:`~broker.registry.WorkerRegistry`), ``clients`` (identity ->
     :class:`~broker.clients.ClientState`), ``jobs`` (broker key -> job),
     ``queues`` (model -> its queue), ``models`` (model -> info, every model
-    ever registered) and ``counters`` (:data:`COUNTERS`).
+    ever registered), ``demand`` (the models on demand's :class:`~broker.demand.DemandBoard`) and
+    ``counters`` (:data:`COUNTERS`).
     """
 
     def __init__(self, config: BrokerConfig, broker_id: str, now: float) -> None:
@@ -89,6 +92,8 @@ class BrokerCore:
         self.jobs = self._jobs.by_key
         self.queues = self._jobs.queues
         self.models = self._models.served
+        self.demand = DemandBoard(config.on_demand_models, broker_id, self._models.resolve,
+                                  self._models.load_failures)
         self._next_heartbeat_s = now
 
     @property
@@ -121,6 +126,11 @@ class BrokerCore:
             clients.hello(cs, msg, now, out)
         elif isinstance(msg, StatusQuery):
             out.send(Side.FRONTEND, identity, self.status(now))
+        elif isinstance(msg, ModelOrder):  # (answered by the status it makes: its state shows at once)
+            self.demand.order(msg)
+            out.send(Side.FRONTEND, identity, self.status(now))
+        elif isinstance(msg, Demand):
+            self.demand.said(msg)
         elif isinstance(msg, Bye):
             clients.lost(cs, None, out)
         return out.done()
@@ -278,6 +288,7 @@ class BrokerCore:
         workers = tuple(WorkerStatus(w.name, w.model, w.num_slots, len(w.inflight), w.iterations, w.suspect,
                                      w.prefix_cache)
                         for w in self.workers)
+        on_demand = self.demand.states(models) if self.config.on_demand_models else {}
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters), self._models.known_aliases(),
-                      {lw.name: lw.model for lw in self.workers.loading.values()})
+                      {lw.name: lw.model for lw in self.workers.loading.values()}, on_demand, self.demand.pending())

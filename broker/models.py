@@ -48,6 +48,9 @@ class ServedModels:
         self.served: dict[str, ModelInfo] = {}
         self.aliases: dict[str, str] = {}
         self.grace_over = config.register_grace_s == 0
+        self.load_failures: dict[str, str] = {}
+        """Model (on demand) -> why its last load failed, as its worker said (:meth:`fail_load`); forgotten
+        when a worker loads or registers it again (:meth:`claim`)."""
         self._registry = registry
         self._jobs = jobs
         self._clients = clients
@@ -100,7 +103,9 @@ class ServedModels:
         """A worker loads or registers ``model`` under ``aliases`` too: each
         alias that names no other model becomes one of ``model``'s, and
         requests queued under it meanwhile (within the start-up grace) join
-        ``model``'s queue; ``model``'s own name stops being another's alias."""
+        ``model``'s queue; ``model``'s own name stops being another's alias. A failed load of
+        ``model`` noted before is forgotten (this one is another)."""
+        self.load_failures.pop(model, None)
         if self.aliases.get(model) is not None:
             log.warning("worker %s serves model %r, until now an alias of model %r: the name means its own "
                         "model from now on", worker, model, self.aliases[model])
@@ -156,9 +161,11 @@ class ServedModels:
         it -- its load failed: its supervisor stops a loading worker only when everything stops
         (one that dies says nothing: :meth:`load_died`). Unless another worker serves or loads it,
         the requests waiting for it end ``worker_failed`` with ``why`` (rather than waiting, their
-        demand loading it again and again)."""
+        demand loading it again and again), and ``why`` is noted (:attr:`load_failures`: the words of
+        its failed state in ``status``'s ``on_demand``)."""
         if self._serving_or_loading(model):
             return
+        self.load_failures[model] = why
         for name in [model] + [a for a, m in self.aliases.items() if m == model]:
             q = self._jobs.queues.pop(name, None)
             while q is not None and (job := q.pop()) is not None:

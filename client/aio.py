@@ -159,6 +159,10 @@ class AsyncClient:
     async def status(self, timeout_s: float = 5.0) -> Status:
         return await asyncio.get_running_loop().run_in_executor(None, self.client.status, timeout_s)
 
+    async def order(self, action: str, model: str, timeout_s: float = 5.0) -> Status:
+        """:meth:`Client.order <client.client.Client.order>` in a thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.client.order, action, model, timeout_s)
+
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.client.close)
 

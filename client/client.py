@@ -38,9 +38,9 @@ from protocol import defaults
 from protocol.codec import encode
 from protocol.curve import load_peer_keys
 from protocol.endpoints import check_endpoint
-from protocol.enums import ErrorCode
+from protocol.enums import ErrorCode, ModelAction
 from protocol.messages import (
-    Envelope, Error, Heartbeat, Hello, ModelInfo, Results, Status, StatusQuery, Submit, Welcome,
+    Demand, Envelope, Error, Heartbeat, Hello, ModelInfo, ModelOrder, Results, Status, StatusQuery, Submit, Welcome,
 )
 from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
@@ -315,15 +315,49 @@ class Client:
         """The broker's :class:`~protocol.messages.Status` (queues, workers, slots,
         counters). Raises :class:`BrokerUnavailable` after ``timeout_s`` seconds,
         RuntimeError when the client is closed (by another thread too, while this waits)."""
-        self._not_on_dispatcher("status()")
+        return self._ask(StatusQuery(), timeout_s)
+
+    def _ask(self, query: StatusQuery | ModelOrder, timeout_s: float) -> Status:
+        """Send ``query`` and wait for the :class:`Status` that answers it (one at a time)."""
+        self._not_on_dispatcher(f"{'status' if type(query) is StatusQuery else 'order'}()")
         with self._status_lock:
             self._status_event.clear()
             self._raise_if_closed()
-            self._conn.send(StatusQuery())
+            self._conn.send(query)
             if not self._status_event.wait(timeout_s):
-                raise BrokerUnavailable(f"the broker did not answer a status query within {timeout_s} s")
+                what = ("a status query" if type(query) is StatusQuery
+                        else f"the order to {query.action} {query.model!r}")
+                raise BrokerUnavailable(f"the broker did not answer {what} within {timeout_s} s")
             self._raise_if_closed()  # close() woke us: no answer will come
             return self._status_reply
+
+    def order(self, action: ModelAction | str, model: str, timeout_s: float = 5.0) -> Status:
+        """Load or unload ``model``, a model on demand (``POST /models/load|unload``: ``action``
+        ``"load"`` or ``"unload"``, :class:`~protocol.enums.ModelAction`): the broker keeps the order
+        for its supervisor and answers its :class:`~protocol.messages.Status`, whose ``on_demand``
+        shows the model's state with the order (``loading``, ``unloading``). The order is taken,
+        not done: a later status says when it is. Raises ValueError for another ``action``, or a
+        ``model`` that is not on demand at this broker (its welcome's ``on_demand``: nothing is
+        sent, or the broker did not keep it); :class:`BrokerUnavailable` and RuntimeError as
+        :meth:`status`."""
+        try:
+            action = ModelAction(action)
+        except ValueError:
+            raise ValueError(f"action must be 'load' or 'unload', got {action!r}") from None
+        if not isinstance(model, str) or model not in self.on_demand:
+            raise ValueError(f"model {model!r} is not loaded on demand at this broker (models on demand: "
+                             f"{', '.join(self.on_demand) or 'none'})")
+        st = self._ask(ModelOrder(model, action), timeout_s)
+        if not any(o.model == model and o.action is action for o in st.orders):
+            raise ValueError(f"the broker did not take the order to {action} model {model!r}: it is not a model on "
+                             "demand there")
+        return st
+
+    def tell_demand(self, msg: Demand) -> None:
+        """Send the supervisor's :class:`~protocol.messages.Demand` (the models on demand's states, the
+        orders it took) to the broker, which answers nothing. RuntimeError when the client is closed."""
+        self._raise_if_closed()
+        self._conn.send(msg)
 
     def _raise_if_closed(self) -> None:
         """RuntimeError once :meth:`close` began: what waits on the broker ends then, not at its timeout."""

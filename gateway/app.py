@@ -116,7 +116,7 @@ class ServiceEndpoints:
             # llama.cpp's router mode says each model's state; elsewhere a model says it only while its
             # first worker loads (the 404 lists it as loading: a model named here is not unknown)
             if self.link.config.on_demand_models or states[name] != "loaded":
-                entry["status"] = {"value": states[name]}
+                entry["status"] = _status_entry(states[name], self.link.demand_state(name, st))
             if info is not None and info.max_seq_len is not None:
                 entry["max_model_len"] = info.max_seq_len
             if info is not None and info.runs:
@@ -147,8 +147,28 @@ class ServiceEndpoints:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if self.link.config.on_demand_models:
+            if self.link.broker_ok:  # (a fresh status, as /v1/models reads: a state changes at once)
+                try:
+                    await self.link.refresh()
+                except APIError:
+                    pass  # the last status, then
             self.metrics.set_model_states(self.link.model_states())
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def _status_entry(state: str, demand) -> dict:
+    """A ``GET /v1/models`` entry's ``status``, llama.cpp's router's: ``{"value": state}``, and for a
+    model on demand whose last load failed (``demand``: its :class:`~protocol.messages.DemandState`,
+    None for another model) ``"failed": true`` with the worker's ``"exit_code"`` where there was a
+    process (llama.cpp's) and ``"reason"`` (slotserve's own: what went wrong, in words)."""
+    entry: dict = {"value": state}
+    if demand is not None and demand.failed and state == "unloaded":
+        entry["failed"] = True
+        if demand.exit_code is not None:
+            entry["exit_code"] = demand.exit_code
+        if demand.reason:
+            entry["reason"] = demand.reason
+    return entry
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -179,7 +199,7 @@ async def _prefetch_tokenizers(link: BrokerConnections, tokenizers: Tokenizers, 
         await asyncio.sleep(interval_s)
 
 
-def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, model_orders=None) -> Starlette:
+def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> Starlette:
     """The gateway's ASGI app. Its lifespan connects to ``config.broker``
     (retrying in the background) and closes the connections at shutdown.
     ``app.state.drain`` is its :class:`~gateway.drain.Drain`, for the server that stops it.
@@ -187,9 +207,9 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
     ``load_tokenizer(name) -> Tokenizer | None``: the CLI's tokenizer loader
     (:mod:`gateway.tokenizer`; ``name`` is ``config.tokenizer``, else each
     served model's name), run on a thread in the background from the start;
-    None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400). ``model_orders(op, model)``:
-    how ``POST /models/load`` and ``/models/unload`` reach the supervisor of the models on demand
-    (:mod:`gateway.model_control`), or None."""
+    None: no tokenizer (token strings ``"token_id:N"``, ``/tokenize`` 400). ``POST /models/load`` and
+    ``/models/unload`` reach the supervisor of the models on demand through the broker
+    (:mod:`gateway.model_control`)."""
     link = BrokerConnections(config)
     metrics = GatewayMetrics()
     drain = Drain()
@@ -200,7 +220,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None, mode
     responses = ResponsesEndpoints(generate, ResponseStore(config.responses_store_max,
                                                            config.responses_store_max_age_s))
     messages = MessagesEndpoints(generate, tokenize)
-    control = ModelControl(link, model_orders, config.max_body_bytes)
+    control = ModelControl(link, config.max_body_bytes)
     embeddings = EmbeddingEndpoints(link, drain, config.max_body_bytes, metrics)
     llama = LlamaCompletionEndpoint(generate)
 

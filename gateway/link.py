@@ -26,7 +26,7 @@ from client import BrokerUnavailable, Client, UnknownModelError
 from gateway.config import GatewayConfig
 from gateway.errors import APIError, bad_request, unavailable
 from gateway.threads import on_a_daemon_thread
-from protocol.messages import ModelInfo, Status
+from protocol.messages import DemandState, ModelInfo, Status
 from protocol.validation import clip
 
 log = logging.getLogger(__name__)
@@ -198,23 +198,65 @@ class BrokerConnections:
         """Every model a request may name -> ``"loaded"`` (a worker serves it), ``"loading"`` (its
         first worker is starting: a model on demand, or one a worker was started for, as ``slotserve
         up`` starts) or ``"unloaded"`` (a model on demand that no worker runs now), from the last
-        status; each alias as its model."""
+        status; each alias as its model. A model on demand says the state the broker gives it
+        (``status``'s ``on_demand``, :class:`~protocol.enums.ModelState`: ``"loading"`` from the moment
+        its load is accepted, ``"unloading"`` from the moment its unload is, until either is done;
+        :mod:`broker.demand`), not what its workers alone say."""
         st = status or self.status
         if st is None:
             return {}
-        states = {n: "loaded" for n in self.served(st)}
+        served = self.served(st)
         aliases = self.aliases(st)
         names = {**{n: n for n in st.models}, **st.aliases}  # every name -> its model's
         names.update({n: aliases.get(n, n) for n in self.config.on_demand_models})
+        states = {}
         for name, primary in names.items():
-            if name in states:
-                continue
             m = st.models.get(primary)
-            if m is not None and m.loading:
+            if name in served:
+                states[name] = "loaded"
+            elif m is not None and m.loading:
                 states[name] = "loading"
             elif name in self.config.on_demand_models:
                 states[name] = "unloaded"
+            else:
+                continue
+            demand = st.on_demand.get(primary)
+            if demand is not None:
+                states[name] = demand.state.value
         return states
+
+    def demand_state(self, model: str, status: Status | None = None) -> DemandState | None:
+        """The broker's :class:`~protocol.messages.DemandState` of ``model`` (any served name of a model
+        on demand: its failed load's exit code and words too), None for a model not on demand."""
+        st = status or self.status
+        if st is None:
+            return None
+        return st.on_demand.get(self.aliases(st).get(model, model))
+
+    async def order(self, action: str, model: str) -> Status:
+        """Hand ``POST /models/load`` or ``/models/unload`` (``action`` ``"load"`` or ``"unload"``) of
+        ``model`` (a served name of a model on demand) to the broker, which keeps it for the supervisor;
+        its answer, a status showing the order's state (``loading``, ``unloading``), becomes the last
+        status, so that every route (``/v1/models``, ``/metrics``, the 404's list) says it from now on.
+        Raises :class:`APIError`: 503 when no broker answers, 400 when it does not take the order
+        (``model`` is not on demand there)."""
+        await self.first_contact()
+        if self._control is None:
+            raise self.no_broker()
+        primary = self.aliases().get(model, model)
+        try:
+            st = await _on_a_thread(self._control.order, action, primary, self.config.connect_timeout_s)
+        except BrokerUnavailable:
+            self.broker_ok = False
+            raise self.no_broker() from None
+        except ValueError as e:
+            raise bad_request(str(e), "model") from None
+        except RuntimeError:
+            if not self._closed:
+                raise
+            raise unavailable("the gateway is stopping") from None
+        self.status, self.broker_ok = st, True
+        return st
 
     def aliases(self, status: Status | None = None) -> dict[str, str]:
         """Every alias -> its model's primary name: the status's (the models whose workers registered

@@ -17,14 +17,19 @@
   reported as ``usage.prompt_tokens_details.cached_tokens`` (taken from a worker's
   prefix cache); the broker's ``slotserve_prefix_cache_*`` series count per worker.
 - ``slotserve_model_loaded{model}``: with models on demand (``slotserve up`` with several models),
-  1 while a worker serves the model, 0 while it is loading or unloaded (set at each scrape from
-  the gateway's last broker status, as ``/v1/models`` says them; a model ``/v1/models`` no longer
-  lists has no series).
+  1 while the model is loaded, 0 while it is loading, unloading or unloaded (set at each scrape from
+  the broker's status, as ``/v1/models`` says them; a model ``/v1/models`` no longer lists has no
+  series).
+- ``slotserve_model_state{model, state}``: alike, 1 for the model's state now and 0 for the others
+  (``unloaded``, ``loading``, ``loaded``, ``unloading``: :class:`~protocol.enums.ModelState`), so that a
+  load or an unload shows from the moment it is accepted.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from protocol.enums import ModelState
 
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -56,16 +61,23 @@ class GatewayMetrics:
 
         self.model_loaded = Gauge("slotserve_model_loaded",
                                   "1 while a worker serves the model (models on demand), else 0", ["model"], registry=r)
+        self.model_state = Gauge("slotserve_model_state",
+                                 "1 for the model's state now (models on demand: unloaded, loading, loaded, "
+                                 "unloading), 0 for the others", ["model", "state"], registry=r)
         self._children: dict[tuple, object] = {}
 
     def set_model_states(self, states: dict[str, str]) -> None:
-        """``slotserve_model_loaded`` from ``{model: "loaded" | "loading" | "unloaded"}``: a model no
-        longer listed (one whose first worker failed to load it, or whose workers all left) loses its
-        series, rather than keeping the last value it had (a 1 for a model no worker serves)."""
+        """``slotserve_model_loaded`` and ``slotserve_model_state`` from ``{model: state}`` (a
+        :class:`~protocol.enums.ModelState` value): a model no longer listed (one whose first worker
+        failed to load it, or whose workers all left) loses its series, rather than keeping the last
+        value it had (a 1 for a model no worker serves)."""
         for model, state in states.items():
             self._child(self.model_loaded, model).set(1 if state == "loaded" else 0)
-        for key in [k for k in self._children if k[0] == id(self.model_loaded) and k[1] not in states]:
-            self.model_loaded.remove(key[1])
+            for s in ModelState:
+                self._child(self.model_state, model, s.value).set(1 if state == s.value else 0)
+        for key in [k for k in self._children if k[0] in (id(self.model_loaded), id(self.model_state))
+                    and k[1] not in states]:
+            (self.model_loaded if key[0] == id(self.model_loaded) else self.model_state).remove(*key[1:])
             del self._children[key]
 
     def _child(self, metric, *labels):

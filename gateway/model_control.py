@@ -4,9 +4,13 @@ that ``slotserve up`` loads on demand (issue 34 item 1; :mod:`slotserve.on_deman
 The body is ``{"model": NAME}`` (a served name of a model on demand); the answer ``{"success": true}``
 as llama.cpp's: the order is taken, not done -- loading takes the model's load time, and unloading
 waits until the model is idle (a model with requests queued or running is never unloaded). Watch
-``GET /v1/models`` (each model's ``status``) for the result. The gateway hands the order to the
-supervisor that owns the worker processes (``orders(op, model)``, a queue the launcher reads);
-a gateway without one (``slotserve serve``, or ``up`` with one model) answers 400 saying so.
+``GET /v1/models`` (each model's ``status``) for the result: it says ``loading`` (``unloading``) from
+the moment the answer is sent, until the order is done (``loaded``, ``unloaded``) or the load failed
+(``unloaded`` with ``failed``). The gateway hands the order to the broker
+(:meth:`BrokerConnections.order <gateway.link.BrokerConnections.order>`), which shows its state at once
+and keeps it for the supervisor that owns the worker processes (it takes it at its next pass:
+:mod:`broker.demand`); a gateway without models on demand (``slotserve serve``, or ``up`` with one
+model) answers 400 saying so, and 503 when no broker answers.
 A name no model has is the 404 ``model_not_found`` that every ``/v1`` route answers
 (:meth:`BrokerConnections.model_not_found <gateway.link.BrokerConnections.model_not_found>`: the
 names a request may give, with their states); a model that is served but not on demand (its workers
@@ -15,8 +19,6 @@ route's body is (:func:`gateway.generate.parse_body`: strict, an unknown field r
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
@@ -30,11 +32,8 @@ from protocol.validation import clip
 
 __all__ = ["ModelControl"]
 
-Orders = Callable[[str, str], None]
-"""``orders(op, model)``: hand ``"load"`` or ``"unload"`` of ``model`` to the supervisor."""
 
-
-class ModelOrder(BaseModel):
+class ModelOrderBody(BaseModel):
     """The body of ``POST /models/load`` and ``/models/unload`` (llama.cpp's): ``model``, a served
     name of a model on demand. Strict, as every route's body: another field is a 400 naming it."""
 
@@ -43,12 +42,12 @@ class ModelOrder(BaseModel):
 
 
 class ModelControl:
-    """The two endpoints over ``orders`` (None: no supervisor) for the models on demand of ``link``'s
-    config (their served names); ``link`` words the 404 of a name no model has, as for ``/v1``."""
+    """The two endpoints for the models on demand of ``link``'s config (their served names; none:
+    no supervisor), whose orders go through ``link``; ``link`` words the 404 of a name no model has,
+    as for ``/v1``."""
 
-    def __init__(self, link: BrokerConnections, orders: Orders | None, max_body_bytes: int) -> None:
+    def __init__(self, link: BrokerConnections, max_body_bytes: int) -> None:
         self.link = link
-        self.orders = orders
         self.models = link.config.on_demand_models
         self.max_body_bytes = max_body_bytes
 
@@ -60,15 +59,15 @@ class ModelControl:
 
     async def _order(self, request: Request, op: str) -> Response:
         try:
-            model = (await parse_body(request, ModelOrder, self.max_body_bytes)).model
+            model = (await parse_body(request, ModelOrderBody, self.max_body_bytes)).model
             if not model:
                 raise bad_request('the body must be {"model": "<name>"}, a name not empty', "model")
-            if self.orders is None:
+            if not self.models:
                 raise bad_request(f"/models/{op} applies to models loaded on demand, which `slotserve up` runs "
                                   "when given several models (--model repeated, or --models-dir)", "model")
             if model not in self.models:
                 raise await self._not_on_demand(model, op)
-            self.orders(op, model)
+            await self.link.order(op, model)
             return json_response({"success": True})
         except APIError as e:
             return error_response(e)

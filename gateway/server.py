@@ -43,7 +43,7 @@ class StopFlag(Protocol):
 
 
 def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[], bool | str] | None = None,
-        on_ready: Callable[[str], None] | None = None, load_tokenizer=None, model_orders=None) -> None:
+        on_ready: Callable[[str], None] | None = None, load_tokenizer=None) -> None:
     """Serve ``config`` until ``stop`` is set, then drain and return.
 
     Draining (:mod:`gateway.drain`): new requests get 503 and ``/health``
@@ -63,14 +63,13 @@ def run(config: GatewayConfig, *, stop: StopFlag | None = None, halt: Callable[[
     ``on_ready(url)`` is called once the socket listens, with the bound
     ``http://host:port``; connections made from then on are queued until the
     server accepts them. Raises :class:`~protocol.endpoints.BindError` when the address cannot be bound.
-    ``load_tokenizer``: the CLI's tokenizer loader, ``model_orders``: the supervisor's orders for
-    the models on demand (see :func:`gateway.app.create_app`).
+    ``load_tokenizer``: the CLI's tokenizer loader (see :func:`gateway.app.create_app`).
     """
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     if on_ready is not None:
         on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}")
-    app = create_app(config, load_tokenizer, model_orders)
+    app = create_app(config, load_tokenizer)
     # uvicorn's own graceful timeout is only a backstop: the drain has ended every request before it applies
     ucfg = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning", access_log=config.access_log,
                           timeout_graceful_shutdown=END_GRACE_S)

@@ -48,6 +48,40 @@ class RequestKind(str, enum.Enum):
         return self.value
 
 
+class ModelState(str, enum.Enum):
+    """The state of a model loaded on demand (``status``'s ``on_demand``; ``GET /v1/models``'s
+    ``status.value``), llama.cpp's router's words and one of slotserve's own.
+
+    - ``UNLOADED``: no worker runs it, and no load is under way (a failed one says so beside:
+      :class:`~protocol.messages.DemandState`).
+    - ``LOADING``: a load was accepted (``POST /models/load``, a request naming it) and has not
+      ended: waiting for room or a failed load's back-off, its worker starting, loading or warming up.
+    - ``LOADED``: a worker serves it.
+    - ``UNLOADING``: an unload was accepted (``POST /models/unload``, idle past ``--idle-unload-s``,
+      room for another) and has not ended: it goes once idle (it serves what it runs, and what comes
+      meanwhile), then its worker stops. llama.cpp's router has no such word (its model stays
+      ``loaded`` until its process exits): slotserve's own.
+    """
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ModelAction(str, enum.Enum):
+    """What a ``model_order`` asks of a model on demand: ``POST /models/load`` or ``/models/unload``."""
+
+    LOAD = "load"
+    UNLOAD = "unload"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ErrorCode(str, enum.Enum):
     """Error codes carried by error replies and failed requests on the wire."""
 

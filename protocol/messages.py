@@ -17,7 +17,7 @@ Two kinds of class, both immutable:
 
 Who sends what (``C`` client, ``B`` broker, ``W`` worker)::
 
-    C->B  hello, submit, cancel, heartbeat, status_query, bye
+    C->B  hello, submit, cancel, heartbeat, status_query, model_order, demand, bye
     B->C  welcome, results, error, heartbeat, status
     W->B  loading, register, iteration, heartbeat, bye
     B->W  welcome, assign, cancel, heartbeat, error
@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Union
 
 from protocol.defaults import MAX_MESSAGE_BYTES, MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
-from protocol.enums import ErrorCode, FinishReason
+from protocol.enums import ErrorCode, FinishReason, ModelAction, ModelState
 from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 from protocol.validation import echo
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -79,7 +79,10 @@ its load by it), a field a v11 peer would refuse to decode. 13: the request fiel
 ``continue_final_message`` and ``add_generation_prompt`` (how a chat prompt ends: the final message
 continued, a prefill), which a v12 peer would refuse to decode. 14: ``on_demand`` in ``welcome``
 (the models a supervisor loads when a request names them: a client resolves and waits for its
-model by them), a field a v13 peer would refuse to decode.
+model by them), a field a v13 peer would refuse to decode. 15: ``model_order`` (``POST /models/load|unload``
+through the broker) and ``demand`` (the supervisor's models on demand and the orders it took), ops a v14
+broker would refuse, and ``on_demand`` and ``orders`` in ``status`` (each model on demand's state, shown from
+the moment its load or unload is accepted), fields a v14 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -95,6 +98,8 @@ class Op(str, enum.Enum):
     HEARTBEAT = "heartbeat"
     STATUS_QUERY = "status_query"
     STATUS = "status"
+    MODEL_ORDER = "model_order"
+    DEMAND = "demand"
     BYE = "bye"
     REGISTER = "register"
     LOADING = "loading"
@@ -296,6 +301,35 @@ class ModelStatus(NamedTuple):
     slots_busy: int
     slots_total: int
     loading: int = 0
+
+
+class DemandState(NamedTuple):
+    """One model on demand's state (``status``'s ``on_demand``, the supervisor's ``demand``).
+
+    - ``state``: :class:`~protocol.enums.ModelState`.
+    - ``failed``: its last load failed (``state`` is ``unloaded``; llama.cpp's router's
+      ``"failed": true``): its worker exited before it registered, or it cannot fit in memory now.
+    - ``exit_code``: that worker's exit code (negative: the signal that killed it), None when
+      there is no process to speak of (it did not fit) or it is not known.
+    - ``reason``: what went wrong, in words ("" when nothing is known: a worker killed while it
+      started says nothing).
+    """
+
+    state: ModelState
+    failed: bool = False
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class PendingOrder(NamedTuple):
+    """A ``model_order`` the broker took that its supervisor has not taken yet (``status``'s
+    ``orders``): ``seq``, the broker's number for it (from 1, growing; the supervisor's ``demand``
+    says up to which it took them), ``action`` (:class:`~protocol.enums.ModelAction`) and ``model``
+    (a served name of a model on demand, as ordered: an alias too)."""
+
+    seq: int
+    action: ModelAction
+    model: str
 
 
 class WorkerStatus(NamedTuple):
@@ -543,6 +577,12 @@ class Status(_Message):
     - ``aliases``: ``{alias: model}`` as in :class:`Welcome` (the models of ``models``).
     - ``loading_workers``: ``{worker name: model}`` of the workers loading a model (announced, not
       registered yet, not silent): what a supervisor watches to find a worker frozen in its load.
+    - ``on_demand``: ``{model: DemandState}`` of each model on demand (by its primary name): the
+      supervisor's last ``demand``, with the orders it has not taken yet and what the broker has
+      seen since (a worker registered, a request queued), so that a load or an unload shows from
+      the moment it is accepted (:mod:`broker.demand`).
+    - ``orders``: the :class:`PendingOrder` s the supervisor has not taken yet (oldest first; one
+      per model at most, the last order given: the last order wins).
     """
 
     op: ClassVar[Op] = Op.STATUS
@@ -554,6 +594,41 @@ class Status(_Message):
     counters: dict[str, int]
     aliases: dict[str, str] = field(default_factory=dict)
     loading_workers: dict[str, str] = field(default_factory=dict)
+    on_demand: dict[str, DemandState] = field(default_factory=dict)
+    orders: tuple[PendingOrder, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOrder(_Message):
+    """C->B: load or unload a model on demand (``POST /models/load`` and ``/models/unload``, the
+    gateway's). ``model``: a served name of a model of the broker's ``on_demand_models``;
+    ``action``: :class:`~protocol.enums.ModelAction`. The broker keeps it for its supervisor, which
+    takes it at its next pass, and answers ``status``: its ``on_demand`` shows the order's state at
+    once (``loading``, ``unloading``), its ``orders`` lists it (an order for a model that is not on
+    demand is not kept, and logged). The order is taken, not done: the state says when it is."""
+
+    op: ClassVar[Op] = Op.MODEL_ORDER
+    model: str
+    action: ModelAction
+
+
+@dataclass(frozen=True, slots=True)
+class Demand(_Message):
+    """C->B: what the supervisor of the models on demand (``slotserve up``'s) does, after each of its
+    passes; the broker answers nothing.
+
+    - ``broker_id``: the broker whose ``status`` the pass read (``orders_taken`` counts only there:
+      a restarted broker numbers its orders from 1 again).
+    - ``models``: ``{model: DemandState}``, each model on demand by its primary name.
+    - ``aliases``: ``{alias: model}``: the other served names of those models (an order may name one).
+    - ``orders_taken``: the ``seq`` of the last :class:`PendingOrder` it took (0: none).
+    """
+
+    op: ClassVar[Op] = Op.DEMAND
+    broker_id: str
+    models: dict[str, DemandState]
+    aliases: dict[str, str] = field(default_factory=dict)
+    orders_taken: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,15 +710,16 @@ class Loading(_Message):
 
 
 Message = Union[Hello, Welcome, Submit, Assign, Cancel, Iteration, Results, Error, Heartbeat,
-                StatusQuery, Status, Bye, Register, Loading]
+                StatusQuery, Status, ModelOrder, Demand, Bye, Register, Loading]
 
 MESSAGE_TYPES: dict[Op, type] = {
     cls.op: cls
     for cls in (Hello, Welcome, Submit, Assign, Cancel, Iteration, Results, Error, Heartbeat,
-                StatusQuery, Status, Bye, Register, Loading)
+                StatusQuery, Status, ModelOrder, Demand, Bye, Register, Loading)
 }
 
-CLIENT_TO_BROKER = frozenset({Op.HELLO, Op.SUBMIT, Op.CANCEL, Op.HEARTBEAT, Op.STATUS_QUERY, Op.BYE})
+CLIENT_TO_BROKER = frozenset({Op.HELLO, Op.SUBMIT, Op.CANCEL, Op.HEARTBEAT, Op.STATUS_QUERY, Op.MODEL_ORDER,
+                              Op.DEMAND, Op.BYE})
 """Ops the broker accepts on its frontend (from clients)."""
 WORKER_TO_BROKER = frozenset({Op.LOADING, Op.REGISTER, Op.ITERATION, Op.HEARTBEAT, Op.BYE})
 """Ops the broker accepts on its backend (from workers)."""

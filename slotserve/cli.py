@@ -1166,7 +1166,8 @@ def _close_output(out, output: str) -> OSError | None:
               help="Print raw JSON.")
 @_curve_dir
 def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | None) -> None:
-    """Show the broker's queues, workers and slots busy / total, and each worker's prefix-cache hit rate."""
+    """Show the broker's queues, workers and slots busy / total, each worker's prefix-cache hit rate, and with
+    models on demand each one's state (unloaded, loading, loaded, unloading; a failed load's exit code and why)."""
     import json
 
     from client import BrokerUnavailable, Client
@@ -1181,10 +1182,13 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
         click.echo(json.dumps(as_plain(st), indent=2))
         return
     click.echo(f"broker {st.broker_id[:8]}  up {st.uptime_s:.0f} s  clients {st.clients}")
-    click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18} {'loading':>8}")
+    state = "  state" if st.on_demand else ""
+    click.echo(f"{'model':<24} {'queued':>8} {'running':>8} {'workers':>8} {'slots busy/total':>18} {'loading':>8}"
+               + state)
     for name, m in st.models.items():
+        demand = st.on_demand.get(name)
         click.echo(f"{name:<24} {m.queued:>8} {m.running:>8} {m.workers:>8} {m.slots_busy:>9}/{m.slots_total:<8} "
-                   f"{m.loading:>8}")
+                   f"{m.loading:>8}" + ("" if demand is None else f"  {_demand_words(demand)}"))
     for alias, name in sorted(st.aliases.items()):
         click.echo(f"  alias {alias} -> {name}")
     for w in st.workers:
@@ -1193,6 +1197,15 @@ def status(broker_addr: str, timeout_s: float, as_json: bool, curve_dir: str | N
     for name, model in sorted(st.loading_workers.items()):
         click.echo(f"  worker {name:<22} {model:<16} loading")
     click.echo("counters: " + ", ".join(f"{k}={v}" for k, v in st.counters.items()))
+
+
+def _demand_words(demand) -> str:
+    """A model on demand's state in ``status`` (its :class:`~protocol.messages.DemandState`): the
+    state, and for a failed load what the failure was ("unloaded, failed (exit code 1): ...")."""
+    if not demand.failed:
+        return demand.state.value
+    code = "" if demand.exit_code is None else f" (exit code {demand.exit_code})"
+    return f"{demand.state.value}, failed{code}" + (f": {demand.reason}" if demand.reason else "")
 
 
 def _prefix_cache_line(usage) -> str:

@@ -5,9 +5,12 @@
 for its ``ClusterConfig.on_demand`` models: every pass (:meth:`DemandSupervisor.run_pass`,
 each ``DEMAND_POLL_S`` from the cluster's supervise loop, and while the gateway drains)
 it asks the broker for its ``status``, reaps the workers that exited, takes the
-gateway's ``/models/load|unload`` orders (a queue), feeds all of it to the pure
-core and performs its actions: start a model's worker, terminate one (it says
-goodbye), log a refusal. The decisions are the core's; this module owns the
+``/models/load|unload`` orders the broker kept for it (``status``'s ``orders``: the
+gateway hands them to the broker, which shows their state at once), feeds all of it
+to the pure core, performs its actions -- start a model's worker, terminate one (it
+says goodbye), log a refusal -- and tells the broker each model's state and the
+orders it took (``demand``), which every ``status`` then shows
+(:mod:`broker.demand`). The decisions are the core's; this module owns the
 processes, the broker connection and the clock.
 """
 
@@ -47,8 +50,8 @@ class DemandSupervisor:
     ``configs``: one worker config per model (its first served name is the model's);
     ``max_loaded``, ``idle_unload_s``: :class:`OnDemand`'s; ``spawn(model, config)``: start a
     worker process for ``model`` (the cluster's: its index, its broker endpoint); ``connect()``:
-    a broker client for the status queries; ``orders``: the gateway's queue of ``(op, model)``
-    orders, or None; ``timeout_s``: how long a status query may take; ``announce(model, config,
+    a broker client for the status queries and the ``demand`` messages; ``timeout_s``: how long a
+    status query may take; ``announce(model, config,
     worker_name)``: tell the broker that a worker of ``model`` started loading it and fall silent,
     for one whose process ended before the broker ever listed it (:func:`worker.link.announce_dead_load`
     by default). ValueError for a model larger than the machine's whole memory (its
@@ -83,7 +86,7 @@ class DemandSupervisor:
 
     def __init__(self, configs: tuple[WorkerConfig, ...], max_loaded: int, idle_unload_s: float, *,
                  spawn: Callable[[str, WorkerConfig], mp.Process], connect: Callable[[], Client],
-                 orders=None, timeout_s: float = 5.0,
+                 timeout_s: float = 5.0,
                  announce: Callable[[str, WorkerConfig, str], None] | None = None) -> None:
         self.configs: dict[str, WorkerConfig] = {w.served_names[0]: w for w in configs}
         needs = {n: estimate_bytes(w.model) for n, w in self.configs.items()}
@@ -93,7 +96,8 @@ class DemandSupervisor:
                 raise ValueError(f"model {name!r} needs about {need / 2**20:,.0f} MiB (its files x 1.25 + "
                                  f"400 MiB) and this machine has {total / 2**20:,.0f} MiB of memory in all")
         self.core = OnDemand(needs, max_loaded, idle_unload_s)
-        self._spawn, self._connect, self._orders, self._timeout_s = spawn, connect, orders, timeout_s
+        self._spawn, self._connect, self._timeout_s = spawn, connect, timeout_s
+        self._orders_taken = 0  # the seq of the last order taken from this broker (status's orders)
         self.running: dict[str, mp.Process] = {}  # model -> its worker (started, maybe not registered yet)
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
         self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
@@ -143,6 +147,7 @@ class DemandSupervisor:
         if st.broker_id != self._broker_id:  # a broker restarted: what the old one heard is lost with it
             self._heard.clear()
             self._broker_id = st.broker_id
+            self._orders_taken = 0  # (it numbers its orders from 1 again)
         for name, p in list(self.stopping.items()):
             if not p.is_alive():
                 p.join()
@@ -162,11 +167,11 @@ class DemandSupervisor:
                 p.join()
                 del self.running[name]
                 if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
-                    self.core.failed(name, now)
+                    self.core.failed(name, now, p.exitcode)
                     if name not in self._heard:  # nor announced its load: the broker would never count it
                         self._announce_dead(name, p)
                 self._heard.discard(name)
-        self._take_orders(now)
+        self._take_orders(st.orders, now)
         starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
         actions = self.core.decide(folded, now, host_memory.available_bytes(), starting,
                                    frozenset(self.stopping))
@@ -185,7 +190,19 @@ class DemandSupervisor:
             elif isinstance(a, Refuse):
                 log.warning("models on demand: cannot load %r now: %s; its requests wait (their deadlines apply)",
                             a.model, a.why)
+        self._tell(st.broker_id)
         return actions
+
+    def _tell(self, broker_id: str) -> None:
+        """Tell the broker (``demand``) each model's state after this pass and the orders taken, so
+        that every ``status`` shows them (a lost one: the next pass's says it again)."""
+        from protocol.messages import Demand
+
+        aliases = {alias: primary for alias, primary in self.aliases}
+        try:
+            self._client.tell_demand(Demand(broker_id, self.core.published(), aliases, self._orders_taken))
+        except Exception:  # noqa: BLE001 -- the connection closing: the next pass's status says so
+            log.info("models on demand: could not tell the broker the models' states now", exc_info=True)
 
     def _announce_dead(self, name: str, p: mp.Process) -> None:
         """Announce the load of ``name``'s worker ``p``, dead before it could, to the broker (which
@@ -224,23 +241,23 @@ class DemandSupervisor:
             p.kill()
             p.join(self._timeout_s)
 
-    def _take_orders(self, now: float) -> None:
-        """The gateway's ``POST /models/load`` and ``/models/unload`` orders since the last pass (served
-        names: an alias counts as its model)."""
-        if self._orders is None:
-            return
+    def _take_orders(self, orders, now: float) -> None:
+        """The ``POST /models/load`` and ``/models/unload`` orders the broker kept (``status``'s
+        ``orders``, :class:`~protocol.messages.PendingOrder`) that this supervisor has not taken yet, in
+        order (served names: an alias counts as its model); the next ``demand`` says they are taken."""
+        from protocol.enums import ModelAction
+
         primary = {n: name for name, w in self.configs.items() for n in w.served_names}
-        while True:
-            try:
-                op, model = self._orders.get_nowait()
-            except Exception:  # queue.Empty
-                return
-            name = primary.get(model)
+        for order in sorted(orders, key=lambda o: o.seq):
+            if order.seq <= self._orders_taken:
+                continue
+            self._orders_taken = order.seq
+            name = primary.get(order.model)
             if name is None:
                 continue
-            if op == "load":
+            if order.action is ModelAction.LOAD:
                 self.core.want(name, now)
-            elif op == "unload":
+            elif order.action is ModelAction.UNLOAD:
                 self.core.release(name)
 
     def take_processes(self) -> list[mp.Process]:

@@ -124,7 +124,7 @@ def gateway_halt(stop: SignalStopFlag, halt=None) -> bool | str:
 
 
 def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_timeout_s: float = 5.0,
-                 halt=None, orders=None) -> None:
+                 halt=None) -> None:
     """Child process body: run the HTTP gateway; put its ``http://host:port`` on
     ``ready`` once bound (``stop_timeout_s`` as for :func:`broker_main`).
 
@@ -146,10 +146,8 @@ def gateway_main(config: GatewayConfig, ready, log_level: str = "WARNING", stop_
 
     from slotserve.tokenizer import loader_for
 
-    model_orders = None if orders is None else (lambda op, model: orders.put((op, model)))
     try:
-        run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config),
-            model_orders=model_orders)
+        run(config, stop=stop, halt=should_halt, on_ready=on_ready, load_tokenizer=loader_for(config))
     except BindError as e:  # one line, said by the parent
         ready.put(StartFailed(str(e)))
         raise SystemExit(1) from None
@@ -234,14 +232,13 @@ class LocalCluster:
         # the watch's own stalls (the launcher suspended): the broker's lists meanwhile do not count. From
         # the first watch on (start() may load models for minutes before it).
         self._stalls: StallWatch | None = None
-        self._orders = _ctx.Queue() if config.on_demand and config.gateway is not None else None  # from the gateway
         self._demand: DemandSupervisor | None = None  # the models on demand
         if config.on_demand:
             self._demand = DemandSupervisor(
                 config.on_demand, config.max_loaded_models, config.idle_unload_s, spawn=self._spawn_on_demand,
                 connect=lambda: Client(self.frontend, connect_timeout_s=config.stop_timeout_s,
                                        name="launcher-on-demand", curve=config.client_curve),
-                orders=self._orders, timeout_s=config.stop_timeout_s, announce=self._announce_on_demand)
+                timeout_s=config.stop_timeout_s, announce=self._announce_on_demand)
             names = self._demand.served_names
             self._broker_cfg = replace(config.broker, on_demand_models=names)
             if self._gateway_cfg is not None:  # (each model's names grouped: its primary first while unloaded)
@@ -336,8 +333,7 @@ class LocalCluster:
         ready = _ctx.Queue()
         cfg = replace(self._gateway_cfg, broker=self.frontend)
         p = _ctx.Process(target=gateway_main,
-                         args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s, self._gateway_halt,
-                               self._orders),
+                         args=(cfg, ready, self.config.log_level, self.config.stop_timeout_s, self._gateway_halt),
                          name="slotserve-gateway", daemon=True)
         p.start()
         self._gateway = p

@@ -46,6 +46,10 @@ The rules, each pass (:meth:`OnDemand.decide`):
 - Wanted models are served oldest demand first (the order in which they
   became wanted), so alternating requests for two models with room for one
   take turns instead of starving one.
+- What everyone is told (:meth:`OnDemand.published`, which the supervisor sends the broker after
+  each pass): ``loading`` from the moment a load is wanted until its worker registers (waiting for
+  room or a back-off included), ``unloading`` from the moment an unload is asked for until its
+  worker is gone, and a failed load ``unloaded`` with ``failed`` -- never ``loading`` for good.
 - A stall of the supervisor's own loop (:meth:`OnDemand.stalled`: the whole
   ``slotserve up`` SIGSTOPped, a suspended laptop or VM) counts as neither idle
   time nor time waited for a turn: nobody used a model or was served while it
@@ -59,7 +63,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from protocol.messages import Status
+from protocol.enums import ModelState
+from protocol.messages import DemandState, Status
 from protocol.validation import as_seconds
 
 __all__ = ["Load", "OnDemand", "Refuse", "Unload", "estimate_bytes"]
@@ -111,7 +116,9 @@ class _Model:
     asked: bool = False  # want() was called and no request came yet
     drop: bool = False  # release() was called: unload it once idle
     refused: bool = False
+    refused_why: str = ""  # why it was refused (its Refuse's)
     failures: int = 0  # loads in a row whose worker exited before registering
+    exit_code: int | None = None  # the last such worker's exit code
     retry_s: float = float("-inf")  # not loaded again before this time (after a failure)
 
 
@@ -164,13 +171,14 @@ class OnDemand:
         m = self._state[model]
         m.asked, m.drop = False, True
 
-    def failed(self, model: str, now: float) -> None:
-        """``model``'s worker exited before it registered (the supervisor saw its process end): not
-        loaded again before a back-off (1 s, doubling per failure in a row, at most
-        :data:`MAX_RETRY_S`); an order to load it (:meth:`want`) is dropped. KeyError for an
-        unknown model."""
+    def failed(self, model: str, now: float, exit_code: int | None = None) -> None:
+        """``model``'s worker exited before it registered (the supervisor saw its process end, with
+        ``exit_code``: negative, the signal that killed it): not loaded again before a back-off (1 s,
+        doubling per failure in a row, at most :data:`MAX_RETRY_S`); an order to load it (:meth:`want`)
+        is dropped. KeyError for an unknown model."""
         m = self._state[model]
         m.asked = False
+        m.exit_code = exit_code
         m.failures += 1
         m.retry_s = now + min(MAX_RETRY_S, 2.0 ** (m.failures - 1))
 
@@ -195,6 +203,38 @@ class OnDemand:
     def states(self) -> dict[str, str]:
         return {name: m.state for name, m in self._state.items()}
 
+    def published(self) -> dict[str, DemandState]:
+        """Each model's state as everyone is told it (``status``'s ``on_demand``, ``GET /v1/models``;
+        :class:`~protocol.enums.ModelState`), as of the last pass (:meth:`decide`, :meth:`want`,
+        :meth:`release`, :meth:`failed` since included):
+
+        - ``loaded``: its worker registered, and no unload is pending;
+        - ``unloading``: its worker is told to stop, or an unload is pending (:meth:`release`, for a
+          model loading or busy: it goes once loaded and idle);
+        - ``loading``: its worker started and has not registered, or it is wanted (requests, or
+          :meth:`want`) and waits for room, for the back-off of a failed load, or for a model
+          unloading -- a load accepted and not ended;
+        - ``unloaded`` otherwise; ``failed`` when it is wanted and refused (it does not fit now: the
+          refusal's words, no exit code) or when its last load failed and nothing wants it now
+          (:meth:`failed`'s exit code; the broker adds the worker's words, if it said any)."""
+        out = {}
+        for name, m in self._state.items():
+            if m.state == "unloading" or (m.drop and m.state in ("loaded", "loading")):
+                out[name] = DemandState(ModelState.UNLOADING)
+            elif m.state in ("loaded", "loading"):
+                out[name] = DemandState(ModelState(m.state))
+            elif m.wanted_since is not None and not m.refused:
+                out[name] = DemandState(ModelState.LOADING)
+            elif m.refused:
+                out[name] = DemandState(ModelState.UNLOADED, True, None, m.refused_why)
+            elif m.failures:
+                why = f"its worker exited with code {m.exit_code} before it registered" \
+                    if m.exit_code is not None else "its worker exited before it registered"
+                out[name] = DemandState(ModelState.UNLOADED, True, m.exit_code, why)
+            else:
+                out[name] = DemandState(ModelState.UNLOADED)
+        return out
+
     # ------------------------------------------------------------------ the pass
 
     def decide(self, status: Status, now: float, available_bytes: int | None, starting: frozenset[str] = frozenset(),
@@ -215,7 +255,7 @@ class OnDemand:
             if m.state != "loaded":
                 m.loaded_since = None
             elif m.loaded_since is None:  # registered: a load order is done; idle from now unless used
-                m.loaded_since, m.failures, m.asked = now, 0, False
+                m.loaded_since, m.failures, m.exit_code, m.asked = now, 0, None, False
                 m.last_used_s = max(m.last_used_s, now)
             busy = m.waiting = queued > 0 or running > 0
             if busy:
@@ -225,7 +265,7 @@ class OnDemand:
             if wanted and m.wanted_since is None:
                 m.wanted_since = now
             elif not wanted:
-                m.wanted_since, m.refused = None, False
+                m.wanted_since, m.refused, m.refused_why = None, False, ""
         actions: list[Load | Unload | Refuse] = self._idle_unloads(now)
         free = available_bytes if available_bytes is not None else math.inf
         for name in sorted((n for n, m in self._state.items()
@@ -260,14 +300,15 @@ class OnDemand:
         if m.need_bytes > free + going + sum(self._state[n].need_bytes for n in idle):
             if not m.refused:
                 m.refused = True
-                actions.append(Refuse(name, f"it needs about {m.need_bytes / 2**20:,.0f} MiB and the machine has "
-                                            f"{(free + going) / 2**20:,.0f} MiB available, "
-                                            f"{sum(self._state[n].need_bytes for n in idle) / 2**20:,.0f} MiB more "
-                                            "with every idle model unloaded"))
+                m.refused_why = (f"it needs about {m.need_bytes / 2**20:,.0f} MiB and the machine has "
+                                 f"{(free + going) / 2**20:,.0f} MiB available, "
+                                 f"{sum(self._state[n].need_bytes for n in idle) / 2**20:,.0f} MiB more "
+                                 "with every idle model unloaded")
+                actions.append(Refuse(name, m.refused_why))
             return free
         active = sum(1 for o in self._state.values() if o.state != "unloaded")
         if active < self.max_loaded and m.need_bytes <= free:
-            m.state, m.refused = "loading", False
+            m.state, m.refused, m.refused_why = "loading", False, ""
             actions.append(Load(name))
             return free - m.need_bytes
         room, slots = free + going, self.max_loaded - active + sum(

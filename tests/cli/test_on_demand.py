@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.messages import ModelStatus, Status
+from protocol.enums import ModelState
+from protocol.messages import DemandState, ModelStatus, Status
 from slotserve.on_demand import Load, OnDemand, Refuse, Unload, estimate_bytes
 
 MIB = 2**20
@@ -254,23 +255,29 @@ def test_the_last_order_wins_a_load_after_an_unload_keeps_the_model():
 # ---------------------------------------------------------------------- POST /models/load and /models/unload
 
 
-def control_app(orders):
-    """``/models/load`` and ``/models/unload`` over ``orders``, with two models on demand; the broker's
-    status (for the names that are none of theirs) lists them and ``always``, a model served always."""
+def control_app(orders, on_demand=("model-a", "model-b")):
+    """``/models/load`` and ``/models/unload`` whose orders to the broker go to ``orders(op, model)``,
+    with the models on demand ``on_demand``; the broker's status (for the names that are none of
+    theirs) lists model-a, model-b and ``always``, a model served always."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     from gateway.model_control import ModelControl
     from tests.support.gateway import GivenStatusLink, model_status
 
-    link = GivenStatusLink(("model-a", "model-b"))
+    class OrderingLink(GivenStatusLink):
+        async def order(self, action, model):
+            orders(action, model)
+            return self.status
+
+    link = OrderingLink(on_demand)
     link.show({"model-a": model_status(), "model-b": model_status(1), "always": model_status(1)})
-    control = ModelControl(link, orders, 1024)
+    control = ModelControl(link, 1024)
     return Starlette(routes=[Route("/models/load", control.load, methods=["POST"]),
                              Route("/models/unload", control.unload, methods=["POST"])]), link
 
 
-def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not_theirs():
+def test_the_endpoints_hand_their_order_to_the_broker_and_refuse_what_is_not_theirs():
     from starlette.testclient import TestClient
 
     got = []
@@ -303,7 +310,7 @@ def test_the_endpoints_hand_their_order_to_the_supervisor_and_refuse_what_is_not
         r = http.post("/models/load", content=b"{", headers={"content-type": "application/json"})
         assert r.status_code == 400
     assert got == [("load", "model-b"), ("unload", "model-a")]
-    with TestClient(control_app(None)[0]) as http:
+    with TestClient(control_app(got.append, on_demand=())[0]) as http:
         r = http.post("/models/load", json={"model": "model-a"})
         assert r.status_code == 400 and "slotserve up" in r.json()["error"]["message"]
 
@@ -739,3 +746,165 @@ def test_a_dead_load_is_announced_to_a_real_broker_as_a_loader_that_then_falls_s
         stop.set()
         loop.join(10)
         server.close()
+
+
+# ---------------------------------------------------------------------- the states everyone is told
+
+
+def test_published_states_say_a_load_or_an_unload_from_the_order_until_it_is_done():
+    """OnDemand.published(), what the supervisor tells the broker after each pass: ``loading`` from an
+    order (or a request) until the worker registered -- waiting for room too --, ``unloading`` from
+    an unload until the worker is gone -- while it finishes its requests too --, and a failed load
+    ``unloaded`` with ``failed``: its worker's exit code, or why it cannot fit (never ``loading``)."""
+    c = core(max_loaded=1, idle=0.0)
+
+    def states() -> dict:
+        return {n: s.state.value for n, s in c.published().items()}
+
+    assert states() == {"a": "unloaded", "b": "unloaded"}
+    c.want("a", 0.0)
+    assert states()["a"] == "loading"  # the order taken: loading before the pass that starts it
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 8 * GIB) == [Load("a")] and states()["a"] == "loading"
+    c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 1.0, 8 * GIB)
+    assert states() == {"a": "loaded", "b": "unloaded"}
+    c.decide(status(a=(0, 1, 1), b=(1, 0, 0)), 2.0, 8 * GIB)  # b's request waits for room (a is busy)
+    assert states() == {"a": "loaded", "b": "loading"}
+    c.release("a")  # busy: it goes once idle, and says so from now
+    assert states()["a"] == "unloading"
+    assert c.decide(status(a=(0, 1, 1), b=(1, 0, 0)), 3.0, 8 * GIB) == [] and states()["a"] == "unloading"
+    assert [type(x) for x in c.decide(status(a=(0, 0, 1), b=(1, 0, 0)), 4.0, 8 * GIB)] == [Unload]
+    assert states() == {"a": "unloading", "b": "loading"}
+    c.decide(status(a=(0, 0, 1), b=(1, 0, 0)), 4.2, 8 * GIB, stopping=frozenset({"a"}))  # its worker stopping
+    assert states() == {"a": "unloading", "b": "loading"}
+    assert c.decide(status(a=(0, 0, 0), b=(1, 0, 0)), 4.4, 8 * GIB) == [Load("b")]
+    assert states() == {"a": "unloaded", "b": "loading"}
+    # b's worker exits before it registers: its request waits (the broker counts the attempt): loading
+    # again after the back-off; once nothing waits, unloaded and failed, with the exit code
+    c.failed("b", 5.0, exit_code=1)
+    assert states()["b"] == "loading"
+    c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 5.2, 8 * GIB)
+    assert c.published()["b"] == DemandState(ModelState.UNLOADED, True, 1,
+                                             "its worker exited with code 1 before it registered")
+    # what cannot fit now: unloaded and failed, why, no exit code, while its requests wait for room
+    big = core(max_loaded=2, a=GIB, big=9 * GIB)
+    assert [type(x) for x in big.decide(status(a=(0, 0, 0), big=(1, 0, 0)), 0.0, 2 * GIB)] == [Refuse]
+    got = big.published()["big"]
+    assert got.state is ModelState.UNLOADED and got.failed and got.exit_code is None and "9,216 MiB" in got.reason
+
+
+def _supervised_over_a_broker_core(monkeypatch, spawn):
+    """A DemandSupervisor of a and b (room for both) over a real broker core, its ``demand`` sent to the
+    core: ``(broker, clock, sup)``."""
+    from slotserve.demand_supervisor import DemandSupervisor
+    from worker.config import WorkerConfig
+
+    broker, clock, link = _core_of_a_and_b(monkeypatch)
+    link.tell_demand = lambda msg: broker.on_frontend(b"supervisor", msg, clock[0])
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
+    return broker, clock, DemandSupervisor(configs, 2, 300.0, spawn=spawn, connect=lambda: link)
+
+
+def test_every_status_says_loading_from_a_load_order_until_loaded_and_unloading_until_gone(monkeypatch):
+    """POST /models/load's order over a real broker core: the status that answers it says ``loading``
+    (before: ``unloaded`` until the worker's process, started at the supervisor's next pass, announced
+    its load, 0.5-3 s on), as does every status until the worker registered; an unload says
+    ``unloading`` until its worker said goodbye and exited. The supervisor takes each order once."""
+    from protocol.enums import ModelAction
+    from protocol.messages import Bye, Loading, ModelOrder, Register
+    from tests.support.cores import INFO
+
+    procs = []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        procs.append(p := _FakeProcess())
+        return p
+
+    broker, clock, sup = _supervised_over_a_broker_core(monkeypatch, spawn)
+    sup.run_pass(0.0)
+    (answer,) = broker.on_frontend(b"gateway", ModelOrder("a", ModelAction.LOAD), 0.05)
+    seen = [answer.message.on_demand["a"].state.value]
+    for step in range(1, 16):
+        clock[0] = now = step / 10
+        if step == 5:
+            broker.on_backend(b"w1", Loading("a", "w1"), now)  # its process started: it announces its load
+        if step == 10:
+            broker.on_backend(b"w1", Register("a", 2, 2, INFO, "w1"), now)
+        seen.append(broker.status(now).on_demand["a"].state.value)
+        sup.run_pass(now)
+        seen.append(broker.status(now).on_demand["a"].state.value)
+    assert seen == ["loading"] * 19 + ["loaded"] * 12 and len(procs) == 1  # (one order: one worker)
+    (answer,) = broker.on_frontend(b"gateway", ModelOrder("a", ModelAction.UNLOAD), 1.55)
+    seen = [answer.message.on_demand["a"].state.value]
+    for step in range(16, 25):
+        clock[0] = now = step / 10
+        seen.append(broker.status(now).on_demand["a"].state.value)
+        sup.run_pass(now)
+        if procs[0].signals == ["TERM"] and broker.workers.for_model("a"):
+            broker.on_backend(b"w1", Bye("stopping"), now)  # told to stop (SIGTERM): its goodbye, then it exits
+        seen.append(broker.status(now).on_demand["a"].state.value)
+    assert procs[0].signals == ["TERM"] and seen == ["unloading"] * 4 + ["unloaded"] * 15
+
+
+def test_a_load_that_fails_ends_unloaded_and_failed_with_the_workers_words_not_loading(monkeypatch):
+    """A model whose worker says why it cannot load and exits: ``loading`` from the order, then
+    ``unloaded`` with ``failed``, its exit code and its words, from the pass that saw it exit."""
+    from protocol.enums import ModelAction, ModelState
+    from protocol.messages import Bye, Loading, ModelOrder
+
+    procs = []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        procs.append(p := _FakeProcess())
+        return p
+
+    broker, clock, sup = _supervised_over_a_broker_core(monkeypatch, spawn)
+    sup.run_pass(0.0)
+    (answer,) = broker.on_frontend(b"gateway", ModelOrder("b", ModelAction.LOAD), 0.05)
+    assert answer.message.on_demand["b"].state is ModelState.LOADING
+    clock[0] = 0.2
+    sup.run_pass(0.2)
+    broker.on_backend(b"w1", Loading("b", "w1"), 0.3)
+    clock[0] = 0.3
+    sup.run_pass(0.3)
+    assert broker.status(0.3).on_demand["b"].state is ModelState.LOADING
+    broker.on_backend(b"w1", Bye("cannot load model 'b': not a GGUF file"), 0.4)
+    procs[0].alive, procs[0].exitcode = False, 1
+    assert broker.status(0.4).on_demand["b"].state is ModelState.LOADING  # (its exit not seen yet)
+    clock[0] = 0.4
+    sup.run_pass(0.4)
+    got = broker.status(0.4).on_demand["b"]
+    assert got.state is ModelState.UNLOADED and got.failed and got.exit_code == 1
+    assert "not a GGUF file" in got.reason
+    for step in range(5, 100):  # and so it stays: nothing wants it (no reload in a loop)
+        clock[0] = step / 10
+        sup.run_pass(step / 10)
+    assert broker.status(9.9).on_demand["b"] == got and len(procs) == 1
+
+
+def test_the_supervisor_takes_each_order_once_and_tells_the_broker_what_it_took(monkeypatch):
+    """The orders of the broker's status not taken yet, by their seq: one still listed (the broker has
+    not heard the supervisor's ``demand`` yet) is not taken twice; a restarted broker (a new
+    ``broker_id``) numbers them from 1 again. Each pass tells the broker the states and the last seq."""
+    import dataclasses
+
+    from protocol.enums import ModelAction
+    from protocol.messages import PendingOrder
+
+    lines = {"a": (0, 0, 0), "b": (0, 0, 0)}
+    orders, broker_id, told = [PendingOrder(1, ModelAction.LOAD, "a")], ["b1"], []
+    sup = _supervised(monkeypatch, lines, frozen=False)
+    fake = sup._connect()
+    fake.status = lambda timeout_s: dataclasses.replace(status(**lines), broker_id=broker_id[0], orders=tuple(orders))
+    fake.tell_demand = told.append
+    assert sup.run_pass(0.0) == [Load("a")]
+    assert told[-1].orders_taken == 1 and told[-1].broker_id == "b1"
+    assert told[-1].models["a"].state is ModelState.LOADING
+    lines.update(a=(0, 0, 1))
+    orders.append(PendingOrder(2, ModelAction.UNLOAD, "a"))
+    assert [type(x) for x in sup.run_pass(1.0)] == [Unload] and told[-1].orders_taken == 2
+    assert told[-1].models["a"].state is ModelState.UNLOADING
+    lines.update(a=(0, 0, 0))
+    assert sup.run_pass(2.0) == [] and sup.run_pass(3.0) == []  # the load (seq 1) is not taken again
+    assert told[-1].models["a"] == DemandState(ModelState.UNLOADED)
+    broker_id[0], orders[:] = "b2", [PendingOrder(1, ModelAction.LOAD, "b")]
+    assert sup.run_pass(4.0) == [Load("b")] and told[-1].orders_taken == 1 and told[-1].broker_id == "b2"

@@ -250,3 +250,92 @@ def test_a_model_whose_workers_are_killed_before_they_announce_their_load_fails_
             ha = ca.submit_request([1, 2], 3)
             drive(cluster, [ha])
             assert ha.finish_reason.value == "length" and loads == ["model-b"] * 3 + ["model-a"]
+
+
+def _surfaces(cluster: LocalCluster, model: str) -> dict:
+    """``model``'s state as each surface says it now: ``GET /v1/models``, the broker's status (what
+    ``slotserve status`` prints, and its text), and the gateway's ``/metrics``."""
+    import httpx
+    from click.testing import CliRunner
+
+    from slotserve.cli import main
+    from tests.support.gateway import metric
+
+    v1 = {m["id"]: m["status"]["value"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}
+    with Client(cluster.frontend, name="test-status", connect_timeout_s=10) as c:
+        status = c.status().on_demand[model].state.value
+    out = CliRunner().invoke(main, ["status", "--broker", cluster.frontend]).output
+    (line,) = [ln for ln in out.splitlines() if ln.split()[:1] == [model]]
+    metrics = [s for s in ("unloaded", "loading", "loaded", "unloading")
+               if metric(cluster.http_url, "slotserve_model_state", model=model, state=s) == 1.0]
+    return {"v1": v1[model], "status": status, "cli": line.split()[6].rstrip(","), "metrics": metrics}
+
+
+def _drive_until(cluster: LocalCluster, model: str, want: str, timeout_s: float = 60.0) -> list:
+    """Run the supervisor's passes until ``GET /v1/models`` says ``model`` is ``want``: each state
+    it said, in order (once each)."""
+    import httpx
+
+    seen = []
+
+    def said() -> bool:
+        cluster.on_demand_pass()
+        entry = {m["id"]: m["status"] for m in httpx.get(cluster.http_url + "/v1/models").json()["data"]}[model]
+        if not seen or seen[-1] != entry:
+            seen.append(entry)
+        return entry["value"] == want
+
+    wait_until(said, timeout_s, f"{model} {want}", show=lambda: seen, pause_s=0.05)
+    return seen
+
+
+def test_through_http_every_surface_says_a_load_or_an_unload_from_the_moment_it_is_accepted(tmp_path):
+    """A newcomer's report: after ``POST /models/load`` answered ``{"success": true}``, ``GET
+    /v1/models`` said ``unloaded`` for 0.5-3 s before ``loading`` (the order waited for the supervisor's
+    next pass, then the worker's process for its start-up before it announced its load); after
+    ``/models/unload`` it said ``loaded`` until the worker had gone (never ``unloading``); a request for
+    an unloaded model left it ``unloaded`` as long. Here no supervisor pass runs between the order (or
+    the request) and the checks: every surface -- ``/v1/models``, the broker's status and ``slotserve
+    status``, ``/metrics`` -- says ``loading`` (``unloading``) at once, and then nothing but that until
+    the model is loaded (unloaded). A model that cannot load ends ``unloaded`` with ``failed``, its
+    worker's exit code and words: not ``loading`` for good."""
+    import httpx
+
+    from gateway.config import GatewayConfig
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    workers = tuple(WorkerConfig(model=m, served_model_names=(name,), num_slots=2, warmup=False)
+                    for m, name in (("simulated", "model-a"), ("simulated", "model-b"), (str(broken), "model-c")))
+    cfg = ClusterConfig(BrokerConfig(frontend=ANY_PORT, backend=ANY_PORT, heartbeat_interval_s=0.2,
+                                     register_grace_s=0.5),
+                        workers=(), on_demand=workers, start_timeout_s=60.0, max_loaded_models=2, idle_unload_s=0.0,
+                        gateway=GatewayConfig(port=0))
+    with LocalCluster(cfg) as cluster:
+        url = cluster.http_url
+        assert _surfaces(cluster, "model-a") == {"v1": "unloaded", "status": "unloaded", "cli": "unloaded",
+                                                 "metrics": ["unloaded"]}
+        assert httpx.post(url + "/models/load", json={"model": "model-a"}).json() == {"success": True}
+        assert _surfaces(cluster, "model-a") == {"v1": "loading", "status": "loading", "cli": "loading",
+                                                 "metrics": ["loading"]}
+        assert _drive_until(cluster, "model-a", "loaded") == [{"value": "loading"}, {"value": "loaded"}]
+        assert httpx.post(url + "/models/unload", json={"model": "model-a"}).json() == {"success": True}
+        assert _surfaces(cluster, "model-a") == {"v1": "unloading", "status": "unloading", "cli": "unloading",
+                                                 "metrics": ["unloading"]}
+        assert _drive_until(cluster, "model-a", "unloaded") == [{"value": "unloading"}, {"value": "unloaded"}]
+        # a request for an unloaded model loads it: loading from the status that first lists it queued
+        with Client(cluster.frontend, model="model-b", connect_timeout_s=10) as c:
+            h = c.submit_request([1, 2, 3], 3)
+            st = wait_until(lambda: (s := c.status()).models["model-b"].queued and s, 30, "model-b's request queued")
+            assert st.on_demand["model-b"].state.value == "loading"
+            assert _surfaces(cluster, "model-b")["v1"] == "loading"
+            assert _drive_until(cluster, "model-b", "loaded") == [{"value": "loading"}, {"value": "loaded"}]
+            assert h.result(timeout=60) and h.finish_reason.value == "length"
+        # a load that fails: loading, then unloaded and failed (llama.cpp's words), never loading for good
+        assert httpx.post(url + "/models/load", json={"model": "model-c"}).json() == {"success": True}
+        assert _surfaces(cluster, "model-c")["v1"] == "loading"
+        seen = _drive_until(cluster, "model-c", "unloaded")
+        assert seen[:-1] == [{"value": "loading"}], seen
+        assert seen[-1]["failed"] is True and seen[-1]["exit_code"] != 0 and "model-c" in seen[-1]["reason"], seen
+        assert _surfaces(cluster, "model-c")["cli"] == "unloaded"

@@ -25,7 +25,7 @@ ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
 def app():
     config = GatewayConfig(broker=f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=0.5,
                            on_demand_models=("lazy",))
-    return create_app(config, model_orders=lambda op, model: None)
+    return create_app(config)
 
 
 @pytest.fixture(scope="module")

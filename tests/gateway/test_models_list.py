@@ -74,6 +74,35 @@ def test_with_models_on_demand_every_state_is_listed_and_the_gauge_follows_the_l
         assert gauge(http) == {"lazy": 0.0, "big": 1.0}
 
 
+def test_a_model_on_demand_says_the_brokers_state_and_a_failed_load_says_so_as_llama_cpps_router(served):
+    """With models on demand, each says the state the broker gives it (``status``'s ``on_demand``),
+    not what its workers alone say: ``loading`` from the order (no worker yet), ``unloading`` from the
+    unload (its worker still serves), an unloaded model whose last load failed ``"failed": true`` with
+    the worker's ``exit_code`` (llama.cpp's router's) and the ``reason``; every name of a model alike,
+    the 404's list too, and the gauges."""
+    from protocol.enums import ModelState
+    from protocol.messages import DemandState
+
+    link, http = served(("lazy", "lazy-alias", "busy", "broken", "big"), (("lazy-alias", "lazy"),))
+    link.show({"lazy": model(), "lazy-alias": model(), "busy": model(1), "broken": model(), "big": model()},
+              on_demand={"lazy": DemandState(ModelState.LOADING), "busy": DemandState(ModelState.UNLOADING),
+                         "broken": DemandState(ModelState.UNLOADED, True, 1, "not a GGUF file"),
+                         "big": DemandState(ModelState.UNLOADED, True, None, "it needs about 9,000 MiB")})
+    with http:
+        assert listed(http) == {"big": "unloaded", "broken": "unloaded", "busy": "unloading", "lazy": "loading",
+                                "lazy-alias": "loading"}
+        entries = {m["id"]: m["status"] for m in http.get("/v1/models").json()["data"]}
+        assert entries["broken"] == {"value": "unloaded", "failed": True, "exit_code": 1, "reason": "not a GGUF file"}
+        assert entries["big"] == {"value": "unloaded", "failed": True, "reason": "it needs about 9,000 MiB"}
+        assert entries["lazy"] == {"value": "loading"}
+        assert "busy (unloading)" in link.model_not_found("nope", link.status).message
+        assert gauge(http) == {"big": 0.0, "broken": 0.0, "busy": 0.0, "lazy": 0.0, "lazy-alias": 0.0}
+        text = http.get("/metrics").text
+        assert 'slotserve_model_state{model="busy",state="unloading"} 1.0' in text
+        assert 'slotserve_model_state{model="busy",state="loaded"} 0.0' in text
+        assert 'slotserve_model_state{model="lazy",state="loading"} 1.0' in text
+
+
 def test_each_model_is_listed_by_its_primary_name_first_then_its_aliases_as_given(served):
     """A GGUF file served by its stem with its path as an alias listed the path first (sorted:
     '/models/m.gguf' before 'm'), and ``--served-model-name b --served-model-name B/x`` listed the

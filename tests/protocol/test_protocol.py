@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from protocol.defaults import MIN_HEARTBEAT_INTERVAL_S, MIN_MESSAGE_BYTES
 from protocol.codec import decode, encode, peek_request_ids
-from protocol.enums import ErrorCode, FinishReason
+from protocol.enums import ErrorCode, FinishReason, ModelAction, ModelState
 from protocol.errors import ContextLengthError, ProtocolError
 from protocol.messages import (
     BROKER_TO_CLIENT, CLIENT_TO_BROKER, MESSAGE_TYPES, PROTOCOL_VERSION, WORKER_TO_BROKER, Assign, Bye,
-    Cancel, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, Logprobs, ModelInfo, ModelStatus, Op,
-    Register, Rejected, Results, Started, Status, StatusQuery, Submit, Text, Welcome, WorkerStatus,
+    Cancel, Demand, DemandState, Envelope, Error, Finished, Heartbeat, Hello, Iteration, Loading, Logprobs, ModelInfo,
+    ModelOrder, ModelStatus, Op, PendingOrder, Register, Rejected, Results, Started, Status, StatusQuery, Submit, Text,
+    Welcome, WorkerStatus,
 )
 from protocol.logprobs import MAX_LOGPROBS, TokenLogprob
 from protocol.request import MAX_REQUEST_ID_CHARS, ModelLimits, RequestId, RequestParams
@@ -64,6 +65,11 @@ SAMPLES = [
     Register("simulated", 4, 5, ModelInfo(100, 64, (0, 1), True), "w1"),
     Register("simulated", 4, 5, ModelInfo(), "w1", 1 << 20),
     Loading("smollm2-135m", "w2"),
+    ModelOrder("smollm2-135m", ModelAction.LOAD),
+    Demand("b", {"m": DemandState(ModelState.LOADING), "n": DemandState(ModelState.UNLOADED, True, -9, "killed")},
+           {"m-alias": "m"}, 3),
+    Status("b", 1.5, {"m": ModelStatus(0, 0, 0, 0, 0)}, (), 0, {}, {}, {}, {"m": DemandState(ModelState.UNLOADING)},
+           (PendingOrder(4, ModelAction.UNLOAD, "m"),)),  # models on demand: their states, an order not taken
 ]
 
 

@@ -89,9 +89,11 @@ class GivenStatusLink(BrokerConnections):
         super().__init__(dataclasses.replace(GatewayConfig(), on_demand_models=on_demand, on_demand_aliases=aliases))
         self.broker_ok = True
 
-    def show(self, models: dict[str, ModelStatus], aliases: dict[str, str] | None = None) -> None:
-        """The status to answer from now on: ``models`` (name -> ModelStatus), ``aliases`` (alias -> model)."""
-        self.status = Status("broker", 1.0, models, (), 0, {}, aliases or {})
+    def show(self, models: dict[str, ModelStatus], aliases: dict[str, str] | None = None,
+             on_demand: dict | None = None) -> None:
+        """The status to answer from now on: ``models`` (name -> ModelStatus), ``aliases`` (alias -> model),
+        ``on_demand`` (model -> DemandState: the broker's states of the models on demand)."""
+        self.status = Status("broker", 1.0, models, (), 0, {}, aliases or {}, {}, on_demand or {})
 
     async def refresh(self) -> Status:
         return self.status
