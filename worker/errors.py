@@ -39,7 +39,15 @@ class ModelError(RuntimeError):
 
 class ModelLoadError(ValueError):
     """The worker's model could not be loaded (unknown name, missing file,
-    no hub access); the message names the model and the cause."""
+    no hub access); the message names the model and the cause, for the server's log and its operator
+    (a path, a library's words). ``public``: what clients may read (the worker's goodbye, which the
+    broker puts in the error of the requests waiting for the model and in ``/v1/models``' failed
+    reason): the served name and a short cause in slotserve's words, no path and no library text;
+    the message itself when not given (a message of slotserve's own words)."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 class LoadInterrupted(BaseException):

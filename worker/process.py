@@ -137,7 +137,8 @@ class WorkerProcess:
             model = load_model(name, **self.config.model_options.as_kwargs())
         except (OSError, ValueError) as e:  # HF raises OSError for names it cannot resolve
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}") from e
+            raise ModelLoadError(first if name in first else f"cannot load model {name!r}: {first}",
+                                 _load_failure(self.config.served_names[0], e)) from e
         weights = getattr(model, "weights", None)
         if weights is not None and hasattr(weights, "linear_kind"):  # slotserve's runner: what it measured
             log.info("loaded %r: %s on %s, linears %s%s; %d tokens per slot, KV cache %s, %.1f MiB per slot",
@@ -147,7 +148,8 @@ class WorkerProcess:
         try:
             self._setup(model)
         except ValueError as e:  # the options do not fit the model (a stop token outside its vocabulary, too many slots)
-            raise ModelLoadError(f"cannot serve model {name!r}: {e}") from e
+            raise ModelLoadError(f"cannot serve model {name!r}: {e}",
+                                 f"cannot serve model {self.config.served_names[0]!r}: {e}") from e
 
     def _cold(self) -> bool:
         """Whether the model is to be warmed up before it is served."""
@@ -234,8 +236,11 @@ class WorkerProcess:
         except LoadInterrupted:
             log.info("stopped during the model's %s", what)  # (the goodbye says "worker stopping")
         except BaseException as e:
-            # (a ModelLoadError names the model already: _load's)
-            self.goodbye = str(e) if isinstance(e, ModelLoadError) else f"cannot {what} model {self.config.model!r}: {e}"
+            # the goodbye reaches clients (the errors of the requests waiting, /v1/models' failed reason): the
+            # served name and slotserve's words; the detail (a path, a library's text) goes to the log, with e
+            name = self.config.served_names[0]
+            self.goodbye = e.public if isinstance(e, ModelLoadError) else _load_failure(name, e) if what == "load" \
+                else f"model {name!r} failed to warm up: an unexpected error"
             raise
 
     def _serve(self, pipe: zmq.Socket, stop: threading.Event) -> None:
@@ -544,6 +549,41 @@ def error_words(err: BaseException) -> str:
     if error_code(err, None) is not None:
         return str(err)
     return f"{type(err).__name__}: {err}"
+
+
+def _load_failure(model: str, err: BaseException) -> str:
+    """What clients read of a failed load of ``model`` (its served name) that raised ``err`` (from
+    :func:`worker.models.load_model`, any exception): a short cause in
+    slotserve's words -- never ``err``'s text, which names the server's paths and speaks a
+    library's internals (the log has it: :class:`~worker.errors.ModelLoadError`'s message). A file
+    that is missing, unreadable or not a model's (:mod:`worker.models.names`' checks, a GGUF file's
+    header, an ``OSError``, JSON that does not parse: ``err`` or an exception it wraps): its files;
+    anything else a ``ValueError`` says (a configuration transformers' or slotserve's checks refuse,
+    options that do not fit it): its configuration; else an unexpected error. Returns one line,
+    ``"model 'x' failed to load: <cause>"``; raises nothing."""
+    import json
+
+    def unreadable(e: BaseException | None, depth: int = 0) -> bool:  # e or what it wraps says so
+        if e is None or depth > 8:
+            return False
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+        return isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError)) or where in _FILE_CHECKS \
+            or unreadable(e.__cause__ or e.__context__, depth + 1)
+
+    if unreadable(err):
+        cause = "its files could not be read (missing, unreadable, cut short or not a model's)"
+    elif isinstance(err, ValueError) or isinstance(err.__cause__, ValueError):  # (transformers' validators wrap one)
+        cause = "its configuration is not valid (or the server's options for it do not fit it)"
+    else:
+        cause = "an unexpected error"
+    return f"model {model!r} failed to load: {cause}"
+
+
+_FILE_CHECKS = ("worker.models.names", "worker.models.gguf_header")
+"""The modules whose ``ValueError`` says a model's file is missing, unreadable or not a model's."""
 
 
 def _refusal(key: int, err: BaseException) -> Finished:

@@ -338,4 +338,6 @@ def test_through_http_every_surface_says_a_load_or_an_unload_from_the_moment_it_
         seen = _drive_until(cluster, "model-c", "unloaded")
         assert seen[:-1] == [{"value": "loading"}], seen
         assert seen[-1]["failed"] is True and seen[-1]["exit_code"] != 0 and "model-c" in seen[-1]["reason"], seen
+        # in slotserve's words: not the server's path nor the loader's text (the log has them)
+        assert "its files could not be read" in seen[-1]["reason"] and str(broken) not in seen[-1]["reason"], seen
         assert _surfaces(cluster, "model-c")["cli"] == "unloaded"

@@ -1,0 +1,139 @@
+"""A model that fails to load tells clients so in slotserve's words: its served name and a short
+cause (its files could not be read; its configuration is not valid), never the loader's text nor
+the server's paths, which stay in the log (the :class:`~worker.errors.ModelLoadError` the worker
+ends with, which the launcher and the CLI log).
+
+Before, the worker's goodbye -- which the broker puts in the error of every request waiting for the
+model (``worker_failed`` for a model on demand) and in ``/v1/models``' failed reason -- was the
+loader's first line: "cannot load model '/tmp/.../broken' from '/tmp/.../broken': It looks like the
+config file at '/tmp/.../broken/config.json' is not a valid JSON file", "Class validation error for
+validator 'validate_architecture': ...", "cannot read GGUF file '/tmp/.../bad.gguf': ...".
+
+The worker's words for each broken model (a folder whose config.json is no JSON, a config that
+transformers' validation refuses, a GGUF file cut short, a folder that does not exist), then every
+route through one in-process stack (broker and worker on threads, the gateway's whole app): a
+request waits for a model on demand while its worker loads it, and ends with the worker's words."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("transformers")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from client import Client  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.tokenizer import Tokenizer  # noqa: E402
+from tests.support.cluster import ThreadCluster, ThreadWorker  # noqa: E402
+from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
+from tests.support.waits import wait_until  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
+from worker.errors import ModelLoadError  # noqa: E402
+from worker.models.hf_text import HFTextCodec  # noqa: E402
+from worker.process import WorkerProcess  # noqa: E402
+
+FILES = "model 'broken' failed to load: its files could not be read (missing, unreadable, cut short or not a model's)"
+CONFIG = ("model 'broken' failed to load: its configuration is not valid (or the server's options for it do not "
+          "fit it)")
+
+
+def _broken(tmp_path, kind: str) -> str:
+    """A model of ``kind`` that cannot load, under ``tmp_path``: its path."""
+    if kind == "json":
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{ not json")
+    elif kind == "invalid":  # transformers' validation: the hidden size is no multiple of the heads
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text(
+            '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5, "num_hidden_layers": 1, '
+            '"intermediate_size": 128, "vocab_size": 100}')
+    elif kind == "gguf":
+        (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+        return str(tmp_path / "m.gguf")
+    return str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("kind, words", [("json", FILES), ("invalid", CONFIG), ("gguf", FILES), ("missing", FILES)])
+def test_the_goodbye_of_a_failed_load_is_in_slotserves_words_and_the_detail_stays_in_the_error(tmp_path, kind, words):
+    path = _broken(tmp_path, kind)
+    wp = WorkerProcess(WorkerConfig(model=path, served_model_names=("broken",), warmup=False))
+    with pytest.raises(Exception) as raised:
+        wp._prepare(threading.Event())
+    assert wp.goodbye == words
+    if isinstance(raised.value, ModelLoadError):  # (the log's line: the path and the loader's words)
+        assert str(tmp_path) in str(raised.value)
+
+
+def _wait_and_fail(http, tmp_path, path: str, body: dict) -> "object":
+    """``body`` to ``path`` for model ``broken`` (on demand) while a worker loads a broken folder for it:
+    the response once the load has failed."""
+    folder = _broken(tmp_path, "json")
+
+    class Gated(WorkerProcess):
+        gate = threading.Event()
+
+        def _load(self):
+            assert Gated.gate.wait(30)
+            super()._load()
+
+    cluster = http.cluster
+    w = ThreadWorker(cluster.backend, process_cls=Gated, load=True, keep_error=True, model=folder,
+                     served_model_names=("broken",), warmup=False)
+    cluster.workers.append(w)
+    c = http.broker_client
+    wait_until(lambda: (m := c.status().models.get("broken")) is not None and m.loading == 1, 30,
+               "the load to start")
+    wait_until(lambda: "broken" in {m["id"] for m in http.get("/v1/models").json()["data"]}, 30,
+               "the gateway to see the load", lambda: http.get("/v1/models").json())
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", http.post(path, json={"model": "broken", **body})))
+    t.start()
+    wait_until(lambda: c.status().models["broken"].queued == 1, 30, "the request to wait", lambda: out)
+    Gated.gate.set()
+    t.join(30)
+    w.thread.join(10)
+    assert isinstance(w.error, ModelLoadError)
+    return out["r"]
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+ROUTES = {
+    "/v1/completions": {"prompt": "hi", "max_tokens": 4},
+    "/v1/chat/completions": {"messages": CHAT, "max_tokens": 4},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 16},
+    "/v1/messages": {"messages": CHAT, "max_tokens": 4},
+    "/completion": {"prompt": "hi", "n_predict": 4},
+    "/v1/embeddings": {"input": ["hi"]},
+}
+
+
+@pytest.fixture(scope="module")
+def http():
+    tok = kept_tokenizer(SMOLLM2)
+    if tok is None:
+        pytest.skip("SmolLM2's tokenizer is not installed")
+    with ThreadCluster(on_demand_models=("broken",), register_grace_s=0.0) as cluster:
+        cluster.add_worker(model="other")
+        codec = HFTextCodec(tok)
+        config = GatewayConfig(broker=cluster.frontend, on_demand_models=("broken",))
+        with TestClient(create_app(config, lambda name: Tokenizer(codec))) as h:
+            wait_until(lambda: h.get("/v1/models").status_code == 200 and h.get("/v1/models").json()["data"], 30,
+                       "the gateway to see the broker")
+            with Client(cluster.frontend, model="other") as c:
+                h.cluster, h.broker_client = cluster, c
+                yield h
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_every_route_says_the_model_failed_to_load_in_slotserves_words(http, tmp_path, path):
+    r = _wait_and_fail(http, tmp_path, path, ROUTES[path])
+    assert r.status_code == 500, r.text
+    text = r.text
+    assert FILES in text, text
+    for leak in (str(tmp_path), "config.json", "JSON file", "It looks like"):
+        assert leak not in text, text
