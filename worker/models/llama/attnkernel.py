@@ -4,8 +4,10 @@ finite, then RoPE on the queries and keys, in place; ``silu_mul``: SwiGLU's ``si
 one call each where :mod:`worker.models.llama.model` took 7, about 8 and 2 ATen operations
 (SmolLM2's decode step: 2,063 -> 1,367 operations, ~10 % of its time, before ``silu_mul``). The
 module is built with ``-ffp-contract=off``, so every product and sum rounds as those operations did
-(RoPE and SwiGLU stay ATen's bit for bit, SwiGLU's ``exp`` being ATen's own Sleef call; RMSNorm's
-sum of squares runs in another order). ``silu_mul`` against ``F.silu(gate).mul_(up)`` (2-core AMD
+(RoPE and SwiGLU stay ATen's bit for bit, SwiGLU's ``exp`` being ATen's own Sleef call, row by row as
+ATen runs a row whole: where ATen's parallel split of a large tensor falls inside a row, its vector
+chunks and scalar tail lie elsewhere there, so that row's values can differ from ATen's by its exp's
+ulp; here a row's values never depend on the batch; RMSNorm's sum of squares runs in another order). ``silu_mul`` against ``F.silu(gate).mul_(up)`` (2-core AMD
 EPYC Zen 3, 2 threads, best of 7 x 2,000 calls): 34.7 -> 15.6 us at 8 x 1,536 (SmolLM2), 39.1 ->
 24.7 at 8 x 4,864 (Qwen2.5-0.5B), 593 -> 472 at 128 x 4,864.
 
