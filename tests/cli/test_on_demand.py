@@ -792,16 +792,22 @@ def test_published_states_say_a_load_or_an_unload_from_the_order_until_it_is_don
     assert got.state is ModelState.UNLOADED and got.failed and got.exit_code is None and "9,216 MiB" in got.reason
 
 
-def _supervised_over_a_broker_core(monkeypatch, spawn):
+def _supervised_over_a_broker_core(monkeypatch):
     """A DemandSupervisor of a and b (room for both) over a real broker core, its ``demand`` sent to the
-    core: ``(broker, clock, sup)``."""
+    core, spawning fake processes: ``(broker, clock, sup, procs)`` (``procs``: those spawned, in order)."""
     from slotserve.demand_supervisor import DemandSupervisor
     from worker.config import WorkerConfig
+
+    procs = []
+
+    def spawn(model: str, config) -> _FakeProcess:
+        procs.append(p := _FakeProcess())
+        return p
 
     broker, clock, link = _core_of_a_and_b(monkeypatch)
     link.tell_demand = lambda msg: broker.on_frontend(b"supervisor", msg, clock[0])
     configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
-    return broker, clock, DemandSupervisor(configs, 2, 300.0, spawn=spawn, connect=lambda: link)
+    return broker, clock, DemandSupervisor(configs, 2, 300.0, spawn=spawn, connect=lambda: link), procs
 
 
 def test_every_status_says_loading_from_a_load_order_until_loaded_and_unloading_until_gone(monkeypatch):
@@ -813,13 +819,7 @@ def test_every_status_says_loading_from_a_load_order_until_loaded_and_unloading_
     from protocol.messages import Bye, Loading, ModelOrder, Register
     from tests.support.cores import INFO
 
-    procs = []
-
-    def spawn(model: str, config) -> _FakeProcess:
-        procs.append(p := _FakeProcess())
-        return p
-
-    broker, clock, sup = _supervised_over_a_broker_core(monkeypatch, spawn)
+    broker, clock, sup, procs = _supervised_over_a_broker_core(monkeypatch)
     sup.run_pass(0.0)
     (answer,) = broker.on_frontend(b"gateway", ModelOrder("a", ModelAction.LOAD), 0.05)
     seen = [answer.message.on_demand["a"].state.value]
@@ -851,13 +851,7 @@ def test_a_load_that_fails_ends_unloaded_and_failed_with_the_workers_words_not_l
     from protocol.enums import ModelAction, ModelState
     from protocol.messages import Bye, Loading, ModelOrder
 
-    procs = []
-
-    def spawn(model: str, config) -> _FakeProcess:
-        procs.append(p := _FakeProcess())
-        return p
-
-    broker, clock, sup = _supervised_over_a_broker_core(monkeypatch, spawn)
+    broker, clock, sup, procs = _supervised_over_a_broker_core(monkeypatch)
     sup.run_pass(0.0)
     (answer,) = broker.on_frontend(b"gateway", ModelOrder("b", ModelAction.LOAD), 0.05)
     assert answer.message.on_demand["b"].state is ModelState.LOADING
