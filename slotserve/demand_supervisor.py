@@ -102,6 +102,7 @@ class DemandSupervisor:
         self.stopping: dict[str, mp.Process] = {}  # model -> its worker being stopped
         self._stop_since: dict[str, float] = {}  # model -> when its worker was told to stop
         self._heard: set[str] = set()  # models whose running worker the broker has listed (loading or served)
+        self._registered: set[str] = set()  # models whose running worker a broker has listed served (any broker)
         self._broker_id: str | None = None  # that broker's (a new one, restarted, has heard of no worker)
         self._announce = announce or (lambda model, config, name: announce_dead_load(config, name, timeout_s))
         self._client: Client | None = None
@@ -161,16 +162,22 @@ class DemandSupervisor:
         for name, p in list(self.running.items()):
             if folded.models[name].workers or folded.models[name].loading:
                 self._heard.add(name)
+            if folded.models[name].workers:
+                self._registered.add(name)
             if not p.is_alive():
                 log.warning("the worker of model %r (on demand) exited with code %s; it loads again when wanted",
                             name, p.exitcode)
                 p.join()
                 del self.running[name]
-                if folded.models[name].workers == 0:  # it never registered: its load failed (back off)
+                # It never registered: its load failed (back off). One that did (listed served at an earlier
+                # pass) loaded its model, whatever ended it after: its goodbye (SIGTERM) drops it from the
+                # broker at once, and the model is unloaded, not failed.
+                if folded.models[name].workers == 0 and name not in self._registered:
                     self.core.failed(name, now, p.exitcode)
                     if name not in self._heard:  # nor announced its load: the broker would never count it
                         self._announce_dead(name, p)
                 self._heard.discard(name)
+                self._registered.discard(name)
         self._take_orders(st.orders, now)
         starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
         actions = self.core.decide(folded, now, host_memory.available_bytes(), starting,
@@ -179,6 +186,7 @@ class DemandSupervisor:
             if isinstance(a, Load):
                 log.info("models on demand: loading %r", a.model)
                 self._heard.discard(a.model)
+                self._registered.discard(a.model)
                 self.running[a.model] = self._spawn(a.model, self.configs[a.model])
             elif isinstance(a, Unload):
                 p = self.running.pop(a.model, None)
@@ -237,6 +245,7 @@ class DemandSupervisor:
         requeued by the broker, want it)."""
         p = self.running.pop(model, None)
         self._heard.discard(model)
+        self._registered.discard(model)
         if p is not None:
             p.kill()
             p.join(self._timeout_s)

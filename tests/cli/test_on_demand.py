@@ -902,3 +902,34 @@ def test_the_supervisor_takes_each_order_once_and_tells_the_broker_what_it_took(
     assert told[-1].models["a"] == DemandState(ModelState.UNLOADED)
     broker_id[0], orders[:] = "b2", [PendingOrder(1, ModelAction.LOAD, "b")]
     assert sup.run_pass(4.0) == [Load("b")] and told[-1].orders_taken == 1 and told[-1].broker_id == "b2"
+
+
+def test_a_loaded_models_worker_that_exits_is_no_failed_load(monkeypatch):
+    """A model's worker that registered and then exited (stopped by someone else's SIGTERM -- its
+    goodbye, which drops it from the broker at once -- or a crash while serving) loaded its model: the
+    model is ``unloaded``, not ``failed`` ("its worker exited with code 0 before it registered", as a
+    break-it pass saw with `slotserve up` and a `kill -TERM` of a loaded worker), and a request for it
+    loads it again at the next pass, with no failed load's back-off."""
+    from protocol.enums import ModelAction, ModelState
+    from protocol.messages import Bye, Loading, ModelOrder, Register, Submit
+    from tests.support.cores import INFO
+    from tests.support.messages import envelope
+
+    broker, clock, sup, procs = _supervised_over_a_broker_core(monkeypatch)
+    sup.run_pass(0.0)
+    broker.on_frontend(b"gateway", ModelOrder("a", ModelAction.LOAD), 0.05)
+    clock[0] = 0.2
+    assert sup.run_pass(0.2) == [Load("a")]
+    broker.on_backend(b"w1", Loading("a", "w1"), 0.3)
+    broker.on_backend(b"w1", Register("a", 2, 2, INFO, "w1"), 0.35)
+    clock[0] = 0.4
+    sup.run_pass(0.4)
+    assert broker.status(0.4).on_demand["a"] == DemandState(ModelState.LOADED)
+    broker.on_backend(b"w1", Bye("worker stopping"), 0.5)  # SIGTERM from outside: its goodbye, then it exits
+    procs[0].alive, procs[0].exitcode = False, 0
+    clock[0] = 0.6
+    assert sup.run_pass(0.6) == []
+    assert broker.status(0.6).on_demand["a"] == DemandState(ModelState.UNLOADED)
+    broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.7)
+    clock[0] = 0.8
+    assert sup.run_pass(0.8) == [Load("a")] and len(procs) == 2  # (at once: not 1 s of back-off)
