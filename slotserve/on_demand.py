@@ -30,9 +30,11 @@ The rules, each pass (:meth:`OnDemand.decide`):
   itself, is unloaded (its requests go back to the broker's queue with the
   tokens they have, as on any worker's goodbye, and wait their turn behind).
 - A model whose estimate exceeds what even unloading every idle model
-  would free is *refused* (:class:`Refuse`, once until its demand ends): the
-  supervisor says why in its log and ``slotserve status``; its requests
-  wait for their deadline rather than an OOM kill of the machine.
+  would free is *refused* (:class:`Refuse`, once until its demand ends or it
+  fits): the supervisor says why in its log and ``slotserve status``; its
+  requests wait for their deadline rather than an OOM kill of the machine.
+  From the pass in which it fits (a model that was loading became idle, and
+  is unloaded for it) it is waiting for room, as any wanted model: not refused.
 - A loaded model idle for ``idle_unload_s`` seconds is unloaded (0: never,
   as Ollama's ``keep_alive: -1``).
 - A model whose worker exited before it registered (its load failed, or it was killed) is
@@ -306,9 +308,10 @@ class OnDemand:
                                  "with every idle model unloaded")
                 actions.append(Refuse(name, m.refused_why))
             return free
+        m.refused, m.refused_why = False, ""  # (it fits now, maybe once others are gone: its load is under way)
         active = sum(1 for o in self._state.values() if o.state != "unloaded")
         if active < self.max_loaded and m.need_bytes <= free:
-            m.state, m.refused, m.refused_why = "loading", False, ""
+            m.state = "loading"
             actions.append(Load(name))
             return free - m.need_bytes
         room, slots = free + going, self.max_loaded - active + sum(

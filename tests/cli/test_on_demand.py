@@ -120,6 +120,26 @@ def test_memory_not_the_count_can_make_room_and_what_never_fits_is_refused_once(
     assert acts == [Unload("a", "room for 'c' (max_loaded 3, least recently used)")]  # 2 + 3 >= 4
 
 
+
+def test_a_refused_model_says_loading_from_the_pass_that_makes_room_for_it():
+    """Two load orders raced with memory for one (1.5 GiB, 1 GiB each): ``b`` is refused while ``a``
+    loads (``a`` is not idle yet), then ``a``, loaded and idle, is unloaded to make room for ``b``. From
+    that pass ``b``'s load is under way: ``loading``, as every model waiting for room is. Before, its
+    refusal stayed until it loaded: ``unloaded``, ``failed``, "it needs about 1,024 MiB and the machine
+    has 512 MiB available, 0 MiB more with every idle model unloaded", while ``a`` was unloaded for it."""
+    c = core(max_loaded=3, a=GIB, b=GIB)
+    c.want("a", 0.0)
+    c.want("b", 0.0)
+    acts = c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 0.0, 3 * GIB // 2)
+    assert [type(x) for x in acts] == [Load, Refuse]
+    assert c.published()["b"].failed
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 1.0, GIB // 2) == [
+        Unload("a", "room for 'b' (max_loaded 3, least recently used)")]
+    assert c.published()["b"] == DemandState(ModelState.LOADING)
+    assert c.decide(status(a=(0, 0, 1), b=(0, 0, 0)), 1.2, GIB // 2, stopping=frozenset({"a"})) == []
+    assert c.published()["b"] == DemandState(ModelState.LOADING)
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 0)), 1.4, 3 * GIB // 2) == [Load("b")]
+
 def test_a_model_idle_for_idle_unload_s_is_unloaded_and_zero_keeps_it():
     for idle, expect in ((60.0, [Unload("a", "idle for 60 s (idle_unload_s 60)")]), (0.0, [])):
         c = core(max_loaded=2, idle=idle)
