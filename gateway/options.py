@@ -48,6 +48,7 @@ from typing import Any
 from gateway.errors import APIError, bad_request, unsupported
 from gateway.schemas import MAX_STOP, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Sampling
 from gateway.structured import structured_option
+from gateway.translation import KeyCheck, check_keys
 from protocol.chat import ContentError, Fault, content_text
 from protocol.logprobs import MAX_LOGPROBS
 from protocol.messages import ModelInfo
@@ -158,6 +159,21 @@ def fim_option(body: _Sampling) -> dict[str, str]:
     return {"suffix": suffix}
 
 
+TEXT_PART_KEYS = frozenset({"type", "text"})
+"""The keys of a chat message's text part (OpenAI's ``ChatCompletionContentPartTextParam``) that the
+prompt reads."""
+
+_OBJECT_OR_NULL: KeyCheck = (lambda v: v is None or isinstance(v, dict), "an object or null")
+_UNUSED_PART_KEYS: dict[str, KeyCheck] = {"prompt_cache_breakpoint": _OBJECT_OR_NULL, "cache_control": _OBJECT_OR_NULL}
+"""A text part's keys that change nothing here, checked as an object (or null): OpenAI's
+``prompt_cache_breakpoint`` (the ``openai`` SDK's ``PromptCacheBreakpoint``) and the ``cache_control``
+that OpenRouter and LiteLLM clients put on a part (Anthropic's ``{"type": "ephemeral"}`` marker): the
+prefix cache keeps every prompt's prefix without them. As the Responses API's parts and the Messages
+API's blocks, a text part takes no other key."""
+
+_PART_TAKES = "type and text; prompt_cache_breakpoint and cache_control are taken and not used"
+
+
 def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     """``body.messages`` as the client SDK takes them, the chat prompt: ``{"role", "content"}``
     with text parts joined (the chat route's and ``/tokenize``'s, alike), by the rule every entry point
@@ -168,7 +184,9 @@ def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     every role's: an array holds at least one part; ``""`` is taken), or for no message; and naming
     the part (``messages.0.content.1.type``, ``.text``) for a part without a type, one whose type is
     none of :data:`protocol.chat.PART_TYPES`, or a text part without text. 501 naming the part's type for one
-    of OpenAI's other parts (an image, audio, a file, a refusal): slotserve serves text."""
+    of OpenAI's other parts (an image, audio, a file, a refusal): slotserve serves text. A text part's key
+    other than :data:`TEXT_PART_KEYS` is a 400 ``unknown_parameter`` naming it, as a message's own unknown
+    key is (``messages.0.content.1.foo``); its unused keys are checked as typed."""
     out = []
     for i, m in enumerate(body.messages):
         try:
@@ -179,6 +197,9 @@ def chat_messages(body: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
             content = content_text(m.content, m.role)
         except ContentError as e:
             raise content_error(e, f"messages.{i}.content") from None
+        if isinstance(m.content, list):  # (text parts, each: content_text took them)
+            for j, part in enumerate(m.content):
+                check_keys(part, f"messages.{i}.content.{j}", TEXT_PART_KEYS, _UNUSED_PART_KEYS, _PART_TAKES)
         out.append({"role": m.role, "content": content})
     if not out:
         raise bad_request("messages must not be empty", "messages")
