@@ -180,7 +180,7 @@ class DemandSupervisor:
                 self._registered.discard(name)
         self._take_orders(st.orders, now)
         starting = frozenset(n for n in self.running if folded.models[n].workers == 0)
-        actions = self.core.decide(folded, now, host_memory.available_bytes(), starting,
+        actions = self.core.decide(folded, now, self._available_bytes(starting), starting,
                                    frozenset(self.stopping))
         for a in actions:
             if isinstance(a, Load):
@@ -200,6 +200,22 @@ class DemandSupervisor:
                             a.model, a.why)
         self._tell(st.broker_id)
         return actions
+
+    def _available_bytes(self, starting: frozenset[str]) -> int | None:
+        """The memory the machine has for a model to load now (bytes; None: unknown): what it has available
+        (:func:`worker.host_memory.available_bytes`) less what the models whose workers are starting (not
+        registered yet) will still take -- each one's estimate less what its process holds already. A
+        worker takes its model's memory over seconds (its process's start-up, then its load): the
+        machine's reading alone, taken a pass after a load started, would let a second model load into
+        memory the first is about to take (two models wanted at once with room for one: both loaded)."""
+        available = host_memory.available_bytes()
+        if available is None:
+            return None
+        for name in starting:
+            need = self.core.models[name]
+            held = _resident_bytes(self.running.get(name))
+            available -= max(0, need - held) if held is not None else need
+        return available
 
     def _tell(self, broker_id: str) -> None:
         """Tell the broker (``demand``) each model's state after this pass and the orders taken, so
@@ -282,6 +298,25 @@ class DemandSupervisor:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _resident_bytes(process) -> int | None:
+    """The memory ``process`` (a worker's :class:`multiprocessing.Process`) holds now (bytes): its resident
+    set less its shared pages (the libraries it maps, torch's ~hundreds of MiB, stay in the page cache
+    and leave the machine's available memory as it was), None when it cannot be read (no psutil, the
+    process gone, not a real process)."""
+    pid = getattr(process, "pid", None)
+    if pid is None:
+        return None
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        mem = psutil.Process(pid).memory_info()
+    except (psutil.Error, OSError, ValueError):
+        return None
+    return max(0, mem.rss - getattr(mem, "shared", 0))
 
 
 def _fold_aliases(status, names: dict[str, tuple[str, ...]]):

@@ -953,3 +953,33 @@ def test_a_loaded_models_worker_that_exits_is_no_failed_load(monkeypatch):
     broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.7)
     clock[0] = 0.8
     assert sup.run_pass(0.8) == [Load("a")] and len(procs) == 2  # (at once: not 1 s of back-off)
+
+
+def test_a_model_still_loading_keeps_its_memory_from_the_next_pass_on(monkeypatch):
+    """Two models wanted at once with memory for one (1.5 GiB available, 1 GiB each, max_loaded 3): the
+    first loads and the second is refused. The next pass, 0.2 s on, read the machine's memory before
+    the first worker had taken its own (a process's start-up and its load take seconds) and loaded the
+    second too (a break-it pass: LocalCluster with tiny-a and tiny-b, both loaded, where only one fit).
+    Now a model whose worker is starting counts its estimate, less what its process holds already, as
+    taken: the second waits, refused, until the first is loaded (then, idle, it may make room)."""
+    import types
+
+    from slotserve import demand_supervisor
+    from slotserve.demand_supervisor import DemandSupervisor
+    from worker import host_memory
+    from worker.config import WorkerConfig
+
+    monkeypatch.setattr(demand_supervisor, "estimate_bytes", lambda model: GIB)
+    monkeypatch.setattr(host_memory, "total_bytes", lambda: 64 * GIB)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 3 * GIB // 2)  # (the first has taken nothing yet)
+    lines = {"a": (1, 0, 0), "b": (1, 0, 0)}
+    broker = types.SimpleNamespace(status=lambda timeout_s: status(**lines), close=lambda: None,
+                                   tell_demand=lambda msg: None)
+    configs = tuple(WorkerConfig(model="simulated", served_model_names=(n,)) for n in ("a", "b"))
+    sup = DemandSupervisor(configs, 3, 300.0, spawn=lambda model, config: _FakeProcess(), connect=lambda: broker)
+    assert [type(x) for x in sup.run_pass(0.0)] == [Load, Refuse]
+    for t in (0.2, 0.4, 0.6):
+        assert sup.run_pass(t) == [] and set(sup.running) == {"a"}
+    lines.update(a=(0, 1, 1))  # a registered (its memory taken: the machine's reading says so from now on)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: GIB // 2)
+    assert sup.run_pass(0.8) == [] and set(sup.running) == {"a"}
