@@ -872,8 +872,9 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
     if several:
         cfg = _on_demand_config(ctx, models, slots, max_loaded_models, idle_unload_s, step_delay_ms, stop_token,
                                 frontend, backend, broker_options, curve_dir, gateway, model_options, warmup)
+        idle = f"unloaded after {idle_unload_s:g} s idle" if idle_unload_s else "never unloaded for being idle"
         what = (f"models on demand: {', '.join(repr(c.served_names[0]) for c in cfg.on_demand)} (at most "
-                f"{max_loaded_models} loaded, unloaded after {idle_unload_s:g} s idle), {slots} slots each")
+                f"{max_loaded_models} loaded, {idle}), {slots} slots each")
     else:
         workers, model_options = _plan_workers(model, workers, model_options)
         cfg = _cluster_config(frontend, backend, workers, model, slots, step_delay_ms, stop_token, _log_level(ctx),

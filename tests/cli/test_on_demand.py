@@ -983,3 +983,35 @@ def test_a_model_still_loading_keeps_its_memory_from_the_next_pass_on(monkeypatc
     lines.update(a=(0, 1, 1))  # a registered (its memory taken: the machine's reading says so from now on)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: GIB // 2)
     assert sup.run_pass(0.8) == [] and set(sup.running) == {"a"}
+
+
+@pytest.mark.parametrize("idle, says", [("0", "never unloaded for being idle"), ("300", "unloaded after 300 s idle")])
+def test_ups_banner_says_what_idle_unload_s_does(monkeypatch, tmp_path, idle, says):
+    """``--idle-unload-s 0`` keeps an idle model (0: never); the banner said "unloaded after 0 s idle"."""
+    from click.testing import CliRunner
+
+    from slotserve import launcher
+    from slotserve.cli import main
+
+    class _Cluster:  # (starts nothing; supervise returns at once)
+        frontend, backend, http_url = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", None
+
+        def __init__(self, cfg) -> None:
+            pass
+
+        def start(self, should_stop=None) -> None:
+            pass
+
+        def supervise(self, should_stop, wakeup_fd=None) -> None:
+            pass
+
+        def stop(self, halt=False, wakeup_fd=None) -> None:
+            pass
+
+    monkeypatch.setattr(launcher, "LocalCluster", _Cluster)
+    monkeypatch.chdir(tmp_path)
+    for n in ("m1", "m2"):
+        (tmp_path / f"{n}.gguf").write_bytes(b"GGUF")
+    result = CliRunner().invoke(main, ["up", "--model", "m1.gguf", "--model", "m2.gguf", "--idle-unload-s", idle])
+    assert result.exit_code == 0, result.output
+    assert f"(at most 3 loaded, {says})" in result.output
