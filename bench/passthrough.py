@@ -124,7 +124,7 @@ class PassThroughBroker:
         elif op == "hello":
             self._control(self.front, identity, encode(self._welcome()))
         elif op == "status_query":
-            self._control(self.front, identity, encode(self._status()))
+            self._control(self.front, identity, encode(self._status(d.get("query", 0))))
 
     def _dispatch(self) -> None:
         queue, ready, workers = self.queue, self.ready, self.workers
@@ -198,12 +198,13 @@ class PassThroughBroker:
     def _welcome(self) -> Welcome:
         return Welcome(self.broker_id, self.heartbeat_interval_s, {s[0]: s[1] for s in self.workers.values()})
 
-    def _status(self) -> Status:
+    def _status(self, query: int = 0) -> Status:
         models: dict[str, ModelStatus] = {}
         for model, _, _, _, slots in self.workers.values():
             m = models.get(model, ModelStatus(len(self.queue), 0, 0, 0, 0))
             models[model] = m._replace(workers=m.workers + 1, slots_total=m.slots_total + slots)
-        return Status(self.broker_id, 0.0, models, (), len(self.clients), {"completed": self.completed})
+        return Status(self.broker_id, 0.0, models, (), len(self.clients), {"completed": self.completed},
+                      query=query)
 
 
 def passthrough_main(frontend: str, backend: str, ready) -> None:

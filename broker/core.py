@@ -125,10 +125,10 @@ class BrokerCore:
         elif isinstance(msg, Hello):
             clients.hello(cs, msg, now, out)
         elif isinstance(msg, StatusQuery):
-            out.send(Side.FRONTEND, identity, self.status(now))
+            out.send(Side.FRONTEND, identity, self.status(now, msg.query))
         elif isinstance(msg, ModelOrder):  # (answered by the status it makes: its state shows at once)
             self.demand.order(msg)
-            out.send(Side.FRONTEND, identity, self.status(now))
+            out.send(Side.FRONTEND, identity, self.status(now, msg.query))
         elif isinstance(msg, Demand):
             self.demand.said(msg)
         elif isinstance(msg, Bye):
@@ -270,8 +270,8 @@ class BrokerCore:
         """Samples of ``"ttft"`` or ``"latency"`` (seconds) since the last call."""
         return self._jobs.take(kind)
 
-    def status(self, now: float) -> Status:
-        """A snapshot for ``slotserve status``."""
+    def status(self, now: float, query: int = 0) -> Status:
+        """A snapshot for ``slotserve status``; ``query``: the number of the query it answers (its ``query``)."""
         models = {}
         loading = self.workers.loading_models()
         for name in sorted(set(self.queues) | set(self.models) | set(loading) | set(self.config.on_demand_models)):
@@ -291,4 +291,5 @@ class BrokerCore:
         on_demand = self.demand.states(models) if self.config.on_demand_models else {}
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
                       dict(self.counters), self._models.known_aliases(),
-                      {lw.name: lw.model for lw in self.workers.loading.values()}, on_demand, self.demand.pending())
+                      {lw.name: lw.model for lw in self.workers.loading.values()}, on_demand, self.demand.pending(),
+                      query)

@@ -24,6 +24,7 @@ intervals), with the tokens received, and is cancelled there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -163,6 +164,8 @@ class Client:
         self._status_lock = threading.Lock()
         self._status_reply: Status | None = None
         self._status_event = threading.Event()
+        self._queries = 0  # status queries and model orders sent (their numbers, from 1: Status.query)
+        self._asking = 0  # the number of the one whose answer _ask waits for (an earlier one's answer is not it)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._next_expiry_s = 0.0  # (I/O thread) when to look for overdue requests next
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"slotserve-{name}-callbacks",
@@ -318,9 +321,13 @@ class Client:
         return self._ask(StatusQuery(), timeout_s)
 
     def _ask(self, query: StatusQuery | ModelOrder, timeout_s: float) -> Status:
-        """Send ``query`` and wait for the :class:`Status` that answers it (one at a time)."""
+        """Send ``query`` and wait for the :class:`Status` that answers it (one at a time): the one that
+        carries its number (``query``), not an earlier query's answer that came after that one timed out."""
         self._not_on_dispatcher(f"{'status' if type(query) is StatusQuery else 'order'}()")
         with self._status_lock:
+            self._queries += 1
+            query = dataclasses.replace(query, query=self._queries)
+            self._asking = self._queries
             self._status_event.clear()
             self._raise_if_closed()
             self._conn.send(query)
@@ -552,8 +559,9 @@ class Client:
                 elif isinstance(msg, Error):
                     self._on_error(msg)
                 elif isinstance(msg, Status):
-                    self._status_reply = msg
-                    self._status_event.set()
+                    if msg.query == self._asking:  # (else a late answer to a query that timed out: dropped)
+                        self._status_reply = msg
+                        self._status_event.set()
                 elif isinstance(msg, _Overdue):
                     self._call(core.expire, msg.handles, time.monotonic())
                 elif isinstance(msg, _Broken):

@@ -50,7 +50,7 @@ from protocol.logprobs import TokenLogprob
 from protocol.request import RequestId, RequestParams
 from protocol.validation import echo
 
-PROTOCOL_VERSION = 15
+PROTOCOL_VERSION = 16
 """Bumped on any incompatible change; a peer with another version gets ``unsupported_version``.
 (2: one request definition, generic codec, records as arrays. 3: ``loading``;
 frame limits in ``welcome`` and ``register``; loading models in ``welcome`` and ``status``.
@@ -82,7 +82,10 @@ continued, a prefill), which a v12 peer would refuse to decode. 14: ``on_demand`
 model by them), a field a v13 peer would refuse to decode. 15: ``model_order`` (``POST /models/load|unload``
 through the broker) and ``demand`` (the supervisor's models on demand and the orders it took), ops a v14
 broker would refuse, and ``on_demand`` and ``orders`` in ``status`` (each model on demand's state, shown from
-the moment its load or unload is accepted), fields a v14 peer would refuse to decode.
+the moment its load or unload is accepted), fields a v14 peer would refuse to decode. 16: ``query`` in
+``status_query``, ``model_order`` and ``status`` (the client's number for a query, which the status
+that answers it carries: a late answer to an earlier query that timed out is not taken for the next
+one's), a field a v15 peer would refuse to decode.
 A record of the older shape, without its trailing fields, still decodes here, its new fields None.)"""
 
 
@@ -561,9 +564,12 @@ class Heartbeat(_Message):
 
 @dataclass(frozen=True, slots=True)
 class StatusQuery(_Message):
-    """C->B: ask for a :class:`Status` snapshot (``slotserve status``)."""
+    """C->B: ask for a :class:`Status` snapshot (``slotserve status``). ``query``: the client's number for
+    this query (from 1, growing; 0: none), which the status that answers it carries (``Status.query``):
+    an answer that comes after its query timed out is not taken for the next one's."""
 
     op: ClassVar[Op] = Op.STATUS_QUERY
+    query: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,6 +589,7 @@ class Status(_Message):
       the moment it is accepted (:mod:`broker.demand`).
     - ``orders``: the :class:`PendingOrder` s the supervisor has not taken yet (oldest first; one
       per model at most, the last order given: the last order wins).
+    - ``query``: the ``query`` of the ``status_query`` or ``model_order`` it answers (0: none given).
     """
 
     op: ClassVar[Op] = Op.STATUS
@@ -596,6 +603,7 @@ class Status(_Message):
     loading_workers: dict[str, str] = field(default_factory=dict)
     on_demand: dict[str, DemandState] = field(default_factory=dict)
     orders: tuple[PendingOrder, ...] = ()
+    query: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,11 +613,13 @@ class ModelOrder(_Message):
     ``action``: :class:`~protocol.enums.ModelAction`. The broker keeps it for its supervisor, which
     takes it at its next pass, and answers ``status``: its ``on_demand`` shows the order's state at
     once (``loading``, ``unloading``), its ``orders`` lists it (an order for a model that is not on
-    demand is not kept, and logged). The order is taken, not done: the state says when it is."""
+    demand is not kept, and logged). The order is taken, not done: the state says when it is.
+    ``query``: the client's number for it, as :class:`StatusQuery`'s (the status answering it carries it)."""
 
     op: ClassVar[Op] = Op.MODEL_ORDER
     model: str
     action: ModelAction
+    query: int = 0
 
 
 @dataclass(frozen=True, slots=True)
