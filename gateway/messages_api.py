@@ -16,7 +16,8 @@ Messages field              on the chat path
                             ``content`` a string or ``text`` blocks, none or ``[]`` taken as
                             Anthropic takes them; its ``tool_use_id`` that
                             of an earlier ``tool_use``, one result a call; a
-                            ``tool_use`` id is used once); an assistant's
+                            ``tool_use`` id is used once; each ``tool_use`` is
+                            answered in the next message); an assistant's
                             ``thinking`` / ``redacted_thinking`` blocks are left out; empty
                             content (``""``, ``[]``) only in a final assistant message, which
                             the answer continues (Anthropic's prefill: ``continue_final_message``;
@@ -121,7 +122,10 @@ def chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list
     ``tool_use_id`` is the id of no ``tool_use`` block before it (Anthropic refuses it: a result must
     answer a call), for a ``tool_use`` block whose id an earlier one has, and for a second
     ``tool_result`` of one call (Anthropic refuses both, in these words: "`tool_use` ids must be
-    unique", "each tool_use must have a single result")."""
+    unique", "each tool_use must have a single result"), and for a message whose ``tool_use`` blocks
+    the next message does not each answer with a ``tool_result`` (or that ends the conversation),
+    naming that message in Anthropic's words ("`tool_use` ids were found without `tool_result`
+    blocks immediately after")."""
     return chat_items(system, messages)[0]
 
 
@@ -132,6 +136,7 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
     origins: list[Origin] = []
     call_ids: set[str] = set()  # the ids of the tool_use blocks so far
     answered: set[str] = set()  # the tool_use_ids of the tool_result blocks so far
+    waiting: list[str] = []  # the ids of the previous message's tool_use blocks (the next one answers them)
     if system is not None and system != []:  # ([]: no system prompt, as Anthropic takes it; clients send it)
         out.append({"role": "system", "content": _text(system, "system")})
         origins.append(Origin("system", kind=ItemKind.INSTRUCTIONS))
@@ -148,6 +153,8 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                               f"{where}.content")
         final = role == "assistant" and i == len(messages) - 1  # (a prefill: the answer continues it)
         if isinstance(content, str):
+            if waiting:  # (a string answers no call)
+                raise _unanswered(waiting, f"messages.{i - 1}")
             if final:
                 _check_prefill(content, f"{where}.content")
             out.append({"role": role, "content": content})
@@ -184,12 +191,14 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
                 _check_fields(block, at, _THINKING[kind])  # (left out of the chat: checked, not used)
             else:
                 raise unsupported_field(f"{at}.type", f"{_WHAT} ({role} content blocks: {allowed}; not {echo(kind)})")
+        if waiting:  # (the previous message's calls: each answered by a tool_result of this one)
+            missing = [c for c in waiting if c not in {r["tool_call_id"] for r in results}]
+            if missing:
+                raise _unanswered(missing, f"messages.{i - 1}")
+        waiting = [c["id"] for c in calls]
         if final:
             if calls:  # (a continued message ends at its text: a template writes the calls after it)
-                raise bad_request(f"`tool_use` ids were found without `tool_result` blocks immediately after: "
-                                  f"{clip(', '.join(c['id'] for c in calls))}. Each `tool_use` block must have a "
-                                  "corresponding `tool_result` block in the next message; send the results in a user "
-                                  "message after this one", where)
+                raise _unanswered(waiting, where)
             _check_prefill("".join(texts), last_text)
         out += results
         origins += answers
@@ -197,6 +206,14 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
             out.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
             origins.append(Origin(where, tuple(uses)))
     return out, origins
+
+
+def _unanswered(ids: list[str], where: str) -> APIError:
+    """400 naming ``where`` (the message whose ``tool_use`` blocks ``ids`` the next message does not
+    answer, or that ends the conversation), in Anthropic's words."""
+    return bad_request(f"`tool_use` ids were found without `tool_result` blocks immediately after: "
+                       f"{clip(', '.join(ids))}. Each `tool_use` block must have a corresponding `tool_result` block "
+                       "in the next message; send the results in a user message right after this one", where)
 
 
 def _check_prefill(text: str, field: str) -> None:

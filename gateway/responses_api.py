@@ -13,7 +13,8 @@ Responses field            on the chat path
                            answers), ``function_call`` items (the assistant's
                            ``tool_calls``, joined to the assistant message before them),
                            ``function_call_output`` items (``tool`` messages; each answers a
-                           ``function_call`` before it, here or in the previous response;
+                           ``function_call`` before it, here or in the previous response,
+                           and each call is answered before the next message or turn;
                            ``output`` a string, ``""`` taken, or parts: ``[]`` is a 400);
                            ``reasoning`` items are left out (chat templates drop past thinking)
 ``instructions``           a ``system`` message first (not carried to the next response)
@@ -165,7 +166,10 @@ def input_messages(value: str | list[dict], earlier: list[dict] | tuple = ()) ->
     an item it does not take, a message item whose content is an empty array (OpenAI's rule), or for a
     ``function_call_output`` whose ``call_id`` is the id of no ``function_call`` before it, in ``input``
     or ``earlier`` (OpenAI's rule and message), or whose call an earlier output answers already (the
-    chat path's rule, OpenAI's: one answer a call)."""
+    chat path's rule, OpenAI's: one answer a call), and for a ``function_call`` (of ``input``, or the
+    last turn of ``earlier``) that no output answers before the next message item, the next turn's
+    call or the input's end (OpenAI's "No tool output found for function call ...": the chat path's
+    rule, :class:`protocol.chat.Answers`, in the Responses API's words)."""
     return input_items(value, earlier)[0]
 
 
@@ -174,8 +178,13 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
     if isinstance(value, str):
         return [{"role": "user", "content": value}], [Origin("input")]
     call_ids = {call["id"] for m in earlier for call in m.get("tool_calls") or ()}
-    answered: dict[str, str] = {m["tool_call_id"]: "the stored conversation (previous_response_id)"
-                                for m in earlier if m.get("role") == "tool"}  # a call's id -> where it is answered
+    answered: dict[str, str] = {m["tool_call_id"]: _STORED for m in earlier if m.get("role") == "tool"}
+    # ^ a call's id -> where it is answered
+    waiting: dict[str, str] = {}  # the calls of the last assistant turn not answered yet: id -> its field
+    for m in earlier:  # (the stored response's own calls await their outputs in this input)
+        if m.get("tool_calls"):
+            waiting = {call["id"]: "input" for call in m["tool_calls"]}
+        waiting.pop(m.get("tool_call_id"), None)
     out: list[dict] = []
     origins: list[Origin] = []
     for i, item in enumerate(value):
@@ -183,6 +192,8 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
         kind = entry_type(item, where, "an input item", _ITEMS, default="message")
         if kind in _ITEM_KEYS:
             _check_keys(item, where, _ITEM_KEYS[kind])
+        if waiting and (kind == "message" or kind == "function_call" and out[-1:] and out[-1]["role"] != "assistant"):
+            raise _no_output(waiting)  # (another turn before the calls' outputs: a template writes each after its call)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -205,6 +216,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
                 origins.append(Origin(None, (where,)))
             call_ids.add(call["id"])
             answered.pop(call["id"], None)  # (a call made again may be answered again)
+            waiting[call["id"]] = where
         elif kind == "function_call_output":
             call_id = _call_id(item, where)
             if call_id not in call_ids:
@@ -215,6 +227,7 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
                                   "call already; one function_call_output answers a call, leave the second out",
                                   f"{where}.call_id")
             answered[call_id] = f"input[{i}]"
+            waiting.pop(call_id, None)
             if item.get("output") == []:  # (as a message's content []: OpenAI's rule, an array of at least one part)
                 raise empty_content(f"{where}.output", "input_text part")
             out.append({"role": "tool", "tool_call_id": call_id,
@@ -222,7 +235,24 @@ def input_items(value: str | list[dict], earlier: list[dict] | tuple = ()) -> tu
             origins.append(Origin(where, kind=ItemKind.TOOL_OUTPUT))
         elif kind != "reasoning":
             raise unsupported_field(f"{where}.type", f"{_WHAT} (input items: {_ITEMS}; not {echo(kind)})")
+    if waiting:
+        raise _no_output(waiting)
     return out, origins
+
+
+_STORED = "the stored conversation (previous_response_id)"
+
+
+def _no_output(waiting: dict[str, str]) -> APIError:
+    """400 for the first of the calls ``waiting`` (a call's id -> its ``function_call`` item's field,
+    ``input.1``, or ``input`` for a call of the stored response) that no ``function_call_output`` answers
+    before the next message item or turn, or before the input ends, in OpenAI's words ("No tool output
+    found for function call ..."), naming the call's item."""
+    call_id, field = next(iter(waiting.items()))
+    item = _STORED if field == "input" else field.replace("input.", "input[") + "]"
+    return bad_request(f"No tool output found for function call {clip(call_id)}. Each function_call ({item}) needs "
+                       "a function_call_output item with its call_id after it, before the next message; send the "
+                       "call's output, or leave the call out", field)
 
 
 def _call_id(item: dict, where: str) -> str:

@@ -44,7 +44,7 @@ from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
 from gateway.tokenizer import Tokenizer, Tokenizers
 from gateway.tools import render_messages, tool_plan
-from protocol.request import ChatMessage, continued_calls
+from protocol.request import ChatMessage
 from protocol.tools import check_tool_calls
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -88,8 +88,7 @@ class TokenizeEndpoints:
         messages, tools, extra = None, None, None
         if body.messages is not None:  # the chat as a chat request's: its checks, its tools, the worker's dicts
             messages = _worker_messages(render_messages(chat_messages(body), body.messages))
-            if body.continue_final_message and messages[-1].get("tool_calls"):  # (the request's rule)
-                raise bad_request(continued_calls(len(messages) - 1), "continue_final_message")
+            # (a final message with calls, continued or not, is refused there: its calls are unanswered)
             plan = tool_plan(body)
             tools = None if plan is None else plan.definitions()
             text = template_option(body).get("chat_template_kwargs")

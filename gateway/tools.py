@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import bad_request, unknown_key
+from gateway.errors import APIError, bad_request, unknown_key
 from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
@@ -171,9 +171,10 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
     (the worker renders them), a ``tool`` message's ``tool_call_id`` checked and carried, and a
     message's ``name`` carried (templates read them: Mistral's the id, others the tool's name;
     :class:`protocol.request.ChatMessage`). 400 naming the message for a malformed call or id,
-    and for a tool message that breaks the rule of answers every entry point keeps
-    (:class:`protocol.chat.Answers`: no ``tool_call_id``, the id of no call in an earlier assistant
-    message, a call answered twice), in its words, the messages named ``messages[3]``."""
+    and for a message that breaks the rule of answers every entry point keeps
+    (:class:`protocol.chat.Answers`: a tool message without ``tool_call_id``, with the id of no call in an
+    earlier assistant message, or answering a call answered already; an assistant message whose calls the
+    tool messages right after it do not all answer), in its words, the messages named ``messages[3]``."""
     out = []
     answers = Answers()
     for i, (m, r) in enumerate(zip(messages, raw)):
@@ -189,8 +190,7 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
         try:
             answers.check(i, m["role"], (c["id"] for c in m.get("tool_calls", ())), call_id or "")
         except AnswerError as e:
-            raise bad_request(e.said(lambda j: f"messages[{j}]", f"messages[{i}].tool_call_id"),
-                              f"messages.{i}.tool_call_id") from None
+            raise _answer_error(e) from None
         if m["role"] == "tool":
             m = {**m, "tool_call_id": call_id}
         name = getattr(r, "name", None)
@@ -200,7 +200,20 @@ def render_messages(messages: list[dict], raw: list) -> list[dict]:
                                   f"messages.{i}.name")
             m = {**m, "name": name}
         out.append(m)
+    try:
+        answers.end()
+    except AnswerError as e:
+        raise _answer_error(e) from None
     return out
+
+
+def _answer_error(e: AnswerError) -> APIError:
+    """The 400 of ``e``, in the words of every entry point (the messages named ``messages[2]``): its
+    ``param`` the tool message's ``tool_call_id`` (``messages.3.tool_call_id``), or the ``tool_calls`` of
+    the assistant message whose calls are unanswered (``messages.1.tool_calls``)."""
+    field = "tool_calls" if e.unanswered else "tool_call_id"
+    return bad_request(e.said(lambda j: f"messages[{j}]", f"messages[{e.index}].{field}"),
+                       f"messages.{e.index}.{field}")
 
 
 def _checked_call(call: Any, where: str) -> dict:

@@ -140,18 +140,31 @@ def template_error(exc: Exception, continue_final_message: bool = False) -> Valu
 
 
 class AnswerError(ValueError):
-    """A ``tool`` message refused by :class:`Answers`: ``index``, the message; ``call_id``, its
+    """A message refused by :class:`Answers`: ``index``, the message; ``call_id``, its
     ``tool_call_id`` (``""``: none); ``earlier``, for a call answered twice the index of the tool
-    message that answered it first (else None). ``str(e)`` names the messages as the Python SDK
-    and the wire do (``chat message 3 tool_call_id: ...``); :meth:`said` as another entry point does."""
+    message that answered it first (else None); ``unanswered``, for an assistant message (``index``)
+    whose calls the tool messages after it do not all answer, the ids of those calls (``""`` for
+    one sent without an id; else empty), and ``after`` the message that came instead (None: the
+    chat ended). ``str(e)`` names the messages as the Python SDK and the wire do (``chat message 3
+    tool_call_id: ...``); :meth:`said` as another entry point does."""
 
-    def __init__(self, index: int, call_id: str, earlier: int | None = None) -> None:
-        self.index, self.call_id, self.earlier = index, call_id, earlier
-        super().__init__(self.said(lambda i: f"chat message {i}", f"chat message {index} tool_call_id"))
+    def __init__(self, index: int, call_id: str, earlier: int | None = None, *, unanswered: tuple[str, ...] = (),
+                 after: int | None = None) -> None:
+        self.index, self.call_id, self.earlier, self.unanswered, self.after = index, call_id, earlier, unanswered, after
+        field = f"chat message {index} {'tool_calls' if unanswered else 'tool_call_id'}"
+        super().__init__(self.said(lambda i: f"chat message {i}", field))
 
     def said(self, message: Callable[[int], str], field: str) -> str:
-        """The refusal, a message named ``message(i)`` (``messages[2]``) and the tool message's
-        ``tool_call_id`` named ``field`` (``messages[3].tool_call_id``)."""
+        """The refusal, a message named ``message(i)`` (``messages[2]``) and the field at fault named
+        ``field``: the tool message's ``tool_call_id`` (``messages[3].tool_call_id``), or the assistant
+        message's ``tool_calls`` when some are unanswered (``messages[1].tool_calls``)."""
+        if self.unanswered:
+            ids = ", ".join(echo(c) if c else "(a call sent without an id)" for c in self.unanswered)
+            where = "before the chat ends" if self.after is None else f"before {message(self.after)}"
+            return (f"{field}: An assistant message with 'tool_calls' must be followed by tool messages responding "
+                    f"to each 'tool_call_id'. The following tool_call_ids did not have response messages: {ids}; "
+                    f"send a tool message answering each right after {message(self.index)} ({where}), or leave "
+                    "the calls out")
         if not self.call_id:
             return (f"{field}: a tool message needs the tool_call_id of the call it answers; give the id of that "
                     "call (the assistant message's tool_calls[].id)")
@@ -163,29 +176,42 @@ class AnswerError(ValueError):
 
 
 class Answers:
-    """The rule of a ``tool`` message's ``tool_call_id``, fed a chat's messages in order
-    (:meth:`check`), one rule at every entry point: the HTTP chat route and ``/tokenize``
-    (:func:`gateway.tools.render_messages`), the Python SDK, ``slotserve run``'s rows and the wire
-    (:class:`protocol.request.RequestParams`' chat prompt).
+    """The rule of a ``tool`` message's ``tool_call_id`` and of an assistant message's calls, fed a
+    chat's messages in order (:meth:`check`, then :meth:`end`), one rule at every entry point: the
+    HTTP chat route and ``/tokenize`` (:func:`gateway.tools.render_messages`), the Python SDK,
+    ``slotserve run``'s rows and the wire (:class:`protocol.request.RequestParams`' chat prompt).
 
     A tool message names the call it answers: a ``tool_call_id`` (OpenAI requires it) that is the
     id of a call of an earlier assistant message (OpenAI and Anthropic refuse a result that answers
     no call the model made; a call sent without an id, ``""``, may be answered by any id), and one
     tool message answers a call (OpenAI: "Duplicate value for 'tool_call_id'"); a call made again
-    later, by its id, may be answered again. The ``/v1/responses`` and ``/v1/messages`` routes check
-    their items first, in their vendors' words."""
+    later, by its id, may be answered again. An assistant message's calls are each answered by the
+    tool messages right after it, before any other message and before the chat ends (OpenAI: "An
+    assistant message with 'tool_calls' must be followed by tool messages responding to each
+    'tool_call_id'"; Anthropic: "`tool_use` ids were found without `tool_result` blocks immediately
+    after"): a chat template writes a call's result after it, and a call left unanswered is a
+    conversation the model never saw. The ``/v1/responses`` and ``/v1/messages`` routes check their
+    items first, in their vendors' words."""
 
     def __init__(self) -> None:
         self.made: set[str] = set()  # the ids of the calls so far ("" for a call sent without one)
         self.answered: dict[str, int] = {}  # a call's id -> the tool message that answered it, since the call was made
+        self.waiting: list[str] = []  # the ids of the last assistant message's calls not answered yet, in order
+        self.asked = 0  # the index of that assistant message
 
     def check(self, i: int, role: str, call_ids: Iterable[str], tool_call_id: str) -> None:
         """Take chat message ``i``: its ``role``, the ids of its tool calls, its ``tool_call_id``
         (``""``: none). :class:`AnswerError` for a tool message without an id, with the id of no
-        earlier call, or answering a call a tool message answered already."""
-        for call_id in call_ids:
+        earlier call, or answering a call a tool message answered already, and for another message
+        while calls of the assistant message before it are unanswered."""
+        if role != "tool" and self.waiting:
+            raise AnswerError(self.asked, "", unanswered=tuple(self.waiting), after=i)
+        calls = list(call_ids)
+        for call_id in calls:
             self.made.add(call_id)
             self.answered.pop(call_id, None)
+        if calls:
+            self.waiting, self.asked = calls, i
         if role != "tool":
             return
         if not tool_call_id or tool_call_id not in self.made and "" not in self.made:
@@ -194,3 +220,13 @@ class Answers:
             raise AnswerError(i, tool_call_id, self.answered[tool_call_id])
         if tool_call_id in self.made:
             self.answered[tool_call_id] = i
+        if tool_call_id in self.waiting:
+            self.waiting.remove(tool_call_id)
+        elif "" in self.waiting:  # (a call sent without an id: any id answers it)
+            self.waiting.remove("")
+
+    def end(self) -> None:
+        """The chat ended after the messages taken: :class:`AnswerError` when calls of its last
+        assistant message are unanswered."""
+        if self.waiting:
+            raise AnswerError(self.asked, "", unanswered=tuple(self.waiting))

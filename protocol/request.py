@@ -53,7 +53,7 @@ from protocol.validation import (
 __all__ = ["DEFAULT", "GREEDY", "GREEDY_BELOW", "KIND_REFUSALS", "LOGIT_BIAS_BOUND", "MAX_LOGIT_BIAS",
            "MAX_REQUEST_ID_CHARS", "MAX_MESSAGE_NAME_CHARS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PENALTY_BOUND",
            "ROW_ALIASES", "ChatMessage", "ModelLimits", "RequestId", "RequestParams", "SamplingParams",
-           "check_request_id", "check_stop_token", "continued_calls", "from_wire", "from_wire_plain", "split_stop",
+           "check_request_id", "check_stop_token", "from_wire", "from_wire_plain", "split_stop",
            "to_wire"]
 
 DEFAULT = "default"
@@ -282,6 +282,7 @@ def _messages(items: list | tuple, field: str) -> tuple[ChatMessage, ...]:
                                check_tool_calls(calls, f"chat message {i} tool_calls") if calls else (),
                                call_id, name))
         answers.check(i, out[-1].role, (c.id for c in out[-1].tool_calls), call_id)
+    answers.end()  # (the last assistant message's calls answered too)
     return tuple(out)
 
 
@@ -961,9 +962,7 @@ def _checked(cls: type[RequestParams], args: tuple, options: dict[str, Any]) -> 
 def _check_chat_ending(params: RequestParams) -> None:
     """The rules of ``continue_final_message`` and ``add_generation_prompt``: ValueError naming the
     field for either on a prompt that is no chat, both true (vLLM's rule and words: the prompt cannot
-    both continue its final message and open a new one), or a continued final message with tool calls
-    (a template writes them after the message's text, where the continuation cuts it: they would be
-    lost)."""
+    both continue its final message and open a new one)."""
     name = "continue_final_message" if params.continue_final_message else "add_generation_prompt"
     if type(params.prompt) is str or type(params.prompt[0]) is not ChatMessage:
         raise ValueError(f"{name} needs a chat prompt (a list of messages), not text or token ids")
@@ -973,17 +972,8 @@ def _check_chat_ending(params: RequestParams) -> None:
         raise ValueError("continue_final_message: cannot set both `continue_final_message` and `add_generation_prompt` "
                          "to true: the prompt either continues its final message or opens a new one; leave "
                          "add_generation_prompt out")
-    if params.prompt[-1].tool_calls:
-        raise ValueError(continued_calls(len(params.prompt) - 1))
-
-
-def continued_calls(index: int) -> str:
-    """The words for a chat whose final message, ``chat message index``, has tool calls and is to be
-    continued (``continue_final_message``): refused, as its calls would be lost (every entry point that
-    renders a chat: the request, ``/tokenize``)."""
-    return (f"continue_final_message: the final message (chat message {index}) has tool calls, which a continued "
-            "message cannot keep (the template writes them after its text); continue a message without calls, or "
-            "answer the calls in a tool message")
+    # (a final message with tool calls, which a continuation would cut off, is refused with the prompt:
+    # its calls are unanswered, protocol.chat.Answers)
 
 
 _EMBED_FIELDS = frozenset({"prompt", "max_tokens", "stop_token", "priority", "timeout_s", "kind"})

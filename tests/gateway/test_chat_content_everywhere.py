@@ -35,7 +35,9 @@ TAKEN = {
                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
     "blank arguments": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
                                                            "tool_calls": [_call(""), _call(None, "c2"), _call(cid="c3")]},
-                        {"role": "tool", "tool_call_id": "c1", "content": "noon"}],
+                        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+                        {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+                        {"role": "tool", "tool_call_id": "c3", "content": "noon"}],  # (each call answered)
 }
 
 

@@ -161,7 +161,8 @@ def test_the_sdk_and_jsonl_rows_continue_the_final_message(stack):
     ({"continue_final_message": True, "_prompt": CHAT[:1] + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
-     "continue_final_message: the final message (chat message 1) has tool calls"),
+     "chat message 1 tool_calls: An assistant message with 'tool_calls' must be followed by tool messages"),
+    # ^ (a final message's calls are unanswered, whether it is continued or not: protocol.chat.Answers)
 ])
 def test_the_request_refuses_what_it_cannot_render(options, says):
     prompt = options.pop("_prompt", CHAT)

@@ -315,7 +315,8 @@ def test_a_running_response_dropped_by_the_bounds_is_stored_unless_it_was_delete
                 {"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "{}"}]},
      "input.0.call_id", "invalid_value"),  # (the call comes after its output)
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "bad name",
-                                                   "arguments": "{}"}], "instructions": "Be brief."},
+                                                   "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "1"}], "instructions": "Be brief."},
      "input.1.name", "invalid_value"),  # (the chat path's check: its message index -- 2 -- as the item's; was "input")
     ({"input": [{"type": "function_call", "call_id": "c" * 300, "name": "get_time", "arguments": "{}"},
                 {"type": "reasoning", "id": "rs_1", "summary": []},
@@ -393,7 +394,8 @@ def test_a_chat_messages_error_names_the_item_it_came_from():
         {"role": "assistant", "content": "let me see"},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
         {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c2", "output": "2"}]}).encode())
+        {"type": "function_call_output", "call_id": "c2", "output": "2"},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"}]}).encode())
     first.answer({"choices": [{"finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": "ok", "tool_calls": [
             {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
@@ -402,9 +404,11 @@ def test_a_chat_messages_error_names_the_item_it_came_from():
     later.chat_body(json.dumps({"model": "m", "instructions": "Be brief.", "previous_response_id": first.id,
                                 "input": [{"type": "function_call_output", "call_id": "c3", "output": "3"},
                                           {"type": "function_call", "call_id": "c4", "name": "f", "arguments": "{}"},
+                                          {"type": "function_call_output", "call_id": "c4", "output": "4"},
                                           {"role": "user", "content": "more"}]}).encode())
     later.on_chat_path = True
-    # the chat: instructions, hi, let me see + c1 + c2, tool c2, ok + c3 (output 0, 1), tool c3, c4, more
+    # the chat: instructions, hi, let me see + c1 + c2, tool c2, tool c1, ok + c3 (output 0, 1), tool c3, c4,
+    # tool c4, more
     stored = f" of stored response {first.id}"
     for param, message, want_param, want_message in [
         ("messages.0.content", "messages[0].content is bad", "instructions", "instructions is bad"),
@@ -413,13 +417,15 @@ def test_a_chat_messages_error_names_the_item_it_came_from():
         ("messages.2.tool_calls", "bad", "input", f"input[3]{stored}: bad"),
         ("messages.2.role", "bad", "input", f"input[2].role{stored}: bad"),
         ("messages.3.tool_call_id", "bad", "input", f"input[5].call_id{stored}: bad"),
-        ("messages.4.content", "bad", "input", f"output[0].content{stored}: bad"),
-        ("messages.4.tool_calls.0.id", "bad", "input", f"output[1].call_id{stored}: bad"),
-        ("messages.5.content", "bad", "input.0.output", "input[0].output: bad"),
-        ("messages.6.tool_calls.0.function.name", "bad", "input.1.name", "input[1].name: bad"),
-        ("messages.6", "bad", "input.1", "input[1]: bad"),
-        ("messages.7.content.0", "bad", "input.2.content", "input[2].content: bad"),
-        ("messages.8.content", "messages.8.content is bad", "input", "input is bad"),  # (no message 8)
+        ("messages.4.tool_call_id", "bad", "input", f"input[6].call_id{stored}: bad"),
+        ("messages.5.content", "bad", "input", f"output[0].content{stored}: bad"),
+        ("messages.5.tool_calls.0.id", "bad", "input", f"output[1].call_id{stored}: bad"),
+        ("messages.6.content", "bad", "input.0.output", "input[0].output: bad"),
+        ("messages.7.tool_calls.0.function.name", "bad", "input.1.name", "input[1].name: bad"),
+        ("messages.7", "bad", "input.1", "input[1]: bad"),
+        ("messages.8.tool_call_id", "bad", "input.2.call_id", "input[2].call_id: bad"),
+        ("messages.9.content.0", "bad", "input.3.content", "input[3].content: bad"),
+        ("messages.10.content", "messages.10.content is bad", "input", "input is bad"),  # (no message 10)
         ("messages", "messages is bad", "input", "input is bad"),
         ("max_tokens", "max_tokens is bad", "max_output_tokens", "max_output_tokens is bad"),
     ]:
@@ -507,15 +513,18 @@ def test_input_items_become_chat_messages():
         call, {**call, "call_id": "c2"},
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "1"}]},
-        call,
+        {"type": "function_call_output", "call_id": "c2", "output": "2"},
+        call, {"type": "function_call_output", "call_id": "c1", "output": "3"},  # (a call made again, answered again)
     ]) == [
         {"role": "system", "content": "rules"},
         {"role": "assistant", "content": "ok", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
             {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "tool", "tool_call_id": "c2", "content": "2"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
     ]
     with pytest.raises(APIError) as e:
         input_messages([{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}])

@@ -115,12 +115,16 @@ def test_a_tool_message_answering_no_earlier_call_is_a_400(http, messages, param
     assert not http.scripted.submitted
 
 
-def test_tool_messages_answering_earlier_calls_are_taken(http):
+def test_tool_messages_answering_the_calls_before_them_are_taken(http):
     two = [good_call(), good_call(id="c2")]
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": two},
-                {"role": "tool", "tool_call_id": "c2", "content": "1"}, {"role": "user", "content": "and?"},
-                {"role": "tool", "tool_call_id": "c1", "content": "2"}]  # (any earlier call, in any order)
+                {"role": "tool", "tool_call_id": "c2", "content": "1"},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]  # (in any order)
     assert chat(http, tools=[WEATHER], messages=messages).status_code == 200
+    # a call answered after another message is not (OpenAI's rule: tests/gateway/test_unanswered_calls.py)
+    late = messages[:3] + [{"role": "user", "content": "and?"}, messages[3]]
+    e = error_of(chat(http, tools=[WEATHER], messages=late), 400)
+    assert e["param"] == "messages.1.tool_calls" and "'c1'" in e["message"], e
 
 
 @pytest.mark.parametrize("arguments", ["", "  ", None, "absent"])

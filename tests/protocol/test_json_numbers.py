@@ -36,9 +36,12 @@ def _tool(parameters) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
 
 
+ANSWER = {"role": "tool", "tool_call_id": "c1", "content": "ok"}  # (a call is answered right after it: Answers)
+
+
 def _called(arguments) -> list[dict]:
     return CHAT + [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}]
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}, ANSWER]
 
 
 # ---------------------------------------------------------------------- the reading

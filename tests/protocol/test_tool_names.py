@@ -24,8 +24,9 @@ def _tools(name: str) -> list[dict]:
     return [{"type": "function", "function": {"name": name}}]
 
 
-def _called(call) -> list[dict]:
-    return CHAT + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+def _called(call) -> list[dict]:  # (the call answered right after it, as every chat's must be: Answers)
+    return CHAT + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "noon"}]
 
 
 @pytest.mark.parametrize("name", NEWLINE_NAMES)

@@ -242,9 +242,12 @@ ESCAPE = "\\ud800"  # the six characters of the escape, as JSON text writes it
 HISTORY = [{"role": "user", "content": "hi"}]
 
 
+ANSWER = {"role": "tool", "tool_call_id": "c1", "content": "ok"}  # (a call is answered right after it: Answers)
+
+
 def _called(arguments) -> list[dict]:
     return HISTORY + [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}]
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}, ANSWER]
 
 
 def _tool(description: str) -> list[dict]:
