@@ -9,6 +9,8 @@ HTTP thread only reads them (prometheus-client's metrics are thread-safe).
 - ``slotserve_slots_busy{model}`` / ``slotserve_slots_total{model}``: slots
   holding a request / registered, over that model's workers.
 - ``slotserve_workers{model}``: registered workers.
+  (These four for each model of the broker's ``status``: a name it no longer lists -- requests queued
+  under an alias before its worker announced it, which then joined its model's queue -- has none.)
 - ``slotserve_requests_total{event}``: submitted, completed, cancelled,
   deadline, errors, queue_full, requeued, duplicates (monotonic).
 - ``slotserve_tokens_total``: generated tokens routed to clients.
@@ -65,6 +67,7 @@ class BrokerMetrics:
         self.latency = Histogram("slotserve_request_latency_seconds", "Submit to ending, seen by the broker",
                                  buckets=_BUCKETS_S, registry=r)
         self._last = {}
+        self._models: set[str] = set()  # the models with series (the last status's)
         self.prefix_caches = PrefixCacheCollector()
         r.register(self.prefix_caches)
         try:
@@ -81,6 +84,10 @@ class BrokerMetrics:
             self.slots_busy.labels(name).set(m.slots_busy)
             self.slots_total.labels(name).set(m.slots_total)
             self.workers.labels(name).set(m.workers)
+        for name in self._models.difference(st.models):  # (a name no longer listed: an alias's queue merged)
+            for gauge in (self.queue_depth, self.slots_busy, self.slots_total, self.workers):
+                gauge.remove(name)
+        self._models = set(st.models)
         c = st.counters
         for event in _EVENTS:
             self.requests.labels(event).inc(c[event] - self._last.get(event, 0))

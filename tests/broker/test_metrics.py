@@ -56,3 +56,30 @@ def test_metrics_endpoint_reports_the_broker_state():
     assert m[("slotserve_ttft_seconds_count", ())] == 20
     assert m[("slotserve_request_latency_seconds_count", ())] == 20
     assert m[("slotserve_request_latency_seconds_sum", ())] >= m[("slotserve_ttft_seconds_sum", ())] > 0
+
+
+def test_a_name_the_status_no_longer_lists_has_no_series():
+    """A request for an alias nobody has announced yet (within the start-up grace) queues under that name,
+    which the status lists with its queue; once a worker registers the alias, its requests join the
+    model's queue and the name is no longer listed. Its series went on saying the last value seen
+    (``slotserve_queue_depth{model="alias"} 1`` for good, and its slots and workers) while nothing
+    waited under it; now a name the status no longer lists has no series, as the prefix-cache ones."""
+    from broker.metrics import BrokerMetrics
+    from protocol.messages import Register, Submit
+    from tests.support.cores import C1, INFO, W1, make_core
+    from tests.support.messages import envelope
+
+    core = make_core(register_grace_s=10.0)
+    metrics = BrokerMetrics(0)
+    try:
+        core.on_frontend(C1, Submit("alias", [envelope("r", [1], 5)]), 0.1)
+        metrics.update(core, 0.1)
+        depth = lambda model: metrics.registry.get_sample_value("slotserve_queue_depth", {"model": model})  # noqa: E731
+        assert depth("alias") == 1
+        core.on_backend(W1, Register("m", 2, 2, INFO, "w1", aliases=("alias",)), 0.2)
+        metrics.update(core, 0.2)
+        assert "alias" not in core.status(0.2).models and depth("m") == 0
+        for name in ("slotserve_queue_depth", "slotserve_slots_busy", "slotserve_slots_total", "slotserve_workers"):
+            assert metrics.registry.get_sample_value(name, {"model": "alias"}) is None, name  # (was 1, 0, 0, 0)
+    finally:
+        metrics.close()
