@@ -45,7 +45,7 @@ from protocol.messages import EmbeddingVector, Envelope, Finished, Iteration, Lo
 from worker.admission import Admission
 from worker.config import WorkerConfig
 from worker.engine import BatchInferenceEngine
-from worker.errors import LoadInterrupted, ModelLoadError
+from worker.errors import LoadInterrupted, ModelFileError, ModelLoadError
 from worker.link import READY, STOP, WAKE, serve_broker
 from worker.warmup import needs_warmup, warm_up
 
@@ -553,37 +553,21 @@ def error_words(err: BaseException) -> str:
 
 def _load_failure(model: str, err: BaseException) -> str:
     """What clients read of a failed load of ``model`` (its served name) that raised ``err`` (from
-    :func:`worker.models.load_model`, any exception): a short cause in
-    slotserve's words -- never ``err``'s text, which names the server's paths and speaks a
-    library's internals (the log has it: :class:`~worker.errors.ModelLoadError`'s message). A file
-    that is missing, unreadable or not a model's (:mod:`worker.models.names`' checks, a GGUF file's
-    header, an ``OSError``, JSON that does not parse: ``err`` or an exception it wraps): its files;
-    anything else a ``ValueError`` says (a configuration transformers' or slotserve's checks refuse,
-    options that do not fit it): its configuration; else an unexpected error. Returns one line,
-    ``"model 'x' failed to load: <cause>"``; raises nothing."""
-    import json
-
-    def unreadable(e: BaseException | None, depth: int = 0) -> bool:  # e or what it wraps says so
-        if e is None or depth > 8:
-            return False
-        tb = e.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        where = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
-        return isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError)) or where in _FILE_CHECKS \
-            or unreadable(e.__cause__ or e.__context__, depth + 1)
-
-    if unreadable(err):
+    :func:`worker.models.load_model`, any exception): a short cause in slotserve's words -- never
+    ``err``'s text, which names the server's paths and speaks a library's internals (the log has it:
+    :class:`~worker.errors.ModelLoadError`'s message) -- chosen by ``err``'s type: a
+    :class:`~worker.errors.ModelFileError` (a file missing, unreadable, cut short, corrupt or not a
+    model's, where the loader found it so) or an ``OSError`` (a file the system would not give):
+    its files; any other ``ValueError`` (a configuration transformers' or slotserve's checks refuse,
+    options that do not fit it; transformers' validators, which wrap one): its configuration; else
+    an unexpected error. Returns one line, ``"model 'x' failed to load: <cause>"``; raises nothing."""
+    if isinstance(err, (ModelFileError, OSError)):
         cause = "its files could not be read (missing, unreadable, cut short or not a model's)"
     elif isinstance(err, ValueError) or isinstance(err.__cause__, ValueError):  # (transformers' validators wrap one)
         cause = "its configuration is not valid (or the server's options for it do not fit it)"
     else:
         cause = "an unexpected error"
     return f"model {model!r} failed to load: {cause}"
-
-
-_FILE_CHECKS = ("worker.models.names", "worker.models.gguf_header")
-"""The modules whose ``ValueError`` says a model's file is missing, unreadable or not a model's."""
 
 
 def _refusal(key: int, err: BaseException) -> Finished:

@@ -10,12 +10,17 @@ config file at '/tmp/.../broken/config.json' is not a valid JSON file", "Class v
 validator 'validate_architecture': ...", "cannot read GGUF file '/tmp/.../bad.gguf': ...".
 
 The worker's words for each broken model (a folder whose config.json is no JSON, a config that
-transformers' validation refuses, a GGUF file cut short, a folder that does not exist), then every
-route through one in-process stack (broker and worker on threads, the gateway's whole app): a
-request waits for a model on demand while its worker loads it, and ends with the worker's words."""
+transformers' validation refuses, a GGUF file cut short, a folder that does not exist; every other
+kind of file fault: tests/worker/test_model_file_faults.py), then every route through one in-process
+stack (broker and worker on threads, the gateway's whole app): a request waits for a model on demand
+while its worker loads it, and ends with the worker's words. Streamed too: the gateway has sent
+nothing yet when the load fails, so a request with ``stream: true`` gets the same 500 JSON error, no
+event stream; the client SDK's streams (``on_token``/``on_text`` callbacks, ``AsyncClient.stream``)
+end ``worker_failed`` with the same words, no token or text before."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -25,10 +30,11 @@ pytest.importorskip("transformers")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from client import Client  # noqa: E402
+from client import AsyncClient, Client, RemoteError  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizer  # noqa: E402
+from protocol.enums import ErrorCode, FinishReason  # noqa: E402
 from tests.support.cluster import ThreadCluster, ThreadWorker  # noqa: E402
 from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
@@ -69,9 +75,9 @@ def test_the_goodbye_of_a_failed_load_is_in_slotserves_words_and_the_detail_stay
         assert str(tmp_path) in str(raised.value)
 
 
-def _wait_and_fail(http, tmp_path, path: str, body: dict) -> "object":
-    """``body`` to ``path`` for model ``broken`` (on demand) while a worker loads a broken folder for it:
-    the response once the load has failed."""
+def _failing_load(http, tmp_path) -> tuple[ThreadWorker, threading.Event]:
+    """A worker loading a broken folder (its config.json no JSON) for model ``broken`` (on demand), held
+    before the load until the returned gate is set: ``(worker, gate)`` once the broker counts the load."""
     folder = _broken(tmp_path, "json")
 
     class Gated(WorkerProcess):
@@ -85,19 +91,31 @@ def _wait_and_fail(http, tmp_path, path: str, body: dict) -> "object":
     w = ThreadWorker(cluster.backend, process_cls=Gated, load=True, keep_error=True, model=folder,
                      served_model_names=("broken",), warmup=False)
     cluster.workers.append(w)
-    c = http.broker_client
-    wait_until(lambda: (m := c.status().models.get("broken")) is not None and m.loading == 1, 30,
+    wait_until(lambda: (m := http.broker_client.status().models.get("broken")) is not None and m.loading == 1, 30,
                "the load to start")
+    return w, Gated.gate
+
+
+def _fail(http, w: ThreadWorker, gate: threading.Event, waiting) -> None:
+    """Once the broker holds one request for ``broken`` (``waiting()`` says what was sent, for the failure
+    message), let ``w``'s load go on and fail."""
+    wait_until(lambda: http.broker_client.status().models["broken"].queued == 1, 30, "the request to wait", waiting)
+    gate.set()
+    w.thread.join(10)
+    assert isinstance(w.error, ModelLoadError)
+
+
+def _wait_and_fail(http, tmp_path, path: str, body: dict) -> "object":
+    """``body`` to ``path`` for model ``broken`` (on demand) while a worker loads a broken folder for it:
+    the response once the load has failed."""
+    w, gate = _failing_load(http, tmp_path)
     wait_until(lambda: "broken" in {m["id"] for m in http.get("/v1/models").json()["data"]}, 30,
                "the gateway to see the load", lambda: http.get("/v1/models").json())
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("r", http.post(path, json={"model": "broken", **body})))
     t.start()
-    wait_until(lambda: c.status().models["broken"].queued == 1, 30, "the request to wait", lambda: out)
-    Gated.gate.set()
+    _fail(http, w, gate, lambda: out)
     t.join(30)
-    w.thread.join(10)
-    assert isinstance(w.error, ModelLoadError)
     return out["r"]
 
 
@@ -137,3 +155,61 @@ def test_every_route_says_the_model_failed_to_load_in_slotserves_words(http, tmp
     assert FILES in text, text
     for leak in (str(tmp_path), "config.json", "JSON file", "It looks like"):
         assert leak not in text, text
+
+
+STREAMED = sorted(set(ROUTES) - {"/v1/embeddings"})  # (an embedding is never streamed)
+
+
+@pytest.mark.parametrize("path", STREAMED)
+def test_a_streamed_request_gets_the_same_error_before_any_event(http, tmp_path, path):
+    # the load fails before the first token: the gateway has not started the event stream, so the error is
+    # the route's JSON error with its status, as without stream
+    r = _wait_and_fail(http, tmp_path, path, {**ROUTES[path], "stream": True})
+    assert r.status_code == 500, r.text
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    text = r.text
+    assert FILES in text and "data:" not in text, text
+    assert "worker_failed" in text or path == "/v1/messages", text  # (Anthropic's error shape has no code)
+    for leak in (str(tmp_path), "config.json", "JSON file", "It looks like"):
+        assert leak not in text, text
+
+
+def _ended_in_words(error: BaseException | None, tmp_path) -> None:
+    """``error`` is the worker's goodbye, as the broker ends the requests waiting for the failed load."""
+    assert isinstance(error, RemoteError), error
+    assert error.code is ErrorCode.WORKER_FAILED, error
+    assert FILES in error.message and str(tmp_path) not in error.message, error.message
+
+
+def test_a_clients_streaming_callbacks_get_nothing_and_the_handle_the_workers_words(http, tmp_path):
+    w, gate = _failing_load(http, tmp_path)
+    tokens, texts = [], []
+    with Client(http.cluster.frontend, model="broken") as client:
+        h = client.submit_request([1, 2, 3], 4, on_token=tokens.append, on_text=texts.append)
+        _fail(http, w, gate, lambda: h)
+        h.result(30)
+    assert h.finish_reason is FinishReason.ERROR
+    _ended_in_words(h.error, tmp_path)
+    assert tokens == [] and texts == []
+
+
+@pytest.mark.parametrize("stream", ["stream", "stream_text"])
+def test_an_async_clients_stream_raises_the_workers_words(http, tmp_path, stream):
+    async def main():
+        client = await AsyncClient.connect(http.cluster.frontend, model="broken")
+        async with client:
+            w, gate = await asyncio.to_thread(_failing_load, http, tmp_path)
+            got = []
+
+            async def consume():
+                async for item in getattr(client, stream)([1, 2, 3], 4):
+                    got.append(item)
+
+            task = asyncio.create_task(consume())
+            await asyncio.to_thread(_fail, http, w, gate, lambda: got)
+            with pytest.raises(RemoteError) as raised:
+                await asyncio.wait_for(task, 30)
+            assert got == []
+            return raised.value
+
+    _ended_in_words(asyncio.run(main()), tmp_path)

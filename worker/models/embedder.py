@@ -145,14 +145,18 @@ def load_embedder(name: str, pooling: str | None, device: str, precision: str,
     folder (a decoder; normalised, :data:`DECODER_NORMALIZE`), and for such a folder it replaces the
     folder's mode. ``max_model_len``: the longest prompt, at most the model's.
 
-    Raises ValueError for a checkpoint that cannot be loaded, a folder whose pipeline slotserve does
-    not run, another precision, or a decoder without ``pooling``."""
+    Raises :class:`~worker.errors.ModelFileError` for a checkpoint whose files cannot be found or
+    read (:func:`~worker.models.checkpoint.resolve_model_path`, the sentence-transformers files:
+    :func:`~worker.models.pooling.read_pooling`, the weights: :func:`~worker.models.checkpoint.loader_error`),
+    ValueError for one transformers will not build, a folder whose pipeline slotserve does not run,
+    another precision, or a decoder without ``pooling``."""
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"an embedding model runs fp32 or bf16 (transformers' forward), not {precision}")
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModel, AutoTokenizer
 
-    from worker.models.checkpoint import resolve_model_path
+    from worker.models.checkpoint import loader_error, resolve_model_path
     from worker.models.hf_text import HFTextCodec
 
     path, gguf_file = resolve_model_path(name)
@@ -170,8 +174,8 @@ def load_embedder(name: str, pooling: str | None, device: str, precision: str,
     try:
         module = AutoModel.from_pretrained(path, dtype=torch.float32 if precision == "fp32" else torch.bfloat16,
                                            **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load embedding model {name!r} from {path!r}: {exc}") from exc
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise loader_error(f"cannot load embedding model {name!r} from {path!r}: {exc}", exc) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError, TypeError):

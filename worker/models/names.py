@@ -22,6 +22,7 @@ import difflib
 import os
 from pathlib import Path
 
+from worker.errors import ModelFileError
 from worker.models.parts import SplitGGUF
 from worker.models.zipped import ZippedFolder
 
@@ -82,10 +83,10 @@ def locate_model(name: str) -> Path | None:
     Hugging Face cache), or None for ``simulated`` and an alias (its package says where:
     :func:`worker.models.checkpoint.resolve_model_path`). No network, no import of torch.
 
-    Raises ``ValueError``, one line naming the model and what to do: a path that does not exist, a
-    file that is no GGUF file (empty, another format, unreadable), a folder with neither a
-    ``config.json`` nor a ``.gguf`` file (or with ``.gguf`` files only: give one of them), a name
-    that is none of the above (the nearest alias suggested)."""
+    Raises :class:`~worker.errors.ModelFileError` (a ValueError), one line naming the model and what
+    to do: a path that does not exist, a file that is no GGUF file (empty, another format,
+    unreadable), a folder with neither a ``config.json`` nor a ``.gguf`` file (or with ``.gguf``
+    files only: give one of them), a name that is none of the above (the nearest alias suggested)."""
     if name == SIMULATED or name in ALIASES:
         return None
     if _looks_like_path(name) or os.path.exists(name):
@@ -93,7 +94,7 @@ def locate_model(name: str) -> Path | None:
     cached = _hub_snapshot(name)
     if cached is not None:
         return _checked_path(name, cached)
-    raise ValueError(_unknown(name))
+    raise ModelFileError(_unknown(name))
 
 
 def known_names() -> list[str]:
@@ -108,45 +109,45 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _checked_path(name: str, path: Path) -> Path:
-    """``path`` (what ``name`` names) when it is a GGUF file or a model folder; ValueError saying
+    """``path`` (what ``name`` names) when it is a GGUF file or a model folder; ModelFileError saying
     what it is otherwise."""
     shown = os.path.abspath(path)
     if not os.path.exists(path):
         if name.lower().endswith(".gguf"):
-            raise ValueError(f"model {name!r}: the file {shown} does not exist")
-        raise ValueError(f"model {name!r}: no file or folder {shown} exists")
+            raise ModelFileError(f"model {name!r}: the file {shown} does not exist")
+        raise ModelFileError(f"model {name!r}: no file or folder {shown} exists")
     try:
         if path.is_dir():
             return _checked_folder(name, path, shown)
         if not path.is_file():
-            raise ValueError(f"model {name!r}: {shown} is neither a file nor a folder")
+            raise ModelFileError(f"model {name!r}: {shown} is neither a file nor a folder")
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"model {name!r}: {shown} is not a .gguf file; give a GGUF file or the folder of a "
-                             "Hugging Face model (the one with its config.json)")
+            raise ModelFileError(f"model {name!r}: {shown} is not a .gguf file; give a GGUF file or the folder of a "
+                                 "Hugging Face model (the one with its config.json)")
         with open(path, "rb") as f:
             magic = f.read(len(GGUF_MAGIC))
     except OSError as exc:  # (a file or folder this user cannot read)
-        raise ValueError(f"model {name!r}: cannot read {shown}: {exc.strerror or exc}") from None
+        raise ModelFileError(f"model {name!r}: cannot read {shown}: {exc.strerror or exc}") from None
     if not magic:
-        raise ValueError(f"model {name!r}: {shown} is an empty file, not a GGUF model")
+        raise ModelFileError(f"model {name!r}: {shown} is an empty file, not a GGUF model")
     if magic != GGUF_MAGIC:
-        raise ValueError(f"model {name!r}: {shown} is not a GGUF file (it does not start with GGUF's magic "
-                         "bytes); give a GGUF file or the folder of a Hugging Face model")
+        raise ModelFileError(f"model {name!r}: {shown} is not a GGUF file (it does not start with GGUF's magic "
+                             "bytes); give a GGUF file or the folder of a Hugging Face model")
     return path
 
 
 def _checked_folder(name: str, path: Path, shown: str) -> Path:
     """``path`` when it holds a ``config.json`` (a Hugging Face model folder, a sentence-transformers
-    one included); ValueError saying what it holds otherwise. Raises OSError for a folder it cannot list."""
+    one included); ModelFileError saying what it holds otherwise. Raises OSError for a folder it cannot list."""
     if (path / "config.json").is_file():
         return path
     ggufs = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
     if ggufs:
         more = f" (or another of its {len(ggufs)} .gguf files)" if len(ggufs) > 1 else ""
-        raise ValueError(f"model {name!r}: {shown} is no Hugging Face model folder (it has no config.json); "
-                         f"to serve a GGUF file in it, give the file: {os.path.join(shown, ggufs[0])}{more}")
-    raise ValueError(f"model {name!r}: {shown} is not a model folder: it has neither a config.json (a Hugging "
-                     "Face checkpoint) nor a .gguf file")
+        raise ModelFileError(f"model {name!r}: {shown} is no Hugging Face model folder (it has no config.json); "
+                             f"to serve a GGUF file in it, give the file: {os.path.join(shown, ggufs[0])}{more}")
+    raise ModelFileError(f"model {name!r}: {shown} is not a model folder: it has neither a config.json (a Hugging "
+                         "Face checkpoint) nor a .gguf file")
 
 
 def _hub_snapshot(name: str) -> Path | None:

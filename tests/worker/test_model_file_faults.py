@@ -1,0 +1,319 @@
+"""Each kind of fault in a model's files reaches clients as "its files could not be read": the loader
+raises :class:`~worker.errors.ModelFileError` where it finds the file bad, and the worker's goodbye
+(which the broker puts in the error of every request waiting for the model and in ``/v1/models``'
+failed reason: tests/gateway/test_load_failure_words.py) is chosen by that type.
+
+Before, the worker told a file fault from a configuration fault by the module the wrapped exception
+was raised in (``worker.models.names``, ``worker.models.gguf_header``), and so said "its configuration
+is not valid" for a split GGUF whose parts hash to another file, a part package missing or of another
+version, an alias's package missing or without its file, a zipped model folder that does not unzip,
+and a GGUF file without ``general.architecture``; and "an unexpected error" for a GGUF file without a
+key its config needs or a tensor its layers need, and for a safetensors weights file cut short or
+garbled (safetensors' own error, which the loader did not take). A fault that is the configuration's
+(or the server's options') still says so."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import zipfile
+
+import pytest
+
+from worker.config import WorkerConfig
+from worker.errors import ModelFileError, ModelLoadError
+from worker.models import names
+from worker.models.options import ModelOptions
+from worker.models.parts import SplitGGUF
+from worker.models.zipped import ZippedFolder
+from worker.process import WorkerProcess, _load_failure
+
+FILES = "model 'broken' failed to load: its files could not be read (missing, unreadable, cut short or not a model's)"
+CONFIG = ("model 'broken' failed to load: its configuration is not valid (or the server's options for it do not "
+          "fit it)")
+
+
+def _goodbye(model: str, **options) -> tuple[str, ModelLoadError]:
+    """What the worker says to clients when loading ``model`` (served as ``broken``) fails, and the
+    error it ends with (the log's line)."""
+    wp = WorkerProcess(WorkerConfig(model=model, served_model_names=("broken",), warmup=False,
+                                    model_options=ModelOptions(**options)))
+    with pytest.raises(ModelLoadError) as raised:
+        wp._prepare(threading.Event())
+    return wp.goodbye, raised.value
+
+
+# ------------------------------------------------------------------ the type decides
+
+
+@pytest.mark.parametrize("err, words", [
+    (ModelFileError("x"), FILES),
+    (FileNotFoundError(2, "gone"), FILES),
+    (ValueError("x"), CONFIG),
+    (RuntimeError("x"), "model 'broken' failed to load: an unexpected error"),
+])
+def test_the_cause_clients_read_is_chosen_by_the_errors_type(err, words):
+    assert _load_failure("broken", err) == words
+
+
+def test_a_wrapper_keeps_the_type_it_was_given_not_the_module_a_cause_came_from():
+    # (a ValueError that wraps a ModelFileError says what its raiser chose; the loader's wrappers of file
+    # faults raise a ModelFileError again)
+    try:
+        try:
+            raise ModelFileError("cut short")
+        except ModelFileError as e:
+            raise ValueError("options do not fit") from e
+    except ValueError as e:
+        assert _load_failure("broken", e) == CONFIG
+
+
+# ------------------------------------------------------------------ paths and names
+
+
+def _path_fault(tmp_path, kind: str) -> str:
+    if kind == "no such path":
+        return str(tmp_path / "nowhere")
+    if kind == "an unknown name":
+        return "no-such-model-anywhere"
+    if kind == "an empty .gguf":
+        (tmp_path / "m.gguf").write_bytes(b"")
+        return str(tmp_path / "m.gguf")
+    if kind == "a .gguf that is no GGUF":
+        (tmp_path / "m.gguf").write_bytes(b"PK\x03\x04 a zip, say")
+        return str(tmp_path / "m.gguf")
+    if kind == "a file that is no .gguf":
+        (tmp_path / "m.bin").write_bytes(b"GGUF")
+        return str(tmp_path / "m.bin")
+    assert kind == "a folder without config.json"
+    (tmp_path / "m").mkdir()
+    return str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("kind", ["no such path", "an unknown name", "an empty .gguf", "a .gguf that is no GGUF",
+                                  "a file that is no .gguf", "a folder without config.json"])
+def test_a_name_that_names_no_models_files_says_its_files(tmp_path, kind):
+    words, err = _goodbye(_path_fault(tmp_path, kind))
+    assert words == FILES
+    assert isinstance(err.__cause__, ModelFileError)
+
+
+# ------------------------------------------------------------------ aliases: packages, parts, zips
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on sys.path for fake packages; the models cache under ``tmp_path``."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return folder
+
+
+def _parts(site, contents: list[bytes], version: str = "1.0") -> tuple[str, ...]:
+    """Fake part distributions (as tests/models/test_parts.py's), one data file each."""
+    prefix = f"fake-{uuid.uuid4().hex[:8]}"
+    parts = []
+    for i, data in enumerate(contents, 1):
+        name = f"{prefix}-part{i}"
+        module = name.replace("-", "_")
+        (site / module / "data").mkdir(parents=True)
+        (site / module / "data" / f"part{i:02d}.bin").write_bytes(data)
+        info = site / f"{module}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "RECORD").write_text(f"{module}/data/part{i:02d}.bin,,\n")
+        parts.append(name)
+    return tuple(parts)
+
+
+def _package(site, files: dict[str, bytes | str]) -> str:
+    """A fake package holding ``files`` (name -> content); its import name."""
+    package = f"fake_model_{uuid.uuid4().hex[:8]}"
+    (site / package).mkdir()
+    for name, content in files.items():
+        path = site / package / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    return package
+
+
+def _zip(site, members: dict[str, str] | None) -> ZippedFolder:
+    """A package with ``model.zip`` holding ``members`` (None: bytes that are no zip)."""
+    package = _package(site, {"__init__.py": ""})
+    path = site / package / "model.zip"
+    if members is None:
+        path.write_bytes(b"PK not a zip")
+    else:
+        with zipfile.ZipFile(path, "w") as zf:
+            for name, text in members.items():
+                zf.writestr(name, text)
+    return ZippedFolder(package, "model.zip", "fake", install=f"pip install {package}")
+
+
+def _alias_fault(site, kind: str):
+    data = b"GGUF" + bytes(range(200))
+    split = dict(version="1.0", file_name=f"fake-{uuid.uuid4().hex[:8]}.gguf", size=len(data))
+    if kind == "split: a part not installed":
+        return SplitGGUF(parts=(f"fake-{uuid.uuid4().hex[:8]}-part1",), sha256="0" * 64, **split)
+    if kind == "split: a part of another version":
+        return SplitGGUF(parts=_parts(site, [data], version="0.9"), sha256="0" * 64, **split)
+    if kind == "split: parts that hash to another file":
+        return SplitGGUF(parts=_parts(site, [data[:50], data[50:]]), sha256="0" * 64, **split)
+    if kind == "package not installed":
+        return f"fake_model_{uuid.uuid4().hex[:8]}"
+    if kind == "package without its .gguf":
+        return _package(site, {"__init__.py": ""})
+    if kind == "package whose assemble() fails":
+        return _package(site, {"__init__.py": "def assemble(path):\n    raise ValueError('part 3 is damaged')\n"})
+    if kind == "zip: package not installed":
+        return ZippedFolder(f"fake_model_{uuid.uuid4().hex[:8]}", "model.zip", "fake", install="pip install fake")
+    if kind == "zip: not a zip":
+        return _zip(site, None)
+    if kind == "zip: holds no file":
+        return _zip(site, {"folder/": ""})
+    assert kind == "zip: a path outside its folder"
+    return _zip(site, {"config.json": "{}", "../escape.json": "{}"})
+
+
+ALIAS_FAULTS = ["split: a part not installed", "split: a part of another version",
+                "split: parts that hash to another file", "package not installed", "package without its .gguf",
+                "package whose assemble() fails", "zip: package not installed", "zip: not a zip",
+                "zip: holds no file", "zip: a path outside its folder"]
+
+
+@pytest.mark.parametrize("kind", ALIAS_FAULTS)
+def test_an_alias_whose_packages_are_missing_or_bad_says_its_files(site, monkeypatch, kind):
+    monkeypatch.setitem(names.ALIASES, "fake-alias", _alias_fault(site, kind))
+    monkeypatch.setitem(names.INSTALL, "fake-alias", "pip install fake-alias")
+    words, err = _goodbye("fake-alias")
+    assert words == FILES, err  # (each said "its configuration is not valid" before)
+    assert isinstance(err.__cause__, ModelFileError)
+    assert not list((site.parent / "cache").rglob("*.gguf"))  # nothing half-made left in the cache
+
+
+# ------------------------------------------------------------------ GGUF files
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from tests.support.tiny_gguf import write_quantized_gguf
+
+    path = tmp_path_factory.mktemp("gguf") / "whole.gguf"
+    write_quantized_gguf(str(path))
+    return path.read_bytes()
+
+
+def _gguf_fault(whole: bytes, kind: str) -> bytes:
+    import struct
+
+    def renamed(old: bytes, new: bytes) -> bytes:  # a key or tensor name made another of the same length
+        assert len(old) == len(new) and whole.count(old) == 1
+        return whole.replace(old, new)
+
+    if kind == "cut in its header":
+        return whole[:300]
+    if kind == "cut in its tensor data":
+        return whole[:len(whole) // 2]
+    if kind == "an unknown tensor type":
+        name = b"token_embd.weight"
+        at = whole.index(name) + len(name)  # then: dimensions (u32), each dimension (u64), the ggml type (u32)
+        dims = struct.unpack_from("<I", whole, at)[0]
+        data = bytearray(whole)
+        struct.pack_into("<I", data, at + 4 + 8 * dims, 999)
+        return bytes(data)
+    if kind == "no general.architecture":
+        return renamed(b"general.architecture", b"general.architXcture")
+    if kind == "no key its config needs":
+        return renamed(b"llama.embedding_length", b"llama.embedding_lXngth")
+    if kind == "no tensor a layer needs":
+        return renamed(b"blk.1.ffn_down.weight", b"blk.1.ffn_dXwn.weight")
+    assert kind == "no final norm"
+    return renamed(b"output_norm.weight", b"output_nXrm.weight")
+
+
+@pytest.mark.parametrize("kind", ["cut in its header", "cut in its tensor data", "an unknown tensor type",
+                                  "no general.architecture", "no key its config needs", "no tensor a layer needs",
+                                  "no final norm"])
+def test_a_gguf_file_cut_short_garbled_or_incomplete_says_its_files(whole, tmp_path, kind):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_fault(whole, kind))
+    words, err = _goodbye(str(path))
+    # (no general.architecture said "its configuration is not valid" before; the missing key and tensors
+    # "an unexpected error": a KeyError past the loader)
+    assert words == FILES, err
+    assert isinstance(err.__cause__, ModelFileError)
+    assert str(tmp_path) in str(err)  # (the log's line names the file)
+
+
+# ------------------------------------------------------------------ Hugging Face folders
+
+
+LLAMA_CONFIG = ('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, '
+                '"intermediate_size": 128, "vocab_size": 100}')
+
+
+def _folder_fault(tmp_path, kind: str) -> str:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{ not json" if kind == "config.json that is no JSON" else LLAMA_CONFIG)
+    if kind == "safetensors garbled":
+        (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    elif kind == "safetensors cut short":
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"model.embed_tokens.weight": torch.zeros(100, 64)}, str(folder / "model.safetensors"))
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind", ["config.json that is no JSON", "no weights file", "safetensors garbled",
+                                  "safetensors cut short"])
+def test_a_model_folder_whose_files_are_missing_or_garbled_says_its_files(tmp_path, kind):
+    pytest.importorskip("transformers")
+    words, err = _goodbye(_folder_fault(tmp_path, kind))
+    assert words == FILES, err  # (a safetensors file garbled or cut short said "an unexpected error" before)
+    assert isinstance(err.__cause__, ModelFileError)
+
+
+def _embedding_folder(tmp_path, kind: str) -> str:
+    folder = tmp_path / "st"
+    (folder / "1_Pooling").mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if kind == "a Dense module":
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    import json
+
+    (folder / "modules.json").write_text("[ not json" if kind == "modules.json that is no JSON" else
+                                         json.dumps(modules))
+    (folder / "1_Pooling" / "config.json").write_text('["a list"]' if kind == "a pooling config that is no object"
+                                                      else '{"pooling_mode": "mean"}')
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind, words", [("modules.json that is no JSON", FILES),
+                                         ("a pooling config that is no object", FILES),
+                                         ("no weights file", FILES),
+                                         ("a Dense module", CONFIG)])  # (a pipeline slotserve does not run)
+def test_a_sentence_transformers_folder_whose_files_are_bad_says_its_files(tmp_path, kind, words):
+    pytest.importorskip("transformers")
+    said, err = _goodbye(_embedding_folder(tmp_path, kind))
+    assert said == words, err
+    assert isinstance(err.__cause__, ModelFileError) == (words == FILES)
+
+
+def test_options_that_do_not_fit_a_whole_model_still_say_its_configuration(tmp_path):
+    # precision gguf for a folder (no GGUF file): the files are whole, the server's options do not fit them
+    pytest.importorskip("transformers")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(LLAMA_CONFIG)
+    words, err = _goodbye(str(folder), precision="gguf")
+    assert words == CONFIG, err
+    assert not isinstance(err.__cause__, ModelFileError)
