@@ -66,12 +66,20 @@ CB (see bench/gpu.py).
 
 Useful output tokens: tokens up to and including EOS, at most ``max_tokens``
 per request (what a user asked for). Agreement: per system, how many
-requests are identical to the greedy reference (hf-alone, else
+requests are identical to the greedy reference (hf-alone; where it is not
+among the systems, its outputs kept for this workload, read back; else
 slotserve-broker[hf], which equals it: tests/models/test_hf_models.py) and, for the
-others, the position of the first differing token. Also measured: the
-forward-pass limit (one batched decode step at 8 and 32 slots with 160
-cached tokens each, and packed-prefill tokens/s) for every precision, and the
-time HE32 would take at the fp32 runner's limit.
+others, the position of the first differing token; with no reference the
+column is blank and the table says why (the HF model is not loaded for it).
+Also measured: the forward-pass limit (one batched decode step at 8 and 32
+slots with 160 cached tokens each, and packed-prefill tokens/s) for every
+precision, and the time HE32 would take at the fp32 runner's limit.
+
+The HF model (transformers' module, fp32: 54-74 s to load for
+Qwen2.5-Coder-0.5B) is loaded only when something of the run needs it: the
+in-process systems (``slotserve``, ``hf-static``, ``hf-cb``), the forward-pass
+limits, or hf-alone where its outputs are not kept. Otherwise the workload is
+made from the model's tokenizer and configs alone (:func:`model_facts`).
 
 The machine this was written on is a 2-core VM shared with other jobs: each
 system's 1-minute load average before/after is recorded, and ``--repeats N``
@@ -247,19 +255,51 @@ def reference_key(name: str, prompts, max_tokens, eos, pad_id, threads: int) -> 
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def kept_path(he: "Workload", threads: int, cache: Path | None = None) -> Path:
+    """Where hf-alone's run of ``he`` at ``threads`` is kept in ``cache`` (default :data:`REFERENCE_CACHE`)."""
+    key = reference_key(he.name, he.prompts, he.max_tokens, he.eos, he.pad_id, threads)
+    return (cache or REFERENCE_CACHE) / f"hf-alone-{key}.json"
+
+
+def kept_hf_alone(he: "Workload", threads: int, cache: Path | None = None) -> Run | None:
+    """hf-alone's run of ``he`` at ``threads`` as kept in ``cache`` (:func:`kept_path`), or None where
+    none is kept. No model is loaded."""
+    path = kept_path(he, threads, cache)
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    run = Run("hf-alone")
+    run.outputs, run.first_s, run.last_s, run.wall_s = kept["outputs"], kept["first_s"], kept["last_s"], kept["wall_s"]
+    run.note = f"generate per prompt, batch 1 (greedy reference), read from {path} (run {kept['when']})"
+    return run
+
+
+def kept_reference(he: "Workload", thread_counts: list[int], cache: Path | None = None) -> Run | None:
+    """The greedy reference of a run without hf-alone, for its agreement column: hf-alone's kept run
+    (:func:`kept_hf_alone`) at the fastest of ``thread_counts`` kept (the one hf-alone's own best of
+    its read-back runs would be), or None where none is kept -- the HF model is never loaded for it
+    (a 1.5B model's reference takes ~14 min on 2 cores)."""
+    kept = []
+    for threads in thread_counts:
+        run = kept_hf_alone(he, threads, cache)
+        if run is not None:
+            run.threads = threads
+            kept.append(run)
+    return min(kept, key=lambda r: r.wall_s) if kept else None
+
+
 def cached_hf_alone(he: "Workload", threads: int, fresh: bool = False, cache: Path | None = None) -> Run:
     """hf-alone's run, read from ``cache`` (default :data:`REFERENCE_CACHE`) where a run with the
-    same :func:`reference_key` was kept, else run (``fresh``: always) and kept there."""
-    folder = cache or REFERENCE_CACHE
-    key = reference_key(he.name, he.prompts, he.max_tokens, he.eos, he.pad_id, threads)
-    path = folder / f"hf-alone-{key}.json"
-    if path.exists() and not fresh:
-        kept = json.loads(path.read_text())
-        run = Run("hf-alone")
-        run.outputs, run.first_s, run.last_s, run.wall_s = kept["outputs"], kept["first_s"], kept["last_s"], kept["wall_s"]
-        run.note = f"generate per prompt, batch 1 (greedy reference), read from {path} (run {kept['when']})"
-        return run
+    same :func:`reference_key` was kept, else run (``fresh``: always; the HF model loaded first where
+    it is not: :meth:`Workload.load`) and kept there."""
+    path = kept_path(he, threads, cache)
+    kept = None if fresh else kept_hf_alone(he, threads, cache)
+    if kept is not None:
+        return kept
+    he.load("hf-alone: its greedy outputs are " + ("asked for afresh (--fresh-reference)" if fresh else
+                                                  f"not kept for this workload at {threads} thread(s)"))
     run = run_hf_alone(he.hf, he.prompts, he.max_tokens, he.eos, he.pad_id)
+    folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"outputs": run.outputs, "first_s": run.first_s, "last_s": run.last_s,
@@ -466,16 +506,19 @@ def step_weights_mib(model: str, system: str) -> float | None:
     return round(step_weight_bytes(path, precision) / 2**20, 1)
 
 
-def served_table(rows: list[dict], requests: int, reference: str | None, model: str | None = None) -> list[dict]:
+def served_table(rows: list[dict], requests: int, reference: str | None, model: str | None = None,
+                 note: str | None = None) -> list[dict]:
     """One model's table of its served systems (:data:`SERVED`), from the summary rows: the best run's
     threads, useful tokens/s, the serving process's RSS after the run (MiB: the worker's, llama-server's),
     how many of ``requests`` outputs equal the greedy ``reference`` run's (hf-alone: transformers'
     ``generate`` on the dequantized fp32 weights), and start to ready (s: the cluster's start until the
     worker registered, its model loaded and warmed up; llama-server's start until ``/health`` answers);
-    with ``model``, the weights a decode step reads (:func:`step_weights_mib`)."""
+    with ``model``, the weights a decode step reads (:func:`step_weights_mib`). ``note``: where the
+    reference came from, or why there is none (the agreement then blank: :func:`summary_rows`)."""
     return [{"system": r["system"], "threads": r.get("threads"), "tokens_per_s": r["tokens_per_s"],
              "worker_rss_mib": r["rss_mb"], "identical_to_reference": r["identical_to_hf_greedy"],
-             "requests": requests, "reference": reference, "start_to_ready_s": r.get("start_to_ready_s"),
+             "requests": requests, "reference": reference, "reference_note": note,
+             "start_to_ready_s": r.get("start_to_ready_s"),
              "step_weights_mib": None if model is None else step_weights_mib(model, r["system"])}
             for r in rows if r["system"].split("[")[0] in SERVED]
 
@@ -484,14 +527,16 @@ def print_served(table: list[dict], model: str) -> None:
     """Print :func:`served_table`'s rows as one table for ``model``."""
     if not table:
         return
-    cols = ("system", "threads", "tokens/s", "worker RSS MiB", f"= {table[0]['reference']}", "start-to-ready s",
-            "weights MiB/step")
+    cols = ("system", "threads", "tokens/s", "worker RSS MiB", f"= {table[0]['reference'] or 'reference'}",
+            "start-to-ready s", "weights MiB/step")
     print(f"\n{model}: served systems")
     print(" | ".join(f"{c:>22}" for c in cols))
     for r in table:
         agree = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']}/{r['requests']}"
         print(" | ".join(f"{str(v):>22}" for v in (r["system"], r["threads"], r["tokens_per_s"], r["worker_rss_mib"],
                                                      agree, r["start_to_ready_s"], r["step_weights_mib"])))
+    if table[0].get("reference_note"):
+        print(f"(= {table[0]['reference'] or 'reference'}: {table[0]['reference_note']})")
 
 
 def results_stem(model: str) -> str:
@@ -632,23 +677,126 @@ def skipped_systems(ap: argparse.ArgumentParser, args) -> set[str]:
     return skip | (set(ALL_SYSTEMS) - set(chosen))
 
 
+IN_PROCESS = ("slotserve", "hf-static", "hf-cb")
+"""The systems that run on this process's HF model (the in-process engine is built from its weights)."""
+
+
 @dataclass
 class Workload:
-    """HE``n`` on the loaded model: what every system runs."""
+    """HE``n`` for ``--model``: what every system runs.
+
+    The prompts, stops and pad id come from the model's tokenizer and configs (:func:`model_facts`),
+    not its weights: the HF model (54-74 s to load for Qwen2.5-Coder-0.5B) is loaded only where a
+    system or output needs it (:func:`model_needs`, :meth:`load`)."""
 
     # the HF runner (worker.models.hf.HFSlotModel): the baselines' model and issue 8's "before";
-    # None once dropped (run_systems)
+    # None until loaded (load) or once dropped (run_systems)
     model: object
     prompts: list[list[int]]
     max_tokens: list[int]
     eos: set[int]  # stop token ids of every system: the model's EOS ids and its EXTRA_STOPS
     pad_id: int
     name: str = MODEL  # --model
+    facts: "ModelFacts | None" = None  # what the prompts and stops were made from
+    threads: int | None = None  # torch threads the HF model is loaded with
 
     @property
     def hf(self):
-        """The transformers module."""
+        """The transformers module (:meth:`load` first)."""
         return self.model.model
+
+    def load(self, why: str):
+        """The HF runner, loaded now unless it is (printing ``why``: what needs it). Raises ValueError
+        where the loaded model's tokenizer, stops or pad id are not those the workload was made from
+        (:func:`model_facts`): its prompts, and the key of a kept reference, would be another's."""
+        if self.model is None:
+            threads = torch.get_num_threads()
+            t = time.monotonic()
+            model = load_model(self.name, num_threads=self.threads, runner="hf")
+            torch.set_num_threads(threads)  # (loading set its own count: the system running keeps its count)
+            print(f"loaded {self.name} on the HF runner in {time.monotonic() - t:.1f} s, for {why} "
+                  f"(load average {load_avg():.2f})", flush=True)
+            if self.facts is not None:
+                check_facts(self.facts, runner_facts(model), self.prompts)
+            self.model = model
+        return self.model
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a workload takes of its model: ``codec`` (its text codec, a
+    :class:`~worker.models.hf_text.HFTextCodec`), ``model_type``, ``eos_ids`` (the HF runner's
+    ``eos_token_ids``: its generation config's, its config's, its tokenizer's) and ``pad_id`` (its
+    generation config's ``pad_token_id``; None for none)."""
+
+    codec: object
+    model_type: str
+    eos_ids: tuple[int, ...]
+    pad_id: int | None
+
+
+def runner_facts(model) -> ModelFacts:
+    """The :class:`ModelFacts` of a loaded HF runner (:func:`worker.models.hf.load_hf_model`)."""
+    return ModelFacts(model.tokenizer, model.model.config.model_type, tuple(model.eos_token_ids),
+                      model.model.generation_config.pad_token_id)
+
+
+def model_facts(name: str) -> ModelFacts:
+    """The :class:`ModelFacts` of ``name``'s model as the HF runner would have them
+    (:func:`runner_facts`; tested equal), read from its tokenizer and configs without its weights:
+    transformers' ``AutoConfig`` and ``AutoTokenizer`` (what ``from_pretrained`` reads; for a GGUF
+    file each parses its header: 10-30 s of CPU together for SmolLM2 and Qwen2.5-Coder-0.5B, against
+    54-74 s for the model), its generation config as ``from_pretrained`` makes it (a folder's
+    ``generation_config.json``, else one from its ``config.json``; a GGUF file's from its config,
+    with the file's end-of-generation tokens: :func:`worker.models.checkpoint.gguf_generation_eos`).
+    Raises ValueError for a model that cannot be found (:func:`~worker.models.checkpoint.resolve_model_path`)
+    or has no fast tokenizer (HE's prompts are text), OSError for one transformers cannot read."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from worker.models.checkpoint import gguf_generation_eos, resolve_model_path
+    from worker.models.hf import merge_eos_ids
+    from worker.models.hf_text import HFTextCodec
+
+    path, gguf_file = resolve_model_path(name)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if not tokenizer.is_fast:
+        raise ValueError(f"{name!r} has no fast tokenizer: HumanEval's prompts are text")
+    if gguf_file:  # (from_pretrained reads no generation config for a GGUF file: its config's)
+        generation = GenerationConfig.from_model_config(config)
+        generation.eos_token_id = gguf_generation_eos(generation.eos_token_id, os.path.join(path, gguf_file),
+                                                      tokenizer)
+    else:  # (transformers' adjust_generation_fn)
+        try:
+            generation = GenerationConfig.from_pretrained(path)
+        except OSError:
+            generation = GenerationConfig.from_pretrained(path, config_file_name="config.json",
+                                                          _from_model_config=True)
+    codec = HFTextCodec(tokenizer)
+    return ModelFacts(codec, config.model_type, merge_eos_ids([generation.eos_token_id, config.eos_token_id], codec),
+                      generation.pad_token_id)
+
+
+def check_facts(made_from: ModelFacts, loaded: ModelFacts, prompts: list[list[int]]) -> None:
+    """ValueError unless the loaded model's facts are those a workload was made from: the same
+    model type, EOS ids (as a set), pad id, and HE's ``prompts`` (token ids) as its codec encodes them."""
+    same = (made_from.model_type == loaded.model_type and set(made_from.eos_ids) == set(loaded.eos_ids)
+            and made_from.pad_id == loaded.pad_id and he32(loaded.codec, len(prompts))[0] == prompts)
+    if not same:
+        raise ValueError(f"the model loaded differs from what its workload was made from: model type "
+                         f"{loaded.model_type!r} vs {made_from.model_type!r}, EOS ids {sorted(loaded.eos_ids)} vs "
+                         f"{sorted(made_from.eos_ids)}, pad id {loaded.pad_id} vs {made_from.pad_id}, or the prompts' "
+                         "token ids")
+
+
+def model_needs(chosen: set[str], limits: bool) -> list[str]:
+    """Why a run of the systems ``chosen`` (with the forward-pass ``limits`` or not) loads the HF model
+    before its systems run: the in-process systems (:data:`IN_PROCESS`) and the limits run on it.
+    Empty when nothing does: hf-alone loads it only where its outputs are not kept
+    (:func:`cached_hf_alone`), and the agreement column never does (:func:`kept_reference`)."""
+    why = [f"{name} (runs on it)" for name in IN_PROCESS if name in chosen]
+    return why + (["the forward-pass limits (--no-limits skips them)"] if limits else [])
 
 
 def stop_ids(model_type: str, model_eos, codec) -> set[int]:
@@ -663,21 +811,29 @@ def stop_ids(model_type: str, model_eos, codec) -> set[int]:
     return eos
 
 
-def load_he(prompts: int, threads: int, name: str = MODEL, max_tokens_cap: int | None = None) -> Workload:
-    """Load ``name`` on the HF runner and the first ``prompts`` HumanEval prompts (printing both);
-    ``max_tokens_cap``: each request's ``max_tokens`` at most this (a smoke test's tiny workload)."""
-    t = time.monotonic()
-    model = load_model(name, num_threads=threads, runner="hf")  # the HF runner: baselines + "before"
-    print(f"loaded {name} in {time.monotonic() - t:.1f} s (load average {load_avg():.2f})", flush=True)
-    prompts, max_tokens = he32(model.tokenizer, prompts)
+def load_he(prompts: int, threads: int, name: str = MODEL, max_tokens_cap: int | None = None,
+            needs: list[str] = ()) -> Workload:
+    """The first ``prompts`` HumanEval prompts for ``name`` (printing them); ``max_tokens_cap``: each
+    request's ``max_tokens`` at most this (a smoke test's tiny workload). ``needs`` (:func:`model_needs`):
+    what needs the HF runner, which is then loaded first (``threads`` torch threads) and the workload
+    made from it; with none, from the model's tokenizer and configs alone (:func:`model_facts`)."""
+    he = Workload(None, [], [], set(), 0, name, threads=threads)
+    if needs:
+        facts = runner_facts(he.load(", ".join(needs)))
+    else:
+        t = time.monotonic()
+        facts = model_facts(name)
+        print(f"read {name}'s tokenizer and configs in {time.monotonic() - t:.1f} s; its HF model is not "
+              "loaded: no system or output of this run needs it", flush=True)
+    he.prompts, max_tokens = he32(facts.codec, prompts)
     if max_tokens_cap is not None:
         max_tokens = [min(m, max_tokens_cap) for m in max_tokens]
-    eos = stop_ids(model.model.config.model_type, model.eos_token_ids, model.tokenizer)
-    config = model.model.generation_config
-    pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos)
-    print(f"HE{len(prompts)}: {sum(map(len, prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}, "
-          f"stop ids {sorted(eos)}", flush=True)
-    return Workload(model, prompts, max_tokens, eos, pad_id, name)
+    he.max_tokens, he.facts = max_tokens, facts
+    he.eos = stop_ids(facts.model_type, facts.eos_ids, facts.codec)
+    he.pad_id = facts.pad_id if facts.pad_id is not None else min(he.eos)
+    print(f"HE{len(he.prompts)}: {sum(map(len, he.prompts))} prompt tokens, max_tokens sum {sum(max_tokens)}, "
+          f"stop ids {sorted(he.eos)}", flush=True)
+    return he
 
 
 def systems(he: Workload, precisions: list[str], slots: int, start_timeout_s: float = 900.0,
@@ -718,16 +874,16 @@ def run_systems(he: Workload, precisions: list[str], args, thread_counts: list[i
     return [done[name] for name in chosen]
 
 
-def interleaved(he: Workload, precisions: list[str], args, thread_counts: list[int], skip: set[str]
-                ) -> tuple[list[Run], dict]:
+def interleaved(he: Workload, precisions: list[str], args, thread_counts: list[int], skip: set[str],
+                kept: Run | None = None) -> tuple[list[Run], dict]:
     """``--interleave``: ``args.repeats`` rounds; the first runs every chosen system once
     (:func:`run_systems`, then llama.cpp), each later one only the worker systems and llama.cpp
     (the others' model may be dropped by then). Returns :func:`run_systems`' runs with llama.cpp's
     appended, each system's fastest run listing every round's wall times, and llama.cpp's details
-    (``extra``) of its fastest round."""
+    (``extra``) of its fastest round. ``kept``: as :func:`llamacpp_last`'s."""
     first = argparse.Namespace(**{**vars(args), "repeats": 1})
     later = argparse.Namespace(**{**vars(first), "fresh_reference": False})  # the first round kept it
-    once = {"slotserve", "hf-static", "hf-cb"}  # (hf-alone: read back each round, llama.cpp's lengths)
+    once = set(IN_PROCESS)  # (hf-alone: read back each round, llama.cpp's lengths)
     rounds: list[list[Run]] = []
     details: list[dict] = []
     for i in range(args.repeats):
@@ -737,7 +893,7 @@ def interleaved(he: Workload, precisions: list[str], args, thread_counts: list[i
         torch.set_num_threads(thread_counts[0])
         extra: dict = {}
         if "llamacpp" not in skip:
-            llamacpp_last(runs, he, opts, extra)
+            llamacpp_last(runs, he, opts, extra, kept)
         rounds.append(runs)
         details.append(extra)
     merged = []
@@ -774,10 +930,12 @@ def best_run(name: str, run_once, thread_counts: list[int], repeats: int) -> Run
     return run
 
 
-def llamacpp_last(runs: list[Run], he: Workload, args, extra: dict) -> None:
+def llamacpp_last(runs: list[Run], he: Workload, args, extra: dict, kept: Run | None = None) -> None:
     """Run llamacpp (appended to ``runs``; details into ``extra``) on exactly the useful lengths of
-    a greedy reference, so after the other systems; recorded as an error where none serves here."""
-    lengths, source, ref = llamacpp.reference_lengths(runs, REFERENCES, he.max_tokens, args.llamacpp_lengths_from)
+    a greedy reference (``kept``: hf-alone's kept run where hf-alone did not run, :func:`kept_reference`),
+    so after the other systems; recorded as an error where none serves here."""
+    lengths, source, ref = llamacpp.reference_lengths([*runs, *([kept] if kept else [])], REFERENCES, he.max_tokens,
+                                                      args.llamacpp_lengths_from)
     extra["llamacpp_lengths_from"] = source
     try:
         # --repeats as for the other systems: each thread count that many times on a fresh server, the best kept
@@ -802,12 +960,20 @@ def limits_at(he: Workload, precisions: list[str], slots: int, extra: dict) -> d
     return by_precision.get("fp32", next(iter(by_precision.values())))[slots if slots in (8, 32) else 8]
 
 
-def summary_rows(runs: list[Run], he: Workload, limits: dict | None, extra: dict) -> tuple[list[dict], float | None]:
+def summary_rows(runs: list[Run], he: Workload, limits: dict | None, extra: dict,
+                 kept: Run | None = None) -> tuple[list[dict], float | None]:
     """Per run its summary row with its agreement with the greedy reference (what it was goes into
-    ``extra``), and the time HE would take at ``limits`` (None without them)."""
-    ref_run = next((r for name in REFERENCES for r in runs if r.name == name), None)
+    ``extra``), and the time HE would take at ``limits`` (None without them). The reference: the
+    first of :data:`REFERENCES` among ``runs`` or ``kept`` (hf-alone's kept run where hf-alone did not
+    run: :func:`kept_reference`); with none, the agreement is blank and ``extra["agreement_note"]``
+    says why (:func:`agreement_note`)."""
+    ref_run = next((r for name in REFERENCES for r in [*runs, *([kept] if kept else [])] if r.name == name), None)
     reference = ref_run.outputs if ref_run is not None else None
     extra["agreement_reference"] = None if ref_run is None else ref_run.name
+    if ref_run is not None and ref_run is kept:
+        extra["agreement_note"] = f"hf-alone did not run: its kept outputs are the reference ({kept.note})"
+    elif ref_run is None:
+        extra["agreement_note"] = agreement_note(he)
     useful = sum(len(o) for o in (ref_run or runs[0]).outputs) if runs else sum(he.max_tokens)
     ideal_s = None if limits is None else (sum(map(len, he.prompts)) / limits["prefill_tokens_per_s"]
                                            + useful / limits["decode_tokens_per_s"])
@@ -823,6 +989,14 @@ def summary_rows(runs: list[Run], he: Workload, limits: dict | None, extra: dict
     return rows, ideal_s
 
 
+def agreement_note(he: Workload) -> str:
+    """Why a run's agreement column is blank: no system of its makes a greedy reference, and hf-alone's
+    outputs are not kept for its workload (the HF model is not loaded for the column alone)."""
+    return (f"no greedy reference: no system of this run makes one ({', '.join(REFERENCES)}), and hf-alone's "
+            f"outputs for {he.name}, this workload and these thread counts are not kept in {REFERENCE_CACHE}; "
+            "run once with hf-alone in --systems to make and keep them")
+
+
 def main() -> None:
     ap = parser()
     args = ap.parse_args()
@@ -835,21 +1009,24 @@ def main() -> None:
     skip = skipped_systems(ap, args)
     machine = machine_record()
     precisions = [p for p in args.precisions.split(",") if p]
-    he = load_he(args.prompts, thread_counts[0], args.model, args.max_tokens)
+    he = load_he(args.prompts, thread_counts[0], args.model, args.max_tokens,
+                 model_needs(set(ALL_SYSTEMS) - skip, not args.no_limits))
+    kept = None if "hf-alone" not in skip else kept_reference(he, thread_counts)  # (the agreement's; no load)
     if args.interleave and args.repeats > 1:
-        runs, extra = interleaved(he, precisions, args, thread_counts, skip)
+        runs, extra = interleaved(he, precisions, args, thread_counts, skip, kept)
     else:
         runs = run_systems(he, precisions, args, thread_counts, skip)
         torch.set_num_threads(thread_counts[0])
         extra = {}
         if "llamacpp" not in skip:  # last: it generates exactly the useful lengths of a greedy reference
-            llamacpp_last(runs, he, args, extra)
+            llamacpp_last(runs, he, args, extra, kept)
     extra["stop_token_ids"] = sorted(he.eos)
     limits = None if args.no_limits else limits_at(he, precisions, args.slots, extra)
-    rows, ideal_s = summary_rows(runs, he, limits, extra)
+    rows, ideal_s = summary_rows(runs, he, limits, extra, kept)
     extra["workload_size"] = {"prompts": len(he.prompts), "max_tokens_cap": args.max_tokens,
                          "max_tokens_sum": sum(he.max_tokens)}
-    extra["served"] = served_table(rows, len(he.prompts), extra.get("agreement_reference"), he.name)
+    extra["served"] = served_table(rows, len(he.prompts), extra.get("agreement_reference"), he.name,
+                                   extra.get("agreement_note"))
     report(rows, limits, ideal_s, args.out, extra, he.name, machine)
 
 

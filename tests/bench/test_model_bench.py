@@ -205,7 +205,7 @@ def test_interleave_runs_the_worker_systems_and_llamacpp_in_rounds(monkeypatch):
             return run_once
         return {n: runner(n) for n in ("slotserve", "slotserve-broker[gguf]", "hf-alone")}
 
-    def fake_llamacpp_last(runs, he, args, extra):
+    def fake_llamacpp_last(runs, he, args, extra, kept=None):
         assert any(r.name == "hf-alone" for r in runs)  # its lengths come from the reference
         order.append("llamacpp")
         wall = next(walls["llamacpp"])

@@ -225,11 +225,19 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
         tokenizer = None  # e.g. a weights-only directory: token ids only
     codec = HFTextCodec(tokenizer) if tokenizer is not None and tokenizer.is_fast else None
     if gguf_file:  # (a GGUF file has no generation config: its end-of-generation tokens, as llama.cpp's)
-        declared = model.generation_config.eos_token_id
-        ends = gguf_end_ids(read_table(str(Path(path) / gguf_file)).metadata, _special_tokens(tokenizer))
-        model.generation_config.eos_token_id = list(dict.fromkeys(
-            [*([declared] if isinstance(declared, int) else declared or []), *ends]))
+        model.generation_config.eos_token_id = gguf_generation_eos(model.generation_config.eos_token_id,
+                                                                   str(Path(path) / gguf_file), tokenizer)
     return model.eval(), codec
+
+
+def gguf_generation_eos(declared, gguf_path: str, tokenizer) -> list[int]:
+    """A GGUF model's ``generation_config.eos_token_id`` as :func:`load_pretrained` sets it: ``declared``
+    (transformers' from the file's config: an int, a list or None), then the file's end-of-generation
+    tokens (as llama.cpp's: :func:`worker.models.end_tokens.gguf_end_ids`, ``tokenizer``'s special
+    tokens named), without repeats. Raises what :func:`~worker.models.gguf_header.read_table` raises
+    for a header that cannot be read."""
+    ends = gguf_end_ids(read_table(gguf_path).metadata, _special_tokens(tokenizer))
+    return list(dict.fromkeys([*([declared] if isinstance(declared, int) else declared or []), *ends]))
 
 
 def loader_error(message: str, exc: BaseException) -> ValueError:
