@@ -77,7 +77,9 @@ class BrokerConfig:
       requests for them wait in their queue while no worker serves them
       (never ``unknown_model``; their deadlines still apply), and ``status``
       lists each of them (``workers`` 0 while none is loaded): the demand the
-      supervisor reads.
+      supervisor reads. Every served name of each model is given here; once the
+      supervisor said which are aliases (its ``demand``), ``status`` lists a model
+      by its own name, the others among its ``aliases``.
     """
 
     frontend: str = DEFAULT_FRONTEND

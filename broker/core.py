@@ -274,7 +274,8 @@ class BrokerCore:
         """A snapshot for ``slotserve status``; ``query``: the number of the query it answers (its ``query``)."""
         models = {}
         loading = self.workers.loading_models()
-        for name in sorted(set(self.queues) | set(self.models) | set(loading) | set(self.config.on_demand_models)):
+        # (a model on demand by its own name: its aliases are listed as such, a request queued under one by it)
+        for name in sorted(set(self.queues) | set(self.models) | set(loading) | set(self.demand.primaries())):
             ws = self.workers.for_model(name)
             q = self.queues.get(name)
             models[name] = ModelStatus(
@@ -290,6 +291,6 @@ class BrokerCore:
                         for w in self.workers)
         on_demand = self.demand.states(models) if self.config.on_demand_models else {}
         return Status(self.broker_id, now - self.started_s, models, workers, len(self.clients),
-                      dict(self.counters), self._models.known_aliases(),
+                      dict(self.counters), {**self.demand.aliases(), **self._models.known_aliases()},
                       {lw.name: lw.model for lw in self.workers.loading.values()}, on_demand, self.demand.pending(),
                       query)

@@ -65,6 +65,15 @@ class DemandBoard:
         """The primary name of the model on demand ``name`` is a served name of."""
         return self._aliases.get(name) or self._resolve_registered(name)
 
+    def aliases(self) -> dict[str, str]:
+        """The supervisor's ``{alias: model}`` of the models on demand (empty before it first spoke)."""
+        return dict(self._aliases)
+
+    def primaries(self) -> tuple[str, ...]:
+        """The names on demand that are a model's own (not an alias of another), sorted: before the
+        supervisor's first word, every name not registered as an alias."""
+        return tuple(n for n in sorted(self._on_demand) if self.resolve(n) == n)
+
     def order(self, msg: ModelOrder) -> PendingOrder | None:
         """Keep ``msg`` for the supervisor (replacing the model's order not taken yet: the last order
         wins); None, logged, for a model that is not on demand here."""

@@ -580,7 +580,9 @@ class Status(_Message):
     - ``models``: ``{name: ModelStatus}``; ``workers``: one :class:`WorkerStatus` each.
     - ``clients``: clients seen within the liveness window.
     - ``counters``: ``{name: int}`` totals since start (submitted, finished, errors, requeued, ...).
-    - ``aliases``: ``{alias: model}`` as in :class:`Welcome` (the models of ``models``).
+    - ``aliases``: ``{alias: model}`` as in :class:`Welcome` (the models of ``models``), and the other
+      served names of the models on demand, as their supervisor gave them (``models`` lists each such
+      model by its own name only).
     - ``loading_workers``: ``{worker name: model}`` of the workers loading a model (announced, not
       registered yet, not silent): what a supervisor watches to find a worker frozen in its load.
     - ``on_demand``: ``{model: DemandState}`` of each model on demand (by its primary name): the

@@ -145,3 +145,19 @@ def test_a_failed_load_ends_unloaded_and_failed_with_the_workers_words_never_loa
 def test_a_broker_without_models_on_demand_says_no_state():
     core = cores.make_core()
     assert core.status(0.0).on_demand == {} and core.status(0.0).orders == ()
+
+
+def test_an_alias_of_a_model_on_demand_is_listed_as_its_alias_not_as_a_model():
+    """``slotserve up --models-dir`` serves each model by its folder's name and its path too: the status
+    listed the path as a model of its own, with no worker even while its model was loaded (``slotserve
+    status``'s row ``/srv/models/tiny-a 0 0 0 0/0 0`` under ``tiny-a``'s; the broker's metrics'
+    ``slotserve_workers{model="/srv/models/tiny-a"} 0``). Once the supervisor said which names are
+    aliases, each is listed among ``aliases``, its model's line counting its requests."""
+    core = make_core()
+    said(core, a=LOADED)
+    core.on_backend(W1, Register("a", 2, 2, INFO, "w1", aliases=("a-alias",)), 1.0)
+    st = core.status(1.0)
+    assert sorted(st.models) == ["a", "b"] and st.models["a"].workers == 1
+    assert st.aliases == {"a-alias": "a"}
+    core.on_frontend(C1, Submit("a-alias", [envelope("r", [1], 5)]), 1.1)  # (served at once: it is a's)
+    assert sorted(core.status(1.1).models) == ["a", "b"] and core.status(1.1).models["a"].running == 1
