@@ -169,7 +169,8 @@ class OnDemand:
 
     def release(self, model: str) -> None:
         """Unload ``model`` as soon as it is idle (``POST /models/unload``; a model with requests queued or
-        running is never unloaded: it goes once they end, unless more come). KeyError for an unknown model."""
+        running is never unloaded: it goes once they end, unless more come; one whose requests wait for room
+        loads for them, then goes). KeyError for an unknown model."""
         m = self._state[model]
         m.asked, m.drop = False, True
 
@@ -212,7 +213,7 @@ class OnDemand:
 
         - ``loaded``: its worker registered, and no unload is pending;
         - ``unloading``: its worker is told to stop, or an unload is pending (:meth:`release`, for a
-          model loading or busy: it goes once loaded and idle);
+          model loading, busy or waiting for room for its requests: it goes once loaded and idle);
         - ``loading``: its worker started and has not registered, or it is wanted (requests, or
           :meth:`want`) and waits for room, for the back-off of a failed load, or for a model
           unloading -- a load accepted and not ended;
@@ -221,7 +222,8 @@ class OnDemand:
           (:meth:`failed`'s exit code; the broker adds the worker's words, if it said any)."""
         out = {}
         for name, m in self._state.items():
-            if m.state == "unloading" or (m.drop and m.state in ("loaded", "loading")):
+            if m.state == "unloading" or (m.drop and (m.state in ("loaded", "loading")
+                                                      or (m.wanted_since is not None and not m.refused))):
                 out[name] = DemandState(ModelState.UNLOADING)
             elif m.state in ("loaded", "loading"):
                 out[name] = DemandState(ModelState(m.state))
@@ -280,7 +282,7 @@ class OnDemand:
         out = []
         for name, m in self._state.items():
             if m.state not in ("loaded", "loading") or m.wanted_since is not None:
-                if m.state == "unloaded":
+                if m.state == "unloaded" and m.wanted_since is None:  # (one waiting for room keeps its unload)
                     m.drop = False
                 continue
             if m.drop and m.state == "loaded":

@@ -263,6 +263,29 @@ def test_release_unloads_once_idle_never_while_busy():
 
 
 
+def test_an_unload_of_a_model_waiting_for_room_is_kept_until_it_is_loaded_and_idle():
+    """POST /models/unload of a model whose requests wait for room (``loading``: another model is busy) was
+    dropped at the next pass, as one of a model with nothing under way, where the same order given once its
+    worker had started was kept: it loaded for its requests and then stayed loaded (``--idle-unload-s 0``:
+    for good), while every surface had said ``unloading`` at the order and the order had answered
+    ``{"success": true}`` (a break-it pass: tiny-a waiting for tiny-b, its unload given, then tiny-a
+    loaded for good). Now the order is kept: ``unloading`` while it loads and serves its requests, and
+    unloaded once idle."""
+    c = core(max_loaded=1, idle=0.0)
+    c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)  # a busy
+    assert c.decide(status(a=(0, 1, 1), b=(2, 0, 0)), 1.0, 8 * GIB) == []  # b waits for room
+    assert c.published()["b"] == DemandState(ModelState.LOADING)
+    c.release("b")
+    assert c.decide(status(a=(0, 1, 1), b=(2, 0, 0)), 2.0, 8 * GIB) == []
+    assert c.published()["b"] == DemandState(ModelState.UNLOADING)  # (as the broker said at the order)
+    assert c.decide(status(a=(0, 0, 1), b=(2, 0, 0)), 3.0, 8 * GIB) == [
+        Unload("a", "room for 'b' (max_loaded 1, least recently used)")]
+    assert c.decide(status(a=(0, 0, 0), b=(2, 0, 0)), 4.0, 8 * GIB) == [Load("b")]
+    assert c.decide(status(a=(0, 0, 0), b=(0, 2, 1)), 5.0, 8 * GIB) == []  # serving its requests: it stays
+    assert c.published()["b"] == DemandState(ModelState.UNLOADING)
+    assert c.decide(status(a=(0, 0, 0), b=(0, 0, 1)), 6.0, 8 * GIB) == [Unload("b", "asked to (POST /models/unload)")]
+
+
 def test_the_last_order_wins_a_load_after_an_unload_keeps_the_model():
     c = core(max_loaded=2, idle=0.0)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
