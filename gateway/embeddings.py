@@ -37,7 +37,8 @@ first (ties by index), the ``top_n`` first (default all). With an embedding mode
 a document's ``relevance_score`` is the **cosine similarity** of its embedding and the query's
 (:func:`protocol.embedding.cosine`), in [-1, 1]; cross-encoders, which score each (query,
 document) pair in one forward, are not served. ``return_documents`` (default true, as vLLM)
-adds each document's text.
+adds each document's text. An optional field given null (``top_n``, ``return_documents``,
+``encoding_format``) is its default, as left out.
 
 Errors are OpenAI-shaped (:mod:`gateway.errors`). While the gateway drains, both answer 503; one in
 flight is in the drain's registry from its start to its end, as a generation request is: the drain
@@ -68,7 +69,7 @@ from gateway.generation import Signal
 from gateway.link import BrokerConnections, resolve_model
 from gateway.metrics import GatewayMetrics
 from gateway.responses import error_response, json_response, new_id
-from gateway.schemas import _bad_type, _check_ids, _shown
+from gateway.schemas import NULL_IS_DEFAULT, _bad_type, _check_ids, _shown
 from protocol.embedding import cosine, pack, truncate, unpack
 from protocol.enums import ErrorCode, FinishReason
 from protocol.messages import ModelInfo
@@ -129,7 +130,7 @@ class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None  # None: the one model served
     input: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(_input)]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Annotated[Literal["float", "base64"], NULL_IS_DEFAULT] = "float"
     dimensions: int | None = None
     user: str | None = None
 
@@ -142,7 +143,7 @@ class RerankRequest(BaseModel):
     query: str
     documents: Annotated[list[str], BeforeValidator(_documents)]
     top_n: int | None = None
-    return_documents: bool = True
+    return_documents: Annotated[bool, NULL_IS_DEFAULT] = True
 
 
 class _Call:

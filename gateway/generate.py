@@ -667,8 +667,12 @@ def _body_field(e: APIError, body: _Sampling, call: _Call) -> APIError:
     from ``tools``, whose parameters schemas made the grammar (:func:`_grammar_tools` names them),
     and a refusal of it says so in its words too ("structured json_schema does not compile: ..." is
     the worker's; a position in the gateway's own tool grammar is left out); any other param is the
-    body's own, and its message names the body's fields (:func:`body_names`)."""
-    reworded(e, body_names(body))
+    body's own, and its message names the body's fields (:func:`body_names`), as does its ``param``
+    (``max_completion_tokens`` where a chat body gave that one)."""
+    names = body_names(body)
+    reworded(e, names)
+    if e.param is not None:
+        e.param = next((given for name, given in names if re.fullmatch(name, e.param)), e.param)
     if e.param != "structured":
         return e
     plan = call.tools if call.tools is not None and call.tools.constraint is not None else None

@@ -22,13 +22,14 @@ as editors call it (llama.vscode, llama.vim); the fields, answer and stream it s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError
 from gateway.llama_native import _SAMPLING_PARAMS, _SAMPLING_WORDS, LLAMA_DEFAULTS, Budget, LlamaBody, \
     LlamaEndpoint, sampling_options
+from gateway.schemas import NULL_IS_DEFAULT
 
 __all__ = ["LLAMA_DEFAULTS", "ExtraChunk", "InfillEndpoint", "InfillRequest", "infill_options"]
 
@@ -44,10 +45,10 @@ class ExtraChunk(BaseModel):
 class InfillRequest(LlamaBody):
     """The ``/infill`` body (see the module docstring)."""
 
-    input_prefix: str = ""
-    input_suffix: str = ""
-    input_extra: list[ExtraChunk] = Field(default_factory=list)
-    prompt: str = ""
+    input_prefix: Annotated[str, NULL_IS_DEFAULT] = ""  # (null: "", as llama.cpp's json_value reads it)
+    input_suffix: Annotated[str, NULL_IS_DEFAULT] = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)  # (null: a 400, as llama.cpp's "must be an array")
+    prompt: Annotated[str, NULL_IS_DEFAULT] = ""
 
 
 def infill_options(body: InfillRequest) -> dict[str, Any]:

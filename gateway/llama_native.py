@@ -45,7 +45,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -60,6 +60,7 @@ from gateway.link import resolve_model
 from gateway.llama_fields import LlamaFields, gives_text, llama_probs, logit_bias, refusal, sampler_overrides
 from gateway.logprobs import utf8_bytes
 from gateway.responses import error_response, json_response, sse
+from gateway.schemas import NULL_IS_DEFAULT
 from gateway.structured import structured_option
 from gateway.tokenizer import token_id_string
 from protocol.enums import FinishReason
@@ -77,7 +78,7 @@ class LlamaBody(LlamaFields):
 
     model: str | None = None
     n_predict: int | None = None
-    stream: bool = False
+    stream: Annotated[bool, NULL_IS_DEFAULT] = False
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None

@@ -431,6 +431,13 @@ def _tool_choice(choice: dict | None) -> tuple[str | dict | None, bool | None]:
         return None, None
     kind = choice.get("type")
     extra = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
+    if kind == "tool" and not extra:  # (its name, in Anthropic's words: required, a string)
+        if choice.get("name") is None:
+            raise bad_request("Field required: a tool_choice of type tool names the tool to call, {\"type\": "
+                              "\"tool\", \"name\": ...}", "tool_choice.name", "missing_required_parameter")
+        if not isinstance(choice["name"], str):
+            raise bad_request(f"Input should be a valid string; got {json_shown(choice['name'])}", "tool_choice.name",
+                              "invalid_type")
     if extra or kind not in ("auto", "any", "tool", "none") or (kind == "tool") != ("name" in choice):
         raise bad_request("tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or "
                           "{\"type\": \"tool\", \"name\": ...}", "tool_choice")

@@ -269,11 +269,14 @@ def for_choice(options: dict[str, Any], index: int) -> dict[str, Any]:
 def _split_stop(stop) -> tuple[list[str], list[tuple[int, ...]]]:
     """``stop`` (validated by its schema) -> (text stop strings, token-id stop
     sequences), by :func:`protocol.request.split_stop`. 400 when it has more
-    than :data:`MAX_STOP` entries or an empty one."""
+    than :data:`MAX_STOP` entries, or naming an empty one (``stop[1] must not be empty``, as the
+    Python SDK words it; ``stop`` for a lone ``""``)."""
     texts, sequences = split_stop(stop)
     entries = len(texts) + len(sequences)
     if entries > MAX_STOP:
         raise bad_request(f"stop holds {entries} entries; at most {MAX_STOP} are allowed", "stop")
     if not (all(texts) and all(sequences)):
-        raise bad_request("stop entries must not be empty", "stop")
+        empty = "stop" if isinstance(stop, str) else f"stop[{next(i for i, s in enumerate(stop) if not s)}]"
+        raise bad_request(f"{empty} must not be empty: an empty stop would end every answer before its first "
+                          "token; leave it out", "stop")
     return texts, [tuple(s) for s in sequences]

@@ -367,11 +367,19 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
 
 
 def _tool_choice(choice: str | dict | None) -> str | dict | None:
+    """``tool_choice`` as chat's: a function's, ``{"type": "function", "name"}``, named by its ``name``
+    (missing: OpenAI's 400 "Missing required parameter: 'tool_choice.name'"; not a string: a 400 naming
+    it); another type (a built-in tool's, ``allowed_tools``, ...) is not served here."""
     if not isinstance(choice, dict):
         return choice
-    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+    if choice.get("type") != "function":
         raise unsupported_field("tool_choice", f"{_WHAT} (tool_choice none, auto, required or "
                                 "{\"type\": \"function\", \"name\": ...})")
+    if choice.get("name") is None:
+        raise missing_parameter("tool_choice.name", None)
+    if not isinstance(choice["name"], str):
+        raise bad_request(f"Invalid type for 'tool_choice.name': expected a string, but got {value_kind(choice['name'])} "
+                          "instead.", "tool_choice.name", "invalid_type")
     return {"type": "function", "function": {"name": choice["name"]}}
 
 

@@ -26,7 +26,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, \
     ValidatorFunctionWrapHandler, WrapValidator, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUseDefault
 
 from protocol.errors import StopEntryError
 from protocol.request import split_stop
@@ -127,6 +127,19 @@ def _stop(value: Any) -> Any:
             if type(entry) is list:
                 _check_ids(entry, f"stop[{i}]")
     return value
+
+
+def _null_is_default(value: Any) -> Any:
+    if value is None:
+        raise PydanticUseDefault()
+    return value
+
+
+NULL_IS_DEFAULT = BeforeValidator(_null_is_default)
+"""The check of an optional field whose type is not nullable but which has a default: null is taken
+as absent (the default), as every optional field of these routes takes it (``top_n: null``,
+``"stream": null``) and as llama.cpp's ``json_value`` reads a null field; another value is checked as
+the field's type."""
 
 
 def text_or_objects(field: str, entries: str) -> BeforeValidator:

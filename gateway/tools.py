@@ -48,7 +48,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import APIError, bad_request, unknown_key
+from gateway.errors import APIError, bad_request, missing_parameter, unknown_key
+from gateway.schemas import _shown
 from gateway.structured import field_of
 from gateway.tool_grammars import call_grammar
 from gateway.tool_parsers import DEFAULT, parser_class
@@ -149,9 +150,16 @@ def tool_plan(body, parser: str = DEFAULT) -> ToolPlan | None:
         names = list(functions)
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if not isinstance(name, str) or name not in functions:  # (a list or object name is unhashable)
+        if name is None:  # (OpenAI's words: the function named is the choice)
+            raise missing_parameter("tool_choice.function.name", None)
+        if not isinstance(name, str):
+            raise bad_request(f"tool_choice.function.name must be a string, got {_shown(name)}",
+                              "tool_choice.function.name", "invalid_type")
+        if name not in functions:
             raise bad_request(f"tool_choice names function {echo(name)}, which is not in tools", "tool_choice")
         names = [name]
+    elif isinstance(choice, dict) and choice.get("type") == "function" and choice.get("function") is None:
+        raise missing_parameter("tool_choice.function", None)
     else:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
                           "\"function\": {\"name\": ...}}", "tool_choice")

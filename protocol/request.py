@@ -1073,10 +1073,11 @@ class ModelLimits:
     def check(self, params: RequestParams, prompt_len: int | None = None) -> None:
         """ValueError when ``params`` cannot run on this model (:class:`~protocol.errors.UnsupportedError`,
         a ValueError, when it needs a tokenizer the model lacks; :class:`~protocol.errors.ContextLengthError`,
-        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len``, or an embedding's prompt
-        alone does; UnsupportedError too for a request of the kind the model does not serve).
-        ``prompt_len``: the prompt's length in tokens when it is text (known once tokenised; None
-        skips the context check for text)."""
+        a ValueError, when prompt + ``max_tokens`` exceed ``max_seq_len`` -- naming ``max_tokens`` first
+        when it alone leaves no room for a prompt, before the prompt is tokenised, a text prompt's too --
+        or an embedding's prompt alone does; UnsupportedError too for a request of the kind the model
+        does not serve). ``prompt_len``: the prompt's length in tokens when it is text (known once
+        tokenised; None skips the context check for text but that of ``max_tokens`` alone)."""
         embeds = self.embeds
         if embeds is not None and (params.kind == RequestKind.EMBED) is not embeds:
             raise UnsupportedError(KIND_REFUSALS[embeds])
@@ -1111,6 +1112,12 @@ class ModelLimits:
                     f"input ({prompt_len} tokens) exceeds the {max_seq_len} tokens this model embeds at most (the "
                     "model's own limit, or a lower --max-model-len); shorten it or split it into several inputs")
             return
+        if max_seq_len is not None and params.max_tokens >= max_seq_len and not params.clamp_max_tokens and (
+                prompt_len is None or prompt_len < max_seq_len):  # (the budget alone is at fault: no prompt fits)
+            room = "" if prompt_len is None else f" (at most {max_seq_len - prompt_len} with this prompt of {prompt_len})"
+            raise ContextLengthError(f"max_tokens ({params.max_tokens}) leaves no room for the prompt in the served "
+                                     f"context of {max_seq_len} tokens (--max-model-len), which the prompt and the "
+                                     f"tokens generated share; lower max_tokens below {max_seq_len}{room}")
         if max_seq_len is not None and prompt_len is not None and params.clamp_max_tokens:
             if prompt_len < max_seq_len:
                 return  # (the engine lowers max_tokens to what the context leaves: fit())

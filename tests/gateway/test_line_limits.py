@@ -126,7 +126,7 @@ def served():
 
 
 def complete(http, **body):
-    r = http.post("/completion", json={"n_predict": 100, **body})
+    r = http.post("/completion", json={"n_predict": 60, **body})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -134,7 +134,7 @@ def complete(http, **body):
 def streamed(http, path: str = "/completion", **body) -> list[dict]:
     """The finals of a stream, by index, each with ``content`` and ``tokens`` the events carried."""
     out = {}
-    for e in events(http.post(path, json={"n_predict": 100, "stream": True, **body})):
+    for e in events(http.post(path, json={"n_predict": 60, "stream": True, **body})):
         got = out.setdefault(e["index"], {"content": "", "tokens": []})
         got["content"] += e["content"]
         got["tokens"] += e["tokens"]
@@ -227,7 +227,7 @@ def test_each_prompt_of_a_body_is_judged_on_its_own(served, stream):
 def test_infill_applies_them_as_llama_vscode_sends_them(served):
     http, client = served
     body = {"input_prefix": "code+", "input_suffix": "", "n_indent": 4, "t_max_predict_ms": 250,
-            "t_max_prompt_ms": 500, "stream": False, "n_predict": 100}
+            "t_max_prompt_ms": 500, "stream": False, "n_predict": 60}
     r = http.post("/infill", json=body)
     assert r.status_code == 200, r.text
     check_limit(r.json(), "x = 1\n    y = 2\n  ", 7)

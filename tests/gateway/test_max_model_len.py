@@ -49,7 +49,9 @@ def test_the_python_client_gets_the_wire_code(cluster, text_model):
     with Client(cluster.frontend, model=text_model) as c:
         with pytest.raises(ContextLengthError, match=re.escape(MESSAGE)):  # token ids: counted by the client
             c.submit_request(list(range(1, 41)), LIMIT - 39)
-        h = c.submit_request("hello world " * 8, LIMIT)  # text: counted by the worker
+        h = c.submit_request("hello world " * 8, LIMIT - 1)  # text: counted by the worker
+        with pytest.raises(ContextLengthError, match=r"^max_tokens \(64\) leaves no room for the prompt"):
+            c.submit_request("hello world " * 8, LIMIT)  # (a budget no prompt fits beside: before it is counted)
         h.result(timeout=60)
         assert h.finish_reason is FinishReason.ERROR and h.error.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
         assert MESSAGE in h.error.message
@@ -64,7 +66,7 @@ def test_the_python_client_gets_the_wire_code(cluster, text_model):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello world " * 8}]}, "messages"),
 ])
 def test_http_is_400_context_length_exceeded(cluster, text_model, path, fields, param):
-    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": LIMIT, **fields}, timeout=60)
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": LIMIT - 1, **fields}, timeout=60)
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", param), e

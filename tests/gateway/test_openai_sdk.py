@@ -247,7 +247,8 @@ def test_unknown_model_is_404(oai):
     ({"temperature": -1.0}, "temperature"),
     ({"extra_body": {"top_k": -3}}, "top_k"),
     ({"extra_body": {"timeout_s": 0}}, "timeout_s"),
-    ({"max_tokens": 2000}, "prompt"),  # prompt + max_tokens over the tiny model's 512-token context
+    ({"max_tokens": 511}, "prompt"),  # prompt + max_tokens over the tiny model's 512-token context
+    ({"max_tokens": 2000}, "max_tokens"),  # max_tokens alone: no prompt fits beside it
 ])
 def test_invalid_values_are_400_naming_the_field(oai, text_model, kw, param):
     kw = {"model": text_model, "prompt": [5, 6], "max_tokens": 4, **kw}
@@ -266,7 +267,8 @@ def test_invalid_values_are_400_naming_the_field(oai, text_model, kw, param):
 ])
 def test_context_exceeded_is_the_same_400_on_every_path(cluster, text_model, stream, path, fields, param):
     # it was code "invalid_value" for token ids (found by the client) and "bad_request" for text (by the worker)
-    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": 2000, "stream": stream, **fields},
+    # (a budget that fits alone: one that does not is refused naming it, tests/gateway/test_refusal_words.py)
+    r = httpx.post(cluster.http_url + path, json={"model": text_model, "max_tokens": 511, "stream": stream, **fields},
                    timeout=30)
     assert r.status_code == 400, r.text
     e = r.json()["error"]
