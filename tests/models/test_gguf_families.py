@@ -64,23 +64,34 @@ def _tokenizer_fields(writer) -> int:
     return len(tokens)
 
 
-def write_gguf(path: str, arch: str, seed: int = 0, rope_freqs=None) -> None:
+def write_gguf(path: str, arch: str, seed: int = 0, rope_freqs=None, drop: tuple[str, ...] = (),
+               kv_heads: int = KV_HEADS) -> None:
     """A tiny random-weight GGUF of ``arch`` at ``path`` (see module docstring); ``rope_freqs``: an
-    fp32 array stored as llama.cpp's ``rope_freqs.weight`` (Llama 3's RoPE frequency factors)."""
+    fp32 array stored as llama.cpp's ``rope_freqs.weight`` (Llama 3's RoPE frequency factors);
+    ``drop``: metadata keys left out (``qwen2.attention.head_count``); ``kv_heads``: the KV heads
+    its k/v weights have (and its metadata says unless dropped)."""
     rng = np.random.default_rng(seed)
     head_dim = HEAD_DIM.get(arch, HIDDEN // HEADS)
     w = gguf.GGUFWriter(path, arch)
+    _write_header = w.write_header_to_file
+
+    def write_header_to_file(*args, **kwargs):  # (the header counts the keys: dropped before it)
+        for key in drop:
+            del w.kv_data[0][key]
+        _write_header(*args, **kwargs)
+
+    w.write_header_to_file = write_header_to_file
     vocab = _tokenizer_fields(w)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(LAYERS)
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10_000.0)
     w.add_vocab_size(vocab)
-    if arch in ("gemma2", "gemma3"):
+    if arch in ("gemma2", "gemma3", "qwen3"):  # (Qwen3's heads are wider than hidden / heads, as its files say)
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
         w.add_sliding_window(WINDOW)
@@ -102,7 +113,7 @@ def write_gguf(path: str, arch: str, seed: int = 0, rope_freqs=None) -> None:
         tensor("output.weight", vocab, HIDDEN)
     for i in range(LAYERS):
         b = f"blk.{i}."
-        q, kv = HEADS * head_dim, KV_HEADS * head_dim
+        q, kv = HEADS * head_dim, kv_heads * head_dim
         if arch == "phi3":
             tensor(b + "attn_qkv.weight", q + 2 * kv, HIDDEN)
             tensor(b + "ffn_up.weight", 2 * FFN, HIDDEN, quant=q8)
@@ -244,7 +255,7 @@ def _with_metadata(monkeypatch, **extra):
 
 @pytest.mark.parametrize("arch,extra,reason", [
     ("qwen3", {"qwen3__attention__key_length": 64}, "key_length is 64"),
-    ("llama", {"llama__rope__dimension_count": 8}, "heads are 16 wide, but .* head_dim 8"),
+    ("llama", {"llama__rope__dimension_count": 8}, "dimension_count is 8"),  # (llama.cpp: invalid n_rot)
     ("gemma2", {"gemma2__attn_logit_softcapping": 10.0}, "attn_logit_softcapping is 10.0"),
     ("gemma3", {"gemma3__rope__dimension_count": 8}, "dimension_count is 8"),
 ])

@@ -248,6 +248,27 @@ def test_a_gguf_file_cut_short_garbled_or_incomplete_says_its_files(whole, tmp_p
     assert str(tmp_path) in str(err)  # (the log's line names the file)
 
 
+@pytest.mark.parametrize("arch, key", [("qwen2", "qwen2.attention.head_count"), ("llama", "llama.block_count"),
+                                       ("llama", "llama.attention.layer_norm_rms_epsilon")])
+def test_a_gguf_file_without_a_key_llama_cpp_requires_says_its_files(tmp_path, arch, key):
+    # (before: the Qwen2 file loaded as Qwen2Config's 32 heads and served; the Llama file without its
+    # block_count went to transformers' loader; the epsilon took LlamaConfig's default)
+    import struct
+
+    pytest.importorskip("gguf")
+    from tests.support.tiny_gguf import write_quantized_gguf
+
+    write_quantized_gguf(str(tmp_path / "whole.gguf"), arch)
+    whole = (tmp_path / "whole.gguf").read_bytes()
+    named = struct.pack("<Q", len(key)) + key.encode()  # the key as stored: its length, then its bytes
+    assert whole.count(named) == 1
+    path = tmp_path / "m.gguf"
+    path.write_bytes(whole.replace(named, named[:-1] + b"X"))  # another key of the same length
+    words, err = _goodbye(str(path))
+    assert words == FILES, err
+    assert isinstance(err.__cause__, ModelFileError) and key in str(err.__cause__) and str(path) in str(err)
+
+
 # ------------------------------------------------------------------ Hugging Face folders
 
 

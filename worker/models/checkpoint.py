@@ -15,8 +15,11 @@
 - the config: transformers' GGUF config dict (what ``load_gguf_checkpoint``
   gives, from its llama.cpp-key mapping: :func:`gguf_config_dict`), made into
   the family's own transformers config class (``Gemma3TextConfig.from_dict``,
-  as ``from_pretrained`` does), so every default the file does not state
-  (Gemma 3's layer pattern, Gemma 2's soft-capping) is transformers'; a config
+  as ``from_pretrained`` does); a metadata key llama.cpp requires and the file
+  lacks is a :class:`~worker.errors.ModelFileError`, one it may lack takes
+  llama.cpp's default, not the class's (:mod:`worker.models.gguf_hparams`),
+  and what no key states (Gemma 3's layer pattern, Gemma 2's soft-capping) is
+  transformers'; a config
   object only, no modelling code (Llama: a namespace, :func:`_llama_config`);
 - the tensors: dequantised by the ``gguf`` package and un-permuted (Llama
   q/k) or un-offset (Gemma norms) by transformers' own per-architecture
@@ -64,6 +67,7 @@ from worker.models.cache_file import write_once
 from worker.models.cache_root import models_cache
 from worker.models.end_tokens import gguf_end_ids
 from worker.models.gguf_header import GGUFTable, read_table
+from worker.models.gguf_hparams import check_required, with_llama_cpp_defaults
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
                                  QWEN_CODER_15B, locate_model)  # table's names, as they were here)
 from worker.models.parts import SplitGGUF, assemble as assemble_parts
@@ -288,18 +292,16 @@ def read_gguf(path: str, quantized: bool = False):
     except (OSError, KeyError, ValueError, struct.error) as exc:
         raise ModelFileError(f"cannot read GGUF file {path!r}: {exc}") from exc
     arch = table.metadata.get("general.architecture")
-    num_layers = table.metadata.get(f"{arch}.block_count")
-    if arch not in GGUF_FAMILIES or not isinstance(num_layers, int):
+    if arch not in GGUF_FAMILIES:
         return None
+    check_required(table.metadata, arch, path)  # (what llama.cpp requires; the rest: its defaults, below)
+    num_layers = table.metadata[f"{arch}.block_count"]
     _check_read_features(table.metadata, table.names, arch)
     config_dict = gguf_config_dict(table.metadata, table.names)
     if set(config_dict) - GGUF_KEYS:
         return None
-    try:
-        config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
-    except KeyError as exc:  # (a value the family's config has no default for: llama's heads, width, RoPE base)
-        raise ModelFileError(f"cannot read GGUF file {path!r}: its metadata does not give the {arch} model's "
-                             f"{exc.args[0] if exc.args else exc}, which the model needs") from None
+    config_dict = with_llama_cpp_defaults(config_dict, table.metadata, {n: s for n, s, *_ in table.entries}, arch)
+    config = gguf_config(config_dict, table.metadata, gguf_rope_parameters(table, arch))
     _check_config(config, table, arch)
     try:
         tensors = _tensors(table, config_dict, num_layers, quantized)
@@ -569,14 +571,15 @@ def _check_config(config, table: GGUFTable, arch: str) -> None:
     if arch == "gemma2":
         checks |= {"attn_logit_softcapping": config.attn_logit_softcapping,
                    "final_logit_softcapping": config.final_logit_softcapping}
-    if stored != head_dim:
-        raise Unsupported(f"the GGUF file's heads are {stored} wide, but transformers' GGUF config reads "
-                          f"head_dim {head_dim}; neither reader would run it as written")
     for key, want in checks.items():
         value = table.metadata.get(f"{arch}.{key}")
         if value is not None and value != want:
             raise Unsupported(f"the GGUF file's {arch}.{key} is {value}, but the model runs {want} "
                               f"(transformers' GGUF config); neither reader would run it as written")
+    if stored != head_dim:
+        raise Unsupported(f"the GGUF file's heads are {stored} wide, but its metadata gives head size {head_dim} "
+                          f"({arch}.attention.key_length, else embedding_length / head_count, as llama.cpp reads "
+                          f"it); neither reader would run it as written")
 
 
 def gguf_config(config: dict, metadata: dict | None = None, rope: dict | None = None):
