@@ -14,7 +14,8 @@
   (:mod:`gateway.tokenize`), with the model's tokenizer (:mod:`gateway.tokenizer`).
 - ``GET /v1/models``: models with a worker now, and those whose first worker is loading
   (``"status": {"value": "loading"}``; every model says its state where some load on demand);
-  ``GET /v1/models/{model}``: one of them, by any name listed.
+  ``GET /v1/models/{model}``: one of them, by any name listed; ``GET /models``, llama.cpp's path, the same
+  list as ``GET /v1/models``.
   ``GET /health``: 200 when the
   broker answers and some worker serves a model, else 503. ``GET /metrics``:
   Prometheus text (:mod:`gateway.metrics`).
@@ -26,8 +27,8 @@ one of them as ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 
 While the gateway stops, ``app.state.drain`` (:mod:`gateway.drain`) is
-draining: generation, ``/v1/models`` (and ``/v1/models/{model}``) and ``/props`` answer 503 (``Retry-After``),
-``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
+draining: generation, ``/v1/models`` (and ``/v1/models/{model}``, ``/models``) and ``/props`` answer 503
+(``Retry-After``), ``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
         Route("/v1/models", service.models, methods=["GET"]),
+        Route("/models", service.models, methods=["GET"]),  # (llama.cpp's server lists its models at both)
         Route("/v1/models/{model:path}", service.model, methods=["GET"]),
         Route("/models/load", control.load, methods=["POST"]),
         Route("/models/unload", control.unload, methods=["POST"]),

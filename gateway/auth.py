@@ -5,7 +5,8 @@
 unknown ``/v1`` path answers 401 before 404: a caller without a key learns
 nothing about the routes). ``/health`` is never checked (probes carry no
 key); ``/tokenize``, ``/detokenize``, ``/rerank``, ``/v2/rerank`` (vLLM's paths, outside ``/v1``),
-``/infill``, ``/completion``, ``/completions``, ``/props`` and ``/models/*`` (llama.cpp's) as ``/v1``;
+``/infill``, ``/completion``, ``/completions``, ``/props``, ``/models`` and ``/models/*`` (llama.cpp's) as ``/v1``
+(``/models`` lists what ``/v1/models`` does, and is guarded as it is);
 ``/metrics`` only when the gateway has ``metrics_api_keys`` (a
 scraper's credential, apart from the API's: a leaked scrape key cannot
 generate, an API key cannot read the metrics).
@@ -111,7 +112,7 @@ class APIKeys:
         self.metrics = KeySet(metrics_api_keys)
 
     def _keys_for(self, path: str) -> tuple[KeySet, str] | None:
-        if path == "/v1" or path.startswith("/v1/") or path in _TOKENIZER_PATHS or path.startswith("/models/"):
+        if path == "/v1" or path.startswith("/v1/") or path in _TOKENIZER_PATHS or _under(path, "/models"):
             return self.api, "--api-key"
         if path == "/metrics" or path.startswith("/metrics/"):
             return self.metrics, "--metrics-api-key"

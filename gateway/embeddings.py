@@ -30,8 +30,9 @@ llama.cpp serve it).
 - A model that generates (no embeddings): 400 ``unsupported``; an unknown one: 404
   ``model_not_found``; empty input: 400 ``invalid_value``.
 
-**/v1/rerank** (also ``/rerank`` and ``/v2/rerank``): ``{"model", "query", "documents": [str],
-"top_n"?, "return_documents"?}`` -> ``{"id", "model", "usage": {"total_tokens"}, "results":
+**/v1/rerank** (also ``/rerank`` and ``/v2/rerank``): ``{"model", "query", "documents": [str or
+{"text": str}], "top_n"?, "return_documents"?}`` (a document as Jina's and Cohere's objects too)
+-> ``{"id", "model", "usage": {"total_tokens"}, "results":
 [{"index", "relevance_score", "document": {"text"}?}]}``, the results sorted by score, highest
 first (ties by index), the ``top_n`` first (default all). With an embedding model (a bi-encoder)
 a document's ``relevance_score`` is the **cosine similarity** of its embedding and the query's
@@ -116,12 +117,34 @@ def _input(value: Any) -> Any:
     return value
 
 
+_DOCUMENTS = "documents must be a non-empty list of documents, each a non-empty string or {\"text\": string}"
+
+
 def _documents(value: Any) -> Any:
-    if type(value) is not list or not value or not all(type(d) is str and d for d in value):
-        raise _bad_type("documents must be a non-empty list of non-empty strings")
+    """``documents`` as the texts to rank: each a non-empty string, or an object ``{"text": string}`` (Jina's
+    and Cohere's document objects), its text taken; the first entry of another shape is named."""
+    if type(value) is not list or not value:
+        raise _bad_type(_DOCUMENTS)
     if len(value) > MAX_INPUTS:
         raise _bad_value(f"documents holds {len(value)} entries; at most {MAX_INPUTS} are allowed per request")
-    return value
+    if all(type(d) is str and d for d in value):
+        return value
+    texts = []
+    for i, d in enumerate(value):
+        if isinstance(d, dict):
+            extra = sorted(set(d) - {"text"})
+            if extra:  # (an image's, or a Cohere field for rank_fields: text is what is ranked here)
+                raise _bad_value(f"documents[{i}] takes text alone (a document object is {{\"text\": string}}), "
+                                 f"not {echo(extra[0])}")
+            d = d.get("text")
+            if type(d) is not str:
+                raise _bad_type(f"documents[{i}].text must be a string, got {_shown(d)}")
+        elif type(d) is not str:
+            raise _bad_type(f"{_DOCUMENTS}; documents[{i}] is {_shown(d)}")
+        if not d:
+            raise _bad_value(f"documents[{i}] must not be empty")
+        texts.append(d)
+    return texts
 
 
 class EmbeddingsRequest(BaseModel):

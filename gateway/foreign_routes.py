@@ -6,8 +6,8 @@ any unknown route, and :func:`instead` adds the route of its own API that does t
 says what to do next. The routes are those of llama.cpp's server README
 (``tools/server/README.md``: its non-OpenAI endpoints) and of Ollama's API reference (``docs/api.md``)
 that have no route of the same path here (llama.cpp's ``/health``, ``/completion``, ``/completions``,
-``/infill``, ``/props``, ``/tokenize``, ``/detokenize``, ``/models/load`` and ``/models/unload`` are
-served: docs/llama-cpp.md).
+``/infill``, ``/props``, ``/tokenize``, ``/detokenize``, ``/models``, ``/models/load`` and
+``/models/unload`` are served: docs/llama-cpp.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ _EXACT: dict[str, str] = {
                        "token ids",
     "/reranking": "the rerank route is POST /v1/rerank (also /rerank)",
     "/v1/reranking": "the rerank route is POST /v1/rerank (also /rerank)",
-    "/models": "the models are listed by GET /v1/models",
 }
 _PREFIXES: tuple[tuple[str, str], ...] = (
     ("/slots/", f"{_LLAMA_CPP} slot routes are not served: a worker's prefix cache keeps prompts' KV by itself"),

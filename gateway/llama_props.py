@@ -15,8 +15,9 @@ broker's status), ``model_alias`` the name asked for, ``model_path`` the model's
 ``slotserve up --model`` was given), ``chat_template`` the Jinja text its worker renders chats with
 (its ``--chat-template``, else its tokenizer's; ``""`` when the gateway has no tokenizer for it),
 ``chat_template_caps`` ``{}``, ``modalities`` all false (text models only), ``build_info``
-``"slotserve VERSION"``, ``is_sleeping`` true for a model not loaded now (a model on demand, or one
-whose first worker is loading: a request loads it, as a sleeping llama.cpp model wakes).
+``"slotserve VERSION"``, ``is_sleeping`` true for a model no worker serves now (a model on demand not
+loaded, one whose first worker is loading: a request loads it, as a sleeping llama.cpp model wakes; one
+``unloading`` is awake until its last worker has left, as it serves until then).
 
 Which model, as llama.cpp's router mode: ``?model=NAME`` (any name ``GET /v1/models`` lists; another
 is the 404 ``model_not_found``); without it, the one model served, or, with several (models on
@@ -99,5 +100,5 @@ class PropsEndpoint:
             "total_slots": 0 if m is None else m.slots_total,
             "model_alias": name, "model_path": primary, "chat_template": template, "chat_template_caps": {},
             "modalities": {"vision": False, "audio": False}, "build_info": build_info(),
-            "is_sleeping": self.link.model_states(st).get(name) != "loaded",
+            "is_sleeping": name not in self.link.served(st),  # (an unloading model serves until its workers leave)
         }

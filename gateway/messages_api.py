@@ -8,7 +8,9 @@ Messages field              on the chat path
 =========================== ==================================================================
 ``system``                  a ``system`` message first (a string, or ``text`` blocks joined;
                             ``[]``: none, as absent)
-``messages``                ``user`` / ``assistant`` messages; content a string or blocks:
+``messages``                ``user`` / ``assistant`` messages (and ``system`` ones, the SDK's
+                            ``SystemMessageParam``: a string or ``text`` blocks, in place);
+                            content a string or blocks:
                             ``text`` (joined; empty text is a 400 wherever a block is, in
                             Anthropic's words), an assistant's ``tool_use`` (its ``tool_calls``,
                             ``input`` as the JSON text of the arguments), a user's
@@ -144,14 +146,19 @@ def chat_items(system: str | list[dict] | None, messages: list[dict]) -> tuple[l
         where = f"messages.{i}"
         _check_keys(m, where, "message")
         role, content = m.get("role"), m.get("content")
-        if role not in ("user", "assistant"):
-            raise bad_request("a message's role must be user or assistant (the system prompt is 'system')",
-                              f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise bad_request("a message's role must be user, assistant or system", f"{where}.role")
         if content in ("", []) and not (role == "assistant" and i == len(messages) - 1):  # (Anthropic's words)
             raise bad_request("all messages must have non-empty content except for the optional final assistant "
                               "message; send a string or at least one block, or leave the message out",
                               f"{where}.content")
         final = role == "assistant" and i == len(messages) - 1  # (a prefill: the answer continues it)
+        if role == "system":  # (the SDK's SystemMessageParam: a string or text blocks, a system message in place)
+            if waiting:
+                raise _unanswered(waiting, f"messages.{i - 1}")
+            out.append({"role": "system", "content": _text(content, f"{where}.content")})
+            origins.append(Origin(where))
+            continue
         if isinstance(content, str):
             if waiting:  # (a string answers no call)
                 raise _unanswered(waiting, f"messages.{i - 1}")

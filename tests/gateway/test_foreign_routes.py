@@ -25,7 +25,6 @@ FOREIGN = [
     ("POST", "/apply-template", "POST /tokenize"),
     ("POST", "/reranking", "POST /v1/rerank"),
     ("POST", "/v1/reranking", "POST /v1/rerank"),
-    ("GET", "/models", "GET /v1/models"),
     ("GET", "/slots/", "slotserve status"),
     ("POST", "/api/chat", "POST /v1/chat/completions"),
     ("POST", "/api/generate", "POST /v1/completions"),

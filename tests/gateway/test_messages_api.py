@@ -205,8 +205,8 @@ def test_output_config_is_checked_alike_by_a_message_and_a_count(scripted, path,
      400, "invalid_request_error", "stop_sequences"),
     ("/v1/messages", {"messages": user("plain"), "max_tokens": 5, "mcp_servers": []}, 400, "invalid_request_error",
      "mcp_servers"),
-    ("/v1/messages/count_tokens", {"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error",
-     "messages.0.role"),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "developer", "content": "x"}]}, 400, "invalid_request_error",
+     "messages.0.role"),  # (system is the SDK's SystemMessageParam: taken, tests/gateway/test_vendor_shapes_served.py)
     ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                                                  "content": "1"}]}], "max_tokens": 5},
      400, "invalid_request_error", "messages.0.content.0.tool_use_id"),  # (answers no tool_use: was taken)
