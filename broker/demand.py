@@ -89,9 +89,20 @@ class DemandBoard:
 
     def said(self, msg: Demand) -> None:
         """The supervisor's ``demand``: its states replace the last ones; the orders it took (this
-        broker's, up to ``orders_taken``) are no longer pending."""
-        self._said = dict(msg.models)
-        self._aliases = dict(msg.aliases)
+        broker's, up to ``orders_taken``) are no longer pending. Anyone may send one (the supervisor is a
+        client as another): one that says it took an order this broker never gave (``orders_taken`` past
+        the last ``seq``: no supervisor's, which takes the orders of a ``status``) is ignored, and the
+        states and aliases of names that are no model on demand here are left out (both logged)."""
+        if msg.broker_id == self._broker_id and msg.orders_taken > self._seq:
+            log.warning("a demand ignored: it says it took orders up to %d, and the last order here is %d",
+                        msg.orders_taken, self._seq)
+            return
+        strangers = sorted({*msg.models, *msg.aliases, *msg.aliases.values()} - self._on_demand)
+        if strangers:
+            log.warning("a demand names %s, no model on demand here (%s): left out", ", ".join(map(echo, strangers)),
+                        ", ".join(sorted(self._on_demand)) or "none")
+        self._said = {m: st for m, st in msg.models.items() if m in self._on_demand}
+        self._aliases = {a: m for a, m in msg.aliases.items() if a in self._on_demand and m in self._on_demand}
         if msg.broker_id == self._broker_id:
             self._pending = {m: o for m, o in self._pending.items() if o.seq > msg.orders_taken}
 

@@ -633,7 +633,11 @@ class Demand(_Message):
       a restarted broker numbers its orders from 1 again).
     - ``models``: ``{model: DemandState}``, each model on demand by its primary name.
     - ``aliases``: ``{alias: model}``: the other served names of those models (an order may name one).
-    - ``orders_taken``: the ``seq`` of the last :class:`PendingOrder` it took (0: none).
+    - ``orders_taken``: the ``seq`` of the last :class:`PendingOrder` it took (0: none; >= 0).
+
+    ValueError (``malformed`` on the wire) for a negative ``orders_taken`` or a :class:`DemandState` that
+    is not one: ``failed`` in a state other than ``unloaded``, or an ``exit_code`` or a ``reason``
+    without ``failed``.
     """
 
     op: ClassVar[Op] = Op.DEMAND
@@ -641,6 +645,17 @@ class Demand(_Message):
     models: dict[str, DemandState]
     aliases: dict[str, str] = field(default_factory=dict)
     orders_taken: int = 0
+
+    def __post_init__(self) -> None:
+        _Message.__post_init__(self)  # (slots=True dataclasses cannot use bare super())
+        if self.orders_taken < 0:
+            raise ValueError(f"orders_taken must be >= 0 (an order's seq, 0: none), got {self.orders_taken}")
+        for model, st in self.models.items():
+            if (st.failed and st.state is not ModelState.UNLOADED) or (
+                    not st.failed and (st.exit_code is not None or st.reason)):
+                raise ValueError(f"model {echo(model)}: a failed load is unloaded, and only a failed one has an "
+                                 f"exit code or a reason; got {st.state.value}, failed {st.failed}, exit code "
+                                 f"{st.exit_code}, reason {echo(st.reason)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,3 +161,22 @@ def test_an_alias_of_a_model_on_demand_is_listed_as_its_alias_not_as_a_model():
     assert st.aliases == {"a-alias": "a"}
     core.on_frontend(C1, Submit("a-alias", [envelope("r", [1], 5)]), 1.1)  # (served at once: it is a's)
     assert sorted(core.status(1.1).models) == ["a", "b"] and core.status(1.1).models["a"].running == 1
+
+
+def test_a_demand_that_claims_orders_never_given_or_names_no_model_on_demand_changes_nothing_of_them(caplog):
+    """Anyone may send ``demand`` (the supervisor is a client as another). One with this broker's id
+    that said it took orders up to 2**63 - 1 dropped every order waiting for the supervisor, each of
+    which had answered ``{"success": true}`` (a break-it pass: tiny-c's load order lost, tiny-c never
+    loaded); its states for names that are no model on demand here were listed. Now a demand that says
+    it took an order this broker never gave is ignored (logged), and only models on demand are listed."""
+    core = make_core()
+    said(core)
+    order(core, "a", LOAD)
+    with caplog.at_level(logging.WARNING, logger="broker.demand"):
+        said(core, taken=2**63 - 1, a=LOADED)
+        assert [(o.seq, o.model) for o in core.status(1.0).orders] == [(1, "a")]
+        assert core.status(1.0).on_demand["a"] == LOADING  # (its word ignored whole)
+        said(core, taken=1, a=LOADING, ghost=LOADED)
+    st = core.status(1.0)
+    assert st.orders == () and sorted(st.on_demand) == ["a", "b"]
+    assert "took orders up to 9223372036854775807" in caplog.text and "'ghost'" in caplog.text

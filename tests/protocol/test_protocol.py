@@ -187,8 +187,19 @@ def welcomes(draw):
                    draw(st.one_of(st.just(0.0), positive)))
 
 
+@st.composite
+def demands(draw):
+    """A ``demand``: its states are states (a failed one unloaded, only a failed one with a code or words)."""
+    failed = st.builds(DemandState, st.just(ModelState.UNLOADED), st.just(True), st.none() | wire_int,
+                       st.text(max_size=12))
+    state = st.sampled_from(list(ModelState)).map(DemandState) | failed
+    return Demand(draw(st.text(max_size=12)), draw(st.dictionaries(st.text(max_size=6), state, max_size=3)),
+                  draw(strategy(dict[str, str])), draw(st.integers(0, WIRE_INT_MAX)))
+
+
 SPECIAL = {RequestParams: params(), Envelope: envelopes(), Iteration: token_batches(Iteration),
-           Results: token_batches(Results), Register: registers(), Welcome: welcomes(), TokenLogprob: token_logprobs}
+           Results: token_batches(Results), Register: registers(), Welcome: welcomes(), TokenLogprob: token_logprobs,
+           Demand: demands()}
 
 
 def strategy(tp) -> st.SearchStrategy:
@@ -266,6 +277,10 @@ GOOD_PARAMS = [[1], 2]
      ErrorCode.MALFORMED),
     (_frame(op="welcome", broker_id="b", heartbeat_interval_s=1e-9), ErrorCode.MALFORMED),  # peers would busy-loop
     (_frame(op="error", code="no_such_code", message="x"), ErrorCode.MALFORMED),
+    (_frame(op="demand", broker_id="b", models={}, orders_taken=-5), ErrorCode.MALFORMED),  # (seqs start at 1)
+    (_frame(op="demand", broker_id="b", models={"m": ["loaded", True, 7, "x"]}), ErrorCode.MALFORMED),  # failed: unloaded
+    (_frame(op="demand", broker_id="b", models={"m": ["unloaded", False, 7]}), ErrorCode.MALFORMED),  # (not failed)
+    (_frame(op="demand", broker_id="b", models={"m": ["loading", False, None, "why"]}), ErrorCode.MALFORMED),
     (_frame(op="welcome", broker_id="b", heartbeat_interval_s=float("nan")), ErrorCode.MALFORMED),
     (msgpack.packb({"v": PROTOCOL_VERSION, "op": "hello", "client_name": b"bytes"}, use_bin_type=True),
      ErrorCode.MALFORMED),
