@@ -147,8 +147,11 @@ def test_a_tool_message_s_call_id_and_name_reach_the_template(codecs, tiny_text_
     (env,) = codec.decode(codec.encode(Submit(model="m", requests=(Envelope("r", params, (), None),)))).requests
     assert env.params == params
     assert "<|tool|>RESULT[a1B2c3D4e|get_time] 12:00" in rendered(HFTextCodec(tok), env.params)
-    old = RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["user", "and?"]], 8)
-    assert old.prompt[2] == ("user", "and?", (), "", "") and old.prompt[1].tool_calls[0].name == "get_time"
+    # older shapes: a message without its name (the tool's answer) or without its id and name (the others)
+    old = RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["tool", "12:00", [], "c"],
+                         ["user", "and?"]], 8)
+    assert old.prompt[3] == ("user", "and?", (), "", "") and old.prompt[1].tool_calls[0].name == "get_time"
+    assert old.prompt[2] == ("tool", "12:00", (), "c", "")
     with pytest.raises(ValueError, match="a tool message needs the tool_call_id"):  # (a tool message names its call)
         RequestParams([["user", "hi"], ["assistant", "", [["c", "get_time", "{}"]]], ["tool", "12:00"]], 8)
     with pytest.raises(ValueError, match="tool_call_id must be a string"):
