@@ -158,7 +158,13 @@ class WorkerHandler:
         lw = self.registry.loading.get(identity)
         if lw is not None:
             lw.last_seen_s = now
-            if isinstance(msg, Bye):
+            if isinstance(msg, Bye) and not msg.load_failed:
+                # told to stop (a signal) while loading: no fault of the model's. Its requests wait for its next
+                # load (on demand: its supervisor loads it again while it is wanted), as for a loader that left
+                log.info("worker %s stopped while loading model %r (told to stop: %s)", lw.name, lw.model,
+                         msg.reason or "no reason given")
+                self._loader_gone(lw, out, f"the worker loading it ({lw.name}) was stopped before it loaded it")
+            elif isinstance(msg, Bye):
                 log.warning("worker %s stopped while loading model %r: %s", lw.name, lw.model, msg.reason)
                 # the waiting requests' error says why (a bad option, a file that cannot load, memory)
                 self._loader_gone(lw, out, f"the worker loading it ({lw.name}) stopped: {msg.reason}"

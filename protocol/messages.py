@@ -662,10 +662,17 @@ class Demand(_Message):
 class Bye(_Message):
     """C->B or W->B: leaving now. The broker cancels a client's requests, and
     requeues a worker's in-flight requests (with their tokens) at once instead
-    of waiting for missed heartbeats. ``reason``: free text for the log."""
+    of waiting for missed heartbeats. ``reason``: free text for the log.
+
+    ``load_failed`` (a worker that has not registered): it leaves because its model could not
+    load or warm up, and ``reason`` says so in words for clients: the requests waiting for that
+    model end with them (a model on demand is marked failed). False: it was told to stop (a
+    signal) while loading, and the requests wait for the model's next load (on demand: its
+    supervisor loads it again while it is wanted)."""
 
     op: ClassVar[Op] = Op.BYE
     reason: str = ""
+    load_failed: bool = False
 
 
 MAX_SLOTS = 2**32

@@ -169,10 +169,12 @@ class DemandSupervisor:
                             name, p.exitcode)
                 p.join()
                 del self.running[name]
-                # It never registered: its load failed (back off). One that did (listed served at an earlier
-                # pass) loaded its model, whatever ended it after: its goodbye (SIGTERM) drops it from the
-                # broker at once, and the model is unloaded, not failed.
-                if folded.models[name].workers == 0 and name not in self._registered:
+                # It never registered: its load failed (back off), unless it exited with code 0, as a worker
+                # told to stop while loading does (a signal from outside: its goodbye says so, Bye.load_failed;
+                # a failed load exits 1). One that did register (listed served at an earlier pass) loaded its
+                # model, whatever ended it after: its goodbye (SIGTERM) drops it from the broker at once. Those
+                # leave the model unloaded, not failed: it loads again when wanted.
+                if folded.models[name].workers == 0 and name not in self._registered and p.exitcode != 0:
                     self.core.failed(name, now, p.exitcode)
                     if name not in self._heard:  # nor announced its load: the broker would never count it
                         self._announce_dead(name, p)

@@ -59,7 +59,7 @@ class LinkedWorker(Protocol):
     """What the I/O thread reads and calls of its worker: the shape of
     :class:`~worker.process.WorkerProcess` seen from here (so this module need not import it).
     The methods (each documented there) run on the I/O thread; the attributes are set before
-    it starts, except ``iterations`` (an int the main thread counts up) and ``goodbye``."""
+    it starts, except ``iterations`` (an int the main thread counts up), ``goodbye`` and ``load_failed``."""
 
     config: WorkerConfig
     identity: bytes                                   # the DEALER's routing id
@@ -69,6 +69,7 @@ class LinkedWorker(Protocol):
     ready: bool                                       # loaded and warm when the I/O thread starts
     iterations: int                                   # engine iterations so far (heartbeats' progress)
     goodbye: str                                      # the ``bye`` message's reason
+    load_failed: bool                                 # ... and whether it says the model failed to load
 
     def take_outbox(self) -> list[Iteration]: ...
     def assign(self, entries: tuple[Envelope | Rejected, ...]) -> list[Finished]: ...
@@ -245,7 +246,7 @@ class BrokerLink:
 
     def _say_goodbye(self) -> None:
         try:
-            self.sock.send(encode(Bye(self.wp.goodbye)), zmq.NOBLOCK)
+            self.sock.send(encode(Bye(self.wp.goodbye, self.wp.load_failed)), zmq.NOBLOCK)
         except zmq.Again:
             pass  # the broker is not reading; it will notice the silence
         self.sock.close(linger=500)  # let the goodbye leave

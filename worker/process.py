@@ -126,6 +126,7 @@ class WorkerProcess:
         self._outbox: list[tuple[int, Iteration]] = []   # guarded by _out_lock
         self._wake_pending = False                        # guarded by _out_lock
         self.goodbye = "worker stopping"  # what the I/O thread's goodbye says (a failed load says why)
+        self.load_failed = False  # ... and whether it leaves because its model failed to load (Bye.load_failed)
 
     def _load(self) -> None:
         """Load ``config.model`` (main thread, slow: 10-60 s for a real model on
@@ -241,6 +242,7 @@ class WorkerProcess:
             name = self.config.served_names[0]
             self.goodbye = e.public if isinstance(e, ModelLoadError) else _load_failure(name, e) if what == "load" \
                 else f"model {name!r} failed to warm up: an unexpected error"
+            self.load_failed = True
             raise
 
     def _serve(self, pipe: zmq.Socket, stop: threading.Event) -> None:

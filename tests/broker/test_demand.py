@@ -128,7 +128,7 @@ def test_a_failed_load_ends_unloaded_and_failed_with_the_workers_words_never_loa
     st = order(core, "a", LOAD)
     said(core, taken=st.orders[-1].seq, a=LOADING)
     core.on_backend(W1, Loading("a", "w1"), 1.5)
-    core.on_backend(W1, Bye("cannot load model 'a': not a GGUF file"), 2.0)
+    core.on_backend(W1, Bye("cannot load model 'a': not a GGUF file", load_failed=True), 2.0)
     assert core.status(2.0).on_demand["a"] == LOADING  # (until the supervisor saw its process end)
     said(core, 2.1, taken=1, a=DemandState(ModelState.UNLOADED, True, 1, "its worker exited with code 1"))
     got = core.status(2.1).on_demand["a"]

@@ -189,7 +189,7 @@ def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_r
     out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
     out += core.on_frontend(C1, Submit("alias", [envelope("b", [1], 5)]), 0.1)
     assert finished(out) == {}
-    out = core.on_backend(W1, Bye("cannot load model 'lazy': not a GGUF file"), 0.2)
+    out = core.on_backend(W1, Bye("cannot load model 'lazy': not a GGUF file", load_failed=True), 0.2)
     ended = finished(out)
     assert set(ended) == {"a", "b"} and {f.code for f in ended.values()} == {ErrorCode.WORKER_FAILED}
     assert "not a GGUF file" in ended["a"].message and core.status(0.2).models["lazy"].queued == 0
@@ -197,6 +197,30 @@ def test_a_model_on_demand_whose_loading_worker_says_goodbye_fails_its_waiting_r
     core.on_backend(W2, Loading("lazy", "w2"), 1.0)
     out = core.on_frontend(C1, Submit("lazy", [envelope("c", [1], 5)]), 1.1) + core.tick(30.0)
     assert finished(out) == {} and core.status(30.0).models["lazy"].queued == 1
+
+
+def test_a_loading_worker_told_to_stop_leaves_its_requests_waiting_for_the_next_load():
+    """A worker stopped by a signal while it loads (its goodbye without ``load_failed``: a break-it
+    pass sent SIGTERM to the worker loading smollm2-135m on demand, and its waiting request got 500
+    worker_failed "the worker loading model ... stopped (worker stopping); ... fix the model or remove
+    it", the model marked failed) is no fault of the model's: on demand its requests wait for the
+    next load; a model of a fixed set that nobody else serves or loads ends ``unknown_model`` past
+    the grace, as when its loader falls silent, saying it was stopped."""
+    core = make_core(on_demand_models=("lazy",))
+    core.on_backend(W1, Loading("lazy", "w1"), 0.0)
+    out = core.on_frontend(C1, Submit("lazy", [envelope("a", [1], 5)]), 0.1)
+    out += core.on_backend(W1, Bye("worker stopping"), 0.2)
+    assert finished(out) == {} and core.status(0.2).models["lazy"].queued == 1
+    assert core.status(0.2).on_demand == {} or not core.status(0.2).on_demand["lazy"].failed
+    out = core.on_backend(W2, Register("lazy", 2, 2, INFO, "w2"), 1.0)  # the next load serves it
+    (spec,) = assigned(out, W2)
+    assert spec.request_id is not None and core.status(1.0).models["lazy"].queued == 0
+    fixed = make_core(register_grace_s=0)
+    fixed.on_backend(W1, Loading("m", "w1"), 0.0)
+    out = fixed.on_frontend(C1, Submit("m", [envelope("b", [1], 5)]), 0.1)
+    out += fixed.on_backend(W1, Bye("worker stopping"), 0.2)
+    (end,) = finished(out).values()
+    assert end.code is ErrorCode.UNKNOWN_MODEL and "was stopped before it loaded it" in end.message
 
 
 def _silent_load(core, worker, t, model="lazy"):

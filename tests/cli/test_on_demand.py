@@ -904,7 +904,7 @@ def test_a_load_that_fails_ends_unloaded_and_failed_with_the_workers_words_not_l
     clock[0] = 0.3
     sup.run_pass(0.3)
     assert broker.status(0.3).on_demand["b"].state is ModelState.LOADING
-    broker.on_backend(b"w1", Bye("cannot load model 'b': not a GGUF file"), 0.4)
+    broker.on_backend(b"w1", Bye("cannot load model 'b': not a GGUF file", load_failed=True), 0.4)
     procs[0].alive, procs[0].exitcode = False, 1
     assert broker.status(0.4).on_demand["b"].state is ModelState.LOADING  # (its exit not seen yet)
     clock[0] = 0.4
@@ -976,6 +976,32 @@ def test_a_loaded_models_worker_that_exits_is_no_failed_load(monkeypatch):
     broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.7)
     clock[0] = 0.8
     assert sup.run_pass(0.8) == [Load("a")] and len(procs) == 2  # (at once: not 1 s of back-off)
+
+
+def test_a_loading_worker_told_to_stop_is_no_failed_load(monkeypatch):
+    """A worker stopped by a signal from outside while it loads says goodbye without ``load_failed``
+    and exits with code 0 (a failed load exits 1): a break-it pass's SIGTERM to the worker loading
+    smollm2-135m left the model 'unloaded, failed (exit code 0)' with a failed load's back-off and
+    its waiting request ended 500. Now the model is not failed, its request waits, and the pass that
+    sees the worker exit loads the model again for it."""
+    from protocol.enums import ModelState
+    from protocol.messages import Bye, Loading, Results, Submit
+    from tests.support.messages import envelope
+
+    broker, clock, sup, procs = _supervised_over_a_broker_core(monkeypatch)
+    sup.run_pass(0.0)
+    out = broker.on_frontend(b"client", Submit("a", [envelope("r", [1], 5)]), 0.05)
+    clock[0] = 0.2
+    assert sup.run_pass(0.2) == [Load("a")]
+    broker.on_backend(b"w1", Loading("a", "w1"), 0.3)
+    out += broker.on_backend(b"w1", Bye("worker stopping"), 0.4)  # SIGTERM from outside while it loads
+    procs[0].alive, procs[0].exitcode = False, 0
+    assert broker.status(0.4).on_demand["a"] == DemandState(ModelState.LOADING)  # (its exit not seen yet)
+    clock[0] = 0.5
+    # the pass that sees it exit loads it again for its request: no failed load's back-off
+    assert sup.run_pass(0.5) == [Load("a")] and len(procs) == 2
+    assert broker.status(0.5).on_demand["a"] == DemandState(ModelState.LOADING)
+    assert not [f for x in out if isinstance(x.message, Results) for f in x.message.finished]  # (still waits)
 
 
 def test_a_model_still_loading_keeps_its_memory_from_the_next_pass_on(monkeypatch):

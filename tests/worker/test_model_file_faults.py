@@ -40,7 +40,30 @@ def _goodbye(model: str, **options) -> tuple[str, ModelLoadError]:
                                     model_options=ModelOptions(**options)))
     with pytest.raises(ModelLoadError) as raised:
         wp._prepare(threading.Event())
+    assert wp.load_failed  # (its goodbye tells the broker so: Bye.load_failed)
     return wp.goodbye, raised.value
+
+
+def test_a_load_stopped_by_a_signal_is_no_failed_load(monkeypatch):
+    """A stop asked for while the model loads (SIGTERM: the flag interrupts the main thread with
+    LoadInterrupted) leaves the goodbye "worker stopping" without ``load_failed``: the broker keeps the
+    model's requests waiting for its next load, where a failed load's goodbye ends them with its words
+    (a break-it pass: SIGTERM to a worker loading a model on demand ended its waiting request 500,
+    'fix the model or remove it')."""
+    import contextlib
+
+    from worker.errors import LoadInterrupted
+
+    wp = WorkerProcess(WorkerConfig(model="simulated", served_model_names=("m",), warmup=False))
+
+    def stopped():
+        raise LoadInterrupted()
+
+    monkeypatch.setattr(wp, "_load", stopped)
+    stop = threading.Event()
+    stop.interrupting = lambda exc: contextlib.nullcontext()
+    wp._prepare(stop)
+    assert wp.goodbye == "worker stopping" and not wp.load_failed
 
 
 # ------------------------------------------------------------------ the type decides
