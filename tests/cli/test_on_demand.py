@@ -1039,25 +1039,10 @@ def test_ups_banner_says_what_idle_unload_s_does(monkeypatch, tmp_path, idle, sa
     """``--idle-unload-s 0`` keeps an idle model (0: never); the banner said "unloaded after 0 s idle"."""
     from click.testing import CliRunner
 
-    from slotserve import launcher
     from slotserve.cli import main
+    from tests.support.launcher import record_clusters
 
-    class _Cluster:  # (starts nothing; supervise returns at once)
-        frontend, backend, http_url = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", None
-
-        def __init__(self, cfg) -> None:
-            pass
-
-        def start(self, should_stop=None) -> None:
-            pass
-
-        def supervise(self, should_stop, wakeup_fd=None) -> None:
-            pass
-
-        def stop(self, halt=False, wakeup_fd=None) -> None:
-            pass
-
-    monkeypatch.setattr(launcher, "LocalCluster", _Cluster)
+    record_clusters(monkeypatch)
     monkeypatch.chdir(tmp_path)
     for n in ("m1", "m2"):
         (tmp_path / f"{n}.gguf").write_bytes(b"GGUF")

@@ -9,37 +9,15 @@ from __future__ import annotations
 import hashlib
 import threading
 import tomllib
-import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.support.parts import make_parts
 from worker.models import checkpoint, parts
 from worker.models.parts import SplitGGUF, assemble, part_files
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_parts(site: Path, contents: list[bytes], *, version: str = "1.0", skip: tuple[int, ...] = ()) -> list[str]:
-    """Install fake part distributions ``<prefix>-part1 ...`` into ``site`` (one data/partNN.bin
-    each, listed in its RECORD); returns their names in part order. ``skip``: part numbers not
-    installed. Names are unique per call (importlib.metadata caches by path)."""
-    prefix = f"fake-{uuid.uuid4().hex[:8]}"
-    names = []
-    for i, data in enumerate(contents, 1):
-        name = f"{prefix}-part{i}"
-        names.append(name)
-        if i in skip:
-            continue
-        module = name.replace("-", "_")
-        (site / module / "data").mkdir(parents=True)
-        (site / module / "data" / f"part{i:02d}.bin").write_bytes(data)
-        info = site / f"{module}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        (info / "RECORD").write_text(f"{module}/__init__.py,,\n{module}/data/part{i:02d}.bin,,\n"
-                                     f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
-    return names
 
 
 def split_of(names: list[str], contents: list[bytes], **overrides) -> SplitGGUF:

@@ -20,6 +20,7 @@ import zipfile
 
 import pytest
 
+from tests.support.parts import make_parts
 from worker.config import WorkerConfig
 from worker.errors import ModelFileError, ModelLoadError
 from worker.models import names
@@ -134,23 +135,6 @@ def site(tmp_path, monkeypatch):
     return folder
 
 
-def _parts(site, contents: list[bytes], version: str = "1.0") -> tuple[str, ...]:
-    """Fake part distributions (as tests/models/test_parts.py's), one data file each."""
-    prefix = f"fake-{uuid.uuid4().hex[:8]}"
-    parts = []
-    for i, data in enumerate(contents, 1):
-        name = f"{prefix}-part{i}"
-        module = name.replace("-", "_")
-        (site / module / "data").mkdir(parents=True)
-        (site / module / "data" / f"part{i:02d}.bin").write_bytes(data)
-        info = site / f"{module}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        (info / "RECORD").write_text(f"{module}/data/part{i:02d}.bin,,\n")
-        parts.append(name)
-    return tuple(parts)
-
-
 def _package(site, files: dict[str, bytes | str]) -> str:
     """A fake package holding ``files`` (name -> content); its import name."""
     package = f"fake_model_{uuid.uuid4().hex[:8]}"
@@ -180,9 +164,9 @@ def _alias_fault(site, kind: str):
     if kind == "split: a part not installed":
         return SplitGGUF(parts=(f"fake-{uuid.uuid4().hex[:8]}-part1",), sha256="0" * 64, **split)
     if kind == "split: a part of another version":
-        return SplitGGUF(parts=_parts(site, [data], version="0.9"), sha256="0" * 64, **split)
+        return SplitGGUF(parts=tuple(make_parts(site, [data], version="0.9")), sha256="0" * 64, **split)
     if kind == "split: parts that hash to another file":
-        return SplitGGUF(parts=_parts(site, [data[:50], data[50:]]), sha256="0" * 64, **split)
+        return SplitGGUF(parts=tuple(make_parts(site, [data[:50], data[50:]])), sha256="0" * 64, **split)
     if kind == "package not installed":
         return f"fake_model_{uuid.uuid4().hex[:8]}"
     if kind == "package without its .gguf":
