@@ -42,18 +42,27 @@ class ModelFileError(ValueError):
     """A model's files are missing, unreadable, cut short, corrupt or not a model's: a path or name that
     names no checkpoint here, a GGUF file whose header or tensor data is cut short or garbled (an
     unknown tensor type, a tensor or metadata key its family needs missing), a Hugging Face folder
-    whose weights file is missing or garbled, an alias whose package or part packages are missing,
+    whose weights file is missing or garbled or whose weights do not fit its config.json (a tensor
+    of another shape, or one it needs missing), an alias whose package or part packages are missing,
     not as published or do not hash to the published file, a zipped model folder that does not
     unzip, a sentence-transformers file that does not parse. The message names the file and what
     to do (reinstall, download again) for the server's log.
 
     Raised where the file is found bad (:mod:`worker.models.names`, :mod:`worker.models.gguf_header`,
     :mod:`worker.models.checkpoint`, :mod:`worker.models.parts`, :mod:`worker.models.zipped`,
-    :mod:`worker.models.pooling`); a caller that adds context to one raises a ModelFileError again,
-    so its type survives the wrap. A ValueError, as every load error is, so ``except ValueError``
-    still takes it; the worker tells clients "its files could not be read" for this type (and for
-    an ``OSError``), "its configuration is not valid" for any other ValueError
-    (:func:`worker.process._load_failure`)."""
+    :mod:`worker.models.pooling`, :mod:`worker.models.embedder`); a caller that adds context to one
+    raises a ModelFileError again, so its type survives the wrap. A ValueError, as every load error
+    is, so ``except ValueError`` still takes it; the worker tells clients "its files could not be
+    read" for this type (and for an ``OSError``), "its configuration is not valid" for any other
+    ValueError (:func:`worker.process._load_failure`).
+
+    ``cause``: what clients may read instead of "its files could not be read", where the fault is
+    known more precisely and can be said without a path (weights that do not fit config.json:
+    :mod:`worker.models.weights_fit`); None: those words."""
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class ModelLoadError(ValueError):

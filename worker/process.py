@@ -560,10 +560,13 @@ def _load_failure(model: str, err: BaseException) -> str:
     :class:`~worker.errors.ModelLoadError`'s message) -- chosen by ``err``'s type: a
     :class:`~worker.errors.ModelFileError` (a file missing, unreadable, cut short, corrupt or not a
     model's, where the loader found it so) or an ``OSError`` (a file the system would not give):
-    its files; any other ``ValueError`` (a configuration transformers' or slotserve's checks refuse,
-    options that do not fit it; transformers' validators, which wrap one): its configuration; else
-    an unexpected error. Returns one line, ``"model 'x' failed to load: <cause>"``; raises nothing."""
-    if isinstance(err, (ModelFileError, OSError)):
+    its files (or the ModelFileError's own ``cause``, a fault said without a path: weights that do not
+    fit config.json); any other ``ValueError`` (a configuration transformers' or slotserve's checks
+    refuse, options that do not fit it; transformers' validators, which wrap one): its configuration;
+    else an unexpected error. Returns one line, ``"model 'x' failed to load: <cause>"``; raises nothing."""
+    if isinstance(err, ModelFileError) and err.cause:
+        cause = err.cause
+    elif isinstance(err, (ModelFileError, OSError)):
         cause = "its files could not be read (missing, unreadable, cut short or not a model's)"
     elif isinstance(err, ValueError) or isinstance(err.__cause__, ValueError):  # (transformers' validators wrap one)
         cause = "its configuration is not valid (or the server's options for it do not fit it)"

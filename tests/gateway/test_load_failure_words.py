@@ -75,10 +75,11 @@ def test_the_goodbye_of_a_failed_load_is_in_slotserves_words_and_the_detail_stay
         assert str(tmp_path) in str(raised.value)
 
 
-def _failing_load(http, tmp_path) -> tuple[ThreadWorker, threading.Event]:
-    """A worker loading a broken folder (its config.json no JSON) for model ``broken`` (on demand), held
-    before the load until the returned gate is set: ``(worker, gate)`` once the broker counts the load."""
-    folder = _broken(tmp_path, "json")
+def _failing_load(http, tmp_path, folder: str | None = None) -> tuple[ThreadWorker, threading.Event]:
+    """A worker loading a broken folder (``folder``; None: one whose config.json is no JSON) for model
+    ``broken`` (on demand), held before the load until the returned gate is set: ``(worker, gate)`` once
+    the broker counts the load."""
+    folder = _broken(tmp_path, "json") if folder is None else folder
 
     class Gated(WorkerProcess):
         gate = threading.Event()
@@ -105,10 +106,10 @@ def _fail(http, w: ThreadWorker, gate: threading.Event, waiting) -> None:
     assert isinstance(w.error, ModelLoadError)
 
 
-def _wait_and_fail(http, tmp_path, path: str, body: dict) -> "object":
-    """``body`` to ``path`` for model ``broken`` (on demand) while a worker loads a broken folder for it:
-    the response once the load has failed."""
-    w, gate = _failing_load(http, tmp_path)
+def _wait_and_fail(http, tmp_path, path: str, body: dict, folder: str | None = None) -> "object":
+    """``body`` to ``path`` for model ``broken`` (on demand) while a worker loads a broken folder for it
+    (``folder``, as :func:`_failing_load`): the response once the load has failed."""
+    w, gate = _failing_load(http, tmp_path, folder)
     wait_until(lambda: "broken" in {m["id"] for m in http.get("/v1/models").json()["data"]}, 30,
                "the gateway to see the load", lambda: http.get("/v1/models").json())
     out = {}
@@ -155,6 +156,19 @@ def test_every_route_says_the_model_failed_to_load_in_slotserves_words(http, tmp
     assert FILES in text, text
     for leak in (str(tmp_path), "config.json", "JSON file", "It looks like"):
         assert leak not in text, text
+
+
+def test_weights_that_do_not_fit_config_json_say_so_and_name_the_tensor(http, tmp_path):
+    # (before: "model 'broken' failed to load: an unexpected error", transformers' RuntimeError)
+    from tests.support.slot_models import save_unfitting_llama
+
+    folder = save_unfitting_llama(tmp_path / "m", "vocab_size", 400)
+    r = _wait_and_fail(http, tmp_path, "/v1/chat/completions", ROUTES["/v1/chat/completions"], folder)
+    assert r.status_code == 500, r.text
+    said = ("model 'broken' failed to load: its weights do not match its config.json (lm_head.weight is [320, 64] in "
+            "the weights, [400, 64] by config.json, and 1 other tensor); fix config.json or download the model again")
+    assert said in r.json()["error"]["message"], r.text
+    assert str(tmp_path) not in r.text
 
 
 STREAMED = sorted(set(ROUTES) - {"/v1/embeddings"})  # (an embedding is never streamed)

@@ -38,6 +38,19 @@ def save_tiny_llama(path, **config):
     return model
 
 
+def save_unfitting_llama(path, key: str, value) -> str:
+    """:func:`save_tiny_llama` at ``path`` (a folder: config.json and model.safetensors), then its
+    config.json's ``key`` set to ``value``: a config.json that is not its weights' (another size's, or
+    edited). Returns ``path`` as a string."""
+    import json
+    from pathlib import Path
+
+    save_tiny_llama(path)
+    config = Path(path) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
+    return str(path)
+
+
 def random_prompts(count: int, seed: int, max_len: int = 60, vocab: int = TINY_LLAMA_VOCAB) -> list[list[int]]:
     """``count`` prompts of 1 to ``max_len`` tokens in [2, vocab), from ``seed``."""
     rng = random.Random(seed)

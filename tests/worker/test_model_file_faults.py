@@ -345,3 +345,99 @@ def test_options_that_do_not_fit_a_whole_model_still_say_its_configuration(tmp_p
     words, err = _goodbye(str(folder), precision="gguf")
     assert words == CONFIG, err
     assert not isinstance(err.__cause__, ModelFileError)
+
+
+# ------------------------------------------------------------------ weights that do not fit config.json
+
+
+def _unfitting_folder(tmp_path, key: str, value, model: str = "llama") -> str:
+    """A tiny checkpoint saved whole (config.json and model.safetensors), then its config.json's ``key``
+    set to ``value``: a config.json that is not this checkpoint's (another size's, or edited). ``model``:
+    ``"llama"`` (:func:`tests.support.slot_models.save_unfitting_llama`) or ``"bert"`` (an encoder, for
+    an embedding model)."""
+    if model == "llama":
+        from tests.support.slot_models import save_unfitting_llama
+
+        return save_unfitting_llama(tmp_path / "m", key, value)
+    import json
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    folder = tmp_path / "m"
+    BertModel(BertConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=128,
+                         vocab_size=100, max_position_embeddings=64)).save_pretrained(str(folder))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    return str(folder)
+
+
+UNFITTING = [  # (config.json's key, its new value, what the message says; the tiny Llama: 64 wide, 2 layers)
+    ("hidden_size", 128, "lm_head.weight is [320, 64] in the weights, [320, 128] by config.json, and 20 other "
+                         "tensors"),
+    ("vocab_size", 400, "lm_head.weight is [320, 64] in the weights, [400, 64] by config.json, and 1 other tensor"),
+    ("num_key_value_heads", 4, "model.layers.0.self_attn.k_proj.weight is [32, 64] in the weights, [64, 64] by "
+                               "config.json, and 3 other tensors"),
+    ("intermediate_size", 64, "model.layers.0.mlp.down_proj.weight is [64, 128] in the weights, [64, 64] by "
+                              "config.json, and 5 other tensors"),
+    ("num_hidden_layers", 3, "config.json asks for model.layers.2.input_layernorm.weight, which the weights do not "
+                             "hold, and 8 other tensors"),  # (was: their random initial values, served)
+]
+
+
+@pytest.mark.parametrize("runner", ["slotserve", "hf"])
+@pytest.mark.parametrize("key, value, says", UNFITTING, ids=[u[0] for u in UNFITTING])
+def test_weights_that_do_not_fit_config_json_are_a_file_fault_naming_the_tensor_in_process(
+        tmp_path, runner, key, value, says):
+    # (before: transformers' RuntimeError "You set `ignore_mismatched_sizes` to `False`, thus raising an error.
+    # For details look at the above report!", naming no tensor; a missing layer loaded as noise)
+    pytest.importorskip("transformers")
+    from worker.models import load_model
+
+    folder = _unfitting_folder(tmp_path, key, value)
+    with pytest.raises(ModelFileError) as raised:
+        load_model(folder, runner=runner)
+    message = str(raised.value)
+    assert f"its weights do not match its config.json ({says}); fix config.json or download the model again" \
+        in message, message
+    assert folder in message and "download" in message  # (the log's line names the folder and what to do)
+    assert "ignore_mismatched_sizes" not in message
+
+
+@pytest.mark.parametrize("runner", ["slotserve", "hf"])
+def test_weights_that_do_not_fit_config_json_tell_clients_so_without_the_path(tmp_path, runner):
+    pytest.importorskip("transformers")
+    words, err = _goodbye(_unfitting_folder(tmp_path, "hidden_size", 128), runner=runner)
+    # (before: "model 'broken' failed to load: an unexpected error")
+    assert words == ("model 'broken' failed to load: its weights do not match its config.json (lm_head.weight is "
+                     "[320, 64] in the weights, [320, 128] by config.json, and 20 other tensors); fix config.json "
+                     "or download the model again"), words
+    assert str(tmp_path) not in words
+    assert isinstance(err.__cause__, ModelFileError) and str(tmp_path) in str(err)
+
+
+def test_an_embedding_models_weights_that_do_not_fit_config_json_are_a_file_fault(tmp_path):
+    pytest.importorskip("transformers")
+    from worker.models import load_model
+
+    folder = _unfitting_folder(tmp_path, "hidden_size", 128, model="bert")
+    with pytest.raises(ModelFileError) as raised:
+        load_model(folder, pooling="mean")
+    assert "its weights do not match its config.json" in str(raised.value), raised.value
+    assert "embeddings.LayerNorm.bias is [64] in the weights, [128] by config.json" in str(raised.value)
+    words, _ = _goodbye(folder, pooling="mean")
+    assert words.startswith("model 'broken' failed to load: its weights do not match its config.json"), words
+
+
+def test_a_checkpoint_whose_weights_fit_its_config_loads_on_both_runners(tmp_path):
+    # (the check refuses nothing whole: tied embeddings saved once, as transformers saves them)
+    pytest.importorskip("transformers")
+    from worker.models import load_model
+
+    from tests.support.slot_models import save_tiny_llama
+
+    folder = str(tmp_path / "m")
+    save_tiny_llama(folder, tie_word_embeddings=True)
+    for runner in ("slotserve", "hf"):
+        assert load_model(folder, runner=runner).vocab_size == 320

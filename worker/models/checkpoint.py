@@ -71,6 +71,7 @@ from worker.models.gguf_hparams import check_required, with_llama_cpp_defaults
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
                                  QWEN_CODER_15B, locate_model)  # table's names, as they were here)
 from worker.models.parts import SplitGGUF, assemble as assemble_parts
+from worker.models.weights_fit import fitted
 from worker.models.zipped import ZippedFolder, extract
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -194,7 +195,8 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     (``generation_config.eos_token_id``: :func:`worker.models.end_tokens.gguf_end_ids`).
 
     Raises :class:`~worker.errors.ModelFileError` for a model whose files cannot be found or
-    read (:func:`resolve_model_path`, :func:`loader_error`), ``ValueError`` for an unknown dtype or
+    read (:func:`resolve_model_path`, :func:`loader_error`) or whose weights do not fit its config
+    (:mod:`worker.models.weights_fit`), ``ValueError`` for an unknown dtype or
     a model transformers will not build (the message names the cause).
     """
     if dtype not in _DTYPES:
@@ -211,18 +213,19 @@ def load_pretrained(name: str, *, dtype: str = "float32", attn_implementation: s
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
-            )
+            model, unfit = fitted(AutoModelForCausalLM, path, dtype=torch_dtype,
+                                  attn_implementation=attn_implementation, **kwargs)
         except ValueError as exc:
             # an architecture without an SDPA path (Gemma 2: SDPA has no soft-capping) runs the
             # eager attention, transformers' own reference for it
             if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
                 raise
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager",
-                                                         **kwargs)
+            model, unfit = fitted(AutoModelForCausalLM, path, dtype=torch_dtype, attn_implementation="eager",
+                                  **kwargs)
     except (OSError, ValueError, SafetensorError) as exc:
         raise loader_error(f"cannot load model {name!r} from {path!r}: {exc}", exc) from exc
+    if unfit is not None:
+        raise ModelFileError(f"cannot load model {name!r} from {path!r}: {unfit}", cause=unfit)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError, TypeError):

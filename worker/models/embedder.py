@@ -147,7 +147,8 @@ def load_embedder(name: str, pooling: str | None, device: str, precision: str,
 
     Raises :class:`~worker.errors.ModelFileError` for a checkpoint whose files cannot be found or
     read (:func:`~worker.models.checkpoint.resolve_model_path`, the sentence-transformers files:
-    :func:`~worker.models.pooling.read_pooling`, the weights: :func:`~worker.models.checkpoint.loader_error`),
+    :func:`~worker.models.pooling.read_pooling`, the weights: :func:`~worker.models.checkpoint.loader_error`)
+    or whose weights do not fit its config (:mod:`worker.models.weights_fit`),
     ValueError for one transformers will not build, a folder whose pipeline slotserve does not run,
     another precision, or a decoder without ``pooling``."""
     if precision not in ("fp32", "bf16"):
@@ -156,8 +157,10 @@ def load_embedder(name: str, pooling: str | None, device: str, precision: str,
     from safetensors import SafetensorError
     from transformers import AutoModel, AutoTokenizer
 
+    from worker.errors import ModelFileError
     from worker.models.checkpoint import loader_error, resolve_model_path
     from worker.models.hf_text import HFTextCodec
+    from worker.models.weights_fit import fitted
 
     path, gguf_file = resolve_model_path(name)
     folder = gguf_file is None and is_sentence_transformers(path)
@@ -172,10 +175,12 @@ def load_embedder(name: str, pooling: str | None, device: str, precision: str,
         config = Pooling(pooling, DECODER_NORMALIZE)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        module = AutoModel.from_pretrained(path, dtype=torch.float32 if precision == "fp32" else torch.bfloat16,
-                                           **kwargs)
+        module, unfit = fitted(AutoModel, path, dtype=torch.float32 if precision == "fp32" else torch.bfloat16,
+                               **kwargs)
     except (OSError, ValueError, SafetensorError) as exc:
         raise loader_error(f"cannot load embedding model {name!r} from {path!r}: {exc}", exc) from exc
+    if unfit is not None:
+        raise ModelFileError(f"cannot load embedding model {name!r} from {path!r}: {unfit}", cause=unfit)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError, TypeError):
