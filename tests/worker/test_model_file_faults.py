@@ -276,6 +276,54 @@ def test_a_gguf_file_without_a_key_llama_cpp_requires_says_its_files(tmp_path, a
     assert isinstance(err.__cause__, ModelFileError) and key in str(err.__cause__) and str(path) in str(err)
 
 
+def _with_metadata(whole: bytes, key: str, value: int) -> bytes:
+    """The GGUF file ``whole`` with its u32 metadata ``key`` set to ``value`` (the rest as written)."""
+    import struct
+
+    named = struct.pack("<Q", len(key)) + key.encode()  # the key as stored: its length, then its bytes
+    assert whole.count(named) == 1
+    at = whole.index(named) + len(named)
+    assert struct.unpack_from("<I", whole, at)[0] == 4  # (GGUF's type code of a u32)
+    data = bytearray(whole)
+    struct.pack_into("<I", data, at + 4, value)
+    return bytes(data)
+
+
+GGUF_UNFITTING = [  # (arch, metadata key, its new value, the first tensor named: the tiny file is 256 wide, FFN 512,
+    # 4 heads of 64, 2 KV heads)
+    ("llama", "feed_forward_length", 256, "model.layers.0.mlp.down_proj.weight is [256, 512] in the weights, "
+                                          "[256, 256] by its metadata, and 5 other tensors"),
+    ("llama", "attention.head_count_kv", 1, "model.layers.0.self_attn.k_proj.weight is [128, 256] in the weights, "
+                                            "[64, 256] by its metadata, and 3 other tensors"),
+    ("qwen2", "attention.head_count_kv", 4, "model.layers.0.self_attn.k_proj.bias is [128] in the weights, [256] "
+                                            "by its metadata, and 7 other tensors"),
+]
+
+
+@pytest.mark.parametrize("options", [dict(runner="slotserve"), dict(runner="slotserve", precision="fp32"),
+                                     dict(runner="hf")], ids=["slotserve-gguf", "slotserve-fp32", "hf"])
+@pytest.mark.parametrize("arch, key, value, says", GGUF_UNFITTING, ids=[f"{u[0]}-{u[1]}" for u in GGUF_UNFITTING])
+def test_a_gguf_files_tensors_that_do_not_fit_its_metadata_are_a_file_fault_on_every_runner(
+        tmp_path, arch, key, value, says, options):
+    # (before: slotserve's reader loaded the file and every request failed "model failed: RuntimeError: shape
+    # '[5, 2, 1, 64]' is invalid for input of size 1280"; the hf runner said "an unexpected error")
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from tests.support.tiny_gguf import write_quantized_gguf
+    from worker.models import load_model
+
+    write_quantized_gguf(str(tmp_path / "whole.gguf"), arch)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_with_metadata((tmp_path / "whole.gguf").read_bytes(), f"{arch}.{key}", value))
+    cause = f"its weights do not match its metadata ({says}); download the model again"
+    with pytest.raises(ModelFileError) as raised:
+        load_model(str(path), **options)
+    assert cause in str(raised.value) and str(path) in str(raised.value), raised.value
+    words, err = _goodbye(str(path), **options)
+    assert words == f"model 'broken' failed to load: {cause}", words
+    assert isinstance(err.__cause__, ModelFileError)
+
+
 # ------------------------------------------------------------------ Hugging Face folders
 
 

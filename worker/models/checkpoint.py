@@ -71,7 +71,7 @@ from worker.models.gguf_hparams import check_required, with_llama_cpp_defaults
 from worker.models.names import (ALIASES, ALL_MINILM_L6_V2, INSTALL, QWEN_CODER_05B,  # noqa: F401 (the alias
                                  QWEN_CODER_15B, locate_model)  # table's names, as they were here)
 from worker.models.parts import SplitGGUF, assemble as assemble_parts
-from worker.models.weights_fit import fitted
+from worker.models.weights_fit import fitted, gguf_unfitted
 from worker.models.zipped import ZippedFolder, extract
 
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -282,13 +282,14 @@ def read_gguf(path: str, quantized: bool = False):
     (:func:`worker.models.end_tokens.gguf_end_ids`).
 
     Raises :class:`~worker.errors.ModelFileError` for a file that is not a readable GGUF (the
-    header: :func:`~worker.models.gguf_header.read_table`; cut short, an unknown tensor type) or
-    lacks what its family needs (a metadata key its config is read from, a layer's tensor);
+    header: :func:`~worker.models.gguf_header.read_table`; cut short, an unknown tensor type),
+    lacks what its family needs (a metadata key its config is read from, a layer's tensor) or holds
+    a tensor of another shape than its metadata makes it (:func:`~worker.models.weights_fit.gguf_unfitted`);
     ValueError for a tensor this reader cannot read, and
     :class:`~worker.models.llama.family.Unsupported` (a ValueError) for a file with a feature
     neither this reader nor transformers' reads.
     """
-    from worker.models.llama.source import from_state_dict
+    from worker.models.llama.source import family_parts, from_state_dict
 
     try:
         table = read_table(path)
@@ -314,6 +315,9 @@ def read_gguf(path: str, quantized: bool = False):
     if missing is not None:
         raise ModelFileError(f"cannot read GGUF file {path!r}: it has no tensor for {missing}, which its "
                              f"{arch} model needs; the file is not a whole model")
+    unfit = gguf_unfitted(config, tensors, family_parts(GGUF_FAMILIES[arch]), num_layers)
+    if unfit is not None:  # (else the forward fails on every request, with torch's words)
+        raise ModelFileError(f"cannot read GGUF file {path!r}: {unfit}", cause=unfit)
     source = from_state_dict(config, tensors)
     from worker.models.gguf_tokenizer import gguf_tokenizer
 
