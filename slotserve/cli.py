@@ -830,7 +830,8 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
     from slotserve.launcher import LocalCluster
     from slotserve.signals import StopSignals
 
-    models = _distinct_models(models + (_models_in(models_dir) if models_dir else ()))
+    named = models + (_models_in(models_dir) if models_dir else ())
+    models = _distinct_models(named)
     several = len(models) > 1  # each on demand (slotserve.on_demand), one worker each
     if several and (served_model_names or workers is not None):
         raise click.UsageError("--served-model-name and --workers apply to one model; with several, each is "
@@ -841,9 +842,11 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
              if ctx.get_parameter_source(name) in (click.core.ParameterSource.COMMANDLINE,
                                                    click.core.ParameterSource.ENVIRONMENT)]
     if given and not several:
+        tail = (f"the --model values given name one model ({models[0]}), whose workers run as long as the "
+                "cluster: give another model too, or --models-dir" if len(named) > 1 else
+                "one model's workers run as long as the cluster: give --model more than once, or --models-dir")
         raise click.UsageError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to several models "
-                               "(loaded on demand); one model's "
-                               "workers run as long as the cluster: give --model more than once, or --models-dir")
+                               f"(loaded on demand); {tail}")
     model = models[0] if models else _default(WorkerConfig, "model")
     gateway = None
     if http_port is not None:

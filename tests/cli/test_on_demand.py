@@ -249,6 +249,23 @@ def test_up_with_one_model_refuses_what_applies_to_several(args, env, says):
     assert result.exit_code == 2 and says in result.output and "--models-dir" in result.output, result.output
 
 
+def test_up_with_one_model_named_twice_says_so_when_refusing_what_applies_to_several(monkeypatch, tmp_path):
+    """``--model m.gguf --model ./m.gguf`` is one model (docs/cluster.md: one path named twice), so
+    --idle-unload-s is refused as with one; the refusal said "give --model more than once", which the
+    command line did: it now says the values name one model."""
+    from click.testing import CliRunner
+
+    from slotserve.cli import main
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["up", "--model", "m.gguf", "--model", "./m.gguf", "--idle-unload-s", "5"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "the --model values given name one model (m.gguf), whose workers run" in said, result.output
+    assert "--models-dir" in said and "give --model more than once" not in said, result.output
+
+
 def test_release_unloads_once_idle_never_while_busy():
     c = core(max_loaded=2, idle=0.0)
     c.decide(status(a=(0, 1, 1), b=(0, 0, 0)), 0.0, 8 * GIB)
