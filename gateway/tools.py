@@ -224,11 +224,37 @@ def _answer_error(e: AnswerError) -> APIError:
                        f"messages.{e.index}.{field}")
 
 
+_CALL_KEYS = frozenset({"id", "type", "function", "index"})
+"""The keys of a tool call in a request's message: OpenAI's ``ChatCompletionMessageToolCallParam``'s, and the
+``index`` a client that gathered the call from a stream's deltas (``choices[].delta.tool_calls[].index``)
+keeps on it, which OpenAI's API takes (its refusal of it in April 2024 was taken back:
+RageAgainstThePixel/OpenAI-DotNet#278); it says nothing the list's order does not, and is not used."""
+_FUNCTION_KEYS = frozenset({"name", "arguments"})
+"""The keys of a tool call's ``function`` (OpenAI's ``Function``: the name and the arguments' JSON text)."""
+
+
 def _checked_call(call: Any, where: str) -> dict:
+    """The tool call ``call`` (an entry of a request message's ``tool_calls``, at the body field ``where``:
+    ``messages.1.tool_calls.0``) as the worker renders it, ``{"id", "type": "function", "function": {"name",
+    "arguments"}}`` (the arguments JSON text; none, null or blank: ``"{}"``). 400 naming the field for a call
+    that is no such object, a key of the call or of its function other than :data:`_CALL_KEYS` and
+    :data:`_FUNCTION_KEYS` (``unknown_parameter``, as a message's own unknown key and its text part's are),
+    an ``index`` that is no count, a name that is no tool name, another type, an id that is no string, or
+    arguments that are not the JSON text of an object (or the object)."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request("a tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                           "\"arguments\"}}", where)
+    unknown = sorted(set(call) - _CALL_KEYS)
+    if unknown:
+        raise unknown_key(where, unknown[0], "id, type and function; index is taken and not used")
+    unknown = sorted(set(fn) - _FUNCTION_KEYS)
+    if unknown:
+        raise unknown_key(f"{where}.function", unknown[0], "name and arguments")
+    index = call.get("index")
+    if index is not None and (type(index) is not int or index < 0):
+        raise bad_request(f"{where}.index must be an integer >= 0 or null; got {_shown(index)}", f"{where}.index",
+                          "invalid_type")
     if not is_tool_name(fn["name"]):  # (its own field: a Messages tool_use block's name, a function_call item's)
         raise bad_request(f"a tool call's name must be 1-64 letters, digits, '_' or '-', got {echo(fn['name'])}",
                           f"{where}.function.name")
