@@ -403,7 +403,8 @@ async def resolve_model(link, model: str | None) -> str:
     serves (:meth:`~BrokerConnections.only_model`), as llama.cpp (which ignores the field) and vLLM
     (which defaults it to the served model) do. Raises :class:`APIError` 400
     ``missing_required_parameter`` naming each model a request may name when several are (models on
-    demand too, loaded or not: :meth:`~BrokerConnections.models`), 503 when none is."""
+    demand too, loaded or not: :meth:`~BrokerConnections.models`), 503 when none is, or when no broker
+    answers (:meth:`~BrokerConnections.no_broker`: a request naming a model is told the same)."""
     if model is not None:
         return model
     await link.first_contact()  # (a gateway that just started: what is served is not known yet)
@@ -412,6 +413,8 @@ async def resolve_model(link, model: str | None) -> str:
         return only
     models = link.models()
     if not models:
+        if not link.broker_ok:  # (no status: "no worker serves a model" blamed the workers)
+            raise link.no_broker()
         raise unavailable("no worker serves a model right now; retry, or name the model")
     raise bad_request(f"model is required: this gateway serves several ({', '.join(sorted(models))})", "model",
                       "missing_required_parameter")
