@@ -18,7 +18,7 @@ mapping), :mod:`gateway.responses` (bodies, chunks, finish_reason mapping),
 :mod:`gateway.link` (the shared broker connections), :mod:`gateway.generation`
 (one request seen from the event loop), :mod:`gateway.metrics`,
 :mod:`gateway.drain` (stopping: refuse new requests, let those in flight
-finish, end the rest), :mod:`gateway.server` (uvicorn, and the stop sequence).
+finish, end the rest), :mod:`gateway.server` (uvicorn, and the stop sequence) over :mod:`gateway.listen` (its socket).
 
 ``run`` and ``create_app`` are imported on first use, so importing the
 config (the launcher does) does not load the HTTP stack.

@@ -15,25 +15,9 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S, HALTED, TICK_S, Drain, deadline_passed
-from protocol.endpoints import bind_error
+from gateway.listen import bind
 
 log = logging.getLogger(__name__)
-
-LISTEN_BACKLOG = 2048
-"""Pending TCP connections the kernel queues before uvicorn accepts them (bursts of new clients)."""
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``port=0`` picks a free one).
-    Raises :class:`~protocol.endpoints.BindError` (an OSError) when the address is taken or is not
-    this machine's, or the host does not resolve."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
-    except OSError as e:  # socket.gaierror (a host name that does not resolve) included
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        # create_server adds '(while attempting to bind on address ...)' to the reason: the address is said once
-        reason = (e.strerror or str(e)).partition(" (while attempting")[0]
-        raise bind_error("the HTTP server", address, e.errno, reason) from None
 
 
 class StopFlag(Protocol):

@@ -32,6 +32,7 @@ from broker.server import tune_gc
 from client import BrokerUnavailable, Client
 from gateway.config import GatewayConfig
 from gateway.drain import END_GRACE_S, PARENT_GONE as PARENT_GONE_MESSAGE
+from gateway.listen import bind
 from protocol.endpoints import BindError
 from protocol.liveness import StallWatch
 from protocol.validation import as_seconds
@@ -279,6 +280,7 @@ class LocalCluster:
         """
         self._should_stop = should_stop or (lambda: False)
         try:
+            self._check_http_port()
             self._start_broker()
             for i in range(len(self._workers)):
                 self._start_worker(i)
@@ -290,6 +292,21 @@ class LocalCluster:
             raise
         finally:
             self._should_stop = _never
+
+    def _check_http_port(self) -> None:
+        """RuntimeError (the :class:`~protocol.endpoints.BindError`'s one line) when the gateway's port
+        cannot be bound now: another server listens there, or its host is not this machine's. Checked
+        before the broker starts and the workers load their models (for a large model, minutes): the
+        gateway binds it once they are ready, and a second ``slotserve up`` on a taken ``--http-port``
+        said so only then. Port 0 (a free one) is not checked; a port taken between this check and the
+        gateway's start is still said then."""
+        cfg = self._gateway_cfg
+        if cfg is None or cfg.port == 0:
+            return
+        try:
+            bind(cfg.host, cfg.port).close()
+        except BindError as e:
+            raise RuntimeError(str(e)) from None
 
     def _check_stop(self) -> None:
         if self._should_stop():

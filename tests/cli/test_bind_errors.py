@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from broker import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.server import BrokerServer
-from gateway.server import bind
+from gateway.listen import bind
 from protocol.endpoints import BindError
 from slotserve.cli import main
 
@@ -98,7 +98,8 @@ def test_broker_and_serve_print_the_line_and_exit_1(held_port, args):
 
 @pytest.mark.parametrize("taken", ["--frontend", "--http-port"])
 def test_up_prints_the_line_and_no_child_traceback(held_port, taken):
-    """Through the real command: the broker's or the gateway's child process cannot bind."""
+    """Through the real command: the broker's child process cannot bind, or the HTTP port is taken (said
+    before any child starts: tests/cli/test_http_port_first.py)."""
     args = {"--frontend": "tcp://127.0.0.1:*", "--backend": "tcp://127.0.0.1:*", "--http-port": "0"}
     args[taken] = f"tcp://127.0.0.1:{held_port}" if taken == "--frontend" else str(held_port)
     proc = subprocess.run(SLOTSERVE + ["up", "--workers", "1", "--slots", "1",
