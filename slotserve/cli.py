@@ -889,7 +889,9 @@ def up(ctx, workers: int, slots: int, models: tuple, models_dir: str | None, max
         try:
             cluster.start(should_stop=sig.is_set)
             click.echo(f"slotserve up: broker on {cluster.frontend} (workers: {cluster.backend}), {what}"
-                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else "") + f". {sig.stop_hint()}",
+                       + (f", HTTP on {cluster.http_url}/v1" if cluster.http_url else  # (llama-server, Ollama
+                          ", no HTTP server (--http-port PORT serves the OpenAI API)")  # and vLLM serve it always)
+                       + f". {sig.stop_hint()}",
                        err=True)
             cluster.supervise(sig.is_set, wakeup_fd=sig.fileno())  # the signal's wakeup pipe ends the wait at once
             click.echo("stopping..." if gateway is None else
