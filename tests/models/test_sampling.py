@@ -49,6 +49,30 @@ def test_extreme_values_give_valid_tokens():
     assert out[3] == int(logits[3].argmax())  # top_p keeps the most likely token only
 
 
+
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300, 5e-324])
+def test_a_top_p_that_fp32_rounds_to_zero_keeps_the_most_likely_token(top_p):
+    # Any top_p in (0, 1] is valid, but fp32 holds nothing below 1.4e-45: the sampler compared the mass
+    # before each token with 0, dropped every token, the most likely one too, and the NaN row drew its
+    # last id (SmolLM2 with top_p=1e-300 wrote 'ectable' over and over; with a grammar: GrammarMismatch).
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0, -1.0, 3.0]])
+    drawn = {Sampler().pick(logits, [SamplingParams(temperature=1.0, top_p=top_p, seed=s)], [0])[0] for s in range(20)}
+    assert drawn == {2}
+
+
+@pytest.mark.parametrize("temperature", [3.5e38, 1e300, 1.7e308])
+def test_a_temperature_past_fp32s_range_keeps_masks_and_filters(temperature):
+    # Past 3.4e38 the temperature was inf in fp32: a masked token's -inf / inf is NaN, and the row drew
+    # its last id whatever its mask (a grammar's: GrammarMismatch; min_tokens': the same token each
+    # time) and whatever top_k kept. Now the distribution is the limit's: uniform over what is allowed.
+    masked = torch.tensor([[0.0, -INF, 5.0, -INF, -1.0, 3.0, -INF]])  # the last id masked too
+    drawn = {Sampler().pick(masked, [SamplingParams(temperature=temperature, seed=s)], [0])[0] for s in range(60)}
+    assert drawn == {0, 2, 4, 5}
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0, -1.0, 3.0]])
+    kept = {Sampler().pick(logits, [SamplingParams(temperature=temperature, top_k=2, seed=s)], [0])[0]
+            for s in range(40)}
+    assert kept == {2, 5}
+
 def test_top_k_and_top_p_keep_the_right_sets():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     seen_k, seen_p = set(), set()

@@ -316,3 +316,19 @@ def test_a_grammar_being_built_holds_no_other_constrained_request(tiny, monkeypa
         builder.join(30)
     engine.run()
     assert re.fullmatch("[0-9]{3,5}", slow[0].text), slow[0].text
+
+
+@pytest.mark.parametrize("options", [{"temperature": 1e308, "seed": 3},
+                                     {"temperature": 1.0, "top_p": 1e-300, "seed": 3}])
+def test_a_sampling_value_past_fp32s_range_keeps_the_grammar(tiny, options):
+    # temperature 1e308 (inf in fp32: the grammar's -inf masks became NaN) and top_p 1e-300 (0 in fp32:
+    # every token dropped) drew the vocabulary's last id: GrammarMismatch, finish_reason error.
+    engine = BatchInferenceEngine(tiny, batch_size=2, stop_token="model")
+    h = engine.submit_request("hello world", 30, structured={"json_schema": SCHEMA}, **options)
+    held = engine.submit_request("hello world", 6, min_tokens=6, **options)
+    engine.run()
+    assert h.error is None and h.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), h.error
+    if h.finish_reason is FinishReason.STOP:
+        jsonschema.validate(json.loads(h.text), SCHEMA)
+    assert held.error is None and held.finish_reason is FinishReason.LENGTH
+    assert not set(held.tokens) & set(tiny.eos_token_ids)  # min_tokens' mask held

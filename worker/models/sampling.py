@@ -53,6 +53,9 @@ Numeric containment: a failure in one row never touches another.
 
 - A temperature below :data:`protocol.request.GREEDY_BELOW` is greedy (dividing logits by
   1e-40 overflows to inf and the softmax to NaN).
+- A temperature past fp32's range (3.4e38) is taken as its largest value, and top-p keeps the
+  most likely token whatever ``top_p`` rounds to in fp32 (below 1.4e-45: 0), so every valid
+  request's row keeps its masks and filters (:meth:`Sampler._sample`).
 - Scores are shifted by the row maximum before the division, so any
   temperature > 0 gives finite scores for finite logits.
 - A row whose logits contain NaN or +inf, or no finite value at all (before
@@ -81,6 +84,7 @@ __all__ = ["NonFiniteLogits", "Sampler", "argmax_rows", "log_softmax_", "mix_see
 
 _MASK64 = (1 << 64) - 1
 _NO_TOP_P = 2.0  # a top_p that never drops a token, even when the cumulative sum rounds past 1
+_FP32_MAX = torch.finfo(torch.float32).max
 
 
 def mix_seed(seed: int, position: int) -> int:
@@ -347,8 +351,16 @@ class Sampler:
         return out.index_copy_(0, g, argmax_rows(scores.index_select(0, g))).index_copy_(0, at, drawn)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
+        """The drawn token of each row (long ``[R]``) of fp32 ``logits [R, V]``.
+
+        Every finite temperature >= :data:`~protocol.request.GREEDY_BELOW` and top_p in (0, 1] is a
+        valid request, but fp32 holds neither a temperature past 3.4e38 (inf: a masked token's
+        ``-inf / inf`` is NaN, and the NaN row drew its last id whatever its mask) nor a top_p below
+        1.4e-45 (0: every token dropped, the most likely one too). So the temperature is taken within
+        fp32's finite range (past it the distribution is uniform over the allowed tokens, as the
+        limit is), and top-p keeps the most likely token whatever ``p`` rounds to."""
         device, vocab = logits.device, logits.shape[-1]
-        temperature = to_device([p.temperature for p in params], torch.float32, device)[:, None]
+        temperature = to_device([p.temperature for p in params], torch.float32, device)[:, None].clamp_(max=_FP32_MAX)
         scores = logits.float()
         scores = (scores - scores.amax(dim=-1, keepdim=True)) / temperature  # <= 0: never overflows
         top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
@@ -361,6 +373,7 @@ class Sampler:
             probs = torch.softmax(ordered, dim=-1)
             # drop a token when the mass before it already reaches top_p
             drop = (probs.cumsum(dim=-1) - probs) >= to_device(top_p, torch.float32, device)[:, None]
+            drop[:, 0] = False  # the most likely token stays (a top_p that rounds to 0 in fp32 dropped it)
             drop |= ordered == float("-inf")
             scores = scores.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
         min_p = [p.min_p for p in params]
