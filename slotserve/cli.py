@@ -1100,8 +1100,16 @@ def run(ctx, input_path, output, broker_addr, model, workers, slots, step_delay_
     if outcome.exit_status == 1:
         raise click.ClickException(outcome.message)
     if outcome.message:
-        click.echo(outcome.message, err=True)
+        click.echo(outcome.message + _resume_hint(outcome, output), err=True)
     ctx.exit(outcome.exit_status)
+
+
+def _resume_hint(outcome, output: str) -> str:
+    """The end of ``slotserve run``'s last line for a job stopped before its input ended (a signal,
+    ``--timeout-s``: ``outcome.summary.stopped``): that ``--resume`` runs only the rows not done, which
+    it reads from ``output``; "" otherwise, and for ``-o -`` (standard output: nothing to read back)."""
+    stopped = outcome.summary is not None and outcome.summary.stopped is not None
+    return "; the same command with --resume runs only the rows not done yet" if stopped and output != "-" else ""
 
 
 def _afresh(output: str) -> None:
