@@ -128,7 +128,7 @@ class ClientCore:
         The I/O thread calls it without the lock: it alone delivers to these
         requests (as the callback thread to the others). The hot path of a
         client without callbacks: kept flat."""
-        handles = self.ledger.handles
+        handles, retiring = self.ledger.handles, self.ledger.retiring
         for rid, n, cached in msg.started:  # text and chat prompts, with their first tokens
             h = handles.get(rid)
             if h is not None:
@@ -163,6 +163,8 @@ class ClientCore:
         for f in msg.finished:
             h = handles.get(f.request_id)
             if h is None:
+                if retiring:  # (the broker's ending of a request ended here: its id is free again)
+                    self.ledger.retired(f.request_id)
                 continue
             if h.callback is None and h.on_token is None and h.on_text is None:
                 endings.append((h, f))
@@ -195,8 +197,13 @@ class ClientCore:
 
     def io_refused(self, msg: Error) -> None:
         """The broker (or the connection) refused the requests ``msg`` names:
-        they will end with its code (:meth:`mark_failed`, then :meth:`error`)."""
+        they will end with its code (:meth:`mark_failed`, then :meth:`error`); those that
+        ended here already are no longer the broker's (:meth:`Ledger.retired`)."""
         self.mark_failed(msg.request_ids, RemoteError(msg.code, msg.message))
+        if self.ledger.retiring:
+            for rid in msg.request_ids:
+                if rid not in self.ledger.handles:
+                    self.ledger.retired(rid)
 
     def io_failed(self, msg, error: BaseException) -> None:
         """Handling ``msg`` on the I/O thread raised ``error``: the requests it
@@ -285,6 +292,9 @@ class ClientCore:
         ended = [rid for rid in ids if rid in self.ledger.handles]
         out = self._end_all(ended, FinishReason.ERROR, internal(error), now)
         out.cancel = ended
+        # the broker still holds them (their ids wait for its word), but for those this message ended there
+        over = {f.request_id for f in msg.finished} if isinstance(msg, Results) else ()
+        self.ledger.retire(rid for rid in ended if rid not in over)
         return out
 
     def broken(self, error: BaseException, now: float) -> Outcome:
@@ -309,6 +319,7 @@ class ClientCore:
         old, self.broker_id = self.broker_id, broker_id
         if old is None or old == broker_id:
             return Outcome()
+        self.ledger.forget_retiring()  # (the new broker holds none of them)
         pending = list(self.ledger.handles.values())
         log.warning("broker restarted (%s -> %s): resubmitting %d requests", old[:8], broker_id[:8], len(pending))
         endings, entries = resubmission(pending, now)
@@ -337,6 +348,7 @@ class ClientCore:
         open_ = [h for h in handles if self.ledger.handles.get(h.request_id) is h]
         out = self._end_each(((h, FinishReason.DEADLINE) for h in open_), None, now)
         out.cancel = [h.request_id for h in open_]
+        self.ledger.retire(out.cancel)  # (the broker may still hold them: their ids wait for its word)
         return out
 
     def settle(self, h: ClientHandle, callback_error: BaseException | None = None) -> None:

@@ -18,7 +18,13 @@ Invariants (kept here, pinned by ``tests/client/test_ledger.py``):
 - an open request with a ``timeout_s`` has its deadline (submission +
   ``timeout_s``, on the client's clock) in a heap until :meth:`~Ledger.overdue`
   hands it out once (ended requests' entries are dropped there, or when the
-  heap outgrows the open requests).
+  heap outgrows the open requests);
+- a request ended here while the broker may still hold it (its deadline passed
+  while the broker was silent, or a message about it could not be handled: a
+  cancel is sent) keeps its id ``retiring`` until the broker's own ending or
+  refusal of it arrives (:meth:`~Ledger.retired`), or a new broker is heard from:
+  until then :meth:`~Ledger.open` refuses the id, which the broker would take
+  for the old request (a resubmission, run once) and answer with its news.
 """
 
 from __future__ import annotations
@@ -39,18 +45,24 @@ class Ledger:
     - ``in_flight``: requests opened and not yet settled.
     - ``closed``: the client was closed: :meth:`open` refuses.
     - ``broken``: the exception that ended the connection, or None: :meth:`open` refuses.
+    - ``retiring``: ids of requests ended here that the broker may still hold (see the module
+      docstring): :meth:`open` refuses them. The I/O thread takes ids out without the client's
+      lock (:meth:`retired`; one ``set.discard``, atomic): a request the broker has ended can be
+      sent again at once.
 
     ``owner`` is given to every handle (it serves ``handle.result()`` and
     ``handle.text``; None for a ledger driven without a client, as in tests).
     """
 
-    __slots__ = ("handles", "in_flight", "closed", "broken", "_ids", "_cancelling", "_owner", "_deadlines", "_order")
+    __slots__ = ("handles", "in_flight", "closed", "broken", "retiring", "_ids", "_cancelling", "_owner",
+                 "_deadlines", "_order")
 
     def __init__(self, owner=None) -> None:
         self.handles: dict[RequestId, ClientHandle] = {}
         self.in_flight = 0
         self.closed = False
         self.broken: BaseException | None = None
+        self.retiring: set[RequestId] = set()
         self._ids = itertools.count()
         self._cancelling: set[RequestId] = set()  # open requests with a cancel sent
         self._owner = owner
@@ -62,8 +74,9 @@ class Ledger:
         """Record a new request (``request_id`` checked already, or None: pick one)
         submitted at ``now``; return its handle.
 
-        Raises ValueError when ``request_id`` is open already, RuntimeError
-        when the client is closed or its connection failed.
+        Raises ValueError when ``request_id`` is open already or retiring (ended here, the
+        broker's ending of it not heard yet), RuntimeError when the client is closed or its
+        connection failed.
         """
         if self.closed:
             raise RuntimeError("this client is closed")
@@ -73,11 +86,15 @@ class Ledger:
         rid = request_id
         if rid is None:
             rid = next(self._ids)
-            while rid in handles:
+            while rid in handles or rid in self.retiring:
                 rid = next(self._ids)
         elif rid in handles:
             raise ValueError(f"request_id {rid!r} is already in flight on this client; "
                              "use a new id, or cancel the old request first")
+        elif rid in self.retiring:
+            raise ValueError(f"request_id {rid!r} ended here (its deadline passed while the broker was silent, or "
+                             "a message about it failed) and the broker has not yet said it ended there: it would "
+                             "take this request for that one; use a new id, or wait for the broker")
         h = ClientHandle(rid, params, callback, on_token, now, self._owner, on_text)
         handles[rid] = h
         self.in_flight += 1
@@ -109,6 +126,20 @@ class Ledger:
             return False
         self._cancelling.add(request_id)
         return True
+
+    def retire(self, request_ids: Iterable[RequestId]) -> None:
+        """``request_ids`` ended here and were cancelled at the broker, which may still hold them:
+        their ids stay refused until :meth:`retired` (or :meth:`forget_retiring`)."""
+        self.retiring.update(request_ids)
+
+    def retired(self, request_id: RequestId) -> None:
+        """The broker ended or refused ``request_id`` (its news found no open request): if it
+        was retiring, its id is free again."""
+        self.retiring.discard(request_id)
+
+    def forget_retiring(self) -> None:
+        """A new broker (a restart): it holds none of the retiring requests."""
+        self.retiring.clear()
 
     def cancelling(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         """Those of ``request_ids`` with a cancel pending, in order."""

@@ -96,6 +96,50 @@ def test_an_id_is_free_again_once_its_request_ended():
     assert again is not first and core.ledger.handles["a"] is again and first.done()
 
 
+
+def test_an_id_ended_here_waits_for_the_brokers_word_before_it_is_taken_again():
+    # A request the client ends itself (its deadline passed while the broker was silent; a message about
+    # it it could not handle) is cancelled at the broker, which may still hold it: the same id sent again
+    # was taken there for that request (a resubmission, run once) and the new handle got its tokens and
+    # ending (reproduced: broker SIGSTOPped, "x" expired, submitted again as [7, 8, 9]: the old request's
+    # [201, 742, 0], "stop"). The id is refused until the broker's ending, or refusal, of it comes.
+    core = ClientCore()
+    timed = RequestParams([1, 2], 8, timeout_s=1.0)
+    x = submit(core, "x", timed)
+    f = submit(core, "f")
+    out = core.expire(core.overdue(5.0, 0.0, 1.0), 5.0)
+    assert list(out.cancel) == ["x"] and x.finish_reason is FinishReason.DEADLINE
+    core.failed(Results(("f",), (3,)), KeyError("a bug"), 5.0)
+    for rid in ("x", "f"):
+        with pytest.raises(ValueError, match="has not yet said it ended there"):
+            core.submit(PARAMS, request_id=rid, now=6.0)
+    assert [submit(core).request_id for _ in range(2)] == [0, 1]  # (picked ids skip no int here)
+    plain(core, Results(("x",), (9,), finished=(Finished("x", FinishReason.CANCELLED),)), 7.0)  # the broker's word
+    again = submit(core, "x")
+    assert again is not x and again.tokens == [] and x.tokens == []  # the late token went to nobody
+    core.io_refused(Error(ErrorCode.INTERNAL, "gone", ("f",)))  # a refusal ends it at the broker too
+    assert submit(core, "f").request_id == "f"
+
+
+def test_a_message_ending_a_request_it_failed_on_leaves_its_id_free():
+    core = ClientCore()
+    submit(core, "a")
+    core.failed(Results(("a",), (5,), finished=(Finished("a", FinishReason.STOP),)), KeyError("a bug"), 1.0)
+    assert submit(core, "a").request_id == "a"  # the broker ended it already: no word to wait for
+
+
+def test_picked_ids_skip_the_retiring_ones_and_a_new_broker_frees_them():
+    core = ClientCore()
+    core.broker_seen("b1", 0.0)
+    timed = RequestParams([1, 2], 8, timeout_s=1.0)
+    picked = submit(core, None, timed)
+    core.expire(core.overdue(5.0, 0.0, 1.0), 5.0)
+    assert picked.request_id == 0 and submit(core).request_id == 1  # 0 is retiring: skipped
+    with pytest.raises(ValueError, match="has not yet said"):
+        core.submit(PARAMS, request_id=0, now=6.0)
+    core.broker_seen("b2", 7.0)  # a restarted broker holds nothing of the old one's
+    assert submit(core, 0).request_id == 0
+
 def test_a_closed_or_broken_client_takes_no_new_requests():
     core = ClientCore()
     assert core.close() and not core.close()

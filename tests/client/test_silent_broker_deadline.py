@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from client import AsyncClient, Client
 from protocol.enums import FinishReason
-from protocol.messages import Cancel, ModelInfo, Results, Submit, Welcome
+from protocol.messages import Cancel, Finished, ModelInfo, Results, Submit, Welcome
 from tests.support.cluster import fake_broker
 from tests.support.waits import wait_until
 
@@ -46,3 +48,29 @@ def test_the_async_client_gets_its_deadline_from_a_silent_broker():
                 h = await asyncio.wait_for(c.generate([1], 5, timeout_s=0.2), 10)
                 return h.finish_reason, h.tokens
     assert asyncio.run(main()) == (FinishReason.DEADLINE, [])
+
+
+def test_an_id_ended_at_its_deadline_is_not_sent_again_before_the_broker_ends_it():
+    # The broker (SIGSTOPped, in the reproduction) still held "x" when the client ended it: the same id
+    # sent again was that request to the broker, and the new handle got the old one's tokens and ending.
+    with fake_broker(WELCOME) as fb, Client(fb.address) as c:
+        old = c.submit_request([1], 50, request_id="x", timeout_s=0.2)
+        assert [e.request_id for e in fb.take(Submit).requests] == ["x"]
+        wait_until(old.done, 10, "the overdue request to end")
+        assert fb.take(Cancel).request_ids == ("x",)
+        with pytest.raises(ValueError, match="has not yet said it ended there"):
+            c.submit_request([7], 5, request_id="x")
+        fb.send(Results(ids=["x"], tokens=[4], finished=[Finished("x", FinishReason.CANCELLED)]))
+        new = wait_until(lambda: _submitted(c, [7], "x"), 10, "the id to be free again")
+        assert fb.take(Submit).requests[0].params.prompt == (7,)
+        fb.send(Results(ids=["x"], tokens=[8], finished=[Finished("x", FinishReason.LENGTH)]))
+        new.result(10)
+        assert new.tokens == [8] and old.tokens == [] and old.finish_reason is FinishReason.DEADLINE
+
+
+def _submitted(client: Client, prompt: list, rid):
+    """The handle of ``prompt`` submitted as ``rid``, or None while the client refuses the id."""
+    try:
+        return client.submit_request(prompt, 5, request_id=rid)
+    except ValueError:
+        return None
