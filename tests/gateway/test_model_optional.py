@@ -20,22 +20,13 @@ from gateway.config import GatewayConfig  # noqa: E402
 from gateway.tokenizer import Tokenizer  # noqa: E402
 from tests.support.cluster import ThreadCluster  # noqa: E402
 from tests.support.gateway import sse  # noqa: E402
+from tests.support.routes import OPENAI_AND_VENDOR  # noqa: E402
 from tests.support.scripted_text import TEXT, ScriptedText  # noqa: E402
 from tests.support.vocab import SMOLLM2, kept_tokenizer  # noqa: E402
 from tests.support.waits import wait_until  # noqa: E402
 from worker.models.hf_text import HFTextCodec  # noqa: E402
 
-CHAT = [{"role": "user", "content": "hi"}]
-ROUTES = {  # path -> a body without "model"
-    "/v1/completions": {"prompt": "hi", "max_tokens": 8},
-    "/v1/chat/completions": {"messages": CHAT, "max_tokens": 8},
-    "/v1/responses": {"input": "hi", "max_output_tokens": 16},
-    "/v1/messages": {"messages": CHAT, "max_tokens": 8},
-    "/v1/messages/count_tokens": {"messages": CHAT},
-    "/v1/embeddings": {"input": "hi"},
-    "/v1/rerank": {"query": "hi", "documents": ["a", "b"]},
-    "/tokenize": {"prompt": "hi"},
-}
+ROUTES = OPENAI_AND_VENDOR  # path -> a body without "model"
 
 
 @pytest.fixture(scope="module", params=[("m",), ("m", "n")], ids=["one model", "two models"])

@@ -17,20 +17,9 @@ from starlette.testclient import TestClient  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from tests.support.cluster import free_port  # noqa: E402
+from tests.support.routes import CHAT, LLAMA_NATIVE, OPENAI_AND_VENDOR  # noqa: E402
 
-CHAT = [{"role": "user", "content": "hi"}]
-ROUTES = {  # path -> a body without "model"
-    "/v1/completions": {"prompt": "hi", "max_tokens": 8},
-    "/v1/chat/completions": {"messages": CHAT, "max_tokens": 8},
-    "/v1/responses": {"input": "hi", "max_output_tokens": 16},
-    "/v1/messages": {"messages": CHAT, "max_tokens": 8},
-    "/v1/messages/count_tokens": {"messages": CHAT},
-    "/v1/embeddings": {"input": "hi"},
-    "/v1/rerank": {"query": "hi", "documents": ["a", "b"]},
-    "/tokenize": {"prompt": "hi"},
-    "/completion": {"prompt": "hi", "n_predict": 8},
-    "/infill": {"input_prefix": "def f(", "input_suffix": "):"},
-}
+ROUTES = {**OPENAI_AND_VENDOR, **LLAMA_NATIVE}  # path -> a body without "model"
 
 
 @pytest.fixture(scope="module")
