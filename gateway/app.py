@@ -27,8 +27,10 @@ one of them as ``Authorization: Bearer KEY``, and with ``config.metrics_api_keys
 ``/metrics`` too (:mod:`gateway.auth`); ``/health`` is always open.
 
 While the gateway stops, ``app.state.drain`` (:mod:`gateway.drain`) is
-draining: generation, ``/v1/models`` (and ``/v1/models/{model}``, ``/models``) and ``/props`` answer 503
-(``Retry-After``), ``/health`` 503 ``{"status": "draining"}``; ``/metrics`` stays as it is.
+draining: every route but ``/health`` and ``/metrics`` answers a new request 503 (``Retry-After``,
+``Connection: close``) and keeps one in flight in the drain until it is answered -- generation and
+embeddings by themselves, the others through :class:`gateway.drain_gate.DrainGate` --; ``/health``
+answers 503 ``{"status": "draining"}``, ``/metrics`` stays as it is.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from starlette.routing import Route
 from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
 from gateway.drain import REFUSED, Drain
+from gateway.drain_gate import DrainGate
 from gateway.embeddings import EmbeddingEndpoints
 from gateway.errors import APIError, shutting_down
 from gateway.foreign_routes import instead
@@ -238,21 +241,23 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
                 prefetch.cancel()
             await link.close()
 
-    routes = [
+    drained = [  # (the routes that take part in the drain themselves: in its registry from start to end)
         Route("/v1/completions", generate.completions, methods=["POST"]),
         Route("/v1/chat/completions", generate.chat_completions, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
-        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
-        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
         Route("/v1/messages", messages.create, methods=["POST"]),
-        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/infill", InfillEndpoint(generate).infill, methods=["POST"]),
         *(Route(path, llama.handle, methods=["POST"]) for path in ("/completion", "/completions")),
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
+        *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
+    ]
+    routes = drained + [  # (the others are taken into the drain by DrainGate)
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/props", PropsEndpoint(link, tokenizers, drain).props, methods=["GET"]),
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
-        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
-        *(Route(path, embeddings.rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/models", service.models, methods=["GET"]),  # (llama.cpp's server lists its models at both)
         Route("/v1/models/{model:path}", service.model, methods=["GET"]),
@@ -268,6 +273,8 @@ def create_app(config: GatewayConfig, load_tokenizer: Loader | None = None) -> S
                                      allow_headers=list(config.allowed_headers)))
     if config.api_keys or config.metrics_api_keys:  # no keys: no per-request check at all
         middleware.append(Middleware(APIKeys, api_keys=config.api_keys, metrics_api_keys=config.metrics_api_keys))
+    # (inside the key check: a caller without a key learns nothing, draining or not)
+    middleware.append(Middleware(DrainGate, drain=drain, own=frozenset(r.path for r in drained)))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.link = link

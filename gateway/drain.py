@@ -19,7 +19,9 @@ A second stop signal skips what is left of step 2.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 TICK_S = 0.1
 """How often a wait here looks at the caller's ``halt`` flag (a signal handler sets
@@ -48,6 +50,35 @@ PARENT_GONE = ("the gateway was stopped at once (the process that started it, sl
                "broker and workers with it): this request was cancelled; retry")
 """The message of a request ended because the gateway's parent process is gone (``slotserve up``
 killed): no drain, nothing could finish."""
+
+
+async def unless_ended(aw: Awaitable[T], ended: asyncio.Event) -> tuple[bool, T | None]:
+    """``(True, aw's result)``; or, when ``ended`` is set first (the drain ended the request it serves,
+    :meth:`AbortableCall.end`), ``(False, None)`` with ``aw`` cancelled (and awaited). For the waits of a
+    request in flight that look at no abort event (its body, the broker link, the tokenizer's work): the
+    drain's end reached them only once they were over, after the server's grace (:data:`END_GRACE_S`) had
+    cut the request with no answer. ``aw``'s exception is raised; a cancel of the caller cancels ``aw``
+    and goes on."""
+    work = asyncio.ensure_future(aw)
+    stop = asyncio.ensure_future(ended.wait())
+    try:
+        await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work.cancel()
+        raise
+    finally:
+        stop.cancel()
+    if work.done():
+        return True, work.result()
+    work.cancel()
+    try:
+        await work
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():  # (the caller's own cancel, not the one just sent)
+            raise
+    except Exception:  # noqa: BLE001 -- what failed as it was cancelled: the request is ended anyway
+        pass
+    return False, None
 
 
 class AbortableCall(Protocol):

@@ -63,7 +63,7 @@ from starlette.responses import Response
 
 from client import Client
 from client.errors import RemoteError
-from gateway.drain import REFUSED, Drain
+from gateway.drain import REFUSED, Drain, unless_ended
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, shutting_down
 from gateway.generate import ClientGone, _Watch, parse_body
 from gateway.generation import Signal
@@ -171,19 +171,30 @@ class RerankRequest(BaseModel):
 
 class _Call:
     """An embeddings or rerank request being served, in the drain's registry
-    (:class:`gateway.drain.AbortableCall`): :meth:`end` (the gateway stopping) wakes its wait on
-    ``signal``, which then answers 503 with the message (:func:`_embed`)."""
+    (:class:`gateway.drain.AbortableCall`): :meth:`end` (the gateway stopping) ends its work
+    (:meth:`guard`: its body's read, the broker link, its wait on ``signal``), which then answers 503
+    with the message."""
 
-    __slots__ = ("signal", "ended")
+    __slots__ = ("signal", "ended", "_ended")
 
     def __init__(self, signal: Signal) -> None:
         self.signal = signal
         self.ended: str | None = None
+        self._ended = asyncio.Event()
 
     def end(self, message: str) -> None:
         if self.ended is None:
             self.ended = message
+            self._ended.set()
             self.signal.set()
+
+    async def guard(self, aw):
+        """``aw``'s result, unless the gateway ends this request first: then ``aw`` is cancelled (its
+        requests with it) and the 503 raised; its body's read and the broker link look at no signal."""
+        done, result = await unless_ended(aw, self._ended)
+        if not done:
+            raise shutting_down(self.ended)
+        return result
 
 
 class EmbeddingEndpoints:
@@ -212,7 +223,7 @@ class EmbeddingEndpoints:
             if self.drain.draining:
                 raise shutting_down(REFUSED)
             self.drain.add(call)
-            out, model, tokens = await handler(request, call)
+            out, model, tokens = await call.guard(handler(request, call))
         except APIError as e:
             self.metrics.observe(path, e.status)
             return error_response(e)

@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 
 from client import RemoteError
 from gateway.config import GatewayConfig
-from gateway.drain import REFUSED, Drain
+from gateway.drain import REFUSED, Drain, unless_ended
 from gateway.errors import APIError, bad_request, from_remote, from_value_error, reworded, shutting_down, \
     unavailable, unsupported
 from gateway.generation import Generation, Signal
@@ -96,11 +96,12 @@ class _Call:
     """One generation HTTP request being served (its generations, clocks and metrics labels)."""
 
     __slots__ = ("endpoint", "t0", "model", "client", "gens", "signal", "prompts", "streaming", "observed", "ended",
-                 "tokenizer", "tools")
+                 "tokenizer", "tools", "_ended")
 
     def __init__(self, endpoint: str, signal: Signal) -> None:
         self.endpoint = endpoint
         self.ended: str | None = None  # why the gateway ended it (it is stopping), once it did
+        self._ended = asyncio.Event()  # (set with ended: wakes guard())
         self.client = None
         self.streaming = False  # True once an event stream owns the call (it cancels and observes at its end)
         self.observed = False
@@ -126,12 +127,23 @@ class _Call:
         this call; its waits wake and it answers 503, or its stream ends with an error event."""
         if self.ended is None:
             self.ended = message
+            self._ended.set()
             self.signal.set()
 
     def check_ended(self) -> None:
         """Raise the 503 of a call the gateway ended."""
         if self.ended is not None:
             raise shutting_down(self.ended)
+
+    async def guard(self, aw):
+        """``aw``'s result, unless the gateway ends this call first: then ``aw`` is cancelled and the
+        call's 503 raised (:func:`gateway.drain.unless_ended`). For what the call awaits before it
+        watches its signal (:func:`wait_for`): the body, the broker link, the tokenizer's work."""
+        self.check_ended()
+        done, result = await unless_ended(aw, self._ended)
+        if not done:
+            raise shutting_down(self.ended)
+        return result
 
 
 class Generate:
@@ -164,16 +176,15 @@ class Generate:
             if self.drain.draining:
                 raise shutting_down(REFUSED)
             self.drain.add(call)
-            body = await self._parse(request, schema, tr)
-            call.check_ended()
+            body = await call.guard(self._parse(request, schema, tr))
             call.model = body.model
             if isinstance(body, ChatCompletionRequest):
-                call.tools = tool_plan(body, await self._tool_parser(body))
+                call.tools = tool_plan(body, await call.guard(self._tool_parser(body)))
             if tr is not None:
                 tr.check_reasoning(self._reasoning_parser(body))
             if body.stream:
                 return await self._start_stream(request, body, call, tr)
-            await self._submit(body, call, stream=False)
+            await call.guard(self._submit(body, call, stream=False))
             await wait_for(request, call, lambda: all(g.finished for g in call.gens))
             self._raise_failure(call, body)  # one choice failed: the answer is its error, the others are cancelled
             out = self._response_builder(body, call).completion(call.gens, call.prompts)
@@ -386,7 +397,7 @@ class Generate:
                             tr: Translation | None = None) -> Response:
         """Submit, wait until every choice has its first token or has ended, then
         answer: an HTTP error if one failed already, else a stream from there."""
-        await self._submit(body, call, stream=True)
+        await call.guard(self._submit(body, call, stream=True))
         await wait_for(request, call, lambda: all(g.finished or g.handle.first_token_s is not None for g in call.gens))
         self._raise_failure(call, body)
         opts = body.stream_options

@@ -20,7 +20,6 @@ own (llama.cpp's README, ``POST /completion``, and ``tokenize_input_prompts`` in
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -29,6 +28,7 @@ from pydantic_core import PydanticCustomError
 from gateway.errors import bad_request, from_value_error
 from gateway.llama_native import Budget, LlamaBody, LlamaEndpoint, sampling_options
 from gateway.schemas import _bad_type, _shown
+from gateway.threads import TOKENIZER_THREADS
 from gateway.tokenizer import Tokenizer
 
 _ONE = "a string, a list of token ids or a list mixing strings and token ids"
@@ -114,7 +114,7 @@ class LlamaCompletionEndpoint(LlamaEndpoint):
                               f"tokenizer, and {self.gen.tokenizers.why_none(self.gen.link.served_name(model))}; "
                               "send text or token ids alone", "prompt")
         try:
-            shown = await asyncio.to_thread(_shown_prompts, tok, prompts)
+            shown = await TOKENIZER_THREADS.run(_shown_prompts, tok, prompts)
         except ValueError as e:
             raise from_value_error(e, "prompt") from None
         options = sampling_options(body)

@@ -62,6 +62,7 @@ from gateway.logprobs import utf8_bytes
 from gateway.responses import error_response, json_response, sse
 from gateway.schemas import NULL_IS_DEFAULT
 from gateway.structured import structured_option
+from gateway.threads import TOKENIZER_THREADS
 from gateway.tokenizer import token_id_string
 from protocol.enums import FinishReason
 
@@ -198,10 +199,10 @@ class LlamaEndpoint:
             if gen.drain.draining:
                 raise shutting_down(REFUSED)
             gen.drain.add(call)
-            body = await parse_body(request, self.schema, gen.config.max_body_bytes, also=LLAMA_BODY_TYPES)
-            call.check_ended()
-            call.model = await self._model(body)
-            texts = await self._submit(body, call)
+            body = await call.guard(parse_body(request, self.schema, gen.config.max_body_bytes,
+                                               also=LLAMA_BODY_TYPES))
+            call.model = await call.guard(self._model(body))
+            texts = await call.guard(self._submit(body, call))
             await wait_for(request, call, lambda: all(g.finished or (body.stream and g.handle.first_token_s is not None)
                                                       for g in call.gens))
             self._raise_failure(call.gens)
@@ -280,7 +281,7 @@ class LlamaEndpoint:
             tok = call.tokenizer
             encode = None if tok is None else (lambda text: tok.encode(text, add_special_tokens=False))
             try:
-                biases = await asyncio.to_thread(logit_bias, bias, encode)
+                biases = await TOKENIZER_THREADS.run(logit_bias, bias, encode)
             except ValueError as e:  # (the tokenizer's refusal of a text)
                 raise bad_request(f"logit_bias: {e}", "logit_bias") from None
             if biases:

@@ -26,12 +26,13 @@ without a worker now answers with the tokenizer it had, else 503. Errors are Ope
 The tokenizer's work (encoding, the chat template, decoding, the id checks)
 runs on a thread, never on the event loop: a body of several MB takes
 seconds to tokenize (a 7 MB text: 12-39 s), and on the loop every other
-request's stream would stall that long (measured: 39 s without a token).
+request's stream would stall that long (measured: 39 s without a token). The
+thread is one of :data:`gateway.threads.TOKENIZER_THREADS` (daemon threads):
+a gateway that stops does not wait for the work of a request it answered 503.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from starlette.requests import Request
@@ -42,6 +43,7 @@ from gateway.link import BrokerConnections, resolve_model
 from gateway.options import chat_ending_option, chat_messages, template_option
 from gateway.responses import error_response, json_response
 from gateway.schemas import DetokenizeRequest, TokenizeRequest
+from gateway.threads import TOKENIZER_THREADS
 from gateway.tokenizer import Tokenizer, Tokenizers
 from gateway.tools import render_messages, tool_plan
 from protocol.request import ChatMessage
@@ -96,7 +98,7 @@ class TokenizeEndpoints:
         info = self.link.model_info(model)
         template = getattr(info, "chat_template", "") or ""  # (the worker's --chat-template: it renders with that)
         try:
-            ids, strs = await asyncio.to_thread(_tokenize, tok, body, messages, tools, extra, template)
+            ids, strs = await TOKENIZER_THREADS.run(_tokenize, tok, body, messages, tools, extra, template)
         except ValueError as e:
             raise from_value_error(e, "prompt" if body.prompt is not None else "messages") from None
         return model, ids, strs
@@ -107,7 +109,7 @@ class TokenizeEndpoints:
             model, tok = await self._tokenizer(body.model)
             info = self.link.model_info(model)
             vocab = None if info is None else info.vocab_size
-            return json_response({"prompt": await asyncio.to_thread(_detokenize, tok, body.tokens, vocab)})
+            return json_response({"prompt": await TOKENIZER_THREADS.run(_detokenize, tok, body.tokens, vocab)})
         except APIError as e:
             return error_response(e)
 
