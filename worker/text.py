@@ -9,6 +9,13 @@ follows it token by token (it has stop strings, or someone streams its text):
   (tokenizers' ``DecodeStream``: a character split across tokens appears once
   complete). When the request ends, anything still incomplete is decoded
   whole, so the final text is exactly ``tokenizer.decode(tokens)``.
+  ``DecodeStream`` holds *all* the text of the tokens since its last piece while
+  their decode ends in an incomplete character (U+FFFD), also the whole
+  characters before it: Qwen2.5's token ``お`` + two bytes of the next character
+  showed nothing, so a stop string ``お`` matched one token late, and not at all
+  when the request ended at that token. Those whole characters are text at their
+  own token here (:meth:`TextStream._complete_held`: the held tokens' decode up to
+  its trailing U+FFFD), and ``DecodeStream``'s later piece is taken less them.
 - **Stop strings** are matched on that text, character by character, so a
   match is found wherever it starts (inside a token too) and however many
   tokens it spans. The first match to *complete* wins (a tie: the one listed
@@ -62,7 +69,7 @@ class TextStream:
     """
 
     __slots__ = ("_step", "_decode", "_text", "released", "_taken", "_stops", "_failure", "_state", "_include",
-                 "_hold", "_pending", "stop_string")
+                 "_hold", "_pending", "stop_string", "_held", "_early", "_last")
 
     def __init__(self, codec, stops: Sequence[str] = (), include_stop: bool = False,
                  resumed: Sequence[int] = ()) -> None:
@@ -76,7 +83,10 @@ class TextStream:
         self._state = [0] * len(self._stops)
         self._include = include_stop
         self._hold = bool(self._stops) and not include_stop
-        self._pending = False    # tokens fed that produced no text yet (an incomplete character?)
+        self._pending = False    # tokens fed whose text is not all out yet (an incomplete character?)
+        self._held: list[int] = []  # the tokens fed since the decoder's last piece (it holds their text)
+        self._early = ""         # the whole characters of the held tokens' text, in _text already
+        self._last: int | None = None  # the token that ended the decoder's last piece (context for the held)
         self.stop_string: str | None = None  # the stop string that matched
         for token in resumed:
             self.feed(token, False)
@@ -98,10 +108,19 @@ class TextStream:
         if self.stop_string is not None:
             return None
         piece = self._step(token)
-        if not piece:
+        if piece:
+            if self._held:
+                piece = self._after_early(piece)
+                self._held.clear()
+            self._last, self._pending = token, False
+            if not piece:  # (all of it was out already)
+                return None
+        else:
+            self._held.append(token)
             self._pending = True
-            return None
-        self._pending = False
+            piece = self._complete_held()
+            if not piece:
+                return None
         start = len(self._text)
         self._text += piece
         if not self._stops:
@@ -117,6 +136,35 @@ class TextStream:
         held = max(self._state) if self._hold else 0
         self.released = max(self.released, len(self._text) - held)
         return None
+
+    def _complete_held(self) -> str:
+        """The whole characters of the held tokens' text not out yet: their decode (after the
+        token before them, for a decoder whose text depends on what precedes, as SentencePiece's
+        leading space) up to its trailing U+FFFD run, which an incomplete character decodes to and
+        which stays held; '' when there is none. Prefix-stable for the byte-level and byte-fallback
+        decoders: bytes appended later change only that run."""
+        context = [] if self._last is None else [self._last]
+        text = self._decode(context + self._held)
+        if context:
+            before = self._decode(context)
+            if not text.startswith(before):
+                return ""
+            text = text[len(before):]
+        text = text.rstrip("\ufffd")
+        early = self._early
+        if len(text) <= len(early) or not text.startswith(early):
+            return ""
+        self._early = text
+        return text[len(early):]
+
+    def _after_early(self, piece: str) -> str:
+        """The decoder's ``piece`` for the held tokens and this one, less what :meth:`_complete_held`
+        gave out early."""
+        early, self._early = self._early, ""
+        if piece.startswith(early):
+            return piece[len(early):]
+        log.warning("the decoder's text does not extend the text given out early; keeping the early text")
+        return piece[len(early):] if len(piece) > len(early) else ""
 
     def _scan(self, piece: str, start: int, live: bool) -> tuple[int, str] | None:
         """Advance every stop string's automaton over ``piece`` (which begins at

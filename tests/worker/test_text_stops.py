@@ -143,6 +143,97 @@ def test_an_incomplete_last_character_decodes_as_the_tokenizer_does(codec):
     assert ts.text == codec.decode(tokens) and ts.text.endswith("\ufffd")
 
 
+
+@pytest.fixture(scope="module")
+def merged():
+    """A byte-level BPE codec whose merges join whole characters with part of the next one, as
+    Qwen2.5's vocabulary does (its token "お" + two bytes of the next character, and 265 more):
+    "お動" is ["お\\xe5\\x8b", "\\x95"], "a日x" is ["a\\xe6", "\\x97\\xa5x"]."""
+    import tokenizers
+    import transformers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from worker.models.hf_text import HFTextCodec
+
+    chars = bytes_to_unicode()
+    spell = lambda b: "".join(chars[x] for x in b)  # noqa: E731
+    vocab = {spell(bytes([b])): i for i, b in enumerate(sorted(chars))}
+    merges = []
+    for left, right in ((b"\xe3", b"\x81"), (b"\xe3\x81", b"\x8a"), (b"\xe3\x81\x8a", b"\xe5"),
+                        (b"\xe3\x81\x8a\xe5", b"\x8b"), (b"a", b"\xe6"), (b"\x97", b"\xa5"), (b"\x97\xa5", b"x")):
+        merges.append((spell(left), spell(right)))
+        vocab[spell(left + right)] = len(vocab)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    return HFTextCodec(transformers.PreTrainedTokenizerFast(tokenizer_object=tok))
+
+
+@pytest.mark.parametrize("text, stop", [("お動", "お"), ("a日x", "a"), ("zお動", "zお"),
+                                        ("お動お動", "動お")])
+def test_whole_characters_in_a_token_that_ends_inside_the_next_are_text_at_that_token(merged, text, stop):
+    # tokenizers' DecodeStream shows nothing of a token whose text ends inside a character, not even the
+    # whole characters before it: the stop string "お" in Qwen2.5's token "お" + 2 bytes matched a token
+    # late, and not at all when the request ended at that token (its text 'お\ufffd', finish "length").
+    tokens = merged.encode(text)
+    k_want, text_want, stop_want = expected(merged, tokens, [stop], False, 0)
+    ts, pieces = TextStream(merged, [stop]), []
+    for k, t in enumerate(tokens, 1):
+        hit = ts.feed(t)
+        pieces.append(ts.take())
+        if hit is not None:
+            break
+    assert (k, ts.text, hit) == (k_want, text_want, stop_want)
+    assert "".join(pieces) == ts.text
+    for k in range(1, len(tokens) + 1):  # without stops: each token's whole characters stream at once
+        ts, pieces = TextStream(merged), []
+        for t in tokens[:k]:
+            ts.feed(t)
+            pieces.append(ts.take())
+        assert "".join(pieces) == complete_text(merged, tokens[:k])
+        ts.finish(tokens[:k])
+        pieces.append(ts.take())
+        assert "".join(pieces) == ts.text == merged.decode(tokens[:k])
+
+
+def test_merged_tokens_keep_the_property(merged):
+    # the oracle's cases over the merged codec: the split character of each token streams as whole text
+    text = "お動a日xお動"
+    tokens = merged.encode(text)
+    assert len(tokens) < len(text.encode())  # (merges were used)
+    for stops in (["動"], ["日x", "お動a"], ["xお"], ["動a"]):
+        for include in (False, True):
+            k_want, text_want, stop_want = expected(merged, tokens, stops, include, 0)
+            ts, pieces = TextStream(merged, stops, include), []
+            for k, t in enumerate(tokens, 1):
+                hit = ts.feed(t)
+                pieces.append(ts.take())
+                if hit is not None:
+                    break
+            ts.finish(tokens[:k])
+            pieces.append(ts.take())
+            assert (k, ts.text, hit) == (k_want, text_want, stop_want) and "".join(pieces) == ts.text
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_a_request_ending_at_such_a_token_stops_on_its_whole_characters(merged, max_tokens):
+    # Qwen2.5 through the engine: the request ended "length" with text 'お\ufffd' at max_tokens 1 (the stop
+    # string in its text uncut), and at 2 it took the second token before it saw the stop.
+    script = merged.encode("お動")
+
+    class Scripted:
+        tokenizer, vocab_size = merged, 400
+
+        def next_tokens(self, sequences):
+            return [script[len(s) - 2] for s in sequences]
+
+    engine = BatchInferenceEngine(Scripted(), batch_size=1, stop_token=None)
+    streamed = []
+    h = engine.submit_request([1, 2], max_tokens, stop=["お"], on_text=streamed.append)
+    engine.run()
+    assert (h.finish_reason, h.stop_reason, h.tokens, h.text) == (FinishReason.STOP, "お", script[:1], "")
+    assert streamed == []
+
 # ---------------------------------------------------------------------- the request definition
 
 
