@@ -46,6 +46,7 @@ from protocol.messages import (
 from protocol.enums import RequestKind
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_seconds, as_text, check_callbacks, echo
+from protocol.waits import Event, condition
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +156,16 @@ class Client:
         self._limits: ModelLimits | None = None  # this client's model's, once a worker registered it
         self._core = ClientCore(owner=self)  # the ledger and the decisions; called under _lock only
         self._ledger = self._core.ledger  # (read directly on the hot paths)
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # a request settled
+        # (an RLock: a run() or result() a signal's exception cuts short takes no other thread's lock: protocol.waits)
+        self._lock = threading.RLock()
+        self._idle = condition(self._lock)  # a request settled
         self._waiters = 0  # threads in handle.result(): completions notify only then
         self._delivering: ClientHandle | None = None
-        self._welcomed = threading.Event()
+        self._welcomed = Event()  # (protocol.waits' events: the constructor and status() wait on them)
         self._refused: RemoteError | None = None  # the broker refused us (e.g. another protocol version)
         self._status_lock = threading.Lock()
         self._status_reply: Status | None = None
-        self._status_event = threading.Event()
+        self._status_event = Event()
         self._queries = 0  # status queries and model orders sent (their numbers, from 1: Status.query)
         self._asking = 0  # the number of the one whose answer _ask waits for (an earlier one's answer is not it)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

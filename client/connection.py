@@ -37,6 +37,7 @@ from protocol.errors import ProtocolError
 from protocol.framing import fit, request_ids
 from protocol.liveness import StallWatch
 from protocol.messages import BROKER_TO_CLIENT, Bye, Cancel, Envelope, Error, Heartbeat, Message, Submit, Welcome
+from protocol.waits import Event
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class Connection:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name=f"slotserve-{name}-io", daemon=True)
-        self._ready = threading.Event()
+        self._ready = Event()  # (the constructor waits on it: protocol.waits)
         self._error: BaseException | None = None
         self._thread.start()
         self._ready.wait()

@@ -33,6 +33,7 @@ from protocol.errors import UnsupportedError
 from protocol.handle import RequestHandle
 from protocol.request import ModelLimits, RequestParams, check_request_id
 from protocol.validation import as_tokens, check_callbacks
+from protocol.waits import Event, condition
 from worker.errors import DuplicateRequestError, ModelError
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class EmbeddingRequest(RequestHandle):
         self.callback = callback
         self.deadline_s = deadline_s
         self.ending: FinishReason | None = None  # cancelled: carried out at the next step
-        self._event = threading.Event()
+        self._event = Event()  # (result() waits on it: protocol.waits)
 
     @property
     def prompt(self) -> list[int]:
@@ -88,8 +89,9 @@ class EmbeddingEngine:
         self._limits = ModelLimits(getattr(model, "vocab_size", None), getattr(model, "max_seq_len", None),
                                    self._tokenize is not None, embeds=True)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
+        # (an RLock: a caller's wait that a signal's exception cuts short takes no other thread's lock: protocol.waits)
+        self._lock = threading.RLock()
+        self._work = condition(self._lock)
         self._queue: deque[EmbeddingRequest] = deque()      # guarded by _lock
         self._live: dict[object, EmbeddingRequest] = {}     # queued or running, by id; guarded by _lock
         self._ids = itertools.count()

@@ -36,6 +36,7 @@ from typing import Callable
 from protocol.defaults import AGING_WINDOW
 from protocol.request import DEFAULT, ModelLimits, RequestParams, check_request_id, check_stop_token
 from protocol.validation import as_tokens, check_callbacks, check_vocab
+from protocol.waits import condition
 from worker.callbacks import complete, stream_text, stream_tokens
 from protocol.errors import ContextLengthError, UnsupportedError
 from worker.errors import ModelError
@@ -111,8 +112,9 @@ class BatchInferenceEngine:
         self.stop_tokens = frozenset(stops)
         self.batch_size = batch_size
         self.max_queue = max_queue
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # signalled on submit and cancel
+        # (an RLock: a caller's wait that a signal's exception cuts short takes no other thread's lock: protocol.waits)
+        self._lock = threading.RLock()
+        self._work = condition(self._lock)  # signalled on submit and cancel
         self._waiting = 0  # threads in wait_for_work (skip notify when none)
         self._book = InFlight(aging_window, max_queue)  # guarded by _lock
         self._clock = clock

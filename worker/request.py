@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from protocol.enums import FinishReason
 from protocol.handle import RequestHandle
 from protocol.request import RequestId, RequestParams
+from protocol.waits import condition
 
 
 class RequestState(enum.Enum):
@@ -189,7 +190,7 @@ class Completion:
 
     def __init__(self, detokenize: Callable[[list[int]], str] | None = None) -> None:
         self.detokenize = detokenize
-        self.cond = threading.Condition(threading.Lock())
+        self.cond = condition()  # (on an RLock: a result() cut short by a signal takes no other's lock, protocol.waits)
         self.waiters = 0
         # The request whose completion callback is running, and on which thread:
         # result() called from inside that callback must return, not wait on itself.
