@@ -45,7 +45,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from gateway.auth import APIKeys
 from gateway.config import GatewayConfig
@@ -176,11 +176,26 @@ def _status_entry(state: str, demand) -> dict:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's 404 and 405 in OpenAI's shape, with the headers it gave them; a 405's ``Allow`` lists
+    the methods of every route at the path (RFC 9110 section 15.5.6: a 405 must say them; Starlette
+    names the first route's only, and the exception's headers were dropped: no ``Allow`` at all)."""
     message = f"{request.method} {request.url.path}: {exc.detail}"
     if exc.status_code == 404 and (words := instead(request.url.path)) is not None:
         message += f" ({words})"  # a route of llama.cpp's or Ollama's own API: the one to call here
-    return error_response(APIError(exc.status_code, message,
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return error_response(APIError(exc.status_code, message, headers=headers,
                                    code="not_found" if exc.status_code == 404 else "method_not_allowed"))
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods the app's routes take at ``request``'s path, in the routes' order (GET's HEAD with it)."""
+    methods: dict[str, None] = {}
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods.update(dict.fromkeys(sorted(route.methods, key=lambda m: (m == "HEAD", m))))
+    return list(methods)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:

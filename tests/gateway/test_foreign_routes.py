@@ -65,3 +65,15 @@ def test_a_served_route_with_another_method_keeps_its_405(http):
         assert r.status_code == 405, (path, r.text)
         e = r.json()["error"]
         assert e["code"] == "method_not_allowed" and e["message"] == f"{method} {path}: Method Not Allowed", e
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"), ("GET", "/tokenize", "POST"),
+    ("POST", "/v1/models", "GET, HEAD"), ("POST", "/metrics", "GET, HEAD"), ("DELETE", "/health", "GET, HEAD"),
+    ("POST", "/v1/responses/resp_x", "GET, HEAD, DELETE"), ("PUT", "/v1/models/m", "GET, HEAD")])
+def test_a_405_says_the_methods_its_path_takes(http, method, path, allow):
+    """RFC 9110 section 15.5.6: a 405 carries ``Allow``. Starlette's own was dropped with its exception's
+    headers; and it named the first route's methods only (``/v1/responses/{id}`` takes GET and DELETE)."""
+    r = http.request(method, path)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
+    assert r.headers.get("allow") == allow, r.headers
